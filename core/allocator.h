@@ -1,0 +1,43 @@
+// allocator.h: device memory with per-kind accounting (current and peak bytes), so peak memory is measurable.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace mt {
+
+enum class Device : uint8_t { cpu, cuda };
+std::string_view device_name(Device d);
+
+// What a buffer is for; memory reports break peaks down by these.
+enum class MemKind : uint8_t { parameter, gradient, optimizer, activation, workspace, kCount };
+std::string_view mem_kind_name(MemKind k);
+
+struct MemoryStats {
+  static constexpr size_t kKinds = static_cast<size_t>(MemKind::kCount);
+  std::array<int64_t, kKinds> current{};  // bytes live now, per kind
+  std::array<int64_t, kKinds> peak{};     // highest bytes live at once, per kind
+  int64_t current_total = 0;
+  int64_t peak_total = 0;                 // highest total bytes live at once
+};
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual void* allocate(size_t bytes, MemKind kind) = 0;
+  virtual void deallocate(void* ptr, size_t bytes, MemKind kind) = 0;
+  virtual Device device() const = 0;
+  const MemoryStats& stats() const { return stats_; }
+  void reset_peaks();
+
+ protected:
+  void record_alloc(size_t bytes, MemKind kind);
+  void record_free(size_t bytes, MemKind kind);
+  MemoryStats stats_;
+};
+
+// The process's allocator for a device (the CPU one always exists).
+Allocator& allocator_for(Device d);
+
+}  // namespace mt

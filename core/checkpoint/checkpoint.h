@@ -1,0 +1,96 @@
+// checkpoint.h: the layout-independent checkpoint format and its commit protocol.
+//
+// A checkpoint is a directory SAVE_DIR/iter_NNNNNNN holding
+//   metadata.yaml   format version, iteration, the resolved config, free-form state (scaler, RNG, data
+//                   position) and the tensor index: per tensor its name, dtype and global shape, and per
+//                   stored slice the file, byte offset, byte count, slice start and extent per dimension and
+//                   a CRC-32 of the bytes;
+//   rank_NNNNN.bin  the raw little-endian slices each rank wrote.
+// SAVE_DIR/latest names the newest committed checkpoint directory.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace mt {
+
+// Every checkpoint problem: names the directory or file and what is wrong.
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// One slice of a global tensor held by this rank: `data` (host, shape = extent) starts at `start`.
+struct TensorSlice {
+  std::string name;
+  Shape global_shape;
+  std::vector<int64_t> start;  // per dimension; empty means all zeros (the whole tensor)
+  Tensor data;                 // its dtype is the stored dtype
+};
+
+struct CheckpointState {
+  int64_t iteration = 0;
+  std::string config_yaml;                    // the resolved config of the run that saved it
+  std::map<std::string, std::string> values;  // scalar state: consumed samples, scaler, RNG, ...
+};
+
+uint32_t crc32(const void* data, size_t bytes, uint32_t seed = 0);
+
+// Writes one checkpoint with the commit protocol: everything goes to a temporary directory beside the
+// final one, files are flushed (fsync) and read back to verify their checksums, then the directory is
+// renamed into place and `latest` is replaced atomically; finally checkpoints beyond keep_last (0 = keep
+// all) are removed, oldest first. A failure at any point leaves the previous checkpoints untouched and
+// throws CheckpointError. Single-writer now; the per-rank split arrives with multi-rank training.
+// Returns the committed directory.
+std::string save_checkpoint(const std::string& save_dir, const CheckpointState& state,
+                            const std::vector<TensorSlice>& tensors, int64_t keep_last);
+
+// Checks that `save_dir` can be created and written (creating it), so a run fails before training
+// rather than at its first save. Throws CheckpointError.
+void check_save_dir_writable(const std::string& save_dir);
+
+// `path` itself when it holds metadata.yaml, else the checkpoint its `latest` names; nullopt when
+// `path` has neither (no checkpoint yet). Throws CheckpointError when `latest` names a missing directory.
+std::optional<std::string> resolve_checkpoint(const std::string& path);
+
+struct TensorInfo {
+  std::string name;
+  DType dtype;
+  Shape global_shape;
+};
+
+// A committed checkpoint opened for reading; the metadata is parsed and checked on open, data is
+// verified against its checksums as it is read.
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(const std::string& dir);
+  const std::string& dir() const { return dir_; }
+  const CheckpointState& state() const { return state_; }
+  const std::vector<TensorInfo>& tensors() const { return infos_; }
+  bool has(const std::string& name) const;
+  const TensorInfo& info(const std::string& name) const;  // throws CheckpointError if absent
+  // Fills `out` (host, any floating dtype, converted) with the region of tensor `name` starting at
+  // `start` (empty: the origin) of extent out.shape(), assembling it from whichever stored slices cover it.
+  void read(const std::string& name, Tensor& out, const std::vector<int64_t>& start = {}) const;
+  // Verifies every stored byte against its checksum; throws CheckpointError naming the first bad tensor.
+  void verify_all() const;
+
+ private:
+  struct SliceRecord {
+    std::string file;
+    int64_t offset = 0, bytes = 0;
+    std::vector<int64_t> start, extent;
+    uint32_t crc = 0;
+  };
+  std::string dir_;
+  CheckpointState state_;
+  std::vector<TensorInfo> infos_;
+  std::map<std::string, std::vector<SliceRecord>> slices_;
+};
+
+}  // namespace mt

@@ -1,0 +1,126 @@
+// config.h: the typed run configuration, read from YAML with every key checked, and its derived values.
+#pragma once
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace mt {
+
+// Every config problem: the message names the source, the key path and the rule, e.g.
+// "gpt.yaml: parallel.tensor: 3 does not divide model.num_heads=16".
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct ModelConfig {
+  std::string arch = "gpt";              // gpt (llama later)
+  int64_t num_layers = 0;                // required
+  int64_t hidden_size = 0;               // required
+  int64_t num_heads = 0;                 // required; divides hidden_size
+  int64_t ffn_hidden_size = 0;           // 0: 4 * hidden_size
+  int64_t seq_length = 0;                // required
+  int64_t max_position_embeddings = 0;   // 0: seq_length; >= seq_length
+  int64_t vocab_size = 0;                // required (257 for the byte tokenizer)
+  int64_t make_vocab_size_divisible_by = 128;
+  bool tie_embeddings = true;
+  float dropout = 0.1f;                  // hidden dropout (after attention proj and fc2, and on the embeddings)
+  float attention_dropout = 0.1f;        // on the attention probabilities
+  float layernorm_eps = 1e-5f;
+  float init_std = 0.02f;
+  // derived
+  int64_t padded_vocab_size = 0;         // vocab_size rounded up to divisible_by * parallel.tensor
+  int64_t head_dim = 0;                  // hidden_size / num_heads
+};
+
+struct ParallelConfig {
+  int64_t tensor = 1;
+  int64_t pipeline = 1;
+  int64_t virtual_pipeline = 1;          // > 1: interleaved 1F1B
+  int64_t data = 0;                      // 0 means "auto": world_size / (tensor * pipeline)
+  bool sequence_parallel = false;
+  bool distributed_optimizer = false;
+  std::vector<int64_t> layers_per_stage; // empty: num_layers split evenly
+  // derived
+  int64_t world_size = 1;
+};
+
+struct LossScaleConfig {
+  double initial = 4294967296.0;         // 2^32
+  double min = 1.0;
+  int64_t window = 1000;
+  int64_t hysteresis = 2;
+};
+
+struct TrainingConfig {
+  int64_t micro_batch_size = 1;
+  int64_t global_batch_size = 0;         // 0: micro_batch_size * data-parallel size
+  int64_t train_iters = 0;               // required
+  std::string precision = "fp32";        // fp32 | bf16 | fp16
+  LossScaleConfig loss_scale;
+  std::string recompute = "none";        // none | full (selective later)
+  int64_t seed = 1234;
+  std::string device = "cpu";            // cpu (cuda later)
+  // derived
+  int64_t num_microbatches = 0;          // global_batch_size / (micro_batch_size * data-parallel size)
+};
+
+struct OptimizerConfig {
+  std::string type = "adamw";
+  double lr = 0.0;                       // required, > 0
+  double min_lr = 0.0;
+  int64_t warmup_iters = 0;
+  int64_t decay_iters = 0;               // 0: train_iters
+  std::string decay = "cosine";          // cosine | linear | constant
+  double weight_decay = 0.01;            // not applied to biases and norm parameters
+  std::vector<double> betas = {0.9, 0.999};
+  double eps = 1e-8;
+  double grad_clip = 1.0;                // 0 disables clipping
+};
+
+struct DataConfig {
+  std::vector<std::string> train;        // indexed-dataset prefixes (.bin/.idx), concatenated in order
+  std::vector<std::string> valid;        // optional; when empty validation comes from `split`
+  std::vector<double> split = {969, 30, 1};  // train / valid / test weights over documents
+  bool synthetic = false;                // random tokens, no files (benchmarks)
+};
+
+struct CheckpointConfig {
+  std::string save_dir;                  // empty: never save
+  int64_t save_interval = 0;             // 0: only at the end
+  int64_t keep_last = 0;                 // 0: keep all
+  std::string load = "auto";             // auto (save_dir's latest when present) | none | a checkpoint path
+};
+
+struct LoggingConfig {
+  std::string dir = "runs/default";      // run directory: megatrain.log and metrics.jsonl
+  int64_t interval = 10;
+  int64_t eval_interval = 0;             // 0: no validation during training
+  int64_t eval_iters = 10;
+  std::string level = "info";
+};
+
+struct Config {
+  ModelConfig model;
+  ParallelConfig parallel;
+  TrainingConfig training;
+  OptimizerConfig optimizer;
+  DataConfig data;
+  CheckpointConfig checkpoint;
+  LoggingConfig logging;
+  std::string source = "<config>";       // where it was read from, for messages
+};
+
+// Reads `path`, applies `overrides` ("model.num_layers=4", values parsed as YAML), checks every key
+// (unknown keys are errors with a nearest-key hint), validates the rules against `world_size` and fills
+// the derived values. Throws ConfigError.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides, int64_t world_size = 1);
+// The same from YAML text; `source` names it in messages.
+Config parse_config(const std::string& yaml_text, const std::string& source,
+                    const std::vector<std::string>& overrides, int64_t world_size = 1);
+// The resolved configuration as YAML (every key, derived values included under a `derived:` section),
+// printed at start and stored in every checkpoint; parse_config(to_yaml(c)) gives c back.
+std::string to_yaml(const Config& c);
+
+}  // namespace mt

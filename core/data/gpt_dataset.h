@@ -1,0 +1,72 @@
+// gpt_dataset.h: training samples of seq_length + 1 tokens cut from a document stream, in a global
+// order fixed by the seed and independent of the parallel layout.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/data/indexed_dataset.h"
+
+namespace mt {
+
+// The tokens of documents [doc_begin, doc_end) of one or more indexed datasets, concatenated in file order
+// (dataset by dataset, sequence by sequence). Sample j of the stream is tokens [j*S, j*S + S] (S + 1 tokens:
+// the first S are the input, the last S the targets); there are (tokens - 1) / S of them.
+class TokenStream {
+ public:
+  struct Part {
+    std::shared_ptr<const IndexedDataset> dataset;
+    int64_t doc_begin = 0, doc_end = 0;
+  };
+  explicit TokenStream(std::vector<Part> parts);
+  int64_t num_tokens() const { return total_; }
+  // Tokens [begin, begin + out.size()) of the stream.
+  void read(int64_t begin, std::span<int32_t> out) const;
+
+ private:
+  std::vector<Part> parts_;
+  // Per sequence of all parts, in order: (dataset part, sequence index, first stream position).
+  struct Run { int32_t part; int64_t sequence; int64_t start; int64_t length; };
+  std::vector<Run> runs_;
+  int64_t total_ = 0;
+};
+
+// Samples of a token stream. Global sample g lives in epoch g / n (n samples per epoch) and is
+// sample perm_epoch(g mod n) of the stream, perm a seeded shuffle per epoch (file order with shuffle off).
+class GptDataset {
+ public:
+  GptDataset(std::shared_ptr<const TokenStream> stream, int64_t seq_length, uint64_t seed, bool shuffle);
+  int64_t samples_per_epoch() const { return n_; }
+  int64_t seq_length() const { return seq_length_; }
+  // out holds seq_length + 1 tokens.
+  void sample(int64_t global_index, std::span<int32_t> out) const;
+
+ private:
+  std::shared_ptr<const TokenStream> stream_;
+  int64_t seq_length_;
+  uint64_t seed_;
+  bool shuffle_;
+  int64_t n_;
+  mutable int64_t cached_epoch_ = -1;
+  mutable std::vector<int64_t> perm_;
+};
+
+// Random tokens in [0, vocab_size) keyed by (seed, sample, position): a data source for benchmarks.
+class SyntheticDataset {
+ public:
+  SyntheticDataset(int64_t vocab_size, int64_t seq_length, uint64_t seed);
+  void sample(int64_t global_index, std::span<int32_t> out) const;
+  int64_t seq_length() const { return seq_length_; }
+
+ private:
+  int64_t vocab_size_, seq_length_;
+  uint64_t seed_;
+};
+
+// Train / valid / test document ranges from split weights (Megatron's rule: cumulative fractions of
+// the document count, rounded). Returns 3 (begin, end) pairs.
+std::vector<std::pair<int64_t, int64_t>> split_documents(int64_t num_documents, const std::vector<double>& weights);
+
+}  // namespace mt

@@ -1,0 +1,142 @@
+// ops.h: every tensor operation the models use, forward and backward, as free functions with one
+// signature for every device. Each dispatches on its tensors' device (core/cpu/ now, core/cuda/ later).
+//
+// Conventions:
+//  * Values are stored in f32, bf16 or f16; ops compute in fp32 and round once when they store.
+//  * Outputs are written (not accumulated) unless the option struct says `accumulate`.
+//  * Parameter gradients (dweight, dbias, dgamma, ...) are f32 buffers and are always accumulated into,
+//    so microbatches sum their gradients in place.
+//  * "N" is the number of rows (tokens) of a 2-D view; callers reshape (B, T, C) to (B*T, C) with view().
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace mt {
+
+// ---- GEMM ----------------------------------------------------------------------------------------
+struct GemmOptions {
+  bool trans_a = false;  // use a^T; a is stored (K, M) instead of (M, K)
+  bool trans_b = false;  // use b^T; b is stored (N, K) instead of (K, N)
+  float alpha = 1.f;
+  float beta = 0.f;      // out = alpha * op(a) @ op(b) + beta * out
+};
+// out (M, N) = op(a) (M, K) @ op(b) (K, N). a and b share a dtype; out may be that dtype or f32.
+// Accumulates in fp32 (OpenBLAS sgemm on the CPU).
+void gemm(const Tensor& a, const Tensor& b, Tensor& out, GemmOptions opt = {});
+
+// x (N, C) += bias (C), in place.
+void add_bias(Tensor& x, const Tensor& bias);
+// dbias (C) f32 += sum over rows of dout (N, C).
+void bias_backward(const Tensor& dout, Tensor& dbias);
+
+// ---- elementwise ---------------------------------------------------------------------------------
+// out = a + b (same shape; out may alias a or b).
+void add(const Tensor& a, const Tensor& b, Tensor& out);
+// x *= s, in place.
+void scale_(Tensor& x, float s);
+// GELU, tanh approximation (GPT-2's "gelu_new").
+void gelu_forward(const Tensor& x, Tensor& out);
+// dx = dout * gelu'(x).
+void gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx);
+
+// ---- LayerNorm over the last dimension -----------------------------------------------------------
+struct LayerNormOptions {
+  float eps = 1e-5f;
+};
+// x (N, C), weight (C), bias (C) -> out (N, C); mean (N) and rstd (N) are f32, saved for backward.
+void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out, Tensor& mean,
+                       Tensor& rstd, LayerNormOptions opt = {});
+// dx (N, C) written; dweight (C) and dbias (C) f32 accumulated.
+void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias);
+
+// ---- embeddings ----------------------------------------------------------------------------------
+struct EmbeddingOptions {
+  int64_t vocab_start = 0;     // first row of the full table this shard holds (vocabulary-parallel)
+  int64_t position_offset = 0; // global position of column 0 of ids (sequence-parallel shards)
+};
+// ids (B, T) i32, table (V, C) -> out (B, T, C): out[b, t] = table[ids[b, t] - vocab_start], or zeros
+// when the id falls outside this shard's rows.
+void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, EmbeddingOptions opt = {});
+// dtable (V, C) f32 += the rows of dout (B, T, C) scattered by ids (ids outside the shard skipped).
+// Deterministic: rows are summed in token order.
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, EmbeddingOptions opt = {});
+// x (B, T, C) += wpe[position_offset + t] with wpe (P, C).
+void position_embedding_add(Tensor& x, const Tensor& wpe, EmbeddingOptions opt = {});
+// dwpe (P, C) f32 += sum over b of dout[b, t] at row position_offset + t.
+void position_embedding_backward(const Tensor& dout, Tensor& dwpe, EmbeddingOptions opt = {});
+
+// ---- dropout, keyed by global coordinates --------------------------------------------------------
+// Element (b, t, c) of a (B, T, C) tensor keeps or drops by
+// dropout_uniform(seed, site, sample_offset + b, row_offset + t, col_offset + c) >= p (core/rng.h),
+// so the mask is the same whatever slice of the global tensor a rank holds.
+struct DropoutOptions {
+  float p = 0.f;
+  uint64_t seed = 0;
+  uint64_t site = 0;           // stream_id of the layer and place, e.g. "layers.3.attn_out"
+  int64_t sample_offset = 0;   // global sample index of b = 0
+  int64_t row_offset = 0;      // global row (sequence position) of t = 0
+  int64_t col_offset = 0;      // global column of c = 0
+};
+// out = x * mask / (1 - p); p == 0 copies.
+void dropout_forward(const Tensor& x, Tensor& out, const DropoutOptions& opt);
+// dx = dout * mask / (1 - p), the mask regenerated from the same options.
+void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOptions& opt);
+
+// ---- causal multi-head attention -----------------------------------------------------------------
+// qkv (B, T, H, 3, D): per head the query, key and value vectors (Megatron's per-head interleaving,
+// so a tensor-parallel rank's heads are one contiguous column block of the QKV GEMM output).
+// out (B, T, H, D); lse (B, H, T) f32 saves each row's log-sum-exp of the scaled scores for backward.
+// Scores are scaled by 1/sqrt(D); softmax in fp32. Dropout on the probabilities uses coordinates
+// (sample_offset + b, (head_offset + h) * T + i, j).
+struct AttentionOptions {
+  bool causal = true;
+  float dropout_p = 0.f;
+  uint64_t seed = 0;
+  uint64_t site = 0;
+  int64_t sample_offset = 0;
+  int64_t head_offset = 0;     // global index of local head 0 (tensor parallelism splits heads)
+};
+void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionOptions& opt);
+// dqkv (B, T, H, 3, D) written from dout (B, T, H, D) and the forward's qkv, out and lse.
+void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dqkv,
+                        const AttentionOptions& opt);
+
+// ---- softmax cross-entropy, split so a vocabulary-parallel version only exchanges per-row scalars ----
+// logits (N, V) hold columns [vocab_start, vocab_start + V) of the full vocabulary; targets (N) i32 hold
+// full-vocabulary ids. All per-row statistics are f32 (N).
+struct CrossEntropyOptions {
+  int64_t vocab_start = 0;
+};
+// rowmax[n] = max_v logits[n, v]
+void cross_entropy_rowmax(const Tensor& logits, Tensor& rowmax);
+// Given the (global) row max: sumexp[n] = sum_v exp(logits[n, v] - rowmax[n]) and target_logit[n] =
+// logits[n, targets[n] - vocab_start] when the target lies in this shard, else 0.
+void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& rowmax, Tensor& sumexp,
+                            Tensor& target_logit, CrossEntropyOptions opt = {});
+// losses[n] = log(sumexp[n]) + rowmax[n] - target_logit[n]
+void cross_entropy_loss(const Tensor& rowmax, const Tensor& sumexp, const Tensor& target_logit, Tensor& losses);
+// dlogits (N, V) = (softmax(logits) - onehot(target)) * dloss[n], dloss (N) f32.
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& rowmax, const Tensor& sumexp,
+                            const Tensor& dloss, Tensor& dlogits, CrossEntropyOptions opt = {});
+
+// ---- optimizer and reductions over f32 buffers ---------------------------------------------------
+// sum of squares of x (f32), in double.
+double sum_squares(const Tensor& x);
+// true when x (f32) holds an inf or NaN.
+bool has_inf_or_nan(const Tensor& x);
+
+struct AdamWOptions {
+  float lr = 0.f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.f;
+  int64_t step = 1;           // 1-based, for the bias corrections
+  float grad_scale = 1.f;     // grads are multiplied by this first (unscaling and clipping folded in)
+};
+// One AdamW step on f32 master (N), grad (N), exp_avg (N), exp_avg_sq (N), decoupled weight decay.
+void adamw_step(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWOptions& opt);
+
+}  // namespace mt
