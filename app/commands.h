@@ -1,0 +1,14 @@
+// commands.h: the subcommands of the megatrain CLI. Each add_* function attaches its subcommand(s) to
+// the root CLI11 app; a command reports failure by throwing (std::exception with a message that names the
+// file, key or rank), which main() prints as "megatrain: error: ..." with exit code 1.
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace mt::app {
+
+void add_train_command(CLI::App& root);  // megatrain train / megatrain --config F
+void add_eval_command(CLI::App& root);   // megatrain eval --checkpoint DIR --data PREFIX --samples K
+void add_data_commands(CLI::App& root);  // megatrain data prepare|inspect
+void add_ckpt_commands(CLI::App& root);  // megatrain ckpt inspect|export
+
+}  // namespace mt::app
