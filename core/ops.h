@@ -87,7 +87,7 @@ void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOptions& opt)
 // ---- causal multi-head attention -----------------------------------------------------------------
 // qkv (B, T, H, 3, D): per head the query, key and value vectors (Megatron's per-head interleaving,
 // so a tensor-parallel rank's heads are one contiguous column block of the QKV GEMM output).
-// out (B, T, H, D); lse (B, H, T) f32 saves each row's log-sum-exp of the scaled scores for backward.
+// out (B, T, H, D), or its (B, T, H * D) view; lse (B, H, T) f32 saves each row's log-sum-exp of the scaled scores for backward.
 // Scores are scaled by 1/sqrt(D); softmax in fp32. Dropout on the probabilities uses coordinates
 // (sample_offset + b, (head_offset + h) * T + i, j).
 struct AttentionOptions {

@@ -1,1 +1,121 @@
-// placeholder until the GPT model lands
+#include "models/gpt.h"
+
+#include <fmt/format.h>
+
+#include "core/ops.h"
+#include "core/rng.h"
+
+namespace mt {
+
+GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt) {
+  const int64_t C = cfg.hidden_size, V = cfg.padded_vocab_size, P = cfg.max_position_embeddings;
+  wte_ = make_parameter("embedding.word_embeddings.weight", {V, C}, opt.dtype, Init::normal, cfg.init_std, opt.seed);
+  wpe_ = make_parameter("embedding.position_embeddings.weight", {P, C}, opt.dtype, Init::normal, cfg.init_std,
+                        opt.seed);
+  params_ = {&wte_, &wpe_};
+  for (int64_t i = 0; i < cfg.num_layers; ++i) {
+    layers_.push_back(std::make_unique<TransformerLayer>(i, cfg, opt.dtype, opt.seed, opt.recompute));
+    for (Parameter* p : layers_.back()->parameters()) params_.push_back(p);
+  }
+  lnf_w_ = make_parameter("final_ln.weight", {C}, opt.dtype, Init::ones, 0, opt.seed);
+  lnf_b_ = make_parameter("final_ln.bias", {C}, opt.dtype, Init::zeros, 0, opt.seed);
+  params_.push_back(&lnf_w_);
+  params_.push_back(&lnf_b_);
+  if (!cfg.tie_embeddings) {
+    lm_head_ = make_parameter("lm_head.weight", {V, C}, opt.dtype, Init::normal, cfg.init_std, opt.seed);
+    params_.push_back(&lm_head_);
+  }
+  site_embedding_ = stream_id("embedding.dropout");
+}
+
+int64_t GptModel::num_parameters() const {
+  int64_t n = 0;
+  for (const Parameter* p : params_) n += p->value.numel();
+  return n;
+}
+
+const Tensor& GptModel::head_weight() const { return cfg_.tie_embeddings ? wte_.value : lm_head_.value; }
+Parameter& GptModel::head_param() { return cfg_.tie_embeddings ? wte_ : lm_head_; }
+
+float GptModel::forward(const Tensor& tokens, const Tensor& targets, int mb, const StepContext& ctx) {
+  const int64_t B = tokens.dim(0), T = tokens.dim(1), C = cfg_.hidden_size, V = cfg_.padded_vocab_size, N = B * T;
+  if (T > cfg_.max_position_embeddings)
+    throw std::invalid_argument(fmt::format("sequence of {} tokens exceeds max_position_embeddings={}", T,
+                                            cfg_.max_position_embeddings));
+  Tensor x = Tensor::empty({B, T, C}, opt_.dtype);
+  embedding_forward(tokens, wte_.value, x);
+  position_embedding_add(x, wpe_.value);
+  dropout_forward(x, x, {.p = ctx.training ? cfg_.dropout : 0.f, .seed = ctx.seed, .site = site_embedding_,
+                         .sample_offset = ctx.sample_offset});
+  for (auto& layer : layers_) x = layer->forward(x, mb, ctx);
+
+  HeadActivations h;
+  h.ctx = ctx;
+  h.tokens = tokens;
+  h.targets = targets;
+  h.final_in = x;
+  h.lnf = Tensor::empty({N, C}, opt_.dtype);
+  h.lnf_mean = Tensor::empty({N}, DType::f32);
+  h.lnf_rstd = Tensor::empty({N}, DType::f32);
+  layernorm_forward(x.view({N, C}), lnf_w_.value, lnf_b_.value, h.lnf, h.lnf_mean, h.lnf_rstd,
+                    {.eps = cfg_.layernorm_eps});
+  h.logits = Tensor::empty({N, V}, opt_.dtype);
+  gemm(h.lnf, head_weight(), h.logits, {.trans_b = true});
+  h.rowmax = Tensor::empty({N}, DType::f32);
+  h.sumexp = Tensor::empty({N}, DType::f32);
+  Tensor target_logit = Tensor::empty({N}, DType::f32);
+  Tensor losses = Tensor::empty({N}, DType::f32);
+  Tensor flat_targets = targets.view({N});
+  cross_entropy_rowmax(h.logits, h.rowmax);
+  cross_entropy_partials(h.logits, flat_targets, h.rowmax, h.sumexp, target_logit);
+  cross_entropy_loss(h.rowmax, h.sumexp, target_logit, losses);
+  double sum = 0;
+  const float* l = losses.data<float>();
+  for (int64_t i = 0; i < N; ++i) sum += l[i];
+  if (ctx.training) saved_[mb] = std::move(h);
+  return static_cast<float>(sum / static_cast<double>(N));
+}
+
+void GptModel::backward(int mb, float dloss) {
+  auto it = saved_.find(mb);
+  if (it == saved_.end()) throw std::logic_error(fmt::format("model: backward of microbatch {} without forward", mb));
+  HeadActivations h = std::move(it->second);
+  saved_.erase(it);
+  const int64_t B = h.tokens.dim(0), T = h.tokens.dim(1), C = cfg_.hidden_size, V = cfg_.padded_vocab_size,
+                N = B * T;
+
+  // Each token's loss enters the mean with weight 1/N.
+  Tensor dlosses = Tensor::empty({N}, DType::f32);
+  float* dl = dlosses.data<float>();
+  for (int64_t i = 0; i < N; ++i) dl[i] = dloss / static_cast<float>(N);
+  Tensor dlogits = Tensor::empty({N, V}, opt_.dtype);
+  cross_entropy_backward(h.logits, h.targets.view({N}), h.rowmax, h.sumexp, dlosses, dlogits);
+  h.logits = Tensor();
+  Parameter& head = head_param();
+  gemm(dlogits, h.lnf, head.grad, {.trans_a = true, .beta = 1.f});  // dW (V, C) += dlogits^T lnf
+  Tensor dlnf = Tensor::empty({N, C}, opt_.dtype);
+  gemm(dlogits, head.value, dlnf);                                  // (N, C) = dlogits @ W
+  Tensor dx = Tensor::empty({B, T, C}, opt_.dtype);
+  Tensor dx_flat = dx.view({N, C});
+  layernorm_backward(dlnf, h.final_in.view({N, C}), lnf_w_.value, h.lnf_mean, h.lnf_rstd, dx_flat, lnf_w_.grad,
+                     lnf_b_.grad);
+
+  for (auto layer = layers_.rbegin(); layer != layers_.rend(); ++layer) dx = (*layer)->backward(dx, mb);
+
+  dropout_backward(dx, dx, {.p = cfg_.dropout, .seed = h.ctx.seed, .site = site_embedding_,
+                            .sample_offset = h.ctx.sample_offset});
+  position_embedding_backward(dx, wpe_.grad);
+  embedding_backward(h.tokens, dx, wte_.grad);
+}
+
+double model_flops_per_iteration(const ModelConfig& cfg, int64_t tokens) {
+  const double C = static_cast<double>(cfg.hidden_size), F = static_cast<double>(cfg.ffn_hidden_size),
+               S = static_cast<double>(cfg.seq_length), V = static_cast<double>(cfg.padded_vocab_size),
+               L = static_cast<double>(cfg.num_layers);
+  // Forward per token: QKV 6C^2 + proj 2C^2 + MLP 4CF + causal attention 2SC (scores and values, halved)
+  // per layer, and 2CV for the logits. Backward costs twice the forward.
+  double per_token = L * (8.0 * C * C + 4.0 * C * F + 2.0 * S * C) + 2.0 * C * V;
+  return 3.0 * per_token * static_cast<double>(tokens);
+}
+
+}  // namespace mt

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -58,6 +59,10 @@ void check_save_dir_writable(const std::string& save_dir);
 // `path` has neither (no checkpoint yet). Throws CheckpointError when `latest` names a missing directory.
 std::optional<std::string> resolve_checkpoint(const std::string& path);
 
+namespace ckpt {
+class MappedFile;
+}
+
 struct TensorInfo {
   std::string name;
   DType dtype;
@@ -79,6 +84,8 @@ class CheckpointReader {
   void read(const std::string& name, Tensor& out, const std::vector<int64_t>& start = {}) const;
   // Verifies every stored byte against its checksum; throws CheckpointError naming the first bad tensor.
   void verify_all() const;
+  // How many stored slices tensor `name` has (throws CheckpointError if absent).
+  size_t num_slices(const std::string& name) const;
 
  private:
   struct SliceRecord {
@@ -86,11 +93,15 @@ class CheckpointReader {
     int64_t offset = 0, bytes = 0;
     std::vector<int64_t> start, extent;
     uint32_t crc = 0;
+    mutable bool verified = false;  // checksum checked on first use (a reader is not shared across threads)
   };
+  const ckpt::MappedFile& file(const std::string& name) const;  // mapped on first use
+  void verify(const std::string& tensor, const SliceRecord& s) const;
   std::string dir_;
   CheckpointState state_;
   std::vector<TensorInfo> infos_;
   std::map<std::string, std::vector<SliceRecord>> slices_;
+  mutable std::map<std::string, std::shared_ptr<const ckpt::MappedFile>> files_;
 };
 
 }  // namespace mt

@@ -32,6 +32,8 @@ struct ModelConfig {
   // derived
   int64_t padded_vocab_size = 0;         // vocab_size rounded up to divisible_by * parallel.tensor
   int64_t head_dim = 0;                  // hidden_size / num_heads
+
+  bool operator==(const ModelConfig&) const = default;
 };
 
 struct ParallelConfig {
@@ -44,6 +46,8 @@ struct ParallelConfig {
   std::vector<int64_t> layers_per_stage; // empty: num_layers split evenly
   // derived
   int64_t world_size = 1;
+
+  bool operator==(const ParallelConfig&) const = default;
 };
 
 struct LossScaleConfig {
@@ -51,6 +55,8 @@ struct LossScaleConfig {
   double min = 1.0;
   int64_t window = 1000;
   int64_t hysteresis = 2;
+
+  bool operator==(const LossScaleConfig&) const = default;
 };
 
 struct TrainingConfig {
@@ -64,6 +70,8 @@ struct TrainingConfig {
   std::string device = "cpu";            // cpu (cuda later)
   // derived
   int64_t num_microbatches = 0;          // global_batch_size / (micro_batch_size * data-parallel size)
+
+  bool operator==(const TrainingConfig&) const = default;
 };
 
 struct OptimizerConfig {
@@ -77,6 +85,8 @@ struct OptimizerConfig {
   std::vector<double> betas = {0.9, 0.999};
   double eps = 1e-8;
   double grad_clip = 1.0;                // 0 disables clipping
+
+  bool operator==(const OptimizerConfig&) const = default;
 };
 
 struct DataConfig {
@@ -84,6 +94,8 @@ struct DataConfig {
   std::vector<std::string> valid;        // optional; when empty validation comes from `split`
   std::vector<double> split = {969, 30, 1};  // train / valid / test weights over documents
   bool synthetic = false;                // random tokens, no files (benchmarks)
+
+  bool operator==(const DataConfig&) const = default;
 };
 
 struct CheckpointConfig {
@@ -91,6 +103,8 @@ struct CheckpointConfig {
   int64_t save_interval = 0;             // 0: only at the end
   int64_t keep_last = 0;                 // 0: keep all
   std::string load = "auto";             // auto (save_dir's latest when present) | none | a checkpoint path
+
+  bool operator==(const CheckpointConfig&) const = default;
 };
 
 struct LoggingConfig {
@@ -99,6 +113,8 @@ struct LoggingConfig {
   int64_t eval_interval = 0;             // 0: no validation during training
   int64_t eval_iters = 10;
   std::string level = "info";
+
+  bool operator==(const LoggingConfig&) const = default;
 };
 
 struct Config {
@@ -110,6 +126,8 @@ struct Config {
   CheckpointConfig checkpoint;
   LoggingConfig logging;
   std::string source = "<config>";       // where it was read from, for messages
+
+  bool operator==(const Config&) const = default;
 };
 
 // Reads `path`, applies `overrides` ("model.num_layers=4", values parsed as YAML), checks every key

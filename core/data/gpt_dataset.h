@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -28,13 +29,21 @@ class TokenStream {
  private:
   std::vector<Part> parts_;
   // Per sequence of all parts, in order: (dataset part, sequence index, first stream position).
-  struct Run { int32_t part; int64_t sequence; int64_t start; int64_t length; };
+  struct Run {
+    int32_t part;
+    int64_t sequence;
+    int64_t start;
+    int64_t length;
+  };
   std::vector<Run> runs_;
   int64_t total_ = 0;
 };
 
 // Samples of a token stream. Global sample g lives in epoch g / n (n samples per epoch) and is
 // sample perm_epoch(g mod n) of the stream, perm a seeded shuffle per epoch (file order with shuffle off).
+// The shuffle is a Fisher-Yates pass whose draw i is random_u64_at(seed, stream_id("data.shuffle") + epoch, i),
+// so the order is the same on every machine and for every parallel layout. The current epoch's permutation
+// is cached; sample() locks around the cache, so one dataset may be shared by several threads.
 class GptDataset {
  public:
   GptDataset(std::shared_ptr<const TokenStream> stream, int64_t seq_length, uint64_t seed, bool shuffle);
@@ -42,6 +51,10 @@ class GptDataset {
   int64_t seq_length() const { return seq_length_; }
   // out holds seq_length + 1 tokens.
   void sample(int64_t global_index, std::span<int32_t> out) const;
+  // Stream sample (in file order) that global sample g reads.
+  int64_t stream_sample(int64_t global_index) const;
+  // The permutation of one epoch: element i is the stream sample read at position i of the epoch.
+  std::vector<int64_t> epoch_permutation(int64_t epoch) const;
 
  private:
   std::shared_ptr<const TokenStream> stream_;
@@ -49,6 +62,7 @@ class GptDataset {
   uint64_t seed_;
   bool shuffle_;
   int64_t n_;
+  mutable std::mutex mutex_;  // guards the cache below
   mutable int64_t cached_epoch_ = -1;
   mutable std::vector<int64_t> perm_;
 };
@@ -65,8 +79,10 @@ class SyntheticDataset {
   uint64_t seed_;
 };
 
-// Train / valid / test document ranges from split weights (Megatron's rule: cumulative fractions of
-// the document count, rounded). Returns 3 (begin, end) pairs.
+// Train / valid / test document ranges from split weights, by Megatron's get_split_indices: weights padded
+// to 3 with zeros and normalized, each split's count round(w * D) (half to even, as Python) summed, then all
+// boundaries shifted so the last is D (and clamped into [0, D] for tiny D). Returns 3 (begin, end) pairs.
+// Throws std::invalid_argument for more than 3 weights, a negative weight or a zero sum.
 std::vector<std::pair<int64_t, int64_t>> split_documents(int64_t num_documents, const std::vector<double>& weights);
 
 }  // namespace mt

@@ -1,6 +1,19 @@
 // indexed_dataset.h: Megatron's indexed dataset (.bin + .idx), memory-mapped, and its writer.
+//
+// .idx layout (little-endian, no padding; offsets in bytes):
+//   0   char[9]  magic "MMIDIDX\0\0"
+//   9   u64      version (1)
+//   17  u8       dtype code (TokenDType)
+//   18  u64      N, the number of sequences
+//   26  u64      D + 1, the number of document-index entries (Megatron writes len(document_indices),
+//                which holds a leading 0; so D documents have D + 1 entries)
+//   34  i32[N]   sequence lengths in tokens
+//       i64[N]   sequence byte offsets into .bin (contiguous: offset[i+1] = offset[i] + length[i] * size)
+//       i64[D+1] document index: document d is sequences [doc[d], doc[d+1]); doc[0] = 0, doc[D] = N
+//   (Megatron's multimodal variant appends i8[N] modes; trailing bytes are accepted and ignored.)
 #pragma once
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -18,9 +31,12 @@ class DataError : public std::runtime_error {
 // Megatron's dtype codes in the .idx header.
 enum class TokenDType : uint8_t { u8 = 1, i8 = 2, i16 = 3, i32 = 4, i64 = 5, f64 = 6, f32 = 7, u16 = 8 };
 size_t token_dtype_size(TokenDType t);
+const char* token_dtype_name(TokenDType t);  // "u8", "i16", ..., as numpy would say it without the width words
 
 // A read-only, memory-mapped view of PREFIX.idx and PREFIX.bin. Validates the header, the sizes and
 // every offset against the .bin size on open; throws DataError naming the file.
+// The index arrays are copied out of the .idx (they are not aligned there); the tokens stay mapped.
+// All methods are const and safe to call from several threads at once.
 class IndexedDataset {
  public:
   explicit IndexedDataset(const std::string& prefix);
@@ -34,9 +50,10 @@ class IndexedDataset {
   int64_t num_documents() const { return static_cast<int64_t>(doc_index_.size()) - 1; }
   int64_t num_tokens() const { return total_tokens_; }
   std::span<const int32_t> sequence_lengths() const { return lengths_; }
-  std::span<const int64_t> sequence_offsets() const { return offsets_; }   // bytes into .bin
-  std::span<const int64_t> document_index() const { return doc_index_; }   // D + 1 entries, [0] = 0, [D] = N
-  // Tokens [begin, begin + out.size()) of sequence i, converted to int32.
+  std::span<const int64_t> sequence_offsets() const { return offsets_; }  // bytes into .bin
+  std::span<const int64_t> document_index() const { return doc_index_; }  // D + 1 entries, [0] = 0, [D] = N
+  // Tokens [begin, begin + out.size()) of sequence i, converted to int32. Float tokens are cast (they must
+  // be finite and within int32); an i64 token outside int32 is a DataError naming the file and position.
   void read(int64_t sequence, int64_t begin, std::span<int32_t> out) const;
 
  private:
@@ -51,20 +68,38 @@ class IndexedDataset {
 };
 
 // Writes PREFIX.bin / PREFIX.idx. Each add_document() call adds one document made of one or more sequences.
+// Tokens stream to PREFIX.bin.tmp as they come (only the index is held in memory); finish() writes
+// PREFIX.idx.tmp and renames both into place. A writer destroyed before finish() removes its temporary
+// files and leaves any existing PREFIX.bin / PREFIX.idx untouched.
 class IndexedDatasetWriter {
  public:
   IndexedDatasetWriter(const std::string& prefix, TokenDType dtype);
+  ~IndexedDatasetWriter();
+  IndexedDatasetWriter(const IndexedDatasetWriter&) = delete;
+  IndexedDatasetWriter& operator=(const IndexedDatasetWriter&) = delete;
+
+  // Tokens must be representable in the dtype (DataError otherwise).
   void add_document(const std::vector<std::vector<int64_t>>& sequences);
   void add_document(std::span<const int32_t> tokens);  // a one-sequence document
+  int64_t num_documents() const { return static_cast<int64_t>(doc_index_.size()) - 1; }
+  int64_t num_tokens() const { return tokens_; }
   // Writes the .idx; files go to PREFIX.*.tmp first and are renamed into place here.
   void finish();
 
  private:
+  void add_sequence(std::span<const int64_t> tokens);
+  void add_sequence(std::span<const int32_t> tokens);
+  void append(const void* bytes, size_t n);
+  void discard();
+
   std::string prefix_;
   TokenDType dtype_;
   std::vector<int32_t> lengths_;
   std::vector<int64_t> doc_index_{0};
-  std::vector<uint8_t> bin_;
+  std::vector<uint8_t> bin_;  // encode buffer, flushed to bin_file_ when large
+  std::FILE* bin_file_ = nullptr;
+  int64_t tokens_ = 0;
+  bool finished_ = false;
 };
 
 }  // namespace mt

@@ -1,0 +1,26 @@
+// checkpointing.h: what a training run puts into a checkpoint and takes back out of it.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/checkpoint/checkpoint.h"
+#include "core/optimizer.h"
+#include "core/parameter.h"
+
+namespace mt::app {
+
+// Tensor names: "model.<param>" (fp32 master weights), "optimizer.exp_avg.<param>",
+// "optimizer.exp_avg_sq.<param>".
+std::vector<TensorSlice> optimizer_tensors(AdamW& opt);
+
+// Reads "model.<param>" for every parameter into its value (dtype converted). Shapes must match the
+// checkpoint's global shapes; throws CheckpointError naming the tensor otherwise.
+void load_parameters(const CheckpointReader& reader, const std::vector<Parameter*>& params);
+// Reads the master weights and both Adam moments into `opt` and casts masters into the values.
+void load_optimizer(const CheckpointReader& reader, AdamW& opt);
+
+// A required integer / float value of the checkpoint state; throws CheckpointError naming the key.
+int64_t state_int(const CheckpointState& s, const std::string& key, const std::string& dir);
+double state_double(const CheckpointState& s, const std::string& key, const std::string& dir);
+
+}  // namespace mt::app

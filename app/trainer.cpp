@@ -1,0 +1,300 @@
+#include "app/trainer.h"
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include <fmt/format.h>
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "app/checkpointing.h"
+#include "app/data_sources.h"
+#include "core/checkpoint/checkpoint.h"
+#include "core/data/indexed_dataset.h"
+#include "core/loss_scaler.h"
+#include "core/lr_schedule.h"
+#include "core/optimizer.h"
+#include "models/gpt.h"
+
+namespace mt::app {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::atomic<int> g_signal{0};
+// The first signal asks for a checkpoint at the end of the iteration; a second one ends at once.
+extern "C" void on_signal(int sig) {
+  if (g_signal.exchange(sig) != 0) std::_Exit(128 + sig);
+}
+
+// Appends one JSON object per line to RUN_DIR/metrics.jsonl, flushed each time.
+class MetricsFile {
+ public:
+  explicit MetricsFile(const std::string& run_dir) {
+    if (run_dir.empty()) return;
+    path_ = (fs::path(run_dir) / "metrics.jsonl").string();
+    out_.open(path_, std::ios::app);
+    if (!out_) throw std::runtime_error(fmt::format("{}: cannot open for writing", path_));
+  }
+  void write(const std::string& json) {
+    if (!out_.is_open()) return;
+    out_ << json << '\n';
+    out_.flush();
+    if (!out_) throw std::runtime_error(fmt::format("{}: write failed", path_));
+  }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+// A JSON number, or null for inf/NaN (JSON has neither).
+std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{}", v) : "null"; }
+
+std::string memory_summary() {
+  const MemoryStats& m = allocator_for(Device::cpu).stats();
+  std::string s;
+  for (size_t k = 0; k < MemoryStats::kKinds; ++k)
+    s += fmt::format("{} {:.2f} | ", mem_kind_name(static_cast<MemKind>(k)), m.peak[k] / 1048576.0);
+  return s + fmt::format("total {:.2f}", m.peak_total / 1048576.0);
+}
+
+struct Counters {
+  int64_t iteration = 0;         // iterations completed
+  int64_t consumed_samples = 0;
+  int64_t skipped_iters = 0;     // fp16 steps skipped for inf/NaN gradients
+  int64_t nan_iters = 0;         // iterations whose loss was inf/NaN
+};
+
+class Trainer {
+ public:
+  Trainer(const Config& cfg, const TrainOptions& opt)
+      : cfg_(cfg),
+        opt_(opt),
+        dtype_(parse_dtype(cfg.training.precision)),
+        data_(open_data_sources(cfg)),
+        model_(cfg.model, GptOptions{.dtype = dtype_, .seed = static_cast<uint64_t>(cfg.training.seed),
+                                     .recompute = cfg.training.recompute == "full"}),
+        optimizer_(model_.parameters(),
+                   AdamWConfig{.beta1 = cfg.optimizer.betas.at(0), .beta2 = cfg.optimizer.betas.at(1),
+                               .eps = cfg.optimizer.eps, .weight_decay = cfg.optimizer.weight_decay,
+                               .grad_clip = cfg.optimizer.grad_clip}),
+        scaler_(dtype_ == DType::f16,
+                LossScalerOptions{.initial = cfg.training.loss_scale.initial, .min = cfg.training.loss_scale.min,
+                                  .window = cfg.training.loss_scale.window,
+                                  .hysteresis = cfg.training.loss_scale.hysteresis}),
+        schedule_{.lr = cfg.optimizer.lr, .min_lr = cfg.optimizer.min_lr, .warmup_iters = cfg.optimizer.warmup_iters,
+                  .decay_iters = cfg.optimizer.decay_iters, .decay = cfg.optimizer.decay},
+        metrics_(cfg.logging.dir) {}
+
+  void run();
+
+ private:
+  void maybe_resume();
+  float train_step(float& lr_used, StepResult& result);
+  double evaluate();
+  void save();
+  void log_interval(double ms_per_iter, double loss, double lr, double grad_norm);
+
+  const Config& cfg_;
+  TrainOptions opt_;
+  DType dtype_;
+  DataSources data_;
+  GptModel model_;
+  AdamW optimizer_;
+  LossScaler scaler_;
+  LrSchedule schedule_;
+  MetricsFile metrics_;
+  Counters c_;
+  std::optional<std::string> last_saved_;
+};
+
+void Trainer::maybe_resume() {
+  const auto& ck = cfg_.checkpoint;
+  std::optional<std::string> dir;
+  if (ck.load == "none") return;
+  if (ck.load == "auto") {
+    if (ck.save_dir.empty()) return;
+    dir = resolve_checkpoint(ck.save_dir);
+    if (!dir) return;
+  } else {
+    dir = resolve_checkpoint(ck.load);
+    if (!dir) throw CheckpointError(fmt::format("checkpoint.load: {} holds no checkpoint (no metadata.yaml, no latest)", ck.load));
+  }
+  CheckpointReader reader(*dir);
+  load_optimizer(reader, optimizer_);
+  const CheckpointState& s = reader.state();
+  c_.iteration = s.iteration;
+  c_.consumed_samples = state_int(s, "consumed_samples", *dir);
+  c_.skipped_iters = state_int(s, "skipped_iters", *dir);
+  c_.nan_iters = state_int(s, "nan_iters", *dir);
+  optimizer_.set_steps(state_int(s, "optimizer_steps", *dir));
+  scaler_.restore({.scale = state_double(s, "loss_scale", *dir),
+                   .growth_tracker = state_int(s, "loss_scale_growth_tracker", *dir),
+                   .hysteresis_tracker = state_int(s, "loss_scale_hysteresis_tracker", *dir)});
+  if (state_int(s, "seed", *dir) != cfg_.training.seed)
+    spdlog::warn("resuming with training.seed={} but the checkpoint was trained with seed {}: data order and "
+                 "dropout masks change", cfg_.training.seed, state_int(s, "seed", *dir));
+  spdlog::info("resumed from {} at iteration {} ({} samples consumed)", *dir, c_.iteration, c_.consumed_samples);
+  metrics_.write(fmt::format(R"({{"event":"resume","iteration":{},"checkpoint":"{}"}})", c_.iteration, *dir));
+}
+
+void Trainer::save() {
+  if (cfg_.checkpoint.save_dir.empty() || last_saved_ == std::to_string(c_.iteration)) return;
+  auto t0 = std::chrono::steady_clock::now();
+  CheckpointState s;
+  s.iteration = c_.iteration;
+  s.config_yaml = to_yaml(cfg_);
+  auto st = scaler_.state();
+  s.values = {{"consumed_samples", std::to_string(c_.consumed_samples)},
+              {"skipped_iters", std::to_string(c_.skipped_iters)},
+              {"nan_iters", std::to_string(c_.nan_iters)},
+              {"optimizer_steps", std::to_string(optimizer_.steps())},
+              {"loss_scale", fmt::format("{}", st.scale)},
+              {"loss_scale_growth_tracker", std::to_string(st.growth_tracker)},
+              {"loss_scale_hysteresis_tracker", std::to_string(st.hysteresis_tracker)},
+              {"seed", std::to_string(cfg_.training.seed)}};
+  std::string dir = save_checkpoint(cfg_.checkpoint.save_dir, s, optimizer_tensors(optimizer_), cfg_.checkpoint.keep_last);
+  last_saved_ = std::to_string(c_.iteration);
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  spdlog::info("saved checkpoint {} ({:.0f} ms)", dir, ms);
+  metrics_.write(fmt::format(R"({{"event":"save","iteration":{},"checkpoint":"{}"}})", c_.iteration, dir));
+}
+
+// One iteration: every microbatch forward and backward (gradients accumulate), then the optimizer step.
+float Trainer::train_step(float& lr_used, StepResult& result) {
+  const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length, M = cfg_.training.num_microbatches;
+  optimizer_.zero_grads();
+  Tensor tokens = Tensor::empty({B, S}, DType::i32), targets = Tensor::empty({B, S}, DType::i32);
+  const float dloss = static_cast<float>(scaler_.scale() / static_cast<double>(M));
+  double loss_sum = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    const int64_t first = c_.consumed_samples + m * B;
+    make_batch(data_.train, first, B, S, tokens, targets);
+    StepContext ctx{.sample_offset = first, .training = true, .seed = static_cast<uint64_t>(cfg_.training.seed)};
+    loss_sum += model_.forward(tokens, targets, static_cast<int>(m), ctx);
+    model_.backward(static_cast<int>(m), dloss);
+  }
+  lr_used = static_cast<float>(schedule_.at(optimizer_.steps() + 1));
+  result = optimizer_.step(lr_used, scaler_.scale());
+  scaler_.update(result.found_inf);
+  if (result.found_inf) ++c_.skipped_iters;
+  return static_cast<float>(loss_sum / static_cast<double>(M));
+}
+
+double Trainer::evaluate() {
+  const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length;
+  const int64_t batches = cfg_.logging.eval_iters * cfg_.training.num_microbatches;
+  Tensor tokens = Tensor::empty({B, S}, DType::i32), targets = Tensor::empty({B, S}, DType::i32);
+  double sum = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    make_batch(data_.valid, i * B, B, S, tokens, targets);
+    sum += model_.forward(tokens, targets, 0, StepContext{.sample_offset = i * B, .training = false});
+  }
+  return sum / static_cast<double>(batches);
+}
+
+void Trainer::run() {
+  const int64_t G = cfg_.training.global_batch_size, S = cfg_.model.seq_length;
+  spdlog::info("data: {}", data_.description);
+  spdlog::info("model: {} parameters ({} layers, hidden {}, {} heads, vocabulary {} padded to {}), {}",
+               model_.num_parameters(), cfg_.model.num_layers, cfg_.model.hidden_size, cfg_.model.num_heads,
+               cfg_.model.vocab_size, cfg_.model.padded_vocab_size, cfg_.training.precision);
+  maybe_resume();
+  if (cfg_.logging.eval_interval > 0 && !data_.valid)
+    throw DataError("logging.eval_interval is set but the validation split holds less than one sample "
+                    "(raise data.split's second weight or set data.valid)");
+
+  const double flops_per_iter = model_flops_per_iteration(cfg_.model, G * S);
+  double interval_loss = 0, interval_ms = 0;
+  int64_t interval_iters = 0;
+  while (c_.iteration < cfg_.training.train_iters) {
+    auto t0 = std::chrono::steady_clock::now();
+    float lr = 0;
+    StepResult r;
+    float loss = train_step(lr, r);
+    ++c_.iteration;
+    c_.consumed_samples += G;
+    if (!std::isfinite(loss)) ++c_.nan_iters;
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    interval_loss += loss;
+    interval_ms += ms;
+    ++interval_iters;
+
+    if (c_.iteration % cfg_.logging.interval == 0 || c_.iteration == cfg_.training.train_iters) {
+      double mean_loss = interval_loss / interval_iters, mean_ms = interval_ms / interval_iters;
+      double tokens_per_s = static_cast<double>(G * S) / (mean_ms / 1000.0);
+      double tflops = flops_per_iter / (mean_ms / 1000.0) / 1e12;
+      spdlog::info(" iteration {:>7}/{:<7} | consumed samples {:>9} | ms/iter {:8.1f} | tokens/s {:9.0f} | "
+                   "TFLOP/s {:7.3f} | MFU n/a (cpu) | lr {:.3e} | loss {:.6e} | loss scale {} | grad norm {:.4f} | "
+                   "skipped {} | nan {}",
+                   c_.iteration, cfg_.training.train_iters, c_.consumed_samples, mean_ms, tokens_per_s, tflops, lr,
+                   mean_loss, scaler_.scale(), r.grad_norm, c_.skipped_iters, c_.nan_iters);
+      metrics_.write(fmt::format(
+          R"({{"iteration":{},"consumed_samples":{},"ms_per_iter":{:.3f},"tokens_per_s":{:.1f},"tflops":{:.6f},"mfu":null,"lr":{},"loss":{},"loss_scale":{},"grad_norm":{},"skipped_iters":{},"nan_iters":{},"peak_bytes":{}}})",
+          c_.iteration, c_.consumed_samples, mean_ms, tokens_per_s, tflops, lr, json_number(mean_loss),
+          json_number(scaler_.scale()), json_number(r.grad_norm), c_.skipped_iters, c_.nan_iters,
+          allocator_for(Device::cpu).stats().peak_total));
+      if (c_.iteration == cfg_.logging.interval) spdlog::info("peak memory (MiB): {}", memory_summary());
+      interval_loss = interval_ms = 0;
+      interval_iters = 0;
+    }
+    if (cfg_.logging.eval_interval > 0 &&
+        (c_.iteration % cfg_.logging.eval_interval == 0 || c_.iteration == cfg_.training.train_iters)) {
+      double v = evaluate();
+      spdlog::info(" validation loss at iteration {}: {:.6e} | perplexity {:.3f}", c_.iteration, v, std::exp(v));
+      metrics_.write(fmt::format(R"({{"iteration":{},"valid_loss":{}}})", c_.iteration, json_number(v)));
+    }
+    if (cfg_.checkpoint.save_interval > 0 && c_.iteration % cfg_.checkpoint.save_interval == 0) save();
+    if (int sig = g_signal.load()) {
+      spdlog::warn("received signal {}: saving and stopping after iteration {}", sig, c_.iteration);
+      save();
+      return;
+    }
+    if (opt_.exit_after > 0 && c_.iteration >= opt_.exit_after) {
+      spdlog::info("stopping after iteration {} as asked (--exit-after)", c_.iteration);
+      save();
+      return;
+    }
+  }
+  save();
+  spdlog::info("training done: {} iterations, {} samples, {} skipped, {} nan; peak memory (MiB): {}", c_.iteration,
+               c_.consumed_samples, c_.skipped_iters, c_.nan_iters, memory_summary());
+}
+
+}  // namespace
+
+void setup_logging(const std::string& run_dir, const std::string& level) {
+  std::vector<spdlog::sink_ptr> sinks{std::make_shared<spdlog::sinks::stdout_sink_mt>()};
+  if (!run_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(run_dir, ec);
+    if (ec) throw std::runtime_error(fmt::format("logging.dir: cannot create {}: {}", run_dir, ec.message()));
+    sinks.push_back(std::make_shared<spdlog::sinks::basic_file_sink_mt>((fs::path(run_dir) / "megatrain.log").string()));
+  }
+  auto logger = std::make_shared<spdlog::logger>("megatrain", sinks.begin(), sinks.end());
+  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
+  logger->set_level(spdlog::level::from_str(level));
+  logger->flush_on(spdlog::level::info);
+  spdlog::set_default_logger(logger);
+}
+
+void train(const Config& cfg, const TrainOptions& opt) {
+  setup_logging(cfg.logging.dir, cfg.logging.level);
+  spdlog::info("megatrain {} resolved config:\n{}", MEGATRAIN_VERSION, to_yaml(cfg));
+  if (!cfg.checkpoint.save_dir.empty()) check_save_dir_writable(cfg.checkpoint.save_dir);
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGUSR1, on_signal);
+  std::signal(SIGINT, on_signal);
+  Trainer trainer(cfg, opt);
+  trainer.run();
+}
+
+}  // namespace mt::app

@@ -1,0 +1,192 @@
+#include "core/checkpoint/save_dir.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/file_io.h"
+#include "core/checkpoint/metadata.h"
+
+namespace fs = std::filesystem;
+
+namespace mt::ckpt {
+namespace {
+
+std::vector<std::string> entries(const std::string& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec), end;
+  if (ec) throw CheckpointError(fmt::format("{}: cannot list directory: {}", dir, ec.message()));
+  for (; it != end; it.increment(ec)) {
+    if (ec) throw CheckpointError(fmt::format("{}: cannot list directory: {}", dir, ec.message()));
+    names.push_back(it->path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// "iter_0000100" -> 100; nullopt for anything else.
+std::optional<int64_t> parse_iter_name(const std::string& name) {
+  if (name.size() <= 5 || name.compare(0, 5, "iter_") != 0 || name.size() > 5 + 18) return std::nullopt;
+  int64_t v = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
+}  // namespace
+
+void remove_stale_tmp(const std::string& save_dir) {
+  const std::string replaced = std::string(kTmpPrefix) + "replaced.";
+  for (const auto& name : entries(save_dir)) {
+    if (name.rfind(kTmpPrefix, 0) != 0) continue;
+    std::string path = join_path(save_dir, name);
+    if (name.rfind(replaced, 0) == 0) {
+      // ".tmp.replaced.iter_N.<pid>": the old copy of a checkpoint that a crashed save was replacing.
+      std::string rest = name.substr(replaced.size());
+      std::string original = join_path(save_dir, rest.substr(0, rest.rfind('.')));
+      if (path_kind(original) == PathKind::missing && ::rename(path.c_str(), original.c_str()) == 0) {
+        spdlog::warn("checkpoint: restored {} from an interrupted replacement", original);
+        continue;
+      }
+    }
+    if (!remove_tree(path)) spdlog::warn("checkpoint: could not remove stale {}", path);
+    else spdlog::info("checkpoint: removed {} left by an interrupted save", path);
+  }
+}
+
+void install_dir(const std::string& save_dir, const std::string& tmp, const std::string& final) {
+  switch (path_kind(final)) {
+    case PathKind::missing:
+      if (::rename(tmp.c_str(), final.c_str()) != 0) throw_os_error(final, "cannot rename " + tmp + " to it", errno);
+      fsync_dir(save_dir);
+      return;
+    case PathKind::directory: break;
+    default: throw CheckpointError(fmt::format("{}: exists and is not a directory; remove it to save here", final));
+  }
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final.c_str(), RENAME_EXCHANGE) == 0) {
+    fsync_dir(save_dir);
+    if (!remove_tree(tmp)) spdlog::warn("checkpoint: could not remove the replaced checkpoint now at {}", tmp);
+    return;
+  }
+  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
+    throw_os_error(final, "cannot swap in " + tmp, errno);
+  // No atomic exchange here: rename the old one aside (remove_stale_tmp restores it after a crash).
+  std::string name = fs::path(final).filename().string();
+  std::string aside = join_path(save_dir, fmt::format("{}replaced.{}.{}", kTmpPrefix, name, ::getpid()));
+  if (::rename(final.c_str(), aside.c_str()) != 0) throw_os_error(final, "cannot rename it aside to " + aside, errno);
+  if (::rename(tmp.c_str(), final.c_str()) != 0) {
+    int err = errno;
+    ::rename(aside.c_str(), final.c_str());
+    throw_os_error(final, "cannot rename " + tmp + " to it", err);
+  }
+  fsync_dir(save_dir);
+  if (!remove_tree(aside)) spdlog::warn("checkpoint: could not remove the replaced checkpoint {}", aside);
+}
+
+void write_latest(const std::string& save_dir, const std::string& name) {
+  std::string tmp = join_path(save_dir, fmt::format("{}latest.{}", kTmpPrefix, ::getpid()));
+  std::string latest = join_path(save_dir, kLatestFile);
+  ::unlink(tmp.c_str());
+  try {
+    write_file_durably(tmp, name + "\n");
+    if (::rename(tmp.c_str(), latest.c_str()) != 0) throw_os_error(latest, "cannot replace it with " + tmp, errno);
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  fsync_dir(save_dir);
+}
+
+std::optional<std::string> read_latest(const std::string& save_dir) {
+  std::string path = join_path(save_dir, kLatestFile);
+  PathKind kind = path_kind(path);
+  if (kind == PathKind::missing) return std::nullopt;
+  if (kind != PathKind::file) throw CheckpointError(fmt::format("{}: is not a file", path));
+  std::string text = read_text_file(path);
+  auto first = text.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) throw CheckpointError(fmt::format("{}: is empty (expected a checkpoint name)", path));
+  auto last = text.find_last_not_of(" \t\r\n");
+  return text.substr(first, last - first + 1);
+}
+
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& save_dir) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  for (const auto& name : entries(save_dir)) {
+    auto it = parse_iter_name(name);
+    if (it && path_kind(join_path(save_dir, name)) == PathKind::directory) out.emplace_back(*it, name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void apply_keep_last(const std::string& save_dir, int64_t keep_last, const std::string& keep) {
+  if (keep_last <= 0) return;
+  std::optional<std::string> latest;
+  try {
+    latest = read_latest(save_dir);
+  } catch (const CheckpointError& e) {
+    spdlog::warn("checkpoint: keep_last skipped: {}", e.what());
+    return;
+  }
+  auto all = list_checkpoints(save_dir);
+  int64_t excess = static_cast<int64_t>(all.size()) - keep_last;
+  for (int64_t i = 0; i < static_cast<int64_t>(all.size()) && excess > 0; ++i) {
+    const std::string& name = all[i].second;
+    if (name == keep || (latest && name == *latest)) continue;
+    std::string path = join_path(save_dir, name);
+    if (remove_tree(path)) spdlog::info("checkpoint: removed {} (keep_last={})", path, keep_last);
+    else spdlog::warn("checkpoint: could not remove {} (keep_last={})", path, keep_last);
+    --excess;
+  }
+}
+
+}  // namespace mt::ckpt
+
+namespace mt {
+
+void check_save_dir_writable(const std::string& save_dir) {
+  using namespace ckpt;
+  std::error_code ec;
+  fs::create_directories(save_dir, ec);
+  if (ec) throw CheckpointError(fmt::format("{}: cannot create checkpoint directory: {}", save_dir, ec.message()));
+  if (path_kind(save_dir) != PathKind::directory)
+    throw CheckpointError(fmt::format("{}: checkpoint directory exists and is not a directory", save_dir));
+  std::string probe = join_path(save_dir, fmt::format("{}probe.{}", kTmpPrefix, ::getpid()));
+  ::unlink(probe.c_str());
+  try {
+    write_file_durably(probe, "megatrain\n");
+  } catch (const CheckpointError& e) {
+    ::unlink(probe.c_str());
+    throw CheckpointError(fmt::format("checkpoint directory is not writable: {}", e.what()));
+  }
+  ::unlink(probe.c_str());
+}
+
+std::optional<std::string> resolve_checkpoint(const std::string& path) {
+  using namespace ckpt;
+  switch (path_kind(path)) {
+    case PathKind::missing: return std::nullopt;
+    case PathKind::directory: break;
+    default: throw CheckpointError(fmt::format("{}: is not a directory (expected a checkpoint or save directory)", path));
+  }
+  if (path_kind(join_path(path, kMetadataFile)) != PathKind::missing) return path;
+  auto latest = read_latest(path);
+  if (!latest) return std::nullopt;
+  std::string dir = (*latest)[0] == '/' ? *latest : join_path(path, *latest);
+  if (path_kind(dir) != PathKind::directory)
+    throw CheckpointError(fmt::format("{}/{}: names {}, which does not exist", path, kLatestFile, dir));
+  return dir;
+}
+
+}  // namespace mt

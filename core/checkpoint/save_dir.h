@@ -1,0 +1,37 @@
+// save_dir.h: the layout of a save directory: iter_NNNNNNN checkpoints, the `latest` marker, temporary
+// entries named `.tmp.*`, and the operations that change them safely.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace mt::ckpt {
+
+inline constexpr const char* kLatestFile = "latest";
+inline constexpr const char* kTmpPrefix = ".tmp.";
+
+// Removes what crashed saves left behind: `.tmp.*` entries. A checkpoint that was renamed aside to be
+// replaced (`.tmp.replaced.iter_N.<pid>`) is put back when its place is empty.
+void remove_stale_tmp(const std::string& save_dir);
+
+// Renames the complete directory `tmp` to `final` (both in save_dir). An existing `final` directory is
+// replaced: swapped atomically where the filesystem can (renameat2 RENAME_EXCHANGE), else renamed aside
+// first; the old one is removed afterwards.
+void install_dir(const std::string& save_dir, const std::string& tmp, const std::string& final);
+
+// Points `latest` at `name` atomically (tmp file, fsync, rename, fsync of the directory).
+void write_latest(const std::string& save_dir, const std::string& name);
+// The name `latest` holds; nullopt when there is no `latest`. Throws CheckpointError when it is unreadable
+// or empty.
+std::optional<std::string> read_latest(const std::string& save_dir);
+
+// The iter_* directories of save_dir as (iteration, name), oldest first.
+std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& save_dir);
+
+// Removes checkpoints beyond the newest keep_last (0: keep all), oldest first, never `keep` nor the one
+// `latest` names. Failures to remove are logged, not thrown: the new checkpoint is already committed.
+void apply_keep_last(const std::string& save_dir, int64_t keep_last, const std::string& keep);
+
+}  // namespace mt::ckpt

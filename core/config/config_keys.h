@@ -1,0 +1,104 @@
+// config_keys.h: the one list of every YAML key of a Config, shared by the reader, the writer and the key check.
+#pragma once
+#include <cstddef>
+
+#include "core/config/config.h"
+
+namespace mt::config_keys {
+
+// How one key is read and written.
+struct Key {
+  const char* name;
+  bool required = false;
+  bool accepts_auto = false;  // the string "auto" is stored as 0 (parallel.data)
+  size_t length = 0;          // a list of exactly this many entries; 0: any length
+};
+
+// Calls v.section(name, body) for every section (nested for training.loss_scale) and v.field(Key, member) for
+// every key, in the order to_yaml prints them. C is Config or const Config. Derived values are not keys.
+template <class V, class C>
+void visit(V& v, C& c) {
+  v.section("model", [&] {
+    auto& m = c.model;
+    v.field({.name = "arch"}, m.arch);
+    v.field({.name = "num_layers", .required = true}, m.num_layers);
+    v.field({.name = "hidden_size", .required = true}, m.hidden_size);
+    v.field({.name = "num_heads", .required = true}, m.num_heads);
+    v.field({.name = "ffn_hidden_size"}, m.ffn_hidden_size);
+    v.field({.name = "seq_length", .required = true}, m.seq_length);
+    v.field({.name = "max_position_embeddings"}, m.max_position_embeddings);
+    v.field({.name = "vocab_size", .required = true}, m.vocab_size);
+    v.field({.name = "make_vocab_size_divisible_by"}, m.make_vocab_size_divisible_by);
+    v.field({.name = "tie_embeddings"}, m.tie_embeddings);
+    v.field({.name = "dropout"}, m.dropout);
+    v.field({.name = "attention_dropout"}, m.attention_dropout);
+    v.field({.name = "layernorm_eps"}, m.layernorm_eps);
+    v.field({.name = "init_std"}, m.init_std);
+  });
+  v.section("parallel", [&] {
+    auto& p = c.parallel;
+    v.field({.name = "tensor"}, p.tensor);
+    v.field({.name = "pipeline"}, p.pipeline);
+    v.field({.name = "virtual_pipeline"}, p.virtual_pipeline);
+    v.field({.name = "data", .accepts_auto = true}, p.data);
+    v.field({.name = "sequence_parallel"}, p.sequence_parallel);
+    v.field({.name = "distributed_optimizer"}, p.distributed_optimizer);
+    v.field({.name = "layers_per_stage"}, p.layers_per_stage);
+  });
+  v.section("training", [&] {
+    auto& t = c.training;
+    v.field({.name = "micro_batch_size"}, t.micro_batch_size);
+    v.field({.name = "global_batch_size"}, t.global_batch_size);
+    v.field({.name = "train_iters", .required = true}, t.train_iters);
+    v.field({.name = "precision"}, t.precision);
+    v.section("loss_scale", [&] {
+      v.field({.name = "initial"}, t.loss_scale.initial);
+      v.field({.name = "min"}, t.loss_scale.min);
+      v.field({.name = "window"}, t.loss_scale.window);
+      v.field({.name = "hysteresis"}, t.loss_scale.hysteresis);
+    });
+    v.field({.name = "recompute"}, t.recompute);
+    v.field({.name = "seed"}, t.seed);
+    v.field({.name = "device"}, t.device);
+  });
+  v.section("optimizer", [&] {
+    auto& o = c.optimizer;
+    v.field({.name = "type"}, o.type);
+    v.field({.name = "lr", .required = true}, o.lr);
+    v.field({.name = "min_lr"}, o.min_lr);
+    v.field({.name = "warmup_iters"}, o.warmup_iters);
+    v.field({.name = "decay_iters"}, o.decay_iters);
+    v.field({.name = "decay"}, o.decay);
+    v.field({.name = "weight_decay"}, o.weight_decay);
+    v.field({.name = "betas", .length = 2}, o.betas);
+    v.field({.name = "eps"}, o.eps);
+    v.field({.name = "grad_clip"}, o.grad_clip);
+  });
+  v.section("data", [&] {
+    auto& d = c.data;
+    v.field({.name = "train"}, d.train);
+    v.field({.name = "valid"}, d.valid);
+    v.field({.name = "split", .length = 3}, d.split);
+    v.field({.name = "synthetic"}, d.synthetic);
+  });
+  v.section("checkpoint", [&] {
+    auto& k = c.checkpoint;
+    v.field({.name = "save_dir"}, k.save_dir);
+    v.field({.name = "save_interval"}, k.save_interval);
+    v.field({.name = "keep_last"}, k.keep_last);
+    v.field({.name = "load"}, k.load);
+  });
+  v.section("logging", [&] {
+    auto& l = c.logging;
+    v.field({.name = "dir"}, l.dir);
+    v.field({.name = "interval"}, l.interval);
+    v.field({.name = "eval_interval"}, l.eval_interval);
+    v.field({.name = "eval_iters"}, l.eval_iters);
+    v.field({.name = "level"}, l.level);
+  });
+}
+
+// The top-level section that to_yaml writes and readers skip.
+inline constexpr const char* kDerivedSection = "derived";
+
+}  // namespace mt::config_keys

@@ -1,0 +1,152 @@
+// gpt_dataset.cpp: the document token stream, seeded per-epoch sample order, synthetic tokens and splits.
+#include "core/data/gpt_dataset.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <stdexcept>
+
+#include "core/rng.h"
+
+namespace mt {
+
+namespace {
+
+// A uniform integer in [0, bound) from 64 random bits (multiply-high: no modulo, bias below 2^-40 here).
+uint64_t below(uint64_t random, uint64_t bound) {
+  return static_cast<uint64_t>((static_cast<unsigned __int128>(random) * bound) >> 64);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- TokenStream
+
+TokenStream::TokenStream(std::vector<Part> parts) : parts_(std::move(parts)) {
+  for (size_t p = 0; p < parts_.size(); ++p) {
+    const Part& part = parts_[p];
+    if (!part.dataset) throw std::invalid_argument(fmt::format("TokenStream: part {} has no dataset", p));
+    const IndexedDataset& d = *part.dataset;
+    if (part.doc_begin < 0 || part.doc_begin > part.doc_end || part.doc_end > d.num_documents())
+      throw DataError(fmt::format("{}: document range [{}, {}) is outside the dataset's {} documents", d.prefix(),
+                                  part.doc_begin, part.doc_end, d.num_documents()));
+    auto docs = d.document_index();
+    auto lengths = d.sequence_lengths();
+    for (int64_t s = docs[part.doc_begin]; s < docs[part.doc_end]; ++s) {
+      if (lengths[s] == 0) continue;  // empty sequences hold no stream position
+      runs_.push_back(Run{static_cast<int32_t>(p), s, total_, lengths[s]});
+      total_ += lengths[s];
+    }
+  }
+}
+
+void TokenStream::read(int64_t begin, std::span<int32_t> out) const {
+  const int64_t count = static_cast<int64_t>(out.size());
+  if (begin < 0 || count > total_ - begin)
+    throw std::out_of_range(
+        fmt::format("TokenStream: read of tokens [{}, {}) outside the stream's {}", begin, begin + count, total_));
+  if (count == 0) return;
+  // The last run starting at or before `begin`.
+  auto it =
+      std::upper_bound(runs_.begin(), runs_.end(), begin, [](int64_t pos, const Run& r) { return pos < r.start; });
+  size_t r = static_cast<size_t>(it - runs_.begin()) - 1;
+  int64_t done = 0, pos = begin;
+  while (done < count) {
+    const Run& run = runs_[r];
+    const int64_t offset = pos - run.start;
+    const int64_t take = std::min(run.length - offset, count - done);
+    parts_[run.part].dataset->read(run.sequence, offset, out.subspan(done, take));
+    done += take;
+    pos += take;
+    ++r;
+  }
+}
+
+// ---------------------------------------------------------------- GptDataset
+
+GptDataset::GptDataset(std::shared_ptr<const TokenStream> stream, int64_t seq_length, uint64_t seed, bool shuffle)
+    : stream_(std::move(stream)), seq_length_(seq_length), seed_(seed), shuffle_(shuffle) {
+  if (!stream_) throw std::invalid_argument("GptDataset: no token stream");
+  if (seq_length_ <= 0) throw std::invalid_argument(fmt::format("GptDataset: seq_length {} <= 0", seq_length_));
+  n_ = stream_->num_tokens() > 0 ? (stream_->num_tokens() - 1) / seq_length_ : 0;
+}
+
+std::vector<int64_t> GptDataset::epoch_permutation(int64_t epoch) const {
+  std::vector<int64_t> perm(static_cast<size_t>(n_));
+  std::iota(perm.begin(), perm.end(), int64_t{0});
+  if (!shuffle_) return perm;
+  const uint64_t stream = stream_id("data.shuffle") + static_cast<uint64_t>(epoch);
+  for (int64_t i = n_ - 1; i > 0; --i) {
+    const uint64_t j = below(random_u64_at(seed_, stream, static_cast<uint64_t>(i)), static_cast<uint64_t>(i) + 1);
+    std::swap(perm[static_cast<size_t>(i)], perm[j]);
+  }
+  return perm;
+}
+
+int64_t GptDataset::stream_sample(int64_t global_index) const {
+  if (global_index < 0) throw std::out_of_range(fmt::format("GptDataset: sample {} < 0", global_index));
+  if (n_ == 0)
+    throw DataError(fmt::format("the token stream holds {} tokens, fewer than one sample of seq_length+1={}",
+                                stream_->num_tokens(), seq_length_ + 1));
+  const int64_t epoch = global_index / n_, i = global_index % n_;
+  if (!shuffle_) return i;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (cached_epoch_ != epoch) {
+    perm_ = epoch_permutation(epoch);
+    cached_epoch_ = epoch;
+  }
+  return perm_[static_cast<size_t>(i)];
+}
+
+void GptDataset::sample(int64_t global_index, std::span<int32_t> out) const {
+  if (static_cast<int64_t>(out.size()) != seq_length_ + 1)
+    throw std::invalid_argument(
+        fmt::format("GptDataset: sample buffer holds {} tokens, need seq_length+1={}", out.size(), seq_length_ + 1));
+  stream_->read(stream_sample(global_index) * seq_length_, out);
+}
+
+// ---------------------------------------------------------------- SyntheticDataset
+
+SyntheticDataset::SyntheticDataset(int64_t vocab_size, int64_t seq_length, uint64_t seed)
+    : vocab_size_(vocab_size), seq_length_(seq_length), seed_(seed) {
+  if (vocab_size_ <= 0 || seq_length_ <= 0)
+    throw std::invalid_argument(
+        fmt::format("SyntheticDataset: vocab_size {} and seq_length {} must be > 0", vocab_size_, seq_length_));
+}
+
+void SyntheticDataset::sample(int64_t global_index, std::span<int32_t> out) const {
+  constexpr uint64_t stream = stream_id("data.synthetic");
+  const uint64_t base = static_cast<uint64_t>(global_index) * static_cast<uint64_t>(seq_length_ + 1);
+  for (size_t t = 0; t < out.size(); ++t)
+    out[t] = static_cast<int32_t>(below(random_u64_at(seed_, stream, base + t), static_cast<uint64_t>(vocab_size_)));
+}
+
+// ---------------------------------------------------------------- split_documents
+
+std::vector<std::pair<int64_t, int64_t>> split_documents(int64_t num_documents, const std::vector<double>& weights) {
+  if (weights.empty() || weights.size() > 3)
+    throw std::invalid_argument(
+        fmt::format("data.split: expected 1 to 3 weights (train, valid, test), got {}", weights.size()));
+  if (num_documents < 0) throw std::invalid_argument(fmt::format("split_documents: {} documents", num_documents));
+  double sum = 0;
+  for (double w : weights) {
+    if (!(w >= 0) || !std::isfinite(w))
+      throw std::invalid_argument(fmt::format("data.split: weight {} is not a finite number >= 0", w));
+    sum += w;
+  }
+  if (!(sum > 0)) throw std::invalid_argument("data.split: the weights sum to 0");
+  std::vector<double> w(weights);
+  w.resize(3, 0.0);
+  // Megatron: normalize, then indices[i+1] = indices[i] + round(w_i * D); Python rounds half to even, which
+  // is nearbyint in the default rounding mode.
+  int64_t idx[4] = {0, 0, 0, 0};
+  for (int i = 0; i < 3; ++i)
+    idx[i + 1] = idx[i] + static_cast<int64_t>(std::nearbyint((w[i] / sum) * static_cast<double>(num_documents)));
+  const int64_t diff = idx[3] - num_documents;
+  for (int i = 1; i < 4; ++i) idx[i] = std::clamp<int64_t>(idx[i] - diff, idx[i - 1], num_documents);
+  idx[3] = num_documents;
+  return {{idx[0], idx[1]}, {idx[1], idx[2]}, {idx[2], idx[3]}};
+}
+
+}  // namespace mt

@@ -1,0 +1,41 @@
+// prepare.h: `megatrain data prepare` (text / JSONL -> .bin/.idx) and `megatrain data inspect`.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/data/indexed_dataset.h"
+
+namespace mt {
+
+struct PrepareOptions {
+  std::vector<std::string> inputs;  // .jsonl / .json: JSON lines; anything else: plain text
+  std::string output_prefix;        // writes PREFIX.bin and PREFIX.idx
+  std::string tokenizer = "byte";   // see supported_tokenizers()
+  std::string json_key = "text";    // the member of each JSON line that holds the document
+  bool append_eod = true;           // end every document with the tokenizer's end-of-document id
+};
+
+struct PrepareStats {
+  int64_t files = 0;
+  int64_t documents = 0;      // written
+  int64_t empty_skipped = 0;  // documents with no tokens (empty text and no EOD), not written
+  int64_t tokens = 0;         // written, EOD tokens included
+  int64_t vocab_size = 0;
+  TokenDType dtype = TokenDType::u16;
+};
+
+// Tokenizes the inputs in order into one dataset. A plain-text file holds one document per paragraph
+// (paragraphs are separated by blank lines; a paragraph's lines are joined with '\n', CRLF endings read as
+// LF). A JSON-lines file holds one object per non-blank line whose `json_key` string is a document.
+// Every input is checked before anything is written; a missing or unreadable input, a malformed line
+// (reported as FILE:LINE) or no document at all is a DataError, and the output is then left as it was:
+// the pair is written to temporary files and renamed into place only when complete.
+PrepareStats prepare_dataset(const PrepareOptions& options);
+
+// A human-readable summary of PREFIX.bin/.idx: dtype, sequence / document / token counts, min / mean / max
+// document length, and the first tokens of the first `sample_docs` documents (also as text when every
+// shown token is a byte-tokenizer id, 0..256).
+std::string inspect_dataset(const std::string& prefix, int64_t sample_docs = 1);
+
+}  // namespace mt

@@ -1,0 +1,428 @@
+// ops.cpp: the device-independent entry points of core/ops.h. Each checks its arguments (shapes, dtypes,
+// devices) with messages naming the op and the argument, then dispatches on the tensors' device.
+//
+// Dtype rules: values (activations, weights) are any floating dtype (f32, bf16, f16); an op's output and
+// the gradient of an activation have the dtype of that activation; parameter gradients, row statistics
+// (mean, rstd, lse, rowmax, ...) and optimizer buffers are f32; token ids and targets are i32.
+#include "core/ops.h"
+
+#include <initializer_list>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "core/cpu/ops_cpu.h"
+
+namespace mt {
+
+namespace {
+
+[[noreturn]] void fail(const char* op, const std::string& what) {
+  throw std::invalid_argument(fmt::format("{}: {}", op, what));
+}
+
+void check_defined(const char* op, const char* name, const Tensor& t) {
+  if (!t.defined()) fail(op, fmt::format("{}: tensor is undefined", name));
+}
+
+void check_floating(const char* op, const char* name, const Tensor& t) {
+  check_defined(op, name, t);
+  if (!is_floating(t.dtype()))
+    fail(op, fmt::format("{}: expected a floating dtype (fp32, bf16, fp16), got {}", name, dtype_name(t.dtype())));
+}
+
+void check_dtype(const char* op, const char* name, const Tensor& t, DType want) {
+  check_defined(op, name, t);
+  if (t.dtype() != want)
+    fail(op, fmt::format("{}: expected dtype {}, got {}", name, dtype_name(want), dtype_name(t.dtype())));
+}
+
+// t has the dtype and shape of ref (an activation and its output or gradient).
+void check_like(const char* op, const char* name, const Tensor& t, const Tensor& ref, const char* ref_name) {
+  check_defined(op, name, t);
+  if (t.dtype() != ref.dtype())
+    fail(op, fmt::format("{}: expected dtype {} (that of {}), got {}", name, dtype_name(ref.dtype()), ref_name,
+                         dtype_name(t.dtype())));
+  check_shape(t, ref.shape(), fmt::format("{}: {}", op, name).c_str());
+}
+
+// t is a `ndim`-D tensor (`layout` names its dimensions) of dtype `want`, or of any floating dtype.
+void check_ndim(const char* op, const char* name, const Tensor& t, int ndim, const char* layout,
+                std::optional<DType> want = std::nullopt) {
+  if (want) check_dtype(op, name, t, *want);
+  else check_floating(op, name, t);
+  if (t.ndim() != ndim)
+    fail(op, fmt::format("{}: expected a {}-D tensor {}, got {}", name, ndim, layout, shape_str(t.shape())));
+}
+
+void expect_shape(const char* op, const char* name, const Tensor& t, const Shape& shape) {
+  check_shape(t, shape, fmt::format("{}: {}", op, name).c_str());
+}
+
+void check_floating_shape(const char* op, const char* name, const Tensor& t, const Shape& shape) {
+  check_floating(op, name, t);
+  expect_shape(op, name, t, shape);
+}
+
+void check_f32_shape(const char* op, const char* name, const Tensor& t, const Shape& shape) {
+  check_dtype(op, name, t, DType::f32);
+  expect_shape(op, name, t, shape);
+}
+
+void check_range(const char* op, const char* name, bool ok, const std::string& rule) {
+  if (!ok) fail(op, fmt::format("{}: {}", name, rule));
+}
+
+// The device all of ts live on; throws when they differ.
+Device device_of(const char* op, std::initializer_list<const Tensor*> ts) {
+  const Device d = (*ts.begin())->device();
+  for (const Tensor* t : ts)
+    if (t->device() != d)
+      fail(op, fmt::format("tensors on different devices ({} and {})", device_name(d), device_name(t->device())));
+  return d;
+}
+
+[[noreturn]] void no_cuda(const char* op) {
+  throw std::runtime_error(fmt::format("{}: CUDA backend not built", op));
+}
+
+void check_p(const char* op, float p) {
+  if (!(p >= 0.f && p < 1.f)) fail(op, fmt::format("dropout probability must lie in [0, 1), got {}", p));
+}
+
+}  // namespace
+
+// ---- GEMM ----------------------------------------------------------------------------------------
+
+void gemm(const Tensor& a, const Tensor& b, Tensor& out, GemmOptions opt) {
+  const char* op = "gemm";
+  check_ndim(op, "a", a, 2, "(M, K)");
+  check_ndim(op, "b", b, 2, "(K, N)");
+  check_ndim(op, "out", out, 2, "(M, N)");
+  if (b.dtype() != a.dtype())
+    fail(op, fmt::format("b: expected dtype {} (that of a), got {}", dtype_name(a.dtype()), dtype_name(b.dtype())));
+  if (out.dtype() != a.dtype() && out.dtype() != DType::f32)
+    fail(op, fmt::format("out: expected dtype {} or fp32, got {}", dtype_name(a.dtype()), dtype_name(out.dtype())));
+  const int64_t M = opt.trans_a ? a.dim(1) : a.dim(0), K = opt.trans_a ? a.dim(0) : a.dim(1);
+  const int64_t Kb = opt.trans_b ? b.dim(1) : b.dim(0), N = opt.trans_b ? b.dim(0) : b.dim(1);
+  if (K != Kb)
+    fail(op, fmt::format("inner dimensions differ: op(a) is [{}, {}], op(b) is [{}, {}] (a {}, b {}, trans_a={}, "
+                         "trans_b={})", M, K, Kb, N, shape_str(a.shape()), shape_str(b.shape()), opt.trans_a,
+                         opt.trans_b));
+  expect_shape(op, "out", out, {M, N});
+  if (device_of(op, {&a, &b, &out}) == Device::cpu) return cpu::gemm(a, b, out, opt);
+  no_cuda(op);
+}
+
+void add_bias(Tensor& x, const Tensor& bias) {
+  const char* op = "add_bias";
+  check_ndim(op, "x", x, 2, "(N, C)");
+  check_floating_shape(op, "bias", bias, {x.dim(1)});
+  if (device_of(op, {&x, &bias}) == Device::cpu) return cpu::add_bias(x, bias);
+  no_cuda(op);
+}
+
+void bias_backward(const Tensor& dout, Tensor& dbias) {
+  const char* op = "bias_backward";
+  check_ndim(op, "dout", dout, 2, "(N, C)");
+  check_f32_shape(op, "dbias", dbias, {dout.dim(1)});
+  if (device_of(op, {&dout, &dbias}) == Device::cpu) return cpu::bias_backward(dout, dbias);
+  no_cuda(op);
+}
+
+// ---- elementwise ---------------------------------------------------------------------------------
+
+void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  const char* op = "add";
+  check_floating(op, "a", a);
+  check_like(op, "b", b, a, "a");
+  check_like(op, "out", out, a, "a");
+  if (device_of(op, {&a, &b, &out}) == Device::cpu) return cpu::add(a, b, out);
+  no_cuda(op);
+}
+
+void scale_(Tensor& x, float s) {
+  const char* op = "scale_";
+  check_floating(op, "x", x);
+  if (x.device() == Device::cpu) return cpu::scale_(x, s);
+  no_cuda(op);
+}
+
+void gelu_forward(const Tensor& x, Tensor& out) {
+  const char* op = "gelu_forward";
+  check_floating(op, "x", x);
+  check_like(op, "out", out, x, "x");
+  if (device_of(op, {&x, &out}) == Device::cpu) return cpu::gelu_forward(x, out);
+  no_cuda(op);
+}
+
+void gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) {
+  const char* op = "gelu_backward";
+  check_floating(op, "x", x);
+  check_like(op, "dout", dout, x, "x");
+  check_like(op, "dx", dx, x, "x");
+  if (device_of(op, {&x, &dout, &dx}) == Device::cpu) return cpu::gelu_backward(x, dout, dx);
+  no_cuda(op);
+}
+
+// ---- LayerNorm -----------------------------------------------------------------------------------
+
+void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out, Tensor& mean,
+                       Tensor& rstd, LayerNormOptions opt) {
+  const char* op = "layernorm_forward";
+  check_ndim(op, "x", x, 2, "(N, C)");
+  const int64_t N = x.dim(0), C = x.dim(1);
+  check_floating_shape(op, "weight", weight, {C});
+  check_floating_shape(op, "bias", bias, {C});
+  check_like(op, "out", out, x, "x");
+  check_f32_shape(op, "mean", mean, {N});
+  check_f32_shape(op, "rstd", rstd, {N});
+  check_range(op, "eps", opt.eps >= 0.f, fmt::format("must be >= 0, got {}", opt.eps));
+  if (device_of(op, {&x, &weight, &bias, &out, &mean, &rstd}) == Device::cpu)
+    return cpu::layernorm_forward(x, weight, bias, out, mean, rstd, opt);
+  no_cuda(op);
+}
+
+void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias) {
+  const char* op = "layernorm_backward";
+  check_ndim(op, "x", x, 2, "(N, C)");
+  const int64_t N = x.dim(0), C = x.dim(1);
+  check_like(op, "dout", dout, x, "x");
+  check_floating_shape(op, "weight", weight, {C});
+  check_f32_shape(op, "mean", mean, {N});
+  check_f32_shape(op, "rstd", rstd, {N});
+  check_like(op, "dx", dx, x, "x");
+  check_f32_shape(op, "dweight", dweight, {C});
+  check_f32_shape(op, "dbias", dbias, {C});
+  if (device_of(op, {&dout, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias}) == Device::cpu)
+    return cpu::layernorm_backward(dout, x, weight, mean, rstd, dx, dweight, dbias);
+  no_cuda(op);
+}
+
+// ---- embeddings ----------------------------------------------------------------------------------
+
+void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, EmbeddingOptions opt) {
+  const char* op = "embedding_forward";
+  check_ndim(op, "ids", ids, 2, "(B, T)", DType::i32);
+  check_ndim(op, "table", table, 2, "(V, C)");
+  check_floating_shape(op, "out", out, {ids.dim(0), ids.dim(1), table.dim(1)});
+  check_range(op, "vocab_start", opt.vocab_start >= 0, fmt::format("must be >= 0, got {}", opt.vocab_start));
+  if (device_of(op, {&ids, &table, &out}) == Device::cpu) return cpu::embedding_forward(ids, table, out, opt);
+  no_cuda(op);
+}
+
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, EmbeddingOptions opt) {
+  const char* op = "embedding_backward";
+  check_ndim(op, "ids", ids, 2, "(B, T)", DType::i32);
+  check_ndim(op, "dtable", dtable, 2, "(V, C)", DType::f32);
+  check_floating_shape(op, "dout", dout, {ids.dim(0), ids.dim(1), dtable.dim(1)});
+  check_range(op, "vocab_start", opt.vocab_start >= 0, fmt::format("must be >= 0, got {}", opt.vocab_start));
+  if (device_of(op, {&ids, &dout, &dtable}) == Device::cpu) return cpu::embedding_backward(ids, dout, dtable, opt);
+  no_cuda(op);
+}
+
+namespace {
+
+// The rows [position_offset, position_offset + T) must lie inside a (P, C) position table.
+void check_positions(const char* op, const Tensor& x, const char* table_name, const Tensor& table,
+                     const EmbeddingOptions& opt) {
+  check_ndim(op, table_name, table, 2, "(P, C)");
+  expect_shape(op, table_name, table, {table.dim(0), x.dim(2)});
+  check_range(op, "position_offset", opt.position_offset >= 0 && opt.position_offset + x.dim(1) <= table.dim(0),
+              fmt::format("positions [{}, {}) exceed the {} rows of {}", opt.position_offset,
+                          opt.position_offset + x.dim(1), table.dim(0), table_name));
+}
+
+}  // namespace
+
+void position_embedding_add(Tensor& x, const Tensor& wpe, EmbeddingOptions opt) {
+  const char* op = "position_embedding_add";
+  check_ndim(op, "x", x, 3, "(B, T, C)");
+  check_positions(op, x, "wpe", wpe, opt);
+  if (device_of(op, {&x, &wpe}) == Device::cpu) return cpu::position_embedding_add(x, wpe, opt);
+  no_cuda(op);
+}
+
+void position_embedding_backward(const Tensor& dout, Tensor& dwpe, EmbeddingOptions opt) {
+  const char* op = "position_embedding_backward";
+  check_ndim(op, "dout", dout, 3, "(B, T, C)");
+  check_dtype(op, "dwpe", dwpe, DType::f32);
+  check_positions(op, dout, "dwpe", dwpe, opt);
+  if (device_of(op, {&dout, &dwpe}) == Device::cpu) return cpu::position_embedding_backward(dout, dwpe, opt);
+  no_cuda(op);
+}
+
+// ---- dropout -------------------------------------------------------------------------------------
+
+namespace {
+
+// A (B, T, C) input (the mask is keyed by sample, row and column, so a flattened (N, C) view would draw a
+// different mask per layout) and an output of the same dtype and shape.
+void check_dropout(const char* op, const Tensor& in, const char* in_name, const Tensor& out, const char* out_name,
+                   const DropoutOptions& opt) {
+  check_ndim(op, in_name, in, 3, "(B, T, C)");
+  check_like(op, out_name, out, in, in_name);
+  check_p(op, opt.p);
+  check_range(op, "offsets", opt.sample_offset >= 0 && opt.row_offset >= 0 && opt.col_offset >= 0,
+              fmt::format("must be >= 0, got sample {}, row {}, col {}", opt.sample_offset, opt.row_offset,
+                          opt.col_offset));
+}
+
+}  // namespace
+
+void dropout_forward(const Tensor& x, Tensor& out, const DropoutOptions& opt) {
+  const char* op = "dropout_forward";
+  check_dropout(op, x, "x", out, "out", opt);
+  if (device_of(op, {&x, &out}) == Device::cpu) return cpu::dropout_forward(x, out, opt);
+  no_cuda(op);
+}
+
+void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOptions& opt) {
+  const char* op = "dropout_backward";
+  check_dropout(op, dout, "dout", dx, "dx", opt);
+  if (device_of(op, {&dout, &dx}) == Device::cpu) return cpu::dropout_backward(dout, dx, opt);
+  no_cuda(op);
+}
+
+// ---- attention -----------------------------------------------------------------------------------
+
+namespace {
+
+void check_qkv(const char* op, const Tensor& qkv, const AttentionOptions& opt) {
+  check_ndim(op, "qkv", qkv, 5, "(B, T, H, 3, D)");
+  if (qkv.dim(3) != 3 || qkv.dim(4) == 0)
+    fail(op, fmt::format("qkv: expected shape (B, T, H, 3, D) with D > 0, got {}", shape_str(qkv.shape())));
+  check_p(op, opt.dropout_p);
+  check_range(op, "offsets", opt.sample_offset >= 0 && opt.head_offset >= 0,
+              fmt::format("must be >= 0, got sample {}, head {}", opt.sample_offset, opt.head_offset));
+}
+
+// An attention output or its gradient: qkv's dtype, shape (B, T, H, D) or its (B, T, H * D) view.
+void check_heads_out(const char* op, const char* name, const Tensor& t, const Tensor& qkv) {
+  check_defined(op, name, t);
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), H = qkv.dim(2), D = qkv.dim(4);
+  if (t.dtype() != qkv.dtype())
+    fail(op, fmt::format("{}: expected dtype {} (that of qkv), got {}", name, dtype_name(qkv.dtype()),
+                         dtype_name(t.dtype())));
+  if (t.shape() != Shape{B, T, H * D}) expect_shape(op, name, t, {B, T, H, D});
+}
+
+}  // namespace
+
+void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionOptions& opt) {
+  const char* op = "attention_forward";
+  check_qkv(op, qkv, opt);
+  check_heads_out(op, "out", out, qkv);
+  check_f32_shape(op, "lse", lse, {qkv.dim(0), qkv.dim(2), qkv.dim(1)});
+  if (device_of(op, {&qkv, &out, &lse}) == Device::cpu) return cpu::attention_forward(qkv, out, lse, opt);
+  no_cuda(op);
+}
+
+void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dqkv,
+                        const AttentionOptions& opt) {
+  const char* op = "attention_backward";
+  check_qkv(op, qkv, opt);
+  check_heads_out(op, "out", out, qkv);
+  check_f32_shape(op, "lse", lse, {qkv.dim(0), qkv.dim(2), qkv.dim(1)});
+  check_heads_out(op, "dout", dout, qkv);
+  check_like(op, "dqkv", dqkv, qkv, "qkv");
+  if (device_of(op, {&qkv, &out, &lse, &dout, &dqkv}) == Device::cpu)
+    return cpu::attention_backward(qkv, out, lse, dout, dqkv, opt);
+  no_cuda(op);
+}
+
+// ---- cross-entropy -------------------------------------------------------------------------------
+
+namespace {
+
+void check_logits(const char* op, const Tensor& logits, const Tensor* targets, int64_t vocab_start) {
+  check_ndim(op, "logits", logits, 2, "(N, V)");
+  if (targets) {
+    check_dtype(op, "targets", *targets, DType::i32);
+    expect_shape(op, "targets", *targets, {logits.dim(0)});
+  }
+  check_range(op, "vocab_start", vocab_start >= 0, fmt::format("must be >= 0, got {}", vocab_start));
+}
+
+}  // namespace
+
+void cross_entropy_rowmax(const Tensor& logits, Tensor& rowmax) {
+  const char* op = "cross_entropy_rowmax";
+  check_logits(op, logits, nullptr, 0);
+  check_f32_shape(op, "rowmax", rowmax, {logits.dim(0)});
+  if (device_of(op, {&logits, &rowmax}) == Device::cpu) return cpu::cross_entropy_rowmax(logits, rowmax);
+  no_cuda(op);
+}
+
+void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& rowmax, Tensor& sumexp,
+                            Tensor& target_logit, CrossEntropyOptions opt) {
+  const char* op = "cross_entropy_partials";
+  check_logits(op, logits, &targets, opt.vocab_start);
+  const int64_t N = logits.dim(0);
+  check_f32_shape(op, "rowmax", rowmax, {N});
+  check_f32_shape(op, "sumexp", sumexp, {N});
+  check_f32_shape(op, "target_logit", target_logit, {N});
+  if (device_of(op, {&logits, &targets, &rowmax, &sumexp, &target_logit}) == Device::cpu)
+    return cpu::cross_entropy_partials(logits, targets, rowmax, sumexp, target_logit, opt);
+  no_cuda(op);
+}
+
+void cross_entropy_loss(const Tensor& rowmax, const Tensor& sumexp, const Tensor& target_logit, Tensor& losses) {
+  const char* op = "cross_entropy_loss";
+  check_ndim(op, "rowmax", rowmax, 1, "(N)");
+  const int64_t N = rowmax.dim(0);
+  check_f32_shape(op, "rowmax", rowmax, {N});
+  check_f32_shape(op, "sumexp", sumexp, {N});
+  check_f32_shape(op, "target_logit", target_logit, {N});
+  check_f32_shape(op, "losses", losses, {N});
+  if (device_of(op, {&rowmax, &sumexp, &target_logit, &losses}) == Device::cpu)
+    return cpu::cross_entropy_loss(rowmax, sumexp, target_logit, losses);
+  no_cuda(op);
+}
+
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& rowmax, const Tensor& sumexp,
+                            const Tensor& dloss, Tensor& dlogits, CrossEntropyOptions opt) {
+  const char* op = "cross_entropy_backward";
+  check_logits(op, logits, &targets, opt.vocab_start);
+  const int64_t N = logits.dim(0);
+  check_f32_shape(op, "rowmax", rowmax, {N});
+  check_f32_shape(op, "sumexp", sumexp, {N});
+  check_f32_shape(op, "dloss", dloss, {N});
+  check_like(op, "dlogits", dlogits, logits, "logits");
+  if (device_of(op, {&logits, &targets, &rowmax, &sumexp, &dloss, &dlogits}) == Device::cpu)
+    return cpu::cross_entropy_backward(logits, targets, rowmax, sumexp, dloss, dlogits, opt);
+  no_cuda(op);
+}
+
+// ---- optimizer and reductions --------------------------------------------------------------------
+
+double sum_squares(const Tensor& x) {
+  const char* op = "sum_squares";
+  check_dtype(op, "x", x, DType::f32);
+  if (x.device() == Device::cpu) return cpu::sum_squares(x);
+  no_cuda(op);
+}
+
+bool has_inf_or_nan(const Tensor& x) {
+  const char* op = "has_inf_or_nan";
+  check_dtype(op, "x", x, DType::f32);
+  if (x.device() == Device::cpu) return cpu::has_inf_or_nan(x);
+  no_cuda(op);
+}
+
+void adamw_step(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWOptions& opt) {
+  const char* op = "adamw_step";
+  check_dtype(op, "master", master, DType::f32);
+  check_like(op, "grad", grad, master, "master");
+  check_like(op, "exp_avg", exp_avg, master, "master");
+  check_like(op, "exp_avg_sq", exp_avg_sq, master, "master");
+  check_range(op, "step", opt.step >= 1, fmt::format("must be >= 1 (1-based), got {}", opt.step));
+  if (device_of(op, {&master, &grad, &exp_avg, &exp_avg_sq}) == Device::cpu)
+    return cpu::adamw_step(master, grad, exp_avg, exp_avg_sq, opt);
+  no_cuda(op);
+}
+
+}  // namespace mt

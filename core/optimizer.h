@@ -1,0 +1,52 @@
+// optimizer.h: AdamW over fp32 master weights with global grad-norm clipping and inf/NaN skipping.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/parameter.h"
+#include "core/tensor.h"
+
+namespace mt {
+
+struct AdamWConfig {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double weight_decay = 0.01;
+  double grad_clip = 1.0;  // 0: no clipping
+};
+
+struct StepResult {
+  double grad_norm = 0;   // global norm of the unscaled gradients (before clipping)
+  bool found_inf = false; // an inf or NaN gradient: the step was skipped
+};
+
+class AdamW {
+ public:
+  // The parameters' values are cast from fp32 master copies after each step; when the values are
+  // themselves f32 they serve as the master copy.
+  AdamW(std::vector<Parameter*> params, AdamWConfig cfg);
+
+  // Unscales the gradients by 1/loss_scale, computes the global grad norm, and unless it is inf/NaN
+  // clips and applies one AdamW step at learning rate lr. Gradients are left as they were.
+  StepResult step(double lr, double loss_scale);
+  void zero_grads();
+
+  int64_t steps() const { return steps_; }  // successful steps so far
+  void set_steps(int64_t s) { steps_ = s; }
+
+  struct Slot {
+    Parameter* param;
+    Tensor master;      // f32, same shape as the value (the value itself when f32)
+    Tensor exp_avg;     // f32
+    Tensor exp_avg_sq;  // f32
+  };
+  std::vector<Slot>& slots() { return slots_; }
+  // Casts every master weight into its parameter's value (after loading a checkpoint).
+  void sync_values_from_master();
+
+ private:
+  std::vector<Slot> slots_;
+  AdamWConfig cfg_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace mt

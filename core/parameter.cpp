@@ -1,0 +1,47 @@
+#include "core/parameter.h"
+
+#include "core/rng.h"
+
+namespace mt {
+
+void initial_values(const Parameter& p, uint64_t seed, Tensor& out) {
+  float* dst = out.data<float>();
+  const Shape& local = out.shape();
+  if (p.init != Init::normal) {
+    float v = p.init == Init::ones ? 1.f : 0.f;
+    for (int64_t i = 0; i < out.numel(); ++i) dst[i] = v;
+    return;
+  }
+  // Map each local element to its row-major index in the global tensor, so a slice draws exactly the
+  // numbers the whole tensor would hold there.
+  uint64_t stream = stream_id(p.name);
+  int nd = static_cast<int>(local.size());
+  std::vector<int64_t> idx(nd, 0);
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    int64_t g = 0;
+    for (int d = 0; d < nd; ++d) g = g * p.global_shape[d] + (p.start.empty() ? 0 : p.start[d]) + idx[d];
+    dst[i] = static_cast<float>(normal_at(seed, stream, static_cast<uint64_t>(g)) * p.init_std);
+    for (int d = nd - 1; d >= 0; --d) {
+      if (++idx[d] < local[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+Parameter make_parameter(std::string name, Shape shape, DType dtype, Init init, float init_std, uint64_t seed) {
+  Parameter p;
+  p.name = std::move(name);
+  p.global_shape = shape;
+  p.start.assign(shape.size(), 0);
+  p.init = init;
+  p.init_std = init_std;
+  p.weight_decay = shape.size() > 1;
+  Tensor init_f32 = Tensor::empty(shape, DType::f32, Device::cpu, MemKind::workspace);
+  initial_values(p, seed, init_f32);
+  p.value = Tensor::empty(shape, dtype, Device::cpu, MemKind::parameter);
+  p.value.copy_from(init_f32);
+  p.grad = Tensor::zeros(shape, DType::f32, Device::cpu, MemKind::gradient);
+  return p;
+}
+
+}  // namespace mt

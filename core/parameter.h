@@ -1,0 +1,30 @@
+// parameter.h: a model parameter as the optimizer, gradient buffers and checkpoints see it.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace mt {
+
+// How a parameter is initialised; every value is a pure function of (seed, name, global index).
+enum class Init { normal, zeros, ones };
+
+struct Parameter {
+  std::string name;             // "layers.3.mlp.fc1.weight": stable across layouts, used in checkpoints
+  Tensor value;                 // this rank's slice, compute dtype
+  Tensor grad;                  // same shape, f32, accumulated over microbatches
+  Shape global_shape;           // shape of the whole tensor
+  std::vector<int64_t> start;   // where this rank's slice starts in the global tensor (all zeros: whole)
+  Init init = Init::normal;
+  float init_std = 0.f;
+  bool weight_decay = true;     // false for biases and norm parameters (Megatron's rule)
+};
+
+// Creates a parameter holding the whole global tensor, initialised with `init`; value in `dtype`.
+Parameter make_parameter(std::string name, Shape shape, DType dtype, Init init, float init_std, uint64_t seed);
+
+// Fills `out` (f32, host) with the initial values of the region of `p` starting at p.start.
+void initial_values(const Parameter& p, uint64_t seed, Tensor& out);
+
+}  // namespace mt

@@ -1,0 +1,65 @@
+// gpt.h: the GPT-2/3 model on one rank: embeddings, transformer layers, final LayerNorm, LM head and
+// the cross-entropy loss, each microbatch forward then backward, written out explicitly.
+#pragma once
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "core/config/config.h"
+#include "core/tensor.h"
+#include "core/parameter.h"
+#include "models/transformer_layer.h"
+
+namespace mt {
+
+struct GptOptions {
+  DType dtype = DType::f32;   // parameters and activations
+  uint64_t seed = 1234;       // keys initial weights and dropout masks
+  bool recompute = false;     // full activation recomputation in every layer
+};
+
+class GptModel {
+ public:
+  GptModel(const ModelConfig& cfg, GptOptions opt);
+
+  // tokens (B, T) and targets (B, T) i32 -> mean cross-entropy over the B*T tokens. In training the
+  // activations are kept under microbatch id `mb` for backward().
+  float forward(const Tensor& tokens, const Tensor& targets, int mb, const StepContext& ctx);
+  // Backward of microbatch `mb` with d(objective)/d(mean loss) = dloss (loss scale / microbatches);
+  // parameter gradients accumulate.
+  void backward(int mb, float dloss);
+
+  // Every parameter, in a stable order (embedding, layers, final norm, head).
+  const std::vector<Parameter*>& parameters() const { return params_; }
+  const ModelConfig& config() const { return cfg_; }
+  int64_t num_parameters() const;  // elements stored, vocabulary padding included
+
+ private:
+  struct HeadActivations {
+    StepContext ctx;
+    Tensor tokens, targets;            // (B, T) i32
+    Tensor final_in;                   // (B, T, C) output of the last layer
+    Tensor lnf, lnf_mean, lnf_rstd;    // (B*T, C), (B*T), (B*T)
+    Tensor logits;                     // (B*T, Vpad)
+    Tensor rowmax, sumexp;             // (B*T) f32
+  };
+  const Tensor& head_weight() const;
+  Parameter& head_param();
+
+  ModelConfig cfg_;
+  GptOptions opt_;
+  uint64_t site_embedding_;
+  Parameter wte_;                      // (Vpad, C) token embedding, also the LM head when tied
+  Parameter wpe_;                      // (P, C) learned position embedding
+  std::vector<std::unique_ptr<TransformerLayer>> layers_;
+  Parameter lnf_w_, lnf_b_;            // (C)
+  Parameter lm_head_;                  // (Vpad, C) only when untied
+  std::vector<Parameter*> params_;
+  std::map<int, HeadActivations> saved_;
+};
+
+// Megatron's model FLOPs of one training iteration over `tokens` tokens (forward + backward, no
+// recomputation counted): 3 x (2 x GEMM flops per token + causal attention + logits).
+double model_flops_per_iteration(const ModelConfig& cfg, int64_t tokens);
+
+}  // namespace mt

@@ -1,0 +1,162 @@
+#include "models/transformer_layer.h"
+
+#include <cmath>
+#include <fmt/format.h>
+
+#include "core/ops.h"
+#include "core/rng.h"
+
+namespace mt {
+
+void linear_forward(const Tensor& x, const Parameter& w, const Parameter& b, Tensor& out) {
+  gemm(x, w.value, out, {.trans_b = true});
+  add_bias(out, b.value);
+}
+
+void linear_backward(const Tensor& dout, const Tensor& x, Parameter& w, Parameter& b, Tensor* dx) {
+  gemm(dout, x, w.grad, {.trans_a = true, .beta = 1.f});  // dW (out, in) += dout^T x
+  bias_backward(dout, b.grad);
+  if (dx) gemm(dout, w.value, *dx);                       // dx (N, in) = dout @ W
+}
+
+TransformerLayer::TransformerLayer(int64_t index, const ModelConfig& cfg, DType dtype, uint64_t seed, bool recompute)
+    : index_(index), cfg_(cfg), dtype_(dtype), recompute_(recompute) {
+  const int64_t C = cfg.hidden_size, F = cfg.ffn_hidden_size;
+  const float std = cfg.init_std;
+  // Megatron's scaled init for the projections that feed the residual stream.
+  const float out_std = static_cast<float>(cfg.init_std / std::sqrt(2.0 * cfg.num_layers));
+  auto name = [&](const char* s) { return fmt::format("layers.{}.{}", index, s); };
+  ln1_w_ = make_parameter(name("ln1.weight"), {C}, dtype, Init::ones, 0, seed);
+  ln1_b_ = make_parameter(name("ln1.bias"), {C}, dtype, Init::zeros, 0, seed);
+  qkv_w_ = make_parameter(name("attn.qkv.weight"), {3 * C, C}, dtype, Init::normal, std, seed);
+  qkv_b_ = make_parameter(name("attn.qkv.bias"), {3 * C}, dtype, Init::zeros, 0, seed);
+  proj_w_ = make_parameter(name("attn.proj.weight"), {C, C}, dtype, Init::normal, out_std, seed);
+  proj_b_ = make_parameter(name("attn.proj.bias"), {C}, dtype, Init::zeros, 0, seed);
+  ln2_w_ = make_parameter(name("ln2.weight"), {C}, dtype, Init::ones, 0, seed);
+  ln2_b_ = make_parameter(name("ln2.bias"), {C}, dtype, Init::zeros, 0, seed);
+  fc1_w_ = make_parameter(name("mlp.fc1.weight"), {F, C}, dtype, Init::normal, std, seed);
+  fc1_b_ = make_parameter(name("mlp.fc1.bias"), {F}, dtype, Init::zeros, 0, seed);
+  fc2_w_ = make_parameter(name("mlp.fc2.weight"), {C, F}, dtype, Init::normal, out_std, seed);
+  fc2_b_ = make_parameter(name("mlp.fc2.bias"), {C}, dtype, Init::zeros, 0, seed);
+  site_attn_probs_ = stream_id(name("attn.probs"));
+  site_attn_out_ = stream_id(name("attn.out"));
+  site_mlp_out_ = stream_id(name("mlp.out"));
+}
+
+std::vector<Parameter*> TransformerLayer::parameters() {
+  return {&ln1_w_, &ln1_b_, &qkv_w_, &qkv_b_, &proj_w_, &proj_b_,
+          &ln2_w_, &ln2_b_, &fc1_w_, &fc1_b_, &fc2_w_, &fc2_b_};
+}
+
+Tensor TransformerLayer::run(Activations& a, bool keep) {
+  const Tensor& x = a.x;
+  const int64_t B = x.dim(0), T = x.dim(1), C = cfg_.hidden_size, H = cfg_.num_heads, D = cfg_.head_dim,
+                F = cfg_.ffn_hidden_size, N = B * T;
+  const bool train = a.ctx.training;
+  const float p_hidden = train ? cfg_.dropout : 0.f;
+  const LayerNormOptions ln_opt{.eps = cfg_.layernorm_eps};
+
+  a.ln1 = Tensor::empty({N, C}, dtype_);
+  a.ln1_mean = Tensor::empty({N}, DType::f32);
+  a.ln1_rstd = Tensor::empty({N}, DType::f32);
+  layernorm_forward(x.view({N, C}), ln1_w_.value, ln1_b_.value, a.ln1, a.ln1_mean, a.ln1_rstd, ln_opt);
+
+  Tensor qkv = Tensor::empty({N, 3 * C}, dtype_);
+  linear_forward(a.ln1, qkv_w_, qkv_b_, qkv);
+  a.qkv = qkv.view({B, T, H, 3, D});
+  a.att = Tensor::empty({B, T, C}, dtype_);
+  a.att_lse = Tensor::empty({B, H, T}, DType::f32);
+  const AttentionOptions att_opt{.causal = true, .dropout_p = train ? cfg_.attention_dropout : 0.f,
+                                 .seed = a.ctx.seed, .site = site_attn_probs_, .sample_offset = a.ctx.sample_offset};
+  attention_forward(a.qkv, a.att, a.att_lse, att_opt);
+
+  Tensor proj = Tensor::empty({N, C}, dtype_);
+  linear_forward(a.att.view({N, C}), proj_w_, proj_b_, proj);
+  proj = proj.view({B, T, C});
+  dropout_forward(proj, proj, {.p = p_hidden, .seed = a.ctx.seed, .site = site_attn_out_,
+                               .sample_offset = a.ctx.sample_offset});
+  a.x2 = Tensor::empty({B, T, C}, dtype_);
+  add(x, proj, a.x2);
+
+  a.ln2 = Tensor::empty({N, C}, dtype_);
+  a.ln2_mean = Tensor::empty({N}, DType::f32);
+  a.ln2_rstd = Tensor::empty({N}, DType::f32);
+  layernorm_forward(a.x2.view({N, C}), ln2_w_.value, ln2_b_.value, a.ln2, a.ln2_mean, a.ln2_rstd, ln_opt);
+  a.fc1 = Tensor::empty({N, F}, dtype_);
+  linear_forward(a.ln2, fc1_w_, fc1_b_, a.fc1);
+  a.gelu = Tensor::empty({N, F}, dtype_);
+  gelu_forward(a.fc1, a.gelu);
+  Tensor mlp = Tensor::empty({N, C}, dtype_);
+  linear_forward(a.gelu, fc2_w_, fc2_b_, mlp);
+  mlp = mlp.view({B, T, C});
+  dropout_forward(mlp, mlp, {.p = p_hidden, .seed = a.ctx.seed, .site = site_mlp_out_,
+                             .sample_offset = a.ctx.sample_offset});
+  Tensor out = Tensor::empty({B, T, C}, dtype_);
+  add(a.x2, mlp, out);
+  if (!keep) {
+    Tensor kept_x = a.x;
+    a = Activations{};
+    a.x = kept_x;
+  }
+  return out;
+}
+
+Tensor TransformerLayer::forward(const Tensor& x, int mb, const StepContext& ctx) {
+  Activations a;
+  a.ctx = ctx;
+  a.x = x;
+  Tensor out = run(a, ctx.training && !recompute_);
+  if (ctx.training) {
+    a.ctx = ctx;
+    saved_[mb] = std::move(a);
+  }
+  return out;
+}
+
+Tensor TransformerLayer::backward(const Tensor& dout, int mb) {
+  auto it = saved_.find(mb);
+  if (it == saved_.end()) throw std::logic_error(fmt::format("layer {}: backward of microbatch {} without forward", index_, mb));
+  Activations a = std::move(it->second);
+  saved_.erase(it);
+  if (recompute_) {
+    StepContext ctx = a.ctx;
+    run(a, true);  // the same inputs and dropout keys give the same activations
+    a.ctx = ctx;
+  }
+  const int64_t B = a.x.dim(0), T = a.x.dim(1), C = cfg_.hidden_size, F = cfg_.ffn_hidden_size, N = B * T;
+  const float p_hidden = cfg_.dropout;
+
+  // MLP block: out = x2 + dropout(fc2(gelu(fc1(ln2(x2)))))
+  Tensor dmlp = Tensor::empty({B, T, C}, dtype_);
+  dropout_backward(dout, dmlp, {.p = p_hidden, .seed = a.ctx.seed, .site = site_mlp_out_,
+                                            .sample_offset = a.ctx.sample_offset});
+  Tensor dgelu = Tensor::empty({N, F}, dtype_);
+  linear_backward(dmlp.view({N, C}), a.gelu, fc2_w_, fc2_b_, &dgelu);
+  Tensor dfc1 = Tensor::empty({N, F}, dtype_);
+  gelu_backward(a.fc1, dgelu, dfc1);
+  Tensor dln2 = Tensor::empty({N, C}, dtype_);
+  linear_backward(dfc1, a.ln2, fc1_w_, fc1_b_, &dln2);
+  Tensor dx2 = Tensor::empty({N, C}, dtype_);
+  layernorm_backward(dln2, a.x2.view({N, C}), ln2_w_.value, a.ln2_mean, a.ln2_rstd, dx2, ln2_w_.grad, ln2_b_.grad);
+  add(dx2, dout.view({N, C}), dx2);
+  dx2 = dx2.view({B, T, C});
+
+  // Attention block: x2 = x + dropout(proj(attention(qkv(ln1(x)))))
+  Tensor dproj = Tensor::empty({B, T, C}, dtype_);
+  dropout_backward(dx2, dproj, {.p = p_hidden, .seed = a.ctx.seed, .site = site_attn_out_,
+                                .sample_offset = a.ctx.sample_offset});
+  Tensor datt = Tensor::empty({N, C}, dtype_);
+  linear_backward(dproj.view({N, C}), a.att.view({N, C}), proj_w_, proj_b_, &datt);
+  Tensor dqkv = Tensor::empty(a.qkv.shape(), dtype_);
+  const AttentionOptions att_opt{.causal = true, .dropout_p = cfg_.attention_dropout, .seed = a.ctx.seed,
+                                 .site = site_attn_probs_, .sample_offset = a.ctx.sample_offset};
+  attention_backward(a.qkv, a.att, a.att_lse, datt.view(a.att.shape()), dqkv, att_opt);
+  Tensor dln1 = Tensor::empty({N, C}, dtype_);
+  linear_backward(dqkv.view({N, 3 * C}), a.ln1, qkv_w_, qkv_b_, &dln1);
+  Tensor dx = Tensor::empty({N, C}, dtype_);
+  layernorm_backward(dln1, a.x.view({N, C}), ln1_w_.value, a.ln1_mean, a.ln1_rstd, dx, ln1_w_.grad, ln1_b_.grad);
+  add(dx, dx2.view({N, C}), dx);
+  return dx.view({B, T, C});
+}
+
+}  // namespace mt

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The command line: version, help on every subcommand, data prepare/inspect, train, eval, ckpt inspect/export.
+source "$(dirname "$0")/lib/common.bash"
+"$MT" --version | grep -q "megatrain [0-9]" || fail "--version"
+for sub in "" train eval data "data prepare" "data inspect" ckpt "ckpt inspect" "ckpt export"; do
+  # shellcheck disable=SC2086
+  "$MT" $sub --help > help.txt || fail "megatrain $sub --help exits non-zero"
+  grep -qi "usage" help.txt || fail "megatrain $sub --help prints no usage"
+done
+prepare_data
+"$MT" data inspect data/text_document > inspect.txt
+grep -qi "documents" inspect.txt || fail "data inspect prints no document count"
+write_config
+"$MT" train --config tiny.yaml --set training.train_iters=6 --set checkpoint.save_dir=ckpt \
+      --set logging.interval=2 > train.txt
+grep -q "resolved config" train.txt || fail "the resolved config is not printed"
+grep -q "num_layers: 2" train.txt || fail "the resolved config lacks the model"
+grep -q "tokens/s" train.txt || fail "no log line"
+[ "$(grep -c '"loss"' run/metrics.jsonl)" -eq 3 ] || fail "expected 3 metrics lines at interval 2"
+"$MT" ckpt inspect ckpt > ckpt.txt
+grep -q "layers.1.mlp.fc2.weight" ckpt.txt || fail "ckpt inspect lists no tensors"
+"$MT" ckpt inspect ckpt --verify > verify.txt || fail "ckpt inspect --verify"
+"$MT" eval --checkpoint ckpt --data data/text_document --samples 8 > eval.txt
+grep -q "mean loss" eval.txt || fail "eval prints no loss"
+"$MT" ckpt export ckpt --format hf --output hf
+[ -s hf/model.safetensors ] && [ -s hf/config.json ] || fail "export wrote no files"
+grep -q '"n_layer": *2' hf/config.json || fail "config.json lacks n_layer"
+echo "cli ok"

@@ -1,0 +1,53 @@
+# common.bash: shared set-up for the end-to-end tests. Each test runs as
+#   bash tests/e2e/NAME.sh MEGATRAIN_BINARY SOURCE_DIR
+set -euo pipefail
+MT=$1
+SRC=$2
+WORK=$(mktemp -d /tmp/megatrain-e2e.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+cd "$WORK"
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# A byte-level dataset of the licence texts every Debian system has: data/text_document.
+prepare_data() {
+  mkdir -p data
+  mapfile -t inputs < <(find /usr/share/common-licenses -type f | sort)
+  "$MT" data prepare --input "${inputs[@]}" --output data/text_document --tokenizer byte >/dev/null
+}
+
+# A tiny config for fast runs; tests adjust it with --set.
+write_config() {
+  cat > tiny.yaml <<'YAML'
+model: {num_layers: 2, hidden_size: 32, num_heads: 4, ffn_hidden_size: 128, seq_length: 32, vocab_size: 257,
+        dropout: 0.1, attention_dropout: 0.1}
+training: {micro_batch_size: 4, global_batch_size: 8, train_iters: 20, precision: fp32, seed: 42}
+optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup_iters: 5, weight_decay: 0.1, betas: [0.9, 0.95]}
+data: {train: [data/text_document], split: [95, 5, 0]}
+checkpoint: {save_dir: "", load: auto}
+logging: {dir: run, interval: 1}
+YAML
+}
+
+# Losses of metrics file $1 for iterations in [$2, $3], one "iteration loss" per line.
+losses() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+lo, hi = int(sys.argv[2]), int(sys.argv[3])
+for r in rows:
+    if "loss" in r and lo <= r["iteration"] <= hi:
+        print(r["iteration"], repr(r["loss"]))
+PY
+}
+
+# Runs megatrain expecting failure: $1 is a pattern the error must contain, the rest the arguments.
+expect_error() {
+  local pattern=$1; shift
+  local rc=0
+  "$MT" "$@" >out.txt 2>err.txt || rc=$?
+  [ "$rc" -ne 0 ] || fail "expected failure for: $* (exit 0)"
+  [ "$rc" -lt 128 ] || fail "crashed with exit $rc for: $*"
+  grep -q -- "$pattern" err.txt || { cat err.txt >&2; fail "error for '$*' lacks '$pattern'"; }
+  echo "ok: $* -> $(head -c 300 err.txt | tr '\n' ' ')"
+}

@@ -1,0 +1,608 @@
+// test_config.cpp: the YAML configuration: typed keys, unknown-key hints, overrides, rules, derived values and
+// the to_yaml round trip, and every file in configs/.
+#include <gtest/gtest.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/config/config.h"
+
+using namespace mt;
+
+namespace {
+
+::testing::AssertionResult contains(const char* text_expr, const char*, const std::string& text,
+                                    const std::string& part) {
+  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << text_expr << " is\n  " << text << "\nwhich does not contain\n  " << part;
+}
+#define EXPECT_CONTAINS(text, part) EXPECT_PRED_FORMAT2(contains, text, part)
+
+// A small valid config; tests change it with overrides or by editing the text.
+const std::string kBase = R"(model:
+  num_layers: 4
+  hidden_size: 64
+  num_heads: 8
+  seq_length: 32
+  vocab_size: 257
+training:
+  train_iters: 100
+optimizer:
+  lr: 1.0e-3
+data:
+  synthetic: true
+)";
+
+Config parse(const std::string& text, const std::vector<std::string>& overrides = {}, int64_t world = 1) {
+  return parse_config(text, "t.yaml", overrides, world);
+}
+Config base(const std::vector<std::string>& overrides = {}, int64_t world = 1) {
+  return parse(kBase, overrides, world);
+}
+
+// The ConfigError message, or a test failure when there is none.
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}, int64_t world = 1) {
+  try {
+    parse(text, overrides, world);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no ConfigError for overrides [" << ::testing::PrintToString(overrides) << "]";
+  return "";
+}
+std::string base_error(const std::vector<std::string>& overrides, int64_t world = 1) {
+  return error_of(kBase, overrides, world);
+}
+
+std::string replace(std::string s, const std::string& from, const std::string& to) {
+  const size_t at = s.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  return s.replace(at, from.size(), to);
+}
+
+// ---------------------------------------------------------------------------------------------- reading
+
+TEST(Config, DefaultsFillEveryOptionalKey) {
+  const Config c = base();
+  EXPECT_EQ(c.source, "t.yaml");
+  EXPECT_EQ(c.model.arch, "gpt");
+  EXPECT_TRUE(c.model.tie_embeddings);
+  EXPECT_EQ(c.model.make_vocab_size_divisible_by, 128);
+  EXPECT_FLOAT_EQ(c.model.dropout, 0.1f);
+  EXPECT_EQ(c.parallel.tensor, 1);
+  EXPECT_EQ(c.parallel.pipeline, 1);
+  EXPECT_FALSE(c.parallel.sequence_parallel);
+  EXPECT_TRUE(c.parallel.layers_per_stage.empty());
+  EXPECT_EQ(c.training.micro_batch_size, 1);
+  EXPECT_EQ(c.training.precision, "fp32");
+  EXPECT_EQ(c.training.loss_scale.initial, 4294967296.0);
+  EXPECT_EQ(c.training.loss_scale.hysteresis, 2);
+  EXPECT_EQ(c.training.recompute, "none");
+  EXPECT_EQ(c.training.device, "cpu");
+  EXPECT_EQ(c.optimizer.decay, "cosine");
+  EXPECT_EQ(c.optimizer.betas, (std::vector<double>{0.9, 0.999}));
+  EXPECT_EQ(c.data.split, (std::vector<double>{969, 30, 1}));
+  EXPECT_EQ(c.checkpoint.load, "auto");
+  EXPECT_EQ(c.logging.interval, 10);
+  EXPECT_EQ(c.logging.level, "info");
+}
+
+TEST(Config, DerivedValues) {
+  const Config c = base({"parallel.tensor=2", "parallel.pipeline=2", "training.micro_batch_size=2"}, 8);
+  EXPECT_EQ(c.model.ffn_hidden_size, 256);         // 4 * hidden
+  EXPECT_EQ(c.model.max_position_embeddings, 32);  // seq_length
+  EXPECT_EQ(c.model.padded_vocab_size, 512);       // 257 up to a multiple of 128 * 2
+  EXPECT_EQ(c.model.head_dim, 8);
+  EXPECT_EQ(c.parallel.data, 2);  // auto: 8 / (2 * 2)
+  EXPECT_EQ(c.parallel.world_size, 8);
+  EXPECT_EQ(c.training.global_batch_size, 4);  // micro * data
+  EXPECT_EQ(c.training.num_microbatches, 1);
+  EXPECT_EQ(c.optimizer.decay_iters, 100);  // train_iters
+
+  const Config d = base({"training.global_batch_size=32", "training.micro_batch_size=4", "optimizer.decay_iters=50",
+                         "model.ffn_hidden_size=100", "model.max_position_embeddings=64"},
+                        2);
+  EXPECT_EQ(d.training.num_microbatches, 4);  // 32 / (4 * 2)
+  EXPECT_EQ(d.optimizer.decay_iters, 50);
+  EXPECT_EQ(d.model.ffn_hidden_size, 100);
+  EXPECT_EQ(d.model.max_position_embeddings, 64);
+  EXPECT_EQ(d.model.padded_vocab_size, 384);  // tensor 1: a multiple of 128
+}
+
+TEST(Config, WrongTypeNamesFileLineColumnKeyAndValue) {
+  EXPECT_EQ(error_of(replace(kBase, "hidden_size: 64", "hidden_size: abc")),
+            "t.yaml:3:16: model.hidden_size: expected an integer, got 'abc'");
+}
+
+TEST(Config, WrongTypeForEveryKindOfKey) {
+  EXPECT_CONTAINS(base_error({"model.num_layers=2.5"}), "model.num_layers: expected an integer, got '2.5'");
+  EXPECT_CONTAINS(base_error({"model.dropout=high"}), "model.dropout: expected a number, got 'high'");
+  EXPECT_CONTAINS(base_error({"optimizer.lr=[1]"}), "optimizer.lr: expected a number, got a list");
+  EXPECT_CONTAINS(base_error({"model.tie_embeddings=maybe"}),
+                  "model.tie_embeddings: expected true or false, got 'maybe'");
+  EXPECT_CONTAINS(base_error({"training.precision=[bf16]"}), "training.precision: expected a string, got a list");
+  EXPECT_CONTAINS(base_error({"parallel.data=many"}), "parallel.data: expected an integer or 'auto', got 'many'");
+  EXPECT_CONTAINS(base_error({"optimizer.betas=0.9"}), "optimizer.betas: expected a list of 2 numbers, got '0.9'");
+  EXPECT_CONTAINS(base_error({"optimizer.betas=[0.9, 0.95, 0.99]"}),
+                  "optimizer.betas: expected a list of 2 numbers, got 3 entries");
+  EXPECT_CONTAINS(base_error({"optimizer.betas=[0.9, x]"}), "optimizer.betas[1]: expected a number, got 'x'");
+  EXPECT_CONTAINS(base_error({"parallel.layers_per_stage=[1, a]"}),
+                  "parallel.layers_per_stage[1]: expected an integer, got 'a'");
+  EXPECT_CONTAINS(base_error({"data.train={a: 1}"}),
+                  "data.train: expected a string or a list of strings, got a mapping");
+  EXPECT_CONTAINS(base_error({"data.valid=[a, [b]]"}), "data.valid[1]: expected a string, got a list");
+  EXPECT_CONTAINS(base_error({"training.loss_scale=65536"}),
+                  "training.loss_scale: expected a mapping of keys, got '65536'");
+  EXPECT_CONTAINS(error_of(kBase + "logging: [a]\n"), "t.yaml:13:10: logging: expected a mapping of keys");
+  EXPECT_CONTAINS(error_of(replace(kBase, "num_layers: 4", "num_layers:")),
+                  "model.num_layers: expected an integer, got an empty value");
+  EXPECT_CONTAINS(base_error({"optimizer.lr=.nan"}), "optimizer.lr: expected a number, got '.nan'");
+}
+
+TEST(Config, NumbersInEveryYamlSpelling) {
+  const Config c = base({"optimizer.lr=2e-4", "optimizer.min_lr=+1.5e-5", "training.loss_scale.initial=65536",
+                         "model.layernorm_eps=1e-6", "model.tie_embeddings=False"});
+  EXPECT_EQ(c.optimizer.lr, 2e-4);
+  EXPECT_EQ(c.optimizer.min_lr, 1.5e-5);
+  EXPECT_EQ(c.training.loss_scale.initial, 65536.0);
+  EXPECT_EQ(c.model.layernorm_eps, 1e-6f);
+  EXPECT_FALSE(c.model.tie_embeddings);
+}
+
+TEST(Config, UnknownKeyGivesNearestKeyHint) {
+  EXPECT_EQ(error_of(replace(kBase, "hidden_size: 64", "hiden_size: 64")),
+            "t.yaml:3:3: model.hiden_size: unknown key (did you mean model.hidden_size?)");
+}
+
+TEST(Config, UnknownKeyHintsTheSectionThatHasIt) {
+  EXPECT_CONTAINS(error_of(replace(kBase, "  vocab_size: 257\n", "  vocab_size: 257\n  micro_batch_size: 4\n")),
+                  "model.micro_batch_size: unknown key (did you mean training.micro_batch_size?)");
+  EXPECT_CONTAINS(error_of(replace(kBase, "  train_iters: 100\n", "  train_iters: 100\n  lr: 1\n")),
+                  "training.lr: unknown key");
+}
+
+TEST(Config, UnknownSectionGivesHint) {
+  EXPECT_CONTAINS(error_of(kBase + "logging_:\n  interval: 2\n"),
+                  "t.yaml:13:1: logging_: unknown key (did you mean logging?)");
+  EXPECT_CONTAINS(error_of(kBase + "num_layers: 3\n"), "num_layers: unknown key (did you mean model.num_layers?)");
+}
+
+TEST(Config, UnknownNestedKeyGivesHint) {
+  EXPECT_CONTAINS(error_of(replace(kBase, "  train_iters: 100\n", "  train_iters: 100\n  loss_scale: {initail: 2}\n")),
+                  "training.loss_scale.initail: unknown key (did you mean training.loss_scale.initial?)");
+}
+
+TEST(Config, UnknownKeyFarFromAnyListsTheSectionsKeys) {
+  EXPECT_CONTAINS(base_error({"checkpoint.zzzzzz=1"}),
+                  "unknown key (expected one of: save_dir, save_interval, keep_last, load)");
+  EXPECT_CONTAINS(base_error({"optimizer.warmup=10"}), "did you mean optimizer.warmup_iters?");
+}
+
+TEST(Config, DuplicateKeyIsAnError) {
+  EXPECT_CONTAINS(error_of(replace(kBase, "  num_heads: 8\n", "  num_heads: 8\n  num_heads: 4\n")),
+                  "t.yaml:5:3: model.num_heads: duplicate key");
+}
+
+TEST(Config, MalformedYamlNamesFileAndLine) {
+  const std::string msg = error_of("model:\n  num_layers: [1, 2\ntraining:\n  train_iters: 3\n");
+  EXPECT_CONTAINS(msg, "t.yaml:");
+  EXPECT_CONTAINS(msg, "malformed YAML");
+  EXPECT_EQ(error_of("model:\n  a: b: c\n"), "t.yaml:2:7: malformed YAML: illegal map value");
+}
+
+TEST(Config, TopLevelMustBeAMapping) {
+  EXPECT_CONTAINS(error_of("- a\n- b\n"), "t.yaml:1:1: expected a mapping of sections");
+}
+
+TEST(Config, EmptyDocumentMissesRequiredKeys) {
+  EXPECT_EQ(error_of(""), "t.yaml: model.num_layers: required key is missing");
+}
+
+TEST(Config, MissingFileIsAConfigErrorNamingIt) {
+  try {
+    load_config("/nonexistent/dir/gpt.yaml", {});
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_CONTAINS(std::string(e.what()), "/nonexistent/dir/gpt.yaml");
+    EXPECT_CONTAINS(std::string(e.what()), "not found");
+  }
+}
+
+TEST(Config, LoadConfigReadsAFileAndNamesIt) {
+  const auto path = std::filesystem::temp_directory_path() / "megatrain_test_config_load.yaml";
+  { std::ofstream(path) << replace(kBase, "hidden_size: 64", "hidden_size: x"); }
+  try {
+    load_config(path.string(), {});
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), path.string() + ":3:16: model.hidden_size: expected an integer, got 'x'");
+  }
+  const Config c = load_config(path.string(), {"model.hidden_size=32"});
+  EXPECT_EQ(c.source, path.string());
+  EXPECT_EQ(c.model.hidden_size, 32);
+  std::filesystem::remove(path);
+}
+
+TEST(Config, RequiredKeys) {
+  for (const std::string key : {"num_layers", "hidden_size", "num_heads", "seq_length", "vocab_size"}) {
+    const std::string text = replace(kBase, "  " + key + ": ", "  # " + key + ": ");
+    EXPECT_EQ(error_of(text), "t.yaml: model." + key + ": required key is missing");
+  }
+  EXPECT_CONTAINS(error_of(replace(kBase, "train_iters", "#train_iters")),
+                  "training.train_iters: required key is missing");
+  EXPECT_CONTAINS(error_of(replace(kBase, "lr: ", "#lr: ")), "optimizer.lr: required key is missing");
+}
+
+TEST(Config, ParallelDataAcceptsAutoOrAnInteger) {
+  EXPECT_EQ(base({"parallel.data=auto"}, 4).parallel.data, 4);
+  EXPECT_EQ(base({"parallel.data=4"}, 4).parallel.data, 4);
+  EXPECT_EQ(base({"parallel.data=0"}, 2).parallel.data, 2);  // 0 is auto too
+}
+
+TEST(Config, DataTrainAcceptsAStringOrAList) {
+  EXPECT_EQ(base({"data.train=corpus_text_document"}).data.train, std::vector<std::string>{"corpus_text_document"});
+  EXPECT_EQ(base({"data.train=[a, b]", "data.valid=v"}).data.train, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(base({"data.valid=v"}).data.valid, std::vector<std::string>{"v"});
+  const Config c = parse(kBase + "  train:\n    - /data/one\n    - /data/two\n");
+  EXPECT_EQ(c.data.train, (std::vector<std::string>{"/data/one", "/data/two"}));
+}
+
+TEST(Config, LossScaleIsAMapping) {
+  const Config c = parse(replace(kBase, "training:\n",
+                                 "training:\n  precision: fp16\n  loss_scale: {initial: 65536, min: 2, window: 500, "
+                                 "hysteresis: 3}\n"));
+  EXPECT_EQ(c.training.loss_scale.initial, 65536.0);
+  EXPECT_EQ(c.training.loss_scale.min, 2.0);
+  EXPECT_EQ(c.training.loss_scale.window, 500);
+  EXPECT_EQ(c.training.loss_scale.hysteresis, 3);
+}
+
+TEST(Config, DerivedSectionIsAcceptedAndIgnored) {
+  const Config c = parse(kBase + "derived:\n  head_dim: 999\n  anything: [1, 2]\n");
+  EXPECT_EQ(c.model.head_dim, 8);
+}
+
+// ---------------------------------------------------------------------------------------------- overrides
+
+TEST(ConfigOverride, Numbers) {
+  const Config c = base({"model.num_layers=8", "optimizer.lr=3e-4", "model.dropout=0"});
+  EXPECT_EQ(c.model.num_layers, 8);
+  EXPECT_EQ(c.optimizer.lr, 3e-4);
+  EXPECT_EQ(c.model.dropout, 0.0f);
+}
+
+TEST(ConfigOverride, Strings) {
+  const Config c = base({"training.precision=bf16", "logging.dir=runs/x y", "checkpoint.load=/ckpt/iter_0000100"});
+  EXPECT_EQ(c.training.precision, "bf16");
+  EXPECT_EQ(c.logging.dir, "runs/x y");
+  EXPECT_EQ(c.checkpoint.load, "/ckpt/iter_0000100");
+  EXPECT_EQ(base({"checkpoint.save_dir="}).checkpoint.save_dir, "");
+}
+
+TEST(ConfigOverride, Lists) {
+  const Config c = base({"data.train=[a,b]", "optimizer.betas=[0.9,0.95]", "data.split=[1, 0, 0]"});
+  EXPECT_EQ(c.data.train, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(c.optimizer.betas, (std::vector<double>{0.9, 0.95}));
+  EXPECT_EQ(c.data.split, (std::vector<double>{1, 0, 0}));
+  EXPECT_TRUE(base({"parallel.layers_per_stage=[]"}).parallel.layers_per_stage.empty());
+}
+
+TEST(ConfigOverride, Booleans) {
+  const Config c = base({"model.tie_embeddings=false", "parallel.distributed_optimizer=true"});
+  EXPECT_FALSE(c.model.tie_embeddings);
+  EXPECT_TRUE(c.parallel.distributed_optimizer);
+}
+
+TEST(ConfigOverride, NestedKeysAndWholeSections) {
+  EXPECT_EQ(base({"training.loss_scale.window=10"}).training.loss_scale.window, 10);
+  const Config c = base({"training.loss_scale={initial: 1024, min: 4}"});
+  EXPECT_EQ(c.training.loss_scale.initial, 1024.0);
+  EXPECT_EQ(c.training.loss_scale.min, 4.0);
+  EXPECT_EQ(c.training.loss_scale.window, 1000);
+  EXPECT_EQ(base({"checkpoint={save_dir: out, keep_last: 2}"}).checkpoint.keep_last, 2);
+}
+
+TEST(ConfigOverride, CreatesAbsentKeysAndSectionsAndLaterOnesWin) {
+  const Config c = base({"logging.interval=3", "logging.interval=5", "parallel.tensor=2"}, 2);
+  EXPECT_EQ(c.logging.interval, 5);
+  EXPECT_EQ(c.parallel.tensor, 2);
+  const Config d = parse(replace(kBase, "data:\n  synthetic: true\n", "data:\n"), {"data.synthetic=true"});
+  EXPECT_TRUE(d.data.synthetic);
+}
+
+TEST(ConfigOverride, UnknownKeyNamesTheOverride) {
+  EXPECT_EQ(base_error({"model.hiden_size=8"}),
+            "t.yaml: --set model.hiden_size=8: unknown key (did you mean model.hidden_size?)");
+  EXPECT_EQ(base_error({"modle.num_layers=4"}),
+            "t.yaml: --set modle.num_layers=4: modle: unknown key (did you mean model?)");
+  EXPECT_EQ(base_error({"training.loss_scale={initl: 1}"}),
+            "t.yaml: --set training.loss_scale={initl: 1}: training.loss_scale.initl: unknown key (did you mean "
+            "training.loss_scale.initial?)");
+}
+
+TEST(ConfigOverride, WrongTypeAndRuleErrorsNameTheOverride) {
+  EXPECT_EQ(base_error({"model.hidden_size=abc"}),
+            "t.yaml: --set model.hidden_size=abc: model.hidden_size: expected an integer, got 'abc'");
+  EXPECT_EQ(base_error({"parallel.tensor=3"}, 3),
+            "t.yaml: --set parallel.tensor=3: parallel.tensor: 3 does not divide model.num_heads=8");
+}
+
+TEST(ConfigOverride, MalformedOverridesAreConfigErrors) {
+  EXPECT_CONTAINS(base_error({"model.num_layers"}), "--set model.num_layers: expected key.path=value");
+  EXPECT_CONTAINS(base_error({"=4"}), "--set =4: empty key");
+  EXPECT_CONTAINS(base_error({"model..num_layers=4"}), "--set model..num_layers=4: empty key");
+  EXPECT_CONTAINS(base_error({"model.num_layers.=4"}), "empty key");
+  EXPECT_CONTAINS(base_error({"data.train=[a"}), "--set data.train=[a: the value is not valid YAML");
+  EXPECT_CONTAINS(base_error({"model.num_layers.deeper=4"}),
+                  "--set model.num_layers.deeper=4: model.num_layers is '4', not a section");
+}
+
+TEST(ConfigOverride, ValueMaySpanEqualsSigns) { EXPECT_EQ(base({"logging.dir=runs/a=b"}).logging.dir, "runs/a=b"); }
+
+// ---------------------------------------------------------------------------------------------- rules
+
+TEST(ConfigRules, SizesArePositive) {
+  EXPECT_CONTAINS(base_error({"model.num_layers=0"}), "model.num_layers: must be positive, got 0");
+  EXPECT_CONTAINS(base_error({"model.hidden_size=-64"}), "model.hidden_size: must be positive, got -64");
+  EXPECT_CONTAINS(base_error({"model.seq_length=0"}), "model.seq_length: must be positive");
+  EXPECT_CONTAINS(base_error({"model.vocab_size=0"}), "model.vocab_size: must be positive");
+  EXPECT_CONTAINS(base_error({"model.ffn_hidden_size=-1"}), "model.ffn_hidden_size: must be positive");
+  EXPECT_CONTAINS(base_error({"parallel.pipeline=0"}), "parallel.pipeline: must be positive");
+  EXPECT_CONTAINS(base_error({"training.micro_batch_size=0"}), "training.micro_batch_size: must be positive");
+  EXPECT_CONTAINS(base_error({"training.train_iters=0"}), "training.train_iters: must be positive");
+  EXPECT_CONTAINS(base_error({"optimizer.lr=0"}), "optimizer.lr: must be positive, got 0");
+  EXPECT_CONTAINS(base_error({"model.layernorm_eps=0"}), "model.layernorm_eps: must be positive");
+}
+
+TEST(ConfigRules, NumHeadsDividesHiddenSize) {
+  EXPECT_CONTAINS(base_error({"model.num_heads=6"}), "model.num_heads: 6 does not divide model.hidden_size=64");
+}
+
+TEST(ConfigRules, TensorDividesNumHeads) {
+  EXPECT_EQ(error_of(kBase + "parallel:\n  tensor: 3\n", {}, 3),
+            "t.yaml:14:11: parallel.tensor: 3 does not divide model.num_heads=8");
+  EXPECT_CONTAINS(base_error({"model.ffn_hidden_size=100", "parallel.tensor=8"}, 8),
+                  "parallel.tensor: 8 does not divide model.ffn_hidden_size=100");
+}
+
+TEST(ConfigRules, ParallelSizesMultiplyToTheWorldSize) {
+  EXPECT_CONTAINS(base_error({"parallel.tensor=2", "parallel.data=2"}, 8),
+                  "parallel.data: parallel.tensor*pipeline*data = 2*1*2 = 4 does not match the world size 8");
+  EXPECT_CONTAINS(base_error({"parallel.tensor=2", "parallel.pipeline=2"}, 6),
+                  "parallel.data: auto needs the world size 6 divisible by parallel.tensor*pipeline = 2*2 = 4");
+  EXPECT_CONTAINS(base_error({}, 0), "the world size must be positive, got 0");
+  EXPECT_EQ(base({"parallel.tensor=2", "parallel.pipeline=2", "parallel.data=2"}, 8).parallel.world_size, 8);
+}
+
+TEST(ConfigRules, PipelineAtMostNumLayers) {
+  EXPECT_CONTAINS(base_error({"parallel.pipeline=8"}, 8), "parallel.pipeline: 8 is more than model.num_layers=4");
+}
+
+TEST(ConfigRules, EvenSplitNeedsNumLayersDivisibleByStages) {
+  EXPECT_CONTAINS(base_error({"model.num_layers=5", "parallel.pipeline=2"}, 2),
+                  "model.num_layers: 5 is not divisible by parallel.pipeline*virtual_pipeline = 2*1 = 2");
+  EXPECT_EQ(base({"model.num_layers=5", "parallel.pipeline=2", "parallel.layers_per_stage=[3, 2]"}, 2)
+                .parallel.layers_per_stage,
+            (std::vector<int64_t>{3, 2}));
+}
+
+TEST(ConfigRules, LayersPerStageCountAndSum) {
+  EXPECT_CONTAINS(base_error({"parallel.pipeline=2", "parallel.layers_per_stage=[4]"}, 2),
+                  "parallel.layers_per_stage: has 1 entries, expected parallel.pipeline*virtual_pipeline = "
+                  "2*1 = 2");
+  EXPECT_CONTAINS(base_error({"parallel.pipeline=2", "parallel.layers_per_stage=[3, 3]"}, 2),
+                  "parallel.layers_per_stage: [3, 3] sums to 6, expected model.num_layers=4");
+  EXPECT_CONTAINS(base_error({"parallel.pipeline=2", "parallel.layers_per_stage=[5, -1]"}, 2),
+                  "parallel.layers_per_stage[1]: must be >= 0, got -1");
+  EXPECT_EQ(base({"parallel.pipeline=2", "parallel.virtual_pipeline=2", "parallel.layers_per_stage=[1, 2, 1, 0]"}, 2)
+                .parallel.virtual_pipeline,
+            2);
+}
+
+TEST(ConfigRules, VirtualPipelineNeedsPipelineAndDivisibleLayers) {
+  EXPECT_CONTAINS(base_error({"parallel.virtual_pipeline=2"}),
+                  "parallel.virtual_pipeline: 2 needs parallel.pipeline > 1");
+  EXPECT_CONTAINS(base_error({"parallel.virtual_pipeline=4", "parallel.pipeline=2"}, 2),
+                  "model.num_layers: 4 is not divisible by parallel.pipeline*virtual_pipeline = 2*4 = 8");
+  EXPECT_EQ(base({"parallel.virtual_pipeline=2", "parallel.pipeline=2"}, 2).parallel.virtual_pipeline, 2);
+}
+
+TEST(ConfigRules, GlobalBatchDivisibleByMicroBatchTimesData) {
+  EXPECT_CONTAINS(base_error({"training.global_batch_size=10", "training.micro_batch_size=2"}, 4),
+                  "training.global_batch_size: 10 is not divisible by training.micro_batch_size*data-parallel "
+                  "size = 2*4 = 8");
+}
+
+TEST(ConfigRules, Precision) {
+  EXPECT_CONTAINS(base_error({"training.precision=fp8"}),
+                  "training.precision: expected one of fp32, bf16, fp16, got 'fp8'");
+  for (const char* p : {"fp32", "bf16", "fp16"})
+    EXPECT_EQ(base({std::string("training.precision=") + p}).training.precision, p);
+}
+
+TEST(ConfigRules, Recompute) {
+  EXPECT_CONTAINS(base_error({"training.recompute=selective"}), "training.recompute: selective is not implemented yet");
+  EXPECT_CONTAINS(base_error({"training.recompute=some"}), "training.recompute: expected one of none, full");
+  EXPECT_EQ(base({"training.recompute=full"}).training.recompute, "full");
+}
+
+TEST(ConfigRules, Device) {
+  EXPECT_CONTAINS(base_error({"training.device=cuda"}), "training.device: cuda is not built yet");
+  EXPECT_CONTAINS(base_error({"training.device=tpu"}), "training.device: expected one of cpu, got 'tpu'");
+}
+
+TEST(ConfigRules, Decay) {
+  EXPECT_CONTAINS(base_error({"optimizer.decay=exp"}),
+                  "optimizer.decay: expected one of cosine, linear, constant, got 'exp'");
+  EXPECT_EQ(base({"optimizer.decay=linear"}).optimizer.decay, "linear");
+}
+
+TEST(ConfigRules, MinLrBetweenZeroAndLr) {
+  EXPECT_CONTAINS(base_error({"optimizer.min_lr=0.01"}), "optimizer.min_lr: must be in [0, optimizer.lr=0.001]");
+  EXPECT_CONTAINS(base_error({"optimizer.min_lr=-1e-5"}), "optimizer.min_lr: must be in [0");
+  EXPECT_EQ(base({"optimizer.min_lr=1e-3"}).optimizer.min_lr, 1e-3);
+}
+
+TEST(ConfigRules, DropoutInZeroToOne) {
+  EXPECT_CONTAINS(base_error({"model.dropout=1"}), "model.dropout: must be in [0, 1), got 1");
+  EXPECT_CONTAINS(base_error({"model.attention_dropout=-0.1"}), "model.attention_dropout: must be in [0, 1)");
+  EXPECT_FLOAT_EQ(base({"model.dropout=0.99"}).model.dropout, 0.99f);
+}
+
+TEST(ConfigRules, BetasInZeroToOne) {
+  EXPECT_CONTAINS(base_error({"optimizer.betas=[0.9, 1.0]"}), "optimizer.betas[1]: must be in [0, 1), got 1");
+}
+
+TEST(ConfigRules, WarmupWithinDecayIters) {
+  EXPECT_CONTAINS(base_error({"optimizer.warmup_iters=101"}),
+                  "optimizer.warmup_iters: 101 is more than optimizer.decay_iters=100");
+  EXPECT_CONTAINS(base_error({"optimizer.warmup_iters=20", "optimizer.decay_iters=10"}),
+                  "optimizer.warmup_iters: 20 is more than optimizer.decay_iters=10");
+  EXPECT_EQ(base({"optimizer.warmup_iters=100"}).optimizer.warmup_iters, 100);
+}
+
+TEST(ConfigRules, LossScaleValuesAreSane) {
+  EXPECT_CONTAINS(base_error({"training.loss_scale.initial=0.5"}),
+                  "training.loss_scale.initial: 0.5 is less than training.loss_scale.min=1");
+  EXPECT_CONTAINS(base_error({"training.loss_scale.min=0"}), "training.loss_scale.min: must be positive");
+  EXPECT_CONTAINS(base_error({"training.loss_scale.window=0"}), "training.loss_scale.window: must be positive");
+  EXPECT_CONTAINS(base_error({"training.loss_scale.hysteresis=0"}), "training.loss_scale.hysteresis: must be positive");
+}
+
+TEST(ConfigRules, MaxPositionEmbeddingsCoverSeqLength) {
+  EXPECT_CONTAINS(base_error({"model.max_position_embeddings=16"}),
+                  "model.max_position_embeddings: 16 is less than model.seq_length=32");
+}
+
+TEST(ConfigRules, SequenceParallelNeedsTensorParallelism) {
+  EXPECT_CONTAINS(base_error({"parallel.sequence_parallel=true"}),
+                  "parallel.sequence_parallel: needs parallel.tensor > 1");
+  EXPECT_CONTAINS(base_error({"parallel.sequence_parallel=true", "parallel.tensor=8", "model.seq_length=36"}, 8),
+                  "parallel.sequence_parallel: needs model.seq_length=36 divisible by parallel.tensor=8");
+  EXPECT_TRUE(base({"parallel.sequence_parallel=true", "parallel.tensor=2"}, 2).parallel.sequence_parallel);
+}
+
+TEST(ConfigRules, TrainDataRequiredUnlessSynthetic) {
+  EXPECT_CONTAINS(base_error({"data.synthetic=false"}), "data.train: needs at least one dataset prefix");
+  EXPECT_CONTAINS(base_error({"data.train=[a, '']"}), "data.train[1]: is an empty path");
+  EXPECT_EQ(base({"data.synthetic=false", "data.train=corpus"}).data.train.size(), 1u);
+}
+
+TEST(ConfigRules, SplitIsThreeNonNegativeNumbersWithPositiveSum) {
+  EXPECT_CONTAINS(base_error({"data.split=[1, 2]"}), "data.split: expected a list of 3 numbers, got 2 entries");
+  EXPECT_CONTAINS(base_error({"data.split=[1, -1, 0]"}), "data.split[1]: must be >= 0, got -1");
+  EXPECT_CONTAINS(base_error({"data.split=[0, 0, 0]"}), "data.split: [0, 0, 0] must have a positive sum");
+}
+
+TEST(ConfigRules, CheckpointLoadIsAutoNoneOrAPath) {
+  for (const char* v : {"auto", "none", "runs/x/checkpoints/iter_0000010"})
+    EXPECT_EQ(base({std::string("checkpoint.load=") + v}).checkpoint.load, v);
+  EXPECT_CONTAINS(base_error({"checkpoint.load="}), "checkpoint.load: expected auto, none or a checkpoint path");
+  EXPECT_CONTAINS(base_error({"checkpoint.keep_last=-1"}), "checkpoint.keep_last: must be >= 0");
+  EXPECT_CONTAINS(base_error({"checkpoint.save_interval=-1"}), "checkpoint.save_interval: must be >= 0");
+}
+
+TEST(ConfigRules, LoggingIntervals) {
+  EXPECT_CONTAINS(base_error({"logging.interval=0"}), "logging.interval: must be positive, got 0");
+  EXPECT_CONTAINS(base_error({"logging.eval_interval=-1"}), "logging.eval_interval: must be >= 0, got -1");
+  EXPECT_CONTAINS(base_error({"logging.eval_interval=5", "logging.eval_iters=0"}),
+                  "logging.eval_iters: must be positive when logging.eval_interval=5");
+  EXPECT_CONTAINS(base_error({"logging.level=loud"}), "logging.level: expected one of trace, debug, info");
+  EXPECT_EQ(base({"logging.eval_interval=0"}).logging.eval_interval, 0);
+}
+
+TEST(ConfigRules, ArchAndOptimizerType) {
+  EXPECT_CONTAINS(base_error({"model.arch=llama"}), "model.arch: llama is not implemented yet");
+  EXPECT_CONTAINS(base_error({"optimizer.type=sgd"}), "optimizer.type: expected one of adamw, got 'sgd'");
+}
+
+TEST(ConfigRules, RuleErrorsPointAtTheKeyInTheFile) {
+  EXPECT_EQ(error_of(replace(kBase, "  lr: 1.0e-3\n", "  lr: 1.0e-3\n  decay: stepwise\n")),
+            "t.yaml:11:10: optimizer.decay: expected one of cosine, linear, constant, got 'stepwise'");
+}
+
+// ---------------------------------------------------------------------------------------------- to_yaml
+
+TEST(ConfigYaml, HasEverySectionAndTheDerivedValues) {
+  const std::string y = to_yaml(base({"parallel.tensor=2"}, 4));
+  for (const char* s :
+       {"model:\n", "parallel:\n", "training:\n", "  loss_scale:\n", "optimizer:\n", "data:\n", "checkpoint:\n",
+        "logging:\n", "derived:\n", "  padded_vocab_size: 512\n", "  head_dim: 8\n", "  data_parallel_size: 2\n",
+        "  world_size: 4\n", "  num_microbatches: 1\n", "  tokens_per_iteration: 64\n", "  data: 2\n",
+        "  betas: [0.9, 0.999]\n", "  train: []\n", "  layers_per_stage: []\n"})
+    EXPECT_CONTAINS(y, s);
+  EXPECT_LT(y.find("model:"), y.find("parallel:"));  // stable section order
+  EXPECT_LT(y.find("logging:"), y.find("derived:"));
+}
+
+TEST(ConfigYaml, RoundTripsExactly) {
+  const Config c =
+      base({"optimizer.lr=0.00031415926535897931", "optimizer.min_lr=1e-7", "model.dropout=0.123456789",
+            "model.init_std=0.00707", "training.loss_scale.initial=65536", "data.train=[a b, 'x: y', '#c']",
+            "data.synthetic=true", "data.valid=[\"quote\\\"d\", 'back\\slash', '123', 'true', '~']",
+            "logging.dir=runs/with space", "checkpoint.save_dir=", "parallel.pipeline=2",
+            "parallel.layers_per_stage=[3, 1]", "training.precision=fp16", "data.split=[0.7, 0.2, 0.1]"},
+           2);
+  EXPECT_EQ(c.data.valid[0], "quote\"d");
+  const Config back = parse_config(to_yaml(c), c.source, {}, c.parallel.world_size);
+  EXPECT_EQ(back, c) << to_yaml(c);
+  EXPECT_EQ(to_yaml(back), to_yaml(c));
+}
+
+TEST(ConfigYaml, RoundTripsWithOverridesOnTop) {
+  const Config c = base({}, 1);
+  const Config back = parse_config(to_yaml(c), "resolved.yaml", {"parallel.tensor=2", "parallel.data=1"}, 2);
+  EXPECT_EQ(back.parallel.tensor, 2);
+  EXPECT_EQ(back.model.padded_vocab_size, 512);
+  EXPECT_EQ(back.model.num_layers, c.model.num_layers);
+}
+
+// ---------------------------------------------------------------------------------------------- configs/
+
+// The world size a config file's parallel section asks for: tensor * pipeline * (data, or 1 when auto).
+int64_t world_size_of(const std::string& path) {
+  const YAML::Node parallel = YAML::LoadFile(path)["parallel"];
+  auto get = [&](const char* key) -> int64_t {
+    if (!parallel || !parallel[key] || parallel[key].Scalar() == "auto") return 1;
+    return parallel[key].as<int64_t>();
+  };
+  return get("tensor") * get("pipeline") * get("data");
+}
+
+TEST(ConfigFiles, EveryFileInConfigsLoadsAndRoundTrips) {
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(MEGATRAIN_SOURCE_DIR "/configs"))
+    if (e.path().extension() == ".yaml") files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  EXPECT_GE(files.size(), 4u);
+  for (const auto& f : files) {
+    SCOPED_TRACE(f);
+    const int64_t world = world_size_of(f);
+    Config c;
+    ASSERT_NO_THROW(c = load_config(f, {}, world));
+    EXPECT_EQ(c.parallel.world_size, world);
+    EXPECT_EQ(parse_config(to_yaml(c), f, {}, world), c);
+  }
+}
+
+TEST(ConfigFiles, GptShapesAreThePapers) {
+  const Config s = load_config(MEGATRAIN_SOURCE_DIR "/configs/gpt-124m.yaml", {}, 1);
+  EXPECT_EQ(s.model.padded_vocab_size, 50304);
+  EXPECT_EQ(s.model.head_dim, 64);
+  const Config xl = load_config(MEGATRAIN_SOURCE_DIR "/configs/gpt-1.3b.yaml", {}, 8);
+  EXPECT_EQ(xl.parallel.data, 2);
+  EXPECT_EQ(xl.model.padded_vocab_size, 50432);
+  EXPECT_EQ(xl.training.num_microbatches, 64);  // 512 / (4 * 2)
+  const Config b8 = load_config(MEGATRAIN_SOURCE_DIR "/configs/gpt-8b.yaml", {}, 8);
+  EXPECT_EQ(b8.model.num_layers, 32);
+  EXPECT_EQ(b8.model.hidden_size, 4096);
+  EXPECT_EQ(b8.model.num_heads, 32);
+  EXPECT_EQ(b8.model.seq_length, 4096);
+  EXPECT_EQ(b8.parallel.tensor * b8.parallel.pipeline * b8.parallel.data, 8);
+}
+
+}  // namespace

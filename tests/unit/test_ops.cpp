@@ -1,0 +1,807 @@
+// test_ops.cpp: the CPU reference ops (core/ops.h) against plain double-precision references.
+//  * Forwards: the fp32 op against a double reference of the same math.
+//  * Backwards: against central finite differences, in double, of L = sum(out * W) for a fixed random W.
+//  * bf16/f16: an op on bf16/f16 storage equals the fp32 op on the same values, rounded once.
+//  * Layout invariance: dropout masks and vocabulary / head shards depend only on global coordinates.
+//  * AdamW, the inf/NaN check, argument errors, and the fp32 <-> bf16 / fp16 conversions of dtype.h.
+//
+// Tolerances. Errors are measured as max_i |got_i - want_i| / max_i |want_i| (one bad element fails).
+//  * kFwdTol = 1e-5: fp32 rounding of sums over at most a few dozen terms of O(1) values is ~1e-6.
+//  * kGradTol = 1e-4: the finite differences run in double on the double reference with h = 1e-5, so their
+//    own error is ~h^2 + 1e-16/h ~ 1e-10; what remains is the fp32 backward's rounding (~1e-6). 1e-4 leaves
+//    100x headroom and still catches any wrong term of a gradient formula (those give errors of 1e-2 or more).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cfenv>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numbers>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/ops.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+
+namespace mt {
+namespace {
+
+using Vec = std::vector<double>;
+constexpr double kFwdTol = 1e-5;
+constexpr double kGradTol = 1e-5;
+
+// ---- helpers -------------------------------------------------------------------------------------
+
+// n values uniform in [lo, hi), already representable in fp32 so the op and the reference see the same inputs.
+Vec rand_vec(int64_t n, uint32_t seed, double lo = -1.0, double hi = 1.0) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  Vec v(n);
+  for (auto& x : v) x = static_cast<float>(dist(gen));
+  return v;
+}
+
+Vec rounded(const Vec& v, DType dt) {
+  Vec r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = round_to(dt, static_cast<float>(v[i]));
+  return r;
+}
+
+Tensor make(const Vec& v, Shape shape, DType dt = DType::f32) {
+  std::vector<float> f(v.begin(), v.end());
+  return Tensor::from_floats(f, std::move(shape), dt);
+}
+
+Vec values(const Tensor& t) {
+  std::vector<float> f = t.to_floats();
+  return Vec(f.begin(), f.end());
+}
+
+Vec diff(const Vec& a, const Vec& b) {
+  Vec d(a.size());
+  for (size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
+  return d;
+}
+
+// max_i |got_i - want_i| / max_i |want_i|
+double max_rel_err(const Vec& got, const Vec& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double err = 0.0, scale = 0.0;
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    err = std::max(err, std::abs(got[i] - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  return err / std::max(scale, 1e-30);
+}
+
+#define EXPECT_CLOSE(got, want, tol) EXPECT_LE(max_rel_err(got, want), tol) << #got " vs " #want
+
+// Central finite differences of L(x) = sum_i f(x)_i * w_i, in double.
+Vec fd_grad(const std::function<Vec(const Vec&)>& f, Vec x, const Vec& w, double h = 1e-5) {
+  auto L = [&](const Vec& in) {
+    Vec out = f(in);
+    double s = 0.0;
+    for (size_t i = 0; i < out.size(); ++i) s += out[i] * w[i];
+    return s;
+  };
+  Vec g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double x0 = x[i];
+    x[i] = x0 + h;
+    const double up = L(x);
+    x[i] = x0 - h;
+    const double down = L(x);
+    x[i] = x0;
+    g[i] = (up - down) / (2 * h);
+  }
+  return g;
+}
+
+// A copy (f32) of rows [begin, end) of dimension `dim` of t.
+Tensor take(const Tensor& t, int dim, int64_t begin, int64_t end) {
+  Shape s = t.shape();
+  int64_t outer = 1, inner = 1;
+  for (int i = 0; i < dim; ++i) outer *= s[i];
+  for (int i = dim + 1; i < t.ndim(); ++i) inner *= s[i];
+  const int64_t len = s[dim];
+  s[dim] = end - begin;
+  Vec v = values(t), r;
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = begin; i < end; ++i)
+      for (int64_t k = 0; k < inner; ++k) r.push_back(v[(o * len + i) * inner + k]);
+  return make(r, s, t.dtype() == DType::i32 ? DType::f32 : t.dtype());
+}
+
+// Concatenation of a and b along dimension `dim` (values as f32).
+Vec concat(const Tensor& a, const Tensor& b, int dim) {
+  int64_t outer = 1;
+  for (int i = 0; i < dim; ++i) outer *= a.dim(i);
+  const int64_t na = a.numel() / outer, nb = b.numel() / outer;
+  Vec va = values(a), vb = values(b), r;
+  for (int64_t o = 0; o < outer; ++o) {
+    r.insert(r.end(), va.begin() + o * na, va.begin() + (o + 1) * na);
+    r.insert(r.end(), vb.begin() + o * nb, vb.begin() + (o + 1) * nb);
+  }
+  return r;
+}
+
+template <class F>
+void expect_invalid(F f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception; expected one mentioning '" << needle << "'";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+// ---- dtype.h conversions -------------------------------------------------------------------------
+
+// Independent round-to-nearest-even reference: x rounded to `mant` fraction bits with exponent floor `emin`
+// (subnormals below it), in double; values beyond `max_finite` overflow to inf.
+float rne_reference(float x, int mant, int emin, double max_finite) {
+  if (std::isnan(x) || std::isinf(x) || x == 0.f) return x;
+  const int e = std::max(std::ilogb(x), emin);
+  const double ulp = std::ldexp(1.0, e - mant);
+  const double r = std::nearbyint(static_cast<double>(x) / ulp) * ulp;  // FE_TONEAREST: ties to even
+  if (std::abs(r) > max_finite) return std::copysign(INFINITY, x);
+  return static_cast<float>(r);
+}
+
+TEST(DType, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(float_to_bf16(1.0f + 0x1p-8f), 0x3f80);            // tie, down to even
+  EXPECT_EQ(float_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);        // tie, up to even
+  EXPECT_EQ(float_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);  // above the tie
+  EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::max()), 0x7f80);  // overflows to inf
+  EXPECT_EQ(float_to_bf16(-INFINITY), 0xff80);
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(NAN))));
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::bit_cast<float>(0x7f800001u)))));  // payload in low bits
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = bf16_to_float(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(float_to_bf16(f), h) << "bf16 pattern " << h << " does not round-trip";
+  }
+  std::mt19937 gen(7);
+  for (int i = 0; i < 400000; ++i) {
+    const float f = std::bit_cast<float>(static_cast<uint32_t>(gen()));
+    const float want = rne_reference(f, 7, -126, 0x1.fep127);  // bf16 max
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(std::bit_cast<uint32_t>(bf16_to_float(float_to_bf16(f))), std::bit_cast<uint32_t>(want)) << f;
+  }
+}
+
+TEST(DType, F16RoundsToNearestEvenWithSubnormalsAndOverflow) {
+  EXPECT_EQ(float_to_f16(1.0f), 0x3c00);
+  EXPECT_EQ(float_to_f16(1.0f + 0x1p-11f), 0x3c00);      // tie, down to even
+  EXPECT_EQ(float_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);  // tie, up to even
+  EXPECT_EQ(float_to_f16(65504.f), 0x7bff);
+  EXPECT_EQ(float_to_f16(std::nextafter(65520.f, 0.f)), 0x7bff);
+  EXPECT_EQ(float_to_f16(65520.f), 0x7c00);  // the tie above the largest finite value goes to inf
+  EXPECT_EQ(float_to_f16(-1e9f), 0xfc00);
+  EXPECT_EQ(float_to_f16(0x1p-24f), 0x0001);                          // smallest subnormal
+  EXPECT_EQ(float_to_f16(0x1p-25f), 0x0000);                          // tie, down to zero
+  EXPECT_EQ(float_to_f16(std::nextafter(0x1p-25f, 1.f)), 0x0001);
+  EXPECT_EQ(float_to_f16(3 * 0x1p-25f), 0x0002);                      // 1.5 units: tie, up to even
+  EXPECT_EQ(float_to_f16(5 * 0x1p-25f), 0x0002);                      // 2.5 units: tie, down to even
+  EXPECT_EQ(float_to_f16(0x1p-14f - 0x1p-25f), 0x0400);               // 1023.5 units: up to the smallest normal
+  EXPECT_EQ(float_to_f16(-0.f), 0x8000);
+  EXPECT_EQ(f16_to_float(0x0001), 0x1p-24f);
+  EXPECT_EQ(f16_to_float(0x83ff), -1023 * 0x1p-24f);
+  EXPECT_TRUE(std::isnan(f16_to_float(float_to_f16(NAN))));
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = f16_to_float(static_cast<uint16_t>(h));
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(float_to_f16(f), h) << "f16 pattern " << h << " does not round-trip";
+  }
+  std::mt19937 gen(11);
+  for (int i = 0; i < 400000; ++i) {
+    // Half the samples anywhere, half where fp16 is interesting (|x| in [2^-27, 2^17)).
+    uint32_t bits = static_cast<uint32_t>(gen());
+    if (i % 2) bits = (bits & 0x807fffffu) | ((100u + bits % 44u) << 23);
+    const float f = std::bit_cast<float>(bits);
+    const float want = rne_reference(f, 10, -14, 65504.0);
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(std::bit_cast<uint32_t>(f16_to_float(float_to_f16(f))), std::bit_cast<uint32_t>(want)) << f;
+  }
+}
+
+// ---- GEMM ----------------------------------------------------------------------------------------
+
+// op(a) (M, K) @ op(b) (K, N) in double; a stored (K, M) when ta, b stored (N, K) when tb.
+Vec gemm_ref(const Vec& a, const Vec& b, int64_t M, int64_t K, int64_t N, bool ta, bool tb) {
+  Vec out(M * N, 0.0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k)
+        out[m * N + n] += (ta ? a[k * M + m] : a[m * K + k]) * (tb ? b[n * K + k] : b[k * N + n]);
+  return out;
+}
+
+class GemmTrans : public ::testing::TestWithParam<std::tuple<bool, bool>> {};
+
+TEST_P(GemmTrans, ForwardWithAlphaBetaMatchesDouble) {
+  const auto [ta, tb] = GetParam();
+  const int64_t M = 5, K = 7, N = 6;
+  const Vec a = rand_vec(M * K, 1), b = rand_vec(K * N, 2), c0 = rand_vec(M * N, 3);
+  Tensor A = make(a, ta ? Shape{K, M} : Shape{M, K}), B = make(b, tb ? Shape{N, K} : Shape{K, N});
+  Tensor out = make(c0, {M, N});
+  gemm(A, B, out, {.trans_a = ta, .trans_b = tb, .alpha = 0.5f, .beta = 0.75f});
+  Vec want = gemm_ref(a, b, M, K, N, ta, tb);
+  for (int64_t i = 0; i < M * N; ++i) want[i] = 0.5 * want[i] + 0.75 * c0[i];
+  EXPECT_CLOSE(values(out), want, kFwdTol);
+}
+
+// The gradients of L = sum(W o op(a) op(b)) are themselves GEMMs (as in a linear layer's backward).
+TEST_P(GemmTrans, BackwardGemmsMatchFiniteDifferences) {
+  const auto [ta, tb] = GetParam();
+  const int64_t M = 3, K = 4, N = 5;
+  const Vec a = rand_vec(M * K, 4), b = rand_vec(K * N, 5), w = rand_vec(M * N, 6);
+  const Shape sa = ta ? Shape{K, M} : Shape{M, K}, sb = tb ? Shape{N, K} : Shape{K, N};
+  Tensor A = make(a, sa), B = make(b, sb), W = make(w, {M, N});
+  Tensor dA = Tensor::zeros(sa, DType::f32), dB = Tensor::zeros(sb, DType::f32);
+  if (!ta) gemm(W, B, dA, {.trans_b = !tb});                   // dA (M, K) = W op(b)^T
+  else gemm(B, W, dA, {.trans_a = tb, .trans_b = true});       // dA (K, M) = op(b) W^T
+  if (!tb) gemm(A, W, dB, {.trans_a = !ta});                   // dB (K, N) = op(a)^T W
+  else gemm(W, A, dB, {.trans_a = true, .trans_b = ta});       // dB (N, K) = W^T op(a)
+  EXPECT_CLOSE(values(dA), fd_grad([&](const Vec& x) { return gemm_ref(x, b, M, K, N, ta, tb); }, a, w), kGradTol);
+  EXPECT_CLOSE(values(dB), fd_grad([&](const Vec& x) { return gemm_ref(a, x, M, K, N, ta, tb); }, b, w), kGradTol);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTransposes, GemmTrans, ::testing::Combine(::testing::Bool(), ::testing::Bool()));
+
+// bf16/f16 operands: widened to fp32, one fp32 sgemm, one rounding of the result. Exact equality holds
+// because both sides run the same sgemm on the same fp32 values.
+TEST(Gemm, HalfPrecisionIsTheFp32GemmRoundedOnce) {
+  const int64_t M = 9, K = 33, N = 17;
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const Vec a = rounded(rand_vec(M * K, 7), dt), b = rounded(rand_vec(N * K, 8), dt);
+    const Vec c0 = rounded(rand_vec(M * N, 9), dt);
+    Tensor out = make(c0, {M, N}, dt), ref = make(c0, {M, N});
+    const GemmOptions opt{.trans_b = true, .alpha = 1.5f, .beta = 0.5f};
+    gemm(make(a, {M, K}, dt), make(b, {N, K}, dt), out, opt);
+    gemm(make(a, {M, K}), make(b, {N, K}), ref, opt);
+    EXPECT_EQ(values(out), rounded(values(ref), dt)) << dtype_name(dt);
+
+    // The weight-gradient case: half inputs, f32 out, beta = 1 accumulates.
+    const Vec g0 = rand_vec(K * N, 10);
+    Tensor grad = make(g0, {K, N});
+    gemm(make(a, {M, K}, dt), make(rand_vec(M * N, 11), {M, N}, dt), grad, {.trans_a = true, .beta = 1.f});
+    Vec want = gemm_ref(a, rounded(rand_vec(M * N, 11), dt), K, M, N, true, false);
+    for (int64_t i = 0; i < K * N; ++i) want[i] += g0[i];
+    EXPECT_CLOSE(values(grad), want, kFwdTol);
+  }
+}
+
+TEST(Gemm, BetaZeroIgnoresGarbageInOut) {
+  Tensor out = make({NAN, INFINITY, NAN, 1.0}, {2, 2});
+  gemm(make({1, 2, 3, 4}, {2, 2}), make({1, 0, 0, 1}, {2, 2}), out);
+  EXPECT_EQ(values(out), (Vec{1, 2, 3, 4}));
+}
+
+// ---- bias and elementwise ------------------------------------------------------------------------
+
+double gelu_ref(double x) {
+  return 0.5 * x * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (x + 0.044715 * x * x * x)));
+}
+
+TEST(Elementwise, AddScaleAndGeluForwardMatchDouble) {
+  const Vec a = rand_vec(3000, 12, -4, 4), b = rand_vec(3000, 13);
+  Tensor A = make(a, {3, 1000}), B = make(b, {3, 1000}), out = Tensor::empty({3, 1000}, DType::f32);
+  add(A, B, out);
+  Vec want(a.size());
+  for (size_t i = 0; i < a.size(); ++i) want[i] = a[i] + b[i];
+  EXPECT_CLOSE(values(out), want, kFwdTol);
+  add(A, B, A);  // out may alias an input
+  EXPECT_EQ(values(A), values(out));
+  scale_(out, -0.25f);
+  for (auto& x : want) x *= -0.25;
+  EXPECT_CLOSE(values(out), want, kFwdTol);
+  Tensor g = Tensor::empty({3, 1000}, DType::f32);
+  gelu_forward(make(a, {3, 1000}), g);
+  for (size_t i = 0; i < a.size(); ++i) want[i] = gelu_ref(a[i]);
+  EXPECT_CLOSE(values(g), want, kFwdTol);
+}
+
+TEST(Elementwise, GeluBackwardMatchesFiniteDifferences) {
+  const Vec x = rand_vec(64, 14, -3, 3), w = rand_vec(64, 15);
+  Tensor dx = Tensor::empty({8, 8}, DType::f32);
+  gelu_backward(make(x, {8, 8}), make(w, {8, 8}), dx);
+  auto f = [](const Vec& in) {
+    Vec o(in.size());
+    for (size_t i = 0; i < in.size(); ++i) o[i] = gelu_ref(in[i]);
+    return o;
+  };
+  EXPECT_CLOSE(values(dx), fd_grad(f, x, w), kGradTol);
+}
+
+TEST(Elementwise, AddBiasForwardAndBiasBackwardAccumulates) {
+  const int64_t N = 6, C = 5;
+  const Vec x = rand_vec(N * C, 16), bias = rand_vec(C, 17), w = rand_vec(N * C, 18), prior = rand_vec(C, 19);
+  auto f = [&](const Vec& bb) {
+    Vec o(N * C);
+    for (int64_t i = 0; i < N * C; ++i) o[i] = x[i] + bb[i % C];
+    return o;
+  };
+  Tensor X = make(x, {N, C});
+  add_bias(X, make(bias, {C}));
+  EXPECT_CLOSE(values(X), f(bias), kFwdTol);
+  Tensor dbias = make(prior, {C});
+  bias_backward(make(w, {N, C}), dbias);
+  EXPECT_CLOSE(diff(values(dbias), prior), fd_grad(f, bias, w), kGradTol);
+}
+
+// ---- LayerNorm -----------------------------------------------------------------------------------
+
+struct LnRef {
+  Vec out, mean, rstd;
+};
+LnRef layernorm_ref(const Vec& x, const Vec& w, const Vec& b, int64_t N, int64_t C, double eps) {
+  LnRef r{Vec(N * C), Vec(N), Vec(N)};
+  for (int64_t n = 0; n < N; ++n) {
+    double mu = 0, var = 0;
+    for (int64_t c = 0; c < C; ++c) mu += x[n * C + c] / C;
+    for (int64_t c = 0; c < C; ++c) var += (x[n * C + c] - mu) * (x[n * C + c] - mu) / C;
+    r.mean[n] = mu;
+    r.rstd[n] = 1 / std::sqrt(var + eps);
+    for (int64_t c = 0; c < C; ++c) r.out[n * C + c] = (x[n * C + c] - mu) * r.rstd[n] * w[c] + b[c];
+  }
+  return r;
+}
+
+TEST(LayerNorm, ForwardMatchesDoubleAndBackwardMatchesFiniteDifferences) {
+  const int64_t N = 4, C = 16;
+  const double eps = 1e-5;
+  const Vec x = rand_vec(N * C, 20, -2, 3), w = rand_vec(C, 21, 0.5, 1.5), b = rand_vec(C, 22);
+  const Vec dout = rand_vec(N * C, 23), prior_w = rand_vec(C, 24), prior_b = rand_vec(C, 25);
+  Tensor out = Tensor::empty({N, C}, DType::f32), mean = Tensor::empty({N}, DType::f32),
+         rstd = Tensor::empty({N}, DType::f32);
+  layernorm_forward(make(x, {N, C}), make(w, {C}), make(b, {C}), out, mean, rstd, {.eps = 1e-5f});
+  const LnRef ref = layernorm_ref(x, w, b, N, C, eps);
+  EXPECT_CLOSE(values(out), ref.out, kFwdTol);
+  EXPECT_CLOSE(values(mean), ref.mean, kFwdTol);
+  EXPECT_CLOSE(values(rstd), ref.rstd, kFwdTol);
+
+  Tensor dx = Tensor::empty({N, C}, DType::f32), dw = make(prior_w, {C}), db = make(prior_b, {C});
+  layernorm_backward(make(dout, {N, C}), make(x, {N, C}), make(w, {C}), mean, rstd, dx, dw, db);
+  auto fx = [&](const Vec& v) { return layernorm_ref(v, w, b, N, C, eps).out; };
+  auto fw = [&](const Vec& v) { return layernorm_ref(x, v, b, N, C, eps).out; };
+  auto fb = [&](const Vec& v) { return layernorm_ref(x, w, v, N, C, eps).out; };
+  EXPECT_CLOSE(values(dx), fd_grad(fx, x, dout), kGradTol);
+  EXPECT_CLOSE(diff(values(dw), prior_w), fd_grad(fw, w, dout), kGradTol);
+  EXPECT_CLOSE(diff(values(db), prior_b), fd_grad(fb, b, dout), kGradTol);
+}
+
+// ---- embeddings ----------------------------------------------------------------------------------
+
+TEST(Embedding, LookupAndBackwardSumRepeatedTokens) {
+  const int64_t B = 2, T = 4, V = 7, C = 3;
+  const std::vector<int32_t> ids = {3, 0, 3, 6, 1, 3, 5, 0};  // 3 repeats: its gradient rows must sum
+  const Vec table = rand_vec(V * C, 26), w = rand_vec(B * T * C, 27), prior = rand_vec(V * C, 28);
+  auto f = [&](const Vec& tab) {
+    Vec o(B * T * C);
+    for (int64_t i = 0; i < B * T; ++i)
+      for (int64_t c = 0; c < C; ++c) o[i * C + c] = tab[ids[i] * C + c];
+    return o;
+  };
+  Tensor Ids = Tensor::from_ints(ids, {B, T}), out = Tensor::empty({B, T, C}, DType::f32);
+  embedding_forward(Ids, make(table, {V, C}), out);
+  EXPECT_EQ(values(out), f(table));
+  Tensor dtable = make(prior, {V, C});
+  embedding_backward(Ids, make(w, {B, T, C}), dtable);
+  EXPECT_CLOSE(diff(values(dtable), prior), fd_grad(f, table, w), kGradTol);
+}
+
+TEST(Embedding, VocabularyShardsSumToTheFullLookup) {
+  const int64_t B = 2, T = 5, V = 10, C = 4;
+  const std::vector<int32_t> ids = {0, 9, 4, 5, 5, 1, 8, 2, 7, 3};
+  const Vec table = rand_vec(V * C, 29), dout = rand_vec(B * T * C, 30);
+  Tensor Ids = Tensor::from_ints(ids, {B, T}), Table = make(table, {V, C}), Dout = make(dout, {B, T, C});
+  Tensor full = Tensor::empty({B, T, C}, DType::f32), dfull = Tensor::zeros({V, C}, DType::f32);
+  embedding_forward(Ids, Table, full);
+  embedding_backward(Ids, Dout, dfull);
+  Vec sum(B * T * C, 0.0);
+  for (int64_t start : {0, 6}) {  // shards of 6 and 4 rows
+    const int64_t rows = start == 0 ? 6 : 4;
+    Tensor part = Tensor::empty({B, T, C}, DType::f32), dpart = Tensor::zeros({rows, C}, DType::f32);
+    embedding_forward(Ids, Table.slice(start, start + rows), part, {.vocab_start = start});
+    embedding_backward(Ids, Dout, dpart, {.vocab_start = start});
+    const Vec p = values(part);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += p[i];
+    EXPECT_EQ(values(dpart), values(dfull.slice(start, start + rows)));
+  }
+  EXPECT_EQ(sum, values(full));
+}
+
+TEST(Embedding, PositionEmbeddingWithOffsetMatchesFiniteDifferences) {
+  const int64_t B = 3, T = 4, C = 5, P = 9, off = 3;
+  const Vec x = rand_vec(B * T * C, 31), wpe = rand_vec(P * C, 32), w = rand_vec(B * T * C, 33);
+  const Vec prior = rand_vec(P * C, 34);
+  auto f = [&](const Vec& pe) {
+    Vec o(B * T * C);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t c = 0; c < C; ++c) o[(b * T + t) * C + c] = x[(b * T + t) * C + c] + pe[(off + t) * C + c];
+    return o;
+  };
+  Tensor X = make(x, {B, T, C});
+  position_embedding_add(X, make(wpe, {P, C}), {.position_offset = off});
+  EXPECT_CLOSE(values(X), f(wpe), kFwdTol);
+  Tensor dwpe = make(prior, {P, C});
+  position_embedding_backward(make(w, {B, T, C}), dwpe, {.position_offset = off});
+  EXPECT_CLOSE(diff(values(dwpe), prior), fd_grad(f, wpe, w), kGradTol);
+}
+
+// ---- dropout -------------------------------------------------------------------------------------
+
+Vec dropout_ref(const Vec& x, int64_t B, int64_t T, int64_t C, const DropoutOptions& o) {
+  Vec out(x.size());
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t c = 0; c < C; ++c) {
+        const int64_t i = (b * T + t) * C + c;
+        const float u = dropout_uniform(o.seed, o.site, o.sample_offset + b, o.row_offset + t, o.col_offset + c);
+        const bool keep = u >= o.p;
+        out[i] = keep ? x[i] / (1.0 - o.p) : 0.0;
+      }
+  return out;
+}
+
+TEST(Dropout, ForwardMatchesMaskAndBackwardMatchesFiniteDifferences) {
+  const int64_t B = 2, T = 16, C = 32;
+  const DropoutOptions opt{.p = 0.3f, .seed = 42, .site = stream_id("layers.0.mlp.out"), .sample_offset = 5,
+                           .row_offset = 2, .col_offset = 64};
+  const Vec x = rand_vec(B * T * C, 35), w = rand_vec(B * T * C, 36);
+  Tensor out = Tensor::empty({B, T, C}, DType::f32);
+  dropout_forward(make(x, {B, T, C}), out, opt);
+  const Vec got = values(out);
+  EXPECT_CLOSE(got, dropout_ref(x, B, T, C, opt), kFwdTol);
+  const double dropped = static_cast<double>(std::count(got.begin(), got.end(), 0.0)) / got.size();
+  EXPECT_NEAR(dropped, 0.3, 0.05);
+  Tensor dx = make(w, {B, T, C});
+  dropout_backward(dx, dx, opt);  // in place, as the models call it
+  EXPECT_CLOSE(values(dx), fd_grad([&](const Vec& v) { return dropout_ref(v, B, T, C, opt); }, x, w), kGradTol);
+
+  Tensor copy = Tensor::empty({B, T, C}, DType::f32);
+  dropout_forward(make(x, {B, T, C}), copy, {.p = 0.f});
+  EXPECT_EQ(values(copy), x);
+}
+
+// A (B, T, C) tensor dropped whole equals its pieces dropped with offsets, cut along any dimension.
+TEST(Dropout, MaskDependsOnlyOnGlobalCoordinates) {
+  const int64_t B = 4, T = 6, C = 10;
+  const DropoutOptions opt{.p = 0.5f, .seed = 3, .site = stream_id("embedding.dropout"), .sample_offset = 8};
+  Tensor x = make(rand_vec(B * T * C, 37), {B, T, C}), whole = Tensor::empty({B, T, C}, DType::f32);
+  dropout_forward(x, whole, opt);
+  for (int dim = 0; dim < 3; ++dim) {
+    const int64_t cut = dim == 2 ? 6 : x.dim(dim) / 2;  // column cut at 6: not a multiple of 4 (Philox block)
+    Tensor lo = take(x, dim, 0, cut), hi = take(x, dim, cut, x.dim(dim));
+    DropoutOptions hi_opt = opt;
+    (dim == 0 ? hi_opt.sample_offset : dim == 1 ? hi_opt.row_offset : hi_opt.col_offset) += cut;
+    Tensor lo_out = Tensor::empty(lo.shape(), DType::f32), hi_out = Tensor::empty(hi.shape(), DType::f32);
+    dropout_forward(lo, lo_out, opt);
+    dropout_forward(hi, hi_out, hi_opt);
+    EXPECT_EQ(concat(lo_out, hi_out, dim), values(whole)) << "cut along dim " << dim;
+  }
+}
+
+// ---- attention -----------------------------------------------------------------------------------
+
+struct AttnRef {
+  Vec out, lse;
+};
+// qkv (B, T, H, 3, D) -> out (B, T, H, D), lse (B, H, T); dropout mask as documented in ops.h.
+AttnRef attention_ref(const Vec& qkv, int64_t B, int64_t T, int64_t H, int64_t D, const AttentionOptions& o) {
+  AttnRef r{Vec(B * T * H * D, 0.0), Vec(B * H * T)};
+  auto at = [&](int64_t b, int64_t t, int64_t h, int64_t w, int64_t d) {  // w: 0 query, 1 key, 2 value
+    return qkv[(((b * T + t) * H + h) * 3 + w) * D + d];
+  };
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < T; ++i) {
+        const int64_t len = o.causal ? i + 1 : T;
+        Vec s(len);
+        for (int64_t j = 0; j < len; ++j) {
+          s[j] = 0;
+          for (int64_t d = 0; d < D; ++d) s[j] += at(b, i, h, 0, d) * at(b, j, h, 1, d) / std::sqrt(double(D));
+        }
+        const double m = *std::max_element(s.begin(), s.end());
+        double sum = 0;
+        for (double v : s) sum += std::exp(v - m);
+        const double lse = m + std::log(sum);
+        r.lse[(b * H + h) * T + i] = lse;
+        for (int64_t j = 0; j < len; ++j) {
+          double p = std::exp(s[j] - lse);
+          if (o.dropout_p > 0)
+            p = dropout_uniform(o.seed, o.site, o.sample_offset + b, (o.head_offset + h) * T + i, j) >= o.dropout_p
+                    ? p / (1.0 - o.dropout_p) : 0.0;
+          for (int64_t d = 0; d < D; ++d) r.out[((b * T + i) * H + h) * D + d] += p * at(b, j, h, 2, d);
+        }
+      }
+  return r;
+}
+
+struct AttnCase {
+  bool causal;
+  float dropout_p;
+};
+class AttentionCases : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(AttentionCases, ForwardMatchesDoubleAndBackwardMatchesFiniteDifferences) {
+  const int64_t B = 2, T = 6, H = 2, D = 4;
+  const AttentionOptions opt{.causal = GetParam().causal, .dropout_p = GetParam().dropout_p, .seed = 9,
+                             .site = stream_id("layers.1.attn.probs"), .sample_offset = 3, .head_offset = 2};
+  const Vec qkv = rand_vec(B * T * H * 3 * D, 38, -1.5, 1.5), w = rand_vec(B * T * H * D, 39);
+  Tensor QKV = make(qkv, {B, T, H, 3, D}), out = Tensor::empty({B, T, H, D}, DType::f32);
+  Tensor lse = Tensor::empty({B, H, T}, DType::f32), dqkv = Tensor::empty({B, T, H, 3, D}, DType::f32);
+  attention_forward(QKV, out, lse, opt);
+  const AttnRef ref = attention_ref(qkv, B, T, H, D, opt);
+  EXPECT_CLOSE(values(out), ref.out, kFwdTol);
+  EXPECT_CLOSE(values(lse), ref.lse, kFwdTol);
+  attention_backward(QKV, out, lse, make(w, {B, T, H, D}), dqkv, opt);
+  auto f = [&](const Vec& v) { return attention_ref(v, B, T, H, D, opt).out; };
+  EXPECT_CLOSE(values(dqkv), fd_grad(f, qkv, w), kGradTol);
+}
+
+INSTANTIATE_TEST_SUITE_P(Attention, AttentionCases,
+                         ::testing::Values(AttnCase{true, 0.f}, AttnCase{true, 0.25f}, AttnCase{false, 0.f},
+                                           AttnCase{false, 0.25f}),
+                         [](const auto& info) {
+                           return std::string(info.param.causal ? "Causal" : "Full") +
+                                  (info.param.dropout_p > 0 ? "WithDropout" : "NoDropout");
+                         });
+
+// Heads split over two "tensor-parallel ranks" with head_offset give the whole computation's out, lse and
+// dqkv exactly (the dropout mask is keyed by the global head).
+TEST(Attention, HeadShardsWithHeadOffsetEqualTheWhole) {
+  const int64_t B = 2, T = 5, H = 4, D = 3;
+  const AttentionOptions opt{.dropout_p = 0.2f, .seed = 1, .site = 77, .sample_offset = 6};
+  Tensor qkv = make(rand_vec(B * T * H * 3 * D, 40), {B, T, H, 3, D});
+  Tensor dout = make(rand_vec(B * T * H * D, 41), {B, T, H, D});
+  auto run = [&](const Tensor& q, const Tensor& d, int64_t head_offset) {
+    const int64_t h = q.dim(2);
+    AttentionOptions o = opt;
+    o.head_offset = head_offset;
+    std::vector<Tensor> r = {Tensor::empty({B, T, h * D}, DType::f32), Tensor::empty({B, h, T}, DType::f32),
+                             Tensor::empty(q.shape(), DType::f32)};
+    attention_forward(q, r[0], r[1], o);  // out as the (B, T, H * D) view the models use
+    attention_backward(q, r[0], r[1], d.view({B, T, h * D}), r[2], o);
+    r[0] = r[0].view({B, T, h, D});
+    return r;
+  };
+  const std::vector<Tensor> whole = run(qkv, dout, 0);
+  const std::vector<Tensor> lo = run(take(qkv, 2, 0, 1), take(dout, 2, 0, 1), 0);
+  const std::vector<Tensor> hi = run(take(qkv, 2, 1, H), take(dout, 2, 1, H), 1);
+  EXPECT_EQ(concat(lo[0], hi[0], 2), values(whole[0]));
+  EXPECT_EQ(concat(lo[1], hi[1], 1), values(whole[1]));
+  EXPECT_EQ(concat(lo[2], hi[2], 2), values(whole[2]));
+}
+
+// ---- cross-entropy -------------------------------------------------------------------------------
+
+Vec cross_entropy_ref(const Vec& logits, const std::vector<int32_t>& targets, int64_t N, int64_t V) {
+  Vec loss(N);
+  for (int64_t n = 0; n < N; ++n) {
+    const double m = *std::max_element(logits.begin() + n * V, logits.begin() + (n + 1) * V);
+    double sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(logits[n * V + v] - m);
+    loss[n] = std::log(sum) + m - logits[n * V + targets[n]];
+  }
+  return loss;
+}
+
+// The four split functions on one shard; returns (losses, dlogits).
+std::pair<Tensor, Tensor> cross_entropy_all(const Tensor& logits, const Tensor& targets, const Tensor& dloss) {
+  const int64_t N = logits.dim(0);
+  Tensor rowmax = Tensor::empty({N}, DType::f32), sumexp = Tensor::empty({N}, DType::f32),
+         tl = Tensor::empty({N}, DType::f32), losses = Tensor::empty({N}, DType::f32);
+  Tensor dlogits = Tensor::empty(logits.shape(), logits.dtype());
+  cross_entropy_rowmax(logits, rowmax);
+  cross_entropy_partials(logits, targets, rowmax, sumexp, tl);
+  cross_entropy_loss(rowmax, sumexp, tl, losses);
+  cross_entropy_backward(logits, targets, rowmax, sumexp, dloss, dlogits);
+  return {losses, dlogits};
+}
+
+TEST(CrossEntropy, LossMatchesDoubleAndBackwardMatchesFiniteDifferences) {
+  const int64_t N = 5, V = 11;
+  const std::vector<int32_t> targets = {0, 10, 3, 3, 7};
+  const Vec logits = rand_vec(N * V, 42, -3, 3), dloss = rand_vec(N, 43);
+  auto [losses, dlogits] = cross_entropy_all(make(logits, {N, V}), Tensor::from_ints(targets, {N}), make(dloss, {N}));
+  EXPECT_CLOSE(values(losses), cross_entropy_ref(logits, targets, N, V), kFwdTol);
+  auto f = [&](const Vec& l) { return cross_entropy_ref(l, targets, N, V); };
+  EXPECT_CLOSE(values(dlogits), fd_grad(f, logits, dloss), kGradTol);
+}
+
+// Two vocabulary shards exchanging only row statistics (max of rowmax, sums of sumexp and target_logit)
+// give the unsharded loss and, shard by shard, the unsharded dlogits.
+TEST(CrossEntropy, VocabularyShardsCombineToTheUnshardedLoss) {
+  const int64_t N = 6, V = 13, V0 = 7;
+  const std::vector<int32_t> targets = {0, 12, 6, 7, 3, 9};  // on both sides of the shard boundary
+  const Vec logits = rand_vec(N * V, 44, -4, 4), dl = rand_vec(N, 45);
+  Tensor Logits = make(logits, {N, V}), Targets = Tensor::from_ints(targets, {N}), dloss = make(dl, {N});
+  auto [want_loss, want_dlogits] = cross_entropy_all(Logits, Targets, dloss);
+
+  const Tensor shard[2] = {take(Logits, 1, 0, V0), take(Logits, 1, V0, V)};
+  const int64_t start[2] = {0, V0};
+  Tensor rowmax[2], sumexp[2], tl[2];
+  Tensor gmax = Tensor::empty({N}, DType::f32), gsum = Tensor::zeros({N}, DType::f32),
+         gtl = Tensor::zeros({N}, DType::f32), losses = Tensor::empty({N}, DType::f32);
+  for (int s = 0; s < 2; ++s) {
+    rowmax[s] = Tensor::empty({N}, DType::f32);
+    cross_entropy_rowmax(shard[s], rowmax[s]);
+  }
+  for (int64_t n = 0; n < N; ++n)
+    gmax.data<float>()[n] = std::max(rowmax[0].data<float>()[n], rowmax[1].data<float>()[n]);
+  for (int s = 0; s < 2; ++s) {
+    sumexp[s] = Tensor::empty({N}, DType::f32);
+    tl[s] = Tensor::empty({N}, DType::f32);
+    cross_entropy_partials(shard[s], Targets, gmax, sumexp[s], tl[s], {.vocab_start = start[s]});
+    add(gsum, sumexp[s], gsum);
+    add(gtl, tl[s], gtl);
+  }
+  cross_entropy_loss(gmax, gsum, gtl, losses);
+  EXPECT_CLOSE(values(losses), values(want_loss), 1e-6);
+  Tensor d[2] = {Tensor::empty(shard[0].shape(), DType::f32), Tensor::empty(shard[1].shape(), DType::f32)};
+  for (int s = 0; s < 2; ++s)
+    cross_entropy_backward(shard[s], Targets, gmax, gsum, dloss, d[s], {.vocab_start = start[s]});
+  EXPECT_CLOSE(concat(d[0], d[1], 1), values(want_dlogits), 1e-6);
+}
+
+// ---- optimizer ops -------------------------------------------------------------------------------
+
+TEST(OptimizerOps, AdamWMatchesADoubleReferenceOverSteps) {
+  const int64_t n = 50;
+  const AdamWOptions base{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                          .grad_scale = 0.5f};
+  Vec p = rand_vec(n, 46), m(n, 0.0), v(n, 0.0);
+  Tensor master = make(p, {n}), exp_avg = Tensor::zeros({n}, DType::f32), exp_avg_sq = Tensor::zeros({n}, DType::f32);
+  for (int64_t step = 1; step <= 3; ++step) {
+    const Vec g = rand_vec(n, 47 + static_cast<uint32_t>(step), -2, 2);
+    AdamWOptions o = base;
+    o.step = step;
+    adamw_step(master, make(g, {n}), exp_avg, exp_avg_sq, o);
+    const double b1 = o.beta1, b2 = o.beta2, lr = o.lr, wd = o.weight_decay;
+    for (int64_t i = 0; i < n; ++i) {
+      const double gi = g[i] * o.grad_scale;
+      m[i] = b1 * m[i] + (1 - b1) * gi;
+      v[i] = b2 * v[i] + (1 - b2) * gi * gi;
+      const double mhat = m[i] / (1 - std::pow(b1, step)), vhat = v[i] / (1 - std::pow(b2, step));
+      p[i] -= lr * (mhat / (std::sqrt(vhat) + o.eps) + wd * p[i]);
+    }
+    EXPECT_CLOSE(values(exp_avg), m, 1e-6);
+    EXPECT_CLOSE(values(exp_avg_sq), v, 1e-6);
+    EXPECT_CLOSE(values(master), p, 1e-6);
+  }
+}
+
+TEST(OptimizerOps, SumSquaresAndInfNanCheck) {
+  const Vec x = rand_vec(1000, 50, -3, 3);
+  double want = 0;
+  for (double v : x) want += v * v;
+  EXPECT_NEAR(sum_squares(make(x, {10, 100})), want, 1e-9 * want);
+  EXPECT_FALSE(has_inf_or_nan(make(x, {1000})));
+  EXPECT_FALSE(has_inf_or_nan(make({3e38, -3e38, 0}, {3})));
+  for (double bad : {double(INFINITY), -double(INFINITY), double(NAN)})
+    for (int64_t at : {0, 517, 999}) {
+      Vec y = x;
+      y[at] = bad;
+      EXPECT_TRUE(has_inf_or_nan(make(y, {1000}))) << bad << " at " << at;
+    }
+}
+
+// ---- bf16 / fp16 storage -------------------------------------------------------------------------
+
+// run(dt, in) makes its inputs with in(values, shape) and its outputs in dtype dt (f32 for parameter
+// gradients and statistics) and returns them. With half storage the outputs must equal those of the fp32
+// op on the same (rounded) input values, rounded to the half dtype: bit-exact emulation.
+using MakeInput = std::function<Tensor(const Vec&, Shape)>;
+void expect_emulated(const std::function<std::vector<Tensor>(DType, const MakeInput&)>& run, const char* what) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const std::vector<Tensor> got = run(dt, [&](const Vec& v, Shape s) { return make(v, std::move(s), dt); });
+    const std::vector<Tensor> ref =
+        run(DType::f32, [&](const Vec& v, Shape s) { return make(rounded(v, dt), std::move(s), DType::f32); });
+    ASSERT_EQ(got.size(), ref.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      const Vec want = rounded(values(ref[i]), got[i].dtype());
+      EXPECT_EQ(values(got[i]), want) << what << " output " << i << " in " << dtype_name(dt);
+    }
+  }
+}
+
+TEST(HalfStorage, OpsEqualTheFp32OpRoundedOnce) {
+  const int64_t N = 6, C = 8, B = 2, T = 3, H = 2, D = 4, V = 9;
+  const Vec a = rand_vec(N * C, 51, -3, 3), b = rand_vec(N * C, 52), c = rand_vec(C, 53), c2 = rand_vec(C, 60);
+  const std::vector<int32_t> ids = {1, 8, 0, 4, 4, 7};
+  auto f32 = [](Shape s) { return Tensor::empty(std::move(s), DType::f32); };
+  expect_emulated([&](DType dt, const MakeInput& in) {
+    Tensor out = Tensor::empty({N, C}, dt);
+    add(in(a, {N, C}), in(b, {N, C}), out);
+    Tensor x = in(a, {N, C}), y = in(b, {N, C});
+    scale_(x, 0.3f);
+    add_bias(y, in(c, {C}));
+    return std::vector<Tensor>{out, x, y};
+  }, "add, scale_, add_bias");
+  expect_emulated([&](DType dt, const MakeInput& in) {
+    Tensor g = Tensor::empty({N, C}, dt), dg = Tensor::empty({N, C}, dt), db = Tensor::zeros({C}, DType::f32);
+    gelu_forward(in(a, {N, C}), g);
+    gelu_backward(in(a, {N, C}), in(b, {N, C}), dg);
+    bias_backward(in(b, {N, C}), db);
+    return std::vector<Tensor>{g, dg, db};
+  }, "gelu, bias_backward");
+  expect_emulated([&](DType dt, const MakeInput& in) {
+    Tensor out = Tensor::empty({N, C}, dt), mean = f32({N}), rstd = f32({N}), dx = Tensor::empty({N, C}, dt);
+    Tensor dw = Tensor::zeros({C}, DType::f32), db = Tensor::zeros({C}, DType::f32);
+    layernorm_forward(in(a, {N, C}), in(c, {C}), in(c2, {C}), out, mean, rstd);
+    layernorm_backward(in(b, {N, C}), in(a, {N, C}), in(c, {C}), mean, rstd, dx, dw, db);
+    return std::vector<Tensor>{out, mean, rstd, dx, dw, db};
+  }, "layernorm");
+  expect_emulated([&](DType dt, const MakeInput& in) {
+    Tensor out = Tensor::empty({B, T, C}, dt), dtab = Tensor::zeros({V, C}, DType::f32);
+    Tensor dwpe = Tensor::zeros({4, C}, DType::f32);
+    embedding_forward(Tensor::from_ints(ids, {B, T}), in(rand_vec(V * C, 54), {V, C}), out);
+    position_embedding_add(out, in(rand_vec(4 * C, 55), {4, C}), {.position_offset = 1});
+    embedding_backward(Tensor::from_ints(ids, {B, T}), in(b, {B, T, C}), dtab);
+    position_embedding_backward(in(b, {B, T, C}), dwpe, {.position_offset = 1});
+    Tensor drop = Tensor::empty({B, T, C}, dt);
+    dropout_forward(in(a, {B, T, C}), drop, {.p = 0.4f, .seed = 5, .site = 6});
+    return std::vector<Tensor>{out, dtab, dwpe, drop};
+  }, "embeddings, dropout");
+  expect_emulated([&](DType dt, const MakeInput& in) {
+    const Vec qkv = rand_vec(B * T * H * 3 * D, 56, -2, 2), dout = rand_vec(B * T * H * D, 57);
+    const AttentionOptions opt{.dropout_p = 0.1f, .seed = 2, .site = 3};
+    Tensor out = Tensor::empty({B, T, H, D}, dt), lse = f32({B, H, T}), dqkv = Tensor::empty({B, T, H, 3, D}, dt);
+    attention_forward(in(qkv, {B, T, H, 3, D}), out, lse, opt);
+    attention_backward(in(qkv, {B, T, H, 3, D}), out, lse, in(dout, {B, T, H, D}), dqkv, opt);
+    return std::vector<Tensor>{out, lse, dqkv};
+  }, "attention");
+  expect_emulated([&](DType dt, const MakeInput& in) {
+    auto [losses, dlogits] = cross_entropy_all(in(rand_vec(N * V, 58, -5, 5), {N, V}), Tensor::from_ints(ids, {N}),
+                                               make(rand_vec(N, 59), {N}));
+    return std::vector<Tensor>{losses, dlogits};
+  }, "cross_entropy");
+}
+
+// ---- argument errors -----------------------------------------------------------------------------
+
+TEST(OpErrors, NameTheOpAndTheArgument) {
+  auto f32 = [](Shape s) { return Tensor::zeros(std::move(s), DType::f32); };
+  Tensor x = f32({4, 64}), out = f32({4, 64}), mean = f32({4}), rstd = f32({4});
+  expect_invalid([&] { layernorm_forward(x, f32({32}), f32({64}), out, mean, rstd); },
+                 "layernorm_forward: weight: expected shape [64], got [32]");
+  expect_invalid([&] {
+    Tensor dw = Tensor::zeros({64}, DType::bf16), db = f32({64}), dx = f32({4, 64});
+    layernorm_backward(out, x, f32({64}), mean, rstd, dx, dw, db);
+  }, "layernorm_backward: dweight: expected dtype fp32, got bf16");
+  Tensor c = f32({4, 5});
+  expect_invalid([&] { gemm(f32({4, 3}), f32({5, 3}), c); }, "gemm: inner dimensions differ");
+  expect_invalid([&] { gemm(f32({4, 3}), Tensor::zeros({3, 5}, DType::bf16), c); }, "gemm: b: expected dtype fp32");
+  expect_invalid([&] { gemm(f32({4, 3}), f32({3, 6}), c); }, "gemm: out: expected shape [4, 6], got [4, 5]");
+  expect_invalid([&] { add(x, Tensor::zeros({4, 64}, DType::bf16), out); }, "add: b: expected dtype fp32");
+  expect_invalid([&] { add_bias(x, f32({63})); }, "add_bias: bias");
+  expect_invalid([&] { dropout_forward(x, out, {.p = 0.1f}); }, "dropout_forward: x: expected a 3-D tensor");
+  Tensor x3 = f32({2, 2, 64});
+  expect_invalid([&] { dropout_forward(x3, x3, {.p = 1.f}); }, "dropout_forward: dropout probability");
+  Tensor ids = Tensor::from_ints(std::vector<int32_t>{0, 1, 2, 3}, {2, 2});
+  expect_invalid([&] { embedding_forward(ids, f32({5, 64}), out); }, "embedding_forward: out");
+  expect_invalid([&] { embedding_forward(f32({2, 2}), f32({5, 64}), x3); },
+                 "embedding_forward: ids: expected dtype i32");
+  expect_invalid([&] { position_embedding_add(x3, f32({3, 64}), {.position_offset = 2}); },
+                 "position_embedding_add: position_offset");
+  Tensor qkv = f32({1, 4, 2, 3, 8}), att = f32({1, 4, 2, 8}), lse = f32({1, 2, 4});
+  expect_invalid([&] { attention_forward(qkv, att, mean, {}); }, "attention_forward: lse: expected shape [1, 2, 4]");
+  expect_invalid([&] { attention_forward(f32({1, 4, 2, 2, 8}), att, lse, {}); }, "attention_forward: qkv");
+  Tensor rowmax22 = f32({2, 2});
+  expect_invalid([&] { cross_entropy_rowmax(x, rowmax22); }, "cross_entropy_rowmax: rowmax: expected shape [4]");
+  expect_invalid([&] { cross_entropy_partials(x, f32({4}), mean, rstd, rstd); }, "cross_entropy_partials: targets");
+  expect_invalid([&] { adamw_step(mean, rstd, rstd, rstd, {.step = 0}); }, "adamw_step: step");
+  expect_invalid([&] { sum_squares(Tensor::zeros({3}, DType::bf16)); }, "sum_squares: x: expected dtype fp32");
+  expect_invalid([&] { has_inf_or_nan(Tensor()); }, "has_inf_or_nan: x");
+}
+
+}  // namespace
+}  // namespace mt

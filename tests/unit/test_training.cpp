@@ -1,0 +1,202 @@
+// Tests of the training pieces above the ops: loss scaler, LR schedule, model wiring (whole-model
+// gradients against finite differences), recomputation, and the optimizer's skip/clip behaviour.
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "core/loss_scaler.h"
+#include "core/lr_schedule.h"
+#include "core/optimizer.h"
+#include "models/gpt.h"
+
+namespace mt {
+namespace {
+
+ModelConfig tiny_model(bool tie = true) {
+  ModelConfig m;
+  m.num_layers = 2;
+  m.hidden_size = 16;
+  m.num_heads = 2;
+  m.ffn_hidden_size = 32;
+  m.seq_length = 8;
+  m.max_position_embeddings = 8;
+  m.vocab_size = 40;
+  m.padded_vocab_size = 128;
+  m.head_dim = 8;
+  m.tie_embeddings = tie;
+  m.dropout = 0.f;
+  m.attention_dropout = 0.f;
+  return m;
+}
+
+void fill_batch(Tensor& tokens, Tensor& targets, int64_t vocab) {
+  for (int64_t i = 0; i < tokens.numel(); ++i) {
+    tokens.data<int32_t>()[i] = static_cast<int32_t>((i * 7 + 3) % vocab);
+    targets.data<int32_t>()[i] = static_cast<int32_t>((i * 11 + 5) % vocab);
+  }
+}
+
+TEST(LossScaler, BacksOffAfterHysteresisThenGrowsAfterWindow) {
+  LossScaler s(true, {.initial = 1024, .min = 1, .window = 3, .hysteresis = 2});
+  s.update(true);  // first overflow is absorbed by hysteresis
+  EXPECT_EQ(s.scale(), 1024);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 512);
+  s.update(true);  // hysteresis stays spent until the scale grows again
+  EXPECT_EQ(s.scale(), 256);
+  s.update(false);
+  s.update(false);
+  EXPECT_EQ(s.scale(), 256);
+  s.update(false);
+  EXPECT_EQ(s.scale(), 512);
+  s.update(true);  // hysteresis restored by the growth
+  EXPECT_EQ(s.scale(), 512);
+}
+
+TEST(LossScaler, NeverBelowMinAndStaticScaleIsOne) {
+  LossScaler s(true, {.initial = 4, .min = 2, .window = 10, .hysteresis = 1});
+  for (int i = 0; i < 5; ++i) s.update(true);
+  EXPECT_EQ(s.scale(), 2);
+  LossScaler off(false, {});
+  off.update(true);
+  EXPECT_EQ(off.scale(), 1);
+}
+
+TEST(LrSchedule, WarmupThenCosineToMin) {
+  LrSchedule s{.lr = 1.0, .min_lr = 0.1, .warmup_iters = 10, .decay_iters = 110, .decay = "cosine"};
+  EXPECT_DOUBLE_EQ(s.at(1), 0.1);
+  EXPECT_DOUBLE_EQ(s.at(10), 1.0);
+  EXPECT_NEAR(s.at(60), 0.55, 1e-12);  // halfway through the decay
+  EXPECT_DOUBLE_EQ(s.at(110), 0.1);
+  EXPECT_DOUBLE_EQ(s.at(500), 0.1);
+  LrSchedule lin{.lr = 1.0, .min_lr = 0.0, .warmup_iters = 0, .decay_iters = 100, .decay = "linear"};
+  EXPECT_NEAR(lin.at(25), 0.75, 1e-12);
+  LrSchedule c{.lr = 0.5, .min_lr = 0.0, .warmup_iters = 0, .decay_iters = 100, .decay = "constant"};
+  EXPECT_DOUBLE_EQ(c.at(99), 0.5);
+}
+
+TEST(ModelFlops, MatchesMegatronFormula) {
+  ModelConfig m = tiny_model();
+  m.num_layers = 24, m.hidden_size = 2048, m.ffn_hidden_size = 8192, m.seq_length = 2048;
+  m.padded_vocab_size = 50304;
+  const double B = 1, s = 2048, h = 2048, l = 24, V = 50304;
+  // Megatron: 72 B s l h^2 (1 + s/(6h) + V/(12 h l)) with causal attention halved: s/(12h).
+  double megatron = 72 * B * s * l * h * h * (1 + s / (12 * h) + V / (12 * h * l));
+  EXPECT_NEAR(model_flops_per_iteration(m, 2048) / megatron, 1.0, 1e-12);
+}
+
+// The whole model's gradients (embedding, every layer, final norm, head) against central differences.
+void check_model_gradients(bool tie) {
+  ModelConfig cfg = tiny_model(tie);
+  GptModel model(cfg, {.dtype = DType::f32, .seed = 7});
+  Tensor tokens = Tensor::empty({2, 8}, DType::i32), targets = Tensor::empty({2, 8}, DType::i32);
+  fill_batch(tokens, targets, cfg.vocab_size);
+  StepContext ctx{.training = true, .seed = 7};
+  model.forward(tokens, targets, 0, ctx);
+  model.backward(0, 1.f);
+  StepContext eval{.training = false, .seed = 7};
+  for (Parameter* p : model.parameters()) {
+    double num = 0, den = 0;
+    float* v = p->value.data<float>();
+    for (int64_t k = 0; k < 6; ++k) {
+      int64_t i = (k * 7919 + 13) % p->value.numel();
+      if (p->name.find("word_embeddings") != std::string::npos) i = (k % 5) * cfg.hidden_size + k;  // used rows
+      const float orig = v[i], eps = 1e-2f;
+      v[i] = orig + eps;
+      double up = model.forward(tokens, targets, 1, eval);
+      v[i] = orig - eps;
+      double down = model.forward(tokens, targets, 1, eval);
+      v[i] = orig;
+      double fd = (up - down) / (2.0 * eps);
+      double g = p->grad.data<float>()[i];
+      num += (fd - g) * (fd - g);
+      den += g * g + 1e-12;
+    }
+    // fp32 losses differenced at eps 1e-2 carry ~1e-5 absolute noise; gradients here are ~1e-2..1.
+    EXPECT_LT(std::sqrt(num), 2e-2 * std::sqrt(den) + 2e-4) << p->name;
+  }
+}
+
+TEST(GptModel, GradientsMatchFiniteDifferencesTied) { check_model_gradients(true); }
+TEST(GptModel, GradientsMatchFiniteDifferencesUntied) { check_model_gradients(false); }
+
+TEST(GptModel, FullRecomputationGivesIdenticalGradients) {
+  ModelConfig cfg = tiny_model();
+  cfg.dropout = 0.2f;
+  cfg.attention_dropout = 0.2f;
+  GptModel plain(cfg, {.dtype = DType::bf16, .seed = 3});
+  GptModel recompute(cfg, {.dtype = DType::bf16, .seed = 3, .recompute = true});
+  Tensor tokens = Tensor::empty({2, 8}, DType::i32), targets = Tensor::empty({2, 8}, DType::i32);
+  fill_batch(tokens, targets, cfg.vocab_size);
+  StepContext ctx{.sample_offset = 40, .training = true, .seed = 3};
+  EXPECT_EQ(plain.forward(tokens, targets, 0, ctx), recompute.forward(tokens, targets, 0, ctx));
+  plain.backward(0, 1.f);
+  recompute.backward(0, 1.f);
+  for (size_t i = 0; i < plain.parameters().size(); ++i)
+    EXPECT_EQ(plain.parameters()[i]->grad.to_floats(), recompute.parameters()[i]->grad.to_floats())
+        << plain.parameters()[i]->name;
+}
+
+TEST(GptModel, InitialWeightsDependOnlyOnSeedAndName) {
+  ModelConfig cfg = tiny_model();
+  GptModel a(cfg, {.seed = 5}), b(cfg, {.seed = 5}), c(cfg, {.seed = 6});
+  EXPECT_EQ(a.parameters()[4]->value.to_floats(), b.parameters()[4]->value.to_floats());
+  EXPECT_NE(a.parameters()[4]->value.to_floats(), c.parameters()[4]->value.to_floats());
+  // A slice drawn on its own equals the same region of the whole tensor (how TP ranks will init).
+  const Parameter& w = *a.parameters()[4];  // layers.0.attn.qkv.weight (48, 16)
+  Parameter half = w;
+  half.start = {24, 0};
+  Tensor region = Tensor::empty({24, 16}, DType::f32);
+  initial_values(half, 5, region);
+  auto whole = w.value.to_floats();
+  auto part = region.to_floats();
+  for (size_t i = 0; i < part.size(); ++i) ASSERT_EQ(part[i], whole[24 * 16 + i]);
+}
+
+TEST(GptModel, ScaledInitForOutputProjections) {
+  ModelConfig cfg = tiny_model();
+  cfg.hidden_size = 64, cfg.ffn_hidden_size = 256, cfg.head_dim = 32, cfg.num_layers = 8;
+  GptModel m(cfg, {.seed = 1});
+  auto stddev = [](const Parameter& p) {
+    double s = 0;
+    for (float v : p.value.to_floats()) s += double(v) * v;
+    return std::sqrt(s / p.value.numel());
+  };
+  for (Parameter* p : m.parameters()) {
+    if (p->name == "layers.0.attn.qkv.weight") EXPECT_NEAR(stddev(*p), 0.02, 0.002);
+    if (p->name == "layers.0.mlp.fc2.weight") EXPECT_NEAR(stddev(*p), 0.02 / std::sqrt(16.0), 0.0005);
+  }
+}
+
+TEST(AdamW, SkipsOnInfAndClipsToGlobalNorm) {
+  Parameter p = make_parameter("w", {4, 4}, DType::f32, Init::normal, 1.f, 1);
+  AdamW opt({&p}, {.weight_decay = 0.0, .grad_clip = 1.0});
+  auto before = p.value.to_floats();
+  p.grad.data<float>()[3] = INFINITY;
+  StepResult r = opt.step(0.1, 1.0);
+  EXPECT_TRUE(r.found_inf);
+  EXPECT_EQ(p.value.to_floats(), before);
+  EXPECT_EQ(opt.steps(), 0);
+  opt.zero_grads();
+  for (int i = 0; i < 16; ++i) p.grad.data<float>()[i] = 3.f * 1024.f;  // norm 12 at loss scale 1024
+  r = opt.step(0.1, 1024.0);
+  EXPECT_FALSE(r.found_inf);
+  EXPECT_NEAR(r.grad_norm, 12.0, 1e-9);
+  EXPECT_EQ(opt.steps(), 1);
+  // First Adam step moves every weight by ~lr whatever the gradient's size.
+  auto after = p.value.to_floats();
+  for (int i = 0; i < 16; ++i) EXPECT_NEAR(before[i] - after[i], 0.1, 1e-5);
+}
+
+TEST(AdamW, Bf16ValuesAreCastFromFp32Master) {
+  Parameter p = make_parameter("w", {8}, DType::bf16, Init::normal, 1.f, 2);
+  AdamW opt({&p}, {.weight_decay = 0.0, .grad_clip = 0.0});
+  for (int i = 0; i < 8; ++i) p.grad.data<float>()[i] = 1.f;
+  opt.step(1e-3, 1.0);
+  auto master = opt.slots()[0].master.to_floats();
+  auto value = p.value.to_floats();
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(value[i], round_to(DType::bf16, master[i]));
+}
+
+}  // namespace
+}  // namespace mt
