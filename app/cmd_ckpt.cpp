@@ -52,29 +52,33 @@ void add_ckpt_commands(CLI::App& root) {
   CLI::App* ckpt = root.add_subcommand("ckpt", "Inspect and export checkpoints");
   ckpt->require_subcommand(1);
 
+  // The option values live as long as the callbacks that read them.
+  struct InspectArgs {
+    std::string dir;
+    bool verify = false;
+  };
+  auto ia = std::make_shared<InspectArgs>();
   CLI::App* ins = ckpt->add_subcommand("inspect", "Print a checkpoint's iteration, state and tensor index");
-  auto dir = std::make_shared<std::string>();
-  auto verify = std::make_shared<bool>(false);
-  ins->add_option("dir", *dir, "Checkpoint directory, or a save directory with a `latest` marker")->required();
-  ins->add_flag("--verify", *verify, "Check every stored byte against its checksum");
-  ins->callback([dir, verify] { inspect(*dir, *verify); });
+  ins->add_option("dir", ia->dir, "Checkpoint directory, or a save directory with a `latest` marker")->required();
+  ins->add_flag("--verify", ia->verify, "Check every stored byte against its checksum");
+  ins->callback([ia] { inspect(ia->dir, ia->verify); });
 
+  struct ExportArgs {
+    std::string dir, format = "hf", output, dtype = "fp32";
+  };
+  auto ea = std::make_shared<ExportArgs>();
   CLI::App* exp = ckpt->add_subcommand("export", "Export a checkpoint for Hugging Face transformers (GPT2LMHeadModel)");
-  auto edir = std::make_shared<std::string>();
-  auto format = std::make_shared<std::string>("hf");
-  auto out = std::make_shared<std::string>();
-  auto dtype = std::make_shared<std::string>("fp32");
-  exp->add_option("dir", *edir, "Checkpoint directory, or a save directory with a `latest` marker")->required();
-  exp->add_option("--format", *format, "Export format")->check(CLI::IsMember({"hf"}))->capture_default_str();
-  exp->add_option("--output,-o", *out, "Output directory (model.safetensors, config.json)")->required();
-  exp->add_option("--dtype", *dtype, "Weight dtype in the export")
+  exp->add_option("dir", ea->dir, "Checkpoint directory, or a save directory with a `latest` marker")->required();
+  exp->add_option("--format", ea->format, "Export format")->check(CLI::IsMember({"hf"}))->capture_default_str();
+  exp->add_option("--output,-o", ea->output, "Output directory (model.safetensors, config.json)")->required();
+  exp->add_option("--dtype", ea->dtype, "Weight dtype in the export")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
-  exp->callback([edir, out, dtype] {
-    CheckpointReader ckpt(checkpoint_at(*edir));
-    export_hf_gpt2(ckpt, *out, parse_dtype(*dtype));
+  exp->callback([ea] {
+    CheckpointReader ckpt(checkpoint_at(ea->dir));
+    export_hf_gpt2(ckpt, ea->output, parse_dtype(ea->dtype));
     fmt::print("exported {} (iteration {}) to {}/model.safetensors and {}/config.json\n", ckpt.dir(),
-               ckpt.state().iteration, *out, *out);
+               ckpt.state().iteration, ea->output, ea->output);
     std::fflush(stdout);
   });
 }

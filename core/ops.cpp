@@ -420,6 +420,8 @@ void adamw_step(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp
   check_like(op, "exp_avg", exp_avg, master, "master");
   check_like(op, "exp_avg_sq", exp_avg_sq, master, "master");
   check_range(op, "step", opt.step >= 1, fmt::format("must be >= 1 (1-based), got {}", opt.step));
+  check_range(op, "betas", opt.beta1 >= 0.f && opt.beta1 < 1.f && opt.beta2 >= 0.f && opt.beta2 < 1.f,
+              fmt::format("must lie in [0, 1), got {} and {}", opt.beta1, opt.beta2));
   if (device_of(op, {&master, &grad, &exp_avg, &exp_avg_sq}) == Device::cpu)
     return cpu::adamw_step(master, grad, exp_avg, exp_avg_sq, opt);
   no_cuda(op);

@@ -29,7 +29,7 @@ inline void load_f32(const Tensor& t, int64_t begin, int64_t n, float* dst) {
 }
 
 // Elements [begin, begin + n) of t = src[0, n), rounded once to t's dtype.
-inline void store_f32(const float* src, int64_t n, const Tensor& t, int64_t begin) {
+inline void store_f32(const float* src, int64_t n, Tensor& t, int64_t begin) {
   switch (t.dtype()) {
     case DType::f32: std::memmove(t.data<float>() + begin, src, static_cast<size_t>(n) * sizeof(float)); return;
     case DType::bf16: {
