@@ -349,11 +349,11 @@ void check_logits(const char* op, const Tensor& logits, const Tensor* targets, i
 
 }  // namespace
 
-void cross_entropy_rowmax(const Tensor& logits, Tensor& rowmax) {
+void cross_entropy_rowmax(const Tensor& logits, Tensor& rowmax, CrossEntropyOptions opt) {
   const char* op = "cross_entropy_rowmax";
   check_logits(op, logits, nullptr, 0);
   check_f32_shape(op, "rowmax", rowmax, {logits.dim(0)});
-  if (device_of(op, {&logits, &rowmax}) == Device::cpu) return cpu::cross_entropy_rowmax(logits, rowmax);
+  if (device_of(op, {&logits, &rowmax}) == Device::cpu) return cpu::cross_entropy_rowmax(logits, rowmax, opt);
   no_cuda(op);
 }
 

@@ -108,9 +108,12 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
 // full-vocabulary ids. All per-row statistics are f32 (N).
 struct CrossEntropyOptions {
   int64_t vocab_start = 0;
+  // Columns whose full-vocabulary id is >= vocab_size are padding (the vocabulary is padded for GEMM
+  // shapes and tensor parallelism): left out of the softmax, their gradient 0. -1: no padding.
+  int64_t vocab_size = -1;
 };
-// rowmax[n] = max_v logits[n, v]
-void cross_entropy_rowmax(const Tensor& logits, Tensor& rowmax);
+// rowmax[n] = max_v logits[n, v] over the non-padding columns (-inf when the shard holds only padding)
+void cross_entropy_rowmax(const Tensor& logits, Tensor& rowmax, CrossEntropyOptions opt = {});
 // Given the (global) row max: sumexp[n] = sum_v exp(logits[n, v] - rowmax[n]) and target_logit[n] =
 // logits[n, targets[n] - vocab_start] when the target lies in this shard, else 0.
 void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& rowmax, Tensor& sumexp,

@@ -66,8 +66,9 @@ float GptModel::forward(const Tensor& tokens, const Tensor& targets, int mb, con
   Tensor target_logit = Tensor::empty({N}, DType::f32);
   Tensor losses = Tensor::empty({N}, DType::f32);
   Tensor flat_targets = targets.view({N});
-  cross_entropy_rowmax(h.logits, h.rowmax);
-  cross_entropy_partials(h.logits, flat_targets, h.rowmax, h.sumexp, target_logit);
+  const CrossEntropyOptions ce{.vocab_size = cfg_.vocab_size};  // padding columns are not tokens
+  cross_entropy_rowmax(h.logits, h.rowmax, ce);
+  cross_entropy_partials(h.logits, flat_targets, h.rowmax, h.sumexp, target_logit, ce);
   cross_entropy_loss(h.rowmax, h.sumexp, target_logit, losses);
   double sum = 0;
   const float* l = losses.data<float>();
@@ -89,7 +90,8 @@ void GptModel::backward(int mb, float dloss) {
   float* dl = dlosses.data<float>();
   for (int64_t i = 0; i < N; ++i) dl[i] = dloss / static_cast<float>(N);
   Tensor dlogits = Tensor::empty({N, V}, opt_.dtype);
-  cross_entropy_backward(h.logits, h.targets.view({N}), h.rowmax, h.sumexp, dlosses, dlogits);
+  cross_entropy_backward(h.logits, h.targets.view({N}), h.rowmax, h.sumexp, dlosses, dlogits,
+                         {.vocab_size = cfg_.vocab_size});
   h.logits = Tensor();
   Parameter& head = head_param();
   gemm(dlogits, h.lnf, head.grad, {.trans_a = true, .beta = 1.f});  // dW (V, C) += dlogits^T lnf

@@ -107,7 +107,7 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
       if (fresh) {
         if (ckpt::path_kind(path) != ckpt::PathKind::file)
           throw CheckpointError(fmt::format("{}: data file missing (tensor {} is stored there)", path, t.name));
-        it->second = ckpt::MappedFile(path).size();
+        it->second = ckpt::file_size(path);
       }
       if (s.offset + s.bytes > it->second)
         throw CheckpointError(fmt::format("{}: has {} bytes but tensor {} (slice start [{}]) needs bytes [{}, {}) — "

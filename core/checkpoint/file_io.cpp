@@ -112,6 +112,12 @@ PathKind path_kind(const std::string& path) {
   return PathKind::other;
 }
 
+int64_t file_size(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) throw_os_error(path, "cannot stat", errno);
+  return st.st_size;
+}
+
 bool remove_tree(const std::string& path) noexcept {
   std::error_code ec;
   std::filesystem::remove_all(path, ec);

@@ -39,6 +39,7 @@ void fsync_dir(const std::string& dir);
 
 enum class PathKind { missing, file, directory, other };
 PathKind path_kind(const std::string& path);  // follows symlinks; throws on errors other than ENOENT
+int64_t file_size(const std::string& path);   // throws CheckpointError
 
 // Removes a file or directory tree; returns false (without throwing) when something could not be removed.
 bool remove_tree(const std::string& path) noexcept;

@@ -139,8 +139,7 @@ std::string config_json(const GptExportShape& g, DType dtype) {
   add("tie_word_embeddings", g.tied ? "true" : "false");
   add("bos_token_id", std::to_string(eos));
   add("eos_token_id", std::to_string(eos));
-  add("torch_dtype", fmt::format("\"{}\"", torch_dtype));
-  j += "  \"transformers_version\": \"4.40.0\"\n}\n";
+  j += fmt::format("  \"torch_dtype\": \"{}\"\n}}\n", torch_dtype);
   return j;
 }
 

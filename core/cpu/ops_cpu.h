@@ -39,7 +39,7 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
                         const AttentionOptions& opt);
 
 // cross_entropy.cpp
-void cross_entropy_rowmax(const Tensor& logits, Tensor& rowmax);
+void cross_entropy_rowmax(const Tensor& logits, Tensor& rowmax, const CrossEntropyOptions& opt);
 void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& rowmax, Tensor& sumexp,
                             Tensor& target_logit, const CrossEntropyOptions& opt);
 void cross_entropy_loss(const Tensor& rowmax, const Tensor& sumexp, const Tensor& target_logit, Tensor& losses);

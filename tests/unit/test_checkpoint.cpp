@@ -19,6 +19,7 @@
 
 #include "app/commands.h"
 #include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/checkpoint_writer.h"
 #include "core/checkpoint/hf_export.h"
 #include "core/checkpoint/safetensors.h"
 
@@ -269,9 +270,35 @@ TEST_F(CheckpointTest, RejectsOverlappingOrOutOfBoundsSlices) {
   EXPECT_FALSE(has_tmp_entries(save_));
 }
 
+TEST_F(CheckpointTest, RanksWriteTheirOwnFilesAndRankZeroMerges) {
+  auto all = iota(48, 0.f);
+  std::string tmp = begin_checkpoint(save_, 9);
+  write_rank_files(tmp, 1, {{"t", {8, 6}, {4, 0}, Tensor::from_floats(block(all, 6, 4, 4, 0, 6), {4, 6})},
+                            {"only1", {2}, {}, make({2}, DType::f32, 5.f)}});
+  write_rank_files(tmp, 0, {{"t", {8, 6}, {0, 0}, Tensor::from_floats(block(all, 6, 0, 4, 0, 6), {4, 6})}});
+  std::string dir = commit_checkpoint(save_, tmp, state_at(9), 2, 0);
+  EXPECT_EQ(listing(dir), (std::vector<std::string>{"metadata.yaml", "rank_00000.bin", "rank_00001.bin"}));
+  CheckpointReader r(dir);
+  EXPECT_EQ(r.tensors().at(0).name, "t");  // rank 0's tensors first
+  Tensor whole = Tensor::empty({8, 6}, DType::f32);
+  r.read("t", whole);
+  EXPECT_EQ(whole.to_floats(), all);
+  r.verify_all();
+
+  // Ranks that disagree on a tensor's global shape cannot be merged.
+  tmp = begin_checkpoint(save_, 10);
+  write_rank_files(tmp, 0, {{"t", {8, 6}, {0, 0}, make({4, 6}, DType::f32, 0.f)}});
+  write_rank_files(tmp, 1, {{"t", {8, 7}, {4, 0}, make({4, 7}, DType::f32, 0.f)}});
+  std::string msg = error_of([&] { commit_checkpoint(save_, tmp, state_at(10), 2, 0); });
+  EXPECT_NE(msg.find("rank_00001.index.yaml"), std::string::npos) << msg;
+  abort_checkpoint(tmp);
+  EXPECT_FALSE(has_tmp_entries(save_));
+  EXPECT_EQ(latest(), "iter_0000009\n");
+}
+
 // ---- corruption and bad metadata -----------------------------------------------------------------------
 
-TEST_F(CheckpointTest, FlippedByteIsACheckumErrorNamingTheTensor) {
+TEST_F(CheckpointTest, FlippedByteIsAChecksumErrorNamingTheTensor) {
   std::string dir = save_checkpoint(save_, state_at(5),
                                     {{"model.a", {16}, {}, make({16}, DType::f32, 0.f)},
                                      {"model.b", {4, 4}, {}, make({4, 4}, DType::f32, 100.f)}},
@@ -345,7 +372,7 @@ TEST_F(CheckpointTest, MissingOrBadMetadataIsNamed) {
 
 // ---- the commit protocol -------------------------------------------------------------------------------
 
-TEST_F(CheckpointTest, UnwritableSaveDirFailsEarly) {
+TEST_F(CheckpointTest, SaveDirUnderARegularFileFailsEarly) {
   // A parent that is a regular file fails for every user, root included.
   spit(root_ + "/file", "x");
   std::string msg = error_of([&] { check_save_dir_writable(root_ + "/file/ckpt"); });
@@ -353,12 +380,17 @@ TEST_F(CheckpointTest, UnwritableSaveDirFailsEarly) {
   EXPECT_NE(msg.find("Not a directory"), std::string::npos) << msg;
   EXPECT_NE(error_of([&] { save_checkpoint(root_ + "/file/ckpt", state_at(1), {}, 0); }).find("Not a directory"),
             std::string::npos);
+  check_save_dir_writable(save_ + "/deeper/still");  // creates what is missing
+  EXPECT_TRUE(fs::is_directory(save_ + "/deeper/still"));
+  EXPECT_TRUE(listing(save_ + "/deeper/still").empty());  // the probe file is gone
+}
 
-  // A read-only directory: only meaningful when permissions bind (not as root).
+TEST_F(CheckpointTest, ReadOnlySaveDirFailsEarly) {
+  // Only meaningful where permission bits bind (not as root; the test above covers root).
   fs::create_directories(save_);
   ::chmod(save_.c_str(), 0500);
   if (::access(save_.c_str(), W_OK) == 0) GTEST_SKIP() << "running as root: permission bits do not bind";
-  msg = error_of([&] { check_save_dir_writable(save_); });
+  std::string msg = error_of([&] { check_save_dir_writable(save_); });
   EXPECT_NE(msg.find("Permission denied"), std::string::npos) << msg;
   EXPECT_NE(msg.find(save_), std::string::npos) << msg;
 }

@@ -654,6 +654,46 @@ TEST(CrossEntropy, VocabularyShardsCombineToTheUnshardedLoss) {
   EXPECT_CLOSE(concat(d[0], d[1], 1), values(want_dlogits), 1e-6);
 }
 
+// Vocabulary padding (columns >= vocab_size, here spread over two shards) is left out of the softmax:
+// the loss equals that of the unpadded logits and the padding columns get zero gradient.
+TEST(CrossEntropy, PaddingColumnsAreExcluded) {
+  const int64_t N = 4, V = 9, Vpad = 12, V0 = 6;
+  const std::vector<int32_t> targets = {0, 8, 5, 6};
+  const Vec logits = rand_vec(N * Vpad, 48, -3, 3), dl = rand_vec(N, 49);
+  Tensor Logits = make(logits, {N, Vpad}), Targets = Tensor::from_ints(targets, {N}), dloss = make(dl, {N});
+  Vec real(N * V);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t v = 0; v < V; ++v) real[n * V + v] = logits[n * Vpad + v];
+  auto [want_loss, want_dlogits] = cross_entropy_all(make(real, {N, V}), Targets, dloss);
+
+  const Tensor shard[2] = {take(Logits, 1, 0, V0), take(Logits, 1, V0, Vpad)};
+  Tensor rowmax[2], sumexp[2], tl[2], d[2];
+  Tensor gmax = Tensor::empty({N}, DType::f32), gsum = Tensor::zeros({N}, DType::f32),
+         gtl = Tensor::zeros({N}, DType::f32), losses = Tensor::empty({N}, DType::f32);
+  for (int s = 0; s < 2; ++s) {
+    rowmax[s] = Tensor::empty({N}, DType::f32);
+    cross_entropy_rowmax(shard[s], rowmax[s], {.vocab_start = s * V0, .vocab_size = V});
+  }
+  for (int64_t n = 0; n < N; ++n)
+    gmax.data<float>()[n] = std::max(rowmax[0].data<float>()[n], rowmax[1].data<float>()[n]);
+  for (int s = 0; s < 2; ++s) {
+    sumexp[s] = Tensor::empty({N}, DType::f32);
+    tl[s] = Tensor::empty({N}, DType::f32);
+    cross_entropy_partials(shard[s], Targets, gmax, sumexp[s], tl[s], {.vocab_start = s * V0, .vocab_size = V});
+    add(gsum, sumexp[s], gsum);
+    add(gtl, tl[s], gtl);
+    d[s] = Tensor::empty(shard[s].shape(), DType::f32);
+  }
+  cross_entropy_loss(gmax, gsum, gtl, losses);
+  EXPECT_CLOSE(values(losses), values(want_loss), 1e-6);
+  for (int s = 0; s < 2; ++s)
+    cross_entropy_backward(shard[s], Targets, gmax, gsum, dloss, d[s], {.vocab_start = s * V0, .vocab_size = V});
+  const Vec got = concat(d[0], d[1], 1), want = values(want_dlogits);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t v = 0; v < Vpad; ++v)
+      EXPECT_NEAR(got[n * Vpad + v], v < V ? want[n * V + v] : 0.0, 1e-6) << n << "," << v;
+}
+
 // ---- optimizer ops -------------------------------------------------------------------------------
 
 TEST(OptimizerOps, AdamWMatchesADoubleReferenceOverSteps) {

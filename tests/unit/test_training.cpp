@@ -153,6 +153,23 @@ TEST(GptModel, InitialWeightsDependOnlyOnSeedAndName) {
   for (size_t i = 0; i < part.size(); ++i) ASSERT_EQ(part[i], whole[24 * 16 + i]);
 }
 
+TEST(GptModel, VocabularyPaddingIsNotPartOfTheSoftmax) {
+  ModelConfig cfg = tiny_model();
+  GptModel model(cfg, {.dtype = DType::f32, .seed = 9});
+  Tensor tokens = Tensor::empty({2, 8}, DType::i32), targets = Tensor::empty({2, 8}, DType::i32);
+  fill_batch(tokens, targets, cfg.vocab_size);
+  StepContext eval{.training = false};
+  const float before = model.forward(tokens, targets, 0, eval);
+  Parameter& wte = *model.parameters()[0];
+  float* w = wte.value.data<float>();
+  for (int64_t i = cfg.vocab_size * cfg.hidden_size; i < wte.value.numel(); ++i) w[i] = 100.f;  // padding rows
+  EXPECT_EQ(model.forward(tokens, targets, 0, eval), before);
+  model.forward(tokens, targets, 1, StepContext{.training = true});
+  model.backward(1, 1.f);
+  auto g = wte.grad.to_floats();
+  for (size_t i = cfg.vocab_size * cfg.hidden_size; i < g.size(); ++i) ASSERT_EQ(g[i], 0.f) << i;
+}
+
 TEST(GptModel, ScaledInitForOutputProjections) {
   ModelConfig cfg = tiny_model();
   cfg.hidden_size = 64, cfg.ffn_hidden_size = 256, cfg.head_dim = 32, cfg.num_layers = 8;
