@@ -68,15 +68,34 @@ inline uint64_t random_u64_at(uint64_t seed, uint64_t stream, uint64_t index) {
   return (static_cast<uint64_t>(r.v[0]) << 32) | r.v[1];
 }
 
-// Dropout keep decision for one element at global coordinates (sample, row, col) of dropout site `site`
-// (a stream id naming layer and place). Four consecutive columns share one Philox block.
-MT_HOST_DEVICE inline float dropout_uniform(uint64_t seed, uint64_t site, uint64_t sample, uint64_t row,
-                                            uint64_t col) {
-  Philox4 ctr{{static_cast<uint32_t>(col >> 2), static_cast<uint32_t>(row), static_cast<uint32_t>(sample),
+// Dropout uniforms for columns [4*block, 4*block + 4) at global coordinates (sample, row) of dropout
+// site `site` (a stream id naming layer and place): one Philox block serves four neighbouring columns.
+MT_HOST_DEVICE inline Philox4 dropout_block(uint64_t seed, uint64_t site, uint64_t sample, uint64_t row,
+                                            uint64_t block) {
+  Philox4 ctr{{static_cast<uint32_t>(block), static_cast<uint32_t>(row), static_cast<uint32_t>(sample),
                static_cast<uint32_t>(sample >> 32) ^ static_cast<uint32_t>(row >> 32) * 0x9E3779B9u}};
   uint64_t k = seed ^ (site * 0x9E3779B97F4A7C15ull);
-  Philox4 r = philox4x32_10(ctr, static_cast<uint32_t>(k), static_cast<uint32_t>(k >> 32));
-  return uniform_from_bits(r.v[col & 3]);
+  return philox4x32_10(ctr, static_cast<uint32_t>(k), static_cast<uint32_t>(k >> 32));
+}
+
+// The uniform in [0, 1) that decides whether element (sample, row, col) of site `site` is kept (u >= p).
+MT_HOST_DEVICE inline float dropout_uniform(uint64_t seed, uint64_t site, uint64_t sample, uint64_t row,
+                                            uint64_t col) {
+  return uniform_from_bits(dropout_block(seed, site, sample, row, col >> 2).v[col & 3]);
+}
+
+// keep[j] = the keep scale (0 or 1 / (1 - p)) of columns [col0, col0 + n) at (sample, row), one Philox
+// block per four columns; the fast path of dropout_uniform for whole rows.
+inline void dropout_row_scales(uint64_t seed, uint64_t site, uint64_t sample, uint64_t row, uint64_t col0,
+                               int64_t n, float p, float* keep) {
+  const float scale = 1.f / (1.f - p);
+  int64_t j = 0;
+  while (j < n) {
+    const uint64_t col = col0 + static_cast<uint64_t>(j);
+    const Philox4 r = dropout_block(seed, site, sample, row, col >> 2);
+    for (uint64_t lane = col & 3; lane < 4 && j < n; ++lane, ++j)
+      keep[j] = uniform_from_bits(r.v[lane]) >= p ? scale : 0.f;
+  }
 }
 
 }  // namespace mt

@@ -55,12 +55,9 @@ void mask_row(const AttentionOptions& opt, int64_t b, int64_t h, int64_t T, int6
     for (int64_t j = 0; j < len; ++j) z[j] = 1.f;
     return;
   }
-  const float keep_scale = 1.f / (1.f - opt.dropout_p);
   const uint64_t sample = static_cast<uint64_t>(opt.sample_offset + b);
   const uint64_t row = static_cast<uint64_t>((opt.head_offset + h) * T + i);
-  for (int64_t j = 0; j < len; ++j)
-    z[j] = dropout_uniform(opt.seed, opt.site, sample, row, static_cast<uint64_t>(j)) >= opt.dropout_p ? keep_scale
-                                                                                                      : 0.f;
+  dropout_row_scales(opt.seed, opt.site, sample, row, 0, len, opt.dropout_p, z);
 }
 
 }  // namespace

@@ -18,18 +18,16 @@ void apply_mask(const Tensor& x, Tensor& out, const DropoutOptions& opt) {
     if (out.raw() != x.raw()) out.copy_from(x);
     return;
   }
-  const float scale = 1.f / (1.f - opt.p);
-  std::vector<float> row(C);  // (C)
+  std::vector<float> row(C), keep(C);  // (C)
   for (int64_t b = 0; b < B; ++b) {
     const uint64_t sample = static_cast<uint64_t>(opt.sample_offset + b);
     for (int64_t t = 0; t < T; ++t) {
       const uint64_t grow = static_cast<uint64_t>(opt.row_offset + t);
       const int64_t at = (b * T + t) * C;
       load_f32(x, at, C, row.data());
-      for (int64_t c = 0; c < C; ++c) {
-        const float u = dropout_uniform(opt.seed, opt.site, sample, grow, static_cast<uint64_t>(opt.col_offset + c));
-        row[c] = u >= opt.p ? row[c] * scale : 0.f;
-      }
+      dropout_row_scales(opt.seed, opt.site, sample, grow, static_cast<uint64_t>(opt.col_offset), C, opt.p,
+                         keep.data());
+      for (int64_t c = 0; c < C; ++c) row[c] = keep[c] != 0.f ? row[c] * keep[c] : 0.f;  // dropped inf -> 0
       store_f32(row.data(), C, out, at);
     }
   }
