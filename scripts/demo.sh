@@ -4,6 +4,8 @@
 # checkpoint and evaluates it. Extra args go to `megatrain` (e.g. --set training.train_iters=100).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# gpt-tiny's GEMMs are small: one BLAS thread runs them faster than several fighting over 2 cores.
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 scripts/install-deps.sh
 scripts/build.sh
 mkdir -p data/demo
