@@ -59,9 +59,7 @@ void check_save_dir_writable(const std::string& save_dir);
 // `path` has neither (no checkpoint yet). Throws CheckpointError when `latest` names a missing directory.
 std::optional<std::string> resolve_checkpoint(const std::string& path);
 
-namespace ckpt {
-class MappedFile;
-}
+class MappedFile;  // core/mapped_file.h
 
 struct TensorInfo {
   std::string name;
@@ -95,13 +93,13 @@ class CheckpointReader {
     uint32_t crc = 0;
     mutable bool verified = false;  // checksum checked on first use (a reader is not shared across threads)
   };
-  const ckpt::MappedFile& file(const std::string& name) const;  // mapped on first use
+  const MappedFile& file(const std::string& name) const;  // mapped on first use
   void verify(const std::string& tensor, const SliceRecord& s) const;
   std::string dir_;
   CheckpointState state_;
   std::vector<TensorInfo> infos_;
   std::map<std::string, std::vector<SliceRecord>> slices_;
-  mutable std::map<std::string, std::shared_ptr<const ckpt::MappedFile>> files_;
+  mutable std::map<std::string, std::shared_ptr<const MappedFile>> files_;
 };
 
 }  // namespace mt

@@ -133,19 +133,20 @@ size_t CheckpointReader::num_slices(const std::string& name) const {
   return slices_.at(name).size();
 }
 
-const ckpt::MappedFile& CheckpointReader::file(const std::string& name) const {
+const MappedFile& CheckpointReader::file(const std::string& name) const {
   auto it = files_.find(name);
   if (it == files_.end())
-    it = files_.emplace(name, std::make_shared<const ckpt::MappedFile>(ckpt::join_path(dir_, name))).first;
+    it = files_.emplace(name, std::make_shared<const MappedFile>(ckpt::map_file(ckpt::join_path(dir_, name)))).first;
   return *it->second;
 }
 
 void CheckpointReader::verify(const std::string& tensor, const SliceRecord& s) const {
   if (s.verified) return;
-  const ckpt::MappedFile& f = file(s.file);
+  const MappedFile& f = file(s.file);
+  const int64_t size = static_cast<int64_t>(f.size());
   std::string path = ckpt::join_path(dir_, s.file);
-  if (s.offset + s.bytes > f.size())
-    throw CheckpointError(fmt::format("{}: truncated to {} bytes; tensor {} needs bytes up to {}", path, f.size(),
+  if (s.offset + s.bytes > size)
+    throw CheckpointError(fmt::format("{}: truncated to {} bytes; tensor {} needs bytes up to {}", path, size,
                                       tensor, s.offset + s.bytes));
   if (crc32(f.data() + s.offset, static_cast<size_t>(s.bytes)) != s.crc)
     throw CheckpointError(fmt::format("{}: checksum mismatch in tensor {} (slice start [{}]) — the checkpoint is corrupted",

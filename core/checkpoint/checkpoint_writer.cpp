@@ -88,12 +88,13 @@ void write_rank_files(const std::string& tmp_dir, int rank, const std::vector<Te
 
   // Read back what the file system now holds and check it against the checksums taken from memory.
   {
-    ckpt::MappedFile in(data_path);
+    const MappedFile in = ckpt::map_file(data_path);
+    const int64_t size = static_cast<int64_t>(in.size());
     for (const auto& e : index) {
       for (const auto& s : e.slices) {
-        if (s.offset + s.bytes > in.size())
+        if (s.offset + s.bytes > size)
           throw CheckpointError(fmt::format("{}: holds {} bytes after writing, tensor {} needs bytes up to {}",
-                                            data_path, in.size(), e.name, s.offset + s.bytes));
+                                            data_path, size, e.name, s.offset + s.bytes));
         if (crc32(in.data() + s.offset, static_cast<size_t>(s.bytes)) != s.crc)
           throw CheckpointError(fmt::format("{}: checksum mismatch reading back tensor {} (slice start [{}]) "
                                             "right after writing it — the storage is failing",

@@ -1,7 +1,6 @@
 #include "core/checkpoint/file_io.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -124,30 +123,22 @@ bool remove_tree(const std::string& path) noexcept {
   return !ec;
 }
 
-MappedFile::MappedFile(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw_os_error(path, "cannot open", errno);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    throw_os_error(path, "cannot stat", err);
-  }
-  size_ = st.st_size;
-  if (size_ > 0) {
-    void* p = ::mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-      int err = errno;
-      ::close(fd);
-      throw_os_error(path, "cannot map", err);
+MappedFile map_file(const std::string& path) {
+  try {
+    return MappedFile::open(path);
+  } catch (const MapFileError& e) {
+    switch (e.step()) {
+      case MapFileError::Step::open:
+        throw_os_error(path, "cannot open", e.err());
+      case MapFileError::Step::stat:
+        throw_os_error(path, "cannot stat", e.err());
+      case MapFileError::Step::mmap:
+        throw_os_error(path, "cannot map", e.err());
+      case MapFileError::Step::not_regular_file:  // not asked for above, but say it right if it ever is
+        throw CheckpointError(fmt::format("{}: not a regular file", path));
     }
-    data_ = static_cast<const unsigned char*>(p);
+    throw CheckpointError(e.what());
   }
-  ::close(fd);
-}
-
-MappedFile::~MappedFile() {
-  if (data_) ::munmap(const_cast<unsigned char*>(data_), static_cast<size_t>(size_));
 }
 
 }  // namespace mt::ckpt

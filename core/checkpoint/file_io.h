@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/mapped_file.h"
+
 namespace mt::ckpt {
 
 // Throws CheckpointError "PATH: WHAT: strerror(err)".
@@ -44,19 +46,8 @@ int64_t file_size(const std::string& path);   // throws CheckpointError
 // Removes a file or directory tree; returns false (without throwing) when something could not be removed.
 bool remove_tree(const std::string& path) noexcept;
 
-// A whole file mapped read-only (empty files map to nullptr, size 0).
-class MappedFile {
- public:
-  explicit MappedFile(const std::string& path);
-  ~MappedFile();
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  const unsigned char* data() const { return data_; }
-  int64_t size() const { return size_; }
-
- private:
-  const unsigned char* data_ = nullptr;
-  int64_t size_ = 0;
-};
+// MappedFile::open(path), with its errors rethrown as CheckpointError "PATH: cannot open|cannot stat|
+// cannot map: strerror".
+MappedFile map_file(const std::string& path);
 
 }  // namespace mt::ckpt

@@ -1,13 +1,8 @@
 // indexed_dataset.cpp: opening, validating and reading a Megatron .bin/.idx pair.
 #include "core/data/indexed_dataset.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -19,52 +14,24 @@ namespace {
 constexpr char kMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
 constexpr size_t kHeaderBytes = 9 + 8 + 1 + 8 + 8;  // magic, version, dtype, N, D + 1
 
-// A read-only mapping of a whole file; empty files map to nothing.
-class MappedFile {
- public:
-  explicit MappedFile(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) throw DataError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
-    struct stat st {};
-    if (::fstat(fd_, &st) != 0) fail("cannot stat");
-    if (!S_ISREG(st.st_mode)) {
-      ::close(fd_);
-      throw DataError(fmt::format("{}: not a regular file", path));
+// MappedFile::open, refusing anything but a regular file, with its errors rethrown as DataError.
+MappedFile map_data_file(const std::string& path) {
+  try {
+    return MappedFile::open(path, {.require_regular_file = true});
+  } catch (const MapFileError& e) {
+    switch (e.step()) {
+      case MapFileError::Step::open:
+        throw DataError(fmt::format("{}: cannot open: {}", path, std::strerror(e.err())));
+      case MapFileError::Step::stat:
+        throw DataError(fmt::format("{}: cannot stat: {}", path, std::strerror(e.err())));
+      case MapFileError::Step::not_regular_file:
+        throw DataError(fmt::format("{}: not a regular file", path));
+      case MapFileError::Step::mmap:
+        throw DataError(fmt::format("{}: cannot mmap: {}", path, std::strerror(e.err())));
     }
-    bytes_ = static_cast<size_t>(st.st_size);
-    if (bytes_ > 0) {
-      void* p = ::mmap(nullptr, bytes_, PROT_READ, MAP_SHARED, fd_, 0);
-      if (p == MAP_FAILED) fail("cannot mmap");
-      data_ = static_cast<const uint8_t*>(p);
-    }
-    ::close(fd_);  // the mapping keeps the file alive
-    fd_ = -1;
+    throw DataError(e.what());
   }
-  ~MappedFile() {
-    if (data_) ::munmap(const_cast<uint8_t*>(data_), bytes_);
-  }
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  // Hands the mapping over to the caller, who must munmap it.
-  const uint8_t* release() {
-    const uint8_t* p = data_;
-    data_ = nullptr;
-    return p;
-  }
-  const uint8_t* data() const { return data_; }
-  size_t size() const { return bytes_; }
-
- private:
-  [[noreturn]] void fail(const char* what) {
-    int e = errno;
-    ::close(fd_);
-    throw DataError(fmt::format("{}: {}: {}", path_, what, std::strerror(e)));
-  }
-  std::string path_;
-  int fd_ = -1;
-  const uint8_t* data_ = nullptr;
-  size_t bytes_ = 0;
-};
+}
 
 template <typename T>
 T load(const uint8_t* p) {
@@ -150,7 +117,7 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
 
   // --- the index ---
   {
-    MappedFile idx(idx_path);
+    const MappedFile idx = map_data_file(idx_path);  // only while the index is copied out
     const uint8_t* p = idx.data();
     const size_t size = idx.size();
     auto bad = [&](const std::string& what) { return DataError(fmt::format("{}: {}", idx_path, what)); };
@@ -216,16 +183,10 @@ IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
                                   doc_index_[d], doc_index_[d - 1]));
 
   // --- the tokens ---
-  MappedFile bin(bin_path);
-  if (static_cast<uint64_t>(expected_offset) > bin.size())
+  bin_ = map_data_file(bin_path);
+  if (static_cast<uint64_t>(expected_offset) > bin_.size())
     throw DataError(fmt::format("{}: truncated: the index needs {} bytes ({} tokens of {}), file holds {}", bin_path,
-                                expected_offset, total_tokens_, token_dtype_name(dtype_), bin.size()));
-  bin_bytes_ = bin.size();
-  bin_ = bin.release();
-}
-
-IndexedDataset::~IndexedDataset() {
-  if (bin_) ::munmap(const_cast<uint8_t*>(bin_), bin_bytes_);
+                                expected_offset, total_tokens_, token_dtype_name(dtype_), bin_.size()));
 }
 
 void IndexedDataset::read(int64_t sequence, int64_t begin, std::span<int32_t> out) const {
@@ -235,7 +196,7 @@ void IndexedDataset::read(int64_t sequence, int64_t begin, std::span<int32_t> ou
                                         begin + count, sequence));
   if (count == 0) return;
   const size_t item = token_dtype_size(dtype_);
-  const uint8_t* p = bin_ + offsets_[sequence] + begin * static_cast<int64_t>(item);
+  const uint8_t* p = bin_.data() + offsets_[sequence] + begin * static_cast<int64_t>(item);
   int32_t* o = out.data();
   switch (dtype_) {
     case TokenDType::u8:

@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "core/mapped_file.h"
+
 namespace mt {
 
 // Every problem with a data file; the message names the file and what is wrong with it.
@@ -40,7 +42,6 @@ const char* token_dtype_name(TokenDType t);  // "u8", "i16", ..., as numpy would
 class IndexedDataset {
  public:
   explicit IndexedDataset(const std::string& prefix);
-  ~IndexedDataset();
   IndexedDataset(const IndexedDataset&) = delete;
   IndexedDataset& operator=(const IndexedDataset&) = delete;
 
@@ -63,8 +64,7 @@ class IndexedDataset {
   std::vector<int64_t> offsets_;
   std::vector<int64_t> doc_index_;
   int64_t total_tokens_ = 0;
-  const uint8_t* bin_ = nullptr;  // mapped .bin
-  size_t bin_bytes_ = 0;
+  MappedFile bin_;  // the whole .bin, mapped
 };
 
 // Writes PREFIX.bin / PREFIX.idx. Each add_document() call adds one document made of one or more sequences.
