@@ -1,0 +1,199 @@
+// schedule.cpp: building the instruction lists of no pipelining, 1F1B and interleaved 1F1B (as Megatron-LM's
+// pipeline_parallel/schedules.py). The simulator that checks them is in schedule_check.cpp.
+#include "parallel/schedule.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace mt {
+
+std::string pipe_op_name(PipeOp op) {
+  switch (op) {
+    case PipeOp::recv_forward: return "recv_forward";
+    case PipeOp::forward: return "forward";
+    case PipeOp::send_forward: return "send_forward";
+    case PipeOp::recv_backward: return "recv_backward";
+    case PipeOp::backward: return "backward";
+    case PipeOp::send_backward: return "send_backward";
+  }
+  return "unknown";
+}
+
+bool is_communication(PipeOp op) { return op != PipeOp::forward && op != PipeOp::backward; }
+
+std::string to_string(const PipeInstr& instr) {
+  return pipe_op_name(instr.op) + "(mb " + std::to_string(instr.microbatch) + ", chunk " +
+         std::to_string(instr.chunk) + ")";
+}
+
+std::string schedule_kind_name(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::no_pipelining: return "no_pipelining";
+    case ScheduleKind::one_f_one_b: return "one_f_one_b";
+    case ScheduleKind::interleaved: return "interleaved";
+  }
+  return "unknown";
+}
+
+namespace {
+
+void fail(const ScheduleSpec& spec, const std::string& why) {
+  throw std::invalid_argument("pipeline schedule " + schedule_kind_name(spec.kind) + ": " + why);
+}
+
+void validate(const ScheduleSpec& spec) {
+  const std::string p = std::to_string(spec.stages), m = std::to_string(spec.microbatches),
+                    v = std::to_string(spec.chunks);
+  if (spec.stages < 1) fail(spec, "stages = " + p + " must be >= 1");
+  if (spec.microbatches < 1) fail(spec, "microbatches = " + m + " must be >= 1");
+  if (spec.chunks < 1) fail(spec, "chunks = " + v + " must be >= 1");
+  switch (spec.kind) {
+    case ScheduleKind::no_pipelining:
+      if (spec.stages != 1) fail(spec, "stages = " + p + " must be 1 (use one_f_one_b to pipeline)");
+      if (spec.chunks != 1) fail(spec, "chunks = " + v + " must be 1 (chunks > 1 is the interleaved schedule)");
+      break;
+    case ScheduleKind::one_f_one_b:
+      if (spec.chunks != 1) fail(spec, "chunks = " + v + " must be 1 (chunks > 1 is the interleaved schedule)");
+      break;
+    case ScheduleKind::interleaved:
+      if (spec.stages < 2) fail(spec, "stages = " + p + " must be > 1 to interleave");
+      if (spec.microbatches % spec.stages != 0)
+        fail(spec, "microbatches = " + m + " must be a multiple of stages = " + p +
+                       " (Megatron's rule: microbatches pass each chunk in groups of stages)");
+      break;
+  }
+}
+
+// Appends instructions to one stage's list; the stage's position decides which transfers exist.
+struct StageWriter {
+  std::vector<PipeInstr>& out;
+  bool first_stage, last_stage;  // physical position: stage 0 / stage p - 1
+  int chunks;
+
+  bool has_prev(int chunk) const { return !(first_stage && chunk == 0); }         // not virtual stage 0
+  bool has_next(int chunk) const { return !(last_stage && chunk == chunks - 1); }  // not the last virtual stage
+  void add(PipeOp op, int mb, int chunk) { out.push_back({op, mb, chunk}); }
+};
+
+std::vector<PipeInstr> no_pipelining(int m) {
+  std::vector<PipeInstr> out;
+  for (int mb = 0; mb < m; ++mb) {
+    out.push_back({PipeOp::forward, mb, 0});
+    out.push_back({PipeOp::backward, mb, 0});
+  }
+  return out;
+}
+
+// Megatron's forward_backward_pipelining_without_interleaving.
+std::vector<PipeInstr> one_f_one_b(int p, int s, int m) {
+  std::vector<PipeInstr> out;
+  StageWriter w{out, s == 0, s == p - 1, 1};
+  auto forward = [&](int mb) {
+    if (w.has_prev(0)) w.add(PipeOp::recv_forward, mb, 0);
+    w.add(PipeOp::forward, mb, 0);
+    if (w.has_next(0)) w.add(PipeOp::send_forward, mb, 0);
+  };
+  auto backward = [&](int mb) {
+    if (w.has_next(0)) w.add(PipeOp::recv_backward, mb, 0);
+    w.add(PipeOp::backward, mb, 0);
+    if (w.has_prev(0)) w.add(PipeOp::send_backward, mb, 0);
+  };
+  const int warmup = std::min(p - s - 1, m), steady = m - warmup;
+  for (int i = 0; i < warmup; ++i) forward(i);
+  for (int i = 0; i < steady; ++i) {
+    forward(warmup + i);
+    backward(i);
+  }
+  for (int i = steady; i < m; ++i) backward(i);
+  return out;
+}
+
+// Megatron's forward_backward_pipelining_with_interleaving. Virtual microbatch k (0 .. m v - 1) is one
+// (microbatch, chunk) pair: microbatches pass chunk 0 in groups of p, then chunk 1, ...; backward walks the
+// chunks in reverse. After each compute step the stage posts one batch: the sends of what it just made and
+// the receives its peers send at the same step (recv_prev / recv_next, Megatron's conditions). Receives
+// arrive in the order the peer sends them, so the j-th receive is for the j-th (microbatch, chunk) that
+// needs one.
+std::vector<PipeInstr> interleaved(int p, int s, int m, int v) {
+  const int total = m * v;
+  auto chunk_of = [&](int k, bool forward) {
+    const int in_group = ((k % (p * v)) + p * v) % (p * v);  // Python's modulo: k may be negative
+    const int c = in_group / p;
+    return forward ? c : v - 1 - c;
+  };
+  auto microbatch_of = [&](int k) { return (k / (p * v)) * p + k % p; };
+
+  std::vector<PipeInstr> out;
+  StageWriter w{out, s == 0, s == p - 1, v};
+  // The pairs whose input (output gradient) arrives from a peer, in the order they arrive.
+  std::vector<PipeInstr> inputs, grads;
+  for (int k = 0; k < total; ++k) {
+    if (w.has_prev(chunk_of(k, true))) inputs.push_back({PipeOp::recv_forward, microbatch_of(k), chunk_of(k, true)});
+    if (w.has_next(chunk_of(k, false))) grads.push_back({PipeOp::recv_backward, microbatch_of(k), chunk_of(k, false)});
+  }
+  size_t next_input = 0, next_grad = 0;
+  auto recv_prev = [&] { out.push_back(inputs.at(next_input++)); };
+  auto recv_next = [&] { out.push_back(grads.at(next_grad++)); };
+  auto forward = [&](int k) { w.add(PipeOp::forward, microbatch_of(k), chunk_of(k, true)); };
+  auto backward = [&](int k) { w.add(PipeOp::backward, microbatch_of(k), chunk_of(k, false)); };
+  auto send_forward = [&](int k) {
+    if (w.has_next(chunk_of(k, true))) w.add(PipeOp::send_forward, microbatch_of(k), chunk_of(k, true));
+  };
+  auto send_backward = [&](int k) {
+    if (w.has_prev(chunk_of(k, false))) w.add(PipeOp::send_backward, microbatch_of(k), chunk_of(k, false));
+  };
+
+  // Megatron's warmup. (Megatron also runs all m v forwards first when m == p; matched by tag, the schedule
+  // needs no such case, and without it the later stages hold fewer activations.)
+  const int warmup = std::min(2 * (p - s - 1) + (v - 1) * p, total);
+  const int steady = total - warmup;
+
+  if (w.has_prev(0)) recv_prev();
+  for (int k = 0; k < warmup; ++k) {
+    forward(k);
+    send_forward(k);
+    if (k != total - 1 && !(w.first_stage && chunk_of(k + 1, true) == 0)) recv_prev();
+    if (k == warmup - 1 && !w.last_stage) recv_next();  // the gradient for the first backward (chunk v - 1)
+  }
+  for (int k = 0; k < steady; ++k) {
+    const int forward_k = warmup + k, backward_k = k;
+    forward(forward_k);
+    backward(backward_k);
+    send_forward(forward_k);
+    send_backward(backward_k);
+    // Stage 0 is p - 1 steps ahead of the last stage, which sends to chunk c + 1 unless c is its last chunk.
+    bool prev = !w.first_stage || chunk_of(forward_k - (p - 1), true) != v - 1;
+    bool next = !w.last_stage || chunk_of(backward_k - (p - 1), false) != 0;
+    if (k == steady - 1) prev = false;
+    if (prev) recv_prev();
+    if (next) recv_next();
+  }
+  for (int k = steady; k < total; ++k) {
+    backward(k);
+    send_backward(k);
+    if (k != total - 1 && !(w.last_stage && chunk_of(k + 1, false) == v - 1)) recv_next();
+  }
+  if (next_input != inputs.size() || next_grad != grads.size())
+    throw std::logic_error("interleaved schedule: stage " + std::to_string(s) + " posts " +
+                           std::to_string(next_input) + "/" + std::to_string(inputs.size()) + " input and " +
+                           std::to_string(next_grad) + "/" + std::to_string(grads.size()) + " gradient receives");
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::vector<PipeInstr>> build_schedule(const ScheduleSpec& spec) {
+  validate(spec);
+  const int p = spec.stages, m = spec.microbatches, v = spec.chunks;
+  std::vector<std::vector<PipeInstr>> stages(p);
+  for (int s = 0; s < p; ++s) {
+    switch (spec.kind) {
+      case ScheduleKind::no_pipelining: stages[s] = no_pipelining(m); break;
+      case ScheduleKind::one_f_one_b: stages[s] = one_f_one_b(p, s, m); break;
+      case ScheduleKind::interleaved: stages[s] = interleaved(p, s, m, v); break;
+    }
+  }
+  return stages;
+}
+
+}  // namespace mt

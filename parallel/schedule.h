@@ -1,0 +1,81 @@
+// schedule.h: pipeline schedules as data. A schedule is one instruction list per stage; an executor (with
+// the model's stage behind a small interface) runs them. Building and checking them needs no model.
+//
+// How an executor runs a list (the communication model that check_schedule enforces):
+//   * forward / backward are local compute.
+//   * Every maximal run of consecutive recv_* / send_* instructions is ONE batch: the executor posts all of
+//     its operations together (isend / irecv, as Megatron's batch_isend_irecv or an NCCL group) and waits
+//     for all of them before the next compute. The run in 1F1B's steady state, send_forward(k) then
+//     recv_backward(i), is Megatron's send_forward_recv_backward.
+//   * Sends are rendezvous: a send completes only once its receiver has posted the matching receive (the
+//     NCCL behaviour for activation-sized messages). A schedule that runs under this strict model also runs
+//     where sends are buffered (Gloo, or an executor that waits on send handles only at the flush).
+//   * Messages are matched by (from stage, to stage, direction, microbatch, chunk), i.e. by tag, not by
+//     posting order.
+// So an executor that issued each instruction as its own blocking call would deadlock on 1F1B; one that
+// batches adjacent communication instructions runs every schedule build_schedule makes.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace mt {
+
+enum class PipeOp {
+  recv_forward,   // receive the input activation of (microbatch, chunk) from the previous stage
+  forward,        // run forward of (microbatch, chunk)
+  send_forward,   // send its output activation to the next stage
+  recv_backward,  // receive the gradient of its output from the next stage
+  backward,       // run backward of (microbatch, chunk)
+  send_backward,  // send the gradient of its input to the previous stage
+};
+std::string pipe_op_name(PipeOp op);
+bool is_communication(PipeOp op);  // recv_* and send_*: these batch with their neighbours (see above)
+
+struct PipeInstr {
+  PipeOp op;
+  int microbatch = 0;
+  int chunk = 0;  // model chunk (virtual stage) on this rank, 0 .. v-1
+  bool operator==(const PipeInstr&) const = default;
+};
+std::string to_string(const PipeInstr& instr);  // "send_forward(mb 3, chunk 1)"
+
+enum class ScheduleKind { no_pipelining, one_f_one_b, interleaved };
+std::string schedule_kind_name(ScheduleKind kind);
+
+struct ScheduleSpec {
+  ScheduleKind kind = ScheduleKind::one_f_one_b;
+  int stages = 1;        // p
+  int microbatches = 1;  // m
+  int chunks = 1;        // v (virtual stages per rank); > 1 only for interleaved
+};
+
+// The instruction list of every stage. Layer chunk c of stage s is global virtual stage c * p + s (Megatron's
+// interleaving): the output of chunk c on the last stage feeds chunk c + 1 on stage 0.
+//   no_pipelining (p = 1): forward, backward per microbatch.
+//   one_f_one_b: min(p - s - 1, m) warmup forwards, steady 1F1B, cooldown backwards (Megatron, PipeDream-Flush).
+//   interleaved: Megatron's interleaved 1F1B; microbatches pass chunk 0 in groups of p, then chunk 1, ...;
+//     warmup min(2 (p - s - 1) + (v - 1) p, m v) forwards (Megatron's count; we skip Megatron's special case
+//     that runs all m v forwards first when m == p: it is not needed here and holds more activations).
+// Throws std::invalid_argument naming the field for impossible specs (stages < 1, interleaved with
+// m % p != 0, ...).
+std::vector<std::vector<PipeInstr>> build_schedule(const ScheduleSpec& spec);
+
+struct ScheduleReport {
+  bool ok = false;
+  std::string error;          // why not ok: unmatched send, deadlock (which stages wait on what), ...
+  // (makespan - ideal) / ideal with ideal = m * (forward + backward) per stage, simulated with a chunk's
+  // forward taking 1/v and its backward 2/v and free communication: (p-1)/m for 1F1B, ~(p-1)/(v*m) interleaved.
+  double bubble_fraction = 0;
+  double makespan = 0;        // when the last stage finishes, in units of one microbatch's forward on a stage
+  // Most (microbatch, chunk) pairs whose activations one stage holds at once (forwarded, not yet backwarded);
+  // for v = 1 that is microbatches, for v > 1 each pair is 1/v of a stage's activations for one microbatch.
+  int peak_in_flight = 0;               // max over stages
+  std::vector<int> stage_peak_in_flight;  // per stage
+};
+
+// Simulates the schedules under the communication model above and checks: every send has its receive, each
+// forward precedes its backward, inputs and output gradients are received before they are used, every
+// (microbatch, chunk) runs forward and backward exactly once per stage, and nothing deadlocks.
+ScheduleReport check_schedule(const ScheduleSpec& spec, const std::vector<std::vector<PipeInstr>>& schedule);
+
+}  // namespace mt

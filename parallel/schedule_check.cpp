@@ -1,0 +1,278 @@
+// schedule_check.cpp: check_schedule, a simulator that runs every stage's instruction list together under the
+// communication model of schedule.h (adjacent sends/receives form one batch, sends are rendezvous, messages are
+// matched by tag) with a chunk's forward taking 1/v and its backward 2/v, and reports what went wrong.
+#include <algorithm>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+#include "parallel/schedule.h"
+
+namespace mt {
+
+namespace {
+
+enum class Dir { forward, backward };
+
+// A message: its direction, microbatch and the virtual stage that sends it (which fixes both ends).
+struct MessageKey {
+  Dir dir;
+  int microbatch;
+  int from_virtual;
+  auto operator<=>(const MessageKey&) const = default;
+};
+
+struct Posting {
+  double send_time = -1, recv_time = -1;  // when each side was posted; -1: not yet
+};
+
+struct CheckError {
+  std::string what;
+};
+
+class Simulator {
+ public:
+  Simulator(const ScheduleSpec& spec, const std::vector<std::vector<PipeInstr>>& schedule)
+      : p_(spec.stages), m_(spec.microbatches), v_(spec.chunks), schedule_(schedule), stages_(p_) {
+    for (auto& st : stages_) st.pairs.assign(static_cast<size_t>(m_) * v_, PairState{});
+  }
+
+  ScheduleReport run() {
+    ScheduleReport report;
+    report.stage_peak_in_flight.assign(p_, 0);
+    try {
+      for (bool progress = true; progress;) {
+        progress = false;
+        for (int s = 0; s < p_; ++s) progress |= advance(s);
+      }
+      std::string stuck = deadlock_description();
+      if (!stuck.empty()) throw CheckError{stuck};
+      check_complete();
+    } catch (const CheckError& e) {
+      report.error = e.what;
+      return report;
+    }
+    for (int s = 0; s < p_; ++s) {
+      report.makespan = std::max(report.makespan, stages_[s].clock);
+      report.stage_peak_in_flight[s] = stages_[s].peak_in_flight;
+      report.peak_in_flight = std::max(report.peak_in_flight, stages_[s].peak_in_flight);
+    }
+    const double ideal = 3.0 * m_;  // m microbatches x (forward 1 + backward 2), over v chunks of 1/v and 2/v
+    report.bubble_fraction = (report.makespan - ideal) / ideal;
+    report.ok = true;
+    return report;
+  }
+
+ private:
+  struct PairState {  // one (microbatch, chunk) on one stage
+    bool received_input = false, forwarded = false, sent_output = false;
+    bool received_grad = false, backwarded = false, sent_grad = false;
+  };
+  struct StageState {
+    size_t pc = 0;            // next instruction
+    double clock = 0;         // when the stage is free
+    size_t batch_end = 0;     // > pc while the batch [pc, batch_end) is posted and not complete
+    std::vector<PairState> pairs;
+    int in_flight = 0, peak_in_flight = 0;
+  };
+
+  int virtual_stage(int s, int chunk) const { return chunk * p_ + s; }
+  int last_virtual() const { return p_ * v_ - 1; }
+
+  [[noreturn]] void fail(int s, size_t i, const std::string& why) const {
+    throw CheckError{"stage " + std::to_string(s) + " instruction #" + std::to_string(i) + " " +
+                     to_string(schedule_[s][i]) + ": " + why};
+  }
+
+  PairState& pair(int s, size_t i) {
+    const PipeInstr& in = schedule_[s][i];
+    if (in.microbatch < 0 || in.microbatch >= m_)
+      fail(s, i, "microbatch out of range [0, " + std::to_string(m_) + ")");
+    if (in.chunk < 0 || in.chunk >= v_) fail(s, i, "chunk out of range [0, " + std::to_string(v_) + ")");
+    return stages_[s].pairs[static_cast<size_t>(in.microbatch) * v_ + in.chunk];
+  }
+
+  // The message a communication instruction sends or receives; checks that the peer exists.
+  MessageKey message(int s, size_t i) {
+    const PipeInstr& in = schedule_[s][i];
+    pair(s, i);  // range checks
+    const int vs = virtual_stage(s, in.chunk);
+    switch (in.op) {
+      case PipeOp::recv_forward:
+        if (vs == 0) fail(s, i, "the first virtual stage has no previous stage to receive from");
+        return {Dir::forward, in.microbatch, vs - 1};
+      case PipeOp::send_forward:
+        if (vs == last_virtual()) fail(s, i, "the last virtual stage has no next stage to send to");
+        return {Dir::forward, in.microbatch, vs};
+      case PipeOp::recv_backward:
+        if (vs == last_virtual()) fail(s, i, "the last virtual stage has no next stage to receive from");
+        return {Dir::backward, in.microbatch, vs + 1};
+      case PipeOp::send_backward:
+        if (vs == 0) fail(s, i, "the first virtual stage has no previous stage to send to");
+        return {Dir::backward, in.microbatch, vs};
+      default: break;
+    }
+    fail(s, i, "not a communication instruction");
+  }
+  static bool is_send(PipeOp op) { return op == PipeOp::send_forward || op == PipeOp::send_backward; }
+  int peer(const MessageKey& key, bool sender) const {  // the stage at the other end from `sender`'s view
+    const int to_virtual = key.dir == Dir::forward ? key.from_virtual + 1 : key.from_virtual - 1;
+    return (sender ? to_virtual : key.from_virtual) % p_;
+  }
+
+  // Runs stage s as far as it can; returns whether it moved.
+  bool advance(int s) {
+    StageState& st = stages_[s];
+    const auto& list = schedule_[s];
+    bool moved = false;
+    while (st.pc < list.size()) {
+      const PipeInstr& in = list[st.pc];
+      if (!is_communication(in.op)) {
+        compute(s, st.pc);
+        ++st.pc;
+        moved = true;
+        continue;
+      }
+      if (st.batch_end <= st.pc) {  // post the batch: all adjacent communication instructions
+        st.batch_end = st.pc;
+        while (st.batch_end < list.size() && is_communication(list[st.batch_end].op)) post(s, st.batch_end++);
+        moved = true;
+      }
+      double done = st.clock;
+      for (size_t i = st.pc; i < st.batch_end; ++i) {
+        const Posting& post = postings_[message(s, i)];
+        const double other = is_send(list[i].op) ? post.recv_time : post.send_time;
+        if (other < 0) return moved;  // waits for the peer
+        done = std::max(done, other);
+      }
+      for (size_t i = st.pc; i < st.batch_end; ++i) complete(s, i);
+      st.clock = done;
+      st.pc = st.batch_end;
+      moved = true;
+    }
+    return moved;
+  }
+
+  void post(int s, size_t i) {
+    const PipeInstr& in = schedule_[s][i];
+    PairState& ps = pair(s, i);
+    Posting& post = postings_[message(s, i)];
+    const std::string twice = "posted twice";
+    switch (in.op) {
+      case PipeOp::send_forward:
+        if (!ps.forwarded) fail(s, i, "sends an output that was never computed (no forward before it)");
+        if (ps.sent_output || post.send_time >= 0) fail(s, i, twice);
+        break;
+      case PipeOp::send_backward:
+        if (!ps.backwarded) fail(s, i, "sends an input gradient that was never computed (no backward before it)");
+        if (ps.sent_grad || post.send_time >= 0) fail(s, i, twice);
+        break;
+      case PipeOp::recv_forward:
+        if (ps.received_input || post.recv_time >= 0) fail(s, i, twice);
+        break;
+      case PipeOp::recv_backward:
+        if (ps.received_grad || post.recv_time >= 0) fail(s, i, twice);
+        break;
+      default: break;
+    }
+    (is_send(in.op) ? post.send_time : post.recv_time) = stages_[s].clock;
+  }
+
+  void complete(int s, size_t i) {
+    PairState& ps = pair(s, i);
+    switch (schedule_[s][i].op) {
+      case PipeOp::send_forward: ps.sent_output = true; break;
+      case PipeOp::send_backward: ps.sent_grad = true; break;
+      case PipeOp::recv_forward: ps.received_input = true; break;
+      case PipeOp::recv_backward: ps.received_grad = true; break;
+      default: break;
+    }
+  }
+
+  void compute(int s, size_t i) {
+    StageState& st = stages_[s];
+    PairState& ps = pair(s, i);
+    const int vs = virtual_stage(s, schedule_[s][i].chunk);
+    if (schedule_[s][i].op == PipeOp::forward) {
+      if (ps.forwarded) fail(s, i, "forward runs twice");
+      if (vs != 0 && !ps.received_input) fail(s, i, "runs before its input activation was received (no recv_forward)");
+      ps.forwarded = true;
+      st.clock += 1.0 / v_;
+      st.peak_in_flight = std::max(st.peak_in_flight, ++st.in_flight);
+    } else {
+      if (ps.backwarded) fail(s, i, "backward runs twice");
+      if (!ps.forwarded) fail(s, i, "backward runs before its forward");
+      if (vs != last_virtual() && !ps.received_grad)
+        fail(s, i, "runs before its output gradient was received (no recv_backward)");
+      ps.backwarded = true;
+      st.clock += 2.0 / v_;
+      --st.in_flight;
+    }
+  }
+
+  // Empty when every stage finished; otherwise what each unfinished stage waits on.
+  std::string deadlock_description() {
+    std::ostringstream os;
+    bool any = false;
+    for (int s = 0; s < p_; ++s) {
+      const StageState& st = stages_[s];
+      if (st.pc >= schedule_[s].size()) continue;
+      for (size_t i = st.pc; i < st.batch_end; ++i) {
+        const MessageKey key = message(s, i);
+        const bool send = is_send(schedule_[s][i].op);
+        const Posting& post = postings_[key];
+        if ((send ? post.recv_time : post.send_time) >= 0) continue;
+        const int other = peer(key, send);
+        os << (any ? "; " : "") << "stage " << s << " waits at #" << i << " " << to_string(schedule_[s][i])
+           << (send ? " to" : " from") << " stage " << other;
+        if (stages_[other].pc >= schedule_[other].size())
+          os << ", which finished without " << (send ? "receiving" : "sending") << " it";
+        any = true;
+        break;
+      }
+    }
+    return any ? "deadlock: " + os.str() : "";
+  }
+
+  void check_complete() const {
+    for (int s = 0; s < p_; ++s) {
+      for (int mb = 0; mb < m_; ++mb) {
+        for (int c = 0; c < v_; ++c) {
+          const PairState& ps = stages_[s].pairs[static_cast<size_t>(mb) * v_ + c];
+          const std::string where =
+              "stage " + std::to_string(s) + " (mb " + std::to_string(mb) + ", chunk " + std::to_string(c) + ")";
+          if (!ps.forwarded) throw CheckError{where + " never runs forward"};
+          if (!ps.backwarded) throw CheckError{where + " runs forward but never backward"};
+          const int vs = virtual_stage(s, c);
+          if (vs != last_virtual() && !ps.sent_output) throw CheckError{where + " never sends its output (send_forward)"};
+          if (vs != 0 && !ps.sent_grad) throw CheckError{where + " never sends its input gradient (send_backward)"};
+        }
+      }
+    }
+  }
+
+  int p_, m_, v_;
+  const std::vector<std::vector<PipeInstr>>& schedule_;
+  std::vector<StageState> stages_;
+  std::map<MessageKey, Posting> postings_;
+};
+
+}  // namespace
+
+ScheduleReport check_schedule(const ScheduleSpec& spec, const std::vector<std::vector<PipeInstr>>& schedule) {
+  ScheduleReport report;
+  if (spec.stages < 1 || spec.microbatches < 1 || spec.chunks < 1) {
+    report.error = "invalid spec: stages = " + std::to_string(spec.stages) + ", microbatches = " +
+                   std::to_string(spec.microbatches) + ", chunks = " + std::to_string(spec.chunks) +
+                   " (each must be >= 1)";
+    return report;
+  }
+  if (schedule.size() != static_cast<size_t>(spec.stages)) {
+    report.error = "the schedule has " + std::to_string(schedule.size()) + " stage lists for stages = " +
+                   std::to_string(spec.stages);
+    return report;
+  }
+  return Simulator(spec, schedule).run();
+}
+
+}  // namespace mt

@@ -1,0 +1,96 @@
+// topology.cpp: the rank grid rank = tp + T * (dp + D * pp) and every group as one expression over it.
+#include "parallel/topology.h"
+
+#include <cstdint>
+#include <utility>
+
+namespace mt {
+namespace {
+
+std::string layout(int tp, int pp, int dp) {
+  return "tensor " + std::to_string(tp) + " x pipeline " + std::to_string(pp) + " x data " + std::to_string(dp);
+}
+
+}  // namespace
+
+Topology::Topology(int world_size, int tp, int pp, int dp) : world_(world_size), tp_(tp), pp_(pp), dp_(dp) {
+  if (tp < 1 || pp < 1 || dp < 1)
+    throw std::invalid_argument(layout(tp, pp, dp) + ": every parallel size must be at least 1");
+  int64_t ranks = int64_t{tp} * pp * dp;
+  if (ranks != world_size)
+    throw std::invalid_argument(layout(tp, pp, dp) + " = " + std::to_string(ranks) + " ranks, but the world has " +
+                                std::to_string(world_size));
+}
+
+Topology::Coord Topology::coord(int rank) const {
+  if (rank < 0 || rank >= world_)
+    throw std::out_of_range("rank " + std::to_string(rank) + " is outside the world of " + std::to_string(world_) +
+                            " ranks");
+  return {rank % tp_, rank / tp_ % dp_, rank / (tp_ * dp_)};
+}
+
+int Topology::rank(Coord c) const {
+  if (c.tp < 0 || c.tp >= tp_ || c.dp < 0 || c.dp >= dp_ || c.pp < 0 || c.pp >= pp_)
+    throw std::out_of_range("coordinate (tp " + std::to_string(c.tp) + ", dp " + std::to_string(c.dp) + ", pp " +
+                            std::to_string(c.pp) + ") is outside the grid " + layout(tp_, pp_, dp_));
+  return c.tp + tp_ * (c.dp + dp_ * c.pp);
+}
+
+// Each group fixes some coordinates of `rank` and varies the others; ranks ascend because the varied
+// coordinates are walked slowest-first (pp, then dp, then tp).
+std::vector<int> Topology::tp_group(int r) const {
+  Coord c = coord(r);
+  std::vector<int> g;
+  for (int t = 0; t < tp_; ++t) g.push_back(rank({t, c.dp, c.pp}));
+  return g;
+}
+
+std::vector<int> Topology::dp_group(int r) const {
+  Coord c = coord(r);
+  std::vector<int> g;
+  for (int d = 0; d < dp_; ++d) g.push_back(rank({c.tp, d, c.pp}));
+  return g;
+}
+
+std::vector<int> Topology::pp_group(int r) const {
+  Coord c = coord(r);
+  std::vector<int> g;
+  for (int p = 0; p < pp_; ++p) g.push_back(rank({c.tp, c.dp, p}));
+  return g;
+}
+
+std::vector<int> Topology::model_parallel_group(int r) const {
+  Coord c = coord(r);
+  std::vector<int> g;
+  for (int p = 0; p < pp_; ++p)
+    for (int t = 0; t < tp_; ++t) g.push_back(rank({t, c.dp, p}));
+  return g;
+}
+
+std::vector<int> Topology::embedding_group(int r) const {
+  Coord c = coord(r);
+  if (pp_ == 1) return {r};
+  return {rank({c.tp, c.dp, 0}), rank({c.tp, c.dp, pp_ - 1})};
+}
+
+std::vector<int> Topology::group(const std::string& kind, int r) const {
+  if (kind == "tp") return tp_group(r);
+  if (kind == "dp") return dp_group(r);
+  if (kind == "pp") return pp_group(r);
+  if (kind == "mp") return model_parallel_group(r);
+  if (kind == "emb") return embedding_group(r);
+  throw std::invalid_argument("unknown group kind '" + kind + "' (expected tp, dp, pp, mp or emb)");
+}
+
+// A group is listed once: by the rank that is its first member (rank 0 always exists, so an unknown kind
+// still throws).
+std::vector<std::vector<int>> Topology::all_groups(const std::string& kind) const {
+  std::vector<std::vector<int>> groups;
+  for (int r = 0; r < world_; ++r) {
+    std::vector<int> g = group(kind, r);
+    if (g.front() == r) groups.push_back(std::move(g));
+  }
+  return groups;
+}
+
+}  // namespace mt

@@ -1,0 +1,445 @@
+// test_schedule.cpp: the pipeline schedules as specifications: the exact 1F1B instruction lists, the
+// interleaved order of Megatron, the bubble and memory of each schedule, and the simulator that rejects
+// broken schedules (missing receives, deadlocks, missing backwards) and invalid specs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <ostream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "parallel/schedule.h"
+
+namespace mt {
+void PrintTo(const PipeInstr& instr, std::ostream* os) { *os << to_string(instr); }
+}  // namespace mt
+
+using namespace mt;
+
+namespace {
+
+using Schedule = std::vector<std::vector<PipeInstr>>;
+
+// Short names so that the lists below read like the schedule diagrams.
+PipeInstr rf(int mb, int c = 0) { return {PipeOp::recv_forward, mb, c}; }
+PipeInstr fw(int mb, int c = 0) { return {PipeOp::forward, mb, c}; }
+PipeInstr sf(int mb, int c = 0) { return {PipeOp::send_forward, mb, c}; }
+PipeInstr rb(int mb, int c = 0) { return {PipeOp::recv_backward, mb, c}; }
+PipeInstr bw(int mb, int c = 0) { return {PipeOp::backward, mb, c}; }
+PipeInstr sb(int mb, int c = 0) { return {PipeOp::send_backward, mb, c}; }
+
+ScheduleSpec one_f_one_b(int p, int m) { return {ScheduleKind::one_f_one_b, p, m, 1}; }
+ScheduleSpec interleaved(int p, int m, int v) { return {ScheduleKind::interleaved, p, m, v}; }
+
+::testing::AssertionResult contains(const char* text_expr, const char*, const std::string& text,
+                                    const std::string& part) {
+  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << text_expr << " is\n  " << text << "\nwhich does not contain\n  " << part;
+}
+#define EXPECT_CONTAINS(text, part) EXPECT_PRED_FORMAT2(contains, text, part)
+
+// Every spec the builder accepts in the grid p in {1,2,3,4,8}, m in 1..16, v in 1..4.
+std::vector<ScheduleSpec> valid_grid() {
+  std::vector<ScheduleSpec> specs;
+  for (int p : {1, 2, 3, 4, 8}) {
+    for (int m = 1; m <= 16; ++m) {
+      if (p == 1) specs.push_back({ScheduleKind::no_pipelining, 1, m, 1});
+      specs.push_back(one_f_one_b(p, m));
+      for (int v = 1; v <= 4; ++v)
+        if (p > 1 && m % p == 0) specs.push_back(interleaved(p, m, v));
+    }
+  }
+  return specs;
+}
+std::string name(const ScheduleSpec& s) {
+  return schedule_kind_name(s.kind) + " p=" + std::to_string(s.stages) + " m=" + std::to_string(s.microbatches) +
+         " v=" + std::to_string(s.chunks);
+}
+
+// How many forwards a stage runs before its first backward.
+int forwards_before_first_backward(const std::vector<PipeInstr>& list) {
+  int n = 0;
+  for (const PipeInstr& in : list) {
+    if (in.op == PipeOp::backward) break;
+    n += in.op == PipeOp::forward;
+  }
+  return n;
+}
+
+std::vector<PipeInstr> only(const std::vector<PipeInstr>& list, PipeOp op) {
+  std::vector<PipeInstr> out;
+  std::copy_if(list.begin(), list.end(), std::back_inserter(out), [&](const PipeInstr& in) { return in.op == op; });
+  return out;
+}
+
+// GPipe with a flush, for comparison: all forwards, then all backwards.
+Schedule gpipe(int p, int m) {
+  Schedule s(p);
+  for (int st = 0; st < p; ++st) {
+    for (int mb = 0; mb < m; ++mb) {
+      if (st > 0) s[st].push_back(rf(mb));
+      s[st].push_back(fw(mb));
+      if (st < p - 1) s[st].push_back(sf(mb));
+    }
+    for (int mb = 0; mb < m; ++mb) {
+      if (st < p - 1) s[st].push_back(rb(mb));
+      s[st].push_back(bw(mb));
+      if (st > 0) s[st].push_back(sb(mb));
+    }
+  }
+  return s;
+}
+
+TEST(NoPipelining, RunsForwardThenBackwardForEachMicrobatch) {
+  const ScheduleSpec spec{ScheduleKind::no_pipelining, 1, 3, 1};
+  const Schedule s = build_schedule(spec);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0], (std::vector<PipeInstr>{fw(0), bw(0), fw(1), bw(1), fw(2), bw(2)}));
+  const ScheduleReport r = check_schedule(spec, s);
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_DOUBLE_EQ(r.bubble_fraction, 0.0);
+  EXPECT_EQ(r.peak_in_flight, 1);
+}
+
+// Stage 0 of 4: three warmup forwards (p - s - 1), then one forward one backward, then the cooldown. Stage 0
+// receives no inputs and sends no input gradients. Adjacent transfers form one batch: sf(3), rb(0) is Megatron's
+// send_forward_recv_backward.
+TEST(OneFOneB, FirstStageOfFourStagesAndEightMicrobatches) {
+  const Schedule s = build_schedule(one_f_one_b(4, 8));
+  ASSERT_EQ(s.size(), 4u);
+  EXPECT_EQ(s[0], (std::vector<PipeInstr>{
+                      fw(0), sf(0), fw(1), sf(1), fw(2), sf(2),                    // warmup
+                      fw(3), sf(3), rb(0), bw(0), fw(4), sf(4), rb(1), bw(1),      // steady 1F1B
+                      fw(5), sf(5), rb(2), bw(2), fw(6), sf(6), rb(3), bw(3),      //
+                      fw(7), sf(7), rb(4), bw(4),                                  //
+                      rb(5), bw(5), rb(6), bw(6), rb(7), bw(7),                    // cooldown
+                  }));
+}
+
+// The last stage has no warmup: it runs each microbatch's backward right after its forward (the loss is there).
+TEST(OneFOneB, LastStageOfFourStagesAndEightMicrobatches) {
+  const Schedule s = build_schedule(one_f_one_b(4, 8));
+  std::vector<PipeInstr> expected;
+  for (int mb = 0; mb < 8; ++mb) {
+    for (const PipeInstr& in : {rf(mb), fw(mb), bw(mb), sb(mb)}) expected.push_back(in);
+  }
+  EXPECT_EQ(s[3], expected);
+}
+
+TEST(OneFOneB, MiddleStageReceivesBeforeEachForwardAndSendsAfter) {
+  const Schedule s = build_schedule(one_f_one_b(4, 8));
+  EXPECT_EQ(std::vector<PipeInstr>(s[2].begin(), s[2].begin() + 10),
+            (std::vector<PipeInstr>{rf(0), fw(0), sf(0), rf(1), fw(1), sf(1), rb(0), bw(0), sb(0), rf(2)}));
+}
+
+TEST(OneFOneB, WarmupIsStagesMinusStageMinusOneForwards) {
+  for (int p : {1, 2, 3, 4, 8}) {
+    for (int m : {1, 2, 3, 8, 16}) {
+      const Schedule s = build_schedule(one_f_one_b(p, m));
+      for (int st = 0; st < p; ++st) {
+        const int warmup = std::min(p - st - 1, m);
+        // The warmup forwards, then the first steady forward (if any microbatch is left) before any backward.
+        EXPECT_EQ(forwards_before_first_backward(s[st]), std::min(warmup + 1, m)) << "p=" << p << " m=" << m
+                                                                                   << " stage " << st;
+      }
+    }
+  }
+}
+
+// The paper's rule for every stage: recv_forward right before each forward (not on stage 0), send_forward right
+// after (not on the last stage), and the same for backward in the other direction.
+TEST(OneFOneB, EachComputeIsWrappedByItsTransfers) {
+  for (int p : {2, 3, 4, 8}) {
+    for (int m : {1, 5, 16}) {
+      const Schedule s = build_schedule(one_f_one_b(p, m));
+      for (int st = 0; st < p; ++st) {
+        const auto& l = s[st];
+        for (size_t i = 0; i < l.size(); ++i) {
+          const int mb = l[i].microbatch;
+          SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m) + " stage " + std::to_string(st) +
+                       " #" + std::to_string(i));
+          if (l[i].op == PipeOp::forward) {
+            if (st > 0) { EXPECT_EQ(l.at(i - 1), rf(mb)); }
+            if (st < p - 1) { EXPECT_EQ(l.at(i + 1), sf(mb)); }
+          } else if (l[i].op == PipeOp::backward) {
+            if (st < p - 1) { EXPECT_EQ(l.at(i - 1), rb(mb)); }
+            if (st > 0) { EXPECT_EQ(l.at(i + 1), sb(mb)); }
+          }
+        }
+        const bool first = st == 0, last = st == p - 1;
+        EXPECT_EQ(only(l, PipeOp::recv_forward).size(), first ? 0u : size_t(m));
+        EXPECT_EQ(only(l, PipeOp::send_backward).size(), first ? 0u : size_t(m));
+        EXPECT_EQ(only(l, PipeOp::send_forward).size(), last ? 0u : size_t(m));
+        EXPECT_EQ(only(l, PipeOp::recv_backward).size(), last ? 0u : size_t(m));
+      }
+    }
+  }
+}
+
+// With forward 1 and backward 2 per microbatch and free communication, the pipeline fills and drains once:
+// makespan 3 (m + p - 1), so the bubble is (p - 1) / m exactly (the times are small integers).
+TEST(OneFOneB, BubbleIsStagesMinusOneOverMicrobatchesExactly) {
+  for (int p : {1, 2, 3, 4, 8}) {
+    for (int m = 1; m <= 16; ++m) {
+      const ScheduleReport r = check_schedule(one_f_one_b(p, m), build_schedule(one_f_one_b(p, m)));
+      ASSERT_TRUE(r.ok) << r.error;
+      EXPECT_EQ(r.makespan, 3.0 * (m + p - 1)) << "p=" << p << " m=" << m;
+      EXPECT_EQ(r.bubble_fraction, double(p - 1) / m) << "p=" << p << " m=" << m;
+    }
+  }
+}
+
+// 1F1B's point: the same bubble as GPipe, but stage s holds at most p - s microbatches instead of all m.
+TEST(OneFOneB, HoldsAtMostStagesMicrobatchesWhereGPipeHoldsAll) {
+  for (int p : {2, 4, 8}) {
+    for (int m : {1, 4, 8, 16}) {
+      const ScheduleReport r = check_schedule(one_f_one_b(p, m), build_schedule(one_f_one_b(p, m)));
+      ASSERT_TRUE(r.ok) << r.error;
+      for (int st = 0; st < p; ++st) EXPECT_EQ(r.stage_peak_in_flight[st], std::min(p - st, m));
+      EXPECT_LE(r.stage_peak_in_flight[0], p);
+      EXPECT_EQ(r.peak_in_flight, std::min(p, m));
+
+      const ScheduleReport g = check_schedule(one_f_one_b(p, m), gpipe(p, m));
+      ASSERT_TRUE(g.ok) << g.error;
+      EXPECT_EQ(g.peak_in_flight, m);
+      EXPECT_EQ(g.bubble_fraction, r.bubble_fraction);
+    }
+  }
+}
+
+// Megatron's get_model_chunk_id: microbatches pass chunk 0 in groups of p, then chunk 1; backward takes the
+// chunks of each group in reverse.
+TEST(Interleaved, MicrobatchesPassEachChunkInGroupsOfStages) {
+  const Schedule s = build_schedule(interleaved(2, 4, 2));
+  for (const auto& list : s) {
+    EXPECT_EQ(only(list, PipeOp::forward), (std::vector<PipeInstr>{fw(0, 0), fw(1, 0), fw(0, 1), fw(1, 1),
+                                                                   fw(2, 0), fw(3, 0), fw(2, 1), fw(3, 1)}));
+    EXPECT_EQ(only(list, PipeOp::backward), (std::vector<PipeInstr>{bw(0, 1), bw(1, 1), bw(0, 0), bw(1, 0),
+                                                                    bw(2, 1), bw(3, 1), bw(2, 0), bw(3, 0)}));
+  }
+}
+
+// Stage 0 of p = 2, m = 4, v = 2: warmup 2 (p - 1) + (v - 1) p = 4 forwards, then steady steps of a forward
+// and a backward followed by one batch (sends of what was made, receives of what the peers send at that step),
+// then the cooldown. Chunk 0 on stage 0 is virtual stage 0: no input to receive, no input gradient to send.
+TEST(Interleaved, FirstStageOfTwoStagesFourMicrobatchesTwoChunks) {
+  const Schedule s = build_schedule(interleaved(2, 4, 2));
+  EXPECT_EQ(s[0], (std::vector<PipeInstr>{
+                      fw(0, 0), sf(0, 0),                                         // warmup
+                      fw(1, 0), sf(1, 0), rf(0, 1),                               //
+                      fw(0, 1), sf(0, 1), rf(1, 1),                               //
+                      fw(1, 1), sf(1, 1), rb(0, 1),                               //
+                      fw(2, 0), bw(0, 1), sf(2, 0), sb(0, 1), rb(1, 1),           // steady
+                      fw(3, 0), bw(1, 1), sf(3, 0), sb(1, 1), rf(2, 1), rb(0, 0), //
+                      fw(2, 1), bw(0, 0), sf(2, 1), rf(3, 1), rb(1, 0),           //
+                      fw(3, 1), bw(1, 0), sf(3, 1), rb(2, 1),                     //
+                      bw(2, 1), sb(2, 1), rb(3, 1),                               // cooldown
+                      bw(3, 1), sb(3, 1), rb(2, 0),                               //
+                      bw(2, 0), rb(3, 0),                                         //
+                      bw(3, 0),                                                   //
+                  }));
+}
+
+// The output of chunk c on the last stage feeds chunk c + 1 on stage 0, and gradients flow back the same way:
+// so stage 0 receives inputs for every chunk but 0 and the last stage sends outputs of every chunk but v - 1.
+TEST(Interleaved, ChunksWrapFromTheLastStageToStageZero) {
+  const int p = 4, m = 8, v = 3;
+  const Schedule s = build_schedule(interleaved(p, m, v));
+  for (int st = 0; st < p; ++st) {
+    for (int c = 0; c < v; ++c) {
+      auto count = [&](PipeOp op) {
+        return std::count_if(s[st].begin(), s[st].end(), [&](const PipeInstr& in) { return in.op == op && in.chunk == c; });
+      };
+      const bool first_virtual = st == 0 && c == 0, last_virtual = st == p - 1 && c == v - 1;
+      EXPECT_EQ(count(PipeOp::recv_forward), first_virtual ? 0 : m) << "stage " << st << " chunk " << c;
+      EXPECT_EQ(count(PipeOp::send_backward), first_virtual ? 0 : m) << "stage " << st << " chunk " << c;
+      EXPECT_EQ(count(PipeOp::send_forward), last_virtual ? 0 : m) << "stage " << st << " chunk " << c;
+      EXPECT_EQ(count(PipeOp::recv_backward), last_virtual ? 0 : m) << "stage " << st << " chunk " << c;
+    }
+  }
+  // And the simulator, which matches stage 3 chunk 0's send_forward with stage 0 chunk 1's recv_forward, agrees.
+  const ScheduleReport r = check_schedule(interleaved(p, m, v), s);
+  EXPECT_TRUE(r.ok) << r.error;
+}
+
+TEST(Interleaved, WarmupIsMegatrons) {
+  for (int p : {2, 3, 4, 8}) {
+    for (int v : {1, 2, 3, 4}) {
+      for (int m : {p, 2 * p, 4 * p}) {
+        const Schedule s = build_schedule(interleaved(p, m, v));
+        for (int st = 0; st < p; ++st) {
+          const int warmup = std::min(2 * (p - st - 1) + (v - 1) * p, m * v);
+          EXPECT_EQ(forwards_before_first_backward(s[st]), std::min(warmup + 1, m * v))
+              << "p=" << p << " m=" << m << " v=" << v << " stage " << st;
+        }
+      }
+    }
+  }
+}
+
+// Each chunk's forward and backward take 1/v of a stage's, so the fill and drain shrink v times:
+// (p - 1) / (v m). The simulated schedule meets the paper's formula; the tolerance 1e-9 only absorbs the
+// rounding of times that are sums of 1/3 and 2/3 (v = 3), not any real gap.
+TEST(Interleaved, BubbleIsStagesMinusOneOverChunksTimesMicrobatches) {
+  for (int p : {2, 3, 4, 8}) {
+    for (int m = p; m <= 16; m += p) {
+      double previous = 1e9;
+      for (int v = 1; v <= 4; ++v) {
+        const ScheduleReport r = check_schedule(interleaved(p, m, v), build_schedule(interleaved(p, m, v)));
+        ASSERT_TRUE(r.ok) << r.error;
+        EXPECT_NEAR(r.bubble_fraction, double(p - 1) / (v * m), 1e-9) << "p=" << p << " m=" << m << " v=" << v;
+        EXPECT_LT(r.bubble_fraction, previous);
+        previous = r.bubble_fraction;
+      }
+    }
+  }
+}
+
+// Stage s holds its warmup plus one (microbatch, chunk) activations, each 1/v of a stage: stage 0 holds
+// 2 (p - 1) + (v - 1) p + 1 chunks, i.e. p + (p - 1) / v microbatches' worth, a little more than 1F1B's p.
+TEST(Interleaved, PeakInFlightIsMegatrons) {
+  for (int p : {2, 3, 4, 8}) {
+    for (int v : {1, 2, 3, 4}) {
+      for (int m : {p, 2 * p, 4 * p}) {
+        const ScheduleReport r = check_schedule(interleaved(p, m, v), build_schedule(interleaved(p, m, v)));
+        ASSERT_TRUE(r.ok) << r.error;
+        for (int st = 0; st < p; ++st)
+          EXPECT_EQ(r.stage_peak_in_flight[st], std::min(2 * (p - st - 1) + (v - 1) * p + 1, m * v))
+              << "p=" << p << " m=" << m << " v=" << v << " stage " << st;
+        EXPECT_EQ(r.peak_in_flight, r.stage_peak_in_flight[0]);
+      }
+    }
+  }
+  const ScheduleReport r = check_schedule(interleaved(4, 16, 2), build_schedule(interleaved(4, 16, 2)));
+  EXPECT_EQ(r.peak_in_flight, 11);  // 2 * 3 + 4 + 1 chunks of 1/2: 5.5 microbatches' activations vs 4 for 1F1B
+}
+
+TEST(Grid, EveryValidSpecBuildsAndChecks) {
+  int checked = 0;
+  for (const ScheduleSpec& spec : valid_grid()) {
+    const Schedule s = build_schedule(spec);
+    ASSERT_EQ(s.size(), size_t(spec.stages)) << name(spec);
+    for (const auto& list : s) {
+      // m v forwards and backwards per stage, plus transfers.
+      EXPECT_EQ(only(list, PipeOp::forward).size(), size_t(spec.microbatches * spec.chunks)) << name(spec);
+      EXPECT_EQ(only(list, PipeOp::backward).size(), size_t(spec.microbatches * spec.chunks)) << name(spec);
+    }
+    const ScheduleReport r = check_schedule(spec, s);
+    EXPECT_TRUE(r.ok) << name(spec) << ": " << r.error;
+    EXPECT_TRUE(r.error.empty()) << name(spec);
+    EXPECT_GE(r.bubble_fraction, 0.0) << name(spec);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 16 + 5 * 16 + 4 * (8 + 5 + 4 + 2));  // no pipelining, 1F1B, interleaved with m % p == 0
+}
+
+TEST(Check, MissingReceiveIsReported) {
+  const ScheduleSpec spec = one_f_one_b(2, 2);
+  Schedule s = build_schedule(spec);
+  ASSERT_EQ(s[1].front(), rf(0));
+  s[1].erase(s[1].begin());  // stage 1 runs forward(mb 0) without receiving its input
+  const ScheduleReport r = check_schedule(spec, s);
+  EXPECT_FALSE(r.ok);
+  EXPECT_CONTAINS(r.error, "stage 1 instruction #0 forward(mb 0, chunk 0)");
+  EXPECT_CONTAINS(r.error, "no recv_forward");
+}
+
+// Stage 1 receives microbatch 1 before microbatch 0, while stage 0 sends 0 first. Sends are rendezvous (NCCL),
+// so stage 0 waits for stage 1 to take mb 0 while stage 1 waits for mb 1: a deadlock, with both named.
+TEST(Check, SwappedReceivesDeadlock) {
+  const ScheduleSpec spec = one_f_one_b(2, 2);
+  const Schedule s = {
+      {fw(0), sf(0), fw(1), sf(1), rb(0), bw(0), rb(1), bw(1)},
+      {rf(1), fw(1), rf(0), fw(0), bw(0), sb(0), bw(1), sb(1)},
+  };
+  const ScheduleReport r = check_schedule(spec, s);
+  EXPECT_FALSE(r.ok);
+  EXPECT_CONTAINS(r.error, "deadlock");
+  EXPECT_CONTAINS(r.error, "stage 0 waits at #1 send_forward(mb 0, chunk 0) to stage 1");
+  EXPECT_CONTAINS(r.error, "stage 1 waits at #0 recv_forward(mb 1, chunk 0) from stage 0");
+}
+
+// Stage 0 waits for a gradient before sending the activation it depends on.
+TEST(Check, ReceivingBeforeSendingDeadlocks) {
+  const ScheduleSpec spec = one_f_one_b(2, 1);
+  const Schedule s = {{fw(0), rb(0), bw(0), sf(0)}, {rf(0), fw(0), bw(0), sb(0)}};
+  const ScheduleReport r = check_schedule(spec, s);
+  EXPECT_FALSE(r.ok);
+  EXPECT_CONTAINS(r.error, "deadlock: stage 0 waits at #1 recv_backward(mb 0, chunk 0) from stage 1; "
+                           "stage 1 waits at #0 recv_forward(mb 0, chunk 0) from stage 0");
+}
+
+TEST(Check, MissingBackwardIsReported) {
+  const ScheduleSpec spec = one_f_one_b(2, 2);
+  Schedule s = build_schedule(spec);
+  ASSERT_EQ(s[0].back(), bw(1));
+  s[0].pop_back();
+  const ScheduleReport r = check_schedule(spec, s);
+  EXPECT_FALSE(r.ok);
+  EXPECT_CONTAINS(r.error, "stage 0 (mb 1, chunk 0) runs forward but never backward");
+}
+
+TEST(Check, ComputeWithoutInputAndDuplicatesAreReported) {
+  const ScheduleSpec spec = one_f_one_b(2, 1);
+  const Schedule s = {{fw(0), sf(0), rb(0), bw(0)}, {fw(0), bw(0), sb(0)}};  // stage 1 has no recv_forward
+  const ScheduleReport r = check_schedule(spec, s);
+  EXPECT_FALSE(r.ok);
+  EXPECT_CONTAINS(r.error, "stage 1 instruction #0 forward(mb 0, chunk 0): runs before its input");
+
+  const Schedule t = {{fw(0), sf(0), sf(0), rb(0), bw(0)}, {rf(0), fw(0), bw(0), sb(0)}};  // sent twice
+  EXPECT_CONTAINS(check_schedule(spec, t).error, "stage 0 instruction #2 send_forward(mb 0, chunk 0): posted twice");
+
+  const Schedule u = {{fw(0), sf(0), rb(0), bw(0)}, {rf(0), fw(0), bw(0), sb(0), bw(0)}};
+  EXPECT_CONTAINS(check_schedule(spec, u).error, "backward runs twice");
+}
+
+// Stage 0 stops after sending its activation; stage 1's gradient then has no receiver.
+TEST(Check, UnmatchedSendNamesThePeerThatFinished) {
+  const ScheduleSpec spec = one_f_one_b(2, 1);
+  const Schedule s = {{fw(0), sf(0)}, {rf(0), fw(0), bw(0), sb(0)}};
+  const ScheduleReport r = check_schedule(spec, s);
+  EXPECT_FALSE(r.ok);
+  EXPECT_CONTAINS(r.error, "stage 1 waits at #3 send_backward(mb 0, chunk 0) to stage 0, "
+                           "which finished without receiving it");
+}
+
+TEST(Check, TransfersThatCannotExistAreReported) {
+  const ScheduleSpec spec = one_f_one_b(2, 1);
+  const Schedule s = {{rf(0), fw(0), sf(0), rb(0), bw(0)}, {rf(0), fw(0), bw(0), sb(0)}};
+  EXPECT_CONTAINS(check_schedule(spec, s).error,
+                  "stage 0 instruction #0 recv_forward(mb 0, chunk 0): the first virtual stage has no previous stage");
+  const Schedule t = {{fw(0), sf(0), rb(0), bw(0)}, {rf(0), fw(0), sf(0), bw(0), sb(0)}};
+  EXPECT_CONTAINS(check_schedule(spec, t).error, "the last virtual stage has no next stage to send to");
+  const Schedule u = {{fw(3), sf(0), rb(0), bw(0)}, {rf(0), fw(0), bw(0), sb(0)}};
+  EXPECT_CONTAINS(check_schedule(spec, u).error, "microbatch out of range [0, 1)");
+  const Schedule w = {{bw(0)}, {}};
+  EXPECT_CONTAINS(check_schedule(spec, w).error, "backward runs before its forward");
+  EXPECT_CONTAINS(check_schedule(spec, Schedule(3)).error, "the schedule has 3 stage lists for stages = 2");
+}
+
+TEST(Spec, InvalidSpecsThrowNamingTheField) {
+  auto message = [](const ScheduleSpec& spec) -> std::string {
+    try {
+      build_schedule(spec);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "(no exception)";
+  };
+  EXPECT_CONTAINS(message({ScheduleKind::one_f_one_b, 0, 4, 1}), "stages = 0 must be >= 1");
+  EXPECT_CONTAINS(message({ScheduleKind::one_f_one_b, 2, 0, 1}), "microbatches = 0 must be >= 1");
+  EXPECT_CONTAINS(message({ScheduleKind::interleaved, 2, 4, 0}), "chunks = 0 must be >= 1");
+  EXPECT_CONTAINS(message({ScheduleKind::one_f_one_b, 2, 4, 2}), "chunks = 2 must be 1");
+  EXPECT_CONTAINS(message({ScheduleKind::no_pipelining, 2, 4, 1}), "stages = 2 must be 1");
+  EXPECT_CONTAINS(message({ScheduleKind::no_pipelining, 1, 4, 2}), "chunks = 2 must be 1");
+  EXPECT_CONTAINS(message({ScheduleKind::interleaved, 1, 4, 2}), "stages = 1 must be > 1");
+  EXPECT_CONTAINS(message({ScheduleKind::interleaved, 4, 6, 2}), "microbatches = 6 must be a multiple of stages = 4");
+  EXPECT_CONTAINS(message({ScheduleKind::interleaved, 4, 6, 2}), "interleaved");
+
+  const ScheduleReport r = check_schedule({ScheduleKind::one_f_one_b, 2, 0, 1}, Schedule(2));
+  EXPECT_FALSE(r.ok);
+  EXPECT_CONTAINS(r.error, "microbatches = 0");
+}
+
+}  // namespace

@@ -1,0 +1,248 @@
+// test_topology.cpp: the rank grid rank = tp + T * (dp + D * pp): Megatron's 16-rank example written out,
+// the rank <-> coordinate round trip and the group partitions for every layout up to 16 ranks, and errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "parallel/topology.h"
+
+using namespace mt;
+
+namespace {
+
+using Groups = std::vector<std::vector<int>>;
+
+struct Layout {
+  int world, tp, pp, dp;
+};
+
+// Every (tp, pp, dp) whose product is a world of 1..16 ranks.
+std::vector<Layout> all_layouts() {
+  std::vector<Layout> layouts;
+  for (int world = 1; world <= 16; ++world)
+    for (int tp = 1; tp <= world; ++tp)
+      for (int pp = 1; pp <= world; ++pp)
+        if (world % (tp * pp) == 0) layouts.push_back({world, tp, pp, world / (tp * pp)});
+  return layouts;
+}
+
+std::string name(const Layout& l) {
+  return "world " + std::to_string(l.world) + " tp " + std::to_string(l.tp) + " pp " + std::to_string(l.pp) +
+         " dp " + std::to_string(l.dp);
+}
+
+std::string error_of(int world, int tp, int pp, int dp) {
+  try {
+    Topology(world, tp, pp, dp);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no std::invalid_argument was thrown";
+  return "";
+}
+
+}  // namespace
+
+// Megatron-LM's example (parallel_state.initialize_model_parallel): 16 GPUs, tensor 2, pipeline 4, data 2.
+TEST(Topology, MegatronSixteenRankExample) {
+  Topology t(16, /*tp=*/2, /*pp=*/4, /*dp=*/2);
+  EXPECT_EQ(t.all_groups("tp"), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}}));
+  EXPECT_EQ(t.all_groups("dp"), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
+  EXPECT_EQ(t.all_groups("pp"), (Groups{{0, 4, 8, 12}, {1, 5, 9, 13}, {2, 6, 10, 14}, {3, 7, 11, 15}}));
+  EXPECT_EQ(t.all_groups("mp"), (Groups{{0, 1, 4, 5, 8, 9, 12, 13}, {2, 3, 6, 7, 10, 11, 14, 15}}));
+  EXPECT_EQ(t.all_groups("emb"), (Groups{{0, 12}, {1, 13}, {2, 14}, {3, 15}}));
+
+  EXPECT_EQ(t.coord(13), (Topology::Coord{1, 0, 3}));
+  EXPECT_EQ(t.rank({1, 0, 3}), 13);
+  EXPECT_EQ(t.tp_group(13), (std::vector<int>{12, 13}));
+  EXPECT_EQ(t.dp_group(13), (std::vector<int>{13, 15}));
+  EXPECT_EQ(t.pp_group(13), (std::vector<int>{1, 5, 9, 13}));
+  EXPECT_EQ(t.model_parallel_group(13), (std::vector<int>{0, 1, 4, 5, 8, 9, 12, 13}));
+  EXPECT_EQ(t.embedding_group(13), (std::vector<int>{1, 13}));
+  EXPECT_EQ(t.embedding_group(5), (std::vector<int>{1, 13}));  // a middle stage is not in its own group
+}
+
+TEST(Topology, SizesAreKept) {
+  Topology t(24, 2, 3, 4);
+  EXPECT_EQ(t.world_size(), 24);
+  EXPECT_EQ(t.tp(), 2);
+  EXPECT_EQ(t.pp(), 3);
+  EXPECT_EQ(t.dp(), 4);
+}
+
+TEST(Topology, TensorVariesFastestThenDataThenPipeline) {
+  Topology t(24, 2, 3, 4);
+  EXPECT_EQ(t.coord(0), (Topology::Coord{0, 0, 0}));
+  EXPECT_EQ(t.coord(1), (Topology::Coord{1, 0, 0}));
+  EXPECT_EQ(t.coord(2), (Topology::Coord{0, 1, 0}));
+  EXPECT_EQ(t.coord(7), (Topology::Coord{1, 3, 0}));
+  EXPECT_EQ(t.coord(8), (Topology::Coord{0, 0, 1}));
+  EXPECT_EQ(t.coord(23), (Topology::Coord{1, 3, 2}));
+}
+
+TEST(Topology, RankCoordRoundTripForEveryLayoutUpTo16) {
+  for (const Layout& l : all_layouts()) {
+    SCOPED_TRACE(name(l));
+    Topology t(l.world, l.tp, l.pp, l.dp);
+    for (int r = 0; r < l.world; ++r) {
+      Topology::Coord c = t.coord(r);
+      EXPECT_TRUE(c.tp >= 0 && c.tp < l.tp && c.dp >= 0 && c.dp < l.dp && c.pp >= 0 && c.pp < l.pp);
+      EXPECT_EQ(t.rank(c), r);
+      EXPECT_EQ(r, c.tp + l.tp * (c.dp + l.dp * c.pp));
+    }
+    for (int p = 0; p < l.pp; ++p)
+      for (int d = 0; d < l.dp; ++d)
+        for (int k = 0; k < l.tp; ++k) EXPECT_EQ(t.coord(t.rank({k, d, p})), (Topology::Coord{k, d, p}));
+  }
+}
+
+// For tp, dp, pp and mp: every rank is in exactly one group, the one its own *_group call returns, of the
+// expected size, ascending, whose members share exactly the coordinates the kind fixes.
+TEST(Topology, GroupsPartitionTheWorldForEveryLayoutUpTo16) {
+  for (const Layout& l : all_layouts()) {
+    Topology t(l.world, l.tp, l.pp, l.dp);
+    struct Kind {
+      std::string name;
+      size_t size;
+      bool same_tp, same_dp, same_pp;
+    };
+    for (const Kind& k : {Kind{"tp", size_t(l.tp), false, true, true}, Kind{"dp", size_t(l.dp), true, false, true},
+                          Kind{"pp", size_t(l.pp), true, true, false},
+                          Kind{"mp", size_t(l.tp * l.pp), false, true, false}}) {
+      SCOPED_TRACE(name(l) + " kind " + k.name);
+      Groups groups = t.all_groups(k.name);
+      EXPECT_EQ(groups.size(), l.world / k.size);
+      std::vector<int> seen(l.world, 0);
+      for (const auto& g : groups) {
+        EXPECT_EQ(g.size(), k.size);
+        EXPECT_TRUE(std::is_sorted(g.begin(), g.end()));
+        for (int r : g) {
+          ++seen[r];
+          EXPECT_EQ(t.group(k.name, r), g);
+          Topology::Coord a = t.coord(g.front()), b = t.coord(r);
+          if (k.same_tp) { EXPECT_EQ(a.tp, b.tp); }
+          if (k.same_dp) { EXPECT_EQ(a.dp, b.dp); }
+          if (k.same_pp) { EXPECT_EQ(a.pp, b.pp); }
+        }
+      }
+      EXPECT_EQ(seen, std::vector<int>(l.world, 1));
+    }
+  }
+}
+
+TEST(Topology, NamedGroupsMatchTheirFunctions) {
+  Topology t(16, 2, 4, 2);
+  for (int r = 0; r < 16; ++r) {
+    EXPECT_EQ(t.group("tp", r), t.tp_group(r));
+    EXPECT_EQ(t.group("dp", r), t.dp_group(r));
+    EXPECT_EQ(t.group("pp", r), t.pp_group(r));
+    EXPECT_EQ(t.group("mp", r), t.model_parallel_group(r));
+    EXPECT_EQ(t.group("emb", r), t.embedding_group(r));
+  }
+}
+
+TEST(Topology, PipelineGroupIsOrderedByStage) {
+  for (const Layout& l : all_layouts()) {
+    SCOPED_TRACE(name(l));
+    Topology t(l.world, l.tp, l.pp, l.dp);
+    for (int r = 0; r < l.world; ++r) {
+      std::vector<int> g = t.pp_group(r);
+      for (int stage = 0; stage < l.pp; ++stage) EXPECT_EQ(t.coord(g[stage]).pp, stage);
+    }
+  }
+}
+
+TEST(Topology, TensorGroupsAreConsecutiveRanks) {
+  // So that with tp <= GPUs per node a TP group never crosses a node boundary.
+  Topology t(16, 4, 2, 2);
+  for (int r = 0; r < 16; ++r) {
+    std::vector<int> g = t.tp_group(r);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(g[i], r / 4 * 4 + i);
+  }
+}
+
+TEST(Topology, EmbeddingGroupIsFirstAndLastStage) {
+  for (const Layout& l : all_layouts()) {
+    SCOPED_TRACE(name(l));
+    Topology t(l.world, l.tp, l.pp, l.dp);
+    Groups groups = t.all_groups("emb");
+    if (l.pp == 1) {
+      // One stage is both first and last: each rank is its own group.
+      EXPECT_EQ(groups.size(), size_t(l.world));
+      for (int r = 0; r < l.world; ++r) EXPECT_EQ(t.embedding_group(r), std::vector<int>{r});
+      continue;
+    }
+    EXPECT_EQ(groups.size(), size_t(l.tp * l.dp));  // one per pipeline
+    std::set<int> members;
+    for (const auto& g : groups) {
+      ASSERT_EQ(g.size(), 2u);
+      Topology::Coord first = t.coord(g[0]), last = t.coord(g[1]);
+      EXPECT_EQ(first.pp, 0);
+      EXPECT_EQ(last.pp, l.pp - 1);
+      EXPECT_EQ(first.tp, last.tp);
+      EXPECT_EQ(first.dp, last.dp);
+      EXPECT_TRUE(members.insert(g[0]).second);
+      EXPECT_TRUE(members.insert(g[1]).second);
+    }
+    for (int r = 0; r < l.world; ++r) {
+      std::vector<int> pipeline = t.pp_group(r);
+      EXPECT_EQ(t.embedding_group(r), (std::vector<int>{pipeline.front(), pipeline.back()}));
+      int stage = t.coord(r).pp;
+      EXPECT_EQ(members.count(r), (stage == 0 || stage == l.pp - 1) ? 1u : 0u);
+    }
+  }
+}
+
+TEST(Topology, SizesThatDoNotMultiplyToTheWorldAreRejected) {
+  EXPECT_EQ(error_of(8, 2, 2, 3), "tensor 2 x pipeline 2 x data 3 = 12 ranks, but the world has 8");
+  EXPECT_EQ(error_of(16, 2, 4, 1), "tensor 2 x pipeline 4 x data 1 = 8 ranks, but the world has 16");
+  EXPECT_EQ(error_of(0, 1, 1, 1), "tensor 1 x pipeline 1 x data 1 = 1 ranks, but the world has 0");
+  // A product that overflows int is still reported, not wrapped around.
+  EXPECT_EQ(error_of(8, 65536, 65536, 2),
+            "tensor 65536 x pipeline 65536 x data 2 = 8589934592 ranks, but the world has 8");
+}
+
+TEST(Topology, SizesBelowOneAreRejected) {
+  EXPECT_EQ(error_of(8, 0, 2, 4), "tensor 0 x pipeline 2 x data 4: every parallel size must be at least 1");
+  EXPECT_EQ(error_of(8, 2, -1, -4), "tensor 2 x pipeline -1 x data -4: every parallel size must be at least 1");
+  EXPECT_EQ(error_of(8, 8, 1, 0), "tensor 8 x pipeline 1 x data 0: every parallel size must be at least 1");
+}
+
+TEST(Topology, RanksAndCoordinatesOutsideTheGridAreRejected) {
+  Topology t(8, 2, 2, 2);
+  EXPECT_THROW(t.coord(8), std::out_of_range);
+  EXPECT_THROW(t.coord(-1), std::out_of_range);
+  EXPECT_THROW(t.tp_group(8), std::out_of_range);
+  EXPECT_THROW(t.embedding_group(-1), std::out_of_range);
+  EXPECT_THROW(t.rank({2, 0, 0}), std::out_of_range);
+  EXPECT_THROW(t.rank({0, -1, 0}), std::out_of_range);
+  EXPECT_THROW(t.rank({0, 0, 2}), std::out_of_range);
+  try {
+    t.coord(8);
+  } catch (const std::out_of_range& e) {
+    EXPECT_STREQ(e.what(), "rank 8 is outside the world of 8 ranks");
+  }
+  try {
+    t.rank({0, 0, 2});
+  } catch (const std::out_of_range& e) {
+    EXPECT_STREQ(e.what(), "coordinate (tp 0, dp 0, pp 2) is outside the grid tensor 2 x pipeline 2 x data 2");
+  }
+}
+
+TEST(Topology, UnknownGroupKindIsRejected) {
+  Topology t(8, 2, 2, 2);
+  for (const char* kind : {"", "TP", "cp", "embedding"}) {
+    SCOPED_TRACE(kind);
+    EXPECT_THROW(t.all_groups(kind), std::invalid_argument);
+    EXPECT_THROW(t.group(kind, 0), std::invalid_argument);
+  }
+  try {
+    t.all_groups("cp");
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "unknown group kind 'cp' (expected tp, dp, pp, mp or emb)");
+  }
+}
