@@ -1,0 +1,394 @@
+// comm_gloo.cpp: the Gloo communicator (CPU ranks over TCP). Collectives run on the calling thread and
+// return an already-completed Work; send and recv are posted at once and complete in Work::wait(), so a
+// pipeline stage can post both directions before waiting on either.
+#include <algorithm>
+#include <cctype>
+#include <exception>
+#include <mutex>
+#include <string_view>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include "parallel/communicator.h"
+#include "parallel/gloo_store_adapter.h"
+
+namespace mt {
+namespace {
+
+// Slots of our own transfers. Gloo's collectives put a prefix 0x01..0x08 in the slot's top byte and the tag
+// below it; ours use prefixes of their own so a user tag never meets a collective's traffic.
+constexpr uint64_t kSendRecvSlot = 0x40ull << 56;       // | tag (32 bits)
+constexpr uint64_t kReduceScatterSlot = 0x41ull << 56;  // | collective tag << 16 | ring step
+
+std::string seconds_str(Millis t) { return fmt::format("{:g} s", static_cast<double>(t.count()) / 1000.0); }
+
+bool mentions_timeout(std::string_view what) {
+  std::string s(what);
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s.find("timed out") != std::string::npos || s.find("timeout") != std::string::npos;
+}
+
+// Element-wise reductions for gloo::allreduce: c = a op b over n floats.
+void sum_f32(void* c, const void* a, const void* b, size_t n) {
+  auto* out = static_cast<float*>(c);
+  auto* x = static_cast<const float*>(a);
+  auto* y = static_cast<const float*>(b);
+  for (size_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
+}
+// Propagates NaN whichever operand holds it (std::max would drop a NaN in its second argument), so an
+// inf/NaN check reduced with max sees every rank's NaN.
+void max_f32(void* c, const void* a, const void* b, size_t n) {
+  auto* out = static_cast<float*>(c);
+  auto* x = static_cast<const float*>(a);
+  auto* y = static_cast<const float*>(b);
+  for (size_t i = 0; i < n; ++i) out[i] = (x[i] != x[i] || x[i] > y[i]) ? x[i] : y[i];
+}
+
+// What every message names: the group, this rank, the timeout.
+struct GroupInfo {
+  std::string name;
+  std::vector<int> members;  // global ranks
+  int rank = 0;              // within the group
+  Millis timeout{0};
+
+  std::string who(int r) const { return fmt::format("rank {} (global {})", r, members.at(r)); }
+  CommError misuse(std::string_view op, const std::string& what) const {
+    return CommError(fmt::format("{}: {} on {}: {}", name, op, who(rank), what));
+  }
+  // Turns an exception from Gloo into a CommError naming the collective; the group is broken from then on.
+  CommError failure(std::string_view op, const std::exception& e) const {
+    bool timed_out = mentions_timeout(e.what());
+    CommError error(fmt::format("{}: {} {} on {}: {}", name, op,
+                                timed_out ? "timed out after " + seconds_str(timeout) : std::string("failed"), who(rank),
+                                e.what()));
+    record_failure(error.what());
+    return error;
+  }
+
+  // Gloo closes every pair of a context once one operation fails or times out, so the first failure is
+  // kept and later operations fail at once, naming it, instead of reporting a misleading pair closure.
+  void record_failure(const std::string& what) const {
+    std::lock_guard lock(mu);
+    if (first_failure.empty()) first_failure = what;
+  }
+  void throw_if_broken(std::string_view op) const {
+    std::lock_guard lock(mu);
+    if (!first_failure.empty())
+      throw CommError(fmt::format("{}: {} on {}: the communicator is unusable after an earlier failure: {}", name, op,
+                                  who(rank), first_failure));
+  }
+
+  mutable std::mutex mu;
+  mutable std::string first_failure;  // the message of the first CommError from the transport
+};
+
+class CompletedWork final : public Work {
+ public:
+  void wait() override {}
+};
+
+// A posted send or recv; wait() blocks on the transport. Dropping it unwaited abandons the transfer
+// without blocking (the transport holds only weak references to the buffer), which is what unwinding
+// after another error needs.
+class SendRecvWork final : public Work {
+ public:
+  SendRecvWork(std::shared_ptr<const GroupInfo> group, std::shared_ptr<gloo::Context> context, Tensor tensor,
+               std::unique_ptr<gloo::transport::UnboundBuffer> buffer, bool is_send, int peer)
+      : group_(std::move(group)),
+        context_(std::move(context)),
+        tensor_(std::move(tensor)),
+        buffer_(std::move(buffer)),
+        is_send_(is_send),
+        peer_(peer) {}
+
+  void wait() override {
+    if (error_) std::rethrow_exception(error_);
+    if (done_) return;
+    try {
+      bool completed = is_send_ ? buffer_->waitSend(group_->timeout) : buffer_->waitRecv(group_->timeout);
+      if (!completed) throw std::runtime_error("aborted");
+      done_ = true;
+    } catch (const std::exception& e) {
+      try {
+        group_->throw_if_broken(fmt::format("{} {}", is_send_ ? "send to" : "recv from", group_->who(peer_)));
+        error_ = std::make_exception_ptr(failure(e));
+      } catch (const CommError&) {
+        error_ = std::current_exception();
+      }
+      std::rethrow_exception(error_);
+    }
+  }
+
+ private:
+  CommError failure(const std::exception& e) const {
+    const GroupInfo& g = *group_;
+    bool timed_out = mentions_timeout(e.what());
+    CommError error(fmt::format("{}: {} {} {} on {}: {}", g.name, is_send_ ? "send to" : "recv from", g.who(peer_),
+                                timed_out ? "timed out after " + seconds_str(g.timeout) : std::string("failed"),
+                                g.who(g.rank), e.what()));
+    g.record_failure(error.what());
+    return error;
+  }
+
+  std::shared_ptr<const GroupInfo> group_;
+  std::shared_ptr<gloo::Context> context_;  // keeps the pairs alive while the transfer is in flight
+  Tensor tensor_;                           // keeps the storage alive likewise
+  std::unique_ptr<gloo::transport::UnboundBuffer> buffer_;
+  bool is_send_;
+  int peer_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(std::shared_ptr<const GroupInfo> group, std::shared_ptr<gloo::Context> context)
+      : group_(std::move(group)), context_(std::move(context)) {}
+
+  int rank() const override { return group_->rank; }
+  int size() const override { return static_cast<int>(group_->members.size()); }
+  const std::string& name() const override { return group_->name; }
+
+  std::unique_ptr<Work> all_reduce(Tensor& t, ReduceOp op) override {
+    check_host(t, "all_reduce", /*reduction=*/true);
+    uint32_t tag = next_tag_++;
+    if (size() == 1 || t.numel() == 0) return done();
+    // Gloo has no bf16: 16-bit types are reduced in fp32 and rounded back once (nearest even).
+    Tensor acc = t;
+    if (t.dtype() != DType::f32) {
+      acc = Tensor::empty({t.numel()}, DType::f32, Device::cpu, MemKind::workspace);
+      acc.copy_from(t);
+    }
+    guarded("all_reduce", [&] {
+      gloo::AllreduceOptions o(context_);
+      o.setOutput(acc.data<float>(), static_cast<size_t>(acc.numel()));
+      o.setReduceFunction(op == ReduceOp::sum ? &sum_f32 : &max_f32);
+      o.setTag(tag);
+      o.setTimeout(group_->timeout);
+      gloo::allreduce(o);
+    });
+    if (t.dtype() != DType::f32) t.copy_from(acc);
+    return done();
+  }
+
+  // A ring over unbound buffers: size - 1 steps, each sending one block to the next rank and adding the
+  // block received from the previous one, so every rank sends (size - 1) / size of the buffer once
+  // (an all-reduce would move twice that). The 2022 Gloo has no options-style reduce-scatter.
+  std::unique_ptr<Work> reduce_scatter(const Tensor& in, Tensor& out) override {
+    check_host(in, "reduce_scatter", true);
+    check_host(out, "reduce_scatter", true);
+    if (in.dtype() != out.dtype() || in.numel() != size() * out.numel())
+      throw group_->misuse("reduce_scatter",
+                           fmt::format("input {} is not {} blocks of output {}", in.describe(), size(), out.describe()));
+    uint32_t tag = next_tag_++;
+    const int64_t m = out.numel();  // elements per block
+    if (size() == 1) {
+      out.copy_from(in);
+      return done();
+    }
+    if (m == 0) return done();
+    Tensor acc = Tensor::empty({in.numel()}, DType::f32, Device::cpu, MemKind::workspace);  // (size * m)
+    Tensor incoming = Tensor::empty({m}, DType::f32, Device::cpu, MemKind::workspace);      // (m)
+    acc.copy_from(in);
+    guarded("reduce_scatter", [&] {
+      const int n = size(), r = rank();
+      const size_t block_bytes = static_cast<size_t>(m) * sizeof(float);
+      auto send_buf = context_->createUnboundBuffer(acc.raw(), acc.nbytes());
+      auto recv_buf = context_->createUnboundBuffer(incoming.raw(), incoming.nbytes());
+      // Step s sends block r-s-1 (complete up to this rank) and receives block r-s-2; after the last step
+      // this rank holds the full sum of block r.
+      for (int s = 0; s < n - 1; ++s) {
+        const int send_block = ((r - s - 1) % n + n) % n;
+        const int recv_block = ((r - s - 2) % n + n) % n;
+        const uint64_t slot = kReduceScatterSlot | (static_cast<uint64_t>(tag) << 16) | static_cast<uint64_t>(s);
+        recv_buf->recv((r + n - 1) % n, slot);
+        send_buf->send((r + 1) % n, slot, static_cast<size_t>(send_block) * block_bytes, block_bytes);
+        if (!recv_buf->waitRecv(group_->timeout) || !send_buf->waitSend(group_->timeout))
+          throw std::runtime_error("aborted");
+        float* dst = acc.data<float>() + static_cast<int64_t>(recv_block) * m;
+        sum_f32(dst, dst, incoming.data<float>(), static_cast<size_t>(m));
+      }
+    });
+    out.copy_from(acc.slice(rank() * m, (rank() + 1) * m));
+    return done();
+  }
+
+  std::unique_ptr<Work> all_gather(const Tensor& in, Tensor& out) override {
+    check_host(in, "all_gather", false);
+    check_host(out, "all_gather", false);
+    if (in.dtype() != out.dtype() || out.numel() != size() * in.numel())
+      throw group_->misuse("all_gather",
+                           fmt::format("output {} is not {} blocks of input {}", out.describe(), size(), in.describe()));
+    uint32_t tag = next_tag_++;
+    if (size() == 1) {
+      out.copy_from(in);
+      return done();
+    }
+    if (in.numel() == 0) return done();
+    guarded("all_gather", [&] {
+      gloo::AllgatherOptions o(context_);
+      o.setInput(in.data<uint8_t>(), in.nbytes());
+      o.setOutput(out.data<uint8_t>(), out.nbytes());
+      o.setTag(tag);
+      o.setTimeout(group_->timeout);
+      gloo::allgather(o);
+    });
+    return done();
+  }
+
+  std::unique_ptr<Work> broadcast(Tensor& t, int root) override {
+    check_host(t, "broadcast", false);
+    if (root < 0 || root >= size())
+      throw group_->misuse("broadcast", fmt::format("root {} is outside the group of {}", root, size()));
+    uint32_t tag = next_tag_++;
+    if (size() == 1 || t.numel() == 0) return done();
+    guarded("broadcast", [&] {
+      gloo::BroadcastOptions o(context_);
+      o.setOutput(t.data<uint8_t>(), t.nbytes());
+      o.setRoot(root);
+      o.setTag(tag);
+      o.setTimeout(group_->timeout);
+      gloo::broadcast(o);
+    });
+    return done();
+  }
+
+  std::unique_ptr<Work> send(const Tensor& t, int peer, int tag) override { return post(t, peer, tag, true); }
+  std::unique_ptr<Work> recv(Tensor& t, int peer, int tag) override { return post(t, peer, tag, false); }
+
+  void barrier() override {
+    uint32_t tag = next_tag_++;
+    if (size() == 1) return;
+    guarded("barrier", [&] {
+      gloo::BarrierOptions o(context_);
+      o.setTag(tag);
+      o.setTimeout(group_->timeout);
+      gloo::barrier(o);
+    });
+  }
+
+ private:
+  static std::unique_ptr<Work> done() { return std::make_unique<CompletedWork>(); }
+
+  void check_host(const Tensor& t, std::string_view op, bool reduction) const {
+    if (!t.defined()) throw group_->misuse(op, "undefined tensor");
+    if (t.device() != Device::cpu)
+      throw group_->misuse(op, fmt::format("Gloo moves host tensors only, got a {} tensor", device_name(t.device())));
+    if (reduction && !is_floating(t.dtype()))
+      throw group_->misuse(op, fmt::format("reductions take f32, bf16 or f16 tensors, got {}", t.describe()));
+  }
+
+  template <class F>
+  void guarded(std::string_view op, F&& f) {
+    group_->throw_if_broken(op);
+    try {
+      f();
+    } catch (const std::exception& e) {  // gloo::IoException, gloo::Exception, gloo::EnforceNotMet, ...
+      group_->throw_if_broken(op);        // a pair closed by an earlier failure: report that one
+      throw group_->failure(op, e);
+    }
+  }
+
+  std::unique_ptr<Work> post(const Tensor& t, int peer, int tag, bool is_send) {
+    const char* op = is_send ? "send" : "recv";
+    check_host(t, op, false);
+    if (peer < 0 || peer >= size() || peer == rank())
+      throw group_->misuse(op, fmt::format("peer {} is not another rank of the group of {}", peer, size()));
+    if (tag < 0) throw group_->misuse(op, fmt::format("tag {} is negative", tag));
+    if (t.nbytes() == 0) return done();
+    const uint64_t slot = kSendRecvSlot | static_cast<uint32_t>(tag);
+    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+    guarded(op, [&] {
+      buffer = context_->createUnboundBuffer(t.raw(), t.nbytes());
+      if (is_send)
+        buffer->send(peer, slot);
+      else
+        buffer->recv(peer, slot);
+    });
+    return std::make_unique<SendRecvWork>(group_, context_, t, std::move(buffer), is_send, peer);
+  }
+
+  std::shared_ptr<const GroupInfo> group_;
+  std::shared_ptr<gloo::Context> context_;
+  uint32_t next_tag_ = 0;  // collectives run in the same order on every rank, so the tags agree
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Store> store, const GlooOptions& opt) {
+  auto group = std::make_shared<GroupInfo>();
+  group->name = opt.name.empty() ? fmt::format("gloo[{}]", fmt::join(opt.members, ",")) : opt.name;
+  group->members = opt.members;
+  group->timeout = opt.timeout;
+  const std::string& name = group->name;
+
+  if (opt.members.empty()) throw CommError(name + ": the group has no members");
+  for (size_t i = 1; i < opt.members.size(); ++i)
+    if (opt.members[i] <= opt.members[i - 1])
+      throw CommError(fmt::format("{}: members [{}] must be distinct global ranks in ascending order", name,
+                                  fmt::join(opt.members, ", ")));
+  auto it = std::find(opt.members.begin(), opt.members.end(), opt.global_rank);
+  if (it == opt.members.end())
+    throw CommError(fmt::format("{}: rank {} is not a member of the group (members [{}])", name, opt.global_rank,
+                                fmt::join(opt.members, ", ")));
+  if (opt.timeout.count() <= 0)
+    throw CommError(fmt::format("{}: timeout must be positive, got {} ms", name, opt.timeout.count()));
+  if (!store) throw CommError(name + ": no rendezvous store");
+  group->rank = static_cast<int>(it - opt.members.begin());
+  const int rank = group->rank;
+  const int size = static_cast<int>(opt.members.size());
+
+  // Each rank counts how often it created this group on this store, so a second communicator of the same
+  // group (e.g. one for overlapped traffic) gets fresh keys; ranks create groups in the same order.
+  int64_t instance = store->add(fmt::format("gloo/{}/created_by/{}", name, opt.global_rank), 1);
+  GlooStoreAdapter adapter(store, fmt::format("gloo/{}/{}/", name, instance), opt.timeout);
+
+  std::shared_ptr<gloo::transport::Device> device;
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = opt.hostname;
+    device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("{}: cannot open a Gloo TCP device on '{}' on {}: {}", name, opt.hostname,
+                                group->who(rank), e.what()));
+  }
+
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  context->setTimeout(opt.timeout);  // also bounds connectFullMesh's store waits and connects
+  try {
+    context->connectFullMesh(adapter, device);
+  } catch (const std::exception& e) {
+    // connectFullMesh publishes each rank's addresses under the key "<rank>": name the ranks that never did.
+    std::vector<int> missing, missing_global;
+    try {
+      for (int r = 0; r < size; ++r)
+        if (r != rank && !store->check(adapter.prefix() + std::to_string(r))) {
+          missing.push_back(r);
+          missing_global.push_back(opt.members[r]);
+        }
+    } catch (const std::exception&) {
+      missing.clear();  // the store itself is gone; its error is in e already
+    }
+    // Our store reports its waits running out as StoreError.
+    bool timed_out = dynamic_cast<const StoreError*>(&e) != nullptr || mentions_timeout(e.what());
+    std::string who_missing =
+        missing.empty() ? ""
+                        : fmt::format(" rank(s) [{}] (global [{}]) never joined;", fmt::join(missing, ", "),
+                                      fmt::join(missing_global, ", "));
+    throw CommError(fmt::format("{}: rendezvous {} on {}:{} {}", name,
+                                timed_out ? "timed out after " + seconds_str(opt.timeout) : std::string("failed"),
+                                group->who(rank), who_missing, e.what()));
+  }
+  return std::make_unique<GlooCommunicator>(std::move(group), std::move(context));
+}
+
+}  // namespace mt

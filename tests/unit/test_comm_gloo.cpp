@@ -1,0 +1,403 @@
+// test_comm_gloo.cpp: the Gloo communicator with threads as ranks (each thread its own communicator, one
+// shared store: in-process, or a TCP store with a client per rank), checked against serial references.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "parallel/communicator.h"
+
+namespace mt {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+// Runs fn(rank) on n threads, one per rank, and rethrows the first exception any of them threw.
+void run_ranks(int n, const std::function<void(int)>& fn) {
+  std::vector<std::exception_ptr> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+std::vector<int> iota_ranks(int n) {
+  std::vector<int> v(n);
+  for (int i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+std::unique_ptr<Communicator> join(std::shared_ptr<Store> store, const std::string& name, std::vector<int> members,
+                                   int global_rank, Millis timeout = 10s) {
+  GlooOptions opt;
+  opt.name = name;
+  opt.members = std::move(members);
+  opt.global_rank = global_rank;
+  opt.timeout = timeout;
+  return make_gloo_communicator(std::move(store), opt);
+}
+
+// Values that differ per rank and element; sums of a few of them are exact in fp32.
+std::vector<float> rank_values(int rank, int64_t n) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>((i * 37 + rank * 11) % 301) + 0.25f * rank - 100.f;
+  return v;
+}
+
+// The values rank r holds once stored in dtype t.
+std::vector<float> stored(int rank, int64_t n, DType t) {
+  return Tensor::from_floats(rank_values(rank, n), {n}, t).to_floats();
+}
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+TEST(CommGloo, AllReduceSumAndMaxMatchSerialReferenceForWorldSizes1To4) {
+  for (int world : {1, 2, 3, 4}) {
+    auto store = make_hash_store();
+    run_ranks(world, [&](int r) {
+      auto comm = join(store, "world", iota_ranks(world), r);
+      EXPECT_EQ(comm->rank(), r);
+      EXPECT_EQ(comm->size(), world);
+      // 300000 floats spans several of Gloo's 1 MiB segments.
+      for (int64_t n : {int64_t{1}, int64_t{1001}, int64_t{300000}})
+        for (DType t : {DType::f32, DType::bf16, DType::f16})
+          for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+            if (n == 300000 && t != DType::f32) continue;
+            Tensor x = Tensor::from_floats(rank_values(r, n), {n}, t);
+            comm->all_reduce(x, op)->wait();
+            std::vector<float> got = x.to_floats();
+            std::vector<std::vector<float>> inputs;
+            for (int q = 0; q < world; ++q) inputs.push_back(stored(q, n, t));
+            for (int64_t i = 0; i < n; ++i) {
+              float ref = inputs[0][i];  // fp32 reduction, rounded once to the storage dtype
+              for (int q = 1; q < world; ++q) ref = op == ReduceOp::sum ? ref + inputs[q][i] : std::max(ref, inputs[q][i]);
+              ASSERT_EQ(got[i], round_to(t, ref))
+                  << "world " << world << " " << dtype_name(t) << " element " << i << " rank " << r;
+            }
+          }
+    });
+  }
+}
+
+TEST(CommGloo, AllReduceBf16RoundsTheFp32SumOnce) {
+  // 1 + 3 * 2^-8 = 1.01171875 lies halfway between the bf16 values 1.0078125 and 1.015625 and rounds to the
+  // even 1.015625; adding in bf16 from rank 0 on would round 1 + 2^-8 back to 1 at every step.
+  auto store = make_hash_store();
+  run_ranks(4, [&](int r) {
+    auto comm = join(store, "world", iota_ranks(4), r);
+    float v = r == 0 ? 1.f : 1.f / 256.f;  // bf16-exact inputs
+    Tensor x = Tensor::from_floats(std::vector<float>{v, -v}, {2}, DType::bf16);
+    comm->all_reduce(x, ReduceOp::sum)->wait();
+    EXPECT_EQ(x.to_floats(), (std::vector<float>{1.015625f, -1.015625f}));
+  });
+}
+
+TEST(CommGloo, ReduceScatterMatchesSerialReference) {
+  for (int world : {2, 3, 4}) {
+    auto store = make_hash_store();
+    const int64_t m = 257;  // elements per block
+    run_ranks(world, [&](int r) {
+      auto comm = join(store, "dp", iota_ranks(world), r);
+      for (DType t : {DType::f32, DType::bf16}) {
+        Tensor in = Tensor::from_floats(rank_values(r, world * m), {world * m}, t);
+        Tensor out = Tensor::zeros({m}, t);
+        comm->reduce_scatter(in, out)->wait();
+        std::vector<float> got = out.to_floats();
+        for (int64_t i = 0; i < m; ++i) {
+          float ref = 0.f;
+          for (int q = 0; q < world; ++q) ref += stored(q, world * m, t)[r * m + i];
+          ASSERT_EQ(got[i], round_to(t, ref)) << "world " << world << " " << dtype_name(t) << " rank " << r;
+        }
+        EXPECT_EQ(in.to_floats(), stored(r, world * m, t)) << "the input must be left untouched";
+      }
+    });
+  }
+}
+
+TEST(CommGloo, AllGatherConcatenatesBlocksInRankOrder) {
+  for (int world : {2, 4}) {
+    auto store = make_hash_store();
+    const int64_t n = 131;
+    run_ranks(world, [&](int r) {
+      auto comm = join(store, "sp", iota_ranks(world), r);
+      for (DType t : {DType::f32, DType::bf16}) {
+        Tensor in = Tensor::from_floats(rank_values(r, n), {n}, t);
+        Tensor out = Tensor::zeros({world, n}, t);
+        comm->all_gather(in, out)->wait();
+        std::vector<float> got = out.to_floats();
+        for (int q = 0; q < world; ++q) {
+          std::vector<float> block(got.begin() + q * n, got.begin() + (q + 1) * n);
+          ASSERT_EQ(block, stored(q, n, t)) << "block " << q << " world " << world << " rank " << r;
+        }
+      }
+    });
+  }
+}
+
+TEST(CommGloo, BroadcastFromNonZeroRoot) {
+  auto store = make_hash_store();
+  run_ranks(4, [&](int r) {
+    auto comm = join(store, "pp", iota_ranks(4), r);
+    Tensor x = Tensor::from_floats(rank_values(r, 500), {500}, DType::bf16);
+    comm->broadcast(x, 2)->wait();
+    EXPECT_EQ(x.to_floats(), stored(2, 500, DType::bf16));
+    Tensor ids = Tensor::from_ints(std::vector<int32_t>{r, r + 10}, {2});
+    comm->broadcast(ids, 3)->wait();
+    EXPECT_EQ(ids.data<int32_t>()[0], 3);
+    EXPECT_EQ(ids.data<int32_t>()[1], 13);
+  });
+}
+
+TEST(CommGloo, SendRecvRingPostedBeforeWaitDoesNotDeadlock) {
+  // 8 MiB per message: far more than socket buffers hold, so a send only completes once the peer's recv is
+  // posted; every rank posts send then recv and only then waits, as a pipeline stage does.
+  const int world = 4;
+  const int64_t n = 2 << 20;
+  auto store = make_hash_store();
+  run_ranks(world, [&](int r) {
+    auto comm = join(store, "pp", iota_ranks(world), r);
+    Tensor out = Tensor::from_floats(rank_values(r, n), {n});
+    Tensor in = Tensor::zeros({n}, DType::f32);
+    auto send = comm->send(out, (r + 1) % world, 5);
+    auto recv = comm->recv(in, (r + world - 1) % world, 5);
+    send->wait();
+    recv->wait();
+    EXPECT_EQ(in.to_floats(), rank_values((r + world - 1) % world, n));
+  });
+}
+
+TEST(CommGloo, SendRecvPairExchangeMatchesByTag) {
+  auto store = make_hash_store();
+  run_ranks(2, [&](int r) {
+    auto comm = join(store, "pp", {0, 1}, r);
+    int peer = 1 - r;
+    Tensor a = Tensor::from_floats(std::vector<float>{10.f * r + 1, 10.f * r + 2}, {2}, DType::bf16);
+    Tensor b = Tensor::from_floats(std::vector<float>{10.f * r + 3}, {1}, DType::bf16);
+    Tensor got_a = Tensor::zeros({2}, DType::bf16), got_b = Tensor::zeros({1}, DType::bf16);
+    // Both ranks send first; the receives are posted in the other tag order.
+    auto sa = comm->send(a, peer, 1);
+    auto sb = comm->send(b, peer, 2);
+    auto rb = comm->recv(got_b, peer, 2);
+    auto ra = comm->recv(got_a, peer, 1);
+    rb->wait();
+    ra->wait();
+    sa->wait();
+    sb->wait();
+    EXPECT_EQ(got_a.to_floats(), (std::vector<float>{10.f * peer + 1, 10.f * peer + 2}));
+    EXPECT_EQ(got_b.to_floats(), (std::vector<float>{10.f * peer + 3}));
+  });
+}
+
+TEST(CommGloo, SeveralGroupsOfOneWorldRunConcurrently) {
+  // World 4 as tp pairs {0,1},{2,3}, dp pairs {0,2},{1,3}, a second communicator of the same tp group (as
+  // for overlapped traffic) and the world group, all through one store.
+  auto store = make_hash_store();
+  run_ranks(4, [&](int r) {
+    std::vector<int> tp_members = r < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+    std::vector<int> dp_members = r % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3};
+    std::string tp_name = r < 2 ? "tp[0,1]" : "tp[2,3]";
+    std::string dp_name = r % 2 == 0 ? "dp[0,2]" : "dp[1,3]";
+    auto tp = join(store, tp_name, tp_members, r);
+    auto dp = join(store, dp_name, dp_members, r);
+    auto tp2 = join(store, tp_name, tp_members, r);
+    auto world = join(store, "world", iota_ranks(4), r);
+    EXPECT_EQ(tp->rank(), r % 2);
+    EXPECT_EQ(dp->rank(), r / 2);
+    for (int iter = 0; iter < 20; ++iter) {
+      Tensor a = Tensor::from_floats(std::vector<float>{float(r + iter)}, {1});
+      Tensor b = Tensor::from_floats(std::vector<float>{float(100 * r)}, {1});
+      Tensor c = Tensor::from_floats(std::vector<float>{float(r)}, {1});
+      tp->all_reduce(a, ReduceOp::sum)->wait();
+      dp->all_reduce(b, ReduceOp::max)->wait();
+      tp2->all_reduce(c, ReduceOp::max)->wait();
+      EXPECT_EQ(a.item(), float(tp_members[0] + tp_members[1] + 2 * iter));
+      EXPECT_EQ(b.item(), float(100 * dp_members[1]));
+      EXPECT_EQ(c.item(), float(tp_members[1]));
+    }
+    world->barrier();
+  });
+}
+
+TEST(CommGloo, RendezvousThroughTcpStoreWithAClientPerRank) {
+  // The production path: rank 0 serves the store, every rank is a client of it under a run prefix.
+  TcpStoreServer server("127.0.0.1", 0);
+  run_ranks(3, [&](int r) {
+    auto store = make_prefix_store("run", connect_tcp_store("127.0.0.1", server.port(), 5s));
+    auto world = join(store, "world", iota_ranks(3), r);
+    auto pair = r < 2 ? join(store, "pp[0,1]", {0, 1}, r) : nullptr;
+    Tensor x = Tensor::from_floats(std::vector<float>{float(r + 1)}, {1});
+    world->all_reduce(x, ReduceOp::sum)->wait();
+    EXPECT_EQ(x.item(), 6.f);
+    if (pair) {
+      Tensor out = Tensor::from_floats(std::vector<float>{float(10 + r)}, {1});
+      Tensor in = Tensor::zeros({1}, DType::f32);
+      auto s = pair->send(out, 1 - r, 0);
+      auto q = pair->recv(in, 1 - r, 0);
+      s->wait();
+      q->wait();
+      EXPECT_EQ(in.item(), float(11 - r));
+    }
+    world->barrier();
+  });
+}
+
+TEST(CommGloo, BarrierWaitsForEveryRank) {
+  auto store = make_hash_store();
+  std::atomic<int> arrived{0};
+  run_ranks(3, [&](int r) {
+    auto comm = join(store, "world", iota_ranks(3), r);
+    std::this_thread::sleep_for(std::chrono::milliseconds(60 * r));
+    arrived.fetch_add(1);
+    comm->barrier();
+    EXPECT_EQ(arrived.load(), 3) << "rank " << r << " left the barrier early";
+  });
+}
+
+TEST(CommGloo, RecvFromSilentPeerTimesOutNamingGroupAndPeer) {
+  auto store = make_hash_store();
+  std::promise<void> finished;
+  std::shared_future<void> rank0_done = finished.get_future().share();
+  run_ranks(2, [&](int r) {
+    auto comm = join(store, "tp[4,5]", {4, 5}, 4 + r, 500ms);
+    if (r == 1) {  // stays connected but never sends
+      rank0_done.wait();
+      return;
+    }
+    Tensor x = Tensor::zeros({16}, DType::f32);
+    auto t0 = Clock::now();
+    try {
+      comm->recv(x, 1, 0)->wait();
+      ADD_FAILURE() << "recv from a silent peer returned";
+    } catch (const CommError& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find("tp[4,5]"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("recv from rank 1 (global 5)"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("timed out after 0.5 s on rank 0 (global 4)"), std::string::npos) << msg;
+    }
+    EXPECT_LT(seconds_since(t0), 2.0);
+    // The communicator is broken now (Gloo closes its pairs on a timeout): later ops fail, never hang.
+    auto t1 = Clock::now();
+    Tensor y = Tensor::zeros({4}, DType::f32);
+    try {
+      comm->all_reduce(y, ReduceOp::sum)->wait();
+      ADD_FAILURE() << "all_reduce on a broken communicator returned";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("unusable after an earlier failure: tp[4,5]: recv from rank 1"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_LT(seconds_since(t1), 1.0);
+    finished.set_value();
+  });
+}
+
+TEST(CommGloo, PeerThatExitsFailsPendingRecvAtOnce) {
+  auto store = make_hash_store();
+  run_ranks(2, [&](int r) {
+    auto comm = join(store, "pp[0,1]", {0, 1}, r, 5000ms);
+    if (r == 1) {  // closes its connections without sending
+      std::this_thread::sleep_for(100ms);
+      comm.reset();
+      return;
+    }
+    Tensor x = Tensor::zeros({16}, DType::f32);
+    auto t0 = Clock::now();
+    try {
+      comm->recv(x, 1, 0)->wait();
+      ADD_FAILURE() << "recv from an exited peer returned";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("pp[0,1]: recv from rank 1 (global 1) failed on rank 0"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_LT(seconds_since(t0), 2.0) << "the 5 s timeout must not be needed";
+  });
+}
+
+TEST(CommGloo, CollectiveWithAbsentPeerTimesOut) {
+  auto store = make_hash_store();
+  std::promise<void> finished;
+  std::shared_future<void> rank0_done = finished.get_future().share();
+  run_ranks(2, [&](int r) {
+    auto comm = join(store, "dp[0,1]", {0, 1}, r, 500ms);
+    if (r == 1) {
+      rank0_done.wait();
+      return;
+    }
+    Tensor x = Tensor::zeros({1000}, DType::f32);
+    auto t0 = Clock::now();
+    try {
+      comm->all_reduce(x, ReduceOp::sum)->wait();
+      ADD_FAILURE() << "all_reduce without the peer returned";
+    } catch (const CommError& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find("dp[0,1]: all_reduce timed out after 0.5 s on rank 0 (global 0)"), std::string::npos) << msg;
+    }
+    EXPECT_LT(seconds_since(t0), 2.0);
+    finished.set_value();
+  });
+}
+
+TEST(CommGloo, RankThatNeverJoinsFailsTheRendezvousWithinTheTimeout) {
+  auto store = make_hash_store();
+  run_ranks(2, [&](int r) {  // global ranks 0 and 1 join; 2 never does
+    auto t0 = Clock::now();
+    try {
+      join(store, "tp[0,1,2]", {0, 1, 2}, r, 500ms);
+      ADD_FAILURE() << "rendezvous without rank 2 returned on rank " << r;
+    } catch (const CommError& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find("tp[0,1,2]: rendezvous timed out after 0.5 s"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("rank(s) [2] (global [2]) never joined"), std::string::npos) << msg;
+    }
+    EXPECT_LT(seconds_since(t0), 2.0);
+  });
+}
+
+TEST(CommGloo, MisuseIsReportedWithGroupAndRank) {
+  auto store = make_hash_store();
+  try {
+    join(store, "tp[0,1]", {0, 1}, 3);
+    ADD_FAILURE() << "a non-member joined";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("tp[0,1]: rank 3 is not a member"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(join(store, "tp[1,0]", {1, 0}, 0), CommError);
+  run_ranks(2, [&](int r) {
+    auto comm = join(store, "tp[0,1]", {0, 1}, r);
+    Tensor x = Tensor::zeros({4}, DType::f32);
+    Tensor bad = Tensor::zeros({3}, DType::f32);
+    EXPECT_THROW(comm->send(x, r, 0), CommError);  // to itself
+    EXPECT_THROW(comm->recv(x, 2, 0), CommError);  // outside the group
+    EXPECT_THROW(comm->send(x, 1 - r, -1), CommError);
+    EXPECT_THROW(comm->broadcast(x, 2), CommError);
+    EXPECT_THROW(comm->reduce_scatter(x, bad), CommError);
+    EXPECT_THROW(comm->all_gather(bad, x), CommError);
+    Tensor ids = Tensor::from_ints(std::vector<int32_t>{1, 2}, {2});
+    try {
+      comm->all_reduce(ids, ReduceOp::sum);
+      ADD_FAILURE() << "all_reduce of i32 accepted";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("tp[0,1]: all_reduce on rank " + std::to_string(r)), std::string::npos)
+          << e.what();
+    }
+    comm->barrier();  // misuse never reached the wire: the group still works
+  });
+}
+
+}  // namespace
+}  // namespace mt
