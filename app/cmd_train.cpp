@@ -5,6 +5,7 @@
 #include "app/commands.h"
 #include "app/trainer.h"
 #include "core/config/config.h"
+#include "parallel/launch.h"
 
 namespace mt::app {
 
@@ -30,8 +31,9 @@ void add_train_options(CLI::App& app, TrainArgs& a) {
 void run(const TrainArgs& a) {
   std::vector<std::string> overrides = a.overrides;
   if (!a.load.empty()) overrides.push_back("checkpoint.load=" + a.load);
-  Config cfg = load_config(a.config, overrides, 1);
-  train(cfg, TrainOptions{.exit_after = a.exit_after});
+  const LaunchEnv env = detect_launch_env();
+  Config cfg = load_config(a.config, overrides, env.world_size);
+  train(cfg, TrainOptions{.exit_after = a.exit_after}, env);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -15,6 +16,7 @@
 
 #include "app/checkpointing.h"
 #include "app/data_sources.h"
+#include "app/distributed.h"
 #include "core/checkpoint/checkpoint.h"
 #include "core/data/indexed_dataset.h"
 #include "core/loss_scaler.h"
@@ -29,9 +31,20 @@ namespace fs = std::filesystem;
 namespace {
 
 std::atomic<int> g_signal{0};
-// The first signal asks for a checkpoint at the end of the iteration; a second one ends at once.
+std::atomic<int64_t> g_first_signal_ns{0};
+
+// The first signal asks for a checkpoint at the end of the iteration; another one more than two seconds
+// later ends at once. (A Ctrl-C under --nproc reaches a rank twice, from the terminal and forwarded by the
+// launcher, and must not skip the checkpoint.) clock_gettime is async-signal-safe.
 extern "C" void on_signal(int sig) {
-  if (g_signal.exchange(sig) != 0) std::_Exit(128 + sig);
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const int64_t now = static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+  if (g_signal.exchange(sig) == 0) {
+    g_first_signal_ns.store(now);
+  } else if (now - g_first_signal_ns.load() > 2000000000) {
+    std::_Exit(128 + sig);
+  }
 }
 
 // Appends one JSON object per line to RUN_DIR/metrics.jsonl, flushed each time.
@@ -73,11 +86,22 @@ struct Counters {
   int64_t nan_iters = 0;         // iterations whose loss was inf/NaN
 };
 
+// All-reduces (sum) a few doubles over a group: losses and counters that every rank must agree on.
+std::vector<double> sum_over(Communicator& comm, std::vector<double> values) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(values.size())}, DType::f32);
+  // f32 carries the loss sums exactly enough for logging; the values come back identical on every rank.
+  for (size_t i = 0; i < values.size(); ++i) t.data<float>()[i] = static_cast<float>(values[i]);
+  comm.all_reduce(t, ReduceOp::sum)->wait();
+  for (size_t i = 0; i < values.size(); ++i) values[i] = t.data<float>()[i];
+  return values;
+}
+
 class Trainer {
  public:
-  Trainer(const Config& cfg, const TrainOptions& opt)
+  Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
       : cfg_(cfg),
         opt_(opt),
+        dist_(dist),
         dtype_(parse_dtype(cfg.training.precision)),
         data_(open_data_sources(cfg)),
         model_(cfg.model, GptOptions{.dtype = dtype_, .seed = static_cast<uint64_t>(cfg.training.seed),
@@ -92,7 +116,18 @@ class Trainer {
                                   .hysteresis = cfg.training.loss_scale.hysteresis}),
         schedule_{.lr = cfg.optimizer.lr, .min_lr = cfg.optimizer.min_lr, .warmup_iters = cfg.optimizer.warmup_iters,
                   .decay_iters = cfg.optimizer.decay_iters, .decay = cfg.optimizer.decay},
-        metrics_(cfg.logging.dir) {}
+        metrics_(dist.is_logging_rank() ? cfg.logging.dir : "") {
+    // One flat fp32 buffer holds every gradient, so data parallelism reduces it in one call.
+    int64_t total = 0;
+    for (const Parameter* p : model_.parameters()) total += p->grad.numel();
+    grad_buffer_ = Tensor::zeros({total}, DType::f32, Device::cpu, MemKind::gradient);
+    int64_t offset = 0;
+    for (Parameter* p : model_.parameters()) {
+      const int64_t n = p->grad.numel();
+      p->grad = grad_buffer_.slice(offset, offset + n).view(p->value.shape());
+      offset += n;
+    }
+  }
 
   void run();
 
@@ -105,6 +140,7 @@ class Trainer {
 
   const Config& cfg_;
   TrainOptions opt_;
+  Distributed& dist_;
   DType dtype_;
   DataSources data_;
   GptModel model_;
@@ -112,6 +148,7 @@ class Trainer {
   LossScaler scaler_;
   LrSchedule schedule_;
   MetricsFile metrics_;
+  Tensor grad_buffer_;  // (all parameters) f32, the storage of every Parameter::grad
   Counters c_;
   std::optional<std::string> last_saved_;
 };
@@ -146,8 +183,14 @@ void Trainer::maybe_resume() {
   metrics_.write(fmt::format(R"({{"event":"resume","iteration":{},"checkpoint":"{}"}})", c_.iteration, *dir));
 }
 
+// Data-parallel ranks hold identical state: rank 0 writes it, the others wait until it is committed.
 void Trainer::save() {
   if (cfg_.checkpoint.save_dir.empty() || last_saved_ == std::to_string(c_.iteration)) return;
+  if (!dist_.is_logging_rank()) {
+    last_saved_ = std::to_string(c_.iteration);
+    dist_.dp->barrier();
+    return;
+  }
   auto t0 = std::chrono::steady_clock::now();
   CheckpointState s;
   s.iteration = c_.iteration;
@@ -163,41 +206,51 @@ void Trainer::save() {
               {"seed", std::to_string(cfg_.training.seed)}};
   std::string dir = save_checkpoint(cfg_.checkpoint.save_dir, s, optimizer_tensors(optimizer_), cfg_.checkpoint.keep_last);
   last_saved_ = std::to_string(c_.iteration);
+  dist_.dp->barrier();
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info("saved checkpoint {} ({:.0f} ms)", dir, ms);
   metrics_.write(fmt::format(R"({{"event":"save","iteration":{},"checkpoint":"{}"}})", c_.iteration, dir));
 }
 
-// One iteration: every microbatch forward and backward (gradients accumulate), then the optimizer step.
+// One iteration: every microbatch of this rank forward and backward (gradients accumulate), the gradients
+// summed over the data-parallel group, then the optimizer step (the same on every rank).
+// Microbatch m of data-parallel rank r holds samples consumed + (m * dp + r) * B + [0, B), so the global batch
+// is the same set of samples whatever the layout.
 float Trainer::train_step(float& lr_used, StepResult& result) {
   const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length, M = cfg_.training.num_microbatches;
-  optimizer_.zero_grads();
+  const int64_t dp = dist_.dp_size(), r = dist_.dp_rank();
+  grad_buffer_.zero_();
   Tensor tokens = Tensor::empty({B, S}, DType::i32), targets = Tensor::empty({B, S}, DType::i32);
-  const float dloss = static_cast<float>(scaler_.scale() / static_cast<double>(M));
+  // The objective is the mean loss over all M * dp microbatches (times the loss scale).
+  const float dloss = static_cast<float>(scaler_.scale() / static_cast<double>(M * dp));
   double loss_sum = 0;
   for (int64_t m = 0; m < M; ++m) {
-    const int64_t first = c_.consumed_samples + m * B;
+    const int64_t first = c_.consumed_samples + (m * dp + r) * B;
     make_batch(data_.train, first, B, S, tokens, targets);
     StepContext ctx{.sample_offset = first, .training = true, .seed = static_cast<uint64_t>(cfg_.training.seed)};
     loss_sum += model_.forward(tokens, targets, static_cast<int>(m), ctx);
     model_.backward(static_cast<int>(m), dloss);
   }
+  dist_.dp->all_reduce(grad_buffer_, ReduceOp::sum)->wait();
   lr_used = static_cast<float>(schedule_.at(optimizer_.steps() + 1));
   result = optimizer_.step(lr_used, scaler_.scale());
   scaler_.update(result.found_inf);
   if (result.found_inf) ++c_.skipped_iters;
-  return static_cast<float>(loss_sum / static_cast<double>(M));
+  if (dp > 1) loss_sum = sum_over(*dist_.dp, {loss_sum})[0];
+  return static_cast<float>(loss_sum / static_cast<double>(M * dp));
 }
 
+// Mean loss over the first eval_iters global batches of the validation samples, microbatch i on dp rank i % dp.
 double Trainer::evaluate() {
-  const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length;
-  const int64_t batches = cfg_.logging.eval_iters * cfg_.training.num_microbatches;
+  const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length, dp = dist_.dp_size();
+  const int64_t batches = cfg_.logging.eval_iters * cfg_.training.num_microbatches * dp;
   Tensor tokens = Tensor::empty({B, S}, DType::i32), targets = Tensor::empty({B, S}, DType::i32);
   double sum = 0;
-  for (int64_t i = 0; i < batches; ++i) {
+  for (int64_t i = dist_.dp_rank(); i < batches; i += dp) {
     make_batch(data_.valid, i * B, B, S, tokens, targets);
     sum += model_.forward(tokens, targets, 0, StepContext{.sample_offset = i * B, .training = false});
   }
+  if (dp > 1) sum = sum_over(*dist_.dp, {sum})[0];
   return sum / static_cast<double>(batches);
 }
 
@@ -253,8 +306,12 @@ void Trainer::run() {
       metrics_.write(fmt::format(R"({{"iteration":{},"valid_loss":{}}})", c_.iteration, json_number(v)));
     }
     if (cfg_.checkpoint.save_interval > 0 && c_.iteration % cfg_.checkpoint.save_interval == 0) save();
-    if (int sig = g_signal.load()) {
-      spdlog::warn("received signal {}: saving and stopping after iteration {}", sig, c_.iteration);
+    // Every rank must stop after the same iteration, whenever the signal reached it.
+    const int sig = g_signal.load();
+    const bool stop = dist_.dp_size() > 1 ? sum_over(*dist_.dp, {sig != 0 ? 1.0 : 0.0})[0] > 0 : sig != 0;
+    if (stop) {
+      spdlog::warn("received {}: saving and stopping after iteration {}",
+                   sig != 0 ? fmt::format("signal {}", sig) : "a stop signal on another rank", c_.iteration);
       save();
       return;
     }
@@ -286,14 +343,17 @@ void setup_logging(const std::string& run_dir, const std::string& level) {
   spdlog::set_default_logger(logger);
 }
 
-void train(const Config& cfg, const TrainOptions& opt) {
-  setup_logging(cfg.logging.dir, cfg.logging.level);
+void train(const Config& cfg, const TrainOptions& opt, const LaunchEnv& env) {
+  // Rank 0 logs to the console and the run directory; the others only report problems.
+  const bool logging_rank = env.rank == 0;
+  setup_logging(logging_rank ? cfg.logging.dir : "", logging_rank ? cfg.logging.level : "warn");
   spdlog::info("megatrain {} resolved config:\n{}", MEGATRAIN_VERSION, to_yaml(cfg));
-  if (!cfg.checkpoint.save_dir.empty()) check_save_dir_writable(cfg.checkpoint.save_dir);
+  if (logging_rank && !cfg.checkpoint.save_dir.empty()) check_save_dir_writable(cfg.checkpoint.save_dir);
   std::signal(SIGTERM, on_signal);
   std::signal(SIGUSR1, on_signal);
   std::signal(SIGINT, on_signal);
-  Trainer trainer(cfg, opt);
+  std::unique_ptr<Distributed> dist = init_distributed(cfg, env);
+  Trainer trainer(cfg, opt, *dist);
   trainer.run();
 }
 

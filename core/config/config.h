@@ -44,6 +44,7 @@ struct ParallelConfig {
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
   std::vector<int64_t> layers_per_stage; // empty: num_layers split evenly
+  double timeout_s = 300;                // bound on every rendezvous and collective wait (a dead rank ends the job)
   // derived
   int64_t world_size = 1;
 

@@ -44,6 +44,7 @@ void visit(V& v, C& c) {
     v.field({.name = "sequence_parallel"}, p.sequence_parallel);
     v.field({.name = "distributed_optimizer"}, p.distributed_optimizer);
     v.field({.name = "layers_per_stage"}, p.layers_per_stage);
+    v.field({.name = "timeout_s"}, p.timeout_s);
   });
   v.section("training", [&] {
     auto& t = c.training;

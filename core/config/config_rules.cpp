@@ -101,6 +101,7 @@ void resolve_parallel(Config& c, int64_t world_size, const Rules& r) {
                                         p.tensor, p.pipeline, p.data, model_parallel * p.data, world_size));
   }
   p.world_size = world_size;
+  r.positive("parallel.timeout_s", p.timeout_s);
 
   if (p.pipeline > m.num_layers)
     r.fail("parallel.pipeline", fmt::format("{} is more than model.num_layers={}", p.pipeline, m.num_layers));

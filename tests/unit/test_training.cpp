@@ -180,8 +180,12 @@ TEST(GptModel, ScaledInitForOutputProjections) {
     return std::sqrt(s / p.value.numel());
   };
   for (Parameter* p : m.parameters()) {
-    if (p->name == "layers.0.attn.qkv.weight") EXPECT_NEAR(stddev(*p), 0.02, 0.002);
-    if (p->name == "layers.0.mlp.fc2.weight") EXPECT_NEAR(stddev(*p), 0.02 / std::sqrt(16.0), 0.0005);
+    if (p->name == "layers.0.attn.qkv.weight") {
+      EXPECT_NEAR(stddev(*p), 0.02, 0.002);
+    }
+    if (p->name == "layers.0.mlp.fc2.weight") {
+      EXPECT_NEAR(stddev(*p), 0.02 / std::sqrt(16.0), 0.0005);
+    }
   }
 }
 

@@ -51,3 +51,41 @@ expect_error() {
   grep -q -- "$pattern" err.txt || { cat err.txt >&2; fail "error for '$*' lacks '$pattern'"; }
   echo "ok: $* -> $(head -c 300 err.txt | tr '\n' ' ')"
 }
+
+# A free TCP port on loopback.
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# Runs megatrain as N ranks started by a shell loop with torchrun-style variables: run_ranks N ARGS...
+# Waits for all; fails if any rank fails (their output is in rank<R>.log).
+run_ranks() {
+  local n=$1; shift
+  local port pids=() r rc=0
+  port=$(free_port)
+  for ((r = 0; r < n; r++)); do
+    RANK=$r WORLD_SIZE=$n LOCAL_RANK=$r LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      "$MT" "$@" >"rank$r.log" 2>&1 &
+    pids+=($!)
+  done
+  for r in "${!pids[@]}"; do wait "${pids[$r]}" || { echo "rank $r failed:"; tail -5 "rank$r.log"; rc=1; }; done
+  return $rc
+}
+
+# Compares the losses of two metrics files over iterations [lo, hi] within a relative tolerance.
+same_losses() {
+  python3 - "$@" <<'PY'
+import json, sys
+a_path, b_path, lo, hi, tol = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+def losses(p):
+    out = {}
+    for l in open(p):
+        r = json.loads(l)
+        if "loss" in r and lo <= r["iteration"] <= hi:
+            out[r["iteration"]] = r["loss"]   # a resumed run's later lines win
+    return out
+a, b = losses(a_path), losses(b_path)
+assert sorted(a) == list(range(lo, hi + 1)) and sorted(b) == sorted(a), f"iterations differ: {sorted(a)} vs {sorted(b)}"
+worst = max(abs(a[i] - b[i]) / abs(a[i]) for i in a)
+print(f"{b_path} vs {a_path}: iterations {lo}-{hi}, worst relative difference {worst:.2e} (tolerance {tol:g})")
+assert worst <= tol, "losses differ"
+PY
+}

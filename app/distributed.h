@@ -1,0 +1,31 @@
+// distributed.h: this process's place in the job (launch environment, rank grid) and the communicators
+// of its groups, set up once at start.
+#pragma once
+#include <memory>
+
+#include "core/config/config.h"
+#include "parallel/communicator.h"
+#include "parallel/launch.h"
+#include "parallel/store.h"
+#include "parallel/topology.h"
+
+namespace mt::app {
+
+struct Distributed {
+  LaunchEnv env;
+  Topology topology{1, 1, 1, 1};
+  std::unique_ptr<TcpStoreServer> server;  // rank 0 only
+  std::shared_ptr<Store> store;
+  std::unique_ptr<Communicator> dp;        // this rank's data-parallel group (size 1 when not distributed)
+
+  int rank() const { return env.rank; }
+  bool is_logging_rank() const { return env.rank == 0; }
+  int dp_rank() const { return topology.coord(env.rank).dp; }
+  int dp_size() const { return topology.dp(); }
+};
+
+// Refuses layouts this build cannot train yet (before any communication), then, when the world has more
+// than one rank, serves (rank 0) or reaches the rendezvous store and creates the communicators.
+std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv& env);
+
+}  // namespace mt::app
