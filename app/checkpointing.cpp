@@ -1,5 +1,7 @@
 #include "app/checkpointing.h"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace mt::app {
@@ -10,22 +12,36 @@ TensorSlice slice_of(const std::string& name, const Parameter& p, const Tensor& 
   return TensorSlice{.name = name, .global_shape = p.global_shape, .start = p.start, .data = data};
 }
 
+// Vocabulary tables are padded to a multiple of 128 * tensor-parallel size, so their row count depends on
+// the layout. Padding rows are never looked up and are left out of the softmax: only the rows both layouts
+// hold are read; rows beyond the checkpoint's keep their initial values.
+bool is_vocabulary_table(const std::string& param_name) {
+  return param_name == "embedding.word_embeddings.weight" || param_name == "lm_head.weight";
+}
+
 void read_checked(const CheckpointReader& reader, const std::string& name, const Parameter& p, Tensor& out) {
   if (!reader.has(name))
     throw CheckpointError(fmt::format("{}: checkpoint has no tensor '{}' (a different model?)", reader.dir(), name));
   const TensorInfo& info = reader.info(name);
-  if (info.global_shape != p.global_shape)
+  const bool padded_rows_differ = is_vocabulary_table(p.name) && info.global_shape.size() == 2 &&
+                                  info.global_shape[1] == p.global_shape[1];
+  if (info.global_shape != p.global_shape && !padded_rows_differ)
     throw CheckpointError(fmt::format("{}: tensor '{}' has shape {} in the checkpoint but {} in this model",
                                       reader.dir(), name, shape_str(info.global_shape), shape_str(p.global_shape)));
-  reader.read(name, out, p.start);
+  if (info.global_shape == p.global_shape) return reader.read(name, out, p.start);
+  const int64_t rows = std::clamp<int64_t>(info.global_shape[0] - p.start[0], 0, out.dim(0));
+  if (rows == 0) return;
+  Tensor part = out.slice(0, rows);
+  reader.read(name, part, p.start);
 }
 
 }  // namespace
 
-std::vector<TensorSlice> optimizer_tensors(AdamW& opt) {
+std::vector<TensorSlice> optimizer_tensors(AdamW& opt, const std::function<bool(const Parameter&)>& keep) {
   std::vector<TensorSlice> out;
   for (auto& s : opt.slots()) {
     const Parameter& p = *s.param;
+    if (keep && !keep(p)) continue;
     out.push_back(slice_of("model." + p.name, p, s.master));
     out.push_back(slice_of("optimizer.exp_avg." + p.name, p, s.exp_avg));
     out.push_back(slice_of("optimizer.exp_avg_sq." + p.name, p, s.exp_avg_sq));

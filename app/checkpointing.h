@@ -1,5 +1,6 @@
 // checkpointing.h: what a training run puts into a checkpoint and takes back out of it.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -10,8 +11,8 @@
 namespace mt::app {
 
 // Tensor names: "model.<param>" (fp32 master weights), "optimizer.exp_avg.<param>",
-// "optimizer.exp_avg_sq.<param>".
-std::vector<TensorSlice> optimizer_tensors(AdamW& opt);
+// "optimizer.exp_avg_sq.<param>"; only the parameters `keep` accepts (all when it is empty).
+std::vector<TensorSlice> optimizer_tensors(AdamW& opt, const std::function<bool(const Parameter&)>& keep = {});
 
 // Reads "model.<param>" for every parameter into its value (dtype converted). Shapes must match the
 // checkpoint's global shapes; throws CheckpointError naming the tensor otherwise.

@@ -2,7 +2,10 @@
 #include <string>
 #include <vector>
 
+#include <filesystem>
+
 #include "app/commands.h"
+#include "app/local_launcher.h"
 #include "app/trainer.h"
 #include "core/config/config.h"
 #include "parallel/launch.h"
@@ -16,6 +19,8 @@ struct TrainArgs {
   std::vector<std::string> overrides;
   std::string load;
   int64_t exit_after = 0;
+  int nproc = 0;               // > 0: launch this many local ranks of this command
+  bool prefix_output = false;  // with --nproc: "[rank N] " before every line of each rank
 };
 
 void add_train_options(CLI::App& app, TrainArgs& a) {
@@ -26,9 +31,36 @@ void add_train_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--load", a.load, "resume from this checkpoint (a checkpoint or a save_dir with `latest`)");
   app.add_option("--exit-after", a.exit_after, "save a checkpoint and stop after this iteration")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--nproc", a.nproc, "start this many local ranks (like torchrun --standalone) and supervise them")
+      ->check(CLI::Range(1, 4096));
+  app.add_flag("--prefix-output", a.prefix_output, "with --nproc: prefix each rank's output lines with its rank");
+}
+
+// The path of this executable, so the launcher starts the same binary.
+std::string self_executable() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) throw std::runtime_error("--nproc: cannot find this executable (/proc/self/exe): " + ec.message());
+  return p.string();
+}
+
+// megatrain --nproc N ...: the same train command once per rank, with torchrun-style variables set.
+int launch(const TrainArgs& a) {
+  LaunchOptions opt{.nproc = a.nproc, .prefix_output = a.prefix_output};
+  opt.argv = {self_executable(), "train", "--config", a.config};
+  for (const std::string& o : a.overrides) opt.argv.insert(opt.argv.end(), {"--set", o});
+  if (!a.load.empty()) opt.argv.insert(opt.argv.end(), {"--load", a.load});
+  if (a.exit_after > 0) opt.argv.insert(opt.argv.end(), {"--exit-after", std::to_string(a.exit_after)});
+  return launch_local(opt);
 }
 
 void run(const TrainArgs& a) {
+  if (a.nproc > 0) {
+    // Validate the config for the whole job before starting anything.
+    load_config(a.config, a.overrides, a.nproc);
+    if (int rc = launch(a); rc != 0) throw CLI::RuntimeError(rc);
+    return;
+  }
   std::vector<std::string> overrides = a.overrides;
   if (!a.load.empty()) overrides.push_back("checkpoint.load=" + a.load);
   const LaunchEnv env = detect_launch_env();

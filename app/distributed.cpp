@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 namespace mt::app {
@@ -22,30 +23,39 @@ std::string gloo_hostname(const LaunchEnv& env) {
 
 std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv& env) {
   const auto& p = cfg.parallel;
-  if (p.tensor > 1 || p.pipeline > 1)
-    throw std::invalid_argument(fmt::format(
-        "{}: parallel.tensor={} parallel.pipeline={}: tensor and pipeline parallelism are not implemented yet "
-        "(data parallelism is: keep tensor and pipeline at 1)",
-        cfg.source, p.tensor, p.pipeline));
+  if (p.pipeline > 1)
+    throw std::invalid_argument(fmt::format("{}: parallel.pipeline={}: pipeline parallelism is not implemented yet "
+                                            "(tensor and data parallelism are: keep pipeline at 1)",
+                                            cfg.source, p.pipeline));
+  if (p.sequence_parallel)
+    throw std::invalid_argument(fmt::format("{}: parallel.sequence_parallel: not implemented yet", cfg.source));
+  if (p.distributed_optimizer)
+    throw std::invalid_argument(fmt::format("{}: parallel.distributed_optimizer: not implemented yet", cfg.source));
   auto d = std::make_unique<Distributed>();
   d->env = env;
   d->topology = Topology(env.world_size, static_cast<int>(p.tensor), static_cast<int>(p.pipeline),
                          static_cast<int>(p.data));
+  const Millis timeout{static_cast<int64_t>(cfg.parallel.timeout_s * 1000)};
   if (env.world_size == 1) {
     d->store = make_hash_store();
-    d->dp = make_gloo_communicator(d->store, GlooOptions{.name = "dp", .members = {0}, .global_rank = 0});
-    return d;
+  } else {
+    if (env.rank == 0) d->server = std::make_unique<TcpStoreServer>("", env.master_port);
+    d->store = connect_tcp_store(env.master_addr, env.master_port, timeout);
   }
-  const Millis timeout{static_cast<int64_t>(cfg.parallel.timeout_s * 1000)};
-  if (env.rank == 0) d->server = std::make_unique<TcpStoreServer>("", env.master_port);
-  d->store = connect_tcp_store(env.master_addr, env.master_port, timeout);
-  const std::vector<int> dp_members = d->topology.dp_group(env.rank);
-  d->dp = make_gloo_communicator(
-      d->store, GlooOptions{.name = fmt::format("dp[{}]", fmt::join(dp_members, ",")),
-                            .members = dp_members,
-                            .global_rank = env.rank,
-                            .hostname = gloo_hostname(env),
-                            .timeout = timeout});
+  // Every rank creates every group it belongs to, in the same order: world, tp, dp.
+  auto group = [&](const char* kind, std::vector<int> members) {
+    return make_gloo_communicator(d->store, GlooOptions{.name = fmt::format("{}[{}]", kind, fmt::join(members, ",")),
+                                                        .members = members,
+                                                        .global_rank = env.rank,
+                                                        .hostname = gloo_hostname(env),
+                                                        .timeout = timeout});
+  };
+  std::vector<int> everyone(env.world_size);
+  for (int r = 0; r < env.world_size; ++r) everyone[r] = r;
+  d->world = group("world", everyone);
+  d->tp = group("tp", d->topology.tp_group(env.rank));
+  d->dp = group("dp", d->topology.dp_group(env.rank));
+  if (env.world_size == 1) return d;
   spdlog::info("rank {} of {} ({}): tp {} dp {} pp {}, rendezvous at {}:{}", env.rank, env.world_size, env.launcher,
                d->topology.coord(env.rank).tp, d->topology.coord(env.rank).dp, d->topology.coord(env.rank).pp,
                env.master_addr, env.master_port);

@@ -16,16 +16,20 @@ struct Distributed {
   Topology topology{1, 1, 1, 1};
   std::unique_ptr<TcpStoreServer> server;  // rank 0 only
   std::shared_ptr<Store> store;
+  std::unique_ptr<Communicator> world;     // every rank (barriers around checkpoints)
+  std::unique_ptr<Communicator> tp;        // this rank's tensor-parallel group
   std::unique_ptr<Communicator> dp;        // this rank's data-parallel group (size 1 when not distributed)
 
   int rank() const { return env.rank; }
   bool is_logging_rank() const { return env.rank == 0; }
   int dp_rank() const { return topology.coord(env.rank).dp; }
   int dp_size() const { return topology.dp(); }
+  int tp_rank() const { return topology.coord(env.rank).tp; }
+  int tp_size() const { return topology.tp(); }
 };
 
-// Refuses layouts this build cannot train yet (before any communication), then, when the world has more
-// than one rank, serves (rank 0) or reaches the rendezvous store and creates the communicators.
+// Refuses layouts this build cannot train yet (before any communication), then serves (rank 0) or reaches
+// the rendezvous store and creates the communicators of this rank's groups.
 std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv& env);
 
 }  // namespace mt::app

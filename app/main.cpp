@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
   mt::app::add_ckpt_commands(app);
   try {
     app.parse(argc, argv);
+  } catch (const CLI::RuntimeError& e) {
+    return e.get_exit_code();  // the launcher's ranks have reported their own failure
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const std::exception& e) {

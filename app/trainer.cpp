@@ -18,6 +18,7 @@
 #include "app/data_sources.h"
 #include "app/distributed.h"
 #include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/checkpoint_writer.h"
 #include "core/data/indexed_dataset.h"
 #include "core/loss_scaler.h"
 #include "core/lr_schedule.h"
@@ -105,11 +106,16 @@ class Trainer {
         dtype_(parse_dtype(cfg.training.precision)),
         data_(open_data_sources(cfg)),
         model_(cfg.model, GptOptions{.dtype = dtype_, .seed = static_cast<uint64_t>(cfg.training.seed),
-                                     .recompute = cfg.training.recompute == "full"}),
+                                     .recompute = cfg.training.recompute == "full",
+                                     .tp = TensorParallel{.comm = dist.tp.get(), .rank = dist.tp_rank(),
+                                                          .size = dist.tp_size()}}),
         optimizer_(model_.parameters(),
                    AdamWConfig{.beta1 = cfg.optimizer.betas.at(0), .beta2 = cfg.optimizer.betas.at(1),
                                .eps = cfg.optimizer.eps, .weight_decay = cfg.optimizer.weight_decay,
-                               .grad_clip = cfg.optimizer.grad_clip}),
+                               .grad_clip = cfg.optimizer.grad_clip, .count_replicas = dist.tp_rank() == 0,
+                               .sum_across_ranks = [&dist](double x) {
+                                 return dist.tp_size() > 1 ? sum_over(*dist.tp, {x})[0] : x;
+                               }}),
         scaler_(dtype_ == DType::f16,
                 LossScalerOptions{.initial = cfg.training.loss_scale.initial, .min = cfg.training.loss_scale.min,
                                   .window = cfg.training.loss_scale.window,
@@ -183,30 +189,53 @@ void Trainer::maybe_resume() {
   metrics_.write(fmt::format(R"({{"event":"resume","iteration":{},"checkpoint":"{}"}})", c_.iteration, *dir));
 }
 
-// Data-parallel ranks hold identical state: rank 0 writes it, the others wait until it is committed.
+// Data-parallel replicas hold identical state, so the ranks of data-parallel rank 0 write: each its
+// tensor-parallel slices, and tensor-parallel rank 0 the replicated tensors. Rank 0 creates the temporary
+// directory and commits it once every writer has flushed and verified its file.
 void Trainer::save() {
   if (cfg_.checkpoint.save_dir.empty() || last_saved_ == std::to_string(c_.iteration)) return;
-  if (!dist_.is_logging_rank()) {
-    last_saved_ = std::to_string(c_.iteration);
-    dist_.dp->barrier();
-    return;
-  }
   auto t0 = std::chrono::steady_clock::now();
-  CheckpointState s;
-  s.iteration = c_.iteration;
-  s.config_yaml = to_yaml(cfg_);
-  auto st = scaler_.state();
-  s.values = {{"consumed_samples", std::to_string(c_.consumed_samples)},
-              {"skipped_iters", std::to_string(c_.skipped_iters)},
-              {"nan_iters", std::to_string(c_.nan_iters)},
-              {"optimizer_steps", std::to_string(optimizer_.steps())},
-              {"loss_scale", fmt::format("{}", st.scale)},
-              {"loss_scale_growth_tracker", std::to_string(st.growth_tracker)},
-              {"loss_scale_hysteresis_tracker", std::to_string(st.hysteresis_tracker)},
-              {"seed", std::to_string(cfg_.training.seed)}};
-  std::string dir = save_checkpoint(cfg_.checkpoint.save_dir, s, optimizer_tensors(optimizer_), cfg_.checkpoint.keep_last);
+  const std::string key = fmt::format("checkpoint/{}/tmp", c_.iteration);
+  std::string tmp;
+  if (dist_.rank() == 0) {
+    tmp = begin_checkpoint(cfg_.checkpoint.save_dir, c_.iteration);
+    dist_.store->set(key, Bytes(tmp.begin(), tmp.end()));
+  }
+  const bool writer = dist_.dp_rank() == 0;
+  if (writer) {
+    if (dist_.rank() != 0) {
+      Bytes b = dist_.store->get(key, Millis(static_cast<int64_t>(cfg_.parallel.timeout_s * 1000)));
+      tmp.assign(b.begin(), b.end());
+    }
+    const bool tp_first = dist_.tp_rank() == 0;
+    write_rank_files(tmp, dist_.tp_rank(),
+                     optimizer_tensors(optimizer_, [&](const Parameter& p) { return p.tensor_parallel || tp_first; }));
+  }
+  dist_.world->barrier();
+  std::string dir;
+  if (dist_.rank() == 0) {
+    CheckpointState s;
+    s.iteration = c_.iteration;
+    s.config_yaml = to_yaml(cfg_);
+    auto st = scaler_.state();
+    s.values = {{"consumed_samples", std::to_string(c_.consumed_samples)},
+                {"skipped_iters", std::to_string(c_.skipped_iters)},
+                {"nan_iters", std::to_string(c_.nan_iters)},
+                {"optimizer_steps", std::to_string(optimizer_.steps())},
+                {"loss_scale", fmt::format("{}", st.scale)},
+                {"loss_scale_growth_tracker", std::to_string(st.growth_tracker)},
+                {"loss_scale_hysteresis_tracker", std::to_string(st.hysteresis_tracker)},
+                {"seed", std::to_string(cfg_.training.seed)}};
+    try {
+      dir = commit_checkpoint(cfg_.checkpoint.save_dir, tmp, s, dist_.tp_size(), cfg_.checkpoint.keep_last);
+    } catch (...) {
+      abort_checkpoint(tmp);
+      throw;
+    }
+  }
+  dist_.world->barrier();
   last_saved_ = std::to_string(c_.iteration);
-  dist_.dp->barrier();
+  if (dist_.rank() != 0) return;
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info("saved checkpoint {} ({:.0f} ms)", dir, ms);
   metrics_.write(fmt::format(R"({{"event":"save","iteration":{},"checkpoint":"{}"}})", c_.iteration, dir));
@@ -349,11 +378,12 @@ void train(const Config& cfg, const TrainOptions& opt, const LaunchEnv& env) {
   setup_logging(logging_rank ? cfg.logging.dir : "", logging_rank ? cfg.logging.level : "warn");
   spdlog::info("megatrain {} resolved config:\n{}", MEGATRAIN_VERSION, to_yaml(cfg));
   if (logging_rank && !cfg.checkpoint.save_dir.empty()) check_save_dir_writable(cfg.checkpoint.save_dir);
+  std::unique_ptr<Distributed> dist = init_distributed(cfg, env);
+  Trainer trainer(cfg, opt, *dist);
+  // Until here a signal ends the process at once (nothing to save); from now on it asks for a checkpoint.
   std::signal(SIGTERM, on_signal);
   std::signal(SIGUSR1, on_signal);
   std::signal(SIGINT, on_signal);
-  std::unique_ptr<Distributed> dist = init_distributed(cfg, env);
-  Trainer trainer(cfg, opt, *dist);
   trainer.run();
 }
 

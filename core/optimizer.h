@@ -1,5 +1,6 @@
 // optimizer.h: AdamW over fp32 master weights with global grad-norm clipping and inf/NaN skipping.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,11 @@ struct AdamWConfig {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double weight_decay = 0.01;
   double grad_clip = 1.0;  // 0: no clipping
+  // The global grad norm counts every parameter once: tensor-parallel slices on every rank, replicas only
+  // where count_replicas is set (one rank of the tensor-parallel group), and the per-rank sums of squares
+  // are added up across the model-parallel ranks by sum_across_ranks (null: one rank).
+  bool count_replicas = true;
+  std::function<double(double)> sum_across_ranks;
 };
 
 struct StepResult {

@@ -28,20 +28,27 @@ void initial_values(const Parameter& p, uint64_t seed, Tensor& out) {
   }
 }
 
-Parameter make_parameter(std::string name, Shape shape, DType dtype, Init init, float init_std, uint64_t seed) {
+Parameter make_parameter_slice(std::string name, Shape global_shape, std::vector<int64_t> start, Shape local,
+                               DType dtype, Init init, float init_std, uint64_t seed) {
   Parameter p;
   p.name = std::move(name);
-  p.global_shape = shape;
-  p.start.assign(shape.size(), 0);
+  p.tensor_parallel = local != global_shape;
+  p.global_shape = std::move(global_shape);
+  p.start = std::move(start);
   p.init = init;
   p.init_std = init_std;
-  p.weight_decay = shape.size() > 1;
-  Tensor init_f32 = Tensor::empty(shape, DType::f32, Device::cpu, MemKind::workspace);
+  p.weight_decay = local.size() > 1;
+  Tensor init_f32 = Tensor::empty(local, DType::f32, Device::cpu, MemKind::workspace);
   initial_values(p, seed, init_f32);
-  p.value = Tensor::empty(shape, dtype, Device::cpu, MemKind::parameter);
+  p.value = Tensor::empty(local, dtype, Device::cpu, MemKind::parameter);
   p.value.copy_from(init_f32);
-  p.grad = Tensor::zeros(shape, DType::f32, Device::cpu, MemKind::gradient);
+  p.grad = Tensor::zeros(local, DType::f32, Device::cpu, MemKind::gradient);
   return p;
+}
+
+Parameter make_parameter(std::string name, Shape shape, DType dtype, Init init, float init_std, uint64_t seed) {
+  std::vector<int64_t> start(shape.size(), 0);
+  return make_parameter_slice(std::move(name), shape, std::move(start), shape, dtype, init, init_std, seed);
 }
 
 }  // namespace mt

@@ -19,10 +19,17 @@ struct Parameter {
   Init init = Init::normal;
   float init_std = 0.f;
   bool weight_decay = true;     // false for biases and norm parameters (Megatron's rule)
+  bool tensor_parallel = false; // this rank holds a slice (split across the tensor-parallel group);
+                                // false: every TP rank holds the whole tensor (a replica)
 };
 
 // Creates a parameter holding the whole global tensor, initialised with `init`; value in `dtype`.
 Parameter make_parameter(std::string name, Shape shape, DType dtype, Init init, float init_std, uint64_t seed);
+
+// The block of a global tensor of `global_shape` that starts at `start` and has shape `local`, initialised
+// with exactly the values the whole tensor holds there (tensor_parallel set when it is not the whole).
+Parameter make_parameter_slice(std::string name, Shape global_shape, std::vector<int64_t> start, Shape local,
+                               DType dtype, Init init, float init_std, uint64_t seed);
 
 // Fills `out` (f32, host) with the initial values of the region of `p` starting at p.start.
 void initial_values(const Parameter& p, uint64_t seed, Tensor& out);

@@ -9,12 +9,16 @@ namespace mt {
 
 GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt) {
   const int64_t C = cfg.hidden_size, V = cfg.padded_vocab_size, P = cfg.max_position_embeddings;
-  wte_ = make_parameter("embedding.word_embeddings.weight", {V, C}, opt.dtype, Init::normal, cfg.init_std, opt.seed);
+  vocab_start_ = opt.tp.begin(V);
+  vocab_local_ = opt.tp.count(V);
+  // Vocabulary-parallel: each TP rank holds a block of rows of the (padded) vocabulary.
+  wte_ = make_parameter_slice("embedding.word_embeddings.weight", {V, C}, {vocab_start_, 0}, {vocab_local_, C},
+                              opt.dtype, Init::normal, cfg.init_std, opt.seed);
   wpe_ = make_parameter("embedding.position_embeddings.weight", {P, C}, opt.dtype, Init::normal, cfg.init_std,
                         opt.seed);
   params_ = {&wte_, &wpe_};
   for (int64_t i = 0; i < cfg.num_layers; ++i) {
-    layers_.push_back(std::make_unique<TransformerLayer>(i, cfg, opt.dtype, opt.seed, opt.recompute));
+    layers_.push_back(std::make_unique<TransformerLayer>(i, cfg, opt.dtype, opt.seed, opt.recompute, opt.tp));
     for (Parameter* p : layers_.back()->parameters()) params_.push_back(p);
   }
   lnf_w_ = make_parameter("final_ln.weight", {C}, opt.dtype, Init::ones, 0, opt.seed);
@@ -22,7 +26,8 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
   params_.push_back(&lnf_w_);
   params_.push_back(&lnf_b_);
   if (!cfg.tie_embeddings) {
-    lm_head_ = make_parameter("lm_head.weight", {V, C}, opt.dtype, Init::normal, cfg.init_std, opt.seed);
+    lm_head_ = make_parameter_slice("lm_head.weight", {V, C}, {vocab_start_, 0}, {vocab_local_, C}, opt.dtype,
+                                    Init::normal, cfg.init_std, opt.seed);
     params_.push_back(&lm_head_);
   }
   site_embedding_ = stream_id("embedding.dropout");
@@ -38,12 +43,13 @@ const Tensor& GptModel::head_weight() const { return cfg_.tie_embeddings ? wte_.
 Parameter& GptModel::head_param() { return cfg_.tie_embeddings ? wte_ : lm_head_; }
 
 float GptModel::forward(const Tensor& tokens, const Tensor& targets, int mb, const StepContext& ctx) {
-  const int64_t B = tokens.dim(0), T = tokens.dim(1), C = cfg_.hidden_size, V = cfg_.padded_vocab_size, N = B * T;
+  const int64_t B = tokens.dim(0), T = tokens.dim(1), C = cfg_.hidden_size, V = vocab_local_, N = B * T;
   if (T > cfg_.max_position_embeddings)
     throw std::invalid_argument(fmt::format("sequence of {} tokens exceeds max_position_embeddings={}", T,
                                             cfg_.max_position_embeddings));
   Tensor x = Tensor::empty({B, T, C}, opt_.dtype);
-  embedding_forward(tokens, wte_.value, x);
+  embedding_forward(tokens, wte_.value, x, {.vocab_start = vocab_start_});
+  opt_.tp.reduce_from_group(x);  // each row comes from the one rank holding its token
   position_embedding_add(x, wpe_.value);
   dropout_forward(x, x, {.p = ctx.training ? cfg_.dropout : 0.f, .seed = ctx.seed, .site = site_embedding_,
                          .sample_offset = ctx.sample_offset});
@@ -66,9 +72,20 @@ float GptModel::forward(const Tensor& tokens, const Tensor& targets, int mb, con
   Tensor target_logit = Tensor::empty({N}, DType::f32);
   Tensor losses = Tensor::empty({N}, DType::f32);
   Tensor flat_targets = targets.view({N});
-  const CrossEntropyOptions ce{.vocab_size = cfg_.vocab_size};  // padding columns are not tokens
+  // Vocabulary-parallel cross-entropy: only per-token max, sum-exp and target logit cross the wire. Padding
+  // columns are not tokens.
+  const CrossEntropyOptions ce{.vocab_start = vocab_start_, .vocab_size = cfg_.vocab_size};
   cross_entropy_rowmax(h.logits, h.rowmax, ce);
+  opt_.tp.max_over_group(h.rowmax);
   cross_entropy_partials(h.logits, flat_targets, h.rowmax, h.sumexp, target_logit, ce);
+  if (opt_.tp.size > 1) {
+    Tensor both = Tensor::empty({2, N}, DType::f32);
+    both.slice(0, 1).copy_from(h.sumexp);
+    both.slice(1, 2).copy_from(target_logit);
+    opt_.tp.reduce_from_group(both);
+    h.sumexp.copy_from(both.slice(0, 1));
+    target_logit.copy_from(both.slice(1, 2));
+  }
   cross_entropy_loss(h.rowmax, h.sumexp, target_logit, losses);
   double sum = 0;
   const float* l = losses.data<float>();
@@ -82,8 +99,7 @@ void GptModel::backward(int mb, float dloss) {
   if (it == saved_.end()) throw std::logic_error(fmt::format("model: backward of microbatch {} without forward", mb));
   HeadActivations h = std::move(it->second);
   saved_.erase(it);
-  const int64_t B = h.tokens.dim(0), T = h.tokens.dim(1), C = cfg_.hidden_size, V = cfg_.padded_vocab_size,
-                N = B * T;
+  const int64_t B = h.tokens.dim(0), T = h.tokens.dim(1), C = cfg_.hidden_size, V = vocab_local_, N = B * T;
 
   // Each token's loss enters the mean with weight 1/N.
   Tensor dlosses = Tensor::empty({N}, DType::f32);
@@ -91,12 +107,13 @@ void GptModel::backward(int mb, float dloss) {
   for (int64_t i = 0; i < N; ++i) dl[i] = dloss / static_cast<float>(N);
   Tensor dlogits = Tensor::empty({N, V}, opt_.dtype);
   cross_entropy_backward(h.logits, h.targets.view({N}), h.rowmax, h.sumexp, dlosses, dlogits,
-                         {.vocab_size = cfg_.vocab_size});
+                         {.vocab_start = vocab_start_, .vocab_size = cfg_.vocab_size});
   h.logits = Tensor();
   Parameter& head = head_param();
   gemm(dlogits, h.lnf, head.grad, {.trans_a = true, .beta = 1.f});  // dW (V, C) += dlogits^T lnf
   Tensor dlnf = Tensor::empty({N, C}, opt_.dtype);
   gemm(dlogits, head.value, dlnf);                                  // (N, C) = dlogits @ W
+  opt_.tp.reduce_from_group(dlnf);                                  // f backward
   Tensor dx = Tensor::empty({B, T, C}, opt_.dtype);
   Tensor dx_flat = dx.view({N, C});
   layernorm_backward(dlnf, h.final_in.view({N, C}), lnf_w_.value, h.lnf_mean, h.lnf_rstd, dx_flat, lnf_w_.grad,
@@ -107,7 +124,7 @@ void GptModel::backward(int mb, float dloss) {
   dropout_backward(dx, dx, {.p = cfg_.dropout, .seed = h.ctx.seed, .site = site_embedding_,
                             .sample_offset = h.ctx.sample_offset});
   position_embedding_backward(dx, wpe_.grad);
-  embedding_backward(h.tokens, dx, wte_.grad);
+  embedding_backward(h.tokens, dx, wte_.grad, {.vocab_start = vocab_start_});
 }
 
 double model_flops_per_iteration(const ModelConfig& cfg, int64_t tokens) {

@@ -16,6 +16,7 @@ struct GptOptions {
   DType dtype = DType::f32;   // parameters and activations
   uint64_t seed = 1234;       // keys initial weights and dropout masks
   bool recompute = false;     // full activation recomputation in every layer
+  TensorParallel tp;          // this rank's tensor-parallel group (size 1: the whole model)
 };
 
 class GptModel {
@@ -40,7 +41,7 @@ class GptModel {
     Tensor tokens, targets;            // (B, T) i32
     Tensor final_in;                   // (B, T, C) output of the last layer
     Tensor lnf, lnf_mean, lnf_rstd;    // (B*T, C), (B*T), (B*T)
-    Tensor logits;                     // (B*T, Vpad)
+    Tensor logits;                     // (B*T, Vpad/tp) this rank's vocabulary shard
     Tensor rowmax, sumexp;             // (B*T) f32
   };
   const Tensor& head_weight() const;
@@ -49,12 +50,13 @@ class GptModel {
   ModelConfig cfg_;
   GptOptions opt_;
   uint64_t site_embedding_;
-  Parameter wte_;                      // (Vpad, C) token embedding, also the LM head when tied
+  Parameter wte_;                      // (Vpad/tp, C) token embedding shard, also the LM head when tied
   Parameter wpe_;                      // (P, C) learned position embedding
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
   Parameter lnf_w_, lnf_b_;            // (C)
-  Parameter lm_head_;                  // (Vpad, C) only when untied
+  Parameter lm_head_;                  // (Vpad/tp, C) only when untied
   std::vector<Parameter*> params_;
+  int64_t vocab_start_ = 0, vocab_local_ = 0;  // this rank's rows of the padded vocabulary
   std::map<int, HeadActivations> saved_;
 };
 

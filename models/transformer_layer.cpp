@@ -8,36 +8,48 @@
 
 namespace mt {
 
-void linear_forward(const Tensor& x, const Parameter& w, const Parameter& b, Tensor& out) {
+void linear_forward(const Tensor& x, const Parameter& w, const Parameter* b, Tensor& out) {
   gemm(x, w.value, out, {.trans_b = true});
-  add_bias(out, b.value);
+  if (b) add_bias(out, b->value);
 }
 
-void linear_backward(const Tensor& dout, const Tensor& x, Parameter& w, Parameter& b, Tensor* dx) {
+void linear_backward(const Tensor& dout, const Tensor& x, Parameter& w, Parameter* b, Tensor* dx) {
   gemm(dout, x, w.grad, {.trans_a = true, .beta = 1.f});  // dW (out, in) += dout^T x
-  bias_backward(dout, b.grad);
+  if (b) bias_backward(dout, b->grad);
   if (dx) gemm(dout, w.value, *dx);                       // dx (N, in) = dout @ W
 }
 
-TransformerLayer::TransformerLayer(int64_t index, const ModelConfig& cfg, DType dtype, uint64_t seed, bool recompute)
-    : index_(index), cfg_(cfg), dtype_(dtype), recompute_(recompute) {
-  const int64_t C = cfg.hidden_size, F = cfg.ffn_hidden_size;
+TransformerLayer::TransformerLayer(int64_t index, const ModelConfig& cfg, DType dtype, uint64_t seed, bool recompute,
+                                   TensorParallel tp)
+    : index_(index), cfg_(cfg), dtype_(dtype), recompute_(recompute), tp_(tp) {
+  const int64_t C = cfg.hidden_size, F = cfg.ffn_hidden_size, D = cfg.head_dim;
+  heads_ = tp.count(cfg.num_heads);
+  ffn_ = tp.count(F);
+  const int64_t h0 = tp.begin(cfg.num_heads), f0 = tp.begin(F);
   const float std = cfg.init_std;
   // Megatron's scaled init for the projections that feed the residual stream.
   const float out_std = static_cast<float>(cfg.init_std / std::sqrt(2.0 * cfg.num_layers));
   auto name = [&](const char* s) { return fmt::format("layers.{}.{}", index, s); };
-  ln1_w_ = make_parameter(name("ln1.weight"), {C}, dtype, Init::ones, 0, seed);
-  ln1_b_ = make_parameter(name("ln1.bias"), {C}, dtype, Init::zeros, 0, seed);
-  qkv_w_ = make_parameter(name("attn.qkv.weight"), {3 * C, C}, dtype, Init::normal, std, seed);
-  qkv_b_ = make_parameter(name("attn.qkv.bias"), {3 * C}, dtype, Init::zeros, 0, seed);
-  proj_w_ = make_parameter(name("attn.proj.weight"), {C, C}, dtype, Init::normal, out_std, seed);
-  proj_b_ = make_parameter(name("attn.proj.bias"), {C}, dtype, Init::zeros, 0, seed);
-  ln2_w_ = make_parameter(name("ln2.weight"), {C}, dtype, Init::ones, 0, seed);
-  ln2_b_ = make_parameter(name("ln2.bias"), {C}, dtype, Init::zeros, 0, seed);
-  fc1_w_ = make_parameter(name("mlp.fc1.weight"), {F, C}, dtype, Init::normal, std, seed);
-  fc1_b_ = make_parameter(name("mlp.fc1.bias"), {F}, dtype, Init::zeros, 0, seed);
-  fc2_w_ = make_parameter(name("mlp.fc2.weight"), {C, F}, dtype, Init::normal, out_std, seed);
-  fc2_b_ = make_parameter(name("mlp.fc2.bias"), {C}, dtype, Init::zeros, 0, seed);
+  auto whole = [&](const char* s, Shape shape, Init init, float sd) {
+    return make_parameter(name(s), shape, dtype, init, sd, seed);
+  };
+  auto block = [&](const char* s, Shape global, std::vector<int64_t> start, Shape local, Init init, float sd) {
+    return make_parameter_slice(name(s), global, start, local, dtype, init, sd, seed);
+  };
+  ln1_w_ = whole("ln1.weight", {C}, Init::ones, 0);
+  ln1_b_ = whole("ln1.bias", {C}, Init::zeros, 0);
+  // Column-parallel: this rank's heads are rows [3*D*h0, 3*D*(h0 + heads)) thanks to the per-head interleave.
+  qkv_w_ = block("attn.qkv.weight", {3 * C, C}, {3 * D * h0, 0}, {3 * D * heads_, C}, Init::normal, std);
+  qkv_b_ = block("attn.qkv.bias", {3 * C}, {3 * D * h0}, {3 * D * heads_}, Init::zeros, 0);
+  // Row-parallel: the input columns of this rank's heads.
+  proj_w_ = block("attn.proj.weight", {C, C}, {0, D * h0}, {C, D * heads_}, Init::normal, out_std);
+  proj_b_ = whole("attn.proj.bias", {C}, Init::zeros, 0);
+  ln2_w_ = whole("ln2.weight", {C}, Init::ones, 0);
+  ln2_b_ = whole("ln2.bias", {C}, Init::zeros, 0);
+  fc1_w_ = block("mlp.fc1.weight", {F, C}, {f0, 0}, {ffn_, C}, Init::normal, std);
+  fc1_b_ = block("mlp.fc1.bias", {F}, {f0}, {ffn_}, Init::zeros, 0);
+  fc2_w_ = block("mlp.fc2.weight", {C, F}, {0, f0}, {C, ffn_}, Init::normal, out_std);
+  fc2_b_ = whole("mlp.fc2.bias", {C}, Init::zeros, 0);
   site_attn_probs_ = stream_id(name("attn.probs"));
   site_attn_out_ = stream_id(name("attn.out"));
   site_mlp_out_ = stream_id(name("mlp.out"));
@@ -50,8 +62,8 @@ std::vector<Parameter*> TransformerLayer::parameters() {
 
 Tensor TransformerLayer::run(Activations& a, bool keep) {
   const Tensor& x = a.x;
-  const int64_t B = x.dim(0), T = x.dim(1), C = cfg_.hidden_size, H = cfg_.num_heads, D = cfg_.head_dim,
-                F = cfg_.ffn_hidden_size, N = B * T;
+  const int64_t B = x.dim(0), T = x.dim(1), C = cfg_.hidden_size, H = heads_, D = cfg_.head_dim, F = ffn_,
+                N = B * T;
   const bool train = a.ctx.training;
   const float p_hidden = train ? cfg_.dropout : 0.f;
   const LayerNormOptions ln_opt{.eps = cfg_.layernorm_eps};
@@ -61,17 +73,20 @@ Tensor TransformerLayer::run(Activations& a, bool keep) {
   a.ln1_rstd = Tensor::empty({N}, DType::f32);
   layernorm_forward(x.view({N, C}), ln1_w_.value, ln1_b_.value, a.ln1, a.ln1_mean, a.ln1_rstd, ln_opt);
 
-  Tensor qkv = Tensor::empty({N, 3 * C}, dtype_);
-  linear_forward(a.ln1, qkv_w_, qkv_b_, qkv);
+  Tensor qkv = Tensor::empty({N, 3 * H * D}, dtype_);
+  linear_forward(a.ln1, qkv_w_, &qkv_b_, qkv);
   a.qkv = qkv.view({B, T, H, 3, D});
-  a.att = Tensor::empty({B, T, C}, dtype_);
+  a.att = Tensor::empty({B, T, H * D}, dtype_);
   a.att_lse = Tensor::empty({B, H, T}, DType::f32);
   const AttentionOptions att_opt{.causal = true, .dropout_p = train ? cfg_.attention_dropout : 0.f,
-                                 .seed = a.ctx.seed, .site = site_attn_probs_, .sample_offset = a.ctx.sample_offset};
+                                 .seed = a.ctx.seed, .site = site_attn_probs_, .sample_offset = a.ctx.sample_offset,
+                                 .head_offset = tp_.begin(cfg_.num_heads)};
   attention_forward(a.qkv, a.att, a.att_lse, att_opt);
 
   Tensor proj = Tensor::empty({N, C}, dtype_);
-  linear_forward(a.att.view({N, C}), proj_w_, proj_b_, proj);
+  linear_forward(a.att.view({N, H * D}), proj_w_, nullptr, proj);
+  tp_.reduce_from_group(proj);  // g: sum the row-parallel partial outputs
+  add_bias(proj, proj_b_.value);
   proj = proj.view({B, T, C});
   dropout_forward(proj, proj, {.p = p_hidden, .seed = a.ctx.seed, .site = site_attn_out_,
                                .sample_offset = a.ctx.sample_offset});
@@ -83,11 +98,13 @@ Tensor TransformerLayer::run(Activations& a, bool keep) {
   a.ln2_rstd = Tensor::empty({N}, DType::f32);
   layernorm_forward(a.x2.view({N, C}), ln2_w_.value, ln2_b_.value, a.ln2, a.ln2_mean, a.ln2_rstd, ln_opt);
   a.fc1 = Tensor::empty({N, F}, dtype_);
-  linear_forward(a.ln2, fc1_w_, fc1_b_, a.fc1);
+  linear_forward(a.ln2, fc1_w_, &fc1_b_, a.fc1);
   a.gelu = Tensor::empty({N, F}, dtype_);
   gelu_forward(a.fc1, a.gelu);
   Tensor mlp = Tensor::empty({N, C}, dtype_);
-  linear_forward(a.gelu, fc2_w_, fc2_b_, mlp);
+  linear_forward(a.gelu, fc2_w_, nullptr, mlp);
+  tp_.reduce_from_group(mlp);  // g
+  add_bias(mlp, fc2_b_.value);
   mlp = mlp.view({B, T, C});
   dropout_forward(mlp, mlp, {.p = p_hidden, .seed = a.ctx.seed, .site = site_mlp_out_,
                              .sample_offset = a.ctx.sample_offset});
@@ -123,7 +140,8 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb) {
     run(a, true);  // the same inputs and dropout keys give the same activations
     a.ctx = ctx;
   }
-  const int64_t B = a.x.dim(0), T = a.x.dim(1), C = cfg_.hidden_size, F = cfg_.ffn_hidden_size, N = B * T;
+  const int64_t B = a.x.dim(0), T = a.x.dim(1), C = cfg_.hidden_size, F = ffn_, HD = heads_ * cfg_.head_dim,
+                N = B * T;
   const float p_hidden = cfg_.dropout;
 
   // MLP block: out = x2 + dropout(fc2(gelu(fc1(ln2(x2)))))
@@ -131,11 +149,12 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb) {
   dropout_backward(dout, dmlp, {.p = p_hidden, .seed = a.ctx.seed, .site = site_mlp_out_,
                                             .sample_offset = a.ctx.sample_offset});
   Tensor dgelu = Tensor::empty({N, F}, dtype_);
-  linear_backward(dmlp.view({N, C}), a.gelu, fc2_w_, fc2_b_, &dgelu);
+  linear_backward(dmlp.view({N, C}), a.gelu, fc2_w_, &fc2_b_, &dgelu);
   Tensor dfc1 = Tensor::empty({N, F}, dtype_);
   gelu_backward(a.fc1, dgelu, dfc1);
   Tensor dln2 = Tensor::empty({N, C}, dtype_);
-  linear_backward(dfc1, a.ln2, fc1_w_, fc1_b_, &dln2);
+  linear_backward(dfc1, a.ln2, fc1_w_, &fc1_b_, &dln2);
+  tp_.reduce_from_group(dln2);  // f backward: sum the column-parallel input gradients
   Tensor dx2 = Tensor::empty({N, C}, dtype_);
   layernorm_backward(dln2, a.x2.view({N, C}), ln2_w_.value, a.ln2_mean, a.ln2_rstd, dx2, ln2_w_.grad, ln2_b_.grad);
   add(dx2, dout.view({N, C}), dx2);
@@ -145,14 +164,16 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb) {
   Tensor dproj = Tensor::empty({B, T, C}, dtype_);
   dropout_backward(dx2, dproj, {.p = p_hidden, .seed = a.ctx.seed, .site = site_attn_out_,
                                 .sample_offset = a.ctx.sample_offset});
-  Tensor datt = Tensor::empty({N, C}, dtype_);
-  linear_backward(dproj.view({N, C}), a.att.view({N, C}), proj_w_, proj_b_, &datt);
+  Tensor datt = Tensor::empty({N, HD}, dtype_);
+  linear_backward(dproj.view({N, C}), a.att.view({N, HD}), proj_w_, &proj_b_, &datt);
   Tensor dqkv = Tensor::empty(a.qkv.shape(), dtype_);
   const AttentionOptions att_opt{.causal = true, .dropout_p = cfg_.attention_dropout, .seed = a.ctx.seed,
-                                 .site = site_attn_probs_, .sample_offset = a.ctx.sample_offset};
+                                 .site = site_attn_probs_, .sample_offset = a.ctx.sample_offset,
+                                 .head_offset = tp_.begin(cfg_.num_heads)};
   attention_backward(a.qkv, a.att, a.att_lse, datt.view(a.att.shape()), dqkv, att_opt);
   Tensor dln1 = Tensor::empty({N, C}, dtype_);
-  linear_backward(dqkv.view({N, 3 * C}), a.ln1, qkv_w_, qkv_b_, &dln1);
+  linear_backward(dqkv.view({N, 3 * HD}), a.ln1, qkv_w_, &qkv_b_, &dln1);
+  tp_.reduce_from_group(dln1);  // f backward
   Tensor dx = Tensor::empty({N, C}, dtype_);
   layernorm_backward(dln1, a.x.view({N, C}), ln1_w_.value, a.ln1_mean, a.ln1_rstd, dx, ln1_w_.grad, ln1_b_.grad);
   add(dx, dx2.view({N, C}), dx);

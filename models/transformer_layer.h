@@ -2,6 +2,9 @@
 //
 //   x -> ln1 -> qkv GEMM -> causal attention -> proj GEMM -> dropout -> + x = x2
 //   x2 -> ln2 -> fc1 GEMM -> GELU -> fc2 GEMM -> dropout -> + x2 = out
+// With tensor parallelism QKV and fc1 are column-parallel (this rank's heads / ffn columns), proj and fc2
+// row-parallel (partial sums reduced over the group before their bias); norms and biases after a reduction
+// are replicated.
 #pragma once
 #include <map>
 #include <vector>
@@ -9,6 +12,7 @@
 #include "core/config/config.h"
 #include "core/tensor.h"
 #include "core/parameter.h"
+#include "parallel/tensor_parallel.h"
 
 namespace mt {
 
@@ -21,7 +25,8 @@ struct StepContext {
 
 class TransformerLayer {
  public:
-  TransformerLayer(int64_t index, const ModelConfig& cfg, DType dtype, uint64_t seed, bool recompute);
+  TransformerLayer(int64_t index, const ModelConfig& cfg, DType dtype, uint64_t seed, bool recompute,
+                   TensorParallel tp = {});
 
   // x (B, T, C) -> (B, T, C). In training, keeps what backward needs under microbatch id `mb`
   // (only x itself when recomputing).
@@ -36,12 +41,12 @@ class TransformerLayer {
     StepContext ctx;
     Tensor x;                 // (B, T, C) layer input
     Tensor ln1, ln1_mean, ln1_rstd;  // (B*T, C), (B*T), (B*T)
-    Tensor qkv;               // (B, T, H, 3, D)
-    Tensor att, att_lse;      // (B, T, C), (B, H, T)
+    Tensor qkv;               // (B, T, H/tp, 3, D)
+    Tensor att, att_lse;      // (B, T, C/tp), (B, H/tp, T)
     Tensor x2;                // (B, T, C) residual after attention
     Tensor ln2, ln2_mean, ln2_rstd;
-    Tensor fc1;               // (B*T, F) pre-activation
-    Tensor gelu;              // (B*T, F)
+    Tensor fc1;               // (B*T, F/tp) pre-activation
+    Tensor gelu;              // (B*T, F/tp)
   };
   // Runs the block on a.x, filling the activations; returns the output.
   Tensor run(Activations& a, bool keep);
@@ -50,19 +55,21 @@ class TransformerLayer {
   ModelConfig cfg_;
   DType dtype_;
   bool recompute_;
+  TensorParallel tp_;
+  int64_t heads_, ffn_;       // this rank's heads and ffn columns
   uint64_t site_attn_probs_, site_attn_out_, site_mlp_out_;
   Parameter ln1_w_, ln1_b_;   // (C)
-  Parameter qkv_w_, qkv_b_;   // (3C, C), (3C): rows per head [q | k | v]
-  Parameter proj_w_, proj_b_; // (C, C), (C)
+  Parameter qkv_w_, qkv_b_;   // (3C/tp, C), (3C/tp): rows per head [q | k | v], this rank's heads
+  Parameter proj_w_, proj_b_; // (C, C/tp), (C)
   Parameter ln2_w_, ln2_b_;   // (C)
-  Parameter fc1_w_, fc1_b_;   // (F, C), (F)
-  Parameter fc2_w_, fc2_b_;   // (C, F), (C)
+  Parameter fc1_w_, fc1_b_;   // (F/tp, C), (F/tp)
+  Parameter fc2_w_, fc2_b_;   // (C, F/tp), (C)
   std::map<int, Activations> saved_;
 };
 
-// out (N, out_features) = x (N, in) @ w^T (w is (out, in)) + b
-void linear_forward(const Tensor& x, const Parameter& w, const Parameter& b, Tensor& out);
-// Accumulates w.grad and b.grad; writes dx (N, in) when dx is defined.
-void linear_backward(const Tensor& dout, const Tensor& x, Parameter& w, Parameter& b, Tensor* dx);
+// out (N, out_features) = x (N, in) @ w^T (w is (out, in)) + b (no bias when b is null)
+void linear_forward(const Tensor& x, const Parameter& w, const Parameter* b, Tensor& out);
+// Accumulates w.grad and b.grad (when b is not null); writes dx (N, in) when dx is not null.
+void linear_backward(const Tensor& dout, const Tensor& x, Parameter& w, Parameter* b, Tensor* dx);
 
 }  // namespace mt
