@@ -27,8 +27,6 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
     throw std::invalid_argument(fmt::format("{}: parallel.pipeline={}: pipeline parallelism is not implemented yet "
                                             "(tensor and data parallelism are: keep pipeline at 1)",
                                             cfg.source, p.pipeline));
-  if (p.sequence_parallel)
-    throw std::invalid_argument(fmt::format("{}: parallel.sequence_parallel: not implemented yet", cfg.source));
   if (p.distributed_optimizer)
     throw std::invalid_argument(fmt::format("{}: parallel.distributed_optimizer: not implemented yet", cfg.source));
   auto d = std::make_unique<Distributed>();

@@ -108,7 +108,8 @@ class Trainer {
         model_(cfg.model, GptOptions{.dtype = dtype_, .seed = static_cast<uint64_t>(cfg.training.seed),
                                      .recompute = cfg.training.recompute == "full",
                                      .tp = TensorParallel{.comm = dist.tp.get(), .rank = dist.tp_rank(),
-                                                          .size = dist.tp_size()}}),
+                                                          .size = dist.tp_size(),
+                                                          .sequence_parallel = cfg.parallel.sequence_parallel}}),
         optimizer_(model_.parameters(),
                    AdamWConfig{.beta1 = cfg.optimizer.betas.at(0), .beta2 = cfg.optimizer.betas.at(1),
                                .eps = cfg.optimizer.eps, .weight_decay = cfg.optimizer.weight_decay,
@@ -133,6 +134,8 @@ class Trainer {
       p->grad = grad_buffer_.slice(offset, offset + n).view(p->value.shape());
       offset += n;
     }
+    // The per-parameter gradients made with the model are gone: peaks start from the real state.
+    allocator_for(Device::cpu).reset_peaks();
   }
 
   void run();
@@ -260,6 +263,10 @@ float Trainer::train_step(float& lr_used, StepResult& result) {
     loss_sum += model_.forward(tokens, targets, static_cast<int>(m), ctx);
     model_.backward(static_cast<int>(m), dloss);
   }
+  // Replicas used on sequence shards (norms, position embedding) hold partial gradients: sum them over TP.
+  if (dist_.tp_size() > 1)
+    for (Parameter* p : model_.parameters())
+      if (p->sequence_parallel) dist_.tp->all_reduce(p->grad, ReduceOp::sum)->wait();
   dist_.dp->all_reduce(grad_buffer_, ReduceOp::sum)->wait();
   lr_used = static_cast<float>(schedule_.at(optimizer_.steps() + 1));
   result = optimizer_.step(lr_used, scaler_.scale());

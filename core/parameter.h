@@ -21,6 +21,8 @@ struct Parameter {
   bool weight_decay = true;     // false for biases and norm parameters (Megatron's rule)
   bool tensor_parallel = false; // this rank holds a slice (split across the tensor-parallel group);
                                 // false: every TP rank holds the whole tensor (a replica)
+  bool sequence_parallel = false; // a replica used on sequence shards: each TP rank's gradient covers its
+                                  // positions only, so the gradients are summed over the TP group
 };
 
 // Creates a parameter holding the whole global tensor, initialised with `init`; value in `dtype`.

@@ -4,6 +4,7 @@
 
 #include "core/ops.h"
 #include "core/rng.h"
+#include "parallel/sequence_parallel.h"
 
 namespace mt {
 
@@ -25,6 +26,8 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
   lnf_b_ = make_parameter("final_ln.bias", {C}, opt.dtype, Init::zeros, 0, opt.seed);
   params_.push_back(&lnf_w_);
   params_.push_back(&lnf_b_);
+  if (opt.tp.sequence_parallel)
+    for (Parameter* p : {&wpe_, &lnf_w_, &lnf_b_}) p->sequence_parallel = true;
   if (!cfg.tie_embeddings) {
     lm_head_ = make_parameter_slice("lm_head.weight", {V, C}, {vocab_start_, 0}, {vocab_local_, C}, opt.dtype,
                                     Init::normal, cfg.init_std, opt.seed);
@@ -47,12 +50,21 @@ float GptModel::forward(const Tensor& tokens, const Tensor& targets, int mb, con
   if (T > cfg_.max_position_embeddings)
     throw std::invalid_argument(fmt::format("sequence of {} tokens exceeds max_position_embeddings={}", T,
                                             cfg_.max_position_embeddings));
+  const bool sp = opt_.tp.sequence_parallel && opt_.tp.size > 1;
+  const int64_t Ts = sp ? T / opt_.tp.size : T, seq_offset = sp ? opt_.tp.rank * Ts : 0, Ns = B * Ts;
   Tensor x = Tensor::empty({B, T, C}, opt_.dtype);
   embedding_forward(tokens, wte_.value, x, {.vocab_start = vocab_start_});
-  opt_.tp.reduce_from_group(x);  // each row comes from the one rank holding its token
-  position_embedding_add(x, wpe_.value);
+  // Each row comes from the one rank holding its token: sum over the group (into sequence shards with SP).
+  if (sp) {
+    Tensor shard = Tensor::empty({B, Ts, C}, opt_.dtype);
+    scatter_sequence_sum(x, shard, opt_.tp);
+    x = shard;
+  } else {
+    opt_.tp.reduce_from_group(x);
+  }
+  position_embedding_add(x, wpe_.value, {.position_offset = seq_offset});
   dropout_forward(x, x, {.p = ctx.training ? cfg_.dropout : 0.f, .seed = ctx.seed, .site = site_embedding_,
-                         .sample_offset = ctx.sample_offset});
+                         .sample_offset = ctx.sample_offset, .row_offset = seq_offset});
   for (auto& layer : layers_) x = layer->forward(x, mb, ctx);
 
   HeadActivations h;
@@ -60,11 +72,18 @@ float GptModel::forward(const Tensor& tokens, const Tensor& targets, int mb, con
   h.tokens = tokens;
   h.targets = targets;
   h.final_in = x;
-  h.lnf = Tensor::empty({N, C}, opt_.dtype);
-  h.lnf_mean = Tensor::empty({N}, DType::f32);
-  h.lnf_rstd = Tensor::empty({N}, DType::f32);
-  layernorm_forward(x.view({N, C}), lnf_w_.value, lnf_b_.value, h.lnf, h.lnf_mean, h.lnf_rstd,
+  Tensor lnf = Tensor::empty({Ns, C}, opt_.dtype);
+  h.lnf_mean = Tensor::empty({Ns}, DType::f32);
+  h.lnf_rstd = Tensor::empty({Ns}, DType::f32);
+  layernorm_forward(x.view({Ns, C}), lnf_w_.value, lnf_b_.value, lnf, h.lnf_mean, h.lnf_rstd,
                     {.eps = cfg_.layernorm_eps});
+  if (sp) {
+    h.lnf = Tensor::empty({B, T, C}, opt_.dtype);
+    gather_sequence(lnf.view({B, Ts, C}), h.lnf, opt_.tp);
+    h.lnf = h.lnf.view({N, C});
+  } else {
+    h.lnf = lnf;
+  }
   h.logits = Tensor::empty({N, V}, opt_.dtype);
   gemm(h.lnf, head_weight(), h.logits, {.trans_b = true});
   h.rowmax = Tensor::empty({N}, DType::f32);
@@ -113,17 +132,31 @@ void GptModel::backward(int mb, float dloss) {
   gemm(dlogits, h.lnf, head.grad, {.trans_a = true, .beta = 1.f});  // dW (V, C) += dlogits^T lnf
   Tensor dlnf = Tensor::empty({N, C}, opt_.dtype);
   gemm(dlogits, head.value, dlnf);                                  // (N, C) = dlogits @ W
-  opt_.tp.reduce_from_group(dlnf);                                  // f backward
-  Tensor dx = Tensor::empty({B, T, C}, opt_.dtype);
-  Tensor dx_flat = dx.view({N, C});
-  layernorm_backward(dlnf, h.final_in.view({N, C}), lnf_w_.value, h.lnf_mean, h.lnf_rstd, dx_flat, lnf_w_.grad,
-                     lnf_b_.grad);
+  const bool sp = opt_.tp.sequence_parallel && opt_.tp.size > 1;
+  const int64_t Ts = sp ? T / opt_.tp.size : T, seq_offset = sp ? opt_.tp.rank * Ts : 0, Ns = B * Ts;
+  Tensor dlnf_shard = dlnf;                                         // f backward: sum over the group
+  if (sp) {
+    dlnf_shard = Tensor::empty({B, Ts, C}, opt_.dtype);
+    scatter_sequence_sum(dlnf.view({B, T, C}), dlnf_shard, opt_.tp);
+    dlnf_shard = dlnf_shard.view({Ns, C});
+  } else {
+    opt_.tp.reduce_from_group(dlnf);
+  }
+  Tensor dx = Tensor::empty({B, Ts, C}, opt_.dtype);
+  Tensor dx_flat = dx.view({Ns, C});
+  layernorm_backward(dlnf_shard, h.final_in.view({Ns, C}), lnf_w_.value, h.lnf_mean, h.lnf_rstd, dx_flat,
+                     lnf_w_.grad, lnf_b_.grad);
 
   for (auto layer = layers_.rbegin(); layer != layers_.rend(); ++layer) dx = (*layer)->backward(dx, mb);
 
   dropout_backward(dx, dx, {.p = cfg_.dropout, .seed = h.ctx.seed, .site = site_embedding_,
-                            .sample_offset = h.ctx.sample_offset});
-  position_embedding_backward(dx, wpe_.grad);
+                            .sample_offset = h.ctx.sample_offset, .row_offset = seq_offset});
+  position_embedding_backward(dx, wpe_.grad, {.position_offset = seq_offset});
+  if (sp) {
+    Tensor full = Tensor::empty({B, T, C}, opt_.dtype);
+    gather_sequence(dx, full, opt_.tp);
+    dx = full;
+  }
   embedding_backward(h.tokens, dx, wte_.grad, {.vocab_start = vocab_start_});
 }
 

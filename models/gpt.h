@@ -39,8 +39,9 @@ class GptModel {
   struct HeadActivations {
     StepContext ctx;
     Tensor tokens, targets;            // (B, T) i32
-    Tensor final_in;                   // (B, T, C) output of the last layer
-    Tensor lnf, lnf_mean, lnf_rstd;    // (B*T, C), (B*T), (B*T)
+    Tensor final_in;                   // (B, T, C) output of the last layer ((B, T/tp, C) with SP)
+    Tensor lnf;                        // (B*T, C) final norm output, all positions
+    Tensor lnf_mean, lnf_rstd;         // (B*T) or this rank's shard rows with SP
     Tensor logits;                     // (B*T, Vpad/tp) this rank's vocabulary shard
     Tensor rowmax, sumexp;             // (B*T) f32
   };

@@ -5,6 +5,7 @@
 
 #include "core/ops.h"
 #include "core/rng.h"
+#include "parallel/sequence_parallel.h"
 
 namespace mt {
 
@@ -50,9 +51,30 @@ TransformerLayer::TransformerLayer(int64_t index, const ModelConfig& cfg, DType 
   fc1_b_ = block("mlp.fc1.bias", {F}, {f0}, {ffn_}, Init::zeros, 0);
   fc2_w_ = block("mlp.fc2.weight", {C, F}, {0, f0}, {C, ffn_}, Init::normal, out_std);
   fc2_b_ = whole("mlp.fc2.bias", {C}, Init::zeros, 0);
+  if (tp.sequence_parallel)
+    for (Parameter* p : {&ln1_w_, &ln1_b_, &ln2_w_, &ln2_b_}) p->sequence_parallel = true;
   site_attn_probs_ = stream_id(name("attn.probs"));
   site_attn_out_ = stream_id(name("attn.out"));
   site_mlp_out_ = stream_id(name("mlp.out"));
+}
+
+Tensor TransformerLayer::to_full(const Tensor& rows, int64_t B) const {
+  if (!sp()) return rows;
+  const int64_t Ts = rows.dim(0) / B, C = rows.dim(1);
+  Tensor full = Tensor::empty({B, Ts * tp_.size, C}, rows.dtype());
+  gather_sequence(rows.view({B, Ts, C}), full, tp_);
+  return full.view({B * Ts * tp_.size, C});
+}
+
+Tensor TransformerLayer::to_shard_sum(Tensor& partial, int64_t B) const {
+  if (!sp()) {
+    tp_.reduce_from_group(partial);
+    return partial;
+  }
+  const int64_t T = partial.dim(0) / B, C = partial.dim(1), Ts = T / tp_.size;
+  Tensor shard = Tensor::empty({B, Ts, C}, partial.dtype());
+  scatter_sequence_sum(partial.view({B, T, C}), shard, tp_);
+  return shard.view({B * Ts, C});
 }
 
 std::vector<Parameter*> TransformerLayer::parameters() {
@@ -61,20 +83,20 @@ std::vector<Parameter*> TransformerLayer::parameters() {
 }
 
 Tensor TransformerLayer::run(Activations& a, bool keep) {
-  const Tensor& x = a.x;
-  const int64_t B = x.dim(0), T = x.dim(1), C = cfg_.hidden_size, H = heads_, D = cfg_.head_dim, F = ffn_,
-                N = B * T;
+  const Tensor& x = a.x;  // (B, T, C), or (B, T/tp, C) with sequence parallelism
+  const int64_t B = x.dim(0), Ts = x.dim(1), T = sp() ? Ts * tp_.size : Ts, C = cfg_.hidden_size, H = heads_,
+                D = cfg_.head_dim, F = ffn_, N = B * T, Ns = B * Ts;
   const bool train = a.ctx.training;
   const float p_hidden = train ? cfg_.dropout : 0.f;
   const LayerNormOptions ln_opt{.eps = cfg_.layernorm_eps};
 
-  a.ln1 = Tensor::empty({N, C}, dtype_);
-  a.ln1_mean = Tensor::empty({N}, DType::f32);
-  a.ln1_rstd = Tensor::empty({N}, DType::f32);
-  layernorm_forward(x.view({N, C}), ln1_w_.value, ln1_b_.value, a.ln1, a.ln1_mean, a.ln1_rstd, ln_opt);
+  a.ln1 = Tensor::empty({Ns, C}, dtype_);
+  a.ln1_mean = Tensor::empty({Ns}, DType::f32);
+  a.ln1_rstd = Tensor::empty({Ns}, DType::f32);
+  layernorm_forward(x.view({Ns, C}), ln1_w_.value, ln1_b_.value, a.ln1, a.ln1_mean, a.ln1_rstd, ln_opt);
 
   Tensor qkv = Tensor::empty({N, 3 * H * D}, dtype_);
-  linear_forward(a.ln1, qkv_w_, &qkv_b_, qkv);
+  linear_forward(to_full(a.ln1, B), qkv_w_, &qkv_b_, qkv);
   a.qkv = qkv.view({B, T, H, 3, D});
   a.att = Tensor::empty({B, T, H * D}, dtype_);
   a.att_lse = Tensor::empty({B, H, T}, DType::f32);
@@ -83,32 +105,32 @@ Tensor TransformerLayer::run(Activations& a, bool keep) {
                                  .head_offset = tp_.begin(cfg_.num_heads)};
   attention_forward(a.qkv, a.att, a.att_lse, att_opt);
 
-  Tensor proj = Tensor::empty({N, C}, dtype_);
-  linear_forward(a.att.view({N, H * D}), proj_w_, nullptr, proj);
-  tp_.reduce_from_group(proj);  // g: sum the row-parallel partial outputs
+  Tensor proj_partial = Tensor::empty({N, C}, dtype_);
+  linear_forward(a.att.view({N, H * D}), proj_w_, nullptr, proj_partial);
+  Tensor proj = to_shard_sum(proj_partial, B);  // g: sum the row-parallel partial outputs
   add_bias(proj, proj_b_.value);
-  proj = proj.view({B, T, C});
+  proj = proj.view({B, Ts, C});
   dropout_forward(proj, proj, {.p = p_hidden, .seed = a.ctx.seed, .site = site_attn_out_,
-                               .sample_offset = a.ctx.sample_offset});
-  a.x2 = Tensor::empty({B, T, C}, dtype_);
+                               .sample_offset = a.ctx.sample_offset, .row_offset = seq_offset(Ts)});
+  a.x2 = Tensor::empty({B, Ts, C}, dtype_);
   add(x, proj, a.x2);
 
-  a.ln2 = Tensor::empty({N, C}, dtype_);
-  a.ln2_mean = Tensor::empty({N}, DType::f32);
-  a.ln2_rstd = Tensor::empty({N}, DType::f32);
-  layernorm_forward(a.x2.view({N, C}), ln2_w_.value, ln2_b_.value, a.ln2, a.ln2_mean, a.ln2_rstd, ln_opt);
+  a.ln2 = Tensor::empty({Ns, C}, dtype_);
+  a.ln2_mean = Tensor::empty({Ns}, DType::f32);
+  a.ln2_rstd = Tensor::empty({Ns}, DType::f32);
+  layernorm_forward(a.x2.view({Ns, C}), ln2_w_.value, ln2_b_.value, a.ln2, a.ln2_mean, a.ln2_rstd, ln_opt);
   a.fc1 = Tensor::empty({N, F}, dtype_);
-  linear_forward(a.ln2, fc1_w_, &fc1_b_, a.fc1);
+  linear_forward(to_full(a.ln2, B), fc1_w_, &fc1_b_, a.fc1);
   a.gelu = Tensor::empty({N, F}, dtype_);
   gelu_forward(a.fc1, a.gelu);
-  Tensor mlp = Tensor::empty({N, C}, dtype_);
-  linear_forward(a.gelu, fc2_w_, nullptr, mlp);
-  tp_.reduce_from_group(mlp);  // g
+  Tensor mlp_partial = Tensor::empty({N, C}, dtype_);
+  linear_forward(a.gelu, fc2_w_, nullptr, mlp_partial);
+  Tensor mlp = to_shard_sum(mlp_partial, B);  // g
   add_bias(mlp, fc2_b_.value);
-  mlp = mlp.view({B, T, C});
+  mlp = mlp.view({B, Ts, C});
   dropout_forward(mlp, mlp, {.p = p_hidden, .seed = a.ctx.seed, .site = site_mlp_out_,
-                             .sample_offset = a.ctx.sample_offset});
-  Tensor out = Tensor::empty({B, T, C}, dtype_);
+                             .sample_offset = a.ctx.sample_offset, .row_offset = seq_offset(Ts)});
+  Tensor out = Tensor::empty({B, Ts, C}, dtype_);
   add(a.x2, mlp, out);
   if (!keep) {
     Tensor kept_x = a.x;
@@ -140,44 +162,47 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb) {
     run(a, true);  // the same inputs and dropout keys give the same activations
     a.ctx = ctx;
   }
-  const int64_t B = a.x.dim(0), T = a.x.dim(1), C = cfg_.hidden_size, F = ffn_, HD = heads_ * cfg_.head_dim,
-                N = B * T;
+  const int64_t B = a.x.dim(0), Ts = a.x.dim(1), T = sp() ? Ts * tp_.size : Ts, C = cfg_.hidden_size, F = ffn_,
+                HD = heads_ * cfg_.head_dim, N = B * T, Ns = B * Ts;
   const float p_hidden = cfg_.dropout;
 
-  // MLP block: out = x2 + dropout(fc2(gelu(fc1(ln2(x2)))))
-  Tensor dmlp = Tensor::empty({B, T, C}, dtype_);
+  // MLP block: out = x2 + dropout(fc2(gelu(fc1(ln2(x2))))); with SP the residual side is a sequence shard.
+  Tensor dmlp = Tensor::empty({B, Ts, C}, dtype_);
   dropout_backward(dout, dmlp, {.p = p_hidden, .seed = a.ctx.seed, .site = site_mlp_out_,
-                                            .sample_offset = a.ctx.sample_offset});
+                                .sample_offset = a.ctx.sample_offset, .row_offset = seq_offset(Ts)});
+  Tensor dmlp_full = to_full(dmlp.view({Ns, C}), B);  // backward of the reduce-scatter (identity without SP)
   Tensor dgelu = Tensor::empty({N, F}, dtype_);
-  linear_backward(dmlp.view({N, C}), a.gelu, fc2_w_, &fc2_b_, &dgelu);
+  linear_backward(dmlp_full, a.gelu, fc2_w_, &fc2_b_, &dgelu);
   Tensor dfc1 = Tensor::empty({N, F}, dtype_);
   gelu_backward(a.fc1, dgelu, dfc1);
-  Tensor dln2 = Tensor::empty({N, C}, dtype_);
-  linear_backward(dfc1, a.ln2, fc1_w_, &fc1_b_, &dln2);
-  tp_.reduce_from_group(dln2);  // f backward: sum the column-parallel input gradients
-  Tensor dx2 = Tensor::empty({N, C}, dtype_);
-  layernorm_backward(dln2, a.x2.view({N, C}), ln2_w_.value, a.ln2_mean, a.ln2_rstd, dx2, ln2_w_.grad, ln2_b_.grad);
-  add(dx2, dout.view({N, C}), dx2);
-  dx2 = dx2.view({B, T, C});
+  Tensor dln2_partial = Tensor::empty({N, C}, dtype_);
+  linear_backward(dfc1, to_full(a.ln2, B), fc1_w_, &fc1_b_, &dln2_partial);
+  Tensor dln2 = to_shard_sum(dln2_partial, B);  // f backward: sum the column-parallel input gradients
+  Tensor dx2 = Tensor::empty({Ns, C}, dtype_);
+  layernorm_backward(dln2, a.x2.view({Ns, C}), ln2_w_.value, a.ln2_mean, a.ln2_rstd, dx2, ln2_w_.grad,
+                     ln2_b_.grad);
+  add(dx2, dout.view({Ns, C}), dx2);
+  dx2 = dx2.view({B, Ts, C});
 
   // Attention block: x2 = x + dropout(proj(attention(qkv(ln1(x)))))
-  Tensor dproj = Tensor::empty({B, T, C}, dtype_);
+  Tensor dproj = Tensor::empty({B, Ts, C}, dtype_);
   dropout_backward(dx2, dproj, {.p = p_hidden, .seed = a.ctx.seed, .site = site_attn_out_,
-                                .sample_offset = a.ctx.sample_offset});
+                                .sample_offset = a.ctx.sample_offset, .row_offset = seq_offset(Ts)});
+  Tensor dproj_full = to_full(dproj.view({Ns, C}), B);
   Tensor datt = Tensor::empty({N, HD}, dtype_);
-  linear_backward(dproj.view({N, C}), a.att.view({N, HD}), proj_w_, &proj_b_, &datt);
+  linear_backward(dproj_full, a.att.view({N, HD}), proj_w_, &proj_b_, &datt);
   Tensor dqkv = Tensor::empty(a.qkv.shape(), dtype_);
   const AttentionOptions att_opt{.causal = true, .dropout_p = cfg_.attention_dropout, .seed = a.ctx.seed,
                                  .site = site_attn_probs_, .sample_offset = a.ctx.sample_offset,
                                  .head_offset = tp_.begin(cfg_.num_heads)};
   attention_backward(a.qkv, a.att, a.att_lse, datt.view(a.att.shape()), dqkv, att_opt);
-  Tensor dln1 = Tensor::empty({N, C}, dtype_);
-  linear_backward(dqkv.view({N, 3 * HD}), a.ln1, qkv_w_, &qkv_b_, &dln1);
-  tp_.reduce_from_group(dln1);  // f backward
-  Tensor dx = Tensor::empty({N, C}, dtype_);
-  layernorm_backward(dln1, a.x.view({N, C}), ln1_w_.value, a.ln1_mean, a.ln1_rstd, dx, ln1_w_.grad, ln1_b_.grad);
-  add(dx, dx2.view({N, C}), dx);
-  return dx.view({B, T, C});
+  Tensor dln1_partial = Tensor::empty({N, C}, dtype_);
+  linear_backward(dqkv.view({N, 3 * HD}), to_full(a.ln1, B), qkv_w_, &qkv_b_, &dln1_partial);
+  Tensor dln1 = to_shard_sum(dln1_partial, B);  // f backward
+  Tensor dx = Tensor::empty({Ns, C}, dtype_);
+  layernorm_backward(dln1, a.x.view({Ns, C}), ln1_w_.value, a.ln1_mean, a.ln1_rstd, dx, ln1_w_.grad, ln1_b_.grad);
+  add(dx, dx2.view({Ns, C}), dx);
+  return dx.view({B, Ts, C});
 }
 
 }  // namespace mt

@@ -39,8 +39,8 @@ class TransformerLayer {
  private:
   struct Activations {
     StepContext ctx;
-    Tensor x;                 // (B, T, C) layer input
-    Tensor ln1, ln1_mean, ln1_rstd;  // (B*T, C), (B*T), (B*T)
+    Tensor x;                 // (B, T, C) layer input; (B, T/tp, C) sequence shards with SP
+    Tensor ln1, ln1_mean, ln1_rstd;  // (B*T, C), (B*T), (B*T); shard rows with SP (gathered again in backward)
     Tensor qkv;               // (B, T, H/tp, 3, D)
     Tensor att, att_lse;      // (B, T, C/tp), (B, H/tp, T)
     Tensor x2;                // (B, T, C) residual after attention
@@ -50,6 +50,13 @@ class TransformerLayer {
   };
   // Runs the block on a.x, filling the activations; returns the output.
   Tensor run(Activations& a, bool keep);
+  bool sp() const { return tp_.sequence_parallel && tp_.size > 1; }
+  int64_t seq_offset(int64_t Ts) const { return sp() ? tp_.rank * Ts : 0; }  // first position of this shard
+  // rows (B*Ts, C) of this rank's sequence shard -> (B*T, C) of all positions (all-gather); identity without SP.
+  Tensor to_full(const Tensor& rows, int64_t B) const;
+  // partial (B*T, C) row-parallel output -> its sum over the group: this rank's shard (B*Ts, C) with SP
+  // (reduce-scatter), else all of it in place (all-reduce).
+  Tensor to_shard_sum(Tensor& partial, int64_t B) const;
 
   int64_t index_;
   ModelConfig cfg_;

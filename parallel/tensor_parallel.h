@@ -12,6 +12,7 @@ struct TensorParallel {
   Communicator* comm = nullptr;  // null when size == 1
   int rank = 0;
   int size = 1;
+  bool sequence_parallel = false;  // norms, dropout and residuals on sequence shards (Korthikanti et al.)
 
   // [begin, end) of `total` items (rows, heads, vocabulary entries) held by this rank.
   int64_t begin(int64_t total) const { return total / size * rank; }

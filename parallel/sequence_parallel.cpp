@@ -1,0 +1,56 @@
+#include "parallel/sequence_parallel.h"
+
+#include <cstring>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+namespace mt {
+
+namespace {
+
+// Copies between (B, t, Ts, C) blocks of `a` and (t, B, Ts, C) of `b` (host memory; element size es).
+// to_rank_major: a -> b, else b -> a.
+void permute_blocks(const Tensor& a, const Tensor& b, int64_t B, int64_t t, int64_t Ts, int64_t C, bool to_rank_major) {
+  const size_t block = static_cast<size_t>(Ts * C) * dtype_size(a.dtype());
+  auto* pa = static_cast<char*>(a.raw());
+  auto* pb = static_cast<char*>(b.raw());
+  for (int64_t bi = 0; bi < B; ++bi)
+    for (int64_t r = 0; r < t; ++r) {
+      char* x = pa + static_cast<size_t>(bi * t + r) * block;  // (b, r) in batch-major
+      char* y = pb + static_cast<size_t>(r * B + bi) * block;  // (r, b) in rank-major
+      if (to_rank_major)
+        std::memcpy(y, x, block);
+      else
+        std::memcpy(x, y, block);
+    }
+}
+
+void check(const Tensor& shard, const Tensor& full, const TensorParallel& tp, const char* op) {
+  if (shard.ndim() != 3 || full.ndim() != 3 || shard.dim(0) != full.dim(0) || shard.dim(2) != full.dim(2) ||
+      shard.dim(1) * tp.size != full.dim(1) || shard.dtype() != full.dtype())
+    throw std::invalid_argument(fmt::format("{}: shard {} does not match full {} over {} ranks", op, shard.describe(),
+                                            full.describe(), tp.size));
+}
+
+}  // namespace
+
+void gather_sequence(const Tensor& shard, Tensor& full, const TensorParallel& tp) {
+  check(shard, full, tp, "gather_sequence");
+  if (tp.size == 1) return full.copy_from(shard);
+  const int64_t B = shard.dim(0), Ts = shard.dim(1), C = shard.dim(2);
+  Tensor gathered = Tensor::empty({tp.size, B, Ts, C}, full.dtype(), full.device(), MemKind::workspace);
+  tp.comm->all_gather(shard, gathered)->wait();
+  permute_blocks(full, gathered, B, tp.size, Ts, C, /*to_rank_major=*/false);
+}
+
+void scatter_sequence_sum(const Tensor& full, Tensor& shard, const TensorParallel& tp) {
+  check(shard, full, tp, "scatter_sequence_sum");
+  if (tp.size == 1) return shard.copy_from(full);
+  const int64_t B = shard.dim(0), Ts = shard.dim(1), C = shard.dim(2);
+  Tensor rank_major = Tensor::empty({tp.size, B, Ts, C}, full.dtype(), full.device(), MemKind::workspace);
+  permute_blocks(full, rank_major, B, tp.size, Ts, C, /*to_rank_major=*/true);
+  tp.comm->reduce_scatter(rank_major, shard)->wait();
+}
+
+}  // namespace mt
