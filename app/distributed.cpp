@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
@@ -23,10 +25,6 @@ std::string gloo_hostname(const LaunchEnv& env) {
 
 std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv& env) {
   const auto& p = cfg.parallel;
-  if (p.pipeline > 1)
-    throw std::invalid_argument(fmt::format("{}: parallel.pipeline={}: pipeline parallelism is not implemented yet "
-                                            "(tensor and data parallelism are: keep pipeline at 1)",
-                                            cfg.source, p.pipeline));
   if (p.distributed_optimizer)
     throw std::invalid_argument(fmt::format("{}: parallel.distributed_optimizer: not implemented yet", cfg.source));
   auto d = std::make_unique<Distributed>();
@@ -40,7 +38,7 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
     if (env.rank == 0) d->server = std::make_unique<TcpStoreServer>("", env.master_port);
     d->store = connect_tcp_store(env.master_addr, env.master_port, timeout);
   }
-  // Every rank creates every group it belongs to, in the same order: world, tp, dp.
+  // Every rank creates every group it belongs to, in the same order: world, tp, dp, pp, mp, emb.
   auto group = [&](const char* kind, std::vector<int> members) {
     return make_gloo_communicator(d->store, GlooOptions{.name = fmt::format("{}[{}]", kind, fmt::join(members, ",")),
                                                         .members = members,
@@ -53,6 +51,11 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
   d->world = group("world", everyone);
   d->tp = group("tp", d->topology.tp_group(env.rank));
   d->dp = group("dp", d->topology.dp_group(env.rank));
+  d->pp = group("pp", d->topology.pp_group(env.rank));
+  d->mp = group("mp", d->topology.model_parallel_group(env.rank));
+  const std::vector<int> emb = d->topology.embedding_group(env.rank);
+  if (std::find(emb.begin(), emb.end(), env.rank) != emb.end() && (d->pp_rank() == 0 || d->pp_rank() == d->pp_size() - 1))
+    d->emb = group("emb", emb);
   if (env.world_size == 1) return d;
   spdlog::info("rank {} of {} ({}): tp {} dp {} pp {}, rendezvous at {}:{}", env.rank, env.world_size, env.launcher,
                d->topology.coord(env.rank).tp, d->topology.coord(env.rank).dp, d->topology.coord(env.rank).pp,

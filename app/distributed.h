@@ -19,6 +19,9 @@ struct Distributed {
   std::unique_ptr<Communicator> world;     // every rank (barriers around checkpoints)
   std::unique_ptr<Communicator> tp;        // this rank's tensor-parallel group
   std::unique_ptr<Communicator> dp;        // this rank's data-parallel group (size 1 when not distributed)
+  std::unique_ptr<Communicator> pp;        // this rank's pipeline (its rank r is stage r)
+  std::unique_ptr<Communicator> mp;        // model-parallel group (every tp and pp rank of this dp rank)
+  std::unique_ptr<Communicator> emb;       // first and last stage (tied embeddings); null on middle stages
 
   int rank() const { return env.rank; }
   bool is_logging_rank() const { return env.rank == 0; }
@@ -26,6 +29,8 @@ struct Distributed {
   int dp_size() const { return topology.dp(); }
   int tp_rank() const { return topology.coord(env.rank).tp; }
   int tp_size() const { return topology.tp(); }
+  int pp_rank() const { return topology.coord(env.rank).pp; }
+  int pp_size() const { return topology.pp(); }
 };
 
 // Refuses layouts this build cannot train yet (before any communication), then serves (rank 0) or reaches

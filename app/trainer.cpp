@@ -17,6 +17,8 @@
 #include "app/checkpointing.h"
 #include "app/data_sources.h"
 #include "app/distributed.h"
+#include "parallel/pipeline_executor.h"
+#include "parallel/schedule.h"
 #include "core/checkpoint/checkpoint.h"
 #include "core/checkpoint/checkpoint_writer.h"
 #include "core/data/indexed_dataset.h"
@@ -97,6 +99,54 @@ std::vector<double> sum_over(Communicator& comm, std::vector<double> values) {
   return values;
 }
 
+// The model chunks this rank holds: one per virtual pipeline stage c * pp + stage, each with its layers
+// (parallel.layers_per_stage, or an even split), the embedding on virtual stage 0, the head on the last.
+std::vector<std::unique_ptr<GptModel>> build_chunks(const Config& cfg, const Distributed& dist, DType dtype) {
+  const int64_t p = dist.pp_size(), v = cfg.parallel.virtual_pipeline, vstages = p * v;
+  std::vector<int64_t> layers = cfg.parallel.layers_per_stage;
+  if (layers.empty()) layers.assign(static_cast<size_t>(vstages), cfg.model.num_layers / vstages);
+  std::vector<std::unique_ptr<GptModel>> chunks;
+  for (int64_t c = 0; c < v; ++c) {
+    const int64_t vs = c * p + dist.pp_rank();
+    int64_t begin = 0;
+    for (int64_t i = 0; i < vs; ++i) begin += layers[static_cast<size_t>(i)];
+    chunks.push_back(std::make_unique<GptModel>(
+        cfg.model,
+        GptOptions{.dtype = dtype,
+                   .seed = static_cast<uint64_t>(cfg.training.seed),
+                   .recompute = cfg.training.recompute == "full",
+                   .tp = TensorParallel{.comm = dist.tp.get(), .rank = dist.tp_rank(), .size = dist.tp_size(),
+                                        .sequence_parallel = cfg.parallel.sequence_parallel},
+                   .stage = StageLayout{.has_embedding = vs == 0, .has_head = vs == vstages - 1,
+                                        .layer_begin = begin, .layer_end = begin + layers[static_cast<size_t>(vs)]}}));
+  }
+  return chunks;
+}
+
+std::vector<Parameter*> all_parameters(const std::vector<std::unique_ptr<GptModel>>& chunks) {
+  std::vector<Parameter*> out;
+  for (const auto& c : chunks) out.insert(out.end(), c->parameters().begin(), c->parameters().end());
+  return out;
+}
+
+class Trainer;
+
+// The pipeline executor's view of this rank's chunks for one iteration: microbatch m's samples, the loss
+// of the last stage, the backward seed.
+class IterationStage final : public PipelineStage {
+ public:
+  IterationStage(Trainer& t, float dloss) : t_(t), dloss_(dloss) {}
+  Tensor forward(int microbatch, int chunk, const Tensor& input) override;
+  Tensor backward(int microbatch, int chunk, const Tensor& grad) override;
+  Shape activation_shape() const override;
+  DType activation_dtype() const override;
+  double loss_sum = 0;  // over the microbatches whose loss this rank computed
+
+ private:
+  Trainer& t_;
+  float dloss_;
+};
+
 class Trainer {
  public:
   Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
@@ -105,17 +155,14 @@ class Trainer {
         dist_(dist),
         dtype_(parse_dtype(cfg.training.precision)),
         data_(open_data_sources(cfg)),
-        model_(cfg.model, GptOptions{.dtype = dtype_, .seed = static_cast<uint64_t>(cfg.training.seed),
-                                     .recompute = cfg.training.recompute == "full",
-                                     .tp = TensorParallel{.comm = dist.tp.get(), .rank = dist.tp_rank(),
-                                                          .size = dist.tp_size(),
-                                                          .sequence_parallel = cfg.parallel.sequence_parallel}}),
-        optimizer_(model_.parameters(),
+        chunks_(build_chunks(cfg, dist, dtype_)),
+        params_(all_parameters(chunks_)),
+        optimizer_(params_,
                    AdamWConfig{.beta1 = cfg.optimizer.betas.at(0), .beta2 = cfg.optimizer.betas.at(1),
                                .eps = cfg.optimizer.eps, .weight_decay = cfg.optimizer.weight_decay,
                                .grad_clip = cfg.optimizer.grad_clip, .count_replicas = dist.tp_rank() == 0,
                                .sum_across_ranks = [&dist](double x) {
-                                 return dist.tp_size() > 1 ? sum_over(*dist.tp, {x})[0] : x;
+                                 return dist.mp->size() > 1 ? sum_over(*dist.mp, {x})[0] : x;
                                }}),
         scaler_(dtype_ == DType::f16,
                 LossScalerOptions{.initial = cfg.training.loss_scale.initial, .min = cfg.training.loss_scale.min,
@@ -126,10 +173,10 @@ class Trainer {
         metrics_(dist.is_logging_rank() ? cfg.logging.dir : "") {
     // One flat fp32 buffer holds every gradient, so data parallelism reduces it in one call.
     int64_t total = 0;
-    for (const Parameter* p : model_.parameters()) total += p->grad.numel();
+    for (const Parameter* p : params_) total += p->grad.numel();
     grad_buffer_ = Tensor::zeros({total}, DType::f32, Device::cpu, MemKind::gradient);
     int64_t offset = 0;
-    for (Parameter* p : model_.parameters()) {
+    for (Parameter* p : params_) {
       const int64_t n = p->grad.numel();
       p->grad = grad_buffer_.slice(offset, offset + n).view(p->value.shape());
       offset += n;
@@ -141,6 +188,16 @@ class Trainer {
   void run();
 
  private:
+  friend class IterationStage;
+  // Samples of microbatch m of this data-parallel rank in the current iteration.
+  int64_t microbatch_first_sample(int64_t m) const {
+    return c_.consumed_samples + (m * dist_.dp_size() + dist_.dp_rank()) * cfg_.training.micro_batch_size;
+  }
+  int64_t num_parameters() const {
+    int64_t n = 0;
+    for (const Parameter* p : params_) n += p->value.numel();
+    return n;
+  }
   void maybe_resume();
   float train_step(float& lr_used, StepResult& result);
   double evaluate();
@@ -152,7 +209,8 @@ class Trainer {
   Distributed& dist_;
   DType dtype_;
   DataSources data_;
-  GptModel model_;
+  std::vector<std::unique_ptr<GptModel>> chunks_;  // this rank's model chunks (one without pipelining)
+  std::vector<Parameter*> params_;                 // all of their parameters
   AdamW optimizer_;
   LossScaler scaler_;
   LrSchedule schedule_;
@@ -211,8 +269,10 @@ void Trainer::save() {
       tmp.assign(b.begin(), b.end());
     }
     const bool tp_first = dist_.tp_rank() == 0;
-    write_rank_files(tmp, dist_.tp_rank(),
-                     optimizer_tensors(optimizer_, [&](const Parameter& p) { return p.tensor_parallel || tp_first; }));
+    write_rank_files(tmp, dist_.tp_rank() + dist_.tp_size() * dist_.pp_rank(),
+                     optimizer_tensors(optimizer_, [&](const Parameter& p) {
+                       return !p.tied_copy && (p.tensor_parallel || tp_first);
+                     }));
   }
   dist_.world->barrier();
   std::string dir;
@@ -230,7 +290,8 @@ void Trainer::save() {
                 {"loss_scale_hysteresis_tracker", std::to_string(st.hysteresis_tracker)},
                 {"seed", std::to_string(cfg_.training.seed)}};
     try {
-      dir = commit_checkpoint(cfg_.checkpoint.save_dir, tmp, s, dist_.tp_size(), cfg_.checkpoint.keep_last);
+      dir = commit_checkpoint(cfg_.checkpoint.save_dir, tmp, s, dist_.tp_size() * dist_.pp_size(),
+                              cfg_.checkpoint.keep_last);
     } catch (...) {
       abort_checkpoint(tmp);
       throw;
@@ -250,23 +311,39 @@ void Trainer::save() {
 // is the same set of samples whatever the layout.
 float Trainer::train_step(float& lr_used, StepResult& result) {
   const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length, M = cfg_.training.num_microbatches;
-  const int64_t dp = dist_.dp_size(), r = dist_.dp_rank();
+  const int64_t dp = dist_.dp_size();
   grad_buffer_.zero_();
   Tensor tokens = Tensor::empty({B, S}, DType::i32), targets = Tensor::empty({B, S}, DType::i32);
   // The objective is the mean loss over all M * dp microbatches (times the loss scale).
   const float dloss = static_cast<float>(scaler_.scale() / static_cast<double>(M * dp));
   double loss_sum = 0;
-  for (int64_t m = 0; m < M; ++m) {
-    const int64_t first = c_.consumed_samples + (m * dp + r) * B;
-    make_batch(data_.train, first, B, S, tokens, targets);
-    StepContext ctx{.sample_offset = first, .training = true, .seed = static_cast<uint64_t>(cfg_.training.seed)};
-    loss_sum += model_.forward(tokens, targets, static_cast<int>(m), ctx);
-    model_.backward(static_cast<int>(m), dloss);
+  if (dist_.pp_size() == 1 && chunks_.size() == 1) {
+    for (int64_t m = 0; m < M; ++m) {
+      const int64_t first = microbatch_first_sample(m);
+      make_batch(data_.train, first, B, S, tokens, targets);
+      StepContext ctx{.sample_offset = first, .training = true, .seed = static_cast<uint64_t>(cfg_.training.seed)};
+      loss_sum += chunks_[0]->forward(tokens, targets, static_cast<int>(m), ctx);
+      chunks_[0]->backward(static_cast<int>(m), dloss);
+    }
+  } else {
+    const ScheduleSpec spec{.kind = chunks_.size() > 1 ? ScheduleKind::interleaved : ScheduleKind::one_f_one_b,
+                            .stages = dist_.pp_size(), .microbatches = static_cast<int>(M),
+                            .chunks = static_cast<int>(chunks_.size())};
+    IterationStage stage(*this, dloss);
+    execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage,
+                     PipelinePlacement{.comm = dist_.pp.get(), .stage = dist_.pp_rank(), .stages = dist_.pp_size(),
+                                       .chunks = static_cast<int>(chunks_.size())});
+    // Only the last stage computed losses.
+    loss_sum = sum_over(*dist_.pp, {stage.loss_sum})[0];
   }
   // Replicas used on sequence shards (norms, position embedding) hold partial gradients: sum them over TP.
   if (dist_.tp_size() > 1)
-    for (Parameter* p : model_.parameters())
+    for (Parameter* p : params_)
       if (p->sequence_parallel) dist_.tp->all_reduce(p->grad, ReduceOp::sum)->wait();
+  // The tied word embeddings of the first and last stage: one gradient, summed.
+  if (dist_.emb && dist_.emb->size() > 1)
+    for (Parameter* p : params_)
+      if (p->name == "embedding.word_embeddings.weight") dist_.emb->all_reduce(p->grad, ReduceOp::sum)->wait();
   dist_.dp->all_reduce(grad_buffer_, ReduceOp::sum)->wait();
   lr_used = static_cast<float>(schedule_.at(optimizer_.steps() + 1));
   result = optimizer_.step(lr_used, scaler_.scale());
@@ -282,19 +359,61 @@ double Trainer::evaluate() {
   const int64_t batches = cfg_.logging.eval_iters * cfg_.training.num_microbatches * dp;
   Tensor tokens = Tensor::empty({B, S}, DType::i32), targets = Tensor::empty({B, S}, DType::i32);
   double sum = 0;
+  const int p = dist_.pp_size(), v = static_cast<int>(chunks_.size());
   for (int64_t i = dist_.dp_rank(); i < batches; i += dp) {
     make_batch(data_.valid, i * B, B, S, tokens, targets);
-    sum += model_.forward(tokens, targets, 0, StepContext{.sample_offset = i * B, .training = false});
+    const StepContext ctx{.sample_offset = i * B, .training = false};
+    // Forward only, virtual stage by virtual stage: receive, run, send on.
+    Tensor x;
+    for (int c = 0; c < v; ++c) {
+      const int vs = c * p + dist_.pp_rank();
+      if (vs > 0) {
+        x = Tensor::empty({B, S / (cfg_.parallel.sequence_parallel ? dist_.tp_size() : 1), cfg_.model.hidden_size},
+                          dtype_);
+        dist_.pp->recv(x, (dist_.pp_rank() + p - 1) % p, vs)->wait();
+      }
+      float loss = 0;
+      x = chunks_[static_cast<size_t>(c)]->forward_stage(x, tokens, targets, 0, ctx, &loss);
+      if (vs + 1 < p * v) dist_.pp->send(x, (dist_.pp_rank() + 1) % p, vs + 1)->wait();
+      else sum += loss;
+    }
   }
+  if (p > 1) sum = sum_over(*dist_.pp, {sum})[0];
   if (dp > 1) sum = sum_over(*dist_.dp, {sum})[0];
   return sum / static_cast<double>(batches);
 }
+
+Tensor IterationStage::forward(int microbatch, int chunk, const Tensor& input) {
+  const Config& cfg = t_.cfg_;
+  const int64_t B = cfg.training.micro_batch_size, S = cfg.model.seq_length;
+  const int64_t first = t_.microbatch_first_sample(microbatch);
+  Tensor tokens = Tensor::empty({B, S}, DType::i32), targets = Tensor::empty({B, S}, DType::i32);
+  make_batch(t_.data_.train, first, B, S, tokens, targets);
+  StepContext ctx{.sample_offset = first, .training = true, .seed = static_cast<uint64_t>(cfg.training.seed)};
+  float loss = 0;
+  GptModel& model = *t_.chunks_[static_cast<size_t>(chunk)];
+  Tensor out = model.forward_stage(input, tokens, targets, microbatch, ctx, &loss);
+  if (model.stage().has_head) loss_sum += loss;
+  return out;
+}
+
+Tensor IterationStage::backward(int microbatch, int chunk, const Tensor& grad) {
+  return t_.chunks_[static_cast<size_t>(chunk)]->backward_stage(microbatch, grad, dloss_);
+}
+
+Shape IterationStage::activation_shape() const {
+  const Config& cfg = t_.cfg_;
+  const int64_t sp = cfg.parallel.sequence_parallel ? t_.dist_.tp_size() : 1;
+  return {cfg.training.micro_batch_size, cfg.model.seq_length / sp, cfg.model.hidden_size};
+}
+
+DType IterationStage::activation_dtype() const { return t_.dtype_; }
 
 void Trainer::run() {
   const int64_t G = cfg_.training.global_batch_size, S = cfg_.model.seq_length;
   spdlog::info("data: {}", data_.description);
   spdlog::info("model: {} parameters ({} layers, hidden {}, {} heads, vocabulary {} padded to {}), {}",
-               model_.num_parameters(), cfg_.model.num_layers, cfg_.model.hidden_size, cfg_.model.num_heads,
+               num_parameters(), cfg_.model.num_layers, cfg_.model.hidden_size, cfg_.model.num_heads,
                cfg_.model.vocab_size, cfg_.model.padded_vocab_size, cfg_.training.precision);
   maybe_resume();
   if (cfg_.logging.eval_interval > 0 && !data_.valid)

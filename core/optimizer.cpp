@@ -34,7 +34,7 @@ StepResult AdamW::step(double lr, double loss_scale) {
   StepResult r;
   double sumsq = 0;
   for (Slot& s : slots_)
-    if (s.param->tensor_parallel || cfg_.count_replicas) sumsq += sum_squares(s.param->grad);
+    if (!s.param->tied_copy && (s.param->tensor_parallel || cfg_.count_replicas)) sumsq += sum_squares(s.param->grad);
   if (cfg_.sum_across_ranks) sumsq = cfg_.sum_across_ranks(sumsq);
   const double inv_scale = 1.0 / loss_scale;
   r.grad_norm = std::sqrt(sumsq) * inv_scale;

@@ -23,6 +23,9 @@ struct Parameter {
                                 // false: every TP rank holds the whole tensor (a replica)
   bool sequence_parallel = false; // a replica used on sequence shards: each TP rank's gradient covers its
                                   // positions only, so the gradients are summed over the TP group
+  bool tied_copy = false;         // the last pipeline stage's copy of the tied word embeddings: its gradient
+                                  // is summed with the first stage's; it is not counted in the grad norm
+                                  // nor written to checkpoints (the first stage's is)
 };
 
 // Creates a parameter holding the whole global tensor, initialised with `init`; value in `dtype`.

@@ -10,28 +10,41 @@ namespace mt {
 
 GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt) {
   const int64_t C = cfg.hidden_size, V = cfg.padded_vocab_size, P = cfg.max_position_embeddings;
+  StageLayout& st = opt_.stage;
+  if (st.layer_end < 0) st.layer_end = cfg.num_layers;
   vocab_start_ = opt.tp.begin(V);
   vocab_local_ = opt.tp.count(V);
-  // Vocabulary-parallel: each TP rank holds a block of rows of the (padded) vocabulary.
-  wte_ = make_parameter_slice("embedding.word_embeddings.weight", {V, C}, {vocab_start_, 0}, {vocab_local_, C},
-                              opt.dtype, Init::normal, cfg.init_std, opt.seed);
-  wpe_ = make_parameter("embedding.position_embeddings.weight", {P, C}, opt.dtype, Init::normal, cfg.init_std,
-                        opt.seed);
-  params_ = {&wte_, &wpe_};
-  for (int64_t i = 0; i < cfg.num_layers; ++i) {
+  // Vocabulary-parallel: each TP rank holds a block of rows of the (padded) vocabulary. A last stage
+  // without the embedding holds a tied copy for its head (same name and initial values).
+  if (st.has_embedding || (st.has_head && cfg.tie_embeddings)) {
+    wte_ = make_parameter_slice("embedding.word_embeddings.weight", {V, C}, {vocab_start_, 0}, {vocab_local_, C},
+                                opt.dtype, Init::normal, cfg.init_std, opt.seed);
+    wte_.tied_copy = !st.has_embedding;
+    params_.push_back(&wte_);
+  }
+  if (st.has_embedding) {
+    wpe_ = make_parameter("embedding.position_embeddings.weight", {P, C}, opt.dtype, Init::normal, cfg.init_std,
+                          opt.seed);
+    params_.push_back(&wpe_);
+  }
+  for (int64_t i = st.layer_begin; i < st.layer_end; ++i) {
     layers_.push_back(std::make_unique<TransformerLayer>(i, cfg, opt.dtype, opt.seed, opt.recompute, opt.tp));
     for (Parameter* p : layers_.back()->parameters()) params_.push_back(p);
   }
-  lnf_w_ = make_parameter("final_ln.weight", {C}, opt.dtype, Init::ones, 0, opt.seed);
-  lnf_b_ = make_parameter("final_ln.bias", {C}, opt.dtype, Init::zeros, 0, opt.seed);
-  params_.push_back(&lnf_w_);
-  params_.push_back(&lnf_b_);
-  if (opt.tp.sequence_parallel)
-    for (Parameter* p : {&wpe_, &lnf_w_, &lnf_b_}) p->sequence_parallel = true;
-  if (!cfg.tie_embeddings) {
-    lm_head_ = make_parameter_slice("lm_head.weight", {V, C}, {vocab_start_, 0}, {vocab_local_, C}, opt.dtype,
-                                    Init::normal, cfg.init_std, opt.seed);
-    params_.push_back(&lm_head_);
+  if (st.has_head) {
+    lnf_w_ = make_parameter("final_ln.weight", {C}, opt.dtype, Init::ones, 0, opt.seed);
+    lnf_b_ = make_parameter("final_ln.bias", {C}, opt.dtype, Init::zeros, 0, opt.seed);
+    params_.push_back(&lnf_w_);
+    params_.push_back(&lnf_b_);
+    if (!cfg.tie_embeddings) {
+      lm_head_ = make_parameter_slice("lm_head.weight", {V, C}, {vocab_start_, 0}, {vocab_local_, C}, opt.dtype,
+                                      Init::normal, cfg.init_std, opt.seed);
+      params_.push_back(&lm_head_);
+    }
+  }
+  if (opt.tp.sequence_parallel) {
+    if (st.has_embedding) wpe_.sequence_parallel = true;
+    if (st.has_head) lnf_w_.sequence_parallel = lnf_b_.sequence_parallel = true;
   }
   site_embedding_ = stream_id("embedding.dropout");
 }
@@ -46,26 +59,40 @@ const Tensor& GptModel::head_weight() const { return cfg_.tie_embeddings ? wte_.
 Parameter& GptModel::head_param() { return cfg_.tie_embeddings ? wte_ : lm_head_; }
 
 float GptModel::forward(const Tensor& tokens, const Tensor& targets, int mb, const StepContext& ctx) {
+  float loss = 0;
+  forward_stage(Tensor(), tokens, targets, mb, ctx, &loss);
+  return loss;
+}
+
+void GptModel::backward(int mb, float dloss) { backward_stage(mb, Tensor(), dloss); }
+
+Tensor GptModel::forward_stage(const Tensor& input, const Tensor& tokens, const Tensor& targets, int mb,
+                               const StepContext& ctx, float* loss) {
   const int64_t B = tokens.dim(0), T = tokens.dim(1), C = cfg_.hidden_size, V = vocab_local_, N = B * T;
   if (T > cfg_.max_position_embeddings)
     throw std::invalid_argument(fmt::format("sequence of {} tokens exceeds max_position_embeddings={}", T,
                                             cfg_.max_position_embeddings));
   const bool sp = opt_.tp.sequence_parallel && opt_.tp.size > 1;
   const int64_t Ts = sp ? T / opt_.tp.size : T, seq_offset = sp ? opt_.tp.rank * Ts : 0, Ns = B * Ts;
-  Tensor x = Tensor::empty({B, T, C}, opt_.dtype);
-  embedding_forward(tokens, wte_.value, x, {.vocab_start = vocab_start_});
-  // Each row comes from the one rank holding its token: sum over the group (into sequence shards with SP).
-  if (sp) {
-    Tensor shard = Tensor::empty({B, Ts, C}, opt_.dtype);
-    scatter_sequence_sum(x, shard, opt_.tp);
-    x = shard;
-  } else {
-    opt_.tp.reduce_from_group(x);
+  Tensor x = input;
+  if (opt_.stage.has_embedding) {
+    x = Tensor::empty({B, T, C}, opt_.dtype);
+    embedding_forward(tokens, wte_.value, x, {.vocab_start = vocab_start_});
+    // Each row comes from the one rank holding its token: sum over the group (into sequence shards with SP).
+    if (sp) {
+      Tensor shard = Tensor::empty({B, Ts, C}, opt_.dtype);
+      scatter_sequence_sum(x, shard, opt_.tp);
+      x = shard;
+    } else {
+      opt_.tp.reduce_from_group(x);
+    }
+    position_embedding_add(x, wpe_.value, {.position_offset = seq_offset});
+    dropout_forward(x, x, {.p = ctx.training ? cfg_.dropout : 0.f, .seed = ctx.seed, .site = site_embedding_,
+                           .sample_offset = ctx.sample_offset, .row_offset = seq_offset});
+    if (ctx.training) embedded_[mb] = {ctx, tokens};
   }
-  position_embedding_add(x, wpe_.value, {.position_offset = seq_offset});
-  dropout_forward(x, x, {.p = ctx.training ? cfg_.dropout : 0.f, .seed = ctx.seed, .site = site_embedding_,
-                         .sample_offset = ctx.sample_offset, .row_offset = seq_offset});
   for (auto& layer : layers_) x = layer->forward(x, mb, ctx);
+  if (!opt_.stage.has_head) return x;
 
   HeadActivations h;
   h.ctx = ctx;
@@ -110,54 +137,67 @@ float GptModel::forward(const Tensor& tokens, const Tensor& targets, int mb, con
   const float* l = losses.data<float>();
   for (int64_t i = 0; i < N; ++i) sum += l[i];
   if (ctx.training) saved_[mb] = std::move(h);
-  return static_cast<float>(sum / static_cast<double>(N));
+  *loss = static_cast<float>(sum / static_cast<double>(N));
+  return Tensor();
 }
 
-void GptModel::backward(int mb, float dloss) {
-  auto it = saved_.find(mb);
-  if (it == saved_.end()) throw std::logic_error(fmt::format("model: backward of microbatch {} without forward", mb));
-  HeadActivations h = std::move(it->second);
-  saved_.erase(it);
-  const int64_t B = h.tokens.dim(0), T = h.tokens.dim(1), C = cfg_.hidden_size, V = vocab_local_, N = B * T;
-
-  // Each token's loss enters the mean with weight 1/N.
-  Tensor dlosses = Tensor::empty({N}, DType::f32);
-  float* dl = dlosses.data<float>();
-  for (int64_t i = 0; i < N; ++i) dl[i] = dloss / static_cast<float>(N);
-  Tensor dlogits = Tensor::empty({N, V}, opt_.dtype);
-  cross_entropy_backward(h.logits, h.targets.view({N}), h.rowmax, h.sumexp, dlosses, dlogits,
-                         {.vocab_start = vocab_start_, .vocab_size = cfg_.vocab_size});
-  h.logits = Tensor();
-  Parameter& head = head_param();
-  gemm(dlogits, h.lnf, head.grad, {.trans_a = true, .beta = 1.f});  // dW (V, C) += dlogits^T lnf
-  Tensor dlnf = Tensor::empty({N, C}, opt_.dtype);
-  gemm(dlogits, head.value, dlnf);                                  // (N, C) = dlogits @ W
+Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
   const bool sp = opt_.tp.sequence_parallel && opt_.tp.size > 1;
-  const int64_t Ts = sp ? T / opt_.tp.size : T, seq_offset = sp ? opt_.tp.rank * Ts : 0, Ns = B * Ts;
-  Tensor dlnf_shard = dlnf;                                         // f backward: sum over the group
-  if (sp) {
-    dlnf_shard = Tensor::empty({B, Ts, C}, opt_.dtype);
-    scatter_sequence_sum(dlnf.view({B, T, C}), dlnf_shard, opt_.tp);
-    dlnf_shard = dlnf_shard.view({Ns, C});
-  } else {
-    opt_.tp.reduce_from_group(dlnf);
+  const int64_t C = cfg_.hidden_size;
+  Tensor dx = dout;
+  if (opt_.stage.has_head) {
+    auto it = saved_.find(mb);
+    if (it == saved_.end()) throw std::logic_error(fmt::format("model: backward of microbatch {} without forward", mb));
+    HeadActivations h = std::move(it->second);
+    saved_.erase(it);
+    const int64_t B = h.tokens.dim(0), T = h.tokens.dim(1), V = vocab_local_, N = B * T;
+    const int64_t Ts = sp ? T / opt_.tp.size : T, Ns = B * Ts;
+
+    // Each token's loss enters the mean with weight 1/N.
+    Tensor dlosses = Tensor::empty({N}, DType::f32);
+    float* dl = dlosses.data<float>();
+    for (int64_t i = 0; i < N; ++i) dl[i] = dloss / static_cast<float>(N);
+    Tensor dlogits = Tensor::empty({N, V}, opt_.dtype);
+    cross_entropy_backward(h.logits, h.targets.view({N}), h.rowmax, h.sumexp, dlosses, dlogits,
+                           {.vocab_start = vocab_start_, .vocab_size = cfg_.vocab_size});
+    h.logits = Tensor();
+    Parameter& head = head_param();
+    gemm(dlogits, h.lnf, head.grad, {.trans_a = true, .beta = 1.f});  // dW (V, C) += dlogits^T lnf
+    Tensor dlnf = Tensor::empty({N, C}, opt_.dtype);
+    gemm(dlogits, head.value, dlnf);                                  // (N, C) = dlogits @ W
+    Tensor dlnf_shard = dlnf;                                         // f backward: sum over the group
+    if (sp) {
+      dlnf_shard = Tensor::empty({B, Ts, C}, opt_.dtype);
+      scatter_sequence_sum(dlnf.view({B, T, C}), dlnf_shard, opt_.tp);
+      dlnf_shard = dlnf_shard.view({Ns, C});
+    } else {
+      opt_.tp.reduce_from_group(dlnf);
+    }
+    dx = Tensor::empty({B, Ts, C}, opt_.dtype);
+    Tensor dx_flat = dx.view({Ns, C});
+    layernorm_backward(dlnf_shard, h.final_in.view({Ns, C}), lnf_w_.value, h.lnf_mean, h.lnf_rstd, dx_flat,
+                       lnf_w_.grad, lnf_b_.grad);
   }
-  Tensor dx = Tensor::empty({B, Ts, C}, opt_.dtype);
-  Tensor dx_flat = dx.view({Ns, C});
-  layernorm_backward(dlnf_shard, h.final_in.view({Ns, C}), lnf_w_.value, h.lnf_mean, h.lnf_rstd, dx_flat,
-                     lnf_w_.grad, lnf_b_.grad);
 
   for (auto layer = layers_.rbegin(); layer != layers_.rend(); ++layer) dx = (*layer)->backward(dx, mb);
+  if (!opt_.stage.has_embedding) return dx;
 
-  dropout_backward(dx, dx, {.p = cfg_.dropout, .seed = h.ctx.seed, .site = site_embedding_,
-                            .sample_offset = h.ctx.sample_offset, .row_offset = seq_offset});
+  auto it = embedded_.find(mb);
+  if (it == embedded_.end()) throw std::logic_error(fmt::format("model: backward of microbatch {} without forward", mb));
+  auto [ctx, tokens] = std::move(it->second);
+  embedded_.erase(it);
+  const int64_t B = tokens.dim(0), T = tokens.dim(1), Ts = sp ? T / opt_.tp.size : T;
+  const int64_t seq_offset = sp ? opt_.tp.rank * Ts : 0;
+  dropout_backward(dx, dx, {.p = cfg_.dropout, .seed = ctx.seed, .site = site_embedding_,
+                            .sample_offset = ctx.sample_offset, .row_offset = seq_offset});
   position_embedding_backward(dx, wpe_.grad, {.position_offset = seq_offset});
   if (sp) {
     Tensor full = Tensor::empty({B, T, C}, opt_.dtype);
     gather_sequence(dx, full, opt_.tp);
     dx = full;
   }
-  embedding_backward(h.tokens, dx, wte_.grad, {.vocab_start = vocab_start_});
+  embedding_backward(tokens, dx, wte_.grad, {.vocab_start = vocab_start_});
+  return Tensor();
 }
 
 double model_flops_per_iteration(const ModelConfig& cfg, int64_t tokens) {

@@ -12,23 +12,42 @@
 
 namespace mt {
 
+// Which part of the model a pipeline stage (one model chunk) holds.
+struct StageLayout {
+  bool has_embedding = true;  // the first stage: token and position embeddings
+  bool has_head = true;       // the last stage: final norm, LM head and loss
+  int64_t layer_begin = 0;    // global indices [layer_begin, layer_end) of its transformer layers
+  int64_t layer_end = -1;     // -1: num_layers
+};
+
 struct GptOptions {
   DType dtype = DType::f32;   // parameters and activations
   uint64_t seed = 1234;       // keys initial weights and dropout masks
   bool recompute = false;     // full activation recomputation in every layer
   TensorParallel tp;          // this rank's tensor-parallel group (size 1: the whole model)
+  StageLayout stage;          // the whole model by default
 };
 
 class GptModel {
  public:
   GptModel(const ModelConfig& cfg, GptOptions opt);
 
-  // tokens (B, T) and targets (B, T) i32 -> mean cross-entropy over the B*T tokens. In training the
-  // activations are kept under microbatch id `mb` for backward().
+  // tokens (B, T) and targets (B, T) i32 -> mean cross-entropy over the B*T tokens (a whole-model stage).
+  // In training the activations are kept under microbatch id `mb` for backward().
   float forward(const Tensor& tokens, const Tensor& targets, int mb, const StepContext& ctx);
   // Backward of microbatch `mb` with d(objective)/d(mean loss) = dloss (loss scale / microbatches);
   // parameter gradients accumulate.
   void backward(int mb, float dloss);
+
+  // One pipeline stage. The first stage embeds `tokens`, the others start from `input` (B, T, C) (sequence
+  // shards (B, T/tp, C) with SP). The last stage returns an empty tensor and sets *loss to the mean
+  // cross-entropy against `targets`; the others return their output activation.
+  Tensor forward_stage(const Tensor& input, const Tensor& tokens, const Tensor& targets, int mb,
+                       const StepContext& ctx, float* loss);
+  // Backward of one stage: `dout` is the gradient of its output (ignored on the last stage, which starts
+  // from dloss). Returns the gradient of its input (empty on the first stage).
+  Tensor backward_stage(int mb, const Tensor& dout, float dloss);
+  const StageLayout& stage() const { return opt_.stage; }
 
   // Every parameter, in a stable order (embedding, layers, final norm, head).
   const std::vector<Parameter*>& parameters() const { return params_; }
@@ -51,7 +70,8 @@ class GptModel {
   ModelConfig cfg_;
   GptOptions opt_;
   uint64_t site_embedding_;
-  Parameter wte_;                      // (Vpad/tp, C) token embedding shard, also the LM head when tied
+  Parameter wte_;                      // (Vpad/tp, C) token embedding shard, also the LM head when tied (on a
+                                       // last stage without the embedding: a tied copy, see Parameter)
   Parameter wpe_;                      // (P, C) learned position embedding
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
   Parameter lnf_w_, lnf_b_;            // (C)
@@ -59,6 +79,7 @@ class GptModel {
   std::vector<Parameter*> params_;
   int64_t vocab_start_ = 0, vocab_local_ = 0;  // this rank's rows of the padded vocabulary
   std::map<int, HeadActivations> saved_;
+  std::map<int, std::pair<StepContext, Tensor>> embedded_;  // first stage: (context, tokens) per microbatch
 };
 
 // Megatron's model FLOPs of one training iteration over `tokens` tokens (forward + backward, no

@@ -1,0 +1,91 @@
+#include "parallel/pipeline_executor.h"
+
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <utility>
+
+#include <fmt/format.h>
+
+namespace mt {
+
+namespace {
+
+// A message is named by its direction, microbatch and the virtual stage that receives it, so sender and
+// receiver compute the same tag.
+int message_tag(bool backward, int microbatch, int receiving_virtual_stage, int virtual_stages) {
+  return ((microbatch * virtual_stages + receiving_virtual_stage) << 1) | (backward ? 1 : 0);
+}
+
+}  // namespace
+
+void execute_pipeline(const std::vector<PipeInstr>& program, PipelineStage& stage, const PipelinePlacement& at) {
+  const int p = at.stages, vstages = at.stages * at.chunks;
+  const int prev = (at.stage + p - 1) % p, next = (at.stage + 1) % p;
+  using Key = std::pair<int, int>;  // (microbatch, chunk)
+  std::map<Key, Tensor> received_act, outputs, received_grad, input_grads;
+
+  struct Pending {
+    std::unique_ptr<Work> work;
+    Tensor keep_alive;
+  };
+  std::vector<Pending> batch;
+  auto flush = [&] {
+    for (Pending& pending : batch) pending.work->wait();
+    batch.clear();
+  };
+  auto take = [](std::map<Key, Tensor>& m, Key k, const char* what) {
+    auto it = m.find(k);
+    if (it == m.end())
+      throw std::logic_error(fmt::format("pipeline: no {} for microbatch {} chunk {}", what, k.first, k.second));
+    Tensor t = std::move(it->second);
+    m.erase(it);
+    return t;
+  };
+
+  for (const PipeInstr& in : program) {
+    const Key key{in.microbatch, in.chunk};
+    const int vs = in.chunk * p + at.stage;  // this chunk's virtual stage
+    switch (in.op) {
+      case PipeOp::recv_forward: {
+        Tensor buf = Tensor::empty(stage.activation_shape(), stage.activation_dtype());
+        batch.push_back({at.comm->recv(buf, prev, message_tag(false, in.microbatch, vs, vstages)), buf});
+        received_act[key] = buf;
+        break;
+      }
+      case PipeOp::send_forward: {
+        Tensor out = take(outputs, key, "output to send");
+        batch.push_back({at.comm->send(out, next, message_tag(false, in.microbatch, vs + 1, vstages)), out});
+        break;
+      }
+      case PipeOp::recv_backward: {
+        Tensor buf = Tensor::empty(stage.activation_shape(), stage.activation_dtype());
+        batch.push_back({at.comm->recv(buf, next, message_tag(true, in.microbatch, vs, vstages)), buf});
+        received_grad[key] = buf;
+        break;
+      }
+      case PipeOp::send_backward: {
+        Tensor g = take(input_grads, key, "input gradient to send");
+        batch.push_back({at.comm->send(g, prev, message_tag(true, in.microbatch, vs - 1, vstages)), g});
+        break;
+      }
+      case PipeOp::forward: {
+        flush();
+        Tensor input = vs == 0 ? Tensor() : take(received_act, key, "received activation");
+        Tensor out = stage.forward(in.microbatch, in.chunk, input);
+        if (vs + 1 < vstages) outputs[key] = out;
+        break;
+      }
+      case PipeOp::backward: {
+        flush();
+        Tensor grad = vs + 1 == vstages ? Tensor() : take(received_grad, key, "received gradient");
+        Tensor din = stage.backward(in.microbatch, in.chunk, grad);
+        if (vs > 0) input_grads[key] = din;
+        break;
+      }
+    }
+  }
+  flush();
+}
+
+}  // namespace mt

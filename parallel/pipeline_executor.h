@@ -1,0 +1,38 @@
+// pipeline_executor.h: runs one stage's instruction list (parallel/schedule.h) against the model chunks this
+// rank holds, moving activations and their gradients between stages with asynchronous send/recv.
+#pragma once
+#include <vector>
+
+#include "core/tensor.h"
+#include "parallel/communicator.h"
+#include "parallel/schedule.h"
+
+namespace mt {
+
+// What the executor needs from the model: forward and backward of one (microbatch, chunk).
+class PipelineStage {
+ public:
+  virtual ~PipelineStage() = default;
+  // `input` is the received activation (undefined for the first virtual stage, which embeds tokens). Returns
+  // the output activation (undefined for the last virtual stage, which computes the loss itself).
+  virtual Tensor forward(int microbatch, int chunk, const Tensor& input) = 0;
+  // `grad` is the received gradient of the output (undefined for the last virtual stage). Returns the
+  // gradient of the input (undefined for the first virtual stage).
+  virtual Tensor backward(int microbatch, int chunk, const Tensor& grad) = 0;
+  // Shape and dtype of the activations that cross between stages.
+  virtual Shape activation_shape() const = 0;
+  virtual DType activation_dtype() const = 0;
+};
+
+struct PipelinePlacement {
+  Communicator* comm = nullptr;  // the pipeline group; its rank r is stage r
+  int stage = 0;
+  int stages = 1;
+  int chunks = 1;                // model chunks (virtual stages) per rank
+};
+
+// Runs `program` (this stage's list from build_schedule). Consecutive send/recv instructions are posted
+// together and waited for together, as the schedule checker assumes. Throws CommError on transfer failures.
+void execute_pipeline(const std::vector<PipeInstr>& program, PipelineStage& stage, const PipelinePlacement& at);
+
+}  // namespace mt
