@@ -37,9 +37,10 @@ void read_checked(const CheckpointReader& reader, const std::string& name, const
 
 }  // namespace
 
-std::vector<TensorSlice> optimizer_tensors(AdamW& opt, const std::function<bool(const Parameter&)>& keep) {
+std::vector<TensorSlice> optimizer_tensors(const std::vector<AdamW::Slot>& slots,
+                                          const std::function<bool(const Parameter&)>& keep) {
   std::vector<TensorSlice> out;
-  for (auto& s : opt.slots()) {
+  for (const auto& s : slots) {
     const Parameter& p = *s.param;
     if (keep && !keep(p)) continue;
     out.push_back(slice_of("model." + p.name, p, s.master));
@@ -53,14 +54,13 @@ void load_parameters(const CheckpointReader& reader, const std::vector<Parameter
   for (Parameter* p : params) read_checked(reader, "model." + p->name, *p, p->value);
 }
 
-void load_optimizer(const CheckpointReader& reader, AdamW& opt) {
-  for (auto& s : opt.slots()) {
+void load_optimizer(const CheckpointReader& reader, const std::vector<AdamW::Slot>& slots) {
+  for (auto s : slots) {
     const Parameter& p = *s.param;
     read_checked(reader, "model." + p.name, p, s.master);
     read_checked(reader, "optimizer.exp_avg." + p.name, p, s.exp_avg);
     read_checked(reader, "optimizer.exp_avg_sq." + p.name, p, s.exp_avg_sq);
   }
-  opt.sync_values_from_master();
 }
 
 namespace {

@@ -12,13 +12,15 @@ namespace mt::app {
 
 // Tensor names: "model.<param>" (fp32 master weights), "optimizer.exp_avg.<param>",
 // "optimizer.exp_avg_sq.<param>"; only the parameters `keep` accepts (all when it is empty).
-std::vector<TensorSlice> optimizer_tensors(AdamW& opt, const std::function<bool(const Parameter&)>& keep = {});
+std::vector<TensorSlice> optimizer_tensors(const std::vector<AdamW::Slot>& slots,
+                                          const std::function<bool(const Parameter&)>& keep = {});
 
 // Reads "model.<param>" for every parameter into its value (dtype converted). Shapes must match the
 // checkpoint's global shapes; throws CheckpointError naming the tensor otherwise.
 void load_parameters(const CheckpointReader& reader, const std::vector<Parameter*>& params);
-// Reads the master weights and both Adam moments into `opt` and casts masters into the values.
-void load_optimizer(const CheckpointReader& reader, AdamW& opt);
+// Reads the master weights and both Adam moments of every slot (whole per-parameter tensors of this rank's
+// model-parallel slice). The caller casts the masters into the values.
+void load_optimizer(const CheckpointReader& reader, const std::vector<AdamW::Slot>& slots);
 
 // A required integer / float value of the checkpoint state; throws CheckpointError naming the key.
 int64_t state_int(const CheckpointState& s, const std::string& key, const std::string& dir);

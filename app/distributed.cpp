@@ -25,8 +25,6 @@ std::string gloo_hostname(const LaunchEnv& env) {
 
 std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv& env) {
   const auto& p = cfg.parallel;
-  if (p.distributed_optimizer)
-    throw std::invalid_argument(fmt::format("{}: parallel.distributed_optimizer: not implemented yet", cfg.source));
   auto d = std::make_unique<Distributed>();
   d->env = env;
   d->topology = Topology(env.world_size, static_cast<int>(p.tensor), static_cast<int>(p.pipeline),

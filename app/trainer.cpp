@@ -17,6 +17,7 @@
 #include "app/checkpointing.h"
 #include "app/data_sources.h"
 #include "app/distributed.h"
+#include "parallel/distributed_optimizer.h"
 #include "parallel/pipeline_executor.h"
 #include "parallel/schedule.h"
 #include "core/checkpoint/checkpoint.h"
@@ -157,8 +158,7 @@ class Trainer {
         data_(open_data_sources(cfg)),
         chunks_(build_chunks(cfg, dist, dtype_)),
         params_(all_parameters(chunks_)),
-        optimizer_(params_,
-                   AdamWConfig{.beta1 = cfg.optimizer.betas.at(0), .beta2 = cfg.optimizer.betas.at(1),
+        adam_config_(AdamWConfig{.beta1 = cfg.optimizer.betas.at(0), .beta2 = cfg.optimizer.betas.at(1),
                                .eps = cfg.optimizer.eps, .weight_decay = cfg.optimizer.weight_decay,
                                .grad_clip = cfg.optimizer.grad_clip, .count_replicas = dist.tp_rank() == 0,
                                .sum_across_ranks = [&dist](double x) {
@@ -171,9 +171,12 @@ class Trainer {
         schedule_{.lr = cfg.optimizer.lr, .min_lr = cfg.optimizer.min_lr, .warmup_iters = cfg.optimizer.warmup_iters,
                   .decay_iters = cfg.optimizer.decay_iters, .decay = cfg.optimizer.decay},
         metrics_(dist.is_logging_rank() ? cfg.logging.dir : "") {
-    // One flat fp32 buffer holds every gradient, so data parallelism reduces it in one call.
+    // One flat fp32 buffer holds every gradient, so data parallelism reduces it in one call (padded to split
+    // evenly over the data-parallel ranks for the distributed optimizer).
     int64_t total = 0;
     for (const Parameter* p : params_) total += p->grad.numel();
+    const int64_t dp = dist.dp_size();
+    if (cfg.parallel.distributed_optimizer) total = (total + dp - 1) / dp * dp;
     grad_buffer_ = Tensor::zeros({total}, DType::f32, Device::cpu, MemKind::gradient);
     int64_t offset = 0;
     for (Parameter* p : params_) {
@@ -181,6 +184,10 @@ class Trainer {
       p->grad = grad_buffer_.slice(offset, offset + n).view(p->value.shape());
       offset += n;
     }
+    if (cfg.parallel.distributed_optimizer)
+      zero_ = std::make_unique<DistributedOptimizer>(params_, grad_buffer_, *dist.dp, adam_config_);
+    else
+      adam_ = std::make_unique<AdamW>(params_, adam_config_);
     // The per-parameter gradients made with the model are gone: peaks start from the real state.
     allocator_for(Device::cpu).reset_peaks();
   }
@@ -211,7 +218,10 @@ class Trainer {
   DataSources data_;
   std::vector<std::unique_ptr<GptModel>> chunks_;  // this rank's model chunks (one without pipelining)
   std::vector<Parameter*> params_;                 // all of their parameters
-  AdamW optimizer_;
+  AdamWConfig adam_config_;
+  std::unique_ptr<AdamW> adam_;                  // replicated optimizer state, or
+  std::unique_ptr<DistributedOptimizer> zero_;   // state sharded over the data-parallel group (ZeRO-1)
+  int64_t optimizer_steps() const { return zero_ ? zero_->steps() : adam_->steps(); }
   LossScaler scaler_;
   LrSchedule schedule_;
   MetricsFile metrics_;
@@ -233,13 +243,25 @@ void Trainer::maybe_resume() {
     if (!dir) throw CheckpointError(fmt::format("checkpoint.load: {} holds no checkpoint (no metadata.yaml, no latest)", ck.load));
   }
   CheckpointReader reader(*dir);
-  load_optimizer(reader, optimizer_);
+  if (zero_) {
+    // Whole per-parameter states of this model-parallel slice, then this rank's shard of them.
+    std::vector<AdamW::Slot> slots;
+    for (Parameter* p : params_)
+      slots.push_back({p, Tensor::empty(p->value.shape(), DType::f32), Tensor::empty(p->value.shape(), DType::f32),
+                       Tensor::empty(p->value.shape(), DType::f32)});
+    load_optimizer(reader, slots);
+    zero_->scatter_slots(slots);
+  } else {
+    load_optimizer(reader, adam_->slots());
+    adam_->sync_values_from_master();
+  }
   const CheckpointState& s = reader.state();
   c_.iteration = s.iteration;
   c_.consumed_samples = state_int(s, "consumed_samples", *dir);
   c_.skipped_iters = state_int(s, "skipped_iters", *dir);
   c_.nan_iters = state_int(s, "nan_iters", *dir);
-  optimizer_.set_steps(state_int(s, "optimizer_steps", *dir));
+  const int64_t steps = state_int(s, "optimizer_steps", *dir);
+  if (zero_) zero_->set_steps(steps); else adam_->set_steps(steps);
   scaler_.restore({.scale = state_double(s, "loss_scale", *dir),
                    .growth_tracker = state_int(s, "loss_scale_growth_tracker", *dir),
                    .hysteresis_tracker = state_int(s, "loss_scale_hysteresis_tracker", *dir)});
@@ -263,6 +285,8 @@ void Trainer::save() {
     dist_.store->set(key, Bytes(tmp.begin(), tmp.end()));
   }
   const bool writer = dist_.dp_rank() == 0;
+  // With the distributed optimizer every data-parallel rank takes part in gathering the state.
+  std::vector<AdamW::Slot> slots = zero_ ? zero_->gather_slots() : adam_->slots();
   if (writer) {
     if (dist_.rank() != 0) {
       Bytes b = dist_.store->get(key, Millis(static_cast<int64_t>(cfg_.parallel.timeout_s * 1000)));
@@ -270,7 +294,7 @@ void Trainer::save() {
     }
     const bool tp_first = dist_.tp_rank() == 0;
     write_rank_files(tmp, dist_.tp_rank() + dist_.tp_size() * dist_.pp_rank(),
-                     optimizer_tensors(optimizer_, [&](const Parameter& p) {
+                     optimizer_tensors(slots, [&](const Parameter& p) {
                        return !p.tied_copy && (p.tensor_parallel || tp_first);
                      }));
   }
@@ -284,7 +308,7 @@ void Trainer::save() {
     s.values = {{"consumed_samples", std::to_string(c_.consumed_samples)},
                 {"skipped_iters", std::to_string(c_.skipped_iters)},
                 {"nan_iters", std::to_string(c_.nan_iters)},
-                {"optimizer_steps", std::to_string(optimizer_.steps())},
+                {"optimizer_steps", std::to_string(optimizer_steps())},
                 {"loss_scale", fmt::format("{}", st.scale)},
                 {"loss_scale_growth_tracker", std::to_string(st.growth_tracker)},
                 {"loss_scale_hysteresis_tracker", std::to_string(st.hysteresis_tracker)},
@@ -344,9 +368,13 @@ float Trainer::train_step(float& lr_used, StepResult& result) {
   if (dist_.emb && dist_.emb->size() > 1)
     for (Parameter* p : params_)
       if (p->name == "embedding.word_embeddings.weight") dist_.emb->all_reduce(p->grad, ReduceOp::sum)->wait();
-  dist_.dp->all_reduce(grad_buffer_, ReduceOp::sum)->wait();
-  lr_used = static_cast<float>(schedule_.at(optimizer_.steps() + 1));
-  result = optimizer_.step(lr_used, scaler_.scale());
+  lr_used = static_cast<float>(schedule_.at(optimizer_steps() + 1));
+  if (zero_) {
+    result = zero_->step(lr_used, scaler_.scale());  // reduce-scatters the gradients over DP itself
+  } else {
+    dist_.dp->all_reduce(grad_buffer_, ReduceOp::sum)->wait();
+    result = adam_->step(lr_used, scaler_.scale());
+  }
   scaler_.update(result.found_inf);
   if (result.found_inf) ++c_.skipped_iters;
   if (dp > 1) loss_sum = sum_over(*dist_.dp, {loss_sum})[0];

@@ -6,6 +6,12 @@
 
 namespace mt {
 
+double clip_coefficient(double grad_norm, double max_norm) {
+  if (max_norm <= 0) return 1.0;
+  const double coeff = max_norm / (grad_norm + 1e-6);
+  return coeff < 1.0 ? coeff : 1.0;
+}
+
 AdamW::AdamW(std::vector<Parameter*> params, AdamWConfig cfg) : cfg_(cfg) {
   for (Parameter* p : params) {
     Slot s{.param = p};
@@ -41,11 +47,7 @@ StepResult AdamW::step(double lr, double loss_scale) {
   r.found_inf = !std::isfinite(r.grad_norm);
   if (r.found_inf) return r;
 
-  double clip = 1.0;
-  if (cfg_.grad_clip > 0) {
-    double coeff = cfg_.grad_clip / (r.grad_norm + 1e-6);
-    if (coeff < 1.0) clip = coeff;
-  }
+  const double clip = clip_coefficient(r.grad_norm, cfg_.grad_clip);
   ++steps_;
   for (Slot& s : slots_) {
     AdamWOptions o{.lr = static_cast<float>(lr), .beta1 = static_cast<float>(cfg_.beta1),

@@ -25,6 +25,9 @@ struct StepResult {
   bool found_inf = false; // an inf or NaN gradient: the step was skipped
 };
 
+// Megatron's clipping: scale the gradients by max_norm / (norm + 1e-6) when that is below 1 (max_norm 0: off).
+double clip_coefficient(double grad_norm, double max_norm);
+
 class AdamW {
  public:
   // The parameters' values are cast from fp32 master copies after each step; when the values are

@@ -13,12 +13,14 @@ for precision in fp32 bf16; do
   tol=1e-4; [ $precision = bf16 ] && tol=1e-2
   "$MT" "${common[@]}" --set training.precision=$precision --set logging.dir=one_$precision >/dev/null
   # world tp pp vp dp sp
-  for layout in "2 1 2 1 1 false" "4 1 4 1 1 false" "2 1 2 2 1 false" "8 2 2 1 2 true" "8 2 2 2 2 false"; do
-    read -r world tp pp vp dp sp <<<"$layout"
-    dir=tp${tp}pp${pp}vp${vp}dp${dp}sp${sp}_$precision
+  # world tp pp vp dp sp zero
+  for layout in "2 1 2 1 1 false false" "4 1 4 1 1 false false" "2 1 2 2 1 false false" "8 2 2 1 2 true true" \
+                "8 2 2 2 2 false false" "4 1 2 1 2 false true"; do
+    read -r world tp pp vp dp sp zero <<<"$layout"
+    dir=tp${tp}pp${pp}vp${vp}dp${dp}sp${sp}zero${zero}_$precision
     "$MT" "${common[@]}" --nproc "$world" --set training.precision=$precision --set parallel.tensor=$tp \
           --set parallel.pipeline=$pp --set parallel.virtual_pipeline=$vp --set parallel.sequence_parallel=$sp \
-          --set logging.dir=$dir >/dev/null 2>"$dir.err" || { tail -5 "$dir.err"; fail "$dir failed"; }
+          --set parallel.distributed_optimizer=$zero --set logging.dir=$dir >/dev/null 2>"$dir.err" || { tail -5 "$dir.err"; fail "$dir failed"; }
     same_losses one_$precision/metrics.jsonl $dir/metrics.jsonl 1 8 $tol
   done
 done
@@ -27,12 +29,13 @@ python3 - <<'PY'
 import json
 def valid(p):
     return [r["valid_loss"] for r in map(json.loads, open(p)) if "valid_loss" in r]
-a, b = valid("one_fp32/metrics.jsonl"), valid("tp2pp2vp1dp2sptrue_fp32/metrics.jsonl")
+a, b = valid("one_fp32/metrics.jsonl"), valid("tp2pp2vp1dp2sptruezerotrue_fp32/metrics.jsonl")
 assert len(a) == 2 and len(b) == 2 and all(abs(x - y) <= 1e-4 * x for x, y in zip(a, b)), (a, b)
 print("validation losses", a, b)
 PY
-# Save at TP=2 x PP=2 x DP=2 after iteration 4; resume at TP=4 x PP=1 x DP=2 and at one rank.
+# Save at TP=2 x PP=2 x DP=2 (distributed optimizer) after iteration 4; resume at TP=4 x PP=1 x DP=2 and at one rank.
 "$MT" "${common[@]}" --nproc 8 --set parallel.tensor=2 --set parallel.pipeline=2 --set logging.dir=saved \
+      --set parallel.distributed_optimizer=true \
       --set checkpoint.save_dir=ckpt --exit-after 4 >/dev/null 2>saved.err || { tail -5 saved.err; fail "save run"; }
 [ "$(cat ckpt/latest)" = iter_0000004 ] || fail "no checkpoint at iteration 4"
 "$MT" ckpt inspect ckpt --verify >/dev/null || fail "the TP=2 x PP=2 x DP=2 checkpoint does not verify"
