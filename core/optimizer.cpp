@@ -36,26 +36,36 @@ void AdamW::sync_values_from_master() {
     if (s.master.raw() != s.param->value.raw()) s.param->value.copy_from(s.master);
 }
 
-StepResult AdamW::step(double lr, double loss_scale) {
+bool counts_in_grad_norm(const Parameter& p, const AdamWConfig& cfg) {
+  return !p.tied_copy && (p.tensor_parallel || cfg.count_replicas);
+}
+
+StepResult grad_norm_verdict(double sumsq, double loss_scale, double grad_clip, double* grad_scale) {
   StepResult r;
+  r.grad_norm = std::sqrt(sumsq) / loss_scale;
+  r.found_inf = !std::isfinite(r.grad_norm);
+  *grad_scale = r.found_inf ? 0.0 : clip_coefficient(r.grad_norm, grad_clip) / loss_scale;
+  return r;
+}
+
+AdamWOptions adamw_options(const AdamWConfig& cfg, const Parameter& p, double lr, int64_t step, double grad_scale) {
+  return AdamWOptions{.lr = static_cast<float>(lr), .beta1 = static_cast<float>(cfg.beta1),
+                      .beta2 = static_cast<float>(cfg.beta2), .eps = static_cast<float>(cfg.eps),
+                      .weight_decay = p.weight_decay ? static_cast<float>(cfg.weight_decay) : 0.f,
+                      .step = step, .grad_scale = static_cast<float>(grad_scale)};
+}
+
+StepResult AdamW::step(double lr, double loss_scale) {
   double sumsq = 0;
   for (Slot& s : slots_)
-    if (!s.param->tied_copy && (s.param->tensor_parallel || cfg_.count_replicas)) sumsq += sum_squares(s.param->grad);
+    if (counts_in_grad_norm(*s.param, cfg_)) sumsq += sum_squares(s.param->grad);
   if (cfg_.sum_across_ranks) sumsq = cfg_.sum_across_ranks(sumsq);
-  const double inv_scale = 1.0 / loss_scale;
-  r.grad_norm = std::sqrt(sumsq) * inv_scale;
-  r.found_inf = !std::isfinite(r.grad_norm);
+  double grad_scale = 0;
+  const StepResult r = grad_norm_verdict(sumsq, loss_scale, cfg_.grad_clip, &grad_scale);
   if (r.found_inf) return r;
-
-  const double clip = clip_coefficient(r.grad_norm, cfg_.grad_clip);
   ++steps_;
-  for (Slot& s : slots_) {
-    AdamWOptions o{.lr = static_cast<float>(lr), .beta1 = static_cast<float>(cfg_.beta1),
-                   .beta2 = static_cast<float>(cfg_.beta2), .eps = static_cast<float>(cfg_.eps),
-                   .weight_decay = s.param->weight_decay ? static_cast<float>(cfg_.weight_decay) : 0.f,
-                   .step = steps_, .grad_scale = static_cast<float>(inv_scale * clip)};
-    adamw_step(s.master, s.param->grad, s.exp_avg, s.exp_avg_sq, o);
-  }
+  for (Slot& s : slots_)
+    adamw_step(s.master, s.param->grad, s.exp_avg, s.exp_avg_sq, adamw_options(cfg_, *s.param, lr, steps_, grad_scale));
   sync_values_from_master();
   return r;
 }

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "core/ops.h"
 #include "core/parameter.h"
 #include "core/tensor.h"
 
@@ -27,6 +28,15 @@ struct StepResult {
 
 // Megatron's clipping: scale the gradients by max_norm / (norm + 1e-6) when that is below 1 (max_norm 0: off).
 double clip_coefficient(double grad_norm, double max_norm);
+
+// Pieces shared by AdamW and the distributed optimizer (parallel/):
+// whether p's gradient enters the global grad norm on this rank (replicas once, tied copies never);
+bool counts_in_grad_norm(const Parameter& p, const AdamWConfig& cfg);
+// the step's grad norm and inf/NaN verdict from the summed squares of the scaled gradients, and in
+// *grad_scale the factor the update multiplies the gradients by (unscaling and clipping);
+StepResult grad_norm_verdict(double sumsq, double loss_scale, double grad_clip, double* grad_scale);
+// the AdamW options of parameter p (no weight decay on biases and norms).
+AdamWOptions adamw_options(const AdamWConfig& cfg, const Parameter& p, double lr, int64_t step, double grad_scale);
 
 class AdamW {
  public:

@@ -72,4 +72,50 @@ struct GlooOptions {
 // thread drives a communicator at a time; waiting on its Works from another thread is fine.
 std::unique_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Store> store, const GlooOptions& opt);
 
+#ifdef MEGATRAIN_WITH_NCCL  // set by the build when the CUDA toolkit and NCCL are found
+struct NcclOptions {
+  std::string name;        // group name, for messages and store keys ("" -> "nccl[0,1]")
+  std::vector<int> members;  // global ranks, ascending; this rank must be one of them
+  int global_rank = 0;
+  int device = 0;          // CUDA device ordinal this rank drives (usually the local rank)
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
+// Creates the NCCL communicator of one group on opt.device. The group's first member publishes an NCCL
+// unique id in `store` under "nccl/<name>/<n>/id" (n counts this rank's creations of the group, as for
+// Gloo, so ranks must create their groups in the same order); the others wait for it up to opt.timeout.
+// Misuse gives CommError naming the group; so does a first member that never publishes, an init that
+// does not finish within opt.timeout, and any failing CUDA or NCCL call (naming the call).
+//
+// NCCL specifics: ops take CUDA tensors only (a host tensor is CommError). Each op is enqueued on the
+// communicator's own stream after the work already queued on the device's legacy default stream; wait()
+// polls its completion (and NCCL's asynchronous errors) for up to opt.timeout from the call, and on an
+// error or timeout aborts the communicator and throws CommError naming the group, op and rank; every
+// later op then throws at once. send and recv are queued and issued together, as one NCCL group, at the
+// first wait() on any of them or at the next collective, so a stage may post both directions before
+// waiting (NCCL has no tags: transfers between two ranks match in posting order; tags must be >= 0).
+// Dropping a Work whose transfer was not issued yet abandons it; an issued op keeps its tensors alive
+// until it completes. all_gather, broadcast, send and recv move bytes, so they take any dtype; reductions
+// take f32, bf16 and f16 natively. Note: NCCL's max may not propagate NaN like the Gloo one; reduce an
+// explicit found-inf flag instead.
+std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Store> store, const NcclOptions& opt);
+
+// Device memory outside any Tensor (the CUDA allocator arrives with the CUDA backend): the ops of an NCCL
+// communicator on raw device pointers, with the same checks and Works. The caller keeps the memory alive
+// until wait() returns. `comm` must come from make_nccl_communicator (otherwise CommError).
+namespace nccl_raw {
+struct DeviceBuffer {
+  void* ptr = nullptr;  // CUDA device memory of numel elements of dtype
+  int64_t numel = 0;
+  DType dtype = DType::f32;
+};
+std::unique_ptr<Work> all_reduce(Communicator& comm, DeviceBuffer buf, ReduceOp op);
+std::unique_ptr<Work> reduce_scatter(Communicator& comm, DeviceBuffer in, DeviceBuffer out);
+std::unique_ptr<Work> all_gather(Communicator& comm, DeviceBuffer in, DeviceBuffer out);
+std::unique_ptr<Work> broadcast(Communicator& comm, DeviceBuffer buf, int root);
+std::unique_ptr<Work> send(Communicator& comm, DeviceBuffer buf, int peer, int tag);
+std::unique_ptr<Work> recv(Communicator& comm, DeviceBuffer buf, int peer, int tag);
+}  // namespace nccl_raw
+#endif  // MEGATRAIN_WITH_NCCL
+
 }  // namespace mt

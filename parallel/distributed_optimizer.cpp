@@ -36,31 +36,23 @@ DistributedOptimizer::DistributedOptimizer(std::vector<Parameter*> params, Tenso
 
 StepResult DistributedOptimizer::step(double lr, double loss_scale) {
   dp_.reduce_scatter(flat_grads_, grad_shard_)->wait();
-  StepResult r;
   double sumsq = 0;
   for (const Segment& s : segments_)
-    if (!s.param->tied_copy && (s.param->tensor_parallel || cfg_.count_replicas))
-      sumsq += sum_squares(grad_shard_.slice(s.begin, s.end));
+    if (counts_in_grad_norm(*s.param, cfg_)) sumsq += sum_squares(grad_shard_.slice(s.begin, s.end));
   if (dp_.size() > 1) {
     Tensor t = Tensor::from_floats(std::vector<float>{static_cast<float>(sumsq)}, {1});
     dp_.all_reduce(t, ReduceOp::sum)->wait();
     sumsq = t.item();
   }
   if (cfg_.sum_across_ranks) sumsq = cfg_.sum_across_ranks(sumsq);
-  const double inv_scale = 1.0 / loss_scale;
-  r.grad_norm = std::sqrt(sumsq) * inv_scale;
-  r.found_inf = !std::isfinite(r.grad_norm);
+  double grad_scale = 0;
+  const StepResult r = grad_norm_verdict(sumsq, loss_scale, cfg_.grad_clip, &grad_scale);
   if (r.found_inf) return r;
-  const double clip = clip_coefficient(r.grad_norm, cfg_.grad_clip);
   ++steps_;
   for (const Segment& s : segments_) {
     Tensor master = master_.slice(s.begin, s.end), m = exp_avg_.slice(s.begin, s.end),
            v = exp_avg_sq_.slice(s.begin, s.end);
-    adamw_step(master, grad_shard_.slice(s.begin, s.end), m, v,
-               AdamWOptions{.lr = static_cast<float>(lr), .beta1 = static_cast<float>(cfg_.beta1),
-                            .beta2 = static_cast<float>(cfg_.beta2), .eps = static_cast<float>(cfg_.eps),
-                            .weight_decay = s.param->weight_decay ? static_cast<float>(cfg_.weight_decay) : 0.f,
-                            .step = steps_, .grad_scale = static_cast<float>(inv_scale * clip)});
+    adamw_step(master, grad_shard_.slice(s.begin, s.end), m, v, adamw_options(cfg_, *s.param, lr, steps_, grad_scale));
   }
   all_gather_into_values();
   return r;
