@@ -36,7 +36,7 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
     if (env.rank == 0) d->server = std::make_unique<TcpStoreServer>("", env.master_port);
     d->store = connect_tcp_store(env.master_addr, env.master_port, timeout);
   }
-  // Every rank creates every group it belongs to, in the same order: world, tp, dp, pp, mp, emb.
+  // Every rank creates every group it belongs to, in the same order: world, tp, dp, pp, mp, emb, dp_grads.
   auto group = [&](const char* kind, std::vector<int> members) {
     return make_gloo_communicator(d->store, GlooOptions{.name = fmt::format("{}[{}]", kind, fmt::join(members, ",")),
                                                         .members = members,
@@ -54,6 +54,7 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
   const std::vector<int> emb = d->topology.embedding_group(env.rank);
   if (std::find(emb.begin(), emb.end(), env.rank) != emb.end() && (d->pp_rank() == 0 || d->pp_rank() == d->pp_size() - 1))
     d->emb = group("emb", emb);
+  d->dp_grads = group("dpgrads", d->topology.dp_group(env.rank));
   if (env.world_size == 1) return d;
   spdlog::info("rank {} of {} ({}): tp {} dp {} pp {}, rendezvous at {}:{}", env.rank, env.world_size, env.launcher,
                d->topology.coord(env.rank).tp, d->topology.coord(env.rank).dp, d->topology.coord(env.rank).pp,

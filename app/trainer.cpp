@@ -18,6 +18,7 @@
 #include "app/data_sources.h"
 #include "app/distributed.h"
 #include "parallel/distributed_optimizer.h"
+#include "parallel/grad_reducer.h"
 #include "parallel/pipeline_executor.h"
 #include "parallel/schedule.h"
 #include "core/checkpoint/checkpoint.h"
@@ -188,6 +189,24 @@ class Trainer {
       zero_ = std::make_unique<DistributedOptimizer>(params_, grad_buffer_, *dist.dp, adam_config_);
     else
       adam_ = std::make_unique<AdamW>(params_, adam_config_);
+    if (!zero_ && dist.dp_size() > 1) {
+      // Data-parallel reduction in buckets, started by backward as soon as the last microbatch has finished a
+      // bucket's parameters. Gradients that still need a sum over TP (sequence-parallel replicas) or between
+      // the first and last stage (tied embeddings) join when finish_step() marks the rest.
+      reducer_ = std::make_unique<BucketedGradReducer>(params_, grad_buffer_, std::move(dist.dp_grads),
+                                                       cfg.parallel.grad_bucket_size);
+      const int last_mb = static_cast<int>(cfg.training.num_microbatches) - 1;
+      const bool tp_sums = dist.tp_size() > 1, emb_sums = dist.emb && dist.emb->size() > 1;
+      for (auto& chunk : chunks_)
+        chunk->set_grads_ready_hook([this, last_mb, tp_sums, emb_sums](int mb, const std::vector<Parameter*>& ps) {
+          if (mb != last_mb) return;
+          std::vector<Parameter*> final_now;
+          for (Parameter* p : ps)
+            if (!(tp_sums && p->sequence_parallel) && !(emb_sums && p->name == "embedding.word_embeddings.weight"))
+              final_now.push_back(p);
+          reducer_->mark_ready(final_now);
+        });
+    }
     // The per-parameter gradients made with the model are gone: peaks start from the real state.
     allocator_for(Device::cpu).reset_peaks();
   }
@@ -221,6 +240,7 @@ class Trainer {
   AdamWConfig adam_config_;
   std::unique_ptr<AdamW> adam_;                  // replicated optimizer state, or
   std::unique_ptr<DistributedOptimizer> zero_;   // state sharded over the data-parallel group (ZeRO-1)
+  std::unique_ptr<BucketedGradReducer> reducer_; // bucketed DP all-reduce overlapped with backward (no ZeRO)
   int64_t optimizer_steps() const { return zero_ ? zero_->steps() : adam_->steps(); }
   LossScaler scaler_;
   LrSchedule schedule_;
@@ -337,6 +357,7 @@ float Trainer::train_step(float& lr_used, StepResult& result) {
   const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length, M = cfg_.training.num_microbatches;
   const int64_t dp = dist_.dp_size();
   grad_buffer_.zero_();
+  if (reducer_) reducer_->begin_step();
   Tensor tokens = Tensor::empty({B, S}, DType::i32), targets = Tensor::empty({B, S}, DType::i32);
   // The objective is the mean loss over all M * dp microbatches (times the loss scale).
   const float dloss = static_cast<float>(scaler_.scale() / static_cast<double>(M * dp));
@@ -372,7 +393,7 @@ float Trainer::train_step(float& lr_used, StepResult& result) {
   if (zero_) {
     result = zero_->step(lr_used, scaler_.scale());  // reduce-scatters the gradients over DP itself
   } else {
-    dist_.dp->all_reduce(grad_buffer_, ReduceOp::sum)->wait();
+    if (reducer_) reducer_->finish_step();  // the remaining buckets, then wait for all of them
     result = adam_->step(lr_used, scaler_.scale());
   }
   scaler_.update(result.found_inf);

@@ -177,9 +177,18 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
     Tensor dx_flat = dx.view({Ns, C});
     layernorm_backward(dlnf_shard, h.final_in.view({Ns, C}), lnf_w_.value, h.lnf_mean, h.lnf_rstd, dx_flat,
                        lnf_w_.grad, lnf_b_.grad);
+    if (grads_ready_) {
+      std::vector<Parameter*> head_params{&lnf_w_, &lnf_b_};
+      if (!cfg_.tie_embeddings) head_params.push_back(&lm_head_);
+      if (cfg_.tie_embeddings && !opt_.stage.has_embedding) head_params.push_back(&wte_);  // the tied copy
+      grads_ready_(mb, head_params);
+    }
   }
 
-  for (auto layer = layers_.rbegin(); layer != layers_.rend(); ++layer) dx = (*layer)->backward(dx, mb);
+  for (auto layer = layers_.rbegin(); layer != layers_.rend(); ++layer) {
+    dx = (*layer)->backward(dx, mb);
+    if (grads_ready_) grads_ready_(mb, (*layer)->parameters());
+  }
   if (!opt_.stage.has_embedding) return dx;
 
   auto it = embedded_.find(mb);
@@ -197,6 +206,7 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
     dx = full;
   }
   embedding_backward(tokens, dx, wte_.grad, {.vocab_start = vocab_start_});
+  if (grads_ready_) grads_ready_(mb, {&wte_, &wpe_});
   return Tensor();
 }
 

@@ -1,6 +1,7 @@
 // gpt.h: the GPT-2/3 model on one rank: embeddings, transformer layers, final LayerNorm, LM head and
 // the cross-entropy loss, each microbatch forward then backward, written out explicitly.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <vector>
@@ -48,6 +49,10 @@ class GptModel {
   // from dloss). Returns the gradient of its input (empty on the first stage).
   Tensor backward_stage(int mb, const Tensor& dout, float dloss);
   const StageLayout& stage() const { return opt_.stage; }
+  // Called during backward_stage each time some parameters' gradients for microbatch `mb` are complete
+  // (after each layer, the head and the embedding), so their reduction can start early.
+  using GradsReadyHook = std::function<void(int mb, const std::vector<Parameter*>& params)>;
+  void set_grads_ready_hook(GradsReadyHook hook) { grads_ready_ = std::move(hook); }
 
   // Every parameter, in a stable order (embedding, layers, final norm, head).
   const std::vector<Parameter*>& parameters() const { return params_; }
@@ -79,7 +84,8 @@ class GptModel {
   std::vector<Parameter*> params_;
   int64_t vocab_start_ = 0, vocab_local_ = 0;  // this rank's rows of the padded vocabulary
   std::map<int, HeadActivations> saved_;
-  std::map<int, std::pair<StepContext, Tensor>> embedded_;  // first stage: (context, tokens) per microbatch
+  std::map<int, std::pair<StepContext, Tensor>> embedded_;
+  GradsReadyHook grads_ready_;  // first stage: (context, tokens) per microbatch
 };
 
 // Megatron's model FLOPs of one training iteration over `tokens` tokens (forward + backward, no

@@ -45,6 +45,7 @@ struct ParallelConfig {
   bool distributed_optimizer = false;
   std::vector<int64_t> layers_per_stage; // empty: num_layers split evenly
   double timeout_s = 300;                // bound on every rendezvous and collective wait (a dead rank ends the job)
+  int64_t grad_bucket_size = 40000000;   // elements per data-parallel gradient bucket, reduced during backward
   // derived
   int64_t world_size = 1;
 

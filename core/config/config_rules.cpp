@@ -102,6 +102,7 @@ void resolve_parallel(Config& c, int64_t world_size, const Rules& r) {
   }
   p.world_size = world_size;
   r.positive("parallel.timeout_s", p.timeout_s);
+  r.positive("parallel.grad_bucket_size", p.grad_bucket_size);
 
   if (p.pipeline > m.num_layers)
     r.fail("parallel.pipeline", fmt::format("{} is more than model.num_layers={}", p.pipeline, m.num_layers));

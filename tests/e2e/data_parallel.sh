@@ -7,7 +7,7 @@ source "$(dirname "$0")/lib/common.bash"
 prepare_data
 write_config
 common=(--config tiny.yaml --set training.micro_batch_size=2 --set training.global_batch_size=8
-        --set training.train_iters=12 --set parallel.timeout_s=60)
+        --set training.train_iters=12 --set parallel.timeout_s=60 --set parallel.grad_bucket_size=4000)
 for precision in fp32 bf16; do
   tol=1e-4; [ $precision = bf16 ] && tol=1e-2
   "$MT" "${common[@]}" --set training.precision=$precision --set logging.dir=one_$precision >/dev/null
