@@ -89,7 +89,7 @@ struct NcclOptions {
 //
 // NCCL specifics: ops take CUDA tensors only (a host tensor is CommError). Each op is enqueued on the
 // communicator's own stream after the work already queued on the device's legacy default stream; wait()
-// polls its completion (and NCCL's asynchronous errors) for up to opt.timeout from the call, and on an
+// polls its completion (and NCCL's asynchronous errors) for up to opt.timeout from its start, and on an
 // error or timeout aborts the communicator and throws CommError naming the group, op and rank; every
 // later op then throws at once. send and recv are queued and issued together, as one NCCL group, at the
 // first wait() on any of them or at the next collective, so a stage may post both directions before

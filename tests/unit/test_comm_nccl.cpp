@@ -1,0 +1,229 @@
+// test_comm_nccl.cpp: the NCCL communicator. NCCL refuses two ranks of one communicator on one GPU, so the
+// device tests use a one-rank group; the multi-rank behaviour (send/recv batches, timeouts, aborts) is
+// checked on several GPUs by the end-to-end runs. Tensors cannot hold device memory until the CUDA
+// backend exists, so device buffers come from cudaMalloc and go through the nccl_raw entry points.
+#include <gtest/gtest.h>
+
+#ifndef MEGATRAIN_WITH_NCCL
+
+TEST(CommNccl, Skipped) { GTEST_SKIP() << "built without NCCL"; }
+
+#else
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "parallel/communicator.h"
+
+namespace mt {
+namespace {
+
+using namespace std::chrono_literals;
+using nccl_raw::DeviceBuffer;
+
+// "" when a CUDA device is usable, else why not (the message of the skip).
+std::string no_cuda_device() {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) return std::string("no CUDA device: ") + cudaGetErrorString(e);
+  if (count == 0) return "no CUDA device: cudaGetDeviceCount found none";
+  return "";
+}
+
+#define SKIP_WITHOUT_CUDA_DEVICE()                          \
+  do {                                                      \
+    if (std::string why = no_cuda_device(); !why.empty()) { \
+      GTEST_SKIP() << why;                                  \
+    }                                                       \
+  } while (0)
+
+void expect_cuda(cudaError_t e, const char* call) {
+  ASSERT_EQ(e, cudaSuccess) << call << ": " << cudaGetErrorString(e);
+}
+
+// n floats of device memory, freed at scope exit.
+class DeviceFloats {
+ public:
+  explicit DeviceFloats(size_t n) : n_(n) {
+    expect_cuda(cudaMalloc(&ptr_, n * sizeof(float)), "cudaMalloc");
+    expect_cuda(cudaMemset(ptr_, 0xff, n * sizeof(float)), "cudaMemset");  // NaNs: a skipped copy shows
+  }
+  ~DeviceFloats() { cudaFree(ptr_); }
+  DeviceFloats(const DeviceFloats&) = delete;
+  DeviceFloats& operator=(const DeviceFloats&) = delete;
+
+  DeviceBuffer buffer(DType dtype = DType::f32) const {
+    return {ptr_, static_cast<int64_t>(n_ * sizeof(float) / dtype_size(dtype)), dtype};
+  }
+  void upload(const std::vector<float>& v) {
+    ASSERT_EQ(v.size(), n_);
+    expect_cuda(cudaMemcpy(ptr_, v.data(), n_ * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+  }
+  std::vector<float> download() const {
+    std::vector<float> v(n_);
+    expect_cuda(cudaMemcpy(v.data(), ptr_, n_ * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
+    return v;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t n_;
+};
+
+NcclOptions one_rank(const std::string& name) {
+  NcclOptions opt;
+  opt.name = name;
+  opt.members = {0};
+  opt.global_rank = 0;
+  opt.device = 0;
+  opt.timeout = 60s;
+  return opt;
+}
+
+std::vector<float> ramp(size_t n, float scale) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = scale * (static_cast<float>(i) - 7.f);
+  return v;
+}
+
+template <class F>
+std::string comm_error_of(F&& f) {
+  try {
+    f();
+  } catch (const CommError& e) {
+    return e.what();
+  }
+  return "(no CommError)";
+}
+
+// Misuse is caught before any CUDA call, so these run on every machine.
+TEST(CommNccl, RejectsBadOptionsWithoutADevice) {
+  auto store = make_hash_store();
+  NcclOptions opt = one_rank("tp[0]");
+  opt.global_rank = 3;
+  EXPECT_NE(comm_error_of([&] { make_nccl_communicator(store, opt); }).find("tp[0]: rank 3 is not a member"),
+            std::string::npos);
+  opt = one_rank("");
+  opt.members = {2, 1};
+  opt.global_rank = 1;
+  EXPECT_NE(comm_error_of([&] { make_nccl_communicator(store, opt); }).find("nccl[2,1]: members [2, 1] must be"),
+            std::string::npos);
+  opt = one_rank("g");
+  opt.timeout = 0ms;
+  EXPECT_NE(comm_error_of([&] { make_nccl_communicator(store, opt); }).find("timeout must be positive"),
+            std::string::npos);
+  opt = one_rank("g");
+  opt.device = -1;
+  EXPECT_NE(comm_error_of([&] { make_nccl_communicator(store, opt); }).find("CUDA device -1"), std::string::npos);
+  EXPECT_NE(comm_error_of([&] { make_nccl_communicator(nullptr, one_rank("g")); }).find("no rendezvous store"),
+            std::string::npos);
+}
+
+// A non-first member waits for the first one's NCCL id before touching the device, so this runs anywhere too.
+TEST(CommNccl, RendezvousNamesTheFirstMemberThatNeverPublished) {
+  NcclOptions opt = one_rank("dp[4,6]");
+  opt.members = {4, 6};
+  opt.global_rank = 6;
+  opt.timeout = 200ms;
+  std::string what = comm_error_of([&] { make_nccl_communicator(make_hash_store(), opt); });
+  EXPECT_NE(what.find("dp[4,6]: rendezvous timed out after 0.2 s on rank 1 (global 6)"), std::string::npos) << what;
+  EXPECT_NE(what.find("rank 0 (global 4) never published the NCCL id"), std::string::npos) << what;
+}
+
+TEST(CommNccl, OneRankCollectivesRoundTripOnDeviceBuffers) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  auto comm = make_nccl_communicator(make_hash_store(), one_rank("solo"));
+  ASSERT_EQ(comm->size(), 1);
+  ASSERT_EQ(comm->rank(), 0);
+  const size_t n = 64;
+  const std::vector<float> values = ramp(n, 0.5f);
+
+  DeviceFloats a(n), b(n);
+  a.upload(values);
+  nccl_raw::all_reduce(*comm, a.buffer(), ReduceOp::sum)->wait();
+  EXPECT_EQ(a.download(), values);
+  nccl_raw::all_reduce(*comm, a.buffer(), ReduceOp::max)->wait();
+  EXPECT_EQ(a.download(), values);
+
+  nccl_raw::all_gather(*comm, a.buffer(), b.buffer())->wait();  // b starts as NaNs
+  EXPECT_EQ(b.download(), values);
+  DeviceFloats c(n);
+  nccl_raw::reduce_scatter(*comm, a.buffer(), c.buffer())->wait();
+  EXPECT_EQ(c.download(), values);
+  nccl_raw::broadcast(*comm, c.buffer(), 0)->wait();
+  EXPECT_EQ(c.download(), values);
+  comm->barrier();
+
+  // Several ops in flight at once complete in order; waiting twice is fine.
+  auto w1 = nccl_raw::all_reduce(*comm, a.buffer(), ReduceOp::sum);
+  auto w2 = nccl_raw::all_gather(*comm, a.buffer(), b.buffer());
+  w2->wait();
+  w1->wait();
+  w1->wait();
+  EXPECT_EQ(b.download(), values);
+}
+
+TEST(CommNccl, SixteenBitReductionsKeepTheirBits) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  auto comm = make_nccl_communicator(make_hash_store(), one_rank("solo16"));
+  const size_t n = 32;  // floats, so 64 half-precision elements
+  const std::vector<float> values = ramp(n, 1.f);  // any bits: a one-rank sum keeps every element
+  for (DType t : {DType::bf16, DType::f16}) {
+    DeviceFloats a(n);
+    a.upload(values);
+    nccl_raw::all_reduce(*comm, a.buffer(t), ReduceOp::sum)->wait();
+    std::vector<float> got = a.download();
+    EXPECT_EQ(std::memcmp(got.data(), values.data(), n * sizeof(float)), 0) << dtype_name(t);
+  }
+}
+
+TEST(CommNccl, MisuseNamesTheGroupAndTheOp) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  auto comm = make_nccl_communicator(make_hash_store(), one_rank("tp[0]"));
+  Tensor host = Tensor::zeros({4}, DType::f32);
+  std::string what = comm_error_of([&] { comm->all_reduce(host, ReduceOp::sum); });
+  EXPECT_NE(what.find("tp[0]: all_reduce on rank 0 (global 0): NCCL moves CUDA tensors only, got a cpu tensor"),
+            std::string::npos)
+      << what;
+  EXPECT_EQ(comm_error_of([&] { comm->barrier(); }), "(no CommError)");  // misuse does not break the communicator
+
+  std::vector<float> on_host(8);
+  what = comm_error_of([&] { nccl_raw::all_reduce(*comm, {on_host.data(), 8, DType::f32}, ReduceOp::sum); });
+  EXPECT_NE(what.find("is not CUDA device memory"), std::string::npos) << what;
+
+  DeviceFloats a(8), b(4);
+  what = comm_error_of([&] { nccl_raw::reduce_scatter(*comm, a.buffer(), b.buffer()); });
+  EXPECT_NE(what.find("tp[0]: reduce_scatter"), std::string::npos) << what;
+  EXPECT_NE(what.find("is not 1 blocks of output"), std::string::npos) << what;
+  what = comm_error_of([&] { nccl_raw::broadcast(*comm, a.buffer(), 1); });
+  EXPECT_NE(what.find("root 1 is outside the group of 1"), std::string::npos) << what;
+  what = comm_error_of([&] { nccl_raw::send(*comm, a.buffer(), 0, 0); });
+  EXPECT_NE(what.find("peer 0 is not another rank"), std::string::npos) << what;
+  what = comm_error_of([&] { nccl_raw::all_reduce(*comm, a.buffer(DType::f32), ReduceOp::sum)->wait(); });
+  EXPECT_EQ(what, "(no CommError)");
+}
+
+TEST(CommNccl, CreatingAGroupAgainGetsAFreshId) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  auto store = make_hash_store();
+  auto first = make_nccl_communicator(store, one_rank("pp"));
+  auto second = make_nccl_communicator(store, one_rank("pp"));
+  EXPECT_TRUE(store->check("nccl/pp/1/id"));
+  EXPECT_TRUE(store->check("nccl/pp/2/id"));
+  EXPECT_NE(store->get("nccl/pp/1/id", 1s), store->get("nccl/pp/2/id", 1s));
+  DeviceFloats a(16);
+  a.upload(ramp(16, 2.f));
+  nccl_raw::all_reduce(*first, a.buffer(), ReduceOp::sum)->wait();
+  nccl_raw::all_reduce(*second, a.buffer(), ReduceOp::sum)->wait();
+  EXPECT_EQ(a.download(), ramp(16, 2.f));
+}
+
+}  // namespace
+}  // namespace mt
+
+#endif  // MEGATRAIN_WITH_NCCL
