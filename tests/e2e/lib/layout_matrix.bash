@@ -1,0 +1,36 @@
+# layout_matrix.bash: the layout-invariance matrix, shared by layout_matrix_fp32.sh and layout_matrix_bf16.sh.
+# Every layout with TP, PP, DP in {1, 2, 4} and 1 < TP x PP x DP <= 8 trains the tiny model (dropout on) 6
+# iterations and must give the single-rank losses within the tolerance, in each variant:
+#   full: sequence parallelism (TP > 1), the distributed optimizer (DP > 1), interleaving with 2 virtual
+#         stages (PP = 2);
+#   plain: none of them (DP > 1 then uses the bucketed all-reduce overlapped with backward).
+# Small gradient buckets make the overlapped reduction run in several pieces.
+run_layout_matrix() {  # precision tolerance variant...
+  local precision=$1 tol=$2; shift 2
+  local common=(--config tiny.yaml --set model.num_layers=8 --set training.micro_batch_size=1
+                --set training.global_batch_size=8 --set training.train_iters=6 --set parallel.timeout_s=60
+                --set parallel.grad_bucket_size=5000 --set training.precision=$precision)
+  "$MT" "${common[@]}" --set logging.dir=one >/dev/null
+  local count=0 tp pp dp variant world sp zero vp dir
+  for variant in "$@"; do
+    for tp in 1 2 4; do for pp in 1 2 4; do for dp in 1 2 4; do
+      world=$((tp * pp * dp))
+      [ $world -le 8 ] && [ $world -gt 1 ] || continue
+      sp=false; zero=false; vp=1
+      if [ "$variant" = full ]; then
+        [ $tp -gt 1 ] && sp=true
+        [ $dp -gt 1 ] && zero=true
+        [ $pp -eq 2 ] && vp=2
+      fi
+      dir=${variant}_tp${tp}pp${pp}dp${dp}
+      "$MT" "${common[@]}" --nproc $world --set parallel.tensor=$tp --set parallel.pipeline=$pp \
+            --set parallel.virtual_pipeline=$vp --set parallel.sequence_parallel=$sp \
+            --set parallel.distributed_optimizer=$zero --set logging.dir=$dir >/dev/null 2>$dir.err \
+        || { tail -5 $dir.err; fail "$dir failed"; }
+      same_losses one/metrics.jsonl $dir/metrics.jsonl 1 6 "$tol"
+      count=$((count + 1))
+    done; done; done
+  done
+  [ $count -eq $((16 * $#)) ] || fail "expected $((16 * $#)) multi-rank runs, ran $count"
+  echo "all $count runs match one rank ($precision)"
+}
