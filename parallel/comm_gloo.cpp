@@ -19,6 +19,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include "parallel/communicator.h"
+#include "parallel/group.h"
 #include "parallel/gloo_store_adapter.h"
 
 namespace mt {
@@ -331,25 +332,11 @@ std::unique_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Store> stor
   group->timeout = opt.timeout;
   const std::string& name = group->name;
 
-  if (opt.members.empty()) throw CommError(name + ": the group has no members");
-  for (size_t i = 1; i < opt.members.size(); ++i)
-    if (opt.members[i] <= opt.members[i - 1])
-      throw CommError(fmt::format("{}: members [{}] must be distinct global ranks in ascending order", name,
-                                  fmt::join(opt.members, ", ")));
-  auto it = std::find(opt.members.begin(), opt.members.end(), opt.global_rank);
-  if (it == opt.members.end())
-    throw CommError(fmt::format("{}: rank {} is not a member of the group (members [{}])", name, opt.global_rank,
-                                fmt::join(opt.members, ", ")));
-  if (opt.timeout.count() <= 0)
-    throw CommError(fmt::format("{}: timeout must be positive, got {} ms", name, opt.timeout.count()));
-  if (!store) throw CommError(name + ": no rendezvous store");
-  group->rank = static_cast<int>(it - opt.members.begin());
+  group->rank = rank_in_group(name, opt.members, opt.global_rank, opt.timeout, store.get());
   const int rank = group->rank;
   const int size = static_cast<int>(opt.members.size());
 
-  // Each rank counts how often it created this group on this store, so a second communicator of the same
-  // group (e.g. one for overlapped traffic) gets fresh keys; ranks create groups in the same order.
-  int64_t instance = store->add(fmt::format("gloo/{}/created_by/{}", name, opt.global_rank), 1);
+  const int64_t instance = group_instance(*store, "gloo", name, opt.global_rank);
   GlooStoreAdapter adapter(store, fmt::format("gloo/{}/{}/", name, instance), opt.timeout);
 
   std::shared_ptr<gloo::transport::Device> device;

@@ -21,6 +21,7 @@
 #include <spdlog/spdlog.h>
 
 #include "parallel/communicator.h"
+#include "parallel/group.h"
 
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
 #error "megatrain needs NCCL 2.14 or newer (non-blocking communicators, ncclCommFinalize)"
@@ -527,26 +528,12 @@ std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Store> stor
   info.timeout = opt.timeout;
   const std::string& name = info.name;
 
-  if (opt.members.empty()) throw CommError(name + ": the group has no members");
-  for (size_t i = 1; i < opt.members.size(); ++i)
-    if (opt.members[i] <= opt.members[i - 1])
-      throw CommError(fmt::format("{}: members [{}] must be distinct global ranks in ascending order", name,
-                                  fmt::join(opt.members, ", ")));
-  auto it = std::find(opt.members.begin(), opt.members.end(), opt.global_rank);
-  if (it == opt.members.end())
-    throw CommError(fmt::format("{}: rank {} is not a member of the group (members [{}])", name, opt.global_rank,
-                                fmt::join(opt.members, ", ")));
-  if (opt.timeout.count() <= 0)
-    throw CommError(fmt::format("{}: timeout must be positive, got {} ms", name, opt.timeout.count()));
+  info.rank = rank_in_group(name, opt.members, opt.global_rank, opt.timeout, store.get());
   if (opt.device < 0) throw CommError(fmt::format("{}: CUDA device {} is negative", name, opt.device));
-  if (!store) throw CommError(name + ": no rendezvous store");
-  info.rank = static_cast<int>(it - opt.members.begin());
   const int rank = info.rank;
   const int size = static_cast<int>(opt.members.size());
 
-  // As for Gloo: each rank counts its creations of this group, so a second communicator of the same group
-  // gets a fresh id; ranks create groups in the same order.
-  const int64_t instance = store->add(fmt::format("nccl/{}/created_by/{}", name, opt.global_rank), 1);
+  const int64_t instance = group_instance(*store, "nccl", name, opt.global_rank);
   const std::string id_key = fmt::format("nccl/{}/{}/id", name, instance);
 
   auto group = std::make_shared<NcclGroup>(std::move(info));
