@@ -1,6 +1,8 @@
 // test_config.cpp: the YAML configuration: typed keys, unknown-key hints, overrides, rules, derived values and
 // the to_yaml round trip, and every file in configs/.
 #include <gtest/gtest.h>
+
+#include "tests/unit/expect_contains.h"
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -15,12 +17,6 @@ using namespace mt;
 
 namespace {
 
-::testing::AssertionResult contains(const char* text_expr, const char*, const std::string& text,
-                                    const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << text_expr << " is\n  " << text << "\nwhich does not contain\n  " << part;
-}
-#define EXPECT_CONTAINS(text, part) EXPECT_PRED_FORMAT2(contains, text, part)
 
 // A small valid config; tests change it with overrides or by editing the text.
 const std::string kBase = R"(model:

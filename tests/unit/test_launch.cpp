@@ -2,6 +2,8 @@
 // from a map), their precedence, and every error naming its variable.
 #include <gtest/gtest.h>
 
+#include "tests/unit/expect_contains.h"
+
 #include <cstdlib>
 #include <map>
 #include <optional>
@@ -34,12 +36,6 @@ std::string error_of(const Vars& vars) {
   return "";
 }
 
-::testing::AssertionResult contains(const char* text_expr, const char*, const std::string& text,
-                                    const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << text_expr << " is\n  " << text << "\nwhich does not contain\n  " << part;
-}
-#define EXPECT_CONTAINS(text, part) EXPECT_PRED_FORMAT2(contains, text, part)
 
 const Vars kTorchrun = {{"RANK", "5"},         {"WORLD_SIZE", "8"},           {"LOCAL_RANK", "1"},
                         {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "node01"}, {"MASTER_PORT", "29400"}};

@@ -3,6 +3,8 @@
 // broken schedules (missing receives, deadlocks, missing backwards) and invalid specs.
 #include <gtest/gtest.h>
 
+#include "tests/unit/expect_contains.h"
+
 #include <algorithm>
 #include <ostream>
 #include <stdexcept>
@@ -32,12 +34,6 @@ PipeInstr sb(int mb, int c = 0) { return {PipeOp::send_backward, mb, c}; }
 ScheduleSpec one_f_one_b(int p, int m) { return {ScheduleKind::one_f_one_b, p, m, 1}; }
 ScheduleSpec interleaved(int p, int m, int v) { return {ScheduleKind::interleaved, p, m, v}; }
 
-::testing::AssertionResult contains(const char* text_expr, const char*, const std::string& text,
-                                    const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << text_expr << " is\n  " << text << "\nwhich does not contain\n  " << part;
-}
-#define EXPECT_CONTAINS(text, part) EXPECT_PRED_FORMAT2(contains, text, part)
 
 // Every spec the builder accepts in the grid p in {1,2,3,4,8}, m in 1..16, v in 1..4.
 std::vector<ScheduleSpec> valid_grid() {

@@ -1,6 +1,8 @@
 // test_store.cpp: the rendezvous store: the in-process hash store, prefixed views, and the TCP server and
 // client, including every way a store operation must fail loudly instead of hanging.
 #include <gtest/gtest.h>
+
+#include "tests/unit/expect_contains.h"
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -19,12 +21,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-::testing::AssertionResult contains(const char* text_expr, const char*, const std::string& text,
-                                    const std::string& part) {
-  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << text_expr << " is\n  " << text << "\nwhich does not contain\n  " << part;
-}
-#define EXPECT_CONTAINS(text, part) EXPECT_PRED_FORMAT2(contains, text, part)
 
 Bytes bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
 std::string text(const Bytes& b) { return std::string(b.begin(), b.end()); }
