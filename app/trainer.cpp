@@ -219,6 +219,11 @@ class Trainer {
   int64_t microbatch_first_sample(int64_t m) const {
     return c_.consumed_samples + (m * dist_.dp_size() + dist_.dp_rank()) * cfg_.training.micro_batch_size;
   }
+  // What crosses between pipeline stages: one microbatch's hidden states (sequence shards with SP).
+  Shape activation_shape() const {
+    const int64_t sp = cfg_.parallel.sequence_parallel ? dist_.tp_size() : 1;
+    return {cfg_.training.micro_batch_size, cfg_.model.seq_length / sp, cfg_.model.hidden_size};
+  }
   int64_t num_parameters() const {
     int64_t n = 0;
     for (const Parameter* p : params_) n += p->value.numel();
@@ -417,8 +422,7 @@ double Trainer::evaluate() {
     for (int c = 0; c < v; ++c) {
       const int vs = c * p + dist_.pp_rank();
       if (vs > 0) {
-        x = Tensor::empty({B, S / (cfg_.parallel.sequence_parallel ? dist_.tp_size() : 1), cfg_.model.hidden_size},
-                          dtype_);
+        x = Tensor::empty(activation_shape(), dtype_);
         dist_.pp->recv(x, (dist_.pp_rank() + p - 1) % p, vs)->wait();
       }
       float loss = 0;
@@ -450,11 +454,7 @@ Tensor IterationStage::backward(int microbatch, int chunk, const Tensor& grad) {
   return t_.chunks_[static_cast<size_t>(chunk)]->backward_stage(microbatch, grad, dloss_);
 }
 
-Shape IterationStage::activation_shape() const {
-  const Config& cfg = t_.cfg_;
-  const int64_t sp = cfg.parallel.sequence_parallel ? t_.dist_.tp_size() : 1;
-  return {cfg.training.micro_batch_size, cfg.model.seq_length / sp, cfg.model.hidden_size};
-}
+Shape IterationStage::activation_shape() const { return t_.activation_shape(); }
 
 DType IterationStage::activation_dtype() const { return t_.dtype_; }
 

@@ -72,20 +72,14 @@ Tensor GptModel::forward_stage(const Tensor& input, const Tensor& tokens, const 
   if (T > cfg_.max_position_embeddings)
     throw std::invalid_argument(fmt::format("sequence of {} tokens exceeds max_position_embeddings={}", T,
                                             cfg_.max_position_embeddings));
-  const bool sp = opt_.tp.sequence_parallel && opt_.tp.size > 1;
-  const int64_t Ts = sp ? T / opt_.tp.size : T, seq_offset = sp ? opt_.tp.rank * Ts : 0, Ns = B * Ts;
+  const int64_t Ts = opt_.tp.shard_length(T), seq_offset = opt_.tp.shard_offset(T), Ns = B * Ts;
   Tensor x = input;
   if (opt_.stage.has_embedding) {
-    x = Tensor::empty({B, T, C}, opt_.dtype);
-    embedding_forward(tokens, wte_.value, x, {.vocab_start = vocab_start_});
+    Tensor partial = Tensor::empty({B, T, C}, opt_.dtype);
+    embedding_forward(tokens, wte_.value, partial, {.vocab_start = vocab_start_});
+    partial = partial.view({N, C});
     // Each row comes from the one rank holding its token: sum over the group (into sequence shards with SP).
-    if (sp) {
-      Tensor shard = Tensor::empty({B, Ts, C}, opt_.dtype);
-      scatter_sequence_sum(x, shard, opt_.tp);
-      x = shard;
-    } else {
-      opt_.tp.reduce_from_group(x);
-    }
+    x = sequence_shard_sum(partial, B, opt_.tp).view({B, Ts, C});
     position_embedding_add(x, wpe_.value, {.position_offset = seq_offset});
     dropout_forward(x, x, {.p = ctx.training ? cfg_.dropout : 0.f, .seed = ctx.seed, .site = site_embedding_,
                            .sample_offset = ctx.sample_offset, .row_offset = seq_offset});
@@ -104,13 +98,7 @@ Tensor GptModel::forward_stage(const Tensor& input, const Tensor& tokens, const 
   h.lnf_rstd = Tensor::empty({Ns}, DType::f32);
   layernorm_forward(x.view({Ns, C}), lnf_w_.value, lnf_b_.value, lnf, h.lnf_mean, h.lnf_rstd,
                     {.eps = cfg_.layernorm_eps});
-  if (sp) {
-    h.lnf = Tensor::empty({B, T, C}, opt_.dtype);
-    gather_sequence(lnf.view({B, Ts, C}), h.lnf, opt_.tp);
-    h.lnf = h.lnf.view({N, C});
-  } else {
-    h.lnf = lnf;
-  }
+  h.lnf = sequence_to_full(lnf, B, opt_.tp);
   h.logits = Tensor::empty({N, V}, opt_.dtype);
   gemm(h.lnf, head_weight(), h.logits, {.trans_b = true});
   h.rowmax = Tensor::empty({N}, DType::f32);
@@ -142,7 +130,6 @@ Tensor GptModel::forward_stage(const Tensor& input, const Tensor& tokens, const 
 }
 
 Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
-  const bool sp = opt_.tp.sequence_parallel && opt_.tp.size > 1;
   const int64_t C = cfg_.hidden_size;
   Tensor dx = dout;
   if (opt_.stage.has_head) {
@@ -151,7 +138,7 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
     HeadActivations h = std::move(it->second);
     saved_.erase(it);
     const int64_t B = h.tokens.dim(0), T = h.tokens.dim(1), V = vocab_local_, N = B * T;
-    const int64_t Ts = sp ? T / opt_.tp.size : T, Ns = B * Ts;
+    const int64_t Ts = opt_.tp.shard_length(T), Ns = B * Ts;
 
     // Each token's loss enters the mean with weight 1/N.
     Tensor dlosses = Tensor::empty({N}, DType::f32);
@@ -165,14 +152,7 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
     gemm(dlogits, h.lnf, head.grad, {.trans_a = true, .beta = 1.f});  // dW (V, C) += dlogits^T lnf
     Tensor dlnf = Tensor::empty({N, C}, opt_.dtype);
     gemm(dlogits, head.value, dlnf);                                  // (N, C) = dlogits @ W
-    Tensor dlnf_shard = dlnf;                                         // f backward: sum over the group
-    if (sp) {
-      dlnf_shard = Tensor::empty({B, Ts, C}, opt_.dtype);
-      scatter_sequence_sum(dlnf.view({B, T, C}), dlnf_shard, opt_.tp);
-      dlnf_shard = dlnf_shard.view({Ns, C});
-    } else {
-      opt_.tp.reduce_from_group(dlnf);
-    }
+    Tensor dlnf_shard = sequence_shard_sum(dlnf, B, opt_.tp);       // f backward: sum over the group
     dx = Tensor::empty({B, Ts, C}, opt_.dtype);
     Tensor dx_flat = dx.view({Ns, C});
     layernorm_backward(dlnf_shard, h.final_in.view({Ns, C}), lnf_w_.value, h.lnf_mean, h.lnf_rstd, dx_flat,
@@ -195,16 +175,12 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
   if (it == embedded_.end()) throw std::logic_error(fmt::format("model: backward of microbatch {} without forward", mb));
   auto [ctx, tokens] = std::move(it->second);
   embedded_.erase(it);
-  const int64_t B = tokens.dim(0), T = tokens.dim(1), Ts = sp ? T / opt_.tp.size : T;
-  const int64_t seq_offset = sp ? opt_.tp.rank * Ts : 0;
+  const int64_t B = tokens.dim(0), T = tokens.dim(1), Ts = opt_.tp.shard_length(T);
+  const int64_t seq_offset = opt_.tp.shard_offset(T);
   dropout_backward(dx, dx, {.p = cfg_.dropout, .seed = ctx.seed, .site = site_embedding_,
                             .sample_offset = ctx.sample_offset, .row_offset = seq_offset});
   position_embedding_backward(dx, wpe_.grad, {.position_offset = seq_offset});
-  if (sp) {
-    Tensor full = Tensor::empty({B, T, C}, opt_.dtype);
-    gather_sequence(dx, full, opt_.tp);
-    dx = full;
-  }
+  dx = sequence_to_full(dx.view({B * Ts, C}), B, opt_.tp).view({B, T, C});
   embedding_backward(tokens, dx, wte_.grad, {.vocab_start = vocab_start_});
   if (grads_ready_) grads_ready_(mb, {&wte_, &wpe_});
   return Tensor();

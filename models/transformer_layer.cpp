@@ -58,25 +58,6 @@ TransformerLayer::TransformerLayer(int64_t index, const ModelConfig& cfg, DType 
   site_mlp_out_ = stream_id(name("mlp.out"));
 }
 
-Tensor TransformerLayer::to_full(const Tensor& rows, int64_t B) const {
-  if (!sp()) return rows;
-  const int64_t Ts = rows.dim(0) / B, C = rows.dim(1);
-  Tensor full = Tensor::empty({B, Ts * tp_.size, C}, rows.dtype());
-  gather_sequence(rows.view({B, Ts, C}), full, tp_);
-  return full.view({B * Ts * tp_.size, C});
-}
-
-Tensor TransformerLayer::to_shard_sum(Tensor& partial, int64_t B) const {
-  if (!sp()) {
-    tp_.reduce_from_group(partial);
-    return partial;
-  }
-  const int64_t T = partial.dim(0) / B, C = partial.dim(1), Ts = T / tp_.size;
-  Tensor shard = Tensor::empty({B, Ts, C}, partial.dtype());
-  scatter_sequence_sum(partial.view({B, T, C}), shard, tp_);
-  return shard.view({B * Ts, C});
-}
-
 std::vector<Parameter*> TransformerLayer::parameters() {
   return {&ln1_w_, &ln1_b_, &qkv_w_, &qkv_b_, &proj_w_, &proj_b_,
           &ln2_w_, &ln2_b_, &fc1_w_, &fc1_b_, &fc2_w_, &fc2_b_};
@@ -84,8 +65,8 @@ std::vector<Parameter*> TransformerLayer::parameters() {
 
 Tensor TransformerLayer::run(Activations& a, bool keep) {
   const Tensor& x = a.x;  // (B, T, C), or (B, T/tp, C) with sequence parallelism
-  const int64_t B = x.dim(0), Ts = x.dim(1), T = sp() ? Ts * tp_.size : Ts, C = cfg_.hidden_size, H = heads_,
-                D = cfg_.head_dim, F = ffn_, N = B * T, Ns = B * Ts;
+  const int64_t B = x.dim(0), Ts = x.dim(1), T = tp_.sequence_sharded() ? Ts * tp_.size : Ts,
+                C = cfg_.hidden_size, H = heads_, D = cfg_.head_dim, F = ffn_, N = B * T, Ns = B * Ts;
   const bool train = a.ctx.training;
   const float p_hidden = train ? cfg_.dropout : 0.f;
   const LayerNormOptions ln_opt{.eps = cfg_.layernorm_eps};
@@ -96,7 +77,7 @@ Tensor TransformerLayer::run(Activations& a, bool keep) {
   layernorm_forward(x.view({Ns, C}), ln1_w_.value, ln1_b_.value, a.ln1, a.ln1_mean, a.ln1_rstd, ln_opt);
 
   Tensor qkv = Tensor::empty({N, 3 * H * D}, dtype_);
-  linear_forward(to_full(a.ln1, B), qkv_w_, &qkv_b_, qkv);
+  linear_forward(sequence_to_full(a.ln1, B, tp_), qkv_w_, &qkv_b_, qkv);
   a.qkv = qkv.view({B, T, H, 3, D});
   a.att = Tensor::empty({B, T, H * D}, dtype_);
   a.att_lse = Tensor::empty({B, H, T}, DType::f32);
@@ -107,11 +88,11 @@ Tensor TransformerLayer::run(Activations& a, bool keep) {
 
   Tensor proj_partial = Tensor::empty({N, C}, dtype_);
   linear_forward(a.att.view({N, H * D}), proj_w_, nullptr, proj_partial);
-  Tensor proj = to_shard_sum(proj_partial, B);  // g: sum the row-parallel partial outputs
+  Tensor proj = sequence_shard_sum(proj_partial, B, tp_);  // g: sum the row-parallel partial outputs
   add_bias(proj, proj_b_.value);
   proj = proj.view({B, Ts, C});
   dropout_forward(proj, proj, {.p = p_hidden, .seed = a.ctx.seed, .site = site_attn_out_,
-                               .sample_offset = a.ctx.sample_offset, .row_offset = seq_offset(Ts)});
+                               .sample_offset = a.ctx.sample_offset, .row_offset = tp_.shard_offset(T)});
   a.x2 = Tensor::empty({B, Ts, C}, dtype_);
   add(x, proj, a.x2);
 
@@ -120,16 +101,16 @@ Tensor TransformerLayer::run(Activations& a, bool keep) {
   a.ln2_rstd = Tensor::empty({Ns}, DType::f32);
   layernorm_forward(a.x2.view({Ns, C}), ln2_w_.value, ln2_b_.value, a.ln2, a.ln2_mean, a.ln2_rstd, ln_opt);
   a.fc1 = Tensor::empty({N, F}, dtype_);
-  linear_forward(to_full(a.ln2, B), fc1_w_, &fc1_b_, a.fc1);
+  linear_forward(sequence_to_full(a.ln2, B, tp_), fc1_w_, &fc1_b_, a.fc1);
   a.gelu = Tensor::empty({N, F}, dtype_);
   gelu_forward(a.fc1, a.gelu);
   Tensor mlp_partial = Tensor::empty({N, C}, dtype_);
   linear_forward(a.gelu, fc2_w_, nullptr, mlp_partial);
-  Tensor mlp = to_shard_sum(mlp_partial, B);  // g
+  Tensor mlp = sequence_shard_sum(mlp_partial, B, tp_);  // g
   add_bias(mlp, fc2_b_.value);
   mlp = mlp.view({B, Ts, C});
   dropout_forward(mlp, mlp, {.p = p_hidden, .seed = a.ctx.seed, .site = site_mlp_out_,
-                             .sample_offset = a.ctx.sample_offset, .row_offset = seq_offset(Ts)});
+                             .sample_offset = a.ctx.sample_offset, .row_offset = tp_.shard_offset(T)});
   Tensor out = Tensor::empty({B, Ts, C}, dtype_);
   add(a.x2, mlp, out);
   if (!keep) {
@@ -162,22 +143,22 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb) {
     run(a, true);  // the same inputs and dropout keys give the same activations
     a.ctx = ctx;
   }
-  const int64_t B = a.x.dim(0), Ts = a.x.dim(1), T = sp() ? Ts * tp_.size : Ts, C = cfg_.hidden_size, F = ffn_,
-                HD = heads_ * cfg_.head_dim, N = B * T, Ns = B * Ts;
+  const int64_t B = a.x.dim(0), Ts = a.x.dim(1), T = tp_.sequence_sharded() ? Ts * tp_.size : Ts,
+                C = cfg_.hidden_size, F = ffn_, HD = heads_ * cfg_.head_dim, N = B * T, Ns = B * Ts;
   const float p_hidden = cfg_.dropout;
 
   // MLP block: out = x2 + dropout(fc2(gelu(fc1(ln2(x2))))); with SP the residual side is a sequence shard.
   Tensor dmlp = Tensor::empty({B, Ts, C}, dtype_);
   dropout_backward(dout, dmlp, {.p = p_hidden, .seed = a.ctx.seed, .site = site_mlp_out_,
-                                .sample_offset = a.ctx.sample_offset, .row_offset = seq_offset(Ts)});
-  Tensor dmlp_full = to_full(dmlp.view({Ns, C}), B);  // backward of the reduce-scatter (identity without SP)
+                                .sample_offset = a.ctx.sample_offset, .row_offset = tp_.shard_offset(T)});
+  Tensor dmlp_full = sequence_to_full(dmlp.view({Ns, C}), B, tp_);  // backward of the reduce-scatter (identity without SP)
   Tensor dgelu = Tensor::empty({N, F}, dtype_);
   linear_backward(dmlp_full, a.gelu, fc2_w_, &fc2_b_, &dgelu);
   Tensor dfc1 = Tensor::empty({N, F}, dtype_);
   gelu_backward(a.fc1, dgelu, dfc1);
   Tensor dln2_partial = Tensor::empty({N, C}, dtype_);
-  linear_backward(dfc1, to_full(a.ln2, B), fc1_w_, &fc1_b_, &dln2_partial);
-  Tensor dln2 = to_shard_sum(dln2_partial, B);  // f backward: sum the column-parallel input gradients
+  linear_backward(dfc1, sequence_to_full(a.ln2, B, tp_), fc1_w_, &fc1_b_, &dln2_partial);
+  Tensor dln2 = sequence_shard_sum(dln2_partial, B, tp_);  // f backward: sum the column-parallel input gradients
   Tensor dx2 = Tensor::empty({Ns, C}, dtype_);
   layernorm_backward(dln2, a.x2.view({Ns, C}), ln2_w_.value, a.ln2_mean, a.ln2_rstd, dx2, ln2_w_.grad,
                      ln2_b_.grad);
@@ -187,8 +168,8 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb) {
   // Attention block: x2 = x + dropout(proj(attention(qkv(ln1(x)))))
   Tensor dproj = Tensor::empty({B, Ts, C}, dtype_);
   dropout_backward(dx2, dproj, {.p = p_hidden, .seed = a.ctx.seed, .site = site_attn_out_,
-                                .sample_offset = a.ctx.sample_offset, .row_offset = seq_offset(Ts)});
-  Tensor dproj_full = to_full(dproj.view({Ns, C}), B);
+                                .sample_offset = a.ctx.sample_offset, .row_offset = tp_.shard_offset(T)});
+  Tensor dproj_full = sequence_to_full(dproj.view({Ns, C}), B, tp_);
   Tensor datt = Tensor::empty({N, HD}, dtype_);
   linear_backward(dproj_full, a.att.view({N, HD}), proj_w_, &proj_b_, &datt);
   Tensor dqkv = Tensor::empty(a.qkv.shape(), dtype_);
@@ -197,8 +178,8 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb) {
                                  .head_offset = tp_.begin(cfg_.num_heads)};
   attention_backward(a.qkv, a.att, a.att_lse, datt.view(a.att.shape()), dqkv, att_opt);
   Tensor dln1_partial = Tensor::empty({N, C}, dtype_);
-  linear_backward(dqkv.view({N, 3 * HD}), to_full(a.ln1, B), qkv_w_, &qkv_b_, &dln1_partial);
-  Tensor dln1 = to_shard_sum(dln1_partial, B);  // f backward
+  linear_backward(dqkv.view({N, 3 * HD}), sequence_to_full(a.ln1, B, tp_), qkv_w_, &qkv_b_, &dln1_partial);
+  Tensor dln1 = sequence_shard_sum(dln1_partial, B, tp_);  // f backward
   Tensor dx = Tensor::empty({Ns, C}, dtype_);
   layernorm_backward(dln1, a.x.view({Ns, C}), ln1_w_.value, a.ln1_mean, a.ln1_rstd, dx, ln1_w_.grad, ln1_b_.grad);
   add(dx, dx2.view({Ns, C}), dx);

@@ -50,13 +50,6 @@ class TransformerLayer {
   };
   // Runs the block on a.x, filling the activations; returns the output.
   Tensor run(Activations& a, bool keep);
-  bool sp() const { return tp_.sequence_parallel && tp_.size > 1; }
-  int64_t seq_offset(int64_t Ts) const { return sp() ? tp_.rank * Ts : 0; }  // first position of this shard
-  // rows (B*Ts, C) of this rank's sequence shard -> (B*T, C) of all positions (all-gather); identity without SP.
-  Tensor to_full(const Tensor& rows, int64_t B) const;
-  // partial (B*T, C) row-parallel output -> its sum over the group: this rank's shard (B*Ts, C) with SP
-  // (reduce-scatter), else all of it in place (all-reduce).
-  Tensor to_shard_sum(Tensor& partial, int64_t B) const;
 
   int64_t index_;
   ModelConfig cfg_;

@@ -53,4 +53,23 @@ void scatter_sequence_sum(const Tensor& full, Tensor& shard, const TensorParalle
   tp.comm->reduce_scatter(rank_major, shard)->wait();
 }
 
+Tensor sequence_to_full(const Tensor& rows, int64_t B, const TensorParallel& tp) {
+  if (!tp.sequence_sharded()) return rows;
+  const int64_t Ts = rows.dim(0) / B, C = rows.dim(1);
+  Tensor full = Tensor::empty({B, Ts * tp.size, C}, rows.dtype());
+  gather_sequence(rows.view({B, Ts, C}), full, tp);
+  return full.view({B * Ts * tp.size, C});
+}
+
+Tensor sequence_shard_sum(Tensor& partial, int64_t B, const TensorParallel& tp) {
+  if (!tp.sequence_sharded()) {
+    tp.reduce_from_group(partial);
+    return partial;
+  }
+  const int64_t T = partial.dim(0) / B, C = partial.dim(1), Ts = T / tp.size;
+  Tensor shard = Tensor::empty({B, Ts, C}, partial.dtype());
+  scatter_sequence_sum(partial.view({B, T, C}), shard, tp);
+  return shard.view({B * Ts, C});
+}
+
 }  // namespace mt

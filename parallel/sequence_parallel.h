@@ -16,4 +16,12 @@ void gather_sequence(const Tensor& shard, Tensor& full, const TensorParallel& tp
 // row-parallel GEMM (and the backward of gather_sequence).
 void scatter_sequence_sum(const Tensor& full, Tensor& shard, const TensorParallel& tp);
 
+// The two transitions as the model code uses them, on row views (tokens x C) of B samples:
+// rows (B*T/t, C) of this rank's sequence shard -> (B*T, C) of all positions (all-gather); the rows themselves
+// without sequence parallelism.
+Tensor sequence_to_full(const Tensor& rows, int64_t B, const TensorParallel& tp);
+// partial (B*T, C) row-parallel output -> its sum over the group: this rank's shard (B*T/t, C) with sequence
+// parallelism (reduce-scatter), else `partial` itself, all-reduced in place.
+Tensor sequence_shard_sum(Tensor& partial, int64_t B, const TensorParallel& tp);
+
 }  // namespace mt

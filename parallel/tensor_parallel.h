@@ -14,6 +14,12 @@ struct TensorParallel {
   int size = 1;
   bool sequence_parallel = false;  // norms, dropout and residuals on sequence shards (Korthikanti et al.)
 
+  // Whether activations outside the TP regions are sequence shards (sequence parallelism over >1 rank).
+  bool sequence_sharded() const { return sequence_parallel && size > 1; }
+  // Positions per sequence shard of a T-long sequence, and the first position of this rank's shard.
+  int64_t shard_length(int64_t T) const { return sequence_sharded() ? T / size : T; }
+  int64_t shard_offset(int64_t T) const { return sequence_sharded() ? rank * (T / size) : 0; }
+
   // [begin, end) of `total` items (rows, heads, vocabulary entries) held by this rank.
   int64_t begin(int64_t total) const { return total / size * rank; }
   int64_t count(int64_t total) const { return total / size; }
