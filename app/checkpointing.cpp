@@ -8,8 +8,10 @@ namespace mt::app {
 
 namespace {
 
+// Checkpoint files are written from host memory: device tensors are copied over first.
 TensorSlice slice_of(const std::string& name, const Parameter& p, const Tensor& data) {
-  return TensorSlice{.name = name, .global_shape = p.global_shape, .start = p.start, .data = data};
+  return TensorSlice{.name = name, .global_shape = p.global_shape, .start = p.start,
+                     .data = data.device() == Device::cpu ? data : data.to(Device::cpu, MemKind::workspace)};
 }
 
 // Vocabulary tables are padded to a multiple of 128 * tensor-parallel size, so their row count depends on
@@ -20,6 +22,11 @@ bool is_vocabulary_table(const std::string& param_name) {
 }
 
 void read_checked(const CheckpointReader& reader, const std::string& name, const Parameter& p, Tensor& out) {
+  if (out.device() != Device::cpu) {  // read on the host (starting from out's values), then copy over
+    Tensor host = out.to(Device::cpu, MemKind::workspace);
+    read_checked(reader, name, p, host);
+    return out.copy_from(host);
+  }
   if (!reader.has(name))
     throw CheckpointError(fmt::format("{}: checkpoint has no tensor '{}' (a different model?)", reader.dir(), name));
   const TensorInfo& info = reader.info(name);

@@ -10,5 +10,6 @@ void add_train_command(CLI::App& root);  // megatrain train / megatrain --config
 void add_eval_command(CLI::App& root);   // megatrain eval --checkpoint DIR --data PREFIX --samples K
 void add_data_commands(CLI::App& root);  // megatrain data prepare|inspect
 void add_ckpt_commands(CLI::App& root);  // megatrain ckpt inspect|export
+void add_info_command(CLI::App& root);   // megatrain info [--require-gpu]
 
 }  // namespace mt::app

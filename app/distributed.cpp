@@ -23,10 +23,11 @@ std::string gloo_hostname(const LaunchEnv& env) {
 
 }  // namespace
 
-std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv& env) {
+std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv& env, const Placement& placement) {
   const auto& p = cfg.parallel;
   auto d = std::make_unique<Distributed>();
   d->env = env;
+  d->placement = placement;
   d->topology = Topology(env.world_size, static_cast<int>(p.tensor), static_cast<int>(p.pipeline),
                          static_cast<int>(p.data));
   const Millis timeout{static_cast<int64_t>(cfg.parallel.timeout_s * 1000)};
@@ -37,28 +38,58 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
     d->store = connect_tcp_store(env.master_addr, env.master_port, timeout);
   }
   // Every rank creates every group it belongs to, in the same order: world, tp, dp, pp, mp, emb, dp_grads.
-  auto group = [&](const char* kind, std::vector<int> members) {
-    return make_gloo_communicator(d->store, GlooOptions{.name = fmt::format("{}[{}]", kind, fmt::join(members, ",")),
-                                                        .members = members,
-                                                        .global_rank = env.rank,
-                                                        .hostname = gloo_hostname(env),
-                                                        .timeout = timeout});
+  // (With NCCL every rank takes part in every split, passing no members for a group it is not in.)
+  const bool nccl = placement.backend == Backend::nccl;
+  auto group_name = [](const char* kind, const std::vector<int>& members) {
+    return fmt::format("{}[{}]", kind, fmt::join(members, ","));
   };
+  auto gloo_group = [&](const char* kind, std::vector<int> members) {
+    return make_staged_communicator(
+        make_gloo_communicator(d->store, GlooOptions{.name = group_name(kind, members),
+                                                     .members = members,
+                                                     .global_rank = env.rank,
+                                                     .hostname = gloo_hostname(env),
+                                                     .timeout = timeout}),
+        Device::cpu);
+  };
+#if defined(MEGATRAIN_WITH_NCCL)
+  auto nccl_options = [&](const char* kind, std::vector<int> members) {
+    return NcclOptions{.name = members.empty() ? std::string() : group_name(kind, members),
+                       .members = members,
+                       .global_rank = env.rank,
+                       .device = placement.ordinal,
+                       .timeout = timeout};
+  };
+  auto group = [&](const char* kind, std::vector<int> members) -> std::unique_ptr<Communicator> {
+    if (!nccl) return gloo_group(kind, std::move(members));
+    auto split = split_nccl_communicator(*d->world, nccl_options(kind, std::move(members)));
+    return split ? make_staged_communicator(std::move(split), Device::cuda) : nullptr;
+  };
+#else
+  auto group = gloo_group;
+#endif
   std::vector<int> everyone(env.world_size);
   for (int r = 0; r < env.world_size; ++r) everyone[r] = r;
-  d->world = group("world", everyone);
+#if defined(MEGATRAIN_WITH_NCCL)
+  if (nccl)
+    d->world = make_staged_communicator(make_nccl_communicator(d->store, nccl_options("world", everyone)), Device::cuda);
+  else
+#endif
+    d->world = gloo_group("world", everyone);
   d->tp = group("tp", d->topology.tp_group(env.rank));
   d->dp = group("dp", d->topology.dp_group(env.rank));
   d->pp = group("pp", d->topology.pp_group(env.rank));
   d->mp = group("mp", d->topology.model_parallel_group(env.rank));
-  const std::vector<int> emb = d->topology.embedding_group(env.rank);
-  if (std::find(emb.begin(), emb.end(), env.rank) != emb.end() && (d->pp_rank() == 0 || d->pp_rank() == d->pp_size() - 1))
-    d->emb = group("emb", emb);
+  std::vector<int> emb = d->topology.embedding_group(env.rank);
+  const bool in_emb = std::find(emb.begin(), emb.end(), env.rank) != emb.end() &&
+                      (d->pp_rank() == 0 || d->pp_rank() == d->pp_size() - 1);
+  if (in_emb || nccl) d->emb = group("emb", in_emb ? emb : std::vector<int>{});
   d->dp_grads = group("dpgrads", d->topology.dp_group(env.rank));
   if (env.world_size == 1) return d;
-  spdlog::info("rank {} of {} ({}): tp {} dp {} pp {}, rendezvous at {}:{}", env.rank, env.world_size, env.launcher,
-               d->topology.coord(env.rank).tp, d->topology.coord(env.rank).dp, d->topology.coord(env.rank).pp,
-               env.master_addr, env.master_port);
+  spdlog::info("rank {} of {} ({}): tp {} dp {} pp {}, {}, {}, rendezvous at {}:{}", env.rank, env.world_size,
+               env.launcher, d->topology.coord(env.rank).tp, d->topology.coord(env.rank).dp,
+               d->topology.coord(env.rank).pp, placement.description, nccl ? "nccl" : "gloo", env.master_addr,
+               env.master_port);
   return d;
 }
 

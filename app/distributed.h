@@ -3,6 +3,7 @@
 #pragma once
 #include <memory>
 
+#include "app/device.h"
 #include "core/config/config.h"
 #include "parallel/communicator.h"
 #include "parallel/launch.h"
@@ -13,6 +14,7 @@ namespace mt::app {
 
 struct Distributed {
   LaunchEnv env;
+  Placement placement;                     // this rank's device and communication backend
   Topology topology{1, 1, 1, 1};
   std::unique_ptr<TcpStoreServer> server;  // rank 0 only
   std::shared_ptr<Store> store;
@@ -34,8 +36,10 @@ struct Distributed {
   int pp_size() const { return topology.pp(); }
 };
 
-// Refuses layouts this build cannot train yet (before any communication), then serves (rank 0) or reaches
-// the rendezvous store and creates the communicators of this rank's groups.
-std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv& env);
+// Serves (rank 0) or reaches the rendezvous store and creates the communicators of this rank's groups: with
+// NCCL, one world communicator bootstrapped through the store and every group split off it
+// (ncclCommSplit); with Gloo, one communicator per group through prefixed stores, host-staged when the
+// tensors live on a GPU. Every communicator takes tensors on any device (small host exchanges are staged).
+std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv& env, const Placement& placement);
 
 }  // namespace mt::app

@@ -76,8 +76,8 @@ class MetricsFile {
 // A JSON number, or null for inf/NaN (JSON has neither).
 std::string json_number(double v) { return std::isfinite(v) ? fmt::format("{}", v) : "null"; }
 
-std::string memory_summary() {
-  const MemoryStats& m = allocator_for(Device::cpu).stats();
+std::string memory_summary(Device device) {
+  const MemoryStats& m = allocator_for(device).stats();
   std::string s;
   for (size_t k = 0; k < MemoryStats::kKinds; ++k)
     s += fmt::format("{} {:.2f} | ", mem_kind_name(static_cast<MemKind>(k)), m.peak[k] / 1048576.0);
@@ -115,6 +115,7 @@ std::vector<std::unique_ptr<GptModel>> build_chunks(const Config& cfg, const Dis
     chunks.push_back(std::make_unique<GptModel>(
         cfg.model,
         GptOptions{.dtype = dtype,
+                   .device = dist.placement.device,
                    .seed = static_cast<uint64_t>(cfg.training.seed),
                    .recompute = cfg.training.recompute == "full",
                    .tp = TensorParallel{.comm = dist.tp.get(), .rank = dist.tp_rank(), .size = dist.tp_size(),
@@ -142,6 +143,7 @@ class IterationStage final : public PipelineStage {
   Tensor backward(int microbatch, int chunk, const Tensor& grad) override;
   Shape activation_shape() const override;
   DType activation_dtype() const override;
+  Device activation_device() const override;
   double loss_sum = 0;  // over the microbatches whose loss this rank computed
 
  private:
@@ -156,6 +158,7 @@ class Trainer {
         opt_(opt),
         dist_(dist),
         dtype_(parse_dtype(cfg.training.precision)),
+        device_(dist.placement.device),
         data_(open_data_sources(cfg)),
         chunks_(build_chunks(cfg, dist, dtype_)),
         params_(all_parameters(chunks_)),
@@ -178,7 +181,7 @@ class Trainer {
     for (const Parameter* p : params_) total += p->grad.numel();
     const int64_t dp = dist.dp_size();
     if (cfg.parallel.distributed_optimizer) total = (total + dp - 1) / dp * dp;
-    grad_buffer_ = Tensor::zeros({total}, DType::f32, Device::cpu, MemKind::gradient);
+    grad_buffer_ = Tensor::zeros({total}, DType::f32, device_, MemKind::gradient);
     int64_t offset = 0;
     for (Parameter* p : params_) {
       const int64_t n = p->grad.numel();
@@ -208,7 +211,7 @@ class Trainer {
         });
     }
     // The per-parameter gradients made with the model are gone: peaks start from the real state.
-    allocator_for(Device::cpu).reset_peaks();
+    allocator_for(device_).reset_peaks();
   }
 
   void run();
@@ -235,10 +238,14 @@ class Trainer {
   void save();
   void log_interval(double ms_per_iter, double loss, double lr, double grad_norm);
 
+  // A microbatch's tokens and targets (B, S), read on the host and moved to the model's device.
+  void load_batch(const SampleFn& source, int64_t first, Tensor& tokens, Tensor& targets) const;
+
   const Config& cfg_;
   TrainOptions opt_;
   Distributed& dist_;
   DType dtype_;
+  Device device_;  // where the model, its gradients and the optimizer state live
   DataSources data_;
   std::vector<std::unique_ptr<GptModel>> chunks_;  // this rank's model chunks (one without pipelining)
   std::vector<Parameter*> params_;                 // all of their parameters
@@ -272,8 +279,9 @@ void Trainer::maybe_resume() {
     // Whole per-parameter states of this model-parallel slice, then this rank's shard of them.
     std::vector<AdamW::Slot> slots;
     for (Parameter* p : params_)
-      slots.push_back({p, Tensor::empty(p->value.shape(), DType::f32), Tensor::empty(p->value.shape(), DType::f32),
-                       Tensor::empty(p->value.shape(), DType::f32)});
+      slots.push_back({p, Tensor::empty(p->value.shape(), DType::f32, device_),
+                       Tensor::empty(p->value.shape(), DType::f32, device_),
+                       Tensor::empty(p->value.shape(), DType::f32, device_)});
     load_optimizer(reader, slots);
     zero_->scatter_slots(slots);
   } else {
@@ -359,18 +367,18 @@ void Trainer::save() {
 // Microbatch m of data-parallel rank r holds samples consumed + (m * dp + r) * B + [0, B), so the global batch
 // is the same set of samples whatever the layout.
 float Trainer::train_step(float& lr_used, StepResult& result) {
-  const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length, M = cfg_.training.num_microbatches;
+  const int64_t M = cfg_.training.num_microbatches;
   const int64_t dp = dist_.dp_size();
   grad_buffer_.zero_();
   if (reducer_) reducer_->begin_step();
-  Tensor tokens = Tensor::empty({B, S}, DType::i32), targets = Tensor::empty({B, S}, DType::i32);
+  Tensor tokens, targets;
   // The objective is the mean loss over all M * dp microbatches (times the loss scale).
   const float dloss = static_cast<float>(scaler_.scale() / static_cast<double>(M * dp));
   double loss_sum = 0;
   if (dist_.pp_size() == 1 && chunks_.size() == 1) {
     for (int64_t m = 0; m < M; ++m) {
       const int64_t first = microbatch_first_sample(m);
-      make_batch(data_.train, first, B, S, tokens, targets);
+      load_batch(data_.train, first, tokens, targets);
       StepContext ctx{.sample_offset = first, .training = true, .seed = static_cast<uint64_t>(cfg_.training.seed)};
       loss_sum += chunks_[0]->forward(tokens, targets, static_cast<int>(m), ctx);
       chunks_[0]->backward(static_cast<int>(m), dloss);
@@ -409,20 +417,20 @@ float Trainer::train_step(float& lr_used, StepResult& result) {
 
 // Mean loss over the first eval_iters global batches of the validation samples, microbatch i on dp rank i % dp.
 double Trainer::evaluate() {
-  const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length, dp = dist_.dp_size();
+  const int64_t B = cfg_.training.micro_batch_size, dp = dist_.dp_size();
   const int64_t batches = cfg_.logging.eval_iters * cfg_.training.num_microbatches * dp;
-  Tensor tokens = Tensor::empty({B, S}, DType::i32), targets = Tensor::empty({B, S}, DType::i32);
+  Tensor tokens, targets;
   double sum = 0;
   const int p = dist_.pp_size(), v = static_cast<int>(chunks_.size());
   for (int64_t i = dist_.dp_rank(); i < batches; i += dp) {
-    make_batch(data_.valid, i * B, B, S, tokens, targets);
+    load_batch(data_.valid, i * B, tokens, targets);
     const StepContext ctx{.sample_offset = i * B, .training = false};
     // Forward only, virtual stage by virtual stage: receive, run, send on.
     Tensor x;
     for (int c = 0; c < v; ++c) {
       const int vs = c * p + dist_.pp_rank();
       if (vs > 0) {
-        x = Tensor::empty(activation_shape(), dtype_);
+        x = Tensor::empty(activation_shape(), dtype_, device_);
         dist_.pp->recv(x, (dist_.pp_rank() + p - 1) % p, vs)->wait();
       }
       float loss = 0;
@@ -438,10 +446,9 @@ double Trainer::evaluate() {
 
 Tensor IterationStage::forward(int microbatch, int chunk, const Tensor& input) {
   const Config& cfg = t_.cfg_;
-  const int64_t B = cfg.training.micro_batch_size, S = cfg.model.seq_length;
   const int64_t first = t_.microbatch_first_sample(microbatch);
-  Tensor tokens = Tensor::empty({B, S}, DType::i32), targets = Tensor::empty({B, S}, DType::i32);
-  make_batch(t_.data_.train, first, B, S, tokens, targets);
+  Tensor tokens, targets;
+  t_.load_batch(t_.data_.train, first, tokens, targets);
   StepContext ctx{.sample_offset = first, .training = true, .seed = static_cast<uint64_t>(cfg.training.seed)};
   float loss = 0;
   GptModel& model = *t_.chunks_[static_cast<size_t>(chunk)];
@@ -457,6 +464,16 @@ Tensor IterationStage::backward(int microbatch, int chunk, const Tensor& grad) {
 Shape IterationStage::activation_shape() const { return t_.activation_shape(); }
 
 DType IterationStage::activation_dtype() const { return t_.dtype_; }
+
+Device IterationStage::activation_device() const { return t_.device_; }
+
+void Trainer::load_batch(const SampleFn& source, int64_t first, Tensor& tokens, Tensor& targets) const {
+  const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length;
+  Tensor host_tokens = Tensor::empty({B, S}, DType::i32), host_targets = Tensor::empty({B, S}, DType::i32);
+  make_batch(source, first, B, S, host_tokens, host_targets);
+  tokens = device_ == Device::cpu ? host_tokens : host_tokens.to(device_);
+  targets = device_ == Device::cpu ? host_targets : host_targets.to(device_);
+}
 
 void Trainer::run() {
   const int64_t G = cfg_.training.global_batch_size, S = cfg_.model.seq_length;
@@ -488,18 +505,22 @@ void Trainer::run() {
     if (c_.iteration % cfg_.logging.interval == 0 || c_.iteration == cfg_.training.train_iters) {
       double mean_loss = interval_loss / interval_iters, mean_ms = interval_ms / interval_iters;
       double tokens_per_s = static_cast<double>(G * S) / (mean_ms / 1000.0);
-      double tflops = flops_per_iter / (mean_ms / 1000.0) / 1e12;
+      // Model FLOP/s per rank (per GPU), and MFU against the device's dense bf16 peak where it is known.
+      double tflops = flops_per_iter / (mean_ms / 1000.0) / 1e12 / dist_.env.world_size;
+      const double peak = dist_.placement.peak_tflops;
+      const std::string mfu_text = peak > 0 ? fmt::format("{:5.1f}%", 100.0 * tflops / peak)
+                                            : fmt::format("n/a ({})", device_name(device_));
       spdlog::info(" iteration {:>7}/{:<7} | consumed samples {:>9} | ms/iter {:8.1f} | tokens/s {:9.0f} | "
-                   "TFLOP/s {:7.3f} | MFU n/a (cpu) | lr {:.3e} | loss {:.6e} | loss scale {} | grad norm {:.4f} | "
+                   "TFLOP/s/GPU {:7.3f} | MFU {} | lr {:.3e} | loss {:.6e} | loss scale {} | grad norm {:.4f} | "
                    "skipped {} | nan {}",
-                   c_.iteration, cfg_.training.train_iters, c_.consumed_samples, mean_ms, tokens_per_s, tflops, lr,
-                   mean_loss, scaler_.scale(), r.grad_norm, c_.skipped_iters, c_.nan_iters);
+                   c_.iteration, cfg_.training.train_iters, c_.consumed_samples, mean_ms, tokens_per_s, tflops,
+                   mfu_text, lr, mean_loss, scaler_.scale(), r.grad_norm, c_.skipped_iters, c_.nan_iters);
       metrics_.write(fmt::format(
-          R"({{"iteration":{},"consumed_samples":{},"ms_per_iter":{:.3f},"tokens_per_s":{:.1f},"tflops":{:.6f},"mfu":null,"lr":{},"loss":{},"loss_scale":{},"grad_norm":{},"skipped_iters":{},"nan_iters":{},"peak_bytes":{}}})",
-          c_.iteration, c_.consumed_samples, mean_ms, tokens_per_s, tflops, lr, json_number(mean_loss),
-          json_number(scaler_.scale()), json_number(r.grad_norm), c_.skipped_iters, c_.nan_iters,
-          allocator_for(Device::cpu).stats().peak_total));
-      if (c_.iteration == cfg_.logging.interval) spdlog::info("peak memory (MiB): {}", memory_summary());
+          R"({{"iteration":{},"consumed_samples":{},"ms_per_iter":{:.3f},"tokens_per_s":{:.1f},"tflops":{:.6f},"mfu":{},"lr":{},"loss":{},"loss_scale":{},"grad_norm":{},"skipped_iters":{},"nan_iters":{},"peak_bytes":{},"device":"{}"}})",
+          c_.iteration, c_.consumed_samples, mean_ms, tokens_per_s, tflops, peak > 0 ? json_number(tflops / peak) : "null",
+          lr, json_number(mean_loss), json_number(scaler_.scale()), json_number(r.grad_norm), c_.skipped_iters,
+          c_.nan_iters, allocator_for(device_).stats().peak_total, device_name(device_)));
+      if (c_.iteration == cfg_.logging.interval) spdlog::info("peak memory (MiB): {}", memory_summary(device_));
       interval_loss = interval_ms = 0;
       interval_iters = 0;
     }
@@ -527,7 +548,7 @@ void Trainer::run() {
   }
   save();
   spdlog::info("training done: {} iterations, {} samples, {} skipped, {} nan; peak memory (MiB): {}", c_.iteration,
-               c_.consumed_samples, c_.skipped_iters, c_.nan_iters, memory_summary());
+               c_.consumed_samples, c_.skipped_iters, c_.nan_iters, memory_summary(device_));
 }
 
 }  // namespace
@@ -553,7 +574,9 @@ void train(const Config& cfg, const TrainOptions& opt, const LaunchEnv& env) {
   setup_logging(logging_rank ? cfg.logging.dir : "", logging_rank ? cfg.logging.level : "warn");
   spdlog::info("megatrain {} resolved config:\n{}", MEGATRAIN_VERSION, to_yaml(cfg));
   if (logging_rank && !cfg.checkpoint.save_dir.empty()) check_save_dir_writable(cfg.checkpoint.save_dir);
-  std::unique_ptr<Distributed> dist = init_distributed(cfg, env);
+  const Placement placement = place_rank(cfg, env);
+  spdlog::info("device: {}", placement.description);
+  std::unique_ptr<Distributed> dist = init_distributed(cfg, env, placement);
   Trainer trainer(cfg, opt, *dist);
   // Until here a signal ends the process at once (nothing to save); from now on it asks for a checkpoint.
   std::signal(SIGTERM, on_signal);

@@ -14,6 +14,9 @@
 #include <fmt/format.h>
 
 #include "core/cpu/ops_cpu.h"
+#if defined(MEGATRAIN_WITH_CUDA)
+#include "core/cuda/ops_cuda.h"
+#endif
 
 namespace mt {
 
@@ -84,9 +87,17 @@ Device device_of(const char* op, std::initializer_list<const Tensor*> ts) {
   return d;
 }
 
-[[noreturn]] void no_cuda(const char* op) {
-  throw std::runtime_error(fmt::format("{}: CUDA backend not built", op));
+[[noreturn, maybe_unused]] void no_cuda(const char* op) {
+  throw std::runtime_error(fmt::format("{}: this megatrain was built without the CUDA backend (no CUDA toolkit at "
+                                       "build time); use training.device: cpu", op));
 }
+
+// After the CPU branch of each op: the CUDA backend's version, or an error when it is not built.
+#if defined(MEGATRAIN_WITH_CUDA)
+#define MT_ON_CUDA(call) return cuda::call
+#else
+#define MT_ON_CUDA(call) no_cuda(op)
+#endif
 
 void check_p(const char* op, float p) {
   if (!(p >= 0.f && p < 1.f)) fail(op, fmt::format("dropout probability must lie in [0, 1), got {}", p));
@@ -113,7 +124,7 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& out, GemmOptions opt) {
                          opt.trans_b));
   expect_shape(op, "out", out, {M, N});
   if (device_of(op, {&a, &b, &out}) == Device::cpu) return cpu::gemm(a, b, out, opt);
-  no_cuda(op);
+  MT_ON_CUDA(gemm(a, b, out, opt));
 }
 
 void add_bias(Tensor& x, const Tensor& bias) {
@@ -121,7 +132,7 @@ void add_bias(Tensor& x, const Tensor& bias) {
   check_ndim(op, "x", x, 2, "(N, C)");
   check_floating_shape(op, "bias", bias, {x.dim(1)});
   if (device_of(op, {&x, &bias}) == Device::cpu) return cpu::add_bias(x, bias);
-  no_cuda(op);
+  MT_ON_CUDA(add_bias(x, bias));
 }
 
 void bias_backward(const Tensor& dout, Tensor& dbias) {
@@ -129,7 +140,7 @@ void bias_backward(const Tensor& dout, Tensor& dbias) {
   check_ndim(op, "dout", dout, 2, "(N, C)");
   check_f32_shape(op, "dbias", dbias, {dout.dim(1)});
   if (device_of(op, {&dout, &dbias}) == Device::cpu) return cpu::bias_backward(dout, dbias);
-  no_cuda(op);
+  MT_ON_CUDA(bias_backward(dout, dbias));
 }
 
 // ---- elementwise ---------------------------------------------------------------------------------
@@ -140,14 +151,14 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
   check_like(op, "b", b, a, "a");
   check_like(op, "out", out, a, "a");
   if (device_of(op, {&a, &b, &out}) == Device::cpu) return cpu::add(a, b, out);
-  no_cuda(op);
+  MT_ON_CUDA(add(a, b, out));
 }
 
 void scale_(Tensor& x, float s) {
   const char* op = "scale_";
   check_floating(op, "x", x);
   if (x.device() == Device::cpu) return cpu::scale_(x, s);
-  no_cuda(op);
+  MT_ON_CUDA(scale_(x, s));
 }
 
 void gelu_forward(const Tensor& x, Tensor& out) {
@@ -155,7 +166,7 @@ void gelu_forward(const Tensor& x, Tensor& out) {
   check_floating(op, "x", x);
   check_like(op, "out", out, x, "x");
   if (device_of(op, {&x, &out}) == Device::cpu) return cpu::gelu_forward(x, out);
-  no_cuda(op);
+  MT_ON_CUDA(gelu_forward(x, out));
 }
 
 void gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) {
@@ -164,7 +175,7 @@ void gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) {
   check_like(op, "dout", dout, x, "x");
   check_like(op, "dx", dx, x, "x");
   if (device_of(op, {&x, &dout, &dx}) == Device::cpu) return cpu::gelu_backward(x, dout, dx);
-  no_cuda(op);
+  MT_ON_CUDA(gelu_backward(x, dout, dx));
 }
 
 // ---- LayerNorm -----------------------------------------------------------------------------------
@@ -182,7 +193,7 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   check_range(op, "eps", opt.eps >= 0.f, fmt::format("must be >= 0, got {}", opt.eps));
   if (device_of(op, {&x, &weight, &bias, &out, &mean, &rstd}) == Device::cpu)
     return cpu::layernorm_forward(x, weight, bias, out, mean, rstd, opt);
-  no_cuda(op);
+  MT_ON_CUDA(layernorm_forward(x, weight, bias, out, mean, rstd, opt));
 }
 
 void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
@@ -199,7 +210,7 @@ void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weigh
   check_f32_shape(op, "dbias", dbias, {C});
   if (device_of(op, {&dout, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias}) == Device::cpu)
     return cpu::layernorm_backward(dout, x, weight, mean, rstd, dx, dweight, dbias);
-  no_cuda(op);
+  MT_ON_CUDA(layernorm_backward(dout, x, weight, mean, rstd, dx, dweight, dbias));
 }
 
 // ---- embeddings ----------------------------------------------------------------------------------
@@ -211,7 +222,7 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, Embe
   check_floating_shape(op, "out", out, {ids.dim(0), ids.dim(1), table.dim(1)});
   check_range(op, "vocab_start", opt.vocab_start >= 0, fmt::format("must be >= 0, got {}", opt.vocab_start));
   if (device_of(op, {&ids, &table, &out}) == Device::cpu) return cpu::embedding_forward(ids, table, out, opt);
-  no_cuda(op);
+  MT_ON_CUDA(embedding_forward(ids, table, out, opt));
 }
 
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, EmbeddingOptions opt) {
@@ -221,7 +232,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, E
   check_floating_shape(op, "dout", dout, {ids.dim(0), ids.dim(1), dtable.dim(1)});
   check_range(op, "vocab_start", opt.vocab_start >= 0, fmt::format("must be >= 0, got {}", opt.vocab_start));
   if (device_of(op, {&ids, &dout, &dtable}) == Device::cpu) return cpu::embedding_backward(ids, dout, dtable, opt);
-  no_cuda(op);
+  MT_ON_CUDA(embedding_backward(ids, dout, dtable, opt));
 }
 
 namespace {
@@ -243,7 +254,7 @@ void position_embedding_add(Tensor& x, const Tensor& wpe, EmbeddingOptions opt) 
   check_ndim(op, "x", x, 3, "(B, T, C)");
   check_positions(op, x, "wpe", wpe, opt);
   if (device_of(op, {&x, &wpe}) == Device::cpu) return cpu::position_embedding_add(x, wpe, opt);
-  no_cuda(op);
+  MT_ON_CUDA(position_embedding_add(x, wpe, opt));
 }
 
 void position_embedding_backward(const Tensor& dout, Tensor& dwpe, EmbeddingOptions opt) {
@@ -252,7 +263,7 @@ void position_embedding_backward(const Tensor& dout, Tensor& dwpe, EmbeddingOpti
   check_dtype(op, "dwpe", dwpe, DType::f32);
   check_positions(op, dout, "dwpe", dwpe, opt);
   if (device_of(op, {&dout, &dwpe}) == Device::cpu) return cpu::position_embedding_backward(dout, dwpe, opt);
-  no_cuda(op);
+  MT_ON_CUDA(position_embedding_backward(dout, dwpe, opt));
 }
 
 // ---- dropout -------------------------------------------------------------------------------------
@@ -277,14 +288,14 @@ void dropout_forward(const Tensor& x, Tensor& out, const DropoutOptions& opt) {
   const char* op = "dropout_forward";
   check_dropout(op, x, "x", out, "out", opt);
   if (device_of(op, {&x, &out}) == Device::cpu) return cpu::dropout_forward(x, out, opt);
-  no_cuda(op);
+  MT_ON_CUDA(dropout_forward(x, out, opt));
 }
 
 void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOptions& opt) {
   const char* op = "dropout_backward";
   check_dropout(op, dout, "dout", dx, "dx", opt);
   if (device_of(op, {&dout, &dx}) == Device::cpu) return cpu::dropout_backward(dout, dx, opt);
-  no_cuda(op);
+  MT_ON_CUDA(dropout_backward(dout, dx, opt));
 }
 
 // ---- attention -----------------------------------------------------------------------------------
@@ -318,7 +329,7 @@ void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const Attent
   check_heads_out(op, "out", out, qkv);
   check_f32_shape(op, "lse", lse, {qkv.dim(0), qkv.dim(2), qkv.dim(1)});
   if (device_of(op, {&qkv, &out, &lse}) == Device::cpu) return cpu::attention_forward(qkv, out, lse, opt);
-  no_cuda(op);
+  MT_ON_CUDA(attention_forward(qkv, out, lse, opt));
 }
 
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dqkv,
@@ -331,7 +342,7 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
   check_like(op, "dqkv", dqkv, qkv, "qkv");
   if (device_of(op, {&qkv, &out, &lse, &dout, &dqkv}) == Device::cpu)
     return cpu::attention_backward(qkv, out, lse, dout, dqkv, opt);
-  no_cuda(op);
+  MT_ON_CUDA(attention_backward(qkv, out, lse, dout, dqkv, opt));
 }
 
 // ---- cross-entropy -------------------------------------------------------------------------------
@@ -354,7 +365,7 @@ void cross_entropy_rowmax(const Tensor& logits, Tensor& rowmax, CrossEntropyOpti
   check_logits(op, logits, nullptr, 0);
   check_f32_shape(op, "rowmax", rowmax, {logits.dim(0)});
   if (device_of(op, {&logits, &rowmax}) == Device::cpu) return cpu::cross_entropy_rowmax(logits, rowmax, opt);
-  no_cuda(op);
+  MT_ON_CUDA(cross_entropy_rowmax(logits, rowmax, opt));
 }
 
 void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& rowmax, Tensor& sumexp,
@@ -367,7 +378,7 @@ void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const T
   check_f32_shape(op, "target_logit", target_logit, {N});
   if (device_of(op, {&logits, &targets, &rowmax, &sumexp, &target_logit}) == Device::cpu)
     return cpu::cross_entropy_partials(logits, targets, rowmax, sumexp, target_logit, opt);
-  no_cuda(op);
+  MT_ON_CUDA(cross_entropy_partials(logits, targets, rowmax, sumexp, target_logit, opt));
 }
 
 void cross_entropy_loss(const Tensor& rowmax, const Tensor& sumexp, const Tensor& target_logit, Tensor& losses) {
@@ -380,7 +391,7 @@ void cross_entropy_loss(const Tensor& rowmax, const Tensor& sumexp, const Tensor
   check_f32_shape(op, "losses", losses, {N});
   if (device_of(op, {&rowmax, &sumexp, &target_logit, &losses}) == Device::cpu)
     return cpu::cross_entropy_loss(rowmax, sumexp, target_logit, losses);
-  no_cuda(op);
+  MT_ON_CUDA(cross_entropy_loss(rowmax, sumexp, target_logit, losses));
 }
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& rowmax, const Tensor& sumexp,
@@ -394,7 +405,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   check_like(op, "dlogits", dlogits, logits, "logits");
   if (device_of(op, {&logits, &targets, &rowmax, &sumexp, &dloss, &dlogits}) == Device::cpu)
     return cpu::cross_entropy_backward(logits, targets, rowmax, sumexp, dloss, dlogits, opt);
-  no_cuda(op);
+  MT_ON_CUDA(cross_entropy_backward(logits, targets, rowmax, sumexp, dloss, dlogits, opt));
 }
 
 // ---- optimizer and reductions --------------------------------------------------------------------
@@ -403,14 +414,14 @@ double sum_squares(const Tensor& x) {
   const char* op = "sum_squares";
   check_dtype(op, "x", x, DType::f32);
   if (x.device() == Device::cpu) return cpu::sum_squares(x);
-  no_cuda(op);
+  MT_ON_CUDA(sum_squares(x));
 }
 
 bool has_inf_or_nan(const Tensor& x) {
   const char* op = "has_inf_or_nan";
   check_dtype(op, "x", x, DType::f32);
   if (x.device() == Device::cpu) return cpu::has_inf_or_nan(x);
-  no_cuda(op);
+  MT_ON_CUDA(has_inf_or_nan(x));
 }
 
 void adamw_step(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWOptions& opt) {
@@ -424,7 +435,7 @@ void adamw_step(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp
               fmt::format("must lie in [0, 1), got {} and {}", opt.beta1, opt.beta2));
   if (device_of(op, {&master, &grad, &exp_avg, &exp_avg_sq}) == Device::cpu)
     return cpu::adamw_step(master, grad, exp_avg, exp_avg_sq, opt);
-  no_cuda(op);
+  MT_ON_CUDA(adamw_step(master, grad, exp_avg, exp_avg_sq, opt));
 }
 
 }  // namespace mt

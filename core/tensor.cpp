@@ -6,6 +6,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#if defined(MEGATRAIN_WITH_CUDA)
+#include "core/cuda/runtime.h"
+#endif
+
 namespace mt {
 
 std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
@@ -84,9 +88,25 @@ Tensor Tensor::slice(int64_t begin, int64_t end) const {
   return t;
 }
 
+namespace {
+
+[[noreturn, maybe_unused]] void no_cuda(const char* what) {
+  throw std::runtime_error(fmt::format("{}: this megatrain was built without the CUDA backend", what));
+}
+
+}  // namespace
+
 void Tensor::zero_() {
-  if (device() != Device::cpu) throw std::runtime_error("zero_: only host tensors here");
-  std::memset(raw(), 0, nbytes());
+  if (nbytes() == 0) return;
+  if (device() == Device::cpu) {
+    std::memset(raw(), 0, nbytes());
+    return;
+  }
+#if defined(MEGATRAIN_WITH_CUDA)
+  cuda::fill_zero(raw(), nbytes());
+#else
+  no_cuda("zero_");
+#endif
 }
 
 namespace {
@@ -107,8 +127,19 @@ float load_as_float(const void* base, DType t, int64_t i) {
 void Tensor::copy_from(const Tensor& src) {
   if (src.numel() != numel_)
     throw std::invalid_argument(fmt::format("copy_from: {} into {}", src.describe(), describe()));
-  if (device() != Device::cpu || src.device() != Device::cpu)
-    throw std::runtime_error("copy_from: only host tensors here");
+  if (device() != Device::cpu || src.device() != Device::cpu) {
+#if defined(MEGATRAIN_WITH_CUDA)
+    if (src.dtype() == dtype_) return cuda::copy_bytes(raw(), device(), src.raw(), src.device(), nbytes());
+    if (device() == Device::cuda && src.device() == Device::cuda)
+      return cuda::convert(src.raw(), src.dtype(), raw(), dtype_, numel_);
+    // Across devices and dtypes: convert where the source lives, then move the bytes.
+    Tensor converted = empty(shape_, dtype_, src.device(), MemKind::workspace);
+    converted.copy_from(src);
+    return copy_from(converted);
+#else
+    no_cuda("copy_from");
+#endif
+  }
   if (src.dtype() == dtype_) {
     std::memmove(raw(), src.raw(), nbytes());
     return;
@@ -132,8 +163,14 @@ Tensor Tensor::clone(MemKind kind) const {
   return t;
 }
 
+Tensor Tensor::to(Device d, MemKind kind) const {
+  Tensor t = empty(shape_, dtype_, d, kind);
+  t.copy_from(*this);
+  return t;
+}
+
 std::vector<float> Tensor::to_floats() const {
-  if (device() != Device::cpu) throw std::runtime_error("to_floats: only host tensors here");
+  if (device() != Device::cpu) return to(Device::cpu, MemKind::workspace).to_floats();
   std::vector<float> out(static_cast<size_t>(numel_));
   for (int64_t i = 0; i < numel_; ++i) out[i] = load_as_float(raw(), dtype_, i);
   return out;
@@ -141,6 +178,7 @@ std::vector<float> Tensor::to_floats() const {
 
 float Tensor::item() const {
   if (numel_ != 1) throw std::invalid_argument("item: tensor " + describe() + " has more than one element");
+  if (device() != Device::cpu) return to(Device::cpu, MemKind::workspace).item();
   return load_as_float(raw(), dtype_, 0);
 }
 

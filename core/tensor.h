@@ -1,4 +1,6 @@
 // tensor.h: a contiguous view (dtype, shape, device, offset) into storage owned by the device's allocator.
+// zero_, copy_from (across dtypes and devices), to, to_floats and item work on every device; data<T>() and
+// raw() are the memory itself, host-readable only for Device::cpu.
 #pragma once
 #include <cstdint>
 #include <initializer_list>
@@ -60,7 +62,9 @@ class Tensor {
   // Copies src into this tensor with dtype conversion (same element count).
   void copy_from(const Tensor& src);
   Tensor clone(MemKind kind = MemKind::activation) const;
-  // Host copy of the values as floats (any floating or integer dtype).
+  // A copy on device d (same dtype and shape).
+  Tensor to(Device d, MemKind kind = MemKind::activation) const;
+  // Host copy of the values as floats (any floating or integer dtype, any device).
   std::vector<float> to_floats() const;
   float item() const;  // the single element as float
 

@@ -28,7 +28,8 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
     params_.push_back(&wpe_);
   }
   for (int64_t i = st.layer_begin; i < st.layer_end; ++i) {
-    layers_.push_back(std::make_unique<TransformerLayer>(i, cfg, opt.dtype, opt.seed, opt.recompute, opt.tp));
+    layers_.push_back(
+        std::make_unique<TransformerLayer>(i, cfg, opt.dtype, opt.seed, opt.recompute, opt.tp, opt.device));
     for (Parameter* p : layers_.back()->parameters()) params_.push_back(p);
   }
   if (st.has_head) {
@@ -47,6 +48,11 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
     if (st.has_head) lnf_w_.sequence_parallel = lnf_b_.sequence_parallel = true;
   }
   site_embedding_ = stream_id("embedding.dropout");
+  if (opt.device != Device::cpu)  // initial values are drawn on the host, then moved
+    for (Parameter* p : params_) {
+      p->value = p->value.to(opt.device, MemKind::parameter);
+      p->grad = p->grad.to(opt.device, MemKind::gradient);
+    }
 }
 
 int64_t GptModel::num_parameters() const {
@@ -75,7 +81,7 @@ Tensor GptModel::forward_stage(const Tensor& input, const Tensor& tokens, const 
   const int64_t Ts = opt_.tp.shard_length(T), seq_offset = opt_.tp.shard_offset(T), Ns = B * Ts;
   Tensor x = input;
   if (opt_.stage.has_embedding) {
-    Tensor partial = Tensor::empty({B, T, C}, opt_.dtype);
+    Tensor partial = Tensor::empty({B, T, C}, opt_.dtype, opt_.device);
     embedding_forward(tokens, wte_.value, partial, {.vocab_start = vocab_start_});
     partial = partial.view({N, C});
     // Each row comes from the one rank holding its token: sum over the group (into sequence shards with SP).
@@ -93,18 +99,18 @@ Tensor GptModel::forward_stage(const Tensor& input, const Tensor& tokens, const 
   h.tokens = tokens;
   h.targets = targets;
   h.final_in = x;
-  Tensor lnf = Tensor::empty({Ns, C}, opt_.dtype);
-  h.lnf_mean = Tensor::empty({Ns}, DType::f32);
-  h.lnf_rstd = Tensor::empty({Ns}, DType::f32);
+  Tensor lnf = Tensor::empty({Ns, C}, opt_.dtype, opt_.device);
+  h.lnf_mean = Tensor::empty({Ns}, DType::f32, opt_.device);
+  h.lnf_rstd = Tensor::empty({Ns}, DType::f32, opt_.device);
   layernorm_forward(x.view({Ns, C}), lnf_w_.value, lnf_b_.value, lnf, h.lnf_mean, h.lnf_rstd,
                     {.eps = cfg_.layernorm_eps});
   h.lnf = sequence_to_full(lnf, B, opt_.tp);
-  h.logits = Tensor::empty({N, V}, opt_.dtype);
+  h.logits = Tensor::empty({N, V}, opt_.dtype, opt_.device);
   gemm(h.lnf, head_weight(), h.logits, {.trans_b = true});
-  h.rowmax = Tensor::empty({N}, DType::f32);
-  h.sumexp = Tensor::empty({N}, DType::f32);
-  Tensor target_logit = Tensor::empty({N}, DType::f32);
-  Tensor losses = Tensor::empty({N}, DType::f32);
+  h.rowmax = Tensor::empty({N}, DType::f32, opt_.device);
+  h.sumexp = Tensor::empty({N}, DType::f32, opt_.device);
+  Tensor target_logit = Tensor::empty({N}, DType::f32, opt_.device);
+  Tensor losses = Tensor::empty({N}, DType::f32, opt_.device);
   Tensor flat_targets = targets.view({N});
   // Vocabulary-parallel cross-entropy: only per-token max, sum-exp and target logit cross the wire. Padding
   // columns are not tokens.
@@ -113,7 +119,7 @@ Tensor GptModel::forward_stage(const Tensor& input, const Tensor& tokens, const 
   opt_.tp.max_over_group(h.rowmax);
   cross_entropy_partials(h.logits, flat_targets, h.rowmax, h.sumexp, target_logit, ce);
   if (opt_.tp.size > 1) {
-    Tensor both = Tensor::empty({2, N}, DType::f32);
+    Tensor both = Tensor::empty({2, N}, DType::f32, opt_.device);
     both.slice(0, 1).copy_from(h.sumexp);
     both.slice(1, 2).copy_from(target_logit);
     opt_.tp.reduce_from_group(both);
@@ -122,8 +128,7 @@ Tensor GptModel::forward_stage(const Tensor& input, const Tensor& tokens, const 
   }
   cross_entropy_loss(h.rowmax, h.sumexp, target_logit, losses);
   double sum = 0;
-  const float* l = losses.data<float>();
-  for (int64_t i = 0; i < N; ++i) sum += l[i];
+  for (float l : losses.to_floats()) sum += l;
   if (ctx.training) saved_[mb] = std::move(h);
   *loss = static_cast<float>(sum / static_cast<double>(N));
   return Tensor();
@@ -141,19 +146,18 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
     const int64_t Ts = opt_.tp.shard_length(T), Ns = B * Ts;
 
     // Each token's loss enters the mean with weight 1/N.
-    Tensor dlosses = Tensor::empty({N}, DType::f32);
-    float* dl = dlosses.data<float>();
-    for (int64_t i = 0; i < N; ++i) dl[i] = dloss / static_cast<float>(N);
-    Tensor dlogits = Tensor::empty({N, V}, opt_.dtype);
+    Tensor dlosses = Tensor::from_floats(std::vector<float>(static_cast<size_t>(N), dloss / static_cast<float>(N)), {N});
+    if (opt_.device != Device::cpu) dlosses = dlosses.to(opt_.device);
+    Tensor dlogits = Tensor::empty({N, V}, opt_.dtype, opt_.device);
     cross_entropy_backward(h.logits, h.targets.view({N}), h.rowmax, h.sumexp, dlosses, dlogits,
                            {.vocab_start = vocab_start_, .vocab_size = cfg_.vocab_size});
     h.logits = Tensor();
     Parameter& head = head_param();
     gemm(dlogits, h.lnf, head.grad, {.trans_a = true, .beta = 1.f});  // dW (V, C) += dlogits^T lnf
-    Tensor dlnf = Tensor::empty({N, C}, opt_.dtype);
+    Tensor dlnf = Tensor::empty({N, C}, opt_.dtype, opt_.device);
     gemm(dlogits, head.value, dlnf);                                  // (N, C) = dlogits @ W
     Tensor dlnf_shard = sequence_shard_sum(dlnf, B, opt_.tp);       // f backward: sum over the group
-    dx = Tensor::empty({B, Ts, C}, opt_.dtype);
+    dx = Tensor::empty({B, Ts, C}, opt_.dtype, opt_.device);
     Tensor dx_flat = dx.view({Ns, C});
     layernorm_backward(dlnf_shard, h.final_in.view({Ns, C}), lnf_w_.value, h.lnf_mean, h.lnf_rstd, dx_flat,
                        lnf_w_.grad, lnf_b_.grad);

@@ -23,6 +23,7 @@ struct StageLayout {
 
 struct GptOptions {
   DType dtype = DType::f32;   // parameters and activations
+  Device device = Device::cpu;  // where parameters, gradients and activations live
   uint64_t seed = 1234;       // keys initial weights and dropout masks
   bool recompute = false;     // full activation recomputation in every layer
   TensorParallel tp;          // this rank's tensor-parallel group (size 1: the whole model)

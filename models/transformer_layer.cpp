@@ -21,8 +21,8 @@ void linear_backward(const Tensor& dout, const Tensor& x, Parameter& w, Paramete
 }
 
 TransformerLayer::TransformerLayer(int64_t index, const ModelConfig& cfg, DType dtype, uint64_t seed, bool recompute,
-                                   TensorParallel tp)
-    : index_(index), cfg_(cfg), dtype_(dtype), recompute_(recompute), tp_(tp) {
+                                   TensorParallel tp, Device device)
+    : index_(index), cfg_(cfg), dtype_(dtype), device_(device), recompute_(recompute), tp_(tp) {
   const int64_t C = cfg.hidden_size, F = cfg.ffn_hidden_size, D = cfg.head_dim;
   heads_ = tp.count(cfg.num_heads);
   ffn_ = tp.count(F);
@@ -71,47 +71,47 @@ Tensor TransformerLayer::run(Activations& a, bool keep) {
   const float p_hidden = train ? cfg_.dropout : 0.f;
   const LayerNormOptions ln_opt{.eps = cfg_.layernorm_eps};
 
-  a.ln1 = Tensor::empty({Ns, C}, dtype_);
-  a.ln1_mean = Tensor::empty({Ns}, DType::f32);
-  a.ln1_rstd = Tensor::empty({Ns}, DType::f32);
+  a.ln1 = Tensor::empty({Ns, C}, dtype_, device_);
+  a.ln1_mean = Tensor::empty({Ns}, DType::f32, device_);
+  a.ln1_rstd = Tensor::empty({Ns}, DType::f32, device_);
   layernorm_forward(x.view({Ns, C}), ln1_w_.value, ln1_b_.value, a.ln1, a.ln1_mean, a.ln1_rstd, ln_opt);
 
-  Tensor qkv = Tensor::empty({N, 3 * H * D}, dtype_);
+  Tensor qkv = Tensor::empty({N, 3 * H * D}, dtype_, device_);
   linear_forward(sequence_to_full(a.ln1, B, tp_), qkv_w_, &qkv_b_, qkv);
   a.qkv = qkv.view({B, T, H, 3, D});
-  a.att = Tensor::empty({B, T, H * D}, dtype_);
-  a.att_lse = Tensor::empty({B, H, T}, DType::f32);
+  a.att = Tensor::empty({B, T, H * D}, dtype_, device_);
+  a.att_lse = Tensor::empty({B, H, T}, DType::f32, device_);
   const AttentionOptions att_opt{.causal = true, .dropout_p = train ? cfg_.attention_dropout : 0.f,
                                  .seed = a.ctx.seed, .site = site_attn_probs_, .sample_offset = a.ctx.sample_offset,
                                  .head_offset = tp_.begin(cfg_.num_heads)};
   attention_forward(a.qkv, a.att, a.att_lse, att_opt);
 
-  Tensor proj_partial = Tensor::empty({N, C}, dtype_);
+  Tensor proj_partial = Tensor::empty({N, C}, dtype_, device_);
   linear_forward(a.att.view({N, H * D}), proj_w_, nullptr, proj_partial);
   Tensor proj = sequence_shard_sum(proj_partial, B, tp_);  // g: sum the row-parallel partial outputs
   add_bias(proj, proj_b_.value);
   proj = proj.view({B, Ts, C});
   dropout_forward(proj, proj, {.p = p_hidden, .seed = a.ctx.seed, .site = site_attn_out_,
                                .sample_offset = a.ctx.sample_offset, .row_offset = tp_.shard_offset(T)});
-  a.x2 = Tensor::empty({B, Ts, C}, dtype_);
+  a.x2 = Tensor::empty({B, Ts, C}, dtype_, device_);
   add(x, proj, a.x2);
 
-  a.ln2 = Tensor::empty({Ns, C}, dtype_);
-  a.ln2_mean = Tensor::empty({Ns}, DType::f32);
-  a.ln2_rstd = Tensor::empty({Ns}, DType::f32);
+  a.ln2 = Tensor::empty({Ns, C}, dtype_, device_);
+  a.ln2_mean = Tensor::empty({Ns}, DType::f32, device_);
+  a.ln2_rstd = Tensor::empty({Ns}, DType::f32, device_);
   layernorm_forward(a.x2.view({Ns, C}), ln2_w_.value, ln2_b_.value, a.ln2, a.ln2_mean, a.ln2_rstd, ln_opt);
-  a.fc1 = Tensor::empty({N, F}, dtype_);
+  a.fc1 = Tensor::empty({N, F}, dtype_, device_);
   linear_forward(sequence_to_full(a.ln2, B, tp_), fc1_w_, &fc1_b_, a.fc1);
-  a.gelu = Tensor::empty({N, F}, dtype_);
+  a.gelu = Tensor::empty({N, F}, dtype_, device_);
   gelu_forward(a.fc1, a.gelu);
-  Tensor mlp_partial = Tensor::empty({N, C}, dtype_);
+  Tensor mlp_partial = Tensor::empty({N, C}, dtype_, device_);
   linear_forward(a.gelu, fc2_w_, nullptr, mlp_partial);
   Tensor mlp = sequence_shard_sum(mlp_partial, B, tp_);  // g
   add_bias(mlp, fc2_b_.value);
   mlp = mlp.view({B, Ts, C});
   dropout_forward(mlp, mlp, {.p = p_hidden, .seed = a.ctx.seed, .site = site_mlp_out_,
                              .sample_offset = a.ctx.sample_offset, .row_offset = tp_.shard_offset(T)});
-  Tensor out = Tensor::empty({B, Ts, C}, dtype_);
+  Tensor out = Tensor::empty({B, Ts, C}, dtype_, device_);
   add(a.x2, mlp, out);
   if (!keep) {
     Tensor kept_x = a.x;
@@ -148,39 +148,39 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb) {
   const float p_hidden = cfg_.dropout;
 
   // MLP block: out = x2 + dropout(fc2(gelu(fc1(ln2(x2))))); with SP the residual side is a sequence shard.
-  Tensor dmlp = Tensor::empty({B, Ts, C}, dtype_);
+  Tensor dmlp = Tensor::empty({B, Ts, C}, dtype_, device_);
   dropout_backward(dout, dmlp, {.p = p_hidden, .seed = a.ctx.seed, .site = site_mlp_out_,
                                 .sample_offset = a.ctx.sample_offset, .row_offset = tp_.shard_offset(T)});
   Tensor dmlp_full = sequence_to_full(dmlp.view({Ns, C}), B, tp_);  // backward of the reduce-scatter (identity without SP)
-  Tensor dgelu = Tensor::empty({N, F}, dtype_);
+  Tensor dgelu = Tensor::empty({N, F}, dtype_, device_);
   linear_backward(dmlp_full, a.gelu, fc2_w_, &fc2_b_, &dgelu);
-  Tensor dfc1 = Tensor::empty({N, F}, dtype_);
+  Tensor dfc1 = Tensor::empty({N, F}, dtype_, device_);
   gelu_backward(a.fc1, dgelu, dfc1);
-  Tensor dln2_partial = Tensor::empty({N, C}, dtype_);
+  Tensor dln2_partial = Tensor::empty({N, C}, dtype_, device_);
   linear_backward(dfc1, sequence_to_full(a.ln2, B, tp_), fc1_w_, &fc1_b_, &dln2_partial);
   Tensor dln2 = sequence_shard_sum(dln2_partial, B, tp_);  // f backward: sum the column-parallel input gradients
-  Tensor dx2 = Tensor::empty({Ns, C}, dtype_);
+  Tensor dx2 = Tensor::empty({Ns, C}, dtype_, device_);
   layernorm_backward(dln2, a.x2.view({Ns, C}), ln2_w_.value, a.ln2_mean, a.ln2_rstd, dx2, ln2_w_.grad,
                      ln2_b_.grad);
   add(dx2, dout.view({Ns, C}), dx2);
   dx2 = dx2.view({B, Ts, C});
 
   // Attention block: x2 = x + dropout(proj(attention(qkv(ln1(x)))))
-  Tensor dproj = Tensor::empty({B, Ts, C}, dtype_);
+  Tensor dproj = Tensor::empty({B, Ts, C}, dtype_, device_);
   dropout_backward(dx2, dproj, {.p = p_hidden, .seed = a.ctx.seed, .site = site_attn_out_,
                                 .sample_offset = a.ctx.sample_offset, .row_offset = tp_.shard_offset(T)});
   Tensor dproj_full = sequence_to_full(dproj.view({Ns, C}), B, tp_);
-  Tensor datt = Tensor::empty({N, HD}, dtype_);
+  Tensor datt = Tensor::empty({N, HD}, dtype_, device_);
   linear_backward(dproj_full, a.att.view({N, HD}), proj_w_, &proj_b_, &datt);
-  Tensor dqkv = Tensor::empty(a.qkv.shape(), dtype_);
+  Tensor dqkv = Tensor::empty(a.qkv.shape(), dtype_, device_);
   const AttentionOptions att_opt{.causal = true, .dropout_p = cfg_.attention_dropout, .seed = a.ctx.seed,
                                  .site = site_attn_probs_, .sample_offset = a.ctx.sample_offset,
                                  .head_offset = tp_.begin(cfg_.num_heads)};
   attention_backward(a.qkv, a.att, a.att_lse, datt.view(a.att.shape()), dqkv, att_opt);
-  Tensor dln1_partial = Tensor::empty({N, C}, dtype_);
+  Tensor dln1_partial = Tensor::empty({N, C}, dtype_, device_);
   linear_backward(dqkv.view({N, 3 * HD}), sequence_to_full(a.ln1, B, tp_), qkv_w_, &qkv_b_, &dln1_partial);
   Tensor dln1 = sequence_shard_sum(dln1_partial, B, tp_);  // f backward
-  Tensor dx = Tensor::empty({Ns, C}, dtype_);
+  Tensor dx = Tensor::empty({Ns, C}, dtype_, device_);
   layernorm_backward(dln1, a.x.view({Ns, C}), ln1_w_.value, a.ln1_mean, a.ln1_rstd, dx, ln1_w_.grad, ln1_b_.grad);
   add(dx, dx2.view({Ns, C}), dx);
   return dx.view({B, Ts, C});

@@ -25,8 +25,9 @@ struct StepContext {
 
 class TransformerLayer {
  public:
+  // Parameters are made on the host; GptModel moves them to the model's device. Activations live on `device`.
   TransformerLayer(int64_t index, const ModelConfig& cfg, DType dtype, uint64_t seed, bool recompute,
-                   TensorParallel tp = {});
+                   TensorParallel tp = {}, Device device = Device::cpu);
 
   // x (B, T, C) -> (B, T, C). In training, keeps what backward needs under microbatch id `mb`
   // (only x itself when recomputing).
@@ -54,6 +55,7 @@ class TransformerLayer {
   int64_t index_;
   ModelConfig cfg_;
   DType dtype_;
+  Device device_;
   bool recompute_;
   TensorParallel tp_;
   int64_t heads_, ffn_;       // this rank's heads and ffn columns

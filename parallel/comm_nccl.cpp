@@ -20,11 +20,12 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include "core/cuda/runtime.h"
 #include "parallel/communicator.h"
 #include "parallel/group.h"
 
-#if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
-#error "megatrain needs NCCL 2.14 or newer (non-blocking communicators, ncclCommFinalize)"
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 18, 0)
+#error "megatrain needs NCCL 2.18 or newer (non-blocking communicators, ncclCommFinalize, ncclCommSplit)"
 #endif
 
 namespace mt {
@@ -57,6 +58,13 @@ class Backoff {
 class DeviceGuard {
  public:
   explicit DeviceGuard(int device) : device_(device) {
+    // Bind this thread to the process's device first (core/cuda/runtime), so that the restore below never
+    // leaves the thread on another device than the one the runtime believes it is bound to.
+    try {
+      cuda::current_device();
+    } catch (const std::exception&) {
+      // no usable device: the cudaSetDevice below reports it
+    }
     if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
     if (previous_ != device_) status_ = cudaSetDevice(device_);
   }
@@ -166,10 +174,11 @@ class NcclGroup {
     if (r != ncclSuccess) throw fail(op, "failed", fmt::format("{}: {}", call, ncclGetErrorString(r)));
   }
 
-  // The comm stream waits for the work already queued on the device's legacy default stream (where the
-  // tensors were produced), without making that stream wait for communication.
+  // The comm stream waits for the work already queued on the compute stream (where the tensors were
+  // produced), without making the compute stream wait for communication.
   void order_after_inputs(std::string_view op) {
-    check_cuda(cudaEventRecord(inputs_ready, cudaStreamLegacy), "cudaEventRecord", op);
+    check_cuda(cudaEventRecord(inputs_ready, static_cast<cudaStream_t>(cuda::compute_stream())), "cudaEventRecord",
+               op);
     check_cuda(cudaStreamWaitEvent(stream, inputs_ready, 0), "cudaStreamWaitEvent", op);
   }
 
@@ -349,6 +358,7 @@ ncclDataType_t reduction_type(DType t) {
 class NcclCommunicator final : public Communicator {
  public:
   explicit NcclCommunicator(std::shared_ptr<NcclGroup> group) : group_(std::move(group)) {}
+  const std::shared_ptr<NcclGroup>& group() const { return group_; }
 
   int rank() const override { return group_->info.rank; }
   int size() const override { return static_cast<int>(group_->info.members.size()); }
@@ -512,6 +522,14 @@ ncclUniqueId fetch_unique_id(Store& store, const std::string& key, const GroupIn
   return id;
 }
 
+// The stream, event and barrier scratch every group owns, created on its device.
+void create_group_resources(NcclGroup& g, const char* op) {
+  g.check_cuda(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", op);
+  g.check_cuda(cudaEventCreateWithFlags(&g.inputs_ready, cudaEventDisableTiming), "cudaEventCreateWithFlags", op);
+  g.check_cuda(cudaMalloc(reinterpret_cast<void**>(&g.scratch), sizeof(float)), "cudaMalloc", op);
+  g.check_cuda(cudaMemset(g.scratch, 0, sizeof(float)), "cudaMemset", op);
+}
+
 NcclCommunicator& nccl_of(Communicator& comm, std::string_view op) {
   auto* nccl = dynamic_cast<NcclCommunicator*>(&comm);
   if (!nccl) throw CommError(fmt::format("{}: {} on raw device buffers needs an NCCL communicator", comm.name(), op));
@@ -545,10 +563,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Store> stor
   const char* op = "init";
   DeviceGuard device(g.info.device);
   g.check_cuda(device.status(), fmt::format("cudaSetDevice({})", g.info.device), op);
-  g.check_cuda(cudaStreamCreateWithFlags(&g.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags", op);
-  g.check_cuda(cudaEventCreateWithFlags(&g.inputs_ready, cudaEventDisableTiming), "cudaEventCreateWithFlags", op);
-  g.check_cuda(cudaMalloc(reinterpret_cast<void**>(&g.scratch), sizeof(float)), "cudaMalloc", op);
-  g.check_cuda(cudaMemset(g.scratch, 0, sizeof(float)), "cudaMemset", op);
+  create_group_resources(g, op);
   if (rank == 0) {
     ncclResult_t r = ncclGetUniqueId(&id);
     if (r != ncclSuccess) throw g.fail(op, "failed", fmt::format("ncclGetUniqueId: {}", ncclGetErrorString(r)));
@@ -565,6 +580,45 @@ std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Store> stor
   config.commName = g.info.name.c_str();
   ncclResult_t r = ncclCommInitRankConfig(&g.comm, size, id, rank, &config);
   g.check_nccl(r, "ncclCommInitRankConfig", op, Clock::now() + g.info.timeout);
+  return std::make_unique<NcclCommunicator>(std::move(group));
+}
+
+std::unique_ptr<Communicator> split_nccl_communicator(Communicator& parent, const NcclOptions& opt) {
+  auto& p = nccl_of(parent, "split");
+  NcclGroup& pg = *p.group();
+  const char* op = "split";
+  std::lock_guard parent_lock(pg.mu);
+  pg.throw_if_broken(op);
+  DeviceGuard device(pg.info.device);
+  pg.check_cuda(device.status(), fmt::format("cudaSetDevice({})", pg.info.device), op);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const auto deadline = Clock::now() + pg.info.timeout;
+
+  if (opt.members.empty()) {  // this rank joins no group of this split: it still takes part in the call
+    ncclComm_t none = nullptr;
+    ncclResult_t r = ncclCommSplit(pg.comm, NCCL_SPLIT_NOCOLOR, pg.info.rank, &none, &config);
+    pg.check_nccl(r, "ncclCommSplit (no color)", op, deadline);  // polls the parent until the split is done
+    return nullptr;
+  }
+  GroupInfo info;
+  info.name = opt.name.empty() ? fmt::format("nccl[{}]", fmt::join(opt.members, ",")) : opt.name;
+  info.members = opt.members;
+  info.device = pg.info.device;
+  info.timeout = opt.timeout;
+  // rank_in_group wants a store only to check that one exists; a split needs none.
+  static std::shared_ptr<Store> no_store = make_hash_store();
+  info.rank = rank_in_group(info.name, opt.members, opt.global_rank, opt.timeout, no_store.get());
+  auto group = std::make_shared<NcclGroup>(std::move(info));
+  NcclGroup& g = *group;
+  std::lock_guard lock(g.mu);
+  create_group_resources(g, op);
+  config.commName = g.info.name.c_str();
+  // Color: the group's first global rank (unique per group of one split); key: the rank within the group.
+  ncclResult_t r = ncclCommSplit(pg.comm, g.info.members.front(), g.info.rank, &g.comm, &config);
+  if (r != ncclSuccess && r != ncclInProgress)
+    throw g.fail(op, "failed", fmt::format("ncclCommSplit of {}: {}", pg.info.name, ncclGetErrorString(r)));
+  g.check_nccl(r, "ncclCommSplit", op, deadline);
   return std::make_unique<NcclCommunicator>(std::move(group));
 }
 

@@ -72,6 +72,12 @@ struct GlooOptions {
 // thread drives a communicator at a time; waiting on its Works from another thread is fine.
 std::unique_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Store> store, const GlooOptions& opt);
 
+// Wraps a communicator whose backend moves memory of device `native` (Gloo: cpu, NCCL: cuda) so that it takes
+// tensors on any device: each foreign tensor is copied to `native` for the op and the result copied back
+// when the op completes (inside wait() for asynchronous ones). Native tensors pass straight through. Lets
+// Gloo serve ranks that share a GPU (NCCL refuses that), and NCCL take the trainer's small host exchanges.
+std::unique_ptr<Communicator> make_staged_communicator(std::unique_ptr<Communicator> inner, Device native);
+
 #ifdef MEGATRAIN_WITH_NCCL  // set by the build when the CUDA toolkit and NCCL are found
 struct NcclOptions {
   std::string name;        // group name, for messages and store keys ("" -> "nccl[0,1]")
@@ -88,7 +94,7 @@ struct NcclOptions {
 // does not finish within opt.timeout, and any failing CUDA or NCCL call (naming the call).
 //
 // NCCL specifics: ops take CUDA tensors only (a host tensor is CommError). Each op is enqueued on the
-// communicator's own stream after the work already queued on the device's legacy default stream; wait()
+// communicator's own stream after the work already queued on the compute stream (core/cuda); wait()
 // polls its completion (and NCCL's asynchronous errors) for up to opt.timeout from its start, and on an
 // error or timeout aborts the communicator and throws CommError naming the group, op and rank; every
 // later op then throws at once. send and recv are queued and issued together, as one NCCL group, at the
@@ -100,7 +106,14 @@ struct NcclOptions {
 // explicit found-inf flag instead.
 std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Store> store, const NcclOptions& opt);
 
-// Device memory outside any Tensor (the CUDA allocator arrives with the CUDA backend): the ops of an NCCL
+// The communicator of one group split off `parent` (an NCCL communicator) with ncclCommSplit: no store, no
+// new bootstrap. Collective over the parent: every rank of the parent calls it, in the same order, with the
+// members of its own group of this split (ascending global ranks), or with no members when it joins none
+// (it then takes part and gets nullptr). The new communicator runs on the parent's device; opt.device is
+// ignored. Errors as for make_nccl_communicator.
+std::unique_ptr<Communicator> split_nccl_communicator(Communicator& parent, const NcclOptions& opt);
+
+// Device memory outside any Tensor: the ops of an NCCL
 // communicator on raw device pointers, with the same checks and Works. The caller keeps the memory alive
 // until wait() returns. `comm` must come from make_nccl_communicator (otherwise CommError).
 namespace nccl_raw {

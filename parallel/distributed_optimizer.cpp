@@ -24,10 +24,10 @@ DistributedOptimizer::DistributedOptimizer(std::vector<Parameter*> params, Tenso
     if (b < e) segments_.push_back({p, b - offset, b - lo, e - lo});
     offset += p->value.numel();
   }
-  master_ = Tensor::zeros({shard_}, DType::f32, Device::cpu, MemKind::optimizer);
-  exp_avg_ = Tensor::zeros({shard_}, DType::f32, Device::cpu, MemKind::optimizer);
-  exp_avg_sq_ = Tensor::zeros({shard_}, DType::f32, Device::cpu, MemKind::optimizer);
-  grad_shard_ = Tensor::zeros({shard_}, DType::f32, Device::cpu, MemKind::gradient);
+  master_ = Tensor::zeros({shard_}, DType::f32, flat_grads_.device(), MemKind::optimizer);
+  exp_avg_ = Tensor::zeros({shard_}, DType::f32, flat_grads_.device(), MemKind::optimizer);
+  exp_avg_sq_ = Tensor::zeros({shard_}, DType::f32, flat_grads_.device(), MemKind::optimizer);
+  grad_shard_ = Tensor::zeros({shard_}, DType::f32, flat_grads_.device(), MemKind::gradient);
   for (const Segment& s : segments_) {
     Tensor whole = s.param->value.view({s.param->value.numel()});
     master_.slice(s.begin, s.end).copy_from(whole.slice(s.param_offset, s.param_offset + (s.end - s.begin)));
@@ -59,7 +59,7 @@ StepResult DistributedOptimizer::step(double lr, double loss_scale) {
 }
 
 void DistributedOptimizer::all_gather_into_values() {
-  Tensor full = Tensor::empty({shard_ * dp_.size()}, DType::f32, Device::cpu, MemKind::workspace);
+  Tensor full = Tensor::empty({shard_ * dp_.size()}, DType::f32, flat_grads_.device(), MemKind::workspace);
   dp_.all_gather(master_, full)->wait();
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter* p = params_[i];
@@ -71,7 +71,7 @@ std::vector<AdamW::Slot> DistributedOptimizer::gather_slots() {
   Tensor full[3];
   const Tensor* shards[3] = {&master_, &exp_avg_, &exp_avg_sq_};
   for (int k = 0; k < 3; ++k) {
-    full[k] = Tensor::empty({shard_ * dp_.size()}, DType::f32, Device::cpu, MemKind::workspace);
+    full[k] = Tensor::empty({shard_ * dp_.size()}, DType::f32, flat_grads_.device(), MemKind::workspace);
     dp_.all_gather(*shards[k], full[k])->wait();
   }
   std::vector<AdamW::Slot> slots;

@@ -48,7 +48,7 @@ void execute_pipeline(const std::vector<PipeInstr>& program, PipelineStage& stag
     const int vs = in.chunk * p + at.stage;  // this chunk's virtual stage
     switch (in.op) {
       case PipeOp::recv_forward: {
-        Tensor buf = Tensor::empty(stage.activation_shape(), stage.activation_dtype());
+        Tensor buf = Tensor::empty(stage.activation_shape(), stage.activation_dtype(), stage.activation_device());
         batch.push_back({at.comm->recv(buf, prev, message_tag(false, in.microbatch, vs, vstages)), buf});
         received_act[key] = buf;
         break;
@@ -59,7 +59,7 @@ void execute_pipeline(const std::vector<PipeInstr>& program, PipelineStage& stag
         break;
       }
       case PipeOp::recv_backward: {
-        Tensor buf = Tensor::empty(stage.activation_shape(), stage.activation_dtype());
+        Tensor buf = Tensor::empty(stage.activation_shape(), stage.activation_dtype(), stage.activation_device());
         batch.push_back({at.comm->recv(buf, next, message_tag(true, in.microbatch, vs, vstages)), buf});
         received_grad[key] = buf;
         break;

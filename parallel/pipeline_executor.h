@@ -19,9 +19,10 @@ class PipelineStage {
   // `grad` is the received gradient of the output (undefined for the last virtual stage). Returns the
   // gradient of the input (undefined for the first virtual stage).
   virtual Tensor backward(int microbatch, int chunk, const Tensor& grad) = 0;
-  // Shape and dtype of the activations that cross between stages.
+  // Shape, dtype and device of the activations that cross between stages.
   virtual Shape activation_shape() const = 0;
   virtual DType activation_dtype() const = 0;
+  virtual Device activation_device() const { return Device::cpu; }
 };
 
 struct PipelinePlacement {

@@ -46,6 +46,7 @@ struct ParallelConfig {
   std::vector<int64_t> layers_per_stage; // empty: num_layers split evenly
   double timeout_s = 300;                // bound on every rendezvous and collective wait (a dead rank ends the job)
   int64_t grad_bucket_size = 40000000;   // elements per data-parallel gradient bucket, reduced during backward
+  std::string backend = "auto";          // auto (nccl on cuda, gloo on cpu) | nccl | gloo (host-staged on cuda)
   // derived
   int64_t world_size = 1;
 
@@ -69,7 +70,7 @@ struct TrainingConfig {
   LossScaleConfig loss_scale;
   std::string recompute = "none";        // none | full (selective later)
   int64_t seed = 1234;
-  std::string device = "cpu";            // cpu (cuda later)
+  std::string device = "auto";           // auto (cuda when built with it and a GPU is visible, else cpu) | cuda | cpu
   // derived
   int64_t num_microbatches = 0;          // global_batch_size / (micro_batch_size * data-parallel size)
 

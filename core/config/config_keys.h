@@ -46,6 +46,7 @@ void visit(V& v, C& c) {
     v.field({.name = "layers_per_stage"}, p.layers_per_stage);
     v.field({.name = "timeout_s"}, p.timeout_s);
     v.field({.name = "grad_bucket_size"}, p.grad_bucket_size);
+    v.field({.name = "backend"}, p.backend);
   });
   v.section("training", [&] {
     auto& t = c.training;

@@ -103,6 +103,7 @@ void resolve_parallel(Config& c, int64_t world_size, const Rules& r) {
   p.world_size = world_size;
   r.positive("parallel.timeout_s", p.timeout_s);
   r.positive("parallel.grad_bucket_size", p.grad_bucket_size);
+  r.one_of("parallel.backend", p.backend, {"auto", "nccl", "gloo"});
 
   if (p.pipeline > m.num_layers)
     r.fail("parallel.pipeline", fmt::format("{} is more than model.num_layers={}", p.pipeline, m.num_layers));
@@ -143,8 +144,14 @@ void resolve_training(Config& c, const Rules& r) {
   r.one_of("training.precision", t.precision, {"fp32", "bf16", "fp16"});
   if (t.recompute == "selective") r.fail("training.recompute", "selective is not implemented yet (use none or full)");
   r.one_of("training.recompute", t.recompute, {"none", "full"});
-  if (t.device == "cuda") r.fail("training.device", "cuda is not built yet (use cpu)");
-  r.one_of("training.device", t.device, {"cpu"});
+  r.one_of("training.device", t.device, {"auto", "cuda", "cpu"});
+#if !defined(MEGATRAIN_WITH_CUDA)
+  if (t.device == "cuda")
+    r.fail("training.device", "cuda: this megatrain was built without the CUDA backend (no CUDA toolkit at build "
+                              "time); use cpu or auto");
+#endif
+  if (c.parallel.backend == "nccl" && t.device == "cpu")
+    r.fail("parallel.backend", "nccl needs training.device: cuda (NCCL moves GPU memory); use gloo or auto on cpu");
   r.non_negative("training.seed", t.seed);
 
   const LossScaleConfig& s = t.loss_scale;

@@ -1,0 +1,82 @@
+// dropout.cu: dropout keyed by global coordinates on the GPU. Element (b, t, c) of a (B, T, C) tensor is kept
+// when dropout_uniform(seed, site, sample_offset + b, row_offset + t, col_offset + c) >= p and then scaled by
+// 1 / (1 - p), as core/cpu/dropout.cpp; the masks are the CPU's bit for bit, since both draw from the same
+// Philox blocks (core/rng.h). The backward regenerates the same mask.
+//
+// Launch: one thread per Philox block of a row (four neighbouring global columns, aligned to multiples of
+// four of the global column, so a shard whose col_offset is not a multiple of four starts mid-block);
+// gridDim.x covers a row's blocks, gridDim.y walks the B * T rows in a grid-stride loop.
+#include <algorithm>
+#include <cstdint>
+
+#include "core/cuda/kernels.cuh"
+#include "core/cuda/ops_cuda.h"
+#include "core/rng.h"
+
+namespace mt::cuda {
+
+namespace {
+
+// out = x * mask / (1 - p) over the N = B * T rows of C columns; out may alias x (each element is read and
+// written by the same thread).
+template <class T>
+__global__ void dropout_kernel(const T* x, T* out, int64_t N, int64_t T_len, int64_t C, uint64_t seed,
+                               uint64_t site, uint64_t sample_offset, uint64_t row_offset, uint64_t col_offset,
+                               uint64_t first_block, uint64_t blocks_per_row, float p, float scale) {
+  const uint64_t k = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;  // Philox block of the row
+  if (k >= blocks_per_row) return;
+  const uint64_t block = first_block + k;
+  const uint64_t col_end = col_offset + static_cast<uint64_t>(C);  // one past the last global column
+  for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
+    const int64_t b = n / T_len, t = n - b * T_len;
+    const Philox4 r = dropout_block(seed, site, sample_offset + static_cast<uint64_t>(b),
+                                    row_offset + static_cast<uint64_t>(t), block);
+    const T* xr = x + n * C;
+    T* yr = out + n * C;
+#pragma unroll
+    for (int lane = 0; lane < 4; ++lane) {
+      const uint64_t gc = block * 4 + static_cast<uint64_t>(lane);  // global column
+      if (gc < col_offset || gc >= col_end) continue;
+      const int64_t c = static_cast<int64_t>(gc - col_offset);
+      const float v = to_f32<T>(xr[c]);
+      // The CPU's keep scale is 0 or `scale`; a dropped element is 0 even when x is inf or NaN.
+      yr[c] = from_f32<T>(uniform_from_bits(r.v[lane]) >= p ? __fmul_rn(v, scale) : 0.f);
+    }
+  }
+}
+
+void apply_mask(const char* op, const Tensor& x, Tensor& out, const DropoutOptions& opt) {
+  const int64_t B = x.dim(0), T_len = x.dim(1), C = x.dim(2);
+  if (opt.p == 0.f) {
+    if (out.raw() != x.raw()) out.copy_from(x);
+    return;
+  }
+  const int64_t N = B * T_len;
+  if (N == 0 || C == 0) return;
+  const float scale = 1.f / (1.f - opt.p);  // as dropout_row_scales (core/rng.h), computed on the host
+  const uint64_t col0 = static_cast<uint64_t>(opt.col_offset);
+  const uint64_t first_block = col0 >> 2;
+  const uint64_t last_block = (col0 + static_cast<uint64_t>(C) - 1) >> 2;
+  const uint64_t blocks_per_row = last_block - first_block + 1;
+  const int threads = static_cast<int>(std::min<uint64_t>((blocks_per_row + 31) / 32 * 32, 256));
+  const dim3 grid(static_cast<unsigned>((blocks_per_row + threads - 1) / threads),
+                  static_cast<unsigned>(std::min<int64_t>(N, 65535)));
+  MT_DISPATCH_FLOAT(x.dtype(), op, T,
+                    dropout_kernel<T><<<grid, threads, 0, stream()>>>(
+                        x.data<T>(), out.data<T>(), N, T_len, C, opt.seed, opt.site,
+                        static_cast<uint64_t>(opt.sample_offset), static_cast<uint64_t>(opt.row_offset), col0,
+                        first_block, blocks_per_row, opt.p, scale));
+  MT_CUDA_LAUNCHED("dropout_kernel");
+}
+
+}  // namespace
+
+void dropout_forward(const Tensor& x, Tensor& out, const DropoutOptions& opt) {
+  apply_mask("dropout_forward", x, out, opt);
+}
+
+void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOptions& opt) {
+  apply_mask("dropout_backward", dout, dx, opt);
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,191 @@
+// elementwise.cu: add, scale_, GELU (tanh approximation) and the bias add of a linear layer with its
+// backward, on the GPU. Every value is read as fp32, computed in fp32 and rounded once on store, as the
+// CPU reference (core/cpu/elementwise.cpp). The products and sums use __fmul_rn / __fadd_rn where the
+// compiler could otherwise contract them into FMAs, so the fp32 results follow the CPU's roundings.
+//
+// bias_backward is deterministic: a first kernel sums fixed row chunks of each column in double into a
+// workspace, a second sums those chunk partials in chunk order and adds the result into dbias.
+#include <algorithm>
+#include <cstdint>
+
+#include "core/cuda/kernels.cuh"
+#include "core/cuda/ops_cuda.h"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi), as core/cpu/elementwise.cpp
+constexpr float kGeluC = 0.044715f;
+
+constexpr int kThreads = 256;
+
+// Blocks of kThreads threads for a grid-stride loop over n elements.
+unsigned grid_1d(int64_t n) { return std::min<unsigned>(blocks_for(n, kThreads), 65535u * 8); }
+
+// Threads of a block that walks the C columns of a row: C rounded up to a warp, at most kThreads.
+int threads_for_cols(int64_t C) {
+  const int64_t t = (std::max<int64_t>(C, 1) + 31) / 32 * 32;
+  return static_cast<int>(std::min<int64_t>(t, kThreads));
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// An fp32 pointer to the values of a small device tensor: its own memory when it is f32, else a converted
+// workspace copy kept alive by `hold` (the conversion is exact: bf16 and f16 values are fp32 values).
+const float* f32_values(const Tensor& t, Tensor& hold) {
+  if (t.dtype() == DType::f32) return t.data<float>();
+  hold = Tensor::empty({t.numel()}, DType::f32, Device::cuda, MemKind::workspace);
+  convert(t.raw(), t.dtype(), hold.raw(), DType::f32, t.numel());
+  return hold.data<float>();
+}
+
+// ---- kernels -------------------------------------------------------------------------------------
+
+#define MT_GRID_STRIDE(i, n)                                                            \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+// out may alias a or b: each element is read and written by the same thread.
+template <class T>
+__global__ void add_kernel(const T* a, const T* b, T* out, int64_t n) {
+  MT_GRID_STRIDE(i, n) out[i] = from_f32<T>(__fadd_rn(to_f32<T>(a[i]), to_f32<T>(b[i])));
+}
+
+template <class T>
+__global__ void scale_kernel(T* x, float s, int64_t n) {
+  MT_GRID_STRIDE(i, n) x[i] = from_f32<T>(__fmul_rn(to_f32<T>(x[i]), s));
+}
+
+// kGeluK * (z + kGeluC * z * z * z), evaluated left to right as the CPU does, without contractions.
+__device__ __forceinline__ float gelu_inner(float z) {
+  const float cube = __fmul_rn(__fmul_rn(__fmul_rn(kGeluC, z), z), z);
+  return __fmul_rn(kGeluK, __fadd_rn(z, cube));
+}
+
+template <class T>
+__global__ void gelu_forward_kernel(const T* x, T* out, int64_t n) {
+  MT_GRID_STRIDE(i, n) {
+    const float z = to_f32<T>(x[i]);
+    // 0.5f * z * (1.f + tanh(inner))
+    out[i] = from_f32<T>(__fmul_rn(__fmul_rn(0.5f, z), __fadd_rn(1.f, tanhf(gelu_inner(z)))));
+  }
+}
+
+template <class T>
+__global__ void gelu_backward_kernel(const T* x, const T* dout, T* dx, int64_t n) {
+  MT_GRID_STRIDE(i, n) {
+    const float z = to_f32<T>(x[i]);
+    const float th = tanhf(gelu_inner(z));
+    // dinner = kGeluK * (1.f + 3.f * kGeluC * z * z)
+    const float dinner = __fmul_rn(kGeluK, __fadd_rn(1.f, __fmul_rn(__fmul_rn(__fmul_rn(3.f, kGeluC), z), z)));
+    // grad = 0.5f * (1.f + th) + 0.5f * z * (1.f - th * th) * dinner
+    const float left = __fmul_rn(0.5f, __fadd_rn(1.f, th));
+    const float right = __fmul_rn(__fmul_rn(__fmul_rn(0.5f, z), __fsub_rn(1.f, __fmul_rn(th, th))), dinner);
+    const float grad = __fadd_rn(left, right);
+    dx[i] = from_f32<T>(__fmul_rn(to_f32<T>(dout[i]), grad));
+  }
+}
+
+#undef MT_GRID_STRIDE
+
+// x (N, C) += bias (C): rows in a grid-stride loop over blocks, columns over the block's threads.
+template <class T>
+__global__ void add_bias_kernel(T* x, const float* bias, int64_t N, int64_t C) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    T* row = x + n * C;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) row[c] = from_f32<T>(__fadd_rn(to_f32<T>(row[c]), bias[c]));
+  }
+}
+
+// partial[k, c] = sum of dout[n, c] over the rows n of chunk k ([k * rows_per, (k + 1) * rows_per) within
+// N), in double and in row order. Grid: (column blocks, chunks); one thread per column.
+template <class T>
+__global__ void bias_partials_kernel(const T* dout, double* partial, int64_t N, int64_t C, int64_t rows_per) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  const int64_t k = blockIdx.y;
+  const int64_t n0 = k * rows_per, n1 = n0 + rows_per < N ? n0 + rows_per : N;
+  double acc = 0.0;
+  for (int64_t n = n0; n < n1; ++n) acc += static_cast<double>(to_f32<T>(dout[n * C + c]));
+  partial[k * C + c] = acc;
+}
+
+// dbias[c] += the chunk partials of column c summed in chunk order, rounded once to fp32.
+__global__ void bias_finish_kernel(const double* partial, int64_t chunks, int64_t C, float* dbias) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  double acc = 0.0;
+  for (int64_t k = 0; k < chunks; ++k) acc += partial[k * C + c];
+  dbias[c] += static_cast<float>(acc);
+}
+
+}  // namespace
+
+// ---- entry points --------------------------------------------------------------------------------
+
+void add_bias(Tensor& x, const Tensor& bias) {
+  const int64_t N = x.dim(0), C = x.dim(1);
+  if (N == 0 || C == 0) return;
+  Tensor hold;
+  const float* b = f32_values(bias, hold);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(N, 65535 * 8));
+  const int threads = threads_for_cols(C);
+  MT_DISPATCH_FLOAT(x.dtype(), "add_bias", T,
+                    add_bias_kernel<T><<<grid, threads, 0, stream()>>>(x.data<T>(), b, N, C));
+  MT_CUDA_LAUNCHED("add_bias_kernel");
+}
+
+void bias_backward(const Tensor& dout, Tensor& dbias) {
+  const int64_t N = dout.dim(0), C = dout.dim(1);
+  if (N == 0 || C == 0) return;
+  // About 1024 blocks in all, at least 32 rows a chunk, at most 65535 chunks (gridDim.y).
+  const int64_t col_blocks = ceil_div(C, kThreads);
+  const int64_t want = std::max<int64_t>(1, 1024 / col_blocks);
+  const int64_t rows_per = std::max({int64_t{32}, ceil_div(N, want), ceil_div(N, 65535)});
+  const int64_t chunks = ceil_div(N, rows_per);
+  Tensor partial = Tensor::empty({chunks * C}, DType::i64, Device::cuda, MemKind::workspace);  // doubles
+  double* part = static_cast<double*>(partial.raw());
+  const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks));
+  MT_DISPATCH_FLOAT(dout.dtype(), "bias_backward", T,
+                    bias_partials_kernel<T><<<grid, kThreads, 0, stream()>>>(dout.data<T>(), part, N, C, rows_per));
+  MT_CUDA_LAUNCHED("bias_partials_kernel");
+  bias_finish_kernel<<<static_cast<unsigned>(col_blocks), kThreads, 0, stream()>>>(part, chunks, C,
+                                                                                   dbias.data<float>());
+  MT_CUDA_LAUNCHED("bias_finish_kernel");
+}
+
+void add(const Tensor& a, const Tensor& b, Tensor& out) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  MT_DISPATCH_FLOAT(out.dtype(), "add", T,
+                    add_kernel<T><<<grid_1d(n), kThreads, 0, stream()>>>(a.data<T>(), b.data<T>(), out.data<T>(), n));
+  MT_CUDA_LAUNCHED("add_kernel");
+}
+
+void scale_(Tensor& x, float s) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  MT_DISPATCH_FLOAT(x.dtype(), "scale_", T,
+                    scale_kernel<T><<<grid_1d(n), kThreads, 0, stream()>>>(x.data<T>(), s, n));
+  MT_CUDA_LAUNCHED("scale_kernel");
+}
+
+void gelu_forward(const Tensor& x, Tensor& out) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  MT_DISPATCH_FLOAT(out.dtype(), "gelu_forward", T,
+                    gelu_forward_kernel<T><<<grid_1d(n), kThreads, 0, stream()>>>(x.data<T>(), out.data<T>(), n));
+  MT_CUDA_LAUNCHED("gelu_forward_kernel");
+}
+
+void gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) {
+  const int64_t n = dx.numel();
+  if (n == 0) return;
+  MT_DISPATCH_FLOAT(dx.dtype(), "gelu_backward", T,
+                    gelu_backward_kernel<T><<<grid_1d(n), kThreads, 0, stream()>>>(x.data<T>(), dout.data<T>(),
+                                                                                   dx.data<T>(), n));
+  MT_CUDA_LAUNCHED("gelu_backward_kernel");
+}
+
+}  // namespace mt::cuda

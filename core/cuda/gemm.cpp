@@ -1,0 +1,227 @@
+// gemm.cpp: out (M, N) = alpha * op(a) @ op(b) + beta * out on the GPU with cuBLASLt.
+//
+// Row-major to column-major: a row-major (R, C) buffer is the column-major (C, R) matrix, its transpose.
+// So the row-major product out = op(a) op(b) is computed as the column-major product
+//   out^T (N, M) = op(b)^T (N, K) @ op(a)^T (K, M)
+// with cuBLASLt's "A" the b buffer and its "B" the a buffer:
+//   * b not transposed (stored (K, N) row-major = (N, K) column-major, ld N): A layout N x K, ld N, TRANSA = N.
+//     b transposed (stored (N, K) row-major = (K, N) column-major, ld K):     A layout K x N, ld K, TRANSA = T.
+//   * a not transposed (stored (M, K) row-major = (K, M) column-major, ld K): B layout K x M, ld K, TRANSB = N.
+//     a transposed (stored (K, M) row-major = (M, K) column-major, ld M):     B layout M x K, ld M, TRANSB = T.
+//   * C = D = out (M, N) row-major = (N, M) column-major, ld N, in out's dtype.
+//
+// Every dtype accumulates in fp32 (CUBLAS_COMPUTE_32F; plain fp32 for fp32 inputs, never TF32) with fp32
+// alpha and beta. One handle and one 32 MiB workspace serve the process; the descriptors and the algorithm
+// the heuristic picks are cached per (shape, transposes, dtypes, pointer alignments). Everything is
+// enqueued on the compute stream.
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "core/cuda/cuda_check.h"
+#include "core/cuda/ops_cuda.h"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+[[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* call, const char* file, int line) {
+  throw std::runtime_error(fmt::format("cuBLASLt error {} ({}) in {} at {}:{}", cublasLtGetStatusString(status),
+                                       static_cast<int>(status), call, file, line));
+}
+
+#define MT_CUBLAS_CHECK(call)                                                                      \
+  do {                                                                                             \
+    cublasStatus_t mt_status_ = (call);                                                            \
+    if (mt_status_ != CUBLAS_STATUS_SUCCESS) throw_cublas_error(mt_status_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::f32: return CUDA_R_32F;
+    case DType::bf16: return CUDA_R_16BF;
+    case DType::f16: return CUDA_R_16F;
+    default: break;
+  }
+  throw std::invalid_argument(fmt::format("gemm: no cuBLASLt type for dtype {}", dtype_name(t)));
+}
+
+// The process's cuBLASLt handle, created on first use (after the device is selected), never destroyed:
+// destroying it at exit could run after the CUDA context is gone.
+cublasLtHandle_t handle() {
+  static cublasLtHandle_t h = [] {
+    current_device();  // selects device 0 unless the process already chose one
+    cublasLtHandle_t created = nullptr;
+    MT_CUBLAS_CHECK(cublasLtCreate(&created));
+    return created;
+  }();
+  return h;
+}
+
+// The workspace, allocated once from the caching allocator and kept for the life of the process (leaked on
+// purpose: a static Tensor would be freed into the allocator during static destruction, in an unknown order).
+void* workspace() {
+  static Tensor* ws = new Tensor(Tensor::empty({static_cast<int64_t>(kWorkspaceBytes / sizeof(float))}, DType::f32,
+                                               Device::cuda, MemKind::workspace));
+  return ws->raw();
+}
+
+// The largest power of two (at most 256) dividing the address: the heuristic assumes 256-byte aligned
+// buffers unless told otherwise, and row slices of a tensor are often less aligned.
+uint32_t alignment_of(const void* p) {
+  const auto x = reinterpret_cast<uintptr_t>(p);
+  if (x == 0) return 256;
+  return static_cast<uint32_t>(std::min<uintptr_t>(256, x & (~x + 1)));
+}
+
+struct Key {
+  int64_t m, n, k;
+  bool trans_a, trans_b;
+  DType in, out;
+  uint32_t align_a, align_b, align_c;
+  bool operator==(const Key&) const = default;
+};
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    size_t h = 0xcbf29ce484222325ull;
+    auto mix = [&](uint64_t v) { h = (h ^ v) * 0x100000001b3ull + (h >> 29); };
+    mix(static_cast<uint64_t>(k.m));
+    mix(static_cast<uint64_t>(k.n));
+    mix(static_cast<uint64_t>(k.k));
+    mix((static_cast<uint64_t>(k.trans_a) << 1) | static_cast<uint64_t>(k.trans_b));
+    mix((static_cast<uint64_t>(k.in) << 8) | static_cast<uint64_t>(k.out));
+    mix((static_cast<uint64_t>(k.align_a) << 32) | (static_cast<uint64_t>(k.align_b) << 16) | k.align_c);
+    return h;
+  }
+};
+
+// The descriptors and algorithm of one GEMM configuration (never destroyed: the cache lives as long as the
+// process).
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // cuBLASLt's A (our b), B (our a), C = D (out)
+  cublasLtMatmulAlgo_t algo{};
+};
+
+// Destroys the descriptors of a plan that never made it into the cache (the heuristic found nothing).
+struct PlanGuard {
+  Plan* plan;
+  ~PlanGuard() {
+    if (!plan) return;
+    if (plan->c) cublasLtMatrixLayoutDestroy(plan->c);
+    if (plan->b) cublasLtMatrixLayoutDestroy(plan->b);
+    if (plan->a) cublasLtMatrixLayoutDestroy(plan->a);
+    if (plan->op) cublasLtMatmulDescDestroy(plan->op);
+  }
+};
+
+struct PreferenceGuard {
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~PreferenceGuard() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  }
+};
+
+std::string describe_key(const Key& k) {
+  return fmt::format("M={} N={} K={} trans_a={} trans_b={} a/b dtype {} out dtype {} (alignments a {} B, b {} B, "
+                     "out {} B)", k.m, k.n, k.k, k.trans_a, k.trans_b, dtype_name(k.in), dtype_name(k.out), k.align_a,
+                     k.align_b, k.align_c);
+}
+
+Plan make_plan(const Key& key) {
+  Plan plan;
+  PlanGuard guard{&plan};
+  const auto M = static_cast<uint64_t>(key.m), N = static_cast<uint64_t>(key.n), K = static_cast<uint64_t>(key.k);
+  const cudaDataType_t in = cuda_type(key.in), out = cuda_type(key.out);
+
+  MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // cuBLASLt's A is our b, its B our a (see the top of the file).
+  const cublasOperation_t op_a = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+
+  // Layouts describe the buffers as stored (column-major, before the transpose is applied).
+  if (key.trans_b) MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, in, K, N, static_cast<int64_t>(K)));
+  else MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, in, N, K, static_cast<int64_t>(N)));
+  if (key.trans_a) MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, in, M, K, static_cast<int64_t>(M)));
+  else MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, in, K, M, static_cast<int64_t>(K)));
+  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, out, N, M, static_cast<int64_t>(N)));
+
+  PreferenceGuard pref;
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.pref));
+  const uint64_t ws_bytes = kWorkspaceBytes;
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                       &ws_bytes, sizeof(ws_bytes)));
+  // cuBLASLt's A is our b and its B our a.
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                       &key.align_b, sizeof(key.align_b)));
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                       &key.align_a, sizeof(key.align_a)));
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                       &key.align_c, sizeof(key.align_c)));
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                       &key.align_c, sizeof(key.align_c)));
+
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle(), plan.op, plan.a, plan.b, plan.c, plan.c,
+                                                               pref.pref, 1, &result, &found);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found == 0))
+    throw std::runtime_error(fmt::format("gemm: cuBLASLt has no algorithm for {} (fp32 compute)", describe_key(key)));
+  if (status != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(fmt::format("cuBLASLt error {} ({}) in cublasLtMatmulAlgoGetHeuristic for gemm {}",
+                                         cublasLtGetStatusString(status), static_cast<int>(status),
+                                         describe_key(key)));
+  if (result.state != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(fmt::format("gemm: cuBLASLt's heuristic returned an unusable algorithm ({}) for {}",
+                                         cublasLtGetStatusString(result.state), describe_key(key)));
+  plan.algo = result.algo;
+  guard.plan = nullptr;  // the cache owns the descriptors from here on
+  return plan;
+}
+
+// The cached plan for key, made on first use. Entries are never erased and unordered_map nodes never move,
+// so the returned reference stays valid after the lock is released.
+const Plan& plan_for(const Key& key) {
+  static std::mutex mu;
+  static auto* cache = new std::unordered_map<Key, Plan, KeyHash>();
+  std::lock_guard lock(mu);
+  auto it = cache->find(key);
+  if (it != cache->end()) return it->second;
+  return cache->emplace(key, make_plan(key)).first->second;
+}
+
+}  // namespace
+
+void gemm(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions& opt) {
+  const int64_t M = out.dim(0), N = out.dim(1);
+  const int64_t K = opt.trans_a ? a.dim(0) : a.dim(1);
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // op(a) op(b) is the zero matrix: out = beta * out (beta == 0 ignores out, NaNs included)
+    if (opt.beta == 0.f) out.zero_();
+    else if (opt.beta != 1.f) mt::cuda::scale_(out, opt.beta);
+    return;
+  }
+
+  const Key key{M, N, K, opt.trans_a, opt.trans_b, a.dtype(), out.dtype(), alignment_of(a.raw()),
+                alignment_of(b.raw()), alignment_of(out.raw())};
+  const Plan& plan = plan_for(key);
+  void* ws = workspace();
+  const float alpha = opt.alpha, beta = opt.beta;
+  // cuBLASLt's A is b, its B is a; C and D are both out (in place), so beta == 0 never reads out.
+  MT_CUBLAS_CHECK(cublasLtMatmul(handle(), plan.op, &alpha, b.raw(), plan.a, a.raw(), plan.b, &beta, out.raw(),
+                                 plan.c, out.raw(), plan.c, &plan.algo, ws, kWorkspaceBytes, stream()));
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,196 @@
+// layernorm.cu: LayerNorm over the last dimension on the GPU, with the formulas of core/cpu/layernorm.cpp:
+// row statistics in double (two passes, biased variance), saved as f32 mean and rstd; the output and the
+// backward use those saved f32 values. fp32 products and sums use __fmul_rn / __fsub_rn / __fadd_rn so the
+// compiler does not contract them into FMAs the CPU reference does not use.
+//
+// Forward and dx: one block per row (grid-stride over rows), the threads striding over the columns, block_sum
+// for the row sums (a fixed order, so deterministic). The row is re-read from global memory on each pass
+// (L1/L2 hits), so any C works.
+// dweight / dbias: a column kernel sums dout * xhat and dout over fixed row chunks in double into a
+// workspace, a second kernel adds the chunk partials in chunk order into dweight and dbias (deterministic,
+// no atomics). It runs before the dx kernel, so dx may alias dout or x.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "core/cuda/kernels.cuh"
+#include "core/cuda/ops_cuda.h"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr int kColThreads = 256;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Threads of the block that normalises one row: about 8 columns a thread, a multiple of 32, 32 to 1024.
+int row_threads(int64_t C) {
+  const int64_t t = (ceil_div(std::max<int64_t>(C, 1), 8) + 31) / 32 * 32;
+  return static_cast<int>(std::clamp<int64_t>(t, 32, 1024));
+}
+
+// Blocks of the row kernels (grid-stride over the N rows).
+unsigned row_grid(int64_t N) { return static_cast<unsigned>(std::clamp<int64_t>(N, 1, 65535 * 32)); }
+
+// An fp32 pointer to the values of a (C) device tensor: its own memory when it is f32, else a converted
+// workspace copy kept alive by `hold` (exact: bf16 and f16 values are fp32 values).
+const float* f32_values(const Tensor& t, Tensor& hold) {
+  if (t.dtype() == DType::f32) return t.data<float>();
+  hold = Tensor::empty({t.numel()}, DType::f32, Device::cuda, MemKind::workspace);
+  convert(t.raw(), t.dtype(), hold.raw(), DType::f32, t.numel());
+  return hold.data<float>();
+}
+
+// xhat = (x - m) * s in fp32, as the CPU.
+__device__ __forceinline__ float normalized(float x, float m, float s) { return __fmul_rn(__fsub_rn(x, m), s); }
+
+// ---- forward -------------------------------------------------------------------------------------
+
+// out may alias x: the last pass reads and writes each element from the same thread, after the reductions.
+template <class T>
+__global__ void __launch_bounds__(1024) layernorm_forward_kernel(const T* x, const float* w, const float* b, T* out, float* mean,
+                                         float* rstd, int64_t N, int64_t C, float eps) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {  // uniform over the block: block_sum is safe
+    const T* xr = x + n * C;
+    T* yr = out + n * C;
+    double sum = 0.0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) sum += static_cast<double>(to_f32<T>(xr[c]));
+    sum = block_sum(sum);
+    const double mu = sum / static_cast<double>(C);
+    double sq = 0.0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      const double d = static_cast<double>(to_f32<T>(xr[c])) - mu;
+      sq += d * d;
+    }
+    sq = block_sum(sq);
+    const double var = sq / static_cast<double>(C);
+    const float m = static_cast<float>(mu);
+    const float s = static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      // (row[c] - m) * s * w[c] + b[c]
+      yr[c] = from_f32<T>(__fadd_rn(__fmul_rn(normalized(to_f32<T>(xr[c]), m, s), w[c]), b[c]));
+    }
+    if (threadIdx.x == 0) {
+      mean[n] = m;
+      rstd[n] = s;
+    }
+  }
+}
+
+// ---- backward ------------------------------------------------------------------------------------
+
+// With xhat = (x - mean) * rstd and g = dout * weight: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
+// dx may alias dout or x: the second pass reads and writes each element from the same thread.
+template <class T>
+__global__ void __launch_bounds__(1024) layernorm_dx_kernel(const T* dout, const T* x, const float* w, const float* mean,
+                                    const float* rstd, T* dx, int64_t N, int64_t C) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {  // uniform over the block: block_sum is safe
+    const T* xr = x + n * C;
+    const T* dr = dout + n * C;
+    T* dxr = dx + n * C;
+    const float m = mean[n], s = rstd[n];
+    double sum_g = 0.0, sum_gx = 0.0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      const float xh = normalized(to_f32<T>(xr[c]), m, s);
+      const float g = __fmul_rn(to_f32<T>(dr[c]), w[c]);
+      sum_g += static_cast<double>(g);
+      sum_gx += static_cast<double>(g) * static_cast<double>(xh);
+    }
+    sum_g = block_sum(sum_g);
+    sum_gx = block_sum(sum_gx);
+    const float mean_g = static_cast<float>(sum_g / static_cast<double>(C));
+    const float mean_gx = static_cast<float>(sum_gx / static_cast<double>(C));
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      const float xh = normalized(to_f32<T>(xr[c]), m, s);
+      const float g = __fmul_rn(to_f32<T>(dr[c]), w[c]);
+      // s * (d[c] * w[c] - mean_g - xhat[c] * mean_gx)
+      dxr[c] = from_f32<T>(__fmul_rn(s, __fsub_rn(__fsub_rn(g, mean_g), __fmul_rn(xh, mean_gx))));
+    }
+  }
+}
+
+// pw[k, c] = sum of dout * xhat and pb[k, c] = sum of dout over the rows of chunk k
+// ([k * rows_per, (k + 1) * rows_per) within N), in double and in row order. Grid: (column blocks, chunks).
+template <class T>
+__global__ void layernorm_param_partials_kernel(const T* dout, const T* x, const float* mean, const float* rstd,
+                                                double* pw, double* pb, int64_t N, int64_t C, int64_t rows_per) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;  // no block-wide synchronisation in this kernel
+  const int64_t k = blockIdx.y;
+  const int64_t n0 = k * rows_per, n1 = n0 + rows_per < N ? n0 + rows_per : N;
+  double dw = 0.0, db = 0.0;
+  for (int64_t n = n0; n < n1; ++n) {
+    const float d = to_f32<T>(dout[n * C + c]);
+    const float xh = normalized(to_f32<T>(x[n * C + c]), mean[n], rstd[n]);
+    dw += static_cast<double>(d) * static_cast<double>(xh);
+    db += static_cast<double>(d);
+  }
+  pw[k * C + c] = dw;
+  pb[k * C + c] = db;
+}
+
+// dweight[c] += sum_k pw[k, c], dbias[c] += sum_k pb[k, c], in chunk order, rounded once to fp32.
+__global__ void layernorm_param_finish_kernel(const double* pw, const double* pb, int64_t chunks, int64_t C,
+                                              float* dweight, float* dbias) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  double dw = 0.0, db = 0.0;
+  for (int64_t k = 0; k < chunks; ++k) {
+    dw += pw[k * C + c];
+    db += pb[k * C + c];
+  }
+  dweight[c] += static_cast<float>(dw);
+  dbias[c] += static_cast<float>(db);
+}
+
+}  // namespace
+
+void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out, Tensor& mean,
+                       Tensor& rstd, const LayerNormOptions& opt) {
+  const int64_t N = x.dim(0), C = x.dim(1);
+  if (N == 0) return;
+  // C == 0 still writes the rows' statistics (NaN: 0 / 0), as the CPU.
+  Tensor hold_w, hold_b;
+  const float* w = f32_values(weight, hold_w);
+  const float* b = f32_values(bias, hold_b);
+  MT_DISPATCH_FLOAT(x.dtype(), "layernorm_forward", T,
+                    layernorm_forward_kernel<T><<<row_grid(N), row_threads(C), 0, stream()>>>(
+                        x.data<T>(), w, b, out.data<T>(), mean.data<float>(), rstd.data<float>(), N, C, opt.eps));
+  MT_CUDA_LAUNCHED("layernorm_forward_kernel");
+}
+
+void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias) {
+  const int64_t N = x.dim(0), C = x.dim(1);
+  if (N == 0 || C == 0) return;
+
+  // dweight and dbias first: they read dout and x, which dx may alias.
+  // About 1024 blocks in all, at least 32 rows a chunk, at most 65535 chunks (gridDim.y).
+  const int64_t col_blocks = ceil_div(C, kColThreads);
+  const int64_t want = std::max<int64_t>(1, 1024 / col_blocks);
+  const int64_t rows_per = std::max({int64_t{32}, ceil_div(N, want), ceil_div(N, 65535)});
+  const int64_t chunks = ceil_div(N, rows_per);
+  Tensor partials = Tensor::empty({2 * chunks * C}, DType::i64, Device::cuda, MemKind::workspace);  // doubles
+  double* pw = static_cast<double*>(partials.raw());
+  double* pb = pw + chunks * C;
+  const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks));
+  MT_DISPATCH_FLOAT(x.dtype(), "layernorm_backward", T,
+                    layernorm_param_partials_kernel<T><<<grid, kColThreads, 0, stream()>>>(
+                        dout.data<T>(), x.data<T>(), mean.data<float>(), rstd.data<float>(), pw, pb, N, C,
+                        rows_per));
+  MT_CUDA_LAUNCHED("layernorm_param_partials_kernel");
+  layernorm_param_finish_kernel<<<static_cast<unsigned>(col_blocks), kColThreads, 0, stream()>>>(
+      pw, pb, chunks, C, dweight.data<float>(), dbias.data<float>());
+  MT_CUDA_LAUNCHED("layernorm_param_finish_kernel");
+
+  Tensor hold_w;
+  const float* w = f32_values(weight, hold_w);
+  MT_DISPATCH_FLOAT(x.dtype(), "layernorm_backward", T,
+                    layernorm_dx_kernel<T><<<row_grid(N), row_threads(C), 0, stream()>>>(
+                        dout.data<T>(), x.data<T>(), w, mean.data<float>(), rstd.data<float>(), dx.data<T>(), N,
+                        C));
+  MT_CUDA_LAUNCHED("layernorm_dx_kernel");
+}
+
+}  // namespace mt::cuda

@@ -1,0 +1,148 @@
+// runtime.cpp: device selection, the compute stream, status checks and host <-> device copies.
+#include <cuda_runtime.h>
+
+#include <cstring>
+#include <atomic>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "core/cuda/cuda_check.h"
+
+namespace mt::cuda {
+
+void throw_cuda_error(cudaError_t status, const char* call, const char* file, int line) {
+  throw std::runtime_error(fmt::format("CUDA error {} ({}) in {} at {}:{}", cudaGetErrorName(status),
+                                       cudaGetErrorString(status), call, file, line));
+}
+
+void check_launch(const char* kernel, const char* file, int line) {
+  cudaError_t status = cudaGetLastError();
+  if (status != cudaSuccess) throw_cuda_error(status, kernel, file, line);
+}
+
+namespace {
+
+struct DeviceState {
+  std::mutex mu;
+  std::atomic<int> ordinal{-1};
+  std::atomic<cudaStream_t> stream{nullptr};
+};
+
+// cudaSetDevice holds per host thread: every thread that touches the GPU (the trainer's, the gradient
+// reducer's) binds itself to the process's device on first use, so its allocations and launches go there.
+thread_local int t_bound_device = -1;
+
+void bind_thread(int ordinal) {
+  if (t_bound_device == ordinal) return;
+  MT_CUDA_CHECK(cudaSetDevice(ordinal));
+  t_bound_device = ordinal;
+}
+
+DeviceState& state() {
+  static DeviceState s;
+  return s;
+}
+
+}  // namespace
+
+int device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" status
+    return 0;
+  }
+  return n;
+}
+
+std::string unavailable_reason() {
+  int n = 0;
+  cudaError_t status = cudaGetDeviceCount(&n);
+  cudaGetLastError();
+  if (status != cudaSuccess) return fmt::format("{} ({})", cudaGetErrorString(status), cudaGetErrorName(status));
+  if (n == 0) return "no CUDA-capable device is visible";
+  return "";
+}
+
+void select_device(int ordinal) {
+  DeviceState& s = state();
+  std::lock_guard lock(s.mu);
+  if (s.ordinal == ordinal) return;
+  if (s.ordinal >= 0)
+    throw std::runtime_error(fmt::format("CUDA device {} was already selected; a process drives one GPU "
+                                         "(cannot switch to device {})", s.ordinal.load(), ordinal));
+  const int n = device_count();
+  if (ordinal < 0 || ordinal >= n)
+    throw std::runtime_error(
+        n == 0 ? fmt::format("no CUDA device to run on: {}", unavailable_reason())
+               : fmt::format("CUDA device {} does not exist: {} visible (LOCAL_RANK picks the device; check "
+                             "CUDA_VISIBLE_DEVICES and the number of ranks per node)", ordinal, n));
+  bind_thread(ordinal);
+  cudaStream_t stream = nullptr;
+  MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  s.stream = stream;
+  s.ordinal = ordinal;  // published last: a reader that sees the ordinal also sees the stream
+}
+
+int current_device() {
+  int ordinal = state().ordinal;
+  if (ordinal < 0) {
+    select_device(0);
+    ordinal = state().ordinal;
+  }
+  bind_thread(ordinal);
+  return ordinal;
+}
+
+void* compute_stream() {
+  current_device();
+  return state().stream;
+}
+
+std::string device_description() {
+  cudaDeviceProp p{};
+  MT_CUDA_CHECK(cudaGetDeviceProperties(&p, current_device()));
+  int driver = 0;
+  cudaDriverGetVersion(&driver);
+  return fmt::format("{}, sm_{}{}, {:.1f} GiB, driver {}.{}", p.name, p.major, p.minor,
+                     static_cast<double>(p.totalGlobalMem) / (1 << 30), driver / 1000, (driver % 1000) / 10);
+}
+
+double peak_bf16_tflops() {
+  cudaDeviceProp p{};
+  MT_CUDA_CHECK(cudaGetDeviceProperties(&p, current_device()));
+  const std::string name = p.name;
+  // Dense bf16 tensor-core peaks of the SXM parts (PCIe/NVL parts are lower; MFU is then optimistic).
+  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) return 989.4;
+  if (name.find("H800") != std::string::npos || name.find("GH200") != std::string::npos) return 989.4;
+  if (name.find("A100") != std::string::npos || name.find("A800") != std::string::npos) return 312.0;
+  return 0.0;
+}
+
+void synchronize() { MT_CUDA_CHECK(cudaStreamSynchronize(stream())); }
+
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_device == Device::cpu && src_device == Device::cpu) {
+    std::memmove(dst, src, bytes);
+    return;
+  }
+  MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream()));
+  // A host destination is read right after; a host source may be freed or reused right after (pageable
+  // memory is staged by the driver, but only a synchronised copy makes that safe for every source).
+  if (dst_device == Device::cpu || src_device == Device::cpu) synchronize();
+}
+
+void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows) {
+  if (width == 0 || rows == 0) return;
+  MT_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, cudaMemcpyDeviceToDevice, stream()));
+}
+
+void fill_zero(void* dst, size_t bytes) {
+  if (bytes == 0) return;
+  MT_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream()));
+}
+
+}  // namespace mt::cuda
