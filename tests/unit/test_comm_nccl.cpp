@@ -1,7 +1,7 @@
 // test_comm_nccl.cpp: the NCCL communicator. NCCL refuses two ranks of one communicator on one GPU, so the
 // device tests use a one-rank group; the multi-rank behaviour (send/recv batches, timeouts, aborts) is
-// checked on several GPUs by the end-to-end runs. Tensors cannot hold device memory until the CUDA
-// backend exists, so device buffers come from cudaMalloc and go through the nccl_raw entry points.
+// checked on several GPUs by the end-to-end runs. Most tests use device buffers from cudaMalloc through the
+// nccl_raw entry points; the staged-communicator test uses CUDA tensors.
 #include <gtest/gtest.h>
 
 #ifndef MEGATRAIN_WITH_NCCL
@@ -222,6 +222,49 @@ TEST(CommNccl, CreatingAGroupAgainGetsAFreshId) {
   nccl_raw::all_reduce(*second, a.buffer(), ReduceOp::sum)->wait();
   EXPECT_EQ(a.download(), ramp(16, 2.f));
 }
+
+// A group split off the world communicator (ncclCommSplit) works like a bootstrapped one, and a rank that
+// joins no group of a split takes part and gets no communicator.
+TEST(CommNccl, SplitOffTheWorldCommunicator) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  auto world = make_nccl_communicator(make_hash_store(), one_rank("world[0]"));
+  auto tp = split_nccl_communicator(*world, one_rank("tp[0]"));
+  ASSERT_NE(tp, nullptr);
+  EXPECT_EQ(tp->name(), "tp[0]");
+  EXPECT_EQ(tp->size(), 1);
+  NcclOptions none = one_rank("");
+  none.members = {};
+  EXPECT_EQ(split_nccl_communicator(*world, none), nullptr);
+  const size_t n = 16;
+  const std::vector<float> values = ramp(n, 0.25f);
+  DeviceFloats a(n);
+  a.upload(values);
+  nccl_raw::all_reduce(*tp, a.buffer(), ReduceOp::sum)->wait();
+  EXPECT_EQ(a.download(), values);
+}
+
+#if defined(MEGATRAIN_WITH_CUDA)
+// Staged communicators take tensors on either device: NCCL copies host tensors through the GPU, Gloo copies
+// device tensors through the host; results land back where the caller's tensor lives.
+TEST(CommNccl, StagedCommunicatorsTakeTensorsOnEitherDevice) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  auto store = make_hash_store();
+  auto nccl = make_staged_communicator(make_nccl_communicator(store, one_rank("staged")), Device::cuda);
+  auto gloo = make_staged_communicator(
+      make_gloo_communicator(store, GlooOptions{.name = "g", .members = {0}, .global_rank = 0}), Device::cpu);
+  const std::vector<float> values = ramp(12, 1.5f);
+  for (Communicator* comm : {nccl.get(), gloo.get()}) {
+    for (Device d : {Device::cpu, Device::cuda}) {
+      Tensor t = Tensor::from_floats(values, {12}).to(d);
+      comm->all_reduce(t, ReduceOp::sum)->wait();
+      EXPECT_EQ(t.to_floats(), values) << comm->name() << " " << device_name(d);
+      Tensor out = Tensor::zeros({12}, DType::f32).to(d);
+      comm->all_gather(t, out)->wait();
+      EXPECT_EQ(out.to_floats(), values) << comm->name() << " " << device_name(d);
+    }
+  }
+}
+#endif
 
 }  // namespace
 }  // namespace mt

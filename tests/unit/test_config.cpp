@@ -78,7 +78,8 @@ TEST(Config, DefaultsFillEveryOptionalKey) {
   EXPECT_EQ(c.training.loss_scale.initial, 4294967296.0);
   EXPECT_EQ(c.training.loss_scale.hysteresis, 2);
   EXPECT_EQ(c.training.recompute, "none");
-  EXPECT_EQ(c.training.device, "cpu");
+  EXPECT_EQ(c.training.device, "auto");
+  EXPECT_EQ(c.parallel.backend, "auto");
   EXPECT_EQ(c.optimizer.decay, "cosine");
   EXPECT_EQ(c.optimizer.betas, (std::vector<double>{0.9, 0.999}));
   EXPECT_EQ(c.data.split, (std::vector<double>{969, 30, 1}));
@@ -427,8 +428,16 @@ TEST(ConfigRules, Recompute) {
 }
 
 TEST(ConfigRules, Device) {
-  EXPECT_CONTAINS(base_error({"training.device=cuda"}), "training.device: cuda is not built yet");
-  EXPECT_CONTAINS(base_error({"training.device=tpu"}), "training.device: expected one of cpu, got 'tpu'");
+#if defined(MEGATRAIN_WITH_CUDA)
+  EXPECT_EQ(base({"training.device=cuda"}).training.device, "cuda");  // whether a GPU is present is checked at start
+#else
+  EXPECT_CONTAINS(base_error({"training.device=cuda"}), "training.device: cuda: this megatrain was built without");
+#endif
+  EXPECT_EQ(base({"training.device=cpu"}).training.device, "cpu");
+  EXPECT_CONTAINS(base_error({"training.device=tpu"}), "training.device: expected one of auto, cuda, cpu, got 'tpu'");
+  EXPECT_CONTAINS(base_error({"parallel.backend=mpi"}), "parallel.backend: expected one of auto, nccl, gloo, got 'mpi'");
+  EXPECT_CONTAINS(base_error({"training.device=cpu", "parallel.backend=nccl"}),
+                  "parallel.backend: nccl needs training.device: cuda");
 }
 
 TEST(ConfigRules, Decay) {

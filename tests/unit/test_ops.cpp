@@ -28,39 +28,21 @@
 #include "core/ops.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "tests/unit/op_test_util.h"
 
 namespace mt {
 namespace {
 
-using Vec = std::vector<double>;
+using namespace mt::test;  // Vec, rand_vec, make, values
 constexpr double kFwdTol = 1e-5;
 constexpr double kGradTol = 1e-5;
 
 // ---- helpers -------------------------------------------------------------------------------------
 
-// n values uniform in [lo, hi), already representable in fp32 so the op and the reference see the same inputs.
-Vec rand_vec(int64_t n, uint32_t seed, double lo = -1.0, double hi = 1.0) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<double> dist(lo, hi);
-  Vec v(n);
-  for (auto& x : v) x = static_cast<float>(dist(gen));
-  return v;
-}
-
 Vec rounded(const Vec& v, DType dt) {
   Vec r(v.size());
   for (size_t i = 0; i < v.size(); ++i) r[i] = round_to(dt, static_cast<float>(v[i]));
   return r;
-}
-
-Tensor make(const Vec& v, Shape shape, DType dt = DType::f32) {
-  std::vector<float> f(v.begin(), v.end());
-  return Tensor::from_floats(f, std::move(shape), dt);
-}
-
-Vec values(const Tensor& t) {
-  std::vector<float> f = t.to_floats();
-  return Vec(f.begin(), f.end());
 }
 
 Vec diff(const Vec& a, const Vec& b) {

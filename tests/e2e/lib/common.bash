@@ -9,6 +9,12 @@ cd "$WORK"
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# GPU tests skip (ctest's SKIP_RETURN_CODE 77), saying why, unless this binary can use a GPU here.
+require_gpu() {
+  local info
+  info=$("$MT" info --require-gpu 2>&1) || { echo "SKIP: no usable GPU: $(grep -E '^(cuda backend|gpus):' <<<"$info" | tr '\n' ' ')"; exit 77; }
+}
+
 # A byte-level dataset of the licence texts every Debian system has: data/text_document.
 prepare_data() {
   mkdir -p data
@@ -16,12 +22,13 @@ prepare_data() {
   "$MT" data prepare --input "${inputs[@]}" --output data/text_document --tokenizer byte >/dev/null
 }
 
-# A tiny config for fast runs; tests adjust it with --set.
+# A tiny config for fast runs; tests adjust it with --set. It pins the CPU reference backend, so these tests
+# mean the same on a GPU machine; the gpu_* tests set training.device=cuda.
 write_config() {
   cat > tiny.yaml <<'YAML'
 model: {num_layers: 2, hidden_size: 32, num_heads: 4, ffn_hidden_size: 128, seq_length: 32, vocab_size: 257,
         dropout: 0.1, attention_dropout: 0.1}
-training: {micro_batch_size: 4, global_batch_size: 8, train_iters: 20, precision: fp32, seed: 42}
+training: {micro_batch_size: 4, global_batch_size: 8, train_iters: 20, precision: fp32, seed: 42, device: cpu}
 optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup_iters: 5, weight_decay: 0.1, betas: [0.9, 0.95]}
 data: {train: [data/text_document], split: [95, 5, 0]}
 checkpoint: {save_dir: "", load: auto}

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# On a GPU: the layout-invariance matrix for TP, PP, DP in {1, 2} with CUDA compute, several processes
+# sharing the one GPU through host-staged Gloo (NCCL refuses two ranks on one GPU), in fp32 and bf16, with
+# and without SP, ZeRO and interleaving. Skips without a usable GPU.
+source "$(dirname "$0")/lib/common.bash"
+source "$SRC/tests/e2e/lib/layout_matrix.bash"
+require_gpu
+prepare_data
+write_config
+MATRIX_MAX_DEGREE=2
+MATRIX_ARGS=(--set training.device=cuda --set parallel.backend=gloo)
+run_layout_matrix fp32 1e-4 full plain
+run_layout_matrix bf16 2e-2 full plain

@@ -1,0 +1,602 @@
+// test_cuda_ops.cpp: every CUDA op (core/cuda/) against the CPU reference (core/cpu/) on the same random
+// inputs, forward and backward, in every floating dtype, plus cross-device copies and the caching allocator.
+//
+// Each test is skipped when no GPU can run it: in a build without the CUDA backend, or when no device is
+// visible. Outputs that an op writes (rather than accumulates into) are filled with NaN on the GPU first, so
+// an element the kernel forgets to write fails the comparison.
+//
+// Tolerances (from the issue): max_i |gpu_i - cpu_i| / max_i |cpu_i| within 1e-5 for fp32, 1e-2 for bf16 and
+// 5e-3 for fp16 (about two units in the last place of a half result, which a different fp32 summation order
+// can flip once). Dropout masks are exact: both sides draw the same Philox numbers, so fp32 outputs must equal
+// the CPU's element for element (bit for bit, the sign of a dropped element's zero aside).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "core/ops.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "tests/unit/op_test_util.h"
+#if defined(MEGATRAIN_WITH_CUDA)
+#include "core/cuda/runtime.h"
+#endif
+
+namespace mt {
+namespace {
+
+using namespace mt::test;  // Vec, rand_vec, make, values
+
+constexpr DType kFloatTypes[] = {DType::f32, DType::bf16, DType::f16};
+
+double tol_for(DType dt) {
+  switch (dt) {
+    case DType::bf16: return 1e-2;
+    case DType::f16: return 5e-3;
+    default: return 1e-5;
+  }
+}
+
+// ---- helpers -------------------------------------------------------------------------------------
+
+// Skips the test unless a GPU can run it.
+class CudaOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+#if !defined(MEGATRAIN_WITH_CUDA)
+    GTEST_SKIP() << "built without the CUDA backend";
+#else
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason();
+#endif
+  }
+};
+
+template <class... Args>
+std::string str(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+// n ids uniform in [lo, hi).
+std::vector<int32_t> rand_ids(int64_t n, uint32_t seed, int32_t lo, int32_t hi) {
+  std::mt19937 gen(seed);
+  std::uniform_int_distribution<int32_t> dist(lo, hi - 1);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = dist(gen);
+  return v;
+}
+
+// max_i |got_i - want_i| / max_i |want_i|. An element that is not finite on either side must be the same
+// value on both (NaN on both, or the same infinity); otherwise, a NaN-poisoned element the op never wrote
+// included, the error is infinite.
+double max_rel_err(const Vec& got, const Vec& want) {
+  if (got.size() != want.size()) return std::numeric_limits<double>::infinity();
+  double err = 0.0, scale = 0.0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i]) || !std::isfinite(want[i])) {
+      const bool same = (std::isnan(got[i]) && std::isnan(want[i])) || got[i] == want[i];
+      if (!same) return std::numeric_limits<double>::infinity();
+      continue;
+    }
+    err = std::max(err, std::abs(got[i] - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  return err / std::max(scale, 1e-30);
+}
+
+// One tensor on the host and the same values on the GPU; an op runs on each through `kDevices`.
+struct Both {
+  Tensor cpu, gpu;
+};
+constexpr Tensor Both::*kDevices[] = {&Both::cpu, &Both::gpu};
+
+Both both(const Vec& v, Shape shape, DType dt) {
+  Tensor h = make(v, std::move(shape), dt);
+  return {h, h.to(Device::cuda)};
+}
+
+Both both_ints(const std::vector<int32_t>& ids, Shape shape) {
+  Tensor h = Tensor::from_ints(ids, std::move(shape));
+  return {h, h.to(Device::cuda)};
+}
+
+// An output the op writes: NaN everywhere on both devices.
+Both poisoned(Shape shape, DType dt) {
+  return both(Vec(static_cast<size_t>(shape_numel(shape)), std::numeric_limits<double>::quiet_NaN()), shape, dt);
+}
+
+void expect_match(const Both& t, double tol, const std::string& what) {
+  EXPECT_LE(max_rel_err(values(t.gpu), values(t.cpu)), tol) << what << " (" << t.gpu.describe() << ")";
+}
+
+// The values of t on both devices are equal, element for element (as fp32; +0 and -0 count as equal, NaN as
+// unequal).
+void expect_exact(const Both& t, const std::string& what) {
+  const std::vector<float> g = t.gpu.to_floats(), c = t.cpu.to_floats();
+  ASSERT_EQ(g.size(), c.size()) << what;
+  int64_t bad = 0, first = -1;
+  for (size_t i = 0; i < g.size(); ++i)
+    if (!(g[i] == c[i]) && bad++ == 0) first = static_cast<int64_t>(i);
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " elements differ, the first at " << first << " (gpu "
+                    << (first >= 0 ? g[first] : 0.f) << ", cpu " << (first >= 0 ? c[first] : 0.f) << ")";
+}
+
+// The bytes of a GPU tensor, read back to the host.
+std::vector<unsigned char> bytes_of(const Tensor& t) {
+  Tensor h = t.to(Device::cpu);
+  std::vector<unsigned char> b(h.nbytes());
+  if (!b.empty()) std::memcpy(b.data(), h.raw(), b.size());
+  return b;
+}
+
+// ---- GEMM ----------------------------------------------------------------------------------------
+
+struct GemmShape {
+  int64_t M, K, N;
+};
+
+class CudaGemm : public CudaOps, public ::testing::WithParamInterface<std::tuple<bool, bool>> {};
+
+TEST_P(CudaGemm, MatchesCpuForEveryDtypeOutDtypeAndAlphaBeta) {
+  const auto [ta, tb] = GetParam();
+  uint32_t seed = 100;
+  for (const GemmShape& s : {GemmShape{37, 29, 53}, GemmShape{1, 5, 3}, GemmShape{64, 96, 128},
+                             GemmShape{130, 257, 67}}) {
+    const int64_t M = s.M, K = s.K, N = s.N;
+    for (DType dt : kFloatTypes) {
+      const std::vector<DType> out_dtypes = dt == DType::f32 ? std::vector<DType>{DType::f32}
+                                                             : std::vector<DType>{dt, DType::f32};
+      for (DType out_dt : out_dtypes)
+        for (const auto& [alpha, beta] : {std::pair{1.f, 0.f}, std::pair{0.5f, 0.75f}, std::pair{-1.25f, 1.f}}) {
+          const Both a = both(rand_vec(M * K, ++seed), ta ? Shape{K, M} : Shape{M, K}, dt);
+          const Both b = both(rand_vec(K * N, ++seed), tb ? Shape{N, K} : Shape{K, N}, dt);
+          Both out = beta == 0.f ? poisoned({M, N}, out_dt) : both(rand_vec(M * N, ++seed), {M, N}, out_dt);
+          const GemmOptions opt{.trans_a = ta, .trans_b = tb, .alpha = alpha, .beta = beta};
+          for (auto d : kDevices) gemm(a.*d, b.*d, out.*d, opt);
+          expect_match(out, tol_for(dt), str("gemm ", M, "x", K, "x", N, " trans_a=", ta, " trans_b=", tb, " ",
+                                             dtype_name(dt), " -> ", dtype_name(out_dt), " alpha=", alpha,
+                                             " beta=", beta));
+        }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTransposes, CudaGemm, ::testing::Combine(::testing::Bool(), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) ? "At" : "A") +
+                                  (std::get<1>(info.param) ? "Bt" : "B");
+                         });
+
+// Row slices start at addresses aligned only to the element size; the GEMM must still pick a usable algorithm.
+TEST_F(CudaOps, GemmOnUnalignedRowSlices) {
+  const int64_t M = 21, K = 29, N = 37;
+  for (DType dt : kFloatTypes) {
+    const Both a = both(rand_vec((M + 1) * K, 200), {M + 1, K}, dt);
+    const Both b = both(rand_vec((N + 1) * K, 201), {N + 1, K}, dt);
+    Both out = both(rand_vec((M + 3) * N, 202), {M + 3, N}, dt);
+    for (auto d : kDevices) {
+      Tensor o = (out.*d).slice(3, M + 3);
+      gemm((a.*d).slice(1, M + 1), (b.*d).slice(1, N + 1), o, {.trans_b = true, .alpha = 1.f, .beta = 0.5f});
+    }
+    expect_match(out, tol_for(dt), str("gemm on row slices, ", dtype_name(dt)));
+  }
+}
+
+// K == 0 leaves beta * out (zeros for beta == 0, whatever out held); M == 0 or N == 0 is a no-op.
+TEST_F(CudaOps, GemmWithEmptyDimensions) {
+  const int64_t M = 7, N = 5;
+  for (DType dt : kFloatTypes)
+    for (bool ta : {false, true})
+      for (float beta : {0.f, 0.5f, 1.f}) {
+        const Both a = both({}, ta ? Shape{0, M} : Shape{M, 0}, dt), b = both({}, {0, N}, dt);
+        Both out = beta == 0.f ? poisoned({M, N}, dt) : both(rand_vec(M * N, 210), {M, N}, dt);
+        for (auto d : kDevices) gemm(a.*d, b.*d, out.*d, {.trans_a = ta, .alpha = 2.f, .beta = beta});
+        expect_match(out, tol_for(dt), str("gemm with K = 0, ", dtype_name(dt), " beta=", beta));
+      }
+  for (DType dt : kFloatTypes) {
+    Both empty_rows = poisoned({0, N}, dt), empty_cols = poisoned({M, 0}, dt);
+    const Both a0 = both({}, {0, 3}, dt), b = both(rand_vec(3 * N, 211), {3, N}, dt);
+    const Both a = both(rand_vec(M * 3, 212), {M, 3}, dt), b0 = both({}, {3, 0}, dt);
+    for (auto d : kDevices) {
+      gemm(a0.*d, b.*d, empty_rows.*d, {.beta = 1.f});
+      gemm(a.*d, b0.*d, empty_cols.*d, {});
+    }
+    EXPECT_EQ(empty_rows.gpu.numel(), 0);
+    EXPECT_EQ(empty_cols.gpu.numel(), 0);
+  }
+}
+
+// ---- bias and elementwise ------------------------------------------------------------------------
+
+TEST_F(CudaOps, AddBias) {
+  for (const auto& [N, C] : {std::pair<int64_t, int64_t>{37, 53}, {4, 1024}})
+    for (DType dt : kFloatTypes) {
+      Both x = both(rand_vec(N * C, 300, -3, 3), {N, C}, dt);
+      const Both bias = both(rand_vec(C, 301), {C}, dt);
+      for (auto d : kDevices) add_bias(x.*d, bias.*d);
+      expect_match(x, tol_for(dt), str("add_bias ", dtype_name(dt)));
+    }
+}
+
+TEST_F(CudaOps, BiasBackwardAccumulates) {
+  for (const auto& [N, C] : {std::pair<int64_t, int64_t>{300, 67}, {1024, 8}, {3, 2048}})
+    for (DType dt : kFloatTypes) {
+      const Both dout = both(rand_vec(N * C, 310), {N, C}, dt);
+      Both dbias = both(rand_vec(C, 311, -5, 5), {C}, DType::f32);  // nonzero start: must be added to
+      for (auto d : kDevices) bias_backward(dout.*d, dbias.*d);
+      expect_match(dbias, tol_for(dt), str("bias_backward ", N, "x", C, " ", dtype_name(dt)));
+    }
+}
+
+TEST_F(CudaOps, AddAndScale) {
+  const int64_t N = 37, C = 129;
+  for (DType dt : kFloatTypes) {
+    const Both a = both(rand_vec(N * C, 320, -4, 4), {N, C}, dt), b = both(rand_vec(N * C, 321), {N, C}, dt);
+    Both out = poisoned({N, C}, dt);
+    for (auto d : kDevices) add(a.*d, b.*d, out.*d);
+    expect_match(out, tol_for(dt), str("add ", dtype_name(dt)));
+
+    Both inplace = both(rand_vec(N * C, 322), {N, C}, dt);  // out aliasing a
+    for (auto d : kDevices) add(inplace.*d, b.*d, inplace.*d);
+    expect_match(inplace, tol_for(dt), str("add in place ", dtype_name(dt)));
+
+    Both x = both(rand_vec(N * C, 323, -4, 4), {N, C}, dt);
+    for (auto d : kDevices) scale_(x.*d, -0.37f);
+    expect_match(x, tol_for(dt), str("scale_ ", dtype_name(dt)));
+  }
+}
+
+TEST_F(CudaOps, GeluForwardAndBackward) {
+  const int64_t N = 41, C = 257;
+  for (DType dt : kFloatTypes) {
+    const Both x = both(rand_vec(N * C, 330, -5, 5), {N, C}, dt), dout = both(rand_vec(N * C, 331), {N, C}, dt);
+    Both out = poisoned({N, C}, dt), dx = poisoned({N, C}, dt);
+    for (auto d : kDevices) {
+      gelu_forward(x.*d, out.*d);
+      gelu_backward(x.*d, dout.*d, dx.*d);
+    }
+    expect_match(out, tol_for(dt), str("gelu_forward ", dtype_name(dt)));
+    expect_match(dx, tol_for(dt), str("gelu_backward ", dtype_name(dt)));
+  }
+}
+
+// ---- LayerNorm -----------------------------------------------------------------------------------
+
+TEST_F(CudaOps, LayerNormForwardAndBackward) {
+  for (const auto& [N, C] : {std::pair<int64_t, int64_t>{37, 97}, {4, 768}, {3, 1600}})
+    for (DType dt : kFloatTypes) {
+      const Both x = both(rand_vec(N * C, 340, -2, 3), {N, C}, dt);
+      const Both w = both(rand_vec(C, 341, 0.5, 1.5), {C}, dt), b = both(rand_vec(C, 342), {C}, dt);
+      const Both dout = both(rand_vec(N * C, 343), {N, C}, dt);
+      Both out = poisoned({N, C}, dt), mean = poisoned({N}, DType::f32), rstd = poisoned({N}, DType::f32);
+      Both dx = poisoned({N, C}, dt);
+      Both dw = both(rand_vec(C, 344), {C}, DType::f32), db = both(rand_vec(C, 345), {C}, DType::f32);
+      for (auto d : kDevices) {
+        layernorm_forward(x.*d, w.*d, b.*d, out.*d, mean.*d, rstd.*d, {.eps = 1e-5f});
+        layernorm_backward(dout.*d, x.*d, w.*d, mean.*d, rstd.*d, dx.*d, dw.*d, db.*d);
+      }
+      const std::string what = str(" ", N, "x", C, " ", dtype_name(dt));
+      const double tol = tol_for(dt);
+      expect_match(out, tol, "layernorm out" + what);
+      expect_match(mean, tol, "layernorm mean" + what);
+      expect_match(rstd, tol, "layernorm rstd" + what);
+      expect_match(dx, tol, "layernorm dx" + what);
+      expect_match(dw, tol, "layernorm dweight" + what);
+      expect_match(db, tol, "layernorm dbias" + what);
+    }
+}
+
+// ---- embeddings ----------------------------------------------------------------------------------
+
+// A shard of rows [5, 14) of a 20-token vocabulary: ids below, inside and above it, many repeated.
+TEST_F(CudaOps, EmbeddingForwardAndBackwardWithVocabStart) {
+  const int64_t B = 4, T = 33, V = 9, C = 48, start = 5;
+  const Both ids = both_ints(rand_ids(B * T, 350, 0, 20), {B, T});
+  const EmbeddingOptions opt{.vocab_start = start};
+  for (DType dt : kFloatTypes) {
+    const Both table = both(rand_vec(V * C, 351), {V, C}, dt), dout = both(rand_vec(B * T * C, 352), {B, T, C}, dt);
+    Both out = poisoned({B, T, C}, dt);
+    Both dtable = both(rand_vec(V * C, 353, -2, 2), {V, C}, DType::f32);
+    for (auto d : kDevices) {
+      embedding_forward(ids.*d, table.*d, out.*d, opt);
+      embedding_backward(ids.*d, dout.*d, dtable.*d, opt);
+    }
+    expect_exact(out, str("embedding_forward ", dtype_name(dt)));  // a copy of rows or zeros: exact
+    expect_match(dtable, tol_for(dt), str("embedding_backward ", dtype_name(dt)));
+  }
+}
+
+// Many tokens hitting few rows: the backward must give the same bytes every run (no float atomics).
+TEST_F(CudaOps, EmbeddingBackwardIsDeterministic) {
+  const int64_t B = 8, T = 256, V = 16, C = 64, start = 4;
+  const Tensor ids = Tensor::from_ints(rand_ids(B * T, 360, 0, 24), {B, T}).to(Device::cuda);
+  const Vec prior = rand_vec(V * C, 361, -3, 3);
+  for (DType dt : kFloatTypes) {
+    const Tensor dout = make(rand_vec(B * T * C, 362, -100, 100), {B, T, C}, dt).to(Device::cuda);
+    std::vector<unsigned char> runs[2];
+    for (auto& run : runs) {
+      Tensor dtable = make(prior, {V, C}).to(Device::cuda);
+      embedding_backward(ids, dout, dtable, {.vocab_start = start});
+      run = bytes_of(dtable);
+    }
+    EXPECT_TRUE(runs[0] == runs[1]) << "embedding_backward differs between two identical runs, " << dtype_name(dt);
+  }
+}
+
+TEST_F(CudaOps, PositionEmbeddingWithOffset) {
+  const int64_t B = 3, T = 37, C = 40, P = 64;
+  const EmbeddingOptions opt{.position_offset = 5};
+  for (DType dt : kFloatTypes) {
+    Both x = both(rand_vec(B * T * C, 370), {B, T, C}, dt);
+    const Both wpe = both(rand_vec(P * C, 371), {P, C}, dt), dout = both(rand_vec(B * T * C, 372), {B, T, C}, dt);
+    Both dwpe = both(rand_vec(P * C, 373), {P, C}, DType::f32);
+    for (auto d : kDevices) {
+      position_embedding_add(x.*d, wpe.*d, opt);
+      position_embedding_backward(dout.*d, dwpe.*d, opt);
+    }
+    expect_match(x, tol_for(dt), str("position_embedding_add ", dtype_name(dt)));
+    expect_match(dwpe, tol_for(dt), str("position_embedding_backward ", dtype_name(dt)));
+  }
+}
+
+// ---- dropout -------------------------------------------------------------------------------------
+
+// The same elements are dropped on both devices (zeros where the CPU has zeros, and only there).
+void expect_same_mask(const Both& t, const std::string& what) {
+  const Vec g = values(t.gpu), c = values(t.cpu);
+  ASSERT_EQ(g.size(), c.size());
+  int64_t bad = 0;
+  for (size_t i = 0; i < g.size(); ++i) bad += (g[i] == 0.0) != (c[i] == 0.0);
+  EXPECT_EQ(bad, 0) << what << ": dropped elements differ";
+}
+
+TEST_F(CudaOps, DropoutForwardAndBackwardDrawTheCpuMask) {
+  const int64_t B = 2, T = 37, C = 70;  // C and col_offset not multiples of 4 (one Philox block serves 4 columns)
+  for (float p : {0.1f, 0.5f}) {
+    const DropoutOptions opt{.p = p, .seed = 1234, .site = stream_id("layers.0.mlp.out"), .sample_offset = 3,
+                             .row_offset = 11, .col_offset = 6};
+    for (DType dt : kFloatTypes) {
+      const std::string what = str(" p=", p, " ", dtype_name(dt));
+      const Both x = both(rand_vec(B * T * C, 380, 0.25, 2), {B, T, C}, dt);  // nonzero: zeros mark the mask
+      const Both dout = both(rand_vec(B * T * C, 381, -2, -0.25), {B, T, C}, dt);
+      Both out = poisoned({B, T, C}, dt), dx = poisoned({B, T, C}, dt);
+      Both dx_inplace = both(values(dout.cpu), {B, T, C}, dt);
+      for (auto d : kDevices) {
+        dropout_forward(x.*d, out.*d, opt);
+        dropout_backward(dout.*d, dx.*d, opt);
+        dropout_backward(dx_inplace.*d, dx_inplace.*d, opt);  // in place, as the models call it
+      }
+      expect_same_mask(out, "dropout_forward" + what);
+      expect_same_mask(dx, "dropout_backward" + what);
+      expect_match(out, tol_for(dt), "dropout_forward" + what);
+      expect_match(dx, tol_for(dt), "dropout_backward" + what);
+      expect_match(dx_inplace, tol_for(dt), "dropout_backward in place" + what);
+      if (dt == DType::f32) {
+        expect_exact(out, "dropout_forward" + what);
+        expect_exact(dx, "dropout_backward" + what);
+        expect_exact(dx_inplace, "dropout_backward in place" + what);
+      }
+    }
+  }
+}
+
+// ---- attention -----------------------------------------------------------------------------------
+
+struct AttnCase {
+  bool causal;
+  float dropout_p;
+  int64_t B, T, H, D;
+  bool flat_out;  // out and dout as the (B, T, H * D) view the models use
+};
+
+// gtest prints parameters it cannot name as raw bytes (padding included); say what the case is instead.
+void PrintTo(const AttnCase& c, std::ostream* os) {
+  *os << (c.causal ? "causal" : "full") << " p=" << c.dropout_p << " B=" << c.B << " T=" << c.T << " H=" << c.H
+      << " D=" << c.D << (c.flat_out ? " flat" : "");
+}
+
+class CudaAttention : public CudaOps, public ::testing::WithParamInterface<AttnCase> {};
+
+TEST_P(CudaAttention, ForwardAndBackwardMatchCpu) {
+  const AttnCase c = GetParam();
+  const int64_t B = c.B, T = c.T, H = c.H, D = c.D;
+  const AttentionOptions opt{.causal = c.causal, .dropout_p = c.dropout_p, .seed = 17,
+                             .site = stream_id("layers.2.attn.probs"), .sample_offset = 5, .head_offset = 2};
+  const Shape out_shape = c.flat_out ? Shape{B, T, H * D} : Shape{B, T, H, D};
+  for (DType dt : kFloatTypes) {
+    const Both qkv = both(rand_vec(B * T * H * 3 * D, 390, -2, 2), {B, T, H, 3, D}, dt);
+    const Both dout = both(rand_vec(B * T * H * D, 391), out_shape, dt);
+    Both out = poisoned(out_shape, dt), lse = poisoned({B, H, T}, DType::f32);
+    Both dqkv = poisoned({B, T, H, 3, D}, dt);
+    for (auto d : kDevices) {
+      attention_forward(qkv.*d, out.*d, lse.*d, opt);
+      attention_backward(qkv.*d, out.*d, lse.*d, dout.*d, dqkv.*d, opt);
+    }
+    const std::string what = str(" ", dtype_name(dt));
+    expect_match(out, tol_for(dt), "attention out" + what);
+    expect_match(lse, tol_for(dt), "attention lse" + what);
+    expect_match(dqkv, tol_for(dt), "attention dqkv" + what);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaAttention,
+    ::testing::Values(AttnCase{true, 0.f, 2, 37, 3, 16, false}, AttnCase{true, 0.1f, 2, 37, 3, 16, false},
+                      AttnCase{false, 0.f, 2, 37, 3, 16, false}, AttnCase{false, 0.1f, 2, 37, 3, 16, false},
+                      AttnCase{true, 0.f, 1, 130, 2, 64, true}, AttnCase{true, 0.1f, 1, 130, 2, 64, true},
+                      AttnCase{false, 0.f, 1, 130, 2, 64, true}, AttnCase{false, 0.1f, 1, 130, 2, 64, true}),
+    [](const auto& info) {
+      const AttnCase& c = info.param;
+      return str(c.causal ? "Causal" : "Full", c.dropout_p > 0 ? "Dropout" : "NoDropout", "_B", c.B, "_T", c.T,
+                 "_H", c.H, "_D", c.D);
+    });
+
+// ---- cross-entropy -------------------------------------------------------------------------------
+
+struct CeCase {
+  int64_t N, vocab_start, V, vocab_size;  // a shard of V columns from vocab_start; vocab_size -1: no padding
+  int32_t target_hi;                       // targets uniform in [0, target_hi)
+};
+
+// The four ops on one vocabulary shard, each device using its own row statistics.
+TEST_F(CudaOps, CrossEntropyOpsWithVocabStartAndPadding) {
+  // Columns [512, 1536) of a vocabulary of 1500 padded to 1536 (36 padding columns, targets on both sides of
+  // the shard), and a small unpadded shard whose targets partly lie in other shards.
+  for (const CeCase& c : {CeCase{37, 512, 1024, 1500, 1500}, CeCase{6, 0, 37, -1, 50}}) {
+    const int64_t N = c.N, V = c.V;
+    const CrossEntropyOptions opt{.vocab_start = c.vocab_start, .vocab_size = c.vocab_size};
+    const Both targets = both_ints(rand_ids(N, 400, 0, c.target_hi), {N});
+    for (DType dt : kFloatTypes) {
+      const std::string what = str(" N=", N, " V=", V, " vocab_start=", c.vocab_start, " ", dtype_name(dt));
+      const Both logits = both(rand_vec(N * V, 401, -5, 5), {N, V}, dt);
+      const Both dloss = both(rand_vec(N, 402), {N}, DType::f32);
+      Both rowmax = poisoned({N}, DType::f32), sumexp = poisoned({N}, DType::f32), tl = poisoned({N}, DType::f32);
+      Both losses = poisoned({N}, DType::f32), dlogits = poisoned({N, V}, dt);
+      for (auto d : kDevices) {
+        cross_entropy_rowmax(logits.*d, rowmax.*d, opt);
+        cross_entropy_partials(logits.*d, targets.*d, rowmax.*d, sumexp.*d, tl.*d, opt);
+        cross_entropy_loss(rowmax.*d, sumexp.*d, tl.*d, losses.*d);
+        cross_entropy_backward(logits.*d, targets.*d, rowmax.*d, sumexp.*d, dloss.*d, dlogits.*d, opt);
+      }
+      expect_exact(rowmax, "cross_entropy_rowmax" + what);  // a max is exact
+      expect_match(sumexp, tol_for(dt), "cross_entropy_partials sumexp" + what);
+      expect_exact(tl, "cross_entropy_partials target_logit" + what);  // a copy is exact
+      expect_match(losses, tol_for(dt), "cross_entropy_loss" + what);
+      expect_match(dlogits, tol_for(dt), "cross_entropy_backward" + what);
+    }
+  }
+}
+
+// A shard holding only padding: rowmax -inf, and (given the global row statistics) sumexp and target_logit 0
+// and a zero gradient.
+TEST_F(CudaOps, CrossEntropyShardOfOnlyPadding) {
+  const int64_t N = 5, V = 36;
+  const CrossEntropyOptions opt{.vocab_start = 1500, .vocab_size = 1500};
+  const Both targets = both_ints({0, 1499, 700, 3, 1000}, {N});
+  for (DType dt : kFloatTypes) {
+    const Both logits = both(rand_vec(N * V, 410, -5, 5), {N, V}, dt);
+    const Both gmax = both(rand_vec(N, 411, 4, 5), {N}, DType::f32);  // the row statistics of the other shards
+    const Both gsum = both(rand_vec(N, 412, 1, 30), {N}, DType::f32);
+    const Both dloss = both(rand_vec(N, 413), {N}, DType::f32);
+    Both rowmax = poisoned({N}, DType::f32), sumexp = poisoned({N}, DType::f32), tl = poisoned({N}, DType::f32);
+    Both dlogits = poisoned({N, V}, dt);
+    for (auto d : kDevices) {
+      cross_entropy_rowmax(logits.*d, rowmax.*d, opt);
+      cross_entropy_partials(logits.*d, targets.*d, gmax.*d, sumexp.*d, tl.*d, opt);
+      cross_entropy_backward(logits.*d, targets.*d, gmax.*d, gsum.*d, dloss.*d, dlogits.*d, opt);
+    }
+    const std::string what = str(" (padding only) ", dtype_name(dt));
+    for (double m : values(rowmax.gpu)) EXPECT_EQ(m, -std::numeric_limits<double>::infinity()) << "rowmax" << what;
+    expect_exact(rowmax, "cross_entropy_rowmax" + what);
+    expect_exact(sumexp, "cross_entropy_partials sumexp" + what);
+    expect_exact(tl, "cross_entropy_partials target_logit" + what);
+    expect_exact(dlogits, "cross_entropy_backward" + what);
+  }
+}
+
+// ---- optimizer ops -------------------------------------------------------------------------------
+
+TEST_F(CudaOps, SumSquares) {
+  for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{100003}}) {
+    const Both x = both(rand_vec(n, 420, -3, 3), {n}, DType::f32);
+    const double cpu = sum_squares(x.cpu), gpu = sum_squares(x.gpu);
+    EXPECT_LE(std::abs(gpu - cpu), 1e-5 * std::abs(cpu)) << "sum_squares of " << n << " values: gpu " << gpu
+                                                         << ", cpu " << cpu;
+  }
+}
+
+TEST_F(CudaOps, HasInfOrNan) {
+  const int64_t n = 100003;
+  const Vec x = rand_vec(n, 430, -3, 3);
+  EXPECT_FALSE(has_inf_or_nan(make(x, {n}).to(Device::cuda)));
+  EXPECT_FALSE(has_inf_or_nan(make({3e38, -3e38, 0}, {3}).to(Device::cuda)));
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  for (const auto& [bad, at] : {std::pair{nan, int64_t{77777}}, std::pair{inf, n - 1}, std::pair{-inf, int64_t{0}},
+                                std::pair{nan, int64_t{5}}}) {
+    Vec y = x;
+    y[at] = bad;
+    EXPECT_TRUE(has_inf_or_nan(make(y, {n}).to(Device::cuda))) << bad << " at " << at;
+  }
+}
+
+TEST_F(CudaOps, AdamWOverThreeSteps) {
+  const int64_t n = 10007;
+  Both master = both(rand_vec(n, 440), {n}, DType::f32);
+  Both exp_avg = both(Vec(n, 0.0), {n}, DType::f32), exp_avg_sq = both(Vec(n, 0.0), {n}, DType::f32);
+  for (int64_t step = 1; step <= 3; ++step) {
+    const Both grad = both(rand_vec(n, 441 + static_cast<uint32_t>(step), -2, 2), {n}, DType::f32);
+    const AdamWOptions opt{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                           .step = step, .grad_scale = 0.5f};
+    for (auto d : kDevices) adamw_step(master.*d, grad.*d, exp_avg.*d, exp_avg_sq.*d, opt);
+    expect_match(master, 1e-5, str("adamw master, step ", step));
+    expect_match(exp_avg, 1e-5, str("adamw exp_avg, step ", step));
+    expect_match(exp_avg_sq, 1e-5, str("adamw exp_avg_sq, step ", step));
+  }
+}
+
+// ---- copies across devices and dtypes ------------------------------------------------------------
+
+// Every (device, dtype) -> (device, dtype) copy touching the GPU equals the host's round to nearest even:
+// the value rounded to the source dtype, then to the destination dtype.
+TEST_F(CudaOps, CopyFromAcrossDevicesAndDtypes) {
+  Vec x = rand_vec(1000, 450, -4, 4);
+  for (double v : {1.0 + 0x1p-8, 1.0 + 3 * 0x1p-8, 1.0 + 0x1p-11, 1.0 + 3 * 0x1p-11, 65504.0, 65519.0, 65520.0,
+                   70000.0, -1e9, 1e38, 0x1p-24, 0x1p-25, 3 * 0x1p-25, 1e-6, -0.0, 0.0,
+                   std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()})
+    x.push_back(static_cast<float>(v));
+  const int64_t n = static_cast<int64_t>(x.size());
+  for (Device src_dev : {Device::cpu, Device::cuda})
+    for (DType src_dt : kFloatTypes)
+      for (Device dst_dev : {Device::cpu, Device::cuda})
+        for (DType dst_dt : kFloatTypes) {
+          if (src_dev == Device::cpu && dst_dev == Device::cpu) continue;
+          const Tensor src = make(x, {n}, src_dt).to(src_dev);
+          Tensor dst = make(Vec(n, std::numeric_limits<double>::quiet_NaN()), {n}, dst_dt).to(dst_dev);
+          dst.copy_from(src);
+          const std::vector<float> got = dst.to_floats();
+          int64_t bad = 0, first = -1;
+          for (int64_t i = 0; i < n; ++i) {
+            const float want = round_to(dst_dt, round_to(src_dt, static_cast<float>(x[i])));
+            if (std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(want) && bad++ == 0) first = i;
+          }
+          EXPECT_EQ(bad, 0) << device_name(src_dev) << " " << dtype_name(src_dt) << " -> " << device_name(dst_dev)
+                            << " " << dtype_name(dst_dt) << ": first mismatch at " << first << " (value "
+                            << (first >= 0 ? x[first] : 0.0) << ")";
+        }
+}
+
+// ---- caching allocator ---------------------------------------------------------------------------
+
+// A second round of the same allocations is served from the cache: no new cudaMalloc.
+TEST_F(CudaOps, CachingAllocatorReusesFreedBlocks) {
+#if defined(MEGATRAIN_WITH_CUDA)
+  auto round = [] {
+    std::vector<Tensor> ts;
+    for (const auto& [shape, dt] : {std::pair<Shape, DType>{{1000}, DType::f32}, {{37, 53}, DType::bf16},
+                                    {{4096, 1024}, DType::f32}, {{3, 5, 7}, DType::f16}, {{1, 1}, DType::f32},
+                                    {{2048, 3000}, DType::bf16}, {{1000}, DType::f32}})
+      ts.push_back(Tensor::empty(shape, dt, Device::cuda));
+  };
+  round();
+  const cuda::CacheStats first = cuda::cache_stats();
+  round();
+  const cuda::CacheStats second = cuda::cache_stats();
+  EXPECT_EQ(second.device_mallocs, first.device_mallocs);
+  EXPECT_GE(second.cache_hits, first.cache_hits + 7);
+  EXPECT_EQ(second.reserved_bytes, first.reserved_bytes);
+#endif
+}
+
+}  // namespace
+}  // namespace mt
