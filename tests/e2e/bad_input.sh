@@ -12,6 +12,14 @@ expect_error "did you mean model.hidden_size" --config tiny.yaml --set model.hid
 expect_error "model.num_layers" --config tiny.yaml --set model.num_layers=two
 expect_error "model.num_heads" --config tiny.yaml --set model.num_heads=5
 expect_error "training.precision" --config tiny.yaml --set training.precision=fp8
+expect_error "training.device: expected one of auto, cuda, cpu" --config tiny.yaml --set training.device=gpu
+expect_error "parallel.backend: nccl needs training.device: cuda" --config tiny.yaml --set parallel.backend=nccl
+
+# Device problems: asking for a GPU where none can be used names the key and the reason.
+if ! "$MT" info --require-gpu >/dev/null 2>&1; then
+  expect_error "training.device: cuda" --config tiny.yaml --set training.device=cuda
+  [ ! -e run/metrics.jsonl ] || ! grep -q '"loss"' run/metrics.jsonl || fail "trained on the CPU when asked for cuda"
+fi
 
 # Data problems.
 cp data/text_document.idx only.idx

@@ -25,4 +25,16 @@ grep -q "mean loss" eval.txt || fail "eval prints no loss"
 "$MT" ckpt export ckpt --format hf --output hf
 [ -s hf/model.safetensors ] && [ -s hf/config.json ] || fail "export wrote no files"
 grep -q '"n_layer": *2' hf/config.json || fail "config.json lacks n_layer"
+# info: the build's backends and the GPUs; --require-gpu exits 3 when none can be used.
+"$MT" info > info.txt
+grep -q "^cuda backend: " info.txt && grep -q "^gpus: " info.txt || fail "info lacks the backend or GPU lines"
+rc=0
+"$MT" info --require-gpu >/dev/null || rc=$?
+if grep -q "^gpus: 0" info.txt; then
+  [ "$rc" -eq 3 ] || fail "info --require-gpu without a GPU exited $rc, expected 3"
+  grep -q "training.device auto: cpu" info.txt || fail "auto should pick the CPU without a GPU"
+else
+  [ "$rc" -eq 0 ] || fail "info --require-gpu with a GPU exited $rc"
+fi
+grep -q "TFLOP/s/GPU" train.txt || fail "no TFLOP/s per GPU in the log"
 echo "cli ok"
