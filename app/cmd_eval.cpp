@@ -8,6 +8,7 @@
 
 #include "app/checkpointing.h"
 #include "app/commands.h"
+#include "app/device.h"
 #include "app/data_sources.h"
 #include "core/checkpoint/checkpoint.h"
 #include "core/config/config.h"
@@ -23,6 +24,7 @@ struct EvalArgs {
   int64_t samples = 0;
   int64_t micro_batch_size = 4;
   std::string precision = "fp32";
+  std::string device = "auto";
 };
 
 void run_eval(const EvalArgs& a) {
@@ -34,10 +36,12 @@ void run_eval(const EvalArgs& a) {
                             {"parallel.tensor=1", "parallel.pipeline=1", "parallel.virtual_pipeline=1",
                              "parallel.data=1", "parallel.sequence_parallel=false", "parallel.layers_per_stage=[]",
                              "training.global_batch_size=" + std::to_string(a.micro_batch_size),
-                             "training.micro_batch_size=" + std::to_string(a.micro_batch_size)},
+                             "training.micro_batch_size=" + std::to_string(a.micro_batch_size),
+                             "training.device=" + a.device, "parallel.backend=auto"},
                             1);
   const int64_t S = cfg.model.seq_length;
-  GptModel model(cfg.model, GptOptions{.dtype = parse_dtype(a.precision), .seed = 0});
+  const Placement placement = place_rank(cfg, LaunchEnv{});
+  GptModel model(cfg.model, GptOptions{.dtype = parse_dtype(a.precision), .device = placement.device, .seed = 0});
   load_parameters(reader, model.parameters());
   int64_t available = 0;
   SampleFn source = file_order_source(a.data, S, cfg.model.vocab_size, available);
@@ -49,11 +53,16 @@ void run_eval(const EvalArgs& a) {
     const int64_t B = std::min(a.micro_batch_size, a.samples - first);
     Tensor tokens = Tensor::empty({B, S}, DType::i32), targets = Tensor::empty({B, S}, DType::i32);
     make_batch(source, first, B, S, tokens, targets);
+    if (placement.device != Device::cpu) {
+      tokens = tokens.to(placement.device);
+      targets = targets.to(placement.device);
+    }
     sum += static_cast<double>(model.forward(tokens, targets, 0, StepContext{.training = false})) * B * S;
   }
   const double mean = sum / static_cast<double>(a.samples * S);
-  fmt::print("checkpoint {} (iteration {}), {} samples of {} tokens, {}: mean loss {:.6f}, perplexity {:.4f}\n", *dir,
-             reader.state().iteration, a.samples, S, a.precision, mean, std::exp(mean));
+  fmt::print("checkpoint {} (iteration {}), {} samples of {} tokens, {} on {}: mean loss {:.6f}, perplexity {:.4f}\n",
+             *dir, reader.state().iteration, a.samples, S, a.precision, device_name(placement.device), mean,
+             std::exp(mean));
 }
 
 }  // namespace
@@ -68,6 +77,8 @@ void add_eval_command(CLI::App& root) {
       ->check(CLI::PositiveNumber);
   sub->add_option("--precision", args.precision, "fp32, bf16 or fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  sub->add_option("--device", args.device, "auto (a GPU when there is one), cuda or cpu")
+      ->check(CLI::IsMember({"auto", "cuda", "cpu"}));
   sub->callback([] { run_eval(args); });
 }
 
