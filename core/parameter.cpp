@@ -1,5 +1,9 @@
 #include "core/parameter.h"
 
+#include <algorithm>
+#include <thread>
+#include <vector>
+
 #include "core/rng.h"
 
 namespace mt {
@@ -13,19 +17,33 @@ void initial_values(const Parameter& p, uint64_t seed, Tensor& out) {
     return;
   }
   // Map each local element to its row-major index in the global tensor, so a slice draws exactly the
-  // numbers the whole tensor would hold there.
-  uint64_t stream = stream_id(p.name);
-  int nd = static_cast<int>(local.size());
-  std::vector<int64_t> idx(nd, 0);
-  for (int64_t i = 0; i < out.numel(); ++i) {
-    int64_t g = 0;
-    for (int d = 0; d < nd; ++d) g = g * p.global_shape[d] + (p.start.empty() ? 0 : p.start[d]) + idx[d];
-    dst[i] = static_cast<float>(normal_at(seed, stream, static_cast<uint64_t>(g)) * p.init_std);
-    for (int d = nd - 1; d >= 0; --d) {
-      if (++idx[d] < local[d]) break;
-      idx[d] = 0;
+  // numbers the whole tensor would hold there. Every element is a pure function of its global index, so
+  // large tensors are drawn by several threads (a 1.3B model takes minutes on one core).
+  const uint64_t stream = stream_id(p.name);
+  const int nd = static_cast<int>(local.size());
+  auto draw = [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> idx(nd, 0);  // the local multi-index of element `begin`
+    for (int64_t d = nd - 1, r = begin; d >= 0; --d) {
+      idx[d] = r % local[d];
+      r /= local[d];
     }
-  }
+    for (int64_t i = begin; i < end; ++i) {
+      int64_t g = 0;
+      for (int d = 0; d < nd; ++d) g = g * p.global_shape[d] + (p.start.empty() ? 0 : p.start[d]) + idx[d];
+      dst[i] = static_cast<float>(normal_at(seed, stream, static_cast<uint64_t>(g)) * p.init_std);
+      for (int d = nd - 1; d >= 0; --d) {
+        if (++idx[d] < local[d]) break;
+        idx[d] = 0;
+      }
+    }
+  };
+  constexpr int64_t kPerThread = 1 << 20;
+  const int64_t n = out.numel();
+  const int64_t threads = std::clamp<int64_t>(n / kPerThread, 1, std::max(1u, std::thread::hardware_concurrency()));
+  if (threads == 1) return draw(0, n);
+  std::vector<std::thread> pool;
+  for (int64_t t = 0; t < threads; ++t) pool.emplace_back(draw, n * t / threads, n * (t + 1) / threads);
+  for (auto& th : pool) th.join();
 }
 
 Parameter make_parameter_slice(std::string name, Shape global_shape, std::vector<int64_t> start, Shape local,

@@ -7,6 +7,7 @@
 #include "core/loss_scaler.h"
 #include "core/lr_schedule.h"
 #include "core/optimizer.h"
+#include "core/rng.h"
 #include "models/gpt.h"
 
 namespace mt {
@@ -151,6 +152,25 @@ TEST(GptModel, InitialWeightsDependOnlyOnSeedAndName) {
   auto whole = w.value.to_floats();
   auto part = region.to_floats();
   for (size_t i = 0; i < part.size(); ++i) ASSERT_EQ(part[i], whole[24 * 16 + i]);
+}
+
+// Tensors of millions of elements are drawn by several threads: the values must not depend on that (a
+// column block of a 3M-element tensor, drawn in pieces, equals the same region drawn one element at a time).
+TEST(GptModel, LargeTensorsDrawTheSameValuesWhateverTheThreads) {
+  Parameter w;
+  w.name = "layers.0.mlp.fc1.weight";
+  w.init = Init::normal;
+  w.init_std = 0.02f;
+  w.global_shape = {2048, 1536};
+  w.start = {0, 512};
+  Tensor block = Tensor::empty({2048, 1024}, DType::f32);  // 2M elements: more than one thread's share
+  initial_values(w, 7, block);
+  const float* v = block.data<float>();
+  for (int64_t i : {int64_t{0}, int64_t{1023}, int64_t{1024}, int64_t{1} << 20, (int64_t{1} << 21) - 1}) {
+    const int64_t row = i / 1024, col = 512 + i % 1024;
+    const double want = normal_at(7, stream_id(w.name), static_cast<uint64_t>(row * 1536 + col)) * w.init_std;
+    ASSERT_EQ(v[i], static_cast<float>(want)) << i;
+  }
 }
 
 TEST(GptModel, VocabularyPaddingIsNotPartOfTheSoftmax) {
