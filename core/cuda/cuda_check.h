@@ -20,7 +20,8 @@ inline unsigned blocks_for(int64_t n, int threads) {
   return static_cast<unsigned>(n <= 0 ? 1 : (n + threads - 1) / threads);
 }
 
-// Throws when the last launch failed (a bad configuration; faults inside kernels surface at synchronize()).
+// Throws when the last launch failed (a bad configuration; faults inside kernels surface at synchronize(),
+// or right here, naming the kernel, when MEGATRAIN_CUDA_SYNC=1 is set).
 void check_launch(const char* kernel, const char* file, int line);
 
 }  // namespace mt::cuda

@@ -222,6 +222,7 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions& opt)
   // cuBLASLt's A is b, its B is a; C and D are both out (in place), so beta == 0 never reads out.
   MT_CUBLAS_CHECK(cublasLtMatmul(handle(), plan.op, &alpha, b.raw(), plan.a, a.raw(), plan.b, &beta, out.raw(),
                                  plan.c, out.raw(), plan.c, &plan.algo, ws, kWorkspaceBytes, stream()));
+  MT_CUDA_LAUNCHED("cublasLtMatmul");
 }
 
 }  // namespace mt::cuda

@@ -1,7 +1,9 @@
 // runtime.cpp: device selection, the compute stream, status checks and host <-> device copies.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <atomic>
 #include <mutex>
 #include <stdexcept>
@@ -18,8 +20,23 @@ void throw_cuda_error(cudaError_t status, const char* call, const char* file, in
                                        cudaGetErrorString(status), call, file, line));
 }
 
+namespace {
+
+// MEGATRAIN_CUDA_SYNC=1 waits for every kernel right after its launch, so a fault inside one is reported
+// with that kernel's name and place instead of at the next synchronisation (slow; for debugging).
+bool sync_after_launch() {
+  static const bool on = [] {
+    const char* v = std::getenv("MEGATRAIN_CUDA_SYNC");
+    return v && *v && std::string_view(v) != "0";
+  }();
+  return on;
+}
+
+}  // namespace
+
 void check_launch(const char* kernel, const char* file, int line) {
   cudaError_t status = cudaGetLastError();
+  if (status == cudaSuccess && sync_after_launch()) status = cudaStreamSynchronize(stream());
   if (status != cudaSuccess) throw_cuda_error(status, kernel, file, line);
 }
 
