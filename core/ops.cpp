@@ -410,11 +410,19 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
 
 // ---- optimizer and reductions --------------------------------------------------------------------
 
-double sum_squares(const Tensor& x) {
+double sum_squares(const Tensor& x) { return sum_squares(std::vector<Tensor>{x}); }
+
+double sum_squares(const std::vector<Tensor>& xs) {
   const char* op = "sum_squares";
-  check_dtype(op, "x", x, DType::f32);
-  if (x.device() == Device::cpu) return cpu::sum_squares(x);
-  MT_ON_CUDA(sum_squares(x));
+  if (xs.empty()) return 0.0;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    check_dtype(op, fmt::format("xs[{}]", i).c_str(), xs[i], DType::f32);
+    if (xs[i].device() != xs[0].device())
+      fail(op, fmt::format("tensors on different devices ({} and {})", device_name(xs[0].device()),
+                           device_name(xs[i].device())));
+  }
+  if (xs[0].device() == Device::cpu) return cpu::sum_squares(xs);
+  MT_ON_CUDA(sum_squares(xs));
 }
 
 bool has_inf_or_nan(const Tensor& x) {

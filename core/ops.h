@@ -9,6 +9,7 @@
 //  * "N" is the number of rows (tokens) of a 2-D view; callers reshape (B, T, C) to (B*T, C) with view().
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -127,6 +128,9 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
 // ---- optimizer and reductions over f32 buffers ---------------------------------------------------
 // sum of squares of x (f32), in double.
 double sum_squares(const Tensor& x);
+// The sum of squares of all of xs (f32, one device) at once: one wait for the device, not one per tensor
+// (the global gradient norm over hundreds of parameters).
+double sum_squares(const std::vector<Tensor>& xs);
 // true when x (f32) holds an inf or NaN.
 bool has_inf_or_nan(const Tensor& x);
 

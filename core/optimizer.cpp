@@ -56,9 +56,10 @@ AdamWOptions adamw_options(const AdamWConfig& cfg, const Parameter& p, double lr
 }
 
 StepResult AdamW::step(double lr, double loss_scale) {
-  double sumsq = 0;
+  std::vector<Tensor> counted;
   for (Slot& s : slots_)
-    if (counts_in_grad_norm(*s.param, cfg_)) sumsq += sum_squares(s.param->grad);
+    if (counts_in_grad_norm(*s.param, cfg_)) counted.push_back(s.param->grad);
+  double sumsq = sum_squares(counted);
   if (cfg_.sum_across_ranks) sumsq = cfg_.sum_across_ranks(sumsq);
   double grad_scale = 0;
   const StepResult r = grad_norm_verdict(sumsq, loss_scale, cfg_.grad_clip, &grad_scale);

@@ -36,9 +36,10 @@ DistributedOptimizer::DistributedOptimizer(std::vector<Parameter*> params, Tenso
 
 StepResult DistributedOptimizer::step(double lr, double loss_scale) {
   dp_.reduce_scatter(flat_grads_, grad_shard_)->wait();
-  double sumsq = 0;
+  std::vector<Tensor> counted;
   for (const Segment& s : segments_)
-    if (counts_in_grad_norm(*s.param, cfg_)) sumsq += sum_squares(grad_shard_.slice(s.begin, s.end));
+    if (counts_in_grad_norm(*s.param, cfg_)) counted.push_back(grad_shard_.slice(s.begin, s.end));
+  double sumsq = sum_squares(counted);
   if (dp_.size() > 1) {
     Tensor t = Tensor::from_floats(std::vector<float>{static_cast<float>(sumsq)}, {1});
     dp_.all_reduce(t, ReduceOp::sum)->wait();

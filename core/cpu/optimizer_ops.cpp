@@ -6,11 +6,13 @@
 
 namespace mt::cpu {
 
-double sum_squares(const Tensor& x) {
-  const float* v = x.data<float>();
-  const int64_t n = x.numel();
+double sum_squares(const std::vector<Tensor>& xs) {
   double s = 0.0;
-  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(v[i]) * v[i];
+  for (const Tensor& x : xs) {
+    const float* v = x.data<float>();
+    const int64_t n = x.numel();
+    for (int64_t i = 0; i < n; ++i) s += static_cast<double>(v[i]) * v[i];
+  }
   return s;
 }
 

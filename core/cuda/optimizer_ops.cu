@@ -10,6 +10,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <vector>
 
 #include "core/cuda/kernels.cuh"
 #include "core/cuda/ops_cuda.h"
@@ -78,17 +81,28 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ gr
 
 }  // namespace
 
-double sum_squares(const Tensor& x) {
-  const int64_t n = x.numel();
-  if (n == 0) return 0.0;
-  const unsigned blocks = reduce_blocks(n);
-  // blocks partials and the result, as doubles in i64 storage (8 bytes each).
-  Tensor work = Tensor::empty({static_cast<int64_t>(blocks) + 1}, DType::i64, Device::cuda, MemKind::workspace);
+double sum_squares(const std::vector<Tensor>& xs) {
+  // Each tensor's blocks write their partials into a range of one workspace; one block then adds all
+  // partials in a fixed order, and one copy brings the total back.
+  int64_t count = 0;
+  for (const Tensor& x : xs)
+    if (x.numel() > 0) count += reduce_blocks(x.numel());
+  if (count == 0) return 0.0;
+  if (count > std::numeric_limits<int>::max()) throw std::invalid_argument("sum_squares: too many tensors");
+  // The partials and the result, as doubles in i64 storage (8 bytes each).
+  Tensor work = Tensor::empty({count + 1}, DType::i64, Device::cuda, MemKind::workspace);
   double* partials = work.data<double>();
-  double* total = partials + blocks;
-  sum_squares_partials_kernel<<<blocks, kThreads, 0, stream()>>>(x.data<float>(), n, partials);
-  MT_CUDA_LAUNCHED("sum_squares_partials_kernel");
-  sum_partials_kernel<<<1, kThreads, 0, stream()>>>(partials, static_cast<int>(blocks), total);
+  double* total = partials + count;
+  int64_t at = 0;
+  for (const Tensor& x : xs) {
+    const int64_t n = x.numel();
+    if (n == 0) continue;
+    const unsigned blocks = reduce_blocks(n);
+    sum_squares_partials_kernel<<<blocks, kThreads, 0, stream()>>>(x.data<float>(), n, partials + at);
+    MT_CUDA_LAUNCHED("sum_squares_partials_kernel");
+    at += blocks;
+  }
+  sum_partials_kernel<<<1, kThreads, 0, stream()>>>(partials, static_cast<int>(count), total);
   MT_CUDA_LAUNCHED("sum_partials_kernel");
   double result = 0.0;
   copy_bytes(&result, Device::cpu, total, Device::cuda, sizeof(double));  // waits for the stream

@@ -516,6 +516,19 @@ TEST_F(CudaOps, SumSquares) {
   }
 }
 
+// The gradient norm's form: many tensors (one empty) in one call, against the CPU's.
+TEST_F(CudaOps, SumSquaresOfManyTensors) {
+  std::vector<Tensor> cpu_xs, gpu_xs;
+  for (int64_t n : {int64_t{5}, int64_t{0}, int64_t{4097}, int64_t{300001}, int64_t{1}}) {
+    const Both x = both(rand_vec(n, 440 + static_cast<uint32_t>(n % 97), -2, 2), {n}, DType::f32);
+    cpu_xs.push_back(x.cpu);
+    gpu_xs.push_back(x.gpu);
+  }
+  const double cpu = sum_squares(cpu_xs), gpu = sum_squares(gpu_xs);
+  EXPECT_LE(std::abs(gpu - cpu), 1e-9 * std::abs(cpu)) << "gpu " << gpu << ", cpu " << cpu;
+  EXPECT_EQ(sum_squares(gpu_xs), gpu);  // deterministic
+}
+
 TEST_F(CudaOps, HasInfOrNan) {
   const int64_t n = 100003;
   const Vec x = rand_vec(n, 430, -3, 3);

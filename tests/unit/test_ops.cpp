@@ -708,6 +708,13 @@ TEST(OptimizerOps, SumSquaresAndInfNanCheck) {
   double want = 0;
   for (double v : x) want += v * v;
   EXPECT_NEAR(sum_squares(make(x, {10, 100})), want, 1e-9 * want);
+  // Several tensors at once (the gradient norm): the same total, empty tensors and lists included.
+  const Tensor whole = make(x, {1000});
+  EXPECT_NEAR(sum_squares(std::vector<Tensor>{whole.slice(0, 1), whole.slice(1, 1), whole.slice(1, 600),
+                                              whole.slice(600, 1000)}),
+              want, 1e-9 * want);
+  EXPECT_EQ(sum_squares(std::vector<Tensor>{}), 0.0);
+  EXPECT_THROW(sum_squares(std::vector<Tensor>{whole, make(x, {1000}, DType::bf16)}), std::invalid_argument);
   EXPECT_FALSE(has_inf_or_nan(make(x, {1000})));
   EXPECT_FALSE(has_inf_or_nan(make({3e38, -3e38, 0}, {3})));
   for (double bad : {double(INFINITY), -double(INFINITY), double(NAN)})
