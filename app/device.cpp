@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #if defined(MEGATRAIN_WITH_CUDA)
 #include "core/cuda/runtime.h"
@@ -54,16 +55,16 @@ Placement place_rank(const Config& cfg, const LaunchEnv& env) {
     return p;
   }
 #if defined(MEGATRAIN_WITH_CUDA)
-  if (env.local_rank < gpus) {
-    p.ordinal = env.local_rank;
-  } else if (p.backend == Backend::gloo) {
-    p.ordinal = env.local_rank % gpus;  // ranks share GPUs; host-staged Gloo moves their data
-  } else {
-    throw std::runtime_error(fmt::format(
-        "LOCAL_RANK={} but only {} GPU(s) are visible; NCCL cannot run two ranks on one GPU. Start at most {} "
-        "rank(s) per node, or set parallel.backend: gloo to share GPUs (host-staged, slow; for testing)",
-        env.local_rank, gpus, gpus));
-  }
+  // LOCAL_RANK picks the GPU. A rank that sees fewer GPUs than its local rank either was bound to its own
+  // GPU by the launcher (srun --gpus-per-task=1 leaves one visible GPU per task) or shares one with other
+  // ranks: it takes LOCAL_RANK modulo the visible count. Sharing works with host-staged Gloo; NCCL refuses
+  // it when it creates the communicators, naming both ranks.
+  p.ordinal = env.local_rank % gpus;
+  if (env.local_rank >= gpus && p.backend == Backend::nccl)
+    spdlog::warn("LOCAL_RANK={} sees {} GPU(s): using GPU {}. This is right when the launcher gives each rank its "
+                 "own GPU (CUDA_VISIBLE_DEVICES per task); if ranks share a GPU, NCCL will refuse: start at most "
+                 "{} rank(s) per node, or set parallel.backend: gloo (host-staged, for testing)",
+                 env.local_rank, gpus, p.ordinal, gpus);
   cuda::select_device(p.ordinal);
   p.description = fmt::format("cuda:{} ({})", p.ordinal, cuda::device_description());
   p.peak_tflops = cuda::peak_bf16_tflops();

@@ -20,8 +20,8 @@ struct Placement {
 };
 
 // training.device auto picks cuda when this build has the backend and a GPU is visible, else cpu.
-// On cuda, LOCAL_RANK picks the GPU; ranks beyond the visible GPUs share them round-robin, which only the
-// host-staged Gloo backend allows (NCCL refuses two ranks on one GPU). parallel.backend auto is nccl on
+// On cuda, LOCAL_RANK picks the GPU (modulo the visible GPUs: launchers that give each task its own GPU
+// leave one visible; ranks that really share a GPU need the host-staged Gloo backend, NCCL refuses them). parallel.backend auto is nccl on
 // cuda (when built with NCCL) and gloo on cpu. Selects the GPU. Throws std::runtime_error naming the key.
 Placement place_rank(const Config& cfg, const LaunchEnv& env);
 
