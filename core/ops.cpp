@@ -410,7 +410,10 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
 
 // ---- optimizer and reductions --------------------------------------------------------------------
 
-double sum_squares(const Tensor& x) { return sum_squares(std::vector<Tensor>{x}); }
+double sum_squares(const Tensor& x) {
+  check_dtype("sum_squares", "x", x, DType::f32);
+  return sum_squares(std::vector<Tensor>{x});
+}
 
 double sum_squares(const std::vector<Tensor>& xs) {
   const char* op = "sum_squares";
