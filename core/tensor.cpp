@@ -157,11 +157,7 @@ void Tensor::copy_from(const Tensor& src) {
   }
 }
 
-Tensor Tensor::clone(MemKind kind) const {
-  Tensor t = empty(shape_, dtype_, device(), kind);
-  t.copy_from(*this);
-  return t;
-}
+Tensor Tensor::clone(MemKind kind) const { return to(device(), kind); }
 
 Tensor Tensor::to(Device d, MemKind kind) const {
   Tensor t = empty(shape_, dtype_, d, kind);

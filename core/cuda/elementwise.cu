@@ -23,22 +23,6 @@ constexpr int kThreads = 256;
 // Blocks of kThreads threads for a grid-stride loop over n elements.
 unsigned grid_1d(int64_t n) { return std::min<unsigned>(blocks_for(n, kThreads), 65535u * 8); }
 
-// Threads of a block that walks the C columns of a row: C rounded up to a warp, at most kThreads.
-int threads_for_cols(int64_t C) {
-  const int64_t t = (std::max<int64_t>(C, 1) + 31) / 32 * 32;
-  return static_cast<int>(std::min<int64_t>(t, kThreads));
-}
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// An fp32 pointer to the values of a small device tensor: its own memory when it is f32, else a converted
-// workspace copy kept alive by `hold` (the conversion is exact: bf16 and f16 values are fp32 values).
-const float* f32_values(const Tensor& t, Tensor& hold) {
-  if (t.dtype() == DType::f32) return t.data<float>();
-  hold = Tensor::empty({t.numel()}, DType::f32, Device::cuda, MemKind::workspace);
-  convert(t.raw(), t.dtype(), hold.raw(), DType::f32, t.numel());
-  return hold.data<float>();
-}
 
 // ---- kernels -------------------------------------------------------------------------------------
 
@@ -130,7 +114,7 @@ void add_bias(Tensor& x, const Tensor& bias) {
   Tensor hold;
   const float* b = f32_values(bias, hold);
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(N, 65535 * 8));
-  const int threads = threads_for_cols(C);
+  const int threads = threads_for_cols(C, kThreads);
   MT_DISPATCH_FLOAT(x.dtype(), "add_bias", T,
                     add_bias_kernel<T><<<grid, threads, 0, stream()>>>(x.data<T>(), b, N, C));
   MT_CUDA_LAUNCHED("add_bias_kernel");
@@ -139,11 +123,7 @@ void add_bias(Tensor& x, const Tensor& bias) {
 void bias_backward(const Tensor& dout, Tensor& dbias) {
   const int64_t N = dout.dim(0), C = dout.dim(1);
   if (N == 0 || C == 0) return;
-  // About 1024 blocks in all, at least 32 rows a chunk, at most 65535 chunks (gridDim.y).
-  const int64_t col_blocks = ceil_div(C, kThreads);
-  const int64_t want = std::max<int64_t>(1, 1024 / col_blocks);
-  const int64_t rows_per = std::max({int64_t{32}, ceil_div(N, want), ceil_div(N, 65535)});
-  const int64_t chunks = ceil_div(N, rows_per);
+  const auto [col_blocks, rows_per, chunks] = column_chunks(N, C, kThreads);
   Tensor partial = Tensor::empty({chunks * C}, DType::i64, Device::cuda, MemKind::workspace);  // doubles
   double* part = static_cast<double*>(partial.raw());
   const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks));

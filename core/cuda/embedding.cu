@@ -26,14 +26,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// Threads of a block that walks the C columns of a row: C rounded up to a warp, at most kThreads.
-int threads_for_cols(int64_t C) {
-  const int64_t t = (std::max<int64_t>(C, 1) + 31) / 32 * 32;
-  return static_cast<int>(std::min<int64_t>(t, kThreads));
-}
-
 // Blocks of a grid-stride loop over n rows.
 unsigned row_grid(int64_t n) { return static_cast<unsigned>(std::clamp<int64_t>(n, 1, 65535 * 8)); }
 
@@ -59,7 +51,7 @@ template <class TO>
 void launch_embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, int64_t vocab_start) {
   const int64_t BT = ids.numel(), V = table.dim(0), C = table.dim(1);
   MT_DISPATCH_FLOAT(table.dtype(), "embedding_forward", TT,
-                    embedding_forward_kernel<TT, TO><<<row_grid(BT), threads_for_cols(C), 0, stream()>>>(
+                    embedding_forward_kernel<TT, TO><<<row_grid(BT), threads_for_cols(C, kThreads), 0, stream()>>>(
                         ids.data<int32_t>(), table.data<TT>(), out.data<TO>(), BT, V, C, vocab_start));
 }
 
@@ -135,7 +127,7 @@ template <class T>
 void launch_position_add(Tensor& x, const Tensor& wpe, int64_t position_offset) {
   const int64_t N = x.dim(0) * x.dim(1), T_len = x.dim(1), C = x.dim(2);
   MT_DISPATCH_FLOAT(wpe.dtype(), "position_embedding_add", W,
-                    position_add_kernel<T, W><<<row_grid(N), threads_for_cols(C), 0, stream()>>>(
+                    position_add_kernel<T, W><<<row_grid(N), threads_for_cols(C, kThreads), 0, stream()>>>(
                         x.data<T>(), wpe.data<W>(), N, T_len, C, position_offset));
 }
 
@@ -197,7 +189,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, c
   MT_CUDA_CHECK(
       cub::DeviceRadixSort::SortPairs(temp.raw(), temp_bytes, kin, kout, pin, pout, n, 0, end_bit, stream()));
 
-  const int threads = threads_for_cols(C);
+  const int threads = threads_for_cols(C, kThreads);
   const int64_t col_chunks = std::min<int64_t>(ceil_div(C, threads), 65535);
   const int64_t runs_grid = std::min<int64_t>(BT, std::max<int64_t>(1, 4096 / col_chunks));
   const dim3 grid(static_cast<unsigned>(runs_grid), static_cast<unsigned>(col_chunks));

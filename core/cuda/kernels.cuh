@@ -9,8 +9,12 @@
 #include <stdexcept>
 #include <string>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "core/cuda/cuda_check.h"
 #include "core/dtype.h"
+#include "core/tensor.h"
 
 namespace mt::cuda {
 
@@ -95,6 +99,38 @@ __device__ inline float block_max(float v) {
   __syncthreads();
   float m = lane < warps ? partial[lane] : -INFINITY;
   return warp_max(m);
+}
+
+// ---- launch arithmetic shared by the kernels' host sides -----------------------------------------
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Threads of a block that walks the C columns of a row: C rounded up to a warp, at most `max_threads`.
+inline int threads_for_cols(int64_t C, int max_threads = 256) {
+  const int64_t t = (std::max<int64_t>(C, 1) + 31) / 32 * 32;
+  return static_cast<int>(std::min<int64_t>(t, max_threads));
+}
+
+// An fp32 pointer to the values of a small device tensor (a bias, a norm's weight): its own memory when it
+// is f32, else a converted workspace copy kept alive by `hold` (exact: bf16 and f16 values are fp32 values).
+inline const float* f32_values(const Tensor& t, Tensor& hold) {
+  if (t.dtype() == DType::f32) return t.data<float>();
+  hold = Tensor::empty({t.numel()}, DType::f32, Device::cuda, MemKind::workspace);
+  convert(t.raw(), t.dtype(), hold.raw(), DType::f32, t.numel());
+  return hold.data<float>();
+}
+
+// How a deterministic column reduction over N rows of C columns splits its work: blocks of `threads`
+// columns (grid x) times chunks of rows_per rows (grid y), about 1024 blocks in all, at least 32 rows a chunk
+// and at most 65535 chunks. Each block writes per-chunk partials; a second kernel sums them in chunk order.
+struct ColumnChunks {
+  int64_t col_blocks, rows_per, chunks;
+};
+inline ColumnChunks column_chunks(int64_t N, int64_t C, int threads) {
+  const int64_t col_blocks = ceil_div(C, threads);
+  const int64_t want = std::max<int64_t>(1, 1024 / col_blocks);
+  const int64_t rows_per = std::max({int64_t{32}, ceil_div(N, want), ceil_div(N, 65535)});
+  return {col_blocks, rows_per, ceil_div(N, rows_per)};
 }
 
 }  // namespace mt::cuda

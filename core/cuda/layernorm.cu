@@ -22,8 +22,6 @@ namespace {
 
 constexpr int kColThreads = 256;
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // Threads of the block that normalises one row: about 8 columns a thread, a multiple of 32, 32 to 1024.
 int row_threads(int64_t C) {
   const int64_t t = (ceil_div(std::max<int64_t>(C, 1), 8) + 31) / 32 * 32;
@@ -32,15 +30,6 @@ int row_threads(int64_t C) {
 
 // Blocks of the row kernels (grid-stride over the N rows).
 unsigned row_grid(int64_t N) { return static_cast<unsigned>(std::clamp<int64_t>(N, 1, 65535 * 32)); }
-
-// An fp32 pointer to the values of a (C) device tensor: its own memory when it is f32, else a converted
-// workspace copy kept alive by `hold` (exact: bf16 and f16 values are fp32 values).
-const float* f32_values(const Tensor& t, Tensor& hold) {
-  if (t.dtype() == DType::f32) return t.data<float>();
-  hold = Tensor::empty({t.numel()}, DType::f32, Device::cuda, MemKind::workspace);
-  convert(t.raw(), t.dtype(), hold.raw(), DType::f32, t.numel());
-  return hold.data<float>();
-}
 
 // xhat = (x - m) * s in fp32, as the CPU.
 __device__ __forceinline__ float normalized(float x, float m, float s) { return __fmul_rn(__fsub_rn(x, m), s); }
@@ -166,11 +155,7 @@ void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weigh
   if (N == 0 || C == 0) return;
 
   // dweight and dbias first: they read dout and x, which dx may alias.
-  // About 1024 blocks in all, at least 32 rows a chunk, at most 65535 chunks (gridDim.y).
-  const int64_t col_blocks = ceil_div(C, kColThreads);
-  const int64_t want = std::max<int64_t>(1, 1024 / col_blocks);
-  const int64_t rows_per = std::max({int64_t{32}, ceil_div(N, want), ceil_div(N, 65535)});
-  const int64_t chunks = ceil_div(N, rows_per);
+  const auto [col_blocks, rows_per, chunks] = column_chunks(N, C, kColThreads);
   Tensor partials = Tensor::empty({2 * chunks * C}, DType::i64, Device::cuda, MemKind::workspace);  // doubles
   double* pw = static_cast<double*>(partials.raw());
   double* pb = pw + chunks * C;
