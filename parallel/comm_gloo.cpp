@@ -266,6 +266,8 @@ class GlooCommunicator final : public Communicator {
   std::unique_ptr<Work> send(const Tensor& t, int peer, int tag) override { return post(t, peer, tag, true); }
   std::unique_ptr<Work> recv(Tensor& t, int peer, int tag) override { return post(t, peer, tag, false); }
 
+  bool collectives_block_caller() const override { return true; }
+
   void barrier() override {
     uint32_t tag = next_tag_++;
     if (size() == 1) return;

@@ -70,6 +70,8 @@ class StagedCommunicator final : public Communicator {
     return staged(inner_->recv(h, peer, tag), h, t);
   }
   void barrier() override { inner_->barrier(); }
+  bool collectives_block_caller() const override { return inner_->collectives_block_caller(); }
+  Communicator& backend() override { return inner_->backend(); }
 
  private:
   static std::unique_ptr<Work> staged(std::unique_ptr<Work> inner, Tensor host, Tensor device) {

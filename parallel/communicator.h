@@ -21,7 +21,11 @@ class CommError : public std::runtime_error {
 
 enum class ReduceOp { sum, max };
 
-// An operation in flight; wait() blocks until it completes (throwing CommError on failure or timeout).
+// An operation in flight. wait() returns once the op's result may be used (throwing CommError on failure
+// or timeout): on host backends (Gloo) when it has completed; on device backends (NCCL) once the compute
+// stream is ordered after it, without blocking the host (cudaStreamWaitEvent), so later kernels see the
+// result and a host read of a result (Tensor::to, to_floats, item) waits for it like for any kernel.
+// Stalls and failures of device ops are caught by the backend's watchdog, which aborts the communicator.
 class Work {
  public:
   virtual ~Work() = default;
@@ -45,7 +49,18 @@ class Communicator {
   virtual std::unique_ptr<Work> broadcast(Tensor& t, int root) = 0;
   virtual std::unique_ptr<Work> send(const Tensor& t, int peer, int tag) = 0;
   virtual std::unique_ptr<Work> recv(Tensor& t, int peer, int tag) = 0;
+  // Blocks the host until every member has reached it (and, on device backends, everything posted before
+  // it has completed): the host-side synchronisation around checkpoints.
   virtual void barrier() = 0;
+
+  // True when collectives run to completion on the calling thread (Gloo), so overlapping them with compute
+  // needs a thread of their own; false when they are enqueued and return at once (NCCL), so one thread can
+  // issue them all in program order (NCCL can deadlock when two threads issue collectives of different
+  // communicators in different orders on different ranks).
+  virtual bool collectives_block_caller() const = 0;
+  // The communicator that moves the data: itself, or the one a wrapper (make_staged_communicator) stages
+  // tensors for. What is done on raw device buffers or split off a communicator is done on its backend.
+  virtual Communicator& backend() { return *this; }
 };
 
 struct GlooOptions {

@@ -4,7 +4,8 @@ namespace mt {
 
 BucketedGradReducer::BucketedGradReducer(std::vector<Parameter*> params, Tensor flat_grads,
                                          std::unique_ptr<Communicator> comm, int64_t bucket_elements)
-    : params_(params), flat_(std::move(flat_grads)), comm_(std::move(comm)) {
+    : params_(params), flat_(std::move(flat_grads)), comm_(std::move(comm)),
+      on_caller_(!comm_->collectives_block_caller()) {
   std::vector<int64_t> offsets;
   int64_t offset = 0;
   for (Parameter* p : params) {
@@ -25,7 +26,7 @@ BucketedGradReducer::BucketedGradReducer(std::vector<Parameter*> params, Tensor 
     }
   }
   for (Parameter* p : params) ready_[p] = false;
-  thread_ = std::thread([this] { worker(); });
+  if (!on_caller_) thread_ = std::thread([this] { worker(); });
 }
 
 BucketedGradReducer::~BucketedGradReducer() {
@@ -34,7 +35,7 @@ BucketedGradReducer::~BucketedGradReducer() {
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void BucketedGradReducer::begin_step() {
@@ -43,6 +44,7 @@ void BucketedGradReducer::begin_step() {
   for (Bucket& b : buckets_) b.pending = b.size;
   launched_ = done_ = 0;
   error_ = nullptr;
+  works_.clear();
 }
 
 void BucketedGradReducer::mark_ready(const std::vector<Parameter*>& params) {
@@ -57,8 +59,18 @@ void BucketedGradReducer::mark_ready(const std::vector<Parameter*>& params) {
 }
 
 void BucketedGradReducer::launch(size_t bucket) {  // mu_ held
-  queue_.push_back(bucket);
   ++launched_;
+  if (on_caller_) {
+    if (error_) return;  // the group is unusable after a failure: finish_step reports the first error
+    try {
+      Tensor view = bucket_view(bucket);
+      works_.push_back(comm_->all_reduce(view, ReduceOp::sum));
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+    return;
+  }
+  queue_.push_back(bucket);
   cv_.notify_all();
 }
 
@@ -71,7 +83,19 @@ void BucketedGradReducer::finish_step() {
     const size_t b = bucket_of_.at(params_[i]);
     if (--buckets_[b].pending == 0) launch(b);
   }
-  cv_.wait(lock, [&] { return done_ == buckets_.size(); });
+  if (on_caller_) {
+    for (auto& w : works_) {
+      if (error_) break;
+      try {
+        w->wait();  // orders the compute stream after the bucket; the host does not wait
+      } catch (...) {
+        error_ = std::current_exception();
+      }
+    }
+    works_.clear();
+  } else {
+    cv_.wait(lock, [&] { return done_ == buckets_.size(); });
+  }
   if (error_) std::rethrow_exception(error_);
 }
 
@@ -93,7 +117,7 @@ void BucketedGradReducer::worker() {
     }
     if (!failed_before) {  // after a failure the group is unusable: finish quickly, report the first error
       try {
-        Tensor view = flat_.slice(buckets_[b].begin, buckets_[b].end);
+        Tensor view = bucket_view(b);
         comm_->all_reduce(view, ReduceOp::sum)->wait();
       } catch (...) {
         failure = std::current_exception();

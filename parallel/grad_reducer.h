@@ -1,7 +1,12 @@
 // grad_reducer.h: data-parallel gradient reduction in buckets, overlapped with backward. The flat gradient
 // buffer is cut into buckets of whole parameters in reverse order (the order backward finishes them); as soon
-// as every parameter of a bucket is marked ready (its last microbatch's backward is done), a worker thread
-// all-reduces the bucket over its own data-parallel communicator while backward goes on.
+// as every parameter of a bucket is marked ready (its last microbatch's backward is done), the bucket's
+// all-reduce starts over the reducer's own data-parallel communicator while backward goes on:
+//  * NCCL (collectives are enqueued and return at once): the thread that marks the bucket ready issues it,
+//    so one thread issues every collective of the process in program order, the same on every rank (NCCL
+//    can deadlock when two threads issue collectives in different orders on different ranks). The overlap
+//    comes from the communicator's stream; finish_step() orders the compute stream after the buckets.
+//  * Gloo (collectives run on the calling thread): a worker thread runs them, on a communicator of its own.
 #pragma once
 #include <condition_variable>
 #include <deque>
@@ -45,6 +50,7 @@ class BucketedGradReducer {
   };
   void launch(size_t bucket);
   void worker();
+  Tensor bucket_view(size_t bucket) const { return flat_.slice(buckets_[bucket].begin, buckets_[bucket].end); }
 
   std::vector<Parameter*> params_;  // in buffer order
   Tensor flat_;
@@ -54,6 +60,8 @@ class BucketedGradReducer {
   std::unordered_map<const Parameter*, bool> ready_;
   std::mutex mu_;
   std::condition_variable cv_;
+  const bool on_caller_;                      // issue on the calling thread (NCCL), else on thread_ (Gloo)
+  std::vector<std::unique_ptr<Work>> works_;  // on_caller_: this step's bucket reductions, in launch order
   std::deque<size_t> queue_;
   size_t launched_ = 0, done_ = 0;
   bool stop_ = false;
