@@ -1,13 +1,22 @@
 // comm_nccl.cpp: the NCCL communicator (GPU ranks). Every op is enqueued on the communicator's own CUDA
-// stream and completes in Work::wait(), which polls the op's event and NCCL's asynchronous error state
-// against the timeout and aborts the communicator on failure, so a stalled peer ends the job instead of
-// hanging it. The communicator is non-blocking (ncclConfig_t::blocking = 0) for the same reason: init and
-// enqueue can be abandoned when they do not finish in time.
+// stream after the work already queued on the compute stream (an event), and Work::wait() makes the compute
+// stream wait for it in turn (cudaStreamWaitEvent): the host never waits for a transfer inside a step. The
+// tensors an op uses are marked for the caching allocator (record_stream), so their blocks are not reused
+// before the op is done even if the tensors are freed first.
+//
+// Nothing hangs: a watchdog thread (one per process) watches every communicator's ops in flight and NCCL's
+// asynchronous errors; an op that has not completed within the timeout, or an error, aborts the
+// communicator (ncclCommAbort ends its kernels, so a stream or host waiting on them moves on), and every
+// later op of that communicator throws CommError naming the first failure. The barrier is the one op whose
+// wait blocks the host, polling against the timeout itself. The communicator is non-blocking
+// (ncclConfig_t::blocking = 0) for the same reason: init, split and enqueue can be abandoned when they do
+// not finish in time.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -105,9 +114,10 @@ struct OpRecord {
     if (done) cudaEventDestroy(done);
   }
   std::string op;             // for messages: "all_reduce", "send to rank 1 (global 3)"
-  std::vector<Tensor> keep;   // storage the GPU uses until `done`
   cudaEvent_t done = nullptr; // recorded on the stream right after the op
+  Clock::time_point issued_at;  // when it was enqueued (the watchdog's timeout runs from here)
   // Queued send/recv only.
+  std::vector<Tensor> tensors;  // kept alive until issued, then marked for the allocator and released
   bool is_send = false;
   int peer = -1;
   DeviceBuffer buf;
@@ -130,7 +140,7 @@ class NcclGroup {
   float* scratch = nullptr;             // (1) on the device, for barrier
   std::string first_failure;            // the message of the first failure; the group is aborted from then on
   std::deque<std::shared_ptr<OpRecord>> queued;     // send/recv posted, not yet issued
-  std::deque<std::shared_ptr<OpRecord>> in_flight;  // issued, maybe not complete: keeps their tensors alive
+  std::deque<std::shared_ptr<OpRecord>> in_flight;  // issued, maybe not complete, in stream order (watchdog)
 
   // Aborts the communicator (so peers' ops fail instead of hanging), remembers the first failure and
   // returns the error to throw. `verb` is "failed" or "timed out after N s".
@@ -185,6 +195,7 @@ class NcclGroup {
   void record_done(OpRecord& rec) {
     check_cuda(cudaEventCreateWithFlags(&rec.done, cudaEventDisableTiming), "cudaEventCreateWithFlags", rec.op);
     check_cuda(cudaEventRecord(rec.done, stream), "cudaEventRecord", rec.op);
+    rec.issued_at = Clock::now();
   }
 
   // Releases the ops known complete; the stream runs in order, so the first incomplete one stops the scan.
@@ -194,17 +205,45 @@ class NcclGroup {
 
   // Issues one collective after any queued send/recv (posting order is the order on the stream).
   template <class Enqueue>
-  std::shared_ptr<OpRecord> issue(std::string op, std::vector<Tensor> keep, std::string_view call, Enqueue&& enqueue) {
+  std::shared_ptr<OpRecord> issue(std::string op, const std::vector<Tensor>& tensors, std::string_view call,
+                                  Enqueue&& enqueue) {
     issue_queued();
     prune();
     auto rec = std::make_shared<OpRecord>();
     rec->op = std::move(op);
-    rec->keep = std::move(keep);
     order_after_inputs(rec->op);
     check_nccl(enqueue(comm, stream), call, rec->op, Clock::now() + info.timeout);
     record_done(*rec);
+    mark_stream_use(tensors);
     in_flight.push_back(rec);
     return rec;
+  }
+
+  // The caching allocator must not hand these tensors' blocks out again before this stream is done with them.
+  void mark_stream_use(const std::vector<Tensor>& tensors) {
+    for (const Tensor& t : tensors)
+      if (t.defined() && t.numel() > 0) cuda::record_stream(t.raw(), stream);
+  }
+
+  // The watchdog's check: a failure (timeout of the oldest op in flight, or an asynchronous NCCL error)
+  // aborts the communicator; returns the failure's message, or "" when all is well.
+  std::string watch(Clock::time_point now) {
+    if (!comm || !first_failure.empty()) return "";
+    prune();
+    try {
+      ncclResult_t state = ncclSuccess;
+      ncclResult_t r = ncclCommGetAsyncError(comm, &state);
+      if (r != ncclSuccess) throw fail("watchdog", "failed", fmt::format("ncclCommGetAsyncError: {}", ncclGetErrorString(r)));
+      if (state != ncclSuccess && state != ncclInProgress)
+        throw fail("watchdog", "failed", fmt::format("NCCL asynchronous error: {}", ncclGetErrorString(state)));
+      if (!in_flight.empty() && now - in_flight.front()->issued_at > info.timeout)
+        throw fail(in_flight.front()->op, "timed out after " + seconds_str(info.timeout),
+                   "the op did not complete (a peer stopped, or the ranks posted different ops); the watchdog "
+                   "aborted the communicator");
+    } catch (const CommError& e) {
+      return e.what();
+    }
+    return "";
   }
 
   // Issues the queued send/recv as one NCCL group, so that transfers in both directions progress together.
@@ -235,11 +274,64 @@ class NcclGroup {
       record_done(*rec);
       in_flight.push_back(rec);
     }
+    for (const auto& rec : queued) {
+      mark_stream_use(rec->tensors);
+      rec->tensors.clear();
+    }
     queued.clear();
   }
 };
 
+// Watches every live group (see the file comment): every kPeriod, each group's oldest op in flight against
+// its timeout and NCCL's asynchronous errors. One per process, started with the first group; never destroyed
+// (its thread is detached, and groups of static objects may outlive main).
+class Watchdog {
+ public:
+  static Watchdog& instance() {
+    static Watchdog* w = new Watchdog();
+    return *w;
+  }
+  void add(NcclGroup* g) {
+    std::lock_guard lock(mu_);
+    groups_.push_back(g);
+    if (!started_) {
+      std::thread([this] { run(); }).detach();
+      started_ = true;
+    }
+  }
+  // After remove() returns the watchdog no longer touches g (a check in progress holds mu_).
+  void remove(NcclGroup* g) {
+    std::lock_guard lock(mu_);
+    std::erase(groups_, g);
+  }
+
+ private:
+  static constexpr auto kPeriod = std::chrono::milliseconds(100);
+
+  void run() {
+    for (;;) {
+      std::this_thread::sleep_for(kPeriod);
+      std::lock_guard lock(mu_);
+      const auto now = Clock::now();
+      for (NcclGroup* g : groups_) {
+        std::string failure;
+        {
+          std::lock_guard group_lock(g->mu);
+          DeviceGuard device(g->info.device);
+          if (device.status() == cudaSuccess) failure = g->watch(now);
+        }
+        if (!failure.empty()) spdlog::error("{}", failure);
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::vector<NcclGroup*> groups_;
+  bool started_ = false;
+};
+
 NcclGroup::~NcclGroup() {
+  Watchdog::instance().remove(this);
   DeviceGuard device(info.device);
   queued.clear();  // never issued: nothing to wait for
   if (comm) {
@@ -282,13 +374,17 @@ class CompletedWork final : public Work {
   void wait() override {}
 };
 
+// How a Work's wait() waits: the compute stream waits for the op (every op inside a step), or the host does
+// (the barrier, which is host-side synchronisation by definition).
+enum class WaitOn { stream, host };
+
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<NcclGroup> group, std::shared_ptr<OpRecord> rec)
-      : group_(std::move(group)), rec_(std::move(rec)) {}
+  NcclWork(std::shared_ptr<NcclGroup> group, std::shared_ptr<OpRecord> rec, WaitOn on = WaitOn::stream)
+      : group_(std::move(group)), rec_(std::move(rec)), on_(on) {}
 
-  // A send/recv dropped before it was issued is abandoned (as with Gloo); an issued op stays in the
-  // group's in-flight list, which keeps its tensors alive until it completes.
+  // A send/recv dropped before it was issued is abandoned (as with Gloo); an issued op stays in the group's
+  // in-flight list for the watchdog, and its tensors' blocks stay reserved until it completes (record_stream).
   ~NcclWork() override {
     std::lock_guard lock(group_->mu);
     if (!rec_->done) std::erase(group_->queued, rec_);
@@ -298,7 +394,10 @@ class NcclWork final : public Work {
     if (error_) std::rethrow_exception(error_);
     if (done_) return;
     try {
-      wait_until_complete();
+      if (on_ == WaitOn::host)
+        wait_until_complete();
+      else
+        order_compute_stream_after();
       done_ = true;
     } catch (const CommError&) {
       error_ = std::current_exception();
@@ -307,6 +406,19 @@ class NcclWork final : public Work {
   }
 
  private:
+  // Issues the op if it is a queued send/recv, then makes the compute stream wait for it. No host wait: a
+  // stall or failure is the watchdog's to find, and shows here (or at the next op) as CommError.
+  void order_compute_stream_after() {
+    NcclGroup& g = *group_;
+    std::lock_guard lock(g.mu);
+    g.throw_if_broken(rec_->op);
+    DeviceGuard device(g.info.device);
+    g.check_cuda(device.status(), "cudaSetDevice", rec_->op);
+    if (!rec_->done) g.issue_queued();
+    g.check_cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(cuda::compute_stream()), rec_->done, 0),
+                 "cudaStreamWaitEvent", rec_->op);
+  }
+
   void wait_until_complete() {
     NcclGroup& g = *group_;
     const auto deadline = Clock::now() + g.info.timeout;
@@ -342,6 +454,7 @@ class NcclWork final : public Work {
 
   std::shared_ptr<NcclGroup> group_;
   std::shared_ptr<OpRecord> rec_;
+  WaitOn on_;
   bool done_ = false;
   std::exception_ptr error_;
 };
@@ -357,7 +470,10 @@ ncclDataType_t reduction_type(DType t) {
 
 class NcclCommunicator final : public Communicator {
  public:
-  explicit NcclCommunicator(std::shared_ptr<NcclGroup> group) : group_(std::move(group)) {}
+  // Takes a group whose communicator is ready, and puts it under the watchdog's eye.
+  explicit NcclCommunicator(std::shared_ptr<NcclGroup> group) : group_(std::move(group)) {
+    Watchdog::instance().add(group_.get());
+  }
   const std::shared_ptr<NcclGroup>& group() const { return group_; }
 
   int rank() const override { return group_->info.rank; }
@@ -385,60 +501,64 @@ class NcclCommunicator final : public Communicator {
 
   void barrier() override {
     float* one = group_->scratch;  // (1)
-    collective("barrier", {}, false, "ncclAllReduce", [one](ncclComm_t comm, cudaStream_t s) {
-      return ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, comm, s);
-    })->wait();
+    collective(
+        "barrier", {}, false, "ncclAllReduce",
+        [one](ncclComm_t comm, cudaStream_t s) { return ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, comm, s); },
+        WaitOn::host)
+        ->wait();
   }
 
-  // The ops on device buffers; `keep` holds the tensors (if any) the buffers belong to.
-  std::unique_ptr<Work> raw_all_reduce(DeviceBuffer b, ReduceOp op, std::vector<Tensor> keep) {
+  bool collectives_block_caller() const override { return false; }
+
+  // The ops on device buffers; `tensors` are the tensors (if any) the buffers belong to.
+  std::unique_ptr<Work> raw_all_reduce(DeviceBuffer b, ReduceOp op, std::vector<Tensor> tensors) {
     check_reduction(b, "all_reduce");
     const ncclRedOp_t nccl_op = op == ReduceOp::sum ? ncclSum : ncclMax;
-    return collective("all_reduce", std::move(keep), b.numel == 0, "ncclAllReduce",
+    return collective("all_reduce", std::move(tensors), b.numel == 0, "ncclAllReduce",
                       [b, nccl_op](ncclComm_t comm, cudaStream_t s) {
                         return ncclAllReduce(b.ptr, b.ptr, static_cast<size_t>(b.numel), reduction_type(b.dtype),
                                              nccl_op, comm, s);
                       });
   }
 
-  std::unique_ptr<Work> raw_reduce_scatter(DeviceBuffer in, DeviceBuffer out, std::vector<Tensor> keep) {
+  std::unique_ptr<Work> raw_reduce_scatter(DeviceBuffer in, DeviceBuffer out, std::vector<Tensor> tensors) {
     check_reduction(in, "reduce_scatter");
     check_reduction(out, "reduce_scatter");
     if (in.dtype != out.dtype || in.numel != size() * out.numel)
       throw misuse("reduce_scatter", fmt::format("input {}[{}] is not {} blocks of output {}[{}]", dtype_name(in.dtype),
                                                  in.numel, size(), dtype_name(out.dtype), out.numel));
-    return collective("reduce_scatter", std::move(keep), out.numel == 0, "ncclReduceScatter",
+    return collective("reduce_scatter", std::move(tensors), out.numel == 0, "ncclReduceScatter",
                       [in, out](ncclComm_t comm, cudaStream_t s) {
                         return ncclReduceScatter(in.ptr, out.ptr, static_cast<size_t>(out.numel),
                                                  reduction_type(out.dtype), ncclSum, comm, s);
                       });
   }
 
-  std::unique_ptr<Work> raw_all_gather(DeviceBuffer in, DeviceBuffer out, std::vector<Tensor> keep) {
+  std::unique_ptr<Work> raw_all_gather(DeviceBuffer in, DeviceBuffer out, std::vector<Tensor> tensors) {
     check_device(in, "all_gather");
     check_device(out, "all_gather");
     if (in.dtype != out.dtype || out.numel != size() * in.numel)
       throw misuse("all_gather", fmt::format("output {}[{}] is not {} blocks of input {}[{}]", dtype_name(out.dtype),
                                              out.numel, size(), dtype_name(in.dtype), in.numel));
     const size_t bytes = static_cast<size_t>(in.numel) * dtype_size(in.dtype);  // per rank
-    return collective("all_gather", std::move(keep), bytes == 0, "ncclAllGather",
+    return collective("all_gather", std::move(tensors), bytes == 0, "ncclAllGather",
                       [in, out, bytes](ncclComm_t comm, cudaStream_t s) {
                         return ncclAllGather(in.ptr, out.ptr, bytes, ncclUint8, comm, s);
                       });
   }
 
-  std::unique_ptr<Work> raw_broadcast(DeviceBuffer b, int root, std::vector<Tensor> keep) {
+  std::unique_ptr<Work> raw_broadcast(DeviceBuffer b, int root, std::vector<Tensor> tensors) {
     check_device(b, "broadcast");
     if (root < 0 || root >= size())
       throw misuse("broadcast", fmt::format("root {} is outside the group of {}", root, size()));
     const size_t bytes = static_cast<size_t>(b.numel) * dtype_size(b.dtype);
-    return collective("broadcast", std::move(keep), bytes == 0, "ncclBroadcast",
+    return collective("broadcast", std::move(tensors), bytes == 0, "ncclBroadcast",
                       [b, bytes, root](ncclComm_t comm, cudaStream_t s) {
                         return ncclBroadcast(b.ptr, b.ptr, bytes, ncclUint8, root, comm, s);
                       });
   }
 
-  std::unique_ptr<Work> raw_post(DeviceBuffer b, int peer, int tag, bool is_send, std::vector<Tensor> keep) {
+  std::unique_ptr<Work> raw_post(DeviceBuffer b, int peer, int tag, bool is_send, std::vector<Tensor> tensors) {
     const char* op = is_send ? "send" : "recv";
     check_device(b, op);
     if (peer < 0 || peer >= size() || peer == rank())
@@ -447,7 +567,7 @@ class NcclCommunicator final : public Communicator {
     if (b.numel == 0) return std::make_unique<CompletedWork>();
     auto rec = std::make_shared<OpRecord>();
     rec->op = fmt::format("{} {}", is_send ? "send to" : "recv from", group_->info.who(peer));
-    rec->keep = std::move(keep);
+    rec->tensors = std::move(tensors);
     rec->is_send = is_send;
     rec->peer = peer;
     rec->buf = b;
@@ -492,15 +612,15 @@ class NcclCommunicator final : public Communicator {
   }
 
   template <class Enqueue>
-  std::unique_ptr<Work> collective(std::string_view op, std::vector<Tensor> keep, bool empty, std::string_view call,
-                                   Enqueue&& enqueue) {
+  std::unique_ptr<Work> collective(std::string_view op, std::vector<Tensor> tensors, bool empty, std::string_view call,
+                                   Enqueue&& enqueue, WaitOn on = WaitOn::stream) {
     std::lock_guard lock(group_->mu);
     group_->throw_if_broken(op);
     if (empty) return std::make_unique<CompletedWork>();
     DeviceGuard device(group_->info.device);
     group_->check_cuda(device.status(), "cudaSetDevice", op);
-    auto rec = group_->issue(std::string(op), std::move(keep), call, std::forward<Enqueue>(enqueue));
-    return std::make_unique<NcclWork>(group_, std::move(rec));
+    auto rec = group_->issue(std::string(op), tensors, call, std::forward<Enqueue>(enqueue));
+    return std::make_unique<NcclWork>(group_, std::move(rec), on);
   }
 
   std::shared_ptr<NcclGroup> group_;
@@ -530,8 +650,10 @@ void create_group_resources(NcclGroup& g, const char* op) {
   g.check_cuda(cudaMemset(g.scratch, 0, sizeof(float)), "cudaMemset", op);
 }
 
+// The NCCL communicator behind `comm`, looking through wrappers (a staged communicator around NCCL is what
+// init_distributed hands out).
 NcclCommunicator& nccl_of(Communicator& comm, std::string_view op) {
-  auto* nccl = dynamic_cast<NcclCommunicator*>(&comm);
+  auto* nccl = dynamic_cast<NcclCommunicator*>(&comm.backend());
   if (!nccl) throw CommError(fmt::format("{}: {} on raw device buffers needs an NCCL communicator", comm.name(), op));
   return *nccl;
 }
@@ -580,7 +702,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Store> stor
   config.commName = g.info.name.c_str();
   ncclResult_t r = ncclCommInitRankConfig(&g.comm, size, id, rank, &config);
   g.check_nccl(r, "ncclCommInitRankConfig", op, Clock::now() + g.info.timeout);
-  return std::make_unique<NcclCommunicator>(std::move(group));
+  return std::make_unique<NcclCommunicator>(std::move(group));  // registers with the watchdog
 }
 
 std::unique_ptr<Communicator> split_nccl_communicator(Communicator& parent, const NcclOptions& opt) {
@@ -595,10 +717,14 @@ std::unique_ptr<Communicator> split_nccl_communicator(Communicator& parent, cons
   config.blocking = 0;
   const auto deadline = Clock::now() + pg.info.timeout;
 
+  // A non-blocking split may return before it is done: the parent (and the child, when there is one) report
+  // ncclInProgress until then, and the next split or op must not use the parent before. Poll both.
   if (opt.members.empty()) {  // this rank joins no group of this split: it still takes part in the call
     ncclComm_t none = nullptr;
     ncclResult_t r = ncclCommSplit(pg.comm, NCCL_SPLIT_NOCOLOR, pg.info.rank, &none, &config);
-    pg.check_nccl(r, "ncclCommSplit (no color)", op, deadline);  // polls the parent until the split is done
+    if (r != ncclSuccess && r != ncclInProgress)
+      throw pg.fail(op, "failed", fmt::format("ncclCommSplit (no color): {}", ncclGetErrorString(r)));
+    pg.check_nccl(ncclInProgress, "ncclCommSplit (no color), parent", op, deadline);
     return nullptr;
   }
   GroupInfo info;
@@ -618,7 +744,9 @@ std::unique_ptr<Communicator> split_nccl_communicator(Communicator& parent, cons
   ncclResult_t r = ncclCommSplit(pg.comm, g.info.members.front(), g.info.rank, &g.comm, &config);
   if (r != ncclSuccess && r != ncclInProgress)
     throw g.fail(op, "failed", fmt::format("ncclCommSplit of {}: {}", pg.info.name, ncclGetErrorString(r)));
-  g.check_nccl(r, "ncclCommSplit", op, deadline);
+  if (!g.comm) throw g.fail(op, "failed", fmt::format("ncclCommSplit of {} returned no communicator", pg.info.name));
+  g.check_nccl(ncclInProgress, "ncclCommSplit, child", op, deadline);
+  pg.check_nccl(ncclInProgress, "ncclCommSplit, parent", op, deadline);
   return std::make_unique<NcclCommunicator>(std::move(group));
 }
 

@@ -2,9 +2,11 @@
 // freed by tensors are kept and handed out again; after the first iteration a training loop that allocates
 // the same shapes every iteration never reaches the driver (cache_stats().device_mallocs stops growing).
 //
-// Every kernel runs on the one compute stream, so a block freed on the host can be reused at once: work
-// enqueued later on the same stream runs after the work that last used it. Communication streams order
-// themselves against the compute stream with events and keep their tensors alive until waited on.
+// Streams: kernels run on the one compute stream, so a block freed on the host can be reused at once by later
+// compute work: it runs after the work that last used the block. A block that another stream used
+// (communication: record_stream) is different: when it is freed, an event is recorded on each such stream and
+// the block waits in `pending_` until those events have completed before it is cached again, so an NCCL
+// transfer still reading or writing it never races with its next owner (PyTorch's recordStream rule).
 //
 // Sizes are rounded (512 B below 1 MiB, 2 MiB above) and a request is served by the smallest cached block
 // of at least its rounded size and at most twice it, so a reused block never wastes more than half itself. When cudaMalloc fails, the cache is emptied and
@@ -16,7 +18,7 @@
 #include <mutex>
 #include <new>
 #include <stdexcept>
-#include <unordered_map>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -43,17 +45,18 @@ class CachingAllocator final : public Allocator {
   void* allocate(size_t bytes, MemKind kind) override {
     const size_t size = round_size(bytes);
     std::lock_guard lock(mu_);
+    reclaim_pending(false);
     void* ptr = nullptr;
     // The smallest cached block that fits, if it is at most twice the request.
     auto it = free_.lower_bound(size);
     if (it != free_.end() && it->first <= 2 * size) {
       ptr = it->second;
-      live_[ptr] = it->first;
+      live_[ptr] = Block{.size = it->first};
       free_.erase(it);
       ++stats_cache_.cache_hits;
     } else {
       ptr = device_malloc(size);
-      live_[ptr] = size;
+      live_[ptr] = Block{.size = size};
     }
     record_alloc(bytes, kind);
     return ptr;
@@ -63,16 +66,40 @@ class CachingAllocator final : public Allocator {
     std::lock_guard lock(mu_);
     auto it = live_.find(ptr);
     if (it == live_.end()) return;  // not ours: nothing to give back (never happens for Storage)
-    free_.emplace(it->second, ptr);
+    if (it->second.streams.empty()) {
+      free_.emplace(it->second.size, ptr);
+    } else {
+      Pending p{.ptr = ptr, .size = it->second.size};
+      for (cudaStream_t s : it->second.streams) {
+        cudaEvent_t e = take_event();
+        MT_CUDA_CHECK(cudaEventRecord(e, s));
+        p.events.push_back(e);
+      }
+      pending_.push_back(std::move(p));
+    }
     live_.erase(it);
     record_free(bytes, kind);
+  }
+
+  void record_stream(const void* ptr, cudaStream_t s) {
+    std::lock_guard lock(mu_);
+    // The block holding ptr: the last one starting at or before it, if ptr lies inside it.
+    auto it = live_.upper_bound(const_cast<void*>(ptr));
+    if (it == live_.begin()) return;
+    --it;
+    if (static_cast<const char*>(ptr) >= static_cast<const char*>(it->first) + it->second.size) return;
+    if (s == stream()) return;  // the compute stream needs no record: its work is ordered already
+    auto& streams = it->second.streams;
+    if (std::find(streams.begin(), streams.end(), s) == streams.end()) streams.push_back(s);
   }
 
   Device device() const override { return Device::cuda; }
 
   CacheStats cache_stats() {
     std::lock_guard lock(mu_);
-    return stats_cache_;
+    CacheStats c = stats_cache_;
+    c.pending_blocks = static_cast<int64_t>(pending_.size());
+    return c;
   }
 
   void empty_cache() {
@@ -108,9 +135,53 @@ class CachingAllocator final : public Allocator {
     return ptr;
   }
 
-  // Gives every cached block back; waits for the compute stream first, since freed blocks may still be in
-  // use by enqueued work.
+  struct Block {
+    size_t size = 0;                     // rounded
+    std::vector<cudaStream_t> streams;   // streams other than the compute stream that used it (record_stream)
+  };
+  struct Pending {                       // freed, waiting for the work of other streams that used it
+    void* ptr = nullptr;
+    size_t size = 0;
+    std::vector<cudaEvent_t> events;
+  };
+
+  cudaEvent_t take_event() {
+    if (!spare_events_.empty()) {
+      cudaEvent_t e = spare_events_.back();
+      spare_events_.pop_back();
+      return e;
+    }
+    cudaEvent_t e = nullptr;
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+
+  // Caches the pending blocks whose streams are done with them (all of them, waiting, when `wait`).
+  void reclaim_pending(bool wait) {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      bool done = true;
+      for (cudaEvent_t e : it->events) {
+        cudaError_t q = wait ? cudaEventSynchronize(e) : cudaEventQuery(e);
+        if (q == cudaErrorNotReady) {
+          done = false;
+          break;
+        }
+        MT_CUDA_CHECK(q);
+      }
+      if (!done) {
+        ++it;
+        continue;
+      }
+      for (cudaEvent_t e : it->events) spare_events_.push_back(e);
+      free_.emplace(it->size, it->ptr);
+      it = pending_.erase(it);
+    }
+  }
+
+  // Gives every cached block back; waits for the compute stream (and the streams of pending blocks) first,
+  // since freed blocks may still be in use by enqueued work.
   void release_cached() {
+    reclaim_pending(true);
     if (free_.empty()) return;
     synchronize();
     for (auto& [size, ptr] : free_) {
@@ -122,7 +193,9 @@ class CachingAllocator final : public Allocator {
 
   std::mutex mu_;
   std::multimap<size_t, void*> free_;        // cached blocks by size
-  std::unordered_map<void*, size_t> live_;   // handed-out blocks and their rounded sizes
+  std::map<void*, Block> live_;              // handed-out blocks by address (record_stream finds inner pointers)
+  std::vector<Pending> pending_;
+  std::vector<cudaEvent_t> spare_events_;
   CacheStats stats_cache_;
 };
 
@@ -136,6 +209,7 @@ CachingAllocator& instance() {
 }  // namespace
 
 Allocator& caching_allocator() { return instance(); }
+void record_stream(const void* ptr, void* stream) { instance().record_stream(ptr, static_cast<cudaStream_t>(stream)); }
 CacheStats cache_stats() { return instance().cache_stats(); }
 void empty_cache() { instance().empty_cache(); }
 

@@ -52,7 +52,13 @@ struct CacheStats {
   int64_t peak_reserved_bytes = 0;
   int64_t device_mallocs = 0;       // cudaMalloc calls so far (none once the training loop is warm)
   int64_t cache_hits = 0;
+  int64_t pending_blocks = 0;       // freed blocks waiting for another stream's work (record_stream)
 };
+// Marks the device memory at `ptr` (anywhere inside a block of the caching allocator) as used by work on
+// `stream` (a cudaStream_t other than the compute stream, e.g. a communicator's): once its tensor is freed,
+// the block is not handed out again until the work enqueued on that stream by then has finished. No-op for
+// memory the allocator does not own and for the compute stream.
+void record_stream(const void* ptr, void* stream);
 CacheStats cache_stats();
 // Returns every cached, unused block to the driver.
 void empty_cache();

@@ -18,6 +18,7 @@ TEST(CommNccl, Skipped) { GTEST_SKIP() << "built without NCCL"; }
 #include <string>
 #include <vector>
 
+#include "core/cuda/runtime.h"
 #include "parallel/communicator.h"
 
 namespace mt {
@@ -60,11 +61,16 @@ class DeviceFloats {
   DeviceBuffer buffer(DType dtype = DType::f32) const {
     return {ptr_, static_cast<int64_t>(n_ * sizeof(float) / dtype_size(dtype)), dtype};
   }
+  // The copies run on the legacy stream, which does not order itself with the (non-blocking) compute and
+  // communication streams: finish the upload before any op, and let the compute stream (which Work::wait()
+  // orders after the op) finish before downloading.
   void upload(const std::vector<float>& v) {
     ASSERT_EQ(v.size(), n_);
     expect_cuda(cudaMemcpy(ptr_, v.data(), n_ * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+    expect_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
   std::vector<float> download() const {
+    cuda::synchronize();
     std::vector<float> v(n_);
     expect_cuda(cudaMemcpy(v.data(), ptr_, n_ * sizeof(float), cudaMemcpyDeviceToHost), "cudaMemcpy");
     return v;
@@ -241,6 +247,45 @@ TEST(CommNccl, SplitOffTheWorldCommunicator) {
   a.upload(values);
   nccl_raw::all_reduce(*tp, a.buffer(), ReduceOp::sum)->wait();
   EXPECT_EQ(a.download(), values);
+}
+
+// What init_distributed does: the world communicator is a staged wrapper around NCCL (so that it takes the
+// trainer's host tensors too), and every group is split off it. Splitting must look through the wrapper.
+TEST(CommNccl, SplitOffAStagedWorldCommunicator) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  auto world = make_staged_communicator(make_nccl_communicator(make_hash_store(), one_rank("world[0]")), Device::cuda);
+  auto tp = split_nccl_communicator(*world, one_rank("tp[0]"));
+  ASSERT_NE(tp, nullptr);
+  auto dp = split_nccl_communicator(*world, one_rank("dp[0]"));  // the parent is usable after the first split
+  ASSERT_NE(dp, nullptr);
+  const std::vector<float> values = ramp(16, 0.5f);
+  DeviceFloats a(16);
+  a.upload(values);
+  nccl_raw::all_reduce(*make_staged_communicator(std::move(tp), Device::cuda), a.buffer(), ReduceOp::sum)->wait();
+  nccl_raw::all_reduce(*dp, a.buffer(), ReduceOp::sum)->wait();
+  EXPECT_EQ(a.download(), values);
+  world->barrier();
+}
+
+// Work::wait() orders the compute stream after the op instead of blocking the host; a host read through the
+// compute stream (Tensor::to_floats) then sees the result. Many ops in flight without waiting stay correct.
+TEST(CommNccl, WaitOrdersTheComputeStreamAndHostReadsSeeTheResult) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  auto comm = make_nccl_communicator(make_hash_store(), one_rank("ordered"));
+  const std::vector<float> values = ramp(1 << 16, 0.125f);
+  Tensor t = Tensor::from_floats(values, {1 << 16}).to(Device::cuda);
+  std::vector<std::unique_ptr<Work>> works;
+  for (int i = 0; i < 16; ++i) works.push_back(comm->all_reduce(t, ReduceOp::sum));
+  for (auto& w : works) w->wait();
+  EXPECT_EQ(t.to_floats(), values);
+  // A tensor freed while its op may still run keeps its block out of the cache until the op is done.
+  {
+    Tensor scratch = Tensor::from_floats(values, {1 << 16}).to(Device::cuda);
+    comm->all_reduce(scratch, ReduceOp::sum);  // not waited, dropped
+  }
+  Tensor next = Tensor::zeros({1 << 16}, DType::f32, Device::cuda);
+  comm->barrier();
+  EXPECT_EQ(next.to_floats(), std::vector<float>(1 << 16, 0.f));
 }
 
 #if defined(MEGATRAIN_WITH_CUDA)
