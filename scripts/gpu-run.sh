@@ -2,12 +2,20 @@
 # gpu-run.sh: runs megatrain's GPU checks on a GPU machine, from a bundle made by scripts/gpu-bundle.sh
 # (bin/, lib/ beside scripts/) or from a source checkout with a CUDA build (build-gpu/ or build/).
 #
-# Usage: scripts/gpu-run.sh [env|check|e2e|bench|all] [args for bench/gpu_throughput.sh ...]
-#   env    only what the machine has: nvidia-smi, nvcc, torch and its nvidia pip folders, the ldd check
-#   check  the GPU unit tests: test_cuda_ops and test_comm_nccl (--gtest_brief=1); CHECK_TRAINING=1 adds test_training
-#   e2e    every tests/e2e/gpu_*.sh with this megatrain (exit 77 = skipped)
-#   bench  bench/gpu_throughput.sh (megatrain vs PyTorch); see that script for MODELS, SEQS, ITERS, ...
-#   all    check, e2e and bench in order (default); goes on after a failing step, fails at the end
+# Usage: scripts/gpu-run.sh [first|env|check|e2e|sanitize|bench|all] [args for bench/gpu_throughput.sh ...]
+#   first    the first command on a fresh GPU machine, under 8 minutes (FIRST_BUDGET seconds, default 420):
+#            env, every GPU unit test (check), then the tiny model on the GPU against the CPU
+#            (tests/e2e/gpu_train_matches_cpu.sh), each bounded by what is left of the budget; with
+#            MEGATRAIN_CUDA_SYNC=1 (default here: a fault names its kernel; FIRST_SYNC=0 turns it off)
+#   env      only what the machine has: nvidia-smi, nvcc, torch and its nvidia pip folders, the ldd check
+#   check    the GPU unit tests: test_cuda_ops, test_comm_nccl, test_distributed (--gtest_brief=1), each bounded
+#            by CHECK_TIMEOUT seconds (default 300); CHECK_TRAINING=1 adds test_training
+#   e2e      every tests/e2e/gpu_*.sh with this megatrain (exit 77 = skipped), each bounded by E2E_TIMEOUT
+#   sanitize compute-sanitizer memcheck and racecheck over test_cuda_ops (SANITIZE_FILTER: a gtest filter)
+#   bench    bench/gpu_throughput.sh (megatrain vs PyTorch); see that script for MODELS, SEQS, ITERS, ...;
+#            one model per command keeps it inside the machine's 10 minutes (MODELS=124m, then 350m, ...)
+#   all      check, e2e and bench in order (default); goes on after a failing step, fails at the end
+# Every step's output also goes to $OUT/<step>.log when OUT is set (the device tool's output folder).
 # Env: PYTHON (default python3: the one with torch and the nvidia pip packages), MEGATRAIN (the binary, for a
 # checkout), EXTRA_LD_PATH (prepended to the library path, e.g. /tmp/deps/usr/lib/x86_64-linux-gnu),
 # GTEST_ARGS (more gtest arguments), OUT (each step's output also goes to $OUT/<step>.log).
@@ -28,8 +36,8 @@ if [[ -z ${PYTHON:-} ]]; then
 fi
 
 die() { echo "gpu-run: error: $*" >&2; exit 1; }
-case $STEP in env|check|e2e|bench|all) ;; -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
-  *) die "unknown step '$STEP': expected env, check, e2e, bench or all" ;; esac
+case $STEP in first|env|check|e2e|sanitize|bench|all) ;; -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+  *) die "unknown step '$STEP': expected first, env, check, e2e, sanitize, bench or all" ;; esac
 
 # Where the binaries are: the bundle's bin/, else a build folder of the checkout.
 if [[ -n ${MEGATRAIN:-} ]]; then
@@ -150,16 +158,65 @@ show_env() {
 }
 
 # ---- Steps -----------------------------------------------------------------------------------------------
+GPU_TESTS=(test_cuda_ops test_comm_nccl test_distributed)
 run_check() {
-  local tests=(test_cuda_ops test_comm_nccl) t f rc=0
+  local tests=("${GPU_TESTS[@]}") t f rc=0 r
   if [[ ${CHECK_TRAINING:-0} == 1 ]]; then tests+=(test_training); fi
   for t in "${tests[@]}"; do
     f=$(test_binary "$t")
     if [[ -z $f ]]; then echo "== $t: MISSING (not built or not bundled)"; rc=1; continue; fi
     echo "== $t"
+    r=0
     # shellcheck disable=SC2086
-    if "$f" --gtest_brief=1 ${GTEST_ARGS:-}; then echo "== $t: passed"; else echo "== $t: FAILED"; rc=1; fi
+    timeout "${CHECK_TIMEOUT:-300}" "$f" --gtest_brief=1 ${GTEST_ARGS:-} || r=$?
+    case $r in
+      0) echo "== $t: passed" ;;
+      124) echo "== $t: FAILED (timed out after ${CHECK_TIMEOUT:-300} s)"; rc=1 ;;
+      *) echo "== $t: FAILED (exit $r)"; rc=1 ;;
+    esac
   done
+  return "$rc"
+}
+
+# compute-sanitizer's memcheck and racecheck over the CUDA op tests (slow: one tool at a time).
+run_sanitize() {
+  local cs f rc=0 tool
+  cs=$(command -v compute-sanitizer || true)
+  [[ -n $cs ]] || cs=/usr/local/cuda/bin/compute-sanitizer
+  [[ -x $cs ]] || { echo "== no compute-sanitizer (not on PATH, not in /usr/local/cuda/bin)"; return 1; }
+  f=$(test_binary test_cuda_ops)
+  [[ -n $f ]] || { echo "== test_cuda_ops: MISSING"; return 1; }
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer --tool $tool test_cuda_ops"
+    if timeout "${SANITIZE_TIMEOUT:-280}" "$cs" --tool "$tool" --error-exitcode 9 "$f" --gtest_brief=1 \
+        "--gtest_filter=${SANITIZE_FILTER:-*}"; then
+      echo "== $tool: clean"
+    else
+      echo "== $tool: FAILED or timed out"; rc=1
+    fi
+  done
+  return "$rc"
+}
+
+# The first command on a fresh machine: every GPU unit test, then the tiny model against the CPU, inside the
+# budget (the machine runs one command at most 10 minutes; env has run already).
+run_first() {
+  local start=$SECONDS budget=${FIRST_BUDGET:-420} left r rc=0
+  if [[ ${FIRST_SYNC:-1} == 1 ]]; then export MEGATRAIN_CUDA_SYNC=1; fi
+  echo "== first: budget ${budget} s, MEGATRAIN_CUDA_SYNC=${MEGATRAIN_CUDA_SYNC:-0}"
+  CHECK_TIMEOUT=$(( (budget - 60) / ${#GPU_TESTS[@]} )) run_check || rc=1
+  left=$(( budget - (SECONDS - start) ))
+  if (( left < 30 )); then echo "== first: no time left for the tiny model on the GPU"; return 1; fi
+  echo "== e2e gpu_train_matches_cpu (up to ${left} s)"
+  r=0
+  timeout "$left" bash tests/e2e/gpu_train_matches_cpu.sh "$MT" "$ROOT" || r=$?
+  case $r in
+    0) echo "== e2e gpu_train_matches_cpu: passed" ;;
+    77) echo "== e2e gpu_train_matches_cpu: SKIPPED (no GPU?)"; rc=1 ;;
+    124) echo "== e2e gpu_train_matches_cpu: FAILED (timed out after ${left} s)"; rc=1 ;;
+    *) echo "== e2e gpu_train_matches_cpu: FAILED (exit $r)"; rc=1 ;;
+  esac
+  echo "== first: $(( SECONDS - start )) s"
   return "$rc"
 }
 
@@ -197,7 +254,9 @@ step() {  # name function args...
 }
 case $STEP in
   env) ;;
+  first) step first run_first ;;
   check) step check run_check ;;
+  sanitize) step sanitize run_sanitize ;;
   e2e) step e2e run_e2e ;;
   bench) step bench run_bench "$@" ;;
   all) step check run_check; step e2e run_e2e; step bench run_bench "$@" ;;
