@@ -314,12 +314,17 @@ class Watchdog {
       std::lock_guard lock(mu_);
       const auto now = Clock::now();
       for (NcclGroup* g : groups_) {
+        // Never block on a group while holding mu_: a thread creating a communicator holds its parent's
+        // lock and then registers here. A group busy now is checked next round (the thread holding it
+        // is bounded by its own deadline).
+        std::unique_lock group_lock(g->mu, std::try_to_lock);
+        if (!group_lock.owns_lock()) continue;
         std::string failure;
         {
-          std::lock_guard group_lock(g->mu);
           DeviceGuard device(g->info.device);
           if (device.status() == cudaSuccess) failure = g->watch(now);
         }
+        group_lock.unlock();
         if (!failure.empty()) spdlog::error("{}", failure);
       }
     }
