@@ -65,7 +65,7 @@ fi
 
 # The GPU tests to take along: those whose sources exist (the CUDA ops test may not be written yet).
 GPU_TESTS=()
-for t in test_cuda_ops test_comm_nccl test_distributed test_training; do
+for t in test_cuda_ops test_comm_nccl test_distributed test_cuda_allocator test_training; do
   if [[ -f tests/unit/$t.cpp ]]; then
     GPU_TESTS+=("$t")
   elif [[ $t != test_training ]]; then

@@ -8,7 +8,7 @@
 #            (tests/e2e/gpu_train_matches_cpu.sh), each bounded by what is left of the budget; with
 #            MEGATRAIN_CUDA_SYNC=1 (default here: a fault names its kernel; FIRST_SYNC=0 turns it off)
 #   env      only what the machine has: nvidia-smi, nvcc, torch and its nvidia pip folders, the ldd check
-#   check    the GPU unit tests: test_cuda_ops, test_comm_nccl, test_distributed (--gtest_brief=1), each bounded
+#   check    the GPU unit tests: test_cuda_ops, test_comm_nccl, test_distributed, test_cuda_allocator, each bounded
 #            by CHECK_TIMEOUT seconds (default 300); CHECK_TRAINING=1 adds test_training
 #   e2e      every tests/e2e/gpu_*.sh with this megatrain (exit 77 = skipped), each bounded by E2E_TIMEOUT
 #   sanitize compute-sanitizer memcheck and racecheck over test_cuda_ops (SANITIZE_FILTER: a gtest filter)
@@ -158,7 +158,7 @@ show_env() {
 }
 
 # ---- Steps -----------------------------------------------------------------------------------------------
-GPU_TESTS=(test_cuda_ops test_comm_nccl test_distributed)
+GPU_TESTS=(test_cuda_ops test_comm_nccl test_distributed test_cuda_allocator)
 run_check() {
   local tests=("${GPU_TESTS[@]}") t f rc=0 r
   if [[ ${CHECK_TRAINING:-0} == 1 ]]; then tests+=(test_training); fi

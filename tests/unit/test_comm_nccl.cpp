@@ -12,10 +12,12 @@ TEST(CommNccl, Skipped) { GTEST_SKIP() << "built without NCCL"; }
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/cuda/runtime.h"
@@ -286,6 +288,39 @@ TEST(CommNccl, WaitOrdersTheComputeStreamAndHostReadsSeeTheResult) {
   Tensor next = Tensor::zeros({1 << 16}, DType::f32, Device::cuda);
   comm->barrier();
   EXPECT_EQ(next.to_floats(), std::vector<float>(1 << 16, 0.f));
+}
+
+// Blocks the compute stream until release(): a host function enqueued on it spins on a flag.
+class StreamGate {
+ public:
+  StreamGate() {
+    expect_cuda(cudaLaunchHostFunc(static_cast<cudaStream_t>(cuda::compute_stream()), &StreamGate::hold, &open_),
+                "cudaLaunchHostFunc");
+  }
+  ~StreamGate() { release(); }
+  void release() { open_.store(true); }
+
+ private:
+  static void hold(void* flag) {
+    while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  std::atomic<bool> open_{false};
+};
+
+// wait() must not block the host: with the compute stream held back (so the op, ordered after it, cannot
+// run), posting and waiting still return; the result is there once the stream moves on. The gate opens only
+// after wait() has returned, so a wait that polled the host for completion would time out (CommError).
+TEST(CommNccl, WaitDoesNotBlockTheHost) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  NcclOptions opt = one_rank("nonblocking");
+  opt.timeout = 20s;
+  auto comm = make_nccl_communicator(make_hash_store(), opt);
+  const std::vector<float> values = ramp(1024, 3.f);
+  Tensor t = Tensor::from_floats(values, {1024}).to(Device::cuda);
+  StreamGate gate;
+  comm->all_reduce(t, ReduceOp::sum)->wait();
+  gate.release();
+  EXPECT_EQ(t.to_floats(), values);
 }
 
 #if defined(MEGATRAIN_WITH_CUDA)
