@@ -71,6 +71,7 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
   std::vector<int> everyone(env.world_size);
   for (int r = 0; r < env.world_size; ++r) everyone[r] = r;
 #if defined(MEGATRAIN_WITH_NCCL)
+  if (nccl) spdlog::info("nccl: {}", nccl_version());
   if (nccl)
     d->world = make_staged_communicator(make_nccl_communicator(d->store, nccl_options("world", everyone)), Device::cuda);
   else

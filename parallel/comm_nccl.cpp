@@ -755,6 +755,16 @@ std::unique_ptr<Communicator> split_nccl_communicator(Communicator& parent, cons
   return std::make_unique<NcclCommunicator>(std::move(group));
 }
 
+std::string nccl_version() {
+  auto text = [](int code) {  // NCCL_VERSION_CODE since 2.9: major * 10000 + minor * 100 + patch
+    return fmt::format("{}.{}.{}", code / 10000, code / 100 % 100, code % 100);
+  };
+  int loaded = 0;
+  const std::string built = text(NCCL_VERSION_CODE);
+  if (ncclGetVersion(&loaded) != ncclSuccess) return fmt::format("unknown (built with {})", built);
+  return fmt::format("{} (built with {})", text(loaded), built);
+}
+
 namespace nccl_raw {
 
 std::unique_ptr<Work> all_reduce(Communicator& comm, DeviceBuffer buf, ReduceOp op) {

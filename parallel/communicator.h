@@ -128,6 +128,10 @@ std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Store> stor
 // ignored. Errors as for make_nccl_communicator.
 std::unique_ptr<Communicator> split_nccl_communicator(Communicator& parent, const NcclOptions& opt);
 
+// "2.28.3 (built with 2.28.3)": the NCCL library this process loaded (ncclGetVersion) and the headers it was
+// built against; the two can differ (the GPU machine's NCCL comes from its own pip packages).
+std::string nccl_version();
+
 // Device memory outside any Tensor: the ops of an NCCL
 // communicator on raw device pointers, with the same checks and Works. The caller keeps the memory alive
 // until wait() returns. `comm` must come from make_nccl_communicator (otherwise CommError).
