@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/pipeline_executor.h"
 #include "parallel/schedule.h"
 
 namespace mt {
@@ -417,6 +418,74 @@ TEST(ForwardOnly, BackwardsAndGradientsAreRejected) {
   EXPECT_CONTAINS(check_schedule(spec, with_gradient).error, "a forward_only schedule moves no gradients");
   const Schedule missing_send = {{fw(0)}, {rf(0), fw(0)}};
   EXPECT_CONTAINS(check_schedule(spec, missing_send).error, "finished without sending it");
+}
+
+// The executor, not only the lists: run every stage's program of the grid through execute_pipeline against a
+// communicator that records what it is asked to post. Between every pair of ranks the k-th send must be the
+// k-th receive (NCCL's pairing, which ignores tags), i.e. the executor posts in the checked instruction order.
+class RecordingComm final : public Communicator {
+ public:
+  struct Posted {
+    bool send;
+    int peer, tag;
+  };
+  RecordingComm(int rank, int size) : rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  std::unique_ptr<Work> all_reduce(Tensor&, ReduceOp) override { throw std::logic_error("not here"); }
+  std::unique_ptr<Work> reduce_scatter(const Tensor&, Tensor&) override { throw std::logic_error("not here"); }
+  std::unique_ptr<Work> all_gather(const Tensor&, Tensor&) override { throw std::logic_error("not here"); }
+  std::unique_ptr<Work> broadcast(Tensor&, int) override { throw std::logic_error("not here"); }
+  std::unique_ptr<Work> send(const Tensor&, int peer, int tag) override { return log(true, peer, tag); }
+  std::unique_ptr<Work> recv(Tensor&, int peer, int tag) override { return log(false, peer, tag); }
+  void barrier() override {}
+  std::vector<Posted> posted;
+
+ private:
+  struct Done final : Work {
+    void wait() override {}
+  };
+  std::unique_ptr<Work> log(bool send, int peer, int tag) {
+    posted.push_back({send, peer, tag});
+    return std::make_unique<Done>();
+  }
+  int rank_, size_;
+  std::string name_ = "recording";
+};
+
+class NullStage final : public PipelineStage {
+ public:
+  Tensor forward(int, int, const Tensor&) override { return Tensor::zeros({1}, DType::f32); }
+  Tensor backward(int, int, const Tensor&) override { return Tensor::zeros({1}, DType::f32); }
+  Shape activation_shape() const override { return {1}; }
+  DType activation_dtype() const override { return DType::f32; }
+};
+
+TEST(Executor, PostsBetweenEveryPairOfRanksInOneOrder) {
+  std::vector<ScheduleSpec> specs = valid_grid();
+  for (int p : {2, 3, 4})
+    for (int m : {1, 3, 4, 8})
+      for (int v : {1, 2, 3}) specs.push_back(forward_only(p, m, v));
+  for (const ScheduleSpec& spec : specs) {
+    const Schedule s = build_schedule(spec);
+    std::vector<RecordingComm> comms;
+    for (int st = 0; st < spec.stages; ++st) comms.emplace_back(st, spec.stages);
+    for (int st = 0; st < spec.stages; ++st) {
+      NullStage stage;
+      execute_pipeline(s[st], stage, {.comm = &comms[st], .stage = st, .stages = spec.stages, .chunks = spec.chunks});
+    }
+    for (int from = 0; from < spec.stages; ++from) {
+      for (int to = 0; to < spec.stages; ++to) {
+        std::vector<int> sent, received;
+        for (const auto& x : comms[from].posted)
+          if (x.send && x.peer == to) sent.push_back(x.tag);
+        for (const auto& x : comms[to].posted)
+          if (!x.send && x.peer == from) received.push_back(x.tag);
+        EXPECT_EQ(sent, received) << name(spec) << ": stage " << from << " to stage " << to;
+      }
+    }
+  }
 }
 
 TEST(Check, MissingReceiveIsReported) {
