@@ -151,6 +151,22 @@ class IterationStage final : public PipelineStage {
   float dloss_;
 };
 
+// The pipeline executor's view of this rank's chunks for evaluation (a forward_only schedule): local
+// microbatch j is validation batch dp_rank + j * dp, forward without dropout, the loss summed on the last stage.
+class EvalStage final : public PipelineStage {
+ public:
+  explicit EvalStage(Trainer& t) : t_(t) {}
+  Tensor forward(int microbatch, int chunk, const Tensor& input) override;
+  Tensor backward(int microbatch, int chunk, const Tensor& grad) override;  // never called: forward only
+  Shape activation_shape() const override;
+  DType activation_dtype() const override;
+  Device activation_device() const override;
+  double loss_sum = 0;  // over the microbatches whose loss this rank computed, in microbatch order
+
+ private:
+  Trainer& t_;
+};
+
 class Trainer {
  public:
   Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
@@ -218,6 +234,7 @@ class Trainer {
 
  private:
   friend class IterationStage;
+  friend class EvalStage;
   // Samples of microbatch m of this data-parallel rank in the current iteration.
   int64_t microbatch_first_sample(int64_t m) const {
     return c_.consumed_samples + (m * dist_.dp_size() + dist_.dp_rank()) * cfg_.training.micro_batch_size;
@@ -416,33 +433,46 @@ float Trainer::train_step(float& lr_used, StepResult& result) {
 }
 
 // Mean loss over the first eval_iters global batches of the validation samples, microbatch i on dp rank i % dp.
+// The pipeline runs a forward_only schedule through the same executor as training (so its transfers follow
+// the checked schedule order that NCCL needs); the last stage adds the losses in microbatch order.
 double Trainer::evaluate() {
-  const int64_t B = cfg_.training.micro_batch_size, dp = dist_.dp_size();
+  const int64_t dp = dist_.dp_size();
   const int64_t batches = cfg_.logging.eval_iters * cfg_.training.num_microbatches * dp;
-  Tensor tokens, targets;
-  double sum = 0;
   const int p = dist_.pp_size(), v = static_cast<int>(chunks_.size());
-  for (int64_t i = dist_.dp_rank(); i < batches; i += dp) {
-    load_batch(data_.valid, i * B, tokens, targets);
-    const StepContext ctx{.sample_offset = i * B, .training = false};
-    // Forward only, virtual stage by virtual stage: receive, run, send on.
-    Tensor x;
-    for (int c = 0; c < v; ++c) {
-      const int vs = c * p + dist_.pp_rank();
-      if (vs > 0) {
-        x = Tensor::empty(activation_shape(), dtype_, device_);
-        dist_.pp->recv(x, (dist_.pp_rank() + p - 1) % p, vs)->wait();
-      }
-      float loss = 0;
-      x = chunks_[static_cast<size_t>(c)]->forward_stage(x, tokens, targets, 0, ctx, &loss);
-      if (vs + 1 < p * v) dist_.pp->send(x, (dist_.pp_rank() + 1) % p, vs + 1)->wait();
-      else sum += loss;
-    }
-  }
+  const ScheduleSpec spec{.kind = ScheduleKind::forward_only, .stages = p,
+                          .microbatches = static_cast<int>(batches / dp), .chunks = v};
+  EvalStage stage(*this);
+  execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage,
+                   PipelinePlacement{.comm = dist_.pp.get(), .stage = dist_.pp_rank(), .stages = p, .chunks = v});
+  double sum = stage.loss_sum;
   if (p > 1) sum = sum_over(*dist_.pp, {sum})[0];
   if (dp > 1) sum = sum_over(*dist_.dp, {sum})[0];
   return sum / static_cast<double>(batches);
 }
+
+Tensor EvalStage::forward(int microbatch, int chunk, const Tensor& input) {
+  const int64_t B = t_.cfg_.training.micro_batch_size;
+  const int64_t i = t_.dist_.dp_rank() + microbatch * t_.dist_.dp_size();  // the validation batch
+  Tensor tokens, targets;
+  t_.load_batch(t_.data_.valid, i * B, tokens, targets);
+  const StepContext ctx{.sample_offset = i * B, .training = false};
+  float loss = 0;
+  GptModel& model = *t_.chunks_[static_cast<size_t>(chunk)];
+  Tensor out = model.forward_stage(input, tokens, targets, microbatch, ctx, &loss);
+  if (model.stage().has_head) loss_sum += loss;
+  return out;
+}
+
+Tensor EvalStage::backward(int microbatch, int chunk, const Tensor&) {
+  throw std::logic_error(fmt::format("evaluation: backward of microbatch {} chunk {} in a forward_only schedule",
+                                     microbatch, chunk));
+}
+
+Shape EvalStage::activation_shape() const { return t_.activation_shape(); }
+
+DType EvalStage::activation_dtype() const { return t_.dtype_; }
+
+Device EvalStage::activation_device() const { return t_.device_; }
 
 Tensor IterationStage::forward(int microbatch, int chunk, const Tensor& input) {
   const Config& cfg = t_.cfg_;

@@ -1,3 +1,4 @@
+// pipeline_executor.cpp: execute_pipeline, one stage's instruction list run in order against its chunks.
 #include "parallel/pipeline_executor.h"
 
 #include <map>
@@ -12,7 +13,7 @@ namespace mt {
 namespace {
 
 // A message is named by its direction, microbatch and the virtual stage that receives it, so sender and
-// receiver compute the same tag.
+// receiver compute the same tag. Gloo matches by it; NCCL ignores it (see execute_pipeline on order).
 int message_tag(bool backward, int microbatch, int receiving_virtual_stage, int virtual_stages) {
   return ((microbatch * virtual_stages + receiving_virtual_stage) << 1) | (backward ? 1 : 0);
 }
@@ -43,6 +44,12 @@ void execute_pipeline(const std::vector<PipeInstr>& program, PipelineStage& stag
     return t;
   };
 
+  // Correctness under NCCL rests on ORDER, not tags: NCCL pairs the k-th send from one rank to another with
+  // the k-th receive posted there. This loop posts every send/recv exactly in the program's instruction order
+  // (one call per instruction, no reordering, no skipping, batches issued in order), and check_schedule
+  // verifies that the schedules' instruction orders agree between every pair of stages. Keep it so: posting
+  // a batch's transfers in another order (say all receives first) would swap same-shape activations and
+  // gradients between two ranks (p = 2 shares one channel for both) without any error.
   for (const PipeInstr& in : program) {
     const Key key{in.microbatch, in.chunk};
     const int vs = in.chunk * p + at.stage;  // this chunk's virtual stage

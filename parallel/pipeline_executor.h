@@ -32,8 +32,10 @@ struct PipelinePlacement {
   int chunks = 1;                // model chunks (virtual stages) per rank
 };
 
-// Runs `program` (this stage's list from build_schedule). Consecutive send/recv instructions are posted
-// together and waited for together, as the schedule checker assumes. Throws CommError on transfer failures.
+// Runs `program` (this stage's list from build_schedule, training or forward_only). Consecutive send/recv
+// instructions are posted together and waited for together, as the schedule checker assumes, in the
+// program's order (NCCL matches transfers between two ranks by that order). forward_only programs need no
+// backward(): it is never called for them. Throws CommError on transfer failures.
 void execute_pipeline(const std::vector<PipeInstr>& program, PipelineStage& stage, const PipelinePlacement& at);
 
 }  // namespace mt

@@ -31,6 +31,7 @@ std::string schedule_kind_name(ScheduleKind kind) {
     case ScheduleKind::no_pipelining: return "no_pipelining";
     case ScheduleKind::one_f_one_b: return "one_f_one_b";
     case ScheduleKind::interleaved: return "interleaved";
+    case ScheduleKind::forward_only: return "forward_only";
   }
   return "unknown";
 }
@@ -61,6 +62,7 @@ void validate(const ScheduleSpec& spec) {
         fail(spec, "microbatches = " + m + " must be a multiple of stages = " + p +
                        " (Megatron's rule: microbatches pass each chunk in groups of stages)");
       break;
+    case ScheduleKind::forward_only: break;  // any p, m, v: the last group of microbatches may be short
   }
 }
 
@@ -180,6 +182,25 @@ std::vector<PipeInstr> interleaved(int p, int s, int m, int v) {
   return out;
 }
 
+// Evaluation: each (microbatch, chunk) received, run and sent on, in interleaved's forward order (microbatches
+// pass chunk 0 in groups of p, then chunk 1, ...; a short last group when p does not divide m). Every stage
+// walks the same order, so each receive meets its send in order and nothing waits on a later message.
+std::vector<PipeInstr> forward_only(int p, int s, int m, int v) {
+  std::vector<PipeInstr> out;
+  StageWriter w{out, s == 0, s == p - 1, v};
+  for (int group = 0; group < m; group += p) {
+    const int group_end = std::min(group + p, m);
+    for (int c = 0; c < v; ++c) {
+      for (int mb = group; mb < group_end; ++mb) {
+        if (w.has_prev(c)) w.add(PipeOp::recv_forward, mb, c);
+        w.add(PipeOp::forward, mb, c);
+        if (w.has_next(c)) w.add(PipeOp::send_forward, mb, c);
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::vector<PipeInstr>> build_schedule(const ScheduleSpec& spec) {
@@ -191,6 +212,7 @@ std::vector<std::vector<PipeInstr>> build_schedule(const ScheduleSpec& spec) {
       case ScheduleKind::no_pipelining: stages[s] = no_pipelining(m); break;
       case ScheduleKind::one_f_one_b: stages[s] = one_f_one_b(p, s, m); break;
       case ScheduleKind::interleaved: stages[s] = interleaved(p, s, m, v); break;
+      case ScheduleKind::forward_only: stages[s] = forward_only(p, s, m, v); break;
     }
   }
   return stages;

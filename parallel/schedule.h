@@ -10,8 +10,14 @@
 //   * Sends are rendezvous: a send completes only once its receiver has posted the matching receive (the
 //     NCCL behaviour for activation-sized messages). A schedule that runs under this strict model also runs
 //     where sends are buffered (Gloo, or an executor that waits on send handles only at the flush).
-//   * Messages are matched by (from stage, to stage, direction, microbatch, chunk), i.e. by tag, not by
-//     posting order.
+//   * Messages carry a tag (from stage, to stage, direction, microbatch, chunk), and the tags must match. But
+//     NCCL send/recv has no tags: between two ranks it pairs the k-th send with the k-th receive. So the
+//     schedules must also agree on ORDER: for every (sender stage, receiver stage) pair, the order in which the
+//     sender posts its sends to that receiver equals the order in which the receiver posts its receives from
+//     it. Forward activations and backward gradients share that one ordered channel (with p = 2 a stage's
+//     next and previous stage are the same rank), and transfers inside one batch are ordered by their
+//     position in the batch. Activations and gradients have the same shape, so a swap would not fail: it
+//     would silently deliver the wrong tensor.
 // So an executor that issued each instruction as its own blocking call would deadlock on 1F1B; one that
 // batches adjacent communication instructions runs every schedule build_schedule makes.
 #pragma once
@@ -39,14 +45,15 @@ struct PipeInstr {
 };
 std::string to_string(const PipeInstr& instr);  // "send_forward(mb 3, chunk 1)"
 
-enum class ScheduleKind { no_pipelining, one_f_one_b, interleaved };
+// forward_only: evaluation, a forward of every (microbatch, chunk) on every stage and no backward.
+enum class ScheduleKind { no_pipelining, one_f_one_b, interleaved, forward_only };
 std::string schedule_kind_name(ScheduleKind kind);
 
 struct ScheduleSpec {
   ScheduleKind kind = ScheduleKind::one_f_one_b;
   int stages = 1;        // p
   int microbatches = 1;  // m
-  int chunks = 1;        // v (virtual stages per rank); > 1 only for interleaved
+  int chunks = 1;        // v (virtual stages per rank); > 1 only for interleaved and forward_only
 };
 
 // The instruction list of every stage. Layer chunk c of stage s is global virtual stage c * p + s (Megatron's
@@ -56,6 +63,13 @@ struct ScheduleSpec {
 //   interleaved: Megatron's interleaved 1F1B; microbatches pass chunk 0 in groups of p, then chunk 1, ...;
 //     warmup min(2 (p - s - 1) + (v - 1) p, m v) forwards (Megatron's count; we skip Megatron's special case
 //     that runs all m v forwards first when m == p: it is not needed here and holds more activations).
+//     Inside each batch: the sends, then the receives, the forward direction first in each. With p = 2 the two
+//     ranks share one channel each way for activations and gradients, and this order posts them the same way
+//     at both ends (check_schedule's per-pair order check passes over the tests' whole grid).
+//   forward_only (any p, m, v): recv_forward, forward, send_forward of each (microbatch, chunk), microbatches
+//     passing chunk 0 in groups of p (the last group may be smaller), then chunk 1, ... (interleaved's forward
+//     order; with v = 1 simply microbatch order). A send_forward and the next recv_forward form one batch
+//     (Megatron's send_forward_recv_forward).
 // Throws std::invalid_argument naming the field for impossible specs (stages < 1, interleaved with
 // m % p != 0, ...).
 std::vector<std::vector<PipeInstr>> build_schedule(const ScheduleSpec& spec);
@@ -75,7 +89,10 @@ struct ScheduleReport {
 
 // Simulates the schedules under the communication model above and checks: every send has its receive, each
 // forward precedes its backward, inputs and output gradients are received before they are used, every
-// (microbatch, chunk) runs forward and backward exactly once per stage, and nothing deadlocks.
+// (microbatch, chunk) runs forward and backward exactly once per stage (forward only, and no backward, for
+// forward_only), nothing deadlocks, and, per (sender, receiver) pair of stages, sends and receives are posted
+// in the same order (NCCL's pairing). For forward_only the ideal is m forwards per stage and peak_in_flight is
+// 0 (no activations are kept for a backward).
 ScheduleReport check_schedule(const ScheduleSpec& spec, const std::vector<std::vector<PipeInstr>>& schedule);
 
 }  // namespace mt

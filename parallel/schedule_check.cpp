@@ -1,6 +1,7 @@
 // schedule_check.cpp: check_schedule, a simulator that runs every stage's instruction list together under the
 // communication model of schedule.h (adjacent sends/receives form one batch, sends are rendezvous, messages are
-// matched by tag) with a chunk's forward taking 1/v and its backward 2/v, and reports what went wrong.
+// matched by tag) with a chunk's forward taking 1/v and its backward 2/v, then checks that every pair of stages
+// posts its sends and receives in the same order (NCCL matches by order, not tag), and reports what went wrong.
 #include <algorithm>
 #include <map>
 #include <sstream>
@@ -33,13 +34,19 @@ struct CheckError {
 class Simulator {
  public:
   Simulator(const ScheduleSpec& spec, const std::vector<std::vector<PipeInstr>>& schedule)
-      : p_(spec.stages), m_(spec.microbatches), v_(spec.chunks), schedule_(schedule), stages_(p_) {
+      : p_(spec.stages),
+        m_(spec.microbatches),
+        v_(spec.chunks),
+        forward_only_(spec.kind == ScheduleKind::forward_only),
+        schedule_(schedule),
+        stages_(p_) {
     for (auto& st : stages_) st.pairs.assign(static_cast<size_t>(m_) * v_, PairState{});
   }
 
   ScheduleReport run() {
     ScheduleReport report;
     report.stage_peak_in_flight.assign(p_, 0);
+    std::string simulated, ordered;
     try {
       for (bool progress = true; progress;) {
         progress = false;
@@ -49,7 +56,18 @@ class Simulator {
       if (!stuck.empty()) throw CheckError{stuck};
       check_complete();
     } catch (const CheckError& e) {
-      report.error = e.what;
+      simulated = e.what;
+    }
+    // The order is a static property of the lists: check it even when the simulation failed, since a posting
+    // order mismatch is often why it deadlocked under tag matching.
+    try {
+      check_posting_order();
+    } catch (const CheckError& e) {
+      ordered = e.what;
+    }
+    if (!simulated.empty() || !ordered.empty()) {
+      report.error = simulated;
+      if (!ordered.empty() && ordered != simulated) report.error += (simulated.empty() ? "" : "; and ") + ordered;
       return report;
     }
     for (int s = 0; s < p_; ++s) {
@@ -57,7 +75,8 @@ class Simulator {
       report.stage_peak_in_flight[s] = stages_[s].peak_in_flight;
       report.peak_in_flight = std::max(report.peak_in_flight, stages_[s].peak_in_flight);
     }
-    const double ideal = 3.0 * m_;  // m microbatches x (forward 1 + backward 2), over v chunks of 1/v and 2/v
+    // m microbatches x (forward 1 + backward 2), over v chunks of 1/v and 2/v; forward only: m x 1.
+    const double ideal = (forward_only_ ? 1.0 : 3.0) * m_;
     report.bubble_fraction = (report.makespan - ideal) / ideal;
     report.ok = true;
     return report;
@@ -155,6 +174,8 @@ class Simulator {
 
   void post(int s, size_t i) {
     const PipeInstr& in = schedule_[s][i];
+    if (forward_only_ && (in.op == PipeOp::recv_backward || in.op == PipeOp::send_backward))
+      fail(s, i, "a forward_only schedule moves no gradients");
     PairState& ps = pair(s, i);
     Posting& post = postings_[message(s, i)];
     const std::string twice = "posted twice";
@@ -198,8 +219,10 @@ class Simulator {
       if (vs != 0 && !ps.received_input) fail(s, i, "runs before its input activation was received (no recv_forward)");
       ps.forwarded = true;
       st.clock += 1.0 / v_;
-      st.peak_in_flight = std::max(st.peak_in_flight, ++st.in_flight);
+      // Without a backward nothing is kept: forward_only holds no activations.
+      if (!forward_only_) st.peak_in_flight = std::max(st.peak_in_flight, ++st.in_flight);
     } else {
+      if (forward_only_) fail(s, i, "a forward_only schedule runs no backward");
       if (ps.backwarded) fail(s, i, "backward runs twice");
       if (!ps.forwarded) fail(s, i, "backward runs before its forward");
       if (vs != last_virtual() && !ps.received_grad)
@@ -242,16 +265,62 @@ class Simulator {
           const std::string where =
               "stage " + std::to_string(s) + " (mb " + std::to_string(mb) + ", chunk " + std::to_string(c) + ")";
           if (!ps.forwarded) throw CheckError{where + " never runs forward"};
-          if (!ps.backwarded) throw CheckError{where + " runs forward but never backward"};
+          if (!forward_only_ && !ps.backwarded) throw CheckError{where + " runs forward but never backward"};
           const int vs = virtual_stage(s, c);
           if (vs != last_virtual() && !ps.sent_output) throw CheckError{where + " never sends its output (send_forward)"};
-          if (vs != 0 && !ps.sent_grad) throw CheckError{where + " never sends its input gradient (send_backward)"};
+          if (!forward_only_ && vs != 0 && !ps.sent_grad)
+            throw CheckError{where + " never sends its input gradient (send_backward)"};
         }
       }
     }
   }
 
+  // NCCL send/recv has no tags: between two ranks the k-th send is received by the k-th receive. So for every
+  // (sender, receiver) pair of stages, in both directions of data flow together (with p = 2 a stage's next and
+  // previous stage are the same rank) and in list order (which is posting order, also inside a batch), the
+  // messages the sender posts must be the messages the receiver posts, one by one.
+  void check_posting_order() {
+    struct Posted {
+      size_t index;  // instruction number in the stage's list
+      MessageKey key;
+    };
+    std::map<std::pair<int, int>, std::vector<Posted>> sends, recvs;  // by (sender stage, receiver stage)
+    for (int s = 0; s < p_; ++s) {
+      for (size_t i = 0; i < schedule_[s].size(); ++i) {
+        if (!is_communication(schedule_[s][i].op)) continue;
+        const MessageKey key = message(s, i);
+        const bool send = is_send(schedule_[s][i].op);
+        const int other = peer(key, send);
+        (send ? sends[{s, other}] : recvs[{other, s}]).push_back({i, key});
+      }
+    }
+    std::map<std::pair<int, int>, bool> channels;
+    for (const auto& [ch, list] : sends) channels[ch] = true;
+    for (const auto& [ch, list] : recvs) channels[ch] = true;
+    for (const auto& [ch, unused] : channels) {
+      const auto& out = sends[ch];
+      const auto& in = recvs[ch];
+      const auto [from, to] = ch;
+      const std::string pair = "posting order from stage " + std::to_string(from) + " to stage " + std::to_string(to);
+      for (size_t k = 0; k < std::min(out.size(), in.size()); ++k) {
+        if (out[k].key == in[k].key) continue;
+        throw CheckError{pair + ": stage " + std::to_string(from) + "'s send #" + std::to_string(k) + " to stage " +
+                         std::to_string(to) + " is instruction #" + std::to_string(out[k].index) + " " +
+                         to_string(schedule_[from][out[k].index]) + ", but stage " + std::to_string(to) +
+                         "'s receive #" + std::to_string(k) + " from stage " + std::to_string(from) +
+                         " is instruction #" + std::to_string(in[k].index) + " " +
+                         to_string(schedule_[to][in[k].index]) +
+                         " (NCCL pairs sends and receives between two ranks by order, not by tag)"};
+      }
+      if (out.size() != in.size())
+        throw CheckError{pair + ": stage " + std::to_string(from) + " posts " + std::to_string(out.size()) +
+                         " sends to stage " + std::to_string(to) + " but stage " + std::to_string(to) + " posts " +
+                         std::to_string(in.size()) + " receives from stage " + std::to_string(from)};
+    }
+  }
+
   int p_, m_, v_;
+  bool forward_only_;
   const std::vector<std::vector<PipeInstr>>& schedule_;
   std::vector<StageState> stages_;
   std::map<MessageKey, Posting> postings_;

@@ -1,6 +1,7 @@
 // test_schedule.cpp: the pipeline schedules as specifications: the exact 1F1B instruction lists, the
-// interleaved order of Megatron, the bubble and memory of each schedule, and the simulator that rejects
-// broken schedules (missing receives, deadlocks, missing backwards) and invalid specs.
+// interleaved order of Megatron, the forward-only (evaluation) schedule, the bubble and memory of each schedule,
+// and the simulator that rejects broken schedules (missing receives, deadlocks, missing backwards, sends and
+// receives posted in different orders between two stages, which NCCL would pair wrongly) and invalid specs.
 #include <gtest/gtest.h>
 
 #include "tests/unit/expect_contains.h"
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/pipeline_executor.h"
 #include "parallel/schedule.h"
 
 namespace mt {
@@ -33,6 +35,7 @@ PipeInstr sb(int mb, int c = 0) { return {PipeOp::send_backward, mb, c}; }
 
 ScheduleSpec one_f_one_b(int p, int m) { return {ScheduleKind::one_f_one_b, p, m, 1}; }
 ScheduleSpec interleaved(int p, int m, int v) { return {ScheduleKind::interleaved, p, m, v}; }
+ScheduleSpec forward_only(int p, int m, int v) { return {ScheduleKind::forward_only, p, m, v}; }
 
 
 // Every spec the builder accepts in the grid p in {1,2,3,4,8}, m in 1..16, v in 1..4.
@@ -330,6 +333,161 @@ TEST(Grid, EveryValidSpecBuildsAndChecks) {
   EXPECT_EQ(checked, 16 + 5 * 16 + 4 * (8 + 5 + 4 + 2));  // no pipelining, 1F1B, interleaved with m % p == 0
 }
 
+// The stage pairs of p = 2 share one channel each way for activations and gradients (stage 0's next and
+// previous stage are both stage 1), the case where tag matching hides an order mismatch. Every receive
+// batch of the interleaved schedule that mixes both directions keeps its order: swapping any two adjacent
+// receives from the same peer there still matches by tag (the simulation passes) but is now rejected.
+TEST(Grid, SwappingAdjacentSamePeerReceivesIsAlwaysRejected) {
+  int swaps = 0;
+  for (int m : {2, 4, 8}) {
+    for (int v : {2, 3, 4}) {
+      const ScheduleSpec spec = interleaved(2, m, v);
+      const Schedule good = build_schedule(spec);
+      for (int st = 0; st < 2; ++st) {
+        for (size_t i = 0; i + 1 < good[st].size(); ++i) {
+          const PipeOp a = good[st][i].op, b = good[st][i + 1].op;
+          const bool recv_a = a == PipeOp::recv_forward || a == PipeOp::recv_backward;
+          const bool recv_b = b == PipeOp::recv_forward || b == PipeOp::recv_backward;
+          if (!recv_a || !recv_b) continue;
+          Schedule bad = good;
+          std::swap(bad[st][i], bad[st][i + 1]);
+          const ScheduleReport r = check_schedule(spec, bad);
+          EXPECT_FALSE(r.ok) << name(spec) << " stage " << st << " #" << i;
+          EXPECT_CONTAINS(r.error, "posting order from stage " + std::to_string(1 - st) + " to stage " +
+                                       std::to_string(st));
+          ++swaps;
+        }
+      }
+    }
+  }
+  EXPECT_GT(swaps, 0);  // the schedules do have such batches
+}
+
+// Evaluation: every (microbatch, chunk) forward once on every stage, no backward, and the order holds for any
+// m (a short last group when p does not divide it).
+TEST(ForwardOnly, EverySpecOfTheGridBuildsAndChecks) {
+  int checked = 0;
+  for (int p : {1, 2, 3, 4, 8}) {
+    for (int m = 1; m <= 16; ++m) {
+      for (int v = 1; v <= 4; ++v) {
+        if (p == 1 && v > 1) continue;  // no interleaving without pipelining (the config rule)
+        const ScheduleSpec spec = forward_only(p, m, v);
+        const Schedule s = build_schedule(spec);
+        ASSERT_EQ(s.size(), size_t(p)) << name(spec);
+        for (int st = 0; st < p; ++st) {
+          EXPECT_EQ(only(s[st], PipeOp::forward).size(), size_t(m * v)) << name(spec);
+          EXPECT_TRUE(only(s[st], PipeOp::backward).empty()) << name(spec);
+          EXPECT_EQ(only(s[st], PipeOp::recv_forward).size(), size_t(st == 0 ? m * (v - 1) : m * v)) << name(spec);
+          EXPECT_EQ(only(s[st], PipeOp::send_forward).size(), size_t(st == p - 1 ? m * (v - 1) : m * v)) << name(spec);
+        }
+        const ScheduleReport r = check_schedule(spec, s);
+        EXPECT_TRUE(r.ok) << name(spec) << ": " << r.error;
+        EXPECT_EQ(r.peak_in_flight, 0) << name(spec);  // nothing kept for a backward
+        EXPECT_GE(r.bubble_fraction, 0.0) << name(spec);
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 16 + 4 * 16 * 4);
+}
+
+// Stage 1 of p = 2, m = 3, v = 2: microbatches 0, 1 pass chunk 0 then chunk 1, then the short group {2}.
+// Chunk 0's outputs go to stage 0's chunk 1; chunk 1 is the last virtual stage (the loss, nothing to send).
+// A send_forward and the next recv_forward form one batch, as in Megatron's send_forward_recv_forward.
+TEST(ForwardOnly, LastStageOfTwoStagesThreeMicrobatchesTwoChunks) {
+  const Schedule s = build_schedule(forward_only(2, 3, 2));
+  EXPECT_EQ(s[1], (std::vector<PipeInstr>{
+                      rf(0, 0), fw(0, 0), sf(0, 0), rf(1, 0), fw(1, 0), sf(1, 0),  // chunk 0, group {0, 1}
+                      rf(0, 1), fw(0, 1), rf(1, 1), fw(1, 1),                      // chunk 1
+                      rf(2, 0), fw(2, 0), sf(2, 0), rf(2, 1), fw(2, 1),            // group {2}
+                  }));
+  // Without interleaving each stage runs the microbatches in order: recv, forward, send. The makespan is the
+  // fill (p - 1) plus m forwards.
+  const ScheduleReport r = check_schedule(forward_only(4, 8, 1), build_schedule(forward_only(4, 8, 1)));
+  ASSERT_TRUE(r.ok) << r.error;
+  EXPECT_EQ(r.makespan, 8.0 + 3.0);
+  EXPECT_EQ(r.bubble_fraction, 3.0 / 8.0);
+}
+
+TEST(ForwardOnly, BackwardsAndGradientsAreRejected) {
+  const ScheduleSpec spec = forward_only(2, 1, 1);
+  const Schedule with_backward = {{fw(0), sf(0)}, {rf(0), fw(0), bw(0)}};
+  EXPECT_CONTAINS(check_schedule(spec, with_backward).error,
+                  "stage 1 instruction #2 backward(mb 0, chunk 0): a forward_only schedule runs no backward");
+  const Schedule with_gradient = {{fw(0), sf(0), rb(0)}, {rf(0), fw(0), sb(0)}};
+  EXPECT_CONTAINS(check_schedule(spec, with_gradient).error, "a forward_only schedule moves no gradients");
+  const Schedule missing_send = {{fw(0)}, {rf(0), fw(0)}};
+  EXPECT_CONTAINS(check_schedule(spec, missing_send).error, "finished without sending it");
+}
+
+// The executor, not only the lists: run every stage's program of the grid through execute_pipeline against a
+// communicator that records what it is asked to post. Between every pair of ranks the k-th send must be the
+// k-th receive (NCCL's pairing, which ignores tags), i.e. the executor posts in the checked instruction order.
+class RecordingComm final : public Communicator {
+ public:
+  struct Posted {
+    bool send;
+    int peer, tag;
+  };
+  RecordingComm(int rank, int size) : rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  std::unique_ptr<Work> all_reduce(Tensor&, ReduceOp) override { throw std::logic_error("not here"); }
+  std::unique_ptr<Work> reduce_scatter(const Tensor&, Tensor&) override { throw std::logic_error("not here"); }
+  std::unique_ptr<Work> all_gather(const Tensor&, Tensor&) override { throw std::logic_error("not here"); }
+  std::unique_ptr<Work> broadcast(Tensor&, int) override { throw std::logic_error("not here"); }
+  std::unique_ptr<Work> send(const Tensor&, int peer, int tag) override { return log(true, peer, tag); }
+  std::unique_ptr<Work> recv(Tensor&, int peer, int tag) override { return log(false, peer, tag); }
+  void barrier() override {}
+  std::vector<Posted> posted;
+
+ private:
+  struct Done final : Work {
+    void wait() override {}
+  };
+  std::unique_ptr<Work> log(bool send, int peer, int tag) {
+    posted.push_back({send, peer, tag});
+    return std::make_unique<Done>();
+  }
+  int rank_, size_;
+  std::string name_ = "recording";
+};
+
+class NullStage final : public PipelineStage {
+ public:
+  Tensor forward(int, int, const Tensor&) override { return Tensor::zeros({1}, DType::f32); }
+  Tensor backward(int, int, const Tensor&) override { return Tensor::zeros({1}, DType::f32); }
+  Shape activation_shape() const override { return {1}; }
+  DType activation_dtype() const override { return DType::f32; }
+};
+
+TEST(Executor, PostsBetweenEveryPairOfRanksInOneOrder) {
+  std::vector<ScheduleSpec> specs = valid_grid();
+  for (int p : {2, 3, 4})
+    for (int m : {1, 3, 4, 8})
+      for (int v : {1, 2, 3}) specs.push_back(forward_only(p, m, v));
+  for (const ScheduleSpec& spec : specs) {
+    const Schedule s = build_schedule(spec);
+    std::vector<RecordingComm> comms;
+    for (int st = 0; st < spec.stages; ++st) comms.emplace_back(st, spec.stages);
+    for (int st = 0; st < spec.stages; ++st) {
+      NullStage stage;
+      execute_pipeline(s[st], stage, {.comm = &comms[st], .stage = st, .stages = spec.stages, .chunks = spec.chunks});
+    }
+    for (int from = 0; from < spec.stages; ++from) {
+      for (int to = 0; to < spec.stages; ++to) {
+        std::vector<int> sent, received;
+        for (const auto& x : comms[from].posted)
+          if (x.send && x.peer == to) sent.push_back(x.tag);
+        for (const auto& x : comms[to].posted)
+          if (!x.send && x.peer == from) received.push_back(x.tag);
+        EXPECT_EQ(sent, received) << name(spec) << ": stage " << from << " to stage " << to;
+      }
+    }
+  }
+}
+
 TEST(Check, MissingReceiveIsReported) {
   const ScheduleSpec spec = one_f_one_b(2, 2);
   Schedule s = build_schedule(spec);
@@ -354,6 +512,34 @@ TEST(Check, SwappedReceivesDeadlock) {
   EXPECT_CONTAINS(r.error, "deadlock");
   EXPECT_CONTAINS(r.error, "stage 0 waits at #1 send_forward(mb 0, chunk 0) to stage 1");
   EXPECT_CONTAINS(r.error, "stage 1 waits at #0 recv_forward(mb 1, chunk 0) from stage 0");
+}
+
+// NCCL has no tags: between two ranks the k-th send meets the k-th receive. Here (p = 2, interleaved, v = 2:
+// stage 0 holds virtual stages 0 and 2, stage 1 holds 1 and 3) stage 0 sends the activation sf(1, 1) and the
+// gradient sb(0, 1) in one batch, and stage 1 receives them in one batch: as rf(1, 1), rb(0, 0) that is fine,
+// swapped it still matches by tag and nothing deadlocks, so the old check passed; under NCCL the gradient
+// would land in the activation's buffer (same shape, no error). The order check rejects it and names both ends.
+TEST(Check, SwappedSamePairReceivesInOneBatchAreRejected) {
+  const ScheduleSpec spec = interleaved(2, 2, 2);
+  const Schedule in_order = {
+      {fw(0, 0), sf(0, 0), fw(1, 0), sf(1, 0), rf(0, 1), fw(0, 1), sf(0, 1), rf(1, 1), fw(1, 1), rb(0, 1),
+       bw(0, 1), sf(1, 1), sb(0, 1), rb(1, 1), bw(1, 1), sb(1, 1), rb(0, 0), bw(0, 0), rb(1, 0), bw(1, 0)},
+      {rf(0, 0), fw(0, 0), sf(0, 0), rf(1, 0), fw(1, 0), sf(1, 0), rf(0, 1), fw(0, 1), bw(0, 1), sb(0, 1),
+       rf(1, 1), rb(0, 0), fw(1, 1), bw(1, 1), sb(1, 1), bw(0, 0), sb(0, 0), rb(1, 0), bw(1, 0), sb(1, 0)},
+  };
+  const ScheduleReport ok = check_schedule(spec, in_order);
+  ASSERT_TRUE(ok.ok) << ok.error;
+
+  Schedule swapped = in_order;
+  ASSERT_EQ(swapped[1][10], rf(1, 1));
+  std::swap(swapped[1][10], swapped[1][11]);  // rb(0, 0), rf(1, 1): the same batch, the other order
+  const ScheduleReport r = check_schedule(spec, swapped);
+  EXPECT_FALSE(r.ok);
+  EXPECT_CONTAINS(r.error, "posting order from stage 0 to stage 1: stage 0's send #3 to stage 1 is instruction "
+                           "#11 send_forward(mb 1, chunk 1), but stage 1's receive #3 from stage 0 is instruction "
+                           "#10 recv_backward(mb 0, chunk 0)");
+  EXPECT_CONTAINS(r.error, "by order, not by tag");
+  EXPECT_EQ(r.error.find("deadlock"), std::string::npos) << r.error;  // tag matching alone accepts it
 }
 
 // Stage 0 waits for a gradient before sending the activation it depends on.
