@@ -440,6 +440,7 @@ class RecordingComm final : public Communicator {
   std::unique_ptr<Work> send(const Tensor&, int peer, int tag) override { return log(true, peer, tag); }
   std::unique_ptr<Work> recv(Tensor&, int peer, int tag) override { return log(false, peer, tag); }
   void barrier() override {}
+  bool collectives_block_caller() const override { return false; }  // posts like NCCL: order is what pairs
   std::vector<Posted> posted;
 
  private:
