@@ -107,6 +107,52 @@ void check_p(const char* op, float p) {
 
 // ---- GEMM ----------------------------------------------------------------------------------------
 
+// ---- GEMM epilogues: argument checks ----
+namespace {
+
+const char* epilogue_name(Epilogue e) {
+  switch (e) {
+    case Epilogue::none: return "none";
+    case Epilogue::bias: return "bias";
+    case Epilogue::gelu_bias: return "gelu_bias";
+    case Epilogue::dgelu_bgrad: return "dgelu_bgrad";
+    case Epilogue::bgrad_a: return "bgrad_a";
+  }
+  return "unknown";
+}
+
+// The epilogue's vectors are given exactly when it uses them, with the shapes and dtypes ops.h names.
+void check_gemm_epilogue(const char* op, const Tensor& out, const GemmOptions& opt) {
+  const Epilogue e = opt.epilogue;
+  const bool wants_bias = e == Epilogue::bias || e == Epilogue::gelu_bias;
+  const bool wants_aux = e == Epilogue::gelu_bias || e == Epilogue::dgelu_bgrad;
+  const bool wants_dbias = e == Epilogue::dgelu_bgrad || e == Epilogue::bgrad_a;
+  auto presence = [&](const char* name, const void* p, bool wanted) {
+    if (wanted && !p) fail(op, fmt::format("epilogue {} needs opt.{}", epilogue_name(e), name));
+    if (!wanted && p) fail(op, fmt::format("opt.{} is set but epilogue {} does not use it", name, epilogue_name(e)));
+  };
+  presence("bias", opt.bias, wants_bias);
+  presence("aux", opt.aux, wants_aux);
+  presence("dbias", opt.dbias, wants_dbias);
+  const int64_t M = out.dim(0), N = out.dim(1);
+  if (opt.bias) check_floating_shape(op, "bias", *opt.bias, {N});
+  if (opt.aux) {
+    check_like(op, "aux", *opt.aux, out, "out");
+    if (e == Epilogue::gelu_bias && opt.aux->raw() == out.raw() && out.numel() > 0)
+      fail(op, "aux: must not alias out (gelu_bias writes both)");
+  }
+  if (opt.dbias) check_f32_shape(op, "dbias", *opt.dbias, {e == Epilogue::bgrad_a ? M : N});
+  if ((e == Epilogue::gelu_bias || e == Epilogue::dgelu_bgrad) && opt.beta != 0.f)
+    fail(op, fmt::format("epilogue {} needs beta == 0, got {}", epilogue_name(e), opt.beta));
+  if (e == Epilogue::bgrad_a) {
+    if (!opt.trans_a) fail(op, "epilogue bgrad_a needs trans_a (a = dout stored (K, M))");
+    if (opt.alpha != 1.f) fail(op, fmt::format("epilogue bgrad_a needs alpha == 1, got {}", opt.alpha));
+  }
+}
+
+}  // namespace
+// ---- end GEMM epilogues ----
+
 void gemm(const Tensor& a, const Tensor& b, Tensor& out, GemmOptions opt) {
   const char* op = "gemm";
   check_ndim(op, "a", a, 2, "(M, K)");
@@ -123,6 +169,12 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& out, GemmOptions opt) {
                          "trans_b={})", M, K, Kb, N, shape_str(a.shape()), shape_str(b.shape()), opt.trans_a,
                          opt.trans_b));
   expect_shape(op, "out", out, {M, N});
+  check_gemm_epilogue(op, out, opt);
+  const Tensor* vectors[] = {opt.bias, opt.aux, opt.dbias};
+  for (const Tensor* v : vectors)
+    if (v && v->device() != out.device())
+      fail(op, fmt::format("tensors on different devices ({} and {})", device_name(out.device()),
+                           device_name(v->device())));
   if (device_of(op, {&a, &b, &out}) == Device::cpu) return cpu::gemm(a, b, out, opt);
   MT_ON_CUDA(gemm(a, b, out, opt));
 }
@@ -297,6 +349,18 @@ void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOptions& opt)
   if (device_of(op, {&dout, &dx}) == Device::cpu) return cpu::dropout_backward(dout, dx, opt);
   MT_ON_CUDA(dropout_backward(dout, dx, opt));
 }
+
+// ---- fused residual + dropout ----
+
+void dropout_add(const Tensor& x, const Tensor& residual, Tensor& out, const DropoutOptions& opt) {
+  const char* op = "dropout_add";
+  check_dropout(op, x, "x", out, "out", opt);
+  check_like(op, "residual", residual, x, "x");
+  if (device_of(op, {&x, &residual, &out}) == Device::cpu) return cpu::dropout_add(x, residual, out, opt);
+  MT_ON_CUDA(dropout_add(x, residual, out, opt));
+}
+
+// ---- end fused residual + dropout ----
 
 // ---- attention -----------------------------------------------------------------------------------
 

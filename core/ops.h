@@ -16,14 +16,34 @@
 namespace mt {
 
 // ---- GEMM ----------------------------------------------------------------------------------------
+// ---- GEMM epilogues (bias, GELU, their gradients) ----
+// What the GEMM does with its product P = alpha * op(a) @ op(b) (+ beta * out) before it stores it:
+enum class Epilogue {
+  none,         // out = P
+  bias,         // out = P + bias[n]                                   (bias (N), any floating dtype)
+  gelu_bias,    // aux = P + bias[n], out = gelu(aux)                  (aux (M, N) like out; beta must be 0)
+  dgelu_bgrad,  // out = P * gelu'(aux), dbias (N) f32 += column sums of out      (aux read; beta must be 0)
+  bgrad_a,      // out = P, dbias (M) f32 += sum over k of op(a)[m, k] (trans_a, alpha 1: the bias gradient
+                //   of a weight-gradient GEMM dW = dout^T x, with a = dout stored (K, M))
+};
+// ---- end GEMM epilogues ----
 struct GemmOptions {
   bool trans_a = false;  // use a^T; a is stored (K, M) instead of (M, K)
   bool trans_b = false;  // use b^T; b is stored (N, K) instead of (K, N)
   float alpha = 1.f;
   float beta = 0.f;      // out = alpha * op(a) @ op(b) + beta * out
+  // The epilogue and its vectors (null unless the epilogue names them).
+  Epilogue epilogue = Epilogue::none;
+  const Tensor* bias = nullptr;  // (N): bias, gelu_bias
+  Tensor* aux = nullptr;         // (M, N), out's dtype: gelu_bias writes the pre-activation, dgelu_bgrad reads it
+  Tensor* dbias = nullptr;       // f32, accumulated: (N) for dgelu_bgrad, (M) for bgrad_a
 };
-// out (M, N) = op(a) (M, K) @ op(b) (K, N). a and b share a dtype; out may be that dtype or f32.
-// Accumulates in fp32 (OpenBLAS sgemm on the CPU).
+// out (M, N) = op(a) (M, K) @ op(b) (K, N), then the epilogue. a and b share a dtype; out may be that dtype
+// or f32. Accumulates in fp32 (OpenBLAS sgemm on the CPU).
+// Epilogue numerics: the CPU runs the plain GEMM and then the separate ops (add_bias, gelu_forward,
+// gelu_backward, bias_backward) exactly as a caller would, rounding after each; the CUDA backend fuses them
+// into cuBLASLt's epilogues and rounds once, so it matches the CPU within the dtype tolerance, not bit for
+// bit (and composes the separate kernels itself where cuBLASLt offers no fused algorithm).
 void gemm(const Tensor& a, const Tensor& b, Tensor& out, GemmOptions opt = {});
 
 // x (N, C) += bias (C), in place.
@@ -84,6 +104,14 @@ struct DropoutOptions {
 void dropout_forward(const Tensor& x, Tensor& out, const DropoutOptions& opt);
 // dx = dout * mask / (1 - p), the mask regenerated from the same options.
 void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOptions& opt);
+
+// ---- fused residual + dropout ----
+// out = residual + dropout(x), all (B, T, C) of one dtype, the mask that of dropout_forward with the same
+// options. Equals dropout_forward(x, tmp) then add(residual, tmp, out) bit for bit on every backend: the
+// dropped value is rounded to the storage dtype before the add rounds again. out may alias x or residual.
+// (The backward needs no fused op: dresidual = dout, dx = dropout_backward(dout).)
+void dropout_add(const Tensor& x, const Tensor& residual, Tensor& out, const DropoutOptions& opt);
+// ---- end fused residual + dropout ----
 
 // ---- causal multi-head attention -----------------------------------------------------------------
 // qkv (B, T, H, 3, D): per head the query, key and value vectors (Megatron's per-head interleaving,

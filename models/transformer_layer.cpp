@@ -10,14 +10,16 @@
 namespace mt {
 
 void linear_forward(const Tensor& x, const Parameter& w, const Parameter* b, Tensor& out) {
-  gemm(x, w.value, out, {.trans_b = true});
-  if (b) add_bias(out, b->value);
+  // The bias rides on the GEMM's epilogue (cuBLASLt's BIAS on the GPU; gemm then add_bias on the CPU).
+  gemm(x, w.value, out, {.trans_b = true, .epilogue = b ? Epilogue::bias : Epilogue::none,
+                         .bias = b ? &b->value : nullptr});
 }
 
 void linear_backward(const Tensor& dout, const Tensor& x, Parameter& w, Parameter* b, Tensor* dx) {
-  gemm(dout, x, w.grad, {.trans_a = true, .beta = 1.f});  // dW (out, in) += dout^T x
-  if (b) bias_backward(dout, b->grad);
-  if (dx) gemm(dout, w.value, *dx);                       // dx (N, in) = dout @ W
+  // dW (out, in) += dout^T x; the bias gradient (the column sums of dout) comes from the same GEMM's epilogue.
+  gemm(dout, x, w.grad, {.trans_a = true, .beta = 1.f, .epilogue = b ? Epilogue::bgrad_a : Epilogue::none,
+                         .dbias = b ? &b->grad : nullptr});
+  if (dx) gemm(dout, w.value, *dx);  // dx (N, in) = dout @ W
 }
 
 TransformerLayer::TransformerLayer(int64_t index, const ModelConfig& cfg, DType dtype, uint64_t seed, bool recompute,
@@ -89,30 +91,29 @@ Tensor TransformerLayer::run(Activations& a, bool keep) {
   Tensor proj_partial = Tensor::empty({N, C}, dtype_, device_);
   linear_forward(a.att.view({N, H * D}), proj_w_, nullptr, proj_partial);
   Tensor proj = sequence_shard_sum(proj_partial, B, tp_);  // g: sum the row-parallel partial outputs
-  add_bias(proj, proj_b_.value);
-  proj = proj.view({B, Ts, C});
-  dropout_forward(proj, proj, {.p = p_hidden, .seed = a.ctx.seed, .site = site_attn_out_,
-                               .sample_offset = a.ctx.sample_offset, .row_offset = tp_.shard_offset(T)});
+  add_bias(proj, proj_b_.value);  // after the reduction (so no GEMM epilogue): added once, not once per rank
   a.x2 = Tensor::empty({B, Ts, C}, dtype_, device_);
-  add(x, proj, a.x2);
+  dropout_add(proj.view({B, Ts, C}), x, a.x2, {.p = p_hidden, .seed = a.ctx.seed, .site = site_attn_out_,
+                                               .sample_offset = a.ctx.sample_offset,
+                                               .row_offset = tp_.shard_offset(T)});  // x2 = x + dropout(proj)
 
   a.ln2 = Tensor::empty({Ns, C}, dtype_, device_);
   a.ln2_mean = Tensor::empty({Ns}, DType::f32, device_);
   a.ln2_rstd = Tensor::empty({Ns}, DType::f32, device_);
   layernorm_forward(a.x2.view({Ns, C}), ln2_w_.value, ln2_b_.value, a.ln2, a.ln2_mean, a.ln2_rstd, ln_opt);
   a.fc1 = Tensor::empty({N, F}, dtype_, device_);
-  linear_forward(sequence_to_full(a.ln2, B, tp_), fc1_w_, &fc1_b_, a.fc1);
   a.gelu = Tensor::empty({N, F}, dtype_, device_);
-  gelu_forward(a.fc1, a.gelu);
+  // gelu = GELU(fc1), fc1 = ln2 @ W1^T + b1 kept as the pre-activation for backward: one GEMM epilogue.
+  gemm(sequence_to_full(a.ln2, B, tp_), fc1_w_.value, a.gelu,
+       {.trans_b = true, .epilogue = Epilogue::gelu_bias, .bias = &fc1_b_.value, .aux = &a.fc1});
   Tensor mlp_partial = Tensor::empty({N, C}, dtype_, device_);
   linear_forward(a.gelu, fc2_w_, nullptr, mlp_partial);
   Tensor mlp = sequence_shard_sum(mlp_partial, B, tp_);  // g
-  add_bias(mlp, fc2_b_.value);
-  mlp = mlp.view({B, Ts, C});
-  dropout_forward(mlp, mlp, {.p = p_hidden, .seed = a.ctx.seed, .site = site_mlp_out_,
-                             .sample_offset = a.ctx.sample_offset, .row_offset = tp_.shard_offset(T)});
+  add_bias(mlp, fc2_b_.value);  // after the reduction, as proj's
   Tensor out = Tensor::empty({B, Ts, C}, dtype_, device_);
-  add(a.x2, mlp, out);
+  dropout_add(mlp.view({B, Ts, C}), a.x2, out, {.p = p_hidden, .seed = a.ctx.seed, .site = site_mlp_out_,
+                                                .sample_offset = a.ctx.sample_offset,
+                                                .row_offset = tp_.shard_offset(T)});  // out = x2 + dropout(mlp)
   if (!keep) {
     Tensor kept_x = a.x;
     a = Activations{};
@@ -152,12 +153,12 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb) {
   dropout_backward(dout, dmlp, {.p = p_hidden, .seed = a.ctx.seed, .site = site_mlp_out_,
                                 .sample_offset = a.ctx.sample_offset, .row_offset = tp_.shard_offset(T)});
   Tensor dmlp_full = sequence_to_full(dmlp.view({Ns, C}), B, tp_);  // backward of the reduce-scatter (identity without SP)
-  Tensor dgelu = Tensor::empty({N, F}, dtype_, device_);
-  linear_backward(dmlp_full, a.gelu, fc2_w_, &fc2_b_, &dgelu);
+  linear_backward(dmlp_full, a.gelu, fc2_w_, &fc2_b_, nullptr);
+  // dfc1 = (dmlp @ W2) * gelu'(fc1), and fc1's bias gradient (its column sums), from one GEMM epilogue.
   Tensor dfc1 = Tensor::empty({N, F}, dtype_, device_);
-  gelu_backward(a.fc1, dgelu, dfc1);
+  gemm(dmlp_full, fc2_w_.value, dfc1, {.epilogue = Epilogue::dgelu_bgrad, .aux = &a.fc1, .dbias = &fc1_b_.grad});
   Tensor dln2_partial = Tensor::empty({N, C}, dtype_, device_);
-  linear_backward(dfc1, sequence_to_full(a.ln2, B, tp_), fc1_w_, &fc1_b_, &dln2_partial);
+  linear_backward(dfc1, sequence_to_full(a.ln2, B, tp_), fc1_w_, nullptr, &dln2_partial);
   Tensor dln2 = sequence_shard_sum(dln2_partial, B, tp_);  // f backward: sum the column-parallel input gradients
   Tensor dx2 = Tensor::empty({Ns, C}, dtype_, device_);
   layernorm_backward(dln2, a.x2.view({Ns, C}), ln2_w_.value, a.ln2_mean, a.ln2_rstd, dx2, ln2_w_.grad,

@@ -5,6 +5,10 @@
 // With tensor parallelism QKV and fc1 are column-parallel (this rank's heads / ffn columns), proj and fc2
 // row-parallel (partial sums reduced over the group before their bias); norms and biases after a reduction
 // are replicated.
+// Fusions (core/ops.h): the QKV and fc1 biases, fc1's GELU, fc1's dGELU with its bias gradient and the bias
+// gradients of the weight-gradient GEMMs ride on GEMM epilogues; proj's and fc2's biases are added after the
+// row-parallel reduction, so they stay separate; each residual add is one dropout_add. On the CPU all of it
+// computes exactly what the separate ops computed.
 #pragma once
 #include <map>
 #include <vector>
@@ -46,7 +50,7 @@ class TransformerLayer {
     Tensor att, att_lse;      // (B, T, C/tp), (B, H/tp, T)
     Tensor x2;                // (B, T, C) residual after attention
     Tensor ln2, ln2_mean, ln2_rstd;
-    Tensor fc1;               // (B*T, F/tp) pre-activation
+    Tensor fc1;               // (B*T, F/tp) pre-activation (the GELU epilogue's aux)
     Tensor gelu;              // (B*T, F/tp)
   };
   // Runs the block on a.x, filling the activations; returns the output.

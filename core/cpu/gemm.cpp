@@ -1,6 +1,14 @@
 // gemm.cpp: out (M, N) = alpha * op(a) @ op(b) + beta * out on the CPU. bf16/f16 operands are widened to
 // fp32 workspaces, OpenBLAS sgemm accumulates in fp32, and a bf16/f16 out is read as fp32 for beta and
 // rounded once at the end.
+//
+// The epilogues (GemmOptions::epilogue) are the plain GEMM followed by the separate ops, in the order and
+// with the roundings the models used before the epilogues existed, so CPU losses stay bit for bit:
+//   bias:        gemm into out (rounded), add_bias (rounded again)
+//   gelu_bias:   gemm into aux, add_bias on aux, gelu_forward(aux) into out
+//   dgelu_bgrad: gemm into out, gelu_backward(aux, out) in place, bias_backward(out) into dbias
+//   bgrad_a:     gemm into out, bias_backward(a) into dbias (a is stored (K, M): the sums over k of op(a))
+// The CUDA backend fuses them into cuBLASLt's epilogues, rounding once (core/cuda/gemm.cpp).
 #include <cblas.h>
 
 #include <climits>
@@ -22,9 +30,8 @@ Tensor as_f32(const Tensor& t) {
   return w;
 }
 
-}  // namespace
-
-void gemm(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions& opt) {
+// The GEMM without its epilogue.
+void gemm_plain(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions& opt) {
   const int64_t M = out.dim(0), N = out.dim(1);
   const int64_t K = opt.trans_a ? a.dim(0) : a.dim(1);
   for (int64_t d : {a.dim(0), a.dim(1), b.dim(0), b.dim(1), M, N})
@@ -53,6 +60,32 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions& opt)
                 static_cast<int>(N));
   }
   if (c32.raw() != out.raw()) store_f32(c, MN, out, 0);
+}
+
+}  // namespace
+
+void gemm(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions& opt) {
+  switch (opt.epilogue) {
+    case Epilogue::none: gemm_plain(a, b, out, opt); return;
+    case Epilogue::bias:
+      gemm_plain(a, b, out, opt);
+      cpu::add_bias(out, *opt.bias);
+      return;
+    case Epilogue::gelu_bias:
+      gemm_plain(a, b, *opt.aux, opt);
+      cpu::add_bias(*opt.aux, *opt.bias);
+      cpu::gelu_forward(*opt.aux, out);
+      return;
+    case Epilogue::dgelu_bgrad:
+      gemm_plain(a, b, out, opt);
+      cpu::gelu_backward(*opt.aux, out, out);
+      cpu::bias_backward(out, *opt.dbias);
+      return;
+    case Epilogue::bgrad_a:
+      gemm_plain(a, b, out, opt);
+      cpu::bias_backward(a, *opt.dbias);
+      return;
+  }
 }
 
 }  // namespace mt::cpu

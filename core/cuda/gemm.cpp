@@ -12,8 +12,28 @@
 //
 // Every dtype accumulates in fp32 (CUBLAS_COMPUTE_32F; plain fp32 for fp32 inputs, never TF32) with fp32
 // alpha and beta. One handle and one 32 MiB workspace serve the process; the descriptors and the algorithm
-// the heuristic picks are cached per (shape, transposes, dtypes, pointer alignments). Everything is
-// enqueued on the compute stream.
+// the heuristic picks are cached per (shape, transposes, dtypes, epilogue, pointer alignments). Everything
+// is enqueued on the compute stream.
+//
+// Epilogues (GemmOptions::epilogue) in this column-major picture, D = out^T (N, M):
+//   * bias:        CUBLASLT_EPILOGUE_BIAS. The bias vector runs along D's rows (length N, out's columns) and
+//                  is broadcast over D's columns (out's rows): out[m, n] += bias[n].
+//   * gelu_bias:   CUBLASLT_EPILOGUE_GELU_AUX_BIAS: aux = op(a) op(b) + bias (the pre-activation, out's dtype,
+//                  leading dimension N, which cuBLASLt wants divisible by 8), out = gelu(aux), cuBLASLt's
+//                  GELU being the tanh approximation as ours.
+//   * dgelu_bgrad: CUBLASLT_EPILOGUE_DGELU_BGRAD: out = (op(a) op(b)) * gelu'(aux) and the bias gradient,
+//                  the sum of each row of D (length N: over out's rows, the tokens).
+//   * bgrad_a:     the weight-gradient GEMM dW (M, N) = dout^T x with a = dout stored (K, M), trans_a: the
+//                  bias gradient sum_k op(a)[m, k] is a reduction of our a, which is cuBLASLt's B, over the
+//                  GEMM's k: CUBLASLT_EPILOGUE_BGRADB (length M, the number of D's columns).
+// cuBLASLt writes a bias gradient, it cannot add to one, so the bias gradient goes to an fp32 workspace
+// (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = fp32) and one small add kernel accumulates it into dbias. Whenever a
+// combination is not available (the heuristic finds no algorithm, cuBLASLt refuses it at launch, an
+// unaligned aux, N not a multiple of 8 for the GELU aux, an empty dimension, GELU in fp32: see gemm_fused)
+// the same GEMM runs without the epilogue followed by the separate kernels, in the order of the CPU
+// reference (core/cpu/gemm.cpp).
+// The fused results round once (the CPU rounds the GEMM, then the bias add or GELU); they match the CPU
+// within the dtype tolerance, not bit for bit.
 #include <cublasLt.h>
 
 #include <algorithm>
@@ -88,6 +108,9 @@ struct Key {
   bool trans_a, trans_b;
   DType in, out;
   uint32_t align_a, align_b, align_c;
+  Epilogue epilogue = Epilogue::none;
+  DType bias = DType::f32;                 // the bias (or bias-gradient) vector's dtype; epilogues only
+  uint32_t align_bias = 0, align_aux = 0;  // the heuristic reads these pointers' alignments
   bool operator==(const Key&) const = default;
 };
 
@@ -101,6 +124,8 @@ struct KeyHash {
     mix((static_cast<uint64_t>(k.trans_a) << 1) | static_cast<uint64_t>(k.trans_b));
     mix((static_cast<uint64_t>(k.in) << 8) | static_cast<uint64_t>(k.out));
     mix((static_cast<uint64_t>(k.align_a) << 32) | (static_cast<uint64_t>(k.align_b) << 16) | k.align_c);
+    mix((static_cast<uint64_t>(k.epilogue) << 40) | (static_cast<uint64_t>(k.bias) << 32) |
+        (static_cast<uint64_t>(k.align_bias) << 16) | k.align_aux);
     return h;
   }
 };
@@ -111,6 +136,13 @@ struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // cuBLASLt's A (our b), B (our a), C = D (out)
   cublasLtMatmulAlgo_t algo{};
+  bool usable = true;  // false: an epilogue cuBLASLt cannot run here; the caller composes separate kernels
+};
+
+// The vectors and matrices an epilogue reads or writes, as raw device pointers.
+struct EpiloguePointers {
+  const void* bias = nullptr;  // bias (N) to add, or the bias-gradient workspace to write
+  void* aux = nullptr;         // the GELU pre-activation (M, N) row-major
 };
 
 // Destroys the descriptors of a plan that never made it into the cache (the heuristic found nothing).
@@ -138,7 +170,30 @@ std::string describe_key(const Key& k) {
                      k.align_b, k.align_c);
 }
 
-Plan make_plan(const Key& key) {
+bool has_bias_grad(Epilogue e) { return e == Epilogue::dgelu_bgrad || e == Epilogue::bgrad_a; }
+bool has_aux(Epilogue e) { return e == Epilogue::gelu_bias || e == Epilogue::dgelu_bgrad; }
+
+cublasLtEpilogue_t lt_epilogue(Epilogue e) {
+  switch (e) {
+    case Epilogue::none: return CUBLASLT_EPILOGUE_DEFAULT;
+    case Epilogue::bias: return CUBLASLT_EPILOGUE_BIAS;
+    case Epilogue::gelu_bias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case Epilogue::dgelu_bgrad: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    case Epilogue::bgrad_a: return CUBLASLT_EPILOGUE_BGRADB;  // our a is cuBLASLt's B (see the top of the file)
+  }
+  throw std::invalid_argument("gemm: unknown epilogue");
+}
+
+// Points the descriptor's epilogue at this call's vectors (the pointers differ per call; the cached plan
+// was made for pointers of the same alignments).
+void set_epilogue_pointers(cublasLtMatmulDesc_t op, Epilogue e, const EpiloguePointers& p) {
+  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
+  if (has_aux(e))
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p.aux,
+                                                   sizeof(p.aux)));
+}
+
+Plan make_plan(const Key& key, const EpiloguePointers& ptrs) {
   Plan plan;
   PlanGuard guard{&plan};
   const auto M = static_cast<uint64_t>(key.m), N = static_cast<uint64_t>(key.n), K = static_cast<uint64_t>(key.k);
@@ -157,6 +212,20 @@ Plan make_plan(const Key& key) {
   if (key.trans_a) MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, in, M, K, static_cast<int64_t>(M)));
   else MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, in, K, M, static_cast<int64_t>(K)));
   MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, out, N, M, static_cast<int64_t>(N)));
+
+  if (key.epilogue != Epilogue::none) {
+    const auto epi = static_cast<uint32_t>(lt_epilogue(key.epilogue));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    const auto bias_type = static_cast<int32_t>(cuda_type(key.bias));
+    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                                   sizeof(bias_type)));
+    if (has_aux(key.epilogue)) {
+      const auto aux_ld = static_cast<int64_t>(N);  // aux is (M, N) row-major: column-major (N, M), ld N
+      MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
+                                                     sizeof(aux_ld)));
+    }
+    set_epilogue_pointers(plan.op, key.epilogue, ptrs);  // the heuristic reads their alignments
+  }
 
   PreferenceGuard pref;
   MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.pref));
@@ -177,6 +246,12 @@ Plan make_plan(const Key& key) {
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle(), plan.op, plan.a, plan.b, plan.c, plan.c,
                                                                pref.pref, 1, &result, &found);
+  if (key.epilogue != Epilogue::none &&
+      (status != CUBLAS_STATUS_SUCCESS || found == 0 || result.state != CUBLAS_STATUS_SUCCESS)) {
+    Plan unusable;  // no fused algorithm: cached as such (no descriptors), the caller composes separate kernels
+    unusable.usable = false;
+    return unusable;  // the guard destroys this attempt's descriptors
+  }
   if (status == CUBLAS_STATUS_NOT_SUPPORTED || (status == CUBLAS_STATUS_SUCCESS && found == 0))
     throw std::runtime_error(fmt::format("gemm: cuBLASLt has no algorithm for {} (fp32 compute)", describe_key(key)));
   if (status != CUBLAS_STATUS_SUCCESS)
@@ -193,18 +268,105 @@ Plan make_plan(const Key& key) {
 
 // The cached plan for key, made on first use. Entries are never erased and unordered_map nodes never move,
 // so the returned reference stays valid after the lock is released.
-const Plan& plan_for(const Key& key) {
+std::mutex& cache_mutex() {
   static std::mutex mu;
+  return mu;
+}
+
+Plan& plan_for(const Key& key, const EpiloguePointers& ptrs = {}) {
   static auto* cache = new std::unordered_map<Key, Plan, KeyHash>();
-  std::lock_guard lock(mu);
+  std::lock_guard lock(cache_mutex());
   auto it = cache->find(key);
   if (it != cache->end()) return it->second;
-  return cache->emplace(key, make_plan(key)).first->second;
+  return cache->emplace(key, make_plan(key, ptrs)).first->second;
+}
+
+// The GEMM without its epilogue (opt.epilogue and the vectors are ignored).
+void gemm_plain(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions& opt);
+
+// The epilogue as separate kernels after the plain GEMM, in the CPU reference's order (core/cpu/gemm.cpp).
+void gemm_composed(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions& opt) {
+  switch (opt.epilogue) {
+    case Epilogue::none: gemm_plain(a, b, out, opt); return;
+    case Epilogue::bias:
+      gemm_plain(a, b, out, opt);
+      mt::cuda::add_bias(out, *opt.bias);
+      return;
+    case Epilogue::gelu_bias:
+      gemm_plain(a, b, *opt.aux, opt);
+      mt::cuda::add_bias(*opt.aux, *opt.bias);
+      mt::cuda::gelu_forward(*opt.aux, out);
+      return;
+    case Epilogue::dgelu_bgrad:
+      gemm_plain(a, b, out, opt);
+      mt::cuda::gelu_backward(*opt.aux, out, out);
+      mt::cuda::bias_backward(out, *opt.dbias);
+      return;
+    case Epilogue::bgrad_a:
+      gemm_plain(a, b, out, opt);
+      mt::cuda::bias_backward(a, *opt.dbias);  // a (K, M): its column sums are op(a)'s row sums
+      return;
+  }
+}
+
+// Runs the GEMM with its epilogue fused by cuBLASLt; false (nothing enqueued) when that is not available.
+bool gemm_fused(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions& opt) {
+  const int64_t M = out.dim(0), N = out.dim(1);
+  const int64_t K = opt.trans_a ? a.dim(0) : a.dim(1);
+  if (M == 0 || N == 0 || K == 0) return false;
+  const Epilogue e = opt.epilogue;
+  if (has_aux(e) && (N % 8 != 0 || alignment_of(opt.aux->raw()) < 16)) return false;
+  // How cuBLASLt evaluates GELU's tanh is not documented; a fast approximation would show above the fp32
+  // tolerance (1e-5), not under a half dtype's rounding. So fp32, the reference precision, keeps the separate
+  // kernels (the CPU's exact formula) and only bf16/f16 fuse the GELU epilogues.
+  if (has_aux(e) && out.dtype() == DType::f32) return false;
+
+  Tensor grad_ws;  // (len) f32: cuBLASLt writes the bias gradient here, then it is added into dbias
+  EpiloguePointers ptrs;
+  DType bias_dtype = DType::f32;
+  if (has_bias_grad(e)) {
+    grad_ws = Tensor::empty({opt.dbias->numel()}, DType::f32, Device::cuda, MemKind::workspace);
+    ptrs.bias = grad_ws.raw();
+  } else {
+    ptrs.bias = opt.bias->raw();
+    bias_dtype = opt.bias->dtype();
+  }
+  if (has_aux(e)) ptrs.aux = opt.aux->raw();
+
+  const Key key{M, N, K, opt.trans_a, opt.trans_b, a.dtype(), out.dtype(), alignment_of(a.raw()),
+                alignment_of(b.raw()), alignment_of(out.raw()), e, bias_dtype, alignment_of(ptrs.bias),
+                has_aux(e) ? alignment_of(ptrs.aux) : 0u};
+  Plan& plan = plan_for(key, ptrs);
+  {
+    // The cached descriptor is shared: set this call's pointers and enqueue under the cache's lock.
+    std::lock_guard lock(cache_mutex());
+    if (!plan.usable) return false;
+    set_epilogue_pointers(plan.op, e, ptrs);
+    const float alpha = opt.alpha, beta = opt.beta;
+    const cublasStatus_t status =
+        cublasLtMatmul(handle(), plan.op, &alpha, b.raw(), plan.a, a.raw(), plan.b, &beta, out.raw(), plan.c,
+                       out.raw(), plan.c, &plan.algo, workspace(), kWorkspaceBytes, stream());
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) {
+      plan.usable = false;  // refused at launch (nothing enqueued): compose from now on
+      return false;
+    }
+    if (status != CUBLAS_STATUS_SUCCESS) throw_cublas_error(status, "cublasLtMatmul (epilogue)", __FILE__, __LINE__);
+  }
+  MT_CUDA_LAUNCHED("cublasLtMatmul");
+  if (has_bias_grad(e)) mt::cuda::add(grad_ws, *opt.dbias, *opt.dbias);  // parameter gradients accumulate
+  return true;
 }
 
 }  // namespace
 
 void gemm(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions& opt) {
+  if (opt.epilogue == Epilogue::none) return gemm_plain(a, b, out, opt);
+  if (!gemm_fused(a, b, out, opt)) gemm_composed(a, b, out, opt);
+}
+
+namespace {
+
+void gemm_plain(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions& opt) {
   const int64_t M = out.dim(0), N = out.dim(1);
   const int64_t K = opt.trans_a ? a.dim(0) : a.dim(1);
   if (M == 0 || N == 0) return;
@@ -216,7 +378,7 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions& opt)
 
   const Key key{M, N, K, opt.trans_a, opt.trans_b, a.dtype(), out.dtype(), alignment_of(a.raw()),
                 alignment_of(b.raw()), alignment_of(out.raw())};
-  const Plan& plan = plan_for(key);
+  const Plan& plan = plan_for(key);  // throws when the heuristic finds nothing (no epilogue to drop)
   void* ws = workspace();
   const float alpha = opt.alpha, beta = opt.beta;
   // cuBLASLt's A is b, its B is a; C and D are both out (in place), so beta == 0 never reads out.
@@ -224,5 +386,7 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions& opt)
                                  plan.c, out.raw(), plan.c, &plan.algo, ws, kWorkspaceBytes, stream()));
   MT_CUDA_LAUNCHED("cublasLtMatmul");
 }
+
+}  // namespace
 
 }  // namespace mt::cuda

@@ -611,5 +611,110 @@ TEST_F(CudaOps, CachingAllocatorReusesFreedBlocks) {
 #endif
 }
 
+
+// ---- GEMM epilogues and fused kernels ------------------------------------------------------------
+// Each cuBLASLt epilogue (core/cuda/gemm.cpp) and the fused residual + dropout kernel against the CPU
+// reference, which runs the unfused sequence. Shapes with N a multiple of 8 take cuBLASLt's fused epilogue
+// (bf16/f16 for the GELU ones); the others exercise the composed fallback. The fused results round once where
+// the CPU rounds twice, hence the dtype tolerances rather than exact equality.
+
+struct EpilogueShape {
+  int64_t M, K, N;
+};
+constexpr EpilogueShape kEpilogueShapes[] = {{64, 40, 96}, {37, 29, 53}, {128, 64, 256}};
+
+TEST_F(CudaOps, GemmBiasEpilogue) {
+  uint32_t seed = 900;
+  for (const auto& [M, K, N] : kEpilogueShapes)
+    for (DType dt : kFloatTypes)
+      for (float beta : {0.f, 0.5f}) {
+        const Both x = both(rand_vec(M * K, ++seed), {M, K}, dt);
+        const Both w = both(rand_vec(N * K, ++seed), {N, K}, dt);  // (out, in): x @ w^T, as linear_forward
+        const Both bias = both(rand_vec(N, ++seed), {N}, dt);
+        Both out = beta == 0.f ? poisoned({M, N}, dt) : both(rand_vec(M * N, ++seed), {M, N}, dt);
+        for (auto d : kDevices)
+          gemm(x.*d, w.*d, out.*d, {.trans_b = true, .beta = beta, .epilogue = Epilogue::bias, .bias = &(bias.*d)});
+        expect_match(out, tol_for(dt), str("gemm+bias ", M, "x", K, "x", N, " ", dtype_name(dt), " beta=", beta));
+      }
+}
+
+TEST_F(CudaOps, GemmGeluBiasEpilogueKeepsThePreActivation) {
+  uint32_t seed = 920;
+  for (const auto& [M, K, N] : kEpilogueShapes)
+    for (DType dt : kFloatTypes) {
+      const Both x = both(rand_vec(M * K, ++seed), {M, K}, dt);
+      const Both w = both(rand_vec(N * K, ++seed), {N, K}, dt);
+      const Both bias = both(rand_vec(N, ++seed), {N}, dt);
+      Both out = poisoned({M, N}, dt), aux = poisoned({M, N}, dt);
+      for (auto d : kDevices)
+        gemm(x.*d, w.*d, out.*d,
+             {.trans_b = true, .epilogue = Epilogue::gelu_bias, .bias = &(bias.*d), .aux = &(aux.*d)});
+      const std::string what = str(" ", M, "x", K, "x", N, " ", dtype_name(dt));
+      expect_match(aux, tol_for(dt), "gemm+gelu_bias aux (pre-activation)" + what);
+      expect_match(out, tol_for(dt), "gemm+gelu_bias out" + what);
+    }
+}
+
+TEST_F(CudaOps, GemmDgeluBgradEpilogueAccumulatesTheBiasGradient) {
+  uint32_t seed = 940;
+  for (const auto& [M, K, N] : kEpilogueShapes)
+    for (DType dt : kFloatTypes) {
+      const Both dy = both(rand_vec(M * K, ++seed), {M, K}, dt);          // (tokens, C): dmlp
+      const Both w2 = both(rand_vec(K * N, ++seed), {K, N}, dt);          // (C, F): fc2's weight
+      const Both pre = both(rand_vec(M * N, ++seed, -3, 3), {M, N}, dt);  // fc1's pre-activation
+      Both out = poisoned({M, N}, dt);
+      Both dbias = both(rand_vec(N, ++seed, -5, 5), {N}, DType::f32);    // nonzero start: must be added to
+      for (auto d : kDevices) {
+        Tensor aux = pre.*d;
+        gemm(dy.*d, w2.*d, out.*d, {.epilogue = Epilogue::dgelu_bgrad, .aux = &aux, .dbias = &(dbias.*d)});
+      }
+      const std::string what = str(" ", M, "x", K, "x", N, " ", dtype_name(dt));
+      expect_match(out, tol_for(dt), "gemm+dgelu_bgrad out" + what);
+      expect_match(dbias, tol_for(dt), "gemm+dgelu_bgrad dbias" + what);
+    }
+}
+
+TEST_F(CudaOps, GemmBgradEpilogueOfTheWeightGradient) {
+  uint32_t seed = 960;
+  for (const auto& [M, K, N] : kEpilogueShapes)
+    for (DType dt : kFloatTypes) {
+      // dW (M = out features, N = in features) += dout^T (M, K tokens) @ x (K, N), out f32 as a weight gradient.
+      const Both dout = both(rand_vec(K * M, ++seed), {K, M}, dt);
+      const Both x = both(rand_vec(K * N, ++seed), {K, N}, dt);
+      Both dw = both(rand_vec(M * N, ++seed), {M, N}, DType::f32);
+      Both dbias = both(rand_vec(M, ++seed, -5, 5), {M}, DType::f32);
+      for (auto d : kDevices)
+        gemm(dout.*d, x.*d, dw.*d,
+             {.trans_a = true, .beta = 1.f, .epilogue = Epilogue::bgrad_a, .dbias = &(dbias.*d)});
+      const std::string what = str(" ", M, "x", K, "x", N, " ", dtype_name(dt));
+      expect_match(dw, tol_for(dt), "gemm+bgrad_a dW" + what);
+      expect_match(dbias, tol_for(dt), "gemm+bgrad_a dbias" + what);
+    }
+}
+
+TEST_F(CudaOps, DropoutAddMatchesTheCpu) {
+  const int64_t B = 2, T = 37, C = 70;  // C and col_offset not multiples of 4, as the dropout test
+  for (float p : {0.f, 0.1f, 0.5f}) {
+    const DropoutOptions opt{.p = p, .seed = 1234, .site = stream_id("layers.0.attn.out"), .sample_offset = 3,
+                             .row_offset = 11, .col_offset = 6};
+    for (DType dt : kFloatTypes) {
+      const std::string what = str(" p=", p, " ", dtype_name(dt));
+      const Both x = both(rand_vec(B * T * C, 990, -2, 2), {B, T, C}, dt);
+      const Both residual = both(rand_vec(B * T * C, 991, -2, 2), {B, T, C}, dt);
+      Both out = poisoned({B, T, C}, dt);
+      Both inplace = both(values(residual.cpu), {B, T, C}, dt);  // out aliasing the residual
+      for (auto d : kDevices) {
+        dropout_add(x.*d, residual.*d, out.*d, opt);
+        dropout_add(x.*d, inplace.*d, inplace.*d, opt);
+      }
+      expect_match(out, tol_for(dt), "dropout_add" + what);
+      expect_match(inplace, tol_for(dt), "dropout_add in place" + what);
+      // Same mask and the CPU's double rounding: equal element for element in every dtype.
+      expect_exact(out, "dropout_add" + what);
+      expect_exact(inplace, "dropout_add in place" + what);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace mt
