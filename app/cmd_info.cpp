@@ -5,6 +5,7 @@
 #include "app/commands.h"
 
 #if defined(MEGATRAIN_WITH_CUDA)
+#include "core/cuda/attention_backend.h"
 #include "core/cuda/runtime.h"
 #endif
 
@@ -25,6 +26,12 @@ void add_info_command(CLI::App& root) {
     fmt::print("nccl: built\n");
 #else
     fmt::print("nccl: not built\n");
+#endif
+#if defined(MEGATRAIN_WITH_CUDA)
+    // The cuDNN loaded now (cudnnGetVersion) and the one built against: fused attention for bf16 / fp16.
+    fmt::print("cudnn: {}\n", cuda::cudnn_version());
+#else
+    fmt::print("cudnn: not built (the CUDA backend is not built)\n");
 #endif
     int gpus = 0;
 #if defined(MEGATRAIN_WITH_CUDA)

@@ -6,7 +6,9 @@
 #include <spdlog/spdlog.h>
 
 #if defined(MEGATRAIN_WITH_CUDA)
+#include "core/cuda/attention_backend.h"
 #include "core/cuda/runtime.h"
+#include "core/dtype.h"
 #endif
 
 namespace mt::app {
@@ -68,6 +70,10 @@ Placement place_rank(const Config& cfg, const LaunchEnv& env) {
   cuda::select_device(p.ordinal);
   p.description = fmt::format("cuda:{} ({})", p.ordinal, cuda::device_description());
   p.peak_tflops = cuda::peak_bf16_tflops();
+  // Which attention training runs (cuDNN's fused flash attention or megatrain's kernel) and why; a forced
+  // MEGATRAIN_ATTENTION=cudnn that cannot run fails here, at start.
+  spdlog::info("attention: {}", cuda::attention_path_description(parse_dtype(cfg.training.precision),
+                                                                 cfg.model.attention_dropout));
 #endif
   return p;
 }

@@ -175,8 +175,8 @@ cat > "$BUNDLE_DIR/README.txt" <<EOF
 megatrain GPU bundle ($VERSION), made by scripts/gpu-bundle.sh on $(hostname) at $(date -u '+%Y-%m-%d %H:%M UTC').
 CUDA architectures: ${BUILT_ARCHS:-unknown}. Needs on the GPU machine: glibc >= ${GLIBC_NEEDED:-?} (lib/gcc/, this
 machine's libstdc++ and libgcc_s, is used where glibc >= ${GCC_GLIBC_NEEDED:-?}, else the target's own), the NVIDIA
-driver, and libcudart / libcublasLt / libnccl (CUDA 13): the nvidia pip packages of a PyTorch install, or a
-CUDA toolkit. Everything else is in lib/.
+driver, and libcudart / libcublasLt / libcudnn / libnccl (CUDA 13): the nvidia pip packages of a PyTorch install,
+or a CUDA toolkit. Everything else is in lib/.
 
   bin/       megatrain and the GPU unit tests (${GPU_TESTS[*]})
   lib/       the shared libraries they need, except glibc and the CUDA / NVIDIA libraries (lib/gcc: libstdc++)

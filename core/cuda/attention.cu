@@ -21,12 +21,16 @@
 //   backward dk/dv: rows = keys, tiles = queries (Q, dO, lse, delta); accumulates dk_j and dv_j.
 // Every output element is written by exactly one lane, sums run in a fixed order: deterministic.
 // Speed is that of a plain tiled kernel, not FlashAttention's (no tensor cores).
+//
+// The entry points ask cuDNN's fused flash attention first (attention_cudnn.h: bf16 / fp16 without dropout, a
+// shape cuDNN supports, MEGATRAIN_ATTENTION); these kernels serve every other call.
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
 #include <string>
 
+#include "core/cuda/attention_cudnn.h"
 #include "core/cuda/kernels.cuh"
 #include "core/cuda/ops_cuda.h"
 #include "core/rng.h"
@@ -504,16 +508,20 @@ void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const Attent
   dmax_for("attention_forward", qkv.dim(4));  // a head dimension the kernels cannot serve fails, even when empty
   const Geom g = geom_of(qkv, opt);
   if (g.BH == 0 || g.T == 0) return;
+  if (attention_forward_on_cudnn(qkv, out, lse, opt)) return;
+  note_attention_kernel();
   const Dropout drop = dropout_of(opt);
   MT_DISPATCH_FLOAT(qkv.dtype(), "attention_forward", S, forward_typed<S>(qkv, out, lse, g, drop));
 }
 
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dqkv,
                         const AttentionOptions& opt) {
-  (void)out;  // delta is summed from the recomputed probabilities, as the CPU does, not from dout . out
   dmax_for("attention_backward", qkv.dim(4));
   const Geom g = geom_of(qkv, opt);
   if (g.BH == 0 || g.T == 0) return;
+  if (attention_backward_on_cudnn(qkv, out, lse, dout, dqkv, opt)) return;
+  note_attention_kernel();
+  // The kernels do not read out: delta is summed from the recomputed probabilities, as the CPU does.
   const Dropout drop = dropout_of(opt);
   // delta_i = rowsum(P o dP) per (b, h, i), from the dq kernel to the dk/dv kernel.
   Tensor delta = Tensor::empty({g.BH * g.T}, DType::f32, Device::cuda, MemKind::workspace);

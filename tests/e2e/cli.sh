@@ -28,6 +28,9 @@ grep -q '"n_layer": *2' hf/config.json || fail "config.json lacks n_layer"
 # info: the build's backends and the GPUs; --require-gpu exits 3 when none can be used.
 "$MT" info > info.txt
 grep -q "^cuda backend: " info.txt && grep -q "^gpus: " info.txt || fail "info lacks the backend or GPU lines"
+# cuDNN: the version loaded and the one built with ("9.19.0 (built with 9.19.0, frontend 1.32.0)"), or not built.
+grep -Eq "^cudnn: ([0-9]+\.[0-9]+\.[0-9]+ \(built with [0-9.]+, frontend [0-9.]+\)|not built)" info.txt ||
+  fail "info names no cuDNN version: $(grep -i cudnn info.txt || echo 'no cudnn line')"
 rc=0
 "$MT" info --require-gpu >/dev/null || rc=$?
 if grep -q "^gpus: 0" info.txt; then

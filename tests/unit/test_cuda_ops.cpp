@@ -15,6 +15,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -29,6 +30,7 @@
 #include "core/tensor.h"
 #include "tests/unit/op_test_util.h"
 #if defined(MEGATRAIN_WITH_CUDA)
+#include "core/cuda/attention_backend.h"
 #include "core/cuda/runtime.h"
 #endif
 
@@ -715,6 +717,195 @@ TEST_F(CudaOps, DropoutAddMatchesTheCpu) {
     }
   }
 }
+
+
+// ---- attention paths: cuDNN's fused attention and the kernel -------------------------------------
+// MEGATRAIN_ATTENTION picks the path (core/cuda/attention_backend.h); each test sets it and checks which path
+// ran with last_attention_path(), so a silent fallback to the kernel cannot pass for cuDNN.
+
+#if defined(MEGATRAIN_WITH_CUDA)
+// Sets MEGATRAIN_ATTENTION for one scope (ctest runs each test in its own process; this keeps gtest runs of
+// the whole binary clean too).
+class AttentionModeScope {
+ public:
+  explicit AttentionModeScope(const char* mode) {
+    if (const char* v = std::getenv("MEGATRAIN_ATTENTION")) saved_ = v;
+    ::setenv("MEGATRAIN_ATTENTION", mode, 1);
+  }
+  ~AttentionModeScope() {
+    if (saved_.empty()) ::unsetenv("MEGATRAIN_ATTENTION");
+    else ::setenv("MEGATRAIN_ATTENTION", saved_.c_str(), 1);
+  }
+
+ private:
+  std::string saved_;
+};
+
+// The choice by dtype, dropout and mode needs no GPU: it runs wherever the CUDA backend is built.
+TEST(AttentionPath, ChosenByDtypeDropoutAndMode) {
+  std::string why;
+  {
+    AttentionModeScope mode("auto");
+    EXPECT_EQ(cuda::attention_path(DType::f32, 0.f, &why), cuda::AttentionPath::kernel);
+    EXPECT_NE(why.find("bf16 or fp16"), std::string::npos) << why;
+    EXPECT_EQ(cuda::attention_path(DType::bf16, 0.1f, &why), cuda::AttentionPath::kernel);
+    EXPECT_NE(why.find("dropout 0.1 needs layout-invariant masks"), std::string::npos) << why;
+    const auto fused = cuda::cudnn_built() ? cuda::AttentionPath::cudnn : cuda::AttentionPath::kernel;
+    EXPECT_EQ(cuda::attention_path(DType::bf16, 0.f), fused);
+    EXPECT_EQ(cuda::attention_path(DType::f16, 0.f), fused);
+    EXPECT_NE(cuda::attention_path_description(DType::bf16, 0.1f).find("megatrain kernel (dropout 0.1"),
+              std::string::npos);
+    if (cuda::cudnn_built())
+      EXPECT_NE(cuda::attention_path_description(DType::bf16, 0.f).find("cuDNN fused (flash)"), std::string::npos);
+  }
+  {
+    AttentionModeScope mode("kernel");
+    EXPECT_EQ(cuda::attention_path(DType::bf16, 0.f, &why), cuda::AttentionPath::kernel);
+    EXPECT_EQ(why, "MEGATRAIN_ATTENTION=kernel");
+  }
+  {
+    AttentionModeScope mode("cudnn");  // forcing cuDNN where it cannot run is an error, not a silent fallback
+    EXPECT_THROW(cuda::attention_path(DType::f32, 0.f), std::runtime_error);
+    EXPECT_THROW(cuda::attention_path(DType::bf16, 0.1f), std::runtime_error);
+    if (cuda::cudnn_built()) EXPECT_EQ(cuda::attention_path(DType::bf16, 0.f), cuda::AttentionPath::cudnn);
+    else EXPECT_THROW(cuda::attention_path(DType::bf16, 0.f), std::runtime_error);
+  }
+  {
+    AttentionModeScope mode("flash");
+    EXPECT_THROW(cuda::attention_mode(), std::runtime_error);
+  }
+}
+
+TEST(AttentionPath, CudnnVersionIsNamedOrNotBuilt) {
+  const std::string v = cuda::cudnn_version();
+  if (cuda::cudnn_built()) EXPECT_NE(v.find("(built with 9."), std::string::npos) << v;
+  else EXPECT_EQ(v.rfind("not built", 0), 0u) << v;
+}
+
+// Skips unless a GPU and the cuDNN path are there.
+class CudnnAttention : public CudaOps {
+ protected:
+  void SetUp() override {
+    CudaOps::SetUp();
+    if (IsSkipped()) return;
+    if (!cuda::cudnn_built()) GTEST_SKIP() << "built without cuDNN: " << cuda::cudnn_version();
+  }
+};
+
+struct CudnnCase {
+  int64_t B, T, H, D;
+  bool causal;
+};
+
+void PrintTo(const CudnnCase& c, std::ostream* os) {
+  *os << (c.causal ? "causal" : "full") << " B=" << c.B << " T=" << c.T << " H=" << c.H << " D=" << c.D;
+}
+
+// The forward and backward of one case on both devices, the GPU under the current MEGATRAIN_ATTENTION.
+struct AttnRun {
+  Both qkv, dout, out, lse, dqkv;
+};
+
+AttnRun run_attention(const CudnnCase& c, DType dt, uint32_t seed, cuda::AttentionPath expect_path) {
+  const int64_t B = c.B, T = c.T, H = c.H, D = c.D;
+  const AttentionOptions opt{.causal = c.causal};
+  AttnRun r{both(rand_vec(B * T * H * 3 * D, seed, -2, 2), {B, T, H, 3, D}, dt),
+            both(rand_vec(B * T * H * D, seed + 1), {B, T, H, D}, dt), poisoned({B, T, H, D}, dt),
+            poisoned({B, H, T}, DType::f32), poisoned({B, T, H, 3, D}, dt)};
+  for (auto d : kDevices) {
+    attention_forward(r.qkv.*d, r.out.*d, r.lse.*d, opt);
+    if (d == &Both::gpu) EXPECT_EQ(cuda::last_attention_path(), expect_path) << "forward";
+    attention_backward(r.qkv.*d, r.out.*d, r.lse.*d, r.dout.*d, r.dqkv.*d, opt);
+    if (d == &Both::gpu) EXPECT_EQ(cuda::last_attention_path(), expect_path) << "backward";
+  }
+  return r;
+}
+
+class CudnnAttentionShapes : public CudnnAttention, public ::testing::WithParamInterface<CudnnCase> {};
+
+TEST_P(CudnnAttentionShapes, ForwardAndBackwardMatchCpu) {
+  AttentionModeScope mode("cudnn");
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const AttnRun r = run_attention(GetParam(), dt, 700, cuda::AttentionPath::cudnn);
+    const std::string what = str(" ", dtype_name(dt));
+    expect_match(r.out, tol_for(dt), "cudnn attention out" + what);
+    expect_match(r.lse, tol_for(dt), "cudnn attention lse" + what);
+    expect_match(r.dqkv, tol_for(dt), "cudnn attention dqkv" + what);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudnnAttentionShapes,
+                         ::testing::Values(CudnnCase{2, 37, 3, 64, true}, CudnnCase{1, 130, 2, 128, true},
+                                           CudnnCase{2, 128, 4, 64, true}, CudnnCase{1, 77, 2, 128, true},
+                                           CudnnCase{2, 100, 2, 64, false}),
+                         [](const auto& info) {
+                           const CudnnCase& c = info.param;
+                           return str(c.causal ? "Causal" : "Full", "_B", c.B, "_T", c.T, "_H", c.H, "_D", c.D);
+                         });
+
+// The same inputs give the same gradient bits (cuDNN's deterministic SDPA backward).
+TEST_F(CudnnAttention, BackwardIsDeterministic) {
+  AttentionModeScope mode("cudnn");
+  const int64_t B = 2, T = 193, H = 4, D = 64;
+  const AttentionOptions opt{.causal = true};
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const Tensor qkv = make(rand_vec(B * T * H * 3 * D, 710, -2, 2), {B, T, H, 3, D}, dt).to(Device::cuda);
+    const Tensor dout = make(rand_vec(B * T * H * D, 711), {B, T, H, D}, dt).to(Device::cuda);
+    Tensor out = Tensor::empty({B, T, H, D}, dt, Device::cuda);
+    Tensor lse = Tensor::empty({B, H, T}, DType::f32, Device::cuda);
+    attention_forward(qkv, out, lse, opt);
+    Tensor first = Tensor::empty({B, T, H, 3, D}, dt, Device::cuda);
+    Tensor second = Tensor::empty({B, T, H, 3, D}, dt, Device::cuda);
+    attention_backward(qkv, out, lse, dout, first, opt);
+    attention_backward(qkv, out, lse, dout, second, opt);
+    EXPECT_EQ(cuda::last_attention_path(), cuda::AttentionPath::cudnn);
+    EXPECT_EQ(bytes_of(first), bytes_of(second)) << dtype_name(dt);
+  }
+}
+
+// Forcing either path: both match the CPU, so they match each other within the dtype's tolerance.
+TEST_F(CudnnAttention, ForcedKernelAndForcedCudnnBothMatchCpu) {
+  const CudnnCase c{2, 65, 2, 64, true};
+  for (DType dt : {DType::bf16, DType::f16}) {
+    for (const auto& [mode_name, path] : {std::pair{"kernel", cuda::AttentionPath::kernel},
+                                          std::pair{"cudnn", cuda::AttentionPath::cudnn}}) {
+      AttentionModeScope mode(mode_name);
+      const AttnRun r = run_attention(c, dt, 720, path);
+      const std::string what = str(" ", dtype_name(dt), " MEGATRAIN_ATTENTION=", mode_name);
+      expect_match(r.out, tol_for(dt), "attention out" + what);
+      expect_match(r.lse, tol_for(dt), "attention lse" + what);
+      expect_match(r.dqkv, tol_for(dt), "attention dqkv" + what);
+    }
+  }
+}
+
+// auto takes cuDNN for bf16 without dropout, the kernel for fp32, dropout, or a head dimension cuDNN cannot
+// load (D = 20, not a multiple of 8); forcing cuDNN on that shape fails loudly.
+TEST_F(CudnnAttention, AutoFallsBackToTheKernelWhereCudnnCannotRun) {
+  {
+    AttentionModeScope mode("auto");
+    run_attention({1, 50, 2, 64, true}, DType::bf16, 730, cuda::AttentionPath::cudnn);
+    run_attention({1, 50, 2, 64, true}, DType::f32, 731, cuda::AttentionPath::kernel);
+    const AttnRun r = run_attention({1, 50, 2, 20, true}, DType::bf16, 732, cuda::AttentionPath::kernel);
+    expect_match(r.out, tol_for(DType::bf16), "attention out D=20 on the kernel");
+    expect_match(r.dqkv, tol_for(DType::bf16), "attention dqkv D=20 on the kernel");
+    const int64_t B = 1, T = 50, H = 2, D = 64;
+    const Tensor qkv = make(rand_vec(B * T * H * 3 * D, 733), {B, T, H, 3, D}, DType::bf16).to(Device::cuda);
+    Tensor out = Tensor::empty({B, T, H, D}, DType::bf16, Device::cuda);
+    Tensor lse = Tensor::empty({B, H, T}, DType::f32, Device::cuda);
+    attention_forward(qkv, out, lse, {.causal = true, .dropout_p = 0.1f, .seed = 3});
+    EXPECT_EQ(cuda::last_attention_path(), cuda::AttentionPath::kernel) << "dropout runs on the kernel";
+  }
+  {
+    AttentionModeScope mode("cudnn");
+    const int64_t B = 1, T = 50, H = 2, D = 20;
+    const Tensor qkv = make(rand_vec(B * T * H * 3 * D, 734), {B, T, H, 3, D}, DType::bf16).to(Device::cuda);
+    Tensor out = Tensor::empty({B, T, H, D}, DType::bf16, Device::cuda);
+    Tensor lse = Tensor::empty({B, H, T}, DType::f32, Device::cuda);
+    EXPECT_THROW(attention_forward(qkv, out, lse, {.causal = true}), std::runtime_error);
+  }
+}
+#endif  // MEGATRAIN_WITH_CUDA
 
 }  // namespace
 }  // namespace mt

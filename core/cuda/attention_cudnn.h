@@ -1,0 +1,40 @@
+// attention_cudnn.h: cuDNN's fused flash attention (core/cuda/attention_cudnn.cpp, the only file that includes
+// the cuDNN frontend) and the dispatch that attention.cu's entry points ask first (attention_backend.cpp).
+// Plain C++: no CUDA or cuDNN headers.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "core/ops.h"
+
+namespace mt::cuda {
+
+// ---- cuDNN (attention_cudnn.cpp; stubs when the build has no cuDNN path) ----------------------------------
+
+bool cudnn_attention_built();
+int64_t cudnn_runtime_version();      // cudnnGetVersion(): 91900 for 9.19.0; 0 when not built
+int64_t cudnn_compiled_version();     // CUDNN_VERSION of the headers built against; 0 when not built
+std::string cudnn_frontend_version(); // "1.32.0"; empty when not built
+
+// Causal (or full) SDPA of bf16 / fp16 qkv (B, T, H, 3, D) read in place through strides: out (B, T, H, D) and
+// lse (B, H, T) f32, the natural-log log-sum-exp of each row of scaled scores (cuDNN's "Stats", the CPU's lse).
+// Returns "" once enqueued on the compute stream; otherwise why cuDNN cannot run this call (nothing written).
+// Graphs are built once per (dtype, B, T, H, D, causal): strides follow from the shape, tensors being
+// contiguous views.
+std::string cudnn_attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, bool causal);
+// dqkv (B, T, H, 3, D) written in place through strides from dout (B, T, H, D) and the forward's out and lse.
+// Deterministic (cuDNN's deterministic SDPA backward algorithm): the same inputs give the same bits.
+std::string cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                     Tensor& dqkv, bool causal);
+
+// ---- dispatch (attention_backend.cpp) ---------------------------------------------------------------------
+
+// Run the op on cuDNN when MEGATRAIN_ATTENTION, the dtype, the dropout and the shape allow it: true when done,
+// false when the caller runs the kernel. Throws when MEGATRAIN_ATTENTION=cudnn and cuDNN cannot run the call.
+bool attention_forward_on_cudnn(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionOptions& opt);
+bool attention_backward_on_cudnn(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
+                                 Tensor& dqkv, const AttentionOptions& opt);
+// Records that the kernel ran (last_attention_path()).
+void note_attention_kernel();
+
+}  // namespace mt::cuda
