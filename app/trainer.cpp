@@ -294,7 +294,8 @@ class Trainer {
   Tensor grad_buffer_;  // (all parameters) f32, the storage of every Parameter::grad
   Counters c_;
   std::optional<std::string> last_saved_;
-  StepLosses step_losses_{device_, cfg_.logging.interval};  // read at most once per logging interval
+  // Read once per logging interval (a long interval reads when its at most 1024 slots are full).
+  StepLosses step_losses_{device_, std::min<int64_t>(cfg_.logging.interval, 1024)};
   double interval_loss_ = 0;  // sum of the step losses read in this logging interval
 };
 
@@ -408,7 +409,7 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
   const int64_t dp = dist_.dp_size();
   grad_buffer_.zero_();
   if (reducer_) reducer_->begin_step();
-  if (step_losses_.full()) read_losses();  // a logging interval longer than the slots (not reached normally)
+  if (step_losses_.full()) read_losses();  // a logging interval longer than the slots
   Tensor loss_sum = step_losses_.next_slot();  // (1) f64 on the device
   Tensor tokens, targets;
   // The objective is the mean loss over all M * dp microbatches (times the loss scale): a host value, so the

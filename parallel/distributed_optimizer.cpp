@@ -37,7 +37,7 @@ DistributedOptimizer::DistributedOptimizer(std::vector<Parameter*> params, Tenso
   for (const Parameter* p : params_)
     if (p->value.dtype() != value_dtype) value_dtype = DType::f32;
   if (value_dtype != DType::f32) {
-    value_shard_ = Tensor::zeros({shard_}, value_dtype, flat_grads_.device(), MemKind::workspace);
+    value_shard_ = Tensor::zeros({shard_}, value_dtype, flat_grads_.device(), MemKind::optimizer);
     value_shard_.copy_from(master_);
   }
 }
