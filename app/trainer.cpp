@@ -1,5 +1,6 @@
 #include "app/trainer.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -132,23 +133,51 @@ std::vector<Parameter*> all_parameters(const std::vector<std::unique_ptr<GptMode
   return out;
 }
 
+// The training losses of the steps since the host last read them, kept on the model's device: each step
+// gets an f64 slot that the last stage's microbatches add their mean losses into (GptModel::forward_stage),
+// and the host reads all slots at once, once per logging interval (or before a checkpoint), so a GPU step
+// never waits for its loss.
+class StepLosses {
+ public:
+  StepLosses(Device device, int64_t capacity) : slots_(f64_zeros(std::max<int64_t>(capacity, 1), device)) {}
+  bool full() const { return used_ == slots_.numel(); }
+  // The next step's slot (1) f64, zeroed.
+  Tensor next_slot() {
+    Tensor slot = slots_.slice(used_, used_ + 1);
+    slot.zero_();
+    ++used_;
+    return slot;
+  }
+  // This rank's loss sums of the steps since the last take, in order (one copy to the host).
+  std::vector<double> take() {
+    if (used_ == 0) return {};
+    std::vector<double> v = read_f64(slots_.slice(0, used_));
+    used_ = 0;
+    return v;
+  }
+
+ private:
+  Tensor slots_;  // (capacity) f64
+  int64_t used_ = 0;
+};
+
 class Trainer;
 
 // The pipeline executor's view of this rank's chunks for one iteration: microbatch m's samples, the loss
-// of the last stage, the backward seed.
+// of the last stage (added into the step's device slot), the backward seed.
 class IterationStage final : public PipelineStage {
  public:
-  IterationStage(Trainer& t, float dloss) : t_(t), dloss_(dloss) {}
+  IterationStage(Trainer& t, float dloss, Tensor loss_sum) : t_(t), dloss_(dloss), loss_sum_(std::move(loss_sum)) {}
   Tensor forward(int microbatch, int chunk, const Tensor& input) override;
   Tensor backward(int microbatch, int chunk, const Tensor& grad) override;
   Shape activation_shape() const override;
   DType activation_dtype() const override;
   Device activation_device() const override;
-  double loss_sum = 0;  // over the microbatches whose loss this rank computed
 
  private:
   Trainer& t_;
   float dloss_;
+  Tensor loss_sum_;  // (1) f64 on the device: the step's sum over the microbatches whose loss this rank computed
 };
 
 // The pipeline executor's view of this rank's chunks for evaluation (a forward_only schedule): local
@@ -250,7 +279,12 @@ class Trainer {
     return n;
   }
   void maybe_resume();
-  float train_step(float& lr_used, StepResult& result);
+  void train_step(float& lr_used, StepResult& result);
+  // Reads the losses of the steps since the last read (summed over the pipeline and data-parallel ranks: a
+  // collective, at the same iteration on every rank) into interval_loss_ and c_.nan_iters.
+  void read_losses();
+  // Whether the step runs through the pipeline executor (and its losses are summed over the pipeline group).
+  bool pipelined() const { return !(dist_.pp_size() == 1 && chunks_.size() == 1); }
   double evaluate();
   void save();
   void log_interval(double ms_per_iter, double loss, double lr, double grad_norm);
@@ -277,6 +311,9 @@ class Trainer {
   Tensor grad_buffer_;  // (all parameters) f32, the storage of every Parameter::grad
   Counters c_;
   std::optional<std::string> last_saved_;
+  // Read once per logging interval (a long interval reads when its at most 1024 slots are full).
+  StepLosses step_losses_{device_, std::min<int64_t>(cfg_.logging.interval, 1024)};
+  double interval_loss_ = 0;  // sum of the step losses read in this logging interval
 };
 
 void Trainer::maybe_resume() {
@@ -326,6 +363,7 @@ void Trainer::maybe_resume() {
 // tensor-parallel slices, and tensor-parallel rank 0 the replicated tensors. Rank 0 creates the temporary
 // directory and commits it once every writer has flushed and verified its file.
 void Trainer::save() {
+  read_losses();  // the saved nan_iters counts every step so far (every rank reads here, as every rank saves)
   if (cfg_.checkpoint.save_dir.empty() || last_saved_ == std::to_string(c_.iteration)) return;
   auto t0 = std::chrono::steady_clock::now();
   const std::string key = fmt::format("checkpoint/{}/tmp", c_.iteration);
@@ -383,33 +421,34 @@ void Trainer::save() {
 // summed over the data-parallel group, then the optimizer step (the same on every rank).
 // Microbatch m of data-parallel rank r holds samples consumed + (m * dp + r) * B + [0, B), so the global batch
 // is the same set of samples whatever the layout.
-float Trainer::train_step(float& lr_used, StepResult& result) {
+void Trainer::train_step(float& lr_used, StepResult& result) {
   const int64_t M = cfg_.training.num_microbatches;
   const int64_t dp = dist_.dp_size();
   grad_buffer_.zero_();
   if (reducer_) reducer_->begin_step();
+  if (step_losses_.full()) read_losses();  // a logging interval longer than the slots
+  Tensor loss_sum = step_losses_.next_slot();  // (1) f64 on the device
   Tensor tokens, targets;
-  // The objective is the mean loss over all M * dp microbatches (times the loss scale).
+  // The objective is the mean loss over all M * dp microbatches (times the loss scale): a host value, so the
+  // backward seed needs no read of the device.
   const float dloss = static_cast<float>(scaler_.scale() / static_cast<double>(M * dp));
-  double loss_sum = 0;
-  if (dist_.pp_size() == 1 && chunks_.size() == 1) {
+  if (!pipelined()) {
     for (int64_t m = 0; m < M; ++m) {
       const int64_t first = microbatch_first_sample(m);
       load_batch(data_.train, first, tokens, targets);
       StepContext ctx{.sample_offset = first, .training = true, .seed = static_cast<uint64_t>(cfg_.training.seed)};
-      loss_sum += chunks_[0]->forward(tokens, targets, static_cast<int>(m), ctx);
+      chunks_[0]->forward_stage(Tensor(), tokens, targets, static_cast<int>(m), ctx, loss_sum);
       chunks_[0]->backward(static_cast<int>(m), dloss);
     }
   } else {
     const ScheduleSpec spec{.kind = chunks_.size() > 1 ? ScheduleKind::interleaved : ScheduleKind::one_f_one_b,
                             .stages = dist_.pp_size(), .microbatches = static_cast<int>(M),
                             .chunks = static_cast<int>(chunks_.size())};
-    IterationStage stage(*this, dloss);
+    IterationStage stage(*this, dloss, loss_sum);
     execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage,
                      PipelinePlacement{.comm = dist_.pp.get(), .stage = dist_.pp_rank(), .stages = dist_.pp_size(),
                                        .chunks = static_cast<int>(chunks_.size())});
-    // Only the last stage computed losses.
-    loss_sum = sum_over(*dist_.pp, {stage.loss_sum})[0];
+    // Only the last stage computed losses: read_losses sums them over the pipeline group.
   }
   // Replicas used on sequence shards (norms, position embedding) hold partial gradients: sum them over TP.
   if (dist_.tp_size() > 1)
@@ -420,6 +459,7 @@ float Trainer::train_step(float& lr_used, StepResult& result) {
     for (Parameter* p : params_)
       if (p->name == "embedding.word_embeddings.weight") dist_.emb->all_reduce(p->grad, ReduceOp::sum)->wait();
   lr_used = static_cast<float>(schedule_.at(optimizer_steps() + 1));
+  // The step's one read of the device: the grad norm and inf/NaN verdict, inside the optimizer.
   if (zero_) {
     result = zero_->step(lr_used, scaler_.scale());  // reduce-scatters the gradients over DP itself
   } else {
@@ -428,8 +468,22 @@ float Trainer::train_step(float& lr_used, StepResult& result) {
   }
   scaler_.update(result.found_inf);
   if (result.found_inf) ++c_.skipped_iters;
-  if (dp > 1) loss_sum = sum_over(*dist_.dp, {loss_sum})[0];
-  return static_cast<float>(loss_sum / static_cast<double>(M * dp));
+}
+
+// The step losses are the reference's, value for value: each step's double sum of f32 microbatch means,
+// summed in f32 over the pipeline group (when pipelined) and then the data-parallel group, over M * dp, as f32.
+// The exchanges carry every pending step at once.
+void Trainer::read_losses() {
+  std::vector<double> sums = step_losses_.take();
+  if (sums.empty()) return;
+  const int64_t M = cfg_.training.num_microbatches, dp = dist_.dp_size();
+  if (pipelined()) sums = sum_over(*dist_.pp, std::move(sums));
+  if (dp > 1) sums = sum_over(*dist_.dp, std::move(sums));
+  for (double sum : sums) {
+    const float loss = static_cast<float>(sum / static_cast<double>(M * dp));
+    if (!std::isfinite(loss)) ++c_.nan_iters;
+    interval_loss_ += loss;
+  }
 }
 
 // Mean loss over the first eval_iters global batches of the validation samples, microbatch i on dp rank i % dp.
@@ -480,11 +534,7 @@ Tensor IterationStage::forward(int microbatch, int chunk, const Tensor& input) {
   Tensor tokens, targets;
   t_.load_batch(t_.data_.train, first, tokens, targets);
   StepContext ctx{.sample_offset = first, .training = true, .seed = static_cast<uint64_t>(cfg.training.seed)};
-  float loss = 0;
-  GptModel& model = *t_.chunks_[static_cast<size_t>(chunk)];
-  Tensor out = model.forward_stage(input, tokens, targets, microbatch, ctx, &loss);
-  if (model.stage().has_head) loss_sum += loss;
-  return out;
+  return t_.chunks_[static_cast<size_t>(chunk)]->forward_stage(input, tokens, targets, microbatch, ctx, loss_sum_);
 }
 
 Tensor IterationStage::backward(int microbatch, int chunk, const Tensor& grad) {
@@ -517,23 +567,22 @@ void Trainer::run() {
                     "(raise data.split's second weight or set data.valid)");
 
   const double flops_per_iter = model_flops_per_iteration(cfg_.model, G * S);
-  double interval_loss = 0, interval_ms = 0;
+  double interval_ms = 0;
   int64_t interval_iters = 0;
   while (c_.iteration < cfg_.training.train_iters) {
     auto t0 = std::chrono::steady_clock::now();
     float lr = 0;
     StepResult r;
-    float loss = train_step(lr, r);
+    train_step(lr, r);
     ++c_.iteration;
     c_.consumed_samples += G;
-    if (!std::isfinite(loss)) ++c_.nan_iters;
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    interval_loss += loss;
     interval_ms += ms;
     ++interval_iters;
 
     if (c_.iteration % cfg_.logging.interval == 0 || c_.iteration == cfg_.training.train_iters) {
-      double mean_loss = interval_loss / interval_iters, mean_ms = interval_ms / interval_iters;
+      read_losses();  // the interval's losses, in one read (and one exchange across ranks)
+      double mean_loss = interval_loss_ / interval_iters, mean_ms = interval_ms / interval_iters;
       double tokens_per_s = static_cast<double>(G * S) / (mean_ms / 1000.0);
       // Model FLOP/s per rank (per GPU), and MFU against the device's dense bf16 peak where it is known.
       double tflops = flops_per_iter / (mean_ms / 1000.0) / 1e12 / dist_.env.world_size;
@@ -551,7 +600,7 @@ void Trainer::run() {
           lr, json_number(mean_loss), json_number(scaler_.scale()), json_number(r.grad_norm), c_.skipped_iters,
           c_.nan_iters, allocator_for(device_).stats().peak_total, device_name(device_)));
       if (c_.iteration == cfg_.logging.interval) spdlog::info("peak memory (MiB): {}", memory_summary(device_));
-      interval_loss = interval_ms = 0;
+      interval_loss_ = interval_ms = 0;
       interval_iters = 0;
     }
     if (cfg_.logging.eval_interval > 0 &&

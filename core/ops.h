@@ -174,4 +174,39 @@ struct AdamWOptions {
 // One AdamW step on f32 master (N), grad (N), exp_avg (N), exp_avg_sq (N), decoupled weight decay.
 void adamw_step(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWOptions& opt);
 
+// ==== fused step ops: one pass over all of a rank's tensors, results left on the device ================
+// (the GPU step waits for the device at most once: see app/trainer.cpp's train_step)
+//
+// Small double results live on the tensors' device as f64 bits in i64 storage (megatrain has no f64 dtype):
+// make them with f64_zeros, read them with read_f64 (one copy to the host).
+Tensor f64_zeros(int64_t n, Device device, MemKind kind = MemKind::workspace);
+std::vector<double> read_f64(const Tensor& t);
+
+// The grad-norm inputs of a step, in one pass over all of xs (f32, one device).
+struct GradStats {
+  double sum_squares = 0;  // as sum_squares(xs): in double, in the same order on the CPU
+  bool found_inf = false;  // some element is inf or NaN
+};
+// stats (2) f64 := [sum of squares, 1 when some element is inf or NaN else 0], on the device, without waiting.
+void grad_stats(const std::vector<Tensor>& xs, Tensor& stats);
+// The same, read back with one copy to the host.
+GradStats grad_stats(const std::vector<Tensor>& xs);
+
+// One tensor of a multi-tensor AdamW step.
+struct AdamWTensors {
+  Tensor master, grad, exp_avg, exp_avg_sq;  // f32, n elements each (any shapes)
+  Tensor value;       // the parameter in its compute dtype (n): := the updated master, rounded; undefined: none
+  bool decay = true;  // opt.weight_decay applies (false: biases and norms)
+};
+// adamw_step on every entry with weight decay opt.weight_decay where `decay` (0 elsewhere), bit for bit the
+// same per element, and the rounded master written into `value`: one pass (a few launches on CUDA), no cast
+// afterwards. Every defined `value` has one dtype.
+void adamw_multi_step(const std::vector<AdamWTensors>& ts, const AdamWOptions& opt);
+
+// sum (1) f64 += the mean of x (N) f32 summed in double, rounded to f32: what a host reading of the loss
+// gave, accumulated on the device (training losses are read once per logging interval).
+void accumulate_mean(const Tensor& x, Tensor& sum);
+// x := v in x's dtype (any floating dtype).
+void fill_(Tensor& x, float v);
+
 }  // namespace mt

@@ -40,34 +40,38 @@ bool counts_in_grad_norm(const Parameter& p, const AdamWConfig& cfg) {
   return !p.tied_copy && (p.tensor_parallel || cfg.count_replicas);
 }
 
-StepResult grad_norm_verdict(double sumsq, double loss_scale, double grad_clip, double* grad_scale) {
+StepResult grad_norm_verdict(const GradStats& stats, double loss_scale, double grad_clip, double* grad_scale) {
   StepResult r;
-  r.grad_norm = std::sqrt(sumsq) / loss_scale;
-  r.found_inf = !std::isfinite(r.grad_norm);
+  r.grad_norm = std::sqrt(stats.sum_squares) / loss_scale;
+  r.found_inf = stats.found_inf || !std::isfinite(r.grad_norm);
   *grad_scale = r.found_inf ? 0.0 : clip_coefficient(r.grad_norm, grad_clip) / loss_scale;
   return r;
 }
 
-AdamWOptions adamw_options(const AdamWConfig& cfg, const Parameter& p, double lr, int64_t step, double grad_scale) {
+AdamWOptions adamw_options(const AdamWConfig& cfg, double lr, int64_t step, double grad_scale) {
   return AdamWOptions{.lr = static_cast<float>(lr), .beta1 = static_cast<float>(cfg.beta1),
                       .beta2 = static_cast<float>(cfg.beta2), .eps = static_cast<float>(cfg.eps),
-                      .weight_decay = p.weight_decay ? static_cast<float>(cfg.weight_decay) : 0.f,
-                      .step = step, .grad_scale = static_cast<float>(grad_scale)};
+                      .weight_decay = static_cast<float>(cfg.weight_decay), .step = step,
+                      .grad_scale = static_cast<float>(grad_scale)};
 }
 
 StepResult AdamW::step(double lr, double loss_scale) {
   std::vector<Tensor> counted;
   for (Slot& s : slots_)
     if (counts_in_grad_norm(*s.param, cfg_)) counted.push_back(s.param->grad);
-  double sumsq = sum_squares(counted);
-  if (cfg_.sum_across_ranks) sumsq = cfg_.sum_across_ranks(sumsq);
+  GradStats stats = grad_stats(counted);  // the step's one read of the device
+  if (cfg_.sum_across_ranks) stats.sum_squares = cfg_.sum_across_ranks(stats.sum_squares);
   double grad_scale = 0;
-  const StepResult r = grad_norm_verdict(sumsq, loss_scale, cfg_.grad_clip, &grad_scale);
+  const StepResult r = grad_norm_verdict(stats, loss_scale, cfg_.grad_clip, &grad_scale);
   if (r.found_inf) return r;
   ++steps_;
+  std::vector<AdamWTensors> ts;
+  ts.reserve(slots_.size());
   for (Slot& s : slots_)
-    adamw_step(s.master, s.param->grad, s.exp_avg, s.exp_avg_sq, adamw_options(cfg_, *s.param, lr, steps_, grad_scale));
-  sync_values_from_master();
+    ts.push_back({.master = s.master, .grad = s.param->grad, .exp_avg = s.exp_avg, .exp_avg_sq = s.exp_avg_sq,
+                  .value = s.master.raw() == s.param->value.raw() ? Tensor() : s.param->value,
+                  .decay = s.param->weight_decay});
+  adamw_multi_step(ts, adamw_options(cfg_, lr, steps_, grad_scale));
   return r;
 }
 

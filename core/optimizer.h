@@ -32,11 +32,13 @@ double clip_coefficient(double grad_norm, double max_norm);
 // Pieces shared by AdamW and the distributed optimizer (parallel/):
 // whether p's gradient enters the global grad norm on this rank (replicas once, tied copies never);
 bool counts_in_grad_norm(const Parameter& p, const AdamWConfig& cfg);
-// the step's grad norm and inf/NaN verdict from the summed squares of the scaled gradients, and in
-// *grad_scale the factor the update multiplies the gradients by (unscaling and clipping);
-StepResult grad_norm_verdict(double sumsq, double loss_scale, double grad_clip, double* grad_scale);
-// the AdamW options of parameter p (no weight decay on biases and norms).
-AdamWOptions adamw_options(const AdamWConfig& cfg, const Parameter& p, double lr, int64_t step, double grad_scale);
+// the step's grad norm and inf/NaN verdict from the summed squares of the scaled gradients over all ranks
+// and this rank's inf/NaN flag (both from one grad_stats pass), and in *grad_scale the factor the update
+// multiplies the gradients by (unscaling and clipping). An inf or NaN anywhere makes every rank's summed
+// squares non-finite, so the verdict is the same on every rank;
+StepResult grad_norm_verdict(const GradStats& stats, double loss_scale, double grad_clip, double* grad_scale);
+// the AdamW options of a step (weight decay cfg.weight_decay where a parameter decays, see AdamWTensors);
+AdamWOptions adamw_options(const AdamWConfig& cfg, double lr, int64_t step, double grad_scale);
 
 class AdamW {
  public:
@@ -46,6 +48,8 @@ class AdamW {
 
   // Unscales the gradients by 1/loss_scale, computes the global grad norm, and unless it is inf/NaN
   // clips and applies one AdamW step at learning rate lr. Gradients are left as they were.
+  // On a GPU the step waits for the device once (the grad norm and inf/NaN verdict, one small read) and
+  // updates every master, moment and compute-dtype value in one multi-tensor pass.
   StepResult step(double lr, double loss_scale);
   void zero_grads();
 

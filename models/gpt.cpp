@@ -74,6 +74,16 @@ void GptModel::backward(int mb, float dloss) { backward_stage(mb, Tensor(), dlos
 
 Tensor GptModel::forward_stage(const Tensor& input, const Tensor& tokens, const Tensor& targets, int mb,
                                const StepContext& ctx, float* loss) {
+  return forward_impl(input, tokens, targets, mb, ctx, loss, nullptr);
+}
+
+Tensor GptModel::forward_stage(const Tensor& input, const Tensor& tokens, const Tensor& targets, int mb,
+                               const StepContext& ctx, Tensor& loss_sum) {
+  return forward_impl(input, tokens, targets, mb, ctx, nullptr, &loss_sum);
+}
+
+Tensor GptModel::forward_impl(const Tensor& input, const Tensor& tokens, const Tensor& targets, int mb,
+                              const StepContext& ctx, float* loss, Tensor* loss_sum) {
   const int64_t B = tokens.dim(0), T = tokens.dim(1), C = cfg_.hidden_size, V = vocab_local_, N = B * T;
   if (T > cfg_.max_position_embeddings)
     throw std::invalid_argument(fmt::format("sequence of {} tokens exceeds max_position_embeddings={}", T,
@@ -127,10 +137,14 @@ Tensor GptModel::forward_stage(const Tensor& input, const Tensor& tokens, const 
     target_logit.copy_from(both.slice(1, 2));
   }
   cross_entropy_loss(h.rowmax, h.sumexp, target_logit, losses);
-  double sum = 0;
-  for (float l : losses.to_floats()) sum += l;
   if (ctx.training) saved_[mb] = std::move(h);
-  *loss = static_cast<float>(sum / static_cast<double>(N));
+  if (loss_sum) {
+    accumulate_mean(losses, *loss_sum);  // stays on the device
+  } else {
+    double sum = 0;
+    for (float l : losses.to_floats()) sum += l;
+    *loss = static_cast<float>(sum / static_cast<double>(N));
+  }
   return Tensor();
 }
 
@@ -145,9 +159,9 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
     const int64_t B = h.tokens.dim(0), T = h.tokens.dim(1), V = vocab_local_, N = B * T;
     const int64_t Ts = opt_.tp.shard_length(T), Ns = B * Ts;
 
-    // Each token's loss enters the mean with weight 1/N.
-    Tensor dlosses = Tensor::from_floats(std::vector<float>(static_cast<size_t>(N), dloss / static_cast<float>(N)), {N});
-    if (opt_.device != Device::cpu) dlosses = dlosses.to(opt_.device);
+    // Each token's loss enters the mean with weight 1/N: a fill on the device, nothing copied from the host.
+    Tensor dlosses = Tensor::empty({N}, DType::f32, opt_.device);
+    fill_(dlosses, dloss / static_cast<float>(N));
     Tensor dlogits = Tensor::empty({N, V}, opt_.dtype, opt_.device);
     cross_entropy_backward(h.logits, h.targets.view({N}), h.rowmax, h.sumexp, dlosses, dlogits,
                            {.vocab_start = vocab_start_, .vocab_size = cfg_.vocab_size});

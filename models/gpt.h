@@ -37,8 +37,8 @@ class GptModel {
   // tokens (B, T) and targets (B, T) i32 -> mean cross-entropy over the B*T tokens (a whole-model stage).
   // In training the activations are kept under microbatch id `mb` for backward().
   float forward(const Tensor& tokens, const Tensor& targets, int mb, const StepContext& ctx);
-  // Backward of microbatch `mb` with d(objective)/d(mean loss) = dloss (loss scale / microbatches);
-  // parameter gradients accumulate.
+  // Backward of microbatch `mb` with d(objective)/d(mean loss) = dloss (loss scale / microbatches), a host
+  // value: the loss-gradient seed is filled on the device. Parameter gradients accumulate.
   void backward(int mb, float dloss);
 
   // One pipeline stage. The first stage embeds `tokens`, the others start from `input` (B, T, C) (sequence
@@ -46,6 +46,11 @@ class GptModel {
   // cross-entropy against `targets`; the others return their output activation.
   Tensor forward_stage(const Tensor& input, const Tensor& tokens, const Tensor& targets, int mb,
                        const StepContext& ctx, float* loss);
+  // As above, but the last stage adds its mean loss (rounded to f32, the value *loss would get) into
+  // loss_sum (1) f64 on the model's device (core/ops.h accumulate_mean) without reading it: training waits
+  // for the device once per step, not once per microbatch.
+  Tensor forward_stage(const Tensor& input, const Tensor& tokens, const Tensor& targets, int mb,
+                       const StepContext& ctx, Tensor& loss_sum);
   // Backward of one stage: `dout` is the gradient of its output (ignored on the last stage, which starts
   // from dloss). Returns the gradient of its input (empty on the first stage).
   Tensor backward_stage(int mb, const Tensor& dout, float dloss);
@@ -70,6 +75,9 @@ class GptModel {
     Tensor logits;                     // (B*T, Vpad/tp) this rank's vocabulary shard
     Tensor rowmax, sumexp;             // (B*T) f32
   };
+  // forward_stage with the loss read into *loss or accumulated into *loss_sum (one of them set).
+  Tensor forward_impl(const Tensor& input, const Tensor& tokens, const Tensor& targets, int mb,
+                      const StepContext& ctx, float* loss, Tensor* loss_sum);
   const Tensor& head_weight() const;
   Parameter& head_param();
 

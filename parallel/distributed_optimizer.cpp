@@ -32,6 +32,14 @@ DistributedOptimizer::DistributedOptimizer(std::vector<Parameter*> params, Tenso
     Tensor whole = s.param->value.view({s.param->value.numel()});
     master_.slice(s.begin, s.end).copy_from(whole.slice(s.param_offset, s.param_offset + (s.end - s.begin)));
   }
+  // One compute dtype for all parameters (a model's are): gather values in it; mixed or f32: gather masters.
+  DType value_dtype = params_.empty() ? DType::f32 : params_[0]->value.dtype();
+  for (const Parameter* p : params_)
+    if (p->value.dtype() != value_dtype) value_dtype = DType::f32;
+  if (value_dtype != DType::f32) {
+    value_shard_ = Tensor::zeros({shard_}, value_dtype, flat_grads_.device(), MemKind::optimizer);
+    value_shard_.copy_from(master_);
+  }
 }
 
 StepResult DistributedOptimizer::step(double lr, double loss_scale) {
@@ -39,29 +47,39 @@ StepResult DistributedOptimizer::step(double lr, double loss_scale) {
   std::vector<Tensor> counted;
   for (const Segment& s : segments_)
     if (counts_in_grad_norm(*s.param, cfg_)) counted.push_back(grad_shard_.slice(s.begin, s.end));
-  double sumsq = sum_squares(counted);
+  GradStats stats = grad_stats(counted);  // the step's one read of the device
   if (dp_.size() > 1) {
-    Tensor t = Tensor::from_floats(std::vector<float>{static_cast<float>(sumsq)}, {1});
+    // A host exchange (the f32 sum of the reference); an inf/NaN flag needs no exchange, as it makes the sum
+    // non-finite on every rank.
+    Tensor t = Tensor::from_floats(std::vector<float>{static_cast<float>(stats.sum_squares)}, {1});
     dp_.all_reduce(t, ReduceOp::sum)->wait();
-    sumsq = t.item();
+    stats.sum_squares = t.item();
   }
-  if (cfg_.sum_across_ranks) sumsq = cfg_.sum_across_ranks(sumsq);
+  if (cfg_.sum_across_ranks) stats.sum_squares = cfg_.sum_across_ranks(stats.sum_squares);
   double grad_scale = 0;
-  const StepResult r = grad_norm_verdict(sumsq, loss_scale, cfg_.grad_clip, &grad_scale);
+  const StepResult r = grad_norm_verdict(stats, loss_scale, cfg_.grad_clip, &grad_scale);
   if (r.found_inf) return r;
   ++steps_;
-  for (const Segment& s : segments_) {
-    Tensor master = master_.slice(s.begin, s.end), m = exp_avg_.slice(s.begin, s.end),
-           v = exp_avg_sq_.slice(s.begin, s.end);
-    adamw_step(master, grad_shard_.slice(s.begin, s.end), m, v, adamw_options(cfg_, *s.param, lr, steps_, grad_scale));
-  }
-  all_gather_into_values();
+  std::vector<AdamWTensors> ts;
+  ts.reserve(segments_.size());
+  for (const Segment& s : segments_)
+    ts.push_back({.master = master_.slice(s.begin, s.end), .grad = grad_shard_.slice(s.begin, s.end),
+                  .exp_avg = exp_avg_.slice(s.begin, s.end), .exp_avg_sq = exp_avg_sq_.slice(s.begin, s.end),
+                  .value = value_shard_.defined() ? value_shard_.slice(s.begin, s.end) : Tensor(),
+                  .decay = s.param->weight_decay});
+  adamw_multi_step(ts, adamw_options(cfg_, lr, steps_, grad_scale));
+  all_gather_into_values(true);
   return r;
 }
 
-void DistributedOptimizer::all_gather_into_values() {
-  Tensor full = Tensor::empty({shard_ * dp_.size()}, DType::f32, flat_grads_.device(), MemKind::workspace);
-  dp_.all_gather(master_, full)->wait();
+void DistributedOptimizer::all_gather_into_values(bool values_current) {
+  const Tensor* shard = &master_;
+  if (value_shard_.defined()) {
+    if (!values_current) value_shard_.copy_from(master_);
+    shard = &value_shard_;
+  }
+  Tensor full = Tensor::empty({shard_ * dp_.size()}, shard->dtype(), flat_grads_.device(), MemKind::workspace);
+  dp_.all_gather(*shard, full)->wait();
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter* p = params_[i];
     p->value.copy_from(full.slice(offsets_[i], offsets_[i] + p->value.numel()));
@@ -96,7 +114,7 @@ void DistributedOptimizer::scatter_slots(const std::vector<AdamW::Slot>& slots) 
     exp_avg_sq_.slice(s.begin, s.end)
         .copy_from(slot->exp_avg_sq.view({numel}).slice(s.param_offset, s.param_offset + n));
   }
-  all_gather_into_values();
+  all_gather_into_values(false);
 }
 
 }  // namespace mt

@@ -1,6 +1,7 @@
 // distributed_optimizer.h: ZeRO-1. The fp32 master weights and Adam moments are split evenly over the
-// data-parallel group: each step reduce-scatters the flat gradient buffer, every rank updates its shard,
-// and the updated master shards are all-gathered back into every rank's parameters.
+// data-parallel group: each step reduce-scatters the flat gradient buffer, every rank updates its shard in
+// one multi-tensor pass that also rounds it to the compute dtype, and those shards are all-gathered back into
+// every rank's parameters.
 #pragma once
 #include <vector>
 
@@ -44,8 +45,13 @@ class DistributedOptimizer {
   int64_t shard_ = 0;
   std::vector<Segment> segments_;
   Tensor master_, exp_avg_, exp_avg_sq_, grad_shard_;  // (shard) f32 each
+  // (shard) in the parameters' compute dtype when it is not f32: the update writes the rounded masters here
+  // and the all-gather moves these (half the bytes of f32); undefined for f32 parameters (masters gathered).
+  Tensor value_shard_;
   int64_t steps_ = 0;
-  void all_gather_into_values();
+  // Gathers every rank's updated values into the parameters; values_current: value_shard_ already holds
+  // this rank's rounded masters (after a step), else they are cast first (after loading).
+  void all_gather_into_values(bool values_current);
 };
 
 }  // namespace mt

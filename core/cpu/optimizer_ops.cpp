@@ -24,24 +24,72 @@ bool has_inf_or_nan(const Tensor& x) {
   return bad;
 }
 
+namespace {
+
+// The per-step constants of the AdamW update, computed once per step in the same way for every tensor.
+struct AdamWConsts {
+  float b1, b2, lr, eps, grad_scale;
+  float inv_bc1, inv_bc2;  // 1 / (1 - beta^step), in double, rounded
+};
+
+AdamWConsts adamw_consts(const AdamWOptions& opt) {
+  const double step = static_cast<double>(opt.step);
+  return AdamWConsts{.b1 = opt.beta1, .b2 = opt.beta2, .lr = opt.lr, .eps = opt.eps, .grad_scale = opt.grad_scale,
+                     .inv_bc1 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(opt.beta1), step))),
+                     .inv_bc2 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(opt.beta2), step)))};
+}
+
 // g = grad * grad_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 // p -= lr * (m / (1 - b1^step) / (sqrt(v / (1 - b2^step)) + eps) + wd * p), wd applied to the old p (torch).
-void adamw_step(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWOptions& opt) {
-  const int64_t n = master.numel();
-  float* p = master.data<float>();
-  const float* g_in = grad.data<float>();
-  float* m = exp_avg.data<float>();
-  float* v = exp_avg_sq.data<float>();
-  const double step = static_cast<double>(opt.step);
-  const float inv_bc1 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(opt.beta1), step)));
-  const float inv_bc2 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(opt.beta2), step)));
-  const float b1 = opt.beta1, b2 = opt.beta2, lr = opt.lr, eps = opt.eps, wd = opt.weight_decay;
+// The reference order of float operations: core/cuda/optimizer_ops.cu repeats it with rounded intrinsics.
+void adamw_update(float* p, const float* g_in, float* m, float* v, int64_t n, const AdamWConsts& c, float wd) {
+  const float b1 = c.b1, b2 = c.b2, lr = c.lr, eps = c.eps, inv_bc1 = c.inv_bc1, inv_bc2 = c.inv_bc2;
   for (int64_t i = 0; i < n; ++i) {
-    const float g = g_in[i] * opt.grad_scale;
+    const float g = g_in[i] * c.grad_scale;
     m[i] = b1 * m[i] + (1.f - b1) * g;
     v[i] = b2 * v[i] + (1.f - b2) * g * g;
     const float update = (m[i] * inv_bc1) / (std::sqrt(v[i] * inv_bc2) + eps);
     p[i] -= lr * (update + wd * p[i]);
+  }
+}
+
+}  // namespace
+
+void adamw_step(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWOptions& opt) {
+  adamw_update(master.data<float>(), grad.data<float>(), exp_avg.data<float>(), exp_avg_sq.data<float>(),
+               master.numel(), adamw_consts(opt), opt.weight_decay);
+}
+
+// ---- fused step ops --------------------------------------------------------------------------------
+
+// One loop over all elements for both results; the sum in sum_squares' order.
+void grad_stats(const std::vector<Tensor>& xs, Tensor& stats) {
+  double s = 0.0;
+  bool bad = false;
+  for (const Tensor& x : xs) {
+    const float* v = x.data<float>();
+    const int64_t n = x.numel();
+    for (int64_t i = 0; i < n; ++i) {
+      s += static_cast<double>(v[i]) * v[i];
+      bad |= !std::isfinite(v[i]);
+    }
+  }
+  double* out = stats.data<double>();
+  out[0] = s;
+  out[1] = bad ? 1.0 : 0.0;
+}
+
+// The same update as adamw_step per tensor; the value is cast from the master right after its tensor (the
+// host has no launches to save, so this is the per-parameter loop, kept as the reference).
+void adamw_multi_step(const std::vector<AdamWTensors>& ts, const AdamWOptions& opt) {
+  const AdamWConsts c = adamw_consts(opt);
+  for (const AdamWTensors& t : ts) {
+    adamw_update(t.master.data<float>(), t.grad.data<float>(), t.exp_avg.data<float>(), t.exp_avg_sq.data<float>(),
+                 t.master.numel(), c, t.decay ? opt.weight_decay : 0.f);
+    if (t.value.defined() && t.value.raw() != t.master.raw()) {
+      Tensor value = t.value;
+      value.copy_from(t.master);
+    }
   }
 }
 

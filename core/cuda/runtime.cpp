@@ -1,10 +1,10 @@
 // runtime.cpp: device selection, the compute stream, status checks and host <-> device copies.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
-#include <atomic>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -140,12 +140,20 @@ double peak_bf16_tflops() {
 
 void synchronize() { MT_CUDA_CHECK(cudaStreamSynchronize(stream())); }
 
+namespace {
+std::atomic<int64_t> g_copies_to_host{0}, g_copies_from_host{0};
+}  // namespace
+
+HostCopyCounts host_copy_counts() { return {g_copies_to_host.load(), g_copies_from_host.load()}; }
+
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   if (bytes == 0) return;
   if (dst_device == Device::cpu && src_device == Device::cpu) {
     std::memmove(dst, src, bytes);
     return;
   }
+  if (dst_device == Device::cpu) ++g_copies_to_host;
+  if (src_device == Device::cpu) ++g_copies_from_host;
   MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream()));
   // A host destination is read right after; a host source may be freed or reused right after (pageable
   // memory is staged by the driver, but only a synchronised copy makes that safe for every source).

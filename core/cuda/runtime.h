@@ -38,6 +38,13 @@ void synchronize();
 // Copies bytes between any two devices, ordered on the compute stream; returns after a copy to the host
 // has landed.
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
+// How many copy_bytes calls so far moved bytes device -> host (reads: each waits for the compute stream) and
+// host -> device (each waits as well), so tests can bound the host synchronisations of a training step.
+struct HostCopyCounts {
+  int64_t to_host = 0;
+  int64_t from_host = 0;
+};
+HostCopyCounts host_copy_counts();
 // rows copies of `width` bytes from src (rows `src_pitch` apart) to dst (rows `dst_pitch` apart), both on
 // the device; the block permutes of sequence parallelism.
 void copy_2d(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t width, size_t rows);

@@ -26,8 +26,10 @@
 #include <vector>
 
 #include "core/ops.h"
+#include "core/optimizer.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "models/gpt.h"
 #include "tests/unit/op_test_util.h"
 #if defined(MEGATRAIN_WITH_CUDA)
 #include "core/cuda/attention_backend.h"
@@ -589,6 +591,162 @@ TEST_F(CudaOps, CopyFromAcrossDevicesAndDtypes) {
                             << " " << dtype_name(dst_dt) << ": first mismatch at " << first << " (value "
                             << (first >= 0 ? x[first] : 0.0) << ")";
         }
+}
+
+// ---- fused step ops (multi-tensor AdamW, one-pass grad stats, the loss on the device) --------------
+
+// More tensors than one launch's table holds (256), sizes around the per-block chunks, one empty.
+std::vector<int64_t> many_sizes() {
+  std::vector<int64_t> sizes{4097, 0, 65537, 1, 200003};
+  for (int k = 0; k < 300; ++k) sizes.push_back(1 + (k * 37) % 130);
+  return sizes;
+}
+
+// Bit for bit the CPU's: masters, moments and the rounded values, over three steps.
+TEST_F(CudaOps, MultiTensorAdamWEqualsCpu) {
+  for (DType value_dt : {DType::bf16, DType::f32}) {
+    const std::vector<int64_t> sizes = many_sizes();
+    std::vector<Both> master, m, v, value;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const Vec p = rand_vec(sizes[k], 800 + static_cast<uint32_t>(k));
+      master.push_back(both(p, {sizes[k]}, DType::f32));
+      m.push_back(both(Vec(sizes[k], 0.0), {sizes[k]}, DType::f32));
+      v.push_back(both(Vec(sizes[k], 0.0), {sizes[k]}, DType::f32));
+      value.push_back(both(p, {sizes[k]}, value_dt));
+    }
+    for (int64_t step = 1; step <= 3; ++step) {
+      const AdamWOptions opt{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                             .step = step, .grad_scale = 0.37f};
+      std::vector<AdamWTensors> ts[2];
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        const Both g = both(rand_vec(sizes[k], 900 + static_cast<uint32_t>(7 * step + k), -2, 2), {sizes[k]},
+                            DType::f32);
+        for (int d = 0; d < 2; ++d)
+          ts[d].push_back({.master = master[k].*kDevices[d], .grad = g.*kDevices[d], .exp_avg = m[k].*kDevices[d],
+                           .exp_avg_sq = v[k].*kDevices[d],
+                           .value = value_dt == DType::f32 ? Tensor() : value[k].*kDevices[d], .decay = k % 3 != 1});
+      }
+      for (auto& t : ts) adamw_multi_step(t, opt);
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        const std::string what = str(dtype_name(value_dt), " tensor ", k, " step ", step);
+        expect_exact(master[k], "adamw_multi_step master, " + what);
+        expect_exact(m[k], "adamw_multi_step exp_avg, " + what);
+        expect_exact(v[k], "adamw_multi_step exp_avg_sq, " + what);
+        if (value_dt != DType::f32) expect_exact(value[k], "adamw_multi_step value, " + what);
+      }
+    }
+  }
+}
+
+TEST_F(CudaOps, GradStatsEqualCpu) {
+  const std::vector<int64_t> sizes = many_sizes();
+  std::vector<Both> xs;
+  std::vector<Tensor> cpu_xs, gpu_xs;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    xs.push_back(both(rand_vec(sizes[k], 1000 + static_cast<uint32_t>(k), -2, 2), {sizes[k]}, DType::f32));
+    cpu_xs.push_back(xs.back().cpu);
+    gpu_xs.push_back(xs.back().gpu);
+  }
+  const GradStats cpu = grad_stats(cpu_xs), gpu = grad_stats(gpu_xs);
+  EXPECT_LE(std::abs(gpu.sum_squares - cpu.sum_squares), 1e-9 * cpu.sum_squares)
+      << "gpu " << gpu.sum_squares << ", cpu " << cpu.sum_squares;
+  EXPECT_FALSE(gpu.found_inf);
+  EXPECT_EQ(grad_stats(gpu_xs).sum_squares, gpu.sum_squares);  // deterministic
+  EXPECT_EQ(grad_stats(std::vector<Tensor>{}).sum_squares, 0.0);
+  // An inf or NaN in a tensor of the first launch, of the second, or in a long tensor's last chunk.
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  for (const auto& [bad, k, at] : {std::tuple{inf, size_t{2}, int64_t{65536}}, std::tuple{nan, size_t{290}, int64_t{0}},
+                                   std::tuple{-inf, size_t{4}, int64_t{200002}}}) {
+    Vec y = values(xs[k].cpu);
+    y[at] = bad;
+    std::vector<Tensor> with_bad = gpu_xs;
+    with_bad[k] = make(y, {sizes[k]}).to(Device::cuda);
+    const GradStats st = grad_stats(with_bad);
+    EXPECT_TRUE(st.found_inf) << bad << " in tensor " << k << " at " << at;
+    EXPECT_FALSE(std::isfinite(st.sum_squares));
+  }
+}
+
+TEST_F(CudaOps, AccumulateMeanAndFill) {
+  Both sum = {f64_zeros(1, Device::cpu), f64_zeros(1, Device::cuda)};
+  for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{16384}}) {
+    const Both l = both(rand_vec(n, 1100 + static_cast<uint32_t>(n), 0, 9), {n}, DType::f32);
+    for (auto d : kDevices) accumulate_mean(l.*d, sum.*d);
+  }
+  const double cpu = read_f64(sum.cpu)[0], gpu = read_f64(sum.gpu)[0];
+  EXPECT_LE(std::abs(gpu - cpu), 1e-6 * cpu) << "gpu " << gpu << ", cpu " << cpu;
+  for (DType dt : kFloatTypes) {
+    Both x = poisoned({70001}, dt);
+    for (auto d : kDevices) fill_(x.*d, 0.1f);
+    expect_exact(x, str("fill_ ", dtype_name(dt)));
+  }
+}
+
+// An optimizer step reads the device once (the grad norm and inf/NaN verdict together) and copies nothing
+// from the host; a skipped step the same.
+TEST_F(CudaOps, OptimizerStepReadsTheDeviceOnce) {
+#if defined(MEGATRAIN_WITH_CUDA)
+  std::vector<Parameter> params;
+  for (int k = 0; k < 40; ++k) {
+    Parameter p = make_parameter(str("w", k), {33, 17}, DType::bf16, Init::normal, 1.f, 3);
+    p.value = p.value.to(Device::cuda);
+    p.grad = make(rand_vec(33 * 17, 1200 + static_cast<uint32_t>(k)), {33, 17}).to(Device::cuda);
+    p.weight_decay = k % 2 == 0;
+    params.push_back(std::move(p));
+  }
+  std::vector<Parameter*> ptrs;
+  for (Parameter& p : params) ptrs.push_back(&p);
+  AdamW opt(ptrs, {.weight_decay = 0.1, .grad_clip = 1.0});
+  cuda::synchronize();
+  for (int step = 0; step < 2; ++step) {
+    const cuda::HostCopyCounts before = cuda::host_copy_counts();
+    const StepResult r = opt.step(1e-3, 1.0);
+    const cuda::HostCopyCounts after = cuda::host_copy_counts();
+    EXPECT_FALSE(r.found_inf);
+    EXPECT_EQ(after.to_host - before.to_host, 1) << "step " << step;
+    EXPECT_EQ(after.from_host - before.from_host, 0) << "step " << step;
+  }
+  params[7].grad.view({33 * 17}).slice(5, 6).copy_from(make({std::numeric_limits<double>::infinity()}, {1}));
+  const cuda::HostCopyCounts before = cuda::host_copy_counts();
+  EXPECT_TRUE(opt.step(1e-3, 1.0).found_inf);
+  EXPECT_EQ(cuda::host_copy_counts().to_host - before.to_host, 1);
+#endif
+}
+
+// A training microbatch (forward with the loss kept on the device, backward with the seed filled there)
+// copies nothing between host and device once its tokens are there.
+TEST_F(CudaOps, MicrobatchLeavesTheLossOnTheDevice) {
+#if defined(MEGATRAIN_WITH_CUDA)
+  ModelConfig cfg;
+  cfg.num_layers = 2;
+  cfg.hidden_size = 32;
+  cfg.num_heads = 2;
+  cfg.ffn_hidden_size = 64;
+  cfg.seq_length = 16;
+  cfg.max_position_embeddings = 16;
+  cfg.vocab_size = 100;
+  cfg.padded_vocab_size = 128;
+  cfg.head_dim = 16;
+  cfg.dropout = cfg.attention_dropout = 0.f;  // the training and the evaluation forward agree
+  GptModel model(cfg, {.dtype = DType::bf16, .device = Device::cuda});
+  std::vector<int32_t> ids = rand_ids(2 * 16, 1300, 0, 100), next = rand_ids(2 * 16, 1301, 0, 100);
+  const Tensor tokens = Tensor::from_ints(ids, {2, 16}).to(Device::cuda);
+  const Tensor targets = Tensor::from_ints(next, {2, 16}).to(Device::cuda);
+  Tensor loss_sum = f64_zeros(1, Device::cuda);
+  cuda::synchronize();
+  const cuda::HostCopyCounts before = cuda::host_copy_counts();
+  for (int mb = 0; mb < 2; ++mb) {
+    model.forward_stage(Tensor(), tokens, targets, mb, {.sample_offset = 0, .training = true}, loss_sum);
+    model.backward(mb, 0.5f);
+  }
+  const cuda::HostCopyCounts after = cuda::host_copy_counts();
+  EXPECT_EQ(after.to_host - before.to_host, 0);
+  EXPECT_EQ(after.from_host - before.from_host, 0);
+  // The same value as the host reading of each microbatch's loss.
+  float loss = 0;
+  model.forward_stage(Tensor(), tokens, targets, 9, {.sample_offset = 0, .training = false}, &loss);
+  EXPECT_NEAR(read_f64(loss_sum)[0], 2.0 * loss, 1e-5);
+#endif
 }
 
 // ---- caching allocator ---------------------------------------------------------------------------

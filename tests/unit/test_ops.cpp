@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cfenv>
 #include <cmath>
 #include <cstring>
@@ -723,6 +724,119 @@ TEST(OptimizerOps, SumSquaresAndInfNanCheck) {
       y[at] = bad;
       EXPECT_TRUE(has_inf_or_nan(make(y, {1000}))) << bad << " at " << at;
     }
+}
+
+// ---- fused step ops ------------------------------------------------------------------------------
+
+std::vector<uint32_t> bits(const Tensor& t) {
+  std::vector<uint32_t> out;
+  for (float f : t.to_floats()) out.push_back(std::bit_cast<uint32_t>(f));
+  return out;
+}
+
+// The multi-tensor AdamW is the per-tensor one bit for bit (masters, moments), decay flags and all, and
+// writes each value as the master rounded to its dtype, over several steps.
+TEST(FusedStepOps, MultiTensorAdamWEqualsPerTensorBitForBit) {
+  for (DType value_dt : {DType::f32, DType::bf16, DType::f16}) {
+    const std::vector<int64_t> sizes{7, 0, 300, 1, 4097};
+    struct State {
+      Tensor master, m, v, value;
+    };
+    std::vector<State> fused, single;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const Vec p = rand_vec(sizes[k], 600 + static_cast<uint32_t>(k));
+      for (auto* set : {&fused, &single})
+        set->push_back({make(p, {sizes[k]}), Tensor::zeros({sizes[k]}, DType::f32),
+                        Tensor::zeros({sizes[k]}, DType::f32), make(p, {sizes[k]}, value_dt)});
+    }
+    for (int64_t step = 1; step <= 4; ++step) {
+      const AdamWOptions opt{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                             .step = step, .grad_scale = 0.37f};
+      std::vector<AdamWTensors> ts;
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        const Tensor g = make(rand_vec(sizes[k], 700 + static_cast<uint32_t>(10 * step + k), -2, 2), {sizes[k]});
+        const bool decay = k % 2 == 0;
+        ts.push_back({.master = fused[k].master, .grad = g, .exp_avg = fused[k].m, .exp_avg_sq = fused[k].v,
+                      .value = value_dt == DType::f32 ? Tensor() : fused[k].value, .decay = decay});
+        AdamWOptions one = opt;
+        one.weight_decay = decay ? opt.weight_decay : 0.f;
+        adamw_step(single[k].master, g, single[k].m, single[k].v, one);
+        single[k].value.copy_from(single[k].master);
+      }
+      adamw_multi_step(ts, opt);
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        const std::string what =
+            std::string(dtype_name(value_dt)) + " tensor " + std::to_string(k) + " step " + std::to_string(step);
+        EXPECT_EQ(bits(fused[k].master), bits(single[k].master)) << what;
+        EXPECT_EQ(bits(fused[k].m), bits(single[k].m)) << what;
+        EXPECT_EQ(bits(fused[k].v), bits(single[k].v)) << what;
+        if (value_dt != DType::f32) EXPECT_EQ(bits(fused[k].value), bits(single[k].value)) << what;
+      }
+    }
+  }
+}
+
+// One pass gives sum_squares' total exactly (the same order) and has_inf_or_nan's verdict.
+TEST(FusedStepOps, GradStatsEqualSumSquaresAndInfCheck) {
+  const Vec x = rand_vec(1000, 610, -3, 3);
+  const Tensor whole = make(x, {1000});
+  const std::vector<Tensor> parts{whole.slice(0, 1), whole.slice(1, 1), whole.slice(1, 600), whole.slice(600, 1000)};
+  const GradStats st = grad_stats(parts);
+  EXPECT_EQ(st.sum_squares, sum_squares(parts));
+  EXPECT_FALSE(st.found_inf);
+  // The device-side form: [sum, flag] as f64.
+  Tensor out = f64_zeros(2, Device::cpu);
+  grad_stats(parts, out);
+  EXPECT_EQ(read_f64(out), (std::vector<double>{st.sum_squares, 0.0}));
+  const GradStats none = grad_stats(std::vector<Tensor>{});
+  EXPECT_EQ(none.sum_squares, 0.0);
+  EXPECT_FALSE(none.found_inf);
+  EXPECT_FALSE(grad_stats({make({3e38, -3e38, 0}, {3})}).found_inf);  // large but finite
+  for (double bad : {double(INFINITY), -double(INFINITY), double(NAN)})
+    for (int64_t at : {0, 517, 999}) {
+      Vec y = x;
+      y[at] = bad;
+      const Tensor t = make(y, {1000});
+      const GradStats b = grad_stats({whole.slice(0, 10), t.slice(0, 600), t.slice(600, 1000)});
+      EXPECT_TRUE(b.found_inf) << bad << " at " << at;
+      EXPECT_EQ(b.found_inf, has_inf_or_nan(t));
+      EXPECT_FALSE(std::isfinite(b.sum_squares)) << bad << " at " << at;
+    }
+}
+
+// The loss accumulated on the device is the host reading's value: the double sum, the mean rounded to f32.
+TEST(FusedStepOps, AccumulateMeanIsTheHostReading) {
+  Tensor sum = f64_zeros(1, Device::cpu);
+  double want = 0;
+  for (uint32_t k = 0; k < 3; ++k) {
+    const Vec l = rand_vec(37 + k, 620 + k, 0, 9);
+    double s = 0;
+    for (double v : l) s += static_cast<float>(v);
+    want += static_cast<float>(s / static_cast<double>(l.size()));
+    accumulate_mean(make(l, {static_cast<int64_t>(l.size())}), sum);
+  }
+  EXPECT_EQ(read_f64(sum)[0], want);
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    Tensor x = Tensor::zeros({1500}, dt);
+    fill_(x, 0.1f);
+    for (float v : x.to_floats()) ASSERT_EQ(v, round_to(dt, 0.1f)) << dtype_name(dt);
+  }
+}
+
+TEST(FusedStepOps, ArgumentErrors) {
+  const Tensor a = Tensor::zeros({4}, DType::f32), b = Tensor::zeros({5}, DType::f32);
+  Tensor stats = f64_zeros(3, Device::cpu);
+  EXPECT_THROW(grad_stats({a}, stats), std::invalid_argument);
+  EXPECT_THROW(grad_stats({Tensor::zeros({4}, DType::bf16)}), std::invalid_argument);
+  EXPECT_THROW(adamw_multi_step({{.master = a, .grad = b, .exp_avg = a, .exp_avg_sq = a}}, {}), std::invalid_argument);
+  EXPECT_THROW(adamw_multi_step({{.master = a, .grad = a, .exp_avg = a, .exp_avg_sq = a,
+                                  .value = Tensor::zeros({4}, DType::bf16)},
+                                 {.master = a, .grad = a, .exp_avg = a, .exp_avg_sq = a,
+                                  .value = Tensor::zeros({4}, DType::f16)}},
+                                {}),
+               std::invalid_argument);
+  Tensor sum = f64_zeros(1, Device::cpu);
+  EXPECT_THROW(accumulate_mean(Tensor::zeros({0}, DType::f32), sum), std::invalid_argument);
 }
 
 // ---- bf16 / fp16 storage -------------------------------------------------------------------------
