@@ -1,9 +1,11 @@
 // runtime.cpp: device selection, the compute stream, status checks and host <-> device copies.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <string_view>
 #include <mutex>
 #include <stdexcept>
@@ -146,6 +148,67 @@ std::atomic<int64_t> g_copies_to_host{0}, g_copies_from_host{0};
 
 HostCopyCounts host_copy_counts() { return {g_copies_to_host.load(), g_copies_from_host.load()}; }
 
+namespace {
+
+// Host-to-device copies of batch-sized data (token ids, small host exchanges) go through pinned staging
+// buffers, so they need no host wait: the source is copied into a free buffer on the host (the caller may
+// free or reuse it at once), the device copy is enqueued on the compute stream, and an event recorded behind
+// it tells when the buffer is free again. Large one-off copies (parameters at start) copy directly and wait.
+class PinnedStaging {
+ public:
+  static constexpr size_t kMaxStaged = 16 << 20;  // larger copies are one-offs: copy and synchronise
+  static constexpr size_t kMaxBuffers = 32;       // beyond this, wait for the oldest fitting buffer
+
+  // False when the copy is too large to stage (the caller copies directly).
+  bool copy_to_device(void* dst, const void* src, size_t bytes) {
+    if (bytes > kMaxStaged) return false;
+    std::lock_guard lock(mu_);
+    Buffer& b = free_buffer(bytes);
+    std::memcpy(b.ptr, src, bytes);
+    MT_CUDA_CHECK(cudaMemcpyAsync(dst, b.ptr, bytes, cudaMemcpyHostToDevice, stream()));
+    MT_CUDA_CHECK(cudaEventRecord(b.done, stream()));
+    return true;
+  }
+
+ private:
+  struct Buffer {
+    void* ptr = nullptr;  // pinned host memory
+    size_t bytes = 0;
+    cudaEvent_t done = nullptr;  // recorded behind the last copy out of it
+  };
+
+  Buffer& free_buffer(size_t bytes) {
+    Buffer* fitting = nullptr;
+    for (Buffer& b : buffers_) {
+      if (b.bytes < bytes) continue;
+      const cudaError_t q = cudaEventQuery(b.done);
+      if (q == cudaSuccess) return b;
+      if (q != cudaErrorNotReady) MT_CUDA_CHECK(q);
+      if (!fitting) fitting = &b;
+    }
+    if (fitting && buffers_.size() >= kMaxBuffers) {  // enough buffers: wait for one rather than pin more
+      MT_CUDA_CHECK(cudaEventSynchronize(fitting->done));
+      return *fitting;
+    }
+    Buffer b;
+    b.bytes = std::max<size_t>(bytes, 64 << 10);
+    MT_CUDA_CHECK(cudaMallocHost(&b.ptr, b.bytes));
+    MT_CUDA_CHECK(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming));
+    buffers_.push_back(b);
+    return buffers_.back();
+  }
+
+  std::mutex mu_;
+  std::deque<Buffer> buffers_;  // a deque: references stay valid as it grows
+};
+
+PinnedStaging& staging() {
+  static PinnedStaging* s = new PinnedStaging();  // never destroyed: pinned memory goes with the process
+  return *s;
+}
+
+}  // namespace
+
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   if (bytes == 0) return;
   if (dst_device == Device::cpu && src_device == Device::cpu) {
@@ -154,8 +217,9 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
   }
   if (dst_device == Device::cpu) ++g_copies_to_host;
   if (src_device == Device::cpu) ++g_copies_from_host;
+  if (dst_device == Device::cuda && src_device == Device::cpu && staging().copy_to_device(dst, src, bytes)) return;
   MT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream()));
-  // A host destination is read right after; a host source may be freed or reused right after (pageable
+  // A host destination is read right after; a large host source may be freed or reused right after (pageable
   // memory is staged by the driver, but only a synchronised copy makes that safe for every source).
   if (dst_device == Device::cpu || src_device == Device::cpu) synchronize();
 }

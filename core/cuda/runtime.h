@@ -36,10 +36,11 @@ void* compute_stream();
 void synchronize();
 
 // Copies bytes between any two devices, ordered on the compute stream; returns after a copy to the host
-// has landed.
+// has landed. A host source may be freed or reused as soon as it returns: copies to the device of up to
+// 16 MiB go through pinned staging buffers and do not wait for the device; larger ones wait.
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes);
 // How many copy_bytes calls so far moved bytes device -> host (reads: each waits for the compute stream) and
-// host -> device (each waits as well), so tests can bound the host synchronisations of a training step.
+// host -> device (staged without a wait up to 16 MiB), so tests can bound the host traffic of a step.
 struct HostCopyCounts {
   int64_t to_host = 0;
   int64_t from_host = 0;

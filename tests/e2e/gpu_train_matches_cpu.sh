@@ -15,6 +15,20 @@ for spec in fp32:1e-4 bf16:2e-2 fp16:2e-2; do
   echo "$precision: GPU losses follow the CPU's within $tol"
 done
 
+# Without attention dropout, bf16 attention runs on cuDNN's fused attention (the start log says so), and the
+# losses still follow the CPU's. The default backend (auto: NCCL on a GPU) runs this one.
+"$MT" --config tiny.yaml --set training.precision=bf16 --set model.attention_dropout=0 \
+      --set logging.dir=cpu_bf16_noattndrop >/dev/null
+"$MT" --config tiny.yaml --set training.precision=bf16 --set model.attention_dropout=0 --set training.device=cuda \
+      --set logging.dir=gpu_bf16_cudnn > gpu_bf16_cudnn.log 2>&1 || { cat gpu_bf16_cudnn.log; fail "the cuDNN run failed"; }
+if grep -q "cudnn: not built" <("$MT" info); then
+  grep -q "attention: megatrain kernel" gpu_bf16_cudnn.log || fail "no attention line in the log (built without cuDNN)"
+else
+  grep -q "attention: cuDNN fused" gpu_bf16_cudnn.log || { cat gpu_bf16_cudnn.log; fail "bf16 without attention dropout did not use cuDNN"; }
+fi
+same_losses cpu_bf16_noattndrop/metrics.jsonl gpu_bf16_cudnn/metrics.jsonl 1 20 2e-2
+echo "bf16, no attention dropout: cuDNN attention follows the CPU within 2e-2"
+
 # NCCL with one rank gives the same losses as the Gloo run (a one-rank job communicates nothing).
 "$MT" --config tiny.yaml --set training.device=cuda --set parallel.backend=nccl --set logging.dir=gpu_nccl >/dev/null
 same_losses gpu_fp32/metrics.jsonl gpu_nccl/metrics.jsonl 1 20 0

@@ -913,8 +913,9 @@ TEST(AttentionPath, ChosenByDtypeDropoutAndMode) {
     EXPECT_EQ(cuda::attention_path(DType::f16, 0.f), fused);
     EXPECT_NE(cuda::attention_path_description(DType::bf16, 0.1f).find("megatrain kernel (dropout 0.1"),
               std::string::npos);
-    if (cuda::cudnn_built())
+    if (cuda::cudnn_built()) {
       EXPECT_NE(cuda::attention_path_description(DType::bf16, 0.f).find("cuDNN fused (flash)"), std::string::npos);
+    }
   }
   {
     AttentionModeScope mode("kernel");
@@ -972,9 +973,13 @@ AttnRun run_attention(const CudnnCase& c, DType dt, uint32_t seed, cuda::Attenti
             poisoned({B, H, T}, DType::f32), poisoned({B, T, H, 3, D}, dt)};
   for (auto d : kDevices) {
     attention_forward(r.qkv.*d, r.out.*d, r.lse.*d, opt);
-    if (d == &Both::gpu) EXPECT_EQ(cuda::last_attention_path(), expect_path) << "forward";
+    if (d == &Both::gpu) {
+      EXPECT_EQ(cuda::last_attention_path(), expect_path) << "forward";
+    }
     attention_backward(r.qkv.*d, r.out.*d, r.lse.*d, r.dout.*d, r.dqkv.*d, opt);
-    if (d == &Both::gpu) EXPECT_EQ(cuda::last_attention_path(), expect_path) << "backward";
+    if (d == &Both::gpu) {
+      EXPECT_EQ(cuda::last_attention_path(), expect_path) << "backward";
+    }
   }
   return r;
 }

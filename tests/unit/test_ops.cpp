@@ -770,7 +770,9 @@ TEST(FusedStepOps, MultiTensorAdamWEqualsPerTensorBitForBit) {
         EXPECT_EQ(bits(fused[k].master), bits(single[k].master)) << what;
         EXPECT_EQ(bits(fused[k].m), bits(single[k].m)) << what;
         EXPECT_EQ(bits(fused[k].v), bits(single[k].v)) << what;
-        if (value_dt != DType::f32) EXPECT_EQ(bits(fused[k].value), bits(single[k].value)) << what;
+        if (value_dt != DType::f32) {
+          EXPECT_EQ(bits(fused[k].value), bits(single[k].value)) << what;
+        }
       }
     }
   }
