@@ -92,7 +92,7 @@ void write_rank_files(const std::string& tmp_dir, int rank, const std::vector<Te
     const int64_t size = static_cast<int64_t>(in.size());
     for (const auto& e : index) {
       for (const auto& s : e.slices) {
-        if (s.offset + s.bytes > size)
+        if (s.bytes > size || s.offset > size - s.bytes)
           throw CheckpointError(fmt::format("{}: holds {} bytes after writing, tensor {} needs bytes up to {}",
                                             data_path, size, e.name, s.offset + s.bytes));
         if (crc32(in.data() + s.offset, static_cast<size_t>(s.bytes)) != s.crc)

@@ -1,6 +1,7 @@
 #include "core/checkpoint/metadata.h"
 
 #include <algorithm>
+#include <limits>
 #include <map>
 
 #include <fmt/format.h>
@@ -244,6 +245,16 @@ void check_tensor_entry(const std::string& where, const TensorEntry& t) {
   if (t.name.empty()) fail("empty name");
   for (auto d : t.shape)
     if (d < 0) fail(fmt::format("negative dimension in shape {}", shape_str(t.shape)));
+  // Sizes come from a file: every product and sum is overflow-checked, and no tensor may exceed
+  // kMaxTensorBytes, so later arithmetic on them (offset + bytes, element offsets) cannot wrap.
+  int64_t numel_total = 1, bytes_total = 0;
+  bool too_big = false;
+  for (auto d : t.shape) too_big = too_big || d > kMaxTensorBytes || __builtin_mul_overflow(numel_total, d, &numel_total);
+  too_big = too_big || __builtin_mul_overflow(numel_total, static_cast<int64_t>(dtype_size(t.dtype)), &bytes_total) ||
+            bytes_total > kMaxTensorBytes;
+  if (too_big)
+      fail(fmt::format("shape {} of {} needs more than {} bytes", shape_str(t.shape), dtype_name(t.dtype),
+                       kMaxTensorBytes));
   const size_t nd = t.shape.size();
   for (const auto& s : t.slices) {
     std::string at = fmt::format("slice start [{}]", fmt::join(s.start, ", "));
@@ -255,9 +266,11 @@ void check_tensor_entry(const std::string& where, const TensorEntry& t) {
       if (s.start[d] < 0 || s.extent[d] < 0 || s.start[d] > t.shape[d] || s.extent[d] > t.shape[d] - s.start[d])
         fail(fmt::format("{} extent [{}] lies outside the global shape {}", at, fmt::join(s.extent, ", "),
                          shape_str(t.shape)));
-      numel *= s.extent[d];
+      numel *= s.extent[d];  // cannot overflow: extent <= shape, whose product was checked above
     }
-    if (s.offset < 0 || s.bytes != numel * static_cast<int64_t>(dtype_size(t.dtype)))
+    if (s.offset < 0 || s.offset > std::numeric_limits<int64_t>::max() - kMaxTensorBytes)
+      fail(fmt::format("{}: offset {} is not a plausible file offset", at, s.offset));
+    if (s.bytes != numel * static_cast<int64_t>(dtype_size(t.dtype)))
       fail(fmt::format("{}: {} bytes at offset {} do not hold {} {} values", at, s.bytes, s.offset, numel,
                        dtype_name(t.dtype)));
     if (s.file.empty() || s.file.find('/') != std::string::npos || s.file == "." || s.file == "..")
