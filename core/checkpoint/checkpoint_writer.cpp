@@ -47,7 +47,9 @@ std::string checkpoint_dir_name(int64_t iteration) { return fmt::format("iter_{:
 
 std::string begin_checkpoint(const std::string& save_dir, int64_t iteration) {
   check_save_dir_writable(save_dir);
-  ckpt::remove_stale_tmp(save_dir);
+  // Only the run holding the save_dir's lock may take `.tmp.*` entries for leftovers of a crash: without it
+  // they may be another live run's.
+  if (ckpt::SaveDirLock::held(save_dir)) ckpt::remove_stale_tmp(save_dir);
   std::string tmp = ckpt::join_path(
       save_dir, fmt::format("{}{}.{}", ckpt::kTmpPrefix, checkpoint_dir_name(iteration), ::getpid()));
   if (::mkdir(tmp.c_str(), 0755) != 0) ckpt::throw_os_error(tmp, "cannot create directory", errno);

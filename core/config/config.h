@@ -106,6 +106,8 @@ struct CheckpointConfig {
   int64_t save_interval = 0;             // 0: only at the end
   int64_t keep_last = 0;                 // 0: keep all
   std::string load = "auto";             // auto (save_dir's latest when present) | none | a checkpoint path
+  bool allow_partial_load = false;       // resume from a checkpoint of another model shape: load the tensors
+                                         // that match, log the rest (otherwise a shape difference is an error)
 
   bool operator==(const CheckpointConfig&) const = default;
 };

@@ -175,7 +175,7 @@ TEST(Config, UnknownNestedKeyGivesHint) {
 
 TEST(Config, UnknownKeyFarFromAnyListsTheSectionsKeys) {
   EXPECT_CONTAINS(base_error({"checkpoint.zzzzzz=1"}),
-                  "unknown key (expected one of: save_dir, save_interval, keep_last, load)");
+                  "unknown key (expected one of: save_dir, save_interval, keep_last, load, allow_partial_load)");
   EXPECT_CONTAINS(base_error({"optimizer.warmup=10"}), "did you mean optimizer.warmup_iters?");
 }
 
