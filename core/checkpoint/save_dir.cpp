@@ -261,6 +261,7 @@ std::optional<std::string> resolve_resume_checkpoint(const std::string& path) {
     if (path_kind(path) != PathKind::directory) throw;
     why = e.what();
   }
+  if (path_kind(path) != PathKind::directory) return std::nullopt;  // no save directory yet
   auto all = list_checkpoints(path);
   if (all.empty()) return std::nullopt;  // a fresh save directory: nothing to resume
   std::vector<std::string> passed;
