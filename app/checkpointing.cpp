@@ -1,8 +1,11 @@
 #include "app/checkpointing.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
 
 namespace mt::app {
 
@@ -21,20 +24,28 @@ bool is_vocabulary_table(const std::string& param_name) {
   return param_name == "embedding.word_embeddings.weight" || param_name == "lm_head.weight";
 }
 
-void read_checked(const CheckpointReader& reader, const std::string& name, const Parameter& p, Tensor& out) {
+void read_checked(const CheckpointReader& reader, const std::string& name, const Parameter& p, Tensor& out,
+                  PartialLoad* partial = nullptr) {
   if (out.device() != Device::cpu) {  // read on the host (starting from out's values), then copy over
     Tensor host = out.to(Device::cpu, MemKind::workspace);
-    read_checked(reader, name, p, host);
+    read_checked(reader, name, p, host, partial);
     return out.copy_from(host);
   }
-  if (!reader.has(name))
+  if (!reader.has(name)) {
+    if (partial) return partial->skipped.push_back(name + " (not in the checkpoint)");
     throw CheckpointError(fmt::format("{}: checkpoint has no tensor '{}' (a different model?)", reader.dir(), name));
+  }
   const TensorInfo& info = reader.info(name);
   const bool padded_rows_differ = is_vocabulary_table(p.name) && info.global_shape.size() == 2 &&
                                   info.global_shape[1] == p.global_shape[1];
-  if (info.global_shape != p.global_shape && !padded_rows_differ)
+  if (info.global_shape != p.global_shape && !padded_rows_differ) {
+    if (partial)
+      return partial->skipped.push_back(fmt::format("{} (shape {} in the checkpoint, {} here)", name,
+                                                    shape_str(info.global_shape), shape_str(p.global_shape)));
     throw CheckpointError(fmt::format("{}: tensor '{}' has shape {} in the checkpoint but {} in this model",
                                       reader.dir(), name, shape_str(info.global_shape), shape_str(p.global_shape)));
+  }
+  if (partial) partial->loaded.push_back(name);
   if (info.global_shape == p.global_shape) return reader.read(name, out, p.start);
   const int64_t rows = std::clamp<int64_t>(info.global_shape[0] - p.start[0], 0, out.dim(0));
   if (rows == 0) return;
@@ -61,13 +72,33 @@ void load_parameters(const CheckpointReader& reader, const std::vector<Parameter
   for (Parameter* p : params) read_checked(reader, "model." + p->name, *p, p->value);
 }
 
-void load_optimizer(const CheckpointReader& reader, const std::vector<AdamW::Slot>& slots) {
+void load_optimizer(const CheckpointReader& reader, const std::vector<AdamW::Slot>& slots, PartialLoad* partial) {
   for (auto s : slots) {
     const Parameter& p = *s.param;
-    read_checked(reader, "model." + p.name, p, s.master);
-    read_checked(reader, "optimizer.exp_avg." + p.name, p, s.exp_avg);
-    read_checked(reader, "optimizer.exp_avg_sq." + p.name, p, s.exp_avg_sq);
+    read_checked(reader, "model." + p.name, p, s.master, partial);
+    read_checked(reader, "optimizer.exp_avg." + p.name, p, s.exp_avg, partial);
+    read_checked(reader, "optimizer.exp_avg_sq." + p.name, p, s.exp_avg_sq, partial);
   }
+}
+
+std::vector<std::string> model_shape_differences(const std::string& stored_yaml, const std::string& run_yaml,
+                                                 const std::string& dir) {
+  YAML::Node stored, run;
+  try {
+    stored = YAML::Load(stored_yaml)["model"];
+    run = YAML::Load(run_yaml)["model"];
+  } catch (const YAML::Exception& e) {
+    throw CheckpointError(fmt::format("{}: the stored config is not valid YAML: {}", dir, e.what()));
+  }
+  if (!stored.IsMap()) throw CheckpointError(fmt::format("{}: the stored config has no model section", dir));
+  std::vector<std::string> out;
+  for (const char* key : {"arch", "num_layers", "hidden_size", "num_heads", "ffn_hidden_size",
+                          "max_position_embeddings", "vocab_size", "tie_embeddings"}) {
+    const YAML::Node a = stored[key], b = run[key];
+    const std::string old_v = a.IsScalar() ? a.Scalar() : "(missing)", new_v = b.IsScalar() ? b.Scalar() : "(missing)";
+    if (old_v != new_v) out.push_back(fmt::format("model.{}: {} -> {}", key, old_v, new_v));
+  }
+  return out;
 }
 
 namespace {
@@ -94,10 +125,42 @@ double state_double(const CheckpointState& s, const std::string& key, const std:
   try {
     size_t used = 0;
     double x = std::stod(v, &used);
-    if (used == v.size()) return x;
+    if (used == v.size() && std::isfinite(x)) return x;
   } catch (const std::exception&) {
   }
-  throw CheckpointError(fmt::format("{}: state value '{}' = '{}' is not a number", dir, key, v));
+  throw CheckpointError(fmt::format("{}: state value '{}' = '{}' is not a finite number", dir, key, v));
+}
+
+ResumeState read_resume_state(const CheckpointState& s, const std::string& dir) {
+  ResumeState r;
+  r.iteration = s.iteration;
+  auto fail = [&](const std::string& key, const std::string& why) {
+    throw CheckpointError(fmt::format("{}: state value '{}' {}", dir, key, why));
+  };
+  auto counter = [&](const std::string& key, int64_t at_most) {
+    const int64_t v = state_int(s, key, dir);
+    if (v < 0) fail(key, fmt::format("= {} is negative", v));
+    if (v > at_most) fail(key, fmt::format("= {} is more than the iteration {}", v, r.iteration));
+    return v;
+  };
+  if (r.iteration < 0) fail("iteration", fmt::format("= {} is negative", r.iteration));
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  r.consumed_samples = counter("consumed_samples", kMax);
+  if (r.consumed_samples < r.iteration)
+    fail("consumed_samples", fmt::format("= {} is less than one sample per iteration ({} iterations)",
+                                         r.consumed_samples, r.iteration));
+  r.skipped_iters = counter("skipped_iters", r.iteration);
+  r.nan_iters = counter("nan_iters", r.iteration);
+  r.optimizer_steps = counter("optimizer_steps", r.iteration);
+  if (r.optimizer_steps + r.skipped_iters != r.iteration)
+    fail("optimizer_steps", fmt::format("= {} plus skipped_iters = {} is not the iteration {}", r.optimizer_steps,
+                                        r.skipped_iters, r.iteration));
+  r.loss_scale = state_double(s, "loss_scale", dir);
+  if (!(r.loss_scale > 0)) fail("loss_scale", fmt::format("= {} is not positive", r.loss_scale));
+  r.growth_tracker = counter("loss_scale_growth_tracker", kMax);
+  r.hysteresis_tracker = counter("loss_scale_hysteresis_tracker", kMax);
+  r.seed = counter("seed", kMax);
+  return r;
 }
 
 }  // namespace mt::app

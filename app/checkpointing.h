@@ -15,15 +15,41 @@ namespace mt::app {
 std::vector<TensorSlice> optimizer_tensors(const std::vector<AdamW::Slot>& slots,
                                           const std::function<bool(const Parameter&)>& keep = {});
 
+// What a partial load (checkpoint.allow_partial_load) took from the checkpoint and what it left at its
+// initial value, one "tensor (reason)" each.
+struct PartialLoad {
+  std::vector<std::string> loaded, skipped;
+};
+
+// The model keys that fix tensor shapes or their meaning (arch, num_layers, hidden_size, num_heads,
+// ffn_hidden_size, max_position_embeddings, vocab_size, tie_embeddings) whose value differs between the config
+// a checkpoint stored (`stored_yaml`, to_yaml of the saving run) and this run's `run_yaml`: one
+// "model.KEY: OLD -> NEW" each, empty when they agree. Throws CheckpointError when stored_yaml has no model section.
+std::vector<std::string> model_shape_differences(const std::string& stored_yaml, const std::string& run_yaml,
+                                                 const std::string& dir);
+
 // Reads "model.<param>" for every parameter into its value (dtype converted). Shapes must match the
 // checkpoint's global shapes; throws CheckpointError naming the tensor otherwise.
 void load_parameters(const CheckpointReader& reader, const std::vector<Parameter*>& params);
 // Reads the master weights and both Adam moments of every slot (whole per-parameter tensors of this rank's
 // model-parallel slice). The caller casts the masters into the values.
-void load_optimizer(const CheckpointReader& reader, const std::vector<AdamW::Slot>& slots);
+// With `partial`, a tensor the checkpoint lacks or holds in another shape is skipped (left as it is) and
+// recorded there instead of being an error.
+void load_optimizer(const CheckpointReader& reader, const std::vector<AdamW::Slot>& slots,
+                    PartialLoad* partial = nullptr);
 
-// A required integer / float value of the checkpoint state; throws CheckpointError naming the key.
+// A required integer / finite float value of the checkpoint state; throws CheckpointError naming the key.
 int64_t state_int(const CheckpointState& s, const std::string& key, const std::string& dir);
 double state_double(const CheckpointState& s, const std::string& key, const std::string& dir);
+
+// The training state a run resumes from, every value checked: integers non-negative, counters no larger than
+// the iteration, consumed samples at least one a iteration, the loss scale finite and positive.
+struct ResumeState {
+  int64_t iteration = 0, consumed_samples = 0, skipped_iters = 0, nan_iters = 0, optimizer_steps = 0;
+  double loss_scale = 1;
+  int64_t growth_tracker = 0, hysteresis_tracker = 0, seed = 0;
+};
+// Throws CheckpointError naming the checkpoint and the field.
+ResumeState read_resume_state(const CheckpointState& s, const std::string& dir);
 
 }  // namespace mt::app

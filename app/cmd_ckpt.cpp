@@ -27,7 +27,7 @@ void inspect(const std::string& dir, bool verify) {
   fmt::print("checkpoint: {}\niteration: {}\n", ckpt.dir(), s.iteration);
   fmt::print("state:{}\n", s.values.empty() ? " {}" : "");
   for (const auto& [k, v] : s.values) fmt::print("  {}: {}\n", k, v);
-  int64_t numel = 0, bytes = 0;
+  double numel = 0, bytes = 0;  // sums of checked per-tensor sizes: doubles cannot wrap
   size_t width = 0;
   for (const auto& t : ckpt.tensors()) width = std::max(width, t.name.size());
   fmt::print("tensors: {}\n", ckpt.tensors().size());
@@ -35,10 +35,10 @@ void inspect(const std::string& dir, bool verify) {
     size_t n = ckpt.num_slices(t.name);
     fmt::print("  {:<{}}  {:<4}  {:<14}  {} slice{}\n", t.name, width, dtype_name(t.dtype), shape_str(t.global_shape), n,
                n == 1 ? "" : "s");
-    numel += shape_numel(t.global_shape);
-    bytes += shape_numel(t.global_shape) * static_cast<int64_t>(dtype_size(t.dtype));
+    numel += static_cast<double>(shape_numel(t.global_shape));
+    bytes += static_cast<double>(shape_numel(t.global_shape)) * static_cast<double>(dtype_size(t.dtype));
   }
-  fmt::print("total: {} values, {:.1f} MiB\n", numel, static_cast<double>(bytes) / (1 << 20));
+  fmt::print("total: {:.0f} values, {:.1f} MiB\n", numel, bytes / (1 << 20));
   if (verify) {
     ckpt.verify_all();  // throws on the first bad slice
     fmt::print("verify: OK (every checksum matches)\n");

@@ -4,6 +4,10 @@
 
 #include <filesystem>
 
+#include <unistd.h>
+
+#include <fmt/format.h>
+
 #include "app/commands.h"
 #include "app/local_launcher.h"
 #include "app/trainer.h"
@@ -54,10 +58,29 @@ int launch(const TrainArgs& a) {
   return launch_local(opt);
 }
 
+// The fp32 state of each rank's parameters (value, gradient, master copy, two Adam moments: 20 bytes a
+// parameter) must fit in this machine's memory when training on the CPU: refused here, naming the keys, rather
+// than failing in the allocator after minutes of building. (A GPU's memory is checked by its allocator.)
+void check_fits_in_host_memory(const Config& cfg, int64_t local_ranks) {
+#if defined(MEGATRAIN_WITH_CUDA)
+  if (cfg.training.device != "cpu") return;
+#endif
+  const double pages = static_cast<double>(::sysconf(_SC_PHYS_PAGES)), page = static_cast<double>(::sysconf(_SC_PAGESIZE));
+  if (pages <= 0 || page <= 0) return;
+  const double per_rank = estimated_parameters(cfg.model) / static_cast<double>(cfg.parallel.tensor * cfg.parallel.pipeline);
+  const double need = per_rank * 20 * static_cast<double>(local_ranks);
+  if (need > pages * page)
+    throw ConfigError(fmt::format(
+        "{}: model.num_layers={}, model.hidden_size={}, model.ffn_hidden_size={}, vocabulary {}: {:.3g} parameters "
+        "per rank (times {} local ranks) need {:.1f} GiB of training state, more than this machine's {:.1f} GiB of memory",
+        cfg.source, cfg.model.num_layers, cfg.model.hidden_size, cfg.model.ffn_hidden_size, cfg.model.padded_vocab_size,
+        per_rank, local_ranks, need / (1 << 30), pages * page / (1 << 30)));
+}
+
 void run(const TrainArgs& a) {
   if (a.nproc > 0) {
     // Validate the config for the whole job before starting anything.
-    load_config(a.config, a.overrides, a.nproc);
+    check_fits_in_host_memory(load_config(a.config, a.overrides, a.nproc), a.nproc);
     if (int rc = launch(a); rc != 0) throw CLI::RuntimeError(rc);
     return;
   }
@@ -65,6 +88,7 @@ void run(const TrainArgs& a) {
   if (!a.load.empty()) overrides.push_back("checkpoint.load=" + a.load);
   const LaunchEnv env = detect_launch_env();
   Config cfg = load_config(a.config, overrides, env.world_size);
+  check_fits_in_host_memory(cfg, 1);
   train(cfg, TrainOptions{.exit_after = a.exit_after}, env);
 }
 

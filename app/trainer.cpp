@@ -24,6 +24,7 @@
 #include "parallel/schedule.h"
 #include "core/checkpoint/checkpoint.h"
 #include "core/checkpoint/checkpoint_writer.h"
+#include "core/checkpoint/save_dir.h"
 #include "core/data/indexed_dataset.h"
 #include "core/loss_scaler.h"
 #include "core/lr_schedule.h"
@@ -322,39 +323,62 @@ void Trainer::maybe_resume() {
   if (ck.load == "none") return;
   if (ck.load == "auto") {
     if (ck.save_dir.empty()) return;
-    dir = resolve_checkpoint(ck.save_dir);
+    dir = resolve_resume_checkpoint(ck.save_dir);  // never starts over when checkpoints are there
     if (!dir) return;
   } else {
-    dir = resolve_checkpoint(ck.load);
+    dir = resolve_resume_checkpoint(ck.load);
     if (!dir) throw CheckpointError(fmt::format("checkpoint.load: {} holds no checkpoint (no metadata.yaml, no latest)", ck.load));
   }
   CheckpointReader reader(*dir);
+  const CheckpointState& s = reader.state();
+  const ResumeState rs = read_resume_state(s, *dir);  // every value checked before any is used
+  // A checkpoint of another model shape is refused, unless a partial load is asked for.
+  const std::vector<std::string> diff = model_shape_differences(s.config_yaml, to_yaml(cfg_), *dir);
+  std::optional<PartialLoad> partial;
+  if (!diff.empty()) {
+    if (!ck.allow_partial_load)
+      throw CheckpointError(fmt::format("{}: was saved by another model ({}); resume it with the same model keys, or "
+                                        "set checkpoint.allow_partial_load: true to load only the tensors that match",
+                                        *dir, fmt::join(diff, ", ")));
+    spdlog::warn("partial load from {}: the model differs ({})", *dir, fmt::join(diff, ", "));
+    partial.emplace();
+  }
   if (zero_) {
-    // Whole per-parameter states of this model-parallel slice, then this rank's shard of them.
+    // Whole per-parameter states of this model-parallel slice, then this rank's shard of them. (A partial load
+    // keeps the initial values, zero moments, for what it skips.)
     std::vector<AdamW::Slot> slots;
-    for (Parameter* p : params_)
-      slots.push_back({p, Tensor::empty(p->value.shape(), DType::f32, device_),
+    for (Parameter* p : params_) {
+      AdamW::Slot slot{p, Tensor::empty(p->value.shape(), DType::f32, device_),
                        Tensor::empty(p->value.shape(), DType::f32, device_),
-                       Tensor::empty(p->value.shape(), DType::f32, device_)});
-    load_optimizer(reader, slots);
+                       Tensor::empty(p->value.shape(), DType::f32, device_)};
+      if (partial) {
+        slot.master.copy_from(p->value);
+        slot.exp_avg.zero_();
+        slot.exp_avg_sq.zero_();
+      }
+      slots.push_back(slot);
+    }
+    load_optimizer(reader, slots, partial ? &*partial : nullptr);
     zero_->scatter_slots(slots);
   } else {
-    load_optimizer(reader, adam_->slots());
+    load_optimizer(reader, adam_->slots(), partial ? &*partial : nullptr);
     adam_->sync_values_from_master();
   }
-  const CheckpointState& s = reader.state();
-  c_.iteration = s.iteration;
-  c_.consumed_samples = state_int(s, "consumed_samples", *dir);
-  c_.skipped_iters = state_int(s, "skipped_iters", *dir);
-  c_.nan_iters = state_int(s, "nan_iters", *dir);
-  const int64_t steps = state_int(s, "optimizer_steps", *dir);
-  if (zero_) zero_->set_steps(steps); else adam_->set_steps(steps);
-  scaler_.restore({.scale = state_double(s, "loss_scale", *dir),
-                   .growth_tracker = state_int(s, "loss_scale_growth_tracker", *dir),
-                   .hysteresis_tracker = state_int(s, "loss_scale_hysteresis_tracker", *dir)});
-  if (state_int(s, "seed", *dir) != cfg_.training.seed)
+  if (partial) {
+    spdlog::warn("partial load: {} tensors loaded: {}", partial->loaded.size(), fmt::join(partial->loaded, ", "));
+    spdlog::warn("partial load: {} tensors left at their initial values: {}", partial->skipped.size(),
+                 fmt::join(partial->skipped, ", "));
+  }
+  c_.iteration = rs.iteration;
+  c_.consumed_samples = rs.consumed_samples;
+  c_.skipped_iters = rs.skipped_iters;
+  c_.nan_iters = rs.nan_iters;
+  if (zero_) zero_->set_steps(rs.optimizer_steps); else adam_->set_steps(rs.optimizer_steps);
+  scaler_.restore({.scale = rs.loss_scale, .growth_tracker = rs.growth_tracker,
+                   .hysteresis_tracker = rs.hysteresis_tracker});
+  if (rs.seed != cfg_.training.seed)
     spdlog::warn("resuming with training.seed={} but the checkpoint was trained with seed {}: data order and "
-                 "dropout masks change", cfg_.training.seed, state_int(s, "seed", *dir));
+                 "dropout masks change", cfg_.training.seed, rs.seed);
   spdlog::info("resumed from {} at iteration {} ({} samples consumed)", *dir, c_.iteration, c_.consumed_samples);
   metrics_.write(fmt::format(R"({{"event":"resume","iteration":{},"checkpoint":"{}"}})", c_.iteration, *dir));
 }
@@ -381,10 +405,15 @@ void Trainer::save() {
       tmp.assign(b.begin(), b.end());
     }
     const bool tp_first = dist_.tp_rank() == 0;
-    write_rank_files(tmp, dist_.tp_rank() + dist_.tp_size() * dist_.pp_rank(),
-                     optimizer_tensors(slots, [&](const Parameter& p) {
-                       return !p.tied_copy && (p.tensor_parallel || tp_first);
-                     }));
+    try {
+      write_rank_files(tmp, dist_.tp_rank() + dist_.tp_size() * dist_.pp_rank(),
+                       optimizer_tensors(slots, [&](const Parameter& p) {
+                         return !p.tied_copy && (p.tensor_parallel || tp_first);
+                       }));
+    } catch (...) {
+      abort_checkpoint(tmp);  // a failed save leaves no temporary directory behind
+      throw;
+    }
   }
   dist_.world->barrier();
   std::string dir;
@@ -562,6 +591,13 @@ void Trainer::run() {
                num_parameters(), cfg_.model.num_layers, cfg_.model.hidden_size, cfg_.model.num_heads,
                cfg_.model.vocab_size, cfg_.model.padded_vocab_size, cfg_.training.precision);
   maybe_resume();
+  // --exit-after N when the run resumes at or past N: stop at once; the checkpoint it resumed from already
+  // holds this state, so nothing new is trained or saved.
+  if (opt_.exit_after > 0 && c_.iteration >= opt_.exit_after) {
+    spdlog::info("resumed at iteration {}, at or past --exit-after {}: stopping without training", c_.iteration,
+                 opt_.exit_after);
+    return;
+  }
   if (cfg_.logging.eval_interval > 0 && !data_.valid)
     throw DataError("logging.eval_interval is set but the validation split holds less than one sample "
                     "(raise data.split's second weight or set data.valid)");
@@ -652,7 +688,13 @@ void train(const Config& cfg, const TrainOptions& opt, const LaunchEnv& env) {
   const bool logging_rank = env.rank == 0;
   setup_logging(logging_rank ? cfg.logging.dir : "", logging_rank ? cfg.logging.level : "warn");
   spdlog::info("megatrain {} resolved config:\n{}", MEGATRAIN_VERSION, to_yaml(cfg));
-  if (logging_rank && !cfg.checkpoint.save_dir.empty()) check_save_dir_writable(cfg.checkpoint.save_dir);
+  // Rank 0 holds the save_dir for the whole run: a second run on it is refused rather than let the two delete
+  // each other's temporary directories.
+  std::optional<ckpt::SaveDirLock> save_dir_lock;
+  if (logging_rank && !cfg.checkpoint.save_dir.empty()) {
+    save_dir_lock.emplace(cfg.checkpoint.save_dir);
+    check_save_dir_writable(cfg.checkpoint.save_dir);
+  }
   const Placement placement = place_rank(cfg, env);
   spdlog::info("device: {}", placement.description);
   std::unique_ptr<Distributed> dist = init_distributed(cfg, env, placement);

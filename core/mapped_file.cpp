@@ -40,7 +40,9 @@ MapFileError::MapFileError(std::string path, Step step, int err)
     : std::runtime_error(describe(path, step, err)), path_(std::move(path)), step_(step), err_(err) {}
 
 MappedFile MappedFile::open(const std::string& path, MapOptions options) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait forever for a writer. (It has no effect on
+  // regular files; a FIFO is refused below, after fstat.)
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw MapFileError(path, MapFileError::Step::open, errno);
   // Closes fd (keeping errno of the failed call) and throws.
   auto fail = [&](MapFileError::Step step, int err) {
@@ -49,7 +51,11 @@ MappedFile MappedFile::open(const std::string& path, MapOptions options) {
   };
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw fail(MapFileError::Step::stat, errno);
-  if (options.require_regular_file && !S_ISREG(st.st_mode)) throw fail(MapFileError::Step::not_regular_file, 0);
+  // Only a regular file has a size to map: a FIFO, socket or device has none worth trusting (a FIFO reports
+  // 0 and would map as an empty file), so those are refused whatever the options.
+  const bool special = S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode) || S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode);
+  if ((options.require_regular_file || special) && !S_ISREG(st.st_mode))
+    throw fail(MapFileError::Step::not_regular_file, 0);
   const size_t size = static_cast<size_t>(st.st_size);
   const uint8_t* data = nullptr;
   if (size > 0) {

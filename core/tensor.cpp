@@ -18,7 +18,8 @@ int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
   for (auto d : s) {
     if (d < 0) throw std::invalid_argument("negative dimension in shape " + shape_str(s));
-    n *= d;
+    if (__builtin_mul_overflow(n, d, &n))
+      throw std::invalid_argument("shape " + shape_str(s) + " has more elements than int64 can count");
   }
   return n;
 }
@@ -32,6 +33,10 @@ Storage::~Storage() { allocator_for(device).deallocate(ptr, bytes, kind); }
 Tensor Tensor::empty(Shape shape, DType dtype, Device device, MemKind kind) {
   Tensor t;
   t.numel_ = shape_numel(shape);
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(t.numel_, static_cast<int64_t>(dtype_size(dtype)), &bytes) || bytes > kMaxTensorBytes)
+    throw std::invalid_argument(fmt::format("tensor of shape {} ({}) needs more than the {} bytes one tensor may hold",
+                                            shape_str(shape), dtype_name(dtype), kMaxTensorBytes));
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
   t.storage_ = std::make_shared<Storage>(t.nbytes(), device, kind);

@@ -16,7 +16,11 @@ namespace mt {
 
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);
+// Product of the dimensions; throws std::invalid_argument on a negative dimension or int64 overflow.
 int64_t shape_numel(const Shape& s);
+// No tensor may exceed 2^48 bytes (256 TiB, far beyond any device): a larger request is a corrupted size,
+// refused before the allocator sees it.
+inline constexpr int64_t kMaxTensorBytes = int64_t{1} << 48;
 
 struct Storage {
   Storage(size_t bytes, Device device, MemKind kind);

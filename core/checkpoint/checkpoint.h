@@ -59,6 +59,12 @@ void check_save_dir_writable(const std::string& save_dir);
 // `path` has neither (no checkpoint yet). Throws CheckpointError when `latest` names a missing directory.
 std::optional<std::string> resolve_checkpoint(const std::string& path);
 
+// For resuming a run: resolve_checkpoint, except that a save directory holding iter_* checkpoints but no
+// valid `latest` (missing, unreadable, empty, or naming a missing or incomplete directory) resumes from the
+// newest checkpoint that opens and verifies, with a warning naming it and every one passed over; a run never
+// starts over silently. Throws CheckpointError when checkpoints are there but none is complete.
+std::optional<std::string> resolve_resume_checkpoint(const std::string& path);
+
 class MappedFile;  // core/mapped_file.h
 
 struct TensorInfo {

@@ -109,7 +109,7 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
           throw CheckpointError(fmt::format("{}: data file missing (tensor {} is stored there)", path, t.name));
         it->second = ckpt::file_size(path);
       }
-      if (s.offset + s.bytes > it->second)
+      if (s.bytes > it->second || s.offset > it->second - s.bytes)  // overflow-safe offset + bytes > size
         throw CheckpointError(fmt::format("{}: has {} bytes but tensor {} (slice start [{}]) needs bytes [{}, {}) — "
                                           "the file is truncated",
                                           path, it->second, t.name, fmt::join(s.start, ", "), s.offset,
@@ -145,7 +145,7 @@ void CheckpointReader::verify(const std::string& tensor, const SliceRecord& s) c
   const MappedFile& f = file(s.file);
   const int64_t size = static_cast<int64_t>(f.size());
   std::string path = ckpt::join_path(dir_, s.file);
-  if (s.offset + s.bytes > size)
+  if (s.bytes > size || s.offset > size - s.bytes)
     throw CheckpointError(fmt::format("{}: truncated to {} bytes; tensor {} needs bytes up to {}", path, size,
                                       tensor, s.offset + s.bytes));
   if (crc32(f.data() + s.offset, static_cast<size_t>(s.bytes)) != s.crc)
@@ -165,7 +165,7 @@ void CheckpointReader::read(const std::string& name, Tensor& out, const std::vec
     throw CheckpointError(fmt::format("{}: tensor {} has shape {}; {} has other dimensions", dir_, name,
                                       shape_str(ti.global_shape), region()));
   for (size_t d = 0; d < nd; ++d)
-    if (start[d] < 0 || start[d] + out.shape()[d] > ti.global_shape[d])
+    if (start[d] < 0 || start[d] > ti.global_shape[d] || out.shape()[d] > ti.global_shape[d] - start[d])
       throw CheckpointError(fmt::format("{}: tensor {} has shape {}; {} lies outside it", dir_, name,
                                         shape_str(ti.global_shape), region()));
 

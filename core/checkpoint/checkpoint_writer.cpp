@@ -47,7 +47,9 @@ std::string checkpoint_dir_name(int64_t iteration) { return fmt::format("iter_{:
 
 std::string begin_checkpoint(const std::string& save_dir, int64_t iteration) {
   check_save_dir_writable(save_dir);
-  ckpt::remove_stale_tmp(save_dir);
+  // Only the run holding the save_dir's lock may take `.tmp.*` entries for leftovers of a crash: without it
+  // they may be another live run's.
+  if (ckpt::SaveDirLock::held(save_dir)) ckpt::remove_stale_tmp(save_dir);
   std::string tmp = ckpt::join_path(
       save_dir, fmt::format("{}{}.{}", ckpt::kTmpPrefix, checkpoint_dir_name(iteration), ::getpid()));
   if (::mkdir(tmp.c_str(), 0755) != 0) ckpt::throw_os_error(tmp, "cannot create directory", errno);
@@ -92,7 +94,7 @@ void write_rank_files(const std::string& tmp_dir, int rank, const std::vector<Te
     const int64_t size = static_cast<int64_t>(in.size());
     for (const auto& e : index) {
       for (const auto& s : e.slices) {
-        if (s.offset + s.bytes > size)
+        if (s.bytes > size || s.offset > size - s.bytes)
           throw CheckpointError(fmt::format("{}: holds {} bytes after writing, tensor {} needs bytes up to {}",
                                             data_path, size, e.name, s.offset + s.bytes));
         if (crc32(in.data() + s.offset, static_cast<size_t>(s.bytes)) != s.crc)

@@ -16,7 +16,8 @@ namespace mt {
 
 std::string checkpoint_dir_name(int64_t iteration);  // "iter_0000100"
 
-// Creates SAVE_DIR (if needed), removes stale `.tmp.*` entries of crashed saves and creates the empty
+// Creates SAVE_DIR (if needed), removes stale `.tmp.*` entries of crashed saves (only when this process holds
+// the save_dir's ckpt::SaveDirLock, see save_dir.h) and creates the empty
 // temporary directory SAVE_DIR/.tmp.iter_NNNNNNN.<pid>, which it returns.
 std::string begin_checkpoint(const std::string& save_dir, int64_t iteration);
 

@@ -1,10 +1,13 @@
 #include "core/checkpoint/metadata.h"
 
 #include <algorithm>
+#include <cstring>
+#include <limits>
 #include <map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 #include <yaml-cpp/yaml.h>
 
 namespace mt::ckpt {
@@ -164,15 +167,58 @@ void check_format_version(const std::string& path, const YAML::Node& root) {
 
 }  // namespace
 
+namespace {
+
+// The last line of metadata.yaml: "metadata_crc32: 0x1234abcd\n", the CRC-32 of every byte before it. A YAML
+// key like any other, so readers that ignore it still parse the file.
+constexpr const char* kCrcKey = "metadata_crc32: ";
+
+std::string seal(std::string text) { return text + fmt::format("{}0x{:08x}\n", kCrcKey, crc32(text.data(), text.size())); }
+
+// Checks and strips the checksum line. Checkpoints written before it existed have none: they load, with a
+// warning, since their values can no longer be told from edits.
+std::string unseal(const std::string& path, const std::string& text) {
+  std::string body = text;
+  while (!body.empty() && body.back() == '\n') body.pop_back();
+  const size_t line = body.rfind('\n');
+  const size_t at = line == std::string::npos ? 0 : line + 1;
+  if (body.compare(at, std::strlen(kCrcKey), kCrcKey) != 0) {
+    if (text.find(kCrcKey) != std::string::npos)
+      throw CheckpointError(fmt::format("{}: the {} line is not the last line — the file was edited", path,
+                                        std::string(kCrcKey, std::strlen(kCrcKey) - 2)));
+    spdlog::warn("{}: has no metadata_crc32 line (written by an older megatrain): its values are not checksummed", path);
+    return text;
+  }
+  const std::string value = body.substr(at + std::strlen(kCrcKey));
+  const std::string covered = text.substr(0, at);
+  uint32_t want = 0;
+  bool ok = value.size() == 10 && value.compare(0, 2, "0x") == 0;
+  for (size_t i = 2; ok && i < value.size(); ++i) {
+    const char c = value[i];
+    const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    ok = digit >= 0;
+    want = want * 16 + static_cast<uint32_t>(digit);
+  }
+  if (!ok) throw CheckpointError(fmt::format("{}: metadata_crc32 '{}' is not a 32-bit hex checksum", path, value));
+  const uint32_t got = crc32(covered.data(), covered.size());
+  if (got != want)
+    throw CheckpointError(fmt::format("{}: checksum mismatch (metadata_crc32 0x{:08x}, content 0x{:08x}) — the file was "
+                                      "edited or is corrupted; restore it or use another checkpoint",
+                                      path, want, got));
+  return covered;
+}
+
+}  // namespace
+
 std::string emit_metadata(const CheckpointState& state, const std::vector<TensorEntry>& tensors) {
   // A literal block keeps the config readable; fall back to a quoted string whenever the literal form
   // would not give the text back exactly (leading spaces, trailing blank lines, odd characters).
   std::string text = emit_metadata_with(state, tensors, YAML::Literal);
   try {
-    if (YAML::Load(text)["config"].as<std::string>() == state.config_yaml) return text;
+    if (YAML::Load(text)["config"].as<std::string>() == state.config_yaml) return seal(text);
   } catch (const YAML::Exception&) {
   }
-  return emit_metadata_with(state, tensors, YAML::DoubleQuoted);
+  return seal(emit_metadata_with(state, tensors, YAML::DoubleQuoted));
 }
 
 std::string emit_index_fragment(int rank, const std::vector<TensorEntry>& tensors) {
@@ -186,7 +232,8 @@ std::string emit_index_fragment(int rank, const std::vector<TensorEntry>& tensor
   return std::string(e.c_str()) + "\n";
 }
 
-Metadata parse_metadata(const std::string& path, const std::string& text) {
+Metadata parse_metadata(const std::string& path, const std::string& sealed) {
+  const std::string text = unseal(path, sealed);
   YAML::Node root = load_yaml(path, text);
   check_format_version(path, root);
   Where w{path, ""};
@@ -244,6 +291,16 @@ void check_tensor_entry(const std::string& where, const TensorEntry& t) {
   if (t.name.empty()) fail("empty name");
   for (auto d : t.shape)
     if (d < 0) fail(fmt::format("negative dimension in shape {}", shape_str(t.shape)));
+  // Sizes come from a file: every product and sum is overflow-checked, and no tensor may exceed
+  // kMaxTensorBytes, so later arithmetic on them (offset + bytes, element offsets) cannot wrap.
+  int64_t numel_total = 1, bytes_total = 0;
+  bool too_big = false;
+  for (auto d : t.shape) too_big = too_big || d > kMaxTensorBytes || __builtin_mul_overflow(numel_total, d, &numel_total);
+  too_big = too_big || __builtin_mul_overflow(numel_total, static_cast<int64_t>(dtype_size(t.dtype)), &bytes_total) ||
+            bytes_total > kMaxTensorBytes;
+  if (too_big)
+      fail(fmt::format("shape {} of {} needs more than {} bytes", shape_str(t.shape), dtype_name(t.dtype),
+                       kMaxTensorBytes));
   const size_t nd = t.shape.size();
   for (const auto& s : t.slices) {
     std::string at = fmt::format("slice start [{}]", fmt::join(s.start, ", "));
@@ -255,9 +312,11 @@ void check_tensor_entry(const std::string& where, const TensorEntry& t) {
       if (s.start[d] < 0 || s.extent[d] < 0 || s.start[d] > t.shape[d] || s.extent[d] > t.shape[d] - s.start[d])
         fail(fmt::format("{} extent [{}] lies outside the global shape {}", at, fmt::join(s.extent, ", "),
                          shape_str(t.shape)));
-      numel *= s.extent[d];
+      numel *= s.extent[d];  // cannot overflow: extent <= shape, whose product was checked above
     }
-    if (s.offset < 0 || s.bytes != numel * static_cast<int64_t>(dtype_size(t.dtype)))
+    if (s.offset < 0 || s.offset > std::numeric_limits<int64_t>::max() - kMaxTensorBytes)
+      fail(fmt::format("{}: offset {} is not a plausible file offset", at, s.offset));
+    if (s.bytes != numel * static_cast<int64_t>(dtype_size(t.dtype)))
       fail(fmt::format("{}: {} bytes at offset {} do not hold {} {} values", at, s.bytes, s.offset, numel,
                        dtype_name(t.dtype)));
     if (s.file.empty() || s.file.find('/') != std::string::npos || s.file == "." || s.file == "..")

@@ -13,6 +13,8 @@
 //       shape: [192, 64]                                  global shape
 //       slices:                                           axis-aligned blocks, disjoint
 //         - {file: rank_00000.bin, offset: 0, bytes: 49152, start: [0, 0], extent: [192, 64], crc32: 0x1c291ca3}
+//   metadata_crc32: 0x5e0c2a11                            last line: CRC-32 of every byte before it
+// (metadata.yaml only; a file without the last line, from an older build, loads with a warning.)
 #pragma once
 #include <cstdint>
 #include <string>

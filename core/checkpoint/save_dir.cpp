@@ -1,6 +1,7 @@
 #include "core/checkpoint/save_dir.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <filesystem>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "core/checkpoint/checkpoint.h"
@@ -44,7 +46,61 @@ std::optional<int64_t> parse_iter_name(const std::string& name) {
   return v;
 }
 
+// The locks this process holds: canonical save_dir -> (fd of its lock file, how many SaveDirLocks share it).
+std::map<std::string, std::pair<int, int>>& held_locks() {
+  static std::map<std::string, std::pair<int, int>> locks;
+  return locks;
+}
+
+std::string lock_key(const std::string& save_dir) {
+  std::error_code ec;
+  auto p = fs::weakly_canonical(save_dir, ec);
+  return ec ? save_dir : p.string();
+}
+
 }  // namespace
+
+SaveDirLock::SaveDirLock(const std::string& save_dir) {
+  std::error_code ec;
+  fs::create_directories(save_dir, ec);
+  if (ec) throw CheckpointError(fmt::format("{}: cannot create checkpoint directory: {}", save_dir, ec.message()));
+  key_ = lock_key(save_dir);
+  auto& locks = held_locks();
+  if (auto it = locks.find(key_); it != locks.end()) {
+    ++it->second.second;
+    return;
+  }
+  const std::string path = join_path(save_dir, kLockFile);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw_os_error(path, "cannot open the save directory's lock file", errno);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char buf[32] = {};
+    const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
+    ::close(fd);
+    std::string pid = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+    if (err == EWOULDBLOCK)
+      throw CheckpointError(fmt::format("{}: checkpoint.save_dir is in use by another run{} (it holds {}); two runs "
+                                        "must not write one save_dir — give this run its own checkpoint.save_dir",
+                                        save_dir, pid.empty() ? "" : " (pid " + pid + ")", path));
+    throw_os_error(path, "cannot lock the save directory", err);
+  }
+  const std::string pid = fmt::format("{}\n", ::getpid());
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
+    spdlog::warn("checkpoint: could not record this pid in {}", path);
+  locks[key_] = {fd, 1};
+}
+
+SaveDirLock::~SaveDirLock() {
+  auto& locks = held_locks();
+  auto it = locks.find(key_);
+  if (it == locks.end() || --it->second.second > 0) return;
+  ::close(it->second.first);  // releases the flock
+  locks.erase(it);
+}
+
+bool SaveDirLock::held(const std::string& save_dir) { return held_locks().count(lock_key(save_dir)) > 0; }
 
 void remove_stale_tmp(const std::string& save_dir) {
   const std::string replaced = std::string(kTmpPrefix) + "replaced.";
@@ -187,6 +243,46 @@ std::optional<std::string> resolve_checkpoint(const std::string& path) {
   if (path_kind(dir) != PathKind::directory)
     throw CheckpointError(fmt::format("{}/{}: names {}, which does not exist", path, kLatestFile, dir));
   return dir;
+}
+
+}  // namespace mt
+
+namespace mt {
+
+std::optional<std::string> resolve_resume_checkpoint(const std::string& path) {
+  using namespace ckpt;
+  std::string why;
+  try {
+    auto dir = resolve_checkpoint(path);
+    if (dir && (*dir == path || path_kind(join_path(*dir, kMetadataFile)) == PathKind::file)) return dir;
+    why = dir ? fmt::format("{}/{} names {}, which has no {}", path, kLatestFile, *dir, kMetadataFile)
+              : fmt::format("{}/{} is missing", path, kLatestFile);
+  } catch (const CheckpointError& e) {
+    if (path_kind(path) != PathKind::directory) throw;
+    why = e.what();
+  }
+  if (path_kind(path) != PathKind::directory) return std::nullopt;  // no save directory yet
+  auto all = list_checkpoints(path);
+  if (all.empty()) return std::nullopt;  // a fresh save directory: nothing to resume
+  std::vector<std::string> passed;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    const std::string dir = join_path(path, it->second);
+    try {
+      CheckpointReader reader(dir);
+      reader.verify_all();
+    } catch (const CheckpointError& e) {
+      spdlog::warn("checkpoint: passing over {}: {}", dir, e.what());
+      passed.push_back(it->second);
+      continue;
+    }
+    spdlog::warn("checkpoint: {} but the directory holds checkpoints: resuming from {}, the newest complete one "
+                 "(verified){}",
+                 why, dir, passed.empty() ? "" : fmt::format("; passed over {}", fmt::join(passed, ", ")));
+    return dir;
+  }
+  throw CheckpointError(fmt::format("{}: {} and none of its checkpoints ({}) is complete; refusing to start over "
+                                    "(set checkpoint.load: none to train from scratch, or another save_dir)",
+                                    path, why, fmt::join(passed, ", ")));
 }
 
 }  // namespace mt

@@ -2,6 +2,7 @@
 // entries named `.tmp.*`, and the operations that change them safely.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -12,7 +13,28 @@ namespace mt::ckpt {
 inline constexpr const char* kLatestFile = "latest";
 inline constexpr const char* kTmpPrefix = ".tmp.";
 
-// Removes what crashed saves left behind: `.tmp.*` entries. A checkpoint that was renamed aside to be
+inline constexpr const char* kLockFile = ".lock";
+
+// Exclusive use of a save directory by one run: an flock on SAVE_DIR/.lock (holding the holder's pid), kept
+// for the object's life. Two runs writing one save_dir would delete each other's temporary directories and
+// `latest`; the second is refused with CheckpointError naming the directory and the pid holding it. Locks of
+// one process nest (a second SaveDirLock on the same directory in the same process shares the first).
+// The lock file stays behind (removing it would race with a run about to lock it).
+class SaveDirLock {
+ public:
+  explicit SaveDirLock(const std::string& save_dir);  // creates save_dir if needed
+  ~SaveDirLock();
+  SaveDirLock(const SaveDirLock&) = delete;
+  SaveDirLock& operator=(const SaveDirLock&) = delete;
+  // Whether this process holds the lock of save_dir.
+  static bool held(const std::string& save_dir);
+
+ private:
+  std::string key_;
+};
+
+// Removes what crashed saves left behind: `.tmp.*` entries. Only safe while holding the SaveDirLock: the
+// `.tmp.*` entries of a live run look the same. A checkpoint that was renamed aside to be
 // replaced (`.tmp.replaced.iter_N.<pid>`) is put back when its place is empty.
 void remove_stale_tmp(const std::string& save_dir);
 

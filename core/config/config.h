@@ -106,6 +106,8 @@ struct CheckpointConfig {
   int64_t save_interval = 0;             // 0: only at the end
   int64_t keep_last = 0;                 // 0: keep all
   std::string load = "auto";             // auto (save_dir's latest when present) | none | a checkpoint path
+  bool allow_partial_load = false;       // resume from a checkpoint of another model shape: load the tensors
+                                         // that match, log the rest (otherwise a shape difference is an error)
 
   bool operator==(const CheckpointConfig&) const = default;
 };
@@ -140,6 +142,10 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // The same from YAML text; `source` names it in messages.
 Config parse_config(const std::string& yaml_text, const std::string& source,
                     const std::vector<std::string>& overrides, int64_t world_size = 1);
+// The number of parameters of the whole model (all ranks; padded vocabulary included), as a double so that
+// it cannot overflow; an estimate within a few per cent, for size checks before anything is allocated.
+double estimated_parameters(const ModelConfig& m);
+
 // The resolved configuration as YAML (every key, derived values included under a `derived:` section),
 // printed at start and stored in every checkpoint; parse_config(to_yaml(c)) gives c back.
 std::string to_yaml(const Config& c);

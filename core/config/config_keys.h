@@ -90,6 +90,7 @@ void visit(V& v, C& c) {
     v.field({.name = "save_interval"}, k.save_interval);
     v.field({.name = "keep_last"}, k.keep_last);
     v.field({.name = "load"}, k.load);
+    v.field({.name = "allow_partial_load"}, k.allow_partial_load);
   });
   v.section("logging", [&] {
     auto& l = c.logging;

@@ -12,6 +12,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <sstream>
 #include <string_view>
 
@@ -170,6 +171,9 @@ void apply_override(YAML::Node& root, const std::string& text, ConfigSource& src
     if (dot == std::string::npos) break;
     start = dot + 1;
   }
+  if (parts[0] == config_keys::kDerivedSection)
+    throw ConfigError(fmt::format("{}: --set {}: derived values are computed, not set; set the keys they come from",
+                                  src.name(), text));
   const std::string value_text = text.substr(eq + 1);
   YAML::Node value;
   try {
@@ -352,6 +356,44 @@ class Reader {
   std::vector<Level> stack_;
 };
 
+// The `derived:` section that to_yaml writes (checkpoints store it) is recomputed, never read. So that an edit
+// there is not silently ignored, its keys must be the ones to_yaml writes, integers, and (when no --set changed
+// what they derive from) equal to the recomputed values. The values that depend on the launch (world size,
+// data-parallel size and what follows from them) are compared only when the world size is the same.
+void check_derived(const YAML::Node& root, const Config& c, const ConfigSource& src, bool overridden) {
+  const YAML::Node d = root[config_keys::kDerivedSection];
+  if (!d.IsDefined() || d.IsNull()) return;
+  const std::string section = config_keys::kDerivedSection;
+  if (!d.IsMap()) src.fail(section, "expected the mapping of derived values that to_yaml writes, got " + describe(d), d.Mark());
+  const bool same_world = [&] {
+    const YAML::Node w = d["world_size"];
+    int64_t v = 0;
+    return !w.IsDefined() || (parse_int(w, v) && v == c.parallel.world_size);
+  }();
+  const std::vector<std::tuple<const char*, int64_t, bool>> computed = {
+      {"padded_vocab_size", c.model.padded_vocab_size, true},
+      {"head_dim", c.model.head_dim, true},
+      {"data_parallel_size", c.parallel.data, same_world},
+      {"world_size", c.parallel.world_size, same_world},
+      {"num_microbatches", c.training.num_microbatches, same_world},
+      {"tokens_per_iteration", c.training.global_batch_size * c.model.seq_length, same_world}};
+  for (auto it = d.begin(); it != d.end(); ++it) {
+    const std::string name = it->first.IsScalar() ? it->first.Scalar() : std::string("?");
+    const std::string path = section + "." + name;
+    auto known = std::find_if(computed.begin(), computed.end(), [&](const auto& e) { return name == std::get<0>(e); });
+    if (known == computed.end())
+      src.fail(path, "unknown derived value; derived values are computed, set the keys they come from instead",
+               it->first.Mark());
+    int64_t v = 0;
+    if (!parse_int(it->second, v)) src.fail(path, "expected an integer, got " + describe(it->second), it->second.Mark());
+    if (!overridden && std::get<2>(*known) && v != std::get<1>(*known))
+      src.fail(path, fmt::format("is {} here but the keys above give {}; derived values are computed, not read: "
+                                 "remove the derived section or change the keys they come from",
+                                 v, std::get<1>(*known)),
+               it->second.Mark());
+  }
+}
+
 YAML::Node load_document(const std::string& text, const std::string& source) {
   try {
     return YAML::Load(text);
@@ -383,22 +425,35 @@ Config parse_config(const std::string& yaml_text, const std::string& source, con
     Reader reader(root, src);
     config_keys::visit(reader, c);
     resolve_config(c, world_size, src);
+    check_derived(root, c, src, !overrides.empty());
     return c;
   } catch (const YAML::Exception& e) {  // not expected: every access above is checked
     throw ConfigError(fmt::format("{}: {}", source, e.what()));
   }
 }
 
+namespace {
+constexpr size_t kMaxConfigBytes = size_t{16} << 20;
+}  // namespace
+
 Config load_config(const std::string& path, const std::vector<std::string>& overrides, int64_t world_size) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) throw ConfigError(fmt::format("{}: config file not found", path));
   if (std::filesystem::is_directory(path, ec))
     throw ConfigError(fmt::format("{}: is a directory, expected a YAML config file", path));
+  // Only a regular file of bounded size: /dev/zero or a FIFO would be read without end.
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw ConfigError(fmt::format("{}: is not a regular file (a device, FIFO or socket), expected a YAML config file",
+                                  path));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(fmt::format("{}: cannot open the config file", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_config(text.str(), path, overrides, world_size);
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxConfigBytes)
+    throw ConfigError(fmt::format("{}: is larger than {} MiB; a config file is a few KiB of YAML", path,
+                                  kMaxConfigBytes >> 20));
+  return parse_config(text, path, overrides, world_size);
 }
 
 }  // namespace mt

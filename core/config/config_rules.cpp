@@ -1,15 +1,29 @@
 // config_rules.cpp: every rule a Config must satisfy, checked in section order, and its derived values.
 #include "core/config/config_rules.h"
 
+#include "core/tensor.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <initializer_list>
 #include <numeric>
 #include <string>
 
 namespace mt {
 namespace {
+
+constexpr int64_t kMaxLayers = int64_t{1} << 16;
+constexpr int64_t kMaxWidth = int64_t{1} << 20;
+constexpr int64_t kMaxSequence = int64_t{1} << 24;
+constexpr int64_t kMaxVocab = (int64_t{1} << 31) - 1;
+constexpr int64_t kMaxVocabMultiple = int64_t{1} << 20;
+constexpr int64_t kMaxParallel = int64_t{1} << 20;      // ranks along one dimension
+constexpr int64_t kMaxCount = int64_t{1} << 40;         // iterations, batch sizes, intervals
+constexpr double kMaxTimeoutS = 1e7;                    // about 115 days; times 1000 fits int64 milliseconds
+// Bytes one tensor may hold (kMaxTensorBytes in core/tensor.h), as a double for products of config sizes.
+constexpr double kMaxBytes = static_cast<double>(kMaxTensorBytes);
 
 // Small checks that name the key and the value.
 class Rules {
@@ -22,12 +36,24 @@ class Rules {
   }
   void positive(const std::string& path, double v) const {
     if (!(v > 0)) fail(path, fmt::format("must be positive, got {}", v));
+    finite(path, v);
+  }
+  void finite(const std::string& path, double v) const {
+    if (!std::isfinite(v)) fail(path, fmt::format("must be a finite number, got {}", v));
+  }
+  // Upper bounds keep every size and product computed from the config far from int64 overflow.
+  void at_most(const std::string& path, int64_t v, int64_t max, const char* why) const {
+    if (v > max) fail(path, fmt::format("{} is more than the largest supported {} ({})", v, max, why));
+  }
+  void at_most(const std::string& path, double v, double max, const char* why) const {
+    if (v > max) fail(path, fmt::format("{} is more than the largest supported {} ({})", v, max, why));
   }
   void non_negative(const std::string& path, int64_t v) const {
     if (v < 0) fail(path, fmt::format("must be >= 0, got {}", v));
   }
   void non_negative(const std::string& path, double v) const {
     if (!(v >= 0)) fail(path, fmt::format("must be >= 0, got {}", v));
+    finite(path, v);
   }
   void probability(const std::string& path, double v) const {  // [0, 1)
     if (!(v >= 0 && v < 1)) fail(path, fmt::format("must be in [0, 1), got {}", v));
@@ -51,12 +77,23 @@ void resolve_model(ModelConfig& m, const Rules& r) {
   r.positive("model.seq_length", m.seq_length);
   r.positive("model.vocab_size", m.vocab_size);
   r.positive("model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by);
+  // Generous bounds (far beyond any trained model) so that sizes multiply without overflow; the tensor
+  // and parameter byte counts are checked below once the padded vocabulary is known.
+  r.at_most("model.num_layers", m.num_layers, kMaxLayers, "number of layers");
+  r.at_most("model.hidden_size", m.hidden_size, kMaxWidth, "width");
+  r.at_most("model.num_heads", m.num_heads, kMaxWidth, "number of heads");
+  r.at_most("model.seq_length", m.seq_length, kMaxSequence, "sequence length");
+  r.at_most("model.vocab_size", m.vocab_size, kMaxVocab, "vocabulary: token ids are int32");
+  r.at_most("model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by, kMaxVocabMultiple,
+            "vocabulary padding multiple");
   if (m.hidden_size % m.num_heads != 0)
     r.fail("model.num_heads", fmt::format("{} does not divide model.hidden_size={}", m.num_heads, m.hidden_size));
   if (m.ffn_hidden_size == 0) m.ffn_hidden_size = 4 * m.hidden_size;
   r.positive("model.ffn_hidden_size", m.ffn_hidden_size);
+  r.at_most("model.ffn_hidden_size", m.ffn_hidden_size, 4 * kMaxWidth, "feed-forward width");
   if (m.max_position_embeddings == 0) m.max_position_embeddings = m.seq_length;
   r.positive("model.max_position_embeddings", m.max_position_embeddings);
+  r.at_most("model.max_position_embeddings", m.max_position_embeddings, kMaxSequence, "number of positions");
   if (m.max_position_embeddings < m.seq_length)
     r.fail("model.max_position_embeddings",
            fmt::format("{} is less than model.seq_length={}", m.max_position_embeddings, m.seq_length));
@@ -74,6 +111,10 @@ void resolve_parallel(Config& c, int64_t world_size, const Rules& r) {
   r.positive("parallel.pipeline", p.pipeline);
   r.positive("parallel.virtual_pipeline", p.virtual_pipeline);
   r.non_negative("parallel.data", p.data);
+  r.at_most("parallel.tensor", p.tensor, kMaxParallel, "tensor-parallel size");
+  r.at_most("parallel.pipeline", p.pipeline, kMaxParallel, "pipeline-parallel size");
+  r.at_most("parallel.virtual_pipeline", p.virtual_pipeline, kMaxParallel, "number of virtual stages");
+  r.at_most("parallel.data", p.data, kMaxParallel, "data-parallel size");
   if (world_size < 1) r.fail("parallel", fmt::format("the world size must be positive, got {}", world_size));
 
   if (m.num_heads % p.tensor != 0)
@@ -102,7 +143,9 @@ void resolve_parallel(Config& c, int64_t world_size, const Rules& r) {
   }
   p.world_size = world_size;
   r.positive("parallel.timeout_s", p.timeout_s);
+  r.at_most("parallel.timeout_s", p.timeout_s, kMaxTimeoutS, "timeout in seconds");
   r.positive("parallel.grad_bucket_size", p.grad_bucket_size);
+  r.at_most("parallel.grad_bucket_size", p.grad_bucket_size, kMaxCount, "bucket size");
   r.one_of("parallel.backend", p.backend, {"auto", "nccl", "gloo"});
 
   if (p.pipeline > m.num_layers)
@@ -134,6 +177,8 @@ void resolve_training(Config& c, const Rules& r) {
   const int64_t dp = c.parallel.data;
   r.positive("training.micro_batch_size", t.micro_batch_size);
   r.non_negative("training.global_batch_size", t.global_batch_size);
+  r.at_most("training.micro_batch_size", t.micro_batch_size, kMaxCount, "batch size");
+  r.at_most("training.global_batch_size", t.global_batch_size, kMaxCount, "batch size");
   if (t.global_batch_size == 0) t.global_batch_size = t.micro_batch_size * dp;
   if (t.global_batch_size % (t.micro_batch_size * dp) != 0)
     r.fail("training.global_batch_size",
@@ -141,6 +186,13 @@ void resolve_training(Config& c, const Rules& r) {
                        t.global_batch_size, t.micro_batch_size, dp, t.micro_batch_size * dp));
   t.num_microbatches = t.global_batch_size / (t.micro_batch_size * dp);
   r.positive("training.train_iters", t.train_iters);
+  r.at_most("training.train_iters", t.train_iters, kMaxCount, "number of iterations");
+  // Sample and token positions (iteration * global batch * (seq_length + 1)) must fit int64.
+  if (static_cast<double>(t.train_iters) * static_cast<double>(t.global_batch_size) *
+          static_cast<double>(c.model.seq_length + 1) > 0x1p62)
+    r.fail("training.train_iters", fmt::format("{} iterations of {} samples of {} tokens count more tokens than "
+                                               "int64 can address", t.train_iters, t.global_batch_size,
+                                               c.model.seq_length + 1));
   r.one_of("training.precision", t.precision, {"fp32", "bf16", "fp16"});
   if (t.recompute == "selective") r.fail("training.recompute", "selective is not implemented yet (use none or full)");
   r.one_of("training.recompute", t.recompute, {"none", "full"});
@@ -158,6 +210,7 @@ void resolve_training(Config& c, const Rules& r) {
   r.positive("training.loss_scale.min", s.min);
   if (!(s.initial >= s.min))
     r.fail("training.loss_scale.initial", fmt::format("{} is less than training.loss_scale.min={}", s.initial, s.min));
+  r.positive("training.loss_scale.initial", s.initial);
   r.positive("training.loss_scale.window", s.window);
   r.positive("training.loss_scale.hysteresis", s.hysteresis);
 }
@@ -170,6 +223,8 @@ void resolve_optimizer(Config& c, const Rules& r) {
     r.fail("optimizer.min_lr", fmt::format("must be in [0, optimizer.lr={}], got {}", o.lr, o.min_lr));
   r.non_negative("optimizer.warmup_iters", o.warmup_iters);
   r.non_negative("optimizer.decay_iters", o.decay_iters);
+  r.at_most("optimizer.warmup_iters", o.warmup_iters, kMaxCount, "number of iterations");
+  r.at_most("optimizer.decay_iters", o.decay_iters, kMaxCount, "number of iterations");
   if (o.decay_iters == 0) o.decay_iters = c.training.train_iters;
   if (o.warmup_iters > o.decay_iters)
     r.fail("optimizer.warmup_iters",
@@ -204,21 +259,71 @@ void resolve_checkpoint_and_logging(Config& c, const Rules& r) {
   r.positive("logging.interval", l.interval);
   r.non_negative("logging.eval_interval", l.eval_interval);
   r.non_negative("logging.eval_iters", l.eval_iters);
+  r.at_most("logging.interval", l.interval, kMaxCount, "interval");
+  r.at_most("logging.eval_interval", l.eval_interval, kMaxCount, "interval");
+  r.at_most("logging.eval_iters", l.eval_iters, int64_t{1} << 24, "number of validation iterations");
+  r.at_most("checkpoint.save_interval", k.save_interval, kMaxCount, "interval");
+  r.at_most("checkpoint.keep_last", k.keep_last, kMaxCount, "count");
   if (l.eval_interval > 0 && l.eval_iters == 0)
     r.fail("logging.eval_iters", fmt::format("must be positive when logging.eval_interval={}", l.eval_interval));
   r.one_of("logging.level", l.level, {"trace", "debug", "info", "warn", "error", "critical", "off"});
 }
 
+// Refuses, before anything is allocated, models whose tensors or parameters cannot fit: the largest weight
+// and activation tensors of one rank, and the fp32 state (value, master, two moments, gradient) of all
+// parameters. Products are taken in double: the bounds above keep them exact enough to compare.
+void check_sizes(const Config& c, const Rules& r) {
+  const ModelConfig& m = c.model;
+  const double h = static_cast<double>(m.hidden_size), f = static_cast<double>(m.ffn_hidden_size),
+               v = static_cast<double>(m.padded_vocab_size), p = static_cast<double>(m.max_position_embeddings),
+               s = static_cast<double>(m.seq_length), b = static_cast<double>(c.training.micro_batch_size),
+               heads = static_cast<double>(m.num_heads);
+  auto tensor = [&](const char* key, const char* what, double numel) {
+    if (numel * 4 > kMaxBytes)
+      r.fail(key, fmt::format("{} would need {:.3g} bytes, more than the {} bytes one tensor may hold", what,
+                              numel * 4, kMaxTensorBytes));
+  };
+  tensor("model.hidden_size", "the attention weight (3*hidden_size, hidden_size)", 3 * h * h);
+  tensor("model.ffn_hidden_size", "the feed-forward weight (ffn_hidden_size, hidden_size)", f * h);
+  tensor("model.vocab_size", "the embedding table (padded vocabulary, hidden_size)", v * h);
+  tensor("model.max_position_embeddings", "the position table (max_position_embeddings, hidden_size)", p * h);
+  tensor("training.micro_batch_size", "the hidden states (micro_batch_size, seq_length, hidden_size)", b * s * h);
+  tensor("training.micro_batch_size", "the logits (micro_batch_size, seq_length, padded vocabulary)", b * s * v);
+  tensor("model.seq_length", "the attention scores (micro_batch_size, num_heads, seq_length, seq_length)",
+         b * heads * s * s);
+  const double params = estimated_parameters(m);
+  if (params * 20 > kMaxBytes)
+    r.fail("model.num_layers", fmt::format("{} layers of hidden_size {} make {:.3g} parameters: their state "
+                                           "({:.3g} bytes) exceeds {} bytes",
+                                           m.num_layers, m.hidden_size, params, params * 20, kMaxTensorBytes));
+}
+
 }  // namespace
+
+double estimated_parameters(const ModelConfig& m) {
+  const double h = static_cast<double>(m.hidden_size), f = static_cast<double>(m.ffn_hidden_size),
+               v = static_cast<double>(m.padded_vocab_size), p = static_cast<double>(m.max_position_embeddings);
+  // Per layer: QKV and proj (4h^2 + 4h), fc1 and fc2 (2hf + f + h), two norms (4h); then the embeddings,
+  // the final norm and an untied head.
+  return static_cast<double>(m.num_layers) * (4 * h * h + 2 * h * f + 9 * h + f) + p * h + 2 * h +
+         v * h * (m.tie_embeddings ? 1 : 2);
+}
 
 void resolve_config(Config& c, int64_t world_size, const ConfigSource& src) {
   const Rules r(src);
   resolve_model(c.model, r);
   resolve_parallel(c, world_size, r);
   // Padded so that every tensor-parallel rank holds an equal, aligned slice of the vocabulary.
-  const int64_t multiple = c.model.make_vocab_size_divisible_by * c.parallel.tensor;
+  const int64_t multiple = c.model.make_vocab_size_divisible_by * c.parallel.tensor;  // both bounded: no overflow
   c.model.padded_vocab_size = (c.model.vocab_size + multiple - 1) / multiple * multiple;
+  if (c.model.padded_vocab_size > kMaxVocab)
+    r.fail("model.make_vocab_size_divisible_by",
+           fmt::format("{} (times parallel.tensor={}) pads model.vocab_size={} to {}, more than the largest "
+                       "supported vocabulary {} (token ids are int32)",
+                       c.model.make_vocab_size_divisible_by, c.parallel.tensor, c.model.vocab_size,
+                       c.model.padded_vocab_size, kMaxVocab));
   resolve_training(c, r);
+  check_sizes(c, r);
   resolve_optimizer(c, r);
   resolve_data(c, r);
   resolve_checkpoint_and_logging(c, r);

@@ -65,6 +65,10 @@ void convert(const uint8_t* p, int32_t* out, int64_t n, const std::string& prefi
       if (!(d >= lo && d <= hi))
         throw DataError(fmt::format("{}.bin: sequence {} token {} is {}, which does not fit an int32 token id", prefix,
                                     seq, begin + i, v));
+      // A float dtype (codes 6 and 7) may hold only whole token ids: 1.5 is not a token, never truncated to 1.
+      if (d != std::trunc(d))
+        throw DataError(fmt::format("{}.bin: sequence {} token {} is {}, which is not a whole token id ({} data)",
+                                    prefix, seq, begin + i, v, std::is_same_v<T, float> ? "float32" : "float64"));
       out[i] = static_cast<int32_t>(v);
     }
   }

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,13 +15,17 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <tuple>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
 #include "app/commands.h"
 #include "core/checkpoint/checkpoint.h"
 #include "core/checkpoint/checkpoint_writer.h"
+#include "core/checkpoint/save_dir.h"
+#include "app/checkpointing.h"
 #include "core/checkpoint/hf_export.h"
 #include "core/checkpoint/safetensors.h"
 
@@ -345,6 +351,8 @@ TEST_F(CheckpointTest, MissingOrBadMetadataIsNamed) {
   expect_error("tensors: [{{{ : ]\n", "invalid YAML");
   expect_error("- just\n- a list\n", "expected a YAML map");
   YAML::Node n = YAML::Load(good);
+  // The structural checks hold for unsealed (older) files too; a sealed file's edits fail the checksum first.
+  n.remove("metadata_crc32");
   auto edited = [&](auto&& edit) {
     YAML::Node c = YAML::Clone(n);
     edit(c);
@@ -475,8 +483,162 @@ TEST_F(CheckpointTest, StaleTemporaryEntriesAreRemovedAtTheNextSave) {
   // A checkpoint renamed aside by a replacement that crashed is restored, not lost.
   fs::create_directories(save_ + "/.tmp.replaced.iter_0000002.99999");
   spit(save_ + "/.tmp.replaced.iter_0000002.99999/metadata.yaml", "x");
+  // Without the save_dir's lock they may be another live run's: left alone.
   save_checkpoint(save_, state_at(4), {}, 0);
-  EXPECT_EQ(listing(save_), (std::vector<std::string>{"iter_0000002", "iter_0000004", "latest"}));
+  EXPECT_TRUE(fs::exists(save_ + "/.tmp.iter_0000003.99999"));
+  EXPECT_TRUE(fs::exists(save_ + "/.tmp.replaced.iter_0000002.99999"));
+  // The run holding the lock takes them for a crash's leftovers.
+  ckpt::SaveDirLock lock(save_);
+  save_checkpoint(save_, state_at(5), {}, 0);
+  EXPECT_EQ(listing(save_), (std::vector<std::string>{".lock", "iter_0000002", "iter_0000004", "iter_0000005", "latest"}));
+}
+
+// Two runs on one save_dir used to delete each other's temporary directories.
+TEST_F(CheckpointTest, SaveDirLockRefusesASecondRunNamingThePid) {
+  fs::create_directories(save_);
+  // Another process's lock, as an flock on another open file description holding its pid.
+  const int fd = ::open((save_ + "/.lock").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  ASSERT_EQ(::write(fd, "4242\n", 5), 5);
+  std::string msg = error_of([&] { ckpt::SaveDirLock lock(save_); });
+  EXPECT_NE(msg.find(save_ + ": checkpoint.save_dir is in use by another run (pid 4242)"), std::string::npos) << msg;
+  EXPECT_FALSE(ckpt::SaveDirLock::held(save_));
+  ::close(fd);
+  {
+    ckpt::SaveDirLock lock(save_);
+    EXPECT_TRUE(ckpt::SaveDirLock::held(save_));
+    ckpt::SaveDirLock nested(save_);  // one process nests
+    EXPECT_EQ(slurp(save_ + "/.lock"), std::to_string(::getpid()) + "\n");
+  }
+  EXPECT_FALSE(ckpt::SaveDirLock::held(save_));
+}
+
+// ---- hostile metadata -----------------------------------------------------------------------------------
+
+TEST_F(CheckpointTest, MetadataIsSealedAndAnEditIsRefused) {
+  std::string dir = save_checkpoint(save_, state_at(10), {{"model.a", {4}, {}, make({4}, DType::f32, 1.f)}}, 0);
+  const std::string meta = dir + "/metadata.yaml", text = slurp(meta);
+  const size_t line = text.rfind("metadata_crc32: 0x");
+  ASSERT_NE(line, std::string::npos);
+  EXPECT_EQ(text.substr(line), fmt::format("metadata_crc32: 0x{:08x}\n", crc32(text.data(), line)));
+  std::string edited = text;
+  edited.replace(edited.find("iteration: 10"), 13, "iteration: 11");
+  spit(meta, edited);
+  std::string msg = error_of([&] { CheckpointReader r(dir); });
+  EXPECT_NE(msg.find("metadata.yaml: checksum mismatch"), std::string::npos) << msg;
+  // An older checkpoint without the line loads (with a warning).
+  spit(meta, text.substr(0, line));
+  EXPECT_EQ(CheckpointReader(dir).state().iteration, 10);
+  // The line must be the last one.
+  spit(meta, text + "extra: 1\n");
+  EXPECT_NE(error_of([&] { CheckpointReader r(dir); }).find("not the last line"), std::string::npos);
+}
+
+// An offset near 2^63 made offset + bytes overflow in the size checks (a segfault on read).
+TEST_F(CheckpointTest, HugeOffsetsAndShapesAreRefusedWithoutOverflow) {
+  std::string dir = save_checkpoint(save_, state_at(10), {{"model.a", {4}, {}, make({4}, DType::f32, 1.f)}}, 0);
+  const std::string meta = dir + "/metadata.yaml";
+  std::string text = slurp(meta);
+  text = text.substr(0, text.rfind("metadata_crc32:"));  // an unsealed (old-style) file: the checks still hold
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string t = text;
+    const size_t at = t.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return t.replace(at, from.size(), to);
+  };
+  spit(meta, with("offset: 0,", "offset: 9223372036854775000,"));
+  std::string msg = error_of([&] { CheckpointReader r(dir); });
+  EXPECT_NE(msg.find("offset 9223372036854775000"), std::string::npos) << msg;
+  spit(meta, with("offset: 0,", "offset: 4611686018427387904,"));
+  msg = error_of([&] { CheckpointReader r(dir); });
+  EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+  spit(meta, with("shape: [4]", "shape: [4611686018427387904]"));
+  msg = error_of([&] { CheckpointReader r(dir); });
+  EXPECT_NE(msg.find("needs more than"), std::string::npos) << msg;
+  const std::string huge = "shape: [4, 4611686018427387904, 4611686018427387904]";
+  std::string t = with("shape: [4]", huge);
+  t.replace(t.find("start: [0]"), 10, "start: [0, 0, 0]");
+  t.replace(t.find("extent: [4]"), 11, "extent: [4, 1, 1]");
+  spit(meta, t);
+  msg = error_of([&] { CheckpointReader r(dir); });
+  EXPECT_NE(msg.find("needs more than"), std::string::npos) << msg;
+}
+
+// A save_dir whose `latest` is lost used to restart at iteration 0 silently (and its first save deleted an
+// older good checkpoint).
+TEST_F(CheckpointTest, ResumeWithoutLatestTakesTheNewestCompleteCheckpoint) {
+  EXPECT_EQ(resolve_resume_checkpoint(save_), std::nullopt);
+  for (int64_t it : {5, 10, 15}) save_checkpoint(save_, state_at(it), {{"model.a", {4}, {}, make({4}, DType::f32, 1.f)}}, 0);
+  EXPECT_EQ(resolve_resume_checkpoint(save_), save_ + "/iter_0000015");
+  fs::remove(save_ + "/latest");
+  EXPECT_EQ(resolve_resume_checkpoint(save_), save_ + "/iter_0000015");
+  // The newest is incomplete (a data file lost): passed over for the next one.
+  fs::remove(save_ + "/iter_0000015/rank_00000.bin");
+  EXPECT_EQ(resolve_resume_checkpoint(save_), save_ + "/iter_0000010");
+  // `latest` naming a missing checkpoint falls back the same way.
+  spit(save_ + "/latest", "iter_0000099\n");
+  EXPECT_EQ(resolve_resume_checkpoint(save_), save_ + "/iter_0000010");
+  // None complete: an error, never a fresh start.
+  fs::remove(save_ + "/iter_0000010/metadata.yaml");
+  fs::remove(save_ + "/iter_0000005/rank_00000.bin");
+  std::string msg = error_of([&] { resolve_resume_checkpoint(save_); });
+  EXPECT_NE(msg.find("none of its checkpoints"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("refusing to start over"), std::string::npos) << msg;
+  // A checkpoint directory itself resolves to itself.
+  EXPECT_EQ(resolve_resume_checkpoint(save_ + "/iter_0000015"), save_ + "/iter_0000015");
+}
+
+// Edited state values (iteration, consumed samples, optimizer steps, a "nan" loss scale) used to resume silently.
+TEST(ResumeState, EveryValueIsCheckedNamingTheField) {
+  CheckpointState s;
+  s.iteration = 10;
+  s.values = {{"consumed_samples", "80"}, {"skipped_iters", "1"}, {"nan_iters", "0"}, {"optimizer_steps", "9"},
+              {"loss_scale", "65536"}, {"loss_scale_growth_tracker", "3"}, {"loss_scale_hysteresis_tracker", "2"},
+              {"seed", "1234"}};
+  const app::ResumeState r = app::read_resume_state(s, "ck");
+  EXPECT_EQ(r.consumed_samples, 80);
+  EXPECT_EQ(r.optimizer_steps, 9);
+  EXPECT_EQ(r.loss_scale, 65536.0);
+  const std::vector<std::tuple<std::string, std::string, std::string>> bad = {
+      {"loss_scale", "nan", "'loss_scale' = 'nan' is not a finite number"},
+      {"loss_scale", "inf", "'loss_scale' = 'inf' is not a finite number"},
+      {"loss_scale", "-1", "'loss_scale' = -1 is not positive"},
+      {"consumed_samples", "-8", "'consumed_samples' = -8 is negative"},
+      {"consumed_samples", "5", "less than one sample per iteration"},
+      {"optimizer_steps", "1.5", "'optimizer_steps' = '1.5' is not an integer"},
+      {"optimizer_steps", "8", "'optimizer_steps' = 8 plus skipped_iters = 1 is not the iteration 10"},
+      {"nan_iters", "11", "'nan_iters' = 11 is more than the iteration 10"},
+      {"seed", "-1", "'seed' = -1 is negative"},
+  };
+  for (const auto& [key, value, part] : bad) {
+    CheckpointState e = s;
+    e.values[key] = value;
+    std::string msg = error_of([&] { app::read_resume_state(e, "ck"); });
+    EXPECT_NE(msg.find(part), std::string::npos) << key << "=" << value << ": " << msg;
+  }
+  CheckpointState missing = s;
+  missing.values.erase("seed");
+  EXPECT_NE(error_of([&] { app::read_resume_state(missing, "ck"); }).find("lacks state value 'seed'"), std::string::npos);
+}
+
+// A checkpoint of another model shape used to resume without a word.
+TEST(ResumeState, ModelShapeDifferencesNameEachKey) {
+  const std::string old_cfg = "model:\n  arch: gpt\n  num_layers: 2\n  hidden_size: 32\n  num_heads: 4\n"
+                              "  ffn_hidden_size: 128\n  max_position_embeddings: 32\n  vocab_size: 257\n"
+                              "  tie_embeddings: true\n  dropout: 0.1\n";
+  EXPECT_TRUE(app::model_shape_differences(old_cfg, old_cfg, "ck").empty());
+  std::string run = old_cfg;
+  for (auto [from, to] : std::vector<std::pair<std::string, std::string>>{{"num_layers: 2", "num_layers: 1"},
+                                                                          {"num_heads: 4", "num_heads: 8"},
+                                                                          {"vocab_size: 257", "vocab_size: 300"},
+                                                                          {"tie_embeddings: true", "tie_embeddings: false"},
+                                                                          {"dropout: 0.1", "dropout: 0"}})
+    run.replace(run.find(from), from.size(), to);
+  EXPECT_EQ(app::model_shape_differences(old_cfg, run, "ck"),
+            (std::vector<std::string>{"model.num_layers: 2 -> 1", "model.num_heads: 4 -> 8",
+                                      "model.vocab_size: 257 -> 300", "model.tie_embeddings: true -> false"}));
+  EXPECT_NE(error_of([&] { app::model_shape_differences("", run, "ck"); }).find("no model section"), std::string::npos);
 }
 
 TEST_F(CheckpointTest, ResolvesCheckpointPaths) {

@@ -175,7 +175,7 @@ TEST(Config, UnknownNestedKeyGivesHint) {
 
 TEST(Config, UnknownKeyFarFromAnyListsTheSectionsKeys) {
   EXPECT_CONTAINS(base_error({"checkpoint.zzzzzz=1"}),
-                  "unknown key (expected one of: save_dir, save_interval, keep_last, load)");
+                  "unknown key (expected one of: save_dir, save_interval, keep_last, load, allow_partial_load)");
   EXPECT_CONTAINS(base_error({"optimizer.warmup=10"}), "did you mean optimizer.warmup_iters?");
 }
 
@@ -258,9 +258,12 @@ TEST(Config, LossScaleIsAMapping) {
   EXPECT_EQ(c.training.loss_scale.hysteresis, 3);
 }
 
-TEST(Config, DerivedSectionIsAcceptedAndIgnored) {
-  const Config c = parse(kBase + "derived:\n  head_dim: 999\n  anything: [1, 2]\n");
-  EXPECT_EQ(c.model.head_dim, 8);
+// The derived section is recomputed, never read; an edited value there is an error, not silently ignored
+// (see ConfigDerived below).
+TEST(Config, DerivedSectionIsCheckedNotRead) {
+  EXPECT_CONTAINS(error_of(kBase + "derived:\n  head_dim: 999\n"), "derived.head_dim");
+  EXPECT_CONTAINS(error_of(kBase + "derived:\n  anything: [1, 2]\n"), "derived.anything");
+  EXPECT_EQ(parse(kBase + "derived:\n  head_dim: 8\n").model.head_dim, 8);
 }
 
 // ---------------------------------------------------------------------------------------------- overrides
@@ -611,3 +614,89 @@ TEST(ConfigFiles, GptShapesAreThePapers) {
 }
 
 }  // namespace
+
+// ------------------------------------------------------------------------------- hardening: huge values
+
+// Sizes that overflow int64 once multiplied, or that no machine can hold, are refused before anything is
+// allocated, naming the key (they used to segfault, end in a bare std::bad_alloc or pad the vocabulary to 0).
+TEST(ConfigLimits, HugeSizesAreRefusedNamingTheKey) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"model.hidden_size=4611686018427387904", "model.hidden_size"},
+      {"model.num_layers=9223372036854775807", "model.num_layers"},
+      {"model.num_heads=4611686018427387904", "model.num_heads"},
+      {"model.seq_length=4611686018427387904", "model.seq_length"},
+      {"model.vocab_size=4611686018427387904", "model.vocab_size"},
+      {"model.ffn_hidden_size=4611686018427387904", "model.ffn_hidden_size"},
+      {"model.max_position_embeddings=4611686018427387904", "model.max_position_embeddings"},
+      {"model.make_vocab_size_divisible_by=9223372036854775807", "model.make_vocab_size_divisible_by"},
+      {"training.micro_batch_size=4611686018427387904", "training.micro_batch_size"},
+      {"training.global_batch_size=4611686018427387904", "training.global_batch_size"},
+      {"training.train_iters=9223372036854775807", "training.train_iters"},
+      {"logging.eval_iters=9223372036854775807", "logging.eval_iters"},
+      {"parallel.timeout_s=1e300", "parallel.timeout_s"},
+      {"parallel.timeout_s=.inf", "parallel.timeout_s"},
+      {"optimizer.lr=.inf", "optimizer.lr"},
+      {"parallel.grad_bucket_size=9223372036854775807", "parallel.grad_bucket_size"},
+  };
+  for (const auto& [set, key] : cases) EXPECT_CONTAINS(base_error({set}), key) << set;
+}
+
+TEST(ConfigLimits, TensorsBeyondTwoToTheFortyEightBytesAreRefused) {
+  // Each dimension is within its bound, but the attention scores (B, heads, S, S) are not.
+  EXPECT_CONTAINS(base_error({"model.seq_length=16777216", "training.micro_batch_size=64"}), "attention scores");
+  // The embedding (padded vocabulary, hidden) is 2^31 * 2^20 * 4 bytes.
+  EXPECT_CONTAINS(base_error({"model.vocab_size=2147483000", "model.make_vocab_size_divisible_by=1",
+                              "model.hidden_size=1048576", "model.num_heads=1"}),
+                  "bytes");
+  // Many layers of a wide model: the parameter state does not fit 2^48 bytes.
+  EXPECT_CONTAINS(base_error({"model.num_layers=65536", "model.hidden_size=262144", "model.num_heads=1"}),
+                  "model.num_layers");
+}
+
+TEST(ConfigLimits, PaddingMultipleNeverWrapsTheVocabulary) {
+  // Used to be accepted as "vocabulary 257 padded to 0".
+  EXPECT_CONTAINS(base_error({"model.make_vocab_size_divisible_by=1048576", "model.vocab_size=2147483647"}),
+                  "model.make_vocab_size_divisible_by");
+  EXPECT_EQ(base({"model.make_vocab_size_divisible_by=1048576"}).model.padded_vocab_size, 1048576);
+}
+
+TEST(ConfigLimits, ConfigFileMustBeARegularFileOfBoundedSize) {
+  const std::string dir = ::testing::TempDir() + "/config_limits";
+  std::filesystem::create_directories(dir);
+  try {
+    load_config("/dev/zero", {});
+    ADD_FAILURE() << "/dev/zero accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_CONTAINS(std::string(e.what()), "/dev/zero: is not a regular file");
+  }
+  const std::string big = dir + "/big.yaml";
+  {
+    std::ofstream out(big);
+    out << kBase << "# " << std::string(17 << 20, 'x') << "\n";
+  }
+  try {
+    load_config(big, {});
+    ADD_FAILURE() << "a 17 MiB config accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_CONTAINS(std::string(e.what()), "big.yaml: is larger than 16 MiB");
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// ------------------------------------------------------------------------- hardening: the derived section
+
+TEST(ConfigDerived, EditedOrUnknownDerivedValuesAreRefused) {
+  const Config c = base();
+  const std::string text = to_yaml(c);
+  EXPECT_EQ(parse(text), c);  // the round trip still holds
+  EXPECT_CONTAINS(error_of(replace(text, "head_dim: 8", "head_dim: 9")), "derived.head_dim: is 9 here but");
+  EXPECT_CONTAINS(error_of(replace(text, "padded_vocab_size: 384", "padded_vocab_size: 1000")),
+                  "derived.padded_vocab_size");
+  EXPECT_CONTAINS(error_of(replace(text, "head_dim: 8", "head_dims: 8")), "derived.head_dims: unknown derived value");
+  EXPECT_CONTAINS(base_error({"derived.head_dim=3"}), "derived values are computed");
+  // A config saved by a 2-rank run reads on 1 rank (the launch-dependent values are not compared), and
+  // overrides that change what the values derive from are allowed (eval reads checkpoints this way).
+  const std::string two = replace(to_yaml(base({}, 2)), "  data: 2\n", "  data: auto\n");
+  EXPECT_EQ(parse(two, {}, 1).parallel.data, 1);
+  EXPECT_EQ(parse(text, {"model.num_heads=4"}).model.head_dim, 16);
+}

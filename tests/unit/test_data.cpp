@@ -2,6 +2,7 @@
 // order, document splits, `data prepare` / `data inspect`.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 
 #include <cmath>
@@ -316,6 +317,40 @@ TEST(IndexedDataset, ReadRejectsTokensOutsideInt32) {
   IndexedDataset fd(f);
   std::vector<int32_t> two(2);
   expect_data_error([&] { fd.read(0, 0, two); }, {f + ".bin", "token 1"});
+}
+
+// A float token file (dtype codes 6 and 7) holding 1.5 used to be read as token 1.
+TEST(IndexedDataset, ReadRejectsFractionalFloatTokens) {
+  TempDir dir;
+  for (TokenDType t : {TokenDType::f32, TokenDType::f64}) {
+    const std::string f = dir / (t == TokenDType::f32 ? "f32" : "f64");
+    IndexedDatasetWriter w(f, t);
+    w.add_document(Doc{{1, 2, 3}});
+    w.finish();
+    std::vector<uint8_t> bin = read_bytes(f + ".bin");
+    if (t == TokenDType::f32) patch<float>(bin, 4, 1.5f); else patch<double>(bin, 8, 1.5);
+    write_bytes(f + ".bin", bin);
+    IndexedDataset ds(f);
+    std::vector<int32_t> one(1), all(3);
+    ds.read(0, 0, one);  // whole values still read
+    EXPECT_EQ(one[0], 1);
+    expect_data_error([&] { ds.read(0, 0, all); }, {f + ".bin", "sequence 0 token 1", "1.5", "not a whole token id"});
+  }
+}
+
+// A FIFO named PREFIX.idx or PREFIX.bin used to block the open forever.
+TEST(IndexedDataset, FifoInsteadOfAFileIsRefusedAtOnce) {
+  TempDir dir;
+  const std::string p = write_small(dir, "pipe");
+  for (const char* ext : {".idx", ".bin"}) {
+    const std::string path = p + ext;
+    const std::vector<uint8_t> keep = read_bytes(path);
+    fs::remove(path);
+    ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+    expect_data_error([&] { IndexedDataset ds(p); }, {path, "not a regular file"});
+    fs::remove(path);
+    write_bytes(path, keep);
+  }
 }
 
 TEST(IndexedDatasetWriter, RejectsTokensTheDtypeCannotHold) {
