@@ -2,7 +2,7 @@
 # Installs the Debian packages megatrain builds with, when any is missing (run as root on Debian 12+).
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build ccache python3 libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev
-      libopenblas-dev libgloo-dev libgtest-dev)
+      libopenblas-dev libgloo-dev libgtest-dev pkg-config libpcre2-dev nlohmann-json3-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
