@@ -65,7 +65,7 @@ bool BpeModel::add_merge(const std::string& left, const std::string& right) {
 }
 
 std::optional<int32_t> BpeModel::find(std::string_view bytes) const {
-  auto it = vocab_.find(std::string(bytes));
+  auto it = vocab_.find(bytes);
   if (it == vocab_.end()) return std::nullopt;
   return it->second;
 }

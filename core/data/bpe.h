@@ -9,6 +9,12 @@
 
 namespace mt {
 
+// Lets maps keyed by std::string be searched with a string_view, without a copy.
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+
 // GPT-2's bytes_to_unicode: the printable character each byte is written as in vocab.json / merges.txt.
 // Returns nullopt for a string with a character no byte maps to (such a token is reachable only as an
 // added token).
@@ -38,7 +44,7 @@ class BpeModel {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
 
-  std::unordered_map<std::string, int32_t> vocab_;  // raw bytes -> id
+  std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> vocab_;  // raw bytes -> id
   int32_t byte_id_[256];                            // -1: the byte alone is not a token
   bool byte_id_init_ = false;
   std::unordered_map<uint64_t, Merge> merges_;  // (left id, right id) -> rank and result

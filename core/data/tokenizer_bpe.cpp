@@ -17,7 +17,7 @@ constexpr size_t kCacheEntries = 1 << 20;
 
 struct BpeCache final : EncodeCache {
   SplitScratch split;
-  std::unordered_map<std::string, std::vector<int32_t>> words;
+  std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> words;
   std::string utf8_scratch, prefixed;
   std::vector<std::string_view> pieces, pieces_tmp;
   std::vector<int32_t> word_ids;
@@ -87,7 +87,7 @@ void ByteLevelBpeTokenizer::encode_text(std::string_view text, std::vector<int32
       spec_.model.encode_word(word, out);
       continue;
     }
-    auto it = cache.words.find(std::string(word));
+    auto it = cache.words.find(word);
     if (it == cache.words.end()) {
       if (cache.words.size() >= kCacheEntries) cache.words.clear();
       cache.word_ids.clear();

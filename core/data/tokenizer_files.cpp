@@ -16,8 +16,7 @@ using nlohmann::json;
 
 namespace {
 
-std::string read_file(const std::string& path, const char* what) {
-  if (path.empty()) throw DataError(fmt::format("the {} tokenizer needs its {}", what, what));
+std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataError(fmt::format("{}: cannot read the tokenizer file", path));
   std::ostringstream s;
@@ -62,9 +61,9 @@ std::unique_ptr<Tokenizer> load_gpt2(const TokenizerOptions& o) {
   ByteLevelBpeSpec spec;
   spec.name = "gpt2";
   std::unordered_map<std::string, int32_t> by_text;
-  spec.vocab_size = load_vocab(parse_json(o.vocab_file, read_file(o.vocab_file, "vocab file")), o.vocab_file,
+  spec.vocab_size = load_vocab(parse_json(o.vocab_file, read_file(o.vocab_file)), o.vocab_file,
                                spec.model, by_text) + 1;
-  std::istringstream merges(read_file(o.merge_file, "merge file"));
+  std::istringstream merges(read_file(o.merge_file));
   std::string line;
   for (int64_t lineno = 1; std::getline(merges, line); ++lineno) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -156,7 +155,7 @@ int32_t find_eod(const TokenizerOptions& o, const ByteLevelBpeSpec& spec,
 std::unique_ptr<Tokenizer> load_hf(const TokenizerOptions& o) {
   if (o.tokenizer_file.empty()) throw DataError("the hf tokenizer needs --tokenizer-file (tokenizer.json)");
   const std::string& where = o.tokenizer_file;
-  const json root = parse_json(where, read_file(where, "tokenizer file"));
+  const json root = parse_json(where, read_file(where));
   const json& model = root.value("model", json());
   if (type_of(model) != "BPE" && !(model.is_object() && !model.contains("type") && model.contains("merges")))
     throw DataError(fmt::format("{}: model '{}' is not supported (only byte-level BPE)", where, type_of(model)));

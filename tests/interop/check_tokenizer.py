@@ -7,6 +7,7 @@ UTF-8 included) and the Python package encodes the same documents (invalid UTF-8
 errors="replace", add_special_tokens=False) plus the end-of-document id. Every document's ids must agree.
 Usage: check_tokenizer.py MEGATRAIN FIXTURE_DIR WORKDIR [--docs N] [--vocab V] [--workers W]"""
 import argparse
+import json
 import os
 import struct
 import subprocess
@@ -104,6 +105,14 @@ def main():
             (f"{label}-hf-llama3", ["--tokenizer", "hf", "--tokenizer-file", llama_json],
              Tokenizer.from_file(llama_json), Tokenizer.from_file(llama_json).token_to_id("<|end_of_text|>")),
         ]
+        # ByteLevel's add_prefix_space, which the committed files leave off.
+        spec = json.load(open(gpt2_json, encoding="utf-8"))
+        spec["pre_tokenizer"]["add_prefix_space"] = True
+        prefix_json = os.path.join(a.workdir, f"{label}-prefix-tokenizer.json")
+        with open(prefix_json, "w", encoding="utf-8") as f:
+            json.dump(spec, f, ensure_ascii=False)
+        runs.append((f"{label}-hf-gpt2-prefix-space", ["--tokenizer", "hf", "--tokenizer-file", prefix_json],
+                     Tokenizer.from_file(prefix_json), ref.token_to_id("<|endoftext|>")))
         for name, args, reference, eod in runs:
             for i, n in enumerate(compare(name, a.megatrain, args, reference, eod, corpus, docs, a.workdir, a.workers)):
                 total[i] += n
