@@ -12,14 +12,15 @@ namespace mt {
 const char* const kGpt2SplitPattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
-namespace {
-
 // Hugging Face's tokenizers match with Oniguruma, whose Unicode \s is exactly the White_Space property.
 // PCRE2's \s (UCP) also matches U+180E (MONGOLIAN VOWEL SEPARATOR, a format character since Unicode 6.3), so
 // "!\u180e" would split differently. Spelling \s / \S out as White_Space keeps the two engines in agreement;
 // this rewrites escapes only, the matching stays PCRE2's.
-constexpr const char* kWhiteSpace =
+const char* const kWhiteSpaceClass =
     "\\t\\n\\x0B\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
+const char* const kRustWordClass = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}";
+
+namespace {
 
 std::string oniguruma_whitespace(const std::string& pattern) {
   std::string out;
@@ -30,12 +31,12 @@ std::string oniguruma_whitespace(const std::string& pattern) {
       const char e = pattern[i + 1];
       ++i;
       if (e == 's') {
-        out += in_class ? std::string(kWhiteSpace) : fmt::format("[{}]", kWhiteSpace);
+        out += in_class ? std::string(kWhiteSpaceClass) : fmt::format("[{}]", kWhiteSpaceClass);
       } else if (e == 'S') {
         if (in_class)  // [^\S]-style double negation: used by no known tokenizer
           throw DataError(fmt::format("pre-tokenizer pattern '{}': \\S inside a character class is not supported",
                                       pattern));
-        out += fmt::format("[^{}]", kWhiteSpace);
+        out += fmt::format("[^{}]", kWhiteSpaceClass);
       } else {
         out += c;
         out += e;
@@ -66,12 +67,12 @@ std::string oniguruma_whitespace(const std::string& pattern) {
 
 }  // namespace
 
-RegexSplit::RegexSplit(const std::string& pattern, bool literal, const std::string& where) {
+RegexSplit::RegexSplit(const std::string& pattern, bool literal, const std::string& where, bool anchored) {
   const std::string source = literal ? pattern : oniguruma_whitespace(pattern);
   int err = 0;
   PCRE2_SIZE offset = 0;
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(source.data()), source.size(),
-                                   PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0), &err, &offset, nullptr);
+                                   PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0) | (anchored ? PCRE2_ANCHORED : 0), &err, &offset, nullptr);
   if (!code) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof msg);
@@ -141,6 +142,15 @@ void split_one(const RegexSplit& re, std::string_view text, std::vector<std::str
 }
 
 }  // namespace
+
+bool CharTest::at(std::string_view text, size_t pos, SplitScratch& scratch) const {
+  if (pos >= text.size()) return false;
+  auto* md = static_cast<pcre2_match_data*>(scratch.match_data(re_));
+  const int rc = pcre2_match(static_cast<const pcre2_code*>(re_.code()), reinterpret_cast<PCRE2_SPTR>(text.data()),
+                             text.size(), pos, PCRE2_NO_UTF_CHECK, md,
+                             static_cast<pcre2_match_context*>(scratch.match_context()));
+  return rc > 0;
+}
 
 void PreTokenizer::split(std::string_view text, std::vector<std::string_view>& pieces,
                          std::vector<std::string_view>& tmp, SplitScratch& scratch) const {

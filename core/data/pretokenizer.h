@@ -16,8 +16,8 @@ extern const char* const kGpt2SplitPattern;
 class RegexSplit {
  public:
   // `literal`: the pattern is plain text to split on, not a regex (HF's {"String": ...} pattern).
-  // `where` names the pattern's origin in compile errors.
-  RegexSplit(const std::string& pattern, bool literal, const std::string& where);
+  // `where` names the pattern's origin in compile errors. `anchored`: matches only where the search starts.
+  RegexSplit(const std::string& pattern, bool literal, const std::string& where, bool anchored = false);
   ~RegexSplit();
   RegexSplit(const RegexSplit&) = delete;
   RegexSplit& operator=(const RegexSplit&) = delete;
@@ -45,6 +45,21 @@ class SplitScratch {
   void* jit_stack_ = nullptr;
   void* mctx_ = nullptr;
 };
+
+// Whether one character at a byte offset belongs to a character class; for the word and space tests of added
+// tokens (single_word, lstrip, rstrip), which Hugging Face makes with Rust's regex crate.
+class CharTest {
+ public:
+  explicit CharTest(const std::string& char_class) : re_(char_class, false, "character test", true) {}
+  bool at(std::string_view text, size_t pos, SplitScratch& scratch) const;
+
+ private:
+  RegexSplit re_;
+};
+
+// Unicode's White_Space property as a class body (Oniguruma's and Rust regex's \s), and Rust regex's \w.
+extern const char* const kWhiteSpaceClass;
+extern const char* const kRustWordClass;
 
 // A sequence of splits: every step splits every piece of the step before.
 class PreTokenizer {

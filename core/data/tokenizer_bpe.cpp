@@ -1,7 +1,6 @@
 // tokenizer_bpe.cpp: the byte-level BPE pipeline (added tokens, pre-tokenization, per-word BPE with a cache).
 #include "core/data/tokenizer_bpe.h"
 
-#include <algorithm>
 #include <unordered_map>
 
 #include "core/data/utf8.h"
@@ -21,56 +20,15 @@ struct BpeCache final : EncodeCache {
   std::string utf8_scratch, prefixed;
   std::vector<std::string_view> pieces, pieces_tmp;
   std::vector<int32_t> word_ids;
+  std::vector<Segment> segments, segments_tmp;
 };
 
 }  // namespace
 
-ByteLevelBpeTokenizer::ByteLevelBpeTokenizer(ByteLevelBpeSpec spec) : spec_(std::move(spec)) {
-  for (const AddedToken& t : spec_.added) {
-    if (t.content.empty()) continue;
-    Matcher& m = t.normalized ? normalized_pass_ : raw_pass_;
-    m.by_first_byte[static_cast<unsigned char>(t.content[0])].push_back(&t);
-    m.empty = false;
-  }
-  for (Matcher* m : {&raw_pass_, &normalized_pass_})
-    for (auto& list : m->by_first_byte)
-      std::stable_sort(list.begin(), list.end(),
-                       [](const AddedToken* a, const AddedToken* b) { return a->content.size() > b->content.size(); });
-}
+ByteLevelBpeTokenizer::ByteLevelBpeTokenizer(ByteLevelBpeSpec spec)
+    : spec_(std::move(spec)), added_(spec_.added) {}
 
 std::unique_ptr<EncodeCache> ByteLevelBpeTokenizer::make_cache() const { return std::make_unique<BpeCache>(); }
-
-// Splits every ordinary segment at the leftmost-longest occurrences of the matcher's tokens.
-void ByteLevelBpeTokenizer::cut(const Matcher& m, std::vector<Segment>& segments, std::vector<Segment>& tmp) {
-  if (m.empty) return;
-  tmp.clear();
-  for (const Segment& seg : segments) {
-    if (seg.added_id >= 0) {
-      tmp.push_back(seg);
-      continue;
-    }
-    std::string_view s = seg.text;
-    size_t last = 0;
-    for (size_t i = 0; i < s.size();) {
-      const AddedToken* hit = nullptr;
-      for (const AddedToken* t : m.by_first_byte[static_cast<unsigned char>(s[i])])
-        if (s.compare(i, t->content.size(), t->content) == 0) {
-          hit = t;  // longest first
-          break;
-        }
-      if (!hit) {
-        ++i;
-        continue;
-      }
-      if (i > last) tmp.push_back({s.substr(last, i - last), -1});
-      tmp.push_back({s.substr(i, hit->content.size()), hit->id});
-      i += hit->content.size();
-      last = i;
-    }
-    if (last < s.size()) tmp.push_back({s.substr(last), -1});
-  }
-  segments.swap(tmp);
-}
 
 void ByteLevelBpeTokenizer::encode_text(std::string_view text, std::vector<int32_t>& out, EncodeCache& base) const {
   auto& cache = static_cast<BpeCache&>(base);
@@ -107,10 +65,9 @@ void ByteLevelBpeTokenizer::encode_with(std::string_view raw, std::vector<int32_
   auto& c = static_cast<BpeCache&>(*cache);
   // Invalid UTF-8 becomes U+FFFD first, as Python's errors="replace" decoding would make it (utf8.h).
   std::string_view text = valid_utf8(raw, c.utf8_scratch);
-  std::vector<Segment> segments{{text, -1}}, tmp;
-  cut(raw_pass_, segments, tmp);
-  cut(normalized_pass_, segments, tmp);
-  for (const Segment& seg : segments) {
+  c.segments.assign(1, Segment{text, -1});
+  added_.cut(c.segments, c.segments_tmp, c.split);
+  for (const Segment& seg : c.segments) {
     if (seg.added_id >= 0)
       out.push_back(seg.added_id);
     else

@@ -6,19 +6,12 @@
 #include <string>
 #include <vector>
 
+#include "core/data/added_tokens.h"
 #include "core/data/bpe.h"
 #include "core/data/pretokenizer.h"
 #include "core/data/tokenizer.h"
 
 namespace mt {
-
-// A token matched literally in the text before pre-tokenization (HF's added / special tokens).
-struct AddedToken {
-  std::string content;
-  int32_t id = 0;
-  bool special = false;
-  bool normalized = false;  // matched in a second pass, after the non-normalized tokens (no normalizer here)
-};
 
 struct ByteLevelBpeSpec {
   std::string name;  // "gpt2" or "hf"
@@ -41,20 +34,10 @@ class ByteLevelBpeTokenizer final : public Tokenizer {
   void encode_with(std::string_view text, std::vector<int32_t>& out, EncodeCache* cache) const override;
 
  private:
-  // The added tokens of one pass, indexed by first byte, longest first (leftmost-longest matching).
-  struct Matcher {
-    std::vector<const AddedToken*> by_first_byte[256];
-    bool empty = true;
-  };
-  struct Segment {
-    std::string_view text;
-    int32_t added_id;  // -1: ordinary text
-  };
-  static void cut(const Matcher& m, std::vector<Segment>& segments, std::vector<Segment>& tmp);
   void encode_text(std::string_view text, std::vector<int32_t>& out, EncodeCache& cache) const;
 
   ByteLevelBpeSpec spec_;
-  Matcher raw_pass_, normalized_pass_;
+  AddedTokenMatcher added_;
 };
 
 }  // namespace mt

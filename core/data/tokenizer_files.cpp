@@ -200,9 +200,9 @@ std::unique_ptr<Tokenizer> load_hf(const TokenizerOptions& o) {
     a.id = t.value("id", -1);
     a.special = flag(t, "special");
     a.normalized = flag(t, "normalized");
-    for (const char* key : {"single_word", "lstrip", "rstrip"})
-      if (flag(t, key))
-        throw DataError(fmt::format("{}: added token '{}' sets {}, which is not supported", where, a.content, key));
+    a.single_word = flag(t, "single_word");
+    a.lstrip = flag(t, "lstrip");
+    a.rstrip = flag(t, "rstrip");
     if (a.id < 0) throw DataError(fmt::format("{}: added token '{}' has no valid id", where, a.content));
     max_id = std::max<int64_t>(max_id, a.id);
     spec.added.push_back(std::move(a));

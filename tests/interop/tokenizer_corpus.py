@@ -19,6 +19,7 @@ FRAGMENTS = [
     "!!!??? ... --- *** ___ ~~~ ``` \"quoted\" (paren) [bracket] {brace}", "a.b,c;d:e!f?g", "C:\\path\\to\\file.txt",
     "<|endoftext|>", "text<|endoftext|>more", "<|begin_of_text|>hello<|end_of_text|>", "<|reserved_special_token_3|>",
     "<|end_of", "[[tool]] call [[tool]][[tool]]", "<s> </s> <unk> <pad>",
+    "a <mask> b  \t<mask>\u3000<mask>x<mask>", "[[sw]] x[[sw]] [[sw]]y é[[sw]] _[[sw]]! ([[sw]])", "<r>  \n z <r>x<r>\u00a0<r><r>",
     # Where Oniguruma's \s (White_Space) and PCRE2's differ (U+180E) and near-misses (U+0085, U+001C, U+200B).
     "end!\u0085next ?\x1c !\u2028 !\u200b word\u0085 \u0085\u0085x \u0085\n\nline wait!\u180e!\u180e go",
 ]

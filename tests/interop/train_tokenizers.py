@@ -3,7 +3,8 @@
   gpt2-vocab.json, gpt2-merges.txt   GPT-2-style byte-level BPE, as GPT-2 ships its files
   gpt2-tokenizer.json                 the same tokenizer as tokenizer.json, merges in the legacy "a b" form
   llama3-tokenizer.json               Llama-3-style: Split(Llama-3 regex, Isolated) + ByteLevel(use_regex=False),
-                                      special tokens, one normalized added token, ignore_merges, [a, b] merges
+                                      special tokens, added tokens (normalized, single_word, lstrip, rstrip),
+                                      ignore_merges, [a, b] merges
 Usage: train_tokenizers.py OUTDIR [VOCAB_SIZE]"""
 import json
 import os
@@ -56,7 +57,10 @@ def main(outdir, vocab_size):
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     llama.decoder = decoders.ByteLevel()
     train(llama, vocab_size, LLAMA3_SPECIALS)
-    llama.add_tokens([AddedToken("[[tool]]", normalized=True, special=False)])
+    llama.add_tokens([AddedToken("[[tool]]", normalized=True, special=False),
+                      AddedToken("[[sw]]", single_word=True, normalized=True, special=False),
+                      AddedToken("<r>", rstrip=True, normalized=False, special=False)])
+    llama.add_special_tokens([AddedToken("<mask>", lstrip=True, special=True)])
     spec = json.loads(llama.to_str())
     spec["model"]["ignore_merges"] = True
     with open(os.path.join(outdir, "llama3-tokenizer.json"), "w") as f:
