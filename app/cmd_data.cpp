@@ -26,9 +26,20 @@ void add_data_commands(CLI::App& root) {
   prepare->add_option("-o,--output", prep->output_prefix, "Output prefix: writes PREFIX.bin and PREFIX.idx")
       ->required();
   prepare
-      ->add_option("--tokenizer", prep->tokenizer,
-                   fmt::format("Tokenizer ({})", fmt::join(supported_tokenizers(), ", ")))
+      ->add_option("--tokenizer", prep->tokenizer.name,
+                   fmt::format("Tokenizer ({}): gpt2 reads --vocab-file and --merge-file (GPT-2's byte-level BPE), "
+                               "hf reads --tokenizer-file (a Hugging Face byte-level BPE tokenizer.json)",
+                               fmt::join(supported_tokenizers(), ", ")))
       ->capture_default_str();
+  prepare->add_option("--vocab-file", prep->tokenizer.vocab_file, "gpt2: GPT-2's vocab.json");
+  prepare->add_option("--merge-file", prep->tokenizer.merge_file, "gpt2: GPT-2's merges.txt");
+  prepare->add_option("--tokenizer-file", prep->tokenizer.tokenizer_file, "hf: a Hugging Face tokenizer.json");
+  prepare->add_option("--eod-token", prep->tokenizer.eod_token,
+                      "hf: the end-of-document token's text (default: <|endoftext|>, <|end_of_text|>, </s> or "
+                      "<eos>, whichever is a special token)");
+  prepare->add_option("--workers", prep->workers, "Tokenizing threads (documents keep their order)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   prepare->add_option("--json-key", prep->json_key, "The JSON member holding each document's text")
       ->capture_default_str();
   prepare->add_flag(

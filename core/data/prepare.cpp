@@ -9,7 +9,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <atomic>
+#include <exception>
+#include <mutex>
 #include <optional>
+#include <thread>
 
 #include "core/data/json_line.h"
 #include "core/data/tokenizer.h"
@@ -44,31 +48,87 @@ std::ifstream open_input(const std::string& path) {
   return in;
 }
 
-// Tokenizes documents and hands them to the writer, keeping the counts.
+// Tokenizes documents and hands them to the writer in input order, keeping the counts. With several
+// workers, documents are gathered into batches; each batch is tokenized by the workers in parallel (each
+// with its own cache, which survives across batches) and written in order.
 class DocumentSink {
  public:
-  DocumentSink(IndexedDatasetWriter& writer, const Tokenizer& tokenizer, bool append_eod, PrepareStats& stats)
-      : writer_(writer), tokenizer_(tokenizer), append_eod_(append_eod), stats_(stats) {}
+  DocumentSink(IndexedDatasetWriter& writer, const Tokenizer& tokenizer, bool append_eod, int workers,
+               PrepareStats& stats)
+      : writer_(writer), tokenizer_(tokenizer), append_eod_(append_eod), stats_(stats) {
+    caches_.resize(static_cast<size_t>(std::max(1, workers)));
+    for (auto& c : caches_) c = tokenizer_.make_cache();
+  }
 
   void add(std::string_view text) {
-    tokens_.clear();
-    tokenizer_.encode(text, tokens_);
-    if (append_eod_) tokens_.push_back(tokenizer_.eod());
-    if (tokens_.empty()) {
-      ++stats_.empty_skipped;
+    if (caches_.size() == 1) {
+      tokens_.clear();
+      tokenize(text, tokens_, caches_[0].get());
+      write(tokens_);
       return;
     }
-    writer_.add_document(std::span<const int32_t>(tokens_));
-    ++stats_.documents;
-    stats_.tokens += static_cast<int64_t>(tokens_.size());
+    batch_.emplace_back(text);
+    batch_bytes_ += text.size();
+    if (batch_bytes_ >= kBatchBytes || batch_.size() >= kBatchDocs) flush();
+  }
+
+  void flush() {
+    if (batch_.empty()) return;
+    results_.resize(batch_.size());
+    std::atomic<size_t> next{0};
+    std::exception_ptr error;
+    std::mutex error_mutex;
+    auto work = [&](size_t w) {
+      try {
+        for (size_t d; (d = next.fetch_add(1)) < batch_.size();) {
+          results_[d].clear();
+          tokenize(batch_[d], results_[d], caches_[w].get());
+        }
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+        next = batch_.size();
+      }
+    };
+    {
+      std::vector<std::jthread> threads;
+      for (size_t w = 1; w < caches_.size(); ++w) threads.emplace_back(work, w);
+      work(0);
+    }
+    if (error) std::rethrow_exception(error);
+    for (size_t d = 0; d < batch_.size(); ++d) write(results_[d]);
+    batch_.clear();
+    batch_bytes_ = 0;
   }
 
  private:
+  static constexpr size_t kBatchBytes = size_t{16} << 20;
+  static constexpr size_t kBatchDocs = 1024;
+
+  void tokenize(std::string_view text, std::vector<int32_t>& out, EncodeCache* cache) const {
+    tokenizer_.encode_with(text, out, cache);
+    if (append_eod_) out.push_back(tokenizer_.eod());
+  }
+
+  void write(const std::vector<int32_t>& tokens) {
+    if (tokens.empty()) {
+      ++stats_.empty_skipped;
+      return;
+    }
+    writer_.add_document(std::span<const int32_t>(tokens));
+    ++stats_.documents;
+    stats_.tokens += static_cast<int64_t>(tokens.size());
+  }
+
   IndexedDatasetWriter& writer_;
   const Tokenizer& tokenizer_;
   bool append_eod_;
   PrepareStats& stats_;
+  std::vector<std::unique_ptr<EncodeCache>> caches_;  // one per worker
   std::vector<int32_t> tokens_;
+  std::vector<std::string> batch_;
+  size_t batch_bytes_ = 0;
+  std::vector<std::vector<int32_t>> results_;
 };
 
 void read_text(const std::string& path, DocumentSink& sink) {
@@ -114,6 +174,7 @@ void read_json_lines(const std::string& path, const std::string& key, DocumentSi
 PrepareStats prepare_dataset(const PrepareOptions& options) {
   if (options.inputs.empty()) throw DataError("data prepare: no input files given");
   if (options.output_prefix.empty()) throw DataError("data prepare: no output prefix given");
+  if (options.workers < 1) throw DataError(fmt::format("data prepare: --workers must be at least 1, got {}", options.workers));
   std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(options.tokenizer);
   for (const std::string& path : options.inputs) open_input(path);  // fail before writing anything
 
@@ -128,7 +189,7 @@ PrepareStats prepare_dataset(const PrepareOptions& options) {
   stats.vocab_size = tokenizer->vocab_size();
   stats.dtype = tokenizer->storage_dtype();
   IndexedDatasetWriter writer(options.output_prefix, stats.dtype);  // removes its temporaries if we throw
-  DocumentSink sink(writer, *tokenizer, options.append_eod, stats);
+  DocumentSink sink(writer, *tokenizer, options.append_eod, options.workers, stats);
   for (const std::string& path : options.inputs) {
     if (is_json_lines(path))
       read_json_lines(path, options.json_key, sink);
@@ -136,6 +197,7 @@ PrepareStats prepare_dataset(const PrepareOptions& options) {
       read_text(path, sink);
     ++stats.files;
   }
+  sink.flush();
   if (stats.documents == 0)
     throw DataError(
         fmt::format("data prepare: the inputs hold no documents; {} was not written", options.output_prefix));

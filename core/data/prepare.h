@@ -5,15 +5,17 @@
 #include <vector>
 
 #include "core/data/indexed_dataset.h"
+#include "core/data/tokenizer.h"
 
 namespace mt {
 
 struct PrepareOptions {
   std::vector<std::string> inputs;  // .jsonl / .json: JSON lines; anything else: plain text
   std::string output_prefix;        // writes PREFIX.bin and PREFIX.idx
-  std::string tokenizer = "byte";   // see supported_tokenizers()
+  TokenizerOptions tokenizer;       // the name (see supported_tokenizers()) and its files
   std::string json_key = "text";    // the member of each JSON line that holds the document
   bool append_eod = true;           // end every document with the tokenizer's end-of-document id
+  int workers = 1;                  // tokenizing threads; the output keeps the input's document order
 };
 
 struct PrepareStats {

@@ -8,17 +8,24 @@
 
 namespace mt {
 
-void ByteTokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {
+std::unique_ptr<Tokenizer> load_bpe_tokenizer(const TokenizerOptions& options);  // tokenizer_files.cpp
+
+void ByteTokenizer::encode_with(std::string_view text, std::vector<int32_t>& out, EncodeCache*) const {
   out.reserve(out.size() + text.size());
   for (char c : text) out.push_back(static_cast<unsigned char>(c));
 }
 
-std::vector<std::string> supported_tokenizers() { return {"byte"}; }
+TokenDType token_dtype_for_vocab(int64_t vocab_size) {
+  return vocab_size < 65500 ? TokenDType::u16 : TokenDType::i32;
+}
 
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name) {
-  if (name == "byte") return std::make_unique<ByteTokenizer>();
-  throw std::invalid_argument(
-      fmt::format("unknown tokenizer '{}' (supported: {})", name, fmt::join(supported_tokenizers(), ", ")));
+std::vector<std::string> supported_tokenizers() { return {"byte", "gpt2", "hf"}; }
+
+std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerOptions& options) {
+  if (options.name == "byte") return std::make_unique<ByteTokenizer>();
+  if (options.name == "gpt2" || options.name == "hf") return load_bpe_tokenizer(options);
+  throw std::invalid_argument(fmt::format("unknown tokenizer '{}' (supported: {})", options.name,
+                                          fmt::join(supported_tokenizers(), ", ")));
 }
 
 }  // namespace mt

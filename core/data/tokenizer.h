@@ -1,4 +1,5 @@
-// tokenizer.h: text -> token ids for `megatrain data prepare`. Only the byte tokenizer exists for now.
+// tokenizer.h: text -> token ids for `megatrain data prepare`: the byte tokenizer, GPT-2's byte-level BPE
+// (vocab.json + merges.txt) and Hugging Face byte-level BPE (tokenizer.json).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -10,6 +11,13 @@
 
 namespace mt {
 
+// Per-thread scratch a tokenizer keeps between calls (the BPE word cache, regex match buffers). One cache
+// must not be used by two threads at once; the tokenizer itself is shared read-only.
+class EncodeCache {
+ public:
+  virtual ~EncodeCache() = default;
+};
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -17,7 +25,15 @@ class Tokenizer {
   virtual int64_t vocab_size() const = 0;
   virtual int32_t eod() const = 0;               // end-of-document id
   virtual TokenDType storage_dtype() const = 0;  // the smallest dtype that holds every id
-  virtual void encode(std::string_view text, std::vector<int32_t>& out) const = 0;  // appends to out
+  // A fresh cache for one worker thread (nullptr when the tokenizer keeps none).
+  virtual std::unique_ptr<EncodeCache> make_cache() const { return nullptr; }
+  // Appends the ids of `text` to out. `cache` is nullptr or one made by this tokenizer's make_cache().
+  virtual void encode_with(std::string_view text, std::vector<int32_t>& out, EncodeCache* cache) const = 0;
+  // The same, with a cache that lives for this call only.
+  void encode(std::string_view text, std::vector<int32_t>& out) const {
+    std::unique_ptr<EncodeCache> cache = make_cache();
+    encode_with(text, out, cache.get());
+  }
 };
 
 // Token = byte value 0..255, end of document 256: vocabulary 257, stored as uint16.
@@ -27,12 +43,25 @@ class ByteTokenizer final : public Tokenizer {
   int64_t vocab_size() const override { return 257; }
   int32_t eod() const override { return 256; }
   TokenDType storage_dtype() const override { return TokenDType::u16; }
-  void encode(std::string_view text, std::vector<int32_t>& out) const override;
+  void encode_with(std::string_view text, std::vector<int32_t>& out, EncodeCache* cache) const override;
 };
+
+// What make_tokenizer needs: the name and the files that name reads.
+struct TokenizerOptions {
+  std::string name = "byte";   // see supported_tokenizers()
+  std::string vocab_file;      // gpt2: GPT-2's vocab.json
+  std::string merge_file;      // gpt2: GPT-2's merges.txt
+  std::string tokenizer_file;  // hf: a Hugging Face tokenizer.json
+  std::string eod_token;       // hf: the end-of-document token's text (default: a known eos among special tokens)
+};
+
+// Megatron's rule: uint16 below 65500 ids, int32 from there.
+TokenDType token_dtype_for_vocab(int64_t vocab_size);
 
 // The names make_tokenizer accepts.
 std::vector<std::string> supported_tokenizers();
-// Throws std::invalid_argument listing the supported names for any other name.
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& name);
+// Throws std::invalid_argument listing the supported names for any other name, and DataError naming the
+// file for a missing, malformed or unsupported tokenizer file.
+std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerOptions& options);
 
 }  // namespace mt

@@ -641,15 +641,15 @@ TEST(Prepare, ErrorsNameTheFileAndLineAndWriteNothing) {
   for (const char* f : {"out.bin", "out.idx", "out.bin.tmp", "out.idx.tmp"}) EXPECT_FALSE(fs::exists(dir / f)) << f;
 
   opt.inputs = {dir / "ok.jsonl"};
-  opt.tokenizer = "gpt2";
+  opt.tokenizer.name = "sentencepiece";
   try {
     prepare_dataset(opt);
     ADD_FAILURE() << "unknown tokenizer accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("supported: byte"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("supported: byte, gpt2, hf"), std::string::npos) << e.what();
   }
   // A JSONL key other than "text".
-  opt.tokenizer = "byte";
+  opt.tokenizer.name = "byte";
   opt.json_key = "body";
   opt.inputs = {dir / "nokey.jsonl"};
   expect_data_error([&] { prepare_dataset(opt); }, {dir / "nokey.jsonl:1", "\"body\""});

@@ -1,0 +1,78 @@
+// tokenizer_bpe.cpp: the byte-level BPE pipeline (added tokens, pre-tokenization, per-word BPE with a cache).
+#include "core/data/tokenizer_bpe.h"
+
+#include <unordered_map>
+
+#include "core/data/utf8.h"
+
+namespace mt {
+
+namespace {
+
+// Words up to this many bytes are cached (HF caches words below 256 characters); the cache is dropped when
+// it reaches kCacheEntries so memory stays bounded on corpora with endless distinct words.
+constexpr size_t kCachedWordBytes = 256;
+constexpr size_t kCacheEntries = 1 << 20;
+
+struct BpeCache final : EncodeCache {
+  SplitScratch split;
+  std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> words;
+  std::string utf8_scratch, prefixed;
+  std::vector<std::string_view> pieces, pieces_tmp;
+  std::vector<int32_t> word_ids;
+  std::vector<Segment> segments, segments_tmp;
+};
+
+}  // namespace
+
+ByteLevelBpeTokenizer::ByteLevelBpeTokenizer(ByteLevelBpeSpec spec)
+    : spec_(std::move(spec)), added_(spec_.added) {}
+
+std::unique_ptr<EncodeCache> ByteLevelBpeTokenizer::make_cache() const { return std::make_unique<BpeCache>(); }
+
+void ByteLevelBpeTokenizer::encode_text(std::string_view text, std::vector<int32_t>& out, EncodeCache& base) const {
+  auto& cache = static_cast<BpeCache&>(base);
+  if (spec_.add_prefix_space && !text.empty() && text[0] != ' ') {
+    cache.prefixed.resize(text.size() + 1);
+    cache.prefixed[0] = ' ';
+    text.copy(cache.prefixed.data() + 1, text.size());
+    text = cache.prefixed;
+  }
+  spec_.pre_tokenizer.split(text, cache.pieces, cache.pieces_tmp, cache.split);
+  if (spec_.pre_tokenizer.num_steps() == 0 && !text.empty()) cache.pieces.assign(1, text);
+  for (std::string_view word : cache.pieces) {
+    if (word.size() > kCachedWordBytes) {
+      spec_.model.encode_word(word, out);
+      continue;
+    }
+    auto it = cache.words.find(word);
+    if (it == cache.words.end()) {
+      if (cache.words.size() >= kCacheEntries) cache.words.clear();
+      cache.word_ids.clear();
+      spec_.model.encode_word(word, cache.word_ids);
+      it = cache.words.emplace(std::string(word), cache.word_ids).first;
+    }
+    out.insert(out.end(), it->second.begin(), it->second.end());
+  }
+}
+
+void ByteLevelBpeTokenizer::encode_with(std::string_view raw, std::vector<int32_t>& out, EncodeCache* cache) const {
+  std::unique_ptr<EncodeCache> own;
+  if (!cache) {
+    own = make_cache();
+    cache = own.get();
+  }
+  auto& c = static_cast<BpeCache&>(*cache);
+  // Invalid UTF-8 becomes U+FFFD first, as Python's errors="replace" decoding would make it (utf8.h).
+  std::string_view text = valid_utf8(raw, c.utf8_scratch);
+  c.segments.assign(1, Segment{text, -1});
+  added_.cut(c.segments, c.segments_tmp, c.split);
+  for (const Segment& seg : c.segments) {
+    if (seg.added_id >= 0)
+      out.push_back(seg.added_id);
+    else
+      encode_text(seg.text, out, c);
+  }
+}
+
+}  // namespace mt

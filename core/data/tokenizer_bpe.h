@@ -1,0 +1,43 @@
+// tokenizer_bpe.h: a byte-level BPE tokenizer as Hugging Face's tokenizers runs one: added tokens are cut
+// out of the raw text first, the rest is pre-tokenized (regex splits), each piece is BPE-encoded on its
+// bytes (cached per word). The loaders for GPT-2's files and tokenizer.json build it (tokenizer_files.cpp).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/data/added_tokens.h"
+#include "core/data/bpe.h"
+#include "core/data/pretokenizer.h"
+#include "core/data/tokenizer.h"
+
+namespace mt {
+
+struct ByteLevelBpeSpec {
+  std::string name;  // "gpt2" or "hf"
+  BpeModel model;
+  PreTokenizer pre_tokenizer;
+  bool add_prefix_space = false;  // ByteLevel's: a piece not starting with ' ' gets one
+  std::vector<AddedToken> added;
+  int32_t eod = 0;
+  int64_t vocab_size = 0;
+};
+
+class ByteLevelBpeTokenizer final : public Tokenizer {
+ public:
+  explicit ByteLevelBpeTokenizer(ByteLevelBpeSpec spec);
+  std::string name() const override { return spec_.name; }
+  int64_t vocab_size() const override { return spec_.vocab_size; }
+  int32_t eod() const override { return spec_.eod; }
+  TokenDType storage_dtype() const override { return token_dtype_for_vocab(spec_.vocab_size); }
+  std::unique_ptr<EncodeCache> make_cache() const override;
+  void encode_with(std::string_view text, std::vector<int32_t>& out, EncodeCache* cache) const override;
+
+ private:
+  void encode_text(std::string_view text, std::vector<int32_t>& out, EncodeCache& cache) const;
+
+  ByteLevelBpeSpec spec_;
+  AddedTokenMatcher added_;
+};
+
+}  // namespace mt

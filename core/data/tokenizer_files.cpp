@@ -1,0 +1,223 @@
+// tokenizer_files.cpp: builds the byte-level BPE tokenizer from GPT-2's vocab.json + merges.txt (Megatron's
+// GPT2BPETokenizer) or from a Hugging Face tokenizer.json. Anything in tokenizer.json that would change the
+// ids and is not implemented here is refused, naming the component, rather than silently ignored.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/data/tokenizer_bpe.h"
+
+namespace mt {
+
+using nlohmann::json;
+
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError(fmt::format("{}: cannot read the tokenizer file", path));
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+json parse_json(const std::string& path, const std::string& text) {
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    throw DataError(fmt::format("{}: not valid JSON: {}", path, e.what()));
+  }
+}
+
+// Fills the model's vocabulary from a {token: id} object; returns the largest id.
+int64_t load_vocab(const json& vocab, const std::string& where, BpeModel& model,
+                   std::unordered_map<std::string, int32_t>& by_text) {
+  if (!vocab.is_object()) throw DataError(fmt::format("{}: the vocabulary is not a JSON object", where));
+  int64_t max_id = -1;
+  for (const auto& [text, id] : vocab.items()) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+      throw DataError(fmt::format("{}: token '{}' has no valid id", where, text));
+    const auto i = id.get<int32_t>();
+    by_text[text] = i;
+    max_id = std::max<int64_t>(max_id, i);
+    // Entries that are not byte-level text (added tokens listed in the vocab) are never produced by merges.
+    if (auto bytes = byte_level_decode(text)) model.add_token(std::move(*bytes), i);
+  }
+  return max_id;
+}
+
+void add_merge(BpeModel& model, const std::string& left, const std::string& right, const std::string& where) {
+  auto l = byte_level_decode(left), r = byte_level_decode(right);
+  if (!l || !r || !model.add_merge(*l, *r))
+    throw DataError(fmt::format("{}: merge '{} {}' uses a token that is not in the vocabulary", where, left, right));
+}
+
+std::unique_ptr<Tokenizer> load_gpt2(const TokenizerOptions& o) {
+  if (o.vocab_file.empty() || o.merge_file.empty())
+    throw DataError("the gpt2 tokenizer needs --vocab-file (vocab.json) and --merge-file (merges.txt)");
+  ByteLevelBpeSpec spec;
+  spec.name = "gpt2";
+  std::unordered_map<std::string, int32_t> by_text;
+  spec.vocab_size = load_vocab(parse_json(o.vocab_file, read_file(o.vocab_file)), o.vocab_file,
+                               spec.model, by_text) + 1;
+  std::istringstream merges(read_file(o.merge_file));
+  std::string line;
+  for (int64_t lineno = 1; std::getline(merges, line); ++lineno) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line.rfind("#version", 0) == 0) continue;
+    const size_t space = line.find(' ');
+    if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos)
+      throw DataError(fmt::format("{}:{}: a merge is two tokens separated by one space", o.merge_file, lineno));
+    add_merge(spec.model, line.substr(0, space), line.substr(space + 1), fmt::format("{}:{}", o.merge_file, lineno));
+  }
+  spec.pre_tokenizer.add_step(std::make_unique<RegexSplit>(kGpt2SplitPattern, false, "gpt2"));
+  auto eod = by_text.find("<|endoftext|>");
+  if (eod == by_text.end()) throw DataError(fmt::format("{}: no <|endoftext|> token in the vocabulary", o.vocab_file));
+  spec.eod = eod->second;
+  return std::make_unique<ByteLevelBpeTokenizer>(std::move(spec));
+}
+
+bool flag(const json& j, const char* key) { return j.contains(key) && j[key].is_boolean() && j[key].get<bool>(); }
+std::string type_of(const json& j) { return j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : "?"; }
+
+// ByteLevel as a pre-tokenizer step: its regex split when use_regex (the default), its prefix space.
+void add_byte_level(const json& j, const std::string& where, bool sole, ByteLevelBpeSpec& spec) {
+  if (flag(j, "add_prefix_space")) {
+    if (!sole)
+      throw DataError(fmt::format("{}: pre_tokenizer ByteLevel with add_prefix_space inside a Sequence is not "
+                                  "supported",
+                                  where));
+    spec.add_prefix_space = true;
+  }
+  if (!j.contains("use_regex") || flag(j, "use_regex"))
+    spec.pre_tokenizer.add_step(std::make_unique<RegexSplit>(kGpt2SplitPattern, false, where + ": ByteLevel"));
+}
+
+void add_split(const json& j, const std::string& where, ByteLevelBpeSpec& spec) {
+  const std::string behavior = j.value("behavior", "?");
+  if (behavior != "Isolated" || flag(j, "invert"))
+    throw DataError(fmt::format("{}: pre_tokenizer Split with behavior '{}'{} is not supported (only Isolated)",
+                                where, behavior, flag(j, "invert") ? " and invert" : ""));
+  const json& p = j.value("pattern", json());
+  if (p.contains("Regex") && p["Regex"].is_string())
+    spec.pre_tokenizer.add_step(std::make_unique<RegexSplit>(p["Regex"].get<std::string>(), false, where + ": Split"));
+  else if (p.contains("String") && p["String"].is_string())
+    spec.pre_tokenizer.add_step(std::make_unique<RegexSplit>(p["String"].get<std::string>(), true, where + ": Split"));
+  else
+    throw DataError(fmt::format("{}: pre_tokenizer Split has no Regex or String pattern", where));
+}
+
+void load_pre_tokenizer(const json& j, const std::string& where, ByteLevelBpeSpec& spec) {
+  const std::string t = type_of(j);
+  if (t == "ByteLevel") return add_byte_level(j, where, true, spec);
+  if (t != "Sequence")
+    throw DataError(fmt::format("{}: pre_tokenizer '{}' is not supported (ByteLevel, or a Sequence of Split "
+                                "steps ending in ByteLevel)",
+                                where, j.is_null() ? "null" : t));
+  const json& steps = j.value("pretokenizers", json::array());
+  if (steps.empty() || type_of(steps.back()) != "ByteLevel")
+    throw DataError(fmt::format("{}: a pre_tokenizer Sequence must end with ByteLevel (byte-level BPE)", where));
+  for (size_t i = 0; i + 1 < steps.size(); ++i) {
+    if (type_of(steps[i]) != "Split")
+      throw DataError(fmt::format("{}: pre_tokenizer '{}' inside a Sequence is not supported (only Split and "
+                                  "ByteLevel)",
+                                  where, type_of(steps[i])));
+    add_split(steps[i], where, spec);
+  }
+  add_byte_level(steps.back(), where, false, spec);
+}
+
+int32_t find_eod(const TokenizerOptions& o, const ByteLevelBpeSpec& spec,
+                 const std::unordered_map<std::string, int32_t>& by_text) {
+  if (!o.eod_token.empty()) {
+    for (const AddedToken& t : spec.added)
+      if (t.content == o.eod_token) return t.id;
+    auto it = by_text.find(o.eod_token);
+    if (it != by_text.end()) return it->second;
+    throw DataError(fmt::format("{}: --eod-token '{}' is neither an added token nor in the vocabulary",
+                                o.tokenizer_file, o.eod_token));
+  }
+  // tokenizer.json does not say which token ends a document; these are the usual end-of-text tokens.
+  std::vector<std::string> specials;
+  for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"})
+    for (const AddedToken& t : spec.added)
+      if (t.special && t.content == name) return t.id;
+  for (const AddedToken& t : spec.added)
+    if (t.special) specials.push_back(t.content);
+  throw DataError(fmt::format("{}: no known end-of-text token among the special tokens ({}); name one with "
+                              "--eod-token",
+                              o.tokenizer_file, specials.empty() ? "none" : fmt::format("{}", fmt::join(specials, " "))));
+}
+
+std::unique_ptr<Tokenizer> load_hf(const TokenizerOptions& o) {
+  if (o.tokenizer_file.empty()) throw DataError("the hf tokenizer needs --tokenizer-file (tokenizer.json)");
+  const std::string& where = o.tokenizer_file;
+  const json root = parse_json(where, read_file(where));
+  const json& model = root.value("model", json());
+  if (type_of(model) != "BPE" && !(model.is_object() && !model.contains("type") && model.contains("merges")))
+    throw DataError(fmt::format("{}: model '{}' is not supported (only byte-level BPE)", where, type_of(model)));
+  if (!root.value("normalizer", json()).is_null())
+    throw DataError(fmt::format("{}: normalizer '{}' is not supported (byte-level BPE tokenizers have none)", where,
+                                type_of(root["normalizer"])));
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix", "dropout"})
+    if (model.contains(key) && !model[key].is_null() && !(model[key].is_string() && model[key].get<std::string>().empty()))
+      throw DataError(fmt::format("{}: BPE option {} is not supported", where, key));
+  if (flag(model, "byte_fallback") || flag(model, "fuse_unk"))
+    throw DataError(fmt::format("{}: BPE option {} is not supported (a SentencePiece-style BPE, not byte-level)",
+                                where, flag(model, "byte_fallback") ? "byte_fallback" : "fuse_unk"));
+
+  ByteLevelBpeSpec spec;
+  spec.name = "hf";
+  std::unordered_map<std::string, int32_t> by_text;
+  int64_t max_id = load_vocab(model.value("vocab", json()), where, spec.model, by_text);
+  int64_t index = 0;
+  for (const json& m : model.value("merges", json::array())) {
+    const std::string at = fmt::format("{}: merges[{}]", where, index++);
+    if (m.is_string()) {  // "a b"
+      const std::string s = m.get<std::string>();
+      const size_t space = s.find(' ');
+      if (space == std::string::npos) throw DataError(fmt::format("{}: '{}' is not two tokens", at, s));
+      add_merge(spec.model, s.substr(0, space), s.substr(space + 1), at);
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {  // ["a", "b"]
+      add_merge(spec.model, m[0].get<std::string>(), m[1].get<std::string>(), at);
+    } else {
+      throw DataError(fmt::format("{}: a merge is \"a b\" or [\"a\", \"b\"]", at));
+    }
+  }
+  if (model.contains("unk_token") && model["unk_token"].is_string()) {
+    auto it = by_text.find(model["unk_token"].get<std::string>());
+    if (it != by_text.end()) spec.model.set_unk(it->second);
+  }
+  spec.model.set_ignore_merges(flag(model, "ignore_merges"));
+  load_pre_tokenizer(root.value("pre_tokenizer", json()), where, spec);
+
+  for (const json& t : root.value("added_tokens", json::array())) {
+    AddedToken a;
+    a.content = t.value("content", "");
+    a.id = t.value("id", -1);
+    a.special = flag(t, "special");
+    a.normalized = flag(t, "normalized");
+    a.single_word = flag(t, "single_word");
+    a.lstrip = flag(t, "lstrip");
+    a.rstrip = flag(t, "rstrip");
+    if (a.id < 0) throw DataError(fmt::format("{}: added token '{}' has no valid id", where, a.content));
+    max_id = std::max<int64_t>(max_id, a.id);
+    spec.added.push_back(std::move(a));
+  }
+  spec.vocab_size = max_id + 1;
+  spec.eod = find_eod(o, spec, by_text);
+  return std::make_unique<ByteLevelBpeTokenizer>(std::move(spec));
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_bpe_tokenizer(const TokenizerOptions& options) {
+  return options.name == "gpt2" ? load_gpt2(options) : load_hf(options);
+}
+
+}  // namespace mt

@@ -1,0 +1,124 @@
+"""Compares `megatrain data prepare` token ids with Hugging Face's `tokenizers`, document by document.
+
+For each tokenizer set (the committed fixtures in tests/data/tokenizer and, with --vocab, a larger one trained
+here) and each way of loading it (gpt2: vocab.json + merges.txt; hf: the GPT-2-style and the Llama-3-style
+tokenizer.json), megatrain tokenizes a generated corpus (tokenizer_corpus.py, written as JSON lines, invalid
+UTF-8 included) and the Python package encodes the same documents (invalid UTF-8 decoded with
+errors="replace", add_special_tokens=False) plus the end-of-document id. Every document's ids must agree.
+Usage: check_tokenizer.py MEGATRAIN FIXTURE_DIR WORKDIR [--docs N] [--vocab V] [--workers W]"""
+import argparse
+import json
+import os
+import struct
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tokenizer_corpus  # noqa: E402
+import train_tokenizers  # noqa: E402
+from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
+
+DTYPES = {1: "B", 2: "b", 3: "h", 4: "i", 5: "q", 6: "d", 7: "f", 8: "H"}
+
+
+def read_indexed(prefix):
+    """Documents of PREFIX.bin/.idx as lists of ids (Megatron's layout, see tests/data/write_indexed.py)."""
+    with open(prefix + ".idx", "rb") as f:
+        idx = f.read()
+    assert idx[:9] == b"MMIDIDX\x00\x00", "bad .idx magic"
+    _version, code, nseq, ndoc = struct.unpack_from("<QBQQ", idx, 9)
+    at = 9 + 25
+    sizes = struct.unpack_from(f"<{nseq}i", idx, at)
+    at += 4 * nseq
+    pointers = struct.unpack_from(f"<{nseq}q", idx, at)
+    at += 8 * nseq
+    doc_idx = struct.unpack_from(f"<{ndoc}q", idx, at)
+    with open(prefix + ".bin", "rb") as f:
+        data = f.read()
+    fmt = DTYPES[code]
+    width = struct.calcsize(fmt)
+    seqs = [list(struct.unpack_from(f"<{n}{fmt}", data, p)) for n, p in zip(sizes, pointers)]
+    assert all(n * width >= 0 for n in sizes)
+    return [sum(seqs[doc_idx[d]:doc_idx[d + 1]], []) for d in range(ndoc - 1)]
+
+
+def gpt2_from_files(vocab, merges):
+    tok = Tokenizer(models.BPE.from_file(vocab, merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    return tok
+
+
+def compare(name, megatrain, args, reference, eod, corpus, docs, workdir, workers):
+    prefix = os.path.join(workdir, name)
+    cmd = [megatrain, "data", "prepare", "--input", corpus, "--output", prefix, "--workers", str(workers)] + args
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    ours = read_indexed(prefix)
+    texts = [tokenizer_corpus.as_python_text(d) for d in docs]
+    theirs = [e.ids + [eod] for e in reference.encode_batch(texts, add_special_tokens=False)]
+    mismatches = 0
+    if len(ours) != len(theirs):
+        print(f"{name}: {len(ours)} documents from megatrain, {len(theirs)} expected")
+        return len(theirs), 0, len(theirs)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        if a != b:
+            mismatches += 1
+            if mismatches <= 3:
+                k = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
+                piece = reference.decode(b[max(0, k - 3):k + 3])
+                print(f"{name}: document {i} differs at token {k}: megatrain {a[k:k + 6]} tokenizers {b[k:k + 6]}"
+                      f" near {piece!r}; text {texts[i][:120]!r}")
+    tokens = sum(len(t) for t in theirs)
+    print(f"{name}: {len(theirs)} documents, {tokens} tokens, {mismatches} mismatches")
+    return len(theirs), tokens, mismatches
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("megatrain")
+    p.add_argument("fixtures")
+    p.add_argument("workdir")
+    p.add_argument("--docs", type=int, default=2000)
+    p.add_argument("--vocab", type=int, default=2000, help="also train and check a tokenizer this large (0: no)")
+    p.add_argument("--workers", type=int, default=2)
+    a = p.parse_args()
+    os.makedirs(a.workdir, exist_ok=True)
+    docs = tokenizer_corpus.documents(99, a.docs)
+    corpus = os.path.join(a.workdir, "corpus.jsonl")
+    with open(corpus, "wb") as f:
+        for d in docs:
+            f.write(tokenizer_corpus.jsonl_line(d))
+    sets = [("fixture", a.fixtures)]
+    if a.vocab:
+        big = os.path.join(a.workdir, f"vocab{a.vocab}")
+        train_tokenizers.main(big, a.vocab)
+        sets.append((f"vocab{a.vocab}", big))
+    total = [0, 0, 0]
+    for label, d in sets:
+        vocab, merges = os.path.join(d, "gpt2-vocab.json"), os.path.join(d, "gpt2-merges.txt")
+        gpt2_json, llama_json = os.path.join(d, "gpt2-tokenizer.json"), os.path.join(d, "llama3-tokenizer.json")
+        ref = gpt2_from_files(vocab, merges)
+        runs = [
+            (f"{label}-gpt2", ["--tokenizer", "gpt2", "--vocab-file", vocab, "--merge-file", merges], ref,
+             ref.token_to_id("<|endoftext|>")),
+            (f"{label}-hf-gpt2", ["--tokenizer", "hf", "--tokenizer-file", gpt2_json], Tokenizer.from_file(gpt2_json),
+             ref.token_to_id("<|endoftext|>")),
+            (f"{label}-hf-llama3", ["--tokenizer", "hf", "--tokenizer-file", llama_json],
+             Tokenizer.from_file(llama_json), Tokenizer.from_file(llama_json).token_to_id("<|end_of_text|>")),
+        ]
+        # ByteLevel's add_prefix_space, which the committed files leave off.
+        spec = json.load(open(gpt2_json, encoding="utf-8"))
+        spec["pre_tokenizer"]["add_prefix_space"] = True
+        prefix_json = os.path.join(a.workdir, f"{label}-prefix-tokenizer.json")
+        with open(prefix_json, "w", encoding="utf-8") as f:
+            json.dump(spec, f, ensure_ascii=False)
+        runs.append((f"{label}-hf-gpt2-prefix-space", ["--tokenizer", "hf", "--tokenizer-file", prefix_json],
+                     Tokenizer.from_file(prefix_json), ref.token_to_id("<|endoftext|>")))
+        for name, args, reference, eod in runs:
+            for i, n in enumerate(compare(name, a.megatrain, args, reference, eod, corpus, docs, a.workdir, a.workers)):
+                total[i] += n
+    print(f"total: {total[0]} documents, {total[1]} tokens, {total[2]} mismatches")
+    sys.exit(1 if total[2] else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,305 @@
+// test_tokenizer.cpp: the BPE tokenizers (added tokens with single_word / lstrip / rstrip included) give
+// exactly the ids of Hugging Face's `tokenizers` (golden values in tests/data/tokenizer/, made by
+// tests/interop/make_golden.py), invalid UTF-8 is replaced as Python's
+// errors="replace" decoding does, unsupported tokenizer.json components are refused by name, and `data
+// prepare --workers N` writes the documents in input order.
+#include <CLI/CLI.hpp>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "app/commands.h"
+#include "core/data/bpe.h"
+#include "core/data/json_line.h"
+#include "core/data/prepare.h"
+#include "core/data/pretokenizer.h"
+#include "core/data/tokenizer.h"
+#include "core/data/utf8.h"
+
+namespace mt {
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path kFixtures = fs::path(MEGATRAIN_SOURCE_DIR) / "tests" / "data" / "tokenizer";
+
+std::string fixture(const std::string& name) { return (kFixtures / name).string(); }
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The golden corpus: one document per JSON line (raw invalid UTF-8 bytes pass through the JSONL reader).
+std::vector<std::string> corpus() {
+  std::vector<std::string> docs;
+  std::istringstream in(read_all(fixture("corpus.jsonl")));
+  for (std::string line; std::getline(in, line);) docs.push_back(json_string_field(line, "text").value());
+  return docs;
+}
+
+std::vector<std::vector<int32_t>> expected(const std::string& name) {
+  std::vector<std::vector<int32_t>> ids;
+  std::istringstream in(read_all(fixture("expected-" + name + ".txt")));
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    ids.emplace_back();
+    for (int32_t id; words >> id;) ids.back().push_back(id);
+  }
+  return ids;
+}
+
+TokenizerOptions gpt2_files() {
+  TokenizerOptions o;
+  o.name = "gpt2";
+  o.vocab_file = fixture("gpt2-vocab.json");
+  o.merge_file = fixture("gpt2-merges.txt");
+  return o;
+}
+
+TokenizerOptions hf_file(const std::string& path) {
+  TokenizerOptions o;
+  o.name = "hf";
+  o.tokenizer_file = path;
+  return o;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::path(::testing::TempDir()) / "megatrain-tok-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed for " + tmpl);
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+// Writes a copy of fixture `name` with the first `from` replaced by `to` (which must be present).
+std::string edited_fixture(const TempDir& dir, const std::string& name, const std::string& from,
+                           const std::string& to) {
+  std::string text = read_all(fixture(name));
+  const size_t at = text.find(from);
+  if (at == std::string::npos) throw std::runtime_error("'" + from + "' not in " + name);
+  text.replace(at, from.size(), to);
+  const std::string path = dir / name;
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+void expect_golden(const Tokenizer& tok, const std::string& name) {
+  const std::vector<std::string> docs = corpus();
+  const auto want = expected(name);
+  ASSERT_EQ(docs.size(), want.size()) << name;
+  ASSERT_GE(docs.size(), 40u);
+  int64_t tokens = 0;
+  for (size_t d = 0; d < docs.size(); ++d) {
+    std::vector<int32_t> got;
+    tok.encode(docs[d], got);
+    EXPECT_EQ(got, want[d]) << name << ": document " << d << " of corpus.jsonl";
+    tokens += static_cast<int64_t>(got.size());
+  }
+  EXPECT_GT(tokens, 1000) << name;
+}
+
+TEST(Tokenizer, Gpt2VocabAndMergesMatchHuggingFace) {
+  auto tok = make_tokenizer(gpt2_files());
+  EXPECT_EQ(tok->name(), "gpt2");
+  EXPECT_EQ(tok->vocab_size(), 400);
+  EXPECT_EQ(tok->eod(), 0);  // <|endoftext|>, the trainer's first special token
+  EXPECT_EQ(tok->storage_dtype(), TokenDType::u16);
+  expect_golden(*tok, "gpt2");
+}
+
+TEST(Tokenizer, HfGpt2TokenizerJsonWithStringMergesMatchesHuggingFace) {
+  auto tok = make_tokenizer(hf_file(fixture("gpt2-tokenizer.json")));
+  EXPECT_EQ(tok->name(), "hf");
+  EXPECT_EQ(tok->eod(), 0);
+  expect_golden(*tok, "hf-gpt2");  // <|endoftext|> in the text is the special token here, unlike gpt2
+}
+
+TEST(Tokenizer, HfLlama3StyleTokenizerJsonMatchesHuggingFace) {
+  auto tok = make_tokenizer(hf_file(fixture("llama3-tokenizer.json")));
+  EXPECT_EQ(tok->vocab_size(), 404);  // 400 trained + the added [[tool]], [[sw]], <r>, <mask>
+  EXPECT_EQ(tok->eod(), 1);           // <|end_of_text|>
+  expect_golden(*tok, "hf-llama3");
+  TokenizerOptions o = hf_file(fixture("llama3-tokenizer.json"));
+  o.eod_token = "<|eot_id|>";
+  EXPECT_EQ(make_tokenizer(o)->eod(), 4);
+}
+
+TEST(Tokenizer, InvalidUtf8BecomesReplacementCharactersLikePython) {
+  const std::string fffd = "\xEF\xBF\xBD";
+  struct Case {
+    std::string in, out;
+  };
+  // Python: bytes.decode("utf-8", errors="replace"), one U+FFFD per maximal subpart.
+  const std::vector<Case> cases = {
+      {"plain", "plain"},
+      {"\xC3\xA9", "\xC3\xA9"},
+      {"a\xFF" "b", "a" + fffd + "b"},
+      {"\xE2\x82" "a", fffd + "a"},                           // truncated 3-byte sequence: one
+      {"\xED\xA0\x80", fffd + fffd + fffd},                   // a surrogate: E D's second byte is out of range
+      {"\xC0\xAF", fffd + fffd},                              // overlong lead bytes never start a sequence
+      {"\xE0\x80\xAF", fffd + fffd + fffd},                   // E0 needs A0..BF next
+      {"\xF4\x90\x80\x80", fffd + fffd + fffd + fffd},        // above U+10FFFF
+      {"\xF0\x9F\x98", fffd},                                 // truncated emoji at the end
+      {"\xF0\x9F\x98" "x\xF0\x9F\x98\x80", fffd + "x\xF0\x9F\x98\x80"},
+      {"\x80\x80", fffd + fffd},
+      {"\xE2\x28\xA1", fffd + "(" + fffd},
+  };
+  for (const Case& c : cases) {
+    std::string scratch;
+    EXPECT_EQ(std::string(valid_utf8(c.in, scratch)), c.out) << testing::PrintToString(c.in);
+  }
+  // The tokenizer sees the replaced text: its ids are those of the text with U+FFFD written out.
+  auto tok = make_tokenizer(hf_file(fixture("llama3-tokenizer.json")));
+  std::vector<int32_t> a, b;
+  tok->encode("x\xE2\x82 y\xFF", a);
+  tok->encode("x" + fffd + " y" + fffd, b);
+  EXPECT_EQ(a, b);
+}
+
+TEST(Tokenizer, BpeMergesLowestRankFirstAndLeftmostFirst) {
+  BpeModel m;
+  int32_t id = 0;
+  for (const char* t : {"a", "b", "c", "ab", "bc", "abc", "aa"}) m.add_token(t, id++);
+  ASSERT_TRUE(m.add_merge("b", "c"));  // rank 0
+  ASSERT_TRUE(m.add_merge("a", "b"));  // rank 1
+  ASSERT_TRUE(m.add_merge("a", "bc"));
+  ASSERT_TRUE(m.add_merge("a", "a"));
+  EXPECT_FALSE(m.add_merge("c", "c"));  // "cc" is not a token
+  std::vector<int32_t> out;
+  m.encode_word("abc", out);  // b+c before a+b, then a+bc
+  EXPECT_EQ(out, (std::vector<int32_t>{5}));
+  out.clear();
+  m.encode_word("aaa", out);  // the leftmost pair first
+  EXPECT_EQ(out, (std::vector<int32_t>{6, 0}));
+  out.clear();
+  m.encode_word("abd", out);  // a byte with no token is dropped (no unk)
+  EXPECT_EQ(out, (std::vector<int32_t>{3}));
+}
+
+TEST(Tokenizer, RefusesWhatItDoesNotImplementByName) {
+  TempDir dir;
+  auto expect_refused = [](const TokenizerOptions& o, const std::string& part) {
+    try {
+      make_tokenizer(o);
+      ADD_FAILURE() << "accepted; expected an error naming " << part;
+    } catch (const DataError& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  expect_refused(hf_file(edited_fixture(dir, "gpt2-tokenizer.json", "\"pre_tokenizer\": {\"type\": \"ByteLevel\"",
+                                        "\"pre_tokenizer\": {\"type\": \"Whitespace\"")),
+                 "pre_tokenizer 'Whitespace' is not supported");
+  expect_refused(hf_file(edited_fixture(dir, "gpt2-tokenizer.json", "\"normalizer\": null",
+                                        "\"normalizer\": {\"type\": \"NFC\"}")),
+                 "normalizer 'NFC'");
+  expect_refused(hf_file(edited_fixture(dir, "llama3-tokenizer.json", "\"behavior\": \"Isolated\"",
+                                        "\"behavior\": \"MergedWithPrevious\"")),
+                 "Split with behavior 'MergedWithPrevious'");
+  expect_refused(hf_file(edited_fixture(dir, "gpt2-tokenizer.json", "\"byte_fallback\": false",
+                                        "\"byte_fallback\": true")),
+                 "byte_fallback");
+  TokenizerOptions eod = hf_file(fixture("llama3-tokenizer.json"));
+  eod.eod_token = "<|nope|>";
+  expect_refused(eod, "--eod-token '<|nope|>'");
+  TokenizerOptions no_eos = hf_file(edited_fixture(dir, "llama3-tokenizer.json", "<|end_of_text|>", "<|stop|>"));
+  expect_refused(no_eos, "no known end-of-text token");
+  TokenizerOptions gpt2 = gpt2_files();
+  gpt2.merge_file.clear();
+  expect_refused(gpt2, "--merge-file");
+  expect_refused(hf_file(dir / "missing.json"), "missing.json");
+}
+
+TEST(Tokenizer, PrepareWithWorkersKeepsDocumentOrder) {
+  TempDir dir;
+  const auto want = expected("hf-llama3");
+  for (int workers : {1, 2, 3}) {
+    PrepareOptions opt;
+    opt.inputs = {fixture("corpus.jsonl"), fixture("corpus.jsonl")};
+    opt.output_prefix = dir / ("w" + std::to_string(workers));
+    opt.tokenizer = hf_file(fixture("llama3-tokenizer.json"));
+    opt.workers = workers;
+    const PrepareStats s = prepare_dataset(opt);
+    EXPECT_EQ(s.vocab_size, 404);
+    IndexedDataset ds(opt.output_prefix);
+    ASSERT_EQ(ds.num_documents(), static_cast<int64_t>(2 * want.size()));
+    const auto index = ds.document_index();
+    for (int64_t d = 0; d < ds.num_documents(); ++d) {
+      std::vector<int32_t> got;
+      for (int64_t q = index[d]; q < index[d + 1]; ++q) {
+        std::vector<int32_t> buf(static_cast<size_t>(ds.sequence_lengths()[q]));
+        ds.read(q, 0, buf);
+        got.insert(got.end(), buf.begin(), buf.end());
+      }
+      std::vector<int32_t> w = want[static_cast<size_t>(d) % want.size()];
+      w.push_back(1);  // <|end_of_text|>
+      EXPECT_EQ(got, w) << "workers " << workers << ", document " << d;
+    }
+  }
+}
+
+TEST(Tokenizer, CommandLineTakesTheTokenizerFiles) {
+  TempDir dir;
+  const std::string out = dir / "cli", in = fixture("corpus.jsonl"), vocab = fixture("gpt2-vocab.json"),
+                    merges = fixture("gpt2-merges.txt");
+  CLI::App app("megatrain");
+  app::add_data_commands(app);
+  std::vector<const char*> argv = {"megatrain",   "data",         "prepare",      "--input",
+                                   in.c_str(),    "--output",     out.c_str(),    "--tokenizer",
+                                   "gpt2",        "--vocab-file", vocab.c_str(),  "--merge-file",
+                                   merges.c_str(), "--workers",   "2"};
+  testing::internal::CaptureStdout();
+  app.parse(static_cast<int>(argv.size()), argv.data());
+  const std::string printed = testing::internal::GetCapturedStdout();
+  EXPECT_NE(printed.find("vocab_size 400"), std::string::npos) << printed;
+  IndexedDataset ds(out);
+  EXPECT_EQ(ds.num_documents(), static_cast<int64_t>(expected("gpt2").size()));
+}
+
+}  // namespace
+}  // namespace mt
+
+namespace mt {
+namespace {
+
+// Pieces of `text` under GPT-2's pattern.
+std::vector<std::string> gpt2_pieces(const std::string& text) {
+  PreTokenizer pre;
+  pre.add_step(std::make_unique<RegexSplit>(kGpt2SplitPattern, false, "test"));
+  SplitScratch scratch;
+  std::vector<std::string_view> pieces, tmp;
+  pre.split(text, pieces, tmp, scratch);
+  return std::vector<std::string>(pieces.begin(), pieces.end());
+}
+
+// Whitespace as Oniguruma (Hugging Face's regex engine) sees it: the Unicode White_Space property. Expected
+// pieces from tokenizers 0.23's ByteLevel pre-tokenizer.
+TEST(PreTokenizer, WhitespaceAgreesWithOniguruma) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(gpt2_pieces("!\xC2\x85"), (V{"!", "\xC2\x85"}));            // U+0085 NEL: space
+  EXPECT_EQ(gpt2_pieces("!\xC2\xA0"), (V{"!", "\xC2\xA0"}));            // U+00A0: space
+  EXPECT_EQ(gpt2_pieces("!\xE1\x9A\x80"), (V{"!", "\xE1\x9A\x80"}));    // U+1680: space
+  EXPECT_EQ(gpt2_pieces("!\xE2\x80\x87"), (V{"!", "\xE2\x80\x87"}));    // U+2007: space
+  EXPECT_EQ(gpt2_pieces("!\xE1\xA0\x8E"), (V{"!\xE1\xA0\x8E"}));        // U+180E: not space (Cf since Unicode 6.3)
+  EXPECT_EQ(gpt2_pieces("!\xE2\x80\x8B"), (V{"!\xE2\x80\x8B"}));        // U+200B: not space
+  EXPECT_EQ(gpt2_pieces("!\x1C"), (V{"!\x1C"}));                        // U+001C: not space
+  EXPECT_EQ(gpt2_pieces("a  b\n"), (V{"a", " ", " b", "\n"}));
+  EXPECT_EQ(gpt2_pieces("I'm 42"), (V{"I", "'m", " 42"}));
+}
+
+}  // namespace
+}  // namespace mt
