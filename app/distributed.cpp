@@ -81,10 +81,14 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
   d->dp = group("dp", d->topology.dp_group(env.rank));
   d->pp = group("pp", d->topology.pp_group(env.rank));
   d->mp = group("mp", d->topology.model_parallel_group(env.rank));
+  // The embedding group sums the gradient of the word embeddings that the first and last stage share: only
+  // tied embeddings have one (untied, the first stage owns the embedding and the last its own lm_head, and
+  // the last stage has nothing to add to the first's sum). Every rank decides this from the same config.
+  const bool tied = cfg.model.tie_embeddings;
   std::vector<int> emb = d->topology.embedding_group(env.rank);
-  const bool in_emb = std::find(emb.begin(), emb.end(), env.rank) != emb.end() &&
+  const bool in_emb = tied && std::find(emb.begin(), emb.end(), env.rank) != emb.end() &&
                       (d->pp_rank() == 0 || d->pp_rank() == d->pp_size() - 1);
-  if (in_emb || nccl) d->emb = group("emb", in_emb ? emb : std::vector<int>{});
+  if (in_emb || (nccl && tied)) d->emb = group("emb", in_emb ? emb : std::vector<int>{});
   d->dp_grads = group("dpgrads", d->topology.dp_group(env.rank));
   if (env.world_size == 1) return d;
   spdlog::info("rank {} of {} ({}): tp {} dp {} pp {}, {}, {}, rendezvous at {}:{}", env.rank, env.world_size,

@@ -23,7 +23,7 @@ struct Distributed {
   std::unique_ptr<Communicator> dp;        // this rank's data-parallel group (size 1 when not distributed)
   std::unique_ptr<Communicator> pp;        // this rank's pipeline (its rank r is stage r)
   std::unique_ptr<Communicator> mp;        // model-parallel group (every tp and pp rank of this dp rank)
-  std::unique_ptr<Communicator> emb;       // first and last stage (tied embeddings); null on middle stages
+  std::unique_ptr<Communicator> emb;       // first and last stage (tied embeddings); null on middle stages and untied
   std::unique_ptr<Communicator> dp_grads;  // the data-parallel group again, for the gradient reducer's thread
 
   int rank() const { return env.rank; }
