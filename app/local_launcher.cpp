@@ -128,11 +128,11 @@ struct ReceivedSignal {
   bool from_terminal;
 };
 
-// Owns SIGINT, SIGTERM and SIGCHLD while the launcher runs (leaving ignored ones ignored, as nohup asks), and
+// Owns SIGINT, SIGTERM, SIGHUP and SIGCHLD while the launcher runs (leaving ignored ones ignored, as nohup asks), and
 // gives back the caller's handlers after.
 class SignalWatch {
  public:
-  static constexpr std::array<int, 3> kSignals = {SIGINT, SIGTERM, SIGCHLD};
+  static constexpr std::array<int, 4> kSignals = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
 
   SignalWatch() {
     int fds[2];
@@ -169,7 +169,7 @@ class SignalWatch {
     }
   }
 
-  // SIGINT / SIGTERM received since the last call (SIGCHLD only wakes the loop).
+  // SIGINT / SIGTERM / SIGHUP received since the last call (SIGCHLD only wakes the loop).
   std::vector<ReceivedSignal> take() {
     std::vector<ReceivedSignal> out;
     unsigned char buf[64];
@@ -187,7 +187,7 @@ class SignalWatch {
   bool ignored(size_t i) const { return !(saved_[i].sa_flags & SA_SIGINFO) && saved_[i].sa_handler == SIG_IGN; }
 
   UniqueFd read_, write_;
-  std::array<struct sigaction, 3> saved_{};
+  std::array<struct sigaction, kSignals.size()> saved_{};
 };
 
 // ---- Output: one rank's stdout or stderr, relayed line by line with "[rank N] " in front. ----

@@ -646,9 +646,11 @@ void Trainer::run() {
       metrics_.write(fmt::format(R"({{"iteration":{},"valid_loss":{}}})", c_.iteration, json_number(v)));
     }
     if (cfg_.checkpoint.save_interval > 0 && c_.iteration % cfg_.checkpoint.save_interval == 0) save();
-    // Every rank must stop after the same iteration, whenever the signal reached it.
+    // Every rank must stop after the same iteration, whenever the signal reached it: agreed over the whole
+    // world (a TP or PP peer that trained on would wait for this rank in its next collective).
     const int sig = g_signal.load();
-    const bool stop = dist_.dp_size() > 1 ? sum_over(*dist_.dp, {sig != 0 ? 1.0 : 0.0})[0] > 0 : sig != 0;
+    const bool stop =
+        dist_.env.world_size > 1 ? sum_over(*dist_.world, {sig != 0 ? 1.0 : 0.0})[0] > 0 : sig != 0;
     if (stop) {
       spdlog::warn("received {}: saving and stopping after iteration {}",
                    sig != 0 ? fmt::format("signal {}", sig) : "a stop signal on another rank", c_.iteration);
@@ -703,6 +705,7 @@ void train(const Config& cfg, const TrainOptions& opt, const LaunchEnv& env) {
   std::signal(SIGTERM, on_signal);
   std::signal(SIGUSR1, on_signal);
   std::signal(SIGINT, on_signal);
+  std::signal(SIGHUP, on_signal);  // the terminal closed: like SIGTERM
   trainer.run();
 }
 
