@@ -8,6 +8,8 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include "app/rendezvous.h"
+
 namespace mt::app {
 
 namespace {
@@ -35,7 +37,10 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
     d->store = make_hash_store();
   } else {
     if (env.rank == 0) d->server = std::make_unique<TcpStoreServer>("", env.master_port);
-    d->store = connect_tcp_store(env.master_addr, env.master_port, timeout);
+    // Store requests wait as long as collectives do (parallel.timeout_s), not a fixed time of their own.
+    d->store = connect_tcp_store(env.master_addr, env.master_port, timeout, timeout);
+    check_job_identity(*d->store, job_identity(cfg, env), env.rank, env.world_size, timeout,
+                       fmt::format("{}:{}", env.master_addr, env.master_port));
   }
   // Every rank creates every group it belongs to, in the same order: world, tp, dp, pp, mp, emb, dp_grads.
   // (With NCCL every rank takes part in every split, passing no members for a group it is not in.)

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <random>
 #include <stdexcept>
 #include <string_view>
 #include <system_error>
@@ -47,7 +48,8 @@ constexpr std::string_view kRankVariables[] = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS_PER_NODE",
     "SLURM_TASKS_PER_NODE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK", "PMI_RANK", "PMI_SIZE", "PMIX_RANK"};
+    "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK", "PMI_RANK", "PMI_SIZE", "PMIX_RANK",
+    "MEGATRAIN_JOB_ID"};
 // clang-format on
 
 std::system_error os_error(const std::string& what) { return {errno, std::generic_category(), what}; }
@@ -478,10 +480,19 @@ void validate(const LaunchOptions& opt) {
     throw std::invalid_argument(fmt::format("local launcher: negative grace period {} ms", opt.grace.count()));
 }
 
+// 64 random bits in hex: this launch's MEGATRAIN_JOB_ID, so that a rank of another job that reaches our
+// rendezvous store (the same MASTER_PORT) is refused there.
+std::string random_job_id() {
+  std::random_device rd;
+  const uint64_t v = (uint64_t(rd()) << 32) ^ rd();
+  return fmt::format("{:016x}", v);
+}
+
 }  // namespace
 
 std::vector<std::string> rank_environment(const std::vector<std::string>& parent, int rank, int nproc,
-                                          const std::string& master_addr, int master_port) {
+                                          const std::string& master_addr, int master_port,
+                                          const std::string& job_id) {
   std::vector<std::string> env;
   env.reserve(parent.size() + 6);
   for (const auto& entry : parent) {
@@ -495,6 +506,7 @@ std::vector<std::string> rank_environment(const std::vector<std::string>& parent
   env.push_back(fmt::format("LOCAL_WORLD_SIZE={}", nproc));
   env.push_back(fmt::format("MASTER_ADDR={}", master_addr));
   env.push_back(fmt::format("MASTER_PORT={}", master_port));
+  if (!job_id.empty()) env.push_back(fmt::format("MEGATRAIN_JOB_ID={}", job_id));
   return env;
 }
 
@@ -537,8 +549,9 @@ int launch_local(const LaunchOptions& opt) {
   plan.argv.push_back(nullptr);
   std::vector<std::string> parent;
   for (char** e = environ; *e; ++e) parent.emplace_back(*e);
+  const std::string job_id = random_job_id();
   for (int rank = 0; rank < opt.nproc; ++rank) {
-    auto& env = plan.env.emplace_back(rank_environment(parent, rank, opt.nproc, opt.master_addr, port));
+    auto& env = plan.env.emplace_back(rank_environment(parent, rank, opt.nproc, opt.master_addr, port, job_id));
     auto& envp = plan.envp.emplace_back();
     for (auto& entry : env) envp.push_back(entry.data());
     envp.push_back(nullptr);

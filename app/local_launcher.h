@@ -31,9 +31,11 @@ struct LaunchOptions {
 int launch_local(const LaunchOptions& opt);
 
 // The environment of one rank: `parent` ("NAME=value" entries) without the variables of any launcher that
-// parallel/launch reads, plus torchrun's for this rank of a one-node job of `nproc` ranks.
+// parallel/launch reads, plus torchrun's for this rank of a one-node job of `nproc` ranks, plus
+// MEGATRAIN_JOB_ID=job_id when it is not empty (the same for every rank of one launch).
 std::vector<std::string> rank_environment(const std::vector<std::string>& parent, int rank, int nproc,
-                                          const std::string& master_addr, int master_port);
+                                          const std::string& master_addr, int master_port,
+                                          const std::string& job_id = "");
 
 // A TCP port that is free on `addr` now (bind port 0, read it, close). Throws std::system_error.
 int pick_free_port(const std::string& addr);
