@@ -41,6 +41,7 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
     d->store = connect_tcp_store(env.master_addr, env.master_port, timeout, timeout);
     check_job_identity(*d->store, job_identity(cfg, env), env.rank, env.world_size, timeout,
                        fmt::format("{}:{}", env.master_addr, env.master_port));
+    d->heartbeat = std::make_unique<Heartbeat>(env, Millis(1000), timeout);
   }
   // Every rank creates every group it belongs to, in the same order: world, tp, dp, pp, mp, emb, dp_grads.
   // (With NCCL every rank takes part in every split, passing no members for a group it is not in.)

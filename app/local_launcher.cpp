@@ -263,6 +263,21 @@ struct Rank {
   std::optional<LineRelay> out, err;  // with prefix_output only
 };
 
+// True when the process is stopped (SIGSTOP, SIGTSTP, or a debugger): state T or t in /proc/PID/stat. Such a
+// rank answers nothing, so its peers time out waiting for it and exit first, looking like the culprits.
+bool is_stopped(pid_t pid) {
+  std::FILE* f = std::fopen(fmt::format("/proc/{}/stat", pid).c_str(), "r");
+  if (!f) return false;
+  char buf[512] = {};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  // "PID (comm) S ...": the state follows the last ')' (comm may hold spaces and parentheses).
+  const char* close = nullptr;
+  for (size_t i = 0; i < n; ++i)
+    if (buf[i] == ')') close = buf + i;
+  return close && close + 2 < buf + n && (close[2] == 'T' || close[2] == 't');
+}
+
 // argv[0] as execvp would find it; empty when PATH has no such executable.
 std::string find_program(const std::string& prog) {
   if (prog.find('/') != std::string::npos) return prog;
@@ -409,7 +424,16 @@ class Supervisor {
       if (r.running) ::kill(r.pid, s.sig);
   }
 
+  // Ranks that failed in one pass are judged together: one killed by a signal is named before ones that exited
+  // with an error (typically a timeout waiting for it).
   void reap() {
+    struct Failed {
+      Rank* rank;
+      int code;
+      std::string how;
+      bool signaled;
+    };
+    std::vector<Failed> failed;
     for (auto& r : ranks_) {
       if (!r.running) continue;
       int status = 0;
@@ -433,12 +457,25 @@ class Supervisor {
         code = WEXITSTATUS(status);
         how = fmt::format("exited with code {}", code);
       }
-      if (code != 0 && !first_failure_) on_first_failure(r, code, how);
+      if (code != 0) failed.push_back({&r, code, how, p > 0 && WIFSIGNALED(status)});
     }
+    if (failed.empty() || first_failure_) return;
+    auto first = std::find_if(failed.begin(), failed.end(), [](const Failed& f) { return f.signaled; });
+    if (first == failed.end()) first = failed.begin();
+    on_first_failure(*first->rank, first->code, first->how);
   }
 
   void on_first_failure(const Rank& r, int code, const std::string& how) {
     first_failure_ = code;
+    // A stopped rank never answers: it is the likely cause, so it is named first, and it gets SIGKILL at once
+    // (SIGTERM stays pending in a stopped process).
+    for (auto& o : ranks_)
+      if (o.running && is_stopped(o.pid)) {
+        launcher_log(fmt::format("rank {} (pid {}) is stopped (SIGSTOP or a debugger) and answers nothing: the "
+                                 "likely cause of the failure below; sending it SIGKILL",
+                                 o.rank, o.pid));
+        ::kill(o.pid, SIGKILL);
+      }
     launcher_log(fmt::format("rank {} (pid {}) {}", r.rank, r.pid, how));
     if (running_ == 0) return;
     launcher_log(fmt::format("stopping the other {} running rank(s): SIGTERM, then SIGKILL after {} ms", running_,

@@ -770,7 +770,13 @@ void train(const Config& cfg, const TrainOptions& opt, const LaunchEnv& env) {
   std::signal(SIGUSR1, on_signal);
   std::signal(SIGINT, on_signal);
   std::signal(SIGHUP, on_signal);  // the terminal closed: like SIGTERM
-  trainer.run();
+  try {
+    trainer.run();
+  } catch (const CommError& e) {
+    // A collective failed or timed out: say which ranks stopped answering, if any (the cause, not this rank).
+    if (!dist->heartbeat) throw;
+    throw CommError(std::string(e.what()) + dist->heartbeat->silent_ranks());
+  }
 }
 
 }  // namespace mt::app
