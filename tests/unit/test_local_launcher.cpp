@@ -241,6 +241,26 @@ TEST_F(LocalLauncherTest, RankKilledBySignalGives128PlusTheSignal) {
   EXPECT_NE(c.err.find("was killed by signal 9"), std::string::npos) << c.err;
 }
 
+TEST_F(LocalLauncherTest, AStoppedRankIsNamedBeforeThePeerThatTimedOutAndKilledAtOnce) {
+  // Rank 1 stops itself (SIGSTOP); rank 0, "timing out" waiting for it, exits 1. The stopped rank is the cause:
+  // named first, and killed without waiting out the 10 s grace (SIGTERM cannot reach a stopped process).
+  auto opt = shell(2, R"(
+    if [ "$RANK" = 1 ]; then echo $$ > "$1/pid.1"; kill -STOP $$; exit 0; fi
+    until [ -e "$1/pid.1" ]; do sleep 0.02; done
+    sleep 0.3; exit 1)");
+  const auto start = Clock::now();
+  Captured c = run_captured(dir_, [&] { return launch_local(opt); });
+  EXPECT_LT(seconds_since(start), 5.0);
+  EXPECT_EQ(c.code, 1);
+  const size_t stopped = c.err.find("rank 1 (pid "), failed = c.err.find("rank 0 (pid ");
+  ASSERT_NE(stopped, std::string::npos) << c.err;
+  EXPECT_NE(c.err.find("is stopped (SIGSTOP or a debugger)"), std::string::npos) << c.err;
+  EXPECT_LT(stopped, failed) << c.err;
+  pid_t pid = std::atoi(slurp(dir_ / "pid.1").c_str());
+  ASSERT_GT(pid, 0);
+  EXPECT_TRUE(process_is_gone(pid));
+}
+
 TEST_F(LocalLauncherTest, PrefixOutputLabelsEveryLineAndFlushesPartialLastLines) {
   auto opt = shell(2, R"(echo hello; printf 'two\nlines\n'; echo oops >&2; printf partial)");
   opt.prefix_output = true;
