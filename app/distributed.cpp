@@ -8,6 +8,8 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include "app/rendezvous.h"
+
 namespace mt::app {
 
 namespace {
@@ -35,7 +37,11 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
     d->store = make_hash_store();
   } else {
     if (env.rank == 0) d->server = std::make_unique<TcpStoreServer>("", env.master_port);
-    d->store = connect_tcp_store(env.master_addr, env.master_port, timeout);
+    // Store requests wait as long as collectives do (parallel.timeout_s), not a fixed time of their own.
+    d->store = connect_tcp_store(env.master_addr, env.master_port, timeout, timeout);
+    check_job_identity(*d->store, job_identity(cfg, env), env.rank, env.world_size, timeout,
+                       fmt::format("{}:{}", env.master_addr, env.master_port));
+    d->heartbeat = std::make_unique<Heartbeat>(env, Millis(1000), timeout);
   }
   // Every rank creates every group it belongs to, in the same order: world, tp, dp, pp, mp, emb, dp_grads.
   // (With NCCL every rank takes part in every split, passing no members for a group it is not in.)
@@ -81,10 +87,14 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
   d->dp = group("dp", d->topology.dp_group(env.rank));
   d->pp = group("pp", d->topology.pp_group(env.rank));
   d->mp = group("mp", d->topology.model_parallel_group(env.rank));
+  // The embedding group sums the gradient of the word embeddings that the first and last stage share: only
+  // tied embeddings have one (untied, the first stage owns the embedding and the last its own lm_head, and
+  // the last stage has nothing to add to the first's sum). Every rank decides this from the same config.
+  const bool tied = cfg.model.tie_embeddings;
   std::vector<int> emb = d->topology.embedding_group(env.rank);
-  const bool in_emb = std::find(emb.begin(), emb.end(), env.rank) != emb.end() &&
+  const bool in_emb = tied && std::find(emb.begin(), emb.end(), env.rank) != emb.end() &&
                       (d->pp_rank() == 0 || d->pp_rank() == d->pp_size() - 1);
-  if (in_emb || nccl) d->emb = group("emb", in_emb ? emb : std::vector<int>{});
+  if (in_emb || (nccl && tied)) d->emb = group("emb", in_emb ? emb : std::vector<int>{});
   d->dp_grads = group("dpgrads", d->topology.dp_group(env.rank));
   if (env.world_size == 1) return d;
   spdlog::info("rank {} of {} ({}): tp {} dp {} pp {}, {}, {}, rendezvous at {}:{}", env.rank, env.world_size,

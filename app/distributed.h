@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "app/device.h"
+#include "app/heartbeat.h"
 #include "core/config/config.h"
 #include "parallel/communicator.h"
 #include "parallel/launch.h"
@@ -23,8 +24,10 @@ struct Distributed {
   std::unique_ptr<Communicator> dp;        // this rank's data-parallel group (size 1 when not distributed)
   std::unique_ptr<Communicator> pp;        // this rank's pipeline (its rank r is stage r)
   std::unique_ptr<Communicator> mp;        // model-parallel group (every tp and pp rank of this dp rank)
-  std::unique_ptr<Communicator> emb;       // first and last stage (tied embeddings); null on middle stages
+  std::unique_ptr<Communicator> emb;       // first and last stage (tied embeddings); null on middle stages and untied
   std::unique_ptr<Communicator> dp_grads;  // the data-parallel group again, for the gradient reducer's thread
+  std::unique_ptr<Heartbeat> heartbeat;    // multi-rank jobs: names the ranks that stop answering (last member:
+                                           // it stops before the store server goes)
 
   int rank() const { return env.rank; }
   bool is_logging_rank() const { return env.rank == 0; }

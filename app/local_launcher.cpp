@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <random>
 #include <stdexcept>
 #include <string_view>
 #include <system_error>
@@ -47,7 +48,8 @@ constexpr std::string_view kRankVariables[] = {
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS_PER_NODE",
     "SLURM_TASKS_PER_NODE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK", "PMI_RANK", "PMI_SIZE", "PMIX_RANK"};
+    "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK", "PMI_RANK", "PMI_SIZE", "PMIX_RANK",
+    "MEGATRAIN_JOB_ID"};
 // clang-format on
 
 std::system_error os_error(const std::string& what) { return {errno, std::generic_category(), what}; }
@@ -128,11 +130,11 @@ struct ReceivedSignal {
   bool from_terminal;
 };
 
-// Owns SIGINT, SIGTERM and SIGCHLD while the launcher runs (leaving ignored ones ignored, as nohup asks), and
+// Owns SIGINT, SIGTERM, SIGHUP and SIGCHLD while the launcher runs (leaving ignored ones ignored, as nohup asks), and
 // gives back the caller's handlers after.
 class SignalWatch {
  public:
-  static constexpr std::array<int, 3> kSignals = {SIGINT, SIGTERM, SIGCHLD};
+  static constexpr std::array<int, 4> kSignals = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
 
   SignalWatch() {
     int fds[2];
@@ -169,7 +171,7 @@ class SignalWatch {
     }
   }
 
-  // SIGINT / SIGTERM received since the last call (SIGCHLD only wakes the loop).
+  // SIGINT / SIGTERM / SIGHUP received since the last call (SIGCHLD only wakes the loop).
   std::vector<ReceivedSignal> take() {
     std::vector<ReceivedSignal> out;
     unsigned char buf[64];
@@ -187,7 +189,7 @@ class SignalWatch {
   bool ignored(size_t i) const { return !(saved_[i].sa_flags & SA_SIGINFO) && saved_[i].sa_handler == SIG_IGN; }
 
   UniqueFd read_, write_;
-  std::array<struct sigaction, 3> saved_{};
+  std::array<struct sigaction, kSignals.size()> saved_{};
 };
 
 // ---- Output: one rank's stdout or stderr, relayed line by line with "[rank N] " in front. ----
@@ -260,6 +262,21 @@ struct Rank {
   bool running = false;
   std::optional<LineRelay> out, err;  // with prefix_output only
 };
+
+// True when the process is stopped (SIGSTOP, SIGTSTP, or a debugger): state T or t in /proc/PID/stat. Such a
+// rank answers nothing, so its peers time out waiting for it and exit first, looking like the culprits.
+bool is_stopped(pid_t pid) {
+  std::FILE* f = std::fopen(fmt::format("/proc/{}/stat", pid).c_str(), "r");
+  if (!f) return false;
+  char buf[512] = {};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  // "PID (comm) S ...": the state follows the last ')' (comm may hold spaces and parentheses).
+  const char* close = nullptr;
+  for (size_t i = 0; i < n; ++i)
+    if (buf[i] == ')') close = buf + i;
+  return close && close + 2 < buf + n && (close[2] == 'T' || close[2] == 't');
+}
 
 // argv[0] as execvp would find it; empty when PATH has no such executable.
 std::string find_program(const std::string& prog) {
@@ -407,7 +424,16 @@ class Supervisor {
       if (r.running) ::kill(r.pid, s.sig);
   }
 
+  // Ranks that failed in one pass are judged together: one killed by a signal is named before ones that exited
+  // with an error (typically a timeout waiting for it).
   void reap() {
+    struct Failed {
+      Rank* rank;
+      int code;
+      std::string how;
+      bool signaled;
+    };
+    std::vector<Failed> failed;
     for (auto& r : ranks_) {
       if (!r.running) continue;
       int status = 0;
@@ -431,12 +457,25 @@ class Supervisor {
         code = WEXITSTATUS(status);
         how = fmt::format("exited with code {}", code);
       }
-      if (code != 0 && !first_failure_) on_first_failure(r, code, how);
+      if (code != 0) failed.push_back({&r, code, how, p > 0 && WIFSIGNALED(status)});
     }
+    if (failed.empty() || first_failure_) return;
+    auto first = std::find_if(failed.begin(), failed.end(), [](const Failed& f) { return f.signaled; });
+    if (first == failed.end()) first = failed.begin();
+    on_first_failure(*first->rank, first->code, first->how);
   }
 
   void on_first_failure(const Rank& r, int code, const std::string& how) {
     first_failure_ = code;
+    // A stopped rank never answers: it is the likely cause, so it is named first, and it gets SIGKILL at once
+    // (SIGTERM stays pending in a stopped process).
+    for (auto& o : ranks_)
+      if (o.running && is_stopped(o.pid)) {
+        launcher_log(fmt::format("rank {} (pid {}) is stopped (SIGSTOP or a debugger) and answers nothing: the "
+                                 "likely cause of the failure below; sending it SIGKILL",
+                                 o.rank, o.pid));
+        ::kill(o.pid, SIGKILL);
+      }
     launcher_log(fmt::format("rank {} (pid {}) {}", r.rank, r.pid, how));
     if (running_ == 0) return;
     launcher_log(fmt::format("stopping the other {} running rank(s): SIGTERM, then SIGKILL after {} ms", running_,
@@ -478,10 +517,19 @@ void validate(const LaunchOptions& opt) {
     throw std::invalid_argument(fmt::format("local launcher: negative grace period {} ms", opt.grace.count()));
 }
 
+// 64 random bits in hex: this launch's MEGATRAIN_JOB_ID, so that a rank of another job that reaches our
+// rendezvous store (the same MASTER_PORT) is refused there.
+std::string random_job_id() {
+  std::random_device rd;
+  const uint64_t v = (uint64_t(rd()) << 32) ^ rd();
+  return fmt::format("{:016x}", v);
+}
+
 }  // namespace
 
 std::vector<std::string> rank_environment(const std::vector<std::string>& parent, int rank, int nproc,
-                                          const std::string& master_addr, int master_port) {
+                                          const std::string& master_addr, int master_port,
+                                          const std::string& job_id) {
   std::vector<std::string> env;
   env.reserve(parent.size() + 6);
   for (const auto& entry : parent) {
@@ -495,6 +543,7 @@ std::vector<std::string> rank_environment(const std::vector<std::string>& parent
   env.push_back(fmt::format("LOCAL_WORLD_SIZE={}", nproc));
   env.push_back(fmt::format("MASTER_ADDR={}", master_addr));
   env.push_back(fmt::format("MASTER_PORT={}", master_port));
+  if (!job_id.empty()) env.push_back(fmt::format("MEGATRAIN_JOB_ID={}", job_id));
   return env;
 }
 
@@ -537,8 +586,9 @@ int launch_local(const LaunchOptions& opt) {
   plan.argv.push_back(nullptr);
   std::vector<std::string> parent;
   for (char** e = environ; *e; ++e) parent.emplace_back(*e);
+  const std::string job_id = random_job_id();
   for (int rank = 0; rank < opt.nproc; ++rank) {
-    auto& env = plan.env.emplace_back(rank_environment(parent, rank, opt.nproc, opt.master_addr, port));
+    auto& env = plan.env.emplace_back(rank_environment(parent, rank, opt.nproc, opt.master_addr, port, job_id));
     auto& envp = plan.envp.emplace_back();
     for (auto& entry : env) envp.push_back(entry.data());
     envp.push_back(nullptr);

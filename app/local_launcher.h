@@ -21,19 +21,21 @@ struct LaunchOptions {
 // waits for them. Returns the exit code for the launcher: 0 when every rank exits 0. Otherwise the first rank
 // that fails (non-zero exit, or killed by a signal) is named on stderr ("rank 2 (pid 812) exited with code 3"),
 // the others get SIGTERM and, `grace` later, SIGKILL, and its code is returned (128 + signal when killed).
-// SIGINT and SIGTERM sent to the launcher are forwarded to every rank, which are then waited for as usual; a
-// Ctrl-C from the terminal already reaches every rank (they share the launcher's process group), so it is not
-// sent a second time; a signal the caller ignores stays ignored, in the launcher and the ranks. Ranks get SIGKILL
+// SIGINT, SIGTERM and SIGHUP sent to the launcher are forwarded to every rank, which are then waited for as
+// usual; a Ctrl-C from the terminal (or its closing, SIGHUP) already reaches every rank (they share the
+// launcher's process group), so it is not sent a second time; a signal the caller ignores stays ignored, in the launcher and the ranks. Ranks get SIGKILL
 // when the launcher dies (PR_SET_PDEATHSIG: the calling thread must outlive the call, which it does), inherit
 // only descriptors 0-2, and a rank whose program cannot be run prints "cannot run <prog>: <reason>" and exits 127.
 // Throws std::invalid_argument for bad options and std::system_error when the ranks cannot be started (then
-// none is left running). Not reentrant: it owns the SIGINT, SIGTERM and SIGCHLD handlers while it runs.
+// none is left running). Not reentrant: it owns the SIGINT, SIGTERM, SIGHUP and SIGCHLD handlers while it runs.
 int launch_local(const LaunchOptions& opt);
 
 // The environment of one rank: `parent` ("NAME=value" entries) without the variables of any launcher that
-// parallel/launch reads, plus torchrun's for this rank of a one-node job of `nproc` ranks.
+// parallel/launch reads, plus torchrun's for this rank of a one-node job of `nproc` ranks, plus
+// MEGATRAIN_JOB_ID=job_id when it is not empty (the same for every rank of one launch).
 std::vector<std::string> rank_environment(const std::vector<std::string>& parent, int rank, int nproc,
-                                          const std::string& master_addr, int master_port);
+                                          const std::string& master_addr, int master_port,
+                                          const std::string& job_id = "");
 
 // A TCP port that is free on `addr` now (bind port 0, read it, close). Throws std::system_error.
 int pick_free_port(const std::string& addr);

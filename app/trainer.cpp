@@ -11,6 +11,7 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
@@ -18,6 +19,7 @@
 #include "app/checkpointing.h"
 #include "app/data_sources.h"
 #include "app/distributed.h"
+#include "app/nonfinite.h"
 #include "parallel/distributed_optimizer.h"
 #include "parallel/grad_reducer.h"
 #include "parallel/pipeline_executor.h"
@@ -288,6 +290,8 @@ class Trainer {
   bool pipelined() const { return !(dist_.pp_size() == 1 && chunks_.size() == 1); }
   double evaluate();
   void save();
+  void check_finite(const StepResult& r);
+  std::vector<int> ranks_where(bool here);
   void log_interval(double ms_per_iter, double loss, double lr, double grad_norm);
 
   // A microbatch's tokens and targets (B, S), read on the host and moved to the model's device.
@@ -315,6 +319,9 @@ class Trainer {
   // Read once per logging interval (a long interval reads when its at most 1024 slots are full).
   StepLosses step_losses_{device_, std::min<int64_t>(cfg_.logging.interval, 1024)};
   double interval_loss_ = 0;  // sum of the step losses read in this logging interval
+  // Non-finite iterations in a row (check_finite), and what the first of them found.
+  int64_t nonfinite_streak_ = 0;
+  std::string nonfinite_first_;
 };
 
 void Trainer::maybe_resume() {
@@ -389,6 +396,19 @@ void Trainer::maybe_resume() {
 void Trainer::save() {
   read_losses();  // the saved nan_iters counts every step so far (every rank reads here, as every rank saves)
   if (cfg_.checkpoint.save_dir.empty() || last_saved_ == std::to_string(c_.iteration)) return;
+  if (nonfinite_streak_ > 0) {  // keep the good checkpoints from being rotated out by one taken now
+    spdlog::warn("not saving a checkpoint at iteration {}: the last {} iteration(s) were not finite", c_.iteration,
+                 nonfinite_streak_);
+    return;
+  }
+  // Never a checkpoint whose weights hold inf or NaN.
+  const std::optional<std::string> bad = first_nonfinite(params_, /*grads=*/false);
+  if (const std::vector<int> ranks = ranks_where(bad.has_value()); !ranks.empty())
+    throw std::runtime_error(fmt::format(
+        "not saving a checkpoint at iteration {}: the weights are not finite on rank(s) [{}]{}", c_.iteration,
+        fmt::join(ranks, ", "), bad ? fmt::format("; on this rank (rank {}) first {}", dist_.rank(),
+                                                  describe_parameter(*bad))
+                                    : std::string()));
   auto t0 = std::chrono::steady_clock::now();
   const std::string key = fmt::format("checkpoint/{}/tmp", c_.iteration);
   std::string tmp;
@@ -584,6 +604,49 @@ void Trainer::load_batch(const SampleFn& source, int64_t first, Tensor& tokens, 
   targets = device_ == Device::cpu ? host_targets : host_targets.to(device_);
 }
 
+// The ranks (global) where `here` is true on that rank; every rank calls it at the same point.
+std::vector<int> Trainer::ranks_where(bool here) {
+  const int world = dist_.env.world_size;
+  std::vector<double> flags(static_cast<size_t>(world), 0.0);
+  flags[static_cast<size_t>(dist_.rank())] = here ? 1.0 : 0.0;
+  if (world > 1) flags = sum_over(*dist_.world, flags);
+  std::vector<int> ranks;
+  for (int r = 0; r < world; ++r)
+    if (flags[static_cast<size_t>(r)] > 0) ranks.push_back(r);
+  return ranks;
+}
+
+// Counts non-finite iterations in a row: an inf/NaN gradient norm (the global norm, the same on every rank,
+// so every rank decides alike; the step's loss is read on the host once per logging interval only, and a
+// non-finite loss gives non-finite gradients), except fp16 steps that the loss scaler skipped while its scale
+// can still back off (Megatron skips those forever; here they count once the scale sits at its minimum,
+// where backing off can no longer help). The first of a streak finds the first non-finite gradient on each
+// rank; after training.max_nonfinite_iters in a row the run stops with an error naming it.
+void Trainer::check_finite(const StepResult& r) {
+  const bool nonfinite = !std::isfinite(r.grad_norm) || r.found_inf;
+  const bool scaler_can_help = scaler_.dynamic() && scaler_.scale() > cfg_.training.loss_scale.min;
+  if (!nonfinite || scaler_can_help) {
+    nonfinite_streak_ = 0;
+    return;
+  }
+  if (nonfinite_streak_++ == 0) {
+    const std::optional<std::string> grad = first_nonfinite(params_, /*grads=*/true);
+    const std::vector<int> ranks = ranks_where(grad.has_value());
+    nonfinite_first_ = fmt::format("the first non-finite gradient, at iteration {}, was on rank(s) [{}]{}",
+                                   c_.iteration, fmt::join(ranks, ", "),
+                                   grad ? fmt::format("; on this rank (rank {}) in {}", dist_.rank(),
+                                                      describe_parameter(*grad))
+                                        : std::string());
+    spdlog::warn("iteration {} is not finite (grad norm {}): {}", c_.iteration, r.grad_norm, nonfinite_first_);
+  }
+  if (nonfinite_streak_ >= cfg_.training.max_nonfinite_iters)
+    throw std::runtime_error(fmt::format(
+        "training stopped: {} non-finite iterations in a row (iterations {} to {}, training.max_nonfinite_iters={}); "
+        "{}; no checkpoint was saved since",
+        nonfinite_streak_, c_.iteration - nonfinite_streak_ + 1, c_.iteration, cfg_.training.max_nonfinite_iters,
+        nonfinite_first_));
+}
+
 void Trainer::run() {
   const int64_t G = cfg_.training.global_batch_size, S = cfg_.model.seq_length;
   spdlog::info("data: {}", data_.description);
@@ -612,6 +675,7 @@ void Trainer::run() {
     train_step(lr, r);
     ++c_.iteration;
     c_.consumed_samples += G;
+    check_finite(r);
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     interval_ms += ms;
     ++interval_iters;
@@ -646,9 +710,11 @@ void Trainer::run() {
       metrics_.write(fmt::format(R"({{"iteration":{},"valid_loss":{}}})", c_.iteration, json_number(v)));
     }
     if (cfg_.checkpoint.save_interval > 0 && c_.iteration % cfg_.checkpoint.save_interval == 0) save();
-    // Every rank must stop after the same iteration, whenever the signal reached it.
+    // Every rank must stop after the same iteration, whenever the signal reached it: agreed over the whole
+    // world (a TP or PP peer that trained on would wait for this rank in its next collective).
     const int sig = g_signal.load();
-    const bool stop = dist_.dp_size() > 1 ? sum_over(*dist_.dp, {sig != 0 ? 1.0 : 0.0})[0] > 0 : sig != 0;
+    const bool stop =
+        dist_.env.world_size > 1 ? sum_over(*dist_.world, {sig != 0 ? 1.0 : 0.0})[0] > 0 : sig != 0;
     if (stop) {
       spdlog::warn("received {}: saving and stopping after iteration {}",
                    sig != 0 ? fmt::format("signal {}", sig) : "a stop signal on another rank", c_.iteration);
@@ -703,7 +769,14 @@ void train(const Config& cfg, const TrainOptions& opt, const LaunchEnv& env) {
   std::signal(SIGTERM, on_signal);
   std::signal(SIGUSR1, on_signal);
   std::signal(SIGINT, on_signal);
-  trainer.run();
+  std::signal(SIGHUP, on_signal);  // the terminal closed: like SIGTERM
+  try {
+    trainer.run();
+  } catch (const CommError& e) {
+    // A collective failed or timed out: say which ranks stopped answering, if any (the cause, not this rank).
+    if (!dist->heartbeat) throw;
+    throw CommError(std::string(e.what()) + dist->heartbeat->silent_ranks());
+  }
 }
 
 }  // namespace mt::app

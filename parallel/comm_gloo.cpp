@@ -3,6 +3,8 @@
 // pipeline stage can post both directions before waiting on either.
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <string_view>
@@ -325,9 +327,43 @@ class GlooCommunicator final : public Communicator {
   uint32_t next_tag_ = 0;  // collectives run in the same order on every rank, so the tags agree
 };
 
+// Gloo's TCP transport runs a background thread that throws (gloo::EnforceNotMet, gloo::IoException) when a
+// peer breaks the protocol, e.g. sends a message larger than the one this rank posted: nothing of ours can
+// catch that, and the process would abort with a core dump. This terminate handler turns it into an error
+// exit naming what failed and the likely cause; other terminations go on to the previous handler.
+std::terminate_handler g_previous_terminate = nullptr;
+
+[[noreturn]] void on_terminate() {
+  if (std::exception_ptr ep = std::current_exception()) {
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      if (what.find("gloo") != std::string::npos) {
+        std::fflush(stdout);
+        std::fprintf(stderr,
+                     "megatrain: error: the Gloo transport failed in its background thread: %s (a peer sent data "
+                     "this rank did not expect: do all ranks run the same binary and config?)\n",
+                     what.c_str());
+        std::fflush(stderr);
+        std::_Exit(1);
+      }
+    } catch (...) {
+    }
+  }
+  if (g_previous_terminate) g_previous_terminate();
+  std::abort();
+}
+
+void install_terminate_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] { g_previous_terminate = std::set_terminate(on_terminate); });
+}
+
 }  // namespace
 
 std::unique_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Store> store, const GlooOptions& opt) {
+  install_terminate_handler();
   auto group = std::make_shared<GroupInfo>();
   group->name = opt.name.empty() ? fmt::format("gloo[{}]", fmt::join(opt.members, ",")) : opt.name;
   group->members = opt.members;

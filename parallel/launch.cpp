@@ -204,12 +204,26 @@ LaunchEnv from_openmpi(const Env& env) {
 
 }  // namespace
 
+// The launcher's id of this job (LaunchEnv::job_id); "" when it gives none.
+std::string job_id_of(const GetEnv& getenv) {
+  auto value = [&](const char* name) -> std::string {
+    const char* v = getenv(name);
+    return v ? v : "";
+  };
+  if (std::string id = value("MEGATRAIN_JOB_ID"); !id.empty()) return "megatrain:" + id;
+  if (std::string id = value("TORCHELASTIC_RUN_ID"); !id.empty()) return "torchrun:" + id;
+  if (std::string id = value("SLURM_JOB_ID"); !id.empty()) return "slurm:" + id + "." + value("SLURM_STEP_ID");
+  return "";
+}
+
 LaunchEnv detect_launch_env(const GetEnv& getenv) {
   Env env(getenv);
-  if (env.has("RANK") || env.has("WORLD_SIZE")) return from_torchrun(env);
-  if (env.has("SLURM_PROCID")) return from_slurm(env);
-  if (env.has("OMPI_COMM_WORLD_RANK")) return from_openmpi(env);
-  return LaunchEnv{};
+  LaunchEnv e;
+  if (env.has("RANK") || env.has("WORLD_SIZE")) e = from_torchrun(env);
+  else if (env.has("SLURM_PROCID")) e = from_slurm(env);
+  else if (env.has("OMPI_COMM_WORLD_RANK")) e = from_openmpi(env);
+  e.job_id = job_id_of(getenv);
+  return e;
 }
 
 LaunchEnv detect_launch_env() {

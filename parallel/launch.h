@@ -13,6 +13,10 @@ struct LaunchEnv {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
   std::string launcher = "single";  // torchrun | slurm | openmpi | single
+  // Who launched this job, the same on every rank of it and (as far as the launcher makes it so) different
+  // between jobs: MEGATRAIN_JOB_ID (megatrain --nproc), else TORCHELASTIC_RUN_ID (torchrun --rdzv-id), else
+  // SLURM_JOB_ID.SLURM_STEP_ID; empty when none is set. Rendezvous refuses ranks whose job ids differ.
+  std::string job_id;
 };
 
 using GetEnv = std::function<const char*(const char*)>;
@@ -25,7 +29,7 @@ using GetEnv = std::function<const char*(const char*)>;
 // and MASTER_PORT from the environment), in that order; none means one rank. Throws std::invalid_argument
 // naming the variable and its value for values that do not parse or are inconsistent ("RANK=8 is not below
 // WORLD_SIZE=8", negative, port outside 1..65535, a half-set launcher environment, a multi-node job with no
-// way to find MASTER_ADDR).
+// way to find MASTER_ADDR). job_id is read the same way whatever the launcher (see LaunchEnv::job_id).
 LaunchEnv detect_launch_env(const GetEnv& getenv);
 LaunchEnv detect_launch_env();  // from the process environment
 

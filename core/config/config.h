@@ -71,6 +71,9 @@ struct TrainingConfig {
   std::string recompute = "none";        // none | full (selective later)
   int64_t seed = 1234;
   std::string device = "auto";           // auto (cuda when built with it and a GPU is visible, else cpu) | cuda | cpu
+  // Stop with an error after this many non-finite iterations in a row (inf/NaN loss or gradients; fp16 steps
+  // skipped by the loss scaler count only once the scale is at its minimum).
+  int64_t max_nonfinite_iters = 10;
   // derived
   int64_t num_microbatches = 0;          // global_batch_size / (micro_batch_size * data-parallel size)
 

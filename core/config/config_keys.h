@@ -63,6 +63,7 @@ void visit(V& v, C& c) {
     v.field({.name = "recompute"}, t.recompute);
     v.field({.name = "seed"}, t.seed);
     v.field({.name = "device"}, t.device);
+    v.field({.name = "max_nonfinite_iters"}, t.max_nonfinite_iters);
   });
   v.section("optimizer", [&] {
     auto& o = c.optimizer;

@@ -205,6 +205,7 @@ void resolve_training(Config& c, const Rules& r) {
   if (c.parallel.backend == "nccl" && t.device == "cpu")
     r.fail("parallel.backend", "nccl needs training.device: cuda (NCCL moves GPU memory); use gloo or auto on cpu");
   r.non_negative("training.seed", t.seed);
+  r.positive("training.max_nonfinite_iters", t.max_nonfinite_iters);
 
   const LossScaleConfig& s = t.loss_scale;
   r.positive("training.loss_scale.min", s.min);

@@ -6,3 +6,4 @@ source "$SRC/tests/e2e/lib/layout_matrix.bash"
 prepare_data
 write_config
 run_layout_matrix fp32 1e-4 full plain
+run_untied_layouts fp32 1e-4

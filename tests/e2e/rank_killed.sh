@@ -23,3 +23,28 @@ grep -q "rank 2 (pid $victim) was killed by signal 9" err.txt || { cat err.txt; 
 echo "job ended ${elapsed}s after SIGKILL of rank 2 (exit $rc): $(grep 'rank 2' err.txt)"
 "$MT" ckpt inspect ckpt --verify >/dev/null || fail "the last committed checkpoint does not verify"
 "$MT" eval --checkpoint ckpt --data data/text_document --samples 4 || fail "the last committed checkpoint does not load"
+
+# A rank stopped with SIGSTOP answers nothing: its peer times out and exits first. The launcher must still
+# name the stopped rank first (and kill it), and the peer's timeout error must name it by its heartbeat.
+"$MT" --config tiny.yaml --nproc 2 --set training.train_iters=100000 --set parallel.timeout_s=5 \
+      --set logging.dir=stopped >out2.txt 2>err2.txt &
+launcher=$!
+for _ in $(seq 300); do grep -q '"loss"' stopped/metrics.jsonl 2>/dev/null && break; sleep 0.1; done
+victim=""
+for child in $(pgrep -P "$launcher"); do
+  tr '\0' '\n' < /proc/$child/environ | grep -qx "RANK=1" && victim=$child
+done
+[ -n "$victim" ] || fail "no rank 1 process found"
+start=$(date +%s)
+kill -STOP "$victim"
+rc=0
+wait "$launcher" || rc=$?
+elapsed=$(( $(date +%s) - start ))
+[ $rc -ne 0 ] || fail "the job exited 0 with a stopped rank"
+[ $elapsed -le 40 ] || fail "took ${elapsed}s to end the job with a stopped rank"
+grep -m1 "megatrain launch:" err2.txt | grep -q "rank 1 (pid $victim) is stopped" \
+  || { cat err2.txt; fail "the launcher does not name the stopped rank 1 first"; }
+grep -q "ranks whose heartbeat stopped, likely stopped or frozen: \[1\]" err2.txt \
+  || { cat err2.txt; fail "rank 0's timeout error does not name rank 1"; }
+[ -z "$(pgrep -P "$launcher")" ] || fail "ranks left running"
+echo "job ended ${elapsed}s after SIGSTOP of rank 1 (exit $rc):"; grep -E "megatrain( launch|: error)" err2.txt

@@ -401,3 +401,26 @@ TEST(CommGloo, MisuseIsReportedWithGroupAndRank) {
 
 }  // namespace
 }  // namespace mt
+
+namespace mt {
+
+// Ranks that disagree on a collective's size break Gloo's protocol inside its transport thread, where nothing
+// can catch the gloo::EnforceNotMet: the process must end with an error naming the Gloo failure (exit 1), not
+// abort with a core dump.
+TEST(CommGlooDeathTest, ATransportThreadFailureEndsWithAnErrorNotAnAbort) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        auto store = make_hash_store();
+        run_ranks(2, [&](int r) {
+          auto comm = join(store, "mismatch", iota_ranks(2), r, 5s);
+          // rank 1 sends more than rank 0 posted.
+          Tensor t = Tensor::zeros({r == 0 ? int64_t(4) : int64_t(4096)}, DType::f32);
+          comm->all_reduce(t, ReduceOp::sum)->wait();
+        });
+        std::exit(0);  // a run where the sizes did not trip Gloo fails the test (exit 0, not 1)
+      },
+      ::testing::ExitedWithCode(1), "Gloo transport failed in its background thread");
+}
+
+}  // namespace mt

@@ -313,3 +313,13 @@ TEST(Launch, ReadsTheProcessEnvironment) {
   EXPECT_EQ(e.rank, 5);
   EXPECT_EQ(e.master_addr, "node01");
 }
+
+// --- the job id (rendezvous refuses ranks of another job) ---
+
+TEST(Launch, JobIdComesFromTheLauncherInOrderOfPrecedence) {
+  EXPECT_EQ(detect({}).job_id, "");
+  EXPECT_EQ(detect(with(kTorchrun, {{"TORCHELASTIC_RUN_ID", "r1"}})).job_id, "torchrun:r1");
+  EXPECT_EQ(detect({{"SLURM_JOB_ID", "12"}, {"SLURM_STEP_ID", "3"}}).job_id, "slurm:12.3");
+  EXPECT_EQ(detect(with(kTorchrun, {{"TORCHELASTIC_RUN_ID", "r1"}, {"MEGATRAIN_JOB_ID", "ab"}})).job_id,
+            "megatrain:ab");
+}

@@ -181,6 +181,12 @@ TEST(LocalLauncher, RankEnvironmentKeepsTheRestOfTheParentEnvironment) {
                                            "MASTER_PORT=29500"}));
 }
 
+TEST(LocalLauncher, RankEnvironmentGivesEveryRankTheLaunchsJobId) {
+  std::vector<std::string> env = rank_environment({"MEGATRAIN_JOB_ID=outer", "HOME=/h"}, 0, 2, "127.0.0.1", 1, "c0ffee");
+  EXPECT_EQ(env, (std::vector<std::string>{"HOME=/h", "RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=2",
+                                           "MASTER_ADDR=127.0.0.1", "MASTER_PORT=1", "MEGATRAIN_JOB_ID=c0ffee"}));
+}
+
 TEST_F(LocalLauncherTest, AllRanksSucceedingGivesZero) { EXPECT_EQ(launch_local(shell(4, "exit 0")), 0); }
 
 TEST_F(LocalLauncherTest, FirstFailureStopsTheOthersPromptlyAndGivesItsCode) {
@@ -233,6 +239,26 @@ TEST_F(LocalLauncherTest, RankKilledBySignalGives128PlusTheSignal) {
   EXPECT_EQ(c.code, 128 + SIGKILL);
   EXPECT_NE(c.err.find("rank 1 (pid "), std::string::npos) << c.err;
   EXPECT_NE(c.err.find("was killed by signal 9"), std::string::npos) << c.err;
+}
+
+TEST_F(LocalLauncherTest, AStoppedRankIsNamedBeforeThePeerThatTimedOutAndKilledAtOnce) {
+  // Rank 1 stops itself (SIGSTOP); rank 0, "timing out" waiting for it, exits 1. The stopped rank is the cause:
+  // named first, and killed without waiting out the 10 s grace (SIGTERM cannot reach a stopped process).
+  auto opt = shell(2, R"(
+    if [ "$RANK" = 1 ]; then echo $$ > "$1/pid.1"; kill -STOP $$; exit 0; fi
+    until [ -e "$1/pid.1" ]; do sleep 0.02; done
+    sleep 0.3; exit 1)");
+  const auto start = Clock::now();
+  Captured c = run_captured(dir_, [&] { return launch_local(opt); });
+  EXPECT_LT(seconds_since(start), 5.0);
+  EXPECT_EQ(c.code, 1);
+  const size_t stopped = c.err.find("rank 1 (pid "), failed = c.err.find("rank 0 (pid ");
+  ASSERT_NE(stopped, std::string::npos) << c.err;
+  EXPECT_NE(c.err.find("is stopped (SIGSTOP or a debugger)"), std::string::npos) << c.err;
+  EXPECT_LT(stopped, failed) << c.err;
+  pid_t pid = std::atoi(slurp(dir_ / "pid.1").c_str());
+  ASSERT_GT(pid, 0);
+  EXPECT_TRUE(process_is_gone(pid));
 }
 
 TEST_F(LocalLauncherTest, PrefixOutputLabelsEveryLineAndFlushesPartialLastLines) {

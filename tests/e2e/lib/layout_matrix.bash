@@ -40,3 +40,30 @@ run_layout_matrix() {  # precision tolerance variant...
   [ $count -eq $expected ] || fail "expected $expected multi-rank runs, ran $count"
   echo "all $count runs match one rank ($precision)"
 }
+
+# Untied embeddings (model.tie_embeddings=false: the first stage owns the embedding, the last its own lm_head)
+# in a handful of layouts with PP, TP, DP and interleaving; each must give the untied single-rank losses.
+# Before the embedding group was limited to tied embeddings, every PP layout here deadlocked.
+run_untied_layouts() {  # precision tolerance
+  local precision=$1 tol=$2
+  local common=(--config tiny.yaml --set model.num_layers=4 --set training.micro_batch_size=1
+                --set training.global_batch_size=8 --set training.train_iters=6 --set parallel.timeout_s=60
+                --set parallel.grad_bucket_size=5000 --set training.precision=$precision
+                --set model.tie_embeddings=false ${MATRIX_ARGS[@]+"${MATRIX_ARGS[@]}"})
+  "$MT" "${common[@]}" --set logging.dir=untied_one >/dev/null
+  local layout tp pp dp vp sp zero world dir count=0
+  # tp pp dp vp sp zero
+  for layout in "1 2 1 1 false false" "1 2 2 2 false true" "2 2 1 1 true false" "1 4 1 1 false false" \
+                "2 1 2 1 false false"; do
+    read -r tp pp dp vp sp zero <<<"$layout"
+    world=$((tp * pp * dp))
+    dir=untied_tp${tp}pp${pp}dp${dp}vp${vp}
+    "$MT" "${common[@]}" --nproc $world --set parallel.tensor=$tp --set parallel.pipeline=$pp \
+          --set parallel.virtual_pipeline=$vp --set parallel.sequence_parallel=$sp \
+          --set parallel.distributed_optimizer=$zero --set logging.dir=$dir >/dev/null 2>$dir.err \
+      || { tail -5 $dir.err; fail "$dir failed"; }
+    same_losses untied_one/metrics.jsonl $dir/metrics.jsonl 1 6 "$tol"
+    count=$((count + 1))
+  done
+  echo "all $count untied-embedding runs match one rank ($precision)"
+}
