@@ -28,12 +28,17 @@ TokenStream::TokenStream(std::vector<Part> parts) : parts_(std::move(parts)) {
     const Part& part = parts_[p];
     if (!part.dataset) throw std::invalid_argument(fmt::format("TokenStream: part {} has no dataset", p));
     const IndexedDataset& d = *part.dataset;
-    if (part.doc_begin < 0 || part.doc_begin > part.doc_end || part.doc_end > d.num_documents())
-      throw DataError(fmt::format("{}: document range [{}, {}) is outside the dataset's {} documents", d.prefix(),
-                                  part.doc_begin, part.doc_end, d.num_documents()));
+    const bool by_sequence = part.unit == Unit::sequences;
+    const int64_t limit = by_sequence ? d.num_sequences() : d.num_documents();
+    if (part.doc_begin < 0 || part.doc_begin > part.doc_end || part.doc_end > limit)
+      throw DataError(fmt::format("{}: {} range [{}, {}) is outside the dataset's {} {}", d.prefix(),
+                                  by_sequence ? "sequence" : "document", part.doc_begin, part.doc_end, limit,
+                                  by_sequence ? "sequences" : "documents"));
     auto docs = d.document_index();
     auto lengths = d.sequence_lengths();
-    for (int64_t s = docs[part.doc_begin]; s < docs[part.doc_end]; ++s) {
+    const int64_t first = by_sequence ? part.doc_begin : docs[part.doc_begin];
+    const int64_t last = by_sequence ? part.doc_end : docs[part.doc_end];
+    for (int64_t s = first; s < last; ++s) {
       if (lengths[s] == 0) continue;  // empty sequences hold no stream position
       runs_.push_back(Run{static_cast<int32_t>(p), s, total_, lengths[s]});
       total_ += lengths[s];
@@ -122,31 +127,33 @@ void SyntheticDataset::sample(int64_t global_index, std::span<int32_t> out) cons
     out[t] = static_cast<int32_t>(below(random_u64_at(seed_, stream, base + t), static_cast<uint64_t>(vocab_size_)));
 }
 
-// ---------------------------------------------------------------- split_documents
+// ---------------------------------------------------------------- split_ranges
 
-std::vector<std::pair<int64_t, int64_t>> split_documents(int64_t num_documents, const std::vector<double>& weights) {
+std::vector<std::pair<int64_t, int64_t>> split_ranges(int64_t num_elements, const std::vector<double>& weights) {
   if (weights.empty() || weights.size() > 3)
     throw std::invalid_argument(
         fmt::format("data.split: expected 1 to 3 weights (train, valid, test), got {}", weights.size()));
-  if (num_documents < 0) throw std::invalid_argument(fmt::format("split_documents: {} documents", num_documents));
-  double sum = 0;
-  for (double w : weights) {
+  if (num_elements < 0) throw std::invalid_argument(fmt::format("split_ranges: {} elements", num_elements));
+  for (double w : weights)
     if (!(w >= 0) || !std::isfinite(w))
       throw std::invalid_argument(fmt::format("data.split: weight {} is not a finite number >= 0", w));
-    sum += w;
-  }
-  if (!(sum > 0)) throw std::invalid_argument("data.split: the weights sum to 0");
   std::vector<double> w(weights);
   w.resize(3, 0.0);
-  // Megatron: normalize, then indices[i+1] = indices[i] + round(w_i * D); Python rounds half to even, which
-  // is nearbyint in the default rounding mode.
-  int64_t idx[4] = {0, 0, 0, 0};
-  for (int i = 0; i < 3; ++i)
-    idx[i + 1] = idx[i] + static_cast<int64_t>(std::nearbyint((w[i] / sum) * static_cast<double>(num_documents)));
-  const int64_t diff = idx[3] - num_documents;
-  for (int i = 1; i < 4; ++i) idx[i] = std::clamp<int64_t>(idx[i] - diff, idx[i - 1], num_documents);
-  idx[3] = num_documents;
-  return {{idx[0], idx[1]}, {idx[1], idx[2]}, {idx[2], idx[3]}};
+  // numpy.sum of 3 float64 adds left to right from 0 (below its pairwise block of 8).
+  const double sum = (0.0 + w[0]) + w[1] + w[2];
+  if (!(sum > 0)) throw std::invalid_argument("data.split: the weights sum to 0");
+  double bookend[4] = {0.0, 0.0, 0.0, 0.0};
+  for (int i = 0; i < 3; ++i) bookend[i + 1] = bookend[i] + w[i] / sum;
+  // int(round(b * float(N))): Python rounds half to even, which is nearbyint in the default rounding mode.
+  int64_t idx[4];
+  for (int i = 0; i < 4; ++i) idx[i] = static_cast<int64_t>(std::nearbyint(bookend[i] * static_cast<double>(num_elements)));
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (int i = 0; i < 3; ++i) {
+    // megatron-core builds no dataset for a zero-width bookend (its split matrix holds None).
+    if (!(bookend[i + 1] > bookend[i])) out.emplace_back(idx[i], idx[i]);
+    else out.emplace_back(idx[i], idx[i + 1]);
+  }
+  return out;
 }
 
 }  // namespace mt

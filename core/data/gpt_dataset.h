@@ -12,14 +12,17 @@
 
 namespace mt {
 
-// The tokens of documents [doc_begin, doc_end) of one or more indexed datasets, concatenated in file order
+// The tokens of documents [doc_begin, doc_end) (or, with unit = sequences, of sequences [doc_begin, doc_end),
+// the unit megatron-core splits GPT data by) of one or more indexed datasets, concatenated in file order
 // (dataset by dataset, sequence by sequence). Sample j of the stream is tokens [j*S, j*S + S] (S + 1 tokens:
 // the first S are the input, the last S the targets); there are (tokens - 1) / S of them.
 class TokenStream {
  public:
+  enum class Unit { documents, sequences };
   struct Part {
     std::shared_ptr<const IndexedDataset> dataset;
-    int64_t doc_begin = 0, doc_end = 0;
+    int64_t doc_begin = 0, doc_end = 0;  // documents, or sequences with unit = sequences
+    Unit unit = Unit::documents;
   };
   explicit TokenStream(std::vector<Part> parts);
   int64_t num_tokens() const { return total_; }
@@ -79,10 +82,14 @@ class SyntheticDataset {
   uint64_t seed_;
 };
 
-// Train / valid / test document ranges from split weights, by Megatron's get_split_indices: weights padded
-// to 3 with zeros and normalized, each split's count round(w * D) (half to even, as Python) summed, then all
-// boundaries shifted so the last is D (and clamped into [0, D] for tiny D). Returns 3 (begin, end) pairs.
-// Throws std::invalid_argument for more than 3 weights, a negative weight or a zero sum.
-std::vector<std::pair<int64_t, int64_t>> split_documents(int64_t num_documents, const std::vector<double>& weights);
+// Train / valid / test ranges of [0, num_elements) from split weights, exactly as megatron-core (0.14,
+// megatron/core/datasets/blended_megatron_dataset_config.py parse_and_normalize_split and
+// convert_split_vector_to_split_matrix, blended_megatron_dataset_builder.py _build_megatron_dataset_splits):
+// the weights padded to 3 with zeros and normalized (numpy's w / sum(w)), the bookends 0, w0, w0+w1, w0+w1+w2
+// summed left to right, and range i = [round(b_i * N), round(b_{i+1} * N)) with Python's round (half to even).
+// For GPT data megatron-core counts sequences (numel_low_level_dataset), not documents. Returns 3 (begin, end)
+// pairs; a zero weight gives an empty range. Throws std::invalid_argument for more than 3 weights, a negative
+// weight or a zero sum.
+std::vector<std::pair<int64_t, int64_t>> split_ranges(int64_t num_elements, const std::vector<double>& weights);
 
 }  // namespace mt

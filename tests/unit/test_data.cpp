@@ -1,10 +1,12 @@
 // test_data.cpp: the data layer: Megatron .bin/.idx reading and writing, token streams, the seeded sample
 // order, document splits, `data prepare` / `data inspect`.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <stdlib.h>
 
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -14,6 +16,8 @@
 #include <sstream>
 
 #include "app/commands.h"
+#include "core/config/config.h"
+#include "core/data/blend.h"
 #include "core/data/gpt_dataset.h"
 #include "core/data/indexed_dataset.h"
 #include "core/data/json_line.h"
@@ -518,22 +522,21 @@ TEST(SyntheticDataset, IsDeterministicAndInRange) {
   EXPECT_NE(x, y);
 }
 
-TEST(SplitDocuments, FollowsMegatronsRule) {
+TEST(SplitRanges, FollowsMegatronCoresRule) {
   using R = std::vector<std::pair<int64_t, int64_t>>;
-  EXPECT_EQ(split_documents(1000, {969, 30, 1}), (R{{0, 969}, {969, 999}, {999, 1000}}));
-  EXPECT_EQ(split_documents(1000, {90, 9, 1}), (R{{0, 900}, {900, 990}, {990, 1000}}));
-  // round(10/3) = 3 each, sum 9: every boundary moves up by one.
-  EXPECT_EQ(split_documents(10, {1, 1, 1}), (R{{0, 4}, {4, 7}, {7, 10}}));
-  // Python rounds half to even: round(2.5) = 2, so [0, 2, 4, 4] shifted by 1.
-  EXPECT_EQ(split_documents(5, {1, 1}), (R{{0, 3}, {3, 5}, {5, 5}}));
-  EXPECT_EQ(split_documents(7, {1}), (R{{0, 7}, {7, 7}, {7, 7}}));
-  EXPECT_EQ(split_documents(100, {98, 2, 0}), (R{{0, 98}, {98, 100}, {100, 100}}));
-  EXPECT_EQ(split_documents(0, {969, 30, 1}), (R{{0, 0}, {0, 0}, {0, 0}}));
-  // Megatron would give a negative bound here; we clamp.
-  EXPECT_EQ(split_documents(3, {0, 1, 1}), (R{{0, 0}, {0, 1}, {1, 3}}));
-  EXPECT_THROW(split_documents(10, {1, 1, 1, 1}), std::invalid_argument);
-  EXPECT_THROW(split_documents(10, {1, -1}), std::invalid_argument);
-  EXPECT_THROW(split_documents(10, {0, 0}), std::invalid_argument);
+  EXPECT_EQ(split_ranges(1000, {969, 30, 1}), (R{{0, 969}, {969, 999}, {999, 1000}}));
+  EXPECT_EQ(split_ranges(1000, {90, 9, 1}), (R{{0, 900}, {900, 990}, {990, 1000}}));
+  // Bookends 0, 1/3, 2/3, 1: round(3.33) = 3, round(6.67) = 7 (the old shifted rule gave 4 and 7).
+  EXPECT_EQ(split_ranges(10, {1, 1, 1}), (R{{0, 3}, {3, 7}, {7, 10}}));
+  // Python rounds half to even: round(2.5) = 2.
+  EXPECT_EQ(split_ranges(5, {1, 1}), (R{{0, 2}, {2, 5}, {5, 5}}));
+  EXPECT_EQ(split_ranges(7, {1}), (R{{0, 7}, {7, 7}, {7, 7}}));
+  EXPECT_EQ(split_ranges(100, {98, 2, 0}), (R{{0, 98}, {98, 100}, {100, 100}}));
+  EXPECT_EQ(split_ranges(0, {969, 30, 1}), (R{{0, 0}, {0, 0}, {0, 0}}));
+  EXPECT_EQ(split_ranges(3, {0, 1, 1}), (R{{0, 0}, {0, 2}, {2, 3}}));
+  EXPECT_THROW(split_ranges(10, {1, 1, 1, 1}), std::invalid_argument);
+  EXPECT_THROW(split_ranges(10, {1, -1}), std::invalid_argument);
+  EXPECT_THROW(split_ranges(10, {0, 0}), std::invalid_argument);
 }
 
 // ------------------------------------------------------------------------------------------------ JSON
@@ -681,6 +684,94 @@ TEST(Prepare, CommandLineRunsPrepareAndInspect) {
   const std::string nope = dir / "nope";
   std::vector<const char*> argv3 = {"megatrain", "data", "inspect", nope.c_str()};
   EXPECT_THROW(app3.parse(static_cast<int>(argv3.size()), argv3.data()), DataError);
+}
+
+// ------------------------------------------------------------------------------------------------ splits and blends
+// Golden values from tests/interop/megatron_split_blend_reference.py, a copy in behaviour of megatron-core 0.14's
+// split and blend rules (the script names the source files).
+
+struct SplitGolden {
+  std::vector<double> weights;
+  int64_t n;
+  std::array<int64_t, 6> ranges;
+};
+struct BlendGolden {
+  std::vector<double> weights;
+  int64_t target;
+  std::vector<int64_t> sizes, counts, first;
+  std::vector<double> normalized;  // normalize(normalize(weights)), as BlendedDataset holds them
+};
+
+TEST(SplitRanges, MatchesMegatronCoreGoldenValues) {
+  const std::vector<SplitGolden> splits = {
+#define MT_SPLIT_GOLDEN
+#include "megatron_split_golden.inc"
+#undef MT_SPLIT_GOLDEN
+  };
+  ASSERT_GT(splits.size(), 500u);
+  for (const SplitGolden& g : splits) {
+    auto r = split_ranges(g.n, g.weights);
+    const std::array<int64_t, 6> got = {r[0].first, r[0].second, r[1].first, r[1].second, r[2].first, r[2].second};
+    EXPECT_EQ(got, g.ranges) << "split [" << fmt::format("{}", fmt::join(g.weights, ", ")) << "] of " << g.n;
+  }
+}
+
+TEST(Blend, MatchesMegatronCoreGoldenValues) {
+  const std::vector<BlendGolden> blends = {
+#define MT_BLEND_GOLDEN
+#include "megatron_split_golden.inc"
+#undef MT_BLEND_GOLDEN
+  };
+  ASSERT_GE(blends.size(), 6u);
+  for (const BlendGolden& g : blends) {
+    SCOPED_TRACE(fmt::format("blend [{}] of {}", fmt::join(g.weights, ", "), g.target));
+    const std::vector<double> w = normalize_blend_weights(g.weights);
+    EXPECT_EQ(blend_sizes(w, g.target), g.sizes);
+    const std::vector<double> w2 = normalize_blend_weights(w);
+    ASSERT_EQ(w2.size(), g.normalized.size());
+    for (size_t i = 0; i < w2.size(); ++i) EXPECT_EQ(w2[i], g.normalized[i]) << "weight " << i;  // bit-exact
+    BlendIndex index(w2);
+    const int64_t size = std::accumulate(g.sizes.begin(), g.sizes.end(), int64_t{0});
+    EXPECT_EQ(index.counts(size), g.counts);
+    for (size_t i = 0; i < g.first.size(); ++i) EXPECT_EQ(index.at(static_cast<int64_t>(i)).first, g.first[i]) << i;
+  }
+}
+
+TEST(Blend, IndexIsTheGreedyRuleAcrossBlocks) {
+  // at() decodes blocks of kBlock from checkpoints; it must agree with one straight pass, in any access order.
+  const std::vector<double> w = normalize_blend_weights({0.3, 0.2, 0.5});
+  const int64_t n = 3 * BlendIndex::kBlock + 17;
+  std::vector<int64_t> taken(3, 0);
+  std::vector<std::pair<int, int64_t>> want;
+  for (int64_t g = 0; g < n; ++g) {
+    const double x = std::max(static_cast<double>(g), 1.0);
+    int best = 0;
+    for (int d = 1; d < 3; ++d)
+      if (w[d] * x - static_cast<double>(taken[d]) > w[best] * x - static_cast<double>(taken[best])) best = d;
+    want.emplace_back(best, taken[best]++);
+  }
+  BlendIndex index(w);
+  for (int64_t g = n - 1; g >= 0; g -= 997) EXPECT_EQ(index.at(g), want[static_cast<size_t>(g)]) << g;
+  for (int64_t g = 0; g < n; ++g) ASSERT_EQ(index.at(g), want[static_cast<size_t>(g)]) << g;
+  EXPECT_EQ(index.counts(n), taken);
+  EXPECT_THROW(normalize_blend_weights({0.5, 0}), std::invalid_argument);
+  EXPECT_THROW(normalize_blend_weights({}), std::invalid_argument);
+}
+
+TEST(Blend, ConfigListsFollowMegatronsSyntax) {
+  DataBlend b = parse_data_blend({"0.3", "a", "0.7", "b"});
+  EXPECT_EQ(b.prefixes, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(b.weights, (std::vector<double>{0.3, 0.7}));
+  b = parse_data_blend({"a", "b"});  // unweighted: today's concatenation
+  EXPECT_EQ(b.prefixes, (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(b.weights.empty());
+  b = parse_data_blend({"3", "a", "x", "b"});  // not every other item a number: plain prefixes
+  EXPECT_EQ(b.prefixes.size(), 4u);
+  EXPECT_TRUE(b.weights.empty());
+  b = parse_data_blend({"1", "a", "2"});  // odd count: plain prefixes
+  EXPECT_TRUE(b.weights.empty());
+  b = parse_data_blend({" 30 ", "a", "1e1", "b"});
+  EXPECT_EQ(b.weights, (std::vector<double>{30, 10}));
 }
 
 }  // namespace
