@@ -96,13 +96,24 @@ struct OptimizerConfig {
 };
 
 struct DataConfig {
-  std::vector<std::string> train;        // indexed-dataset prefixes (.bin/.idx), concatenated in order
+  // Each of train / valid is a list of indexed-dataset prefixes (.bin/.idx), concatenated in order, or a
+  // weighted blend in Megatron's --data-path syntax, [w0, prefix0, w1, prefix1, ...] (see parse_data_blend).
+  std::vector<std::string> train;
   std::vector<std::string> valid;        // optional; when empty validation comes from `split`
   std::vector<double> split = {969, 30, 1};  // train / valid / test weights over documents
   bool synthetic = false;                // random tokens, no files (benchmarks)
 
   bool operator==(const DataConfig&) const = default;
 };
+
+// A data.train / data.valid list read as Megatron's get_blend_from_list does: an even number of items whose
+// every other item (from the first) is a number is a weighted blend; anything else is a plain list of prefixes
+// (weights empty).
+struct DataBlend {
+  std::vector<std::string> prefixes;
+  std::vector<double> weights;  // empty: unweighted
+};
+DataBlend parse_data_blend(const std::vector<std::string>& items);
 
 struct CheckpointConfig {
   std::string save_dir;                  // empty: never save

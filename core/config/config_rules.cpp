@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <cmath>
 #include <initializer_list>
 #include <numeric>
@@ -237,18 +239,55 @@ void resolve_optimizer(Config& c, const Rules& r) {
   r.non_negative("optimizer.grad_clip", o.grad_clip);
 }
 
+// One data.train / data.valid list: no empty path, and blend weights finite and > 0 (megatron-core asserts it).
+void check_data_list(const Rules& r, const char* key, const std::vector<std::string>& items) {
+  const DataBlend blend = parse_data_blend(items);
+  const size_t stride = blend.weights.empty() ? 1 : 2, offset = blend.weights.empty() ? 0 : 1;
+  for (size_t i = 0; i < blend.prefixes.size(); ++i)
+    if (blend.prefixes[i].empty()) r.fail(fmt::format("{}[{}]", key, i * stride + offset), "is an empty path");
+  for (size_t i = 0; i < blend.weights.size(); ++i)
+    if (!std::isfinite(blend.weights[i]) || !(blend.weights[i] > 0))
+      r.fail(fmt::format("{}[{}]", key, 2 * i), fmt::format("blend weight {} must be a finite number > 0", items[2 * i]));
+}
+
 void resolve_data(Config& c, const Rules& r) {
   const DataConfig& d = c.data;
   if (d.train.empty() && !d.synthetic)
     r.fail("data.train", "needs at least one dataset prefix (or set data.synthetic: true)");
-  for (size_t i = 0; i < d.train.size(); ++i)
-    if (d.train[i].empty()) r.fail(fmt::format("data.train[{}]", i), "is an empty path");
-  for (size_t i = 0; i < d.valid.size(); ++i)
-    if (d.valid[i].empty()) r.fail(fmt::format("data.valid[{}]", i), "is an empty path");
+  check_data_list(r, "data.train", d.train);
+  check_data_list(r, "data.valid", d.valid);
   for (size_t i = 0; i < d.split.size(); ++i) r.non_negative(fmt::format("data.split[{}]", i), d.split[i]);
   if (!(std::accumulate(d.split.begin(), d.split.end(), 0.0) > 0))
     r.fail("data.split", fmt::format("[{}] must have a positive sum", fmt::join(d.split, ", ")));
 }
+
+}  // namespace
+
+DataBlend parse_data_blend(const std::vector<std::string>& items) {
+  DataBlend blend;
+  if (!items.empty() && items.size() % 2 == 0) {
+    for (size_t i = 0; i < items.size(); i += 2) {
+      // Python's float(): the whole item, surrounding blanks allowed.
+      const std::string& s = items[i];
+      char* end = nullptr;
+      const double w = std::strtod(s.c_str(), &end);
+      while (end && *end && std::isspace(static_cast<unsigned char>(*end))) ++end;
+      if (s.empty() || end == s.c_str() || *end != '\0') {
+        blend.weights.clear();
+        break;
+      }
+      blend.weights.push_back(w);
+    }
+  }
+  if (blend.weights.empty()) {
+    blend.prefixes = items;
+  } else {
+    for (size_t i = 1; i < items.size(); i += 2) blend.prefixes.push_back(items[i]);
+  }
+  return blend;
+}
+
+namespace {
 
 void resolve_checkpoint_and_logging(Config& c, const Rules& r) {
   const CheckpointConfig& k = c.checkpoint;

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Weighted blends in Megatron's syntax (data.train: [0.3, a, 0.7, b]) give each dataset megatron-core's share of
+# the samples (printed on the "data:" line), blend the validation splits with the same weights, accept a blend
+# for data.valid, keep the losses of one rank at DP=2, and refuse a zero weight. With megatron-core in a venv
+# ($MEGATRON_VENV or build/megatron-venv: python3 -m venv build/megatron-venv &&
+#  build/megatron-venv/bin/pip install --no-deps megatron-core numpy), the split / blend golden values of
+# tests/unit are also checked against its real functions; without it that part is skipped with a message.
+source "$(dirname "$0")/lib/common.bash"
+REF="$SRC/tests/interop/megatron_split_blend_reference.py"
+VENV=${MEGATRON_VENV:-$(dirname "$MT")/megatron-venv}
+if "$VENV/bin/python" -c "import numpy" 2>/dev/null; then
+  "$VENV/bin/python" "$REF" --check-numpy --check-megatron | tee ref.log
+  grep -q "megatron-core check: OK" ref.log || echo "SKIP (megatron-core part): see above"
+  grep -q "mismatches" ref.log && fail "the reference disagrees with megatron-core or numpy"
+  "$VENV/bin/python" "$REF" --golden | cmp - "$SRC/tests/unit/megatron_split_golden.inc" ||
+    fail "tests/unit/megatron_split_golden.inc is not what the reference generates"
+else
+  echo "SKIP (megatron-core part): no Python with numpy and megatron-core at $VENV"
+fi
+
+# Two datasets of the licence texts: a (the first 7 files) and b (the next 7).
+mkdir -p data
+mapfile -t inputs < <(find /usr/share/common-licenses -type f | sort)
+"$MT" data prepare --input "${inputs[@]:0:7}" --output data/a --tokenizer byte >/dev/null
+"$MT" data prepare --input "${inputs[@]:7:7}" --output data/b --tokenizer byte >/dev/null
+write_config
+sed -i 's|^data: .*|data: {train: [0.3, data/a, 0.7, data/b], split: [80, 20, 0]}|' tiny.yaml
+common=(--config tiny.yaml --set training.train_iters=6 --set logging.eval_interval=3 --set logging.eval_iters=2
+        --set parallel.timeout_s=60)
+"$MT" "${common[@]}" --set logging.dir=one >one.log 2>&1 || { cat one.log; fail "the blend run failed"; }
+grep "data:" one.log
+# 6 iterations of 8 samples: megatron-core asks ceil(48*0.3)=15 of a and ceil(48*0.7)=34 of b; validation
+# (2 batches of 8) ceil(4.8)=5 and ceil(11.2)=12.
+grep -q "train: blend of 49 samples \[data/a w=0.3: 15 samples" one.log || fail "train shares differ"
+grep -q "data/b w=0.7: 34 samples" one.log || fail "train share of b differs"
+grep -q "validation: blend of 17 samples \[data/a w=0.3: 5 samples" one.log || fail "validation shares differ"
+grep -q '"valid_loss"' one/metrics.jsonl || fail "no validation loss"
+run_ranks 2 "${common[@]}" --set logging.dir=dp2
+same_losses one/metrics.jsonl dp2/metrics.jsonl 1 6 1e-4
+
+# A blend for data.valid (whole datasets), and a plain list still concatenates.
+"$MT" "${common[@]}" --set logging.dir=v --set 'data.valid=[1, data/a, 3, data/b]' >v.log 2>&1 ||
+  { cat v.log; fail "the data.valid blend run failed"; }
+grep -q "validation: blend of 16 samples \[data/a w=0.25: 4 samples" v.log || { grep "data:" v.log; fail "valid shares"; }
+"$MT" "${common[@]}" --set logging.dir=plain --set 'data.train=[data/a, data/b]' >plain.log 2>&1 ||
+  { cat plain.log; fail "the plain list run failed"; }
+grep -q "train: [0-9]* samples per epoch" plain.log || fail "a plain list is no longer a concatenation"
+
+expect_error "data.train\[0\]: blend weight 0 must be a finite number > 0" --config tiny.yaml \
+  --set 'data.train=[0, data/a, 1, data/b]'
+echo "ok"
