@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Weighted blends in Megatron's syntax (data.train: [0.3, a, 0.7, b]) give each dataset megatron-core's share of
 # the samples (printed on the "data:" line), blend the validation splits with the same weights, accept a blend
-# for data.valid, keep the losses of one rank at DP=2, and refuse a zero weight. With megatron-core in a venv
-# ($MEGATRON_VENV or build/megatron-venv: python3 -m venv build/megatron-venv &&
+# for data.valid, keep the losses of one rank at DP=2 and across a resume, and refuse a zero weight. With
+# megatron-core in a venv ($MEGATRON_VENV or build/megatron-venv: python3 -m venv build/megatron-venv &&
 #  build/megatron-venv/bin/pip install --no-deps megatron-core numpy), the split / blend golden values of
 # tests/unit are also checked against its real functions; without it that part is skipped with a message.
 source "$(dirname "$0")/lib/common.bash"
@@ -37,6 +37,10 @@ grep -q "validation: blend of 17 samples \[data/a w=0.3: 5 samples" one.log || f
 grep -q '"valid_loss"' one/metrics.jsonl || fail "no validation loss"
 run_ranks 2 "${common[@]}" --set logging.dir=dp2
 same_losses one/metrics.jsonl dp2/metrics.jsonl 1 6 1e-4
+# Stopped after iteration 3 and resumed, the blend continues where it was.
+"$MT" "${common[@]}" --set logging.dir=part --set checkpoint.save_dir=ckpt --exit-after 3 >/dev/null 2>&1
+"$MT" "${common[@]}" --set logging.dir=resumed --set checkpoint.save_dir=ckpt >/dev/null 2>&1
+same_losses one/metrics.jsonl resumed/metrics.jsonl 4 6 0
 
 # A blend for data.valid (whole datasets), and a plain list still concatenates.
 "$MT" "${common[@]}" --set logging.dir=v --set 'data.valid=[1, data/a, 3, data/b]' >v.log 2>&1 ||
