@@ -774,5 +774,22 @@ TEST(Blend, ConfigListsFollowMegatronsSyntax) {
   EXPECT_EQ(b.weights, (std::vector<double>{30, 10}));
 }
 
+TEST(TokenStream, SequenceRangesCutInsideDocuments) {
+  // megatron-core splits GPT data by sequence: a part of sequences [2, 5) starts and ends inside documents.
+  TempDir dir;
+  IndexedDatasetWriter w(dir / "m", TokenDType::u16);
+  w.add_document(Doc{{1, 2}, {3}});     // sequences 0, 1
+  w.add_document(Doc{{4, 5}, {6, 7}});  // sequences 2, 3
+  w.add_document(Doc{{8}, {9, 10}});    // sequences 4, 5
+  w.finish();
+  auto d = std::make_shared<const IndexedDataset>(dir / "m");
+  TokenStream stream({{d, 2, 5, TokenStream::Unit::sequences}});
+  ASSERT_EQ(stream.num_tokens(), 5);
+  std::vector<int32_t> out(5);
+  stream.read(0, out);
+  EXPECT_EQ(out, (std::vector<int32_t>{4, 5, 6, 7, 8}));
+  EXPECT_THROW(TokenStream({{d, 2, 7, TokenStream::Unit::sequences}}), DataError);
+}
+
 }  // namespace
 }  // namespace mt
