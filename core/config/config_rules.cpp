@@ -247,7 +247,8 @@ void check_data_list(const Rules& r, const char* key, const std::vector<std::str
     if (blend.prefixes[i].empty()) r.fail(fmt::format("{}[{}]", key, i * stride + offset), "is an empty path");
   for (size_t i = 0; i < blend.weights.size(); ++i)
     if (!std::isfinite(blend.weights[i]) || !(blend.weights[i] > 0))
-      r.fail(fmt::format("{}[{}]", key, 2 * i), fmt::format("blend weight {} must be a finite number > 0", items[2 * i]));
+      r.fail(fmt::format("{}[{}]", key, 2 * i),
+             fmt::format("blend weight {} must be a finite number > 0", items[2 * i]));
 }
 
 void resolve_data(Config& c, const Rules& r) {

@@ -59,7 +59,8 @@ std::vector<int64_t> blend_sizes(const std::vector<double>& normalized_weights, 
 
 BlendIndex::BlendIndex(std::vector<double> weights) : weights_(std::move(weights)) {
   if (weights_.empty()) throw std::invalid_argument("BlendIndex: no datasets");
-  if (weights_.size() >= 32767) throw std::invalid_argument("BlendIndex: megatron-core blends fewer than 32767 datasets");
+  if (weights_.size() >= 32767)
+    throw std::invalid_argument("BlendIndex: megatron-core blends fewer than 32767 datasets");
   checkpoints_.push_back(std::vector<int64_t>(weights_.size(), 0));
 }
 

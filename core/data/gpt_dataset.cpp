@@ -146,7 +146,8 @@ std::vector<std::pair<int64_t, int64_t>> split_ranges(int64_t num_elements, cons
   for (int i = 0; i < 3; ++i) bookend[i + 1] = bookend[i] + w[i] / sum;
   // int(round(b * float(N))): Python rounds half to even, which is nearbyint in the default rounding mode.
   int64_t idx[4];
-  for (int i = 0; i < 4; ++i) idx[i] = static_cast<int64_t>(std::nearbyint(bookend[i] * static_cast<double>(num_elements)));
+  for (int i = 0; i < 4; ++i)
+    idx[i] = static_cast<int64_t>(std::nearbyint(bookend[i] * static_cast<double>(num_elements)));
   std::vector<std::pair<int64_t, int64_t>> out;
   for (int i = 0; i < 3; ++i) {
     // megatron-core builds no dataset for a zero-width bookend (its split matrix holds None).

@@ -45,7 +45,8 @@ same_losses one/metrics.jsonl resumed/metrics.jsonl 4 6 0
 # A blend for data.valid (whole datasets), and a plain list still concatenates.
 "$MT" "${common[@]}" --set logging.dir=v --set 'data.valid=[1, data/a, 3, data/b]' >v.log 2>&1 ||
   { cat v.log; fail "the data.valid blend run failed"; }
-grep -q "validation: blend of 16 samples \[data/a w=0.25: 4 samples" v.log || { grep "data:" v.log; fail "valid shares"; }
+grep -q "validation: blend of 16 samples \[data/a w=0.25: 4 samples" v.log ||
+  { grep "data:" v.log; fail "valid shares"; }
 "$MT" "${common[@]}" --set logging.dir=plain --set 'data.train=[data/a, data/b]' >plain.log 2>&1 ||
   { cat plain.log; fail "the plain list run failed"; }
 grep -q "train: [0-9]* samples per epoch" plain.log || fail "a plain list is no longer a concatenation"
