@@ -1,6 +1,6 @@
 // blend.h: Megatron's weighted dataset blends: which dataset (and which of its samples) global sample g reads.
 //
-// The rule is megatron-core's (0.14): megatron/core/datasets/utils.py normalize, blended_megatron_dataset_builder.py
+// The rule is megatron-core's (0.16.1): megatron/core/datasets/utils.py normalize, blended_megatron_dataset_builder.py
 // _get_size_per_split_per_dataset and helpers.cpp build_blending_indices. The choice for sample g depends only
 // on the weights and g, never on the parallel layout, so every rank computes the same order.
 #pragma once

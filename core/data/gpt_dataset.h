@@ -82,7 +82,7 @@ class SyntheticDataset {
   uint64_t seed_;
 };
 
-// Train / valid / test ranges of [0, num_elements) from split weights, exactly as megatron-core (0.14,
+// Train / valid / test ranges of [0, num_elements) from split weights, exactly as megatron-core (0.16.1,
 // megatron/core/datasets/blended_megatron_dataset_config.py parse_and_normalize_split and
 // convert_split_vector_to_split_matrix, blended_megatron_dataset_builder.py _build_megatron_dataset_splits):
 // the weights padded to 3 with zeros and normalized (numpy's w / sum(w)), the bookends 0, w0, w0+w1, w0+w1+w2

@@ -687,7 +687,7 @@ TEST(Prepare, CommandLineRunsPrepareAndInspect) {
 }
 
 // ------------------------------------------------------------------------------------------------ splits and blends
-// Golden values from tests/interop/megatron_split_blend_reference.py, a copy in behaviour of megatron-core 0.14's
+// Golden values from tests/interop/megatron_split_blend_reference.py, a copy in behaviour of megatron-core 0.16.1's
 // split and blend rules (the script names the source files).
 
 struct SplitGolden {
