@@ -1,5 +1,5 @@
 // tokenizer.h: text -> token ids for `megatrain data prepare`: the byte tokenizer, GPT-2's byte-level BPE
-// (vocab.json + merges.txt) and Hugging Face byte-level BPE (tokenizer.json).
+// (vocab.json + merges.txt), Hugging Face byte-level BPE (tokenizer.json) and SentencePiece (.model).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -52,11 +52,15 @@ struct TokenizerOptions {
   std::string vocab_file;      // gpt2: GPT-2's vocab.json
   std::string merge_file;      // gpt2: GPT-2's merges.txt
   std::string tokenizer_file;  // hf: a Hugging Face tokenizer.json
-  std::string eod_token;       // hf: the end-of-document token's text (default: a known eos among special tokens)
+  std::string tokenizer_model;  // sentencepiece: a SentencePiece .model file
+  std::string eod_token;        // hf, sentencepiece: the end-of-document token's text (default: the known eos)
 };
 
 // Megatron's rule: uint16 below 65500 ids, int32 from there.
 TokenDType token_dtype_for_vocab(int64_t vocab_size);
+
+// Whether this build links libsentencepiece (found by pkg-config at configure time).
+bool have_sentencepiece();
 
 // The names make_tokenizer accepts.
 std::vector<std::string> supported_tokenizers();
