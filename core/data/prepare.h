@@ -32,7 +32,8 @@ struct PrepareStats {
 // LF). A JSON-lines file holds one object per non-blank line whose `json_key` string is a document.
 // Every input is checked before anything is written; a missing or unreadable input, a malformed line
 // (reported as FILE:LINE) or no document at all is a DataError, and the output is then left as it was:
-// the pair is written to temporary files and renamed into place only when complete.
+// the pair is written to temporary files and renamed into place only when complete. PREFIX.tokenizer.yaml
+// records the tokenizer (tokenizer_sidecar.h).
 PrepareStats prepare_dataset(const PrepareOptions& options);
 
 // A human-readable summary of PREFIX.bin/.idx: dtype, sequence / document / token counts, min / mean / max
