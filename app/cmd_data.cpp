@@ -64,7 +64,13 @@ void add_data_commands(CLI::App& root) {
   inspect->add_option("--docs", *docs, "How many leading documents to show")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  inspect->callback([prefix, docs] { fmt::print("{}", inspect_dataset(*prefix, *docs)); });
+  auto decode = std::make_shared<int64_t>(0);
+  inspect
+      ->add_option("--decode", *decode,
+                   "Also print the first N documents as text, decoded by the tokenizer PREFIX.tokenizer.yaml "
+                   "names (invalid UTF-8 shown as U+FFFD)")
+      ->check(CLI::NonNegativeNumber);
+  inspect->callback([prefix, docs, decode] { fmt::print("{}", inspect_dataset(*prefix, *docs, *decode)); });
 }
 
 }  // namespace mt::app

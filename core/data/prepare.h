@@ -38,7 +38,8 @@ PrepareStats prepare_dataset(const PrepareOptions& options);
 
 // A human-readable summary of PREFIX.bin/.idx: dtype, sequence / document / token counts, min / mean / max
 // document length, and the first tokens of the first `sample_docs` documents (also as text when every
-// shown token is a byte-tokenizer id, 0..256).
-std::string inspect_dataset(const std::string& prefix, int64_t sample_docs = 1);
+// shown token is a byte-tokenizer id, 0..256). With decode_docs > 0, then the first decode_docs documents whole,
+// decoded by the tokenizer PREFIX.tokenizer.yaml records, as valid UTF-8 (invalid sequences as U+FFFD).
+std::string inspect_dataset(const std::string& prefix, int64_t sample_docs = 1, int64_t decode_docs = 0);
 
 }  // namespace mt

@@ -16,6 +16,17 @@ void ByteTokenizer::encode_with(std::string_view text, std::vector<int32_t>& out
   for (char c : text) out.push_back(static_cast<unsigned char>(c));
 }
 
+std::string ByteTokenizer::decode(std::span<const int32_t> ids) const {
+  std::string s;
+  for (int32_t t : ids) {
+    if (t >= 0 && t < 256)
+      s += static_cast<char>(t);
+    else if (t != eod())
+      s += "\xEF\xBF\xBD";  // U+FFFD
+  }
+  return s;
+}
+
 TokenDType token_dtype_for_vocab(int64_t vocab_size) {
   return vocab_size < 65500 ? TokenDType::u16 : TokenDType::i32;
 }

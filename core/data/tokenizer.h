@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,6 +30,10 @@ class Tokenizer {
   virtual std::unique_ptr<EncodeCache> make_cache() const { return nullptr; }
   // Appends the ids of `text` to out. `cache` is nullptr or one made by this tokenizer's make_cache().
   virtual void encode_with(std::string_view text, std::vector<int32_t>& out, EncodeCache* cache) const = 0;
+  // The bytes the ids stand for, the end-of-document id left out (it separates documents); not necessarily valid
+  // UTF-8 (a byte tokenizer's, or a byte-level BPE's, ids can split a character): see valid_utf8(). An id
+  // outside the vocabulary decodes to U+FFFD.
+  virtual std::string decode(std::span<const int32_t> ids) const = 0;
   // The same, with a cache that lives for this call only.
   void encode(std::string_view text, std::vector<int32_t>& out) const {
     std::unique_ptr<EncodeCache> cache = make_cache();
@@ -44,6 +49,7 @@ class ByteTokenizer final : public Tokenizer {
   int32_t eod() const override { return 256; }
   TokenDType storage_dtype() const override { return TokenDType::u16; }
   void encode_with(std::string_view text, std::vector<int32_t>& out, EncodeCache* cache) const override;
+  std::string decode(std::span<const int32_t> ids) const override;
 };
 
 // What make_tokenizer needs: the name and the files that name reads.

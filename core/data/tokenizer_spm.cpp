@@ -56,6 +56,31 @@ class SentencePieceTokenizer final : public Tokenizer {
     out.insert(out.end(), c.ids.begin(), c.ids.end());
   }
 
+  // SentencePiece's own decoding (byte-fallback pieces joined into bytes, U+2581 back to spaces); the control
+  // pieces (bos / eos) decode to nothing. Ids outside the model become U+FFFD.
+  std::string decode(std::span<const int32_t> ids) const override {
+    std::string s;
+    std::vector<int> run;
+    auto flush = [&] {
+      std::string text;
+      const auto status = sp_->Decode(run, &text);
+      if (!status.ok()) throw DataError(fmt::format("sentencepiece: cannot decode: {}", status.ToString()));
+      s += text;
+      run.clear();
+    };
+    for (int32_t t : ids) {
+      if (t == eod_) continue;
+      if (t >= 0 && t < sp_->GetPieceSize()) {
+        run.push_back(t);
+      } else {
+        flush();
+        s += "\xEF\xBF\xBD";  // U+FFFD
+      }
+    }
+    flush();
+    return s;
+  }
+
  private:
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
   int32_t eod_;

@@ -17,6 +17,7 @@
 #include "core/data/prepare.h"
 #include "core/data/pretokenizer.h"
 #include "core/data/tokenizer.h"
+#include "core/data/tokenizer_sidecar.h"
 #include "core/data/utf8.h"
 
 namespace mt {
@@ -340,7 +341,7 @@ void expect_spm_golden(const std::string& model, int64_t vocab, const std::vecto
   }
 }
 
-TEST(SentencePiece, BpeWithByteFallbackMatchesPython) {
+TEST(SentencePieceTokenizer, BpeWithByteFallbackMatchesPython) {
   SKIP_WITHOUT_SENTENCEPIECE();
   expect_spm_golden("spm-bpe.model", 600, {
       {"Hello world", {316, 378, 323, 297, 332, 316, 347, 332, 333, 337, 335}},
@@ -352,7 +353,7 @@ TEST(SentencePiece, BpeWithByteFallbackMatchesPython) {
   });
 }
 
-TEST(SentencePiece, UnigramMatchesPython) {
+TEST(SentencePieceTokenizer, UnigramMatchesPython) {
   SKIP_WITHOUT_SENTENCEPIECE();
   expect_spm_golden("spm-unigram.model", 500, {
       {"Hello world", {3, 48, 16, 192, 39, 3, 40, 39, 10, 14, 7}},
@@ -364,7 +365,7 @@ TEST(SentencePiece, UnigramMatchesPython) {
   });
 }
 
-TEST(SentencePiece, EndOfDocumentIsTheModelsEosOrNamed) {
+TEST(SentencePieceTokenizer, EndOfDocumentIsTheModelsEosOrNamed) {
   SKIP_WITHOUT_SENTENCEPIECE();
   auto refused = [](const TokenizerOptions& o, const std::string& what) {
     try {
@@ -390,7 +391,7 @@ TEST(SentencePiece, EndOfDocumentIsTheModelsEosOrNamed) {
   refused(spm_model("no-such.model"), "cannot load the SentencePiece model");
 }
 
-TEST(SentencePiece, WithoutTheLibraryTheOptionSaysSo) {
+TEST(SentencePieceTokenizer, WithoutTheLibraryTheOptionSaysSo) {
   if (have_sentencepiece()) GTEST_SKIP() << "built with SentencePiece";
   try {
     make_tokenizer(spm_model("spm-bpe.model"));
@@ -400,7 +401,7 @@ TEST(SentencePiece, WithoutTheLibraryTheOptionSaysSo) {
   }
 }
 
-TEST(SentencePiece, PrepareWithWorkersWritesTheSameIds) {
+TEST(SentencePieceTokenizer, PrepareWithWorkersWritesTheSameIds) {
   SKIP_WITHOUT_SENTENCEPIECE();
   TempDir dir;
   std::vector<std::string> files;
@@ -416,6 +417,73 @@ TEST(SentencePiece, PrepareWithWorkersWritesTheSameIds) {
   }
   EXPECT_EQ(files[0], files[1]);
   EXPECT_FALSE(files[0].empty());
+}
+
+}  // namespace
+}  // namespace mt
+
+namespace mt {
+namespace {
+
+// decode() gives back the bytes of the ids (eod left out); data inspect --decode shows them as valid UTF-8 with
+// the tokenizer data prepare recorded in PREFIX.tokenizer.yaml.
+TEST(TokenizerDecode, EveryKindGivesBackTheText) {
+  const std::string text = "Hello w\xc3\xb6rld, caf\xc3\xa9 \xf0\x9f\x98\x80 42\tend";
+  std::vector<TokenizerOptions> kinds = {TokenizerOptions{}, hf_file(fixture("llama3-tokenizer.json"))};
+  TokenizerOptions gpt2;
+  gpt2.name = "gpt2";
+  gpt2.vocab_file = fixture("gpt2-vocab.json");
+  gpt2.merge_file = fixture("gpt2-merges.txt");
+  kinds.push_back(gpt2);
+  if (have_sentencepiece()) kinds.push_back(spm_model("spm-bpe.model"));
+  for (const TokenizerOptions& o : kinds) {
+    auto tok = make_tokenizer(o);
+    std::vector<int32_t> ids;
+    tok->encode(text, ids);
+    ids.push_back(tok->eod());
+    EXPECT_EQ(tok->decode(ids), text) << tok->name();
+    const std::vector<int32_t> outside = {static_cast<int32_t>(tok->vocab_size()), -1};
+    EXPECT_EQ(tok->decode(outside), "\xEF\xBF\xBD\xEF\xBF\xBD") << tok->name();
+  }
+  // Invalid UTF-8 was replaced before encoding; the byte tokenizer keeps the bytes, inspect replaces them.
+  ByteTokenizer bytes;
+  std::vector<int32_t> ids;
+  bytes.encode("a\xff" "b", ids);
+  EXPECT_EQ(bytes.decode(ids), "a\xff" "b");
+}
+
+TEST(TokenizerDecode, PrepareRecordsTheTokenizerAndInspectDecodesWithIt) {
+  TempDir dir;
+  const std::string in = dir / "in.txt";
+  std::ofstream(in, std::ios::binary) << "Hello w\xc3rld \xff ok\n\nSecond \xf0\x9f\x98\x80 doc\n";
+  std::vector<TokenizerOptions> kinds = {TokenizerOptions{}, hf_file(fixture("llama3-tokenizer.json"))};
+  if (have_sentencepiece()) kinds.push_back(spm_model("spm-unigram.model"));
+  for (const TokenizerOptions& o : kinds) {
+    PrepareOptions opt;
+    opt.inputs = {in};
+    opt.output_prefix = dir / o.name;
+    opt.tokenizer = o;
+    const PrepareStats s = prepare_dataset(opt);
+    const auto sidecar = read_tokenizer_sidecar(opt.output_prefix);
+    ASSERT_TRUE(sidecar) << o.name;
+    EXPECT_EQ(sidecar->tokenizer.name, o.name);
+    EXPECT_EQ(sidecar->vocab_size, s.vocab_size);
+    EXPECT_EQ(sidecar->eod, make_tokenizer(o)->eod());
+    EXPECT_EQ(sidecar->tokenizer.tokenizer_file, o.tokenizer_file);
+    EXPECT_EQ(sidecar->tokenizer.tokenizer_model, o.tokenizer_model);
+    const std::string shown = inspect_dataset(opt.output_prefix, 0, 5);
+    EXPECT_NE(shown.find("decoded by " + o.name + ") ---\nHello w\xEF\xBF\xBDrld \xEF\xBF\xBD ok\n"), std::string::npos)
+        << shown;
+    EXPECT_NE(shown.find("---\nSecond \xf0\x9f\x98\x80 doc\n"), std::string::npos) << shown;
+  }
+  fs::remove(dir / "byte.tokenizer.yaml");
+  try {
+    inspect_dataset(dir / "byte", 0, 1);
+    ADD_FAILURE() << "decoded without a sidecar";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("byte.tokenizer.yaml does not exist"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(inspect_dataset(dir / "byte", 1, 0));  // without --decode no sidecar is needed
 }
 
 }  // namespace
