@@ -28,15 +28,18 @@ void add_data_commands(CLI::App& root) {
   prepare
       ->add_option("--tokenizer", prep->tokenizer.name,
                    fmt::format("Tokenizer ({}): gpt2 reads --vocab-file and --merge-file (GPT-2's byte-level BPE), "
-                               "hf reads --tokenizer-file (a Hugging Face byte-level BPE tokenizer.json)",
-                               fmt::join(supported_tokenizers(), ", ")))
+                               "hf reads --tokenizer-file (a Hugging Face byte-level BPE tokenizer.json), sentencepiece reads "
+                               "--tokenizer-model (a SentencePiece .model){}",
+                               fmt::join(supported_tokenizers(), ", "),
+                               have_sentencepiece() ? "" : " (this build has no SentencePiece)"))
       ->capture_default_str();
   prepare->add_option("--vocab-file", prep->tokenizer.vocab_file, "gpt2: GPT-2's vocab.json");
   prepare->add_option("--merge-file", prep->tokenizer.merge_file, "gpt2: GPT-2's merges.txt");
   prepare->add_option("--tokenizer-file", prep->tokenizer.tokenizer_file, "hf: a Hugging Face tokenizer.json");
+  prepare->add_option("--tokenizer-model", prep->tokenizer.tokenizer_model, "sentencepiece: a SentencePiece .model");
   prepare->add_option("--eod-token", prep->tokenizer.eod_token,
                       "hf: the end-of-document token's text (default: <|endoftext|>, <|end_of_text|>, </s> or "
-                      "<eos>, whichever is a special token)");
+                      "<eos>, whichever is a special token); sentencepiece: a piece (default: the model's eos)");
   prepare->add_option("--workers", prep->workers, "Tokenizing threads (documents keep their order)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -61,7 +64,13 @@ void add_data_commands(CLI::App& root) {
   inspect->add_option("--docs", *docs, "How many leading documents to show")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  inspect->callback([prefix, docs] { fmt::print("{}", inspect_dataset(*prefix, *docs)); });
+  auto decode = std::make_shared<int64_t>(0);
+  inspect
+      ->add_option("--decode", *decode,
+                   "Also print the first N documents as text, decoded by the tokenizer PREFIX.tokenizer.yaml "
+                   "names (invalid UTF-8 shown as U+FFFD)")
+      ->check(CLI::NonNegativeNumber);
+  inspect->callback([prefix, docs, decode] { fmt::print("{}", inspect_dataset(*prefix, *docs, *decode)); });
 }
 
 }  // namespace mt::app

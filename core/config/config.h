@@ -22,7 +22,7 @@ struct ModelConfig {
   int64_t ffn_hidden_size = 0;           // 0: 4 * hidden_size
   int64_t seq_length = 0;                // required
   int64_t max_position_embeddings = 0;   // 0: seq_length; >= seq_length
-  int64_t vocab_size = 0;                // required (257 for the byte tokenizer)
+  int64_t vocab_size = 0;                // required (257 for the byte tokenizer); auto: data.train[0]'s tokenizer
   int64_t make_vocab_size_divisible_by = 128;
   bool tie_embeddings = true;
   float dropout = 0.1f;                  // hidden dropout (after attention proj and fc2, and on the embeddings)

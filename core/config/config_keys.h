@@ -10,7 +10,7 @@ namespace mt::config_keys {
 struct Key {
   const char* name;
   bool required = false;
-  bool accepts_auto = false;  // the string "auto" is stored as 0 (parallel.data)
+  bool accepts_auto = false;  // the string "auto" is stored as 0 (parallel.data, model.vocab_size)
   size_t length = 0;          // a list of exactly this many entries; 0: any length
 };
 
@@ -27,7 +27,7 @@ void visit(V& v, C& c) {
     v.field({.name = "ffn_hidden_size"}, m.ffn_hidden_size);
     v.field({.name = "seq_length", .required = true}, m.seq_length);
     v.field({.name = "max_position_embeddings"}, m.max_position_embeddings);
-    v.field({.name = "vocab_size", .required = true}, m.vocab_size);
+    v.field({.name = "vocab_size", .required = true, .accepts_auto = true}, m.vocab_size);
     v.field({.name = "make_vocab_size_divisible_by"}, m.make_vocab_size_divisible_by);
     v.field({.name = "tie_embeddings"}, m.tie_embeddings);
     v.field({.name = "dropout"}, m.dropout);

@@ -394,6 +394,35 @@ void check_derived(const YAML::Node& root, const Config& c, const ConfigSource& 
   }
 }
 
+// model.vocab_size: auto takes the vocabulary size `data prepare` recorded in PREFIX.tokenizer.yaml beside the
+// first training prefix (core/data/tokenizer_sidecar.h writes it; only its vocab_size is read here).
+void resolve_auto_vocab(const YAML::Node& root, Config& c, const ConfigSource& src) {
+  const YAML::Node model = root["model"];
+  const YAML::Node v = model.IsMap() ? model["vocab_size"] : YAML::Node();
+  if (!v.IsDefined() || !v.IsScalar() || v.Scalar() != "auto") return;
+  if (c.data.train.empty())
+    src.fail("model.vocab_size", "is 'auto' but data.train names no dataset to take the tokenizer's vocabulary from",
+             v.Mark());
+  const std::string sidecar = c.data.train.front() + ".tokenizer.yaml";
+  std::error_code ec;
+  if (!std::filesystem::exists(sidecar, ec))
+    src.fail("model.vocab_size",
+             fmt::format("is 'auto' but {} does not exist (data prepare writes it; datasets prepared before it did "
+                         "have none): set model.vocab_size to the tokenizer's vocabulary size",
+                         sidecar),
+             v.Mark());
+  try {
+    const YAML::Node s = YAML::LoadFile(sidecar);
+    const YAML::Node size = s.IsMap() ? s["vocab_size"] : YAML::Node();
+    int64_t n = 0;
+    if (!size.IsDefined() || !parse_int(size, n) || n <= 0)
+      src.fail("model.vocab_size", fmt::format("is 'auto' but {} has no positive vocab_size", sidecar), v.Mark());
+    c.model.vocab_size = n;
+  } catch (const YAML::Exception& e) {
+    src.fail("model.vocab_size", fmt::format("is 'auto' but {} is not valid YAML: {}", sidecar, e.what()), v.Mark());
+  }
+}
+
 YAML::Node load_document(const std::string& text, const std::string& source) {
   try {
     return YAML::Load(text);
@@ -424,6 +453,7 @@ Config parse_config(const std::string& yaml_text, const std::string& source, con
     c.source = source;
     Reader reader(root, src);
     config_keys::visit(reader, c);
+    resolve_auto_vocab(root, c, src);
     resolve_config(c, world_size, src);
     check_derived(root, c, src, !overrides.empty());
     return c;

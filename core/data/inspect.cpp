@@ -4,8 +4,12 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
+#include <optional>
 
 #include "core/data/prepare.h"
+#include "core/data/tokenizer_sidecar.h"
+#include "core/data/utf8.h"
 
 namespace mt {
 
@@ -34,9 +38,38 @@ std::string as_text(const std::vector<int32_t>& tokens) {
   return s;
 }
 
+// The first `count` documents as text, decoded by the tokenizer PREFIX.tokenizer.yaml names.
+std::string decoded_documents(const std::string& prefix, const IndexedDataset& ds, int64_t count) {
+  const std::optional<TokenizerSidecar> sidecar = read_tokenizer_sidecar(prefix);
+  if (!sidecar)
+    throw DataError(fmt::format("{}: --decode needs the tokenizer, and {} does not exist (data prepare writes it)",
+                                prefix, tokenizer_sidecar_path(prefix)));
+  const std::unique_ptr<Tokenizer> tok = make_tokenizer(sidecar->tokenizer);
+  if (tok->vocab_size() != sidecar->vocab_size || tok->eod() != sidecar->eod)
+    throw DataError(fmt::format("{}: the {} tokenizer loaded from its files has vocab_size {} and eod {}, the "
+                                "dataset was written with {} and {}: the files changed",
+                                tokenizer_sidecar_path(prefix), tok->name(), tok->vocab_size(), tok->eod(),
+                                sidecar->vocab_size, sidecar->eod));
+  auto docs = ds.document_index();
+  auto lengths = ds.sequence_lengths();
+  std::string out, scratch;
+  for (int64_t d = 0; d < std::min(count, ds.num_documents()); ++d) {
+    std::vector<int32_t> ids;
+    for (int64_t s = docs[d]; s < docs[d + 1]; ++s) {
+      const size_t at = ids.size();
+      ids.resize(at + static_cast<size_t>(lengths[s]));
+      ds.read(s, 0, std::span<int32_t>(ids).subspan(at));
+    }
+    const std::string bytes = tok->decode(ids);
+    out += fmt::format("--- document {} ({} tokens, decoded by {}) ---\n{}\n", d, ids.size(), tok->name(),
+                       valid_utf8(bytes, scratch));
+  }
+  return out;
+}
+
 }  // namespace
 
-std::string inspect_dataset(const std::string& prefix, int64_t sample_docs) {
+std::string inspect_dataset(const std::string& prefix, int64_t sample_docs, int64_t decode_docs) {
   const IndexedDataset ds(prefix);
   auto docs = ds.document_index();
   auto lengths = ds.sequence_lengths();
@@ -78,6 +111,7 @@ std::string inspect_dataset(const std::string& prefix, int64_t sample_docs) {
     const bool bytes = std::all_of(shown.begin(), shown.end(), [](int32_t t) { return t >= 0 && t <= 256; });
     if (bytes && !shown.empty()) out += fmt::format("    as bytes: \"{}\"\n", as_text(shown));
   }
+  if (decode_docs > 0) out += decoded_documents(prefix, ds, decode_docs);
   return out;
 }
 

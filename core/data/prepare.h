@@ -32,12 +32,14 @@ struct PrepareStats {
 // LF). A JSON-lines file holds one object per non-blank line whose `json_key` string is a document.
 // Every input is checked before anything is written; a missing or unreadable input, a malformed line
 // (reported as FILE:LINE) or no document at all is a DataError, and the output is then left as it was:
-// the pair is written to temporary files and renamed into place only when complete.
+// the pair is written to temporary files and renamed into place only when complete. PREFIX.tokenizer.yaml
+// records the tokenizer (tokenizer_sidecar.h).
 PrepareStats prepare_dataset(const PrepareOptions& options);
 
 // A human-readable summary of PREFIX.bin/.idx: dtype, sequence / document / token counts, min / mean / max
 // document length, and the first tokens of the first `sample_docs` documents (also as text when every
-// shown token is a byte-tokenizer id, 0..256).
-std::string inspect_dataset(const std::string& prefix, int64_t sample_docs = 1);
+// shown token is a byte-tokenizer id, 0..256). With decode_docs > 0, then the first decode_docs documents whole,
+// decoded by the tokenizer PREFIX.tokenizer.yaml records, as valid UTF-8 (invalid sequences as U+FFFD).
+std::string inspect_dataset(const std::string& prefix, int64_t sample_docs = 1, int64_t decode_docs = 0);
 
 }  // namespace mt

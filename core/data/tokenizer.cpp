@@ -8,22 +8,35 @@
 
 namespace mt {
 
-std::unique_ptr<Tokenizer> load_bpe_tokenizer(const TokenizerOptions& options);  // tokenizer_files.cpp
+std::unique_ptr<Tokenizer> load_bpe_tokenizer(const TokenizerOptions& options);            // tokenizer_files.cpp
+std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const TokenizerOptions& options);  // tokenizer_spm.cpp
 
 void ByteTokenizer::encode_with(std::string_view text, std::vector<int32_t>& out, EncodeCache*) const {
   out.reserve(out.size() + text.size());
   for (char c : text) out.push_back(static_cast<unsigned char>(c));
 }
 
+std::string ByteTokenizer::decode(std::span<const int32_t> ids) const {
+  std::string s;
+  for (int32_t t : ids) {
+    if (t >= 0 && t < 256)
+      s += static_cast<char>(t);
+    else if (t != eod())
+      s += "\xEF\xBF\xBD";  // U+FFFD
+  }
+  return s;
+}
+
 TokenDType token_dtype_for_vocab(int64_t vocab_size) {
   return vocab_size < 65500 ? TokenDType::u16 : TokenDType::i32;
 }
 
-std::vector<std::string> supported_tokenizers() { return {"byte", "gpt2", "hf"}; }
+std::vector<std::string> supported_tokenizers() { return {"byte", "gpt2", "hf", "sentencepiece"}; }
 
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerOptions& options) {
   if (options.name == "byte") return std::make_unique<ByteTokenizer>();
   if (options.name == "gpt2" || options.name == "hf") return load_bpe_tokenizer(options);
+  if (options.name == "sentencepiece") return load_sentencepiece_tokenizer(options);
   throw std::invalid_argument(fmt::format("unknown tokenizer '{}' (supported: {})", options.name,
                                           fmt::join(supported_tokenizers(), ", ")));
 }

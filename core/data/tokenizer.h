@@ -1,8 +1,9 @@
 // tokenizer.h: text -> token ids for `megatrain data prepare`: the byte tokenizer, GPT-2's byte-level BPE
-// (vocab.json + merges.txt) and Hugging Face byte-level BPE (tokenizer.json).
+// (vocab.json + merges.txt), Hugging Face byte-level BPE (tokenizer.json) and SentencePiece (.model).
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,6 +30,10 @@ class Tokenizer {
   virtual std::unique_ptr<EncodeCache> make_cache() const { return nullptr; }
   // Appends the ids of `text` to out. `cache` is nullptr or one made by this tokenizer's make_cache().
   virtual void encode_with(std::string_view text, std::vector<int32_t>& out, EncodeCache* cache) const = 0;
+  // The bytes the ids stand for, the end-of-document id left out (it separates documents); not necessarily valid
+  // UTF-8 (a byte tokenizer's, or a byte-level BPE's, ids can split a character): see valid_utf8(). An id
+  // outside the vocabulary decodes to U+FFFD.
+  virtual std::string decode(std::span<const int32_t> ids) const = 0;
   // The same, with a cache that lives for this call only.
   void encode(std::string_view text, std::vector<int32_t>& out) const {
     std::unique_ptr<EncodeCache> cache = make_cache();
@@ -44,6 +49,7 @@ class ByteTokenizer final : public Tokenizer {
   int32_t eod() const override { return 256; }
   TokenDType storage_dtype() const override { return TokenDType::u16; }
   void encode_with(std::string_view text, std::vector<int32_t>& out, EncodeCache* cache) const override;
+  std::string decode(std::span<const int32_t> ids) const override;
 };
 
 // What make_tokenizer needs: the name and the files that name reads.
@@ -52,11 +58,15 @@ struct TokenizerOptions {
   std::string vocab_file;      // gpt2: GPT-2's vocab.json
   std::string merge_file;      // gpt2: GPT-2's merges.txt
   std::string tokenizer_file;  // hf: a Hugging Face tokenizer.json
-  std::string eod_token;       // hf: the end-of-document token's text (default: a known eos among special tokens)
+  std::string tokenizer_model;  // sentencepiece: a SentencePiece .model file
+  std::string eod_token;        // hf, sentencepiece: the end-of-document token's text (default: the known eos)
 };
 
 // Megatron's rule: uint16 below 65500 ids, int32 from there.
 TokenDType token_dtype_for_vocab(int64_t vocab_size);
+
+// Whether this build links libsentencepiece (found by pkg-config at configure time).
+bool have_sentencepiece();
 
 // The names make_tokenizer accepts.
 std::vector<std::string> supported_tokenizers();

@@ -75,4 +75,16 @@ void ByteLevelBpeTokenizer::encode_with(std::string_view raw, std::vector<int32_
   }
 }
 
+std::string ByteLevelBpeTokenizer::decode(std::span<const int32_t> ids) const {
+  std::string s;
+  for (int32_t t : ids) {
+    if (t == spec_.eod) continue;
+    if (t >= 0 && static_cast<size_t>(t) < spec_.id_bytes.size() && !spec_.id_bytes[static_cast<size_t>(t)].empty())
+      s += spec_.id_bytes[static_cast<size_t>(t)];
+    else
+      s += "\xEF\xBF\xBD";  // U+FFFD
+  }
+  return s;
+}
+
 }  // namespace mt

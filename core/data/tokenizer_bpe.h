@@ -21,6 +21,7 @@ struct ByteLevelBpeSpec {
   std::vector<AddedToken> added;
   int32_t eod = 0;
   int64_t vocab_size = 0;
+  std::vector<std::string> id_bytes;  // id -> the bytes it decodes to (added tokens: their content)
 };
 
 class ByteLevelBpeTokenizer final : public Tokenizer {
@@ -32,6 +33,7 @@ class ByteLevelBpeTokenizer final : public Tokenizer {
   TokenDType storage_dtype() const override { return token_dtype_for_vocab(spec_.vocab_size); }
   std::unique_ptr<EncodeCache> make_cache() const override;
   void encode_with(std::string_view text, std::vector<int32_t>& out, EncodeCache* cache) const override;
+  std::string decode(std::span<const int32_t> ids) const override;
 
  private:
   void encode_text(std::string_view text, std::vector<int32_t>& out, EncodeCache& cache) const;

@@ -51,6 +51,17 @@ int64_t load_vocab(const json& vocab, const std::string& where, BpeModel& model,
   return max_id;
 }
 
+// id -> bytes for decoding: vocabulary entries as byte-level text decodes them (others, e.g. added tokens listed
+// in the vocabulary, as their text), then the added tokens' content.
+void fill_id_bytes(ByteLevelBpeSpec& spec, const std::unordered_map<std::string, int32_t>& by_text) {
+  spec.id_bytes.assign(static_cast<size_t>(spec.vocab_size), std::string());
+  for (const auto& [text, id] : by_text) {
+    auto bytes = byte_level_decode(text);
+    spec.id_bytes[static_cast<size_t>(id)] = bytes ? std::move(*bytes) : text;
+  }
+  for (const AddedToken& t : spec.added) spec.id_bytes[static_cast<size_t>(t.id)] = t.content;
+}
+
 void add_merge(BpeModel& model, const std::string& left, const std::string& right, const std::string& where) {
   auto l = byte_level_decode(left), r = byte_level_decode(right);
   if (!l || !r || !model.add_merge(*l, *r))
@@ -79,6 +90,7 @@ std::unique_ptr<Tokenizer> load_gpt2(const TokenizerOptions& o) {
   auto eod = by_text.find("<|endoftext|>");
   if (eod == by_text.end()) throw DataError(fmt::format("{}: no <|endoftext|> token in the vocabulary", o.vocab_file));
   spec.eod = eod->second;
+  fill_id_bytes(spec, by_text);
   return std::make_unique<ByteLevelBpeTokenizer>(std::move(spec));
 }
 
@@ -211,6 +223,7 @@ std::unique_ptr<Tokenizer> load_hf(const TokenizerOptions& o) {
   }
   spec.vocab_size = max_id + 1;
   spec.eod = find_eod(o, spec, by_text);
+  fill_id_bytes(spec, by_text);
   return std::make_unique<ByteLevelBpeTokenizer>(std::move(spec));
 }
 

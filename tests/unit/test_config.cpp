@@ -5,6 +5,8 @@
 #include "tests/unit/expect_contains.h"
 #include <yaml-cpp/yaml.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -700,3 +702,38 @@ TEST(ConfigDerived, EditedOrUnknownDerivedValuesAreRefused) {
   EXPECT_EQ(parse(two, {}, 1).parallel.data, 1);
   EXPECT_EQ(parse(text, {"model.num_heads=4"}).model.head_dim, 16);
 }
+
+// ------------------------------------------------------------------------- model.vocab_size: auto
+
+namespace mt {
+namespace {
+
+// auto takes vocab_size from PREFIX.tokenizer.yaml beside the first data.train prefix (data prepare writes it).
+TEST(ConfigVocabAuto, TakesTheFirstTrainPrefixsTokenizerVocabulary) {
+  const auto dir = std::filesystem::temp_directory_path() / ("mt-vocab-auto-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string a = (dir / "a").string(), b = (dir / "b").string();
+  std::ofstream(a + ".tokenizer.yaml") << "kind: sentencepiece\nfiles: {tokenizer_model: /x.model}\nvocab_size: 600\neod: 2\n";
+  std::ofstream(b + ".tokenizer.yaml") << "kind: byte\nvocab_size: 257\neod: 256\n";
+  const std::string text = replace(replace(kBase, "vocab_size: 257", "vocab_size: auto"), "  synthetic: true\n",
+                                   "  train: [" + a + ", " + b + "]\n");
+  const Config c = parse(text);
+  EXPECT_EQ(c.model.vocab_size, 600);
+  EXPECT_EQ(c.model.padded_vocab_size, 640);
+  EXPECT_EQ(parse(text, {"model.vocab_size=1000"}).model.vocab_size, 1000);  // a number is used as it is
+  EXPECT_EQ(base({"model.vocab_size=auto", "data.synthetic=false", "data.train=" + b}).model.vocab_size, 257);
+  // Saved configs hold the resolved number.
+  EXPECT_CONTAINS(to_yaml(c), "vocab_size: 600");
+
+  EXPECT_CONTAINS(base_error({"model.vocab_size=auto"}), "model.vocab_size: is 'auto' but data.train names no dataset");
+  EXPECT_CONTAINS(base_error({"model.vocab_size=auto", "data.synthetic=false", "data.train=" + (dir / "c").string()}),
+                  "c.tokenizer.yaml does not exist");
+  std::ofstream(b + ".tokenizer.yaml") << "kind: byte\neod: 256\n";
+  EXPECT_CONTAINS(base_error({"model.vocab_size=auto", "data.synthetic=false", "data.train=" + b}),
+                  "has no positive vocab_size");
+  EXPECT_CONTAINS(base_error({"model.vocab_size=automatic"}), "expected an integer or 'auto'");
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace mt

@@ -17,6 +17,7 @@
 #include "core/data/prepare.h"
 #include "core/data/pretokenizer.h"
 #include "core/data/tokenizer.h"
+#include "core/data/tokenizer_sidecar.h"
 #include "core/data/utf8.h"
 
 namespace mt {
@@ -299,6 +300,190 @@ TEST(PreTokenizer, WhitespaceAgreesWithOniguruma) {
   EXPECT_EQ(gpt2_pieces("!\x1C"), (V{"!\x1C"}));                        // U+001C: not space
   EXPECT_EQ(gpt2_pieces("a  b\n"), (V{"a", " ", " b", "\n"}));
   EXPECT_EQ(gpt2_pieces("I'm 42"), (V{"I", "'m", " 42"}));
+}
+
+}  // namespace
+}  // namespace mt
+
+namespace mt {
+namespace {
+
+// SentencePiece (.model through libsentencepiece): golden ids from the Python sentencepiece package 0.1.97 (the
+// version of Debian's libsentencepiece-dev) for the fixture models made by tests/interop/train_sentencepiece.py:
+// encode(text.decode("utf-8", errors="replace"), out_type=int). Invalid UTF-8 becomes U+FFFD per maximal
+// subpart first, as for the BPE tokenizers. tests/e2e/tokenizer_interop.sh compares a whole corpus.
+#define SKIP_WITHOUT_SENTENCEPIECE() \
+  if (!have_sentencepiece()) GTEST_SKIP() << "megatrain was built without SentencePiece (libsentencepiece-dev)"
+
+TokenizerOptions spm_model(const std::string& name) {
+  TokenizerOptions o;
+  o.name = "sentencepiece";
+  o.tokenizer_model = fixture(name);
+  return o;
+}
+
+struct SpmGolden {
+  std::string text;
+  std::vector<int32_t> ids;
+};
+
+void expect_spm_golden(const std::string& model, int64_t vocab, const std::vector<SpmGolden>& golden) {
+  auto tok = make_tokenizer(spm_model(model));
+  EXPECT_EQ(tok->name(), "sentencepiece");
+  EXPECT_EQ(tok->vocab_size(), vocab);
+  EXPECT_EQ(tok->eod(), 2);  // </s>
+  EXPECT_EQ(tok->storage_dtype(), TokenDType::u16);
+  auto cache = tok->make_cache();
+  for (const SpmGolden& g : golden) {
+    std::vector<int32_t> ids;
+    tok->encode_with(g.text, ids, cache.get());
+    EXPECT_EQ(ids, g.ids) << model << ": " << g.text;
+  }
+}
+
+TEST(SentencePieceTokenizer, BpeWithByteFallbackMatchesPython) {
+  SKIP_WITHOUT_SENTENCEPIECE();
+  expect_spm_golden("spm-bpe.model", 600, {
+      {"Hello world", {316, 378, 323, 297, 332, 316, 347, 332, 333, 337, 335}},
+      {"  The quick brown fox\x0a\x09jumps  over 42 dogs.", {316, 316, 316, 350, 311, 316, 374, 346, 338, 343, 348, 316, 354, 333, 332, 347, 336, 316, 340, 332, 339, 13, 319, 381, 346, 345, 353, 334, 316, 316, 332, 361, 305, 316, 324, 322, 313, 332, 352, 334, 360}},
+      {"Stra\xc3\x9f" "e, Gr\xc3\xbc\xc3\x9f" "e: \xe6\x88\x91\xe8\x83\xbd\xe5\x90\x9e\xe4\xb8\x8b\xe7\x8e\xbb\xe7\x92\x83 \xf0\x9f\x98\x80 \xd0\xa1\xd1\x8a\xd0\xb5\xd1\x88\xd1\x8c", {316, 357, 331, 333, 315, 384, 323, 355, 316, 382, 333, 198, 191, 384, 323, 403, 316, 510, 514, 509, 505, 511, 512, 316, 544, 316, 492, 212, 141, 412, 212, 139, 212, 143}},
+      {"caf\xc3 \xff ok \xe2\x82 end\xed\xa0\x80!", {316, 343, 315, 340, 463, 316, 463, 316, 332, 348, 316, 463, 316, 309, 463, 463, 463, 317}},
+      {"aaaaaaaaaaaaaaaaaaa !?!?!? <s> </s> <unk>", {316, 267, 259, 315, 316, 261, 260, 283, 334, 349, 283, 421, 334, 349, 283, 346, 336, 348, 349}},
+      {"", {}},
+  });
+}
+
+TEST(SentencePieceTokenizer, UnigramMatchesPython) {
+  SKIP_WITHOUT_SENTENCEPIECE();
+  expect_spm_golden("spm-unigram.model", 500, {
+      {"Hello world", {3, 48, 16, 192, 39, 3, 40, 39, 10, 14, 7}},
+      {"  The quick brown fox\x0a\x09jumps  over 42 dogs.", {3, 17, 38, 16, 3, 120, 25, 15, 18, 3, 24, 10, 39, 40, 27, 3, 13, 39, 9, 0, 458, 378, 22, 430, 174, 223, 10, 3, 97, 3, 7, 39, 53, 11, 30}},
+      {"Stra\xc3\x9f" "e, Gr\xc3\xbc\xc3\x9f" "e: \xe6\x88\x91\xe8\x83\xbd\xe5\x90\x9e\xe4\xb8\x8b\xe7\x8e\xbb\xe7\x92\x83 \xf0\x9f\x98\x80 \xd0\xa1\xd1\x8a\xd0\xb5\xd1\x88\xd1\x8c", {3, 20, 12, 10, 4, 218, 19, 3, 54, 10, 0, 218, 101, 3, 322, 316, 318, 317, 319, 320, 3, 348, 3, 310, 0, 98, 0}},
+      {"caf\xc3 \xff ok \xe2\x82 end\xed\xa0\x80!", {233, 4, 13, 456, 3, 456, 174, 18, 3, 456, 3, 83, 456, 456, 456, 99}},
+      // Unigram's segmentation of long runs changed after 0.1.97 (0.2.x gives other ids here).
+      {"aaaaaaaaaaaaaaaaaaa !?!?!? <s> </s> <unk>", {3, 6, 4, 4, 4, 208, 77, 99, 77, 99, 77, 94, 11, 68, 94, 266, 11, 68, 94, 414, 18, 68}},
+  });
+}
+
+TEST(SentencePieceTokenizer, EndOfDocumentIsTheModelsEosOrNamed) {
+  SKIP_WITHOUT_SENTENCEPIECE();
+  auto refused = [](const TokenizerOptions& o, const std::string& what) {
+    try {
+      make_tokenizer(o);
+      ADD_FAILURE() << "accepted; expected an error with " << what;
+    } catch (const DataError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused(spm_model("spm-noeos.model"), "no end-of-sentence piece (eos_id is -1); name the end-of-document piece "
+                                        "with --eod-token");
+  TokenizerOptions named = spm_model("spm-noeos.model");
+  named.eod_token = "<s>";
+  EXPECT_EQ(make_tokenizer(named)->eod(), 1);
+  named.eod_token = "</s>";
+  refused(named, "--eod-token '</s>' is not a piece of the model");
+  named.eod_token = "<unk>";
+  EXPECT_EQ(make_tokenizer(named)->eod(), 0);
+  TokenizerOptions none;
+  none.name = "sentencepiece";
+  refused(none, "needs --tokenizer-model");
+  refused(spm_model("gpt2-vocab.json"), "cannot load the SentencePiece model");
+  refused(spm_model("no-such.model"), "cannot load the SentencePiece model");
+}
+
+TEST(SentencePieceTokenizer, WithoutTheLibraryTheOptionSaysSo) {
+  if (have_sentencepiece()) GTEST_SKIP() << "built with SentencePiece";
+  try {
+    make_tokenizer(spm_model("spm-bpe.model"));
+    ADD_FAILURE() << "accepted";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("built without SentencePiece"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SentencePieceTokenizer, PrepareWithWorkersWritesTheSameIds) {
+  SKIP_WITHOUT_SENTENCEPIECE();
+  TempDir dir;
+  std::vector<std::string> files;
+  for (int workers : {1, 3}) {
+    PrepareOptions opt;
+    opt.inputs = {fixture("corpus.jsonl"), fixture("corpus.jsonl")};
+    opt.output_prefix = dir / ("spm" + std::to_string(workers));
+    opt.tokenizer = spm_model("spm-unigram.model");
+    opt.workers = workers;
+    const PrepareStats s = prepare_dataset(opt);
+    EXPECT_EQ(s.vocab_size, 500);
+    files.push_back(read_all(opt.output_prefix + ".bin") + read_all(opt.output_prefix + ".idx"));
+  }
+  EXPECT_EQ(files[0], files[1]);
+  EXPECT_FALSE(files[0].empty());
+}
+
+}  // namespace
+}  // namespace mt
+
+namespace mt {
+namespace {
+
+// decode() gives back the bytes of the ids (eod left out); data inspect --decode shows them as valid UTF-8 with
+// the tokenizer data prepare recorded in PREFIX.tokenizer.yaml.
+TEST(TokenizerDecode, EveryKindGivesBackTheText) {
+  const std::string text = "Hello w\xc3\xb6rld, caf\xc3\xa9 \xf0\x9f\x98\x80 42\tend";
+  std::vector<TokenizerOptions> kinds = {TokenizerOptions{}, hf_file(fixture("llama3-tokenizer.json"))};
+  TokenizerOptions gpt2;
+  gpt2.name = "gpt2";
+  gpt2.vocab_file = fixture("gpt2-vocab.json");
+  gpt2.merge_file = fixture("gpt2-merges.txt");
+  kinds.push_back(gpt2);
+  if (have_sentencepiece()) kinds.push_back(spm_model("spm-bpe.model"));
+  for (const TokenizerOptions& o : kinds) {
+    auto tok = make_tokenizer(o);
+    std::vector<int32_t> ids;
+    tok->encode(text, ids);
+    ids.push_back(tok->eod());
+    EXPECT_EQ(tok->decode(ids), text) << tok->name();
+    const std::vector<int32_t> outside = {static_cast<int32_t>(tok->vocab_size()), -1};
+    EXPECT_EQ(tok->decode(outside), "\xEF\xBF\xBD\xEF\xBF\xBD") << tok->name();
+  }
+  // Invalid UTF-8 was replaced before encoding; the byte tokenizer keeps the bytes, inspect replaces them.
+  ByteTokenizer bytes;
+  std::vector<int32_t> ids;
+  bytes.encode("a\xff" "b", ids);
+  EXPECT_EQ(bytes.decode(ids), "a\xff" "b");
+}
+
+TEST(TokenizerDecode, PrepareRecordsTheTokenizerAndInspectDecodesWithIt) {
+  TempDir dir;
+  const std::string in = dir / "in.txt";
+  std::ofstream(in, std::ios::binary) << "Hello w\xc3rld \xff ok\n\nSecond \xf0\x9f\x98\x80 doc\n";
+  std::vector<TokenizerOptions> kinds = {TokenizerOptions{}, hf_file(fixture("llama3-tokenizer.json"))};
+  if (have_sentencepiece()) kinds.push_back(spm_model("spm-unigram.model"));
+  for (const TokenizerOptions& o : kinds) {
+    PrepareOptions opt;
+    opt.inputs = {in};
+    opt.output_prefix = dir / o.name;
+    opt.tokenizer = o;
+    const PrepareStats s = prepare_dataset(opt);
+    const auto sidecar = read_tokenizer_sidecar(opt.output_prefix);
+    ASSERT_TRUE(sidecar) << o.name;
+    EXPECT_EQ(sidecar->tokenizer.name, o.name);
+    EXPECT_EQ(sidecar->vocab_size, s.vocab_size);
+    EXPECT_EQ(sidecar->eod, make_tokenizer(o)->eod());
+    EXPECT_EQ(sidecar->tokenizer.tokenizer_file, o.tokenizer_file);
+    EXPECT_EQ(sidecar->tokenizer.tokenizer_model, o.tokenizer_model);
+    const std::string shown = inspect_dataset(opt.output_prefix, 0, 5);
+    EXPECT_NE(shown.find("decoded by " + o.name + ") ---\nHello w\xEF\xBF\xBDrld \xEF\xBF\xBD ok\n"), std::string::npos)
+        << shown;
+    EXPECT_NE(shown.find("---\nSecond \xf0\x9f\x98\x80 doc\n"), std::string::npos) << shown;
+  }
+  fs::remove(dir / "byte.tokenizer.yaml");
+  try {
+    inspect_dataset(dir / "byte", 0, 1);
+    ADD_FAILURE() << "decoded without a sidecar";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("byte.tokenizer.yaml does not exist"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(inspect_dataset(dir / "byte", 1, 0));  // without --decode no sidecar is needed
 }
 
 }  // namespace

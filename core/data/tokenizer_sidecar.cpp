@@ -1,0 +1,83 @@
+// tokenizer_sidecar.cpp: writes and reads PREFIX.tokenizer.yaml (see tokenizer_sidecar.h).
+#include "core/data/tokenizer_sidecar.h"
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace mt {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string absolute(const std::string& path) {
+  if (path.empty()) return path;
+  std::error_code ec;
+  const fs::path p = fs::absolute(path, ec);
+  return ec ? path : p.lexically_normal().string();
+}
+
+// The file options, in the order TokenizerOptions declares them.
+template <class F>
+void each_file(TokenizerOptions& o, F&& f) {
+  f("vocab_file", o.vocab_file);
+  f("merge_file", o.merge_file);
+  f("tokenizer_file", o.tokenizer_file);
+  f("tokenizer_model", o.tokenizer_model);
+}
+
+}  // namespace
+
+std::string tokenizer_sidecar_path(const std::string& prefix) { return prefix + ".tokenizer.yaml"; }
+
+std::string tokenizer_sidecar_yaml(const TokenizerOptions& options, const Tokenizer& tokenizer) {
+  TokenizerOptions o = options;
+  YAML::Emitter out;
+  out << YAML::Comment("written by megatrain data prepare: the tokenizer of this dataset's ids");
+  out << YAML::BeginMap;
+  out << YAML::Key << "kind" << YAML::Value << o.name;
+  out << YAML::Key << "files" << YAML::Value << YAML::BeginMap;
+  each_file(o, [&](const char* key, std::string& path) {
+    if (!path.empty()) out << YAML::Key << key << YAML::Value << absolute(path);
+  });
+  out << YAML::EndMap;
+  if (!o.eod_token.empty()) out << YAML::Key << "eod_token" << YAML::Value << o.eod_token;
+  out << YAML::Key << "vocab_size" << YAML::Value << tokenizer.vocab_size();
+  out << YAML::Key << "eod" << YAML::Value << tokenizer.eod();
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::optional<TokenizerSidecar> read_tokenizer_sidecar(const std::string& prefix) {
+  const std::string path = tokenizer_sidecar_path(prefix);
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return std::nullopt;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError(fmt::format("{}: cannot read the tokenizer sidecar", path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  TokenizerSidecar s;
+  try {
+    const YAML::Node root = YAML::Load(text.str());
+    if (!root.IsMap() || !root["kind"] || !root["vocab_size"] || !root["eod"])
+      throw DataError(fmt::format("{}: not a tokenizer sidecar (kind, vocab_size and eod are required)", path));
+    s.tokenizer.name = root["kind"].as<std::string>();
+    if (const YAML::Node files = root["files"]; files && files.IsMap())
+      each_file(s.tokenizer, [&](const char* key, std::string& file) {
+        if (files[key]) file = files[key].as<std::string>();
+      });
+    if (root["eod_token"]) s.tokenizer.eod_token = root["eod_token"].as<std::string>();
+    s.vocab_size = root["vocab_size"].as<int64_t>();
+    s.eod = root["eod"].as<int32_t>();
+  } catch (const YAML::Exception& e) {
+    throw DataError(fmt::format("{}: malformed tokenizer sidecar: {}", path, e.what()));
+  }
+  if (s.vocab_size <= 0) throw DataError(fmt::format("{}: vocab_size must be positive", path));
+  return s;
+}
+
+}  // namespace mt
