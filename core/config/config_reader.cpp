@@ -395,7 +395,7 @@ void check_derived(const YAML::Node& root, const Config& c, const ConfigSource& 
 }
 
 // model.vocab_size: auto takes the vocabulary size `data prepare` recorded in PREFIX.tokenizer.yaml beside the
-// first training prefix (core/data/tokenizer_sidecar.h writes it; only its vocab_size is read here).
+// first training prefix (of a blend too) (core/data/tokenizer_sidecar.h writes it; only its vocab_size is read here).
 void resolve_auto_vocab(const YAML::Node& root, Config& c, const ConfigSource& src) {
   const YAML::Node model = root["model"];
   const YAML::Node v = model.IsMap() ? model["vocab_size"] : YAML::Node();
@@ -403,7 +403,8 @@ void resolve_auto_vocab(const YAML::Node& root, Config& c, const ConfigSource& s
   if (c.data.train.empty())
     src.fail("model.vocab_size", "is 'auto' but data.train names no dataset to take the tokenizer's vocabulary from",
              v.Mark());
-  const std::string sidecar = c.data.train.front() + ".tokenizer.yaml";
+  // data.train may be a weighted blend ([w0, prefix0, ...]): the first dataset's prefix, not its weight.
+  const std::string sidecar = parse_data_blend(c.data.train).prefixes.front() + ".tokenizer.yaml";
   std::error_code ec;
   if (!std::filesystem::exists(sidecar, ec))
     src.fail("model.vocab_size",

@@ -724,6 +724,10 @@ TEST(ConfigVocabAuto, TakesTheFirstTrainPrefixsTokenizerVocabulary) {
   EXPECT_EQ(base({"model.vocab_size=auto", "data.synthetic=false", "data.train=" + b}).model.vocab_size, 257);
   // Saved configs hold the resolved number.
   EXPECT_CONTAINS(to_yaml(c), "vocab_size: 600");
+  // A weighted blend [w0, prefix0, ...]: the first dataset's sidecar, not the weight's.
+  EXPECT_EQ(base({"model.vocab_size=auto", "data.synthetic=false", "data.train=[0.3, " + b + ", 0.7, " + a + "]"})
+                .model.vocab_size,
+            257);
 
   EXPECT_CONTAINS(base_error({"model.vocab_size=auto"}), "model.vocab_size: is 'auto' but data.train names no dataset");
   EXPECT_CONTAINS(base_error({"model.vocab_size=auto", "data.synthetic=false", "data.train=" + (dir / "c").string()}),
