@@ -54,18 +54,12 @@ void apply_mask(const char* op, const Tensor& x, Tensor& out, const DropoutOptio
   const int64_t N = B * T_len;
   if (N == 0 || C == 0) return;
   const float scale = 1.f / (1.f - opt.p);  // as dropout_row_scales (core/rng.h), computed on the host
-  const uint64_t col0 = static_cast<uint64_t>(opt.col_offset);
-  const uint64_t first_block = col0 >> 2;
-  const uint64_t last_block = (col0 + static_cast<uint64_t>(C) - 1) >> 2;
-  const uint64_t blocks_per_row = last_block - first_block + 1;
-  const int threads = static_cast<int>(std::min<uint64_t>((blocks_per_row + 31) / 32 * 32, 256));
-  const dim3 grid(static_cast<unsigned>((blocks_per_row + threads - 1) / threads),
-                  static_cast<unsigned>(std::min<int64_t>(N, 65535)));
+  const DropoutGrid g = dropout_grid(N, C, opt.col_offset);
   MT_DISPATCH_FLOAT(x.dtype(), op, T,
-                    dropout_kernel<T><<<grid, threads, 0, stream()>>>(
+                    dropout_kernel<T><<<g.grid, g.threads, 0, stream()>>>(
                         x.data<T>(), out.data<T>(), N, T_len, C, opt.seed, opt.site,
-                        static_cast<uint64_t>(opt.sample_offset), static_cast<uint64_t>(opt.row_offset), col0,
-                        first_block, blocks_per_row, opt.p, scale));
+                        static_cast<uint64_t>(opt.sample_offset), static_cast<uint64_t>(opt.row_offset), g.col0,
+                        g.first_block, g.blocks_per_row, opt.p, scale));
   MT_CUDA_LAUNCHED("dropout_kernel");
 }
 

@@ -133,4 +133,24 @@ inline ColumnChunks column_chunks(int64_t N, int64_t C, int threads) {
   return {col_blocks, rows_per, ceil_div(N, rows_per)};
 }
 
+// The launch of a kernel that draws dropout masks over N rows of C columns starting at global column
+// col_offset: one thread per Philox block of 4 global columns (core/rng.h's dropout_block), the blocks a row
+// touches on grid x, rows on grid y (a kernel strides over rows beyond 65535).
+struct DropoutGrid {
+  uint64_t col0, first_block, blocks_per_row;
+  int threads;
+  dim3 grid;
+};
+inline DropoutGrid dropout_grid(int64_t N, int64_t C, int64_t col_offset) {
+  DropoutGrid g;
+  g.col0 = static_cast<uint64_t>(col_offset);
+  g.first_block = g.col0 >> 2;
+  const uint64_t last_block = (g.col0 + static_cast<uint64_t>(C) - 1) >> 2;
+  g.blocks_per_row = last_block - g.first_block + 1;
+  g.threads = static_cast<int>(std::min<uint64_t>((g.blocks_per_row + 31) / 32 * 32, 256));
+  g.grid = dim3(static_cast<unsigned>((g.blocks_per_row + g.threads - 1) / g.threads),
+                static_cast<unsigned>(std::min<int64_t>(N, 65535)));
+  return g;
+}
+
 }  // namespace mt::cuda

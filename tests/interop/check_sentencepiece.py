@@ -11,6 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tokenizer_corpus  # noqa: E402
+from id_compare import count_mismatches  # noqa: E402
 from indexed_file import read_indexed  # noqa: E402
 import train_sentencepiece  # noqa: E402
 import sentencepiece as spm  # noqa: E402
@@ -25,20 +26,7 @@ def compare(name, megatrain, model, corpus, docs, workdir, workers):
     sp = spm.SentencePieceProcessor(model_file=model)
     texts = [tokenizer_corpus.as_python_text(d) for d in docs]
     theirs = [ids + [sp.eos_id()] for ids in sp.encode(texts, out_type=int)]
-    if len(ours) != len(theirs):
-        print(f"{name}: {len(ours)} documents from megatrain, {len(theirs)} expected")
-        return len(theirs), 0, len(theirs)
-    mismatches = 0
-    for i, (a, b) in enumerate(zip(ours, theirs)):
-        if a != b:
-            mismatches += 1
-            if mismatches <= 3:
-                k = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
-                print(f"{name}: document {i} differs at token {k}: megatrain {a[k:k + 6]} sentencepiece {b[k:k + 6]}; "
-                      f"text {texts[i][:120]!r}")
-    tokens = sum(len(t) for t in theirs)
-    print(f"{name}: {len(theirs)} documents, {tokens} tokens, {mismatches} mismatches")
-    return len(theirs), tokens, mismatches
+    return count_mismatches(name, ours, theirs, texts, "sentencepiece")
 
 
 def main():

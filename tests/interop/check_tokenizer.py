@@ -14,6 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tokenizer_corpus  # noqa: E402
+from id_compare import count_mismatches  # noqa: E402
 from indexed_file import read_indexed  # noqa: E402
 import train_tokenizers  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
@@ -31,21 +32,7 @@ def compare(name, megatrain, args, reference, eod, corpus, docs, workdir, worker
     ours = read_indexed(prefix)
     texts = [tokenizer_corpus.as_python_text(d) for d in docs]
     theirs = [e.ids + [eod] for e in reference.encode_batch(texts, add_special_tokens=False)]
-    mismatches = 0
-    if len(ours) != len(theirs):
-        print(f"{name}: {len(ours)} documents from megatrain, {len(theirs)} expected")
-        return len(theirs), 0, len(theirs)
-    for i, (a, b) in enumerate(zip(ours, theirs)):
-        if a != b:
-            mismatches += 1
-            if mismatches <= 3:
-                k = next((j for j in range(min(len(a), len(b))) if a[j] != b[j]), min(len(a), len(b)))
-                piece = reference.decode(b[max(0, k - 3):k + 3])
-                print(f"{name}: document {i} differs at token {k}: megatrain {a[k:k + 6]} tokenizers {b[k:k + 6]}"
-                      f" near {piece!r}; text {texts[i][:120]!r}")
-    tokens = sum(len(t) for t in theirs)
-    print(f"{name}: {len(theirs)} documents, {tokens} tokens, {mismatches} mismatches")
-    return len(theirs), tokens, mismatches
+    return count_mismatches(name, ours, theirs, texts, "tokenizers", near=reference.decode)
 
 
 def main():

@@ -644,12 +644,14 @@ TEST(Prepare, ErrorsNameTheFileAndLineAndWriteNothing) {
   for (const char* f : {"out.bin", "out.idx", "out.bin.tmp", "out.idx.tmp"}) EXPECT_FALSE(fs::exists(dir / f)) << f;
 
   opt.inputs = {dir / "ok.jsonl"};
-  opt.tokenizer.name = "sentencepiece";
+  opt.tokenizer.name = "wordpiece";
   try {
     prepare_dataset(opt);
     ADD_FAILURE() << "unknown tokenizer accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("supported: byte, gpt2, hf"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("unknown tokenizer 'wordpiece' (supported: byte, gpt2, hf, sentencepiece)"),
+              std::string::npos)
+        << e.what();
   }
   // A JSONL key other than "text".
   opt.tokenizer.name = "byte";
