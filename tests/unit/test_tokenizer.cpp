@@ -5,6 +5,8 @@
 // prepare --workers N` writes the documents in input order.
 #include <CLI/CLI.hpp>
 #include <gtest/gtest.h>
+
+#include "tests/unit/temp_dir.h"
 #include <stdlib.h>
 
 #include <filesystem>
@@ -70,22 +72,7 @@ TokenizerOptions hf_file(const std::string& path) {
   return o;
 }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::path(::testing::TempDir()) / "megatrain-tok-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed for " + tmpl);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using testing_util::TempDir;
 
 // Writes a copy of fixture `name` with the first `from` replaced by `to` (which must be present).
 std::string edited_fixture(const TempDir& dir, const std::string& name, const std::string& from,
