@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# `ckpt export --format hf` carries the training data's tokenizer: for data prepared with the byte tokenizer
-# and with the GPT-2 fixture tokenizer (tests/data/tokenizer), a checkpoint trained on it records
-# tokenizer.yaml, and transformers' AutoTokenizer.from_pretrained on the export encodes texts to exactly the
+# `ckpt export --format hf` carries the training data's tokenizer: for data prepared with the byte tokenizer,
+# the GPT-2 fixture (--tokenizer gpt2) and the Llama-3 style tokenizer.json fixture (--tokenizer hf) of
+# tests/data/tokenizer, a checkpoint trained on it records tokenizer.yaml, and transformers' AutoTokenizer.from_pretrained on the export encodes texts to exactly the
 # ids `data prepare` wrote and decodes them back; config.json / generation_config.json name the eod id.
 # Needs `transformers` and `tokenizers` in a venv: $TOKENIZERS_VENV, or build/tokenizer-venv
 #   python3 -m venv build/tokenizer-venv && build/tokenizer-venv/bin/pip install tokenizers transformers
@@ -31,8 +31,9 @@ mkdir -p data
 "$MT" data prepare --input corpus.jsonl --output data/byte --tokenizer byte >/dev/null
 "$MT" data prepare --input corpus.jsonl --output data/gpt2 --tokenizer gpt2 \
       --vocab-file "$T/gpt2-vocab.json" --merge-file "$T/gpt2-merges.txt" >/dev/null
+"$MT" data prepare --input corpus.jsonl --output data/hf --tokenizer hf --tokenizer-file "$T/llama3-tokenizer.json" >/dev/null
 
-for kind in byte gpt2; do
+for kind in byte gpt2 hf; do
   rm -rf ckpt hf run
   "$MT" --config tiny.yaml --set training.train_iters=2 --set optimizer.warmup_iters=1 --set checkpoint.save_dir=ckpt \
         --set "data.train=[data/$kind]" --set model.vocab_size=auto >/dev/null
@@ -60,7 +61,7 @@ for text, doc in zip(texts, docs):
     bad += not ok
     print(f"{kind}: {'ok' if ok else 'MISMATCH'} {text!r} -> {want}" + ("" if ok else f" transformers {got} decodes {back!r}"))
 assert tok.eos_token_id == eod and tok.bos_token_id == eod, (tok.eos_token_id, tok.bos_token_id, eod)
-assert tok.decode([eod]) == "<|endoftext|>", tok.decode([eod])
+assert tok.decode([eod]) == tok.eos_token, (tok.decode([eod]), tok.eos_token)
 cfg = json.load(open("hf/config.json"))
 gen = json.load(open("hf/generation_config.json"))
 assert cfg["eos_token_id"] == eod and cfg["bos_token_id"] == eod, cfg
@@ -74,8 +75,9 @@ PY
 done
 
 # --tokenizer-sidecar exports the named sidecar; a checkpoint without tokenizer.yaml exports no tokenizer.
+cmp "$T/llama3-tokenizer.json" hf/tokenizer.json || fail "hf: tokenizer.json not copied"
 rm -rf hf2 && "$MT" ckpt export ckpt --format hf --output hf2 --tokenizer-sidecar data/gpt2.tokenizer.yaml >/dev/null
-cmp hf/tokenizer.json hf2/tokenizer.json || fail "--tokenizer-sidecar wrote another tokenizer.json"
+cmp "$T/gpt2-vocab.json" hf2/vocab.json || fail "--tokenizer-sidecar did not export the named tokenizer"
 rm ckpt/iter_0000002/tokenizer.yaml
 rm -rf hf3 && "$MT" ckpt export ckpt --format hf --output hf3 | grep -q "no tokenizer" || fail "no 'no tokenizer' note"
 [ ! -e hf3/tokenizer.json ] || fail "a tokenizer.json without a tokenizer"
