@@ -4,8 +4,16 @@
 #include <cmath>
 #include <limits>
 
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
+
+#include "core/checkpoint/file_io.h"
+#include "core/checkpoint/hf_tokenizer_export.h"
+#include "core/config/config.h"
 
 namespace mt::app {
 
@@ -161,6 +169,18 @@ ResumeState read_resume_state(const CheckpointState& s, const std::string& dir) 
   r.hysteresis_tracker = counter("loss_scale_hysteresis_tracker", kMax);
   r.seed = counter("seed", kMax);
   return r;
+}
+
+void write_checkpoint_tokenizer(const std::string& tmp_dir, const std::vector<std::string>& data_train) {
+  if (data_train.empty()) return;
+  const std::string sidecar = tokenizer_sidecar_path(parse_data_blend(data_train).prefixes.front());
+  std::error_code ec;
+  if (!std::filesystem::exists(sidecar, ec)) return;
+  std::ifstream in(sidecar, std::ios::binary);
+  if (!in) throw CheckpointError(fmt::format("{}: cannot read the tokenizer sidecar to store it in the checkpoint", sidecar));
+  std::ostringstream text;
+  text << in.rdbuf();
+  ckpt::write_file_durably(ckpt::join_path(tmp_dir, kCheckpointTokenizerFile), text.str());
 }
 
 }  // namespace mt::app

@@ -52,4 +52,10 @@ struct ResumeState {
 // Throws CheckpointError naming the checkpoint and the field.
 ResumeState read_resume_state(const CheckpointState& s, const std::string& dir);
 
+// Records which tokenizer made the training data: copies the sidecar of data.train's first prefix
+// (PREFIX.tokenizer.yaml, see core/data/tokenizer_sidecar.h) into the checkpoint's temporary directory
+// `tmp_dir` as tokenizer.yaml, which `ckpt export --format hf` reads. Nothing when data.train is empty or that
+// prefix has no sidecar. Rank 0 calls it before committing.
+void write_checkpoint_tokenizer(const std::string& tmp_dir, const std::vector<std::string>& data_train);
+
 }  // namespace mt::app

@@ -2,13 +2,16 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "app/commands.h"
 #include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/file_io.h"
 #include "core/checkpoint/hf_export.h"
+#include "core/checkpoint/hf_tokenizer_export.h"
 
 namespace mt::app {
 namespace {
@@ -46,6 +49,36 @@ void inspect(const std::string& dir, bool verify) {
   std::fflush(stdout);
 }
 
+// The tokenizer to export: --tokenizer-sidecar when given, else the checkpoint's tokenizer.yaml, else none.
+std::optional<TokenizerSidecar> export_tokenizer(const CheckpointReader& ckpt, const std::string& sidecar) {
+  if (!sidecar.empty()) {
+    auto s = read_tokenizer_sidecar_file(sidecar);
+    if (!s) throw CheckpointError(fmt::format("{}: --tokenizer-sidecar names no file", sidecar));
+    return s;
+  }
+  return read_tokenizer_sidecar_file(ckpt::join_path(ckpt.dir(), kCheckpointTokenizerFile));
+}
+
+void export_hf(const std::string& dir, const std::string& output, DType dtype, const std::string& sidecar) {
+  CheckpointReader ckpt(checkpoint_at(dir));
+  const std::optional<TokenizerSidecar> tok = export_tokenizer(ckpt, sidecar);
+  const GptExportShape g = gpt_export_shape(ckpt);
+  if (tok && tok->vocab_size > g.vocab)
+    throw CheckpointError(fmt::format("{}: the tokenizer has {} ids but the model's vocab_size is {}", ckpt.dir(),
+                                      tok->vocab_size, g.vocab));
+  export_hf_gpt2(ckpt, output, dtype, tok ? std::optional<int32_t>(tok->eod) : std::nullopt);
+  fmt::print("exported {} (iteration {}) to {}/model.safetensors and {}/config.json\n", ckpt.dir(),
+             ckpt.state().iteration, output, output);
+  if (tok) {
+    const auto files = export_hf_tokenizer(*tok, output, g.seq_length > 0 ? g.seq_length : g.positions);
+    fmt::print("tokenizer ({}, eod {}): {}\n", tok->tokenizer.name, tok->eod, fmt::join(files, ", "));
+  } else {
+    fmt::print("no tokenizer: the checkpoint has no {} (its data had no tokenizer sidecar); pass "
+               "--tokenizer-sidecar PREFIX.tokenizer.yaml to export one\n", kCheckpointTokenizerFile);
+  }
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 void add_ckpt_commands(CLI::App& root) {
@@ -64,7 +97,7 @@ void add_ckpt_commands(CLI::App& root) {
   ins->callback([ia] { inspect(ia->dir, ia->verify); });
 
   struct ExportArgs {
-    std::string dir, format = "hf", output, dtype = "fp32";
+    std::string dir, format = "hf", output, dtype = "fp32", tokenizer_sidecar;
   };
   auto ea = std::make_shared<ExportArgs>();
   CLI::App* exp = ckpt->add_subcommand("export", "Export a checkpoint for Hugging Face transformers (GPT2LMHeadModel)");
@@ -74,13 +107,9 @@ void add_ckpt_commands(CLI::App& root) {
   exp->add_option("--dtype", ea->dtype, "Weight dtype in the export")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
-  exp->callback([ea] {
-    CheckpointReader ckpt(checkpoint_at(ea->dir));
-    export_hf_gpt2(ckpt, ea->output, parse_dtype(ea->dtype));
-    fmt::print("exported {} (iteration {}) to {}/model.safetensors and {}/config.json\n", ckpt.dir(),
-               ckpt.state().iteration, ea->output, ea->output);
-    std::fflush(stdout);
-  });
+  exp->add_option("--tokenizer-sidecar", ea->tokenizer_sidecar,
+                  "Tokenizer sidecar (PREFIX.tokenizer.yaml) to export instead of the checkpoint's tokenizer.yaml");
+  exp->callback([ea] { export_hf(ea->dir, ea->output, parse_dtype(ea->dtype), ea->tokenizer_sidecar); });
 }
 
 }  // namespace mt::app

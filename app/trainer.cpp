@@ -451,6 +451,7 @@ void Trainer::save() {
                 {"loss_scale_hysteresis_tracker", std::to_string(st.hysteresis_tracker)},
                 {"seed", std::to_string(cfg_.training.seed)}};
     try {
+      write_checkpoint_tokenizer(tmp, cfg_.data.train);
       dir = commit_checkpoint(cfg_.checkpoint.save_dir, tmp, s, dist_.tp_size() * dist_.pp_size(),
                               cfg_.checkpoint.keep_last);
     } catch (...) {

@@ -114,9 +114,10 @@ Shape expected_source_shape(const Mapping& m, const GptExportShape& g) {
   }
 }
 
-std::string config_json(const GptExportShape& g, DType dtype) {
+std::string config_json(const GptExportShape& g, DType dtype, std::optional<int32_t> eod) {
   const char* torch_dtype = dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
-  const int64_t eos = g.vocab - 1;  // the byte tokenizer's end-of-document token is the last id
+  // Without a known tokenizer: the byte tokenizer's end-of-document token, the last id.
+  const int64_t eos = eod ? int64_t{*eod} : g.vocab - 1;
   std::string j = "{\n";
   auto add = [&](const std::string& key, const std::string& value) { j += fmt::format("  \"{}\": {},\n", key, value); };
   add("architectures", "[\"GPT2LMHeadModel\"]");
@@ -183,7 +184,8 @@ GptExportShape gpt_export_shape(const CheckpointReader& ckpt) {
   g.ffn = keys.get<int64_t>("ffn_hidden_size", int64_t{0});
   g.vocab = keys.get<int64_t>("vocab_size", std::nullopt);
   g.positions = keys.get<int64_t>("max_position_embeddings", int64_t{0});
-  if (g.positions == 0) g.positions = keys.get<int64_t>("seq_length", int64_t{0});
+  g.seq_length = keys.get<int64_t>("seq_length", int64_t{0});
+  if (g.positions == 0) g.positions = g.seq_length;
   g.tied = keys.get<bool>("tie_embeddings", true);
   g.layernorm_eps = keys.get<double>("layernorm_eps", 1e-5);
   g.dropout = keys.get<double>("dropout", 0.1);
@@ -212,7 +214,7 @@ GptExportShape gpt_export_shape(const CheckpointReader& ckpt) {
   return g;
 }
 
-void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype) {
+void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype, std::optional<int32_t> eod) {
   if (!is_floating(dtype)) throw CheckpointError(fmt::format("export: dtype {} is not a float type", dtype_name(dtype)));
   const GptExportShape g = gpt_export_shape(ckpt);
   const std::vector<Mapping> maps = mappings(g);
@@ -238,7 +240,7 @@ void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& out_dir, DT
   std::string cfg = ckpt::join_path(out_dir, "config.json"), tmp = cfg + ".tmp";
   ::unlink(tmp.c_str());
   try {
-    ckpt::write_file_durably(tmp, config_json(g, dtype));
+    ckpt::write_file_durably(tmp, config_json(g, dtype, eod));
     if (::rename(tmp.c_str(), cfg.c_str()) != 0) ckpt::throw_os_error(cfg, "cannot rename " + tmp + " to it", errno);
   } catch (...) {
     ::unlink(tmp.c_str());

@@ -53,7 +53,10 @@ std::string tokenizer_sidecar_yaml(const TokenizerOptions& options, const Tokeni
 }
 
 std::optional<TokenizerSidecar> read_tokenizer_sidecar(const std::string& prefix) {
-  const std::string path = tokenizer_sidecar_path(prefix);
+  return read_tokenizer_sidecar_file(tokenizer_sidecar_path(prefix));
+}
+
+std::optional<TokenizerSidecar> read_tokenizer_sidecar_file(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return std::nullopt;
   std::ifstream in(path, std::ios::binary);

@@ -24,5 +24,7 @@ std::string tokenizer_sidecar_yaml(const TokenizerOptions& options, const Tokeni
 
 // nullopt when PREFIX.tokenizer.yaml does not exist; DataError naming the file when it is malformed.
 std::optional<TokenizerSidecar> read_tokenizer_sidecar(const std::string& prefix);
+// The same for a sidecar at `path` (a checkpoint's tokenizer.yaml, `ckpt export --tokenizer-sidecar`).
+std::optional<TokenizerSidecar> read_tokenizer_sidecar_file(const std::string& path);
 
 }  // namespace mt

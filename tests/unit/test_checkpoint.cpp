@@ -19,6 +19,7 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
 #include "app/commands.h"
@@ -27,6 +28,7 @@
 #include "core/checkpoint/save_dir.h"
 #include "app/checkpointing.h"
 #include "core/checkpoint/hf_export.h"
+#include "core/checkpoint/hf_tokenizer_export.h"
 #include "core/checkpoint/safetensors.h"
 
 namespace fs = std::filesystem;
@@ -1039,6 +1041,51 @@ TEST_F(CheckpointTest, CliInspectsVerifiesAndExports) {
   EXPECT_NE(error_of([&] { run_cli("ckpt inspect " + root_ + "/empty_nothing"); }).find("no checkpoint"),
             std::string::npos);
   EXPECT_THROW(run_cli("ckpt export " + save_ + " --format onnx --output " + root_ + "/x"), CLI::ValidationError);
+}
+
+// A checkpoint records its data's tokenizer sidecar as tokenizer.yaml, and the HF export turns a byte sidecar
+// into tokenizer.json (id i = byte i, eod 256 the special <|endoftext|>) and configs whose eos id is the eod.
+TEST_F(CheckpointTest, HfExportCarriesTheDataTokenizer) {
+  TinyGpt m(false);
+  m.save(save_);
+  const std::string ckpt_dir = save_ + "/iter_0000042";
+  const std::string prefix = root_ + "/data";
+  spit(tokenizer_sidecar_path(prefix), "kind: byte\nfiles: {}\nvocab_size: 257\neod: 256\n");
+  app::write_checkpoint_tokenizer(ckpt_dir, {prefix});
+  EXPECT_EQ(slurp(ckpt_dir + "/tokenizer.yaml"), slurp(tokenizer_sidecar_path(prefix)));
+  app::write_checkpoint_tokenizer(root_, {root_ + "/no_sidecar"});  // no sidecar: nothing written
+  EXPECT_FALSE(fs::exists(root_ + "/tokenizer.yaml"));
+
+  // The tiny model's 11 ids cannot hold the byte tokenizer's 257: the CLI refuses.
+  std::string msg = error_of([&] { run_cli("ckpt export " + ckpt_dir + " --format hf --output " + root_ + "/x"); });
+  EXPECT_NE(msg.find("the tokenizer has 257 ids but the model's vocab_size is 11"), std::string::npos) << msg;
+
+  const std::string out = root_ + "/hf";
+  CheckpointReader r(ckpt_dir);
+  export_hf_gpt2(r, out, DType::f32, 256);
+  const auto sidecar = read_tokenizer_sidecar_file(ckpt_dir + "/tokenizer.yaml");
+  ASSERT_TRUE(sidecar.has_value());
+  export_hf_tokenizer(*sidecar, out, 6);
+  using nlohmann::json;
+  const json tok = json::parse(slurp(out + "/tokenizer.json"));
+  ASSERT_EQ(tok["model"]["vocab"].size(), 256u);
+  EXPECT_EQ(tok["model"]["vocab"]["a"], 'a');
+  EXPECT_EQ(tok["model"]["vocab"]["\xC4\xA0"], 32);  // GPT-2's byte-level 'Ġ' is the space byte
+  EXPECT_EQ(tok["model"]["vocab"]["\xC4\x80"], 0);
+  EXPECT_TRUE(tok["model"]["merges"].empty());
+  EXPECT_EQ(tok["pre_tokenizer"]["use_regex"], false);
+  EXPECT_EQ(tok["added_tokens"][0]["id"], 256);
+  EXPECT_EQ(tok["added_tokens"][0]["content"], "<|endoftext|>");
+  const json cfg = json::parse(slurp(out + "/tokenizer_config.json"));
+  EXPECT_EQ(cfg["tokenizer_class"], "PreTrainedTokenizerFast");
+  EXPECT_EQ(cfg["eos_token"], "<|endoftext|>");
+  EXPECT_EQ(cfg["model_max_length"], 6);
+  EXPECT_EQ(json::parse(slurp(out + "/special_tokens_map.json"))["eos_token"], "<|endoftext|>");
+  for (const char* file : {"/generation_config.json", "/config.json"}) {
+    const json j = json::parse(slurp(out + file));
+    EXPECT_EQ(j["eos_token_id"], 256) << file;
+    EXPECT_EQ(j["bos_token_id"], 256) << file;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,189 @@
+// hf_tokenizer_export.cpp: tokenizer.yaml -> tokenizer.json and friends (see hf_tokenizer_export.h).
+#include "core/checkpoint/hf_tokenizer_export.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/file_io.h"
+
+namespace mt {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+std::string read_file(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CheckpointError(fmt::format("{}: cannot read the tokenizer's {} (named by the tokenizer sidecar)", path, what));
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+json parse_json(const std::string& path, const char* what) {
+  try {
+    return json::parse(read_file(path, what));
+  } catch (const json::exception& e) {
+    throw CheckpointError(fmt::format("{}: the tokenizer's {} is not valid JSON: {}", path, what, e.what()));
+  }
+}
+
+// Written whole under a temporary name and renamed, as config.json is.
+void write_out(const std::string& out_dir, const std::string& name, const std::string& text) {
+  const std::string path = ckpt::join_path(out_dir, name), tmp = path + ".tmp";
+  ::unlink(tmp.c_str());
+  try {
+    ckpt::write_file_durably(tmp, text);
+    if (::rename(tmp.c_str(), path.c_str()) != 0) ckpt::throw_os_error(path, "cannot rename " + tmp + " to it", errno);
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+}
+
+// GPT-2's bytes_to_unicode: printable bytes stand for themselves, the others map to U+0100 onwards in order.
+std::string byte_char(int b) {
+  auto printable = [](int c) { return (c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF); };
+  int cp = b;
+  if (!printable(b)) {
+    cp = 256;
+    for (int c = 0; c < b; ++c)
+      if (!printable(c)) ++cp;
+  }
+  std::string s;  // UTF-8 of cp (< 0x800)
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return s;
+}
+
+json byte_level(bool use_regex) {
+  return {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", use_regex}};
+}
+
+json special_token(int32_t id, const std::string& text) {
+  return {{"id", id},         {"content", text}, {"single_word", false}, {"lstrip", false},
+          {"rstrip", false},  {"normalized", false}, {"special", true}};
+}
+
+// A byte-level BPE tokenizer.json: GPT-2's layout (no normalizer, ByteLevel pre-tokenizer and decoder).
+json byte_level_bpe(json vocab, json merges, bool use_regex, int32_t eod, const std::string& eod_text) {
+  json model = {{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", nullptr},
+                {"continuing_subword_prefix", nullptr},
+                {"end_of_word_suffix", nullptr},
+                {"fuse_unk", false},
+                {"byte_fallback", false},
+                {"ignore_merges", false},
+                {"vocab", std::move(vocab)},
+                {"merges", std::move(merges)}};
+  json decoder = byte_level(true);
+  return {{"version", "1.0"},
+          {"truncation", nullptr},
+          {"padding", nullptr},
+          {"added_tokens", json::array({special_token(eod, eod_text)})},
+          {"normalizer", nullptr},
+          {"pre_tokenizer", byte_level(use_regex)},
+          {"post_processor", nullptr},
+          {"decoder", decoder},
+          {"model", std::move(model)}};
+}
+
+json byte_tokenizer_json(int32_t eod, const std::string& eod_text) {
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;  // megatrain's byte tokenizer: id i is byte i
+  return byte_level_bpe(std::move(vocab), json::array(), /*use_regex=*/false, eod, eod_text);
+}
+
+json gpt2_tokenizer_json(const TokenizerOptions& o, int32_t eod, const std::string& eod_text) {
+  json vocab = parse_json(o.vocab_file, "vocab.json");
+  std::istringstream lines(read_file(o.merge_file, "merges.txt"));
+  json merges = json::array();
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line.rfind("#version", 0) == 0) continue;
+    merges.push_back(line);
+  }
+  return byte_level_bpe(std::move(vocab), std::move(merges), /*use_regex=*/true, eod, eod_text);
+}
+
+// The text of the eod id in an hf tokenizer.json: an added token, else a vocabulary entry.
+std::optional<std::string> hf_token_text(const json& tok, int32_t id) {
+  if (tok.contains("added_tokens"))
+    for (const auto& t : tok["added_tokens"])
+      if (t.value("id", -1) == id) return t.value("content", std::string());
+  if (tok.contains("model") && tok["model"].contains("vocab") && tok["model"]["vocab"].is_object())
+    for (const auto& [text, v] : tok["model"]["vocab"].items())
+      if (v.is_number_integer() && v.get<int64_t>() == id) return text;
+  return std::nullopt;
+}
+
+std::string dump(const json& j) { return j.dump(2) + "\n"; }
+
+}  // namespace
+
+std::vector<std::string> export_hf_tokenizer(const TokenizerSidecar& sidecar, const std::string& out_dir,
+                                             int64_t model_max_length) {
+  const TokenizerOptions& o = sidecar.tokenizer;
+  const int32_t eod = sidecar.eod;
+  std::vector<std::string> written;
+  auto write = [&](const std::string& name, const std::string& text) {
+    write_out(out_dir, name, text);
+    written.push_back(name);
+  };
+  std::string eod_text = o.eod_token.empty() ? "<|endoftext|>" : o.eod_token;
+  bool fast = true;  // a tokenizer.json is written
+  if (o.name == "byte") {
+    write("tokenizer.json", dump(byte_tokenizer_json(eod, eod_text)));
+  } else if (o.name == "gpt2") {
+    const json tok = gpt2_tokenizer_json(o, eod, eod_text);
+    write("vocab.json", read_file(o.vocab_file, "vocab.json"));
+    write("merges.txt", read_file(o.merge_file, "merges.txt"));
+    write("tokenizer.json", dump(tok));
+  } else if (o.name == "hf") {
+    const std::string text = read_file(o.tokenizer_file, "tokenizer.json");
+    json tok;
+    try {
+      tok = json::parse(text);
+    } catch (const json::exception& e) {
+      throw CheckpointError(fmt::format("{}: the tokenizer's tokenizer.json is not valid JSON: {}", o.tokenizer_file, e.what()));
+    }
+    if (o.eod_token.empty()) {
+      std::optional<std::string> t = hf_token_text(tok, eod);
+      if (!t) throw CheckpointError(fmt::format("{}: has no token with the eod id {}", o.tokenizer_file, eod));
+      eod_text = *t;
+    }
+    write("tokenizer.json", text);
+  } else if (o.name == "sentencepiece") {
+    write("tokenizer.model", read_file(o.tokenizer_model, "SentencePiece model"));
+    fast = false;
+  } else {
+    throw CheckpointError(fmt::format("tokenizer sidecar: kind {} has no Hugging Face export", o.name));
+  }
+  if (fast) {
+    json cfg = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                {"bos_token", eod_text},
+                {"eos_token", eod_text},
+                {"unk_token", eod_text},
+                {"pad_token", eod_text},
+                {"model_max_length", model_max_length},
+                {"clean_up_tokenization_spaces", false}};
+    write("tokenizer_config.json", dump(cfg));
+    json map = {{"bos_token", eod_text}, {"eos_token", eod_text}, {"unk_token", eod_text}, {"pad_token", eod_text}};
+    write("special_tokens_map.json", dump(map));
+  }
+  write("generation_config.json", dump(json{{"bos_token_id", eod}, {"eos_token_id", eod}}));
+  return written;
+}
+
+}  // namespace mt

@@ -1,0 +1,29 @@
+// hf_tokenizer_export.h: the tokenizer half of a Hugging Face export. A checkpoint records the tokenizer of
+// its training data as tokenizer.yaml (a copy of data prepare's PREFIX.tokenizer.yaml, see
+// core/data/tokenizer_sidecar.h); `ckpt export --format hf` turns it into the files AutoTokenizer reads, so
+// the exported model's ids mean what they meant in training.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/data/tokenizer_sidecar.h"
+
+namespace mt {
+
+inline constexpr const char* kCheckpointTokenizerFile = "tokenizer.yaml";
+
+// Writes into out_dir, by sidecar kind:
+//   byte:          tokenizer.json (the 256 bytes as GPT-2's byte-level alphabet, no merges, so id i is byte i;
+//                  the eod id an added special token <|endoftext|>)
+//   gpt2:          vocab.json + merges.txt copied, and tokenizer.json built from them (byte-level BPE)
+//   hf:            the tokenizer.json copied
+//   sentencepiece: the .model copied as tokenizer.model (no tokenizer_config.json: no transformers class is
+//                  known to encode exactly as megatrain's SentencePiece tokenizer does)
+// and for the tokenizer.json kinds tokenizer_config.json (PreTrainedTokenizerFast, bos/eos/unk/pad = the eod
+// token, model_max_length) and special_tokens_map.json; for every kind generation_config.json with
+// bos/eos = the eod id. Returns the file names written. Throws CheckpointError naming the file on failure.
+std::vector<std::string> export_hf_tokenizer(const TokenizerSidecar& sidecar, const std::string& out_dir,
+                                             int64_t model_max_length);
+
+}  // namespace mt
