@@ -488,15 +488,12 @@ double sum_squares(const std::vector<Tensor>& xs) {
       fail(op, fmt::format("tensors on different devices ({} and {})", device_name(xs[0].device()),
                            device_name(xs[i].device())));
   }
-  if (xs[0].device() == Device::cpu) return cpu::sum_squares(xs);
-  MT_ON_CUDA(sum_squares(xs));
+  return grad_stats(xs).sum_squares;  // one pass, one read (the inf/NaN flag comes along)
 }
 
 bool has_inf_or_nan(const Tensor& x) {
-  const char* op = "has_inf_or_nan";
-  check_dtype(op, "x", x, DType::f32);
-  if (x.device() == Device::cpu) return cpu::has_inf_or_nan(x);
-  MT_ON_CUDA(has_inf_or_nan(x));
+  check_dtype("has_inf_or_nan", "x", x, DType::f32);
+  return grad_stats(std::vector<Tensor>{x}).found_inf;
 }
 
 void adamw_step(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWOptions& opt) {

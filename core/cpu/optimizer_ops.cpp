@@ -1,28 +1,10 @@
-// optimizer_ops.cpp: reductions over f32 gradient buffers (sum of squares, inf/NaN check) and the AdamW
-// update on the CPU, with PyTorch's / Megatron's AdamW semantics (decoupled weight decay).
+// optimizer_ops.cpp: the reduction over f32 gradient buffers (sum of squares and inf/NaN check, grad_stats) and
+// the AdamW update on the CPU, with PyTorch's / Megatron's AdamW semantics (decoupled weight decay).
 #include <cmath>
 
 #include "core/cpu/ops_cpu.h"
 
 namespace mt::cpu {
-
-double sum_squares(const std::vector<Tensor>& xs) {
-  double s = 0.0;
-  for (const Tensor& x : xs) {
-    const float* v = x.data<float>();
-    const int64_t n = x.numel();
-    for (int64_t i = 0; i < n; ++i) s += static_cast<double>(v[i]) * v[i];
-  }
-  return s;
-}
-
-bool has_inf_or_nan(const Tensor& x) {
-  const float* v = x.data<float>();
-  const int64_t n = x.numel();
-  bool bad = false;
-  for (int64_t i = 0; i < n; ++i) bad |= !std::isfinite(v[i]);  // no early exit: the loop vectorises
-  return bad;
-}
 
 namespace {
 
@@ -62,7 +44,8 @@ void adamw_step(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp
 
 // ---- fused step ops --------------------------------------------------------------------------------
 
-// One loop over all elements for both results; the sum in sum_squares' order.
+// One loop over all elements for both results; the sum in buffer order, in double (the reference order that
+// sum_squares and has_inf_or_nan in core/ops.cpp report too).
 void grad_stats(const std::vector<Tensor>& xs, Tensor& stats) {
   double s = 0.0;
   bool bad = false;

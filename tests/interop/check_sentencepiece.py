@@ -40,10 +40,7 @@ def main():
     a = p.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
     docs = tokenizer_corpus.documents(99, a.docs)
-    corpus = os.path.join(a.workdir, "spm-corpus.jsonl")
-    with open(corpus, "wb") as f:
-        for d in docs:
-            f.write(tokenizer_corpus.jsonl_line(d))
+    corpus = tokenizer_corpus.write_jsonl(os.path.join(a.workdir, "spm-corpus.jsonl"), docs)
     models = [(f"fixture-{k}", os.path.join(a.fixtures, f"spm-{k}.model")) for k in ("bpe", "unigram")]
     if a.vocab:
         big = os.path.join(a.workdir, f"spm-vocab{a.vocab}")

@@ -20,9 +20,7 @@ def main(outdir):
     c = tokenizer_corpus
     docs = [" ".join(c.FRAGMENTS).encode(), "x".join(c.SPACES + c.CONTROLS).encode(), b"x".join(c.INVALID)]
     docs += c.documents(7, 37, invalid_fraction=0.3, max_bytes=400)
-    with open(os.path.join(outdir, "corpus.jsonl"), "wb") as f:
-        for d in docs:
-            f.write(tokenizer_corpus.jsonl_line(d))
+    tokenizer_corpus.write_jsonl(os.path.join(outdir, "corpus.jsonl"), docs)
     texts = [tokenizer_corpus.as_python_text(d) for d in docs]
     refs = {
         "gpt2": check_tokenizer.gpt2_from_files(os.path.join(outdir, "gpt2-vocab.json"),

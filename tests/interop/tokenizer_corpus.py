@@ -89,6 +89,14 @@ def jsonl_line(doc):
     return json.dumps({"text": text}, ensure_ascii=False).encode("utf-8", "surrogateescape") + b"\n"
 
 
+def write_jsonl(path, docs):
+    """Writes docs (bytes) as JSON lines to path (see jsonl_line) and returns path."""
+    with open(path, "wb") as f:
+        for d in docs:
+            f.write(jsonl_line(d))
+    return path
+
+
 def as_python_text(doc):
     """What the Python tokenizers see: invalid UTF-8 replaced by U+FFFD, as megatrain does (core/data/utf8.h)."""
     return doc.decode("utf-8", "replace")

@@ -778,13 +778,17 @@ TEST(FusedStepOps, MultiTensorAdamWEqualsPerTensorBitForBit) {
   }
 }
 
-// One pass gives sum_squares' total exactly (the same order) and has_inf_or_nan's verdict.
+// One pass gives the sum of squares in buffer order, in double (the reference order, exactly) and the inf/NaN
+// verdict; sum_squares and has_inf_or_nan report the same pass.
 TEST(FusedStepOps, GradStatsEqualSumSquaresAndInfCheck) {
   const Vec x = rand_vec(1000, 610, -3, 3);
   const Tensor whole = make(x, {1000});
   const std::vector<Tensor> parts{whole.slice(0, 1), whole.slice(1, 1), whole.slice(1, 600), whole.slice(600, 1000)};
   const GradStats st = grad_stats(parts);
-  EXPECT_EQ(st.sum_squares, sum_squares(parts));
+  double in_order = 0.0;
+  for (float v : whole.to_floats()) in_order += static_cast<double>(v) * v;
+  EXPECT_EQ(st.sum_squares, in_order);
+  EXPECT_EQ(sum_squares(parts), in_order);
   EXPECT_FALSE(st.found_inf);
   // The device-side form: [sum, flag] as f64.
   Tensor out = f64_zeros(2, Device::cpu);
