@@ -21,7 +21,9 @@ namespace {
 
 // Checkpoint files are written from host memory: device tensors are copied over first.
 TensorSlice slice_of(const std::string& name, const Parameter& p, const Tensor& data) {
-  return TensorSlice{.name = name, .global_shape = p.global_shape, .start = p.start,
+  return TensorSlice{.name = name,
+                     .global_shape = p.global_shape,
+                     .start = p.start,
                      .data = data.device() == Device::cpu ? data : data.to(Device::cpu, MemKind::workspace)};
 }
 
@@ -44,8 +46,8 @@ void read_checked(const CheckpointReader& reader, const std::string& name, const
     throw CheckpointError(fmt::format("{}: checkpoint has no tensor '{}' (a different model?)", reader.dir(), name));
   }
   const TensorInfo& info = reader.info(name);
-  const bool padded_rows_differ = is_vocabulary_table(p.name) && info.global_shape.size() == 2 &&
-                                  info.global_shape[1] == p.global_shape[1];
+  const bool padded_rows_differ =
+      is_vocabulary_table(p.name) && info.global_shape.size() == 2 && info.global_shape[1] == p.global_shape[1];
   if (info.global_shape != p.global_shape && !padded_rows_differ) {
     if (partial)
       return partial->skipped.push_back(fmt::format("{} (shape {} in the checkpoint, {} here)", name,
@@ -64,7 +66,7 @@ void read_checked(const CheckpointReader& reader, const std::string& name, const
 }  // namespace
 
 std::vector<TensorSlice> optimizer_tensors(const std::vector<AdamW::Slot>& slots,
-                                          const std::function<bool(const Parameter&)>& keep) {
+                                           const std::function<bool(const Parameter&)>& keep) {
   std::vector<TensorSlice> out;
   for (const auto& s : slots) {
     const Parameter& p = *s.param;
@@ -155,8 +157,8 @@ ResumeState read_resume_state(const CheckpointState& s, const std::string& dir) 
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   r.consumed_samples = counter("consumed_samples", kMax);
   if (r.consumed_samples < r.iteration)
-    fail("consumed_samples", fmt::format("= {} is less than one sample per iteration ({} iterations)",
-                                         r.consumed_samples, r.iteration));
+    fail("consumed_samples",
+         fmt::format("= {} is less than one sample per iteration ({} iterations)", r.consumed_samples, r.iteration));
   r.skipped_iters = counter("skipped_iters", r.iteration);
   r.nan_iters = counter("nan_iters", r.iteration);
   r.optimizer_steps = counter("optimizer_steps", r.iteration);
@@ -177,7 +179,8 @@ void write_checkpoint_tokenizer(const std::string& tmp_dir, const std::vector<st
   std::error_code ec;
   if (!std::filesystem::exists(sidecar, ec)) return;
   std::ifstream in(sidecar, std::ios::binary);
-  if (!in) throw CheckpointError(fmt::format("{}: cannot read the tokenizer sidecar to store it in the checkpoint", sidecar));
+  if (!in)
+    throw CheckpointError(fmt::format("{}: cannot read the tokenizer sidecar to store it in the checkpoint", sidecar));
   std::ostringstream text;
   text << in.rdbuf();
   ckpt::write_file_durably(ckpt::join_path(tmp_dir, kCheckpointTokenizerFile), text.str());

@@ -13,7 +13,7 @@ namespace mt::app {
 // Tensor names: "model.<param>" (fp32 master weights), "optimizer.exp_avg.<param>",
 // "optimizer.exp_avg_sq.<param>"; only the parameters `keep` accepts (all when it is empty).
 std::vector<TensorSlice> optimizer_tensors(const std::vector<AdamW::Slot>& slots,
-                                          const std::function<bool(const Parameter&)>& keep = {});
+                                           const std::function<bool(const Parameter&)>& keep = {});
 
 // What a partial load (checkpoint.allow_partial_load) took from the checkpoint and what it left at its
 // initial value, one "tensor (reason)" each.

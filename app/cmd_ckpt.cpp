@@ -36,8 +36,8 @@ void inspect(const std::string& dir, bool verify) {
   fmt::print("tensors: {}\n", ckpt.tensors().size());
   for (const auto& t : ckpt.tensors()) {
     size_t n = ckpt.num_slices(t.name);
-    fmt::print("  {:<{}}  {:<4}  {:<14}  {} slice{}\n", t.name, width, dtype_name(t.dtype), shape_str(t.global_shape), n,
-               n == 1 ? "" : "s");
+    fmt::print("  {:<{}}  {:<4}  {:<14}  {} slice{}\n", t.name, width, dtype_name(t.dtype), shape_str(t.global_shape),
+               n, n == 1 ? "" : "s");
     numel += static_cast<double>(shape_numel(t.global_shape));
     bytes += static_cast<double>(shape_numel(t.global_shape)) * static_cast<double>(dtype_size(t.dtype));
   }
@@ -73,8 +73,10 @@ void export_hf(const std::string& dir, const std::string& output, DType dtype, c
     const auto files = export_hf_tokenizer(*tok, output, g.seq_length > 0 ? g.seq_length : g.positions);
     fmt::print("tokenizer ({}, eod {}): {}\n", tok->tokenizer.name, tok->eod, fmt::join(files, ", "));
   } else {
-    fmt::print("no tokenizer: the checkpoint has no {} (its data had no tokenizer sidecar); pass "
-               "--tokenizer-sidecar PREFIX.tokenizer.yaml to export one\n", kCheckpointTokenizerFile);
+    fmt::print(
+        "no tokenizer: the checkpoint has no {} (its data had no tokenizer sidecar); pass "
+        "--tokenizer-sidecar PREFIX.tokenizer.yaml to export one\n",
+        kCheckpointTokenizerFile);
   }
   std::fflush(stdout);
 }

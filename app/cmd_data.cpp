@@ -26,12 +26,13 @@ void add_data_commands(CLI::App& root) {
   prepare->add_option("-o,--output", prep->output_prefix, "Output prefix: writes PREFIX.bin and PREFIX.idx")
       ->required();
   prepare
-      ->add_option("--tokenizer", prep->tokenizer.name,
-                   fmt::format("Tokenizer ({}): gpt2 reads --vocab-file and --merge-file (GPT-2's byte-level BPE), "
-                               "hf reads --tokenizer-file (a Hugging Face byte-level BPE tokenizer.json), sentencepiece reads "
-                               "--tokenizer-model (a SentencePiece .model){}",
-                               fmt::join(supported_tokenizers(), ", "),
-                               have_sentencepiece() ? "" : " (this build has no SentencePiece)"))
+      ->add_option(
+          "--tokenizer", prep->tokenizer.name,
+          fmt::format("Tokenizer ({}): gpt2 reads --vocab-file and --merge-file (GPT-2's byte-level BPE), "
+                      "hf reads --tokenizer-file (a Hugging Face byte-level BPE tokenizer.json), sentencepiece reads "
+                      "--tokenizer-model (a SentencePiece .model){}",
+                      fmt::join(supported_tokenizers(), ", "),
+                      have_sentencepiece() ? "" : " (this build has no SentencePiece)"))
       ->capture_default_str();
   prepare->add_option("--vocab-file", prep->tokenizer.vocab_file, "gpt2: GPT-2's vocab.json");
   prepare->add_option("--merge-file", prep->tokenizer.merge_file, "gpt2: GPT-2's merges.txt");

@@ -46,8 +46,8 @@ void run_eval(const EvalArgs& a) {
   int64_t available = 0;
   SampleFn source = file_order_source(a.data, S, cfg.model.vocab_size, available);
   if (a.samples > available)
-    throw std::invalid_argument(fmt::format("--samples {}: the data holds only {} samples of {} tokens", a.samples,
-                                            available, S + 1));
+    throw std::invalid_argument(
+        fmt::format("--samples {}: the data holds only {} samples of {} tokens", a.samples, available, S + 1));
   double sum = 0;  // sum of per-token losses
   for (int64_t first = 0; first < a.samples; first += a.micro_batch_size) {
     const int64_t B = std::min(a.micro_batch_size, a.samples - first);
@@ -73,10 +73,8 @@ void add_eval_command(CLI::App& root) {
   sub->add_option("--checkpoint", args.checkpoint, "checkpoint directory, or a save_dir with `latest`")->required();
   sub->add_option("--data", args.data, "indexed dataset prefix(es), read in file order")->required();
   sub->add_option("--samples", args.samples, "number of samples K")->required()->check(CLI::PositiveNumber);
-  sub->add_option("--micro-batch-size", args.micro_batch_size, "samples per forward pass")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--precision", args.precision, "fp32, bf16 or fp16")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  sub->add_option("--micro-batch-size", args.micro_batch_size, "samples per forward pass")->check(CLI::PositiveNumber);
+  sub->add_option("--precision", args.precision, "fp32, bf16 or fp16")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   sub->add_option("--device", args.device, "auto (a GPU when there is one), cuda or cpu")
       ->check(CLI::IsMember({"auto", "cuda", "cpu"}));
   sub->callback([] { run_eval(args); });

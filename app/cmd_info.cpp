@@ -36,8 +36,10 @@ void add_info_command(CLI::App& root) {
     int gpus = 0;
 #if defined(MEGATRAIN_WITH_CUDA)
     gpus = cuda::device_count();
-    if (gpus == 0) fmt::print("gpus: 0 ({})\n", cuda::unavailable_reason());
-    else fmt::print("gpus: {}\ngpu 0: {}\n", gpus, cuda::device_description());
+    if (gpus == 0)
+      fmt::print("gpus: 0 ({})\n", cuda::unavailable_reason());
+    else
+      fmt::print("gpus: {}\ngpu 0: {}\n", gpus, cuda::device_description());
 #else
     fmt::print("gpus: 0 (the CUDA backend is not built)\n");
 #endif

@@ -65,14 +65,17 @@ void check_fits_in_host_memory(const Config& cfg, int64_t local_ranks) {
 #if defined(MEGATRAIN_WITH_CUDA)
   if (cfg.training.device != "cpu") return;
 #endif
-  const double pages = static_cast<double>(::sysconf(_SC_PHYS_PAGES)), page = static_cast<double>(::sysconf(_SC_PAGESIZE));
+  const double pages = static_cast<double>(::sysconf(_SC_PHYS_PAGES)),
+               page = static_cast<double>(::sysconf(_SC_PAGESIZE));
   if (pages <= 0 || page <= 0) return;
-  const double per_rank = estimated_parameters(cfg.model) / static_cast<double>(cfg.parallel.tensor * cfg.parallel.pipeline);
+  const double per_rank =
+      estimated_parameters(cfg.model) / static_cast<double>(cfg.parallel.tensor * cfg.parallel.pipeline);
   const double need = per_rank * 20 * static_cast<double>(local_ranks);
   if (need > pages * page)
     throw ConfigError(fmt::format(
         "{}: model.num_layers={}, model.hidden_size={}, model.ffn_hidden_size={}, vocabulary {}: {:.3g} parameters "
-        "per rank (times {} local ranks) need {:.1f} GiB of training state, more than this machine's {:.1f} GiB of memory",
+        "per rank (times {} local ranks) need {:.1f} GiB of training state, more than this machine's {:.1f} GiB of "
+        "memory",
         cfg.source, cfg.model.num_layers, cfg.model.hidden_size, cfg.model.ffn_hidden_size, cfg.model.padded_vocab_size,
         per_rank, local_ranks, need / (1 << 30), pages * page / (1 << 30)));
 }

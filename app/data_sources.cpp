@@ -17,8 +17,8 @@ SampleFn checked(SampleFn inner, int64_t vocab_size, std::string what) {
     inner(g, out);
     for (size_t i = 0; i < out.size(); ++i)
       if (out[i] < 0 || out[i] >= vocab_size)
-        throw DataError(fmt::format("{}: sample {} holds token id {}, outside model.vocab_size={}", what, g, out[i],
-                                    vocab_size));
+        throw DataError(
+            fmt::format("{}: sample {} holds token id {}, outside model.vocab_size={}", what, g, out[i], vocab_size));
   };
 }
 
@@ -82,9 +82,10 @@ SplitSource blended(const DataBlend& blend, Pick&& pick, int64_t target, const C
     // Every dataset shuffles with the run's seed, as megatron-core's mid-level datasets share random_seed.
     auto dataset = std::make_shared<const GptDataset>(stream, S, static_cast<uint64_t>(cfg.training.seed), true);
     if (dataset->samples_per_epoch() == 0)
-      throw DataError(fmt::format("{}: {} (weight {}) holds {} tokens in this split, fewer than one sample of "
-                                  "model.seq_length+1={} tokens",
-                                  key, blend.prefixes[i], blend.weights[i], stream->num_tokens(), S + 1));
+      throw DataError(
+          fmt::format("{}: {} (weight {}) holds {} tokens in this split, fewer than one sample of "
+                      "model.seq_length+1={} tokens",
+                      key, blend.prefixes[i], blend.weights[i], stream->num_tokens(), S + 1));
     shares.push_back(fmt::format("{} w={:.4g}: {} samples ({:.2f} epochs of {})", blend.prefixes[i], weights[i],
                                  counts[i], static_cast<double>(counts[i]) / dataset->samples_per_epoch(),
                                  dataset->samples_per_epoch()));
@@ -133,9 +134,10 @@ DataSources open_data_sources(const Config& cfg) {
                           ? concatenated(train_blend.prefixes, split_part(0), cfg, "data.train")
                           : blended(train_blend, split_part(0), train_target, cfg, "data.train");
   if (!train.fn)
-    throw DataError(fmt::format("data.train: the training split holds {}, fewer than one sample of "
-                                "model.seq_length+1={} tokens",
-                                train.description, S + 1));
+    throw DataError(
+        fmt::format("data.train: the training split holds {}, fewer than one sample of "
+                    "model.seq_length+1={} tokens",
+                    train.description, S + 1));
   SplitSource valid;
   if (!cfg.data.valid.empty()) {
     valid = valid_blend.weights.empty() ? concatenated(valid_blend.prefixes, whole, cfg, "data.valid")

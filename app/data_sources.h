@@ -16,10 +16,10 @@ using SampleFn = std::function<void(int64_t g, std::span<int32_t> out)>;
 
 struct DataSources {
   SampleFn train;
-  SampleFn valid;          // empty when the config has no validation data
+  SampleFn valid;             // empty when the config has no validation data
   int64_t train_samples = 0;  // samples per epoch (0 for synthetic: unbounded)
   int64_t valid_samples = 0;
-  std::string description;    // one line for the log
+  std::string description;  // one line for the log
 };
 
 // Opens the datasets named by cfg.data (or the synthetic source); throws DataError / ConfigError naming

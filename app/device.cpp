@@ -27,8 +27,10 @@ Backend choose_backend(const Config& cfg, Device device) {
     if (device != Device::cuda)
       throw std::runtime_error(fmt::format("{}: parallel.backend: nccl needs training.device: cuda", cfg.source));
     if (!have_nccl)
-      throw std::runtime_error(fmt::format("{}: parallel.backend: nccl, but this megatrain was built without NCCL "
-                                           "(set parallel.backend: gloo for host-staged communication)", cfg.source));
+      throw std::runtime_error(
+          fmt::format("{}: parallel.backend: nccl, but this megatrain was built without NCCL "
+                      "(set parallel.backend: gloo for host-staged communication)",
+                      cfg.source));
     return Backend::nccl;
   }
   return device == Device::cuda && have_nccl ? Backend::nccl : Backend::gloo;
@@ -42,13 +44,15 @@ Placement place_rank(const Config& cfg, const LaunchEnv& env) {
 #if defined(MEGATRAIN_WITH_CUDA)
   const int gpus = want == "cpu" ? 0 : cuda::device_count();
   if (want == "cuda" && gpus == 0)
-    throw std::runtime_error(fmt::format("{}: training.device: cuda, but no GPU can be used: {}", cfg.source,
-                                         cuda::unavailable_reason()));
+    throw std::runtime_error(
+        fmt::format("{}: training.device: cuda, but no GPU can be used: {}", cfg.source, cuda::unavailable_reason()));
   p.device = gpus > 0 ? Device::cuda : Device::cpu;
 #else
   if (want == "cuda")
-    throw std::runtime_error(fmt::format("{}: training.device: cuda, but this megatrain was built without the CUDA "
-                                         "backend", cfg.source));
+    throw std::runtime_error(
+        fmt::format("{}: training.device: cuda, but this megatrain was built without the CUDA "
+                    "backend",
+                    cfg.source));
   p.device = Device::cpu;
 #endif
   p.backend = choose_backend(cfg, p.device);
@@ -63,17 +67,18 @@ Placement place_rank(const Config& cfg, const LaunchEnv& env) {
   // it when it creates the communicators, naming both ranks.
   p.ordinal = env.local_rank % gpus;
   if (env.local_rank >= gpus && p.backend == Backend::nccl)
-    spdlog::warn("LOCAL_RANK={} sees {} GPU(s): using GPU {}. This is right when the launcher gives each rank its "
-                 "own GPU (CUDA_VISIBLE_DEVICES per task); if ranks share a GPU, NCCL will refuse: start at most "
-                 "{} rank(s) per node, or set parallel.backend: gloo (host-staged, for testing)",
-                 env.local_rank, gpus, p.ordinal, gpus);
+    spdlog::warn(
+        "LOCAL_RANK={} sees {} GPU(s): using GPU {}. This is right when the launcher gives each rank its "
+        "own GPU (CUDA_VISIBLE_DEVICES per task); if ranks share a GPU, NCCL will refuse: start at most "
+        "{} rank(s) per node, or set parallel.backend: gloo (host-staged, for testing)",
+        env.local_rank, gpus, p.ordinal, gpus);
   cuda::select_device(p.ordinal);
   p.description = fmt::format("cuda:{} ({})", p.ordinal, cuda::device_description());
   p.peak_tflops = cuda::peak_bf16_tflops();
   // Which attention training runs (cuDNN's fused flash attention or megatrain's kernel) and why; a forced
   // MEGATRAIN_ATTENTION=cudnn that cannot run fails here, at start.
-  spdlog::info("attention: {}", cuda::attention_path_description(parse_dtype(cfg.training.precision),
-                                                                 cfg.model.attention_dropout));
+  spdlog::info("attention: {}",
+               cuda::attention_path_description(parse_dtype(cfg.training.precision), cfg.model.attention_dropout));
 #endif
   return p;
 }

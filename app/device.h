@@ -13,10 +13,10 @@ enum class Backend { gloo, nccl };
 
 struct Placement {
   Device device = Device::cpu;
-  int ordinal = -1;              // the CUDA device this rank drives (-1 on the CPU)
+  int ordinal = -1;  // the CUDA device this rank drives (-1 on the CPU)
   Backend backend = Backend::gloo;
-  std::string description;      // "cpu" or "cuda:0 (NVIDIA H100 80GB HBM3, sm_90, ...)"
-  double peak_tflops = 0.0;     // dense bf16 peak of the device for MFU; 0 when unknown (CPU)
+  std::string description;   // "cpu" or "cuda:0 (NVIDIA H100 80GB HBM3, sm_90, ...)"
+  double peak_tflops = 0.0;  // dense bf16 peak of the device for MFU; 0 when unknown (CPU)
 };
 
 // training.device auto picks cuda when this build has the backend and a GPU is visible, else cpu.

@@ -30,8 +30,8 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
   auto d = std::make_unique<Distributed>();
   d->env = env;
   d->placement = placement;
-  d->topology = Topology(env.world_size, static_cast<int>(p.tensor), static_cast<int>(p.pipeline),
-                         static_cast<int>(p.data));
+  d->topology =
+      Topology(env.world_size, static_cast<int>(p.tensor), static_cast<int>(p.pipeline), static_cast<int>(p.data));
   const Millis timeout{static_cast<int64_t>(cfg.parallel.timeout_s * 1000)};
   if (env.world_size == 1) {
     d->store = make_hash_store();
@@ -50,13 +50,12 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
     return fmt::format("{}[{}]", kind, fmt::join(members, ","));
   };
   auto gloo_group = [&](const char* kind, std::vector<int> members) {
-    return make_staged_communicator(
-        make_gloo_communicator(d->store, GlooOptions{.name = group_name(kind, members),
-                                                     .members = members,
-                                                     .global_rank = env.rank,
-                                                     .hostname = gloo_hostname(env),
-                                                     .timeout = timeout}),
-        Device::cpu);
+    return make_staged_communicator(make_gloo_communicator(d->store, GlooOptions{.name = group_name(kind, members),
+                                                                                 .members = members,
+                                                                                 .global_rank = env.rank,
+                                                                                 .hostname = gloo_hostname(env),
+                                                                                 .timeout = timeout}),
+                                    Device::cpu);
   };
 #if defined(MEGATRAIN_WITH_NCCL)
   auto nccl_options = [&](const char* kind, std::vector<int> members) {
@@ -79,7 +78,8 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
 #if defined(MEGATRAIN_WITH_NCCL)
   if (nccl) spdlog::info("nccl: {}", nccl_version());
   if (nccl)
-    d->world = make_staged_communicator(make_nccl_communicator(d->store, nccl_options("world", everyone)), Device::cuda);
+    d->world =
+        make_staged_communicator(make_nccl_communicator(d->store, nccl_options("world", everyone)), Device::cuda);
   else
 #endif
     d->world = gloo_group("world", everyone);

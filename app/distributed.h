@@ -15,7 +15,7 @@ namespace mt::app {
 
 struct Distributed {
   LaunchEnv env;
-  Placement placement;                     // this rank's device and communication backend
+  Placement placement;  // this rank's device and communication backend
   Topology topology{1, 1, 1, 1};
   std::unique_ptr<TcpStoreServer> server;  // rank 0 only
   std::shared_ptr<Store> store;

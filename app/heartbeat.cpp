@@ -67,9 +67,10 @@ std::string Heartbeat::silent_ranks() const {
     if (silent.empty()) return "";
     return fmt::format(" (ranks whose heartbeat stopped, likely stopped or frozen: [{}])", fmt::join(silent, ", "));
   } catch (const std::exception&) {
-    return fmt::format(" (the rendezvous store on rank 0 does not answer within {} s: rank 0 is likely stopped or "
-                       "gone)",
-                       quick.count() / 1000);
+    return fmt::format(
+        " (the rendezvous store on rank 0 does not answer within {} s: rank 0 is likely stopped or "
+        "gone)",
+        quick.count() / 1000);
   }
 }
 

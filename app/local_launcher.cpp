@@ -471,9 +471,10 @@ class Supervisor {
     // (SIGTERM stays pending in a stopped process).
     for (auto& o : ranks_)
       if (o.running && is_stopped(o.pid)) {
-        launcher_log(fmt::format("rank {} (pid {}) is stopped (SIGSTOP or a debugger) and answers nothing: the "
-                                 "likely cause of the failure below; sending it SIGKILL",
-                                 o.rank, o.pid));
+        launcher_log(
+            fmt::format("rank {} (pid {}) is stopped (SIGSTOP or a debugger) and answers nothing: the "
+                        "likely cause of the failure below; sending it SIGKILL",
+                        o.rank, o.pid));
         ::kill(o.pid, SIGKILL);
       }
     launcher_log(fmt::format("rank {} (pid {}) {}", r.rank, r.pid, how));
@@ -528,8 +529,7 @@ std::string random_job_id() {
 }  // namespace
 
 std::vector<std::string> rank_environment(const std::vector<std::string>& parent, int rank, int nproc,
-                                          const std::string& master_addr, int master_port,
-                                          const std::string& job_id) {
+                                          const std::string& master_addr, int master_port, const std::string& job_id) {
   std::vector<std::string> env;
   env.reserve(parent.size() + 6);
   for (const auto& entry : parent) {

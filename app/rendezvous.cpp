@@ -50,10 +50,10 @@ std::string verdict(const JobIdentity& ref, const JobIdentity& me, int rank, con
   if (me.version != ref.version)
     return fmt::format("rank {} runs megatrain {} but rank 0 runs megatrain {}", rank, me.version, ref.version);
   if (me.job_id != ref.job_id)
-    return fmt::format("rank {} belongs to job '{}' but the rendezvous store at {} serves job '{}' (rank 0's): "
-                       "two jobs on one MASTER_PORT?",
-                       rank, me.job_id.empty() ? "<none>" : me.job_id, address,
-                       ref.job_id.empty() ? "<none>" : ref.job_id);
+    return fmt::format(
+        "rank {} belongs to job '{}' but the rendezvous store at {} serves job '{}' (rank 0's): "
+        "two jobs on one MASTER_PORT?",
+        rank, me.job_id.empty() ? "<none>" : me.job_id, address, ref.job_id.empty() ? "<none>" : ref.job_id);
   if (me.config != ref.config) {
     std::string d;
     try {
@@ -61,9 +61,10 @@ std::string verdict(const JobIdentity& ref, const JobIdentity& me, int rank, con
     } catch (const std::exception& e) {
       d = fmt::format("<unreadable: {}>", e.what());
     }
-    return fmt::format("rank {} runs a different config than rank 0: first difference at {} (rank 0 vs rank {}); "
-                       "every rank of a job needs the same config file and --set options",
-                       rank, d.empty() ? "<formatting only>" : d, rank);
+    return fmt::format(
+        "rank {} runs a different config than rank 0: first difference at {} (rank 0 vs rank {}); "
+        "every rank of a job needs the same config file and --set options",
+        rank, d.empty() ? "<formatting only>" : d, rank);
   }
   return "";
 }

@@ -89,10 +89,10 @@ std::string memory_summary(Device device) {
 }
 
 struct Counters {
-  int64_t iteration = 0;         // iterations completed
+  int64_t iteration = 0;  // iterations completed
   int64_t consumed_samples = 0;
-  int64_t skipped_iters = 0;     // fp16 steps skipped for inf/NaN gradients
-  int64_t nan_iters = 0;         // iterations whose loss was inf/NaN
+  int64_t skipped_iters = 0;  // fp16 steps skipped for inf/NaN gradients
+  int64_t nan_iters = 0;      // iterations whose loss was inf/NaN
 };
 
 // All-reduces (sum) a few doubles over a group: losses and counters that every rank must agree on.
@@ -117,15 +117,18 @@ std::vector<std::unique_ptr<GptModel>> build_chunks(const Config& cfg, const Dis
     int64_t begin = 0;
     for (int64_t i = 0; i < vs; ++i) begin += layers[static_cast<size_t>(i)];
     chunks.push_back(std::make_unique<GptModel>(
-        cfg.model,
-        GptOptions{.dtype = dtype,
-                   .device = dist.placement.device,
-                   .seed = static_cast<uint64_t>(cfg.training.seed),
-                   .recompute = cfg.training.recompute == "full",
-                   .tp = TensorParallel{.comm = dist.tp.get(), .rank = dist.tp_rank(), .size = dist.tp_size(),
-                                        .sequence_parallel = cfg.parallel.sequence_parallel},
-                   .stage = StageLayout{.has_embedding = vs == 0, .has_head = vs == vstages - 1,
-                                        .layer_begin = begin, .layer_end = begin + layers[static_cast<size_t>(vs)]}}));
+        cfg.model, GptOptions{.dtype = dtype,
+                              .device = dist.placement.device,
+                              .seed = static_cast<uint64_t>(cfg.training.seed),
+                              .recompute = cfg.training.recompute == "full",
+                              .tp = TensorParallel{.comm = dist.tp.get(),
+                                                   .rank = dist.tp_rank(),
+                                                   .size = dist.tp_size(),
+                                                   .sequence_parallel = cfg.parallel.sequence_parallel},
+                              .stage = StageLayout{.has_embedding = vs == 0,
+                                                   .has_head = vs == vstages - 1,
+                                                   .layer_begin = begin,
+                                                   .layer_end = begin + layers[static_cast<size_t>(vs)]}}));
   }
   return chunks;
 }
@@ -202,26 +205,25 @@ class EvalStage final : public PipelineStage {
 class Trainer {
  public:
   Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
-      : cfg_(cfg),
-        opt_(opt),
-        dist_(dist),
-        dtype_(parse_dtype(cfg.training.precision)),
-        device_(dist.placement.device),
-        data_(open_data_sources(cfg)),
-        chunks_(build_chunks(cfg, dist, dtype_)),
-        params_(all_parameters(chunks_)),
-        adam_config_(AdamWConfig{.beta1 = cfg.optimizer.betas.at(0), .beta2 = cfg.optimizer.betas.at(1),
-                               .eps = cfg.optimizer.eps, .weight_decay = cfg.optimizer.weight_decay,
-                               .grad_clip = cfg.optimizer.grad_clip, .count_replicas = dist.tp_rank() == 0,
-                               .sum_across_ranks = [&dist](double x) {
-                                 return dist.mp->size() > 1 ? sum_over(*dist.mp, {x})[0] : x;
-                               }}),
-        scaler_(dtype_ == DType::f16,
-                LossScalerOptions{.initial = cfg.training.loss_scale.initial, .min = cfg.training.loss_scale.min,
-                                  .window = cfg.training.loss_scale.window,
-                                  .hysteresis = cfg.training.loss_scale.hysteresis}),
-        schedule_{.lr = cfg.optimizer.lr, .min_lr = cfg.optimizer.min_lr, .warmup_iters = cfg.optimizer.warmup_iters,
-                  .decay_iters = cfg.optimizer.decay_iters, .decay = cfg.optimizer.decay},
+      : cfg_(cfg), opt_(opt), dist_(dist), dtype_(parse_dtype(cfg.training.precision)), device_(dist.placement.device),
+        data_(open_data_sources(cfg)), chunks_(build_chunks(cfg, dist, dtype_)), params_(all_parameters(chunks_)),
+        adam_config_(AdamWConfig{
+            .beta1 = cfg.optimizer.betas.at(0),
+            .beta2 = cfg.optimizer.betas.at(1),
+            .eps = cfg.optimizer.eps,
+            .weight_decay = cfg.optimizer.weight_decay,
+            .grad_clip = cfg.optimizer.grad_clip,
+            .count_replicas = dist.tp_rank() == 0,
+            .sum_across_ranks = [&dist](double x) { return dist.mp->size() > 1 ? sum_over(*dist.mp, {x})[0] : x; }}),
+        scaler_(dtype_ == DType::f16, LossScalerOptions{.initial = cfg.training.loss_scale.initial,
+                                                        .min = cfg.training.loss_scale.min,
+                                                        .window = cfg.training.loss_scale.window,
+                                                        .hysteresis = cfg.training.loss_scale.hysteresis}),
+        schedule_{.lr = cfg.optimizer.lr,
+                  .min_lr = cfg.optimizer.min_lr,
+                  .warmup_iters = cfg.optimizer.warmup_iters,
+                  .decay_iters = cfg.optimizer.decay_iters,
+                  .decay = cfg.optimizer.decay},
         metrics_(dist.is_logging_rank() ? cfg.logging.dir : "") {
     // One flat fp32 buffer holds every gradient, so data parallelism reduces it in one call (padded to split
     // evenly over the data-parallel ranks for the distributed optimizer).
@@ -306,9 +308,9 @@ class Trainer {
   std::vector<std::unique_ptr<GptModel>> chunks_;  // this rank's model chunks (one without pipelining)
   std::vector<Parameter*> params_;                 // all of their parameters
   AdamWConfig adam_config_;
-  std::unique_ptr<AdamW> adam_;                  // replicated optimizer state, or
-  std::unique_ptr<DistributedOptimizer> zero_;   // state sharded over the data-parallel group (ZeRO-1)
-  std::unique_ptr<BucketedGradReducer> reducer_; // bucketed DP all-reduce overlapped with backward (no ZeRO)
+  std::unique_ptr<AdamW> adam_;                   // replicated optimizer state, or
+  std::unique_ptr<DistributedOptimizer> zero_;    // state sharded over the data-parallel group (ZeRO-1)
+  std::unique_ptr<BucketedGradReducer> reducer_;  // bucketed DP all-reduce overlapped with backward (no ZeRO)
   int64_t optimizer_steps() const { return zero_ ? zero_->steps() : adam_->steps(); }
   LossScaler scaler_;
   LrSchedule schedule_;
@@ -334,7 +336,9 @@ void Trainer::maybe_resume() {
     if (!dir) return;
   } else {
     dir = resolve_resume_checkpoint(ck.load);
-    if (!dir) throw CheckpointError(fmt::format("checkpoint.load: {} holds no checkpoint (no metadata.yaml, no latest)", ck.load));
+    if (!dir)
+      throw CheckpointError(
+          fmt::format("checkpoint.load: {} holds no checkpoint (no metadata.yaml, no latest)", ck.load));
   }
   CheckpointReader reader(*dir);
   const CheckpointState& s = reader.state();
@@ -344,9 +348,10 @@ void Trainer::maybe_resume() {
   std::optional<PartialLoad> partial;
   if (!diff.empty()) {
     if (!ck.allow_partial_load)
-      throw CheckpointError(fmt::format("{}: was saved by another model ({}); resume it with the same model keys, or "
-                                        "set checkpoint.allow_partial_load: true to load only the tensors that match",
-                                        *dir, fmt::join(diff, ", ")));
+      throw CheckpointError(
+          fmt::format("{}: was saved by another model ({}); resume it with the same model keys, or "
+                      "set checkpoint.allow_partial_load: true to load only the tensors that match",
+                      *dir, fmt::join(diff, ", ")));
     spdlog::warn("partial load from {}: the model differs ({})", *dir, fmt::join(diff, ", "));
     partial.emplace();
   }
@@ -380,12 +385,17 @@ void Trainer::maybe_resume() {
   c_.consumed_samples = rs.consumed_samples;
   c_.skipped_iters = rs.skipped_iters;
   c_.nan_iters = rs.nan_iters;
-  if (zero_) zero_->set_steps(rs.optimizer_steps); else adam_->set_steps(rs.optimizer_steps);
-  scaler_.restore({.scale = rs.loss_scale, .growth_tracker = rs.growth_tracker,
-                   .hysteresis_tracker = rs.hysteresis_tracker});
+  if (zero_)
+    zero_->set_steps(rs.optimizer_steps);
+  else
+    adam_->set_steps(rs.optimizer_steps);
+  scaler_.restore(
+      {.scale = rs.loss_scale, .growth_tracker = rs.growth_tracker, .hysteresis_tracker = rs.hysteresis_tracker});
   if (rs.seed != cfg_.training.seed)
-    spdlog::warn("resuming with training.seed={} but the checkpoint was trained with seed {}: data order and "
-                 "dropout masks change", cfg_.training.seed, rs.seed);
+    spdlog::warn(
+        "resuming with training.seed={} but the checkpoint was trained with seed {}: data order and "
+        "dropout masks change",
+        cfg_.training.seed, rs.seed);
   spdlog::info("resumed from {} at iteration {} ({} samples consumed)", *dir, c_.iteration, c_.consumed_samples);
   metrics_.write(fmt::format(R"({{"event":"resume","iteration":{},"checkpoint":"{}"}})", c_.iteration, *dir));
 }
@@ -404,11 +414,11 @@ void Trainer::save() {
   // Never a checkpoint whose weights hold inf or NaN.
   const std::optional<std::string> bad = first_nonfinite(params_, /*grads=*/false);
   if (const std::vector<int> ranks = ranks_where(bad.has_value()); !ranks.empty())
-    throw std::runtime_error(fmt::format(
-        "not saving a checkpoint at iteration {}: the weights are not finite on rank(s) [{}]{}", c_.iteration,
-        fmt::join(ranks, ", "), bad ? fmt::format("; on this rank (rank {}) first {}", dist_.rank(),
-                                                  describe_parameter(*bad))
-                                    : std::string()));
+    throw std::runtime_error(
+        fmt::format("not saving a checkpoint at iteration {}: the weights are not finite on rank(s) [{}]{}",
+                    c_.iteration, fmt::join(ranks, ", "),
+                    bad ? fmt::format("; on this rank (rank {}) first {}", dist_.rank(), describe_parameter(*bad))
+                        : std::string()));
   auto t0 = std::chrono::steady_clock::now();
   const std::string key = fmt::format("checkpoint/{}/tmp", c_.iteration);
   std::string tmp;
@@ -427,9 +437,8 @@ void Trainer::save() {
     const bool tp_first = dist_.tp_rank() == 0;
     try {
       write_rank_files(tmp, dist_.tp_rank() + dist_.tp_size() * dist_.pp_rank(),
-                       optimizer_tensors(slots, [&](const Parameter& p) {
-                         return !p.tied_copy && (p.tensor_parallel || tp_first);
-                       }));
+                       optimizer_tensors(
+                           slots, [&](const Parameter& p) { return !p.tied_copy && (p.tensor_parallel || tp_first); }));
     } catch (...) {
       abort_checkpoint(tmp);  // a failed save leaves no temporary directory behind
       throw;
@@ -476,7 +485,7 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
   const int64_t dp = dist_.dp_size();
   grad_buffer_.zero_();
   if (reducer_) reducer_->begin_step();
-  if (step_losses_.full()) read_losses();  // a logging interval longer than the slots
+  if (step_losses_.full()) read_losses();      // a logging interval longer than the slots
   Tensor loss_sum = step_losses_.next_slot();  // (1) f64 on the device
   Tensor tokens, targets;
   // The objective is the mean loss over all M * dp microbatches (times the loss scale): a host value, so the
@@ -492,11 +501,14 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
     }
   } else {
     const ScheduleSpec spec{.kind = chunks_.size() > 1 ? ScheduleKind::interleaved : ScheduleKind::one_f_one_b,
-                            .stages = dist_.pp_size(), .microbatches = static_cast<int>(M),
+                            .stages = dist_.pp_size(),
+                            .microbatches = static_cast<int>(M),
                             .chunks = static_cast<int>(chunks_.size())};
     IterationStage stage(*this, dloss, loss_sum);
     execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage,
-                     PipelinePlacement{.comm = dist_.pp.get(), .stage = dist_.pp_rank(), .stages = dist_.pp_size(),
+                     PipelinePlacement{.comm = dist_.pp.get(),
+                                       .stage = dist_.pp_rank(),
+                                       .stages = dist_.pp_size(),
                                        .chunks = static_cast<int>(chunks_.size())});
     // Only the last stage computed losses: read_losses sums them over the pipeline group.
   }
@@ -543,8 +555,8 @@ double Trainer::evaluate() {
   const int64_t dp = dist_.dp_size();
   const int64_t batches = cfg_.logging.eval_iters * cfg_.training.num_microbatches * dp;
   const int p = dist_.pp_size(), v = static_cast<int>(chunks_.size());
-  const ScheduleSpec spec{.kind = ScheduleKind::forward_only, .stages = p,
-                          .microbatches = static_cast<int>(batches / dp), .chunks = v};
+  const ScheduleSpec spec{
+      .kind = ScheduleKind::forward_only, .stages = p, .microbatches = static_cast<int>(batches / dp), .chunks = v};
   EvalStage stage(*this);
   execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage,
                    PipelinePlacement{.comm = dist_.pp.get(), .stage = dist_.pp_rank(), .stages = p, .chunks = v});
@@ -568,8 +580,8 @@ Tensor EvalStage::forward(int microbatch, int chunk, const Tensor& input) {
 }
 
 Tensor EvalStage::backward(int microbatch, int chunk, const Tensor&) {
-  throw std::logic_error(fmt::format("evaluation: backward of microbatch {} chunk {} in a forward_only schedule",
-                                     microbatch, chunk));
+  throw std::logic_error(
+      fmt::format("evaluation: backward of microbatch {} chunk {} in a forward_only schedule", microbatch, chunk));
 }
 
 Shape EvalStage::activation_shape() const { return t_.activation_shape(); }
@@ -633,11 +645,9 @@ void Trainer::check_finite(const StepResult& r) {
   if (nonfinite_streak_++ == 0) {
     const std::optional<std::string> grad = first_nonfinite(params_, /*grads=*/true);
     const std::vector<int> ranks = ranks_where(grad.has_value());
-    nonfinite_first_ = fmt::format("the first non-finite gradient, at iteration {}, was on rank(s) [{}]{}",
-                                   c_.iteration, fmt::join(ranks, ", "),
-                                   grad ? fmt::format("; on this rank (rank {}) in {}", dist_.rank(),
-                                                      describe_parameter(*grad))
-                                        : std::string());
+    nonfinite_first_ = fmt::format(
+        "the first non-finite gradient, at iteration {}, was on rank(s) [{}]{}", c_.iteration, fmt::join(ranks, ", "),
+        grad ? fmt::format("; on this rank (rank {}) in {}", dist_.rank(), describe_parameter(*grad)) : std::string());
     spdlog::warn("iteration {} is not finite (grad norm {}): {}", c_.iteration, r.grad_norm, nonfinite_first_);
   }
   if (nonfinite_streak_ >= cfg_.training.max_nonfinite_iters)
@@ -663,8 +673,9 @@ void Trainer::run() {
     return;
   }
   if (cfg_.logging.eval_interval > 0 && !data_.valid)
-    throw DataError("logging.eval_interval is set but the validation split holds less than one sample "
-                    "(raise data.split's second weight or set data.valid)");
+    throw DataError(
+        "logging.eval_interval is set but the validation split holds less than one sample "
+        "(raise data.split's second weight or set data.valid)");
 
   const double flops_per_iter = model_flops_per_iteration(cfg_.model, G * S);
   double interval_ms = 0;
@@ -688,18 +699,20 @@ void Trainer::run() {
       // Model FLOP/s per rank (per GPU), and MFU against the device's dense bf16 peak where it is known.
       double tflops = flops_per_iter / (mean_ms / 1000.0) / 1e12 / dist_.env.world_size;
       const double peak = dist_.placement.peak_tflops;
-      const std::string mfu_text = peak > 0 ? fmt::format("{:5.1f}%", 100.0 * tflops / peak)
-                                            : fmt::format("n/a ({})", device_name(device_));
-      spdlog::info(" iteration {:>7}/{:<7} | consumed samples {:>9} | ms/iter {:8.1f} | tokens/s {:9.0f} | "
-                   "TFLOP/s/GPU {:7.3f} | MFU {} | lr {:.3e} | loss {:.6e} | loss scale {} | grad norm {:.4f} | "
-                   "skipped {} | nan {}",
-                   c_.iteration, cfg_.training.train_iters, c_.consumed_samples, mean_ms, tokens_per_s, tflops,
-                   mfu_text, lr, mean_loss, scaler_.scale(), r.grad_norm, c_.skipped_iters, c_.nan_iters);
+      const std::string mfu_text =
+          peak > 0 ? fmt::format("{:5.1f}%", 100.0 * tflops / peak) : fmt::format("n/a ({})", device_name(device_));
+      spdlog::info(
+          " iteration {:>7}/{:<7} | consumed samples {:>9} | ms/iter {:8.1f} | tokens/s {:9.0f} | "
+          "TFLOP/s/GPU {:7.3f} | MFU {} | lr {:.3e} | loss {:.6e} | loss scale {} | grad norm {:.4f} | "
+          "skipped {} | nan {}",
+          c_.iteration, cfg_.training.train_iters, c_.consumed_samples, mean_ms, tokens_per_s, tflops, mfu_text, lr,
+          mean_loss, scaler_.scale(), r.grad_norm, c_.skipped_iters, c_.nan_iters);
       metrics_.write(fmt::format(
           R"({{"iteration":{},"consumed_samples":{},"ms_per_iter":{:.3f},"tokens_per_s":{:.1f},"tflops":{:.6f},"mfu":{},"lr":{},"loss":{},"loss_scale":{},"grad_norm":{},"skipped_iters":{},"nan_iters":{},"peak_bytes":{},"device":"{}"}})",
-          c_.iteration, c_.consumed_samples, mean_ms, tokens_per_s, tflops, peak > 0 ? json_number(tflops / peak) : "null",
-          lr, json_number(mean_loss), json_number(scaler_.scale()), json_number(r.grad_norm), c_.skipped_iters,
-          c_.nan_iters, allocator_for(device_).stats().peak_total, device_name(device_)));
+          c_.iteration, c_.consumed_samples, mean_ms, tokens_per_s, tflops,
+          peak > 0 ? json_number(tflops / peak) : "null", lr, json_number(mean_loss), json_number(scaler_.scale()),
+          json_number(r.grad_norm), c_.skipped_iters, c_.nan_iters, allocator_for(device_).stats().peak_total,
+          device_name(device_)));
       if (c_.iteration == cfg_.logging.interval) spdlog::info("peak memory (MiB): {}", memory_summary(device_));
       interval_loss_ = interval_ms = 0;
       interval_iters = 0;
@@ -714,8 +727,7 @@ void Trainer::run() {
     // Every rank must stop after the same iteration, whenever the signal reached it: agreed over the whole
     // world (a TP or PP peer that trained on would wait for this rank in its next collective).
     const int sig = g_signal.load();
-    const bool stop =
-        dist_.env.world_size > 1 ? sum_over(*dist_.world, {sig != 0 ? 1.0 : 0.0})[0] > 0 : sig != 0;
+    const bool stop = dist_.env.world_size > 1 ? sum_over(*dist_.world, {sig != 0 ? 1.0 : 0.0})[0] > 0 : sig != 0;
     if (stop) {
       spdlog::warn("received {}: saving and stopping after iteration {}",
                    sig != 0 ? fmt::format("signal {}", sig) : "a stop signal on another rank", c_.iteration);
@@ -741,7 +753,8 @@ void setup_logging(const std::string& run_dir, const std::string& level) {
     std::error_code ec;
     fs::create_directories(run_dir, ec);
     if (ec) throw std::runtime_error(fmt::format("logging.dir: cannot create {}: {}", run_dir, ec.message()));
-    sinks.push_back(std::make_shared<spdlog::sinks::basic_file_sink_mt>((fs::path(run_dir) / "megatrain.log").string()));
+    sinks.push_back(
+        std::make_shared<spdlog::sinks::basic_file_sink_mt>((fs::path(run_dir) / "megatrain.log").string()));
   }
   auto logger = std::make_shared<spdlog::logger>("megatrain", sinks.begin(), sinks.end());
   logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");

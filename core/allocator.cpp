@@ -16,12 +16,18 @@ std::string_view device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda
 
 std::string_view mem_kind_name(MemKind k) {
   switch (k) {
-    case MemKind::parameter: return "parameters";
-    case MemKind::gradient: return "gradients";
-    case MemKind::optimizer: return "optimizer";
-    case MemKind::activation: return "activations";
-    case MemKind::workspace: return "workspace";
-    case MemKind::kCount: break;
+    case MemKind::parameter:
+      return "parameters";
+    case MemKind::gradient:
+      return "gradients";
+    case MemKind::optimizer:
+      return "optimizer";
+    case MemKind::activation:
+      return "activations";
+    case MemKind::workspace:
+      return "workspace";
+    case MemKind::kCount:
+      break;
   }
   return "?";
 }

@@ -19,7 +19,7 @@ struct MemoryStats {
   std::array<int64_t, kKinds> current{};  // bytes live now, per kind
   std::array<int64_t, kKinds> peak{};     // highest bytes live at once, per kind
   int64_t current_total = 0;
-  int64_t peak_total = 0;                 // highest total bytes live at once
+  int64_t peak_total = 0;  // highest total bytes live at once
 };
 
 class Allocator {

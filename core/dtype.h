@@ -30,13 +30,13 @@ inline uint16_t float_to_f16(float f) {
   uint32_t x = std::bit_cast<uint32_t>(f);
   uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);       // NaN
-  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);      // rounds to >= 65520: inf
-  if (ax < 0x38800000u) {                                                  // below 2^-14: subnormal or zero
-    if (ax < 0x33000000u) return static_cast<uint16_t>(sign);              // below half of 2^-24: zero
+  if (ax > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
+  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
+  if (ax < 0x38800000u) {                                               // below 2^-14: subnormal or zero
+    if (ax < 0x33000000u) return static_cast<uint16_t>(sign);           // below half of 2^-24: zero
     uint32_t exp = ax >> 23;
     uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
-    uint32_t shift = 126u - exp;                                           // value in units of 2^-24 is mant >> shift
+    uint32_t shift = 126u - exp;  // value in units of 2^-24 is mant >> shift
     uint32_t q = mant >> shift;
     uint32_t rem = mant & ((1u << shift) - 1u);
     uint32_t half = 1u << (shift - 1u);
@@ -62,9 +62,12 @@ inline float f16_to_float(uint16_t h) {
 // The value f takes once stored in dtype t (identity for f32).
 inline float round_to(DType t, float f) {
   switch (t) {
-    case DType::bf16: return bf16_to_float(float_to_bf16(f));
-    case DType::f16: return f16_to_float(float_to_f16(f));
-    default: return f;
+    case DType::bf16:
+      return bf16_to_float(float_to_bf16(f));
+    case DType::f16:
+      return f16_to_float(float_to_f16(f));
+    default:
+      return f;
   }
 }
 

@@ -7,8 +7,8 @@ namespace mt {
 struct LossScalerOptions {
   double initial = 4294967296.0;  // 2^32
   double min = 1.0;
-  int64_t window = 1000;          // clean steps before the scale grows
-  int64_t hysteresis = 2;         // overflowing steps tolerated before the scale backs off
+  int64_t window = 1000;   // clean steps before the scale grows
+  int64_t hysteresis = 2;  // overflowing steps tolerated before the scale backs off
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
 };

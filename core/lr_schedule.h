@@ -6,10 +6,10 @@
 namespace mt {
 
 struct LrSchedule {
-  double lr = 0;          // peak
+  double lr = 0;  // peak
   double min_lr = 0;
   int64_t warmup_iters = 0;
-  int64_t decay_iters = 0;  // the step at which min_lr is reached (warmup included)
+  int64_t decay_iters = 0;       // the step at which min_lr is reached (warmup included)
   std::string decay = "cosine";  // cosine | linear | constant
 
   // Learning rate of optimizer step `step` (1-based count of successful steps, so skipped fp16 steps

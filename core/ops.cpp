@@ -54,8 +54,10 @@ void check_like(const char* op, const char* name, const Tensor& t, const Tensor&
 // t is a `ndim`-D tensor (`layout` names its dimensions) of dtype `want`, or of any floating dtype.
 void check_ndim(const char* op, const char* name, const Tensor& t, int ndim, const char* layout,
                 std::optional<DType> want = std::nullopt) {
-  if (want) check_dtype(op, name, t, *want);
-  else check_floating(op, name, t);
+  if (want)
+    check_dtype(op, name, t, *want);
+  else
+    check_floating(op, name, t);
   if (t.ndim() != ndim)
     fail(op, fmt::format("{}: expected a {}-D tensor {}, got {}", name, ndim, layout, shape_str(t.shape())));
 }
@@ -88,8 +90,10 @@ Device device_of(const char* op, std::initializer_list<const Tensor*> ts) {
 }
 
 [[noreturn, maybe_unused]] void no_cuda(const char* op) {
-  throw std::runtime_error(fmt::format("{}: this megatrain was built without the CUDA backend (no CUDA toolkit at "
-                                       "build time); use training.device: cpu", op));
+  throw std::runtime_error(
+      fmt::format("{}: this megatrain was built without the CUDA backend (no CUDA toolkit at "
+                  "build time); use training.device: cpu",
+                  op));
 }
 
 // After the CPU branch of each op: the CUDA backend's version, or an error when it is not built.
@@ -112,11 +116,16 @@ namespace {
 
 const char* epilogue_name(Epilogue e) {
   switch (e) {
-    case Epilogue::none: return "none";
-    case Epilogue::bias: return "bias";
-    case Epilogue::gelu_bias: return "gelu_bias";
-    case Epilogue::dgelu_bgrad: return "dgelu_bgrad";
-    case Epilogue::bgrad_a: return "bgrad_a";
+    case Epilogue::none:
+      return "none";
+    case Epilogue::bias:
+      return "bias";
+    case Epilogue::gelu_bias:
+      return "gelu_bias";
+    case Epilogue::dgelu_bgrad:
+      return "dgelu_bgrad";
+    case Epilogue::bgrad_a:
+      return "bgrad_a";
   }
   return "unknown";
 }
@@ -166,8 +175,8 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& out, GemmOptions opt) {
   const int64_t Kb = opt.trans_b ? b.dim(1) : b.dim(0), N = opt.trans_b ? b.dim(0) : b.dim(1);
   if (K != Kb)
     fail(op, fmt::format("inner dimensions differ: op(a) is [{}, {}], op(b) is [{}, {}] (a {}, b {}, trans_a={}, "
-                         "trans_b={})", M, K, Kb, N, shape_str(a.shape()), shape_str(b.shape()), opt.trans_a,
-                         opt.trans_b));
+                         "trans_b={})",
+                         M, K, Kb, N, shape_str(a.shape()), shape_str(b.shape()), opt.trans_a, opt.trans_b));
   expect_shape(op, "out", out, {M, N});
   check_gemm_epilogue(op, out, opt);
   const Tensor* vectors[] = {opt.bias, opt.aux, opt.dbias};
@@ -329,9 +338,9 @@ void check_dropout(const char* op, const Tensor& in, const char* in_name, const 
   check_ndim(op, in_name, in, 3, "(B, T, C)");
   check_like(op, out_name, out, in, in_name);
   check_p(op, opt.p);
-  check_range(op, "offsets", opt.sample_offset >= 0 && opt.row_offset >= 0 && opt.col_offset >= 0,
-              fmt::format("must be >= 0, got sample {}, row {}, col {}", opt.sample_offset, opt.row_offset,
-                          opt.col_offset));
+  check_range(
+      op, "offsets", opt.sample_offset >= 0 && opt.row_offset >= 0 && opt.col_offset >= 0,
+      fmt::format("must be >= 0, got sample {}, row {}, col {}", opt.sample_offset, opt.row_offset, opt.col_offset));
 }
 
 }  // namespace

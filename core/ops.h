@@ -31,7 +31,7 @@ struct GemmOptions {
   bool trans_a = false;  // use a^T; a is stored (K, M) instead of (M, K)
   bool trans_b = false;  // use b^T; b is stored (N, K) instead of (K, N)
   float alpha = 1.f;
-  float beta = 0.f;      // out = alpha * op(a) @ op(b) + beta * out
+  float beta = 0.f;  // out = alpha * op(a) @ op(b) + beta * out
   // The epilogue and its vectors (null unless the epilogue names them).
   Epilogue epilogue = Epilogue::none;
   const Tensor* bias = nullptr;  // (N): bias, gelu_bias
@@ -74,8 +74,8 @@ void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weigh
 
 // ---- embeddings ----------------------------------------------------------------------------------
 struct EmbeddingOptions {
-  int64_t vocab_start = 0;     // first row of the full table this shard holds (vocabulary-parallel)
-  int64_t position_offset = 0; // global position of column 0 of ids (sequence-parallel shards)
+  int64_t vocab_start = 0;      // first row of the full table this shard holds (vocabulary-parallel)
+  int64_t position_offset = 0;  // global position of column 0 of ids (sequence-parallel shards)
 };
 // ids (B, T) i32, table (V, C) -> out (B, T, C): out[b, t] = table[ids[b, t] - vocab_start], or zeros
 // when the id falls outside this shard's rows.
@@ -95,10 +95,10 @@ void position_embedding_backward(const Tensor& dout, Tensor& dwpe, EmbeddingOpti
 struct DropoutOptions {
   float p = 0.f;
   uint64_t seed = 0;
-  uint64_t site = 0;           // stream_id of the layer and place, e.g. "layers.3.attn_out"
-  int64_t sample_offset = 0;   // global sample index of b = 0
-  int64_t row_offset = 0;      // global row (sequence position) of t = 0
-  int64_t col_offset = 0;      // global column of c = 0
+  uint64_t site = 0;          // stream_id of the layer and place, e.g. "layers.3.attn_out"
+  int64_t sample_offset = 0;  // global sample index of b = 0
+  int64_t row_offset = 0;     // global row (sequence position) of t = 0
+  int64_t col_offset = 0;     // global column of c = 0
 };
 // out = x * mask / (1 - p); p == 0 copies.
 void dropout_forward(const Tensor& x, Tensor& out, const DropoutOptions& opt);
@@ -125,7 +125,7 @@ struct AttentionOptions {
   uint64_t seed = 0;
   uint64_t site = 0;
   int64_t sample_offset = 0;
-  int64_t head_offset = 0;     // global index of local head 0 (tensor parallelism splits heads)
+  int64_t head_offset = 0;  // global index of local head 0 (tensor parallelism splits heads)
 };
 void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionOptions& opt);
 // dqkv (B, T, H, 3, D) written from dout (B, T, H, D) and the forward's qkv, out and lse.
@@ -168,8 +168,8 @@ struct AdamWOptions {
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float weight_decay = 0.f;
-  int64_t step = 1;           // 1-based, for the bias corrections
-  float grad_scale = 1.f;     // grads are multiplied by this first (unscaling and clipping folded in)
+  int64_t step = 1;        // 1-based, for the bias corrections
+  float grad_scale = 1.f;  // grads are multiplied by this first (unscaling and clipping folded in)
 };
 // One AdamW step on f32 master (N), grad (N), exp_avg (N), exp_avg_sq (N), decoupled weight decay.
 void adamw_step(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWOptions& opt);

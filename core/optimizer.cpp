@@ -49,9 +49,12 @@ StepResult grad_norm_verdict(const GradStats& stats, double loss_scale, double g
 }
 
 AdamWOptions adamw_options(const AdamWConfig& cfg, double lr, int64_t step, double grad_scale) {
-  return AdamWOptions{.lr = static_cast<float>(lr), .beta1 = static_cast<float>(cfg.beta1),
-                      .beta2 = static_cast<float>(cfg.beta2), .eps = static_cast<float>(cfg.eps),
-                      .weight_decay = static_cast<float>(cfg.weight_decay), .step = step,
+  return AdamWOptions{.lr = static_cast<float>(lr),
+                      .beta1 = static_cast<float>(cfg.beta1),
+                      .beta2 = static_cast<float>(cfg.beta2),
+                      .eps = static_cast<float>(cfg.eps),
+                      .weight_decay = static_cast<float>(cfg.weight_decay),
+                      .step = step,
                       .grad_scale = static_cast<float>(grad_scale)};
 }
 
@@ -68,7 +71,10 @@ StepResult AdamW::step(double lr, double loss_scale) {
   std::vector<AdamWTensors> ts;
   ts.reserve(slots_.size());
   for (Slot& s : slots_)
-    ts.push_back({.master = s.master, .grad = s.param->grad, .exp_avg = s.exp_avg, .exp_avg_sq = s.exp_avg_sq,
+    ts.push_back({.master = s.master,
+                  .grad = s.param->grad,
+                  .exp_avg = s.exp_avg,
+                  .exp_avg_sq = s.exp_avg_sq,
                   .value = s.master.raw() == s.param->value.raw() ? Tensor() : s.param->value,
                   .decay = s.param->weight_decay});
   adamw_multi_step(ts, adamw_options(cfg_, lr, steps_, grad_scale));

@@ -22,8 +22,8 @@ struct AdamWConfig {
 };
 
 struct StepResult {
-  double grad_norm = 0;   // global norm of the unscaled gradients (before clipping)
-  bool found_inf = false; // an inf or NaN gradient: the step was skipped
+  double grad_norm = 0;    // global norm of the unscaled gradients (before clipping)
+  bool found_inf = false;  // an inf or NaN gradient: the step was skipped
 };
 
 // Megatron's clipping: scale the gradients by max_norm / (norm + 1e-6) when that is below 1 (max_norm 0: off).

@@ -11,21 +11,21 @@ namespace mt {
 enum class Init { normal, zeros, ones };
 
 struct Parameter {
-  std::string name;             // "layers.3.mlp.fc1.weight": stable across layouts, used in checkpoints
-  Tensor value;                 // this rank's slice, compute dtype
-  Tensor grad;                  // same shape, f32, accumulated over microbatches
-  Shape global_shape;           // shape of the whole tensor
-  std::vector<int64_t> start;   // where this rank's slice starts in the global tensor (all zeros: whole)
+  std::string name;            // "layers.3.mlp.fc1.weight": stable across layouts, used in checkpoints
+  Tensor value;                // this rank's slice, compute dtype
+  Tensor grad;                 // same shape, f32, accumulated over microbatches
+  Shape global_shape;          // shape of the whole tensor
+  std::vector<int64_t> start;  // where this rank's slice starts in the global tensor (all zeros: whole)
   Init init = Init::normal;
   float init_std = 0.f;
-  bool weight_decay = true;     // false for biases and norm parameters (Megatron's rule)
-  bool tensor_parallel = false; // this rank holds a slice (split across the tensor-parallel group);
-                                // false: every TP rank holds the whole tensor (a replica)
-  bool sequence_parallel = false; // a replica used on sequence shards: each TP rank's gradient covers its
-                                  // positions only, so the gradients are summed over the TP group
-  bool tied_copy = false;         // the last pipeline stage's copy of the tied word embeddings: its gradient
-                                  // is summed with the first stage's; it is not counted in the grad norm
-                                  // nor written to checkpoints (the first stage's is)
+  bool weight_decay = true;        // false for biases and norm parameters (Megatron's rule)
+  bool tensor_parallel = false;    // this rank holds a slice (split across the tensor-parallel group);
+                                   // false: every TP rank holds the whole tensor (a replica)
+  bool sequence_parallel = false;  // a replica used on sequence shards: each TP rank's gradient covers its
+                                   // positions only, so the gradients are summed over the TP group
+  bool tied_copy = false;          // the last pipeline stage's copy of the tied word embeddings: its gradient
+                                   // is summed with the first stage's; it is not counted in the grad norm
+                                   // nor written to checkpoints (the first stage's is)
 };
 
 // Creates a parameter holding the whole global tensor, initialised with `init`; value in `dtype`.

@@ -79,15 +79,14 @@ MT_HOST_DEVICE inline Philox4 dropout_block(uint64_t seed, uint64_t site, uint64
 }
 
 // The uniform in [0, 1) that decides whether element (sample, row, col) of site `site` is kept (u >= p).
-MT_HOST_DEVICE inline float dropout_uniform(uint64_t seed, uint64_t site, uint64_t sample, uint64_t row,
-                                            uint64_t col) {
+MT_HOST_DEVICE inline float dropout_uniform(uint64_t seed, uint64_t site, uint64_t sample, uint64_t row, uint64_t col) {
   return uniform_from_bits(dropout_block(seed, site, sample, row, col >> 2).v[col & 3]);
 }
 
 // keep[j] = the keep scale (0 or 1 / (1 - p)) of columns [col0, col0 + n) at (sample, row), one Philox
 // block per four columns; the fast path of dropout_uniform for whole rows.
-inline void dropout_row_scales(uint64_t seed, uint64_t site, uint64_t sample, uint64_t row, uint64_t col0,
-                               int64_t n, float p, float* keep) {
+inline void dropout_row_scales(uint64_t seed, uint64_t site, uint64_t sample, uint64_t row, uint64_t col0, int64_t n,
+                               float p, float* keep) {
   const float scale = 1.f / (1.f - p);
   int64_t j = 0;
   while (j < n) {

@@ -52,15 +52,26 @@ Tensor Tensor::zeros(Shape shape, DType dtype, Device device, MemKind kind) {
 Tensor Tensor::from_floats(std::span<const float> values, Shape shape, DType dtype) {
   Tensor t = empty(std::move(shape), dtype);
   if (static_cast<int64_t>(values.size()) != t.numel())
-    throw std::invalid_argument(fmt::format("from_floats: {} values for shape {}", values.size(), shape_str(t.shape())));
+    throw std::invalid_argument(
+        fmt::format("from_floats: {} values for shape {}", values.size(), shape_str(t.shape())));
   for (int64_t i = 0; i < t.numel(); ++i) {
     float v = values[i];
     switch (dtype) {
-      case DType::f32: t.data<float>()[i] = v; break;
-      case DType::bf16: t.data<uint16_t>()[i] = float_to_bf16(v); break;
-      case DType::f16: t.data<uint16_t>()[i] = float_to_f16(v); break;
-      case DType::i32: t.data<int32_t>()[i] = static_cast<int32_t>(v); break;
-      case DType::i64: t.data<int64_t>()[i] = static_cast<int64_t>(v); break;
+      case DType::f32:
+        t.data<float>()[i] = v;
+        break;
+      case DType::bf16:
+        t.data<uint16_t>()[i] = float_to_bf16(v);
+        break;
+      case DType::f16:
+        t.data<uint16_t>()[i] = float_to_f16(v);
+        break;
+      case DType::i32:
+        t.data<int32_t>()[i] = static_cast<int32_t>(v);
+        break;
+      case DType::i64:
+        t.data<int64_t>()[i] = static_cast<int64_t>(v);
+        break;
     }
   }
   return t;
@@ -118,11 +129,16 @@ namespace {
 
 float load_as_float(const void* base, DType t, int64_t i) {
   switch (t) {
-    case DType::f32: return static_cast<const float*>(base)[i];
-    case DType::bf16: return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
-    case DType::f16: return f16_to_float(static_cast<const uint16_t*>(base)[i]);
-    case DType::i32: return static_cast<float>(static_cast<const int32_t*>(base)[i]);
-    case DType::i64: return static_cast<float>(static_cast<const int64_t*>(base)[i]);
+    case DType::f32:
+      return static_cast<const float*>(base)[i];
+    case DType::bf16:
+      return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::f16:
+      return f16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case DType::i32:
+      return static_cast<float>(static_cast<const int32_t*>(base)[i]);
+    case DType::i64:
+      return static_cast<float>(static_cast<const int64_t*>(base)[i]);
   }
   return 0.f;
 }
@@ -153,11 +169,21 @@ void Tensor::copy_from(const Tensor& src) {
   for (int64_t i = 0; i < numel_; ++i) {
     float v = load_as_float(s, src.dtype(), i);
     switch (dtype_) {
-      case DType::f32: data<float>()[i] = v; break;
-      case DType::bf16: data<uint16_t>()[i] = float_to_bf16(v); break;
-      case DType::f16: data<uint16_t>()[i] = float_to_f16(v); break;
-      case DType::i32: data<int32_t>()[i] = static_cast<int32_t>(v); break;
-      case DType::i64: data<int64_t>()[i] = static_cast<int64_t>(v); break;
+      case DType::f32:
+        data<float>()[i] = v;
+        break;
+      case DType::bf16:
+        data<uint16_t>()[i] = float_to_bf16(v);
+        break;
+      case DType::f16:
+        data<uint16_t>()[i] = float_to_f16(v);
+        break;
+      case DType::i32:
+        data<int32_t>()[i] = static_cast<int32_t>(v);
+        break;
+      case DType::i64:
+        data<int64_t>()[i] = static_cast<int64_t>(v);
+        break;
     }
   }
 }

@@ -55,7 +55,9 @@ class Tensor {
 
   void* raw() const { return static_cast<char*>(storage_->ptr) + offset_bytes_; }
   template <class T>
-  T* data() const { return static_cast<T*>(raw()); }
+  T* data() const {
+    return static_cast<T*>(raw());
+  }
 
   // Same storage, new shape of the same element count.
   Tensor view(Shape shape) const;

@@ -23,8 +23,8 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
     params_.push_back(&wte_);
   }
   if (st.has_embedding) {
-    wpe_ = make_parameter("embedding.position_embeddings.weight", {P, C}, opt.dtype, Init::normal, cfg.init_std,
-                          opt.seed);
+    wpe_ =
+        make_parameter("embedding.position_embeddings.weight", {P, C}, opt.dtype, Init::normal, cfg.init_std, opt.seed);
     params_.push_back(&wpe_);
   }
   for (int64_t i = st.layer_begin; i < st.layer_end; ++i) {
@@ -86,8 +86,8 @@ Tensor GptModel::forward_impl(const Tensor& input, const Tensor& tokens, const T
                               const StepContext& ctx, float* loss, Tensor* loss_sum) {
   const int64_t B = tokens.dim(0), T = tokens.dim(1), C = cfg_.hidden_size, V = vocab_local_, N = B * T;
   if (T > cfg_.max_position_embeddings)
-    throw std::invalid_argument(fmt::format("sequence of {} tokens exceeds max_position_embeddings={}", T,
-                                            cfg_.max_position_embeddings));
+    throw std::invalid_argument(
+        fmt::format("sequence of {} tokens exceeds max_position_embeddings={}", T, cfg_.max_position_embeddings));
   const int64_t Ts = opt_.tp.shard_length(T), seq_offset = opt_.tp.shard_offset(T), Ns = B * Ts;
   Tensor x = input;
   if (opt_.stage.has_embedding) {
@@ -97,8 +97,12 @@ Tensor GptModel::forward_impl(const Tensor& input, const Tensor& tokens, const T
     // Each row comes from the one rank holding its token: sum over the group (into sequence shards with SP).
     x = sequence_shard_sum(partial, B, opt_.tp).view({B, Ts, C});
     position_embedding_add(x, wpe_.value, {.position_offset = seq_offset});
-    dropout_forward(x, x, {.p = ctx.training ? cfg_.dropout : 0.f, .seed = ctx.seed, .site = site_embedding_,
-                           .sample_offset = ctx.sample_offset, .row_offset = seq_offset});
+    dropout_forward(x, x,
+                    {.p = ctx.training ? cfg_.dropout : 0.f,
+                     .seed = ctx.seed,
+                     .site = site_embedding_,
+                     .sample_offset = ctx.sample_offset,
+                     .row_offset = seq_offset});
     if (ctx.training) embedded_[mb] = {ctx, tokens};
   }
   for (auto& layer : layers_) x = layer->forward(x, mb, ctx);
@@ -169,12 +173,12 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
     Parameter& head = head_param();
     gemm(dlogits, h.lnf, head.grad, {.trans_a = true, .beta = 1.f});  // dW (V, C) += dlogits^T lnf
     Tensor dlnf = Tensor::empty({N, C}, opt_.dtype, opt_.device);
-    gemm(dlogits, head.value, dlnf);                                  // (N, C) = dlogits @ W
-    Tensor dlnf_shard = sequence_shard_sum(dlnf, B, opt_.tp);       // f backward: sum over the group
+    gemm(dlogits, head.value, dlnf);                           // (N, C) = dlogits @ W
+    Tensor dlnf_shard = sequence_shard_sum(dlnf, B, opt_.tp);  // f backward: sum over the group
     dx = Tensor::empty({B, Ts, C}, opt_.dtype, opt_.device);
     Tensor dx_flat = dx.view({Ns, C});
-    layernorm_backward(dlnf_shard, h.final_in.view({Ns, C}), lnf_w_.value, h.lnf_mean, h.lnf_rstd, dx_flat,
-                       lnf_w_.grad, lnf_b_.grad);
+    layernorm_backward(dlnf_shard, h.final_in.view({Ns, C}), lnf_w_.value, h.lnf_mean, h.lnf_rstd, dx_flat, lnf_w_.grad,
+                       lnf_b_.grad);
     if (grads_ready_) {
       std::vector<Parameter*> head_params{&lnf_w_, &lnf_b_};
       if (!cfg_.tie_embeddings) head_params.push_back(&lm_head_);
@@ -190,13 +194,18 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
   if (!opt_.stage.has_embedding) return dx;
 
   auto it = embedded_.find(mb);
-  if (it == embedded_.end()) throw std::logic_error(fmt::format("model: backward of microbatch {} without forward", mb));
+  if (it == embedded_.end())
+    throw std::logic_error(fmt::format("model: backward of microbatch {} without forward", mb));
   auto [ctx, tokens] = std::move(it->second);
   embedded_.erase(it);
   const int64_t B = tokens.dim(0), T = tokens.dim(1), Ts = opt_.tp.shard_length(T);
   const int64_t seq_offset = opt_.tp.shard_offset(T);
-  dropout_backward(dx, dx, {.p = cfg_.dropout, .seed = ctx.seed, .site = site_embedding_,
-                            .sample_offset = ctx.sample_offset, .row_offset = seq_offset});
+  dropout_backward(dx, dx,
+                   {.p = cfg_.dropout,
+                    .seed = ctx.seed,
+                    .site = site_embedding_,
+                    .sample_offset = ctx.sample_offset,
+                    .row_offset = seq_offset});
   position_embedding_backward(dx, wpe_.grad, {.position_offset = seq_offset});
   dx = sequence_to_full(dx.view({B * Ts, C}), B, opt_.tp).view({B, T, C});
   embedding_backward(tokens, dx, wte_.grad, {.vocab_start = vocab_start_});

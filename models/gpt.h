@@ -22,12 +22,12 @@ struct StageLayout {
 };
 
 struct GptOptions {
-  DType dtype = DType::f32;   // parameters and activations
+  DType dtype = DType::f32;     // parameters and activations
   Device device = Device::cpu;  // where parameters, gradients and activations live
-  uint64_t seed = 1234;       // keys initial weights and dropout masks
-  bool recompute = false;     // full activation recomputation in every layer
-  TensorParallel tp;          // this rank's tensor-parallel group (size 1: the whole model)
-  StageLayout stage;          // the whole model by default
+  uint64_t seed = 1234;         // keys initial weights and dropout masks
+  bool recompute = false;       // full activation recomputation in every layer
+  TensorParallel tp;            // this rank's tensor-parallel group (size 1: the whole model)
+  StageLayout stage;            // the whole model by default
 };
 
 class GptModel {
@@ -44,13 +44,13 @@ class GptModel {
   // One pipeline stage. The first stage embeds `tokens`, the others start from `input` (B, T, C) (sequence
   // shards (B, T/tp, C) with SP). The last stage returns an empty tensor and sets *loss to the mean
   // cross-entropy against `targets`; the others return their output activation.
-  Tensor forward_stage(const Tensor& input, const Tensor& tokens, const Tensor& targets, int mb,
-                       const StepContext& ctx, float* loss);
+  Tensor forward_stage(const Tensor& input, const Tensor& tokens, const Tensor& targets, int mb, const StepContext& ctx,
+                       float* loss);
   // As above, but the last stage adds its mean loss (rounded to f32, the value *loss would get) into
   // loss_sum (1) f64 on the model's device (core/ops.h accumulate_mean) without reading it: training waits
   // for the device once per step, not once per microbatch.
-  Tensor forward_stage(const Tensor& input, const Tensor& tokens, const Tensor& targets, int mb,
-                       const StepContext& ctx, Tensor& loss_sum);
+  Tensor forward_stage(const Tensor& input, const Tensor& tokens, const Tensor& targets, int mb, const StepContext& ctx,
+                       Tensor& loss_sum);
   // Backward of one stage: `dout` is the gradient of its output (ignored on the last stage, which starts
   // from dloss). Returns the gradient of its input (empty on the first stage).
   Tensor backward_stage(int mb, const Tensor& dout, float dloss);
@@ -68,28 +68,28 @@ class GptModel {
  private:
   struct HeadActivations {
     StepContext ctx;
-    Tensor tokens, targets;            // (B, T) i32
-    Tensor final_in;                   // (B, T, C) output of the last layer ((B, T/tp, C) with SP)
-    Tensor lnf;                        // (B*T, C) final norm output, all positions
-    Tensor lnf_mean, lnf_rstd;         // (B*T) or this rank's shard rows with SP
-    Tensor logits;                     // (B*T, Vpad/tp) this rank's vocabulary shard
-    Tensor rowmax, sumexp;             // (B*T) f32
+    Tensor tokens, targets;     // (B, T) i32
+    Tensor final_in;            // (B, T, C) output of the last layer ((B, T/tp, C) with SP)
+    Tensor lnf;                 // (B*T, C) final norm output, all positions
+    Tensor lnf_mean, lnf_rstd;  // (B*T) or this rank's shard rows with SP
+    Tensor logits;              // (B*T, Vpad/tp) this rank's vocabulary shard
+    Tensor rowmax, sumexp;      // (B*T) f32
   };
   // forward_stage with the loss read into *loss or accumulated into *loss_sum (one of them set).
-  Tensor forward_impl(const Tensor& input, const Tensor& tokens, const Tensor& targets, int mb,
-                      const StepContext& ctx, float* loss, Tensor* loss_sum);
+  Tensor forward_impl(const Tensor& input, const Tensor& tokens, const Tensor& targets, int mb, const StepContext& ctx,
+                      float* loss, Tensor* loss_sum);
   const Tensor& head_weight() const;
   Parameter& head_param();
 
   ModelConfig cfg_;
   GptOptions opt_;
   uint64_t site_embedding_;
-  Parameter wte_;                      // (Vpad/tp, C) token embedding shard, also the LM head when tied (on a
-                                       // last stage without the embedding: a tied copy, see Parameter)
-  Parameter wpe_;                      // (P, C) learned position embedding
+  Parameter wte_;  // (Vpad/tp, C) token embedding shard, also the LM head when tied (on a
+                   // last stage without the embedding: a tied copy, see Parameter)
+  Parameter wpe_;  // (P, C) learned position embedding
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
-  Parameter lnf_w_, lnf_b_;            // (C)
-  Parameter lm_head_;                  // (Vpad/tp, C) only when untied
+  Parameter lnf_w_, lnf_b_;  // (C)
+  Parameter lm_head_;        // (Vpad/tp, C) only when untied
   std::vector<Parameter*> params_;
   int64_t vocab_start_ = 0, vocab_local_ = 0;  // this rank's rows of the padded vocabulary
   std::map<int, HeadActivations> saved_;

@@ -11,14 +11,17 @@ namespace mt {
 
 void linear_forward(const Tensor& x, const Parameter& w, const Parameter* b, Tensor& out) {
   // The bias rides on the GEMM's epilogue (cuBLASLt's BIAS on the GPU; gemm then add_bias on the CPU).
-  gemm(x, w.value, out, {.trans_b = true, .epilogue = b ? Epilogue::bias : Epilogue::none,
-                         .bias = b ? &b->value : nullptr});
+  gemm(x, w.value, out,
+       {.trans_b = true, .epilogue = b ? Epilogue::bias : Epilogue::none, .bias = b ? &b->value : nullptr});
 }
 
 void linear_backward(const Tensor& dout, const Tensor& x, Parameter& w, Parameter* b, Tensor* dx) {
   // dW (out, in) += dout^T x; the bias gradient (the column sums of dout) comes from the same GEMM's epilogue.
-  gemm(dout, x, w.grad, {.trans_a = true, .beta = 1.f, .epilogue = b ? Epilogue::bgrad_a : Epilogue::none,
-                         .dbias = b ? &b->grad : nullptr});
+  gemm(dout, x, w.grad,
+       {.trans_a = true,
+        .beta = 1.f,
+        .epilogue = b ? Epilogue::bgrad_a : Epilogue::none,
+        .dbias = b ? &b->grad : nullptr});
   if (dx) gemm(dout, w.value, *dx);  // dx (N, in) = dout @ W
 }
 
@@ -61,14 +64,13 @@ TransformerLayer::TransformerLayer(int64_t index, const ModelConfig& cfg, DType 
 }
 
 std::vector<Parameter*> TransformerLayer::parameters() {
-  return {&ln1_w_, &ln1_b_, &qkv_w_, &qkv_b_, &proj_w_, &proj_b_,
-          &ln2_w_, &ln2_b_, &fc1_w_, &fc1_b_, &fc2_w_, &fc2_b_};
+  return {&ln1_w_, &ln1_b_, &qkv_w_, &qkv_b_, &proj_w_, &proj_b_, &ln2_w_, &ln2_b_, &fc1_w_, &fc1_b_, &fc2_w_, &fc2_b_};
 }
 
 Tensor TransformerLayer::run(Activations& a, bool keep) {
   const Tensor& x = a.x;  // (B, T, C), or (B, T/tp, C) with sequence parallelism
-  const int64_t B = x.dim(0), Ts = x.dim(1), T = tp_.sequence_sharded() ? Ts * tp_.size : Ts,
-                C = cfg_.hidden_size, H = heads_, D = cfg_.head_dim, F = ffn_, N = B * T, Ns = B * Ts;
+  const int64_t B = x.dim(0), Ts = x.dim(1), T = tp_.sequence_sharded() ? Ts * tp_.size : Ts, C = cfg_.hidden_size,
+                H = heads_, D = cfg_.head_dim, F = ffn_, N = B * T, Ns = B * Ts;
   const bool train = a.ctx.training;
   const float p_hidden = train ? cfg_.dropout : 0.f;
   const LayerNormOptions ln_opt{.eps = cfg_.layernorm_eps};
@@ -83,8 +85,11 @@ Tensor TransformerLayer::run(Activations& a, bool keep) {
   a.qkv = qkv.view({B, T, H, 3, D});
   a.att = Tensor::empty({B, T, H * D}, dtype_, device_);
   a.att_lse = Tensor::empty({B, H, T}, DType::f32, device_);
-  const AttentionOptions att_opt{.causal = true, .dropout_p = train ? cfg_.attention_dropout : 0.f,
-                                 .seed = a.ctx.seed, .site = site_attn_probs_, .sample_offset = a.ctx.sample_offset,
+  const AttentionOptions att_opt{.causal = true,
+                                 .dropout_p = train ? cfg_.attention_dropout : 0.f,
+                                 .seed = a.ctx.seed,
+                                 .site = site_attn_probs_,
+                                 .sample_offset = a.ctx.sample_offset,
                                  .head_offset = tp_.begin(cfg_.num_heads)};
   attention_forward(a.qkv, a.att, a.att_lse, att_opt);
 
@@ -93,9 +98,12 @@ Tensor TransformerLayer::run(Activations& a, bool keep) {
   Tensor proj = sequence_shard_sum(proj_partial, B, tp_);  // g: sum the row-parallel partial outputs
   add_bias(proj, proj_b_.value);  // after the reduction (so no GEMM epilogue): added once, not once per rank
   a.x2 = Tensor::empty({B, Ts, C}, dtype_, device_);
-  dropout_add(proj.view({B, Ts, C}), x, a.x2, {.p = p_hidden, .seed = a.ctx.seed, .site = site_attn_out_,
-                                               .sample_offset = a.ctx.sample_offset,
-                                               .row_offset = tp_.shard_offset(T)});  // x2 = x + dropout(proj)
+  dropout_add(proj.view({B, Ts, C}), x, a.x2,
+              {.p = p_hidden,
+               .seed = a.ctx.seed,
+               .site = site_attn_out_,
+               .sample_offset = a.ctx.sample_offset,
+               .row_offset = tp_.shard_offset(T)});  // x2 = x + dropout(proj)
 
   a.ln2 = Tensor::empty({Ns, C}, dtype_, device_);
   a.ln2_mean = Tensor::empty({Ns}, DType::f32, device_);
@@ -109,11 +117,14 @@ Tensor TransformerLayer::run(Activations& a, bool keep) {
   Tensor mlp_partial = Tensor::empty({N, C}, dtype_, device_);
   linear_forward(a.gelu, fc2_w_, nullptr, mlp_partial);
   Tensor mlp = sequence_shard_sum(mlp_partial, B, tp_);  // g
-  add_bias(mlp, fc2_b_.value);  // after the reduction, as proj's
+  add_bias(mlp, fc2_b_.value);                           // after the reduction, as proj's
   Tensor out = Tensor::empty({B, Ts, C}, dtype_, device_);
-  dropout_add(mlp.view({B, Ts, C}), a.x2, out, {.p = p_hidden, .seed = a.ctx.seed, .site = site_mlp_out_,
-                                                .sample_offset = a.ctx.sample_offset,
-                                                .row_offset = tp_.shard_offset(T)});  // out = x2 + dropout(mlp)
+  dropout_add(mlp.view({B, Ts, C}), a.x2, out,
+              {.p = p_hidden,
+               .seed = a.ctx.seed,
+               .site = site_mlp_out_,
+               .sample_offset = a.ctx.sample_offset,
+               .row_offset = tp_.shard_offset(T)});  // out = x2 + dropout(mlp)
   if (!keep) {
     Tensor kept_x = a.x;
     a = Activations{};
@@ -136,7 +147,8 @@ Tensor TransformerLayer::forward(const Tensor& x, int mb, const StepContext& ctx
 
 Tensor TransformerLayer::backward(const Tensor& dout, int mb) {
   auto it = saved_.find(mb);
-  if (it == saved_.end()) throw std::logic_error(fmt::format("layer {}: backward of microbatch {} without forward", index_, mb));
+  if (it == saved_.end())
+    throw std::logic_error(fmt::format("layer {}: backward of microbatch {} without forward", index_, mb));
   Activations a = std::move(it->second);
   saved_.erase(it);
   if (recompute_) {
@@ -144,15 +156,20 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb) {
     run(a, true);  // the same inputs and dropout keys give the same activations
     a.ctx = ctx;
   }
-  const int64_t B = a.x.dim(0), Ts = a.x.dim(1), T = tp_.sequence_sharded() ? Ts * tp_.size : Ts,
-                C = cfg_.hidden_size, F = ffn_, HD = heads_ * cfg_.head_dim, N = B * T, Ns = B * Ts;
+  const int64_t B = a.x.dim(0), Ts = a.x.dim(1), T = tp_.sequence_sharded() ? Ts * tp_.size : Ts, C = cfg_.hidden_size,
+                F = ffn_, HD = heads_ * cfg_.head_dim, N = B * T, Ns = B * Ts;
   const float p_hidden = cfg_.dropout;
 
   // MLP block: out = x2 + dropout(fc2(gelu(fc1(ln2(x2))))); with SP the residual side is a sequence shard.
   Tensor dmlp = Tensor::empty({B, Ts, C}, dtype_, device_);
-  dropout_backward(dout, dmlp, {.p = p_hidden, .seed = a.ctx.seed, .site = site_mlp_out_,
-                                .sample_offset = a.ctx.sample_offset, .row_offset = tp_.shard_offset(T)});
-  Tensor dmlp_full = sequence_to_full(dmlp.view({Ns, C}), B, tp_);  // backward of the reduce-scatter (identity without SP)
+  dropout_backward(dout, dmlp,
+                   {.p = p_hidden,
+                    .seed = a.ctx.seed,
+                    .site = site_mlp_out_,
+                    .sample_offset = a.ctx.sample_offset,
+                    .row_offset = tp_.shard_offset(T)});
+  Tensor dmlp_full =
+      sequence_to_full(dmlp.view({Ns, C}), B, tp_);  // backward of the reduce-scatter (identity without SP)
   linear_backward(dmlp_full, a.gelu, fc2_w_, &fc2_b_, nullptr);
   // dfc1 = (dmlp @ W2) * gelu'(fc1), and fc1's bias gradient (its column sums), from one GEMM epilogue.
   Tensor dfc1 = Tensor::empty({N, F}, dtype_, device_);
@@ -161,21 +178,27 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb) {
   linear_backward(dfc1, sequence_to_full(a.ln2, B, tp_), fc1_w_, nullptr, &dln2_partial);
   Tensor dln2 = sequence_shard_sum(dln2_partial, B, tp_);  // f backward: sum the column-parallel input gradients
   Tensor dx2 = Tensor::empty({Ns, C}, dtype_, device_);
-  layernorm_backward(dln2, a.x2.view({Ns, C}), ln2_w_.value, a.ln2_mean, a.ln2_rstd, dx2, ln2_w_.grad,
-                     ln2_b_.grad);
+  layernorm_backward(dln2, a.x2.view({Ns, C}), ln2_w_.value, a.ln2_mean, a.ln2_rstd, dx2, ln2_w_.grad, ln2_b_.grad);
   add(dx2, dout.view({Ns, C}), dx2);
   dx2 = dx2.view({B, Ts, C});
 
   // Attention block: x2 = x + dropout(proj(attention(qkv(ln1(x)))))
   Tensor dproj = Tensor::empty({B, Ts, C}, dtype_, device_);
-  dropout_backward(dx2, dproj, {.p = p_hidden, .seed = a.ctx.seed, .site = site_attn_out_,
-                                .sample_offset = a.ctx.sample_offset, .row_offset = tp_.shard_offset(T)});
+  dropout_backward(dx2, dproj,
+                   {.p = p_hidden,
+                    .seed = a.ctx.seed,
+                    .site = site_attn_out_,
+                    .sample_offset = a.ctx.sample_offset,
+                    .row_offset = tp_.shard_offset(T)});
   Tensor dproj_full = sequence_to_full(dproj.view({Ns, C}), B, tp_);
   Tensor datt = Tensor::empty({N, HD}, dtype_, device_);
   linear_backward(dproj_full, a.att.view({N, HD}), proj_w_, &proj_b_, &datt);
   Tensor dqkv = Tensor::empty(a.qkv.shape(), dtype_, device_);
-  const AttentionOptions att_opt{.causal = true, .dropout_p = cfg_.attention_dropout, .seed = a.ctx.seed,
-                                 .site = site_attn_probs_, .sample_offset = a.ctx.sample_offset,
+  const AttentionOptions att_opt{.causal = true,
+                                 .dropout_p = cfg_.attention_dropout,
+                                 .seed = a.ctx.seed,
+                                 .site = site_attn_probs_,
+                                 .sample_offset = a.ctx.sample_offset,
                                  .head_offset = tp_.begin(cfg_.num_heads)};
   attention_backward(a.qkv, a.att, a.att_lse, datt.view(a.att.shape()), dqkv, att_opt);
   Tensor dln1_partial = Tensor::empty({N, C}, dtype_, device_);

@@ -44,14 +44,14 @@ class TransformerLayer {
  private:
   struct Activations {
     StepContext ctx;
-    Tensor x;                 // (B, T, C) layer input; (B, T/tp, C) sequence shards with SP
+    Tensor x;                        // (B, T, C) layer input; (B, T/tp, C) sequence shards with SP
     Tensor ln1, ln1_mean, ln1_rstd;  // (B*T, C), (B*T), (B*T); shard rows with SP (gathered again in backward)
-    Tensor qkv;               // (B, T, H/tp, 3, D)
-    Tensor att, att_lse;      // (B, T, C/tp), (B, H/tp, T)
-    Tensor x2;                // (B, T, C) residual after attention
+    Tensor qkv;                      // (B, T, H/tp, 3, D)
+    Tensor att, att_lse;             // (B, T, C/tp), (B, H/tp, T)
+    Tensor x2;                       // (B, T, C) residual after attention
     Tensor ln2, ln2_mean, ln2_rstd;
-    Tensor fc1;               // (B*T, F/tp) pre-activation (the GELU epilogue's aux)
-    Tensor gelu;              // (B*T, F/tp)
+    Tensor fc1;   // (B*T, F/tp) pre-activation (the GELU epilogue's aux)
+    Tensor gelu;  // (B*T, F/tp)
   };
   // Runs the block on a.x, filling the activations; returns the output.
   Tensor run(Activations& a, bool keep);
@@ -62,14 +62,14 @@ class TransformerLayer {
   Device device_;
   bool recompute_;
   TensorParallel tp_;
-  int64_t heads_, ffn_;       // this rank's heads and ffn columns
+  int64_t heads_, ffn_;  // this rank's heads and ffn columns
   uint64_t site_attn_probs_, site_attn_out_, site_mlp_out_;
-  Parameter ln1_w_, ln1_b_;   // (C)
-  Parameter qkv_w_, qkv_b_;   // (3C/tp, C), (3C/tp): rows per head [q | k | v], this rank's heads
-  Parameter proj_w_, proj_b_; // (C, C/tp), (C)
-  Parameter ln2_w_, ln2_b_;   // (C)
-  Parameter fc1_w_, fc1_b_;   // (F/tp, C), (F/tp)
-  Parameter fc2_w_, fc2_b_;   // (C, F/tp), (C)
+  Parameter ln1_w_, ln1_b_;    // (C)
+  Parameter qkv_w_, qkv_b_;    // (3C/tp, C), (3C/tp): rows per head [q | k | v], this rank's heads
+  Parameter proj_w_, proj_b_;  // (C, C/tp), (C)
+  Parameter ln2_w_, ln2_b_;    // (C)
+  Parameter fc1_w_, fc1_b_;    // (F/tp, C), (F/tp)
+  Parameter fc2_w_, fc2_b_;    // (C, F/tp), (C)
   std::map<int, Activations> saved_;
 };
 

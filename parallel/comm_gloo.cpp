@@ -71,8 +71,8 @@ struct GroupInfo {
   CommError failure(std::string_view op, const std::exception& e) const {
     bool timed_out = mentions_timeout(e.what());
     CommError error(fmt::format("{}: {} {} on {}: {}", name, op,
-                                timed_out ? "timed out after " + seconds_str(timeout) : std::string("failed"), who(rank),
-                                e.what()));
+                                timed_out ? "timed out after " + seconds_str(timeout) : std::string("failed"),
+                                who(rank), e.what()));
     record_failure(error.what());
     return error;
   }
@@ -106,12 +106,8 @@ class SendRecvWork final : public Work {
  public:
   SendRecvWork(std::shared_ptr<const GroupInfo> group, std::shared_ptr<gloo::Context> context, Tensor tensor,
                std::unique_ptr<gloo::transport::UnboundBuffer> buffer, bool is_send, int peer)
-      : group_(std::move(group)),
-        context_(std::move(context)),
-        tensor_(std::move(tensor)),
-        buffer_(std::move(buffer)),
-        is_send_(is_send),
-        peer_(peer) {}
+      : group_(std::move(group)), context_(std::move(context)), tensor_(std::move(tensor)), buffer_(std::move(buffer)),
+        is_send_(is_send), peer_(peer) {}
 
   void wait() override {
     if (error_) std::rethrow_exception(error_);
@@ -190,8 +186,8 @@ class GlooCommunicator final : public Communicator {
     check_host(in, "reduce_scatter", true);
     check_host(out, "reduce_scatter", true);
     if (in.dtype() != out.dtype() || in.numel() != size() * out.numel())
-      throw group_->misuse("reduce_scatter",
-                           fmt::format("input {} is not {} blocks of output {}", in.describe(), size(), out.describe()));
+      throw group_->misuse("reduce_scatter", fmt::format("input {} is not {} blocks of output {}", in.describe(),
+                                                         size(), out.describe()));
     uint32_t tag = next_tag_++;
     const int64_t m = out.numel();  // elements per block
     if (size() == 1) {
@@ -229,8 +225,8 @@ class GlooCommunicator final : public Communicator {
     check_host(in, "all_gather", false);
     check_host(out, "all_gather", false);
     if (in.dtype() != out.dtype() || out.numel() != size() * in.numel())
-      throw group_->misuse("all_gather",
-                           fmt::format("output {} is not {} blocks of input {}", out.describe(), size(), in.describe()));
+      throw group_->misuse(
+          "all_gather", fmt::format("output {} is not {} blocks of input {}", out.describe(), size(), in.describe()));
     uint32_t tag = next_tag_++;
     if (size() == 1) {
       out.copy_from(in);
@@ -298,7 +294,7 @@ class GlooCommunicator final : public Communicator {
     try {
       f();
     } catch (const std::exception& e) {  // gloo::IoException, gloo::Exception, gloo::EnforceNotMet, ...
-      group_->throw_if_broken(op);        // a pair closed by an earlier failure: report that one
+      group_->throw_if_broken(op);       // a pair closed by an earlier failure: report that one
       throw group_->failure(op, e);
     }
   }
@@ -405,10 +401,9 @@ std::unique_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Store> stor
     }
     // Our store reports its waits running out as StoreError.
     bool timed_out = dynamic_cast<const StoreError*>(&e) != nullptr || mentions_timeout(e.what());
-    std::string who_missing =
-        missing.empty() ? ""
-                        : fmt::format(" rank(s) [{}] (global [{}]) never joined;", fmt::join(missing, ", "),
-                                      fmt::join(missing_global, ", "));
+    std::string who_missing = missing.empty() ? ""
+                                              : fmt::format(" rank(s) [{}] (global [{}]) never joined;",
+                                                            fmt::join(missing, ", "), fmt::join(missing_global, ", "));
     throw CommError(fmt::format("{}: rendezvous {} on {}:{} {}", name,
                                 timed_out ? "timed out after " + seconds_str(opt.timeout) : std::string("failed"),
                                 group->who(rank), who_missing, e.what()));

@@ -113,8 +113,8 @@ struct OpRecord {
   ~OpRecord() {
     if (done) cudaEventDestroy(done);
   }
-  std::string op;             // for messages: "all_reduce", "send to rank 1 (global 3)"
-  cudaEvent_t done = nullptr; // recorded on the stream right after the op
+  std::string op;               // for messages: "all_reduce", "send to rank 1 (global 3)"
+  cudaEvent_t done = nullptr;   // recorded on the stream right after the op
   Clock::time_point issued_at;  // when it was enqueued (the watchdog's timeout runs from here)
   // Queued send/recv only.
   std::vector<Tensor> tensors;  // kept alive until issued, then marked for the allocator and released
@@ -135,11 +135,11 @@ class NcclGroup {
   const GroupInfo info;
   std::mutex mu;
   ncclComm_t comm = nullptr;
-  cudaStream_t stream = nullptr;        // all of this communicator's ops, in posting order
-  cudaEvent_t inputs_ready = nullptr;   // orders each op after the work queued on the default stream
-  float* scratch = nullptr;             // (1) on the device, for barrier
-  std::string first_failure;            // the message of the first failure; the group is aborted from then on
-  std::deque<std::shared_ptr<OpRecord>> queued;     // send/recv posted, not yet issued
+  cudaStream_t stream = nullptr;                 // all of this communicator's ops, in posting order
+  cudaEvent_t inputs_ready = nullptr;            // orders each op after the work queued on the default stream
+  float* scratch = nullptr;                      // (1) on the device, for barrier
+  std::string first_failure;                     // the message of the first failure; the group is aborted from then on
+  std::deque<std::shared_ptr<OpRecord>> queued;  // send/recv posted, not yet issued
   std::deque<std::shared_ptr<OpRecord>> in_flight;  // issued, maybe not complete, in stream order (watchdog)
 
   // Aborts the communicator (so peers' ops fail instead of hanging), remembers the first failure and
@@ -187,8 +187,7 @@ class NcclGroup {
   // The comm stream waits for the work already queued on the compute stream (where the tensors were
   // produced), without making the compute stream wait for communication.
   void order_after_inputs(std::string_view op) {
-    check_cuda(cudaEventRecord(inputs_ready, static_cast<cudaStream_t>(cuda::compute_stream())), "cudaEventRecord",
-               op);
+    check_cuda(cudaEventRecord(inputs_ready, static_cast<cudaStream_t>(cuda::compute_stream())), "cudaEventRecord", op);
     check_cuda(cudaStreamWaitEvent(stream, inputs_ready, 0), "cudaStreamWaitEvent", op);
   }
 
@@ -233,7 +232,8 @@ class NcclGroup {
     try {
       ncclResult_t state = ncclSuccess;
       ncclResult_t r = ncclCommGetAsyncError(comm, &state);
-      if (r != ncclSuccess) throw fail("watchdog", "failed", fmt::format("ncclCommGetAsyncError: {}", ncclGetErrorString(r)));
+      if (r != ncclSuccess)
+        throw fail("watchdog", "failed", fmt::format("ncclCommGetAsyncError: {}", ncclGetErrorString(r)));
       if (state != ncclSuccess && state != ncclInProgress)
         throw fail("watchdog", "failed", fmt::format("NCCL asynchronous error: {}", ncclGetErrorString(state)));
       if (!in_flight.empty() && now - in_flight.front()->issued_at > info.timeout)
@@ -466,10 +466,14 @@ class NcclWork final : public Work {
 
 ncclDataType_t reduction_type(DType t) {
   switch (t) {
-    case DType::f32: return ncclFloat32;
-    case DType::bf16: return ncclBfloat16;
-    case DType::f16: return ncclFloat16;
-    default: return ncclNumTypes;
+    case DType::f32:
+      return ncclFloat32;
+    case DType::bf16:
+      return ncclBfloat16;
+    case DType::f16:
+      return ncclFloat16;
+    default:
+      return ncclNumTypes;
   }
 }
 
@@ -519,11 +523,10 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<Work> raw_all_reduce(DeviceBuffer b, ReduceOp op, std::vector<Tensor> tensors) {
     check_reduction(b, "all_reduce");
     const ncclRedOp_t nccl_op = op == ReduceOp::sum ? ncclSum : ncclMax;
-    return collective("all_reduce", std::move(tensors), b.numel == 0, "ncclAllReduce",
-                      [b, nccl_op](ncclComm_t comm, cudaStream_t s) {
-                        return ncclAllReduce(b.ptr, b.ptr, static_cast<size_t>(b.numel), reduction_type(b.dtype),
-                                             nccl_op, comm, s);
-                      });
+    return collective(
+        "all_reduce", std::move(tensors), b.numel == 0, "ncclAllReduce", [b, nccl_op](ncclComm_t comm, cudaStream_t s) {
+          return ncclAllReduce(b.ptr, b.ptr, static_cast<size_t>(b.numel), reduction_type(b.dtype), nccl_op, comm, s);
+        });
   }
 
   std::unique_ptr<Work> raw_reduce_scatter(DeviceBuffer in, DeviceBuffer out, std::vector<Tensor> tensors) {
@@ -602,8 +605,8 @@ class NcclCommunicator final : public Communicator {
   DeviceBuffer device_buffer(const Tensor& t, std::string_view op) const {
     if (!t.defined()) throw misuse(op, "undefined tensor");
     if (t.device() != Device::cuda)
-      throw misuse(op, fmt::format("NCCL moves CUDA tensors only, got a {} tensor {}", device_name(t.device()),
-                                   t.describe()));
+      throw misuse(
+          op, fmt::format("NCCL moves CUDA tensors only, got a {} tensor {}", device_name(t.device()), t.describe()));
     return DeviceBuffer{t.numel() == 0 ? nullptr : t.raw(), t.numel(), t.dtype()};
   }
 

@@ -35,7 +35,7 @@ class Work {
 class Communicator {
  public:
   virtual ~Communicator() = default;
-  virtual int rank() const = 0;        // rank within the group
+  virtual int rank() const = 0;  // rank within the group
   virtual int size() const = 0;
   virtual const std::string& name() const = 0;  // e.g. "tp[0,1]" for messages
 
@@ -64,8 +64,8 @@ class Communicator {
 };
 
 struct GlooOptions {
-  std::string name;                  // group name, for messages and store prefixes ("" -> "gloo[0,1]")
-  std::vector<int> members;          // global ranks, ascending; this rank must be one of them
+  std::string name;          // group name, for messages and store prefixes ("" -> "gloo[0,1]")
+  std::vector<int> members;  // global ranks, ascending; this rank must be one of them
   int global_rank = 0;
   std::string hostname = "127.0.0.1";  // interface the Gloo TCP device binds to
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
@@ -95,10 +95,10 @@ std::unique_ptr<Communicator> make_staged_communicator(std::unique_ptr<Communica
 
 #ifdef MEGATRAIN_WITH_NCCL  // set by the build when the CUDA toolkit and NCCL are found
 struct NcclOptions {
-  std::string name;        // group name, for messages and store keys ("" -> "nccl[0,1]")
+  std::string name;          // group name, for messages and store keys ("" -> "nccl[0,1]")
   std::vector<int> members;  // global ranks, ascending; this rank must be one of them
   int global_rank = 0;
-  int device = 0;          // CUDA device ordinal this rank drives (usually the local rank)
+  int device = 0;  // CUDA device ordinal this rank drives (usually the local rank)
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
 };
 

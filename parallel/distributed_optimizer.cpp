@@ -63,8 +63,10 @@ StepResult DistributedOptimizer::step(double lr, double loss_scale) {
   std::vector<AdamWTensors> ts;
   ts.reserve(segments_.size());
   for (const Segment& s : segments_)
-    ts.push_back({.master = master_.slice(s.begin, s.end), .grad = grad_shard_.slice(s.begin, s.end),
-                  .exp_avg = exp_avg_.slice(s.begin, s.end), .exp_avg_sq = exp_avg_sq_.slice(s.begin, s.end),
+    ts.push_back({.master = master_.slice(s.begin, s.end),
+                  .grad = grad_shard_.slice(s.begin, s.end),
+                  .exp_avg = exp_avg_.slice(s.begin, s.end),
+                  .exp_avg_sq = exp_avg_sq_.slice(s.begin, s.end),
                   .value = value_shard_.defined() ? value_shard_.slice(s.begin, s.end) : Tensor(),
                   .decay = s.param->weight_decay});
   adamw_multi_step(ts, adamw_options(cfg_, lr, steps_, grad_scale));
@@ -96,7 +98,9 @@ std::vector<AdamW::Slot> DistributedOptimizer::gather_slots() {
   std::vector<AdamW::Slot> slots;
   for (size_t i = 0; i < params_.size(); ++i) {
     Parameter* p = params_[i];
-    auto part = [&](const Tensor& t) { return t.slice(offsets_[i], offsets_[i] + p->value.numel()).view(p->value.shape()); };
+    auto part = [&](const Tensor& t) {
+      return t.slice(offsets_[i], offsets_[i] + p->value.numel()).view(p->value.shape());
+    };
     slots.push_back({p, part(full[0]), part(full[1]), part(full[2])});
   }
   return slots;

@@ -89,8 +89,7 @@ class Env {
   std::string require(const char* name, const char* trigger, const char* launcher) const {
     auto value = get(name);
     if (!value)
-      throw error(std::string(launcher) + " environment is incomplete: " + trigger + " is set but " + name +
-                  " is not");
+      throw error(std::string(launcher) + " environment is incomplete: " + trigger + " is set but " + name + " is not");
     return *value;
   }
   int require_int(const char* name, const char* trigger, const char* launcher) const {
@@ -128,8 +127,7 @@ void check(const LaunchEnv& e, const Names& n) {
   if (e.local_rank < 0) throw error(is(n.local_rank, e.local_rank) + " is negative");
   if (e.local_rank >= e.local_world_size)
     throw error(is(n.local_rank, e.local_rank) + " is not below " + is(n.local_world, e.local_world_size));
-  if (e.master_port < 1 || e.master_port > 65535)
-    throw error(is(n.port, e.master_port) + " is outside 1..65535");
+  if (e.master_port < 1 || e.master_port > 65535) throw error(is(n.port, e.master_port) + " is outside 1..65535");
 }
 
 // Without MASTER_ADDR the rendezvous can only be local; a job spanning nodes must name its rank-0 host.
@@ -166,8 +164,9 @@ LaunchEnv from_slurm(const Env& env) {
   e.local_rank = env.require_int("SLURM_LOCALID", trigger, who);
   const char* local_world_name = env.has("SLURM_NTASKS_PER_NODE") ? "SLURM_NTASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
   if (!env.has(local_world_name))
-    throw error("Slurm environment is incomplete: SLURM_PROCID is set but neither SLURM_NTASKS_PER_NODE nor "
-                "SLURM_TASKS_PER_NODE is");
+    throw error(
+        "Slurm environment is incomplete: SLURM_PROCID is set but neither SLURM_NTASKS_PER_NODE nor "
+        "SLURM_TASKS_PER_NODE is");
   e.local_world_size = parse_tasks_per_node(local_world_name, *env.get(local_world_name));
   e.master_port = env.port("MASTER_PORT").value_or(kDefaultPort);
   Names names{"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", local_world_name, "MASTER_PORT"};
@@ -219,9 +218,12 @@ std::string job_id_of(const GetEnv& getenv) {
 LaunchEnv detect_launch_env(const GetEnv& getenv) {
   Env env(getenv);
   LaunchEnv e;
-  if (env.has("RANK") || env.has("WORLD_SIZE")) e = from_torchrun(env);
-  else if (env.has("SLURM_PROCID")) e = from_slurm(env);
-  else if (env.has("OMPI_COMM_WORLD_RANK")) e = from_openmpi(env);
+  if (env.has("RANK") || env.has("WORLD_SIZE"))
+    e = from_torchrun(env);
+  else if (env.has("SLURM_PROCID"))
+    e = from_slurm(env);
+  else if (env.has("OMPI_COMM_WORLD_RANK"))
+    e = from_openmpi(env);
   e.job_id = job_id_of(getenv);
   return e;
 }

@@ -29,7 +29,7 @@ struct PipelinePlacement {
   Communicator* comm = nullptr;  // the pipeline group; its rank r is stage r
   int stage = 0;
   int stages = 1;
-  int chunks = 1;                // model chunks (virtual stages) per rank
+  int chunks = 1;  // model chunks (virtual stages) per rank
 };
 
 // Runs `program` (this stage's list from build_schedule, training or forward_only). Consecutive send/recv

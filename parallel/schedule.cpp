@@ -9,12 +9,18 @@ namespace mt {
 
 std::string pipe_op_name(PipeOp op) {
   switch (op) {
-    case PipeOp::recv_forward: return "recv_forward";
-    case PipeOp::forward: return "forward";
-    case PipeOp::send_forward: return "send_forward";
-    case PipeOp::recv_backward: return "recv_backward";
-    case PipeOp::backward: return "backward";
-    case PipeOp::send_backward: return "send_backward";
+    case PipeOp::recv_forward:
+      return "recv_forward";
+    case PipeOp::forward:
+      return "forward";
+    case PipeOp::send_forward:
+      return "send_forward";
+    case PipeOp::recv_backward:
+      return "recv_backward";
+    case PipeOp::backward:
+      return "backward";
+    case PipeOp::send_backward:
+      return "send_backward";
   }
   return "unknown";
 }
@@ -22,16 +28,20 @@ std::string pipe_op_name(PipeOp op) {
 bool is_communication(PipeOp op) { return op != PipeOp::forward && op != PipeOp::backward; }
 
 std::string to_string(const PipeInstr& instr) {
-  return pipe_op_name(instr.op) + "(mb " + std::to_string(instr.microbatch) + ", chunk " +
-         std::to_string(instr.chunk) + ")";
+  return pipe_op_name(instr.op) + "(mb " + std::to_string(instr.microbatch) + ", chunk " + std::to_string(instr.chunk) +
+         ")";
 }
 
 std::string schedule_kind_name(ScheduleKind kind) {
   switch (kind) {
-    case ScheduleKind::no_pipelining: return "no_pipelining";
-    case ScheduleKind::one_f_one_b: return "one_f_one_b";
-    case ScheduleKind::interleaved: return "interleaved";
-    case ScheduleKind::forward_only: return "forward_only";
+    case ScheduleKind::no_pipelining:
+      return "no_pipelining";
+    case ScheduleKind::one_f_one_b:
+      return "one_f_one_b";
+    case ScheduleKind::interleaved:
+      return "interleaved";
+    case ScheduleKind::forward_only:
+      return "forward_only";
   }
   return "unknown";
 }
@@ -62,7 +72,8 @@ void validate(const ScheduleSpec& spec) {
         fail(spec, "microbatches = " + m + " must be a multiple of stages = " + p +
                        " (Megatron's rule: microbatches pass each chunk in groups of stages)");
       break;
-    case ScheduleKind::forward_only: break;  // any p, m, v: the last group of microbatches may be short
+    case ScheduleKind::forward_only:
+      break;  // any p, m, v: the last group of microbatches may be short
   }
 }
 
@@ -72,7 +83,7 @@ struct StageWriter {
   bool first_stage, last_stage;  // physical position: stage 0 / stage p - 1
   int chunks;
 
-  bool has_prev(int chunk) const { return !(first_stage && chunk == 0); }         // not virtual stage 0
+  bool has_prev(int chunk) const { return !(first_stage && chunk == 0); }          // not virtual stage 0
   bool has_next(int chunk) const { return !(last_stage && chunk == chunks - 1); }  // not the last virtual stage
   void add(PipeOp op, int mb, int chunk) { out.push_back({op, mb, chunk}); }
 };
@@ -176,9 +187,9 @@ std::vector<PipeInstr> interleaved(int p, int s, int m, int v) {
     if (k != total - 1 && !(w.last_stage && chunk_of(k + 1, false) == v - 1)) recv_next();
   }
   if (next_input != inputs.size() || next_grad != grads.size())
-    throw std::logic_error("interleaved schedule: stage " + std::to_string(s) + " posts " +
-                           std::to_string(next_input) + "/" + std::to_string(inputs.size()) + " input and " +
-                           std::to_string(next_grad) + "/" + std::to_string(grads.size()) + " gradient receives");
+    throw std::logic_error("interleaved schedule: stage " + std::to_string(s) + " posts " + std::to_string(next_input) +
+                           "/" + std::to_string(inputs.size()) + " input and " + std::to_string(next_grad) + "/" +
+                           std::to_string(grads.size()) + " gradient receives");
   return out;
 }
 
@@ -209,10 +220,18 @@ std::vector<std::vector<PipeInstr>> build_schedule(const ScheduleSpec& spec) {
   std::vector<std::vector<PipeInstr>> stages(p);
   for (int s = 0; s < p; ++s) {
     switch (spec.kind) {
-      case ScheduleKind::no_pipelining: stages[s] = no_pipelining(m); break;
-      case ScheduleKind::one_f_one_b: stages[s] = one_f_one_b(p, s, m); break;
-      case ScheduleKind::interleaved: stages[s] = interleaved(p, s, m, v); break;
-      case ScheduleKind::forward_only: stages[s] = forward_only(p, s, m, v); break;
+      case ScheduleKind::no_pipelining:
+        stages[s] = no_pipelining(m);
+        break;
+      case ScheduleKind::one_f_one_b:
+        stages[s] = one_f_one_b(p, s, m);
+        break;
+      case ScheduleKind::interleaved:
+        stages[s] = interleaved(p, s, m, v);
+        break;
+      case ScheduleKind::forward_only:
+        stages[s] = forward_only(p, s, m, v);
+        break;
     }
   }
   return stages;

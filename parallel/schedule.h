@@ -76,14 +76,14 @@ std::vector<std::vector<PipeInstr>> build_schedule(const ScheduleSpec& spec);
 
 struct ScheduleReport {
   bool ok = false;
-  std::string error;          // why not ok: unmatched send, deadlock (which stages wait on what), ...
+  std::string error;  // why not ok: unmatched send, deadlock (which stages wait on what), ...
   // (makespan - ideal) / ideal with ideal = m * (forward + backward) per stage, simulated with a chunk's
   // forward taking 1/v and its backward 2/v and free communication: (p-1)/m for 1F1B, ~(p-1)/(v*m) interleaved.
   double bubble_fraction = 0;
-  double makespan = 0;        // when the last stage finishes, in units of one microbatch's forward on a stage
+  double makespan = 0;  // when the last stage finishes, in units of one microbatch's forward on a stage
   // Most (microbatch, chunk) pairs whose activations one stage holds at once (forwarded, not yet backwarded);
   // for v = 1 that is microbatches, for v > 1 each pair is 1/v of a stage's activations for one microbatch.
-  int peak_in_flight = 0;               // max over stages
+  int peak_in_flight = 0;                 // max over stages
   std::vector<int> stage_peak_in_flight;  // per stage
 };
 

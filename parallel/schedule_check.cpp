@@ -34,12 +34,8 @@ struct CheckError {
 class Simulator {
  public:
   Simulator(const ScheduleSpec& spec, const std::vector<std::vector<PipeInstr>>& schedule)
-      : p_(spec.stages),
-        m_(spec.microbatches),
-        v_(spec.chunks),
-        forward_only_(spec.kind == ScheduleKind::forward_only),
-        schedule_(schedule),
-        stages_(p_) {
+      : p_(spec.stages), m_(spec.microbatches), v_(spec.chunks), forward_only_(spec.kind == ScheduleKind::forward_only),
+        schedule_(schedule), stages_(p_) {
     for (auto& st : stages_) st.pairs.assign(static_cast<size_t>(m_) * v_, PairState{});
   }
 
@@ -88,9 +84,9 @@ class Simulator {
     bool received_grad = false, backwarded = false, sent_grad = false;
   };
   struct StageState {
-    size_t pc = 0;            // next instruction
-    double clock = 0;         // when the stage is free
-    size_t batch_end = 0;     // > pc while the batch [pc, batch_end) is posted and not complete
+    size_t pc = 0;         // next instruction
+    double clock = 0;      // when the stage is free
+    size_t batch_end = 0;  // > pc while the batch [pc, batch_end) is posted and not complete
     std::vector<PairState> pairs;
     int in_flight = 0, peak_in_flight = 0;
   };
@@ -105,8 +101,7 @@ class Simulator {
 
   PairState& pair(int s, size_t i) {
     const PipeInstr& in = schedule_[s][i];
-    if (in.microbatch < 0 || in.microbatch >= m_)
-      fail(s, i, "microbatch out of range [0, " + std::to_string(m_) + ")");
+    if (in.microbatch < 0 || in.microbatch >= m_) fail(s, i, "microbatch out of range [0, " + std::to_string(m_) + ")");
     if (in.chunk < 0 || in.chunk >= v_) fail(s, i, "chunk out of range [0, " + std::to_string(v_) + ")");
     return stages_[s].pairs[static_cast<size_t>(in.microbatch) * v_ + in.chunk];
   }
@@ -129,7 +124,8 @@ class Simulator {
       case PipeOp::send_backward:
         if (vs == 0) fail(s, i, "the first virtual stage has no previous stage to send to");
         return {Dir::backward, in.microbatch, vs};
-      default: break;
+      default:
+        break;
     }
     fail(s, i, "not a communication instruction");
   }
@@ -194,7 +190,8 @@ class Simulator {
       case PipeOp::recv_backward:
         if (ps.received_grad || post.recv_time >= 0) fail(s, i, twice);
         break;
-      default: break;
+      default:
+        break;
     }
     (is_send(in.op) ? post.send_time : post.recv_time) = stages_[s].clock;
   }
@@ -202,11 +199,20 @@ class Simulator {
   void complete(int s, size_t i) {
     PairState& ps = pair(s, i);
     switch (schedule_[s][i].op) {
-      case PipeOp::send_forward: ps.sent_output = true; break;
-      case PipeOp::send_backward: ps.sent_grad = true; break;
-      case PipeOp::recv_forward: ps.received_input = true; break;
-      case PipeOp::recv_backward: ps.received_grad = true; break;
-      default: break;
+      case PipeOp::send_forward:
+        ps.sent_output = true;
+        break;
+      case PipeOp::send_backward:
+        ps.sent_grad = true;
+        break;
+      case PipeOp::recv_forward:
+        ps.received_input = true;
+        break;
+      case PipeOp::recv_backward:
+        ps.received_grad = true;
+        break;
+      default:
+        break;
     }
   }
 
@@ -267,7 +273,8 @@ class Simulator {
           if (!ps.forwarded) throw CheckError{where + " never runs forward"};
           if (!forward_only_ && !ps.backwarded) throw CheckError{where + " runs forward but never backward"};
           const int vs = virtual_stage(s, c);
-          if (vs != last_virtual() && !ps.sent_output) throw CheckError{where + " never sends its output (send_forward)"};
+          if (vs != last_virtual() && !ps.sent_output)
+            throw CheckError{where + " never sends its output (send_forward)"};
           if (!forward_only_ && vs != 0 && !ps.sent_grad)
             throw CheckError{where + " never sends its input gradient (send_backward)"};
         }
@@ -331,14 +338,14 @@ class Simulator {
 ScheduleReport check_schedule(const ScheduleSpec& spec, const std::vector<std::vector<PipeInstr>>& schedule) {
   ScheduleReport report;
   if (spec.stages < 1 || spec.microbatches < 1 || spec.chunks < 1) {
-    report.error = "invalid spec: stages = " + std::to_string(spec.stages) + ", microbatches = " +
-                   std::to_string(spec.microbatches) + ", chunks = " + std::to_string(spec.chunks) +
-                   " (each must be >= 1)";
+    report.error = "invalid spec: stages = " + std::to_string(spec.stages) +
+                   ", microbatches = " + std::to_string(spec.microbatches) +
+                   ", chunks = " + std::to_string(spec.chunks) + " (each must be >= 1)";
     return report;
   }
   if (schedule.size() != static_cast<size_t>(spec.stages)) {
-    report.error = "the schedule has " + std::to_string(schedule.size()) + " stage lists for stages = " +
-                   std::to_string(spec.stages);
+    report.error = "the schedule has " + std::to_string(schedule.size()) +
+                   " stage lists for stages = " + std::to_string(spec.stages);
     return report;
   }
   return Simulator(spec, schedule).run();

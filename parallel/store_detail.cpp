@@ -58,8 +58,8 @@ FrameWriter& FrameWriter::i64(int64_t v) {
 }
 
 FrameWriter& FrameWriter::str(std::string_view s) {
-  if (s.size() > kMaxFrameBytes) throw StoreError("store key or value of " + std::to_string(s.size()) +
-                                                  " bytes exceeds the limit of 1 GiB");
+  if (s.size() > kMaxFrameBytes)
+    throw StoreError("store key or value of " + std::to_string(s.size()) + " bytes exceeds the limit of 1 GiB");
   u32(uint32_t(s.size()));
   buf_.insert(buf_.end(), s.begin(), s.end());
   return *this;
@@ -71,8 +71,8 @@ FrameWriter& FrameWriter::bytes(const Bytes& b) {
 
 Bytes FrameWriter::take() && {
   size_t body = buf_.size() - 4;
-  if (body > kMaxFrameBytes) throw StoreError("store request of " + std::to_string(body) +
-                                              " bytes exceeds the limit of 1 GiB");
+  if (body > kMaxFrameBytes)
+    throw StoreError("store request of " + std::to_string(body) + " bytes exceeds the limit of 1 GiB");
   for (int i = 0; i < 4; ++i) buf_[i] = uint8_t(body >> (8 * i));
   return std::move(buf_);
 }

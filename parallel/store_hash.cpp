@@ -61,8 +61,8 @@ class HashStore final : public Store {
       for (const auto& k : keys)
         if (!data_.count(k)) missing.push_back(k);
       throw StoreError("in-process store: wait for " + std::to_string(keys.size()) + " keys timed out after " +
-                       store_detail::format_seconds(Clock::now() - start) + "; missing keys: " +
-                       store_detail::join_keys(missing));
+                       store_detail::format_seconds(Clock::now() - start) +
+                       "; missing keys: " + store_detail::join_keys(missing));
     }
   }
 

@@ -61,9 +61,12 @@ int try_connect(const std::string& host, int port, Clock::time_point deadline, s
       if (err == EINPROGRESS) {
         int rc = wait_for(fd, POLLOUT, deadline);
         socklen_t len = sizeof err;
-        if (rc == 0) err = ETIMEDOUT;
-        else if (rc < 0) err = errno;
-        else if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+        if (rc == 0)
+          err = ETIMEDOUT;
+        else if (rc < 0)
+          err = errno;
+        else if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0)
+          err = errno;
       }
     }
     if (err != 0) {
@@ -170,18 +173,24 @@ class TcpStoreClient final : public Store {
     size_t sent = 0;
     while (why.empty() && sent < frame.size()) {
       ssize_t n = ::send(fd_, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
-      if (n > 0) sent += size_t(n);
-      else if (n < 0 && errno == EINTR) continue;
-      else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) why = await(POLLOUT, deadline, start);
-      else why = errno_text(errno);
+      if (n > 0)
+        sent += size_t(n);
+      else if (n < 0 && errno == EINTR)
+        continue;
+      else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+        why = await(POLLOUT, deadline, start);
+      else
+        why = errno_text(errno);
     }
     uint8_t head[4];
     if (why.empty()) why = receive(head, 4, deadline, start);
     Bytes body;
     if (why.empty()) {
       uint32_t len = load_u32(head);
-      if (len == 0 || len > kMaxFrameBytes) why = "malformed reply (frame of " + std::to_string(len) + " bytes)";
-      else body.resize(len);
+      if (len == 0 || len > kMaxFrameBytes)
+        why = "malformed reply (frame of " + std::to_string(len) + " bytes)";
+      else
+        body.resize(len);
     }
     if (why.empty()) why = receive(body.data(), body.size(), deadline, start);
     if (!why.empty()) fail(what, why);
@@ -193,9 +202,12 @@ class TcpStoreClient final : public Store {
     size_t got = 0;
     while (got < n) {
       ssize_t r = ::recv(fd_, p + got, n - got, 0);
-      if (r > 0) got += size_t(r);
-      else if (r == 0) return "the server closed the connection";
-      else if (errno == EINTR) continue;
+      if (r > 0)
+        got += size_t(r);
+      else if (r == 0)
+        return "the server closed the connection";
+      else if (errno == EINTR)
+        continue;
       else if (errno == EAGAIN || errno == EWOULDBLOCK) {
         if (std::string why = await(POLLIN, deadline, start); !why.empty()) return why;
       } else {
@@ -250,15 +262,14 @@ class TcpStoreClient final : public Store {
 
   std::mutex mu_;  // one request / reply at a time
   std::string address_;
-  int fd_;                  // -1 once the connection is lost
-  std::string lost_;        // when and why, for the calls after that
+  int fd_;            // -1 once the connection is lost
+  std::string lost_;  // when and why, for the calls after that
   Millis io_timeout_;
 };
 
 }  // namespace
 
-std::shared_ptr<Store> connect_tcp_store(const std::string& host, int port, Millis connect_timeout,
-                                         Millis io_timeout) {
+std::shared_ptr<Store> connect_tcp_store(const std::string& host, int port, Millis connect_timeout, Millis io_timeout) {
   std::string address = host + ":" + std::to_string(port);
   if (port <= 0 || port > 65535)
     throw StoreError("cannot reach the rendezvous store at " + address + ": the port must be in 1..65535");
@@ -270,8 +281,8 @@ std::shared_ptr<Store> connect_tcp_store(const std::string& host, int port, Mill
     if (fd >= 0) return std::make_shared<TcpStoreClient>(address, fd, io_timeout);
     auto now = Clock::now();
     if (now >= deadline)
-      throw StoreError("cannot reach the rendezvous store at " + address + " after " +
-                       format_seconds(now - start) + ": " + error);
+      throw StoreError("cannot reach the rendezvous store at " + address + " after " + format_seconds(now - start) +
+                       ": " + error);
     std::this_thread::sleep_for(std::min<Clock::duration>(Millis(100), deadline - now));
   }
 }

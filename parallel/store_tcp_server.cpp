@@ -29,9 +29,9 @@ namespace {
 
 struct Conn {
   int fd = -1;
-  Bytes in;           // bytes received, not yet handled from `in_pos` on
+  Bytes in;  // bytes received, not yet handled from `in_pos` on
   size_t in_pos = 0;
-  Bytes out;          // reply bytes not yet sent from `out_pos` on
+  Bytes out;  // reply bytes not yet sent from `out_pos` on
   size_t out_pos = 0;
   bool waiting = false;  // a get / wait of this client is parked; its later requests wait their turn
   bool closed = false;

@@ -26,9 +26,9 @@ class Topology {
   int rank(Coord c) const;
 
   // Members (global ranks, ascending) of each group that `rank` belongs to.
-  std::vector<int> tp_group(int rank) const;     // same dp, pp
-  std::vector<int> dp_group(int rank) const;     // same tp, pp
-  std::vector<int> pp_group(int rank) const;     // same tp, dp; ordered by stage
+  std::vector<int> tp_group(int rank) const;              // same dp, pp
+  std::vector<int> dp_group(int rank) const;              // same tp, pp
+  std::vector<int> pp_group(int rank) const;              // same tp, dp; ordered by stage
   std::vector<int> model_parallel_group(int rank) const;  // same dp: every tp and pp
   // The first and last pipeline stage of rank's pipeline (tied embeddings); just the rank when pp == 1.
   std::vector<int> embedding_group(int rank) const;

@@ -27,20 +27,45 @@ float load_float(const unsigned char* p, DType t) {
   uint16_t h;
   float f;
   switch (t) {
-    case DType::f32: std::memcpy(&f, p, 4); return f;
-    case DType::bf16: std::memcpy(&h, p, 2); return bf16_to_float(h);
-    case DType::f16: std::memcpy(&h, p, 2); return f16_to_float(h);
-    default: return static_cast<float>(load_int(p, t));
+    case DType::f32:
+      std::memcpy(&f, p, 4);
+      return f;
+    case DType::bf16:
+      std::memcpy(&h, p, 2);
+      return bf16_to_float(h);
+    case DType::f16:
+      std::memcpy(&h, p, 2);
+      return f16_to_float(h);
+    default:
+      return static_cast<float>(load_int(p, t));
   }
 }
 
 void store(unsigned char* p, DType t, float f, int64_t i, bool from_int) {
   switch (t) {
-    case DType::f32: std::memcpy(p, &f, 4); return;
-    case DType::bf16: { uint16_t h = float_to_bf16(f); std::memcpy(p, &h, 2); return; }
-    case DType::f16: { uint16_t h = float_to_f16(f); std::memcpy(p, &h, 2); return; }
-    case DType::i32: { auto v = static_cast<int32_t>(from_int ? i : static_cast<int64_t>(f)); std::memcpy(p, &v, 4); return; }
-    case DType::i64: { int64_t v = from_int ? i : static_cast<int64_t>(f); std::memcpy(p, &v, 8); return; }
+    case DType::f32:
+      std::memcpy(p, &f, 4);
+      return;
+    case DType::bf16: {
+      uint16_t h = float_to_bf16(f);
+      std::memcpy(p, &h, 2);
+      return;
+    }
+    case DType::f16: {
+      uint16_t h = float_to_f16(f);
+      std::memcpy(p, &h, 2);
+      return;
+    }
+    case DType::i32: {
+      auto v = static_cast<int32_t>(from_int ? i : static_cast<int64_t>(f));
+      std::memcpy(p, &v, 4);
+      return;
+    }
+    case DType::i64: {
+      int64_t v = from_int ? i : static_cast<int64_t>(f);
+      std::memcpy(p, &v, 8);
+      return;
+    }
   }
 }
 
@@ -89,9 +114,12 @@ void copy_box(const unsigned char* src, DType st, const Shape& src_shape, const 
 CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
   const std::string meta_path = ckpt::join_path(dir_, ckpt::kMetadataFile);
   switch (ckpt::path_kind(dir_)) {
-    case ckpt::PathKind::directory: break;
-    case ckpt::PathKind::missing: throw CheckpointError(fmt::format("{}: checkpoint directory does not exist", dir_));
-    default: throw CheckpointError(fmt::format("{}: is not a checkpoint directory", dir_));
+    case ckpt::PathKind::directory:
+      break;
+    case ckpt::PathKind::missing:
+      throw CheckpointError(fmt::format("{}: checkpoint directory does not exist", dir_));
+    default:
+      throw CheckpointError(fmt::format("{}: is not a checkpoint directory", dir_));
   }
   if (ckpt::path_kind(meta_path) == ckpt::PathKind::missing)
     throw CheckpointError(fmt::format("{}: missing — {} is not a checkpoint (or an incomplete one)", meta_path, dir_));
@@ -110,10 +138,10 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
         it->second = ckpt::file_size(path);
       }
       if (s.bytes > it->second || s.offset > it->second - s.bytes)  // overflow-safe offset + bytes > size
-        throw CheckpointError(fmt::format("{}: has {} bytes but tensor {} (slice start [{}]) needs bytes [{}, {}) — "
-                                          "the file is truncated",
-                                          path, it->second, t.name, fmt::join(s.start, ", "), s.offset,
-                                          s.offset + s.bytes));
+        throw CheckpointError(
+            fmt::format("{}: has {} bytes but tensor {} (slice start [{}]) needs bytes [{}, {}) — "
+                        "the file is truncated",
+                        path, it->second, t.name, fmt::join(s.start, ", "), s.offset, s.offset + s.bytes));
       records.push_back(SliceRecord{s.file, s.offset, s.bytes, std::move(s.start), std::move(s.extent), s.crc});
     }
     infos_.push_back(TensorInfo{t.name, t.dtype, std::move(t.shape)});
@@ -146,11 +174,12 @@ void CheckpointReader::verify(const std::string& tensor, const SliceRecord& s) c
   const int64_t size = static_cast<int64_t>(f.size());
   std::string path = ckpt::join_path(dir_, s.file);
   if (s.bytes > size || s.offset > size - s.bytes)
-    throw CheckpointError(fmt::format("{}: truncated to {} bytes; tensor {} needs bytes up to {}", path, size,
-                                      tensor, s.offset + s.bytes));
+    throw CheckpointError(fmt::format("{}: truncated to {} bytes; tensor {} needs bytes up to {}", path, size, tensor,
+                                      s.offset + s.bytes));
   if (crc32(f.data() + s.offset, static_cast<size_t>(s.bytes)) != s.crc)
-    throw CheckpointError(fmt::format("{}: checksum mismatch in tensor {} (slice start [{}]) — the checkpoint is corrupted",
-                                      path, tensor, fmt::join(s.start, ", ")));
+    throw CheckpointError(
+        fmt::format("{}: checksum mismatch in tensor {} (slice start [{}]) — the checkpoint is corrupted", path, tensor,
+                    fmt::join(s.start, ", ")));
   s.verified = true;
 }
 
@@ -158,7 +187,9 @@ void CheckpointReader::read(const std::string& name, Tensor& out, const std::vec
   const TensorInfo& ti = info(name);
   const size_t nd = ti.global_shape.size();
   std::vector<int64_t> start = start_in.empty() ? std::vector<int64_t>(nd, 0) : start_in;
-  auto region = [&] { return fmt::format("region start [{}] extent {}", fmt::join(start, ", "), shape_str(out.shape())); };
+  auto region = [&] {
+    return fmt::format("region start [{}] extent {}", fmt::join(start, ", "), shape_str(out.shape()));
+  };
   if (!out.defined() || out.device() != Device::cpu)
     throw CheckpointError(fmt::format("{}: reading tensor {}: the destination must be a host tensor", dir_, name));
   if (out.shape().size() != nd || start.size() != nd)

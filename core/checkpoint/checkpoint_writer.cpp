@@ -32,7 +32,8 @@ ckpt::TensorEntry entry_for(const TensorSlice& t, const std::string& where) {
     fail(fmt::format("slice {} does not have the dimensions of the global shape {}", t.data.describe(),
                      shape_str(t.global_shape)));
   if (!t.start.empty() && t.start.size() != nd)
-    fail(fmt::format("start [{}] does not match the global shape {}", fmt::join(t.start, ", "), shape_str(t.global_shape)));
+    fail(fmt::format("start [{}] does not match the global shape {}", fmt::join(t.start, ", "),
+                     shape_str(t.global_shape)));
   ckpt::SliceEntry s;
   s.start = t.start.empty() ? std::vector<int64_t>(nd, 0) : t.start;
   s.extent = t.data.shape();
@@ -50,8 +51,8 @@ std::string begin_checkpoint(const std::string& save_dir, int64_t iteration) {
   // Only the run holding the save_dir's lock may take `.tmp.*` entries for leftovers of a crash: without it
   // they may be another live run's.
   if (ckpt::SaveDirLock::held(save_dir)) ckpt::remove_stale_tmp(save_dir);
-  std::string tmp = ckpt::join_path(
-      save_dir, fmt::format("{}{}.{}", ckpt::kTmpPrefix, checkpoint_dir_name(iteration), ::getpid()));
+  std::string tmp =
+      ckpt::join_path(save_dir, fmt::format("{}{}.{}", ckpt::kTmpPrefix, checkpoint_dir_name(iteration), ::getpid()));
   if (::mkdir(tmp.c_str(), 0755) != 0) ckpt::throw_os_error(tmp, "cannot create directory", errno);
   return tmp;
 }
@@ -98,9 +99,10 @@ void write_rank_files(const std::string& tmp_dir, int rank, const std::vector<Te
           throw CheckpointError(fmt::format("{}: holds {} bytes after writing, tensor {} needs bytes up to {}",
                                             data_path, size, e.name, s.offset + s.bytes));
         if (crc32(in.data() + s.offset, static_cast<size_t>(s.bytes)) != s.crc)
-          throw CheckpointError(fmt::format("{}: checksum mismatch reading back tensor {} (slice start [{}]) "
-                                            "right after writing it — the storage is failing",
-                                            data_path, e.name, fmt::join(s.start, ", ")));
+          throw CheckpointError(
+              fmt::format("{}: checksum mismatch reading back tensor {} (slice start [{}]) "
+                          "right after writing it — the storage is failing",
+                          data_path, e.name, fmt::join(s.start, ", ")));
       }
     }
   }
@@ -147,8 +149,8 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
     return commit_checkpoint(save_dir, tmp, state, 1, keep_last);
   } catch (const CheckpointError& e) {
     if (!tmp.empty()) abort_checkpoint(tmp);
-    throw CheckpointError(fmt::format("saving checkpoint of iteration {} in {} failed: {}", state.iteration,
-                                      save_dir, e.what()));
+    throw CheckpointError(
+        fmt::format("saving checkpoint of iteration {} in {} failed: {}", state.iteration, save_dir, e.what()));
   } catch (...) {
     if (!tmp.empty()) abort_checkpoint(tmp);
     throw;

@@ -45,7 +45,8 @@ Tensor produce(const CheckpointReader& ckpt, const Mapping& m, const GptExportSh
   const Shape& src_shape = ckpt.info(m.src).global_shape;
   switch (m.kind) {
     case Mapping::copy:
-    case Mapping::rows: return read_f32(ckpt, m.src, m.hf_shape);  // rows: the first hf_shape[0] rows
+    case Mapping::rows:
+      return read_f32(ckpt, m.src, m.hf_shape);  // rows: the first hf_shape[0] rows
     case Mapping::transpose: {
       Tensor s = read_f32(ckpt, m.src, src_shape);  // (out, in)
       const int64_t R = src_shape[0], K = src_shape[1];
@@ -60,8 +61,8 @@ Tensor produce(const CheckpointReader& ckpt, const Mapping& m, const GptExportSh
     case Mapping::qkv_bias: {
       const int64_t C = g.hidden, H = g.heads, D = C / H;
       const bool weight = m.kind == Mapping::qkv_weight;
-      const int64_t K = weight ? C : 1;  // values per row
-      Tensor s = read_f32(ckpt, m.src, src_shape);  // (3C, C) or (3C)
+      const int64_t K = weight ? C : 1;                  // values per row
+      Tensor s = read_f32(ckpt, m.src, src_shape);       // (3C, C) or (3C)
       Tensor d = Tensor::empty(m.hf_shape, DType::f32);  // (C, 3C) or (3C)
       const float* a = s.data<float>();
       float* b = d.data<float>();
@@ -107,10 +108,14 @@ std::vector<Mapping> mappings(const GptExportShape& g) {
 // The checkpoint shape each mapping reads from.
 Shape expected_source_shape(const Mapping& m, const GptExportShape& g) {
   switch (m.kind) {
-    case Mapping::rows: return {g.padded_vocab, m.hf_shape[1]};
-    case Mapping::transpose: return {m.hf_shape[1], m.hf_shape[0]};
-    case Mapping::qkv_weight: return {3 * g.hidden, g.hidden};
-    default: return m.hf_shape;
+    case Mapping::rows:
+      return {g.padded_vocab, m.hf_shape[1]};
+    case Mapping::transpose:
+      return {m.hf_shape[1], m.hf_shape[0]};
+    case Mapping::qkv_weight:
+      return {3 * g.hidden, g.hidden};
+    default:
+      return m.hf_shape;
   }
 }
 
@@ -193,14 +198,16 @@ GptExportShape gpt_export_shape(const CheckpointReader& ckpt) {
   g.init_std = keys.get<double>("init_std", 0.02);
   if (g.ffn == 0) g.ffn = 4 * g.hidden;
   if (g.num_layers <= 0 || g.hidden <= 0 || g.heads <= 0 || g.vocab <= 0 || g.hidden % g.heads != 0)
-    throw CheckpointError(fmt::format("{}: model.num_layers={}, hidden_size={}, num_heads={}, vocab_size={} do not "
-                                      "describe a GPT model",
-                                      where, g.num_layers, g.hidden, g.heads, g.vocab));
+    throw CheckpointError(
+        fmt::format("{}: model.num_layers={}, hidden_size={}, num_heads={}, vocab_size={} do not "
+                    "describe a GPT model",
+                    where, g.num_layers, g.hidden, g.heads, g.vocab));
 
   // The stored tensors fix what the config may leave implicit: padded vocabulary and positions.
   const std::string wte = "model.embedding.word_embeddings.weight", wpe = "model.embedding.position_embeddings.weight";
   for (const auto& name : {wte, wpe})
-    if (!ckpt.has(name)) throw CheckpointError(fmt::format("{}: has no tensor {} (not a GPT checkpoint?)", ckpt.dir(), name));
+    if (!ckpt.has(name))
+      throw CheckpointError(fmt::format("{}: has no tensor {} (not a GPT checkpoint?)", ckpt.dir(), name));
   const Shape& ws = ckpt.info(wte).global_shape;
   const Shape& ps = ckpt.info(wpe).global_shape;
   if (ws.size() != 2 || ws[0] < g.vocab)
@@ -215,7 +222,8 @@ GptExportShape gpt_export_shape(const CheckpointReader& ckpt) {
 }
 
 void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype, std::optional<int32_t> eod) {
-  if (!is_floating(dtype)) throw CheckpointError(fmt::format("export: dtype {} is not a float type", dtype_name(dtype)));
+  if (!is_floating(dtype))
+    throw CheckpointError(fmt::format("export: dtype {} is not a float type", dtype_name(dtype)));
   const GptExportShape g = gpt_export_shape(ckpt);
   const std::vector<Mapping> maps = mappings(g);
   std::vector<SafetensorsSpec> specs;

@@ -20,7 +20,9 @@ using json = nlohmann::ordered_json;
 
 std::string read_file(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw CheckpointError(fmt::format("{}: cannot read the tokenizer's {} (named by the tokenizer sidecar)", path, what));
+  if (!in)
+    throw CheckpointError(
+        fmt::format("{}: cannot read the tokenizer's {} (named by the tokenizer sidecar)", path, what));
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
@@ -71,8 +73,8 @@ json byte_level(bool use_regex) {
 }
 
 json special_token(int32_t id, const std::string& text) {
-  return {{"id", id},         {"content", text}, {"single_word", false}, {"lstrip", false},
-          {"rstrip", false},  {"normalized", false}, {"special", true}};
+  return {{"id", id},        {"content", text},     {"single_word", false}, {"lstrip", false},
+          {"rstrip", false}, {"normalized", false}, {"special", true}};
 }
 
 // A byte-level BPE tokenizer.json: GPT-2's layout (no normalizer, ByteLevel pre-tokenizer and decoder).
@@ -88,14 +90,10 @@ json byte_level_bpe(json vocab, json merges, bool use_regex, int32_t eod, const 
                 {"vocab", std::move(vocab)},
                 {"merges", std::move(merges)}};
   json decoder = byte_level(true);
-  return {{"version", "1.0"},
-          {"truncation", nullptr},
-          {"padding", nullptr},
-          {"added_tokens", json::array({special_token(eod, eod_text)})},
-          {"normalizer", nullptr},
-          {"pre_tokenizer", byte_level(use_regex)},
-          {"post_processor", nullptr},
-          {"decoder", decoder},
+  return {{"version", "1.0"},          {"truncation", nullptr},
+          {"padding", nullptr},        {"added_tokens", json::array({special_token(eod, eod_text)})},
+          {"normalizer", nullptr},     {"pre_tokenizer", byte_level(use_regex)},
+          {"post_processor", nullptr}, {"decoder", decoder},
           {"model", std::move(model)}};
 }
 
@@ -156,7 +154,8 @@ std::vector<std::string> export_hf_tokenizer(const TokenizerSidecar& sidecar, co
     try {
       tok = json::parse(text);
     } catch (const json::exception& e) {
-      throw CheckpointError(fmt::format("{}: the tokenizer's tokenizer.json is not valid JSON: {}", o.tokenizer_file, e.what()));
+      throw CheckpointError(
+          fmt::format("{}: the tokenizer's tokenizer.json is not valid JSON: {}", o.tokenizer_file, e.what()));
     }
     if (o.eod_token.empty()) {
       std::optional<std::string> t = hf_token_text(tok, eod);

@@ -173,7 +173,9 @@ namespace {
 // key like any other, so readers that ignore it still parse the file.
 constexpr const char* kCrcKey = "metadata_crc32: ";
 
-std::string seal(std::string text) { return text + fmt::format("{}0x{:08x}\n", kCrcKey, crc32(text.data(), text.size())); }
+std::string seal(std::string text) {
+  return text + fmt::format("{}0x{:08x}\n", kCrcKey, crc32(text.data(), text.size()));
+}
 
 // Checks and strips the checksum line. Checkpoints written before it existed have none: they load, with a
 // warning, since their values can no longer be told from edits.
@@ -186,7 +188,8 @@ std::string unseal(const std::string& path, const std::string& text) {
     if (text.find(kCrcKey) != std::string::npos)
       throw CheckpointError(fmt::format("{}: the {} line is not the last line — the file was edited", path,
                                         std::string(kCrcKey, std::strlen(kCrcKey) - 2)));
-    spdlog::warn("{}: has no metadata_crc32 line (written by an older megatrain): its values are not checksummed", path);
+    spdlog::warn("{}: has no metadata_crc32 line (written by an older megatrain): its values are not checksummed",
+                 path);
     return text;
   }
   const std::string value = body.substr(at + std::strlen(kCrcKey));
@@ -202,9 +205,10 @@ std::string unseal(const std::string& path, const std::string& text) {
   if (!ok) throw CheckpointError(fmt::format("{}: metadata_crc32 '{}' is not a 32-bit hex checksum", path, value));
   const uint32_t got = crc32(covered.data(), covered.size());
   if (got != want)
-    throw CheckpointError(fmt::format("{}: checksum mismatch (metadata_crc32 0x{:08x}, content 0x{:08x}) — the file was "
-                                      "edited or is corrupted; restore it or use another checkpoint",
-                                      path, want, got));
+    throw CheckpointError(
+        fmt::format("{}: checksum mismatch (metadata_crc32 0x{:08x}, content 0x{:08x}) — the file was "
+                    "edited or is corrupted; restore it or use another checkpoint",
+                    path, want, got));
   return covered;
 }
 
@@ -295,12 +299,13 @@ void check_tensor_entry(const std::string& where, const TensorEntry& t) {
   // kMaxTensorBytes, so later arithmetic on them (offset + bytes, element offsets) cannot wrap.
   int64_t numel_total = 1, bytes_total = 0;
   bool too_big = false;
-  for (auto d : t.shape) too_big = too_big || d > kMaxTensorBytes || __builtin_mul_overflow(numel_total, d, &numel_total);
+  for (auto d : t.shape)
+    too_big = too_big || d > kMaxTensorBytes || __builtin_mul_overflow(numel_total, d, &numel_total);
   too_big = too_big || __builtin_mul_overflow(numel_total, static_cast<int64_t>(dtype_size(t.dtype)), &bytes_total) ||
             bytes_total > kMaxTensorBytes;
   if (too_big)
-      fail(fmt::format("shape {} of {} needs more than {} bytes", shape_str(t.shape), dtype_name(t.dtype),
-                       kMaxTensorBytes));
+    fail(fmt::format("shape {} of {} needs more than {} bytes", shape_str(t.shape), dtype_name(t.dtype),
+                     kMaxTensorBytes));
   const size_t nd = t.shape.size();
   for (const auto& s : t.slices) {
     std::string at = fmt::format("slice start [{}]", fmt::join(s.start, ", "));
@@ -332,7 +337,8 @@ void check_tensor_entry(const std::string& where, const TensorEntry& t) {
       bool empty = false;
       for (size_t d = 0; d < nd; ++d) empty = empty || x.extent[d] == 0 || y.extent[d] == 0;
       if (overlap && !empty)
-        fail(fmt::format("slices starting at [{}] and [{}] overlap", fmt::join(x.start, ", "), fmt::join(y.start, ", ")));
+        fail(fmt::format("slices starting at [{}] and [{}] overlap", fmt::join(x.start, ", "),
+                         fmt::join(y.start, ", ")));
     }
   }
 }

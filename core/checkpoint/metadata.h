@@ -38,7 +38,7 @@ struct SliceEntry {
 struct TensorEntry {
   std::string name;
   DType dtype = DType::f32;
-  Shape shape;                    // global
+  Shape shape;  // global
   std::vector<SliceEntry> slices;
 };
 

@@ -17,10 +17,14 @@ namespace {
 
 const char* safetensors_dtype(DType t) {
   switch (t) {
-    case DType::f32: return "F32";
-    case DType::bf16: return "BF16";
-    case DType::f16: return "F16";
-    default: throw CheckpointError(fmt::format("safetensors export: dtype {} is not supported", dtype_name(t)));
+    case DType::f32:
+      return "F32";
+    case DType::bf16:
+      return "BF16";
+    case DType::f16:
+      return "F16";
+    default:
+      throw CheckpointError(fmt::format("safetensors export: dtype {} is not supported", dtype_name(t)));
   }
 }
 
@@ -28,14 +32,26 @@ std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
-        if (c < 0x20) out += fmt::format("\\u{:04x}", c);
-        else out += static_cast<char>(c);
+        if (c < 0x20)
+          out += fmt::format("\\u{:04x}", c);
+        else
+          out += static_cast<char>(c);
     }
   }
   return out + "\"";
@@ -112,8 +128,8 @@ void SafetensorsWriter::write(const Tensor& t) {
   if (fd_ < 0 || next_ >= specs_.size()) throw CheckpointError(fmt::format("{}: more tensors than announced", path_));
   const SafetensorsSpec& s = specs_[next_];
   if (t.shape() != s.shape)
-    throw CheckpointError(fmt::format("{}: tensor {} announced as {} but given {}", path_, s.name, shape_str(s.shape),
-                                      t.describe()));
+    throw CheckpointError(
+        fmt::format("{}: tensor {} announced as {} but given {}", path_, s.name, shape_str(s.shape), t.describe()));
   if (t.dtype() == s.dtype) {
     write_all(fd_, tmp_path_, t.raw(), t.nbytes());
   } else {
@@ -143,8 +159,8 @@ void SafetensorsWriter::finish() {
   }
 }
 
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                       DType dtype, const std::map<std::string, std::string>& metadata) {
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors, DType dtype,
+                       const std::map<std::string, std::string>& metadata) {
   std::vector<SafetensorsSpec> specs;
   for (const auto& [name, t] : tensors) specs.push_back({name, dtype, t.shape()});
   SafetensorsWriter w(path, std::move(specs), metadata);

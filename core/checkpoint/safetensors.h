@@ -38,10 +38,11 @@ class SafetensorsWriter {
 };
 
 // The whole header text (JSON, unpadded) for `specs`, as the writer lays them out.
-std::string safetensors_header(const std::vector<SafetensorsSpec>& specs, const std::map<std::string, std::string>& metadata);
+std::string safetensors_header(const std::vector<SafetensorsSpec>& specs,
+                               const std::map<std::string, std::string>& metadata);
 
 // Writes `tensors` (name, data converted to `dtype`) in one go.
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                       DType dtype, const std::map<std::string, std::string>& metadata = {});
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors, DType dtype,
+                       const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace mt

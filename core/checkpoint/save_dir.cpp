@@ -81,9 +81,10 @@ SaveDirLock::SaveDirLock(const std::string& save_dir) {
     std::string pid = n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
     while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
     if (err == EWOULDBLOCK)
-      throw CheckpointError(fmt::format("{}: checkpoint.save_dir is in use by another run{} (it holds {}); two runs "
-                                        "must not write one save_dir — give this run its own checkpoint.save_dir",
-                                        save_dir, pid.empty() ? "" : " (pid " + pid + ")", path));
+      throw CheckpointError(
+          fmt::format("{}: checkpoint.save_dir is in use by another run{} (it holds {}); two runs "
+                      "must not write one save_dir — give this run its own checkpoint.save_dir",
+                      save_dir, pid.empty() ? "" : " (pid " + pid + ")", path));
     throw_os_error(path, "cannot lock the save directory", err);
   }
   const std::string pid = fmt::format("{}\n", ::getpid());
@@ -116,8 +117,10 @@ void remove_stale_tmp(const std::string& save_dir) {
         continue;
       }
     }
-    if (!remove_tree(path)) spdlog::warn("checkpoint: could not remove stale {}", path);
-    else spdlog::info("checkpoint: removed {} left by an interrupted save", path);
+    if (!remove_tree(path))
+      spdlog::warn("checkpoint: could not remove stale {}", path);
+    else
+      spdlog::info("checkpoint: removed {} left by an interrupted save", path);
   }
 }
 
@@ -127,16 +130,17 @@ void install_dir(const std::string& save_dir, const std::string& tmp, const std:
       if (::rename(tmp.c_str(), final.c_str()) != 0) throw_os_error(final, "cannot rename " + tmp + " to it", errno);
       fsync_dir(save_dir);
       return;
-    case PathKind::directory: break;
-    default: throw CheckpointError(fmt::format("{}: exists and is not a directory; remove it to save here", final));
+    case PathKind::directory:
+      break;
+    default:
+      throw CheckpointError(fmt::format("{}: exists and is not a directory; remove it to save here", final));
   }
   if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final.c_str(), RENAME_EXCHANGE) == 0) {
     fsync_dir(save_dir);
     if (!remove_tree(tmp)) spdlog::warn("checkpoint: could not remove the replaced checkpoint now at {}", tmp);
     return;
   }
-  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP)
-    throw_os_error(final, "cannot swap in " + tmp, errno);
+  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) throw_os_error(final, "cannot swap in " + tmp, errno);
   // No atomic exchange here: rename the old one aside (remove_stale_tmp restores it after a crash).
   std::string name = fs::path(final).filename().string();
   std::string aside = join_path(save_dir, fmt::format("{}replaced.{}.{}", kTmpPrefix, name, ::getpid()));
@@ -201,8 +205,10 @@ void apply_keep_last(const std::string& save_dir, int64_t keep_last, const std::
     const std::string& name = all[i].second;
     if (name == keep || (latest && name == *latest)) continue;
     std::string path = join_path(save_dir, name);
-    if (remove_tree(path)) spdlog::info("checkpoint: removed {} (keep_last={})", path, keep_last);
-    else spdlog::warn("checkpoint: could not remove {} (keep_last={})", path, keep_last);
+    if (remove_tree(path))
+      spdlog::info("checkpoint: removed {} (keep_last={})", path, keep_last);
+    else
+      spdlog::warn("checkpoint: could not remove {} (keep_last={})", path, keep_last);
     --excess;
   }
 }
@@ -232,9 +238,12 @@ void check_save_dir_writable(const std::string& save_dir) {
 std::optional<std::string> resolve_checkpoint(const std::string& path) {
   using namespace ckpt;
   switch (path_kind(path)) {
-    case PathKind::missing: return std::nullopt;
-    case PathKind::directory: break;
-    default: throw CheckpointError(fmt::format("{}: is not a directory (expected a checkpoint or save directory)", path));
+    case PathKind::missing:
+      return std::nullopt;
+    case PathKind::directory:
+      break;
+    default:
+      throw CheckpointError(fmt::format("{}: is not a directory (expected a checkpoint or save directory)", path));
   }
   if (path_kind(join_path(path, kMetadataFile)) != PathKind::missing) return path;
   auto latest = read_latest(path);
@@ -275,14 +284,16 @@ std::optional<std::string> resolve_resume_checkpoint(const std::string& path) {
       passed.push_back(it->second);
       continue;
     }
-    spdlog::warn("checkpoint: {} but the directory holds checkpoints: resuming from {}, the newest complete one "
-                 "(verified){}",
-                 why, dir, passed.empty() ? "" : fmt::format("; passed over {}", fmt::join(passed, ", ")));
+    spdlog::warn(
+        "checkpoint: {} but the directory holds checkpoints: resuming from {}, the newest complete one "
+        "(verified){}",
+        why, dir, passed.empty() ? "" : fmt::format("; passed over {}", fmt::join(passed, ", ")));
     return dir;
   }
-  throw CheckpointError(fmt::format("{}: {} and none of its checkpoints ({}) is complete; refusing to start over "
-                                    "(set checkpoint.load: none to train from scratch, or another save_dir)",
-                                    path, why, fmt::join(passed, ", ")));
+  throw CheckpointError(
+      fmt::format("{}: {} and none of its checkpoints ({}) is complete; refusing to start over "
+                  "(set checkpoint.load: none to train from scratch, or another save_dir)",
+                  path, why, fmt::join(passed, ", ")));
 }
 
 }  // namespace mt

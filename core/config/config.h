@@ -15,23 +15,23 @@ class ConfigError : public std::runtime_error {
 };
 
 struct ModelConfig {
-  std::string arch = "gpt";              // gpt (llama later)
-  int64_t num_layers = 0;                // required
-  int64_t hidden_size = 0;               // required
-  int64_t num_heads = 0;                 // required; divides hidden_size
-  int64_t ffn_hidden_size = 0;           // 0: 4 * hidden_size
-  int64_t seq_length = 0;                // required
-  int64_t max_position_embeddings = 0;   // 0: seq_length; >= seq_length
-  int64_t vocab_size = 0;                // required (257 for the byte tokenizer); auto: data.train[0]'s tokenizer
+  std::string arch = "gpt";             // gpt (llama later)
+  int64_t num_layers = 0;               // required
+  int64_t hidden_size = 0;              // required
+  int64_t num_heads = 0;                // required; divides hidden_size
+  int64_t ffn_hidden_size = 0;          // 0: 4 * hidden_size
+  int64_t seq_length = 0;               // required
+  int64_t max_position_embeddings = 0;  // 0: seq_length; >= seq_length
+  int64_t vocab_size = 0;               // required (257 for the byte tokenizer); auto: data.train[0]'s tokenizer
   int64_t make_vocab_size_divisible_by = 128;
   bool tie_embeddings = true;
-  float dropout = 0.1f;                  // hidden dropout (after attention proj and fc2, and on the embeddings)
-  float attention_dropout = 0.1f;        // on the attention probabilities
+  float dropout = 0.1f;            // hidden dropout (after attention proj and fc2, and on the embeddings)
+  float attention_dropout = 0.1f;  // on the attention probabilities
   float layernorm_eps = 1e-5f;
   float init_std = 0.02f;
   // derived
-  int64_t padded_vocab_size = 0;         // vocab_size rounded up to divisible_by * parallel.tensor
-  int64_t head_dim = 0;                  // hidden_size / num_heads
+  int64_t padded_vocab_size = 0;  // vocab_size rounded up to divisible_by * parallel.tensor
+  int64_t head_dim = 0;           // hidden_size / num_heads
 
   bool operator==(const ModelConfig&) const = default;
 };
@@ -39,14 +39,14 @@ struct ModelConfig {
 struct ParallelConfig {
   int64_t tensor = 1;
   int64_t pipeline = 1;
-  int64_t virtual_pipeline = 1;          // > 1: interleaved 1F1B
-  int64_t data = 0;                      // 0 means "auto": world_size / (tensor * pipeline)
+  int64_t virtual_pipeline = 1;  // > 1: interleaved 1F1B
+  int64_t data = 0;              // 0 means "auto": world_size / (tensor * pipeline)
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
-  std::vector<int64_t> layers_per_stage; // empty: num_layers split evenly
-  double timeout_s = 300;                // bound on every rendezvous and collective wait (a dead rank ends the job)
-  int64_t grad_bucket_size = 40000000;   // elements per data-parallel gradient bucket, reduced during backward
-  std::string backend = "auto";          // auto (nccl on cuda, gloo on cpu) | nccl | gloo (host-staged on cuda)
+  std::vector<int64_t> layers_per_stage;  // empty: num_layers split evenly
+  double timeout_s = 300;                 // bound on every rendezvous and collective wait (a dead rank ends the job)
+  int64_t grad_bucket_size = 40000000;    // elements per data-parallel gradient bucket, reduced during backward
+  std::string backend = "auto";           // auto (nccl on cuda, gloo on cpu) | nccl | gloo (host-staged on cuda)
   // derived
   int64_t world_size = 1;
 
@@ -54,7 +54,7 @@ struct ParallelConfig {
 };
 
 struct LossScaleConfig {
-  double initial = 4294967296.0;         // 2^32
+  double initial = 4294967296.0;  // 2^32
   double min = 1.0;
   int64_t window = 1000;
   int64_t hysteresis = 2;
@@ -64,33 +64,33 @@ struct LossScaleConfig {
 
 struct TrainingConfig {
   int64_t micro_batch_size = 1;
-  int64_t global_batch_size = 0;         // 0: micro_batch_size * data-parallel size
-  int64_t train_iters = 0;               // required
-  std::string precision = "fp32";        // fp32 | bf16 | fp16
+  int64_t global_batch_size = 0;   // 0: micro_batch_size * data-parallel size
+  int64_t train_iters = 0;         // required
+  std::string precision = "fp32";  // fp32 | bf16 | fp16
   LossScaleConfig loss_scale;
-  std::string recompute = "none";        // none | full (selective later)
+  std::string recompute = "none";  // none | full (selective later)
   int64_t seed = 1234;
-  std::string device = "auto";           // auto (cuda when built with it and a GPU is visible, else cpu) | cuda | cpu
+  std::string device = "auto";  // auto (cuda when built with it and a GPU is visible, else cpu) | cuda | cpu
   // Stop with an error after this many non-finite iterations in a row (inf/NaN loss or gradients; fp16 steps
   // skipped by the loss scaler count only once the scale is at its minimum).
   int64_t max_nonfinite_iters = 10;
   // derived
-  int64_t num_microbatches = 0;          // global_batch_size / (micro_batch_size * data-parallel size)
+  int64_t num_microbatches = 0;  // global_batch_size / (micro_batch_size * data-parallel size)
 
   bool operator==(const TrainingConfig&) const = default;
 };
 
 struct OptimizerConfig {
   std::string type = "adamw";
-  double lr = 0.0;                       // required, > 0
+  double lr = 0.0;  // required, > 0
   double min_lr = 0.0;
   int64_t warmup_iters = 0;
-  int64_t decay_iters = 0;               // 0: train_iters
-  std::string decay = "cosine";          // cosine | linear | constant
-  double weight_decay = 0.01;            // not applied to biases and norm parameters
+  int64_t decay_iters = 0;       // 0: train_iters
+  std::string decay = "cosine";  // cosine | linear | constant
+  double weight_decay = 0.01;    // not applied to biases and norm parameters
   std::vector<double> betas = {0.9, 0.999};
   double eps = 1e-8;
-  double grad_clip = 1.0;                // 0 disables clipping
+  double grad_clip = 1.0;  // 0 disables clipping
 
   bool operator==(const OptimizerConfig&) const = default;
 };
@@ -99,9 +99,9 @@ struct DataConfig {
   // Each of train / valid is a list of indexed-dataset prefixes (.bin/.idx), concatenated in order, or a
   // weighted blend in Megatron's --data-path syntax, [w0, prefix0, w1, prefix1, ...] (see parse_data_blend).
   std::vector<std::string> train;
-  std::vector<std::string> valid;        // optional; when empty validation comes from `split`
+  std::vector<std::string> valid;            // optional; when empty validation comes from `split`
   std::vector<double> split = {969, 30, 1};  // train / valid / test weights over documents
-  bool synthetic = false;                // random tokens, no files (benchmarks)
+  bool synthetic = false;                    // random tokens, no files (benchmarks)
 
   bool operator==(const DataConfig&) const = default;
 };
@@ -116,20 +116,20 @@ struct DataBlend {
 DataBlend parse_data_blend(const std::vector<std::string>& items);
 
 struct CheckpointConfig {
-  std::string save_dir;                  // empty: never save
-  int64_t save_interval = 0;             // 0: only at the end
-  int64_t keep_last = 0;                 // 0: keep all
-  std::string load = "auto";             // auto (save_dir's latest when present) | none | a checkpoint path
-  bool allow_partial_load = false;       // resume from a checkpoint of another model shape: load the tensors
-                                         // that match, log the rest (otherwise a shape difference is an error)
+  std::string save_dir;             // empty: never save
+  int64_t save_interval = 0;        // 0: only at the end
+  int64_t keep_last = 0;            // 0: keep all
+  std::string load = "auto";        // auto (save_dir's latest when present) | none | a checkpoint path
+  bool allow_partial_load = false;  // resume from a checkpoint of another model shape: load the tensors
+                                    // that match, log the rest (otherwise a shape difference is an error)
 
   bool operator==(const CheckpointConfig&) const = default;
 };
 
 struct LoggingConfig {
-  std::string dir = "runs/default";      // run directory: megatrain.log and metrics.jsonl
+  std::string dir = "runs/default";  // run directory: megatrain.log and metrics.jsonl
   int64_t interval = 10;
-  int64_t eval_interval = 0;             // 0: no validation during training
+  int64_t eval_interval = 0;  // 0: no validation during training
   int64_t eval_iters = 10;
   std::string level = "info";
 
@@ -144,7 +144,7 @@ struct Config {
   DataConfig data;
   CheckpointConfig checkpoint;
   LoggingConfig logging;
-  std::string source = "<config>";       // where it was read from, for messages
+  std::string source = "<config>";  // where it was read from, for messages
 
   bool operator==(const Config&) const = default;
 };
@@ -154,8 +154,8 @@ struct Config {
 // the derived values. Throws ConfigError.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides, int64_t world_size = 1);
 // The same from YAML text; `source` names it in messages.
-Config parse_config(const std::string& yaml_text, const std::string& source,
-                    const std::vector<std::string>& overrides, int64_t world_size = 1);
+Config parse_config(const std::string& yaml_text, const std::string& source, const std::vector<std::string>& overrides,
+                    int64_t world_size = 1);
 // The number of parameters of the whole model (all ranks; padded vocabulary included), as a double so that
 // it cannot overflow; an estimate within a few per cent, for size checks before anything is allocated.
 double estimated_parameters(const ModelConfig& m);

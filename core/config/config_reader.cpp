@@ -364,7 +364,8 @@ void check_derived(const YAML::Node& root, const Config& c, const ConfigSource& 
   const YAML::Node d = root[config_keys::kDerivedSection];
   if (!d.IsDefined() || d.IsNull()) return;
   const std::string section = config_keys::kDerivedSection;
-  if (!d.IsMap()) src.fail(section, "expected the mapping of derived values that to_yaml writes, got " + describe(d), d.Mark());
+  if (!d.IsMap())
+    src.fail(section, "expected the mapping of derived values that to_yaml writes, got " + describe(d), d.Mark());
   const bool same_world = [&] {
     const YAML::Node w = d["world_size"];
     int64_t v = 0;
@@ -385,11 +386,13 @@ void check_derived(const YAML::Node& root, const Config& c, const ConfigSource& 
       src.fail(path, "unknown derived value; derived values are computed, set the keys they come from instead",
                it->first.Mark());
     int64_t v = 0;
-    if (!parse_int(it->second, v)) src.fail(path, "expected an integer, got " + describe(it->second), it->second.Mark());
+    if (!parse_int(it->second, v))
+      src.fail(path, "expected an integer, got " + describe(it->second), it->second.Mark());
     if (!overridden && std::get<2>(*known) && v != std::get<1>(*known))
-      src.fail(path, fmt::format("is {} here but the keys above give {}; derived values are computed, not read: "
-                                 "remove the derived section or change the keys they come from",
-                                 v, std::get<1>(*known)),
+      src.fail(path,
+               fmt::format("is {} here but the keys above give {}; derived values are computed, not read: "
+                           "remove the derived section or change the keys they come from",
+                           v, std::get<1>(*known)),
                it->second.Mark());
   }
 }
@@ -474,16 +477,16 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     throw ConfigError(fmt::format("{}: is a directory, expected a YAML config file", path));
   // Only a regular file of bounded size: /dev/zero or a FIFO would be read without end.
   if (!std::filesystem::is_regular_file(path, ec))
-    throw ConfigError(fmt::format("{}: is not a regular file (a device, FIFO or socket), expected a YAML config file",
-                                  path));
+    throw ConfigError(
+        fmt::format("{}: is not a regular file (a device, FIFO or socket), expected a YAML config file", path));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(fmt::format("{}: cannot open the config file", path));
   std::string text(kMaxConfigBytes + 1, '\0');
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<size_t>(in.gcount()));
   if (text.size() > kMaxConfigBytes)
-    throw ConfigError(fmt::format("{}: is larger than {} MiB; a config file is a few KiB of YAML", path,
-                                  kMaxConfigBytes >> 20));
+    throw ConfigError(
+        fmt::format("{}: is larger than {} MiB; a config file is a few KiB of YAML", path, kMaxConfigBytes >> 20));
   return parse_config(text, path, overrides, world_size);
 }
 

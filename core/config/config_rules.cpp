@@ -21,9 +21,9 @@ constexpr int64_t kMaxWidth = int64_t{1} << 20;
 constexpr int64_t kMaxSequence = int64_t{1} << 24;
 constexpr int64_t kMaxVocab = (int64_t{1} << 31) - 1;
 constexpr int64_t kMaxVocabMultiple = int64_t{1} << 20;
-constexpr int64_t kMaxParallel = int64_t{1} << 20;      // ranks along one dimension
-constexpr int64_t kMaxCount = int64_t{1} << 40;         // iterations, batch sizes, intervals
-constexpr double kMaxTimeoutS = 1e7;                    // about 115 days; times 1000 fits int64 milliseconds
+constexpr int64_t kMaxParallel = int64_t{1} << 20;  // ranks along one dimension
+constexpr int64_t kMaxCount = int64_t{1} << 40;     // iterations, batch sizes, intervals
+constexpr double kMaxTimeoutS = 1e7;                // about 115 days; times 1000 fits int64 milliseconds
 // Bytes one tensor may hold (kMaxTensorBytes in core/tensor.h), as a double for products of config sizes.
 constexpr double kMaxBytes = static_cast<double>(kMaxTensorBytes);
 
@@ -191,18 +191,20 @@ void resolve_training(Config& c, const Rules& r) {
   r.at_most("training.train_iters", t.train_iters, kMaxCount, "number of iterations");
   // Sample and token positions (iteration * global batch * (seq_length + 1)) must fit int64.
   if (static_cast<double>(t.train_iters) * static_cast<double>(t.global_batch_size) *
-          static_cast<double>(c.model.seq_length + 1) > 0x1p62)
+          static_cast<double>(c.model.seq_length + 1) >
+      0x1p62)
     r.fail("training.train_iters", fmt::format("{} iterations of {} samples of {} tokens count more tokens than "
-                                               "int64 can address", t.train_iters, t.global_batch_size,
-                                               c.model.seq_length + 1));
+                                               "int64 can address",
+                                               t.train_iters, t.global_batch_size, c.model.seq_length + 1));
   r.one_of("training.precision", t.precision, {"fp32", "bf16", "fp16"});
   if (t.recompute == "selective") r.fail("training.recompute", "selective is not implemented yet (use none or full)");
   r.one_of("training.recompute", t.recompute, {"none", "full"});
   r.one_of("training.device", t.device, {"auto", "cuda", "cpu"});
 #if !defined(MEGATRAIN_WITH_CUDA)
   if (t.device == "cuda")
-    r.fail("training.device", "cuda: this megatrain was built without the CUDA backend (no CUDA toolkit at build "
-                              "time); use cpu or auto");
+    r.fail("training.device",
+           "cuda: this megatrain was built without the CUDA backend (no CUDA toolkit at build "
+           "time); use cpu or auto");
 #endif
   if (c.parallel.backend == "nccl" && t.device == "cpu")
     r.fail("parallel.backend", "nccl needs training.device: cuda (NCCL moves GPU memory); use gloo or auto on cpu");
@@ -321,8 +323,8 @@ void check_sizes(const Config& c, const Rules& r) {
                heads = static_cast<double>(m.num_heads);
   auto tensor = [&](const char* key, const char* what, double numel) {
     if (numel * 4 > kMaxBytes)
-      r.fail(key, fmt::format("{} would need {:.3g} bytes, more than the {} bytes one tensor may hold", what,
-                              numel * 4, kMaxTensorBytes));
+      r.fail(key, fmt::format("{} would need {:.3g} bytes, more than the {} bytes one tensor may hold", what, numel * 4,
+                              kMaxTensorBytes));
   };
   tensor("model.hidden_size", "the attention weight (3*hidden_size, hidden_size)", 3 * h * h);
   tensor("model.ffn_hidden_size", "the feed-forward weight (ffn_hidden_size, hidden_size)", f * h);

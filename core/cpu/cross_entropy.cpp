@@ -27,7 +27,7 @@ int64_t real_columns(const CrossEntropyOptions& opt, int64_t V) {
 
 void cross_entropy_rowmax(const Tensor& logits, Tensor& rowmax, const CrossEntropyOptions& opt) {
   const int64_t N = logits.dim(0), V = real_columns(opt, logits.dim(1)), stride = logits.dim(1);
-  std::vector<float> row(V);          // (V)
+  std::vector<float> row(V);         // (V)
   float* mx = rowmax.data<float>();  // (N)
   for (int64_t n = 0; n < N; ++n) {
     load_f32(logits, n * stride, V, row.data());

@@ -12,7 +12,9 @@ namespace mt::cpu {
 // dst[0, n) = fp32 values of elements [begin, begin + n) of t.
 inline void load_f32(const Tensor& t, int64_t begin, int64_t n, float* dst) {
   switch (t.dtype()) {
-    case DType::f32: std::memcpy(dst, t.data<float>() + begin, static_cast<size_t>(n) * sizeof(float)); return;
+    case DType::f32:
+      std::memcpy(dst, t.data<float>() + begin, static_cast<size_t>(n) * sizeof(float));
+      return;
     case DType::bf16: {
       const uint16_t* src = t.data<uint16_t>() + begin;
       for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
@@ -23,7 +25,8 @@ inline void load_f32(const Tensor& t, int64_t begin, int64_t n, float* dst) {
       for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_float(src[i]);
       return;
     }
-    default: break;
+    default:
+      break;
   }
   throw std::invalid_argument("load_f32: " + t.describe() + " is not a floating tensor");
 }
@@ -31,7 +34,9 @@ inline void load_f32(const Tensor& t, int64_t begin, int64_t n, float* dst) {
 // Elements [begin, begin + n) of t = src[0, n), rounded once to t's dtype.
 inline void store_f32(const float* src, int64_t n, Tensor& t, int64_t begin) {
   switch (t.dtype()) {
-    case DType::f32: std::memmove(t.data<float>() + begin, src, static_cast<size_t>(n) * sizeof(float)); return;
+    case DType::f32:
+      std::memmove(t.data<float>() + begin, src, static_cast<size_t>(n) * sizeof(float));
+      return;
     case DType::bf16: {
       uint16_t* dst = t.data<uint16_t>() + begin;
       for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
@@ -42,7 +47,8 @@ inline void store_f32(const float* src, int64_t n, Tensor& t, int64_t begin) {
       for (int64_t i = 0; i < n; ++i) dst[i] = float_to_f16(src[i]);
       return;
     }
-    default: break;
+    default:
+      break;
   }
   throw std::invalid_argument("store_f32: " + t.describe() + " is not a floating tensor");
 }

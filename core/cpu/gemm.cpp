@@ -39,8 +39,8 @@ void gemm_plain(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions
       throw std::invalid_argument("gemm: dimension " + std::to_string(d) + " exceeds the BLAS int range");
   if (M == 0 || N == 0) return;
 
-  Tensor c32 = out.dtype() == DType::f32 ? out
-                                           : Tensor::empty(out.shape(), DType::f32, Device::cpu, MemKind::workspace);
+  Tensor c32 =
+      out.dtype() == DType::f32 ? out : Tensor::empty(out.shape(), DType::f32, Device::cpu, MemKind::workspace);
   float* c = c32.data<float>();
   const int64_t MN = M * N;
   // beta == 0 ignores out entirely (an uninitialised buffer may hold NaNs).
@@ -66,7 +66,9 @@ void gemm_plain(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions
 
 void gemm(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions& opt) {
   switch (opt.epilogue) {
-    case Epilogue::none: gemm_plain(a, b, out, opt); return;
+    case Epilogue::none:
+      gemm_plain(a, b, out, opt);
+      return;
     case Epilogue::bias:
       gemm_plain(a, b, out, opt);
       cpu::add_bias(out, *opt.bias);

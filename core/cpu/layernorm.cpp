@@ -41,7 +41,7 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
 void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias) {
   const int64_t N = x.dim(0), C = x.dim(1);
-  std::vector<float> w(C), xhat(C), d(C);     // (C) each
+  std::vector<float> w(C), xhat(C), d(C);      // (C) each
   std::vector<double> dw(C, 0.0), db(C, 0.0);  // (C) each, summed over rows
   load_f32(weight, 0, C, w.data());
   const float* mean_in = mean.data<float>();  // (N)

@@ -16,7 +16,11 @@ struct AdamWConsts {
 
 AdamWConsts adamw_consts(const AdamWOptions& opt) {
   const double step = static_cast<double>(opt.step);
-  return AdamWConsts{.b1 = opt.beta1, .b2 = opt.beta2, .lr = opt.lr, .eps = opt.eps, .grad_scale = opt.grad_scale,
+  return AdamWConsts{.b1 = opt.beta1,
+                     .b2 = opt.beta2,
+                     .lr = opt.lr,
+                     .eps = opt.eps,
+                     .grad_scale = opt.grad_scale,
                      .inv_bc1 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(opt.beta1), step))),
                      .inv_bc2 = static_cast<float>(1.0 / (1.0 - std::pow(static_cast<double>(opt.beta2), step)))};
 }

@@ -28,7 +28,7 @@ namespace mt::cuda {
 
 namespace {
 
-constexpr size_t kSmall = 1 << 20;      // requests below this are rounded to 512 B
+constexpr size_t kSmall = 1 << 20;  // requests below this are rounded to 512 B
 constexpr size_t kSmallRound = 512;
 constexpr size_t kLargeRound = 2 << 20;
 
@@ -136,10 +136,10 @@ class CachingAllocator final : public Allocator {
   }
 
   struct Block {
-    size_t size = 0;                     // rounded
-    std::vector<cudaStream_t> streams;   // streams other than the compute stream that used it (record_stream)
+    size_t size = 0;                    // rounded
+    std::vector<cudaStream_t> streams;  // streams other than the compute stream that used it (record_stream)
   };
-  struct Pending {                       // freed, waiting for the work of other streams that used it
+  struct Pending {  // freed, waiting for the work of other streams that used it
     void* ptr = nullptr;
     size_t size = 0;
     std::vector<cudaEvent_t> events;
@@ -192,8 +192,8 @@ class CachingAllocator final : public Allocator {
   }
 
   std::mutex mu_;
-  std::multimap<size_t, void*> free_;        // cached blocks by size
-  std::map<void*, Block> live_;              // handed-out blocks by address (record_stream finds inner pointers)
+  std::multimap<size_t, void*> free_;  // cached blocks by size
+  std::map<void*, Block> live_;        // handed-out blocks by address (record_stream finds inner pointers)
   std::vector<Pending> pending_;
   std::vector<cudaEvent_t> spare_events_;
   CacheStats stats_cache_;

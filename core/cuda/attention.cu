@@ -46,10 +46,10 @@ constexpr int kMaxHeadDim = 256;
 
 template <int DMAX>
 struct Cfg {
-  static constexpr int C = DMAX / 32;                // columns per lane
-  static constexpr int BK = DMAX <= 128 ? 32 : 16;   // rows per shared tile (at most 32: one per lane)
-  static constexpr int ROWS = DMAX <= 128 ? 4 : 2;   // rows per warp
-  static constexpr int RB = kWarps * ROWS;           // rows per block
+  static constexpr int C = DMAX / 32;               // columns per lane
+  static constexpr int BK = DMAX <= 128 ? 32 : 16;  // rows per shared tile (at most 32: one per lane)
+  static constexpr int ROWS = DMAX <= 128 ? 4 : 2;  // rows per warp
+  static constexpr int RB = kWarps * ROWS;          // rows per block
   static_assert(BK <= 32 && BK <= kThreads, "a tile row per lane");
   static_assert(2 * BK * DMAX * sizeof(float) + 2 * BK * sizeof(float) <= 48 * 1024, "static shared memory");
 };
@@ -61,11 +61,11 @@ struct Geom {
   int64_t tiles;  // row tiles (of RB rows) per (b, h)
   int D;          // head dimension
   bool causal;
-  float scale;    // 1 / sqrt(D)
+  float scale;  // 1 / sqrt(D)
 };
 
 struct Dropout {
-  bool on;           // p > 0
+  bool on;  // p > 0
   float p;
   float keep_scale;  // 1 / (1 - p), as the CPU computes it
   uint64_t seed, site;
@@ -129,9 +129,8 @@ __device__ __forceinline__ float lane_dot(const float (&x)[C], const float (*til
 // ---- forward -------------------------------------------------------------------------------------------
 
 template <class S, int DMAX>
-__global__ void __launch_bounds__(kThreads)
-    attention_forward_kernel(const S* __restrict__ qkv, S* __restrict__ out, float* __restrict__ lse, Geom g,
-                             Dropout drop) {
+__global__ void __launch_bounds__(kThreads) attention_forward_kernel(const S* __restrict__ qkv, S* __restrict__ out,
+                                                                     float* __restrict__ lse, Geom g, Dropout drop) {
   using K = Cfg<DMAX>;
   constexpr int C = K::C, BK = K::BK, ROWS = K::ROWS, RB = K::RB;
   __shared__ float ks[BK][DMAX];
@@ -143,11 +142,11 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t b = bh / g.H, h = bh % g.H;
   const int64_t T = g.T;
   const int D = g.D;
-  const int64_t qstride = g.H * 3 * D, ostride = g.H * D;   // elements between rows t and t + 1
-  const S* head = qkv + (b * T * g.H + h) * 3 * D;           // q of (b, t = 0, h); k at +D, v at +2D
+  const int64_t qstride = g.H * 3 * D, ostride = g.H * D;  // elements between rows t and t + 1
+  const S* head = qkv + (b * T * g.H + h) * 3 * D;         // q of (b, t = 0, h); k at +D, v at +2D
   S* out_head = out + (b * T * g.H + h) * D;
-  const int64_t row0 = tile * RB + warp * ROWS;              // this warp's first query row
-  const int64_t block_end = min(T, (tile + 1) * RB);         // one past the block's last query row
+  const int64_t row0 = tile * RB + warp * ROWS;       // this warp's first query row
+  const int64_t block_end = min(T, (tile + 1) * RB);  // one past the block's last query row
 
   float q[ROWS][C], o[ROWS][C], m[ROWS];
   double l[ROWS];  // sum of exp(s - m) over the keys so far, in double like the CPU's
@@ -172,7 +171,7 @@ __global__ void __launch_bounds__(kThreads)
       if (i >= T) continue;  // warp-uniform
       const int64_t jend = g.causal ? i + 1 : T;
       const int nk = static_cast<int>(min(static_cast<int64_t>(BK), jend - j0));  // keys j0 .. j0 + nk - 1
-      if (nk <= 0) continue;  // warp-uniform
+      if (nk <= 0) continue;                                                      // warp-uniform
       float my_s = -INFINITY, tile_max = -INFINITY;
 #pragma unroll 4
       for (int jj = 0; jj < nk; ++jj) {
@@ -182,7 +181,7 @@ __global__ void __launch_bounds__(kThreads)
       }
       const float m_new = fmaxf(m[r], tile_max);
       const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no -inf - -inf while every score is -inf
-      const float alpha = expf(m[r] - m_use);                 // 0 on the first tile (m = -inf)
+      const float alpha = expf(m[r] - m_use);                // 0 on the first tile (m = -inf)
       float p = 0.f, pz = 0.f;
       if (lane < nk) {
         p = expf(my_s - m_use);
@@ -271,7 +270,7 @@ __global__ void __launch_bounds__(kThreads)
         if (i >= T) continue;  // warp-uniform
         const int64_t jend = g.causal ? i + 1 : T;
         const int nk = static_cast<int>(min(static_cast<int64_t>(BK), jend - j0));
-        if (nk <= 0) continue;  // warp-uniform
+        if (nk <= 0) continue;          // warp-uniform
         float my_s = 0.f, my_dv = 0.f;  // lane jj: s_ij and dO_i . v_j for j = j0 + jj
 #pragma unroll 4
         for (int jj = 0; jj < nk; ++jj) {
@@ -316,9 +315,8 @@ __global__ void __launch_bounds__(kThreads)
 
 template <class S, int DMAX>
 __global__ void __launch_bounds__(kThreads)
-    attention_backward_dkv_kernel(const S* __restrict__ qkv, const S* __restrict__ dout,
-                                  const float* __restrict__ lse, const float* __restrict__ delta,
-                                  S* __restrict__ dqkv, Geom g, Dropout drop) {
+    attention_backward_dkv_kernel(const S* __restrict__ qkv, const S* __restrict__ dout, const float* __restrict__ lse,
+                                  const float* __restrict__ delta, S* __restrict__ dqkv, Geom g, Dropout drop) {
   using K = Cfg<DMAX>;
   constexpr int C = K::C, BK = K::BK, ROWS = K::ROWS, RB = K::RB;
   __shared__ float qs[BK][DMAX];
@@ -365,10 +363,10 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t j = row0 + r;
       if (j >= T) continue;  // warp-uniform
       // queries i0 + lo .. i0 + hi - 1 of this tile see key j
-      const int lo = g.causal ? static_cast<int>(max(static_cast<int64_t>(0), min(static_cast<int64_t>(BK), j - i0)))
-                              : 0;
+      const int lo =
+          g.causal ? static_cast<int>(max(static_cast<int64_t>(0), min(static_cast<int64_t>(BK), j - i0))) : 0;
       const int hi = static_cast<int>(min(static_cast<int64_t>(BK), T - i0));
-      if (lo >= hi) continue;  // warp-uniform
+      if (lo >= hi) continue;         // warp-uniform
       float my_s = 0.f, my_dv = 0.f;  // lane ii: s_ij and dO_i . v_j for i = i0 + ii
 #pragma unroll 4
       for (int ii = lo; ii < hi; ++ii) {
@@ -480,25 +478,33 @@ void forward_typed(const Tensor& qkv, Tensor& out, Tensor& lse, const Geom& g, c
   S* o = out.data<S>();
   float* l = lse.data<float>();
   switch (dmax_for("attention_forward", g.D)) {
-    case 32: return forward_launch<S, 32>(q, o, l, g, drop);
-    case 64: return forward_launch<S, 64>(q, o, l, g, drop);
-    case 128: return forward_launch<S, 128>(q, o, l, g, drop);
-    default: return forward_launch<S, 256>(q, o, l, g, drop);
+    case 32:
+      return forward_launch<S, 32>(q, o, l, g, drop);
+    case 64:
+      return forward_launch<S, 64>(q, o, l, g, drop);
+    case 128:
+      return forward_launch<S, 128>(q, o, l, g, drop);
+    default:
+      return forward_launch<S, 256>(q, o, l, g, drop);
   }
 }
 
 template <class S>
-void backward_typed(const Tensor& qkv, const Tensor& lse, const Tensor& dout, Tensor& dqkv, float* delta,
-                    const Geom& g, const Dropout& drop) {
+void backward_typed(const Tensor& qkv, const Tensor& lse, const Tensor& dout, Tensor& dqkv, float* delta, const Geom& g,
+                    const Dropout& drop) {
   const S* q = qkv.data<S>();
   const S* d = dout.data<S>();
   const float* l = lse.data<float>();
   S* dq = dqkv.data<S>();
   switch (dmax_for("attention_backward", g.D)) {
-    case 32: return backward_launch<S, 32>(q, d, l, delta, dq, g, drop);
-    case 64: return backward_launch<S, 64>(q, d, l, delta, dq, g, drop);
-    case 128: return backward_launch<S, 128>(q, d, l, delta, dq, g, drop);
-    default: return backward_launch<S, 256>(q, d, l, delta, dq, g, drop);
+    case 32:
+      return backward_launch<S, 32>(q, d, l, delta, dq, g, drop);
+    case 64:
+      return backward_launch<S, 64>(q, d, l, delta, dq, g, drop);
+    case 128:
+      return backward_launch<S, 128>(q, d, l, delta, dq, g, drop);
+    default:
+      return backward_launch<S, 256>(q, d, l, delta, dq, g, drop);
   }
 }
 

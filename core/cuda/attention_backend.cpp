@@ -43,8 +43,8 @@ bool run_on_cudnn(const char* op, DType dtype, float dropout_p, const std::funct
     return true;
   }
   if (attention_mode() == AttentionMode::cudnn)
-    throw std::runtime_error(fmt::format("{}: MEGATRAIN_ATTENTION=cudnn, but cuDNN cannot run this call: {}", op,
-                                         refused));
+    throw std::runtime_error(
+        fmt::format("{}: MEGATRAIN_ATTENTION=cudnn, but cuDNN cannot run this call: {}", op, refused));
   warn_once(refused);
   return false;
 }
@@ -66,11 +66,14 @@ AttentionPath attention_path(DType dtype, float dropout_p, std::string* why) {
   const AttentionMode mode = attention_mode();
   std::string reason;
   // What the op asks for first, then what the build has: the log then names the reason a user can act on.
-  if (mode == AttentionMode::kernel) reason = "MEGATRAIN_ATTENTION=kernel";
+  if (mode == AttentionMode::kernel)
+    reason = "MEGATRAIN_ATTENTION=kernel";
   else if (dtype != DType::bf16 && dtype != DType::f16)
     reason = fmt::format("{}: cuDNN's fused attention takes bf16 or fp16", dtype_name(dtype));
-  else if (dropout_p != 0.f) reason = fmt::format("dropout {:g} needs layout-invariant masks", dropout_p);
-  else if (!cudnn_attention_built()) reason = "this megatrain was built without cuDNN";
+  else if (dropout_p != 0.f)
+    reason = fmt::format("dropout {:g} needs layout-invariant masks", dropout_p);
+  else if (!cudnn_attention_built())
+    reason = "this megatrain was built without cuDNN";
   if (reason.empty()) {
     if (why) *why = mode == AttentionMode::cudnn ? "MEGATRAIN_ATTENTION=cudnn" : "bf16/fp16 without dropout";
     return AttentionPath::cudnn;

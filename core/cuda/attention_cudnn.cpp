@@ -74,13 +74,13 @@ struct Key {
 struct Plan {
   std::shared_ptr<fe::graph::Graph> graph;  // null when cuDNN cannot run this key
   int64_t workspace_bytes = 0;
-  std::string refused;                      // why, when graph is null
+  std::string refused;  // why, when graph is null
 };
 
 struct State {
   std::mutex mu;
   cudnnHandle_t handle = nullptr;
-  std::map<Key, std::shared_ptr<const Plan>> plans;
+  std::map<Key, std::shared_ptr<const Plan> > plans;
 };
 
 // Never destroyed: the handle and graphs would otherwise be released after the CUDA runtime shut down at exit.
@@ -91,8 +91,8 @@ State& state() {
 
 void check_cudnn(cudnnStatus_t status, const char* call) {
   if (status != CUDNN_STATUS_SUCCESS)
-    throw std::runtime_error(fmt::format("cuDNN error {} ({}) in {}", static_cast<int>(status),
-                                         cudnnGetErrorString(status), call));
+    throw std::runtime_error(
+        fmt::format("cuDNN error {} ({}) in {}", static_cast<int>(status), cudnnGetErrorString(status), call));
 }
 
 // The handle, bound to the compute stream. Called with state().mu held.
@@ -181,8 +181,10 @@ std::shared_ptr<const Plan> make_plan(cudnnHandle_t h, const Key& k) {
   };
   try {
     auto g = new_graph(k);
-    if (k.backward) build_backward(*g, k);
-    else build_forward(*g, k);
+    if (k.backward)
+      build_backward(*g, k);
+    else
+      build_forward(*g, k);
     fe::error_t e = g->validate();
     if (!e.is_good()) return refuse("validate", e.get_message());
     e = g->build_operation_graph(h);
@@ -216,7 +218,7 @@ std::shared_ptr<const Plan> plan_for(const Key& k, cudnnHandle_t& h) {
 
 // cuDNN's kernels load q, k, v, o with 16-byte vectors and the frontend refuses other pointers at execute time:
 // a misaligned view (a slice at an odd offset) goes to the kernel instead.
-std::string misaligned(std::initializer_list<std::pair<const char*, const void*>> ptrs) {
+std::string misaligned(std::initializer_list<std::pair<const char*, const void*> > ptrs) {
   for (const auto& [name, p] : ptrs)
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return fmt::format("{} is not 16-byte aligned", name);
   return "";
@@ -227,8 +229,7 @@ std::string refuse_early(const Tensor& qkv) {
   if (qkv.dtype() != DType::bf16 && qkv.dtype() != DType::f16)
     return fmt::format("cuDNN's fused attention takes bf16 or fp16, not {}", dtype_name(qkv.dtype()));
   if (qkv.dim(4) % 8 != 0)
-    return fmt::format("head dimension D = {} is not a multiple of 8 (cuDNN needs 16-byte aligned rows)",
-                       qkv.dim(4));
+    return fmt::format("head dimension D = {} is not a multiple of 8 (cuDNN needs 16-byte aligned rows)", qkv.dim(4));
   return "";
 }
 
@@ -276,16 +277,16 @@ std::string cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const
   const size_t es = dtype_size(qkv.dtype());
   char* base = static_cast<char*>(qkv.raw());
   char* dbase = static_cast<char*>(dqkv.raw());
-  if (std::string why = misaligned({{"qkv", base}, {"out", out.raw()}, {"lse", lse.raw()}, {"dout", dout.raw()},
-                                    {"dqkv", dbase}});
+  if (std::string why =
+          misaligned({{"qkv", base}, {"out", out.raw()}, {"lse", lse.raw()}, {"dout", dout.raw()}, {"dqkv", dbase}});
       !why.empty())
     return why;
   cudnnHandle_t h = nullptr;
   const auto plan = plan_for(key_of(qkv, true, causal), h);
   if (!plan->graph) return plan->refused;
-  std::unordered_map<int64_t, void*> pack{
-      {kQ, base},  {kK, base + D * es},  {kV, base + 2 * D * es},  {kO, out.raw()}, {kDO, dout.raw()},
-      {kStats, lse.raw()}, {kDQ, dbase}, {kDK, dbase + D * es}, {kDV, dbase + 2 * D * es}};
+  std::unordered_map<int64_t, void*> pack{{kQ, base},      {kK, base + D * es},   {kV, base + 2 * D * es},
+                                          {kO, out.raw()}, {kDO, dout.raw()},     {kStats, lse.raw()},
+                                          {kDQ, dbase},    {kDK, dbase + D * es}, {kDV, dbase + 2 * D * es}};
   execute(*plan, h, pack, "attention_backward");
   return "";
 }

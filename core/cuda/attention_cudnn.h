@@ -12,9 +12,9 @@ namespace mt::cuda {
 // ---- cuDNN (attention_cudnn.cpp; stubs when the build has no cuDNN path) ----------------------------------
 
 bool cudnn_attention_built();
-int64_t cudnn_runtime_version();      // cudnnGetVersion(): 91900 for 9.19.0; 0 when not built
-int64_t cudnn_compiled_version();     // CUDNN_VERSION of the headers built against; 0 when not built
-std::string cudnn_frontend_version(); // "1.32.0"; empty when not built
+int64_t cudnn_runtime_version();       // cudnnGetVersion(): 91900 for 9.19.0; 0 when not built
+int64_t cudnn_compiled_version();      // CUDNN_VERSION of the headers built against; 0 when not built
+std::string cudnn_frontend_version();  // "1.32.0"; empty when not built
 
 // Causal (or full) SDPA of bf16 / fp16 qkv (B, T, H, 3, D) read in place through strides: out (B, T, H, D) and
 // lse (B, H, T) f32, the natural-log log-sum-exp of each row of scaled scores (cuDNN's "Stats", the CPU's lse).

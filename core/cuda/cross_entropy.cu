@@ -58,9 +58,9 @@ __global__ void __launch_bounds__(kThreads)
 // CPU); target_logit[n] = the target's logit when it is a real column of this shard, else 0.
 template <class S>
 __global__ void __launch_bounds__(kThreads)
-    partials_kernel(const S* __restrict__ logits, const int32_t* __restrict__ targets,
-                    const float* __restrict__ rowmax, float* __restrict__ sumexp, float* __restrict__ target_logit,
-                    int64_t V, int64_t real, int64_t vocab_start) {
+    partials_kernel(const S* __restrict__ logits, const int32_t* __restrict__ targets, const float* __restrict__ rowmax,
+                    float* __restrict__ sumexp, float* __restrict__ target_logit, int64_t V, int64_t real,
+                    int64_t vocab_start) {
   const int64_t n = blockIdx.x;
   const S* row = logits + n * V;
   const float m = rowmax[n];
@@ -87,10 +87,9 @@ __global__ void loss_kernel(const float* __restrict__ rowmax, const float* __res
 // the explicitly rounded intrinsics keep the CPU's order of operations (no contraction into an FMA).
 template <class S>
 __global__ void __launch_bounds__(kThreads)
-    backward_kernel(const S* __restrict__ logits, const int32_t* __restrict__ targets,
-                    const float* __restrict__ rowmax, const float* __restrict__ sumexp,
-                    const float* __restrict__ dloss, S* __restrict__ dlogits, int64_t V, int64_t real,
-                    int64_t vocab_start) {
+    backward_kernel(const S* __restrict__ logits, const int32_t* __restrict__ targets, const float* __restrict__ rowmax,
+                    const float* __restrict__ sumexp, const float* __restrict__ dloss, S* __restrict__ dlogits,
+                    int64_t V, int64_t real, int64_t vocab_start) {
   const int64_t n = blockIdx.x;
   const S* row = logits + n * V;
   S* drow = dlogits + n * V;
@@ -115,8 +114,8 @@ void cross_entropy_rowmax(const Tensor& logits, Tensor& rowmax, const CrossEntro
   if (N == 0) return;
   const unsigned blocks = row_blocks("cross_entropy_rowmax", N);
   MT_DISPATCH_FLOAT(logits.dtype(), "cross_entropy_rowmax", S,
-                    rowmax_kernel<S><<<blocks, kThreads, 0, stream()>>>(logits.data<S>(), rowmax.data<float>(), V,
-                                                                       real));
+                    rowmax_kernel<S>
+                    <<<blocks, kThreads, 0, stream()>>>(logits.data<S>(), rowmax.data<float>(), V, real));
   MT_CUDA_LAUNCHED("rowmax_kernel");
 }
 
@@ -136,8 +135,8 @@ void cross_entropy_loss(const Tensor& rowmax, const Tensor& sumexp, const Tensor
   const int64_t N = losses.numel();
   if (N == 0) return;
   const unsigned blocks = std::min<unsigned>(blocks_for(N, kThreads), 65535u * 8);
-  loss_kernel<<<blocks, kThreads, 0, stream()>>>(rowmax.data<float>(), sumexp.data<float>(),
-                                                 target_logit.data<float>(), losses.data<float>(), N);
+  loss_kernel<<<blocks, kThreads, 0, stream()>>>(rowmax.data<float>(), sumexp.data<float>(), target_logit.data<float>(),
+                                                 losses.data<float>(), N);
   MT_CUDA_LAUNCHED("loss_kernel");
 }
 

@@ -26,9 +26,9 @@ void check_launch(const char* kernel, const char* file, int line);
 
 }  // namespace mt::cuda
 
-#define MT_CUDA_CHECK(call)                                                            \
-  do {                                                                                 \
-    cudaError_t mt_status_ = (call);                                                   \
+#define MT_CUDA_CHECK(call)                                                                             \
+  do {                                                                                                  \
+    cudaError_t mt_status_ = (call);                                                                    \
     if (mt_status_ != cudaSuccess) ::mt::cuda::throw_cuda_error(mt_status_, #call, __FILE__, __LINE__); \
   } while (0)
 

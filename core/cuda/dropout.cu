@@ -20,9 +20,9 @@ namespace {
 // out = x * mask / (1 - p) over the N = B * T rows of C columns; out may alias x (each element is read and
 // written by the same thread).
 template <class T>
-__global__ void dropout_kernel(const T* x, T* out, int64_t N, int64_t T_len, int64_t C, uint64_t seed,
-                               uint64_t site, uint64_t sample_offset, uint64_t row_offset, uint64_t col_offset,
-                               uint64_t first_block, uint64_t blocks_per_row, float p, float scale) {
+__global__ void dropout_kernel(const T* x, T* out, int64_t N, int64_t T_len, int64_t C, uint64_t seed, uint64_t site,
+                               uint64_t sample_offset, uint64_t row_offset, uint64_t col_offset, uint64_t first_block,
+                               uint64_t blocks_per_row, float p, float scale) {
   const uint64_t k = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;  // Philox block of the row
   if (k >= blocks_per_row) return;
   const uint64_t block = first_block + k;
@@ -55,11 +55,11 @@ void apply_mask(const char* op, const Tensor& x, Tensor& out, const DropoutOptio
   if (N == 0 || C == 0) return;
   const float scale = 1.f / (1.f - opt.p);  // as dropout_row_scales (core/rng.h), computed on the host
   const DropoutGrid g = dropout_grid(N, C, opt.col_offset);
-  MT_DISPATCH_FLOAT(x.dtype(), op, T,
-                    dropout_kernel<T><<<g.grid, g.threads, 0, stream()>>>(
-                        x.data<T>(), out.data<T>(), N, T_len, C, opt.seed, opt.site,
-                        static_cast<uint64_t>(opt.sample_offset), static_cast<uint64_t>(opt.row_offset), g.col0,
-                        g.first_block, g.blocks_per_row, opt.p, scale));
+  MT_DISPATCH_FLOAT(
+      x.dtype(), op, T,
+      dropout_kernel<T><<<g.grid, g.threads, 0, stream()>>>(
+          x.data<T>(), out.data<T>(), N, T_len, C, opt.seed, opt.site, static_cast<uint64_t>(opt.sample_offset),
+          static_cast<uint64_t>(opt.row_offset), g.col0, g.first_block, g.blocks_per_row, opt.p, scale));
   MT_CUDA_LAUNCHED("dropout_kernel");
 }
 

@@ -23,10 +23,9 @@ constexpr int kThreads = 256;
 // Blocks of kThreads threads for a grid-stride loop over n elements.
 unsigned grid_1d(int64_t n) { return std::min<unsigned>(blocks_for(n, kThreads), 65535u * 8); }
 
-
 // ---- kernels -------------------------------------------------------------------------------------
 
-#define MT_GRID_STRIDE(i, n)                                                            \
+#define MT_GRID_STRIDE(i, n)                                                             \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
 
@@ -115,8 +114,7 @@ void add_bias(Tensor& x, const Tensor& bias) {
   const float* b = f32_values(bias, hold);
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(N, 65535 * 8));
   const int threads = threads_for_cols(C, kThreads);
-  MT_DISPATCH_FLOAT(x.dtype(), "add_bias", T,
-                    add_bias_kernel<T><<<grid, threads, 0, stream()>>>(x.data<T>(), b, N, C));
+  MT_DISPATCH_FLOAT(x.dtype(), "add_bias", T, add_bias_kernel<T><<<grid, threads, 0, stream()>>>(x.data<T>(), b, N, C));
   MT_CUDA_LAUNCHED("add_bias_kernel");
 }
 
@@ -146,8 +144,7 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
 void scale_(Tensor& x, float s) {
   const int64_t n = x.numel();
   if (n == 0) return;
-  MT_DISPATCH_FLOAT(x.dtype(), "scale_", T,
-                    scale_kernel<T><<<grid_1d(n), kThreads, 0, stream()>>>(x.data<T>(), s, n));
+  MT_DISPATCH_FLOAT(x.dtype(), "scale_", T, scale_kernel<T><<<grid_1d(n), kThreads, 0, stream()>>>(x.data<T>(), s, n));
   MT_CUDA_LAUNCHED("scale_kernel");
 }
 
@@ -163,8 +160,8 @@ void gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) {
   const int64_t n = dx.numel();
   if (n == 0) return;
   MT_DISPATCH_FLOAT(dx.dtype(), "gelu_backward", T,
-                    gelu_backward_kernel<T><<<grid_1d(n), kThreads, 0, stream()>>>(x.data<T>(), dout.data<T>(),
-                                                                                   dx.data<T>(), n));
+                    gelu_backward_kernel<T>
+                    <<<grid_1d(n), kThreads, 0, stream()>>>(x.data<T>(), dout.data<T>(), dx.data<T>(), n));
   MT_CUDA_LAUNCHED("gelu_backward_kernel");
 }
 

@@ -33,8 +33,8 @@ unsigned row_grid(int64_t n) { return static_cast<unsigned>(std::clamp<int64_t>(
 
 // out[i] = table[ids[i] - vocab_start], or zeros outside [0, V). Rows in a grid-stride loop over blocks.
 template <class TT, class TO>
-__global__ void embedding_forward_kernel(const int32_t* ids, const TT* table, TO* out, int64_t BT, int64_t V,
-                                         int64_t C, int64_t vocab_start) {
+__global__ void embedding_forward_kernel(const int32_t* ids, const TT* table, TO* out, int64_t BT, int64_t V, int64_t C,
+                                         int64_t vocab_start) {
   for (int64_t i = blockIdx.x; i < BT; i += gridDim.x) {
     const int64_t r = static_cast<int64_t>(ids[i]) - vocab_start;
     TO* dst = out + i * C;
@@ -58,8 +58,8 @@ void launch_embedding_forward(const Tensor& ids, const Tensor& table, Tensor& ou
 // ---- backward ------------------------------------------------------------------------------------
 
 // keys[i] = the shard row of token i, or V when its id lies outside the shard; pos[i] = i.
-__global__ void embedding_keys_kernel(const int32_t* ids, int64_t vocab_start, int64_t V, uint32_t* keys,
-                                      int32_t* pos, int64_t BT) {
+__global__ void embedding_keys_kernel(const int32_t* ids, int64_t vocab_start, int64_t V, uint32_t* keys, int32_t* pos,
+                                      int64_t BT) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < BT;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = static_cast<int64_t>(ids[i]) - vocab_start;
@@ -77,13 +77,13 @@ __global__ void embedding_backward_kernel(const uint32_t* keys, const int32_t* p
                                           int64_t BT, uint32_t V, int64_t C) {
   for (int64_t i = blockIdx.x; i < BT; i += gridDim.x) {
     const uint32_t key = keys[i];
-    if (key >= V) break;                           // out-of-shard tokens sort last: none of ours remain
-    if (i > 0 && keys[i - 1] == key) continue;     // not the start of its run
+    if (key >= V) break;                        // out-of-shard tokens sort last: none of ours remain
+    if (i > 0 && keys[i - 1] == key) continue;  // not the start of its run
     // end = the first j > i with keys[j] != key (or BT): galloping, then binary search.
-    int64_t lo = i + 1, hi = BT, step = 1;         // keys[lo - 1] == key
+    int64_t lo = i + 1, hi = BT, step = 1;  // keys[lo - 1] == key
     while (true) {
       const int64_t probe = lo + step - 1;
-      if (probe >= BT) break;                      // hi = BT
+      if (probe >= BT) break;  // hi = BT
       if (keys[probe] != key) {
         hi = probe;
         break;
@@ -91,10 +91,12 @@ __global__ void embedding_backward_kernel(const uint32_t* keys, const int32_t* p
       lo = probe + 1;
       step *= 2;
     }
-    while (lo < hi) {                              // keys[lo - 1] == key; keys[hi] != key or hi == BT
+    while (lo < hi) {  // keys[lo - 1] == key; keys[hi] != key or hi == BT
       const int64_t mid = lo + (hi - lo) / 2;
-      if (keys[mid] == key) lo = mid + 1;
-      else hi = mid;
+      if (keys[mid] == key)
+        lo = mid + 1;
+      else
+        hi = mid;
     }
     const int64_t end = lo;
     float* row = dtable + static_cast<int64_t>(key) * C;
@@ -112,8 +114,7 @@ __global__ void embedding_backward_kernel(const uint32_t* keys, const int32_t* p
 
 // x (B*T rows, C) += wpe[position_offset + t], t = row % T. Rows in a grid-stride loop over blocks.
 template <class T, class W>
-__global__ void position_add_kernel(T* x, const W* wpe, int64_t N, int64_t T_len, int64_t C,
-                                    int64_t position_offset) {
+__global__ void position_add_kernel(T* x, const W* wpe, int64_t N, int64_t T_len, int64_t C, int64_t position_offset) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     const int64_t t = n % T_len;
     const W* p = wpe + (position_offset + t) * C;
@@ -158,13 +159,15 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, c
   const int64_t BT = ids.numel(), V = dtable.dim(0), C = dtable.dim(1);
   if (BT == 0 || V == 0 || C == 0) return;
   if (BT > INT_MAX)
-    throw std::invalid_argument("embedding_backward: " + std::to_string(BT) + " tokens, more than the CUDA "
+    throw std::invalid_argument("embedding_backward: " + std::to_string(BT) +
+                                " tokens, more than the CUDA "
                                 "backend sorts (2^31 - 1)");
   if (V >= static_cast<int64_t>(UINT32_MAX))
-    throw std::invalid_argument("embedding_backward: " + std::to_string(V) + " table rows, more than the CUDA "
+    throw std::invalid_argument("embedding_backward: " + std::to_string(V) +
+                                " table rows, more than the CUDA "
                                 "backend handles (2^32 - 2)");
 
-  Tensor keys_in = Tensor::empty({BT}, DType::i32, Device::cuda, MemKind::workspace);   // uint32 keys
+  Tensor keys_in = Tensor::empty({BT}, DType::i32, Device::cuda, MemKind::workspace);  // uint32 keys
   Tensor keys_out = Tensor::empty({BT}, DType::i32, Device::cuda, MemKind::workspace);
   Tensor pos_in = Tensor::empty({BT}, DType::i32, Device::cuda, MemKind::workspace);
   Tensor pos_out = Tensor::empty({BT}, DType::i32, Device::cuda, MemKind::workspace);
@@ -174,8 +177,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, c
   int32_t* pout = pos_out.data<int32_t>();
 
   const unsigned key_blocks = std::min<unsigned>(blocks_for(BT, kThreads), 65535u * 8);
-  embedding_keys_kernel<<<key_blocks, kThreads, 0, stream()>>>(ids.data<int32_t>(), opt.vocab_start, V, kin, pin,
-                                                               BT);
+  embedding_keys_kernel<<<key_blocks, kThreads, 0, stream()>>>(ids.data<int32_t>(), opt.vocab_start, V, kin, pin, BT);
   MT_CUDA_LAUNCHED("embedding_keys_kernel");
 
   // Keys lie in [0, V]: sort on the bits that hold V only.
@@ -186,8 +188,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, c
   MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, kin, kout, pin, pout, n, 0, end_bit, stream()));
   Tensor temp = Tensor::empty({std::max<int64_t>(1, ceil_div(static_cast<int64_t>(temp_bytes), 4))}, DType::i32,
                               Device::cuda, MemKind::workspace);
-  MT_CUDA_CHECK(
-      cub::DeviceRadixSort::SortPairs(temp.raw(), temp_bytes, kin, kout, pin, pout, n, 0, end_bit, stream()));
+  MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.raw(), temp_bytes, kin, kout, pin, pout, n, 0, end_bit, stream()));
 
   const int threads = threads_for_cols(C, kThreads);
   const int64_t col_chunks = std::min<int64_t>(ceil_div(C, threads), 65535);
@@ -210,8 +211,8 @@ void position_embedding_backward(const Tensor& dout, Tensor& dwpe, const Embeddi
   if (B == 0 || T_len == 0 || C == 0) return;
   const dim3 grid(static_cast<unsigned>(ceil_div(C, kThreads)), static_cast<unsigned>(std::min<int64_t>(T_len, 65535)));
   MT_DISPATCH_FLOAT(dout.dtype(), "position_embedding_backward", T,
-                    position_backward_kernel<T><<<grid, kThreads, 0, stream()>>>(
-                        dout.data<T>(), dwpe.data<float>(), B, T_len, C, opt.position_offset));
+                    position_backward_kernel<T><<<grid, kThreads, 0, stream()>>>(dout.data<T>(), dwpe.data<float>(), B,
+                                                                                 T_len, C, opt.position_offset));
   MT_CUDA_LAUNCHED("position_backward_kernel");
 }
 

@@ -59,18 +59,22 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;
                                        static_cast<int>(status), call, file, line));
 }
 
-#define MT_CUBLAS_CHECK(call)                                                                      \
-  do {                                                                                             \
-    cublasStatus_t mt_status_ = (call);                                                            \
+#define MT_CUBLAS_CHECK(call)                                                                           \
+  do {                                                                                                  \
+    cublasStatus_t mt_status_ = (call);                                                                 \
     if (mt_status_ != CUBLAS_STATUS_SUCCESS) throw_cublas_error(mt_status_, #call, __FILE__, __LINE__); \
   } while (0)
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
-    case DType::f32: return CUDA_R_32F;
-    case DType::bf16: return CUDA_R_16BF;
-    case DType::f16: return CUDA_R_16F;
-    default: break;
+    case DType::f32:
+      return CUDA_R_32F;
+    case DType::bf16:
+      return CUDA_R_16BF;
+    case DType::f16:
+      return CUDA_R_16F;
+    default:
+      break;
   }
   throw std::invalid_argument(fmt::format("gemm: no cuBLASLt type for dtype {}", dtype_name(t)));
 }
@@ -165,9 +169,10 @@ struct PreferenceGuard {
 };
 
 std::string describe_key(const Key& k) {
-  return fmt::format("M={} N={} K={} trans_a={} trans_b={} a/b dtype {} out dtype {} (alignments a {} B, b {} B, "
-                     "out {} B)", k.m, k.n, k.k, k.trans_a, k.trans_b, dtype_name(k.in), dtype_name(k.out), k.align_a,
-                     k.align_b, k.align_c);
+  return fmt::format(
+      "M={} N={} K={} trans_a={} trans_b={} a/b dtype {} out dtype {} (alignments a {} B, b {} B, "
+      "out {} B)",
+      k.m, k.n, k.k, k.trans_a, k.trans_b, dtype_name(k.in), dtype_name(k.out), k.align_a, k.align_b, k.align_c);
 }
 
 bool has_bias_grad(Epilogue e) { return e == Epilogue::dgelu_bgrad || e == Epilogue::bgrad_a; }
@@ -175,11 +180,16 @@ bool has_aux(Epilogue e) { return e == Epilogue::gelu_bias || e == Epilogue::dge
 
 cublasLtEpilogue_t lt_epilogue(Epilogue e) {
   switch (e) {
-    case Epilogue::none: return CUBLASLT_EPILOGUE_DEFAULT;
-    case Epilogue::bias: return CUBLASLT_EPILOGUE_BIAS;
-    case Epilogue::gelu_bias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
-    case Epilogue::dgelu_bgrad: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
-    case Epilogue::bgrad_a: return CUBLASLT_EPILOGUE_BGRADB;  // our a is cuBLASLt's B (see the top of the file)
+    case Epilogue::none:
+      return CUBLASLT_EPILOGUE_DEFAULT;
+    case Epilogue::bias:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case Epilogue::gelu_bias:
+      return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+    case Epilogue::dgelu_bgrad:
+      return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    case Epilogue::bgrad_a:
+      return CUBLASLT_EPILOGUE_BGRADB;  // our a is cuBLASLt's B (see the top of the file)
   }
   throw std::invalid_argument("gemm: unknown epilogue");
 }
@@ -189,8 +199,8 @@ cublasLtEpilogue_t lt_epilogue(Epilogue e) {
 void set_epilogue_pointers(cublasLtMatmulDesc_t op, Epilogue e, const EpiloguePointers& p) {
   MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
   if (has_aux(e))
-    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p.aux,
-                                                   sizeof(p.aux)));
+    MT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p.aux, sizeof(p.aux)));
 }
 
 Plan make_plan(const Key& key, const EpiloguePointers& ptrs) {
@@ -207,22 +217,26 @@ Plan make_plan(const Key& key, const EpiloguePointers& ptrs) {
   MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
 
   // Layouts describe the buffers as stored (column-major, before the transpose is applied).
-  if (key.trans_b) MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, in, K, N, static_cast<int64_t>(K)));
-  else MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, in, N, K, static_cast<int64_t>(N)));
-  if (key.trans_a) MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, in, M, K, static_cast<int64_t>(M)));
-  else MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, in, K, M, static_cast<int64_t>(K)));
+  if (key.trans_b)
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, in, K, N, static_cast<int64_t>(K)));
+  else
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, in, N, K, static_cast<int64_t>(N)));
+  if (key.trans_a)
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, in, M, K, static_cast<int64_t>(M)));
+  else
+    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, in, K, M, static_cast<int64_t>(K)));
   MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, out, N, M, static_cast<int64_t>(N)));
 
   if (key.epilogue != Epilogue::none) {
     const auto epi = static_cast<uint32_t>(lt_epilogue(key.epilogue));
     MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     const auto bias_type = static_cast<int32_t>(cuda_type(key.bias));
-    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
-                                                   sizeof(bias_type)));
+    MT_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
     if (has_aux(key.epilogue)) {
       const auto aux_ld = static_cast<int64_t>(N);  // aux is (M, N) row-major: column-major (N, M), ld N
-      MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld,
-                                                     sizeof(aux_ld)));
+      MT_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
     }
     set_epilogue_pointers(plan.op, key.epilogue, ptrs);  // the heuristic reads their alignments
   }
@@ -230,8 +244,8 @@ Plan make_plan(const Key& key, const EpiloguePointers& ptrs) {
   PreferenceGuard pref;
   MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.pref));
   const uint64_t ws_bytes = kWorkspaceBytes;
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                       &ws_bytes, sizeof(ws_bytes)));
+  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                       sizeof(ws_bytes)));
   // cuBLASLt's A is our b and its B our a.
   MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
                                                        &key.align_b, sizeof(key.align_b)));
@@ -244,8 +258,8 @@ Plan make_plan(const Key& key, const EpiloguePointers& ptrs) {
 
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle(), plan.op, plan.a, plan.b, plan.c, plan.c,
-                                                               pref.pref, 1, &result, &found);
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(handle(), plan.op, plan.a, plan.b, plan.c, plan.c, pref.pref, 1, &result, &found);
   if (key.epilogue != Epilogue::none &&
       (status != CUBLAS_STATUS_SUCCESS || found == 0 || result.state != CUBLAS_STATUS_SUCCESS)) {
     Plan unusable;  // no fused algorithm: cached as such (no descriptors), the caller composes separate kernels
@@ -256,8 +270,7 @@ Plan make_plan(const Key& key, const EpiloguePointers& ptrs) {
     throw std::runtime_error(fmt::format("gemm: cuBLASLt has no algorithm for {} (fp32 compute)", describe_key(key)));
   if (status != CUBLAS_STATUS_SUCCESS)
     throw std::runtime_error(fmt::format("cuBLASLt error {} ({}) in cublasLtMatmulAlgoGetHeuristic for gemm {}",
-                                         cublasLtGetStatusString(status), static_cast<int>(status),
-                                         describe_key(key)));
+                                         cublasLtGetStatusString(status), static_cast<int>(status), describe_key(key)));
   if (result.state != CUBLAS_STATUS_SUCCESS)
     throw std::runtime_error(fmt::format("gemm: cuBLASLt's heuristic returned an unusable algorithm ({}) for {}",
                                          cublasLtGetStatusString(result.state), describe_key(key)));
@@ -287,7 +300,9 @@ void gemm_plain(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions
 // The epilogue as separate kernels after the plain GEMM, in the CPU reference's order (core/cpu/gemm.cpp).
 void gemm_composed(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions& opt) {
   switch (opt.epilogue) {
-    case Epilogue::none: gemm_plain(a, b, out, opt); return;
+    case Epilogue::none:
+      gemm_plain(a, b, out, opt);
+      return;
     case Epilogue::bias:
       gemm_plain(a, b, out, opt);
       mt::cuda::add_bias(out, *opt.bias);
@@ -333,8 +348,19 @@ bool gemm_fused(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions
   }
   if (has_aux(e)) ptrs.aux = opt.aux->raw();
 
-  const Key key{M, N, K, opt.trans_a, opt.trans_b, a.dtype(), out.dtype(), alignment_of(a.raw()),
-                alignment_of(b.raw()), alignment_of(out.raw()), e, bias_dtype, alignment_of(ptrs.bias),
+  const Key key{M,
+                N,
+                K,
+                opt.trans_a,
+                opt.trans_b,
+                a.dtype(),
+                out.dtype(),
+                alignment_of(a.raw()),
+                alignment_of(b.raw()),
+                alignment_of(out.raw()),
+                e,
+                bias_dtype,
+                alignment_of(ptrs.bias),
                 has_aux(e) ? alignment_of(ptrs.aux) : 0u};
   Plan& plan = plan_for(key, ptrs);
   {
@@ -344,8 +370,8 @@ bool gemm_fused(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions
     set_epilogue_pointers(plan.op, e, ptrs);
     const float alpha = opt.alpha, beta = opt.beta;
     const cublasStatus_t status =
-        cublasLtMatmul(handle(), plan.op, &alpha, b.raw(), plan.a, a.raw(), plan.b, &beta, out.raw(), plan.c,
-                       out.raw(), plan.c, &plan.algo, workspace(), kWorkspaceBytes, stream());
+        cublasLtMatmul(handle(), plan.op, &alpha, b.raw(), plan.a, a.raw(), plan.b, &beta, out.raw(), plan.c, out.raw(),
+                       plan.c, &plan.algo, workspace(), kWorkspaceBytes, stream());
     if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) {
       plan.usable = false;  // refused at launch (nothing enqueued): compose from now on
       return false;
@@ -371,19 +397,29 @@ void gemm_plain(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions
   const int64_t K = opt.trans_a ? a.dim(0) : a.dim(1);
   if (M == 0 || N == 0) return;
   if (K == 0) {  // op(a) op(b) is the zero matrix: out = beta * out (beta == 0 ignores out, NaNs included)
-    if (opt.beta == 0.f) out.zero_();
-    else if (opt.beta != 1.f) mt::cuda::scale_(out, opt.beta);
+    if (opt.beta == 0.f)
+      out.zero_();
+    else if (opt.beta != 1.f)
+      mt::cuda::scale_(out, opt.beta);
     return;
   }
 
-  const Key key{M, N, K, opt.trans_a, opt.trans_b, a.dtype(), out.dtype(), alignment_of(a.raw()),
-                alignment_of(b.raw()), alignment_of(out.raw())};
+  const Key key{M,
+                N,
+                K,
+                opt.trans_a,
+                opt.trans_b,
+                a.dtype(),
+                out.dtype(),
+                alignment_of(a.raw()),
+                alignment_of(b.raw()),
+                alignment_of(out.raw())};
   const Plan& plan = plan_for(key);  // throws when the heuristic finds nothing (no epilogue to drop)
   void* ws = workspace();
   const float alpha = opt.alpha, beta = opt.beta;
   // cuBLASLt's A is b, its B is a; C and D are both out (in place), so beta == 0 never reads out.
-  MT_CUBLAS_CHECK(cublasLtMatmul(handle(), plan.op, &alpha, b.raw(), plan.a, a.raw(), plan.b, &beta, out.raw(),
-                                 plan.c, out.raw(), plan.c, &plan.algo, ws, kWorkspaceBytes, stream()));
+  MT_CUBLAS_CHECK(cublasLtMatmul(handle(), plan.op, &alpha, b.raw(), plan.a, a.raw(), plan.b, &beta, out.raw(), plan.c,
+                                 out.raw(), plan.c, &plan.algo, ws, kWorkspaceBytes, stream()));
   MT_CUDA_LAUNCHED("cublasLtMatmul");
 }
 

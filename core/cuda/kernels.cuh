@@ -21,20 +21,32 @@ namespace mt::cuda {
 template <class T>
 __device__ __forceinline__ float to_f32(T v);
 template <>
-__device__ __forceinline__ float to_f32<float>(float v) { return v; }
+__device__ __forceinline__ float to_f32<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
 template <>
-__device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32<__half>(__half v) {
+  return __half2float(v);
+}
 
 template <class T>
 __device__ __forceinline__ T from_f32(float v);
 template <>
-__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+__device__ __forceinline__ float from_f32<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half from_f32<__half>(float v) {
+  return __float2half_rn(v);
+}
 
 [[noreturn]] inline void bad_dtype(const char* what, DType t) {
   throw std::invalid_argument(std::string(what) + ": no CUDA kernel for dtype " + std::string(dtype_name(t)));
@@ -43,24 +55,25 @@ __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2hal
 }  // namespace mt::cuda
 
 // Runs the statements with T bound to the storage type of a floating dtype.
-#define MT_DISPATCH_FLOAT(dtype, what, T, ...)                   \
-  switch (dtype) {                                               \
-    case ::mt::DType::f32: {                                     \
-      using T = float;                                           \
-      __VA_ARGS__;                                               \
-      break;                                                     \
-    }                                                            \
-    case ::mt::DType::bf16: {                                    \
-      using T = __nv_bfloat16;                                   \
-      __VA_ARGS__;                                               \
-      break;                                                     \
-    }                                                            \
-    case ::mt::DType::f16: {                                     \
-      using T = __half;                                          \
-      __VA_ARGS__;                                               \
-      break;                                                     \
-    }                                                            \
-    default: ::mt::cuda::bad_dtype(what, dtype);                 \
+#define MT_DISPATCH_FLOAT(dtype, what, T, ...) \
+  switch (dtype) {                             \
+    case ::mt::DType::f32: {                   \
+      using T = float;                         \
+      __VA_ARGS__;                             \
+      break;                                   \
+    }                                          \
+    case ::mt::DType::bf16: {                  \
+      using T = __nv_bfloat16;                 \
+      __VA_ARGS__;                             \
+      break;                                   \
+    }                                          \
+    case ::mt::DType::f16: {                   \
+      using T = __half;                        \
+      __VA_ARGS__;                             \
+      break;                                   \
+    }                                          \
+    default:                                   \
+      ::mt::cuda::bad_dtype(what, dtype);      \
   }
 
 namespace mt::cuda {

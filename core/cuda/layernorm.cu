@@ -38,8 +38,9 @@ __device__ __forceinline__ float normalized(float x, float m, float s) { return 
 
 // out may alias x: the last pass reads and writes each element from the same thread, after the reductions.
 template <class T>
-__global__ void __launch_bounds__(1024) layernorm_forward_kernel(const T* x, const float* w, const float* b, T* out, float* mean,
-                                         float* rstd, int64_t N, int64_t C, float eps) {
+__global__ void __launch_bounds__(1024)
+    layernorm_forward_kernel(const T* x, const float* w, const float* b, T* out, float* mean, float* rstd, int64_t N,
+                             int64_t C, float eps) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {  // uniform over the block: block_sum is safe
     const T* xr = x + n * C;
     T* yr = out + n * C;
@@ -72,8 +73,9 @@ __global__ void __launch_bounds__(1024) layernorm_forward_kernel(const T* x, con
 // With xhat = (x - mean) * rstd and g = dout * weight: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
 // dx may alias dout or x: the second pass reads and writes each element from the same thread.
 template <class T>
-__global__ void __launch_bounds__(1024) layernorm_dx_kernel(const T* dout, const T* x, const float* w, const float* mean,
-                                    const float* rstd, T* dx, int64_t N, int64_t C) {
+__global__ void __launch_bounds__(1024)
+    layernorm_dx_kernel(const T* dout, const T* x, const float* w, const float* mean, const float* rstd, T* dx,
+                        int64_t N, int64_t C) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {  // uniform over the block: block_sum is safe
     const T* xr = x + n * C;
     const T* dr = dout + n * C;
@@ -162,8 +164,7 @@ void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weigh
   const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks));
   MT_DISPATCH_FLOAT(x.dtype(), "layernorm_backward", T,
                     layernorm_param_partials_kernel<T><<<grid, kColThreads, 0, stream()>>>(
-                        dout.data<T>(), x.data<T>(), mean.data<float>(), rstd.data<float>(), pw, pb, N, C,
-                        rows_per));
+                        dout.data<T>(), x.data<T>(), mean.data<float>(), rstd.data<float>(), pw, pb, N, C, rows_per));
   MT_CUDA_LAUNCHED("layernorm_param_partials_kernel");
   layernorm_param_finish_kernel<<<static_cast<unsigned>(col_blocks), kColThreads, 0, stream()>>>(
       pw, pb, chunks, C, dweight.data<float>(), dbias.data<float>());
@@ -173,8 +174,7 @@ void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weigh
   const float* w = f32_values(weight, hold_w);
   MT_DISPATCH_FLOAT(x.dtype(), "layernorm_backward", T,
                     layernorm_dx_kernel<T><<<row_grid(N), row_threads(C), 0, stream()>>>(
-                        dout.data<T>(), x.data<T>(), w, mean.data<float>(), rstd.data<float>(), dx.data<T>(), N,
-                        C));
+                        dout.data<T>(), x.data<T>(), w, mean.data<float>(), rstd.data<float>(), dx.data<T>(), N, C));
   MT_CUDA_LAUNCHED("layernorm_dx_kernel");
 }
 

@@ -42,8 +42,7 @@ void fill_(Tensor& x, float v) {
   const int64_t n = x.numel();
   if (n == 0) return;
   const unsigned blocks = std::min<unsigned>(blocks_for(n, kThreads), 65535u * 8);
-  MT_DISPATCH_FLOAT(x.dtype(), "fill_", T,
-                    fill_kernel<T><<<blocks, kThreads, 0, stream()>>>(x.data<T>(), v, n));
+  MT_DISPATCH_FLOAT(x.dtype(), "fill_", T, fill_kernel<T><<<blocks, kThreads, 0, stream()>>>(x.data<T>(), v, n));
   MT_CUDA_LAUNCHED("fill_kernel");
 }
 

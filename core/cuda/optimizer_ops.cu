@@ -32,8 +32,8 @@ struct AdamWArgs {
 // g = grad * grad_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g g;
 // p -= lr * ((m inv_bc1) / (sqrt(v inv_bc2) + eps) + wd p), with the CPU's order of operations. Returns the new p.
 __device__ __forceinline__ float adamw_element(float* __restrict__ p, const float* __restrict__ grad,
-                                               float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq,
-                                               int64_t i, const AdamWArgs& a, float wd) {
+                                               float* __restrict__ exp_avg, float* __restrict__ exp_avg_sq, int64_t i,
+                                               const AdamWArgs& a, float wd) {
   const float one_minus_b1 = 1.f - a.b1, one_minus_b2 = 1.f - a.b2;
   const float g = __fmul_rn(grad[i], a.grad_scale);
   const float m = __fadd_rn(__fmul_rn(a.b1, exp_avg[i]), __fmul_rn(one_minus_b1, g));
@@ -86,8 +86,10 @@ __device__ __forceinline__ int tensor_of_block(const BlockMap& map, int64_t bloc
   int lo = 0, hi = map.count - 1;  // the last k with block_start[k] <= block
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (map.block_start[mid] <= block) lo = mid;
-    else hi = mid - 1;
+    if (map.block_start[mid] <= block)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo;
 }
@@ -201,20 +203,20 @@ void grad_stats(const std::vector<Tensor>& xs, Tensor& stats) {
   int* flag = reinterpret_cast<int*>(partials + count);
   fill_zero(flag, sizeof(int));
   int64_t at = 0;
-  for_each_launch(xs.size(), kReduceChunk, [&](size_t i) { return xs[i].numel(); },
-                  [&](const std::vector<size_t>& members, const BlockMap& map) {
-                    NormTable t{};
-                    for (size_t j = 0; j < members.size(); ++j) {
-                      t.x[j] = xs[members[j]].data<float>();
-                      t.n[j] = xs[members[j]].numel();
-                    }
-                    t.map = map;
-                    const int64_t blocks = map.block_start[map.count];
-                    grad_stats_partials_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream()>>>(
-                        t, partials + at, flag);
-                    MT_CUDA_LAUNCHED("grad_stats_partials_kernel");
-                    at += blocks;
-                  });
+  for_each_launch(
+      xs.size(), kReduceChunk, [&](size_t i) { return xs[i].numel(); },
+      [&](const std::vector<size_t>& members, const BlockMap& map) {
+        NormTable t{};
+        for (size_t j = 0; j < members.size(); ++j) {
+          t.x[j] = xs[members[j]].data<float>();
+          t.n[j] = xs[members[j]].numel();
+        }
+        t.map = map;
+        const int64_t blocks = map.block_start[map.count];
+        grad_stats_partials_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream()>>>(t, partials + at, flag);
+        MT_CUDA_LAUNCHED("grad_stats_partials_kernel");
+        at += blocks;
+      });
   grad_stats_total_kernel<<<1, 1024, 0, stream()>>>(partials, count, flag, stats.data<double>());
   MT_CUDA_LAUNCHED("grad_stats_total_kernel");
 }
@@ -224,26 +226,27 @@ void adamw_multi_step(const std::vector<AdamWTensors>& ts, const AdamWOptions& o
   DType out_dtype = DType::f32;  // one dtype for every value (checked by core/ops.cpp)
   for (const AdamWTensors& t : ts)
     if (t.value.defined()) out_dtype = t.value.dtype();
-  for_each_launch(ts.size(), kAdamWChunk, [&](size_t i) { return ts[i].master.numel(); },
-                  [&](const std::vector<size_t>& members, const BlockMap& map) {
-                    AdamWTable t{};
-                    for (size_t j = 0; j < members.size(); ++j) {
-                      const AdamWTensors& e = ts[members[j]];
-                      t.p[j] = e.master.data<float>();
-                      t.g[j] = e.grad.data<float>();
-                      t.m[j] = e.exp_avg.data<float>();
-                      t.v[j] = e.exp_avg_sq.data<float>();
-                      // A value that is the master itself (f32 parameters) is already written.
-                      t.out[j] = e.value.defined() && e.value.raw() != e.master.raw() ? e.value.raw() : nullptr;
-                      t.n[j] = e.master.numel();
-                      t.wd[j] = e.decay ? opt.weight_decay : 0.f;
-                    }
-                    t.map = map;
-                    const unsigned blocks = static_cast<unsigned>(map.block_start[map.count]);
-                    MT_DISPATCH_FLOAT(out_dtype, "adamw_multi_step", T,
-                                      adamw_multi_kernel<T><<<blocks, kThreads, 0, stream()>>>(t, a));
-                    MT_CUDA_LAUNCHED("adamw_multi_kernel");
-                  });
+  for_each_launch(
+      ts.size(), kAdamWChunk, [&](size_t i) { return ts[i].master.numel(); },
+      [&](const std::vector<size_t>& members, const BlockMap& map) {
+        AdamWTable t{};
+        for (size_t j = 0; j < members.size(); ++j) {
+          const AdamWTensors& e = ts[members[j]];
+          t.p[j] = e.master.data<float>();
+          t.g[j] = e.grad.data<float>();
+          t.m[j] = e.exp_avg.data<float>();
+          t.v[j] = e.exp_avg_sq.data<float>();
+          // A value that is the master itself (f32 parameters) is already written.
+          t.out[j] = e.value.defined() && e.value.raw() != e.master.raw() ? e.value.raw() : nullptr;
+          t.n[j] = e.master.numel();
+          t.wd[j] = e.decay ? opt.weight_decay : 0.f;
+        }
+        t.map = map;
+        const unsigned blocks = static_cast<unsigned>(map.block_start[map.count]);
+        MT_DISPATCH_FLOAT(out_dtype, "adamw_multi_step", T,
+                          adamw_multi_kernel<T><<<blocks, kThreads, 0, stream()>>>(t, a));
+        MT_CUDA_LAUNCHED("adamw_multi_kernel");
+      });
 }
 
 }  // namespace mt::cuda

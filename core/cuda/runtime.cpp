@@ -90,14 +90,17 @@ void select_device(int ordinal) {
   std::lock_guard lock(s.mu);
   if (s.ordinal == ordinal) return;
   if (s.ordinal >= 0)
-    throw std::runtime_error(fmt::format("CUDA device {} was already selected; a process drives one GPU "
-                                         "(cannot switch to device {})", s.ordinal.load(), ordinal));
+    throw std::runtime_error(
+        fmt::format("CUDA device {} was already selected; a process drives one GPU "
+                    "(cannot switch to device {})",
+                    s.ordinal.load(), ordinal));
   const int n = device_count();
   if (ordinal < 0 || ordinal >= n)
     throw std::runtime_error(
         n == 0 ? fmt::format("no CUDA device to run on: {}", unavailable_reason())
                : fmt::format("CUDA device {} does not exist: {} visible (LOCAL_RANK picks the device; check "
-                             "CUDA_VISIBLE_DEVICES and the number of ranks per node)", ordinal, n));
+                             "CUDA_VISIBLE_DEVICES and the number of ranks per node)",
+                             ordinal, n));
   bind_thread(ordinal);
   cudaStream_t stream = nullptr;
   MT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

@@ -56,11 +56,11 @@ void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64
 // The caching device allocator (core/cuda/allocator.cpp).
 Allocator& caching_allocator();
 struct CacheStats {
-  int64_t reserved_bytes = 0;       // held from cudaMalloc, in use or cached
+  int64_t reserved_bytes = 0;  // held from cudaMalloc, in use or cached
   int64_t peak_reserved_bytes = 0;
-  int64_t device_mallocs = 0;       // cudaMalloc calls so far (none once the training loop is warm)
+  int64_t device_mallocs = 0;  // cudaMalloc calls so far (none once the training loop is warm)
   int64_t cache_hits = 0;
-  int64_t pending_blocks = 0;       // freed blocks waiting for another stream's work (record_stream)
+  int64_t pending_blocks = 0;  // freed blocks waiting for another stream's work (record_stream)
 };
 // Marks the device memory at `ptr` (anywhere inside a block of the caching allocator) as used by work on
 // `stream` (a cudaStream_t other than the compute stream, e.g. a communicator's): once its tensor is freed,

@@ -100,8 +100,9 @@ void BlendIndex::decode_block(int64_t block) const {
   std::vector<int64_t> taken = checkpoints_[static_cast<size_t>(block)];
   cache_.resize(static_cast<size_t>(kBlock));
   const int64_t first = block * kBlock;
-  run_blend(weights_, first, kBlock, taken,
-            [&](int64_t g, int d, int64_t k) { cache_[static_cast<size_t>(g - first)] = {d, k}; });
+  run_blend(weights_, first, kBlock, taken, [&](int64_t g, int d, int64_t k) {
+    cache_[static_cast<size_t>(g - first)] = {d, k};
+  });
   cached_block_ = block;
 }
 

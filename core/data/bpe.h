@@ -45,7 +45,7 @@ class BpeModel {
   }
 
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> vocab_;  // raw bytes -> id
-  int32_t byte_id_[256];                            // -1: the byte alone is not a token
+  int32_t byte_id_[256];                                                         // -1: the byte alone is not a token
   bool byte_id_init_ = false;
   std::unordered_map<uint64_t, Merge> merges_;  // (left id, right id) -> rank and result
   std::optional<int32_t> unk_;

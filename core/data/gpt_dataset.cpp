@@ -151,8 +151,10 @@ std::vector<std::pair<int64_t, int64_t>> split_ranges(int64_t num_elements, cons
   std::vector<std::pair<int64_t, int64_t>> out;
   for (int i = 0; i < 3; ++i) {
     // megatron-core builds no dataset for a zero-width bookend (its split matrix holds None).
-    if (!(bookend[i + 1] > bookend[i])) out.emplace_back(idx[i], idx[i]);
-    else out.emplace_back(idx[i], idx[i + 1]);
+    if (!(bookend[i + 1] > bookend[i]))
+      out.emplace_back(idx[i], idx[i]);
+    else
+      out.emplace_back(idx[i], idx[i + 1]);
   }
   return out;
 }

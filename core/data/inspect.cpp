@@ -46,10 +46,10 @@ std::string decoded_documents(const std::string& prefix, const IndexedDataset& d
                                 prefix, tokenizer_sidecar_path(prefix)));
   const std::unique_ptr<Tokenizer> tok = make_tokenizer(sidecar->tokenizer);
   if (tok->vocab_size() != sidecar->vocab_size || tok->eod() != sidecar->eod)
-    throw DataError(fmt::format("{}: the {} tokenizer loaded from its files has vocab_size {} and eod {}, the "
-                                "dataset was written with {} and {}: the files changed",
-                                tokenizer_sidecar_path(prefix), tok->name(), tok->vocab_size(), tok->eod(),
-                                sidecar->vocab_size, sidecar->eod));
+    throw DataError(fmt::format(
+        "{}: the {} tokenizer loaded from its files has vocab_size {} and eod {}, the "
+        "dataset was written with {} and {}: the files changed",
+        tokenizer_sidecar_path(prefix), tok->name(), tok->vocab_size(), tok->eod(), sidecar->vocab_size, sidecar->eod));
   auto docs = ds.document_index();
   auto lengths = ds.sequence_lengths();
   std::string out, scratch;

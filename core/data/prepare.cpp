@@ -176,7 +176,8 @@ void read_json_lines(const std::string& path, const std::string& key, DocumentSi
 PrepareStats prepare_dataset(const PrepareOptions& options) {
   if (options.inputs.empty()) throw DataError("data prepare: no input files given");
   if (options.output_prefix.empty()) throw DataError("data prepare: no output prefix given");
-  if (options.workers < 1) throw DataError(fmt::format("data prepare: --workers must be at least 1, got {}", options.workers));
+  if (options.workers < 1)
+    throw DataError(fmt::format("data prepare: --workers must be at least 1, got {}", options.workers));
   std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(options.tokenizer);
   for (const std::string& path : options.inputs) open_input(path);  // fail before writing anything
 

@@ -9,8 +9,7 @@
 
 namespace mt {
 
-const char* const kGpt2SplitPattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+const char* const kGpt2SplitPattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
 // Hugging Face's tokenizers match with Oniguruma, whose Unicode \s is exactly the White_Space property.
 // PCRE2's \s (UCP) also matches U+180E (MONGOLIAN VOWEL SEPARATOR, a format character since Unicode 6.3), so
@@ -34,8 +33,8 @@ std::string oniguruma_whitespace(const std::string& pattern) {
         out += in_class ? std::string(kWhiteSpaceClass) : fmt::format("[{}]", kWhiteSpaceClass);
       } else if (e == 'S') {
         if (in_class)  // [^\S]-style double negation: used by no known tokenizer
-          throw DataError(fmt::format("pre-tokenizer pattern '{}': \\S inside a character class is not supported",
-                                      pattern));
+          throw DataError(
+              fmt::format("pre-tokenizer pattern '{}': \\S inside a character class is not supported", pattern));
         out += fmt::format("[^{}]", kWhiteSpaceClass);
       } else {
         out += c;
@@ -71,13 +70,14 @@ RegexSplit::RegexSplit(const std::string& pattern, bool literal, const std::stri
   const std::string source = literal ? pattern : oniguruma_whitespace(pattern);
   int err = 0;
   PCRE2_SIZE offset = 0;
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(source.data()), source.size(),
-                                   PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0) | (anchored ? PCRE2_ANCHORED : 0), &err, &offset, nullptr);
+  pcre2_code* code = pcre2_compile(
+      reinterpret_cast<PCRE2_SPTR>(source.data()), source.size(),
+      PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0) | (anchored ? PCRE2_ANCHORED : 0), &err, &offset, nullptr);
   if (!code) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof msg);
-    throw DataError(fmt::format("{}: cannot compile the pre-tokenizer pattern '{}': {} at offset {}", where,
-                                pattern, reinterpret_cast<const char*>(msg), offset));
+    throw DataError(fmt::format("{}: cannot compile the pre-tokenizer pattern '{}': {} at offset {}", where, pattern,
+                                reinterpret_cast<const char*>(msg), offset));
   }
   code_ = code;
   jit_ = pcre2_jit_compile(code, PCRE2_JIT_COMPLETE) == 0;  // without a JIT the interpreter matches
@@ -112,8 +112,7 @@ void* SplitScratch::match_data(const RegexSplit& re) {
 namespace {
 
 // Appends the Isolated split of `text` by `re` to out.
-void split_one(const RegexSplit& re, std::string_view text, std::vector<std::string_view>& out,
-               SplitScratch& scratch) {
+void split_one(const RegexSplit& re, std::string_view text, std::vector<std::string_view>& out, SplitScratch& scratch) {
   auto* code = static_cast<const pcre2_code*>(re.code());
   auto* md = static_cast<pcre2_match_data*>(scratch.match_data(re));
   auto* mctx = static_cast<pcre2_match_context*>(scratch.match_context());
@@ -146,9 +145,9 @@ void split_one(const RegexSplit& re, std::string_view text, std::vector<std::str
 bool CharTest::at(std::string_view text, size_t pos, SplitScratch& scratch) const {
   if (pos >= text.size()) return false;
   auto* md = static_cast<pcre2_match_data*>(scratch.match_data(re_));
-  const int rc = pcre2_match(static_cast<const pcre2_code*>(re_.code()), reinterpret_cast<PCRE2_SPTR>(text.data()),
-                             text.size(), pos, PCRE2_NO_UTF_CHECK, md,
-                             static_cast<pcre2_match_context*>(scratch.match_context()));
+  const int rc =
+      pcre2_match(static_cast<const pcre2_code*>(re_.code()), reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(),
+                  pos, PCRE2_NO_UTF_CHECK, md, static_cast<pcre2_match_context*>(scratch.match_context()));
   return rc > 0;
 }
 

@@ -27,9 +27,7 @@ std::string ByteTokenizer::decode(std::span<const int32_t> ids) const {
   return s;
 }
 
-TokenDType token_dtype_for_vocab(int64_t vocab_size) {
-  return vocab_size < 65500 ? TokenDType::u16 : TokenDType::i32;
-}
+TokenDType token_dtype_for_vocab(int64_t vocab_size) { return vocab_size < 65500 ? TokenDType::u16 : TokenDType::i32; }
 
 std::vector<std::string> supported_tokenizers() { return {"byte", "gpt2", "hf", "sentencepiece"}; }
 
@@ -37,8 +35,8 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerOptions& options) {
   if (options.name == "byte") return std::make_unique<ByteTokenizer>();
   if (options.name == "gpt2" || options.name == "hf") return load_bpe_tokenizer(options);
   if (options.name == "sentencepiece") return load_sentencepiece_tokenizer(options);
-  throw std::invalid_argument(fmt::format("unknown tokenizer '{}' (supported: {})", options.name,
-                                          fmt::join(supported_tokenizers(), ", ")));
+  throw std::invalid_argument(
+      fmt::format("unknown tokenizer '{}' (supported: {})", options.name, fmt::join(supported_tokenizers(), ", ")));
 }
 
 }  // namespace mt

@@ -54,10 +54,10 @@ class ByteTokenizer final : public Tokenizer {
 
 // What make_tokenizer needs: the name and the files that name reads.
 struct TokenizerOptions {
-  std::string name = "byte";   // see supported_tokenizers()
-  std::string vocab_file;      // gpt2: GPT-2's vocab.json
-  std::string merge_file;      // gpt2: GPT-2's merges.txt
-  std::string tokenizer_file;  // hf: a Hugging Face tokenizer.json
+  std::string name = "byte";    // see supported_tokenizers()
+  std::string vocab_file;       // gpt2: GPT-2's vocab.json
+  std::string merge_file;       // gpt2: GPT-2's merges.txt
+  std::string tokenizer_file;   // hf: a Hugging Face tokenizer.json
   std::string tokenizer_model;  // sentencepiece: a SentencePiece .model file
   std::string eod_token;        // hf, sentencepiece: the end-of-document token's text (default: the known eos)
 };

@@ -25,8 +25,7 @@ struct BpeCache final : EncodeCache {
 
 }  // namespace
 
-ByteLevelBpeTokenizer::ByteLevelBpeTokenizer(ByteLevelBpeSpec spec)
-    : spec_(std::move(spec)), added_(spec_.added) {}
+ByteLevelBpeTokenizer::ByteLevelBpeTokenizer(ByteLevelBpeSpec spec) : spec_(std::move(spec)), added_(spec_.added) {}
 
 std::unique_ptr<EncodeCache> ByteLevelBpeTokenizer::make_cache() const { return std::make_unique<BpeCache>(); }
 

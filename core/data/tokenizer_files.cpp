@@ -74,8 +74,8 @@ std::unique_ptr<Tokenizer> load_gpt2(const TokenizerOptions& o) {
   ByteLevelBpeSpec spec;
   spec.name = "gpt2";
   std::unordered_map<std::string, int32_t> by_text;
-  spec.vocab_size = load_vocab(parse_json(o.vocab_file, read_file(o.vocab_file)), o.vocab_file,
-                               spec.model, by_text) + 1;
+  spec.vocab_size =
+      load_vocab(parse_json(o.vocab_file, read_file(o.vocab_file)), o.vocab_file, spec.model, by_text) + 1;
   std::istringstream merges(read_file(o.merge_file));
   std::string line;
   for (int64_t lineno = 1; std::getline(merges, line); ++lineno) {
@@ -95,15 +95,18 @@ std::unique_ptr<Tokenizer> load_gpt2(const TokenizerOptions& o) {
 }
 
 bool flag(const json& j, const char* key) { return j.contains(key) && j[key].is_boolean() && j[key].get<bool>(); }
-std::string type_of(const json& j) { return j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : "?"; }
+std::string type_of(const json& j) {
+  return j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>() : "?";
+}
 
 // ByteLevel as a pre-tokenizer step: its regex split when use_regex (the default), its prefix space.
 void add_byte_level(const json& j, const std::string& where, bool sole, ByteLevelBpeSpec& spec) {
   if (flag(j, "add_prefix_space")) {
     if (!sole)
-      throw DataError(fmt::format("{}: pre_tokenizer ByteLevel with add_prefix_space inside a Sequence is not "
-                                  "supported",
-                                  where));
+      throw DataError(
+          fmt::format("{}: pre_tokenizer ByteLevel with add_prefix_space inside a Sequence is not "
+                      "supported",
+                      where));
     spec.add_prefix_space = true;
   }
   if (!j.contains("use_regex") || flag(j, "use_regex"))
@@ -113,8 +116,8 @@ void add_byte_level(const json& j, const std::string& where, bool sole, ByteLeve
 void add_split(const json& j, const std::string& where, ByteLevelBpeSpec& spec) {
   const std::string behavior = j.value("behavior", "?");
   if (behavior != "Isolated" || flag(j, "invert"))
-    throw DataError(fmt::format("{}: pre_tokenizer Split with behavior '{}'{} is not supported (only Isolated)",
-                                where, behavior, flag(j, "invert") ? " and invert" : ""));
+    throw DataError(fmt::format("{}: pre_tokenizer Split with behavior '{}'{} is not supported (only Isolated)", where,
+                                behavior, flag(j, "invert") ? " and invert" : ""));
   const json& p = j.value("pattern", json());
   if (p.contains("Regex") && p["Regex"].is_string())
     spec.pre_tokenizer.add_step(std::make_unique<RegexSplit>(p["Regex"].get<std::string>(), false, where + ": Split"));
@@ -128,17 +131,19 @@ void load_pre_tokenizer(const json& j, const std::string& where, ByteLevelBpeSpe
   const std::string t = type_of(j);
   if (t == "ByteLevel") return add_byte_level(j, where, true, spec);
   if (t != "Sequence")
-    throw DataError(fmt::format("{}: pre_tokenizer '{}' is not supported (ByteLevel, or a Sequence of Split "
-                                "steps ending in ByteLevel)",
-                                where, j.is_null() ? "null" : t));
+    throw DataError(
+        fmt::format("{}: pre_tokenizer '{}' is not supported (ByteLevel, or a Sequence of Split "
+                    "steps ending in ByteLevel)",
+                    where, j.is_null() ? "null" : t));
   const json& steps = j.value("pretokenizers", json::array());
   if (steps.empty() || type_of(steps.back()) != "ByteLevel")
     throw DataError(fmt::format("{}: a pre_tokenizer Sequence must end with ByteLevel (byte-level BPE)", where));
   for (size_t i = 0; i + 1 < steps.size(); ++i) {
     if (type_of(steps[i]) != "Split")
-      throw DataError(fmt::format("{}: pre_tokenizer '{}' inside a Sequence is not supported (only Split and "
-                                  "ByteLevel)",
-                                  where, type_of(steps[i])));
+      throw DataError(
+          fmt::format("{}: pre_tokenizer '{}' inside a Sequence is not supported (only Split and "
+                      "ByteLevel)",
+                      where, type_of(steps[i])));
     add_split(steps[i], where, spec);
   }
   add_byte_level(steps.back(), where, false, spec);
@@ -161,9 +166,10 @@ int32_t find_eod(const TokenizerOptions& o, const ByteLevelBpeSpec& spec,
       if (t.special && t.content == name) return t.id;
   for (const AddedToken& t : spec.added)
     if (t.special) specials.push_back(t.content);
-  throw DataError(fmt::format("{}: no known end-of-text token among the special tokens ({}); name one with "
-                              "--eod-token",
-                              o.tokenizer_file, specials.empty() ? "none" : fmt::format("{}", fmt::join(specials, " "))));
+  throw DataError(
+      fmt::format("{}: no known end-of-text token among the special tokens ({}); name one with "
+                  "--eod-token",
+                  o.tokenizer_file, specials.empty() ? "none" : fmt::format("{}", fmt::join(specials, " "))));
 }
 
 std::unique_ptr<Tokenizer> load_hf(const TokenizerOptions& o) {
@@ -177,11 +183,12 @@ std::unique_ptr<Tokenizer> load_hf(const TokenizerOptions& o) {
     throw DataError(fmt::format("{}: normalizer '{}' is not supported (byte-level BPE tokenizers have none)", where,
                                 type_of(root["normalizer"])));
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix", "dropout"})
-    if (model.contains(key) && !model[key].is_null() && !(model[key].is_string() && model[key].get<std::string>().empty()))
+    if (model.contains(key) && !model[key].is_null() &&
+        !(model[key].is_string() && model[key].get<std::string>().empty()))
       throw DataError(fmt::format("{}: BPE option {} is not supported", where, key));
   if (flag(model, "byte_fallback") || flag(model, "fuse_unk"))
-    throw DataError(fmt::format("{}: BPE option {} is not supported (a SentencePiece-style BPE, not byte-level)",
-                                where, flag(model, "byte_fallback") ? "byte_fallback" : "fuse_unk"));
+    throw DataError(fmt::format("{}: BPE option {} is not supported (a SentencePiece-style BPE, not byte-level)", where,
+                                flag(model, "byte_fallback") ? "byte_fallback" : "fuse_unk"));
 
   ByteLevelBpeSpec spec;
   spec.name = "hf";

@@ -104,9 +104,10 @@ std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const TokenizerOptions& 
   } else {
     eod = sp->eos_id();
     if (eod < 0)
-      throw DataError(fmt::format("{}: the model has no end-of-sentence piece (eos_id is -1); name the "
-                                  "end-of-document piece with --eod-token",
-                                  o.tokenizer_model));
+      throw DataError(
+          fmt::format("{}: the model has no end-of-sentence piece (eos_id is -1); name the "
+                      "end-of-document piece with --eod-token",
+                      o.tokenizer_model));
   }
   return std::make_unique<SentencePieceTokenizer>(std::move(sp), eod);
 }
@@ -114,8 +115,9 @@ std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const TokenizerOptions& 
 #else
 
 std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const TokenizerOptions&) {
-  throw DataError("--tokenizer sentencepiece: megatrain was built without SentencePiece (install libsentencepiece-dev "
-                  "and rebuild)");
+  throw DataError(
+      "--tokenizer sentencepiece: megatrain was built without SentencePiece (install libsentencepiece-dev "
+      "and rebuild)");
 }
 
 #endif

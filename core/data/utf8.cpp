@@ -30,8 +30,8 @@ size_t well_formed_length(std::string_view text, size_t i, size_t& bad) {
     return 0;
   }
   for (size_t k = 1; k <= need; ++k) {
-    const bool ok = i + k < text.size() && (k == 1 ? (b(i + k) >= lo && b(i + k) <= hi)
-                                                   : (b(i + k) >= 0x80 && b(i + k) <= 0xBF));
+    const bool ok =
+        i + k < text.size() && (k == 1 ? (b(i + k) >= lo && b(i + k) <= hi) : (b(i + k) >= 0x80 && b(i + k) <= 0xBF));
     if (!ok) {
       bad = k;  // the lead and the continuation bytes that were still possible
       return 0;

@@ -281,8 +281,9 @@ TEST_F(CheckpointTest, RejectsOverlappingOrOutOfBoundsSlices) {
 TEST_F(CheckpointTest, RanksWriteTheirOwnFilesAndRankZeroMerges) {
   auto all = iota(48, 0.f);
   std::string tmp = begin_checkpoint(save_, 9);
-  write_rank_files(tmp, 1, {{"t", {8, 6}, {4, 0}, Tensor::from_floats(block(all, 6, 4, 4, 0, 6), {4, 6})},
-                            {"only1", {2}, {}, make({2}, DType::f32, 5.f)}});
+  write_rank_files(tmp, 1,
+                   {{"t", {8, 6}, {4, 0}, Tensor::from_floats(block(all, 6, 4, 4, 0, 6), {4, 6})},
+                    {"only1", {2}, {}, make({2}, DType::f32, 5.f)}});
   write_rank_files(tmp, 0, {{"t", {8, 6}, {0, 0}, Tensor::from_floats(block(all, 6, 0, 4, 0, 6), {4, 6})}});
   std::string dir = commit_checkpoint(save_, tmp, state_at(9), 2, 0);
   EXPECT_EQ(listing(dir), (std::vector<std::string>{"metadata.yaml", "rank_00000.bin", "rank_00001.bin"}));
@@ -307,10 +308,10 @@ TEST_F(CheckpointTest, RanksWriteTheirOwnFilesAndRankZeroMerges) {
 // ---- corruption and bad metadata -----------------------------------------------------------------------
 
 TEST_F(CheckpointTest, FlippedByteIsAChecksumErrorNamingTheTensor) {
-  std::string dir = save_checkpoint(save_, state_at(5),
-                                    {{"model.a", {16}, {}, make({16}, DType::f32, 0.f)},
-                                     {"model.b", {4, 4}, {}, make({4, 4}, DType::f32, 100.f)}},
-                                    0);
+  std::string dir = save_checkpoint(
+      save_, state_at(5),
+      {{"model.a", {16}, {}, make({16}, DType::f32, 0.f)}, {"model.b", {4, 4}, {}, make({4, 4}, DType::f32, 100.f)}},
+      0);
   // model.a fills bytes [0, 64); model.b starts at the next 64-byte boundary.
   std::string bin = slurp(dir + "/rank_00000.bin");
   ASSERT_EQ(bin.size(), 128u);
@@ -366,7 +367,8 @@ TEST_F(CheckpointTest, MissingOrBadMetadataIsNamed) {
   expect_error(edited([](YAML::Node& c) { c["format_version"] = 99; }), "format_version 99");
   expect_error(edited([](YAML::Node& c) { c["tensors"][0]["dtype"] = "q7"; }), "unknown dtype");
   expect_error(edited([](YAML::Node& c) { c["tensors"][0]["slices"][0].remove("crc32"); }), "crc32");
-  expect_error(edited([](YAML::Node& c) { c["tensors"][0]["slices"][0]["extent"][0] = 5; }), "outside the global shape");
+  expect_error(edited([](YAML::Node& c) { c["tensors"][0]["slices"][0]["extent"][0] = 5; }),
+               "outside the global shape");
   expect_error(edited([](YAML::Node& c) { c["tensors"][0]["slices"][0]["extent"][1] = 1; }), "do not hold");
   expect_error(edited([](YAML::Node& c) { c["tensors"][0]["slices"][0]["offset"] = 64; }), "truncated",
                dir + "/rank_00000.bin");
@@ -433,7 +435,9 @@ TEST_F(CheckpointTest, FailedSaveLeavesThePreviousCheckpointAndLatest) {
   struct rlimit tiny = old;
   tiny.rlim_cur = 4096;
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &tiny), 0);
-  msg = error_of([&] { save_checkpoint(save_, state_at(30), {{"model.big", {4096}, {}, make({4096}, DType::f32, 0.f)}}, 0); });
+  msg = error_of([&] {
+    save_checkpoint(save_, state_at(30), {{"model.big", {4096}, {}, make({4096}, DType::f32, 0.f)}}, 0);
+  });
   ::setrlimit(RLIMIT_FSIZE, &old);
   ::signal(SIGXFSZ, old_handler);
   EXPECT_NE(msg.find("rank_00000.bin: write failed"), std::string::npos) << msg;
@@ -492,7 +496,8 @@ TEST_F(CheckpointTest, StaleTemporaryEntriesAreRemovedAtTheNextSave) {
   // The run holding the lock takes them for a crash's leftovers.
   ckpt::SaveDirLock lock(save_);
   save_checkpoint(save_, state_at(5), {}, 0);
-  EXPECT_EQ(listing(save_), (std::vector<std::string>{".lock", "iter_0000002", "iter_0000004", "iter_0000005", "latest"}));
+  EXPECT_EQ(listing(save_),
+            (std::vector<std::string>{".lock", "iter_0000002", "iter_0000004", "iter_0000005", "latest"}));
 }
 
 // Two runs on one save_dir used to delete each other's temporary directories.
@@ -571,7 +576,8 @@ TEST_F(CheckpointTest, HugeOffsetsAndShapesAreRefusedWithoutOverflow) {
 // older good checkpoint).
 TEST_F(CheckpointTest, ResumeWithoutLatestTakesTheNewestCompleteCheckpoint) {
   EXPECT_EQ(resolve_resume_checkpoint(save_), std::nullopt);
-  for (int64_t it : {5, 10, 15}) save_checkpoint(save_, state_at(it), {{"model.a", {4}, {}, make({4}, DType::f32, 1.f)}}, 0);
+  for (int64_t it : {5, 10, 15})
+    save_checkpoint(save_, state_at(it), {{"model.a", {4}, {}, make({4}, DType::f32, 1.f)}}, 0);
   EXPECT_EQ(resolve_resume_checkpoint(save_), save_ + "/iter_0000015");
   fs::remove(save_ + "/latest");
   EXPECT_EQ(resolve_resume_checkpoint(save_), save_ + "/iter_0000015");
@@ -595,8 +601,13 @@ TEST_F(CheckpointTest, ResumeWithoutLatestTakesTheNewestCompleteCheckpoint) {
 TEST(ResumeState, EveryValueIsCheckedNamingTheField) {
   CheckpointState s;
   s.iteration = 10;
-  s.values = {{"consumed_samples", "80"}, {"skipped_iters", "1"}, {"nan_iters", "0"}, {"optimizer_steps", "9"},
-              {"loss_scale", "65536"}, {"loss_scale_growth_tracker", "3"}, {"loss_scale_hysteresis_tracker", "2"},
+  s.values = {{"consumed_samples", "80"},
+              {"skipped_iters", "1"},
+              {"nan_iters", "0"},
+              {"optimizer_steps", "9"},
+              {"loss_scale", "65536"},
+              {"loss_scale_growth_tracker", "3"},
+              {"loss_scale_hysteresis_tracker", "2"},
               {"seed", "1234"}};
   const app::ResumeState r = app::read_resume_state(s, "ck");
   EXPECT_EQ(r.consumed_samples, 80);
@@ -621,21 +632,24 @@ TEST(ResumeState, EveryValueIsCheckedNamingTheField) {
   }
   CheckpointState missing = s;
   missing.values.erase("seed");
-  EXPECT_NE(error_of([&] { app::read_resume_state(missing, "ck"); }).find("lacks state value 'seed'"), std::string::npos);
+  EXPECT_NE(error_of([&] { app::read_resume_state(missing, "ck"); }).find("lacks state value 'seed'"),
+            std::string::npos);
 }
 
 // A checkpoint of another model shape used to resume without a word.
 TEST(ResumeState, ModelShapeDifferencesNameEachKey) {
-  const std::string old_cfg = "model:\n  arch: gpt\n  num_layers: 2\n  hidden_size: 32\n  num_heads: 4\n"
-                              "  ffn_hidden_size: 128\n  max_position_embeddings: 32\n  vocab_size: 257\n"
-                              "  tie_embeddings: true\n  dropout: 0.1\n";
+  const std::string old_cfg =
+      "model:\n  arch: gpt\n  num_layers: 2\n  hidden_size: 32\n  num_heads: 4\n"
+      "  ffn_hidden_size: 128\n  max_position_embeddings: 32\n  vocab_size: 257\n"
+      "  tie_embeddings: true\n  dropout: 0.1\n";
   EXPECT_TRUE(app::model_shape_differences(old_cfg, old_cfg, "ck").empty());
   std::string run = old_cfg;
-  for (auto [from, to] : std::vector<std::pair<std::string, std::string>>{{"num_layers: 2", "num_layers: 1"},
-                                                                          {"num_heads: 4", "num_heads: 8"},
-                                                                          {"vocab_size: 257", "vocab_size: 300"},
-                                                                          {"tie_embeddings: true", "tie_embeddings: false"},
-                                                                          {"dropout: 0.1", "dropout: 0"}})
+  for (auto [from, to] :
+       std::vector<std::pair<std::string, std::string>>{{"num_layers: 2", "num_layers: 1"},
+                                                        {"num_heads: 4", "num_heads: 8"},
+                                                        {"vocab_size: 257", "vocab_size: 300"},
+                                                        {"tie_embeddings: true", "tie_embeddings: false"},
+                                                        {"dropout: 0.1", "dropout: 0"}})
     run.replace(run.find(from), from.size(), to);
   EXPECT_EQ(app::model_shape_differences(old_cfg, run, "ck"),
             (std::vector<std::string>{"model.num_layers: 2 -> 1", "model.num_heads: 4 -> 8",
@@ -815,7 +829,8 @@ SafetensorsFile read_safetensors(const std::string& path) {
 }
 
 TEST_F(CheckpointTest, SafetensorsWriterLaysOutHeaderAndData) {
-  std::vector<SafetensorsSpec> specs = {{"a.weight", DType::f32, {2, 3}}, {"b", DType::bf16, {5}}, {"c\"q", DType::f16, {1, 3}}};
+  std::vector<SafetensorsSpec> specs = {
+      {"a.weight", DType::f32, {2, 3}}, {"b", DType::bf16, {5}}, {"c\"q", DType::f16, {1, 3}}};
   std::string path = root_ + "/x.safetensors";
   {
     SafetensorsWriter w(path, specs, {{"format", "pt"}});
@@ -884,8 +899,9 @@ struct TinyGpt {
   }
 
   std::string config() const {
-    return std::string("model:\n  arch: gpt\n  num_layers: 2\n  hidden_size: 8\n  num_heads: 2\n  ffn_hidden_size: 0\n"
-                       "  seq_length: 6\n  max_position_embeddings: 0\n  vocab_size: 11\n  tie_embeddings: ") +
+    return std::string(
+               "model:\n  arch: gpt\n  num_layers: 2\n  hidden_size: 8\n  num_heads: 2\n  ffn_hidden_size: 0\n"
+               "  seq_length: 6\n  max_position_embeddings: 0\n  vocab_size: 11\n  tie_embeddings: ") +
            (tied ? "true" : "false") +
            "\n  dropout: 0.1\n  attention_dropout: 0.05\n  layernorm_eps: 1.0e-05\n  init_std: 0.02\n"
            "training:\n  seed: 1\n";
@@ -984,9 +1000,10 @@ TEST_F(CheckpointTest, HfExportDeinterleavesTransposesAndDropsPadding) {
     EXPECT_EQ(cfg["initializer_range"].num, 0.02);
     EXPECT_EQ(cfg["bos_token_id"].num, 10);
     EXPECT_EQ(cfg["eos_token_id"].num, 10);
-    EXPECT_EQ(slurp(out + "/config.json").find(tied ? "\"tie_word_embeddings\": true" : "\"tie_word_embeddings\": false")
-                  != std::string::npos,
-              true);
+    EXPECT_EQ(
+        slurp(out + "/config.json").find(tied ? "\"tie_word_embeddings\": true" : "\"tie_word_embeddings\": false") !=
+            std::string::npos,
+        true);
   }
 }
 

@@ -85,7 +85,8 @@ TEST(CommGloo, AllReduceSumAndMaxMatchSerialReferenceForWorldSizes1To4) {
             for (int q = 0; q < world; ++q) inputs.push_back(stored(q, n, t));
             for (int64_t i = 0; i < n; ++i) {
               float ref = inputs[0][i];  // fp32 reduction, rounded once to the storage dtype
-              for (int q = 1; q < world; ++q) ref = op == ReduceOp::sum ? ref + inputs[q][i] : std::max(ref, inputs[q][i]);
+              for (int q = 1; q < world; ++q)
+                ref = op == ReduceOp::sum ? ref + inputs[q][i] : std::max(ref, inputs[q][i]);
               ASSERT_EQ(got[i], round_to(t, ref))
                   << "world " << world << " " << dtype_name(t) << " element " << i << " rank " << r;
             }

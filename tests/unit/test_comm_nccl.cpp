@@ -179,7 +179,7 @@ TEST(CommNccl, OneRankCollectivesRoundTripOnDeviceBuffers) {
 TEST(CommNccl, SixteenBitReductionsKeepTheirBits) {
   SKIP_WITHOUT_CUDA_DEVICE();
   auto comm = make_nccl_communicator(make_hash_store(), one_rank("solo16"));
-  const size_t n = 32;  // floats, so 64 half-precision elements
+  const size_t n = 32;                             // floats, so 64 half-precision elements
   const std::vector<float> values = ramp(n, 1.f);  // any bits: a one-rank sum keeps every element
   for (DType t : {DType::bf16, DType::f16}) {
     DeviceFloats a(n);
@@ -276,7 +276,7 @@ TEST(CommNccl, WaitOrdersTheComputeStreamAndHostReadsSeeTheResult) {
   auto comm = make_nccl_communicator(make_hash_store(), one_rank("ordered"));
   const std::vector<float> values = ramp(1 << 16, 0.125f);
   Tensor t = Tensor::from_floats(values, {1 << 16}).to(Device::cuda);
-  std::vector<std::unique_ptr<Work>> works;
+  std::vector<std::unique_ptr<Work> > works;
   for (int i = 0; i < 16; ++i) works.push_back(comm->all_reduce(t, ReduceOp::sum));
   for (auto& w : works) w->wait();
   EXPECT_EQ(t.to_floats(), values);

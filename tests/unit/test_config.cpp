@@ -19,7 +19,6 @@ using namespace mt;
 
 namespace {
 
-
 // A small valid config; tests change it with overrides or by editing the text.
 const std::string kBase = R"(model:
   num_layers: 4
@@ -440,7 +439,8 @@ TEST(ConfigRules, Device) {
 #endif
   EXPECT_EQ(base({"training.device=cpu"}).training.device, "cpu");
   EXPECT_CONTAINS(base_error({"training.device=tpu"}), "training.device: expected one of auto, cuda, cpu, got 'tpu'");
-  EXPECT_CONTAINS(base_error({"parallel.backend=mpi"}), "parallel.backend: expected one of auto, nccl, gloo, got 'mpi'");
+  EXPECT_CONTAINS(base_error({"parallel.backend=mpi"}),
+                  "parallel.backend: expected one of auto, nccl, gloo, got 'mpi'");
   EXPECT_CONTAINS(base_error({"training.device=cpu", "parallel.backend=nccl"}),
                   "parallel.backend: nccl needs training.device: cuda");
 }
@@ -713,7 +713,8 @@ TEST(ConfigVocabAuto, TakesTheFirstTrainPrefixsTokenizerVocabulary) {
   const auto dir = std::filesystem::temp_directory_path() / ("mt-vocab-auto-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const std::string a = (dir / "a").string(), b = (dir / "b").string();
-  std::ofstream(a + ".tokenizer.yaml") << "kind: sentencepiece\nfiles: {tokenizer_model: /x.model}\nvocab_size: 600\neod: 2\n";
+  std::ofstream(a + ".tokenizer.yaml")
+      << "kind: sentencepiece\nfiles: {tokenizer_model: /x.model}\nvocab_size: 600\neod: 2\n";
   std::ofstream(b + ".tokenizer.yaml") << "kind: byte\nvocab_size: 257\neod: 256\n";
   const std::string text = replace(replace(kBase, "vocab_size: 257", "vocab_size: auto"), "  synthetic: true\n",
                                    "  train: [" + a + ", " + b + "]\n");

@@ -21,8 +21,8 @@ TEST(CudaAllocator, Skipped) { GTEST_SKIP() << "built without the CUDA backend";
 namespace mt {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                                                               \
-  do {                                                                                                   \
+#define SKIP_WITHOUT_GPU()                                                                           \
+  do {                                                                                               \
     if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device: " << cuda::unavailable_reason(); \
   } while (0)
 

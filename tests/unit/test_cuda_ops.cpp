@@ -45,9 +45,12 @@ constexpr DType kFloatTypes[] = {DType::f32, DType::bf16, DType::f16};
 
 double tol_for(DType dt) {
   switch (dt) {
-    case DType::bf16: return 1e-2;
-    case DType::f16: return 5e-3;
-    default: return 1e-5;
+    case DType::bf16:
+      return 1e-2;
+    case DType::f16:
+      return 5e-3;
+    default:
+      return 1e-5;
   }
 }
 
@@ -155,12 +158,12 @@ class CudaGemm : public CudaOps, public ::testing::WithParamInterface<std::tuple
 TEST_P(CudaGemm, MatchesCpuForEveryDtypeOutDtypeAndAlphaBeta) {
   const auto [ta, tb] = GetParam();
   uint32_t seed = 100;
-  for (const GemmShape& s : {GemmShape{37, 29, 53}, GemmShape{1, 5, 3}, GemmShape{64, 96, 128},
-                             GemmShape{130, 257, 67}}) {
+  for (const GemmShape& s :
+       {GemmShape{37, 29, 53}, GemmShape{1, 5, 3}, GemmShape{64, 96, 128}, GemmShape{130, 257, 67}}) {
     const int64_t M = s.M, K = s.K, N = s.N;
     for (DType dt : kFloatTypes) {
-      const std::vector<DType> out_dtypes = dt == DType::f32 ? std::vector<DType>{DType::f32}
-                                                             : std::vector<DType>{dt, DType::f32};
+      const std::vector<DType> out_dtypes =
+          dt == DType::f32 ? std::vector<DType>{DType::f32} : std::vector<DType>{dt, DType::f32};
       for (DType out_dt : out_dtypes)
         for (const auto& [alpha, beta] : {std::pair{1.f, 0.f}, std::pair{0.5f, 0.75f}, std::pair{-1.25f, 1.f}}) {
           const Both a = both(rand_vec(M * K, ++seed), ta ? Shape{K, M} : Shape{M, K}, dt);
@@ -168,9 +171,9 @@ TEST_P(CudaGemm, MatchesCpuForEveryDtypeOutDtypeAndAlphaBeta) {
           Both out = beta == 0.f ? poisoned({M, N}, out_dt) : both(rand_vec(M * N, ++seed), {M, N}, out_dt);
           const GemmOptions opt{.trans_a = ta, .trans_b = tb, .alpha = alpha, .beta = beta};
           for (auto d : kDevices) gemm(a.*d, b.*d, out.*d, opt);
-          expect_match(out, tol_for(dt), str("gemm ", M, "x", K, "x", N, " trans_a=", ta, " trans_b=", tb, " ",
-                                             dtype_name(dt), " -> ", dtype_name(out_dt), " alpha=", alpha,
-                                             " beta=", beta));
+          expect_match(out, tol_for(dt),
+                       str("gemm ", M, "x", K, "x", N, " trans_a=", ta, " trans_b=", tb, " ", dtype_name(dt), " -> ",
+                           dtype_name(out_dt), " alpha=", alpha, " beta=", beta));
         }
     }
   }
@@ -368,8 +371,12 @@ void expect_same_mask(const Both& t, const std::string& what) {
 TEST_F(CudaOps, DropoutForwardAndBackwardDrawTheCpuMask) {
   const int64_t B = 2, T = 37, C = 70;  // C and col_offset not multiples of 4 (one Philox block serves 4 columns)
   for (float p : {0.1f, 0.5f}) {
-    const DropoutOptions opt{.p = p, .seed = 1234, .site = stream_id("layers.0.mlp.out"), .sample_offset = 3,
-                             .row_offset = 11, .col_offset = 6};
+    const DropoutOptions opt{.p = p,
+                             .seed = 1234,
+                             .site = stream_id("layers.0.mlp.out"),
+                             .sample_offset = 3,
+                             .row_offset = 11,
+                             .col_offset = 6};
     for (DType dt : kFloatTypes) {
       const std::string what = str(" p=", p, " ", dtype_name(dt));
       const Both x = both(rand_vec(B * T * C, 380, 0.25, 2), {B, T, C}, dt);  // nonzero: zeros mark the mask
@@ -415,8 +422,12 @@ class CudaAttention : public CudaOps, public ::testing::WithParamInterface<AttnC
 TEST_P(CudaAttention, ForwardAndBackwardMatchCpu) {
   const AttnCase c = GetParam();
   const int64_t B = c.B, T = c.T, H = c.H, D = c.D;
-  const AttentionOptions opt{.causal = c.causal, .dropout_p = c.dropout_p, .seed = 17,
-                             .site = stream_id("layers.2.attn.probs"), .sample_offset = 5, .head_offset = 2};
+  const AttentionOptions opt{.causal = c.causal,
+                             .dropout_p = c.dropout_p,
+                             .seed = 17,
+                             .site = stream_id("layers.2.attn.probs"),
+                             .sample_offset = 5,
+                             .head_offset = 2};
   const Shape out_shape = c.flat_out ? Shape{B, T, H * D} : Shape{B, T, H, D};
   for (DType dt : kFloatTypes) {
     const Both qkv = both(rand_vec(B * T * H * 3 * D, 390, -2, 2), {B, T, H, 3, D}, dt);
@@ -442,15 +453,15 @@ INSTANTIATE_TEST_SUITE_P(
                       AttnCase{false, 0.f, 1, 130, 2, 64, true}, AttnCase{false, 0.1f, 1, 130, 2, 64, true}),
     [](const auto& info) {
       const AttnCase& c = info.param;
-      return str(c.causal ? "Causal" : "Full", c.dropout_p > 0 ? "Dropout" : "NoDropout", "_B", c.B, "_T", c.T,
-                 "_H", c.H, "_D", c.D);
+      return str(c.causal ? "Causal" : "Full", c.dropout_p > 0 ? "Dropout" : "NoDropout", "_B", c.B, "_T", c.T, "_H",
+                 c.H, "_D", c.D);
     });
 
 // ---- cross-entropy -------------------------------------------------------------------------------
 
 struct CeCase {
   int64_t N, vocab_start, V, vocab_size;  // a shard of V columns from vocab_start; vocab_size -1: no padding
-  int32_t target_hi;                       // targets uniform in [0, target_hi)
+  int32_t target_hi;                      // targets uniform in [0, target_hi)
 };
 
 // The four ops on one vocabulary shard, each device using its own row statistics.
@@ -515,8 +526,8 @@ TEST_F(CudaOps, SumSquares) {
   for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{100003}}) {
     const Both x = both(rand_vec(n, 420, -3, 3), {n}, DType::f32);
     const double cpu = sum_squares(x.cpu), gpu = sum_squares(x.gpu);
-    EXPECT_LE(std::abs(gpu - cpu), 1e-5 * std::abs(cpu)) << "sum_squares of " << n << " values: gpu " << gpu
-                                                         << ", cpu " << cpu;
+    EXPECT_LE(std::abs(gpu - cpu), 1e-5 * std::abs(cpu))
+        << "sum_squares of " << n << " values: gpu " << gpu << ", cpu " << cpu;
   }
 }
 
@@ -553,8 +564,13 @@ TEST_F(CudaOps, AdamWOverThreeSteps) {
   Both exp_avg = both(Vec(n, 0.0), {n}, DType::f32), exp_avg_sq = both(Vec(n, 0.0), {n}, DType::f32);
   for (int64_t step = 1; step <= 3; ++step) {
     const Both grad = both(rand_vec(n, 441 + static_cast<uint32_t>(step), -2, 2), {n}, DType::f32);
-    const AdamWOptions opt{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
-                           .step = step, .grad_scale = 0.5f};
+    const AdamWOptions opt{.lr = 1e-2f,
+                           .beta1 = 0.9f,
+                           .beta2 = 0.95f,
+                           .eps = 1e-8f,
+                           .weight_decay = 0.1f,
+                           .step = step,
+                           .grad_scale = 0.5f};
     for (auto d : kDevices) adamw_step(master.*d, grad.*d, exp_avg.*d, exp_avg_sq.*d, opt);
     expect_match(master, 1e-5, str("adamw master, step ", step));
     expect_match(exp_avg, 1e-5, str("adamw exp_avg, step ", step));
@@ -568,9 +584,9 @@ TEST_F(CudaOps, AdamWOverThreeSteps) {
 // the value rounded to the source dtype, then to the destination dtype.
 TEST_F(CudaOps, CopyFromAcrossDevicesAndDtypes) {
   Vec x = rand_vec(1000, 450, -4, 4);
-  for (double v : {1.0 + 0x1p-8, 1.0 + 3 * 0x1p-8, 1.0 + 0x1p-11, 1.0 + 3 * 0x1p-11, 65504.0, 65519.0, 65520.0,
-                   70000.0, -1e9, 1e38, 0x1p-24, 0x1p-25, 3 * 0x1p-25, 1e-6, -0.0, 0.0,
-                   std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()})
+  for (double v : {1.0 + 0x1p-8, 1.0 + 3 * 0x1p-8, 1.0 + 0x1p-11, 1.0 + 3 * 0x1p-11, 65504.0, 65519.0, 65520.0, 70000.0,
+                   -1e9, 1e38, 0x1p-24, 0x1p-25, 3 * 0x1p-25, 1e-6, -0.0, 0.0, std::numeric_limits<double>::infinity(),
+                   -std::numeric_limits<double>::infinity()})
     x.push_back(static_cast<float>(v));
   const int64_t n = static_cast<int64_t>(x.size());
   for (Device src_dev : {Device::cpu, Device::cuda})
@@ -615,16 +631,24 @@ TEST_F(CudaOps, MultiTensorAdamWEqualsCpu) {
       value.push_back(both(p, {sizes[k]}, value_dt));
     }
     for (int64_t step = 1; step <= 3; ++step) {
-      const AdamWOptions opt{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
-                             .step = step, .grad_scale = 0.37f};
+      const AdamWOptions opt{.lr = 1e-2f,
+                             .beta1 = 0.9f,
+                             .beta2 = 0.95f,
+                             .eps = 1e-8f,
+                             .weight_decay = 0.1f,
+                             .step = step,
+                             .grad_scale = 0.37f};
       std::vector<AdamWTensors> ts[2];
       for (size_t k = 0; k < sizes.size(); ++k) {
-        const Both g = both(rand_vec(sizes[k], 900 + static_cast<uint32_t>(7 * step + k), -2, 2), {sizes[k]},
-                            DType::f32);
+        const Both g =
+            both(rand_vec(sizes[k], 900 + static_cast<uint32_t>(7 * step + k), -2, 2), {sizes[k]}, DType::f32);
         for (int d = 0; d < 2; ++d)
-          ts[d].push_back({.master = master[k].*kDevices[d], .grad = g.*kDevices[d], .exp_avg = m[k].*kDevices[d],
+          ts[d].push_back({.master = master[k].*kDevices[d],
+                           .grad = g.*kDevices[d],
+                           .exp_avg = m[k].*kDevices[d],
                            .exp_avg_sq = v[k].*kDevices[d],
-                           .value = value_dt == DType::f32 ? Tensor() : value[k].*kDevices[d], .decay = k % 3 != 1});
+                           .value = value_dt == DType::f32 ? Tensor() : value[k].*kDevices[d],
+                           .decay = k % 3 != 1});
       }
       for (auto& t : ts) adamw_multi_step(t, opt);
       for (size_t k = 0; k < sizes.size(); ++k) {
@@ -756,9 +780,13 @@ TEST_F(CudaOps, CachingAllocatorReusesFreedBlocks) {
 #if defined(MEGATRAIN_WITH_CUDA)
   auto round = [] {
     std::vector<Tensor> ts;
-    for (const auto& [shape, dt] : {std::pair<Shape, DType>{{1000}, DType::f32}, {{37, 53}, DType::bf16},
-                                    {{4096, 1024}, DType::f32}, {{3, 5, 7}, DType::f16}, {{1, 1}, DType::f32},
-                                    {{2048, 3000}, DType::bf16}, {{1000}, DType::f32}})
+    for (const auto& [shape, dt] : {std::pair<Shape, DType>{{1000}, DType::f32},
+                                    {{37, 53}, DType::bf16},
+                                    {{4096, 1024}, DType::f32},
+                                    {{3, 5, 7}, DType::f16},
+                                    {{1, 1}, DType::f32},
+                                    {{2048, 3000}, DType::bf16},
+                                    {{1000}, DType::f32}})
       ts.push_back(Tensor::empty(shape, dt, Device::cuda));
   };
   round();
@@ -770,7 +798,6 @@ TEST_F(CudaOps, CachingAllocatorReusesFreedBlocks) {
   EXPECT_EQ(second.reserved_bytes, first.reserved_bytes);
 #endif
 }
-
 
 // ---- GEMM epilogues and fused kernels ------------------------------------------------------------
 // Each cuBLASLt epilogue (core/cuda/gemm.cpp) and the fused residual + dropout kernel against the CPU
@@ -823,7 +850,7 @@ TEST_F(CudaOps, GemmDgeluBgradEpilogueAccumulatesTheBiasGradient) {
       const Both w2 = both(rand_vec(K * N, ++seed), {K, N}, dt);          // (C, F): fc2's weight
       const Both pre = both(rand_vec(M * N, ++seed, -3, 3), {M, N}, dt);  // fc1's pre-activation
       Both out = poisoned({M, N}, dt);
-      Both dbias = both(rand_vec(N, ++seed, -5, 5), {N}, DType::f32);    // nonzero start: must be added to
+      Both dbias = both(rand_vec(N, ++seed, -5, 5), {N}, DType::f32);  // nonzero start: must be added to
       for (auto d : kDevices) {
         Tensor aux = pre.*d;
         gemm(dy.*d, w2.*d, out.*d, {.epilogue = Epilogue::dgelu_bgrad, .aux = &aux, .dbias = &(dbias.*d)});
@@ -844,8 +871,7 @@ TEST_F(CudaOps, GemmBgradEpilogueOfTheWeightGradient) {
       Both dw = both(rand_vec(M * N, ++seed), {M, N}, DType::f32);
       Both dbias = both(rand_vec(M, ++seed, -5, 5), {M}, DType::f32);
       for (auto d : kDevices)
-        gemm(dout.*d, x.*d, dw.*d,
-             {.trans_a = true, .beta = 1.f, .epilogue = Epilogue::bgrad_a, .dbias = &(dbias.*d)});
+        gemm(dout.*d, x.*d, dw.*d, {.trans_a = true, .beta = 1.f, .epilogue = Epilogue::bgrad_a, .dbias = &(dbias.*d)});
       const std::string what = str(" ", M, "x", K, "x", N, " ", dtype_name(dt));
       expect_match(dw, tol_for(dt), "gemm+bgrad_a dW" + what);
       expect_match(dbias, tol_for(dt), "gemm+bgrad_a dbias" + what);
@@ -855,8 +881,12 @@ TEST_F(CudaOps, GemmBgradEpilogueOfTheWeightGradient) {
 TEST_F(CudaOps, DropoutAddMatchesTheCpu) {
   const int64_t B = 2, T = 37, C = 70;  // C and col_offset not multiples of 4, as the dropout test
   for (float p : {0.f, 0.1f, 0.5f}) {
-    const DropoutOptions opt{.p = p, .seed = 1234, .site = stream_id("layers.0.attn.out"), .sample_offset = 3,
-                             .row_offset = 11, .col_offset = 6};
+    const DropoutOptions opt{.p = p,
+                             .seed = 1234,
+                             .site = stream_id("layers.0.attn.out"),
+                             .sample_offset = 3,
+                             .row_offset = 11,
+                             .col_offset = 6};
     for (DType dt : kFloatTypes) {
       const std::string what = str(" p=", p, " ", dtype_name(dt));
       const Both x = both(rand_vec(B * T * C, 990, -2, 2), {B, T, C}, dt);
@@ -876,7 +906,6 @@ TEST_F(CudaOps, DropoutAddMatchesTheCpu) {
   }
 }
 
-
 // ---- attention paths: cuDNN's fused attention and the kernel -------------------------------------
 // MEGATRAIN_ATTENTION picks the path (core/cuda/attention_backend.h); each test sets it and checks which path
 // ran with last_attention_path(), so a silent fallback to the kernel cannot pass for cuDNN.
@@ -891,8 +920,10 @@ class AttentionModeScope {
     ::setenv("MEGATRAIN_ATTENTION", mode, 1);
   }
   ~AttentionModeScope() {
-    if (saved_.empty()) ::unsetenv("MEGATRAIN_ATTENTION");
-    else ::setenv("MEGATRAIN_ATTENTION", saved_.c_str(), 1);
+    if (saved_.empty())
+      ::unsetenv("MEGATRAIN_ATTENTION");
+    else
+      ::setenv("MEGATRAIN_ATTENTION", saved_.c_str(), 1);
   }
 
  private:
@@ -926,8 +957,10 @@ TEST(AttentionPath, ChosenByDtypeDropoutAndMode) {
     AttentionModeScope mode("cudnn");  // forcing cuDNN where it cannot run is an error, not a silent fallback
     EXPECT_THROW(cuda::attention_path(DType::f32, 0.f), std::runtime_error);
     EXPECT_THROW(cuda::attention_path(DType::bf16, 0.1f), std::runtime_error);
-    if (cuda::cudnn_built()) EXPECT_EQ(cuda::attention_path(DType::bf16, 0.f), cuda::AttentionPath::cudnn);
-    else EXPECT_THROW(cuda::attention_path(DType::bf16, 0.f), std::runtime_error);
+    if (cuda::cudnn_built())
+      EXPECT_EQ(cuda::attention_path(DType::bf16, 0.f), cuda::AttentionPath::cudnn);
+    else
+      EXPECT_THROW(cuda::attention_path(DType::bf16, 0.f), std::runtime_error);
   }
   {
     AttentionModeScope mode("flash");
@@ -937,8 +970,10 @@ TEST(AttentionPath, ChosenByDtypeDropoutAndMode) {
 
 TEST(AttentionPath, CudnnVersionIsNamedOrNotBuilt) {
   const std::string v = cuda::cudnn_version();
-  if (cuda::cudnn_built()) EXPECT_NE(v.find("(built with 9."), std::string::npos) << v;
-  else EXPECT_EQ(v.rfind("not built", 0), 0u) << v;
+  if (cuda::cudnn_built())
+    EXPECT_NE(v.find("(built with 9."), std::string::npos) << v;
+  else
+    EXPECT_EQ(v.rfind("not built", 0), 0u) << v;
 }
 
 // Skips unless a GPU and the cuDNN path are there.
@@ -1030,8 +1065,8 @@ TEST_F(CudnnAttention, BackwardIsDeterministic) {
 TEST_F(CudnnAttention, ForcedKernelAndForcedCudnnBothMatchCpu) {
   const CudnnCase c{2, 65, 2, 64, true};
   for (DType dt : {DType::bf16, DType::f16}) {
-    for (const auto& [mode_name, path] : {std::pair{"kernel", cuda::AttentionPath::kernel},
-                                          std::pair{"cudnn", cuda::AttentionPath::cudnn}}) {
+    for (const auto& [mode_name, path] :
+         {std::pair{"kernel", cuda::AttentionPath::kernel}, std::pair{"cudnn", cuda::AttentionPath::cudnn}}) {
       AttentionModeScope mode(mode_name);
       const AttnRun r = run_attention(c, dt, 720, path);
       const std::string what = str(" ", dtype_name(dt), " MEGATRAIN_ATTENTION=", mode_name);

@@ -317,7 +317,10 @@ TEST(IndexedDataset, ReadRejectsFractionalFloatTokens) {
     w.add_document(Doc{{1, 2, 3}});
     w.finish();
     std::vector<uint8_t> bin = read_bytes(f + ".bin");
-    if (t == TokenDType::f32) patch<float>(bin, 4, 1.5f); else patch<double>(bin, 8, 1.5);
+    if (t == TokenDType::f32)
+      patch<float>(bin, 4, 1.5f);
+    else
+      patch<double>(bin, 8, 1.5);
     write_bytes(f + ".bin", bin);
     IndexedDataset ds(f);
     std::vector<int32_t> one(1), all(3);

@@ -22,7 +22,7 @@ class RecordingCommunicator final : public Communicator {
   explicit RecordingCommunicator(bool blocks_caller) : blocks_caller_(blocks_caller) {}
   struct Call {
     std::thread::id thread;
-    float first = 0;     // value of the bucket's first element: its offset in the flat buffer
+    float first = 0;  // value of the bucket's first element: its offset in the flat buffer
     int64_t numel = 0;
   };
   struct Log {

@@ -36,13 +36,21 @@ std::string error_of(const Vars& vars) {
   return "";
 }
 
-
-const Vars kTorchrun = {{"RANK", "5"},         {"WORLD_SIZE", "8"},           {"LOCAL_RANK", "1"},
-                        {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "node01"}, {"MASTER_PORT", "29400"}};
-const Vars kSlurm = {{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "2"},
-                     {"SLURM_NTASKS_PER_NODE", "4(x2)"}, {"SLURM_JOB_NODELIST", "gpu[03-04]"}};
-const Vars kOpenMpi = {{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                       {"OMPI_COMM_WORLD_LOCAL_RANK", "3"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}};
+const Vars kTorchrun = {{"RANK", "5"},
+                        {"WORLD_SIZE", "8"},
+                        {"LOCAL_RANK", "1"},
+                        {"LOCAL_WORLD_SIZE", "4"},
+                        {"MASTER_ADDR", "node01"},
+                        {"MASTER_PORT", "29400"}};
+const Vars kSlurm = {{"SLURM_PROCID", "6"},
+                     {"SLURM_NTASKS", "8"},
+                     {"SLURM_LOCALID", "2"},
+                     {"SLURM_NTASKS_PER_NODE", "4(x2)"},
+                     {"SLURM_JOB_NODELIST", "gpu[03-04]"}};
+const Vars kOpenMpi = {{"OMPI_COMM_WORLD_RANK", "3"},
+                       {"OMPI_COMM_WORLD_SIZE", "4"},
+                       {"OMPI_COMM_WORLD_LOCAL_RANK", "3"},
+                       {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}};
 
 Vars with(Vars vars, const Vars& changes) {
   for (const auto& [k, v] : changes) vars[k] = v;
@@ -216,8 +224,9 @@ TEST(Launch, SlurmUnreadableNodeListNamesTheVariable) {
   for (const char* bad : {"", "node[03-05", "node]", "node[]", "node[a-b]", "node[-3]", "node[1,,2]", "[1-2]x y"}) {
     SCOPED_TRACE(bad);
     EXPECT_EQ(error_of(with(kSlurm, {{"SLURM_JOB_NODELIST", bad}})),
-              std::string("SLURM_JOB_NODELIST='") + bad + "' is not a Slurm node list this launcher can read; set "
-                                                           "MASTER_ADDR");
+              std::string("SLURM_JOB_NODELIST='") + bad +
+                  "' is not a Slurm node list this launcher can read; set "
+                  "MASTER_ADDR");
   }
   EXPECT_CONTAINS(error_of(with(without(kSlurm, "SLURM_JOB_NODELIST"), {{"SLURM_NODELIST", "n[1"}})),
                   "SLURM_NODELIST='n[1'");

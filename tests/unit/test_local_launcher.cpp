@@ -182,7 +182,8 @@ TEST(LocalLauncher, RankEnvironmentKeepsTheRestOfTheParentEnvironment) {
 }
 
 TEST(LocalLauncher, RankEnvironmentGivesEveryRankTheLaunchsJobId) {
-  std::vector<std::string> env = rank_environment({"MEGATRAIN_JOB_ID=outer", "HOME=/h"}, 0, 2, "127.0.0.1", 1, "c0ffee");
+  std::vector<std::string> env =
+      rank_environment({"MEGATRAIN_JOB_ID=outer", "HOME=/h"}, 0, 2, "127.0.0.1", 1, "c0ffee");
   EXPECT_EQ(env, (std::vector<std::string>{"HOME=/h", "RANK=0", "WORLD_SIZE=2", "LOCAL_RANK=0", "LOCAL_WORLD_SIZE=2",
                                            "MASTER_ADDR=127.0.0.1", "MASTER_PORT=1", "MEGATRAIN_JOB_ID=c0ffee"}));
 }

@@ -139,9 +139,9 @@ float rne_reference(float x, int mant, int emin, double max_finite) {
 
 TEST(DType, Bf16RoundsToNearestEven) {
   EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
-  EXPECT_EQ(float_to_bf16(1.0f + 0x1p-8f), 0x3f80);            // tie, down to even
-  EXPECT_EQ(float_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);        // tie, up to even
-  EXPECT_EQ(float_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);  // above the tie
+  EXPECT_EQ(float_to_bf16(1.0f + 0x1p-8f), 0x3f80);                     // tie, down to even
+  EXPECT_EQ(float_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);                 // tie, up to even
+  EXPECT_EQ(float_to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);          // above the tie
   EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::max()), 0x7f80);  // overflows to inf
   EXPECT_EQ(float_to_bf16(-INFINITY), 0xff80);
   EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(NAN))));
@@ -168,12 +168,12 @@ TEST(DType, F16RoundsToNearestEvenWithSubnormalsAndOverflow) {
   EXPECT_EQ(float_to_f16(std::nextafter(65520.f, 0.f)), 0x7bff);
   EXPECT_EQ(float_to_f16(65520.f), 0x7c00);  // the tie above the largest finite value goes to inf
   EXPECT_EQ(float_to_f16(-1e9f), 0xfc00);
-  EXPECT_EQ(float_to_f16(0x1p-24f), 0x0001);                          // smallest subnormal
-  EXPECT_EQ(float_to_f16(0x1p-25f), 0x0000);                          // tie, down to zero
+  EXPECT_EQ(float_to_f16(0x1p-24f), 0x0001);  // smallest subnormal
+  EXPECT_EQ(float_to_f16(0x1p-25f), 0x0000);  // tie, down to zero
   EXPECT_EQ(float_to_f16(std::nextafter(0x1p-25f, 1.f)), 0x0001);
-  EXPECT_EQ(float_to_f16(3 * 0x1p-25f), 0x0002);                      // 1.5 units: tie, up to even
-  EXPECT_EQ(float_to_f16(5 * 0x1p-25f), 0x0002);                      // 2.5 units: tie, down to even
-  EXPECT_EQ(float_to_f16(0x1p-14f - 0x1p-25f), 0x0400);               // 1023.5 units: up to the smallest normal
+  EXPECT_EQ(float_to_f16(3 * 0x1p-25f), 0x0002);         // 1.5 units: tie, up to even
+  EXPECT_EQ(float_to_f16(5 * 0x1p-25f), 0x0002);         // 2.5 units: tie, down to even
+  EXPECT_EQ(float_to_f16(0x1p-14f - 0x1p-25f), 0x0400);  // 1023.5 units: up to the smallest normal
   EXPECT_EQ(float_to_f16(-0.f), 0x8000);
   EXPECT_EQ(f16_to_float(0x0001), 0x1p-24f);
   EXPECT_EQ(f16_to_float(0x83ff), -1023 * 0x1p-24f);
@@ -229,10 +229,14 @@ TEST_P(GemmTrans, BackwardGemmsMatchFiniteDifferences) {
   const Shape sa = ta ? Shape{K, M} : Shape{M, K}, sb = tb ? Shape{N, K} : Shape{K, N};
   Tensor A = make(a, sa), B = make(b, sb), W = make(w, {M, N});
   Tensor dA = Tensor::zeros(sa, DType::f32), dB = Tensor::zeros(sb, DType::f32);
-  if (!ta) gemm(W, B, dA, {.trans_b = !tb});                   // dA (M, K) = W op(b)^T
-  else gemm(B, W, dA, {.trans_a = tb, .trans_b = true});       // dA (K, M) = op(b) W^T
-  if (!tb) gemm(A, W, dB, {.trans_a = !ta});                   // dB (K, N) = op(a)^T W
-  else gemm(W, A, dB, {.trans_a = true, .trans_b = ta});       // dB (N, K) = W^T op(a)
+  if (!ta)
+    gemm(W, B, dA, {.trans_b = !tb});  // dA (M, K) = W op(b)^T
+  else
+    gemm(B, W, dA, {.trans_a = tb, .trans_b = true});  // dA (K, M) = op(b) W^T
+  if (!tb)
+    gemm(A, W, dB, {.trans_a = !ta});  // dB (K, N) = op(a)^T W
+  else
+    gemm(W, A, dB, {.trans_a = true, .trans_b = ta});  // dB (N, K) = W^T op(a)
   EXPECT_CLOSE(values(dA), fd_grad([&](const Vec& x) { return gemm_ref(x, b, M, K, N, ta, tb); }, a, w), kGradTol);
   EXPECT_CLOSE(values(dB), fd_grad([&](const Vec& x) { return gemm_ref(a, x, M, K, N, ta, tb); }, b, w), kGradTol);
 }
@@ -438,8 +442,12 @@ Vec dropout_ref(const Vec& x, int64_t B, int64_t T, int64_t C, const DropoutOpti
 
 TEST(Dropout, ForwardMatchesMaskAndBackwardMatchesFiniteDifferences) {
   const int64_t B = 2, T = 16, C = 32;
-  const DropoutOptions opt{.p = 0.3f, .seed = 42, .site = stream_id("layers.0.mlp.out"), .sample_offset = 5,
-                           .row_offset = 2, .col_offset = 64};
+  const DropoutOptions opt{.p = 0.3f,
+                           .seed = 42,
+                           .site = stream_id("layers.0.mlp.out"),
+                           .sample_offset = 5,
+                           .row_offset = 2,
+                           .col_offset = 64};
   const Vec x = rand_vec(B * T * C, 35), w = rand_vec(B * T * C, 36);
   Tensor out = Tensor::empty({B, T, C}, DType::f32);
   dropout_forward(make(x, {B, T, C}), out, opt);
@@ -503,7 +511,8 @@ AttnRef attention_ref(const Vec& qkv, int64_t B, int64_t T, int64_t H, int64_t D
           double p = std::exp(s[j] - lse);
           if (o.dropout_p > 0)
             p = dropout_uniform(o.seed, o.site, o.sample_offset + b, (o.head_offset + h) * T + i, j) >= o.dropout_p
-                    ? p / (1.0 - o.dropout_p) : 0.0;
+                    ? p / (1.0 - o.dropout_p)
+                    : 0.0;
           for (int64_t d = 0; d < D; ++d) r.out[((b * T + i) * H + h) * D + d] += p * at(b, j, h, 2, d);
         }
       }
@@ -518,8 +527,12 @@ class AttentionCases : public ::testing::TestWithParam<AttnCase> {};
 
 TEST_P(AttentionCases, ForwardMatchesDoubleAndBackwardMatchesFiniteDifferences) {
   const int64_t B = 2, T = 6, H = 2, D = 4;
-  const AttentionOptions opt{.causal = GetParam().causal, .dropout_p = GetParam().dropout_p, .seed = 9,
-                             .site = stream_id("layers.1.attn.probs"), .sample_offset = 3, .head_offset = 2};
+  const AttentionOptions opt{.causal = GetParam().causal,
+                             .dropout_p = GetParam().dropout_p,
+                             .seed = 9,
+                             .site = stream_id("layers.1.attn.probs"),
+                             .sample_offset = 3,
+                             .head_offset = 2};
   const Vec qkv = rand_vec(B * T * H * 3 * D, 38, -1.5, 1.5), w = rand_vec(B * T * H * D, 39);
   Tensor QKV = make(qkv, {B, T, H, 3, D}), out = Tensor::empty({B, T, H, D}, DType::f32);
   Tensor lse = Tensor::empty({B, H, T}, DType::f32), dqkv = Tensor::empty({B, T, H, 3, D}, DType::f32);
@@ -681,8 +694,8 @@ TEST(CrossEntropy, PaddingColumnsAreExcluded) {
 
 TEST(OptimizerOps, AdamWMatchesADoubleReferenceOverSteps) {
   const int64_t n = 50;
-  const AdamWOptions base{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
-                          .grad_scale = 0.5f};
+  const AdamWOptions base{
+      .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_scale = 0.5f};
   Vec p = rand_vec(n, 46), m(n, 0.0), v(n, 0.0);
   Tensor master = make(p, {n}), exp_avg = Tensor::zeros({n}, DType::f32), exp_avg_sq = Tensor::zeros({n}, DType::f32);
   for (int64_t step = 1; step <= 3; ++step) {
@@ -750,14 +763,23 @@ TEST(FusedStepOps, MultiTensorAdamWEqualsPerTensorBitForBit) {
                         Tensor::zeros({sizes[k]}, DType::f32), make(p, {sizes[k]}, value_dt)});
     }
     for (int64_t step = 1; step <= 4; ++step) {
-      const AdamWOptions opt{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
-                             .step = step, .grad_scale = 0.37f};
+      const AdamWOptions opt{.lr = 1e-2f,
+                             .beta1 = 0.9f,
+                             .beta2 = 0.95f,
+                             .eps = 1e-8f,
+                             .weight_decay = 0.1f,
+                             .step = step,
+                             .grad_scale = 0.37f};
       std::vector<AdamWTensors> ts;
       for (size_t k = 0; k < sizes.size(); ++k) {
         const Tensor g = make(rand_vec(sizes[k], 700 + static_cast<uint32_t>(10 * step + k), -2, 2), {sizes[k]});
         const bool decay = k % 2 == 0;
-        ts.push_back({.master = fused[k].master, .grad = g, .exp_avg = fused[k].m, .exp_avg_sq = fused[k].v,
-                      .value = value_dt == DType::f32 ? Tensor() : fused[k].value, .decay = decay});
+        ts.push_back({.master = fused[k].master,
+                      .grad = g,
+                      .exp_avg = fused[k].m,
+                      .exp_avg_sq = fused[k].v,
+                      .value = value_dt == DType::f32 ? Tensor() : fused[k].value,
+                      .decay = decay});
         AdamWOptions one = opt;
         one.weight_decay = decay ? opt.weight_decay : 0.f;
         adamw_step(single[k].master, g, single[k].m, single[k].v, one);
@@ -835,11 +857,10 @@ TEST(FusedStepOps, ArgumentErrors) {
   EXPECT_THROW(grad_stats({a}, stats), std::invalid_argument);
   EXPECT_THROW(grad_stats({Tensor::zeros({4}, DType::bf16)}), std::invalid_argument);
   EXPECT_THROW(adamw_multi_step({{.master = a, .grad = b, .exp_avg = a, .exp_avg_sq = a}}, {}), std::invalid_argument);
-  EXPECT_THROW(adamw_multi_step({{.master = a, .grad = a, .exp_avg = a, .exp_avg_sq = a,
-                                  .value = Tensor::zeros({4}, DType::bf16)},
-                                 {.master = a, .grad = a, .exp_avg = a, .exp_avg_sq = a,
-                                  .value = Tensor::zeros({4}, DType::f16)}},
-                                {}),
+  EXPECT_THROW(adamw_multi_step(
+                   {{.master = a, .grad = a, .exp_avg = a, .exp_avg_sq = a, .value = Tensor::zeros({4}, DType::bf16)},
+                    {.master = a, .grad = a, .exp_avg = a, .exp_avg_sq = a, .value = Tensor::zeros({4}, DType::f16)}},
+                   {}),
                std::invalid_argument);
   Tensor sum = f64_zeros(1, Device::cpu);
   EXPECT_THROW(accumulate_mean(Tensor::zeros({0}, DType::f32), sum), std::invalid_argument);
@@ -869,52 +890,64 @@ TEST(HalfStorage, OpsEqualTheFp32OpRoundedOnce) {
   const Vec a = rand_vec(N * C, 51, -3, 3), b = rand_vec(N * C, 52), c = rand_vec(C, 53), c2 = rand_vec(C, 60);
   const std::vector<int32_t> ids = {1, 8, 0, 4, 4, 7};
   auto f32 = [](Shape s) { return Tensor::empty(std::move(s), DType::f32); };
-  expect_emulated([&](DType dt, const MakeInput& in) {
-    Tensor out = Tensor::empty({N, C}, dt);
-    add(in(a, {N, C}), in(b, {N, C}), out);
-    Tensor x = in(a, {N, C}), y = in(b, {N, C});
-    scale_(x, 0.3f);
-    add_bias(y, in(c, {C}));
-    return std::vector<Tensor>{out, x, y};
-  }, "add, scale_, add_bias");
-  expect_emulated([&](DType dt, const MakeInput& in) {
-    Tensor g = Tensor::empty({N, C}, dt), dg = Tensor::empty({N, C}, dt), db = Tensor::zeros({C}, DType::f32);
-    gelu_forward(in(a, {N, C}), g);
-    gelu_backward(in(a, {N, C}), in(b, {N, C}), dg);
-    bias_backward(in(b, {N, C}), db);
-    return std::vector<Tensor>{g, dg, db};
-  }, "gelu, bias_backward");
-  expect_emulated([&](DType dt, const MakeInput& in) {
-    Tensor out = Tensor::empty({N, C}, dt), mean = f32({N}), rstd = f32({N}), dx = Tensor::empty({N, C}, dt);
-    Tensor dw = Tensor::zeros({C}, DType::f32), db = Tensor::zeros({C}, DType::f32);
-    layernorm_forward(in(a, {N, C}), in(c, {C}), in(c2, {C}), out, mean, rstd);
-    layernorm_backward(in(b, {N, C}), in(a, {N, C}), in(c, {C}), mean, rstd, dx, dw, db);
-    return std::vector<Tensor>{out, mean, rstd, dx, dw, db};
-  }, "layernorm");
-  expect_emulated([&](DType dt, const MakeInput& in) {
-    Tensor out = Tensor::empty({B, T, C}, dt), dtab = Tensor::zeros({V, C}, DType::f32);
-    Tensor dwpe = Tensor::zeros({4, C}, DType::f32);
-    embedding_forward(Tensor::from_ints(ids, {B, T}), in(rand_vec(V * C, 54), {V, C}), out);
-    position_embedding_add(out, in(rand_vec(4 * C, 55), {4, C}), {.position_offset = 1});
-    embedding_backward(Tensor::from_ints(ids, {B, T}), in(b, {B, T, C}), dtab);
-    position_embedding_backward(in(b, {B, T, C}), dwpe, {.position_offset = 1});
-    Tensor drop = Tensor::empty({B, T, C}, dt);
-    dropout_forward(in(a, {B, T, C}), drop, {.p = 0.4f, .seed = 5, .site = 6});
-    return std::vector<Tensor>{out, dtab, dwpe, drop};
-  }, "embeddings, dropout");
-  expect_emulated([&](DType dt, const MakeInput& in) {
-    const Vec qkv = rand_vec(B * T * H * 3 * D, 56, -2, 2), dout = rand_vec(B * T * H * D, 57);
-    const AttentionOptions opt{.dropout_p = 0.1f, .seed = 2, .site = 3};
-    Tensor out = Tensor::empty({B, T, H, D}, dt), lse = f32({B, H, T}), dqkv = Tensor::empty({B, T, H, 3, D}, dt);
-    attention_forward(in(qkv, {B, T, H, 3, D}), out, lse, opt);
-    attention_backward(in(qkv, {B, T, H, 3, D}), out, lse, in(dout, {B, T, H, D}), dqkv, opt);
-    return std::vector<Tensor>{out, lse, dqkv};
-  }, "attention");
-  expect_emulated([&](DType dt, const MakeInput& in) {
-    auto [losses, dlogits] = cross_entropy_all(in(rand_vec(N * V, 58, -5, 5), {N, V}), Tensor::from_ints(ids, {N}),
-                                               make(rand_vec(N, 59), {N}));
-    return std::vector<Tensor>{losses, dlogits};
-  }, "cross_entropy");
+  expect_emulated(
+      [&](DType dt, const MakeInput& in) {
+        Tensor out = Tensor::empty({N, C}, dt);
+        add(in(a, {N, C}), in(b, {N, C}), out);
+        Tensor x = in(a, {N, C}), y = in(b, {N, C});
+        scale_(x, 0.3f);
+        add_bias(y, in(c, {C}));
+        return std::vector<Tensor>{out, x, y};
+      },
+      "add, scale_, add_bias");
+  expect_emulated(
+      [&](DType dt, const MakeInput& in) {
+        Tensor g = Tensor::empty({N, C}, dt), dg = Tensor::empty({N, C}, dt), db = Tensor::zeros({C}, DType::f32);
+        gelu_forward(in(a, {N, C}), g);
+        gelu_backward(in(a, {N, C}), in(b, {N, C}), dg);
+        bias_backward(in(b, {N, C}), db);
+        return std::vector<Tensor>{g, dg, db};
+      },
+      "gelu, bias_backward");
+  expect_emulated(
+      [&](DType dt, const MakeInput& in) {
+        Tensor out = Tensor::empty({N, C}, dt), mean = f32({N}), rstd = f32({N}), dx = Tensor::empty({N, C}, dt);
+        Tensor dw = Tensor::zeros({C}, DType::f32), db = Tensor::zeros({C}, DType::f32);
+        layernorm_forward(in(a, {N, C}), in(c, {C}), in(c2, {C}), out, mean, rstd);
+        layernorm_backward(in(b, {N, C}), in(a, {N, C}), in(c, {C}), mean, rstd, dx, dw, db);
+        return std::vector<Tensor>{out, mean, rstd, dx, dw, db};
+      },
+      "layernorm");
+  expect_emulated(
+      [&](DType dt, const MakeInput& in) {
+        Tensor out = Tensor::empty({B, T, C}, dt), dtab = Tensor::zeros({V, C}, DType::f32);
+        Tensor dwpe = Tensor::zeros({4, C}, DType::f32);
+        embedding_forward(Tensor::from_ints(ids, {B, T}), in(rand_vec(V * C, 54), {V, C}), out);
+        position_embedding_add(out, in(rand_vec(4 * C, 55), {4, C}), {.position_offset = 1});
+        embedding_backward(Tensor::from_ints(ids, {B, T}), in(b, {B, T, C}), dtab);
+        position_embedding_backward(in(b, {B, T, C}), dwpe, {.position_offset = 1});
+        Tensor drop = Tensor::empty({B, T, C}, dt);
+        dropout_forward(in(a, {B, T, C}), drop, {.p = 0.4f, .seed = 5, .site = 6});
+        return std::vector<Tensor>{out, dtab, dwpe, drop};
+      },
+      "embeddings, dropout");
+  expect_emulated(
+      [&](DType dt, const MakeInput& in) {
+        const Vec qkv = rand_vec(B * T * H * 3 * D, 56, -2, 2), dout = rand_vec(B * T * H * D, 57);
+        const AttentionOptions opt{.dropout_p = 0.1f, .seed = 2, .site = 3};
+        Tensor out = Tensor::empty({B, T, H, D}, dt), lse = f32({B, H, T}), dqkv = Tensor::empty({B, T, H, 3, D}, dt);
+        attention_forward(in(qkv, {B, T, H, 3, D}), out, lse, opt);
+        attention_backward(in(qkv, {B, T, H, 3, D}), out, lse, in(dout, {B, T, H, D}), dqkv, opt);
+        return std::vector<Tensor>{out, lse, dqkv};
+      },
+      "attention");
+  expect_emulated(
+      [&](DType dt, const MakeInput& in) {
+        auto [losses, dlogits] = cross_entropy_all(in(rand_vec(N * V, 58, -5, 5), {N, V}), Tensor::from_ints(ids, {N}),
+                                                   make(rand_vec(N, 59), {N}));
+        return std::vector<Tensor>{losses, dlogits};
+      },
+      "cross_entropy");
 }
 
 // ---- argument errors -----------------------------------------------------------------------------
@@ -924,10 +957,12 @@ TEST(OpErrors, NameTheOpAndTheArgument) {
   Tensor x = f32({4, 64}), out = f32({4, 64}), mean = f32({4}), rstd = f32({4});
   expect_invalid([&] { layernorm_forward(x, f32({32}), f32({64}), out, mean, rstd); },
                  "layernorm_forward: weight: expected shape [64], got [32]");
-  expect_invalid([&] {
-    Tensor dw = Tensor::zeros({64}, DType::bf16), db = f32({64}), dx = f32({4, 64});
-    layernorm_backward(out, x, f32({64}), mean, rstd, dx, dw, db);
-  }, "layernorm_backward: dweight: expected dtype fp32, got bf16");
+  expect_invalid(
+      [&] {
+        Tensor dw = Tensor::zeros({64}, DType::bf16), db = f32({64}), dx = f32({4, 64});
+        layernorm_backward(out, x, f32({64}), mean, rstd, dx, dw, db);
+      },
+      "layernorm_backward: dweight: expected dtype fp32, got bf16");
   Tensor c = f32({4, 5});
   expect_invalid([&] { gemm(f32({4, 3}), f32({5, 3}), c); }, "gemm: inner dimensions differ");
   expect_invalid([&] { gemm(f32({4, 3}), Tensor::zeros({3, 5}, DType::bf16), c); }, "gemm: b: expected dtype fp32");
@@ -939,10 +974,16 @@ TEST(OpErrors, NameTheOpAndTheArgument) {
   expect_invalid([&] { dropout_forward(x3, x3, {.p = 1.f}); }, "dropout_forward: dropout probability");
   Tensor ids = Tensor::from_ints(std::vector<int32_t>{0, 1, 2, 3}, {2, 2});
   expect_invalid([&] { embedding_forward(ids, f32({5, 64}), out); }, "embedding_forward: out");
-  expect_invalid([&] { embedding_forward(f32({2, 2}), f32({5, 64}), x3); },
-                 "embedding_forward: ids: expected dtype i32");
-  expect_invalid([&] { position_embedding_add(x3, f32({3, 64}), {.position_offset = 2}); },
-                 "position_embedding_add: position_offset");
+  expect_invalid(
+      [&] {
+        embedding_forward(f32({2, 2}), f32({5, 64}), x3);
+      },
+      "embedding_forward: ids: expected dtype i32");
+  expect_invalid(
+      [&] {
+        position_embedding_add(x3, f32({3, 64}), {.position_offset = 2});
+      },
+      "position_embedding_add: position_offset");
   Tensor qkv = f32({1, 4, 2, 3, 8}), att = f32({1, 4, 2, 8}), lse = f32({1, 2, 4});
   expect_invalid([&] { attention_forward(qkv, att, mean, {}); }, "attention_forward: lse: expected shape [1, 2, 4]");
   expect_invalid([&] { attention_forward(f32({1, 4, 2, 2, 8}), att, lse, {}); }, "attention_forward: qkv");
@@ -953,7 +994,6 @@ TEST(OpErrors, NameTheOpAndTheArgument) {
   expect_invalid([&] { sum_squares(Tensor::zeros({3}, DType::bf16)); }, "sum_squares: x: expected dtype fp32");
   expect_invalid([&] { has_inf_or_nan(Tensor()); }, "has_inf_or_nan: x");
 }
-
 
 // ---- fused ops: each equals the unfused sequence bit for bit -------------------------------------
 // The GEMM epilogues and dropout_add exist for the GPU; on the CPU they must compute exactly what the models
@@ -1018,8 +1058,12 @@ TEST(FusedOps, DropoutAddEqualsDropoutThenAdd) {
   for (DType dt : {DType::f32, DType::bf16, DType::f16})
     for (float p : {0.f, 0.3f}) {
       const std::string what = std::string(dtype_name(dt)) + " p=" + std::to_string(p);
-      const DropoutOptions opt{.p = p, .seed = 77, .site = stream_id("layers.1.mlp.out"), .sample_offset = 2,
-                               .row_offset = 3, .col_offset = 5};
+      const DropoutOptions opt{.p = p,
+                               .seed = 77,
+                               .site = stream_id("layers.1.mlp.out"),
+                               .sample_offset = 2,
+                               .row_offset = 3,
+                               .col_offset = 5};
       const Tensor x = make(rand_vec(B * T * C, 820, -3, 3), {B, T, C}, dt);
       const Tensor residual = make(rand_vec(B * T * C, 821, -3, 3), {B, T, C}, dt);
       Tensor out = Tensor::empty({B, T, C}, dt), dropped = Tensor::empty({B, T, C}, dt);
@@ -1044,15 +1088,17 @@ TEST(FusedOps, EpilogueArgumentErrors) {
   Tensor short_bias = f32({4});
   expect_invalid([&] { gemm(a, b, out, {.trans_b = true, .epilogue = Epilogue::bias, .bias = &short_bias}); },
                  "gemm: bias: expected shape [5]");
-  expect_invalid([&] {
-    gemm(a, b, out, {.trans_b = true, .beta = 1.f, .epilogue = Epilogue::gelu_bias, .bias = &bias, .aux = &aux});
-  }, "gemm: epilogue gelu_bias needs beta == 0");
+  expect_invalid(
+      [&] {
+        gemm(a, b, out, {.trans_b = true, .beta = 1.f, .epilogue = Epilogue::gelu_bias, .bias = &bias, .aux = &aux});
+      },
+      "gemm: epilogue gelu_bias needs beta == 0");
   Tensor dbias4 = f32({4}), dbias_half = Tensor::zeros({5}, DType::bf16);
   expect_invalid([&] { gemm(a, b, out, {.trans_b = true, .epilogue = Epilogue::bgrad_a, .dbias = &dbias4}); },
                  "gemm: epilogue bgrad_a needs trans_a");
-  expect_invalid([&] {
-    gemm(a, b, out, {.trans_b = true, .epilogue = Epilogue::dgelu_bgrad, .aux = &aux, .dbias = &dbias_half});
-  }, "gemm: dbias: expected dtype fp32");
+  expect_invalid(
+      [&] { gemm(a, b, out, {.trans_b = true, .epilogue = Epilogue::dgelu_bgrad, .aux = &aux, .dbias = &dbias_half}); },
+      "gemm: dbias: expected dtype fp32");
   Tensor x3 = f32({2, 2, 8});
   expect_invalid([&] { dropout_add(x3, f32({2, 2, 7}), x3, {.p = 0.1f}); }, "dropout_add: residual");
 }

@@ -37,7 +37,6 @@ ScheduleSpec one_f_one_b(int p, int m) { return {ScheduleKind::one_f_one_b, p, m
 ScheduleSpec interleaved(int p, int m, int v) { return {ScheduleKind::interleaved, p, m, v}; }
 ScheduleSpec forward_only(int p, int m, int v) { return {ScheduleKind::forward_only, p, m, v}; }
 
-
 // Every spec the builder accepts in the grid p in {1,2,3,4,8}, m in 1..16, v in 1..4.
 std::vector<ScheduleSpec> valid_grid() {
   std::vector<ScheduleSpec> specs;
@@ -108,11 +107,11 @@ TEST(OneFOneB, FirstStageOfFourStagesAndEightMicrobatches) {
   const Schedule s = build_schedule(one_f_one_b(4, 8));
   ASSERT_EQ(s.size(), 4u);
   EXPECT_EQ(s[0], (std::vector<PipeInstr>{
-                      fw(0), sf(0), fw(1), sf(1), fw(2), sf(2),                    // warmup
-                      fw(3), sf(3), rb(0), bw(0), fw(4), sf(4), rb(1), bw(1),      // steady 1F1B
-                      fw(5), sf(5), rb(2), bw(2), fw(6), sf(6), rb(3), bw(3),      //
-                      fw(7), sf(7), rb(4), bw(4),                                  //
-                      rb(5), bw(5), rb(6), bw(6), rb(7), bw(7),                    // cooldown
+                      fw(0), sf(0), fw(1), sf(1), fw(2), sf(2),                // warmup
+                      fw(3), sf(3), rb(0), bw(0), fw(4), sf(4), rb(1), bw(1),  // steady 1F1B
+                      fw(5), sf(5), rb(2), bw(2), fw(6), sf(6), rb(3), bw(3),  //
+                      fw(7), sf(7), rb(4), bw(4),                              //
+                      rb(5), bw(5), rb(6), bw(6), rb(7), bw(7),                // cooldown
                   }));
 }
 
@@ -139,8 +138,8 @@ TEST(OneFOneB, WarmupIsStagesMinusStageMinusOneForwards) {
       for (int st = 0; st < p; ++st) {
         const int warmup = std::min(p - st - 1, m);
         // The warmup forwards, then the first steady forward (if any microbatch is left) before any backward.
-        EXPECT_EQ(forwards_before_first_backward(s[st]), std::min(warmup + 1, m)) << "p=" << p << " m=" << m
-                                                                                   << " stage " << st;
+        EXPECT_EQ(forwards_before_first_backward(s[st]), std::min(warmup + 1, m))
+            << "p=" << p << " m=" << m << " stage " << st;
       }
     }
   }
@@ -156,14 +155,22 @@ TEST(OneFOneB, EachComputeIsWrappedByItsTransfers) {
         const auto& l = s[st];
         for (size_t i = 0; i < l.size(); ++i) {
           const int mb = l[i].microbatch;
-          SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m) + " stage " + std::to_string(st) +
-                       " #" + std::to_string(i));
+          SCOPED_TRACE("p=" + std::to_string(p) + " m=" + std::to_string(m) + " stage " + std::to_string(st) + " #" +
+                       std::to_string(i));
           if (l[i].op == PipeOp::forward) {
-            if (st > 0) { EXPECT_EQ(l.at(i - 1), rf(mb)); }
-            if (st < p - 1) { EXPECT_EQ(l.at(i + 1), sf(mb)); }
+            if (st > 0) {
+              EXPECT_EQ(l.at(i - 1), rf(mb));
+            }
+            if (st < p - 1) {
+              EXPECT_EQ(l.at(i + 1), sf(mb));
+            }
           } else if (l[i].op == PipeOp::backward) {
-            if (st < p - 1) { EXPECT_EQ(l.at(i - 1), rb(mb)); }
-            if (st > 0) { EXPECT_EQ(l.at(i + 1), sb(mb)); }
+            if (st < p - 1) {
+              EXPECT_EQ(l.at(i - 1), rb(mb));
+            }
+            if (st > 0) {
+              EXPECT_EQ(l.at(i + 1), sb(mb));
+            }
           }
         }
         const bool first = st == 0, last = st == p - 1;
@@ -212,10 +219,10 @@ TEST(OneFOneB, HoldsAtMostStagesMicrobatchesWhereGPipeHoldsAll) {
 TEST(Interleaved, MicrobatchesPassEachChunkInGroupsOfStages) {
   const Schedule s = build_schedule(interleaved(2, 4, 2));
   for (const auto& list : s) {
-    EXPECT_EQ(only(list, PipeOp::forward), (std::vector<PipeInstr>{fw(0, 0), fw(1, 0), fw(0, 1), fw(1, 1),
-                                                                   fw(2, 0), fw(3, 0), fw(2, 1), fw(3, 1)}));
-    EXPECT_EQ(only(list, PipeOp::backward), (std::vector<PipeInstr>{bw(0, 1), bw(1, 1), bw(0, 0), bw(1, 0),
-                                                                    bw(2, 1), bw(3, 1), bw(2, 0), bw(3, 0)}));
+    EXPECT_EQ(only(list, PipeOp::forward),
+              (std::vector<PipeInstr>{fw(0, 0), fw(1, 0), fw(0, 1), fw(1, 1), fw(2, 0), fw(3, 0), fw(2, 1), fw(3, 1)}));
+    EXPECT_EQ(only(list, PipeOp::backward),
+              (std::vector<PipeInstr>{bw(0, 1), bw(1, 1), bw(0, 0), bw(1, 0), bw(2, 1), bw(3, 1), bw(2, 0), bw(3, 0)}));
   }
 }
 
@@ -225,18 +232,18 @@ TEST(Interleaved, MicrobatchesPassEachChunkInGroupsOfStages) {
 TEST(Interleaved, FirstStageOfTwoStagesFourMicrobatchesTwoChunks) {
   const Schedule s = build_schedule(interleaved(2, 4, 2));
   EXPECT_EQ(s[0], (std::vector<PipeInstr>{
-                      fw(0, 0), sf(0, 0),                                         // warmup
-                      fw(1, 0), sf(1, 0), rf(0, 1),                               //
-                      fw(0, 1), sf(0, 1), rf(1, 1),                               //
-                      fw(1, 1), sf(1, 1), rb(0, 1),                               //
-                      fw(2, 0), bw(0, 1), sf(2, 0), sb(0, 1), rb(1, 1),           // steady
-                      fw(3, 0), bw(1, 1), sf(3, 0), sb(1, 1), rf(2, 1), rb(0, 0), //
-                      fw(2, 1), bw(0, 0), sf(2, 1), rf(3, 1), rb(1, 0),           //
-                      fw(3, 1), bw(1, 0), sf(3, 1), rb(2, 1),                     //
-                      bw(2, 1), sb(2, 1), rb(3, 1),                               // cooldown
-                      bw(3, 1), sb(3, 1), rb(2, 0),                               //
-                      bw(2, 0), rb(3, 0),                                         //
-                      bw(3, 0),                                                   //
+                      fw(0, 0), sf(0, 0),                                          // warmup
+                      fw(1, 0), sf(1, 0), rf(0, 1),                                //
+                      fw(0, 1), sf(0, 1), rf(1, 1),                                //
+                      fw(1, 1), sf(1, 1), rb(0, 1),                                //
+                      fw(2, 0), bw(0, 1), sf(2, 0), sb(0, 1), rb(1, 1),            // steady
+                      fw(3, 0), bw(1, 1), sf(3, 0), sb(1, 1), rf(2, 1), rb(0, 0),  //
+                      fw(2, 1), bw(0, 0), sf(2, 1), rf(3, 1), rb(1, 0),            //
+                      fw(3, 1), bw(1, 0), sf(3, 1), rb(2, 1),                      //
+                      bw(2, 1), sb(2, 1), rb(3, 1),                                // cooldown
+                      bw(3, 1), sb(3, 1), rb(2, 0),                                //
+                      bw(2, 0), rb(3, 0),                                          //
+                      bw(3, 0),                                                    //
                   }));
 }
 
@@ -248,7 +255,8 @@ TEST(Interleaved, ChunksWrapFromTheLastStageToStageZero) {
   for (int st = 0; st < p; ++st) {
     for (int c = 0; c < v; ++c) {
       auto count = [&](PipeOp op) {
-        return std::count_if(s[st].begin(), s[st].end(), [&](const PipeInstr& in) { return in.op == op && in.chunk == c; });
+        return std::count_if(s[st].begin(), s[st].end(),
+                             [&](const PipeInstr& in) { return in.op == op && in.chunk == c; });
       };
       const bool first_virtual = st == 0 && c == 0, last_virtual = st == p - 1 && c == v - 1;
       EXPECT_EQ(count(PipeOp::recv_forward), first_virtual ? 0 : m) << "stage " << st << " chunk " << c;
@@ -353,8 +361,8 @@ TEST(Grid, SwappingAdjacentSamePeerReceivesIsAlwaysRejected) {
           std::swap(bad[st][i], bad[st][i + 1]);
           const ScheduleReport r = check_schedule(spec, bad);
           EXPECT_FALSE(r.ok) << name(spec) << " stage " << st << " #" << i;
-          EXPECT_CONTAINS(r.error, "posting order from stage " + std::to_string(1 - st) + " to stage " +
-                                       std::to_string(st));
+          EXPECT_CONTAINS(r.error,
+                          "posting order from stage " + std::to_string(1 - st) + " to stage " + std::to_string(st));
           ++swaps;
         }
       }
@@ -536,9 +544,10 @@ TEST(Check, SwappedSamePairReceivesInOneBatchAreRejected) {
   std::swap(swapped[1][10], swapped[1][11]);  // rb(0, 0), rf(1, 1): the same batch, the other order
   const ScheduleReport r = check_schedule(spec, swapped);
   EXPECT_FALSE(r.ok);
-  EXPECT_CONTAINS(r.error, "posting order from stage 0 to stage 1: stage 0's send #3 to stage 1 is instruction "
-                           "#11 send_forward(mb 1, chunk 1), but stage 1's receive #3 from stage 0 is instruction "
-                           "#10 recv_backward(mb 0, chunk 0)");
+  EXPECT_CONTAINS(r.error,
+                  "posting order from stage 0 to stage 1: stage 0's send #3 to stage 1 is instruction "
+                  "#11 send_forward(mb 1, chunk 1), but stage 1's receive #3 from stage 0 is instruction "
+                  "#10 recv_backward(mb 0, chunk 0)");
   EXPECT_CONTAINS(r.error, "by order, not by tag");
   EXPECT_EQ(r.error.find("deadlock"), std::string::npos) << r.error;  // tag matching alone accepts it
 }
@@ -549,8 +558,9 @@ TEST(Check, ReceivingBeforeSendingDeadlocks) {
   const Schedule s = {{fw(0), rb(0), bw(0), sf(0)}, {rf(0), fw(0), bw(0), sb(0)}};
   const ScheduleReport r = check_schedule(spec, s);
   EXPECT_FALSE(r.ok);
-  EXPECT_CONTAINS(r.error, "deadlock: stage 0 waits at #1 recv_backward(mb 0, chunk 0) from stage 1; "
-                           "stage 1 waits at #0 recv_forward(mb 0, chunk 0) from stage 0");
+  EXPECT_CONTAINS(r.error,
+                  "deadlock: stage 0 waits at #1 recv_backward(mb 0, chunk 0) from stage 1; "
+                  "stage 1 waits at #0 recv_forward(mb 0, chunk 0) from stage 0");
 }
 
 TEST(Check, MissingBackwardIsReported) {
@@ -583,8 +593,9 @@ TEST(Check, UnmatchedSendNamesThePeerThatFinished) {
   const Schedule s = {{fw(0), sf(0)}, {rf(0), fw(0), bw(0), sb(0)}};
   const ScheduleReport r = check_schedule(spec, s);
   EXPECT_FALSE(r.ok);
-  EXPECT_CONTAINS(r.error, "stage 1 waits at #3 send_backward(mb 0, chunk 0) to stage 0, "
-                           "which finished without receiving it");
+  EXPECT_CONTAINS(r.error,
+                  "stage 1 waits at #3 send_backward(mb 0, chunk 0) to stage 0, "
+                  "which finished without receiving it");
 }
 
 TEST(Check, TransfersThatCannotExistAreReported) {

@@ -21,7 +21,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-
 Bytes bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
 std::string text(const Bytes& b) { return std::string(b.begin(), b.end()); }
 
@@ -286,8 +285,7 @@ TEST(TcpStore, ServerDestroyedWhileAClientWaits) {
   // Later calls fail at once, on this client and on one that was idle.
   EXPECT_CONTAINS(store_error([&] { s->set("k", bytes("v")); }), "lost the rendezvous store at " + address);
   EXPECT_CONTAINS(store_error([&] { idle->add("k", 1); }), "lost the rendezvous store at " + address);
-  EXPECT_CONTAINS(store_error([&] { connect_tcp_store(kHost, port, 100ms); }),
-                  "cannot reach");
+  EXPECT_CONTAINS(store_error([&] { connect_tcp_store(kHost, port, 100ms); }), "cannot reach");
 }
 
 TEST(TcpStore, SilentServerIsLostAfterTheIoTimeout) {

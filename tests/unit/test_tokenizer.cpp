@@ -136,14 +136,20 @@ TEST(Tokenizer, InvalidUtf8BecomesReplacementCharactersLikePython) {
   const std::vector<Case> cases = {
       {"plain", "plain"},
       {"\xC3\xA9", "\xC3\xA9"},
-      {"a\xFF" "b", "a" + fffd + "b"},
-      {"\xE2\x82" "a", fffd + "a"},                           // truncated 3-byte sequence: one
-      {"\xED\xA0\x80", fffd + fffd + fffd},                   // a surrogate: E D's second byte is out of range
-      {"\xC0\xAF", fffd + fffd},                              // overlong lead bytes never start a sequence
-      {"\xE0\x80\xAF", fffd + fffd + fffd},                   // E0 needs A0..BF next
-      {"\xF4\x90\x80\x80", fffd + fffd + fffd + fffd},        // above U+10FFFF
-      {"\xF0\x9F\x98", fffd},                                 // truncated emoji at the end
-      {"\xF0\x9F\x98" "x\xF0\x9F\x98\x80", fffd + "x\xF0\x9F\x98\x80"},
+      {"a\xFF"
+       "b",
+       "a" + fffd + "b"},
+      {"\xE2\x82"
+       "a",
+       fffd + "a"},                                     // truncated 3-byte sequence: one
+      {"\xED\xA0\x80", fffd + fffd + fffd},             // a surrogate: E D's second byte is out of range
+      {"\xC0\xAF", fffd + fffd},                        // overlong lead bytes never start a sequence
+      {"\xE0\x80\xAF", fffd + fffd + fffd},             // E0 needs A0..BF next
+      {"\xF4\x90\x80\x80", fffd + fffd + fffd + fffd},  // above U+10FFFF
+      {"\xF0\x9F\x98", fffd},                           // truncated emoji at the end
+      {"\xF0\x9F\x98"
+       "x\xF0\x9F\x98\x80",
+       fffd + "x\xF0\x9F\x98\x80"},
       {"\x80\x80", fffd + fffd},
       {"\xE2\x28\xA1", fffd + "(" + fffd},
   };
@@ -198,9 +204,9 @@ TEST(Tokenizer, RefusesWhatItDoesNotImplementByName) {
   expect_refused(hf_file(edited_fixture(dir, "llama3-tokenizer.json", "\"behavior\": \"Isolated\"",
                                         "\"behavior\": \"MergedWithPrevious\"")),
                  "Split with behavior 'MergedWithPrevious'");
-  expect_refused(hf_file(edited_fixture(dir, "gpt2-tokenizer.json", "\"byte_fallback\": false",
-                                        "\"byte_fallback\": true")),
-                 "byte_fallback");
+  expect_refused(
+      hf_file(edited_fixture(dir, "gpt2-tokenizer.json", "\"byte_fallback\": false", "\"byte_fallback\": true")),
+      "byte_fallback");
   TokenizerOptions eod = hf_file(fixture("llama3-tokenizer.json"));
   eod.eod_token = "<|nope|>";
   expect_refused(eod, "--eod-token '<|nope|>'");
@@ -246,10 +252,9 @@ TEST(Tokenizer, CommandLineTakesTheTokenizerFiles) {
                     merges = fixture("gpt2-merges.txt");
   CLI::App app("megatrain");
   app::add_data_commands(app);
-  std::vector<const char*> argv = {"megatrain",   "data",         "prepare",      "--input",
-                                   in.c_str(),    "--output",     out.c_str(),    "--tokenizer",
-                                   "gpt2",        "--vocab-file", vocab.c_str(),  "--merge-file",
-                                   merges.c_str(), "--workers",   "2"};
+  std::vector<const char*> argv = {"megatrain",   "data",         "prepare",      "--input",   in.c_str(),
+                                   "--output",    out.c_str(),    "--tokenizer",  "gpt2",      "--vocab-file",
+                                   vocab.c_str(), "--merge-file", merges.c_str(), "--workers", "2"};
   testing::internal::CaptureStdout();
   app.parse(static_cast<int>(argv.size()), argv.data());
   const std::string printed = testing::internal::GetCapturedStdout();
@@ -278,13 +283,13 @@ std::vector<std::string> gpt2_pieces(const std::string& text) {
 // pieces from tokenizers 0.23's ByteLevel pre-tokenizer.
 TEST(PreTokenizer, WhitespaceAgreesWithOniguruma) {
   using V = std::vector<std::string>;
-  EXPECT_EQ(gpt2_pieces("!\xC2\x85"), (V{"!", "\xC2\x85"}));            // U+0085 NEL: space
-  EXPECT_EQ(gpt2_pieces("!\xC2\xA0"), (V{"!", "\xC2\xA0"}));            // U+00A0: space
-  EXPECT_EQ(gpt2_pieces("!\xE1\x9A\x80"), (V{"!", "\xE1\x9A\x80"}));    // U+1680: space
-  EXPECT_EQ(gpt2_pieces("!\xE2\x80\x87"), (V{"!", "\xE2\x80\x87"}));    // U+2007: space
-  EXPECT_EQ(gpt2_pieces("!\xE1\xA0\x8E"), (V{"!\xE1\xA0\x8E"}));        // U+180E: not space (Cf since Unicode 6.3)
-  EXPECT_EQ(gpt2_pieces("!\xE2\x80\x8B"), (V{"!\xE2\x80\x8B"}));        // U+200B: not space
-  EXPECT_EQ(gpt2_pieces("!\x1C"), (V{"!\x1C"}));                        // U+001C: not space
+  EXPECT_EQ(gpt2_pieces("!\xC2\x85"), (V{"!", "\xC2\x85"}));          // U+0085 NEL: space
+  EXPECT_EQ(gpt2_pieces("!\xC2\xA0"), (V{"!", "\xC2\xA0"}));          // U+00A0: space
+  EXPECT_EQ(gpt2_pieces("!\xE1\x9A\x80"), (V{"!", "\xE1\x9A\x80"}));  // U+1680: space
+  EXPECT_EQ(gpt2_pieces("!\xE2\x80\x87"), (V{"!", "\xE2\x80\x87"}));  // U+2007: space
+  EXPECT_EQ(gpt2_pieces("!\xE1\xA0\x8E"), (V{"!\xE1\xA0\x8E"}));      // U+180E: not space (Cf since Unicode 6.3)
+  EXPECT_EQ(gpt2_pieces("!\xE2\x80\x8B"), (V{"!\xE2\x80\x8B"}));      // U+200B: not space
+  EXPECT_EQ(gpt2_pieces("!\x1C"), (V{"!\x1C"}));                      // U+001C: not space
   EXPECT_EQ(gpt2_pieces("a  b\n"), (V{"a", " ", " b", "\n"}));
   EXPECT_EQ(gpt2_pieces("I'm 42"), (V{"I", "'m", " 42"}));
 }
@@ -330,26 +335,47 @@ void expect_spm_golden(const std::string& model, int64_t vocab, const std::vecto
 
 TEST(SentencePieceTokenizer, BpeWithByteFallbackMatchesPython) {
   SKIP_WITHOUT_SENTENCEPIECE();
-  expect_spm_golden("spm-bpe.model", 600, {
-      {"Hello world", {316, 378, 323, 297, 332, 316, 347, 332, 333, 337, 335}},
-      {"  The quick brown fox\x0a\x09jumps  over 42 dogs.", {316, 316, 316, 350, 311, 316, 374, 346, 338, 343, 348, 316, 354, 333, 332, 347, 336, 316, 340, 332, 339, 13, 319, 381, 346, 345, 353, 334, 316, 316, 332, 361, 305, 316, 324, 322, 313, 332, 352, 334, 360}},
-      {"Stra\xc3\x9f" "e, Gr\xc3\xbc\xc3\x9f" "e: \xe6\x88\x91\xe8\x83\xbd\xe5\x90\x9e\xe4\xb8\x8b\xe7\x8e\xbb\xe7\x92\x83 \xf0\x9f\x98\x80 \xd0\xa1\xd1\x8a\xd0\xb5\xd1\x88\xd1\x8c", {316, 357, 331, 333, 315, 384, 323, 355, 316, 382, 333, 198, 191, 384, 323, 403, 316, 510, 514, 509, 505, 511, 512, 316, 544, 316, 492, 212, 141, 412, 212, 139, 212, 143}},
-      {"caf\xc3 \xff ok \xe2\x82 end\xed\xa0\x80!", {316, 343, 315, 340, 463, 316, 463, 316, 332, 348, 316, 463, 316, 309, 463, 463, 463, 317}},
-      {"aaaaaaaaaaaaaaaaaaa !?!?!? <s> </s> <unk>", {316, 267, 259, 315, 316, 261, 260, 283, 334, 349, 283, 421, 334, 349, 283, 346, 336, 348, 349}},
-      {"", {}},
-  });
+  expect_spm_golden(
+      "spm-bpe.model", 600,
+      {
+          {"Hello world", {316, 378, 323, 297, 332, 316, 347, 332, 333, 337, 335}},
+          {"  The quick brown fox\x0a\x09jumps  over 42 dogs.",
+           {316, 316, 316, 350, 311, 316, 374, 346, 338, 343, 348, 316, 354, 333, 332, 347, 336, 316, 340, 332, 339,
+            13,  319, 381, 346, 345, 353, 334, 316, 316, 332, 361, 305, 316, 324, 322, 313, 332, 352, 334, 360}},
+          {"Stra\xc3\x9f"
+           "e, Gr\xc3\xbc\xc3\x9f"
+           "e: \xe6\x88\x91\xe8\x83\xbd\xe5\x90\x9e\xe4\xb8\x8b\xe7\x8e\xbb\xe7\x92\x83 \xf0\x9f\x98\x80 "
+           "\xd0\xa1\xd1\x8a\xd0\xb5\xd1\x88\xd1\x8c",
+           {316, 357, 331, 333, 315, 384, 323, 355, 316, 382, 333, 198, 191, 384, 323, 403, 316,
+            510, 514, 509, 505, 511, 512, 316, 544, 316, 492, 212, 141, 412, 212, 139, 212, 143}},
+          {"caf\xc3 \xff ok \xe2\x82 end\xed\xa0\x80!",
+           {316, 343, 315, 340, 463, 316, 463, 316, 332, 348, 316, 463, 316, 309, 463, 463, 463, 317}},
+          {"aaaaaaaaaaaaaaaaaaa !?!?!? <s> </s> <unk>",
+           {316, 267, 259, 315, 316, 261, 260, 283, 334, 349, 283, 421, 334, 349, 283, 346, 336, 348, 349}},
+          {"", {}},
+      });
 }
 
 TEST(SentencePieceTokenizer, UnigramMatchesPython) {
   SKIP_WITHOUT_SENTENCEPIECE();
-  expect_spm_golden("spm-unigram.model", 500, {
-      {"Hello world", {3, 48, 16, 192, 39, 3, 40, 39, 10, 14, 7}},
-      {"  The quick brown fox\x0a\x09jumps  over 42 dogs.", {3, 17, 38, 16, 3, 120, 25, 15, 18, 3, 24, 10, 39, 40, 27, 3, 13, 39, 9, 0, 458, 378, 22, 430, 174, 223, 10, 3, 97, 3, 7, 39, 53, 11, 30}},
-      {"Stra\xc3\x9f" "e, Gr\xc3\xbc\xc3\x9f" "e: \xe6\x88\x91\xe8\x83\xbd\xe5\x90\x9e\xe4\xb8\x8b\xe7\x8e\xbb\xe7\x92\x83 \xf0\x9f\x98\x80 \xd0\xa1\xd1\x8a\xd0\xb5\xd1\x88\xd1\x8c", {3, 20, 12, 10, 4, 218, 19, 3, 54, 10, 0, 218, 101, 3, 322, 316, 318, 317, 319, 320, 3, 348, 3, 310, 0, 98, 0}},
-      {"caf\xc3 \xff ok \xe2\x82 end\xed\xa0\x80!", {233, 4, 13, 456, 3, 456, 174, 18, 3, 456, 3, 83, 456, 456, 456, 99}},
-      // Unigram's segmentation of long runs changed after 0.1.97 (0.2.x gives other ids here).
-      {"aaaaaaaaaaaaaaaaaaa !?!?!? <s> </s> <unk>", {3, 6, 4, 4, 4, 208, 77, 99, 77, 99, 77, 94, 11, 68, 94, 266, 11, 68, 94, 414, 18, 68}},
-  });
+  expect_spm_golden("spm-unigram.model", 500,
+                    {
+                        {"Hello world", {3, 48, 16, 192, 39, 3, 40, 39, 10, 14, 7}},
+                        {"  The quick brown fox\x0a\x09jumps  over 42 dogs.",
+                         {3, 17, 38,  16,  3,  120, 25,  15,  18, 3, 24, 10, 39, 40, 27, 3,  13, 39,
+                          9, 0,  458, 378, 22, 430, 174, 223, 10, 3, 97, 3,  7,  39, 53, 11, 30}},
+                        {"Stra\xc3\x9f"
+                         "e, Gr\xc3\xbc\xc3\x9f"
+                         "e: \xe6\x88\x91\xe8\x83\xbd\xe5\x90\x9e\xe4\xb8\x8b\xe7\x8e\xbb\xe7\x92\x83 \xf0\x9f\x98\x80 "
+                         "\xd0\xa1\xd1\x8a\xd0\xb5\xd1\x88\xd1\x8c",
+                         {3,   20,  12,  10,  4,   218, 19, 3,   54, 10,  0, 218, 101, 3,
+                          322, 316, 318, 317, 319, 320, 3,  348, 3,  310, 0, 98,  0}},
+                        {"caf\xc3 \xff ok \xe2\x82 end\xed\xa0\x80!",
+                         {233, 4, 13, 456, 3, 456, 174, 18, 3, 456, 3, 83, 456, 456, 456, 99}},
+                        // Unigram's segmentation of long runs changed after 0.1.97 (0.2.x gives other ids here).
+                        {"aaaaaaaaaaaaaaaaaaa !?!?!? <s> </s> <unk>",
+                         {3, 6, 4, 4, 4, 208, 77, 99, 77, 99, 77, 94, 11, 68, 94, 266, 11, 68, 94, 414, 18, 68}},
+                    });
 }
 
 TEST(SentencePieceTokenizer, EndOfDocumentIsTheModelsEosOrNamed) {
@@ -362,8 +388,9 @@ TEST(SentencePieceTokenizer, EndOfDocumentIsTheModelsEosOrNamed) {
       EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
     }
   };
-  refused(spm_model("spm-noeos.model"), "no end-of-sentence piece (eos_id is -1); name the end-of-document piece "
-                                        "with --eod-token");
+  refused(spm_model("spm-noeos.model"),
+          "no end-of-sentence piece (eos_id is -1); name the end-of-document piece "
+          "with --eod-token");
   TokenizerOptions named = spm_model("spm-noeos.model");
   named.eod_token = "<s>";
   EXPECT_EQ(make_tokenizer(named)->eod(), 1);
@@ -435,8 +462,13 @@ TEST(TokenizerDecode, EveryKindGivesBackTheText) {
   // Invalid UTF-8 was replaced before encoding; the byte tokenizer keeps the bytes, inspect replaces them.
   ByteTokenizer bytes;
   std::vector<int32_t> ids;
-  bytes.encode("a\xff" "b", ids);
-  EXPECT_EQ(bytes.decode(ids), "a\xff" "b");
+  bytes.encode(
+      "a\xff"
+      "b",
+      ids);
+  EXPECT_EQ(bytes.decode(ids),
+            "a\xff"
+            "b");
 }
 
 TEST(TokenizerDecode, PrepareRecordsTheTokenizerAndInspectDecodesWithIt) {

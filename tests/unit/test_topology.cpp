@@ -31,8 +31,8 @@ std::vector<Layout> all_layouts() {
 }
 
 std::string name(const Layout& l) {
-  return "world " + std::to_string(l.world) + " tp " + std::to_string(l.tp) + " pp " + std::to_string(l.pp) +
-         " dp " + std::to_string(l.dp);
+  return "world " + std::to_string(l.world) + " tp " + std::to_string(l.tp) + " pp " + std::to_string(l.pp) + " dp " +
+         std::to_string(l.dp);
 }
 
 std::string error_of(int world, int tp, int pp, int dp) {
@@ -110,9 +110,9 @@ TEST(Topology, GroupsPartitionTheWorldForEveryLayoutUpTo16) {
       size_t size;
       bool same_tp, same_dp, same_pp;
     };
-    for (const Kind& k : {Kind{"tp", size_t(l.tp), false, true, true}, Kind{"dp", size_t(l.dp), true, false, true},
-                          Kind{"pp", size_t(l.pp), true, true, false},
-                          Kind{"mp", size_t(l.tp * l.pp), false, true, false}}) {
+    for (const Kind& k :
+         {Kind{"tp", size_t(l.tp), false, true, true}, Kind{"dp", size_t(l.dp), true, false, true},
+          Kind{"pp", size_t(l.pp), true, true, false}, Kind{"mp", size_t(l.tp * l.pp), false, true, false}}) {
       SCOPED_TRACE(name(l) + " kind " + k.name);
       Groups groups = t.all_groups(k.name);
       EXPECT_EQ(groups.size(), l.world / k.size);
@@ -124,9 +124,15 @@ TEST(Topology, GroupsPartitionTheWorldForEveryLayoutUpTo16) {
           ++seen[r];
           EXPECT_EQ(t.group(k.name, r), g);
           Topology::Coord a = t.coord(g.front()), b = t.coord(r);
-          if (k.same_tp) { EXPECT_EQ(a.tp, b.tp); }
-          if (k.same_dp) { EXPECT_EQ(a.dp, b.dp); }
-          if (k.same_pp) { EXPECT_EQ(a.pp, b.pp); }
+          if (k.same_tp) {
+            EXPECT_EQ(a.tp, b.tp);
+          }
+          if (k.same_dp) {
+            EXPECT_EQ(a.dp, b.dp);
+          }
+          if (k.same_pp) {
+            EXPECT_EQ(a.pp, b.pp);
+          }
         }
       }
       EXPECT_EQ(seen, std::vector<int>(l.world, 1));

@@ -257,8 +257,7 @@ TEST(AdamW, FusedStepEqualsPerParameterReference) {
     }
     std::vector<Parameter*> ptrs;
     for (Parameter& p : ps) ptrs.push_back(&p);
-    const AdamWConfig cfg{.beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.1, .grad_clip = 0.5,
-                          .count_replicas = false};
+    const AdamWConfig cfg{.beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.1, .grad_clip = 0.5, .count_replicas = false};
     AdamW opt(ptrs, cfg);
     std::vector<Tensor> master, m, v;
     for (Parameter& q : ref) {
