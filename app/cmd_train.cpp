@@ -63,7 +63,7 @@ int launch(const TrainArgs& a) {
 // than failing in the allocator after minutes of building. (A GPU's memory is checked by its allocator.)
 void check_fits_in_host_memory(const Config& cfg, int64_t local_ranks) {
 #if defined(MEGATRAIN_WITH_CUDA)
-  if (cfg.training.device != "cpu") return;
+  if (cfg.training.device != DeviceChoice::cpu) return;
 #endif
   const double pages = static_cast<double>(::sysconf(_SC_PHYS_PAGES)),
                page = static_cast<double>(::sysconf(_SC_PAGESIZE));

@@ -16,14 +16,14 @@ namespace mt::app {
 namespace {
 
 Backend choose_backend(const Config& cfg, Device device) {
-  const std::string& b = cfg.parallel.backend;
-  if (b == "gloo") return Backend::gloo;
+  const BackendChoice b = cfg.parallel.backend;
+  if (b == BackendChoice::gloo) return Backend::gloo;
 #if defined(MEGATRAIN_WITH_NCCL)
   const bool have_nccl = true;
 #else
   const bool have_nccl = false;
 #endif
-  if (b == "nccl") {
+  if (b == BackendChoice::nccl) {
     if (device != Device::cuda)
       throw std::runtime_error(fmt::format("{}: parallel.backend: nccl needs training.device: cuda", cfg.source));
     if (!have_nccl)
@@ -40,15 +40,15 @@ Backend choose_backend(const Config& cfg, Device device) {
 
 Placement place_rank(const Config& cfg, const LaunchEnv& env) {
   Placement p;
-  const std::string& want = cfg.training.device;
+  const DeviceChoice want = cfg.training.device;
 #if defined(MEGATRAIN_WITH_CUDA)
-  const int gpus = want == "cpu" ? 0 : cuda::device_count();
-  if (want == "cuda" && gpus == 0)
+  const int gpus = want == DeviceChoice::cpu ? 0 : cuda::device_count();
+  if (want == DeviceChoice::cuda && gpus == 0)
     throw std::runtime_error(
         fmt::format("{}: training.device: cuda, but no GPU can be used: {}", cfg.source, cuda::unavailable_reason()));
   p.device = gpus > 0 ? Device::cuda : Device::cpu;
 #else
-  if (want == "cuda")
+  if (want == DeviceChoice::cuda)
     throw std::runtime_error(
         fmt::format("{}: training.device: cuda, but this megatrain was built without the CUDA "
                     "backend",
@@ -78,7 +78,7 @@ Placement place_rank(const Config& cfg, const LaunchEnv& env) {
   // Which attention training runs (cuDNN's fused flash attention or megatrain's kernel) and why; a forced
   // MEGATRAIN_ATTENTION=cudnn that cannot run fails here, at start.
   spdlog::info("attention: {}",
-               cuda::attention_path_description(parse_dtype(cfg.training.precision), cfg.model.attention_dropout));
+               cuda::attention_path_description(dtype_of(cfg.training.precision), cfg.model.attention_dropout));
 #endif
   return p;
 }

@@ -83,10 +83,11 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
   else
 #endif
     d->world = gloo_group("world", everyone);
-  d->tp = group("tp", d->topology.tp_group(env.rank));
-  d->dp = group("dp", d->topology.dp_group(env.rank));
-  d->pp = group("pp", d->topology.pp_group(env.rank));
-  d->mp = group("mp", d->topology.model_parallel_group(env.rank));
+  auto group_of = [&](GroupKind k) { return group(group_kind_name(k), d->topology.group(k, env.rank)); };
+  d->tp = group_of(GroupKind::tp);
+  d->dp = group_of(GroupKind::dp);
+  d->pp = group_of(GroupKind::pp);
+  d->mp = group_of(GroupKind::mp);
   // The embedding group sums the gradient of the word embeddings that the first and last stage share: only
   // tied embeddings have one (untied, the first stage owns the embedding and the last its own lm_head, and
   // the last stage has nothing to add to the first's sum). Every rank decides this from the same config.

@@ -120,7 +120,7 @@ std::vector<std::unique_ptr<GptModel>> build_chunks(const Config& cfg, const Dis
         cfg.model, GptOptions{.dtype = dtype,
                               .device = dist.placement.device,
                               .seed = static_cast<uint64_t>(cfg.training.seed),
-                              .recompute = cfg.training.recompute == "full",
+                              .recompute = cfg.training.recompute == Recompute::full,
                               .tp = TensorParallel{.comm = dist.tp.get(),
                                                    .rank = dist.tp_rank(),
                                                    .size = dist.tp_size(),
@@ -205,7 +205,7 @@ class EvalStage final : public PipelineStage {
 class Trainer {
  public:
   Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
-      : cfg_(cfg), opt_(opt), dist_(dist), dtype_(parse_dtype(cfg.training.precision)), device_(dist.placement.device),
+      : cfg_(cfg), opt_(opt), dist_(dist), dtype_(dtype_of(cfg.training.precision)), device_(dist.placement.device),
         data_(open_data_sources(cfg)), chunks_(build_chunks(cfg, dist, dtype_)), params_(all_parameters(chunks_)),
         adam_config_(AdamWConfig{
             .beta1 = cfg.optimizer.betas.at(0),
@@ -663,7 +663,7 @@ void Trainer::run() {
   spdlog::info("data: {}", data_.description);
   spdlog::info("model: {} parameters ({} layers, hidden {}, {} heads, vocabulary {} padded to {}), {}",
                num_parameters(), cfg_.model.num_layers, cfg_.model.hidden_size, cfg_.model.num_heads,
-               cfg_.model.vocab_size, cfg_.model.padded_vocab_size, cfg_.training.precision);
+               cfg_.model.vocab_size, cfg_.model.padded_vocab_size, name_of(cfg_.training.precision));
   maybe_resume();
   // --exit-after N when the run resumes at or past N: stop at once; the checkpoint it resumed from already
   // holds this state, so nothing new is trained or saved.

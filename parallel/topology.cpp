@@ -73,18 +73,40 @@ std::vector<int> Topology::embedding_group(int r) const {
   return {rank({c.tp, c.dp, 0}), rank({c.tp, c.dp, pp_ - 1})};
 }
 
-std::vector<int> Topology::group(const std::string& kind, int r) const {
-  if (kind == "tp") return tp_group(r);
-  if (kind == "dp") return dp_group(r);
-  if (kind == "pp") return pp_group(r);
-  if (kind == "mp") return model_parallel_group(r);
-  if (kind == "emb") return embedding_group(r);
-  throw std::invalid_argument("unknown group kind '" + kind + "' (expected tp, dp, pp, mp or emb)");
+const char* group_kind_name(GroupKind kind) {
+  switch (kind) {
+    case GroupKind::tp:
+      return "tp";
+    case GroupKind::dp:
+      return "dp";
+    case GroupKind::pp:
+      return "pp";
+    case GroupKind::mp:
+      return "mp";
+    case GroupKind::emb:
+      return "emb";
+  }
+  throw std::invalid_argument("unknown group kind");
 }
 
-// A group is listed once: by the rank that is its first member (rank 0 always exists, so an unknown kind
-// still throws).
-std::vector<std::vector<int>> Topology::all_groups(const std::string& kind) const {
+std::vector<int> Topology::group(GroupKind kind, int r) const {
+  switch (kind) {
+    case GroupKind::tp:
+      return tp_group(r);
+    case GroupKind::dp:
+      return dp_group(r);
+    case GroupKind::pp:
+      return pp_group(r);
+    case GroupKind::mp:
+      return model_parallel_group(r);
+    case GroupKind::emb:
+      return embedding_group(r);
+  }
+  throw std::invalid_argument("unknown group kind");
+}
+
+// A group is listed once: by the rank that is its first member.
+std::vector<std::vector<int>> Topology::all_groups(GroupKind kind) const {
   std::vector<std::vector<int>> groups;
   for (int r = 0; r < world_; ++r) {
     std::vector<int> g = group(kind, r);

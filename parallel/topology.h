@@ -7,6 +7,11 @@
 
 namespace mt {
 
+// The kinds of process group: tensor, data, pipeline, model (tensor x pipeline) parallel, and the embedding
+// group (first and last pipeline stage).
+enum class GroupKind { tp, dp, pp, mp, emb };
+const char* group_kind_name(GroupKind kind);  // "tp", "dp", "pp", "mp", "emb"
+
 class Topology {
  public:
   struct Coord {
@@ -33,11 +38,11 @@ class Topology {
   // The first and last pipeline stage of rank's pipeline (tied embeddings); just the rank when pp == 1.
   std::vector<int> embedding_group(int rank) const;
 
-  // The group of a kind by name: "tp", "dp", "pp", "mp", "emb" (anything else: std::invalid_argument).
-  std::vector<int> group(const std::string& kind, int rank) const;
-  // All groups of a kind, each once, for creating communicators collectively: "tp", "dp", "pp", "mp", "emb".
-  // Ordered by first member. Middle pipeline stages are in no "emb" group.
-  std::vector<std::vector<int>> all_groups(const std::string& kind) const;
+  // The group of a kind.
+  std::vector<int> group(GroupKind kind, int rank) const;
+  // All groups of a kind, each once, for creating communicators collectively. Ordered by first member. Middle
+  // pipeline stages are in no embedding group.
+  std::vector<std::vector<int>> all_groups(GroupKind kind) const;
 
  private:
   int world_, tp_, pp_, dp_;

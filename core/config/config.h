@@ -1,9 +1,14 @@
 // config.h: the typed run configuration, read from YAML with every key checked, and its derived values.
 #pragma once
+#include <array>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "core/dtype.h"
 
 namespace mt {
 
@@ -14,8 +19,80 @@ class ConfigError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The keys that name one of a few choices are enums, parsed once when the config is read (an unknown name is
+// an error naming the key, the choices and the place in the file) and written back by name. Each enum's names
+// are listed in EnumNames, in the order of its values; `planned` names are known but not implemented yet.
+enum class Arch { gpt };
+enum class Precision { fp32, bf16, fp16 };
+enum class Recompute { none, full };
+enum class DeviceChoice { automatic, cuda, cpu };
+enum class BackendChoice { automatic, nccl, gloo };
+enum class LrDecay { cosine, linear, constant };
+enum class OptimizerType { adamw };
+
+template <class E>
+struct EnumNames;
+template <>
+struct EnumNames<Arch> {
+  static constexpr std::array names{"gpt"};
+  static constexpr std::array<const char*, 1> planned{"llama"};
+};
+template <>
+struct EnumNames<Precision> {
+  static constexpr std::array names{"fp32", "bf16", "fp16"};
+  static constexpr std::array<const char*, 0> planned{};
+};
+template <>
+struct EnumNames<Recompute> {
+  static constexpr std::array names{"none", "full"};
+  static constexpr std::array<const char*, 1> planned{"selective"};
+};
+template <>
+struct EnumNames<DeviceChoice> {
+  static constexpr std::array names{"auto", "cuda", "cpu"};
+  static constexpr std::array<const char*, 0> planned{};
+};
+template <>
+struct EnumNames<BackendChoice> {
+  static constexpr std::array names{"auto", "nccl", "gloo"};
+  static constexpr std::array<const char*, 0> planned{};
+};
+template <>
+struct EnumNames<LrDecay> {
+  static constexpr std::array names{"cosine", "linear", "constant"};
+  static constexpr std::array<const char*, 0> planned{};
+};
+template <>
+struct EnumNames<OptimizerType> {
+  static constexpr std::array names{"adamw"};
+  static constexpr std::array<const char*, 0> planned{};
+};
+
+template <class E>
+concept ConfigEnum = requires {
+  EnumNames<E>::names;
+};
+
+// The name of a choice, as the config file spells it.
+template <ConfigEnum E>
+std::string_view name_of(E e) {
+  return EnumNames<E>::names.at(static_cast<size_t>(e));
+}
+// The choice a name spells, if any.
+template <ConfigEnum E>
+std::optional<E> parse_choice(std::string_view name) {
+  for (size_t i = 0; i < EnumNames<E>::names.size(); ++i)
+    if (name == EnumNames<E>::names[i]) return static_cast<E>(i);
+  return std::nullopt;
+}
+
+// The compute dtype of a precision.
+inline DType dtype_of(Precision p) {
+  return p == Precision::bf16 ? DType::bf16 : p == Precision::fp16 ? DType::f16 : DType::f32;
+}
+
 struct ModelConfig {
-  std::string arch = "gpt";             // gpt (llama later)
+  Arch arch = Arch::gpt;                // gpt (llama later)
   int64_t num_layers = 0;               // required
   int64_t hidden_size = 0;              // required
   int64_t num_heads = 0;                // required; divides hidden_size
@@ -46,7 +123,7 @@ struct ParallelConfig {
   std::vector<int64_t> layers_per_stage;  // empty: num_layers split evenly
   double timeout_s = 300;                 // bound on every rendezvous and collective wait (a dead rank ends the job)
   int64_t grad_bucket_size = 40000000;    // elements per data-parallel gradient bucket, reduced during backward
-  std::string backend = "auto";           // auto (nccl on cuda, gloo on cpu) | nccl | gloo (host-staged on cuda)
+  BackendChoice backend = BackendChoice::automatic;  // auto (nccl on cuda, gloo on cpu) | nccl | gloo (host-staged)
   // derived
   int64_t world_size = 1;
 
@@ -64,13 +141,13 @@ struct LossScaleConfig {
 
 struct TrainingConfig {
   int64_t micro_batch_size = 1;
-  int64_t global_batch_size = 0;   // 0: micro_batch_size * data-parallel size
-  int64_t train_iters = 0;         // required
-  std::string precision = "fp32";  // fp32 | bf16 | fp16
+  int64_t global_batch_size = 0;  // 0: micro_batch_size * data-parallel size
+  int64_t train_iters = 0;        // required
+  Precision precision = Precision::fp32;
   LossScaleConfig loss_scale;
-  std::string recompute = "none";  // none | full (selective later)
+  Recompute recompute = Recompute::none;  // none | full (selective later)
   int64_t seed = 1234;
-  std::string device = "auto";  // auto (cuda when built with it and a GPU is visible, else cpu) | cuda | cpu
+  DeviceChoice device = DeviceChoice::automatic;  // auto (cuda when built with it and a GPU is visible) | cuda | cpu
   // Stop with an error after this many non-finite iterations in a row (inf/NaN loss or gradients; fp16 steps
   // skipped by the loss scaler count only once the scale is at its minimum).
   int64_t max_nonfinite_iters = 10;
@@ -81,13 +158,13 @@ struct TrainingConfig {
 };
 
 struct OptimizerConfig {
-  std::string type = "adamw";
+  OptimizerType type = OptimizerType::adamw;
   double lr = 0.0;  // required, > 0
   double min_lr = 0.0;
   int64_t warmup_iters = 0;
-  int64_t decay_iters = 0;       // 0: train_iters
-  std::string decay = "cosine";  // cosine | linear | constant
-  double weight_decay = 0.01;    // not applied to biases and norm parameters
+  int64_t decay_iters = 0;          // 0: train_iters
+  LrDecay decay = LrDecay::cosine;  // cosine | linear | constant
+  double weight_decay = 0.01;       // not applied to biases and norm parameters
   std::vector<double> betas = {0.9, 0.999};
   double eps = 1e-8;
   double grad_clip = 1.0;  // 0 disables clipping

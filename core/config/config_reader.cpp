@@ -276,6 +276,25 @@ class Reader {
     else
       src_.fail(path, "expected a string, got " + describe(*n), n->Mark());
   }
+  // One of the enum's names (config.h EnumNames); a planned name says it is not implemented yet.
+  template <ConfigEnum E>
+  void field(const Key& k, E& out) {
+    std::string path;
+    auto n = value(k, path);
+    if (!n) return;
+    const auto& names = EnumNames<E>::names;
+    const std::string choices = fmt::format("{}", fmt::join(names, ", "));
+    if (!n->IsScalar()) src_.fail(path, fmt::format("expected one of {}, got {}", choices, describe(*n)), n->Mark());
+    if (std::optional<E> e = parse_choice<E>(n->Scalar())) {
+      out = *e;
+      return;
+    }
+    for (const char* planned : EnumNames<E>::planned)
+      if (n->Scalar() == planned)
+        src_.fail(path, fmt::format("{} is not implemented yet (use {})", planned, fmt::join(names, " or ")),
+                  n->Mark());
+    src_.fail(path, fmt::format("expected one of {}, got '{}'", choices, n->Scalar()), n->Mark());
+  }
   // A string or a list of strings.
   void field(const Key& k, std::vector<std::string>& out) {
     std::string path;

@@ -53,6 +53,10 @@ std::string scalar(float v) { return fmt::format("{}", v); }
 std::string scalar(int64_t v) { return fmt::format("{}", v); }
 std::string scalar(bool v) { return v ? "true" : "false"; }
 std::string scalar(const std::string& v) { return quote(v); }
+template <ConfigEnum E>
+std::string scalar(E v) {
+  return std::string(name_of(v));
+}
 
 template <class T>
 std::string scalar(const std::vector<T>& v) {

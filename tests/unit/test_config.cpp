@@ -66,7 +66,7 @@ std::string replace(std::string s, const std::string& from, const std::string& t
 TEST(Config, DefaultsFillEveryOptionalKey) {
   const Config c = base();
   EXPECT_EQ(c.source, "t.yaml");
-  EXPECT_EQ(c.model.arch, "gpt");
+  EXPECT_EQ(c.model.arch, Arch::gpt);
   EXPECT_TRUE(c.model.tie_embeddings);
   EXPECT_EQ(c.model.make_vocab_size_divisible_by, 128);
   EXPECT_FLOAT_EQ(c.model.dropout, 0.1f);
@@ -75,13 +75,13 @@ TEST(Config, DefaultsFillEveryOptionalKey) {
   EXPECT_FALSE(c.parallel.sequence_parallel);
   EXPECT_TRUE(c.parallel.layers_per_stage.empty());
   EXPECT_EQ(c.training.micro_batch_size, 1);
-  EXPECT_EQ(c.training.precision, "fp32");
+  EXPECT_EQ(c.training.precision, Precision::fp32);
   EXPECT_EQ(c.training.loss_scale.initial, 4294967296.0);
   EXPECT_EQ(c.training.loss_scale.hysteresis, 2);
-  EXPECT_EQ(c.training.recompute, "none");
-  EXPECT_EQ(c.training.device, "auto");
-  EXPECT_EQ(c.parallel.backend, "auto");
-  EXPECT_EQ(c.optimizer.decay, "cosine");
+  EXPECT_EQ(c.training.recompute, Recompute::none);
+  EXPECT_EQ(c.training.device, DeviceChoice::automatic);
+  EXPECT_EQ(c.parallel.backend, BackendChoice::automatic);
+  EXPECT_EQ(c.optimizer.decay, LrDecay::cosine);
   EXPECT_EQ(c.optimizer.betas, (std::vector<double>{0.9, 0.999}));
   EXPECT_EQ(c.data.split, (std::vector<double>{969, 30, 1}));
   EXPECT_EQ(c.checkpoint.load, "auto");
@@ -122,7 +122,8 @@ TEST(Config, WrongTypeForEveryKindOfKey) {
   EXPECT_CONTAINS(base_error({"optimizer.lr=[1]"}), "optimizer.lr: expected a number, got a list");
   EXPECT_CONTAINS(base_error({"model.tie_embeddings=maybe"}),
                   "model.tie_embeddings: expected true or false, got 'maybe'");
-  EXPECT_CONTAINS(base_error({"training.precision=[bf16]"}), "training.precision: expected a string, got a list");
+  EXPECT_CONTAINS(base_error({"training.precision=[bf16]"}),
+                  "training.precision: expected one of fp32, bf16, fp16, got a list");
   EXPECT_CONTAINS(base_error({"parallel.data=many"}), "parallel.data: expected an integer or 'auto', got 'many'");
   EXPECT_CONTAINS(base_error({"optimizer.betas=0.9"}), "optimizer.betas: expected a list of 2 numbers, got '0.9'");
   EXPECT_CONTAINS(base_error({"optimizer.betas=[0.9, 0.95, 0.99]"}),
@@ -278,7 +279,7 @@ TEST(ConfigOverride, Numbers) {
 
 TEST(ConfigOverride, Strings) {
   const Config c = base({"training.precision=bf16", "logging.dir=runs/x y", "checkpoint.load=/ckpt/iter_0000100"});
-  EXPECT_EQ(c.training.precision, "bf16");
+  EXPECT_EQ(c.training.precision, Precision::bf16);
   EXPECT_EQ(c.logging.dir, "runs/x y");
   EXPECT_EQ(c.checkpoint.load, "/ckpt/iter_0000100");
   EXPECT_EQ(base({"checkpoint.save_dir="}).checkpoint.save_dir, "");
@@ -422,22 +423,23 @@ TEST(ConfigRules, Precision) {
   EXPECT_CONTAINS(base_error({"training.precision=fp8"}),
                   "training.precision: expected one of fp32, bf16, fp16, got 'fp8'");
   for (const char* p : {"fp32", "bf16", "fp16"})
-    EXPECT_EQ(base({std::string("training.precision=") + p}).training.precision, p);
+    EXPECT_EQ(name_of(base({std::string("training.precision=") + p}).training.precision), p);
 }
 
 TEST(ConfigRules, Recompute) {
   EXPECT_CONTAINS(base_error({"training.recompute=selective"}), "training.recompute: selective is not implemented yet");
   EXPECT_CONTAINS(base_error({"training.recompute=some"}), "training.recompute: expected one of none, full");
-  EXPECT_EQ(base({"training.recompute=full"}).training.recompute, "full");
+  EXPECT_EQ(base({"training.recompute=full"}).training.recompute, Recompute::full);
 }
 
 TEST(ConfigRules, Device) {
 #if defined(MEGATRAIN_WITH_CUDA)
-  EXPECT_EQ(base({"training.device=cuda"}).training.device, "cuda");  // whether a GPU is present is checked at start
+  EXPECT_EQ(base({"training.device=cuda"}).training.device,
+            DeviceChoice::cuda);  // whether a GPU is present is checked at start
 #else
   EXPECT_CONTAINS(base_error({"training.device=cuda"}), "training.device: cuda: this megatrain was built without");
 #endif
-  EXPECT_EQ(base({"training.device=cpu"}).training.device, "cpu");
+  EXPECT_EQ(base({"training.device=cpu"}).training.device, DeviceChoice::cpu);
   EXPECT_CONTAINS(base_error({"training.device=tpu"}), "training.device: expected one of auto, cuda, cpu, got 'tpu'");
   EXPECT_CONTAINS(base_error({"parallel.backend=mpi"}),
                   "parallel.backend: expected one of auto, nccl, gloo, got 'mpi'");
@@ -448,7 +450,7 @@ TEST(ConfigRules, Device) {
 TEST(ConfigRules, Decay) {
   EXPECT_CONTAINS(base_error({"optimizer.decay=exp"}),
                   "optimizer.decay: expected one of cosine, linear, constant, got 'exp'");
-  EXPECT_EQ(base({"optimizer.decay=linear"}).optimizer.decay, "linear");
+  EXPECT_EQ(base({"optimizer.decay=linear"}).optimizer.decay, LrDecay::linear);
 }
 
 TEST(ConfigRules, MinLrBetweenZeroAndLr) {

@@ -64,15 +64,15 @@ TEST(LossScaler, NeverBelowMinAndStaticScaleIsOne) {
 }
 
 TEST(LrSchedule, WarmupThenCosineToMin) {
-  LrSchedule s{.lr = 1.0, .min_lr = 0.1, .warmup_iters = 10, .decay_iters = 110, .decay = "cosine"};
+  LrSchedule s{.lr = 1.0, .min_lr = 0.1, .warmup_iters = 10, .decay_iters = 110, .decay = LrDecay::cosine};
   EXPECT_DOUBLE_EQ(s.at(1), 0.1);
   EXPECT_DOUBLE_EQ(s.at(10), 1.0);
   EXPECT_NEAR(s.at(60), 0.55, 1e-12);  // halfway through the decay
   EXPECT_DOUBLE_EQ(s.at(110), 0.1);
   EXPECT_DOUBLE_EQ(s.at(500), 0.1);
-  LrSchedule lin{.lr = 1.0, .min_lr = 0.0, .warmup_iters = 0, .decay_iters = 100, .decay = "linear"};
+  LrSchedule lin{.lr = 1.0, .min_lr = 0.0, .warmup_iters = 0, .decay_iters = 100, .decay = LrDecay::linear};
   EXPECT_NEAR(lin.at(25), 0.75, 1e-12);
-  LrSchedule c{.lr = 0.5, .min_lr = 0.0, .warmup_iters = 0, .decay_iters = 100, .decay = "constant"};
+  LrSchedule c{.lr = 0.5, .min_lr = 0.0, .warmup_iters = 0, .decay_iters = 100, .decay = LrDecay::constant};
   EXPECT_DOUBLE_EQ(c.at(99), 0.5);
 }
 
