@@ -111,68 +111,6 @@ std::vector<std::string> model_shape_differences(const std::string& stored_yaml,
   return out;
 }
 
-namespace {
-const std::string& state_value(const CheckpointState& s, const std::string& key, const std::string& dir) {
-  auto it = s.values.find(key);
-  if (it == s.values.end()) throw CheckpointError(fmt::format("{}: metadata lacks state value '{}'", dir, key));
-  return it->second;
-}
-}  // namespace
-
-int64_t state_int(const CheckpointState& s, const std::string& key, const std::string& dir) {
-  const std::string& v = state_value(s, key, dir);
-  try {
-    size_t used = 0;
-    int64_t x = std::stoll(v, &used);
-    if (used == v.size()) return x;
-  } catch (const std::exception&) {
-  }
-  throw CheckpointError(fmt::format("{}: state value '{}' = '{}' is not an integer", dir, key, v));
-}
-
-double state_double(const CheckpointState& s, const std::string& key, const std::string& dir) {
-  const std::string& v = state_value(s, key, dir);
-  try {
-    size_t used = 0;
-    double x = std::stod(v, &used);
-    if (used == v.size() && std::isfinite(x)) return x;
-  } catch (const std::exception&) {
-  }
-  throw CheckpointError(fmt::format("{}: state value '{}' = '{}' is not a finite number", dir, key, v));
-}
-
-ResumeState read_resume_state(const CheckpointState& s, const std::string& dir) {
-  ResumeState r;
-  r.iteration = s.iteration;
-  auto fail = [&](const std::string& key, const std::string& why) {
-    throw CheckpointError(fmt::format("{}: state value '{}' {}", dir, key, why));
-  };
-  auto counter = [&](const std::string& key, int64_t at_most) {
-    const int64_t v = state_int(s, key, dir);
-    if (v < 0) fail(key, fmt::format("= {} is negative", v));
-    if (v > at_most) fail(key, fmt::format("= {} is more than the iteration {}", v, r.iteration));
-    return v;
-  };
-  if (r.iteration < 0) fail("iteration", fmt::format("= {} is negative", r.iteration));
-  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
-  r.consumed_samples = counter("consumed_samples", kMax);
-  if (r.consumed_samples < r.iteration)
-    fail("consumed_samples",
-         fmt::format("= {} is less than one sample per iteration ({} iterations)", r.consumed_samples, r.iteration));
-  r.skipped_iters = counter("skipped_iters", r.iteration);
-  r.nan_iters = counter("nan_iters", r.iteration);
-  r.optimizer_steps = counter("optimizer_steps", r.iteration);
-  if (r.optimizer_steps + r.skipped_iters != r.iteration)
-    fail("optimizer_steps", fmt::format("= {} plus skipped_iters = {} is not the iteration {}", r.optimizer_steps,
-                                        r.skipped_iters, r.iteration));
-  r.loss_scale = state_double(s, "loss_scale", dir);
-  if (!(r.loss_scale > 0)) fail("loss_scale", fmt::format("= {} is not positive", r.loss_scale));
-  r.growth_tracker = counter("loss_scale_growth_tracker", kMax);
-  r.hysteresis_tracker = counter("loss_scale_hysteresis_tracker", kMax);
-  r.seed = counter("seed", kMax);
-  return r;
-}
-
 void write_checkpoint_tokenizer(const std::string& tmp_dir, const std::vector<std::string>& data_train) {
   if (data_train.empty()) return;
   const std::string sidecar = tokenizer_sidecar_path(parse_data_blend(data_train).prefixes.front());

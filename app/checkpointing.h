@@ -38,20 +38,6 @@ void load_parameters(const CheckpointReader& reader, const std::vector<Parameter
 void load_optimizer(const CheckpointReader& reader, const std::vector<AdamW::Slot>& slots,
                     PartialLoad* partial = nullptr);
 
-// A required integer / finite float value of the checkpoint state; throws CheckpointError naming the key.
-int64_t state_int(const CheckpointState& s, const std::string& key, const std::string& dir);
-double state_double(const CheckpointState& s, const std::string& key, const std::string& dir);
-
-// The training state a run resumes from, every value checked: integers non-negative, counters no larger than
-// the iteration, consumed samples at least one a iteration, the loss scale finite and positive.
-struct ResumeState {
-  int64_t iteration = 0, consumed_samples = 0, skipped_iters = 0, nan_iters = 0, optimizer_steps = 0;
-  double loss_scale = 1;
-  int64_t growth_tracker = 0, hysteresis_tracker = 0, seed = 0;
-};
-// Throws CheckpointError naming the checkpoint and the field.
-ResumeState read_resume_state(const CheckpointState& s, const std::string& dir);
-
 // Records which tokenizer made the training data: copies the sidecar of data.train's first prefix
 // (PREFIX.tokenizer.yaml, see core/data/tokenizer_sidecar.h) into the checkpoint's temporary directory
 // `tmp_dir` as tokenizer.yaml, which `ckpt export --format hf` reads. Nothing when data.train is empty or that

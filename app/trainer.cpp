@@ -20,6 +20,7 @@
 #include "app/data_sources.h"
 #include "app/distributed.h"
 #include "app/nonfinite.h"
+#include "app/train_state.h"
 #include "parallel/distributed_optimizer.h"
 #include "parallel/grad_reducer.h"
 #include "parallel/pipeline_executor.h"
@@ -342,7 +343,7 @@ void Trainer::maybe_resume() {
   }
   CheckpointReader reader(*dir);
   const CheckpointState& s = reader.state();
-  const ResumeState rs = read_resume_state(s, *dir);  // every value checked before any is used
+  const TrainState rs = TrainState::load(s, *dir);  // every value checked before any is used
   // A checkpoint of another model shape is refused, unless a partial load is asked for.
   const std::vector<std::string> diff = model_shape_differences(s.config_yaml, to_yaml(cfg_), *dir);
   std::optional<PartialLoad> partial;
@@ -389,8 +390,7 @@ void Trainer::maybe_resume() {
     zero_->set_steps(rs.optimizer_steps);
   else
     adam_->set_steps(rs.optimizer_steps);
-  scaler_.restore(
-      {.scale = rs.loss_scale, .growth_tracker = rs.growth_tracker, .hysteresis_tracker = rs.hysteresis_tracker});
+  scaler_.restore(rs.loss_scaler);
   if (rs.seed != cfg_.training.seed)
     spdlog::warn(
         "resuming with training.seed={} but the checkpoint was trained with seed {}: data order and "
@@ -448,17 +448,15 @@ void Trainer::save() {
   std::string dir;
   if (dist_.rank() == 0) {
     CheckpointState s;
-    s.iteration = c_.iteration;
     s.config_yaml = to_yaml(cfg_);
-    auto st = scaler_.state();
-    s.values = {{"consumed_samples", std::to_string(c_.consumed_samples)},
-                {"skipped_iters", std::to_string(c_.skipped_iters)},
-                {"nan_iters", std::to_string(c_.nan_iters)},
-                {"optimizer_steps", std::to_string(optimizer_steps())},
-                {"loss_scale", fmt::format("{}", st.scale)},
-                {"loss_scale_growth_tracker", std::to_string(st.growth_tracker)},
-                {"loss_scale_hysteresis_tracker", std::to_string(st.hysteresis_tracker)},
-                {"seed", std::to_string(cfg_.training.seed)}};
+    TrainState{.iteration = c_.iteration,
+               .consumed_samples = c_.consumed_samples,
+               .skipped_iters = c_.skipped_iters,
+               .nan_iters = c_.nan_iters,
+               .optimizer_steps = optimizer_steps(),
+               .loss_scaler = scaler_.state(),
+               .seed = cfg_.training.seed}
+        .save(s);
     try {
       write_checkpoint_tokenizer(tmp, cfg_.data.train);
       dir = commit_checkpoint(cfg_.checkpoint.save_dir, tmp, s, dist_.tp_size() * dist_.pp_size(),

@@ -27,6 +27,7 @@
 #include "core/checkpoint/checkpoint_writer.h"
 #include "core/checkpoint/save_dir.h"
 #include "app/checkpointing.h"
+#include "app/train_state.h"
 #include "core/checkpoint/hf_export.h"
 #include "core/checkpoint/hf_tokenizer_export.h"
 #include "core/checkpoint/safetensors.h"
@@ -598,7 +599,7 @@ TEST_F(CheckpointTest, ResumeWithoutLatestTakesTheNewestCompleteCheckpoint) {
 }
 
 // Edited state values (iteration, consumed samples, optimizer steps, a "nan" loss scale) used to resume silently.
-TEST(ResumeState, EveryValueIsCheckedNamingTheField) {
+TEST(TrainState, EveryValueIsCheckedNamingTheField) {
   CheckpointState s;
   s.iteration = 10;
   s.values = {{"consumed_samples", "80"},
@@ -609,10 +610,17 @@ TEST(ResumeState, EveryValueIsCheckedNamingTheField) {
               {"loss_scale_growth_tracker", "3"},
               {"loss_scale_hysteresis_tracker", "2"},
               {"seed", "1234"}};
-  const app::ResumeState r = app::read_resume_state(s, "ck");
+  const app::TrainState r = app::TrainState::load(s, "ck");
   EXPECT_EQ(r.consumed_samples, 80);
   EXPECT_EQ(r.optimizer_steps, 9);
-  EXPECT_EQ(r.loss_scale, 65536.0);
+  EXPECT_EQ(r.loss_scaler.scale, 65536.0);
+  EXPECT_EQ(r.loss_scaler.hysteresis_tracker, 2);
+  EXPECT_EQ(r.seed, 1234);
+  // save writes back exactly what load read.
+  CheckpointState again;
+  r.save(again);
+  EXPECT_EQ(again.iteration, s.iteration);
+  EXPECT_EQ(again.values, s.values);
   const std::vector<std::tuple<std::string, std::string, std::string>> bad = {
       {"loss_scale", "nan", "'loss_scale' = 'nan' is not a finite number"},
       {"loss_scale", "inf", "'loss_scale' = 'inf' is not a finite number"},
@@ -627,12 +635,12 @@ TEST(ResumeState, EveryValueIsCheckedNamingTheField) {
   for (const auto& [key, value, part] : bad) {
     CheckpointState e = s;
     e.values[key] = value;
-    std::string msg = error_of([&] { app::read_resume_state(e, "ck"); });
+    std::string msg = error_of([&] { app::TrainState::load(e, "ck"); });
     EXPECT_NE(msg.find(part), std::string::npos) << key << "=" << value << ": " << msg;
   }
   CheckpointState missing = s;
   missing.values.erase("seed");
-  EXPECT_NE(error_of([&] { app::read_resume_state(missing, "ck"); }).find("lacks state value 'seed'"),
+  EXPECT_NE(error_of([&] { app::TrainState::load(missing, "ck"); }).find("lacks state value 'seed'"),
             std::string::npos);
 }
 
