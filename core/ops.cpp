@@ -204,6 +204,20 @@ void bias_backward(const Tensor& dout, Tensor& dbias) {
   MT_ON_CUDA(bias_backward(dout, dbias));
 }
 
+// ---- block transpose -----------------------------------------------------------------------------
+
+void transpose_blocks(const Tensor& x, Tensor& out) {
+  const char* op = "transpose_blocks";
+  check_defined(op, "x", x);
+  check_defined(op, "out", out);
+  if (x.ndim() != 3) fail(op, fmt::format("x: expected a 3-D tensor (P, Q, L), got {}", shape_str(x.shape())));
+  if (out.dtype() != x.dtype())
+    fail(op, fmt::format("out: expected dtype {} (that of x), got {}", dtype_name(x.dtype()), dtype_name(out.dtype())));
+  expect_shape(op, "out", out, {x.dim(1), x.dim(0), x.dim(2)});
+  if (device_of(op, {&x, &out}) == Device::cpu) return cpu::transpose_blocks(x, out);
+  MT_ON_CUDA(transpose_blocks(x, out));
+}
+
 // ---- elementwise ---------------------------------------------------------------------------------
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {

@@ -61,6 +61,12 @@ void gelu_forward(const Tensor& x, Tensor& out);
 // dx = dout * gelu'(x).
 void gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx);
 
+// ---- block transpose ---------------------------------------------------------------------------
+// out (Q, P, L) = x (P, Q, L) with the two leading dimensions swapped: out[q, p, :] = x[p, q, :], each block
+// of L elements moved as bytes (any dtype, values unchanged). Sequence parallelism's rank-major copies: the
+// shards of a (B, T, C) activation are its (B, t, T/t * C) blocks, and collectives want them (t, B, T/t * C).
+void transpose_blocks(const Tensor& x, Tensor& out);
+
 // ---- LayerNorm over the last dimension -----------------------------------------------------------
 struct LayerNormOptions {
   float eps = 1e-5f;

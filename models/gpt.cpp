@@ -4,7 +4,6 @@
 
 #include "core/ops.h"
 #include "core/rng.h"
-#include "parallel/sequence_parallel.h"
 
 namespace mt {
 
@@ -17,10 +16,15 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
   // Vocabulary-parallel: each TP rank holds a block of rows of the (padded) vocabulary. A last stage
   // without the embedding holds a tied copy for its head (same name and initial values).
   if (st.has_embedding || (st.has_head && cfg.tie_embeddings)) {
-    wte_ = make_parameter_slice("embedding.word_embeddings.weight", {V, C}, {vocab_start_, 0}, {vocab_local_, C},
-                                opt.dtype, Init::normal, cfg.init_std, opt.seed);
-    wte_.tied_copy = !st.has_embedding;
-    params_.push_back(&wte_);
+    wte_ = VocabParallelEmbedding({.name = "embedding.word_embeddings",
+                                   .num_embeddings = V,
+                                   .embedding_dim = C,
+                                   .init_std = cfg.init_std,
+                                   .dtype = opt.dtype,
+                                   .seed = opt.seed},
+                                  opt.tp);
+    wte_.weight().tied_copy = !st.has_embedding;
+    params_.push_back(&wte_.weight());
   }
   if (st.has_embedding) {
     wpe_ =
@@ -37,10 +41,19 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
     lnf_b_ = make_parameter("final_ln.bias", {C}, opt.dtype, Init::zeros, 0, opt.seed);
     params_.push_back(&lnf_w_);
     params_.push_back(&lnf_b_);
-    if (!cfg.tie_embeddings) {
-      lm_head_ = make_parameter_slice("lm_head.weight", {V, C}, {vocab_start_, 0}, {vocab_local_, C}, opt.dtype,
-                                      Init::normal, cfg.init_std, opt.seed);
-      params_.push_back(&lm_head_);
+    // The LM head is vocabulary-parallel: column-parallel over the vocabulary, its input gathered with SP.
+    if (cfg.tie_embeddings) {
+      head_ = ColumnParallelLinear(wte_.weight(), opt.tp);
+    } else {
+      head_ = ColumnParallelLinear({.name = "lm_head",
+                                    .in_features = C,
+                                    .out_features = V,
+                                    .bias = false,
+                                    .init_std = cfg.init_std,
+                                    .dtype = opt.dtype,
+                                    .seed = opt.seed},
+                                   opt.tp);
+      params_.push_back(&head_.weight());
     }
   }
   if (opt.tp.sequence_parallel) {
@@ -60,9 +73,6 @@ int64_t GptModel::num_parameters() const {
   for (const Parameter* p : params_) n += p->value.numel();
   return n;
 }
-
-const Tensor& GptModel::head_weight() const { return cfg_.tie_embeddings ? wte_.value : lm_head_.value; }
-Parameter& GptModel::head_param() { return cfg_.tie_embeddings ? wte_ : lm_head_; }
 
 float GptModel::forward(const Tensor& tokens, const Tensor& targets, int mb, const StepContext& ctx) {
   float loss = 0;
@@ -84,18 +94,14 @@ Tensor GptModel::forward_stage(const Tensor& input, const Tensor& tokens, const 
 
 Tensor GptModel::forward_impl(const Tensor& input, const Tensor& tokens, const Tensor& targets, int mb,
                               const StepContext& ctx, float* loss, Tensor* loss_sum) {
-  const int64_t B = tokens.dim(0), T = tokens.dim(1), C = cfg_.hidden_size, V = vocab_local_, N = B * T;
+  const int64_t B = tokens.dim(0), T = tokens.dim(1), C = cfg_.hidden_size, N = B * T;
   if (T > cfg_.max_position_embeddings)
     throw std::invalid_argument(
         fmt::format("sequence of {} tokens exceeds max_position_embeddings={}", T, cfg_.max_position_embeddings));
   const int64_t Ts = opt_.tp.shard_length(T), seq_offset = opt_.tp.shard_offset(T), Ns = B * Ts;
   Tensor x = input;
   if (opt_.stage.has_embedding) {
-    Tensor partial = Tensor::empty({B, T, C}, opt_.dtype, opt_.device);
-    embedding_forward(tokens, wte_.value, partial, {.vocab_start = vocab_start_});
-    partial = partial.view({N, C});
-    // Each row comes from the one rank holding its token: sum over the group (into sequence shards with SP).
-    x = sequence_shard_sum(partial, B, opt_.tp).view({B, Ts, C});
+    x = wte_.forward(tokens);  // (B, Ts, C)
     position_embedding_add(x, wpe_.value, {.position_offset = seq_offset});
     dropout_forward(x, x,
                     {.p = ctx.training ? cfg_.dropout : 0.f,
@@ -113,14 +119,12 @@ Tensor GptModel::forward_impl(const Tensor& input, const Tensor& tokens, const T
   h.tokens = tokens;
   h.targets = targets;
   h.final_in = x;
-  Tensor lnf = Tensor::empty({Ns, C}, opt_.dtype, opt_.device);
+  h.lnf = Tensor::empty({Ns, C}, opt_.dtype, opt_.device);
   h.lnf_mean = Tensor::empty({Ns}, DType::f32, opt_.device);
   h.lnf_rstd = Tensor::empty({Ns}, DType::f32, opt_.device);
-  layernorm_forward(x.view({Ns, C}), lnf_w_.value, lnf_b_.value, lnf, h.lnf_mean, h.lnf_rstd,
+  layernorm_forward(x.view({Ns, C}), lnf_w_.value, lnf_b_.value, h.lnf, h.lnf_mean, h.lnf_rstd,
                     {.eps = cfg_.layernorm_eps});
-  h.lnf = sequence_to_full(lnf, B, opt_.tp);
-  h.logits = Tensor::empty({N, V}, opt_.dtype, opt_.device);
-  gemm(h.lnf, head_weight(), h.logits, {.trans_b = true});
+  h.logits = head_.forward(h.lnf, B);  // (N, V): this rank's vocabulary columns of every position
   h.rowmax = Tensor::empty({N}, DType::f32, opt_.device);
   h.sumexp = Tensor::empty({N}, DType::f32, opt_.device);
   Tensor target_logit = Tensor::empty({N}, DType::f32, opt_.device);
@@ -170,19 +174,15 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
     cross_entropy_backward(h.logits, h.targets.view({N}), h.rowmax, h.sumexp, dlosses, dlogits,
                            {.vocab_start = vocab_start_, .vocab_size = cfg_.vocab_size});
     h.logits = Tensor();
-    Parameter& head = head_param();
-    gemm(dlogits, h.lnf, head.grad, {.trans_a = true, .beta = 1.f});  // dW (V, C) += dlogits^T lnf
-    Tensor dlnf = Tensor::empty({N, C}, opt_.dtype, opt_.device);
-    gemm(dlogits, head.value, dlnf);                           // (N, C) = dlogits @ W
-    Tensor dlnf_shard = sequence_shard_sum(dlnf, B, opt_.tp);  // f backward: sum over the group
+    const Tensor dlnf = head_.backward(dlogits, h.lnf, B);  // (Ns, C), summed over the group
     dx = Tensor::empty({B, Ts, C}, opt_.dtype, opt_.device);
     Tensor dx_flat = dx.view({Ns, C});
-    layernorm_backward(dlnf_shard, h.final_in.view({Ns, C}), lnf_w_.value, h.lnf_mean, h.lnf_rstd, dx_flat, lnf_w_.grad,
+    layernorm_backward(dlnf, h.final_in.view({Ns, C}), lnf_w_.value, h.lnf_mean, h.lnf_rstd, dx_flat, lnf_w_.grad,
                        lnf_b_.grad);
     if (grads_ready_) {
       std::vector<Parameter*> head_params{&lnf_w_, &lnf_b_};
-      if (!cfg_.tie_embeddings) head_params.push_back(&lm_head_);
-      if (cfg_.tie_embeddings && !opt_.stage.has_embedding) head_params.push_back(&wte_);  // the tied copy
+      if (!cfg_.tie_embeddings) head_params.push_back(&head_.weight());
+      if (cfg_.tie_embeddings && !opt_.stage.has_embedding) head_params.push_back(&wte_.weight());  // the tied copy
       grads_ready_(mb, head_params);
     }
   }
@@ -198,8 +198,7 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
     throw std::logic_error(fmt::format("model: backward of microbatch {} without forward", mb));
   auto [ctx, tokens] = std::move(it->second);
   embedded_.erase(it);
-  const int64_t B = tokens.dim(0), T = tokens.dim(1), Ts = opt_.tp.shard_length(T);
-  const int64_t seq_offset = opt_.tp.shard_offset(T);
+  const int64_t seq_offset = opt_.tp.shard_offset(tokens.dim(1));
   dropout_backward(dx, dx,
                    {.p = cfg_.dropout,
                     .seed = ctx.seed,
@@ -207,9 +206,8 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
                     .sample_offset = ctx.sample_offset,
                     .row_offset = seq_offset});
   position_embedding_backward(dx, wpe_.grad, {.position_offset = seq_offset});
-  dx = sequence_to_full(dx.view({B * Ts, C}), B, opt_.tp).view({B, T, C});
-  embedding_backward(tokens, dx, wte_.grad, {.vocab_start = vocab_start_});
-  if (grads_ready_) grads_ready_(mb, {&wte_, &wpe_});
+  wte_.backward(tokens, dx);
+  if (grads_ready_) grads_ready_(mb, {&wte_.weight(), &wpe_});
   return Tensor();
 }
 

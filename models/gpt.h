@@ -10,6 +10,8 @@
 #include "core/tensor.h"
 #include "core/parameter.h"
 #include "models/transformer_layer.h"
+#include "parallel/parallel_linear.h"
+#include "parallel/vocab_parallel_embedding.h"
 
 namespace mt {
 
@@ -68,28 +70,26 @@ class GptModel {
  private:
   struct HeadActivations {
     StepContext ctx;
-    Tensor tokens, targets;     // (B, T) i32
-    Tensor final_in;            // (B, T, C) output of the last layer ((B, T/tp, C) with SP)
-    Tensor lnf;                 // (B*T, C) final norm output, all positions
-    Tensor lnf_mean, lnf_rstd;  // (B*T) or this rank's shard rows with SP
-    Tensor logits;              // (B*T, Vpad/tp) this rank's vocabulary shard
-    Tensor rowmax, sumexp;      // (B*T) f32
+    Tensor tokens, targets;          // (B, T) i32
+    Tensor final_in;                 // (B, T, C) output of the last layer ((B, T/tp, C) with SP)
+    Tensor lnf, lnf_mean, lnf_rstd;  // (B*T, C), (B*T), (B*T) final norm; shard rows with SP (gathered again
+                                     // in backward)
+    Tensor logits;                   // (B*T, Vpad/tp) this rank's vocabulary shard
+    Tensor rowmax, sumexp;           // (B*T) f32
   };
   // forward_stage with the loss read into *loss or accumulated into *loss_sum (one of them set).
   Tensor forward_impl(const Tensor& input, const Tensor& tokens, const Tensor& targets, int mb, const StepContext& ctx,
                       float* loss, Tensor* loss_sum);
-  const Tensor& head_weight() const;
-  Parameter& head_param();
 
   ModelConfig cfg_;
   GptOptions opt_;
   uint64_t site_embedding_;
-  Parameter wte_;  // (Vpad/tp, C) token embedding shard, also the LM head when tied (on a
-                   // last stage without the embedding: a tied copy, see Parameter)
-  Parameter wpe_;  // (P, C) learned position embedding
+  VocabParallelEmbedding wte_;  // (Vpad/tp, C) token embedding shard, also the LM head's weight when tied (on
+                                // a last stage without the embedding: a tied copy, see Parameter)
+  Parameter wpe_;               // (P, C) learned position embedding
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
-  Parameter lnf_w_, lnf_b_;  // (C)
-  Parameter lm_head_;        // (Vpad/tp, C) only when untied
+  Parameter lnf_w_, lnf_b_;    // (C)
+  ColumnParallelLinear head_;  // C -> Vpad, no bias: weight (Vpad/tp, C) lm_head, or wte's borrowed when tied
   std::vector<Parameter*> params_;
   int64_t vocab_start_ = 0, vocab_local_ = 0;  // this rank's rows of the padded vocabulary
   std::map<int, HeadActivations> saved_;

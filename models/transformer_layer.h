@@ -1,21 +1,22 @@
 // transformer_layer.h: one pre-LN GPT block, forward and backward written out op by op.
 //
-//   x -> ln1 -> qkv GEMM -> causal attention -> proj GEMM -> dropout -> + x = x2
-//   x2 -> ln2 -> fc1 GEMM -> GELU -> fc2 GEMM -> dropout -> + x2 = out
-// With tensor parallelism QKV and fc1 are column-parallel (this rank's heads / ffn columns), proj and fc2
-// row-parallel (partial sums reduced over the group before their bias); norms and biases after a reduction
-// are replicated.
-// Fusions (core/ops.h): the QKV and fc1 biases, fc1's GELU, fc1's dGELU with its bias gradient and the bias
-// gradients of the weight-gradient GEMMs ride on GEMM epilogues; proj's and fc2's biases are added after the
-// row-parallel reduction, so they stay separate; each residual add is one dropout_add. On the CPU all of it
-// computes exactly what the separate ops computed.
+//   x  -> ln1 -> qkv (column-parallel) -> causal attention -> proj (row-parallel) -> dropout + x  = x2
+//   x2 -> ln2 -> fc1 (column-parallel, GELU) -> fc2 (row-parallel) -> dropout + x2 = out
+// The tensor-parallel linears (parallel/parallel_linear.h) own their weights, biases and communication:
+// QKV and fc1 hold this rank's heads / ffn columns, proj and fc2 sum their partial outputs over the group
+// before their bias; norms are replicated. With sequence parallelism the norms, dropout and residuals run on
+// this rank's sequence shard and the linears gather / reduce-scatter at their edges.
+// Fusions (core/ops.h): the QKV and fc1 biases, fc1's GELU, fc1's dGELU with its bias gradient (on fc2's
+// input-gradient GEMM) and the bias gradients of the weight-gradient GEMMs ride on GEMM epilogues; each
+// residual add is one dropout_add. On the CPU all of it computes exactly what the separate ops computed.
 #pragma once
 #include <map>
 #include <vector>
 
 #include "core/config/config.h"
-#include "core/tensor.h"
 #include "core/parameter.h"
+#include "core/tensor.h"
+#include "parallel/parallel_linear.h"
 #include "parallel/tensor_parallel.h"
 
 namespace mt {
@@ -55,6 +56,10 @@ class TransformerLayer {
   };
   // Runs the block on a.x, filling the activations; returns the output.
   Tensor run(Activations& a, bool keep);
+  // The attention's options, and the dropout before a residual add (masks keyed by global coordinates,
+  // T the full sequence length): none outside training.
+  AttentionOptions attention_options(const StepContext& ctx) const;
+  DropoutOptions residual_dropout(const StepContext& ctx, uint64_t site, int64_t T) const;
 
   int64_t index_;
   ModelConfig cfg_;
@@ -62,20 +67,15 @@ class TransformerLayer {
   Device device_;
   bool recompute_;
   TensorParallel tp_;
-  int64_t heads_, ffn_;  // this rank's heads and ffn columns
+  int64_t heads_;  // this rank's heads
   uint64_t site_attn_probs_, site_attn_out_, site_mlp_out_;
-  Parameter ln1_w_, ln1_b_;    // (C)
-  Parameter qkv_w_, qkv_b_;    // (3C/tp, C), (3C/tp): rows per head [q | k | v], this rank's heads
-  Parameter proj_w_, proj_b_;  // (C, C/tp), (C)
-  Parameter ln2_w_, ln2_b_;    // (C)
-  Parameter fc1_w_, fc1_b_;    // (F/tp, C), (F/tp)
-  Parameter fc2_w_, fc2_b_;    // (C, F/tp), (C)
+  Parameter ln1_w_, ln1_b_;   // (C)
+  ColumnParallelLinear qkv_;  // C -> 3C: weight (3C/tp, C), rows per head [q | k | v], this rank's heads
+  RowParallelLinear proj_;    // C -> C: weight (C, C/tp), the input columns of this rank's heads
+  Parameter ln2_w_, ln2_b_;   // (C)
+  ColumnParallelLinear fc1_;  // C -> F: weight (F/tp, C), GELU on its epilogue
+  RowParallelLinear fc2_;     // F -> C: weight (C, F/tp)
   std::map<int, Activations> saved_;
 };
-
-// out (N, out_features) = x (N, in) @ w^T (w is (out, in)) + b (no bias when b is null)
-void linear_forward(const Tensor& x, const Parameter& w, const Parameter* b, Tensor& out);
-// Accumulates w.grad and b.grad (when b is not null); writes dx (N, in) when dx is not null.
-void linear_backward(const Tensor& dout, const Tensor& x, Parameter& w, Parameter* b, Tensor* dx);
 
 }  // namespace mt

@@ -1,7 +1,9 @@
-// tensor_parallel.h: the tensor-parallel group as the model sees it, and the two operators of the Megatron
-// paper. Around a column-parallel GEMM the input passes unchanged forward and its gradient is summed over the
-// group backward ("f"); after a row-parallel GEMM the partial outputs are summed forward and the gradient
-// passes unchanged backward ("g"). Both directions reduce with reduce_from_group().
+// tensor_parallel.h: the tensor-parallel group as the model sees it. The two operators of the Megatron paper
+// live with the layers that use them (parallel/parallel_linear.h): around a column-parallel GEMM the input
+// passes unchanged forward and its gradient is summed over the group backward ("f"); after a row-parallel
+// GEMM the partial outputs are summed forward and the gradient passes unchanged backward ("g"); with
+// sequence parallelism the sums become reduce-scatters and the passes all-gathers (sequence_parallel.h).
+// The sums and maxima of the vocabulary-parallel loss use reduce_from_group() and max_over_group().
 #pragma once
 #include "core/tensor.h"
 #include "parallel/communicator.h"

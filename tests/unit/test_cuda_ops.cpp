@@ -264,6 +264,17 @@ TEST_F(CudaOps, AddAndScale) {
   }
 }
 
+// Both loop orders of the CUDA version (one strided copy per index of the shorter leading dimension), exact.
+TEST_F(CudaOps, TransposeBlocksMovesEveryBlock) {
+  for (auto [P, Q, L] : {std::tuple<int64_t, int64_t, int64_t>{2, 5, 7}, {5, 2, 7}, {3, 3, 1}, {1, 4, 6}})
+    for (DType dt : kFloatTypes) {
+      const Both x = both(rand_vec(P * Q * L, 330), {P, Q, L}, dt);
+      Both out = poisoned({Q, P, L}, dt);
+      for (auto d : kDevices) transpose_blocks(x.*d, out.*d);
+      expect_exact(out, str("transpose_blocks ", P, "x", Q, "x", L, " ", dtype_name(dt)));
+    }
+}
+
 TEST_F(CudaOps, GeluForwardAndBackward) {
   const int64_t N = 41, C = 257;
   for (DType dt : kFloatTypes) {
