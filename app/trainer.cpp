@@ -288,8 +288,6 @@ class Trainer {
   // Reads the losses of the steps since the last read (summed over the pipeline and data-parallel ranks: a
   // collective, at the same iteration on every rank) into interval_loss_ and c_.nan_iters.
   void read_losses();
-  // Whether the step runs through the pipeline executor (and its losses are summed over the pipeline group).
-  bool pipelined() const { return !(dist_.pp_size() == 1 && chunks_.size() == 1); }
   double evaluate();
   void save();
   void check_finite(const StepResult& r);
@@ -487,31 +485,19 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
   if (reducer_) reducer_->begin_step();
   if (step_losses_.full()) read_losses();      // a logging interval longer than the slots
   Tensor loss_sum = step_losses_.next_slot();  // (1) f64 on the device
-  Tensor tokens, targets;
   // The objective is the mean loss over all M * dp microbatches (times the loss scale): a host value, so the
   // backward seed needs no read of the device.
   const float dloss = static_cast<float>(scaler_.scale() / static_cast<double>(M * dp));
-  if (!pipelined()) {
-    for (int64_t m = 0; m < M; ++m) {
-      const int64_t first = microbatch_first_sample(m);
-      load_batch(data_.train, first, tokens, targets);
-      StepContext ctx{.sample_offset = first, .training = true, .seed = static_cast<uint64_t>(cfg_.training.seed)};
-      chunks_[0]->forward_stage(Tensor(), tokens, targets, static_cast<int>(m), ctx, loss_sum);
-      chunks_[0]->backward(static_cast<int>(m), dloss);
-    }
-  } else {
-    const ScheduleSpec spec{.kind = chunks_.size() > 1 ? ScheduleKind::interleaved : ScheduleKind::one_f_one_b,
-                            .stages = dist_.pp_size(),
-                            .microbatches = static_cast<int>(M),
-                            .chunks = static_cast<int>(chunks_.size())};
-    IterationStage stage(*this, dloss, loss_sum);
-    execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage,
-                     PipelinePlacement{.comm = dist_.pp.get(),
-                                       .stage = dist_.pp_rank(),
-                                       .stages = dist_.pp_size(),
-                                       .chunks = static_cast<int>(chunks_.size())});
-    // Only the last stage computed losses: read_losses sums them over the pipeline group.
-  }
+  // One engine for every layout: one stage runs no_pipelining (F0 B0 F1 B1 ...), several 1F1B, several with
+  // more than one chunk interleaved 1F1B. Only the last stage computes losses: read_losses sums them over the
+  // pipeline group.
+  const int p = dist_.pp_size(), v = static_cast<int>(chunks_.size());
+  const ScheduleKind kind =
+      p == 1 ? ScheduleKind::no_pipelining : (v > 1 ? ScheduleKind::interleaved : ScheduleKind::one_f_one_b);
+  const ScheduleSpec spec{.kind = kind, .stages = p, .microbatches = static_cast<int>(M), .chunks = v};
+  IterationStage stage(*this, dloss, loss_sum);
+  execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage,
+                   PipelinePlacement{.comm = dist_.pp.get(), .stage = dist_.pp_rank(), .stages = p, .chunks = v});
   // Replicas used on sequence shards (norms, position embedding) hold partial gradients: sum them over TP.
   if (dist_.tp_size() > 1)
     for (Parameter* p : params_)
@@ -533,13 +519,13 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
 }
 
 // The step losses are the reference's, value for value: each step's double sum of f32 microbatch means,
-// summed in f32 over the pipeline group (when pipelined) and then the data-parallel group, over M * dp, as f32.
+// summed in f32 over the pipeline group (when there are several stages) and then the data-parallel group, over M * dp, as f32.
 // The exchanges carry every pending step at once.
 void Trainer::read_losses() {
   std::vector<double> sums = step_losses_.take();
   if (sums.empty()) return;
   const int64_t M = cfg_.training.num_microbatches, dp = dist_.dp_size();
-  if (pipelined()) sums = sum_over(*dist_.pp, std::move(sums));
+  if (dist_.pp_size() > 1) sums = sum_over(*dist_.pp, std::move(sums));
   if (dp > 1) sums = sum_over(*dist_.dp, std::move(sums));
   for (double sum : sums) {
     const float loss = static_cast<float>(sum / static_cast<double>(M * dp));
