@@ -57,7 +57,7 @@ TransformerLayer::TransformerLayer(int64_t index, const ModelConfig& cfg, DType 
   fc2_w_ = block("mlp.fc2.weight", {C, F}, {0, f0}, {C, ffn_}, Init::normal, out_std);
   fc2_b_ = whole("mlp.fc2.bias", {C}, Init::zeros, 0);
   if (tp.sequence_parallel)
-    for (Parameter* p : {&ln1_w_, &ln1_b_, &ln2_w_, &ln2_b_}) p->sequence_parallel = true;
+    for (Parameter* p : {&ln1_w_, &ln1_b_, &ln2_w_, &ln2_b_}) p->grad_sums.tensor = true;
   site_attn_probs_ = stream_id(name("attn.probs"));
   site_attn_out_ = stream_id(name("attn.out"));
   site_mlp_out_ = stream_id(name("mlp.out"));
