@@ -22,7 +22,7 @@
 #include "app/nonfinite.h"
 #include "app/train_state.h"
 #include "parallel/distributed_optimizer.h"
-#include "parallel/grad_reducer.h"
+#include "parallel/grad_buffer.h"
 #include "parallel/pipeline_executor.h"
 #include "parallel/schedule.h"
 #include "core/checkpoint/checkpoint.h"
@@ -226,41 +226,22 @@ class Trainer {
                   .decay_iters = cfg.optimizer.decay_iters,
                   .decay = cfg.optimizer.decay},
         metrics_(dist.is_logging_rank() ? cfg.logging.dir : "") {
-    // One flat fp32 buffer holds every gradient, so data parallelism reduces it in one call (padded to split
-    // evenly over the data-parallel ranks for the distributed optimizer).
-    int64_t total = 0;
-    for (const Parameter* p : params_) total += p->grad.numel();
-    const int64_t dp = dist.dp_size();
-    if (cfg.parallel.distributed_optimizer) total = (total + dp - 1) / dp * dp;
-    grad_buffer_ = Tensor::zeros({total}, DType::f32, device_, MemKind::gradient);
-    int64_t offset = 0;
-    for (Parameter* p : params_) {
-      const int64_t n = p->grad.numel();
-      p->grad = grad_buffer_.slice(offset, offset + n).view(p->value.shape());
-      offset += n;
-    }
+    // One flat fp32 buffer holds every gradient; its buckets are reduced over data parallelism (reduce-scattered
+    // with the distributed optimizer) as soon as the last microbatch's backward has finished them.
+    grads_ = std::make_unique<GradBuffer>(params_, device_, std::move(dist.dp_grads),
+                                          GradBufferOptions{.bucket_elements = cfg.parallel.grad_bucket_size,
+                                                            .shard = cfg.parallel.distributed_optimizer,
+                                                            .tensor = dist.tp.get(),
+                                                            .embedding = dist.emb.get()});
     if (cfg.parallel.distributed_optimizer)
-      zero_ = std::make_unique<DistributedOptimizer>(params_, grad_buffer_, *dist.dp, adam_config_);
+      zero_ = std::make_unique<DistributedOptimizer>(*grads_, *dist.dp, adam_config_);
     else
       adam_ = std::make_unique<AdamW>(params_, adam_config_);
-    if (!zero_ && dist.dp_size() > 1) {
-      // Data-parallel reduction in buckets, started by backward as soon as the last microbatch has finished a
-      // bucket's parameters. Gradients that still need a sum over TP (sequence-parallel replicas) or between
-      // the first and last stage (tied embeddings) join when finish_step() marks the rest.
-      reducer_ = std::make_unique<BucketedGradReducer>(params_, grad_buffer_, std::move(dist.dp_grads),
-                                                       cfg.parallel.grad_bucket_size);
-      const int last_mb = static_cast<int>(cfg.training.num_microbatches) - 1;
-      const bool tp_sums = dist.tp_size() > 1, emb_sums = dist.emb && dist.emb->size() > 1;
-      for (auto& chunk : chunks_)
-        chunk->set_grads_ready_hook([this, last_mb, tp_sums, emb_sums](int mb, const std::vector<Parameter*>& ps) {
-          if (mb != last_mb) return;
-          std::vector<Parameter*> final_now;
-          for (Parameter* p : ps)
-            if (!(tp_sums && p->sequence_parallel) && !(emb_sums && p->name == "embedding.word_embeddings.weight"))
-              final_now.push_back(p);
-          reducer_->mark_ready(final_now);
-        });
-    }
+    const int last_mb = static_cast<int>(cfg.training.num_microbatches) - 1;
+    for (auto& chunk : chunks_)
+      chunk->set_grads_ready_hook([this, last_mb](int mb, const std::vector<Parameter*>& ps) {
+        if (mb == last_mb) grads_->mark_ready(ps);
+      });
     // The per-parameter gradients made with the model are gone: peaks start from the real state.
     allocator_for(device_).reset_peaks();
   }
@@ -289,8 +270,6 @@ class Trainer {
   // Reads the losses of the steps since the last read (summed over the pipeline and data-parallel ranks: a
   // collective, at the same iteration on every rank) into interval_loss_ and c_.nan_iters.
   void read_losses();
-  // Whether the step runs through the pipeline executor (and its losses are summed over the pipeline group).
-  bool pipelined() const { return !(dist_.pp_size() == 1 && chunks_.size() == 1); }
   double evaluate();
   void save();
   void check_finite(const StepResult& r);
@@ -309,14 +288,13 @@ class Trainer {
   std::vector<std::unique_ptr<GptModel>> chunks_;  // this rank's model chunks (one without pipelining)
   std::vector<Parameter*> params_;                 // all of their parameters
   AdamWConfig adam_config_;
-  std::unique_ptr<AdamW> adam_;                   // replicated optimizer state, or
-  std::unique_ptr<DistributedOptimizer> zero_;    // state sharded over the data-parallel group (ZeRO-1)
-  std::unique_ptr<BucketedGradReducer> reducer_;  // bucketed DP all-reduce overlapped with backward (no ZeRO)
+  std::unique_ptr<GradBuffer> grads_;           // the storage of every Parameter::grad, reduced in buckets
+  std::unique_ptr<AdamW> adam_;                 // replicated optimizer state, or
+  std::unique_ptr<DistributedOptimizer> zero_;  // state sharded over the data-parallel group (ZeRO-1)
   int64_t optimizer_steps() const { return zero_ ? zero_->steps() : adam_->steps(); }
   LossScaler scaler_;
   LrSchedule schedule_;
   MetricsFile metrics_;
-  Tensor grad_buffer_;  // (all parameters) f32, the storage of every Parameter::grad
   Counters c_;
   std::optional<std::string> last_saved_;
   // Read once per logging interval (a long interval reads when its at most 1024 slots are full).
@@ -481,63 +459,40 @@ void Trainer::save() {
 void Trainer::train_step(float& lr_used, StepResult& result) {
   const int64_t M = cfg_.training.num_microbatches;
   const int64_t dp = dist_.dp_size();
-  grad_buffer_.zero_();
-  if (reducer_) reducer_->begin_step();
+  grads_->begin_step();                        // zeroes every gradient
   if (step_losses_.full()) read_losses();      // a logging interval longer than the slots
   Tensor loss_sum = step_losses_.next_slot();  // (1) f64 on the device
-  Tensor tokens, targets;
   // The objective is the mean loss over all M * dp microbatches (times the loss scale): a host value, so the
   // backward seed needs no read of the device.
   const float dloss = static_cast<float>(scaler_.scale() / static_cast<double>(M * dp));
-  if (!pipelined()) {
-    for (int64_t m = 0; m < M; ++m) {
-      const int64_t first = microbatch_first_sample(m);
-      load_batch(data_.train, first, tokens, targets);
-      StepContext ctx{.sample_offset = first, .training = true, .seed = static_cast<uint64_t>(cfg_.training.seed)};
-      chunks_[0]->forward_stage(Tensor(), tokens, targets, static_cast<int>(m), ctx, loss_sum);
-      chunks_[0]->backward(static_cast<int>(m), dloss);
-    }
-  } else {
-    const ScheduleSpec spec{.kind = chunks_.size() > 1 ? ScheduleKind::interleaved : ScheduleKind::one_f_one_b,
-                            .stages = dist_.pp_size(),
-                            .microbatches = static_cast<int>(M),
-                            .chunks = static_cast<int>(chunks_.size())};
-    IterationStage stage(*this, dloss, loss_sum);
-    execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage,
-                     PipelinePlacement{.comm = dist_.pp.get(),
-                                       .stage = dist_.pp_rank(),
-                                       .stages = dist_.pp_size(),
-                                       .chunks = static_cast<int>(chunks_.size())});
-    // Only the last stage computed losses: read_losses sums them over the pipeline group.
-  }
-  // Replicas used on sequence shards (norms, position embedding) hold partial gradients: sum them over TP.
-  if (dist_.tp_size() > 1)
-    for (Parameter* p : params_)
-      if (p->sequence_parallel) dist_.tp->all_reduce(p->grad, ReduceOp::sum)->wait();
-  // The tied word embeddings of the first and last stage: one gradient, summed.
-  if (dist_.emb && dist_.emb->size() > 1)
-    for (Parameter* p : params_)
-      if (p->name == "embedding.word_embeddings.weight") dist_.emb->all_reduce(p->grad, ReduceOp::sum)->wait();
+  // One engine for every layout: one stage runs no_pipelining (F0 B0 F1 B1 ...), several 1F1B, several with
+  // more than one chunk interleaved 1F1B. Only the last stage computes losses: read_losses sums them over the
+  // pipeline group.
+  const int p = dist_.pp_size(), v = static_cast<int>(chunks_.size());
+  const ScheduleKind kind =
+      p == 1 ? ScheduleKind::no_pipelining : (v > 1 ? ScheduleKind::interleaved : ScheduleKind::one_f_one_b);
+  const ScheduleSpec spec{.kind = kind, .stages = p, .microbatches = static_cast<int>(M), .chunks = v};
+  IterationStage stage(*this, dloss, loss_sum);
+  execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage,
+                   PipelinePlacement{.comm = dist_.pp.get(), .stage = dist_.pp_rank(), .stages = p, .chunks = v});
+  // The sums over TP (sequence-parallel replicas) and the embedding group (tied copies), then the data-parallel
+  // buckets not started yet, then the wait: every gradient is final (this rank's shard of it with ZeRO).
+  grads_->finalize();
   lr_used = static_cast<float>(schedule_.at(optimizer_steps() + 1));
   // The step's one read of the device: the grad norm and inf/NaN verdict, inside the optimizer.
-  if (zero_) {
-    result = zero_->step(lr_used, scaler_.scale());  // reduce-scatters the gradients over DP itself
-  } else {
-    if (reducer_) reducer_->finish_step();  // the remaining buckets, then wait for all of them
-    result = adam_->step(lr_used, scaler_.scale());
-  }
+  result = zero_ ? zero_->step(lr_used, scaler_.scale()) : adam_->step(lr_used, scaler_.scale());
   scaler_.update(result.found_inf);
   if (result.found_inf) ++c_.skipped_iters;
 }
 
 // The step losses are the reference's, value for value: each step's double sum of f32 microbatch means,
-// summed in f32 over the pipeline group (when pipelined) and then the data-parallel group, over M * dp, as f32.
-// The exchanges carry every pending step at once.
+// summed in f32 over the pipeline group (with several stages) and then the data-parallel group, over M * dp,
+// as f32. The exchanges carry every pending step at once.
 void Trainer::read_losses() {
   std::vector<double> sums = step_losses_.take();
   if (sums.empty()) return;
   const int64_t M = cfg_.training.num_microbatches, dp = dist_.dp_size();
-  if (pipelined()) sums = sum_over(*dist_.pp, std::move(sums));
+  if (dist_.pp_size() > 1) sums = sum_over(*dist_.pp, std::move(sums));
   if (dp > 1) sums = sum_over(*dist_.dp, std::move(sums));
   for (double sum : sums) {
     const float loss = static_cast<float>(sum / static_cast<double>(M * dp));

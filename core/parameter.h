@@ -7,6 +7,14 @@
 
 namespace mt {
 
+// The groups besides data parallelism whose ranks each hold a part of a parameter's gradient, summed once
+// backward is done (parallel/grad_buffer.h, GradBuffer::finalize), set where the model creates the parameter.
+struct GradSums {
+  bool tensor = false;     // a replica used on sequence shards (sequence parallelism): each TP rank's gradient
+                           // covers its positions only
+  bool embedding = false;  // the tied word embeddings: the first stage's table and the last stage's copy
+};
+
 // How a parameter is initialised; every value is a pure function of (seed, name, global index).
 enum class Init { normal, zeros, ones };
 
@@ -18,14 +26,13 @@ struct Parameter {
   std::vector<int64_t> start;  // where this rank's slice starts in the global tensor (all zeros: whole)
   Init init = Init::normal;
   float init_std = 0.f;
-  bool weight_decay = true;        // false for biases and norm parameters (Megatron's rule)
-  bool tensor_parallel = false;    // this rank holds a slice (split across the tensor-parallel group);
-                                   // false: every TP rank holds the whole tensor (a replica)
-  bool sequence_parallel = false;  // a replica used on sequence shards: each TP rank's gradient covers its
-                                   // positions only, so the gradients are summed over the TP group
-  bool tied_copy = false;          // the last pipeline stage's copy of the tied word embeddings: its gradient
-                                   // is summed with the first stage's; it is not counted in the grad norm
-                                   // nor written to checkpoints (the first stage's is)
+  bool weight_decay = true;      // false for biases and norm parameters (Megatron's rule)
+  bool tensor_parallel = false;  // this rank holds a slice (split across the tensor-parallel group);
+                                 // false: every TP rank holds the whole tensor (a replica)
+  GradSums grad_sums;            // groups that sum its gradient (besides data parallelism)
+  bool tied_copy = false;        // the last pipeline stage's copy of the tied word embeddings: its gradient
+                                 // is summed with the first stage's; it is not counted in the grad norm
+                                 // nor written to checkpoints (the first stage's is)
 };
 
 // Creates a parameter holding the whole global tensor, initialised with `init`; value in `dtype`.

@@ -24,6 +24,7 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
                                    .seed = opt.seed},
                                   opt.tp);
     wte_.weight().tied_copy = !st.has_embedding;
+    wte_.weight().grad_sums.embedding = cfg.tie_embeddings;
     params_.push_back(&wte_.weight());
   }
   if (st.has_embedding) {
@@ -57,8 +58,8 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
     }
   }
   if (opt.tp.sequence_parallel) {
-    if (st.has_embedding) wpe_.sequence_parallel = true;
-    if (st.has_head) lnf_w_.sequence_parallel = lnf_b_.sequence_parallel = true;
+    if (st.has_embedding) wpe_.grad_sums.tensor = true;
+    if (st.has_head) lnf_w_.grad_sums.tensor = lnf_b_.grad_sums.tensor = true;
   }
   site_embedding_ = stream_id("embedding.dropout");
   if (opt.device != Device::cpu)  // initial values are drawn on the host, then moved

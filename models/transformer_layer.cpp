@@ -32,7 +32,7 @@ TransformerLayer::TransformerLayer(int64_t index, const ModelConfig& cfg, DType 
   fc1_ = ColumnParallelLinear(linear("mlp.fc1", C, F, std), tp);
   fc2_ = RowParallelLinear(linear("mlp.fc2", F, C, out_std), tp);
   if (tp.sequence_parallel)
-    for (Parameter* p : {&ln1_w_, &ln1_b_, &ln2_w_, &ln2_b_}) p->sequence_parallel = true;
+    for (Parameter* p : {&ln1_w_, &ln1_b_, &ln2_w_, &ln2_b_}) p->grad_sums.tensor = true;
   site_attn_probs_ = stream_id(name("attn.probs"));
   site_attn_out_ = stream_id(name("attn.out"));
   site_mlp_out_ = stream_id(name("mlp.out"));

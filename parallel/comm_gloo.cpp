@@ -30,7 +30,7 @@ namespace {
 // Slots of our own transfers. Gloo's collectives put a prefix 0x01..0x08 in the slot's top byte and the tag
 // below it; ours use prefixes of their own so a user tag never meets a collective's traffic.
 constexpr uint64_t kSendRecvSlot = 0x40ull << 56;       // | tag (32 bits)
-constexpr uint64_t kReduceScatterSlot = 0x41ull << 56;  // | collective tag << 16 | ring step
+constexpr uint64_t kReduceScatterSlot = 0x41ull << 56;  // | collective tag << 16
 
 std::string seconds_str(Millis t) { return fmt::format("{:g} s", static_cast<double>(t.count()) / 1000.0); }
 
@@ -179,9 +179,12 @@ class GlooCommunicator final : public Communicator {
     return done();
   }
 
-  // A ring over unbound buffers: size - 1 steps, each sending one block to the next rank and adding the
-  // block received from the previous one, so every rank sends (size - 1) / size of the buffer once
-  // (an all-reduce would move twice that). The 2022 Gloo has no options-style reduce-scatter.
+  // Every element is summed in rank order, ((x_0 + x_1) + x_2) + ..., whichever block (owner) it falls in, so
+  // the result does not depend on how a caller cuts a buffer into blocks (the distributed optimizer shards
+  // per gradient bucket, and layouts must agree bit for bit). Each rank sends block j straight to its owner
+  // j and the owner adds the size contributions in rank order: every rank sends (size - 1) / size of the
+  // buffer once, the bytes of a ring (a ring's sum order depends on the block's position in the ring). The
+  // 2022 Gloo has no options-style reduce-scatter.
   std::unique_ptr<Work> reduce_scatter(const Tensor& in, Tensor& out) override {
     check_host(in, "reduce_scatter", true);
     check_host(out, "reduce_scatter", true);
@@ -195,29 +198,28 @@ class GlooCommunicator final : public Communicator {
       return done();
     }
     if (m == 0) return done();
-    Tensor acc = Tensor::empty({in.numel()}, DType::f32, Device::cpu, MemKind::workspace);  // (size * m)
-    Tensor incoming = Tensor::empty({m}, DType::f32, Device::cpu, MemKind::workspace);      // (m)
-    acc.copy_from(in);
+    const int n = size(), r = rank();
+    Tensor mine = Tensor::empty({in.numel()}, DType::f32, Device::cpu, MemKind::workspace);  // (n * m)
+    Tensor blocks = Tensor::empty({n * m}, DType::f32, Device::cpu, MemKind::workspace);     // block r of each rank
+    mine.copy_from(in);
     guarded("reduce_scatter", [&] {
-      const int n = size(), r = rank();
       const size_t block_bytes = static_cast<size_t>(m) * sizeof(float);
-      auto send_buf = context_->createUnboundBuffer(acc.raw(), acc.nbytes());
-      auto recv_buf = context_->createUnboundBuffer(incoming.raw(), incoming.nbytes());
-      // Step s sends block r-s-1 (complete up to this rank) and receives block r-s-2; after the last step
-      // this rank holds the full sum of block r.
-      for (int s = 0; s < n - 1; ++s) {
-        const int send_block = ((r - s - 1) % n + n) % n;
-        const int recv_block = ((r - s - 2) % n + n) % n;
-        const uint64_t slot = kReduceScatterSlot | (static_cast<uint64_t>(tag) << 16) | static_cast<uint64_t>(s);
-        recv_buf->recv((r + n - 1) % n, slot);
-        send_buf->send((r + 1) % n, slot, static_cast<size_t>(send_block) * block_bytes, block_bytes);
+      auto send_buf = context_->createUnboundBuffer(mine.raw(), mine.nbytes());
+      auto recv_buf = context_->createUnboundBuffer(blocks.raw(), blocks.nbytes());
+      const uint64_t slot = kReduceScatterSlot | (static_cast<uint64_t>(tag) << 16);
+      for (int j = 0; j < n; ++j) {
+        if (j == r) continue;
+        recv_buf->recv(j, slot, static_cast<size_t>(j) * block_bytes, block_bytes);
+        send_buf->send(j, slot, static_cast<size_t>(j) * block_bytes, block_bytes);
+      }
+      for (int k = 0; k < n - 1; ++k)
         if (!recv_buf->waitRecv(group_->timeout) || !send_buf->waitSend(group_->timeout))
           throw std::runtime_error("aborted");
-        float* dst = acc.data<float>() + static_cast<int64_t>(recv_block) * m;
-        sum_f32(dst, dst, incoming.data<float>(), static_cast<size_t>(m));
-      }
     });
-    out.copy_from(acc.slice(rank() * m, (rank() + 1) * m));
+    blocks.slice(r * m, (r + 1) * m).copy_from(mine.slice(r * m, (r + 1) * m));
+    float* sum = blocks.data<float>();  // rank 0's block accumulates those of ranks 1 .. n-1, in rank order
+    for (int j = 1; j < n; ++j) sum_f32(sum, sum, sum + static_cast<int64_t>(j) * m, static_cast<size_t>(m));
+    out.copy_from(blocks.slice(0, m));
     return done();
   }
 

@@ -9,44 +9,51 @@
 
 namespace mt {
 
-DistributedOptimizer::DistributedOptimizer(std::vector<Parameter*> params, Tensor flat_grads, Communicator& dp,
-                                           AdamWConfig cfg)
-    : params_(std::move(params)), flat_grads_(std::move(flat_grads)), dp_(dp), cfg_(std::move(cfg)) {
-  if (flat_grads_.numel() % dp_.size() != 0)
-    throw std::invalid_argument(fmt::format("distributed optimizer: {} gradient elements do not split over {} ranks",
-                                            flat_grads_.numel(), dp_.size()));
-  shard_ = flat_grads_.numel() / dp_.size();
-  const int64_t lo = shard_ * dp_.rank(), hi = lo + shard_;
-  int64_t offset = 0;
-  for (Parameter* p : params_) {
-    offsets_.push_back(offset);
-    const int64_t b = std::max(lo, offset), e = std::min(hi, offset + p->value.numel());
-    if (b < e) segments_.push_back({p, b - offset, b - lo, e - lo});
-    offset += p->value.numel();
+DistributedOptimizer::DistributedOptimizer(const GradBuffer& grads, Communicator& dp, AdamWConfig cfg)
+    : grads_(grads), dp_(dp), cfg_(std::move(cfg)) {
+  if (!grads_.sharded() || grads_.dp_size() != dp_.size() || grads_.dp_rank() != dp_.rank())
+    throw std::invalid_argument(
+        fmt::format("distributed optimizer: the gradient buffer must be sharded over {} (rank {} of {}), it is {}over "
+                    "rank {} of {}",
+                    dp_.name(), dp_.rank(), dp_.size(), grads_.sharded() ? "" : "not sharded, ", grads_.dp_rank(),
+                    grads_.dp_size()));
+  // This rank's blocks of the buckets, laid out in buffer order (with one bucket: the block of the whole).
+  const int64_t r = dp_.rank();
+  const auto& buckets = grads_.buckets();
+  for (size_t i = buckets.size(); i-- > 0;) {
+    const GradBuffer::Bucket& bucket = buckets[i];
+    const int64_t lo = bucket.begin + r * bucket.shard, hi = lo + bucket.shard;  // in the buffer
+    buckets_.push_back({bucket.begin, bucket.end, shard_, bucket.shard});
+    for (Parameter* p : bucket.params) {
+      const int64_t offset = grads_.offset(p);
+      const int64_t b = std::max(lo, offset), e = std::min(hi, offset + p->value.numel());
+      if (b < e) segments_.push_back({p, b - offset, shard_ + b - lo, shard_ + e - lo, grads_.data().slice(b, e)});
+    }
+    shard_ += bucket.shard;
   }
-  master_ = Tensor::zeros({shard_}, DType::f32, flat_grads_.device(), MemKind::optimizer);
-  exp_avg_ = Tensor::zeros({shard_}, DType::f32, flat_grads_.device(), MemKind::optimizer);
-  exp_avg_sq_ = Tensor::zeros({shard_}, DType::f32, flat_grads_.device(), MemKind::optimizer);
-  grad_shard_ = Tensor::zeros({shard_}, DType::f32, flat_grads_.device(), MemKind::gradient);
+  const Device device = grads_.data().device();
+  master_ = Tensor::zeros({shard_}, DType::f32, device, MemKind::optimizer);
+  exp_avg_ = Tensor::zeros({shard_}, DType::f32, device, MemKind::optimizer);
+  exp_avg_sq_ = Tensor::zeros({shard_}, DType::f32, device, MemKind::optimizer);
   for (const Segment& s : segments_) {
     Tensor whole = s.param->value.view({s.param->value.numel()});
     master_.slice(s.begin, s.end).copy_from(whole.slice(s.param_offset, s.param_offset + (s.end - s.begin)));
   }
   // One compute dtype for all parameters (a model's are): gather values in it; mixed or f32: gather masters.
-  DType value_dtype = params_.empty() ? DType::f32 : params_[0]->value.dtype();
-  for (const Parameter* p : params_)
+  const std::vector<Parameter*>& params = grads_.params();
+  DType value_dtype = params.empty() ? DType::f32 : params[0]->value.dtype();
+  for (const Parameter* p : params)
     if (p->value.dtype() != value_dtype) value_dtype = DType::f32;
   if (value_dtype != DType::f32) {
-    value_shard_ = Tensor::zeros({shard_}, value_dtype, flat_grads_.device(), MemKind::optimizer);
+    value_shard_ = Tensor::zeros({shard_}, value_dtype, device, MemKind::optimizer);
     value_shard_.copy_from(master_);
   }
 }
 
 StepResult DistributedOptimizer::step(double lr, double loss_scale) {
-  dp_.reduce_scatter(flat_grads_, grad_shard_)->wait();
   std::vector<Tensor> counted;
   for (const Segment& s : segments_)
-    if (counts_in_grad_norm(*s.param, cfg_)) counted.push_back(grad_shard_.slice(s.begin, s.end));
+    if (counts_in_grad_norm(*s.param, cfg_)) counted.push_back(s.grad);
   GradStats stats = grad_stats(counted);  // the step's one read of the device
   if (dp_.size() > 1) {
     // A host exchange (the f32 sum of the reference); an inf/NaN flag needs no exchange, as it makes the sum
@@ -64,7 +71,7 @@ StepResult DistributedOptimizer::step(double lr, double loss_scale) {
   ts.reserve(segments_.size());
   for (const Segment& s : segments_)
     ts.push_back({.master = master_.slice(s.begin, s.end),
-                  .grad = grad_shard_.slice(s.begin, s.end),
+                  .grad = s.grad,
                   .exp_avg = exp_avg_.slice(s.begin, s.end),
                   .exp_avg_sq = exp_avg_sq_.slice(s.begin, s.end),
                   .value = value_shard_.defined() ? value_shard_.slice(s.begin, s.end) : Tensor(),
@@ -74,17 +81,24 @@ StepResult DistributedOptimizer::step(double lr, double loss_scale) {
   return r;
 }
 
+void DistributedOptimizer::all_gather_buckets(const Tensor& shard, Tensor& full) {
+  for (const BucketShard& b : buckets_) {
+    Tensor out = full.slice(b.begin, b.end);
+    dp_.all_gather(shard.slice(b.shard_begin, b.shard_begin + b.shard), out)->wait();
+  }
+}
+
 void DistributedOptimizer::all_gather_into_values(bool values_current) {
   const Tensor* shard = &master_;
   if (value_shard_.defined()) {
     if (!values_current) value_shard_.copy_from(master_);
     shard = &value_shard_;
   }
-  Tensor full = Tensor::empty({shard_ * dp_.size()}, shard->dtype(), flat_grads_.device(), MemKind::workspace);
-  dp_.all_gather(*shard, full)->wait();
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Parameter* p = params_[i];
-    p->value.copy_from(full.slice(offsets_[i], offsets_[i] + p->value.numel()));
+  Tensor full = Tensor::empty({grads_.data().numel()}, shard->dtype(), shard->device(), MemKind::workspace);
+  all_gather_buckets(*shard, full);
+  for (Parameter* p : grads_.params()) {
+    const int64_t o = grads_.offset(p);
+    p->value.copy_from(full.slice(o, o + p->value.numel()));
   }
 }
 
@@ -92,15 +106,13 @@ std::vector<AdamW::Slot> DistributedOptimizer::gather_slots() {
   Tensor full[3];
   const Tensor* shards[3] = {&master_, &exp_avg_, &exp_avg_sq_};
   for (int k = 0; k < 3; ++k) {
-    full[k] = Tensor::empty({shard_ * dp_.size()}, DType::f32, flat_grads_.device(), MemKind::workspace);
-    dp_.all_gather(*shards[k], full[k])->wait();
+    full[k] = Tensor::empty({grads_.data().numel()}, DType::f32, master_.device(), MemKind::workspace);
+    all_gather_buckets(*shards[k], full[k]);
   }
   std::vector<AdamW::Slot> slots;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Parameter* p = params_[i];
-    auto part = [&](const Tensor& t) {
-      return t.slice(offsets_[i], offsets_[i] + p->value.numel()).view(p->value.shape());
-    };
+  for (Parameter* p : grads_.params()) {
+    const int64_t o = grads_.offset(p);
+    auto part = [&](const Tensor& t) { return t.slice(o, o + p->value.numel()).view(p->value.shape()); };
     slots.push_back({p, part(full[0]), part(full[1]), part(full[2])});
   }
   return slots;

@@ -1,24 +1,25 @@
-// distributed_optimizer.h: ZeRO-1. The fp32 master weights and Adam moments are split evenly over the
-// data-parallel group: each step reduce-scatters the flat gradient buffer, every rank updates its shard in
-// one multi-tensor pass that also rounds it to the compute dtype, and those shards are all-gathered back into
-// every rank's parameters.
+// distributed_optimizer.h: ZeRO-1. The fp32 master weights and Adam moments are split over the data-parallel
+// group as the gradient buffer shards its buckets (rank r owns block r of every bucket, reduce-scattered there
+// during backward): every rank updates its shard in one multi-tensor pass that also rounds it to the compute
+// dtype, and those shards are all-gathered back, bucket by bucket, into every rank's parameters.
 #pragma once
 #include <vector>
 
 #include "core/optimizer.h"
 #include "parallel/communicator.h"
+#include "parallel/grad_buffer.h"
 
 namespace mt {
 
 class DistributedOptimizer {
  public:
-  // `params` own gradients that are consecutive views, in this order, into `flat_grads` (f32, a multiple of
-  // the group size long; the tail is padding). cfg.sum_across_ranks adds the grad-norm sums of the other
-  // model-parallel ranks; the data-parallel sum is done here.
-  DistributedOptimizer(std::vector<Parameter*> params, Tensor flat_grads, Communicator& dp, AdamWConfig cfg);
+  // The state covers this rank's blocks of `grads`' buckets (a sharded buffer over the group of `dp`, which
+  // must outlive it). cfg.sum_across_ranks adds the grad-norm sums of the other model-parallel ranks; the
+  // data-parallel sum is done here.
+  DistributedOptimizer(const GradBuffer& grads, Communicator& dp, AdamWConfig cfg);
 
-  // Reduce-scatters the gradients (summing them over the group), then as AdamW::step on this rank's shard,
-  // then all-gathers the parameters. Every rank of the group must call it.
+  // As AdamW::step on this rank's shard of the reduced gradients (GradBuffer::finalize done), then
+  // all-gathers the parameters. Every rank of the group must call it.
   StepResult step(double lr, double loss_scale);
   int64_t steps() const { return steps_; }
   void set_steps(int64_t s) { steps_ = s; }
@@ -32,23 +33,31 @@ class DistributedOptimizer {
   int64_t shard_size() const { return shard_; }
 
  private:
+  // One parameter's part of one bucket's block of this rank.
   struct Segment {
     Parameter* param;
-    int64_t param_offset;  // first element of the parameter inside the shard's range
-    int64_t begin, end;    // positions in this rank's shard
+    int64_t param_offset;  // first element of the part inside the parameter
+    int64_t begin, end;    // positions in this rank's shard (the state tensors)
+    Tensor grad;           // (end - begin) f32, the reduced gradient: a view into the gradient buffer
   };
-  std::vector<Parameter*> params_;
-  std::vector<int64_t> offsets_;  // each parameter's first element in the flat buffer
-  Tensor flat_grads_;             // (dp * shard) f32
+  // Where a bucket's block lies in this rank's shard.
+  struct BucketShard {
+    int64_t begin, end;  // the bucket in the gradient buffer
+    int64_t shard_begin, shard;
+  };
+  const GradBuffer& grads_;
   Communicator& dp_;
   AdamWConfig cfg_;
-  int64_t shard_ = 0;
-  std::vector<Segment> segments_;
-  Tensor master_, exp_avg_, exp_avg_sq_, grad_shard_;  // (shard) f32 each
+  int64_t shard_ = 0;  // elements this rank owns, over all buckets
+  std::vector<BucketShard> buckets_;
+  std::vector<Segment> segments_;         // in buffer order
+  Tensor master_, exp_avg_, exp_avg_sq_;  // (shard) f32 each
   // (shard) in the parameters' compute dtype when it is not f32: the update writes the rounded masters here
   // and the all-gather moves these (half the bytes of f32); undefined for f32 parameters (masters gathered).
   Tensor value_shard_;
   int64_t steps_ = 0;
+  // Gathers every rank's blocks of `shard` (shard_) into `full` (the gradient buffer's length), bucket by bucket.
+  void all_gather_buckets(const Tensor& shard, Tensor& full);
   // Gathers every rank's updated values into the parameters; values_current: value_shard_ already holds
   // this rank's rounded masters (after a step), else they are cast first (after loading).
   void all_gather_into_values(bool values_current);

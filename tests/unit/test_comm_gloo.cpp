@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <exception>
 #include <functional>
 #include <future>
@@ -125,6 +126,31 @@ TEST(CommGloo, ReduceScatterMatchesSerialReference) {
           ASSERT_EQ(got[i], round_to(t, ref)) << "world " << world << " " << dtype_name(t) << " rank " << r;
         }
         EXPECT_EQ(in.to_floats(), stored(r, world * m, t)) << "the input must be left untouched";
+      }
+    });
+  }
+}
+
+// Each element is summed in rank order, ((x_0 + x_1) + x_2) + x_3, whatever block it falls in, so cutting a
+// buffer into blocks differently (per gradient bucket) cannot change a sum. Values whose sums round, so that
+// another order would show; the output may be the input's own block (in place, as the gradient buffer does).
+TEST(CommGloo, ReduceScatterSumsEveryElementInRankOrder) {
+  for (int world : {2, 3, 4}) {
+    auto store = make_hash_store();
+    const int64_t m = 101;
+    auto value = [](int rank, int64_t i) {
+      return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + rank) * std::pow(10.0, (i + rank) % 7 - 3));
+    };
+    run_ranks(world, [&](int r) {
+      auto comm = join(store, "dp", iota_ranks(world), r);
+      Tensor in = Tensor::empty({world * m}, DType::f32);
+      for (int64_t i = 0; i < world * m; ++i) in.data<float>()[i] = value(r, i);
+      Tensor out = in.slice(r * m, (r + 1) * m);
+      comm->reduce_scatter(in, out)->wait();
+      for (int64_t i = 0; i < m; ++i) {
+        float ref = value(0, r * m + i);
+        for (int q = 1; q < world; ++q) ref += value(q, r * m + i);
+        ASSERT_EQ(out.data<float>()[i], ref) << "world " << world << " rank " << r << " element " << i;
       }
     });
   }

@@ -1,0 +1,50 @@
+// gloo_ranks.h: threads as ranks for the parallel runtime's tests: run_ranks runs one function per rank
+// on its own thread, join_gloo gives each its Gloo communicator of a group (one shared in-process store).
+#pragma once
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "parallel/communicator.h"
+
+namespace mt::testing {
+
+// Runs fn(rank) on n threads, one per rank, and rethrows the first exception any of them threw.
+inline void run_ranks(int n, const std::function<void(int)>& fn) {
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        fn(r);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+// The communicator of group `name` with `members` (global ranks, ascending) for global rank `rank`.
+inline std::unique_ptr<Communicator> join_gloo(std::shared_ptr<Store> store, const std::string& name,
+                                               std::vector<int> members, int rank) {
+  GlooOptions opt;
+  opt.name = name;
+  opt.members = std::move(members);
+  opt.global_rank = rank;
+  opt.timeout = std::chrono::seconds(20);
+  return make_gloo_communicator(std::move(store), opt);
+}
+
+inline std::vector<int> first_ranks(int n) {
+  std::vector<int> v(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) v[static_cast<size_t>(i)] = i;
+  return v;
+}
+
+}  // namespace mt::testing
