@@ -11,5 +11,6 @@ void add_eval_command(CLI::App& root);   // megatrain eval --checkpoint DIR --da
 void add_data_commands(CLI::App& root);  // megatrain data prepare|inspect
 void add_ckpt_commands(CLI::App& root);  // megatrain ckpt inspect|export
 void add_info_command(CLI::App& root);   // megatrain info [--require-gpu]
+void add_plan_command(CLI::App& root);   // megatrain plan --config F [--world N] [--gpu G] [--search]
 
 }  // namespace mt::app
