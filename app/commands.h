@@ -6,10 +6,12 @@
 
 namespace mt::app {
 
-void add_train_command(CLI::App& root);  // megatrain train / megatrain --config F
-void add_eval_command(CLI::App& root);   // megatrain eval --checkpoint DIR --data PREFIX --samples K
-void add_data_commands(CLI::App& root);  // megatrain data prepare|inspect
-void add_ckpt_commands(CLI::App& root);  // megatrain ckpt inspect|export
-void add_info_command(CLI::App& root);   // megatrain info [--require-gpu]
+void add_train_command(CLI::App& root);   // megatrain train / megatrain --config F
+void add_eval_command(CLI::App& root);    // megatrain eval --checkpoint DIR --data PREFIX --samples K
+void add_data_commands(CLI::App& root);   // megatrain data prepare|inspect
+void add_ckpt_commands(CLI::App& root);   // megatrain ckpt inspect|export
+void add_info_command(CLI::App& root);    // megatrain info [--require-gpu]
+void add_plan_command(CLI::App& root);    // megatrain plan --config F [--world N] [--gpu G] [--search]
+void add_bench_commands(CLI::App& root);  // megatrain bench kernels [--device cpu|cuda] [-o rates.yaml]
 
 }  // namespace mt::app

@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   mt::app::add_data_commands(app);
   mt::app::add_ckpt_commands(app);
   mt::app::add_info_command(app);
+  mt::app::add_plan_command(app);
+  mt::app::add_bench_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

@@ -1,0 +1,59 @@
+// layout.cpp: layouts applied to a config through the real config rules, and the trainer's own refusals.
+#include "plan/layout.h"
+
+#include <fmt/format.h>
+
+#include "parallel/schedule.h"
+
+namespace mt::plan {
+
+Layout layout_of(const Config& c) {
+  return Layout{.tensor = c.parallel.tensor,
+                .pipeline = c.parallel.pipeline,
+                .virtual_pipeline = c.parallel.virtual_pipeline,
+                .data = c.parallel.data,
+                .micro_batch_size = c.training.micro_batch_size,
+                .sequence_parallel = c.parallel.sequence_parallel,
+                .recompute = c.training.recompute,
+                .distributed_optimizer = c.parallel.distributed_optimizer};
+}
+
+std::string describe(const Layout& l) {
+  return fmt::format("TP {} PP {} VP {} DP {} mbs {} SP {} recompute {} ZeRO {}", l.tensor, l.pipeline,
+                     l.virtual_pipeline, l.data, l.micro_batch_size, l.sequence_parallel ? "on" : "off", l.recompute,
+                     l.distributed_optimizer ? "on" : "off");
+}
+
+Config apply_layout(const Config& base, const Layout& l) {
+  std::vector<std::string> sets = {
+      fmt::format("parallel.tensor={}", l.tensor),
+      fmt::format("parallel.pipeline={}", l.pipeline),
+      fmt::format("parallel.virtual_pipeline={}", l.virtual_pipeline),
+      fmt::format("parallel.data={}", l.data),
+      fmt::format("parallel.sequence_parallel={}", l.sequence_parallel ? "true" : "false"),
+      fmt::format("parallel.distributed_optimizer={}", l.distributed_optimizer ? "true" : "false"),
+      fmt::format("training.micro_batch_size={}", l.micro_batch_size),
+      fmt::format("training.recompute={}", l.recompute),
+  };
+  // An uneven split written for the base layout does not carry over to another number of stages.
+  if (l.pipeline != base.parallel.pipeline || l.virtual_pipeline != base.parallel.virtual_pipeline)
+    sets.push_back("parallel.layers_per_stage=[]");
+  return parse_config(to_yaml(base), base.source, sets, l.tensor * l.pipeline * l.data);
+}
+
+std::string runtime_refusal(const Config& c) {
+  if (c.parallel.pipeline == 1 && c.parallel.virtual_pipeline == 1) return "";
+  const ScheduleSpec spec{
+      .kind = c.parallel.virtual_pipeline > 1 ? ScheduleKind::interleaved : ScheduleKind::one_f_one_b,
+      .stages = static_cast<int>(c.parallel.pipeline),
+      .microbatches = static_cast<int>(c.training.num_microbatches),
+      .chunks = static_cast<int>(c.parallel.virtual_pipeline)};
+  try {
+    (void)build_schedule(spec);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace mt::plan

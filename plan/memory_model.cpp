@@ -1,0 +1,190 @@
+// memory_model.cpp: the static state of a rank (parameters, gradient buffer, optimizer state) as the trainer
+// allocates it, and the activation peak from the allocation tape walked through the real pipeline schedule.
+#include "plan/memory_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "core/dtype.h"
+#include "parallel/schedule.h"
+#include "plan/activation_tape.h"
+
+namespace mt::plan {
+
+namespace {
+
+constexpr double kCublasLtWorkspace = 32.0 * 1048576;  // core/cuda/gemm.cpp kWorkspaceBytes, kept for the process
+
+// The chunks of pipeline rank `stage`: virtual stage c * p + stage holds chunk c (app/trainer.cpp build_chunks).
+std::vector<ChunkSpec> chunks_of(const Config& c, int64_t stage) {
+  const int64_t p = c.parallel.pipeline, v = c.parallel.virtual_pipeline, vstages = p * v;
+  std::vector<int64_t> layers = c.parallel.layers_per_stage;
+  if (layers.empty()) layers.assign(static_cast<size_t>(vstages), c.model.num_layers / vstages);
+  std::vector<ChunkSpec> out;
+  for (int64_t k = 0; k < v; ++k) {
+    const int64_t vs = k * p + stage;
+    out.push_back(ChunkSpec{.has_embedding = vs == 0,
+                            .has_head = vs == vstages - 1,
+                            .layers = layers[static_cast<size_t>(vs)],
+                            .pipelined = !(p == 1 && v == 1)});
+  }
+  return out;
+}
+
+// Elements of one chunk's parameters on tensor-parallel rank 0 (models/gpt.cpp, models/transformer_layer.cpp).
+double chunk_parameters(const ModelConfig& m, int64_t tp, const ChunkSpec& ch) {
+  const double C = static_cast<double>(m.hidden_size), Ct = static_cast<double>(m.num_heads / tp * m.head_dim),
+               Ft = static_cast<double>(m.ffn_hidden_size / tp), Vt = static_cast<double>(m.padded_vocab_size / tp),
+               P = static_cast<double>(m.max_position_embeddings);
+  double n = 0;
+  if (ch.has_embedding || (ch.has_head && m.tie_embeddings)) n += Vt * C;  // word embeddings (or the tied copy)
+  if (ch.has_embedding) n += P * C;                                        // position embeddings
+  // ln1, qkv, proj, ln2, fc1, fc2 (weights and biases)
+  const double layer = 2 * C + (3 * Ct * C + 3 * Ct) + (C * Ct + C) + 2 * C + (Ft * C + Ft) + (C * Ft + C);
+  n += layer * static_cast<double>(ch.layers);
+  if (ch.has_head) n += 2 * C + (m.tie_embeddings ? 0 : Vt * C);  // final norm, untied head
+  return n;
+}
+
+TapeShapes tape_shapes(const Config& c, Backend backend) {
+  const ModelConfig& m = c.model;
+  const int64_t tp = c.parallel.tensor;
+  return TapeShapes{.B = static_cast<double>(c.training.micro_batch_size),
+                    .T = static_cast<double>(m.seq_length),
+                    .C = static_cast<double>(m.hidden_size),
+                    .Ht = static_cast<double>(m.num_heads / tp),
+                    .Ct = static_cast<double>(m.num_heads / tp * m.head_dim),
+                    .Ft = static_cast<double>(m.ffn_hidden_size / tp),
+                    .Vt = static_cast<double>(m.padded_vocab_size / tp),
+                    .tp = static_cast<double>(tp),
+                    .sp = c.parallel.sequence_parallel && tp > 1,
+                    .d = static_cast<double>(dtype_size(parse_dtype(c.training.precision))),
+                    .cpu = backend == Backend::cpu,
+                    .recompute = c.training.recompute == "full"};
+}
+
+struct ActivationPeaks {
+  double act = 0, ws = 0, sum = 0;
+  int in_flight = 0;
+};
+
+// Walks this stage's instruction list as parallel/pipeline_executor.cpp runs it: received buffers count from
+// their recv, sent outputs and input gradients until the flush before the next compute.
+ActivationPeaks walk_schedule(const Config& c, int64_t stage, const std::vector<ChunkProfile>& prof) {
+  const int p = static_cast<int>(c.parallel.pipeline), v = static_cast<int>(c.parallel.virtual_pipeline);
+  const int M = static_cast<int>(c.training.num_microbatches);
+  ActivationPeaks out;
+  auto apply = [&](double& cur, const OpProfile& op) {
+    out.act = std::max(out.act, cur + op.peak_act);
+    out.sum = std::max(out.sum, cur + op.peak_sum);
+    out.ws = std::max(out.ws, op.peak_ws);
+    cur += op.delta;
+  };
+  double cur = 0;
+  if (p == 1 && v == 1) {  // the trainer's plain loop: each microbatch forward then backward
+    apply(cur, prof[0].forward);
+    apply(cur, prof[0].backward);
+    out.in_flight = 1;
+    return out;
+  }
+  const ScheduleSpec spec{.kind = v > 1 ? ScheduleKind::interleaved : ScheduleKind::one_f_one_b,
+                          .stages = p,
+                          .microbatches = M,
+                          .chunks = v};
+  const std::vector<PipeInstr> program = build_schedule(spec)[static_cast<size_t>(stage)];
+  double pending = 0;  // sent tensors the executor keeps until its next flush
+  int in_flight = 0;
+  for (const PipeInstr& in : program) {
+    const ChunkProfile& ch = prof[static_cast<size_t>(in.chunk)];
+    switch (in.op) {
+      case PipeOp::recv_forward:
+      case PipeOp::recv_backward:
+        cur += ch.message;
+        break;
+      case PipeOp::send_forward:
+      case PipeOp::send_backward:
+        break;
+      case PipeOp::forward:
+        cur -= pending;
+        apply(cur, ch.forward);
+        pending = ch.output;
+        out.in_flight = std::max(out.in_flight, ++in_flight);
+        break;
+      case PipeOp::backward:
+        cur -= pending;
+        apply(cur, ch.backward);
+        pending = ch.input_grad;
+        --in_flight;
+        break;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+double MemoryPlan::max_total() const {
+  double m = 0;
+  for (const StageMemory& s : stages) m = std::max(m, s.bytes.total);
+  return m;
+}
+
+MemoryPlan predict_memory(const Config& c, Backend backend) {
+  const int64_t p = c.parallel.pipeline, dp = c.parallel.data;
+  const TapeShapes shapes = tape_shapes(c, backend);
+  const double d = shapes.d;
+  const bool zero = c.parallel.distributed_optimizer;
+  std::vector<std::pair<std::string, int64_t>> kinds;
+  if (p == 1) {
+    kinds = {{"only", 0}};
+  } else {
+    kinds.push_back({"first", 0});
+    if (p > 2) kinds.push_back({"middle", p / 2});
+    kinds.push_back({"last", p - 1});
+  }
+  MemoryPlan plan;
+  for (const auto& [kind, stage] : kinds) {
+    StageMemory sm{.kind = kind, .stage = stage};
+    const std::vector<ChunkSpec> chunks = chunks_of(c, stage);
+    double n = 0;
+    std::vector<ChunkProfile> prof;
+    for (const ChunkSpec& ch : chunks) {
+      n += chunk_parameters(c.model, c.parallel.tensor, ch);
+      sm.layers += ch.layers;
+      prof.push_back(profile_chunk(shapes, ch));
+    }
+    sm.parameters = static_cast<int64_t>(n);
+    // app/trainer.cpp: one flat fp32 gradient buffer, padded to split over data-parallel ranks with ZeRO.
+    const double padded = zero ? std::ceil(n / static_cast<double>(dp)) * static_cast<double>(dp) : n;
+    const double shard = padded / static_cast<double>(dp);
+    KindBytes& b = sm.bytes;
+    b[MemKind::parameter] = n * d;
+    // parallel/distributed_optimizer.cpp: its reduce-scatter target, one shard of fp32 gradients.
+    b[MemKind::gradient] = 4 * padded + (zero ? 4 * shard : 0);
+    // core/optimizer.cpp: fp32 master (the value itself in fp32) and two moments; ZeRO: of its shard, plus
+    // the shard's values in the compute dtype for the all-gather.
+    b[MemKind::optimizer] = zero ? shard * (12 + (d != 4 ? d : 0)) : n * (8 + (d != 4 ? 4 : 0));
+    // Kept for the run: the step-loss slots (f64 per step of a logging interval), cuBLASLt's workspace.
+    const double persistent_ws = 8.0 * static_cast<double>(std::min<int64_t>(c.logging.interval, 1024)) +
+                                 (backend == Backend::cuda ? kCublasLtWorkspace : 0);
+    // The optimizer step, with no activations left: grad_stats' two doubles; with ZeRO, one after the other,
+    // Gloo's reduce-scatter (an fp32 accumulator and an incoming block) and the all-gather target.
+    double step_ws = 16;
+    if (zero) {
+      const double reduce_scatter = (backend == Backend::cpu && dp > 1) ? 4 * padded + 4 * shard : 0;
+      step_ws += std::max(reduce_scatter, shard * static_cast<double>(dp) * d);
+    }
+    const double step_act = (p == 1) ? 2 * shapes.B * shapes.T * 4 : 0;  // the plain loop's last batch
+    const ActivationPeaks a = walk_schedule(c, stage, prof);
+    sm.peak_in_flight = a.in_flight;
+    b[MemKind::activation] = std::max(a.act, step_act);
+    b[MemKind::workspace] = persistent_ws + std::max(a.ws, step_ws);
+    const double fixed = b[MemKind::parameter] + b[MemKind::gradient] + b[MemKind::optimizer] + persistent_ws;
+    b.total = fixed + std::max(a.sum, step_act + step_ws);
+    plan.stages.push_back(sm);
+  }
+  return plan;
+}
+
+}  // namespace mt::plan

@@ -1,0 +1,85 @@
+// planner.cpp: predict() ties the memory and time models together; search() enumerates layouts.
+#include "plan/planner.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace mt::plan {
+
+Backend backend_for(const Hardware& hw) { return hw.is_gpu ? Backend::cuda : Backend::cpu; }
+
+Prediction predict(const Config& c, const Hardware& hw) {
+  if (const std::string why = runtime_refusal(c); !why.empty()) throw std::invalid_argument(why);
+  Prediction p{.config = c, .layout = layout_of(c)};
+  p.memory = predict_memory(c, backend_for(hw));
+  p.time = predict_time(c, hw);
+  p.fits = p.memory.max_total() <= hw.memory_bytes;
+  return p;
+}
+
+namespace {
+
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> d;
+  for (int64_t i = 1; i <= n; ++i)
+    if (n % i == 0) d.push_back(i);
+  return d;
+}
+
+}  // namespace
+
+std::vector<Prediction> search(const Config& base, int64_t world, const Hardware& hw, const SearchOptions& opt) {
+  const ModelConfig& m = base.model;
+  const int64_t G = base.training.global_batch_size;
+  std::vector<Prediction> out;
+  for (int64_t tp : divisors(world)) {
+    // Tensor parallelism inside a node, dividing heads and ffn (the config rules say so too; checked early here
+    // to skip the rest of the loop).
+    if (tp > hw.gpus_per_node || m.num_heads % tp != 0 || m.ffn_hidden_size % tp != 0) continue;
+    for (int64_t pp : divisors(world / tp)) {
+      if (pp > m.num_layers) continue;
+      const int64_t dp = world / (tp * pp);
+      if (G % dp != 0) continue;
+      for (int64_t vp = 1; vp <= (pp > 1 ? opt.max_virtual_pipeline : 1); ++vp) {
+        if (m.num_layers % (pp * vp) != 0) continue;
+        for (int64_t mbs : opt.micro_batch_sizes) {
+          if (G % (mbs * dp) != 0) continue;
+          if (vp > 1 && (G / (mbs * dp)) % pp != 0) continue;
+          for (bool sp : {false, true}) {
+            if (sp && (tp == 1 || m.seq_length % tp != 0)) continue;
+            for (bool zero : {false, true}) {
+              if (zero && (!opt.allow_zero || dp == 1)) continue;
+              // Full recomputation only where keeping the activations does not fit: it is never faster.
+              for (const char* rc : {"none", "full"}) {
+                if (std::string(rc) == "full" && !opt.allow_recompute) continue;
+                const Layout l{.tensor = tp,
+                               .pipeline = pp,
+                               .virtual_pipeline = vp,
+                               .data = dp,
+                               .micro_batch_size = mbs,
+                               .sequence_parallel = sp,
+                               .recompute = rc,
+                               .distributed_optimizer = zero};
+                Prediction pr;
+                try {
+                  pr = predict(apply_layout(base, l), hw);
+                } catch (const std::exception&) {
+                  continue;  // a rule refuses it
+                }
+                if (pr.fits) {
+                  out.push_back(std::move(pr));
+                  break;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const Prediction& a, const Prediction& b) { return a.time.total < b.time.total; });
+  return out;
+}
+
+}  // namespace mt::plan

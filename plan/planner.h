@@ -1,0 +1,40 @@
+// planner.h: one layout's full prediction (memory per rank kind and step time), and the search over layouts.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/config/config.h"
+#include "plan/hardware.h"
+#include "plan/layout.h"
+#include "plan/memory_model.h"
+#include "plan/time_model.h"
+
+namespace mt::plan {
+
+struct Prediction {
+  Config config;  // the resolved config of the layout
+  Layout layout;
+  MemoryPlan memory;
+  StepTime time;
+  bool fits = false;  // every rank kind's total within the device memory
+};
+
+// Which memory model a device implies: the CPU backend's for the CPU, CUDA's for GPUs.
+Backend backend_for(const Hardware& hw);
+
+// Predicts a resolved config. Throws std::invalid_argument with the trainer's message when the pipeline
+// schedule refuses the layout.
+Prediction predict(const Config& c, const Hardware& hw);
+
+struct SearchOptions {
+  std::vector<int64_t> micro_batch_sizes = {1, 2, 4, 8};
+  int64_t max_virtual_pipeline = 8;
+  bool allow_zero = true;
+  bool allow_recompute = true;
+};
+
+// Every layout of `base`'s model on `world` ranks that the config rules and the schedule accept and that fits,
+// fastest first (predicted tokens/s). The global batch stays `base`'s.
+std::vector<Prediction> search(const Config& base, int64_t world, const Hardware& hw, const SearchOptions& opt = {});
+
+}  // namespace mt::plan

@@ -1,0 +1,115 @@
+// report.cpp: the planner's text tables and JSON.
+#include "plan/report.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace mt::plan {
+
+namespace {
+
+constexpr double kMiB = 1048576.0;
+
+nlohmann::json layout_json(const Layout& l) {
+  return {{"tensor", l.tensor},
+          {"pipeline", l.pipeline},
+          {"virtual_pipeline", l.virtual_pipeline},
+          {"data", l.data},
+          {"micro_batch_size", l.micro_batch_size},
+          {"sequence_parallel", l.sequence_parallel},
+          {"recompute", l.recompute},
+          {"distributed_optimizer", l.distributed_optimizer}};
+}
+
+nlohmann::json to_json(const Prediction& p, const Hardware& hw) {
+  nlohmann::json j;
+  j["layout"] = layout_json(p.layout);
+  j["world_size"] = p.config.parallel.world_size;
+  j["num_microbatches"] = p.config.training.num_microbatches;
+  j["device"] = hw.name;
+  j["memory_bytes_available"] = hw.memory_bytes;
+  j["fits"] = p.fits;
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const StageMemory& s : p.memory.stages) {
+    nlohmann::json r{{"kind", s.kind},
+                     {"stage", s.stage},
+                     {"layers", s.layers},
+                     {"parameters", s.parameters},
+                     {"peak_in_flight", s.peak_in_flight},
+                     {"total_bytes", s.bytes.total}};
+    for (size_t k = 0; k < KindBytes::kKinds; ++k)
+      r["peak_bytes"][std::string(mem_kind_name(static_cast<MemKind>(k)))] = s.bytes.peak[k];
+    ranks.push_back(r);
+  }
+  j["memory"] = ranks;
+  const StepTime& t = p.time;
+  j["time_s"] = {
+      {"compute", t.compute},     {"gemm", t.gemm},       {"attention", t.attention}, {"elementwise", t.elementwise},
+      {"tp_comm", t.tp_comm},     {"pp_comm", t.pp_comm}, {"bubble", t.bubble},       {"dp_comm", t.dp_comm},
+      {"optimizer", t.optimizer}, {"total", t.total}};
+  j["tokens_per_s"] = t.tokens_per_s;
+  j["model_tflops_per_gpu"] = t.model_tflops_per_gpu;
+  j["hardware_tflops_per_gpu"] = t.hardware_tflops_per_gpu;
+  j["mfu"] = t.mfu;
+  return j;
+}
+
+}  // namespace
+
+std::string format_prediction(const Prediction& p, const Hardware& hw) {
+  const Config& c = p.config;
+  std::string s = fmt::format("layout: {} on {} x {} ({} microbatches per iteration per pipeline)\n",
+                              describe(p.layout), c.parallel.world_size, hw.name, c.training.num_microbatches);
+  s += fmt::format("model: {:.3g} parameters, {} layers, hidden {}, {} heads, sequence {}, global batch {}, {}\n",
+                   estimated_parameters(c.model), c.model.num_layers, c.model.hidden_size, c.model.num_heads,
+                   c.model.seq_length, c.training.global_batch_size, c.training.precision);
+  s += fmt::format(
+      "\npredicted peak memory per rank (MiB, split as the training log's \"peak memory\"), device {:.0f} MiB\n",
+      hw.memory_bytes / kMiB);
+  s += fmt::format("  {:<7} {:>5} {:>6} {:>9} {:>12} {:>11} {:>11} {:>12} {:>11} {:>11}  {}\n", "rank", "stage",
+                   "layers", "in flight", "parameters", "gradients", "optimizer", "activations", "workspace", "total",
+                   "fits");
+  for (const StageMemory& m : p.memory.stages) {
+    const KindBytes& b = m.bytes;
+    s += fmt::format("  {:<7} {:>5} {:>6} {:>9} {:>12.2f} {:>11.2f} {:>11.2f} {:>12.2f} {:>11.2f} {:>11.2f}  {}\n",
+                     m.kind, m.stage, m.layers, m.peak_in_flight, b[MemKind::parameter] / kMiB,
+                     b[MemKind::gradient] / kMiB, b[MemKind::optimizer] / kMiB, b[MemKind::activation] / kMiB,
+                     b[MemKind::workspace] / kMiB, b.total / kMiB, b.total <= hw.memory_bytes ? "yes" : "NO");
+  }
+  const StepTime& t = p.time;
+  auto ms = [](double sec) { return sec * 1e3; };
+  s += "\npredicted time per iteration (ms, slowest pipeline stage)\n";
+  s += fmt::format("  compute {:.1f} (GEMM {:.1f}, attention {:.1f}, elementwise {:.1f})\n", ms(t.compute), ms(t.gemm),
+                   ms(t.attention), ms(t.elementwise));
+  s += fmt::format(
+      "  tensor-parallel comm {:.1f} | pipeline comm {:.1f} | pipeline bubble {:.1f} | data-parallel "
+      "comm {:.1f} | optimizer {:.1f}\n",
+      ms(t.tp_comm), ms(t.pp_comm), ms(t.bubble), ms(t.dp_comm), ms(t.optimizer));
+  s += fmt::format(
+      "  total {:.1f} ms | tokens/s {:.0f} | TFLOP/s/GPU {:.1f} (with recomputation {:.1f}) | MFU {:.1f}%\n",
+      ms(t.total), t.tokens_per_s, t.model_tflops_per_gpu, t.hardware_tflops_per_gpu, 100 * t.mfu);
+  return s;
+}
+
+std::string format_search(const std::vector<Prediction>& ranked, const Hardware& hw, size_t top) {
+  std::string s = fmt::format("{} layouts fit; the fastest {}:\n", ranked.size(), std::min(top, ranked.size()));
+  s += fmt::format("  {:>3}  {:<60} {:>10} {:>12} {:>8} {:>6} {:>12}\n", "#", "layout", "ms/iter", "tokens/s",
+                   "TFLOP/s", "MFU", "memory MiB");
+  for (size_t i = 0; i < ranked.size() && i < top; ++i) {
+    const Prediction& p = ranked[i];
+    s += fmt::format("  {:>3}  {:<60} {:>10.1f} {:>12.0f} {:>8.1f} {:>5.1f}% {:>12.0f}\n", i + 1, describe(p.layout),
+                     p.time.total * 1e3, p.time.tokens_per_s, p.time.model_tflops_per_gpu, 100 * p.time.mfu,
+                     p.memory.max_total() / kMiB);
+  }
+  return s;
+}
+
+std::string prediction_json(const Prediction& p, const Hardware& hw) { return to_json(p, hw).dump(2) + "\n"; }
+
+std::string search_json(const std::vector<Prediction>& ranked, const Hardware& hw, size_t top) {
+  nlohmann::json j = nlohmann::json::array();
+  for (size_t i = 0; i < ranked.size() && i < top; ++i) j.push_back(to_json(ranked[i], hw));
+  return j.dump(2) + "\n";
+}
+
+}  // namespace mt::plan

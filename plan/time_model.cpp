@@ -1,0 +1,250 @@
+// time_model.cpp: the step-time prediction (see time_model.h for what it assumes of the code).
+#include "plan/time_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/dtype.h"
+#include "models/gpt.h"
+
+namespace mt::plan {
+
+namespace {
+
+struct Shapes {
+  double B, T, C, D, Ht, Ct, Ft, Vt, tp, d;
+  bool sp, fp32, recompute;
+  double N() const { return B * T; }
+  double Ns() const { return sp ? N() / tp : N(); }
+};
+
+// A collective over `n` ranks moving `bytes` per rank, on links of `bw` bytes/s with `lat` per step.
+struct Link {
+  double bw = 1, lat = 0;
+  double ring(double n, double bytes, double steps_factor) const {  // steps_factor: 1 gather/scatter, 2 reduce
+    if (n <= 1 || bytes <= 0) return 0;
+    return steps_factor * ((n - 1) / n * bytes / bw + (n - 1) * lat);
+  }
+  double all_reduce(double n, double bytes) const { return ring(n, bytes, 2); }
+  double gather(double n, double bytes) const { return ring(n, bytes, 1); }  // all-gather or reduce-scatter
+  double p2p(double bytes) const { return lat + bytes / bw; }
+};
+
+Link link(const Hardware& hw, bool inside_node) {
+  return inside_node ? Link{hw.intra_node_bytes_per_s * hw.collective_efficiency, hw.intra_node_latency_s}
+                     : Link{hw.inter_node_bytes_per_s * hw.collective_efficiency, hw.inter_node_latency_s};
+}
+
+// Time of the parts of one microbatch on one rank.
+struct Parts {
+  double gemm = 0, attention = 0, elementwise = 0, tp = 0;
+  double sum() const { return gemm + attention + elementwise + tp; }
+  Parts& operator+=(const Parts& o) {
+    gemm += o.gemm, attention += o.attention, elementwise += o.elementwise, tp += o.tp;
+    return *this;
+  }
+};
+
+class Costs {
+ public:
+  Costs(const Shapes& s, const Hardware& hw, const Link& tp_link) : s(s), hw(hw), tpl(tp_link) {}
+
+  double gemm(double m, double n, double k) const {
+    return 2 * m * n * k / gemm_rate(hw, m, n, k, s.fp32) + hw.kernel_overhead_s;
+  }
+  // A forward GEMM (m, n, k) and its two backward GEMMs (input and weight gradients).
+  double gemm_bwd(double m, double n, double k) const { return gemm(m, k, n) + gemm(n, k, m); }
+  double elementwise(double bytes, double kernels) const {
+    // The CPU backend widens bf16/fp16 to fp32 around each op: count the wider traffic.
+    const double widen = (!hw.is_gpu && s.d != 4) ? 4 / s.d + 1 : 1;
+    return bytes * widen / (hw.hbm_bytes_per_s * hw.elementwise_efficiency) + kernels * hw.kernel_overhead_s;
+  }
+  double attention(double flops) const { return flops / (peak() * hw.attention_efficiency) + hw.kernel_overhead_s; }
+  double peak() const { return s.fp32 ? hw.peak_flops_fp32 : hw.peak_flops; }
+  // One (N, C) activation's collectives over the tensor-parallel group.
+  double tp_all_reduce() const { return tpl.all_reduce(s.tp, s.N() * s.C * s.d); }
+  double tp_gather() const { return tpl.gather(s.tp, s.N() * s.C * s.d); }
+
+  Parts layer_forward() const {
+    const double N = s.N(), Ns = s.Ns(), C = s.C, d = s.d;
+    Parts p;
+    p.gemm = gemm(N, 3 * s.Ct, C) + gemm(N, C, s.Ct) + gemm(N, s.Ft, C) + gemm(N, C, s.Ft);
+    p.attention = attention(2 * s.B * s.Ht * s.T * s.T * s.D);  // QK^T and PV, causal: half of 4 B H T^2 D
+    // Norms (read, write), bias after the reductions, dropout-add (two reads, a write): 14 (Ns, C) passes;
+    // the epilogues of QKV and fc1 (bias, GELU) are fused on GPUs, separate passes on the CPU.
+    double bytes = 14 * Ns * C * d;
+    if (!hw.is_gpu) bytes += 2 * N * 3 * s.Ct * d + 4 * N * s.Ft * d;
+    if (s.sp) bytes += 4 * N * C * d;  // the rank-major permutes around the gathers and reduce-scatters
+    p.elementwise = elementwise(bytes, 12);
+    if (s.tp > 1) p.tp = s.sp ? 4 * tp_gather() : 2 * tp_all_reduce();
+    return p;
+  }
+  Parts layer_backward() const {
+    const double N = s.N(), Ns = s.Ns(), C = s.C, d = s.d;
+    Parts p;
+    p.gemm = gemm_bwd(N, 3 * s.Ct, C) + gemm_bwd(N, C, s.Ct) + gemm_bwd(N, s.Ft, C) + gemm_bwd(N, C, s.Ft);
+    p.attention = attention(2.5 * 2 * s.B * s.Ht * s.T * s.T * s.D);  // flash backward: ~2.5x the forward
+    double bytes = 28 * Ns * C * d;
+    if (!hw.is_gpu) bytes += 4 * N * s.Ft * d + 2 * N * 3 * s.Ct * d;
+    if (s.sp) bytes += 8 * N * C * d;
+    p.elementwise = elementwise(bytes, 20);
+    // Without SP: two all-reduces (f backward); with SP: gathers of dmlp, dproj, ln2, ln1 and two
+    // reduce-scatters.
+    if (s.tp > 1) p.tp = s.sp ? 6 * tp_gather() : 2 * tp_all_reduce();
+    return p;
+  }
+  Parts head_forward() const {
+    const double N = s.N(), Ns = s.Ns(), C = s.C, d = s.d;
+    Parts p;
+    p.gemm = gemm(N, s.Vt, C);
+    p.elementwise = elementwise(2 * Ns * C * d + 3 * N * s.Vt * d, 5);
+    if (s.tp > 1) p.tp = (s.sp ? tp_gather() : 0) + 2 * tpl.all_reduce(s.tp, 2 * N * 4);
+    return p;
+  }
+  Parts head_backward() const {
+    const double N = s.N(), Ns = s.Ns(), C = s.C, d = s.d;
+    Parts p;
+    p.gemm = gemm_bwd(N, s.Vt, C);
+    p.elementwise = elementwise(3 * Ns * C * d + 2 * N * s.Vt * d, 4);
+    if (s.tp > 1) p.tp = s.sp ? tp_gather() : tp_all_reduce();
+    return p;
+  }
+  Parts embedding_forward() const {
+    Parts p;
+    p.elementwise = elementwise(4 * s.N() * s.C * s.d, 3);
+    if (s.tp > 1) p.tp = s.sp ? tp_gather() : tp_all_reduce();
+    return p;
+  }
+  Parts embedding_backward() const {
+    Parts p;
+    p.elementwise = elementwise(4 * s.N() * s.C * s.d, 3);
+    if (s.tp > 1 && s.sp) p.tp = tp_gather();
+    return p;
+  }
+
+ private:
+  const Shapes& s;
+  const Hardware& hw;
+  Link tpl;
+};
+
+struct StageCost {
+  Parts work;           // one microbatch through all of this stage's chunks, forward and backward
+  double backward = 0;  // the backward part of it
+  double p2p = 0;       // exposed transfers of one microbatch
+  double params = 0;
+};
+
+}  // namespace
+
+StepTime predict_time(const Config& c, const Hardware& hw) {
+  const ModelConfig& m = c.model;
+  const ParallelConfig& par = c.parallel;
+  const int64_t tp = par.tensor, p = par.pipeline, v = par.virtual_pipeline, dp = par.data;
+  const Shapes s{.B = static_cast<double>(c.training.micro_batch_size),
+                 .T = static_cast<double>(m.seq_length),
+                 .C = static_cast<double>(m.hidden_size),
+                 .D = static_cast<double>(m.head_dim),
+                 .Ht = static_cast<double>(m.num_heads / tp),
+                 .Ct = static_cast<double>(m.num_heads / tp * m.head_dim),
+                 .Ft = static_cast<double>(m.ffn_hidden_size / tp),
+                 .Vt = static_cast<double>(m.padded_vocab_size / tp),
+                 .tp = static_cast<double>(tp),
+                 .d = static_cast<double>(dtype_size(parse_dtype(c.training.precision))),
+                 .sp = par.sequence_parallel && tp > 1,
+                 .fp32 = c.training.precision == "fp32",
+                 .recompute = c.training.recompute == "full"};
+  const int gpn = std::max(1, hw.gpus_per_node);
+  // Ranks: tp fastest, then dp, then pp (parallel/topology). A group stays in a node when its span fits.
+  const Costs costs(s, hw, link(hw, tp <= gpn));
+  const Link dp_link = link(hw, tp * dp <= gpn);
+  const Link pp_link = link(hw, tp * dp * std::min<int64_t>(p, 2) <= gpn);
+
+  const int64_t vstages = p * v;
+  std::vector<int64_t> layers = par.layers_per_stage;
+  if (layers.empty()) layers.assign(static_cast<size_t>(vstages), m.num_layers / vstages);
+  const Parts lf = costs.layer_forward(), lb = costs.layer_backward();
+  const double C = s.C, Vt = s.Vt, Ct = s.Ct, Ft = s.Ft;
+  const double layer_params = 4 * C + 3 * Ct * C + 3 * Ct + C * Ct + C + Ft * C + Ft + C * Ft + C;
+  const double msg = s.Ns() * s.C * s.d;
+
+  std::vector<StageCost> stages(static_cast<size_t>(p));
+  for (int64_t st = 0; st < p; ++st) {
+    StageCost& sc = stages[static_cast<size_t>(st)];
+    for (int64_t k = 0; k < v; ++k) {
+      const int64_t vs = k * p + st;
+      const double L = static_cast<double>(layers[static_cast<size_t>(vs)]);
+      Parts f, b;
+      for (Parts* x : {&f}) {
+        x->gemm = lf.gemm * L, x->attention = lf.attention * L, x->elementwise = lf.elementwise * L, x->tp = lf.tp * L;
+      }
+      b.gemm = lb.gemm * L, b.attention = lb.attention * L, b.elementwise = lb.elementwise * L, b.tp = lb.tp * L;
+      if (s.recompute) b += Parts{lf.gemm * L, lf.attention * L, lf.elementwise * L, lf.tp * L};
+      sc.params += layer_params * L;
+      if (vs == 0) {
+        f += costs.embedding_forward();
+        b += costs.embedding_backward();
+        sc.params += Vt * C + static_cast<double>(m.max_position_embeddings) * C;
+      }
+      if (vs == vstages - 1) {
+        f += costs.head_forward();
+        b += costs.head_backward();
+        sc.params += 2 * C + ((m.tie_embeddings && vs != 0) || !m.tie_embeddings ? Vt * C : 0);
+      }
+      sc.work += f;
+      sc.work += b;
+      sc.backward += b.sum();
+      if (p > 1) sc.p2p += ((vs > 0 ? 1 : 0) + (vs + 1 < vstages ? 1 : 0)) * pp_link.p2p(msg);
+    }
+  }
+  const StageCost* slow = &stages[0];
+  for (const StageCost& sc : stages)
+    if (sc.work.sum() + sc.p2p > slow->work.sum() + slow->p2p) slow = &sc;
+  const double M = static_cast<double>(c.training.num_microbatches);
+  const double per_mb = slow->work.sum() + slow->p2p;
+
+  StepTime t;
+  t.gemm = M * slow->work.gemm;
+  t.attention = M * slow->work.attention;
+  t.elementwise = M * slow->work.elementwise;
+  t.compute = t.gemm + t.attention + t.elementwise;
+  t.tp_comm = M * slow->work.tp;
+  t.pp_comm = M * slow->p2p;
+  // Fill and drain: (p - 1) stage-microbatches, 1/v of them with interleaving.
+  t.bubble = p > 1 ? static_cast<double>(p - 1) / static_cast<double>(v) * per_mb : 0;
+
+  // Data parallelism and the optimizer, on the rank with the most parameters.
+  double n = 0;
+  for (const StageCost& sc : stages) n = std::max(n, sc.params);
+  const double dpn = static_cast<double>(dp);
+  const double bw_elem = hw.hbm_bytes_per_s * hw.elementwise_efficiency;
+  if (par.distributed_optimizer) {
+    t.dp_comm = dp_link.gather(dpn, 4 * n) + dp_link.gather(dpn, s.d * n);
+    const double shard = n / dpn;
+    t.optimizer = (4 * n + shard * (4 + 28 + s.d) + 2 * s.d * n) / bw_elem;
+  } else {
+    const double reduce = dp_link.all_reduce(dpn, 4 * n);
+    const double bucket_fraction = std::min(1.0, static_cast<double>(par.grad_bucket_size) / std::max(n, 1.0));
+    // Buckets reduce while the last microbatch's backward runs on; the last bucket waits for the end.
+    t.dp_comm = dp > 1 ? std::max(reduce * bucket_fraction, reduce - slow->backward) : 0;
+    t.optimizer = (4 * n + n * (4 + 28 + (s.d != 4 ? s.d + 4 : 0))) / bw_elem;
+  }
+  t.total = t.compute + t.tp_comm + t.pp_comm + t.bubble + t.dp_comm + t.optimizer;
+
+  const double tokens = static_cast<double>(c.training.global_batch_size) * s.T;
+  const double world = static_cast<double>(par.world_size);
+  t.tokens_per_s = tokens / t.total;
+  t.model_tflops_per_gpu = model_flops_per_iteration(m, static_cast<int64_t>(tokens)) / t.total / world / 1e12;
+  // Narayanan et al. (2021) eq. 3 generalised to any ffn width: layers' GEMMs and (uncausal) attention 3 or 4
+  // times (with recomputation), the logits 3 times.
+  const double h = s.C, L = static_cast<double>(m.num_layers), F = static_cast<double>(m.ffn_hidden_size),
+               V = static_cast<double>(m.padded_vocab_size);
+  const double passes = s.recompute ? 4 : 3;
+  const double hw_flops = passes * tokens * L * (8 * h * h + 4 * h * F + 4 * s.T * h) + 6 * tokens * h * V;
+  t.hardware_tflops_per_gpu = hw_flops / t.total / world / 1e12;
+  t.mfu = t.model_tflops_per_gpu * 1e12 / hw.peak_flops;
+  return t;
+}
+
+}  // namespace mt::plan

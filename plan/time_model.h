@@ -1,0 +1,36 @@
+// time_model.h: predicted time of one training step of a resolved config on a Hardware, split as a profile
+// would split it, and the throughput figures the training log prints (tokens/s, TFLOP/s per GPU, MFU).
+//
+// What it assumes of the code (app/trainer.cpp, models/, parallel/ at this commit): tensor-parallel
+// reductions are synchronous (no overlap with compute); with sequence parallelism backward gathers ln1 and ln2
+// again; pipeline transfers are waited on before each compute (exposed); without ZeRO the data-parallel
+// buckets reduce during the last microbatch's backward; with ZeRO the gradients are reduce-scattered and the
+// values all-gathered after backward, exposed; full recomputation runs each layer's forward again in backward.
+#pragma once
+#include <string>
+
+#include "core/config/config.h"
+#include "plan/hardware.h"
+
+namespace mt::plan {
+
+struct StepTime {
+  // Seconds per iteration, on the slowest pipeline stage.
+  double compute = 0;  // GEMMs, attention, elementwise of all microbatches (recomputation included)
+  double gemm = 0, attention = 0, elementwise = 0;  // the parts of compute
+  double tp_comm = 0;                               // tensor/sequence-parallel collectives (exposed)
+  double pp_comm = 0;                               // pipeline sends and receives (exposed)
+  double bubble = 0;                                // pipeline fill and drain
+  double dp_comm = 0;    // data-parallel gradient reduction (and ZeRO's all-gather), exposed part
+  double optimizer = 0;  // grad norm, AdamW, zeroing the gradient buffer
+  double total = 0;
+  // Throughput, as the training log computes it (model FLOPs, Megatron's formula, no recomputation).
+  double tokens_per_s = 0;
+  double model_tflops_per_gpu = 0;
+  double hardware_tflops_per_gpu = 0;  // with recomputation counted (what Narayanan et al. 2021 report)
+  double mfu = 0;                      // model TFLOP/s per GPU over the device's peak
+};
+
+StepTime predict_time(const Config& c, const Hardware& hw);
+
+}  // namespace mt::plan

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# megatrain plan's memory model against measured CPU runs: for each layout below (TP, SP, PP 1F1B and
+# interleaved, DP with and without ZeRO, full recomputation, fp32 and bf16, a tiny and a mid-sized GPT) the
+# training log's "peak memory (MiB)" split of rank 0 (the first pipeline stage) is compared with plan's
+# prediction for that rank kind: every kind within 10% (or 0.011 MiB, the log's rounding) and the total within
+# 5%. The table of every comparison is printed (bench/NOTES.md keeps one).
+source "$(dirname "$0")/lib/common.bash"
+prepare_data
+cat > tiny.yaml <<'YAML'
+model: {num_layers: 4, hidden_size: 64, num_heads: 4, ffn_hidden_size: 256, seq_length: 64, vocab_size: 257,
+        dropout: 0.1, attention_dropout: 0.1}
+training: {micro_batch_size: 4, global_batch_size: 16, train_iters: 1, precision: fp32, seed: 42, device: cpu}
+optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup_iters: 0, weight_decay: 0.1, betas: [0.9, 0.95]}
+data: {train: [data/text_document], split: [95, 5, 0]}
+checkpoint: {save_dir: "", load: none}
+logging: {dir: run, interval: 1}
+parallel: {timeout_s: 60}
+YAML
+mid=(--set model.num_layers=4 --set model.hidden_size=256 --set model.num_heads=8 --set model.ffn_hidden_size=1024
+     --set model.seq_length=128 --set training.micro_batch_size=2 --set training.global_batch_size=8)
+# name | world | --set arguments
+layouts=(
+  "tiny-fp32|1|"
+  "tiny-bf16-recompute|1|--set training.precision=bf16 --set training.recompute=full"
+  "tiny-tp2|2|--set parallel.tensor=2"
+  "tiny-tp2-sp-bf16|2|--set parallel.tensor=2 --set parallel.sequence_parallel=true --set training.precision=bf16"
+  "tiny-pp2|2|--set parallel.pipeline=2 --set training.micro_batch_size=2"
+  "tiny-pp2-vp2|2|--set parallel.pipeline=2 --set parallel.virtual_pipeline=2 --set training.micro_batch_size=2"
+  "tiny-dp2|2|"
+  "tiny-dp2-zero-bf16|2|--set parallel.distributed_optimizer=true --set training.precision=bf16"
+  "tiny-tp2-pp2-sp-recompute|4|--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.sequence_parallel=true --set training.recompute=full --set training.micro_batch_size=2"
+  "mid-bf16|1|${mid[*]} --set training.precision=bf16"
+  "mid-tp2-sp-zero|4|${mid[*]} --set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.distributed_optimizer=true"
+  "mid-pp2-vp2-bf16|2|${mid[*]} --set parallel.pipeline=2 --set parallel.virtual_pipeline=2 --set training.precision=bf16 --set training.micro_batch_size=1"
+)
+: > results.txt
+for entry in "${layouts[@]}"; do
+  IFS='|' read -r name world sets <<<"$entry"
+  read -r -a args <<<"$sets"
+  dir=run_$name
+  if [ "$world" -eq 1 ]; then
+    "$MT" train --config tiny.yaml "${args[@]}" --set logging.dir=$dir >/dev/null
+  else
+    "$MT" train --config tiny.yaml "${args[@]}" --set logging.dir=$dir --nproc "$world" >/dev/null
+  fi
+  "$MT" plan --config tiny.yaml "${args[@]}" --world "$world" --gpu cpu --json > plan_$name.json
+  line=$(grep -m1 'peak memory (MiB):' $dir/megatrain.log) || fail "$name: no peak memory line in $dir/megatrain.log"
+  echo "$name|$line" >> results.txt
+done
+python3 - results.txt <<'PY'
+import json, re, sys
+bad = []
+print(f"{'layout':<28} {'kind':<12} {'measured MiB':>13} {'predicted MiB':>14} {'error':>8}")
+for entry in open(sys.argv[1]):
+    name, line = entry.rstrip("\n").split("|", 1)
+    measured = {k: float(v) for k, v in re.findall(r"(\w+) ([0-9.]+)", line.split("):", 1)[1])}
+    plan = json.load(open(f"plan_{name}.json"))
+    rank = plan["memory"][0]  # the first stage (or the only one): rank 0's
+    predicted = {k: v / 1048576 for k, v in rank["peak_bytes"].items()}
+    predicted["total"] = rank["total_bytes"] / 1048576
+    for kind, meas in measured.items():
+        pred = predicted[kind]
+        tol = 0.05 if kind == "total" else 0.10
+        err = (pred - meas) / meas if meas > 0 else 0.0
+        ok = abs(pred - meas) <= max(tol * meas, 0.011)
+        print(f"{name:<28} {kind:<12} {meas:>13.2f} {pred:>14.3f} {100 * err:>7.1f}%{'' if ok else '  FAIL'}")
+        if not ok:
+            bad.append(f"{name} {kind}: measured {meas:.2f} MiB, predicted {pred:.3f} MiB")
+if bad:
+    sys.exit("FAIL: memory predictions off:\n  " + "\n  ".join(bad))
+print("all kinds within 10% and totals within 5%")
+PY
