@@ -51,7 +51,7 @@ int64_t layout_world(const PlanArgs& a) {
 
 plan::Hardware hardware(const PlanArgs& a, const Config& c) {
   std::string name = a.gpu;
-  if (name == "auto") name = c.training.device == "cpu" ? "cpu" : "h100-80gb";
+  if (name == "auto") name = c.training.device == DeviceChoice::cpu ? "cpu" : "h100-80gb";
   plan::Hardware hw = plan::builtin_hardware(name);
   if (!a.rates.empty()) hw = plan::read_rates(a.rates, hw);
   return hw;

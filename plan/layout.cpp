@@ -20,8 +20,8 @@ Layout layout_of(const Config& c) {
 
 std::string describe(const Layout& l) {
   return fmt::format("TP {} PP {} VP {} DP {} mbs {} SP {} recompute {} ZeRO {}", l.tensor, l.pipeline,
-                     l.virtual_pipeline, l.data, l.micro_batch_size, l.sequence_parallel ? "on" : "off", l.recompute,
-                     l.distributed_optimizer ? "on" : "off");
+                     l.virtual_pipeline, l.data, l.micro_batch_size, l.sequence_parallel ? "on" : "off",
+                     name_of(l.recompute), l.distributed_optimizer ? "on" : "off");
 }
 
 Config apply_layout(const Config& base, const Layout& l) {
@@ -33,7 +33,7 @@ Config apply_layout(const Config& base, const Layout& l) {
       fmt::format("parallel.sequence_parallel={}", l.sequence_parallel ? "true" : "false"),
       fmt::format("parallel.distributed_optimizer={}", l.distributed_optimizer ? "true" : "false"),
       fmt::format("training.micro_batch_size={}", l.micro_batch_size),
-      fmt::format("training.recompute={}", l.recompute),
+      fmt::format("training.recompute={}", name_of(l.recompute)),
   };
   // An uneven split written for the base layout does not carry over to another number of stages.
   if (l.pipeline != base.parallel.pipeline || l.virtual_pipeline != base.parallel.virtual_pipeline)

@@ -16,7 +16,7 @@ struct Layout {
   int64_t data = 1;
   int64_t micro_batch_size = 1;
   bool sequence_parallel = false;
-  std::string recompute = "none";  // none | full
+  Recompute recompute = Recompute::none;
   bool distributed_optimizer = false;
 
   bool operator==(const Layout&) const = default;

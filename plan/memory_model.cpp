@@ -59,9 +59,9 @@ TapeShapes tape_shapes(const Config& c, Backend backend) {
                     .Vt = static_cast<double>(m.padded_vocab_size / tp),
                     .tp = static_cast<double>(tp),
                     .sp = c.parallel.sequence_parallel && tp > 1,
-                    .d = static_cast<double>(dtype_size(parse_dtype(c.training.precision))),
+                    .d = static_cast<double>(dtype_size(dtype_of(c.training.precision))),
                     .cpu = backend == Backend::cpu,
-                    .recompute = c.training.recompute == "full"};
+                    .recompute = c.training.recompute == Recompute::full};
 }
 
 struct ActivationPeaks {

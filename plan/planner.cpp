@@ -50,8 +50,8 @@ std::vector<Prediction> search(const Config& base, int64_t world, const Hardware
             for (bool zero : {false, true}) {
               if (zero && (!opt.allow_zero || dp == 1)) continue;
               // Full recomputation only where keeping the activations does not fit: it is never faster.
-              for (const char* rc : {"none", "full"}) {
-                if (std::string(rc) == "full" && !opt.allow_recompute) continue;
+              for (Recompute rc : {Recompute::none, Recompute::full}) {
+                if (rc == Recompute::full && !opt.allow_recompute) continue;
                 const Layout l{.tensor = tp,
                                .pipeline = pp,
                                .virtual_pipeline = vp,

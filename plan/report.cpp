@@ -17,7 +17,7 @@ nlohmann::json layout_json(const Layout& l) {
           {"data", l.data},
           {"micro_batch_size", l.micro_batch_size},
           {"sequence_parallel", l.sequence_parallel},
-          {"recompute", l.recompute},
+          {"recompute", std::string(name_of(l.recompute))},
           {"distributed_optimizer", l.distributed_optimizer}};
 }
 
@@ -62,7 +62,7 @@ std::string format_prediction(const Prediction& p, const Hardware& hw) {
                               describe(p.layout), c.parallel.world_size, hw.name, c.training.num_microbatches);
   s += fmt::format("model: {:.3g} parameters, {} layers, hidden {}, {} heads, sequence {}, global batch {}, {}\n",
                    estimated_parameters(c.model), c.model.num_layers, c.model.hidden_size, c.model.num_heads,
-                   c.model.seq_length, c.training.global_batch_size, c.training.precision);
+                   c.model.seq_length, c.training.global_batch_size, name_of(c.training.precision));
   s += fmt::format(
       "\npredicted peak memory per rank (MiB, split as the training log's \"peak memory\"), device {:.0f} MiB\n",
       hw.memory_bytes / kMiB);

@@ -151,10 +151,10 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
                  .Ft = static_cast<double>(m.ffn_hidden_size / tp),
                  .Vt = static_cast<double>(m.padded_vocab_size / tp),
                  .tp = static_cast<double>(tp),
-                 .d = static_cast<double>(dtype_size(parse_dtype(c.training.precision))),
+                 .d = static_cast<double>(dtype_size(dtype_of(c.training.precision))),
                  .sp = par.sequence_parallel && tp > 1,
-                 .fp32 = c.training.precision == "fp32",
-                 .recompute = c.training.recompute == "full"};
+                 .fp32 = c.training.precision == Precision::fp32,
+                 .recompute = c.training.recompute == Recompute::full};
   const int gpn = std::max(1, hw.gpus_per_node);
   // Ranks: tp fastest, then dp, then pp (parallel/topology). A group stays in a node when its span fits.
   const Costs costs(s, hw, link(hw, tp <= gpn));
