@@ -96,16 +96,6 @@ struct Counters {
   int64_t nan_iters = 0;      // iterations whose loss was inf/NaN
 };
 
-// All-reduces (sum) a few doubles over a group: losses and counters that every rank must agree on.
-std::vector<double> sum_over(Communicator& comm, std::vector<double> values) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(values.size())}, DType::f32);
-  // f32 carries the loss sums exactly enough for logging; the values come back identical on every rank.
-  for (size_t i = 0; i < values.size(); ++i) t.data<float>()[i] = static_cast<float>(values[i]);
-  comm.all_reduce(t, ReduceOp::sum)->wait();
-  for (size_t i = 0; i < values.size(); ++i) values[i] = t.data<float>()[i];
-  return values;
-}
-
 // The model chunks this rank holds: one per virtual pipeline stage c * pp + stage, each with its layers
 // (parallel.layers_per_stage, or an even split), the embedding on virtual stage 0, the head on the last.
 std::vector<std::unique_ptr<GptModel>> build_chunks(const Config& cfg, const Distributed& dist, DType dtype) {
@@ -215,7 +205,7 @@ class Trainer {
             .weight_decay = cfg.optimizer.weight_decay,
             .grad_clip = cfg.optimizer.grad_clip,
             .count_replicas = dist.tp_rank() == 0,
-            .sum_across_ranks = [&dist](double x) { return dist.mp->size() > 1 ? sum_over(*dist.mp, {x})[0] : x; }}),
+            .sum_across_ranks = [&dist](double x) { return dist.mp->size() > 1 ? sum_doubles(*dist.mp, {x})[0] : x; }}),
         scaler_(dtype_ == DType::f16, LossScalerOptions{.initial = cfg.training.loss_scale.initial,
                                                         .min = cfg.training.loss_scale.min,
                                                         .window = cfg.training.loss_scale.window,
@@ -485,15 +475,15 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
   if (result.found_inf) ++c_.skipped_iters;
 }
 
-// The step losses are the reference's, value for value: each step's double sum of f32 microbatch means,
-// summed in f32 over the pipeline group (with several stages) and then the data-parallel group, over M * dp,
-// as f32. The exchanges carry every pending step at once.
+// Each step's loss: the double sum of its f32 microbatch means, summed (as doubles) over the pipeline group
+// (with several stages) and then the data-parallel group, over M * dp, rounded to f32 once. The exchanges carry
+// every pending step at once.
 void Trainer::read_losses() {
   std::vector<double> sums = step_losses_.take();
   if (sums.empty()) return;
   const int64_t M = cfg_.training.num_microbatches, dp = dist_.dp_size();
-  if (dist_.pp_size() > 1) sums = sum_over(*dist_.pp, std::move(sums));
-  if (dp > 1) sums = sum_over(*dist_.dp, std::move(sums));
+  if (dist_.pp_size() > 1) sums = sum_doubles(*dist_.pp, std::move(sums));
+  if (dp > 1) sums = sum_doubles(*dist_.dp, std::move(sums));
   for (double sum : sums) {
     const float loss = static_cast<float>(sum / static_cast<double>(M * dp));
     if (!std::isfinite(loss)) ++c_.nan_iters;
@@ -514,8 +504,8 @@ double Trainer::evaluate() {
   execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage,
                    PipelinePlacement{.comm = dist_.pp.get(), .stage = dist_.pp_rank(), .stages = p, .chunks = v});
   double sum = stage.loss_sum;
-  if (p > 1) sum = sum_over(*dist_.pp, {sum})[0];
-  if (dp > 1) sum = sum_over(*dist_.dp, {sum})[0];
+  if (p > 1) sum = sum_doubles(*dist_.pp, {sum})[0];
+  if (dp > 1) sum = sum_doubles(*dist_.dp, {sum})[0];
   return sum / static_cast<double>(batches);
 }
 
@@ -575,7 +565,7 @@ std::vector<int> Trainer::ranks_where(bool here) {
   const int world = dist_.env.world_size;
   std::vector<double> flags(static_cast<size_t>(world), 0.0);
   flags[static_cast<size_t>(dist_.rank())] = here ? 1.0 : 0.0;
-  if (world > 1) flags = sum_over(*dist_.world, flags);
+  if (world > 1) flags = sum_doubles(*dist_.world, flags);
   std::vector<int> ranks;
   for (int r = 0; r < world; ++r)
     if (flags[static_cast<size_t>(r)] > 0) ranks.push_back(r);
@@ -680,7 +670,7 @@ void Trainer::run() {
     // Every rank must stop after the same iteration, whenever the signal reached it: agreed over the whole
     // world (a TP or PP peer that trained on would wait for this rank in its next collective).
     const int sig = g_signal.load();
-    const bool stop = dist_.env.world_size > 1 ? sum_over(*dist_.world, {sig != 0 ? 1.0 : 0.0})[0] > 0 : sig != 0;
+    const bool stop = dist_.env.world_size > 1 ? sum_doubles(*dist_.world, {sig != 0 ? 1.0 : 0.0})[0] > 0 : sig != 0;
     if (stop) {
       spdlog::warn("received {}: saving and stopping after iteration {}",
                    sig != 0 ? fmt::format("signal {}", sig) : "a stop signal on another rank", c_.iteration);

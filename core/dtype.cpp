@@ -16,6 +16,8 @@ size_t dtype_size(DType t) {
       return 4;
     case DType::i64:
       return 8;
+    case DType::f64:
+      return 8;
   }
   return 0;
 }
@@ -32,6 +34,8 @@ std::string_view dtype_name(DType t) {
       return "i32";
     case DType::i64:
       return "i64";
+    case DType::f64:
+      return "f64";
   }
   return "?";
 }
@@ -42,7 +46,8 @@ DType parse_dtype(std::string_view s) {
   if (s == "fp16" || s == "f16" || s == "float16") return DType::f16;
   if (s == "i32" || s == "int32") return DType::i32;
   if (s == "i64" || s == "int64") return DType::i64;
-  throw std::invalid_argument("unknown dtype '" + std::string(s) + "' (expected fp32, bf16, fp16, i32 or i64)");
+  if (s == "f64" || s == "float64") return DType::f64;
+  throw std::invalid_argument("unknown dtype '" + std::string(s) + "' (expected fp32, bf16, fp16, i32, i64 or f64)");
 }
 
 }  // namespace mt

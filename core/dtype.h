@@ -9,8 +9,8 @@
 
 namespace mt {
 
-// f32, bf16 and f16 hold values; i32 and i64 hold token ids and counts.
-enum class DType : uint8_t { f32, bf16, f16, i32, i64 };
+// f32, bf16 and f16 hold values; i32 and i64 hold token ids and counts; f64 holds sums exchanged between ranks.
+enum class DType : uint8_t { f32, bf16, f16, i32, i64, f64 };
 
 size_t dtype_size(DType t);
 std::string_view dtype_name(DType t);

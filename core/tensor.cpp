@@ -72,6 +72,9 @@ Tensor Tensor::from_floats(std::span<const float> values, Shape shape, DType dty
       case DType::i64:
         t.data<int64_t>()[i] = static_cast<int64_t>(v);
         break;
+      case DType::f64:
+        t.data<double>()[i] = v;
+        break;
     }
   }
   return t;
@@ -139,6 +142,8 @@ float load_as_float(const void* base, DType t, int64_t i) {
       return static_cast<float>(static_cast<const int32_t*>(base)[i]);
     case DType::i64:
       return static_cast<float>(static_cast<const int64_t*>(base)[i]);
+    case DType::f64:
+      return static_cast<float>(static_cast<const double*>(base)[i]);
   }
   return 0.f;
 }
@@ -183,6 +188,9 @@ void Tensor::copy_from(const Tensor& src) {
         break;
       case DType::i64:
         data<int64_t>()[i] = static_cast<int64_t>(v);
+        break;
+      case DType::f64:
+        data<double>()[i] = v;
         break;
     }
   }

@@ -40,21 +40,24 @@ bool mentions_timeout(std::string_view what) {
   return s.find("timed out") != std::string::npos || s.find("timeout") != std::string::npos;
 }
 
-// Element-wise reductions for gloo::allreduce: c = a op b over n floats.
-void sum_f32(void* c, const void* a, const void* b, size_t n) {
-  auto* out = static_cast<float*>(c);
-  auto* x = static_cast<const float*>(a);
-  auto* y = static_cast<const float*>(b);
+// Element-wise reductions for gloo::allreduce: c = a op b over n floats (F: float or double).
+template <class F>
+void sum_of(void* c, const void* a, const void* b, size_t n) {
+  auto* out = static_cast<F*>(c);
+  auto* x = static_cast<const F*>(a);
+  auto* y = static_cast<const F*>(b);
   for (size_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
 }
 // Propagates NaN whichever operand holds it (std::max would drop a NaN in its second argument), so an
 // inf/NaN check reduced with max sees every rank's NaN.
-void max_f32(void* c, const void* a, const void* b, size_t n) {
-  auto* out = static_cast<float*>(c);
-  auto* x = static_cast<const float*>(a);
-  auto* y = static_cast<const float*>(b);
+template <class F>
+void max_of(void* c, const void* a, const void* b, size_t n) {
+  auto* out = static_cast<F*>(c);
+  auto* x = static_cast<const F*>(a);
+  auto* y = static_cast<const F*>(b);
   for (size_t i = 0; i < n; ++i) out[i] = (x[i] != x[i] || x[i] > y[i]) ? x[i] : y[i];
 }
+void sum_f32(void* c, const void* a, const void* b, size_t n) { sum_of<float>(c, a, b, n); }
 
 // What every message names: the group, this rank, the timeout.
 struct GroupInfo {
@@ -161,6 +164,17 @@ class GlooCommunicator final : public Communicator {
     check_host(t, "all_reduce", /*reduction=*/true);
     uint32_t tag = next_tag_++;
     if (size() == 1 || t.numel() == 0) return done();
+    if (t.dtype() == DType::f64) {  // sums of doubles (losses, grad-norm partials) stay doubles
+      guarded("all_reduce", [&] {
+        gloo::AllreduceOptions o(context_);
+        o.setOutput(t.data<double>(), static_cast<size_t>(t.numel()));
+        o.setReduceFunction(op == ReduceOp::sum ? &sum_of<double> : &max_of<double>);
+        o.setTag(tag);
+        o.setTimeout(group_->timeout);
+        gloo::allreduce(o);
+      });
+      return done();
+    }
     // Gloo has no bf16: 16-bit types are reduced in fp32 and rounded back once (nearest even).
     Tensor acc = t;
     if (t.dtype() != DType::f32) {
@@ -170,7 +184,7 @@ class GlooCommunicator final : public Communicator {
     guarded("all_reduce", [&] {
       gloo::AllreduceOptions o(context_);
       o.setOutput(acc.data<float>(), static_cast<size_t>(acc.numel()));
-      o.setReduceFunction(op == ReduceOp::sum ? &sum_f32 : &max_f32);
+      o.setReduceFunction(op == ReduceOp::sum ? &sum_of<float> : &max_of<float>);
       o.setTag(tag);
       o.setTimeout(group_->timeout);
       gloo::allreduce(o);
@@ -286,8 +300,9 @@ class GlooCommunicator final : public Communicator {
     if (!t.defined()) throw group_->misuse(op, "undefined tensor");
     if (t.device() != Device::cpu)
       throw group_->misuse(op, fmt::format("Gloo moves host tensors only, got a {} tensor", device_name(t.device())));
-    if (reduction && !is_floating(t.dtype()))
-      throw group_->misuse(op, fmt::format("reductions take f32, bf16 or f16 tensors, got {}", t.describe()));
+    if (reduction && !is_floating(t.dtype()) && !(op == "all_reduce" && t.dtype() == DType::f64))
+      throw group_->misuse(
+          op, fmt::format("reductions take f32, bf16 or f16 tensors (and all_reduce f64), got {}", t.describe()));
   }
 
   template <class F>

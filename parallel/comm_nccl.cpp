@@ -472,6 +472,8 @@ ncclDataType_t reduction_type(DType t) {
       return ncclBfloat16;
     case DType::f16:
       return ncclFloat16;
+    case DType::f64:
+      return ncclFloat64;
     default:
       return ncclNumTypes;
   }
@@ -615,8 +617,8 @@ class NcclCommunicator final : public Communicator {
   }
   void check_reduction(const DeviceBuffer& b, std::string_view op) const {
     check_device(b, op);
-    if (!is_floating(b.dtype))
-      throw misuse(op, fmt::format("reductions take f32, bf16 or f16 buffers, got {}", dtype_name(b.dtype)));
+    if (!is_floating(b.dtype) && b.dtype != DType::f64)
+      throw misuse(op, fmt::format("reductions take f32, bf16, f16 or f64 buffers, got {}", dtype_name(b.dtype)));
   }
 
   template <class Enqueue>

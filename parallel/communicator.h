@@ -63,6 +63,10 @@ class Communicator {
   virtual Communicator& backend() { return *this; }
 };
 
+// Sums a few host doubles over the group (a blocking f64 all-reduce; any backend): the losses, counters and
+// grad-norm partial sums that every rank must agree on, carried as doubles so nothing is rounded on the way.
+std::vector<double> sum_doubles(Communicator& comm, std::vector<double> values);
+
 struct GlooOptions {
   std::string name;          // group name, for messages and store prefixes ("" -> "gloo[0,1]")
   std::vector<int> members;  // global ranks, ascending; this rank must be one of them

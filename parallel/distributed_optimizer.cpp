@@ -55,13 +55,9 @@ StepResult DistributedOptimizer::step(double lr, double loss_scale) {
   for (const Segment& s : segments_)
     if (counts_in_grad_norm(*s.param, cfg_)) counted.push_back(s.grad);
   GradStats stats = grad_stats(counted);  // the step's one read of the device
-  if (dp_.size() > 1) {
-    // A host exchange (the f32 sum of the reference); an inf/NaN flag needs no exchange, as it makes the sum
-    // non-finite on every rank.
-    Tensor t = Tensor::from_floats(std::vector<float>{static_cast<float>(stats.sum_squares)}, {1});
-    dp_.all_reduce(t, ReduceOp::sum)->wait();
-    stats.sum_squares = t.item();
-  }
+  // A host exchange of the double partial sums; an inf/NaN flag needs no exchange, as it makes the sum
+  // non-finite on every rank.
+  stats.sum_squares = sum_doubles(dp_, {stats.sum_squares})[0];
   if (cfg_.sum_across_ranks) stats.sum_squares = cfg_.sum_across_ranks(stats.sum_squares);
   double grad_scale = 0;
   const StepResult r = grad_norm_verdict(stats, loss_scale, cfg_.grad_clip, &grad_scale);

@@ -36,6 +36,11 @@ float load_float(const unsigned char* p, DType t) {
     case DType::f16:
       std::memcpy(&h, p, 2);
       return f16_to_float(h);
+    case DType::f64: {
+      double d;
+      std::memcpy(&d, p, 8);
+      return static_cast<float>(d);
+    }
     default:
       return static_cast<float>(load_int(p, t));
   }
@@ -63,6 +68,11 @@ void store(unsigned char* p, DType t, float f, int64_t i, bool from_int) {
     }
     case DType::i64: {
       int64_t v = from_int ? i : static_cast<int64_t>(f);
+      std::memcpy(p, &v, 8);
+      return;
+    }
+    case DType::f64: {
+      double v = from_int ? static_cast<double>(i) : f;
       std::memcpy(p, &v, 8);
       return;
     }

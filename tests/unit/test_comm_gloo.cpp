@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "parallel/communicator.h"
+#include "tests/unit/gloo_ranks.h"
 
 namespace mt {
 namespace {
@@ -450,4 +451,25 @@ TEST(CommGlooDeathTest, ATransportThreadFailureEndsWithAnErrorNotAnAbort) {
       ::testing::ExitedWithCode(1), "Gloo transport failed in its background thread");
 }
 
+}  // namespace mt
+
+// Host sums that every rank must agree on (losses, grad-norm partials) travel as doubles: nothing is rounded to
+// f32 on the way (1 + 1e-12 has no f32 neighbour that close), and every rank gets the same bits.
+namespace mt {
+TEST(CommGloo, SumDoublesKeepsDoublePrecision) {
+  constexpr int kWorld = 3;
+  auto store = make_hash_store();
+  std::vector<std::vector<double>> got(kWorld);
+  testing::run_ranks(kWorld, [&](int r) {
+    auto comm = testing::join_gloo(store, "sums", testing::first_ranks(kWorld), r);
+    got[static_cast<size_t>(r)] = sum_doubles(*comm, {1.0 + 1e-12 * r, -0.1 * r, 1e308});
+  });
+  for (int r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(got[static_cast<size_t>(r)], got[0]) << "rank " << r;
+    ASSERT_EQ(got[static_cast<size_t>(r)].size(), 3u);
+  }
+  EXPECT_NEAR(got[0][0], 3.0 + 3e-12, 1e-15);  // an f32 exchange would give exactly 3
+  EXPECT_NEAR(got[0][1], -0.3, 1e-16);
+  EXPECT_TRUE(std::isinf(got[0][2]));  // 3e308 is past the largest double
+}
 }  // namespace mt
