@@ -8,20 +8,28 @@ namespace mt::plan {
 
 namespace {
 
-// Current activation bytes and the peaks since the last mark; workspaces are transient (one op each).
+// Current activation and workspace bytes and the peaks since the last mark. A workspace is either transient
+// (one op: a GEMM's widened operands, Gloo's copies) or held across ops (the rank-major buffer of a
+// sequence-parallel collective in flight while a GEMM runs).
 class Tape {
  public:
   void alloc(double bytes) {
     act_ += bytes;
     peak_act_ = std::max(peak_act_, act_);
-    peak_sum_ = std::max(peak_sum_, act_);
+    peak_sum_ = std::max(peak_sum_, act_ + ws_);
   }
   void free(double bytes) { act_ -= bytes; }
   void workspace(double bytes) {
     if (bytes <= 0) return;
-    peak_ws_ = std::max(peak_ws_, bytes);
-    peak_sum_ = std::max(peak_sum_, act_ + bytes);
+    peak_ws_ = std::max(peak_ws_, ws_ + bytes);
+    peak_sum_ = std::max(peak_sum_, act_ + ws_ + bytes);
   }
+  void hold(double bytes) {
+    ws_ += bytes;
+    peak_ws_ = std::max(peak_ws_, ws_);
+    peak_sum_ = std::max(peak_sum_, act_ + ws_);
+  }
+  void release(double bytes) { ws_ -= bytes; }
   void mark() {
     start_ = peak_act_ = peak_sum_ = act_;
     peak_ws_ = 0;
@@ -32,10 +40,11 @@ class Tape {
   }
 
  private:
-  double act_ = 0, start_ = 0, peak_act_ = 0, peak_sum_ = 0, peak_ws_ = 0;
+  double act_ = 0, ws_ = 0, start_ = 0, peak_act_ = 0, peak_sum_ = 0, peak_ws_ = 0;
 };
 
-// The ops whose memory depends on the backend, on top of a Tape and the microbatch's shapes.
+// The ops whose memory depends on the backend, on top of a Tape and the microbatch's shapes. Every
+// tensor-parallel collective here moves (rows, C) hidden activations.
 class Replay {
  public:
   Replay(Tape& tape, const TapeShapes& s) : t(tape), s(s) {}
@@ -46,28 +55,103 @@ class Replay {
     if (!s.cpu || s.d == 4) return;
     t.workspace(4 * (a + b + (out_f32 ? 0 : out)));
   }
-  // parallel/sequence_parallel.cpp sequence_to_full: with SP a new (N, C) activation gathered through a
-  // (tp, B, Ts, C) workspace; without, the same tensor. Returns the bytes allocated.
-  double to_full() {
+
+  // parallel/sequence_parallel.cpp SequenceGather: the constructor posts the all-gather of the (Ns, C) shard
+  // into a (tp, B, Ts * C) rank-major workspace (with SP; nothing without).
+  void gather_begin() {
+    if (s.sp) t.hold(s.N() * s.C * s.d);  // rank_major_
+  }
+  // SequenceGather::wait: a new (N, C) activation, the rank-major workspace released after the transpose.
+  // Returns the bytes allocated (0 without SP: the shard itself is returned).
+  double gather_wait() {
     if (!s.sp) return 0;
     const double full = s.N() * s.C * s.d;
     t.alloc(full);
-    t.workspace(full);  // gathered
+    t.release(full);
     return full;
   }
-  // sequence_shard_sum: with SP a reduce-scatter into a new (Ns, C) shard through a rank-major workspace (plus
-  // Gloo's fp32 accumulator and incoming block on the CPU); without SP an all-reduce in place (Gloo reduces
-  // 16-bit types in an fp32 copy). Returns the bytes allocated.
-  double shard_sum(double rows) {
-    const double NC = rows * s.C;
+  // sequence_to_full, the blocking gather.
+  double to_full() {
+    gather_begin();
+    return gather_wait();
+  }
+  // SequenceReduction's constructor on a (N, C) partial: with SP a rank-major copy (held until wait) and a
+  // new (Ns, C) result, reduce-scattered (Gloo: an fp32 copy of the input and an fp32 block of every rank,
+  // transient, comm_gloo.cpp reduce_scatter); without SP an all-reduce in place (Gloo reduces 16-bit types in
+  // an fp32 copy). Returns the bytes allocated.
+  double reduction_begin() {
+    const double NC = s.N() * s.C;
     if (!s.sp) {
       if (s.tp > 1 && s.cpu && s.d != 4) t.workspace(4 * NC);
       return 0;
     }
+    t.hold(NC * s.d);  // rank_major_
     const double shard = s.Ns() * s.C * s.d;
-    t.alloc(shard);
-    t.workspace(NC * s.d + (s.cpu ? 4 * NC + 4 * s.Ns() * s.C : 0));
+    t.alloc(shard);  // result_
+    if (s.cpu) t.workspace(8 * NC);
     return shard;
+  }
+  // SequenceReduction::wait: the rank-major copy released.
+  void reduction_wait() {
+    if (s.sp) t.release(s.N() * s.C * s.d);
+  }
+  // sequence_shard_sum, the blocking reduction.
+  double shard_sum() {
+    const double shard = reduction_begin();
+    reduction_wait();
+    return shard;
+  }
+
+  // parallel/parallel_linear.cpp ColumnParallelLinear::forward of the (Ns, C) input into `cols` output
+  // columns: the gathered input (a temporary of the call), out (N, cols) and with `gelu` the pre-activation
+  // (N, cols). Returns the bytes of what it leaves allocated (out, and the pre-activation).
+  double column_forward(double cols, bool gelu = false) {
+    const double N = s.N(), C = s.C, d = s.d;
+    const double full = to_full();  // x_full
+    const double out = N * cols * d * (gelu ? 2 : 1);
+    t.alloc(out);  // out (and *gelu_preact)
+    gemm(N * C, cols * C, N * cols);
+    t.free(full);
+    return out;
+  }
+  // RowParallelLinear::forward of the (N, cols) input: partial (N, C), reduced into y (Ns, C) with SP (partial
+  // then freed) or in place. Returns the bytes of y left allocated.
+  double row_forward(double cols) {
+    const double N = s.N(), C = s.C, d = s.d;
+    t.alloc(N * C * d);  // partial
+    gemm(N * cols, C * cols, N * C);
+    const double y = shard_sum();
+    if (!s.sp) return N * C * d;  // y is partial
+    t.free(N * C * d);
+    return y;
+  }
+  // ColumnParallelLinear::backward, dout (N, cols) and the kept (Ns, C) input: the input gathered again while
+  // dx is computed, then dx's reduction in flight while dW is computed (both buffers live at once). Returns
+  // the bytes of dx (Ns, C) left allocated.
+  double column_backward(double cols) {
+    const double N = s.N(), C = s.C, d = s.d;
+    gather_begin();      // SequenceGather input(x)
+    t.alloc(N * C * d);  // dx_partial
+    gemm(N * cols, cols * C, N * C);
+    const double full = gather_wait();  // x_full
+    const double shard = reduction_begin();
+    gemm(N * cols, N * C, 0, true);  // dW (an f32 gradient), the bias gradient on its epilogue
+    reduction_wait();
+    t.free(full);
+    if (!s.sp) return N * C * d;  // dx is dx_partial
+    t.free(N * C * d);
+    return shard;
+  }
+  // RowParallelLinear::backward, dout (Ns, C) and the kept (N, cols) input: dout gathered (a temporary of the
+  // call), dW, then dx (N, cols). Returns the bytes of dx left allocated.
+  double row_backward(double cols) {
+    const double N = s.N(), C = s.C, d = s.d;
+    const double full = to_full();   // dout_full
+    gemm(N * C, N * cols, 0, true);  // dW (f32), the bias gradient on its epilogue
+    t.alloc(N * cols * d);           // dx
+    gemm(N * C, C * cols, N * cols);
+    t.free(full);
+    return N * cols * d;
   }
 
   // models/transformer_layer.cpp TransformerLayer::run: returns the bytes kept for backward (the Activations
@@ -79,34 +163,24 @@ class Replay {
       t.alloc(bytes);
       kept += bytes;
     };
-    keep_alloc(Ns * C * d + 2 * Ns * 4);  // ln1, ln1_mean, ln1_rstd
-    keep_alloc(N * 3 * s.Ct * d);         // qkv
-    const double full1 = to_full();       // sequence_to_full(ln1), a temporary of the call
-    gemm(N * C, 3 * s.Ct * C, N * 3 * s.Ct);
-    t.free(full1);
+    keep_alloc(Ns * C * d + 2 * Ns * 4);              // ln1, ln1_mean, ln1_rstd
+    kept += column_forward(3 * s.Ct);                 // qkv
     keep_alloc(N * s.Ct * d + s.B * s.Ht * s.T * 4);  // att, att_lse
-    t.alloc(N * C * d);                               // proj_partial
-    gemm(N * s.Ct, C * s.Ct, N * C);
-    const double proj = shard_sum(N);
-    keep_alloc(Ns * C * d);               // x2
-    keep_alloc(Ns * C * d + 2 * Ns * 4);  // ln2 and its statistics
-    keep_alloc(2 * N * s.Ft * d);         // fc1 (the GELU's aux), gelu
-    const double full2 = to_full();       // sequence_to_full(ln2)
-    gemm(N * C, s.Ft * C, N * s.Ft);      // into aux, then GELU
-    t.free(full2);
-    t.alloc(N * C * d);  // mlp_partial
-    gemm(N * s.Ft, C * s.Ft, N * C);
-    const double mlp = shard_sum(N);
-    t.alloc(Ns * C * d);  // out
+    const double proj = row_forward(s.Ct);            // proj, a local of run()
+    keep_alloc(Ns * C * d);                           // x2
+    keep_alloc(Ns * C * d + 2 * Ns * 4);              // ln2 and its statistics
+    kept += column_forward(s.Ft, /*gelu=*/true);      // gelu, fc1 (the pre-activation)
+    const double mlp = row_forward(s.Ft);             // mlp
+    t.alloc(Ns * C * d);                              // out
     if (!keep) t.free(kept);
-    t.free(N * C * d + proj + N * C * d + mlp);  // run()'s locals: proj_partial, proj, mlp_partial, mlp
+    t.free(proj + mlp);  // run()'s locals
     return keep ? kept : 0;
   }
   double layer_forward() { return layer_run(!s.recompute); }
 
   // TransformerLayer::backward: frees the layer's activations and input x; leaves dx (Ns, C) allocated.
   void layer_backward(double kept) {
-    const double N = s.N(), Ns = s.Ns(), C = s.C, d = s.d, Ft = s.Ft, Ct = s.Ct;
+    const double N = s.N(), Ns = s.Ns(), C = s.C, d = s.d;
     if (s.recompute) {
       kept = layer_run(true);
       t.free(Ns * C * d);  // the recomputed out, a discarded temporary
@@ -116,46 +190,26 @@ class Replay {
       t.alloc(bytes);
       locals += bytes;
     };
-    local(Ns * C * d);             // dmlp
-    locals += to_full();           // dmlp_full
-    gemm(N * C, N * Ft, 0, true);  // dW fc2 (f32 grad), bias grad from the epilogue
-    local(N * Ft * d);             // dfc1
-    gemm(N * C, C * Ft, N * Ft);
-    local(N * C * d);  // dln2_partial
-    const double full2 = to_full();
-    gemm(N * Ft, N * C, 0, true);
-    gemm(N * Ft, Ft * C, N * C);
-    t.free(full2);
-    locals += shard_sum(N);  // dln2
-    local(Ns * C * d);       // dx2
-    local(Ns * C * d);       // dproj
-    locals += to_full();     // dproj_full
-    local(N * Ct * d);       // datt
-    gemm(N * C, N * Ct, 0, true);
-    gemm(N * C, C * Ct, N * Ct);
-    local(N * 3 * Ct * d);  // dqkv
-    local(N * C * d);       // dln1_partial
-    const double full1 = to_full();
-    gemm(N * 3 * Ct, N * C, 0, true);
-    gemm(N * 3 * Ct, 3 * Ct * C, N * C);
-    t.free(full1);
-    locals += shard_sum(N);              // dln1
-    t.alloc(Ns * C * d);                 // dx, returned
-    t.free(locals + kept + Ns * C * d);  // the locals, the activations and the input x
+    local(Ns * C * d);                    // dmlp
+    locals += row_backward(s.Ft);         // dfc1 = fc2_.backward (dGELU and fc1's bias grad on its epilogue)
+    locals += column_backward(s.Ft);      // dln2 = fc1_.backward
+    local(Ns * C * d);                    // dx2
+    local(Ns * C * d);                    // dproj
+    locals += row_backward(s.Ct);         // datt = proj_.backward
+    local(N * 3 * s.Ct * d);              // dqkv
+    locals += column_backward(3 * s.Ct);  // dln1 = qkv_.backward
+    t.alloc(Ns * C * d);                  // dx, returned
+    t.free(locals + kept + Ns * C * d);   // the locals, the activations and the input x
   }
 
   // models/gpt.cpp forward_impl, the head part; returns the bytes HeadActivations keeps (final_in aside).
   double head_forward() {
     const double N = s.N(), Ns = s.Ns(), C = s.C, d = s.d;
     double kept = 0;
-    t.alloc(Ns * C * d + 2 * Ns * 4);  // lnf, lnf_mean, lnf_rstd
+    t.alloc(Ns * C * d + 2 * Ns * 4);  // lnf, lnf_mean, lnf_rstd (the shard rows with SP)
     kept += Ns * C * d + 2 * Ns * 4;
-    const double full = to_full();  // h.lnf (the gathered rows with SP)
-    kept += full;
-    t.alloc(N * s.Vt * d);  // logits
-    kept += N * s.Vt * d;
-    gemm(N * C, s.Vt * C, N * s.Vt);
-    t.alloc(2 * N * 4);  // rowmax, sumexp
+    kept += column_forward(s.Vt);  // logits = head_.forward(lnf): the gathered lnf is a temporary of the call
+    t.alloc(2 * N * 4);            // rowmax, sumexp
     kept += 2 * N * 4;
     t.alloc(2 * N * 4);  // target_logit, losses
     if (s.tp > 1) {
@@ -163,10 +217,6 @@ class Replay {
       t.free(2 * N * 4);
     }
     t.free(2 * N * 4);
-    if (s.sp) {  // the shard lnf, a local of forward_impl
-      t.free(Ns * C * d);
-      kept -= Ns * C * d;
-    }
     return kept;
   }
   // GptModel::backward_stage, the head part: frees HeadActivations (final_in included); leaves dx (Ns, C).
@@ -181,20 +231,17 @@ class Replay {
     local(N * s.Vt * d);   // dlogits
     t.free(N * s.Vt * d);  // h.logits released
     kept -= N * s.Vt * d;
-    gemm(N * s.Vt, N * C, 0, true);  // dW of the head (f32 grad)
-    local(N * C * d);                // dlnf
-    gemm(N * s.Vt, s.Vt * C, N * C);
-    locals += shard_sum(N);              // dlnf_shard
+    locals += column_backward(s.Vt);     // dlnf = head_.backward(dlogits, h.lnf): lnf gathered again with SP
     t.alloc(Ns * C * d);                 // dx
     t.free(locals + kept + Ns * C * d);  // h (final_in too) and the locals
   }
 
-  // forward_impl, the embedding part: leaves x (Ns, C) allocated.
+  // forward_impl, the embedding part (parallel/vocab_parallel_embedding.cpp forward): leaves x (Ns, C).
   void embedding_forward() {
     const double N = s.N(), C = s.C, d = s.d;
     t.alloc(N * C * d);  // partial (B, T, C)
-    const double shard = shard_sum(N);
-    if (shard > 0) t.free(N * C * d);  // with SP the shard is x and partial goes at the end of the block
+    const double shard = shard_sum();
+    if (shard > 0) t.free(N * C * d);  // with SP the shard is x and partial goes at the end of the call
   }
   // backward_stage, the embedding part: frees dx (Ns, C) (gathered to full rows with SP on the way).
   void embedding_backward() {

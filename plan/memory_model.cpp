@@ -32,19 +32,49 @@ std::vector<ChunkSpec> chunks_of(const Config& c, int64_t stage) {
   return out;
 }
 
-// Elements of one chunk's parameters on tensor-parallel rank 0 (models/gpt.cpp, models/transformer_layer.cpp).
-double chunk_parameters(const ModelConfig& m, int64_t tp, const ChunkSpec& ch) {
+// Element counts of one chunk's parameters on tensor-parallel rank 0, in the model's order (models/gpt.cpp
+// GptModel's params_, models/transformer_layer.cpp parameters()): the gradient buffer's buckets follow it.
+std::vector<double> chunk_parameters(const ModelConfig& m, int64_t tp, const ChunkSpec& ch) {
   const double C = static_cast<double>(m.hidden_size), Ct = static_cast<double>(m.num_heads / tp * m.head_dim),
                Ft = static_cast<double>(m.ffn_hidden_size / tp), Vt = static_cast<double>(m.padded_vocab_size / tp),
                P = static_cast<double>(m.max_position_embeddings);
-  double n = 0;
-  if (ch.has_embedding || (ch.has_head && m.tie_embeddings)) n += Vt * C;  // word embeddings (or the tied copy)
-  if (ch.has_embedding) n += P * C;                                        // position embeddings
-  // ln1, qkv, proj, ln2, fc1, fc2 (weights and biases)
-  const double layer = 2 * C + (3 * Ct * C + 3 * Ct) + (C * Ct + C) + 2 * C + (Ft * C + Ft) + (C * Ft + C);
-  n += layer * static_cast<double>(ch.layers);
-  if (ch.has_head) n += 2 * C + (m.tie_embeddings ? 0 : Vt * C);  // final norm, untied head
+  std::vector<double> n;
+  if (ch.has_embedding || (ch.has_head && m.tie_embeddings)) n.push_back(Vt * C);  // word embeddings (or the copy)
+  if (ch.has_embedding) n.push_back(P * C);                                        // position embeddings
+  for (int64_t l = 0; l < ch.layers; ++l)  // ln1, qkv, proj, ln2, fc1, fc2 (weights and biases)
+    n.insert(n.end(), {C, C, 3 * Ct * C, 3 * Ct, C * Ct, C, C, C, Ft * C, Ft, C * Ft, C});
+  if (ch.has_head) {
+    n.insert(n.end(), {C, C});                   // final norm
+    if (!m.tie_embeddings) n.push_back(Vt * C);  // untied head
+  }
   return n;
+}
+
+// parallel/grad_buffer.cpp GradBuffer's layout: buckets of whole parameters taken from the last, closed once
+// they hold bucket_elements; with the distributed optimizer each bucket padded to a multiple of the DP size.
+struct GradLayout {
+  double elements = 0;    // the flat fp32 buffer, padding included
+  double shard = 0;       // this rank's blocks over all buckets (the distributed optimizer's state)
+  double max_bucket = 0;  // the largest bucket, padding included (one collective)
+};
+
+GradLayout grad_layout(const std::vector<double>& params, int64_t bucket_elements, int64_t dp, bool shard) {
+  GradLayout g;
+  const double n = static_cast<double>(shard ? dp : 1);
+  double in_bucket = 0;
+  auto close = [&] {
+    const double padded = std::ceil(in_bucket / n) * n;
+    g.elements += padded;
+    g.shard += padded / static_cast<double>(dp);
+    g.max_bucket = std::max(g.max_bucket, padded);
+    in_bucket = 0;
+  };
+  for (size_t i = params.size(); i-- > 0;) {
+    in_bucket += params[i];
+    if (in_bucket >= static_cast<double>(bucket_elements)) close();
+  }
+  if (in_bucket > 0) close();
+  return g;
 }
 
 TapeShapes tape_shapes(const Config& c, Backend backend) {
@@ -147,33 +177,38 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
   for (const auto& [kind, stage] : kinds) {
     StageMemory sm{.kind = kind, .stage = stage};
     const std::vector<ChunkSpec> chunks = chunks_of(c, stage);
-    double n = 0;
+    std::vector<double> params;  // app/trainer.cpp all_parameters: the chunks' parameters in chunk order
     std::vector<ChunkProfile> prof;
     for (const ChunkSpec& ch : chunks) {
-      n += chunk_parameters(c.model, c.parallel.tensor, ch);
+      const std::vector<double> more = chunk_parameters(c.model, c.parallel.tensor, ch);
+      params.insert(params.end(), more.begin(), more.end());
       sm.layers += ch.layers;
       prof.push_back(profile_chunk(shapes, ch));
     }
+    double n = 0;
+    for (double e : params) n += e;
     sm.parameters = static_cast<int64_t>(n);
-    // app/trainer.cpp: one flat fp32 gradient buffer, padded to split over data-parallel ranks with ZeRO.
-    const double padded = zero ? std::ceil(n / static_cast<double>(dp)) * static_cast<double>(dp) : n;
-    const double shard = padded / static_cast<double>(dp);
+    const GradLayout g = grad_layout(params, c.parallel.grad_bucket_size, dp, zero);
     KindBytes& b = sm.bytes;
     b[MemKind::parameter] = n * d;
-    // parallel/distributed_optimizer.cpp: its reduce-scatter target, one shard of fp32 gradients.
-    b[MemKind::gradient] = 4 * padded + (zero ? 4 * shard : 0);
-    // core/optimizer.cpp: fp32 master (the value itself in fp32) and two moments; ZeRO: of its shard, plus
-    // the shard's values in the compute dtype for the all-gather.
-    b[MemKind::optimizer] = zero ? shard * (12 + (d != 4 ? d : 0)) : n * (8 + (d != 4 ? 4 : 0));
+    // parallel/grad_buffer.cpp: one flat fp32 buffer; with ZeRO its buckets are reduce-scattered in place and
+    // the distributed optimizer reads its blocks there (no gradient shard of its own).
+    b[MemKind::gradient] = 4 * g.elements;
+    // core/optimizer.cpp: fp32 master (the value itself in fp32) and two moments. ZeRO
+    // (parallel/distributed_optimizer.cpp): master and moments of its blocks, plus the blocks' values in the
+    // compute dtype (value_shard_) for the all-gather.
+    b[MemKind::optimizer] = zero ? g.shard * (12 + (d != 4 ? d : 0)) : n * (8 + (d != 4 ? 4 : 0));
     // Kept for the run: the step-loss slots (f64 per step of a logging interval), cuBLASLt's workspace.
     const double persistent_ws = 8.0 * static_cast<double>(std::min<int64_t>(c.logging.interval, 1024)) +
                                  (backend == Backend::cuda ? kCublasLtWorkspace : 0);
-    // The optimizer step, with no activations left: grad_stats' two doubles; with ZeRO, one after the other,
-    // Gloo's reduce-scatter (an fp32 accumulator and an incoming block) and the all-gather target.
+    // After the last backward, with no activations left but the batch: grad_stats' two doubles; with ZeRO,
+    // one after the other, Gloo's reduce-scatter of a bucket (an fp32 copy of it and a block from every rank:
+    // comm_gloo.cpp, run on the gradient buffer's thread) and all_gather_into_values' whole-buffer target in
+    // the gathered dtype (the compute dtype; fp32 masters when it is fp32).
     double step_ws = 16;
     if (zero) {
-      const double reduce_scatter = (backend == Backend::cpu && dp > 1) ? 4 * padded + 4 * shard : 0;
-      step_ws += std::max(reduce_scatter, shard * static_cast<double>(dp) * d);
+      const double reduce_scatter = (backend == Backend::cpu && dp > 1) ? 8 * g.max_bucket : 0;
+      step_ws += std::max(reduce_scatter, g.elements * d);
     }
     const double step_act = (p == 1) ? 2 * shapes.B * shapes.T * 4 : 0;  // the plain loop's last batch
     const ActivationPeaks a = walk_schedule(c, stage, prof);
