@@ -285,12 +285,13 @@ def main():
     warmup_s = time.perf_counter() - t_start
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     loss = None
     for _ in range(args.iters):
         loss = step()
     sync()
     seconds = time.perf_counter() - t0
+    cpu_seconds = time.process_time() - c0  # this process's CPU time: steadier than wall time on a shared machine
 
     ms = seconds / max(args.iters, 1) * 1000.0
     tokens_per_iter = G * S
@@ -302,7 +303,8 @@ def main():
         "ffn": m["ffn_hidden_size"], "vocab": m["vocab_size"], "padded_vocab": m["padded_vocab_size"], "seq": S,
         "micro_batch": B, "global_batch": G, "dropout": m["dropout"], "attention_dropout": m["attention_dropout"],
         "threads": torch.get_num_threads(), "parameters": n_params, "warmup": args.warmup, "iters": args.iters, "warmup_s": round(warmup_s, 3),
-        "ms_per_iter": round(ms, 3), "tokens_per_s": round(tokens_per_iter / (ms / 1000.0), 1),
+        "ms_per_iter": round(ms, 3), "cpu_ms_per_iter": round(cpu_seconds / max(args.iters, 1) * 1000.0, 3),
+        "tokens_per_s": round(tokens_per_iter / (ms / 1000.0), 1),
         "tflops": round(tflops, 6), "mfu": round(tflops / peak, 6) if peak else None,
         "peak_bytes": torch.cuda.max_memory_allocated(dev) if args.device == "cuda" else None,
         "loss": float(loss.item()) * M if loss is not None else None,
