@@ -15,10 +15,12 @@ namespace {
 
 constexpr int64_t kLanes = 8;
 
-// sigmoid(2u) and exp(-2u) of the tanh-GELU at z.
+// sigmoid(2u) and exp(-2u) of the tanh-GELU at z. -2u is capped at 80 (z below about -9.4) so that e stays finite
+// and e * s (= 1 - s) stays a number: there s is below 2e-35 either way.
 inline void gelu_parts(float z, float& s, float& e) {
   const float u = kGeluK * (z + kGeluC * z * z * z);
-  e = exp_f32(-2.f * u);
+  const float a = -2.f * u;
+  e = exp_f32(select_f32(a > 80.f, 80.f, a));
   s = 1.f / (1.f + e);
 }
 
