@@ -18,10 +18,10 @@
 
 #include <cblas.h>
 
+#include "core/cpu/dropout_mask.h"
 #include "core/cpu/float_io.h"
 #include "core/cpu/ops_cpu.h"
 #include "core/cpu/vec_math.h"
-#include "core/rng.h"
 
 namespace mt::cpu {
 
@@ -78,7 +78,7 @@ void mask_row(const AttentionOptions& opt, int64_t b, int64_t h, int64_t T, int6
   }
   const uint64_t sample = static_cast<uint64_t>(opt.sample_offset + b);
   const uint64_t row = static_cast<uint64_t>((opt.head_offset + h) * T + i);
-  dropout_row_scales(opt.seed, opt.site, sample, row, 0, len, opt.dropout_p, z);
+  dropout_keep_scales(opt.seed, opt.site, sample, row, 0, len, opt.dropout_p, z);
 }
 
 }  // namespace
