@@ -14,6 +14,7 @@ over the timed iterations).
 
   python3 bench/torch_baseline.py --config configs/gpt-124m.yaml --seq 1024 --micro-batch 16
   python3 bench/torch_baseline.py --device cpu --tiny --iters 3          # a smoke test without a GPU
+  python3 bench/torch_baseline.py --device cpu --dtype fp32 --no-compile --threads 1 ...  # bench/cpu_vs_torch.sh
 """
 import argparse
 import json
@@ -211,7 +212,10 @@ def main():
     ap.add_argument("--no-compile", dest="compile", action="store_false")
     ap.add_argument("--peak-tflops", type=float, default=0.0, help="peak for MFU (default: from the device name)")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     args = ap.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     if args.attention_dropout is None and args.dropout is not None:
         args.attention_dropout = args.dropout
     m, o = resolve(args)
@@ -281,12 +285,13 @@ def main():
     warmup_s = time.perf_counter() - t_start
     if args.device == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     loss = None
     for _ in range(args.iters):
         loss = step()
     sync()
     seconds = time.perf_counter() - t0
+    cpu_seconds = time.process_time() - c0  # this process's CPU time: steadier than wall time on a shared machine
 
     ms = seconds / max(args.iters, 1) * 1000.0
     tokens_per_iter = G * S
@@ -297,8 +302,9 @@ def main():
         "dtype": args.dtype, "layers": m["num_layers"], "hidden": m["hidden_size"], "heads": m["num_heads"],
         "ffn": m["ffn_hidden_size"], "vocab": m["vocab_size"], "padded_vocab": m["padded_vocab_size"], "seq": S,
         "micro_batch": B, "global_batch": G, "dropout": m["dropout"], "attention_dropout": m["attention_dropout"],
-        "parameters": n_params, "warmup": args.warmup, "iters": args.iters, "warmup_s": round(warmup_s, 3),
-        "ms_per_iter": round(ms, 3), "tokens_per_s": round(tokens_per_iter / (ms / 1000.0), 1),
+        "threads": torch.get_num_threads(), "parameters": n_params, "warmup": args.warmup, "iters": args.iters, "warmup_s": round(warmup_s, 3),
+        "ms_per_iter": round(ms, 3), "cpu_ms_per_iter": round(cpu_seconds / max(args.iters, 1) * 1000.0, 3),
+        "tokens_per_s": round(tokens_per_iter / (ms / 1000.0), 1),
         "tflops": round(tflops, 6), "mfu": round(tflops / peak, 6) if peak else None,
         "peak_bytes": torch.cuda.max_memory_allocated(dev) if args.device == "cuda" else None,
         "loss": float(loss.item()) * M if loss is not None else None,

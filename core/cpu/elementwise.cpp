@@ -1,20 +1,14 @@
-// elementwise.cpp: add, scale_, GELU (tanh approximation) and the bias add of a linear layer with its
-// backward, on the CPU. Values go through fp32 chunks: load, compute in fp32, round once on store.
+// elementwise.cpp: add, scale_, GELU (tanh approximation, vec_math.h's sigmoid form) and the bias add of a linear
+// layer with its backward, on the CPU. Values go through fp32 chunks: load, compute in fp32, round once on store.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "core/cpu/float_io.h"
 #include "core/cpu/ops_cpu.h"
+#include "core/cpu/vec_math.h"
 
 namespace mt::cpu {
-
-namespace {
-
-constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluC = 0.044715f;
-
-}  // namespace
 
 void add_bias(Tensor& x, const Tensor& bias) {
   const int64_t N = x.dim(0), C = x.dim(1);
@@ -69,10 +63,7 @@ void gelu_forward(const Tensor& x, Tensor& out) {
   for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
     const int64_t len = std::min(kChunk, n - i0);
     load_f32(x, i0, len, v);
-    for (int64_t i = 0; i < len; ++i) {
-      const float z = v[i];
-      v[i] = 0.5f * z * (1.f + std::tanh(kGeluK * (z + kGeluC * z * z * z)));
-    }
+    gelu_tanh(v, len, v);
     store_f32(v, len, out, i0);
   }
 }
@@ -84,13 +75,7 @@ void gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) {
     const int64_t len = std::min(kChunk, n - i0);
     load_f32(x, i0, len, vx);
     load_f32(dout, i0, len, vd);
-    for (int64_t i = 0; i < len; ++i) {
-      const float z = vx[i];
-      const float th = std::tanh(kGeluK * (z + kGeluC * z * z * z));
-      const float dinner = kGeluK * (1.f + 3.f * kGeluC * z * z);
-      const float grad = 0.5f * (1.f + th) + 0.5f * z * (1.f - th * th) * dinner;
-      vd[i] *= grad;
-    }
+    gelu_tanh_backward(vx, len, vd);
     store_f32(vd, len, dx, i0);
   }
 }

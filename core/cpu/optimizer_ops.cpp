@@ -2,6 +2,10 @@
 // the AdamW update on the CPU, with PyTorch's / Megatron's AdamW semantics (decoupled weight decay).
 #include <cmath>
 
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
 #include "core/cpu/ops_cpu.h"
 
 namespace mt::cpu {
@@ -28,12 +32,32 @@ AdamWConsts adamw_consts(const AdamWOptions& opt) {
 // g = grad * grad_scale; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 // p -= lr * (m / (1 - b1^step) / (sqrt(v / (1 - b2^step)) + eps) + wd * p), wd applied to the old p (torch).
 // The reference order of float operations: core/cuda/optimizer_ops.cu repeats it with rounded intrinsics.
+// Four elements at a time with SSE2, the rest one at a time with the same operations (IEEE mul, add, div and sqrt
+// round the same in a lane as in scalar code), so every element gets the same bits wherever it sits. (A plain
+// loop does not vectorize: std::sqrt may set errno.)
 void adamw_update(float* p, const float* g_in, float* m, float* v, int64_t n, const AdamWConsts& c, float wd) {
   const float b1 = c.b1, b2 = c.b2, lr = c.lr, eps = c.eps, inv_bc1 = c.inv_bc1, inv_bc2 = c.inv_bc2;
-  for (int64_t i = 0; i < n; ++i) {
+  const float one_b1 = 1.f - b1, one_b2 = 1.f - b2;
+  int64_t i = 0;
+#if defined(__SSE2__)
+  const __m128 vb1 = _mm_set1_ps(b1), vb2 = _mm_set1_ps(b2), vlr = _mm_set1_ps(lr), veps = _mm_set1_ps(eps);
+  const __m128 vbc1 = _mm_set1_ps(inv_bc1), vbc2 = _mm_set1_ps(inv_bc2), vwd = _mm_set1_ps(wd);
+  const __m128 vone_b1 = _mm_set1_ps(one_b1), vone_b2 = _mm_set1_ps(one_b2), vgs = _mm_set1_ps(c.grad_scale);
+  for (; i + 4 <= n; i += 4) {
+    const __m128 g = _mm_mul_ps(_mm_loadu_ps(g_in + i), vgs);
+    const __m128 mi = _mm_add_ps(_mm_mul_ps(vb1, _mm_loadu_ps(m + i)), _mm_mul_ps(vone_b1, g));
+    const __m128 vi = _mm_add_ps(_mm_mul_ps(vb2, _mm_loadu_ps(v + i)), _mm_mul_ps(_mm_mul_ps(vone_b2, g), g));
+    _mm_storeu_ps(m + i, mi);
+    _mm_storeu_ps(v + i, vi);
+    const __m128 update = _mm_div_ps(_mm_mul_ps(mi, vbc1), _mm_add_ps(_mm_sqrt_ps(_mm_mul_ps(vi, vbc2)), veps));
+    const __m128 pi = _mm_loadu_ps(p + i);
+    _mm_storeu_ps(p + i, _mm_sub_ps(pi, _mm_mul_ps(vlr, _mm_add_ps(update, _mm_mul_ps(vwd, pi)))));
+  }
+#endif
+  for (; i < n; ++i) {
     const float g = g_in[i] * c.grad_scale;
-    m[i] = b1 * m[i] + (1.f - b1) * g;
-    v[i] = b2 * v[i] + (1.f - b2) * g * g;
+    m[i] = b1 * m[i] + one_b1 * g;
+    v[i] = b2 * v[i] + one_b2 * g * g;
     const float update = (m[i] * inv_bc1) / (std::sqrt(v[i] * inv_bc2) + eps);
     p[i] -= lr * (update + wd * p[i]);
   }

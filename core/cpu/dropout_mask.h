@@ -1,0 +1,13 @@
+// dropout_mask.h: dropout keep scales for a run of columns, the SIMD form of rng.h's dropout_row_scales: the
+// Philox blocks of a row are computed many at a time (structure of arrays, so the compiler vectorizes the rounds).
+// Integer arithmetic only, so the scales are bit for bit those of dropout_row_scales / dropout_uniform.
+#pragma once
+#include <cstdint>
+
+namespace mt::cpu {
+
+// keep[j] = the keep scale (0 or 1 / (1 - p)) of column col0 + j at (sample, row) of dropout site `site`, j < n.
+void dropout_keep_scales(uint64_t seed, uint64_t site, uint64_t sample, uint64_t row, uint64_t col0, int64_t n, float p,
+                         float* keep);
+
+}  // namespace mt::cpu
