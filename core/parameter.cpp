@@ -46,13 +46,14 @@ void initial_values(const Parameter& p, uint64_t seed, Tensor& out) {
   for (auto& th : pool) th.join();
 }
 
-Parameter make_parameter_slice(std::string name, Shape global_shape, std::vector<int64_t> start, Shape local,
-                               DType dtype, Init init, float init_std, uint64_t seed) {
+Parameter make_parameter_slice(std::string name, TensorBlock block, DType dtype, Init init, float init_std,
+                               uint64_t seed) {
+  const Shape local = std::move(block.local);
   Parameter p;
   p.name = std::move(name);
-  p.tensor_parallel = local != global_shape;
-  p.global_shape = std::move(global_shape);
-  p.start = std::move(start);
+  p.tensor_parallel = local != block.global;
+  p.global_shape = std::move(block.global);
+  p.start = std::move(block.start);
   p.init = init;
   p.init_std = init_std;
   p.weight_decay = local.size() > 1;
@@ -66,7 +67,8 @@ Parameter make_parameter_slice(std::string name, Shape global_shape, std::vector
 
 Parameter make_parameter(std::string name, Shape shape, DType dtype, Init init, float init_std, uint64_t seed) {
   std::vector<int64_t> start(shape.size(), 0);
-  return make_parameter_slice(std::move(name), shape, std::move(start), shape, dtype, init, init_std, seed);
+  return make_parameter_slice(std::move(name), TensorBlock{.global = shape, .start = std::move(start), .local = shape},
+                              dtype, init, init_std, seed);
 }
 
 }  // namespace mt

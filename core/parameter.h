@@ -38,10 +38,17 @@ struct Parameter {
 // Creates a parameter holding the whole global tensor, initialised with `init`; value in `dtype`.
 Parameter make_parameter(std::string name, Shape shape, DType dtype, Init init, float init_std, uint64_t seed);
 
-// The block of a global tensor of `global_shape` that starts at `start` and has shape `local`, initialised
-// with exactly the values the whole tensor holds there (tensor_parallel set when it is not the whole).
-Parameter make_parameter_slice(std::string name, Shape global_shape, std::vector<int64_t> start, Shape local,
-                               DType dtype, Init init, float init_std, uint64_t seed);
+// A block of a global tensor: shape `local`, starting at index `start` of a tensor of shape `global`.
+struct TensorBlock {
+  Shape global;
+  std::vector<int64_t> start;
+  Shape local;
+};
+
+// The block of a global tensor, initialised with exactly the values the whole tensor holds there
+// (tensor_parallel set when it is not the whole).
+Parameter make_parameter_slice(std::string name, TensorBlock block, DType dtype, Init init, float init_std,
+                               uint64_t seed);
 
 // Fills `out` (f32, host) with the initial values of the region of `p` starting at p.start.
 void initial_values(const Parameter& p, uint64_t seed, Tensor& out);

@@ -83,17 +83,24 @@ MT_HOST_DEVICE inline float dropout_uniform(uint64_t seed, uint64_t site, uint64
   return uniform_from_bits(dropout_block(seed, site, sample, row, col >> 2).v[col & 3]);
 }
 
-// keep[j] = the keep scale (0 or 1 / (1 - p)) of columns [col0, col0 + n) at (sample, row), one Philox
-// block per four columns; the fast path of dropout_uniform for whole rows.
-inline void dropout_row_scales(uint64_t seed, uint64_t site, uint64_t sample, uint64_t row, uint64_t col0, int64_t n,
-                               float p, float* keep) {
+// One row of a dropout mask: its key (seed, site, sample, row) and the drop probability.
+struct DropoutRow {
+  uint64_t seed = 0, site = 0, sample = 0, row = 0;
+  float p = 0;
+};
+
+// keep[j] = the keep scale (0 or 1 / (1 - p)) of columns [col0, col0 + n) of row r, one Philox block per four
+// columns; the fast path of dropout_uniform for whole rows.
+inline void dropout_row_scales(const DropoutRow& r, uint64_t col0, int64_t n, float* keep) {
+  const uint64_t seed = r.seed, site = r.site, sample = r.sample, row = r.row;
+  const float p = r.p;
   const float scale = 1.f / (1.f - p);
   int64_t j = 0;
   while (j < n) {
     const uint64_t col = col0 + static_cast<uint64_t>(j);
-    const Philox4 r = dropout_block(seed, site, sample, row, col >> 2);
+    const Philox4 bits = dropout_block(seed, site, sample, row, col >> 2);
     for (uint64_t lane = col & 3; lane < 4 && j < n; ++lane, ++j)
-      keep[j] = uniform_from_bits(r.v[lane]) >= p ? scale : 0.f;
+      keep[j] = uniform_from_bits(bits.v[lane]) >= p ? scale : 0.f;
   }
 }
 

@@ -24,10 +24,11 @@ ColumnParallelLinear::ColumnParallelLinear(const LinearOptions& opt, const Tenso
     : tp_(tp), has_bias_(opt.bias) {
   check_split(opt, opt.out_features, "out_features", tp);
   const int64_t out = opt.out_features, in = opt.in_features, o0 = tp.begin(out), local = tp.count(out);
-  weight_ = make_parameter_slice(opt.name + ".weight", {out, in}, {o0, 0}, {local, in}, opt.dtype, Init::normal,
-                                 opt.init_std, opt.seed);
+  weight_ = make_parameter_slice(opt.name + ".weight", {.global = {out, in}, .start = {o0, 0}, .local = {local, in}},
+                                 opt.dtype, Init::normal, opt.init_std, opt.seed);
   if (has_bias_)
-    bias_ = make_parameter_slice(opt.name + ".bias", {out}, {o0}, {local}, opt.dtype, Init::zeros, 0, opt.seed);
+    bias_ = make_parameter_slice(opt.name + ".bias", {.global = {out}, .start = {o0}, .local = {local}}, opt.dtype,
+                                 Init::zeros, 0, opt.seed);
 }
 
 ColumnParallelLinear::ColumnParallelLinear(Parameter& weight, const TensorParallel& tp) : tp_(tp), borrowed_(&weight) {}
@@ -90,8 +91,9 @@ RowParallelLinear::RowParallelLinear(const LinearOptions& opt, const TensorParal
     : tp_(tp), has_bias_(opt.bias) {
   check_split(opt, opt.in_features, "in_features", tp);
   const int64_t out = opt.out_features, in = opt.in_features;
-  weight_ = make_parameter_slice(opt.name + ".weight", {out, in}, {0, tp.begin(in)}, {out, tp.count(in)}, opt.dtype,
-                                 Init::normal, opt.init_std, opt.seed);
+  weight_ = make_parameter_slice(opt.name + ".weight",
+                                 {.global = {out, in}, .start = {0, tp.begin(in)}, .local = {out, tp.count(in)}},
+                                 opt.dtype, Init::normal, opt.init_std, opt.seed);
   if (has_bias_) bias_ = make_parameter(opt.name + ".bias", {out}, opt.dtype, Init::zeros, 0, opt.seed);
 }
 

@@ -17,7 +17,8 @@ VocabParallelEmbedding::VocabParallelEmbedding(const EmbeddingTableOptions& opt,
         fmt::format("{}: num_embeddings={} must be positive and divisible by tensor-parallel "
                     "size {}",
                     opt.name, V, tp.size));
-  weight_ = make_parameter_slice(opt.name + ".weight", {V, C}, {vocab_start_, 0}, {tp.count(V), C}, opt.dtype,
+  weight_ = make_parameter_slice(opt.name + ".weight",
+                                 {.global = {V, C}, .start = {vocab_start_, 0}, .local = {tp.count(V), C}}, opt.dtype,
                                  Init::normal, opt.init_std, opt.seed);
 }
 

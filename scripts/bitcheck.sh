@@ -51,6 +51,8 @@ import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
     keep = {k: r[k] for k in ("iteration", "loss", "grad_norm", "valid_loss", "loss_scale", "skipped_iters", "nan_iters", "lr") if k in r}
+    # Values, not their spelling: 1 and 1.0 are the same loss scale.
+    keep = {k: float(v) if isinstance(v, (int, float)) and k != "iteration" else v for k, v in keep.items()}
     print(json.dumps(keep, sort_keys=True))' "$1"
 }
 

@@ -78,7 +78,8 @@ void mask_row(const AttentionOptions& opt, int64_t b, int64_t h, int64_t T, int6
   }
   const uint64_t sample = static_cast<uint64_t>(opt.sample_offset + b);
   const uint64_t row = static_cast<uint64_t>((opt.head_offset + h) * T + i);
-  dropout_keep_scales(opt.seed, opt.site, sample, row, 0, len, opt.dropout_p, z);
+  dropout_keep_scales({.seed = opt.seed, .site = opt.site, .sample = sample, .row = row, .p = opt.dropout_p}, 0, len,
+                      z);
 }
 
 }  // namespace

@@ -25,8 +25,8 @@ void apply_mask(const Tensor& x, Tensor& out, const DropoutOptions& opt) {
       const uint64_t grow = static_cast<uint64_t>(opt.row_offset + t);
       const int64_t at = (b * T + t) * C;
       load_f32(x, at, C, row.data());
-      dropout_keep_scales(opt.seed, opt.site, sample, grow, static_cast<uint64_t>(opt.col_offset), C, opt.p,
-                          keep.data());
+      dropout_keep_scales({.seed = opt.seed, .site = opt.site, .sample = sample, .row = grow, .p = opt.p},
+                          static_cast<uint64_t>(opt.col_offset), C, keep.data());
       for (int64_t c = 0; c < C; ++c) row[c] = keep[c] != 0.f ? row[c] * keep[c] : 0.f;  // dropped inf -> 0
       store_f32(row.data(), C, out, at);
     }

@@ -30,8 +30,9 @@ __attribute__((target("avx2"))) inline void mul_hi_lo(__m256i x, __m256i m, __m2
 
 // keep[0, 32) for blocks [block0, block0 + 8) at (sample, row): rng.h's dropout_block and philox4x32_10, one
 // block per lane.
-__attribute__((target("avx2"))) void group_scales_avx2(uint64_t seed, uint64_t site, uint64_t sample, uint64_t row,
-                                                       uint64_t block0, float p, float scale, float* keep) {
+__attribute__((target("avx2"))) void group_scales_avx2(const DropoutRow& r, uint64_t block0, float scale, float* keep) {
+  const uint64_t seed = r.seed, site = r.site, sample = r.sample, row = r.row;
+  const float p = r.p;
   const uint64_t k = seed ^ (site * 0x9E3779B97F4A7C15ull);
   uint32_t k0 = static_cast<uint32_t>(k), k1 = static_cast<uint32_t>(k >> 32);
   const uint32_t b = static_cast<uint32_t>(block0);
@@ -72,23 +73,22 @@ bool have_avx2() {
 
 }  // namespace
 
-void dropout_keep_scales(uint64_t seed, uint64_t site, uint64_t sample, uint64_t row, uint64_t col0, int64_t n, float p,
-                         float* keep) {
+void dropout_keep_scales(const DropoutRow& r, uint64_t col0, int64_t n, float* keep) {
 #if MT_HAVE_AVX2_PATH
   if (have_avx2()) {
     // Columns before the first whole block go through rng.h's row function, then groups of eight blocks.
     const uint64_t first_block = (col0 + 3) / 4;
     const int64_t head = std::min<int64_t>(n, static_cast<int64_t>(first_block * 4 - col0));
-    dropout_row_scales(seed, site, sample, row, col0, head, p, keep);
-    const float scale = 1.f / (1.f - p);
+    dropout_row_scales(r, col0, head, keep);
+    const float scale = 1.f / (1.f - r.p);
     int64_t j = head;
     for (; j + 4 * kLanes <= n; j += 4 * kLanes)
-      group_scales_avx2(seed, site, sample, row, (col0 + static_cast<uint64_t>(j)) / 4, p, scale, keep + j);
-    if (j < n) dropout_row_scales(seed, site, sample, row, col0 + static_cast<uint64_t>(j), n - j, p, keep + j);
+      group_scales_avx2(r, (col0 + static_cast<uint64_t>(j)) / 4, scale, keep + j);
+    if (j < n) dropout_row_scales(r, col0 + static_cast<uint64_t>(j), n - j, keep + j);
     return;
   }
 #endif
-  dropout_row_scales(seed, site, sample, row, col0, n, p, keep);
+  dropout_row_scales(r, col0, n, keep);
 }
 
 }  // namespace mt::cpu

@@ -4,10 +4,11 @@
 #pragma once
 #include <cstdint>
 
+#include "core/rng.h"
+
 namespace mt::cpu {
 
-// keep[j] = the keep scale (0 or 1 / (1 - p)) of column col0 + j at (sample, row) of dropout site `site`, j < n.
-void dropout_keep_scales(uint64_t seed, uint64_t site, uint64_t sample, uint64_t row, uint64_t col0, int64_t n, float p,
-                         float* keep);
+// keep[j] = the keep scale (0 or 1 / (1 - p)) of column col0 + j of dropout row r, j < n.
+void dropout_keep_scales(const DropoutRow& r, uint64_t col0, int64_t n, float* keep);
 
 }  // namespace mt::cpu

@@ -20,8 +20,12 @@ void dropout_add(const Tensor& x, const Tensor& residual, Tensor& out, const Dro
       load_f32(x, at, C, row.data());
       load_f32(residual, at, C, res.data());
       if (opt.p != 0.f) {  // p == 0: dropout_forward copies, so the values are x's (already in dtype)
-        dropout_keep_scales(opt.seed, opt.site, sample, static_cast<uint64_t>(opt.row_offset + t),
-                            static_cast<uint64_t>(opt.col_offset), C, opt.p, keep.data());
+        dropout_keep_scales({.seed = opt.seed,
+                             .site = opt.site,
+                             .sample = sample,
+                             .row = static_cast<uint64_t>(opt.row_offset + t),
+                             .p = opt.p},
+                            static_cast<uint64_t>(opt.col_offset), C, keep.data());
         // As core/cpu/dropout.cpp (a dropped inf -> 0), rounded as dropout_forward's store rounds.
         for (int64_t c = 0; c < C; ++c) row[c] = round_to(dt, keep[c] != 0.f ? row[c] * keep[c] : 0.f);
       }

@@ -108,8 +108,9 @@ TEST(DropoutMask, KeepScalesEqualRngRowScalesAtAnyOffsetAndLength) {
     for (int64_t n : {0, 1, 3, 4, 5, 31, 32, 33, 35, 64, 100, 300})
       for (uint64_t row : {0ull, 7ull, (1ull << 33) + 5})
         for (float p : {0.1f, 0.5f}) {
-          dropout_row_scales(1234, stream_id("layers.0.attn"), 3, row, col0, n, p, want.data());
-          dropout_keep_scales(1234, stream_id("layers.0.attn"), 3, row, col0, n, p, got.data());
+          const DropoutRow key{.seed = 1234, .site = stream_id("layers.0.attn"), .sample = 3, .row = row, .p = p};
+          dropout_row_scales(key, col0, n, want.data());
+          dropout_keep_scales(key, col0, n, got.data());
           for (int64_t j = 0; j < n; ++j)
             ASSERT_EQ(got[j], want[j]) << "col0 " << col0 << " n " << n << " row " << row << " j " << j;
         }

@@ -206,7 +206,8 @@ TEST(ParallelLinearMlp, GeluEpiloguesMatchOneRank) {
 
 TEST(ParallelLinearHead, BorrowedWeightIsReadAndItsGradientAccumulated) {
   constexpr int64_t C = 4, V = 6;
-  Parameter table = make_parameter_slice("table.weight", {V, C}, {0, 0}, {V, C}, DType::f32, Init::normal, 1, 3);
+  Parameter table = make_parameter_slice("table.weight", {.global = {V, C}, .start = {0, 0}, .local = {V, C}},
+                                         DType::f32, Init::normal, 1, 3);
   ColumnParallelLinear head(table, TensorParallel{});
   EXPECT_TRUE(head.parameters().empty());  // the owner lists it
   const Tensor x = make(rand_vec(N * C, 21), {N, C});

@@ -1,0 +1,48 @@
+// metrics.h: what a training run reports. RUN_DIR/metrics.jsonl gets one JSON object per line, written by a
+// JSON library (strings escaped, inf and NaN as null); the console gets one line per logging interval.
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/allocator.h"
+#include "core/tensor.h"
+
+namespace mt::app {
+
+// Appends records to RUN_DIR/metrics.jsonl, flushed each time; with an empty run_dir (ranks other than the
+// logging one) it writes nothing.
+class MetricsFile {
+ public:
+  explicit MetricsFile(const std::string& run_dir);
+  void write(const nlohmann::ordered_json& record);
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+// "parameter 1.00 | gradient 1.00 | ... | total 4.00": the device's peak bytes per kind, in MiB.
+std::string memory_summary(Device device);
+
+// The figures of one logging interval (means over its iterations where they vary).
+struct IntervalReport {
+  int64_t iteration = 0, train_iters = 0;
+  int64_t consumed_samples = 0, consumed_tokens = 0;
+  double ms_per_iter = 0, tokens_per_s = 0;
+  double tflops_per_gpu = 0;  // model FLOP/s per rank
+  double peak_tflops = 0;     // the device's dense bf16 peak; 0 when unknown (no MFU)
+  float lr = 0;
+  double loss = 0, loss_scale = 1, grad_norm = 0;
+  int64_t skipped_iters = 0, nan_iters = 0;
+  int64_t peak_bytes = 0;
+  Device device = Device::cpu;
+};
+// Logs the interval's line and writes its record.
+void report_interval(const IntervalReport& r, MetricsFile& metrics);
+// Logs a validation loss (and its perplexity) and writes its record.
+void report_validation(int64_t iteration, double loss, MetricsFile& metrics);
+
+}  // namespace mt::app

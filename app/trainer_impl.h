@@ -1,0 +1,133 @@
+// trainer_impl.h: the training loop's parts, shared by trainer.cpp (the loop and the step),
+// trainer_checkpoint.cpp (resume and save) and trainer_stages.cpp (what the pipeline executor runs). Not an
+// interface: app/trainer.h is.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "app/data_sources.h"
+#include "app/distributed.h"
+#include "app/metrics.h"
+#include "app/model_chunks.h"
+#include "app/train_state.h"
+#include "app/trainer.h"
+#include "core/loss_scaler.h"
+#include "core/lr_schedule.h"
+#include "core/optimizer.h"
+#include "models/gpt.h"
+#include "parallel/distributed_optimizer.h"
+#include "parallel/grad_buffer.h"
+#include "parallel/pipeline_executor.h"
+
+namespace mt::app {
+
+// The loop's own counters; with the optimizer's step count and the loss scaler's state they make the TrainState
+// a checkpoint stores.
+struct Counters {
+  int64_t iteration = 0;  // iterations completed
+  int64_t consumed_samples = 0;
+  int64_t skipped_iters = 0;  // fp16 steps skipped for inf/NaN gradients
+  int64_t nan_iters = 0;      // iterations whose loss was inf/NaN
+};
+
+class Trainer;
+
+// The pipeline executor's view of this rank's chunks for one iteration: microbatch m's samples, the loss
+// of the last stage (added into the step's device slot), the backward seed.
+class IterationStage final : public PipelineStage {
+ public:
+  IterationStage(Trainer& t, float dloss, Tensor loss_sum) : t_(t), dloss_(dloss), loss_sum_(std::move(loss_sum)) {}
+  Tensor forward(int microbatch, int chunk, const Tensor& input) override;
+  Tensor backward(int microbatch, int chunk, const Tensor& grad) override;
+  Shape activation_shape() const override;
+  DType activation_dtype() const override;
+  Device activation_device() const override;
+
+ private:
+  Trainer& t_;
+  float dloss_;
+  Tensor loss_sum_;  // (1) f64 on the device: the step's sum over the microbatches whose loss this rank computed
+};
+
+// The pipeline executor's view of this rank's chunks for evaluation (a forward_only schedule): local
+// microbatch j is validation batch dp_rank + j * dp, forward without dropout, the loss summed on the last stage.
+class EvalStage final : public PipelineStage {
+ public:
+  explicit EvalStage(Trainer& t) : t_(t) {}
+  Tensor forward(int microbatch, int chunk, const Tensor& input) override;
+  Tensor backward(int microbatch, int chunk, const Tensor& grad) override;  // never called: forward only
+  Shape activation_shape() const override;
+  DType activation_dtype() const override;
+  Device activation_device() const override;
+  double loss_sum = 0;  // over the microbatches whose loss this rank computed, in microbatch order
+
+ private:
+  Trainer& t_;
+};
+
+class Trainer {
+ public:
+  Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist);
+
+  void run();
+
+ private:
+  friend class IterationStage;
+  friend class EvalStage;
+  // Samples of microbatch m of this data-parallel rank in the current iteration.
+  int64_t microbatch_first_sample(int64_t m) const {
+    return c_.consumed_samples + (m * dist_.dp_size() + dist_.dp_rank()) * cfg_.training.micro_batch_size;
+  }
+  // What crosses between pipeline stages: one microbatch's hidden states (sequence shards with SP).
+  Shape activation_shape() const {
+    const int64_t sp = cfg_.parallel.sequence_parallel ? dist_.tp_size() : 1;
+    return {cfg_.training.micro_batch_size, cfg_.model.seq_length / sp, cfg_.model.hidden_size};
+  }
+  int64_t num_parameters() const {
+    int64_t n = 0;
+    for (const Parameter* p : params_) n += p->value.numel();
+    return n;
+  }
+  void maybe_resume();
+  void train_step(float& lr_used, StepResult& result);
+  // Reads the losses of the steps since the last read (summed over the pipeline and data-parallel ranks: a
+  // collective, at the same iteration on every rank) into interval_loss_ and c_.nan_iters.
+  void read_losses();
+  double evaluate();
+  void save();
+  void check_finite(const StepResult& r);
+  std::vector<int> ranks_where(bool here);
+  void log_interval(double ms_per_iter, double loss, double lr, double grad_norm);
+
+  // A microbatch's tokens and targets (B, S), read on the host and moved to the model's device.
+  void load_batch(const SampleFn& source, int64_t first, Tensor& tokens, Tensor& targets) const;
+
+  const Config& cfg_;
+  TrainOptions opt_;
+  Distributed& dist_;
+  DType dtype_;
+  Device device_;  // where the model, its gradients and the optimizer state live
+  DataSources data_;
+  std::vector<std::unique_ptr<GptModel>> chunks_;  // this rank's model chunks (one without pipelining)
+  std::vector<Parameter*> params_;                 // all of their parameters
+  AdamWConfig adam_config_;
+  std::unique_ptr<GradBuffer> grads_;           // the storage of every Parameter::grad, reduced in buckets
+  std::unique_ptr<AdamW> adam_;                 // replicated optimizer state, or
+  std::unique_ptr<DistributedOptimizer> zero_;  // state sharded over the data-parallel group (ZeRO-1)
+  int64_t optimizer_steps() const { return zero_ ? zero_->steps() : adam_->steps(); }
+  LossScaler scaler_;
+  LrSchedule schedule_;
+  MetricsFile metrics_;
+  Counters c_;
+  std::optional<std::string> last_saved_;
+  // Read once per logging interval (a long interval reads when its at most 1024 slots are full).
+  StepLosses step_losses_{device_, std::min<int64_t>(cfg_.logging.interval, 1024)};
+  double interval_loss_ = 0;  // sum of the step losses read in this logging interval
+  // Non-finite iterations in a row (check_finite), and what the first of them found.
+  int64_t nonfinite_streak_ = 0;
+  std::string nonfinite_first_;
+};
+
+}  // namespace mt::app
