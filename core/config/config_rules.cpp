@@ -222,10 +222,26 @@ void resolve_optimizer(Config& c, const Rules& r) {
   r.non_negative("optimizer.decay_iters", o.decay_iters);
   r.at_most("optimizer.warmup_iters", o.warmup_iters, kMaxCount, "number of iterations");
   r.at_most("optimizer.decay_iters", o.decay_iters, kMaxCount, "number of iterations");
-  if (o.decay_iters == 0) o.decay_iters = c.training.train_iters;
+  const bool decay_iters_defaulted = o.decay_iters == 0;
+  if (decay_iters_defaulted) o.decay_iters = c.training.train_iters;
   if (o.warmup_iters > o.decay_iters)
     r.fail("optimizer.warmup_iters",
-           fmt::format("{} is more than optimizer.decay_iters={}", o.warmup_iters, o.decay_iters));
+           decay_iters_defaulted
+               ? fmt::format("{} is more than optimizer.decay_iters={} (unset, so it defaulted to training.train_iters"
+                             "={}): lower optimizer.warmup_iters, raise training.train_iters or set "
+                             "optimizer.decay_iters",
+                             o.warmup_iters, o.decay_iters, c.training.train_iters)
+               : fmt::format("{} is more than optimizer.decay_iters={}", o.warmup_iters, o.decay_iters));
+  if (!(o.wsd_decay_fraction > 0 && o.wsd_decay_fraction <= 1))
+    r.fail("optimizer.wsd_decay_fraction", fmt::format("must be in (0, 1], got {}", o.wsd_decay_fraction));
+  // The anneal starts after the warmup has reached the peak.
+  if (o.decay == LrDecay::wsd &&
+      o.wsd_decay_fraction * static_cast<double>(o.decay_iters) > static_cast<double>(o.decay_iters - o.warmup_iters))
+    r.fail("optimizer.wsd_decay_fraction",
+           fmt::format("{} of optimizer.decay_iters={} is {} anneal steps, more than the {} left after "
+                       "optimizer.warmup_iters={}",
+                       o.wsd_decay_fraction, o.decay_iters, o.wsd_decay_fraction * static_cast<double>(o.decay_iters),
+                       o.decay_iters - o.warmup_iters, o.warmup_iters));
   r.non_negative("optimizer.weight_decay", o.weight_decay);
   for (size_t i = 0; i < o.betas.size(); ++i) r.probability(fmt::format("optimizer.betas[{}]", i), o.betas[i]);
   r.positive("optimizer.eps", o.eps);
