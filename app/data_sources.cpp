@@ -1,5 +1,9 @@
 #include "app/data_sources.h"
 
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -23,6 +27,26 @@ SampleFn checked(SampleFn inner, int64_t vocab_size, std::string what) {
 }
 
 }  // namespace
+
+void check_data_files(const Config& cfg) {
+  if (cfg.data.synthetic) return;
+  for (const auto& [key, items] :
+       {std::pair{"data.train", &cfg.data.train}, std::pair{"data.valid", &cfg.data.valid}}) {
+    const DataBlend blend = parse_data_blend(*items);
+    const size_t stride = blend.weights.empty() ? 1 : 2, offset = blend.weights.empty() ? 0 : 1;
+    for (size_t i = 0; i < blend.prefixes.size(); ++i) {
+      const std::string& prefix = blend.prefixes[i];
+      for (const char* ext : {".bin", ".idx"}) {
+        std::error_code ec;
+        if (!std::filesystem::is_regular_file(prefix + ext, ec))
+          throw ConfigError(
+              fmt::format("{}: {}[{}]: no file {}{} (a dataset prefix names the pair {}.bin and "
+                          "{}.idx, written by `megatrain data prepare`)",
+                          cfg.source, key, i * stride + offset, prefix, ext, prefix, prefix));
+      }
+    }
+  }
+}
 
 namespace {
 

@@ -184,6 +184,17 @@ void resolve_training(Config& c, const Rules& r) {
            fmt::format("{} is not divisible by training.micro_batch_size*data-parallel size = {}*{} = {}",
                        t.global_batch_size, t.micro_batch_size, dp, t.micro_batch_size * dp));
   t.num_microbatches = t.global_batch_size / (t.micro_batch_size * dp);
+  // Megatron's interleaved 1F1B passes microbatches through each model chunk in groups of pipeline-size
+  // (parallel/schedule.cpp asserts the same rule); checked here so that it names the keys before ranks start.
+  const ParallelConfig& p = c.parallel;
+  if (p.virtual_pipeline > 1 && t.num_microbatches % p.pipeline != 0)
+    r.fail("training.global_batch_size",
+           fmt::format("{} gives {} microbatches (global_batch_size / (micro_batch_size * data-parallel size) = "
+                       "{}/({}*{})), not a multiple of parallel.pipeline={}: the interleaved schedule "
+                       "(parallel.virtual_pipeline={}) runs microbatches through each chunk in groups of "
+                       "parallel.pipeline",
+                       t.global_batch_size, t.num_microbatches, t.global_batch_size, t.micro_batch_size, dp, p.pipeline,
+                       p.virtual_pipeline));
   r.positive("training.train_iters", t.train_iters);
   r.at_most("training.train_iters", t.train_iters, kMaxCount, "number of iterations");
   // Sample and token positions (iteration * global batch * (seq_length + 1)) must fit int64.

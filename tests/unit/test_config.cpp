@@ -226,6 +226,16 @@ TEST(Config, LoadConfigReadsAFileAndNamesIt) {
   std::filesystem::remove(path);
 }
 
+TEST(Config, LayoutWorldSizeReadsTheParallelKeysAndOverrides) {
+  const auto path = std::filesystem::temp_directory_path() / "megatrain_test_layout_world.yaml";
+  { std::ofstream(path) << kBase + "parallel: {tensor: 2, data: auto}\n"; }
+  EXPECT_EQ(layout_world_size(path.string(), {}), 2);
+  EXPECT_EQ(layout_world_size(path.string(), {"parallel.pipeline=2", "parallel.data=3"}), 12);
+  EXPECT_EQ(layout_world_size(path.string(), {"parallel.tensor=two"}), 0);  // load_config names the problem
+  EXPECT_EQ(layout_world_size("/nonexistent/megatrain.yaml", {}), 0);
+  std::filesystem::remove(path);
+}
+
 TEST(Config, RequiredKeys) {
   for (const std::string key : {"num_layers", "hidden_size", "num_heads", "seq_length", "vocab_size"}) {
     const std::string text = replace(kBase, "  " + key + ": ", "  # " + key + ": ");
@@ -400,7 +410,9 @@ TEST(ConfigRules, LayersPerStageCountAndSum) {
                   "parallel.layers_per_stage: [3, 3] sums to 6, expected model.num_layers=4");
   EXPECT_CONTAINS(base_error({"parallel.pipeline=2", "parallel.layers_per_stage=[5, -1]"}, 2),
                   "parallel.layers_per_stage[1]: must be >= 0, got -1");
-  EXPECT_EQ(base({"parallel.pipeline=2", "parallel.virtual_pipeline=2", "parallel.layers_per_stage=[1, 2, 1, 0]"}, 2)
+  EXPECT_EQ(base({"parallel.pipeline=2", "parallel.virtual_pipeline=2", "parallel.layers_per_stage=[1, 2, 1, 0]",
+                  "training.global_batch_size=2"},
+                 2)
                 .parallel.virtual_pipeline,
             2);
 }
@@ -410,7 +422,26 @@ TEST(ConfigRules, VirtualPipelineNeedsPipelineAndDivisibleLayers) {
                   "parallel.virtual_pipeline: 2 needs parallel.pipeline > 1");
   EXPECT_CONTAINS(base_error({"parallel.virtual_pipeline=4", "parallel.pipeline=2"}, 2),
                   "model.num_layers: 4 is not divisible by parallel.pipeline*virtual_pipeline = 2*4 = 8");
-  EXPECT_EQ(base({"parallel.virtual_pipeline=2", "parallel.pipeline=2"}, 2).parallel.virtual_pipeline, 2);
+  EXPECT_EQ(base({"parallel.virtual_pipeline=2", "parallel.pipeline=2", "training.global_batch_size=2"}, 2)
+                .parallel.virtual_pipeline,
+            2);
+}
+
+TEST(ConfigRules, InterleavedMicrobatchesAreAMultipleOfPipeline) {
+  // Checked with the config (naming the keys), not by the schedule once every rank has started.
+  EXPECT_CONTAINS(base_error({"parallel.virtual_pipeline=2", "parallel.pipeline=2", "training.micro_batch_size=2",
+                              "training.global_batch_size=6"},
+                             2),
+                  "training.global_batch_size: 6 gives 3 microbatches (global_batch_size / (micro_batch_size * "
+                  "data-parallel size) = 6/(2*1)), not a multiple of parallel.pipeline=2: the interleaved schedule "
+                  "(parallel.virtual_pipeline=2)");
+  EXPECT_EQ(base({"parallel.virtual_pipeline=2", "parallel.pipeline=2", "training.micro_batch_size=2",
+                  "training.global_batch_size=8"},
+                 2)
+                .training.num_microbatches,
+            4);
+  // Plain 1F1B takes any number.
+  EXPECT_EQ(base({"parallel.pipeline=2", "training.global_batch_size=3"}, 2).training.num_microbatches, 3);
 }
 
 TEST(ConfigRules, GlobalBatchDivisibleByMicroBatchTimesData) {
