@@ -36,13 +36,19 @@ void check_data_files(const Config& cfg) {
     const size_t stride = blend.weights.empty() ? 1 : 2, offset = blend.weights.empty() ? 0 : 1;
     for (size_t i = 0; i < blend.prefixes.size(); ++i) {
       const std::string& prefix = blend.prefixes[i];
+      const std::string where = fmt::format("{}: {}[{}]", cfg.source, key, i * stride + offset);
       for (const char* ext : {".bin", ".idx"}) {
+        const std::string file = prefix + ext;
         std::error_code ec;
-        if (!std::filesystem::is_regular_file(prefix + ext, ec))
+        const auto status = std::filesystem::status(file, ec);
+        if (!std::filesystem::exists(status))
           throw ConfigError(
-              fmt::format("{}: {}[{}]: no file {}{} (a dataset prefix names the pair {}.bin and "
-                          "{}.idx, written by `megatrain data prepare`)",
-                          cfg.source, key, i * stride + offset, prefix, ext, prefix, prefix));
+              fmt::format("{}: no file {} (a dataset prefix names the pair {}.bin and {}.idx, written "
+                          "by `megatrain data prepare`)",
+                          where, file, prefix, prefix));
+        // A FIFO or device would be read without end; the dataset reader refuses them too.
+        if (!std::filesystem::is_regular_file(status))
+          throw ConfigError(fmt::format("{}: {}: not a regular file (a directory, FIFO or device)", where, file));
       }
     }
   }
