@@ -1,5 +1,6 @@
 // cmd_train.cpp: `megatrain --config F` and `megatrain train --config F`.
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <filesystem>
@@ -9,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "app/commands.h"
+#include "app/data_sources.h"
 #include "app/local_launcher.h"
 #include "app/trainer.h"
 #include "core/config/config.h"
@@ -80,18 +82,37 @@ void check_fits_in_host_memory(const Config& cfg, int64_t local_ranks) {
         per_rank, local_ranks, need / (1 << 30), pages * page / (1 << 30)));
 }
 
+// The config for a process that no launcher started: when its layout needs more ranks than the one it has, the
+// error ends with how to start them (a user who adds --set parallel.tensor=2 has usually forgotten --nproc).
+Config load_single_process_config(const std::string& path, const std::vector<std::string>& overrides) {
+  try {
+    return load_config(path, overrides, 1);
+  } catch (const ConfigError& e) {
+    const int64_t needed = layout_world_size(path, overrides);
+    if (needed <= 1 || std::string_view(e.what()).find("world size 1") == std::string_view::npos) throw;
+    throw ConfigError(
+        fmt::format("{}; this is one process: add --nproc {} to start {} local ranks (or launch "
+                    "under torchrun / srun)",
+                    e.what(), needed, needed));
+  }
+}
+
 void run(const TrainArgs& a) {
   if (a.nproc > 0) {
-    // Validate the config for the whole job before starting anything.
-    check_fits_in_host_memory(load_config(a.config, a.overrides, a.nproc), a.nproc);
+    // Validate the config and find its data for the whole job before starting anything.
+    const Config cfg = load_config(a.config, a.overrides, a.nproc);
+    check_fits_in_host_memory(cfg, a.nproc);
+    check_data_files(cfg);
     if (int rc = launch(a); rc != 0) throw CLI::RuntimeError(rc);
     return;
   }
   std::vector<std::string> overrides = a.overrides;
   if (!a.load.empty()) overrides.push_back("checkpoint.load=" + a.load);
   const LaunchEnv env = detect_launch_env();
-  Config cfg = load_config(a.config, overrides, env.world_size);
+  Config cfg = env.launcher == "single" ? load_single_process_config(a.config, overrides)
+                                        : load_config(a.config, overrides, env.world_size);
   check_fits_in_host_memory(cfg, 1);
+  check_data_files(cfg);  // before train() prints the resolved config, so the error is not buried under it
   train(cfg, TrainOptions{.exit_after = a.exit_after}, env);
 }
 

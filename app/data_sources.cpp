@@ -1,5 +1,9 @@
 #include "app/data_sources.h"
 
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -23,6 +27,32 @@ SampleFn checked(SampleFn inner, int64_t vocab_size, std::string what) {
 }
 
 }  // namespace
+
+void check_data_files(const Config& cfg) {
+  if (cfg.data.synthetic) return;
+  for (const auto& [key, items] :
+       {std::pair{"data.train", &cfg.data.train}, std::pair{"data.valid", &cfg.data.valid}}) {
+    const DataBlend blend = parse_data_blend(*items);
+    const size_t stride = blend.weights.empty() ? 1 : 2, offset = blend.weights.empty() ? 0 : 1;
+    for (size_t i = 0; i < blend.prefixes.size(); ++i) {
+      const std::string& prefix = blend.prefixes[i];
+      const std::string where = fmt::format("{}: {}[{}]", cfg.source, key, i * stride + offset);
+      for (const char* ext : {".bin", ".idx"}) {
+        const std::string file = prefix + ext;
+        std::error_code ec;
+        const auto status = std::filesystem::status(file, ec);
+        if (!std::filesystem::exists(status))
+          throw ConfigError(
+              fmt::format("{}: no file {} (a dataset prefix names the pair {}.bin and {}.idx, written "
+                          "by `megatrain data prepare`)",
+                          where, file, prefix, prefix));
+        // A FIFO or device would be read without end; the dataset reader refuses them too.
+        if (!std::filesystem::is_regular_file(status))
+          throw ConfigError(fmt::format("{}: {}: not a regular file (a directory, FIFO or device)", where, file));
+      }
+    }
+  }
+}
 
 namespace {
 

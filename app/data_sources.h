@@ -22,6 +22,10 @@ struct DataSources {
   std::string description;  // one line for the log
 };
 
+// Throws ConfigError naming the key (data.train[i] / data.valid[i]) when a dataset's .bin or .idx file is
+// missing: checked before training starts, where the error is not buried under the resolved config.
+void check_data_files(const Config& cfg);
+
 // Opens the datasets named by cfg.data (or the synthetic source); throws DataError / ConfigError naming
 // the file or key. Every token is checked against model.vocab_size as samples are read.
 DataSources open_data_sources(const Config& cfg);

@@ -1,6 +1,8 @@
 // main.cpp: the megatrain command line.
 #include <cstdio>
 #include <exception>
+#include <stdexcept>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -17,6 +19,19 @@ int main(int argc, char** argv) {
   mt::app::add_info_command(app);
   mt::app::add_plan_command(app);
   mt::app::add_bench_commands(app);
+  // `megatrain help [COMMAND]`: what users type first; prints the same text as --help and exits 0.
+  std::string help_topic;
+  CLI::App* help = app.add_subcommand("help", "print this help, or a command's: megatrain help train");
+  help->add_option("command", help_topic, "a command, e.g. train, data, ckpt");
+  help->callback([&] {
+    const CLI::App* topic = &app;
+    try {
+      if (!help_topic.empty()) topic = app.get_subcommand(help_topic);
+    } catch (const CLI::OptionNotFound&) {
+      throw std::runtime_error(fmt::format("help: '{}' is not a command (megatrain --help lists them)", help_topic));
+    }
+    fmt::print("{}", topic->help());
+  });
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {

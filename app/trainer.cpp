@@ -44,7 +44,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
                 .min_lr = cfg.optimizer.min_lr,
                 .warmup_iters = cfg.optimizer.warmup_iters,
                 .decay_iters = cfg.optimizer.decay_iters,
-                .decay = cfg.optimizer.decay},
+                .decay = cfg.optimizer.decay,
+                .wsd_decay_fraction = cfg.optimizer.wsd_decay_fraction,
+                .wsd_decay_style = cfg.optimizer.wsd_decay_style},
       metrics_(dist.is_logging_rank() ? cfg.logging.dir : "") {
   // One flat fp32 buffer holds every gradient; its buckets are reduced over data parallelism (reduce-scattered
   // with the distributed optimizer) as soon as the last microbatch's backward has finished them.

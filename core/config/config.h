@@ -27,7 +27,11 @@ enum class Precision { fp32, bf16, fp16 };
 enum class Recompute { none, full };
 enum class DeviceChoice { automatic, cuda, cpu };
 enum class BackendChoice { automatic, nccl, gloo };
-enum class LrDecay { cosine, linear, constant };
+// wsd: warmup-stable-decay (peak until the last optimizer.wsd_decay_fraction of decay_iters, then a WsdShape
+// anneal to min_lr); inverse_square_root: lr * sqrt(warmup) / sqrt(step) after the warmup, floored at min_lr.
+enum class LrDecay { cosine, linear, constant, wsd, inverse_square_root };
+// The anneal of a wsd schedule (Megatron's --lr-wsd-decay-style; its minus_sqrt is our 1-sqrt).
+enum class WsdShape { linear, cosine, exponential, one_minus_sqrt };
 enum class OptimizerType { adamw };
 
 template <class E>
@@ -59,7 +63,12 @@ struct EnumNames<BackendChoice> {
 };
 template <>
 struct EnumNames<LrDecay> {
-  static constexpr std::array names{"cosine", "linear", "constant"};
+  static constexpr std::array names{"cosine", "linear", "constant", "wsd", "inverse_square_root"};
+  static constexpr std::array<const char*, 0> planned{};
+};
+template <>
+struct EnumNames<WsdShape> {
+  static constexpr std::array names{"linear", "cosine", "exponential", "1-sqrt"};
   static constexpr std::array<const char*, 0> planned{};
 };
 template <>
@@ -163,8 +172,12 @@ struct OptimizerConfig {
   double min_lr = 0.0;
   int64_t warmup_iters = 0;
   int64_t decay_iters = 0;          // 0: train_iters
-  LrDecay decay = LrDecay::cosine;  // cosine | linear | constant
-  double weight_decay = 0.01;       // not applied to biases and norm parameters
+  LrDecay decay = LrDecay::cosine;  // cosine | linear | constant | wsd | inverse_square_root
+  // wsd only: the anneal takes the last wsd_decay_fraction * decay_iters steps (Megatron gives the same as a
+  // step count, --lr-wsd-decay-iters), in wsd_decay_style's shape (Megatron's default, exponential).
+  double wsd_decay_fraction = 0.2;
+  WsdShape wsd_decay_style = WsdShape::exponential;
+  double weight_decay = 0.01;  // not applied to biases and norm parameters
   std::vector<double> betas = {0.9, 0.999};
   double eps = 1e-8;
   double grad_clip = 1.0;  // 0 disables clipping
@@ -233,6 +246,10 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // The same from YAML text; `source` names it in messages.
 Config parse_config(const std::string& yaml_text, const std::string& source, const std::vector<std::string>& overrides,
                     int64_t world_size = 1);
+// The world size the layout of the config at `path` (with `overrides`) names: parallel.tensor * pipeline * data,
+// with data: auto counted as 1; 0 when the file or those keys cannot be read (load_config says why). For hints
+// such as "add --nproc 2", before the config can be resolved against a world size.
+int64_t layout_world_size(const std::string& path, const std::vector<std::string>& overrides);
 // The number of parameters of the whole model (all ranks; padded vocabulary included), as a double so that
 // it cannot overflow; an estimate within a few per cent, for size checks before anything is allocated.
 double estimated_parameters(const ModelConfig& m);

@@ -73,6 +73,8 @@ void visit(V& v, C& c) {
     v.field({.name = "warmup_iters"}, o.warmup_iters);
     v.field({.name = "decay_iters"}, o.decay_iters);
     v.field({.name = "decay"}, o.decay);
+    v.field({.name = "wsd_decay_fraction"}, o.wsd_decay_fraction);
+    v.field({.name = "wsd_decay_style"}, o.wsd_decay_style);
     v.field({.name = "weight_decay"}, o.weight_decay);
     v.field({.name = "betas", .length = 2}, o.betas);
     v.field({.name = "eps"}, o.eps);

@@ -509,4 +509,23 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return parse_config(text, path, overrides, world_size);
 }
 
+int64_t layout_world_size(const std::string& path, const std::vector<std::string>& overrides) {
+  try {
+    ConfigSource src(path);
+    YAML::Node root = YAML::LoadFile(path);
+    for (const auto& o : overrides) apply_override(root, o, src);
+    int64_t world = 1;
+    for (const char* key : {"tensor", "pipeline", "data"}) {
+      const YAML::Node n = root["parallel"] ? root["parallel"][key] : YAML::Node();
+      int64_t v = 1;
+      if (n.IsDefined() && !n.IsNull() && !(n.IsScalar() && n.Scalar() == "auto") && !(parse_int(n, v) && v >= 1))
+        return 0;
+      world *= v;
+    }
+    return world;
+  } catch (const std::exception&) {  // unreadable: load_config says why
+    return 0;
+  }
+}
+
 }  // namespace mt

@@ -184,6 +184,17 @@ void resolve_training(Config& c, const Rules& r) {
            fmt::format("{} is not divisible by training.micro_batch_size*data-parallel size = {}*{} = {}",
                        t.global_batch_size, t.micro_batch_size, dp, t.micro_batch_size * dp));
   t.num_microbatches = t.global_batch_size / (t.micro_batch_size * dp);
+  // Megatron's interleaved 1F1B passes microbatches through each model chunk in groups of pipeline-size
+  // (parallel/schedule.cpp asserts the same rule); checked here so that it names the keys before ranks start.
+  const ParallelConfig& p = c.parallel;
+  if (p.virtual_pipeline > 1 && t.num_microbatches % p.pipeline != 0)
+    r.fail("training.global_batch_size",
+           fmt::format("{} gives {} microbatches (global_batch_size / (micro_batch_size * data-parallel size) = "
+                       "{}/({}*{})), not a multiple of parallel.pipeline={}: the interleaved schedule "
+                       "(parallel.virtual_pipeline={}) runs microbatches through each chunk in groups of "
+                       "parallel.pipeline",
+                       t.global_batch_size, t.num_microbatches, t.global_batch_size, t.micro_batch_size, dp, p.pipeline,
+                       p.virtual_pipeline));
   r.positive("training.train_iters", t.train_iters);
   r.at_most("training.train_iters", t.train_iters, kMaxCount, "number of iterations");
   // Sample and token positions (iteration * global batch * (seq_length + 1)) must fit int64.
@@ -222,10 +233,26 @@ void resolve_optimizer(Config& c, const Rules& r) {
   r.non_negative("optimizer.decay_iters", o.decay_iters);
   r.at_most("optimizer.warmup_iters", o.warmup_iters, kMaxCount, "number of iterations");
   r.at_most("optimizer.decay_iters", o.decay_iters, kMaxCount, "number of iterations");
-  if (o.decay_iters == 0) o.decay_iters = c.training.train_iters;
+  const bool decay_iters_defaulted = o.decay_iters == 0;
+  if (decay_iters_defaulted) o.decay_iters = c.training.train_iters;
   if (o.warmup_iters > o.decay_iters)
     r.fail("optimizer.warmup_iters",
-           fmt::format("{} is more than optimizer.decay_iters={}", o.warmup_iters, o.decay_iters));
+           decay_iters_defaulted
+               ? fmt::format("{} is more than optimizer.decay_iters={} (unset, so it defaulted to training.train_iters"
+                             "={}): lower optimizer.warmup_iters, raise training.train_iters or set "
+                             "optimizer.decay_iters",
+                             o.warmup_iters, o.decay_iters, c.training.train_iters)
+               : fmt::format("{} is more than optimizer.decay_iters={}", o.warmup_iters, o.decay_iters));
+  if (!(o.wsd_decay_fraction > 0 && o.wsd_decay_fraction <= 1))
+    r.fail("optimizer.wsd_decay_fraction", fmt::format("must be in (0, 1], got {}", o.wsd_decay_fraction));
+  // The anneal starts after the warmup has reached the peak.
+  if (o.decay == LrDecay::wsd &&
+      o.wsd_decay_fraction * static_cast<double>(o.decay_iters) > static_cast<double>(o.decay_iters - o.warmup_iters))
+    r.fail("optimizer.wsd_decay_fraction",
+           fmt::format("{} of optimizer.decay_iters={} is {} anneal steps, more than the {} left after "
+                       "optimizer.warmup_iters={}",
+                       o.wsd_decay_fraction, o.decay_iters, o.wsd_decay_fraction * static_cast<double>(o.decay_iters),
+                       o.decay_iters - o.warmup_iters, o.warmup_iters));
   r.non_negative("optimizer.weight_decay", o.weight_decay);
   for (size_t i = 0; i < o.betas.size(); ++i) r.probability(fmt::format("optimizer.betas[{}]", i), o.betas[i]);
   r.positive("optimizer.eps", o.eps);

@@ -226,6 +226,16 @@ TEST(Config, LoadConfigReadsAFileAndNamesIt) {
   std::filesystem::remove(path);
 }
 
+TEST(Config, LayoutWorldSizeReadsTheParallelKeysAndOverrides) {
+  const auto path = std::filesystem::temp_directory_path() / "megatrain_test_layout_world.yaml";
+  { std::ofstream(path) << kBase + "parallel: {tensor: 2, data: auto}\n"; }
+  EXPECT_EQ(layout_world_size(path.string(), {}), 2);
+  EXPECT_EQ(layout_world_size(path.string(), {"parallel.pipeline=2", "parallel.data=3"}), 12);
+  EXPECT_EQ(layout_world_size(path.string(), {"parallel.tensor=two"}), 0);  // load_config names the problem
+  EXPECT_EQ(layout_world_size("/nonexistent/megatrain.yaml", {}), 0);
+  std::filesystem::remove(path);
+}
+
 TEST(Config, RequiredKeys) {
   for (const std::string key : {"num_layers", "hidden_size", "num_heads", "seq_length", "vocab_size"}) {
     const std::string text = replace(kBase, "  " + key + ": ", "  # " + key + ": ");
@@ -400,7 +410,9 @@ TEST(ConfigRules, LayersPerStageCountAndSum) {
                   "parallel.layers_per_stage: [3, 3] sums to 6, expected model.num_layers=4");
   EXPECT_CONTAINS(base_error({"parallel.pipeline=2", "parallel.layers_per_stage=[5, -1]"}, 2),
                   "parallel.layers_per_stage[1]: must be >= 0, got -1");
-  EXPECT_EQ(base({"parallel.pipeline=2", "parallel.virtual_pipeline=2", "parallel.layers_per_stage=[1, 2, 1, 0]"}, 2)
+  EXPECT_EQ(base({"parallel.pipeline=2", "parallel.virtual_pipeline=2", "parallel.layers_per_stage=[1, 2, 1, 0]",
+                  "training.global_batch_size=2"},
+                 2)
                 .parallel.virtual_pipeline,
             2);
 }
@@ -410,7 +422,26 @@ TEST(ConfigRules, VirtualPipelineNeedsPipelineAndDivisibleLayers) {
                   "parallel.virtual_pipeline: 2 needs parallel.pipeline > 1");
   EXPECT_CONTAINS(base_error({"parallel.virtual_pipeline=4", "parallel.pipeline=2"}, 2),
                   "model.num_layers: 4 is not divisible by parallel.pipeline*virtual_pipeline = 2*4 = 8");
-  EXPECT_EQ(base({"parallel.virtual_pipeline=2", "parallel.pipeline=2"}, 2).parallel.virtual_pipeline, 2);
+  EXPECT_EQ(base({"parallel.virtual_pipeline=2", "parallel.pipeline=2", "training.global_batch_size=2"}, 2)
+                .parallel.virtual_pipeline,
+            2);
+}
+
+TEST(ConfigRules, InterleavedMicrobatchesAreAMultipleOfPipeline) {
+  // Checked with the config (naming the keys), not by the schedule once every rank has started.
+  EXPECT_CONTAINS(base_error({"parallel.virtual_pipeline=2", "parallel.pipeline=2", "training.micro_batch_size=2",
+                              "training.global_batch_size=6"},
+                             2),
+                  "training.global_batch_size: 6 gives 3 microbatches (global_batch_size / (micro_batch_size * "
+                  "data-parallel size) = 6/(2*1)), not a multiple of parallel.pipeline=2: the interleaved schedule "
+                  "(parallel.virtual_pipeline=2)");
+  EXPECT_EQ(base({"parallel.virtual_pipeline=2", "parallel.pipeline=2", "training.micro_batch_size=2",
+                  "training.global_batch_size=8"},
+                 2)
+                .training.num_microbatches,
+            4);
+  // Plain 1F1B takes any number.
+  EXPECT_EQ(base({"parallel.pipeline=2", "training.global_batch_size=3"}, 2).training.num_microbatches, 3);
 }
 
 TEST(ConfigRules, GlobalBatchDivisibleByMicroBatchTimesData) {
@@ -449,8 +480,33 @@ TEST(ConfigRules, Device) {
 
 TEST(ConfigRules, Decay) {
   EXPECT_CONTAINS(base_error({"optimizer.decay=exp"}),
-                  "optimizer.decay: expected one of cosine, linear, constant, got 'exp'");
+                  "optimizer.decay: expected one of cosine, linear, constant, wsd, inverse_square_root, got 'exp'");
   EXPECT_EQ(base({"optimizer.decay=linear"}).optimizer.decay, LrDecay::linear);
+  EXPECT_EQ(base({"optimizer.decay=inverse_square_root"}).optimizer.decay, LrDecay::inverse_square_root);
+}
+
+TEST(ConfigRules, WarmupStableDecayFractionAndStyle) {
+  const Config c = base({"optimizer.decay=wsd"});
+  EXPECT_EQ(c.optimizer.decay, LrDecay::wsd);
+  EXPECT_EQ(c.optimizer.wsd_decay_fraction, 0.2);  // defaults
+  EXPECT_EQ(c.optimizer.wsd_decay_style, WsdShape::exponential);
+  EXPECT_EQ(base({"optimizer.decay=wsd", "optimizer.wsd_decay_style=1-sqrt"}).optimizer.wsd_decay_style,
+            WsdShape::one_minus_sqrt);
+  EXPECT_CONTAINS(base_error({"optimizer.wsd_decay_style=sqrt"}),
+                  "optimizer.wsd_decay_style: expected one of linear, cosine, exponential, 1-sqrt, got 'sqrt'");
+  EXPECT_CONTAINS(base_error({"optimizer.wsd_decay_fraction=0"}),
+                  "optimizer.wsd_decay_fraction: must be in (0, 1], got 0");
+  EXPECT_CONTAINS(base_error({"optimizer.wsd_decay_fraction=1.5"}),
+                  "optimizer.wsd_decay_fraction: must be in (0, 1], got 1.5");
+  // 0.5 of 100 steps anneal, but only 40 are left after a warmup of 60.
+  EXPECT_CONTAINS(base_error({"optimizer.decay=wsd", "optimizer.warmup_iters=60", "optimizer.wsd_decay_fraction=0.5"}),
+                  "optimizer.wsd_decay_fraction: 0.5 of optimizer.decay_iters=100 is 50 anneal steps, more than the "
+                  "40 left after optimizer.warmup_iters=60");
+  EXPECT_EQ(base({"optimizer.decay=wsd", "optimizer.warmup_iters=50", "optimizer.wsd_decay_fraction=0.5"})
+                .optimizer.wsd_decay_fraction,
+            0.5);
+  // Other decays ignore the fraction's relation to the warmup.
+  EXPECT_EQ(base({"optimizer.warmup_iters=60", "optimizer.wsd_decay_fraction=0.5"}).optimizer.warmup_iters, 60);
 }
 
 TEST(ConfigRules, MinLrBetweenZeroAndLr) {
@@ -470,8 +526,11 @@ TEST(ConfigRules, BetasInZeroToOne) {
 }
 
 TEST(ConfigRules, WarmupWithinDecayIters) {
+  // decay_iters was never set: the message says where its value came from.
   EXPECT_CONTAINS(base_error({"optimizer.warmup_iters=101"}),
-                  "optimizer.warmup_iters: 101 is more than optimizer.decay_iters=100");
+                  "optimizer.warmup_iters: 101 is more than optimizer.decay_iters=100 (unset, so it defaulted to "
+                  "training.train_iters=100): lower optimizer.warmup_iters, raise training.train_iters or set "
+                  "optimizer.decay_iters");
   EXPECT_CONTAINS(base_error({"optimizer.warmup_iters=20", "optimizer.decay_iters=10"}),
                   "optimizer.warmup_iters: 20 is more than optimizer.decay_iters=10");
   EXPECT_EQ(base({"optimizer.warmup_iters=100"}).optimizer.warmup_iters, 100);
@@ -534,7 +593,8 @@ TEST(ConfigRules, ArchAndOptimizerType) {
 
 TEST(ConfigRules, RuleErrorsPointAtTheKeyInTheFile) {
   EXPECT_EQ(error_of(replace(kBase, "  lr: 1.0e-3\n", "  lr: 1.0e-3\n  decay: stepwise\n")),
-            "t.yaml:11:10: optimizer.decay: expected one of cosine, linear, constant, got 'stepwise'");
+            "t.yaml:11:10: optimizer.decay: expected one of cosine, linear, constant, wsd, inverse_square_root, got "
+            "'stepwise'");
 }
 
 // ---------------------------------------------------------------------------------------------- to_yaml
@@ -557,7 +617,8 @@ TEST(ConfigYaml, RoundTripsExactly) {
             "model.init_std=0.00707", "training.loss_scale.initial=65536", "data.train=[a b, 'x: y', '#c']",
             "data.synthetic=true", "data.valid=[\"quote\\\"d\", 'back\\slash', '123', 'true', '~']",
             "logging.dir=runs/with space", "checkpoint.save_dir=", "parallel.pipeline=2",
-            "parallel.layers_per_stage=[3, 1]", "training.precision=fp16", "data.split=[0.7, 0.2, 0.1]"},
+            "parallel.layers_per_stage=[3, 1]", "training.precision=fp16", "data.split=[0.7, 0.2, 0.1]",
+            "optimizer.decay=wsd", "optimizer.wsd_decay_style=1-sqrt", "optimizer.wsd_decay_fraction=0.125"},
            2);
   EXPECT_EQ(c.data.valid[0], "quote\"d");
   const Config back = parse_config(to_yaml(c), c.source, {}, c.parallel.world_size);

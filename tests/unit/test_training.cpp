@@ -76,6 +76,60 @@ TEST(LrSchedule, WarmupThenCosineToMin) {
   EXPECT_DOUBLE_EQ(c.at(99), 0.5);
 }
 
+TEST(LrSchedule, WarmupStableDecayHoldsThePeakThenAnnealsInItsShape) {
+  // Warmup 10, then the peak until the anneal of 0.2 * 110 = 22 steps starts at step 88.
+  LrSchedule s{.lr = 1.0, .min_lr = 0.1, .warmup_iters = 10, .decay_iters = 110, .decay = LrDecay::wsd};
+  for (WsdShape shape : {WsdShape::linear, WsdShape::cosine, WsdShape::exponential, WsdShape::one_minus_sqrt}) {
+    s.wsd_decay_style = shape;
+    SCOPED_TRACE(std::string(name_of(shape)));
+    EXPECT_DOUBLE_EQ(s.at(5), 0.5);  // warmup
+    EXPECT_DOUBLE_EQ(s.at(10), 1.0);
+    EXPECT_DOUBLE_EQ(s.at(50), 1.0);  // stable
+    EXPECT_DOUBLE_EQ(s.at(88), 1.0);
+    EXPECT_LT(s.at(89), 1.0);
+    EXPECT_GT(s.at(109), 0.1);
+    EXPECT_DOUBLE_EQ(s.at(110), 0.1);
+    EXPECT_DOUBLE_EQ(s.at(1000), 0.1);
+  }
+  // Halfway through the anneal (step 99): the gap's share left is 1 - r, (cos(pi r) + 1) / 2, 2 * 0.5^r - 1
+  // or 1 - sqrt(r) at r = 0.5.
+  auto at99 = [&](WsdShape shape) {
+    s.wsd_decay_style = shape;
+    return s.at(99);
+  };
+  EXPECT_NEAR(at99(WsdShape::linear), 0.55, 1e-12);
+  EXPECT_NEAR(at99(WsdShape::cosine), 0.55, 1e-12);
+  EXPECT_NEAR(at99(WsdShape::exponential), 0.1 + 0.9 * (std::sqrt(2.0) - 1.0), 1e-12);     // 0.4728
+  EXPECT_NEAR(at99(WsdShape::one_minus_sqrt), 0.1 + 0.9 * (1.0 - std::sqrt(0.5)), 1e-12);  // 0.3636
+  // A quarter of 100 steps anneals linearly from step 75.
+  LrSchedule q{.lr = 1.0,
+               .min_lr = 0.0,
+               .warmup_iters = 0,
+               .decay_iters = 100,
+               .decay = LrDecay::wsd,
+               .wsd_decay_fraction = 0.25,
+               .wsd_decay_style = WsdShape::linear};
+  EXPECT_DOUBLE_EQ(q.at(75), 1.0);
+  EXPECT_NEAR(q.at(80), 0.8, 1e-12);
+  EXPECT_NEAR(q.at(95), 0.2, 1e-12);
+}
+
+TEST(LrSchedule, InverseSquareRootAfterWarmupFlooredAtMinLr) {
+  LrSchedule s{.lr = 1.0, .min_lr = 0.1, .warmup_iters = 4, .decay_iters = 1000, .decay = LrDecay::inverse_square_root};
+  EXPECT_DOUBLE_EQ(s.at(2), 0.5);   // warmup
+  EXPECT_DOUBLE_EQ(s.at(4), 1.0);   // peak: sqrt(4) / sqrt(4)
+  EXPECT_DOUBLE_EQ(s.at(16), 0.5);  // sqrt(4) / sqrt(16)
+  EXPECT_DOUBLE_EQ(s.at(100), 0.2);
+  EXPECT_DOUBLE_EQ(s.at(400), 0.1);
+  EXPECT_DOUBLE_EQ(s.at(900), 0.1);   // 2/30 floored at min_lr
+  EXPECT_DOUBLE_EQ(s.at(1001), 0.1);  // past decay_iters, as Megatron
+  // No warmup: Megatron takes max(warmup, 1), so step 1 is the peak.
+  LrSchedule n{.lr = 1.0, .min_lr = 0.0, .warmup_iters = 0, .decay_iters = 1000, .decay = LrDecay::inverse_square_root};
+  EXPECT_DOUBLE_EQ(n.at(1), 1.0);
+  EXPECT_DOUBLE_EQ(n.at(4), 0.5);
+  EXPECT_DOUBLE_EQ(n.at(1000), 1.0 / std::sqrt(1000.0));
+}
+
 TEST(ModelFlops, MatchesMegatronFormula) {
   ModelConfig m = tiny_model();
   m.num_layers = 24, m.hidden_size = 2048, m.ffn_hidden_size = 8192, m.seq_length = 2048;

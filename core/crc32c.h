@@ -1,0 +1,18 @@
+// crc32c.h: CRC-32C (Castagnoli), the checksum of TFRecord framing (TensorBoard event files).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace mt {
+
+// CRC-32C of `bytes` bytes (reflected polynomial 0x82F63B78); crc32c("123456789") = 0xE3069283.
+uint32_t crc32c(const void* data, size_t bytes);
+
+// TFRecord's masked form of a CRC-32C (a CRC stored beside the bytes it covers is rotated and offset so
+// that a CRC of data that holds CRCs stays well distributed).
+inline uint32_t masked_crc32c(const void* data, size_t bytes) {
+  const uint32_t c = crc32c(data, bytes);
+  return ((c >> 15) | (c << 17)) + 0xa282ead8u;
+}
+
+}  // namespace mt
