@@ -12,6 +12,7 @@ if ! "$VENV/bin/python" -c "import torch, transformers" 2>/dev/null; then
 fi
 prepare_data
 write_config
+sed -i 's/seq_length: 32/seq_length: 64/' tiny.yaml  # every prompt plus 20 new tokens fits
 for tie in true false; do
   rm -rf ckpt hf
   # Trained enough that its greedy text is more than spaces (see generate.sh).
@@ -19,7 +20,7 @@ for tie in true false; do
         --set training.global_batch_size=16 --set optimizer.lr=1e-2 --set optimizer.min_lr=1e-3 \
         --set checkpoint.save_dir=ckpt --set model.tie_embeddings=$tie >/dev/null
   "$MT" ckpt export ckpt --format hf --output hf >/dev/null
-  for prompt in "Permission is hereby granted" "The GNU General Public License is a free, copyleft license" "x"; do
+  for prompt in "Permission is hereby granted to " "The GNU General Public License " "x"; do
     ids=$(printf '%s' "$prompt" | od -An -tu1 -v | xargs)  # the byte tokenizer's ids
     ours=$("$MT" generate --load ckpt --prompt "$prompt" --greedy --max-new-tokens 20 --ids --device cpu 2>/dev/null)
     theirs=$(HF_HUB_OFFLINE=1 "$VENV/bin/python" "$SRC/tests/interop/hf_greedy_generate.py" "$PWD/hf" "$ids" 20 2>py.err) ||
