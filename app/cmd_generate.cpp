@@ -148,14 +148,18 @@ void add_generate_command(CLI::App& root) {
   CLI::Option* prompt = sub->add_option("--prompt", args.prompt, "the text to continue");
   CLI::Option* file = sub->add_option("--prompt-file", args.prompt_file, "read the prompt from this file");
   prompt->excludes(file);
-  sub->add_option("--max-new-tokens", args.max_new_tokens, "most tokens to generate (default 64)")
+  sub->add_option("--max-new-tokens", args.max_new_tokens, "most tokens to generate")
+      ->capture_default_str()
       ->check(CLI::PositiveNumber);
   CLI::Option* temperature =
-      sub->add_option("--temperature", args.temperature, "divide the logits by T > 0 before sampling (0: greedy)");
-  CLI::Option* top_k = sub->add_option("--top-k", args.top_k, "sample among the K most likely tokens (0: off)");
+      sub->add_option("--temperature", args.temperature, "divide the logits by T > 0 before sampling (0: greedy)")
+          ->capture_default_str();
+  CLI::Option* top_k =
+      sub->add_option("--top-k", args.top_k, "sample among the K most likely tokens (0: off)")->capture_default_str();
   CLI::Option* top_p =
-      sub->add_option("--top-p", args.top_p, "sample among the most likely tokens of total mass P (1: off)");
-  sub->add_option("--seed", args.seed, "seed of the sampling draws (same seed, same text)");
+      sub->add_option("--top-p", args.top_p, "sample among the most likely tokens of total mass P (1: off)")
+          ->capture_default_str();
+  sub->add_option("--seed", args.seed, "seed of the sampling draws (same seed, same text)")->capture_default_str();
   sub->add_flag("--greedy", args.greedy, "always take the most likely token")
       ->excludes(temperature)
       ->excludes(top_k)
