@@ -99,6 +99,22 @@ TEST_P(DecoderVsForward, TokenByTokenDecodingEqualsOnePrefill) {
       << "a reset cache starts over";
 }
 
+// A chunk of several tokens after cached ones (each attending to the cache and to the chunk causally).
+TEST(KvCacheDecoder, ChunkAfterCachedTokensEqualsOnePrefill) {
+  const ModelConfig cfg = tiny_model(true);
+  GptModel model(cfg, GptOptions{.seed = 13});
+  const int64_t T = 9, V = cfg.vocab_size;
+  const std::vector<int32_t> tokens = some_tokens(T, V);
+  KvCacheDecoder whole(model, {.all_positions = true});
+  const std::vector<float> expected = whole.feed(tokens);  // (T, V)
+  KvCacheDecoder chunks(model, {.all_positions = true});
+  chunks.feed(std::span(tokens).first(4));
+  const std::vector<float> got = chunks.feed(std::span(tokens).subspan(4));  // (T - 4, V)
+  ASSERT_EQ(static_cast<int64_t>(got.size()), (T - 4) * V);
+  for (int64_t i = 0; i < (T - 4) * V; ++i)
+    ASSERT_NEAR(got[i], expected[4 * V + i], 1e-5f * (1.f + std::abs(expected[4 * V + i]))) << "element " << i;
+}
+
 INSTANTIATE_TEST_SUITE_P(TiedAndUntied, DecoderVsForward, ::testing::Values(true, false));
 
 TEST(KvCacheDecoder, Bf16DecodingStaysCloseToThePrefill) {
