@@ -14,4 +14,7 @@ void add_info_command(CLI::App& root);    // megatrain info [--require-gpu]
 void add_plan_command(CLI::App& root);    // megatrain plan --config F [--world N] [--gpu G] [--search]
 void add_bench_commands(CLI::App& root);  // megatrain bench kernels [--device cpu|cuda] [-o rates.yaml]
 
+// megatrain generate --load DIR --prompt TEXT [--greedy | --temperature T --top-k K --top-p P --seed S]
+void add_generate_command(CLI::App& root);
+
 }  // namespace mt::app

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   mt::app::add_train_command(app);
   mt::app::add_eval_command(app);
+  mt::app::add_generate_command(app);
   mt::app::add_data_commands(app);
   mt::app::add_ckpt_commands(app);
   mt::app::add_info_command(app);
