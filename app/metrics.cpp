@@ -17,11 +17,13 @@ double rounded(double v, double scale) { return std::isfinite(v) ? std::round(v 
 
 }  // namespace
 
-MetricsFile::MetricsFile(const std::string& run_dir) {
+MetricsFile::MetricsFile(const std::string& run_dir, bool tensorboard) {
   if (run_dir.empty()) return;
   path_ = (std::filesystem::path(run_dir) / "metrics.jsonl").string();
   out_.open(path_, std::ios::app);
   if (!out_) throw std::runtime_error(fmt::format("{}: cannot open for writing", path_));
+  if (tensorboard)
+    tensorboard_ = std::make_unique<TensorBoardWriter>((std::filesystem::path(run_dir) / "tensorboard").string());
 }
 
 void MetricsFile::write(const nlohmann::ordered_json& record) {
@@ -66,11 +68,46 @@ void report_interval(const IntervalReport& r, MetricsFile& metrics) {
   j["peak_bytes"] = r.peak_bytes;
   j["device"] = std::string(device_name(r.device));
   metrics.write(j);
+  if (TensorBoardWriter* tb = metrics.tensorboard()) {
+    // Megatron's tags where it has them; the loss also against samples and tokens (curves of runs with other
+    // batch sizes line up).
+    const int64_t it = r.iteration;
+    const auto value = [](double v) { return static_cast<float>(v); };
+    tb->scalar("lm loss", it, value(r.loss));
+    tb->scalar("lm loss vs samples", r.consumed_samples, value(r.loss));
+    tb->scalar("lm loss vs tokens", r.consumed_tokens, value(r.loss));
+    tb->scalar("learning-rate", it, r.lr);
+    tb->scalar("grad-norm", it, value(r.grad_norm));
+    tb->scalar("loss-scale", it, value(r.loss_scale));
+    tb->scalar("skipped-iterations", it, value(static_cast<double>(r.skipped_iters)));
+    tb->scalar("nan-iterations", it, value(static_cast<double>(r.nan_iters)));
+    tb->scalar("consumed-samples", it, value(static_cast<double>(r.consumed_samples)));
+    tb->scalar("tokens-per-second", it, value(r.tokens_per_s));
+    tb->scalar("iteration-time-ms", it, value(r.ms_per_iter));
+    tb->scalar("tflops-per-gpu", it, value(r.tflops_per_gpu));
+    if (r.peak_tflops > 0) tb->scalar("mfu", it, value(r.tflops_per_gpu / r.peak_tflops));
+    const MemoryStats& m = allocator_for(r.device).stats();
+    for (size_t k = 0; k < MemoryStats::kKinds; ++k)
+      tb->scalar(fmt::format("memory/peak-{}-MiB", mem_kind_name(static_cast<MemKind>(k))), it,
+                 value(m.peak[k] / 1048576.0));
+    tb->scalar("memory/peak-total-MiB", it, value(m.peak_total / 1048576.0));
+    tb->flush();
+  }
 }
 
-void report_validation(int64_t iteration, double loss, MetricsFile& metrics) {
+void report_validation(int64_t iteration, int64_t consumed_samples, int64_t consumed_tokens, double loss,
+                       MetricsFile& metrics) {
   spdlog::info(" validation loss at iteration {}: {:.6e} | perplexity {:.3f}", iteration, loss, std::exp(loss));
-  metrics.write({{"iteration", iteration}, {"valid_loss", loss}});
+  metrics.write({{"iteration", iteration},
+                 {"consumed_samples", consumed_samples},
+                 {"consumed_tokens", consumed_tokens},
+                 {"valid_loss", loss}});
+  if (TensorBoardWriter* tb = metrics.tensorboard()) {
+    tb->scalar("lm loss validation", iteration, static_cast<float>(loss));
+    tb->scalar("lm loss validation ppl", iteration, static_cast<float>(std::exp(loss)));
+    tb->scalar("lm loss validation vs samples", consumed_samples, static_cast<float>(loss));
+    tb->flush();
+  }
 }
 
 }  // namespace mt::app

@@ -9,19 +9,22 @@
 
 #include "core/allocator.h"
 #include "core/tensor.h"
+#include "core/tensorboard.h"
 
 namespace mt::app {
 
-// Appends records to RUN_DIR/metrics.jsonl, flushed each time; with an empty run_dir (ranks other than the
-// logging one) it writes nothing.
+// Appends records to RUN_DIR/metrics.jsonl, flushed each time, and with `tensorboard` keeps TensorBoard event
+// files under RUN_DIR/tensorboard; with an empty run_dir (ranks other than the logging one) it writes nothing.
 class MetricsFile {
  public:
-  explicit MetricsFile(const std::string& run_dir);
+  explicit MetricsFile(const std::string& run_dir, bool tensorboard = false);
   void write(const nlohmann::ordered_json& record);
+  TensorBoardWriter* tensorboard() { return tensorboard_.get(); }  // null when off
 
  private:
   std::string path_;
   std::ofstream out_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
 };
 
 // "parameter 1.00 | gradient 1.00 | ... | total 4.00": the device's peak bytes per kind, in MiB.
@@ -42,7 +45,9 @@ struct IntervalReport {
 };
 // Logs the interval's line and writes its record.
 void report_interval(const IntervalReport& r, MetricsFile& metrics);
-// Logs a validation loss (and its perplexity) and writes its record.
-void report_validation(int64_t iteration, double loss, MetricsFile& metrics);
+// Logs a validation loss (and its perplexity) and writes its record; consumed_samples and consumed_tokens
+// place it on the training curve.
+void report_validation(int64_t iteration, int64_t consumed_samples, int64_t consumed_tokens, double loss,
+                       MetricsFile& metrics);
 
 }  // namespace mt::app

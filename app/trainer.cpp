@@ -47,7 +47,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
                 .decay = cfg.optimizer.decay,
                 .wsd_decay_fraction = cfg.optimizer.wsd_decay_fraction,
                 .wsd_decay_style = cfg.optimizer.wsd_decay_style},
-      metrics_(dist.is_logging_rank() ? cfg.logging.dir : "") {
+      metrics_(dist.is_logging_rank() ? cfg.logging.dir : "", cfg.logging.tensorboard) {
   // One flat fp32 buffer holds every gradient; its buckets are reduced over data parallelism (reduce-scattered
   // with the distributed optimizer) as soon as the last microbatch's backward has finished them.
   grads_ = std::make_unique<GradBuffer>(params_, device_, std::move(dist.dp_grads),
@@ -238,7 +238,7 @@ void Trainer::run() {
     }
     if (cfg_.logging.eval_interval > 0 &&
         (c_.iteration % cfg_.logging.eval_interval == 0 || c_.iteration == cfg_.training.train_iters)) {
-      report_validation(c_.iteration, evaluate(), metrics_);
+      report_validation(c_.iteration, c_.consumed_samples, c_.consumed_samples * S, evaluate(), metrics_);
     }
     if (cfg_.checkpoint.save_interval > 0 && c_.iteration % cfg_.checkpoint.save_interval == 0) save();
     // Every rank must stop after the same iteration, whenever the signal reached it: agreed over the whole

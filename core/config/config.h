@@ -222,6 +222,7 @@ struct LoggingConfig {
   int64_t eval_interval = 0;  // 0: no validation during training
   int64_t eval_iters = 10;
   std::string level = "info";
+  bool tensorboard = false;  // TensorBoard event files under RUN_DIR/tensorboard (the logging rank)
 
   bool operator==(const LoggingConfig&) const = default;
 };

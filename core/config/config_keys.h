@@ -102,6 +102,7 @@ void visit(V& v, C& c) {
     v.field({.name = "eval_interval"}, l.eval_interval);
     v.field({.name = "eval_iters"}, l.eval_iters);
     v.field({.name = "level"}, l.level);
+    v.field({.name = "tensorboard"}, l.tensorboard);
   });
 }
 
