@@ -164,15 +164,19 @@ class GlooCommunicator final : public Communicator {
     check_host(t, "all_reduce", /*reduction=*/true);
     uint32_t tag = next_tag_++;
     if (size() == 1 || t.numel() == 0) return done();
-    if (t.dtype() == DType::f64) {  // sums of doubles (losses, grad-norm partials) stay doubles
+    // F: float or double; `data` holds n elements, reduced in place on every rank.
+    auto reduce = [&]<class F>(F* data, size_t n) {
       guarded("all_reduce", [&] {
         gloo::AllreduceOptions o(context_);
-        o.setOutput(t.data<double>(), static_cast<size_t>(t.numel()));
-        o.setReduceFunction(op == ReduceOp::sum ? &sum_of<double> : &max_of<double>);
+        o.setOutput(data, n);
+        o.setReduceFunction(op == ReduceOp::sum ? &sum_of<F> : &max_of<F>);
         o.setTag(tag);
         o.setTimeout(group_->timeout);
         gloo::allreduce(o);
       });
+    };
+    if (t.dtype() == DType::f64) {  // sums of doubles (losses, grad-norm partials) stay doubles
+      reduce(t.data<double>(), static_cast<size_t>(t.numel()));
       return done();
     }
     // Gloo has no bf16: 16-bit types are reduced in fp32 and rounded back once (nearest even).
@@ -181,14 +185,7 @@ class GlooCommunicator final : public Communicator {
       acc = Tensor::empty({t.numel()}, DType::f32, Device::cpu, MemKind::workspace);
       acc.copy_from(t);
     }
-    guarded("all_reduce", [&] {
-      gloo::AllreduceOptions o(context_);
-      o.setOutput(acc.data<float>(), static_cast<size_t>(acc.numel()));
-      o.setReduceFunction(op == ReduceOp::sum ? &sum_of<float> : &max_of<float>);
-      o.setTag(tag);
-      o.setTimeout(group_->timeout);
-      gloo::allreduce(o);
-    });
+    reduce(acc.data<float>(), static_cast<size_t>(acc.numel()));
     if (t.dtype() != DType::f32) t.copy_from(acc);
     return done();
   }

@@ -135,7 +135,7 @@ void check_keys(const YAML::Node& node, const std::string& path, const ConfigSou
   const auto& known = schema().keys.at(path);
   std::set<std::string> seen;
   for (auto it = node.begin(); it != node.end(); ++it) {
-    const YAML::Node& key = it->first;
+    const YAML::Node key = it->first;  // a handle: it->first lives in a temporary of the iterator
     if (!key.IsScalar())
       src.fail(path.empty() ? "(top level)" : path, "keys must be plain names, got " + describe(key), key.Mark());
     const std::string& name = key.Scalar();
