@@ -243,8 +243,13 @@ void Trainer::run() {
     if (cfg_.checkpoint.save_interval > 0 && c_.iteration % cfg_.checkpoint.save_interval == 0) save();
     // Every rank must stop after the same iteration, whenever the signal reached it: agreed over the whole
     // world (a TP or PP peer that trained on would wait for this rank in its next collective).
+    // The wall-clock budget is agreed the same way (ranks' clocks differ): one exchange carries both flags.
     const int sig = stop_signal();
-    const bool stop = dist_.env.world_size > 1 ? sum_doubles(*dist_.world, {sig != 0 ? 1.0 : 0.0})[0] > 0 : sig != 0;
+    const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count() / 60;
+    const bool over_budget = cfg_.training.exit_duration_mins > 0 && minutes >= cfg_.training.exit_duration_mins;
+    std::vector<double> flags{sig != 0 ? 1.0 : 0.0, over_budget ? 1.0 : 0.0};
+    if (dist_.env.world_size > 1) flags = sum_doubles(*dist_.world, flags);
+    const bool stop = flags[0] > 0;
     if (stop) {
       spdlog::warn("received {}: saving and stopping after iteration {}",
                    sig != 0 ? fmt::format("signal {}", sig) : "a stop signal on another rank", c_.iteration);
@@ -255,6 +260,22 @@ void Trainer::run() {
       spdlog::info("stopping after iteration {} as asked (--exit-after)", c_.iteration);
       save();
       return;
+    }
+    if (c_.iteration < cfg_.training.train_iters) {
+      const int64_t every = cfg_.training.exit_interval;
+      if (every > 0 && c_.iteration % every == 0) {
+        spdlog::info("saving and exiting after iteration {} (training.exit_interval={})", c_.iteration, every);
+        save();
+        return;
+      }
+      if (flags[1] > 0) {
+        spdlog::info(
+            "saving and exiting after iteration {}: training.exit_duration_mins={} reached ({:.2f} min "
+            "since training started{})",
+            c_.iteration, cfg_.training.exit_duration_mins, minutes, over_budget ? "" : " on another rank");
+        save();
+        return;
+      }
     }
   }
   save();

@@ -2,6 +2,7 @@
 // trainer_checkpoint.cpp (resume and save) and trainer_stages.cpp (what the pipeline executor runs). Not an
 // interface: app/trainer.h is.
 #pragma once
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -121,6 +122,8 @@ class Trainer {
   LrSchedule schedule_;
   MetricsFile metrics_;
   Counters c_;
+  // When training started (exit_duration_mins counts from here).
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::optional<std::string> last_saved_;
   // Read once per logging interval (a long interval reads when its at most 1024 slots are full).
   StepLosses step_losses_{device_, std::min<int64_t>(cfg_.logging.interval, 1024)};

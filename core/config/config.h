@@ -160,6 +160,11 @@ struct TrainingConfig {
   // Stop with an error after this many non-finite iterations in a row (inf/NaN loss or gradients; fp16 steps
   // skipped by the loss scaler count only once the scale is at its minimum).
   int64_t max_nonfinite_iters = 10;
+  // Save a checkpoint and exit (status 0) after every this many iterations (Megatron's --exit-interval); 0: never.
+  int64_t exit_interval = 0;
+  // Save and exit once this many minutes have passed since training started, agreed by all ranks at the end of
+  // an iteration (Megatron's --exit-duration-in-mins: set it below the job's time limit); 0: never.
+  double exit_duration_mins = 0;
   // derived
   int64_t num_microbatches = 0;  // global_batch_size / (micro_batch_size * data-parallel size)
 

@@ -64,6 +64,8 @@ void visit(V& v, C& c) {
     v.field({.name = "seed"}, t.seed);
     v.field({.name = "device"}, t.device);
     v.field({.name = "max_nonfinite_iters"}, t.max_nonfinite_iters);
+    v.field({.name = "exit_interval"}, t.exit_interval);
+    v.field({.name = "exit_duration_mins"}, t.exit_duration_mins);
   });
   v.section("optimizer", [&] {
     auto& o = c.optimizer;

@@ -214,6 +214,8 @@ void resolve_training(Config& c, const Rules& r) {
     r.fail("parallel.backend", "nccl needs training.device: cuda (NCCL moves GPU memory); use gloo or auto on cpu");
   r.non_negative("training.seed", t.seed);
   r.positive("training.max_nonfinite_iters", t.max_nonfinite_iters);
+  r.non_negative("training.exit_interval", t.exit_interval);
+  r.non_negative("training.exit_duration_mins", t.exit_duration_mins);
 
   const LossScaleConfig& s = t.loss_scale;
   r.positive("training.loss_scale.min", s.min);
