@@ -389,23 +389,41 @@ void dropout_add(const Tensor& x, const Tensor& residual, Tensor& out, const Dro
 
 namespace {
 
+// qkv (B, T, G, R + 2, D): G groups of R >= 1 query heads, a key and a value (GPT: R = 1, (B, T, H, 3, D)).
 void check_qkv(const char* op, const Tensor& qkv, const AttentionOptions& opt) {
-  check_ndim(op, "qkv", qkv, 5, "(B, T, H, 3, D)");
-  if (qkv.dim(3) != 3 || qkv.dim(4) == 0)
-    fail(op, fmt::format("qkv: expected shape (B, T, H, 3, D) with D > 0, got {}", shape_str(qkv.shape())));
+  check_ndim(op, "qkv", qkv, 5, "(B, T, G, R + 2, D)");
+  if (qkv.dim(3) < 3 || qkv.dim(4) == 0)
+    fail(op, fmt::format("qkv: expected shape (B, T, G, R + 2, D) with R >= 1 query heads per group and D > 0, "
+                         "got {}",
+                         shape_str(qkv.shape())));
   check_p(op, opt.dropout_p);
   check_range(op, "offsets", opt.sample_offset >= 0 && opt.head_offset >= 0,
               fmt::format("must be >= 0, got sample {}, head {}", opt.sample_offset, opt.head_offset));
 }
 
-// An attention output or its gradient: qkv's dtype, shape (B, T, H, D) or its (B, T, H * D) view.
+// The query heads H = G * R of qkv (B, T, G, R + 2, D).
+int64_t query_heads(const Tensor& qkv) { return qkv.dim(2) * (qkv.dim(3) - 2); }
+
+// An attention output or its gradient: qkv's dtype, shape (B, T, H, D) or its (B, T, H * D) view, H = G * R.
 void check_heads_out(const char* op, const char* name, const Tensor& t, const Tensor& qkv) {
   check_defined(op, name, t);
-  const int64_t B = qkv.dim(0), T = qkv.dim(1), H = qkv.dim(2), D = qkv.dim(4);
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), H = query_heads(qkv), D = qkv.dim(4);
   if (t.dtype() != qkv.dtype())
     fail(op, fmt::format("{}: expected dtype {} (that of qkv), got {}", name, dtype_name(qkv.dtype()),
                          dtype_name(t.dtype())));
-  if (t.shape() != Shape{B, T, H * D}) expect_shape(op, name, t, {B, T, H, D});
+  if (t.shape() != Shape{B, T, H * D} && t.shape() != Shape{B, T, H, D})
+    fail(op, fmt::format("{}: expected shape [{}, {}, {}, {}] (B, T, H = G * R, D) or its view [{}, {}, {}] for "
+                         "qkv {}, got {}",
+                         name, B, T, H, D, B, T, H * D, shape_str(qkv.shape()), shape_str(t.shape())));
+}
+
+// lse (B, H, T) f32, H = G * R.
+void check_lse(const char* op, const Tensor& lse, const Tensor& qkv) {
+  check_dtype(op, "lse", lse, DType::f32);
+  const Shape want{qkv.dim(0), query_heads(qkv), qkv.dim(1)};
+  if (lse.shape() != want)
+    fail(op, fmt::format("lse: expected shape {} (B, H = G * R, T) for qkv {}, got {}", shape_str(want),
+                         shape_str(qkv.shape()), shape_str(lse.shape())));
 }
 
 }  // namespace
@@ -414,7 +432,7 @@ void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const Attent
   const char* op = "attention_forward";
   check_qkv(op, qkv, opt);
   check_heads_out(op, "out", out, qkv);
-  check_f32_shape(op, "lse", lse, {qkv.dim(0), qkv.dim(2), qkv.dim(1)});
+  check_lse(op, lse, qkv);
   if (device_of(op, {&qkv, &out, &lse}) == Device::cpu) return cpu::attention_forward(qkv, out, lse, opt);
   MT_ON_CUDA(attention_forward(qkv, out, lse, opt));
 }
@@ -424,7 +442,7 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
   const char* op = "attention_backward";
   check_qkv(op, qkv, opt);
   check_heads_out(op, "out", out, qkv);
-  check_f32_shape(op, "lse", lse, {qkv.dim(0), qkv.dim(2), qkv.dim(1)});
+  check_lse(op, lse, qkv);
   check_heads_out(op, "dout", dout, qkv);
   check_like(op, "dqkv", dqkv, qkv, "qkv");
   if (device_of(op, {&qkv, &out, &lse, &dout, &dqkv}) == Device::cpu)

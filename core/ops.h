@@ -119,22 +119,27 @@ void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOptions& opt)
 void dropout_add(const Tensor& x, const Tensor& residual, Tensor& out, const DropoutOptions& opt);
 // ---- end fused residual + dropout ----
 
-// ---- causal multi-head attention -----------------------------------------------------------------
-// qkv (B, T, H, 3, D): per head the query, key and value vectors (Megatron's per-head interleaving,
-// so a tensor-parallel rank's heads are one contiguous column block of the QKV GEMM output).
-// out (B, T, H, D), or its (B, T, H * D) view; lse (B, H, T) f32 saves each row's log-sum-exp of the scaled scores for backward.
-// Scores are scaled by 1/sqrt(D); softmax in fp32. Dropout on the probabilities uses coordinates
-// (sample_offset + b, (head_offset + h) * T + i, j).
+// ---- causal multi-head attention (grouped-query) ---------------------------------------------------
+// qkv (B, T, G, R + 2, D): G query groups, per group its R query heads (slots 0..R-1), then its key (slot R),
+// then its value (slot R + 1) (Megatron's per-group interleaving, so a tensor-parallel rank's groups are one
+// contiguous column block of the QKV GEMM output). Local query head h = g * R + r reads query slot r of
+// group g and that group's key and value; H = G * R. R is qkv.dim(3) - 2: GPT's (B, T, H, 3, D) is R = 1
+// (G = H), multi-query attention is G = 1.
+// out (B, T, H, D), or its (B, T, H * D) view; lse (B, H, T) f32 saves each row's log-sum-exp of the scaled
+// scores for backward. Scores are scaled by 1/sqrt(D); softmax in fp32. Dropout on the probabilities uses
+// coordinates (sample_offset + b, (head_offset + h) * T + i, j), h the local query head.
 struct AttentionOptions {
   bool causal = true;
   float dropout_p = 0.f;
   uint64_t seed = 0;
   uint64_t site = 0;
   int64_t sample_offset = 0;
-  int64_t head_offset = 0;  // global index of local head 0 (tensor parallelism splits heads)
+  int64_t head_offset = 0;  // global index of local query head 0 (tensor parallelism splits groups)
 };
 void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionOptions& opt);
-// dqkv (B, T, H, 3, D) written from dout (B, T, H, D) and the forward's qkv, out and lse.
+// dqkv (B, T, G, R + 2, D) written from dout (B, T, H, D) and the forward's qkv, out and lse. A group's key
+// and value gradients are the sums over its R query heads, added in fp32 in the order r = 0..R-1 and rounded
+// once when stored (deterministic).
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dqkv,
                         const AttentionOptions& opt);
 

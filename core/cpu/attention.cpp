@@ -1,4 +1,4 @@
-// attention.cpp: causal multi-head attention on the CPU, one (sample, head) at a time, flash-style: the
+// attention.cpp: causal grouped-query attention on the CPU, one (sample, query head) at a time, flash-style: the
 // forward saves only the row log-sum-exp, the backward recomputes each probability row from q, k and lse.
 // Rows go in blocks of kRowBlock: the block's scores, P V and the backward's products are OpenBLAS GEMMs over
 // the keys the block can see (all keys before its last row when causal), the row-wise softmax and mask are
@@ -10,8 +10,14 @@
 // rowsum(P o dP) equals dO_i . O_i in exact arithmetic; it is summed from the recomputed row instead, so the
 // backward does not depend on how out was rounded.
 //
-// Layouts: tensor parallelism splits heads and each head is computed whole (all T positions; sequence
-// parallelism gathers them before attention), so every value depends only on its own head's inputs.
+// Grouped-query attention: qkv (B, T, G, R + 2, D), query head h = g R + r reads query slot r of group g and
+// the group's key (slot R) and value (slot R + 1). Loops go group by group: the group's k and v are loaded
+// once, then its R query heads run one after the other exactly as single heads (R = 1 is GPT's layout and the
+// same arithmetic as before grouping). The backward computes each head's dK and dV as above and sums them
+// over the group in fp32 in the order r = 0..R-1 (the first head's copied, not added to zeros), storing once.
+//
+// Layouts: tensor parallelism splits groups and each head is computed whole (all T positions; sequence
+// parallelism gathers them before attention), so every value depends only on its own group's inputs.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -27,22 +33,25 @@ namespace mt::cpu {
 
 namespace {
 
+// qkv (B, T, G, R + 2, D), out (B, T, H, D) with H = G R.
 struct HeadDims {
-  int64_t B, T, H, D;
-  int64_t qkv_at(int64_t b, int64_t t, int64_t h) const { return ((b * T + t) * H + h) * 3 * D; }  // q; k +D, v +2D
-  int64_t out_at(int64_t b, int64_t t, int64_t h) const { return ((b * T + t) * H + h) * D; }
+  int64_t B, T, G, R, D;
+  int64_t H() const { return G * R; }
+  // Element offset of slot s (0..R-1 queries, R key, R + 1 value) of group g at (b, t).
+  int64_t qkv_at(int64_t b, int64_t t, int64_t g, int64_t s) const { return (((b * T + t) * G + g) * (R + 2) + s) * D; }
+  int64_t out_at(int64_t b, int64_t t, int64_t h) const { return ((b * T + t) * H() + h) * D; }
 };
 
-HeadDims dims_of(const Tensor& qkv) { return {qkv.dim(0), qkv.dim(1), qkv.dim(2), qkv.dim(4)}; }
+HeadDims dims_of(const Tensor& qkv) { return {qkv.dim(0), qkv.dim(1), qkv.dim(2), qkv.dim(3) - 2, qkv.dim(4)}; }
 
-// q, k, v (T, D) of head h of sample b, as fp32.
-void load_head(const Tensor& qkv, const HeadDims& d, int64_t b, int64_t h, float* q, float* k, float* v) {
-  for (int64_t t = 0; t < d.T; ++t) {
-    const int64_t at = d.qkv_at(b, t, h);
-    load_f32(qkv, at, d.D, q + t * d.D);
-    load_f32(qkv, at + d.D, d.D, k + t * d.D);
-    load_f32(qkv, at + 2 * d.D, d.D, v + t * d.D);
-  }
+// x (T, D) = slot s of group g of sample b, as fp32.
+void load_slot(const Tensor& qkv, const HeadDims& d, int64_t b, int64_t g, int64_t s, float* x) {
+  for (int64_t t = 0; t < d.T; ++t) load_f32(qkv, d.qkv_at(b, t, g, s), d.D, x + t * d.D);
+}
+
+// Stores x (T, D) into slot s of group g of sample b of dqkv.
+void store_slot(const float* x, const HeadDims& d, int64_t b, int64_t g, int64_t s, Tensor& dqkv) {
+  for (int64_t t = 0; t < d.T; ++t) store_f32(x + t * d.D, d.D, dqkv, d.qkv_at(b, t, g, s));
 }
 
 constexpr int64_t kRowBlock = 64;
@@ -82,38 +91,101 @@ void mask_row(const AttentionOptions& opt, int64_t b, int64_t h, int64_t T, int6
                       z);
 }
 
+// One query head h of sample b: its query q, its group's key k and value v (T, D each, fp32).
+struct Head {
+  int64_t b, h, T, D;
+  float scale;
+  const float *q, *k, *v;
+};
+
+// o (T, D) and lse_row (T) of one head.
+void head_forward(const Head& hd, const AttentionOptions& opt, std::vector<float>& p, std::vector<float>& z, float* o,
+                  float* lse_row) {
+  const int64_t T = hd.T, D = hd.D;
+  for (int64_t r0 = 0; r0 < T; r0 += kRowBlock) {
+    const RowBlock rb = row_block(r0, T, opt.causal);
+    block_scores(hd.q, hd.k, rb, T, D, hd.scale, p.data());
+    for (int64_t i = r0; i < r0 + rb.rows; ++i) {
+      const int64_t len = opt.causal ? i + 1 : T;
+      float* row = p.data() + (i - r0) * T;
+      const float m = row_max(row, len);
+      const float row_lse = m + static_cast<float>(std::log(sum_exp_shifted(row, len, m)));
+      exp_shifted(row, len, row_lse, row);
+      if (opt.dropout_p != 0.f) {
+        mask_row(opt, hd.b, hd.h, T, i, len, z.data());
+        for (int64_t j = 0; j < len; ++j) row[j] *= z[j];
+      }
+      std::fill(row + len, row + rb.cols, 0.f);
+      lse_row[i] = row_lse;
+    }
+    sgemm(false, false, rb.rows, D, rb.cols, 1.f, p.data(), T, hd.v, D, 0.f, o + r0 * D, D);
+  }
+}
+
+// Scratch of head_backward: (kRowBlock, T) blocks and one mask row (T).
+struct BackwardScratch {
+  std::vector<float> p, dp, pz, z;  // P and dP (then dS), P o Z, the mask row
+  explicit BackwardScratch(int64_t T) : p(kRowBlock * T), dp(kRowBlock * T), pz(kRowBlock * T), z(T) {}
+};
+
+// dq, dk, dv (T, D) of one head (all written) from its dout (T, D) and lse_row (T).
+void head_backward(const Head& hd, const AttentionOptions& opt, const float* dout_h, const float* lse_row,
+                   BackwardScratch& w, float* dq, float* dk, float* dv) {
+  const int64_t T = hd.T, D = hd.D;
+  std::fill(dk, dk + T * D, 0.f);
+  std::fill(dv, dv + T * D, 0.f);
+  for (int64_t r0 = 0; r0 < T; r0 += kRowBlock) {
+    const RowBlock rb = row_block(r0, T, opt.causal);
+    block_scores(hd.q, hd.k, rb, T, D, hd.scale, w.p.data());
+    // dO_i . v_j for the block's rows and keys.
+    sgemm(false, true, rb.rows, rb.cols, D, 1.f, dout_h + r0 * D, D, hd.v, D, 0.f, w.dp.data(), T);
+    for (int64_t i = r0; i < r0 + rb.rows; ++i) {
+      const int64_t len = opt.causal ? i + 1 : T;
+      float* prow = w.p.data() + (i - r0) * T;
+      float* dprow = w.dp.data() + (i - r0) * T;
+      float* pzrow = w.pz.data() + (i - r0) * T;
+      exp_shifted(prow, len, lse_row[i], prow);
+      if (opt.dropout_p != 0.f) {
+        mask_row(opt, hd.b, hd.h, T, i, len, w.z.data());
+        for (int64_t j = 0; j < len; ++j) {
+          dprow[j] = w.z[j] == 0.f ? 0.f : dprow[j] * w.z[j];
+          pzrow[j] = prow[j] * w.z[j];
+        }
+      } else {
+        std::copy(prow, prow + len, pzrow);
+      }
+      const float row_d = static_cast<float>(dot_f64(prow, dprow, len));  // sum_j P_ij dP_ij
+      for (int64_t j = 0; j < len; ++j) dprow[j] = hd.scale * prow[j] * (dprow[j] - row_d);
+      std::fill(dprow + len, dprow + rb.cols, 0.f);
+      std::fill(pzrow + len, pzrow + rb.cols, 0.f);
+    }
+    // dV[:cols] += (P o Z)^T dO, dQ = dS K, dK[:cols] += dS^T Q over the block's rows.
+    sgemm(true, false, rb.cols, D, rb.rows, 1.f, w.pz.data(), T, dout_h + r0 * D, D, 1.f, dv, D);
+    sgemm(false, false, rb.rows, D, rb.cols, 1.f, w.dp.data(), T, hd.k, D, 0.f, dq + r0 * D, D);
+    sgemm(true, false, rb.cols, D, rb.rows, 1.f, w.dp.data(), T, hd.q + r0 * D, D, 1.f, dk, D);
+  }
+}
+
 }  // namespace
 
 void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionOptions& opt) {
   const HeadDims d = dims_of(qkv);
-  const int64_t T = d.T, D = d.D;
+  const int64_t T = d.T, D = d.D, H = d.H();
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   std::vector<float> q(T * D), k(T * D), v(T * D), o(T * D);  // (T, D) each
   std::vector<float> p(kRowBlock * T);                        // (kRowBlock, T): scores, then P o Z, of a block
   std::vector<float> z(T);                                    // (T): one row of the mask
   float* lse_out = lse.data<float>();                         // (B, H, T)
   for (int64_t b = 0; b < d.B; ++b) {
-    for (int64_t h = 0; h < d.H; ++h) {
-      load_head(qkv, d, b, h, q.data(), k.data(), v.data());
-      for (int64_t r0 = 0; r0 < T; r0 += kRowBlock) {
-        const RowBlock rb = row_block(r0, T, opt.causal);
-        block_scores(q.data(), k.data(), rb, T, D, scale, p.data());
-        for (int64_t i = r0; i < r0 + rb.rows; ++i) {
-          const int64_t len = opt.causal ? i + 1 : T;
-          float* row = p.data() + (i - r0) * T;
-          const float m = row_max(row, len);
-          const float row_lse = m + static_cast<float>(std::log(sum_exp_shifted(row, len, m)));
-          exp_shifted(row, len, row_lse, row);
-          if (opt.dropout_p != 0.f) {
-            mask_row(opt, b, h, T, i, len, z.data());
-            for (int64_t j = 0; j < len; ++j) row[j] *= z[j];
-          }
-          std::fill(row + len, row + rb.cols, 0.f);
-          lse_out[(b * d.H + h) * T + i] = row_lse;
-        }
-        sgemm(false, false, rb.rows, D, rb.cols, 1.f, p.data(), T, v.data(), D, 0.f, o.data() + r0 * D, D);
+    for (int64_t g = 0; g < d.G; ++g) {
+      load_slot(qkv, d, b, g, d.R, k.data());
+      load_slot(qkv, d, b, g, d.R + 1, v.data());
+      for (int64_t r = 0; r < d.R; ++r) {
+        const int64_t h = g * d.R + r;
+        load_slot(qkv, d, b, g, r, q.data());
+        head_forward({b, h, T, D, scale, q.data(), k.data(), v.data()}, opt, p, z, o.data(), lse_out + (b * H + h) * T);
+        for (int64_t t = 0; t < T; ++t) store_f32(o.data() + t * D, D, out, d.out_at(b, t, h));
       }
-      for (int64_t t = 0; t < T; ++t) store_f32(o.data() + t * D, D, out, d.out_at(b, t, h));
     }
   }
 }
@@ -121,56 +193,36 @@ void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const Attent
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dqkv,
                         const AttentionOptions& opt) {
   const HeadDims d = dims_of(qkv);
-  const int64_t T = d.T, D = d.D;
+  const int64_t T = d.T, D = d.D, H = d.H();
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   std::vector<float> q(T * D), k(T * D), v(T * D), dout_h(T * D);  // (T, D) each
-  std::vector<float> dq(T * D), dk(T * D), dv(T * D);              // (T, D) each
-  std::vector<float> p(kRowBlock * T), dp(kRowBlock * T);          // (kRowBlock, T): P and dP, then dS
-  std::vector<float> pz(kRowBlock * T);                            // (kRowBlock, T): P o Z
-  std::vector<float> z(T);                                         // (T): one row of the mask
-  const float* lse_in = lse.data<float>();                         // (B, H, T)
+  std::vector<float> dq(T * D), dk(T * D), dv(T * D);              // (T, D) each: one head's gradients
+  std::vector<float> dk_g(T * D), dv_g(T * D);                     // (T, D) each: their sums over the group
+  BackwardScratch scratch(T);
+  const float* lse_in = lse.data<float>();  // (B, H, T)
   for (int64_t b = 0; b < d.B; ++b) {
-    for (int64_t h = 0; h < d.H; ++h) {
-      load_head(qkv, d, b, h, q.data(), k.data(), v.data());
-      for (int64_t t = 0; t < T; ++t) load_f32(dout, d.out_at(b, t, h), D, dout_h.data() + t * D);
-      std::fill(dk.begin(), dk.end(), 0.f);
-      std::fill(dv.begin(), dv.end(), 0.f);
-      for (int64_t r0 = 0; r0 < T; r0 += kRowBlock) {
-        const RowBlock rb = row_block(r0, T, opt.causal);
-        block_scores(q.data(), k.data(), rb, T, D, scale, p.data());
-        // dO_i . v_j for the block's rows and keys.
-        sgemm(false, true, rb.rows, rb.cols, D, 1.f, dout_h.data() + r0 * D, D, v.data(), D, 0.f, dp.data(), T);
-        for (int64_t i = r0; i < r0 + rb.rows; ++i) {
-          const int64_t len = opt.causal ? i + 1 : T;
-          float* prow = p.data() + (i - r0) * T;
-          float* dprow = dp.data() + (i - r0) * T;
-          float* pzrow = pz.data() + (i - r0) * T;
-          exp_shifted(prow, len, lse_in[(b * d.H + h) * T + i], prow);
-          if (opt.dropout_p != 0.f) {
-            mask_row(opt, b, h, T, i, len, z.data());
-            for (int64_t j = 0; j < len; ++j) {
-              dprow[j] = z[j] == 0.f ? 0.f : dprow[j] * z[j];
-              pzrow[j] = prow[j] * z[j];
-            }
-          } else {
-            std::copy(prow, prow + len, pzrow);
+    for (int64_t g = 0; g < d.G; ++g) {
+      load_slot(qkv, d, b, g, d.R, k.data());
+      load_slot(qkv, d, b, g, d.R + 1, v.data());
+      for (int64_t r = 0; r < d.R; ++r) {
+        const int64_t h = g * d.R + r;
+        load_slot(qkv, d, b, g, r, q.data());
+        for (int64_t t = 0; t < T; ++t) load_f32(dout, d.out_at(b, t, h), D, dout_h.data() + t * D);
+        head_backward({b, h, T, D, scale, q.data(), k.data(), v.data()}, opt, dout_h.data(), lse_in + (b * H + h) * T,
+                      scratch, dq.data(), dk.data(), dv.data());
+        store_slot(dq.data(), d, b, g, r, dqkv);
+        if (r == 0) {  // the group's sums start as the first head's gradients (copied: no 0 + x)
+          dk_g.swap(dk);
+          dv_g.swap(dv);
+        } else {
+          for (int64_t e = 0; e < T * D; ++e) {
+            dk_g[e] += dk[e];
+            dv_g[e] += dv[e];
           }
-          const float row_d = static_cast<float>(dot_f64(prow, dprow, len));  // sum_j P_ij dP_ij
-          for (int64_t j = 0; j < len; ++j) dprow[j] = scale * prow[j] * (dprow[j] - row_d);
-          std::fill(dprow + len, dprow + rb.cols, 0.f);
-          std::fill(pzrow + len, pzrow + rb.cols, 0.f);
         }
-        // dV[:cols] += (P o Z)^T dO, dQ = dS K, dK[:cols] += dS^T Q over the block's rows.
-        sgemm(true, false, rb.cols, D, rb.rows, 1.f, pz.data(), T, dout_h.data() + r0 * D, D, 1.f, dv.data(), D);
-        sgemm(false, false, rb.rows, D, rb.cols, 1.f, dp.data(), T, k.data(), D, 0.f, dq.data() + r0 * D, D);
-        sgemm(true, false, rb.cols, D, rb.rows, 1.f, dp.data(), T, q.data() + r0 * D, D, 1.f, dk.data(), D);
       }
-      for (int64_t t = 0; t < T; ++t) {
-        const int64_t at = d.qkv_at(b, t, h);
-        store_f32(dq.data() + t * D, D, dqkv, at);
-        store_f32(dk.data() + t * D, D, dqkv, at + D);
-        store_f32(dv.data() + t * D, D, dqkv, at + 2 * D);
-      }
+      store_slot(dk_g.data(), d, b, g, d.R, dqkv);
+      store_slot(dv_g.data(), d, b, g, d.R + 1, dqkv);
     }
   }
 }

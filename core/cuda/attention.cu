@@ -510,7 +510,15 @@ void backward_typed(const Tensor& qkv, const Tensor& lse, const Tensor& dout, Te
 
 }  // namespace
 
+// Grouped-query qkv (R > 1) is not served on the GPU yet: fail loudly rather than read the wrong slots.
+static void require_one_head_per_group(const char* op, const Tensor& qkv) {
+  if (qkv.dim(3) != 3)
+    throw std::runtime_error(std::string(op) + ": the CUDA attention serves qkv (B, T, H, 3, D) only so far, got " +
+                             std::to_string(qkv.dim(3) - 2) + " query heads per group");
+}
+
 void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionOptions& opt) {
+  require_one_head_per_group("attention_forward", qkv);
   dmax_for("attention_forward", qkv.dim(4));  // a head dimension the kernels cannot serve fails, even when empty
   const Geom g = geom_of(qkv, opt);
   if (g.BH == 0 || g.T == 0) return;
@@ -522,6 +530,7 @@ void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const Attent
 
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dqkv,
                         const AttentionOptions& opt) {
+  require_one_head_per_group("attention_backward", qkv);
   dmax_for("attention_backward", qkv.dim(4));
   const Geom g = geom_of(qkv, opt);
   if (g.BH == 0 || g.T == 0) return;
