@@ -102,9 +102,21 @@ std::vector<std::string> model_shape_differences(const std::string& stored_yaml,
   }
   if (!stored.IsMap()) throw CheckpointError(fmt::format("{}: the stored config has no model section", dir));
   std::vector<std::string> out;
-  for (const char* key : {"arch", "num_layers", "hidden_size", "num_heads", "ffn_hidden_size",
-                          "max_position_embeddings", "vocab_size", "tie_embeddings"}) {
-    const YAML::Node a = stored[key], b = run[key];
+  for (const char* key :
+       {"arch", "num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "max_position_embeddings", "vocab_size",
+        "tie_embeddings", "num_query_groups", "rotary_base"}) {
+    YAML::Node a = stored[key], b = run[key];
+    // Keys newer than some checkpoints: one saved before they existed had a model without the feature, and
+    // num_query_groups 0 (or absent) means one key/value head per query head.
+    if (std::string_view(key) == "rotary_base" && !a.IsDefined()) continue;
+    if (std::string_view(key) == "num_query_groups") {
+      auto groups = [](const YAML::Node& model) {
+        const YAML::Node g = model["num_query_groups"];
+        return g.IsScalar() && g.Scalar() != "0" ? g : model["num_heads"];
+      };
+      a = groups(stored);
+      b = groups(run);
+    }
     const std::string old_v = a.IsScalar() ? a.Scalar() : "(missing)", new_v = b.IsScalar() ? b.Scalar() : "(missing)";
     if (old_v != new_v) out.push_back(fmt::format("model.{}: {} -> {}", key, old_v, new_v));
   }

@@ -22,7 +22,8 @@ struct PartialLoad {
 };
 
 // The model keys that fix tensor shapes or their meaning (arch, num_layers, hidden_size, num_heads,
-// ffn_hidden_size, max_position_embeddings, vocab_size, tie_embeddings) whose value differs between the config
+// ffn_hidden_size, max_position_embeddings, vocab_size, tie_embeddings, num_query_groups, rotary_base) whose
+// value differs between the config
 // a checkpoint stored (`stored_yaml`, to_yaml of the saving run) and this run's `run_yaml`: one
 // "model.KEY: OLD -> NEW" each, empty when they agree. Throws CheckpointError when stored_yaml has no model section.
 std::vector<std::string> model_shape_differences(const std::string& stored_yaml, const std::string& run_yaml,

@@ -22,7 +22,9 @@ class ConfigError : public std::runtime_error {
 // The keys that name one of a few choices are enums, parsed once when the config is read (an unknown name is
 // an error naming the key, the choices and the place in the file) and written back by name. Each enum's names
 // are listed in EnumNames, in the order of its values; `planned` names are known but not implemented yet.
-enum class Arch { gpt };
+// gpt: GPT-2/3 (LayerNorm, GELU MLP, learned positions, biases, tied embeddings); llama: RMSNorm, SwiGLU MLP,
+// rotary positions, grouped-query attention, no biases, untied embeddings.
+enum class Arch { gpt, llama };
 enum class Precision { fp32, bf16, fp16 };
 enum class Recompute { none, full };
 enum class DeviceChoice { automatic, cuda, cpu };
@@ -38,8 +40,8 @@ template <class E>
 struct EnumNames;
 template <>
 struct EnumNames<Arch> {
-  static constexpr std::array names{"gpt"};
-  static constexpr std::array<const char*, 1> planned{"llama"};
+  static constexpr std::array names{"gpt", "llama"};
+  static constexpr std::array<const char*, 0> planned{};
 };
 template <>
 struct EnumNames<Precision> {
@@ -101,23 +103,28 @@ inline DType dtype_of(Precision p) {
 }
 
 struct ModelConfig {
-  Arch arch = Arch::gpt;                // gpt (llama later)
+  Arch arch = Arch::gpt;                // gpt | llama
   int64_t num_layers = 0;               // required
   int64_t hidden_size = 0;              // required
   int64_t num_heads = 0;                // required; divides hidden_size
-  int64_t ffn_hidden_size = 0;          // 0: 4 * hidden_size
+  int64_t num_query_groups = 0;         // key/value heads (grouped-query attention, llama only); 0: num_heads
+  int64_t ffn_hidden_size = 0;          // 0: 4 * hidden_size (gpt), Megatron's SwiGLU default (llama)
   int64_t seq_length = 0;               // required
   int64_t max_position_embeddings = 0;  // 0: seq_length; >= seq_length
   int64_t vocab_size = 0;               // required (257 for the byte tokenizer); auto: data.train[0]'s tokenizer
   int64_t make_vocab_size_divisible_by = 128;
-  bool tie_embeddings = true;
+  bool tie_embeddings = true;      // default false for llama
   float dropout = 0.1f;            // hidden dropout (after attention proj and fc2, and on the embeddings)
   float attention_dropout = 0.1f;  // on the attention probabilities
-  float layernorm_eps = 1e-5f;
+  float layernorm_eps = 1e-5f;     // the epsilon of LayerNorm (gpt) or RMSNorm (llama)
+  double rotary_base = 10000;      // llama: the rotary embeddings' theta (HF's rope_theta)
   float init_std = 0.02f;
   // derived
   int64_t padded_vocab_size = 0;  // vocab_size rounded up to divisible_by * parallel.tensor
   int64_t head_dim = 0;           // hidden_size / num_heads
+
+  // Key/value heads: num_query_groups, or num_heads when it is 0.
+  int64_t kv_heads() const { return num_query_groups > 0 ? num_query_groups : num_heads; }
 
   bool operator==(const ModelConfig&) const = default;
 };

@@ -24,6 +24,7 @@ void visit(V& v, C& c) {
     v.field({.name = "num_layers", .required = true}, m.num_layers);
     v.field({.name = "hidden_size", .required = true}, m.hidden_size);
     v.field({.name = "num_heads", .required = true}, m.num_heads);
+    v.field({.name = "num_query_groups"}, m.num_query_groups);
     v.field({.name = "ffn_hidden_size"}, m.ffn_hidden_size);
     v.field({.name = "seq_length", .required = true}, m.seq_length);
     v.field({.name = "max_position_embeddings"}, m.max_position_embeddings);
@@ -33,6 +34,7 @@ void visit(V& v, C& c) {
     v.field({.name = "dropout"}, m.dropout);
     v.field({.name = "attention_dropout"}, m.attention_dropout);
     v.field({.name = "layernorm_eps"}, m.layernorm_eps);
+    v.field({.name = "rotary_base"}, m.rotary_base);
     v.field({.name = "init_std"}, m.init_std);
   });
   v.section("parallel", [&] {

@@ -33,6 +33,7 @@ class Rules {
   explicit Rules(const ConfigSource& src) : src_(src) {}
 
   [[noreturn]] void fail(const std::string& path, const std::string& what) const { src_.fail(path, what); }
+  bool given(const std::string& path) const { return src_.given(path); }
   void positive(const std::string& path, int64_t v) const {
     if (v < 1) fail(path, fmt::format("must be positive, got {}", v));
   }
@@ -88,7 +89,10 @@ void resolve_model(ModelConfig& m, const Rules& r) {
             "vocabulary padding multiple");
   if (m.hidden_size % m.num_heads != 0)
     r.fail("model.num_heads", fmt::format("{} does not divide model.hidden_size={}", m.num_heads, m.hidden_size));
-  if (m.ffn_hidden_size == 0) m.ffn_hidden_size = 4 * m.hidden_size;
+  const bool llama = m.arch == Arch::llama;
+  // Megatron's SwiGLU default keeps the MLP's parameters near 8h^2: 2/3 of 4h, rounded down to 64.
+  if (m.ffn_hidden_size == 0)
+    m.ffn_hidden_size = llama ? std::max<int64_t>(64, (8 * m.hidden_size / 3) / 64 * 64) : 4 * m.hidden_size;
   r.positive("model.ffn_hidden_size", m.ffn_hidden_size);
   r.at_most("model.ffn_hidden_size", m.ffn_hidden_size, 4 * kMaxWidth, "feed-forward width");
   if (m.max_position_embeddings == 0) m.max_position_embeddings = m.seq_length;
@@ -102,6 +106,27 @@ void resolve_model(ModelConfig& m, const Rules& r) {
   r.positive("model.layernorm_eps", double{m.layernorm_eps});
   r.positive("model.init_std", double{m.init_std});
   m.head_dim = m.hidden_size / m.num_heads;
+
+  // Grouped-query attention: num_query_groups key/value heads, each shared by num_heads / num_query_groups
+  // query heads. 0 stays 0 (ModelConfig::kv_heads() reads it as num_heads), so a config written back follows
+  // a later change of num_heads.
+  r.non_negative("model.num_query_groups", m.num_query_groups);
+  const int64_t groups = m.kv_heads();
+  if (m.num_heads % groups != 0)
+    r.fail("model.num_query_groups", fmt::format("{} does not divide model.num_heads={}", groups, m.num_heads));
+  if (!llama && groups != m.num_heads)
+    r.fail(
+        "model.num_query_groups",
+        fmt::format("grouped-query attention ({} groups for {} heads) needs model.arch: llama", groups, m.num_heads));
+  r.positive("model.rotary_base", m.rotary_base);
+  if (llama) {
+    if (m.head_dim % 2 != 0)
+      r.fail("model.num_heads", fmt::format("rotary embeddings rotate pairs: the head dimension hidden_size / "
+                                            "num_heads = {} must be even",
+                                            m.head_dim));
+    // Llama unties the LM head from the embedding unless the file says otherwise.
+    if (!r.given("model.tie_embeddings")) m.tie_embeddings = false;
+  }
 }
 
 void resolve_parallel(Config& c, int64_t world_size, const Rules& r) {
@@ -119,6 +144,11 @@ void resolve_parallel(Config& c, int64_t world_size, const Rules& r) {
 
   if (m.num_heads % p.tensor != 0)
     r.fail("parallel.tensor", fmt::format("{} does not divide model.num_heads={}", p.tensor, m.num_heads));
+  if (m.kv_heads() % p.tensor != 0)
+    r.fail("parallel.tensor",
+           fmt::format("{} does not divide model.num_query_groups={}: tensor parallelism splits the key/value heads "
+                       "(use a tensor-parallel size that divides {})",
+                       p.tensor, m.kv_heads(), m.kv_heads()));
   if (m.ffn_hidden_size % p.tensor != 0)
     r.fail("parallel.tensor", fmt::format("{} does not divide model.ffn_hidden_size={}", p.tensor, m.ffn_hidden_size));
   if (p.sequence_parallel && p.tensor == 1)
@@ -346,8 +376,12 @@ void check_sizes(const Config& c, const Rules& r) {
       r.fail(key, fmt::format("{} would need {:.3g} bytes, more than the {} bytes one tensor may hold", what, numel * 4,
                               kMaxTensorBytes));
   };
-  tensor("model.hidden_size", "the attention weight (3*hidden_size, hidden_size)", 3 * h * h);
-  tensor("model.ffn_hidden_size", "the feed-forward weight (ffn_hidden_size, hidden_size)", f * h);
+  const bool llama = m.arch == Arch::llama;
+  const double kv = static_cast<double>(2 * m.kv_heads() * m.head_dim);
+  tensor("model.hidden_size", "the attention weight (hidden_size + 2*num_query_groups*head_dim, hidden_size)",
+         (h + kv) * h);
+  tensor("model.ffn_hidden_size", "the feed-forward weight ((2*)ffn_hidden_size, hidden_size)",
+         (llama ? 2 : 1) * f * h);
   tensor("model.vocab_size", "the embedding table (padded vocabulary, hidden_size)", v * h);
   tensor("model.max_position_embeddings", "the position table (max_position_embeddings, hidden_size)", p * h);
   tensor("training.micro_batch_size", "the hidden states (micro_batch_size, seq_length, hidden_size)", b * s * h);
@@ -366,6 +400,13 @@ void check_sizes(const Config& c, const Rules& r) {
 double estimated_parameters(const ModelConfig& m) {
   const double h = static_cast<double>(m.hidden_size), f = static_cast<double>(m.ffn_hidden_size),
                v = static_cast<double>(m.padded_vocab_size), p = static_cast<double>(m.max_position_embeddings);
+  if (m.arch == Arch::llama) {
+    // Per layer: Q, K, V and proj (2h^2 + 2h * kv), gate, up and down (3hf), two RMSNorms (2h); then the word
+    // embeddings, the final norm and an untied head. No biases, no position table.
+    const double kv = static_cast<double>(m.kv_heads() * m.head_dim);
+    return static_cast<double>(m.num_layers) * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h) + h +
+           v * h * (m.tie_embeddings ? 1 : 2);
+  }
   // Per layer: QKV and proj (4h^2 + 4h), fc1 and fc2 (2hf + f + h), two norms (4h); then the embeddings,
   // the final norm and an untied head.
   return static_cast<double>(m.num_layers) * (4 * h * h + 2 * h * f + 9 * h + f) + p * h + 2 * h +

@@ -20,6 +20,9 @@ class ConfigSource {
   // The value at `path` was read from the document at `mark`.
   void record(const std::string& path, const YAML::Mark& mark) { marks_[path] = mark; }
 
+  // Whether the document (or an override) gave `path` a value: false for a default.
+  bool given(const std::string& path) const { return marks_.count(path) != 0; }
+
   // "F:4:16" (a file position), "F: --set a.b=1" (an override) or "F" (a default).
   std::string where(const std::string& path, const YAML::Mark& mark) const;
   // Throws ConfigError "<where>: <path>: <what>", at `mark` or else at the recorded position of `path`.

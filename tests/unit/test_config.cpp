@@ -587,8 +587,40 @@ TEST(ConfigRules, LoggingIntervals) {
 }
 
 TEST(ConfigRules, ArchAndOptimizerType) {
-  EXPECT_CONTAINS(base_error({"model.arch=llama"}), "model.arch: llama is not implemented yet");
+  EXPECT_CONTAINS(base_error({"model.arch=bert"}), "model.arch: expected one of gpt, llama, got 'bert'");
   EXPECT_CONTAINS(base_error({"optimizer.type=sgd"}), "optimizer.type: expected one of adamw, got 'sgd'");
+}
+
+TEST(ConfigRules, LlamaDefaults) {
+  const Config g = base();
+  EXPECT_EQ(g.model.kv_heads(), 8);  // GPT: one key/value head per query head
+  EXPECT_TRUE(g.model.tie_embeddings);
+  EXPECT_EQ(g.model.ffn_hidden_size, 256);
+  const Config l = base({"model.arch=llama"});
+  EXPECT_EQ(l.model.kv_heads(), 8);
+  EXPECT_FALSE(l.model.tie_embeddings);     // untied unless the file says so
+  EXPECT_EQ(l.model.ffn_hidden_size, 128);  // Megatron's SwiGLU default: 8 * 64 / 3 = 170, down to 64s
+  EXPECT_EQ(l.model.rotary_base, 10000);
+  EXPECT_TRUE(base({"model.arch=llama", "model.tie_embeddings=true"}).model.tie_embeddings);
+  const Config gqa = base({"model.arch=llama", "model.num_query_groups=2", "model.rotary_base=500000"});
+  EXPECT_EQ(gqa.model.num_query_groups, 2);
+  EXPECT_EQ(gqa.model.rotary_base, 500000);
+  EXPECT_EQ(base({"model.arch=llama", "model.num_query_groups=1"}).model.num_query_groups, 1);  // MQA
+}
+
+TEST(ConfigRules, GroupedQueryAttention) {
+  EXPECT_CONTAINS(base_error({"model.num_query_groups=2"}),
+                  "model.num_query_groups: grouped-query attention (2 groups for 8 heads) needs model.arch: llama");
+  EXPECT_CONTAINS(base_error({"model.arch=llama", "model.num_query_groups=3"}),
+                  "model.num_query_groups: 3 does not divide model.num_heads=8");
+  EXPECT_CONTAINS(base_error({"model.arch=llama", "model.num_query_groups=-1"}), "model.num_query_groups: must be");
+  // Tensor parallelism splits the key/value heads: 2 groups cannot go over 4 ranks.
+  EXPECT_CONTAINS(base_error({"model.arch=llama", "model.num_query_groups=2", "parallel.tensor=4"}, 4),
+                  "parallel.tensor: 4 does not divide model.num_query_groups=2");
+  EXPECT_EQ(base({"model.arch=llama", "model.num_query_groups=2", "parallel.tensor=2"}, 2).parallel.tensor, 2);
+  EXPECT_CONTAINS(base_error({"model.arch=llama", "model.rotary_base=0"}), "model.rotary_base: must be positive");
+  // Rotary embeddings rotate pairs of the head dimension.
+  EXPECT_CONTAINS(base_error({"model.arch=llama", "model.hidden_size=24"}), "head dimension");
 }
 
 TEST(ConfigRules, RuleErrorsPointAtTheKeyInTheFile) {
@@ -676,6 +708,24 @@ TEST(ConfigFiles, GptShapesAreThePapers) {
   EXPECT_EQ(b8.model.num_heads, 32);
   EXPECT_EQ(b8.model.seq_length, 4096);
   EXPECT_EQ(b8.parallel.tensor * b8.parallel.pipeline * b8.parallel.data, 8);
+}
+
+TEST(ConfigFiles, Llama3ShapeIsMetas) {
+  const Config l = load_config(MEGATRAIN_SOURCE_DIR "/configs/llama3-8b.yaml", {}, 8);
+  EXPECT_EQ(l.model.arch, Arch::llama);
+  EXPECT_EQ(l.model.num_layers, 32);
+  EXPECT_EQ(l.model.hidden_size, 4096);
+  EXPECT_EQ(l.model.num_heads, 32);
+  EXPECT_EQ(l.model.num_query_groups, 8);
+  EXPECT_EQ(l.model.ffn_hidden_size, 14336);
+  EXPECT_EQ(l.model.padded_vocab_size, 128256);
+  EXPECT_EQ(l.model.rotary_base, 500000);
+  EXPECT_EQ(l.model.seq_length, 8192);
+  EXPECT_FALSE(l.model.tie_embeddings);
+  EXPECT_EQ(l.parallel.tensor * l.parallel.pipeline * l.parallel.data, 8);
+  // Meta's count: 8.03B. Per layer 2*4096^2 (q, o) + 2*4096*1024 (k, v) + 3*4096*14336 (gate, up, down)
+  // + 2*4096 (norms) = 218,112,000; 32 of them, the untied embedding and head 2*128256*4096, the final norm.
+  EXPECT_EQ(estimated_parameters(l.model), 32.0 * 218112000 + 2.0 * 128256 * 4096 + 4096);
 }
 
 }  // namespace
