@@ -6,6 +6,7 @@
 // (mean, rstd, lse, rowmax, ...) and optimizer buffers are f32; token ids and targets are i32.
 #include "core/ops.h"
 
+#include <cmath>
 #include <initializer_list>
 #include <optional>
 #include <stdexcept>
@@ -253,6 +254,40 @@ void gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) {
   MT_ON_CUDA(gelu_backward(x, dout, dx));
 }
 
+// ---- SwiGLU --------------------------------------------------------------------------------------
+
+namespace {
+
+// x (N, 2F) of (gate, up) pairs; returns F.
+int64_t check_swiglu_x(const char* op, const Tensor& x) {
+  check_ndim(op, "x", x, 2, "(N, 2F)");
+  if (x.dim(1) % 2 != 0)
+    fail(op, fmt::format("x: expected (N, 2F) with an even number of columns ((gate, up) pairs), got {}",
+                         shape_str(x.shape())));
+  return x.dim(1) / 2;
+}
+
+}  // namespace
+
+void swiglu_forward(const Tensor& x, Tensor& out) {
+  const char* op = "swiglu_forward";
+  const int64_t F = check_swiglu_x(op, x);
+  check_dtype(op, "out", out, x.dtype());
+  expect_shape(op, "out", out, {x.dim(0), F});
+  if (device_of(op, {&x, &out}) == Device::cpu) return cpu::swiglu_forward(x, out);
+  MT_ON_CUDA(swiglu_forward(x, out));
+}
+
+void swiglu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) {
+  const char* op = "swiglu_backward";
+  const int64_t F = check_swiglu_x(op, x);
+  check_dtype(op, "dout", dout, x.dtype());
+  expect_shape(op, "dout", dout, {x.dim(0), F});
+  check_like(op, "dx", dx, x, "x");
+  if (device_of(op, {&x, &dout, &dx}) == Device::cpu) return cpu::swiglu_backward(x, dout, dx);
+  MT_ON_CUDA(swiglu_backward(x, dout, dx));
+}
+
 // ---- LayerNorm -----------------------------------------------------------------------------------
 
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out, Tensor& mean,
@@ -286,6 +321,35 @@ void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weigh
   if (device_of(op, {&dout, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias}) == Device::cpu)
     return cpu::layernorm_backward(dout, x, weight, mean, rstd, dx, dweight, dbias);
   MT_ON_CUDA(layernorm_backward(dout, x, weight, mean, rstd, dx, dweight, dbias));
+}
+
+// ---- RMSNorm -------------------------------------------------------------------------------------
+
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor& rstd, RmsNormOptions opt) {
+  const char* op = "rmsnorm_forward";
+  check_ndim(op, "x", x, 2, "(N, C)");
+  const int64_t N = x.dim(0), C = x.dim(1);
+  check_floating_shape(op, "weight", weight, {C});
+  check_like(op, "out", out, x, "x");
+  check_f32_shape(op, "rstd", rstd, {N});
+  check_range(op, "eps", opt.eps >= 0.f, fmt::format("must be >= 0, got {}", opt.eps));
+  if (device_of(op, {&x, &weight, &out, &rstd}) == Device::cpu) return cpu::rmsnorm_forward(x, weight, out, rstd, opt);
+  MT_ON_CUDA(rmsnorm_forward(x, weight, out, rstd, opt));
+}
+
+void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
+                      Tensor& dweight) {
+  const char* op = "rmsnorm_backward";
+  check_ndim(op, "x", x, 2, "(N, C)");
+  const int64_t N = x.dim(0), C = x.dim(1);
+  check_like(op, "dout", dout, x, "x");
+  check_floating_shape(op, "weight", weight, {C});
+  check_f32_shape(op, "rstd", rstd, {N});
+  check_like(op, "dx", dx, x, "x");
+  check_f32_shape(op, "dweight", dweight, {C});
+  if (device_of(op, {&dout, &x, &weight, &rstd, &dx, &dweight}) == Device::cpu)
+    return cpu::rmsnorm_backward(dout, x, weight, rstd, dx, dweight);
+  MT_ON_CUDA(rmsnorm_backward(dout, x, weight, rstd, dx, dweight));
 }
 
 // ---- embeddings ----------------------------------------------------------------------------------
@@ -448,6 +512,22 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
   if (device_of(op, {&qkv, &out, &lse, &dout, &dqkv}) == Device::cpu)
     return cpu::attention_backward(qkv, out, lse, dout, dqkv, opt);
   MT_ON_CUDA(attention_backward(qkv, out, lse, dout, dqkv, opt));
+}
+
+// ---- rotary position embedding -------------------------------------------------------------------
+
+void rope_(Tensor& qkv, const RopeOptions& opt) {
+  const char* op = "rope_";
+  check_ndim(op, "qkv", qkv, 5, "(B, T, G, R + 2, D)");
+  if (qkv.dim(3) < 3 || qkv.dim(4) == 0 || qkv.dim(4) % 2 != 0)
+    fail(op, fmt::format("qkv: expected shape (B, T, G, R + 2, D) with R >= 1 and an even D > 0, got {}",
+                         shape_str(qkv.shape())));
+  check_range(op, "theta", opt.theta > 0.f && std::isfinite(opt.theta),
+              fmt::format("must be a finite number > 0, got {}", opt.theta));
+  check_range(op, "position_offset", opt.position_offset >= 0,
+              fmt::format("must be >= 0, got {}", opt.position_offset));
+  if (qkv.device() == Device::cpu) return cpu::rope_(qkv, opt);
+  MT_ON_CUDA(rope_(qkv, opt));
 }
 
 // ---- cross-entropy -------------------------------------------------------------------------------

@@ -61,6 +61,14 @@ void gelu_forward(const Tensor& x, Tensor& out);
 // dx = dout * gelu'(x).
 void gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx);
 
+// ---- SwiGLU (Llama's MLP activation) ----
+// x (N, 2F) holds the (gate, up) pair of unit f at columns (2f, 2f + 1): the fc1 weight interleaves the gate
+// and up rows, so a tensor-parallel column block of the fc1 output holds whole pairs.
+// out (N, F) = silu(gate) * up, silu(g) = g / (1 + exp(-g)).
+void swiglu_forward(const Tensor& x, Tensor& out);
+// dx (N, 2F) written from the forward's x and dout (N, F): dgate = dout * up * silu'(gate), dup = dout * silu(gate).
+void swiglu_backward(const Tensor& x, const Tensor& dout, Tensor& dx);
+
 // ---- block transpose ---------------------------------------------------------------------------
 // out (Q, P, L) = x (P, Q, L) with the two leading dimensions swapped: out[q, p, :] = x[p, q, :], each block
 // of L elements moved as bytes (any dtype, values unchanged). Sequence parallelism's rank-major copies: the
@@ -77,6 +85,17 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
 // dx (N, C) written; dweight (C) and dbias (C) f32 accumulated.
 void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias);
+
+// ---- RMSNorm over the last dimension (Llama) -----------------------------------------------------
+struct RmsNormOptions {
+  float eps = 1e-5f;
+};
+// x (N, C), weight (C) -> out (N, C) = x * rstd * weight; rstd (N) f32 = 1 / sqrt(mean_c(x^2) + eps), saved.
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor& rstd, RmsNormOptions opt = {});
+// dx (N, C) written; dweight (C) f32 accumulated. With xhat = x * rstd and g = dout * weight:
+// dx = rstd * (g - xhat * mean_c(g * xhat)), dweight += sum_n dout * xhat.
+void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
+                      Tensor& dweight);
 
 // ---- embeddings ----------------------------------------------------------------------------------
 struct EmbeddingOptions {
@@ -142,6 +161,22 @@ void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const Attent
 // once when stored (deterministic).
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dqkv,
                         const AttentionOptions& opt);
+
+// ---- rotary position embedding (Llama) -----------------------------------------------------------
+// In place on the query and key slots of qkv (B, T, G, R + 2, D) (slots 0..R inclusive: R query heads and the
+// key of each of the G groups; the value slot R + 1 untouched; GPT's layout is G = H, R = 1).
+// Non-interleaved ("rotate_half", HF Llama and Megatron's default): for i < D/2 the pair (x_i, x_{i+D/2}) at
+// position p = position_offset + t is rotated by angle a = float(p) * inv_freq_i (an fp32 product),
+// inv_freq_i = float(1 / theta^(2i/D)) computed in double and rounded:
+//   x_i' = x_i cos a - x_{i+D/2} sin a,   x_{i+D/2}' = x_{i+D/2} cos a + x_i sin a
+// with cos and sin of the fp32 angle taken in double and rounded to fp32. inverse rotates by -a, which is
+// the backward (the gradient of a rotation is the inverse rotation). D must be even (and at most 512 on CUDA).
+struct RopeOptions {
+  float theta = 10000.f;        // HF's rope_theta (model.rotary_base)
+  int64_t position_offset = 0;  // global position of t = 0 (sequence-parallel shards, generation)
+  bool inverse = false;         // rotate by -a: the backward
+};
+void rope_(Tensor& qkv, const RopeOptions& opt);
 
 // ---- softmax cross-entropy, split so a vocabulary-parallel version only exchanges per-row scalars ----
 // logits (N, V) hold columns [vocab_start, vocab_start + V) of the full vocabulary; targets (N) i32 hold

@@ -20,6 +20,7 @@
 #include <limits>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -313,6 +314,109 @@ TEST_F(CudaOps, LayerNormForwardAndBackward) {
       expect_match(dw, tol, "layernorm dweight" + what);
       expect_match(db, tol, "layernorm dbias" + what);
     }
+}
+
+// ---- Llama ops: RMSNorm, SwiGLU, RoPE --------------------------------------------------------------
+
+TEST_F(CudaOps, RmsNormForwardAndBackward) {
+  for (const auto& [N, C] : {std::pair<int64_t, int64_t>{37, 97}, {4, 768}, {3, 4096}, {300, 64}})
+    for (DType dt : kFloatTypes) {
+      const Both x = both(rand_vec(N * C, 360, -2, 3), {N, C}, dt), w = both(rand_vec(C, 361, 0.5, 1.5), {C}, dt);
+      const Both dout = both(rand_vec(N * C, 362), {N, C}, dt);
+      Both out = poisoned({N, C}, dt), rstd = poisoned({N}, DType::f32), dx = poisoned({N, C}, dt);
+      Both dw = both(rand_vec(C, 363), {C}, DType::f32);  // nonzero start: must be added to
+      for (auto d : kDevices) {
+        rmsnorm_forward(x.*d, w.*d, out.*d, rstd.*d, {.eps = 1e-6f});
+        rmsnorm_backward(dout.*d, x.*d, w.*d, rstd.*d, dx.*d, dw.*d);
+      }
+      const std::string what = str(" ", N, "x", C, " ", dtype_name(dt));
+      const double tol = tol_for(dt);
+      expect_match(out, tol, "rmsnorm out" + what);
+      expect_match(rstd, tol, "rmsnorm rstd" + what);
+      expect_match(dx, tol, "rmsnorm dx" + what);
+      expect_match(dw, tol, "rmsnorm dweight" + what);
+    }
+}
+
+// out aliasing x, dx aliasing dout (the weight gradient reads dout before dx overwrites it), and the weight
+// gradient is the same bits on every run (fixed row chunks, no atomics).
+TEST_F(CudaOps, RmsNormInPlaceAndDeterministic) {
+  const int64_t N = 2049, C = 320;
+  for (DType dt : kFloatTypes) {
+    const Vec xv = rand_vec(N * C, 364, -2, 2), dv = rand_vec(N * C, 365);
+    const Both x = both(xv, {N, C}, dt), w = both(rand_vec(C, 366, 0.5, 1.5), {C}, dt);
+    Both y = both(xv, {N, C}, dt), rstd = poisoned({N}, DType::f32);
+    Both dx = both(dv, {N, C}, dt), dw = both(Vec(C, 0.0), {C}, DType::f32);
+    for (auto d : kDevices) {
+      rmsnorm_forward(y.*d, w.*d, y.*d, rstd.*d, {});
+      rmsnorm_backward(dx.*d, x.*d, w.*d, rstd.*d, dx.*d, dw.*d);
+    }
+    expect_match(y, tol_for(dt), str("rmsnorm out in place of x ", dtype_name(dt)));
+    expect_match(dx, tol_for(dt), str("rmsnorm dx in place of dout ", dtype_name(dt)));
+    expect_match(dw, tol_for(dt), str("rmsnorm dweight ", dtype_name(dt)));
+    Tensor dout2 = make(dv, {N, C}, dt).to(Device::cuda), dw2 = make(Vec(C, 0.0), {C}).to(Device::cuda);
+    rmsnorm_backward(dout2, x.gpu, w.gpu, rstd.gpu, dout2, dw2);
+    EXPECT_EQ(bytes_of(dw.gpu), bytes_of(dw2)) << "rmsnorm dweight is not deterministic, " << dtype_name(dt);
+  }
+}
+
+TEST_F(CudaOps, SwiGluForwardAndBackward) {
+  for (const auto& [N, F] : {std::pair<int64_t, int64_t>{41, 129}, {3, 2816}})
+    for (DType dt : kFloatTypes) {
+      Vec xv = rand_vec(N * 2 * F, 370, -6, 6);
+      for (double g : {-200.0, -90.0, 90.0, 200.0}) xv[2 * static_cast<size_t>(g + 300)] = g;  // tails of exp
+      const Both x = both(xv, {N, 2 * F}, dt), dout = both(rand_vec(N * F, 371), {N, F}, dt);
+      Both out = poisoned({N, F}, dt), dx = poisoned({N, 2 * F}, dt);
+      for (auto d : kDevices) {
+        swiglu_forward(x.*d, out.*d);
+        swiglu_backward(x.*d, dout.*d, dx.*d);
+      }
+      expect_match(out, tol_for(dt), str("swiglu_forward ", N, "x", F, " ", dtype_name(dt)));
+      expect_match(dx, tol_for(dt), str("swiglu_backward ", N, "x", F, " ", dtype_name(dt)));
+    }
+}
+
+// GPT-shaped (G = H, R = 1), grouped-query and multi-query qkv, forward and inverse, with a position offset
+// and far positions. The value slots must come back bit for bit.
+TEST_F(CudaOps, RopeForwardAndInverse) {
+  struct Case {
+    int64_t B, T, G, R, D, offset;
+    float theta;
+  };
+  for (const Case& c : {Case{2, 37, 4, 1, 64, 0, 10000.f}, Case{1, 19, 2, 4, 128, 5, 500000.f},
+                        Case{3, 5, 1, 8, 6, 100000, 10000.f}, Case{1, 300, 2, 2, 2, 0, 10000.f}})
+    for (DType dt : kFloatTypes)
+      for (bool inverse : {false, true}) {
+        const Shape shape{c.B, c.T, c.G, c.R + 2, c.D};
+        Both qkv = both(rand_vec(shape_numel(shape), 380, -2, 2), shape, dt);
+        const RopeOptions opt{.theta = c.theta, .position_offset = c.offset, .inverse = inverse};
+        for (auto d : kDevices) rope_(qkv.*d, opt);
+        const std::string what = str("rope_ B", c.B, " T", c.T, " G", c.G, " R", c.R, " D", c.D, " offset ", c.offset,
+                                     inverse ? " inverse " : " ", dtype_name(dt));
+        expect_match(qkv, tol_for(dt), what);
+        const Vec got = values(qkv.gpu), before = values(make(rand_vec(shape_numel(shape), 380, -2, 2), shape, dt));
+        const int64_t S = c.R + 2;
+        int64_t moved = 0;
+        for (int64_t btg = 0; btg < c.B * c.T * c.G; ++btg)
+          for (int64_t i = 0; i < c.D; ++i) {
+            const int64_t k = (btg * S + S - 1) * c.D + i;  // slot R + 1: the value
+            moved += got[k] != before[k];
+          }
+        EXPECT_EQ(moved, 0) << what << ": " << moved << " elements of the value slots changed";
+      }
+}
+
+// The CUDA kernel passes inv_freq in its parameters (D <= 512); a wider head is refused by name.
+TEST_F(CudaOps, RopeRefusesHeadDimsBeyondTheKernelLimit) {
+  Tensor qkv = Tensor::zeros({1, 2, 1, 3, 514}, DType::f32, Device::cuda);
+  try {
+    rope_(qkv, {});
+    ADD_FAILURE() << "rope_ with D = 514 did not throw";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("rope_: the CUDA kernel supports a head dim D up to 512, got 514"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // ---- embeddings ----------------------------------------------------------------------------------

@@ -22,6 +22,7 @@
 #include <functional>
 #include <limits>
 #include <numbers>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -324,6 +325,52 @@ TEST(Elementwise, AddBiasForwardAndBiasBackwardAccumulates) {
   EXPECT_CLOSE(diff(values(dbias), prior), fd_grad(f, bias, w), kGradTol);
 }
 
+// ---- SwiGLU --------------------------------------------------------------------------------------
+
+// x (N, 2F) of interleaved (gate, up) pairs -> (N, F) = silu(gate) * up.
+Vec swiglu_ref(const Vec& x) {
+  Vec o(x.size() / 2);
+  for (size_t i = 0; i < o.size(); ++i) {
+    const double g = x[2 * i], u = x[2 * i + 1];
+    o[i] = g / (1 + std::exp(-g)) * u;
+  }
+  return o;
+}
+
+TEST(SwiGlu, ForwardMatchesDoubleAndBackwardMatchesFiniteDifferences) {
+  const int64_t N = 5, F = 7;
+  const Vec x = rand_vec(N * 2 * F, 70, -6, 6), dout = rand_vec(N * F, 71);
+  Tensor out = Tensor::empty({N, F}, DType::f32), dx = Tensor::empty({N, 2 * F}, DType::f32);
+  swiglu_forward(make(x, {N, 2 * F}), out);
+  EXPECT_CLOSE(values(out), swiglu_ref(x), kFwdTol);
+  swiglu_backward(make(x, {N, 2 * F}), make(dout, {N, F}), dx);
+  EXPECT_CLOSE(values(dx), fd_grad(swiglu_ref, x, dout), kGradTol);
+  Tensor X = make(x, {N, 2 * F});  // dx may alias x
+  swiglu_backward(X, make(dout, {N, F}), X);
+  EXPECT_EQ(values(X), values(dx));
+}
+
+// Rows wider than the CPU's fp32 batches, and gates far out in both tails: silu(g) -> g above, -> -0 below,
+// and the gradients stay finite (exp(-g) is capped, so (1 - s) = e * s never becomes inf * 0).
+TEST(SwiGlu, WideRowsAndExtremeGatesStayFinite) {
+  const int64_t N = 3, F = 1500;
+  Vec x = rand_vec(N * 2 * F, 72, -4, 4);
+  const Vec dout = rand_vec(N * F, 73);
+  for (double g : {-200.0, -90.0, -30.0, 30.0, 90.0, 200.0}) x[2 * static_cast<size_t>(g + 500)] = g;
+  Tensor out = Tensor::empty({N, F}, DType::f32), dx = Tensor::empty({N, 2 * F}, DType::f32);
+  swiglu_forward(make(x, {N, 2 * F}), out);
+  swiglu_backward(make(x, {N, 2 * F}), make(dout, {N, F}), dx);
+  EXPECT_CLOSE(values(out), swiglu_ref(x), kFwdTol);
+  Vec want(x.size());  // the analytic gradient in double
+  for (int64_t i = 0; i < N * F; ++i) {
+    const double g = x[2 * i], u = x[2 * i + 1], s = 1 / (1 + std::exp(-g));
+    want[2 * i] = dout[i] * u * (s + g * s * (1 - s));
+    want[2 * i + 1] = dout[i] * g * s;
+  }
+  EXPECT_CLOSE(values(dx), want, kGradTol);
+  for (double v : values(dx)) ASSERT_TRUE(std::isfinite(v));
+}
+
 // ---- LayerNorm -----------------------------------------------------------------------------------
 
 struct LnRef {
@@ -363,6 +410,69 @@ TEST(LayerNorm, ForwardMatchesDoubleAndBackwardMatchesFiniteDifferences) {
   EXPECT_CLOSE(values(dx), fd_grad(fx, x, dout), kGradTol);
   EXPECT_CLOSE(diff(values(dw), prior_w), fd_grad(fw, w, dout), kGradTol);
   EXPECT_CLOSE(diff(values(db), prior_b), fd_grad(fb, b, dout), kGradTol);
+}
+
+// ---- RMSNorm -------------------------------------------------------------------------------------
+
+struct RmsRef {
+  Vec out, rstd;
+};
+RmsRef rmsnorm_ref(const Vec& x, const Vec& w, int64_t N, int64_t C, double eps) {
+  RmsRef r{Vec(N * C), Vec(N)};
+  for (int64_t n = 0; n < N; ++n) {
+    double ms = 0;
+    for (int64_t c = 0; c < C; ++c) ms += x[n * C + c] * x[n * C + c] / C;
+    r.rstd[n] = 1 / std::sqrt(ms + eps);
+    for (int64_t c = 0; c < C; ++c) r.out[n * C + c] = x[n * C + c] * r.rstd[n] * w[c];
+  }
+  return r;
+}
+
+TEST(RmsNorm, ForwardMatchesDoubleAndBackwardMatchesFiniteDifferences) {
+  const int64_t N = 4, C = 16;
+  const double eps = 1e-5;
+  const Vec x = rand_vec(N * C, 26, -2, 3), w = rand_vec(C, 27, 0.5, 1.5);
+  const Vec dout = rand_vec(N * C, 28), prior_w = rand_vec(C, 29);
+  Tensor out = Tensor::empty({N, C}, DType::f32), rstd = Tensor::empty({N}, DType::f32);
+  rmsnorm_forward(make(x, {N, C}), make(w, {C}), out, rstd, {.eps = 1e-5f});
+  const RmsRef ref = rmsnorm_ref(x, w, N, C, eps);
+  EXPECT_CLOSE(values(out), ref.out, kFwdTol);
+  EXPECT_CLOSE(values(rstd), ref.rstd, kFwdTol);
+
+  Tensor dx = Tensor::empty({N, C}, DType::f32), dw = make(prior_w, {C});
+  rmsnorm_backward(make(dout, {N, C}), make(x, {N, C}), make(w, {C}), rstd, dx, dw);
+  auto fx = [&](const Vec& v) { return rmsnorm_ref(v, w, N, C, eps).out; };
+  auto fw = [&](const Vec& v) { return rmsnorm_ref(x, v, N, C, eps).out; };
+  EXPECT_CLOSE(values(dx), fd_grad(fx, x, dout), kGradTol);
+  EXPECT_CLOSE(diff(values(dw), prior_w), fd_grad(fw, w, dout), kGradTol);
+}
+
+// eps enters inside the square root (a near-zero row is scaled by about 1 / sqrt(eps), not blown up), out and
+// dx may alias their inputs, and two backward calls accumulate dweight.
+TEST(RmsNorm, EpsAliasingAndAccumulation) {
+  const int64_t N = 3, C = 8;
+  const double eps = 1e-2;
+  Vec x = rand_vec(N * C, 30, -1, 1);
+  for (int64_t c = 0; c < C; ++c) x[C + c] = 1e-4 * x[C + c];  // row 1 nearly zero
+  const Vec w = rand_vec(C, 31, 0.5, 1.5), dout = rand_vec(N * C, 32);
+  Tensor out = Tensor::empty({N, C}, DType::f32), rstd = Tensor::empty({N}, DType::f32);
+  rmsnorm_forward(make(x, {N, C}), make(w, {C}), out, rstd, {.eps = 1e-2f});
+  const RmsRef ref = rmsnorm_ref(x, w, N, C, eps);
+  EXPECT_CLOSE(values(out), ref.out, kFwdTol);
+  EXPECT_CLOSE(values(rstd), ref.rstd, kFwdTol);
+  Tensor X = make(x, {N, C}), rstd2 = Tensor::empty({N}, DType::f32);
+  rmsnorm_forward(X, make(w, {C}), X, rstd2, {.eps = 1e-2f});
+  EXPECT_EQ(values(X), values(out));
+
+  Tensor dx = Tensor::empty({N, C}, DType::f32), dw = Tensor::zeros({C}, DType::f32);
+  rmsnorm_backward(make(dout, {N, C}), make(x, {N, C}), make(w, {C}), rstd, dx, dw);
+  Tensor D = make(dout, {N, C}), dw2 = Tensor::zeros({C}, DType::f32);
+  rmsnorm_backward(D, make(x, {N, C}), make(w, {C}), rstd, D, dw2);  // dx aliasing dout
+  EXPECT_EQ(values(D), values(dx));
+  rmsnorm_backward(make(dout, {N, C}), make(x, {N, C}), make(w, {C}), rstd, dx, dw2);
+  Vec twice = values(dw);
+  for (auto& v : twice) v *= 2;
+  EXPECT_CLOSE(values(dw2), twice, 1e-7);
 }
 
 // ---- embeddings ----------------------------------------------------------------------------------
@@ -741,6 +851,102 @@ TEST(Attention, GroupedShapeErrorsNameTheShapes) {
   attention_forward(qkv, view, lse, {});  // the (B, T, H * D) view is accepted
 }
 // ---- end grouped-query attention ----
+
+// ---- rotary position embedding ------------------------------------------------------------------
+
+struct QkvShape {
+  int64_t B, T, G, R, D;
+  int64_t S() const { return R + 2; }
+  int64_t numel() const { return B * T * G * S() * D; }
+  Shape shape() const { return {B, T, G, S(), D}; }
+};
+void PrintTo(const QkvShape& q, std::ostream* os) {
+  *os << "(B " << q.B << ", T " << q.T << ", G " << q.G << ", R " << q.R << ", D " << q.D << ")";
+}
+
+// rope_ in double: inv_freq, angle, cos and sin all in double (the op rounds them to fp32, an error of a few
+// fp32 ulps of the angle, well inside kFwdTol for the small positions used here). fp32_angle: the angle as
+// ops.h defines it, float(p) * float(inv_freq) rounded to fp32 (what far positions need: an fp32 angle of
+// 1e5 rad is only good to 4e-3 rad, by definition).
+Vec rope_ref(Vec x, const QkvShape& q, double theta, int64_t offset, bool inverse, bool fp32_angle = false) {
+  const int64_t half = q.D / 2;
+  for (int64_t b = 0; b < q.B; ++b)
+    for (int64_t t = 0; t < q.T; ++t)
+      for (int64_t g = 0; g < q.G; ++g)
+        for (int64_t slot = 0; slot <= q.R; ++slot) {
+          double* v = x.data() + (((b * q.T + t) * q.G + g) * q.S() + slot) * q.D;
+          for (int64_t i = 0; i < half; ++i) {
+            const double inv_freq = 1 / std::pow(theta, 2.0 * i / q.D);
+            double a = double(offset + t) * inv_freq;
+            if (fp32_angle) a = static_cast<float>(offset + t) * static_cast<float>(inv_freq);
+            if (inverse) a = -a;
+            const double x0 = v[i], x1 = v[i + half];
+            v[i] = x0 * std::cos(a) - x1 * std::sin(a);
+            v[i + half] = x1 * std::cos(a) + x0 * std::sin(a);
+          }
+        }
+  return x;
+}
+
+// The elements of the value slot (R + 1) of every group.
+Vec value_slots(const Vec& x, const QkvShape& q) {
+  Vec r;
+  for (int64_t btg = 0; btg < q.B * q.T * q.G; ++btg)
+    for (int64_t d = 0; d < q.D; ++d) r.push_back(x[(btg * q.S() + q.R + 1) * q.D + d]);
+  return r;
+}
+
+class RopeShapes : public ::testing::TestWithParam<QkvShape> {};
+
+// Forward against double; the value slots bit for bit untouched; the backward (the inverse rotation of dout)
+// against finite differences of L = sum(rope(x) * w); rope then inverse rope gives x back.
+TEST_P(RopeShapes, ForwardMatchesDoubleBackwardMatchesFiniteDifferencesValuesUntouched) {
+  const QkvShape q = GetParam();
+  const RopeOptions opt{.theta = 500.f, .position_offset = 3};
+  const Vec x = rand_vec(q.numel(), 80, -2, 2), w = rand_vec(q.numel(), 81);
+  Tensor X = make(x, q.shape());
+  rope_(X, opt);
+  const Vec got = values(X);
+  EXPECT_CLOSE(got, rope_ref(x, q, 500.0, 3, false), kFwdTol);
+  EXPECT_EQ(value_slots(got, q), value_slots(x, q));
+  EXPECT_NE(got, x);
+
+  Tensor dX = make(w, q.shape());
+  rope_(dX, {.theta = 500.f, .position_offset = 3, .inverse = true});
+  auto f = [&](const Vec& v) { return rope_ref(v, q, 500.0, 3, false); };
+  EXPECT_CLOSE(values(dX), fd_grad(f, x, w), kGradTol);
+
+  rope_(X, {.theta = 500.f, .position_offset = 3, .inverse = true});
+  EXPECT_CLOSE(values(X), x, 1e-6);
+  EXPECT_EQ(value_slots(values(X), q), value_slots(x, q));
+}
+
+INSTANTIATE_TEST_SUITE_P(Rope, RopeShapes,
+                         ::testing::Values(QkvShape{2, 5, 3, 1, 8},   // GPT: G = H, R = 1 (B, T, H, 3, D)
+                                           QkvShape{1, 4, 2, 4, 6},   // grouped-query: H = 8, G = 2
+                                           QkvShape{2, 3, 1, 3, 2}),  // multi-query, D = 2
+                         [](const auto& info) {
+                           const QkvShape& q = info.param;
+                           return "G" + std::to_string(q.G) + "R" + std::to_string(q.R) + "D" + std::to_string(q.D);
+                         });
+
+// A later slice of a sequence rotated with position_offset = its start equals that slice of the whole
+// sequence rotated from 0, bit for bit (each element's angle is float(offset + t) * inv_freq either way).
+TEST(Rope, PositionOffsetShiftsLikeASliceOfALongerSequence) {
+  const QkvShape whole{2, 9, 2, 2, 8};
+  const Vec x = rand_vec(whole.numel(), 82, -2, 2);
+  Tensor W = make(x, whole.shape());
+  Tensor Tl = take(W, 1, 4, 9);
+  rope_(W, {.theta = 10000.f});
+  rope_(Tl, {.theta = 10000.f, .position_offset = 4});
+  EXPECT_EQ(values(Tl), values(take(W, 1, 4, 9)));
+  // Sequence-parallel shards (offset 0 and 4) together are the whole; far positions use fp32 angles.
+  Tensor head = take(make(x, whole.shape()), 1, 0, 4), far = make(x, whole.shape());
+  rope_(head, {});
+  EXPECT_EQ(concat(head, Tl, 1), values(W));
+  rope_(far, {.position_offset = 100000});
+  EXPECT_CLOSE(values(far), rope_ref(x, whole, 10000.0, 100000, false, true), kFwdTol);
+}
 
 // ---- cross-entropy -------------------------------------------------------------------------------
 
@@ -1156,6 +1362,95 @@ TEST(OpErrors, NameTheOpAndTheArgument) {
   expect_invalid([&] { adamw_step(mean, rstd, rstd, rstd, {.step = 0}); }, "adamw_step: step");
   expect_invalid([&] { sum_squares(Tensor::zeros({3}, DType::bf16)); }, "sum_squares: x: expected dtype fp32");
   expect_invalid([&] { has_inf_or_nan(Tensor()); }, "has_inf_or_nan: x");
+}
+
+TEST(HalfStorage, LlamaOpsEqualTheFp32OpRoundedOnce) {
+  const int64_t N = 6, C = 8, F = 5;
+  const QkvShape q{2, 3, 2, 2, 6};
+  const Vec a = rand_vec(N * C, 90, -3, 3), b = rand_vec(N * C, 91), c = rand_vec(C, 92, 0.5, 1.5);
+  const Vec g = rand_vec(N * 2 * F, 93, -5, 5), dg = rand_vec(N * F, 94), qkv = rand_vec(q.numel(), 95, -2, 2);
+  expect_emulated(
+      [&](DType dt, const MakeInput& in) {
+        Tensor out = Tensor::empty({N, C}, dt), rstd = Tensor::empty({N}, DType::f32), dx = Tensor::empty({N, C}, dt);
+        Tensor dw = Tensor::zeros({C}, DType::f32);
+        rmsnorm_forward(in(a, {N, C}), in(c, {C}), out, rstd);
+        rmsnorm_backward(in(b, {N, C}), in(a, {N, C}), in(c, {C}), rstd, dx, dw);
+        return std::vector<Tensor>{out, rstd, dx, dw};
+      },
+      "rmsnorm");
+  expect_emulated(
+      [&](DType dt, const MakeInput& in) {
+        Tensor out = Tensor::empty({N, F}, dt), dx = Tensor::empty({N, 2 * F}, dt);
+        swiglu_forward(in(g, {N, 2 * F}), out);
+        swiglu_backward(in(g, {N, 2 * F}), in(dg, {N, F}), dx);
+        return std::vector<Tensor>{out, dx};
+      },
+      "swiglu");
+  expect_emulated(
+      [&](DType dt, const MakeInput& in) {
+        Tensor x = in(qkv, q.shape()), back = in(qkv, q.shape());
+        rope_(x, {.position_offset = 2});
+        rope_(back, {.position_offset = 2, .inverse = true});
+        return std::vector<Tensor>{x, back};
+      },
+      "rope");
+}
+
+TEST(OpErrors, LlamaOpsNameTheOpAndTheArgument) {
+  auto f32 = [](Shape s) { return Tensor::zeros(std::move(s), DType::f32); };
+  Tensor x = f32({4, 64}), out = f32({4, 64}), rstd = f32({4}), dw = f32({64});
+  expect_invalid([&] { rmsnorm_forward(x, f32({32}), out, rstd); },
+                 "rmsnorm_forward: weight: expected shape [64], got [32]");
+  Tensor rstd41 = f32({4, 1}), dw63 = f32({63});
+  expect_invalid([&] { rmsnorm_forward(x, f32({64}), out, rstd41); },
+                 "rmsnorm_forward: rstd: expected shape [4], got [4, 1]");
+  expect_invalid([&] { rmsnorm_forward(x, f32({64}), out, rstd, {.eps = -1.f}); }, "rmsnorm_forward: eps");
+  expect_invalid(
+      [&] {
+        Tensor dx = Tensor::zeros({4, 64}, DType::bf16);
+        rmsnorm_backward(out, x, f32({64}), rstd, dx, dw);
+      },
+      "rmsnorm_backward: dx: expected dtype fp32 (that of x), got bf16");
+  expect_invalid([&] { rmsnorm_backward(out, x, f32({64}), rstd, out, dw63); },
+                 "rmsnorm_backward: dweight: expected shape [64], got [63]");
+
+  expect_invalid([&] { swiglu_forward(f32({4, 7}), out); }, "swiglu_forward: x: expected (N, 2F) with an even");
+  expect_invalid([&] { swiglu_forward(x, out); }, "swiglu_forward: out: expected shape [4, 32], got [4, 64]");
+  expect_invalid(
+      [&] {
+        Tensor o = Tensor::zeros({4, 32}, DType::f16);
+        swiglu_forward(x, o);
+      },
+      "swiglu_forward: out: expected dtype fp32, got fp16");
+  expect_invalid(
+      [&] {
+        swiglu_backward(x, f32({4, 31}), out);
+      },
+      "swiglu_backward: dout: expected shape [4, 32], got [4, 31]");
+  expect_invalid([&] { swiglu_backward(x, f32({4, 32}), rstd); }, "swiglu_backward: dx");
+
+  Tensor qkv = f32({1, 4, 2, 3, 8});
+  expect_invalid([&] { rope_(x, {}); }, "rope_: qkv: expected a 5-D tensor (B, T, G, R + 2, D), got [4, 64]");
+  expect_invalid(
+      [&] {
+        Tensor odd = f32({1, 4, 2, 3, 7});
+        rope_(odd, {});
+      },
+      "rope_: qkv: expected shape (B, T, G, R + 2, D) with R >= 1 and an even D > 0, got [1, 4, 2, 3, 7]");
+  expect_invalid(
+      [&] {
+        Tensor no_query = f32({1, 4, 2, 2, 8});
+        rope_(no_query, {});
+      },
+      "rope_: qkv: expected shape (B, T, G, R + 2, D) with R >= 1");
+  expect_invalid([&] { rope_(qkv, {.theta = 0.f}); }, "rope_: theta: must be a finite number > 0, got 0");
+  expect_invalid([&] { rope_(qkv, {.position_offset = -1}); }, "rope_: position_offset: must be >= 0, got -1");
+  expect_invalid(
+      [&] {
+        Tensor ids = Tensor::from_ints(std::vector<int32_t>(64, 0), {1, 4, 2, 1, 8});
+        rope_(ids, {});
+      },
+      "rope_: qkv: expected a floating dtype");
 }
 
 // ---- fused ops: each equals the unfused sequence bit for bit -------------------------------------

@@ -1,0 +1,56 @@
+// rope.cpp: rotary position embedding on the CPU, in place on the query and key slots of a
+// (B, T, G, R + 2, D) qkv activation (core/ops.h gives the exact numerics). A (T, D/2) table of fp32 cos and
+// sin is computed once per call; each token's query and key vectors are rotated by it in fp32 and rounded once
+// on store. The value slots are neither read nor written.
+#include <cmath>
+#include <vector>
+
+#include "core/cpu/float_io.h"
+#include "core/cpu/ops_cpu.h"
+
+namespace mt::cpu {
+
+void rope_(Tensor& qkv, const RopeOptions& opt) {
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), G = qkv.dim(2), S = qkv.dim(3), D = qkv.dim(4);
+  const int64_t half = D / 2, rotated = (S - 1) * D;  // slots 0..R of a group: R queries and the key
+  if (B * T * G == 0) return;
+
+  // inv_freq_i = float(1 / theta^(2i/D)) in double, rounded; a = float(p) * inv_freq_i in fp32;
+  // cos and sin of that fp32 angle in double, rounded. inverse: sin(-a) = -sin(a).
+  std::vector<float> inv_freq(half);  // (D/2)
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[i] = static_cast<float>(
+        1.0 / std::pow(static_cast<double>(opt.theta), static_cast<double>(2 * i) / static_cast<double>(D)));
+  std::vector<float> cos_t(T * half), sin_t(T * half);  // (T, D/2) each
+  for (int64_t t = 0; t < T; ++t) {
+    const float p = static_cast<float>(opt.position_offset + t);
+    for (int64_t i = 0; i < half; ++i) {
+      const double a = static_cast<double>(p * inv_freq[i]);
+      cos_t[t * half + i] = static_cast<float>(std::cos(a));
+      const float s = static_cast<float>(std::sin(a));
+      sin_t[t * half + i] = opt.inverse ? -s : s;
+    }
+  }
+
+  std::vector<float> v(rotated);  // (R + 1, D): one group's queries and key
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const float* c = cos_t.data() + t * half;
+      const float* s = sin_t.data() + t * half;
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t begin = ((b * T + t) * G + g) * S * D;
+        load_f32(qkv, begin, rotated, v.data());
+        for (int64_t k = 0; k < rotated; k += D) {
+          float* x = v.data() + k;
+          for (int64_t i = 0; i < half; ++i) {
+            const float x0 = x[i], x1 = x[i + half];
+            x[i] = x0 * c[i] - x1 * s[i];
+            x[i + half] = x1 * c[i] + x0 * s[i];
+          }
+        }
+        store_f32(v.data(), rotated, qkv, begin);
+      }
+    }
+}
+
+}  // namespace mt::cpu

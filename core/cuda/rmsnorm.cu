@@ -1,0 +1,153 @@
+// rmsnorm.cu: RMSNorm over the last dimension on the GPU, with the formulas of core/cpu/rmsnorm.cpp: the row's
+// mean square in double, saved as an f32 rstd; the output and the backward use that saved f32 value. fp32
+// products and sums use __fmul_rn / __fsub_rn so the compiler does not contract them into FMAs the CPU
+// reference does not use.
+//
+// Forward and dx: one block per row (grid-stride over rows), the threads striding over the columns, block_sum
+// for the row sums (a fixed order, so deterministic), as core/cuda/layernorm.cu.
+// dweight: a column kernel sums dout * xhat over fixed row chunks in double into a workspace, a second kernel
+// adds the chunk partials in chunk order into dweight (deterministic, no atomics). It runs before the dx
+// kernel, so dx may alias dout or x.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "core/cuda/kernels.cuh"
+#include "core/cuda/ops_cuda.h"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr int kColThreads = 256;
+
+// Threads of the block that normalises one row: about 8 columns a thread, a multiple of 32, 32 to 1024.
+int row_threads(int64_t C) {
+  const int64_t t = (ceil_div(std::max<int64_t>(C, 1), 8) + 31) / 32 * 32;
+  return static_cast<int>(std::clamp<int64_t>(t, 32, 1024));
+}
+
+// Blocks of the row kernels (grid-stride over the N rows).
+unsigned row_grid(int64_t N) { return static_cast<unsigned>(std::clamp<int64_t>(N, 1, 65535 * 32)); }
+
+// ---- forward -------------------------------------------------------------------------------------
+
+// out may alias x: the last pass reads and writes each element from the same thread, after the reduction.
+template <class T>
+__global__ void __launch_bounds__(1024)
+    rmsnorm_forward_kernel(const T* x, const float* w, T* out, float* rstd, int64_t N, int64_t C, float eps) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {  // uniform over the block: block_sum is safe
+    const T* xr = x + n * C;
+    T* yr = out + n * C;
+    double sq = 0.0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      const double v = static_cast<double>(to_f32<T>(xr[c]));
+      sq += v * v;
+    }
+    sq = block_sum(sq);
+    const double ms = sq / static_cast<double>(C);
+    const float s = static_cast<float>(1.0 / sqrt(ms + static_cast<double>(eps)));
+    // x[c] * s * w[c]
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+      yr[c] = from_f32<T>(__fmul_rn(__fmul_rn(to_f32<T>(xr[c]), s), w[c]));
+    if (threadIdx.x == 0) rstd[n] = s;
+  }
+}
+
+// ---- backward ------------------------------------------------------------------------------------
+
+// With xhat = x * rstd and g = dout * weight: dx = rstd * (g - xhat * mean(g * xhat)).
+// dx may alias dout or x: the second pass reads and writes each element from the same thread.
+template <class T>
+__global__ void __launch_bounds__(1024)
+    rmsnorm_dx_kernel(const T* dout, const T* x, const float* w, const float* rstd, T* dx, int64_t N, int64_t C) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {  // uniform over the block: block_sum is safe
+    const T* xr = x + n * C;
+    const T* dr = dout + n * C;
+    T* dxr = dx + n * C;
+    const float s = rstd[n];
+    double sum_gx = 0.0;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      const float xh = __fmul_rn(to_f32<T>(xr[c]), s);
+      const float g = __fmul_rn(to_f32<T>(dr[c]), w[c]);
+      sum_gx += static_cast<double>(g) * static_cast<double>(xh);
+    }
+    sum_gx = block_sum(sum_gx);
+    const float mean_gx = static_cast<float>(sum_gx / static_cast<double>(C));
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      const float xh = __fmul_rn(to_f32<T>(xr[c]), s);
+      const float g = __fmul_rn(to_f32<T>(dr[c]), w[c]);
+      // s * (d[c] * w[c] - xhat[c] * mean_gx)
+      dxr[c] = from_f32<T>(__fmul_rn(s, __fsub_rn(g, __fmul_rn(xh, mean_gx))));
+    }
+  }
+}
+
+// pw[k, c] = sum of dout * xhat over the rows of chunk k ([k * rows_per, (k + 1) * rows_per) within N), in
+// double and in row order. Grid: (column blocks, chunks).
+template <class T>
+__global__ void rmsnorm_weight_partials_kernel(const T* dout, const T* x, const float* rstd, double* pw, int64_t N,
+                                               int64_t C, int64_t rows_per) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;  // no block-wide synchronisation in this kernel
+  const int64_t k = blockIdx.y;
+  const int64_t n0 = k * rows_per, n1 = n0 + rows_per < N ? n0 + rows_per : N;
+  double dw = 0.0;
+  for (int64_t n = n0; n < n1; ++n) {
+    const float d = to_f32<T>(dout[n * C + c]);
+    const float xh = __fmul_rn(to_f32<T>(x[n * C + c]), rstd[n]);
+    dw += static_cast<double>(d) * static_cast<double>(xh);
+  }
+  pw[k * C + c] = dw;
+}
+
+// dweight[c] += sum_k pw[k, c], in chunk order, rounded once to fp32.
+__global__ void rmsnorm_weight_finish_kernel(const double* pw, int64_t chunks, int64_t C, float* dweight) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  double dw = 0.0;
+  for (int64_t k = 0; k < chunks; ++k) dw += pw[k * C + c];
+  dweight[c] += static_cast<float>(dw);
+}
+
+}  // namespace
+
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor& rstd, const RmsNormOptions& opt) {
+  const int64_t N = x.dim(0), C = x.dim(1);
+  if (N == 0) return;
+  // C == 0 still writes the rows' rstd (NaN: 0 / 0), as the CPU.
+  Tensor hold_w;
+  const float* w = f32_values(weight, hold_w);
+  MT_DISPATCH_FLOAT(x.dtype(), "rmsnorm_forward", T,
+                    rmsnorm_forward_kernel<T><<<row_grid(N), row_threads(C), 0, stream()>>>(
+                        x.data<T>(), w, out.data<T>(), rstd.data<float>(), N, C, opt.eps));
+  MT_CUDA_LAUNCHED("rmsnorm_forward_kernel");
+}
+
+void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
+                      Tensor& dweight) {
+  const int64_t N = x.dim(0), C = x.dim(1);
+  if (N == 0 || C == 0) return;
+
+  // dweight first: it reads dout and x, which dx may alias.
+  const auto [col_blocks, rows_per, chunks] = column_chunks(N, C, kColThreads);
+  Tensor partials = Tensor::empty({chunks * C}, DType::i64, Device::cuda, MemKind::workspace);  // doubles
+  double* pw = static_cast<double*>(partials.raw());
+  const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(chunks));
+  MT_DISPATCH_FLOAT(x.dtype(), "rmsnorm_backward", T,
+                    rmsnorm_weight_partials_kernel<T><<<grid, kColThreads, 0, stream()>>>(
+                        dout.data<T>(), x.data<T>(), rstd.data<float>(), pw, N, C, rows_per));
+  MT_CUDA_LAUNCHED("rmsnorm_weight_partials_kernel");
+  rmsnorm_weight_finish_kernel<<<static_cast<unsigned>(col_blocks), kColThreads, 0, stream()>>>(pw, chunks, C,
+                                                                                                dweight.data<float>());
+  MT_CUDA_LAUNCHED("rmsnorm_weight_finish_kernel");
+
+  Tensor hold_w;
+  const float* w = f32_values(weight, hold_w);
+  MT_DISPATCH_FLOAT(x.dtype(), "rmsnorm_backward", T,
+                    rmsnorm_dx_kernel<T><<<row_grid(N), row_threads(C), 0, stream()>>>(
+                        dout.data<T>(), x.data<T>(), w, rstd.data<float>(), dx.data<T>(), N, C));
+  MT_CUDA_LAUNCHED("rmsnorm_dx_kernel");
+}
+
+}  // namespace mt::cuda

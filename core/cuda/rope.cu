@@ -1,0 +1,93 @@
+// rope.cu: rotary position embedding on the GPU, in place on the query and key slots of a (B, T, G, R + 2, D)
+// qkv activation, with the numerics of core/cpu/rope.cpp (core/ops.h gives them exactly):
+//  * inv_freq_i = float(1 / theta^(2i/D)) is computed on the host with the CPU's code (bit for bit the same)
+//    and passed by value in the kernel's parameters, so D is limited to kMaxHeadDim;
+//  * a first kernel fills a (T, D/2) table of fp32 cos and sin of a = float(p) * inv_freq_i (an fp32 product),
+//    taken in double and rounded (CUDA's double cos and sin are within 2 ulp of double, so the fp32 table
+//    equals the CPU's but where a double result lies within an ulp of an fp32 rounding boundary);
+//  * a second kernel rotates each (x_i, x_{i+D/2}) pair of the R queries and the key of every group, one
+//    thread per pair, in fp32 without FMA contractions, rounded once on store. The value slots are untouched.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "core/cuda/kernels.cuh"
+#include "core/cuda/ops_cuda.h"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxHeadDim = 512;
+
+struct InvFreq {
+  float v[kMaxHeadDim / 2];  // (D/2)
+};
+
+// cos_t[t, i] = float(cos(a)), sin_t[t, i] = float(sin(a)) (negated for the inverse), a = float(p) * inv_freq_i.
+__global__ void rope_table_kernel(InvFreq inv_freq, float* cos_t, float* sin_t, int64_t T, int64_t half,
+                                  int64_t position_offset, bool inverse) {
+  const int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (k >= T * half) return;
+  const int64_t t = k / half, i = k % half;
+  const float p = static_cast<float>(position_offset + t);
+  const double a = static_cast<double>(__fmul_rn(p, inv_freq.v[i]));
+  double s, c;
+  sincos(a, &s, &c);
+  cos_t[k] = static_cast<float>(c);
+  const float sf = static_cast<float>(s);
+  sin_t[k] = inverse ? -sf : sf;
+}
+
+// One thread per rotated pair: n = B * T * G * (R + 1) * half pairs, pair index ((btg * (R + 1) + slot) * half + i).
+template <class T>
+__global__ void rope_apply_kernel(T* qkv, const float* cos_t, const float* sin_t, int64_t n, int64_t T_len, int64_t G,
+                                  int64_t S, int64_t D) {
+  const int64_t half = D / 2, rotated = S - 1;
+  for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = k % half;
+    const int64_t slot = (k / half) % rotated;
+    const int64_t btg = k / (half * rotated);  // ((b * T + t) * G + g)
+    const int64_t t = (btg / G) % T_len;
+    T* x = qkv + (btg * S + slot) * D;
+    const float c = cos_t[t * half + i], s = sin_t[t * half + i];
+    const float x0 = to_f32<T>(x[i]), x1 = to_f32<T>(x[i + half]);
+    x[i] = from_f32<T>(__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));         // x0 cos - x1 sin
+    x[i + half] = from_f32<T>(__fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s)));  // x1 cos + x0 sin
+  }
+}
+
+}  // namespace
+
+void rope_(Tensor& qkv, const RopeOptions& opt) {
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), G = qkv.dim(2), S = qkv.dim(3), D = qkv.dim(4);
+  const int64_t half = D / 2;
+  if (D > kMaxHeadDim)
+    throw std::invalid_argument("rope_: the CUDA kernel supports a head dim D up to " + std::to_string(kMaxHeadDim) +
+                                ", got " + std::to_string(D));
+  const int64_t n = B * T * G * (S - 1) * half;
+  if (n == 0) return;
+
+  InvFreq inv_freq{};  // as core/cpu/rope.cpp: in double, rounded
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq.v[i] = static_cast<float>(
+        1.0 / std::pow(static_cast<double>(opt.theta), static_cast<double>(2 * i) / static_cast<double>(D)));
+
+  Tensor table = Tensor::empty({2 * T * half}, DType::f32, Device::cuda, MemKind::workspace);  // cos (T, D/2), sin
+  float* cos_t = table.data<float>();
+  float* sin_t = cos_t + T * half;
+  rope_table_kernel<<<blocks_for(T * half, kThreads), kThreads, 0, stream()>>>(inv_freq, cos_t, sin_t, T, half,
+                                                                               opt.position_offset, opt.inverse);
+  MT_CUDA_LAUNCHED("rope_table_kernel");
+  const unsigned grid = std::min<unsigned>(blocks_for(n, kThreads), 65535u * 8);
+  MT_DISPATCH_FLOAT(qkv.dtype(), "rope_", T_,
+                    rope_apply_kernel<T_>
+                    <<<grid, kThreads, 0, stream()>>>(qkv.data<T_>(), cos_t, sin_t, n, T, G, S, D));
+  MT_CUDA_LAUNCHED("rope_apply_kernel");
+}
+
+}  // namespace mt::cuda
