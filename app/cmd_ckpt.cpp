@@ -1,4 +1,5 @@
-// cmd_ckpt.cpp: `megatrain ckpt inspect DIR [--verify]` and `megatrain ckpt export DIR --format hf --output OUT`.
+// cmd_ckpt.cpp: `megatrain ckpt inspect DIR [--verify]` and `megatrain ckpt export DIR --format hf --output OUT`
+// (`ckpt import` is cmd_ckpt_import.cpp).
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -14,6 +15,9 @@
 #include "core/checkpoint/hf_tokenizer_export.h"
 
 namespace mt::app {
+
+void add_ckpt_import_command(CLI::App& ckpt);  // cmd_ckpt_import.cpp
+
 namespace {
 
 // DIR may be a checkpoint or a save directory with `latest`.
@@ -84,7 +88,7 @@ void run_export(const std::string& dir, const std::string& output, DType dtype, 
 }  // namespace
 
 void add_ckpt_commands(CLI::App& root) {
-  CLI::App* ckpt = root.add_subcommand("ckpt", "Inspect and export checkpoints");
+  CLI::App* ckpt = root.add_subcommand("ckpt", "Inspect, export and import checkpoints");
   ckpt->require_subcommand(1);
 
   // The option values live as long as the callbacks that read them.
@@ -113,6 +117,8 @@ void add_ckpt_commands(CLI::App& root) {
   exp->add_option("--tokenizer-sidecar", ea->tokenizer_sidecar,
                   "Tokenizer sidecar (PREFIX.tokenizer.yaml) to export instead of the checkpoint's tokenizer.yaml");
   exp->callback([ea] { run_export(ea->dir, ea->output, parse_dtype(ea->dtype), ea->tokenizer_sidecar); });
+
+  add_ckpt_import_command(*ckpt);
 }
 
 }  // namespace mt::app
