@@ -1,4 +1,5 @@
-// cmd_ckpt.cpp: `megatrain ckpt inspect DIR [--verify]` and `megatrain ckpt export DIR --format hf --output OUT`.
+// cmd_ckpt.cpp: `megatrain ckpt inspect DIR [--verify]` and `megatrain ckpt export DIR --format hf --output OUT`
+// (`ckpt import` is cmd_ckpt_import.cpp).
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -14,6 +15,9 @@
 #include "core/checkpoint/hf_tokenizer_export.h"
 
 namespace mt::app {
+
+void add_ckpt_import_command(CLI::App& ckpt);  // cmd_ckpt_import.cpp
+
 namespace {
 
 // DIR may be a checkpoint or a save directory with `latest`.
@@ -59,14 +63,14 @@ std::optional<TokenizerSidecar> export_tokenizer(const CheckpointReader& ckpt, c
   return read_tokenizer_sidecar_file(ckpt::join_path(ckpt.dir(), kCheckpointTokenizerFile));
 }
 
-void export_hf(const std::string& dir, const std::string& output, DType dtype, const std::string& sidecar) {
+void run_export(const std::string& dir, const std::string& output, DType dtype, const std::string& sidecar) {
   CheckpointReader ckpt(checkpoint_at(dir));
   const std::optional<TokenizerSidecar> tok = export_tokenizer(ckpt, sidecar);
-  const GptExportShape g = gpt_export_shape(ckpt);
+  const HfModelShape g = hf_export_shape(ckpt);
   if (tok && tok->vocab_size > g.vocab)
     throw CheckpointError(fmt::format("{}: the tokenizer has {} ids but the model's vocab_size is {}", ckpt.dir(),
                                       tok->vocab_size, g.vocab));
-  export_hf_gpt2(ckpt, output, dtype, tok ? std::optional<int32_t>(tok->eod) : std::nullopt);
+  mt::export_hf(ckpt, output, dtype, tok ? std::optional<int32_t>(tok->eod) : std::nullopt);
   fmt::print("exported {} (iteration {}) to {}/model.safetensors and {}/config.json\n", ckpt.dir(),
              ckpt.state().iteration, output, output);
   if (tok) {
@@ -84,7 +88,7 @@ void export_hf(const std::string& dir, const std::string& output, DType dtype, c
 }  // namespace
 
 void add_ckpt_commands(CLI::App& root) {
-  CLI::App* ckpt = root.add_subcommand("ckpt", "Inspect and export checkpoints");
+  CLI::App* ckpt = root.add_subcommand("ckpt", "Inspect, export and import checkpoints");
   ckpt->require_subcommand(1);
 
   // The option values live as long as the callbacks that read them.
@@ -102,7 +106,8 @@ void add_ckpt_commands(CLI::App& root) {
     std::string dir, format = "hf", output, dtype = "fp32", tokenizer_sidecar;
   };
   auto ea = std::make_shared<ExportArgs>();
-  CLI::App* exp = ckpt->add_subcommand("export", "Export a checkpoint for Hugging Face transformers (GPT2LMHeadModel)");
+  CLI::App* exp = ckpt->add_subcommand(
+      "export", "Export a checkpoint for Hugging Face transformers (GPT2LMHeadModel or LlamaForCausalLM)");
   exp->add_option("dir", ea->dir, "Checkpoint directory, or a save directory with a `latest` marker")->required();
   exp->add_option("--format", ea->format, "Export format")->check(CLI::IsMember({"hf"}))->capture_default_str();
   exp->add_option("--output,-o", ea->output, "Output directory (model.safetensors, config.json)")->required();
@@ -111,7 +116,9 @@ void add_ckpt_commands(CLI::App& root) {
       ->capture_default_str();
   exp->add_option("--tokenizer-sidecar", ea->tokenizer_sidecar,
                   "Tokenizer sidecar (PREFIX.tokenizer.yaml) to export instead of the checkpoint's tokenizer.yaml");
-  exp->callback([ea] { export_hf(ea->dir, ea->output, parse_dtype(ea->dtype), ea->tokenizer_sidecar); });
+  exp->callback([ea] { run_export(ea->dir, ea->output, parse_dtype(ea->dtype), ea->tokenizer_sidecar); });
+
+  add_ckpt_import_command(*ckpt);
 }
 
 }  // namespace mt::app

@@ -4,13 +4,17 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
 
 #include "core/checkpoint/checkpoint.h"
 #include "core/checkpoint/file_io.h"
+#include "core/mapped_file.h"
 
 namespace mt {
 namespace {
@@ -166,6 +170,98 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   SafetensorsWriter w(path, std::move(specs), metadata);
   for (const auto& [name, t] : tensors) w.write(t);
   w.finish();
+}
+
+// ---- reading ---------------------------------------------------------------------------------------------
+
+namespace {
+
+std::optional<DType> parse_safetensors_dtype(const std::string& s) {
+  if (s == "F32") return DType::f32;
+  if (s == "BF16") return DType::bf16;
+  if (s == "F16") return DType::f16;
+  return std::nullopt;
+}
+
+}  // namespace
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+  try {
+    file_ = std::make_unique<MappedFile>(MappedFile::open(path, {.require_regular_file = true}));
+  } catch (const MapFileError& e) {
+    throw CheckpointError(fmt::format("{}: cannot read safetensors file: {}", path, e.what()));
+  }
+  const uint8_t* p = file_->data();
+  const size_t size = file_->size();
+  auto bad = [&](const std::string& why) {
+    return CheckpointError(fmt::format("{}: not a safetensors file: {}", path, why));
+  };
+  if (size < 8) throw bad(fmt::format("{} bytes, shorter than the 8-byte header length", size));
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | p[i];
+  if (n > size - 8) throw bad(fmt::format("header length {} is past the end of the file ({} bytes)", n, size));
+  const int64_t data_bytes = static_cast<int64_t>(size - 8 - n);
+  data_ = p + 8 + n;
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(p + 8, p + 8 + n);
+  } catch (const nlohmann::json::exception& e) {
+    throw bad(fmt::format("header is not JSON: {}", e.what()));
+  }
+  if (!header.is_object()) throw bad("header is not a JSON object");
+  for (const auto& [name, v] : header.items()) {
+    if (name == "__metadata__") {
+      if (!v.is_object()) throw bad("__metadata__ is not an object");
+      for (const auto& [k, s] : v.items())
+        if (s.is_string()) metadata_[k] = s.get<std::string>();
+      continue;
+    }
+    auto where = [&](const std::string& why) {
+      return CheckpointError(fmt::format("{}: tensor {}: {}", path, name, why));
+    };
+    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
+      throw where("needs dtype, shape and data_offsets");
+    const auto& dt = v["dtype"];
+    const std::string dts = dt.is_string() ? dt.get<std::string>() : dt.dump();
+    const std::optional<DType> dtype = parse_safetensors_dtype(dts);
+    if (!dtype) throw where(fmt::format("dtype {} is not supported (F32, BF16 and F16 are)", dts));
+    Entry e{.dtype = *dtype};
+    int64_t numel = 1;
+    if (!v["shape"].is_array()) throw where("shape is not a list");
+    for (const auto& d : v["shape"]) {
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 40))
+        throw where(fmt::format("bad shape {}", v["shape"].dump()));
+      e.shape.push_back(d.get<int64_t>());
+      numel *= e.shape.back();
+      if (numel > (int64_t{1} << 48)) throw where(fmt::format("shape {} is too large", v["shape"].dump()));
+    }
+    const auto& off = v["data_offsets"];
+    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      throw where("data_offsets is not [begin, end]");
+    const uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
+    if (b > en || en > static_cast<uint64_t>(data_bytes))
+      throw where(fmt::format("data_offsets [{}, {}] outside the {} data bytes", b, en, data_bytes));
+    e.begin = static_cast<int64_t>(b);
+    e.end = static_cast<int64_t>(en);
+    if (e.end - e.begin != numel * static_cast<int64_t>(dtype_size(e.dtype)))
+      throw where(fmt::format("{} bytes do not hold shape {} of {}", e.end - e.begin, shape_str(e.shape), dts));
+    entries_.emplace(name, std::move(e));
+  }
+}
+
+SafetensorsReader::~SafetensorsReader() = default;
+
+const SafetensorsReader::Entry& SafetensorsReader::entry(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) throw CheckpointError(fmt::format("{}: has no tensor {}", path_, name));
+  return it->second;
+}
+
+Tensor SafetensorsReader::read(const std::string& name) const {
+  const Entry& e = entry(name);
+  Tensor t = Tensor::empty(e.shape, e.dtype);
+  if (e.end > e.begin) std::memcpy(t.raw(), data_ + e.begin, static_cast<size_t>(e.end - e.begin));
+  return t;
 }
 
 }  // namespace mt

@@ -1,14 +1,17 @@
-// safetensors.h: a writer for the safetensors format (Hugging Face): an 8-byte little-endian header
+// safetensors.h: a writer and a reader for the safetensors format (Hugging Face): an 8-byte little-endian header
 // length N, N bytes of JSON header {"__metadata__": {...}, NAME: {"dtype", "shape", "data_offsets": [b, e]}}
 // padded with spaces so the data starts 8-byte aligned, then the tensors' bytes back to back.
 #pragma once
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
 
 namespace mt {
+
+class MappedFile;  // core/mapped_file.h
 
 struct SafetensorsSpec {
   std::string name;
@@ -44,5 +47,32 @@ std::string safetensors_header(const std::vector<SafetensorsSpec>& specs,
 // Writes `tensors` (name, data converted to `dtype`) in one go.
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors, DType dtype,
                        const std::map<std::string, std::string>& metadata = {});
+
+// Reads a safetensors file (mapped, not loaded): the header is parsed and every entry checked on open (dtype
+// F32, BF16 or F16, offsets inside the data and matching the shape); tensors are copied out on demand. Throws
+// CheckpointError naming the file and the tensor.
+class SafetensorsReader {
+ public:
+  struct Entry {
+    DType dtype;
+    Shape shape;
+    int64_t begin = 0, end = 0;  // byte offsets within the data section
+  };
+  explicit SafetensorsReader(const std::string& path);
+  ~SafetensorsReader();
+  const std::string& path() const { return path_; }
+  const std::map<std::string, Entry>& tensors() const { return entries_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  bool has(const std::string& name) const { return entries_.count(name) > 0; }
+  const Entry& entry(const std::string& name) const;  // throws if absent
+  Tensor read(const std::string& name) const;         // host tensor in the stored dtype
+
+ private:
+  std::string path_;
+  std::unique_ptr<MappedFile> file_;
+  const uint8_t* data_ = nullptr;  // the data section
+  std::map<std::string, Entry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
 
 }  // namespace mt

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Tiny random transformers models and their losses, for the `megatrain ckpt import/export --format hf` checks.
+
+    hf_tiny_model.py make {gpt2|llama} OUT [--tie] [--heads H] [--groups G] [--vocab V] [--positions P]
+    hf_tiny_model.py loss MODEL_DIR DATA_PREFIX SEQ_LENGTH SAMPLES
+    hf_tiny_model.py load-strict MODEL_DIR
+
+make: a GPT2LMHeadModel or LlamaForCausalLM saved with save_pretrained (safetensors, float32) whose every weight
+is random (norm weights 1 + noise, biases noise), so a misplaced row, transpose or norm parameter changes the
+loss. loss: the mean next-token loss in float32 on the CPU over samples read in file order from a Megatron
+indexed dataset (sample j is tokens [j*S, j*S + S] of the concatenated documents, as `megatrain eval` reads
+them), printed with full precision. load-strict: from_pretrained with no missing, unexpected or mismatched
+weights (the architecture config.json names), else exit 1.
+Needs torch and transformers (tests/e2e/hf_import_interop.sh says where it looks for them).
+"""
+import argparse
+import struct
+import sys
+
+import numpy as np
+import torch
+import transformers
+
+DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16}
+
+
+def read_tokens(prefix):
+    idx = open(prefix + ".idx", "rb").read()
+    assert idx[:9] == b"MMIDIDX\x00\x00", "bad magic"
+    code = idx[17]
+    n, _ = struct.unpack_from("<QQ", idx, 18)
+    lengths = np.frombuffer(idx, np.int32, n, 34)
+    pointers = np.frombuffer(idx, np.int64, n, 34 + 4 * n)
+    dtype = np.dtype(DTYPES[code])
+    binary = open(prefix + ".bin", "rb").read()
+    return np.concatenate([np.frombuffer(binary, dtype, int(l), int(p)) for l, p in zip(lengths, pointers)]).astype(
+        np.int64)
+
+
+def make(args):
+    torch.manual_seed(args.seed)
+    common = dict(vocab_size=args.vocab, bos_token_id=args.vocab - 1, eos_token_id=args.vocab - 1,
+                  tie_word_embeddings=args.tie)
+    if args.arch == "gpt2":
+        cfg = transformers.GPT2Config(n_embd=args.hidden, n_layer=2, n_head=args.heads, n_positions=args.positions,
+                                      n_inner=4 * args.hidden, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0, **common)
+        model = transformers.GPT2LMHeadModel(cfg)
+    else:
+        cfg = transformers.LlamaConfig(hidden_size=args.hidden, intermediate_size=3 * args.hidden, num_hidden_layers=2,
+                                       num_attention_heads=args.heads, num_key_value_heads=args.groups,
+                                       max_position_embeddings=args.positions, rms_norm_eps=1e-5,
+                                       rope_theta=5000.0, **common)  # not the default: rotary_base must carry over
+        model = transformers.LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn_like(p) * args.std
+            p.copy_(1 + noise if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight", "norm.weight",
+                                                "layernorm.weight")) else noise)
+    model.save_pretrained(args.out, safe_serialization=True)
+
+
+def loss(args):
+    model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
+    S, K = args.seq_length, args.samples
+    tokens = read_tokens(args.data)
+    total = 0.0
+    with torch.no_grad():
+        for j in range(K):
+            window = torch.tensor(tokens[j * S:j * S + S + 1]).unsqueeze(0)
+            logits = model(window[:, :-1]).logits.double()
+            total += torch.nn.functional.cross_entropy(logits[0], window[0, 1:], reduction="sum").item()
+    print(repr(total / (K * S)))
+
+
+def load_strict(args):
+    cfg = transformers.AutoConfig.from_pretrained(args.model)
+    cls = getattr(transformers, cfg.architectures[0])
+    _, info = cls.from_pretrained(args.model, output_loading_info=True)
+    missing = [k for k in info["missing_keys"] if not k.endswith((".attn.bias", ".attn.masked_bias"))]
+    if missing or info["unexpected_keys"] or info["mismatched_keys"]:
+        print(f"FAIL: {cls.__name__}: missing {missing}, unexpected {info['unexpected_keys']}, "
+              f"mismatched {info['mismatched_keys']}")
+        sys.exit(1)
+    print(f"OK: {cls.__name__} loaded strictly from {args.model}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("make")
+    m.add_argument("arch", choices=["gpt2", "llama"])
+    m.add_argument("out")
+    m.add_argument("--tie", action="store_true")
+    m.add_argument("--hidden", type=int, default=32)
+    m.add_argument("--heads", type=int, default=4)
+    m.add_argument("--groups", type=int, default=2)
+    m.add_argument("--vocab", type=int, default=257)
+    m.add_argument("--positions", type=int, default=64)
+    m.add_argument("--std", type=float, default=0.2)
+    m.add_argument("--seed", type=int, default=0)
+    l_ = sub.add_parser("loss")
+    l_.add_argument("model")
+    l_.add_argument("data")
+    l_.add_argument("seq_length", type=int)
+    l_.add_argument("samples", type=int)
+    s = sub.add_parser("load-strict")
+    s.add_argument("model")
+    args = ap.parse_args()
+    {"make": make, "loss": loss, "load-strict": load_strict}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    main()
