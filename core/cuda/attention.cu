@@ -9,6 +9,12 @@
 // Z comes from dropout_uniform at (sample_offset + b, (head_offset + h) * T + i, j), the CPU's coordinates,
 // so masks agree bit for bit.
 //
+// Grouped-query attention: qkv (B, T, G, R + 2, D), query head h = g R + r reads query slot r of group g and the
+// group's key (slot R) and value (slot R + 1); R = 1 is GPT's (B, T, H, 3, D). The forward and dq kernels run
+// per query head; the dk/dv kernel runs per group and key tile and walks the group's R heads one after the
+// other inside the block (r = 0..R-1, each over its query tiles), accumulating dk_j and dv_j in registers and
+// storing once: the sum over the group is deterministic and needs no workspace (R = 1: the old order exactly).
+//
 // Layout of every kernel: a block of kWarps warps serves RB = kWarps * ROWS consecutive rows of one (b, h),
 // each warp ROWS of them; a lane holds columns lane + 32 c (c < DMAX / 32) of each of its rows' vectors
 // (DMAX, the head dimension rounded up to 32, 64, 128 or 256; columns >= D are zeros). The block walks the
@@ -18,7 +24,8 @@
 //   forward:        rows = queries, tiles = keys (K, V); online softmax over the tiles.
 //   backward dq:    rows = queries, tiles = keys (K, V); pass 1 sums delta_i = rowsum(P o dP) in double
 //                   (as the CPU), pass 2 accumulates dq_i; delta goes to a (B, H, T) f32 workspace.
-//   backward dk/dv: rows = keys, tiles = queries (Q, dO, lse, delta); accumulates dk_j and dv_j.
+//   backward dk/dv: rows = keys of one (b, g), tiles = queries (Q, dO, lse, delta) of each of the group's heads
+//                   in turn; accumulates dk_j and dv_j.
 // Every output element is written by exactly one lane, sums run in a fixed order: deterministic.
 // Speed is that of a plain tiled kernel, not FlashAttention's (no tensor cores).
 //
@@ -56,12 +63,25 @@ struct Cfg {
 
 struct Geom {
   int64_t T;      // sequence length
-  int64_t H;      // heads
+  int64_t G;      // query groups (key/value heads)
+  int64_t R;      // query heads per group
+  int64_t H;      // query heads, G * R
   int64_t BH;     // B * H
-  int64_t tiles;  // row tiles (of RB rows) per (b, h)
+  int64_t BG;     // B * G
+  int64_t tiles;  // row tiles (of RB rows) per (b, h) or (b, g)
   int D;          // head dimension
   bool causal;
   float scale;  // 1 / sqrt(D)
+
+  // Elements between rows t and t + 1 of a qkv slot (G (R + 2) D) and of out (H D).
+  __host__ __device__ int64_t qkv_stride() const { return G * (R + 2) * D; }
+  __host__ __device__ int64_t out_stride() const { return H * D; }
+  // Slot s (0..R-1 queries, R key, R + 1 value) of group gi of sample b at t = 0.
+  __host__ __device__ int64_t slot_at(int64_t b, int64_t gi, int64_t s) const {
+    return ((b * T * G + gi) * (R + 2) + s) * D;
+  }
+  // Query head h of sample b in out (B, T, H, D) at t = 0.
+  __host__ __device__ int64_t out_at(int64_t b, int64_t h) const { return (b * T * H + h) * D; }
 };
 
 struct Dropout {
@@ -139,12 +159,14 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(const S* __
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t bh = blockIdx.x % g.BH;
   const int64_t tile = g.tiles - 1 - blockIdx.x / g.BH;  // the longest causal rows first
-  const int64_t b = bh / g.H, h = bh % g.H;
+  const int64_t b = bh / g.H, h = bh % g.H, gi = h / g.R;
   const int64_t T = g.T;
   const int D = g.D;
-  const int64_t qstride = g.H * 3 * D, ostride = g.H * D;  // elements between rows t and t + 1
-  const S* head = qkv + (b * T * g.H + h) * 3 * D;         // q of (b, t = 0, h); k at +D, v at +2D
-  S* out_head = out + (b * T * g.H + h) * D;
+  const int64_t qstride = g.qkv_stride(), ostride = g.out_stride();  // elements between rows t and t + 1
+  const S* q_head = qkv + g.slot_at(b, gi, h % g.R);                 // (b, t = 0): the query, its group's key
+  const S* k_head = qkv + g.slot_at(b, gi, g.R);                     // and value
+  const S* v_head = qkv + g.slot_at(b, gi, g.R + 1);
+  S* out_head = out + g.out_at(b, h);
   const int64_t row0 = tile * RB + warp * ROWS;       // this warp's first query row
   const int64_t block_end = min(T, (tile + 1) * RB);  // one past the block's last query row
 
@@ -152,7 +174,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(const S* __
   double l[ROWS];  // sum of exp(s - m) over the keys so far, in double like the CPU's
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
-    load_row<S, C>(q[r], head, qstride, row0 + r, T, D, lane);
+    load_row<S, C>(q[r], q_head, qstride, row0 + r, T, D, lane);
 #pragma unroll
     for (int c = 0; c < C; ++c) o[r][c] = 0.f;
     m[r] = -INFINITY;
@@ -162,8 +184,8 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(const S* __
   const int64_t kend = g.causal ? block_end : T;  // keys any row of the block sees
   for (int64_t j0 = 0; j0 < kend; j0 += BK) {
     __syncthreads();  // the previous tile has been read by every warp
-    load_tile<S, DMAX, BK>(ks, head + D, qstride, j0, T, D);
-    load_tile<S, DMAX, BK>(vs, head + 2 * D, qstride, j0, T, D);
+    load_tile<S, DMAX, BK>(ks, k_head, qstride, j0, T, D);
+    load_tile<S, DMAX, BK>(vs, v_head, qstride, j0, T, D);
     __syncthreads();
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
@@ -229,13 +251,15 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t bh = blockIdx.x % g.BH;
   const int64_t tile = g.tiles - 1 - blockIdx.x / g.BH;  // the longest causal rows first
-  const int64_t b = bh / g.H, h = bh % g.H;
+  const int64_t b = bh / g.H, h = bh % g.H, gi = h / g.R;
   const int64_t T = g.T;
   const int D = g.D;
-  const int64_t qstride = g.H * 3 * D, ostride = g.H * D;
-  const S* head = qkv + (b * T * g.H + h) * 3 * D;
-  S* dhead = dqkv + (b * T * g.H + h) * 3 * D;
-  const S* dout_head = dout + (b * T * g.H + h) * D;
+  const int64_t qstride = g.qkv_stride(), ostride = g.out_stride();
+  const S* q_head = qkv + g.slot_at(b, gi, h % g.R);
+  const S* k_head = qkv + g.slot_at(b, gi, g.R);
+  const S* v_head = qkv + g.slot_at(b, gi, g.R + 1);
+  S* dq_head = dqkv + g.slot_at(b, gi, h % g.R);
+  const S* dout_head = dout + g.out_at(b, h);
   const int64_t row0 = tile * RB + warp * ROWS;
   const int64_t block_end = min(T, (tile + 1) * RB);
 
@@ -244,7 +268,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
     const int64_t i = row0 + r;
-    load_row<S, C>(q[r], head, qstride, i, T, D, lane);
+    load_row<S, C>(q[r], q_head, qstride, i, T, D, lane);
     load_row<S, C>(dO[r], dout_head, ostride, i, T, D, lane);
 #pragma unroll
     for (int c = 0; c < C; ++c) dq[r][c] = 0.f;
@@ -261,8 +285,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     for (int64_t j0 = 0; j0 < kend; j0 += BK) {
       __syncthreads();
-      load_tile<S, DMAX, BK>(ks, head + D, qstride, j0, T, D);
-      load_tile<S, DMAX, BK>(vs, head + 2 * D, qstride, j0, T, D);
+      load_tile<S, DMAX, BK>(ks, k_head, qstride, j0, T, D);
+      load_tile<S, DMAX, BK>(vs, v_head, qstride, j0, T, D);
       __syncthreads();
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) {
@@ -306,7 +330,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int r = 0; r < ROWS; ++r) {
     const int64_t i = row0 + r;
     if (i >= T) continue;
-    store_row<S, C>(dq[r], dhead, qstride, i, D, lane);
+    store_row<S, C>(dq[r], dq_head, qstride, i, D, lane);
     if (lane == 0) delta[bh * T + i] = row_d[r];
   }
 }
@@ -325,75 +349,82 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float delta_s[BK];
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t bh = blockIdx.x % g.BH;
-  const int64_t tile = blockIdx.x / g.BH;  // causal: the first keys see the most queries, so they go first
-  const int64_t b = bh / g.H, h = bh % g.H;
+  const int64_t bg = blockIdx.x % g.BG;
+  const int64_t tile = blockIdx.x / g.BG;  // causal: the first keys see the most queries, so they go first
+  const int64_t b = bg / g.G, gi = bg % g.G;
   const int64_t T = g.T;
   const int D = g.D;
-  const int64_t qstride = g.H * 3 * D, ostride = g.H * D;
-  const S* head = qkv + (b * T * g.H + h) * 3 * D;
-  S* dhead = dqkv + (b * T * g.H + h) * 3 * D;
-  const S* dout_head = dout + (b * T * g.H + h) * D;
-  const float* lse_head = lse + bh * T;
-  const float* delta_head = delta + bh * T;
+  const int64_t qstride = g.qkv_stride(), ostride = g.out_stride();
+  const S* k_head = qkv + g.slot_at(b, gi, g.R);
+  const S* v_head = qkv + g.slot_at(b, gi, g.R + 1);
+  S* dk_head = dqkv + g.slot_at(b, gi, g.R);
+  S* dv_head = dqkv + g.slot_at(b, gi, g.R + 1);
   const int64_t key_first = tile * RB;           // the block's first key row
   const int64_t row0 = key_first + warp * ROWS;  // this warp's first key row
 
   float k[ROWS][C], v[ROWS][C], dk[ROWS][C], dv[ROWS][C];
 #pragma unroll
   for (int r = 0; r < ROWS; ++r) {
-    load_row<S, C>(k[r], head + D, qstride, row0 + r, T, D, lane);
-    load_row<S, C>(v[r], head + 2 * D, qstride, row0 + r, T, D, lane);
+    load_row<S, C>(k[r], k_head, qstride, row0 + r, T, D, lane);
+    load_row<S, C>(v[r], v_head, qstride, row0 + r, T, D, lane);
 #pragma unroll
     for (int c = 0; c < C; ++c) dk[r][c] = dv[r][c] = 0.f;
   }
 
-  for (int64_t i0 = g.causal ? key_first : 0; i0 < T; i0 += BK) {  // causal: queries i >= j only
-    __syncthreads();
-    load_tile<S, DMAX, BK>(qs, head, qstride, i0, T, D);
-    load_tile<S, DMAX, BK>(dos, dout_head, ostride, i0, T, D);
-    if (threadIdx.x < BK) {
-      const int64_t t = i0 + threadIdx.x;
-      lse_s[threadIdx.x] = t < T ? lse_head[t] : 0.f;
-      delta_s[threadIdx.x] = t < T ? delta_head[t] : 0.f;
-    }
-    __syncthreads();
+  // The group's query heads in order; each adds its terms to the same dk, dv registers.
+  for (int64_t qr = 0; qr < g.R; ++qr) {
+    const int64_t h = gi * g.R + qr;
+    const S* q_head = qkv + g.slot_at(b, gi, qr);
+    const S* dout_head = dout + g.out_at(b, h);
+    const float* lse_head = lse + (b * g.H + h) * T;
+    const float* delta_head = delta + (b * g.H + h) * T;
+    for (int64_t i0 = g.causal ? key_first : 0; i0 < T; i0 += BK) {  // causal: queries i >= j only
+      __syncthreads();
+      load_tile<S, DMAX, BK>(qs, q_head, qstride, i0, T, D);
+      load_tile<S, DMAX, BK>(dos, dout_head, ostride, i0, T, D);
+      if (threadIdx.x < BK) {
+        const int64_t t = i0 + threadIdx.x;
+        lse_s[threadIdx.x] = t < T ? lse_head[t] : 0.f;
+        delta_s[threadIdx.x] = t < T ? delta_head[t] : 0.f;
+      }
+      __syncthreads();
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      const int64_t j = row0 + r;
-      if (j >= T) continue;  // warp-uniform
-      // queries i0 + lo .. i0 + hi - 1 of this tile see key j
-      const int lo =
-          g.causal ? static_cast<int>(max(static_cast<int64_t>(0), min(static_cast<int64_t>(BK), j - i0))) : 0;
-      const int hi = static_cast<int>(min(static_cast<int64_t>(BK), T - i0));
-      if (lo >= hi) continue;         // warp-uniform
-      float my_s = 0.f, my_dv = 0.f;  // lane ii: s_ij and dO_i . v_j for i = i0 + ii
+      for (int r = 0; r < ROWS; ++r) {
+        const int64_t j = row0 + r;
+        if (j >= T) continue;  // warp-uniform
+        // queries i0 + lo .. i0 + hi - 1 of this tile see key j
+        const int lo =
+            g.causal ? static_cast<int>(max(static_cast<int64_t>(0), min(static_cast<int64_t>(BK), j - i0))) : 0;
+        const int hi = static_cast<int>(min(static_cast<int64_t>(BK), T - i0));
+        if (lo >= hi) continue;         // warp-uniform
+        float my_s = 0.f, my_dv = 0.f;  // lane ii: s_ij and dO_i . v_j for i = i0 + ii
 #pragma unroll 4
-      for (int ii = lo; ii < hi; ++ii) {
-        const float s = g.scale * warp_sum(lane_dot<DMAX, C>(k[r], qs, ii, lane));
-        const float dd = warp_sum(lane_dot<DMAX, C>(v[r], dos, ii, lane));
-        if (lane == ii) {
-          my_s = s;
-          my_dv = dd;
+        for (int ii = lo; ii < hi; ++ii) {
+          const float s = g.scale * warp_sum(lane_dot<DMAX, C>(k[r], qs, ii, lane));
+          const float dd = warp_sum(lane_dot<DMAX, C>(v[r], dos, ii, lane));
+          if (lane == ii) {
+            my_s = s;
+            my_dv = dd;
+          }
         }
-      }
-      float ds = 0.f, pz = 0.f;
-      if (lane >= lo && lane < hi) {
-        const float p = expf(my_s - lse_s[lane]);
-        const float z = drop.on ? keep_scale(drop, b, h, T, i0 + lane, j) : 1.f;
-        const float dp = z == 0.f ? 0.f : my_dv * z;
-        ds = g.scale * p * (dp - delta_s[lane]);
-        pz = p * z;
-      }
+        float ds = 0.f, pz = 0.f;
+        if (lane >= lo && lane < hi) {
+          const float p = expf(my_s - lse_s[lane]);
+          const float z = drop.on ? keep_scale(drop, b, h, T, i0 + lane, j) : 1.f;
+          const float dp = z == 0.f ? 0.f : my_dv * z;
+          ds = g.scale * p * (dp - delta_s[lane]);
+          pz = p * z;
+        }
 #pragma unroll 4
-      for (int ii = lo; ii < hi; ++ii) {
-        const float dsi = __shfl_sync(kFull, ds, ii);
-        const float pzi = __shfl_sync(kFull, pz, ii);
+        for (int ii = lo; ii < hi; ++ii) {
+          const float dsi = __shfl_sync(kFull, ds, ii);
+          const float pzi = __shfl_sync(kFull, pz, ii);
 #pragma unroll
-        for (int c = 0; c < C; ++c) dk[r][c] += dsi * qs[ii][lane + 32 * c];
-        if (pzi != 0.f) {  // as the CPU
+          for (int c = 0; c < C; ++c) dk[r][c] += dsi * qs[ii][lane + 32 * c];
+          if (pzi != 0.f) {  // as the CPU
 #pragma unroll
-          for (int c = 0; c < C; ++c) dv[r][c] += pzi * dos[ii][lane + 32 * c];
+            for (int c = 0; c < C; ++c) dv[r][c] += pzi * dos[ii][lane + 32 * c];
+          }
         }
       }
     }
@@ -403,8 +434,8 @@ __global__ void __launch_bounds__(kThreads)
   for (int r = 0; r < ROWS; ++r) {
     const int64_t j = row0 + r;
     if (j >= T) continue;
-    store_row<S, C>(dk[r], dhead + D, qstride, j, D, lane);
-    store_row<S, C>(dv[r], dhead + 2 * D, qstride, j, D, lane);
+    store_row<S, C>(dk[r], dk_head, qstride, j, D, lane);
+    store_row<S, C>(dv[r], dv_head, qstride, j, D, lane);
   }
 }
 
@@ -423,8 +454,11 @@ int dmax_for(const char* op, int64_t D) {
 Geom geom_of(const Tensor& qkv, const AttentionOptions& opt) {
   Geom g;
   g.T = qkv.dim(1);
-  g.H = qkv.dim(2);
+  g.G = qkv.dim(2);
+  g.R = qkv.dim(3) - 2;
+  g.H = g.G * g.R;
   g.BH = qkv.dim(0) * g.H;
+  g.BG = qkv.dim(0) * g.G;
   g.tiles = 0;
   g.D = static_cast<int>(qkv.dim(4));
   g.causal = opt.causal;
@@ -444,7 +478,8 @@ Dropout dropout_of(const AttentionOptions& opt) {
   return d;
 }
 
-// Blocks for RB rows per block over every (b, h); sets g.tiles. A one-dimensional grid: at most 2^31 - 1.
+// Blocks for RB rows per block over every (b, h) (g.BH of them; the dk/dv kernel's (b, g) are fewer); sets
+// g.tiles. A one-dimensional grid: at most 2^31 - 1.
 template <int DMAX>
 unsigned grid_for(const char* op, Geom& g) {
   g.tiles = (g.T + Cfg<DMAX>::RB - 1) / Cfg<DMAX>::RB;
@@ -468,7 +503,8 @@ void backward_launch(const S* qkv, const S* dout, const float* lse, float* delta
   const unsigned blocks = grid_for<DMAX>("attention_backward", g);
   attention_backward_dq_kernel<S, DMAX><<<blocks, kThreads, 0, stream()>>>(qkv, dout, lse, delta, dqkv, g, drop);
   MT_CUDA_LAUNCHED("attention_backward_dq_kernel");
-  attention_backward_dkv_kernel<S, DMAX><<<blocks, kThreads, 0, stream()>>>(qkv, dout, lse, delta, dqkv, g, drop);
+  const auto group_blocks = static_cast<unsigned>(g.tiles * g.BG);  // one per (b, g) and key tile
+  attention_backward_dkv_kernel<S, DMAX><<<group_blocks, kThreads, 0, stream()>>>(qkv, dout, lse, delta, dqkv, g, drop);
   MT_CUDA_LAUNCHED("attention_backward_dkv_kernel");
 }
 
@@ -510,15 +546,7 @@ void backward_typed(const Tensor& qkv, const Tensor& lse, const Tensor& dout, Te
 
 }  // namespace
 
-// Grouped-query qkv (R > 1) is not served on the GPU yet: fail loudly rather than read the wrong slots.
-static void require_one_head_per_group(const char* op, const Tensor& qkv) {
-  if (qkv.dim(3) != 3)
-    throw std::runtime_error(std::string(op) + ": the CUDA attention serves qkv (B, T, H, 3, D) only so far, got " +
-                             std::to_string(qkv.dim(3) - 2) + " query heads per group");
-}
-
 void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionOptions& opt) {
-  require_one_head_per_group("attention_forward", qkv);
   dmax_for("attention_forward", qkv.dim(4));  // a head dimension the kernels cannot serve fails, even when empty
   const Geom g = geom_of(qkv, opt);
   if (g.BH == 0 || g.T == 0) return;
@@ -530,7 +558,6 @@ void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const Attent
 
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dqkv,
                         const AttentionOptions& opt) {
-  require_one_head_per_group("attention_backward", qkv);
   dmax_for("attention_backward", qkv.dim(4));
   const Geom g = geom_of(qkv, opt);
   if (g.BH == 0 || g.T == 0) return;

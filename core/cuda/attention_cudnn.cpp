@@ -2,17 +2,26 @@
 // with the header-only cuDNN frontend's graph API. The only file that includes cudnn_frontend.h (compiled by
 // the host compiler, once).
 //
-// Layout: q, k and v are strided views into the packed qkv (B, T, H, 3, D): element (b, h, t, d) of q sits at
-// ((b T + t) H + h) 3D + d, so in cuDNN's (B, H, T, D) dimension order its strides are (T H 3D, 3D, H 3D, 1),
-// k and v the same from 1 D and 2 D further; dq, dk and dv are written through the same strides into dqkv. out
-// and dout (B, T, H, D) have strides (T H D, D, H D, 1); lse (B, H, T) is cuDNN's Stats (B, H, T, 1). Nothing is
-// copied. cuDNN's Stats is max + ln(sum exp(s - max)) over a row of scaled scores s = scale q.k: the CPU's lse.
+// Layout: qkv (B, T, G, R + 2, D) holds per group its R query heads, its key and its value (ops.h); cuDNN takes
+// grouped-query attention natively: Q (B, H, T, D) with H = G R heads, K and V (B, G, T, D), query head h using
+// key/value head h / R (the frontend sums dK, dV over each group's heads). K and V are strided views into qkv:
+// element (b, g, t, d) of k sits at ((b T + t) G + g)(R + 2) D + R D + d, so in cuDNN's (B, G, T, D) order its
+// strides are (T G (R + 2) D, (R + 2) D, G (R + 2) D, 1), v the same one D further; dk and dv are written through
+// the same strides into dqkv.
+//   R = 1 (GPT's (B, T, H, 3, D)): q is a strided view too (strides (T H 3D, 3D, H 3D, 1)) and dq is written
+//   in place: nothing is copied.
+//   R > 1: the query heads of a token are R contiguous blocks of D per group, (R + 2) D apart, so their offsets
+//   g (R + 2) D + r D are not one stride over h. The queries are gathered into a contiguous (B, T, H, D) buffer
+//   (one strided 2-D copy: B T G rows of R D elements) before the call, and dq comes back through one such
+//   buffer, scattered into dqkv's query slots after it.
+// out and dout (B, T, H, D) have strides (T H D, D, H D, 1); lse (B, H, T) is cuDNN's Stats (B, H, T, 1).
+// cuDNN's Stats is max + ln(sum exp(s - max)) over a row of scaled scores s = scale q.k: the CPU's lse.
 //
 // Differences from the CPU reference, within the bf16 / fp16 tolerances: cuDNN rounds the probabilities to the
 // io dtype before P V (and dS before its products), and takes delta = rowsum(dO o O) from the rounded out,
 // where the CPU sums rowsum(P o dP) from recomputed probabilities.
 //
-// Graphs (validated, support-checked, plans built) are cached per (dtype, B, T, H, D, causal); one that cuDNN
+// Graphs (validated, support-checked, plans built) are cached per (dtype, B, T, G, R, D, causal); one that cuDNN
 // cannot run is cached too, with the reason, so the check is not repeated on every call. One cudnnHandle per
 // process (a process drives one GPU), created on first use and set to the compute stream on every call.
 #include "core/cuda/attention_cudnn.h"
@@ -66,9 +75,10 @@ enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
 struct Key {
   bool backward;
   DType dtype;
-  int64_t B, T, H, D;
+  int64_t B, T, G, R, D;  // H = G R query heads
   bool causal;
   auto operator<=>(const Key&) const = default;
+  int64_t H() const { return G * R; }
 };
 
 struct Plan {
@@ -107,12 +117,18 @@ cudnnHandle_t handle_locked(State& s) {
 
 fe::DataType_t io_type(DType dt) { return dt == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF; }
 
-// cuDNN's (B, H, T, D) dimension order and the strides of the views (see the top of the file).
-std::vector<int64_t> dims_of(const Key& k) { return {k.B, k.H, k.T, k.D}; }
-std::vector<int64_t> qkv_strides(const Key& k) { return {k.T * k.H * 3 * k.D, 3 * k.D, k.H * 3 * k.D, 1}; }
-std::vector<int64_t> out_strides(const Key& k) { return {k.T * k.H * k.D, k.D, k.H * k.D, 1}; }
-std::vector<int64_t> stats_dims(const Key& k) { return {k.B, k.H, k.T, 1}; }
-std::vector<int64_t> stats_strides(const Key& k) { return {k.H * k.T, k.T, 1, 1}; }
+// cuDNN's (B, heads, T, D) dimension order and the strides of the views (see the top of the file).
+std::vector<int64_t> q_dims(const Key& k) { return {k.B, k.H(), k.T, k.D}; }  // Q, O, dO, dQ
+std::vector<int64_t> kv_dims(const Key& k) { return {k.B, k.G, k.T, k.D}; }   // K, V, dK, dV
+std::vector<int64_t> qkv_strides(const Key& k) {  // a slot of qkv (B, T, G, R + 2, D) over (B, G, T, D)
+  const int64_t slots = (k.R + 2) * k.D;
+  return {k.T * k.G * slots, slots, k.G * slots, 1};
+}
+std::vector<int64_t> out_strides(const Key& k) { return {k.T * k.H() * k.D, k.D, k.H() * k.D, 1}; }
+// Q and dQ: in place in qkv for R = 1, else the contiguous (B, T, H, D) buffer (out's strides).
+std::vector<int64_t> q_strides(const Key& k) { return k.R == 1 ? qkv_strides(k) : out_strides(k); }
+std::vector<int64_t> stats_dims(const Key& k) { return {k.B, k.H(), k.T, 1}; }
+std::vector<int64_t> stats_strides(const Key& k) { return {k.H() * k.T, k.T, 1, 1}; }
 
 float scale_of(const Key& k) { return 1.f / std::sqrt(static_cast<float>(k.D)); }  // the CPU's expression
 
@@ -136,8 +152,8 @@ void set_causal(Attributes& a, bool causal) {
 }
 
 void build_forward(fe::graph::Graph& g, const Key& k) {
-  const auto dims = dims_of(k), qs = qkv_strides(k);
-  auto q = input(g, "Q", kQ, dims, qs), kk = input(g, "K", kK, dims, qs), v = input(g, "V", kV, dims, qs);
+  const auto dims = q_dims(k), kvd = kv_dims(k), kvs = qkv_strides(k);
+  auto q = input(g, "Q", kQ, dims, q_strides(k)), kk = input(g, "K", kK, kvd, kvs), v = input(g, "V", kV, kvd, kvs);
   auto attrs = fe::graph::SDPA_attributes()
                    .set_name("megatrain_attention_forward")
                    .set_generate_stats(true)
@@ -153,8 +169,8 @@ void build_forward(fe::graph::Graph& g, const Key& k) {
 }
 
 void build_backward(fe::graph::Graph& g, const Key& k) {
-  const auto dims = dims_of(k), qs = qkv_strides(k), os = out_strides(k);
-  auto q = input(g, "Q", kQ, dims, qs), kk = input(g, "K", kK, dims, qs), v = input(g, "V", kV, dims, qs);
+  const auto dims = q_dims(k), qs = q_strides(k), os = out_strides(k), kvd = kv_dims(k), kvs = qkv_strides(k);
+  auto q = input(g, "Q", kQ, dims, qs), kk = input(g, "K", kK, kvd, kvs), v = input(g, "V", kV, kvd, kvs);
   auto o = input(g, "O", kO, dims, os), dout = input(g, "dO", kDO, dims, os);
   auto stats = input(g, "Stats", kStats, stats_dims(k), stats_strides(k));
   stats->set_data_type(fe::DataType_t::FLOAT);
@@ -165,8 +181,8 @@ void build_backward(fe::graph::Graph& g, const Key& k) {
   set_causal(attrs, k.causal);
   auto [dq, dk, dv] = g.sdpa_backward(q, kk, v, o, dout, stats, attrs);
   dq->set_output(true).set_uid(kDQ).set_dim(dims).set_stride(qs);
-  dk->set_output(true).set_uid(kDK).set_dim(dims).set_stride(qs);
-  dv->set_output(true).set_uid(kDV).set_dim(dims).set_stride(qs);
+  dk->set_output(true).set_uid(kDK).set_dim(kvd).set_stride(kvs);  // summed over the group's heads by cuDNN
+  dv->set_output(true).set_uid(kDV).set_dim(kvd).set_stride(kvs);
 }
 
 // Builds the graph of `k` through cuDNN's support check; a graph cuDNN cannot run comes back with the reason.
@@ -175,8 +191,8 @@ std::shared_ptr<const Plan> make_plan(cudnnHandle_t h, const Key& k) {
   const char* which = k.backward ? "backward" : "forward";
   auto refuse = [&](const char* stage, const std::string& message) {
     plan->graph.reset();
-    plan->refused = fmt::format("cuDNN SDPA {} (B={}, T={}, H={}, D={}, {}{}): {}: {}", which, k.B, k.T, k.H, k.D,
-                                dtype_name(k.dtype), k.causal ? ", causal" : "", stage, message);
+    plan->refused = fmt::format("cuDNN SDPA {} (B={}, T={}, H={}, G={}, D={}, {}{}): {}: {}", which, k.B, k.T, k.H(),
+                                k.G, k.D, dtype_name(k.dtype), k.causal ? ", causal" : "", stage, message);
     return plan;
   };
   try {
@@ -234,7 +250,38 @@ std::string refuse_early(const Tensor& qkv) {
 }
 
 Key key_of(const Tensor& qkv, bool backward, bool causal) {
-  return Key{backward, qkv.dtype(), qkv.dim(0), qkv.dim(1), qkv.dim(2), qkv.dim(4), causal};
+  return Key{backward, qkv.dtype(), qkv.dim(0), qkv.dim(1), qkv.dim(2), qkv.dim(3) - 2, qkv.dim(4), causal};
+}
+
+// R > 1: the query slots of qkv (B, T, G, R + 2, D) and a contiguous (B, T, H, D) buffer are B T G rows of R D
+// elements, (R + 2) D apart in qkv and R D apart in the buffer: one strided 2-D copy each way.
+struct QuerySlots {
+  size_t rows, row_bytes, qkv_pitch;
+  explicit QuerySlots(const Tensor& qkv) {
+    const size_t es = dtype_size(qkv.dtype());
+    const int64_t R = qkv.dim(3) - 2, D = qkv.dim(4);
+    rows = static_cast<size_t>(qkv.dim(0) * qkv.dim(1) * qkv.dim(2));
+    row_bytes = static_cast<size_t>(R * D) * es;
+    qkv_pitch = static_cast<size_t>((R + 2) * D) * es;
+  }
+};
+
+// A (B, T, H, D) buffer of qkv's dtype on the device (the queries or their gradient when R > 1).
+Tensor query_buffer(const Tensor& qkv) {
+  return Tensor::empty({qkv.dim(0), qkv.dim(1), qkv.dim(2) * (qkv.dim(3) - 2), qkv.dim(4)}, qkv.dtype(), Device::cuda,
+                       MemKind::workspace);
+}
+
+// q (B, T, H, D) := the query slots of qkv.
+void gather_queries(const Tensor& qkv, Tensor& q) {
+  const QuerySlots s(qkv);
+  copy_2d(q.raw(), s.row_bytes, qkv.raw(), s.qkv_pitch, s.row_bytes, s.rows);
+}
+
+// The query slots of dqkv := dq (B, T, H, D).
+void scatter_query_grads(const Tensor& dq, Tensor& dqkv) {
+  const QuerySlots s(dqkv);
+  copy_2d(dqkv.raw(), s.qkv_pitch, dq.raw(), s.row_bytes, s.row_bytes, s.rows);
 }
 
 void execute(const Plan& plan, cudnnHandle_t h, std::unordered_map<int64_t, void*>& pack, const char* op) {
@@ -257,14 +304,21 @@ std::string cudnn_frontend_version() {
 
 std::string cudnn_attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, bool causal) {
   if (std::string why = refuse_early(qkv); !why.empty()) return why;
-  const int64_t D = qkv.dim(4);
+  const int64_t R = qkv.dim(3) - 2, D = qkv.dim(4);
   char* base = static_cast<char*>(qkv.raw());
   const size_t es = dtype_size(qkv.dtype());
-  void *q = base, *k = base + D * es, *v = base + 2 * D * es;
-  if (std::string why = misaligned({{"qkv", q}, {"out", out.raw()}, {"lse", lse.raw()}}); !why.empty()) return why;
+  void *k = base + R * D * es, *v = base + (R + 1) * D * es;
+  if (std::string why = misaligned({{"qkv", base}, {"out", out.raw()}, {"lse", lse.raw()}}); !why.empty()) return why;
   cudnnHandle_t h = nullptr;
   const auto plan = plan_for(key_of(qkv, false, causal), h);
   if (!plan->graph) return plan->refused;
+  Tensor q_buf;  // R > 1: the queries gathered (B, T, H, D); freed after the enqueue, reused in stream order
+  void* q = base;
+  if (R > 1) {
+    q_buf = query_buffer(qkv);
+    gather_queries(qkv, q_buf);
+    q = q_buf.raw();
+  }
   std::unordered_map<int64_t, void*> pack{{kQ, q}, {kK, k}, {kV, v}, {kO, out.raw()}, {kStats, lse.raw()}};
   execute(*plan, h, pack, "attention_forward");
   return "";
@@ -273,7 +327,7 @@ std::string cudnn_attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
 std::string cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
                                      Tensor& dqkv, bool causal) {
   if (std::string why = refuse_early(qkv); !why.empty()) return why;
-  const int64_t D = qkv.dim(4);
+  const int64_t R = qkv.dim(3) - 2, D = qkv.dim(4);
   const size_t es = dtype_size(qkv.dtype());
   char* base = static_cast<char*>(qkv.raw());
   char* dbase = static_cast<char*>(dqkv.raw());
@@ -284,10 +338,20 @@ std::string cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const
   cudnnHandle_t h = nullptr;
   const auto plan = plan_for(key_of(qkv, true, causal), h);
   if (!plan->graph) return plan->refused;
-  std::unordered_map<int64_t, void*> pack{{kQ, base},      {kK, base + D * es},   {kV, base + 2 * D * es},
-                                          {kO, out.raw()}, {kDO, dout.raw()},     {kStats, lse.raw()},
-                                          {kDQ, dbase},    {kDK, dbase + D * es}, {kDV, dbase + 2 * D * es}};
+  Tensor q_buf, dq_buf;  // R > 1: the gathered queries and their gradient (B, T, H, D)
+  void *q = base, *dq = dbase;
+  if (R > 1) {
+    q_buf = query_buffer(qkv);
+    dq_buf = query_buffer(qkv);
+    gather_queries(qkv, q_buf);
+    q = q_buf.raw();
+    dq = dq_buf.raw();
+  }
+  std::unordered_map<int64_t, void*> pack{{kQ, q},         {kK, base + R * D * es},   {kV, base + (R + 1) * D * es},
+                                          {kO, out.raw()}, {kDO, dout.raw()},         {kStats, lse.raw()},
+                                          {kDQ, dq},       {kDK, dbase + R * D * es}, {kDV, dbase + (R + 1) * D * es}};
   execute(*plan, h, pack, "attention_backward");
+  if (R > 1) scatter_query_grads(dq_buf, dqkv);
   return "";
 }
 

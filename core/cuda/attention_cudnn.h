@@ -16,13 +16,16 @@ int64_t cudnn_runtime_version();       // cudnnGetVersion(): 91900 for 9.19.0; 0
 int64_t cudnn_compiled_version();      // CUDNN_VERSION of the headers built against; 0 when not built
 std::string cudnn_frontend_version();  // "1.32.0"; empty when not built
 
-// Causal (or full) SDPA of bf16 / fp16 qkv (B, T, H, 3, D) read in place through strides: out (B, T, H, D) and
-// lse (B, H, T) f32, the natural-log log-sum-exp of each row of scaled scores (cuDNN's "Stats", the CPU's lse).
-// Returns "" once enqueued on the compute stream; otherwise why cuDNN cannot run this call (nothing written).
-// Graphs are built once per (dtype, B, T, H, D, causal): strides follow from the shape, tensors being
-// contiguous views.
+// Causal (or full) grouped-query SDPA of bf16 / fp16 qkv (B, T, G, R + 2, D): out (B, T, H = G R, D) and lse
+// (B, H, T) f32, the natural-log log-sum-exp of each row of scaled scores (cuDNN's "Stats", the CPU's lse). K and
+// V are read in place through strides; so is Q when R = 1 (GPT's (B, T, H, 3, D)), while R > 1 gathers the
+// queries into a contiguous buffer first. Returns "" once enqueued on the compute stream; otherwise why cuDNN
+// cannot run this call (nothing written). Graphs are built once per (dtype, B, T, G, R, D, causal): strides
+// follow from the shape, tensors being contiguous views.
 std::string cudnn_attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, bool causal);
-// dqkv (B, T, H, 3, D) written in place through strides from dout (B, T, H, D) and the forward's out and lse.
+// dqkv (B, T, G, R + 2, D) from dout (B, T, H, D) and the forward's out and lse: dk, dv (summed over each
+// group's heads by cuDNN) written in place through strides, dq too when R = 1, else through a contiguous
+// (B, T, H, D) buffer scattered into the query slots.
 // Deterministic (cuDNN's deterministic SDPA backward algorithm): the same inputs give the same bits.
 std::string cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
                                      Tensor& dqkv, bool causal);

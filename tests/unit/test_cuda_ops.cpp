@@ -1218,6 +1218,136 @@ TEST_F(CudnnAttention, AutoFallsBackToTheKernelWhereCudnnCannotRun) {
     EXPECT_THROW(attention_forward(qkv, out, lse, {.causal = true}), std::runtime_error);
   }
 }
+// ---- grouped-query attention ----
+// qkv (B, T, G, R + 2, D): R query heads per key/value group (G = 1: multi-query). Each GPU path is forced with
+// MEGATRAIN_ATTENTION and checked against the CPU, whose grouped-query attention test_ops.cpp checks against
+// the expanded reference.
+
+struct GqaCase {
+  int64_t B, T, G, R, D;
+  bool causal;
+  float dropout_p;
+};
+
+void PrintTo(const GqaCase& c, std::ostream* os) {
+  *os << (c.causal ? "causal" : "full") << " p=" << c.dropout_p << " B=" << c.B << " T=" << c.T << " G=" << c.G
+      << " R=" << c.R << " D=" << c.D;
+}
+
+std::string gqa_name(const GqaCase& c) {
+  return str(c.causal ? "Causal" : "Full", c.dropout_p > 0 ? "Dropout" : "NoDropout", "_B", c.B, "_T", c.T, "_G", c.G,
+             "_R", c.R, "_D", c.D);
+}
+
+// The forward and backward of one grouped case on both devices, the GPU under the current MEGATRAIN_ATTENTION,
+// which must take `expect_path`.
+AttnRun run_gqa(const GqaCase& c, DType dt, uint32_t seed, cuda::AttentionPath expect_path) {
+  const int64_t B = c.B, T = c.T, G = c.G, R = c.R, D = c.D, H = G * R;
+  const AttentionOptions opt{
+      .causal = c.causal, .dropout_p = c.dropout_p, .seed = 23, .site = 9, .sample_offset = 1, .head_offset = 4};
+  AttnRun r{both(rand_vec(B * T * G * (R + 2) * D, seed, -2, 2), {B, T, G, R + 2, D}, dt),
+            both(rand_vec(B * T * H * D, seed + 1), {B, T, H, D}, dt), poisoned({B, T, H, D}, dt),
+            poisoned({B, H, T}, DType::f32), poisoned({B, T, G, R + 2, D}, dt)};
+  for (auto d : kDevices) {
+    attention_forward(r.qkv.*d, r.out.*d, r.lse.*d, opt);
+    if (d == &Both::gpu) {
+      EXPECT_EQ(cuda::last_attention_path(), expect_path) << "forward";
+    }
+    attention_backward(r.qkv.*d, r.out.*d, r.lse.*d, r.dout.*d, r.dqkv.*d, opt);
+    if (d == &Both::gpu) {
+      EXPECT_EQ(cuda::last_attention_path(), expect_path) << "backward";
+    }
+  }
+  return r;
+}
+
+void expect_gqa_match(const AttnRun& r, DType dt, const std::string& what) {
+  expect_match(r.out, tol_for(dt), "attention out" + what);
+  expect_match(r.lse, tol_for(dt), "attention lse" + what);
+  expect_match(r.dqkv, tol_for(dt), "attention dqkv" + what);
+}
+
+class CudaGqaKernel : public CudaOps, public ::testing::WithParamInterface<GqaCase> {};
+
+// The kernel (every dtype, dropout with the CPU's masks): dk, dv summed over each group's heads in the block.
+TEST_P(CudaGqaKernel, ForwardAndBackwardMatchCpu) {
+  AttentionModeScope mode("kernel");
+  for (DType dt : kFloatTypes)
+    expect_gqa_match(run_gqa(GetParam(), dt, 800, cuda::AttentionPath::kernel), dt, str(" ", dtype_name(dt)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaGqaKernel,
+                         ::testing::Values(GqaCase{2, 37, 2, 2, 16, true, 0.f}, GqaCase{2, 37, 2, 4, 16, true, 0.1f},
+                                           GqaCase{2, 37, 1, 4, 16, false, 0.1f}, GqaCase{1, 130, 1, 2, 64, true, 0.f},
+                                           GqaCase{1, 70, 3, 2, 128, true, 0.1f},
+                                           GqaCase{1, 40, 2, 3, 256, false, 0.f}),
+                         [](const auto& info) { return gqa_name(info.param); });
+
+// The same inputs give the same gradient bits on the kernel (dk, dv: a fixed order over the group's heads).
+TEST_F(CudaOps, GqaKernelBackwardIsDeterministic) {
+  AttentionModeScope mode("kernel");
+  const int64_t B = 2, T = 97, G = 2, R = 4, D = 64, H = G * R;
+  const AttentionOptions opt{.causal = true, .dropout_p = 0.1f, .seed = 4, .site = 5};
+  const Tensor qkv = make(rand_vec(B * T * G * (R + 2) * D, 810, -2, 2), {B, T, G, R + 2, D}).to(Device::cuda);
+  const Tensor dout = make(rand_vec(B * T * H * D, 811), {B, T, H, D}).to(Device::cuda);
+  Tensor out = Tensor::empty({B, T, H, D}, DType::f32, Device::cuda);
+  Tensor lse = Tensor::empty({B, H, T}, DType::f32, Device::cuda);
+  attention_forward(qkv, out, lse, opt);
+  Tensor first = Tensor::empty(qkv.shape(), DType::f32, Device::cuda);
+  Tensor second = Tensor::empty(qkv.shape(), DType::f32, Device::cuda);
+  attention_backward(qkv, out, lse, dout, first, opt);
+  attention_backward(qkv, out, lse, dout, second, opt);
+  EXPECT_EQ(cuda::last_attention_path(), cuda::AttentionPath::kernel);
+  EXPECT_EQ(bytes_of(first), bytes_of(second));
+}
+
+class CudnnGqa : public CudnnAttention, public ::testing::WithParamInterface<GqaCase> {};
+
+// cuDNN's native grouped-query SDPA: K, V (B, G, T, D) read in place, the queries gathered for R > 1, dq
+// scattered back, dk and dv summed over the group by cuDNN.
+TEST_P(CudnnGqa, ForwardAndBackwardMatchCpu) {
+  AttentionModeScope mode("cudnn");
+  for (DType dt : {DType::bf16, DType::f16})
+    expect_gqa_match(run_gqa(GetParam(), dt, 820, cuda::AttentionPath::cudnn), dt,
+                     str(" ", dtype_name(dt), " on cuDNN"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudnnGqa,
+                         ::testing::Values(GqaCase{2, 37, 2, 2, 64, true, 0.f}, GqaCase{1, 130, 1, 4, 128, true, 0.f},
+                                           GqaCase{2, 100, 2, 3, 64, false, 0.f}, GqaCase{2, 65, 4, 1, 64, true, 0.f}),
+                         [](const auto& info) { return gqa_name(info.param); });
+
+// Forcing either path on one grouped case: both match the CPU.
+TEST_F(CudnnAttention, GqaForcedKernelAndForcedCudnnBothMatchCpu) {
+  const GqaCase c{2, 65, 2, 4, 64, true, 0.f};
+  for (DType dt : {DType::bf16, DType::f16})
+    for (const auto& [mode_name, path] :
+         {std::pair{"kernel", cuda::AttentionPath::kernel}, std::pair{"cudnn", cuda::AttentionPath::cudnn}}) {
+      AttentionModeScope mode(mode_name);
+      expect_gqa_match(run_gqa(c, dt, 830, path), dt, str(" ", dtype_name(dt), " MEGATRAIN_ATTENTION=", mode_name));
+    }
+}
+
+// The same inputs give the same gradient bits on cuDNN with R > 1 (its deterministic backward, then the scatter).
+TEST_F(CudnnAttention, GqaBackwardIsDeterministic) {
+  AttentionModeScope mode("cudnn");
+  const int64_t B = 2, T = 193, G = 2, R = 4, D = 64, H = G * R;
+  const AttentionOptions opt{.causal = true};
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const Tensor qkv = make(rand_vec(B * T * G * (R + 2) * D, 840, -2, 2), {B, T, G, R + 2, D}, dt).to(Device::cuda);
+    const Tensor dout = make(rand_vec(B * T * H * D, 841), {B, T, H, D}, dt).to(Device::cuda);
+    Tensor out = Tensor::empty({B, T, H, D}, dt, Device::cuda);
+    Tensor lse = Tensor::empty({B, H, T}, DType::f32, Device::cuda);
+    attention_forward(qkv, out, lse, opt);
+    Tensor first = Tensor::empty(qkv.shape(), dt, Device::cuda);
+    Tensor second = Tensor::empty(qkv.shape(), dt, Device::cuda);
+    attention_backward(qkv, out, lse, dout, first, opt);
+    attention_backward(qkv, out, lse, dout, second, opt);
+    EXPECT_EQ(cuda::last_attention_path(), cuda::AttentionPath::cudnn);
+    EXPECT_EQ(bytes_of(first), bytes_of(second)) << dtype_name(dt);
+  }
+}
+// ---- end grouped-query attention ----
 #endif  // MEGATRAIN_WITH_CUDA
 
 }  // namespace
