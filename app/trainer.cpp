@@ -179,9 +179,13 @@ void Trainer::check_finite(const StepResult& r) {
 void Trainer::run() {
   const int64_t G = cfg_.training.global_batch_size, S = cfg_.model.seq_length;
   spdlog::info("data: {}", data_.description);
-  spdlog::info("model: {} parameters ({} layers, hidden {}, {} heads, vocabulary {} padded to {}), {}",
-               num_parameters(), cfg_.model.num_layers, cfg_.model.hidden_size, cfg_.model.num_heads,
-               cfg_.model.vocab_size, cfg_.model.padded_vocab_size, name_of(cfg_.training.precision));
+  const ModelConfig& m = cfg_.model;
+  const std::string heads = m.kv_heads() == m.num_heads
+                                ? fmt::format("{} heads", m.num_heads)
+                                : fmt::format("{} heads in {} key/value groups", m.num_heads, m.kv_heads());
+  spdlog::info("model: {} {} parameters ({} layers, hidden {}, {}, ffn {}, vocabulary {} padded to {}), {}",
+               name_of(m.arch), num_parameters(), m.num_layers, m.hidden_size, heads, m.ffn_hidden_size, m.vocab_size,
+               m.padded_vocab_size, name_of(cfg_.training.precision));
   maybe_resume();
   // --exit-after N when the run resumes at or past N: stop at once; the checkpoint it resumed from already
   // holds this state, so nothing new is trained or saved.

@@ -27,7 +27,7 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
     wte_.weight().grad_sums.embedding = cfg.tie_embeddings;
     params_.push_back(&wte_.weight());
   }
-  if (st.has_embedding) {
+  if (st.has_embedding && has_position_table()) {
     wpe_ =
         make_parameter("embedding.position_embeddings.weight", {P, C}, opt.dtype, Init::normal, cfg.init_std, opt.seed);
     params_.push_back(&wpe_);
@@ -38,10 +38,8 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
     for (Parameter* p : layers_.back()->parameters()) params_.push_back(p);
   }
   if (st.has_head) {
-    lnf_w_ = make_parameter("final_ln.weight", {C}, opt.dtype, Init::ones, 0, opt.seed);
-    lnf_b_ = make_parameter("final_ln.bias", {C}, opt.dtype, Init::zeros, 0, opt.seed);
-    params_.push_back(&lnf_w_);
-    params_.push_back(&lnf_b_);
+    lnf_ = Norm("final_ln", C, norm_kind(cfg.arch), cfg.layernorm_eps, opt.dtype, opt.seed);
+    for (Parameter* p : lnf_.parameters()) params_.push_back(p);
     // The LM head is vocabulary-parallel: column-parallel over the vocabulary, its input gathered with SP.
     if (cfg.tie_embeddings) {
       head_ = ColumnParallelLinear(wte_.weight(), opt.tp);
@@ -58,8 +56,8 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
     }
   }
   if (opt.tp.sequence_parallel) {
-    if (st.has_embedding) wpe_.grad_sums.tensor = true;
-    if (st.has_head) lnf_w_.grad_sums.tensor = lnf_b_.grad_sums.tensor = true;
+    if (st.has_embedding && has_position_table()) wpe_.grad_sums.tensor = true;
+    if (st.has_head) lnf_.mark_sequence_parallel();
   }
   site_embedding_ = stream_id("embedding.dropout");
   if (opt.device != Device::cpu)  // initial values are drawn on the host, then moved
@@ -103,7 +101,7 @@ Tensor GptModel::forward_impl(const Tensor& input, const Tensor& tokens, const T
   Tensor x = input;
   if (opt_.stage.has_embedding) {
     x = wte_.forward(tokens);  // (B, Ts, C)
-    position_embedding_add(x, wpe_.value, {.position_offset = seq_offset});
+    if (has_position_table()) position_embedding_add(x, wpe_.value, {.position_offset = seq_offset});
     dropout_forward(x, x,
                     {.p = ctx.training ? cfg_.dropout : 0.f,
                      .seed = ctx.seed,
@@ -120,12 +118,8 @@ Tensor GptModel::forward_impl(const Tensor& input, const Tensor& tokens, const T
   h.tokens = tokens;
   h.targets = targets;
   h.final_in = x;
-  h.lnf = Tensor::empty({Ns, C}, opt_.dtype, opt_.device);
-  h.lnf_mean = Tensor::empty({Ns}, DType::f32, opt_.device);
-  h.lnf_rstd = Tensor::empty({Ns}, DType::f32, opt_.device);
-  layernorm_forward(x.view({Ns, C}), lnf_w_.value, lnf_b_.value, h.lnf, h.lnf_mean, h.lnf_rstd,
-                    {.eps = cfg_.layernorm_eps});
-  h.logits = head_.forward(h.lnf, B);  // (N, V): this rank's vocabulary columns of every position
+  lnf_.forward(x.view({Ns, C}), h.lnf);
+  h.logits = head_.forward(h.lnf.out, B);  // (N, V): this rank's vocabulary columns of every position
   h.rowmax = Tensor::empty({N}, DType::f32, opt_.device);
   h.sumexp = Tensor::empty({N}, DType::f32, opt_.device);
   Tensor target_logit = Tensor::empty({N}, DType::f32, opt_.device);
@@ -175,13 +169,10 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
     cross_entropy_backward(h.logits, h.targets.view({N}), h.rowmax, h.sumexp, dlosses, dlogits,
                            {.vocab_start = vocab_start_, .vocab_size = cfg_.vocab_size});
     h.logits = Tensor();
-    const Tensor dlnf = head_.backward(dlogits, h.lnf, B);  // (Ns, C), summed over the group
-    dx = Tensor::empty({B, Ts, C}, opt_.dtype, opt_.device);
-    Tensor dx_flat = dx.view({Ns, C});
-    layernorm_backward(dlnf, h.final_in.view({Ns, C}), lnf_w_.value, h.lnf_mean, h.lnf_rstd, dx_flat, lnf_w_.grad,
-                       lnf_b_.grad);
+    const Tensor dlnf = head_.backward(dlogits, h.lnf.out, B);  // (Ns, C), summed over the group
+    dx = lnf_.backward(dlnf, h.final_in.view({Ns, C}), h.lnf).view({B, Ts, C});
     if (grads_ready_) {
-      std::vector<Parameter*> head_params{&lnf_w_, &lnf_b_};
+      std::vector<Parameter*> head_params = lnf_.parameters();
       if (!cfg_.tie_embeddings) head_params.push_back(&head_.weight());
       if (cfg_.tie_embeddings && !opt_.stage.has_embedding) head_params.push_back(&wte_.weight());  // the tied copy
       grads_ready_(mb, head_params);
@@ -206,20 +197,29 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
                     .site = site_embedding_,
                     .sample_offset = ctx.sample_offset,
                     .row_offset = seq_offset});
-  position_embedding_backward(dx, wpe_.grad, {.position_offset = seq_offset});
+  if (has_position_table()) position_embedding_backward(dx, wpe_.grad, {.position_offset = seq_offset});
   wte_.backward(tokens, dx);
-  if (grads_ready_) grads_ready_(mb, {&wte_.weight(), &wpe_});
+  if (grads_ready_) {
+    std::vector<Parameter*> embedding_params{&wte_.weight()};
+    if (has_position_table()) embedding_params.push_back(&wpe_);
+    grads_ready_(mb, embedding_params);
+  }
   return Tensor();
 }
 
 double model_flops_per_iteration(const ModelConfig& cfg, int64_t tokens) {
   const double C = static_cast<double>(cfg.hidden_size), F = static_cast<double>(cfg.ffn_hidden_size),
                S = static_cast<double>(cfg.seq_length), V = static_cast<double>(cfg.padded_vocab_size),
-               L = static_cast<double>(cfg.num_layers);
-  // Forward per token: QKV 6C^2 + proj 2C^2 + MLP 4CF + causal attention 2SC (scores and values, halved)
-  // per layer, and 2CV for the logits. Backward costs twice the forward.
-  double per_token = L * (8.0 * C * C + 4.0 * C * F + 2.0 * S * C) + 2.0 * C * V;
+               L = static_cast<double>(cfg.num_layers),
+               KV = C * static_cast<double>(cfg.kv_heads()) / static_cast<double>(cfg.num_heads);  // K (= V) width
+  // Forward GEMM flops per token and layer, 2 per multiply-add: Q and the output projection 2C^2 each, K and V
+  // 2C*KV each (C each without grouped-query attention), the MLP 4CF (GELU: two GEMMs) or 6CF (SwiGLU: gate,
+  // up and down).
+  const double mlp = cfg.arch == Arch::llama ? 6.0 * C * F : 4.0 * C * F;
+  const double linear = 4.0 * C * C + 4.0 * C * KV + mlp;
+  // Causal attention 2SC: the scores and the weighted values, 2SC each over all S keys, halved by the mask.
+  // Plus 2CV for the logits. Backward costs twice the forward.
+  const double per_token = L * (linear + 2.0 * S * C) + 2.0 * C * V;
   return 3.0 * per_token * static_cast<double>(tokens);
 }
-
 }  // namespace mt

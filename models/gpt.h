@@ -1,5 +1,6 @@
-// gpt.h: the GPT-2/3 model on one rank: embeddings, transformer layers, final LayerNorm, LM head and
-// the cross-entropy loss, each microbatch forward then backward, written out explicitly.
+// gpt.h: the decoder-only language model on one rank, GPT-2/3 or Llama (model.arch): embeddings, transformer
+// layers, final norm, LM head and the cross-entropy loss, each microbatch forward then backward, written out
+// explicitly.
 #pragma once
 #include <functional>
 #include <map>
@@ -70,12 +71,12 @@ class GptModel {
  private:
   struct HeadActivations {
     StepContext ctx;
-    Tensor tokens, targets;          // (B, T) i32
-    Tensor final_in;                 // (B, T, C) output of the last layer ((B, T/tp, C) with SP)
-    Tensor lnf, lnf_mean, lnf_rstd;  // (B*T, C), (B*T), (B*T) final norm; shard rows with SP (gathered again
-                                     // in backward)
-    Tensor logits;                   // (B*T, Vpad/tp) this rank's vocabulary shard
-    Tensor rowmax, sumexp;           // (B*T) f32
+    Tensor tokens, targets;  // (B, T) i32
+    Tensor final_in;         // (B, T, C) output of the last layer ((B, T/tp, C) with SP)
+    Norm::Saved lnf;         // (B*T, C) final norm and its statistics; shard rows with SP (gathered
+                             // again in backward)
+    Tensor logits;           // (B*T, Vpad/tp) this rank's vocabulary shard
+    Tensor rowmax, sumexp;   // (B*T) f32
   };
   // forward_stage with the loss read into *loss or accumulated into *loss_sum (one of them set).
   Tensor forward_impl(const Tensor& input, const Tensor& tokens, const Tensor& targets, int mb, const StepContext& ctx,
@@ -86,9 +87,10 @@ class GptModel {
   uint64_t site_embedding_;
   VocabParallelEmbedding wte_;  // (Vpad/tp, C) token embedding shard, also the LM head's weight when tied (on
                                 // a last stage without the embedding: a tied copy, see Parameter)
-  Parameter wpe_;               // (P, C) learned position embedding
+  Parameter wpe_;               // (P, C) learned position embedding (GPT; Llama rotates q and k instead)
+  bool has_position_table() const { return cfg_.arch == Arch::gpt; }
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
-  Parameter lnf_w_, lnf_b_;    // (C)
+  Norm lnf_;                   // (C) final LayerNorm (GPT) or RMSNorm (Llama)
   ColumnParallelLinear head_;  // C -> Vpad, no bias: weight (Vpad/tp, C) lm_head, or wte's borrowed when tied
   std::vector<Parameter*> params_;
   int64_t vocab_start_ = 0, vocab_local_ = 0;  // this rank's rows of the padded vocabulary
@@ -98,7 +100,8 @@ class GptModel {
 };
 
 // Megatron's model FLOPs of one training iteration over `tokens` tokens (forward + backward, no
-// recomputation counted): 3 x (2 x GEMM flops per token + causal attention + logits).
+// recomputation counted): 3 x (GEMM flops per token + causal attention + logits), with grouped-query
+// attention's narrower key / value projections and SwiGLU's three MLP GEMMs for Llama.
 double model_flops_per_iteration(const ModelConfig& cfg, int64_t tokens);
 
 }  // namespace mt

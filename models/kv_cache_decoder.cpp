@@ -33,6 +33,9 @@ const Tensor* whole(const std::map<std::string, const Parameter*>& params, const
 
 KvCacheDecoder::KvCacheDecoder(const GptModel& model, DecoderOptions opt)
     : cfg_(model.config()), opt_(opt), capacity_(opt.capacity) {
+  if (cfg_.arch != Arch::gpt)
+    throw std::invalid_argument(
+        fmt::format("generation: model.arch {} is not supported by the decoder yet (gpt is)", name_of(cfg_.arch)));
   const int64_t P = cfg_.max_position_embeddings;
   if (capacity_ == 0) capacity_ = P;
   if (capacity_ < 1 || capacity_ > P)

@@ -11,28 +11,36 @@ namespace mt {
 TransformerLayer::TransformerLayer(int64_t index, const ModelConfig& cfg, DType dtype, uint64_t seed, bool recompute,
                                    TensorParallel tp, Device device)
     : index_(index), cfg_(cfg), dtype_(dtype), device_(device), recompute_(recompute), tp_(tp) {
-  const int64_t C = cfg.hidden_size, F = cfg.ffn_hidden_size;
-  heads_ = tp.count(cfg.num_heads);
+  const int64_t C = cfg.hidden_size, F = cfg.ffn_hidden_size, H = cfg.num_heads, G = cfg.kv_heads(), D = cfg.head_dim;
+  const bool llama = cfg.arch == Arch::llama;
+  heads_ = tp.count(H);
+  groups_ = tp.count(G);
   const float std = cfg.init_std;
   // Megatron's scaled init for the projections that feed the residual stream.
   const float out_std = static_cast<float>(cfg.init_std / std::sqrt(2.0 * cfg.num_layers));
   auto name = [&](const char* s) { return fmt::format("layers.{}.{}", index, s); };
-  auto norm = [&](const char* s, Init init) { return make_parameter(name(s), {C}, dtype, init, 0, seed); };
   auto linear = [&](const char* s, int64_t in, int64_t out, float sd) {
-    return LinearOptions{
-        .name = name(s), .in_features = in, .out_features = out, .init_std = sd, .dtype = dtype, .seed = seed};
+    return LinearOptions{.name = name(s),
+                         .in_features = in,
+                         .out_features = out,
+                         .bias = !llama,
+                         .init_std = sd,
+                         .dtype = dtype,
+                         .seed = seed};
   };
-  ln1_w_ = norm("ln1.weight", Init::ones);
-  ln1_b_ = norm("ln1.bias", Init::zeros);
-  // Column-parallel over heads: thanks to the per-head interleave, this rank's heads are one row block.
-  qkv_ = ColumnParallelLinear(linear("attn.qkv", C, 3 * C, std), tp);
-  proj_ = RowParallelLinear(linear("attn.proj", C, C, out_std), tp);
-  ln2_w_ = norm("ln2.weight", Init::ones);
-  ln2_b_ = norm("ln2.bias", Init::zeros);
-  fc1_ = ColumnParallelLinear(linear("mlp.fc1", C, F, std), tp);
+  const NormKind norm = norm_kind(cfg.arch);
+  ln1_ = Norm(name("ln1"), C, norm, cfg.layernorm_eps, dtype, seed);
+  // Column-parallel over query groups: thanks to the per-group interleave, this rank's groups are one row block.
+  qkv_ = ColumnParallelLinear(linear("attn.qkv", C, (H + 2 * G) * D, std), tp);
+  proj_ = RowParallelLinear(linear("attn.proj", H * D, C, out_std), tp);
+  ln2_ = Norm(name("ln2"), C, norm, cfg.layernorm_eps, dtype, seed);
+  // SwiGLU's gate and up projections are one GEMM, their rows interleaved so every row block holds whole pairs.
+  fc1_ = ColumnParallelLinear(linear("mlp.fc1", C, llama ? 2 * F : F, std), tp);
   fc2_ = RowParallelLinear(linear("mlp.fc2", F, C, out_std), tp);
-  if (tp.sequence_parallel)
-    for (Parameter* p : {&ln1_w_, &ln1_b_, &ln2_w_, &ln2_b_}) p->grad_sums.tensor = true;
+  if (tp.sequence_parallel) {
+    ln1_.mark_sequence_parallel();
+    ln2_.mark_sequence_parallel();
+  }
   site_attn_probs_ = stream_id(name("attn.probs"));
   site_attn_out_ = stream_id(name("attn.out"));
   site_mlp_out_ = stream_id(name("mlp.out"));
@@ -41,10 +49,10 @@ TransformerLayer::TransformerLayer(int64_t index, const ModelConfig& cfg, DType 
 std::vector<Parameter*> TransformerLayer::parameters() {
   std::vector<Parameter*> ps;
   auto append = [&ps](const std::vector<Parameter*>& more) { ps.insert(ps.end(), more.begin(), more.end()); };
-  append({&ln1_w_, &ln1_b_});
+  append(ln1_.parameters());
   append(qkv_.parameters());
   append(proj_.parameters());
-  append({&ln2_w_, &ln2_b_});
+  append(ln2_.parameters());
   append(fc1_.parameters());
   append(fc2_.parameters());
   return ps;
@@ -59,6 +67,11 @@ AttentionOptions TransformerLayer::attention_options(const StepContext& ctx) con
           .head_offset = tp_.begin(cfg_.num_heads)};
 }
 
+RopeOptions TransformerLayer::rope_options(bool inverse) const {
+  // Attention sees whole sequences (sequence parallelism gathers them first): positions start at 0.
+  return {.theta = static_cast<float>(cfg_.rotary_base), .position_offset = 0, .inverse = inverse};
+}
+
 DropoutOptions TransformerLayer::residual_dropout(const StepContext& ctx, uint64_t site, int64_t T) const {
   return {.p = ctx.training ? cfg_.dropout : 0.f,
           .seed = ctx.seed,
@@ -70,15 +83,13 @@ DropoutOptions TransformerLayer::residual_dropout(const StepContext& ctx, uint64
 Tensor TransformerLayer::run(Activations& a, bool keep) {
   const Tensor& x = a.x;  // (B, T, C), or (B, T/tp, C) with sequence parallelism
   const int64_t B = x.dim(0), Ts = x.dim(1), T = tp_.sequence_sharded() ? Ts * tp_.size : Ts, C = cfg_.hidden_size,
-                H = heads_, D = cfg_.head_dim, N = B * T, Ns = B * Ts;
-  const LayerNormOptions ln_opt{.eps = cfg_.layernorm_eps};
+                H = heads_, G = groups_, D = cfg_.head_dim, N = B * T, Ns = B * Ts;
+  const bool llama = cfg_.arch == Arch::llama;
 
-  // Attention block: x2 = x + dropout(proj(attention(qkv(ln1(x)))))
-  a.ln1 = Tensor::empty({Ns, C}, dtype_, device_);
-  a.ln1_mean = Tensor::empty({Ns}, DType::f32, device_);
-  a.ln1_rstd = Tensor::empty({Ns}, DType::f32, device_);
-  layernorm_forward(x.view({Ns, C}), ln1_w_.value, ln1_b_.value, a.ln1, a.ln1_mean, a.ln1_rstd, ln_opt);
-  a.qkv = qkv_.forward(a.ln1, B).view({B, T, H, 3, D});
+  // Attention block: x2 = x + dropout(proj(attention(rope(qkv(norm1(x))))))
+  ln1_.forward(x.view({Ns, C}), a.n1);
+  a.qkv = qkv_.forward(a.n1.out, B).view({B, T, G, H / G + 2, D});
+  if (llama) rope_(a.qkv, rope_options(false));
   a.att = Tensor::empty({B, T, H * D}, dtype_, device_);
   a.att_lse = Tensor::empty({B, H, T}, DType::f32, device_);
   attention_forward(a.qkv, a.att, a.att_lse, attention_options(a.ctx));
@@ -86,13 +97,16 @@ Tensor TransformerLayer::run(Activations& a, bool keep) {
   a.x2 = Tensor::empty({B, Ts, C}, dtype_, device_);
   dropout_add(proj.view({B, Ts, C}), x, a.x2, residual_dropout(a.ctx, site_attn_out_, T));
 
-  // MLP block: out = x2 + dropout(fc2(gelu(fc1(ln2(x2)))))
-  a.ln2 = Tensor::empty({Ns, C}, dtype_, device_);
-  a.ln2_mean = Tensor::empty({Ns}, DType::f32, device_);
-  a.ln2_rstd = Tensor::empty({Ns}, DType::f32, device_);
-  layernorm_forward(a.x2.view({Ns, C}), ln2_w_.value, ln2_b_.value, a.ln2, a.ln2_mean, a.ln2_rstd, ln_opt);
-  a.gelu = fc1_.forward(a.ln2, B, &a.fc1);     // (N, F/tp), the pre-activation kept in a.fc1
-  const Tensor mlp = fc2_.forward(a.gelu, B);  // (Ns, C)
+  // MLP block: out = x2 + dropout(fc2(act(fc1(norm2(x2))))), act GELU (on fc1's epilogue) or SwiGLU
+  ln2_.forward(a.x2.view({Ns, C}), a.n2);
+  if (llama) {
+    a.fc1 = fc1_.forward(a.n2.out, B);  // (N, 2F/tp)
+    a.act = Tensor::empty({N, a.fc1.dim(1) / 2}, dtype_, device_);
+    swiglu_forward(a.fc1, a.act);
+  } else {
+    a.act = fc1_.forward(a.n2.out, B, &a.fc1);  // (N, F/tp), the pre-activation kept in a.fc1
+  }
+  const Tensor mlp = fc2_.forward(a.act, B);  // (Ns, C)
   Tensor out = Tensor::empty({B, Ts, C}, dtype_, device_);
   dropout_add(mlp.view({B, Ts, C}), a.x2, out, residual_dropout(a.ctx, site_mlp_out_, T));
   if (!keep) {
@@ -128,29 +142,37 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb) {
   }
   const int64_t B = a.x.dim(0), Ts = a.x.dim(1), T = tp_.sequence_sharded() ? Ts * tp_.size : Ts, C = cfg_.hidden_size,
                 HD = heads_ * cfg_.head_dim, N = B * T, Ns = B * Ts;
+  const bool llama = cfg_.arch == Arch::llama;
 
-  // MLP block: out = x2 + dropout(fc2(gelu(fc1(ln2(x2))))); with SP the residual side is a sequence shard.
+  // MLP block: out = x2 + dropout(fc2(act(fc1(norm2(x2))))); with SP the residual side is a sequence shard.
   Tensor dmlp = Tensor::empty({Ns, C}, dtype_, device_);
   Tensor dmlp_btc = dmlp.view({B, Ts, C});
   dropout_backward(dout, dmlp_btc, residual_dropout(a.ctx, site_mlp_out_, T));
-  // dfc1 (N, F/tp) = (dmlp @ W2) * gelu'(fc1), and fc1's bias gradient (its column sums), from one epilogue.
-  Tensor dfc1 = fc2_.backward(dmlp, a.gelu, B,
-                              {.dx_epilogue = Epilogue::dgelu_bgrad, .aux = &a.fc1, .dbias = &fc1_.bias()->grad});
-  const Tensor dln2 = fc1_.backward(dfc1, a.ln2, B, {.bias_grad_done = true});  // (Ns, C)
-  Tensor dx2 = Tensor::empty({Ns, C}, dtype_, device_);
-  layernorm_backward(dln2, a.x2.view({Ns, C}), ln2_w_.value, a.ln2_mean, a.ln2_rstd, dx2, ln2_w_.grad, ln2_b_.grad);
+  Tensor dln2;  // (Ns, C)
+  if (llama) {
+    const Tensor dact = fc2_.backward(dmlp, a.act, B);  // (N, F/tp)
+    Tensor dfc1 = Tensor::empty(a.fc1.shape(), dtype_, device_);
+    swiglu_backward(a.fc1, dact, dfc1);
+    dln2 = fc1_.backward(dfc1, a.n2.out, B);
+  } else {
+    // dfc1 (N, F/tp) = (dmlp @ W2) * gelu'(fc1), and fc1's bias gradient (its column sums), from one epilogue.
+    Tensor dfc1 = fc2_.backward(dmlp, a.act, B,
+                                {.dx_epilogue = Epilogue::dgelu_bgrad, .aux = &a.fc1, .dbias = &fc1_.bias()->grad});
+    dln2 = fc1_.backward(dfc1, a.n2.out, B, {.bias_grad_done = true});
+  }
+  Tensor dx2 = ln2_.backward(dln2, a.x2.view({Ns, C}), a.n2);
   add(dx2, dout.view({Ns, C}), dx2);
 
-  // Attention block: x2 = x + dropout(proj(attention(qkv(ln1(x)))))
+  // Attention block: x2 = x + dropout(proj(attention(rope(qkv(norm1(x))))))
   Tensor dproj = Tensor::empty({Ns, C}, dtype_, device_);
   Tensor dproj_btc = dproj.view({B, Ts, C});
   dropout_backward(dx2.view({B, Ts, C}), dproj_btc, residual_dropout(a.ctx, site_attn_out_, T));
-  const Tensor datt = proj_.backward(dproj, a.att.view({N, HD}), B);  // (N, C/tp)
+  const Tensor datt = proj_.backward(dproj, a.att.view({N, HD}), B);  // (N, H/tp * D)
   Tensor dqkv = Tensor::empty(a.qkv.shape(), dtype_, device_);
   attention_backward(a.qkv, a.att, a.att_lse, datt.view(a.att.shape()), dqkv, attention_options(a.ctx));
-  const Tensor dln1 = qkv_.backward(dqkv.view({N, 3 * HD}), a.ln1, B);  // (Ns, C)
-  Tensor dx = Tensor::empty({Ns, C}, dtype_, device_);
-  layernorm_backward(dln1, a.x.view({Ns, C}), ln1_w_.value, a.ln1_mean, a.ln1_rstd, dx, ln1_w_.grad, ln1_b_.grad);
+  if (llama) rope_(dqkv, rope_options(true));  // a rotation's gradient is the inverse rotation
+  const Tensor dln1 = qkv_.backward(dqkv.view({N, dqkv.numel() / N}), a.n1.out, B);  // (Ns, C)
+  Tensor dx = ln1_.backward(dln1, a.x.view({Ns, C}), a.n1);
   add(dx, dx2, dx);
   return dx.view({B, Ts, C});
 }

@@ -1,11 +1,17 @@
-// transformer_layer.h: one pre-LN GPT block, forward and backward written out op by op.
+// transformer_layer.h: one pre-norm decoder block, forward and backward written out op by op.
 //
-//   x  -> ln1 -> qkv (column-parallel) -> causal attention -> proj (row-parallel) -> dropout + x  = x2
-//   x2 -> ln2 -> fc1 (column-parallel, GELU) -> fc2 (row-parallel) -> dropout + x2 = out
+//   GPT:    x  -> LayerNorm -> qkv (column-parallel) -> causal attention -> proj (row-parallel) -> dropout + x = x2
+//           x2 -> LayerNorm -> fc1 (column-parallel, GELU) -> fc2 (row-parallel) -> dropout + x2 = out
+//   Llama:  x  -> RMSNorm -> qkv (column-parallel, no bias) -> rotary embeddings on q and k -> grouped-query
+//           attention -> proj (row-parallel) -> dropout + x = x2
+//           x2 -> RMSNorm -> fc1 (column-parallel: gate and up interleaved) -> SwiGLU -> fc2 (row-parallel)
+//           -> dropout + x2 = out
 // The tensor-parallel linears (parallel/parallel_linear.h) own their weights, biases and communication:
-// QKV and fc1 hold this rank's heads / ffn columns, proj and fc2 sum their partial outputs over the group
-// before their bias; norms are replicated. With sequence parallelism the norms, dropout and residuals run on
-// this rank's sequence shard and the linears gather / reduce-scatter at their edges.
+// QKV holds this rank's query groups (its query heads and their key / value heads) and fc1 its ffn units,
+// proj and fc2 sum their partial outputs over the group before their bias; norms are replicated. With sequence
+// parallelism the norms, dropout and residuals run on this rank's sequence shard and the linears gather /
+// reduce-scatter at their edges, so attention and the rotary embeddings always see whole sequences (positions
+// 0..T-1 in every layout).
 // Fusions (core/ops.h): the QKV and fc1 biases, fc1's GELU, fc1's dGELU with its bias gradient (on fc2's
 // input-gradient GEMM) and the bias gradients of the weight-gradient GEMMs ride on GEMM epilogues; each
 // residual add is one dropout_add. On the CPU all of it computes exactly what the separate ops computed.
@@ -16,6 +22,7 @@
 #include "core/config/config.h"
 #include "core/parameter.h"
 #include "core/tensor.h"
+#include "models/norm.h"
 #include "parallel/parallel_linear.h"
 #include "parallel/tensor_parallel.h"
 
@@ -45,20 +52,21 @@ class TransformerLayer {
  private:
   struct Activations {
     StepContext ctx;
-    Tensor x;                        // (B, T, C) layer input; (B, T/tp, C) sequence shards with SP
-    Tensor ln1, ln1_mean, ln1_rstd;  // (B*T, C), (B*T), (B*T); shard rows with SP (gathered again in backward)
-    Tensor qkv;                      // (B, T, H/tp, 3, D)
-    Tensor att, att_lse;             // (B, T, C/tp), (B, H/tp, T)
-    Tensor x2;                       // (B, T, C) residual after attention
-    Tensor ln2, ln2_mean, ln2_rstd;
-    Tensor fc1;   // (B*T, F/tp) pre-activation (the GELU epilogue's aux)
-    Tensor gelu;  // (B*T, F/tp)
+    Tensor x;             // (B, T, C) layer input; (B, T/tp, C) sequence shards with SP
+    Norm::Saved n1;       // (B*T, C) rows and their statistics; shard rows with SP (gathered again in backward)
+    Tensor qkv;           // (B, T, G/tp, R+2, D): this rank's query groups (after the rotary embeddings for Llama)
+    Tensor att, att_lse;  // (B, T, H/tp * D), (B, H/tp, T)
+    Tensor x2;            // (B, T, C) residual after attention
+    Norm::Saved n2;
+    Tensor fc1;  // GPT: (B*T, F/tp) pre-activation (the GELU epilogue's aux); Llama: (B*T, 2F/tp) gate and up
+    Tensor act;  // (B*T, F/tp) GELU or SwiGLU output, fc2's input
   };
   // Runs the block on a.x, filling the activations; returns the output.
   Tensor run(Activations& a, bool keep);
   // The attention's options, and the dropout before a residual add (masks keyed by global coordinates,
   // T the full sequence length): none outside training.
   AttentionOptions attention_options(const StepContext& ctx) const;
+  RopeOptions rope_options(bool inverse) const;  // Llama's rotary embeddings (inverse: their backward)
   DropoutOptions residual_dropout(const StepContext& ctx, uint64_t site, int64_t T) const;
 
   int64_t index_;
@@ -67,13 +75,14 @@ class TransformerLayer {
   Device device_;
   bool recompute_;
   TensorParallel tp_;
-  int64_t heads_;  // this rank's heads
+  int64_t heads_;   // this rank's query heads
+  int64_t groups_;  // this rank's query groups (key / value heads)
   uint64_t site_attn_probs_, site_attn_out_, site_mlp_out_;
-  Parameter ln1_w_, ln1_b_;   // (C)
-  ColumnParallelLinear qkv_;  // C -> 3C: weight (3C/tp, C), rows per head [q | k | v], this rank's heads
-  RowParallelLinear proj_;    // C -> C: weight (C, C/tp), the input columns of this rank's heads
-  Parameter ln2_w_, ln2_b_;   // (C)
-  ColumnParallelLinear fc1_;  // C -> F: weight (F/tp, C), GELU on its epilogue
+  Norm ln1_;                  // (C)
+  ColumnParallelLinear qkv_;  // C -> (H + 2G) D: weight ((H + 2G) D / tp, C), rows per group [R q | k | v]
+  RowParallelLinear proj_;    // H D -> C: weight (C, H D / tp), the input columns of this rank's heads
+  Norm ln2_;                  // (C)
+  ColumnParallelLinear fc1_;  // GPT: C -> F, GELU on its epilogue; Llama: C -> 2F, rows (2f, 2f+1) = (gate, up)
   RowParallelLinear fc2_;     // F -> C: weight (C, F/tp)
   std::map<int, Activations> saved_;
 };

@@ -1,6 +1,7 @@
 // Tests of the training pieces above the ops: loss scaler, LR schedule, model wiring (whole-model
 // gradients against finite differences), recomputation, and the optimizer's skip/clip behaviour.
 #include <cmath>
+#include <map>
 
 #include <gtest/gtest.h>
 
@@ -13,8 +14,9 @@
 namespace mt {
 namespace {
 
-ModelConfig tiny_model(bool tie = true) {
+ModelConfig tiny_model(bool tie = true, Arch arch = Arch::gpt) {
   ModelConfig m;
+  m.arch = arch;
   m.num_layers = 2;
   m.hidden_size = 16;
   m.num_heads = 2;
@@ -27,6 +29,17 @@ ModelConfig tiny_model(bool tie = true) {
   m.tie_embeddings = tie;
   m.dropout = 0.f;
   m.attention_dropout = 0.f;
+  return m;
+}
+
+// A tiny Llama: 4 query heads of 4 sharing 2 key/value heads, SwiGLU, rotary embeddings.
+ModelConfig tiny_llama(bool tie = false) {
+  ModelConfig m = tiny_model(tie, Arch::llama);
+  m.num_heads = 4;
+  m.num_query_groups = 2;
+  m.head_dim = 4;
+  m.ffn_hidden_size = 24;
+  m.rotary_base = 100;  // short sequences: a small base turns every pair noticeably
   return m;
 }
 
@@ -140,9 +153,29 @@ TEST(ModelFlops, MatchesMegatronFormula) {
   EXPECT_NEAR(model_flops_per_iteration(m, 2048) / megatron, 1.0, 1e-12);
 }
 
+TEST(ModelFlops, LlamaCountsSwiGluAndGroupedQueryAttention) {
+  ModelConfig m = tiny_llama();
+  // Llama 3 8B: 32 layers, hidden 4096, 32 heads of 128 in 8 key/value groups, SwiGLU 14336, vocabulary
+  // 128256, sequence 8192.
+  m.num_layers = 32, m.hidden_size = 4096, m.num_heads = 32, m.num_query_groups = 8, m.head_dim = 128;
+  m.ffn_hidden_size = 14336, m.padded_vocab_size = 128256, m.seq_length = 8192;
+  // Multiply-adds per token, by hand: q 4096x4096, k and v 4096x1024 each, o 4096x4096, gate and up
+  // 4096x14336 each, down 14336x4096; causal attention: scores and weighted values over on average half of
+  // the 8192 keys, 32 heads x 128 = 4096 wide each; the logits 4096x128256.
+  const double linear = 4096.0 * 4096 + 2 * 4096.0 * 1024 + 4096.0 * 4096 + 3 * 4096.0 * 14336;
+  const double attention = 2 * (8192.0 / 2) * 4096;
+  const double logits = 4096.0 * 128256;
+  const double forward_flops = 2 * (32 * (linear + attention) + logits);  // 2 flops per multiply-add
+  const double tokens = 512.0 * 8192;
+  EXPECT_NEAR(model_flops_per_iteration(m, 512 * 8192) / (3 * forward_flops * tokens), 1.0, 1e-12);
+  // 51.47 GFLOP per token: 6.8% above 6N for its N = 8.03B parameters (attention adds, the embedding
+  // lookup costs nothing).
+  EXPECT_NEAR(model_flops_per_iteration(m, 1) / 1e9, 51.4704, 1e-4);
+  EXPECT_NEAR(model_flops_per_iteration(m, 1) / (6 * 8030261248.0), 1.0683, 1e-4);
+}
+
 // The whole model's gradients (embedding, every layer, final norm, head) against central differences.
-void check_model_gradients(bool tie) {
-  ModelConfig cfg = tiny_model(tie);
+void check_model_gradients(ModelConfig cfg) {
   GptModel model(cfg, {.dtype = DType::f32, .seed = 7});
   Tensor tokens = Tensor::empty({2, 8}, DType::i32), targets = Tensor::empty({2, 8}, DType::i32);
   fill_batch(tokens, targets, cfg.vocab_size);
@@ -172,8 +205,48 @@ void check_model_gradients(bool tie) {
   }
 }
 
-TEST(GptModel, GradientsMatchFiniteDifferencesTied) { check_model_gradients(true); }
-TEST(GptModel, GradientsMatchFiniteDifferencesUntied) { check_model_gradients(false); }
+TEST(GptModel, GradientsMatchFiniteDifferencesTied) { check_model_gradients(tiny_model(true)); }
+TEST(GptModel, GradientsMatchFiniteDifferencesUntied) { check_model_gradients(tiny_model(false)); }
+TEST(LlamaModel, GradientsMatchFiniteDifferences) { check_model_gradients(tiny_llama()); }
+TEST(LlamaModel, GradientsMatchFiniteDifferencesMultiQueryTied) {
+  ModelConfig cfg = tiny_llama(true);
+  cfg.num_query_groups = 1;
+  check_model_gradients(cfg);
+}
+
+TEST(LlamaModel, HasNoBiasesNoPositionTableAndGroupedProjections) {
+  ModelConfig cfg = tiny_llama();
+  GptModel model(cfg, {.dtype = DType::f32, .seed = 7});
+  std::map<std::string, Shape> shapes;
+  for (const Parameter* p : model.parameters()) shapes[p->name] = p->global_shape;
+  for (const auto& [name, shape] : shapes) EXPECT_EQ(name.find("bias"), std::string::npos) << name;
+  EXPECT_EQ(shapes.count("embedding.position_embeddings.weight"), 0u);
+  EXPECT_EQ(shapes.at("layers.0.attn.qkv.weight"), (Shape{(4 + 2 * 2) * 4, 16}));  // (H + 2G) D x C
+  EXPECT_EQ(shapes.at("layers.0.attn.proj.weight"), (Shape{16, 16}));
+  EXPECT_EQ(shapes.at("layers.0.mlp.fc1.weight"), (Shape{2 * 24, 16}));  // gate and up
+  EXPECT_EQ(shapes.at("layers.0.mlp.fc2.weight"), (Shape{16, 24}));
+  EXPECT_EQ(shapes.at("layers.0.ln1.weight"), (Shape{16}));
+  EXPECT_EQ(shapes.at("lm_head.weight"), (Shape{128, 16}));
+  const int64_t per_layer = 32 * 16 + 16 * 16 + 48 * 16 + 16 * 24 + 2 * 16;
+  EXPECT_EQ(model.num_parameters(), 2 * per_layer + 2 * 128 * 16 + 16);
+}
+
+TEST(LlamaModel, FullRecomputationGivesIdenticalGradients) {
+  ModelConfig cfg = tiny_llama();
+  cfg.dropout = 0.2f;
+  cfg.attention_dropout = 0.2f;
+  GptModel plain(cfg, {.dtype = DType::bf16, .seed = 3});
+  GptModel recompute(cfg, {.dtype = DType::bf16, .seed = 3, .recompute = true});
+  Tensor tokens = Tensor::empty({2, 8}, DType::i32), targets = Tensor::empty({2, 8}, DType::i32);
+  fill_batch(tokens, targets, cfg.vocab_size);
+  StepContext ctx{.sample_offset = 40, .training = true, .seed = 3};
+  EXPECT_EQ(plain.forward(tokens, targets, 0, ctx), recompute.forward(tokens, targets, 0, ctx));
+  plain.backward(0, 1.f);
+  recompute.backward(0, 1.f);
+  for (size_t i = 0; i < plain.parameters().size(); ++i)
+    EXPECT_EQ(plain.parameters()[i]->grad.to_floats(), recompute.parameters()[i]->grad.to_floats())
+        << plain.parameters()[i]->name;
+}
 
 TEST(GptModel, FullRecomputationGivesIdenticalGradients) {
   ModelConfig cfg = tiny_model();

@@ -6,11 +6,12 @@
 #   plain: none of them (DP > 1 then uses the bucketed all-reduce overlapped with backward).
 # Small gradient buckets make the overlapped reduction run in several pieces.
 # MATRIX_MAX_DEGREE (default 4) bounds TP, PP and DP; MATRIX_ARGS (an array) adds settings to every run,
-# the single-rank reference included (the GPU version runs on cuda with host-staged Gloo).
+# the single-rank reference included (the GPU version runs on cuda with host-staged Gloo). MATRIX_CONFIG names the
+# model's config file (default tiny.yaml; llama.yaml for the Llama rows).
 run_layout_matrix() {  # precision tolerance variant...
   local precision=$1 tol=$2; shift 2
   local max=${MATRIX_MAX_DEGREE:-4}
-  local common=(--config tiny.yaml --set model.num_layers=8 --set training.micro_batch_size=1
+  local common=(--config "${MATRIX_CONFIG:-tiny.yaml}" --set model.num_layers=8 --set training.micro_batch_size=1
                 --set training.global_batch_size=8 --set training.train_iters=6 --set parallel.timeout_s=60
                 --set parallel.grad_bucket_size=5000 --set training.precision=$precision
                 ${MATRIX_ARGS[@]+"${MATRIX_ARGS[@]}"})
