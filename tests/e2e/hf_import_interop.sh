@@ -3,7 +3,6 @@
 # LlamaForCausalLM with grouped-query attention, G < H) made and saved by transformers is imported; `megatrain
 # eval` gives transformers' mean loss on the same samples (fp32, within 1e-5 relative); then 3 training
 # iterations from the import run at TP1, TP2 and PP2 with the same losses, and lower the eval loss.
-# The Llama part skips, saying so, while this megatrain has no model.arch: llama.
 # Needs torch and transformers in a venv: $TRANSFORMERS_VENV, /work/.venv-torch or build/transformers-venv;
 # exits 77 (skipped), saying so, without one.
 source "$(dirname "$0")/lib/common.bash"
@@ -26,15 +25,7 @@ check_import() {
   mkdir "$name" && pushd "$name" >/dev/null
   ln -s ../data data
   "$PY" "$TINY" make "$arch" hf "$@" >make.log 2>&1 || { cat make.log; fail "$name: transformers could not make the model"; }
-  if ! "$MT" ckpt import hf --format hf --output imp >import.log 2>&1; then
-    if [ "$arch" = llama ] && grep -q "no megatrain configuration in this build" import.log; then
-      echo "SKIP ($name part): this megatrain has no model.arch: llama yet: $(tail -c 300 import.log)"
-      popd >/dev/null
-      return 0
-    fi
-    cat import.log
-    fail "$name: import failed"
-  fi
+  "$MT" ckpt import hf --format hf --output imp >import.log 2>&1 || { cat import.log; fail "$name: import failed"; }
   local ours theirs
   ours=$("$MT" eval --checkpoint imp --data data/text_document --samples 6 --device cpu | mean_loss)
   theirs=$("$PY" "$TINY" loss hf data/text_document 64 6 2>py.err) || { cat py.err; fail "$name: transformers failed"; }
