@@ -11,3 +11,7 @@ MATRIX_MAX_DEGREE=2
 MATRIX_ARGS=(--set training.device=cuda --set parallel.backend=gloo)
 run_layout_matrix fp32 1e-4 full plain
 run_layout_matrix bf16 2e-2 full plain
+# The Llama rows: RMSNorm, SwiGLU, rotary embeddings and grouped-query attention kernels on the GPU.
+write_llama_config
+MATRIX_CONFIG=llama.yaml run_layout_matrix fp32 1e-4 full
+MATRIX_CONFIG=llama.yaml run_layout_matrix bf16 2e-2 full

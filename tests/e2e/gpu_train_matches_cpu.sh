@@ -29,6 +29,20 @@ fi
 same_losses cpu_bf16_noattndrop/metrics.jsonl gpu_bf16_cudnn/metrics.jsonl 1 20 2e-2
 echo "bf16, no attention dropout: cuDNN attention follows the CPU within 2e-2"
 
+# The Llama architecture (RMSNorm, SwiGLU, RoPE and grouped-query attention kernels) follows the CPU in fp32 and
+# bf16; bf16 without attention dropout takes cuDNN's grouped-query attention.
+write_llama_config
+for spec in fp32:1e-4:0.1 bf16:2e-2:0.1 bf16:2e-2:0; do
+  IFS=: read -r precision tol attn <<<"$spec"
+  dir=llama_${precision}_attn$attn
+  "$MT" --config llama.yaml --set training.precision=$precision --set model.attention_dropout=$attn \
+        --set logging.dir=cpu_$dir >/dev/null
+  "$MT" --config llama.yaml --set training.precision=$precision --set model.attention_dropout=$attn \
+        --set training.device=cuda --set logging.dir=gpu_$dir >gpu_$dir.log 2>&1 || { tail gpu_$dir.log; fail "$dir failed"; }
+  same_losses cpu_$dir/metrics.jsonl gpu_$dir/metrics.jsonl 1 20 "$tol"
+  echo "llama $precision, attention dropout $attn: GPU losses follow the CPU's within $tol ($(grep -o 'attention: [^,]*' gpu_$dir.log | head -1))"
+done
+
 # NCCL with one rank gives the same losses as the Gloo run (a one-rank job communicates nothing).
 "$MT" --config tiny.yaml --set training.device=cuda --set parallel.backend=nccl --set logging.dir=gpu_nccl >/dev/null
 same_losses gpu_fp32/metrics.jsonl gpu_nccl/metrics.jsonl 1 20 0
