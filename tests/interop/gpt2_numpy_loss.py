@@ -6,27 +6,18 @@ Usage: gpt2_numpy_loss.py EXPORT_DIR DATA_PREFIX SEQ_LENGTH SAMPLES
 Samples are read in file order from the Megatron indexed dataset: sample j is tokens [j*S, j*S + S].
 """
 import json
-import struct
+import os
 import sys
 
 import numpy as np
 from safetensors.numpy import load_file
 
-DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import indexed_file  # noqa: E402
 
 
 def read_tokens(prefix):
-    idx = open(prefix + ".idx", "rb").read()
-    assert idx[:9] == b"MMIDIDX\x00\x00", "bad magic"
-    (version,) = struct.unpack_from("<Q", idx, 9)
-    code = idx[17]
-    n, _ = struct.unpack_from("<QQ", idx, 18)
-    lengths = np.frombuffer(idx, np.int32, n, 34)
-    pointers = np.frombuffer(idx, np.int64, n, 34 + 4 * n)
-    dtype = np.dtype(DTYPES[code])
-    binary = open(prefix + ".bin", "rb").read()
-    seqs = [np.frombuffer(binary, dtype, int(l), int(p)) for l, p in zip(lengths, pointers)]
-    return np.concatenate(seqs).astype(np.int64)
+    return np.array(indexed_file.read_tokens(prefix), dtype=np.int64)
 
 
 def layer_norm(x, w, b, eps):

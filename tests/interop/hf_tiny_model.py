@@ -14,27 +14,19 @@ weights (the architecture config.json names), else exit 1.
 Needs torch and transformers (tests/e2e/hf_import_interop.sh says where it looks for them).
 """
 import argparse
-import struct
+import os
 import sys
 
 import numpy as np
 import torch
 import transformers
 
-DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64, 7: np.float32, 8: np.uint16}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import indexed_file  # noqa: E402
 
 
 def read_tokens(prefix):
-    idx = open(prefix + ".idx", "rb").read()
-    assert idx[:9] == b"MMIDIDX\x00\x00", "bad magic"
-    code = idx[17]
-    n, _ = struct.unpack_from("<QQ", idx, 18)
-    lengths = np.frombuffer(idx, np.int32, n, 34)
-    pointers = np.frombuffer(idx, np.int64, n, 34 + 4 * n)
-    dtype = np.dtype(DTYPES[code])
-    binary = open(prefix + ".bin", "rb").read()
-    return np.concatenate([np.frombuffer(binary, dtype, int(l), int(p)) for l, p in zip(lengths, pointers)]).astype(
-        np.int64)
+    return np.array(indexed_file.read_tokens(prefix), dtype=np.int64)
 
 
 def make(args):

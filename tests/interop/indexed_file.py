@@ -24,3 +24,8 @@ def read_indexed(prefix):
     seqs = [list(struct.unpack_from(f"<{n}{fmt}", data, p)) for n, p in zip(sizes, pointers)]
     assert all(n * width >= 0 for n in sizes)
     return [sum(seqs[doc_idx[d]:doc_idx[d + 1]], []) for d in range(ndoc - 1)]
+
+
+def read_tokens(prefix):
+    """Every id of PREFIX.bin/.idx in file order, the documents concatenated (as `megatrain eval` reads samples)."""
+    return [t for doc in read_indexed(prefix) for t in doc]

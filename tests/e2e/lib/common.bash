@@ -25,23 +25,26 @@ prepare_data() {
 # A tiny config for fast runs; tests adjust it with --set. It pins the CPU reference backend, so these tests
 # mean the same on a GPU machine; the gpu_* tests set training.device=cuda.
 write_config() {
-  cat > tiny.yaml <<'YAML'
+  { cat <<'YAML'
 model: {num_layers: 2, hidden_size: 32, num_heads: 4, ffn_hidden_size: 128, seq_length: 32, vocab_size: 257,
         dropout: 0.1, attention_dropout: 0.1}
-training: {micro_batch_size: 4, global_batch_size: 8, train_iters: 20, precision: fp32, seed: 42, device: cpu}
-optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup_iters: 5, weight_decay: 0.1, betas: [0.9, 0.95]}
-data: {train: [data/text_document], split: [95, 5, 0]}
-checkpoint: {save_dir: "", load: auto}
-logging: {dir: run, interval: 1}
 YAML
+    tiny_run_sections; } > tiny.yaml
 }
 
 # The Llama twin of tiny.yaml: llama.yaml, 8 query heads of 4 sharing 4 key/value heads (tensor parallelism up
-# to 4), SwiGLU 96 wide, rotary embeddings, untied embeddings, dropout on.
+# to 4), SwiGLU 96 wide, rotary embeddings, untied embeddings, dropout on; the other sections as tiny.yaml's.
 write_llama_config() {
-  cat > llama.yaml <<'YAML'
+  { cat <<'YAML'
 model: {arch: llama, num_layers: 2, hidden_size: 32, num_heads: 8, num_query_groups: 4, ffn_hidden_size: 96,
         seq_length: 32, vocab_size: 257, rotary_base: 10000, dropout: 0.1, attention_dropout: 0.1}
+YAML
+    tiny_run_sections; } > llama.yaml
+}
+
+# Everything of the tiny configs but the model.
+tiny_run_sections() {
+  cat <<'YAML'
 training: {micro_batch_size: 4, global_batch_size: 8, train_iters: 20, precision: fp32, seed: 42, device: cpu}
 optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup_iters: 5, weight_decay: 0.1, betas: [0.9, 0.95]}
 data: {train: [data/text_document], split: [95, 5, 0]}
