@@ -28,8 +28,8 @@ struct PlanArgs {
 };
 
 // The world size the config's own layout needs: tensor * pipeline * data (auto: 1), --set included. Only these
-// keys are read here; load_config checks everything afterwards.
-int64_t layout_world(const PlanArgs& a) {
+// keys are read here; load_config checks everything afterwards. `data_auto`: parallel.data is auto.
+int64_t layout_world(const PlanArgs& a, bool& data_auto) {
   YAML::Node root = YAML::LoadFile(a.config);
   auto key = [&](const char* name, const std::string& fallback) {
     std::string v = fallback;
@@ -46,7 +46,9 @@ int64_t layout_world(const PlanArgs& a) {
       return int64_t{1};  // auto, or a bad value that load_config names properly
     }
   };
-  return number(key("tensor", "1")) * number(key("pipeline", "1")) * number(key("data", "auto"));
+  const std::string data = key("data", "auto");
+  data_auto = data == "auto";
+  return number(key("tensor", "1")) * number(key("pipeline", "1")) * number(data);
 }
 
 plan::Hardware hardware(const PlanArgs& a, const Config& c) {
@@ -58,9 +60,13 @@ plan::Hardware hardware(const PlanArgs& a, const Config& c) {
 }
 
 void run_plan(const PlanArgs& a) {
-  const int64_t world = a.world > 0 ? a.world : layout_world(a);
+  bool data_auto = false;
+  const int64_t world = a.world > 0 ? a.world : layout_world(a, data_auto);
   const Config cfg = load_config(a.config, a.overrides, world);
   const plan::Hardware hw = hardware(a, cfg);
+  // Say so: data: auto plans a single data-parallel replica (no ZeRO sharding) unless --world names the ranks.
+  if (data_auto && !a.json)
+    fmt::print("note: parallel.data: auto planned as DP 1 on {} ranks; --world N plans N ranks\n", world);
   if (a.search) {
     const std::vector<plan::Prediction> ranked = plan::search(cfg, world, hw);
     if (a.json) {

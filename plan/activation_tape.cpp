@@ -59,13 +59,13 @@ class Replay {
   // parallel/sequence_parallel.cpp SequenceGather: the constructor posts the all-gather of the (Ns, C) shard
   // into a (tp, B, Ts * C) rank-major workspace (with SP; nothing without).
   void gather_begin() {
-    if (s.sp) t.hold(s.N() * s.C * s.d);  // rank_major_
+    if (s.sp) t.hold(s.N() * s.m.C * s.d);  // rank_major_
   }
   // SequenceGather::wait: a new (N, C) activation, the rank-major workspace released after the transpose.
   // Returns the bytes allocated (0 without SP: the shard itself is returned).
   double gather_wait() {
     if (!s.sp) return 0;
-    const double full = s.N() * s.C * s.d;
+    const double full = s.N() * s.m.C * s.d;
     t.alloc(full);
     t.release(full);
     return full;
@@ -80,20 +80,20 @@ class Replay {
   // transient, comm_gloo.cpp reduce_scatter); without SP an all-reduce in place (Gloo reduces 16-bit types in
   // an fp32 copy). Returns the bytes allocated.
   double reduction_begin() {
-    const double NC = s.N() * s.C;
+    const double NC = s.N() * s.m.C;
     if (!s.sp) {
       if (s.tp > 1 && s.cpu && s.d != 4) t.workspace(4 * NC);
       return 0;
     }
     t.hold(NC * s.d);  // rank_major_
-    const double shard = s.Ns() * s.C * s.d;
+    const double shard = s.Ns() * s.m.C * s.d;
     t.alloc(shard);  // result_
     if (s.cpu) t.workspace(8 * NC);
     return shard;
   }
   // SequenceReduction::wait: the rank-major copy released.
   void reduction_wait() {
-    if (s.sp) t.release(s.N() * s.C * s.d);
+    if (s.sp) t.release(s.N() * s.m.C * s.d);
   }
   // sequence_shard_sum, the blocking reduction.
   double shard_sum() {
@@ -106,7 +106,7 @@ class Replay {
   // columns: the gathered input (a temporary of the call), out (N, cols) and with `gelu` the pre-activation
   // (N, cols). Returns the bytes of what it leaves allocated (out, and the pre-activation).
   double column_forward(double cols, bool gelu = false) {
-    const double N = s.N(), C = s.C, d = s.d;
+    const double N = s.N(), C = s.m.C, d = s.d;
     const double full = to_full();  // x_full
     const double out = N * cols * d * (gelu ? 2 : 1);
     t.alloc(out);  // out (and *gelu_preact)
@@ -117,7 +117,7 @@ class Replay {
   // RowParallelLinear::forward of the (N, cols) input: partial (N, C), reduced into y (Ns, C) with SP (partial
   // then freed) or in place. Returns the bytes of y left allocated.
   double row_forward(double cols) {
-    const double N = s.N(), C = s.C, d = s.d;
+    const double N = s.N(), C = s.m.C, d = s.d;
     t.alloc(N * C * d);  // partial
     gemm(N * cols, C * cols, N * C);
     const double y = shard_sum();
@@ -129,7 +129,7 @@ class Replay {
   // dx is computed, then dx's reduction in flight while dW is computed (both buffers live at once). Returns
   // the bytes of dx (Ns, C) left allocated.
   double column_backward(double cols) {
-    const double N = s.N(), C = s.C, d = s.d;
+    const double N = s.N(), C = s.m.C, d = s.d;
     gather_begin();      // SequenceGather input(x)
     t.alloc(N * C * d);  // dx_partial
     gemm(N * cols, cols * C, N * C);
@@ -145,7 +145,7 @@ class Replay {
   // RowParallelLinear::backward, dout (Ns, C) and the kept (N, cols) input: dout gathered (a temporary of the
   // call), dW, then dx (N, cols). Returns the bytes of dx left allocated.
   double row_backward(double cols) {
-    const double N = s.N(), C = s.C, d = s.d;
+    const double N = s.N(), C = s.m.C, d = s.d;
     const double full = to_full();   // dout_full
     gemm(N * C, N * cols, 0, true);  // dW (f32), the bias gradient on its epilogue
     t.alloc(N * cols * d);           // dx
@@ -154,24 +154,43 @@ class Replay {
     return N * cols * d;
   }
 
+  // models/norm.cpp Norm::forward on (Ns, C) rows: out, rstd (and LayerNorm's mean). Returns the bytes.
+  double norm_forward() {
+    const double bytes = s.Ns() * s.m.C * s.d + s.m.norm_stats() * s.Ns() * 4;
+    t.alloc(bytes);
+    return bytes;
+  }
+
+  // core/cuda/rope.cu rope_: a (T, D/2) cos and sin table in f32 for the call (the CPU's are host vectors).
+  void rope() {
+    if (s.m.rotary && !s.cpu) t.workspace(s.T * s.m.D * 4);
+  }
+
   // models/transformer_layer.cpp TransformerLayer::run: returns the bytes kept for backward (the Activations
-  // less x); leaves `out` (Ns, C) allocated for the caller.
+  // less x); leaves `out` (Ns, C) allocated for the caller. The rotary embeddings work on qkv in place.
   double layer_run(bool keep) {
-    const double N = s.N(), Ns = s.Ns(), C = s.C, d = s.d;
+    const ModelShapes& m = s.m;
+    const double N = s.N(), Ns = s.Ns(), C = m.C, d = s.d;
     double kept = 0;
     auto keep_alloc = [&](double bytes) {
       t.alloc(bytes);
       kept += bytes;
     };
-    keep_alloc(Ns * C * d + 2 * Ns * 4);              // ln1, ln1_mean, ln1_rstd
-    kept += column_forward(3 * s.Ct);                 // qkv
-    keep_alloc(N * s.Ct * d + s.B * s.Ht * s.T * 4);  // att, att_lse
-    const double proj = row_forward(s.Ct);            // proj, a local of run()
+    kept += norm_forward();                           // n1
+    kept += column_forward(m.qkv);                    // qkv (B, T, G/tp, R+2, D)
+    rope();                                           // on q and k in place
+    keep_alloc(N * m.Ct * d + s.B * m.Ht * s.T * 4);  // att, att_lse
+    const double proj = row_forward(m.Ct);            // proj, a local of run()
     keep_alloc(Ns * C * d);                           // x2
-    keep_alloc(Ns * C * d + 2 * Ns * 4);              // ln2 and its statistics
-    kept += column_forward(s.Ft, /*gelu=*/true);      // gelu, fc1 (the pre-activation)
-    const double mlp = row_forward(s.Ft);             // mlp
-    t.alloc(Ns * C * d);                              // out
+    kept += norm_forward();                           // n2
+    if (m.gelu_epilogue) {
+      kept += column_forward(m.Ft, /*gelu=*/true);  // act (GELU), fc1 (the pre-activation)
+    } else {
+      kept += column_forward(m.fc1);  // fc1 (N, 2F/tp): gate and up
+      keep_alloc(N * m.Ft * d);       // act (N, F/tp) = swiglu(fc1)
+    }
+    const double mlp = row_forward(m.Ft);  // mlp
+    t.alloc(Ns * C * d);                   // out
     if (!keep) t.free(kept);
     t.free(proj + mlp);  // run()'s locals
     return keep ? kept : 0;
@@ -180,7 +199,8 @@ class Replay {
 
   // TransformerLayer::backward: frees the layer's activations and input x; leaves dx (Ns, C) allocated.
   void layer_backward(double kept) {
-    const double N = s.N(), Ns = s.Ns(), C = s.C, d = s.d;
+    const ModelShapes& m = s.m;
+    const double N = s.N(), Ns = s.Ns(), C = m.C, d = s.d;
     if (s.recompute) {
       kept = layer_run(true);
       t.free(Ns * C * d);  // the recomputed out, a discarded temporary
@@ -190,26 +210,31 @@ class Replay {
       t.alloc(bytes);
       locals += bytes;
     };
-    local(Ns * C * d);                    // dmlp
-    locals += row_backward(s.Ft);         // dfc1 = fc2_.backward (dGELU and fc1's bias grad on its epilogue)
-    locals += column_backward(s.Ft);      // dln2 = fc1_.backward
-    local(Ns * C * d);                    // dx2
-    local(Ns * C * d);                    // dproj
-    locals += row_backward(s.Ct);         // datt = proj_.backward
-    local(N * 3 * s.Ct * d);              // dqkv
-    locals += column_backward(3 * s.Ct);  // dln1 = qkv_.backward
-    t.alloc(Ns * C * d);                  // dx, returned
-    t.free(locals + kept + Ns * C * d);   // the locals, the activations and the input x
+    local(Ns * C * d);  // dmlp
+    // The MLP's input-side gradients live in a block of backward(), gone once fc1's backward returns.
+    double block = row_backward(m.Ft);  // fc2_.backward: GPT's dfc1 (dGELU, fc1's bias grad on its epilogue); dact
+    if (!m.gelu_epilogue) {
+      t.alloc(N * m.fc1 * d);  // dfc1 = swiglu_backward(fc1, dact)
+      block += N * m.fc1 * d;
+    }
+    locals += column_backward(m.fc1);  // dln2 = fc1_.backward
+    t.free(block);
+    local(Ns * C * d);                   // dx2
+    local(Ns * C * d);                   // dproj
+    locals += row_backward(m.Ct);        // datt = proj_.backward
+    local(N * m.qkv * d);                // dqkv
+    rope();                              // the inverse rotation on dq, dk in place
+    locals += column_backward(m.qkv);    // dln1 = qkv_.backward
+    t.alloc(Ns * C * d);                 // dx, returned
+    t.free(locals + kept + Ns * C * d);  // the locals, the activations and the input x
   }
 
   // models/gpt.cpp forward_impl, the head part; returns the bytes HeadActivations keeps (final_in aside).
   double head_forward() {
-    const double N = s.N(), Ns = s.Ns(), C = s.C, d = s.d;
-    double kept = 0;
-    t.alloc(Ns * C * d + 2 * Ns * 4);  // lnf, lnf_mean, lnf_rstd (the shard rows with SP)
-    kept += Ns * C * d + 2 * Ns * 4;
-    kept += column_forward(s.Vt);  // logits = head_.forward(lnf): the gathered lnf is a temporary of the call
-    t.alloc(2 * N * 4);            // rowmax, sumexp
+    const double N = s.N();
+    double kept = norm_forward();    // lnf: out, rstd (and LayerNorm's mean), the shard rows with SP
+    kept += column_forward(s.m.Vt);  // logits = head_.forward(lnf): the gathered lnf is a temporary of the call
+    t.alloc(2 * N * 4);              // rowmax, sumexp
     kept += 2 * N * 4;
     t.alloc(2 * N * 4);  // target_logit, losses
     if (s.tp > 1) {
@@ -221,24 +246,24 @@ class Replay {
   }
   // GptModel::backward_stage, the head part: frees HeadActivations (final_in included); leaves dx (Ns, C).
   void head_backward(double kept) {
-    const double N = s.N(), Ns = s.Ns(), C = s.C, d = s.d;
+    const double N = s.N(), Ns = s.Ns(), C = s.m.C, d = s.d;
     double locals = 0;
     auto local = [&](double bytes) {
       t.alloc(bytes);
       locals += bytes;
     };
-    local(N * 4);          // dlosses
-    local(N * s.Vt * d);   // dlogits
-    t.free(N * s.Vt * d);  // h.logits released
-    kept -= N * s.Vt * d;
-    locals += column_backward(s.Vt);     // dlnf = head_.backward(dlogits, h.lnf): lnf gathered again with SP
+    local(N * 4);            // dlosses
+    local(N * s.m.Vt * d);   // dlogits
+    t.free(N * s.m.Vt * d);  // h.logits released
+    kept -= N * s.m.Vt * d;
+    locals += column_backward(s.m.Vt);   // dlnf = head_.backward(dlogits, h.lnf): lnf gathered again with SP
     t.alloc(Ns * C * d);                 // dx
     t.free(locals + kept + Ns * C * d);  // h (final_in too) and the locals
   }
 
   // forward_impl, the embedding part (parallel/vocab_parallel_embedding.cpp forward): leaves x (Ns, C).
   void embedding_forward() {
-    const double N = s.N(), C = s.C, d = s.d;
+    const double N = s.N(), C = s.m.C, d = s.d;
     t.alloc(N * C * d);  // partial (B, T, C)
     const double shard = shard_sum();
     if (shard > 0) t.free(N * C * d);  // with SP the shard is x and partial goes at the end of the call
@@ -246,7 +271,7 @@ class Replay {
   // backward_stage, the embedding part: frees dx (Ns, C) (gathered to full rows with SP on the way).
   void embedding_backward() {
     const double full = to_full();
-    t.free(s.Ns() * s.C * s.d + full);
+    t.free(s.Ns() * s.m.C * s.d + full);
   }
 
   Tape& t;
@@ -259,8 +284,8 @@ ChunkProfile profile_chunk(const TapeShapes& s, const ChunkSpec& chunk) {
   Tape tape;
   Replay r(tape, s);
   ChunkProfile out;
-  const double hidden = s.Ns() * s.C * s.d;  // one (B, T/sp, C) activation: what crosses between stages
-  const double tokens = s.B * s.T * 4;       // (B, T) i32
+  const double hidden = s.Ns() * s.m.C * s.d;  // one (B, T/sp, C) activation: what crosses between stages
+  const double tokens = s.B * s.T * 4;         // (B, T) i32
   out.message = hidden;
 
   // Forward: the trainer's load_batch, then GptModel::forward_stage. A received input is already counted.

@@ -7,18 +7,19 @@
 #pragma once
 #include <cstdint>
 
+#include "plan/model_shapes.h"
+
 namespace mt::plan {
 
 // Sizes of one microbatch on one rank (elements, except bytes_per_value).
 struct TapeShapes {
-  double B = 1, T = 1, C = 1;  // micro batch, sequence, hidden
-  double Ht = 1, Ct = 1;       // this rank's heads and their channels (heads/tp * head_dim)
-  double Ft = 1, Vt = 1;       // this rank's ffn columns and padded-vocabulary rows
-  double tp = 1;               // tensor-parallel size
-  bool sp = false;             // sequence parallelism (over tp > 1)
-  double d = 4;                // bytes of the compute dtype
-  bool cpu = true;             // CPU backend: fp32 GEMM widening and Gloo's fp32 reduction copies
-  bool recompute = false;      // full activation recomputation
+  double B = 1, T = 1;     // micro batch, sequence
+  ModelShapes m;           // the architecture's widths on this rank (hidden C, heads, QKV, fc1, ffn, vocabulary)
+  double tp = 1;           // tensor-parallel size
+  bool sp = false;         // sequence parallelism (over tp > 1)
+  double d = 4;            // bytes of the compute dtype
+  bool cpu = true;         // CPU backend: fp32 GEMM widening and Gloo's fp32 reduction copies
+  bool recompute = false;  // full activation recomputation
   double N() const { return B * T; }
   double Ns() const { return sp ? B * T / tp : B * T; }  // rows outside the tensor-parallel regions
 };

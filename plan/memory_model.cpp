@@ -34,18 +34,16 @@ std::vector<ChunkSpec> chunks_of(const Config& c, int64_t stage) {
 
 // Element counts of one chunk's parameters on tensor-parallel rank 0, in the model's order (models/gpt.cpp
 // GptModel's params_, models/transformer_layer.cpp parameters()): the gradient buffer's buckets follow it.
-std::vector<double> chunk_parameters(const ModelConfig& m, int64_t tp, const ChunkSpec& ch) {
-  const double C = static_cast<double>(m.hidden_size), Ct = static_cast<double>(m.num_heads / tp * m.head_dim),
-               Ft = static_cast<double>(m.ffn_hidden_size / tp), Vt = static_cast<double>(m.padded_vocab_size / tp),
-               P = static_cast<double>(m.max_position_embeddings);
+std::vector<double> chunk_parameters(const ModelShapes& m, const ChunkSpec& ch) {
   std::vector<double> n;
-  if (ch.has_embedding || (ch.has_head && m.tie_embeddings)) n.push_back(Vt * C);  // word embeddings (or the copy)
-  if (ch.has_embedding) n.push_back(P * C);                                        // position embeddings
-  for (int64_t l = 0; l < ch.layers; ++l)  // ln1, qkv, proj, ln2, fc1, fc2 (weights and biases)
-    n.insert(n.end(), {C, C, 3 * Ct * C, 3 * Ct, C * Ct, C, C, C, Ft * C, Ft, C * Ft, C});
+  if (ch.has_embedding || (ch.has_head && m.tie_embeddings)) n.push_back(m.Vt * m.C);  // word embeddings (or copy)
+  if (ch.has_embedding && m.P > 0) n.push_back(m.P * m.C);                             // position embeddings (GPT)
+  const std::vector<double> layer = m.layer_parameters();
+  for (int64_t l = 0; l < ch.layers; ++l) n.insert(n.end(), layer.begin(), layer.end());
   if (ch.has_head) {
-    n.insert(n.end(), {C, C});                   // final norm
-    if (!m.tie_embeddings) n.push_back(Vt * C);  // untied head
+    n.push_back(m.C);                                // final norm weight
+    if (m.layernorm) n.push_back(m.C);               // and LayerNorm's bias
+    if (!m.tie_embeddings) n.push_back(m.Vt * m.C);  // untied head
   }
   return n;
 }
@@ -78,15 +76,10 @@ GradLayout grad_layout(const std::vector<double>& params, int64_t bucket_element
 }
 
 TapeShapes tape_shapes(const Config& c, Backend backend) {
-  const ModelConfig& m = c.model;
   const int64_t tp = c.parallel.tensor;
   return TapeShapes{.B = static_cast<double>(c.training.micro_batch_size),
-                    .T = static_cast<double>(m.seq_length),
-                    .C = static_cast<double>(m.hidden_size),
-                    .Ht = static_cast<double>(m.num_heads / tp),
-                    .Ct = static_cast<double>(m.num_heads / tp * m.head_dim),
-                    .Ft = static_cast<double>(m.ffn_hidden_size / tp),
-                    .Vt = static_cast<double>(m.padded_vocab_size / tp),
+                    .T = static_cast<double>(c.model.seq_length),
+                    .m = model_shapes(c.model, tp),
                     .tp = static_cast<double>(tp),
                     .sp = c.parallel.sequence_parallel && tp > 1,
                     .d = static_cast<double>(dtype_size(dtype_of(c.training.precision))),
@@ -180,7 +173,7 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     std::vector<double> params;  // app/trainer.cpp all_parameters: the chunks' parameters in chunk order
     std::vector<ChunkProfile> prof;
     for (const ChunkSpec& ch : chunks) {
-      const std::vector<double> more = chunk_parameters(c.model, c.parallel.tensor, ch);
+      const std::vector<double> more = chunk_parameters(shapes.m, ch);
       params.insert(params.end(), more.begin(), more.end());
       sm.layers += ch.layers;
       prof.push_back(profile_chunk(shapes, ch));

@@ -33,9 +33,10 @@ std::vector<Prediction> search(const Config& base, int64_t world, const Hardware
   const int64_t G = base.training.global_batch_size;
   std::vector<Prediction> out;
   for (int64_t tp : divisors(world)) {
-    // Tensor parallelism inside a node, dividing heads and ffn (the config rules say so too; checked early here
-    // to skip the rest of the loop).
-    if (tp > hw.gpus_per_node || m.num_heads % tp != 0 || m.ffn_hidden_size % tp != 0) continue;
+    // Tensor parallelism inside a node, dividing heads, key/value heads and ffn (the config rules say so too;
+    // checked early here to skip the rest of the loop).
+    if (tp > hw.gpus_per_node || m.num_heads % tp != 0 || m.kv_heads() % tp != 0 || m.ffn_hidden_size % tp != 0)
+      continue;
     for (int64_t pp : divisors(world / tp)) {
       if (pp > m.num_layers) continue;
       const int64_t dp = world / (tp * pp);

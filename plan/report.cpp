@@ -24,6 +24,7 @@ nlohmann::json layout_json(const Layout& l) {
 nlohmann::json to_json(const Prediction& p, const Hardware& hw) {
   nlohmann::json j;
   j["layout"] = layout_json(p.layout);
+  j["arch"] = std::string(name_of(p.config.model.arch));
   j["world_size"] = p.config.parallel.world_size;
   j["num_microbatches"] = p.config.training.num_microbatches;
   j["device"] = hw.name;
@@ -60,9 +61,13 @@ std::string format_prediction(const Prediction& p, const Hardware& hw) {
   const Config& c = p.config;
   std::string s = fmt::format("layout: {} on {} x {} ({} microbatches per iteration per pipeline)\n",
                               describe(p.layout), c.parallel.world_size, hw.name, c.training.num_microbatches);
-  s += fmt::format("model: {:.3g} parameters, {} layers, hidden {}, {} heads, sequence {}, global batch {}, {}\n",
-                   estimated_parameters(c.model), c.model.num_layers, c.model.hidden_size, c.model.num_heads,
-                   c.model.seq_length, c.training.global_batch_size, name_of(c.training.precision));
+  const std::string kv = c.model.kv_heads() != c.model.num_heads
+                             ? fmt::format(" ({} key/value heads)", c.model.kv_heads())
+                             : std::string();
+  s += fmt::format("model: {} {:.3g} parameters, {} layers, hidden {}, {} heads{}, sequence {}, global batch {}, {}\n",
+                   name_of(c.model.arch), estimated_parameters(c.model), c.model.num_layers, c.model.hidden_size,
+                   c.model.num_heads, kv, c.model.seq_length, c.training.global_batch_size,
+                   name_of(c.training.precision));
   s += fmt::format(
       "\npredicted peak memory per rank (MiB, split as the training log's \"peak memory\"), device {:.0f} MiB\n",
       hw.memory_bytes / kMiB);

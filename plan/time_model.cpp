@@ -7,13 +7,16 @@
 
 #include "core/dtype.h"
 #include "models/gpt.h"
+#include "plan/model_shapes.h"
 
 namespace mt::plan {
 
 namespace {
 
 struct Shapes {
-  double B, T, C, D, Ht, Ct, Ft, Vt, tp, d;
+  double B, T;
+  ModelShapes m;  // the architecture's widths on this rank
+  double tp, d;
   bool sp, fp32, recompute;
   double N() const { return B * T; }
   double Ns() const { return sp ? N() / tp : N(); }
@@ -63,62 +66,78 @@ class Costs {
   double attention(double flops) const { return flops / (peak() * hw.attention_efficiency) + hw.kernel_overhead_s; }
   double peak() const { return s.fp32 ? hw.peak_flops_fp32 : hw.peak_flops; }
   // One (N, C) activation's collectives over the tensor-parallel group.
-  double tp_all_reduce() const { return tpl.all_reduce(s.tp, s.N() * s.C * s.d); }
-  double tp_gather() const { return tpl.gather(s.tp, s.N() * s.C * s.d); }
+  double tp_all_reduce() const { return tpl.all_reduce(s.tp, s.N() * s.m.C * s.d); }
+  double tp_gather() const { return tpl.gather(s.tp, s.N() * s.m.C * s.d); }
 
+  // The GEMMs as the code runs them: QKV (G/tp groups of R query, a key and a value head), proj, fc1 (GPT: F/tp
+  // columns; Llama: gate and up as one 2F/tp-column GEMM) and fc2.
   Parts layer_forward() const {
-    const double N = s.N(), Ns = s.Ns(), C = s.C, d = s.d;
+    const ModelShapes& m = s.m;
+    const double N = s.N(), Ns = s.Ns(), C = m.C, d = s.d;
     Parts p;
-    p.gemm = gemm(N, 3 * s.Ct, C) + gemm(N, C, s.Ct) + gemm(N, s.Ft, C) + gemm(N, C, s.Ft);
-    p.attention = attention(2 * s.B * s.Ht * s.T * s.T * s.D);  // QK^T and PV, causal: half of 4 B H T^2 D
+    p.gemm = gemm(N, m.qkv, C) + gemm(N, C, m.Ct) + gemm(N, m.fc1, C) + gemm(N, C, m.Ft);
+    p.attention = attention(2 * s.B * m.Ht * s.T * s.T * m.D);  // QK^T and PV, causal: half of 4 B H T^2 D
     // Norms (read, write), bias after the reductions, dropout-add (two reads, a write): 14 (Ns, C) passes;
-    // the epilogues of QKV and fc1 (bias, GELU) are fused on GPUs, separate passes on the CPU.
-    double bytes = 14 * Ns * C * d;
-    if (!hw.is_gpu) bytes += 2 * N * 3 * s.Ct * d + 4 * N * s.Ft * d;
+    // the epilogues of QKV and fc1 (bias, GELU) are fused on GPUs, separate passes on the CPU. Llama has no
+    // epilogues but runs the rotary embeddings on q and k and SwiGLU as passes of their own.
+    double bytes = 14 * Ns * C * d, kernels = 12;
+    if (m.gelu_epilogue) {
+      if (!hw.is_gpu) bytes += 2 * N * m.qkv * d + 4 * N * m.Ft * d;
+    } else {
+      bytes += 2 * N * (m.qkv - m.Gt * m.D) * d + 3 * N * m.Ft * d;  // rope (q, k read and written), SwiGLU
+      kernels += 2;
+    }
     if (s.sp) bytes += 4 * N * C * d;  // the rank-major permutes around the gathers and reduce-scatters
-    p.elementwise = elementwise(bytes, 12);
+    p.elementwise = elementwise(bytes, kernels);
     if (s.tp > 1) p.tp = s.sp ? 4 * tp_gather() : 2 * tp_all_reduce();
     return p;
   }
   Parts layer_backward() const {
-    const double N = s.N(), Ns = s.Ns(), C = s.C, d = s.d;
+    const ModelShapes& m = s.m;
+    const double N = s.N(), Ns = s.Ns(), C = m.C, d = s.d;
     Parts p;
-    p.gemm = gemm_bwd(N, 3 * s.Ct, C) + gemm_bwd(N, C, s.Ct) + gemm_bwd(N, s.Ft, C) + gemm_bwd(N, C, s.Ft);
-    p.attention = attention(2.5 * 2 * s.B * s.Ht * s.T * s.T * s.D);  // flash backward: ~2.5x the forward
-    double bytes = 28 * Ns * C * d;
-    if (!hw.is_gpu) bytes += 4 * N * s.Ft * d + 2 * N * 3 * s.Ct * d;
+    p.gemm = gemm_bwd(N, m.qkv, C) + gemm_bwd(N, C, m.Ct) + gemm_bwd(N, m.fc1, C) + gemm_bwd(N, C, m.Ft);
+    p.attention = attention(2.5 * 2 * s.B * m.Ht * s.T * s.T * m.D);  // flash backward: ~2.5x the forward
+    double bytes = 28 * Ns * C * d, kernels = 20;
+    if (m.gelu_epilogue) {
+      if (!hw.is_gpu) bytes += 4 * N * m.Ft * d + 2 * N * m.qkv * d;
+    } else {
+      // The inverse rotation on dq, dk; SwiGLU's backward reads fc1 and dact and writes dfc1.
+      bytes += 2 * N * (m.qkv - m.Gt * m.D) * d + 5 * N * m.Ft * d;
+      kernels += 2;
+    }
     if (s.sp) bytes += 8 * N * C * d;
-    p.elementwise = elementwise(bytes, 20);
+    p.elementwise = elementwise(bytes, kernels);
     // Without SP: two all-reduces (f backward); with SP: gathers of dmlp, dproj, ln2, ln1 and two
     // reduce-scatters.
     if (s.tp > 1) p.tp = s.sp ? 6 * tp_gather() : 2 * tp_all_reduce();
     return p;
   }
   Parts head_forward() const {
-    const double N = s.N(), Ns = s.Ns(), C = s.C, d = s.d;
+    const double N = s.N(), Ns = s.Ns(), C = s.m.C, d = s.d, Vt = s.m.Vt;
     Parts p;
-    p.gemm = gemm(N, s.Vt, C);
-    p.elementwise = elementwise(2 * Ns * C * d + 3 * N * s.Vt * d, 5);
+    p.gemm = gemm(N, Vt, C);
+    p.elementwise = elementwise(2 * Ns * C * d + 3 * N * Vt * d, 5);
     if (s.tp > 1) p.tp = (s.sp ? tp_gather() : 0) + 2 * tpl.all_reduce(s.tp, 2 * N * 4);
     return p;
   }
   Parts head_backward() const {
-    const double N = s.N(), Ns = s.Ns(), C = s.C, d = s.d;
+    const double N = s.N(), Ns = s.Ns(), C = s.m.C, d = s.d, Vt = s.m.Vt;
     Parts p;
-    p.gemm = gemm_bwd(N, s.Vt, C);
-    p.elementwise = elementwise(3 * Ns * C * d + 2 * N * s.Vt * d, 4);
+    p.gemm = gemm_bwd(N, Vt, C);
+    p.elementwise = elementwise(3 * Ns * C * d + 2 * N * Vt * d, 4);
     if (s.tp > 1) p.tp = s.sp ? tp_gather() : tp_all_reduce();
     return p;
   }
   Parts embedding_forward() const {
     Parts p;
-    p.elementwise = elementwise(4 * s.N() * s.C * s.d, 3);
+    p.elementwise = elementwise(4 * s.N() * s.m.C * s.d, 3);
     if (s.tp > 1) p.tp = s.sp ? tp_gather() : tp_all_reduce();
     return p;
   }
   Parts embedding_backward() const {
     Parts p;
-    p.elementwise = elementwise(4 * s.N() * s.C * s.d, 3);
+    p.elementwise = elementwise(4 * s.N() * s.m.C * s.d, 3);
     if (s.tp > 1 && s.sp) p.tp = tp_gather();
     return p;
   }
@@ -144,12 +163,7 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   const int64_t tp = par.tensor, p = par.pipeline, v = par.virtual_pipeline, dp = par.data;
   const Shapes s{.B = static_cast<double>(c.training.micro_batch_size),
                  .T = static_cast<double>(m.seq_length),
-                 .C = static_cast<double>(m.hidden_size),
-                 .D = static_cast<double>(m.head_dim),
-                 .Ht = static_cast<double>(m.num_heads / tp),
-                 .Ct = static_cast<double>(m.num_heads / tp * m.head_dim),
-                 .Ft = static_cast<double>(m.ffn_hidden_size / tp),
-                 .Vt = static_cast<double>(m.padded_vocab_size / tp),
+                 .m = model_shapes(m, tp),
                  .tp = static_cast<double>(tp),
                  .d = static_cast<double>(dtype_size(dtype_of(c.training.precision))),
                  .sp = par.sequence_parallel && tp > 1,
@@ -165,9 +179,9 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   std::vector<int64_t> layers = par.layers_per_stage;
   if (layers.empty()) layers.assign(static_cast<size_t>(vstages), m.num_layers / vstages);
   const Parts lf = costs.layer_forward(), lb = costs.layer_backward();
-  const double C = s.C, Vt = s.Vt, Ct = s.Ct, Ft = s.Ft;
-  const double layer_params = 4 * C + 3 * Ct * C + 3 * Ct + C * Ct + C + Ft * C + Ft + C * Ft + C;
-  const double msg = s.Ns() * s.C * s.d;
+  const double C = s.m.C, Vt = s.m.Vt;
+  const double layer_params = s.m.layer_parameter_count();
+  const double msg = s.Ns() * C * s.d;
 
   std::vector<StageCost> stages(static_cast<size_t>(p));
   for (int64_t st = 0; st < p; ++st) {
@@ -185,12 +199,12 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
       if (vs == 0) {
         f += costs.embedding_forward();
         b += costs.embedding_backward();
-        sc.params += Vt * C + static_cast<double>(m.max_position_embeddings) * C;
+        sc.params += Vt * C + s.m.P * C;  // word and (GPT) position embeddings
       }
       if (vs == vstages - 1) {
         f += costs.head_forward();
         b += costs.head_backward();
-        sc.params += 2 * C + ((m.tie_embeddings && vs != 0) || !m.tie_embeddings ? Vt * C : 0);
+        sc.params += s.m.norm_parameters() + ((m.tie_embeddings && vs != 0) || !m.tie_embeddings ? Vt * C : 0);
       }
       sc.work += f;
       sc.work += b;
@@ -236,12 +250,13 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   const double world = static_cast<double>(par.world_size);
   t.tokens_per_s = tokens / t.total;
   t.model_tflops_per_gpu = model_flops_per_iteration(m, static_cast<int64_t>(tokens)) / t.total / world / 1e12;
-  // Narayanan et al. (2021) eq. 3 generalised to any ffn width: layers' GEMMs and (uncausal) attention 3 or 4
-  // times (with recomputation), the logits 3 times.
-  const double h = s.C, L = static_cast<double>(m.num_layers), F = static_cast<double>(m.ffn_hidden_size),
-               V = static_cast<double>(m.padded_vocab_size);
+  // Narayanan et al. (2021) eq. 3 generalised to any architecture: the layers' GEMMs (2 FLOPs per weight and
+  // token: 8h^2 + 4hF for GPT, GQA's narrower K/V and SwiGLU's three matrices for Llama) and (uncausal)
+  // attention 3 or 4 times (with recomputation), the logits 3 times.
+  const double h = C, L = static_cast<double>(m.num_layers), V = static_cast<double>(m.padded_vocab_size);
+  const double layer_gemm_flops = 2 * model_shapes(m, 1).layer_gemm_weights();
   const double passes = s.recompute ? 4 : 3;
-  const double hw_flops = passes * tokens * L * (8 * h * h + 4 * h * F + 4 * s.T * h) + 6 * tokens * h * V;
+  const double hw_flops = passes * tokens * L * (layer_gemm_flops + 4 * s.T * h) + 6 * tokens * h * V;
   t.hardware_tflops_per_gpu = hw_flops / t.total / world / 1e12;
   t.mfu = t.model_tflops_per_gpu * 1e12 / hw.peak_flops;
   return t;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # megatrain plan's memory model against measured CPU runs: for each layout below (TP, SP, PP 1F1B and
-# interleaved, DP with and without ZeRO, full recomputation, fp32 and bf16, a tiny and a mid-sized GPT) the
+# interleaved, DP with and without ZeRO, full recomputation, fp32 and bf16, a tiny and a mid-sized GPT, and a
+# llama-tiny-sized Llama: RMSNorm, SwiGLU, rotary embeddings, 8 query heads on 4 key/value heads, untied) the
 # training log's "peak memory (MiB)" split of rank 0 (the first pipeline stage) is compared with plan's
 # prediction for that rank kind: every kind within 10% (or 0.011 MiB, the log's rounding) and the total within
 # 5%. The table of every comparison is printed (bench/NOTES.md keeps one).
@@ -16,9 +17,20 @@ checkpoint: {save_dir: "", load: none}
 logging: {dir: run, interval: 1}
 parallel: {timeout_s: 60}
 YAML
+# Llama (model.arch: llama): llama-tiny's shape with 4 layers (for PP 2 x VP 2), and its MQA variant.
+cat > llama.yaml <<'YAML'
+model: {arch: llama, num_layers: 4, hidden_size: 64, num_heads: 8, num_query_groups: 4, ffn_hidden_size: 176,
+        seq_length: 64, vocab_size: 257, tie_embeddings: false, dropout: 0.0, attention_dropout: 0.0}
+training: {micro_batch_size: 4, global_batch_size: 16, train_iters: 1, precision: fp32, seed: 42, device: cpu}
+optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup_iters: 0, weight_decay: 0.1, betas: [0.9, 0.95]}
+data: {train: [data/text_document], split: [95, 5, 0]}
+checkpoint: {save_dir: "", load: none}
+logging: {dir: run, interval: 1}
+parallel: {timeout_s: 60}
+YAML
 mid=(--set model.num_layers=4 --set model.hidden_size=256 --set model.num_heads=8 --set model.ffn_hidden_size=1024
      --set model.seq_length=128 --set training.micro_batch_size=2 --set training.global_batch_size=8)
-# name | world | --set arguments
+# name | world | --set arguments (names starting with llama run llama.yaml, the others tiny.yaml)
 layouts=(
   "tiny-fp32|1|"
   "tiny-bf16-recompute|1|--set training.precision=bf16 --set training.recompute=full"
@@ -32,18 +44,27 @@ layouts=(
   "mid-bf16|1|${mid[*]} --set training.precision=bf16"
   "mid-tp2-sp-zero|4|${mid[*]} --set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.distributed_optimizer=true"
   "mid-pp2-vp2-bf16|2|${mid[*]} --set parallel.pipeline=2 --set parallel.virtual_pipeline=2 --set training.precision=bf16 --set training.micro_batch_size=1"
+  "llama-fp32|1|"
+  "llama-bf16-recompute|1|--set training.precision=bf16 --set training.recompute=full"
+  "llama-tp2-sp-bf16|2|--set parallel.tensor=2 --set parallel.sequence_parallel=true --set training.precision=bf16"
+  "llama-pp2|2|--set parallel.pipeline=2 --set training.micro_batch_size=2"
+  "llama-pp2-vp2-mqa|2|--set parallel.pipeline=2 --set parallel.virtual_pipeline=2 --set model.num_query_groups=1 --set training.micro_batch_size=2"
+  "llama-dp2-zero-bf16|2|--set parallel.distributed_optimizer=true --set training.precision=bf16"
+  "llama-tp2-sp-dp2-zero|4|--set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.distributed_optimizer=true"
 )
 : > results.txt
 for entry in "${layouts[@]}"; do
   IFS='|' read -r name world sets <<<"$entry"
   read -r -a args <<<"$sets"
   dir=run_$name
+  cfg=tiny.yaml
+  [[ $name == llama* ]] && cfg=llama.yaml
   if [ "$world" -eq 1 ]; then
-    "$MT" train --config tiny.yaml "${args[@]}" --set logging.dir=$dir >/dev/null
+    "$MT" train --config $cfg "${args[@]}" --set logging.dir=$dir >/dev/null
   else
-    "$MT" train --config tiny.yaml "${args[@]}" --set logging.dir=$dir --nproc "$world" >/dev/null
+    "$MT" train --config $cfg "${args[@]}" --set logging.dir=$dir --nproc "$world" >/dev/null
   fi
-  "$MT" plan --config tiny.yaml "${args[@]}" --world "$world" --gpu cpu --json > plan_$name.json
+  "$MT" plan --config $cfg "${args[@]}" --world "$world" --gpu cpu --json > plan_$name.json
   line=$(grep -m1 'peak memory (MiB):' $dir/megatrain.log) || fail "$name: no peak memory line in $dir/megatrain.log"
   echo "$name|$line" >> results.txt
 done

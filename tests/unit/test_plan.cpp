@@ -12,11 +12,15 @@
 // materialised the (s x s) scores and ran an unfused softmax: at hidden 2304 that memory-bound work costs about
 // as much as the layer's GEMMs, at hidden 25600 / TP 8 a few per cent. That row is held to 25% and the others
 // to the 15% target; a model tuned to hit the row would stop predicting megatrain.
+//
+// Llama (configs/llama3-8b.yaml): parameters per rank against a hand count, and the plan's FLOPs against
+// models/gpt.cpp's model_flops_per_iteration (which test_training checks by hand).
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
 
 #include "core/config/config.h"
+#include "models/gpt.h"
 #include "plan/planner.h"
 
 namespace mt::plan {
@@ -98,6 +102,78 @@ TEST(PlanLayout, InvalidLayoutsAreRefusedWithTheConfigRulesMessages) {
   Config c = apply_layout(base, v);
   c.training.num_microbatches = 6;
   EXPECT_THROW(predict(c, builtin_hardware("a100-80gb")), std::invalid_argument);
+}
+
+// Llama 3 8B by hand: C 4096, 32 query heads and 8 key/value heads of D 128, SwiGLU F 14336, vocabulary 128256
+// (already a multiple of 128 * 2), 32 layers, untied. One layer: QKV (32 + 2 * 8) * 128 x 4096 = 25165824,
+// proj 4096 x 4096 = 16777216, fc1 (gate and up) 2 * 14336 x 4096 = 117440512, fc2 4096 x 14336 = 58720256,
+// two RMSNorm weights 2 * 4096 = 8192, no biases: 218112000. Embedding and head 128256 x 4096 = 525336576
+// each, the final norm 4096, no position table: 8030261248 in all.
+constexpr double kLlamaLayer = 218112000, kLlamaVocab = 525336576, kLlamaNorm = 4096;
+
+Config llama3_8b(const std::vector<std::string>& sets, int64_t world) {
+  return load_config(MEGATRAIN_SOURCE_DIR "/configs/llama3-8b.yaml", sets, world);
+}
+
+TEST(PlanLlama, ParametersPerRankAreTheHandCount) {
+  const Hardware h100 = builtin_hardware("h100-80gb");
+  // TP 2 (DP 4): every weight halved (rows of QKV, fc1, embedding and head; columns of proj and fc2), the norms
+  // replicated: 32 * (218112000 - 8192) / 2 + 32 * 8192 + 2 * 525336576 / 2 + 4096.
+  const Prediction tp2 = predict(llama3_8b({}, 8), h100);
+  ASSERT_EQ(tp2.memory.stages.size(), 1u);
+  EXPECT_EQ(tp2.memory.stages[0].parameters, 4015263744);
+  EXPECT_EQ(tp2.memory.stages[0].parameters,
+            static_cast<int64_t>(32 * (kLlamaLayer - 8192) / 2 + 32 * 8192 + kLlamaVocab + kLlamaNorm));
+  // PP 2 (TP 1, DP 4): 16 layers each; the first stage the embedding, the last the final norm and the head.
+  const Prediction pp2 =
+      predict(llama3_8b({"parallel.tensor=1", "parallel.sequence_parallel=false", "parallel.pipeline=2"}, 8), h100);
+  ASSERT_EQ(pp2.memory.stages.size(), 2u);
+  EXPECT_EQ(pp2.memory.stages[0].parameters, 4015128576);
+  EXPECT_EQ(pp2.memory.stages[0].parameters, static_cast<int64_t>(16 * kLlamaLayer + kLlamaVocab));
+  EXPECT_EQ(pp2.memory.stages[1].parameters, 4015132672);
+  EXPECT_EQ(pp2.memory.stages[1].parameters, static_cast<int64_t>(16 * kLlamaLayer + kLlamaNorm + kLlamaVocab));
+  // Together the whole model, as estimated_parameters (core/config) counts it.
+  EXPECT_EQ(pp2.memory.stages[0].parameters + pp2.memory.stages[1].parameters, 8030261248);
+  EXPECT_EQ(estimated_parameters(pp2.config.model), 8030261248.0);
+  // ZeRO's optimizer state (fp32 master and two moments and the bf16 value shard, 14 bytes per element) over
+  // DP 4 of the TP 2 rank's parameters (the gradient buffer's bucket padding aside).
+  EXPECT_NEAR(tp2.memory.stages[0].bytes[MemKind::optimizer] / (14.0 * 4015263744 / 4), 1.0, 1e-6);
+}
+
+TEST(PlanLlama, ModelFlopsAreTheModelsOwn) {
+  const Hardware h100 = builtin_hardware("h100-80gb");
+  for (const std::vector<std::string>& sets :
+       {std::vector<std::string>{},
+        {"parallel.tensor=1", "parallel.sequence_parallel=false", "parallel.pipeline=2"},
+        {"training.recompute=full"}}) {
+    const Config c = llama3_8b(sets, 8);
+    const Prediction p = predict(c, h100);
+    const double tokens = static_cast<double>(c.training.global_batch_size * c.model.seq_length);
+    const double world = static_cast<double>(c.parallel.world_size);
+    const double model_flops = model_flops_per_iteration(c.model, c.training.global_batch_size * c.model.seq_length);
+    EXPECT_NEAR(p.time.model_tflops_per_gpu * 1e12 * world * p.time.total / model_flops, 1.0, 1e-12);
+    EXPECT_NEAR(p.time.tokens_per_s * p.time.total / tokens, 1.0, 1e-12);
+    // The hardware count is the same GEMMs (the plan's shape table against gpt.cpp's formula: GQA's narrower
+    // K/V, SwiGLU's three matrices) with uncausal attention (4TC per token and layer, not 2TC) and, with
+    // recomputation, a fourth pass over the layers.
+    const double L = static_cast<double>(c.model.num_layers), T = static_cast<double>(c.model.seq_length),
+                 C = static_cast<double>(c.model.hidden_size), V = static_cast<double>(c.model.padded_vocab_size);
+    const double layer_passes = c.training.recompute == Recompute::full ? 4 : 3;
+    const double layers_flops = (model_flops / tokens - 6 * C * V) / 3 + 2 * L * T * C;  // one pass, uncausal
+    const double hw_flops = tokens * (layer_passes * layers_flops + 6 * C * V);
+    EXPECT_NEAR(p.time.hardware_tflops_per_gpu * 1e12 * world * p.time.total / hw_flops, 1.0, 1e-12);
+  }
+}
+
+TEST(PlanLlama, Llama3_8bSearchKeepsTheKeyValueHeadsWhole) {
+  const Hardware h100 = builtin_hardware("h100-80gb");
+  const Config c = llama3_8b({}, 8);
+  const Prediction p = predict(c, h100);
+  fmt::print("llama3-8b as configured ({}): peak {:.1f} GiB per GPU, {:.1f} s/iter, MFU {:.1f}% (predicted)\n",
+             describe(p.layout), p.memory.max_total() / 1073741824.0, p.time.total, 100 * p.time.mfu);
+  const std::vector<Prediction> ranked = search(c, 8, h100);
+  ASSERT_FALSE(ranked.empty());
+  for (const Prediction& r : ranked) EXPECT_EQ(r.config.model.kv_heads() % r.layout.tensor, 0);
 }
 
 }  // namespace
