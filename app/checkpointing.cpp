@@ -110,12 +110,10 @@ std::vector<std::string> model_shape_differences(const std::string& stored_yaml,
     // num_query_groups 0 (or absent) means one key/value head per query head.
     if (std::string_view(key) == "rotary_base" && !a.IsDefined()) continue;
     if (std::string_view(key) == "num_query_groups") {
-      auto groups = [](const YAML::Node& model) {
-        const YAML::Node g = model["num_query_groups"];
-        return g.IsScalar() && g.Scalar() != "0" ? g : model["num_heads"];
-      };
-      a = groups(stored);
-      b = groups(run);
+      auto is_set = [](const YAML::Node& g) { return g.IsScalar() && g.Scalar() != "0"; };
+      if (!is_set(a) && !is_set(b)) continue;  // one key/value head per query head on both sides
+      if (!is_set(a)) a = stored["num_heads"];
+      if (!is_set(b)) b = run["num_heads"];
     }
     const std::string old_v = a.IsScalar() ? a.Scalar() : "(missing)", new_v = b.IsScalar() ? b.Scalar() : "(missing)";
     if (old_v != new_v) out.push_back(fmt::format("model.{}: {} -> {}", key, old_v, new_v));

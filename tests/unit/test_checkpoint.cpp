@@ -663,6 +663,16 @@ TEST(ResumeState, ModelShapeDifferencesNameEachKey) {
             (std::vector<std::string>{"model.num_layers: 2 -> 1", "model.num_heads: 4 -> 8",
                                       "model.vocab_size: 257 -> 300", "model.tie_embeddings: true -> false"}));
   EXPECT_NE(error_of([&] { app::model_shape_differences("", run, "ck"); }).find("no model section"), std::string::npos);
+  // Key/value groups: 0 or absent means one per head, so an explicit 4 equals a checkpoint without the key, and a
+  // Llama with other groups or another rotary base differs.
+  const std::string llama = old_cfg + "  num_query_groups: 4\n";
+  EXPECT_TRUE(app::model_shape_differences(old_cfg, llama, "ck").empty());
+  std::string gqa = llama;
+  gqa.replace(gqa.find("num_query_groups: 4"), 19, "num_query_groups: 2");
+  EXPECT_EQ(app::model_shape_differences(old_cfg, gqa + "  rotary_base: 10000\n", "ck"),
+            (std::vector<std::string>{"model.num_query_groups: 4 -> 2"}));  // an old checkpoint has no rotary_base
+  EXPECT_EQ(app::model_shape_differences(gqa + "  rotary_base: 10000\n", gqa + "  rotary_base: 500000\n", "ck"),
+            (std::vector<std::string>{"model.rotary_base: 10000 -> 500000"}));
 }
 
 TEST_F(CheckpointTest, ResolvesCheckpointPaths) {
