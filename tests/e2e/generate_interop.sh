@@ -1,34 +1,52 @@
 #!/usr/bin/env bash
 # `megatrain generate --greedy` continues a prompt exactly as transformers' generate(do_sample=False) does on the
-# Hugging Face export of the same checkpoint (GPT2LMHeadModel, float32, CPU), for tied and untied embeddings.
-# Needs torch and transformers (5.x) in a venv: $TRANSFORMERS_VENV, or build/transformers-venv:
+# Hugging Face export of the same checkpoint (float32, CPU): GPT2LMHeadModel with tied and untied embeddings, and
+# LlamaForCausalLM with grouped-query attention (untied, rotary_base not the default) and multi-query attention
+# (tied).
+# Needs torch and transformers (5.x) in a venv: $TRANSFORMERS_VENV, /work/.venv-torch or build/transformers-venv:
 #   python3 -m venv build/transformers-venv && build/transformers-venv/bin/pip install torch transformers numpy
 # Exits 77 (skipped), saying so, when that Python cannot import them.
 source "$(dirname "$0")/lib/common.bash"
-VENV=${TRANSFORMERS_VENV:-$(dirname "$MT")/transformers-venv}
+VENV=${TRANSFORMERS_VENV:-/work/.venv-torch}
+[ -x "$VENV/bin/python" ] || VENV=$(dirname "$MT")/transformers-venv
 if ! "$VENV/bin/python" -c "import torch, transformers" 2>/dev/null; then
-  echo "SKIP: no Python with torch and transformers at $VENV (set TRANSFORMERS_VENV or create build/transformers-venv)"
+  echo "SKIP: no Python with torch and transformers at \$TRANSFORMERS_VENV, /work/.venv-torch or $VENV"
   exit 77
 fi
 prepare_data
 write_config
-sed -i 's/seq_length: 32/seq_length: 64/' tiny.yaml  # every prompt plus 20 new tokens fits
-for tie in true false; do
-  rm -rf ckpt hf
-  # Trained enough that its greedy text is more than spaces (see generate.sh).
-  "$MT" --config tiny.yaml --set training.train_iters=200 --set model.hidden_size=64 --set model.ffn_hidden_size=256 \
-        --set training.global_batch_size=16 --set optimizer.lr=1e-2 --set optimizer.min_lr=1e-3 \
-        --set checkpoint.save_dir=ckpt --set model.tie_embeddings=$tie >/dev/null
+write_llama_config
+sed -i 's/seq_length: 32/seq_length: 64/' tiny.yaml llama.yaml  # every prompt plus 20 new tokens fits
+
+# check LABEL CONFIG [--set ...]: trains CONFIG with the extra settings, exports it and compares the greedy
+# continuations of three prompts.
+check() {
+  local label=$1 config=$2
+  shift 2
+  rm -rf ckpt hf run
+  "$MT" --config "$config" --set training.global_batch_size=16 --set checkpoint.save_dir=ckpt "$@" >train.log 2>&1 ||
+    { tail train.log >&2; fail "$label: training failed"; }
   "$MT" ckpt export ckpt --format hf --output hf >/dev/null
   for prompt in "Permission is hereby granted to " "The GNU General Public License " "x"; do
     ids=$(printf '%s' "$prompt" | od -An -tu1 -v | xargs)  # the byte tokenizer's ids
-    ours=$("$MT" generate --load ckpt --prompt "$prompt" --greedy --max-new-tokens 20 --ids --device cpu 2>/dev/null)
+    ours=$("$MT" generate --load ckpt --prompt "$prompt" --greedy --max-new-tokens 20 --ids --device cpu 2>gen.err) ||
+      { cat gen.err >&2; fail "$label: megatrain generate failed"; }
     theirs=$(HF_HUB_OFFLINE=1 "$VENV/bin/python" "$SRC/tests/interop/hf_greedy_generate.py" "$PWD/hf" "$ids" 20 2>py.err) ||
-      { cat py.err >&2; fail "transformers failed"; }
-    echo "tie=$tie prompt='$prompt'"
+      { cat py.err >&2; fail "$label: transformers failed"; }
+    echo "$label prompt='$prompt'"
     echo "  megatrain:    $ours"
     echo "  transformers: $theirs"
-    [ -n "$ours" ] && [ "$ours" = "$theirs" ] || fail "tie=$tie: greedy continuations differ"
+    [ -n "$ours" ] && [ "$ours" = "$theirs" ] || fail "$label: greedy continuations differ"
   done
+}
+
+# Trained enough that the greedy text is more than spaces (see generate.sh).
+for tie in true false; do
+  check "gpt tie=$tie" tiny.yaml --set training.train_iters=200 --set model.hidden_size=64 \
+        --set model.ffn_hidden_size=256 --set optimizer.lr=1e-2 --set optimizer.min_lr=1e-3 --set model.tie_embeddings=$tie
 done
+check "llama G=4 untied" llama.yaml --set training.train_iters=100 --set optimizer.lr=1e-2 --set optimizer.min_lr=1e-3 \
+      --set model.rotary_base=5000
+check "llama G=1 tied" llama.yaml --set training.train_iters=200 --set optimizer.lr=1e-2 --set optimizer.min_lr=1e-3 \
+      --set model.num_query_groups=1 --set model.tie_embeddings=true --set model.hidden_size=64 --set model.ffn_hidden_size=192
 echo "PASS"

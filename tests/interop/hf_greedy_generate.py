@@ -1,22 +1,23 @@
 #!/usr/bin/env python3
-"""Greedy continuation of token ids by transformers' GPT-2 on a `megatrain ckpt export --format hf` directory.
+"""Greedy continuation of token ids by transformers on a `megatrain ckpt export --format hf` directory.
 
     python3 tests/interop/hf_greedy_generate.py HF_DIR "ID ID ..." MAX_NEW_TOKENS
 
 Prints the new ids, space-separated, as `megatrain generate --greedy --ids` prints them: generate(do_sample=False)
-in float32 on the CPU, stopping at config.json's eos_token_id (the tokenizer's end-of-document id) like megatrain.
+in float32 on the CPU with the model class config.json names (GPT2LMHeadModel or LlamaForCausalLM), stopping at
+config.json's eos_token_id (the tokenizer's end-of-document id) like megatrain.
 Needs torch and transformers (tests/e2e/generate_interop.sh says where it looks for them).
 """
 import sys
 
 import torch
-from transformers import GPT2LMHeadModel
+from transformers import AutoModelForCausalLM
 
 
 def main():
     hf_dir, ids, max_new = sys.argv[1], [int(t) for t in sys.argv[2].split()], int(sys.argv[3])
     torch.manual_seed(0)
-    model = GPT2LMHeadModel.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     eos = model.config.eos_token_id
     inputs = torch.tensor([ids], dtype=torch.long)
     with torch.no_grad():

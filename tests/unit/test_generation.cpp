@@ -1,10 +1,13 @@
-// Tests of inference: the KV-cached decoder against the training forward (the same model, the same
-// logits), token-by-token decoding against one prefill, and sampling (greedy, top-k / top-p masks, seeded
-// reproducibility, option checks).
+// Tests of inference, for GPT and Llama (grouped-query and multi-query attention): the KV-cached decoder
+// against the training forward (the same model, the same logits at every position), token-by-token decoding
+// against one prefill, and sampling (greedy, top-k / top-p masks, seeded reproducibility, option checks).
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <ostream>
+#include <span>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -35,6 +38,30 @@ ModelConfig tiny_model(bool tie) {
   return m;
 }
 
+// A tiny Llama: RMSNorm, rotary embeddings, SwiGLU, no biases; `groups` key/value heads for 4 query heads
+// (2: grouped-query, 1: multi-query). The same context as tiny_model's.
+ModelConfig tiny_llama(int64_t groups, bool tie) {
+  ModelConfig m = tiny_model(tie);
+  m.arch = Arch::llama;
+  m.num_heads = 4;
+  m.head_dim = 4;
+  m.num_query_groups = groups;
+  m.ffn_hidden_size = 24;
+  m.rotary_base = 500;  // not the default, so a wrong theta shows
+  return m;
+}
+
+struct ModelCase {
+  const char* name;
+  ModelConfig cfg;
+};
+void PrintTo(const ModelCase& c, std::ostream* os) { *os << c.name; }
+std::string case_name(const ::testing::TestParamInfo<ModelCase>& info) { return info.param.name; }
+const ModelCase kModels[] = {{"GptTied", tiny_model(true)},
+                             {"GptUntied", tiny_model(false)},
+                             {"LlamaGqaUntied", tiny_llama(2, false)},
+                             {"LlamaMqaTied", tiny_llama(1, true)}};
+
 std::vector<int32_t> some_tokens(int64_t n, int64_t vocab) {
   std::vector<int32_t> t(n);
   for (int64_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>((i * 7 + 3) % vocab);
@@ -54,11 +81,11 @@ double mean_cross_entropy(const std::vector<float>& logits, const std::vector<in
   return sum / static_cast<double>(targets.size());
 }
 
-class DecoderVsForward : public ::testing::TestWithParam<bool> {};
+class DecoderVsForward : public ::testing::TestWithParam<ModelCase> {};
 
 // A prefill from position 0 runs the training forward's ops: its logits give the forward's loss.
 TEST_P(DecoderVsForward, PrefillLogitsGiveTheTrainingForwardLoss) {
-  const ModelConfig cfg = tiny_model(GetParam());
+  const ModelConfig& cfg = GetParam().cfg;
   GptModel model(cfg, GptOptions{.seed = 7});
   const int64_t T = cfg.seq_length, V = cfg.vocab_size;
   const std::vector<int32_t> tokens = some_tokens(T, V);
@@ -75,7 +102,7 @@ TEST_P(DecoderVsForward, PrefillLogitsGiveTheTrainingForwardLoss) {
 
 // Decoding one token at a time over the cache gives the logits of one forward over the whole sequence.
 TEST_P(DecoderVsForward, TokenByTokenDecodingEqualsOnePrefill) {
-  const ModelConfig cfg = tiny_model(GetParam());
+  const ModelConfig& cfg = GetParam().cfg;
   GptModel model(cfg, GptOptions{.seed = 11});
   const int64_t T = cfg.max_position_embeddings, V = cfg.vocab_size, prompt = 3;
   const std::vector<int32_t> tokens = some_tokens(T, V);
@@ -100,8 +127,8 @@ TEST_P(DecoderVsForward, TokenByTokenDecodingEqualsOnePrefill) {
 }
 
 // A chunk of several tokens after cached ones (each attending to the cache and to the chunk causally).
-TEST(KvCacheDecoder, ChunkAfterCachedTokensEqualsOnePrefill) {
-  const ModelConfig cfg = tiny_model(true);
+TEST_P(DecoderVsForward, ChunkAfterCachedTokensEqualsOnePrefill) {
+  const ModelConfig& cfg = GetParam().cfg;
   GptModel model(cfg, GptOptions{.seed = 13});
   const int64_t T = 9, V = cfg.vocab_size;
   const std::vector<int32_t> tokens = some_tokens(T, V);
@@ -115,10 +142,62 @@ TEST(KvCacheDecoder, ChunkAfterCachedTokensEqualsOnePrefill) {
     ASSERT_NEAR(got[i], expected[4 * V + i], 1e-5f * (1.f + std::abs(expected[4 * V + i]))) << "element " << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(TiedAndUntied, DecoderVsForward, ::testing::Values(true, false));
+// The training forward's log-softmax (T, V) of every position of `seq`, read from its mean losses alone: with
+// every target v, the forward over the prefix [0, t] has mean loss L_t(v), and position t's cross-entropy
+// -log softmax_t(v) is (t + 1) L_t(v) - t L_{t-1}(v) (causal: later tokens do not change earlier positions).
+std::vector<double> forward_log_softmax(GptModel& model, const std::vector<int32_t>& seq, int64_t V) {
+  const int64_t T = static_cast<int64_t>(seq.size());
+  std::vector<double> out(static_cast<size_t>(T * V));
+  for (int64_t v = 0; v < V; ++v) {
+    double prev = 0;  // t * L_{t-1}(v)
+    for (int64_t t = 0; t < T; ++t) {
+      const std::vector<int32_t> targets(static_cast<size_t>(t + 1), static_cast<int32_t>(v));
+      const double sum = static_cast<double>(t + 1) *
+                         model.forward(Tensor::from_ints(std::span(seq).first(t + 1), {1, t + 1}),
+                                       Tensor::from_ints(targets, {1, t + 1}), 0, StepContext{.training = false});
+      out[t * V + v] = -(sum - prev);
+      prev = sum;
+    }
+  }
+  return out;
+}
 
-TEST(KvCacheDecoder, Bf16DecodingStaysCloseToThePrefill) {
-  const ModelConfig cfg = tiny_model(true);
+// The decoder's logits at every position of a prompt and its greedy continuation (prefill, then one token at
+// a time over the cache) are the training forward's over the whole sequence (as log-softmax: the loss fixes
+// the logits up to each row's shift), and each greedy token is the argmax of the forward's logits.
+TEST_P(DecoderVsForward, GreedyDecodingMatchesFullForwardsAtEveryPosition) {
+  const ModelConfig& cfg = GetParam().cfg;
+  GptModel model(cfg, GptOptions{.seed = 17});
+  const int64_t T = cfg.max_position_embeddings, V = cfg.vocab_size, prompt = 4;
+  std::vector<int32_t> seq = some_tokens(prompt, V);
+  KvCacheDecoder decoder(model, {.all_positions = true});
+  std::vector<float> logits = decoder.feed(seq);  // (prompt, V), then (1, V) per new token
+  while (static_cast<int64_t>(seq.size()) < T) {
+    const int32_t one[1] = {argmax(std::span<const float>(logits).last(V))};
+    const std::vector<float> more = decoder.feed(one);
+    logits.insert(logits.end(), more.begin(), more.end());
+    seq.push_back(one[0]);
+  }
+  ASSERT_EQ(static_cast<int64_t>(logits.size()), T * V);
+
+  const std::vector<double> expected = forward_log_softmax(model, seq, V);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = logits.data() + t * V;
+    const double m = *std::max_element(row, row + V);
+    double z = 0;
+    for (int64_t v = 0; v < V; ++v) z += std::exp(row[v] - m);
+    const double lse = std::log(z) + m;
+    for (int64_t v = 0; v < V; ++v)
+      ASSERT_NEAR(row[v] - lse, expected[t * V + v], 1e-4) << "position " << t << " id " << v;
+    if (t + 1 >= prompt && t + 1 < T) {  // the token generated after position t
+      const auto best = std::max_element(expected.begin() + t * V, expected.begin() + (t + 1) * V);
+      EXPECT_EQ(seq[t + 1], best - (expected.begin() + t * V)) << "greedy token after position " << t;
+    }
+  }
+}
+
+TEST_P(DecoderVsForward, Bf16DecodingStaysCloseToThePrefill) {
+  const ModelConfig& cfg = GetParam().cfg;
   GptModel model(cfg, GptOptions{.dtype = DType::bf16, .seed = 3});
   const int64_t T = 8, V = cfg.vocab_size;
   const std::vector<int32_t> tokens = some_tokens(T, V);
@@ -130,15 +209,18 @@ TEST(KvCacheDecoder, Bf16DecodingStaysCloseToThePrefill) {
   for (int64_t v = 0; v < V; ++v) EXPECT_NEAR(got[v], expected[(T - 1) * V + v], 0.05f) << "id " << v;
 }
 
+INSTANTIATE_TEST_SUITE_P(GptAndLlama, DecoderVsForward, ::testing::ValuesIn(kModels), case_name);
+
 TEST(KvCacheDecoder, RejectsOutOfRangeIdsAndSlicedModels) {
-  const ModelConfig cfg = tiny_model(true);
-  GptModel model(cfg, GptOptions{});
-  KvCacheDecoder decoder(model);
-  const int32_t bad[1] = {static_cast<int32_t>(cfg.vocab_size)};
-  EXPECT_THROW(decoder.feed(bad), std::invalid_argument);
-  EXPECT_THROW(KvCacheDecoder(model, {.capacity = cfg.max_position_embeddings + 1}), std::invalid_argument);
-  GptModel stage(cfg, GptOptions{.stage = {.has_embedding = true, .has_head = false, .layer_end = 1}});
-  EXPECT_THROW(KvCacheDecoder{stage}, std::invalid_argument);
+  for (const ModelConfig& cfg : {tiny_model(true), tiny_llama(2, false)}) {
+    GptModel model(cfg, GptOptions{});
+    KvCacheDecoder decoder(model);
+    const int32_t bad[1] = {static_cast<int32_t>(cfg.vocab_size)};
+    EXPECT_THROW(decoder.feed(bad), std::invalid_argument);
+    EXPECT_THROW(KvCacheDecoder(model, {.capacity = cfg.max_position_embeddings + 1}), std::invalid_argument);
+    GptModel stage(cfg, GptOptions{.stage = {.has_embedding = true, .has_head = false, .layer_end = 1}});
+    EXPECT_THROW(KvCacheDecoder{stage}, std::invalid_argument);
+  }
 }
 
 // ---- sampling ----
@@ -217,8 +299,10 @@ TEST(Sampling, BadOptionsAreNamed) {
 
 // ---- the generation loop ----
 
-TEST(Generate, GreedyIsTheArgmaxOfFullForwardsAndStopsAtTheBudgetOrStopId) {
-  const ModelConfig cfg = tiny_model(true);
+class Generate : public ::testing::TestWithParam<ModelCase> {};
+
+TEST_P(Generate, GreedyIsTheArgmaxOfFreshPrefillsAndStopsAtTheBudgetOrStopId) {
+  const ModelConfig& cfg = GetParam().cfg;
   GptModel model(cfg, GptOptions{.seed = 5});
   KvCacheDecoder decoder(model);
   const std::vector<int32_t> prompt = some_tokens(3, cfg.vocab_size);
@@ -246,6 +330,8 @@ TEST(Generate, GreedyIsTheArgmaxOfFullForwardsAndStopsAtTheBudgetOrStopId) {
   EXPECT_THROW(generate(decoder, std::vector<int32_t>{}, {}), std::invalid_argument);
   EXPECT_THROW(generate(decoder, some_tokens(13, cfg.vocab_size), {}), std::invalid_argument);
 }
+
+INSTANTIATE_TEST_SUITE_P(GptAndLlama, Generate, ::testing::ValuesIn(kModels), case_name);
 
 }  // namespace
 }  // namespace mt
