@@ -3,11 +3,21 @@
 # the GPT-2 fixture (--tokenizer gpt2) and the Llama-3 style tokenizer.json fixture (--tokenizer hf) of
 # tests/data/tokenizer, a checkpoint trained on it records tokenizer.yaml, and transformers' AutoTokenizer.from_pretrained on the export encodes texts to exactly the
 # ids `data prepare` wrote and decodes them back; config.json / generation_config.json name the eod id.
-# Needs `transformers` and `tokenizers` in a venv: $TOKENIZERS_VENV, or build/tokenizer-venv
+# The hf-tokenizer checkpoint is a Llama (model.arch: llama, grouped-query attention): its LlamaForCausalLM export
+# carries the tokenizer the same way. Where torch is installed too, `pipeline("text-generation")` on each export
+# continues a prompt with text.
+# Needs `transformers` and `tokenizers` in a venv: $TOKENIZERS_VENV, /work/.venv-torch, /work/.venv-tok or
+# build/tokenizer-venv
 #   python3 -m venv build/tokenizer-venv && build/tokenizer-venv/bin/pip install tokenizers transformers
-# (no torch needed); exits 77 (skipped) without them.
+# (torch only for the pipeline check); exits 77 (skipped) without them.
 source "$(dirname "$0")/lib/common.bash"
-VENV=${TOKENIZERS_VENV:-$(dirname "$MT")/tokenizer-venv}
+VENV=${TOKENIZERS_VENV:-}
+if [ -z "$VENV" ]; then
+  for v in /work/.venv-torch /work/.venv-tok "$(dirname "$MT")/tokenizer-venv"; do
+    "$v/bin/python" -c "import tokenizers, transformers" 2>/dev/null && { VENV=$v; break; }
+  done
+  VENV=${VENV:-$(dirname "$MT")/tokenizer-venv}
+fi
 T="$SRC/tests/data/tokenizer"
 if ! "$VENV/bin/python" -c "import tokenizers, transformers" 2>/dev/null; then
   echo "SKIP: no Python with the transformers and tokenizers packages at $VENV (set TOKENIZERS_VENV or create build/tokenizer-venv)"
@@ -35,8 +45,9 @@ mkdir -p data
 
 for kind in byte gpt2 hf; do
   rm -rf ckpt hf run
+  arch=(); [ $kind = hf ] && arch=(--set model.arch=llama --set model.num_query_groups=2)
   "$MT" --config tiny.yaml --set training.train_iters=2 --set optimizer.warmup_iters=1 --set checkpoint.save_dir=ckpt \
-        --set "data.train=[data/$kind]" --set model.vocab_size=auto >/dev/null
+        --set "data.train=[data/$kind]" --set model.vocab_size=auto "${arch[@]}" >/dev/null
   [ -f ckpt/iter_0000002/tokenizer.yaml ] || fail "$kind: the checkpoint has no tokenizer.yaml"
   cmp -s ckpt/iter_0000002/tokenizer.yaml "data/$kind.tokenizer.yaml" || fail "$kind: tokenizer.yaml is not the sidecar"
   "$MT" ckpt export ckpt --format hf --output hf
@@ -69,6 +80,19 @@ assert gen["eos_token_id"] == eod and gen["bos_token_id"] == eod, gen
 assert json.load(open("hf/tokenizer_config.json"))["model_max_length"] == 32
 sys.exit(bad != 0)
 PY
+  if "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+    "$VENV/bin/python" - "$kind" <<'PY' || fail "$kind: pipeline(\"text-generation\") on the export failed"
+import json, sys
+from transformers import pipeline
+arch = json.load(open("hf/config.json"))["architectures"][0]
+gen = pipeline("text-generation", model="hf", tokenizer="hf", device="cpu")
+out = gen("Hello, world", max_new_tokens=8, do_sample=False)[0]["generated_text"]
+assert isinstance(out, str) and out.startswith("Hello, world") and len(out) > len("Hello, world"), out
+print(f"{sys.argv[1]}: pipeline('text-generation') on the {arch} export: {out!r}")
+PY
+  else
+    echo "$kind: no torch at $VENV: pipeline('text-generation') not checked"
+  fi
   if [ "$kind" = gpt2 ]; then
     cmp "$T/gpt2-vocab.json" hf/vocab.json && cmp "$T/gpt2-merges.txt" hf/merges.txt || fail "gpt2: vocab/merges not copied"
   fi
