@@ -6,7 +6,6 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <yaml-cpp/yaml.h>
 
 #include "app/commands.h"
 #include "core/config/config.h"
@@ -27,30 +26,6 @@ struct PlanArgs {
   bool json = false;
 };
 
-// The world size the config's own layout needs: tensor * pipeline * data (auto: 1), --set included. Only these
-// keys are read here; load_config checks everything afterwards. `data_auto`: parallel.data is auto.
-int64_t layout_world(const PlanArgs& a, bool& data_auto) {
-  YAML::Node root = YAML::LoadFile(a.config);
-  auto key = [&](const char* name, const std::string& fallback) {
-    std::string v = fallback;
-    if (root["parallel"] && root["parallel"][name]) v = root["parallel"][name].as<std::string>();
-    const std::string prefix = fmt::format("parallel.{}=", name);
-    for (const std::string& o : a.overrides)
-      if (o.rfind(prefix, 0) == 0) v = o.substr(prefix.size());
-    return v;
-  };
-  auto number = [](const std::string& v) {
-    try {
-      return std::max<int64_t>(1, std::stoll(v));
-    } catch (const std::exception&) {
-      return int64_t{1};  // auto, or a bad value that load_config names properly
-    }
-  };
-  const std::string data = key("data", "auto");
-  data_auto = data == "auto";
-  return number(key("tensor", "1")) * number(key("pipeline", "1")) * number(data);
-}
-
 plan::Hardware hardware(const PlanArgs& a, const Config& c) {
   std::string name = a.gpu;
   if (name == "auto") name = c.training.device == DeviceChoice::cpu ? "cpu" : "h100-80gb";
@@ -61,7 +36,9 @@ plan::Hardware hardware(const PlanArgs& a, const Config& c) {
 
 void run_plan(const PlanArgs& a) {
   bool data_auto = false;
-  const int64_t world = a.world > 0 ? a.world : layout_world(a, data_auto);
+  // The config's own layout (tensor * pipeline * data, auto as 1); a bad value is named by load_config below.
+  const int64_t world =
+      a.world > 0 ? a.world : std::max<int64_t>(1, layout_world_size(a.config, a.overrides, &data_auto));
   const Config cfg = load_config(a.config, a.overrides, world);
   const plan::Hardware hw = hardware(a, cfg);
   // Say so: data: auto plans a single data-parallel replica (no ZeRO sharding) unless --world names the ranks.

@@ -261,8 +261,10 @@ Config parse_config(const std::string& yaml_text, const std::string& source, con
                     int64_t world_size = 1);
 // The world size the layout of the config at `path` (with `overrides`) names: parallel.tensor * pipeline * data,
 // with data: auto counted as 1; 0 when the file or those keys cannot be read (load_config says why). For hints
-// such as "add --nproc 2", before the config can be resolved against a world size.
-int64_t layout_world_size(const std::string& path, const std::vector<std::string>& overrides);
+// such as "add --nproc 2", before the config can be resolved against a world size. `data_auto`, when given, is set
+// to whether parallel.data is auto (absent included).
+int64_t layout_world_size(const std::string& path, const std::vector<std::string>& overrides,
+                          bool* data_auto = nullptr);
 // The number of parameters of the whole model (all ranks; padded vocabulary included), as a double so that
 // it cannot overflow; an estimate within a few per cent, for size checks before anything is allocated.
 double estimated_parameters(const ModelConfig& m);

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <string_view>
 #include <set>
 #include <tuple>
 #include <sstream>
@@ -509,7 +510,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return parse_config(text, path, overrides, world_size);
 }
 
-int64_t layout_world_size(const std::string& path, const std::vector<std::string>& overrides) {
+int64_t layout_world_size(const std::string& path, const std::vector<std::string>& overrides, bool* data_auto) {
+  if (data_auto) *data_auto = true;
   try {
     ConfigSource src(path);
     YAML::Node root = YAML::LoadFile(path);
@@ -518,8 +520,9 @@ int64_t layout_world_size(const std::string& path, const std::vector<std::string
     for (const char* key : {"tensor", "pipeline", "data"}) {
       const YAML::Node n = root["parallel"] ? root["parallel"][key] : YAML::Node();
       int64_t v = 1;
-      if (n.IsDefined() && !n.IsNull() && !(n.IsScalar() && n.Scalar() == "auto") && !(parse_int(n, v) && v >= 1))
-        return 0;
+      const bool automatic = !n.IsDefined() || n.IsNull() || (n.IsScalar() && n.Scalar() == "auto");
+      if (!automatic && !(parse_int(n, v) && v >= 1)) return 0;
+      if (data_auto && std::string_view(key) == "data") *data_auto = automatic;
       world *= v;
     }
     return world;
