@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -42,11 +43,12 @@ struct IntervalReport {
   int64_t skipped_iters = 0, nan_iters = 0;
   int64_t peak_bytes = 0;
   Device device = Device::cpu;
-  double elapsed_s = 0;        // wall-clock seconds since this run started training
-  double eta_s = 0;            // the remaining iterations at the wall-clock pace of this interval
-  bool fp16 = false;           // a loss scale is in use (the short line shows it)
-  bool last_overflow = false;  // the interval's last step had inf/NaN gradients (grad_norm is not finite)
-  bool verbose_line = false;   // logging.verbose_line: Megatron's long line
+  double elapsed_s = 0;                      // wall-clock seconds since this run started training
+  double eta_s = 0;                          // the remaining iterations at the wall-clock pace of this interval
+  bool fp16 = false;                         // a loss scale is in use (the short line shows it)
+  bool last_overflow = false;                // the interval's last step had inf/NaN gradients (grad_norm is not finite)
+  bool verbose_line = false;                 // logging.verbose_line: Megatron's long line
+  std::vector<int64_t> peak_bytes_per_rank;  // by global rank, on the reports that gathered them; else empty
 };
 // The seconds left for train_iters - iteration iterations at `seconds_per_iter`.
 double eta_seconds(int64_t iteration, int64_t train_iters, double seconds_per_iter);

@@ -159,12 +159,15 @@ int64_t Trainer::total_parameters() {
   return static_cast<int64_t>(std::llround(sum));  // exact: parameter counts are far below 2^53
 }
 
-void Trainer::report_memory_per_rank() {
+std::vector<int64_t> Trainer::gather_peak_memory() {
   const int world = dist_.env.world_size;
   std::vector<double> peaks(static_cast<size_t>(world), 0.0);
   peaks[static_cast<size_t>(dist_.rank())] = static_cast<double>(allocator_for(device_).stats().peak_total);
-  peaks = sum_doubles(*dist_.world, std::move(peaks));
-  if (!dist_.is_logging_rank()) return;
+  peaks = sum_doubles(*dist_.world, std::move(peaks));  // exact: byte counts are far below 2^53
+  return std::vector<int64_t>(peaks.begin(), peaks.end());
+}
+
+void Trainer::log_peak_memory(const std::vector<int64_t>& peaks) const {
   const auto [lo, hi] = std::minmax_element(peaks.begin(), peaks.end());
   // Ranks are numbered tp fastest, then dp, then pp: stage s holds ranks [s * tp * dp, (s + 1) * tp * dp).
   const int per_stage = dist_.tp_size() * dist_.dp_size();
@@ -175,9 +178,6 @@ void Trainer::report_memory_per_rank() {
   spdlog::info("peak memory per rank (MiB): min {:.1f} (rank {}), max {:.1f} (rank {}){}", *lo / 1048576.0,
                lo - peaks.begin(), *hi / 1048576.0, hi - peaks.begin(),
                stages.size() > 1 ? fmt::format("; per pipeline stage {}", fmt::join(stages, " | ")) : std::string());
-  nlohmann::ordered_json per_rank = nlohmann::ordered_json::array();
-  for (double p : peaks) per_rank.push_back(static_cast<int64_t>(p));
-  metrics_.write({{"event", "memory"}, {"iteration", c_.iteration}, {"peak_bytes_per_rank", per_rank}});
 }
 
 // Each step's loss: the double sum of its f32 microbatch means, summed (as doubles) over the pipeline group
@@ -307,6 +307,9 @@ void Trainer::run() {
       const auto now = std::chrono::steady_clock::now();
       const double wall_per_iter = std::chrono::duration<double>(now - last_report_).count() / interval_iters;
       last_report_ = now;
+      // Ranks differ (pipeline stages above all): the first report and every tenth gathers their peaks.
+      const std::vector<int64_t> peaks =
+          dist_.env.world_size > 1 && reports_ % 10 == 0 ? gather_peak_memory() : std::vector<int64_t>();
       report_interval(
           IntervalReport{.iteration = c_.iteration,
                          .train_iters = cfg_.training.train_iters,
@@ -329,11 +332,11 @@ void Trainer::run() {
                          .eta_s = eta_seconds(c_.iteration, cfg_.training.train_iters, wall_per_iter),
                          .fp16 = scaler_.dynamic(),
                          .last_overflow = r.found_inf,
-                         .verbose_line = cfg_.logging.verbose_line},
+                         .verbose_line = cfg_.logging.verbose_line,
+                         .peak_bytes_per_rank = peaks},
           metrics_);
       if (reports_ == 0) spdlog::info("peak memory (MiB): {}", memory_summary(device_));
-      // Ranks differ (pipeline stages above all): the first report and every tenth gathers their peaks.
-      if (dist_.env.world_size > 1 && reports_ % 10 == 0) report_memory_per_rank();
+      if (!peaks.empty() && dist_.is_logging_rank()) log_peak_memory(peaks);
       ++reports_;
       interval_loss_ = interval_ms = 0;
       interval_iters = 0;

@@ -97,9 +97,10 @@ class Trainer {
   // the model-parallel group of this rank's tensor-parallel slices, replicated tensors on tensor-parallel rank 0,
   // tied copies never (the grad norm's rule). A collective of the model-parallel group.
   int64_t total_parameters();
-  // Gathers every rank's peak memory to the logging rank and logs min, max and the pipeline stages' maxima
-  // (one host exchange over the world; every rank calls it at the same iteration).
-  void report_memory_per_rank();
+  // Every rank's peak memory in bytes, by global rank (one host exchange over the world: every rank calls it at
+  // the same iteration), and its log line: min, max and the pipeline stages' maxima.
+  std::vector<int64_t> gather_peak_memory();
+  void log_peak_memory(const std::vector<int64_t>& peaks) const;
   // The spike check of one step's loss: `local_sum` is this rank's loss sum (zero off the last stage), summed
   // over the pipeline and data-parallel groups as read_losses does (so every rank holds the same loss). Feeds
   // the detector, logs a spike; true when the step must not be applied (training.loss_spike.action skip/stop).

@@ -164,7 +164,7 @@ struct LossScaleConfig {
 
 // training.loss_spike: a loss spike detector over running statistics of the per-iteration loss. It keeps an
 // exponential moving mean and variance of the loss (smoothing 2 / (window + 1), about the last `window`
-// iterations); after `warmup` iterations (warmup_iters) have fed it, an iteration whose loss is above mean + sigmas * stddev
+// iterations); after `warmup_iters` iterations have fed it, an iteration whose loss is above mean + sigmas * stddev
 // AND above mean * ratio is a spike (both: sigma alone flags tiny wiggles on a flat, quiet curve; the ratio
 // alone flags the noise of a small batch). A spike enters the statistics clipped to that threshold, so one
 // spike does not blind the detector and a lasting level shift is followed within a few windows. Each spike is
