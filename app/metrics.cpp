@@ -1,5 +1,6 @@
 #include "app/metrics.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <stdexcept>
@@ -42,15 +43,63 @@ std::string memory_summary(Device device) {
   return s + fmt::format("total {:.2f}", m.peak_total / 1048576.0);
 }
 
-void report_interval(const IntervalReport& r, MetricsFile& metrics) {
+double eta_seconds(int64_t iteration, int64_t train_iters, double seconds_per_iter) {
+  return static_cast<double>(std::max<int64_t>(train_iters - iteration, 0)) * std::max(seconds_per_iter, 0.0);
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<int64_t>(std::llround(seconds));
+  if (s < 60) return fmt::format("{}s", s);
+  if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  if (s < 86400) return fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60);
+  return fmt::format("{}d{:02}h", s / 86400, s % 86400 / 3600);
+}
+
+namespace {
+
+// The grad norm of the interval's last step; an inf/NaN step was skipped, which says more than "-nan".
+std::string grad_norm_text(const IntervalReport& r) {
+  if (r.last_overflow || !std::isfinite(r.grad_norm))
+    return r.fp16 ? "overflow (step skipped)" : "not finite (step skipped)";
+  return fmt::format("{:.4f}", r.grad_norm);
+}
+
+std::string verbose_line(const IntervalReport& r) {
   const std::string mfu_text = r.peak_tflops > 0 ? fmt::format("{:5.1f}%", 100.0 * r.tflops_per_gpu / r.peak_tflops)
                                                  : fmt::format("n/a ({})", device_name(r.device));
-  spdlog::info(
+  return fmt::format(
       " iteration {:>7}/{:<7} | consumed samples {:>9} | ms/iter {:8.1f} | tokens/s {:9.0f} | "
-      "TFLOP/s/GPU {:7.3f} | MFU {} | lr {:.3e} | loss {:.6e} | loss scale {} | grad norm {:.4f} | "
-      "skipped {} | nan {}",
+      "TFLOP/s/GPU {:7.3f} | MFU {} | lr {:.3e} | loss {:.6e} | loss scale {} | grad norm {} | "
+      "skipped {} | nan {} | elapsed {} | ETA {}",
       r.iteration, r.train_iters, r.consumed_samples, r.ms_per_iter, r.tokens_per_s, r.tflops_per_gpu, mfu_text, r.lr,
-      r.loss, r.loss_scale, r.grad_norm, r.skipped_iters, r.nan_iters);
+      r.loss, r.loss_scale, grad_norm_text(r), r.skipped_iters, r.nan_iters, format_duration(r.elapsed_s),
+      format_duration(r.eta_s));
+}
+
+// About 120 characters: what a person watching a run looks at; the rest only when it says something.
+std::string short_line(const IntervalReport& r) {
+  std::string s = fmt::format(
+      " iter {}/{} | {} ETA {} | loss {:.4f} | lr {:.2e} | grad norm {}", r.iteration, r.train_iters,
+      format_duration(r.elapsed_s), format_duration(r.eta_s), r.loss, r.lr,
+      r.last_overflow || !std::isfinite(r.grad_norm) ? grad_norm_text(r) : fmt::format("{:.3f}", r.grad_norm));
+  if (r.fp16) s += fmt::format(" | loss scale {}", r.loss_scale);
+  s += fmt::format(" | {:.0f} tokens/s", r.tokens_per_s);
+  // Three significant digits: a CPU run's 0.0012 as well as a GPU's 412.
+  s += fmt::format(" | {} TFLOP/s/GPU", r.tflops_per_gpu >= 100 ? fmt::format("{:.0f}", r.tflops_per_gpu)
+                                                                : fmt::format("{:.3g}", r.tflops_per_gpu));
+  if (r.peak_tflops > 0) s += fmt::format(", MFU {:.1f}%", 100.0 * r.tflops_per_gpu / r.peak_tflops);
+  if (r.skipped_iters > 0) s += fmt::format(" | skipped {}", r.skipped_iters);
+  if (r.nan_iters > 0) s += fmt::format(" | nan {}", r.nan_iters);
+  return s;
+}
+
+}  // namespace
+
+std::string interval_line(const IntervalReport& r) { return r.verbose_line ? verbose_line(r) : short_line(r); }
+
+void report_interval(const IntervalReport& r, MetricsFile& metrics) {
+  spdlog::info("{}", interval_line(r));
   nlohmann::ordered_json j;
   j["iteration"] = r.iteration;
   j["consumed_samples"] = r.consumed_samples;
@@ -66,7 +115,10 @@ void report_interval(const IntervalReport& r, MetricsFile& metrics) {
   j["skipped_iters"] = r.skipped_iters;
   j["nan_iters"] = r.nan_iters;
   j["peak_bytes"] = r.peak_bytes;
+  if (!r.peak_bytes_per_rank.empty()) j["peak_bytes_per_rank"] = r.peak_bytes_per_rank;
   j["device"] = std::string(device_name(r.device));
+  j["elapsed_s"] = rounded(r.elapsed_s, 1e3);
+  j["eta_s"] = rounded(r.eta_s, 1e3);
   metrics.write(j);
   if (TensorBoardWriter* tb = metrics.tensorboard()) {
     // Megatron's tags where it has them; the loss also against samples and tokens (curves of runs with other

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -42,7 +43,19 @@ struct IntervalReport {
   int64_t skipped_iters = 0, nan_iters = 0;
   int64_t peak_bytes = 0;
   Device device = Device::cpu;
+  double elapsed_s = 0;                      // wall-clock seconds since this run started training
+  double eta_s = 0;                          // the remaining iterations at the wall-clock pace of this interval
+  bool fp16 = false;                         // a loss scale is in use (the short line shows it)
+  bool last_overflow = false;                // the interval's last step had inf/NaN gradients (grad_norm is not finite)
+  bool verbose_line = false;                 // logging.verbose_line: Megatron's long line
+  std::vector<int64_t> peak_bytes_per_rank;  // by global rank, on the reports that gathered them; else empty
 };
+// The seconds left for train_iters - iteration iterations at `seconds_per_iter`.
+double eta_seconds(int64_t iteration, int64_t train_iters, double seconds_per_iter);
+// "45s", "12m05s", "3h02m", "2d03h": a duration to the precision a progress line needs.
+std::string format_duration(double seconds);
+// The console line of an interval (without the logger's prefix): short, or long with r.verbose_line.
+std::string interval_line(const IntervalReport& r);
 // Logs the interval's line and writes its record.
 void report_interval(const IntervalReport& r, MetricsFile& metrics);
 // Logs a validation loss (and its perplexity) and writes its record; consumed_samples and consumed_tokens

@@ -17,6 +17,9 @@ constexpr const char* kScale = "loss_scale";
 constexpr const char* kGrowth = "loss_scale_growth_tracker";
 constexpr const char* kHysteresis = "loss_scale_hysteresis_tracker";
 constexpr const char* kSeed = "seed";
+constexpr const char* kSpikeCount = "loss_spike_count";
+constexpr const char* kSpikeMean = "loss_spike_mean";
+constexpr const char* kSpikeVar = "loss_spike_var";
 
 class StateReader {
  public:
@@ -35,6 +38,7 @@ class StateReader {
     }
     throw CheckpointError(fmt::format("{}: state value '{}' = '{}' is not an integer", dir_, key, v));
   }
+  bool has(const char* key) const { return s_.values.count(key) > 0; }
   double real(const char* key) const {
     const std::string& v = value(key);
     try {
@@ -75,6 +79,11 @@ void TrainState::save(CheckpointState& s) const {
               {kGrowth, std::to_string(loss_scaler.growth_tracker)},
               {kHysteresis, std::to_string(loss_scaler.hysteresis_tracker)},
               {kSeed, std::to_string(seed)}};
+  if (loss_spike.count > 0) {  // a detector never fed reads back as absent
+    s.values[kSpikeCount] = std::to_string(loss_spike.count);
+    s.values[kSpikeMean] = fmt::format("{}", loss_spike.mean);  // the shortest form that reads back exactly
+    s.values[kSpikeVar] = fmt::format("{}", loss_spike.var);
+  }
 }
 
 TrainState TrainState::load(const CheckpointState& s, const std::string& dir) {
@@ -99,6 +108,12 @@ TrainState TrainState::load(const CheckpointState& s, const std::string& dir) {
   t.loss_scaler.growth_tracker = r.counter(kGrowth, kMax, it);
   t.loss_scaler.hysteresis_tracker = r.counter(kHysteresis, kMax, it);
   t.seed = r.counter(kSeed, kMax, it);
+  if (r.has(kSpikeCount) || r.has(kSpikeMean) || r.has(kSpikeVar)) {
+    t.loss_spike.count = r.counter(kSpikeCount, it, it);
+    t.loss_spike.mean = r.real(kSpikeMean);
+    t.loss_spike.var = r.real(kSpikeVar);
+    if (t.loss_spike.var < 0) r.fail(kSpikeVar, fmt::format("= {} is negative", t.loss_spike.var));
+  }
   return t;
 }
 

@@ -7,6 +7,7 @@
 
 #include "core/checkpoint/checkpoint.h"
 #include "core/loss_scaler.h"
+#include "core/loss_spike.h"
 
 namespace mt::app {
 
@@ -18,6 +19,8 @@ struct TrainState {
   int64_t optimizer_steps = 0;   // successful optimizer steps (the LR schedule's position)
   LossScaler::State loss_scaler{.scale = 1, .growth_tracker = 0, .hysteresis_tracker = 0};
   int64_t seed = 0;  // training.seed of the run that saved it (data order and dropout masks)
+  // The loss spike detector's running statistics (absent from checkpoints older than the detector: a fresh one).
+  LossSpikeDetector::State loss_spike;
 
   // Writes every field into s (s.iteration and s.values).
   void save(CheckpointState& s) const;

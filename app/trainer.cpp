@@ -3,6 +3,7 @@
 // metrics.cpp.
 #include "app/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -24,6 +25,19 @@
 namespace mt::app {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// "124.4M", "8.03B": a parameter count as people say it.
+std::string human_count(int64_t n) {
+  const double x = static_cast<double>(n);
+  if (x >= 1e9) return fmt::format("{:.2f}B", x / 1e9);
+  if (x >= 1e6) return fmt::format("{:.1f}M", x / 1e6);
+  if (x >= 1e3) return fmt::format("{:.1f}K", x / 1e3);
+  return fmt::format("{}", n);
+}
+
+}  // namespace
 
 Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
     : cfg_(cfg), opt_(opt), dist_(dist), dtype_(dtype_of(cfg.training.precision)), device_(dist.placement.device),
@@ -95,10 +109,75 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
   // buckets not started yet, then the wait: every gradient is final (this rank's shard of it with ZeRO).
   grads_->finalize();
   lr_used = static_cast<float>(schedule_.at(optimizer_steps() + 1));
-  // The step's one read of the device: the grad norm and inf/NaN verdict, inside the optimizer.
-  result = zero_ ? zero_->step(lr_used, scaler_.scale()) : adam_->step(lr_used, scaler_.scale());
+  // The step's one read of the device: the grad norm and inf/NaN verdict, inside the optimizer (with
+  // training.loss_spike.action skip/stop, the step's loss too, checked before the update).
+  const int64_t iteration = c_.iteration + 1;
+  const StepCheck check{.read_along = loss_sum, .veto = [&](const std::vector<double>& v, const StepResult&) {
+                          return spike_check(v.at(0), iteration);
+                        }};
+  const StepCheck* check_or_null = spike_per_step() ? &check : nullptr;
+  result = zero_ ? zero_->step(lr_used, scaler_.scale(), check_or_null)
+                 : adam_->step(lr_used, scaler_.scale(), check_or_null);
   scaler_.update(result.found_inf);
-  if (result.found_inf) ++c_.skipped_iters;
+  if (result.found_inf || result.vetoed) ++c_.skipped_iters;
+}
+
+bool Trainer::spike_check(double local_sum, int64_t iteration) {
+  const int64_t M = cfg_.training.num_microbatches, dp = dist_.dp_size();
+  std::vector<double> sum{local_sum};
+  if (dist_.pp_size() > 1) sum = sum_doubles(*dist_.pp, std::move(sum));
+  if (dp > 1) sum = sum_doubles(*dist_.dp, std::move(sum));
+  if (!observe_loss(static_cast<float>(sum[0] / static_cast<double>(M * dp)), iteration)) return false;
+  if (cfg_.training.loss_spike.action == SpikeAction::stop) spike_stop_ = true;
+  return true;
+}
+
+bool Trainer::observe_loss(float loss, int64_t iteration) {
+  if (!spike_.observe(loss)) return false;
+  const SpikeAction action = cfg_.training.loss_spike.action;
+  if (dist_.is_logging_rank())
+    spdlog::warn("loss spike at iteration {}: loss {:.4f}, running mean {:.4f}, threshold {:.4f}{}", iteration, loss,
+                 spike_.mean_before(), spike_.threshold_before(),
+                 action == SpikeAction::log    ? ""
+                 : action == SpikeAction::skip ? " (training.loss_spike.action=skip: the step is not applied)"
+                                               : " (training.loss_spike.action=stop: the step is not applied; "
+                                                 "saving and stopping)");
+  metrics_.write({{"event", "loss_spike"},
+                  {"iteration", iteration},
+                  {"spike_loss", loss},
+                  {"running_mean", spike_.mean_before()},
+                  {"threshold", spike_.threshold_before()},
+                  {"action", std::string(name_of(action))}});
+  return true;
+}
+
+int64_t Trainer::total_parameters() {
+  int64_t own = 0;
+  for (const Parameter* p : params_)
+    if (counts_in_grad_norm(*p, adam_config_)) own += p->value.numel();
+  const double sum = dist_.mp->size() > 1 ? sum_doubles(*dist_.mp, {static_cast<double>(own)})[0] : own;
+  return static_cast<int64_t>(std::llround(sum));  // exact: parameter counts are far below 2^53
+}
+
+std::vector<int64_t> Trainer::gather_peak_memory() {
+  const int world = dist_.env.world_size;
+  std::vector<double> peaks(static_cast<size_t>(world), 0.0);
+  peaks[static_cast<size_t>(dist_.rank())] = static_cast<double>(allocator_for(device_).stats().peak_total);
+  peaks = sum_doubles(*dist_.world, std::move(peaks));  // exact: byte counts are far below 2^53
+  return std::vector<int64_t>(peaks.begin(), peaks.end());
+}
+
+void Trainer::log_peak_memory(const std::vector<int64_t>& peaks) const {
+  const auto [lo, hi] = std::minmax_element(peaks.begin(), peaks.end());
+  // Ranks are numbered tp fastest, then dp, then pp: stage s holds ranks [s * tp * dp, (s + 1) * tp * dp).
+  const int per_stage = dist_.tp_size() * dist_.dp_size();
+  std::vector<std::string> stages;
+  for (int s = 0; s < dist_.pp_size(); ++s)
+    stages.push_back(fmt::format(
+        "{:.1f}", *std::max_element(peaks.begin() + s * per_stage, peaks.begin() + (s + 1) * per_stage) / 1048576.0));
+  spdlog::info("peak memory per rank (MiB): min {:.1f} (rank {}), max {:.1f} (rank {}){}", *lo / 1048576.0,
+               lo - peaks.begin(), *hi / 1048576.0, hi - peaks.begin(),
+               stages.size() > 1 ? fmt::format("; per pipeline stage {}", fmt::join(stages, " | ")) : std::string());
 }
 
 // Each step's loss: the double sum of its f32 microbatch means, summed (as doubles) over the pipeline group
@@ -110,10 +189,14 @@ void Trainer::read_losses() {
   const int64_t M = cfg_.training.num_microbatches, dp = dist_.dp_size();
   if (dist_.pp_size() > 1) sums = sum_doubles(*dist_.pp, std::move(sums));
   if (dp > 1) sums = sum_doubles(*dist_.dp, std::move(sums));
+  // The slots hold the last sums.size() iterations (this is called between iterations).
+  int64_t iteration = c_.iteration - static_cast<int64_t>(sums.size());
   for (double sum : sums) {
     const float loss = static_cast<float>(sum / static_cast<double>(M * dp));
     if (!std::isfinite(loss)) ++c_.nan_iters;
     interval_loss_ += loss;
+    ++iteration;
+    if (!spike_per_step()) observe_loss(loss, iteration);  // action log: flagged here, nothing else changes
   }
 }
 
@@ -183,9 +266,12 @@ void Trainer::run() {
   const std::string heads = m.kv_heads() == m.num_heads
                                 ? fmt::format("{} heads", m.num_heads)
                                 : fmt::format("{} heads in {} key/value groups", m.num_heads, m.kv_heads());
-  spdlog::info("model: {} {} parameters ({} layers, hidden {}, {}, ffn {}, vocabulary {} padded to {}), {}",
-               name_of(m.arch), num_parameters(), m.num_layers, m.hidden_size, heads, m.ffn_hidden_size, m.vocab_size,
-               m.padded_vocab_size, name_of(cfg_.training.precision));
+  const int64_t total = total_parameters();  // a collective: every rank logs nothing more but takes part
+  spdlog::info(
+      "model: {} {} parameters ({}; this rank holds {}) ({} layers, hidden {}, {}, ffn {}, vocabulary {} padded to "
+      "{}), {}",
+      name_of(m.arch), total, human_count(total), num_parameters(), m.num_layers, m.hidden_size, heads,
+      m.ffn_hidden_size, m.vocab_size, m.padded_vocab_size, name_of(cfg_.training.precision));
   maybe_resume();
   // --exit-after N when the run resumes at or past N: stop at once; the checkpoint it resumed from already
   // holds this state, so nothing new is trained or saved.
@@ -202,6 +288,7 @@ void Trainer::run() {
   const double flops_per_iter = model_flops_per_iteration(cfg_.model, G * S);
   double interval_ms = 0;
   int64_t interval_iters = 0;
+  last_report_ = std::chrono::steady_clock::now();
   while (c_.iteration < cfg_.training.train_iters) {
     auto t0 = std::chrono::steady_clock::now();
     float lr = 0;
@@ -217,6 +304,12 @@ void Trainer::run() {
     if (c_.iteration % cfg_.logging.interval == 0 || c_.iteration == cfg_.training.train_iters) {
       read_losses();  // the interval's losses, in one read (and one exchange across ranks)
       const double mean_ms = interval_ms / interval_iters;
+      const auto now = std::chrono::steady_clock::now();
+      const double wall_per_iter = std::chrono::duration<double>(now - last_report_).count() / interval_iters;
+      last_report_ = now;
+      // Ranks differ (pipeline stages above all): the first report and every tenth gathers their peaks.
+      const std::vector<int64_t> peaks =
+          dist_.env.world_size > 1 && reports_ % 10 == 0 ? gather_peak_memory() : std::vector<int64_t>();
       report_interval(
           IntervalReport{.iteration = c_.iteration,
                          .train_iters = cfg_.training.train_iters,
@@ -234,9 +327,17 @@ void Trainer::run() {
                          .skipped_iters = c_.skipped_iters,
                          .nan_iters = c_.nan_iters,
                          .peak_bytes = allocator_for(device_).stats().peak_total,
-                         .device = device_},
+                         .device = device_,
+                         .elapsed_s = std::chrono::duration<double>(now - started_).count(),
+                         .eta_s = eta_seconds(c_.iteration, cfg_.training.train_iters, wall_per_iter),
+                         .fp16 = scaler_.dynamic(),
+                         .last_overflow = r.found_inf,
+                         .verbose_line = cfg_.logging.verbose_line,
+                         .peak_bytes_per_rank = peaks},
           metrics_);
-      if (c_.iteration == cfg_.logging.interval) spdlog::info("peak memory (MiB): {}", memory_summary(device_));
+      if (reports_ == 0) spdlog::info("peak memory (MiB): {}", memory_summary(device_));
+      if (!peaks.empty() && dist_.is_logging_rank()) log_peak_memory(peaks);
+      ++reports_;
       interval_loss_ = interval_ms = 0;
       interval_iters = 0;
     }
@@ -245,6 +346,15 @@ void Trainer::run() {
       report_validation(c_.iteration, c_.consumed_samples, c_.consumed_samples * S, evaluate(), metrics_);
     }
     if (cfg_.checkpoint.save_interval > 0 && c_.iteration % cfg_.checkpoint.save_interval == 0) save();
+    if (spike_stop_) {  // every rank decided alike (the loss was agreed before the update)
+      save();
+      throw std::runtime_error(fmt::format(
+          "training stopped after iteration {}: loss spike (training.loss_spike.action=stop; see the warning above). "
+          "The spike's step was not applied; {}. Resuming continues after the spike's batch",
+          c_.iteration,
+          cfg_.checkpoint.save_dir.empty() ? "no checkpoint (checkpoint.save_dir is not set)"
+                                           : fmt::format("checkpoint saved in {}", cfg_.checkpoint.save_dir)));
+    }
     // Every rank must stop after the same iteration, whenever the signal reached it: agreed over the whole
     // world (a TP or PP peer that trained on would wait for this rank in its next collective).
     // The wall-clock budget is agreed the same way (ranks' clocks differ): one exchange carries both flags.

@@ -78,6 +78,7 @@ void Trainer::maybe_resume() {
   else
     adam_->set_steps(rs.optimizer_steps);
   scaler_.restore(rs.loss_scaler);
+  spike_.restore(rs.loss_spike);
   if (rs.seed != cfg_.training.seed)
     spdlog::warn(
         "resuming with training.seed={} but the checkpoint was trained with seed {}: data order and "
@@ -142,7 +143,8 @@ void Trainer::save() {
                .nan_iters = c_.nan_iters,
                .optimizer_steps = optimizer_steps(),
                .loss_scaler = scaler_.state(),
-               .seed = cfg_.training.seed}
+               .seed = cfg_.training.seed,
+               .loss_spike = spike_.state()}
         .save(s);
     try {
       write_checkpoint_tokenizer(tmp, cfg_.data.train);

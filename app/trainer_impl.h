@@ -15,6 +15,7 @@
 #include "app/train_state.h"
 #include "app/trainer.h"
 #include "core/loss_scaler.h"
+#include "core/loss_spike.h"
 #include "core/lr_schedule.h"
 #include "core/optimizer.h"
 #include "models/gpt.h"
@@ -86,11 +87,26 @@ class Trainer {
     const int64_t sp = cfg_.parallel.sequence_parallel ? dist_.tp_size() : 1;
     return {cfg_.training.micro_batch_size, cfg_.model.seq_length / sp, cfg_.model.hidden_size};
   }
+  // The elements this rank stores (its shards, tied copies included).
   int64_t num_parameters() const {
     int64_t n = 0;
     for (const Parameter* p : params_) n += p->value.numel();
     return n;
   }
+  // The model's parameters, every global tensor once (padded vocabulary rows included, as stored): the sum over
+  // the model-parallel group of this rank's tensor-parallel slices, replicated tensors on tensor-parallel rank 0,
+  // tied copies never (the grad norm's rule). A collective of the model-parallel group.
+  int64_t total_parameters();
+  // Every rank's peak memory in bytes, by global rank (one host exchange over the world: every rank calls it at
+  // the same iteration), and its log line: min, max and the pipeline stages' maxima.
+  std::vector<int64_t> gather_peak_memory();
+  void log_peak_memory(const std::vector<int64_t>& peaks) const;
+  // The spike check of one step's loss: `local_sum` is this rank's loss sum (zero off the last stage), summed
+  // over the pipeline and data-parallel groups as read_losses does (so every rank holds the same loss). Feeds
+  // the detector, logs a spike; true when the step must not be applied (training.loss_spike.action skip/stop).
+  bool spike_check(double local_sum, int64_t iteration);
+  // Feeds the detector one finite-or-not step loss, logs a spike; true when it is one.
+  bool observe_loss(float loss, int64_t iteration);
   void maybe_resume();
   void train_step(float& lr_used, StepResult& result);
   // Reads the losses of the steps since the last read (summed over the pipeline and data-parallel ranks: a
@@ -119,11 +135,21 @@ class Trainer {
   std::unique_ptr<DistributedOptimizer> zero_;  // state sharded over the data-parallel group (ZeRO-1)
   int64_t optimizer_steps() const { return zero_ ? zero_->steps() : adam_->steps(); }
   LossScaler scaler_;
+  LossSpikeDetector spike_{LossSpikeOptions{.window = cfg_.training.loss_spike.window,
+                                            .warmup = cfg_.training.loss_spike.warmup_iters,
+                                            .sigmas = cfg_.training.loss_spike.sigmas,
+                                            .ratio = cfg_.training.loss_spike.ratio}};
+  // training.loss_spike.action skip/stop: each step's loss is checked before its update (else once per read).
+  bool spike_per_step() const { return cfg_.training.loss_spike.action != SpikeAction::log; }
+  bool spike_stop_ = false;  // a spike with action stop: save and exit after this iteration
   LrSchedule schedule_;
   MetricsFile metrics_;
   Counters c_;
   // When training started (exit_duration_mins counts from here).
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  // The previous interval report (the ETA's pace: wall-clock per iteration, evaluation and saving included).
+  std::chrono::steady_clock::time_point last_report_ = started_;
+  int64_t reports_ = 0;  // interval reports so far in this run
   std::optional<std::string> last_saved_;
   // Read once per logging interval (a long interval reads when its at most 1024 slots are full).
   StepLosses step_losses_{device_, std::min<int64_t>(cfg_.logging.interval, 1024)};

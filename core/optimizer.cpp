@@ -58,15 +58,29 @@ AdamWOptions adamw_options(const AdamWConfig& cfg, double lr, int64_t step, doub
                       .grad_scale = static_cast<float>(grad_scale)};
 }
 
-StepResult AdamW::step(double lr, double loss_scale) {
+GradStats read_grad_stats(const std::vector<Tensor>& xs, const StepCheck* check, std::vector<double>* along) {
+  if (!check) return grad_stats(xs);
+  const int64_t n = check->read_along.numel();
+  Tensor both = f64_zeros(2 + n, check->read_along.device());  // (2 + n): the statistics, then read_along
+  Tensor stats = both.slice(0, 2);
+  grad_stats(xs, stats);
+  both.slice(2, 2 + n).copy_from(check->read_along);
+  const std::vector<double> v = read_f64(both);  // the one read of the device
+  along->assign(v.begin() + 2, v.end());
+  return GradStats{.sum_squares = v[0], .found_inf = v[1] != 0.0};
+}
+
+StepResult AdamW::step(double lr, double loss_scale, const StepCheck* check) {
   std::vector<Tensor> counted;
   for (Slot& s : slots_)
     if (counts_in_grad_norm(*s.param, cfg_)) counted.push_back(s.param->grad);
-  GradStats stats = grad_stats(counted);  // the step's one read of the device
+  std::vector<double> along;
+  GradStats stats = read_grad_stats(counted, check, &along);  // the step's one read of the device
   if (cfg_.sum_across_ranks) stats.sum_squares = cfg_.sum_across_ranks(stats.sum_squares);
   double grad_scale = 0;
-  const StepResult r = grad_norm_verdict(stats, loss_scale, cfg_.grad_clip, &grad_scale);
-  if (r.found_inf) return r;
+  StepResult r = grad_norm_verdict(stats, loss_scale, cfg_.grad_clip, &grad_scale);
+  if (check && check->veto(along, r) && !r.found_inf) r.vetoed = true;
+  if (r.found_inf || r.vetoed) return r;
   ++steps_;
   std::vector<AdamWTensors> ts;
   ts.reserve(slots_.size());

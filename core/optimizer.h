@@ -24,7 +24,18 @@ struct AdamWConfig {
 struct StepResult {
   double grad_norm = 0;    // global norm of the unscaled gradients (before clipping)
   bool found_inf = false;  // an inf or NaN gradient: the step was skipped
+  bool vetoed = false;     // StepCheck::veto refused the update: the step was skipped
 };
+
+// A look at a step before its update (the trainer's loss spike check): `read_along` (n) f64 on the gradients'
+// device is read to the host in the same copy as the grad-norm statistics (no second wait for the device), and
+// `veto` gets those values with the verdict; true skips the update. Every rank must decide alike.
+struct StepCheck {
+  Tensor read_along;
+  std::function<bool(const std::vector<double>& values, const StepResult& verdict)> veto;
+};
+// The grad_stats of xs; with a check, read in one copy together with check->read_along into *along.
+GradStats read_grad_stats(const std::vector<Tensor>& xs, const StepCheck* check, std::vector<double>* along);
 
 // Megatron's clipping: scale the gradients by max_norm / (norm + 1e-6) when that is below 1 (max_norm 0: off).
 double clip_coefficient(double grad_norm, double max_norm);
@@ -50,7 +61,8 @@ class AdamW {
   // clips and applies one AdamW step at learning rate lr. Gradients are left as they were.
   // On a GPU the step waits for the device once (the grad norm and inf/NaN verdict, one small read) and
   // updates every master, moment and compute-dtype value in one multi-tensor pass.
-  StepResult step(double lr, double loss_scale);
+  // With `check`, its veto may skip the update (StepResult::vetoed).
+  StepResult step(double lr, double loss_scale, const StepCheck* check = nullptr);
   void zero_grads();
 
   int64_t steps() const { return steps_; }  // successful steps so far

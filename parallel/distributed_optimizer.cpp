@@ -50,18 +50,20 @@ DistributedOptimizer::DistributedOptimizer(const GradBuffer& grads, Communicator
   }
 }
 
-StepResult DistributedOptimizer::step(double lr, double loss_scale) {
+StepResult DistributedOptimizer::step(double lr, double loss_scale, const StepCheck* check) {
   std::vector<Tensor> counted;
   for (const Segment& s : segments_)
     if (counts_in_grad_norm(*s.param, cfg_)) counted.push_back(s.grad);
-  GradStats stats = grad_stats(counted);  // the step's one read of the device
+  std::vector<double> along;
+  GradStats stats = read_grad_stats(counted, check, &along);  // the step's one read of the device
   // A host exchange of the double partial sums; an inf/NaN flag needs no exchange, as it makes the sum
   // non-finite on every rank.
   stats.sum_squares = sum_doubles(dp_, {stats.sum_squares})[0];
   if (cfg_.sum_across_ranks) stats.sum_squares = cfg_.sum_across_ranks(stats.sum_squares);
   double grad_scale = 0;
-  const StepResult r = grad_norm_verdict(stats, loss_scale, cfg_.grad_clip, &grad_scale);
-  if (r.found_inf) return r;
+  StepResult r = grad_norm_verdict(stats, loss_scale, cfg_.grad_clip, &grad_scale);
+  if (check && check->veto(along, r) && !r.found_inf) r.vetoed = true;
+  if (r.found_inf || r.vetoed) return r;
   ++steps_;
   std::vector<AdamWTensors> ts;
   ts.reserve(segments_.size());

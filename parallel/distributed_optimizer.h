@@ -19,8 +19,8 @@ class DistributedOptimizer {
   DistributedOptimizer(const GradBuffer& grads, Communicator& dp, AdamWConfig cfg);
 
   // As AdamW::step on this rank's shard of the reduced gradients (GradBuffer::finalize done), then
-  // all-gathers the parameters. Every rank of the group must call it.
-  StepResult step(double lr, double loss_scale);
+  // all-gathers the parameters. Every rank of the group must call it. `check` as in AdamW::step.
+  StepResult step(double lr, double loss_scale, const StepCheck* check = nullptr);
   int64_t steps() const { return steps_; }
   void set_steps(int64_t s) { steps_ = s; }
 

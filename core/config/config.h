@@ -35,6 +35,7 @@ enum class LrDecay { cosine, linear, constant, wsd, inverse_square_root };
 // The anneal of a wsd schedule (Megatron's --lr-wsd-decay-style; its minus_sqrt is our 1-sqrt).
 enum class WsdShape { linear, cosine, exponential, one_minus_sqrt };
 enum class OptimizerType { adamw };
+enum class SpikeAction { log, skip, stop };
 
 template <class E>
 struct EnumNames;
@@ -76,6 +77,12 @@ struct EnumNames<WsdShape> {
 template <>
 struct EnumNames<OptimizerType> {
   static constexpr std::array names{"adamw"};
+  static constexpr std::array<const char*, 0> planned{};
+};
+
+template <>
+struct EnumNames<SpikeAction> {
+  static constexpr std::array names{"log", "skip", "stop"};
   static constexpr std::array<const char*, 0> planned{};
 };
 
@@ -155,12 +162,36 @@ struct LossScaleConfig {
   bool operator==(const LossScaleConfig&) const = default;
 };
 
+// training.loss_spike: a loss spike detector over running statistics of the per-iteration loss. It keeps an
+// exponential moving mean and variance of the loss (smoothing 2 / (window + 1), about the last `window`
+// iterations); after `warmup_iters` iterations have fed it, an iteration whose loss is above mean + sigmas * stddev
+// AND above mean * ratio is a spike (both: sigma alone flags tiny wiggles on a flat, quiet curve; the ratio
+// alone flags the noise of a small batch). A spike enters the statistics clipped to that threshold, so one
+// spike does not blind the detector and a lasting level shift is followed within a few windows. Each spike is
+// logged as a warning and a metrics.jsonl record {"event": "loss_spike", ...}. action: log (nothing else;
+// read with the interval's losses, no extra device read), skip (the step's update is not applied: counted as
+// a skipped iteration, its data consumed), stop (as skip, then save a checkpoint and exit with status 1: a
+// run stopped for a human to look at must not read as finished to a scheduler or a job chain; resuming
+// continues after the spike's batch). skip and stop read the step's loss with the optimizer's grad-norm read
+// and agree on it over the pipeline and data-parallel ranks (one small host exchange a step). The statistics
+// are saved in checkpoints.
+struct LossSpikeConfig {
+  SpikeAction action = SpikeAction::log;  // log | skip | stop
+  int64_t window = 100;                   // iterations the running mean and variance cover (exponential smoothing)
+  int64_t warmup_iters = 100;             // iterations fed before any spike is flagged
+  double sigmas = 6.0;                    // a spike is above mean + sigmas * stddev ...
+  double ratio = 1.2;                     // ... and above mean * ratio
+
+  bool operator==(const LossSpikeConfig&) const = default;
+};
+
 struct TrainingConfig {
   int64_t micro_batch_size = 1;
   int64_t global_batch_size = 0;  // 0: micro_batch_size * data-parallel size
   int64_t train_iters = 0;        // required
   Precision precision = Precision::fp32;
   LossScaleConfig loss_scale;
+  LossSpikeConfig loss_spike;
   Recompute recompute = Recompute::none;  // none | full (selective later)
   int64_t seed = 1234;
   DeviceChoice device = DeviceChoice::automatic;  // auto (cuda when built with it and a GPU is visible) | cuda | cpu
@@ -235,6 +266,10 @@ struct LoggingConfig {
   int64_t eval_iters = 10;
   std::string level = "info";
   bool tensorboard = false;  // TensorBoard event files under RUN_DIR/tensorboard (the logging rank)
+  // The console line of a logging interval: false, a short line (iteration, elapsed, ETA, loss, lr, grad norm,
+  // tokens/s, TFLOP/s/GPU, MFU where the GPU's peak is known; skipped/NaN counts when not zero, loss scale with
+  // fp16); true, Megatron's long line with every figure. metrics.jsonl holds every figure either way.
+  bool verbose_line = false;
 
   bool operator==(const LoggingConfig&) const = default;
 };

@@ -14,7 +14,7 @@ struct Key {
   size_t length = 0;          // a list of exactly this many entries; 0: any length
 };
 
-// Calls v.section(name, body) for every section (nested for training.loss_scale) and v.field(Key, member) for
+// Calls v.section(name, body) for every section (nested for training.loss_scale and training.loss_spike) and v.field(Key, member) for
 // every key, in the order to_yaml prints them. C is Config or const Config. Derived values are not keys.
 template <class V, class C>
 void visit(V& v, C& c) {
@@ -62,6 +62,13 @@ void visit(V& v, C& c) {
       v.field({.name = "window"}, t.loss_scale.window);
       v.field({.name = "hysteresis"}, t.loss_scale.hysteresis);
     });
+    v.section("loss_spike", [&] {
+      v.field({.name = "action"}, t.loss_spike.action);
+      v.field({.name = "window"}, t.loss_spike.window);
+      v.field({.name = "warmup_iters"}, t.loss_spike.warmup_iters);
+      v.field({.name = "sigmas"}, t.loss_spike.sigmas);
+      v.field({.name = "ratio"}, t.loss_spike.ratio);
+    });
     v.field({.name = "recompute"}, t.recompute);
     v.field({.name = "seed"}, t.seed);
     v.field({.name = "device"}, t.device);
@@ -107,6 +114,7 @@ void visit(V& v, C& c) {
     v.field({.name = "eval_iters"}, l.eval_iters);
     v.field({.name = "level"}, l.level);
     v.field({.name = "tensorboard"}, l.tensorboard);
+    v.field({.name = "verbose_line"}, l.verbose_line);
   });
 }
 

@@ -254,6 +254,15 @@ void resolve_training(Config& c, const Rules& r) {
   r.positive("training.loss_scale.initial", s.initial);
   r.positive("training.loss_scale.window", s.window);
   r.positive("training.loss_scale.hysteresis", s.hysteresis);
+
+  const LossSpikeConfig& k = t.loss_spike;
+  r.positive("training.loss_spike.window", k.window);
+  r.non_negative("training.loss_spike.warmup_iters", k.warmup_iters);
+  r.positive("training.loss_spike.sigmas", k.sigmas);
+  if (!(k.ratio >= 1))
+    r.fail("training.loss_spike.ratio",
+           fmt::format("must be at least 1 (a spike is above mean * ratio), got {}", k.ratio));
+  r.finite("training.loss_spike.ratio", k.ratio);
 }
 
 void resolve_optimizer(Config& c, const Rules& r) {

@@ -75,7 +75,7 @@ rm -rf ck && cp -r pristine ck
 # 4. --exit-after below the resumed iteration stops at once: no iteration 11, nothing new saved.
 train --set training.train_iters=20 --exit-after 5 >exit.txt 2>&1 || { cat exit.txt; fail "--exit-after 5 at 10"; }
 grep -q "stopping without training" exit.txt || { cat exit.txt; fail "no message for --exit-after below the resume point"; }
-! grep -q "iteration      11/" exit.txt || fail "--exit-after 5 ran iteration 11"
+! grep -q "iter 11/" exit.txt || fail "--exit-after 5 ran iteration 11"
 [ "$(cat ck/latest)" = iter_0000010 ] && [ ! -d ck/iter_0000011 ] || fail "--exit-after 5 saved something new"
 
 # 5. A checkpoint of another model shape is refused naming each differing key; a partial load says what it took.

@@ -855,3 +855,26 @@ TEST(ConfigVocabAuto, TakesTheFirstTrainPrefixsTokenizerVocabulary) {
 
 }  // namespace
 }  // namespace mt
+
+TEST(ConfigRules, LossSpikeKeysAreCheckedNamingTheKey) {
+  const Config d = base();
+  EXPECT_EQ(d.training.loss_spike.action, SpikeAction::log);
+  EXPECT_FALSE(d.logging.verbose_line);
+  const Config c = base({"training.loss_spike={action: skip, window: 20, warmup_iters: 5, sigmas: 4, ratio: 1.5}",
+                         "logging.verbose_line=true"});
+  EXPECT_EQ(c.training.loss_spike.action, SpikeAction::skip);
+  EXPECT_EQ(c.training.loss_spike.window, 20);
+  EXPECT_EQ(c.training.loss_spike.warmup_iters, 5);
+  EXPECT_EQ(c.training.loss_spike.sigmas, 4.0);
+  EXPECT_EQ(c.training.loss_spike.ratio, 1.5);
+  EXPECT_TRUE(c.logging.verbose_line);
+  EXPECT_EQ(parse_config(to_yaml(c), c.source, {}, 1), c);  // written and read back
+  EXPECT_CONTAINS(base_error({"training.loss_spike.action=halt"}), "training.loss_spike.action");
+  EXPECT_CONTAINS(base_error({"training.loss_spike.window=0"}), "training.loss_spike.window: must be positive");
+  EXPECT_CONTAINS(base_error({"training.loss_spike.warmup_iters=-1"}),
+                  "training.loss_spike.warmup_iters: must be >= 0");
+  EXPECT_CONTAINS(base_error({"training.loss_spike.sigmas=0"}), "training.loss_spike.sigmas: must be positive");
+  EXPECT_CONTAINS(base_error({"training.loss_spike.ratio=0.9"}), "training.loss_spike.ratio: must be at least 1");
+  EXPECT_CONTAINS(base_error({"training.loss_spike.windw=3"}),
+                  "training.loss_spike.windw=3: unknown key (did you mean training.loss_spike.window?)");
+}
