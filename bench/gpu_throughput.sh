@@ -1,19 +1,22 @@
 #!/usr/bin/env bash
 # gpu_throughput.sh: training throughput of megatrain against PyTorch on one GPU, on synthetic tokens.
-# For each model (configs/gpt-<model>.yaml) and sequence length: megatrain trains WARMUP + ITERS iterations
+# For each model (configs/<model>.yaml when it exists, else configs/gpt-<model>.yaml: "124m", "llama3.2-1b",
+# "llama-tiny") and sequence length: megatrain trains WARMUP + ITERS iterations
 # (bf16, no parallelism, no checkpoints), and its timed iterations' tokens/s, TFLOP/s, MFU and peak memory are
 # read from RUN_DIR/metrics.jsonl; then bench/torch_baseline.py runs the same model and batch
 # (bf16 autocast, fused AdamW, scaled_dot_product_attention, torch.compile) and the ratio is printed.
 #
-# Usage: bench/gpu_throughput.sh [--megatrain PATH] [--models "124m 350m 1.3b"] [--seqs "1024 2048"]
+# Usage: bench/gpu_throughput.sh [--megatrain PATH] [--models "124m 350m 1.3b llama3.2-1b"] [--seqs "1024 2048"]
 #                                [--warmup N] [--iters N] [--device cuda|cpu] [--no-torch] [--no-megatrain]
 # Env (same meaning): MEGATRAIN, MODELS, SEQS, WARMUP (5), ITERS (20), DEVICE (cuda), TORCH (1), MEGATRAIN_RUN (1);
-#   DROPOUT (0.1, the configs' hidden dropout), ATTN_DROPOUT (0: cuDNN attention; 0.1 runs megatrain's kernel),
-#   MBS / GBS (micro / global batch for every row), MBS_<MODEL>_<SEQ> (e.g. MBS_124M_1024=16, MBS_1_3B_2048=2),
+#   DROPOUT (each config's model.dropout: 0.1 for GPT 124M-1.3B, 0 for Llama), ATTN_DROPOUT (0: cuDNN attention;
+#   0.1 runs megatrain's kernel), MBS / GBS (micro / global batch for every row), MBS_<MODEL>_<SEQ> (the name
+#   upper-cased, '.' and '-' as '_': MBS_124M_1024=16, MBS_1_3B_2048=2, MBS_LLAMA3_2_1B_4096=4),
 #   EXTRA_SET ("key=value ..." more megatrain --set overrides), PYTHON (python3), PEAK_TFLOPS (MFU peak;
 #   default from the GPU name: H100/H200 989.4, A100 312), RUN_TIMEOUT (300 s per run), KEEP_RUNS=1 (keep the
 #   run folders), OUT (also write $OUT/gpu_throughput.md and $OUT/gpu_throughput.jsonl).
-# A CPU smoke test: DEVICE=cpu MODELS=tiny SEQS=64 WARMUP=2 ITERS=3 bench/gpu_throughput.sh
+# Llama 3.2 1B alone: MODELS=llama3.2-1b SEQS="1024 2048 4096" bench/gpu_throughput.sh
+# A CPU smoke test: DEVICE=cpu MODELS="tiny llama-tiny" SEQS=64 WARMUP=2 ITERS=3 bench/gpu_throughput.sh
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -25,7 +28,7 @@ ITERS=${ITERS:-20}
 DEVICE=${DEVICE:-cuda}
 TORCH=${TORCH:-1}
 MEGATRAIN_RUN=${MEGATRAIN_RUN:-1}
-DROPOUT=${DROPOUT:-0.1}
+DROPOUT=${DROPOUT:-}          # empty: each config's own model.dropout
 # Attention dropout 0 by default: megatrain then runs cuDNN's fused attention (its own kernel keeps attention
 # dropout, for layout-invariant masks) and PyTorch its flash SDPA without dropout, as most LLM runs train.
 ATTN_DROPOUT=${ATTN_DROPOUT:-0}
@@ -43,7 +46,7 @@ while [[ $# -gt 0 ]]; do
     --device) DEVICE=${2:?--device needs cuda or cpu}; shift 2 ;;
     --no-torch) TORCH=0; shift ;;
     --no-megatrain) MEGATRAIN_RUN=0; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
@@ -70,16 +73,31 @@ py() { LD_LIBRARY_PATH=$PY_LD_PATH "$PYTHON" "$@"; }
 WORK=$(mktemp -d /tmp/gpu_throughput.XXXXXX)
 if [[ ${KEEP_RUNS:-0} == 1 ]]; then echo "run folders kept in $WORK"; else trap 'rm -rf "$WORK"' EXIT; fi
 
+# The config of a MODELS entry: configs/<name>.yaml, else configs/gpt-<name>.yaml.
+config_of() {
+  if [[ -f $ROOT/configs/$1.yaml ]]; then echo "$ROOT/configs/$1.yaml"; else echo "$ROOT/configs/gpt-$1.yaml"; fi
+}
+
+# A config's model.dropout (megatrain's default 0.1 when the file has none), so both sides run the config's.
+config_dropout() {
+  awk '/^model:/ { m = 1; next } /^[^ #]/ { m = 0 } m && $1 == "dropout:" { print $2; found = 1; exit }
+       END { if (!found) print 0.1 }' "$1"
+}
+
 # Micro batch per (model, seq): fits 80 GB with room to spare; MBS_<MODEL>_<SEQ> or MBS overrides.
+# llama3.2-1b: 8192 tokens per microbatch (8 at 1024, 4 at 2048, 2 at 4096), by `megatrain plan` a predicted
+# 34.0 GiB on one H100 (parameters 2.3, gradients 4.6, AdamW 13.8, activations 13.2 GiB); 16384 tokens would be
+# 47.2 GiB (a prediction, not measured; PyTorch's fp32 logits over 128256 columns add more on its side).
 micro_batch() {
   local model=$1 seq=$2 var
-  var=MBS_$(echo "${model}_${seq}" | tr 'a-z.' 'A-Z_')
+  var=MBS_$(echo "${model}_${seq}" | tr 'a-z.-' 'A-Z__')
   if [[ -n ${!var:-} ]]; then echo "${!var}"; return; fi
   if [[ -n ${MBS:-} ]]; then echo "$MBS"; return; fi
   case $model in
     124m) echo $((seq <= 1024 ? 16 : 8)) ;;
     350m) echo $((seq <= 1024 ? 8 : 4)) ;;
     1.3b) echo $((seq <= 1024 ? 4 : 2)) ;;
+    llama3.2-1b) echo $((seq >= 8192 ? 1 : 8192 / seq)) ;;
     *) echo 8 ;;
   esac
 }
@@ -138,29 +156,35 @@ print(f"{label}  {impl:<17} {r['ms_per_iter']:>10.1f} {r['tokens_per_s']:>11.0f}
 PY
 }
 
+# The model column is as wide as the longest name in MODELS (6 at least).
+MODEL_W=6
+for model in $MODELS; do ((${#model} > MODEL_W)) && MODEL_W=${#model}; done
+
 header() {
-  printf '%-6s %5s %4s %4s  %-17s %10s %11s %8s %6s %9s %9s\n' model seq mbs gbs impl ms/iter tokens/s TFLOP/s MFU \
+  printf "%-${MODEL_W}s %5s %4s %4s  %-17s %10s %11s %8s %6s %9s %9s\n" model seq mbs gbs impl ms/iter tokens/s TFLOP/s MFU \
     "peak GiB" "mt/torch"
 }
 
 echo "gpu_throughput: device $DEVICE ${GPU_NAME:+($GPU_NAME)}, MFU peak ${PEAK:-n/a} TFLOP/s, warmup $WARMUP + $ITERS timed" \
-     "iterations, bf16, dropout $DROPOUT, attention dropout $ATTN_DROPOUT, models [$MODELS], seqs [$SEQS]"
+     "iterations, bf16, dropout ${DROPOUT:-as each config}, attention dropout $ATTN_DROPOUT, models [$MODELS], seqs [$SEQS]"
 [[ $MEGATRAIN_RUN == 1 ]] && echo "megatrain: $MT ($("$MT" --version 2>&1 | head -1))"
 [[ $TORCH == 1 ]] && echo "pytorch: $(py -c 'import torch; print(torch.__version__)' 2>&1 | tail -1)"
 header
 jsonl=()
 failures=0
 for model in $MODELS; do
-  config=$ROOT/configs/gpt-$model.yaml
-  [[ -f $config ]] || { echo "gpu_throughput: no $config: skipping model $model" >&2; failures=$((failures + 1)); continue; }
+  config=$(config_of "$model")
+  [[ -f $config ]] || { echo "gpu_throughput: neither configs/$model.yaml nor configs/gpt-$model.yaml: skipping model $model" >&2
+                        failures=$((failures + 1)); continue; }
+  dropout=${DROPOUT:-$(config_dropout "$config")}
   for seq in $SEQS; do
     mbs=$(micro_batch "$model" "$seq")
     gbs=${GBS:-$mbs}
-    label=$(printf '%-6s %5s %4s %4s' "$model" "$seq" "$mbs" "$gbs")
+    label=$(printf "%-${MODEL_W}s %5s %4s %4s" "$model" "$seq" "$mbs" "$gbs")
     mt_json=""
     if [[ $MEGATRAIN_RUN == 1 ]]; then
       run=$WORK/mt-$model-$seq
-      sets=("model.seq_length=$seq" "model.dropout=$DROPOUT" "model.attention_dropout=$ATTN_DROPOUT"
+      sets=("model.seq_length=$seq" "model.dropout=$dropout" "model.attention_dropout=$ATTN_DROPOUT"
             parallel.tensor=1 parallel.pipeline=1 parallel.virtual_pipeline=1 parallel.sequence_parallel=false
             parallel.data=1 parallel.distributed_optimizer=false
             "training.micro_batch_size=$mbs" "training.global_batch_size=$gbs"
@@ -189,7 +213,7 @@ for model in $MODELS; do
       out=$WORK/torch-$model-$seq
       rc=0
       timeout "$RUN_TIMEOUT" env LD_LIBRARY_PATH="$PY_LD_PATH" "$PYTHON" "$ROOT/bench/torch_baseline.py" --config "$config" --seq "$seq" \
-        --micro-batch "$mbs" --global-batch "$gbs" --warmup "$WARMUP" --iters "$ITERS" --dropout "$DROPOUT" --attention-dropout "$ATTN_DROPOUT" \
+        --micro-batch "$mbs" --global-batch "$gbs" --warmup "$WARMUP" --iters "$ITERS" --dropout "$dropout" --attention-dropout "$ATTN_DROPOUT" \
         --device "$DEVICE" ${PEAK:+--peak-tflops "$PEAK"} >"$out.json" 2>"$out.err" || rc=$?
       t_json=$(grep '^{' "$out.json" | tail -1 || true)
       if [[ $rc -eq 0 && -n $t_json ]]; then

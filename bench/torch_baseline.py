@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """torch_baseline.py: the PyTorch baseline for bench/gpu_throughput.sh.
 
-The same GPT-2/3 model as megatrain (models/gpt.cpp): learned positions, pre-LN blocks, tied embeddings,
-GELU (tanh), LayerNorm eps 1e-5, causal multi-head attention, dropout where Megatron has it, the
-vocabulary padded to a multiple of make_vocab_size_divisible_by (128) with the padding columns left out of
-the cross-entropy. Trained on random tokens with bf16 autocast, fused AdamW (fp32 weights and states),
+The same model as megatrain (models/gpt.cpp), by the config's model.arch:
+- gpt: learned positions, pre-LN blocks, tied embeddings, GELU (tanh), LayerNorm eps 1e-5, causal multi-head
+  attention;
+- llama: RMSNorm (eps model.layernorm_eps), SwiGLU MLP (bias-free gate, up and down), rotary embeddings
+  (rotate-half, theta model.rotary_base) on q and k, grouped-query attention (model.num_query_groups key/value
+  heads), no biases, no position table, untied head unless model.tie_embeddings;
+both with dropout where Megatron has it and the vocabulary padded to a multiple of make_vocab_size_divisible_by
+(128) with the padding columns left out of the cross-entropy. Trained on random tokens with bf16 autocast, fused AdamW (fp32 weights and states),
 F.scaled_dot_product_attention(is_causal=True), global grad-norm clipping and torch.compile; gradient
 accumulation when the global batch holds several microbatches.
 
@@ -13,7 +17,9 @@ formula (model_flops_per_iteration in models/gpt.cpp), MFU and peak memory (torc
 over the timed iterations).
 
   python3 bench/torch_baseline.py --config configs/gpt-124m.yaml --seq 1024 --micro-batch 16
+  python3 bench/torch_baseline.py --config configs/llama3.2-1b.yaml --seq 2048 --micro-batch 4
   python3 bench/torch_baseline.py --device cpu --tiny --iters 3          # a smoke test without a GPU
+  python3 bench/torch_baseline.py --config configs/llama-tiny.yaml --device cpu --dtype fp32 --no-compile --iters 3
   python3 bench/torch_baseline.py --device cpu --dtype fp32 --no-compile --threads 1 ...  # bench/cpu_vs_torch.sh
 """
 import argparse
@@ -95,7 +101,18 @@ def resolve(args):
     m.setdefault("attention_dropout", 0.1)
     m.setdefault("layernorm_eps", 1e-5)
     m.setdefault("init_std", 0.02)
-    m.setdefault("tie_embeddings", True)
+    m.setdefault("arch", "gpt")
+    if m["arch"] not in ("gpt", "llama"):
+        sys.exit(f"torch_baseline: model.arch {m['arch']!r} is not gpt or llama")
+    # As core/config/config_rules.cpp: llama unties the head unless the file says otherwise.
+    m.setdefault("tie_embeddings", m["arch"] != "llama")
+    m.setdefault("rotary_base", 10000.0)
+    m["num_query_groups"] = m.get("num_query_groups") or 0      # 0: one key/value head per query head
+    if m["arch"] == "gpt" and m["num_query_groups"] not in (0, m["num_heads"]):
+        sys.exit("torch_baseline: grouped-query attention (model.num_query_groups) needs model.arch: llama")
+    if m["num_heads"] % kv_heads(m) or m["hidden_size"] % m["num_heads"]:
+        sys.exit(f"torch_baseline: {kv_heads(m)} key/value heads must divide {m['num_heads']} heads, and the heads "
+                 f"hidden_size {m['hidden_size']}")
     m.setdefault("make_vocab_size_divisible_by", 128)
     if not m.get("max_position_embeddings"):
         m["max_position_embeddings"] = m["seq_length"]
@@ -110,13 +127,24 @@ def resolve(args):
     return m, o
 
 
+def kv_heads(m):
+    """ModelConfig::kv_heads(): num_query_groups, or num_heads when it is 0."""
+    return m["num_query_groups"] if m.get("num_query_groups") else m["num_heads"]
+
+
 def model_flops_per_iteration(m, tokens):
-    """models/gpt.cpp's model_flops_per_iteration, term for term."""
+    """models/gpt.cpp's model_flops_per_iteration, term for term (same operations in the same order)."""
     C, Fh, S = float(m["hidden_size"]), float(m["ffn_hidden_size"]), float(m["seq_length"])
     V, L = float(m["padded_vocab_size"]), float(m["num_layers"])
-    # Forward per token: QKV 6C^2 + proj 2C^2 + MLP 4CF + causal attention 2SC per layer, and 2CV for the
-    # logits. Backward costs twice the forward.
-    per_token = L * (8.0 * C * C + 4.0 * C * Fh + 2.0 * S * C) + 2.0 * C * V
+    KV = C * float(kv_heads(m)) / float(m["num_heads"])  # K (= V) width
+    # Forward GEMM flops per token and layer, 2 per multiply-add: Q and the output projection 2C^2 each, K and V
+    # 2C*KV each (C each without grouped-query attention), the MLP 4CF (GELU: two GEMMs) or 6CF (SwiGLU: gate,
+    # up and down).
+    mlp = 6.0 * C * Fh if m.get("arch", "gpt") == "llama" else 4.0 * C * Fh
+    linear = 4.0 * C * C + 4.0 * C * KV + mlp
+    # Causal attention 2SC: the scores and the weighted values, 2SC each over all S keys, halved by the mask.
+    # Plus 2CV for the logits. Backward costs twice the forward.
+    per_token = L * (linear + 2.0 * S * C) + 2.0 * C * V
     return 3.0 * per_token * float(tokens)
 
 
@@ -188,6 +216,121 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.reshape(-1, self.vocab_size), targets.reshape(-1))
 
 
+# ---- llama -------------------------------------------------------------------------------------------------
+
+def _sdpa_has_gqa():
+    """Whether this torch's scaled_dot_product_attention takes enable_gqa (2.5 and later)."""
+    try:
+        q, kv = torch.zeros(1, 2, 1, 2), torch.zeros(1, 1, 1, 2)
+        F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)
+        return True
+    except TypeError:
+        return False
+
+
+SDPA_GQA = _sdpa_has_gqa()
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x^2) + eps) * weight, computed in fp32 and rounded once (as megatrain's rmsnorm)."""
+
+    def __init__(self, C, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(C))   # (C)
+
+    def forward(self, x):                          # x: (B, T, C)
+        if hasattr(F, "rms_norm"):                 # torch 2.4 and later: fused under torch.compile
+            return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).to(x.dtype)
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()).to(x.dtype)
+
+
+def rope_tables(seq, head_dim, theta):
+    """cos, sin (T, D/2) f32 as megatrain's rope_: inv_freq_i = float(1 / theta^(2i/D)) in double, the angle
+    float(p) * inv_freq_i in f32, its cos and sin in double rounded to f32."""
+    i = torch.arange(head_dim // 2, dtype=torch.float64)
+    inv_freq = (1.0 / theta ** (2.0 * i / head_dim)).float()                       # (D/2)
+    angle = torch.arange(seq, dtype=torch.float32)[:, None] * inv_freq[None, :]    # (T, D/2) f32
+    return angle.double().cos().float(), angle.double().sin().float()
+
+
+def apply_rope(x, cos, sin):
+    """Rotate-half RoPE on x (B, T, n, D): the pair (x_i, x_{i+D/2}) by the angle of position t, in fp32."""
+    half = x.shape[-1] // 2
+    xf = x.float()
+    x1, x2 = xf[..., :half], xf[..., half:]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]                            # (1, T, 1, D/2)
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+
+
+class LlamaBlock(nn.Module):
+    # Weight rows ordered as HF's (q | k | v, gate | up) rather than megatrain's per-group and interleaved
+    # orders: the same GEMMs and flops, contiguous slices for PyTorch.
+    def __init__(self, m):
+        super().__init__()
+        C, Fh = m["hidden_size"], m["ffn_hidden_size"]
+        self.heads, self.groups = m["num_heads"], kv_heads(m)
+        self.D = C // self.heads
+        self.p, self.p_attn = m["dropout"], m["attention_dropout"]
+        self.ln1 = RMSNorm(C, m["layernorm_eps"])
+        self.qkv = nn.Linear(C, (self.heads + 2 * self.groups) * self.D, bias=False)   # ((H + 2G) D, C)
+        self.proj = nn.Linear(C, C, bias=False)            # (C, H D), scaled init (HF o_proj)
+        self.ln2 = RMSNorm(C, m["layernorm_eps"])
+        self.fc1 = nn.Linear(C, 2 * Fh, bias=False)        # (2F, C): gate rows, then up rows
+        self.fc2 = nn.Linear(Fh, C, bias=False)            # (C, F), scaled init (HF down_proj)
+
+    def forward(self, x, cos, sin):        # x: (B, T, C); cos, sin: (T, D/2)
+        B, T, C = x.shape
+        H, G, D = self.heads, self.groups, self.D
+        q, k, v = self.qkv(self.ln1(x)).split((H * D, G * D, G * D), dim=-1)
+        q = apply_rope(q.view(B, T, H, D), cos, sin).transpose(1, 2)              # (B, H, T, D)
+        k = apply_rope(k.view(B, T, G, D), cos, sin).transpose(1, 2)              # (B, G, T, D)
+        v = v.view(B, T, G, D).transpose(1, 2)                                     # (B, G, T, D)
+        p_attn = self.p_attn if self.training else 0.0
+        if G == H:
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p_attn, is_causal=True)
+        elif SDPA_GQA:                     # query head h reads key/value head h // (H / G)
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p_attn, is_causal=True, enable_gqa=True)
+        else:
+            k, v = (t.repeat_interleave(H // G, dim=1) for t in (k, v))
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p_attn, is_causal=True)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        x = x + F.dropout(self.proj(y), self.p, self.training)
+        gate, up = self.fc1(self.ln2(x)).chunk(2, dim=-1)                          # (B, T, F) each
+        return x + F.dropout(self.fc2(F.silu(gate) * up), self.p, self.training)
+
+
+class Llama(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        C, V = m["hidden_size"], m["padded_vocab_size"]
+        self.vocab_size, self.p = m["vocab_size"], m["dropout"]
+        self.wte = nn.Embedding(V, C)                              # (V, C)
+        self.blocks = nn.ModuleList(LlamaBlock(m) for _ in range(m["num_layers"]))
+        self.lnf = RMSNorm(C, m["layernorm_eps"])
+        self.lm_head = None if m["tie_embeddings"] else nn.Linear(C, V, bias=False)   # (V, C) when untied
+        cos, sin = rope_tables(m["seq_length"], C // m["num_heads"], float(m["rotary_base"]))
+        self.register_buffer("cos", cos, persistent=False)        # (T, D/2)
+        self.register_buffer("sin", sin, persistent=False)
+        std = m["init_std"]
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:               # norms keep their ones; Megatron's scaled init on the residual feeds
+                scaled = name.endswith("proj.weight") or name.endswith("fc2.weight")
+                nn.init.normal_(p, 0.0, std / math.sqrt(2.0 * m["num_layers"]) if scaled else std)
+
+    def forward(self, tokens, targets):    # (B, T) int64 each
+        T = tokens.shape[1]
+        cos, sin = self.cos[:T], self.sin[:T]
+        x = F.dropout(self.wte(tokens), self.p, self.training)
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        x = self.lnf(x)
+        logits = F.linear(x, self.wte.weight if self.lm_head is None else self.lm_head.weight)  # (B, T, V padded)
+        logits = logits[..., : self.vocab_size]
+        return F.cross_entropy(logits.reshape(-1, self.vocab_size), targets.reshape(-1))
+
+
 # ---- training ----------------------------------------------------------------------------------------------
 
 def main():
@@ -237,7 +380,7 @@ def main():
     else:
         device_name = "cpu"
 
-    model = GPT(m).to(dev)
+    model = (Llama(m) if m["arch"] == "llama" else GPT(m)).to(dev)
     n_params = sum(p.numel() for p in model.parameters())
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]   # biases and norms, as megatrain
@@ -249,8 +392,10 @@ def main():
     forward = torch.compile(model) if compile_ else model
     amp = (torch.autocast(device_type=args.device, dtype=torch.bfloat16) if args.dtype == "bf16"
            else torch.autocast(device_type=args.device, enabled=False))
-    log(f"torch_baseline: torch {torch.__version__} on {device_name}: {n_params} parameters, layers "
-        f"{m['num_layers']}, hidden {m['hidden_size']}, heads {m['num_heads']}, ffn {m['ffn_hidden_size']}, vocab "
+    log(f"torch_baseline: torch {torch.__version__} on {device_name}: {m['arch']}, {n_params} parameters, layers "
+        f"{m['num_layers']}, hidden {m['hidden_size']}, heads {m['num_heads']}"
+        + (f" ({kv_heads(m)} key/value heads, enable_gqa {SDPA_GQA}), rotary base {m['rotary_base']}, tied "
+           f"{m['tie_embeddings']}" if m["arch"] == "llama" else "") + f", ffn {m['ffn_hidden_size']}, vocab "
         f"{m['vocab_size']} padded to {m['padded_vocab_size']}, seq {S}, micro batch {B}, global batch {G}, "
         f"dropout {m['dropout']}/{m['attention_dropout']}, {args.dtype}, compile {compile_}")
 
@@ -299,7 +444,8 @@ def main():
     peak = peak_tflops(device_name, args.peak_tflops) if args.device == "cuda" else None
     result = {
         "impl": "pytorch", "torch": torch.__version__, "device": device_name, "compiled": compile_,
-        "dtype": args.dtype, "layers": m["num_layers"], "hidden": m["hidden_size"], "heads": m["num_heads"],
+        "dtype": args.dtype, "arch": m["arch"], "layers": m["num_layers"], "hidden": m["hidden_size"],
+        "heads": m["num_heads"], "kv_heads": kv_heads(m), "tied": m["tie_embeddings"],
         "ffn": m["ffn_hidden_size"], "vocab": m["vocab_size"], "padded_vocab": m["padded_vocab_size"], "seq": S,
         "micro_batch": B, "global_batch": G, "dropout": m["dropout"], "attention_dropout": m["attention_dropout"],
         "threads": torch.get_num_threads(), "parameters": n_params, "warmup": args.warmup, "iters": args.iters, "warmup_s": round(warmup_s, 3),
