@@ -7,12 +7,7 @@
 #   python3 -m venv build/transformers-venv && build/transformers-venv/bin/pip install torch transformers numpy
 # Exits 77 (skipped), saying so, when that Python cannot import them.
 source "$(dirname "$0")/lib/common.bash"
-VENV=${TRANSFORMERS_VENV:-/work/.venv-torch}
-[ -x "$VENV/bin/python" ] || VENV=$(dirname "$MT")/transformers-venv
-if ! "$VENV/bin/python" -c "import torch, transformers" 2>/dev/null; then
-  echo "SKIP: no Python with torch and transformers at \$TRANSFORMERS_VENV, /work/.venv-torch or $VENV"
-  exit 77
-fi
+require_transformers_venv
 prepare_data
 write_config
 write_llama_config
@@ -31,7 +26,7 @@ check() {
     ids=$(printf '%s' "$prompt" | od -An -tu1 -v | xargs)  # the byte tokenizer's ids
     ours=$("$MT" generate --load ckpt --prompt "$prompt" --greedy --max-new-tokens 20 --ids --device cpu 2>gen.err) ||
       { cat gen.err >&2; fail "$label: megatrain generate failed"; }
-    theirs=$(HF_HUB_OFFLINE=1 "$VENV/bin/python" "$SRC/tests/interop/hf_greedy_generate.py" "$PWD/hf" "$ids" 20 2>py.err) ||
+    theirs=$("$PY" "$SRC/tests/interop/hf_greedy_generate.py" "$PWD/hf" "$ids" 20 2>py.err) ||
       { cat py.err >&2; fail "$label: transformers failed"; }
     echo "$label prompt='$prompt'"
     echo "  megatrain:    $ours"

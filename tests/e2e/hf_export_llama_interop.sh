@@ -2,17 +2,10 @@
 # The Hugging Face export of a model.arch: llama checkpoint (grouped-query attention, G < H, rotary_base not the
 # default) is a LlamaForCausalLM that transformers loads strictly (no missing, unexpected or mismatched weights)
 # and whose mean loss on the same samples is `megatrain eval`'s (fp32, within 1e-5 relative), tied and untied.
-# Skips (77), saying so, while this megatrain has no model.arch: llama, or without torch and transformers in
+# Skips (77), saying so, without torch and transformers in
 # $TRANSFORMERS_VENV, /work/.venv-torch or build/transformers-venv.
 source "$(dirname "$0")/lib/common.bash"
-VENV=${TRANSFORMERS_VENV:-/work/.venv-torch}
-[ -x "$VENV/bin/python" ] || VENV=$(dirname "$MT")/transformers-venv
-if ! "$VENV/bin/python" -c "import torch, transformers, numpy" 2>/dev/null; then
-  echo "SKIP: no Python with torch, transformers and numpy at \$TRANSFORMERS_VENV, /work/.venv-torch or $VENV"
-  exit 77
-fi
-PY="$VENV/bin/python"
-export HF_HUB_OFFLINE=1
+require_transformers_venv
 prepare_data
 write_config
 for tie in false true; do

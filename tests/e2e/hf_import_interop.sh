@@ -6,15 +6,8 @@
 # Needs torch and transformers in a venv: $TRANSFORMERS_VENV, /work/.venv-torch or build/transformers-venv;
 # exits 77 (skipped), saying so, without one.
 source "$(dirname "$0")/lib/common.bash"
-VENV=${TRANSFORMERS_VENV:-/work/.venv-torch}
-[ -x "$VENV/bin/python" ] || VENV=$(dirname "$MT")/transformers-venv
-if ! "$VENV/bin/python" -c "import torch, transformers, numpy" 2>/dev/null; then
-  echo "SKIP: no Python with torch, transformers and numpy at \$TRANSFORMERS_VENV, /work/.venv-torch or $VENV"
-  exit 77
-fi
-PY="$VENV/bin/python"
+require_transformers_venv
 TINY="$SRC/tests/interop/hf_tiny_model.py"
-export HF_HUB_OFFLINE=1
 prepare_data
 
 mean_loss() { sed -nE 's/.*mean loss ([0-9.]+).*/\1/p'; }

@@ -15,6 +15,20 @@ require_gpu() {
   info=$("$MT" info --require-gpu 2>&1) || { echo "SKIP: no usable GPU: $(grep -E '^(cuda backend|gpus):' <<<"$info" | tr '\n' ' ')"; exit 77; }
 }
 
+# The interop tests' Python with torch, transformers and numpy: $TRANSFORMERS_VENV, /work/.venv-torch or
+# build/transformers-venv (python3 -m venv build/transformers-venv && build/transformers-venv/bin/pip install torch
+# transformers numpy). Sets VENV and PY, and works offline; skips the test (77), saying so, without one.
+require_transformers_venv() {
+  VENV=${TRANSFORMERS_VENV:-/work/.venv-torch}
+  [ -x "$VENV/bin/python" ] || VENV=$(dirname "$MT")/transformers-venv
+  if ! "$VENV/bin/python" -c "import torch, transformers, numpy" 2>/dev/null; then
+    echo "SKIP: no Python with torch, transformers and numpy at \$TRANSFORMERS_VENV, /work/.venv-torch or $VENV"
+    exit 77
+  fi
+  PY="$VENV/bin/python"
+  export HF_HUB_OFFLINE=1
+}
+
 # A byte-level dataset of the licence texts every Debian system has: data/text_document.
 prepare_data() {
   mkdir -p data
