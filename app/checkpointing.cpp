@@ -121,6 +121,17 @@ std::vector<std::string> model_shape_differences(const std::string& stored_yaml,
   return out;
 }
 
+Config whole_model_config(const CheckpointReader& reader, const std::string& dir, int64_t micro_batch,
+                          const std::string& device) {
+  const std::string batch = std::to_string(micro_batch);
+  return parse_config(
+      reader.state().config_yaml, dir + "/metadata.yaml",
+      {"parallel.tensor=1", "parallel.pipeline=1", "parallel.virtual_pipeline=1", "parallel.data=1",
+       "parallel.sequence_parallel=false", "parallel.layers_per_stage=[]", "training.global_batch_size=" + batch,
+       "training.micro_batch_size=" + batch, "training.device=" + device, "parallel.backend=auto"},
+      1);
+}
+
 void write_checkpoint_tokenizer(const std::string& tmp_dir, const std::vector<std::string>& data_train) {
   if (data_train.empty()) return;
   const std::string sidecar = tokenizer_sidecar_path(parse_data_blend(data_train).prefixes.front());

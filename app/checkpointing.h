@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/checkpoint/checkpoint.h"
+#include "core/config/config.h"
 #include "core/optimizer.h"
 #include "core/parameter.h"
 
@@ -38,6 +39,12 @@ void load_parameters(const CheckpointReader& reader, const std::vector<Parameter
 // recorded there instead of being an error.
 void load_optimizer(const CheckpointReader& reader, const std::vector<AdamW::Slot>& slots,
                     PartialLoad* partial = nullptr);
+
+// The config of the run that saved the checkpoint `reader` (directory `dir`), with the whole model on this one
+// rank: no tensor, pipeline or data parallelism, `micro_batch` samples per step, on `device` (auto | cuda | cpu).
+// What eval and generate run.
+Config whole_model_config(const CheckpointReader& reader, const std::string& dir, int64_t micro_batch,
+                          const std::string& device);
 
 // Records which tokenizer made the training data: copies the sidecar of data.train's first prefix
 // (PREFIX.tokenizer.yaml, see core/data/tokenizer_sidecar.h) into the checkpoint's temporary directory

@@ -32,13 +32,7 @@ void run_eval(const EvalArgs& a) {
   if (!dir) throw CheckpointError(fmt::format("{}: no checkpoint there (no metadata.yaml, no latest)", a.checkpoint));
   CheckpointReader reader(*dir);
   // The saving run's model, on one rank.
-  Config cfg = parse_config(reader.state().config_yaml, *dir + "/metadata.yaml",
-                            {"parallel.tensor=1", "parallel.pipeline=1", "parallel.virtual_pipeline=1",
-                             "parallel.data=1", "parallel.sequence_parallel=false", "parallel.layers_per_stage=[]",
-                             "training.global_batch_size=" + std::to_string(a.micro_batch_size),
-                             "training.micro_batch_size=" + std::to_string(a.micro_batch_size),
-                             "training.device=" + a.device, "parallel.backend=auto"},
-                            1);
+  Config cfg = whole_model_config(reader, *dir, a.micro_batch_size, a.device);
   const int64_t S = cfg.model.seq_length;
   const Placement placement = place_rank(cfg, LaunchEnv{});
   GptModel model(cfg.model, GptOptions{.dtype = parse_dtype(a.precision), .device = placement.device, .seed = 0});

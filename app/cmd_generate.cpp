@@ -103,12 +103,7 @@ void run_generate(const GenerateArgs& a) {
   if (!dir) throw CheckpointError(fmt::format("{}: no checkpoint there (no metadata.yaml, no latest)", a.checkpoint));
   CheckpointReader reader(*dir);
   // The saving run's model, whole, on one rank.
-  Config cfg =
-      parse_config(reader.state().config_yaml, *dir + "/metadata.yaml",
-                   {"parallel.tensor=1", "parallel.pipeline=1", "parallel.virtual_pipeline=1", "parallel.data=1",
-                    "parallel.sequence_parallel=false", "parallel.layers_per_stage=[]", "training.global_batch_size=1",
-                    "training.micro_batch_size=1", "training.device=" + a.device, "parallel.backend=auto"},
-                   1);
+  Config cfg = whole_model_config(reader, *dir, 1, a.device);
   const std::unique_ptr<Tokenizer> tok = checkpoint_tokenizer(*dir, cfg.model);
   std::vector<int32_t> prompt;
   tok->encode(text, prompt);
