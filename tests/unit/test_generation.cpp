@@ -16,39 +16,23 @@
 #include "models/gpt.h"
 #include "models/kv_cache_decoder.h"
 #include "models/sampling.h"
+#include "tests/unit/tiny_models.h"
 
 namespace mt {
 namespace {
 
-ModelConfig tiny_model(bool tie) {
-  ModelConfig m;
-  m.num_layers = 2;
-  m.hidden_size = 16;
-  m.num_heads = 2;
-  m.ffn_hidden_size = 32;
+// The tiny models with a 12-token context and a larger init (0.2, not GPT's 0.02) so the logits differ visibly
+// between tokens.
+ModelConfig generation_context(ModelConfig m) {
   m.seq_length = 12;
   m.max_position_embeddings = 12;
-  m.vocab_size = 40;
-  m.padded_vocab_size = 128;
-  m.head_dim = 8;
-  m.tie_embeddings = tie;
-  m.dropout = 0.f;
-  m.attention_dropout = 0.f;
-  m.init_std = 0.2f;  // larger than GPT's 0.02 so the logits differ visibly between tokens
+  m.init_std = 0.2f;
   return m;
 }
-
-// A tiny Llama: RMSNorm, rotary embeddings, SwiGLU, no biases; `groups` key/value heads for 4 query heads
-// (2: grouped-query, 1: multi-query). The same context as tiny_model's.
+ModelConfig tiny_model(bool tie) { return generation_context(testing_util::tiny_gpt(tie)); }
+// A Llama with `groups` key/value heads for 4 query heads (2: grouped-query, 1: multi-query).
 ModelConfig tiny_llama(int64_t groups, bool tie) {
-  ModelConfig m = tiny_model(tie);
-  m.arch = Arch::llama;
-  m.num_heads = 4;
-  m.head_dim = 4;
-  m.num_query_groups = groups;
-  m.ffn_hidden_size = 24;
-  m.rotary_base = 500;  // not the default, so a wrong theta shows
-  return m;
+  return generation_context(testing_util::tiny_llama(groups, tie, 500));
 }
 
 struct ModelCase {

@@ -10,38 +10,16 @@
 #include "core/optimizer.h"
 #include "core/rng.h"
 #include "models/gpt.h"
+#include "tests/unit/tiny_models.h"
 
 namespace mt {
 namespace {
 
-ModelConfig tiny_model(bool tie = true, Arch arch = Arch::gpt) {
-  ModelConfig m;
-  m.arch = arch;
-  m.num_layers = 2;
-  m.hidden_size = 16;
-  m.num_heads = 2;
-  m.ffn_hidden_size = 32;
-  m.seq_length = 8;
-  m.max_position_embeddings = 8;
-  m.vocab_size = 40;
-  m.padded_vocab_size = 128;
-  m.head_dim = 8;
-  m.tie_embeddings = tie;
-  m.dropout = 0.f;
-  m.attention_dropout = 0.f;
-  return m;
-}
+ModelConfig tiny_model(bool tie = true) { return testing_util::tiny_gpt(tie); }
 
-// A tiny Llama: 4 query heads of 4 sharing 2 key/value heads, SwiGLU, rotary embeddings.
-ModelConfig tiny_llama(bool tie = false) {
-  ModelConfig m = tiny_model(tie, Arch::llama);
-  m.num_heads = 4;
-  m.num_query_groups = 2;
-  m.head_dim = 4;
-  m.ffn_hidden_size = 24;
-  m.rotary_base = 100;  // short sequences: a small base turns every pair noticeably
-  return m;
-}
+// A tiny Llama: 4 query heads of 4 sharing 2 key/value heads; a small rotary base (100) turns every pair
+// noticeably over the short sequences.
+ModelConfig tiny_llama(bool tie = false) { return testing_util::tiny_llama(2, tie, 100); }
 
 void fill_batch(Tensor& tokens, Tensor& targets, int64_t vocab) {
   for (int64_t i = 0; i < tokens.numel(); ++i) {
