@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include "tests/unit/file_text.h"
 #include "app/commands.h"
 #include "core/checkpoint/checkpoint.h"
 #include "core/checkpoint/checkpoint_writer.h"
@@ -57,17 +58,8 @@ std::vector<float> block(const std::vector<float>& all, int64_t K, int64_t r0, i
   return out;
 }
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-void spit(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << text;
-}
+using testing_util::slurp;
+using testing_util::spit;
 
 std::vector<std::string> listing(const std::string& dir) {
   std::vector<std::string> names;

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/unit/file_text.h"
 #include "app/checkpointing.h"
 #include "app/commands.h"
 #include "app/train_state.h"
@@ -29,17 +30,8 @@ using json = nlohmann::json;
 
 namespace {
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-void spit(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << text;
-}
+using testing_util::slurp;
+using testing_util::spit;
 
 template <class F>
 std::string error_of(F&& f) {

@@ -26,6 +26,7 @@
 
 #include <fmt/format.h>
 
+#include "tests/unit/file_text.h"
 #include "app/local_launcher.h"
 
 using namespace mt::app;
@@ -54,12 +55,7 @@ extern "C" void count_sigint(int) { (void)!::write(g_sigint_fd, "int\n", 4); }
   ::_exit(0);
 }();
 
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+std::string slurp(const fs::path& path) { return mt::testing_util::slurp(path.string()); }
 
 bool process_is_gone(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
 
