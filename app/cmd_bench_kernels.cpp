@@ -1,17 +1,25 @@
-// cmd_bench_kernels.cpp: megatrain bench kernels: measures this machine's GEMM rates by shape, causal attention
-// and elementwise bandwidth with megatrain's own ops, and writes the rates file `megatrain plan --rates` reads.
+// cmd_bench_kernels.cpp: megatrain bench kernels: measures this machine's GEMM rates by shape, causal attention by
+// sequence and head dimension, elementwise bandwidth and the per-element cost of the norms, GELU, dropout and
+// cross-entropy with megatrain's own ops (on the CPU also Gloo between two local ranks), and writes the rates
+// file `megatrain plan --rates` reads.
 // On the CPU it measures the reference backend (OpenBLAS); with --device cuda it measures the GPU, and says so
 // and exits with status 77 when no GPU can be used.
 #include <chrono>
+#include <exception>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "app/commands.h"
 #include "core/ops.h"
 #include "core/tensor.h"
+#include "parallel/communicator.h"
+#include "parallel/store.h"
 #include "plan/hardware.h"
 
 #if defined(MEGATRAIN_WITH_CUDA)
@@ -37,26 +45,157 @@ void sync(Device d) {
 #endif
 }
 
-// Seconds per call of `fn`, repeated until min_seconds have passed (after one warm-up call).
+// Seconds per call of `fn`: the fastest of three rounds, each repeated until min_seconds have passed (after one
+// warm-up call). The fastest round is the machine's rate; the others were slowed by whatever else it ran.
 double time_per_call(Device d, double min_seconds, const std::function<void()>& fn) {
   fn();
   sync(d);
-  int calls = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  double elapsed = 0;
-  do {
-    fn();
-    ++calls;
-    sync(d);
-    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  } while (elapsed < min_seconds);
-  return elapsed / calls;
+  double best = std::numeric_limits<double>::infinity();
+  for (int round = 0; round < 3; ++round) {
+    int calls = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    double elapsed = 0;
+    do {
+      fn();
+      ++calls;
+      sync(d);
+      elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } while (elapsed < min_seconds);
+    best = std::min(best, elapsed / calls);
+  }
+  return best;
 }
 
 Tensor filled(Shape shape, DType dtype, Device device, float v) {
   Tensor t = Tensor::empty(std::move(shape), dtype, device);
   fill_(t, v);
   return t;
+}
+
+// Causal attention, forward and backward, at a few sequence lengths and head dimensions, with dropout on the
+// probabilities and without: its rate moves with both (short rows and narrow heads waste the vector units).
+void measure_attention(Device dev, DType dt, double min_seconds, plan::Hardware& hw) {
+  hw.attention_points.clear();
+  const bool cpu = dev == Device::cpu;
+  const int64_t B = 1, H = cpu ? 4 : 16;
+  const std::vector<int64_t> Ts = cpu ? std::vector<int64_t>{64, 256, 1024} : std::vector<int64_t>{512, 2048, 8192};
+  const std::vector<int64_t> Ds = cpu ? std::vector<int64_t>{16, 64, 128} : std::vector<int64_t>{64, 128};
+  double sum_efficiency = 0;
+  for (bool dropout : {false, true})
+    for (int64_t T : Ts)
+      for (int64_t D : Ds) {
+        Tensor qkv = filled({B, T, H, 3, D}, dt, dev, 0.01f), att = Tensor::empty({B, T, H, D}, dt, dev);
+        Tensor lse = Tensor::empty({B, H, T}, DType::f32, dev), datt = filled({B, T, H, D}, dt, dev, 0.01f);
+        Tensor dqkv = Tensor::empty({B, T, H, 3, D}, dt, dev);
+        const AttentionOptions opt{.causal = true, .dropout_p = dropout ? 0.1f : 0.f, .seed = 1, .site = 1};
+        const double s = time_per_call(dev, min_seconds, [&] {
+          attention_forward(qkv, att, lse, opt);
+          attention_backward(qkv, att, lse, datt, dqkv, opt);
+        });
+        // Causal: half of the 4 B H T^2 D of QK^T and PV; the backward counted as 2.5 forwards.
+        const double rate = 3.5 * 2.0 * static_cast<double>(B * H * T * T * D) / s;
+        hw.attention_points.push_back({static_cast<double>(T), static_cast<double>(D), dropout, rate});
+        if (!dropout) sum_efficiency += rate / hw.peak_flops;
+        fmt::print("attention (T {:5d} D {:3d}{}): {:8.2f} GFLOP/s\n", T, D, dropout ? ", dropout 0.1" : "",
+                   rate / 1e9);
+      }
+  hw.attention_efficiency = sum_efficiency / static_cast<double>(Ts.size() * Ds.size());
+}
+
+// Streaming bandwidth (out = a + b over 4M elements), then the ops whose cost is more than their bytes on some
+// devices, per element at a typical activation size (256 rows of 1024).
+void measure_elementwise(Device dev, DType dt, double min_seconds, plan::Hardware& hw) {
+  const int64_t n = int64_t{1} << 22;
+  {
+    Tensor x = filled({n}, dt, dev, 1.f), y = filled({n}, dt, dev, 2.f), z = Tensor::empty({n}, dt, dev);
+    const double s_add = time_per_call(dev, min_seconds, [&] { add(x, y, z); });
+    hw.hbm_bytes_per_s = 3.0 * static_cast<double>(n) * static_cast<double>(dtype_size(dt)) / s_add;
+    hw.elementwise_efficiency = 1.0;
+    fmt::print("elementwise add: {:.2f} GB/s\n", hw.hbm_bytes_per_s / 1e9);
+  }
+  const int64_t R = 256, C = 1024;
+  const double elems = static_cast<double>(R * C);
+  Tensor x = filled({R, C}, dt, dev, 0.5f), dy = filled({R, C}, dt, dev, 0.01f), out = Tensor::empty({R, C}, dt, dev);
+  Tensor dx = Tensor::empty({R, C}, dt, dev), w = filled({C}, dt, dev, 1.f), b = filled({C}, dt, dev, 0.f);
+  Tensor mean = Tensor::empty({R}, DType::f32, dev), rstd = Tensor::empty({R}, DType::f32, dev);
+  Tensor dw = filled({C}, DType::f32, dev, 0.f), db = filled({C}, DType::f32, dev, 0.f);
+  plan::ElementwiseCosts& e = hw.elementwise_costs;
+  auto per_element = [&](const char* what, double& field, double count, const std::function<void()>& fn) {
+    field = time_per_call(dev, min_seconds, fn) / count;
+    fmt::print("{}: {:.2f} ns per element\n", what, field * 1e9);
+  };
+  per_element("layernorm forward", e.norm_forward, elems, [&] { layernorm_forward(x, w, b, out, mean, rstd); });
+  per_element("layernorm backward", e.norm_backward, elems,
+              [&] { layernorm_backward(dy, x, w, mean, rstd, dx, dw, db); });
+  per_element("gelu forward", e.act_forward, elems, [&] { gelu_forward(x, out); });
+  per_element("gelu backward", e.act_backward, elems, [&] { gelu_backward(x, dy, dx); });
+  const DropoutOptions drop{.p = 0.1f, .seed = 1, .site = 1};
+  Tensor x3 = x.view({1, R, C}), dy3 = dy.view({1, R, C}), out3 = out.view({1, R, C}), dx3 = dx.view({1, R, C});
+  per_element("dropout-add forward", e.dropout_forward, elems, [&] { dropout_add(x3, dy3, out3, drop); });
+  per_element("dropout backward", e.dropout_backward, elems, [&] { dropout_backward(dy3, dx3, drop); });
+  // Cross-entropy over (R, C) logits, every target inside.
+  Tensor targets = Tensor::empty({R}, DType::i32, Device::cpu);
+  for (int64_t i = 0; i < R; ++i) targets.data<int32_t>()[i] = static_cast<int32_t>((i * 7) % C);
+  targets = targets.to(dev);
+  Tensor rowmax = Tensor::empty({R}, DType::f32, dev), sumexp = Tensor::empty({R}, DType::f32, dev);
+  Tensor target_logit = Tensor::empty({R}, DType::f32, dev), losses = Tensor::empty({R}, DType::f32, dev);
+  Tensor dloss = filled({R}, DType::f32, dev, 1.f / static_cast<float>(R));
+  per_element("cross-entropy forward", e.cross_entropy_forward, elems, [&] {
+    cross_entropy_rowmax(x, rowmax);
+    cross_entropy_partials(x, targets, rowmax, sumexp, target_logit);
+    cross_entropy_loss(rowmax, sumexp, target_logit, losses);
+  });
+  per_element("cross-entropy backward", e.cross_entropy_backward, elems,
+              [&] { cross_entropy_backward(x, targets, rowmax, sumexp, dloss, dx); });
+}
+
+// Gloo between two ranks of this machine (threads over loopback TCP, as the CPU ranks of one machine talk):
+// the all-reduce time of a small and a large message gives latency and bandwidth (ring of two: bytes / bw +
+// 2 latencies); and the cores the ranks share.
+void measure_gloo(plan::Hardware& hw) {
+  hw.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const std::vector<double> bytes = {16.0 * 1024, 4.0 * 1024 * 1024};
+  std::vector<double> seconds(bytes.size());
+  auto store = make_hash_store();
+  std::vector<std::exception_ptr> errors(2);
+  auto rank_fn = [&](int rank) {
+    try {
+      GlooOptions opt;
+      opt.name = "bench";
+      opt.members = {0, 1};
+      opt.global_rank = rank;
+      opt.timeout = std::chrono::seconds(60);
+      auto comm = make_gloo_communicator(store, opt);
+      for (size_t i = 0; i < bytes.size(); ++i) {
+        // A fixed number of calls on both ranks (a timed loop could end at different counts and hang).
+        Tensor t = filled({static_cast<int64_t>(bytes[i] / 4)}, DType::f32, Device::cpu, 1.f);
+        const int calls = i == 0 ? 100 : 10;
+        double s = std::numeric_limits<double>::infinity();
+        for (int round = 0; round < 3; ++round) {
+          comm->all_reduce(t, ReduceOp::sum)->wait();
+          comm->barrier();
+          const auto t0 = std::chrono::steady_clock::now();
+          for (int c = 0; c < calls; ++c) comm->all_reduce(t, ReduceOp::sum)->wait();
+          s = std::min(s, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / calls);
+        }
+        if (rank == 0) seconds[i] = s;
+      }
+    } catch (...) {
+      errors[static_cast<size_t>(rank)] = std::current_exception();
+    }
+  };
+  std::thread peer(rank_fn, 1);
+  rank_fn(0);
+  peer.join();
+  for (auto& err : errors)
+    if (err) std::rethrow_exception(err);
+  const double bw = (bytes[1] - bytes[0]) / std::max(seconds[1] - seconds[0], 1e-9);
+  const double latency = std::max(0.0, (seconds[0] - bytes[0] / bw) / 2);
+  hw.intra_node_bytes_per_s = hw.inter_node_bytes_per_s = bw;
+  hw.intra_node_latency_s = hw.inter_node_latency_s = latency;
+  hw.collective_efficiency = 1.0;
+  fmt::print("gloo all-reduce between 2 ranks: {:.2f} GB/s, {:.1f} us latency; {} cores\n", bw / 1e9, latency * 1e6,
+             hw.cores);
 }
 
 void run_bench(const BenchArgs& a) {
@@ -100,28 +239,9 @@ void run_bench(const BenchArgs& a) {
   hw.peak_flops = hw.peak_flops_fp32 = best;
   hw.gemm_efficiency = 1.0;
 
-  // Causal attention, forward and backward, (B, T, H, D) = (1, 256, 4, 64) on the CPU, larger on a GPU.
-  const int64_t B = 1, T = dev == Device::cpu ? 256 : 2048, H = dev == Device::cpu ? 4 : 16, D = 64;
-  Tensor qkv = filled({B, T, H, 3, D}, dt, dev, 0.01f), att = Tensor::empty({B, T, H, D}, dt, dev);
-  Tensor lse = Tensor::empty({B, H, T}, DType::f32, dev), datt = filled({B, T, H, D}, dt, dev, 0.01f);
-  Tensor dqkv = Tensor::empty({B, T, H, 3, D}, dt, dev);
-  const AttentionOptions att_opt{.causal = true};
-  const double s_att = time_per_call(dev, a.min_seconds, [&] {
-    attention_forward(qkv, att, lse, att_opt);
-    attention_backward(qkv, att, lse, datt, dqkv, att_opt);
-  });
-  const double att_flops = 3.5 * 2.0 * static_cast<double>(B * H * T * T * D);  // forward + 2.5x backward
-  hw.attention_efficiency = att_flops / s_att / hw.peak_flops;
-  fmt::print("attention (B {} T {} H {} D {}): {:.2f} GFLOP/s ({:.3f} of the best GEMM)\n", B, T, H, D,
-             att_flops / s_att / 1e9, hw.attention_efficiency);
-
-  // Elementwise: out = a + b over 4M elements (two reads, one write).
-  const int64_t n = int64_t{1} << 22;
-  Tensor x = filled({n}, dt, dev, 1.f), y = filled({n}, dt, dev, 2.f), z = Tensor::empty({n}, dt, dev);
-  const double s_add = time_per_call(dev, a.min_seconds, [&] { add(x, y, z); });
-  hw.hbm_bytes_per_s = 3.0 * static_cast<double>(n) * static_cast<double>(dtype_size(dt)) / s_add;
-  hw.elementwise_efficiency = 1.0;
-  fmt::print("elementwise add: {:.2f} GB/s\n", hw.hbm_bytes_per_s / 1e9);
+  measure_attention(dev, dt, a.min_seconds, hw);
+  measure_elementwise(dev, dt, a.min_seconds, hw);
+  if (dev == Device::cpu) measure_gloo(hw);
 
   plan::write_rates(a.output, hw);
   fmt::print("wrote {} (use: megatrain plan --rates {})\n", a.output, a.output);

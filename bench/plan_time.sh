@@ -15,7 +15,7 @@ mapfile -t inputs < <(find /usr/share/common-licenses -type f | sort)
 cat > base.yaml <<'YAML'
 model: {num_layers: 4, hidden_size: 256, num_heads: 8, ffn_hidden_size: 1024, seq_length: 128, vocab_size: 257,
         dropout: 0.1, attention_dropout: 0.1}
-training: {micro_batch_size: 4, global_batch_size: 16, train_iters: 6, precision: fp32, seed: 42, device: cpu}
+training: {micro_batch_size: 4, global_batch_size: 16, train_iters: 9, precision: fp32, seed: 42, device: cpu}
 optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup_iters: 0}
 data: {train: [data/text_document], split: [95, 5, 0]}
 checkpoint: {save_dir: "", load: none}
@@ -29,10 +29,16 @@ layouts=(
   "mid-recompute|1|--set training.recompute=full"
   "wide|1|--set model.hidden_size=512 --set model.ffn_hidden_size=2048 --set model.num_layers=2"
   "long|1|--set model.seq_length=512 --set training.micro_batch_size=1"
+  "llama-mid|1|--set model.arch=llama --set model.num_query_groups=2 --set model.ffn_hidden_size=0 --set model.dropout=0 --set model.attention_dropout=0"
   "mid-tp2|2|--set parallel.tensor=2"
+  "mid-tp2-sp|2|--set parallel.tensor=2 --set parallel.sequence_parallel=true"
   "mid-pp2|2|--set parallel.pipeline=2 --set training.micro_batch_size=2"
+  "mid-pp2-vp2|2|--set parallel.pipeline=2 --set parallel.virtual_pipeline=2 --set training.micro_batch_size=2"
   "mid-dp2|2|"
+  "mid-dp2-zero|2|--set parallel.distributed_optimizer=true"
+  "tiny-dp4|4|--set model.hidden_size=64 --set model.num_heads=4 --set model.ffn_hidden_size=256 --set model.seq_length=64"
 )
+echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf "%-16s %6s %14s %15s %8s\n" layout ranks "measured ms" "predicted ms" error
 for entry in "${layouts[@]}"; do
   IFS='|' read -r name world sets <<<"$entry"
@@ -47,8 +53,9 @@ for entry in "${layouts[@]}"; do
 import json, sys
 name, world, metrics, plan = sys.argv[1:]
 rows = [json.loads(l) for l in open(metrics) if '"ms_per_iter"' in l]
-measured = rows[-1]["ms_per_iter"]  # iterations 4-6: past the first iteration's warm-up
+measured = min(r["ms_per_iter"] for r in rows[1:])  # iterations 4-6 and 7-9: past the warm-up; the less disturbed
 predicted = json.load(open(plan))["time_s"]["total"] * 1e3
 print(f"{name:<16} {world:>6} {measured:>14.1f} {predicted:>15.1f} {100 * (predicted / measured - 1):>7.1f}%")
 PY
 done
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

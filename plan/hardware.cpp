@@ -99,6 +99,14 @@ void for_each_field(Hardware& h, F&& f) {
   f("attention_efficiency", h.attention_efficiency);
   f("elementwise_efficiency", h.elementwise_efficiency);
   f("kernel_overhead_s", h.kernel_overhead_s);
+  f("norm_forward_s_per_element", h.elementwise_costs.norm_forward);
+  f("norm_backward_s_per_element", h.elementwise_costs.norm_backward);
+  f("act_forward_s_per_element", h.elementwise_costs.act_forward);
+  f("act_backward_s_per_element", h.elementwise_costs.act_backward);
+  f("dropout_forward_s_per_element", h.elementwise_costs.dropout_forward);
+  f("dropout_backward_s_per_element", h.elementwise_costs.dropout_backward);
+  f("cross_entropy_forward_s_per_logit", h.elementwise_costs.cross_entropy_forward);
+  f("cross_entropy_backward_s_per_logit", h.elementwise_costs.cross_entropy_backward);
   f("intra_node_bytes_per_s", h.intra_node_bytes_per_s);
   f("intra_node_latency_s", h.intra_node_latency_s);
   f("inter_node_bytes_per_s", h.inter_node_bytes_per_s);
@@ -134,18 +142,28 @@ Hardware read_rates(const std::string& path, Hardware h) {
     } else if (key == "is_gpu") {
       h.is_gpu = kv.second.as<bool>();
       known = true;
-    } else if (key == "gpus_per_node") {
-      h.gpus_per_node = static_cast<int>(number(kv.second, key));
+    } else if (key == "gpus_per_node" || key == "cores") {
+      (key == "cores" ? h.cores : h.gpus_per_node) = static_cast<int>(number(kv.second, key));
       known = true;
-    } else if (key == "gemm_points") {
-      h.gemm_points.clear();
+    } else if (key == "gemm_points" || key == "attention_points") {
+      // [m, n, k, flops_per_s] or [T, D, dropout (0 or 1), flops_per_s]
+      const bool gemm = key == "gemm_points";
+      if (gemm)
+        h.gemm_points.clear();
+      else
+        h.attention_points.clear();
       for (size_t i = 0; i < kv.second.size(); ++i) {
         const YAML::Node& pt = kv.second[i];
-        const std::string where = fmt::format("gemm_points[{}]", i);
+        const std::string where = fmt::format("{}[{}]", key, i);
         if (!pt.IsSequence() || pt.size() != 4)
-          throw std::runtime_error(fmt::format("--rates {}: {}: expected [m, n, k, flops_per_s]", path, where));
-        h.gemm_points.push_back(
-            {number(pt[0], where), number(pt[1], where), number(pt[2], where), number(pt[3], where)});
+          throw std::runtime_error(fmt::format("--rates {}: {}: expected [{}]", path, where,
+                                               gemm ? "m, n, k, flops_per_s" : "T, D, dropout, flops_per_s"));
+        const double a = number(pt[0], where), b = number(pt[1], where), c = number(pt[2], where),
+                     rate = number(pt[3], where);
+        if (gemm)
+          h.gemm_points.push_back({a, b, c, rate});
+        else
+          h.attention_points.push_back({a, b, c != 0, rate});
       }
       known = true;
     } else {
@@ -170,10 +188,15 @@ void write_rates(const std::string& path, const Hardware& hw) {
   out << YAML::Key << "name" << YAML::Value << h.name;
   out << YAML::Key << "is_gpu" << YAML::Value << h.is_gpu;
   out << YAML::Key << "gpus_per_node" << YAML::Value << h.gpus_per_node;
+  out << YAML::Key << "cores" << YAML::Value << h.cores;
   for_each_field(h, [&](const char* name, double& field) { out << YAML::Key << name << YAML::Value << field; });
   out << YAML::Key << "gemm_points" << YAML::Value << YAML::BeginSeq;
   for (const GemmPoint& p : h.gemm_points)
     out << YAML::Flow << YAML::BeginSeq << p.m << p.n << p.k << p.flops_per_s << YAML::EndSeq;
+  out << YAML::EndSeq;
+  out << YAML::Key << "attention_points" << YAML::Value << YAML::BeginSeq;
+  for (const AttentionPoint& p : h.attention_points)
+    out << YAML::Flow << YAML::BeginSeq << p.T << p.D << (p.dropout ? 1 : 0) << p.flops_per_s << YAML::EndSeq;
   out << YAML::EndSeq << YAML::EndMap;
   std::ofstream f(path);
   f << out.c_str() << "\n";
@@ -201,6 +224,18 @@ double gemm_rate(const Hardware& hw, double m, double n, double k, bool fp32) {
     if (dist < best_dist) best_dist = dist, best = &p;
   }
   return best->flops_per_s * curve(hw, m, n, k) / curve(hw, best->m, best->n, best->k);
+}
+
+double attention_rate(const Hardware& hw, double T, double D, bool dropout, bool fp32) {
+  const AttentionPoint* best = nullptr;
+  double best_dist = std::numeric_limits<double>::infinity();
+  for (const AttentionPoint& p : hw.attention_points) {
+    if (p.dropout != dropout) continue;
+    const double dist = std::fabs(std::log(T / p.T)) + std::fabs(std::log(D / p.D));
+    if (dist < best_dist) best_dist = dist, best = &p;
+  }
+  if (best) return best->flops_per_s;
+  return (fp32 ? hw.peak_flops_fp32 : hw.peak_flops) * hw.attention_efficiency;
 }
 
 }  // namespace mt::plan

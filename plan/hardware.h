@@ -12,6 +12,24 @@ struct GemmPoint {
   double flops_per_s = 0;
 };
 
+// One measured causal attention (forward + backward) at sequence T and head dimension D, with dropout on the
+// probabilities or without, and its rate (FLOP/s, counting the backward as 2.5 forwards).
+struct AttentionPoint {
+  double T = 0, D = 0;
+  bool dropout = false;
+  double flops_per_s = 0;
+};
+
+// Seconds per element of the elementwise ops that are not simply bandwidth-bound on every device (the CPU's tanh
+// in GELU, dropout's counter-based random numbers, the norms' row reductions, the softmax's exp), measured by
+// `bench kernels` at a typical activation size. 0 (the built-in GPU tables): bandwidth-bound, bytes alone count.
+struct ElementwiseCosts {
+  double norm_forward = 0, norm_backward = 0;                    // LayerNorm / RMSNorm, per element of (N, C)
+  double act_forward = 0, act_backward = 0;                      // GELU (or SwiGLU), per output element
+  double dropout_forward = 0, dropout_backward = 0;              // residual dropout-add (p > 0) and its backward
+  double cross_entropy_forward = 0, cross_entropy_backward = 0;  // per logit
+};
+
 struct Hardware {
   std::string name;            // "a100-80gb", "cpu", ...
   bool is_gpu = true;          // false: the CPU backend (and its memory model)
@@ -25,9 +43,14 @@ struct Hardware {
   double gemm_efficiency = 0.8;
   double gemm_half_dim = 64;
   std::vector<GemmPoint> gemm_points;
-  double attention_efficiency = 0.5;    // causal flash attention, fraction of peak (forward; backward alike)
-  double elementwise_efficiency = 0.7;  // fraction of hbm_bytes_per_s that norms, dropout and adds reach
-  double kernel_overhead_s = 4e-6;      // per kernel launch (not hidden when kernels are short)
+  double attention_efficiency = 0.5;             // causal flash attention, fraction of peak (forward; backward alike)
+  std::vector<AttentionPoint> attention_points;  // measured; replace the efficiency near their shapes
+  double elementwise_efficiency = 0.7;           // fraction of hbm_bytes_per_s that norms, dropout and adds reach
+  ElementwiseCosts elementwise_costs;
+  double kernel_overhead_s = 4e-6;  // per kernel launch (not hidden when kernels are short)
+  // CPU only: the cores the ranks of one machine share (bench kernels counts them); more ranks than cores
+  // slow every rank's compute by ranks / cores. 0: a device per rank (GPUs).
+  int cores = 0;
   int gpus_per_node = 8;
   double intra_node_bytes_per_s = 0;  // per GPU per direction (NVLink)
   double intra_node_latency_s = 0;
@@ -47,5 +70,8 @@ void write_rates(const std::string& path, const Hardware& hw);
 
 // The GEMM rate for one shape (FLOP/s) under `hw`'s curve and measured points.
 double gemm_rate(const Hardware& hw, double m, double n, double k, bool fp32);
+// The causal attention rate (FLOP/s) at sequence T and head dimension D: the nearest measured point of the
+// same dropout kind (in log space), else attention_efficiency of the peak.
+double attention_rate(const Hardware& hw, double T, double D, bool dropout, bool fp32);
 
 }  // namespace mt::plan

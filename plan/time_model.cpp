@@ -18,6 +18,8 @@ struct Shapes {
   ModelShapes m;  // the architecture's widths on this rank
   double tp, d;
   bool sp, fp32, recompute;
+  bool dropout, attention_dropout;  // residual dropout / dropout on the attention probabilities (p > 0)
+  double oversubscribed = 1;        // CPU ranks per core, when more ranks than cores share a machine
   double N() const { return B * T; }
   double Ns() const { return sp ? N() / tp : N(); }
 };
@@ -54,17 +56,24 @@ class Costs {
   Costs(const Shapes& s, const Hardware& hw, const Link& tp_link) : s(s), hw(hw), tpl(tp_link) {}
 
   double gemm(double m, double n, double k) const {
-    return 2 * m * n * k / gemm_rate(hw, m, n, k, s.fp32) + hw.kernel_overhead_s;
+    return s.oversubscribed * (2 * m * n * k / gemm_rate(hw, m, n, k, s.fp32) + hw.kernel_overhead_s);
   }
   // A forward GEMM (m, n, k) and its two backward GEMMs (input and weight gradients).
   double gemm_bwd(double m, double n, double k) const { return gemm(m, k, n) + gemm(n, k, m); }
-  double elementwise(double bytes, double kernels) const {
+  // An elementwise op over `elements` elements making `passes` passes over memory (reads and writes), whose
+  // measured cost per element is `s_per_element` (0: bandwidth-bound): the slower of the two.
+  double pass(double elements, double passes, double s_per_element) const {
     // The CPU backend widens bf16/fp16 to fp32 around each op: count the wider traffic.
     const double widen = (!hw.is_gpu && s.d != 4) ? 4 / s.d + 1 : 1;
-    return bytes * widen / (hw.hbm_bytes_per_s * hw.elementwise_efficiency) + kernels * hw.kernel_overhead_s;
+    const double by_bytes = elements * passes * s.d * widen / (hw.hbm_bytes_per_s * hw.elementwise_efficiency);
+    return s.oversubscribed * std::max(by_bytes, elements * s_per_element);
   }
-  double attention(double flops) const { return flops / (peak() * hw.attention_efficiency) + hw.kernel_overhead_s; }
-  double peak() const { return s.fp32 ? hw.peak_flops_fp32 : hw.peak_flops; }
+  double launches(double kernels) const { return s.oversubscribed * kernels * hw.kernel_overhead_s; }
+  // Causal attention of `flops` (forward, or backward counted as 2.5 forwards) at this shape's T and D.
+  double attention(double flops) const {
+    return s.oversubscribed *
+           (flops / attention_rate(hw, s.T, s.m.D, s.attention_dropout, s.fp32) + hw.kernel_overhead_s);
+  }
   // One (N, C) activation's collectives over the tensor-parallel group.
   double tp_all_reduce() const { return tpl.all_reduce(s.tp, s.N() * s.m.C * s.d); }
   double tp_gather() const { return tpl.gather(s.tp, s.N() * s.m.C * s.d); }
@@ -73,71 +82,81 @@ class Costs {
   // columns; Llama: gate and up as one 2F/tp-column GEMM) and fc2.
   Parts layer_forward() const {
     const ModelShapes& m = s.m;
-    const double N = s.N(), Ns = s.Ns(), C = m.C, d = s.d;
+    const double N = s.N(), Ns = s.Ns(), C = m.C;
     Parts p;
     p.gemm = gemm(N, m.qkv, C) + gemm(N, C, m.Ct) + gemm(N, m.fc1, C) + gemm(N, C, m.Ft);
     p.attention = attention(2 * s.B * m.Ht * s.T * s.T * m.D);  // QK^T and PV, causal: half of 4 B H T^2 D
-    // Norms (read, write), bias after the reductions, dropout-add (two reads, a write): 14 (Ns, C) passes;
-    // the epilogues of QKV and fc1 (bias, GELU) are fused on GPUs, separate passes on the CPU. Llama has no
-    // epilogues but runs the rotary embeddings on q and k and SwiGLU as passes of their own.
-    double bytes = 14 * Ns * C * d, kernels = 12;
+    // Two norms (read, write), two dropout-adds (two reads, a write), the biases after the reductions: 14
+    // (Ns, C) passes; the epilogues of QKV and fc1 (bias, GELU) are fused on GPUs, separate passes on the
+    // CPU. Llama has no epilogues but runs the rotary embeddings on q and k and SwiGLU as passes of their own.
+    const ElementwiseCosts& e = hw.elementwise_costs;
+    double t = 2 * pass(Ns * C, 2, e.norm_forward) + 2 * pass(Ns * C, 3, s.dropout ? e.dropout_forward : 0) +
+               pass(Ns * C, 4, 0);
+    double kernels = 12;
     if (m.gelu_epilogue) {
-      if (!hw.is_gpu) bytes += 2 * N * m.qkv * d + 4 * N * m.Ft * d;
+      if (!hw.is_gpu) t += pass(N * m.qkv, 2, 0) + pass(N * m.Ft, 2, 0) + pass(N * m.Ft, 2, e.act_forward);
     } else {
-      bytes += 2 * N * (m.qkv - m.Gt * m.D) * d + 3 * N * m.Ft * d;  // rope (q, k read and written), SwiGLU
+      t += pass(N * (m.qkv - m.Gt * m.D), 2, 0) + pass(N * m.Ft, 3, e.act_forward);  // rope on q, k; SwiGLU
       kernels += 2;
     }
-    if (s.sp) bytes += 4 * N * C * d;  // the rank-major permutes around the gathers and reduce-scatters
-    p.elementwise = elementwise(bytes, kernels);
+    if (s.sp) t += pass(N * C, 4, 0);  // the rank-major permutes around the gathers and reduce-scatters
+    p.elementwise = t + launches(kernels);
     if (s.tp > 1) p.tp = s.sp ? 4 * tp_gather() : 2 * tp_all_reduce();
     return p;
   }
   Parts layer_backward() const {
     const ModelShapes& m = s.m;
-    const double N = s.N(), Ns = s.Ns(), C = m.C, d = s.d;
+    const double N = s.N(), Ns = s.Ns(), C = m.C;
     Parts p;
     p.gemm = gemm_bwd(N, m.qkv, C) + gemm_bwd(N, C, m.Ct) + gemm_bwd(N, m.fc1, C) + gemm_bwd(N, C, m.Ft);
     p.attention = attention(2.5 * 2 * s.B * m.Ht * s.T * s.T * m.D);  // flash backward: ~2.5x the forward
-    double bytes = 28 * Ns * C * d, kernels = 20;
+    // Two norm backwards (x, dy, dx and the residual gradient's add), two dropout backwards, the rest of the
+    // 28 (Ns, C) passes (residual adds, bias gradients); on the CPU the GELU backward and the bias gradients of
+    // fc1 and QKV; Llama's inverse rotation on dq, dk and SwiGLU's backward (reads fc1 and dact, writes dfc1).
+    const ElementwiseCosts& e = hw.elementwise_costs;
+    double t = 2 * pass(Ns * C, 4, e.norm_backward) + 2 * pass(Ns * C, 2, s.dropout ? e.dropout_backward : 0) +
+               pass(Ns * C, 16, 0);
+    double kernels = 20;
     if (m.gelu_epilogue) {
-      if (!hw.is_gpu) bytes += 4 * N * m.Ft * d + 2 * N * m.qkv * d;
+      if (!hw.is_gpu) t += pass(N * m.Ft, 3, e.act_backward) + pass(N * m.Ft, 1, 0) + pass(N * m.qkv, 2, 0);
     } else {
-      // The inverse rotation on dq, dk; SwiGLU's backward reads fc1 and dact and writes dfc1.
-      bytes += 2 * N * (m.qkv - m.Gt * m.D) * d + 5 * N * m.Ft * d;
+      t += pass(N * (m.qkv - m.Gt * m.D), 2, 0) + pass(N * m.Ft, 5, e.act_backward);
       kernels += 2;
     }
-    if (s.sp) bytes += 8 * N * C * d;
-    p.elementwise = elementwise(bytes, kernels);
+    if (s.sp) t += pass(N * C, 8, 0);
+    p.elementwise = t + launches(kernels);
     // Without SP: two all-reduces (f backward); with SP: gathers of dmlp, dproj, ln2, ln1 and two
     // reduce-scatters.
     if (s.tp > 1) p.tp = s.sp ? 6 * tp_gather() : 2 * tp_all_reduce();
     return p;
   }
   Parts head_forward() const {
-    const double N = s.N(), Ns = s.Ns(), C = s.m.C, d = s.d, Vt = s.m.Vt;
+    const double N = s.N(), Ns = s.Ns(), C = s.m.C, Vt = s.m.Vt;
     Parts p;
     p.gemm = gemm(N, Vt, C);
-    p.elementwise = elementwise(2 * Ns * C * d + 3 * N * Vt * d, 5);
+    const ElementwiseCosts& e = hw.elementwise_costs;
+    p.elementwise = pass(Ns * C, 2, e.norm_forward) + pass(N * Vt, 3, e.cross_entropy_forward) + launches(5);
     if (s.tp > 1) p.tp = (s.sp ? tp_gather() : 0) + 2 * tpl.all_reduce(s.tp, 2 * N * 4);
     return p;
   }
   Parts head_backward() const {
-    const double N = s.N(), Ns = s.Ns(), C = s.m.C, d = s.d, Vt = s.m.Vt;
+    const double N = s.N(), Ns = s.Ns(), C = s.m.C, Vt = s.m.Vt;
     Parts p;
     p.gemm = gemm_bwd(N, Vt, C);
-    p.elementwise = elementwise(3 * Ns * C * d + 2 * N * Vt * d, 4);
+    const ElementwiseCosts& e = hw.elementwise_costs;
+    p.elementwise = pass(Ns * C, 3, e.norm_backward) + pass(N * Vt, 2, e.cross_entropy_backward) + launches(4);
     if (s.tp > 1) p.tp = s.sp ? tp_gather() : tp_all_reduce();
     return p;
   }
   Parts embedding_forward() const {
     Parts p;
-    p.elementwise = elementwise(4 * s.N() * s.m.C * s.d, 3);
+    p.elementwise = pass(s.N() * s.m.C, 4, 0) + launches(3);
     if (s.tp > 1) p.tp = s.sp ? tp_gather() : tp_all_reduce();
     return p;
   }
   Parts embedding_backward() const {
     Parts p;
-    p.elementwise = elementwise(4 * s.N() * s.m.C * s.d, 3);
+    p.elementwise = pass(s.N() * s.m.C, 4, 0) + launches(3);
     if (s.tp > 1 && s.sp) p.tp = tp_gather();
     return p;
   }
@@ -147,6 +166,13 @@ class Costs {
   const Hardware& hw;
   Link tpl;
 };
+
+// CPU ranks beyond the machine's cores share them: each rank computes that many times slower.
+double cpu_ranks_per_core(const Hardware& hw, int64_t world) {
+  if (hw.is_gpu || hw.cores <= 0) return 1;
+  const double on_machine = static_cast<double>(std::min<int64_t>(world, std::max(1, hw.gpus_per_node)));
+  return std::max(1.0, on_machine / hw.cores);
+}
 
 struct StageCost {
   Parts work;           // one microbatch through all of this stage's chunks, forward and backward
@@ -168,7 +194,10 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
                  .d = static_cast<double>(dtype_size(dtype_of(c.training.precision))),
                  .sp = par.sequence_parallel && tp > 1,
                  .fp32 = c.training.precision == Precision::fp32,
-                 .recompute = c.training.recompute == Recompute::full};
+                 .recompute = c.training.recompute == Recompute::full,
+                 .dropout = m.dropout > 0,
+                 .attention_dropout = m.attention_dropout > 0,
+                 .oversubscribed = cpu_ranks_per_core(hw, par.world_size)};
   const int gpn = std::max(1, hw.gpus_per_node);
   // Ranks: tp fastest, then dp, then pp (parallel/topology). A group stays in a node when its span fits.
   const Costs costs(s, hw, link(hw, tp <= gpn));
@@ -232,7 +261,7 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   double n = 0;
   for (const StageCost& sc : stages) n = std::max(n, sc.params);
   const double dpn = static_cast<double>(dp);
-  const double bw_elem = hw.hbm_bytes_per_s * hw.elementwise_efficiency;
+  const double bw_elem = hw.hbm_bytes_per_s * hw.elementwise_efficiency / s.oversubscribed;
   if (par.distributed_optimizer) {
     t.dp_comm = dp_link.gather(dpn, 4 * n) + dp_link.gather(dpn, s.d * n);
     const double shard = n / dpn;

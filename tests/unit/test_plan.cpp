@@ -17,6 +17,8 @@
 // models/gpt.cpp's model_flops_per_iteration (which test_training checks by hand).
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <fmt/format.h>
 
 #include "core/config/config.h"
@@ -174,6 +176,67 @@ TEST(PlanLlama, Llama3_8bSearchKeepsTheKeyValueHeadsWhole) {
   const std::vector<Prediction> ranked = search(c, 8, h100);
   ASSERT_FALSE(ranked.empty());
   for (const Prediction& r : ranked) EXPECT_EQ(r.config.model.kv_heads() % r.layout.tensor, 0);
+}
+
+}  // namespace
+}  // namespace mt::plan
+
+namespace mt::plan {
+namespace {
+
+// The rates file keeps what `bench kernels` measured: attention by (T, D, dropout), the per-element costs, the
+// cores; and the time model reads them (more per-element cost, slower attention, fewer cores: a slower step).
+TEST(PlanRates, MeasuredAttentionElementwiseAndCoresRoundTripAndMoveThePrediction) {
+  Hardware cpu = builtin_hardware("cpu");
+  cpu.attention_points = {{64, 16, false, 5e9}, {1024, 64, false, 30e9}, {64, 16, true, 4e9}};
+  cpu.elementwise_costs.norm_forward = 3e-9;
+  cpu.elementwise_costs.cross_entropy_backward = 4e-9;
+  cpu.cores = 2;
+  const std::string path = ::testing::TempDir() + "/rates.yaml";
+  write_rates(path, cpu);
+  const Hardware back = read_rates(path, builtin_hardware("h100-80gb"));
+  EXPECT_FALSE(back.is_gpu);
+  EXPECT_EQ(back.cores, 2);
+  ASSERT_EQ(back.attention_points.size(), 3u);
+  EXPECT_TRUE(back.attention_points[2].dropout);
+  EXPECT_DOUBLE_EQ(back.elementwise_costs.norm_forward, 3e-9);
+  EXPECT_DOUBLE_EQ(back.elementwise_costs.cross_entropy_backward, 4e-9);
+
+  // The nearest point of the same dropout kind, in log space; none of that kind: the efficiency curve.
+  EXPECT_DOUBLE_EQ(attention_rate(back, 128, 16, false, true), 5e9);
+  EXPECT_DOUBLE_EQ(attention_rate(back, 2048, 128, false, true), 30e9);
+  EXPECT_DOUBLE_EQ(attention_rate(back, 2048, 128, true, true), 4e9);
+  Hardware no_points = back;
+  no_points.attention_points.clear();
+  EXPECT_DOUBLE_EQ(attention_rate(no_points, 64, 16, false, true), back.peak_flops_fp32 * back.attention_efficiency);
+
+  const Config c = parse_config(
+      "model: {num_layers: 2, hidden_size: 64, num_heads: 4, seq_length: 64, vocab_size: 257}\n"
+      "training: {micro_batch_size: 2, global_batch_size: 8, train_iters: 1, precision: fp32, device: cpu}\n"
+      "optimizer: {lr: 1.0e-3}\ndata: {synthetic: true}\n",
+      "tiny", {}, 4);
+  const double base = predict(c, back).time.total;
+  Hardware slow_norms = back;
+  slow_norms.elementwise_costs.norm_forward = 1e-6;  // far above the bytes' cost
+  EXPECT_GT(predict(c, slow_norms).time.elementwise, predict(c, back).time.elementwise);
+  Hardware one_core = back;
+  one_core.cores = 1;  // four ranks on one core: each computes four times slower than alone
+  const Prediction shared = predict(c, one_core), own = predict(c, back);
+  EXPECT_NEAR(shared.time.compute / own.time.compute, 2.0, 1e-9);  // 4 ranks on 1 core vs on 2 cores
+  EXPECT_GT(shared.time.total, base);
+}
+
+TEST(PlanRates, BadAttentionPointsAreRefusedNamingTheEntry) {
+  const std::string path = ::testing::TempDir() + "/bad-rates.yaml";
+  std::ofstream(path) << "peak_flops: 1e9\nhbm_bytes_per_s: 1e9\nattention_points: [[64, 16, 0]]\n";
+  try {
+    read_rates(path, builtin_hardware("cpu"));
+    FAIL() << "a three-number attention point was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("attention_points[0]: expected [T, D, dropout, flops_per_s]"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
