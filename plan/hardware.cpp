@@ -14,7 +14,10 @@
 // latency per NVLink step and 10 us per InfiniBand step.
 #include "plan/hardware.h"
 
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <utility>
 #include <fstream>
 #include <limits>
 #include <stdexcept>
@@ -226,16 +229,32 @@ double gemm_rate(const Hardware& hw, double m, double n, double k, bool fp32) {
   return best->flops_per_s * curve(hw, m, n, k) / curve(hw, best->m, best->n, best->k);
 }
 
+namespace {
+
+// Piecewise linear in log(x) through (x_i, y_i) sorted by x, constant beyond the ends.
+double interpolate_log(const std::vector<std::pair<double, double>>& xy, double x) {
+  if (x <= xy.front().first) return xy.front().second;
+  if (x >= xy.back().first) return xy.back().second;
+  size_t i = 1;
+  while (xy[i].first < x) ++i;
+  const double f = std::log(x / xy[i - 1].first) / std::log(xy[i].first / xy[i - 1].first);
+  return xy[i - 1].second + f * (xy[i].second - xy[i - 1].second);
+}
+
+}  // namespace
+
 double attention_rate(const Hardware& hw, double T, double D, bool dropout, bool fp32) {
-  const AttentionPoint* best = nullptr;
-  double best_dist = std::numeric_limits<double>::infinity();
-  for (const AttentionPoint& p : hw.attention_points) {
-    if (p.dropout != dropout) continue;
-    const double dist = std::fabs(std::log(T / p.T)) + std::fabs(std::log(D / p.D));
-    if (dist < best_dist) best_dist = dist, best = &p;
+  // Along T for each measured D, then along D between those (the points bench kernels writes form a grid).
+  std::map<double, std::vector<std::pair<double, double>>> by_d;  // D -> (T, rate), sorted by T
+  for (const AttentionPoint& p : hw.attention_points)
+    if (p.dropout == dropout && p.T > 0 && p.D > 0) by_d[p.D].emplace_back(p.T, p.flops_per_s);
+  if (by_d.empty()) return (fp32 ? hw.peak_flops_fp32 : hw.peak_flops) * hw.attention_efficiency;
+  std::vector<std::pair<double, double>> along_d;
+  for (auto& [d, points] : by_d) {
+    std::sort(points.begin(), points.end());
+    along_d.emplace_back(d, interpolate_log(points, T));
   }
-  if (best) return best->flops_per_s;
-  return (fp32 ? hw.peak_flops_fp32 : hw.peak_flops) * hw.attention_efficiency;
+  return interpolate_log(along_d, D);
 }
 
 }  // namespace mt::plan

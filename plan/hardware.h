@@ -70,8 +70,9 @@ void write_rates(const std::string& path, const Hardware& hw);
 
 // The GEMM rate for one shape (FLOP/s) under `hw`'s curve and measured points.
 double gemm_rate(const Hardware& hw, double m, double n, double k, bool fp32);
-// The causal attention rate (FLOP/s) at sequence T and head dimension D: the nearest measured point of the
-// same dropout kind (in log space), else attention_efficiency of the peak.
+// The causal attention rate (FLOP/s) at sequence T and head dimension D: interpolated in log T and log D between
+// the measured points of the same dropout kind (the nearest end's rate beyond them), else attention_efficiency
+// of the peak.
 double attention_rate(const Hardware& hw, double T, double D, bool dropout, bool fp32);
 
 }  // namespace mt::plan

@@ -202,10 +202,16 @@ TEST(PlanRates, MeasuredAttentionElementwiseAndCoresRoundTripAndMoveThePredictio
   EXPECT_DOUBLE_EQ(back.elementwise_costs.norm_forward, 3e-9);
   EXPECT_DOUBLE_EQ(back.elementwise_costs.cross_entropy_backward, 4e-9);
 
-  // The nearest point of the same dropout kind, in log space; none of that kind: the efficiency curve.
-  EXPECT_DOUBLE_EQ(attention_rate(back, 128, 16, false, true), 5e9);
+  // Between points of the same dropout kind, linear in log T and log D; beyond them the end's rate; none of
+  // that kind: the efficiency curve.
+  EXPECT_DOUBLE_EQ(attention_rate(back, 64, 16, false, true), 5e9);
   EXPECT_DOUBLE_EQ(attention_rate(back, 2048, 128, false, true), 30e9);
   EXPECT_DOUBLE_EQ(attention_rate(back, 2048, 128, true, true), 4e9);
+  Hardware grid = back;
+  grid.attention_points = {
+      {256, 64, false, 20e9}, {1024, 64, false, 30e9}, {256, 16, false, 10e9}, {1024, 16, false, 14e9}};
+  EXPECT_NEAR(attention_rate(grid, 512, 64, false, true), 25e9, 1e-3);    // halfway in log T
+  EXPECT_NEAR(attention_rate(grid, 512, 32, false, true), 18.5e9, 1e-3);  // (12 + 25) / 2
   Hardware no_points = back;
   no_points.attention_points.clear();
   EXPECT_DOUBLE_EQ(attention_rate(no_points, 64, 16, false, true), back.peak_flops_fp32 * back.attention_efficiency);
