@@ -4,7 +4,9 @@
 # llama-tiny-sized Llama: RMSNorm, SwiGLU, rotary embeddings, 8 query heads on 4 key/value heads, untied) the
 # training log's "peak memory (MiB)" split of rank 0 (the first pipeline stage) is compared with plan's
 # prediction for that rank kind: every kind within 10% (or 0.011 MiB, the log's rounding) and the total within
-# 5%. The table of every comparison is printed (bench/NOTES.md keeps one).
+# 5%. With pipelining, the log's per-stage totals (the largest rank of each stage, rounded to 0.1 MiB) are
+# compared with plan's middle and last rank kinds too: within 5% (or 0.051 MiB). The table of every comparison
+# is printed (bench/NOTES.md keeps one).
 source "$(dirname "$0")/lib/common.bash"
 prepare_data
 cat > tiny.yaml <<'YAML'
@@ -40,6 +42,7 @@ layouts=(
   "tiny-pp2-vp2|2|--set parallel.pipeline=2 --set parallel.virtual_pipeline=2 --set training.micro_batch_size=2"
   "tiny-dp2|2|"
   "tiny-dp2-zero-bf16|2|--set parallel.distributed_optimizer=true --set training.precision=bf16"
+  "tiny-pp4|4|--set parallel.pipeline=4 --set training.micro_batch_size=2"
   "tiny-tp2-pp2-sp-recompute|4|--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.sequence_parallel=true --set training.recompute=full --set training.micro_batch_size=2"
   "mid-bf16|1|${mid[*]} --set training.precision=bf16"
   "mid-tp2-sp-zero|4|${mid[*]} --set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.distributed_optimizer=true"
@@ -66,14 +69,15 @@ for entry in "${layouts[@]}"; do
   fi
   "$MT" plan --config $cfg "${args[@]}" --world "$world" --gpu cpu --json > plan_$name.json
   line=$(grep -m1 'peak memory (MiB):' $dir/megatrain.log) || fail "$name: no peak memory line in $dir/megatrain.log"
-  echo "$name|$line" >> results.txt
+  stages=$(grep -m1 -o 'per pipeline stage [0-9. |]*' $dir/megatrain.log | sed 's/per pipeline stage //' | tr -d '|') || stages=""
+  echo "$name|$stages|$line" >> results.txt
 done
 python3 - results.txt <<'PY'
 import json, re, sys
 bad = []
 print(f"{'layout':<28} {'kind':<12} {'measured MiB':>13} {'predicted MiB':>14} {'error':>8}")
 for entry in open(sys.argv[1]):
-    name, line = entry.rstrip("\n").split("|", 1)
+    name, stages, line = entry.rstrip("\n").split("|", 2)
     measured = {k: float(v) for k, v in re.findall(r"(\w+) ([0-9.]+)", line.split("):", 1)[1])}
     plan = json.load(open(f"plan_{name}.json"))
     rank = plan["memory"][0]  # the first stage (or the only one): rank 0's
@@ -87,7 +91,16 @@ for entry in open(sys.argv[1]):
         print(f"{name:<28} {kind:<12} {meas:>13.2f} {pred:>14.3f} {100 * err:>7.1f}%{'' if ok else '  FAIL'}")
         if not ok:
             bad.append(f"{name} {kind}: measured {meas:.2f} MiB, predicted {pred:.3f} MiB")
+    # The other pipeline stages' totals (the per-stage line: the largest rank of each stage).
+    per_stage = [float(v) for v in stages.replace("|", " ").split()]
+    for rank in plan["memory"][1:]:
+        meas, pred = per_stage[rank["stage"]], rank["total_bytes"] / 1048576
+        ok = abs(pred - meas) <= max(0.05 * meas, 0.051)
+        print(f"{name:<28} {rank['kind'] + ' total':<12} {meas:>13.2f} {pred:>14.3f} "
+              f"{100 * (pred - meas) / meas:>7.1f}%{'' if ok else '  FAIL'}")
+        if not ok:
+            bad.append(f"{name} {rank['kind']} stage {rank['stage']} total: measured {meas:.1f}, predicted {pred:.3f} MiB")
 if bad:
     sys.exit("FAIL: memory predictions off:\n  " + "\n  ".join(bad))
-print("all kinds within 10% and totals within 5%")
+print("all kinds within 10%, totals within 5%, middle and last stages within 5%")
 PY
