@@ -12,6 +12,9 @@
 
 #include "core/checkpoint/checkpoint.h"
 #include "core/checkpoint/file_io.h"
+#include "core/checkpoint/hf_spm_tokenizer.h"
+#include "core/data/indexed_dataset.h"  // DataError
+#include "core/data/spm_model_proto.h"
 
 namespace mt {
 namespace {
@@ -140,7 +143,10 @@ std::vector<std::string> export_hf_tokenizer(const TokenizerSidecar& sidecar, co
     written.push_back(name);
   };
   std::string eod_text = o.eod_token.empty() ? "<|endoftext|>" : o.eod_token;
-  bool fast = true;  // a tokenizer.json is written
+  // byte, gpt2, hf: every special role is the eod token; a SentencePiece model names its own.
+  int32_t bos_id = eod;
+  std::string bos_text, unk_text, pad_text;
+  bool split_special = false;
   if (o.name == "byte") {
     write("tokenizer.json", dump(byte_tokenizer_json(eod, eod_text)));
   } else if (o.name == "gpt2") {
@@ -164,24 +170,41 @@ std::vector<std::string> export_hf_tokenizer(const TokenizerSidecar& sidecar, co
     }
     write("tokenizer.json", text);
   } else if (o.name == "sentencepiece") {
-    write("tokenizer.model", read_file(o.tokenizer_model, "SentencePiece model"));
-    fast = false;
+    const std::string bytes = read_file(o.tokenizer_model, "SentencePiece model");
+    SpmModelProto m;
+    try {
+      m = parse_spm_model(bytes, o.tokenizer_model);
+    } catch (const DataError& e) {
+      throw CheckpointError(e.what());
+    }
+    if (eod < 0 || eod >= static_cast<int32_t>(m.pieces.size()))
+      throw CheckpointError(fmt::format("{}: the eod id {} is not a piece of the model ({} pieces)", o.tokenizer_model,
+                                        eod, m.pieces.size()));
+    eod_text = m.pieces[eod].piece;
+    const SpmTrainerSpec& t = m.trainer;
+    bos_id = t.bos_id >= 0 ? t.bos_id : eod;
+    bos_text = m.pieces[bos_id].piece;
+    unk_text = m.pieces[t.unk_id].piece;
+    pad_text = t.pad_id >= 0 ? m.pieces[t.pad_id].piece : eod_text;
+    split_special = true;  // "<s>" in a text is text to SentencePiece
+    write("tokenizer.json", dump(spm_tokenizer_json(m, o.tokenizer_model)));
+    write("tokenizer.model", bytes);  // for tools that read the SentencePiece model itself
   } else {
     throw CheckpointError(fmt::format("tokenizer sidecar: kind {} has no Hugging Face export", o.name));
   }
-  if (fast) {
-    json cfg = {{"tokenizer_class", "PreTrainedTokenizerFast"},
-                {"bos_token", eod_text},
-                {"eos_token", eod_text},
-                {"unk_token", eod_text},
-                {"pad_token", eod_text},
-                {"model_max_length", model_max_length},
-                {"clean_up_tokenization_spaces", false}};
-    write("tokenizer_config.json", dump(cfg));
-    json map = {{"bos_token", eod_text}, {"eos_token", eod_text}, {"unk_token", eod_text}, {"pad_token", eod_text}};
-    write("special_tokens_map.json", dump(map));
-  }
-  write("generation_config.json", dump(json{{"bos_token_id", eod}, {"eos_token_id", eod}}));
+  if (bos_text.empty()) bos_text = unk_text = pad_text = eod_text;
+  json cfg = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+              {"bos_token", bos_text},
+              {"eos_token", eod_text},
+              {"unk_token", unk_text},
+              {"pad_token", pad_text},
+              {"model_max_length", model_max_length},
+              {"clean_up_tokenization_spaces", false}};
+  if (split_special) cfg["split_special_tokens"] = true;
+  write("tokenizer_config.json", dump(cfg));
+  json map = {{"bos_token", bos_text}, {"eos_token", eod_text}, {"unk_token", unk_text}, {"pad_token", pad_text}};
+  write("special_tokens_map.json", dump(map));
+  write("generation_config.json", dump(json{{"bos_token_id", bos_id}, {"eos_token_id", eod}}));
   return written;
 }
 

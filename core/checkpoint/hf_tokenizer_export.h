@@ -18,11 +18,13 @@ inline constexpr const char* kCheckpointTokenizerFile = "tokenizer.yaml";
 //                  the eod id an added special token <|endoftext|>)
 //   gpt2:          vocab.json + merges.txt copied, and tokenizer.json built from them (byte-level BPE)
 //   hf:            the tokenizer.json copied
-//   sentencepiece: the .model copied as tokenizer.model (no tokenizer_config.json: no transformers class is
-//                  known to encode exactly as megatrain's SentencePiece tokenizer does)
-// and for the tokenizer.json kinds tokenizer_config.json (PreTrainedTokenizerFast, bos/eos/unk/pad = the eod
-// token, model_max_length) and special_tokens_map.json; for every kind generation_config.json with
-// bos/eos = the eod id. Returns the file names written. Throws CheckpointError naming the file on failure.
+//   sentencepiece: tokenizer.json built from the .model (hf_spm_tokenizer.h: encodes as sentencepiece does,
+//                  up to float32 ties of unigram scores) and the .model copied as tokenizer.model
+// and tokenizer_config.json (PreTrainedTokenizerFast, model_max_length) and special_tokens_map.json: bos/eos/
+// unk/pad all the eod token, except for SentencePiece, whose model names bos, unk and pad (pad: the eod
+// token when it has none) and whose texts keep "<s>" as text (split_special_tokens); generation_config.json
+// with eos = the eod id and bos = the eod id (SentencePiece: the model's bos id, if any). Returns the file
+// names written. Throws CheckpointError naming the file on failure.
 std::vector<std::string> export_hf_tokenizer(const TokenizerSidecar& sidecar, const std::string& out_dir,
                                              int64_t model_max_length);
 

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# `ckpt export --format hf` of a checkpoint trained on SentencePiece-tokenized data writes a tokenizer.json
+# (core/checkpoint/hf_spm_tokenizer.h) that transformers' AutoTokenizer encodes as sentencepiece does: for the
+# BPE and unigram fixtures of tests/data/tokenizer, data prepare the generated corpus (tokenizer_corpus.py:
+# many scripts, emoji, whitespace runs, control characters, invalid UTF-8), train two iterations, export, and
+# compare AutoTokenizer.encode(doc, add_special_tokens=False) with sentencepiece's encode(doc) and with the
+# prepared ids, document by document, and the decoding of those ids (tests/interop/check_spm_export.py).
+# BPE must match exactly; unigram documents that differ only by a float32-vs-float64 tie are counted apart.
+# Where torch is installed too, pipeline("text-generation") on each export continues a prompt with text.
+# Needs sentencepiece, tokenizers and transformers in $TOKENIZERS_VENV or /work/.venv-tok (exits 77 without);
+# torch + transformers from $TRANSFORMERS_VENV or /work/.venv-torch for the pipeline (noted, not failed, without).
+source "$(dirname "$0")/lib/common.bash"
+TOK=${TOKENIZERS_VENV:-/work/.venv-tok}
+if ! "$TOK/bin/python" -c "import sentencepiece, tokenizers, transformers" 2>/dev/null; then
+  echo "SKIP: no Python with sentencepiece, tokenizers and transformers at \$TOKENIZERS_VENV or $TOK"
+  exit 77
+fi
+"$MT" data prepare --help | grep -q "this build has no SentencePiece" && { echo "SKIP: megatrain built without SentencePiece"; exit 77; }
+T="$SRC/tests/data/tokenizer"
+DOCS=${SPM_EXPORT_DOCS:-2000}
+export HF_HUB_OFFLINE=1
+
+python3 - "$SRC/tests/interop" "$DOCS" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[1])
+import tokenizer_corpus
+tokenizer_corpus.write_jsonl("corpus.jsonl", tokenizer_corpus.documents(99, int(sys.argv[2])))
+PY
+write_config
+mkdir -p data
+for kind in bpe unigram; do
+  model="$T/spm-$kind.model"
+  "$MT" data prepare --input corpus.jsonl --output "data/$kind" --tokenizer sentencepiece --tokenizer-model "$model" \
+    --workers 2 >/dev/null
+  rm -rf ckpt hf run
+  "$MT" --config tiny.yaml --set training.train_iters=2 --set optimizer.warmup_iters=1 --set checkpoint.save_dir=ckpt \
+        --set "data.train=[data/$kind]" --set model.vocab_size=auto >/dev/null
+  "$MT" ckpt export ckpt --format hf --output hf >/dev/null
+  for f in tokenizer.json tokenizer_config.json special_tokens_map.json generation_config.json; do
+    [ -f "hf/$f" ] || fail "$kind: the export has no $f"
+  done
+  cmp -s "$model" hf/tokenizer.model || fail "$kind: tokenizer.model is not the training model"
+  eod=$(sed -n 's/^eod: *//p' "data/$kind.tokenizer.yaml")
+  exact=(); [ $kind = bpe ] && exact=(--exact)
+  "$TOK/bin/python" "$SRC/tests/interop/check_spm_export.py" hf "$model" "data/$kind" "$eod" --docs "$DOCS" \
+    "${exact[@]}" || fail "$kind: the exported tokenizer disagrees with sentencepiece"
+
+  TV=${TRANSFORMERS_VENV:-/work/.venv-torch}
+  if "$TV/bin/python" -c "import torch, transformers" 2>/dev/null; then
+    "$TV/bin/python" - "$kind" <<'PY' || fail "$kind: pipeline(\"text-generation\") on the export failed"
+import sys
+from transformers import pipeline
+gen = pipeline("text-generation", model="hf", tokenizer="hf", device="cpu")
+out = gen("Hello, world", max_new_tokens=8, do_sample=False)[0]["generated_text"]
+assert isinstance(out, str) and out.startswith("Hello, world") and len(out) > len("Hello, world"), out
+print(f"spm-{sys.argv[1]}: pipeline('text-generation') on the export: {out!r}")
+PY
+  else
+    echo "spm-$kind: no torch + transformers at $TV: pipeline('text-generation') not checked"
+  fi
+done
+echo "ok"
