@@ -66,12 +66,14 @@ void ByteLevelBpeTokenizer::encode_with(std::string_view raw, std::vector<int32_
   std::string_view text = valid_utf8(raw, c.utf8_scratch);
   c.segments.assign(1, Segment{text, -1});
   added_.cut(c.segments, c.segments_tmp, c.split);
+  out.insert(out.end(), spec_.specials.before.begin(), spec_.specials.before.end());
   for (const Segment& seg : c.segments) {
     if (seg.added_id >= 0)
       out.push_back(seg.added_id);
     else
       encode_text(seg.text, out, c);
   }
+  out.insert(out.end(), spec_.specials.after.begin(), spec_.specials.after.end());
 }
 
 std::string ByteLevelBpeTokenizer::decode(std::span<const int32_t> ids) const {

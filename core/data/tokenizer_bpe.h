@@ -8,6 +8,7 @@
 
 #include "core/data/added_tokens.h"
 #include "core/data/bpe.h"
+#include "core/data/post_processor.h"
 #include "core/data/pretokenizer.h"
 #include "core/data/tokenizer.h"
 
@@ -19,6 +20,7 @@ struct ByteLevelBpeSpec {
   PreTokenizer pre_tokenizer;
   bool add_prefix_space = false;  // ByteLevel's: a piece not starting with ' ' gets one
   std::vector<AddedToken> added;
+  SpecialTemplate specials;  // the post-processor's ids around each text (empty: none, or left out)
   int32_t eod = 0;
   int64_t vocab_size = 0;
   std::vector<std::string> id_bytes;  // id -> the bytes it decodes to (added tokens: their content)

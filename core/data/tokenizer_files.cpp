@@ -214,6 +214,9 @@ std::unique_ptr<Tokenizer> load_hf(const TokenizerOptions& o) {
   }
   spec.model.set_ignore_merges(flag(model, "ignore_merges"));
   load_pre_tokenizer(root.value("pre_tokenizer", json()), where, spec);
+  // Read (and so checked) even when left out: a file with an unsupported post-processor is refused either way.
+  SpecialTemplate specials = load_post_processor(root.value("post_processor", json()), where);
+  if (o.add_special_tokens) spec.specials = std::move(specials);
 
   for (const json& t : root.value("added_tokens", json::array())) {
     AddedToken a;
@@ -228,6 +231,10 @@ std::unique_ptr<Tokenizer> load_hf(const TokenizerOptions& o) {
     max_id = std::max<int64_t>(max_id, a.id);
     spec.added.push_back(std::move(a));
   }
+  for (const auto* ids : {&spec.specials.before, &spec.specials.after})
+    for (int32_t id : *ids)
+      if (id > max_id)
+        throw DataError(fmt::format("{}: post_processor special token id {} is not in the vocabulary", where, id));
   spec.vocab_size = max_id + 1;
   spec.eod = find_eod(o, spec, by_text);
   fill_id_bytes(spec, by_text);

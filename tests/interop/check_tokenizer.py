@@ -2,9 +2,10 @@
 
 For each tokenizer set (the committed fixtures in tests/data/tokenizer and, with --vocab, a larger one trained
 here) and each way of loading it (gpt2: vocab.json + merges.txt; hf: the GPT-2-style and the Llama-3-style
-tokenizer.json), megatrain tokenizes a generated corpus (tokenizer_corpus.py, written as JSON lines, invalid
-UTF-8 included) and the Python package encodes the same documents (invalid UTF-8 decoded with
-errors="replace", add_special_tokens=False) plus the end-of-document id. Every document's ids must agree.
+tokenizer.json, the latter also with Llama-3's post-processor), megatrain tokenizes a generated corpus
+(tokenizer_corpus.py, written as JSON lines, invalid UTF-8 included) and the Python package encodes the same
+documents (invalid UTF-8 decoded with errors="replace"; add_special_tokens=True, the default of both, and False
+where megatrain is given --no-special-tokens) plus the end-of-document id. Every document's ids must agree.
 Usage: check_tokenizer.py MEGATRAIN FIXTURE_DIR WORKDIR [--docs N] [--vocab V] [--workers W]"""
 import argparse
 import json
@@ -26,12 +27,13 @@ def gpt2_from_files(vocab, merges):
 
 
 def compare(name, megatrain, args, reference, eod, corpus, docs, workdir, workers):
+    specials = "--no-special-tokens" not in args
     prefix = os.path.join(workdir, name)
     cmd = [megatrain, "data", "prepare", "--input", corpus, "--output", prefix, "--workers", str(workers)] + args
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     ours = read_indexed(prefix)
     texts = [tokenizer_corpus.as_python_text(d) for d in docs]
-    theirs = [e.ids + [eod] for e in reference.encode_batch(texts, add_special_tokens=False)]
+    theirs = [e.ids + [eod] for e in reference.encode_batch(texts, add_special_tokens=specials)]
     return count_mismatches(name, ours, theirs, texts, "tokenizers", near=reference.decode)
 
 
@@ -56,6 +58,8 @@ def main():
     for label, d in sets:
         vocab, merges = os.path.join(d, "gpt2-vocab.json"), os.path.join(d, "gpt2-merges.txt")
         gpt2_json, llama_json = os.path.join(d, "gpt2-tokenizer.json"), os.path.join(d, "llama3-tokenizer.json")
+        bos_json = os.path.join(d, "llama3-bos-tokenizer.json")
+        llama_eod = Tokenizer.from_file(llama_json).token_to_id("<|end_of_text|>")
         ref = gpt2_from_files(vocab, merges)
         runs = [
             (f"{label}-gpt2", ["--tokenizer", "gpt2", "--vocab-file", vocab, "--merge-file", merges], ref,
@@ -63,7 +67,11 @@ def main():
             (f"{label}-hf-gpt2", ["--tokenizer", "hf", "--tokenizer-file", gpt2_json], Tokenizer.from_file(gpt2_json),
              ref.token_to_id("<|endoftext|>")),
             (f"{label}-hf-llama3", ["--tokenizer", "hf", "--tokenizer-file", llama_json],
-             Tokenizer.from_file(llama_json), Tokenizer.from_file(llama_json).token_to_id("<|end_of_text|>")),
+             Tokenizer.from_file(llama_json), llama_eod),
+            (f"{label}-hf-llama3-bos", ["--tokenizer", "hf", "--tokenizer-file", bos_json],
+             Tokenizer.from_file(bos_json), llama_eod),
+            (f"{label}-hf-llama3-bos-no-specials", ["--tokenizer", "hf", "--tokenizer-file", bos_json,
+                                                    "--no-special-tokens"], Tokenizer.from_file(bos_json), llama_eod),
         ]
         # ByteLevel's add_prefix_space, which the committed files leave off.
         spec = json.load(open(gpt2_json, encoding="utf-8"))

@@ -5,6 +5,8 @@
   llama3-tokenizer.json               Llama-3-style: Split(Llama-3 regex, Isolated) + ByteLevel(use_regex=False),
                                       special tokens, added tokens (normalized, single_word, lstrip, rstrip),
                                       ignore_merges, [a, b] merges
+  llama3-bos-tokenizer.json           the same with Llama-3's post-processor: Sequence[ByteLevel, TemplateProcessing
+                                      "<|begin_of_text|> $A"], which puts BOS before every encoded text
 Usage: train_tokenizers.py OUTDIR [VOCAB_SIZE]"""
 import json
 import os
@@ -13,7 +15,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tokenizer_corpus  # noqa: E402
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
 
 LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -64,6 +66,17 @@ def main(outdir, vocab_size):
     spec = json.loads(llama.to_str())
     spec["model"]["ignore_merges"] = True
     with open(os.path.join(outdir, "llama3-tokenizer.json"), "w") as f:
+        json.dump(spec, f, ensure_ascii=False)
+
+    # As Meta's Llama-3 tokenizer.json has it (ByteLevel there only trims offsets).
+    bos = "<|begin_of_text|>"
+    llama.post_processor = processors.Sequence([
+        processors.ByteLevel(add_prefix_space=True, trim_offsets=False, use_regex=True),
+        processors.TemplateProcessing(single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+                                      special_tokens=[(bos, llama.token_to_id(bos))])])
+    spec = json.loads(llama.to_str())
+    spec["model"]["ignore_merges"] = True
+    with open(os.path.join(outdir, "llama3-bos-tokenizer.json"), "w") as f:
         json.dump(spec, f, ensure_ascii=False)
 
 

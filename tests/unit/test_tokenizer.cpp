@@ -127,6 +127,56 @@ TEST(Tokenizer, HfLlama3StyleTokenizerJsonMatchesHuggingFace) {
   EXPECT_EQ(make_tokenizer(o)->eod(), 4);
 }
 
+// Llama-3's post-processor (TemplateProcessing "<|begin_of_text|> $A") puts BOS before every text by default, as
+// tokenizers' encode(add_special_tokens=True) and Megatron's HuggingFaceTokenizer.tokenize do; without the
+// specials the ids are the file's without a post-processor.
+TEST(Tokenizer, HfPostProcessorAddsBosUnlessLeftOut) {
+  auto tok = make_tokenizer(hf_file(fixture("llama3-bos-tokenizer.json")));
+  EXPECT_EQ(tok->vocab_size(), 404);
+  EXPECT_EQ(tok->eod(), 1);
+  expect_golden(*tok, "hf-llama3-bos");  // every line starts with 0, <|begin_of_text|>
+  std::vector<int32_t> empty;
+  tok->encode("", empty);
+  EXPECT_EQ(empty, (std::vector<int32_t>{0}));
+  TokenizerOptions plain = hf_file(fixture("llama3-bos-tokenizer.json"));
+  plain.add_special_tokens = false;
+  expect_golden(*make_tokenizer(plain), "hf-llama3");
+}
+
+TEST(Tokenizer, HfPostProcessorIsRecordedInTheSidecar) {
+  TempDir dir;
+  for (bool specials : {true, false}) {
+    PrepareOptions opt;
+    opt.inputs = {fixture("corpus.jsonl")};
+    opt.output_prefix = dir / (specials ? "with" : "without");
+    opt.tokenizer = hf_file(fixture("llama3-bos-tokenizer.json"));
+    opt.tokenizer.add_special_tokens = specials;
+    prepare_dataset(opt);
+    const auto sidecar = read_tokenizer_sidecar(opt.output_prefix);
+    ASSERT_TRUE(sidecar);
+    EXPECT_EQ(sidecar->tokenizer.add_special_tokens, specials);
+    IndexedDataset ds(opt.output_prefix);
+    std::vector<int32_t> first(static_cast<size_t>(ds.sequence_lengths()[0]));
+    ds.read(0, 0, first);
+    EXPECT_EQ(first.front() == 0, specials);  // <|begin_of_text|>
+    EXPECT_EQ(first.back(), 1);               // <|end_of_text|> still ends the document
+  }
+  // A sidecar written before the post-processor was applied has no add_special_tokens: its ids have none.
+  std::ofstream(dir / "old.tokenizer.yaml") << "kind: hf\nfiles:\n  tokenizer_file: /x.json\nvocab_size: 404\neod: 1\n";
+  EXPECT_FALSE(read_tokenizer_sidecar(dir / "old")->tokenizer.add_special_tokens);
+  // The command line's --no-special-tokens.
+  const std::string out = dir / "cli", in = fixture("corpus.jsonl"), file = fixture("llama3-bos-tokenizer.json");
+  CLI::App app("megatrain");
+  app::add_data_commands(app);
+  std::vector<const char*> argv = {
+      "megatrain", "data",        "prepare", "--input",          in.c_str(),   "--output",
+      out.c_str(), "--tokenizer", "hf",      "--tokenizer-file", file.c_str(), "--no-special-tokens"};
+  testing::internal::CaptureStdout();
+  app.parse(static_cast<int>(argv.size()), argv.data());
+  testing::internal::GetCapturedStdout();
+  EXPECT_FALSE(read_tokenizer_sidecar(out)->tokenizer.add_special_tokens);
+}
+
 TEST(Tokenizer, InvalidUtf8BecomesReplacementCharactersLikePython) {
   const std::string fffd = "\xEF\xBF\xBD";
   struct Case {
@@ -207,6 +257,14 @@ TEST(Tokenizer, RefusesWhatItDoesNotImplementByName) {
   expect_refused(
       hf_file(edited_fixture(dir, "gpt2-tokenizer.json", "\"byte_fallback\": false", "\"byte_fallback\": true")),
       "byte_fallback");
+  expect_refused(hf_file(edited_fixture(dir, "gpt2-tokenizer.json", "\"post_processor\": null",
+                                        "\"post_processor\": {\"type\": \"RobertaProcessing\"}")),
+                 "post_processor 'RobertaProcessing' is not supported");
+  expect_refused(hf_file(edited_fixture(dir, "llama3-bos-tokenizer.json", "\"ids\": [0]", "\"ids\": [9999]")),
+                 "post_processor special token id 9999");
+  expect_refused(hf_file(edited_fixture(dir, "llama3-bos-tokenizer.json", "{\"Sequence\": {\"id\": \"A\"",
+                                        "{\"Sequence\": {\"id\": \"B\"")),
+                 "TemplateProcessing: the single template names sequence 'B'");
   TokenizerOptions eod = hf_file(fixture("llama3-tokenizer.json"));
   eod.eod_token = "<|nope|>";
   expect_refused(eod, "--eod-token '<|nope|>'");
