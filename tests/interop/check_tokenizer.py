@@ -52,7 +52,14 @@ def main():
     sets = [("fixture", a.fixtures)]
     if a.vocab:
         big = os.path.join(a.workdir, f"vocab{a.vocab}")
-        train_tokenizers.main(big, a.vocab)
+        spm_model = None
+        try:  # a larger SentencePiece BPE for the Llama-2-style files, when the package is here
+            import train_sentencepiece
+            train_sentencepiece.main(big, a.vocab)
+            spm_model = os.path.join(big, "spm-bpe.model")
+        except ImportError:
+            pass
+        train_tokenizers.main(big, a.vocab, spm_model)
         sets.append((f"vocab{a.vocab}", big))
     total = [0, 0, 0]
     for label, d in sets:
@@ -73,6 +80,32 @@ def main():
             (f"{label}-hf-llama3-bos-no-specials", ["--tokenizer", "hf", "--tokenizer-file", bos_json,
                                                     "--no-special-tokens"], Tokenizer.from_file(bos_json), llama_eod),
         ]
+        # SentencePiece-style BPE (train_tokenizers.spm_bpe_files): Llama-2's legacy normalizer, Metaspace with each
+        # prepend_scheme and split.
+        if os.path.exists(os.path.join(d, "llama2-tokenizer.json")):
+            llama2 = os.path.join(d, "llama2-tokenizer.json")
+            runs.append((f"{label}-hf-llama2", ["--tokenizer", "hf", "--tokenizer-file", llama2],
+                         Tokenizer.from_file(llama2), Tokenizer.from_file(llama2).token_to_id("</s>")))
+            runs.append((f"{label}-hf-llama2-no-specials", ["--tokenizer", "hf", "--tokenizer-file", llama2,
+                                                            "--no-special-tokens"], Tokenizer.from_file(llama2), Tokenizer.from_file(llama2).token_to_id("</s>")))
+            # Without byte_fallback: characters outside the vocabulary are <unk>, runs of them one with fuse_unk.
+            spec = json.load(open(llama2, encoding="utf-8"))
+            for fuse in (True, False):
+                spec["model"].update(byte_fallback=False, fuse_unk=fuse)
+                path = os.path.join(a.workdir, f"{label}-llama2-unk-{fuse}.json")
+                with open(path, "w", encoding="utf-8") as f:
+                    json.dump(spec, f, ensure_ascii=False)
+                runs.append((f"{label}-hf-llama2-unk{'-fused' if fuse else ''}",
+                             ["--tokenizer", "hf", "--tokenizer-file", path], Tokenizer.from_file(path),
+                             Tokenizer.from_file(path).token_to_id("</s>")))
+            meta = json.load(open(os.path.join(d, "llama2-metaspace-tokenizer.json"), encoding="utf-8"))
+            for scheme, split in [("first", False), ("always", True), ("never", True), ("first", True)]:
+                meta["pre_tokenizer"].update(prepend_scheme=scheme, split=split)
+                path = os.path.join(a.workdir, f"{label}-metaspace-{scheme}-{split}.json")
+                with open(path, "w", encoding="utf-8") as f:
+                    json.dump(meta, f, ensure_ascii=False)
+                runs.append((f"{label}-hf-llama2-metaspace-{scheme}{'-split' if split else ''}",
+                             ["--tokenizer", "hf", "--tokenizer-file", path], Tokenizer.from_file(path), Tokenizer.from_file(path).token_to_id("</s>")))
         # ByteLevel's add_prefix_space, which the committed files leave off.
         spec = json.load(open(gpt2_json, encoding="utf-8"))
         spec["pre_tokenizer"]["add_prefix_space"] = True

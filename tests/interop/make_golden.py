@@ -3,7 +3,7 @@
 it, invalid UTF-8 included) and the ids
 Hugging Face's `tokenizers` gives each document (expected-<name>.txt: one line per document, ids separated by
 spaces, no end-of-document id; invalid UTF-8 decoded with errors="replace"; add_special_tokens=True, the
-default, which only the tokenizers with a post-processor (llama3-bos) are affected by).
+default, which only the tokenizers with a post-processor (llama3-bos, llama2*) are affected by).
 tests/unit/test_tokenizer.cpp checks megatrain against these files on every build.
 Usage: make_golden.py OUTDIR"""
 import os
@@ -29,6 +29,8 @@ def main(outdir):
         "hf-gpt2": Tokenizer.from_file(os.path.join(outdir, "gpt2-tokenizer.json")),
         "hf-llama3": Tokenizer.from_file(os.path.join(outdir, "llama3-tokenizer.json")),
         "hf-llama3-bos": Tokenizer.from_file(os.path.join(outdir, "llama3-bos-tokenizer.json")),
+        "hf-llama2": Tokenizer.from_file(os.path.join(outdir, "llama2-tokenizer.json")),
+        "hf-llama2-metaspace": Tokenizer.from_file(os.path.join(outdir, "llama2-metaspace-tokenizer.json")),
     }
     for name, tok in refs.items():
         with open(os.path.join(outdir, f"expected-{name}.txt"), "w") as f:

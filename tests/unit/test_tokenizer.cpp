@@ -177,6 +177,33 @@ TEST(Tokenizer, HfPostProcessorIsRecordedInTheSidecar) {
   EXPECT_FALSE(read_tokenizer_sidecar(out)->tokenizer.add_special_tokens);
 }
 
+// SentencePiece-style BPE tokenizer.json (transformers' LlamaConverter layout, made from spm-bpe.model by
+// train_tokenizers.py): characters as first symbols, byte fallback, <s> added by the post-processor. The legacy
+// normalizer (Prepend + Replace) and the Metaspace pre-tokenizer, whose prepend_scheme "first" puts no "▁" after an
+// added token (golden ids from tokenizers 0.23.3).
+TEST(Tokenizer, HfSentencePieceStyleBpeMatchesHuggingFace) {
+  auto legacy = make_tokenizer(hf_file(fixture("llama2-tokenizer.json")));
+  EXPECT_EQ(legacy->vocab_size(), 600);
+  EXPECT_EQ(legacy->eod(), 2);  // </s>
+  expect_golden(*legacy, "hf-llama2");
+  auto meta = make_tokenizer(hf_file(fixture("llama2-metaspace-tokenizer.json")));
+  expect_golden(*meta, "hf-llama2-metaspace");
+  std::vector<int32_t> a, b;
+  legacy->encode("a</s>b c", a);
+  meta->encode("a</s>b c", b);
+  EXPECT_EQ(a, (std::vector<int32_t>{1, 316, 315, 2, 316, 354, 316, 343}));
+  EXPECT_EQ(b, (std::vector<int32_t>{1, 316, 315, 2, 354, 316, 343}));
+  for (const auto* tok : {legacy.get(), meta.get()}) {
+    TokenizerOptions o =
+        hf_file(fixture(tok == legacy.get() ? "llama2-tokenizer.json" : "llama2-metaspace-tokenizer.json"));
+    o.add_special_tokens = false;
+    const std::string text = "Hi  there, caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x99\x82\tend";
+    std::vector<int32_t> ids;
+    make_tokenizer(o)->encode(text, ids);
+    EXPECT_EQ(tok->decode(ids), text);  // "▁" as spaces, <0xAB> as bytes, the prepended space stripped
+  }
+}
+
 TEST(Tokenizer, InvalidUtf8BecomesReplacementCharactersLikePython) {
   const std::string fffd = "\xEF\xBF\xBD";
   struct Case {
@@ -257,6 +284,15 @@ TEST(Tokenizer, RefusesWhatItDoesNotImplementByName) {
   expect_refused(
       hf_file(edited_fixture(dir, "gpt2-tokenizer.json", "\"byte_fallback\": false", "\"byte_fallback\": true")),
       "byte_fallback");
+  expect_refused(
+      hf_file(edited_fixture(dir, "llama2-tokenizer.json", "\"type\": \"Prepend\"", "\"type\": \"Precompiled\"")),
+      "normalizer 'Precompiled' is not supported");
+  expect_refused(hf_file(edited_fixture(dir, "llama2-metaspace-tokenizer.json", "\"prepend_scheme\": \"first\"",
+                                        "\"prepend_scheme\": \"sometimes\"")),
+                 "Metaspace prepend_scheme 'sometimes'");
+  expect_refused(hf_file(edited_fixture(dir, "llama2-metaspace-tokenizer.json", "\"type\": \"Metaspace\"",
+                                        "\"type\": \"WhitespaceSplit\"")),
+                 "pre_tokenizer 'WhitespaceSplit' is not supported");
   expect_refused(hf_file(edited_fixture(dir, "gpt2-tokenizer.json", "\"post_processor\": null",
                                         "\"post_processor\": {\"type\": \"RobertaProcessing\"}")),
                  "post_processor 'RobertaProcessing' is not supported");
