@@ -41,6 +41,11 @@ void add_data_commands(CLI::App& root) {
   prepare->add_option("--eod-token", prep->tokenizer.eod_token,
                       "hf: the end-of-document token's text (default: <|endoftext|>, <|end_of_text|>, </s> or "
                       "<eos>, whichever is a special token); sentencepiece: a piece (default: the model's eos)");
+  prepare->add_flag(
+      "--no-special-tokens", [prep](int64_t) { prep->tokenizer.add_special_tokens = false; },
+      "hf: leave out the special tokens tokenizer.json's post-processor puts around each document (e.g. Llama-3's "
+      "<|begin_of_text|>); by default they are added, as Megatron's HuggingFaceTokenizer and the tokenizers "
+      "package's encode do. Recorded in PREFIX.tokenizer.yaml");
   prepare->add_option("--workers", prep->workers, "Tokenizing threads (documents keep their order)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);

@@ -43,11 +43,6 @@ AddedTokenMatcher::AddedTokenMatcher(const std::vector<AddedToken>& tokens) {
   }
 }
 
-void AddedTokenMatcher::cut(std::vector<Segment>& segments, std::vector<Segment>& tmp, SplitScratch& scratch) const {
-  cut_pass(raw_, segments, tmp, scratch);
-  cut_pass(normalized_, segments, tmp, scratch);
-}
-
 void AddedTokenMatcher::cut_pass(const Pass& pass, std::vector<Segment>& segments, std::vector<Segment>& tmp,
                                  SplitScratch& scratch) const {
   if (pass.empty) return;

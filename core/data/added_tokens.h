@@ -1,6 +1,6 @@
 // added_tokens.h: cutting Hugging Face's added and special tokens out of the raw text before pre-tokenization,
 // as its AddedVocabulary does: two passes (tokens with normalized=false, then normalized=true, matched on the
-// same text since no normalizer is supported), leftmost-longest matches, single_word / lstrip / rstrip.
+// normalized text when the tokenizer has a normalizer), leftmost-longest matches, single_word / lstrip / rstrip.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -32,8 +32,15 @@ class AddedTokenMatcher {
  public:
   explicit AddedTokenMatcher(const std::vector<AddedToken>& tokens);  // keeps pointers into `tokens`
   bool empty() const { return raw_.empty && normalized_.empty; }
-  // Replaces `segments` (initially the whole text as one ordinary segment) with the cut pieces.
-  void cut(std::vector<Segment>& segments, std::vector<Segment>& tmp, SplitScratch& scratch) const;
+  // Replaces `segments` (initially the whole text as one ordinary segment) with the cut pieces: the tokens with
+  // normalized=false (cut_raw, on the raw text), then those with normalized=true (cut_normalized, on the
+  // normalizer's output of each ordinary piece).
+  void cut_raw(std::vector<Segment>& segments, std::vector<Segment>& tmp, SplitScratch& scratch) const {
+    cut_pass(raw_, segments, tmp, scratch);
+  }
+  void cut_normalized(std::vector<Segment>& segments, std::vector<Segment>& tmp, SplitScratch& scratch) const {
+    cut_pass(normalized_, segments, tmp, scratch);
+  }
 
  private:
   struct Pass {

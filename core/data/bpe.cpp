@@ -3,6 +3,7 @@
 #include "core/data/bpe.h"
 
 #include <array>
+#include <cstdio>
 #include <queue>
 
 namespace mt {
@@ -64,6 +65,17 @@ bool BpeModel::add_merge(const std::string& left, const std::string& right) {
   return true;
 }
 
+void BpeModel::set_char_symbols(bool byte_fallback, bool fuse_unk) {
+  char_symbols_ = true;
+  fuse_unk_ = fuse_unk;
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    const auto id = byte_fallback ? find(name) : std::nullopt;
+    fallback_id_[b] = id ? *id : -1;
+  }
+}
+
 std::optional<int32_t> BpeModel::find(std::string_view bytes) const {
   auto it = vocab_.find(bytes);
   if (it == vocab_.end()) return std::nullopt;
@@ -85,10 +97,37 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
   };
   std::vector<Symbol> sym;
   sym.reserve(word.size());
-  for (char ch : word) {
+  if (char_symbols_) {
+    // Hugging Face's merge_word: a pending unknown is written only before the next vocabulary character or at the
+    // end (byte-fallback tokens do not flush it).
+    std::optional<int32_t> unk;
+    for (size_t i = 0; i < word.size();) {
+      const auto lead = static_cast<unsigned char>(word[i]);
+      const size_t len = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+      const std::string_view ch = word.substr(i, len);
+      i += len;
+      if (auto id = find(ch)) {
+        if (unk) sym.push_back({*unk, 0, 0, true});
+        unk.reset();
+        sym.push_back({*id, 0, 0, true});
+        continue;
+      }
+      bool all = true;
+      for (char b : ch) all = all && fallback_id_[static_cast<unsigned char>(b)] >= 0;
+      if (all) {
+        for (char b : ch) sym.push_back({fallback_id_[static_cast<unsigned char>(b)], 0, 0, true});
+        continue;
+      }
+      if (!unk_) continue;
+      if (unk && !fuse_unk_) sym.push_back({*unk, 0, 0, true});
+      unk = unk_;
+    }
+    if (unk) sym.push_back({*unk, 0, 0, true});
+  }
+  for (char ch : char_symbols_ ? std::string_view() : word) {
     const int32_t id = byte_id_init_ ? byte_id_[static_cast<unsigned char>(ch)] : -1;
     if (id < 0) {
-      if (unk_) sym.push_back({*unk_, 0, 0, true});  // fuse_unk is refused at load time
+      if (unk_) sym.push_back({*unk_, 0, 0, true});  // byte-level: fuse_unk is refused at load time
       continue;
     }
     sym.push_back({id, 0, 0, true});

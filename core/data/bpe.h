@@ -28,11 +28,16 @@ class BpeModel {
   // left, right or left+right is not in the vocabulary.
   bool add_merge(const std::string& left, const std::string& right);
   void set_unk(std::optional<int32_t> id) { unk_ = id; }
+  // SentencePiece-style BPE (Llama-2, Mistral): the first symbols are the word's UTF-8 characters, looked up as
+  // vocabulary entries, not its bytes. A character that is none becomes its bytes as the <0xAB> tokens when
+  // byte_fallback and all of them exist, else the unknown token (runs of them one token with fuse_unk). Call
+  // after the vocabulary is complete.
+  void set_char_symbols(bool byte_fallback, bool fuse_unk);
   void set_ignore_merges(bool on) { ignore_merges_ = on; }
 
   std::optional<int32_t> find(std::string_view bytes) const;
-  // Appends the ids of one word (raw bytes). Bytes without a token become the unknown id when there is one and
-  // are dropped otherwise, as Hugging Face's BPE does.
+  // Appends the ids of one word (raw bytes; valid UTF-8 with char symbols). Symbols without a token become the
+  // unknown id when there is one and are dropped otherwise, as Hugging Face's BPE does.
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
 
  private:
@@ -48,6 +53,8 @@ class BpeModel {
   int32_t byte_id_[256];                                                         // -1: the byte alone is not a token
   bool byte_id_init_ = false;
   std::unordered_map<uint64_t, Merge> merges_;  // (left id, right id) -> rank and result
+  bool char_symbols_ = false, fuse_unk_ = false;
+  int32_t fallback_id_[256];  // char symbols with byte_fallback: the id of <0xAB> (-1: none, or no fallback)
   std::optional<int32_t> unk_;
   bool ignore_merges_ = false;
 };

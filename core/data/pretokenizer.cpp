@@ -151,6 +151,32 @@ bool CharTest::at(std::string_view text, size_t pos, SplitScratch& scratch) cons
   return rc > 0;
 }
 
+void Metaspace::apply(std::string_view text, bool at_start, std::string& out,
+                      std::vector<std::string_view>& pieces) const {
+  out.clear();
+  pieces.clear();
+  if (text.empty()) return;
+  const bool starts = text[0] == ' ' || text.substr(0, replacement.size()) == replacement;
+  if (!starts && (prepend == Prepend::always || (prepend == Prepend::first && at_start))) out += replacement;
+  for (char c : text) {
+    if (c == ' ')
+      out += replacement;
+    else
+      out += c;
+  }
+  if (!split) {
+    pieces.push_back(out);
+    return;
+  }
+  // MergedWithNext: each replacement begins a piece.
+  size_t begin = 0;
+  for (size_t at = out.find(replacement, 1); at != std::string::npos; at = out.find(replacement, at + 1)) {
+    pieces.push_back(std::string_view(out).substr(begin, at - begin));
+    begin = at;
+  }
+  pieces.push_back(std::string_view(out).substr(begin));
+}
+
 void PreTokenizer::split(std::string_view text, std::vector<std::string_view>& pieces,
                          std::vector<std::string_view>& tmp, SplitScratch& scratch) const {
   pieces.clear();

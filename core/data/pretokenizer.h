@@ -61,6 +61,18 @@ class CharTest {
 extern const char* const kWhiteSpaceClass;
 extern const char* const kRustWordClass;
 
+// Hugging Face's Metaspace pre-tokenizer (SentencePiece-style BPE): spaces become the replacement ("▁"), which is
+// also put before the text (prepend_scheme "always"; "first": only before the text's first piece, i.e. not after
+// an added token; "never"), unless it starts with one; with `split`, a piece starts at every replacement.
+struct Metaspace {
+  enum class Prepend { always, first, never };
+  std::string replacement = "\xE2\x96\x81";  // U+2581
+  Prepend prepend = Prepend::always;
+  bool split = true;
+  // `out` = the replaced text; `pieces` = views into out. `at_start`: text begins the original input.
+  void apply(std::string_view text, bool at_start, std::string& out, std::vector<std::string_view>& pieces) const;
+};
+
 // A sequence of splits: every step splits every piece of the step before.
 class PreTokenizer {
  public:

@@ -60,6 +60,9 @@ struct TokenizerOptions {
   std::string tokenizer_file;   // hf: a Hugging Face tokenizer.json
   std::string tokenizer_model;  // sentencepiece: a SentencePiece .model file
   std::string eod_token;        // hf, sentencepiece: the end-of-document token's text (default: the known eos)
+  // hf: apply tokenizer.json's post-processor (e.g. Llama-3's <|begin_of_text|> before each text), as
+  // tokenizers' encode (add_special_tokens=True) and Megatron's HuggingFaceTokenizer.tokenize do.
+  bool add_special_tokens = true;
 };
 
 // Megatron's rule: uint16 below 65500 ids, int32 from there.

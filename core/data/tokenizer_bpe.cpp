@@ -17,10 +17,10 @@ constexpr size_t kCacheEntries = 1 << 20;
 struct BpeCache final : EncodeCache {
   SplitScratch split;
   std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> words;
-  std::string utf8_scratch, prefixed;
+  std::string utf8_scratch, prefixed, norm_a, norm_b, meta;
   std::vector<std::string_view> pieces, pieces_tmp;
   std::vector<int32_t> word_ids;
-  std::vector<Segment> segments, segments_tmp;
+  std::vector<Segment> segments, segments_tmp, parts, parts_tmp;
 };
 
 }  // namespace
@@ -29,16 +29,21 @@ ByteLevelBpeTokenizer::ByteLevelBpeTokenizer(ByteLevelBpeSpec spec) : spec_(std:
 
 std::unique_ptr<EncodeCache> ByteLevelBpeTokenizer::make_cache() const { return std::make_unique<BpeCache>(); }
 
-void ByteLevelBpeTokenizer::encode_text(std::string_view text, std::vector<int32_t>& out, EncodeCache& base) const {
+void ByteLevelBpeTokenizer::encode_text(std::string_view text, bool at_start, std::vector<int32_t>& out,
+                                        EncodeCache& base) const {
   auto& cache = static_cast<BpeCache&>(base);
-  if (spec_.add_prefix_space && !text.empty() && text[0] != ' ') {
+  if (spec_.metaspace) {
+    spec_.metaspace->apply(text, at_start, cache.meta, cache.pieces);
+  } else if (spec_.add_prefix_space && !text.empty() && text[0] != ' ') {
     cache.prefixed.resize(text.size() + 1);
     cache.prefixed[0] = ' ';
     text.copy(cache.prefixed.data() + 1, text.size());
     text = cache.prefixed;
   }
-  spec_.pre_tokenizer.split(text, cache.pieces, cache.pieces_tmp, cache.split);
-  if (spec_.pre_tokenizer.num_steps() == 0 && !text.empty()) cache.pieces.assign(1, text);
+  if (!spec_.metaspace) {
+    spec_.pre_tokenizer.split(text, cache.pieces, cache.pieces_tmp, cache.split);
+    if (spec_.pre_tokenizer.num_steps() == 0 && !text.empty()) cache.pieces.assign(1, text);
+  }
   for (std::string_view word : cache.pieces) {
     if (word.size() > kCachedWordBytes) {
       spec_.model.encode_word(word, out);
@@ -65,13 +70,27 @@ void ByteLevelBpeTokenizer::encode_with(std::string_view raw, std::vector<int32_
   // Invalid UTF-8 becomes U+FFFD first, as Python's errors="replace" decoding would make it (utf8.h).
   std::string_view text = valid_utf8(raw, c.utf8_scratch);
   c.segments.assign(1, Segment{text, -1});
-  added_.cut(c.segments, c.segments_tmp, c.split);
+  added_.cut_raw(c.segments, c.segments_tmp, c.split);
+  out.insert(out.end(), spec_.specials.before.begin(), spec_.specials.before.end());
   for (const Segment& seg : c.segments) {
-    if (seg.added_id >= 0)
+    if (seg.added_id >= 0) {
       out.push_back(seg.added_id);
-    else
-      encode_text(seg.text, out, c);
+      continue;
+    }
+    // Normalized per piece between raw added tokens, then cut at the normalized=true added tokens.
+    const std::string_view norm = spec_.normalizer.apply(seg.text, c.norm_a, c.norm_b);
+    c.parts.assign(1, Segment{norm, -1});
+    added_.cut_normalized(c.parts, c.parts_tmp, c.split);
+    // Metaspace's "first": whether the piece begins the input (its original offset is 0).
+    const bool seg_at_start = seg.text.data() == text.data();
+    for (const Segment& part : c.parts) {
+      if (part.added_id >= 0)
+        out.push_back(part.added_id);
+      else
+        encode_text(part.text, seg_at_start && part.text.data() == norm.data(), out, c);
+    }
   }
+  out.insert(out.end(), spec_.specials.after.begin(), spec_.specials.after.end());
 }
 
 std::string ByteLevelBpeTokenizer::decode(std::span<const int32_t> ids) const {
@@ -83,6 +102,7 @@ std::string ByteLevelBpeTokenizer::decode(std::span<const int32_t> ids) const {
     else
       s += "\xEF\xBF\xBD";  // U+FFFD
   }
+  if (spec_.decode_strips_space && !s.empty() && s[0] == ' ') s.erase(0, 1);
   return s;
 }
 

@@ -1,13 +1,18 @@
-// tokenizer_bpe.h: a byte-level BPE tokenizer as Hugging Face's tokenizers runs one: added tokens are cut
-// out of the raw text first, the rest is pre-tokenized (regex splits), each piece is BPE-encoded on its
-// bytes (cached per word). The loaders for GPT-2's files and tokenizer.json build it (tokenizer_files.cpp).
+// tokenizer_bpe.h: a BPE tokenizer as Hugging Face's tokenizers runs one: added tokens are cut out of the raw
+// text first, the rest is normalized, pre-tokenized (regex splits, or Metaspace), each piece is BPE-encoded
+// (cached per word) on its bytes (byte-level: GPT-2, Llama-3) or on its characters with byte fallback
+// (SentencePiece-style: Llama-2, Mistral), and the post-processor's special tokens go around the whole. The
+// loaders for GPT-2's files and tokenizer.json build it (tokenizer_files.cpp).
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "core/data/added_tokens.h"
 #include "core/data/bpe.h"
+#include "core/data/normalizer.h"
+#include "core/data/post_processor.h"
 #include "core/data/pretokenizer.h"
 #include "core/data/tokenizer.h"
 
@@ -16,12 +21,16 @@ namespace mt {
 struct ByteLevelBpeSpec {
   std::string name;  // "gpt2" or "hf"
   BpeModel model;
+  Normalizer normalizer;
   PreTokenizer pre_tokenizer;
-  bool add_prefix_space = false;  // ByteLevel's: a piece not starting with ' ' gets one
+  std::optional<Metaspace> metaspace;  // instead of pre_tokenizer (SentencePiece-style)
+  bool add_prefix_space = false;       // ByteLevel's: a piece not starting with ' ' gets one
   std::vector<AddedToken> added;
+  SpecialTemplate specials;  // the post-processor's ids around each text (empty: none, or left out)
   int32_t eod = 0;
   int64_t vocab_size = 0;
   std::vector<std::string> id_bytes;  // id -> the bytes it decodes to (added tokens: their content)
+  bool decode_strips_space = false;   // the decoder drops one leading space (the one the normalizer prepended)
 };
 
 class ByteLevelBpeTokenizer final : public Tokenizer {
@@ -36,7 +45,7 @@ class ByteLevelBpeTokenizer final : public Tokenizer {
   std::string decode(std::span<const int32_t> ids) const override;
 
  private:
-  void encode_text(std::string_view text, std::vector<int32_t>& out, EncodeCache& cache) const;
+  void encode_text(std::string_view text, bool at_start, std::vector<int32_t>& out, EncodeCache& cache) const;
 
   ByteLevelBpeSpec spec_;
   AddedTokenMatcher added_;

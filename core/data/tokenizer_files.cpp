@@ -1,10 +1,12 @@
-// tokenizer_files.cpp: builds the byte-level BPE tokenizer from GPT-2's vocab.json + merges.txt (Megatron's
-// GPT2BPETokenizer) or from a Hugging Face tokenizer.json. Anything in tokenizer.json that would change the
+// tokenizer_files.cpp: builds the BPE tokenizer from GPT-2's vocab.json + merges.txt (Megatron's
+// GPT2BPETokenizer) or from a Hugging Face tokenizer.json: byte-level (a ByteLevel pre-tokenizer: GPT-2, Llama-3)
+// or SentencePiece-style (symbols are characters, byte_fallback: Llama-2, Mistral). Anything in tokenizer.json that would change the
 // ids and is not implemented here is refused, naming the component, rather than silently ignored.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -34,9 +36,10 @@ json parse_json(const std::string& path, const std::string& text) {
   }
 }
 
-// Fills the model's vocabulary from a {token: id} object; returns the largest id.
+// Fills the model's vocabulary from a {token: id} object; returns the largest id. Byte-level entries are written
+// with GPT-2's byte-to-character map; SentencePiece-style entries are the text itself.
 int64_t load_vocab(const json& vocab, const std::string& where, BpeModel& model,
-                   std::unordered_map<std::string, int32_t>& by_text) {
+                   std::unordered_map<std::string, int32_t>& by_text, bool byte_level = true) {
   if (!vocab.is_object()) throw DataError(fmt::format("{}: the vocabulary is not a JSON object", where));
   int64_t max_id = -1;
   for (const auto& [text, id] : vocab.items()) {
@@ -46,24 +49,48 @@ int64_t load_vocab(const json& vocab, const std::string& where, BpeModel& model,
     by_text[text] = i;
     max_id = std::max<int64_t>(max_id, i);
     // Entries that are not byte-level text (added tokens listed in the vocab) are never produced by merges.
-    if (auto bytes = byte_level_decode(text)) model.add_token(std::move(*bytes), i);
+    if (!byte_level)
+      model.add_token(text, i);
+    else if (auto bytes = byte_level_decode(text))
+      model.add_token(std::move(*bytes), i);
   }
   return max_id;
 }
 
 // id -> bytes for decoding: vocabulary entries as byte-level text decodes them (others, e.g. added tokens listed
 // in the vocabulary, as their text), then the added tokens' content.
-void fill_id_bytes(ByteLevelBpeSpec& spec, const std::unordered_map<std::string, int32_t>& by_text) {
+// SentencePiece-style: "▁" is a space and <0xAB> (with byte_fallback) the byte, as the usual decoder
+// (Replace, ByteFallback, Fuse) makes them.
+std::string sentencepiece_piece_bytes(const std::string& text, bool byte_fallback) {
+  unsigned byte = 0;
+  char tail = 0;
+  if (byte_fallback && text.size() == 6 && std::sscanf(text.c_str(), "<0x%2X%c", &byte, &tail) == 2 && tail == '>')
+    return std::string(1, static_cast<char>(byte));
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text.compare(i, 3, "\xE2\x96\x81") == 0) {
+      out += ' ';
+      i += 2;
+    } else {
+      out += text[i];
+    }
+  }
+  return out;
+}
+
+void fill_id_bytes(ByteLevelBpeSpec& spec, const std::unordered_map<std::string, int32_t>& by_text,
+                   bool byte_level = true, bool byte_fallback = false) {
   spec.id_bytes.assign(static_cast<size_t>(spec.vocab_size), std::string());
   for (const auto& [text, id] : by_text) {
-    auto bytes = byte_level_decode(text);
+    auto bytes = byte_level ? byte_level_decode(text) : sentencepiece_piece_bytes(text, byte_fallback);
     spec.id_bytes[static_cast<size_t>(id)] = bytes ? std::move(*bytes) : text;
   }
   for (const AddedToken& t : spec.added) spec.id_bytes[static_cast<size_t>(t.id)] = t.content;
 }
 
-void add_merge(BpeModel& model, const std::string& left, const std::string& right, const std::string& where) {
-  auto l = byte_level_decode(left), r = byte_level_decode(right);
+void add_merge(BpeModel& model, const std::string& left, const std::string& right, const std::string& where,
+               bool byte_level = true) {
+  auto l = byte_level ? byte_level_decode(left) : left, r = byte_level ? byte_level_decode(right) : right;
   if (!l || !r || !model.add_merge(*l, *r))
     throw DataError(fmt::format("{}: merge '{} {}' uses a token that is not in the vocabulary", where, left, right));
 }
@@ -149,6 +176,57 @@ void load_pre_tokenizer(const json& j, const std::string& where, ByteLevelBpeSpe
   add_byte_level(steps.back(), where, false, spec);
 }
 
+bool mentions_byte_level(const json& pre_tokenizer) {
+  if (type_of(pre_tokenizer) == "ByteLevel") return true;
+  for (const json& step : pre_tokenizer.is_object() ? pre_tokenizer.value("pretokenizers", json::array()) : json())
+    if (type_of(step) == "ByteLevel") return true;
+  return false;
+}
+
+// SentencePiece-style: no pre-tokenizer (the normalizer has put in the "▁"s), or Metaspace.
+void load_sentencepiece_pre_tokenizer(const json& j, const std::string& where, ByteLevelBpeSpec& spec) {
+  if (j.is_null()) return;
+  if (type_of(j) != "Metaspace")
+    throw DataError(
+        fmt::format("{}: pre_tokenizer '{}' is not supported (ByteLevel, a Sequence of Split steps ending in "
+                    "ByteLevel, or for a BPE without ByteLevel: Metaspace or none)",
+                    where, type_of(j)));
+  Metaspace m;
+  m.replacement = j.value("replacement", m.replacement);
+  if (m.replacement.empty() || m.replacement.find(' ') != std::string::npos)
+    throw DataError(fmt::format("{}: pre_tokenizer Metaspace has an unusable replacement '{}'", where, m.replacement));
+  m.split = !j.contains("split") || flag(j, "split");
+  const std::string scheme = j.contains("prepend_scheme") ? j.value("prepend_scheme", "?")
+                             : !j.contains("add_prefix_space") || flag(j, "add_prefix_space") ? "always"
+                                                                                              : "never";
+  if (scheme == "always")
+    m.prepend = Metaspace::Prepend::always;
+  else if (scheme == "first")
+    m.prepend = Metaspace::Prepend::first;
+  else if (scheme == "never")
+    m.prepend = Metaspace::Prepend::never;
+  else
+    throw DataError(
+        fmt::format("{}: pre_tokenizer Metaspace prepend_scheme '{}' is not always, first or never", where, scheme));
+  spec.metaspace = std::move(m);
+}
+
+// Whether the decoder drops the leading space the normalizer or Metaspace put in (Strip with start >= 1, or a
+// Metaspace decoder that prepends).
+bool decoder_strips_space(const json& d) {
+  const std::string t = type_of(d);
+  if (t == "Sequence") {
+    for (const json& step : d.value("decoders", json::array()))
+      if (decoder_strips_space(step)) return true;
+    return false;
+  }
+  if (t == "Strip") return d.value("start", 0) >= 1 && d.value("content", "") == " ";
+  if (t == "Metaspace")
+    return d.contains("prepend_scheme") ? d.value("prepend_scheme", "") != "never"
+                                        : !d.contains("add_prefix_space") || flag(d, "add_prefix_space");
+  return false;
+}
+
 int32_t find_eod(const TokenizerOptions& o, const ByteLevelBpeSpec& spec,
                  const std::unordered_map<std::string, int32_t>& by_text) {
   if (!o.eod_token.empty()) {
@@ -178,22 +256,21 @@ std::unique_ptr<Tokenizer> load_hf(const TokenizerOptions& o) {
   const json root = parse_json(where, read_file(where));
   const json& model = root.value("model", json());
   if (type_of(model) != "BPE" && !(model.is_object() && !model.contains("type") && model.contains("merges")))
-    throw DataError(fmt::format("{}: model '{}' is not supported (only byte-level BPE)", where, type_of(model)));
-  if (!root.value("normalizer", json()).is_null())
-    throw DataError(fmt::format("{}: normalizer '{}' is not supported (byte-level BPE tokenizers have none)", where,
-                                type_of(root["normalizer"])));
+    throw DataError(fmt::format("{}: model '{}' is not supported (only BPE)", where, type_of(model)));
+  const bool byte_level = mentions_byte_level(root.value("pre_tokenizer", json()));
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix", "dropout"})
     if (model.contains(key) && !model[key].is_null() &&
         !(model[key].is_string() && model[key].get<std::string>().empty()))
       throw DataError(fmt::format("{}: BPE option {} is not supported", where, key));
-  if (flag(model, "byte_fallback") || flag(model, "fuse_unk"))
+  if (byte_level && (flag(model, "byte_fallback") || flag(model, "fuse_unk")))
     throw DataError(fmt::format("{}: BPE option {} is not supported (a SentencePiece-style BPE, not byte-level)", where,
                                 flag(model, "byte_fallback") ? "byte_fallback" : "fuse_unk"));
 
   ByteLevelBpeSpec spec;
   spec.name = "hf";
+  spec.normalizer = load_normalizer(root.value("normalizer", json()), where);
   std::unordered_map<std::string, int32_t> by_text;
-  int64_t max_id = load_vocab(model.value("vocab", json()), where, spec.model, by_text);
+  int64_t max_id = load_vocab(model.value("vocab", json()), where, spec.model, by_text, byte_level);
   int64_t index = 0;
   for (const json& m : model.value("merges", json::array())) {
     const std::string at = fmt::format("{}: merges[{}]", where, index++);
@@ -201,9 +278,9 @@ std::unique_ptr<Tokenizer> load_hf(const TokenizerOptions& o) {
       const std::string s = m.get<std::string>();
       const size_t space = s.find(' ');
       if (space == std::string::npos) throw DataError(fmt::format("{}: '{}' is not two tokens", at, s));
-      add_merge(spec.model, s.substr(0, space), s.substr(space + 1), at);
+      add_merge(spec.model, s.substr(0, space), s.substr(space + 1), at, byte_level);
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {  // ["a", "b"]
-      add_merge(spec.model, m[0].get<std::string>(), m[1].get<std::string>(), at);
+      add_merge(spec.model, m[0].get<std::string>(), m[1].get<std::string>(), at, byte_level);
     } else {
       throw DataError(fmt::format("{}: a merge is \"a b\" or [\"a\", \"b\"]", at));
     }
@@ -213,7 +290,16 @@ std::unique_ptr<Tokenizer> load_hf(const TokenizerOptions& o) {
     if (it != by_text.end()) spec.model.set_unk(it->second);
   }
   spec.model.set_ignore_merges(flag(model, "ignore_merges"));
-  load_pre_tokenizer(root.value("pre_tokenizer", json()), where, spec);
+  if (byte_level) {
+    load_pre_tokenizer(root.value("pre_tokenizer", json()), where, spec);
+  } else {
+    spec.model.set_char_symbols(flag(model, "byte_fallback"), flag(model, "fuse_unk"));
+    load_sentencepiece_pre_tokenizer(root.value("pre_tokenizer", json()), where, spec);
+    spec.decode_strips_space = decoder_strips_space(root.value("decoder", json()));
+  }
+  // Read (and so checked) even when left out: a file with an unsupported post-processor is refused either way.
+  SpecialTemplate specials = load_post_processor(root.value("post_processor", json()), where);
+  if (o.add_special_tokens) spec.specials = std::move(specials);
 
   for (const json& t : root.value("added_tokens", json::array())) {
     AddedToken a;
@@ -228,9 +314,13 @@ std::unique_ptr<Tokenizer> load_hf(const TokenizerOptions& o) {
     max_id = std::max<int64_t>(max_id, a.id);
     spec.added.push_back(std::move(a));
   }
+  for (const auto* ids : {&spec.specials.before, &spec.specials.after})
+    for (int32_t id : *ids)
+      if (id > max_id)
+        throw DataError(fmt::format("{}: post_processor special token id {} is not in the vocabulary", where, id));
   spec.vocab_size = max_id + 1;
   spec.eod = find_eod(o, spec, by_text);
-  fill_id_bytes(spec, by_text);
+  fill_id_bytes(spec, by_text, byte_level, flag(model, "byte_fallback"));
   return std::make_unique<ByteLevelBpeTokenizer>(std::move(spec));
 }
 

@@ -46,6 +46,7 @@ std::string tokenizer_sidecar_yaml(const TokenizerOptions& options, const Tokeni
   });
   out << YAML::EndMap;
   if (!o.eod_token.empty()) out << YAML::Key << "eod_token" << YAML::Value << o.eod_token;
+  if (o.name == "hf") out << YAML::Key << "add_special_tokens" << YAML::Value << o.add_special_tokens;
   out << YAML::Key << "vocab_size" << YAML::Value << tokenizer.vocab_size();
   out << YAML::Key << "eod" << YAML::Value << tokenizer.eod();
   out << YAML::EndMap;
@@ -74,6 +75,8 @@ std::optional<TokenizerSidecar> read_tokenizer_sidecar_file(const std::string& p
         if (files[key]) file = files[key].as<std::string>();
       });
     if (root["eod_token"]) s.tokenizer.eod_token = root["eod_token"].as<std::string>();
+    // Sidecars from before the post-processor was applied do not have it: their ids have no specials added.
+    s.tokenizer.add_special_tokens = root["add_special_tokens"] && root["add_special_tokens"].as<bool>();
     s.vocab_size = root["vocab_size"].as<int64_t>();
     s.eod = root["eod"].as<int32_t>();
   } catch (const YAML::Exception& e) {

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `data prepare --tokenizer gpt2|hf` gives exactly the ids of Hugging Face's tokenizers on every document of a
 # generated corpus (many scripts, emoji, whitespace and control characters, invalid UTF-8, long words), for the
-# committed fixture tokenizers and a larger one trained here; --workers 1 and 3 write identical files.
+# committed fixture tokenizers and a larger one trained here (byte-level: GPT-2, Llama-3 with and without its
+# BOS post-processor; SentencePiece-style: Llama-2's legacy normalizer, Metaspace variants, unk without byte
+# fallback); --workers 1 and 3 write identical files.
 # `--tokenizer sentencepiece` gives exactly the Python sentencepiece package's ids on the same corpus, for the
 # committed BPE and unigram models and two larger ones trained here.
 # Needs the `tokenizers` and `sentencepiece` packages in a venv: $TOKENIZERS_VENV, or build/tokenizer-venv
@@ -25,7 +27,7 @@ if "$VENV/bin/python" -c "import tokenizers" 2>/dev/null; then
   done
   cmp w1.bin w3.bin && cmp w1.idx w3.idx || fail "--workers 3 wrote other bytes than --workers 1"
   expect_error "not supported" data prepare --input check/corpus.jsonl --output x --tokenizer hf \
-    --tokenizer-file <(sed 's/"type": "ByteLevel"/"type": "Metaspace"/' "$T/gpt2-tokenizer.json")
+    --tokenizer-file <(sed 's/"type": "ByteLevel"/"type": "Whitespace"/' "$T/gpt2-tokenizer.json")
   expect_error "merge-file" data prepare --input check/corpus.jsonl --output x --tokenizer gpt2 --vocab-file "$T/gpt2-vocab.json"
   ran=1
 else

@@ -2,9 +2,10 @@
 
 For each tokenizer set (the committed fixtures in tests/data/tokenizer and, with --vocab, a larger one trained
 here) and each way of loading it (gpt2: vocab.json + merges.txt; hf: the GPT-2-style and the Llama-3-style
-tokenizer.json), megatrain tokenizes a generated corpus (tokenizer_corpus.py, written as JSON lines, invalid
-UTF-8 included) and the Python package encodes the same documents (invalid UTF-8 decoded with
-errors="replace", add_special_tokens=False) plus the end-of-document id. Every document's ids must agree.
+tokenizer.json, the latter also with Llama-3's post-processor), megatrain tokenizes a generated corpus
+(tokenizer_corpus.py, written as JSON lines, invalid UTF-8 included) and the Python package encodes the same
+documents (invalid UTF-8 decoded with errors="replace"; add_special_tokens=True, the default of both, and False
+where megatrain is given --no-special-tokens) plus the end-of-document id. Every document's ids must agree.
 Usage: check_tokenizer.py MEGATRAIN FIXTURE_DIR WORKDIR [--docs N] [--vocab V] [--workers W]"""
 import argparse
 import json
@@ -26,12 +27,13 @@ def gpt2_from_files(vocab, merges):
 
 
 def compare(name, megatrain, args, reference, eod, corpus, docs, workdir, workers):
+    specials = "--no-special-tokens" not in args
     prefix = os.path.join(workdir, name)
     cmd = [megatrain, "data", "prepare", "--input", corpus, "--output", prefix, "--workers", str(workers)] + args
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     ours = read_indexed(prefix)
     texts = [tokenizer_corpus.as_python_text(d) for d in docs]
-    theirs = [e.ids + [eod] for e in reference.encode_batch(texts, add_special_tokens=False)]
+    theirs = [e.ids + [eod] for e in reference.encode_batch(texts, add_special_tokens=specials)]
     return count_mismatches(name, ours, theirs, texts, "tokenizers", near=reference.decode)
 
 
@@ -50,12 +52,21 @@ def main():
     sets = [("fixture", a.fixtures)]
     if a.vocab:
         big = os.path.join(a.workdir, f"vocab{a.vocab}")
-        train_tokenizers.main(big, a.vocab)
+        spm_model = None
+        try:  # a larger SentencePiece BPE for the Llama-2-style files, when the package is here
+            import train_sentencepiece
+            train_sentencepiece.main(big, a.vocab)
+            spm_model = os.path.join(big, "spm-bpe.model")
+        except ImportError:
+            pass
+        train_tokenizers.main(big, a.vocab, spm_model)
         sets.append((f"vocab{a.vocab}", big))
     total = [0, 0, 0]
     for label, d in sets:
         vocab, merges = os.path.join(d, "gpt2-vocab.json"), os.path.join(d, "gpt2-merges.txt")
         gpt2_json, llama_json = os.path.join(d, "gpt2-tokenizer.json"), os.path.join(d, "llama3-tokenizer.json")
+        bos_json = os.path.join(d, "llama3-bos-tokenizer.json")
+        llama_eod = Tokenizer.from_file(llama_json).token_to_id("<|end_of_text|>")
         ref = gpt2_from_files(vocab, merges)
         runs = [
             (f"{label}-gpt2", ["--tokenizer", "gpt2", "--vocab-file", vocab, "--merge-file", merges], ref,
@@ -63,8 +74,38 @@ def main():
             (f"{label}-hf-gpt2", ["--tokenizer", "hf", "--tokenizer-file", gpt2_json], Tokenizer.from_file(gpt2_json),
              ref.token_to_id("<|endoftext|>")),
             (f"{label}-hf-llama3", ["--tokenizer", "hf", "--tokenizer-file", llama_json],
-             Tokenizer.from_file(llama_json), Tokenizer.from_file(llama_json).token_to_id("<|end_of_text|>")),
+             Tokenizer.from_file(llama_json), llama_eod),
+            (f"{label}-hf-llama3-bos", ["--tokenizer", "hf", "--tokenizer-file", bos_json],
+             Tokenizer.from_file(bos_json), llama_eod),
+            (f"{label}-hf-llama3-bos-no-specials", ["--tokenizer", "hf", "--tokenizer-file", bos_json,
+                                                    "--no-special-tokens"], Tokenizer.from_file(bos_json), llama_eod),
         ]
+        # SentencePiece-style BPE (train_tokenizers.spm_bpe_files): Llama-2's legacy normalizer, Metaspace with each
+        # prepend_scheme and split.
+        if os.path.exists(os.path.join(d, "llama2-tokenizer.json")):
+            llama2 = os.path.join(d, "llama2-tokenizer.json")
+            runs.append((f"{label}-hf-llama2", ["--tokenizer", "hf", "--tokenizer-file", llama2],
+                         Tokenizer.from_file(llama2), Tokenizer.from_file(llama2).token_to_id("</s>")))
+            runs.append((f"{label}-hf-llama2-no-specials", ["--tokenizer", "hf", "--tokenizer-file", llama2,
+                                                            "--no-special-tokens"], Tokenizer.from_file(llama2), Tokenizer.from_file(llama2).token_to_id("</s>")))
+            # Without byte_fallback: characters outside the vocabulary are <unk>, runs of them one with fuse_unk.
+            spec = json.load(open(llama2, encoding="utf-8"))
+            for fuse in (True, False):
+                spec["model"].update(byte_fallback=False, fuse_unk=fuse)
+                path = os.path.join(a.workdir, f"{label}-llama2-unk-{fuse}.json")
+                with open(path, "w", encoding="utf-8") as f:
+                    json.dump(spec, f, ensure_ascii=False)
+                runs.append((f"{label}-hf-llama2-unk{'-fused' if fuse else ''}",
+                             ["--tokenizer", "hf", "--tokenizer-file", path], Tokenizer.from_file(path),
+                             Tokenizer.from_file(path).token_to_id("</s>")))
+            meta = json.load(open(os.path.join(d, "llama2-metaspace-tokenizer.json"), encoding="utf-8"))
+            for scheme, split in [("first", False), ("always", True), ("never", True), ("first", True)]:
+                meta["pre_tokenizer"].update(prepend_scheme=scheme, split=split)
+                path = os.path.join(a.workdir, f"{label}-metaspace-{scheme}-{split}.json")
+                with open(path, "w", encoding="utf-8") as f:
+                    json.dump(meta, f, ensure_ascii=False)
+                runs.append((f"{label}-hf-llama2-metaspace-{scheme}{'-split' if split else ''}",
+                             ["--tokenizer", "hf", "--tokenizer-file", path], Tokenizer.from_file(path), Tokenizer.from_file(path).token_to_id("</s>")))
         # ByteLevel's add_prefix_space, which the committed files leave off.
         spec = json.load(open(gpt2_json, encoding="utf-8"))
         spec["pre_tokenizer"]["add_prefix_space"] = True

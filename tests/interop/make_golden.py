@@ -2,7 +2,8 @@
 (corpus.jsonl: every fragment of tokenizer_corpus.py, then 37 documents of at most 400 bytes from
 it, invalid UTF-8 included) and the ids
 Hugging Face's `tokenizers` gives each document (expected-<name>.txt: one line per document, ids separated by
-spaces, no end-of-document id; invalid UTF-8 decoded with errors="replace", add_special_tokens=False).
+spaces, no end-of-document id; invalid UTF-8 decoded with errors="replace"; add_special_tokens=True, the
+default, which only the tokenizers with a post-processor (llama3-bos, llama2*) are affected by).
 tests/unit/test_tokenizer.cpp checks megatrain against these files on every build.
 Usage: make_golden.py OUTDIR"""
 import os
@@ -27,10 +28,13 @@ def main(outdir):
                                                 os.path.join(outdir, "gpt2-merges.txt")),
         "hf-gpt2": Tokenizer.from_file(os.path.join(outdir, "gpt2-tokenizer.json")),
         "hf-llama3": Tokenizer.from_file(os.path.join(outdir, "llama3-tokenizer.json")),
+        "hf-llama3-bos": Tokenizer.from_file(os.path.join(outdir, "llama3-bos-tokenizer.json")),
+        "hf-llama2": Tokenizer.from_file(os.path.join(outdir, "llama2-tokenizer.json")),
+        "hf-llama2-metaspace": Tokenizer.from_file(os.path.join(outdir, "llama2-metaspace-tokenizer.json")),
     }
     for name, tok in refs.items():
         with open(os.path.join(outdir, f"expected-{name}.txt"), "w") as f:
-            for e in tok.encode_batch(texts, add_special_tokens=False):
+            for e in tok.encode_batch(texts, add_special_tokens=True):
                 f.write(" ".join(map(str, e.ids)) + "\n")
 
 

@@ -127,6 +127,83 @@ TEST(Tokenizer, HfLlama3StyleTokenizerJsonMatchesHuggingFace) {
   EXPECT_EQ(make_tokenizer(o)->eod(), 4);
 }
 
+// Llama-3's post-processor (TemplateProcessing "<|begin_of_text|> $A") puts BOS before every text by default, as
+// tokenizers' encode(add_special_tokens=True) and Megatron's HuggingFaceTokenizer.tokenize do; without the
+// specials the ids are the file's without a post-processor.
+TEST(Tokenizer, HfPostProcessorAddsBosUnlessLeftOut) {
+  auto tok = make_tokenizer(hf_file(fixture("llama3-bos-tokenizer.json")));
+  EXPECT_EQ(tok->vocab_size(), 404);
+  EXPECT_EQ(tok->eod(), 1);
+  expect_golden(*tok, "hf-llama3-bos");  // every line starts with 0, <|begin_of_text|>
+  std::vector<int32_t> empty;
+  tok->encode("", empty);
+  EXPECT_EQ(empty, (std::vector<int32_t>{0}));
+  TokenizerOptions plain = hf_file(fixture("llama3-bos-tokenizer.json"));
+  plain.add_special_tokens = false;
+  expect_golden(*make_tokenizer(plain), "hf-llama3");
+}
+
+TEST(Tokenizer, HfPostProcessorIsRecordedInTheSidecar) {
+  TempDir dir;
+  for (bool specials : {true, false}) {
+    PrepareOptions opt;
+    opt.inputs = {fixture("corpus.jsonl")};
+    opt.output_prefix = dir / (specials ? "with" : "without");
+    opt.tokenizer = hf_file(fixture("llama3-bos-tokenizer.json"));
+    opt.tokenizer.add_special_tokens = specials;
+    prepare_dataset(opt);
+    const auto sidecar = read_tokenizer_sidecar(opt.output_prefix);
+    ASSERT_TRUE(sidecar);
+    EXPECT_EQ(sidecar->tokenizer.add_special_tokens, specials);
+    IndexedDataset ds(opt.output_prefix);
+    std::vector<int32_t> first(static_cast<size_t>(ds.sequence_lengths()[0]));
+    ds.read(0, 0, first);
+    EXPECT_EQ(first.front() == 0, specials);  // <|begin_of_text|>
+    EXPECT_EQ(first.back(), 1);               // <|end_of_text|> still ends the document
+  }
+  // A sidecar written before the post-processor was applied has no add_special_tokens: its ids have none.
+  std::ofstream(dir / "old.tokenizer.yaml") << "kind: hf\nfiles:\n  tokenizer_file: /x.json\nvocab_size: 404\neod: 1\n";
+  EXPECT_FALSE(read_tokenizer_sidecar(dir / "old")->tokenizer.add_special_tokens);
+  // The command line's --no-special-tokens.
+  const std::string out = dir / "cli", in = fixture("corpus.jsonl"), file = fixture("llama3-bos-tokenizer.json");
+  CLI::App app("megatrain");
+  app::add_data_commands(app);
+  std::vector<const char*> argv = {
+      "megatrain", "data",        "prepare", "--input",          in.c_str(),   "--output",
+      out.c_str(), "--tokenizer", "hf",      "--tokenizer-file", file.c_str(), "--no-special-tokens"};
+  testing::internal::CaptureStdout();
+  app.parse(static_cast<int>(argv.size()), argv.data());
+  testing::internal::GetCapturedStdout();
+  EXPECT_FALSE(read_tokenizer_sidecar(out)->tokenizer.add_special_tokens);
+}
+
+// SentencePiece-style BPE tokenizer.json (transformers' LlamaConverter layout, made from spm-bpe.model by
+// train_tokenizers.py): characters as first symbols, byte fallback, <s> added by the post-processor. The legacy
+// normalizer (Prepend + Replace) and the Metaspace pre-tokenizer, whose prepend_scheme "first" puts no "▁" after an
+// added token (golden ids from tokenizers 0.23.3).
+TEST(Tokenizer, HfSentencePieceStyleBpeMatchesHuggingFace) {
+  auto legacy = make_tokenizer(hf_file(fixture("llama2-tokenizer.json")));
+  EXPECT_EQ(legacy->vocab_size(), 600);
+  EXPECT_EQ(legacy->eod(), 2);  // </s>
+  expect_golden(*legacy, "hf-llama2");
+  auto meta = make_tokenizer(hf_file(fixture("llama2-metaspace-tokenizer.json")));
+  expect_golden(*meta, "hf-llama2-metaspace");
+  std::vector<int32_t> a, b;
+  legacy->encode("a</s>b c", a);
+  meta->encode("a</s>b c", b);
+  EXPECT_EQ(a, (std::vector<int32_t>{1, 316, 315, 2, 316, 354, 316, 343}));
+  EXPECT_EQ(b, (std::vector<int32_t>{1, 316, 315, 2, 354, 316, 343}));
+  for (const auto* tok : {legacy.get(), meta.get()}) {
+    TokenizerOptions o =
+        hf_file(fixture(tok == legacy.get() ? "llama2-tokenizer.json" : "llama2-metaspace-tokenizer.json"));
+    o.add_special_tokens = false;
+    const std::string text = "Hi  there, caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x99\x82\tend";
+    std::vector<int32_t> ids;
+    make_tokenizer(o)->encode(text, ids);
+    EXPECT_EQ(tok->decode(ids), text);  // "▁" as spaces, <0xAB> as bytes, the prepended space stripped
+  }
+}
+
 TEST(Tokenizer, InvalidUtf8BecomesReplacementCharactersLikePython) {
   const std::string fffd = "\xEF\xBF\xBD";
   struct Case {
@@ -207,6 +284,23 @@ TEST(Tokenizer, RefusesWhatItDoesNotImplementByName) {
   expect_refused(
       hf_file(edited_fixture(dir, "gpt2-tokenizer.json", "\"byte_fallback\": false", "\"byte_fallback\": true")),
       "byte_fallback");
+  expect_refused(
+      hf_file(edited_fixture(dir, "llama2-tokenizer.json", "\"type\": \"Prepend\"", "\"type\": \"Precompiled\"")),
+      "normalizer 'Precompiled' is not supported");
+  expect_refused(hf_file(edited_fixture(dir, "llama2-metaspace-tokenizer.json", "\"prepend_scheme\": \"first\"",
+                                        "\"prepend_scheme\": \"sometimes\"")),
+                 "Metaspace prepend_scheme 'sometimes'");
+  expect_refused(hf_file(edited_fixture(dir, "llama2-metaspace-tokenizer.json", "\"type\": \"Metaspace\"",
+                                        "\"type\": \"WhitespaceSplit\"")),
+                 "pre_tokenizer 'WhitespaceSplit' is not supported");
+  expect_refused(hf_file(edited_fixture(dir, "gpt2-tokenizer.json", "\"post_processor\": null",
+                                        "\"post_processor\": {\"type\": \"RobertaProcessing\"}")),
+                 "post_processor 'RobertaProcessing' is not supported");
+  expect_refused(hf_file(edited_fixture(dir, "llama3-bos-tokenizer.json", "\"ids\": [0]", "\"ids\": [9999]")),
+                 "post_processor special token id 9999");
+  expect_refused(hf_file(edited_fixture(dir, "llama3-bos-tokenizer.json", "{\"Sequence\": {\"id\": \"A\"",
+                                        "{\"Sequence\": {\"id\": \"B\"")),
+                 "TemplateProcessing: the single template names sequence 'B'");
   TokenizerOptions eod = hf_file(fixture("llama3-tokenizer.json"));
   eod.eod_token = "<|nope|>";
   expect_refused(eod, "--eod-token '<|nope|>'");
