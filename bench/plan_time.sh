@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Predicted (megatrain plan, calibrated by `megatrain bench kernels` on this machine) vs measured ms/iteration of
 # CPU runs of a few shapes and layouts; prints a table (bench/NOTES.md keeps one). Not a test: timings vary
-# with the machine's load. Usage: bench/plan_time.sh [MEGATRAIN_BINARY]
+# with the machine's load (each layout runs twice and the faster run counts; the load average is printed).
+# Usage: bench/plan_time.sh [MEGATRAIN_BINARY]
 set -euo pipefail
 MT=$(realpath "${1:-build/megatrain}")
 WORK=$(mktemp -d /tmp/megatrain-plan-time.XXXXXX)
@@ -43,17 +44,22 @@ printf "%-16s %6s %14s %15s %8s\n" layout ranks "measured ms" "predicted ms" err
 for entry in "${layouts[@]}"; do
   IFS='|' read -r name world sets <<<"$entry"
   read -r -a args <<<"$sets"
-  if [ "$world" -eq 1 ]; then
-    "$MT" train --config base.yaml "${args[@]}" --set logging.dir=run_$name >/dev/null
-  else
-    "$MT" train --config base.yaml "${args[@]}" --set logging.dir=run_$name --nproc "$world" >/dev/null
-  fi
+  for round in 1 2; do  # twice, the faster kept: a run slowed by other work on the machine says little
+    if [ "$world" -eq 1 ]; then
+      "$MT" train --config base.yaml "${args[@]}" --set logging.dir=run_${name}_$round >/dev/null
+    else
+      "$MT" train --config base.yaml "${args[@]}" --set logging.dir=run_${name}_$round --nproc "$world" >/dev/null
+    fi
+  done
   "$MT" plan --config base.yaml "${args[@]}" --world "$world" --gpu cpu --rates rates.yaml --json > plan_$name.json
-  python3 - "$name" "$world" run_$name/metrics.jsonl plan_$name.json <<'PY'
+  python3 - "$name" "$world" plan_$name.json run_${name}_1/metrics.jsonl run_${name}_2/metrics.jsonl <<'PY'
 import json, sys
-name, world, metrics, plan = sys.argv[1:]
-rows = [json.loads(l) for l in open(metrics) if '"ms_per_iter"' in l]
-measured = min(r["ms_per_iter"] for r in rows[1:])  # iterations 4-6 and 7-9: past the warm-up; the less disturbed
+name, world, plan, *metrics = sys.argv[1:]
+# Per run the mean of iterations 4-9 (past the first iterations' warm-up); the faster run.
+def mean_ms(path):
+    rows = [json.loads(l) for l in open(path) if '"ms_per_iter"' in l][1:]
+    return sum(r["ms_per_iter"] for r in rows) / len(rows)
+measured = min(mean_ms(m) for m in metrics)
 predicted = json.load(open(plan))["time_s"]["total"] * 1e3
 print(f"{name:<16} {world:>6} {measured:>14.1f} {predicted:>15.1f} {100 * (predicted / measured - 1):>7.1f}%")
 PY
