@@ -267,11 +267,11 @@ void Trainer::run() {
                                 ? fmt::format("{} heads", m.num_heads)
                                 : fmt::format("{} heads in {} key/value groups", m.num_heads, m.kv_heads());
   const int64_t total = total_parameters();  // a collective: every rank logs nothing more but takes part
-  spdlog::info(
-      "model: {} {} parameters ({}; this rank holds {}) ({} layers, hidden {}, {}, ffn {}, vocabulary {} padded to "
-      "{}), {}",
-      name_of(m.arch), total, human_count(total), num_parameters(), m.num_layers, m.hidden_size, heads,
-      m.ffn_hidden_size, m.vocab_size, m.padded_vocab_size, name_of(cfg_.training.precision));
+  // "this rank holds" only when the model is split over ranks (with one rank it would repeat the total).
+  const std::string share = num_parameters() == total ? "" : fmt::format("; this rank holds {}", num_parameters());
+  spdlog::info("model: {} {} parameters ({}{}) ({} layers, hidden {}, {}, ffn {}, vocabulary {} padded to {}), {}",
+               name_of(m.arch), total, human_count(total), share, m.num_layers, m.hidden_size, heads, m.ffn_hidden_size,
+               m.vocab_size, m.padded_vocab_size, name_of(cfg_.training.precision));
   maybe_resume();
   // --exit-after N when the run resumes at or past N: stop at once; the checkpoint it resumed from already
   // holds this state, so nothing new is trained or saved.
