@@ -9,26 +9,23 @@
 # is printed (bench/NOTES.md keeps one).
 source "$(dirname "$0")/lib/common.bash"
 prepare_data
-cat > tiny.yaml <<'YAML'
+# One run section for both architectures: one iteration is enough for the peak.
+run_sections='training: {micro_batch_size: 4, global_batch_size: 16, train_iters: 1, precision: fp32, seed: 42, device: cpu}
+optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup_iters: 0, weight_decay: 0.1, betas: [0.9, 0.95]}
+data: {train: [data/text_document], split: [95, 5, 0]}
+checkpoint: {save_dir: "", load: none}
+logging: {dir: run, interval: 1}
+parallel: {timeout_s: 60}'
+cat > tiny.yaml <<YAML
 model: {num_layers: 4, hidden_size: 64, num_heads: 4, ffn_hidden_size: 256, seq_length: 64, vocab_size: 257,
         dropout: 0.1, attention_dropout: 0.1}
-training: {micro_batch_size: 4, global_batch_size: 16, train_iters: 1, precision: fp32, seed: 42, device: cpu}
-optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup_iters: 0, weight_decay: 0.1, betas: [0.9, 0.95]}
-data: {train: [data/text_document], split: [95, 5, 0]}
-checkpoint: {save_dir: "", load: none}
-logging: {dir: run, interval: 1}
-parallel: {timeout_s: 60}
+$run_sections
 YAML
 # Llama (model.arch: llama): llama-tiny's shape with 4 layers (for PP 2 x VP 2), and its MQA variant.
-cat > llama.yaml <<'YAML'
+cat > llama.yaml <<YAML
 model: {arch: llama, num_layers: 4, hidden_size: 64, num_heads: 8, num_query_groups: 4, ffn_hidden_size: 176,
         seq_length: 64, vocab_size: 257, tie_embeddings: false, dropout: 0.0, attention_dropout: 0.0}
-training: {micro_batch_size: 4, global_batch_size: 16, train_iters: 1, precision: fp32, seed: 42, device: cpu}
-optimizer: {lr: 3.0e-3, min_lr: 3.0e-4, warmup_iters: 0, weight_decay: 0.1, betas: [0.9, 0.95]}
-data: {train: [data/text_document], split: [95, 5, 0]}
-checkpoint: {save_dir: "", load: none}
-logging: {dir: run, interval: 1}
-parallel: {timeout_s: 60}
+$run_sections
 YAML
 mid=(--set model.num_layers=4 --set model.hidden_size=256 --set model.num_heads=8 --set model.ffn_hidden_size=1024
      --set model.seq_length=128 --set training.micro_batch_size=2 --set training.global_batch_size=8)
