@@ -102,10 +102,10 @@ void measure_attention(Device dev, DType dt, double min_seconds, plan::Hardware&
   hw.attention_efficiency = sum_efficiency / static_cast<double>(Ts.size() * Ds.size());
 }
 
-// Streaming bandwidth (out = a + b over 4M elements), then the ops whose cost is more than their bytes on some
-// devices, per element at a typical activation size (256 rows of 1024).
+// Streaming bandwidth (out = a + b over 4M elements, 64M on a GPU), then the ops whose cost is more than their bytes on some
+// devices, per element at a typical activation size.
 void measure_elementwise(Device dev, DType dt, double min_seconds, plan::Hardware& hw) {
-  const int64_t n = int64_t{1} << 22;
+  const int64_t n = int64_t{1} << (dev == Device::cpu ? 22 : 26);  // past the caches; on a GPU past the launch
   {
     Tensor x = filled({n}, dt, dev, 1.f), y = filled({n}, dt, dev, 2.f), z = Tensor::empty({n}, dt, dev);
     const double s_add = time_per_call(dev, min_seconds, [&] { add(x, y, z); });
@@ -113,7 +113,10 @@ void measure_elementwise(Device dev, DType dt, double min_seconds, plan::Hardwar
     hw.elementwise_efficiency = 1.0;
     fmt::print("elementwise add: {:.2f} GB/s\n", hw.hbm_bytes_per_s / 1e9);
   }
-  const int64_t R = 256, C = 1024;
+  // CPU: 256 x 1024 (1 MiB in fp32, about a layer's activation of the CPU-sized models); GPU: 8192 x 4096, large
+  // enough that the launch does not dominate (at 256 x 1024 a GPU op is all launch and would seem 10x slower per
+  // element than it is on a real model's tensors).
+  const int64_t R = dev == Device::cpu ? 256 : 8192, C = dev == Device::cpu ? 1024 : 4096;
   const double elems = static_cast<double>(R * C);
   Tensor x = filled({R, C}, dt, dev, 0.5f), dy = filled({R, C}, dt, dev, 0.01f), out = Tensor::empty({R, C}, dt, dev);
   Tensor dx = Tensor::empty({R, C}, dt, dev), w = filled({C}, dt, dev, 1.f), b = filled({C}, dt, dev, 0.f);
