@@ -14,7 +14,9 @@
 #   upper-cased, '.' and '-' as '_': MBS_124M_1024=16, MBS_1_3B_2048=2, MBS_LLAMA3_2_1B_4096=4),
 #   EXTRA_SET ("key=value ..." more megatrain --set overrides), PYTHON (python3), PEAK_TFLOPS (MFU peak;
 #   default from the GPU name: H100/H200 989.4, A100 312), RUN_TIMEOUT (300 s per run), KEEP_RUNS=1 (keep the
-#   run folders), OUT (also write $OUT/gpu_throughput.md and $OUT/gpu_throughput.jsonl).
+#   run folders), OUT (also write $OUT/gpu_throughput.md and $OUT/gpu_throughput.jsonl), PLAN_GPU (e.g. h100-80gb:
+#   print megatrain plan's predicted ms/iter and peak memory beside each measured megatrain row) with PLAN_RATES
+#   (a rates file from `megatrain bench kernels --device cuda`, compared too).
 # Llama 3.2 1B alone: MODELS=llama3.2-1b SEQS="1024 2048 4096" bench/gpu_throughput.sh
 # A CPU smoke test: DEVICE=cpu MODELS="tiny llama-tiny" SEQS=64 WARMUP=2 ITERS=3 bench/gpu_throughput.sh
 set -euo pipefail
@@ -46,7 +48,7 @@ while [[ $# -gt 0 ]]; do
     --device) DEVICE=${2:?--device needs cuda or cpu}; shift 2 ;;
     --no-torch) TORCH=0; shift ;;
     --no-megatrain) MEGATRAIN_RUN=0; shift ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
@@ -139,6 +141,31 @@ print(json.dumps({"impl": "megatrain", "iters": len(timed), "ms_per_iter": round
 PY
 }
 
+# megatrain plan's prediction for the run just measured (issue 16's GPU check): step time and peak memory from
+# the built-in table PLAN_GPU (h100-80gb, h200-141gb, ...) and, when PLAN_RATES names one, from the rates file
+# `megatrain bench kernels --device cuda` wrote on this GPU.
+compare_plan() {  # label config megatrain_json --set args...
+  local label=$1 config=$2 measured=$3 rates source
+  shift 3
+  for rates in "" ${PLAN_RATES:-}; do
+    source=${rates:-$PLAN_GPU}
+    if "$MT" plan --config "$config" "$@" --world 1 --gpu "$PLAN_GPU" ${rates:+--rates "$rates"} --json \
+        >"$WORK/plan.json" 2>"$WORK/plan.err"; then
+      py - "$WORK/plan.json" "$measured" "$label" "$source" <<'PY'
+import json, sys
+plan, measured, label, source = json.load(open(sys.argv[1])), json.loads(sys.argv[2]), sys.argv[3], sys.argv[4]
+ms, peak = plan["time_s"]["total"] * 1e3, plan["memory"][0]["total_bytes"]
+line = f"{label}  plan ({source}): {ms:.1f} ms/iter predicted, {measured['ms_per_iter']:.1f} measured ({100 * (ms / measured['ms_per_iter'] - 1):+.1f}%)"
+if measured.get("peak_bytes"):
+    line += f"; peak {peak / 2**30:.2f} GiB predicted, {measured['peak_bytes'] / 2**30:.2f} measured ({100 * (peak / measured['peak_bytes'] - 1):+.1f}%)"
+print(line)
+PY
+    else
+      echo "$label  plan ($source) FAILED: $(tail -n 2 "$WORK/plan.err")"
+    fi
+  done
+}
+
 # One table row from a result JSON: "model seq mbs gbs" then the figures (and the ratio when given).
 print_row() {  # label json [megatrain_json_for_ratio]
   py - "$@" <<'PY'
@@ -200,6 +227,7 @@ for model in $MODELS; do
       timeout "$RUN_TIMEOUT" "$MT" --config "$config" "${args[@]}" >"$run.out" 2>&1 || rc=$?
       if [[ $rc -eq 0 ]] && mt_json=$(summarize_megatrain "$run/metrics.jsonl" $((gbs * seq)) 2>"$run.err"); then
         print_row "$label" "$mt_json"
+        [[ -n ${PLAN_GPU:-} ]] && compare_plan "$label" "$config" "$mt_json" "${args[@]}"
         jsonl+=("$(echo "$mt_json" | sed "s/^{/{\"model\": \"$model\", \"seq\": $seq, \"micro_batch\": $mbs, \"global_batch\": $gbs, /")")
       else
         [[ $rc -eq 124 ]] && why="timed out after $RUN_TIMEOUT s" || why="exit $rc"

@@ -14,6 +14,10 @@
 #   sanitize compute-sanitizer memcheck and racecheck over test_cuda_ops (SANITIZE_FILTER: a gtest filter)
 #   bench    bench/gpu_throughput.sh (megatrain vs PyTorch); see that script for MODELS, SEQS, ITERS, ...;
 #            one model per command keeps it inside the machine's 10 minutes (MODELS=124m, then 350m, ...)
+#   plan     issue 16's GPU check: `megatrain bench kernels --device cuda` (rates to $OUT/rates-gpu.yaml or the
+#            work folder), then megatrain alone through bench/gpu_throughput.sh (MODELS, SEQS as for bench) with
+#            plan's predicted ms/iter and peak memory beside each measured row, from the built-in table of this
+#            GPU and from the measured rates
 #   all      check, e2e and bench in order (default); goes on after a failing step, fails at the end
 # Every step's output also goes to $OUT/<step>.log when OUT is set (the device tool's output folder).
 # Env: PYTHON (default python3: the one with torch and the nvidia pip packages), MEGATRAIN (the binary, for a
@@ -36,8 +40,8 @@ if [[ -z ${PYTHON:-} ]]; then
 fi
 
 die() { echo "gpu-run: error: $*" >&2; exit 1; }
-case $STEP in first|env|check|e2e|sanitize|bench|all) ;; -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
-  *) die "unknown step '$STEP': expected first, env, check, e2e, sanitize, bench or all" ;; esac
+case $STEP in first|env|check|e2e|sanitize|bench|plan|all) ;; -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+  *) die "unknown step '$STEP': expected first, env, check, e2e, sanitize, bench, plan or all" ;; esac
 
 # Where the binaries are: the bundle's bin/, else a build folder of the checkout.
 if [[ -n ${MEGATRAIN:-} ]]; then
@@ -244,6 +248,15 @@ run_e2e() {
 
 run_bench() { PYTHON=$PYTHON bash bench/gpu_throughput.sh --megatrain "$MT" "$@"; }
 
+run_plan() {
+  local rates=${OUT:-$ROOT}/rates-gpu.yaml name gpu
+  "$MT" bench kernels --device cuda -o "$rates" || return 1
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+  case $name in *H200*) gpu=h200-141gb ;; *A100*) gpu=a100-80gb ;; *) gpu=h100-80gb ;; esac
+  echo "== plan: $name, built-in table $gpu, measured rates $rates"
+  PLAN_GPU=$gpu PLAN_RATES=$rates PYTHON=$PYTHON bash bench/gpu_throughput.sh --megatrain "$MT" --no-torch "$@"
+}
+
 logged env show_env || die "the environment check failed (see above)"
 status=0
 failed=()
@@ -259,6 +272,7 @@ case $STEP in
   sanitize) step sanitize run_sanitize ;;
   e2e) step e2e run_e2e ;;
   bench) step bench run_bench "$@" ;;
+  plan) step plan run_plan "$@" ;;
   all) step check run_check; step e2e run_e2e; step bench run_bench "$@" ;;
 esac
 [[ $status -eq 0 ]] || echo "gpu-run: failed steps: ${failed[*]}" >&2
