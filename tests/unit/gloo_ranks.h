@@ -32,12 +32,13 @@ inline void run_ranks(int n, const std::function<void(int)>& fn) {
 
 // The communicator of group `name` with `members` (global ranks, ascending) for global rank `rank`.
 inline std::unique_ptr<Communicator> join_gloo(std::shared_ptr<Store> store, const std::string& name,
-                                               std::vector<int> members, int rank) {
+                                               std::vector<int> members, int rank,
+                                               std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
   GlooOptions opt;
   opt.name = name;
   opt.members = std::move(members);
   opt.global_rank = rank;
-  opt.timeout = std::chrono::seconds(20);
+  opt.timeout = timeout;
   return make_gloo_communicator(std::move(store), opt);
 }
 

@@ -21,37 +21,13 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-// Runs fn(rank) on n threads, one per rank, and rethrows the first exception any of them threw.
-void run_ranks(int n, const std::function<void(int)>& fn) {
-  std::vector<std::exception_ptr> errors(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        fn(r);
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
+using testing::first_ranks;
+using testing::run_ranks;
 
-std::vector<int> iota_ranks(int n) {
-  std::vector<int> v(n);
-  for (int i = 0; i < n; ++i) v[i] = i;
-  return v;
-}
-
+// A Gloo communicator with this file's default timeout (10 s: the tests that wait for a timeout set their own).
 std::unique_ptr<Communicator> join(std::shared_ptr<Store> store, const std::string& name, std::vector<int> members,
                                    int global_rank, Millis timeout = 10s) {
-  GlooOptions opt;
-  opt.name = name;
-  opt.members = std::move(members);
-  opt.global_rank = global_rank;
-  opt.timeout = timeout;
-  return make_gloo_communicator(std::move(store), opt);
+  return testing::join_gloo(std::move(store), name, std::move(members), global_rank, timeout);
 }
 
 // Values that differ per rank and element; sums of a few of them are exact in fp32.
@@ -72,7 +48,7 @@ TEST(CommGloo, AllReduceSumAndMaxMatchSerialReferenceForWorldSizes1To4) {
   for (int world : {1, 2, 3, 4}) {
     auto store = make_hash_store();
     run_ranks(world, [&](int r) {
-      auto comm = join(store, "world", iota_ranks(world), r);
+      auto comm = join(store, "world", first_ranks(world), r);
       EXPECT_EQ(comm->rank(), r);
       EXPECT_EQ(comm->size(), world);
       // 300000 floats spans several of Gloo's 1 MiB segments.
@@ -102,7 +78,7 @@ TEST(CommGloo, AllReduceBf16RoundsTheFp32SumOnce) {
   // even 1.015625; adding in bf16 from rank 0 on would round 1 + 2^-8 back to 1 at every step.
   auto store = make_hash_store();
   run_ranks(4, [&](int r) {
-    auto comm = join(store, "world", iota_ranks(4), r);
+    auto comm = join(store, "world", first_ranks(4), r);
     float v = r == 0 ? 1.f : 1.f / 256.f;  // bf16-exact inputs
     Tensor x = Tensor::from_floats(std::vector<float>{v, -v}, {2}, DType::bf16);
     comm->all_reduce(x, ReduceOp::sum)->wait();
@@ -115,7 +91,7 @@ TEST(CommGloo, ReduceScatterMatchesSerialReference) {
     auto store = make_hash_store();
     const int64_t m = 257;  // elements per block
     run_ranks(world, [&](int r) {
-      auto comm = join(store, "dp", iota_ranks(world), r);
+      auto comm = join(store, "dp", first_ranks(world), r);
       for (DType t : {DType::f32, DType::bf16}) {
         Tensor in = Tensor::from_floats(rank_values(r, world * m), {world * m}, t);
         Tensor out = Tensor::zeros({m}, t);
@@ -143,7 +119,7 @@ TEST(CommGloo, ReduceScatterSumsEveryElementInRankOrder) {
       return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + rank) * std::pow(10.0, (i + rank) % 7 - 3));
     };
     run_ranks(world, [&](int r) {
-      auto comm = join(store, "dp", iota_ranks(world), r);
+      auto comm = join(store, "dp", first_ranks(world), r);
       Tensor in = Tensor::empty({world * m}, DType::f32);
       for (int64_t i = 0; i < world * m; ++i) in.data<float>()[i] = value(r, i);
       Tensor out = in.slice(r * m, (r + 1) * m);
@@ -162,7 +138,7 @@ TEST(CommGloo, AllGatherConcatenatesBlocksInRankOrder) {
     auto store = make_hash_store();
     const int64_t n = 131;
     run_ranks(world, [&](int r) {
-      auto comm = join(store, "sp", iota_ranks(world), r);
+      auto comm = join(store, "sp", first_ranks(world), r);
       for (DType t : {DType::f32, DType::bf16}) {
         Tensor in = Tensor::from_floats(rank_values(r, n), {n}, t);
         Tensor out = Tensor::zeros({world, n}, t);
@@ -180,7 +156,7 @@ TEST(CommGloo, AllGatherConcatenatesBlocksInRankOrder) {
 TEST(CommGloo, BroadcastFromNonZeroRoot) {
   auto store = make_hash_store();
   run_ranks(4, [&](int r) {
-    auto comm = join(store, "pp", iota_ranks(4), r);
+    auto comm = join(store, "pp", first_ranks(4), r);
     Tensor x = Tensor::from_floats(rank_values(r, 500), {500}, DType::bf16);
     comm->broadcast(x, 2)->wait();
     EXPECT_EQ(x.to_floats(), stored(2, 500, DType::bf16));
@@ -198,7 +174,7 @@ TEST(CommGloo, SendRecvRingPostedBeforeWaitDoesNotDeadlock) {
   const int64_t n = 2 << 20;
   auto store = make_hash_store();
   run_ranks(world, [&](int r) {
-    auto comm = join(store, "pp", iota_ranks(world), r);
+    auto comm = join(store, "pp", first_ranks(world), r);
     Tensor out = Tensor::from_floats(rank_values(r, n), {n});
     Tensor in = Tensor::zeros({n}, DType::f32);
     auto send = comm->send(out, (r + 1) % world, 5);
@@ -243,7 +219,7 @@ TEST(CommGloo, SeveralGroupsOfOneWorldRunConcurrently) {
     auto tp = join(store, tp_name, tp_members, r);
     auto dp = join(store, dp_name, dp_members, r);
     auto tp2 = join(store, tp_name, tp_members, r);
-    auto world = join(store, "world", iota_ranks(4), r);
+    auto world = join(store, "world", first_ranks(4), r);
     EXPECT_EQ(tp->rank(), r % 2);
     EXPECT_EQ(dp->rank(), r / 2);
     for (int iter = 0; iter < 20; ++iter) {
@@ -266,7 +242,7 @@ TEST(CommGloo, RendezvousThroughTcpStoreWithAClientPerRank) {
   TcpStoreServer server("127.0.0.1", 0);
   run_ranks(3, [&](int r) {
     auto store = make_prefix_store("run", connect_tcp_store("127.0.0.1", server.port(), 5s));
-    auto world = join(store, "world", iota_ranks(3), r);
+    auto world = join(store, "world", first_ranks(3), r);
     auto pair = r < 2 ? join(store, "pp[0,1]", {0, 1}, r) : nullptr;
     Tensor x = Tensor::from_floats(std::vector<float>{float(r + 1)}, {1});
     world->all_reduce(x, ReduceOp::sum)->wait();
@@ -288,7 +264,7 @@ TEST(CommGloo, BarrierWaitsForEveryRank) {
   auto store = make_hash_store();
   std::atomic<int> arrived{0};
   run_ranks(3, [&](int r) {
-    auto comm = join(store, "world", iota_ranks(3), r);
+    auto comm = join(store, "world", first_ranks(3), r);
     std::this_thread::sleep_for(std::chrono::milliseconds(60 * r));
     arrived.fetch_add(1);
     comm->barrier();
@@ -441,7 +417,7 @@ TEST(CommGlooDeathTest, ATransportThreadFailureEndsWithAnErrorNotAnAbort) {
       {
         auto store = make_hash_store();
         run_ranks(2, [&](int r) {
-          auto comm = join(store, "mismatch", iota_ranks(2), r, 5s);
+          auto comm = join(store, "mismatch", first_ranks(2), r, 5s);
           // rank 1 sends more than rank 0 posted.
           Tensor t = Tensor::zeros({r == 0 ? int64_t(4) : int64_t(4096)}, DType::f32);
           comm->all_reduce(t, ReduceOp::sum)->wait();
