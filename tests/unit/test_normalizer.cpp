@@ -50,6 +50,10 @@ TEST(Normalizer, UnicodeFormsMatchTokenizers) {
   EXPECT_EQ(normalize(R"({"type": "NFD"})", "é Å 각"), "e\u0301 A\u030a \u1100\u1161\u11a8");
   EXPECT_EQ(normalize(R"({"type": "NFC"})", "e\u0301 A\u030a \u1100\u1161\u11a8 a\u0307\u0323"), "é Å 각 ạ\u0307");
   EXPECT_EQ(normalize(R"({"type": "NFKD"})", "ﬁ é"), "fi e\u0301");
+  // tokenizers' tables are Unicode 9.0's: no NFKC decomposition of U+32FF (12.1), no reordering around U+1DF6
+  // (10.0, combining class 232 since), U+1F23B (9.0) decomposed.
+  EXPECT_EQ(normalize(R"({"type": "NFKC"})", "\u32ff \U0001F23B"), "\u32ff 配");
+  EXPECT_EQ(normalize(R"({"type": "NFD"})", "a\u1df6\u0323 a\u0301\u0323"), "a\u1df6\u0323 a\u0323\u0301");
   EXPECT_EQ(normalize(R"({"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Lowercase"}]})", "ＡＢＣ Ⅻ"),
             "abc xii");
 }
