@@ -70,7 +70,8 @@ void run_export(const std::string& dir, const std::string& output, DType dtype, 
   if (tok && tok->vocab_size > g.vocab)
     throw CheckpointError(fmt::format("{}: the tokenizer has {} ids but the model's vocab_size is {}", ckpt.dir(),
                                       tok->vocab_size, g.vocab));
-  mt::export_hf(ckpt, output, dtype, tok ? std::optional<int32_t>(tok->eod) : std::nullopt);
+  // config.json states the bos/eos ids generation_config.json does (hf_special_ids).
+  mt::export_hf(ckpt, output, dtype, tok ? std::optional<HfSpecialIds>(hf_special_ids(*tok)) : std::nullopt);
   fmt::print("exported {} (iteration {}) to {}/model.safetensors and {}/config.json\n", ckpt.dir(),
              ckpt.state().iteration, output, output);
   if (tok) {

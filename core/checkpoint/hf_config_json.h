@@ -5,9 +5,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
+#include "core/checkpoint/hf_tokenizer_export.h"
 #include "core/dtype.h"
 
 namespace mt::hf_json {
@@ -25,8 +27,12 @@ inline const char* torch_dtype(DType dtype) {
   return dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
 }
 
-// Without a known tokenizer: the byte tokenizer's end-of-document token, the last id.
-inline int64_t eos_id(std::optional<int32_t> eod, int64_t vocab) { return eod ? int64_t{*eod} : vocab - 1; }
+// config.json's bos_token_id and eos_token_id: the tokenizer's; without a known tokenizer, the byte tokenizer's
+// end-of-document token, the last id, for both.
+inline std::pair<std::string, std::string> bos_eos_ids(std::optional<HfSpecialIds> ids, int64_t vocab) {
+  if (ids) return {std::to_string(ids->bos), std::to_string(ids->eos)};
+  return {std::to_string(vocab - 1), std::to_string(vocab - 1)};
+}
 
 // {"key": value, ...}: values are JSON text as given.
 class Object {

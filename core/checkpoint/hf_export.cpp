@@ -52,9 +52,9 @@ Tensor read_f32(const CheckpointReader& ckpt, const std::string& name, const Sha
 
 }  // namespace
 
-std::string hf_gpt2_config_json(const HfModelShape& g, DType dtype, std::optional<int32_t> eod) {
+std::string hf_gpt2_config_json(const HfModelShape& g, DType dtype, std::optional<HfSpecialIds> ids) {
   using namespace hf_json;
-  const std::string eos = std::to_string(eos_id(eod, g.vocab));
+  const auto [bos, eos] = bos_eos_ids(ids, g.vocab);
   Object j;
   j.add("architectures", "[\"GPT2LMHeadModel\"]");
   j.add("model_type", "\"gpt2\"");
@@ -74,7 +74,7 @@ std::string hf_gpt2_config_json(const HfModelShape& g, DType dtype, std::optiona
   j.add("scale_attn_weights", "true");
   j.add("use_cache", "true");
   j.add("tie_word_embeddings", boolean(g.tied));
-  j.add("bos_token_id", eos);
+  j.add("bos_token_id", bos);
   j.add("eos_token_id", eos);
   j.add("torch_dtype", fmt::format("\"{}\"", torch_dtype(dtype)));
   return j.str();
@@ -143,7 +143,7 @@ HfModelShape hf_export_shape(const CheckpointReader& ckpt) {
   return g;
 }
 
-void export_hf(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype, std::optional<int32_t> eod) {
+void export_hf(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype, std::optional<HfSpecialIds> ids) {
   if (!is_floating(dtype))
     throw CheckpointError(fmt::format("export: dtype {} is not a float type", dtype_name(dtype)));
   const HfModelShape g = hf_export_shape(ckpt);
@@ -169,7 +169,7 @@ void export_hf(const CheckpointReader& ckpt, const std::string& out_dir, DType d
   w.finish();
 
   const std::string text =
-      g.arch == HfArch::llama ? hf_llama_config_json(g, dtype, eod) : hf_gpt2_config_json(g, dtype, eod);
+      g.arch == HfArch::llama ? hf_llama_config_json(g, dtype, ids) : hf_gpt2_config_json(g, dtype, ids);
   std::string cfg = ckpt::join_path(out_dir, "config.json"), tmp = cfg + ".tmp";
   ::unlink(tmp.c_str());
   try {
@@ -181,10 +181,11 @@ void export_hf(const CheckpointReader& ckpt, const std::string& out_dir, DType d
   }
 }
 
-void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype, std::optional<int32_t> eod) {
+void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype,
+                    std::optional<HfSpecialIds> ids) {
   if (hf_export_shape(ckpt).arch != HfArch::gpt)
     throw CheckpointError(fmt::format("{}: model.arch is not gpt: no GPT-2 export", ckpt.dir()));
-  export_hf(ckpt, out_dir, dtype, eod);
+  export_hf(ckpt, out_dir, dtype, ids);
 }
 
 }  // namespace mt

@@ -8,6 +8,7 @@
 
 #include "core/checkpoint/checkpoint.h"
 #include "core/checkpoint/hf_mapping.h"
+#include "core/checkpoint/hf_tokenizer_export.h"
 
 namespace mt {
 
@@ -17,16 +18,17 @@ HfModelShape hf_export_shape(const CheckpointReader& ckpt);
 
 // Writes OUT/model.safetensors (weights in `dtype`: f32, bf16 or f16) and OUT/config.json for the
 // checkpoint's architecture. Everything is checked before anything is written; a failure leaves no partial
-// model.safetensors. Throws CheckpointError. config.json's bos/eos_token_id are `eod` (the tokenizer's
-// end-of-document id) when known, else vocab_size - 1 (the byte tokenizer's eod when the vocabulary is 257).
+// model.safetensors. Throws CheckpointError. config.json's bos/eos_token_id are `ids` when the tokenizer is known
+// (hf_special_ids: the ids generation_config.json states), else both vocab_size - 1 (the byte tokenizer's eod
+// when the vocabulary is 257).
 void export_hf(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype = DType::f32,
-               std::optional<int32_t> eod = std::nullopt);
+               std::optional<HfSpecialIds> ids = std::nullopt);
 // export_hf for a GPT checkpoint only (refuses another model.arch).
 void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype = DType::f32,
-                    std::optional<int32_t> eod = std::nullopt);
+                    std::optional<HfSpecialIds> ids = std::nullopt);
 
 // config.json text for `s` (hf_export_gpt2.cpp / hf_export_llama.cpp).
-std::string hf_gpt2_config_json(const HfModelShape& s, DType dtype, std::optional<int32_t> eod);
-std::string hf_llama_config_json(const HfModelShape& s, DType dtype, std::optional<int32_t> eod);
+std::string hf_gpt2_config_json(const HfModelShape& s, DType dtype, std::optional<HfSpecialIds> ids);
+std::string hf_llama_config_json(const HfModelShape& s, DType dtype, std::optional<HfSpecialIds> ids);
 
 }  // namespace mt

@@ -8,9 +8,9 @@
 
 namespace mt {
 
-std::string hf_llama_config_json(const HfModelShape& s, DType dtype, std::optional<int32_t> eod) {
+std::string hf_llama_config_json(const HfModelShape& s, DType dtype, std::optional<HfSpecialIds> ids) {
   using namespace hf_json;
-  const std::string eos = std::to_string(eos_id(eod, s.vocab));
+  const auto [bos, eos] = bos_eos_ids(ids, s.vocab);
   Object j;
   j.add("architectures", "[\"LlamaForCausalLM\"]");
   j.add("model_type", "\"llama\"");
@@ -33,7 +33,7 @@ std::string hf_llama_config_json(const HfModelShape& s, DType dtype, std::option
   j.add("pretraining_tp", "1");
   j.add("use_cache", "true");
   j.add("tie_word_embeddings", boolean(s.tied));
-  j.add("bos_token_id", eos);
+  j.add("bos_token_id", bos);
   j.add("eos_token_id", eos);
   j.add("torch_dtype", fmt::format("\"{}\"", torch_dtype(dtype)));
   return j.str();

@@ -131,7 +131,28 @@ std::optional<std::string> hf_token_text(const json& tok, int32_t id) {
 
 std::string dump(const json& j) { return j.dump(2) + "\n"; }
 
+SpmModelProto read_spm_model(const std::string& path, std::string& bytes) {
+  bytes = read_file(path, "SentencePiece model");
+  try {
+    return parse_spm_model(bytes, path);
+  } catch (const DataError& e) {
+    throw CheckpointError(e.what());
+  }
+}
+
 }  // namespace
+
+HfSpecialIds hf_special_ids(const TokenizerSidecar& sidecar) {
+  const int32_t eod = sidecar.eod;
+  if (sidecar.tokenizer.name != "sentencepiece") return {eod, eod};
+  std::string bytes;
+  const SpmModelProto m = read_spm_model(sidecar.tokenizer.tokenizer_model, bytes);
+  const int32_t bos = m.trainer.bos_id;
+  if (bos >= static_cast<int32_t>(m.pieces.size()))
+    throw CheckpointError(fmt::format("{}: the bos id {} is not a piece of the model ({} pieces)",
+                                      sidecar.tokenizer.tokenizer_model, bos, m.pieces.size()));
+  return {bos >= 0 ? bos : eod, eod};
+}
 
 std::vector<std::string> export_hf_tokenizer(const TokenizerSidecar& sidecar, const std::string& out_dir,
                                              int64_t model_max_length) {
@@ -144,7 +165,7 @@ std::vector<std::string> export_hf_tokenizer(const TokenizerSidecar& sidecar, co
   };
   std::string eod_text = o.eod_token.empty() ? "<|endoftext|>" : o.eod_token;
   // byte, gpt2, hf: every special role is the eod token; a SentencePiece model names its own.
-  int32_t bos_id = eod;
+  const HfSpecialIds ids = hf_special_ids(sidecar);
   std::string bos_text, unk_text, pad_text;
   bool split_special = false;
   if (o.name == "byte") {
@@ -170,20 +191,14 @@ std::vector<std::string> export_hf_tokenizer(const TokenizerSidecar& sidecar, co
     }
     write("tokenizer.json", text);
   } else if (o.name == "sentencepiece") {
-    const std::string bytes = read_file(o.tokenizer_model, "SentencePiece model");
-    SpmModelProto m;
-    try {
-      m = parse_spm_model(bytes, o.tokenizer_model);
-    } catch (const DataError& e) {
-      throw CheckpointError(e.what());
-    }
+    std::string bytes;
+    const SpmModelProto m = read_spm_model(o.tokenizer_model, bytes);
     if (eod < 0 || eod >= static_cast<int32_t>(m.pieces.size()))
       throw CheckpointError(fmt::format("{}: the eod id {} is not a piece of the model ({} pieces)", o.tokenizer_model,
                                         eod, m.pieces.size()));
     eod_text = m.pieces[eod].piece;
     const SpmTrainerSpec& t = m.trainer;
-    bos_id = t.bos_id >= 0 ? t.bos_id : eod;
-    bos_text = m.pieces[bos_id].piece;
+    bos_text = m.pieces[ids.bos].piece;
     unk_text = m.pieces[t.unk_id].piece;
     pad_text = t.pad_id >= 0 ? m.pieces[t.pad_id].piece : eod_text;
     split_special = true;  // "<s>" in a text is text to SentencePiece
@@ -204,7 +219,7 @@ std::vector<std::string> export_hf_tokenizer(const TokenizerSidecar& sidecar, co
   write("tokenizer_config.json", dump(cfg));
   json map = {{"bos_token", bos_text}, {"eos_token", eod_text}, {"unk_token", unk_text}, {"pad_token", pad_text}};
   write("special_tokens_map.json", dump(map));
-  write("generation_config.json", dump(json{{"bos_token_id", bos_id}, {"eos_token_id", eod}}));
+  write("generation_config.json", dump(json{{"bos_token_id", ids.bos}, {"eos_token_id", ids.eos}}));
   return written;
 }
 

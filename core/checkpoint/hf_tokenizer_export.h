@@ -13,6 +13,16 @@ namespace mt {
 
 inline constexpr const char* kCheckpointTokenizerFile = "tokenizer.yaml";
 
+// The bos / eos ids an export states, in config.json and generation_config.json alike.
+struct HfSpecialIds {
+  int32_t bos = 0;
+  int32_t eos = 0;
+};
+
+// The tokenizer's bos / eos ids: eos is the eod id; bos is the eod id too, except for SentencePiece, whose model
+// names its bos (read from the .model; the eod id when it has none). Throws CheckpointError naming the file.
+HfSpecialIds hf_special_ids(const TokenizerSidecar& sidecar);
+
 // Writes into out_dir, by sidecar kind:
 //   byte:          tokenizer.json (the 256 bytes as GPT-2's byte-level alphabet, no merges, so id i is byte i;
 //                  the eod id an added special token <|endoftext|>)
@@ -23,7 +33,7 @@ inline constexpr const char* kCheckpointTokenizerFile = "tokenizer.yaml";
 // and tokenizer_config.json (PreTrainedTokenizerFast, model_max_length) and special_tokens_map.json: bos/eos/
 // unk/pad all the eod token, except for SentencePiece, whose model names bos, unk and pad (pad: the eod
 // token when it has none) and whose texts keep "<s>" as text (split_special_tokens); generation_config.json
-// with eos = the eod id and bos = the eod id (SentencePiece: the model's bos id, if any). Returns the file
+// with hf_special_ids (config.json, from export_hf, states the same ids). Returns the file
 // names written. Throws CheckpointError naming the file on failure.
 std::vector<std::string> export_hf_tokenizer(const TokenizerSidecar& sidecar, const std::string& out_dir,
                                              int64_t model_max_length);

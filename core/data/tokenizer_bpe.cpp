@@ -25,7 +25,23 @@ struct BpeCache final : EncodeCache {
 
 }  // namespace
 
-ByteLevelBpeTokenizer::ByteLevelBpeTokenizer(ByteLevelBpeSpec spec) : spec_(std::move(spec)), added_(spec_.added) {}
+namespace {
+
+// The added tokens as the matcher sees them: those with normalized=true are matched on normalized text, so their
+// content goes through the normalizer too (as tokenizers' AddedVocabulary builds its normalized trie), e.g. a
+// "<MASK>" token under Lowercase matches "<mask>" and "<MASK>" alike.
+std::vector<AddedToken> as_matched(const std::vector<AddedToken>& added, const Normalizer& normalizer) {
+  std::vector<AddedToken> out = added;
+  if (!normalizer.empty())
+    for (AddedToken& t : out)
+      if (t.normalized) t.content = normalizer.apply(t.content);
+  return out;
+}
+
+}  // namespace
+
+ByteLevelBpeTokenizer::ByteLevelBpeTokenizer(ByteLevelBpeSpec spec)
+    : spec_(std::move(spec)), matched_(as_matched(spec_.added, spec_.normalizer)), added_(matched_) {}
 
 std::unique_ptr<EncodeCache> ByteLevelBpeTokenizer::make_cache() const { return std::make_unique<BpeCache>(); }
 
@@ -78,7 +94,7 @@ void ByteLevelBpeTokenizer::encode_with(std::string_view raw, std::vector<int32_
       continue;
     }
     // Normalized per piece between raw added tokens, then cut at the normalized=true added tokens.
-    const std::string_view norm = spec_.normalizer.apply(seg.text, c.norm_a, c.norm_b);
+    const std::string_view norm = spec_.normalizer.apply(seg.text, c.norm_a, c.norm_b, c.split);
     c.parts.assign(1, Segment{norm, -1});
     added_.cut_normalized(c.parts, c.parts_tmp, c.split);
     // Metaspace's "first": whether the piece begins the input (its original offset is 0).

@@ -48,7 +48,8 @@ class ByteLevelBpeTokenizer final : public Tokenizer {
   void encode_text(std::string_view text, bool at_start, std::vector<int32_t>& out, EncodeCache& cache) const;
 
   ByteLevelBpeSpec spec_;
-  AddedTokenMatcher added_;
+  std::vector<AddedToken> matched_;  // spec_.added, normalized=true ones with normalized content
+  AddedTokenMatcher added_;          // points into matched_
 };
 
 }  // namespace mt

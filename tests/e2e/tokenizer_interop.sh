@@ -2,8 +2,9 @@
 # `data prepare --tokenizer gpt2|hf` gives exactly the ids of Hugging Face's tokenizers on every document of a
 # generated corpus (many scripts, emoji, whitespace and control characters, invalid UTF-8, long words), for the
 # committed fixture tokenizers and a larger one trained here (byte-level: GPT-2, Llama-3 with and without its
-# BOS post-processor; SentencePiece-style: Llama-2's legacy normalizer, Metaspace variants, unk without byte
-# fallback); --workers 1 and 3 write identical files.
+# BOS post-processor, with the normalizers NFKC + Lowercase and NFD + Replace(Regex) + Strip; SentencePiece-style:
+# Llama-2's legacy normalizer, Metaspace variants, unk without byte fallback); --workers 1 and 3 write identical
+# files.
 # `--tokenizer sentencepiece` gives exactly the Python sentencepiece package's ids on the same corpus, for the
 # committed BPE and unigram models and two larger ones trained here.
 # Needs the `tokenizers` and `sentencepiece` packages in a venv: $TOKENIZERS_VENV, or build/tokenizer-venv

@@ -56,6 +56,9 @@ def main():
         assert tok.bos_token_id == sp.bos_id(), (tok.bos_token_id, sp.bos_id())
     gen = json.load(open(os.path.join(a.export, "generation_config.json")))
     assert gen["eos_token_id"] == a.eod and gen["bos_token_id"] == (sp.bos_id() if sp.bos_id() >= 0 else a.eod), gen
+    # config.json states the same ids (transformers reads them from there too, e.g. model.config.bos_token_id).
+    cfg = json.load(open(os.path.join(a.export, "config.json")))
+    assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (gen["bos_token_id"], gen["eos_token_id"]), (cfg, gen)
 
     docs = tokenizer_corpus.documents(a.seed, a.docs)
     texts = [tokenizer_corpus.as_python_text(d) for d in docs]

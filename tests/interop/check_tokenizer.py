@@ -47,7 +47,7 @@ def main():
     p.add_argument("--workers", type=int, default=2)
     a = p.parse_args()
     os.makedirs(a.workdir, exist_ok=True)
-    docs = tokenizer_corpus.documents(99, a.docs)
+    docs = tokenizer_corpus.documents(99, a.docs) + [t.encode() for t in tokenizer_corpus.NORMALIZATION_CASES]
     corpus = tokenizer_corpus.write_jsonl(os.path.join(a.workdir, "corpus.jsonl"), docs)
     sets = [("fixture", a.fixtures)]
     if a.vocab:
@@ -106,6 +106,22 @@ def main():
                     json.dump(meta, f, ensure_ascii=False)
                 runs.append((f"{label}-hf-llama2-metaspace-{scheme}{'-split' if split else ''}",
                              ["--tokenizer", "hf", "--tokenizer-file", path], Tokenizer.from_file(path), Tokenizer.from_file(path).token_to_id("</s>")))
+        # Unicode normalizers (train_tokenizers.norm_files): NFKC + Lowercase, NFD + Replace(Regex) + Strip; each also
+        # with the other normal forms in place of the first step.
+        for norm in ("nfkc-lower", "nfd-strip"):
+            path = os.path.join(d, f"norm-{norm}-tokenizer.json")
+            if not os.path.exists(path):
+                continue
+            runs.append((f"{label}-hf-norm-{norm}", ["--tokenizer", "hf", "--tokenizer-file", path],
+                         Tokenizer.from_file(path), Tokenizer.from_file(path).token_to_id("<|endoftext|>")))
+            spec = json.load(open(path, encoding="utf-8"))
+            for form in ("NFC", "NFKD") if norm == "nfkc-lower" else ("NFKC",):
+                spec["normalizer"]["normalizers"][0] = {"type": form}
+                variant = os.path.join(a.workdir, f"{label}-norm-{norm}-{form}.json")
+                with open(variant, "w", encoding="utf-8") as f:
+                    json.dump(spec, f, ensure_ascii=False)
+                runs.append((f"{label}-hf-norm-{norm}-{form}", ["--tokenizer", "hf", "--tokenizer-file", variant],
+                             Tokenizer.from_file(variant), Tokenizer.from_file(variant).token_to_id("<|endoftext|>")))
         # ByteLevel's add_prefix_space, which the committed files leave off.
         spec = json.load(open(gpt2_json, encoding="utf-8"))
         spec["pre_tokenizer"]["add_prefix_space"] = True

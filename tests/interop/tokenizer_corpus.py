@@ -23,6 +23,17 @@ FRAGMENTS = [
     # Where Oniguruma's \s (White_Space) and PCRE2's differ (U+180E) and near-misses (U+0085, U+001C, U+200B).
     "end!\u0085next ?\x1c !\u2028 !\u200b word\u0085 \u0085\u0085x \u0085\n\nline wait!\u180e!\u180e go",
 ]
+# For the normalizers (NFC/NFD/NFKC/NFKD, Lowercase, Strip): case mappings that differ between simple and full
+# lowercasing or depend on context (Turkish dotted I, Greek final sigma, titlecase digraphs), compatibility and
+# canonical equivalents, combining-mark order, Hangul. Extra documents, not fragments, so that adding here does not
+# change the generated corpora (nor the tokenizers trained on them).
+NORMALIZATION_CASES = [
+    "İstanbul Iİıi DİYARBAKIR", "ΟΔΟΣ ΚΑΙ ΣΟΦΙΑ Σ ΑΣ. ὈΔΥΣΣΕΎΣ ΣΑΣ", "ǄUNGLA ǅungla ǈ ǋ ß ẞ ŉ ΐ ﬀ ﬃ",
+    "Å Å Å é é ñ ñ", "K Ω Ω ℃ ™ ㎏ ℡ Ⅻ ⓐ ①", "ｆｕｌｌｗｉｄｔｈ ＡＢＣ １２３ ｶﾀｶﾅ",
+    "a\u0323\u0307 a\u0307\u0323 q\u0307\u0323 \u1e0b\u0323", "\u1100\u1161\u11a8 각 \uac00\u11a8",
+    "Ꭰ Ꮼ ꭰ Ⴀ ⴀ Ა", "  \t leading and trailing \u3000\u00a0 ", "\u0085\u2028 x \u180e", "[[TOOL]] [[Tool]] <MASK> <mask>",
+    " <MASK>  [[tool]]\t<r>  é<r>Ü", "Ⅰ Ⅱ ⅰ Ⓐ ⓐ 🄰 Ǳ ǲ ǳ ᾈ ᾀ ῼ", "ΣΑΣ ΣΑΣ. σας ὅς ΌΣ,Σ",
+]
 SPACES = [" ", "  ", "   ", "\t", "\t\t", "\n", "\n\n", "\r\n", " \n ", "\u00a0", "\u3000", "\u2028", "\u2029",
           "\u0085", "\u0085\n", "\u180e", "\u200b", "\ufeff", "\x0b", "\x0c", "\x1c\x1d\x1e\x1f", "        \n", " \t \n"]
 CONTROLS = ["\x00", "\x01", "\x07", "\x1b[31mred\x1b[0m", "\x7f", "\u0080", "\u009f", "\u202e", "\u00ad"]

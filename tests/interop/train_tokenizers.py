@@ -7,6 +7,11 @@
                                       ignore_merges, [a, b] merges
   llama3-bos-tokenizer.json           the same with Llama-3's post-processor: Sequence[ByteLevel, TemplateProcessing
                                       "<|begin_of_text|> $A"], which puts BOS before every encoded text
+  norm-nfkc-lower-tokenizer.json      byte-level BPE (GPT-2 style) with the normalizer Sequence[NFKC, Lowercase], an
+                                      added token with normalized=true ("[[Tool]]", matched as "[[tool]]" on the
+                                      lowercased text) and special ones with normalized=false ("<MASK>", lstrip)
+  norm-nfd-strip-tokenizer.json       byte-level BPE (Llama-3 style) with Sequence[NFD, Replace(Regex \s+, " "),
+                                      Replace(Regex \p{Mn}+, ""), Strip], the same added tokens
 And, when the sentencepiece package is present, from tests/data/tokenizer/spm-bpe.model (or SPM_MODEL):
   llama2-tokenizer.json               SentencePiece-style BPE as transformers' LlamaConverter writes it (legacy):
                                       normalizer Sequence[Prepend("▁"), Replace(" ", "▁")], no pre-tokenizer,
@@ -74,6 +79,34 @@ def spm_bpe_files(outdir, spm_model):
     tok.save(os.path.join(outdir, "llama2-metaspace-tokenizer.json"))
 
 
+def norm_files(outdir, vocab_size):
+    """The byte-level BPE files with Unicode normalizers (see the module docstring)."""
+    added = [AddedToken("[[Tool]]", normalized=True, special=False),
+             AddedToken("<r>", rstrip=True, normalized=False, special=False)]
+    specials = [AddedToken("<MASK>", lstrip=True, normalized=False, special=True)]
+
+    lower = Tokenizer(models.BPE())
+    lower.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+    lower.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    lower.decoder = decoders.ByteLevel()
+    train(lower, vocab_size, ["<|endoftext|>"])
+    lower.add_tokens(added)
+    lower.add_special_tokens(specials)
+    lower.save(os.path.join(outdir, "norm-nfkc-lower-tokenizer.json"))
+
+    strip = Tokenizer(models.BPE())
+    strip.normalizer = normalizers.Sequence([normalizers.NFD(), normalizers.Replace(Regex(r"\s+"), " "),
+                                             normalizers.Replace(Regex(r"\p{Mn}+"), ""), normalizers.Strip()])
+    strip.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    strip.decoder = decoders.ByteLevel()
+    train(strip, vocab_size, ["<|endoftext|>"])
+    strip.add_tokens(added)
+    strip.add_special_tokens(specials)
+    strip.save(os.path.join(outdir, "norm-nfd-strip-tokenizer.json"))
+
+
 def main(outdir, vocab_size, spm_model=None):
     os.makedirs(outdir, exist_ok=True)
     gpt2 = Tokenizer(models.BPE())
@@ -114,6 +147,8 @@ def main(outdir, vocab_size, spm_model=None):
     spec["model"]["ignore_merges"] = True
     with open(os.path.join(outdir, "llama3-bos-tokenizer.json"), "w") as f:
         json.dump(spec, f, ensure_ascii=False)
+
+    norm_files(outdir, vocab_size)
 
     try:
         import sentencepiece  # noqa: F401

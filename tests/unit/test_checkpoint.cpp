@@ -1089,7 +1089,7 @@ TEST_F(CheckpointTest, HfExportCarriesTheDataTokenizer) {
 
   const std::string out = root_ + "/hf";
   CheckpointReader r(ckpt_dir);
-  export_hf_gpt2(r, out, DType::f32, 256);
+  export_hf_gpt2(r, out, DType::f32, HfSpecialIds{256, 256});
   const auto sidecar = read_tokenizer_sidecar_file(ckpt_dir + "/tokenizer.yaml");
   ASSERT_TRUE(sidecar.has_value());
   export_hf_tokenizer(*sidecar, out, 6);

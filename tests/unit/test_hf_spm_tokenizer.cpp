@@ -7,8 +7,15 @@
 #include <algorithm>
 #include <filesystem>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
 #include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/hf_export.h"
 #include "core/checkpoint/hf_spm_tokenizer.h"
+#include "core/checkpoint/hf_tokenizer_export.h"
+#include "tests/unit/temp_dir.h"
 
 namespace mt {
 namespace {
@@ -66,6 +73,49 @@ TEST(HfSpmTokenizer, RefusesWhatTokenizersCannotExpress) {
   m.trainer.treat_whitespace_as_suffix = false;
   m.trainer.model_type = SpmModelType::word;
   EXPECT_THROW(spm_tokenizer_json(m, "x.model"), CheckpointError);
+}
+
+// config.json states the bos / eos ids generation_config.json does, for every tokenizer kind: a SentencePiece
+// model's own bos (<s>, 1) rather than the eod id; the others' eod id for both.
+TEST(HfSpmTokenizer, ConfigJsonTakesBosAndEosFromTheTokenizer) {
+  testing_util::TempDir dir;
+  HfModelShape g;
+  g.arch = HfArch::llama;
+  g.num_layers = 1, g.hidden = 8, g.heads = 2, g.groups = 2, g.ffn = 16, g.vocab = 600, g.positions = 16;
+  struct Case {
+    std::string kind, file;
+    int32_t eod, bos;
+  };
+  for (const Case& c : {Case{"sentencepiece", "spm-bpe.model", 2, 1}, Case{"hf", "llama3-tokenizer.json", 1, 1},
+                        Case{"gpt2", "", 0, 0}, Case{"byte", "", 256, 256}}) {
+    TokenizerSidecar sidecar;
+    sidecar.tokenizer.name = c.kind;
+    sidecar.tokenizer.tokenizer_model = c.kind == "sentencepiece" ? (kFixtures / c.file).string() : "";
+    sidecar.tokenizer.tokenizer_file = c.kind == "hf" ? (kFixtures / c.file).string() : "";
+    sidecar.tokenizer.vocab_file = (kFixtures / "gpt2-vocab.json").string();
+    sidecar.tokenizer.merge_file = (kFixtures / "gpt2-merges.txt").string();
+    sidecar.eod = c.eod;
+    const HfSpecialIds ids = hf_special_ids(sidecar);
+    EXPECT_EQ(ids.bos, c.bos) << c.kind;
+    EXPECT_EQ(ids.eos, c.eod) << c.kind;
+    const std::string out = dir / c.kind;
+    fs::create_directories(out);
+    export_hf_tokenizer(sidecar, out, 16);
+    std::ifstream in(out + "/generation_config.json");
+    std::stringstream text;
+    text << in.rdbuf();
+    const auto gen = nlohmann::json::parse(text.str());
+    for (const std::string& cfg_text :
+         {hf_llama_config_json(g, DType::f32, ids), hf_gpt2_config_json(g, DType::f32, ids)}) {
+      const auto cfg = nlohmann::json::parse(cfg_text);
+      EXPECT_EQ(cfg["bos_token_id"], gen["bos_token_id"]) << c.kind;
+      EXPECT_EQ(cfg["eos_token_id"], gen["eos_token_id"]) << c.kind;
+    }
+  }
+  // Without a tokenizer: the byte tokenizer's eod, the last id, for both.
+  const auto cfg = nlohmann::json::parse(hf_llama_config_json(g, DType::f32, std::nullopt));
+  EXPECT_EQ(cfg["bos_token_id"], 599);
+  EXPECT_EQ(cfg["eos_token_id"], 599);
 }
 
 }  // namespace

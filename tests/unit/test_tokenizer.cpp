@@ -276,8 +276,8 @@ TEST(Tokenizer, RefusesWhatItDoesNotImplementByName) {
                                         "\"pre_tokenizer\": {\"type\": \"Whitespace\"")),
                  "pre_tokenizer 'Whitespace' is not supported");
   expect_refused(hf_file(edited_fixture(dir, "gpt2-tokenizer.json", "\"normalizer\": null",
-                                        "\"normalizer\": {\"type\": \"NFC\"}")),
-                 "normalizer 'NFC'");
+                                        "\"normalizer\": {\"type\": \"BertNormalizer\"}")),
+                 "normalizer 'BertNormalizer'");
   expect_refused(hf_file(edited_fixture(dir, "llama3-tokenizer.json", "\"behavior\": \"Isolated\"",
                                         "\"behavior\": \"MergedWithPrevious\"")),
                  "Split with behavior 'MergedWithPrevious'");
