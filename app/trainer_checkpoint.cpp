@@ -44,13 +44,13 @@ void Trainer::maybe_resume() {
     partial.emplace();
   }
   if (zero_) {
-    // Whole per-parameter states of this model-parallel slice, then this rank's shard of them. (A partial load
-    // keeps the initial values, zero moments, for what it skips.)
+    // Whole per-parameter states of this model-parallel slice in host memory (12 bytes a parameter: more than
+    // a GPU holds beside the model), then this rank's shard of them. (A partial load keeps the initial values,
+    // zero moments, for what it skips.)
     std::vector<AdamW::Slot> slots;
     for (Parameter* p : params_) {
-      AdamW::Slot slot{p, Tensor::empty(p->value.shape(), DType::f32, device_),
-                       Tensor::empty(p->value.shape(), DType::f32, device_),
-                       Tensor::empty(p->value.shape(), DType::f32, device_)};
+      auto host = [&] { return Tensor::empty(p->value.shape(), DType::f32, Device::cpu, MemKind::workspace); };
+      AdamW::Slot slot{p, host(), host(), host()};
       if (partial) {
         slot.master.copy_from(p->value);
         slot.exp_avg.zero_();
@@ -115,8 +115,9 @@ void Trainer::save() {
     dist_.store->set(key, Bytes(tmp.begin(), tmp.end()));
   }
   const bool writer = dist_.dp_rank() == 0;
-  // With the distributed optimizer every data-parallel rank takes part in gathering the state.
-  std::vector<AdamW::Slot> slots = zero_ ? zero_->gather_slots() : adam_->slots();
+  // With the distributed optimizer every data-parallel rank takes part in gathering the state; the writer
+  // keeps it (in host memory).
+  std::vector<AdamW::Slot> slots = zero_ ? zero_->gather_slots(writer) : adam_->slots();
   if (writer) {
     if (dist_.rank() != 0) {
       Bytes b = dist_.store->get(key, Millis(static_cast<int64_t>(cfg_.parallel.timeout_s * 1000)));

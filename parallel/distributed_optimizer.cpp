@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -23,7 +25,7 @@ DistributedOptimizer::DistributedOptimizer(const GradBuffer& grads, Communicator
   for (size_t i = buckets.size(); i-- > 0;) {
     const GradBuffer::Bucket& bucket = buckets[i];
     const int64_t lo = bucket.begin + r * bucket.shard, hi = lo + bucket.shard;  // in the buffer
-    buckets_.push_back({bucket.begin, bucket.end, shard_, bucket.shard});
+    buckets_.push_back({bucket.begin, bucket.end, shard_, bucket.shard, &bucket.params});
     for (Parameter* p : bucket.params) {
       const int64_t offset = grads_.offset(p);
       const int64_t b = std::max(lo, offset), e = std::min(hi, offset + p->value.numel());
@@ -79,10 +81,17 @@ StepResult DistributedOptimizer::step(double lr, double loss_scale, const StepCh
   return r;
 }
 
-void DistributedOptimizer::all_gather_buckets(const Tensor& shard, Tensor& full) {
+void DistributedOptimizer::for_each_gathered_bucket(const Tensor& shard,
+                                                    const std::function<void(const BucketShard&, const Tensor&)>& use) {
+  // One bucket at a time through a bucket-sized temporary: a whole-buffer one would cost the model slice's size
+  // again in device memory (the gradient buffer's length in the gathered dtype; three f32 ones for the slots).
+  int64_t largest = 0;
+  for (const BucketShard& b : buckets_) largest = std::max(largest, b.end - b.begin);
+  Tensor staging = Tensor::empty({largest}, shard.dtype(), shard.device(), MemKind::workspace);
   for (const BucketShard& b : buckets_) {
-    Tensor out = full.slice(b.begin, b.end);
-    dp_.all_gather(shard.slice(b.shard_begin, b.shard_begin + b.shard), out)->wait();
+    Tensor full = staging.slice(0, b.end - b.begin);
+    dp_.all_gather(shard.slice(b.shard_begin, b.shard_begin + b.shard), full)->wait();
+    use(b, full);
   }
 }
 
@@ -92,27 +101,36 @@ void DistributedOptimizer::all_gather_into_values(bool values_current) {
     if (!values_current) value_shard_.copy_from(master_);
     shard = &value_shard_;
   }
-  Tensor full = Tensor::empty({grads_.data().numel()}, shard->dtype(), shard->device(), MemKind::workspace);
-  all_gather_buckets(*shard, full);
-  for (Parameter* p : grads_.params()) {
-    const int64_t o = grads_.offset(p);
-    p->value.copy_from(full.slice(o, o + p->value.numel()));
-  }
+  for_each_gathered_bucket(*shard, [&](const BucketShard& b, const Tensor& full) {
+    for (Parameter* p : *b.params) {
+      const int64_t o = grads_.offset(p) - b.begin;
+      p->value.copy_from(full.slice(o, o + p->value.numel()));
+    }
+  });
 }
 
-std::vector<AdamW::Slot> DistributedOptimizer::gather_slots() {
-  Tensor full[3];
-  const Tensor* shards[3] = {&master_, &exp_avg_, &exp_avg_sq_};
-  for (int k = 0; k < 3; ++k) {
-    full[k] = Tensor::empty({grads_.data().numel()}, DType::f32, master_.device(), MemKind::workspace);
-    all_gather_buckets(*shards[k], full[k]);
-  }
+std::vector<AdamW::Slot> DistributedOptimizer::gather_slots(bool keep) {
   std::vector<AdamW::Slot> slots;
-  for (Parameter* p : grads_.params()) {
-    const int64_t o = grads_.offset(p);
-    auto part = [&](const Tensor& t) { return t.slice(o, o + p->value.numel()).view(p->value.shape()); };
-    slots.push_back({p, part(full[0]), part(full[1]), part(full[2])});
-  }
+  std::unordered_map<const Parameter*, size_t> slot_of;
+  if (keep)
+    for (Parameter* p : grads_.params()) {
+      slot_of[p] = slots.size();
+      // On the host: the writer's whole state of the model slice is 12 bytes per parameter, more than a GPU
+      // holds beside the run.
+      auto host = [&] { return Tensor::empty(p->value.shape(), DType::f32, Device::cpu, MemKind::workspace); };
+      slots.push_back({p, host(), host(), host()});
+    }
+  const Tensor* shards[3] = {&master_, &exp_avg_, &exp_avg_sq_};
+  for (int k = 0; k < 3; ++k)
+    for_each_gathered_bucket(*shards[k], [&](const BucketShard& b, const Tensor& full) {
+      if (!keep) return;
+      for (Parameter* p : *b.params) {
+        AdamW::Slot& slot = slots[slot_of.at(p)];
+        const int64_t o = grads_.offset(p) - b.begin, n = p->value.numel();
+        Tensor& whole = k == 0 ? slot.master : k == 1 ? slot.exp_avg : slot.exp_avg_sq;
+        whole.view({n}).copy_from(full.slice(o, o + n));
+      }
+    });
   return slots;
 }
 

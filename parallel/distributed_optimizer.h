@@ -3,6 +3,7 @@
 // during backward): every rank updates its shard in one multi-tensor pass that also rounds it to the compute
 // dtype, and those shards are all-gathered back, bucket by bucket, into every rank's parameters.
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "core/optimizer.h"
@@ -24,8 +25,9 @@ class DistributedOptimizer {
   int64_t steps() const { return steps_; }
   void set_steps(int64_t s) { steps_ = s; }
 
-  // The whole per-parameter master weights and moments, gathered over the group (collective), for saving.
-  std::vector<AdamW::Slot> gather_slots();
+  // The whole per-parameter master weights and moments, gathered over the group (collective), for saving: in
+  // host memory, on the ranks that `keep` them (the writer); the others take part and get nothing.
+  std::vector<AdamW::Slot> gather_slots(bool keep = true);
   // Takes this rank's shard from whole per-parameter states (after loading) and casts the masters into the
   // parameters' values.
   void scatter_slots(const std::vector<AdamW::Slot>& slots);
@@ -44,6 +46,7 @@ class DistributedOptimizer {
   struct BucketShard {
     int64_t begin, end;  // the bucket in the gradient buffer
     int64_t shard_begin, shard;
+    const std::vector<Parameter*>* params;  // the bucket's parameters (the gradient buffer's list)
   };
   const GradBuffer& grads_;
   Communicator& dp_;
@@ -56,8 +59,9 @@ class DistributedOptimizer {
   // and the all-gather moves these (half the bytes of f32); undefined for f32 parameters (masters gathered).
   Tensor value_shard_;
   int64_t steps_ = 0;
-  // Gathers every rank's blocks of `shard` (shard_) into `full` (the gradient buffer's length), bucket by bucket.
-  void all_gather_buckets(const Tensor& shard, Tensor& full);
+  // Gathers every rank's blocks of `shard` (shard_), bucket by bucket, into a bucket-sized temporary and passes
+  // it (the bucket's elements of the gradient buffer's layout) to `use`.
+  void for_each_gathered_bucket(const Tensor& shard, const std::function<void(const BucketShard&, const Tensor&)>& use);
   // Gathers every rank's updated values into the parameters; values_current: value_shard_ already holds
   // this rank's rounded masters (after a step), else they are cast first (after loading).
   void all_gather_into_values(bool values_current);
