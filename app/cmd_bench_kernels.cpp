@@ -4,7 +4,9 @@
 // file `megatrain plan --rates` reads.
 // On the CPU it measures the reference backend (OpenBLAS); with --device cuda it measures the GPU, and says so
 // and exits with status 77 when no GPU can be used.
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <exception>
 #include <functional>
 #include <limits>
@@ -157,6 +159,8 @@ void measure_elementwise(Device dev, DType dt, double min_seconds, plan::Hardwar
 // 2 latencies), the mean of three rounds (unlike a kernel's rate, the wake-up latency is not disturbance to
 // filter out: every collective of a run pays it); and the cores the ranks share.
 void measure_gloo(plan::Hardware& hw) {
+  // n^3 * 2 FLOP at the best measured GEMM rate = 5 ms.
+  const auto n = static_cast<int64_t>(std::clamp(std::cbrt(5e-3 * hw.peak_flops / 2), 128.0, 2048.0));
   hw.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const std::vector<double> bytes = {16.0 * 1024, 4.0 * 1024 * 1024};
   std::vector<double> seconds(bytes.size());
@@ -171,10 +175,12 @@ void measure_gloo(plan::Hardware& hw) {
       opt.timeout = std::chrono::seconds(60);
       auto comm = make_gloo_communicator(store, opt);
       // Training calls a collective between compute steps, not back to back: a waiting rank's threads go to
-      // sleep and each collective pays their wake-up (on this 2-core VM about 1.5 ms against 0.3 ms back to
-      // back). So each all-reduce here follows a GEMM of about a millisecond, whose time alone is subtracted.
-      Tensor a = filled({256, 256}, DType::f32, Device::cpu, 0.01f);
-      Tensor o = Tensor::empty({256, 256}, DType::f32, Device::cpu);
+      // sleep, and each collective pays their wake-up, the longer the longer they slept (on the 2-core VM this
+      // was written on: 0.3 ms back to back, 0.9 ms after 1 ms of compute, 1.9 ms after 5 ms). So each
+      // all-reduce here follows a GEMM of about 5 ms, a CPU layer's compute between two of its collectives,
+      // whose time alone is subtracted.
+      Tensor a = filled({n, n}, DType::f32, Device::cpu, 0.01f);
+      Tensor o = Tensor::empty({n, n}, DType::f32, Device::cpu);
       for (size_t i = 0; i < bytes.size(); ++i) {
         // A fixed number of calls on both ranks (a timed loop could end at different counts and hang).
         Tensor t = filled({static_cast<int64_t>(bytes[i] / 4)}, DType::f32, Device::cpu, 1.f);
