@@ -14,6 +14,7 @@
 #include "core/checkpoint/file_io.h"
 #include "core/checkpoint/hf_spm_tokenizer.h"
 #include "core/data/indexed_dataset.h"  // DataError
+#include "core/data/post_processor.h"
 #include "core/data/spm_model_proto.h"
 
 namespace mt {
@@ -140,10 +141,36 @@ SpmModelProto read_spm_model(const std::string& path, std::string& bytes) {
   }
 }
 
+json parse_tokenizer_json(const std::string& path) {
+  const std::string text = read_file(path, "tokenizer.json");
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    throw CheckpointError(fmt::format("{}: the tokenizer's tokenizer.json is not valid JSON: {}", path, e.what()));
+  }
+}
+
+// The special tokens tokenizer.json's post-processor puts around each text (none when it has no post-processor).
+SpecialTemplate post_processor_of(const json& tok, const std::string& path) {
+  try {
+    return load_post_processor(tok.value("post_processor", json()), path);
+  } catch (const DataError& e) {
+    throw CheckpointError(e.what());
+  }
+}
+
 }  // namespace
 
 HfSpecialIds hf_special_ids(const TokenizerSidecar& sidecar) {
   const int32_t eod = sidecar.eod;
+  if (sidecar.tokenizer.name == "hf") {
+    // The data begins each document with the post-processor's leading special token (Llama-3's
+    // <|begin_of_text|>) when `data prepare` added them: that is the bos. Otherwise the eod token serves.
+    if (!sidecar.tokenizer.add_special_tokens) return {eod, eod};
+    const SpecialTemplate t =
+        post_processor_of(parse_tokenizer_json(sidecar.tokenizer.tokenizer_file), sidecar.tokenizer.tokenizer_file);
+    return {t.before.empty() ? eod : t.before.front(), eod};
+  }
   if (sidecar.tokenizer.name != "sentencepiece") return {eod, eod};
   std::string bytes;
   const SpmModelProto m = read_spm_model(sidecar.tokenizer.tokenizer_model, bytes);
@@ -164,7 +191,8 @@ std::vector<std::string> export_hf_tokenizer(const TokenizerSidecar& sidecar, co
     written.push_back(name);
   };
   std::string eod_text = o.eod_token.empty() ? "<|endoftext|>" : o.eod_token;
-  // byte, gpt2, hf: every special role is the eod token; a SentencePiece model names its own.
+  // byte, gpt2: every special role is the eod token; hf: the bos is the post-processor's leading token when the
+  // data has it; a SentencePiece model names its own.
   const HfSpecialIds ids = hf_special_ids(sidecar);
   std::string bos_text, unk_text, pad_text;
   bool split_special = false;
@@ -176,20 +204,26 @@ std::vector<std::string> export_hf_tokenizer(const TokenizerSidecar& sidecar, co
     write("merges.txt", read_file(o.merge_file, "merges.txt"));
     write("tokenizer.json", dump(tok));
   } else if (o.name == "hf") {
-    const std::string text = read_file(o.tokenizer_file, "tokenizer.json");
-    json tok;
-    try {
-      tok = json::parse(text);
-    } catch (const json::exception& e) {
-      throw CheckpointError(
-          fmt::format("{}: the tokenizer's tokenizer.json is not valid JSON: {}", o.tokenizer_file, e.what()));
+    json tok = parse_tokenizer_json(o.tokenizer_file);
+    auto text_of = [&](int32_t id) {
+      std::optional<std::string> t = hf_token_text(tok, id);
+      if (!t) throw CheckpointError(fmt::format("{}: has no token with the id {}", o.tokenizer_file, id));
+      return *t;
+    };
+    if (o.eod_token.empty()) eod_text = text_of(eod);
+    if (ids.bos != eod) {
+      bos_text = text_of(ids.bos);
+      unk_text = pad_text = eod_text;
     }
-    if (o.eod_token.empty()) {
-      std::optional<std::string> t = hf_token_text(tok, eod);
-      if (!t) throw CheckpointError(fmt::format("{}: has no token with the eod id {}", o.tokenizer_file, eod));
-      eod_text = *t;
+    const SpecialTemplate t = post_processor_of(tok, o.tokenizer_file);
+    if (!o.add_special_tokens && !(t.before.empty() && t.after.empty())) {
+      // `data prepare --no-special-tokens`: the data has no post-processor tokens, so neither may the ids
+      // AutoTokenizer gives from the export.
+      tok["post_processor"] = nullptr;
+      write("tokenizer.json", dump(tok));
+    } else {
+      write("tokenizer.json", read_file(o.tokenizer_file, "tokenizer.json"));
     }
-    write("tokenizer.json", text);
   } else if (o.name == "sentencepiece") {
     std::string bytes;
     const SpmModelProto m = read_spm_model(o.tokenizer_model, bytes);

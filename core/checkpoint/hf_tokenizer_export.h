@@ -20,14 +20,17 @@ struct HfSpecialIds {
 };
 
 // The tokenizer's bos / eos ids: eos is the eod id; bos is the eod id too, except for SentencePiece, whose model
-// names its bos (read from the .model; the eod id when it has none). Throws CheckpointError naming the file.
+// names its bos (read from the .model; the eod id when it has none), and for an hf tokenizer.json whose
+// post-processor put a special token before each document (Llama-3's <|begin_of_text|>; not with `data prepare
+// --no-special-tokens`). Throws CheckpointError naming the file.
 HfSpecialIds hf_special_ids(const TokenizerSidecar& sidecar);
 
 // Writes into out_dir, by sidecar kind:
 //   byte:          tokenizer.json (the 256 bytes as GPT-2's byte-level alphabet, no merges, so id i is byte i;
 //                  the eod id an added special token <|endoftext|>)
 //   gpt2:          vocab.json + merges.txt copied, and tokenizer.json built from them (byte-level BPE)
-//   hf:            the tokenizer.json copied
+//   hf:            the tokenizer.json copied (without its post-processor when the data was prepared without
+//                  the special tokens it adds)
 //   sentencepiece: tokenizer.json built from the .model (hf_spm_tokenizer.h: encodes as sentencepiece does,
 //                  up to float32 ties of unigram scores) and the .model copied as tokenizer.model
 // and tokenizer_config.json (PreTrainedTokenizerFast, model_max_length) and special_tokens_map.json: bos/eos/
