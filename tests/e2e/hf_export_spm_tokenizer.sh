@@ -47,14 +47,7 @@ for kind in bpe unigram; do
 
   TV=${TRANSFORMERS_VENV:-/work/.venv-torch}
   if "$TV/bin/python" -c "import torch, transformers" 2>/dev/null; then
-    "$TV/bin/python" - "$kind" <<'PY' || fail "$kind: pipeline(\"text-generation\") on the export failed"
-import sys
-from transformers import pipeline
-gen = pipeline("text-generation", model="hf", tokenizer="hf", device="cpu")
-out = gen("Hello, world", max_new_tokens=8, do_sample=False)[0]["generated_text"]
-assert isinstance(out, str) and out.startswith("Hello, world") and len(out) > len("Hello, world"), out
-print(f"spm-{sys.argv[1]}: pipeline('text-generation') on the export: {out!r}")
-PY
+    check_text_generation "$TV/bin/python" "spm-$kind" || fail "$kind: pipeline(\"text-generation\") on the export failed"
   else
     echo "spm-$kind: no torch + transformers at $TV: pipeline('text-generation') not checked"
   fi

@@ -94,15 +94,7 @@ assert json.load(open("hf/tokenizer_config.json"))["model_max_length"] == 32
 sys.exit(bad != 0)
 PY
   if "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-    "$VENV/bin/python" - "$kind" <<'PY' || fail "$kind: pipeline(\"text-generation\") on the export failed"
-import json, sys
-from transformers import pipeline
-arch = json.load(open("hf/config.json"))["architectures"][0]
-gen = pipeline("text-generation", model="hf", tokenizer="hf", device="cpu")
-out = gen("Hello, world", max_new_tokens=8, do_sample=False)[0]["generated_text"]
-assert isinstance(out, str) and out.startswith("Hello, world") and len(out) > len("Hello, world"), out
-print(f"{sys.argv[1]}: pipeline('text-generation') on the {arch} export: {out!r}")
-PY
+    check_text_generation "$VENV/bin/python" "$kind" || fail "$kind: pipeline(\"text-generation\") on the export failed"
   else
     echo "$kind: no torch at $VENV: pipeline('text-generation') not checked"
   fi

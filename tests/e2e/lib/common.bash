@@ -127,3 +127,17 @@ print(f"{b_path} vs {a_path}: iterations {lo}-{hi}, worst relative difference {w
 assert worst <= tol, "losses differ"
 PY
 }
+
+# pipeline("text-generation") on the Hugging Face export in ./hf continues a prompt with text (greedy, 8 new tokens):
+# check_text_generation PYTHON LABEL, PYTHON one with torch and transformers.
+check_text_generation() {
+  "$1" - "$2" <<'PY'
+import json, sys
+from transformers import pipeline
+arch = json.load(open("hf/config.json"))["architectures"][0]
+gen = pipeline("text-generation", model="hf", tokenizer="hf", device="cpu")
+out = gen("Hello, world", max_new_tokens=8, do_sample=False)[0]["generated_text"]
+assert isinstance(out, str) and out.startswith("Hello, world") and len(out) > len("Hello, world"), out
+print(f"{sys.argv[1]}: pipeline('text-generation') on the {arch} export: {out!r}")
+PY
+}
