@@ -44,6 +44,11 @@ void run_plan(const PlanArgs& a) {
   // Say so: data: auto plans a single data-parallel replica (no ZeRO sharding) unless --world names the ranks.
   if (data_auto && !a.json)
     fmt::print("note: parallel.data: auto planned as DP 1 on {} ranks; --world N plans N ranks\n", world);
+  // The built-in CPU table is a placeholder (CPUs differ too much for one): say how to get real figures.
+  if (!hw.is_gpu && a.rates.empty() && !a.json)
+    fmt::print(
+        "note: the built-in cpu rates are placeholders that only order layouts; `megatrain bench kernels -o "
+        "rates.yaml` measures this machine (then --rates rates.yaml; within 12% on bench/plan_time.sh's runs)\n");
   if (a.search) {
     const std::vector<plan::Prediction> ranked = plan::search(cfg, world, hw);
     if (a.json) {

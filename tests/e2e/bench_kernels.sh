@@ -24,6 +24,11 @@ YAML
 python3 -c "import json; t = json.load(open('plan.json'))['time_s']; assert t['total'] > 0 and t['attention'] > 0, t" ||
   fail "plan --rates gave no time"
 
+# Without measured rates, plan says the CPU figures are placeholders; with them it does not.
+"$MT" plan --config tiny.yaml --world 2 --gpu cpu | grep -q "placeholders" || fail "no placeholder note without --rates"
+! "$MT" plan --config tiny.yaml --world 2 --gpu cpu --rates rates.yaml | grep -q "placeholders" ||
+  fail "a placeholder note with measured rates"
+
 printf 'peak_flops: 1.0e9\nhbm_bytes_per_s: 1.0e9\nattention_points: [[64, 16]]\n' > bad.yaml
 expect_error "bad.yaml: attention_points\[0\]: expected \[T, D, dropout, flops_per_s\]" \
   plan --config tiny.yaml --world 2 --gpu cpu --rates bad.yaml
