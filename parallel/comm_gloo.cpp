@@ -210,9 +210,14 @@ class GlooCommunicator final : public Communicator {
     }
     if (m == 0) return done();
     const int n = size(), r = rank();
-    Tensor mine = Tensor::empty({in.numel()}, DType::f32, Device::cpu, MemKind::workspace);  // (n * m)
-    Tensor blocks = Tensor::empty({n * m}, DType::f32, Device::cpu, MemKind::workspace);     // block r of each rank
-    mine.copy_from(in);
+    // What is sent: `in` itself when it is f32 (the gradient buffer's case: no copy of the bucket), else an f32
+    // copy. Every send completes before `out`, which may be a block of `in`, is written.
+    Tensor mine = in.dtype() == DType::f32 ? in.view({in.numel()}) : Tensor();
+    if (!mine.defined()) {
+      mine = Tensor::empty({in.numel()}, DType::f32, Device::cpu, MemKind::workspace);  // (n * m)
+      mine.copy_from(in);
+    }
+    Tensor blocks = Tensor::empty({n * m}, DType::f32, Device::cpu, MemKind::workspace);  // block r of each rank
     guarded("reduce_scatter", [&] {
       const size_t block_bytes = static_cast<size_t>(m) * sizeof(float);
       auto send_buf = context_->createUnboundBuffer(mine.raw(), mine.nbytes());

@@ -76,9 +76,9 @@ class Replay {
     return gather_wait();
   }
   // SequenceReduction's constructor on a (N, C) partial: with SP a rank-major copy (held until wait) and a
-  // new (Ns, C) result, reduce-scattered (Gloo: an fp32 copy of the input and an fp32 block of every rank,
-  // transient, comm_gloo.cpp reduce_scatter); without SP an all-reduce in place (Gloo reduces 16-bit types in
-  // an fp32 copy). Returns the bytes allocated.
+  // new (Ns, C) result, reduce-scattered (Gloo: an fp32 block of every rank and, for 16-bit inputs, an fp32
+  // copy of the input, transient, comm_gloo.cpp reduce_scatter); without SP an all-reduce in place (Gloo reduces
+  // 16-bit types in an fp32 copy). Returns the bytes allocated.
   double reduction_begin() {
     const double NC = s.N() * s.m.C;
     if (!s.sp) {
@@ -88,7 +88,7 @@ class Replay {
     t.hold(NC * s.d);  // rank_major_
     const double shard = s.Ns() * s.m.C * s.d;
     t.alloc(shard);  // result_
-    if (s.cpu) t.workspace(8 * NC);
+    if (s.cpu) t.workspace((s.d == 4 ? 4 : 8) * NC);
     return shard;
   }
   // SequenceReduction::wait: the rank-major copy released.

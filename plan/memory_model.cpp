@@ -195,12 +195,12 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     const double persistent_ws = 8.0 * static_cast<double>(std::min<int64_t>(c.logging.interval, 1024)) +
                                  (backend == Backend::cuda ? kCublasLtWorkspace : 0);
     // After the last backward, with no activations left but the batch: grad_stats' two doubles; with ZeRO,
-    // one after the other, Gloo's reduce-scatter of a bucket (an fp32 copy of it and a block from every rank:
-    // comm_gloo.cpp, run on the gradient buffer's thread) and all_gather_into_values' bucket-sized staging in
-    // the gathered dtype (the compute dtype; fp32 masters when it is fp32).
+    // one after the other, Gloo's reduce-scatter of a bucket (a block from every rank, sent from the fp32 bucket
+    // itself: comm_gloo.cpp, run on the gradient buffer's thread) and all_gather_into_values' bucket-sized
+    // staging in the gathered dtype (the compute dtype; fp32 masters when it is fp32).
     double step_ws = 16;
     if (zero) {
-      const double reduce_scatter = (backend == Backend::cpu && dp > 1) ? 8 * g.max_bucket : 0;
+      const double reduce_scatter = (backend == Backend::cpu && dp > 1) ? 4 * g.max_bucket : 0;
       step_ws += std::max(reduce_scatter, g.max_bucket * (d == 4 ? 4 : d));
     }
     const double step_act = (p == 1) ? 2 * shapes.B * shapes.T * 4 : 0;  // the plain loop's last batch
