@@ -39,6 +39,7 @@ layouts=(
   "tiny-pp2-vp2|2|--set parallel.pipeline=2 --set parallel.virtual_pipeline=2 --set training.micro_batch_size=2"
   "tiny-dp2|2|"
   "tiny-dp2-zero-bf16|2|--set parallel.distributed_optimizer=true --set training.precision=bf16"
+  "tiny-dp2-zero-bf16-buckets|2|--set parallel.distributed_optimizer=true --set training.precision=bf16 --set parallel.grad_bucket_size=20000"
   "tiny-pp4|4|--set parallel.pipeline=4 --set training.micro_batch_size=2"
   "tiny-tp2-pp2-sp-recompute|4|--set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.sequence_parallel=true --set training.recompute=full --set training.micro_batch_size=2"
   "mid-bf16|1|${mid[*]} --set training.precision=bf16"
