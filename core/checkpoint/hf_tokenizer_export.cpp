@@ -141,15 +141,6 @@ SpmModelProto read_spm_model(const std::string& path, std::string& bytes) {
   }
 }
 
-json parse_tokenizer_json(const std::string& path) {
-  const std::string text = read_file(path, "tokenizer.json");
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    throw CheckpointError(fmt::format("{}: the tokenizer's tokenizer.json is not valid JSON: {}", path, e.what()));
-  }
-}
-
 // The special tokens tokenizer.json's post-processor puts around each text (none when it has no post-processor).
 SpecialTemplate post_processor_of(const json& tok, const std::string& path) {
   try {
@@ -159,26 +150,28 @@ SpecialTemplate post_processor_of(const json& tok, const std::string& path) {
   }
 }
 
+// hf: the data begins each document with the post-processor's leading special token (Llama-3's
+// <|begin_of_text|>) when `data prepare` added them: that is the bos. Otherwise the eod token serves.
+HfSpecialIds hf_ids(const SpecialTemplate& t, const TokenizerSidecar& sidecar) {
+  const int32_t eod = sidecar.eod;
+  const bool leading = sidecar.tokenizer.add_special_tokens && !t.before.empty();
+  return {leading ? t.before.front() : eod, eod};
+}
+
+// SentencePiece: the model's bos (parse_spm_model has checked it names a piece), or the eod id without one.
+HfSpecialIds spm_ids(const SpmModelProto& m, int32_t eod) {
+  return {m.trainer.bos_id >= 0 ? m.trainer.bos_id : eod, eod};
+}
+
 }  // namespace
 
 HfSpecialIds hf_special_ids(const TokenizerSidecar& sidecar) {
-  const int32_t eod = sidecar.eod;
-  if (sidecar.tokenizer.name == "hf") {
-    // The data begins each document with the post-processor's leading special token (Llama-3's
-    // <|begin_of_text|>) when `data prepare` added them: that is the bos. Otherwise the eod token serves.
-    if (!sidecar.tokenizer.add_special_tokens) return {eod, eod};
-    const SpecialTemplate t =
-        post_processor_of(parse_tokenizer_json(sidecar.tokenizer.tokenizer_file), sidecar.tokenizer.tokenizer_file);
-    return {t.before.empty() ? eod : t.before.front(), eod};
-  }
-  if (sidecar.tokenizer.name != "sentencepiece") return {eod, eod};
+  const TokenizerOptions& o = sidecar.tokenizer;
+  if (o.name == "hf")
+    return hf_ids(post_processor_of(parse_json(o.tokenizer_file, "tokenizer.json"), o.tokenizer_file), sidecar);
+  if (o.name != "sentencepiece") return {sidecar.eod, sidecar.eod};
   std::string bytes;
-  const SpmModelProto m = read_spm_model(sidecar.tokenizer.tokenizer_model, bytes);
-  const int32_t bos = m.trainer.bos_id;
-  if (bos >= static_cast<int32_t>(m.pieces.size()))
-    throw CheckpointError(fmt::format("{}: the bos id {} is not a piece of the model ({} pieces)",
-                                      sidecar.tokenizer.tokenizer_model, bos, m.pieces.size()));
-  return {bos >= 0 ? bos : eod, eod};
+  return spm_ids(read_spm_model(o.tokenizer_model, bytes), sidecar.eod);
 }
 
 std::vector<std::string> export_hf_tokenizer(const TokenizerSidecar& sidecar, const std::string& out_dir,
@@ -192,8 +185,8 @@ std::vector<std::string> export_hf_tokenizer(const TokenizerSidecar& sidecar, co
   };
   std::string eod_text = o.eod_token.empty() ? "<|endoftext|>" : o.eod_token;
   // byte, gpt2: every special role is the eod token; hf: the bos is the post-processor's leading token when the
-  // data has it; a SentencePiece model names its own.
-  const HfSpecialIds ids = hf_special_ids(sidecar);
+  // data has it; a SentencePiece model names its own (as hf_special_ids, from the files read here once).
+  HfSpecialIds ids{eod, eod};
   std::string bos_text, unk_text, pad_text;
   bool split_special = false;
   if (o.name == "byte") {
@@ -204,18 +197,19 @@ std::vector<std::string> export_hf_tokenizer(const TokenizerSidecar& sidecar, co
     write("merges.txt", read_file(o.merge_file, "merges.txt"));
     write("tokenizer.json", dump(tok));
   } else if (o.name == "hf") {
-    json tok = parse_tokenizer_json(o.tokenizer_file);
+    json tok = parse_json(o.tokenizer_file, "tokenizer.json");
     auto text_of = [&](int32_t id) {
       std::optional<std::string> t = hf_token_text(tok, id);
       if (!t) throw CheckpointError(fmt::format("{}: has no token with the id {}", o.tokenizer_file, id));
       return *t;
     };
     if (o.eod_token.empty()) eod_text = text_of(eod);
+    const SpecialTemplate t = post_processor_of(tok, o.tokenizer_file);
+    ids = hf_ids(t, sidecar);
     if (ids.bos != eod) {
       bos_text = text_of(ids.bos);
       unk_text = pad_text = eod_text;
     }
-    const SpecialTemplate t = post_processor_of(tok, o.tokenizer_file);
     if (!o.add_special_tokens && !(t.before.empty() && t.after.empty())) {
       // `data prepare --no-special-tokens`: the data has no post-processor tokens, so neither may the ids
       // AutoTokenizer gives from the export.
@@ -231,6 +225,7 @@ std::vector<std::string> export_hf_tokenizer(const TokenizerSidecar& sidecar, co
       throw CheckpointError(fmt::format("{}: the eod id {} is not a piece of the model ({} pieces)", o.tokenizer_model,
                                         eod, m.pieces.size()));
     eod_text = m.pieces[eod].piece;
+    ids = spm_ids(m, eod);
     const SpmTrainerSpec& t = m.trainer;
     bos_text = m.pieces[ids.bos].piece;
     unk_text = m.pieces[t.unk_id].piece;
