@@ -212,9 +212,11 @@ class GlooCommunicator final : public Communicator {
     const int n = size(), r = rank();
     // What is sent: `in` itself when it is f32 (the gradient buffer's case: no copy of the bucket), else an f32
     // copy. Every send completes before `out`, which may be a block of `in`, is written.
-    Tensor mine = in.dtype() == DType::f32 ? in.view({in.numel()}) : Tensor();
-    if (!mine.defined()) {
-      mine = Tensor::empty({in.numel()}, DType::f32, Device::cpu, MemKind::workspace);  // (n * m)
+    Tensor mine;  // (n * m) f32
+    if (in.dtype() == DType::f32) {
+      mine = in.view({in.numel()});
+    } else {
+      mine = Tensor::empty({in.numel()}, DType::f32, Device::cpu, MemKind::workspace);
       mine.copy_from(in);
     }
     Tensor blocks = Tensor::empty({n * m}, DType::f32, Device::cpu, MemKind::workspace);  // block r of each rank
