@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/config/config.h"
+#include "tests/unit/source_root.h"
 
 using namespace mt;
 
@@ -680,7 +681,7 @@ int64_t world_size_of(const std::string& path) {
 
 TEST(ConfigFiles, EveryFileInConfigsLoadsAndRoundTrips) {
   std::vector<std::string> files;
-  for (const auto& e : std::filesystem::directory_iterator(MEGATRAIN_SOURCE_DIR "/configs"))
+  for (const auto& e : std::filesystem::directory_iterator(mt::testing_util::source_root() / "configs"))
     if (e.path().extension() == ".yaml") files.push_back(e.path().string());
   std::sort(files.begin(), files.end());
   EXPECT_GE(files.size(), 4u);
@@ -695,14 +696,14 @@ TEST(ConfigFiles, EveryFileInConfigsLoadsAndRoundTrips) {
 }
 
 TEST(ConfigFiles, GptShapesAreThePapers) {
-  const Config s = load_config(MEGATRAIN_SOURCE_DIR "/configs/gpt-124m.yaml", {}, 1);
+  const Config s = load_config(mt::testing_util::source_path("configs/gpt-124m.yaml"), {}, 1);
   EXPECT_EQ(s.model.padded_vocab_size, 50304);
   EXPECT_EQ(s.model.head_dim, 64);
-  const Config xl = load_config(MEGATRAIN_SOURCE_DIR "/configs/gpt-1.3b.yaml", {}, 8);
+  const Config xl = load_config(mt::testing_util::source_path("configs/gpt-1.3b.yaml"), {}, 8);
   EXPECT_EQ(xl.parallel.data, 2);
   EXPECT_EQ(xl.model.padded_vocab_size, 50432);
   EXPECT_EQ(xl.training.num_microbatches, 64);  // 512 / (4 * 2)
-  const Config b8 = load_config(MEGATRAIN_SOURCE_DIR "/configs/gpt-8b.yaml", {}, 8);
+  const Config b8 = load_config(mt::testing_util::source_path("configs/gpt-8b.yaml"), {}, 8);
   EXPECT_EQ(b8.model.num_layers, 32);
   EXPECT_EQ(b8.model.hidden_size, 4096);
   EXPECT_EQ(b8.model.num_heads, 32);
@@ -711,7 +712,7 @@ TEST(ConfigFiles, GptShapesAreThePapers) {
 }
 
 TEST(ConfigFiles, Llama3ShapeIsMetas) {
-  const Config l = load_config(MEGATRAIN_SOURCE_DIR "/configs/llama3-8b.yaml", {}, 8);
+  const Config l = load_config(mt::testing_util::source_path("configs/llama3-8b.yaml"), {}, 8);
   EXPECT_EQ(l.model.arch, Arch::llama);
   EXPECT_EQ(l.model.num_layers, 32);
   EXPECT_EQ(l.model.hidden_size, 4096);

@@ -26,6 +26,7 @@
 #include "core/data/prepare.h"
 #include "core/data/tokenizer.h"
 #include "core/rng.h"
+#include "tests/unit/source_root.h"
 
 namespace mt {
 namespace {
@@ -204,8 +205,8 @@ TEST(IndexedDataset, ReadsPairsFromAnIndependentPythonWriter) {
     GTEST_SKIP() << "python3 not found: cannot run "
                  << "tests/data/write_indexed.py";
   TempDir dir;
-  const std::string cmd =
-      fmt::format("python3 '{}/tests/data/write_indexed.py' '{}'", MEGATRAIN_SOURCE_DIR, dir.path().string());
+  const std::string cmd = fmt::format("python3 '{}/tests/data/write_indexed.py' '{}'",
+                                      testing_util::source_root().string(), dir.path().string());
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   for (int code = 1; code <= 8; ++code) {
     SCOPED_TRACE(fmt::format("dtype code {}", code));

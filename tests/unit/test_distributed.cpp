@@ -9,6 +9,7 @@
 #include "app/device.h"
 #include "app/distributed.h"
 #include "core/config/config.h"
+#include "tests/unit/source_root.h"
 #if defined(MEGATRAIN_WITH_CUDA)
 #include "core/cuda/runtime.h"
 #endif
@@ -17,7 +18,7 @@ namespace mt::app {
 namespace {
 
 Config one_rank_config(const std::string& device, const std::string& backend) {
-  const std::string yaml = std::string(MEGATRAIN_SOURCE_DIR) + "/configs/gpt-tiny.yaml";
+  const std::string yaml = testing_util::source_path("configs/gpt-tiny.yaml");
   return load_config(yaml, {"training.device=" + device, "parallel.backend=" + backend, "parallel.timeout_s=60"});
 }
 

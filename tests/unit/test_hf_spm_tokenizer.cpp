@@ -15,16 +15,17 @@
 #include "core/checkpoint/hf_export.h"
 #include "core/checkpoint/hf_spm_tokenizer.h"
 #include "core/checkpoint/hf_tokenizer_export.h"
+#include "tests/unit/source_root.h"
 #include "tests/unit/temp_dir.h"
 
 namespace mt {
 namespace {
 
 namespace fs = std::filesystem;
-const fs::path kFixtures = fs::path(MEGATRAIN_SOURCE_DIR) / "tests" / "data" / "tokenizer";
+fs::path fixtures() { return testing_util::source_root() / "tests" / "data" / "tokenizer"; }
 
 TEST(HfSpmTokenizer, UnigramHidesControlPieces) {
-  const SpmModelProto m = read_spm_model((kFixtures / "spm-unigram.model").string());
+  const SpmModelProto m = read_spm_model((fixtures() / "spm-unigram.model").string());
   const auto j = spm_tokenizer_json(m, "spm-unigram.model");
   const auto& model = j["model"];
   EXPECT_EQ(model["type"], "Unigram");
@@ -47,7 +48,7 @@ TEST(HfSpmTokenizer, UnigramHidesControlPieces) {
 }
 
 TEST(HfSpmTokenizer, BpeMergesFollowScores) {
-  const SpmModelProto m = read_spm_model((kFixtures / "spm-bpe.model").string());
+  const SpmModelProto m = read_spm_model((fixtures() / "spm-bpe.model").string());
   const auto j = spm_tokenizer_json(m, "spm-bpe.model");
   const auto& model = j["model"];
   EXPECT_EQ(model["type"], "BPE");
@@ -67,7 +68,7 @@ TEST(HfSpmTokenizer, BpeMergesFollowScores) {
 }
 
 TEST(HfSpmTokenizer, RefusesWhatTokenizersCannotExpress) {
-  SpmModelProto m = read_spm_model((kFixtures / "spm-unigram.model").string());
+  SpmModelProto m = read_spm_model((fixtures() / "spm-unigram.model").string());
   m.trainer.treat_whitespace_as_suffix = true;
   EXPECT_THROW(spm_tokenizer_json(m, "x.model"), CheckpointError);
   m.trainer.treat_whitespace_as_suffix = false;
@@ -90,10 +91,10 @@ TEST(HfSpmTokenizer, ConfigJsonTakesBosAndEosFromTheTokenizer) {
                         Case{"gpt2", "", 0, 0}, Case{"byte", "", 256, 256}}) {
     TokenizerSidecar sidecar;
     sidecar.tokenizer.name = c.kind;
-    sidecar.tokenizer.tokenizer_model = c.kind == "sentencepiece" ? (kFixtures / c.file).string() : "";
-    sidecar.tokenizer.tokenizer_file = c.kind == "hf" ? (kFixtures / c.file).string() : "";
-    sidecar.tokenizer.vocab_file = (kFixtures / "gpt2-vocab.json").string();
-    sidecar.tokenizer.merge_file = (kFixtures / "gpt2-merges.txt").string();
+    sidecar.tokenizer.tokenizer_model = c.kind == "sentencepiece" ? (fixtures() / c.file).string() : "";
+    sidecar.tokenizer.tokenizer_file = c.kind == "hf" ? (fixtures() / c.file).string() : "";
+    sidecar.tokenizer.vocab_file = (fixtures() / "gpt2-vocab.json").string();
+    sidecar.tokenizer.merge_file = (fixtures() / "gpt2-merges.txt").string();
     sidecar.eod = c.eod;
     const HfSpecialIds ids = hf_special_ids(sidecar);
     EXPECT_EQ(ids.bos, c.bos) << c.kind;

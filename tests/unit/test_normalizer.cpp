@@ -14,6 +14,7 @@
 #include "core/data/json_line.h"
 #include "core/data/normalizer.h"
 #include "core/data/tokenizer.h"
+#include "tests/unit/source_root.h"
 #include "tests/unit/temp_dir.h"
 
 namespace mt {
@@ -22,7 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-const fs::path kFixtures = fs::path(MEGATRAIN_SOURCE_DIR) / "tests" / "data" / "tokenizer";
+fs::path fixtures() { return testing_util::source_root() / "tests" / "data" / "tokenizer"; }
 
 std::string read_all(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -106,7 +107,7 @@ TEST(Normalizer, RefusesWhatItDoesNotImplementByName) {
 // The golden corpus, one document per JSON line.
 std::vector<std::string> corpus() {
   std::vector<std::string> docs;
-  std::istringstream in(read_all(kFixtures / "corpus.jsonl"));
+  std::istringstream in(read_all(fixtures() / "corpus.jsonl"));
   for (std::string line; std::getline(in, line);) docs.push_back(json_string_field(line, "text").value());
   return docs;
 }
@@ -114,13 +115,13 @@ std::vector<std::string> corpus() {
 std::unique_ptr<Tokenizer> hf(const std::string& name) {
   TokenizerOptions o;
   o.name = "hf";
-  o.tokenizer_file = (kFixtures / name).string();
+  o.tokenizer_file = (fixtures() / name).string();
   return make_tokenizer(o);
 }
 
 void expect_golden(const Tokenizer& tok, const std::string& name) {
   const std::vector<std::string> docs = corpus();
-  std::istringstream in(read_all(kFixtures / ("expected-" + name + ".txt")));
+  std::istringstream in(read_all(fixtures() / ("expected-" + name + ".txt")));
   size_t d = 0;
   int64_t tokens = 0;
   for (std::string line; std::getline(in, line); ++d) {

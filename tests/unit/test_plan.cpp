@@ -24,6 +24,7 @@
 #include "core/config/config.h"
 #include "models/gpt.h"
 #include "plan/planner.h"
+#include "tests/unit/source_root.h"
 
 namespace mt::plan {
 namespace {
@@ -114,7 +115,7 @@ TEST(PlanLayout, InvalidLayoutsAreRefusedWithTheConfigRulesMessages) {
 constexpr double kLlamaLayer = 218112000, kLlamaVocab = 525336576, kLlamaNorm = 4096;
 
 Config llama3_8b(const std::vector<std::string>& sets, int64_t world) {
-  return load_config(MEGATRAIN_SOURCE_DIR "/configs/llama3-8b.yaml", sets, world);
+  return load_config(testing_util::source_path("configs/llama3-8b.yaml"), sets, world);
 }
 
 TEST(PlanLlama, ParametersPerRankAreTheHandCount) {

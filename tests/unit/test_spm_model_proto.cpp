@@ -8,15 +8,16 @@
 
 #include "core/data/indexed_dataset.h"  // DataError
 #include "core/data/spm_model_proto.h"
+#include "tests/unit/source_root.h"
 #include "tests/unit/file_text.h"
 
 namespace mt {
 namespace {
 
 namespace fs = std::filesystem;
-const fs::path kFixtures = fs::path(MEGATRAIN_SOURCE_DIR) / "tests" / "data" / "tokenizer";
+fs::path fixtures() { return testing_util::source_root() / "tests" / "data" / "tokenizer"; }
 
-SpmModelProto fixture(const char* name) { return read_spm_model((kFixtures / name).string()); }
+SpmModelProto fixture(const char* name) { return read_spm_model((fixtures() / name).string()); }
 
 void expect_piece(const SpmModelProto& m, size_t id, const std::string& piece, float score, SpmPieceType type) {
   ASSERT_LT(id, m.pieces.size());
@@ -87,7 +88,7 @@ void expect_refused(const std::string& bytes, const std::string& needle) {
 }
 
 TEST(SpmModelProto, DamagedFilesNameTheFileAndTheField) {
-  const std::string good = testing_util::slurp((kFixtures / "spm-unigram.model").string());
+  const std::string good = testing_util::slurp((fixtures() / "spm-unigram.model").string());
   ASSERT_GT(good.size(), 100u);
   expect_refused(good.substr(0, good.size() - 3), "truncated");                       // cut inside the last field
   expect_refused(good.substr(0, 5), "ModelProto");                                    // cut inside the first piece
@@ -98,7 +99,7 @@ TEST(SpmModelProto, DamagedFilesNameTheFileAndTheField) {
   expect_refused(std::string("\x0a\x02\x18\x02\x12\x02\x18\x07", 8), "model_type = 7");
   expect_refused(std::string("\x0a\x02\x18\x02\x12\x03\xc0\x02\x05", 9), "trainer_spec.unk_id = 5");
   expect_refused(std::string("\x0a\x02\x18\x02", 4), "trainer_spec.bos_id = 1 is outside the 1 pieces");
-  EXPECT_THROW(read_spm_model((kFixtures / "no-such.model").string()), DataError);
+  EXPECT_THROW(read_spm_model((fixtures() / "no-such.model").string()), DataError);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "core/crc32c.h"
 #include "core/tensorboard.h"
 #include "tests/unit/expect_contains.h"
+#include "tests/unit/source_root.h"
 #include "tests/unit/temp_dir.h"
 
 using namespace mt;
@@ -228,8 +229,8 @@ TEST(TensorBoardWriter, EventAccumulatorReadsTheScalars) {
     w.flush();
   }
   const std::string out = tmp / "scalars.txt";
-  const std::string cmd = python + " " + MEGATRAIN_SOURCE_DIR + "/tests/interop/tensorboard_read.py " + (tmp / "tb") +
-                          " > " + out + " 2>&1";
+  const std::string cmd = python + " " + mt::testing_util::source_path("tests/interop/tensorboard_read.py") + " " +
+                          (tmp / "tb") + " > " + out + " 2>&1";
   const int rc = std::system(cmd.c_str());
   std::ifstream in(out);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <gtest/gtest.h>
 
+#include "tests/unit/source_root.h"
 #include "tests/unit/temp_dir.h"
 #include <stdlib.h>
 
@@ -27,9 +28,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const fs::path kFixtures = fs::path(MEGATRAIN_SOURCE_DIR) / "tests" / "data" / "tokenizer";
+fs::path fixtures() { return testing_util::source_root() / "tests" / "data" / "tokenizer"; }
 
-std::string fixture(const std::string& name) { return (kFixtures / name).string(); }
+std::string fixture(const std::string& name) { return (fixtures() / name).string(); }
 
 std::string read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
