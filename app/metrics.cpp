@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 namespace mt::app {
@@ -98,6 +99,14 @@ std::string short_line(const IntervalReport& r) {
 
 std::string interval_line(const IntervalReport& r) { return r.verbose_line ? verbose_line(r) : short_line(r); }
 
+std::string attention_calls_summary(const AttentionCalls& c) {
+  std::vector<std::string> parts;
+  if (c.cudnn != 0) parts.push_back(fmt::format("cuDNN fused {}", c.cudnn));
+  if (c.kernel != 0) parts.push_back(fmt::format("megatrain kernel {}", c.kernel));
+  if (c.cpu != 0) parts.push_back(fmt::format("CPU {}", c.cpu));
+  return parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, ", "));
+}
+
 void report_interval(const IntervalReport& r, MetricsFile& metrics) {
   spdlog::info("{}", interval_line(r));
   nlohmann::ordered_json j;
@@ -119,6 +128,9 @@ void report_interval(const IntervalReport& r, MetricsFile& metrics) {
   j["device"] = std::string(device_name(r.device));
   j["elapsed_s"] = rounded(r.elapsed_s, 1e3);
   j["eta_s"] = rounded(r.eta_s, 1e3);
+  j["attention_cudnn_calls"] = r.attention.cudnn;
+  j["attention_kernel_calls"] = r.attention.kernel;
+  j["attention_cpu_calls"] = r.attention.cpu;
   metrics.write(j);
   if (TensorBoardWriter* tb = metrics.tensorboard()) {
     // Megatron's tags where it has them; the loss also against samples and tokens (curves of runs with other

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/allocator.h"
+#include "core/ops.h"
 #include "core/tensor.h"
 #include "core/tensorboard.h"
 
@@ -49,7 +50,11 @@ struct IntervalReport {
   bool last_overflow = false;                // the interval's last step had inf/NaN gradients (grad_norm is not finite)
   bool verbose_line = false;                 // logging.verbose_line: Megatron's long line
   std::vector<int64_t> peak_bytes_per_rank;  // by global rank, on the reports that gathered them; else empty
+  AttentionCalls attention;                  // this rank's attention calls by implementation since the start
 };
+// "cuDNN fused 96, megatrain kernel 0": the attention calls of an interval by the implementation that ran them
+// (only the kinds that ran, or "none").
+std::string attention_calls_summary(const AttentionCalls& calls);
 // The seconds left for train_iters - iteration iterations at `seconds_per_iter`.
 double eta_seconds(int64_t iteration, int64_t train_iters, double seconds_per_iter);
 // "45s", "12m05s", "3h02m", "2d03h": a duration to the precision a progress line needs.

@@ -180,6 +180,24 @@ void Trainer::log_peak_memory(const std::vector<int64_t>& peaks) const {
                stages.size() > 1 ? fmt::format("; per pipeline stage {}", fmt::join(stages, " | ")) : std::string());
 }
 
+void Trainer::log_attention_calls() {
+  const AttentionCalls now = attention_calls(), was = attention_at_report_;
+  const AttentionCalls interval{
+      .cpu = now.cpu - was.cpu, .cudnn = now.cudnn - was.cudnn, .kernel = now.kernel - was.kernel};
+  attention_at_report_ = now;
+  const int kinds = (interval.cpu > 0 ? 1 : 0) | (interval.cudnn > 0 ? 2 : 0) | (interval.kernel > 0 ? 4 : 0);
+  if (kinds == attention_kinds_) return;
+  const bool first = attention_kinds_ < 0;
+  attention_kinds_ = kinds;
+  const std::string line = fmt::format("attention ran{} (calls this interval, forward and backward): {}",
+                                       first ? "" : " differently", attention_calls_summary(interval));
+  // cuDNN and the kernel side by side: some calls lost the fused path (the warning above each names why).
+  if (interval.cudnn > 0 && interval.kernel > 0)
+    spdlog::warn("{}", line);
+  else
+    spdlog::info("{}", line);
+}
+
 // Each step's loss: the double sum of its f32 microbatch means, summed (as doubles) over the pipeline group
 // (with several stages) and then the data-parallel group, over M * dp, rounded to f32 once. The exchanges carry
 // every pending step at once.
@@ -333,8 +351,10 @@ void Trainer::run() {
                          .fp16 = scaler_.dynamic(),
                          .last_overflow = r.found_inf,
                          .verbose_line = cfg_.logging.verbose_line,
-                         .peak_bytes_per_rank = peaks},
+                         .peak_bytes_per_rank = peaks,
+                         .attention = attention_calls()},
           metrics_);
+      log_attention_calls();
       if (reports_ == 0) spdlog::info("peak memory (MiB): {}", memory_summary(device_));
       if (!peaks.empty() && dist_.is_logging_rank()) log_peak_memory(peaks);
       ++reports_;

@@ -149,7 +149,12 @@ class Trainer {
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   // The previous interval report (the ETA's pace: wall-clock per iteration, evaluation and saving included).
   std::chrono::steady_clock::time_point last_report_ = started_;
-  int64_t reports_ = 0;  // interval reports so far in this run
+  int64_t reports_ = 0;                 // interval reports so far in this run
+  AttentionCalls attention_at_report_;  // attention_calls() at the previous report
+  int attention_kinds_ = -1;            // which implementations ran in the previous interval (bits); -1 before
+  // Logs which attention implementation ran this interval: on the first report, and whenever the mix changes
+  // (a cuDNN call refused mid-run falls back to the kernel: the log says so).
+  void log_attention_calls();
   std::optional<std::string> last_saved_;
   // Read once per logging interval (a long interval reads when its at most 1024 slots are full).
   StepLosses step_losses_{device_, std::min<int64_t>(cfg_.logging.interval, 1024)};

@@ -6,6 +6,7 @@
 // (mean, rstd, lse, rowmax, ...) and optimizer buffers are f32; token ids and targets are i32.
 #include "core/ops.h"
 
+#include <atomic>
 #include <cmath>
 #include <initializer_list>
 #include <optional>
@@ -492,12 +493,28 @@ void check_lse(const char* op, const Tensor& lse, const Tensor& qkv) {
 
 }  // namespace
 
+namespace {
+std::atomic<int64_t> g_attention_calls[3];  // by AttentionImpl
+}  // namespace
+
+void count_attention_call(AttentionImpl impl) {
+  g_attention_calls[static_cast<int>(impl)].fetch_add(1, std::memory_order_relaxed);
+}
+
+AttentionCalls attention_calls() {
+  const auto get = [](AttentionImpl i) { return g_attention_calls[static_cast<int>(i)].load(); };
+  return {.cpu = get(AttentionImpl::cpu), .cudnn = get(AttentionImpl::cudnn), .kernel = get(AttentionImpl::kernel)};
+}
+
 void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionOptions& opt) {
   const char* op = "attention_forward";
   check_qkv(op, qkv, opt);
   check_heads_out(op, "out", out, qkv);
   check_lse(op, lse, qkv);
-  if (device_of(op, {&qkv, &out, &lse}) == Device::cpu) return cpu::attention_forward(qkv, out, lse, opt);
+  if (device_of(op, {&qkv, &out, &lse}) == Device::cpu) {
+    cpu::attention_forward(qkv, out, lse, opt);
+    return count_attention_call(AttentionImpl::cpu);
+  }
   MT_ON_CUDA(attention_forward(qkv, out, lse, opt));
 }
 
@@ -509,8 +526,10 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
   check_lse(op, lse, qkv);
   check_heads_out(op, "dout", dout, qkv);
   check_like(op, "dqkv", dqkv, qkv, "qkv");
-  if (device_of(op, {&qkv, &out, &lse, &dout, &dqkv}) == Device::cpu)
-    return cpu::attention_backward(qkv, out, lse, dout, dqkv, opt);
+  if (device_of(op, {&qkv, &out, &lse, &dout, &dqkv}) == Device::cpu) {
+    cpu::attention_backward(qkv, out, lse, dout, dqkv, opt);
+    return count_attention_call(AttentionImpl::cpu);
+  }
   MT_ON_CUDA(attention_backward(qkv, out, lse, dout, dqkv, opt));
 }
 

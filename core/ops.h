@@ -161,6 +161,15 @@ void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const Attent
 // once when stored (deterministic).
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dqkv,
                         const AttentionOptions& opt);
+// Which implementation ran an attention call: the CPU reference, cuDNN's fused attention or megatrain's CUDA kernel
+// (a cuDNN call refused at run time falls back to the kernel). Counted per forward and per backward call since
+// the process started, so the log and metrics.jsonl say what ran, not what was expected.
+enum class AttentionImpl { cpu, cudnn, kernel };
+struct AttentionCalls {
+  int64_t cpu = 0, cudnn = 0, kernel = 0;
+};
+AttentionCalls attention_calls();
+void count_attention_call(AttentionImpl impl);  // the backends, once per call they run
 
 // ---- rotary position embedding (Llama) -----------------------------------------------------------
 // In place on the query and key slots of qkv (B, T, G, R + 2, D) (slots 0..R inclusive: R query heads and the

@@ -40,6 +40,7 @@ bool run_on_cudnn(const char* op, DType dtype, float dropout_p, const std::funct
   const std::string refused = run();
   if (refused.empty()) {
     g_last_path = AttentionPath::cudnn;
+    count_attention_call(AttentionImpl::cudnn);
     return true;
   }
   if (attention_mode() == AttentionMode::cudnn)
@@ -75,7 +76,10 @@ AttentionPath attention_path(DType dtype, float dropout_p, std::string* why) {
   else if (!cudnn_attention_built())
     reason = "this megatrain was built without cuDNN";
   if (reason.empty()) {
-    if (why) *why = mode == AttentionMode::cudnn ? "MEGATRAIN_ATTENTION=cudnn" : "bf16/fp16 without dropout";
+    if (why)
+      *why = fmt::format("{}, {} backward",
+                         mode == AttentionMode::cudnn ? "MEGATRAIN_ATTENTION=cudnn" : "bf16/fp16 without dropout",
+                         cudnn_backward_deterministic() ? "deterministic" : "non-deterministic");
     return AttentionPath::cudnn;
   }
   if (mode == AttentionMode::cudnn)
@@ -101,7 +105,18 @@ std::string cudnn_version() {
 
 AttentionPath last_attention_path() { return g_last_path; }
 
-void note_attention_kernel() { g_last_path = AttentionPath::kernel; }
+void note_attention_kernel() {
+  g_last_path = AttentionPath::kernel;
+  count_attention_call(AttentionImpl::kernel);
+}
+
+bool cudnn_backward_deterministic() {
+  const char* v = std::getenv("MEGATRAIN_CUDNN_BACKWARD");
+  const std::string_view s = v ? v : "";
+  if (s.empty() || s == "deterministic") return true;
+  if (s == "nondeterministic" || s == "non-deterministic") return false;
+  throw std::runtime_error(fmt::format("MEGATRAIN_CUDNN_BACKWARD={}: expected deterministic or nondeterministic", s));
+}
 
 bool attention_forward_on_cudnn(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionOptions& opt) {
   return run_on_cudnn("attention_forward", qkv.dtype(), opt.dropout_p,

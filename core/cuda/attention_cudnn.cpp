@@ -62,6 +62,7 @@ std::string cudnn_attention_forward(const Tensor&, Tensor&, Tensor&, bool) {
 std::string cudnn_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&, bool) {
   return "this megatrain was built without cuDNN";
 }
+std::string cudnn_attention_validate(const CudnnSdpaGraph&, int) { return "this megatrain was built without cuDNN"; }
 
 #else
 
@@ -77,6 +78,7 @@ struct Key {
   DType dtype;
   int64_t B, T, G, R, D;  // H = G R query heads
   bool causal;
+  bool deterministic;  // the backward's algorithm (true for every forward key)
   auto operator<=>(const Key&) const = default;
   int64_t H() const { return G * R; }
 };
@@ -177,7 +179,7 @@ void build_backward(fe::graph::Graph& g, const Key& k) {
   auto attrs = fe::graph::SDPA_backward_attributes()
                    .set_name("megatrain_attention_backward")
                    .set_attn_scale(scale_of(k))
-                   .set_deterministic_algorithm(true);  // the same inputs give the same gradients, bit for bit
+                   .set_deterministic_algorithm(k.deterministic);  // true: the same inputs, the same bits
   set_causal(attrs, k.causal);
   auto [dq, dk, dv] = g.sdpa_backward(q, kk, v, o, dout, stats, attrs);
   dq->set_output(true).set_uid(kDQ).set_dim(dims).set_stride(qs);
@@ -186,21 +188,33 @@ void build_backward(fe::graph::Graph& g, const Key& k) {
 }
 
 // Builds the graph of `k` through cuDNN's support check; a graph cuDNN cannot run comes back with the reason.
+std::string describe(const Key& k) {
+  return fmt::format("cuDNN SDPA {} (B={}, T={}, H={}, G={}, D={}, {}{}{})", k.backward ? "backward" : "forward", k.B,
+                     k.T, k.H(), k.G, k.D, dtype_name(k.dtype), k.causal ? ", causal" : "",
+                     k.backward && !k.deterministic ? ", non-deterministic" : "");
+}
+
+// The graph of `k`, described (tensors and the SDPA node), not yet validated. `sm` > 0 names the target GPU
+// architecture instead of asking the device; it must be set before the nodes are added (each copies it).
+std::shared_ptr<fe::graph::Graph> describe_graph(const Key& k, int sm = 0) {
+  auto g = new_graph(k);
+  if (sm > 0) g->set_sm_version(sm);
+  if (k.backward)
+    build_backward(*g, k);
+  else
+    build_forward(*g, k);
+  return g;
+}
+
 std::shared_ptr<const Plan> make_plan(cudnnHandle_t h, const Key& k) {
   auto plan = std::make_shared<Plan>();
-  const char* which = k.backward ? "backward" : "forward";
   auto refuse = [&](const char* stage, const std::string& message) {
     plan->graph.reset();
-    plan->refused = fmt::format("cuDNN SDPA {} (B={}, T={}, H={}, G={}, D={}, {}{}): {}: {}", which, k.B, k.T, k.H(),
-                                k.G, k.D, dtype_name(k.dtype), k.causal ? ", causal" : "", stage, message);
+    plan->refused = fmt::format("{}: {}: {}", describe(k), stage, message);
     return plan;
   };
   try {
-    auto g = new_graph(k);
-    if (k.backward)
-      build_backward(*g, k);
-    else
-      build_forward(*g, k);
+    auto g = describe_graph(k);
     fe::error_t e = g->validate();
     if (!e.is_good()) return refuse("validate", e.get_message());
     e = g->build_operation_graph(h);
@@ -250,7 +264,9 @@ std::string refuse_early(const Tensor& qkv) {
 }
 
 Key key_of(const Tensor& qkv, bool backward, bool causal) {
-  return Key{backward, qkv.dtype(), qkv.dim(0), qkv.dim(1), qkv.dim(2), qkv.dim(3) - 2, qkv.dim(4), causal};
+  return Key{backward,   qkv.dtype(), qkv.dim(0),
+             qkv.dim(1), qkv.dim(2),  qkv.dim(3) - 2,
+             qkv.dim(4), causal,      !backward || cudnn_backward_deterministic()};
 }
 
 // R > 1: the query slots of qkv (B, T, G, R + 2, D) and a contiguous (B, T, H, D) buffer are B T G rows of R D
@@ -295,6 +311,20 @@ void execute(const Plan& plan, cudnnHandle_t h, std::unordered_map<int64_t, void
 }  // namespace
 
 bool cudnn_attention_built() { return true; }
+
+std::string cudnn_attention_validate(const CudnnSdpaGraph& c, int sm) {
+  const Key k{c.backward, c.dtype, c.B, c.T, c.G, c.R, c.D, c.causal, !c.backward || c.deterministic};
+  if (k.dtype != DType::bf16 && k.dtype != DType::f16)
+    return fmt::format("{}: cuDNN's fused attention takes bf16 or fp16", describe(k));
+  try {
+    auto g = describe_graph(k, sm);
+    fe::error_t e = g->validate();
+    if (!e.is_good()) return fmt::format("{}: validate (sm_{}): {}", describe(k), sm, e.get_message());
+  } catch (const std::exception& ex) {
+    return fmt::format("{}: validate (sm_{}): exception: {}", describe(k), sm, ex.what());
+  }
+  return "";
+}
 int64_t cudnn_runtime_version() { return static_cast<int64_t>(cudnnGetVersion()); }
 int64_t cudnn_compiled_version() { return CUDNN_VERSION; }
 std::string cudnn_frontend_version() {

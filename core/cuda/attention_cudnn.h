@@ -26,9 +26,28 @@ std::string cudnn_attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
 // dqkv (B, T, G, R + 2, D) from dout (B, T, H, D) and the forward's out and lse: dk, dv (summed over each
 // group's heads by cuDNN) written in place through strides, dq too when R = 1, else through a contiguous
 // (B, T, H, D) buffer scattered into the query slots.
-// Deterministic (cuDNN's deterministic SDPA backward algorithm): the same inputs give the same bits.
+// Deterministic (cuDNN's deterministic SDPA backward algorithm: the same inputs give the same bits) unless
+// cudnn_backward_deterministic() says otherwise.
 std::string cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
                                      Tensor& dqkv, bool causal);
+
+// cuDNN's SDPA backward algorithm: deterministic (default: the same inputs give the same bits; on Hopper it needs
+// a B H T^2 workspace) or not (faster, less memory; for benchmarks). MEGATRAIN_CUDNN_BACKWARD=deterministic |
+// nondeterministic, read on every call; throws on another value.
+bool cudnn_backward_deterministic();
+
+// One graph the code builds, for checks without a device: dtype bf16 or f16, qkv (B, T, G, R + 2, D).
+struct CudnnSdpaGraph {
+  bool backward = false;
+  DType dtype = DType::bf16;
+  int64_t B = 1, T = 1, G = 1, R = 1, D = 64;
+  bool causal = true;
+  bool deterministic = true;  // backward only
+};
+// Builds the graph as a call would and runs the cuDNN frontend's validate() for the SM version `sm` (90: Hopper)
+// without touching a device: "" when it validates, else why not. The later steps (operation graph, heuristics,
+// plans) need a device and run on the first call.
+std::string cudnn_attention_validate(const CudnnSdpaGraph& graph, int sm);
 
 // ---- dispatch (attention_backend.cpp) ---------------------------------------------------------------------
 

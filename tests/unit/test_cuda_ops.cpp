@@ -1121,6 +1121,7 @@ AttnRun run_attention(const CudnnCase& c, DType dt, uint32_t seed, cuda::Attenti
   AttnRun r{both(rand_vec(B * T * H * 3 * D, seed, -2, 2), {B, T, H, 3, D}, dt),
             both(rand_vec(B * T * H * D, seed + 1), {B, T, H, D}, dt), poisoned({B, T, H, D}, dt),
             poisoned({B, H, T}, DType::f32), poisoned({B, T, H, 3, D}, dt)};
+  const AttentionCalls before = attention_calls();
   for (auto d : kDevices) {
     attention_forward(r.qkv.*d, r.out.*d, r.lse.*d, opt);
     if (d == &Both::gpu) {
@@ -1131,6 +1132,12 @@ AttnRun run_attention(const CudnnCase& c, DType dt, uint32_t seed, cuda::Attenti
       EXPECT_EQ(cuda::last_attention_path(), expect_path) << "backward";
     }
   }
+  // The counters the log and metrics.jsonl report: two CPU calls, and two on the path the GPU took.
+  const AttentionCalls after = attention_calls();
+  const bool fused = expect_path == cuda::AttentionPath::cudnn;
+  EXPECT_EQ(after.cpu - before.cpu, 2);
+  EXPECT_EQ(after.cudnn - before.cudnn, fused ? 2 : 0);
+  EXPECT_EQ(after.kernel - before.kernel, fused ? 0 : 2);
   return r;
 }
 

@@ -850,6 +850,23 @@ TEST(Attention, GroupedShapeErrorsNameTheShapes) {
   Tensor view = out.view({1, 4, 32});
   attention_forward(qkv, view, lse, {});  // the (B, T, H * D) view is accepted
 }
+
+// Every attention call is counted by the implementation that ran it (the log and metrics.jsonl report the
+// counts): on the CPU each forward and each backward counts one CPU call, and a call refused by its checks none.
+TEST(Attention, CallsAreCountedByImplementation) {
+  auto f32 = [](Shape s) { return Tensor::zeros(std::move(s), DType::f32); };
+  Tensor qkv = f32({1, 4, 2, 3, 8}), out = f32({1, 4, 2, 8}), lse = f32({1, 2, 4}), dqkv = f32({1, 4, 2, 3, 8});
+  const AttentionCalls before = attention_calls();
+  attention_forward(qkv, out, lse, {});
+  attention_backward(qkv, out, lse, out, dqkv, {});
+  attention_forward(qkv, out, lse, {});
+  Tensor bad_lse = f32({1, 3, 4});
+  EXPECT_THROW(attention_forward(qkv, out, bad_lse, {}), std::invalid_argument);
+  const AttentionCalls after = attention_calls();
+  EXPECT_EQ(after.cpu - before.cpu, 3);
+  EXPECT_EQ(after.cudnn - before.cudnn, 0);
+  EXPECT_EQ(after.kernel - before.kernel, 0);
+}
 // ---- end grouped-query attention ----
 
 // ---- rotary position embedding ------------------------------------------------------------------
