@@ -65,7 +65,7 @@ void read_checked(const CheckpointReader& reader, const std::string& name, const
 
 }  // namespace
 
-std::vector<TensorSlice> optimizer_tensors(const std::vector<AdamW::Slot>& slots,
+std::vector<TensorSlice> optimizer_tensors(const std::vector<OptimizerSlot>& slots,
                                            const std::function<bool(const Parameter&)>& keep) {
   std::vector<TensorSlice> out;
   for (const auto& s : slots) {
@@ -82,7 +82,7 @@ void load_parameters(const CheckpointReader& reader, const std::vector<Parameter
   for (Parameter* p : params) read_checked(reader, "model." + p->name, *p, p->value);
 }
 
-void load_optimizer(const CheckpointReader& reader, const std::vector<AdamW::Slot>& slots, PartialLoad* partial) {
+void load_optimizer(const CheckpointReader& reader, const std::vector<OptimizerSlot>& slots, PartialLoad* partial) {
   for (auto s : slots) {
     const Parameter& p = *s.param;
     read_checked(reader, "model." + p.name, p, s.master, partial);

@@ -13,7 +13,7 @@ namespace mt::app {
 
 // Tensor names: "model.<param>" (fp32 master weights), "optimizer.exp_avg.<param>",
 // "optimizer.exp_avg_sq.<param>"; only the parameters `keep` accepts (all when it is empty).
-std::vector<TensorSlice> optimizer_tensors(const std::vector<AdamW::Slot>& slots,
+std::vector<TensorSlice> optimizer_tensors(const std::vector<OptimizerSlot>& slots,
                                            const std::function<bool(const Parameter&)>& keep = {});
 
 // What a partial load (checkpoint.allow_partial_load) took from the checkpoint and what it left at its
@@ -37,7 +37,7 @@ void load_parameters(const CheckpointReader& reader, const std::vector<Parameter
 // model-parallel slice). The caller casts the masters into the values.
 // With `partial`, a tensor the checkpoint lacks or holds in another shape is skipped (left as it is) and
 // recorded there instead of being an error.
-void load_optimizer(const CheckpointReader& reader, const std::vector<AdamW::Slot>& slots,
+void load_optimizer(const CheckpointReader& reader, const std::vector<OptimizerSlot>& slots,
                     PartialLoad* partial = nullptr);
 
 // The config of the run that saved the checkpoint `reader` (directory `dir`), with the whole model on this one

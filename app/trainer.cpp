@@ -70,9 +70,9 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
                                                           .tensor = dist.tp.get(),
                                                           .embedding = dist.emb.get()});
   if (cfg.parallel.distributed_optimizer)
-    zero_ = std::make_unique<DistributedOptimizer>(*grads_, *dist.dp, adam_config_);
+    optimizer_ = std::make_unique<DistributedOptimizer>(*grads_, *dist.dp, adam_config_);
   else
-    adam_ = std::make_unique<AdamW>(params_, adam_config_);
+    optimizer_ = std::make_unique<AdamW>(params_, adam_config_);
   const int last_mb = static_cast<int>(cfg.training.num_microbatches) - 1;
   for (auto& chunk : chunks_)
     chunk->set_grads_ready_hook([this, last_mb](int mb, const std::vector<Parameter*>& ps) {
@@ -116,8 +116,7 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
                           return spike_check(v.at(0), iteration);
                         }};
   const StepCheck* check_or_null = spike_per_step() ? &check : nullptr;
-  result = zero_ ? zero_->step(lr_used, scaler_.scale(), check_or_null)
-                 : adam_->step(lr_used, scaler_.scale(), check_or_null);
+  result = optimizer_->step(lr_used, scaler_.scale(), check_or_null);
   scaler_.update(result.found_inf);
   if (result.found_inf || result.vetoed) ++c_.skipped_iters;
 }

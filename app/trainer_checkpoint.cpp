@@ -43,27 +43,8 @@ void Trainer::maybe_resume() {
     spdlog::warn("partial load from {}: the model differs ({})", *dir, fmt::join(diff, ", "));
     partial.emplace();
   }
-  if (zero_) {
-    // Whole per-parameter states of this model-parallel slice in host memory (12 bytes a parameter: more than
-    // a GPU holds beside the model), then this rank's shard of them. (A partial load keeps the initial values,
-    // zero moments, for what it skips.)
-    std::vector<AdamW::Slot> slots;
-    for (Parameter* p : params_) {
-      auto host = [&] { return Tensor::empty(p->value.shape(), DType::f32, Device::cpu, MemKind::workspace); };
-      AdamW::Slot slot{p, host(), host(), host()};
-      if (partial) {
-        slot.master.copy_from(p->value);
-        slot.exp_avg.zero_();
-        slot.exp_avg_sq.zero_();
-      }
-      slots.push_back(slot);
-    }
-    load_optimizer(reader, slots, partial ? &*partial : nullptr);
-    zero_->scatter_slots(slots);
-  } else {
-    load_optimizer(reader, adam_->slots(), partial ? &*partial : nullptr);
-    adam_->sync_values_from_master();
-  }
+  optimizer_->load_state(
+      [&](const std::vector<Optimizer::Slot>& slots) { load_optimizer(reader, slots, partial ? &*partial : nullptr); });
   if (partial) {
     spdlog::warn("partial load: {} tensors loaded: {}", partial->loaded.size(), fmt::join(partial->loaded, ", "));
     spdlog::warn("partial load: {} tensors left at their initial values: {}", partial->skipped.size(),
@@ -73,10 +54,7 @@ void Trainer::maybe_resume() {
   c_.consumed_samples = rs.consumed_samples;
   c_.skipped_iters = rs.skipped_iters;
   c_.nan_iters = rs.nan_iters;
-  if (zero_)
-    zero_->set_steps(rs.optimizer_steps);
-  else
-    adam_->set_steps(rs.optimizer_steps);
+  optimizer_->set_steps(rs.optimizer_steps);
   scaler_.restore(rs.loss_scaler);
   spike_.restore(rs.loss_spike);
   if (rs.seed != cfg_.training.seed)
@@ -117,7 +95,7 @@ void Trainer::save() {
   const bool writer = dist_.dp_rank() == 0;
   // With the distributed optimizer every data-parallel rank takes part in gathering the state; the writer
   // keeps it (in host memory).
-  std::vector<AdamW::Slot> slots = zero_ ? zero_->gather_slots(writer) : adam_->slots();
+  std::vector<Optimizer::Slot> slots = optimizer_->gather_state(writer);
   if (writer) {
     if (dist_.rank() != 0) {
       Bytes b = dist_.store->get(key, Millis(static_cast<int64_t>(cfg_.parallel.timeout_s * 1000)));

@@ -130,10 +130,10 @@ class Trainer {
   std::vector<std::unique_ptr<GptModel>> chunks_;  // this rank's model chunks (one without pipelining)
   std::vector<Parameter*> params_;                 // all of their parameters
   AdamWConfig adam_config_;
-  std::unique_ptr<GradBuffer> grads_;           // the storage of every Parameter::grad, reduced in buckets
-  std::unique_ptr<AdamW> adam_;                 // replicated optimizer state, or
-  std::unique_ptr<DistributedOptimizer> zero_;  // state sharded over the data-parallel group (ZeRO-1)
-  int64_t optimizer_steps() const { return zero_ ? zero_->steps() : adam_->steps(); }
+  std::unique_ptr<GradBuffer> grads_;  // the storage of every Parameter::grad, reduced in buckets
+  // AdamW (replicated state) or the distributed optimizer (state sharded over the data-parallel group, ZeRO-1).
+  std::unique_ptr<Optimizer> optimizer_;
+  int64_t optimizer_steps() const { return optimizer_->steps(); }
   LossScaler scaler_;
   LossSpikeDetector spike_{LossSpikeOptions{.window = cfg_.training.loss_spike.window,
                                             .warmup = cfg_.training.loss_spike.warmup_iters,

@@ -12,7 +12,7 @@ double clip_coefficient(double grad_norm, double max_norm) {
   return coeff < 1.0 ? coeff : 1.0;
 }
 
-AdamW::AdamW(std::vector<Parameter*> params, AdamWConfig cfg) : cfg_(cfg) {
+AdamW::AdamW(std::vector<Parameter*> params, AdamWConfig cfg) : Optimizer(std::move(cfg)) {
   for (Parameter* p : params) {
     Slot s{.param = p};
     if (p->value.dtype() == DType::f32) {
@@ -70,18 +70,35 @@ GradStats read_grad_stats(const std::vector<Tensor>& xs, const StepCheck* check,
   return GradStats{.sum_squares = v[0], .found_inf = v[1] != 0.0};
 }
 
-StepResult AdamW::step(double lr, double loss_scale, const StepCheck* check) {
-  std::vector<Tensor> counted;
-  for (Slot& s : slots_)
-    if (counts_in_grad_norm(*s.param, cfg_)) counted.push_back(s.param->grad);
+StepResult Optimizer::step(double lr, double loss_scale, const StepCheck* check) {
   std::vector<double> along;
-  GradStats stats = read_grad_stats(counted, check, &along);  // the step's one read of the device
+  GradStats stats = read_grad_stats(counted_grads(), check, &along);  // the step's one read of the device
+  // Host exchanges of the double partial sums; an inf/NaN flag needs none, as it makes the sum non-finite on
+  // every rank.
+  stats.sum_squares = sum_over_state_shards(stats.sum_squares);
   if (cfg_.sum_across_ranks) stats.sum_squares = cfg_.sum_across_ranks(stats.sum_squares);
   double grad_scale = 0;
   StepResult r = grad_norm_verdict(stats, loss_scale, cfg_.grad_clip, &grad_scale);
   if (check && check->veto(along, r) && !r.found_inf) r.vetoed = true;
   if (r.found_inf || r.vetoed) return r;
   ++steps_;
+  update(adamw_options(cfg_, lr, steps_, grad_scale));
+  return r;
+}
+
+std::vector<Tensor> AdamW::counted_grads() const {
+  std::vector<Tensor> counted;
+  for (const Slot& s : slots_)
+    if (counts_in_grad_norm(*s.param, cfg_)) counted.push_back(s.param->grad);
+  return counted;
+}
+
+void AdamW::load_state(const std::function<void(const std::vector<Slot>&)>& fill) {
+  fill(slots_);  // in place: what a partial load skips keeps its initial state
+  sync_values_from_master();
+}
+
+void AdamW::update(const AdamWOptions& opt) {
   std::vector<AdamWTensors> ts;
   ts.reserve(slots_.size());
   for (Slot& s : slots_)
@@ -91,8 +108,7 @@ StepResult AdamW::step(double lr, double loss_scale, const StepCheck* check) {
                   .exp_avg_sq = s.exp_avg_sq,
                   .value = s.master.raw() == s.param->value.raw() ? Tensor() : s.param->value,
                   .decay = s.param->weight_decay});
-  adamw_multi_step(ts, adamw_options(cfg_, lr, steps_, grad_scale));
-  return r;
+  adamw_multi_step(ts, opt);
 }
 
 }  // namespace mt

@@ -1,4 +1,7 @@
-// optimizer.h: AdamW over fp32 master weights with global grad-norm clipping and inf/NaN skipping.
+// optimizer.h: the optimizer interface the trainer steps and checkpoints (step, grad norm and skip, state), and
+// AdamW over fp32 master weights replicated on every rank. The distributed optimizer (ZeRO-1,
+// parallel/distributed_optimizer.h) is the other implementation; sharded gradients and parameters, host offload
+// and frozen parameters plug in here too, and the trainer never asks which one runs.
 #pragma once
 #include <functional>
 #include <string>
@@ -51,37 +54,74 @@ StepResult grad_norm_verdict(const GradStats& stats, double loss_scale, double g
 // the AdamW options of a step (weight decay cfg.weight_decay where a parameter decays, see AdamWTensors);
 AdamWOptions adamw_options(const AdamWConfig& cfg, double lr, int64_t step, double grad_scale);
 
-class AdamW {
+// One parameter's whole optimizer state, as checkpoints store it.
+struct OptimizerSlot {
+  Parameter* param;
+  Tensor master;      // f32, same shape as the value (the value itself when f32 and replicated)
+  Tensor exp_avg;     // f32
+  Tensor exp_avg_sq;  // f32
+};
+
+class Optimizer {
+ public:
+  using Slot = OptimizerSlot;
+  explicit Optimizer(AdamWConfig cfg) : cfg_(std::move(cfg)) {}
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // Unscales the gradients by 1/loss_scale, computes the global grad norm (every parameter once over every
+  // rank), and unless it is inf/NaN clips and applies one AdamW step at learning rate lr to this rank's state.
+  // Gradients are left as they were. On a GPU the step waits for the device once (the grad norm and inf/NaN
+  // verdict, one small read) and updates every master, moment and compute-dtype value in one multi-tensor pass.
+  // With `check`, its veto may skip the update (StepResult::vetoed). Every rank calls it (collective).
+  StepResult step(double lr, double loss_scale, const StepCheck* check = nullptr);
+
+  int64_t steps() const { return steps_; }  // successful steps so far
+  void set_steps(int64_t s) { steps_ = s; }
+
+  // Checkpoints. The whole per-parameter masters and moments of this model-parallel slice, for saving: on the
+  // ranks that `keep` them (the writer); with sharded state every rank of the group takes part (collective)
+  // and the others get nothing.
+  virtual std::vector<Slot> gather_state(bool keep) = 0;
+  // Loading: `fill` writes whole per-parameter states into the slots it is given (a partial load skips some,
+  // which then keep the initial values and zero moments); this rank then takes its part and sets the
+  // parameters' values from the masters.
+  virtual void load_state(const std::function<void(const std::vector<Slot>&)>& fill) = 0;
+
+ protected:
+  // This rank's gradients that enter the global grad norm (views of the reduced gradients it updates from).
+  virtual std::vector<Tensor> counted_grads() const = 0;
+  // This rank's sum of squares summed over the ranks that split the state (the data-parallel group under ZeRO).
+  virtual double sum_over_state_shards(double local) { return local; }
+  // One AdamW update of this rank's state with `opt`, and the parameters' values after it.
+  virtual void update(const AdamWOptions& opt) = 0;
+
+  const AdamWConfig cfg_;
+
+ private:
+  int64_t steps_ = 0;
+};
+
+// Every rank holds the whole state of its parameters.
+class AdamW final : public Optimizer {
  public:
   // The parameters' values are cast from fp32 master copies after each step; when the values are
   // themselves f32 they serve as the master copy.
   AdamW(std::vector<Parameter*> params, AdamWConfig cfg);
 
-  // Unscales the gradients by 1/loss_scale, computes the global grad norm, and unless it is inf/NaN
-  // clips and applies one AdamW step at learning rate lr. Gradients are left as they were.
-  // On a GPU the step waits for the device once (the grad norm and inf/NaN verdict, one small read) and
-  // updates every master, moment and compute-dtype value in one multi-tensor pass.
-  // With `check`, its veto may skip the update (StepResult::vetoed).
-  StepResult step(double lr, double loss_scale, const StepCheck* check = nullptr);
   void zero_grads();
-
-  int64_t steps() const { return steps_; }  // successful steps so far
-  void set_steps(int64_t s) { steps_ = s; }
-
-  struct Slot {
-    Parameter* param;
-    Tensor master;      // f32, same shape as the value (the value itself when f32)
-    Tensor exp_avg;     // f32
-    Tensor exp_avg_sq;  // f32
-  };
   std::vector<Slot>& slots() { return slots_; }
   // Casts every master weight into its parameter's value (after loading a checkpoint).
   void sync_values_from_master();
 
+  std::vector<Slot> gather_state(bool keep) override { return slots_; }
+  void load_state(const std::function<void(const std::vector<Slot>&)>& fill) override;
+
  private:
+  std::vector<Tensor> counted_grads() const override;
+  void update(const AdamWOptions& opt) override;
   std::vector<Slot> slots_;
-  AdamWConfig cfg_;
-  int64_t steps_ = 0;
 };
 
 }  // namespace mt

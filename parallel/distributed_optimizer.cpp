@@ -12,7 +12,7 @@
 namespace mt {
 
 DistributedOptimizer::DistributedOptimizer(const GradBuffer& grads, Communicator& dp, AdamWConfig cfg)
-    : grads_(grads), dp_(dp), cfg_(std::move(cfg)) {
+    : Optimizer(std::move(cfg)), grads_(grads), dp_(dp) {
   if (!grads_.sharded() || grads_.dp_size() != dp_.size() || grads_.dp_rank() != dp_.rank())
     throw std::invalid_argument(
         fmt::format("distributed optimizer: the gradient buffer must be sharded over {} (rank {} of {}), it is {}over "
@@ -52,21 +52,16 @@ DistributedOptimizer::DistributedOptimizer(const GradBuffer& grads, Communicator
   }
 }
 
-StepResult DistributedOptimizer::step(double lr, double loss_scale, const StepCheck* check) {
+std::vector<Tensor> DistributedOptimizer::counted_grads() const {
   std::vector<Tensor> counted;
   for (const Segment& s : segments_)
     if (counts_in_grad_norm(*s.param, cfg_)) counted.push_back(s.grad);
-  std::vector<double> along;
-  GradStats stats = read_grad_stats(counted, check, &along);  // the step's one read of the device
-  // A host exchange of the double partial sums; an inf/NaN flag needs no exchange, as it makes the sum
-  // non-finite on every rank.
-  stats.sum_squares = sum_doubles(dp_, {stats.sum_squares})[0];
-  if (cfg_.sum_across_ranks) stats.sum_squares = cfg_.sum_across_ranks(stats.sum_squares);
-  double grad_scale = 0;
-  StepResult r = grad_norm_verdict(stats, loss_scale, cfg_.grad_clip, &grad_scale);
-  if (check && check->veto(along, r) && !r.found_inf) r.vetoed = true;
-  if (r.found_inf || r.vetoed) return r;
-  ++steps_;
+  return counted;
+}
+
+double DistributedOptimizer::sum_over_state_shards(double local) { return sum_doubles(dp_, {local})[0]; }
+
+void DistributedOptimizer::update(const AdamWOptions& opt) {
   std::vector<AdamWTensors> ts;
   ts.reserve(segments_.size());
   for (const Segment& s : segments_)
@@ -76,9 +71,8 @@ StepResult DistributedOptimizer::step(double lr, double loss_scale, const StepCh
                   .exp_avg_sq = exp_avg_sq_.slice(s.begin, s.end),
                   .value = value_shard_.defined() ? value_shard_.slice(s.begin, s.end) : Tensor(),
                   .decay = s.param->weight_decay});
-  adamw_multi_step(ts, adamw_options(cfg_, lr, steps_, grad_scale));
+  adamw_multi_step(ts, opt);
   all_gather_into_values(true);
-  return r;
 }
 
 void DistributedOptimizer::for_each_gathered_bucket(const Tensor& shard,
@@ -109,8 +103,8 @@ void DistributedOptimizer::all_gather_into_values(bool values_current) {
   });
 }
 
-std::vector<AdamW::Slot> DistributedOptimizer::gather_slots(bool keep) {
-  std::vector<AdamW::Slot> slots;
+std::vector<OptimizerSlot> DistributedOptimizer::gather_slots(bool keep) {
+  std::vector<Slot> slots;
   std::unordered_map<const Parameter*, size_t> slot_of;
   if (keep)
     for (Parameter* p : grads_.params()) {
@@ -125,7 +119,7 @@ std::vector<AdamW::Slot> DistributedOptimizer::gather_slots(bool keep) {
     for_each_gathered_bucket(*shards[k], [&](const BucketShard& b, const Tensor& full) {
       if (!keep) return;
       for (Parameter* p : *b.params) {
-        AdamW::Slot& slot = slots[slot_of.at(p)];
+        Slot& slot = slots[slot_of.at(p)];
         const int64_t o = grads_.offset(p) - b.begin, n = p->value.numel();
         Tensor& whole = k == 0 ? slot.master : k == 1 ? slot.exp_avg : slot.exp_avg_sq;
         whole.view({n}).copy_from(full.slice(o, o + n));
@@ -134,10 +128,26 @@ std::vector<AdamW::Slot> DistributedOptimizer::gather_slots(bool keep) {
   return slots;
 }
 
-void DistributedOptimizer::scatter_slots(const std::vector<AdamW::Slot>& slots) {
+void DistributedOptimizer::load_state(const std::function<void(const std::vector<Slot>&)>& fill) {
+  // Whole per-parameter states of this model-parallel slice in host memory, then this rank's shard of them. What
+  // a partial load skips keeps the initial values (the parameters' own) and zero moments.
+  std::vector<Slot> slots;
+  for (Parameter* p : grads_.params()) {
+    auto host = [&] { return Tensor::empty(p->value.shape(), DType::f32, Device::cpu, MemKind::workspace); };
+    Slot slot{p, host(), host(), host()};
+    slot.master.copy_from(p->value);
+    slot.exp_avg.zero_();
+    slot.exp_avg_sq.zero_();
+    slots.push_back(slot);
+  }
+  fill(slots);
+  scatter_slots(slots);
+}
+
+void DistributedOptimizer::scatter_slots(const std::vector<Slot>& slots) {
   for (const Segment& s : segments_) {
-    const AdamW::Slot* slot = nullptr;
-    for (const AdamW::Slot& x : slots)
+    const Slot* slot = nullptr;
+    for (const Slot& x : slots)
       if (x.param == s.param) slot = &x;
     if (!slot) throw std::logic_error("distributed optimizer: no state for parameter " + s.param->name);
     const int64_t n = s.end - s.begin, numel = s.param->value.numel();

@@ -12,25 +12,26 @@
 
 namespace mt {
 
-class DistributedOptimizer {
+class DistributedOptimizer final : public Optimizer {
  public:
   // The state covers this rank's blocks of `grads`' buckets (a sharded buffer over the group of `dp`, which
   // must outlive it). cfg.sum_across_ranks adds the grad-norm sums of the other model-parallel ranks; the
   // data-parallel sum is done here.
   DistributedOptimizer(const GradBuffer& grads, Communicator& dp, AdamWConfig cfg);
 
-  // As AdamW::step on this rank's shard of the reduced gradients (GradBuffer::finalize done), then
-  // all-gathers the parameters. Every rank of the group must call it. `check` as in AdamW::step.
-  StepResult step(double lr, double loss_scale, const StepCheck* check = nullptr);
-  int64_t steps() const { return steps_; }
-  void set_steps(int64_t s) { steps_ = s; }
+  // Optimizer::step updates this rank's shard from the reduced gradients (GradBuffer::finalize done), then
+  // all-gathers the parameters. Every rank of the group must call it.
 
   // The whole per-parameter master weights and moments, gathered over the group (collective), for saving: in
   // host memory, on the ranks that `keep` them (the writer); the others take part and get nothing.
-  std::vector<AdamW::Slot> gather_slots(bool keep = true);
+  std::vector<Slot> gather_slots(bool keep = true);
   // Takes this rank's shard from whole per-parameter states (after loading) and casts the masters into the
   // parameters' values.
-  void scatter_slots(const std::vector<AdamW::Slot>& slots);
+  void scatter_slots(const std::vector<Slot>& slots);
+
+  std::vector<Slot> gather_state(bool keep) override { return gather_slots(keep); }
+  // The whole states go through host memory (12 bytes a parameter: more than a GPU holds beside the model).
+  void load_state(const std::function<void(const std::vector<Slot>&)>& fill) override;
 
   int64_t shard_size() const { return shard_; }
 
@@ -48,9 +49,12 @@ class DistributedOptimizer {
     int64_t shard_begin, shard;
     const std::vector<Parameter*>* params;  // the bucket's parameters (the gradient buffer's list)
   };
+  std::vector<Tensor> counted_grads() const override;
+  double sum_over_state_shards(double local) override;
+  void update(const AdamWOptions& opt) override;
+
   const GradBuffer& grads_;
   Communicator& dp_;
-  AdamWConfig cfg_;
   int64_t shard_ = 0;  // elements this rank owns, over all buckets
   std::vector<BucketShard> buckets_;
   std::vector<Segment> segments_;         // in buffer order
@@ -58,7 +62,6 @@ class DistributedOptimizer {
   // (shard) in the parameters' compute dtype when it is not f32: the update writes the rounded masters here
   // and the all-gather moves these (half the bytes of f32); undefined for f32 parameters (masters gathered).
   Tensor value_shard_;
-  int64_t steps_ = 0;
   // Gathers every rank's blocks of `shard` (shard_), bucket by bucket, into a bucket-sized temporary and passes
   // it (the bucket's elements of the gradient buffer's layout) to `use`.
   void for_each_gathered_bucket(const Tensor& shard, const std::function<void(const BucketShard&, const Tensor&)>& use);
