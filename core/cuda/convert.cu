@@ -16,7 +16,7 @@ __global__ void convert_kernel(const S* src, D* dst, int64_t n) {
 // dtype in practice (a plain copy), so only the floating conversions get kernels.
 template <class S>
 void convert_from(const S* src, void* dst, DType dst_dtype, int64_t n) {
-  const unsigned blocks = std::min<unsigned>(blocks_for(n, 256), 65535u * 8);
+  const unsigned blocks = grid_1d(n, 256);
   MT_DISPATCH_FLOAT(dst_dtype, "convert", D,
                     convert_kernel<S, D><<<blocks, 256, 0, stream()>>>(src, static_cast<D*>(dst), n));
   MT_CUDA_LAUNCHED("convert_kernel");

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -29,7 +28,7 @@ int64_t real_columns(const CrossEntropyOptions& opt, int64_t V) {
 
 // One block per row: gridDim.x is limited to 2^31 - 1.
 unsigned row_blocks(const char* op, int64_t N) {
-  if (N > static_cast<int64_t>(std::numeric_limits<int32_t>::max()))
+  if (N > kMaxGridX)
     throw std::runtime_error(std::string(op) + ": " + std::to_string(N) +
                              " rows exceed the CUDA kernel's limit of 2^31 - 1");
   return static_cast<unsigned>(N);
@@ -134,7 +133,7 @@ void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const T
 void cross_entropy_loss(const Tensor& rowmax, const Tensor& sumexp, const Tensor& target_logit, Tensor& losses) {
   const int64_t N = losses.numel();
   if (N == 0) return;
-  const unsigned blocks = std::min<unsigned>(blocks_for(N, kThreads), 65535u * 8);
+  const unsigned blocks = grid_1d(N, kThreads);
   loss_kernel<<<blocks, kThreads, 0, stream()>>>(rowmax.data<float>(), sumexp.data<float>(), target_logit.data<float>(),
                                                  losses.data<float>(), N);
   MT_CUDA_LAUNCHED("loss_kernel");

@@ -57,7 +57,7 @@ void apply_mask(const char* op, const Tensor& x, Tensor& out, const DropoutOptio
   const DropoutGrid g = dropout_grid(N, C, opt.col_offset);
   MT_DISPATCH_FLOAT(
       x.dtype(), op, T,
-      dropout_kernel<T><<<g.grid, g.threads, 0, stream()>>>(
+      dropout_kernel<T><<<grid_dims(g.grid), g.grid.threads, 0, stream()>>>(
           x.data<T>(), out.data<T>(), N, T_len, C, opt.seed, opt.site, static_cast<uint64_t>(opt.sample_offset),
           static_cast<uint64_t>(opt.row_offset), g.col0, g.first_block, g.blocks_per_row, opt.p, scale));
   MT_CUDA_LAUNCHED("dropout_kernel");

@@ -20,9 +20,6 @@ constexpr float kGeluC = 0.044715f;
 
 constexpr int kThreads = 256;
 
-// Blocks of kThreads threads for a grid-stride loop over n elements.
-unsigned grid_1d(int64_t n) { return std::min<unsigned>(blocks_for(n, kThreads), 65535u * 8); }
-
 // ---- kernels -------------------------------------------------------------------------------------
 
 #define MT_GRID_STRIDE(i, n)                                                             \
@@ -112,7 +109,7 @@ void add_bias(Tensor& x, const Tensor& bias) {
   if (N == 0 || C == 0) return;
   Tensor hold;
   const float* b = f32_values(bias, hold);
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(N, 65535 * 8));
+  const unsigned grid = row_grid(N, kMaxStrideBlocks);
   const int threads = threads_for_cols(C, kThreads);
   MT_DISPATCH_FLOAT(x.dtype(), "add_bias", T, add_bias_kernel<T><<<grid, threads, 0, stream()>>>(x.data<T>(), b, N, C));
   MT_CUDA_LAUNCHED("add_bias_kernel");
@@ -137,14 +134,16 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
   const int64_t n = out.numel();
   if (n == 0) return;
   MT_DISPATCH_FLOAT(out.dtype(), "add", T,
-                    add_kernel<T><<<grid_1d(n), kThreads, 0, stream()>>>(a.data<T>(), b.data<T>(), out.data<T>(), n));
+                    add_kernel<T>
+                    <<<grid_1d(n, kThreads), kThreads, 0, stream()>>>(a.data<T>(), b.data<T>(), out.data<T>(), n));
   MT_CUDA_LAUNCHED("add_kernel");
 }
 
 void scale_(Tensor& x, float s) {
   const int64_t n = x.numel();
   if (n == 0) return;
-  MT_DISPATCH_FLOAT(x.dtype(), "scale_", T, scale_kernel<T><<<grid_1d(n), kThreads, 0, stream()>>>(x.data<T>(), s, n));
+  MT_DISPATCH_FLOAT(x.dtype(), "scale_", T,
+                    scale_kernel<T><<<grid_1d(n, kThreads), kThreads, 0, stream()>>>(x.data<T>(), s, n));
   MT_CUDA_LAUNCHED("scale_kernel");
 }
 
@@ -152,7 +151,8 @@ void gelu_forward(const Tensor& x, Tensor& out) {
   const int64_t n = out.numel();
   if (n == 0) return;
   MT_DISPATCH_FLOAT(out.dtype(), "gelu_forward", T,
-                    gelu_forward_kernel<T><<<grid_1d(n), kThreads, 0, stream()>>>(x.data<T>(), out.data<T>(), n));
+                    gelu_forward_kernel<T>
+                    <<<grid_1d(n, kThreads), kThreads, 0, stream()>>>(x.data<T>(), out.data<T>(), n));
   MT_CUDA_LAUNCHED("gelu_forward_kernel");
 }
 
@@ -161,7 +161,7 @@ void gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) {
   if (n == 0) return;
   MT_DISPATCH_FLOAT(dx.dtype(), "gelu_backward", T,
                     gelu_backward_kernel<T>
-                    <<<grid_1d(n), kThreads, 0, stream()>>>(x.data<T>(), dout.data<T>(), dx.data<T>(), n));
+                    <<<grid_1d(n, kThreads), kThreads, 0, stream()>>>(x.data<T>(), dout.data<T>(), dx.data<T>(), n));
   MT_CUDA_LAUNCHED("gelu_backward_kernel");
 }
 

@@ -54,7 +54,7 @@ void dropout_add(const Tensor& x, const Tensor& residual, Tensor& out, const Dro
   const float scale = opt.p == 0.f ? 1.f : 1.f / (1.f - opt.p);  // as dropout_row_scales, on the host
   const DropoutGrid g = dropout_grid(N, C, opt.col_offset);
   MT_DISPATCH_FLOAT(x.dtype(), "dropout_add", T,
-                    dropout_add_kernel<T><<<g.grid, g.threads, 0, stream()>>>(
+                    dropout_add_kernel<T><<<grid_dims(g.grid), g.grid.threads, 0, stream()>>>(
                         x.data<T>(), residual.data<T>(), out.data<T>(), N, T_len, C, opt.seed, opt.site,
                         static_cast<uint64_t>(opt.sample_offset), static_cast<uint64_t>(opt.row_offset), g.col0,
                         g.first_block, g.blocks_per_row, opt.p, scale));

@@ -1,6 +1,7 @@
 // kernels.cuh (nvcc only; .cu files must not include fmt, whose C++20 consteval checks nvcc rejects):
 // device-side helpers of the backend's kernels: fp32 loads and stores of each storage dtype
-// (one round to nearest even, as the CPU reference), dtype dispatch, warp and block reductions.
+// (one round to nearest even, as the CPU reference), dtype dispatch, warp and block reductions. The launch
+// arithmetic is in core/cuda/launch.h (included through cuda_check.h).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -114,15 +115,9 @@ __device__ inline float block_max(float v) {
   return warp_max(m);
 }
 
-// ---- launch arithmetic shared by the kernels' host sides -----------------------------------------
+// ---- launch arithmetic: core/cuda/launch.h (plain C++, tested on the host) ---------------------------
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// Threads of a block that walks the C columns of a row: C rounded up to a warp, at most `max_threads`.
-inline int threads_for_cols(int64_t C, int max_threads = 256) {
-  const int64_t t = (std::max<int64_t>(C, 1) + 31) / 32 * 32;
-  return static_cast<int>(std::min<int64_t>(t, max_threads));
-}
+inline dim3 grid_dims(const RowUnitsGrid& g) { return dim3(g.grid_x, g.grid_y); }
 
 // An fp32 pointer to the values of a small device tensor (a bias, a norm's weight): its own memory when it
 // is f32, else a converted workspace copy kept alive by `hold` (exact: bf16 and f16 values are fp32 values).
@@ -131,39 +126,6 @@ inline const float* f32_values(const Tensor& t, Tensor& hold) {
   hold = Tensor::empty({t.numel()}, DType::f32, Device::cuda, MemKind::workspace);
   convert(t.raw(), t.dtype(), hold.raw(), DType::f32, t.numel());
   return hold.data<float>();
-}
-
-// How a deterministic column reduction over N rows of C columns splits its work: blocks of `threads`
-// columns (grid x) times chunks of rows_per rows (grid y), about 1024 blocks in all, at least 32 rows a chunk
-// and at most 65535 chunks. Each block writes per-chunk partials; a second kernel sums them in chunk order.
-struct ColumnChunks {
-  int64_t col_blocks, rows_per, chunks;
-};
-inline ColumnChunks column_chunks(int64_t N, int64_t C, int threads) {
-  const int64_t col_blocks = ceil_div(C, threads);
-  const int64_t want = std::max<int64_t>(1, 1024 / col_blocks);
-  const int64_t rows_per = std::max({int64_t{32}, ceil_div(N, want), ceil_div(N, 65535)});
-  return {col_blocks, rows_per, ceil_div(N, rows_per)};
-}
-
-// The launch of a kernel that draws dropout masks over N rows of C columns starting at global column
-// col_offset: one thread per Philox block of 4 global columns (core/rng.h's dropout_block), the blocks a row
-// touches on grid x, rows on grid y (a kernel strides over rows beyond 65535).
-struct DropoutGrid {
-  uint64_t col0, first_block, blocks_per_row;
-  int threads;
-  dim3 grid;
-};
-inline DropoutGrid dropout_grid(int64_t N, int64_t C, int64_t col_offset) {
-  DropoutGrid g;
-  g.col0 = static_cast<uint64_t>(col_offset);
-  g.first_block = g.col0 >> 2;
-  const uint64_t last_block = (g.col0 + static_cast<uint64_t>(C) - 1) >> 2;
-  g.blocks_per_row = last_block - g.first_block + 1;
-  g.threads = static_cast<int>(std::min<uint64_t>((g.blocks_per_row + 31) / 32 * 32, 256));
-  g.grid = dim3(static_cast<unsigned>((g.blocks_per_row + g.threads - 1) / g.threads),
-                static_cast<unsigned>(std::min<int64_t>(N, 65535)));
-  return g;
 }
 
 }  // namespace mt::cuda

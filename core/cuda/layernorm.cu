@@ -22,15 +22,6 @@ namespace {
 
 constexpr int kColThreads = 256;
 
-// Threads of the block that normalises one row: about 8 columns a thread, a multiple of 32, 32 to 1024.
-int row_threads(int64_t C) {
-  const int64_t t = (ceil_div(std::max<int64_t>(C, 1), 8) + 31) / 32 * 32;
-  return static_cast<int>(std::clamp<int64_t>(t, 32, 1024));
-}
-
-// Blocks of the row kernels (grid-stride over the N rows).
-unsigned row_grid(int64_t N) { return static_cast<unsigned>(std::clamp<int64_t>(N, 1, 65535 * 32)); }
-
 // xhat = (x - m) * s in fp32, as the CPU.
 __device__ __forceinline__ float normalized(float x, float m, float s) { return __fmul_rn(__fsub_rn(x, m), s); }
 
@@ -146,7 +137,7 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   const float* w = f32_values(weight, hold_w);
   const float* b = f32_values(bias, hold_b);
   MT_DISPATCH_FLOAT(x.dtype(), "layernorm_forward", T,
-                    layernorm_forward_kernel<T><<<row_grid(N), row_threads(C), 0, stream()>>>(
+                    layernorm_forward_kernel<T><<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(
                         x.data<T>(), w, b, out.data<T>(), mean.data<float>(), rstd.data<float>(), N, C, opt.eps));
   MT_CUDA_LAUNCHED("layernorm_forward_kernel");
 }
@@ -173,7 +164,7 @@ void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weigh
   Tensor hold_w;
   const float* w = f32_values(weight, hold_w);
   MT_DISPATCH_FLOAT(x.dtype(), "layernorm_backward", T,
-                    layernorm_dx_kernel<T><<<row_grid(N), row_threads(C), 0, stream()>>>(
+                    layernorm_dx_kernel<T><<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(
                         dout.data<T>(), x.data<T>(), w, mean.data<float>(), rstd.data<float>(), dx.data<T>(), N, C));
   MT_CUDA_LAUNCHED("layernorm_dx_kernel");
 }

@@ -21,15 +21,6 @@ namespace {
 
 constexpr int kColThreads = 256;
 
-// Threads of the block that normalises one row: about 8 columns a thread, a multiple of 32, 32 to 1024.
-int row_threads(int64_t C) {
-  const int64_t t = (ceil_div(std::max<int64_t>(C, 1), 8) + 31) / 32 * 32;
-  return static_cast<int>(std::clamp<int64_t>(t, 32, 1024));
-}
-
-// Blocks of the row kernels (grid-stride over the N rows).
-unsigned row_grid(int64_t N) { return static_cast<unsigned>(std::clamp<int64_t>(N, 1, 65535 * 32)); }
-
 // ---- forward -------------------------------------------------------------------------------------
 
 // out may alias x: the last pass reads and writes each element from the same thread, after the reduction.
@@ -119,7 +110,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor&
   Tensor hold_w;
   const float* w = f32_values(weight, hold_w);
   MT_DISPATCH_FLOAT(x.dtype(), "rmsnorm_forward", T,
-                    rmsnorm_forward_kernel<T><<<row_grid(N), row_threads(C), 0, stream()>>>(
+                    rmsnorm_forward_kernel<T><<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(
                         x.data<T>(), w, out.data<T>(), rstd.data<float>(), N, C, opt.eps));
   MT_CUDA_LAUNCHED("rmsnorm_forward_kernel");
 }
@@ -145,7 +136,7 @@ void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
   Tensor hold_w;
   const float* w = f32_values(weight, hold_w);
   MT_DISPATCH_FLOAT(x.dtype(), "rmsnorm_backward", T,
-                    rmsnorm_dx_kernel<T><<<row_grid(N), row_threads(C), 0, stream()>>>(
+                    rmsnorm_dx_kernel<T><<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(
                         dout.data<T>(), x.data<T>(), w, rstd.data<float>(), dx.data<T>(), N, C));
   MT_CUDA_LAUNCHED("rmsnorm_dx_kernel");
 }

@@ -14,9 +14,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Blocks of kThreads threads for a grid-stride loop over n pairs.
-unsigned grid_1d(int64_t n) { return std::min<unsigned>(blocks_for(n, kThreads), 65535u * 8); }
-
 #define MT_GRID_STRIDE(i, n)                                                             \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -61,7 +58,8 @@ void swiglu_forward(const Tensor& x, Tensor& out) {
   const int64_t n = out.numel();
   if (n == 0) return;
   MT_DISPATCH_FLOAT(out.dtype(), "swiglu_forward", T,
-                    swiglu_forward_kernel<T><<<grid_1d(n), kThreads, 0, stream()>>>(x.data<T>(), out.data<T>(), n));
+                    swiglu_forward_kernel<T>
+                    <<<grid_1d(n, kThreads), kThreads, 0, stream()>>>(x.data<T>(), out.data<T>(), n));
   MT_CUDA_LAUNCHED("swiglu_forward_kernel");
 }
 
@@ -70,7 +68,7 @@ void swiglu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) {
   if (n == 0) return;
   MT_DISPATCH_FLOAT(dx.dtype(), "swiglu_backward", T,
                     swiglu_backward_kernel<T>
-                    <<<grid_1d(n), kThreads, 0, stream()>>>(x.data<T>(), dout.data<T>(), dx.data<T>(), n));
+                    <<<grid_1d(n, kThreads), kThreads, 0, stream()>>>(x.data<T>(), dout.data<T>(), dx.data<T>(), n));
   MT_CUDA_LAUNCHED("swiglu_backward_kernel");
 }
 
