@@ -1,7 +1,7 @@
 // kernels.cuh (nvcc only; .cu files must not include fmt, whose C++20 consteval checks nvcc rejects):
 // device-side helpers of the backend's kernels: fp32 loads and stores of each storage dtype
-// (one round to nearest even, as the CPU reference), dtype dispatch, warp and block reductions. The launch
-// arithmetic is in core/cuda/launch.h (included through cuda_check.h).
+// (one round to nearest even, as the CPU reference), 16-byte vector loads and stores, dtype dispatch, warp and
+// block reductions. The launch arithmetic is in core/cuda/launch.h (included through cuda_check.h).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "core/cuda/cuda_check.h"
 #include "core/dtype.h"
@@ -126,6 +128,126 @@ inline const float* f32_values(const Tensor& t, Tensor& hold) {
   hold = Tensor::empty({t.numel()}, DType::f32, Device::cuda, MemKind::workspace);
   convert(t.raw(), t.dtype(), hold.raw(), DType::f32, t.numel());
   return hold.data<float>();
+}
+
+// ---- 16-byte vector loads and stores -----------------------------------------------------------------
+// A kernel templated on E (elements a thread moves per access group) runs as its scalar form with E = 1,
+// element for element the code it replaced, and vectorised with E = kVec<T> where launch.h's conditions hold
+// (every pointer 16-byte aligned; for row kernels, C a multiple of E). The values and their arithmetic are
+// the same in both forms: only the loads and stores are wider.
+
+// Elements of T in one 16-byte vector: 4 fp32, 8 bf16 or fp16.
+template <class T>
+inline constexpr int kVec = kVecBytes / static_cast<int>(sizeof(T));
+
+// W elements of T, aligned to their size so that one access moves them all.
+template <class T, int W>
+struct alignas(sizeof(T) * W) Pack {
+  T v[W];
+};
+
+// The unsigned type of one access of `Bytes` bytes.
+template <int Bytes>
+struct RawOf;
+template <>
+struct RawOf<2> {
+  using type = unsigned short;
+};
+template <>
+struct RawOf<4> {
+  using type = unsigned int;
+};
+template <>
+struct RawOf<8> {
+  using type = uint2;
+};
+template <>
+struct RawOf<16> {
+  using type = uint4;
+};
+
+// The W elements at p (aligned to W * sizeof(T) bytes) in one load; W = 1 is a plain load of T.
+template <class T, int W>
+__device__ __forceinline__ Pack<T, W> load_pack(const T* p) {
+  Pack<T, W> r;
+  if constexpr (W == 1) {
+    r.v[0] = *p;
+  } else {
+    using Raw = typename RawOf<static_cast<int>(sizeof(T)) * W>::type;
+    const Raw raw = *reinterpret_cast<const Raw*>(p);
+    static_assert(sizeof(raw) == sizeof(r));
+    memcpy(&r, &raw, sizeof(r));
+  }
+  return r;
+}
+
+// Stores the W elements of q at p (aligned to W * sizeof(T) bytes) in one store.
+template <class T, int W>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, W>& q) {
+  if constexpr (W == 1) {
+    *p = q.v[0];
+  } else {
+    using Raw = typename RawOf<static_cast<int>(sizeof(T)) * W>::type;
+    Raw raw;
+    static_assert(sizeof(raw) == sizeof(q));
+    memcpy(&raw, &q, sizeof(raw));
+    *reinterpret_cast<Raw*>(p) = raw;
+  }
+}
+
+// Elements of T per access when a thread moves E of them: E, or 16 bytes' worth when E is wider.
+template <class T, int E>
+inline constexpr int kAccess = E* static_cast<int>(sizeof(T)) > kVecBytes ? kVec<T> : E;
+
+// Grid-stride loops of a flat kernel over n elements, E at a time: body(std::integral_constant<int, E>{}, i)
+// for the first element i of every whole vector, then body(std::integral_constant<int, 1>{}, i) for each
+// element i of the tail [n / E * E, n) (E = 1: every element, no tail). The body sees its width as a constant.
+template <int E, class Body>
+__device__ __forceinline__ void for_each_vec(int64_t n, Body&& body) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t vecs = n / E;
+  for (int64_t v = tid; v < vecs; v += stride) body(std::integral_constant<int, E>{}, v * E);
+  if constexpr (E > 1)
+    for (int64_t i = vecs * E + tid; i < n; i += stride) body(std::integral_constant<int, 1>{}, i);
+}
+
+// Host side of a flat kernel over n elements: launch(std::integral_constant<int, E>{}, grid) when every pointer
+// is 16-byte aligned, else its scalar form launch(std::integral_constant<int, 1>{}, grid), grid sized for the
+// form's units of work (launch.h's vec_units).
+template <int E, class Launch, class... P>
+void launch_flat(int64_t n, int threads, Launch&& launch, const P*... ptrs) {
+  if (all_aligned16(ptrs...))
+    launch(std::integral_constant<int, E>{}, grid_1d(vec_units(n, E), threads));
+  else
+    launch(std::integral_constant<int, 1>{}, grid_1d(n, threads));
+}
+
+// f[j] = element j of the E elements at p, as fp32, read in accesses of at most 16 bytes (p aligned to them).
+template <int E, class T>
+__device__ __forceinline__ void load_f32s(const T* p, float (&f)[E]) {
+  constexpr int W = kAccess<T, E>;
+  static_assert(E % W == 0, "E must be a whole number of accesses");
+#pragma unroll
+  for (int k = 0; k < E; k += W) {
+    const Pack<T, W> q = load_pack<T, W>(p + k);
+#pragma unroll
+    for (int j = 0; j < W; ++j) f[k + j] = to_f32<T>(q.v[j]);
+  }
+}
+
+// The E values f rounded once each to T and stored at p, in accesses of at most 16 bytes (p aligned to them).
+template <int E, class T>
+__device__ __forceinline__ void store_f32s(T* p, const float (&f)[E]) {
+  constexpr int W = kAccess<T, E>;
+  static_assert(E % W == 0, "E must be a whole number of accesses");
+#pragma unroll
+  for (int k = 0; k < E; k += W) {
+    Pack<T, W> q;
+#pragma unroll
+    for (int j = 0; j < W; ++j) q.v[j] = from_f32<T>(f[k + j]);
+    store_pack<T, W>(p + k, q);
+  }
 }
 
 }  // namespace mt::cuda

@@ -1021,6 +1021,164 @@ TEST_F(CudaOps, DropoutAddMatchesTheCpu) {
   }
 }
 
+// ---- 16-byte vector forms: tails, odd row lengths, misaligned views ---------------------------------
+// The memory-bound kernels move 16-byte vectors (4 fp32, 8 bf16 or fp16 elements) where every pointer they
+// read or write as vectors is 16-byte aligned and, for row kernels, the row length is a multiple of the vector
+// width; otherwise their scalar form runs. Each case runs on views at offset 0 of a fresh buffer (aligned: the
+// vector form where the shape allows) and at an offset of one element (misaligned: the scalar form), against
+// the CPU, on sizes and row lengths around the vector width (tails). Where an op has no reduction, its two GPU
+// results must also be the same bits: the two forms do the same arithmetic per element.
+
+constexpr int64_t kViewOffsets[] = {0, 1};
+const std::vector<int64_t> kTailSizes = {1, 7, 8, 9, 12, 13, 1000, 1003, 8 * 1024 + 5};
+const std::vector<int64_t> kRowLengths = {8, 12, 13, 1000, 1003};
+
+// The values v with the given shape, `offset` elements into a larger buffer, on both devices (a GPU buffer
+// starts 256-byte aligned).
+Both both_at(const Vec& v, const Shape& shape, DType dt, int64_t offset) {
+  Vec buf(static_cast<size_t>(offset), 0.0);
+  buf.insert(buf.end(), v.begin(), v.end());
+  const int64_t total = static_cast<int64_t>(buf.size());
+  const Both flat = both(buf, {total}, dt);
+  return {flat.cpu.slice(offset, total).view(shape), flat.gpu.slice(offset, total).view(shape)};
+}
+
+// An output the op writes, NaN everywhere, `offset` elements into a larger buffer on both devices.
+Both poisoned_at(const Shape& shape, DType dt, int64_t offset) {
+  return both_at(Vec(static_cast<size_t>(shape_numel(shape)), std::numeric_limits<double>::quiet_NaN()), shape, dt,
+                 offset);
+}
+
+// The dtypes and offsets of a weight or bias (C) beside activations of dtype dt: dt (converted to an fp32
+// workspace by the kernels, so aligned), and fp32 read in place, aligned or not.
+std::vector<std::pair<DType, int64_t>> param_placements(DType dt) {
+  return {{dt, 0}, {DType::f32, 0}, {DType::f32, 1}};
+}
+
+// The GPU results of the aligned and the misaligned run of one output are the same bytes.
+void expect_same_bits(const std::vector<Tensor>& runs, const std::string& what) {
+  ASSERT_EQ(runs.size(), 2u) << what;
+  EXPECT_TRUE(bytes_of(runs[0]) == bytes_of(runs[1])) << what << ": the aligned and misaligned runs differ";
+}
+
+TEST_F(CudaOps, FlatOpsOnTailsAndMisalignedViews) {
+  for (int64_t n : kTailSizes)
+    for (DType dt : kFloatTypes) {
+      const std::string size = str(" n=", n, " ", dtype_name(dt));
+      const Vec av = rand_vec(n, 1400, -4, 4), bv = rand_vec(n, 1401), dv = rand_vec(n, 1402);
+      std::vector<Tensor> sums, inplaces, scaleds, gelus, dgelus;
+      for (int64_t off : kViewOffsets) {
+        const std::string what = str(size, " at offset ", off);
+        const Both a = both_at(av, {n}, dt, off), b = both_at(bv, {n}, dt, off), d = both_at(dv, {n}, dt, off);
+        Both sum = poisoned_at({n}, dt, off), inplace = both_at(av, {n}, dt, off);
+        Both scaled = both_at(av, {n}, dt, off), g = poisoned_at({n}, dt, off), dg = poisoned_at({n}, dt, off);
+        for (auto dev : kDevices) {
+          add(a.*dev, b.*dev, sum.*dev);
+          add(inplace.*dev, b.*dev, inplace.*dev);  // out aliasing a
+          scale_(scaled.*dev, -0.37f);
+          gelu_forward(a.*dev, g.*dev);
+          gelu_backward(a.*dev, d.*dev, dg.*dev);
+        }
+        expect_match(sum, tol_for(dt), "add" + what);
+        expect_match(inplace, tol_for(dt), "add in place" + what);
+        expect_match(scaled, tol_for(dt), "scale_" + what);
+        expect_match(g, tol_for(dt), "gelu_forward" + what);
+        expect_match(dg, tol_for(dt), "gelu_backward" + what);
+        sums.push_back(sum.gpu);
+        inplaces.push_back(inplace.gpu);
+        scaleds.push_back(scaled.gpu);
+        gelus.push_back(g.gpu);
+        dgelus.push_back(dg.gpu);
+      }
+      expect_same_bits(sums, "add" + size);
+      expect_same_bits(inplaces, "add in place" + size);
+      expect_same_bits(scaleds, "scale_" + size);
+      expect_same_bits(gelus, "gelu_forward" + size);
+      expect_same_bits(dgelus, "gelu_backward" + size);
+      // One operand misaligned among aligned ones: the scalar form for all.
+      const Both a = both_at(av, {n}, dt, 0), b = both_at(bv, {n}, dt, 1);
+      Both sum = poisoned_at({n}, dt, 0);
+      for (auto dev : kDevices) add(a.*dev, b.*dev, sum.*dev);
+      expect_match(sum, tol_for(dt), "add with b misaligned" + size);
+      EXPECT_TRUE(bytes_of(sum.gpu) == bytes_of(sums[0])) << "add with b misaligned" << size;
+    }
+}
+
+TEST_F(CudaOps, SwiGluOnTailsAndMisalignedViews) {
+  for (int64_t F : {1, 7, 8, 13, 1000, 1003})
+    for (int64_t N : {1, 3})
+      for (DType dt : kFloatTypes) {
+        const std::string size = str(" ", N, "x", F, " ", dtype_name(dt));
+        Vec xv = rand_vec(N * 2 * F, 1410, -6, 6);
+        xv[0] = 200.0;  // a tail of exp
+        const Vec dv = rand_vec(N * F, 1411);
+        std::vector<Tensor> outs, dxs;
+        for (int64_t off : kViewOffsets) {
+          const std::string what = str(size, " at offset ", off);
+          const Both x = both_at(xv, {N, 2 * F}, dt, off), dout = both_at(dv, {N, F}, dt, off);
+          Both out = poisoned_at({N, F}, dt, off), dx = poisoned_at({N, 2 * F}, dt, off);
+          for (auto dev : kDevices) {
+            swiglu_forward(x.*dev, out.*dev);
+            swiglu_backward(x.*dev, dout.*dev, dx.*dev);
+          }
+          expect_match(out, tol_for(dt), "swiglu_forward" + what);
+          expect_match(dx, tol_for(dt), "swiglu_backward" + what);
+          outs.push_back(out.gpu);
+          dxs.push_back(dx.gpu);
+        }
+        expect_same_bits(outs, "swiglu_forward" + size);
+        expect_same_bits(dxs, "swiglu_backward" + size);
+      }
+}
+
+// Device-to-device dtype conversion (copy_from), source and destination each aligned or not: the host's round
+// to nearest even, bit for bit.
+TEST_F(CudaOps, ConvertOnTailsAndMisalignedViews) {
+  for (int64_t n : kTailSizes) {
+    Vec x = rand_vec(n, 1420, -70000, 70000);  // past fp16's range too
+    x[0] = 1.0 + 0x1p-8;                       // a bf16 tie
+    for (DType src_dt : kFloatTypes)
+      for (DType dst_dt : kFloatTypes) {
+        if (src_dt == dst_dt) continue;
+        for (int64_t src_off : kViewOffsets)
+          for (int64_t dst_off : kViewOffsets) {
+            const Both src = both_at(x, {n}, src_dt, src_off);
+            Both dst = poisoned_at({n}, dst_dt, dst_off);
+            dst.gpu.copy_from(src.gpu);
+            const std::vector<float> got = dst.gpu.to_floats();
+            int64_t bad = 0, first = -1;
+            for (int64_t i = 0; i < n; ++i) {
+              const float want = round_to(dst_dt, round_to(src_dt, static_cast<float>(x[i])));
+              if (std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(want) && bad++ == 0) first = i;
+            }
+            EXPECT_EQ(bad, 0) << "convert " << dtype_name(src_dt) << " at offset " << src_off << " -> "
+                              << dtype_name(dst_dt) << " at offset " << dst_off << ", n=" << n << ": first mismatch at "
+                              << first;
+          }
+      }
+  }
+}
+
+TEST_F(CudaOps, AddBiasOnOddRowsAndMisalignedViews) {
+  for (int64_t C : kRowLengths)
+    for (int64_t N : {1, 7})
+      for (DType dt : kFloatTypes)
+        for (const auto& [bias_dt, bias_off] : param_placements(dt)) {
+          const std::string size =
+              str(" ", N, "x", C, " ", dtype_name(dt), " bias ", dtype_name(bias_dt), " at offset ", bias_off);
+          const Vec xv = rand_vec(N * C, 1430, -3, 3), bv = rand_vec(C, 1431);
+          std::vector<Tensor> xs;
+          for (int64_t off : kViewOffsets) {
+            Both x = both_at(xv, {N, C}, dt, off);
+            const Both bias = both_at(bv, {C}, bias_dt, bias_off);
+            for (auto dev : kDevices) add_bias(x.*dev, bias.*dev);
+            expect_match(x, tol_for(dt), str("add_bias", size, ", x at offset ", off));
+            xs.push_back(x.gpu);
+          }
+          expect_same_bits(xs, "add_bias" + size);
+        }
+}
+
 // ---- attention paths: cuDNN's fused attention and the kernel -------------------------------------
 // MEGATRAIN_ATTENTION picks the path (core/cuda/attention_backend.h); each test sets it and checks which path
 // ran with last_attention_path(), so a silent fallback to the kernel cannot pass for cuDNN.
