@@ -25,10 +25,17 @@ constexpr int kColThreads = 256;
 // xhat = (x - m) * s in fp32, as the CPU.
 __device__ __forceinline__ float normalized(float x, float m, float s) { return __fmul_rn(__fsub_rn(x, m), s); }
 
+// The row kernels take E columns a thread-step: E = 1 (thread t the columns t, t + blockDim.x, ...), or a
+// 16-byte vector (thread t the columns [tE, tE + E), [(t + blockDim.x)E, ...)) when C is a multiple of E and
+// every pointer is aligned (rows_take_vectors). Each element's arithmetic is the same in both forms; the row
+// sums, in double, group the columns differently per thread (a different, still fixed, order).
+#define MT_ROW_COLUMNS(c, C) \
+  for (int64_t c = static_cast<int64_t>(threadIdx.x) * E; c < (C); c += static_cast<int64_t>(blockDim.x) * E)
+
 // ---- forward -------------------------------------------------------------------------------------
 
 // out may alias x: the last pass reads and writes each element from the same thread, after the reductions.
-template <class T>
+template <class T, int E>
 __global__ void __launch_bounds__(1024)
     layernorm_forward_kernel(const T* x, const float* w, const float* b, T* out, float* mean, float* rstd, int64_t N,
                              int64_t C, float eps) {
@@ -36,21 +43,36 @@ __global__ void __launch_bounds__(1024)
     const T* xr = x + n * C;
     T* yr = out + n * C;
     double sum = 0.0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) sum += static_cast<double>(to_f32<T>(xr[c]));
+    MT_ROW_COLUMNS(c, C) {
+      float v[E];
+      load_f32s<E>(xr + c, v);
+#pragma unroll
+      for (int j = 0; j < E; ++j) sum += static_cast<double>(v[j]);
+    }
     sum = block_sum(sum);
     const double mu = sum / static_cast<double>(C);
     double sq = 0.0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      const double d = static_cast<double>(to_f32<T>(xr[c])) - mu;
-      sq += d * d;
+    MT_ROW_COLUMNS(c, C) {
+      float v[E];
+      load_f32s<E>(xr + c, v);
+#pragma unroll
+      for (int j = 0; j < E; ++j) {
+        const double d = static_cast<double>(v[j]) - mu;
+        sq += d * d;
+      }
     }
     sq = block_sum(sq);
     const double var = sq / static_cast<double>(C);
     const float m = static_cast<float>(mu);
     const float s = static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      // (row[c] - m) * s * w[c] + b[c]
-      yr[c] = from_f32<T>(__fadd_rn(__fmul_rn(normalized(to_f32<T>(xr[c]), m, s), w[c]), b[c]));
+    MT_ROW_COLUMNS(c, C) {
+      float v[E], wv[E], bv[E];
+      load_f32s<E>(xr + c, v);
+      load_f32s<E>(w + c, wv);
+      load_f32s<E>(b + c, bv);
+#pragma unroll
+      for (int j = 0; j < E; ++j) v[j] = __fadd_rn(__fmul_rn(normalized(v[j], m, s), wv[j]), bv[j]);  // xhat w + b
+      store_f32s<E>(yr + c, v);
     }
     if (threadIdx.x == 0) {
       mean[n] = m;
@@ -63,7 +85,7 @@ __global__ void __launch_bounds__(1024)
 
 // With xhat = (x - mean) * rstd and g = dout * weight: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
 // dx may alias dout or x: the second pass reads and writes each element from the same thread.
-template <class T>
+template <class T, int E>
 __global__ void __launch_bounds__(1024)
     layernorm_dx_kernel(const T* dout, const T* x, const float* w, const float* mean, const float* rstd, T* dx,
                         int64_t N, int64_t C) {
@@ -73,24 +95,41 @@ __global__ void __launch_bounds__(1024)
     T* dxr = dx + n * C;
     const float m = mean[n], s = rstd[n];
     double sum_g = 0.0, sum_gx = 0.0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      const float xh = normalized(to_f32<T>(xr[c]), m, s);
-      const float g = __fmul_rn(to_f32<T>(dr[c]), w[c]);
-      sum_g += static_cast<double>(g);
-      sum_gx += static_cast<double>(g) * static_cast<double>(xh);
+    MT_ROW_COLUMNS(c, C) {
+      float xv[E], dv[E], wv[E];
+      load_f32s<E>(xr + c, xv);
+      load_f32s<E>(dr + c, dv);
+      load_f32s<E>(w + c, wv);
+#pragma unroll
+      for (int j = 0; j < E; ++j) {
+        const float xh = normalized(xv[j], m, s);
+        const float g = __fmul_rn(dv[j], wv[j]);
+        sum_g += static_cast<double>(g);
+        sum_gx += static_cast<double>(g) * static_cast<double>(xh);
+      }
     }
     sum_g = block_sum(sum_g);
     sum_gx = block_sum(sum_gx);
     const float mean_g = static_cast<float>(sum_g / static_cast<double>(C));
     const float mean_gx = static_cast<float>(sum_gx / static_cast<double>(C));
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      const float xh = normalized(to_f32<T>(xr[c]), m, s);
-      const float g = __fmul_rn(to_f32<T>(dr[c]), w[c]);
-      // s * (d[c] * w[c] - mean_g - xhat[c] * mean_gx)
-      dxr[c] = from_f32<T>(__fmul_rn(s, __fsub_rn(__fsub_rn(g, mean_g), __fmul_rn(xh, mean_gx))));
+    MT_ROW_COLUMNS(c, C) {
+      float xv[E], dv[E], wv[E];
+      load_f32s<E>(xr + c, xv);
+      load_f32s<E>(dr + c, dv);
+      load_f32s<E>(w + c, wv);
+#pragma unroll
+      for (int j = 0; j < E; ++j) {
+        const float xh = normalized(xv[j], m, s);
+        const float g = __fmul_rn(dv[j], wv[j]);
+        // s * (d[c] * w[c] - mean_g - xhat[c] * mean_gx)
+        xv[j] = __fmul_rn(s, __fsub_rn(__fsub_rn(g, mean_g), __fmul_rn(xh, mean_gx)));
+      }
+      store_f32s<E>(dxr + c, xv);
     }
   }
 }
+
+#undef MT_ROW_COLUMNS
 
 // pw[k, c] = sum of dout * xhat and pb[k, c] = sum of dout over the rows of chunk k
 // ([k * rows_per, (k + 1) * rows_per) within N), in double and in row order. Grid: (column blocks, chunks).
@@ -136,9 +175,18 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   Tensor hold_w, hold_b;
   const float* w = f32_values(weight, hold_w);
   const float* b = f32_values(bias, hold_b);
-  MT_DISPATCH_FLOAT(x.dtype(), "layernorm_forward", T,
-                    layernorm_forward_kernel<T><<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(
-                        x.data<T>(), w, b, out.data<T>(), mean.data<float>(), rstd.data<float>(), N, C, opt.eps));
+  MT_DISPATCH_FLOAT(x.dtype(), "layernorm_forward", T, {
+    const T* px = x.data<T>();
+    T* po = out.data<T>();
+    float *pm = mean.data<float>(), *ps = rstd.data<float>();
+    constexpr int V = kVec<T>;
+    if (rows_take_vectors(C, V, px, po, w, b))
+      layernorm_forward_kernel<T, V>
+          <<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(px, w, b, po, pm, ps, N, C, opt.eps);
+    else
+      layernorm_forward_kernel<T, 1>
+          <<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(px, w, b, po, pm, ps, N, C, opt.eps);
+  });
   MT_CUDA_LAUNCHED("layernorm_forward_kernel");
 }
 
@@ -163,9 +211,18 @@ void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weigh
 
   Tensor hold_w;
   const float* w = f32_values(weight, hold_w);
-  MT_DISPATCH_FLOAT(x.dtype(), "layernorm_backward", T,
-                    layernorm_dx_kernel<T><<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(
-                        dout.data<T>(), x.data<T>(), w, mean.data<float>(), rstd.data<float>(), dx.data<T>(), N, C));
+  MT_DISPATCH_FLOAT(x.dtype(), "layernorm_backward", T, {
+    const T *pd = dout.data<T>(), *px = x.data<T>();
+    T* pdx = dx.data<T>();
+    const float *pm = mean.data<float>(), *ps = rstd.data<float>();
+    constexpr int V = kVec<T>;
+    if (rows_take_vectors(C, V, pd, px, pdx, w))
+      layernorm_dx_kernel<T, V>
+          <<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(pd, px, w, pm, ps, pdx, N, C);
+    else
+      layernorm_dx_kernel<T, 1>
+          <<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(pd, px, w, pm, ps, pdx, N, C);
+  });
   MT_CUDA_LAUNCHED("layernorm_dx_kernel");
 }
 

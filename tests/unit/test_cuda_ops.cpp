@@ -1179,6 +1179,77 @@ TEST_F(CudaOps, AddBiasOnOddRowsAndMisalignedViews) {
         }
 }
 
+TEST_F(CudaOps, LayerNormOnOddRowsAndMisalignedViews) {
+  for (int64_t C : kRowLengths)
+    for (int64_t N : {1, 7})
+      for (DType dt : kFloatTypes)
+        for (int64_t off : kViewOffsets) {
+          const std::string what = str(" ", N, "x", C, " ", dtype_name(dt), " at offset ", off);
+          const Vec xv = rand_vec(N * C, 1440, -2, 3), dv = rand_vec(N * C, 1443);
+          const Both x = both_at(xv, {N, C}, dt, off), dout = both_at(dv, {N, C}, dt, off);
+          for (const auto& [w_dt, w_off] : param_placements(dt)) {
+            const Both w = both_at(rand_vec(C, 1441, 0.5, 1.5), {C}, w_dt, w_off);
+            const Both b = both_at(rand_vec(C, 1442), {C}, w_dt, w_off);
+            Both out = poisoned_at({N, C}, dt, off), mean = poisoned({N}, DType::f32), rstd = poisoned({N}, DType::f32);
+            Both dx = poisoned_at({N, C}, dt, off);
+            Both dw = both(rand_vec(C, 1444), {C}, DType::f32), db = both(rand_vec(C, 1445), {C}, DType::f32);
+            Both y_inplace = both_at(xv, {N, C}, dt, off), dx_inplace = both_at(dv, {N, C}, dt, off);
+            Both mean2 = poisoned({N}, DType::f32), rstd2 = poisoned({N}, DType::f32);
+            Both dw2 = both(Vec(C, 0.0), {C}, DType::f32), db2 = both(Vec(C, 0.0), {C}, DType::f32);
+            for (auto dev : kDevices) {
+              layernorm_forward(x.*dev, w.*dev, b.*dev, out.*dev, mean.*dev, rstd.*dev, {.eps = 1e-5f});
+              layernorm_backward(dout.*dev, x.*dev, w.*dev, mean.*dev, rstd.*dev, dx.*dev, dw.*dev, db.*dev);
+              // out aliasing x, dx aliasing dout
+              layernorm_forward(y_inplace.*dev, w.*dev, b.*dev, y_inplace.*dev, mean2.*dev, rstd2.*dev, {.eps = 1e-5f});
+              layernorm_backward(dx_inplace.*dev, x.*dev, w.*dev, mean.*dev, rstd.*dev, dx_inplace.*dev, dw2.*dev,
+                                 db2.*dev);
+            }
+            const std::string w_what = str(what, ", weight ", dtype_name(w_dt), " at offset ", w_off);
+            const double tol = tol_for(dt);
+            expect_match(out, tol, "layernorm out" + w_what);
+            expect_match(mean, tol, "layernorm mean" + w_what);
+            expect_match(rstd, tol, "layernorm rstd" + w_what);
+            expect_match(dx, tol, "layernorm dx" + w_what);
+            expect_match(dw, tol, "layernorm dweight" + w_what);
+            expect_match(db, tol, "layernorm dbias" + w_what);
+            expect_match(y_inplace, tol, "layernorm out in place of x" + w_what);
+            expect_match(dx_inplace, tol, "layernorm dx in place of dout" + w_what);
+          }
+        }
+}
+
+TEST_F(CudaOps, RmsNormOnOddRowsAndMisalignedViews) {
+  for (int64_t C : kRowLengths)
+    for (int64_t N : {1, 7})
+      for (DType dt : kFloatTypes)
+        for (int64_t off : kViewOffsets) {
+          const std::string what = str(" ", N, "x", C, " ", dtype_name(dt), " at offset ", off);
+          const Vec xv = rand_vec(N * C, 1450, -2, 3), dv = rand_vec(N * C, 1452);
+          const Both x = both_at(xv, {N, C}, dt, off), dout = both_at(dv, {N, C}, dt, off);
+          for (const auto& [w_dt, w_off] : param_placements(dt)) {
+            const Both w = both_at(rand_vec(C, 1451, 0.5, 1.5), {C}, w_dt, w_off);
+            Both out = poisoned_at({N, C}, dt, off), rstd = poisoned({N}, DType::f32);
+            Both dx = poisoned_at({N, C}, dt, off), dw = both(rand_vec(C, 1453), {C}, DType::f32);
+            Both y_inplace = both_at(xv, {N, C}, dt, off), dx_inplace = both_at(dv, {N, C}, dt, off);
+            Both rstd2 = poisoned({N}, DType::f32), dw2 = both(Vec(C, 0.0), {C}, DType::f32);
+            for (auto dev : kDevices) {
+              rmsnorm_forward(x.*dev, w.*dev, out.*dev, rstd.*dev, {.eps = 1e-6f});
+              rmsnorm_backward(dout.*dev, x.*dev, w.*dev, rstd.*dev, dx.*dev, dw.*dev);
+              rmsnorm_forward(y_inplace.*dev, w.*dev, y_inplace.*dev, rstd2.*dev, {.eps = 1e-6f});
+              rmsnorm_backward(dx_inplace.*dev, x.*dev, w.*dev, rstd.*dev, dx_inplace.*dev, dw2.*dev);
+            }
+            const std::string w_what = str(what, ", weight ", dtype_name(w_dt), " at offset ", w_off);
+            const double tol = tol_for(dt);
+            expect_match(out, tol, "rmsnorm out" + w_what);
+            expect_match(rstd, tol, "rmsnorm rstd" + w_what);
+            expect_match(dx, tol, "rmsnorm dx" + w_what);
+            expect_match(dw, tol, "rmsnorm dweight" + w_what);
+            expect_match(y_inplace, tol, "rmsnorm out in place of x" + w_what);
+            expect_match(dx_inplace, tol, "rmsnorm dx in place of dout" + w_what);
+          }
+        }
+}
+
 // ---- attention paths: cuDNN's fused attention and the kernel -------------------------------------
 // MEGATRAIN_ATTENTION picks the path (core/cuda/attention_backend.h); each test sets it and checks which path
 // ran with last_attention_path(), so a silent fallback to the kernel cannot pass for cuDNN.
