@@ -1250,6 +1250,73 @@ TEST_F(CudaOps, RmsNormOnOddRowsAndMisalignedViews) {
         }
 }
 
+// Dropout and dropout_add: the CPU's mask in both forms (vectors need col_offset a multiple of four as well),
+// fp32 dropout and every dtype of dropout_add exact, and the two GPU forms the same bits.
+TEST_F(CudaOps, DropoutOnOddRowsColumnOffsetsAndMisalignedViews) {
+  const int64_t B = 2, T = 3;
+  for (int64_t C : kRowLengths)
+    for (int64_t col_offset : {0, 6, 8})
+      for (DType dt : kFloatTypes) {
+        const DropoutOptions opt{.p = 0.3f,
+                                 .seed = 77,
+                                 .site = stream_id("layers.1.mlp.out"),
+                                 .sample_offset = 5,
+                                 .row_offset = 2,
+                                 .col_offset = col_offset};
+        const std::string size = str(" C=", C, " col_offset=", col_offset, " ", dtype_name(dt));
+        const Vec xv = rand_vec(B * T * C, 1460, 0.25, 2), rv = rand_vec(B * T * C, 1461, -2, 2);
+        std::vector<Tensor> outs, inplaces, adds, add_inplaces;
+        for (int64_t off : kViewOffsets) {
+          const std::string what = str(size, " at offset ", off);
+          const Both x = both_at(xv, {B, T, C}, dt, off), residual = both_at(rv, {B, T, C}, dt, off);
+          Both out = poisoned_at({B, T, C}, dt, off), inplace = both_at(xv, {B, T, C}, dt, off);
+          Both sum = poisoned_at({B, T, C}, dt, off), sum_inplace = both_at(rv, {B, T, C}, dt, off);
+          for (auto dev : kDevices) {
+            dropout_forward(x.*dev, out.*dev, opt);
+            dropout_backward(inplace.*dev, inplace.*dev, opt);
+            dropout_add(x.*dev, residual.*dev, sum.*dev, opt);
+            dropout_add(x.*dev, sum_inplace.*dev, sum_inplace.*dev, opt);  // out aliasing the residual
+          }
+          expect_same_mask(out, "dropout_forward" + what);
+          expect_same_mask(inplace, "dropout_backward in place" + what);
+          expect_match(out, tol_for(dt), "dropout_forward" + what);
+          if (dt == DType::f32) {
+            expect_exact(out, "dropout_forward" + what);
+            expect_exact(inplace, "dropout_backward in place" + what);
+          }
+          expect_exact(sum, "dropout_add" + what);
+          expect_exact(sum_inplace, "dropout_add in place" + what);
+          outs.push_back(out.gpu);
+          inplaces.push_back(inplace.gpu);
+          adds.push_back(sum.gpu);
+          add_inplaces.push_back(sum_inplace.gpu);
+        }
+        expect_same_bits(outs, "dropout_forward" + size);
+        expect_same_bits(inplaces, "dropout_backward in place" + size);
+        expect_same_bits(adds, "dropout_add" + size);
+        expect_same_bits(add_inplaces, "dropout_add in place" + size);
+      }
+}
+
+// More rows than gridDim.y holds (65535): both dropout forms stride over the rows beyond it.
+TEST_F(CudaOps, DropoutOverMoreRowsThanGridY) {
+  const int64_t B = 1, T = 65537, C = 8;
+  const DropoutOptions opt{.p = 0.5f, .seed = 3, .site = stream_id("layers.0.attn.out"), .row_offset = 1};
+  for (DType dt : {DType::f32, DType::bf16})
+    for (int64_t off : kViewOffsets) {
+      const std::string what = str(" ", B, "x", T, "x", C, " ", dtype_name(dt), " at offset ", off);
+      const Vec xv = rand_vec(B * T * C, 1470, 0.25, 2);
+      const Both x = both_at(xv, {B, T, C}, dt, off), residual = both_at(xv, {B, T, C}, dt, off);
+      Both out = poisoned_at({B, T, C}, dt, off), sum = poisoned_at({B, T, C}, dt, off);
+      for (auto dev : kDevices) {
+        dropout_forward(x.*dev, out.*dev, opt);
+        dropout_add(x.*dev, residual.*dev, sum.*dev, opt);
+      }
+      expect_same_mask(out, "dropout_forward" + what);
+      expect_exact(sum, "dropout_add" + what);
+    }
+}
+
 // ---- attention paths: cuDNN's fused attention and the kernel -------------------------------------
 // MEGATRAIN_ATTENTION picks the path (core/cuda/attention_backend.h); each test sets it and checks which path
 // ran with last_attention_path(), so a silent fallback to the kernel cannot pass for cuDNN.
