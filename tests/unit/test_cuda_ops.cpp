@@ -1317,6 +1317,49 @@ TEST_F(CudaOps, DropoutOverMoreRowsThanGridY) {
     }
 }
 
+// Cross-entropy over row lengths around the vector width, with and without padding columns (real columns not
+// a multiple of the width), logits and dlogits aligned or not. Given the same row statistics, dlogits is the
+// same bits in both forms.
+TEST_F(CudaOps, CrossEntropyOnOddRowsPaddingAndMisalignedViews) {
+  for (int64_t V : kRowLengths)
+    for (int64_t vocab_size : {int64_t{-1}, V - 3})
+      for (int64_t N : {1, 7})
+        for (DType dt : kFloatTypes) {
+          const CrossEntropyOptions opt{.vocab_start = 0, .vocab_size = vocab_size};
+          const std::string size = str(" N=", N, " V=", V, " vocab_size=", vocab_size, " ", dtype_name(dt));
+          const Both targets = both_ints(rand_ids(N, 1480, 0, static_cast<int32_t>(V)), {N});
+          const Vec lv = rand_vec(N * V, 1481, -5, 5);
+          const Both dloss = both(rand_vec(N, 1482), {N}, DType::f32);
+          std::vector<Tensor> maxes, grads;
+          for (int64_t off : kViewOffsets) {
+            const std::string what = str(size, " at offset ", off);
+            const Both logits = both_at(lv, {N, V}, dt, off);
+            Both rowmax = poisoned({N}, DType::f32), sumexp = poisoned({N}, DType::f32);
+            Both tl = poisoned({N}, DType::f32), losses = poisoned({N}, DType::f32);
+            Both dlogits = poisoned_at({N, V}, dt, off);
+            for (auto dev : kDevices) {
+              cross_entropy_rowmax(logits.*dev, rowmax.*dev, opt);
+              cross_entropy_partials(logits.*dev, targets.*dev, rowmax.*dev, sumexp.*dev, tl.*dev, opt);
+              cross_entropy_loss(rowmax.*dev, sumexp.*dev, tl.*dev, losses.*dev);
+            }
+            // The backward from the CPU's statistics on both devices.
+            const Tensor cpu_max = rowmax.cpu, cpu_sum = sumexp.cpu;
+            cross_entropy_backward(logits.cpu, targets.cpu, cpu_max, cpu_sum, dloss.cpu, dlogits.cpu, opt);
+            cross_entropy_backward(logits.gpu, targets.gpu, cpu_max.to(Device::cuda), cpu_sum.to(Device::cuda),
+                                   dloss.gpu, dlogits.gpu, opt);
+            expect_exact(rowmax, "cross_entropy_rowmax" + what);
+            expect_match(sumexp, tol_for(dt), "cross_entropy_partials sumexp" + what);
+            expect_exact(tl, "cross_entropy_partials target_logit" + what);
+            expect_match(losses, tol_for(dt), "cross_entropy_loss" + what);
+            expect_match(dlogits, tol_for(dt), "cross_entropy_backward" + what);
+            maxes.push_back(rowmax.gpu);
+            grads.push_back(dlogits.gpu);
+          }
+          expect_same_bits(maxes, "cross_entropy_rowmax" + size);
+          expect_same_bits(grads, "cross_entropy_backward" + size);
+        }
+}
+
 // ---- attention paths: cuDNN's fused attention and the kernel -------------------------------------
 // MEGATRAIN_ATTENTION picks the path (core/cuda/attention_backend.h); each test sets it and checks which path
 // ran with last_attention_path(), so a silent fallback to the kernel cannot pass for cuDNN.
