@@ -6,9 +6,9 @@
 // block_sum, whose order is fixed by the launch shape (deterministic). Padding columns (full-vocabulary id
 // >= vocab_size) are left out of the max and the sum and get gradient 0.
 //
-// The row kernels take E columns a thread-step: E = 1 (thread t the columns t, t + 256, ...), or a 16-byte
+// The row kernels take E columns a thread-step (for_each_row_step): E = 1 (thread t the columns t, t + 256, ...), or a 16-byte
 // vector (thread t the columns [tE, tE + E), [(t + 256)E, ...)) when V is a multiple of E and the logits (and
-// dlogits) are aligned (rows_take_vectors). A vector is read whole even where it runs past the real columns
+// dlogits) are aligned (launch_rows). A vector is read whole even where it runs past the real columns
 // into padding (it stays inside the row); the padding elements are masked as in the scalar form. Each element's
 // arithmetic is the same in both forms; the max is exact in any order, the sum of exps (in double) groups the
 // columns differently per thread.
@@ -48,9 +48,6 @@ __device__ __forceinline__ int64_t target_column(int32_t target, int64_t vocab_s
   return c >= 0 && c < real ? c : -1;
 }
 
-#define MT_ROW_COLUMNS(v, end) \
-  for (int64_t v = static_cast<int64_t>(threadIdx.x) * E; v < (end); v += static_cast<int64_t>(blockDim.x) * E)
-
 // rowmax[n] = max over the real columns of row n (-inf when there are none); fmaxf skips NaN like std::fmax.
 template <class S, int E>
 __global__ void __launch_bounds__(kThreads)
@@ -58,13 +55,13 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t n = blockIdx.x;
   const S* row = logits + n * V;
   float m = -INFINITY;
-  MT_ROW_COLUMNS(v, real) {
+  for_each_row_step<E>(real, [&](int64_t v) {
     float x[E];
     load_f32s<E>(row + v, x);
 #pragma unroll
     for (int j = 0; j < E; ++j)
       if (E == 1 || v + j < real) m = fmaxf(m, x[j]);
-  }
+  });
   m = block_max(m);  // every thread reaches it
   if (threadIdx.x == 0) rowmax[n] = m;
 }
@@ -80,13 +77,13 @@ __global__ void __launch_bounds__(kThreads)
   const S* row = logits + n * V;
   const float m = rowmax[n];
   double s = 0.0;
-  MT_ROW_COLUMNS(v, real) {
+  for_each_row_step<E>(real, [&](int64_t v) {
     float x[E];
     load_f32s<E>(row + v, x);
 #pragma unroll
     for (int j = 0; j < E; ++j)
       if (E == 1 || v + j < real) s += static_cast<double>(expf(x[j] - m));
-  }
+  });
   s = block_sum(s);  // every thread reaches it
   if (threadIdx.x == 0) {
     sumexp[n] = static_cast<float>(s);
@@ -118,7 +115,7 @@ __global__ void __launch_bounds__(kThreads)
   const float inv_sum = __fdiv_rn(1.f, sumexp[n]);
   const float dl = dloss[n];
   const int64_t c = target_column(targets[n], vocab_start, real);
-  MT_ROW_COLUMNS(v, V) {
+  for_each_row_step<E>(V, [&](int64_t v) {
     float x[E];
     load_f32s<E>(row + v, x);
 #pragma unroll
@@ -131,19 +128,7 @@ __global__ void __launch_bounds__(kThreads)
       x[j] = g;
     }
     store_f32s<E>(drow + v, x);
-  }
-}
-
-#undef MT_ROW_COLUMNS
-
-// Runs launch(std::integral_constant<int, E>{}) with E a 16-byte vector of S when every row of V columns starts
-// aligned, else with E = 1.
-template <class S, class Launch, class... P>
-void by_row_vectors(int64_t V, Launch&& launch, const P*... ptrs) {
-  if (rows_take_vectors(V, kVec<S>, ptrs...))
-    launch(std::integral_constant<int, kVec<S>>{});
-  else
-    launch(std::integral_constant<int, 1>{});
+  });
 }
 
 }  // namespace
@@ -154,7 +139,7 @@ void cross_entropy_rowmax(const Tensor& logits, Tensor& rowmax, const CrossEntro
   const unsigned blocks = row_blocks("cross_entropy_rowmax", N);
   MT_DISPATCH_FLOAT(logits.dtype(), "cross_entropy_rowmax", S, {
     const S* pl = logits.data<S>();
-    by_row_vectors<S>(
+    launch_rows<kVec<S>>(
         V,
         [&](auto e) {
           rowmax_kernel<S, decltype(e)::value><<<blocks, kThreads, 0, stream()>>>(pl, rowmax.data<float>(), V, real);
@@ -171,7 +156,7 @@ void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const T
   const unsigned blocks = row_blocks("cross_entropy_partials", N);
   MT_DISPATCH_FLOAT(logits.dtype(), "cross_entropy_partials", S, {
     const S* pl = logits.data<S>();
-    by_row_vectors<S>(
+    launch_rows<kVec<S>>(
         V,
         [&](auto e) {
           partials_kernel<S, decltype(e)::value><<<blocks, kThreads, 0, stream()>>>(
@@ -200,7 +185,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   MT_DISPATCH_FLOAT(logits.dtype(), "cross_entropy_backward", S, {
     const S* pl = logits.data<S>();
     S* pd = dlogits.data<S>();
-    by_row_vectors<S>(
+    launch_rows<kVec<S>>(
         V,
         [&](auto e) {
           backward_kernel<S, decltype(e)::value><<<blocks, kThreads, 0, stream()>>>(

@@ -63,17 +63,8 @@ __global__ void dropout_vec_kernel(const T* x, T* out, int64_t N, int64_t T_len,
     const int64_t at = n * C + k * E;
     float v[E];
     load_f32s<E>(x + at, v);
-#pragma unroll
-    for (int q = 0; q < Q; ++q) {
-      const Philox4 r =
-          dropout_block(seed, site, sample_offset + static_cast<uint64_t>(b), row_offset + static_cast<uint64_t>(t),
-                        first_block + static_cast<uint64_t>(k * Q + q));
-#pragma unroll
-      for (int lane = 0; lane < 4; ++lane) {
-        float& e = v[4 * q + lane];
-        e = uniform_from_bits(r.v[lane]) >= p ? __fmul_rn(e, scale) : 0.f;
-      }
-    }
+    drop_vector(v, seed, site, sample_offset + static_cast<uint64_t>(b), row_offset + static_cast<uint64_t>(t),
+                first_block + static_cast<uint64_t>(k * Q), p, scale);
     store_f32s<E>(out + at, v);
   }
 }

@@ -108,14 +108,14 @@ template <class T, int E>
 __global__ void add_bias_kernel(T* x, const float* bias, int64_t N, int64_t C) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     T* row = x + n * C;
-    for (int64_t c = static_cast<int64_t>(threadIdx.x) * E; c < C; c += static_cast<int64_t>(blockDim.x) * E) {
+    for_each_row_step<E>(C, [&](int64_t c) {
       float v[E], b[E];
       load_f32s<E>(row + c, v);
       load_f32s<E>(bias + c, b);
 #pragma unroll
       for (int j = 0; j < E; ++j) v[j] = __fadd_rn(v[j], b[j]);
       store_f32s<E>(row + c, v);
-    }
+    });
   }
 }
 
@@ -153,11 +153,13 @@ void add_bias(Tensor& x, const Tensor& bias) {
   const unsigned grid = row_grid(N, kMaxStrideBlocks);
   MT_DISPATCH_FLOAT(x.dtype(), "add_bias", T, {
     T* px = x.data<T>();
-    constexpr int V = kVec<T>;
-    if (rows_take_vectors(C, V, px, b))
-      add_bias_kernel<T, V><<<grid, threads_for_cols(C / V, kThreads), 0, stream()>>>(px, b, N, C);
-    else
-      add_bias_kernel<T, 1><<<grid, threads_for_cols(C, kThreads), 0, stream()>>>(px, b, N, C);
+    launch_rows<kVec<T>>(
+        C,
+        [&](auto e) {
+          constexpr int E = decltype(e)::value;
+          add_bias_kernel<T, E><<<grid, threads_for_cols(C / E, kThreads), 0, stream()>>>(px, b, N, C);
+        },
+        px, b);
   });
   MT_CUDA_LAUNCHED("add_bias_kernel");
 }

@@ -64,17 +64,10 @@ __global__ void dropout_add_vec_kernel(const T* x, const T* residual, T* out, in
     load_f32s<E>(x + at, v);
     load_f32s<E>(residual + at, res);
     if (p != 0.f) {
+      drop_vector(v, seed, site, sample_offset + static_cast<uint64_t>(b), row_offset + static_cast<uint64_t>(t),
+                  first_block + static_cast<uint64_t>(k * Q), p, scale);
 #pragma unroll
-      for (int q = 0; q < Q; ++q) {
-        const Philox4 r =
-            dropout_block(seed, site, sample_offset + static_cast<uint64_t>(b), row_offset + static_cast<uint64_t>(t),
-                          first_block + static_cast<uint64_t>(k * Q + q));
-#pragma unroll
-        for (int lane = 0; lane < 4; ++lane) {
-          float& e = v[4 * q + lane];
-          e = to_f32<T>(from_f32<T>(uniform_from_bits(r.v[lane]) >= p ? __fmul_rn(e, scale) : 0.f));
-        }
-      }
+      for (int j = 0; j < E; ++j) v[j] = to_f32<T>(from_f32<T>(v[j]));  // rounded as dropout_forward stores it
     }
 #pragma unroll
     for (int j = 0; j < E; ++j) v[j] = __fadd_rn(res[j], v[j]);

@@ -17,6 +17,7 @@
 
 #include "core/cuda/cuda_check.h"
 #include "core/dtype.h"
+#include "core/rng.h"
 #include "core/tensor.h"
 
 namespace mt::cuda {
@@ -210,6 +211,42 @@ __device__ __forceinline__ void for_each_vec(int64_t n, Body&& body) {
   for (int64_t v = tid; v < vecs; v += stride) body(std::integral_constant<int, E>{}, v * E);
   if constexpr (E > 1)
     for (int64_t i = vecs * E + tid; i < n; i += stride) body(std::integral_constant<int, 1>{}, i);
+}
+
+// The steps of thread threadIdx.x over a row of `end` columns, E columns a step: body(c) for c = tE,
+// (t + blockDim.x)E, ... below end (E = 1: the columns t, t + blockDim.x, ...).
+template <int E, class Body>
+__device__ __forceinline__ void for_each_row_step(int64_t end, Body&& body) {
+  for (int64_t c = static_cast<int64_t>(threadIdx.x) * E; c < end; c += static_cast<int64_t>(blockDim.x) * E) body(c);
+}
+
+// Host side of a row kernel over rows of C columns: launch(std::integral_constant<int, E>{}) when every row
+// starts 16-byte aligned (rows_take_vectors: C a multiple of E, every pointer aligned), else its scalar form
+// launch(std::integral_constant<int, 1>{}).
+template <int E, class Launch, class... P>
+void launch_rows(int64_t C, Launch&& launch, const P*... ptrs) {
+  if (rows_take_vectors(C, E, ptrs...))
+    launch(std::integral_constant<int, E>{});
+  else
+    launch(std::integral_constant<int, 1>{});
+}
+
+// Dropout of the E = 4Q values v of global columns [4 block0, 4 block0 + E) of one row (sample, row): value
+// 4q + lane is kept, times scale, when lane `lane` of Philox block block0 + q is >= p, else 0 (even when it is
+// inf or NaN), as the CPU's masks (core/rng.h).
+template <int E>
+__device__ __forceinline__ void drop_vector(float (&v)[E], uint64_t seed, uint64_t site, uint64_t sample, uint64_t row,
+                                            uint64_t block0, float p, float scale) {
+  static_assert(E % 4 == 0, "a vector covers whole Philox blocks");
+#pragma unroll
+  for (int q = 0; q < E / 4; ++q) {
+    const Philox4 r = dropout_block(seed, site, sample, row, block0 + static_cast<uint64_t>(q));
+#pragma unroll
+    for (int lane = 0; lane < 4; ++lane) {
+      float& e = v[4 * q + lane];
+      e = uniform_from_bits(r.v[lane]) >= p ? __fmul_rn(e, scale) : 0.f;
+    }
+  }
 }
 
 // Host side of a flat kernel over n elements: launch(std::integral_constant<int, E>{}, grid) when every pointer

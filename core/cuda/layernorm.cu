@@ -25,12 +25,11 @@ constexpr int kColThreads = 256;
 // xhat = (x - m) * s in fp32, as the CPU.
 __device__ __forceinline__ float normalized(float x, float m, float s) { return __fmul_rn(__fsub_rn(x, m), s); }
 
-// The row kernels take E columns a thread-step: E = 1 (thread t the columns t, t + blockDim.x, ...), or a
-// 16-byte vector (thread t the columns [tE, tE + E), [(t + blockDim.x)E, ...)) when C is a multiple of E and
-// every pointer is aligned (rows_take_vectors). Each element's arithmetic is the same in both forms; the row
-// sums, in double, group the columns differently per thread (a different, still fixed, order).
-#define MT_ROW_COLUMNS(c, C) \
-  for (int64_t c = static_cast<int64_t>(threadIdx.x) * E; c < (C); c += static_cast<int64_t>(blockDim.x) * E)
+// The row kernels take E columns a thread-step (for_each_row_step): E = 1 (thread t the columns t,
+// t + blockDim.x, ...), or a 16-byte vector (thread t the columns [tE, tE + E), [(t + blockDim.x)E, ...)) when
+// C is a multiple of E and every pointer is aligned (launch_rows). Each element's arithmetic is the same in
+// both forms; the row sums, in double, group the columns differently per thread (a different, still fixed,
+// order).
 
 // ---- forward -------------------------------------------------------------------------------------
 
@@ -43,16 +42,16 @@ __global__ void __launch_bounds__(1024)
     const T* xr = x + n * C;
     T* yr = out + n * C;
     double sum = 0.0;
-    MT_ROW_COLUMNS(c, C) {
+    for_each_row_step<E>(C, [&](int64_t c) {
       float v[E];
       load_f32s<E>(xr + c, v);
 #pragma unroll
       for (int j = 0; j < E; ++j) sum += static_cast<double>(v[j]);
-    }
+    });
     sum = block_sum(sum);
     const double mu = sum / static_cast<double>(C);
     double sq = 0.0;
-    MT_ROW_COLUMNS(c, C) {
+    for_each_row_step<E>(C, [&](int64_t c) {
       float v[E];
       load_f32s<E>(xr + c, v);
 #pragma unroll
@@ -60,12 +59,12 @@ __global__ void __launch_bounds__(1024)
         const double d = static_cast<double>(v[j]) - mu;
         sq += d * d;
       }
-    }
+    });
     sq = block_sum(sq);
     const double var = sq / static_cast<double>(C);
     const float m = static_cast<float>(mu);
     const float s = static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
-    MT_ROW_COLUMNS(c, C) {
+    for_each_row_step<E>(C, [&](int64_t c) {
       float v[E], wv[E], bv[E];
       load_f32s<E>(xr + c, v);
       load_f32s<E>(w + c, wv);
@@ -73,7 +72,7 @@ __global__ void __launch_bounds__(1024)
 #pragma unroll
       for (int j = 0; j < E; ++j) v[j] = __fadd_rn(__fmul_rn(normalized(v[j], m, s), wv[j]), bv[j]);  // xhat w + b
       store_f32s<E>(yr + c, v);
-    }
+    });
     if (threadIdx.x == 0) {
       mean[n] = m;
       rstd[n] = s;
@@ -94,42 +93,41 @@ __global__ void __launch_bounds__(1024)
     const T* dr = dout + n * C;
     T* dxr = dx + n * C;
     const float m = mean[n], s = rstd[n];
-    double sum_g = 0.0, sum_gx = 0.0;
-    MT_ROW_COLUMNS(c, C) {
-      float xv[E], dv[E], wv[E];
-      load_f32s<E>(xr + c, xv);
+    // xhat and g of the E columns from c.
+    auto terms = [&](int64_t c, float(&xh)[E], float(&g)[E]) {
+      float dv[E], wv[E];
+      load_f32s<E>(xr + c, xh);
       load_f32s<E>(dr + c, dv);
       load_f32s<E>(w + c, wv);
 #pragma unroll
       for (int j = 0; j < E; ++j) {
-        const float xh = normalized(xv[j], m, s);
-        const float g = __fmul_rn(dv[j], wv[j]);
-        sum_g += static_cast<double>(g);
-        sum_gx += static_cast<double>(g) * static_cast<double>(xh);
+        xh[j] = normalized(xh[j], m, s);
+        g[j] = __fmul_rn(dv[j], wv[j]);
       }
-    }
+    };
+    double sum_g = 0.0, sum_gx = 0.0;
+    for_each_row_step<E>(C, [&](int64_t c) {
+      float xh[E], g[E];
+      terms(c, xh, g);
+#pragma unroll
+      for (int j = 0; j < E; ++j) {
+        sum_g += static_cast<double>(g[j]);
+        sum_gx += static_cast<double>(g[j]) * static_cast<double>(xh[j]);
+      }
+    });
     sum_g = block_sum(sum_g);
     sum_gx = block_sum(sum_gx);
     const float mean_g = static_cast<float>(sum_g / static_cast<double>(C));
     const float mean_gx = static_cast<float>(sum_gx / static_cast<double>(C));
-    MT_ROW_COLUMNS(c, C) {
-      float xv[E], dv[E], wv[E];
-      load_f32s<E>(xr + c, xv);
-      load_f32s<E>(dr + c, dv);
-      load_f32s<E>(w + c, wv);
+    for_each_row_step<E>(C, [&](int64_t c) {
+      float xh[E], g[E];
+      terms(c, xh, g);
 #pragma unroll
-      for (int j = 0; j < E; ++j) {
-        const float xh = normalized(xv[j], m, s);
-        const float g = __fmul_rn(dv[j], wv[j]);
-        // s * (d[c] * w[c] - mean_g - xhat[c] * mean_gx)
-        xv[j] = __fmul_rn(s, __fsub_rn(__fsub_rn(g, mean_g), __fmul_rn(xh, mean_gx)));
-      }
-      store_f32s<E>(dxr + c, xv);
-    }
+      for (int j = 0; j < E; ++j) xh[j] = __fmul_rn(s, __fsub_rn(__fsub_rn(g[j], mean_g), __fmul_rn(xh[j], mean_gx)));
+      store_f32s<E>(dxr + c, xh);  // s * (d[c] * w[c] - mean_g - xhat[c] * mean_gx)
+    });
   }
 }
-
-#undef MT_ROW_COLUMNS
 
 // pw[k, c] = sum of dout * xhat and pb[k, c] = sum of dout over the rows of chunk k
 // ([k * rows_per, (k + 1) * rows_per) within N), in double and in row order. Grid: (column blocks, chunks).
@@ -179,13 +177,13 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
     const T* px = x.data<T>();
     T* po = out.data<T>();
     float *pm = mean.data<float>(), *ps = rstd.data<float>();
-    constexpr int V = kVec<T>;
-    if (rows_take_vectors(C, V, px, po, w, b))
-      layernorm_forward_kernel<T, V>
-          <<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(px, w, b, po, pm, ps, N, C, opt.eps);
-    else
-      layernorm_forward_kernel<T, 1>
-          <<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(px, w, b, po, pm, ps, N, C, opt.eps);
+    launch_rows<kVec<T>>(
+        C,
+        [&](auto e) {
+          layernorm_forward_kernel<T, decltype(e)::value>
+              <<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(px, w, b, po, pm, ps, N, C, opt.eps);
+        },
+        px, po, w, b);
   });
   MT_CUDA_LAUNCHED("layernorm_forward_kernel");
 }
@@ -215,13 +213,13 @@ void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weigh
     const T *pd = dout.data<T>(), *px = x.data<T>();
     T* pdx = dx.data<T>();
     const float *pm = mean.data<float>(), *ps = rstd.data<float>();
-    constexpr int V = kVec<T>;
-    if (rows_take_vectors(C, V, pd, px, pdx, w))
-      layernorm_dx_kernel<T, V>
-          <<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(pd, px, w, pm, ps, pdx, N, C);
-    else
-      layernorm_dx_kernel<T, 1>
-          <<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(pd, px, w, pm, ps, pdx, N, C);
+    launch_rows<kVec<T>>(
+        C,
+        [&](auto e) {
+          layernorm_dx_kernel<T, decltype(e)::value>
+              <<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(pd, px, w, pm, ps, pdx, N, C);
+        },
+        pd, px, pdx, w);
   });
   MT_CUDA_LAUNCHED("layernorm_dx_kernel");
 }

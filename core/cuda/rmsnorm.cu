@@ -21,12 +21,11 @@ namespace {
 
 constexpr int kColThreads = 256;
 
-// The row kernels take E columns a thread-step: E = 1 (thread t the columns t, t + blockDim.x, ...), or a
-// 16-byte vector (thread t the columns [tE, tE + E), [(t + blockDim.x)E, ...)) when C is a multiple of E and
-// every pointer is aligned (rows_take_vectors). Each element's arithmetic is the same in both forms; the row
-// sums, in double, group the columns differently per thread (a different, still fixed, order).
-#define MT_ROW_COLUMNS(c, C) \
-  for (int64_t c = static_cast<int64_t>(threadIdx.x) * E; c < (C); c += static_cast<int64_t>(blockDim.x) * E)
+// The row kernels take E columns a thread-step (for_each_row_step): E = 1 (thread t the columns t,
+// t + blockDim.x, ...), or a 16-byte vector (thread t the columns [tE, tE + E), [(t + blockDim.x)E, ...)) when
+// C is a multiple of E and every pointer is aligned (launch_rows). Each element's arithmetic is the same in
+// both forms; the row sums, in double, group the columns differently per thread (a different, still fixed,
+// order).
 
 // ---- forward -------------------------------------------------------------------------------------
 
@@ -38,7 +37,7 @@ __global__ void __launch_bounds__(1024)
     const T* xr = x + n * C;
     T* yr = out + n * C;
     double sq = 0.0;
-    MT_ROW_COLUMNS(c, C) {
+    for_each_row_step<E>(C, [&](int64_t c) {
       float v[E];
       load_f32s<E>(xr + c, v);
 #pragma unroll
@@ -46,18 +45,18 @@ __global__ void __launch_bounds__(1024)
         const double d = static_cast<double>(v[j]);
         sq += d * d;
       }
-    }
+    });
     sq = block_sum(sq);
     const double ms = sq / static_cast<double>(C);
     const float s = static_cast<float>(1.0 / sqrt(ms + static_cast<double>(eps)));
-    MT_ROW_COLUMNS(c, C) {
+    for_each_row_step<E>(C, [&](int64_t c) {
       float v[E], wv[E];
       load_f32s<E>(xr + c, v);
       load_f32s<E>(w + c, wv);
 #pragma unroll
       for (int j = 0; j < E; ++j) v[j] = __fmul_rn(__fmul_rn(v[j], s), wv[j]);  // x[c] * s * w[c]
       store_f32s<E>(yr + c, v);
-    }
+    });
     if (threadIdx.x == 0) rstd[n] = s;
   }
 }
@@ -74,39 +73,36 @@ __global__ void __launch_bounds__(1024)
     const T* dr = dout + n * C;
     T* dxr = dx + n * C;
     const float s = rstd[n];
-    double sum_gx = 0.0;
-    MT_ROW_COLUMNS(c, C) {
-      float xv[E], dv[E], wv[E];
-      load_f32s<E>(xr + c, xv);
+    // xhat and g of the E columns from c.
+    auto terms = [&](int64_t c, float(&xh)[E], float(&g)[E]) {
+      float dv[E], wv[E];
+      load_f32s<E>(xr + c, xh);
       load_f32s<E>(dr + c, dv);
       load_f32s<E>(w + c, wv);
 #pragma unroll
       for (int j = 0; j < E; ++j) {
-        const float xh = __fmul_rn(xv[j], s);
-        const float g = __fmul_rn(dv[j], wv[j]);
-        sum_gx += static_cast<double>(g) * static_cast<double>(xh);
+        xh[j] = __fmul_rn(xh[j], s);
+        g[j] = __fmul_rn(dv[j], wv[j]);
       }
-    }
+    };
+    double sum_gx = 0.0;
+    for_each_row_step<E>(C, [&](int64_t c) {
+      float xh[E], g[E];
+      terms(c, xh, g);
+#pragma unroll
+      for (int j = 0; j < E; ++j) sum_gx += static_cast<double>(g[j]) * static_cast<double>(xh[j]);
+    });
     sum_gx = block_sum(sum_gx);
     const float mean_gx = static_cast<float>(sum_gx / static_cast<double>(C));
-    MT_ROW_COLUMNS(c, C) {
-      float xv[E], dv[E], wv[E];
-      load_f32s<E>(xr + c, xv);
-      load_f32s<E>(dr + c, dv);
-      load_f32s<E>(w + c, wv);
+    for_each_row_step<E>(C, [&](int64_t c) {
+      float xh[E], g[E];
+      terms(c, xh, g);
 #pragma unroll
-      for (int j = 0; j < E; ++j) {
-        const float xh = __fmul_rn(xv[j], s);
-        const float g = __fmul_rn(dv[j], wv[j]);
-        // s * (d[c] * w[c] - xhat[c] * mean_gx)
-        xv[j] = __fmul_rn(s, __fsub_rn(g, __fmul_rn(xh, mean_gx)));
-      }
-      store_f32s<E>(dxr + c, xv);
-    }
+      for (int j = 0; j < E; ++j) xh[j] = __fmul_rn(s, __fsub_rn(g[j], __fmul_rn(xh[j], mean_gx)));
+      store_f32s<E>(dxr + c, xh);  // s * (d[c] * w[c] - xhat[c] * mean_gx)
+    });
   }
 }
-
-#undef MT_ROW_COLUMNS
 
 // pw[k, c] = sum of dout * xhat over the rows of chunk k ([k * rows_per, (k + 1) * rows_per) within N), in
 // double and in row order. Grid: (column blocks, chunks).
@@ -147,13 +143,13 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor&
     const T* px = x.data<T>();
     T* po = out.data<T>();
     float* ps = rstd.data<float>();
-    constexpr int V = kVec<T>;
-    if (rows_take_vectors(C, V, px, po, w))
-      rmsnorm_forward_kernel<T, V>
-          <<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(px, w, po, ps, N, C, opt.eps);
-    else
-      rmsnorm_forward_kernel<T, 1>
-          <<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(px, w, po, ps, N, C, opt.eps);
+    launch_rows<kVec<T>>(
+        C,
+        [&](auto e) {
+          rmsnorm_forward_kernel<T, decltype(e)::value>
+              <<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(px, w, po, ps, N, C, opt.eps);
+        },
+        px, po, w);
   });
   MT_CUDA_LAUNCHED("rmsnorm_forward_kernel");
 }
@@ -182,13 +178,13 @@ void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
     const T *pd = dout.data<T>(), *px = x.data<T>();
     T* pdx = dx.data<T>();
     const float* ps = rstd.data<float>();
-    constexpr int V = kVec<T>;
-    if (rows_take_vectors(C, V, pd, px, pdx, w))
-      rmsnorm_dx_kernel<T, V>
-          <<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(pd, px, w, ps, pdx, N, C);
-    else
-      rmsnorm_dx_kernel<T, 1>
-          <<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(pd, px, w, ps, pdx, N, C);
+    launch_rows<kVec<T>>(
+        C,
+        [&](auto e) {
+          rmsnorm_dx_kernel<T, decltype(e)::value>
+              <<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(pd, px, w, ps, pdx, N, C);
+        },
+        pd, px, pdx, w);
   });
   MT_CUDA_LAUNCHED("rmsnorm_dx_kernel");
 }
