@@ -5,20 +5,33 @@ namespace mt::cuda {
 
 namespace {
 
-template <class S, class D>
+// Eight elements a thread-step when both buffers are 16-byte aligned (one 16-byte access on the 2-byte side,
+// two on the fp32 side; every conversion here has a 2-byte side), else one (for_each_vec).
+constexpr int kConvertVec = 8;
+
+template <class S, class D, int E>
 __global__ void convert_kernel(const S* src, D* dst, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    dst[i] = from_f32<D>(to_f32<S>(src[i]));
+  for_each_vec<E>(n, [&](auto w, int64_t i) {
+    constexpr int W = decltype(w)::value;
+    float f[W];
+    load_f32s<W>(src + i, f);
+    store_f32s<W>(dst + i, f);
+  });
 }
 
 // Integer dtypes convert through fp32 like the host's Tensor::copy_from; they only ever meet their own
 // dtype in practice (a plain copy), so only the floating conversions get kernels.
 template <class S>
 void convert_from(const S* src, void* dst, DType dst_dtype, int64_t n) {
-  const unsigned blocks = std::min<unsigned>(blocks_for(n, 256), 65535u * 8);
-  MT_DISPATCH_FLOAT(dst_dtype, "convert", D,
-                    convert_kernel<S, D><<<blocks, 256, 0, stream()>>>(src, static_cast<D*>(dst), n));
+  MT_DISPATCH_FLOAT(dst_dtype, "convert", D, {
+    D* pd = static_cast<D*>(dst);
+    launch_flat<kConvertVec>(
+        n, 256,
+        [&](auto e, unsigned grid) {
+          convert_kernel<S, D, decltype(e)::value><<<grid, 256, 0, stream()>>>(src, pd, n);
+        },
+        src, pd);
+  });
   MT_CUDA_LAUNCHED("convert_kernel");
 }
 

@@ -5,10 +5,16 @@
 // One block per row of logits, its threads striding over the row's columns; row reductions use block_max /
 // block_sum, whose order is fixed by the launch shape (deterministic). Padding columns (full-vocabulary id
 // >= vocab_size) are left out of the max and the sum and get gradient 0.
+//
+// The row kernels take E columns a thread-step (for_each_row_step): E = 1 (thread t the columns t, t + 256, ...), or a 16-byte
+// vector (thread t the columns [tE, tE + E), [(t + 256)E, ...)) when V is a multiple of E and the logits (and
+// dlogits) are aligned (launch_rows). A vector is read whole even where it runs past the real columns
+// into padding (it stays inside the row); the padding elements are masked as in the scalar form. Each element's
+// arithmetic is the same in both forms; the max is exact in any order, the sum of exps (in double) groups the
+// columns differently per thread.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -29,7 +35,7 @@ int64_t real_columns(const CrossEntropyOptions& opt, int64_t V) {
 
 // One block per row: gridDim.x is limited to 2^31 - 1.
 unsigned row_blocks(const char* op, int64_t N) {
-  if (N > static_cast<int64_t>(std::numeric_limits<int32_t>::max()))
+  if (N > kMaxGridX)
     throw std::runtime_error(std::string(op) + ": " + std::to_string(N) +
                              " rows exceed the CUDA kernel's limit of 2^31 - 1");
   return static_cast<unsigned>(N);
@@ -43,20 +49,26 @@ __device__ __forceinline__ int64_t target_column(int32_t target, int64_t vocab_s
 }
 
 // rowmax[n] = max over the real columns of row n (-inf when there are none); fmaxf skips NaN like std::fmax.
-template <class S>
+template <class S, int E>
 __global__ void __launch_bounds__(kThreads)
     rowmax_kernel(const S* __restrict__ logits, float* __restrict__ rowmax, int64_t V, int64_t real) {
   const int64_t n = blockIdx.x;
   const S* row = logits + n * V;
   float m = -INFINITY;
-  for (int64_t v = threadIdx.x; v < real; v += blockDim.x) m = fmaxf(m, to_f32<S>(row[v]));
+  for_each_row_step<E>(real, [&](int64_t v) {
+    float x[E];
+    load_f32s<E>(row + v, x);
+#pragma unroll
+    for (int j = 0; j < E; ++j)
+      if (E == 1 || v + j < real) m = fmaxf(m, x[j]);
+  });
   m = block_max(m);  // every thread reaches it
   if (threadIdx.x == 0) rowmax[n] = m;
 }
 
 // sumexp[n] = sum over the real columns of exp(x - rowmax[n]) (each exp in fp32, summed in double, as the
 // CPU); target_logit[n] = the target's logit when it is a real column of this shard, else 0.
-template <class S>
+template <class S, int E>
 __global__ void __launch_bounds__(kThreads)
     partials_kernel(const S* __restrict__ logits, const int32_t* __restrict__ targets, const float* __restrict__ rowmax,
                     float* __restrict__ sumexp, float* __restrict__ target_logit, int64_t V, int64_t real,
@@ -65,7 +77,13 @@ __global__ void __launch_bounds__(kThreads)
   const S* row = logits + n * V;
   const float m = rowmax[n];
   double s = 0.0;
-  for (int64_t v = threadIdx.x; v < real; v += blockDim.x) s += static_cast<double>(expf(to_f32<S>(row[v]) - m));
+  for_each_row_step<E>(real, [&](int64_t v) {
+    float x[E];
+    load_f32s<E>(row + v, x);
+#pragma unroll
+    for (int j = 0; j < E; ++j)
+      if (E == 1 || v + j < real) s += static_cast<double>(expf(x[j] - m));
+  });
   s = block_sum(s);  // every thread reaches it
   if (threadIdx.x == 0) {
     sumexp[n] = static_cast<float>(s);
@@ -85,7 +103,7 @@ __global__ void loss_kernel(const float* __restrict__ rowmax, const float* __res
 
 // dlogits[n, v] = exp(x - rowmax) * (1 / sumexp) * dloss, minus dloss at the target's column, 0 on padding;
 // the explicitly rounded intrinsics keep the CPU's order of operations (no contraction into an FMA).
-template <class S>
+template <class S, int E>
 __global__ void __launch_bounds__(kThreads)
     backward_kernel(const S* __restrict__ logits, const int32_t* __restrict__ targets, const float* __restrict__ rowmax,
                     const float* __restrict__ sumexp, const float* __restrict__ dloss, S* __restrict__ dlogits,
@@ -97,14 +115,20 @@ __global__ void __launch_bounds__(kThreads)
   const float inv_sum = __fdiv_rn(1.f, sumexp[n]);
   const float dl = dloss[n];
   const int64_t c = target_column(targets[n], vocab_start, real);
-  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
-    float g = 0.f;
-    if (v < real) {
-      g = __fmul_rn(__fmul_rn(expf(to_f32<S>(row[v]) - m), inv_sum), dl);
-      if (v == c) g = __fsub_rn(g, dl);
+  for_each_row_step<E>(V, [&](int64_t v) {
+    float x[E];
+    load_f32s<E>(row + v, x);
+#pragma unroll
+    for (int j = 0; j < E; ++j) {
+      float g = 0.f;
+      if (v + j < real) {
+        g = __fmul_rn(__fmul_rn(expf(x[j] - m), inv_sum), dl);
+        if (v + j == c) g = __fsub_rn(g, dl);
+      }
+      x[j] = g;
     }
-    drow[v] = from_f32<S>(g);
-  }
+    store_f32s<E>(drow + v, x);
+  });
 }
 
 }  // namespace
@@ -113,9 +137,15 @@ void cross_entropy_rowmax(const Tensor& logits, Tensor& rowmax, const CrossEntro
   const int64_t N = logits.dim(0), V = logits.dim(1), real = real_columns(opt, V);
   if (N == 0) return;
   const unsigned blocks = row_blocks("cross_entropy_rowmax", N);
-  MT_DISPATCH_FLOAT(logits.dtype(), "cross_entropy_rowmax", S,
-                    rowmax_kernel<S>
-                    <<<blocks, kThreads, 0, stream()>>>(logits.data<S>(), rowmax.data<float>(), V, real));
+  MT_DISPATCH_FLOAT(logits.dtype(), "cross_entropy_rowmax", S, {
+    const S* pl = logits.data<S>();
+    launch_rows<kVec<S>>(
+        V,
+        [&](auto e) {
+          rowmax_kernel<S, decltype(e)::value><<<blocks, kThreads, 0, stream()>>>(pl, rowmax.data<float>(), V, real);
+        },
+        pl);
+  });
   MT_CUDA_LAUNCHED("rowmax_kernel");
 }
 
@@ -124,17 +154,24 @@ void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const T
   const int64_t N = logits.dim(0), V = logits.dim(1), real = real_columns(opt, V);
   if (N == 0) return;
   const unsigned blocks = row_blocks("cross_entropy_partials", N);
-  MT_DISPATCH_FLOAT(logits.dtype(), "cross_entropy_partials", S,
-                    partials_kernel<S><<<blocks, kThreads, 0, stream()>>>(
-                        logits.data<S>(), targets.data<int32_t>(), rowmax.data<float>(), sumexp.data<float>(),
-                        target_logit.data<float>(), V, real, opt.vocab_start));
+  MT_DISPATCH_FLOAT(logits.dtype(), "cross_entropy_partials", S, {
+    const S* pl = logits.data<S>();
+    launch_rows<kVec<S>>(
+        V,
+        [&](auto e) {
+          partials_kernel<S, decltype(e)::value><<<blocks, kThreads, 0, stream()>>>(
+              pl, targets.data<int32_t>(), rowmax.data<float>(), sumexp.data<float>(), target_logit.data<float>(), V,
+              real, opt.vocab_start);
+        },
+        pl);
+  });
   MT_CUDA_LAUNCHED("partials_kernel");
 }
 
 void cross_entropy_loss(const Tensor& rowmax, const Tensor& sumexp, const Tensor& target_logit, Tensor& losses) {
   const int64_t N = losses.numel();
   if (N == 0) return;
-  const unsigned blocks = std::min<unsigned>(blocks_for(N, kThreads), 65535u * 8);
+  const unsigned blocks = grid_1d(N, kThreads);
   loss_kernel<<<blocks, kThreads, 0, stream()>>>(rowmax.data<float>(), sumexp.data<float>(), target_logit.data<float>(),
                                                  losses.data<float>(), N);
   MT_CUDA_LAUNCHED("loss_kernel");
@@ -145,10 +182,18 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   const int64_t N = logits.dim(0), V = logits.dim(1), real = real_columns(opt, V);
   if (N == 0 || V == 0) return;
   const unsigned blocks = row_blocks("cross_entropy_backward", N);
-  MT_DISPATCH_FLOAT(logits.dtype(), "cross_entropy_backward", S,
-                    backward_kernel<S><<<blocks, kThreads, 0, stream()>>>(
-                        logits.data<S>(), targets.data<int32_t>(), rowmax.data<float>(), sumexp.data<float>(),
-                        dloss.data<float>(), dlogits.data<S>(), V, real, opt.vocab_start));
+  MT_DISPATCH_FLOAT(logits.dtype(), "cross_entropy_backward", S, {
+    const S* pl = logits.data<S>();
+    S* pd = dlogits.data<S>();
+    launch_rows<kVec<S>>(
+        V,
+        [&](auto e) {
+          backward_kernel<S, decltype(e)::value><<<blocks, kThreads, 0, stream()>>>(
+              pl, targets.data<int32_t>(), rowmax.data<float>(), sumexp.data<float>(), dloss.data<float>(), pd, V, real,
+              opt.vocab_start);
+        },
+        pl, pd);
+  });
   MT_CUDA_LAUNCHED("backward_kernel");
 }
 

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/cuda/launch.h"  // blocks_for and the rest of the launch arithmetic
 #include "core/cuda/runtime.h"
 #include "core/dtype.h"
 
@@ -14,11 +15,6 @@ namespace mt::cuda {
 [[noreturn]] void throw_cuda_error(cudaError_t status, const char* call, const char* file, int line);
 
 inline cudaStream_t stream() { return static_cast<cudaStream_t>(compute_stream()); }
-
-// Blocks of `threads` threads covering n elements (at least one block).
-inline unsigned blocks_for(int64_t n, int threads) {
-  return static_cast<unsigned>(n <= 0 ? 1 : (n + threads - 1) / threads);
-}
 
 // Throws when the last launch failed (a bad configuration; faults inside kernels surface at synchronize(),
 // or right here, naming the kernel, when MEGATRAIN_CUDA_SYNC=1 is set).

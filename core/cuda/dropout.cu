@@ -5,7 +5,11 @@
 //
 // Launch: one thread per Philox block of a row (four neighbouring global columns, aligned to multiples of
 // four of the global column, so a shard whose col_offset is not a multiple of four starts mid-block);
-// gridDim.x covers a row's blocks, gridDim.y walks the B * T rows in a grid-stride loop.
+// gridDim.x covers a row's blocks, gridDim.y walks the B * T rows in a grid-stride loop. Where every row is
+// whole 16-byte vectors of whole Philox blocks (x and out aligned, C a multiple of the vector width, col_offset
+// a multiple of four: dropout_rows_take_vectors), one thread takes a vector (4 fp32 or 8 bf16/fp16 columns,
+// one or two Philox blocks) instead; each column still takes lane (gc & 3) of Philox block gc >> 2 of its
+// global column gc, so the mask is the same bits either way.
 #include <algorithm>
 #include <cstdint>
 
@@ -45,6 +49,26 @@ __global__ void dropout_kernel(const T* x, T* out, int64_t N, int64_t T_len, int
   }
 }
 
+// The vector form: thread k of a row takes the E columns [kE, kE + E) (a 16-byte vector), whose global columns
+// col_offset + kE + 4q + lane (col_offset a multiple of 4) are lane `lane` of Philox block first_block + k E/4 + q.
+template <class T>
+__global__ void dropout_vec_kernel(const T* x, T* out, int64_t N, int64_t T_len, int64_t C, uint64_t seed,
+                                   uint64_t site, uint64_t sample_offset, uint64_t row_offset, uint64_t first_block,
+                                   int64_t vecs_per_row, float p, float scale) {
+  constexpr int E = kVec<T>, Q = E / 4;                                           // Q Philox blocks a vector
+  const int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;  // vector of the row
+  if (k >= vecs_per_row) return;
+  for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
+    const int64_t b = n / T_len, t = n - b * T_len;
+    const int64_t at = n * C + k * E;
+    float v[E];
+    load_f32s<E>(x + at, v);
+    drop_vector(v, seed, site, sample_offset + static_cast<uint64_t>(b), row_offset + static_cast<uint64_t>(t),
+                first_block + static_cast<uint64_t>(k * Q), p, scale);
+    store_f32s<E>(out + at, v);
+  }
+}
+
 void apply_mask(const char* op, const Tensor& x, Tensor& out, const DropoutOptions& opt) {
   const int64_t B = x.dim(0), T_len = x.dim(1), C = x.dim(2);
   if (opt.p == 0.f) {
@@ -54,12 +78,24 @@ void apply_mask(const char* op, const Tensor& x, Tensor& out, const DropoutOptio
   const int64_t N = B * T_len;
   if (N == 0 || C == 0) return;
   const float scale = 1.f / (1.f - opt.p);  // as dropout_row_scales (core/rng.h), computed on the host
-  const DropoutGrid g = dropout_grid(N, C, opt.col_offset);
-  MT_DISPATCH_FLOAT(
-      x.dtype(), op, T,
-      dropout_kernel<T><<<g.grid, g.threads, 0, stream()>>>(
-          x.data<T>(), out.data<T>(), N, T_len, C, opt.seed, opt.site, static_cast<uint64_t>(opt.sample_offset),
-          static_cast<uint64_t>(opt.row_offset), g.col0, g.first_block, g.blocks_per_row, opt.p, scale));
+  const uint64_t sample_offset = static_cast<uint64_t>(opt.sample_offset),
+                 row_offset = static_cast<uint64_t>(opt.row_offset);
+  MT_DISPATCH_FLOAT(x.dtype(), op, T, {
+    const T* px = x.data<T>();
+    T* po = out.data<T>();
+    constexpr int V = kVec<T>;
+    if (dropout_rows_take_vectors(C, opt.col_offset, V, px, po)) {
+      const RowUnitsGrid g = row_units_grid(N, C / V);
+      dropout_vec_kernel<T>
+          <<<grid_dims(g), g.threads, 0, stream()>>>(px, po, N, T_len, C, opt.seed, opt.site, sample_offset, row_offset,
+                                                     static_cast<uint64_t>(opt.col_offset) >> 2, C / V, opt.p, scale);
+    } else {
+      const DropoutGrid g = dropout_grid(N, C, opt.col_offset);
+      dropout_kernel<T><<<grid_dims(g.grid), g.grid.threads, 0, stream()>>>(
+          px, po, N, T_len, C, opt.seed, opt.site, sample_offset, row_offset, g.col0, g.first_block, g.blocks_per_row,
+          opt.p, scale);
+    }
+  });
   MT_CUDA_LAUNCHED("dropout_kernel");
 }
 

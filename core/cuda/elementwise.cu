@@ -20,24 +20,38 @@ constexpr float kGeluC = 0.044715f;
 
 constexpr int kThreads = 256;
 
-// Blocks of kThreads threads for a grid-stride loop over n elements.
-unsigned grid_1d(int64_t n) { return std::min<unsigned>(blocks_for(n, kThreads), 65535u * 8); }
-
 // ---- kernels -------------------------------------------------------------------------------------
+// The flat kernels run E elements a thread (launch_flat: 16-byte vectors when every pointer is aligned, else
+// E = 1), the tail past the last whole vector one element a thread; the arithmetic of each element is the
+// same in both forms. The width W of each step is a compile-time constant (for_each_vec).
 
-#define MT_GRID_STRIDE(i, n)                                                             \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+// The fp32 values of the W elements at p.
+#define MT_LOAD(W, p, f) \
+  float f[W];            \
+  load_f32s<W>(p, f)
 
 // out may alias a or b: each element is read and written by the same thread.
-template <class T>
+template <class T, int E>
 __global__ void add_kernel(const T* a, const T* b, T* out, int64_t n) {
-  MT_GRID_STRIDE(i, n) out[i] = from_f32<T>(__fadd_rn(to_f32<T>(a[i]), to_f32<T>(b[i])));
+  for_each_vec<E>(n, [&](auto w, int64_t i) {
+    constexpr int W = decltype(w)::value;
+    MT_LOAD(W, a + i, x);
+    MT_LOAD(W, b + i, y);
+#pragma unroll
+    for (int j = 0; j < W; ++j) x[j] = __fadd_rn(x[j], y[j]);
+    store_f32s<W>(out + i, x);
+  });
 }
 
-template <class T>
+template <class T, int E>
 __global__ void scale_kernel(T* x, float s, int64_t n) {
-  MT_GRID_STRIDE(i, n) x[i] = from_f32<T>(__fmul_rn(to_f32<T>(x[i]), s));
+  for_each_vec<E>(n, [&](auto w, int64_t i) {
+    constexpr int W = decltype(w)::value;
+    MT_LOAD(W, x + i, v);
+#pragma unroll
+    for (int j = 0; j < W; ++j) v[j] = __fmul_rn(v[j], s);
+    store_f32s<W>(x + i, v);
+  });
 }
 
 // kGeluK * (z + kGeluC * z * z * z), evaluated left to right as the CPU does, without contractions.
@@ -46,38 +60,62 @@ __device__ __forceinline__ float gelu_inner(float z) {
   return __fmul_rn(kGeluK, __fadd_rn(z, cube));
 }
 
-template <class T>
+// 0.5f * z * (1.f + tanh(inner))
+__device__ __forceinline__ float gelu(float z) {
+  return __fmul_rn(__fmul_rn(0.5f, z), __fadd_rn(1.f, tanhf(gelu_inner(z))));
+}
+
+// dout * gelu'(z)
+__device__ __forceinline__ float gelu_grad(float z, float d) {
+  const float th = tanhf(gelu_inner(z));
+  // dinner = kGeluK * (1.f + 3.f * kGeluC * z * z)
+  const float dinner = __fmul_rn(kGeluK, __fadd_rn(1.f, __fmul_rn(__fmul_rn(__fmul_rn(3.f, kGeluC), z), z)));
+  // grad = 0.5f * (1.f + th) + 0.5f * z * (1.f - th * th) * dinner
+  const float left = __fmul_rn(0.5f, __fadd_rn(1.f, th));
+  const float right = __fmul_rn(__fmul_rn(__fmul_rn(0.5f, z), __fsub_rn(1.f, __fmul_rn(th, th))), dinner);
+  const float grad = __fadd_rn(left, right);
+  return __fmul_rn(d, grad);
+}
+
+template <class T, int E>
 __global__ void gelu_forward_kernel(const T* x, T* out, int64_t n) {
-  MT_GRID_STRIDE(i, n) {
-    const float z = to_f32<T>(x[i]);
-    // 0.5f * z * (1.f + tanh(inner))
-    out[i] = from_f32<T>(__fmul_rn(__fmul_rn(0.5f, z), __fadd_rn(1.f, tanhf(gelu_inner(z)))));
-  }
+  for_each_vec<E>(n, [&](auto w, int64_t i) {
+    constexpr int W = decltype(w)::value;
+    MT_LOAD(W, x + i, v);
+#pragma unroll
+    for (int j = 0; j < W; ++j) v[j] = gelu(v[j]);
+    store_f32s<W>(out + i, v);
+  });
 }
 
-template <class T>
+template <class T, int E>
 __global__ void gelu_backward_kernel(const T* x, const T* dout, T* dx, int64_t n) {
-  MT_GRID_STRIDE(i, n) {
-    const float z = to_f32<T>(x[i]);
-    const float th = tanhf(gelu_inner(z));
-    // dinner = kGeluK * (1.f + 3.f * kGeluC * z * z)
-    const float dinner = __fmul_rn(kGeluK, __fadd_rn(1.f, __fmul_rn(__fmul_rn(__fmul_rn(3.f, kGeluC), z), z)));
-    // grad = 0.5f * (1.f + th) + 0.5f * z * (1.f - th * th) * dinner
-    const float left = __fmul_rn(0.5f, __fadd_rn(1.f, th));
-    const float right = __fmul_rn(__fmul_rn(__fmul_rn(0.5f, z), __fsub_rn(1.f, __fmul_rn(th, th))), dinner);
-    const float grad = __fadd_rn(left, right);
-    dx[i] = from_f32<T>(__fmul_rn(to_f32<T>(dout[i]), grad));
-  }
+  for_each_vec<E>(n, [&](auto w, int64_t i) {
+    constexpr int W = decltype(w)::value;
+    MT_LOAD(W, x + i, z);
+    MT_LOAD(W, dout + i, d);
+#pragma unroll
+    for (int j = 0; j < W; ++j) z[j] = gelu_grad(z[j], d[j]);
+    store_f32s<W>(dx + i, z);
+  });
 }
 
-#undef MT_GRID_STRIDE
+#undef MT_LOAD
 
-// x (N, C) += bias (C): rows in a grid-stride loop over blocks, columns over the block's threads.
-template <class T>
+// x (N, C) += bias (C): rows in a grid-stride loop over blocks, E columns a thread-step (E = 1, or a 16-byte
+// vector when C is a multiple of it and x and bias are aligned).
+template <class T, int E>
 __global__ void add_bias_kernel(T* x, const float* bias, int64_t N, int64_t C) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     T* row = x + n * C;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) row[c] = from_f32<T>(__fadd_rn(to_f32<T>(row[c]), bias[c]));
+    for_each_row_step<E>(C, [&](int64_t c) {
+      float v[E], b[E];
+      load_f32s<E>(row + c, v);
+      load_f32s<E>(bias + c, b);
+#pragma unroll
+      for (int j = 0; j < E; ++j) v[j] = __fadd_rn(v[j], b[j]);
+      store_f32s<E>(row + c, v);
+    });
   }
 }
 
@@ -112,9 +150,17 @@ void add_bias(Tensor& x, const Tensor& bias) {
   if (N == 0 || C == 0) return;
   Tensor hold;
   const float* b = f32_values(bias, hold);
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(N, 65535 * 8));
-  const int threads = threads_for_cols(C, kThreads);
-  MT_DISPATCH_FLOAT(x.dtype(), "add_bias", T, add_bias_kernel<T><<<grid, threads, 0, stream()>>>(x.data<T>(), b, N, C));
+  const unsigned grid = row_grid(N, kMaxStrideBlocks);
+  MT_DISPATCH_FLOAT(x.dtype(), "add_bias", T, {
+    T* px = x.data<T>();
+    launch_rows<kVec<T>>(
+        C,
+        [&](auto e) {
+          constexpr int E = decltype(e)::value;
+          add_bias_kernel<T, E><<<grid, threads_for_cols(C / E, kThreads), 0, stream()>>>(px, b, N, C);
+        },
+        px, b);
+  });
   MT_CUDA_LAUNCHED("add_bias_kernel");
 }
 
@@ -136,32 +182,61 @@ void bias_backward(const Tensor& dout, Tensor& dbias) {
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
   const int64_t n = out.numel();
   if (n == 0) return;
-  MT_DISPATCH_FLOAT(out.dtype(), "add", T,
-                    add_kernel<T><<<grid_1d(n), kThreads, 0, stream()>>>(a.data<T>(), b.data<T>(), out.data<T>(), n));
+  MT_DISPATCH_FLOAT(out.dtype(), "add", T, {
+    const T *pa = a.data<T>(), *pb = b.data<T>();
+    T* po = out.data<T>();
+    launch_flat<kVec<T>>(
+        n, kThreads,
+        [&](auto e, unsigned grid) {
+          add_kernel<T, decltype(e)::value><<<grid, kThreads, 0, stream()>>>(pa, pb, po, n);
+        },
+        pa, pb, po);
+  });
   MT_CUDA_LAUNCHED("add_kernel");
 }
 
 void scale_(Tensor& x, float s) {
   const int64_t n = x.numel();
   if (n == 0) return;
-  MT_DISPATCH_FLOAT(x.dtype(), "scale_", T, scale_kernel<T><<<grid_1d(n), kThreads, 0, stream()>>>(x.data<T>(), s, n));
+  MT_DISPATCH_FLOAT(x.dtype(), "scale_", T, {
+    T* px = x.data<T>();
+    launch_flat<kVec<T>>(
+        n, kThreads,
+        [&](auto e, unsigned grid) { scale_kernel<T, decltype(e)::value><<<grid, kThreads, 0, stream()>>>(px, s, n); },
+        px);
+  });
   MT_CUDA_LAUNCHED("scale_kernel");
 }
 
 void gelu_forward(const Tensor& x, Tensor& out) {
   const int64_t n = out.numel();
   if (n == 0) return;
-  MT_DISPATCH_FLOAT(out.dtype(), "gelu_forward", T,
-                    gelu_forward_kernel<T><<<grid_1d(n), kThreads, 0, stream()>>>(x.data<T>(), out.data<T>(), n));
+  MT_DISPATCH_FLOAT(out.dtype(), "gelu_forward", T, {
+    const T* px = x.data<T>();
+    T* po = out.data<T>();
+    launch_flat<kVec<T>>(
+        n, kThreads,
+        [&](auto e, unsigned grid) {
+          gelu_forward_kernel<T, decltype(e)::value><<<grid, kThreads, 0, stream()>>>(px, po, n);
+        },
+        px, po);
+  });
   MT_CUDA_LAUNCHED("gelu_forward_kernel");
 }
 
 void gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) {
   const int64_t n = dx.numel();
   if (n == 0) return;
-  MT_DISPATCH_FLOAT(dx.dtype(), "gelu_backward", T,
-                    gelu_backward_kernel<T>
-                    <<<grid_1d(n), kThreads, 0, stream()>>>(x.data<T>(), dout.data<T>(), dx.data<T>(), n));
+  MT_DISPATCH_FLOAT(dx.dtype(), "gelu_backward", T, {
+    const T *px = x.data<T>(), *pd = dout.data<T>();
+    T* pdx = dx.data<T>();
+    launch_flat<kVec<T>>(
+        n, kThreads,
+        [&](auto e, unsigned grid) {
+          gelu_backward_kernel<T, decltype(e)::value><<<grid, kThreads, 0, stream()>>>(px, pd, pdx, n);
+        },
+        px, pd, pdx);
+  });
   MT_CUDA_LAUNCHED("gelu_backward_kernel");
 }
 

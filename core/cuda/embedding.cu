@@ -26,9 +26,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Blocks of a grid-stride loop over n rows.
-unsigned row_grid(int64_t n) { return static_cast<unsigned>(std::clamp<int64_t>(n, 1, 65535 * 8)); }
-
 // ---- forward -------------------------------------------------------------------------------------
 
 // out[i] = table[ids[i] - vocab_start], or zeros outside [0, V). Rows in a grid-stride loop over blocks.
@@ -51,7 +48,8 @@ template <class TO>
 void launch_embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, int64_t vocab_start) {
   const int64_t BT = ids.numel(), V = table.dim(0), C = table.dim(1);
   MT_DISPATCH_FLOAT(table.dtype(), "embedding_forward", TT,
-                    embedding_forward_kernel<TT, TO><<<row_grid(BT), threads_for_cols(C, kThreads), 0, stream()>>>(
+                    embedding_forward_kernel<TT, TO>
+                    <<<row_grid(BT, kMaxStrideBlocks), threads_for_cols(C, kThreads), 0, stream()>>>(
                         ids.data<int32_t>(), table.data<TT>(), out.data<TO>(), BT, V, C, vocab_start));
 }
 
@@ -128,7 +126,8 @@ template <class T>
 void launch_position_add(Tensor& x, const Tensor& wpe, int64_t position_offset) {
   const int64_t N = x.dim(0) * x.dim(1), T_len = x.dim(1), C = x.dim(2);
   MT_DISPATCH_FLOAT(wpe.dtype(), "position_embedding_add", W,
-                    position_add_kernel<T, W><<<row_grid(N), threads_for_cols(C, kThreads), 0, stream()>>>(
+                    position_add_kernel<T, W>
+                    <<<row_grid(N, kMaxStrideBlocks), threads_for_cols(C, kThreads), 0, stream()>>>(
                         x.data<T>(), wpe.data<W>(), N, T_len, C, position_offset));
 }
 
@@ -176,7 +175,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, c
   int32_t* pin = pos_in.data<int32_t>();
   int32_t* pout = pos_out.data<int32_t>();
 
-  const unsigned key_blocks = std::min<unsigned>(blocks_for(BT, kThreads), 65535u * 8);
+  const unsigned key_blocks = grid_1d(BT, kThreads);
   embedding_keys_kernel<<<key_blocks, kThreads, 0, stream()>>>(ids.data<int32_t>(), opt.vocab_start, V, kin, pin, BT);
   MT_CUDA_LAUNCHED("embedding_keys_kernel");
 
@@ -191,7 +190,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, c
   MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.raw(), temp_bytes, kin, kout, pin, pout, n, 0, end_bit, stream()));
 
   const int threads = threads_for_cols(C, kThreads);
-  const int64_t col_chunks = std::min<int64_t>(ceil_div(C, threads), 65535);
+  const int64_t col_chunks = std::min<int64_t>(ceil_div(C, threads), kMaxGridYZ);
   const int64_t runs_grid = std::min<int64_t>(BT, std::max<int64_t>(1, 4096 / col_chunks));
   const dim3 grid(static_cast<unsigned>(runs_grid), static_cast<unsigned>(col_chunks));
   MT_DISPATCH_FLOAT(dout.dtype(), "embedding_backward", T,
@@ -209,7 +208,8 @@ void position_embedding_add(Tensor& x, const Tensor& wpe, const EmbeddingOptions
 void position_embedding_backward(const Tensor& dout, Tensor& dwpe, const EmbeddingOptions& opt) {
   const int64_t B = dout.dim(0), T_len = dout.dim(1), C = dout.dim(2);
   if (B == 0 || T_len == 0 || C == 0) return;
-  const dim3 grid(static_cast<unsigned>(ceil_div(C, kThreads)), static_cast<unsigned>(std::min<int64_t>(T_len, 65535)));
+  const dim3 grid(static_cast<unsigned>(ceil_div(C, kThreads)),
+                  static_cast<unsigned>(std::min<int64_t>(T_len, kMaxGridYZ)));
   MT_DISPATCH_FLOAT(dout.dtype(), "position_embedding_backward", T,
                     position_backward_kernel<T><<<grid, kThreads, 0, stream()>>>(dout.data<T>(), dwpe.data<float>(), B,
                                                                                  T_len, C, opt.position_offset));

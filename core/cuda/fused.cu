@@ -2,7 +2,9 @@
 // as the CPU reference (core/cpu/fused.cpp) and the unfused dropout_forward + add do: the dropped value is
 // rounded to the storage dtype first, then added to the residual in fp32 and rounded again (free in a fused
 // kernel, and it keeps the GPU on the CPU's numbers). The mask is dropout_forward's bit for bit (the same
-// Philox blocks and launch shape as core/cuda/dropout.cu).
+// Philox blocks and launch shapes as core/cuda/dropout.cu: one thread per Philox block, or one per 16-byte
+// vector of whole Philox blocks where x, residual and out are aligned, C is a multiple of the vector width and
+// col_offset of four).
 #include <algorithm>
 #include <cstdint>
 
@@ -45,6 +47,34 @@ __global__ void dropout_add_kernel(const T* x, const T* residual, T* out, int64_
   }
 }
 
+// The vector form: thread k of a row takes the E columns [kE, kE + E) (a 16-byte vector), whose global columns
+// col_offset + kE + 4q + lane (col_offset a multiple of 4) are lane `lane` of Philox block first_block + k E/4 + q.
+// Each element rounds as the scalar kernel's.
+template <class T>
+__global__ void dropout_add_vec_kernel(const T* x, const T* residual, T* out, int64_t N, int64_t T_len, int64_t C,
+                                       uint64_t seed, uint64_t site, uint64_t sample_offset, uint64_t row_offset,
+                                       uint64_t first_block, int64_t vecs_per_row, float p, float scale) {
+  constexpr int E = kVec<T>, Q = E / 4;                                           // Q Philox blocks a vector
+  const int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;  // vector of the row
+  if (k >= vecs_per_row) return;
+  for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
+    const int64_t b = n / T_len, t = n - b * T_len;
+    const int64_t at = n * C + k * E;
+    float v[E], res[E];
+    load_f32s<E>(x + at, v);
+    load_f32s<E>(residual + at, res);
+    if (p != 0.f) {
+      drop_vector(v, seed, site, sample_offset + static_cast<uint64_t>(b), row_offset + static_cast<uint64_t>(t),
+                  first_block + static_cast<uint64_t>(k * Q), p, scale);
+#pragma unroll
+      for (int j = 0; j < E; ++j) v[j] = to_f32<T>(from_f32<T>(v[j]));  // rounded as dropout_forward stores it
+    }
+#pragma unroll
+    for (int j = 0; j < E; ++j) v[j] = __fadd_rn(res[j], v[j]);
+    store_f32s<E>(out + at, v);
+  }
+}
+
 }  // namespace
 
 void dropout_add(const Tensor& x, const Tensor& residual, Tensor& out, const DropoutOptions& opt) {
@@ -52,12 +82,24 @@ void dropout_add(const Tensor& x, const Tensor& residual, Tensor& out, const Dro
   const int64_t N = B * T_len;
   if (N == 0 || C == 0) return;
   const float scale = opt.p == 0.f ? 1.f : 1.f / (1.f - opt.p);  // as dropout_row_scales, on the host
-  const DropoutGrid g = dropout_grid(N, C, opt.col_offset);
-  MT_DISPATCH_FLOAT(x.dtype(), "dropout_add", T,
-                    dropout_add_kernel<T><<<g.grid, g.threads, 0, stream()>>>(
-                        x.data<T>(), residual.data<T>(), out.data<T>(), N, T_len, C, opt.seed, opt.site,
-                        static_cast<uint64_t>(opt.sample_offset), static_cast<uint64_t>(opt.row_offset), g.col0,
-                        g.first_block, g.blocks_per_row, opt.p, scale));
+  const uint64_t sample_offset = static_cast<uint64_t>(opt.sample_offset),
+                 row_offset = static_cast<uint64_t>(opt.row_offset);
+  MT_DISPATCH_FLOAT(x.dtype(), "dropout_add", T, {
+    const T *px = x.data<T>(), *pr = residual.data<T>();
+    T* po = out.data<T>();
+    constexpr int V = kVec<T>;
+    if (dropout_rows_take_vectors(C, opt.col_offset, V, px, pr, po)) {
+      const RowUnitsGrid g = row_units_grid(N, C / V);
+      dropout_add_vec_kernel<T><<<grid_dims(g), g.threads, 0, stream()>>>(
+          px, pr, po, N, T_len, C, opt.seed, opt.site, sample_offset, row_offset,
+          static_cast<uint64_t>(opt.col_offset) >> 2, C / V, opt.p, scale);
+    } else {
+      const DropoutGrid g = dropout_grid(N, C, opt.col_offset);
+      dropout_add_kernel<T><<<grid_dims(g.grid), g.grid.threads, 0, stream()>>>(
+          px, pr, po, N, T_len, C, opt.seed, opt.site, sample_offset, row_offset, g.col0, g.first_block,
+          g.blocks_per_row, opt.p, scale);
+    }
+  });
   MT_CUDA_LAUNCHED("dropout_add_kernel");
 }
 

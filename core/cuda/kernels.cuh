@@ -1,6 +1,7 @@
 // kernels.cuh (nvcc only; .cu files must not include fmt, whose C++20 consteval checks nvcc rejects):
 // device-side helpers of the backend's kernels: fp32 loads and stores of each storage dtype
-// (one round to nearest even, as the CPU reference), dtype dispatch, warp and block reductions.
+// (one round to nearest even, as the CPU reference), 16-byte vector loads and stores, dtype dispatch, warp and
+// block reductions. The launch arithmetic is in core/cuda/launch.h (included through cuda_check.h).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -11,9 +12,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "core/cuda/cuda_check.h"
 #include "core/dtype.h"
+#include "core/rng.h"
 #include "core/tensor.h"
 
 namespace mt::cuda {
@@ -114,15 +118,9 @@ __device__ inline float block_max(float v) {
   return warp_max(m);
 }
 
-// ---- launch arithmetic shared by the kernels' host sides -----------------------------------------
+// ---- launch arithmetic: core/cuda/launch.h (plain C++, tested on the host) ---------------------------
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-// Threads of a block that walks the C columns of a row: C rounded up to a warp, at most `max_threads`.
-inline int threads_for_cols(int64_t C, int max_threads = 256) {
-  const int64_t t = (std::max<int64_t>(C, 1) + 31) / 32 * 32;
-  return static_cast<int>(std::min<int64_t>(t, max_threads));
-}
+inline dim3 grid_dims(const RowUnitsGrid& g) { return dim3(g.grid_x, g.grid_y); }
 
 // An fp32 pointer to the values of a small device tensor (a bias, a norm's weight): its own memory when it
 // is f32, else a converted workspace copy kept alive by `hold` (exact: bf16 and f16 values are fp32 values).
@@ -133,37 +131,160 @@ inline const float* f32_values(const Tensor& t, Tensor& hold) {
   return hold.data<float>();
 }
 
-// How a deterministic column reduction over N rows of C columns splits its work: blocks of `threads`
-// columns (grid x) times chunks of rows_per rows (grid y), about 1024 blocks in all, at least 32 rows a chunk
-// and at most 65535 chunks. Each block writes per-chunk partials; a second kernel sums them in chunk order.
-struct ColumnChunks {
-  int64_t col_blocks, rows_per, chunks;
+// ---- 16-byte vector loads and stores -----------------------------------------------------------------
+// A kernel templated on E (elements a thread moves per access group) runs as its scalar form with E = 1,
+// element for element the code it replaced, and vectorised with E = kVec<T> where launch.h's conditions hold
+// (every pointer 16-byte aligned; for row kernels, C a multiple of E). The values and their arithmetic are
+// the same in both forms: only the loads and stores are wider.
+
+// Elements of T in one 16-byte vector: 4 fp32, 8 bf16 or fp16.
+template <class T>
+inline constexpr int kVec = kVecBytes / static_cast<int>(sizeof(T));
+
+// W elements of T, aligned to their size so that one access moves them all.
+template <class T, int W>
+struct alignas(sizeof(T) * W) Pack {
+  T v[W];
 };
-inline ColumnChunks column_chunks(int64_t N, int64_t C, int threads) {
-  const int64_t col_blocks = ceil_div(C, threads);
-  const int64_t want = std::max<int64_t>(1, 1024 / col_blocks);
-  const int64_t rows_per = std::max({int64_t{32}, ceil_div(N, want), ceil_div(N, 65535)});
-  return {col_blocks, rows_per, ceil_div(N, rows_per)};
+
+// The unsigned type of one access of `Bytes` bytes.
+template <int Bytes>
+struct RawOf;
+template <>
+struct RawOf<2> {
+  using type = unsigned short;
+};
+template <>
+struct RawOf<4> {
+  using type = unsigned int;
+};
+template <>
+struct RawOf<8> {
+  using type = uint2;
+};
+template <>
+struct RawOf<16> {
+  using type = uint4;
+};
+
+// The W elements at p (aligned to W * sizeof(T) bytes) in one load; W = 1 is a plain load of T.
+template <class T, int W>
+__device__ __forceinline__ Pack<T, W> load_pack(const T* p) {
+  Pack<T, W> r;
+  if constexpr (W == 1) {
+    r.v[0] = *p;
+  } else {
+    using Raw = typename RawOf<static_cast<int>(sizeof(T)) * W>::type;
+    const Raw raw = *reinterpret_cast<const Raw*>(p);
+    static_assert(sizeof(raw) == sizeof(r));
+    memcpy(&r, &raw, sizeof(r));
+  }
+  return r;
 }
 
-// The launch of a kernel that draws dropout masks over N rows of C columns starting at global column
-// col_offset: one thread per Philox block of 4 global columns (core/rng.h's dropout_block), the blocks a row
-// touches on grid x, rows on grid y (a kernel strides over rows beyond 65535).
-struct DropoutGrid {
-  uint64_t col0, first_block, blocks_per_row;
-  int threads;
-  dim3 grid;
-};
-inline DropoutGrid dropout_grid(int64_t N, int64_t C, int64_t col_offset) {
-  DropoutGrid g;
-  g.col0 = static_cast<uint64_t>(col_offset);
-  g.first_block = g.col0 >> 2;
-  const uint64_t last_block = (g.col0 + static_cast<uint64_t>(C) - 1) >> 2;
-  g.blocks_per_row = last_block - g.first_block + 1;
-  g.threads = static_cast<int>(std::min<uint64_t>((g.blocks_per_row + 31) / 32 * 32, 256));
-  g.grid = dim3(static_cast<unsigned>((g.blocks_per_row + g.threads - 1) / g.threads),
-                static_cast<unsigned>(std::min<int64_t>(N, 65535)));
-  return g;
+// Stores the W elements of q at p (aligned to W * sizeof(T) bytes) in one store.
+template <class T, int W>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T, W>& q) {
+  if constexpr (W == 1) {
+    *p = q.v[0];
+  } else {
+    using Raw = typename RawOf<static_cast<int>(sizeof(T)) * W>::type;
+    Raw raw;
+    static_assert(sizeof(raw) == sizeof(q));
+    memcpy(&raw, &q, sizeof(raw));
+    *reinterpret_cast<Raw*>(p) = raw;
+  }
+}
+
+// Elements of T per access when a thread moves E of them: E, or 16 bytes' worth when E is wider.
+template <class T, int E>
+inline constexpr int kAccess = E* static_cast<int>(sizeof(T)) > kVecBytes ? kVec<T> : E;
+
+// Grid-stride loops of a flat kernel over n elements, E at a time: body(std::integral_constant<int, E>{}, i)
+// for the first element i of every whole vector, then body(std::integral_constant<int, 1>{}, i) for each
+// element i of the tail [n / E * E, n) (E = 1: every element, no tail). The body sees its width as a constant.
+template <int E, class Body>
+__device__ __forceinline__ void for_each_vec(int64_t n, Body&& body) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t tid = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t vecs = n / E;
+  for (int64_t v = tid; v < vecs; v += stride) body(std::integral_constant<int, E>{}, v * E);
+  if constexpr (E > 1)
+    for (int64_t i = vecs * E + tid; i < n; i += stride) body(std::integral_constant<int, 1>{}, i);
+}
+
+// The steps of thread threadIdx.x over a row of `end` columns, E columns a step: body(c) for c = tE,
+// (t + blockDim.x)E, ... below end (E = 1: the columns t, t + blockDim.x, ...).
+template <int E, class Body>
+__device__ __forceinline__ void for_each_row_step(int64_t end, Body&& body) {
+  for (int64_t c = static_cast<int64_t>(threadIdx.x) * E; c < end; c += static_cast<int64_t>(blockDim.x) * E) body(c);
+}
+
+// Host side of a row kernel over rows of C columns: launch(std::integral_constant<int, E>{}) when every row
+// starts 16-byte aligned (rows_take_vectors: C a multiple of E, every pointer aligned), else its scalar form
+// launch(std::integral_constant<int, 1>{}).
+template <int E, class Launch, class... P>
+void launch_rows(int64_t C, Launch&& launch, const P*... ptrs) {
+  if (rows_take_vectors(C, E, ptrs...))
+    launch(std::integral_constant<int, E>{});
+  else
+    launch(std::integral_constant<int, 1>{});
+}
+
+// Dropout of the E = 4Q values v of global columns [4 block0, 4 block0 + E) of one row (sample, row): value
+// 4q + lane is kept, times scale, when lane `lane` of Philox block block0 + q is >= p, else 0 (even when it is
+// inf or NaN), as the CPU's masks (core/rng.h).
+template <int E>
+__device__ __forceinline__ void drop_vector(float (&v)[E], uint64_t seed, uint64_t site, uint64_t sample, uint64_t row,
+                                            uint64_t block0, float p, float scale) {
+  static_assert(E % 4 == 0, "a vector covers whole Philox blocks");
+#pragma unroll
+  for (int q = 0; q < E / 4; ++q) {
+    const Philox4 r = dropout_block(seed, site, sample, row, block0 + static_cast<uint64_t>(q));
+#pragma unroll
+    for (int lane = 0; lane < 4; ++lane) {
+      float& e = v[4 * q + lane];
+      e = uniform_from_bits(r.v[lane]) >= p ? __fmul_rn(e, scale) : 0.f;
+    }
+  }
+}
+
+// Host side of a flat kernel over n elements: launch(std::integral_constant<int, E>{}, grid) when every pointer
+// is 16-byte aligned, else its scalar form launch(std::integral_constant<int, 1>{}, grid), grid sized for the
+// form's units of work (launch.h's vec_units).
+template <int E, class Launch, class... P>
+void launch_flat(int64_t n, int threads, Launch&& launch, const P*... ptrs) {
+  if (all_aligned16(ptrs...))
+    launch(std::integral_constant<int, E>{}, grid_1d(vec_units(n, E), threads));
+  else
+    launch(std::integral_constant<int, 1>{}, grid_1d(n, threads));
+}
+
+// f[j] = element j of the E elements at p, as fp32, read in accesses of at most 16 bytes (p aligned to them).
+template <int E, class T>
+__device__ __forceinline__ void load_f32s(const T* p, float (&f)[E]) {
+  constexpr int W = kAccess<T, E>;
+  static_assert(E % W == 0, "E must be a whole number of accesses");
+#pragma unroll
+  for (int k = 0; k < E; k += W) {
+    const Pack<T, W> q = load_pack<T, W>(p + k);
+#pragma unroll
+    for (int j = 0; j < W; ++j) f[k + j] = to_f32<T>(q.v[j]);
+  }
+}
+
+// The E values f rounded once each to T and stored at p, in accesses of at most 16 bytes (p aligned to them).
+template <int E, class T>
+__device__ __forceinline__ void store_f32s(T* p, const float (&f)[E]) {
+  constexpr int W = kAccess<T, E>;
+  static_assert(E % W == 0, "E must be a whole number of accesses");
+#pragma unroll
+  for (int k = 0; k < E; k += W) {
+    Pack<T, W> q;
+#pragma unroll
+    for (int j = 0; j < W; ++j) q.v[j] = from_f32<T>(f[k + j]);
+    store_pack<T, W>(p + k, q);
+  }
 }
 
 }  // namespace mt::cuda

@@ -22,22 +22,19 @@ namespace {
 
 constexpr int kColThreads = 256;
 
-// Threads of the block that normalises one row: about 8 columns a thread, a multiple of 32, 32 to 1024.
-int row_threads(int64_t C) {
-  const int64_t t = (ceil_div(std::max<int64_t>(C, 1), 8) + 31) / 32 * 32;
-  return static_cast<int>(std::clamp<int64_t>(t, 32, 1024));
-}
-
-// Blocks of the row kernels (grid-stride over the N rows).
-unsigned row_grid(int64_t N) { return static_cast<unsigned>(std::clamp<int64_t>(N, 1, 65535 * 32)); }
-
 // xhat = (x - m) * s in fp32, as the CPU.
 __device__ __forceinline__ float normalized(float x, float m, float s) { return __fmul_rn(__fsub_rn(x, m), s); }
+
+// The row kernels take E columns a thread-step (for_each_row_step): E = 1 (thread t the columns t,
+// t + blockDim.x, ...), or a 16-byte vector (thread t the columns [tE, tE + E), [(t + blockDim.x)E, ...)) when
+// C is a multiple of E and every pointer is aligned (launch_rows). Each element's arithmetic is the same in
+// both forms; the row sums, in double, group the columns differently per thread (a different, still fixed,
+// order).
 
 // ---- forward -------------------------------------------------------------------------------------
 
 // out may alias x: the last pass reads and writes each element from the same thread, after the reductions.
-template <class T>
+template <class T, int E>
 __global__ void __launch_bounds__(1024)
     layernorm_forward_kernel(const T* x, const float* w, const float* b, T* out, float* mean, float* rstd, int64_t N,
                              int64_t C, float eps) {
@@ -45,22 +42,37 @@ __global__ void __launch_bounds__(1024)
     const T* xr = x + n * C;
     T* yr = out + n * C;
     double sum = 0.0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) sum += static_cast<double>(to_f32<T>(xr[c]));
+    for_each_row_step<E>(C, [&](int64_t c) {
+      float v[E];
+      load_f32s<E>(xr + c, v);
+#pragma unroll
+      for (int j = 0; j < E; ++j) sum += static_cast<double>(v[j]);
+    });
     sum = block_sum(sum);
     const double mu = sum / static_cast<double>(C);
     double sq = 0.0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      const double d = static_cast<double>(to_f32<T>(xr[c])) - mu;
-      sq += d * d;
-    }
+    for_each_row_step<E>(C, [&](int64_t c) {
+      float v[E];
+      load_f32s<E>(xr + c, v);
+#pragma unroll
+      for (int j = 0; j < E; ++j) {
+        const double d = static_cast<double>(v[j]) - mu;
+        sq += d * d;
+      }
+    });
     sq = block_sum(sq);
     const double var = sq / static_cast<double>(C);
     const float m = static_cast<float>(mu);
     const float s = static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      // (row[c] - m) * s * w[c] + b[c]
-      yr[c] = from_f32<T>(__fadd_rn(__fmul_rn(normalized(to_f32<T>(xr[c]), m, s), w[c]), b[c]));
-    }
+    for_each_row_step<E>(C, [&](int64_t c) {
+      float v[E], wv[E], bv[E];
+      load_f32s<E>(xr + c, v);
+      load_f32s<E>(w + c, wv);
+      load_f32s<E>(b + c, bv);
+#pragma unroll
+      for (int j = 0; j < E; ++j) v[j] = __fadd_rn(__fmul_rn(normalized(v[j], m, s), wv[j]), bv[j]);  // xhat w + b
+      store_f32s<E>(yr + c, v);
+    });
     if (threadIdx.x == 0) {
       mean[n] = m;
       rstd[n] = s;
@@ -72,7 +84,7 @@ __global__ void __launch_bounds__(1024)
 
 // With xhat = (x - mean) * rstd and g = dout * weight: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
 // dx may alias dout or x: the second pass reads and writes each element from the same thread.
-template <class T>
+template <class T, int E>
 __global__ void __launch_bounds__(1024)
     layernorm_dx_kernel(const T* dout, const T* x, const float* w, const float* mean, const float* rstd, T* dx,
                         int64_t N, int64_t C) {
@@ -81,23 +93,39 @@ __global__ void __launch_bounds__(1024)
     const T* dr = dout + n * C;
     T* dxr = dx + n * C;
     const float m = mean[n], s = rstd[n];
+    // xhat and g of the E columns from c.
+    auto terms = [&](int64_t c, float(&xh)[E], float(&g)[E]) {
+      float dv[E], wv[E];
+      load_f32s<E>(xr + c, xh);
+      load_f32s<E>(dr + c, dv);
+      load_f32s<E>(w + c, wv);
+#pragma unroll
+      for (int j = 0; j < E; ++j) {
+        xh[j] = normalized(xh[j], m, s);
+        g[j] = __fmul_rn(dv[j], wv[j]);
+      }
+    };
     double sum_g = 0.0, sum_gx = 0.0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      const float xh = normalized(to_f32<T>(xr[c]), m, s);
-      const float g = __fmul_rn(to_f32<T>(dr[c]), w[c]);
-      sum_g += static_cast<double>(g);
-      sum_gx += static_cast<double>(g) * static_cast<double>(xh);
-    }
+    for_each_row_step<E>(C, [&](int64_t c) {
+      float xh[E], g[E];
+      terms(c, xh, g);
+#pragma unroll
+      for (int j = 0; j < E; ++j) {
+        sum_g += static_cast<double>(g[j]);
+        sum_gx += static_cast<double>(g[j]) * static_cast<double>(xh[j]);
+      }
+    });
     sum_g = block_sum(sum_g);
     sum_gx = block_sum(sum_gx);
     const float mean_g = static_cast<float>(sum_g / static_cast<double>(C));
     const float mean_gx = static_cast<float>(sum_gx / static_cast<double>(C));
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      const float xh = normalized(to_f32<T>(xr[c]), m, s);
-      const float g = __fmul_rn(to_f32<T>(dr[c]), w[c]);
-      // s * (d[c] * w[c] - mean_g - xhat[c] * mean_gx)
-      dxr[c] = from_f32<T>(__fmul_rn(s, __fsub_rn(__fsub_rn(g, mean_g), __fmul_rn(xh, mean_gx))));
-    }
+    for_each_row_step<E>(C, [&](int64_t c) {
+      float xh[E], g[E];
+      terms(c, xh, g);
+#pragma unroll
+      for (int j = 0; j < E; ++j) xh[j] = __fmul_rn(s, __fsub_rn(__fsub_rn(g[j], mean_g), __fmul_rn(xh[j], mean_gx)));
+      store_f32s<E>(dxr + c, xh);  // s * (d[c] * w[c] - mean_g - xhat[c] * mean_gx)
+    });
   }
 }
 
@@ -145,9 +173,18 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   Tensor hold_w, hold_b;
   const float* w = f32_values(weight, hold_w);
   const float* b = f32_values(bias, hold_b);
-  MT_DISPATCH_FLOAT(x.dtype(), "layernorm_forward", T,
-                    layernorm_forward_kernel<T><<<row_grid(N), row_threads(C), 0, stream()>>>(
-                        x.data<T>(), w, b, out.data<T>(), mean.data<float>(), rstd.data<float>(), N, C, opt.eps));
+  MT_DISPATCH_FLOAT(x.dtype(), "layernorm_forward", T, {
+    const T* px = x.data<T>();
+    T* po = out.data<T>();
+    float *pm = mean.data<float>(), *ps = rstd.data<float>();
+    launch_rows<kVec<T>>(
+        C,
+        [&](auto e) {
+          layernorm_forward_kernel<T, decltype(e)::value>
+              <<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(px, w, b, po, pm, ps, N, C, opt.eps);
+        },
+        px, po, w, b);
+  });
   MT_CUDA_LAUNCHED("layernorm_forward_kernel");
 }
 
@@ -172,9 +209,18 @@ void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weigh
 
   Tensor hold_w;
   const float* w = f32_values(weight, hold_w);
-  MT_DISPATCH_FLOAT(x.dtype(), "layernorm_backward", T,
-                    layernorm_dx_kernel<T><<<row_grid(N), row_threads(C), 0, stream()>>>(
-                        dout.data<T>(), x.data<T>(), w, mean.data<float>(), rstd.data<float>(), dx.data<T>(), N, C));
+  MT_DISPATCH_FLOAT(x.dtype(), "layernorm_backward", T, {
+    const T *pd = dout.data<T>(), *px = x.data<T>();
+    T* pdx = dx.data<T>();
+    const float *pm = mean.data<float>(), *ps = rstd.data<float>();
+    launch_rows<kVec<T>>(
+        C,
+        [&](auto e) {
+          layernorm_dx_kernel<T, decltype(e)::value>
+              <<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(pd, px, w, pm, ps, pdx, N, C);
+        },
+        pd, px, pdx, w);
+  });
   MT_CUDA_LAUNCHED("layernorm_dx_kernel");
 }
 

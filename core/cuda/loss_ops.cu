@@ -41,7 +41,7 @@ void accumulate_mean(const Tensor& x, Tensor& sum) {
 void fill_(Tensor& x, float v) {
   const int64_t n = x.numel();
   if (n == 0) return;
-  const unsigned blocks = std::min<unsigned>(blocks_for(n, kThreads), 65535u * 8);
+  const unsigned blocks = grid_1d(n, kThreads);
   MT_DISPATCH_FLOAT(x.dtype(), "fill_", T, fill_kernel<T><<<blocks, kThreads, 0, stream()>>>(x.data<T>(), v, n));
   MT_CUDA_LAUNCHED("fill_kernel");
 }

@@ -22,7 +22,6 @@ namespace mt::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr unsigned kMaxElementwiseBlocks = 65535u * 8;
 
 struct AdamWArgs {
   float lr, b1, b2, eps, wd, grad_scale;
@@ -186,7 +185,7 @@ void for_each_launch(size_t count, int64_t chunk, NumelFn n, LaunchFn launch) {
 void adamw_step(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWOptions& opt) {
   const int64_t n = master.numel();
   if (n == 0) return;
-  const unsigned blocks = std::min<unsigned>(blocks_for(n, kThreads), kMaxElementwiseBlocks);
+  const unsigned blocks = grid_1d(n, kThreads);
   adamw_kernel<<<blocks, kThreads, 0, stream()>>>(master.data<float>(), grad.data<float>(), exp_avg.data<float>(),
                                                   exp_avg_sq.data<float>(), n, adamw_args(opt));
   MT_CUDA_LAUNCHED("adamw_kernel");

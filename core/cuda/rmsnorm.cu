@@ -21,35 +21,42 @@ namespace {
 
 constexpr int kColThreads = 256;
 
-// Threads of the block that normalises one row: about 8 columns a thread, a multiple of 32, 32 to 1024.
-int row_threads(int64_t C) {
-  const int64_t t = (ceil_div(std::max<int64_t>(C, 1), 8) + 31) / 32 * 32;
-  return static_cast<int>(std::clamp<int64_t>(t, 32, 1024));
-}
-
-// Blocks of the row kernels (grid-stride over the N rows).
-unsigned row_grid(int64_t N) { return static_cast<unsigned>(std::clamp<int64_t>(N, 1, 65535 * 32)); }
+// The row kernels take E columns a thread-step (for_each_row_step): E = 1 (thread t the columns t,
+// t + blockDim.x, ...), or a 16-byte vector (thread t the columns [tE, tE + E), [(t + blockDim.x)E, ...)) when
+// C is a multiple of E and every pointer is aligned (launch_rows). Each element's arithmetic is the same in
+// both forms; the row sums, in double, group the columns differently per thread (a different, still fixed,
+// order).
 
 // ---- forward -------------------------------------------------------------------------------------
 
 // out may alias x: the last pass reads and writes each element from the same thread, after the reduction.
-template <class T>
+template <class T, int E>
 __global__ void __launch_bounds__(1024)
     rmsnorm_forward_kernel(const T* x, const float* w, T* out, float* rstd, int64_t N, int64_t C, float eps) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {  // uniform over the block: block_sum is safe
     const T* xr = x + n * C;
     T* yr = out + n * C;
     double sq = 0.0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      const double v = static_cast<double>(to_f32<T>(xr[c]));
-      sq += v * v;
-    }
+    for_each_row_step<E>(C, [&](int64_t c) {
+      float v[E];
+      load_f32s<E>(xr + c, v);
+#pragma unroll
+      for (int j = 0; j < E; ++j) {
+        const double d = static_cast<double>(v[j]);
+        sq += d * d;
+      }
+    });
     sq = block_sum(sq);
     const double ms = sq / static_cast<double>(C);
     const float s = static_cast<float>(1.0 / sqrt(ms + static_cast<double>(eps)));
-    // x[c] * s * w[c]
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
-      yr[c] = from_f32<T>(__fmul_rn(__fmul_rn(to_f32<T>(xr[c]), s), w[c]));
+    for_each_row_step<E>(C, [&](int64_t c) {
+      float v[E], wv[E];
+      load_f32s<E>(xr + c, v);
+      load_f32s<E>(w + c, wv);
+#pragma unroll
+      for (int j = 0; j < E; ++j) v[j] = __fmul_rn(__fmul_rn(v[j], s), wv[j]);  // x[c] * s * w[c]
+      store_f32s<E>(yr + c, v);
+    });
     if (threadIdx.x == 0) rstd[n] = s;
   }
 }
@@ -58,7 +65,7 @@ __global__ void __launch_bounds__(1024)
 
 // With xhat = x * rstd and g = dout * weight: dx = rstd * (g - xhat * mean(g * xhat)).
 // dx may alias dout or x: the second pass reads and writes each element from the same thread.
-template <class T>
+template <class T, int E>
 __global__ void __launch_bounds__(1024)
     rmsnorm_dx_kernel(const T* dout, const T* x, const float* w, const float* rstd, T* dx, int64_t N, int64_t C) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {  // uniform over the block: block_sum is safe
@@ -66,20 +73,34 @@ __global__ void __launch_bounds__(1024)
     const T* dr = dout + n * C;
     T* dxr = dx + n * C;
     const float s = rstd[n];
+    // xhat and g of the E columns from c.
+    auto terms = [&](int64_t c, float(&xh)[E], float(&g)[E]) {
+      float dv[E], wv[E];
+      load_f32s<E>(xr + c, xh);
+      load_f32s<E>(dr + c, dv);
+      load_f32s<E>(w + c, wv);
+#pragma unroll
+      for (int j = 0; j < E; ++j) {
+        xh[j] = __fmul_rn(xh[j], s);
+        g[j] = __fmul_rn(dv[j], wv[j]);
+      }
+    };
     double sum_gx = 0.0;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      const float xh = __fmul_rn(to_f32<T>(xr[c]), s);
-      const float g = __fmul_rn(to_f32<T>(dr[c]), w[c]);
-      sum_gx += static_cast<double>(g) * static_cast<double>(xh);
-    }
+    for_each_row_step<E>(C, [&](int64_t c) {
+      float xh[E], g[E];
+      terms(c, xh, g);
+#pragma unroll
+      for (int j = 0; j < E; ++j) sum_gx += static_cast<double>(g[j]) * static_cast<double>(xh[j]);
+    });
     sum_gx = block_sum(sum_gx);
     const float mean_gx = static_cast<float>(sum_gx / static_cast<double>(C));
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      const float xh = __fmul_rn(to_f32<T>(xr[c]), s);
-      const float g = __fmul_rn(to_f32<T>(dr[c]), w[c]);
-      // s * (d[c] * w[c] - xhat[c] * mean_gx)
-      dxr[c] = from_f32<T>(__fmul_rn(s, __fsub_rn(g, __fmul_rn(xh, mean_gx))));
-    }
+    for_each_row_step<E>(C, [&](int64_t c) {
+      float xh[E], g[E];
+      terms(c, xh, g);
+#pragma unroll
+      for (int j = 0; j < E; ++j) xh[j] = __fmul_rn(s, __fsub_rn(g[j], __fmul_rn(xh[j], mean_gx)));
+      store_f32s<E>(dxr + c, xh);  // s * (d[c] * w[c] - xhat[c] * mean_gx)
+    });
   }
 }
 
@@ -118,9 +139,18 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor&
   // C == 0 still writes the rows' rstd (NaN: 0 / 0), as the CPU.
   Tensor hold_w;
   const float* w = f32_values(weight, hold_w);
-  MT_DISPATCH_FLOAT(x.dtype(), "rmsnorm_forward", T,
-                    rmsnorm_forward_kernel<T><<<row_grid(N), row_threads(C), 0, stream()>>>(
-                        x.data<T>(), w, out.data<T>(), rstd.data<float>(), N, C, opt.eps));
+  MT_DISPATCH_FLOAT(x.dtype(), "rmsnorm_forward", T, {
+    const T* px = x.data<T>();
+    T* po = out.data<T>();
+    float* ps = rstd.data<float>();
+    launch_rows<kVec<T>>(
+        C,
+        [&](auto e) {
+          rmsnorm_forward_kernel<T, decltype(e)::value>
+              <<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(px, w, po, ps, N, C, opt.eps);
+        },
+        px, po, w);
+  });
   MT_CUDA_LAUNCHED("rmsnorm_forward_kernel");
 }
 
@@ -144,9 +174,18 @@ void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
 
   Tensor hold_w;
   const float* w = f32_values(weight, hold_w);
-  MT_DISPATCH_FLOAT(x.dtype(), "rmsnorm_backward", T,
-                    rmsnorm_dx_kernel<T><<<row_grid(N), row_threads(C), 0, stream()>>>(
-                        dout.data<T>(), x.data<T>(), w, rstd.data<float>(), dx.data<T>(), N, C));
+  MT_DISPATCH_FLOAT(x.dtype(), "rmsnorm_backward", T, {
+    const T *pd = dout.data<T>(), *px = x.data<T>();
+    T* pdx = dx.data<T>();
+    const float* ps = rstd.data<float>();
+    launch_rows<kVec<T>>(
+        C,
+        [&](auto e) {
+          rmsnorm_dx_kernel<T, decltype(e)::value>
+              <<<row_grid(N, kNormRowBlocks), norm_row_threads(C), 0, stream()>>>(pd, px, w, ps, pdx, N, C);
+        },
+        pd, px, pdx, w);
+  });
   MT_CUDA_LAUNCHED("rmsnorm_dx_kernel");
 }
 

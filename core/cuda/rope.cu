@@ -83,7 +83,7 @@ void rope_(Tensor& qkv, const RopeOptions& opt) {
   rope_table_kernel<<<blocks_for(T * half, kThreads), kThreads, 0, stream()>>>(inv_freq, cos_t, sin_t, T, half,
                                                                                opt.position_offset, opt.inverse);
   MT_CUDA_LAUNCHED("rope_table_kernel");
-  const unsigned grid = std::min<unsigned>(blocks_for(n, kThreads), 65535u * 8);
+  const unsigned grid = grid_1d(n, kThreads);
   MT_DISPATCH_FLOAT(qkv.dtype(), "rope_", T_,
                     rope_apply_kernel<T_>
                     <<<grid, kThreads, 0, stream()>>>(qkv.data<T_>(), cos_t, sin_t, n, T, G, S, D));

@@ -14,63 +14,107 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Blocks of kThreads threads for a grid-stride loop over n pairs.
-unsigned grid_1d(int64_t n) { return std::min<unsigned>(blocks_for(n, kThreads), 65535u * 8); }
-
-#define MT_GRID_STRIDE(i, n)                                                             \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-
 // sigmoid(g) and exp(-g), -g capped at 80 as the CPU (e stays finite, e * s = 1 - s stays a number).
 __device__ __forceinline__ void sigmoid_parts(float g, float& s, float& e) {
   e = expf(fminf(-g, 80.f));
   s = __fdiv_rn(1.f, __fadd_rn(1.f, e));
 }
 
-// out[i] = silu(x[2i]) * x[2i + 1] over the n = N * F pairs (a pair never straddles rows: rows hold 2F values).
-template <class T>
-__global__ void swiglu_forward_kernel(const T* x, T* out, int64_t n) {
-  MT_GRID_STRIDE(i, n) {
-    const float g = to_f32<T>(x[2 * i]), u = to_f32<T>(x[2 * i + 1]);
-    float s, e;
-    sigmoid_parts(g, s, e);
-    out[i] = from_f32<T>(__fmul_rn(__fmul_rn(g, s), u));  // g * s * u
+// The 2W values at p (W interleaved pairs) as fp32: 16-byte vectors when W > 1 (p aligned), two plain loads
+// when W = 1 (p aligned only to its element).
+template <int W, class T>
+__device__ __forceinline__ void load_pairs(const T* p, float (&f)[2 * W]) {
+  if constexpr (W == 1) {
+    f[0] = to_f32<T>(p[0]);
+    f[1] = to_f32<T>(p[1]);
+  } else {
+    load_f32s<2 * W>(p, f);
   }
+}
+
+template <int W, class T>
+__device__ __forceinline__ void store_pairs(T* p, const float (&f)[2 * W]) {
+  if constexpr (W == 1) {
+    p[0] = from_f32<T>(f[0]);
+    p[1] = from_f32<T>(f[1]);
+  } else {
+    store_f32s<2 * W>(p, f);
+  }
+}
+
+// out[i] = silu(x[2i]) * x[2i + 1] over the n = N * F pairs (a pair never straddles rows: rows hold 2F values),
+// E outputs a thread-step (for_each_vec; E = 1 or a 16-byte vector of outputs, twice that of inputs).
+template <class T, int E>
+__global__ void swiglu_forward_kernel(const T* x, T* out, int64_t n) {
+  for_each_vec<E>(n, [&](auto w, int64_t i) {
+    constexpr int W = decltype(w)::value;
+    float in[2 * W], o[W];
+    load_pairs<W>(x + 2 * i, in);
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const float g = in[2 * j], u = in[2 * j + 1];
+      float s, e;
+      sigmoid_parts(g, s, e);
+      o[j] = __fmul_rn(__fmul_rn(g, s), u);  // g * s * u
+    }
+    store_f32s<W>(out + i, o);
+  });
 }
 
 // dgate = dout * up * (s + g s (e s)), dup = dout * (g s). dx may alias x: each pair is read, then written,
 // by one thread.
-template <class T>
+template <class T, int E>
 __global__ void swiglu_backward_kernel(const T* x, const T* dout, T* dx, int64_t n) {
-  MT_GRID_STRIDE(i, n) {
-    const float g = to_f32<T>(x[2 * i]), u = to_f32<T>(x[2 * i + 1]), d = to_f32<T>(dout[i]);
-    float s, e;
-    sigmoid_parts(g, s, e);
-    const float gs = __fmul_rn(g, s);
-    const float dsilu = __fadd_rn(s, __fmul_rn(gs, __fmul_rn(e, s)));
-    dx[2 * i] = from_f32<T>(__fmul_rn(__fmul_rn(d, u), dsilu));
-    dx[2 * i + 1] = from_f32<T>(__fmul_rn(d, gs));
-  }
+  for_each_vec<E>(n, [&](auto w, int64_t i) {
+    constexpr int W = decltype(w)::value;
+    float in[2 * W], d[W];
+    load_pairs<W>(x + 2 * i, in);
+    load_f32s<W>(dout + i, d);
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const float g = in[2 * j], u = in[2 * j + 1];
+      float s, e;
+      sigmoid_parts(g, s, e);
+      const float gs = __fmul_rn(g, s);
+      const float dsilu = __fadd_rn(s, __fmul_rn(gs, __fmul_rn(e, s)));
+      in[2 * j] = __fmul_rn(__fmul_rn(d[j], u), dsilu);
+      in[2 * j + 1] = __fmul_rn(d[j], gs);
+    }
+    store_pairs<W>(dx + 2 * i, in);
+  });
 }
-
-#undef MT_GRID_STRIDE
 
 }  // namespace
 
 void swiglu_forward(const Tensor& x, Tensor& out) {
   const int64_t n = out.numel();
   if (n == 0) return;
-  MT_DISPATCH_FLOAT(out.dtype(), "swiglu_forward", T,
-                    swiglu_forward_kernel<T><<<grid_1d(n), kThreads, 0, stream()>>>(x.data<T>(), out.data<T>(), n));
+  MT_DISPATCH_FLOAT(out.dtype(), "swiglu_forward", T, {
+    const T* px = x.data<T>();
+    T* po = out.data<T>();
+    launch_flat<kVec<T>>(
+        n, kThreads,
+        [&](auto e, unsigned grid) {
+          swiglu_forward_kernel<T, decltype(e)::value><<<grid, kThreads, 0, stream()>>>(px, po, n);
+        },
+        px, po);
+  });
   MT_CUDA_LAUNCHED("swiglu_forward_kernel");
 }
 
 void swiglu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) {
   const int64_t n = dout.numel();
   if (n == 0) return;
-  MT_DISPATCH_FLOAT(dx.dtype(), "swiglu_backward", T,
-                    swiglu_backward_kernel<T>
-                    <<<grid_1d(n), kThreads, 0, stream()>>>(x.data<T>(), dout.data<T>(), dx.data<T>(), n));
+  MT_DISPATCH_FLOAT(dx.dtype(), "swiglu_backward", T, {
+    const T *px = x.data<T>(), *pd = dout.data<T>();
+    T* pdx = dx.data<T>();
+    launch_flat<kVec<T>>(
+        n, kThreads,
+        [&](auto e, unsigned grid) {
+          swiglu_backward_kernel<T, decltype(e)::value><<<grid, kThreads, 0, stream()>>>(px, pd, pdx, n);
+        },
+        px, pd, pdx);
+  });
   MT_CUDA_LAUNCHED("swiglu_backward_kernel");
 }
 

@@ -148,6 +148,64 @@ std::vector<unsigned char> bytes_of(const Tensor& t) {
   return b;
 }
 
+// ---- views at an offset (the 16-byte vector and scalar forms of the kernels) ------------------------
+// The memory-bound kernels move 16-byte vectors (4 fp32, 8 bf16 or fp16 elements) where every pointer they
+// read or write as vectors is 16-byte aligned and, for row kernels, the row length is a multiple of the vector
+// width; otherwise their scalar form runs. Tests run ops on views at offset 0 of a fresh buffer (aligned: the
+// vector form where the shape allows) and at an offset of one element (misaligned: the scalar form).
+
+constexpr int64_t kViewOffsets[] = {0, 1};
+const std::vector<int64_t> kTailSizes = {1, 7, 8, 9, 12, 13, 1000, 1003, 8 * 1024 + 5};
+const std::vector<int64_t> kRowLengths = {8, 12, 13, 1000, 1003};
+
+// The values v with the given shape, `offset` elements into a larger buffer, on both devices (a GPU buffer
+// starts 256-byte aligned).
+Both both_at(const Vec& v, const Shape& shape, DType dt, int64_t offset) {
+  Vec buf(static_cast<size_t>(offset), 0.0);
+  buf.insert(buf.end(), v.begin(), v.end());
+  const int64_t total = static_cast<int64_t>(buf.size());
+  const Both flat = both(buf, {total}, dt);
+  return {flat.cpu.slice(offset, total).view(shape), flat.gpu.slice(offset, total).view(shape)};
+}
+
+// An output the op writes, NaN everywhere, `offset` elements into a larger buffer on both devices.
+Both poisoned_at(const Shape& shape, DType dt, int64_t offset) {
+  return both_at(Vec(static_cast<size_t>(shape_numel(shape)), std::numeric_limits<double>::quiet_NaN()), shape, dt,
+                 offset);
+}
+
+// The dtypes and offsets of a weight or bias (C) beside activations of dtype dt: dt (converted to an fp32
+// workspace by the kernels, so aligned), and fp32 read in place, aligned or not.
+std::vector<std::pair<DType, int64_t>> param_placements(DType dt) {
+  return {{dt, 0}, {DType::f32, 0}, {DType::f32, 1}};
+}
+
+// The GPU results of the aligned and the misaligned run of one output are the same bytes.
+void expect_same_bits(const std::vector<Tensor>& runs, const std::string& what) {
+  ASSERT_EQ(runs.size(), 2u) << what;
+  EXPECT_TRUE(bytes_of(runs[0]) == bytes_of(runs[1])) << what << ": the aligned and misaligned runs differ";
+}
+
+// The norm tests' shapes: `shapes`, then N = 1 and 7 rows of each of kRowLengths.
+std::vector<std::pair<int64_t, int64_t>> norm_shapes(std::vector<std::pair<int64_t, int64_t>> shapes) {
+  for (int64_t C : kRowLengths)
+    for (int64_t N : {1, 7}) shapes.emplace_back(N, C);
+  return shapes;
+}
+
+// Every case of the norm tests: each (N, C) of `shapes`, each dtype, the activations at each view offset, the
+// weight (and bias) at each placement: run(N, C, dt, off, w_dt, w_off, a description).
+template <class Run>
+void for_each_norm_case(const std::vector<std::pair<int64_t, int64_t>>& shapes, Run run) {
+  for (const auto& [N, C] : shapes)
+    for (DType dt : kFloatTypes)
+      for (int64_t off : kViewOffsets)
+        for (const auto& [w_dt, w_off] : param_placements(dt))
+          run(N, C, dt, off, w_dt, w_off,
+              str(" ", N, "x", C, " ", dtype_name(dt), " at offset ", off, ", weight ", dtype_name(w_dt), " at offset ",
+                  w_off));
+}
+
 // ---- GEMM ----------------------------------------------------------------------------------------
 
 struct GemmShape {
@@ -292,50 +350,70 @@ TEST_F(CudaOps, GeluForwardAndBackward) {
 
 // ---- LayerNorm -----------------------------------------------------------------------------------
 
+// Shapes with row lengths around the vector width, activations and weights aligned and not, out aliasing x
+// and dx aliasing dout.
 TEST_F(CudaOps, LayerNormForwardAndBackward) {
-  for (const auto& [N, C] : {std::pair<int64_t, int64_t>{37, 97}, {4, 768}, {3, 1600}})
-    for (DType dt : kFloatTypes) {
-      const Both x = both(rand_vec(N * C, 340, -2, 3), {N, C}, dt);
-      const Both w = both(rand_vec(C, 341, 0.5, 1.5), {C}, dt), b = both(rand_vec(C, 342), {C}, dt);
-      const Both dout = both(rand_vec(N * C, 343), {N, C}, dt);
-      Both out = poisoned({N, C}, dt), mean = poisoned({N}, DType::f32), rstd = poisoned({N}, DType::f32);
-      Both dx = poisoned({N, C}, dt);
-      Both dw = both(rand_vec(C, 344), {C}, DType::f32), db = both(rand_vec(C, 345), {C}, DType::f32);
-      for (auto d : kDevices) {
-        layernorm_forward(x.*d, w.*d, b.*d, out.*d, mean.*d, rstd.*d, {.eps = 1e-5f});
-        layernorm_backward(dout.*d, x.*d, w.*d, mean.*d, rstd.*d, dx.*d, dw.*d, db.*d);
-      }
-      const std::string what = str(" ", N, "x", C, " ", dtype_name(dt));
-      const double tol = tol_for(dt);
-      expect_match(out, tol, "layernorm out" + what);
-      expect_match(mean, tol, "layernorm mean" + what);
-      expect_match(rstd, tol, "layernorm rstd" + what);
-      expect_match(dx, tol, "layernorm dx" + what);
-      expect_match(dw, tol, "layernorm dweight" + what);
-      expect_match(db, tol, "layernorm dbias" + what);
+  const auto shapes = norm_shapes({{37, 97}, {4, 768}, {3, 1600}});
+  for_each_norm_case(shapes, [](int64_t N, int64_t C, DType dt, int64_t off, DType w_dt, int64_t w_off,
+                                const std::string& what) {
+    const Vec xv = rand_vec(N * C, 1440, -2, 3), dv = rand_vec(N * C, 1443);
+    const Both x = both_at(xv, {N, C}, dt, off), dout = both_at(dv, {N, C}, dt, off);
+    const Both w = both_at(rand_vec(C, 1441, 0.5, 1.5), {C}, w_dt, w_off);
+    const Both b = both_at(rand_vec(C, 1442), {C}, w_dt, w_off);
+    Both out = poisoned_at({N, C}, dt, off), mean = poisoned({N}, DType::f32), rstd = poisoned({N}, DType::f32);
+    Both dx = poisoned_at({N, C}, dt, off);
+    Both dw = both(rand_vec(C, 1444), {C}, DType::f32), db = both(rand_vec(C, 1445), {C}, DType::f32);
+    Both y_inplace = both_at(xv, {N, C}, dt, off), dx_inplace = both_at(dv, {N, C}, dt, off);
+    Both mean2 = poisoned({N}, DType::f32), rstd2 = poisoned({N}, DType::f32);
+    Both dw2 = both(Vec(C, 0.0), {C}, DType::f32), db2 = both(Vec(C, 0.0), {C}, DType::f32);
+    for (auto dev : kDevices) {
+      layernorm_forward(x.*dev, w.*dev, b.*dev, out.*dev, mean.*dev, rstd.*dev, {.eps = 1e-5f});
+      layernorm_backward(dout.*dev, x.*dev, w.*dev, mean.*dev, rstd.*dev, dx.*dev, dw.*dev, db.*dev);
+      // out aliasing x, dx aliasing dout
+      layernorm_forward(y_inplace.*dev, w.*dev, b.*dev, y_inplace.*dev, mean2.*dev, rstd2.*dev, {.eps = 1e-5f});
+      layernorm_backward(dx_inplace.*dev, x.*dev, w.*dev, mean.*dev, rstd.*dev, dx_inplace.*dev, dw2.*dev, db2.*dev);
     }
+    const double tol = tol_for(dt);
+    expect_match(out, tol, "layernorm out" + what);
+    expect_match(mean, tol, "layernorm mean" + what);
+    expect_match(rstd, tol, "layernorm rstd" + what);
+    expect_match(dx, tol, "layernorm dx" + what);
+    expect_match(dw, tol, "layernorm dweight" + what);
+    expect_match(db, tol, "layernorm dbias" + what);
+    expect_match(y_inplace, tol, "layernorm out in place of x" + what);
+    expect_match(dx_inplace, tol, "layernorm dx in place of dout" + what);
+  });
 }
 
 // ---- Llama ops: RMSNorm, SwiGLU, RoPE --------------------------------------------------------------
 
+// As LayerNormForwardAndBackward.
 TEST_F(CudaOps, RmsNormForwardAndBackward) {
-  for (const auto& [N, C] : {std::pair<int64_t, int64_t>{37, 97}, {4, 768}, {3, 4096}, {300, 64}})
-    for (DType dt : kFloatTypes) {
-      const Both x = both(rand_vec(N * C, 360, -2, 3), {N, C}, dt), w = both(rand_vec(C, 361, 0.5, 1.5), {C}, dt);
-      const Both dout = both(rand_vec(N * C, 362), {N, C}, dt);
-      Both out = poisoned({N, C}, dt), rstd = poisoned({N}, DType::f32), dx = poisoned({N, C}, dt);
-      Both dw = both(rand_vec(C, 363), {C}, DType::f32);  // nonzero start: must be added to
-      for (auto d : kDevices) {
-        rmsnorm_forward(x.*d, w.*d, out.*d, rstd.*d, {.eps = 1e-6f});
-        rmsnorm_backward(dout.*d, x.*d, w.*d, rstd.*d, dx.*d, dw.*d);
-      }
-      const std::string what = str(" ", N, "x", C, " ", dtype_name(dt));
-      const double tol = tol_for(dt);
-      expect_match(out, tol, "rmsnorm out" + what);
-      expect_match(rstd, tol, "rmsnorm rstd" + what);
-      expect_match(dx, tol, "rmsnorm dx" + what);
-      expect_match(dw, tol, "rmsnorm dweight" + what);
-    }
+  const auto shapes = norm_shapes({{37, 97}, {4, 768}, {3, 4096}, {300, 64}});
+  for_each_norm_case(
+      shapes, [](int64_t N, int64_t C, DType dt, int64_t off, DType w_dt, int64_t w_off, const std::string& what) {
+        const Vec xv = rand_vec(N * C, 1450, -2, 3), dv = rand_vec(N * C, 1452);
+        const Both x = both_at(xv, {N, C}, dt, off), dout = both_at(dv, {N, C}, dt, off);
+        const Both w = both_at(rand_vec(C, 1451, 0.5, 1.5), {C}, w_dt, w_off);
+        Both out = poisoned_at({N, C}, dt, off), rstd = poisoned({N}, DType::f32);
+        Both dx = poisoned_at({N, C}, dt, off), dw = both(rand_vec(C, 1453), {C}, DType::f32);
+        Both y_inplace = both_at(xv, {N, C}, dt, off), dx_inplace = both_at(dv, {N, C}, dt, off);
+        Both rstd2 = poisoned({N}, DType::f32), dw2 = both(Vec(C, 0.0), {C}, DType::f32);
+        for (auto dev : kDevices) {
+          rmsnorm_forward(x.*dev, w.*dev, out.*dev, rstd.*dev, {.eps = 1e-6f});
+          rmsnorm_backward(dout.*dev, x.*dev, w.*dev, rstd.*dev, dx.*dev, dw.*dev);
+          // out aliasing x, dx aliasing dout
+          rmsnorm_forward(y_inplace.*dev, w.*dev, y_inplace.*dev, rstd2.*dev, {.eps = 1e-6f});
+          rmsnorm_backward(dx_inplace.*dev, x.*dev, w.*dev, rstd.*dev, dx_inplace.*dev, dw2.*dev);
+        }
+        const double tol = tol_for(dt);
+        expect_match(out, tol, "rmsnorm out" + what);
+        expect_match(rstd, tol, "rmsnorm rstd" + what);
+        expect_match(dx, tol, "rmsnorm dx" + what);
+        expect_match(dw, tol, "rmsnorm dweight" + what);
+        expect_match(y_inplace, tol, "rmsnorm out in place of x" + what);
+        expect_match(dx_inplace, tol, "rmsnorm dx in place of dout" + what);
+      });
 }
 
 // out aliasing x, dx aliasing dout (the weight gradient reads dout before dx overwrites it), and the weight
@@ -1019,6 +1097,239 @@ TEST_F(CudaOps, DropoutAddMatchesTheCpu) {
       expect_exact(inplace, "dropout_add in place" + what);
     }
   }
+}
+
+// ---- 16-byte vector forms: tails, odd row lengths, misaligned views ---------------------------------
+// Each op on sizes and row lengths around the vector width (tails), on views at offset 0 and 1 (the vector and
+// scalar forms), against the CPU; where an op has no reduction, its two GPU results must also be the same bits:
+// the two forms do the same arithmetic per element. (The norms' cases are in their tests above.)
+
+TEST_F(CudaOps, FlatOpsOnTailsAndMisalignedViews) {
+  for (int64_t n : kTailSizes)
+    for (DType dt : kFloatTypes) {
+      const std::string size = str(" n=", n, " ", dtype_name(dt));
+      const Vec av = rand_vec(n, 1400, -4, 4), bv = rand_vec(n, 1401), dv = rand_vec(n, 1402);
+      std::vector<Tensor> sums, inplaces, scaleds, gelus, dgelus;
+      for (int64_t off : kViewOffsets) {
+        const std::string what = str(size, " at offset ", off);
+        const Both a = both_at(av, {n}, dt, off), b = both_at(bv, {n}, dt, off), d = both_at(dv, {n}, dt, off);
+        Both sum = poisoned_at({n}, dt, off), inplace = both_at(av, {n}, dt, off);
+        Both scaled = both_at(av, {n}, dt, off), g = poisoned_at({n}, dt, off), dg = poisoned_at({n}, dt, off);
+        for (auto dev : kDevices) {
+          add(a.*dev, b.*dev, sum.*dev);
+          add(inplace.*dev, b.*dev, inplace.*dev);  // out aliasing a
+          scale_(scaled.*dev, -0.37f);
+          gelu_forward(a.*dev, g.*dev);
+          gelu_backward(a.*dev, d.*dev, dg.*dev);
+        }
+        expect_match(sum, tol_for(dt), "add" + what);
+        expect_match(inplace, tol_for(dt), "add in place" + what);
+        expect_match(scaled, tol_for(dt), "scale_" + what);
+        expect_match(g, tol_for(dt), "gelu_forward" + what);
+        expect_match(dg, tol_for(dt), "gelu_backward" + what);
+        sums.push_back(sum.gpu);
+        inplaces.push_back(inplace.gpu);
+        scaleds.push_back(scaled.gpu);
+        gelus.push_back(g.gpu);
+        dgelus.push_back(dg.gpu);
+      }
+      expect_same_bits(sums, "add" + size);
+      expect_same_bits(inplaces, "add in place" + size);
+      expect_same_bits(scaleds, "scale_" + size);
+      expect_same_bits(gelus, "gelu_forward" + size);
+      expect_same_bits(dgelus, "gelu_backward" + size);
+      // One operand misaligned among aligned ones: the scalar form for all.
+      const Both a = both_at(av, {n}, dt, 0), b = both_at(bv, {n}, dt, 1);
+      Both sum = poisoned_at({n}, dt, 0);
+      for (auto dev : kDevices) add(a.*dev, b.*dev, sum.*dev);
+      expect_match(sum, tol_for(dt), "add with b misaligned" + size);
+      EXPECT_TRUE(bytes_of(sum.gpu) == bytes_of(sums[0])) << "add with b misaligned" << size;
+    }
+}
+
+TEST_F(CudaOps, SwiGluOnTailsAndMisalignedViews) {
+  for (int64_t F : {1, 7, 8, 13, 1000, 1003})
+    for (int64_t N : {1, 3})
+      for (DType dt : kFloatTypes) {
+        const std::string size = str(" ", N, "x", F, " ", dtype_name(dt));
+        Vec xv = rand_vec(N * 2 * F, 1410, -6, 6);
+        xv[0] = 200.0;  // a tail of exp
+        const Vec dv = rand_vec(N * F, 1411);
+        std::vector<Tensor> outs, dxs;
+        for (int64_t off : kViewOffsets) {
+          const std::string what = str(size, " at offset ", off);
+          const Both x = both_at(xv, {N, 2 * F}, dt, off), dout = both_at(dv, {N, F}, dt, off);
+          Both out = poisoned_at({N, F}, dt, off), dx = poisoned_at({N, 2 * F}, dt, off);
+          for (auto dev : kDevices) {
+            swiglu_forward(x.*dev, out.*dev);
+            swiglu_backward(x.*dev, dout.*dev, dx.*dev);
+          }
+          expect_match(out, tol_for(dt), "swiglu_forward" + what);
+          expect_match(dx, tol_for(dt), "swiglu_backward" + what);
+          outs.push_back(out.gpu);
+          dxs.push_back(dx.gpu);
+        }
+        expect_same_bits(outs, "swiglu_forward" + size);
+        expect_same_bits(dxs, "swiglu_backward" + size);
+      }
+}
+
+// Device-to-device dtype conversion (copy_from), source and destination each aligned or not: the host's round
+// to nearest even, bit for bit.
+TEST_F(CudaOps, ConvertOnTailsAndMisalignedViews) {
+  for (int64_t n : kTailSizes) {
+    Vec x = rand_vec(n, 1420, -70000, 70000);  // past fp16's range too
+    x[0] = 1.0 + 0x1p-8;                       // a bf16 tie
+    for (DType src_dt : kFloatTypes)
+      for (DType dst_dt : kFloatTypes) {
+        if (src_dt == dst_dt) continue;
+        for (int64_t src_off : kViewOffsets)
+          for (int64_t dst_off : kViewOffsets) {
+            const Both src = both_at(x, {n}, src_dt, src_off);
+            Both dst = poisoned_at({n}, dst_dt, dst_off);
+            dst.gpu.copy_from(src.gpu);
+            const std::vector<float> got = dst.gpu.to_floats();
+            int64_t bad = 0, first = -1;
+            for (int64_t i = 0; i < n; ++i) {
+              const float want = round_to(dst_dt, round_to(src_dt, static_cast<float>(x[i])));
+              if (std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(want) && bad++ == 0) first = i;
+            }
+            EXPECT_EQ(bad, 0) << "convert " << dtype_name(src_dt) << " at offset " << src_off << " -> "
+                              << dtype_name(dst_dt) << " at offset " << dst_off << ", n=" << n << ": first mismatch at "
+                              << first;
+          }
+      }
+  }
+}
+
+TEST_F(CudaOps, AddBiasOnOddRowsAndMisalignedViews) {
+  for (int64_t C : kRowLengths)
+    for (int64_t N : {1, 7})
+      for (DType dt : kFloatTypes)
+        for (const auto& [bias_dt, bias_off] : param_placements(dt)) {
+          const std::string size =
+              str(" ", N, "x", C, " ", dtype_name(dt), " bias ", dtype_name(bias_dt), " at offset ", bias_off);
+          const Vec xv = rand_vec(N * C, 1430, -3, 3), bv = rand_vec(C, 1431);
+          std::vector<Tensor> xs;
+          for (int64_t off : kViewOffsets) {
+            Both x = both_at(xv, {N, C}, dt, off);
+            const Both bias = both_at(bv, {C}, bias_dt, bias_off);
+            for (auto dev : kDevices) add_bias(x.*dev, bias.*dev);
+            expect_match(x, tol_for(dt), str("add_bias", size, ", x at offset ", off));
+            xs.push_back(x.gpu);
+          }
+          expect_same_bits(xs, "add_bias" + size);
+        }
+}
+
+// Dropout and dropout_add: the CPU's mask in both forms (vectors need col_offset a multiple of four as well),
+// fp32 dropout and every dtype of dropout_add exact, and the two GPU forms the same bits.
+TEST_F(CudaOps, DropoutOnOddRowsColumnOffsetsAndMisalignedViews) {
+  const int64_t B = 2, T = 3;
+  for (int64_t C : kRowLengths)
+    for (int64_t col_offset : {0, 6, 8})
+      for (DType dt : kFloatTypes) {
+        const DropoutOptions opt{.p = 0.3f,
+                                 .seed = 77,
+                                 .site = stream_id("layers.1.mlp.out"),
+                                 .sample_offset = 5,
+                                 .row_offset = 2,
+                                 .col_offset = col_offset};
+        const std::string size = str(" C=", C, " col_offset=", col_offset, " ", dtype_name(dt));
+        const Vec xv = rand_vec(B * T * C, 1460, 0.25, 2), rv = rand_vec(B * T * C, 1461, -2, 2);
+        std::vector<Tensor> outs, inplaces, adds, add_inplaces;
+        for (int64_t off : kViewOffsets) {
+          const std::string what = str(size, " at offset ", off);
+          const Both x = both_at(xv, {B, T, C}, dt, off), residual = both_at(rv, {B, T, C}, dt, off);
+          Both out = poisoned_at({B, T, C}, dt, off), inplace = both_at(xv, {B, T, C}, dt, off);
+          Both sum = poisoned_at({B, T, C}, dt, off), sum_inplace = both_at(rv, {B, T, C}, dt, off);
+          for (auto dev : kDevices) {
+            dropout_forward(x.*dev, out.*dev, opt);
+            dropout_backward(inplace.*dev, inplace.*dev, opt);
+            dropout_add(x.*dev, residual.*dev, sum.*dev, opt);
+            dropout_add(x.*dev, sum_inplace.*dev, sum_inplace.*dev, opt);  // out aliasing the residual
+          }
+          expect_same_mask(out, "dropout_forward" + what);
+          expect_same_mask(inplace, "dropout_backward in place" + what);
+          expect_match(out, tol_for(dt), "dropout_forward" + what);
+          if (dt == DType::f32) {
+            expect_exact(out, "dropout_forward" + what);
+            expect_exact(inplace, "dropout_backward in place" + what);
+          }
+          expect_exact(sum, "dropout_add" + what);
+          expect_exact(sum_inplace, "dropout_add in place" + what);
+          outs.push_back(out.gpu);
+          inplaces.push_back(inplace.gpu);
+          adds.push_back(sum.gpu);
+          add_inplaces.push_back(sum_inplace.gpu);
+        }
+        expect_same_bits(outs, "dropout_forward" + size);
+        expect_same_bits(inplaces, "dropout_backward in place" + size);
+        expect_same_bits(adds, "dropout_add" + size);
+        expect_same_bits(add_inplaces, "dropout_add in place" + size);
+      }
+}
+
+// More rows than gridDim.y holds (65535): both dropout forms stride over the rows beyond it.
+TEST_F(CudaOps, DropoutOverMoreRowsThanGridY) {
+  const int64_t B = 1, T = 65537, C = 8;
+  const DropoutOptions opt{.p = 0.5f, .seed = 3, .site = stream_id("layers.0.attn.out"), .row_offset = 1};
+  for (DType dt : {DType::f32, DType::bf16})
+    for (int64_t off : kViewOffsets) {
+      const std::string what = str(" ", B, "x", T, "x", C, " ", dtype_name(dt), " at offset ", off);
+      const Vec xv = rand_vec(B * T * C, 1470, 0.25, 2);
+      const Both x = both_at(xv, {B, T, C}, dt, off), residual = both_at(xv, {B, T, C}, dt, off);
+      Both out = poisoned_at({B, T, C}, dt, off), sum = poisoned_at({B, T, C}, dt, off);
+      for (auto dev : kDevices) {
+        dropout_forward(x.*dev, out.*dev, opt);
+        dropout_add(x.*dev, residual.*dev, sum.*dev, opt);
+      }
+      expect_same_mask(out, "dropout_forward" + what);
+      expect_exact(sum, "dropout_add" + what);
+    }
+}
+
+// Cross-entropy over row lengths around the vector width, with and without padding columns (real columns not
+// a multiple of the width), logits and dlogits aligned or not. Given the same row statistics, dlogits is the
+// same bits in both forms.
+TEST_F(CudaOps, CrossEntropyOnOddRowsPaddingAndMisalignedViews) {
+  for (int64_t V : kRowLengths)
+    for (int64_t vocab_size : {int64_t{-1}, V - 3})
+      for (int64_t N : {1, 7})
+        for (DType dt : kFloatTypes) {
+          const CrossEntropyOptions opt{.vocab_start = 0, .vocab_size = vocab_size};
+          const std::string size = str(" N=", N, " V=", V, " vocab_size=", vocab_size, " ", dtype_name(dt));
+          const Both targets = both_ints(rand_ids(N, 1480, 0, static_cast<int32_t>(V)), {N});
+          const Vec lv = rand_vec(N * V, 1481, -5, 5);
+          const Both dloss = both(rand_vec(N, 1482), {N}, DType::f32);
+          std::vector<Tensor> maxes, grads;
+          for (int64_t off : kViewOffsets) {
+            const std::string what = str(size, " at offset ", off);
+            const Both logits = both_at(lv, {N, V}, dt, off);
+            Both rowmax = poisoned({N}, DType::f32), sumexp = poisoned({N}, DType::f32);
+            Both tl = poisoned({N}, DType::f32), losses = poisoned({N}, DType::f32);
+            Both dlogits = poisoned_at({N, V}, dt, off);
+            for (auto dev : kDevices) {
+              cross_entropy_rowmax(logits.*dev, rowmax.*dev, opt);
+              cross_entropy_partials(logits.*dev, targets.*dev, rowmax.*dev, sumexp.*dev, tl.*dev, opt);
+              cross_entropy_loss(rowmax.*dev, sumexp.*dev, tl.*dev, losses.*dev);
+            }
+            // The backward from the CPU's statistics on both devices.
+            const Tensor cpu_max = rowmax.cpu, cpu_sum = sumexp.cpu;
+            cross_entropy_backward(logits.cpu, targets.cpu, cpu_max, cpu_sum, dloss.cpu, dlogits.cpu, opt);
+            cross_entropy_backward(logits.gpu, targets.gpu, cpu_max.to(Device::cuda), cpu_sum.to(Device::cuda),
+                                   dloss.gpu, dlogits.gpu, opt);
+            expect_exact(rowmax, "cross_entropy_rowmax" + what);
+            expect_match(sumexp, tol_for(dt), "cross_entropy_partials sumexp" + what);
+            expect_exact(tl, "cross_entropy_partials target_logit" + what);
+            expect_match(losses, tol_for(dt), "cross_entropy_loss" + what);
+            expect_match(dlogits, tol_for(dt), "cross_entropy_backward" + what);
+            maxes.push_back(rowmax.gpu);
+            grads.push_back(dlogits.gpu);
+          }
+          expect_same_bits(maxes, "cross_entropy_rowmax" + size);
+          expect_same_bits(grads, "cross_entropy_backward" + size);
+        }
 }
 
 // ---- attention paths: cuDNN's fused attention and the kernel -------------------------------------
