@@ -15,30 +15,40 @@ for spec in fp32:1e-4 bf16:2e-2 fp16:2e-2; do
   echo "$precision: GPU losses follow the CPU's within $tol"
 done
 
-# Without attention dropout, bf16 attention runs on cuDNN's fused attention (the start log says so), and the
-# losses still follow the CPU's. The default backend (auto: NCCL on a GPU) runs this one.
+# Without attention dropout, bf16 attention runs on cuDNN's fused attention (the start log says so; with
+# MEGATRAIN_ATTENTION=cudnn a fallback is an error, and the metrics' cumulative attention call counts must show cuDNN
+# only), and the losses still follow the CPU's. The default backend (auto: NCCL on a GPU) runs this one.
+# Without cuDNN in the build (`megatrain info`: "cudnn: not built") megatrain's kernel is expected instead.
+no_dropout_attention=cudnn
+if grep -q "cudnn: not built" <("$MT" info); then no_dropout_attention=kernel; fi
 "$MT" --config tiny.yaml --set training.precision=bf16 --set model.attention_dropout=0 \
       --set logging.dir=cpu_bf16_noattndrop >/dev/null
-"$MT" --config tiny.yaml --set training.precision=bf16 --set model.attention_dropout=0 --set training.device=cuda \
+MEGATRAIN_ATTENTION=$no_dropout_attention "$MT" --config tiny.yaml --set training.precision=bf16 \
+      --set model.attention_dropout=0 --set training.device=cuda \
       --set logging.dir=gpu_bf16_cudnn > gpu_bf16_cudnn.log 2>&1 || { cat gpu_bf16_cudnn.log; fail "the cuDNN run failed"; }
-if grep -q "cudnn: not built" <("$MT" info); then
+if [ "$no_dropout_attention" = kernel ]; then
   grep -q "attention: megatrain kernel" gpu_bf16_cudnn.log || fail "no attention line in the log (built without cuDNN)"
 else
   grep -q "attention: cuDNN fused" gpu_bf16_cudnn.log || { cat gpu_bf16_cudnn.log; fail "bf16 without attention dropout did not use cuDNN"; }
 fi
+python3 "$SRC/tests/e2e/lib/attention_calls.py" gpu_bf16_cudnn/metrics.jsonl "$no_dropout_attention" ||
+  fail "bf16 without attention dropout: not $no_dropout_attention attention only"
 same_losses cpu_bf16_noattndrop/metrics.jsonl gpu_bf16_cudnn/metrics.jsonl 1 20 2e-2
-echo "bf16, no attention dropout: cuDNN attention follows the CPU within 2e-2"
+echo "bf16, no attention dropout: $no_dropout_attention attention follows the CPU within 2e-2"
 
 # The Llama architecture (RMSNorm, SwiGLU, RoPE and grouped-query attention kernels) follows the CPU in fp32 and
-# bf16; bf16 without attention dropout takes cuDNN's grouped-query attention.
+# bf16; bf16 without attention dropout takes cuDNN's grouped-query attention (and nothing else), with dropout
+# megatrain's kernel.
 write_llama_config
-for spec in fp32:1e-4:0.1 bf16:2e-2:0.1 bf16:2e-2:0; do
-  IFS=: read -r precision tol attn <<<"$spec"
+for spec in fp32:1e-4:0.1:kernel bf16:2e-2:0.1:kernel bf16:2e-2:0:$no_dropout_attention; do
+  IFS=: read -r precision tol attn path <<<"$spec"
   dir=llama_${precision}_attn$attn
   "$MT" --config llama.yaml --set training.precision=$precision --set model.attention_dropout=$attn \
         --set logging.dir=cpu_$dir >/dev/null
-  "$MT" --config llama.yaml --set training.precision=$precision --set model.attention_dropout=$attn \
-        --set training.device=cuda --set logging.dir=gpu_$dir >gpu_$dir.log 2>&1 || { tail gpu_$dir.log; fail "$dir failed"; }
+  MEGATRAIN_ATTENTION=$path "$MT" --config llama.yaml --set training.precision=$precision \
+        --set model.attention_dropout=$attn --set training.device=cuda --set logging.dir=gpu_$dir >gpu_$dir.log 2>&1 ||
+    { tail gpu_$dir.log; fail "$dir failed"; }
+  python3 "$SRC/tests/e2e/lib/attention_calls.py" gpu_$dir/metrics.jsonl "$path" || fail "$dir: not $path attention only"
   same_losses cpu_$dir/metrics.jsonl gpu_$dir/metrics.jsonl 1 20 "$tol"
   echo "llama $precision, attention dropout $attn: GPU losses follow the CPU's within $tol ($(grep -o 'attention: [^,]*' gpu_$dir.log | head -1))"
 done
