@@ -1,32 +1,40 @@
 #!/usr/bin/env bash
-# gpu_throughput.sh: training throughput of megatrain against PyTorch on one GPU, on synthetic tokens.
-# For each model (configs/<model>.yaml when it exists, else configs/gpt-<model>.yaml: "124m", "llama3.2-1b",
-# "llama-tiny") and sequence length: megatrain trains WARMUP + ITERS iterations
-# (bf16, no parallelism, no checkpoints), and its timed iterations' tokens/s, TFLOP/s, MFU and peak memory are
-# read from RUN_DIR/metrics.jsonl; then bench/torch_baseline.py runs the same model and batch
-# (bf16 autocast, fused AdamW, scaled_dot_product_attention, torch.compile) and the ratio is printed.
+# gpu_throughput.sh: training throughput of megatrain against PyTorch on one GPU, on synthetic tokens, as people
+# train: micro batches of 4 sequences (fewer where 80 GB would not hold them) and gradient accumulation over ACCUM
+# (8) of them per step, so the optimizer is amortised. For each model (configs/<model>.yaml when it exists, else
+# configs/gpt-<model>.yaml: "124m", "llama3.2-1b", "llama-tiny") and sequence length: megatrain trains WARMUP + ITERS
+# iterations (bf16, no parallelism, no checkpoints), and its timed iterations' tokens/s, TFLOP/s, MFU and peak memory
+# are read from RUN_DIR/metrics.jsonl; then bench/torch_baseline.py runs the same model, micro batch and
+# accumulation (bf16 autocast, fused AdamW, scaled_dot_product_attention, torch.compile) and the ratio is printed.
+# On a GPU without attention dropout megatrain must run cuDNN's fused attention (MEGATRAIN_ATTENTION=cudnn makes
+# a fallback an error; metrics.jsonl's attention_cudnn_calls > 0 and attention_kernel_calls == 0 are checked), with
+# cuDNN's deterministic backward unless NONDET=1; the "attention" column says which path each figure used.
 #
 # Usage: bench/gpu_throughput.sh [--megatrain PATH] [--models "124m 350m 1.3b llama3.2-1b"] [--seqs "1024 2048"]
 #                                [--warmup N] [--iters N] [--device cuda|cpu] [--no-torch] [--no-megatrain]
-# Env (same meaning): MEGATRAIN, MODELS, SEQS, WARMUP (5), ITERS (20), DEVICE (cuda), TORCH (1), MEGATRAIN_RUN (1);
-#   DROPOUT (each config's model.dropout: 0.1 for GPT 124M-1.3B, 0 for Llama), ATTN_DROPOUT (0: cuDNN attention;
-#   0.1 runs megatrain's kernel), MBS / GBS (micro / global batch for every row), MBS_<MODEL>_<SEQ> (the name
-#   upper-cased, '.' and '-' as '_': MBS_124M_1024=16, MBS_1_3B_2048=2, MBS_LLAMA3_2_1B_4096=4),
-#   EXTRA_SET ("key=value ..." more megatrain --set overrides), PYTHON (python3), PEAK_TFLOPS (MFU peak;
-#   default from the GPU name: H100/H200 989.4, A100 312), RUN_TIMEOUT (300 s per run), KEEP_RUNS=1 (keep the
-#   run folders), OUT (also write $OUT/gpu_throughput.md and $OUT/gpu_throughput.jsonl), PLAN_GPU (e.g. h100-80gb:
-#   print megatrain plan's predicted ms/iter and peak memory beside each measured megatrain row) with PLAN_RATES
-#   (a rates file from `megatrain bench kernels --device cuda`, compared too).
-# Llama 3.2 1B alone: MODELS=llama3.2-1b SEQS="1024 2048 4096" bench/gpu_throughput.sh
+# Env (same meaning): MEGATRAIN, MODELS (1.3b), SEQS, WARMUP (3), ITERS (10), DEVICE (cuda), TORCH (1),
+#   MEGATRAIN_RUN (1); DROPOUT (each config's model.dropout: 0.1 for GPT 124M-1.3B, 0 for Llama), ATTN_DROPOUT (0:
+#   cuDNN attention; 0.1 runs megatrain's kernel), NONDET=1 (cuDNN's non-deterministic attention backward:
+#   MEGATRAIN_CUDNN_BACKWARD=nondeterministic), MEGATRAIN_ATTENTION (cudnn|kernel: the path to expect; default
+#   cudnn without attention dropout on a GPU), MBS (micro batch for every row), MBS_<MODEL>_<SEQ> (the name
+#   upper-cased, '.' and '-' as '_': MBS_124M_1024=4, MBS_1_3B_2048=4), ACCUM (8: microbatches per step), GBS
+#   (global batch for every row instead of ACCUM x MBS), EXTRA_SET ("key=value ..." more megatrain --set overrides),
+#   PYTHON (python3), PEAK_TFLOPS (MFU peak; default from the GPU name: H100/H200 989.4, A100 312), RUN_TIMEOUT (300
+#   s per run), BUDGET (seconds for the whole script: each run is capped by an equal share of what is left, runs
+#   with no time left are reported NOT RUN; scripts/gpu-run.sh sets it), KEEP_RUNS=1 (keep the run folders), OUT
+#   (also write $OUT/gpu_throughput.md and append each row to $OUT/gpu_throughput.jsonl), PLAN_GPU (e.g. h100-80gb:
+#   print megatrain plan's predicted ms/iter and peak memory beside each measured megatrain row) with PLAN_RATES (a
+#   rates file from `megatrain bench kernels --device cuda`, compared too).
+# One model per GPU command (scripts/gpu-run.sh bench 1.3b); Llama 3.2 1B: MODELS=llama3.2-1b SEQS="1024 2048 4096"
 # A CPU smoke test: DEVICE=cpu MODELS="tiny llama-tiny" SEQS=64 WARMUP=2 ITERS=3 bench/gpu_throughput.sh
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MT=${MEGATRAIN:-}
-MODELS=${MODELS:-124m 350m 1.3b}
+MODELS=${MODELS:-1.3b}
 SEQS=${SEQS:-1024 2048}
-WARMUP=${WARMUP:-5}
-ITERS=${ITERS:-20}
+WARMUP=${WARMUP:-3}
+ITERS=${ITERS:-10}
 DEVICE=${DEVICE:-cuda}
 TORCH=${TORCH:-1}
 MEGATRAIN_RUN=${MEGATRAIN_RUN:-1}
@@ -34,8 +42,12 @@ DROPOUT=${DROPOUT:-}          # empty: each config's own model.dropout
 # Attention dropout 0 by default: megatrain then runs cuDNN's fused attention (its own kernel keeps attention
 # dropout, for layout-invariant masks) and PyTorch its flash SDPA without dropout, as most LLM runs train.
 ATTN_DROPOUT=${ATTN_DROPOUT:-0}
+NONDET=${NONDET:-0}
+ACCUM=${ACCUM:-8}
 PYTHON=${PYTHON:-python3}
 RUN_TIMEOUT=${RUN_TIMEOUT:-300}
+BUDGET=${BUDGET:-}
+START=$SECONDS
 
 die() { echo "gpu_throughput: error: $*" >&2; exit 1; }
 while [[ $# -gt 0 ]]; do
@@ -48,12 +60,15 @@ while [[ $# -gt 0 ]]; do
     --device) DEVICE=${2:?--device needs cuda or cpu}; shift 2 ;;
     --no-torch) TORCH=0; shift ;;
     --no-megatrain) MEGATRAIN_RUN=0; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
 case $DEVICE in cuda|cpu) ;; *) die "--device must be cuda or cpu, got '$DEVICE'" ;; esac
 [[ $WARMUP =~ ^[0-9]+$ && $ITERS =~ ^[1-9][0-9]*$ ]] || die "WARMUP must be >= 0 and ITERS >= 1"
+[[ $ACCUM =~ ^[1-9][0-9]*$ ]] || die "ACCUM must be >= 1, got '$ACCUM'"
+[[ -z $BUDGET || $BUDGET =~ ^[0-9]+$ ]] || die "BUDGET must be a number of seconds, got '$BUDGET'"
+case $NONDET in 0|1) ;; *) die "NONDET must be 0 or 1, got '$NONDET'" ;; esac
 if [[ $MEGATRAIN_RUN == 1 ]]; then
   if [[ -z $MT ]]; then
     for f in "$ROOT/bin/megatrain" "$ROOT/build-gpu/megatrain" "$ROOT/build/megatrain"; do
@@ -86,38 +101,87 @@ config_dropout() {
        END { if (!found) print 0.1 }' "$1"
 }
 
-# Micro batch per (model, seq): fits 80 GB with room to spare; MBS_<MODEL>_<SEQ> or MBS overrides.
-# llama3.2-1b: 8192 tokens per microbatch (8 at 1024, 4 at 2048, 2 at 4096), by `megatrain plan` a predicted
-# 34.0 GiB on one H100 (parameters 2.3, gradients 4.6, AdamW 13.8, activations 13.2 GiB); 16384 tokens would be
-# 47.2 GiB (a prediction, not measured; PyTorch's fp32 logits over 128256 columns add more on its side).
+# Micro batch per (model, seq): 4 sequences (the 1.3B config's own), at most 16384 tokens, so 2 at 8192 and 1 beyond;
+# MBS_<MODEL>_<SEQ> or MBS overrides. `megatrain plan` (one H100, bf16, no recomputation, 8 microbatches per step)
+# predicts at micro batch 4: 1.3b 28.9 GiB at 1024, 35.7 at 2048, 49.4 at 4096; llama3.2-1b 27.4, 34.0, 47.2;
+# 124m 9.8 and 350m 21.2 GiB at 4096; at 8192 micro batch 2: 1.3b 49.5, llama3.2-1b 47.2 GiB (4 would be 76.8 and
+# 73.7 GiB against the 74.5 GiB the plan gives an 80 GB H100; PyTorch's fp32 logits add B x S x vocab x 8 bytes on
+# its side). Predictions, not measurements.
 micro_batch() {
-  local model=$1 seq=$2 var
+  local model=$1 seq=$2 var mbs
   var=MBS_$(echo "${model}_${seq}" | tr 'a-z.-' 'A-Z__')
   if [[ -n ${!var:-} ]]; then echo "${!var}"; return; fi
   if [[ -n ${MBS:-} ]]; then echo "$MBS"; return; fi
-  case $model in
-    124m) echo $((seq <= 1024 ? 16 : 8)) ;;
-    350m) echo $((seq <= 1024 ? 8 : 4)) ;;
-    1.3b) echo $((seq <= 1024 ? 4 : 2)) ;;
-    llama3.2-1b) echo $((seq >= 8192 ? 1 : 8192 / seq)) ;;
-    *) echo 8 ;;
-  esac
+  mbs=$((16384 / seq))
+  echo $((mbs > 4 ? 4 : mbs < 1 ? 1 : mbs))
 }
 
 PEAK=${PEAK_TFLOPS:-}
 GPU_NAME=cpu
 if [[ $DEVICE == cuda ]]; then
-  GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+  GPU_NAME=$(timeout 30 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
   if [[ -z $PEAK ]]; then
     case ${GPU_NAME^^} in *H100*|*H200*) PEAK=989.4 ;; *A100*) PEAK=312 ;; esac
   fi
 fi
 
+# Which attention megatrain's GPU runs must take: MEGATRAIN_ATTENTION when set (cudnn, kernel, auto), else cuDNN's
+# fused attention without attention dropout (then MEGATRAIN_ATTENTION=cudnn makes a fallback an error) and
+# megatrain's kernel with it. On the CPU: the CPU's.
+EXPECT_ATTN=cpu
+if [[ $DEVICE == cuda ]]; then
+  if [[ -n ${MEGATRAIN_ATTENTION:-} ]]; then
+    EXPECT_ATTN=$MEGATRAIN_ATTENTION
+  elif awk -v p="$ATTN_DROPOUT" 'BEGIN { exit !(p + 0 == 0) }'; then
+    EXPECT_ATTN=cudnn
+    export MEGATRAIN_ATTENTION=cudnn
+  else
+    EXPECT_ATTN=kernel
+  fi
+  # The attention backward cuDNN runs (the C++ side reads it; the start log's attention line names it).
+  if [[ $NONDET == 1 ]]; then export MEGATRAIN_CUDNN_BACKWARD=nondeterministic
+  else export MEGATRAIN_CUDNN_BACKWARD=deterministic; fi
+fi
+
+# The attention label of a megatrain run from its start log ("attention: cuDNN fused (flash) ... deterministic
+# backward"), checked against what was asked: "cudnn det", "cudnn nondet", "kernel" or "cpu"; fails, saying why,
+# when the log does not show the path and backward expected.
+attention_label() {  # run.out
+  local line
+  [[ $DEVICE == cuda ]] || { echo cpu; return; }
+  line=$(grep -m1 -o 'attention: .*' "$1" || true)
+  [[ -n $line ]] || { echo "no 'attention:' line in the start log" >&2; return 1; }
+  case $line in
+    *cuDNN*)
+      [[ $EXPECT_ATTN != kernel ]] || { echo "kernel attention was asked, the log says: $line" >&2; return 1; }
+      if [[ $line == *"non-deterministic backward"* ]]; then
+        [[ $NONDET == 1 ]] || { echo "NONDET=0 but the log says: $line" >&2; return 1; }
+        echo "cudnn nondet"
+      elif [[ $line == *"deterministic backward"* ]]; then
+        [[ $NONDET == 0 ]] || { echo "NONDET=1 but the log says: $line" >&2; return 1; }
+        echo "cudnn det"
+      else
+        echo "the attention line names no backward ('deterministic backward' or 'non-deterministic backward';" \
+             "the C++ side reads MEGATRAIN_CUDNN_BACKWARD): $line" >&2
+        return 1
+      fi ;;
+    *)
+      [[ $EXPECT_ATTN != cudnn ]] || { echo "cuDNN attention was expected, the log says: $line" >&2; return 1; }
+      echo kernel ;;
+  esac
+}
+
+# With EXPECT_ATTN cudnn or kernel, the run's cumulative attention call counts must show that path only.
+check_attention_calls() {  # metrics.jsonl
+  [[ $EXPECT_ATTN == cudnn || $EXPECT_ATTN == kernel ]] || return 0
+  py "$ROOT/tests/e2e/lib/attention_calls.py" "$1" "$EXPECT_ATTN" >/dev/null
+}
+
 # Summary of one megatrain run as the baseline's JSON: the timed iterations (after WARMUP) of metrics.jsonl.
-summarize_megatrain() {  # metrics.jsonl tokens_per_iter
-  py - "$1" "$2" "$WARMUP" "${PEAK:-0}" <<'PY'
+summarize_megatrain() {  # metrics.jsonl tokens_per_iter attention_label
+  py - "$1" "$2" "$WARMUP" "${PEAK:-0}" "$3" <<'PY'
 import json, sys
-path, tokens_per_iter, warmup, peak = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+path, tokens_per_iter, warmup, peak, attention = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
 rows = [json.loads(l) for l in open(path) if l.strip()]
 rows = [r for r in rows if r.get("ms_per_iter") is not None]
 timed = [r for r in rows if r["iteration"] > warmup]
@@ -137,7 +201,7 @@ peaks = [p for p in (peak_of(r) for r in rows) if p is not None]
 print(json.dumps({"impl": "megatrain", "iters": len(timed), "ms_per_iter": round(seconds * 1000 / len(timed), 3),
                   "tokens_per_s": round(tokens_per_iter * len(timed) / seconds, 1), "tflops": round(tflops, 6),
                   "mfu": round(mfu, 6) if mfu is not None else None, "peak_bytes": max(peaks) if peaks else None,
-                  "loss": timed[-1].get("loss")}))
+                  "loss": timed[-1].get("loss"), "attention": attention}))
 PY
 }
 
@@ -178,8 +242,8 @@ gib = f(r["peak_bytes"] / 2**30 if r.get("peak_bytes") is not None else None, ".
 ratio = f(ref["tokens_per_s"] / r["tokens_per_s"], ".2f") + "x" if ref and r.get("tokens_per_s") else ""
 impl = r["impl"] + ("" if r.get("compiled", True) else " (eager)")
 tflops = f(r["tflops"], ".1f" if r.get("tflops") is not None and r["tflops"] >= 10 else ".3g")
-print(f"{label}  {impl:<17} {r['ms_per_iter']:>10.1f} {r['tokens_per_s']:>11.0f} {tflops:>8} {mfu:>6} "
-      f"{gib:>9} {ratio:>9}")
+print(f"{label}  {impl:<17} {r.get('attention', 'n/a'):<12} {r['ms_per_iter']:>10.1f} {r['tokens_per_s']:>11.0f} "
+      f"{tflops:>8} {mfu:>6} {gib:>9} {ratio:>9}")
 PY
 }
 
@@ -188,17 +252,69 @@ MODEL_W=6
 for model in $MODELS; do ((${#model} > MODEL_W)) && MODEL_W=${#model}; done
 
 header() {
-  printf "%-${MODEL_W}s %5s %4s %4s  %-17s %10s %11s %8s %6s %9s %9s\n" model seq mbs gbs impl ms/iter tokens/s TFLOP/s MFU \
-    "peak GiB" "mt/torch"
+  printf "%-${MODEL_W}s %5s %4s %4s  %-17s %-12s %10s %11s %8s %6s %9s %9s\n" model seq mbs gbs impl attention ms/iter \
+    tokens/s TFLOP/s MFU "peak GiB" "mt/torch"
+}
+
+# Every run gets a cap: RUN_TIMEOUT, or with BUDGET an equal share of what is left of it for the runs to go (a
+# run that ends early leaves its time to the later ones; MIN_RUN at least while that much is left), less the kill
+# grace and TABLE_S for the tables at the end.
+KILL_GRACE=10
+TABLE_S=10
+MIN_RUN=20
+RUNS_LEFT=0
+for model in $MODELS; do
+  if [[ -f $(config_of "$model") ]]; then RUNS_LEFT=$((RUNS_LEFT + $(wc -w <<<"$SEQS") * (MEGATRAIN_RUN + TORCH))); fi
+done
+# timed_run STDOUT STDERR CMD...: CMD under `timeout -k`, capped as above (STDERR may be STDOUT). Sets RC (125: not started, no time
+# left) and WHY (empty, or why it failed).
+RC=0 WHY=
+timed_run() {
+  local out=$1 err=$2 cap=$RUN_TIMEOUT left share t0
+  shift 2
+  if [[ -n $BUDGET ]]; then
+    left=$((START + BUDGET - SECONDS - TABLE_S - KILL_GRACE))
+    share=$((left / RUNS_LEFT))
+    ((share >= MIN_RUN)) || share=$((left < MIN_RUN ? left : MIN_RUN))
+    ((share < cap)) && cap=$share
+    if ((cap < MIN_RUN)); then
+      RUNS_LEFT=$((RUNS_LEFT - 1)) RC=125 WHY="NOT RUN: $((left > 0 ? left : 0)) s left of BUDGET=$BUDGET"; return 0
+    fi
+  fi
+  RUNS_LEFT=$((RUNS_LEFT - 1))
+  RC=0 t0=$SECONDS
+  if [[ $out == "$err" ]]; then
+    timeout -k "$KILL_GRACE" "$cap" "$@" >"$out" 2>&1 || RC=$?
+  else
+    timeout -k "$KILL_GRACE" "$cap" "$@" >"$out" 2>"$err" || RC=$?
+  fi
+  WHY=
+  if [[ $RC -ne 0 ]]; then
+    WHY="exit $RC"
+    if [[ $RC -eq 124 || $RC -eq 137 ]] && ((SECONDS - t0 >= cap)); then WHY="timed out at its cap of $cap s"; fi
+  fi
+}
+ok_runs=0 failures=0 not_run=0
+failed_run() {  # label impl files...: the failure and the last lines of its logs
+  local label=$1 impl=$2
+  shift 2
+  if [[ $RC -eq 125 ]]; then echo "$label  $impl $WHY"; not_run=$((not_run + 1)); return; fi
+  echo "$label  $impl FAILED ($WHY); last lines:"
+  tail -n 15 "$@" 2>/dev/null | sed 's/^/    /' || true
+  failures=$((failures + 1))
+}
+emit() {  # json: one result row, appended to $OUT/gpu_throughput.jsonl at once (kept when a later run hangs)
+  ok_runs=$((ok_runs + 1))
+  if [[ -n ${OUT:-} ]]; then mkdir -p "$OUT" && echo "$1" >>"$OUT/gpu_throughput.jsonl"; fi
 }
 
 echo "gpu_throughput: device $DEVICE ${GPU_NAME:+($GPU_NAME)}, MFU peak ${PEAK:-n/a} TFLOP/s, warmup $WARMUP + $ITERS timed" \
-     "iterations, bf16, dropout ${DROPOUT:-as each config}, attention dropout $ATTN_DROPOUT, models [$MODELS], seqs [$SEQS]"
-[[ $MEGATRAIN_RUN == 1 ]] && echo "megatrain: $MT ($("$MT" --version 2>&1 | head -1))"
-[[ $TORCH == 1 ]] && echo "pytorch: $(py -c 'import torch; print(torch.__version__)' 2>&1 | tail -1)"
+     "iterations of ${GBS:+global batch $GBS}${GBS:-$ACCUM microbatches}, bf16, dropout ${DROPOUT:-as each config}, attention dropout" \
+     "$ATTN_DROPOUT, attention expected: $EXPECT_ATTN${MEGATRAIN_CUDNN_BACKWARD:+ ($MEGATRAIN_CUDNN_BACKWARD backward)}," \
+     "models [$MODELS], seqs [$SEQS]${BUDGET:+, budget $BUDGET s}"
+[[ $MEGATRAIN_RUN == 1 ]] && echo "megatrain: $MT ($(timeout 30 "$MT" --version 2>&1 | head -1))"
+[[ $TORCH == 1 ]] && echo "pytorch: $(timeout 60 env LD_LIBRARY_PATH="$PY_LD_PATH" "$PYTHON" -c 'import torch; print(torch.__version__)' 2>&1 | tail -1)"
 header
-jsonl=()
-failures=0
 for model in $MODELS; do
   config=$(config_of "$model")
   [[ -f $config ]] || { echo "gpu_throughput: neither configs/$model.yaml nor configs/gpt-$model.yaml: skipping model $model" >&2
@@ -206,7 +322,7 @@ for model in $MODELS; do
   dropout=${DROPOUT:-$(config_dropout "$config")}
   for seq in $SEQS; do
     mbs=$(micro_batch "$model" "$seq")
-    gbs=${GBS:-$mbs}
+    gbs=${GBS:-$((ACCUM * mbs))}
     label=$(printf "%-${MODEL_W}s %5s %4s %4s" "$model" "$seq" "$mbs" "$gbs")
     mt_json=""
     if [[ $MEGATRAIN_RUN == 1 ]]; then
@@ -223,55 +339,50 @@ for model in $MODELS; do
       sets+=(${EXTRA_SET:-})
       args=()
       for s in "${sets[@]}"; do args+=(--set "$s"); done
-      rc=0
-      timeout "$RUN_TIMEOUT" "$MT" --config "$config" "${args[@]}" >"$run.out" 2>&1 || rc=$?
-      if [[ $rc -eq 0 ]] && mt_json=$(summarize_megatrain "$run/metrics.jsonl" $((gbs * seq)) 2>"$run.err"); then
+      timed_run "$run.out" "$run.out" "$MT" --config "$config" "${args[@]}"
+      if [[ $RC -eq 0 ]] && attn=$(attention_label "$run.out" 2>"$run.err") &&
+         check_attention_calls "$run/metrics.jsonl" 2>"$run.err" &&
+         mt_json=$(summarize_megatrain "$run/metrics.jsonl" $((gbs * seq)) "$attn" 2>"$run.err"); then
         print_row "$label" "$mt_json"
         [[ -n ${PLAN_GPU:-} ]] && compare_plan "$label" "$config" "$mt_json" "${args[@]}"
-        jsonl+=("$(echo "$mt_json" | sed "s/^{/{\"model\": \"$model\", \"seq\": $seq, \"micro_batch\": $mbs, \"global_batch\": $gbs, /")")
+        emit "$(echo "$mt_json" | sed "s/^{/{\"model\": \"$model\", \"seq\": $seq, \"micro_batch\": $mbs, \"global_batch\": $gbs, /")"
       else
-        [[ $rc -eq 124 ]] && why="timed out after $RUN_TIMEOUT s" || why="exit $rc"
-        echo "$label  megatrain FAILED ($why); last lines:"
-        tail -n 15 "$run.out" "$run.err" 2>/dev/null | sed 's/^/    /' || true
+        [[ $RC -ne 0 ]] || WHY=$(tail -n 1 "$run.err")
+        failed_run "$label" megatrain "$run.out" "$run.err"
         mt_json=""
-        failures=$((failures + 1))
       fi
     fi
     if [[ $TORCH == 1 ]]; then
       out=$WORK/torch-$model-$seq
-      rc=0
-      timeout "$RUN_TIMEOUT" env LD_LIBRARY_PATH="$PY_LD_PATH" "$PYTHON" "$ROOT/bench/torch_baseline.py" --config "$config" --seq "$seq" \
-        --micro-batch "$mbs" --global-batch "$gbs" --warmup "$WARMUP" --iters "$ITERS" --dropout "$dropout" --attention-dropout "$ATTN_DROPOUT" \
-        --device "$DEVICE" ${PEAK:+--peak-tflops "$PEAK"} >"$out.json" 2>"$out.err" || rc=$?
-      t_json=$(grep '^{' "$out.json" | tail -1 || true)
-      if [[ $rc -eq 0 && -n $t_json ]]; then
+      timed_run "$out.json" "$out.err" env LD_LIBRARY_PATH="$PY_LD_PATH" "$PYTHON" "$ROOT/bench/torch_baseline.py" \
+        --config "$config" --seq "$seq" --micro-batch "$mbs" --global-batch "$gbs" --warmup "$WARMUP" --iters "$ITERS" \
+        --dropout "$dropout" --attention-dropout "$ATTN_DROPOUT" --device "$DEVICE" ${PEAK:+--peak-tflops "$PEAK"}
+      t_json=$(grep '^{' "$out.json" 2>/dev/null | tail -1 || true)
+      if [[ $RC -eq 0 && -n $t_json ]]; then
         print_row "$label" "$t_json" "$mt_json"
-        jsonl+=("$(echo "$t_json" | sed "s/^{/{\"model\": \"$model\", /")")
+        emit "$(echo "$t_json" | sed "s/^{/{\"model\": \"$model\", /")"
       else
-        [[ $rc -eq 124 ]] && why="timed out after $RUN_TIMEOUT s" || why="exit $rc"
-        echo "$label  pytorch FAILED ($why); last lines:"
-        tail -n 15 "$out.err" 2>/dev/null | sed 's/^/    /' || true
-        failures=$((failures + 1))
+        [[ $RC -ne 0 ]] || WHY="no JSON line on its output"
+        failed_run "$label" pytorch "$out.err"
       fi
     fi
   done
 done
 
-if [[ -n ${OUT:-} ]]; then
-  mkdir -p "$OUT"
-  printf '%s\n' "${jsonl[@]}" >>"$OUT/gpu_throughput.jsonl"
+if [[ -n ${OUT:-} && -f $OUT/gpu_throughput.jsonl ]]; then
   py - "$OUT/gpu_throughput.jsonl" "$GPU_NAME" >"$OUT/gpu_throughput.md" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 print(f"GPU: {sys.argv[2]}\n")
-print("| model | seq | micro batch | impl | ms/iter | tokens/s | TFLOP/s | MFU | peak GiB |")
-print("|-------|----:|------------:|------|--------:|---------:|--------:|----:|---------:|")
+print("| model | seq | micro batch | global batch | impl | attention | ms/iter | tokens/s | TFLOP/s | MFU | peak GiB |")
+print("|-------|----:|------------:|-------------:|------|-----------|--------:|---------:|--------:|----:|---------:|")
 for r in rows:
     mfu = f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "n/a"
     gib = f"{r['peak_bytes'] / 2**30:.2f}" if r.get("peak_bytes") is not None else "n/a"
-    print(f"| {r['model']} | {r['seq']} | {r['micro_batch']} | {r['impl']} | {r['ms_per_iter']:.1f} | "
-          f"{r['tokens_per_s']:.0f} | {r['tflops']:.1f} | {mfu} | {gib} |")
+    print(f"| {r['model']} | {r['seq']} | {r['micro_batch']} | {r.get('global_batch', 'n/a')} | {r['impl']} | "
+          f"{r.get('attention', 'n/a')} | {r['ms_per_iter']:.1f} | {r['tokens_per_s']:.0f} | {r['tflops']:.1f} | {mfu} | {gib} |")
 PY
   echo "gpu_throughput: results in $OUT/gpu_throughput.md and $OUT/gpu_throughput.jsonl"
 fi
-[[ $failures -eq 0 ]] || { echo "gpu_throughput: $failures run(s) failed" >&2; exit 1; }
+echo "gpu_throughput: runs: $ok_runs ok, $failures failed, $not_run not run (after $((SECONDS - START)) s)"
+[[ $((failures + not_run)) -eq 0 ]] || exit 1

@@ -10,14 +10,15 @@ The same model as megatrain (models/gpt.cpp), by the config's model.arch:
 both with dropout where Megatron has it and the vocabulary padded to a multiple of make_vocab_size_divisible_by
 (128) with the padding columns left out of the cross-entropy. Trained on random tokens with bf16 autocast, fused AdamW (fp32 weights and states),
 F.scaled_dot_product_attention(is_causal=True), global grad-norm clipping and torch.compile; gradient
-accumulation when the global batch holds several microbatches.
+accumulation over global batch / micro batch microbatches, as megatrain's step (bench/gpu_throughput.sh gives both
+the same micro batch and 8 microbatches a step).
 
 Prints one JSON line on stdout (everything else goes to stderr): ms/iter, tokens/s, TFLOP/s by megatrain's
 formula (model_flops_per_iteration in models/gpt.cpp), MFU and peak memory (torch.cuda.max_memory_allocated
 over the timed iterations).
 
-  python3 bench/torch_baseline.py --config configs/gpt-124m.yaml --seq 1024 --micro-batch 16
-  python3 bench/torch_baseline.py --config configs/llama3.2-1b.yaml --seq 2048 --micro-batch 4
+  python3 bench/torch_baseline.py --config configs/gpt-1.3b.yaml --seq 2048 --micro-batch 4 --global-batch 32
+  python3 bench/torch_baseline.py --config configs/llama3.2-1b.yaml --seq 2048 --micro-batch 4 --global-batch 32
   python3 bench/torch_baseline.py --device cpu --tiny --iters 3          # a smoke test without a GPU
   python3 bench/torch_baseline.py --config configs/llama-tiny.yaml --device cpu --dtype fp32 --no-compile --iters 3
   python3 bench/torch_baseline.py --device cpu --dtype fp32 --no-compile --threads 1 ...  # bench/cpu_vs_torch.sh
@@ -447,7 +448,7 @@ def main():
         "dtype": args.dtype, "arch": m["arch"], "layers": m["num_layers"], "hidden": m["hidden_size"],
         "heads": m["num_heads"], "kv_heads": kv_heads(m), "tied": m["tie_embeddings"],
         "ffn": m["ffn_hidden_size"], "vocab": m["vocab_size"], "padded_vocab": m["padded_vocab_size"], "seq": S,
-        "micro_batch": B, "global_batch": G, "dropout": m["dropout"], "attention_dropout": m["attention_dropout"],
+        "micro_batch": B, "global_batch": G, "accumulation": M, "attention": "sdpa", "dropout": m["dropout"], "attention_dropout": m["attention_dropout"],
         "threads": torch.get_num_threads(), "parameters": n_params, "warmup": args.warmup, "iters": args.iters, "warmup_s": round(warmup_s, 3),
         "ms_per_iter": round(ms, 3), "cpu_ms_per_iter": round(cpu_seconds / max(args.iters, 1) * 1000.0, 3),
         "tokens_per_s": round(tokens_per_iter / (ms / 1000.0), 1),
