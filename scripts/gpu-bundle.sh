@@ -14,7 +14,8 @@
 # Env MAX_MIB (default 64): fail when the bundle is larger. Env CUDA_FLAGS (default --compress-mode=size):
 # CMAKE_CUDA_FLAGS; compressed fatbins make the binaries ~5x smaller (megatrain: 14 MB -> 2.7 MB) and load on any
 # CUDA 13 driver (580+). Set CUDA_FLAGS= to build without.
-# Relative paths are relative to the repository root. Then, on the GPU machine: DIR/scripts/gpu-run.sh all
+# Relative paths are relative to the repository root. Then, on the GPU machine: DIR/scripts/gpu-run.sh first (see
+# README.txt in the bundle, or scripts/gpu-run.sh --help, for the other modes).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -86,9 +87,11 @@ if [[ $BUILD == 1 ]]; then
     || die "the build failed (see the compiler output above)"
 fi
 [[ -f $BUILD_DIR/CMakeCache.txt ]] || die "$BUILD_DIR holds no CMake build (run without --no-build)"
-grep -q '^MEGATRAIN_CUDA:STRING=ON' "$BUILD_DIR/CMakeCache.txt" ||
-  warn "$BUILD_DIR was not configured with -DMEGATRAIN_CUDA=ON: the bundle may lack the CUDA backend"
 BUILT_ARCHS=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$BUILD_DIR/CMakeCache.txt")
+if [[ -z $BUILT_ARCHS && -f $BUILD_DIR/build.ninja ]]; then  # the project's default (80;90) is not in the cache
+  BUILT_ARCHS=$(grep -o -- '--generate-code=arch=compute_[0-9a-z]*' "$BUILD_DIR/build.ninja" | sed 's/.*compute_//' |
+                sort -u | paste -sd';' || true)
+fi
 
 # Finds a built executable by name in the build folder.
 built() {
@@ -97,13 +100,18 @@ built() {
   find "$BUILD_DIR" -maxdepth 3 -type f -name "$1" -perm -u+x -print -quit
 }
 
+MT=$(built megatrain)
+[[ -n $MT ]] || die "no megatrain executable in $BUILD_DIR (did the build run?)"
+# A binary with the CUDA backend links the CUDA runtime (MEGATRAIN_CUDA=AUTO builds it when a toolkit is found).
+[[ $(ldd "$MT") == *libcudart.so* ]] ||
+  die "$MT was built without the CUDA backend (it does not link libcudart): configure $BUILD_DIR with" \
+      "-DMEGATRAIN_CUDA=ON (a CUDA toolkit is needed), or run without --no-build"
+
 # 2. Fresh bundle folder.
 rm -rf "$BUNDLE_DIR"
 mkdir -p "$BUNDLE_DIR"/{bin,lib,scripts,tests}
 touch "$BUNDLE_DIR/.megatrain-bundle"
 
-MT=$(built megatrain)
-[[ -n $MT ]] || die "no megatrain executable in $BUILD_DIR (did the build run?)"
 cp -L "$MT" "$BUNDLE_DIR/bin/megatrain"
 for t in "${GPU_TESTS[@]}"; do
   f=$(built "$t")
@@ -183,12 +191,18 @@ or a CUDA toolkit. Everything else is in lib/.
   configs/   model configs; bench/ the benchmarks; tests/e2e/ the end-to-end tests (gpu_*.sh run on the GPU)
   scripts/gpu-run.sh   sets LD_LIBRARY_PATH (lib/ + site-packages/nvidia/*/lib of python3) and runs things
 
-Run, from anywhere (logs also go to \$OUT/<step>.log when OUT is set):
-  scripts/gpu-run.sh env     what the machine has (nvidia-smi, nvcc, torch, the nvidia pip folders), ldd check
-  scripts/gpu-run.sh check   the GPU unit tests
-  scripts/gpu-run.sh e2e     tests/e2e/gpu_*.sh with this megatrain (exit 77 = skipped)
-  scripts/gpu-run.sh bench   bench/gpu_throughput.sh: megatrain vs PyTorch, GPT 124M / 350M / 1.3B
-  scripts/gpu-run.sh all     check, e2e and bench in order
+Run from anywhere, one mode per command, in this order (each ends by itself within its budget, under the lent
+machines' 600 s per command; logs go to \$OUT/<step>.log and a summary of each step's status, seconds and cap to
+\$OUT/<mode>-summary.txt when OUT is set):
+  scripts/gpu-run.sh first      (470 s) env, test_cuda_ops (its failures again with MEGATRAIN_CUDA_SYNC=1), the other
+                                GPU unit tests, the tiny model on the GPU against the CPU
+  scripts/gpu-run.sh e2e        (540 s) tests/e2e/gpu_*.sh but the layout matrix
+  scripts/gpu-run.sh matrix     (540 s) tests/e2e/gpu_layout_matrix.sh, GPT rows then Llama rows (matrix gpt|llama: one)
+  scripts/gpu-run.sh sanitize   (540 s) compute-sanitizer memcheck and racecheck over test_cuda_ops
+  scripts/gpu-run.sh bench 1.3b (540 s) megatrain vs PyTorch for one model (then 124m, 350m, llama3.2-1b: one each)
+  scripts/gpu-run.sh plan 1.3b  (540 s) bench kernels on the GPU, then plan's predictions beside measured runs
+  scripts/gpu-run.sh env        (120 s) what the machine has (nvidia-smi, nvcc, torch, the nvidia pip folders), ldd
+  scripts/gpu-run.sh check      (540 s) the GPU unit tests alone;  scripts/gpu-run.sh exec CMD: CMD with the library path
   PYTHON=/path/to/venv/bin/python3 scripts/gpu-run.sh ...   when python3 is not the one with torch
 By hand:  export LD_LIBRARY_PATH=\$PWD/lib:\$PWD/lib/gcc:<site-packages>/nvidia/cu13/lib:<site-packages>/nvidia/nccl/lib
           bin/megatrain --config configs/gpt-124m.yaml --set training.device=cuda --set data.synthetic=true
@@ -202,4 +216,4 @@ du -sh "$BUNDLE_DIR"/bin/* "$BUNDLE_DIR"/lib | sed 's/^/  /'
 note "bundle $BUNDLE_DIR: $mib MiB ($bytes bytes), needs glibc >= ${GLIBC_NEEDED:-?} on the GPU machine" \
      "(>= ${GCC_GLIBC_NEEDED:-?} to use the bundled libstdc++)"
 [[ $mib -le $MAX_MIB ]] || die "the bundle is $mib MiB, more than MAX_MIB=$MAX_MIB"
-note "done. On the GPU machine: $BUNDLE_DIR/scripts/gpu-run.sh all"
+note "done. On the GPU machine: $BUNDLE_DIR/scripts/gpu-run.sh first"
