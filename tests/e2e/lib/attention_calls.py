@@ -3,7 +3,8 @@
 
 The trainer logs cumulative counts on every iteration record of RUN_DIR/metrics.jsonl ("attention_cudnn_calls",
 "attention_kernel_calls", "attention_cpu_calls": calls since the run started, forward and backward). The last
-iteration record must show only the expected path: cudnn means attention_cudnn_calls > 0 and
+training record (one with ms_per_iter: validation and event records carry no counts) must show only the expected
+path: cudnn means attention_cudnn_calls > 0 and
 attention_kernel_calls == 0 (no fallback to megatrain's kernel), kernel the other way round. Prints one line and
 exits 0, or names the file, the counts and what was expected on stderr and exits 1. Used by
 tests/e2e/gpu_train_matches_cpu.sh and bench/gpu_throughput.sh.
@@ -20,9 +21,9 @@ def main():
         rows = [json.loads(line) for line in open(path) if line.strip()]
     except (OSError, ValueError) as e:
         sys.exit(f"attention_calls: cannot read {path}: {e}")
-    rows = [r for r in rows if "iteration" in r]
+    rows = [r for r in rows if "iteration" in r and "ms_per_iter" in r]
     if not rows:
-        sys.exit(f"attention_calls: {path} holds no iteration record")
+        sys.exit(f"attention_calls: {path} holds no training iteration record")
     last = rows[-1]
     keys = ("attention_cudnn_calls", "attention_kernel_calls")
     missing = [k for k in keys if k not in last]
