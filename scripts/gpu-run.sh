@@ -310,12 +310,12 @@ gtest_outcome() {  # log
 # failed tests, ':'-joined), GT_UNFINISHED (a test that crashed or hung), GT_PASSED and GT_COMPLETE (1 when gtest
 # reached its end). A run in which every test skipped fails: these modes run where a GPU is expected.
 GT_ENV=() GT_WRAP=()
-GT_FAILED= GT_PASSED= GT_UNFINISHED= GT_COMPLETE=0
+GT_FAILED='' GT_PASSED='' GT_UNFINISHED='' GT_COMPLETE=0
 run_gtest() {
   local name=$1 max=$2 keep=$3 bin counts note
   bin=$(test_binary "$4")
   shift 4
-  GT_FAILED= GT_PASSED= GT_UNFINISHED= GT_COMPLETE=0
+  GT_FAILED='' GT_PASSED='' GT_UNFINISHED='' GT_COMPLETE=0
   if [[ -z $bin ]]; then
     STEP_RC=1; FAILED_STEPS+=("$name"); record "$name" MISSING 0 - "not built or not bundled"; return 0
   fi
