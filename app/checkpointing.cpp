@@ -27,13 +27,6 @@ TensorSlice slice_of(const std::string& name, const Parameter& p, const Tensor& 
                      .data = data.device() == Device::cpu ? data : data.to(Device::cpu, MemKind::workspace)};
 }
 
-// Vocabulary tables are padded to a multiple of 128 * tensor-parallel size, so their row count depends on
-// the layout. Padding rows are never looked up and are left out of the softmax: only the rows both layouts
-// hold are read; rows beyond the checkpoint's keep their initial values.
-bool is_vocabulary_table(const std::string& param_name) {
-  return param_name == "embedding.word_embeddings.weight" || param_name == "lm_head.weight";
-}
-
 void read_checked(const CheckpointReader& reader, const std::string& name, const Parameter& p, Tensor& out,
                   PartialLoad* partial = nullptr) {
   if (out.device() != Device::cpu) {  // read on the host (starting from out's values), then copy over
@@ -46,8 +39,11 @@ void read_checked(const CheckpointReader& reader, const std::string& name, const
     throw CheckpointError(fmt::format("{}: checkpoint has no tensor '{}' (a different model?)", reader.dir(), name));
   }
   const TensorInfo& info = reader.info(name);
+  // Vocabulary tables are padded to a multiple of 128 * tensor-parallel size, so their row count depends on
+  // the layout. Padding rows are never looked up and are left out of the softmax: only the rows both layouts
+  // hold are read; rows beyond the checkpoint's keep their initial values.
   const bool padded_rows_differ =
-      is_vocabulary_table(p.name) && info.global_shape.size() == 2 && info.global_shape[1] == p.global_shape[1];
+      p.vocabulary_rows && info.global_shape.size() == 2 && info.global_shape[1] == p.global_shape[1];
   if (info.global_shape != p.global_shape && !padded_rows_differ) {
     if (partial)
       return partial->skipped.push_back(fmt::format("{} (shape {} in the checkpoint, {} here)", name,

@@ -52,6 +52,7 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
                                     .dtype = opt.dtype,
                                     .seed = opt.seed},
                                    opt.tp);
+      head_.weight().vocabulary_rows = true;
       params_.push_back(&head_.weight());
     }
   }

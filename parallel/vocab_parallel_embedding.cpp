@@ -20,6 +20,7 @@ VocabParallelEmbedding::VocabParallelEmbedding(const EmbeddingTableOptions& opt,
   weight_ = make_parameter_slice(opt.name + ".weight",
                                  {.global = {V, C}, .start = {vocab_start_, 0}, .local = {tp.count(V), C}}, opt.dtype,
                                  Init::normal, opt.init_std, opt.seed);
+  weight_.vocabulary_rows = true;  // padded to the layout: checkpoints of other layouts give the rows both hold
 }
 
 Tensor VocabParallelEmbedding::forward(const Tensor& tokens) const {
