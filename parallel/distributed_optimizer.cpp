@@ -32,6 +32,7 @@ DistributedOptimizer::DistributedOptimizer(const GradBuffer& grads, Communicator
       if (b < e) segments_.push_back({p, b - offset, shard_ + b - lo, shard_ + e - lo, grads_.data().slice(b, e)});
     }
     shard_ += bucket.shard;
+    largest_bucket_ = std::max(largest_bucket_, bucket.end - bucket.begin);
   }
   const Device device = grads_.data().device();
   master_ = Tensor::zeros({shard_}, DType::f32, device, MemKind::optimizer);
@@ -79,9 +80,7 @@ void DistributedOptimizer::for_each_gathered_bucket(const Tensor& shard,
                                                     const std::function<void(const BucketShard&, const Tensor&)>& use) {
   // One bucket at a time through a bucket-sized temporary: a whole-buffer one would cost the model slice's size
   // again in device memory (the gradient buffer's length in the gathered dtype; three f32 ones for the slots).
-  int64_t largest = 0;
-  for (const BucketShard& b : buckets_) largest = std::max(largest, b.end - b.begin);
-  Tensor staging = Tensor::empty({largest}, shard.dtype(), shard.device(), MemKind::workspace);
+  Tensor staging = Tensor::empty({largest_bucket_}, shard.dtype(), shard.device(), MemKind::workspace);
   for (const BucketShard& b : buckets_) {
     Tensor full = staging.slice(0, b.end - b.begin);
     dp_.all_gather(shard.slice(b.shard_begin, b.shard_begin + b.shard), full)->wait();

@@ -55,7 +55,8 @@ class DistributedOptimizer final : public Optimizer {
 
   const GradBuffer& grads_;
   Communicator& dp_;
-  int64_t shard_ = 0;  // elements this rank owns, over all buckets
+  int64_t shard_ = 0;           // elements this rank owns, over all buckets
+  int64_t largest_bucket_ = 0;  // elements of the largest bucket: the gathers' staging size
   std::vector<BucketShard> buckets_;
   std::vector<Segment> segments_;         // in buffer order
   Tensor master_, exp_avg_, exp_avg_sq_;  // (shard) f32 each
