@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <exception>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -22,6 +21,7 @@
 #include "core/tensor.h"
 #include "parallel/communicator.h"
 #include "parallel/store.h"
+#include "parallel/thread_ranks.h"
 #include "plan/hardware.h"
 
 #if defined(MEGATRAIN_WITH_CUDA)
@@ -165,52 +165,37 @@ void measure_gloo(plan::Hardware& hw) {
   const std::vector<double> bytes = {16.0 * 1024, 4.0 * 1024 * 1024};
   std::vector<double> seconds(bytes.size());
   auto store = make_hash_store();
-  std::vector<std::exception_ptr> errors(2);
-  auto rank_fn = [&](int rank) {
-    try {
-      GlooOptions opt;
-      opt.name = "bench";
-      opt.members = {0, 1};
-      opt.global_rank = rank;
-      opt.timeout = std::chrono::seconds(60);
-      auto comm = make_gloo_communicator(store, opt);
-      // Training calls a collective between compute steps, not back to back: a waiting rank's threads go to
-      // sleep, and each collective pays their wake-up, the longer the longer they slept (on the 2-core VM this
-      // was written on: 0.3 ms back to back, 0.9 ms after 1 ms of compute, 1.9 ms after 5 ms). So each
-      // all-reduce here follows a GEMM of about 5 ms, a CPU layer's compute between two of its collectives,
-      // whose time alone is subtracted.
-      Tensor a = filled({n, n}, DType::f32, Device::cpu, 0.01f);
-      Tensor o = Tensor::empty({n, n}, DType::f32, Device::cpu);
-      for (size_t i = 0; i < bytes.size(); ++i) {
-        // A fixed number of calls on both ranks (a timed loop could end at different counts and hang).
-        Tensor t = filled({static_cast<int64_t>(bytes[i] / 4)}, DType::f32, Device::cpu, 1.f);
-        const int calls = i == 0 ? 100 : 10;
-        double s = 0;
-        for (int round = 0; round < 3; ++round) {
+  run_ranks(2, [&](int rank) {
+    auto comm = join_gloo(store, "bench", first_ranks(2), rank, std::chrono::seconds(60));
+    // Training calls a collective between compute steps, not back to back: a waiting rank's threads go to
+    // sleep, and each collective pays their wake-up, the longer the longer they slept (on the 2-core VM this
+    // was written on: 0.3 ms back to back, 0.9 ms after 1 ms of compute, 1.9 ms after 5 ms). So each
+    // all-reduce here follows a GEMM of about 5 ms, a CPU layer's compute between two of its collectives,
+    // whose time alone is subtracted.
+    Tensor a = filled({n, n}, DType::f32, Device::cpu, 0.01f);
+    Tensor o = Tensor::empty({n, n}, DType::f32, Device::cpu);
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      // A fixed number of calls on both ranks (a timed loop could end at different counts and hang).
+      Tensor t = filled({static_cast<int64_t>(bytes[i] / 4)}, DType::f32, Device::cpu, 1.f);
+      const int calls = i == 0 ? 100 : 10;
+      double s = 0;
+      for (int round = 0; round < 3; ++round) {
+        comm->all_reduce(t, ReduceOp::sum)->wait();
+        auto t0 = std::chrono::steady_clock::now();
+        for (int c = 0; c < calls; ++c) gemm(a, a, o, {.trans_b = true});
+        const double compute = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        comm->barrier();
+        t0 = std::chrono::steady_clock::now();
+        for (int c = 0; c < calls; ++c) {
+          gemm(a, a, o, {.trans_b = true});
           comm->all_reduce(t, ReduceOp::sum)->wait();
-          auto t0 = std::chrono::steady_clock::now();
-          for (int c = 0; c < calls; ++c) gemm(a, a, o, {.trans_b = true});
-          const double compute = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          comm->barrier();
-          t0 = std::chrono::steady_clock::now();
-          for (int c = 0; c < calls; ++c) {
-            gemm(a, a, o, {.trans_b = true});
-            comm->all_reduce(t, ReduceOp::sum)->wait();
-          }
-          const double both = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          s += std::max(0.0, both - compute) / calls / 3;
         }
-        if (rank == 0) seconds[i] = s;
+        const double both = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        s += std::max(0.0, both - compute) / calls / 3;
       }
-    } catch (...) {
-      errors[static_cast<size_t>(rank)] = std::current_exception();
+      if (rank == 0) seconds[i] = s;
     }
-  };
-  std::thread peer(rank_fn, 1);
-  rank_fn(0);
-  peer.join();
-  for (auto& err : errors)
-    if (err) std::rethrow_exception(err);
+  });
   const double bw = (bytes[1] - bytes[0]) / std::max(seconds[1] - seconds[0], 1e-9);
   const double latency = std::max(0.0, (seconds[0] - bytes[0] / bw) / 2);
   hw.intra_node_bytes_per_s = hw.inter_node_bytes_per_s = bw;

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "parallel/communicator.h"
-#include "tests/unit/gloo_ranks.h"
+#include "parallel/thread_ranks.h"
 
 namespace mt {
 namespace {
@@ -21,13 +21,10 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-using testing::first_ranks;
-using testing::run_ranks;
-
 // A Gloo communicator with this file's default timeout (10 s: the tests that wait for a timeout set their own).
 std::unique_ptr<Communicator> join(std::shared_ptr<Store> store, const std::string& name, std::vector<int> members,
                                    int global_rank, Millis timeout = 10s) {
-  return testing::join_gloo(std::move(store), name, std::move(members), global_rank, timeout);
+  return join_gloo(std::move(store), name, std::move(members), global_rank, timeout);
 }
 
 // Values that differ per rank and element; sums of a few of them are exact in fp32.
@@ -436,8 +433,8 @@ TEST(CommGloo, SumDoublesKeepsDoublePrecision) {
   constexpr int kWorld = 3;
   auto store = make_hash_store();
   std::vector<std::vector<double>> got(kWorld);
-  testing::run_ranks(kWorld, [&](int r) {
-    auto comm = testing::join_gloo(store, "sums", testing::first_ranks(kWorld), r);
+  run_ranks(kWorld, [&](int r) {
+    auto comm = join_gloo(store, "sums", first_ranks(kWorld), r);
     got[static_cast<size_t>(r)] = sum_doubles(*comm, {1.0 + 1e-12 * r, -0.1 * r, 1e308});
   });
   for (int r = 0; r < kWorld; ++r) {

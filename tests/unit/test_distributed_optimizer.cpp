@@ -11,14 +11,10 @@
 #include "core/optimizer.h"
 #include "parallel/distributed_optimizer.h"
 #include "parallel/grad_buffer.h"
-#include "tests/unit/gloo_ranks.h"
+#include "parallel/thread_ranks.h"
 
 namespace mt {
 namespace {
-
-using testing::first_ranks;
-using testing::join_gloo;
-using testing::run_ranks;
 
 const std::vector<int64_t> kSizes{5, 12, 3, 8, 1, 9};
 

@@ -14,14 +14,10 @@
 #include <vector>
 
 #include "parallel/grad_buffer.h"
-#include "tests/unit/gloo_ranks.h"
+#include "parallel/thread_ranks.h"
 
 namespace mt {
 namespace {
-
-using testing::first_ranks;
-using testing::join_gloo;
-using testing::run_ranks;
 
 // Records each collective: its communicator, the thread that issued it, the range of the flat buffer it
 // covers (by its first element's value, which the tests set to the element's index), where a reduce-scatter

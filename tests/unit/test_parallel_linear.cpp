@@ -10,13 +10,13 @@
 #include <cmath>
 #include <functional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "core/ops.h"
 #include "parallel/communicator.h"
 #include "parallel/parallel_linear.h"
 #include "parallel/sequence_parallel.h"
+#include "parallel/thread_ranks.h"
 #include "parallel/vocab_parallel_embedding.h"
 #include "tests/unit/op_test_util.h"
 
@@ -31,25 +31,10 @@ constexpr int64_t B = 2, T = 4, Ts = T / kRanks, N = B * T, Ns = B * Ts;
 // Runs fn(tp) on kRanks threads, each a rank of one Gloo tensor-parallel group; rethrows the first failure.
 void run_tp(bool sequence_parallel, const std::function<void(const TensorParallel&)>& fn) {
   auto store = make_hash_store();
-  std::vector<std::exception_ptr> errors(kRanks);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kRanks; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        GlooOptions opt;
-        opt.name = "tp";
-        opt.members = {0, 1};
-        opt.global_rank = r;
-        opt.timeout = std::chrono::seconds(20);
-        auto comm = make_gloo_communicator(store, opt);
-        fn(TensorParallel{.comm = comm.get(), .rank = r, .size = kRanks, .sequence_parallel = sequence_parallel});
-      } catch (...) {
-        errors[r] = std::current_exception();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  run_ranks(kRanks, [&](int r) {
+    auto comm = join_gloo(store, "tp", first_ranks(kRanks), r);
+    fn(TensorParallel{.comm = comm.get(), .rank = r, .size = kRanks, .sequence_parallel = sequence_parallel});
+  });
 }
 
 // Host matrix helpers on (rows, cols) tensors.

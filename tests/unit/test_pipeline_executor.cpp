@@ -10,14 +10,10 @@
 
 #include "parallel/pipeline_executor.h"
 #include "parallel/schedule.h"
-#include "tests/unit/gloo_ranks.h"
+#include "parallel/thread_ranks.h"
 
 namespace mt {
 namespace {
-
-using testing::first_ranks;
-using testing::join_gloo;
-using testing::run_ranks;
 
 // What virtual stage vs sends for microbatch mb: its activation, or (backward) its input gradient.
 float activation(int mb, int vs) { return static_cast<float>(mb * 100 + vs); }

@@ -1,5 +1,6 @@
-// gloo_ranks.h: threads as ranks for the parallel runtime's tests: run_ranks runs one function per rank
-// on its own thread, join_gloo gives each its Gloo communicator of a group (one shared in-process store).
+// thread_ranks.h: threads of one process as ranks, for the parallel runtime's tests and `megatrain bench kernels`:
+// run_ranks runs one function per rank on its own thread, join_gloo gives each its Gloo communicator of a group
+// (one shared in-process store, make_hash_store()).
 #pragma once
 #include <chrono>
 #include <exception>
@@ -11,7 +12,7 @@
 
 #include "parallel/communicator.h"
 
-namespace mt::testing {
+namespace mt {
 
 // Runs fn(rank) on n threads, one per rank, and rethrows the first exception any of them threw.
 inline void run_ranks(int n, const std::function<void(int)>& fn) {
@@ -48,4 +49,4 @@ inline std::vector<int> first_ranks(int n) {
   return v;
 }
 
-}  // namespace mt::testing
+}  // namespace mt
