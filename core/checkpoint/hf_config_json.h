@@ -46,4 +46,23 @@ class Object {
   std::string text_;
 };
 
+// The keys every exported config.json starts with: architectures, model_type, vocab_size.
+inline Object begin_config(const char* architecture, const char* model_type, int64_t vocab) {
+  Object j;
+  j.add("architectures", fmt::format("[\"{}\"]", architecture));
+  j.add("model_type", fmt::format("\"{}\"", model_type));
+  j.add("vocab_size", std::to_string(vocab));
+  return j;
+}
+
+// The keys every exported config.json ends with: tie_word_embeddings, bos_token_id, eos_token_id, torch_dtype.
+inline std::string end_config(Object& j, bool tied, int64_t vocab, std::optional<HfSpecialIds> ids, DType dtype) {
+  const auto [bos, eos] = bos_eos_ids(ids, vocab);
+  j.add("tie_word_embeddings", boolean(tied));
+  j.add("bos_token_id", bos);
+  j.add("eos_token_id", eos);
+  j.add("torch_dtype", fmt::format("\"{}\"", torch_dtype(dtype)));
+  return j.str();
+}
+
 }  // namespace mt::hf_json

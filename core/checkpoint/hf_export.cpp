@@ -54,11 +54,7 @@ Tensor read_f32(const CheckpointReader& ckpt, const std::string& name, const Sha
 
 std::string hf_gpt2_config_json(const HfModelShape& g, DType dtype, std::optional<HfSpecialIds> ids) {
   using namespace hf_json;
-  const auto [bos, eos] = bos_eos_ids(ids, g.vocab);
-  Object j;
-  j.add("architectures", "[\"GPT2LMHeadModel\"]");
-  j.add("model_type", "\"gpt2\"");
-  j.add("vocab_size", std::to_string(g.vocab));
+  Object j = begin_config("GPT2LMHeadModel", "gpt2", g.vocab);
   j.add("n_positions", std::to_string(g.positions));
   j.add("n_ctx", std::to_string(g.positions));
   j.add("n_embd", std::to_string(g.hidden));
@@ -73,11 +69,7 @@ std::string hf_gpt2_config_json(const HfModelShape& g, DType dtype, std::optiona
   j.add("initializer_range", num(g.init_std));
   j.add("scale_attn_weights", "true");
   j.add("use_cache", "true");
-  j.add("tie_word_embeddings", boolean(g.tied));
-  j.add("bos_token_id", bos);
-  j.add("eos_token_id", eos);
-  j.add("torch_dtype", fmt::format("\"{}\"", torch_dtype(dtype)));
-  return j.str();
+  return end_config(j, g.tied, g.vocab, ids, dtype);
 }
 
 HfModelShape hf_export_shape(const CheckpointReader& ckpt) {

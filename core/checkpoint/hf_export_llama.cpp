@@ -10,11 +10,7 @@ namespace mt {
 
 std::string hf_llama_config_json(const HfModelShape& s, DType dtype, std::optional<HfSpecialIds> ids) {
   using namespace hf_json;
-  const auto [bos, eos] = bos_eos_ids(ids, s.vocab);
-  Object j;
-  j.add("architectures", "[\"LlamaForCausalLM\"]");
-  j.add("model_type", "\"llama\"");
-  j.add("vocab_size", std::to_string(s.vocab));
+  Object j = begin_config("LlamaForCausalLM", "llama", s.vocab);
   j.add("hidden_size", std::to_string(s.hidden));
   j.add("intermediate_size", std::to_string(s.ffn));
   j.add("num_hidden_layers", std::to_string(s.num_layers));
@@ -32,11 +28,7 @@ std::string hf_llama_config_json(const HfModelShape& s, DType dtype, std::option
   j.add("initializer_range", num(s.init_std));
   j.add("pretraining_tp", "1");
   j.add("use_cache", "true");
-  j.add("tie_word_embeddings", boolean(s.tied));
-  j.add("bos_token_id", bos);
-  j.add("eos_token_id", eos);
-  j.add("torch_dtype", fmt::format("\"{}\"", torch_dtype(dtype)));
-  return j.str();
+  return end_config(j, s.tied, s.vocab, ids, dtype);
 }
 
 }  // namespace mt
