@@ -138,38 +138,42 @@ std::string local_addr_or_throw(const LaunchEnv& e, const Names& n) {
   return kDefaultAddr;
 }
 
+// Rank, world size and local rank of `launcher` under its names n (local_world too when `with_local_world`),
+// each required once `trigger` is set ("torchrun environment is incomplete: ..." names `who`).
+LaunchEnv read_ranks(const Env& env, const char* launcher, const char* who, const char* trigger, const Names& n,
+                     bool with_local_world) {
+  LaunchEnv e;
+  e.launcher = launcher;
+  e.rank = env.require_int(n.rank.c_str(), trigger, who);
+  e.world_size = env.require_int(n.world.c_str(), trigger, who);
+  e.local_rank = env.require_int(n.local_rank.c_str(), trigger, who);
+  if (with_local_world) e.local_world_size = env.require_int(n.local_world.c_str(), trigger, who);
+  return e;
+}
+
 LaunchEnv from_torchrun(const Env& env) {
   const char* trigger = env.has("RANK") ? "RANK" : "WORLD_SIZE";
   const char* who = "torchrun";
-  LaunchEnv e;
-  e.launcher = "torchrun";
-  e.rank = env.require_int("RANK", trigger, who);
-  e.world_size = env.require_int("WORLD_SIZE", trigger, who);
-  e.local_rank = env.require_int("LOCAL_RANK", trigger, who);
-  e.local_world_size = env.require_int("LOCAL_WORLD_SIZE", trigger, who);
+  const Names names{"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"};
+  LaunchEnv e = read_ranks(env, "torchrun", who, trigger, names, true);
   e.master_addr = env.require("MASTER_ADDR", trigger, who);
   if (e.master_addr.empty()) throw error("MASTER_ADDR is set but empty");
   e.master_port = env.require_int("MASTER_PORT", trigger, who);
-  check(e, {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"});
+  check(e, names);
   return e;
 }
 
 LaunchEnv from_slurm(const Env& env) {
   const char* trigger = "SLURM_PROCID";
-  const char* who = "Slurm";
-  LaunchEnv e;
-  e.launcher = "slurm";
-  e.rank = env.require_int("SLURM_PROCID", trigger, who);
-  e.world_size = env.require_int("SLURM_NTASKS", trigger, who);
-  e.local_rank = env.require_int("SLURM_LOCALID", trigger, who);
   const char* local_world_name = env.has("SLURM_NTASKS_PER_NODE") ? "SLURM_NTASKS_PER_NODE" : "SLURM_TASKS_PER_NODE";
+  const Names names{"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", local_world_name, "MASTER_PORT"};
+  LaunchEnv e = read_ranks(env, "slurm", "Slurm", trigger, names, false);
   if (!env.has(local_world_name))
     throw error(
         "Slurm environment is incomplete: SLURM_PROCID is set but neither SLURM_NTASKS_PER_NODE nor "
         "SLURM_TASKS_PER_NODE is");
   e.local_world_size = parse_tasks_per_node(local_world_name, *env.get(local_world_name));
   e.master_port = env.port("MASTER_PORT").value_or(kDefaultPort);
-  Names names{"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", local_world_name, "MASTER_PORT"};
   check(e, names);
   if (auto addr = env.addr("MASTER_ADDR")) {
     e.master_addr = *addr;
@@ -184,17 +188,10 @@ LaunchEnv from_slurm(const Env& env) {
 }
 
 LaunchEnv from_openmpi(const Env& env) {
-  const char* trigger = "OMPI_COMM_WORLD_RANK";
-  const char* who = "Open MPI";
-  LaunchEnv e;
-  e.launcher = "openmpi";
-  e.rank = env.require_int("OMPI_COMM_WORLD_RANK", trigger, who);
-  e.world_size = env.require_int("OMPI_COMM_WORLD_SIZE", trigger, who);
-  e.local_rank = env.require_int("OMPI_COMM_WORLD_LOCAL_RANK", trigger, who);
-  e.local_world_size = env.require_int("OMPI_COMM_WORLD_LOCAL_SIZE", trigger, who);
+  const Names names{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                    "OMPI_COMM_WORLD_LOCAL_SIZE", "MASTER_PORT"};
+  LaunchEnv e = read_ranks(env, "openmpi", "Open MPI", "OMPI_COMM_WORLD_RANK", names, true);
   e.master_port = env.port("MASTER_PORT").value_or(kDefaultPort);
-  Names names{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-              "OMPI_COMM_WORLD_LOCAL_SIZE", "MASTER_PORT"};
   check(e, names);
   auto addr = env.addr("MASTER_ADDR");
   e.master_addr = addr ? *addr : local_addr_or_throw(e, names);
