@@ -123,9 +123,7 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
 
 bool Trainer::spike_check(double local_sum, int64_t iteration) {
   const int64_t M = cfg_.training.num_microbatches, dp = dist_.dp_size();
-  std::vector<double> sum{local_sum};
-  if (dist_.pp_size() > 1) sum = sum_doubles(*dist_.pp, std::move(sum));
-  if (dp > 1) sum = sum_doubles(*dist_.dp, std::move(sum));
+  const std::vector<double> sum = sum_over_stages_and_replicas({local_sum});
   if (!observe_loss(static_cast<float>(sum[0] / static_cast<double>(M * dp)), iteration)) return false;
   if (cfg_.training.loss_spike.action == SpikeAction::stop) spike_stop_ = true;
   return true;
@@ -204,8 +202,7 @@ void Trainer::read_losses() {
   std::vector<double> sums = step_losses_.take();
   if (sums.empty()) return;
   const int64_t M = cfg_.training.num_microbatches, dp = dist_.dp_size();
-  if (dist_.pp_size() > 1) sums = sum_doubles(*dist_.pp, std::move(sums));
-  if (dp > 1) sums = sum_doubles(*dist_.dp, std::move(sums));
+  sums = sum_over_stages_and_replicas(std::move(sums));
   // The slots hold the last sums.size() iterations (this is called between iterations).
   int64_t iteration = c_.iteration - static_cast<int64_t>(sums.size());
   for (double sum : sums) {
@@ -229,10 +226,15 @@ double Trainer::evaluate() {
   EvalStage stage(*this);
   execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage,
                    PipelinePlacement{.comm = dist_.pp.get(), .stage = dist_.pp_rank(), .stages = p, .chunks = v});
-  double sum = stage.loss_sum;
-  if (p > 1) sum = sum_doubles(*dist_.pp, {sum})[0];
-  if (dp > 1) sum = sum_doubles(*dist_.dp, {sum})[0];
-  return sum / static_cast<double>(batches);
+  return sum_over_stages_and_replicas({stage.loss_sum})[0] / static_cast<double>(batches);
+}
+
+// Loss sums live on the last pipeline stage of every data-parallel replica: summed over the pipeline group,
+// then the data-parallel group (as doubles, in that order on every layout), every rank gets the totals.
+std::vector<double> Trainer::sum_over_stages_and_replicas(std::vector<double> sums) {
+  if (dist_.pp_size() > 1) sums = sum_doubles(*dist_.pp, std::move(sums));
+  if (dist_.dp_size() > 1) sums = sum_doubles(*dist_.dp, std::move(sums));
+  return sums;
 }
 
 // The ranks (global) where `here` is true on that rank; every rank calls it at the same point.

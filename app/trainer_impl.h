@@ -155,6 +155,8 @@ class Trainer {
   // Logs which attention implementation ran this interval: on the first report, and whenever the mix changes
   // (a cuDNN call refused mid-run falls back to the kernel: the log says so).
   void log_attention_calls();
+  // Per-replica loss sums (nonzero on last stages only) summed over the pipeline, then the data-parallel group.
+  std::vector<double> sum_over_stages_and_replicas(std::vector<double> sums);
   std::optional<std::string> last_saved_;
   // Read once per logging interval (a long interval reads when its at most 1024 slots are full).
   StepLosses step_losses_{device_, std::min<int64_t>(cfg_.logging.interval, 1024)};
