@@ -278,6 +278,41 @@ void Trainer::check_finite(const StepResult& r) {
         nonfinite_first_));
 }
 
+// Whether training stops after this iteration, and why (logged here): a loss spike with action stop, a signal,
+// --exit-after, training.exit_interval or training.exit_duration_mins. Every rank decides alike: the spike's loss
+// was agreed before the update, and the signal and the wall-clock budget (clocks differ) are agreed here over the
+// whole world in one exchange (a TP or PP peer that trained on would wait for this rank in its next collective).
+std::optional<Trainer::Stop> Trainer::stop_after_iteration() {
+  if (spike_stop_) return Stop{.spike = true};
+  const int sig = stop_signal();
+  const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count() / 60;
+  const bool over_budget = cfg_.training.exit_duration_mins > 0 && minutes >= cfg_.training.exit_duration_mins;
+  std::vector<double> flags{sig != 0 ? 1.0 : 0.0, over_budget ? 1.0 : 0.0};
+  if (dist_.env.world_size > 1) flags = sum_doubles(*dist_.world, flags);
+  if (flags[0] > 0) {
+    spdlog::warn("received {}: saving and stopping after iteration {}",
+                 sig != 0 ? fmt::format("signal {}", sig) : "a stop signal on another rank", c_.iteration);
+    return Stop{};
+  }
+  if (opt_.exit_after > 0 && c_.iteration >= opt_.exit_after) {
+    spdlog::info("stopping after iteration {} as asked (--exit-after)", c_.iteration);
+    return Stop{};
+  }
+  if (c_.iteration >= cfg_.training.train_iters) return std::nullopt;  // the end: no early stop to report
+  if (const int64_t every = cfg_.training.exit_interval; every > 0 && c_.iteration % every == 0) {
+    spdlog::info("saving and exiting after iteration {} (training.exit_interval={})", c_.iteration, every);
+    return Stop{};
+  }
+  if (flags[1] > 0) {
+    spdlog::info(
+        "saving and exiting after iteration {}: training.exit_duration_mins={} reached ({:.2f} min "
+        "since training started{})",
+        c_.iteration, cfg_.training.exit_duration_mins, minutes, over_budget ? "" : " on another rank");
+    return Stop{};
+  }
+  return std::nullopt;
+}
+
 void Trainer::run() {
   const int64_t G = cfg_.training.global_batch_size, S = cfg_.model.seq_length;
   spdlog::info("data: {}", data_.description);
@@ -308,7 +343,8 @@ void Trainer::run() {
   double interval_ms = 0;
   int64_t interval_iters = 0;
   last_report_ = std::chrono::steady_clock::now();
-  while (c_.iteration < cfg_.training.train_iters) {
+  std::optional<Stop> stop;  // why training ends before train_iters, agreed by every rank
+  while (!stop && c_.iteration < cfg_.training.train_iters) {
     auto t0 = std::chrono::steady_clock::now();
     float lr = 0;
     StepResult r;
@@ -367,53 +403,18 @@ void Trainer::run() {
       report_validation(c_.iteration, c_.consumed_samples, c_.consumed_samples * S, evaluate(), metrics_);
     }
     if (cfg_.checkpoint.save_interval > 0 && c_.iteration % cfg_.checkpoint.save_interval == 0) save();
-    if (spike_stop_) {  // every rank decided alike (the loss was agreed before the update)
-      save();
-      throw std::runtime_error(fmt::format(
-          "training stopped after iteration {}: loss spike (training.loss_spike.action=stop; see the warning above). "
-          "The spike's step was not applied; {}. Resuming continues after the spike's batch",
-          c_.iteration,
-          cfg_.checkpoint.save_dir.empty() ? "no checkpoint (checkpoint.save_dir is not set)"
-                                           : fmt::format("checkpoint saved in {}", cfg_.checkpoint.save_dir)));
-    }
-    // Every rank must stop after the same iteration, whenever the signal reached it: agreed over the whole
-    // world (a TP or PP peer that trained on would wait for this rank in its next collective).
-    // The wall-clock budget is agreed the same way (ranks' clocks differ): one exchange carries both flags.
-    const int sig = stop_signal();
-    const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count() / 60;
-    const bool over_budget = cfg_.training.exit_duration_mins > 0 && minutes >= cfg_.training.exit_duration_mins;
-    std::vector<double> flags{sig != 0 ? 1.0 : 0.0, over_budget ? 1.0 : 0.0};
-    if (dist_.env.world_size > 1) flags = sum_doubles(*dist_.world, flags);
-    const bool stop = flags[0] > 0;
-    if (stop) {
-      spdlog::warn("received {}: saving and stopping after iteration {}",
-                   sig != 0 ? fmt::format("signal {}", sig) : "a stop signal on another rank", c_.iteration);
-      save();
-      return;
-    }
-    if (opt_.exit_after > 0 && c_.iteration >= opt_.exit_after) {
-      spdlog::info("stopping after iteration {} as asked (--exit-after)", c_.iteration);
-      save();
-      return;
-    }
-    if (c_.iteration < cfg_.training.train_iters) {
-      const int64_t every = cfg_.training.exit_interval;
-      if (every > 0 && c_.iteration % every == 0) {
-        spdlog::info("saving and exiting after iteration {} (training.exit_interval={})", c_.iteration, every);
-        save();
-        return;
-      }
-      if (flags[1] > 0) {
-        spdlog::info(
-            "saving and exiting after iteration {}: training.exit_duration_mins={} reached ({:.2f} min "
-            "since training started{})",
-            c_.iteration, cfg_.training.exit_duration_mins, minutes, over_budget ? "" : " on another rank");
-        save();
-        return;
-      }
-    }
+    stop = stop_after_iteration();
   }
+  // One save for every way out of the loop (a no-op when the interval save above took this iteration).
   save();
+  if (stop && stop->spike)
+    throw std::runtime_error(fmt::format(
+        "training stopped after iteration {}: loss spike (training.loss_spike.action=stop; see the warning above). "
+        "The spike's step was not applied; {}. Resuming continues after the spike's batch",
+        c_.iteration,
+        cfg_.checkpoint.save_dir.empty() ? "no checkpoint (checkpoint.save_dir is not set)"
+                                         : fmt::format("checkpoint saved in {}", cfg_.checkpoint.save_dir)));
+  if (stop) return;
   spdlog::info("training done: {} iterations, {} samples, {} skipped, {} nan; peak memory (MiB): {}", c_.iteration,
                c_.consumed_samples, c_.skipped_iters, c_.nan_iters, memory_summary(device_));
 }

@@ -142,6 +142,10 @@ class Trainer {
   // training.loss_spike.action skip/stop: each step's loss is checked before its update (else once per read).
   bool spike_per_step() const { return cfg_.training.loss_spike.action != SpikeAction::log; }
   bool spike_stop_ = false;  // a spike with action stop: save and exit after this iteration
+  struct Stop {
+    bool spike = false;  // a loss spike with action stop (the run then exits with an error); else asked for
+  };
+  std::optional<Stop> stop_after_iteration();
   LrSchedule schedule_;
   MetricsFile metrics_;
   Counters c_;
