@@ -186,6 +186,8 @@ TEST(LocalLauncher, RankEnvironmentGivesEveryRankTheLaunchsJobId) {
 
 TEST_F(LocalLauncherTest, AllRanksSucceedingGivesZero) { EXPECT_EQ(launch_local(shell(4, "exit 0")), 0); }
 
+// A rank writes its pid file under a temporary name and renames it: the peer that waits for the file to exist
+// then fails (and so the launcher kills the writer) must never see it created but not yet written (pid 0).
 TEST_F(LocalLauncherTest, FirstFailureStopsTheOthersPromptlyAndGivesItsCode) {
   // Rank 2 fails once the others are asleep for 30 s; the launcher must not wait for them.
   auto opt = shell(4, R"(
@@ -193,7 +195,7 @@ TEST_F(LocalLauncherTest, FirstFailureStopsTheOthersPromptlyAndGivesItsCode) {
       until [ -e "$1/pid.0" ] && [ -e "$1/pid.1" ] && [ -e "$1/pid.3" ]; do sleep 0.02; done
       exit 3
     fi
-    echo $$ > "$1/pid.$RANK"
+    echo $$ > "$1/pid.$RANK.tmp" && mv "$1/pid.$RANK.tmp" "$1/pid.$RANK"
     exec sleep 30)");
   auto start = Clock::now();
   EXPECT_EQ(launch_local(opt), 3);
@@ -212,7 +214,7 @@ TEST_F(LocalLauncherTest, RankIgnoringSigtermIsKilledAfterTheGrace) {
       exit 1
     fi
     trap '' TERM
-    echo $$ > "$1/pid.1"
+    echo $$ > "$1/pid.1.tmp" && mv "$1/pid.1.tmp" "$1/pid.1"
     exec sleep 30)");
   opt.grace = 300ms;
   auto start = Clock::now();
@@ -242,7 +244,7 @@ TEST_F(LocalLauncherTest, AStoppedRankIsNamedBeforeThePeerThatTimedOutAndKilledA
   // Rank 1 stops itself (SIGSTOP); rank 0, "timing out" waiting for it, exits 1. The stopped rank is the cause:
   // named first, and killed without waiting out the 10 s grace (SIGTERM cannot reach a stopped process).
   auto opt = shell(2, R"(
-    if [ "$RANK" = 1 ]; then echo $$ > "$1/pid.1"; kill -STOP $$; exit 0; fi
+    if [ "$RANK" = 1 ]; then echo $$ > "$1/pid.1.tmp" && mv "$1/pid.1.tmp" "$1/pid.1"; kill -STOP $$; exit 0; fi
     until [ -e "$1/pid.1" ]; do sleep 0.02; done
     sleep 0.3; exit 1)");
   const auto start = Clock::now();
