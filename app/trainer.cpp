@@ -177,8 +177,8 @@ void Trainer::log_peak_memory(const std::vector<int64_t>& peaks) const {
                stages.size() > 1 ? fmt::format("; per pipeline stage {}", fmt::join(stages, " | ")) : std::string());
 }
 
-void Trainer::log_attention_calls() {
-  const AttentionCalls now = attention_calls(), was = attention_at_report_;
+void Trainer::log_attention_calls(const AttentionCalls& now) {
+  const AttentionCalls was = attention_at_report_;
   const AttentionCalls interval{
       .cpu = now.cpu - was.cpu, .cudnn = now.cudnn - was.cudnn, .kernel = now.kernel - was.kernel};
   attention_at_report_ = now;
@@ -365,6 +365,7 @@ void Trainer::run() {
       // Ranks differ (pipeline stages above all): the first report and every tenth gathers their peaks.
       const std::vector<int64_t> peaks =
           dist_.env.world_size > 1 && reports_ % 10 == 0 ? gather_peak_memory() : std::vector<int64_t>();
+      const AttentionCalls attention = attention_calls();
       report_interval(
           IntervalReport{.iteration = c_.iteration,
                          .train_iters = cfg_.training.train_iters,
@@ -389,9 +390,9 @@ void Trainer::run() {
                          .last_overflow = r.found_inf,
                          .verbose_line = cfg_.logging.verbose_line,
                          .peak_bytes_per_rank = peaks,
-                         .attention = attention_calls()},
+                         .attention = attention},
           metrics_);
-      log_attention_calls();
+      log_attention_calls(attention);
       if (reports_ == 0) spdlog::info("peak memory (MiB): {}", memory_summary(device_));
       if (!peaks.empty() && dist_.is_logging_rank()) log_peak_memory(peaks);
       ++reports_;

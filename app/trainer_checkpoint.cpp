@@ -44,7 +44,8 @@ void Trainer::maybe_resume() {
     partial.emplace();
   }
   optimizer_->load_state(
-      [&](const std::vector<Optimizer::Slot>& slots) { load_optimizer(reader, slots, partial ? &*partial : nullptr); });
+      [&](const std::vector<Optimizer::Slot>& slots) { load_optimizer(reader, slots, partial ? &*partial : nullptr); },
+      partial.has_value());
   if (partial) {
     spdlog::warn("partial load: {} tensors loaded: {}", partial->loaded.size(), fmt::join(partial->loaded, ", "));
     spdlog::warn("partial load: {} tensors left at their initial values: {}", partial->skipped.size(),

@@ -158,7 +158,7 @@ class Trainer {
   int attention_kinds_ = -1;            // which implementations ran in the previous interval (bits); -1 before
   // Logs which attention implementation ran this interval: on the first report, and whenever the mix changes
   // (a cuDNN call refused mid-run falls back to the kernel: the log says so).
-  void log_attention_calls();
+  void log_attention_calls(const AttentionCalls& now);
   // Per-replica loss sums (nonzero on last stages only) summed over the pipeline, then the data-parallel group.
   std::vector<double> sum_over_stages_and_replicas(std::vector<double> sums);
   std::optional<std::string> last_saved_;

@@ -93,7 +93,7 @@ std::vector<Tensor> AdamW::counted_grads() const {
   return counted;
 }
 
-void AdamW::load_state(const std::function<void(const std::vector<Slot>&)>& fill) {
+void AdamW::load_state(const std::function<void(const std::vector<Slot>&)>& fill, bool /*partial*/) {
   fill(slots_);  // in place: what a partial load skips keeps its initial state
   sync_values_from_master();
 }

@@ -84,10 +84,10 @@ class Optimizer {
   // ranks that `keep` them (the writer); with sharded state every rank of the group takes part (collective)
   // and the others get nothing.
   virtual std::vector<Slot> gather_state(bool keep) = 0;
-  // Loading: `fill` writes whole per-parameter states into the slots it is given (a partial load skips some,
-  // which then keep the initial values and zero moments); this rank then takes its part and sets the
+  // Loading: `fill` writes whole per-parameter states into the slots it is given; with `partial` it may skip
+  // some, which then keep the initial values and zero moments. This rank then takes its part and sets the
   // parameters' values from the masters.
-  virtual void load_state(const std::function<void(const std::vector<Slot>&)>& fill) = 0;
+  virtual void load_state(const std::function<void(const std::vector<Slot>&)>& fill, bool partial) = 0;
 
  protected:
   // This rank's gradients that enter the global grad norm (views of the reduced gradients it updates from).
@@ -116,7 +116,7 @@ class AdamW final : public Optimizer {
   void sync_values_from_master();
 
   std::vector<Slot> gather_state(bool keep) override { return slots_; }
-  void load_state(const std::function<void(const std::vector<Slot>&)>& fill) override;
+  void load_state(const std::function<void(const std::vector<Slot>&)>& fill, bool partial) override;
 
  private:
   std::vector<Tensor> counted_grads() const override;

@@ -127,16 +127,18 @@ std::vector<OptimizerSlot> DistributedOptimizer::gather_slots(bool keep) {
   return slots;
 }
 
-void DistributedOptimizer::load_state(const std::function<void(const std::vector<Slot>&)>& fill) {
+void DistributedOptimizer::load_state(const std::function<void(const std::vector<Slot>&)>& fill, bool partial) {
   // Whole per-parameter states of this model-parallel slice in host memory, then this rank's shard of them. What
   // a partial load skips keeps the initial values (the parameters' own) and zero moments.
   std::vector<Slot> slots;
   for (Parameter* p : grads_.params()) {
     auto host = [&] { return Tensor::empty(p->value.shape(), DType::f32, Device::cpu, MemKind::workspace); };
     Slot slot{p, host(), host(), host()};
-    slot.master.copy_from(p->value);
-    slot.exp_avg.zero_();
-    slot.exp_avg_sq.zero_();
+    if (partial) {  // else `fill` writes every element
+      slot.master.copy_from(p->value);
+      slot.exp_avg.zero_();
+      slot.exp_avg_sq.zero_();
+    }
     slots.push_back(slot);
   }
   fill(slots);

@@ -31,7 +31,7 @@ class DistributedOptimizer final : public Optimizer {
 
   std::vector<Slot> gather_state(bool keep) override { return gather_slots(keep); }
   // The whole states go through host memory (12 bytes a parameter: more than a GPU holds beside the model).
-  void load_state(const std::function<void(const std::vector<Slot>&)>& fill) override;
+  void load_state(const std::function<void(const std::vector<Slot>&)>& fill, bool partial) override;
 
   int64_t shard_size() const { return shard_; }
 
