@@ -2,8 +2,8 @@
 
 #include <fmt/format.h>
 
-#include "core/ops.h"
-#include "core/rng.h"
+#include "core/tensor/ops.h"
+#include "core/base/rng.h"
 
 namespace mt {
 

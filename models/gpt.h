@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "core/config/config.h"
-#include "core/tensor.h"
-#include "core/parameter.h"
+#include "core/tensor/tensor.h"
+#include "core/tensor/parameter.h"
 #include "models/transformer_layer.h"
 #include "parallel/parallel_linear.h"
 #include "parallel/vocab_parallel_embedding.h"
@@ -50,7 +50,7 @@ class GptModel {
   Tensor forward_stage(const Tensor& input, const Tensor& tokens, const Tensor& targets, int mb, const StepContext& ctx,
                        float* loss);
   // As above, but the last stage adds its mean loss (rounded to f32, the value *loss would get) into
-  // loss_sum (1) f64 on the model's device (core/ops.h accumulate_mean) without reading it: training waits
+  // loss_sum (1) f64 on the model's device (core/tensor/ops.h accumulate_mean) without reading it: training waits
   // for the device once per step, not once per microbatch.
   Tensor forward_stage(const Tensor& input, const Tensor& tokens, const Tensor& targets, int mb, const StepContext& ctx,
                        Tensor& loss_sum);

@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "core/ops.h"
+#include "core/tensor/ops.h"
 
 namespace mt {
 

@@ -3,7 +3,7 @@
 // each new token attends to the keys and values cached for the tokens before it instead of recomputing them.
 //
 // It reads the model's parameters by their global names (the names checkpoints use) and runs the same ops in
-// the same order as GptModel::forward (core/ops.h), so a prefill from position 0 computes what the training
+// the same order as GptModel::forward (core/tensor/ops.h), so a prefill from position 0 computes what the training
 // forward computes. Both architectures share the loop; they differ in three steps:
 //  * norm: LayerNorm with bias (gpt) or RMSNorm (llama, no biases anywhere);
 //  * position: the learned position table added to the embedding (gpt), or the rotary embedding of the fed
@@ -23,7 +23,7 @@
 #include <span>
 #include <vector>
 
-#include "core/tensor.h"
+#include "core/tensor/tensor.h"
 #include "models/gpt.h"
 
 namespace mt {

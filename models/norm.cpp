@@ -1,6 +1,6 @@
 #include "models/norm.h"
 
-#include "core/ops.h"
+#include "core/tensor/ops.h"
 
 namespace mt {
 

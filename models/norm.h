@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "core/config/config.h"
-#include "core/parameter.h"
-#include "core/tensor.h"
+#include "core/tensor/parameter.h"
+#include "core/tensor/tensor.h"
 
 namespace mt {
 

@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "core/rng.h"
+#include "core/base/rng.h"
 
 namespace mt {
 

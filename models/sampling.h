@@ -1,6 +1,6 @@
 // sampling.h: choosing the next token from a model's logits: greedy (argmax), or a draw after temperature,
 // top-k and top-p (nucleus) filtering, in the order of Hugging Face's generate (temperature, then top-k, then
-// top-p). Draws come from the counter-based RNG (core/rng.h) keyed by (seed, step), so the same seed and
+// top-p). Draws come from the counter-based RNG (core/base/rng.h) keyed by (seed, step), so the same seed and
 // prompt give the same text on every machine and device.
 #pragma once
 #include <cstdint>

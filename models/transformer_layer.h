@@ -12,7 +12,7 @@
 // parallelism the norms, dropout and residuals run on this rank's sequence shard and the linears gather /
 // reduce-scatter at their edges, so attention and the rotary embeddings always see whole sequences (positions
 // 0..T-1 in every layout).
-// Fusions (core/ops.h): the QKV and fc1 biases, fc1's GELU, fc1's dGELU with its bias gradient (on fc2's
+// Fusions (core/tensor/ops.h): the QKV and fc1 biases, fc1's GELU, fc1's dGELU with its bias gradient (on fc2's
 // input-gradient GEMM) and the bias gradients of the weight-gradient GEMMs ride on GEMM epilogues; each
 // residual add is one dropout_add. On the CPU all of it computes exactly what the separate ops computed.
 #pragma once
@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "core/config/config.h"
-#include "core/parameter.h"
-#include "core/tensor.h"
+#include "core/tensor/parameter.h"
+#include "core/tensor/tensor.h"
 #include "models/norm.h"
 #include "parallel/parallel_linear.h"
 #include "parallel/tensor_parallel.h"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
+#include "core/tensor/tensor.h"
 #include "parallel/store.h"
 
 namespace mt {

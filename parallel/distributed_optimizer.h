@@ -6,7 +6,7 @@
 #include <functional>
 #include <vector>
 
-#include "core/optimizer.h"
+#include "core/optim/optimizer.h"
 #include "parallel/communicator.h"
 #include "parallel/grad_buffer.h"
 

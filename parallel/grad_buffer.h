@@ -25,7 +25,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/parameter.h"
+#include "core/tensor/parameter.h"
 #include "parallel/communicator.h"
 
 namespace mt {

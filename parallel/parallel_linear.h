@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "core/ops.h"
-#include "core/parameter.h"
+#include "core/tensor/ops.h"
+#include "core/tensor/parameter.h"
 #include "parallel/tensor_parallel.h"
 
 namespace mt {
@@ -85,7 +85,7 @@ class RowParallelLinear {
   Tensor forward(const Tensor& x, int64_t B) const;
 
   struct BackwardOptions {
-    // An epilogue for the input-gradient GEMM dx = dout W (core/ops.h): dgelu_bgrad with `aux` the GELU
+    // An epilogue for the input-gradient GEMM dx = dout W (core/tensor/ops.h): dgelu_bgrad with `aux` the GELU
     // pre-activation of the column-parallel layer before and `dbias` that layer's bias gradient gives
     // d(pre-activation) and its bias gradient in one GEMM (fc2 -> fc1).
     Epilogue dx_epilogue = Epilogue::none;

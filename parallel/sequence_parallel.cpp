@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "core/ops.h"
+#include "core/tensor/ops.h"
 
 namespace mt {
 

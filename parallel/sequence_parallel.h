@@ -4,7 +4,7 @@
 // while other work runs (parallel/linear_layers.h overlaps them with its GEMMs).
 //
 // Layout: activations are (B, T, C), so a sequence shard is B strided blocks and each collective runs on a
-// rank-major copy (transpose_blocks, core/ops.h). Megatron stores (T, B, C), where a shard is one contiguous
+// rank-major copy (transpose_blocks, core/tensor/ops.h). Megatron stores (T, B, C), where a shard is one contiguous
 // slice and the copies vanish; we keep (B, T, C) because every other op takes it: the attention ops (the CPU
 // reference, our CUDA kernel and cuDNN's graph with its strides), the embeddings, dropout's mask coordinates
 // and the loss all index (b, t). Switching would touch every kernel and its tests to save two device copies
@@ -12,7 +12,7 @@
 #pragma once
 #include <memory>
 
-#include "core/tensor.h"
+#include "core/tensor/tensor.h"
 #include "parallel/tensor_parallel.h"
 
 namespace mt {

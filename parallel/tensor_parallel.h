@@ -5,7 +5,7 @@
 // sequence parallelism the sums become reduce-scatters and the passes all-gathers (sequence_parallel.h).
 // The sums and maxima of the vocabulary-parallel loss use reduce_from_group() and max_over_group().
 #pragma once
-#include "core/tensor.h"
+#include "core/tensor/tensor.h"
 #include "parallel/communicator.h"
 
 namespace mt {

@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "core/ops.h"
+#include "core/tensor/ops.h"
 #include "parallel/sequence_parallel.h"
 
 namespace mt {

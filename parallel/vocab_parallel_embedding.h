@@ -6,7 +6,7 @@
 #pragma once
 #include <string>
 
-#include "core/parameter.h"
+#include "core/tensor/parameter.h"
 #include "parallel/tensor_parallel.h"
 
 namespace mt {

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "core/dtype.h"
+#include "core/base/dtype.h"
 #include "parallel/schedule.h"
 #include "plan/activation_tape.h"
 
@@ -16,7 +16,7 @@ namespace {
 
 constexpr double kCublasLtWorkspace = 32.0 * 1048576;  // core/cuda/gemm.cpp kWorkspaceBytes, kept for the process
 
-// The chunks of pipeline rank `stage`: virtual stage c * p + stage holds chunk c (app/trainer.cpp build_chunks).
+// The chunks of pipeline rank `stage`: virtual stage c * p + stage holds chunk c (app/train/trainer.cpp build_chunks).
 std::vector<ChunkSpec> chunks_of(const Config& c, int64_t stage) {
   const int64_t p = c.parallel.pipeline, v = c.parallel.virtual_pipeline, vstages = p * v;
   std::vector<int64_t> layers = c.parallel.layers_per_stage;
@@ -170,7 +170,7 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
   for (const auto& [kind, stage] : kinds) {
     StageMemory sm{.kind = kind, .stage = stage};
     const std::vector<ChunkSpec> chunks = chunks_of(c, stage);
-    std::vector<double> params;  // app/trainer.cpp all_parameters: the chunks' parameters in chunk order
+    std::vector<double> params;  // app/train/trainer.cpp all_parameters: the chunks' parameters in chunk order
     std::vector<ChunkProfile> prof;
     for (const ChunkSpec& ch : chunks) {
       const std::vector<double> more = chunk_parameters(shapes.m, ch);
@@ -187,7 +187,7 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     // parallel/grad_buffer.cpp: one flat fp32 buffer; with ZeRO its buckets are reduce-scattered in place and
     // the distributed optimizer reads its blocks there (no gradient shard of its own).
     b[MemKind::gradient] = 4 * g.elements;
-    // core/optimizer.cpp: fp32 master (the value itself in fp32) and two moments. ZeRO
+    // core/optim/optimizer.cpp: fp32 master (the value itself in fp32) and two moments. ZeRO
     // (parallel/distributed_optimizer.cpp): master and moments of its blocks, plus the blocks' values in the
     // compute dtype (value_shard_) for the all-gather.
     b[MemKind::optimizer] = zero ? g.shard * (12 + (d != 4 ? d : 0)) : n * (8 + (d != 4 ? 4 : 0));

@@ -1,8 +1,8 @@
-// memory_model.h: predicted peak memory of one rank, split by the allocator's kinds (core/allocator.h MemKind)
+// memory_model.h: predicted peak memory of one rank, split by the allocator's kinds (core/tensor/allocator.h MemKind)
 // exactly as the training log prints it ("peak memory (MiB): parameters .. | gradients .. | ...").
 //
 // The prediction mirrors the code, not a textbook formula: parameters and their gradient buffer as the model
-// and the trainer allocate them, the optimizer state of core/optimizer.cpp or parallel/distributed_optimizer.cpp,
+// and the trainer allocate them, the optimizer state of core/optim/optimizer.cpp or parallel/distributed_optimizer.cpp,
 // and activations from an allocation tape (plan/activation_tape.cpp) that replays, in the code's order, every
 // tensor a transformer layer, the head and the embedding allocate and free, walked through the real pipeline
 // schedule (parallel/schedule.h) so the microbatches in flight on each stage are the trainer's.
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/allocator.h"
+#include "core/tensor/allocator.h"
 #include "core/config/config.h"
 
 namespace mt::plan {

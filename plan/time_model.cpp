@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "core/dtype.h"
+#include "core/base/dtype.h"
 #include "models/gpt.h"
 #include "plan/model_shapes.h"
 

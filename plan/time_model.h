@@ -1,7 +1,7 @@
 // time_model.h: predicted time of one training step of a resolved config on a Hardware, split as a profile
 // would split it, and the throughput figures the training log prints (tokens/s, TFLOP/s per GPU, MFU).
 //
-// What it assumes of the code (app/trainer.cpp, models/, parallel/ at this commit): tensor-parallel
+// What it assumes of the code (app/train/trainer.cpp, models/, parallel/ at this commit): tensor-parallel
 // reductions are synchronous (no overlap with compute); with sequence parallelism backward gathers ln1 and ln2
 // again; pipeline transfers are waited on before each compute (exposed); without ZeRO the data-parallel
 // buckets reduce during the last microbatch's backward; with ZeRO the gradients are reduce-scattered and the

@@ -67,10 +67,10 @@ fi
 # The GPU tests to take along: those whose sources exist (the CUDA ops test may not be written yet).
 GPU_TESTS=()
 for t in test_cuda_ops test_comm_nccl test_distributed test_cuda_allocator test_training; do
-  if [[ -f tests/unit/$t.cpp ]]; then
+  if [[ -n $(find tests/unit -name "$t.cpp" -print -quit) ]]; then
     GPU_TESTS+=("$t")
   elif [[ $t != test_training ]]; then
-    warn "tests/unit/$t.cpp does not exist: the bundle will not hold $t (gpu-run.sh check will report it missing)"
+    warn "no tests/unit/**/$t.cpp: the bundle will not hold $t (gpu-run.sh check will report it missing)"
   fi
 done
 

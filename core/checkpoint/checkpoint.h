@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "core/tensor.h"
+#include "core/tensor/tensor.h"
 
 namespace mt {
 
@@ -65,7 +65,7 @@ std::optional<std::string> resolve_checkpoint(const std::string& path);
 // starts over silently. Throws CheckpointError when checkpoints are there but none is complete.
 std::optional<std::string> resolve_resume_checkpoint(const std::string& path);
 
-class MappedFile;  // core/mapped_file.h
+class MappedFile;  // core/io/mapped_file.h
 
 struct TensorInfo {
   std::string name;

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/mapped_file.h"
+#include "core/io/mapped_file.h"
 
 namespace mt::ckpt {
 

@@ -8,7 +8,9 @@
 #include <string_view>
 #include <vector>
 
-#include "core/dtype.h"
+#include "core/base/dtype.h"
+#include "core/base/enum_names.h"
+#include "core/optim/lr_schedule.h"
 
 namespace mt {
 
@@ -21,7 +23,8 @@ class ConfigError : public std::runtime_error {
 
 // The keys that name one of a few choices are enums, parsed once when the config is read (an unknown name is
 // an error naming the key, the choices and the place in the file) and written back by name. Each enum's names
-// are listed in EnumNames, in the order of its values; `planned` names are known but not implemented yet.
+// are listed in EnumNames (core/base/enum_names.h), in the order of its values; `planned` names are known but
+// not implemented yet. The learning-rate schedule's (LrDecay, WsdShape) stand beside it, in core/optim.
 // gpt: GPT-2/3 (LayerNorm, GELU MLP, learned positions, biases, tied embeddings); llama: RMSNorm, SwiGLU MLP,
 // rotary positions, grouped-query attention, no biases, untied embeddings.
 enum class Arch { gpt, llama };
@@ -29,16 +32,9 @@ enum class Precision { fp32, bf16, fp16 };
 enum class Recompute { none, full };
 enum class DeviceChoice { automatic, cuda, cpu };
 enum class BackendChoice { automatic, nccl, gloo };
-// wsd: warmup-stable-decay (peak until the last optimizer.wsd_decay_fraction of decay_iters, then a WsdShape
-// anneal to min_lr); inverse_square_root: lr * sqrt(warmup) / sqrt(step) after the warmup, floored at min_lr.
-enum class LrDecay { cosine, linear, constant, wsd, inverse_square_root };
-// The anneal of a wsd schedule (Megatron's --lr-wsd-decay-style; its minus_sqrt is our 1-sqrt).
-enum class WsdShape { linear, cosine, exponential, one_minus_sqrt };
 enum class OptimizerType { adamw };
 enum class SpikeAction { log, skip, stop };
 
-template <class E>
-struct EnumNames;
 template <>
 struct EnumNames<Arch> {
   static constexpr std::array names{"gpt", "llama"};
@@ -65,16 +61,6 @@ struct EnumNames<BackendChoice> {
   static constexpr std::array<const char*, 0> planned{};
 };
 template <>
-struct EnumNames<LrDecay> {
-  static constexpr std::array names{"cosine", "linear", "constant", "wsd", "inverse_square_root"};
-  static constexpr std::array<const char*, 0> planned{};
-};
-template <>
-struct EnumNames<WsdShape> {
-  static constexpr std::array names{"linear", "cosine", "exponential", "1-sqrt"};
-  static constexpr std::array<const char*, 0> planned{};
-};
-template <>
 struct EnumNames<OptimizerType> {
   static constexpr std::array names{"adamw"};
   static constexpr std::array<const char*, 0> planned{};
@@ -85,24 +71,6 @@ struct EnumNames<SpikeAction> {
   static constexpr std::array names{"log", "skip", "stop"};
   static constexpr std::array<const char*, 0> planned{};
 };
-
-template <class E>
-concept ConfigEnum = requires {
-  EnumNames<E>::names;
-};
-
-// The name of a choice, as the config file spells it.
-template <ConfigEnum E>
-std::string_view name_of(E e) {
-  return EnumNames<E>::names.at(static_cast<size_t>(e));
-}
-// The choice a name spells, if any.
-template <ConfigEnum E>
-std::optional<E> parse_choice(std::string_view name) {
-  for (size_t i = 0; i < EnumNames<E>::names.size(); ++i)
-    if (name == EnumNames<E>::names[i]) return static_cast<E>(i);
-  return std::nullopt;
-}
 
 // The compute dtype of a precision.
 inline DType dtype_of(Precision p) {

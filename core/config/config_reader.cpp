@@ -278,7 +278,7 @@ class Reader {
       src_.fail(path, "expected a string, got " + describe(*n), n->Mark());
   }
   // One of the enum's names (config.h EnumNames); a planned name says it is not implemented yet.
-  template <ConfigEnum E>
+  template <NamedEnum E>
   void field(const Key& k, E& out) {
     std::string path;
     auto n = value(k, path);

@@ -1,7 +1,7 @@
 // config_rules.cpp: every rule a Config must satisfy, checked in section order, and its derived values.
 #include "core/config/config_rules.h"
 
-#include "core/tensor.h"
+#include "core/tensor/tensor.h"
 
 #include <fmt/format.h>
 
@@ -24,7 +24,7 @@ constexpr int64_t kMaxVocabMultiple = int64_t{1} << 20;
 constexpr int64_t kMaxParallel = int64_t{1} << 20;  // ranks along one dimension
 constexpr int64_t kMaxCount = int64_t{1} << 40;     // iterations, batch sizes, intervals
 constexpr double kMaxTimeoutS = 1e7;                // about 115 days; times 1000 fits int64 milliseconds
-// Bytes one tensor may hold (kMaxTensorBytes in core/tensor.h), as a double for products of config sizes.
+// Bytes one tensor may hold (kMaxTensorBytes in core/tensor/tensor.h), as a double for products of config sizes.
 constexpr double kMaxBytes = static_cast<double>(kMaxTensorBytes);
 
 // Small checks that name the key and the value.

@@ -53,7 +53,7 @@ std::string scalar(float v) { return fmt::format("{}", v); }
 std::string scalar(int64_t v) { return fmt::format("{}", v); }
 std::string scalar(bool v) { return v ? "true" : "false"; }
 std::string scalar(const std::string& v) { return quote(v); }
-template <ConfigEnum E>
+template <NamedEnum E>
 std::string scalar(E v) {
   return std::string(name_of(v));
 }

@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "core/rng.h"
+#include "core/base/rng.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "core/tensor.h"
+#include "core/tensor/tensor.h"
 
 namespace mt::cpu {
 

@@ -73,7 +73,7 @@ void adamw_step(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp
 // ---- fused step ops --------------------------------------------------------------------------------
 
 // One loop over all elements for both results; the sum in buffer order, in double (the reference order that
-// sum_squares and has_inf_or_nan in core/ops.cpp report too).
+// sum_squares and has_inf_or_nan in core/tensor/ops.cpp report too).
 void grad_stats(const std::vector<Tensor>& xs, Tensor& stats) {
   double s = 0.0;
   bool bad = false;

@@ -1,5 +1,5 @@
 // rope.cpp: rotary position embedding on the CPU, in place on the query and key slots of a
-// (B, T, G, R + 2, D) qkv activation (core/ops.h gives the exact numerics). A (T, D/2) table of fp32 cos and
+// (B, T, G, R + 2, D) qkv activation (core/tensor/ops.h gives the exact numerics). A (T, D/2) table of fp32 cos and
 // sin is computed once per call; each token's query and key vectors are rotated by it in fp32 and rounded once
 // on store. The value slots are neither read nor written.
 #include <cmath>

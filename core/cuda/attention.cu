@@ -40,7 +40,7 @@
 #include "core/cuda/attention_cudnn.h"
 #include "core/cuda/kernels.cuh"
 #include "core/cuda/ops_cuda.h"
-#include "core/rng.h"
+#include "core/base/rng.h"
 
 namespace mt::cuda {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <string_view>
 
-#include "core/dtype.h"
+#include "core/base/dtype.h"
 
 namespace mt::cuda {
 

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/ops.h"
+#include "core/tensor/ops.h"
 
 namespace mt::cuda {
 

@@ -8,7 +8,7 @@
 
 #include "core/cuda/launch.h"  // blocks_for and the rest of the launch arithmetic
 #include "core/cuda/runtime.h"
-#include "core/dtype.h"
+#include "core/base/dtype.h"
 
 namespace mt::cuda {
 

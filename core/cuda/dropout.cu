@@ -1,7 +1,7 @@
 // dropout.cu: dropout keyed by global coordinates on the GPU. Element (b, t, c) of a (B, T, C) tensor is kept
 // when dropout_uniform(seed, site, sample_offset + b, row_offset + t, col_offset + c) >= p and then scaled by
 // 1 / (1 - p), as core/cpu/dropout.cpp; the masks are the CPU's bit for bit, since both draw from the same
-// Philox blocks (core/rng.h). The backward regenerates the same mask.
+// Philox blocks (core/base/rng.h). The backward regenerates the same mask.
 //
 // Launch: one thread per Philox block of a row (four neighbouring global columns, aligned to multiples of
 // four of the global column, so a shard whose col_offset is not a multiple of four starts mid-block);
@@ -15,7 +15,7 @@
 
 #include "core/cuda/kernels.cuh"
 #include "core/cuda/ops_cuda.h"
-#include "core/rng.h"
+#include "core/base/rng.h"
 
 namespace mt::cuda {
 
@@ -77,7 +77,7 @@ void apply_mask(const char* op, const Tensor& x, Tensor& out, const DropoutOptio
   }
   const int64_t N = B * T_len;
   if (N == 0 || C == 0) return;
-  const float scale = 1.f / (1.f - opt.p);  // as dropout_row_scales (core/rng.h), computed on the host
+  const float scale = 1.f / (1.f - opt.p);  // as dropout_row_scales (core/base/rng.h), computed on the host
   const uint64_t sample_offset = static_cast<uint64_t>(opt.sample_offset),
                  row_offset = static_cast<uint64_t>(opt.row_offset);
   MT_DISPATCH_FLOAT(x.dtype(), op, T, {

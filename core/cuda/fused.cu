@@ -10,7 +10,7 @@
 
 #include "core/cuda/kernels.cuh"
 #include "core/cuda/ops_cuda.h"
-#include "core/rng.h"
+#include "core/base/rng.h"
 
 namespace mt::cuda {
 

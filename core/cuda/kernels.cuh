@@ -16,9 +16,9 @@
 #include <type_traits>
 
 #include "core/cuda/cuda_check.h"
-#include "core/dtype.h"
-#include "core/rng.h"
-#include "core/tensor.h"
+#include "core/base/dtype.h"
+#include "core/base/rng.h"
+#include "core/tensor/tensor.h"
 
 namespace mt::cuda {
 
@@ -233,7 +233,7 @@ void launch_rows(int64_t C, Launch&& launch, const P*... ptrs) {
 
 // Dropout of the E = 4Q values v of global columns [4 block0, 4 block0 + E) of one row (sample, row): value
 // 4q + lane is kept, times scale, when lane `lane` of Philox block block0 + q is >= p, else 0 (even when it is
-// inf or NaN), as the CPU's masks (core/rng.h).
+// inf or NaN), as the CPU's masks (core/base/rng.h).
 template <int E>
 __device__ __forceinline__ void drop_vector(float (&v)[E], uint64_t seed, uint64_t site, uint64_t sample, uint64_t row,
                                             uint64_t block0, float p, float scale) {

@@ -1,5 +1,5 @@
 // launch.h: the launch arithmetic of the CUDA backend's kernels (blocks, threads, grid dimensions, chunks and
-// 16-byte vector splits), in plain C++ so that tests/unit/test_cuda_launch.cpp checks it on any machine, with
+// 16-byte vector splits), in plain C++ so that tests/unit/core/cuda/test_cuda_launch.cpp checks it on any machine, with
 // or without a GPU or the CUDA toolkit. Every size is int64_t and every result is clamped before it is
 // narrowed, so tensors of more than 2^31 elements give valid launches.
 //
@@ -87,7 +87,7 @@ constexpr RowUnitsGrid row_units_grid(int64_t N, int64_t units, int max_threads 
 }
 
 // The launch of a kernel that draws dropout masks over N rows of C >= 1 columns starting at global column
-// col_offset: one thread per Philox block of 4 global columns (core/rng.h's dropout_block), the blocks a row
+// col_offset: one thread per Philox block of 4 global columns (core/base/rng.h's dropout_block), the blocks a row
 // touches on grid x, rows on grid y (a kernel strides over rows beyond 65535).
 struct DropoutGrid {
   uint64_t col0, first_block, blocks_per_row;

@@ -1,11 +1,11 @@
-// ops_cuda.h: the CUDA backend of core/ops.h. Arguments arrive checked (shapes, dtypes, devices) by
-// core/ops.cpp. Every op is enqueued on the compute stream (runtime.h) and returns without waiting.
+// ops_cuda.h: the CUDA backend of core/tensor/ops.h. Arguments arrive checked (shapes, dtypes, devices) by
+// core/tensor/ops.cpp. Every op is enqueued on the compute stream (runtime.h) and returns without waiting.
 // Values are read as fp32, computed in fp32 and rounded once to the output dtype, as the CPU reference.
 #pragma once
-#include "core/ops.h"
+#include "core/tensor/ops.h"
 
 namespace mt::cuda {
 
-#include "core/backend_ops.inc"
+#include "core/tensor/backend_ops.inc"
 
 }  // namespace mt::cuda

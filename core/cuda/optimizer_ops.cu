@@ -222,7 +222,7 @@ void grad_stats(const std::vector<Tensor>& xs, Tensor& stats) {
 
 void adamw_multi_step(const std::vector<AdamWTensors>& ts, const AdamWOptions& opt) {
   const AdamWArgs a = adamw_args(opt);
-  DType out_dtype = DType::f32;  // one dtype for every value (checked by core/ops.cpp)
+  DType out_dtype = DType::f32;  // one dtype for every value (checked by core/tensor/ops.cpp)
   for (const AdamWTensors& t : ts)
     if (t.value.defined()) out_dtype = t.value.dtype();
   for_each_launch(

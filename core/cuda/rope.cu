@@ -1,5 +1,5 @@
 // rope.cu: rotary position embedding on the GPU, in place on the query and key slots of a (B, T, G, R + 2, D)
-// qkv activation, with the numerics of core/cpu/rope.cpp (core/ops.h gives them exactly):
+// qkv activation, with the numerics of core/cpu/rope.cpp (core/tensor/ops.h gives them exactly):
 //  * inv_freq_i = float(1 / theta^(2i/D)) is computed on the host with the CPU's code (bit for bit the same)
 //    and passed by value in the kernel's parameters, so D is limited to kMaxHeadDim;
 //  * a first kernel fills a (T, D/2) table of fp32 cos and sin of a = float(p) * inv_freq_i (an fp32 product),

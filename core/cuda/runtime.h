@@ -1,5 +1,5 @@
 // runtime.h: the CUDA backend as the rest of megatrain sees it, in plain C++ (no CUDA headers), so that
-// core/tensor.cpp, core/allocator.cpp and app/ can reach the device without being compiled by nvcc.
+// core/tensor/tensor.cpp, core/tensor/allocator.cpp and app/ can reach the device without being compiled by nvcc.
 // Everything here exists only when MEGATRAIN_WITH_CUDA is defined (the toolkit was found at build time).
 //
 // Streams: each process drives one GPU (LOCAL_RANK picks it) and enqueues every kernel, copy and GEMM on
@@ -11,8 +11,8 @@
 #include <cstdint>
 #include <string>
 
-#include "core/allocator.h"
-#include "core/dtype.h"
+#include "core/tensor/allocator.h"
+#include "core/base/dtype.h"
 
 namespace mt::cuda {
 

@@ -8,7 +8,7 @@
 #include <numeric>
 #include <stdexcept>
 
-#include "core/rng.h"
+#include "core/base/rng.h"
 
 namespace mt {
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "core/mapped_file.h"
+#include "core/io/mapped_file.h"
 
 namespace mt {
 

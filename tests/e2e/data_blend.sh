@@ -13,7 +13,7 @@ if "$VENV/bin/python" -c "import numpy" 2>/dev/null; then
   grep -q "megatron-core check: OK" ref.log || echo "SKIP (megatron-core part): see above"
   grep -q "mismatches" ref.log && fail "the reference disagrees with megatron-core or numpy"
   "$VENV/bin/python" "$REF" --golden | cmp - "$SRC/tests/unit/megatron_split_golden.inc" ||
-    fail "tests/unit/megatron_split_golden.inc is not what the reference generates"
+    fail "tests/unit/core/data/megatron_split_golden.inc is not what the reference generates"
 else
   echo "SKIP (megatron-core part): no Python with numpy and megatron-core at $VENV"
 fi

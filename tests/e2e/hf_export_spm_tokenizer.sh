@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `ckpt export --format hf` of a checkpoint trained on SentencePiece-tokenized data writes a tokenizer.json
-# (core/checkpoint/hf_spm_tokenizer.h) that transformers' AutoTokenizer encodes as sentencepiece does: for the
+# (core/hf/hf_spm_tokenizer.h) that transformers' AutoTokenizer encodes as sentencepiece does: for the
 # BPE and unigram fixtures of tests/data/tokenizer, data prepare the generated corpus (tokenizer_corpus.py:
 # many scripts, emoji, whitespace runs, control characters, invalid UTF-8), train two iterations, export, and
 # compare AutoTokenizer.encode(doc, add_special_tokens=False) with sentencepiece's encode(doc) and with the

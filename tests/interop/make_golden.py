@@ -4,7 +4,7 @@ it, invalid UTF-8 included, then the NORMALIZATION_CASES) and the ids
 Hugging Face's `tokenizers` gives each document (expected-<name>.txt: one line per document, ids separated by
 spaces, no end-of-document id; invalid UTF-8 decoded with errors="replace"; add_special_tokens=True, the
 default, which only the tokenizers with a post-processor (llama3-bos, llama2*) are affected by).
-tests/unit/test_tokenizer.cpp checks megatrain against these files on every build.
+tests/unit/core/data/test_tokenizer.cpp checks megatrain against these files on every build.
 Usage: make_golden.py OUTDIR"""
 import os
 import sys

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """megatron-core's train/valid/test split and weighted-blend rules, copied in behaviour (not in code), and the
-golden values tests/unit/test_data.cpp checks (`--golden` prints them as C++ initializers).
+golden values tests/unit/core/data/test_data.cpp checks (`--golden` prints them as C++ initializers).
 
 Source: NVIDIA/Megatron-LM (megatron-core 0.16.1 from PyPI and main at d98e8a64), megatron/core/datasets/
   - blended_megatron_dataset_config.py: parse_and_normalize_split, convert_split_vector_to_split_matrix

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Reads a directory of TensorBoard event files with the tensorboard package's EventAccumulator and prints
-every scalar as "tag step value wall_time", sorted by tag then step (the interop check of core/tensorboard)."""
+every scalar as "tag step value wall_time", sorted by tag then step (the interop check of core/io/tensorboard)."""
 import sys
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

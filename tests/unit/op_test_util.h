@@ -5,7 +5,7 @@
 #include <random>
 #include <vector>
 
-#include "core/tensor.h"
+#include "core/tensor/tensor.h"
 
 namespace mt::test {
 

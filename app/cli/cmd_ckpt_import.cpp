@@ -1,0 +1,117 @@
+// cmd_ckpt_import.cpp: `megatrain ckpt import HF_DIR --format hf --output OUT_DIR`: a transformers
+// GPT2LMHeadModel or LlamaForCausalLM becomes a committed checkpoint at iteration 0 (fp32 masters, zero Adam
+// moments, no optimizer steps) that `megatrain train` with checkpoint.load: OUT_DIR continues in any layout,
+// and that `megatrain eval` / `generate` read directly.
+#include <cstdio>
+#include <memory>
+#include <optional>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "app/cli/commands.h"
+#include "app/train/train_state.h"
+#include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/file_io.h"
+#include "core/hf/hf_import.h"
+#include "core/config/config.h"
+
+namespace mt::app {
+namespace {
+
+struct ImportArgs {
+  std::string dir, format = "hf", output, dtype = "fp32";
+  int64_t seq_length = 0;  // 0: max_position_embeddings
+  double dropout = 0;
+};
+
+// The model section of a to_yaml text: "model:" up to the next top-level key.
+std::string model_section(const std::string& yaml) {
+  const size_t begin = yaml.find("model:\n");
+  size_t end = begin;
+  while (end != std::string::npos && end < yaml.size()) {
+    end = yaml.find('\n', end);
+    if (end == std::string::npos || end + 1 >= yaml.size() || yaml[end + 1] != ' ') break;
+    ++end;
+  }
+  return begin == std::string::npos ? std::string() : yaml.substr(begin, end + 1 - begin);
+}
+
+void run_import(const ImportArgs& a) {
+  HfImportOptions opt{.dropout = a.dropout};
+  if (a.seq_length > 0) opt.seq_length = a.seq_length;
+  HfModelShape shape = read_hf_config(a.dir, opt);
+
+  // The config resolution checks the model and pads the vocabulary (for tensor=1: the loader takes the rows
+  // any other layout's padding shares and leaves the rest at their zeros). The training keys are placeholders
+  // that a fine-tuning run's own config replaces.
+  const std::string yaml =
+      hf_model_yaml(shape) + fmt::format(
+                                 "training: {{train_iters: 1, precision: {}}}\noptimizer: {{lr: 1.0e-4}}\n"
+                                 "data: {{synthetic: true}}\ncheckpoint: {{load: none}}\n",
+                                 a.dtype);
+  const std::string source = ckpt::join_path(a.dir, "config.json");
+  Config cfg;
+  try {
+    cfg = parse_config(yaml, source + " (as a megatrain model)", {}, 1);
+  } catch (const ConfigError& e) {
+    throw CheckpointError(fmt::format("{}: this {} model has no megatrain configuration in this build: {}", source,
+                                      arch_name(shape.arch), e.what()));
+  }
+  shape.padded_vocab = cfg.model.padded_vocab_size;
+  const auto params = read_hf_weights(a.dir, shape);
+
+  std::vector<TensorSlice> slices;
+  for (const auto& [name, t] : params) {
+    const Tensor zeros = Tensor::zeros(t.shape(), DType::f32);
+    slices.push_back({"model." + name, t.shape(), {}, t});
+    slices.push_back({"optimizer.exp_avg." + name, t.shape(), {}, zeros});
+    slices.push_back({"optimizer.exp_avg_sq." + name, t.shape(), {}, zeros});
+  }
+  CheckpointState state;
+  state.config_yaml = to_yaml(cfg);
+  // What a fresh run of this precision starts with: fp16's dynamic loss scale at its initial value.
+  TrainState ts{.seed = cfg.training.seed};
+  if (cfg.training.precision == Precision::fp16)
+    ts.loss_scaler = {.scale = cfg.training.loss_scale.initial,
+                      .growth_tracker = 0,
+                      .hysteresis_tracker = cfg.training.loss_scale.hysteresis};
+  ts.save(state);
+  const std::string dir = save_checkpoint(a.output, state, slices, 0);
+
+  const std::string model = model_section(state.config_yaml);
+  ckpt::write_file_durably(ckpt::join_path(a.output, "model.yaml"),
+                           fmt::format("# The model of {} (imported by megatrain ckpt import). A run that continues\n"
+                                       "# from it (checkpoint.load: {}) needs these model keys; dropout and\n"
+                                       "# attention_dropout may change.\n{}",
+                                       a.dir, a.output, model));
+  fmt::print("imported {} ({}) into {} (iteration 0)\nthe model section for a config that loads it ({}):\n{}", a.dir,
+             shape.arch == HfArch::llama ? "LlamaForCausalLM" : "GPT2LMHeadModel", dir,
+             ckpt::join_path(a.output, "model.yaml"), model);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+void add_ckpt_import_command(CLI::App& ckpt) {
+  auto a = std::make_shared<ImportArgs>();
+  CLI::App* imp = ckpt.add_subcommand(
+      "import", "Import a Hugging Face transformers model (GPT2LMHeadModel or LlamaForCausalLM) as a checkpoint");
+  imp->add_option("dir", a->dir, "Model directory: config.json and model.safetensors (or its sharded index)")
+      ->required();
+  imp->add_option("--format", a->format, "Import format")->check(CLI::IsMember({"hf"}))->capture_default_str();
+  imp->add_option("--output,-o", a->output, "Save directory for the checkpoint (iter_0000000, latest, model.yaml)")
+      ->required();
+  imp->add_option("--dtype", a->dtype,
+                  "training.precision of the stored config (the weights are always stored as fp32 masters)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+  imp->add_option("--seq-length", a->seq_length, "model.seq_length (default: max_position_embeddings)")
+      ->check(CLI::PositiveNumber);
+  imp->add_option("--dropout", a->dropout, "model.dropout and model.attention_dropout")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  imp->callback([a] { run_import(*a); });
+}
+
+}  // namespace mt::app

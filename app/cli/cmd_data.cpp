@@ -1,0 +1,82 @@
+// cmd_data.cpp: `megatrain data prepare` and `megatrain data inspect`.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <memory>
+
+#include "app/cli/commands.h"
+#include "core/data/prepare.h"
+#include "core/data/tokenizer.h"
+
+namespace mt::app {
+
+void add_data_commands(CLI::App& root) {
+  CLI::App* data = root.add_subcommand("data", "Prepare and inspect Megatron indexed datasets (.bin + .idx)");
+  data->require_subcommand(1);
+
+  // Options live on the heap: the callbacks run after this function has returned.
+  auto prep = std::make_shared<PrepareOptions>();
+  CLI::App* prepare = data->add_subcommand("prepare", "Tokenize text or JSONL files into PREFIX.bin / PREFIX.idx");
+  prepare
+      ->add_option("-i,--input", prep->inputs,
+                   "Input files: .jsonl/.json are JSON lines (one document per line), anything else is plain "
+                   "text (one document per blank-line-separated paragraph)")
+      ->required()
+      ->expected(1, -1);
+  prepare->add_option("-o,--output", prep->output_prefix, "Output prefix: writes PREFIX.bin and PREFIX.idx")
+      ->required();
+  prepare
+      ->add_option(
+          "--tokenizer", prep->tokenizer.name,
+          fmt::format("Tokenizer ({}): gpt2 reads --vocab-file and --merge-file (GPT-2's byte-level BPE), "
+                      "hf reads --tokenizer-file (a Hugging Face byte-level BPE tokenizer.json), sentencepiece reads "
+                      "--tokenizer-model (a SentencePiece .model){}",
+                      fmt::join(supported_tokenizers(), ", "),
+                      have_sentencepiece() ? "" : " (this build has no SentencePiece)"))
+      ->capture_default_str();
+  prepare->add_option("--vocab-file", prep->tokenizer.vocab_file, "gpt2: GPT-2's vocab.json");
+  prepare->add_option("--merge-file", prep->tokenizer.merge_file, "gpt2: GPT-2's merges.txt");
+  prepare->add_option("--tokenizer-file", prep->tokenizer.tokenizer_file, "hf: a Hugging Face tokenizer.json");
+  prepare->add_option("--tokenizer-model", prep->tokenizer.tokenizer_model, "sentencepiece: a SentencePiece .model");
+  prepare->add_option("--eod-token", prep->tokenizer.eod_token,
+                      "hf: the end-of-document token's text (default: <|endoftext|>, <|end_of_text|>, </s> or "
+                      "<eos>, whichever is a special token); sentencepiece: a piece (default: the model's eos)");
+  prepare->add_flag(
+      "--no-special-tokens", [prep](int64_t) { prep->tokenizer.add_special_tokens = false; },
+      "hf: leave out the special tokens tokenizer.json's post-processor puts around each document (e.g. Llama-3's "
+      "<|begin_of_text|>); by default they are added, as Megatron's HuggingFaceTokenizer and the tokenizers "
+      "package's encode do. Recorded in PREFIX.tokenizer.yaml");
+  prepare->add_option("--workers", prep->workers, "Tokenizing threads (documents keep their order)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  prepare->add_option("--json-key", prep->json_key, "The JSON member holding each document's text")
+      ->capture_default_str();
+  prepare->add_flag(
+      "--no-eod", [prep](int64_t) { prep->append_eod = false; },
+      "Do not end each document with the end-of-document token");
+  prepare->callback([prep] {
+    const PrepareStats s = prepare_dataset(*prep);
+    fmt::print("wrote {}.bin / {}.idx: {} documents, {} tokens ({}, vocab_size {}) from {} file(s)",
+               prep->output_prefix, prep->output_prefix, s.documents, s.tokens, token_dtype_name(s.dtype), s.vocab_size,
+               s.files);
+    if (s.empty_skipped > 0) fmt::print("; {} empty document(s) skipped", s.empty_skipped);
+    fmt::print("\n");
+  });
+
+  auto prefix = std::make_shared<std::string>();
+  auto docs = std::make_shared<int64_t>(1);
+  CLI::App* inspect = data->add_subcommand("inspect", "Summarize PREFIX.bin / PREFIX.idx");
+  inspect->add_option("prefix", *prefix, "Dataset prefix (without .bin / .idx)")->required();
+  inspect->add_option("--docs", *docs, "How many leading documents to show")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  auto decode = std::make_shared<int64_t>(0);
+  inspect
+      ->add_option("--decode", *decode,
+                   "Also print the first N documents as text, decoded by the tokenizer PREFIX.tokenizer.yaml "
+                   "names (invalid UTF-8 shown as U+FFFD)")
+      ->check(CLI::NonNegativeNumber);
+  inspect->callback([prefix, docs, decode] { fmt::print("{}", inspect_dataset(*prefix, *docs, *decode)); });
+}
+
+}  // namespace mt::app

@@ -1,0 +1,77 @@
+// cmd_eval.cpp: `megatrain eval`: the mean loss of a checkpoint over the first K samples of a dataset in
+// file order, so results can be compared with other tools.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "app/train/checkpointing.h"
+#include "app/cli/commands.h"
+#include "app/runtime/device.h"
+#include "app/train/data_sources.h"
+#include "core/checkpoint/checkpoint.h"
+#include "core/config/config.h"
+#include "models/gpt.h"
+
+namespace mt::app {
+
+namespace {
+
+struct EvalArgs {
+  std::string checkpoint;
+  std::vector<std::string> data;
+  int64_t samples = 0;
+  int64_t micro_batch_size = 4;
+  std::string precision = "fp32";
+  std::string device = "auto";
+};
+
+void run_eval(const EvalArgs& a) {
+  auto dir = resolve_checkpoint(a.checkpoint);
+  if (!dir) throw CheckpointError(fmt::format("{}: no checkpoint there (no metadata.yaml, no latest)", a.checkpoint));
+  CheckpointReader reader(*dir);
+  // The saving run's model, on one rank.
+  Config cfg = whole_model_config(reader, *dir, a.micro_batch_size, a.device);
+  const int64_t S = cfg.model.seq_length;
+  const Placement placement = place_rank(cfg, LaunchEnv{});
+  GptModel model(cfg.model, GptOptions{.dtype = parse_dtype(a.precision), .device = placement.device, .seed = 0});
+  load_parameters(reader, model.parameters());
+  int64_t available = 0;
+  SampleFn source = file_order_source(a.data, S, cfg.model.vocab_size, available);
+  if (a.samples > available)
+    throw std::invalid_argument(
+        fmt::format("--samples {}: the data holds only {} samples of {} tokens", a.samples, available, S + 1));
+  double sum = 0;  // sum of per-token losses
+  for (int64_t first = 0; first < a.samples; first += a.micro_batch_size) {
+    const int64_t B = std::min(a.micro_batch_size, a.samples - first);
+    Tensor tokens = Tensor::empty({B, S}, DType::i32), targets = Tensor::empty({B, S}, DType::i32);
+    make_batch(source, first, B, S, tokens, targets);
+    if (placement.device != Device::cpu) {
+      tokens = tokens.to(placement.device);
+      targets = targets.to(placement.device);
+    }
+    sum += static_cast<double>(model.forward(tokens, targets, 0, StepContext{.training = false})) * B * S;
+  }
+  const double mean = sum / static_cast<double>(a.samples * S);
+  fmt::print("checkpoint {} (iteration {}), {} samples of {} tokens, {} on {}: mean loss {:.6f}, perplexity {:.4f}\n",
+             *dir, reader.state().iteration, a.samples, S, a.precision, device_name(placement.device), mean,
+             std::exp(mean));
+}
+
+}  // namespace
+
+void add_eval_command(CLI::App& root) {
+  static EvalArgs args;
+  CLI::App* sub = root.add_subcommand("eval", "mean loss of a checkpoint over the first K samples of a dataset");
+  sub->add_option("--checkpoint", args.checkpoint, "checkpoint directory, or a save_dir with `latest`")->required();
+  sub->add_option("--data", args.data, "indexed dataset prefix(es), read in file order")->required();
+  sub->add_option("--samples", args.samples, "number of samples K")->required()->check(CLI::PositiveNumber);
+  sub->add_option("--micro-batch-size", args.micro_batch_size, "samples per forward pass")->check(CLI::PositiveNumber);
+  sub->add_option("--precision", args.precision, "fp32, bf16 or fp16")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  sub->add_option("--device", args.device, "auto (a GPU when there is one), cuda or cpu")
+      ->check(CLI::IsMember({"auto", "cuda", "cpu"}));
+  sub->callback([] { run_eval(args); });
+}
+
+}  // namespace mt::app

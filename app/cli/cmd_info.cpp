@@ -1,0 +1,51 @@
+// cmd_info.cpp: megatrain info: what this binary was built with and which devices it can use here, so a
+// user (and the GPU tests) can tell at once whether training.device: cuda will work.
+#include <fmt/format.h>
+
+#include "app/cli/commands.h"
+
+#if defined(MEGATRAIN_WITH_CUDA)
+#include "core/cuda/attention_backend.h"
+#include "core/cuda/runtime.h"
+#endif
+
+namespace mt::app {
+
+void add_info_command(CLI::App& root) {
+  auto* cmd = root.add_subcommand("info", "Print the build's backends and the GPUs this process can use");
+  auto require_gpu = std::make_shared<bool>(false);
+  cmd->add_flag("--require-gpu", *require_gpu, "Exit with status 3 when no GPU can be used");
+  cmd->callback([require_gpu] {
+    fmt::print("megatrain {}\n", MEGATRAIN_VERSION);
+#if defined(MEGATRAIN_WITH_CUDA)
+    fmt::print("cuda backend: built\n");
+#else
+    fmt::print("cuda backend: not built (no CUDA toolkit at build time)\n");
+#endif
+#if defined(MEGATRAIN_WITH_NCCL)
+    fmt::print("nccl: built\n");
+#else
+    fmt::print("nccl: not built\n");
+#endif
+#if defined(MEGATRAIN_WITH_CUDA)
+    // The cuDNN loaded now (cudnnGetVersion) and the one built against: fused attention for bf16 / fp16.
+    fmt::print("cudnn: {}\n", cuda::cudnn_version());
+#else
+    fmt::print("cudnn: not built (the CUDA backend is not built)\n");
+#endif
+    int gpus = 0;
+#if defined(MEGATRAIN_WITH_CUDA)
+    gpus = cuda::device_count();
+    if (gpus == 0)
+      fmt::print("gpus: 0 ({})\n", cuda::unavailable_reason());
+    else
+      fmt::print("gpus: {}\ngpu 0: {}\n", gpus, cuda::device_description());
+#else
+    fmt::print("gpus: 0 (the CUDA backend is not built)\n");
+#endif
+    fmt::print("training.device auto: {}\n", gpus > 0 ? "cuda" : "cpu");
+    if (*require_gpu && gpus == 0) throw CLI::RuntimeError(3);
+  });
+}
+
+}  // namespace mt::app

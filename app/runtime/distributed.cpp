@@ -1,0 +1,108 @@
+#include "app/runtime/distributed.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include "app/runtime/rendezvous.h"
+
+namespace mt::app {
+
+namespace {
+
+// The address other ranks reach this one's Gloo device at: loopback for single-node jobs started with a
+// loopback master, else this host's name.
+std::string gloo_hostname(const LaunchEnv& env) {
+  if (env.master_addr == "127.0.0.1" || env.master_addr == "localhost") return "127.0.0.1";
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "127.0.0.1";
+  return name;
+}
+
+}  // namespace
+
+std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv& env, const Placement& placement) {
+  const auto& p = cfg.parallel;
+  auto d = std::make_unique<Distributed>();
+  d->env = env;
+  d->placement = placement;
+  d->topology =
+      Topology(env.world_size, static_cast<int>(p.tensor), static_cast<int>(p.pipeline), static_cast<int>(p.data));
+  const Millis timeout{static_cast<int64_t>(cfg.parallel.timeout_s * 1000)};
+  if (env.world_size == 1) {
+    d->store = make_hash_store();
+  } else {
+    if (env.rank == 0) d->server = std::make_unique<TcpStoreServer>("", env.master_port);
+    // Store requests wait as long as collectives do (parallel.timeout_s), not a fixed time of their own.
+    d->store = connect_tcp_store(env.master_addr, env.master_port, timeout, timeout);
+    check_job_identity(*d->store, job_identity(cfg, env), env.rank, env.world_size, timeout,
+                       fmt::format("{}:{}", env.master_addr, env.master_port));
+    d->heartbeat = std::make_unique<Heartbeat>(env, Millis(1000), timeout);
+  }
+  // Every rank creates every group it belongs to, in the same order: world, tp, dp, pp, mp, emb, dp_grads.
+  // (With NCCL every rank takes part in every split, passing no members for a group it is not in.)
+  const bool nccl = placement.backend == Backend::nccl;
+  auto group_name = [](const char* kind, const std::vector<int>& members) {
+    return fmt::format("{}[{}]", kind, fmt::join(members, ","));
+  };
+  auto gloo_group = [&](const char* kind, std::vector<int> members) {
+    return make_staged_communicator(make_gloo_communicator(d->store, GlooOptions{.name = group_name(kind, members),
+                                                                                 .members = members,
+                                                                                 .global_rank = env.rank,
+                                                                                 .hostname = gloo_hostname(env),
+                                                                                 .timeout = timeout}),
+                                    Device::cpu);
+  };
+#if defined(MEGATRAIN_WITH_NCCL)
+  auto nccl_options = [&](const char* kind, std::vector<int> members) {
+    return NcclOptions{.name = members.empty() ? std::string() : group_name(kind, members),
+                       .members = members,
+                       .global_rank = env.rank,
+                       .device = placement.ordinal,
+                       .timeout = timeout};
+  };
+  auto group = [&](const char* kind, std::vector<int> members) -> std::unique_ptr<Communicator> {
+    if (!nccl) return gloo_group(kind, std::move(members));
+    auto split = split_nccl_communicator(*d->world, nccl_options(kind, std::move(members)));
+    return split ? make_staged_communicator(std::move(split), Device::cuda) : nullptr;
+  };
+#else
+  auto group = gloo_group;
+#endif
+  std::vector<int> everyone(env.world_size);
+  for (int r = 0; r < env.world_size; ++r) everyone[r] = r;
+#if defined(MEGATRAIN_WITH_NCCL)
+  if (nccl) spdlog::info("nccl: {}", nccl_version());
+  if (nccl)
+    d->world =
+        make_staged_communicator(make_nccl_communicator(d->store, nccl_options("world", everyone)), Device::cuda);
+  else
+#endif
+    d->world = gloo_group("world", everyone);
+  auto group_of = [&](GroupKind k) { return group(group_kind_name(k), d->topology.group(k, env.rank)); };
+  d->tp = group_of(GroupKind::tp);
+  d->dp = group_of(GroupKind::dp);
+  d->pp = group_of(GroupKind::pp);
+  d->mp = group_of(GroupKind::mp);
+  // The embedding group sums the gradient of the word embeddings that the first and last stage share: only
+  // tied embeddings have one (untied, the first stage owns the embedding and the last its own lm_head, and
+  // the last stage has nothing to add to the first's sum). Every rank decides this from the same config.
+  const bool tied = cfg.model.tie_embeddings;
+  std::vector<int> emb = d->topology.embedding_group(env.rank);
+  const bool in_emb = tied && std::find(emb.begin(), emb.end(), env.rank) != emb.end() &&
+                      (d->pp_rank() == 0 || d->pp_rank() == d->pp_size() - 1);
+  if (in_emb || (nccl && tied)) d->emb = group("emb", in_emb ? emb : std::vector<int>{});
+  d->dp_grads = group("dpgrads", d->topology.dp_group(env.rank));
+  if (env.world_size == 1) return d;
+  spdlog::info("rank {} of {} ({}): tp {} dp {} pp {}, {}, {}, rendezvous at {}:{}", env.rank, env.world_size,
+               env.launcher, d->topology.coord(env.rank).tp, d->topology.coord(env.rank).dp,
+               d->topology.coord(env.rank).pp, placement.description, nccl ? "nccl" : "gloo", env.master_addr,
+               env.master_port);
+  return d;
+}
+
+}  // namespace mt::app

@@ -1,0 +1,48 @@
+// distributed.h: this process's place in the job (launch environment, rank grid) and the communicators
+// of its groups, set up once at start.
+#pragma once
+#include <memory>
+
+#include "app/runtime/device.h"
+#include "app/runtime/heartbeat.h"
+#include "core/config/config.h"
+#include "parallel/communicator.h"
+#include "parallel/launch.h"
+#include "parallel/store.h"
+#include "parallel/topology.h"
+
+namespace mt::app {
+
+struct Distributed {
+  LaunchEnv env;
+  Placement placement;  // this rank's device and communication backend
+  Topology topology{1, 1, 1, 1};
+  std::unique_ptr<TcpStoreServer> server;  // rank 0 only
+  std::shared_ptr<Store> store;
+  std::unique_ptr<Communicator> world;     // every rank (barriers around checkpoints)
+  std::unique_ptr<Communicator> tp;        // this rank's tensor-parallel group
+  std::unique_ptr<Communicator> dp;        // this rank's data-parallel group (size 1 when not distributed)
+  std::unique_ptr<Communicator> pp;        // this rank's pipeline (its rank r is stage r)
+  std::unique_ptr<Communicator> mp;        // model-parallel group (every tp and pp rank of this dp rank)
+  std::unique_ptr<Communicator> emb;       // first and last stage (tied embeddings); null on middle stages and untied
+  std::unique_ptr<Communicator> dp_grads;  // the data-parallel group again, for the gradient reducer's thread
+  std::unique_ptr<Heartbeat> heartbeat;    // multi-rank jobs: names the ranks that stop answering (last member:
+                                           // it stops before the store server goes)
+
+  int rank() const { return env.rank; }
+  bool is_logging_rank() const { return env.rank == 0; }
+  int dp_rank() const { return topology.coord(env.rank).dp; }
+  int dp_size() const { return topology.dp(); }
+  int tp_rank() const { return topology.coord(env.rank).tp; }
+  int tp_size() const { return topology.tp(); }
+  int pp_rank() const { return topology.coord(env.rank).pp; }
+  int pp_size() const { return topology.pp(); }
+};
+
+// Serves (rank 0) or reaches the rendezvous store and creates the communicators of this rank's groups: with
+// NCCL, one world communicator bootstrapped through the store and every group split off it
+// (ncclCommSplit); with Gloo, one communicator per group through prefixed stores, host-staged when the
+// tensors live on a GPU. Every communicator takes tensors on any device (small host exchanges are staged).
+std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv& env, const Placement& placement);
+
+}  // namespace mt::app

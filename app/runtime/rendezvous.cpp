@@ -1,0 +1,122 @@
+#include "app/runtime/rendezvous.h"
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <yaml-cpp/yaml.h>
+
+namespace mt::app {
+
+namespace {
+
+Bytes to_bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
+std::string to_string(const Bytes& b) { return std::string(b.begin(), b.end()); }
+
+std::string flat(const YAML::Node& n) {
+  if (!n.IsDefined() || n.IsNull()) return "absent";
+  YAML::Emitter out;
+  out << YAML::Flow << n;
+  return out.c_str();
+}
+
+std::string join_path(const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; }
+
+std::string difference(const YAML::Node& a, const YAML::Node& b, const std::string& path) {
+  if (a.IsMap() && b.IsMap()) {
+    for (const auto& kv : a) {
+      const std::string key = kv.first.as<std::string>();
+      if (std::string d = difference(kv.second, b[key], join_path(path, key)); !d.empty()) return d;
+    }
+    for (const auto& kv : b) {
+      const std::string key = kv.first.as<std::string>();
+      if (!a[key]) return fmt::format("{} (absent vs {})", join_path(path, key), flat(kv.second));
+    }
+    return "";
+  }
+  if (a.IsSequence() && b.IsSequence() && a.size() == b.size()) {
+    for (size_t i = 0; i < a.size(); ++i)
+      if (std::string d = difference(a[i], b[i], fmt::format("{}[{}]", path, i)); !d.empty()) return d;
+    return "";
+  }
+  const std::string fa = flat(a), fb = flat(b);
+  return fa == fb ? "" : fmt::format("{} ({} vs {})", path.empty() ? "<document>" : path, fa, fb);
+}
+
+// Why rank `rank` (identity `me`) does not belong with rank 0 (identity `ref`); "" when it does.
+std::string verdict(const JobIdentity& ref, const JobIdentity& me, int rank, const std::string& address) {
+  if (me.version != ref.version)
+    return fmt::format("rank {} runs megatrain {} but rank 0 runs megatrain {}", rank, me.version, ref.version);
+  if (me.job_id != ref.job_id)
+    return fmt::format(
+        "rank {} belongs to job '{}' but the rendezvous store at {} serves job '{}' (rank 0's): "
+        "two jobs on one MASTER_PORT?",
+        rank, me.job_id.empty() ? "<none>" : me.job_id, address, ref.job_id.empty() ? "<none>" : ref.job_id);
+  if (me.config != ref.config) {
+    std::string d;
+    try {
+      d = first_yaml_difference(ref.config, me.config);
+    } catch (const std::exception& e) {
+      d = fmt::format("<unreadable: {}>", e.what());
+    }
+    return fmt::format(
+        "rank {} runs a different config than rank 0: first difference at {} (rank 0 vs rank {}); "
+        "every rank of a job needs the same config file and --set options",
+        rank, d.empty() ? "<formatting only>" : d, rank);
+  }
+  return "";
+}
+
+}  // namespace
+
+JobIdentity job_identity(const Config& cfg, const LaunchEnv& env) {
+  // logging.dir is read by rank 0 alone (the others log warnings to the console only), so ranks started with
+  // their own run directories still belong together; every other key counts.
+  Config compared = cfg;
+  compared.logging.dir.clear();
+  return JobIdentity{.version = MEGATRAIN_VERSION, .job_id = env.job_id, .config = to_yaml(compared)};
+}
+
+std::string first_yaml_difference(const std::string& a, const std::string& b) {
+  return difference(YAML::Load(a), YAML::Load(b), "");
+}
+
+void check_job_identity(Store& store, const JobIdentity& me, int rank, int world_size, Millis timeout,
+                        const std::string& address) {
+  if (store.add(fmt::format("rdv/registered/{}", rank), 1) != 1)
+    throw RendezvousError(fmt::format(
+        "rank {} is already registered at the rendezvous store at {}: another process joined this job as rank {} "
+        "first (two jobs on one MASTER_PORT, or one rank started twice?)",
+        rank, address, rank));
+  if (rank == 0) {
+    store.set("rdv/version", to_bytes(me.version));
+    store.set("rdv/job_id", to_bytes(me.job_id));
+    store.set("rdv/config", to_bytes(me.config));
+    std::vector<std::string> refused;
+    for (int r = 1; r < world_size; ++r)
+      if (std::string v = to_string(store.get(fmt::format("rdv/verdict/{}", r), timeout)); !v.empty())
+        refused.push_back(std::move(v));
+    const std::string outcome = fmt::format("{}", fmt::join(refused, "; "));
+    store.set("rdv/outcome", to_bytes(outcome));
+    if (outcome.empty()) return;
+    // Keep serving the store until the others have read the outcome (briefly): they then fail with it rather
+    // than with "lost the rendezvous store".
+    const auto deadline = std::chrono::steady_clock::now() + std::min<Millis>(timeout, Millis(5000));
+    while (store.add("rdv/outcome_read", 0) < world_size - 1 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(Millis(20));
+    throw RendezvousError("rendezvous refused the job: " + outcome);
+  }
+  const JobIdentity ref{.version = to_string(store.get("rdv/version", timeout)),
+                        .job_id = to_string(store.get("rdv/job_id", timeout)),
+                        .config = to_string(store.get("rdv/config", timeout))};
+  const std::string mine = verdict(ref, me, rank, address);
+  store.set(fmt::format("rdv/verdict/{}", rank), to_bytes(mine));
+  const std::string outcome = to_string(store.get("rdv/outcome", timeout));
+  if (outcome.empty()) return;
+  store.add("rdv/outcome_read", 1);
+  throw RendezvousError("rendezvous refused the job: " + outcome);
+}
+
+}  // namespace mt::app

@@ -1,0 +1,144 @@
+#include "app/train/checkpointing.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include "core/checkpoint/file_io.h"
+#include "core/hf/hf_tokenizer_export.h"
+#include "core/config/config.h"
+
+namespace mt::app {
+
+namespace {
+
+// Checkpoint files are written from host memory: device tensors are copied over first.
+TensorSlice slice_of(const std::string& name, const Parameter& p, const Tensor& data) {
+  return TensorSlice{.name = name,
+                     .global_shape = p.global_shape,
+                     .start = p.start,
+                     .data = data.device() == Device::cpu ? data : data.to(Device::cpu, MemKind::workspace)};
+}
+
+void read_checked(const CheckpointReader& reader, const std::string& name, const Parameter& p, Tensor& out,
+                  PartialLoad* partial = nullptr) {
+  if (out.device() != Device::cpu) {  // read on the host (starting from out's values), then copy over
+    Tensor host = out.to(Device::cpu, MemKind::workspace);
+    read_checked(reader, name, p, host, partial);
+    return out.copy_from(host);
+  }
+  if (!reader.has(name)) {
+    if (partial) return partial->skipped.push_back(name + " (not in the checkpoint)");
+    throw CheckpointError(fmt::format("{}: checkpoint has no tensor '{}' (a different model?)", reader.dir(), name));
+  }
+  const TensorInfo& info = reader.info(name);
+  // Vocabulary tables are padded to a multiple of 128 * tensor-parallel size, so their row count depends on
+  // the layout. Padding rows are never looked up and are left out of the softmax: only the rows both layouts
+  // hold are read; rows beyond the checkpoint's keep their initial values.
+  const bool padded_rows_differ =
+      p.vocabulary_rows && info.global_shape.size() == 2 && info.global_shape[1] == p.global_shape[1];
+  if (info.global_shape != p.global_shape && !padded_rows_differ) {
+    if (partial)
+      return partial->skipped.push_back(fmt::format("{} (shape {} in the checkpoint, {} here)", name,
+                                                    shape_str(info.global_shape), shape_str(p.global_shape)));
+    throw CheckpointError(fmt::format("{}: tensor '{}' has shape {} in the checkpoint but {} in this model",
+                                      reader.dir(), name, shape_str(info.global_shape), shape_str(p.global_shape)));
+  }
+  if (partial) partial->loaded.push_back(name);
+  if (info.global_shape == p.global_shape) return reader.read(name, out, p.start);
+  const int64_t rows = std::clamp<int64_t>(info.global_shape[0] - p.start[0], 0, out.dim(0));
+  if (rows == 0) return;
+  Tensor part = out.slice(0, rows);
+  reader.read(name, part, p.start);
+}
+
+}  // namespace
+
+std::vector<TensorSlice> optimizer_tensors(const std::vector<OptimizerSlot>& slots,
+                                           const std::function<bool(const Parameter&)>& keep) {
+  std::vector<TensorSlice> out;
+  for (const auto& s : slots) {
+    const Parameter& p = *s.param;
+    if (keep && !keep(p)) continue;
+    out.push_back(slice_of("model." + p.name, p, s.master));
+    out.push_back(slice_of("optimizer.exp_avg." + p.name, p, s.exp_avg));
+    out.push_back(slice_of("optimizer.exp_avg_sq." + p.name, p, s.exp_avg_sq));
+  }
+  return out;
+}
+
+void load_parameters(const CheckpointReader& reader, const std::vector<Parameter*>& params) {
+  for (Parameter* p : params) read_checked(reader, "model." + p->name, *p, p->value);
+}
+
+void load_optimizer(const CheckpointReader& reader, const std::vector<OptimizerSlot>& slots, PartialLoad* partial) {
+  for (auto s : slots) {
+    const Parameter& p = *s.param;
+    read_checked(reader, "model." + p.name, p, s.master, partial);
+    read_checked(reader, "optimizer.exp_avg." + p.name, p, s.exp_avg, partial);
+    read_checked(reader, "optimizer.exp_avg_sq." + p.name, p, s.exp_avg_sq, partial);
+  }
+}
+
+std::vector<std::string> model_shape_differences(const std::string& stored_yaml, const std::string& run_yaml,
+                                                 const std::string& dir) {
+  YAML::Node stored, run;
+  try {
+    stored = YAML::Load(stored_yaml)["model"];
+    run = YAML::Load(run_yaml)["model"];
+  } catch (const YAML::Exception& e) {
+    throw CheckpointError(fmt::format("{}: the stored config is not valid YAML: {}", dir, e.what()));
+  }
+  if (!stored.IsMap()) throw CheckpointError(fmt::format("{}: the stored config has no model section", dir));
+  std::vector<std::string> out;
+  for (const char* key :
+       {"arch", "num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "max_position_embeddings", "vocab_size",
+        "tie_embeddings", "num_query_groups", "rotary_base"}) {
+    YAML::Node a = stored[key], b = run[key];
+    // Keys newer than some checkpoints: one saved before they existed had a model without the feature, and
+    // num_query_groups 0 (or absent) means one key/value head per query head.
+    if (std::string_view(key) == "rotary_base" && !a.IsDefined()) continue;
+    if (std::string_view(key) == "num_query_groups") {
+      auto is_set = [](const YAML::Node& g) { return g.IsScalar() && g.Scalar() != "0"; };
+      if (!is_set(a) && !is_set(b)) continue;  // one key/value head per query head on both sides
+      if (!is_set(a)) a = stored["num_heads"];
+      if (!is_set(b)) b = run["num_heads"];
+    }
+    const std::string old_v = a.IsScalar() ? a.Scalar() : "(missing)", new_v = b.IsScalar() ? b.Scalar() : "(missing)";
+    if (old_v != new_v) out.push_back(fmt::format("model.{}: {} -> {}", key, old_v, new_v));
+  }
+  return out;
+}
+
+Config whole_model_config(const CheckpointReader& reader, const std::string& dir, int64_t micro_batch,
+                          const std::string& device) {
+  const std::string batch = std::to_string(micro_batch);
+  return parse_config(
+      reader.state().config_yaml, dir + "/metadata.yaml",
+      {"parallel.tensor=1", "parallel.pipeline=1", "parallel.virtual_pipeline=1", "parallel.data=1",
+       "parallel.sequence_parallel=false", "parallel.layers_per_stage=[]", "training.global_batch_size=" + batch,
+       "training.micro_batch_size=" + batch, "training.device=" + device, "parallel.backend=auto"},
+      1);
+}
+
+void write_checkpoint_tokenizer(const std::string& tmp_dir, const std::vector<std::string>& data_train) {
+  if (data_train.empty()) return;
+  const std::string sidecar = tokenizer_sidecar_path(parse_data_blend(data_train).prefixes.front());
+  std::error_code ec;
+  if (!std::filesystem::exists(sidecar, ec)) return;
+  std::ifstream in(sidecar, std::ios::binary);
+  if (!in)
+    throw CheckpointError(fmt::format("{}: cannot read the tokenizer sidecar to store it in the checkpoint", sidecar));
+  std::ostringstream text;
+  text << in.rdbuf();
+  ckpt::write_file_durably(ckpt::join_path(tmp_dir, kCheckpointTokenizerFile), text.str());
+}
+
+}  // namespace mt::app

@@ -1,0 +1,55 @@
+// checkpointing.h: what a training run puts into a checkpoint and takes back out of it.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/checkpoint/checkpoint.h"
+#include "core/config/config.h"
+#include "core/optim/optimizer.h"
+#include "core/tensor/parameter.h"
+
+namespace mt::app {
+
+// Tensor names: "model.<param>" (fp32 master weights), "optimizer.exp_avg.<param>",
+// "optimizer.exp_avg_sq.<param>"; only the parameters `keep` accepts (all when it is empty).
+std::vector<TensorSlice> optimizer_tensors(const std::vector<OptimizerSlot>& slots,
+                                           const std::function<bool(const Parameter&)>& keep = {});
+
+// What a partial load (checkpoint.allow_partial_load) took from the checkpoint and what it left at its
+// initial value, one "tensor (reason)" each.
+struct PartialLoad {
+  std::vector<std::string> loaded, skipped;
+};
+
+// The model keys that fix tensor shapes or their meaning (arch, num_layers, hidden_size, num_heads,
+// ffn_hidden_size, max_position_embeddings, vocab_size, tie_embeddings, num_query_groups, rotary_base) whose
+// value differs between the config
+// a checkpoint stored (`stored_yaml`, to_yaml of the saving run) and this run's `run_yaml`: one
+// "model.KEY: OLD -> NEW" each, empty when they agree. Throws CheckpointError when stored_yaml has no model section.
+std::vector<std::string> model_shape_differences(const std::string& stored_yaml, const std::string& run_yaml,
+                                                 const std::string& dir);
+
+// Reads "model.<param>" for every parameter into its value (dtype converted). Shapes must match the
+// checkpoint's global shapes; throws CheckpointError naming the tensor otherwise.
+void load_parameters(const CheckpointReader& reader, const std::vector<Parameter*>& params);
+// Reads the master weights and both Adam moments of every slot (whole per-parameter tensors of this rank's
+// model-parallel slice). The caller casts the masters into the values.
+// With `partial`, a tensor the checkpoint lacks or holds in another shape is skipped (left as it is) and
+// recorded there instead of being an error.
+void load_optimizer(const CheckpointReader& reader, const std::vector<OptimizerSlot>& slots,
+                    PartialLoad* partial = nullptr);
+
+// The config of the run that saved the checkpoint `reader` (directory `dir`), with the whole model on this one
+// rank: no tensor, pipeline or data parallelism, `micro_batch` samples per step, on `device` (auto | cuda | cpu).
+// What eval and generate run.
+Config whole_model_config(const CheckpointReader& reader, const std::string& dir, int64_t micro_batch,
+                          const std::string& device);
+
+// Records which tokenizer made the training data: copies the sidecar of data.train's first prefix
+// (PREFIX.tokenizer.yaml, see core/data/tokenizer_sidecar.h) into the checkpoint's temporary directory
+// `tmp_dir` as tokenizer.yaml, which `ckpt export --format hf` reads. Nothing when data.train is empty or that
+// prefix has no sidecar. Rank 0 calls it before committing.
+void write_checkpoint_tokenizer(const std::string& tmp_dir, const std::vector<std::string>& data_train);
+
+}  // namespace mt::app

@@ -1,0 +1,220 @@
+#include "app/train/data_sources.h"
+
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/data/blend.h"
+#include "core/data/gpt_dataset.h"
+#include "core/data/indexed_dataset.h"
+
+namespace mt::app {
+
+namespace {
+
+// Wraps a sample source with the check that every token is a valid id for the model.
+SampleFn checked(SampleFn inner, int64_t vocab_size, std::string what) {
+  return [inner = std::move(inner), vocab_size, what = std::move(what)](int64_t g, std::span<int32_t> out) {
+    inner(g, out);
+    for (size_t i = 0; i < out.size(); ++i)
+      if (out[i] < 0 || out[i] >= vocab_size)
+        throw DataError(
+            fmt::format("{}: sample {} holds token id {}, outside model.vocab_size={}", what, g, out[i], vocab_size));
+  };
+}
+
+}  // namespace
+
+void check_data_files(const Config& cfg) {
+  if (cfg.data.synthetic) return;
+  for (const auto& [key, items] :
+       {std::pair{"data.train", &cfg.data.train}, std::pair{"data.valid", &cfg.data.valid}}) {
+    const DataBlend blend = parse_data_blend(*items);
+    const size_t stride = blend.weights.empty() ? 1 : 2, offset = blend.weights.empty() ? 0 : 1;
+    for (size_t i = 0; i < blend.prefixes.size(); ++i) {
+      const std::string& prefix = blend.prefixes[i];
+      const std::string where = fmt::format("{}: {}[{}]", cfg.source, key, i * stride + offset);
+      for (const char* ext : {".bin", ".idx"}) {
+        const std::string file = prefix + ext;
+        std::error_code ec;
+        const auto status = std::filesystem::status(file, ec);
+        if (!std::filesystem::exists(status))
+          throw ConfigError(
+              fmt::format("{}: no file {} (a dataset prefix names the pair {}.bin and {}.idx, written "
+                          "by `megatrain data prepare`)",
+                          where, file, prefix, prefix));
+        // A FIFO or device would be read without end; the dataset reader refuses them too.
+        if (!std::filesystem::is_regular_file(status))
+          throw ConfigError(fmt::format("{}: {}: not a regular file (a directory, FIFO or device)", where, file));
+      }
+    }
+  }
+}
+
+namespace {
+
+// One split of a data list: its sample source, samples per epoch (for a blend: the blend's size) and a
+// description for the log.
+struct SplitSource {
+  SampleFn fn;
+  int64_t samples = 0;
+  std::string description;
+};
+
+// A plain list of prefixes: the chosen split range of every dataset concatenated into one stream.
+// `pick` gives the (begin, end) sequence range of a dataset.
+template <typename Pick>
+SplitSource concatenated(const std::vector<std::string>& prefixes, Pick&& pick, const Config& cfg, const char* key) {
+  const int64_t S = cfg.model.seq_length;
+  std::vector<TokenStream::Part> parts;
+  for (const std::string& prefix : prefixes) {
+    auto d = std::make_shared<const IndexedDataset>(prefix);
+    const auto [begin, end] = pick(*d);
+    parts.push_back({d, begin, end, TokenStream::Unit::sequences});
+  }
+  auto stream = std::make_shared<const TokenStream>(parts);
+  SplitSource out;
+  if (stream->num_tokens() < S + 1) {
+    out.description = fmt::format("{} tokens", stream->num_tokens());
+    return out;
+  }
+  auto dataset = std::make_shared<GptDataset>(stream, S, static_cast<uint64_t>(cfg.training.seed), true);
+  out.fn = checked([dataset](int64_t g, std::span<int32_t> o) { dataset->sample(g, o); }, cfg.model.vocab_size, key);
+  out.samples = dataset->samples_per_epoch();
+  out.description = fmt::format("{} samples per epoch ({} tokens)", out.samples, stream->num_tokens());
+  return out;
+}
+
+// A weighted blend (megatron-core's BlendedDataset): each dataset's split range is its own seeded dataset,
+// and global sample g reads sample k of dataset d, (d, k) from the blending rule over the weights. `target`
+// samples are planned (the run's need); the blend's size is the sum of ceil(target * w_i). Samples past it
+// continue the same rule, so a longer run never fails for want of blend indices.
+template <typename Pick>
+SplitSource blended(const DataBlend& blend, Pick&& pick, int64_t target, const Config& cfg, const char* key) {
+  const int64_t S = cfg.model.seq_length;
+  const std::vector<double> weights = normalize_blend_weights(blend.weights);
+  const std::vector<int64_t> sizes = blend_sizes(weights, target);
+  // blended_dataset.py normalizes the (already normalized) weights once more; keep its last bits.
+  auto index = std::make_shared<const BlendIndex>(normalize_blend_weights(weights));
+  std::vector<std::shared_ptr<const GptDataset>> datasets;
+  std::vector<std::string> shares;
+  int64_t size = 0;
+  for (int64_t n : sizes) size += n;
+  const std::vector<int64_t> counts = index->counts(size);
+  for (size_t i = 0; i < blend.prefixes.size(); ++i) {
+    auto d = std::make_shared<const IndexedDataset>(blend.prefixes[i]);
+    const auto [begin, end] = pick(*d);
+    auto stream = std::make_shared<const TokenStream>(
+        std::vector<TokenStream::Part>{{d, begin, end, TokenStream::Unit::sequences}});
+    // Every dataset shuffles with the run's seed, as megatron-core's mid-level datasets share random_seed.
+    auto dataset = std::make_shared<const GptDataset>(stream, S, static_cast<uint64_t>(cfg.training.seed), true);
+    if (dataset->samples_per_epoch() == 0)
+      throw DataError(
+          fmt::format("{}: {} (weight {}) holds {} tokens in this split, fewer than one sample of "
+                      "model.seq_length+1={} tokens",
+                      key, blend.prefixes[i], blend.weights[i], stream->num_tokens(), S + 1));
+    shares.push_back(fmt::format("{} w={:.4g}: {} samples ({:.2f} epochs of {})", blend.prefixes[i], weights[i],
+                                 counts[i], static_cast<double>(counts[i]) / dataset->samples_per_epoch(),
+                                 dataset->samples_per_epoch()));
+    datasets.push_back(std::move(dataset));
+  }
+  SplitSource out;
+  out.fn = checked(
+      [index, datasets](int64_t g, std::span<int32_t> o) {
+        const auto [d, k] = index->at(g);
+        datasets[static_cast<size_t>(d)]->sample(k, o);
+      },
+      cfg.model.vocab_size, key);
+  out.samples = size;
+  out.description = fmt::format("blend of {} samples [{}]", size, fmt::join(shares, "; "));
+  return out;
+}
+
+}  // namespace
+
+DataSources open_data_sources(const Config& cfg) {
+  DataSources ds;
+  const int64_t S = cfg.model.seq_length;
+  const uint64_t seed = static_cast<uint64_t>(cfg.training.seed);
+  if (cfg.data.synthetic) {
+    auto train = std::make_shared<SyntheticDataset>(cfg.model.vocab_size, S, seed);
+    auto valid = std::make_shared<SyntheticDataset>(cfg.model.vocab_size, S, seed + 1);
+    ds.train = [train](int64_t g, std::span<int32_t> out) { train->sample(g, out); };
+    ds.valid = [valid](int64_t g, std::span<int32_t> out) { valid->sample(g, out); };
+    ds.description = fmt::format("synthetic tokens in [0, {})", cfg.model.vocab_size);
+    return ds;
+  }
+
+  // megatron-core splits GPT data by sequences: split i of a dataset is split_ranges(its sequences)[i].
+  auto split_part = [&](int i) {
+    return [&cfg, i](const IndexedDataset& d) { return split_ranges(d.num_sequences(), cfg.data.split)[i]; };
+  };
+  auto whole = [](const IndexedDataset& d) { return std::pair<int64_t, int64_t>{0, d.num_sequences()}; };
+  // The samples a run reads: train_iters global batches, and the first eval_iters of validation (the same
+  // ones at every evaluation), as megatron-core's train / test sample counts.
+  const int64_t G = cfg.training.global_batch_size;
+  const int64_t train_target = cfg.training.train_iters * G, valid_target = cfg.logging.eval_iters * G;
+
+  const DataBlend train_blend = parse_data_blend(cfg.data.train);
+  const DataBlend valid_blend = parse_data_blend(cfg.data.valid);
+  SplitSource train = train_blend.weights.empty()
+                          ? concatenated(train_blend.prefixes, split_part(0), cfg, "data.train")
+                          : blended(train_blend, split_part(0), train_target, cfg, "data.train");
+  if (!train.fn)
+    throw DataError(
+        fmt::format("data.train: the training split holds {}, fewer than one sample of "
+                    "model.seq_length+1={} tokens",
+                    train.description, S + 1));
+  SplitSource valid;
+  if (!cfg.data.valid.empty()) {
+    valid = valid_blend.weights.empty() ? concatenated(valid_blend.prefixes, whole, cfg, "data.valid")
+                                        : blended(valid_blend, whole, valid_target, cfg, "data.valid");
+  } else if (!train_blend.weights.empty()) {
+    // The validation split of every dataset of the training blend, blended with the same weights; a dataset
+    // whose validation split holds no sample leaves the run without validation.
+    try {
+      valid = blended(train_blend, split_part(1), valid_target, cfg, "data.valid");
+    } catch (const DataError& e) {
+      valid = SplitSource{{}, 0, e.what()};
+    }
+  } else {
+    valid = concatenated(train_blend.prefixes, split_part(1), cfg, "data.valid");
+  }
+  ds.train = train.fn;
+  ds.train_samples = train.samples;
+  ds.valid = valid.fn;
+  ds.valid_samples = valid.fn ? valid.samples : 0;
+  ds.description = fmt::format("train: {}; validation: {}", train.description,
+                               valid.fn ? valid.description : fmt::format("none ({})", valid.description));
+  return ds;
+}
+
+SampleFn file_order_source(const std::vector<std::string>& prefixes, int64_t seq_length, int64_t vocab_size,
+                           int64_t& count) {
+  std::vector<TokenStream::Part> parts;
+  for (const std::string& prefix : prefixes) {
+    auto d = std::make_shared<const IndexedDataset>(prefix);
+    parts.push_back({d, 0, d->num_documents()});
+  }
+  auto dataset = std::make_shared<GptDataset>(std::make_shared<const TokenStream>(parts), seq_length, 0, false);
+  count = dataset->samples_per_epoch();
+  return checked([dataset](int64_t g, std::span<int32_t> out) { dataset->sample(g, out); }, vocab_size,
+                 fmt::format("{}", fmt::join(prefixes, ",")));
+}
+
+void make_batch(const SampleFn& source, int64_t first, int64_t batch, int64_t seq_length, Tensor& tokens,
+                Tensor& targets) {
+  std::vector<int32_t> buf(static_cast<size_t>(seq_length + 1));
+  int32_t* tok = tokens.data<int32_t>();
+  int32_t* tgt = targets.data<int32_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    source(first + b, buf);
+    std::copy(buf.begin(), buf.end() - 1, tok + b * seq_length);
+    std::copy(buf.begin() + 1, buf.end(), tgt + b * seq_length);
+  }
+}
+
+}  // namespace mt::app

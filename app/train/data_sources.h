@@ -1,0 +1,42 @@
+// data_sources.h: the training and validation sample sources a config asks for, and batch assembly.
+#pragma once
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/config/config.h"
+#include "core/tensor/tensor.h"
+
+namespace mt::app {
+
+// Writes global sample g (seq_length + 1 tokens) into out.
+using SampleFn = std::function<void(int64_t g, std::span<int32_t> out)>;
+
+struct DataSources {
+  SampleFn train;
+  SampleFn valid;             // empty when the config has no validation data
+  int64_t train_samples = 0;  // samples per epoch (0 for synthetic: unbounded)
+  int64_t valid_samples = 0;
+  std::string description;  // one line for the log
+};
+
+// Throws ConfigError naming the key (data.train[i] / data.valid[i]) when a dataset's .bin or .idx file is
+// missing: checked before training starts, where the error is not buried under the resolved config.
+void check_data_files(const Config& cfg);
+
+// Opens the datasets named by cfg.data (or the synthetic source); throws DataError / ConfigError naming
+// the file or key. Every token is checked against model.vocab_size as samples are read.
+DataSources open_data_sources(const Config& cfg);
+
+// The samples of the datasets at `prefixes` (all documents) in file order: sample j is tokens
+// [j*S, j*S + S] of the documents concatenated. `count` receives the number of samples.
+SampleFn file_order_source(const std::vector<std::string>& prefixes, int64_t seq_length, int64_t vocab_size,
+                           int64_t& count);
+
+// Samples [first, first + B) of `source` as tokens (B, S) and targets (B, S), i32.
+void make_batch(const SampleFn& source, int64_t first, int64_t batch, int64_t seq_length, Tensor& tokens,
+                Tensor& targets);
+
+}  // namespace mt::app

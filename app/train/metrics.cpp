@@ -1,0 +1,177 @@
+#include "app/train/metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+namespace mt::app {
+
+namespace {
+
+// The float's shortest decimal form as a double (so 6e-4 is written 0.0006, not 0.0006000000284984708).
+double shortest(float v) { return std::stod(fmt::format("{}", v)); }
+double rounded(double v, double scale) { return std::isfinite(v) ? std::round(v * scale) / scale : v; }
+
+}  // namespace
+
+MetricsFile::MetricsFile(const std::string& run_dir, bool tensorboard) {
+  if (run_dir.empty()) return;
+  path_ = (std::filesystem::path(run_dir) / "metrics.jsonl").string();
+  out_.open(path_, std::ios::app);
+  if (!out_) throw std::runtime_error(fmt::format("{}: cannot open for writing", path_));
+  if (tensorboard)
+    tensorboard_ = std::make_unique<TensorBoardWriter>((std::filesystem::path(run_dir) / "tensorboard").string());
+}
+
+void MetricsFile::write(const nlohmann::ordered_json& record) {
+  if (!out_.is_open()) return;
+  // Invalid UTF-8 in a string (a path) is replaced rather than thrown: a log line must never stop training.
+  out_ << record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+  out_.flush();
+  if (!out_) throw std::runtime_error(fmt::format("{}: write failed", path_));
+}
+
+std::string memory_summary(Device device) {
+  const MemoryStats& m = allocator_for(device).stats();
+  std::string s;
+  for (size_t k = 0; k < MemoryStats::kKinds; ++k)
+    s += fmt::format("{} {:.2f} | ", mem_kind_name(static_cast<MemKind>(k)), m.peak[k] / 1048576.0);
+  return s + fmt::format("total {:.2f}", m.peak_total / 1048576.0);
+}
+
+double eta_seconds(int64_t iteration, int64_t train_iters, double seconds_per_iter) {
+  return static_cast<double>(std::max<int64_t>(train_iters - iteration, 0)) * std::max(seconds_per_iter, 0.0);
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<int64_t>(std::llround(seconds));
+  if (s < 60) return fmt::format("{}s", s);
+  if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  if (s < 86400) return fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60);
+  return fmt::format("{}d{:02}h", s / 86400, s % 86400 / 3600);
+}
+
+namespace {
+
+// The grad norm of the interval's last step; an inf/NaN step was skipped, which says more than "-nan".
+std::string grad_norm_text(const IntervalReport& r) {
+  if (r.last_overflow || !std::isfinite(r.grad_norm))
+    return r.fp16 ? "overflow (step skipped)" : "not finite (step skipped)";
+  return fmt::format("{:.4f}", r.grad_norm);
+}
+
+std::string verbose_line(const IntervalReport& r) {
+  const std::string mfu_text = r.peak_tflops > 0 ? fmt::format("{:5.1f}%", 100.0 * r.tflops_per_gpu / r.peak_tflops)
+                                                 : fmt::format("n/a ({})", device_name(r.device));
+  return fmt::format(
+      " iteration {:>7}/{:<7} | consumed samples {:>9} | ms/iter {:8.1f} | tokens/s {:9.0f} | "
+      "TFLOP/s/GPU {:7.3f} | MFU {} | lr {:.3e} | loss {:.6e} | loss scale {} | grad norm {} | "
+      "skipped {} | nan {} | elapsed {} | ETA {}",
+      r.iteration, r.train_iters, r.consumed_samples, r.ms_per_iter, r.tokens_per_s, r.tflops_per_gpu, mfu_text, r.lr,
+      r.loss, r.loss_scale, grad_norm_text(r), r.skipped_iters, r.nan_iters, format_duration(r.elapsed_s),
+      format_duration(r.eta_s));
+}
+
+// About 120 characters: what a person watching a run looks at; the rest only when it says something.
+std::string short_line(const IntervalReport& r) {
+  std::string s = fmt::format(
+      " iter {}/{} | {} ETA {} | loss {:.4f} | lr {:.2e} | grad norm {}", r.iteration, r.train_iters,
+      format_duration(r.elapsed_s), format_duration(r.eta_s), r.loss, r.lr,
+      r.last_overflow || !std::isfinite(r.grad_norm) ? grad_norm_text(r) : fmt::format("{:.3f}", r.grad_norm));
+  if (r.fp16) s += fmt::format(" | loss scale {}", r.loss_scale);
+  s += fmt::format(" | {:.0f} tokens/s", r.tokens_per_s);
+  // Three significant digits: a CPU run's 0.0012 as well as a GPU's 412.
+  s += fmt::format(" | {} TFLOP/s/GPU", r.tflops_per_gpu >= 100 ? fmt::format("{:.0f}", r.tflops_per_gpu)
+                                                                : fmt::format("{:.3g}", r.tflops_per_gpu));
+  if (r.peak_tflops > 0) s += fmt::format(", MFU {:.1f}%", 100.0 * r.tflops_per_gpu / r.peak_tflops);
+  if (r.skipped_iters > 0) s += fmt::format(" | skipped {}", r.skipped_iters);
+  if (r.nan_iters > 0) s += fmt::format(" | nan {}", r.nan_iters);
+  return s;
+}
+
+}  // namespace
+
+std::string interval_line(const IntervalReport& r) { return r.verbose_line ? verbose_line(r) : short_line(r); }
+
+std::string attention_calls_summary(const AttentionCalls& c) {
+  std::vector<std::string> parts;
+  if (c.cudnn != 0) parts.push_back(fmt::format("cuDNN fused {}", c.cudnn));
+  if (c.kernel != 0) parts.push_back(fmt::format("megatrain kernel {}", c.kernel));
+  if (c.cpu != 0) parts.push_back(fmt::format("CPU {}", c.cpu));
+  return parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, ", "));
+}
+
+void report_interval(const IntervalReport& r, MetricsFile& metrics) {
+  spdlog::info("{}", interval_line(r));
+  nlohmann::ordered_json j;
+  j["iteration"] = r.iteration;
+  j["consumed_samples"] = r.consumed_samples;
+  j["consumed_tokens"] = r.consumed_tokens;
+  j["ms_per_iter"] = rounded(r.ms_per_iter, 1e3);
+  j["tokens_per_s"] = rounded(r.tokens_per_s, 1e1);
+  j["tflops"] = rounded(r.tflops_per_gpu, 1e6);
+  j["mfu"] = r.peak_tflops > 0 ? nlohmann::ordered_json(r.tflops_per_gpu / r.peak_tflops) : nullptr;
+  j["lr"] = shortest(r.lr);
+  j["loss"] = r.loss;  // non-finite values are written as null
+  j["loss_scale"] = r.loss_scale;
+  j["grad_norm"] = r.grad_norm;
+  j["skipped_iters"] = r.skipped_iters;
+  j["nan_iters"] = r.nan_iters;
+  j["peak_bytes"] = r.peak_bytes;
+  if (!r.peak_bytes_per_rank.empty()) j["peak_bytes_per_rank"] = r.peak_bytes_per_rank;
+  j["device"] = std::string(device_name(r.device));
+  j["elapsed_s"] = rounded(r.elapsed_s, 1e3);
+  j["eta_s"] = rounded(r.eta_s, 1e3);
+  j["attention_cudnn_calls"] = r.attention.cudnn;
+  j["attention_kernel_calls"] = r.attention.kernel;
+  j["attention_cpu_calls"] = r.attention.cpu;
+  metrics.write(j);
+  if (TensorBoardWriter* tb = metrics.tensorboard()) {
+    // Megatron's tags where it has them; the loss also against samples and tokens (curves of runs with other
+    // batch sizes line up).
+    const int64_t it = r.iteration;
+    const auto value = [](double v) { return static_cast<float>(v); };
+    tb->scalar("lm loss", it, value(r.loss));
+    tb->scalar("lm loss vs samples", r.consumed_samples, value(r.loss));
+    tb->scalar("lm loss vs tokens", r.consumed_tokens, value(r.loss));
+    tb->scalar("learning-rate", it, r.lr);
+    tb->scalar("grad-norm", it, value(r.grad_norm));
+    tb->scalar("loss-scale", it, value(r.loss_scale));
+    tb->scalar("skipped-iterations", it, value(static_cast<double>(r.skipped_iters)));
+    tb->scalar("nan-iterations", it, value(static_cast<double>(r.nan_iters)));
+    tb->scalar("consumed-samples", it, value(static_cast<double>(r.consumed_samples)));
+    tb->scalar("tokens-per-second", it, value(r.tokens_per_s));
+    tb->scalar("iteration-time-ms", it, value(r.ms_per_iter));
+    tb->scalar("tflops-per-gpu", it, value(r.tflops_per_gpu));
+    if (r.peak_tflops > 0) tb->scalar("mfu", it, value(r.tflops_per_gpu / r.peak_tflops));
+    const MemoryStats& m = allocator_for(r.device).stats();
+    for (size_t k = 0; k < MemoryStats::kKinds; ++k)
+      tb->scalar(fmt::format("memory/peak-{}-MiB", mem_kind_name(static_cast<MemKind>(k))), it,
+                 value(m.peak[k] / 1048576.0));
+    tb->scalar("memory/peak-total-MiB", it, value(m.peak_total / 1048576.0));
+    tb->flush();
+  }
+}
+
+void report_validation(int64_t iteration, int64_t consumed_samples, int64_t consumed_tokens, double loss,
+                       MetricsFile& metrics) {
+  spdlog::info(" validation loss at iteration {}: {:.6e} | perplexity {:.3f}", iteration, loss, std::exp(loss));
+  metrics.write({{"iteration", iteration},
+                 {"consumed_samples", consumed_samples},
+                 {"consumed_tokens", consumed_tokens},
+                 {"valid_loss", loss}});
+  if (TensorBoardWriter* tb = metrics.tensorboard()) {
+    tb->scalar("lm loss validation", iteration, static_cast<float>(loss));
+    tb->scalar("lm loss validation ppl", iteration, static_cast<float>(std::exp(loss)));
+    tb->scalar("lm loss validation vs samples", consumed_samples, static_cast<float>(loss));
+    tb->flush();
+  }
+}
+
+}  // namespace mt::app

@@ -1,0 +1,71 @@
+// metrics.h: what a training run reports. RUN_DIR/metrics.jsonl gets one JSON object per line, written by a
+// JSON library (strings escaped, inf and NaN as null); the console gets one line per logging interval.
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/tensor/allocator.h"
+#include "core/tensor/ops.h"
+#include "core/tensor/tensor.h"
+#include "core/io/tensorboard.h"
+
+namespace mt::app {
+
+// Appends records to RUN_DIR/metrics.jsonl, flushed each time, and with `tensorboard` keeps TensorBoard event
+// files under RUN_DIR/tensorboard; with an empty run_dir (ranks other than the logging one) it writes nothing.
+class MetricsFile {
+ public:
+  explicit MetricsFile(const std::string& run_dir, bool tensorboard = false);
+  void write(const nlohmann::ordered_json& record);
+  TensorBoardWriter* tensorboard() { return tensorboard_.get(); }  // null when off
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
+};
+
+// "parameter 1.00 | gradient 1.00 | ... | total 4.00": the device's peak bytes per kind, in MiB.
+std::string memory_summary(Device device);
+
+// The figures of one logging interval (means over its iterations where they vary).
+struct IntervalReport {
+  int64_t iteration = 0, train_iters = 0;
+  int64_t consumed_samples = 0, consumed_tokens = 0;
+  double ms_per_iter = 0, tokens_per_s = 0;
+  double tflops_per_gpu = 0;  // model FLOP/s per rank
+  double peak_tflops = 0;     // the device's dense bf16 peak; 0 when unknown (no MFU)
+  float lr = 0;
+  double loss = 0, loss_scale = 1, grad_norm = 0;
+  int64_t skipped_iters = 0, nan_iters = 0;
+  int64_t peak_bytes = 0;
+  Device device = Device::cpu;
+  double elapsed_s = 0;                      // wall-clock seconds since this run started training
+  double eta_s = 0;                          // the remaining iterations at the wall-clock pace of this interval
+  bool fp16 = false;                         // a loss scale is in use (the short line shows it)
+  bool last_overflow = false;                // the interval's last step had inf/NaN gradients (grad_norm is not finite)
+  bool verbose_line = false;                 // logging.verbose_line: Megatron's long line
+  std::vector<int64_t> peak_bytes_per_rank;  // by global rank, on the reports that gathered them; else empty
+  AttentionCalls attention;                  // this rank's attention calls by implementation since the start
+};
+// "cuDNN fused 96, megatrain kernel 0": the attention calls of an interval by the implementation that ran them
+// (only the kinds that ran, or "none").
+std::string attention_calls_summary(const AttentionCalls& calls);
+// The seconds left for train_iters - iteration iterations at `seconds_per_iter`.
+double eta_seconds(int64_t iteration, int64_t train_iters, double seconds_per_iter);
+// "45s", "12m05s", "3h02m", "2d03h": a duration to the precision a progress line needs.
+std::string format_duration(double seconds);
+// The console line of an interval (without the logger's prefix): short, or long with r.verbose_line.
+std::string interval_line(const IntervalReport& r);
+// Logs the interval's line and writes its record.
+void report_interval(const IntervalReport& r, MetricsFile& metrics);
+// Logs a validation loss (and its perplexity) and writes its record; consumed_samples and consumed_tokens
+// place it on the training curve.
+void report_validation(int64_t iteration, int64_t consumed_samples, int64_t consumed_tokens, double loss,
+                       MetricsFile& metrics);
+
+}  // namespace mt::app

@@ -1,0 +1,48 @@
+// model_chunks.h: the model chunks one rank holds, and the training losses they leave on the device.
+#pragma once
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "app/runtime/distributed.h"
+#include "core/config/config.h"
+#include "core/tensor/ops.h"
+#include "models/gpt.h"
+
+namespace mt::app {
+
+// The model chunks this rank holds: one per virtual pipeline stage c * pp + stage, each with its layers
+// (parallel.layers_per_stage, or an even split), the embedding on virtual stage 0, the head on the last.
+std::vector<std::unique_ptr<GptModel>> build_chunks(const Config& cfg, const Distributed& dist, DType dtype);
+// Every parameter of the chunks, in chunk order.
+std::vector<Parameter*> all_parameters(const std::vector<std::unique_ptr<GptModel>>& chunks);
+
+// The training losses of the steps since the host last read them, kept on the model's device: each step
+// gets an f64 slot that the last stage's microbatches add their mean losses into (GptModel::forward_stage),
+// and the host reads all slots at once, once per logging interval (or before a checkpoint), so a GPU step
+// never waits for its loss.
+class StepLosses {
+ public:
+  StepLosses(Device device, int64_t capacity) : slots_(f64_zeros(std::max<int64_t>(capacity, 1), device)) {}
+  bool full() const { return used_ == slots_.numel(); }
+  // The next step's slot (1) f64, zeroed.
+  Tensor next_slot() {
+    Tensor slot = slots_.slice(used_, used_ + 1);
+    slot.zero_();
+    ++used_;
+    return slot;
+  }
+  // This rank's loss sums of the steps since the last take, in order (one copy to the host).
+  std::vector<double> take() {
+    if (used_ == 0) return {};
+    std::vector<double> v = read_f64(slots_.slice(0, used_));
+    used_ = 0;
+    return v;
+  }
+
+ private:
+  Tensor slots_;  // (capacity) f64
+  int64_t used_ = 0;
+};
+
+}  // namespace mt::app

@@ -1,0 +1,26 @@
+#include "app/train/nonfinite.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace mt::app {
+
+std::optional<std::string> first_nonfinite(const std::vector<Parameter*>& params, bool grads) {
+  for (const Parameter* p : params) {
+    const Tensor& t = grads ? p->grad : p->value;
+    if (!t.defined()) continue;
+    for (float x : t.to_floats())
+      if (!std::isfinite(x)) return p->name;
+  }
+  return std::nullopt;
+}
+
+std::string describe_parameter(const std::string& name) {
+  constexpr std::string_view kLayers = "layers.";
+  if (name.rfind(kLayers, 0) != 0) return name;
+  const size_t end = name.find('.', kLayers.size());
+  return fmt::format("{} (layer {})", name, name.substr(kLayers.size(), end - kLayers.size()));
+}
+
+}  // namespace mt::app

@@ -1,0 +1,466 @@
+// trainer.cpp: the training loop (Trainer::run) and one iteration (Trainer::train_step), with what builds them.
+// Resume and save are in trainer_checkpoint.cpp, the pipeline stages in trainer_stages.cpp, the reports in
+// metrics.cpp.
+#include "app/train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <optional>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "app/train/nonfinite.h"
+#include "app/runtime/stop_signal.h"
+#include "app/train/trainer_impl.h"
+#include "core/checkpoint/save_dir.h"
+#include "core/data/indexed_dataset.h"
+#include "parallel/schedule.h"
+
+namespace mt::app {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// "124.4M", "8.03B": a parameter count as people say it.
+std::string human_count(int64_t n) {
+  const double x = static_cast<double>(n);
+  if (x >= 1e9) return fmt::format("{:.2f}B", x / 1e9);
+  if (x >= 1e6) return fmt::format("{:.1f}M", x / 1e6);
+  if (x >= 1e3) return fmt::format("{:.1f}K", x / 1e3);
+  return fmt::format("{}", n);
+}
+
+}  // namespace
+
+Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
+    : cfg_(cfg), opt_(opt), dist_(dist), dtype_(dtype_of(cfg.training.precision)), device_(dist.placement.device),
+      data_(open_data_sources(cfg)), chunks_(build_chunks(cfg, dist, dtype_)), params_(all_parameters(chunks_)),
+      adam_config_(AdamWConfig{
+          .beta1 = cfg.optimizer.betas.at(0),
+          .beta2 = cfg.optimizer.betas.at(1),
+          .eps = cfg.optimizer.eps,
+          .weight_decay = cfg.optimizer.weight_decay,
+          .grad_clip = cfg.optimizer.grad_clip,
+          .count_replicas = dist.tp_rank() == 0,
+          .sum_across_ranks = [&dist](double x) { return dist.mp->size() > 1 ? sum_doubles(*dist.mp, {x})[0] : x; }}),
+      scaler_(dtype_ == DType::f16, LossScalerOptions{.initial = cfg.training.loss_scale.initial,
+                                                      .min = cfg.training.loss_scale.min,
+                                                      .window = cfg.training.loss_scale.window,
+                                                      .hysteresis = cfg.training.loss_scale.hysteresis}),
+      schedule_{.lr = cfg.optimizer.lr,
+                .min_lr = cfg.optimizer.min_lr,
+                .warmup_iters = cfg.optimizer.warmup_iters,
+                .decay_iters = cfg.optimizer.decay_iters,
+                .decay = cfg.optimizer.decay,
+                .wsd_decay_fraction = cfg.optimizer.wsd_decay_fraction,
+                .wsd_decay_style = cfg.optimizer.wsd_decay_style},
+      metrics_(dist.is_logging_rank() ? cfg.logging.dir : "", cfg.logging.tensorboard) {
+  // One flat fp32 buffer holds every gradient; its buckets are reduced over data parallelism (reduce-scattered
+  // with the distributed optimizer) as soon as the last microbatch's backward has finished them.
+  grads_ = std::make_unique<GradBuffer>(params_, device_, std::move(dist.dp_grads),
+                                        GradBufferOptions{.bucket_elements = cfg.parallel.grad_bucket_size,
+                                                          .shard = cfg.parallel.distributed_optimizer,
+                                                          .tensor = dist.tp.get(),
+                                                          .embedding = dist.emb.get()});
+  if (cfg.parallel.distributed_optimizer)
+    optimizer_ = std::make_unique<DistributedOptimizer>(*grads_, *dist.dp, adam_config_);
+  else
+    optimizer_ = std::make_unique<AdamW>(params_, adam_config_);
+  const int last_mb = static_cast<int>(cfg.training.num_microbatches) - 1;
+  for (auto& chunk : chunks_)
+    chunk->set_grads_ready_hook([this, last_mb](int mb, const std::vector<Parameter*>& ps) {
+      if (mb == last_mb) grads_->mark_ready(ps);
+    });
+  // The per-parameter gradients made with the model are gone: peaks start from the real state.
+  allocator_for(device_).reset_peaks();
+}
+
+// One iteration: every microbatch of this rank forward and backward (gradients accumulate), the gradients
+// summed over the data-parallel group, then the optimizer step (the same on every rank).
+// Microbatch m of data-parallel rank r holds samples consumed + (m * dp + r) * B + [0, B), so the global batch
+// is the same set of samples whatever the layout.
+void Trainer::train_step(float& lr_used, StepResult& result) {
+  const int64_t M = cfg_.training.num_microbatches;
+  const int64_t dp = dist_.dp_size();
+  grads_->begin_step();                        // zeroes every gradient
+  if (step_losses_.full()) read_losses();      // a logging interval longer than the slots
+  Tensor loss_sum = step_losses_.next_slot();  // (1) f64 on the device
+  // The objective is the mean loss over all M * dp microbatches (times the loss scale): a host value, so the
+  // backward seed needs no read of the device.
+  const float dloss = static_cast<float>(scaler_.scale() / static_cast<double>(M * dp));
+  // One engine for every layout: one stage runs no_pipelining (F0 B0 F1 B1 ...), several 1F1B, several with
+  // more than one chunk interleaved 1F1B. Only the last stage computes losses: read_losses sums them over the
+  // pipeline group.
+  const int p = dist_.pp_size(), v = static_cast<int>(chunks_.size());
+  const ScheduleKind kind =
+      p == 1 ? ScheduleKind::no_pipelining : (v > 1 ? ScheduleKind::interleaved : ScheduleKind::one_f_one_b);
+  const ScheduleSpec spec{.kind = kind, .stages = p, .microbatches = static_cast<int>(M), .chunks = v};
+  IterationStage stage(*this, dloss, loss_sum);
+  execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage,
+                   PipelinePlacement{.comm = dist_.pp.get(), .stage = dist_.pp_rank(), .stages = p, .chunks = v});
+  // The sums over TP (sequence-parallel replicas) and the embedding group (tied copies), then the data-parallel
+  // buckets not started yet, then the wait: every gradient is final (this rank's shard of it with ZeRO).
+  grads_->finalize();
+  lr_used = static_cast<float>(schedule_.at(optimizer_steps() + 1));
+  // The step's one read of the device: the grad norm and inf/NaN verdict, inside the optimizer (with
+  // training.loss_spike.action skip/stop, the step's loss too, checked before the update).
+  const int64_t iteration = c_.iteration + 1;
+  const StepCheck check{.read_along = loss_sum, .veto = [&](const std::vector<double>& v, const StepResult&) {
+                          return spike_check(v.at(0), iteration);
+                        }};
+  const StepCheck* check_or_null = spike_per_step() ? &check : nullptr;
+  result = optimizer_->step(lr_used, scaler_.scale(), check_or_null);
+  scaler_.update(result.found_inf);
+  if (result.found_inf || result.vetoed) ++c_.skipped_iters;
+}
+
+bool Trainer::spike_check(double local_sum, int64_t iteration) {
+  const int64_t M = cfg_.training.num_microbatches, dp = dist_.dp_size();
+  const std::vector<double> sum = sum_over_stages_and_replicas({local_sum});
+  if (!observe_loss(static_cast<float>(sum[0] / static_cast<double>(M * dp)), iteration)) return false;
+  if (cfg_.training.loss_spike.action == SpikeAction::stop) spike_stop_ = true;
+  return true;
+}
+
+bool Trainer::observe_loss(float loss, int64_t iteration) {
+  if (!spike_.observe(loss)) return false;
+  const SpikeAction action = cfg_.training.loss_spike.action;
+  if (dist_.is_logging_rank())
+    spdlog::warn("loss spike at iteration {}: loss {:.4f}, running mean {:.4f}, threshold {:.4f}{}", iteration, loss,
+                 spike_.mean_before(), spike_.threshold_before(),
+                 action == SpikeAction::log    ? ""
+                 : action == SpikeAction::skip ? " (training.loss_spike.action=skip: the step is not applied)"
+                                               : " (training.loss_spike.action=stop: the step is not applied; "
+                                                 "saving and stopping)");
+  metrics_.write({{"event", "loss_spike"},
+                  {"iteration", iteration},
+                  {"spike_loss", loss},
+                  {"running_mean", spike_.mean_before()},
+                  {"threshold", spike_.threshold_before()},
+                  {"action", std::string(name_of(action))}});
+  return true;
+}
+
+int64_t Trainer::total_parameters() {
+  int64_t own = 0;
+  for (const Parameter* p : params_)
+    if (counts_in_grad_norm(*p, adam_config_)) own += p->value.numel();
+  const double sum = dist_.mp->size() > 1 ? sum_doubles(*dist_.mp, {static_cast<double>(own)})[0] : own;
+  return static_cast<int64_t>(std::llround(sum));  // exact: parameter counts are far below 2^53
+}
+
+std::vector<int64_t> Trainer::gather_peak_memory() {
+  const int world = dist_.env.world_size;
+  std::vector<double> peaks(static_cast<size_t>(world), 0.0);
+  peaks[static_cast<size_t>(dist_.rank())] = static_cast<double>(allocator_for(device_).stats().peak_total);
+  peaks = sum_doubles(*dist_.world, std::move(peaks));  // exact: byte counts are far below 2^53
+  return std::vector<int64_t>(peaks.begin(), peaks.end());
+}
+
+void Trainer::log_peak_memory(const std::vector<int64_t>& peaks) const {
+  const auto [lo, hi] = std::minmax_element(peaks.begin(), peaks.end());
+  // Ranks are numbered tp fastest, then dp, then pp: stage s holds ranks [s * tp * dp, (s + 1) * tp * dp).
+  const int per_stage = dist_.tp_size() * dist_.dp_size();
+  std::vector<std::string> stages;
+  for (int s = 0; s < dist_.pp_size(); ++s)
+    stages.push_back(fmt::format(
+        "{:.1f}", *std::max_element(peaks.begin() + s * per_stage, peaks.begin() + (s + 1) * per_stage) / 1048576.0));
+  spdlog::info("peak memory per rank (MiB): min {:.1f} (rank {}), max {:.1f} (rank {}){}", *lo / 1048576.0,
+               lo - peaks.begin(), *hi / 1048576.0, hi - peaks.begin(),
+               stages.size() > 1 ? fmt::format("; per pipeline stage {}", fmt::join(stages, " | ")) : std::string());
+}
+
+void Trainer::log_attention_calls(const AttentionCalls& now) {
+  const AttentionCalls was = attention_at_report_;
+  const AttentionCalls interval{
+      .cpu = now.cpu - was.cpu, .cudnn = now.cudnn - was.cudnn, .kernel = now.kernel - was.kernel};
+  attention_at_report_ = now;
+  const int kinds = (interval.cpu > 0 ? 1 : 0) | (interval.cudnn > 0 ? 2 : 0) | (interval.kernel > 0 ? 4 : 0);
+  if (kinds == attention_kinds_) return;
+  const bool first = attention_kinds_ < 0;
+  attention_kinds_ = kinds;
+  const std::string line = fmt::format("attention ran{} (calls this interval, forward and backward): {}",
+                                       first ? "" : " differently", attention_calls_summary(interval));
+  // cuDNN and the kernel side by side: some calls lost the fused path (the warning above each names why).
+  if (interval.cudnn > 0 && interval.kernel > 0)
+    spdlog::warn("{}", line);
+  else
+    spdlog::info("{}", line);
+}
+
+// Each step's loss: the double sum of its f32 microbatch means, summed (as doubles) over the pipeline group
+// (with several stages) and then the data-parallel group, over M * dp, rounded to f32 once. The exchanges carry
+// every pending step at once.
+void Trainer::read_losses() {
+  std::vector<double> sums = step_losses_.take();
+  if (sums.empty()) return;
+  const int64_t M = cfg_.training.num_microbatches, dp = dist_.dp_size();
+  sums = sum_over_stages_and_replicas(std::move(sums));
+  // The slots hold the last sums.size() iterations (this is called between iterations).
+  int64_t iteration = c_.iteration - static_cast<int64_t>(sums.size());
+  for (double sum : sums) {
+    const float loss = static_cast<float>(sum / static_cast<double>(M * dp));
+    if (!std::isfinite(loss)) ++c_.nan_iters;
+    interval_loss_ += loss;
+    ++iteration;
+    if (!spike_per_step()) observe_loss(loss, iteration);  // action log: flagged here, nothing else changes
+  }
+}
+
+// Mean loss over the first eval_iters global batches of the validation samples, microbatch i on dp rank i % dp.
+// The pipeline runs a forward_only schedule through the same executor as training (so its transfers follow
+// the checked schedule order that NCCL needs); the last stage adds the losses in microbatch order.
+double Trainer::evaluate() {
+  const int64_t dp = dist_.dp_size();
+  const int64_t batches = cfg_.logging.eval_iters * cfg_.training.num_microbatches * dp;
+  const int p = dist_.pp_size(), v = static_cast<int>(chunks_.size());
+  const ScheduleSpec spec{
+      .kind = ScheduleKind::forward_only, .stages = p, .microbatches = static_cast<int>(batches / dp), .chunks = v};
+  EvalStage stage(*this);
+  execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage,
+                   PipelinePlacement{.comm = dist_.pp.get(), .stage = dist_.pp_rank(), .stages = p, .chunks = v});
+  return sum_over_stages_and_replicas({stage.loss_sum})[0] / static_cast<double>(batches);
+}
+
+// Loss sums live on the last pipeline stage of every data-parallel replica: summed over the pipeline group,
+// then the data-parallel group (as doubles, in that order on every layout), every rank gets the totals.
+std::vector<double> Trainer::sum_over_stages_and_replicas(std::vector<double> sums) {
+  if (dist_.pp_size() > 1) sums = sum_doubles(*dist_.pp, std::move(sums));
+  if (dist_.dp_size() > 1) sums = sum_doubles(*dist_.dp, std::move(sums));
+  return sums;
+}
+
+// The ranks (global) where `here` is true on that rank; every rank calls it at the same point.
+std::vector<int> Trainer::ranks_where(bool here) {
+  const int world = dist_.env.world_size;
+  std::vector<double> flags(static_cast<size_t>(world), 0.0);
+  flags[static_cast<size_t>(dist_.rank())] = here ? 1.0 : 0.0;
+  if (world > 1) flags = sum_doubles(*dist_.world, flags);
+  std::vector<int> ranks;
+  for (int r = 0; r < world; ++r)
+    if (flags[static_cast<size_t>(r)] > 0) ranks.push_back(r);
+  return ranks;
+}
+
+// Counts non-finite iterations in a row: an inf/NaN gradient norm (the global norm, the same on every rank,
+// so every rank decides alike; the step's loss is read on the host once per logging interval only, and a
+// non-finite loss gives non-finite gradients), except fp16 steps that the loss scaler skipped while its scale
+// can still back off (Megatron skips those forever; here they count once the scale sits at its minimum,
+// where backing off can no longer help). The first of a streak finds the first non-finite gradient on each
+// rank; after training.max_nonfinite_iters in a row the run stops with an error naming it.
+void Trainer::check_finite(const StepResult& r) {
+  const bool nonfinite = !std::isfinite(r.grad_norm) || r.found_inf;
+  const bool scaler_can_help = scaler_.dynamic() && scaler_.scale() > cfg_.training.loss_scale.min;
+  if (!nonfinite || scaler_can_help) {
+    nonfinite_streak_ = 0;
+    return;
+  }
+  if (nonfinite_streak_++ == 0) {
+    const std::optional<std::string> grad = first_nonfinite(params_, /*grads=*/true);
+    const std::vector<int> ranks = ranks_where(grad.has_value());
+    nonfinite_first_ = fmt::format(
+        "the first non-finite gradient, at iteration {}, was on rank(s) [{}]{}", c_.iteration, fmt::join(ranks, ", "),
+        grad ? fmt::format("; on this rank (rank {}) in {}", dist_.rank(), describe_parameter(*grad)) : std::string());
+    spdlog::warn("iteration {} is not finite (grad norm {}): {}", c_.iteration, r.grad_norm, nonfinite_first_);
+  }
+  if (nonfinite_streak_ >= cfg_.training.max_nonfinite_iters)
+    throw std::runtime_error(fmt::format(
+        "training stopped: {} non-finite iterations in a row (iterations {} to {}, training.max_nonfinite_iters={}); "
+        "{}; no checkpoint was saved since",
+        nonfinite_streak_, c_.iteration - nonfinite_streak_ + 1, c_.iteration, cfg_.training.max_nonfinite_iters,
+        nonfinite_first_));
+}
+
+// Whether training stops after this iteration, and why (logged here): a loss spike with action stop, a signal,
+// --exit-after, training.exit_interval or training.exit_duration_mins. Every rank decides alike: the spike's loss
+// was agreed before the update, and the signal and the wall-clock budget (clocks differ) are agreed here over the
+// whole world in one exchange (a TP or PP peer that trained on would wait for this rank in its next collective).
+std::optional<Trainer::Stop> Trainer::stop_after_iteration() {
+  if (spike_stop_) return Stop{.spike = true};
+  const int sig = stop_signal();
+  const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count() / 60;
+  const bool over_budget = cfg_.training.exit_duration_mins > 0 && minutes >= cfg_.training.exit_duration_mins;
+  std::vector<double> flags{sig != 0 ? 1.0 : 0.0, over_budget ? 1.0 : 0.0};
+  if (dist_.env.world_size > 1) flags = sum_doubles(*dist_.world, flags);
+  if (flags[0] > 0) {
+    spdlog::warn("received {}: saving and stopping after iteration {}",
+                 sig != 0 ? fmt::format("signal {}", sig) : "a stop signal on another rank", c_.iteration);
+    return Stop{};
+  }
+  if (opt_.exit_after > 0 && c_.iteration >= opt_.exit_after) {
+    spdlog::info("stopping after iteration {} as asked (--exit-after)", c_.iteration);
+    return Stop{};
+  }
+  if (c_.iteration >= cfg_.training.train_iters) return std::nullopt;  // the end: no early stop to report
+  if (const int64_t every = cfg_.training.exit_interval; every > 0 && c_.iteration % every == 0) {
+    spdlog::info("saving and exiting after iteration {} (training.exit_interval={})", c_.iteration, every);
+    return Stop{};
+  }
+  if (flags[1] > 0) {
+    spdlog::info(
+        "saving and exiting after iteration {}: training.exit_duration_mins={} reached ({:.2f} min "
+        "since training started{})",
+        c_.iteration, cfg_.training.exit_duration_mins, minutes, over_budget ? "" : " on another rank");
+    return Stop{};
+  }
+  return std::nullopt;
+}
+
+void Trainer::run() {
+  const int64_t G = cfg_.training.global_batch_size, S = cfg_.model.seq_length;
+  spdlog::info("data: {}", data_.description);
+  const ModelConfig& m = cfg_.model;
+  const std::string heads = m.kv_heads() == m.num_heads
+                                ? fmt::format("{} heads", m.num_heads)
+                                : fmt::format("{} heads in {} key/value groups", m.num_heads, m.kv_heads());
+  const int64_t total = total_parameters();  // a collective: every rank logs nothing more but takes part
+  // "this rank holds" only when the model is split over ranks (with one rank it would repeat the total).
+  const std::string share = num_parameters() == total ? "" : fmt::format("; this rank holds {}", num_parameters());
+  spdlog::info("model: {} {} parameters ({}{}) ({} layers, hidden {}, {}, ffn {}, vocabulary {} padded to {}), {}",
+               name_of(m.arch), total, human_count(total), share, m.num_layers, m.hidden_size, heads, m.ffn_hidden_size,
+               m.vocab_size, m.padded_vocab_size, name_of(cfg_.training.precision));
+  maybe_resume();
+  // --exit-after N when the run resumes at or past N: stop at once; the checkpoint it resumed from already
+  // holds this state, so nothing new is trained or saved.
+  if (opt_.exit_after > 0 && c_.iteration >= opt_.exit_after) {
+    spdlog::info("resumed at iteration {}, at or past --exit-after {}: stopping without training", c_.iteration,
+                 opt_.exit_after);
+    return;
+  }
+  if (cfg_.logging.eval_interval > 0 && !data_.valid)
+    throw DataError(
+        "logging.eval_interval is set but the validation split holds less than one sample "
+        "(raise data.split's second weight or set data.valid)");
+
+  const double flops_per_iter = model_flops_per_iteration(cfg_.model, G * S);
+  double interval_ms = 0;
+  int64_t interval_iters = 0;
+  last_report_ = std::chrono::steady_clock::now();
+  std::optional<Stop> stop;  // why training ends before train_iters, agreed by every rank
+  while (!stop && c_.iteration < cfg_.training.train_iters) {
+    auto t0 = std::chrono::steady_clock::now();
+    float lr = 0;
+    StepResult r;
+    train_step(lr, r);
+    ++c_.iteration;
+    c_.consumed_samples += G;
+    check_finite(r);
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    interval_ms += ms;
+    ++interval_iters;
+
+    if (c_.iteration % cfg_.logging.interval == 0 || c_.iteration == cfg_.training.train_iters) {
+      read_losses();  // the interval's losses, in one read (and one exchange across ranks)
+      const double mean_ms = interval_ms / interval_iters;
+      const auto now = std::chrono::steady_clock::now();
+      const double wall_per_iter = std::chrono::duration<double>(now - last_report_).count() / interval_iters;
+      last_report_ = now;
+      // Ranks differ (pipeline stages above all): the first report and every tenth gathers their peaks.
+      const std::vector<int64_t> peaks =
+          dist_.env.world_size > 1 && reports_ % 10 == 0 ? gather_peak_memory() : std::vector<int64_t>();
+      const AttentionCalls attention = attention_calls();
+      report_interval(
+          IntervalReport{.iteration = c_.iteration,
+                         .train_iters = cfg_.training.train_iters,
+                         .consumed_samples = c_.consumed_samples,
+                         .consumed_tokens = c_.consumed_samples * S,
+                         .ms_per_iter = mean_ms,
+                         .tokens_per_s = static_cast<double>(G * S) / (mean_ms / 1000.0),
+                         // Model FLOP/s per rank (per GPU); MFU against the device's dense bf16 peak where known.
+                         .tflops_per_gpu = flops_per_iter / (mean_ms / 1000.0) / 1e12 / dist_.env.world_size,
+                         .peak_tflops = dist_.placement.peak_tflops,
+                         .lr = lr,
+                         .loss = interval_loss_ / interval_iters,
+                         .loss_scale = scaler_.scale(),
+                         .grad_norm = r.grad_norm,
+                         .skipped_iters = c_.skipped_iters,
+                         .nan_iters = c_.nan_iters,
+                         .peak_bytes = allocator_for(device_).stats().peak_total,
+                         .device = device_,
+                         .elapsed_s = std::chrono::duration<double>(now - started_).count(),
+                         .eta_s = eta_seconds(c_.iteration, cfg_.training.train_iters, wall_per_iter),
+                         .fp16 = scaler_.dynamic(),
+                         .last_overflow = r.found_inf,
+                         .verbose_line = cfg_.logging.verbose_line,
+                         .peak_bytes_per_rank = peaks,
+                         .attention = attention},
+          metrics_);
+      log_attention_calls(attention);
+      if (reports_ == 0) spdlog::info("peak memory (MiB): {}", memory_summary(device_));
+      if (!peaks.empty() && dist_.is_logging_rank()) log_peak_memory(peaks);
+      ++reports_;
+      interval_loss_ = interval_ms = 0;
+      interval_iters = 0;
+    }
+    if (cfg_.logging.eval_interval > 0 &&
+        (c_.iteration % cfg_.logging.eval_interval == 0 || c_.iteration == cfg_.training.train_iters)) {
+      report_validation(c_.iteration, c_.consumed_samples, c_.consumed_samples * S, evaluate(), metrics_);
+    }
+    if (cfg_.checkpoint.save_interval > 0 && c_.iteration % cfg_.checkpoint.save_interval == 0) save();
+    stop = stop_after_iteration();
+  }
+  // One save for every way out of the loop (a no-op when the interval save above took this iteration).
+  save();
+  if (stop && stop->spike)
+    throw std::runtime_error(fmt::format(
+        "training stopped after iteration {}: loss spike (training.loss_spike.action=stop; see the warning above). "
+        "The spike's step was not applied; {}. Resuming continues after the spike's batch",
+        c_.iteration,
+        cfg_.checkpoint.save_dir.empty() ? "no checkpoint (checkpoint.save_dir is not set)"
+                                         : fmt::format("checkpoint saved in {}", cfg_.checkpoint.save_dir)));
+  if (stop) return;
+  spdlog::info("training done: {} iterations, {} samples, {} skipped, {} nan; peak memory (MiB): {}", c_.iteration,
+               c_.consumed_samples, c_.skipped_iters, c_.nan_iters, memory_summary(device_));
+}
+
+void setup_logging(const std::string& run_dir, const std::string& level) {
+  std::vector<spdlog::sink_ptr> sinks{std::make_shared<spdlog::sinks::stdout_sink_mt>()};
+  if (!run_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(run_dir, ec);
+    if (ec) throw std::runtime_error(fmt::format("logging.dir: cannot create {}: {}", run_dir, ec.message()));
+    sinks.push_back(
+        std::make_shared<spdlog::sinks::basic_file_sink_mt>((fs::path(run_dir) / "megatrain.log").string()));
+  }
+  auto logger = std::make_shared<spdlog::logger>("megatrain", sinks.begin(), sinks.end());
+  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
+  logger->set_level(spdlog::level::from_str(level));
+  logger->flush_on(spdlog::level::info);
+  spdlog::set_default_logger(logger);
+}
+
+void train(const Config& cfg, const TrainOptions& opt, const LaunchEnv& env) {
+  // Rank 0 logs to the console and the run directory; the others only report problems.
+  const bool logging_rank = env.rank == 0;
+  setup_logging(logging_rank ? cfg.logging.dir : "", logging_rank ? cfg.logging.level : "warn");
+  spdlog::info("megatrain {} resolved config:\n{}", MEGATRAIN_VERSION, to_yaml(cfg));
+  // Rank 0 holds the save_dir for the whole run: a second run on it is refused rather than let the two delete
+  // each other's temporary directories.
+  std::optional<ckpt::SaveDirLock> save_dir_lock;
+  if (logging_rank && !cfg.checkpoint.save_dir.empty()) {
+    save_dir_lock.emplace(cfg.checkpoint.save_dir);
+    check_save_dir_writable(cfg.checkpoint.save_dir);
+  }
+  const Placement placement = place_rank(cfg, env);
+  spdlog::info("device: {}", placement.description);
+  std::unique_ptr<Distributed> dist = init_distributed(cfg, env, placement);
+  Trainer trainer(cfg, opt, *dist);
+  // Until here a signal ends the process at once (nothing to save); from now on it asks for a checkpoint.
+  install_stop_signals();
+  try {
+    trainer.run();
+  } catch (const CommError& e) {
+    // A collective failed or timed out: say which ranks stopped answering, if any (the cause, not this rank).
+    if (!dist->heartbeat) throw;
+    throw CommError(std::string(e.what()) + dist->heartbeat->silent_ranks());
+  }
+}
+
+}  // namespace mt::app

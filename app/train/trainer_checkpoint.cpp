@@ -1,0 +1,146 @@
+// trainer_checkpoint.cpp: the training loop's resume (checkpoint.load) and save (checkpoint.save_dir).
+#include <chrono>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include "app/train/checkpointing.h"
+#include "app/train/nonfinite.h"
+#include "app/train/trainer_impl.h"
+#include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/checkpoint_writer.h"
+#include "core/checkpoint/save_dir.h"
+
+namespace mt::app {
+
+void Trainer::maybe_resume() {
+  const auto& ck = cfg_.checkpoint;
+  std::optional<std::string> dir;
+  if (ck.load == "none") return;
+  if (ck.load == "auto") {
+    if (ck.save_dir.empty()) return;
+    dir = resolve_resume_checkpoint(ck.save_dir);  // never starts over when checkpoints are there
+    if (!dir) return;
+  } else {
+    dir = resolve_resume_checkpoint(ck.load);
+    if (!dir)
+      throw CheckpointError(
+          fmt::format("checkpoint.load: {} holds no checkpoint (no metadata.yaml, no latest)", ck.load));
+  }
+  CheckpointReader reader(*dir);
+  const CheckpointState& s = reader.state();
+  const TrainState rs = TrainState::load(s, *dir);  // every value checked before any is used
+  // A checkpoint of another model shape is refused, unless a partial load is asked for.
+  const std::vector<std::string> diff = model_shape_differences(s.config_yaml, to_yaml(cfg_), *dir);
+  std::optional<PartialLoad> partial;
+  if (!diff.empty()) {
+    if (!ck.allow_partial_load)
+      throw CheckpointError(
+          fmt::format("{}: was saved by another model ({}); resume it with the same model keys, or "
+                      "set checkpoint.allow_partial_load: true to load only the tensors that match",
+                      *dir, fmt::join(diff, ", ")));
+    spdlog::warn("partial load from {}: the model differs ({})", *dir, fmt::join(diff, ", "));
+    partial.emplace();
+  }
+  optimizer_->load_state(
+      [&](const std::vector<Optimizer::Slot>& slots) { load_optimizer(reader, slots, partial ? &*partial : nullptr); },
+      partial.has_value());
+  if (partial) {
+    spdlog::warn("partial load: {} tensors loaded: {}", partial->loaded.size(), fmt::join(partial->loaded, ", "));
+    spdlog::warn("partial load: {} tensors left at their initial values: {}", partial->skipped.size(),
+                 fmt::join(partial->skipped, ", "));
+  }
+  c_.iteration = rs.iteration;
+  c_.consumed_samples = rs.consumed_samples;
+  c_.skipped_iters = rs.skipped_iters;
+  c_.nan_iters = rs.nan_iters;
+  optimizer_->set_steps(rs.optimizer_steps);
+  scaler_.restore(rs.loss_scaler);
+  spike_.restore(rs.loss_spike);
+  if (rs.seed != cfg_.training.seed)
+    spdlog::warn(
+        "resuming with training.seed={} but the checkpoint was trained with seed {}: data order and "
+        "dropout masks change",
+        cfg_.training.seed, rs.seed);
+  spdlog::info("resumed from {} at iteration {} ({} samples consumed)", *dir, c_.iteration, c_.consumed_samples);
+  metrics_.write({{"event", "resume"}, {"iteration", c_.iteration}, {"checkpoint", *dir}});
+}
+
+// Data-parallel replicas hold identical state, so the ranks of data-parallel rank 0 write: each its
+// tensor-parallel slices, and tensor-parallel rank 0 the replicated tensors. Rank 0 creates the temporary
+// directory and commits it once every writer has flushed and verified its file.
+void Trainer::save() {
+  read_losses();  // the saved nan_iters counts every step so far (every rank reads here, as every rank saves)
+  if (cfg_.checkpoint.save_dir.empty() || last_saved_ == std::to_string(c_.iteration)) return;
+  if (nonfinite_streak_ > 0) {  // keep the good checkpoints from being rotated out by one taken now
+    spdlog::warn("not saving a checkpoint at iteration {}: the last {} iteration(s) were not finite", c_.iteration,
+                 nonfinite_streak_);
+    return;
+  }
+  // Never a checkpoint whose weights hold inf or NaN.
+  const std::optional<std::string> bad = first_nonfinite(params_, /*grads=*/false);
+  if (const std::vector<int> ranks = ranks_where(bad.has_value()); !ranks.empty())
+    throw std::runtime_error(
+        fmt::format("not saving a checkpoint at iteration {}: the weights are not finite on rank(s) [{}]{}",
+                    c_.iteration, fmt::join(ranks, ", "),
+                    bad ? fmt::format("; on this rank (rank {}) first {}", dist_.rank(), describe_parameter(*bad))
+                        : std::string()));
+  auto t0 = std::chrono::steady_clock::now();
+  const std::string key = fmt::format("checkpoint/{}/tmp", c_.iteration);
+  std::string tmp;
+  if (dist_.rank() == 0) {
+    tmp = begin_checkpoint(cfg_.checkpoint.save_dir, c_.iteration);
+    dist_.store->set(key, Bytes(tmp.begin(), tmp.end()));
+  }
+  const bool writer = dist_.dp_rank() == 0;
+  // With the distributed optimizer every data-parallel rank takes part in gathering the state; the writer
+  // keeps it (in host memory).
+  std::vector<Optimizer::Slot> slots = optimizer_->gather_state(writer);
+  if (writer) {
+    if (dist_.rank() != 0) {
+      Bytes b = dist_.store->get(key, Millis(static_cast<int64_t>(cfg_.parallel.timeout_s * 1000)));
+      tmp.assign(b.begin(), b.end());
+    }
+    const bool tp_first = dist_.tp_rank() == 0;
+    try {
+      write_rank_files(tmp, dist_.tp_rank() + dist_.tp_size() * dist_.pp_rank(),
+                       optimizer_tensors(
+                           slots, [&](const Parameter& p) { return !p.tied_copy && (p.tensor_parallel || tp_first); }));
+    } catch (...) {
+      abort_checkpoint(tmp);  // a failed save leaves no temporary directory behind
+      throw;
+    }
+  }
+  dist_.world->barrier();
+  std::string dir;
+  if (dist_.rank() == 0) {
+    CheckpointState s;
+    s.config_yaml = to_yaml(cfg_);
+    TrainState{.iteration = c_.iteration,
+               .consumed_samples = c_.consumed_samples,
+               .skipped_iters = c_.skipped_iters,
+               .nan_iters = c_.nan_iters,
+               .optimizer_steps = optimizer_steps(),
+               .loss_scaler = scaler_.state(),
+               .seed = cfg_.training.seed,
+               .loss_spike = spike_.state()}
+        .save(s);
+    try {
+      write_checkpoint_tokenizer(tmp, cfg_.data.train);
+      dir = commit_checkpoint(cfg_.checkpoint.save_dir, tmp, s, dist_.tp_size() * dist_.pp_size(),
+                              cfg_.checkpoint.keep_last);
+    } catch (...) {
+      abort_checkpoint(tmp);
+      throw;
+    }
+  }
+  dist_.world->barrier();
+  last_saved_ = std::to_string(c_.iteration);
+  if (dist_.rank() != 0) return;
+  double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  spdlog::info("saved checkpoint {} ({:.0f} ms)", dir, ms);
+  metrics_.write({{"event", "save"}, {"iteration", c_.iteration}, {"checkpoint", dir}});
+}
+
+}  // namespace mt::app

@@ -1,0 +1,173 @@
+// trainer_impl.h: the training loop's parts, shared by trainer.cpp (the loop and the step),
+// trainer_checkpoint.cpp (resume and save) and trainer_stages.cpp (what the pipeline executor runs). Not an
+// interface: app/train/trainer.h is.
+#pragma once
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "app/train/data_sources.h"
+#include "app/runtime/distributed.h"
+#include "app/train/metrics.h"
+#include "app/train/model_chunks.h"
+#include "app/train/train_state.h"
+#include "app/train/trainer.h"
+#include "core/optim/loss_scaler.h"
+#include "core/optim/loss_spike.h"
+#include "core/optim/lr_schedule.h"
+#include "core/optim/optimizer.h"
+#include "models/gpt.h"
+#include "parallel/distributed_optimizer.h"
+#include "parallel/grad_buffer.h"
+#include "parallel/pipeline_executor.h"
+
+namespace mt::app {
+
+// The loop's own counters; with the optimizer's step count and the loss scaler's state they make the TrainState
+// a checkpoint stores.
+struct Counters {
+  int64_t iteration = 0;  // iterations completed
+  int64_t consumed_samples = 0;
+  int64_t skipped_iters = 0;  // fp16 steps skipped for inf/NaN gradients
+  int64_t nan_iters = 0;      // iterations whose loss was inf/NaN
+};
+
+class Trainer;
+
+// The pipeline executor's view of this rank's chunks for one iteration: microbatch m's samples, the loss
+// of the last stage (added into the step's device slot), the backward seed.
+class IterationStage final : public PipelineStage {
+ public:
+  IterationStage(Trainer& t, float dloss, Tensor loss_sum) : t_(t), dloss_(dloss), loss_sum_(std::move(loss_sum)) {}
+  Tensor forward(int microbatch, int chunk, const Tensor& input) override;
+  Tensor backward(int microbatch, int chunk, const Tensor& grad) override;
+  Shape activation_shape() const override;
+  DType activation_dtype() const override;
+  Device activation_device() const override;
+
+ private:
+  Trainer& t_;
+  float dloss_;
+  Tensor loss_sum_;  // (1) f64 on the device: the step's sum over the microbatches whose loss this rank computed
+};
+
+// The pipeline executor's view of this rank's chunks for evaluation (a forward_only schedule): local
+// microbatch j is validation batch dp_rank + j * dp, forward without dropout, the loss summed on the last stage.
+class EvalStage final : public PipelineStage {
+ public:
+  explicit EvalStage(Trainer& t) : t_(t) {}
+  Tensor forward(int microbatch, int chunk, const Tensor& input) override;
+  Tensor backward(int microbatch, int chunk, const Tensor& grad) override;  // never called: forward only
+  Shape activation_shape() const override;
+  DType activation_dtype() const override;
+  Device activation_device() const override;
+  double loss_sum = 0;  // over the microbatches whose loss this rank computed, in microbatch order
+
+ private:
+  Trainer& t_;
+};
+
+class Trainer {
+ public:
+  Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist);
+
+  void run();
+
+ private:
+  friend class IterationStage;
+  friend class EvalStage;
+  // Samples of microbatch m of this data-parallel rank in the current iteration.
+  int64_t microbatch_first_sample(int64_t m) const {
+    return c_.consumed_samples + (m * dist_.dp_size() + dist_.dp_rank()) * cfg_.training.micro_batch_size;
+  }
+  // What crosses between pipeline stages: one microbatch's hidden states (sequence shards with SP).
+  Shape activation_shape() const {
+    const int64_t sp = cfg_.parallel.sequence_parallel ? dist_.tp_size() : 1;
+    return {cfg_.training.micro_batch_size, cfg_.model.seq_length / sp, cfg_.model.hidden_size};
+  }
+  // The elements this rank stores (its shards, tied copies included).
+  int64_t num_parameters() const {
+    int64_t n = 0;
+    for (const Parameter* p : params_) n += p->value.numel();
+    return n;
+  }
+  // The model's parameters, every global tensor once (padded vocabulary rows included, as stored): the sum over
+  // the model-parallel group of this rank's tensor-parallel slices, replicated tensors on tensor-parallel rank 0,
+  // tied copies never (the grad norm's rule). A collective of the model-parallel group.
+  int64_t total_parameters();
+  // Every rank's peak memory in bytes, by global rank (one host exchange over the world: every rank calls it at
+  // the same iteration), and its log line: min, max and the pipeline stages' maxima.
+  std::vector<int64_t> gather_peak_memory();
+  void log_peak_memory(const std::vector<int64_t>& peaks) const;
+  // The spike check of one step's loss: `local_sum` is this rank's loss sum (zero off the last stage), summed
+  // over the pipeline and data-parallel groups as read_losses does (so every rank holds the same loss). Feeds
+  // the detector, logs a spike; true when the step must not be applied (training.loss_spike.action skip/stop).
+  bool spike_check(double local_sum, int64_t iteration);
+  // Feeds the detector one finite-or-not step loss, logs a spike; true when it is one.
+  bool observe_loss(float loss, int64_t iteration);
+  void maybe_resume();
+  void train_step(float& lr_used, StepResult& result);
+  // Reads the losses of the steps since the last read (summed over the pipeline and data-parallel ranks: a
+  // collective, at the same iteration on every rank) into interval_loss_ and c_.nan_iters.
+  void read_losses();
+  double evaluate();
+  void save();
+  void check_finite(const StepResult& r);
+  std::vector<int> ranks_where(bool here);
+  void log_interval(double ms_per_iter, double loss, double lr, double grad_norm);
+
+  // A microbatch's tokens and targets (B, S), read on the host and moved to the model's device.
+  void load_batch(const SampleFn& source, int64_t first, Tensor& tokens, Tensor& targets) const;
+
+  const Config& cfg_;
+  TrainOptions opt_;
+  Distributed& dist_;
+  DType dtype_;
+  Device device_;  // where the model, its gradients and the optimizer state live
+  DataSources data_;
+  std::vector<std::unique_ptr<GptModel>> chunks_;  // this rank's model chunks (one without pipelining)
+  std::vector<Parameter*> params_;                 // all of their parameters
+  AdamWConfig adam_config_;
+  std::unique_ptr<GradBuffer> grads_;  // the storage of every Parameter::grad, reduced in buckets
+  // AdamW (replicated state) or the distributed optimizer (state sharded over the data-parallel group, ZeRO-1).
+  std::unique_ptr<Optimizer> optimizer_;
+  int64_t optimizer_steps() const { return optimizer_->steps(); }
+  LossScaler scaler_;
+  LossSpikeDetector spike_{LossSpikeOptions{.window = cfg_.training.loss_spike.window,
+                                            .warmup = cfg_.training.loss_spike.warmup_iters,
+                                            .sigmas = cfg_.training.loss_spike.sigmas,
+                                            .ratio = cfg_.training.loss_spike.ratio}};
+  // training.loss_spike.action skip/stop: each step's loss is checked before its update (else once per read).
+  bool spike_per_step() const { return cfg_.training.loss_spike.action != SpikeAction::log; }
+  bool spike_stop_ = false;  // a spike with action stop: save and exit after this iteration
+  struct Stop {
+    bool spike = false;  // a loss spike with action stop (the run then exits with an error); else asked for
+  };
+  std::optional<Stop> stop_after_iteration();
+  LrSchedule schedule_;
+  MetricsFile metrics_;
+  Counters c_;
+  // When training started (exit_duration_mins counts from here).
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  // The previous interval report (the ETA's pace: wall-clock per iteration, evaluation and saving included).
+  std::chrono::steady_clock::time_point last_report_ = started_;
+  int64_t reports_ = 0;                 // interval reports so far in this run
+  AttentionCalls attention_at_report_;  // attention_calls() at the previous report
+  int attention_kinds_ = -1;            // which implementations ran in the previous interval (bits); -1 before
+  // Logs which attention implementation ran this interval: on the first report, and whenever the mix changes
+  // (a cuDNN call refused mid-run falls back to the kernel: the log says so).
+  void log_attention_calls(const AttentionCalls& now);
+  // Per-replica loss sums (nonzero on last stages only) summed over the pipeline, then the data-parallel group.
+  std::vector<double> sum_over_stages_and_replicas(std::vector<double> sums);
+  std::optional<std::string> last_saved_;
+  // Read once per logging interval (a long interval reads when its at most 1024 slots are full).
+  StepLosses step_losses_{device_, std::min<int64_t>(cfg_.logging.interval, 1024)};
+  double interval_loss_ = 0;  // sum of the step losses read in this logging interval
+  // Non-finite iterations in a row (check_finite), and what the first of them found.
+  int64_t nonfinite_streak_ = 0;
+  std::string nonfinite_first_;
+};
+
+}  // namespace mt::app

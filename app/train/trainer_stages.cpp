@@ -1,0 +1,61 @@
+// trainer_stages.cpp: what the pipeline executor runs for the training loop: one iteration's microbatches
+// (IterationStage) and evaluation's (EvalStage), and the batches they read.
+#include <fmt/format.h>
+
+#include "app/train/trainer_impl.h"
+#include "core/data/indexed_dataset.h"
+
+namespace mt::app {
+
+Tensor EvalStage::forward(int microbatch, int chunk, const Tensor& input) {
+  const int64_t B = t_.cfg_.training.micro_batch_size;
+  const int64_t i = t_.dist_.dp_rank() + microbatch * t_.dist_.dp_size();  // the validation batch
+  Tensor tokens, targets;
+  t_.load_batch(t_.data_.valid, i * B, tokens, targets);
+  const StepContext ctx{.sample_offset = i * B, .training = false};
+  float loss = 0;
+  GptModel& model = *t_.chunks_[static_cast<size_t>(chunk)];
+  Tensor out = model.forward_stage(input, tokens, targets, microbatch, ctx, &loss);
+  if (model.stage().has_head) loss_sum += loss;
+  return out;
+}
+
+Tensor EvalStage::backward(int microbatch, int chunk, const Tensor&) {
+  throw std::logic_error(
+      fmt::format("evaluation: backward of microbatch {} chunk {} in a forward_only schedule", microbatch, chunk));
+}
+
+Shape EvalStage::activation_shape() const { return t_.activation_shape(); }
+
+DType EvalStage::activation_dtype() const { return t_.dtype_; }
+
+Device EvalStage::activation_device() const { return t_.device_; }
+
+Tensor IterationStage::forward(int microbatch, int chunk, const Tensor& input) {
+  const Config& cfg = t_.cfg_;
+  const int64_t first = t_.microbatch_first_sample(microbatch);
+  Tensor tokens, targets;
+  t_.load_batch(t_.data_.train, first, tokens, targets);
+  StepContext ctx{.sample_offset = first, .training = true, .seed = static_cast<uint64_t>(cfg.training.seed)};
+  return t_.chunks_[static_cast<size_t>(chunk)]->forward_stage(input, tokens, targets, microbatch, ctx, loss_sum_);
+}
+
+Tensor IterationStage::backward(int microbatch, int chunk, const Tensor& grad) {
+  return t_.chunks_[static_cast<size_t>(chunk)]->backward_stage(microbatch, grad, dloss_);
+}
+
+Shape IterationStage::activation_shape() const { return t_.activation_shape(); }
+
+DType IterationStage::activation_dtype() const { return t_.dtype_; }
+
+Device IterationStage::activation_device() const { return t_.device_; }
+
+void Trainer::load_batch(const SampleFn& source, int64_t first, Tensor& tokens, Tensor& targets) const {
+  const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length;
+  Tensor host_tokens = Tensor::empty({B, S}, DType::i32), host_targets = Tensor::empty({B, S}, DType::i32);
+  make_batch(source, first, B, S, host_tokens, host_targets);
+  tokens = device_ == Device::cpu ? host_tokens : host_tokens.to(device_);
+  targets = device_ == Device::cpu ? host_targets : host_targets.to(device_);
+}
+
+}  // namespace mt::app

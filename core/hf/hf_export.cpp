@@ -1,0 +1,183 @@
+// hf_export.cpp: our checkpoints -> transformers' GPT2LMHeadModel or LlamaForCausalLM.
+//
+// The layout differences (transposes, QKV and fc1 row orders, vocabulary padding) are all in hf_mapping.cpp;
+// here the checkpoint's config is read and checked against its tensors, and the files are written.
+#include "core/hf/hf_export.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <optional>
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include "core/checkpoint/file_io.h"
+#include "core/hf/hf_config_json.h"
+#include "core/hf/safetensors.h"
+
+namespace mt {
+namespace {
+
+// model.KEY of the stored config, or `fallback` when absent (required when fallback is nullopt).
+struct ModelKeys {
+  YAML::Node model;
+  std::string where;
+  template <class T>
+  T get(const char* key, std::optional<T> fallback) const {
+    YAML::Node v = model[key];
+    if (!v.IsDefined() || v.IsNull()) {
+      if (fallback) return *fallback;
+      throw CheckpointError(fmt::format("{}: model.{} missing", where, key));
+    }
+    try {
+      return v.as<T>();
+    } catch (const YAML::Exception&) {
+      throw CheckpointError(fmt::format("{}: model.{} has a bad value", where, key));
+    }
+  }
+};
+
+const Shape& stored_shape(const CheckpointReader& ckpt, const std::string& name, const char* why) {
+  if (!ckpt.has(name)) throw CheckpointError(fmt::format("{}: has no tensor {} ({})", ckpt.dir(), name, why));
+  return ckpt.info(name).global_shape;
+}
+
+Tensor read_f32(const CheckpointReader& ckpt, const std::string& name, const Shape& shape) {
+  Tensor t = Tensor::empty(shape, DType::f32);
+  ckpt.read(name, t);
+  return t;
+}
+
+}  // namespace
+
+std::string hf_gpt2_config_json(const HfModelShape& g, DType dtype, std::optional<HfSpecialIds> ids) {
+  using namespace hf_json;
+  Object j = begin_config("GPT2LMHeadModel", "gpt2", g.vocab);
+  j.add("n_positions", std::to_string(g.positions));
+  j.add("n_ctx", std::to_string(g.positions));
+  j.add("n_embd", std::to_string(g.hidden));
+  j.add("n_layer", std::to_string(g.num_layers));
+  j.add("n_head", std::to_string(g.heads));
+  j.add("n_inner", std::to_string(g.ffn));
+  j.add("activation_function", "\"gelu_new\"");
+  j.add("layer_norm_epsilon", num(g.layernorm_eps));
+  j.add("resid_pdrop", num(g.dropout));
+  j.add("embd_pdrop", num(g.dropout));
+  j.add("attn_pdrop", num(g.attention_dropout));
+  j.add("initializer_range", num(g.init_std));
+  j.add("scale_attn_weights", "true");
+  j.add("use_cache", "true");
+  return end_config(j, g.tied, g.vocab, ids, dtype);
+}
+
+HfModelShape hf_export_shape(const CheckpointReader& ckpt) {
+  const std::string where = ckpt::join_path(ckpt.dir(), "metadata.yaml") + ": config";
+  YAML::Node model;
+  try {
+    model = YAML::Load(ckpt.state().config_yaml)["model"];
+  } catch (const YAML::Exception& e) {
+    throw CheckpointError(fmt::format("{}: invalid YAML: {}", where, e.what()));
+  }
+  if (!model.IsMap()) throw CheckpointError(fmt::format("{}: has no model section", where));
+  ModelKeys keys{model, where};
+  const auto arch = keys.get<std::string>("arch", std::string("gpt"));
+  if (arch != "gpt" && arch != "llama")
+    throw CheckpointError(fmt::format("{}: model.arch {} has no Hugging Face export", where, arch));
+  HfModelShape g;
+  g.arch = arch == "llama" ? HfArch::llama : HfArch::gpt;
+  const bool llama = g.arch == HfArch::llama;
+  g.num_layers = keys.get<int64_t>("num_layers", std::nullopt);
+  g.hidden = keys.get<int64_t>("hidden_size", std::nullopt);
+  g.heads = keys.get<int64_t>("num_heads", std::nullopt);
+  g.groups = llama ? keys.get<int64_t>("num_query_groups", int64_t{0}) : 0;
+  if (g.groups == 0) g.groups = g.heads;
+  g.ffn = keys.get<int64_t>("ffn_hidden_size", int64_t{0});
+  g.vocab = keys.get<int64_t>("vocab_size", std::nullopt);
+  g.positions = keys.get<int64_t>("max_position_embeddings", int64_t{0});
+  g.seq_length = keys.get<int64_t>("seq_length", int64_t{0});
+  if (g.positions == 0) g.positions = g.seq_length;
+  g.tied = keys.get<bool>("tie_embeddings", !llama);  // llama unties by default
+  g.layernorm_eps = keys.get<double>("layernorm_eps", 1e-5);
+  g.dropout = keys.get<double>("dropout", 0.1);
+  g.attention_dropout = keys.get<double>("attention_dropout", 0.1);
+  g.init_std = keys.get<double>("init_std", 0.02);
+  g.rotary_base = llama ? keys.get<double>("rotary_base", 10000.0) : 10000.0;
+  if (g.num_layers <= 0 || g.hidden <= 0 || g.heads <= 0 || g.vocab <= 0 || g.hidden % g.heads != 0 || g.groups <= 0 ||
+      g.heads % g.groups != 0)
+    throw CheckpointError(
+        fmt::format("{}: model.num_layers={}, hidden_size={}, num_heads={}, num_query_groups={}, vocab_size={} do "
+                    "not describe a {} model",
+                    where, g.num_layers, g.hidden, g.heads, g.groups, g.vocab, arch));
+
+  // The stored tensors fix what the config may leave implicit: padded vocabulary, positions, a llama's ffn.
+  const std::string wte = "model.embedding.word_embeddings.weight";
+  const Shape& ws = stored_shape(ckpt, wte, "not a GPT or Llama checkpoint?");
+  if (ws.size() != 2 || ws[0] < g.vocab)
+    throw CheckpointError(fmt::format("{}: tensor {} has shape {}, fewer rows than vocab_size={}", ckpt.dir(), wte,
+                                      shape_str(ws), g.vocab));
+  g.padded_vocab = ws[0];
+  if (llama) {
+    if (g.ffn == 0) {  // whatever the default, the tensors say
+      const Shape& fc2 = stored_shape(ckpt, "model.layers.0.mlp.fc2.weight", "the MLP's width");
+      g.ffn = fc2.size() == 2 ? fc2[1] : 0;
+    }
+  } else {
+    if (g.ffn == 0) g.ffn = 4 * g.hidden;
+    const std::string wpe = "model.embedding.position_embeddings.weight";
+    const Shape& ps = stored_shape(ckpt, wpe, "not a GPT checkpoint?");
+    if (ps.size() != 2 || (g.positions != 0 && ps[0] != g.positions))
+      throw CheckpointError(fmt::format("{}: tensor {} has shape {} but the config says {} positions", ckpt.dir(), wpe,
+                                        shape_str(ps), g.positions));
+    g.positions = ps[0];
+  }
+  return g;
+}
+
+void export_hf(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype, std::optional<HfSpecialIds> ids) {
+  if (!is_floating(dtype))
+    throw CheckpointError(fmt::format("export: dtype {} is not a float type", dtype_name(dtype)));
+  const HfModelShape g = hf_export_shape(ckpt);
+  const std::vector<HfMapping> maps = hf_mappings(g);
+  std::vector<SafetensorsSpec> specs;
+  for (const auto& m : maps) {
+    const std::string src = "model." + m.ours;
+    if (!ckpt.has(src))
+      throw CheckpointError(fmt::format("{}: has no tensor {} (needed for {})", ckpt.dir(), src, m.hf_name));
+    const Shape& have = ckpt.info(src).global_shape;
+    if (have != m.our_shape)
+      throw CheckpointError(fmt::format("{}: tensor {} has shape {}, expected {} for this config", ckpt.dir(), src,
+                                        shape_str(have), shape_str(m.our_shape)));
+    specs.push_back({m.hf_name, dtype, m.hf_shape});
+  }
+
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) throw CheckpointError(fmt::format("{}: cannot create export directory: {}", out_dir, ec.message()));
+  SafetensorsWriter w(ckpt::join_path(out_dir, "model.safetensors"), std::move(specs),
+                      {{"format", "pt"}, {"megatrain.iteration", std::to_string(ckpt.state().iteration)}});
+  for (const auto& m : maps) w.write(to_hf(read_f32(ckpt, "model." + m.ours, m.our_shape), m));
+  w.finish();
+
+  const std::string text =
+      g.arch == HfArch::llama ? hf_llama_config_json(g, dtype, ids) : hf_gpt2_config_json(g, dtype, ids);
+  std::string cfg = ckpt::join_path(out_dir, "config.json"), tmp = cfg + ".tmp";
+  ::unlink(tmp.c_str());
+  try {
+    ckpt::write_file_durably(tmp, text);
+    if (::rename(tmp.c_str(), cfg.c_str()) != 0) ckpt::throw_os_error(cfg, "cannot rename " + tmp + " to it", errno);
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+}
+
+void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype,
+                    std::optional<HfSpecialIds> ids) {
+  if (hf_export_shape(ckpt).arch != HfArch::gpt)
+    throw CheckpointError(fmt::format("{}: model.arch is not gpt: no GPT-2 export", ckpt.dir()));
+  export_hf(ckpt, out_dir, dtype, ids);
+}
+
+}  // namespace mt

@@ -1,0 +1,34 @@
+// hf_export.h: converts a checkpoint into the Hugging Face transformers layout (model.safetensors +
+// config.json) of GPT2LMHeadModel (model.arch: gpt) or LlamaForCausalLM (model.arch: llama), so a trained
+// model loads with from_pretrained(). The name and layout table is hf_mapping.h.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "core/checkpoint/checkpoint.h"
+#include "core/hf/hf_mapping.h"
+#include "core/hf/hf_tokenizer_export.h"
+
+namespace mt {
+
+// The model hyperparameters an export needs, read from the checkpoint's stored config (model.*) and
+// checked against the stored tensor shapes (which fix the padded vocabulary and the position count).
+HfModelShape hf_export_shape(const CheckpointReader& ckpt);
+
+// Writes OUT/model.safetensors (weights in `dtype`: f32, bf16 or f16) and OUT/config.json for the
+// checkpoint's architecture. Everything is checked before anything is written; a failure leaves no partial
+// model.safetensors. Throws CheckpointError. config.json's bos/eos_token_id are `ids` when the tokenizer is known
+// (hf_special_ids: the ids generation_config.json states), else both vocab_size - 1 (the byte tokenizer's eod
+// when the vocabulary is 257).
+void export_hf(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype = DType::f32,
+               std::optional<HfSpecialIds> ids = std::nullopt);
+// export_hf for a GPT checkpoint only (refuses another model.arch).
+void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype = DType::f32,
+                    std::optional<HfSpecialIds> ids = std::nullopt);
+
+// config.json text for `s` (hf_export_gpt2.cpp / hf_export_llama.cpp).
+std::string hf_gpt2_config_json(const HfModelShape& s, DType dtype, std::optional<HfSpecialIds> ids);
+std::string hf_llama_config_json(const HfModelShape& s, DType dtype, std::optional<HfSpecialIds> ids);
+
+}  // namespace mt

@@ -1,0 +1,304 @@
+// hf_import.cpp: transformers' GPT2LMHeadModel / LlamaForCausalLM -> our parameters.
+//
+// config.json is read strictly: every key that changes what the model computes is either mapped to ours or
+// checked to hold the value we compute with, so an import never silently means another model.
+#include "core/hf/hf_import.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/file_io.h"
+#include "core/hf/hf_config_json.h"
+#include "core/hf/safetensors.h"
+
+namespace mt {
+namespace {
+
+using nlohmann::json;
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw CheckpointError(fmt::format("{}: cannot read it (is this a Hugging Face model directory?)", path));
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+json parse_json(const std::string& path) {
+  try {
+    return json::parse(slurp(path));
+  } catch (const json::exception& e) {
+    throw CheckpointError(fmt::format("{}: not valid JSON: {}", path, e.what()));
+  }
+}
+
+// config.json's keys, each read with the file and key in every error; null counts as absent.
+class ConfigKeys {
+ public:
+  ConfigKeys(json j, std::string file) : j_(std::move(j)), file_(std::move(file)) {
+    if (!j_.is_object()) throw CheckpointError(fmt::format("{}: is not a JSON object", file_));
+  }
+  const std::string& file() const { return file_; }
+  bool present(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+  const json& raw(const char* key) const { return j_[key]; }
+  [[noreturn]] void fail(const char* key, const std::string& why) const {
+    throw CheckpointError(fmt::format("{}: {} {}", file_, key, why));
+  }
+  int64_t integer(const char* key, std::optional<int64_t> fallback = std::nullopt) const {
+    if (!present(key)) return fallback ? *fallback : (fail(key, "is missing"), 0);
+    const json& v = j_[key];
+    if (!v.is_number_integer()) fail(key, fmt::format("= {} is not an integer", v.dump()));
+    const int64_t x = v.get<int64_t>();
+    if (x <= 0) fail(key, fmt::format("= {} is not positive", x));
+    return x;
+  }
+  double real(const char* key, std::optional<double> fallback = std::nullopt) const {
+    if (!present(key)) return fallback ? *fallback : (fail(key, "is missing"), 0.0);
+    const json& v = j_[key];
+    if (!v.is_number() || !std::isfinite(v.get<double>())) fail(key, fmt::format("= {} is not a number", v.dump()));
+    return v.get<double>();
+  }
+  bool flag(const char* key, bool fallback) const {
+    if (!present(key)) return fallback;
+    if (!j_[key].is_boolean()) fail(key, fmt::format("= {} is not true or false", j_[key].dump()));
+    return j_[key].get<bool>();
+  }
+  std::string text(const char* key, const std::string& fallback) const {
+    if (!present(key)) return fallback;
+    if (!j_[key].is_string()) fail(key, fmt::format("= {} is not a string", j_[key].dump()));
+    return j_[key].get<std::string>();
+  }
+  // A key whose value must be `want` for us to compute the same model.
+  void require_flag(const char* key, bool fallback, bool want, const std::string& why) const {
+    if (flag(key, fallback) != want) fail(key, fmt::format("= {}: {}", hf_json::boolean(!want), why));
+  }
+
+ private:
+  json j_;
+  std::string file_;
+};
+
+HfModelShape gpt2_shape(const ConfigKeys& k) {
+  HfModelShape s;
+  s.arch = HfArch::gpt;
+  s.hidden = k.integer("n_embd");
+  s.num_layers = k.integer("n_layer");
+  s.heads = k.integer("n_head");
+  s.groups = s.heads;
+  s.ffn = k.integer("n_inner", 4 * s.hidden);  // null: 4 * n_embd
+  s.positions = k.integer("n_positions");
+  s.vocab = k.integer("vocab_size");
+  s.layernorm_eps = k.real("layer_norm_epsilon", 1e-5);
+  s.init_std = k.real("initializer_range", 0.02);
+  s.tied = k.flag("tie_word_embeddings", true);
+  const std::string act = k.text("activation_function", "gelu_new");
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+    k.fail("activation_function", fmt::format("= {}: megatrain's GPT computes the tanh GELU (gelu_new) only", act));
+  k.require_flag("scale_attn_weights", true, true, "megatrain scales attention scores by 1/sqrt(head_dim)");
+  k.require_flag("scale_attn_by_inverse_layer_idx", false, false, "megatrain does not scale scores per layer");
+  k.require_flag("add_cross_attention", false, false, "megatrain's GPT is decoder-only");
+  return s;
+}
+
+HfModelShape llama_shape(const ConfigKeys& k) {
+  HfModelShape s;
+  s.arch = HfArch::llama;
+  s.hidden = k.integer("hidden_size");
+  s.ffn = k.integer("intermediate_size");
+  s.num_layers = k.integer("num_hidden_layers");
+  s.heads = k.integer("num_attention_heads");
+  s.groups = k.integer("num_key_value_heads", s.heads);
+  s.positions = k.integer("max_position_embeddings");
+  s.vocab = k.integer("vocab_size");
+  s.layernorm_eps = k.real("rms_norm_eps", 1e-6);
+  s.init_std = k.real("initializer_range", 0.02);
+  s.tied = k.flag("tie_word_embeddings", false);
+  if (s.hidden % s.heads != 0)
+    k.fail("num_attention_heads", fmt::format("= {} does not divide hidden_size={}", s.heads, s.hidden));
+  if (s.heads % s.groups != 0)
+    k.fail("num_key_value_heads", fmt::format("= {} does not divide num_attention_heads={}", s.groups, s.heads));
+  if (k.present("head_dim") && k.integer("head_dim") != s.hidden / s.heads)
+    k.fail("head_dim", fmt::format("= {} is not hidden_size / num_attention_heads = {}: megatrain's head_dim is "
+                                   "always that quotient",
+                                   k.integer("head_dim"), s.hidden / s.heads));
+  const std::string act = k.text("hidden_act", "silu");
+  if (act != "silu") k.fail("hidden_act", fmt::format("= {}: megatrain's Llama computes SwiGLU (silu) only", act));
+  k.require_flag("attention_bias", false, false, "megatrain's Llama has no biases");
+  k.require_flag("mlp_bias", false, false, "megatrain's Llama has no biases");
+  if (k.present("rope_scaling"))
+    k.fail("rope_scaling", fmt::format("= {}: only plain rotary embeddings (rope_scaling null) are supported",
+                                       k.raw("rope_scaling").dump()));
+  // transformers 4.x: rope_theta; 5.x: rope_parameters {rope_type, rope_theta}.
+  s.rotary_base = k.real("rope_theta", 10000.0);
+  if (k.present("rope_parameters")) {
+    const json& rp = k.raw("rope_parameters");
+    if (!rp.is_object()) k.fail("rope_parameters", fmt::format("= {} is not an object", rp.dump()));
+    const json type = rp.value("rope_type", json("default"));
+    if (type != "default")
+      k.fail("rope_parameters",
+             fmt::format("has rope_type {}: only plain rotary embeddings (\"default\") are supported", type.dump()));
+    if (rp.contains("rope_theta")) {
+      if (!rp["rope_theta"].is_number()) k.fail("rope_parameters", "has a rope_theta that is not a number");
+      s.rotary_base = rp["rope_theta"].get<double>();
+    }
+  }
+  if (!(s.rotary_base > 0)) k.fail("rope_theta", fmt::format("= {} is not positive", s.rotary_base));
+  return s;
+}
+
+// Where each tensor lives: model.safetensors, or the shards model.safetensors.index.json names.
+class WeightFiles {
+ public:
+  explicit WeightFiles(const std::string& dir) {
+    const std::string single = ckpt::join_path(dir, "model.safetensors");
+    const std::string index = single + ".index.json";
+    std::error_code ec;
+    if (std::filesystem::exists(single, ec)) {
+      auto r = std::make_shared<SafetensorsReader>(single);
+      for (const auto& [name, e] : r->tensors()) where_[name] = r;
+      return;
+    }
+    if (!std::filesystem::exists(index, ec))
+      throw CheckpointError(
+          fmt::format("{}: has neither model.safetensors nor model.safetensors.index.json (only "
+                      "safetensors weights are read; save with safe_serialization=True)",
+                      dir));
+    const json j = parse_json(index);
+    if (!j.contains("weight_map") || !j["weight_map"].is_object())
+      throw CheckpointError(fmt::format("{}: has no weight_map object", index));
+    std::map<std::string, std::shared_ptr<SafetensorsReader>> shards;
+    for (const auto& [name, file] : j["weight_map"].items()) {
+      if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
+        throw CheckpointError(fmt::format("{}: weight_map[{}] is not a file name in the directory", index, name));
+      auto& r = shards[file.get<std::string>()];
+      if (!r) r = std::make_shared<SafetensorsReader>(ckpt::join_path(dir, file.get<std::string>()));
+      if (!r->has(name))
+        throw CheckpointError(
+            fmt::format("{}: names {} for tensor {}, which does not hold it", index, r->path(), name));
+      where_[name] = r;
+    }
+  }
+  const std::map<std::string, std::shared_ptr<SafetensorsReader>>& tensors() const { return where_; }
+
+ private:
+  std::map<std::string, std::shared_ptr<SafetensorsReader>> where_;
+};
+
+// Buffers older transformers versions saved beside the weights; not parameters.
+bool is_saved_buffer(const std::string& name) {
+  auto ends = [&](const std::string& suffix) {
+    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return ends(".attn.bias") || ends(".attn.masked_bias") || ends(".rotary_emb.inv_freq");
+}
+
+}  // namespace
+
+HfModelShape read_hf_config(const std::string& hf_dir, const HfImportOptions& opt) {
+  const std::string file = ckpt::join_path(hf_dir, "config.json");
+  const ConfigKeys k(parse_json(file), file);
+  if (!k.present("architectures") || !k.raw("architectures").is_array() || k.raw("architectures").size() != 1)
+    k.fail("architectures", "must name one model class: GPT2LMHeadModel or LlamaForCausalLM");
+  const json& a = k.raw("architectures")[0];
+  const std::string arch = a.is_string() ? a.get<std::string>() : a.dump();
+  HfModelShape s;
+  if (arch == "GPT2LMHeadModel") {
+    if (k.text("model_type", "gpt2") != "gpt2") k.fail("model_type", "is not gpt2 for GPT2LMHeadModel");
+    s = gpt2_shape(k);
+    if (s.hidden % s.heads != 0) k.fail("n_head", fmt::format("= {} does not divide n_embd={}", s.heads, s.hidden));
+  } else if (arch == "LlamaForCausalLM") {
+    if (k.text("model_type", "llama") != "llama") k.fail("model_type", "is not llama for LlamaForCausalLM");
+    s = llama_shape(k);
+  } else {
+    k.fail("architectures", fmt::format("= [{}]: megatrain imports GPT2LMHeadModel and LlamaForCausalLM only", arch));
+  }
+  s.seq_length = opt.seq_length.value_or(s.positions);
+  if (s.seq_length <= 0 || s.seq_length > s.positions)
+    throw CheckpointError(fmt::format("--seq-length {} must be in [1, {}] (max_position_embeddings of {})",
+                                      s.seq_length, s.positions, file));
+  s.dropout = s.attention_dropout = opt.dropout;
+  return s;
+}
+
+std::string hf_model_yaml(const HfModelShape& s) {
+  using hf_json::num;
+  const bool llama = s.arch == HfArch::llama;
+  std::string y = "model:\n";
+  auto add = [&](const char* key, const std::string& value) { y += fmt::format("  {}: {}\n", key, value); };
+  add("arch", arch_name(s.arch));
+  add("num_layers", std::to_string(s.num_layers));
+  add("hidden_size", std::to_string(s.hidden));
+  add("num_heads", std::to_string(s.heads));
+  if (llama) add("num_query_groups", std::to_string(s.groups));
+  add("ffn_hidden_size", std::to_string(s.ffn));
+  add("seq_length", std::to_string(s.seq_length));
+  add("max_position_embeddings", std::to_string(s.positions));
+  add("vocab_size", std::to_string(s.vocab));
+  add("tie_embeddings", hf_json::boolean(s.tied));
+  add("dropout", num(s.dropout));
+  add("attention_dropout", num(s.attention_dropout));
+  add("layernorm_eps", num(s.layernorm_eps));
+  if (llama) add("rotary_base", num(s.rotary_base));
+  add("init_std", num(s.init_std));
+  return y;
+}
+
+std::vector<std::pair<std::string, Tensor>> read_hf_weights(const std::string& hf_dir, const HfModelShape& s) {
+  if (s.padded_vocab < s.vocab)
+    throw CheckpointError(
+        fmt::format("{}: padded vocabulary {} is smaller than vocab_size {}", hf_dir, s.padded_vocab, s.vocab));
+  const WeightFiles files(hf_dir);
+  const auto& where = files.tensors();
+  const std::vector<HfMapping> maps = hf_mappings(s);
+  std::vector<std::pair<std::string, Tensor>> out;
+  std::map<std::string, size_t> index;  // our name -> its place in out
+  std::set<std::string> used;
+  for (const auto& m : maps) {
+    auto it = where.find(m.hf_name);
+    if (it == where.end())
+      throw CheckpointError(
+          fmt::format("{}: has no tensor {} (needed for {} of this config)", hf_dir, m.hf_name, m.ours));
+    const SafetensorsReader& r = *it->second;
+    if (r.entry(m.hf_name).shape != m.hf_shape)
+      throw CheckpointError(fmt::format("{}: tensor {} has shape {}, but config.json implies {}", r.path(), m.hf_name,
+                                        shape_str(r.entry(m.hf_name).shape), shape_str(m.hf_shape)));
+    auto [pos, fresh] = index.emplace(m.ours, out.size());
+    if (fresh) out.emplace_back(m.ours, Tensor::zeros(m.our_shape, DType::f32));  // padding rows stay zero
+    from_hf(r.read(m.hf_name), m, out[pos->second].second);
+    used.insert(m.hf_name);
+  }
+  // Tied embeddings: a saved lm_head.weight must be the embedding itself.
+  const std::string emb = s.arch == HfArch::llama ? "model.embed_tokens.weight" : "transformer.wte.weight";
+  if (s.tied && where.count("lm_head.weight")) {
+    const SafetensorsReader& r = *where.at("lm_head.weight");
+    const std::vector<float> head = r.read("lm_head.weight").to_floats(), e = where.at(emb)->read(emb).to_floats();
+    if (head != e)
+      throw CheckpointError(
+          fmt::format("{}: lm_head.weight differs from {} but config.json says "
+                      "tie_word_embeddings: true",
+                      r.path(), emb));
+    used.insert("lm_head.weight");
+  }
+  std::vector<std::string> unexpected;
+  for (const auto& [name, r] : where)
+    if (!used.count(name) && !is_saved_buffer(name)) unexpected.push_back(name);
+  if (!unexpected.empty()) {
+    if (unexpected.size() > 5) unexpected.resize(5), unexpected.push_back("...");
+    throw CheckpointError(fmt::format("{}: holds tensors this config has no place for: {} (another model variant?)",
+                                      hf_dir, fmt::join(unexpected, ", ")));
+  }
+  return out;
+}
+
+}  // namespace mt

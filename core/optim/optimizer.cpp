@@ -1,0 +1,114 @@
+#include "core/optim/optimizer.h"
+
+#include <cmath>
+
+#include "core/tensor/ops.h"
+
+namespace mt {
+
+double clip_coefficient(double grad_norm, double max_norm) {
+  if (max_norm <= 0) return 1.0;
+  const double coeff = max_norm / (grad_norm + 1e-6);
+  return coeff < 1.0 ? coeff : 1.0;
+}
+
+AdamW::AdamW(std::vector<Parameter*> params, AdamWConfig cfg) : Optimizer(std::move(cfg)) {
+  for (Parameter* p : params) {
+    Slot s{.param = p};
+    if (p->value.dtype() == DType::f32) {
+      s.master = p->value;
+    } else {
+      s.master = Tensor::empty(p->value.shape(), DType::f32, p->value.device(), MemKind::optimizer);
+      s.master.copy_from(p->value);
+    }
+    s.exp_avg = Tensor::zeros(p->value.shape(), DType::f32, p->value.device(), MemKind::optimizer);
+    s.exp_avg_sq = Tensor::zeros(p->value.shape(), DType::f32, p->value.device(), MemKind::optimizer);
+    slots_.push_back(std::move(s));
+  }
+}
+
+void AdamW::zero_grads() {
+  for (Slot& s : slots_) s.param->grad.zero_();
+}
+
+void AdamW::sync_values_from_master() {
+  for (Slot& s : slots_)
+    if (s.master.raw() != s.param->value.raw()) s.param->value.copy_from(s.master);
+}
+
+bool counts_in_grad_norm(const Parameter& p, const AdamWConfig& cfg) {
+  return !p.tied_copy && (p.tensor_parallel || cfg.count_replicas);
+}
+
+StepResult grad_norm_verdict(const GradStats& stats, double loss_scale, double grad_clip, double* grad_scale) {
+  StepResult r;
+  r.grad_norm = std::sqrt(stats.sum_squares) / loss_scale;
+  r.found_inf = stats.found_inf || !std::isfinite(r.grad_norm);
+  *grad_scale = r.found_inf ? 0.0 : clip_coefficient(r.grad_norm, grad_clip) / loss_scale;
+  return r;
+}
+
+AdamWOptions adamw_options(const AdamWConfig& cfg, double lr, int64_t step, double grad_scale) {
+  return AdamWOptions{.lr = static_cast<float>(lr),
+                      .beta1 = static_cast<float>(cfg.beta1),
+                      .beta2 = static_cast<float>(cfg.beta2),
+                      .eps = static_cast<float>(cfg.eps),
+                      .weight_decay = static_cast<float>(cfg.weight_decay),
+                      .step = step,
+                      .grad_scale = static_cast<float>(grad_scale)};
+}
+
+GradStats read_grad_stats(const std::vector<Tensor>& xs, const StepCheck* check, std::vector<double>* along) {
+  if (!check) return grad_stats(xs);
+  const int64_t n = check->read_along.numel();
+  Tensor both = f64_zeros(2 + n, check->read_along.device());  // (2 + n): the statistics, then read_along
+  Tensor stats = both.slice(0, 2);
+  grad_stats(xs, stats);
+  both.slice(2, 2 + n).copy_from(check->read_along);
+  const std::vector<double> v = read_f64(both);  // the one read of the device
+  along->assign(v.begin() + 2, v.end());
+  return GradStats{.sum_squares = v[0], .found_inf = v[1] != 0.0};
+}
+
+StepResult Optimizer::step(double lr, double loss_scale, const StepCheck* check) {
+  std::vector<double> along;
+  GradStats stats = read_grad_stats(counted_grads(), check, &along);  // the step's one read of the device
+  // Host exchanges of the double partial sums; an inf/NaN flag needs none, as it makes the sum non-finite on
+  // every rank.
+  stats.sum_squares = sum_over_state_shards(stats.sum_squares);
+  if (cfg_.sum_across_ranks) stats.sum_squares = cfg_.sum_across_ranks(stats.sum_squares);
+  double grad_scale = 0;
+  StepResult r = grad_norm_verdict(stats, loss_scale, cfg_.grad_clip, &grad_scale);
+  if (check && check->veto(along, r) && !r.found_inf) r.vetoed = true;
+  if (r.found_inf || r.vetoed) return r;
+  ++steps_;
+  update(adamw_options(cfg_, lr, steps_, grad_scale));
+  return r;
+}
+
+std::vector<Tensor> AdamW::counted_grads() const {
+  std::vector<Tensor> counted;
+  for (const Slot& s : slots_)
+    if (counts_in_grad_norm(*s.param, cfg_)) counted.push_back(s.param->grad);
+  return counted;
+}
+
+void AdamW::load_state(const std::function<void(const std::vector<Slot>&)>& fill, bool /*partial*/) {
+  fill(slots_);  // in place: what a partial load skips keeps its initial state
+  sync_values_from_master();
+}
+
+void AdamW::update(const AdamWOptions& opt) {
+  std::vector<AdamWTensors> ts;
+  ts.reserve(slots_.size());
+  for (Slot& s : slots_)
+    ts.push_back({.master = s.master,
+                  .grad = s.param->grad,
+                  .exp_avg = s.exp_avg,
+                  .exp_avg_sq = s.exp_avg_sq,
+                  .value = s.master.raw() == s.param->value.raw() ? Tensor() : s.param->value,
+                  .decay = s.param->weight_decay});
+  adamw_multi_step(ts, opt);
+}
+
+}  // namespace mt

@@ -1,0 +1,89 @@
+#include "core/tensor/allocator.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <stdexcept>
+
+#if defined(MEGATRAIN_WITH_CUDA)
+#include "core/cuda/runtime.h"
+#endif
+
+namespace mt {
+
+std::string_view device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
+
+std::string_view mem_kind_name(MemKind k) {
+  switch (k) {
+    case MemKind::parameter:
+      return "parameters";
+    case MemKind::gradient:
+      return "gradients";
+    case MemKind::optimizer:
+      return "optimizer";
+    case MemKind::activation:
+      return "activations";
+    case MemKind::workspace:
+      return "workspace";
+    case MemKind::kCount:
+      break;
+  }
+  return "?";
+}
+
+void Allocator::reset_peaks() {
+  stats_.peak = stats_.current;
+  stats_.peak_total = stats_.current_total;
+}
+
+void Allocator::record_alloc(size_t bytes, MemKind kind) {
+  auto k = static_cast<size_t>(kind);
+  stats_.current[k] += static_cast<int64_t>(bytes);
+  stats_.peak[k] = std::max(stats_.peak[k], stats_.current[k]);
+  stats_.current_total += static_cast<int64_t>(bytes);
+  stats_.peak_total = std::max(stats_.peak_total, stats_.current_total);
+}
+
+void Allocator::record_free(size_t bytes, MemKind kind) {
+  stats_.current[static_cast<size_t>(kind)] -= static_cast<int64_t>(bytes);
+  stats_.current_total -= static_cast<int64_t>(bytes);
+}
+
+namespace {
+
+// 64-byte aligned host memory. Ranks run as threads in unit tests, so accounting is locked.
+class CpuAllocator final : public Allocator {
+ public:
+  void* allocate(size_t bytes, MemKind kind) override {
+    size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+    void* p = std::aligned_alloc(64, rounded);
+    if (!p) throw std::bad_alloc();
+    std::lock_guard lock(mu_);
+    record_alloc(bytes, kind);
+    return p;
+  }
+  void deallocate(void* ptr, size_t bytes, MemKind kind) override {
+    std::free(ptr);
+    std::lock_guard lock(mu_);
+    record_free(bytes, kind);
+  }
+  Device device() const override { return Device::cpu; }
+
+ private:
+  std::mutex mu_;
+};
+
+}  // namespace
+
+Allocator& allocator_for(Device d) {
+  static CpuAllocator cpu;
+  if (d == Device::cpu) return cpu;
+#if defined(MEGATRAIN_WITH_CUDA)
+  return cuda::caching_allocator();
+#else
+  throw std::runtime_error("the CUDA backend is not built into this megatrain");
+#endif
+}
+
+}  // namespace mt

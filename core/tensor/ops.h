@@ -1,0 +1,267 @@
+// ops.h: every tensor operation the models use, forward and backward, as free functions with one
+// signature for every device. Each dispatches on its tensors' device (core/cpu/ now, core/cuda/ later).
+//
+// Conventions:
+//  * Values are stored in f32, bf16 or f16; ops compute in fp32 and round once when they store.
+//  * Outputs are written (not accumulated) unless the option struct says `accumulate`.
+//  * Parameter gradients (dweight, dbias, dgamma, ...) are f32 buffers and are always accumulated into,
+//    so microbatches sum their gradients in place.
+//  * "N" is the number of rows (tokens) of a 2-D view; callers reshape (B, T, C) to (B*T, C) with view().
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor/tensor.h"
+
+namespace mt {
+
+// ---- GEMM ----------------------------------------------------------------------------------------
+// ---- GEMM epilogues (bias, GELU, their gradients) ----
+// What the GEMM does with its product P = alpha * op(a) @ op(b) (+ beta * out) before it stores it:
+enum class Epilogue {
+  none,         // out = P
+  bias,         // out = P + bias[n]                                   (bias (N), any floating dtype)
+  gelu_bias,    // aux = P + bias[n], out = gelu(aux)                  (aux (M, N) like out; beta must be 0)
+  dgelu_bgrad,  // out = P * gelu'(aux), dbias (N) f32 += column sums of out      (aux read; beta must be 0)
+  bgrad_a,      // out = P, dbias (M) f32 += sum over k of op(a)[m, k] (trans_a, alpha 1: the bias gradient
+                //   of a weight-gradient GEMM dW = dout^T x, with a = dout stored (K, M))
+};
+// ---- end GEMM epilogues ----
+struct GemmOptions {
+  bool trans_a = false;  // use a^T; a is stored (K, M) instead of (M, K)
+  bool trans_b = false;  // use b^T; b is stored (N, K) instead of (K, N)
+  float alpha = 1.f;
+  float beta = 0.f;  // out = alpha * op(a) @ op(b) + beta * out
+  // The epilogue and its vectors (null unless the epilogue names them).
+  Epilogue epilogue = Epilogue::none;
+  const Tensor* bias = nullptr;  // (N): bias, gelu_bias
+  Tensor* aux = nullptr;         // (M, N), out's dtype: gelu_bias writes the pre-activation, dgelu_bgrad reads it
+  Tensor* dbias = nullptr;       // f32, accumulated: (N) for dgelu_bgrad, (M) for bgrad_a
+};
+// out (M, N) = op(a) (M, K) @ op(b) (K, N), then the epilogue. a and b share a dtype; out may be that dtype
+// or f32. Accumulates in fp32 (OpenBLAS sgemm on the CPU).
+// Epilogue numerics: the CPU runs the plain GEMM and then the separate ops (add_bias, gelu_forward,
+// gelu_backward, bias_backward) exactly as a caller would, rounding after each; the CUDA backend fuses them
+// into cuBLASLt's epilogues and rounds once, so it matches the CPU within the dtype tolerance, not bit for
+// bit (and composes the separate kernels itself where cuBLASLt offers no fused algorithm).
+void gemm(const Tensor& a, const Tensor& b, Tensor& out, GemmOptions opt = {});
+
+// x (N, C) += bias (C), in place.
+void add_bias(Tensor& x, const Tensor& bias);
+// dbias (C) f32 += sum over rows of dout (N, C).
+void bias_backward(const Tensor& dout, Tensor& dbias);
+
+// ---- elementwise ---------------------------------------------------------------------------------
+// out = a + b (same shape; out may alias a or b).
+void add(const Tensor& a, const Tensor& b, Tensor& out);
+// x *= s, in place.
+void scale_(Tensor& x, float s);
+// GELU, tanh approximation (GPT-2's "gelu_new").
+void gelu_forward(const Tensor& x, Tensor& out);
+// dx = dout * gelu'(x).
+void gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx);
+
+// ---- SwiGLU (Llama's MLP activation) ----
+// x (N, 2F) holds the (gate, up) pair of unit f at columns (2f, 2f + 1): the fc1 weight interleaves the gate
+// and up rows, so a tensor-parallel column block of the fc1 output holds whole pairs.
+// out (N, F) = silu(gate) * up, silu(g) = g / (1 + exp(-g)).
+void swiglu_forward(const Tensor& x, Tensor& out);
+// dx (N, 2F) written from the forward's x and dout (N, F): dgate = dout * up * silu'(gate), dup = dout * silu(gate).
+void swiglu_backward(const Tensor& x, const Tensor& dout, Tensor& dx);
+
+// ---- block transpose ---------------------------------------------------------------------------
+// out (Q, P, L) = x (P, Q, L) with the two leading dimensions swapped: out[q, p, :] = x[p, q, :], each block
+// of L elements moved as bytes (any dtype, values unchanged). Sequence parallelism's rank-major copies: the
+// shards of a (B, T, C) activation are its (B, t, T/t * C) blocks, and collectives want them (t, B, T/t * C).
+void transpose_blocks(const Tensor& x, Tensor& out);
+
+// ---- LayerNorm over the last dimension -----------------------------------------------------------
+struct LayerNormOptions {
+  float eps = 1e-5f;
+};
+// x (N, C), weight (C), bias (C) -> out (N, C); mean (N) and rstd (N) are f32, saved for backward.
+void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out, Tensor& mean,
+                       Tensor& rstd, LayerNormOptions opt = {});
+// dx (N, C) written; dweight (C) and dbias (C) f32 accumulated.
+void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                        const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias);
+
+// ---- RMSNorm over the last dimension (Llama) -----------------------------------------------------
+struct RmsNormOptions {
+  float eps = 1e-5f;
+};
+// x (N, C), weight (C) -> out (N, C) = x * rstd * weight; rstd (N) f32 = 1 / sqrt(mean_c(x^2) + eps), saved.
+void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor& rstd, RmsNormOptions opt = {});
+// dx (N, C) written; dweight (C) f32 accumulated. With xhat = x * rstd and g = dout * weight:
+// dx = rstd * (g - xhat * mean_c(g * xhat)), dweight += sum_n dout * xhat.
+void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
+                      Tensor& dweight);
+
+// ---- embeddings ----------------------------------------------------------------------------------
+struct EmbeddingOptions {
+  int64_t vocab_start = 0;      // first row of the full table this shard holds (vocabulary-parallel)
+  int64_t position_offset = 0;  // global position of column 0 of ids (sequence-parallel shards)
+};
+// ids (B, T) i32, table (V, C) -> out (B, T, C): out[b, t] = table[ids[b, t] - vocab_start], or zeros
+// when the id falls outside this shard's rows.
+void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, EmbeddingOptions opt = {});
+// dtable (V, C) f32 += the rows of dout (B, T, C) scattered by ids (ids outside the shard skipped).
+// Deterministic: rows are summed in token order.
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, EmbeddingOptions opt = {});
+// x (B, T, C) += wpe[position_offset + t] with wpe (P, C).
+void position_embedding_add(Tensor& x, const Tensor& wpe, EmbeddingOptions opt = {});
+// dwpe (P, C) f32 += sum over b of dout[b, t] at row position_offset + t.
+void position_embedding_backward(const Tensor& dout, Tensor& dwpe, EmbeddingOptions opt = {});
+
+// ---- dropout, keyed by global coordinates --------------------------------------------------------
+// Element (b, t, c) of a (B, T, C) tensor keeps or drops by
+// dropout_uniform(seed, site, sample_offset + b, row_offset + t, col_offset + c) >= p (core/base/rng.h),
+// so the mask is the same whatever slice of the global tensor a rank holds.
+struct DropoutOptions {
+  float p = 0.f;
+  uint64_t seed = 0;
+  uint64_t site = 0;          // stream_id of the layer and place, e.g. "layers.3.attn_out"
+  int64_t sample_offset = 0;  // global sample index of b = 0
+  int64_t row_offset = 0;     // global row (sequence position) of t = 0
+  int64_t col_offset = 0;     // global column of c = 0
+};
+// out = x * mask / (1 - p); p == 0 copies.
+void dropout_forward(const Tensor& x, Tensor& out, const DropoutOptions& opt);
+// dx = dout * mask / (1 - p), the mask regenerated from the same options.
+void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOptions& opt);
+
+// ---- fused residual + dropout ----
+// out = residual + dropout(x), all (B, T, C) of one dtype, the mask that of dropout_forward with the same
+// options. Equals dropout_forward(x, tmp) then add(residual, tmp, out) bit for bit on every backend: the
+// dropped value is rounded to the storage dtype before the add rounds again. out may alias x or residual.
+// (The backward needs no fused op: dresidual = dout, dx = dropout_backward(dout).)
+void dropout_add(const Tensor& x, const Tensor& residual, Tensor& out, const DropoutOptions& opt);
+// ---- end fused residual + dropout ----
+
+// ---- causal multi-head attention (grouped-query) ---------------------------------------------------
+// qkv (B, T, G, R + 2, D): G query groups, per group its R query heads (slots 0..R-1), then its key (slot R),
+// then its value (slot R + 1) (Megatron's per-group interleaving, so a tensor-parallel rank's groups are one
+// contiguous column block of the QKV GEMM output). Local query head h = g * R + r reads query slot r of
+// group g and that group's key and value; H = G * R. R is qkv.dim(3) - 2: GPT's (B, T, H, 3, D) is R = 1
+// (G = H), multi-query attention is G = 1.
+// out (B, T, H, D), or its (B, T, H * D) view; lse (B, H, T) f32 saves each row's log-sum-exp of the scaled
+// scores for backward. Scores are scaled by 1/sqrt(D); softmax in fp32. Dropout on the probabilities uses
+// coordinates (sample_offset + b, (head_offset + h) * T + i, j), h the local query head.
+struct AttentionOptions {
+  bool causal = true;
+  float dropout_p = 0.f;
+  uint64_t seed = 0;
+  uint64_t site = 0;
+  int64_t sample_offset = 0;
+  int64_t head_offset = 0;  // global index of local query head 0 (tensor parallelism splits groups)
+};
+void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionOptions& opt);
+// dqkv (B, T, G, R + 2, D) written from dout (B, T, H, D) and the forward's qkv, out and lse. A group's key
+// and value gradients are the sums over its R query heads, added in fp32 in the order r = 0..R-1 and rounded
+// once when stored (deterministic).
+void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dqkv,
+                        const AttentionOptions& opt);
+// Which implementation ran an attention call: the CPU reference, cuDNN's fused attention or megatrain's CUDA kernel
+// (a cuDNN call refused at run time falls back to the kernel). Counted per forward and per backward call since
+// the process started, so the log and metrics.jsonl say what ran, not what was expected.
+enum class AttentionImpl { cpu, cudnn, kernel };
+struct AttentionCalls {
+  int64_t cpu = 0, cudnn = 0, kernel = 0;
+};
+AttentionCalls attention_calls();
+void count_attention_call(AttentionImpl impl);  // the backends, once per call they run
+
+// ---- rotary position embedding (Llama) -----------------------------------------------------------
+// In place on the query and key slots of qkv (B, T, G, R + 2, D) (slots 0..R inclusive: R query heads and the
+// key of each of the G groups; the value slot R + 1 untouched; GPT's layout is G = H, R = 1).
+// Non-interleaved ("rotate_half", HF Llama and Megatron's default): for i < D/2 the pair (x_i, x_{i+D/2}) at
+// position p = position_offset + t is rotated by angle a = float(p) * inv_freq_i (an fp32 product),
+// inv_freq_i = float(1 / theta^(2i/D)) computed in double and rounded:
+//   x_i' = x_i cos a - x_{i+D/2} sin a,   x_{i+D/2}' = x_{i+D/2} cos a + x_i sin a
+// with cos and sin of the fp32 angle taken in double and rounded to fp32. inverse rotates by -a, which is
+// the backward (the gradient of a rotation is the inverse rotation). D must be even (and at most 512 on CUDA).
+struct RopeOptions {
+  float theta = 10000.f;        // HF's rope_theta (model.rotary_base)
+  int64_t position_offset = 0;  // global position of t = 0 (sequence-parallel shards, generation)
+  bool inverse = false;         // rotate by -a: the backward
+};
+void rope_(Tensor& qkv, const RopeOptions& opt);
+
+// ---- softmax cross-entropy, split so a vocabulary-parallel version only exchanges per-row scalars ----
+// logits (N, V) hold columns [vocab_start, vocab_start + V) of the full vocabulary; targets (N) i32 hold
+// full-vocabulary ids. All per-row statistics are f32 (N).
+struct CrossEntropyOptions {
+  int64_t vocab_start = 0;
+  // Columns whose full-vocabulary id is >= vocab_size are padding (the vocabulary is padded for GEMM
+  // shapes and tensor parallelism): left out of the softmax, their gradient 0. -1: no padding.
+  int64_t vocab_size = -1;
+};
+// rowmax[n] = max_v logits[n, v] over the non-padding columns (-inf when the shard holds only padding)
+void cross_entropy_rowmax(const Tensor& logits, Tensor& rowmax, CrossEntropyOptions opt = {});
+// Given the (global) row max: sumexp[n] = sum_v exp(logits[n, v] - rowmax[n]) and target_logit[n] =
+// logits[n, targets[n] - vocab_start] when the target lies in this shard, else 0.
+void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& rowmax, Tensor& sumexp,
+                            Tensor& target_logit, CrossEntropyOptions opt = {});
+// losses[n] = log(sumexp[n]) + rowmax[n] - target_logit[n]
+void cross_entropy_loss(const Tensor& rowmax, const Tensor& sumexp, const Tensor& target_logit, Tensor& losses);
+// dlogits (N, V) = (softmax(logits) - onehot(target)) * dloss[n], dloss (N) f32.
+void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& rowmax, const Tensor& sumexp,
+                            const Tensor& dloss, Tensor& dlogits, CrossEntropyOptions opt = {});
+
+// ---- optimizer and reductions over f32 buffers ---------------------------------------------------
+// sum of squares of x (f32), in double.
+double sum_squares(const Tensor& x);
+// The sum of squares of all of xs (f32, one device) at once: one wait for the device, not one per tensor
+// (the global gradient norm over hundreds of parameters).
+double sum_squares(const std::vector<Tensor>& xs);
+// true when x (f32) holds an inf or NaN.
+bool has_inf_or_nan(const Tensor& x);
+
+struct AdamWOptions {
+  float lr = 0.f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.f;
+  int64_t step = 1;        // 1-based, for the bias corrections
+  float grad_scale = 1.f;  // grads are multiplied by this first (unscaling and clipping folded in)
+};
+// One AdamW step on f32 master (N), grad (N), exp_avg (N), exp_avg_sq (N), decoupled weight decay.
+void adamw_step(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWOptions& opt);
+
+// ==== fused step ops: one pass over all of a rank's tensors, results left on the device ================
+// (the GPU step waits for the device at most once: see app/train/trainer.cpp's train_step)
+//
+// Small double results live on the tensors' device as f64 bits in i64 storage (megatrain has no f64 dtype):
+// make them with f64_zeros, read them with read_f64 (one copy to the host).
+Tensor f64_zeros(int64_t n, Device device, MemKind kind = MemKind::workspace);
+std::vector<double> read_f64(const Tensor& t);
+
+// The grad-norm inputs of a step, in one pass over all of xs (f32, one device).
+struct GradStats {
+  double sum_squares = 0;  // as sum_squares(xs): in double, in the same order on the CPU
+  bool found_inf = false;  // some element is inf or NaN
+};
+// stats (2) f64 := [sum of squares, 1 when some element is inf or NaN else 0], on the device, without waiting.
+void grad_stats(const std::vector<Tensor>& xs, Tensor& stats);
+// The same, read back with one copy to the host.
+GradStats grad_stats(const std::vector<Tensor>& xs);
+
+// One tensor of a multi-tensor AdamW step.
+struct AdamWTensors {
+  Tensor master, grad, exp_avg, exp_avg_sq;  // f32, n elements each (any shapes)
+  Tensor value;       // the parameter in its compute dtype (n): := the updated master, rounded; undefined: none
+  bool decay = true;  // opt.weight_decay applies (false: biases and norms)
+};
+// adamw_step on every entry with weight decay opt.weight_decay where `decay` (0 elsewhere), bit for bit the
+// same per element, and the rounded master written into `value`: one pass (a few launches on CUDA), no cast
+// afterwards. Every defined `value` has one dtype.
+void adamw_multi_step(const std::vector<AdamWTensors>& ts, const AdamWOptions& opt);
+
+// sum (1) f64 += the mean of x (N) f32 summed in double, rounded to f32: what a host reading of the loss
+// gave, accumulated on the device (training losses are read once per logging interval).
+void accumulate_mean(const Tensor& x, Tensor& sum);
+// x := v in x's dtype (any floating dtype).
+void fill_(Tensor& x, float v);
+
+}  // namespace mt

@@ -1,0 +1,473 @@
+// test_hf_interop.cpp: the Hugging Face export and import (GPT2LMHeadModel, LlamaForCausalLM): export -> import
+// gives back every tensor exactly, Llama's q/k/v and gate/up rows land where LLAMA.md puts them, the safetensors
+// reader, and every refusal of `ckpt import` naming the file and the key.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <functional>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/unit/file_text.h"
+#include "app/train/checkpointing.h"
+#include "app/cli/commands.h"
+#include "app/train/train_state.h"
+#include "core/checkpoint/checkpoint.h"
+#include "core/hf/hf_export.h"
+#include "core/hf/hf_import.h"
+#include "core/hf/safetensors.h"
+#include "core/config/config.h"
+#include "tests/unit/temp_dir.h"
+
+namespace fs = std::filesystem;
+using namespace mt;
+using json = nlohmann::json;
+
+namespace {
+
+using testing_util::slurp;
+using testing_util::spit;
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a CheckpointError";
+  return "";
+}
+
+void run_cli(const std::string& args) {
+  CLI::App root("megatrain");
+  app::add_ckpt_commands(root);
+  root.parse(args, false);
+}
+
+// A synthetic checkpoint with every element distinct (exact in fp32 and bf16: small integers times 1/8).
+struct TinyModel {
+  bool llama = false, tied = false;
+  int64_t L = 2, C = 16, H = 4, G = 2, F = 24, V = 11, Vpad = 16, P = 6;
+  std::map<std::string, std::pair<Shape, std::vector<float>>> params;  // our names, without "model."
+
+  TinyModel(bool llama_, bool tied_) : llama(llama_), tied(tied_) {
+    if (!llama) G = H, F = 4 * C;
+    const int64_t D = C / H;
+    float base = 0;
+    auto add = [&](const std::string& name, Shape s) {
+      std::vector<float> v(static_cast<size_t>(shape_numel(s)));
+      for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((static_cast<int64_t>(base) + i) % 251) / 8.f;
+      base += 97;
+      params[name] = {s, v};
+    };
+    add("embedding.word_embeddings.weight", {Vpad, C});
+    if (!llama) add("embedding.position_embeddings.weight", {P, C});
+    for (int64_t i = 0; i < L; ++i) {
+      const std::string p = fmt::format("layers.{}.", i);
+      add(p + "ln1.weight", {C});
+      add(p + "attn.qkv.weight", {(H + 2 * G) * D, C});
+      add(p + "attn.proj.weight", {C, H * D});
+      add(p + "ln2.weight", {C});
+      add(p + "mlp.fc1.weight", {llama ? 2 * F : F, C});
+      add(p + "mlp.fc2.weight", {C, F});
+      if (!llama)
+        for (auto [n, s] : std::vector<std::pair<std::string, Shape>>{{"ln1.bias", {C}},
+                                                                      {"attn.qkv.bias", {3 * C}},
+                                                                      {"attn.proj.bias", {C}},
+                                                                      {"ln2.bias", {C}},
+                                                                      {"mlp.fc1.bias", {F}},
+                                                                      {"mlp.fc2.bias", {C}}})
+          add(p + n, s);
+    }
+    add("final_ln.weight", {C});
+    if (!llama) add("final_ln.bias", {C});
+    if (!tied) add("lm_head.weight", {Vpad, C});
+  }
+
+  std::string config() const {
+    std::string m = fmt::format(
+        "model:\n  arch: {}\n  num_layers: {}\n  hidden_size: {}\n  num_heads: {}\n  ffn_hidden_size: {}\n"
+        "  seq_length: {}\n  max_position_embeddings: {}\n  vocab_size: {}\n  tie_embeddings: {}\n"
+        "  dropout: 0.1\n  attention_dropout: 0.05\n  layernorm_eps: 1.0e-06\n  init_std: 0.02\n",
+        llama ? "llama" : "gpt", L, C, H, F, P, P, V, tied ? "true" : "false");
+    if (llama) m += fmt::format("  num_query_groups: {}\n  rotary_base: 5000\n", G);
+    return m + "training:\n  seed: 1\n";
+  }
+
+  std::string save(const std::string& save_dir) const {
+    std::vector<TensorSlice> ts;
+    for (const auto& [name, p] : params)
+      ts.push_back({"model." + name, p.first, {}, Tensor::from_floats(p.second, p.first)});
+    CheckpointState st;
+    st.iteration = 7;
+    st.config_yaml = config();
+    return save_checkpoint(save_dir, st, ts, 0);
+  }
+  const std::vector<float>& v(const std::string& name) const { return params.at(name).second; }
+};
+
+// Imports `hf` with our padding and requires every tensor back: the first V rows of the vocabulary tables equal,
+// their padding rows zero, everything else identical (bf16 exports: the bf16 rounding is exact here).
+void expect_round_trip(const TinyModel& m, const std::string& hf) {
+  HfModelShape s = read_hf_config(hf);
+  EXPECT_EQ(s.arch, m.llama ? HfArch::llama : HfArch::gpt);
+  EXPECT_EQ(s.groups, m.G);
+  EXPECT_EQ(s.ffn, m.F);
+  EXPECT_EQ(s.tied, m.tied);
+  EXPECT_EQ(s.layernorm_eps, 1e-6);
+  s.padded_vocab = m.Vpad;
+  const auto got = read_hf_weights(hf, s);
+  ASSERT_EQ(got.size(), m.params.size());
+  for (const auto& [name, t] : got) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(m.params.count(name));
+    ASSERT_EQ(t.shape(), m.params.at(name).first);
+    std::vector<float> want = m.v(name);
+    if (name == "embedding.word_embeddings.weight" || name == "lm_head.weight")
+      std::fill(want.begin() + m.V * m.C, want.end(), 0.f);
+    EXPECT_EQ(t.to_floats(), want);
+  }
+}
+
+class HfInterop : public ::testing::Test {
+ protected:
+  testing_util::TempDir tmp_{"mt_hf"};
+  std::string path(const std::string& name) const { return tmp_ / name; }
+};
+
+TEST_F(HfInterop, GptExportImportRoundTripsEveryTensor) {
+  for (bool tied : {true, false})
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(fmt::format("tied={} dtype={}", tied, dtype_name(dtype)));
+      TinyModel m(false, tied);
+      const std::string name = fmt::format("gpt_{}_{}", tied, dtype_name(dtype));
+      export_hf(CheckpointReader(m.save(path(name + "_ckpt"))), path(name), dtype);
+      expect_round_trip(m, path(name));
+    }
+}
+
+TEST_F(HfInterop, LlamaExportWritesLlamaNamesAndConfig) {
+  TinyModel m(true, false);  // G = 2 groups of R = 2 query heads, D = 4
+  export_hf(CheckpointReader(m.save(path("ckpt"))), path("hf"));
+  SafetensorsReader r(path("hf/model.safetensors"));
+  EXPECT_EQ(r.tensors().size(), 3 + 9 * static_cast<size_t>(m.L));  // embed, norm, lm_head
+  EXPECT_FALSE(r.has("model.embed_tokens.bias"));
+  const int64_t C = m.C, D = 4, R = 2;
+  auto rows_of = [&](const std::string& hf, const std::string& ours, auto our_row) {
+    SCOPED_TRACE(hf);
+    const Tensor t = r.read(hf);
+    const std::vector<float> got = t.to_floats(), &w = m.v(ours);
+    for (int64_t i = 0; i < t.dim(0); ++i)
+      for (int64_t c = 0; c < C; ++c) ASSERT_EQ(got[i * C + c], w[our_row(i) * C + c]) << "row " << i;
+  };
+  // Our qkv rows per group g: R query heads (head h = g*R + r), then k, then v (LLAMA.md).
+  rows_of("model.layers.1.self_attn.q_proj.weight", "layers.1.attn.qkv.weight",
+          [&](int64_t i) { return ((i / D / R) * (R + 2) + (i / D) % R) * D + i % D; });
+  rows_of("model.layers.1.self_attn.k_proj.weight", "layers.1.attn.qkv.weight",
+          [&](int64_t i) { return ((i / D) * (R + 2) + R) * D + i % D; });
+  rows_of("model.layers.1.self_attn.v_proj.weight", "layers.1.attn.qkv.weight",
+          [&](int64_t i) { return ((i / D) * (R + 2) + R + 1) * D + i % D; });
+  rows_of("model.layers.0.mlp.gate_proj.weight", "layers.0.mlp.fc1.weight", [](int64_t i) { return 2 * i; });
+  rows_of("model.layers.0.mlp.up_proj.weight", "layers.0.mlp.fc1.weight", [](int64_t i) { return 2 * i + 1; });
+  rows_of("model.embed_tokens.weight", "embedding.word_embeddings.weight", [](int64_t i) { return i; });
+  rows_of("lm_head.weight", "lm_head.weight", [](int64_t i) { return i; });
+  EXPECT_EQ(r.entry("model.embed_tokens.weight").shape, (Shape{m.V, C}));  // padding dropped
+  EXPECT_EQ(r.entry("model.layers.0.self_attn.o_proj.weight").shape, (Shape{C, C}));
+  EXPECT_EQ(r.entry("model.layers.0.mlp.down_proj.weight").shape, (Shape{C, m.F}));
+  EXPECT_TRUE(r.has("model.norm.weight") && r.has("model.layers.0.input_layernorm.weight") &&
+              r.has("model.layers.0.post_attention_layernorm.weight"));
+
+  const json cfg = json::parse(slurp(path("hf/config.json")));
+  EXPECT_EQ(cfg["architectures"][0], "LlamaForCausalLM");
+  EXPECT_EQ(cfg["model_type"], "llama");
+  EXPECT_EQ(cfg["hidden_size"], 16);
+  EXPECT_EQ(cfg["intermediate_size"], 24);
+  EXPECT_EQ(cfg["num_hidden_layers"], 2);
+  EXPECT_EQ(cfg["num_attention_heads"], 4);
+  EXPECT_EQ(cfg["num_key_value_heads"], 2);
+  EXPECT_EQ(cfg["head_dim"], 4);
+  EXPECT_EQ(cfg["rms_norm_eps"], 1e-6);
+  EXPECT_EQ(cfg["rope_theta"], 5000);
+  EXPECT_TRUE(cfg["rope_scaling"].is_null());
+  EXPECT_EQ(cfg["max_position_embeddings"], 6);
+  EXPECT_EQ(cfg["vocab_size"], 11);
+  EXPECT_EQ(cfg["tie_word_embeddings"], false);
+  EXPECT_EQ(cfg["attention_bias"], false);
+  EXPECT_EQ(cfg["mlp_bias"], false);
+  EXPECT_EQ(cfg["hidden_act"], "silu");
+  EXPECT_EQ(cfg["eos_token_id"], 10);
+  EXPECT_EQ(cfg["torch_dtype"], "float32");
+}
+
+TEST_F(HfInterop, LlamaExportImportRoundTripsEveryTensor) {
+  for (bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    TinyModel m(true, tied);
+    const std::string name = tied ? "tied" : "untied";
+    export_hf(CheckpointReader(m.save(path(name + "_ckpt"))), path(name), DType::bf16);
+    expect_round_trip(m, path(name));
+    EXPECT_EQ(read_hf_config(path(name)).rotary_base, 5000);
+  }
+  const std::string y = hf_model_yaml(read_hf_config(path("untied"), {.seq_length = 4, .dropout = 0.25}));
+  EXPECT_NE(y.find("arch: llama\n"), std::string::npos) << y;
+  EXPECT_NE(y.find("num_query_groups: 2\n"), std::string::npos) << y;
+  EXPECT_NE(y.find("rotary_base: 5000\n"), std::string::npos) << y;
+  EXPECT_NE(y.find("ffn_hidden_size: 24\n"), std::string::npos) << y;
+  EXPECT_NE(y.find("seq_length: 4\n"), std::string::npos) << y;
+  EXPECT_NE(y.find("max_position_embeddings: 6\n"), std::string::npos) << y;
+  EXPECT_NE(y.find("dropout: 0.25\n"), std::string::npos) << y;
+  EXPECT_NE(y.find("tie_embeddings: false\n"), std::string::npos) << y;
+}
+
+// The CLI writes a checkpoint that resume accepts: iteration 0, zero moments, the model keys of model.yaml.
+TEST_F(HfInterop, CliImportWritesACheckpointThatResumeTakes) {
+  TinyModel m(false, false);
+  export_hf(CheckpointReader(m.save(path("ckpt"))), path("hf"));
+  ::testing::internal::CaptureStdout();
+  run_cli(fmt::format("ckpt import {} --format hf --output {} --seq-length 4", path("hf"), path("imp")));
+  const std::string text = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(text.find("seq_length: 4"), std::string::npos) << text;
+  CheckpointReader r(path("imp/iter_0000000"));
+  EXPECT_EQ(*resolve_checkpoint(path("imp")), r.dir());
+  const app::TrainState ts = app::TrainState::load(r.state(), r.dir());
+  EXPECT_EQ(ts.iteration, 0);
+  EXPECT_EQ(ts.optimizer_steps, 0);
+  EXPECT_EQ(ts.consumed_samples, 0);
+  r.verify_all();
+  // The config resolution pads 11 to 128 rows at tensor=1.
+  EXPECT_EQ(r.info("model.embedding.word_embeddings.weight").global_shape, (Shape{128, m.C}));
+  Tensor e = Tensor::empty({128, m.C}, DType::f32);
+  r.read("model.embedding.word_embeddings.weight", e);
+  std::vector<float> want = m.v("embedding.word_embeddings.weight");
+  want.resize(static_cast<size_t>(m.V * m.C));
+  want.resize(static_cast<size_t>(128 * m.C), 0.f);
+  EXPECT_EQ(e.to_floats(), want);
+  Tensor q = Tensor::empty({3 * m.C, m.C}, DType::f32), zero = Tensor::empty({m.C}, DType::f32);
+  r.read("model.layers.1.attn.qkv.weight", q);
+  EXPECT_EQ(q.to_floats(), m.v("layers.1.attn.qkv.weight"));
+  r.read("optimizer.exp_avg_sq.final_ln.bias", zero);
+  EXPECT_EQ(zero.to_floats(), std::vector<float>(static_cast<size_t>(m.C), 0.f));
+  EXPECT_EQ(r.tensors().size(), 3 * m.params.size());
+
+  // A fine-tuning config built from model.yaml matches the stored model, in another layout too.
+  const std::string model_yaml = slurp(path("imp/model.yaml"));
+  const Config run = parse_config(model_yaml +
+                                      "parallel: {tensor: 2}\ntraining: {train_iters: 5}\noptimizer: {lr: 0.01}\n"
+                                      "data: {synthetic: true}\n",
+                                  "ft.yaml", {}, 2);
+  EXPECT_TRUE(app::model_shape_differences(r.state().config_yaml, to_yaml(run), r.dir()).empty());
+  EXPECT_EQ(run.model.seq_length, 4);
+  EXPECT_EQ(run.model.dropout, 0.f);
+  EXPECT_EQ(run.model.max_position_embeddings, m.P);
+
+  // fp16: the loss scale a fresh fp16 run starts with.
+  run_cli(fmt::format("ckpt import {} --format hf --output {} --dtype fp16", path("hf"), path("imp16")));
+  CheckpointReader r16(path("imp16/iter_0000000"));
+  EXPECT_EQ(app::TrainState::load(r16.state(), r16.dir()).loss_scaler.scale, 4294967296.0);
+}
+
+// Before the llama model is merged the config resolution refuses arch: llama; after, the import succeeds.
+TEST_F(HfInterop, CliImportOfALlama) {
+  TinyModel m(true, false);
+  export_hf(CheckpointReader(m.save(path("ckpt"))), path("hf"));
+  ::testing::internal::CaptureStdout();
+  run_cli(fmt::format("ckpt import {} --format hf --output {}", path("hf"), path("imp")));
+  ::testing::internal::GetCapturedStdout();
+  const std::optional<std::string> dir = resolve_checkpoint(path("imp"));
+  ASSERT_TRUE(dir.has_value());
+  CheckpointReader r(*dir);
+  Tensor q = Tensor::empty({(m.H + 2 * m.G) * 4, m.C}, DType::f32);
+  r.read("model.layers.0.attn.qkv.weight", q);
+  EXPECT_EQ(q.to_floats(), m.v("layers.0.attn.qkv.weight"));
+  EXPECT_FALSE(r.has("model.embedding.position_embeddings.weight"));
+}
+
+// ---- refusals --------------------------------------------------------------------------------------------
+
+class HfImportRefusal : public HfInterop {
+ protected:
+  void SetUp() override {
+    TinyModel m(true, false);
+    export_hf(CheckpointReader(m.save(path("ckpt"))), path("llama"));
+    TinyModel g(false, true);
+    export_hf(CheckpointReader(g.save(path("gckpt"))), path("gpt"));
+  }
+  // Edits the llama (or gpt) config.json and returns the import's error.
+  std::string config_error(const std::string& which, const std::function<void(json&)>& edit) {
+    json cfg = json::parse(slurp(path(which + "/config.json")));
+    edit(cfg);
+    spit(path(which + "/config.json"), cfg.dump(2));
+    return error_of([&] { read_hf_config(path(which)); });
+  }
+  void expect_names(const std::string& msg, const std::string& key) {
+    EXPECT_NE(msg.find("config.json"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(key), std::string::npos) << msg;
+  }
+  std::vector<std::pair<std::string, Tensor>> weights(const std::string& which) {
+    HfModelShape s = read_hf_config(path(which));
+    s.padded_vocab = 16;
+    return read_hf_weights(path(which), s);
+  }
+};
+
+TEST_F(HfImportRefusal, ConfigKeysWeDoNotComputeAreNamed) {
+  expect_names(config_error("llama", [](json& c) { c["architectures"] = {"MistralForCausalLM"}; }), "architectures");
+  expect_names(config_error("llama",
+                            [](json& c) {
+                              c["architectures"] = {"LlamaForCausalLM"};
+                              c.erase("rope_scaling");
+                              c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+                            }),
+               "rope_scaling");
+  expect_names(config_error("llama",
+                            [](json& c) {
+                              c["rope_scaling"] = nullptr;
+                              c["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 5000}};
+                            }),
+               "rope_parameters");
+  expect_names(config_error("llama",
+                            [](json& c) {
+                              c.erase("rope_parameters");
+                              c["attention_bias"] = true;
+                            }),
+               "attention_bias");
+  expect_names(config_error("llama",
+                            [](json& c) {
+                              c["attention_bias"] = false;
+                              c["mlp_bias"] = true;
+                            }),
+               "mlp_bias");
+  expect_names(config_error("llama",
+                            [](json& c) {
+                              c["mlp_bias"] = false;
+                              c["head_dim"] = 8;
+                            }),
+               "head_dim");
+  expect_names(config_error("llama",
+                            [](json& c) {
+                              c["head_dim"] = 4;
+                              c["hidden_act"] = "gelu";
+                            }),
+               "hidden_act");
+  expect_names(config_error("llama",
+                            [](json& c) {
+                              c["hidden_act"] = "silu";
+                              c["num_key_value_heads"] = 3;
+                            }),
+               "num_key_value_heads");
+  expect_names(config_error("llama",
+                            [](json& c) {
+                              c["num_key_value_heads"] = 2;
+                              c.erase("hidden_size");
+                            }),
+               "hidden_size is missing");
+  expect_names(config_error("gpt", [](json& c) { c["activation_function"] = "relu"; }), "activation_function");
+  expect_names(config_error("gpt",
+                            [](json& c) {
+                              c["activation_function"] = "gelu_new";
+                              c["scale_attn_by_inverse_layer_idx"] = true;
+                            }),
+               "scale_attn_by_inverse_layer_idx");
+  expect_names(config_error("gpt",
+                            [](json& c) {
+                              c["scale_attn_by_inverse_layer_idx"] = false;
+                              c.erase("architectures");
+                            }),
+               "architectures");
+  {  // valid again but for the option
+    json c = json::parse(slurp(path("llama/config.json")));
+    c["hidden_size"] = 16;
+    spit(path("llama/config.json"), c.dump());
+  }
+  const std::string msg = error_of([&] { read_hf_config(path("llama"), {.seq_length = 7}); });
+  EXPECT_NE(msg.find("--seq-length 7"), std::string::npos) << msg;
+  fs::remove(path("llama/config.json"));
+  EXPECT_NE(error_of([&] { read_hf_config(path("llama")); }).find("config.json: cannot read it"), std::string::npos);
+}
+
+TEST_F(HfImportRefusal, TensorsMissingUnexpectedOrMisshapenAreNamed) {
+  SafetensorsReader r(path("llama/model.safetensors"));
+  auto rewrite = [&](const std::function<void(std::vector<std::pair<std::string, Tensor>>&)>& edit) {
+    std::vector<std::pair<std::string, Tensor>> ts;
+    for (const auto& [name, e] : r.tensors()) ts.emplace_back(name, r.read(name));
+    edit(ts);
+    write_safetensors(path("llama/model.safetensors"), ts, DType::f32);
+  };
+  EXPECT_EQ(weights("llama").size(), 3 + 6u * 2);  // qkv and fc1 gathered from three and two HF tensors
+  rewrite([](auto& ts) { std::erase_if(ts, [](auto& t) { return t.first == "model.layers.1.mlp.up_proj.weight"; }); });
+  std::string msg = error_of([&] { weights("llama"); });
+  EXPECT_NE(msg.find("has no tensor model.layers.1.mlp.up_proj.weight"), std::string::npos) << msg;
+  rewrite([&](auto& ts) { ts.emplace_back("model.layers.0.self_attn.q_proj.bias", Tensor::zeros({16}, DType::f32)); });
+  msg = error_of([&] { weights("llama"); });
+  EXPECT_NE(msg.find("no place for: model.layers.0.self_attn.q_proj.bias"), std::string::npos) << msg;
+  rewrite([&](auto& ts) {
+    for (auto& t : ts)
+      if (t.first == "model.norm.weight") t.second = Tensor::zeros({15}, DType::f32);
+  });
+  msg = error_of([&] { weights("llama"); });
+  EXPECT_NE(msg.find("tensor model.norm.weight has shape [15]"), std::string::npos) << msg;
+
+  // Tied GPT-2: an lm_head.weight equal to the embedding is accepted, another one refused.
+  SafetensorsReader g(path("gpt/model.safetensors"));
+  std::vector<std::pair<std::string, Tensor>> ts;
+  for (const auto& [name, e] : g.tensors()) ts.emplace_back(name, g.read(name));
+  ts.emplace_back("lm_head.weight", g.read("transformer.wte.weight"));
+  ts.emplace_back("transformer.h.0.attn.masked_bias", Tensor::zeros({1}, DType::f32));  // an old saved buffer
+  write_safetensors(path("gpt/model.safetensors"), ts, DType::f32);
+  EXPECT_NO_THROW(weights("gpt"));
+  ts[ts.size() - 2].second = Tensor::zeros(ts[ts.size() - 2].second.shape(), DType::f32);
+  write_safetensors(path("gpt/model.safetensors"), ts, DType::f32);
+  msg = error_of([&] { weights("gpt"); });
+  EXPECT_NE(msg.find("lm_head.weight differs from transformer.wte.weight"), std::string::npos) << msg;
+
+  fs::remove(path("gpt/model.safetensors"));
+  msg = error_of([&] { weights("gpt"); });
+  EXPECT_NE(msg.find("neither model.safetensors nor model.safetensors.index.json"), std::string::npos) << msg;
+}
+
+TEST_F(HfImportRefusal, ShardedWeightsAreRead) {
+  SafetensorsReader r(path("llama/model.safetensors"));
+  std::vector<std::pair<std::string, Tensor>> a, b;
+  json map;
+  for (const auto& [name, e] : r.tensors()) {
+    const bool first = name.find("layers.1.") == std::string::npos;
+    (first ? a : b).emplace_back(name, r.read(name));
+    map[name] = first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  const auto all = weights("llama");
+  write_safetensors(path("llama/model-00001-of-00002.safetensors"), a, DType::bf16);
+  write_safetensors(path("llama/model-00002-of-00002.safetensors"), b, DType::f16);
+  spit(path("llama/model.safetensors.index.json"), json{{"metadata", json::object()}, {"weight_map", map}}.dump());
+  fs::remove(path("llama/model.safetensors"));
+  const auto sharded = weights("llama");
+  ASSERT_EQ(sharded.size(), all.size());
+  for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(sharded[i].second.to_floats(), all[i].second.to_floats());
+}
+
+TEST_F(HfImportRefusal, SafetensorsReaderRefusesBadFiles) {
+  auto file = [&](const std::string& header, size_t data_bytes) {
+    std::string s(8, '\0');
+    for (int i = 0; i < 8; ++i) s[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+    spit(path("x.safetensors"), s + header + std::string(data_bytes, '\0'));
+    return error_of([&] { SafetensorsReader r(path("x.safetensors")); });
+  };
+  EXPECT_NE(
+      file(R"({"w":{"dtype":"F64","shape":[2],"data_offsets":[0,16]}})", 16).find("w: dtype F64 is not supported"),
+      std::string::npos);
+  EXPECT_NE(file(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", 16).find("do not hold shape [2]"),
+            std::string::npos);
+  EXPECT_NE(file(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8).find("outside the 8 data bytes"),
+            std::string::npos);
+  EXPECT_NE(file("{not json", 0).find("not JSON"), std::string::npos);
+  spit(path("y.safetensors"), "abc");
+  EXPECT_NE(error_of([&] { SafetensorsReader r(path("y.safetensors")); }).find("y.safetensors: not a safetensors file"),
+            std::string::npos);
+}
+
+}  // namespace

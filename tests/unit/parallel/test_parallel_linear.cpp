@@ -1,0 +1,288 @@
+// test_parallel_linear.cpp: the tensor-parallel layers of parallel/ (ColumnParallelLinear, RowParallelLinear,
+// VocabParallelEmbedding and the sequence-parallel collectives under them) over 2 ranks, threads of one
+// process on Gloo, against the same layer unsplit on one rank: forward outputs, input gradients and
+// parameter gradients, with and without sequence parallelism and bias. Values whose arithmetic is the same on
+// both sides (a rank's block of a GEMM output, gathers, weight gradients) must be equal; sums the group adds
+// in another order (a row-parallel output, a column-parallel input gradient) within a few fp32 ulps.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/tensor/ops.h"
+#include "parallel/communicator.h"
+#include "parallel/parallel_linear.h"
+#include "parallel/sequence_parallel.h"
+#include "parallel/thread_ranks.h"
+#include "parallel/vocab_parallel_embedding.h"
+#include "tests/unit/op_test_util.h"
+
+namespace mt {
+namespace {
+
+using namespace mt::test;  // Vec, rand_vec, make, values
+
+constexpr int kRanks = 2;
+constexpr int64_t B = 2, T = 4, Ts = T / kRanks, N = B * T, Ns = B * Ts;
+
+// Runs fn(tp) on kRanks threads, each a rank of one Gloo tensor-parallel group; rethrows the first failure.
+void run_tp(bool sequence_parallel, const std::function<void(const TensorParallel&)>& fn) {
+  auto store = make_hash_store();
+  run_ranks(kRanks, [&](int r) {
+    auto comm = join_gloo(store, "tp", first_ranks(kRanks), r);
+    fn(TensorParallel{.comm = comm.get(), .rank = r, .size = kRanks, .sequence_parallel = sequence_parallel});
+  });
+}
+
+// Host matrix helpers on (rows, cols) tensors.
+Tensor columns(const Tensor& m, int64_t begin, int64_t count) {
+  const std::vector<float> v = m.to_floats();
+  const int64_t R = m.dim(0), Cn = m.dim(1);
+  std::vector<float> out;
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t j = begin; j < begin + count; ++j) out.push_back(v[i * Cn + j]);
+  return Tensor::from_floats(out, {R, count});
+}
+Tensor rows(const Tensor& m, int64_t begin, int64_t count) { return m.slice(begin, begin + count).clone(); }
+// Rank r's sequence shard of (B*T, C) rows: positions [r*Ts, (r+1)*Ts) of every sample.
+Tensor shard_rows(const Tensor& m, int r) {
+  const std::vector<float> v = m.to_floats();
+  const int64_t Cn = m.dim(1);
+  std::vector<float> out;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = r * Ts; t < (r + 1) * Ts; ++t)
+      for (int64_t c = 0; c < Cn; ++c) out.push_back(v[(b * T + t) * Cn + c]);
+  return Tensor::from_floats(out, {Ns, Cn});
+}
+// The rows a rank holds outside the tensor-parallel regions: its shard with SP, else all of them.
+Tensor held_rows(const Tensor& m, const TensorParallel& tp) {
+  return tp.sequence_parallel ? shard_rows(m, tp.rank) : m.clone();
+}
+
+// got == want element for element.
+void expect_equal(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const std::vector<float> g = got.to_floats(), w = want.to_floats();
+  for (size_t i = 0; i < g.size(); ++i) ASSERT_EQ(g[i], w[i]) << what << " element " << i;
+}
+// got == want within `ulps` units in the last place of fp32 at want's largest magnitude: sums in another
+// order differ by rounding errors of that size, however small an element is after cancellation.
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what, double ulps = 4) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const std::vector<float> g = got.to_floats(), w = want.to_floats();
+  double scale = 0;
+  for (float x : w) scale = std::max(scale, std::abs(double{x}));
+  for (size_t i = 0; i < g.size(); ++i)
+    ASSERT_LE(std::abs(double{g[i]} - double{w[i]}), ulps * scale * 0x1p-23) << what << " element " << i;
+}
+
+LinearOptions linear_options(const char* name, int64_t in, int64_t out, bool bias) {
+  return {.name = name, .in_features = in, .out_features = out, .bias = bias, .init_std = 0.5f, .seed = 7};
+}
+
+// Gives a layer's bias the values `b` (global) at its slice: zeros would not show a bias added twice.
+void set_bias(Parameter* bias, const Tensor& global, int64_t begin) {
+  if (!bias) return;
+  const int64_t n = bias->value.numel();
+  bias->value.copy_from(rows(global.view({global.numel(), 1}), begin, n).view({n}));
+}
+
+struct LinearCase {
+  bool sequence_parallel;
+  bool bias;
+};
+class ParallelLinear : public ::testing::TestWithParam<LinearCase> {};
+
+TEST_P(ParallelLinear, ColumnParallelEqualsOneUnsplitLinear) {
+  const auto [sp, bias] = GetParam();
+  constexpr int64_t in = 8, out = 6, out_r = out / kRanks;
+  const Tensor x = make(rand_vec(N * in, 1), {N, in});     // (N, in) every position
+  const Tensor dy = make(rand_vec(N * out, 2), {N, out});  // (N, out)
+  const Tensor b = make(rand_vec(out, 3), {out});          // (out)
+  // The reference: one rank, no group.
+  ColumnParallelLinear ref(linear_options("col", in, out, bias), TensorParallel{});
+  set_bias(ref.bias(), b, 0);
+  const Tensor y_ref = ref.forward(x, B);
+  const Tensor dx_ref = ref.backward(dy, x, B);
+  run_tp(sp, [&](const TensorParallel& tp) {
+    ColumnParallelLinear layer(linear_options("col", in, out, bias), tp);
+    const std::string where = "rank " + std::to_string(tp.rank);
+    expect_equal(layer.weight().value, rows(ref.weight().value, tp.rank * out_r, out_r), where + " initial weight");
+    set_bias(layer.bias(), b, tp.rank * out_r);
+    const Tensor x_held = held_rows(x, tp);
+    const Tensor y = layer.forward(x_held, B);  // (N, out/t)
+    expect_close(y, columns(y_ref, tp.rank * out_r, out_r), where + " y", 1);
+    const Tensor dx = layer.backward(columns(dy, tp.rank * out_r, out_r), x_held, B);  // (Ns, in), summed
+    expect_close(dx, held_rows(dx_ref, tp), where + " dx");
+    expect_close(layer.weight().grad, rows(ref.weight().grad, tp.rank * out_r, out_r), where + " dW", 1);
+    if (bias) expect_close(layer.bias()->grad, rows(ref.bias()->grad, tp.rank * out_r, out_r), where + " db", 1);
+  });
+}
+
+TEST_P(ParallelLinear, RowParallelEqualsOneUnsplitLinear) {
+  const auto [sp, bias] = GetParam();
+  constexpr int64_t in = 8, out = 6, in_r = in / kRanks;
+  const Tensor x = make(rand_vec(N * in, 4), {N, in});
+  const Tensor dy = make(rand_vec(N * out, 5), {N, out});
+  const Tensor b = make(rand_vec(out, 6), {out});
+  RowParallelLinear ref(linear_options("row", in, out, bias), TensorParallel{});
+  set_bias(ref.bias(), b, 0);
+  const Tensor y_ref = ref.forward(x, B);
+  const Tensor dx_ref = ref.backward(dy, x, B);
+  run_tp(sp, [&](const TensorParallel& tp) {
+    RowParallelLinear layer(linear_options("row", in, out, bias), tp);
+    const std::string where = "rank " + std::to_string(tp.rank);
+    expect_equal(layer.weight().value, columns(ref.weight().value, tp.rank * in_r, in_r), where + " initial weight");
+    set_bias(layer.bias(), b, 0);
+    const Tensor x_r = columns(x, tp.rank * in_r, in_r);  // (N, in/t)
+    const Tensor y = layer.forward(x_r, B);               // (Ns, out): the bias added once
+    expect_close(y, held_rows(y_ref, tp), where + " y");
+    const Tensor dx = layer.backward(held_rows(dy, tp), x_r, B);  // (N, in/t)
+    expect_close(dx, columns(dx_ref, tp.rank * in_r, in_r), where + " dx", 1);
+    expect_close(layer.weight().grad, columns(ref.weight().grad, tp.rank * in_r, in_r), where + " dW", 1);
+    if (bias) expect_close(layer.bias()->grad, ref.bias()->grad, where + " db", 1);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ParallelLinear,
+                         ::testing::Values(LinearCase{false, true}, LinearCase{true, true}, LinearCase{false, false},
+                                           LinearCase{true, false}),
+                         [](const auto& info) {
+                           return std::string(info.param.sequence_parallel ? "SequenceParallel" : "TensorParallel") +
+                                  (info.param.bias ? "Bias" : "NoBias");
+                         });
+
+// The MLP's fusions: fc1 = column-parallel with GELU on its epilogue, fc2 = row-parallel whose input-gradient
+// GEMM carries fc1's dGELU and bias gradient.
+TEST(ParallelLinearMlp, GeluEpiloguesMatchOneRank) {
+  constexpr int64_t C = 4, F = 8, F_r = F / kRanks;
+  const Tensor x = make(rand_vec(N * C, 11), {N, C});
+  const Tensor dy = make(rand_vec(N * C, 12), {N, C});
+  const Tensor b1 = make(rand_vec(F, 13), {F});
+  auto mlp = [&](ColumnParallelLinear& fc1, RowParallelLinear& fc2, const Tensor& x_held, const Tensor& dy_held) {
+    Tensor pre;
+    const Tensor h = fc1.forward(x_held, B, &pre);
+    const Tensor y = fc2.forward(h, B);
+    const Tensor dh =
+        fc2.backward(dy_held, h, B, {.dx_epilogue = Epilogue::dgelu_bgrad, .aux = &pre, .dbias = &fc1.bias()->grad});
+    const Tensor dx = fc1.backward(dh, x_held, B, {.bias_grad_done = true});
+    return std::pair{y, dx};
+  };
+  ColumnParallelLinear ref1(linear_options("fc1", C, F, true), TensorParallel{});
+  RowParallelLinear ref2(linear_options("fc2", F, C, true), TensorParallel{});
+  set_bias(ref1.bias(), b1, 0);
+  const auto [y_ref, dx_ref] = mlp(ref1, ref2, x, dy);
+  for (bool sp : {false, true})
+    run_tp(sp, [&](const TensorParallel& tp) {
+      ColumnParallelLinear fc1(linear_options("fc1", C, F, true), tp);
+      RowParallelLinear fc2(linear_options("fc2", F, C, true), tp);
+      set_bias(fc1.bias(), b1, tp.rank * F_r);
+      const std::string where = (sp ? "SP rank " : "TP rank ") + std::to_string(tp.rank);
+      const auto [y, dx] = mlp(fc1, fc2, held_rows(x, tp), held_rows(dy, tp));
+      expect_close(y, held_rows(y_ref, tp), where + " y");
+      expect_close(dx, held_rows(dx_ref, tp), where + " dx");
+      expect_close(fc1.bias()->grad, rows(ref1.bias()->grad, tp.rank * F_r, F_r), where + " fc1 db", 1);
+      expect_close(fc1.weight().grad, rows(ref1.weight().grad, tp.rank * F_r, F_r), where + " fc1 dW", 1);
+    });
+}
+
+TEST(ParallelLinearHead, BorrowedWeightIsReadAndItsGradientAccumulated) {
+  constexpr int64_t C = 4, V = 6;
+  Parameter table = make_parameter_slice("table.weight", {.global = {V, C}, .start = {0, 0}, .local = {V, C}},
+                                         DType::f32, Init::normal, 1, 3);
+  ColumnParallelLinear head(table, TensorParallel{});
+  EXPECT_TRUE(head.parameters().empty());  // the owner lists it
+  const Tensor x = make(rand_vec(N * C, 21), {N, C});
+  const Tensor y = head.forward(x, B);
+  Tensor want = Tensor::empty({N, V}, DType::f32);
+  gemm(x, table.value, want, {.trans_b = true});
+  expect_equal(y, want, "logits");
+  head.backward(make(rand_vec(N * V, 22), {N, V}), x, B);
+  EXPECT_NE(table.grad.to_floats(), std::vector<float>(V * C, 0.f));
+}
+
+// ---- the sequence-parallel collectives ----
+
+TEST(SequenceParallel, GatherThenReductionRoundTrips) {
+  constexpr int64_t C = 3;
+  const Tensor full = make(rand_vec(N * C, 31), {N, C});  // (B*T, C)
+  run_tp(true, [&](const TensorParallel& tp) {
+    const Tensor shard = shard_rows(full, tp.rank);
+    SequenceGather gather(shard, B, tp);
+    const Tensor gathered = gather.wait();
+    expect_equal(gathered, full, "gathered");
+    expect_equal(gather.wait(), full, "a second wait");
+    // Every rank contributes full: its shard of the sum is twice its shard of full, exactly.
+    Tensor partial = gathered.clone();
+    const Tensor summed = SequenceReduction(partial, B, tp).wait();
+    Tensor twice = shard.clone();
+    scale_(twice, 2.f);
+    expect_equal(summed, twice, "reduce-scattered");
+  });
+}
+
+TEST(SequenceParallel, WithoutSequenceParallelismRowsStayAndSumsAreAllReduced) {
+  constexpr int64_t C = 3;
+  const Tensor full = make(rand_vec(N * C, 32), {N, C});
+  run_tp(false, [&](const TensorParallel& tp) {
+    EXPECT_EQ(sequence_to_full(full, B, tp).raw(), full.raw());  // nothing moves
+    Tensor partial = full.clone();
+    const Tensor summed = sequence_shard_sum(partial, B, tp);
+    EXPECT_EQ(summed.raw(), partial.raw());  // in place
+    Tensor twice = full.clone();
+    scale_(twice, 2.f);
+    expect_equal(summed, twice, "all-reduced");
+  });
+}
+
+TEST(VocabParallelEmbedding, LooksUpAndScattersLikeOneRank) {
+  constexpr int64_t V = 8, C = 3;
+  const EmbeddingTableOptions opt{.name = "wte", .num_embeddings = V, .embedding_dim = C, .init_std = 1, .seed = 5};
+  const Tensor tokens = Tensor::from_ints(std::vector<int32_t>{0, 7, 3, 4, 4, 1, 6, 2}, {B, T});
+  const Tensor dy = make(rand_vec(N * C, 41), {B, T, C});
+  VocabParallelEmbedding ref(opt, TensorParallel{});
+  const Tensor y_ref = ref.forward(tokens).view({N, C});
+  ref.backward(tokens, dy);
+  for (bool sp : {false, true})
+    run_tp(sp, [&](const TensorParallel& tp) {
+      VocabParallelEmbedding emb(opt, tp);
+      const Tensor y = emb.forward(tokens);  // (B, Ts, C): each row from the rank holding its token
+      expect_equal(y.view({y.numel() / C, C}), held_rows(y_ref, tp), "embedded rows");
+      const Tensor dy_held = held_rows(dy.view({N, C}), tp);
+      emb.backward(tokens, dy_held.view({B, dy_held.dim(0) / B, C}));
+      expect_equal(emb.weight().grad, rows(ref.weight().grad, emb.vocab_start(), V / kRanks), "table gradient");
+    });
+}
+
+// ---- the block transpose under the collectives ----
+
+TEST(TransposeBlocks, SwapsTheLeadingDimensionsOfBlocks) {
+  // x (2, 3, 2): x[p, q, l] = 10p + q + 0.5l
+  std::vector<float> v;
+  for (int p = 0; p < 2; ++p)
+    for (int q = 0; q < 3; ++q)
+      for (int l = 0; l < 2; ++l) v.push_back(10.f * p + q + 0.5f * l);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const Tensor x = Tensor::from_floats(v, {2, 3, 2}, dt);
+    Tensor out = Tensor::empty({3, 2, 2}, dt);
+    transpose_blocks(x, out);
+    const std::vector<float> got = out.to_floats();
+    for (int q = 0; q < 3; ++q)
+      for (int p = 0; p < 2; ++p)
+        for (int l = 0; l < 2; ++l) EXPECT_EQ(got[(q * 2 + p) * 2 + l], 10.f * p + q + 0.5f * l);
+  }
+}
+
+TEST(TransposeBlocks, RejectsAMismatchedOutput) {
+  const Tensor x = Tensor::zeros({2, 3, 4}, DType::f32);
+  Tensor wrong = Tensor::zeros({2, 3, 4}, DType::f32);
+  EXPECT_THROW(transpose_blocks(x, wrong), std::invalid_argument);
+  Tensor other_dtype = Tensor::zeros({3, 2, 4}, DType::bf16);
+  EXPECT_THROW(transpose_blocks(x, other_dtype), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace mt
