@@ -30,7 +30,7 @@ names=("$@")
 
 if [ ! -f "$work/data/text_document.idx" ]; then
   mkdir -p "$work/data"
-  cat "$here"/README.md "$here"/app/*.cpp > "$work/data/text.txt"
+  cat "$here"/README.md "$here"/app/*/*.cpp > "$work/data/text.txt"
   "$new" data prepare --input "$work/data/text.txt" --output "$work/data/text_document" --tokenizer byte >/dev/null ||
     { echo "bitcheck: data prepare failed" >&2; exit 1; }
 fi

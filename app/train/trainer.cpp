@@ -1,43 +1,24 @@
-// trainer.cpp: the training loop (Trainer::run) and one iteration (Trainer::train_step), with what builds them.
-// Resume and save are in trainer_checkpoint.cpp, the pipeline stages in trainer_stages.cpp, the reports in
-// metrics.cpp.
+// trainer.cpp: the training loop (Trainer::run: one stop, one save) and one iteration (Trainer::train_step), with
+// what builds them. Resume and save are in trainer_checkpoint.cpp, the pipeline stages in trainer_stages.cpp, what
+// the loop says in trainer_report.cpp (the records themselves in metrics.cpp), the rank's set-up in train.cpp.
 #include "app/train/trainer.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <spdlog/sinks/basic_file_sink.h>
-#include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "app/train/nonfinite.h"
 #include "app/runtime/stop_signal.h"
+#include "app/train/nonfinite.h"
 #include "app/train/trainer_impl.h"
-#include "core/checkpoint/save_dir.h"
 #include "core/data/indexed_dataset.h"
 #include "parallel/schedule.h"
 
 namespace mt::app {
-
-namespace fs = std::filesystem;
-
-namespace {
-
-// "124.4M", "8.03B": a parameter count as people say it.
-std::string human_count(int64_t n) {
-  const double x = static_cast<double>(n);
-  if (x >= 1e9) return fmt::format("{:.2f}B", x / 1e9);
-  if (x >= 1e6) return fmt::format("{:.1f}M", x / 1e6);
-  if (x >= 1e3) return fmt::format("{:.1f}K", x / 1e3);
-  return fmt::format("{}", n);
-}
-
-}  // namespace
 
 Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
     : cfg_(cfg), opt_(opt), dist_(dist), dtype_(dtype_of(cfg.training.precision)), device_(dist.placement.device),
@@ -148,53 +129,6 @@ bool Trainer::observe_loss(float loss, int64_t iteration) {
   return true;
 }
 
-int64_t Trainer::total_parameters() {
-  int64_t own = 0;
-  for (const Parameter* p : params_)
-    if (counts_in_grad_norm(*p, adam_config_)) own += p->value.numel();
-  const double sum = dist_.mp->size() > 1 ? sum_doubles(*dist_.mp, {static_cast<double>(own)})[0] : own;
-  return static_cast<int64_t>(std::llround(sum));  // exact: parameter counts are far below 2^53
-}
-
-std::vector<int64_t> Trainer::gather_peak_memory() {
-  const int world = dist_.env.world_size;
-  std::vector<double> peaks(static_cast<size_t>(world), 0.0);
-  peaks[static_cast<size_t>(dist_.rank())] = static_cast<double>(allocator_for(device_).stats().peak_total);
-  peaks = sum_doubles(*dist_.world, std::move(peaks));  // exact: byte counts are far below 2^53
-  return std::vector<int64_t>(peaks.begin(), peaks.end());
-}
-
-void Trainer::log_peak_memory(const std::vector<int64_t>& peaks) const {
-  const auto [lo, hi] = std::minmax_element(peaks.begin(), peaks.end());
-  // Ranks are numbered tp fastest, then dp, then pp: stage s holds ranks [s * tp * dp, (s + 1) * tp * dp).
-  const int per_stage = dist_.tp_size() * dist_.dp_size();
-  std::vector<std::string> stages;
-  for (int s = 0; s < dist_.pp_size(); ++s)
-    stages.push_back(fmt::format(
-        "{:.1f}", *std::max_element(peaks.begin() + s * per_stage, peaks.begin() + (s + 1) * per_stage) / 1048576.0));
-  spdlog::info("peak memory per rank (MiB): min {:.1f} (rank {}), max {:.1f} (rank {}){}", *lo / 1048576.0,
-               lo - peaks.begin(), *hi / 1048576.0, hi - peaks.begin(),
-               stages.size() > 1 ? fmt::format("; per pipeline stage {}", fmt::join(stages, " | ")) : std::string());
-}
-
-void Trainer::log_attention_calls(const AttentionCalls& now) {
-  const AttentionCalls was = attention_at_report_;
-  const AttentionCalls interval{
-      .cpu = now.cpu - was.cpu, .cudnn = now.cudnn - was.cudnn, .kernel = now.kernel - was.kernel};
-  attention_at_report_ = now;
-  const int kinds = (interval.cpu > 0 ? 1 : 0) | (interval.cudnn > 0 ? 2 : 0) | (interval.kernel > 0 ? 4 : 0);
-  if (kinds == attention_kinds_) return;
-  const bool first = attention_kinds_ < 0;
-  attention_kinds_ = kinds;
-  const std::string line = fmt::format("attention ran{} (calls this interval, forward and backward): {}",
-                                       first ? "" : " differently", attention_calls_summary(interval));
-  // cuDNN and the kernel side by side: some calls lost the fused path (the warning above each names why).
-  if (interval.cudnn > 0 && interval.kernel > 0)
-    spdlog::warn("{}", line);
-  else
-    spdlog::info("{}", line);
-}
-
 // Each step's loss: the double sum of its f32 microbatch means, summed (as doubles) over the pipeline group
 // (with several stages) and then the data-parallel group, over M * dp, rounded to f32 once. The exchanges carry
 // every pending step at once.
@@ -283,7 +217,7 @@ void Trainer::check_finite(const StepResult& r) {
 // was agreed before the update, and the signal and the wall-clock budget (clocks differ) are agreed here over the
 // whole world in one exchange (a TP or PP peer that trained on would wait for this rank in its next collective).
 std::optional<Trainer::Stop> Trainer::stop_after_iteration() {
-  if (spike_stop_) return Stop{.spike = true};
+  if (spike_stop_) return Stop{.why = Stop::Why::spike};
   const int sig = stop_signal();
   const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count() / 60;
   const bool over_budget = cfg_.training.exit_duration_mins > 0 && minutes >= cfg_.training.exit_duration_mins;
@@ -315,26 +249,10 @@ std::optional<Trainer::Stop> Trainer::stop_after_iteration() {
 
 void Trainer::run() {
   const int64_t G = cfg_.training.global_batch_size, S = cfg_.model.seq_length;
-  spdlog::info("data: {}", data_.description);
-  const ModelConfig& m = cfg_.model;
-  const std::string heads = m.kv_heads() == m.num_heads
-                                ? fmt::format("{} heads", m.num_heads)
-                                : fmt::format("{} heads in {} key/value groups", m.num_heads, m.kv_heads());
-  const int64_t total = total_parameters();  // a collective: every rank logs nothing more but takes part
-  // "this rank holds" only when the model is split over ranks (with one rank it would repeat the total).
-  const std::string share = num_parameters() == total ? "" : fmt::format("; this rank holds {}", num_parameters());
-  spdlog::info("model: {} {} parameters ({}{}) ({} layers, hidden {}, {}, ffn {}, vocabulary {} padded to {}), {}",
-               name_of(m.arch), total, human_count(total), share, m.num_layers, m.hidden_size, heads, m.ffn_hidden_size,
-               m.vocab_size, m.padded_vocab_size, name_of(cfg_.training.precision));
+  log_run();
   maybe_resume();
-  // --exit-after N when the run resumes at or past N: stop at once; the checkpoint it resumed from already
-  // holds this state, so nothing new is trained or saved.
-  if (opt_.exit_after > 0 && c_.iteration >= opt_.exit_after) {
-    spdlog::info("resumed at iteration {}, at or past --exit-after {}: stopping without training", c_.iteration,
-                 opt_.exit_after);
-    return;
-  }
-  if (cfg_.logging.eval_interval > 0 && !data_.valid)
+  std::optional<Stop> stop = stop_before_training();
+  if (!stop && cfg_.logging.eval_interval > 0 && !data_.valid)
     throw DataError(
         "logging.eval_interval is set but the validation split holds less than one sample "
         "(raise data.split's second weight or set data.valid)");
@@ -343,7 +261,6 @@ void Trainer::run() {
   double interval_ms = 0;
   int64_t interval_iters = 0;
   last_report_ = std::chrono::steady_clock::now();
-  std::optional<Stop> stop;  // why training ends before train_iters, agreed by every rank
   while (!stop && c_.iteration < cfg_.training.train_iters) {
     auto t0 = std::chrono::steady_clock::now();
     float lr = 0;
@@ -357,46 +274,8 @@ void Trainer::run() {
     ++interval_iters;
 
     if (c_.iteration % cfg_.logging.interval == 0 || c_.iteration == cfg_.training.train_iters) {
-      read_losses();  // the interval's losses, in one read (and one exchange across ranks)
-      const double mean_ms = interval_ms / interval_iters;
-      const auto now = std::chrono::steady_clock::now();
-      const double wall_per_iter = std::chrono::duration<double>(now - last_report_).count() / interval_iters;
-      last_report_ = now;
-      // Ranks differ (pipeline stages above all): the first report and every tenth gathers their peaks.
-      const std::vector<int64_t> peaks =
-          dist_.env.world_size > 1 && reports_ % 10 == 0 ? gather_peak_memory() : std::vector<int64_t>();
-      const AttentionCalls attention = attention_calls();
-      report_interval(
-          IntervalReport{.iteration = c_.iteration,
-                         .train_iters = cfg_.training.train_iters,
-                         .consumed_samples = c_.consumed_samples,
-                         .consumed_tokens = c_.consumed_samples * S,
-                         .ms_per_iter = mean_ms,
-                         .tokens_per_s = static_cast<double>(G * S) / (mean_ms / 1000.0),
-                         // Model FLOP/s per rank (per GPU); MFU against the device's dense bf16 peak where known.
-                         .tflops_per_gpu = flops_per_iter / (mean_ms / 1000.0) / 1e12 / dist_.env.world_size,
-                         .peak_tflops = dist_.placement.peak_tflops,
-                         .lr = lr,
-                         .loss = interval_loss_ / interval_iters,
-                         .loss_scale = scaler_.scale(),
-                         .grad_norm = r.grad_norm,
-                         .skipped_iters = c_.skipped_iters,
-                         .nan_iters = c_.nan_iters,
-                         .peak_bytes = allocator_for(device_).stats().peak_total,
-                         .device = device_,
-                         .elapsed_s = std::chrono::duration<double>(now - started_).count(),
-                         .eta_s = eta_seconds(c_.iteration, cfg_.training.train_iters, wall_per_iter),
-                         .fp16 = scaler_.dynamic(),
-                         .last_overflow = r.found_inf,
-                         .verbose_line = cfg_.logging.verbose_line,
-                         .peak_bytes_per_rank = peaks,
-                         .attention = attention},
-          metrics_);
-      log_attention_calls(attention);
-      if (reports_ == 0) spdlog::info("peak memory (MiB): {}", memory_summary(device_));
-      if (!peaks.empty() && dist_.is_logging_rank()) log_peak_memory(peaks);
-      ++reports_;
-      interval_loss_ = interval_ms = 0;
+      report(r, lr, interval_ms / static_cast<double>(interval_iters), interval_iters, flops_per_iter);
+      interval_ms = 0;
       interval_iters = 0;
     }
     if (cfg_.logging.eval_interval > 0 &&
@@ -407,8 +286,21 @@ void Trainer::run() {
     stop = stop_after_iteration();
   }
   // One save for every way out of the loop (a no-op when the interval save above took this iteration).
-  save();
-  if (stop && stop->spike)
+  if (!stop || stop->why != Stop::Why::nothing_to_train) save();
+  finish(stop);
+}
+
+// --exit-after N when the run resumes at or past N: stop at once; the checkpoint it resumed from already holds
+// this state, so nothing new is trained or saved.
+std::optional<Trainer::Stop> Trainer::stop_before_training() const {
+  if (opt_.exit_after <= 0 || c_.iteration < opt_.exit_after) return std::nullopt;
+  spdlog::info("resumed at iteration {}, at or past --exit-after {}: stopping without training", c_.iteration,
+               opt_.exit_after);
+  return Stop{.why = Stop::Why::nothing_to_train};
+}
+
+void Trainer::finish(const std::optional<Stop>& stop) const {
+  if (stop && stop->why == Stop::Why::spike)
     throw std::runtime_error(fmt::format(
         "training stopped after iteration {}: loss spike (training.loss_spike.action=stop; see the warning above). "
         "The spike's step was not applied; {}. Resuming continues after the spike's batch",
@@ -418,49 +310,6 @@ void Trainer::run() {
   if (stop) return;
   spdlog::info("training done: {} iterations, {} samples, {} skipped, {} nan; peak memory (MiB): {}", c_.iteration,
                c_.consumed_samples, c_.skipped_iters, c_.nan_iters, memory_summary(device_));
-}
-
-void setup_logging(const std::string& run_dir, const std::string& level) {
-  std::vector<spdlog::sink_ptr> sinks{std::make_shared<spdlog::sinks::stdout_sink_mt>()};
-  if (!run_dir.empty()) {
-    std::error_code ec;
-    fs::create_directories(run_dir, ec);
-    if (ec) throw std::runtime_error(fmt::format("logging.dir: cannot create {}: {}", run_dir, ec.message()));
-    sinks.push_back(
-        std::make_shared<spdlog::sinks::basic_file_sink_mt>((fs::path(run_dir) / "megatrain.log").string()));
-  }
-  auto logger = std::make_shared<spdlog::logger>("megatrain", sinks.begin(), sinks.end());
-  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
-  logger->set_level(spdlog::level::from_str(level));
-  logger->flush_on(spdlog::level::info);
-  spdlog::set_default_logger(logger);
-}
-
-void train(const Config& cfg, const TrainOptions& opt, const LaunchEnv& env) {
-  // Rank 0 logs to the console and the run directory; the others only report problems.
-  const bool logging_rank = env.rank == 0;
-  setup_logging(logging_rank ? cfg.logging.dir : "", logging_rank ? cfg.logging.level : "warn");
-  spdlog::info("megatrain {} resolved config:\n{}", MEGATRAIN_VERSION, to_yaml(cfg));
-  // Rank 0 holds the save_dir for the whole run: a second run on it is refused rather than let the two delete
-  // each other's temporary directories.
-  std::optional<ckpt::SaveDirLock> save_dir_lock;
-  if (logging_rank && !cfg.checkpoint.save_dir.empty()) {
-    save_dir_lock.emplace(cfg.checkpoint.save_dir);
-    check_save_dir_writable(cfg.checkpoint.save_dir);
-  }
-  const Placement placement = place_rank(cfg, env);
-  spdlog::info("device: {}", placement.description);
-  std::unique_ptr<Distributed> dist = init_distributed(cfg, env, placement);
-  Trainer trainer(cfg, opt, *dist);
-  // Until here a signal ends the process at once (nothing to save); from now on it asks for a checkpoint.
-  install_stop_signals();
-  try {
-    trainer.run();
-  } catch (const CommError& e) {
-    // A collective failed or timed out: say which ranks stopped answering, if any (the cause, not this rank).
-    if (!dist->heartbeat) throw;
-    throw CommError(std::string(e.what()) + dist->heartbeat->silent_ranks());
-  }
 }
 
 }  // namespace mt::app

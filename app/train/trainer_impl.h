@@ -101,6 +101,11 @@ class Trainer {
   // the same iteration), and its log line: min, max and the pipeline stages' maxima.
   std::vector<int64_t> gather_peak_memory();
   void log_peak_memory(const std::vector<int64_t>& peaks) const;
+  // The run's opening lines: the data and the model (its parameter count is a collective of every rank).
+  void log_run();
+  // The interval report after iteration c_.iteration: reads the interval's losses (a collective), writes
+  // metrics.jsonl / TensorBoard and the log line; `mean_ms` is the interval's mean iteration time.
+  void report(const StepResult& r, float lr, double mean_ms, int64_t interval_iters, double flops_per_iter);
   // The spike check of one step's loss: `local_sum` is this rank's loss sum (zero off the last stage), summed
   // over the pipeline and data-parallel groups as read_losses does (so every rank holds the same loss). Feeds
   // the detector, logs a spike; true when the step must not be applied (training.loss_spike.action skip/stop).
@@ -142,10 +147,16 @@ class Trainer {
   // training.loss_spike.action skip/stop: each step's loss is checked before its update (else once per read).
   bool spike_per_step() const { return cfg_.training.loss_spike.action != SpikeAction::log; }
   bool spike_stop_ = false;  // a spike with action stop: save and exit after this iteration
+  // Why training ends before train_iters, agreed by every rank: asked for (a signal, --exit-after,
+  // training.exit_interval or exit_duration_mins), a loss spike with action stop (the run then exits with an
+  // error), or nothing to train (resumed at or past --exit-after: the checkpoint already holds this state).
   struct Stop {
-    bool spike = false;  // a loss spike with action stop (the run then exits with an error); else asked for
+    enum class Why { asked, spike, nothing_to_train } why = Why::asked;
   };
+  std::optional<Stop> stop_before_training() const;
   std::optional<Stop> stop_after_iteration();
+  // The run's last words: the spike's error, or the summary of a run that reached train_iters.
+  void finish(const std::optional<Stop>& stop) const;
   LrSchedule schedule_;
   MetricsFile metrics_;
   Counters c_;

@@ -1,0 +1,63 @@
+// train.cpp: `megatrain train` on one rank: logging, the save directory's lock, the device, the communicators,
+// then the Trainer (trainer.cpp) until it stops.
+#include <filesystem>
+#include <memory>
+#include <optional>
+
+#include <fmt/format.h>
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include "app/runtime/stop_signal.h"
+#include "app/train/trainer_impl.h"
+#include "core/checkpoint/save_dir.h"
+
+namespace mt::app {
+
+namespace fs = std::filesystem;
+
+void setup_logging(const std::string& run_dir, const std::string& level) {
+  std::vector<spdlog::sink_ptr> sinks{std::make_shared<spdlog::sinks::stdout_sink_mt>()};
+  if (!run_dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(run_dir, ec);
+    if (ec) throw std::runtime_error(fmt::format("logging.dir: cannot create {}: {}", run_dir, ec.message()));
+    sinks.push_back(
+        std::make_shared<spdlog::sinks::basic_file_sink_mt>((fs::path(run_dir) / "megatrain.log").string()));
+  }
+  auto logger = std::make_shared<spdlog::logger>("megatrain", sinks.begin(), sinks.end());
+  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
+  logger->set_level(spdlog::level::from_str(level));
+  logger->flush_on(spdlog::level::info);
+  spdlog::set_default_logger(logger);
+}
+
+void train(const Config& cfg, const TrainOptions& opt, const LaunchEnv& env) {
+  // Rank 0 logs to the console and the run directory; the others only report problems.
+  const bool logging_rank = env.rank == 0;
+  setup_logging(logging_rank ? cfg.logging.dir : "", logging_rank ? cfg.logging.level : "warn");
+  spdlog::info("megatrain {} resolved config:\n{}", MEGATRAIN_VERSION, to_yaml(cfg));
+  // Rank 0 holds the save_dir for the whole run: a second run on it is refused rather than let the two delete
+  // each other's temporary directories.
+  std::optional<ckpt::SaveDirLock> save_dir_lock;
+  if (logging_rank && !cfg.checkpoint.save_dir.empty()) {
+    save_dir_lock.emplace(cfg.checkpoint.save_dir);
+    check_save_dir_writable(cfg.checkpoint.save_dir);
+  }
+  const Placement placement = place_rank(cfg, env);
+  spdlog::info("device: {}", placement.description);
+  std::unique_ptr<Distributed> dist = init_distributed(cfg, env, placement);
+  Trainer trainer(cfg, opt, *dist);
+  // Until here a signal ends the process at once (nothing to save); from now on it asks for a checkpoint.
+  install_stop_signals();
+  try {
+    trainer.run();
+  } catch (const CommError& e) {
+    // A collective failed or timed out: say which ranks stopped answering, if any (the cause, not this rank).
+    if (!dist->heartbeat) throw;
+    throw CommError(std::string(e.what()) + dist->heartbeat->silent_ranks());
+  }
+}
+
+}  // namespace mt::app

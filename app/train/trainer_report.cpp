@@ -1,0 +1,132 @@
+// trainer_report.cpp: what the training loop says: the run's opening lines (data, model), the interval report
+// (metrics.jsonl, TensorBoard, the log line), peak memory per rank and which attention implementation ran.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include "app/train/trainer_impl.h"
+
+namespace mt::app {
+
+namespace {
+
+// "124.4M", "8.03B": a parameter count as people say it.
+std::string human_count(int64_t n) {
+  const double x = static_cast<double>(n);
+  if (x >= 1e9) return fmt::format("{:.2f}B", x / 1e9);
+  if (x >= 1e6) return fmt::format("{:.1f}M", x / 1e6);
+  if (x >= 1e3) return fmt::format("{:.1f}K", x / 1e3);
+  return fmt::format("{}", n);
+}
+
+}  // namespace
+
+void Trainer::log_run() {
+  spdlog::info("data: {}", data_.description);
+  const ModelConfig& m = cfg_.model;
+  const std::string heads = m.kv_heads() == m.num_heads
+                                ? fmt::format("{} heads", m.num_heads)
+                                : fmt::format("{} heads in {} key/value groups", m.num_heads, m.kv_heads());
+  const int64_t total = total_parameters();  // a collective: every rank logs nothing more but takes part
+  // "this rank holds" only when the model is split over ranks (with one rank it would repeat the total).
+  const std::string share = num_parameters() == total ? "" : fmt::format("; this rank holds {}", num_parameters());
+  spdlog::info("model: {} {} parameters ({}{}) ({} layers, hidden {}, {}, ffn {}, vocabulary {} padded to {}), {}",
+               name_of(m.arch), total, human_count(total), share, m.num_layers, m.hidden_size, heads, m.ffn_hidden_size,
+               m.vocab_size, m.padded_vocab_size, name_of(cfg_.training.precision));
+}
+
+void Trainer::report(const StepResult& r, float lr, double mean_ms, int64_t interval_iters, double flops_per_iter) {
+  const int64_t G = cfg_.training.global_batch_size, S = cfg_.model.seq_length;
+  read_losses();  // the interval's losses, in one read (and one exchange across ranks)
+  const auto now = std::chrono::steady_clock::now();
+  const double wall_per_iter = std::chrono::duration<double>(now - last_report_).count() / interval_iters;
+  last_report_ = now;
+  // Ranks differ (pipeline stages above all): the first report and every tenth gathers their peaks.
+  const std::vector<int64_t> peaks =
+      dist_.env.world_size > 1 && reports_ % 10 == 0 ? gather_peak_memory() : std::vector<int64_t>();
+  const AttentionCalls attention = attention_calls();
+  report_interval(
+      IntervalReport{.iteration = c_.iteration,
+                     .train_iters = cfg_.training.train_iters,
+                     .consumed_samples = c_.consumed_samples,
+                     .consumed_tokens = c_.consumed_samples * S,
+                     .ms_per_iter = mean_ms,
+                     .tokens_per_s = static_cast<double>(G * S) / (mean_ms / 1000.0),
+                     // Model FLOP/s per rank (per GPU); MFU against the device's dense bf16 peak where known.
+                     .tflops_per_gpu = flops_per_iter / (mean_ms / 1000.0) / 1e12 / dist_.env.world_size,
+                     .peak_tflops = dist_.placement.peak_tflops,
+                     .lr = lr,
+                     .loss = interval_loss_ / interval_iters,
+                     .loss_scale = scaler_.scale(),
+                     .grad_norm = r.grad_norm,
+                     .skipped_iters = c_.skipped_iters,
+                     .nan_iters = c_.nan_iters,
+                     .peak_bytes = allocator_for(device_).stats().peak_total,
+                     .device = device_,
+                     .elapsed_s = std::chrono::duration<double>(now - started_).count(),
+                     .eta_s = eta_seconds(c_.iteration, cfg_.training.train_iters, wall_per_iter),
+                     .fp16 = scaler_.dynamic(),
+                     .last_overflow = r.found_inf,
+                     .verbose_line = cfg_.logging.verbose_line,
+                     .peak_bytes_per_rank = peaks,
+                     .attention = attention},
+      metrics_);
+  log_attention_calls(attention);
+  if (reports_ == 0) spdlog::info("peak memory (MiB): {}", memory_summary(device_));
+  if (!peaks.empty() && dist_.is_logging_rank()) log_peak_memory(peaks);
+  ++reports_;
+  interval_loss_ = 0;
+}
+
+int64_t Trainer::total_parameters() {
+  int64_t own = 0;
+  for (const Parameter* p : params_)
+    if (counts_in_grad_norm(*p, adam_config_)) own += p->value.numel();
+  const double sum = dist_.mp->size() > 1 ? sum_doubles(*dist_.mp, {static_cast<double>(own)})[0] : own;
+  return static_cast<int64_t>(std::llround(sum));  // exact: parameter counts are far below 2^53
+}
+
+std::vector<int64_t> Trainer::gather_peak_memory() {
+  const int world = dist_.env.world_size;
+  std::vector<double> peaks(static_cast<size_t>(world), 0.0);
+  peaks[static_cast<size_t>(dist_.rank())] = static_cast<double>(allocator_for(device_).stats().peak_total);
+  peaks = sum_doubles(*dist_.world, std::move(peaks));  // exact: byte counts are far below 2^53
+  return std::vector<int64_t>(peaks.begin(), peaks.end());
+}
+
+void Trainer::log_peak_memory(const std::vector<int64_t>& peaks) const {
+  const auto [lo, hi] = std::minmax_element(peaks.begin(), peaks.end());
+  // Ranks are numbered tp fastest, then dp, then pp: stage s holds ranks [s * tp * dp, (s + 1) * tp * dp).
+  const int per_stage = dist_.tp_size() * dist_.dp_size();
+  std::vector<std::string> stages;
+  for (int s = 0; s < dist_.pp_size(); ++s)
+    stages.push_back(fmt::format(
+        "{:.1f}", *std::max_element(peaks.begin() + s * per_stage, peaks.begin() + (s + 1) * per_stage) / 1048576.0));
+  spdlog::info("peak memory per rank (MiB): min {:.1f} (rank {}), max {:.1f} (rank {}){}", *lo / 1048576.0,
+               lo - peaks.begin(), *hi / 1048576.0, hi - peaks.begin(),
+               stages.size() > 1 ? fmt::format("; per pipeline stage {}", fmt::join(stages, " | ")) : std::string());
+}
+
+void Trainer::log_attention_calls(const AttentionCalls& now) {
+  const AttentionCalls was = attention_at_report_;
+  const AttentionCalls interval{
+      .cpu = now.cpu - was.cpu, .cudnn = now.cudnn - was.cudnn, .kernel = now.kernel - was.kernel};
+  attention_at_report_ = now;
+  const int kinds = (interval.cpu > 0 ? 1 : 0) | (interval.cudnn > 0 ? 2 : 0) | (interval.kernel > 0 ? 4 : 0);
+  if (kinds == attention_kinds_) return;
+  const bool first = attention_kinds_ < 0;
+  attention_kinds_ = kinds;
+  const std::string line = fmt::format("attention ran{} (calls this interval, forward and backward): {}",
+                                       first ? "" : " differently", attention_calls_summary(interval));
+  // cuDNN and the kernel side by side: some calls lost the fused path (the warning above each names why).
+  if (interval.cudnn > 0 && interval.kernel > 0)
+    spdlog::warn("{}", line);
+  else
+    spdlog::info("{}", line);
+}
+
+}  // namespace mt::app
