@@ -76,7 +76,7 @@ void run_export(const std::string& dir, const std::string& output, DType dtype, 
              ckpt.state().iteration, output, output);
   if (tok) {
     const auto files = export_hf_tokenizer(*tok, output, g.seq_length > 0 ? g.seq_length : g.positions);
-    fmt::print("tokenizer ({}, eod {}): {}\n", tok->tokenizer.name, tok->eod, fmt::join(files, ", "));
+    fmt::print("tokenizer ({}, eod {}): {}\n", name_of(tok->tokenizer.kind), tok->eod, fmt::join(files, ", "));
   } else {
     fmt::print(
         "no tokenizer: the checkpoint has no {} (its data had no tokenizer sidecar); pass "

@@ -16,6 +16,7 @@ void add_data_commands(CLI::App& root) {
 
   // Options live on the heap: the callbacks run after this function has returned.
   auto prep = std::make_shared<PrepareOptions>();
+  auto tokenizer = std::make_shared<std::string>(name_of(prep->tokenizer.kind));
   CLI::App* prepare = data->add_subcommand("prepare", "Tokenize text or JSONL files into PREFIX.bin / PREFIX.idx");
   prepare
       ->add_option("-i,--input", prep->inputs,
@@ -27,11 +28,11 @@ void add_data_commands(CLI::App& root) {
       ->required();
   prepare
       ->add_option(
-          "--tokenizer", prep->tokenizer.name,
+          "--tokenizer", *tokenizer,
           fmt::format("Tokenizer ({}): gpt2 reads --vocab-file and --merge-file (GPT-2's byte-level BPE), "
                       "hf reads --tokenizer-file (a Hugging Face byte-level BPE tokenizer.json), sentencepiece reads "
                       "--tokenizer-model (a SentencePiece .model){}",
-                      fmt::join(supported_tokenizers(), ", "),
+                      fmt::join(EnumNames<TokenizerKind>::names, ", "),
                       have_sentencepiece() ? "" : " (this build has no SentencePiece)"))
       ->capture_default_str();
   prepare->add_option("--vocab-file", prep->tokenizer.vocab_file, "gpt2: GPT-2's vocab.json");
@@ -54,7 +55,8 @@ void add_data_commands(CLI::App& root) {
   prepare->add_flag(
       "--no-eod", [prep](int64_t) { prep->append_eod = false; },
       "Do not end each document with the end-of-document token");
-  prepare->callback([prep] {
+  prepare->callback([prep, tokenizer] {
+    prep->tokenizer.kind = parse_tokenizer_kind(*tokenizer);
     const PrepareStats s = prepare_dataset(*prep);
     fmt::print("wrote {}.bin / {}.idx: {} documents, {} tokens ({}, vocab_size {}) from {} file(s)",
                prep->output_prefix, prep->output_prefix, s.documents, s.tokens, token_dtype_name(s.dtype), s.vocab_size,

@@ -54,7 +54,7 @@ std::unique_ptr<Tokenizer> checkpoint_tokenizer(const std::string& dir, const Mo
     std::unique_ptr<Tokenizer> tok = make_tokenizer(s->tokenizer);
     if (tok->vocab_size() > model.vocab_size)
       throw CheckpointError(fmt::format("{}: the tokenizer ({}) has {} ids but the model's vocab_size is {}", path,
-                                        tok->name(), tok->vocab_size(), model.vocab_size));
+                                        name_of(tok->kind()), tok->vocab_size(), model.vocab_size));
     return tok;
   }
   auto bytes = std::make_unique<ByteTokenizer>();
@@ -111,7 +111,7 @@ void run_generate(const GenerateArgs& a) {
   if (prompt.empty()) throw std::invalid_argument("the prompt encodes to no tokens");
   if (static_cast<int64_t>(prompt.size()) > P)
     throw std::invalid_argument(fmt::format("the prompt is {} tokens ({}), more than model.max_position_embeddings={}",
-                                            prompt.size(), tok->name(), P));
+                                            prompt.size(), name_of(tok->kind()), P));
 
   const Placement placement = place_rank(cfg, LaunchEnv{});
   GptModel model(cfg.model, GptOptions{.dtype = parse_dtype(a.precision), .device = placement.device, .seed = 0});
@@ -130,7 +130,7 @@ void run_generate(const GenerateArgs& a) {
     fmt::print("{}\n", tok->decode(r.tokens));
   fmt::print(stderr,
              "generated {} tokens after a prompt of {} ({}, {} on {}, iteration {}): stop: {}, {:.1f} tokens/s\n",
-             r.tokens.size(), prompt.size(), tok->name(), a.precision, device_name(placement.device),
+             r.tokens.size(), prompt.size(), name_of(tok->kind()), a.precision, device_name(placement.device),
              reader.state().iteration, stop_name(r.stop), static_cast<double>(r.tokens.size()) / seconds);
 }
 

@@ -46,10 +46,11 @@ std::string decoded_documents(const std::string& prefix, const IndexedDataset& d
                                 prefix, tokenizer_sidecar_path(prefix)));
   const std::unique_ptr<Tokenizer> tok = make_tokenizer(sidecar->tokenizer);
   if (tok->vocab_size() != sidecar->vocab_size || tok->eod() != sidecar->eod)
-    throw DataError(fmt::format(
-        "{}: the {} tokenizer loaded from its files has vocab_size {} and eod {}, the "
-        "dataset was written with {} and {}: the files changed",
-        tokenizer_sidecar_path(prefix), tok->name(), tok->vocab_size(), tok->eod(), sidecar->vocab_size, sidecar->eod));
+    throw DataError(
+        fmt::format("{}: the {} tokenizer loaded from its files has vocab_size {} and eod {}, the "
+                    "dataset was written with {} and {}: the files changed",
+                    tokenizer_sidecar_path(prefix), name_of(tok->kind()), tok->vocab_size(), tok->eod(),
+                    sidecar->vocab_size, sidecar->eod));
   auto docs = ds.document_index();
   auto lengths = ds.sequence_lengths();
   std::string out, scratch;
@@ -61,7 +62,7 @@ std::string decoded_documents(const std::string& prefix, const IndexedDataset& d
       ds.read(s, 0, std::span<int32_t>(ids).subspan(at));
     }
     const std::string bytes = tok->decode(ids);
-    out += fmt::format("--- document {} ({} tokens, decoded by {}) ---\n{}\n", d, ids.size(), tok->name(),
+    out += fmt::format("--- document {} ({} tokens, decoded by {}) ---\n{}\n", d, ids.size(), name_of(tok->kind()),
                        valid_utf8(bytes, scratch));
   }
   return out;

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <optional>
 #include <stdexcept>
 
 namespace mt {
@@ -29,14 +30,23 @@ std::string ByteTokenizer::decode(std::span<const int32_t> ids) const {
 
 TokenDType token_dtype_for_vocab(int64_t vocab_size) { return vocab_size < 65500 ? TokenDType::u16 : TokenDType::i32; }
 
-std::vector<std::string> supported_tokenizers() { return {"byte", "gpt2", "hf", "sentencepiece"}; }
+TokenizerKind parse_tokenizer_kind(std::string_view name) {
+  if (const std::optional<TokenizerKind> kind = parse_choice<TokenizerKind>(name)) return *kind;
+  throw std::invalid_argument(
+      fmt::format("unknown tokenizer '{}' (supported: {})", name, fmt::join(EnumNames<TokenizerKind>::names, ", ")));
+}
 
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerOptions& options) {
-  if (options.name == "byte") return std::make_unique<ByteTokenizer>();
-  if (options.name == "gpt2" || options.name == "hf") return load_bpe_tokenizer(options);
-  if (options.name == "sentencepiece") return load_sentencepiece_tokenizer(options);
-  throw std::invalid_argument(
-      fmt::format("unknown tokenizer '{}' (supported: {})", options.name, fmt::join(supported_tokenizers(), ", ")));
+  switch (options.kind) {
+    case TokenizerKind::byte:
+      return std::make_unique<ByteTokenizer>();
+    case TokenizerKind::gpt2:
+    case TokenizerKind::hf:
+      return load_bpe_tokenizer(options);
+    case TokenizerKind::sentencepiece:
+      return load_sentencepiece_tokenizer(options);
+  }
+  throw std::invalid_argument(fmt::format("tokenizer kind {} out of range", static_cast<int>(options.kind)));
 }
 
 }  // namespace mt

@@ -1,6 +1,7 @@
 // tokenizer.h: text -> token ids for `megatrain data prepare`: the byte tokenizer, GPT-2's byte-level BPE
 // (vocab.json + merges.txt), Hugging Face byte-level BPE (tokenizer.json) and SentencePiece (.model).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -8,9 +9,21 @@
 #include <string_view>
 #include <vector>
 
+#include "core/base/enum_names.h"
 #include "core/data/indexed_dataset.h"
 
 namespace mt {
+
+// The tokenizers `data prepare` runs: byte values; GPT-2's byte-level BPE (vocab.json + merges.txt); a Hugging Face
+// byte-level BPE tokenizer.json; SentencePiece (.model). Named in `--tokenizer` and the sidecar's `kind`.
+enum class TokenizerKind { byte, gpt2, hf, sentencepiece };
+template <>
+struct EnumNames<TokenizerKind> {
+  static constexpr std::array names{"byte", "gpt2", "hf", "sentencepiece"};
+  static constexpr std::array<const char*, 0> planned{};
+};
+// The kind a name spells; throws std::invalid_argument "unknown tokenizer 'NAME' (supported: byte, gpt2, ...)".
+TokenizerKind parse_tokenizer_kind(std::string_view name);
 
 // Per-thread scratch a tokenizer keeps between calls (the BPE word cache, regex match buffers). One cache
 // must not be used by two threads at once; the tokenizer itself is shared read-only.
@@ -22,7 +35,7 @@ class EncodeCache {
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
-  virtual std::string name() const = 0;
+  virtual TokenizerKind kind() const = 0;
   virtual int64_t vocab_size() const = 0;
   virtual int32_t eod() const = 0;               // end-of-document id
   virtual TokenDType storage_dtype() const = 0;  // the smallest dtype that holds every id
@@ -44,7 +57,7 @@ class Tokenizer {
 // Token = byte value 0..255, end of document 256: vocabulary 257, stored as uint16.
 class ByteTokenizer final : public Tokenizer {
  public:
-  std::string name() const override { return "byte"; }
+  TokenizerKind kind() const override { return TokenizerKind::byte; }
   int64_t vocab_size() const override { return 257; }
   int32_t eod() const override { return 256; }
   TokenDType storage_dtype() const override { return TokenDType::u16; }
@@ -52,9 +65,9 @@ class ByteTokenizer final : public Tokenizer {
   std::string decode(std::span<const int32_t> ids) const override;
 };
 
-// What make_tokenizer needs: the name and the files that name reads.
+// What make_tokenizer needs: the kind and the files that kind reads.
 struct TokenizerOptions {
-  std::string name = "byte";    // see supported_tokenizers()
+  TokenizerKind kind = TokenizerKind::byte;
   std::string vocab_file;       // gpt2: GPT-2's vocab.json
   std::string merge_file;       // gpt2: GPT-2's merges.txt
   std::string tokenizer_file;   // hf: a Hugging Face tokenizer.json
@@ -71,10 +84,7 @@ TokenDType token_dtype_for_vocab(int64_t vocab_size);
 // Whether this build links libsentencepiece (found by pkg-config at configure time).
 bool have_sentencepiece();
 
-// The names make_tokenizer accepts.
-std::vector<std::string> supported_tokenizers();
-// Throws std::invalid_argument listing the supported names for any other name, and DataError naming the
-// file for a missing, malformed or unsupported tokenizer file.
+// Throws DataError naming the file for a missing, malformed or unsupported tokenizer file.
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerOptions& options);
 
 }  // namespace mt

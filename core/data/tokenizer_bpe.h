@@ -19,7 +19,7 @@
 namespace mt {
 
 struct ByteLevelBpeSpec {
-  std::string name;  // "gpt2" or "hf"
+  TokenizerKind kind = TokenizerKind::hf;  // gpt2 or hf
   BpeModel model;
   Normalizer normalizer;
   PreTokenizer pre_tokenizer;
@@ -36,7 +36,7 @@ struct ByteLevelBpeSpec {
 class ByteLevelBpeTokenizer final : public Tokenizer {
  public:
   explicit ByteLevelBpeTokenizer(ByteLevelBpeSpec spec);
-  std::string name() const override { return spec_.name; }
+  TokenizerKind kind() const override { return spec_.kind; }
   int64_t vocab_size() const override { return spec_.vocab_size; }
   int32_t eod() const override { return spec_.eod; }
   TokenDType storage_dtype() const override { return token_dtype_for_vocab(spec_.vocab_size); }

@@ -99,7 +99,7 @@ std::unique_ptr<Tokenizer> load_gpt2(const TokenizerOptions& o) {
   if (o.vocab_file.empty() || o.merge_file.empty())
     throw DataError("the gpt2 tokenizer needs --vocab-file (vocab.json) and --merge-file (merges.txt)");
   ByteLevelBpeSpec spec;
-  spec.name = "gpt2";
+  spec.kind = TokenizerKind::gpt2;
   std::unordered_map<std::string, int32_t> by_text;
   spec.vocab_size =
       load_vocab(parse_json(o.vocab_file, read_file(o.vocab_file)), o.vocab_file, spec.model, by_text) + 1;
@@ -267,7 +267,7 @@ std::unique_ptr<Tokenizer> load_hf(const TokenizerOptions& o) {
                                 flag(model, "byte_fallback") ? "byte_fallback" : "fuse_unk"));
 
   ByteLevelBpeSpec spec;
-  spec.name = "hf";
+  spec.kind = TokenizerKind::hf;
   spec.normalizer = load_normalizer(root.value("normalizer", json()), where);
   std::unordered_map<std::string, int32_t> by_text;
   int64_t max_id = load_vocab(model.value("vocab", json()), where, spec.model, by_text, byte_level);
@@ -327,7 +327,7 @@ std::unique_ptr<Tokenizer> load_hf(const TokenizerOptions& o) {
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_bpe_tokenizer(const TokenizerOptions& options) {
-  return options.name == "gpt2" ? load_gpt2(options) : load_hf(options);
+  return options.kind == TokenizerKind::gpt2 ? load_gpt2(options) : load_hf(options);
 }
 
 }  // namespace mt

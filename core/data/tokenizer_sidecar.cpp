@@ -2,10 +2,12 @@
 #include "core/data/tokenizer_sidecar.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <yaml-cpp/yaml.h>
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 namespace mt {
@@ -39,14 +41,14 @@ std::string tokenizer_sidecar_yaml(const TokenizerOptions& options, const Tokeni
   YAML::Emitter out;
   out << YAML::Comment("written by megatrain data prepare: the tokenizer of this dataset's ids");
   out << YAML::BeginMap;
-  out << YAML::Key << "kind" << YAML::Value << o.name;
+  out << YAML::Key << "kind" << YAML::Value << std::string(name_of(o.kind));
   out << YAML::Key << "files" << YAML::Value << YAML::BeginMap;
   each_file(o, [&](const char* key, std::string& path) {
     if (!path.empty()) out << YAML::Key << key << YAML::Value << absolute(path);
   });
   out << YAML::EndMap;
   if (!o.eod_token.empty()) out << YAML::Key << "eod_token" << YAML::Value << o.eod_token;
-  if (o.name == "hf") out << YAML::Key << "add_special_tokens" << YAML::Value << o.add_special_tokens;
+  if (o.kind == TokenizerKind::hf) out << YAML::Key << "add_special_tokens" << YAML::Value << o.add_special_tokens;
   out << YAML::Key << "vocab_size" << YAML::Value << tokenizer.vocab_size();
   out << YAML::Key << "eod" << YAML::Value << tokenizer.eod();
   out << YAML::EndMap;
@@ -69,7 +71,12 @@ std::optional<TokenizerSidecar> read_tokenizer_sidecar_file(const std::string& p
     const YAML::Node root = YAML::Load(text.str());
     if (!root.IsMap() || !root["kind"] || !root["vocab_size"] || !root["eod"])
       throw DataError(fmt::format("{}: not a tokenizer sidecar (kind, vocab_size and eod are required)", path));
-    s.tokenizer.name = root["kind"].as<std::string>();
+    const std::string kind = root["kind"].as<std::string>();
+    const std::optional<TokenizerKind> parsed = parse_choice<TokenizerKind>(kind);
+    if (!parsed)
+      throw DataError(fmt::format("{}: kind: '{}' is not a tokenizer (supported: {})", path, kind,
+                                  fmt::join(EnumNames<TokenizerKind>::names, ", ")));
+    s.tokenizer.kind = *parsed;
     if (const YAML::Node files = root["files"]; files && files.IsMap())
       each_file(s.tokenizer, [&](const char* key, std::string& file) {
         if (files[key]) file = files[key].as<std::string>();

@@ -36,7 +36,7 @@ class SentencePieceTokenizer final : public Tokenizer {
  public:
   SentencePieceTokenizer(std::unique_ptr<sentencepiece::SentencePieceProcessor> sp, int32_t eod)
       : sp_(std::move(sp)), eod_(eod) {}
-  std::string name() const override { return "sentencepiece"; }
+  TokenizerKind kind() const override { return TokenizerKind::sentencepiece; }
   int64_t vocab_size() const override { return sp_->GetPieceSize(); }
   int32_t eod() const override { return eod_; }
   TokenDType storage_dtype() const override { return token_dtype_for_vocab(vocab_size()); }

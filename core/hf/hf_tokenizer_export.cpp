@@ -167,9 +167,9 @@ HfSpecialIds spm_ids(const SpmModelProto& m, int32_t eod) {
 
 HfSpecialIds hf_special_ids(const TokenizerSidecar& sidecar) {
   const TokenizerOptions& o = sidecar.tokenizer;
-  if (o.name == "hf")
+  if (o.kind == TokenizerKind::hf)
     return hf_ids(post_processor_of(parse_json(o.tokenizer_file, "tokenizer.json"), o.tokenizer_file), sidecar);
-  if (o.name != "sentencepiece") return {sidecar.eod, sidecar.eod};
+  if (o.kind != TokenizerKind::sentencepiece) return {sidecar.eod, sidecar.eod};
   std::string bytes;
   return spm_ids(read_spm_model(o.tokenizer_model, bytes), sidecar.eod);
 }
@@ -189,52 +189,58 @@ std::vector<std::string> export_hf_tokenizer(const TokenizerSidecar& sidecar, co
   HfSpecialIds ids{eod, eod};
   std::string bos_text, unk_text, pad_text;
   bool split_special = false;
-  if (o.name == "byte") {
-    write("tokenizer.json", dump(byte_tokenizer_json(eod, eod_text)));
-  } else if (o.name == "gpt2") {
-    const json tok = gpt2_tokenizer_json(o, eod, eod_text);
-    write("vocab.json", read_file(o.vocab_file, "vocab.json"));
-    write("merges.txt", read_file(o.merge_file, "merges.txt"));
-    write("tokenizer.json", dump(tok));
-  } else if (o.name == "hf") {
-    json tok = parse_json(o.tokenizer_file, "tokenizer.json");
-    auto text_of = [&](int32_t id) {
-      std::optional<std::string> t = hf_token_text(tok, id);
-      if (!t) throw CheckpointError(fmt::format("{}: has no token with the id {}", o.tokenizer_file, id));
-      return *t;
-    };
-    if (o.eod_token.empty()) eod_text = text_of(eod);
-    const SpecialTemplate t = post_processor_of(tok, o.tokenizer_file);
-    ids = hf_ids(t, sidecar);
-    if (ids.bos != eod) {
-      bos_text = text_of(ids.bos);
-      unk_text = pad_text = eod_text;
-    }
-    if (!o.add_special_tokens && !(t.before.empty() && t.after.empty())) {
-      // `data prepare --no-special-tokens`: the data has no post-processor tokens, so neither may the ids
-      // AutoTokenizer gives from the export.
-      tok["post_processor"] = nullptr;
+  switch (o.kind) {
+    case TokenizerKind::byte:
+      write("tokenizer.json", dump(byte_tokenizer_json(eod, eod_text)));
+      break;
+    case TokenizerKind::gpt2: {
+      const json tok = gpt2_tokenizer_json(o, eod, eod_text);
+      write("vocab.json", read_file(o.vocab_file, "vocab.json"));
+      write("merges.txt", read_file(o.merge_file, "merges.txt"));
       write("tokenizer.json", dump(tok));
-    } else {
-      write("tokenizer.json", read_file(o.tokenizer_file, "tokenizer.json"));
+      break;
     }
-  } else if (o.name == "sentencepiece") {
-    std::string bytes;
-    const SpmModelProto m = read_spm_model(o.tokenizer_model, bytes);
-    if (eod < 0 || eod >= static_cast<int32_t>(m.pieces.size()))
-      throw CheckpointError(fmt::format("{}: the eod id {} is not a piece of the model ({} pieces)", o.tokenizer_model,
-                                        eod, m.pieces.size()));
-    eod_text = m.pieces[eod].piece;
-    ids = spm_ids(m, eod);
-    const SpmTrainerSpec& t = m.trainer;
-    bos_text = m.pieces[ids.bos].piece;
-    unk_text = m.pieces[t.unk_id].piece;
-    pad_text = t.pad_id >= 0 ? m.pieces[t.pad_id].piece : eod_text;
-    split_special = true;  // "<s>" in a text is text to SentencePiece
-    write("tokenizer.json", dump(spm_tokenizer_json(m, o.tokenizer_model)));
-    write("tokenizer.model", bytes);  // for tools that read the SentencePiece model itself
-  } else {
-    throw CheckpointError(fmt::format("tokenizer sidecar: kind {} has no Hugging Face export", o.name));
+    case TokenizerKind::hf: {
+      json tok = parse_json(o.tokenizer_file, "tokenizer.json");
+      auto text_of = [&](int32_t id) {
+        std::optional<std::string> t = hf_token_text(tok, id);
+        if (!t) throw CheckpointError(fmt::format("{}: has no token with the id {}", o.tokenizer_file, id));
+        return *t;
+      };
+      if (o.eod_token.empty()) eod_text = text_of(eod);
+      const SpecialTemplate t = post_processor_of(tok, o.tokenizer_file);
+      ids = hf_ids(t, sidecar);
+      if (ids.bos != eod) {
+        bos_text = text_of(ids.bos);
+        unk_text = pad_text = eod_text;
+      }
+      if (!o.add_special_tokens && !(t.before.empty() && t.after.empty())) {
+        // `data prepare --no-special-tokens`: the data has no post-processor tokens, so neither may the ids
+        // AutoTokenizer gives from the export.
+        tok["post_processor"] = nullptr;
+        write("tokenizer.json", dump(tok));
+      } else {
+        write("tokenizer.json", read_file(o.tokenizer_file, "tokenizer.json"));
+      }
+      break;
+    }
+    case TokenizerKind::sentencepiece: {
+      std::string bytes;
+      const SpmModelProto m = read_spm_model(o.tokenizer_model, bytes);
+      if (eod < 0 || eod >= static_cast<int32_t>(m.pieces.size()))
+        throw CheckpointError(fmt::format("{}: the eod id {} is not a piece of the model ({} pieces)",
+                                          o.tokenizer_model, eod, m.pieces.size()));
+      eod_text = m.pieces[eod].piece;
+      ids = spm_ids(m, eod);
+      const SpmTrainerSpec& t = m.trainer;
+      bos_text = m.pieces[ids.bos].piece;
+      unk_text = m.pieces[t.unk_id].piece;
+      pad_text = t.pad_id >= 0 ? m.pieces[t.pad_id].piece : eod_text;
+      split_special = true;  // "<s>" in a text is text to SentencePiece
+      write("tokenizer.json", dump(spm_tokenizer_json(m, o.tokenizer_model)));
+      write("tokenizer.model", bytes);  // for tools that read the SentencePiece model itself
+      break;
+    }
   }
   if (bos_text.empty()) bos_text = unk_text = pad_text = eod_text;
   json cfg = {{"tokenizer_class", "PreTrainedTokenizerFast"},

@@ -633,9 +633,8 @@ TEST(Prepare, ErrorsNameTheFileAndLineAndWriteNothing) {
   for (const char* f : {"out.bin", "out.idx", "out.bin.tmp", "out.idx.tmp"}) EXPECT_FALSE(fs::exists(dir / f)) << f;
 
   opt.inputs = {dir / "ok.jsonl"};
-  opt.tokenizer.name = "wordpiece";
   try {
-    prepare_dataset(opt);
+    parse_tokenizer_kind("wordpiece");
     ADD_FAILURE() << "unknown tokenizer accepted";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("unknown tokenizer 'wordpiece' (supported: byte, gpt2, hf, sentencepiece)"),
@@ -643,7 +642,6 @@ TEST(Prepare, ErrorsNameTheFileAndLineAndWriteNothing) {
         << e.what();
   }
   // A JSONL key other than "text".
-  opt.tokenizer.name = "byte";
   opt.json_key = "body";
   opt.inputs = {dir / "nokey.jsonl"};
   expect_data_error([&] { prepare_dataset(opt); }, {dir / "nokey.jsonl:1", "\"body\""});

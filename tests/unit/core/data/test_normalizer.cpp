@@ -114,7 +114,7 @@ std::vector<std::string> corpus() {
 
 std::unique_ptr<Tokenizer> hf(const std::string& name) {
   TokenizerOptions o;
-  o.name = "hf";
+  o.kind = TokenizerKind::hf;
   o.tokenizer_file = (fixtures() / name).string();
   return make_tokenizer(o);
 }

@@ -60,7 +60,7 @@ std::vector<std::vector<int32_t>> expected(const std::string& name) {
 
 TokenizerOptions gpt2_files() {
   TokenizerOptions o;
-  o.name = "gpt2";
+  o.kind = TokenizerKind::gpt2;
   o.vocab_file = fixture("gpt2-vocab.json");
   o.merge_file = fixture("gpt2-merges.txt");
   return o;
@@ -68,7 +68,7 @@ TokenizerOptions gpt2_files() {
 
 TokenizerOptions hf_file(const std::string& path) {
   TokenizerOptions o;
-  o.name = "hf";
+  o.kind = TokenizerKind::hf;
   o.tokenizer_file = path;
   return o;
 }
@@ -104,7 +104,7 @@ void expect_golden(const Tokenizer& tok, const std::string& name) {
 
 TEST(Tokenizer, Gpt2VocabAndMergesMatchHuggingFace) {
   auto tok = make_tokenizer(gpt2_files());
-  EXPECT_EQ(tok->name(), "gpt2");
+  EXPECT_EQ(tok->kind(), TokenizerKind::gpt2);
   EXPECT_EQ(tok->vocab_size(), 400);
   EXPECT_EQ(tok->eod(), 0);  // <|endoftext|>, the trainer's first special token
   EXPECT_EQ(tok->storage_dtype(), TokenDType::u16);
@@ -113,7 +113,7 @@ TEST(Tokenizer, Gpt2VocabAndMergesMatchHuggingFace) {
 
 TEST(Tokenizer, HfGpt2TokenizerJsonWithStringMergesMatchesHuggingFace) {
   auto tok = make_tokenizer(hf_file(fixture("gpt2-tokenizer.json")));
-  EXPECT_EQ(tok->name(), "hf");
+  EXPECT_EQ(tok->kind(), TokenizerKind::hf);
   EXPECT_EQ(tok->eod(), 0);
   expect_golden(*tok, "hf-gpt2");  // <|endoftext|> in the text is the special token here, unlike gpt2
 }
@@ -404,7 +404,7 @@ namespace {
 
 TokenizerOptions spm_model(const std::string& name) {
   TokenizerOptions o;
-  o.name = "sentencepiece";
+  o.kind = TokenizerKind::sentencepiece;
   o.tokenizer_model = fixture(name);
   return o;
 }
@@ -416,7 +416,7 @@ struct SpmGolden {
 
 void expect_spm_golden(const std::string& model, int64_t vocab, const std::vector<SpmGolden>& golden) {
   auto tok = make_tokenizer(spm_model(model));
-  EXPECT_EQ(tok->name(), "sentencepiece");
+  EXPECT_EQ(tok->kind(), TokenizerKind::sentencepiece);
   EXPECT_EQ(tok->vocab_size(), vocab);
   EXPECT_EQ(tok->eod(), 2);  // </s>
   EXPECT_EQ(tok->storage_dtype(), TokenDType::u16);
@@ -494,7 +494,7 @@ TEST(SentencePieceTokenizer, EndOfDocumentIsTheModelsEosOrNamed) {
   named.eod_token = "<unk>";
   EXPECT_EQ(make_tokenizer(named)->eod(), 0);
   TokenizerOptions none;
-  none.name = "sentencepiece";
+  none.kind = TokenizerKind::sentencepiece;
   refused(none, "needs --tokenizer-model");
   refused(spm_model("gpt2-vocab.json"), "cannot load the SentencePiece model");
   refused(spm_model("no-such.model"), "cannot load the SentencePiece model");
@@ -540,7 +540,7 @@ TEST(TokenizerDecode, EveryKindGivesBackTheText) {
   const std::string text = "Hello w\xc3\xb6rld, caf\xc3\xa9 \xf0\x9f\x98\x80 42\tend";
   std::vector<TokenizerOptions> kinds = {TokenizerOptions{}, hf_file(fixture("llama3-tokenizer.json"))};
   TokenizerOptions gpt2;
-  gpt2.name = "gpt2";
+  gpt2.kind = TokenizerKind::gpt2;
   gpt2.vocab_file = fixture("gpt2-vocab.json");
   gpt2.merge_file = fixture("gpt2-merges.txt");
   kinds.push_back(gpt2);
@@ -550,9 +550,9 @@ TEST(TokenizerDecode, EveryKindGivesBackTheText) {
     std::vector<int32_t> ids;
     tok->encode(text, ids);
     ids.push_back(tok->eod());
-    EXPECT_EQ(tok->decode(ids), text) << tok->name();
+    EXPECT_EQ(tok->decode(ids), text) << name_of(tok->kind());
     const std::vector<int32_t> outside = {static_cast<int32_t>(tok->vocab_size()), -1};
-    EXPECT_EQ(tok->decode(outside), "\xEF\xBF\xBD\xEF\xBF\xBD") << tok->name();
+    EXPECT_EQ(tok->decode(outside), "\xEF\xBF\xBD\xEF\xBF\xBD") << name_of(tok->kind());
   }
   // Invalid UTF-8 was replaced before encoding; the byte tokenizer keeps the bytes, inspect replaces them.
   ByteTokenizer bytes;
@@ -575,18 +575,19 @@ TEST(TokenizerDecode, PrepareRecordsTheTokenizerAndInspectDecodesWithIt) {
   for (const TokenizerOptions& o : kinds) {
     PrepareOptions opt;
     opt.inputs = {in};
-    opt.output_prefix = dir / o.name;
+    const std::string name(name_of(o.kind));
+    opt.output_prefix = dir / name;
     opt.tokenizer = o;
     const PrepareStats s = prepare_dataset(opt);
     const auto sidecar = read_tokenizer_sidecar(opt.output_prefix);
-    ASSERT_TRUE(sidecar) << o.name;
-    EXPECT_EQ(sidecar->tokenizer.name, o.name);
+    ASSERT_TRUE(sidecar) << name;
+    EXPECT_EQ(sidecar->tokenizer.kind, o.kind);
     EXPECT_EQ(sidecar->vocab_size, s.vocab_size);
     EXPECT_EQ(sidecar->eod, make_tokenizer(o)->eod());
     EXPECT_EQ(sidecar->tokenizer.tokenizer_file, o.tokenizer_file);
     EXPECT_EQ(sidecar->tokenizer.tokenizer_model, o.tokenizer_model);
     const std::string shown = inspect_dataset(opt.output_prefix, 0, 5);
-    EXPECT_NE(shown.find("decoded by " + o.name + ") ---\nHello w\xEF\xBF\xBDrld \xEF\xBF\xBD ok\n"), std::string::npos)
+    EXPECT_NE(shown.find("decoded by " + name + ") ---\nHello w\xEF\xBF\xBDrld \xEF\xBF\xBD ok\n"), std::string::npos)
         << shown;
     EXPECT_NE(shown.find("---\nSecond \xf0\x9f\x98\x80 doc\n"), std::string::npos) << shown;
   }

@@ -90,7 +90,7 @@ TEST(HfSpmTokenizer, ConfigJsonTakesBosAndEosFromTheTokenizer) {
   for (const Case& c : {Case{"sentencepiece", "spm-bpe.model", 2, 1}, Case{"hf", "llama3-tokenizer.json", 1, 1},
                         Case{"gpt2", "", 0, 0}, Case{"byte", "", 256, 256}}) {
     TokenizerSidecar sidecar;
-    sidecar.tokenizer.name = c.kind;
+    sidecar.tokenizer.kind = *parse_choice<TokenizerKind>(c.kind);
     sidecar.tokenizer.tokenizer_model = c.kind == "sentencepiece" ? (fixtures() / c.file).string() : "";
     sidecar.tokenizer.tokenizer_file = c.kind == "hf" ? (fixtures() / c.file).string() : "";
     sidecar.tokenizer.vocab_file = (fixtures() / "gpt2-vocab.json").string();
