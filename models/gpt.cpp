@@ -68,6 +68,19 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
     }
 }
 
+GptModel::Roles GptModel::roles() const {
+  Roles r;
+  const StageLayout& st = opt_.stage;
+  if (st.has_embedding) r.word_embeddings = &wte_.weight();
+  if (st.has_embedding && has_position_table()) r.position_embeddings = &wpe_;
+  if (st.has_head) {
+    r.final_norm = &lnf_;
+    r.lm_head = &head_.weight();
+  }
+  for (const auto& layer : layers_) r.layers.push_back(layer.get());
+  return r;
+}
+
 int64_t GptModel::num_parameters() const {
   int64_t n = 0;
   for (const Parameter* p : params_) n += p->value.numel();

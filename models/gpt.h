@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "core/config/config.h"
-#include "core/tensor/tensor.h"
 #include "core/tensor/parameter.h"
+#include "core/tensor/tensor.h"
 #include "models/transformer_layer.h"
 #include "parallel/parallel_linear.h"
 #include "parallel/vocab_parallel_embedding.h"
@@ -67,6 +67,17 @@ class GptModel {
   const std::vector<Parameter*>& parameters() const { return params_; }
   const ModelConfig& config() const { return cfg_; }
   int64_t num_parameters() const;  // elements stored, vocabulary padding included
+  // The model's parameters by role, for code that computes with them itself (generation's KV-cache decoder):
+  // null where this stage does not hold the part (a pipeline stage) or the architecture has none (Llama's
+  // position table). lm_head is the word embeddings' when tied. Weights are this rank's slices.
+  struct Roles {
+    const Parameter* word_embeddings = nullptr;      // (Vpad, C)
+    const Parameter* position_embeddings = nullptr;  // (P, C), GPT only
+    const Norm* final_norm = nullptr;
+    const Parameter* lm_head = nullptr;  // (Vpad, C)
+    std::vector<const TransformerLayer*> layers;
+  };
+  Roles roles() const;
 
  private:
   struct HeadActivations {

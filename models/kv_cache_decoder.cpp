@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <stdexcept>
 #include <string>
 
@@ -15,18 +14,17 @@ namespace mt {
 
 namespace {
 
-// The whole tensor of parameter `name`; throws when the model does not hold all of it on this rank.
-const Tensor* whole(const std::map<std::string, const Parameter*>& params, const std::string& name) {
-  auto it = params.find(name);
-  if (it == params.end())
+// The whole tensor of a parameter (`role` says which, when the stage has none); throws when this rank does not
+// hold all of it.
+const Tensor* whole(const Parameter* p, const char* role) {
+  if (!p)
     throw std::invalid_argument(
-        fmt::format("generation: the model has no parameter {} (it needs the whole model on one rank)", name));
-  const Parameter& p = *it->second;
-  if (p.value.shape() != p.global_shape)
+        fmt::format("generation: the model has no {} (it needs the whole model on one rank)", role));
+  if (p->value.shape() != p->global_shape)
     throw std::invalid_argument(
-        fmt::format("generation: parameter {} is a slice {} of {} (it needs tensor-parallel size 1)", name,
-                    p.value.describe(), fmt::join(p.global_shape, "x")));
-  return &p.value;
+        fmt::format("generation: parameter {} is a slice {} of {} (it needs tensor-parallel size 1)", p->name,
+                    p->value.describe(), fmt::join(p->global_shape, "x")));
+  return &p->value;
 }
 
 }  // namespace
@@ -38,33 +36,36 @@ KvCacheDecoder::KvCacheDecoder(const GptModel& model, DecoderOptions opt)
   if (capacity_ < 1 || capacity_ > P)
     throw std::invalid_argument(
         fmt::format("generation: cache capacity {} must lie in [1, max_position_embeddings={}]", capacity_, P));
-  std::map<std::string, const Parameter*> params;
-  for (const Parameter* p : model.parameters()) params[p->name] = p;
-  // Biases and LayerNorm's shift exist for gpt only.
-  auto bias = [&](const std::string& name) { return llama_ ? nullptr : whole(params, name); };
-  auto norm = [&](const std::string& name) {
-    return NormWeights{whole(params, name + ".weight"), bias(name + ".bias")};
+  const GptModel::Roles roles = model.roles();
+  // Biases and LayerNorm's shift exist for gpt only (null for llama).
+  auto bias = [&](const Parameter* p) { return p ? whole(p, "bias") : nullptr; };
+  auto norm = [&](const Norm* n, const char* role) {
+    if (!n) whole(nullptr, role);
+    return NormWeights{whole(&n->weight(), role), bias(n->bias())};
   };
-  wte_ = whole(params, "embedding.word_embeddings.weight");
-  if (!llama_) wpe_ = whole(params, "embedding.position_embeddings.weight");  // llama rotates q and k instead
-  lnf_ = norm("final_ln");
-  head_w_ = cfg_.tie_embeddings ? wte_ : whole(params, "lm_head.weight");
+  wte_ = whole(roles.word_embeddings, "word embeddings");
+  if (!llama_) wpe_ = whole(roles.position_embeddings, "position embeddings");  // llama rotates q and k instead
+  lnf_ = norm(roles.final_norm, "final norm");
+  head_w_ = whole(roles.lm_head, "LM head");
   dtype_ = wte_->dtype();
   device_ = wte_->device();
   const int64_t GD = cfg_.kv_heads() * cfg_.head_dim;
-  for (int64_t i = 0; i < cfg_.num_layers; ++i) {
-    auto name = [&](const char* s) { return fmt::format("layers.{}.{}", i, s); };
-    auto w = [&](const char* s) { return whole(params, name(s)); };
-    LayerWeights l{.ln1 = norm(name("ln1")),
-                   .ln2 = norm(name("ln2")),
-                   .qkv_w = w("attn.qkv.weight"),
-                   .qkv_b = bias(name("attn.qkv.bias")),
-                   .proj_w = w("attn.proj.weight"),
-                   .proj_b = bias(name("attn.proj.bias")),
-                   .fc1_w = w("mlp.fc1.weight"),
-                   .fc1_b = bias(name("mlp.fc1.bias")),
-                   .fc2_w = w("mlp.fc2.weight"),
-                   .fc2_b = bias(name("mlp.fc2.bias"))};
+  if (static_cast<int64_t>(roles.layers.size()) != cfg_.num_layers)
+    throw std::invalid_argument(
+        fmt::format("generation: the model holds {} of its {} layers (it needs the whole model on one rank)",
+                    roles.layers.size(), cfg_.num_layers));
+  for (const TransformerLayer* layer : roles.layers) {
+    const TransformerLayer::Roles r = layer->roles();
+    LayerWeights l{.ln1 = norm(r.ln1, "attention norm"),
+                   .ln2 = norm(r.ln2, "MLP norm"),
+                   .qkv_w = whole(r.qkv_w, "QKV weight"),
+                   .qkv_b = bias(r.qkv_b),
+                   .proj_w = whole(r.proj_w, "attention projection"),
+                   .proj_b = bias(r.proj_b),
+                   .fc1_w = whole(r.fc1_w, "fc1 weight"),
+                   .fc1_b = bias(r.fc1_b),
+                   .fc2_w = whole(r.fc2_w, "fc2 weight"),
+                   .fc2_b = bias(r.fc2_b)};
     l.k.assign(static_cast<size_t>(capacity_ * GD), 0.f);
     l.v.assign(static_cast<size_t>(capacity_ * GD), 0.f);
     layers_.push_back(std::move(l));

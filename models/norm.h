@@ -37,6 +37,8 @@ class Norm {
   // With sequence parallelism each rank's gradients cover its shard: summed over the tensor-parallel group.
   void mark_sequence_parallel();
   std::vector<Parameter*> parameters();  // weight, then bias for LayerNorm
+  const Parameter& weight() const { return weight_; }
+  const Parameter* bias() const { return kind_ == NormKind::layernorm ? &bias_ : nullptr; }  // null for RMSNorm
 
  private:
   NormKind kind_ = NormKind::layernorm;

@@ -48,6 +48,17 @@ class TransformerLayer {
   Tensor backward(const Tensor& dout, int mb);
 
   std::vector<Parameter*> parameters();
+  // The layer's parameters by role, for code that computes with them itself (generation's KV-cache decoder).
+  // Biases are null for Llama. Weights are this rank's slices (whole with tensor-parallel size 1).
+  struct Roles {
+    const Norm *ln1, *ln2;
+    const Parameter *qkv_w, *qkv_b, *proj_w, *proj_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
+  };
+  Roles roles() const {
+    return {&ln1_,        &ln2_,          &qkv_.weight(), qkv_.bias(),    &proj_.weight(),
+            proj_.bias(), &fc1_.weight(), fc1_.bias(),    &fc2_.weight(), fc2_.bias()};
+  }
+  int64_t index() const { return index_; }
 
  private:
   struct Activations {

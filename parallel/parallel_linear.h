@@ -64,6 +64,7 @@ class ColumnParallelLinear {
   Parameter& weight() { return borrowed_ ? *borrowed_ : weight_; }
   const Parameter& weight() const { return borrowed_ ? *borrowed_ : weight_; }
   Parameter* bias() { return has_bias_ ? &bias_ : nullptr; }
+  const Parameter* bias() const { return has_bias_ ? &bias_ : nullptr; }
   // The parameters it owns: weight then bias (none when the weight is borrowed).
   std::vector<Parameter*> parameters();
 
@@ -98,7 +99,9 @@ class RowParallelLinear {
   Tensor backward(const Tensor& dout, const Tensor& x, int64_t B) { return backward(dout, x, B, {}); }
 
   Parameter& weight() { return weight_; }
+  const Parameter& weight() const { return weight_; }
   Parameter* bias() { return has_bias_ ? &bias_ : nullptr; }
+  const Parameter* bias() const { return has_bias_ ? &bias_ : nullptr; }
   std::vector<Parameter*> parameters();  // weight then bias
 
  private:

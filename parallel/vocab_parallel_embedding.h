@@ -33,6 +33,7 @@ class VocabParallelEmbedding {
   void backward(const Tensor& tokens, const Tensor& dout);
 
   Parameter& weight() { return weight_; }
+  const Parameter& weight() const { return weight_; }
   int64_t vocab_start() const { return vocab_start_; }  // global row of local row 0
 
  private:
