@@ -11,6 +11,37 @@ namespace mt::cuda {
 
 namespace {
 
+// The two dot products of one row against tile rows lo..hi-1, as both backward kernels take them: lane t gets
+// s = scale * (x . xs[t]) and d = y . ys[t] (each a warp sum of the lanes' partials, every lane computing it);
+// the other lanes keep 0.
+template <int DMAX, int C>
+__device__ __forceinline__ void tile_dots(const float (&x)[C], const float (*xs)[DMAX], const float (&y)[C],
+                                          const float (*ys)[DMAX], int lo, int hi, float scale, int lane, float& my_s,
+                                          float& my_d) {
+  my_s = 0.f;
+  my_d = 0.f;
+#pragma unroll 4
+  for (int t = lo; t < hi; ++t) {
+    const float s = scale * warp_sum(lane_dot<DMAX, C>(x, xs, t, lane));
+    const float d = warp_sum(lane_dot<DMAX, C>(y, ys, t, lane));
+    if (lane == t) {
+      my_s = s;
+      my_d = d;
+    }
+  }
+}
+
+// f(r, t) for each of this warp's rows t = row0 + r (r < ROWS) inside the sequence (t < T), in order of r.
+template <int ROWS, class F>
+__device__ __forceinline__ void for_each_warp_row(int64_t row0, int64_t T, F&& f) {
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const int64_t t = row0 + r;
+    if (t >= T) continue;  // warp-uniform
+    f(r, t);
+  }
+}
+
 // ---- backward: dq and delta ----------------------------------------------------------------------------
 
 template <class S, int DMAX>
@@ -68,17 +99,9 @@ __global__ void __launch_bounds__(kThreads)
         if (i >= T) continue;  // warp-uniform
         const int64_t jend = g.causal ? i + 1 : T;
         const int nk = static_cast<int>(min(static_cast<int64_t>(BK), jend - j0));
-        if (nk <= 0) continue;          // warp-uniform
-        float my_s = 0.f, my_dv = 0.f;  // lane jj: s_ij and dO_i . v_j for j = j0 + jj
-#pragma unroll 4
-        for (int jj = 0; jj < nk; ++jj) {
-          const float s = g.scale * warp_sum(lane_dot<DMAX, C>(q[r], ks, jj, lane));
-          const float dv = warp_sum(lane_dot<DMAX, C>(dO[r], vs, jj, lane));
-          if (lane == jj) {
-            my_s = s;
-            my_dv = dv;
-          }
-        }
+        if (nk <= 0) continue;  // warp-uniform
+        float my_s, my_dv;      // lane jj: s_ij and dO_i . v_j for j = j0 + jj
+        tile_dots<DMAX, C>(q[r], ks, dO[r], vs, 0, nk, g.scale, lane, my_s, my_dv);
         float p = 0.f, dp = 0.f;
         if (lane < nk) {
           p = expf(my_s - row_lse[r]);
@@ -100,13 +123,10 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    const int64_t i = row0 + r;
-    if (i >= T) continue;
+  for_each_warp_row<ROWS>(row0, T, [&](int r, int64_t i) {
     store_row<S, C>(dq[r], dq_head, qstride, i, D, lane);
     if (lane == 0) delta[bh * T + i] = row_d[r];
-  }
+  });
 }
 
 // ---- backward: dk and dv -------------------------------------------------------------------------------
@@ -170,17 +190,9 @@ __global__ void __launch_bounds__(kThreads)
         const int lo =
             g.causal ? static_cast<int>(max(static_cast<int64_t>(0), min(static_cast<int64_t>(BK), j - i0))) : 0;
         const int hi = static_cast<int>(min(static_cast<int64_t>(BK), T - i0));
-        if (lo >= hi) continue;         // warp-uniform
-        float my_s = 0.f, my_dv = 0.f;  // lane ii: s_ij and dO_i . v_j for i = i0 + ii
-#pragma unroll 4
-        for (int ii = lo; ii < hi; ++ii) {
-          const float s = g.scale * warp_sum(lane_dot<DMAX, C>(k[r], qs, ii, lane));
-          const float dd = warp_sum(lane_dot<DMAX, C>(v[r], dos, ii, lane));
-          if (lane == ii) {
-            my_s = s;
-            my_dv = dd;
-          }
-        }
+        if (lo >= hi) continue;  // warp-uniform
+        float my_s, my_dv;       // lane ii: s_ij and dO_i . v_j for i = i0 + ii
+        tile_dots<DMAX, C>(k[r], qs, v[r], dos, lo, hi, g.scale, lane, my_s, my_dv);
         float ds = 0.f, pz = 0.f;
         if (lane >= lo && lane < hi) {
           const float p = expf(my_s - lse_s[lane]);
@@ -204,13 +216,10 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    const int64_t j = row0 + r;
-    if (j >= T) continue;
+  for_each_warp_row<ROWS>(row0, T, [&](int r, int64_t j) {
     store_row<S, C>(dk[r], dk_head, qstride, j, D, lane);
     store_row<S, C>(dv[r], dv_head, qstride, j, D, lane);
-  }
+  });
 }
 
 // ---- host side -----------------------------------------------------------------------------------------
