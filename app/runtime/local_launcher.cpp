@@ -1,4 +1,6 @@
 // local_launcher.cpp: spawn the ranks, relay their output, forward signals, stop everything on the first failure.
+// The supervising loop is here; the process, pipe and signal plumbing it uses is in local_launcher_detail.h and
+// local_launcher_spawn.cpp.
 #include "app/runtime/local_launcher.h"
 
 #include <fcntl.h>
@@ -6,10 +8,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,23 +23,19 @@
 #include <stdexcept>
 #include <string_view>
 #include <system_error>
-#include <tuple>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include "app/runtime/local_launcher_detail.h"
+
 extern char** environ;
 
 namespace mt::app {
+
+using namespace launcher_detail;  // NOLINT(google-build-using-namespace): the launcher's own parts
+
 namespace {
-
-using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
-
-constexpr int kMaxRanks = 4096;
-constexpr milliseconds kPollInterval{100};  // a backstop only: SIGCHLD and signals wake the loop at once
-constexpr size_t kMaxLine = 64 * 1024;      // a longer line without '\n' is relayed in pieces
-constexpr size_t kMaxDrain = 16 << 20;      // bytes read from a dead rank's pipe (an orphan may still write)
 
 // What any launcher that parallel/launch understands leaves in the environment to say who a process is.
 // clang-format off
@@ -51,328 +46,6 @@ constexpr std::string_view kRankVariables[] = {
     "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK", "PMI_RANK", "PMI_SIZE", "PMIX_RANK",
     "MEGATRAIN_JOB_ID"};
 // clang-format on
-
-std::system_error os_error(const std::string& what) { return {errno, std::generic_category(), what}; }
-
-void launcher_log(const std::string& msg) {
-  std::fflush(stdout);
-  fmt::print(stderr, "megatrain launch: {}\n", msg);
-  std::fflush(stderr);
-}
-
-std::string describe_signal(int sig) {
-  const char* name = sigdescr_np(sig);
-  return name ? fmt::format("{} ({})", sig, name) : std::to_string(sig);
-}
-
-// Async-signal-safe (only write and poll): used between fork and exec too.
-void write_all(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w > 0) {
-      p += w;
-      n -= size_t(w);
-    } else if (w < 0 && errno == EAGAIN) {
-      pollfd pfd{fd, POLLOUT, 0};
-      ::poll(&pfd, 1, 100);
-    } else if (!(w < 0 && errno == EINTR)) {
-      return;  // the output is gone; nowhere left to say so
-    }
-  }
-}
-
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& o) noexcept {
-    reset(std::exchange(o.fd_, -1));
-    return *this;
-  }
-  ~UniqueFd() { reset(); }
-  int get() const { return fd_; }
-  void reset(int fd = -1) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-// A pipe with both ends close-on-exec (so no rank holds another's) and the read end non-blocking.
-std::pair<UniqueFd, UniqueFd> make_pipe() {
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) throw os_error("cannot create a pipe for a rank's output");
-  UniqueFd r(fds[0]), w(fds[1]);
-  ::fcntl(r.get(), F_SETFL, ::fcntl(r.get(), F_GETFL) | O_NONBLOCK);
-  return {std::move(r), std::move(w)};
-}
-
-// ---- Signals: the handlers only write one byte to a self-pipe; the supervising loop does the rest. ----
-
-std::atomic<int> g_wake_fd{-1};  // the self-pipe's write end
-constexpr unsigned char kFromKernel = 0x80;
-
-// The high bit marks a signal that the kernel sent to the whole foreground process group (a terminal's Ctrl-C):
-// the ranks, in the launcher's group, got it too, and forwarding it would deliver it twice.
-extern "C" void on_launcher_signal(int sig, siginfo_t* info, void*) {
-  int saved_errno = errno;
-  unsigned char byte = static_cast<unsigned char>(sig) | (info && info->si_code == SI_KERNEL ? kFromKernel : 0);
-  int fd = g_wake_fd.load(std::memory_order_relaxed);
-  if (fd >= 0) (void)!::write(fd, &byte, 1);
-  errno = saved_errno;
-}
-
-struct ReceivedSignal {
-  int sig;
-  bool from_terminal;
-};
-
-// Owns SIGINT, SIGTERM, SIGHUP and SIGCHLD while the launcher runs (leaving ignored ones ignored, as nohup asks), and
-// gives back the caller's handlers after.
-class SignalWatch {
- public:
-  static constexpr std::array<int, 4> kSignals = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
-
-  SignalWatch() {
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) throw os_error("cannot create the launcher's signal pipe");
-    read_.reset(fds[0]);
-    write_.reset(fds[1]);
-    g_wake_fd.store(write_.get());
-    for (size_t i = 0; i < kSignals.size(); ++i) {
-      ::sigaction(kSignals[i], nullptr, &saved_[i]);
-      if (kSignals[i] != SIGCHLD && ignored(i)) continue;
-      struct sigaction sa {};
-      sa.sa_sigaction = on_launcher_signal;
-      sa.sa_flags = SA_SIGINFO | SA_RESTART | (kSignals[i] == SIGCHLD ? SA_NOCLDSTOP : 0);
-      sigemptyset(&sa.sa_mask);
-      ::sigaction(kSignals[i], &sa, nullptr);
-    }
-  }
-  ~SignalWatch() {
-    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &saved_[i], nullptr);
-    g_wake_fd.store(-1);
-  }
-  SignalWatch(const SignalWatch&) = delete;
-  SignalWatch& operator=(const SignalWatch&) = delete;
-
-  int fd() const { return read_.get(); }
-
-  // In a child before exec (async-signal-safe): what exec does to the caller's dispositions, ignored stays
-  // ignored and handlers become the default, so that no signal runs our handler there.
-  void reset_in_child() const {
-    for (size_t i = 0; i < kSignals.size(); ++i) {
-      struct sigaction sa {};
-      sa.sa_handler = ignored(i) ? SIG_IGN : SIG_DFL;
-      ::sigaction(kSignals[i], &sa, nullptr);
-    }
-  }
-
-  // SIGINT / SIGTERM / SIGHUP received since the last call (SIGCHLD only wakes the loop).
-  std::vector<ReceivedSignal> take() {
-    std::vector<ReceivedSignal> out;
-    unsigned char buf[64];
-    ssize_t n;
-    while ((n = ::read(read_.get(), buf, sizeof buf)) > 0) {
-      for (ssize_t i = 0; i < n; ++i) {
-        int sig = buf[i] & ~kFromKernel;
-        if (sig != SIGCHLD) out.push_back({sig, (buf[i] & kFromKernel) != 0});
-      }
-    }
-    return out;
-  }
-
- private:
-  bool ignored(size_t i) const { return !(saved_[i].sa_flags & SA_SIGINFO) && saved_[i].sa_handler == SIG_IGN; }
-
-  UniqueFd read_, write_;
-  std::array<struct sigaction, kSignals.size()> saved_{};
-};
-
-// ---- Output: one rank's stdout or stderr, relayed line by line with "[rank N] " in front. ----
-
-class LineRelay {
- public:
-  LineRelay(UniqueFd fd, int out_fd, int rank)
-      : fd_(std::move(fd)), out_fd_(out_fd), prefix_(fmt::format("[rank {}] ", rank)) {}
-
-  bool open() const { return fd_.get() >= 0; }
-  int fd() const { return fd_.get(); }
-
-  // Reads what the pipe holds now; closes the relay (flushing a partial last line) at EOF.
-  void read_available(size_t limit = kMaxLine) {
-    char chunk[16384];
-    size_t total = 0;
-    while (open() && total < limit) {
-      ssize_t n = ::read(fd_.get(), chunk, sizeof chunk);
-      if (n > 0) {
-        buf_.append(chunk, size_t(n));
-        total += size_t(n);
-        emit(false);
-      } else if (n < 0 && errno == EINTR) {
-        continue;
-      } else if (n < 0 && errno == EAGAIN) {
-        return;
-      } else {  // EOF or a broken pipe
-        close();
-      }
-    }
-  }
-
-  // For a rank that has exited: read what it left (an orphan of it may hold the pipe open), then close.
-  void drain_and_close() {
-    read_available(kMaxDrain);
-    close();
-  }
-
- private:
-  void close() {
-    emit(true);
-    fd_.reset();
-  }
-
-  // Writes every complete line (and with `all`, the partial last one, ended by '\n') in one write.
-  void emit(bool all) {
-    std::string out;
-    size_t start = 0;
-    for (size_t nl; (nl = buf_.find('\n', start)) != std::string::npos; start = nl + 1)
-      out.append(prefix_).append(buf_, start, nl + 1 - start);
-    buf_.erase(0, start);
-    if (!buf_.empty() && (all || buf_.size() >= kMaxLine)) {
-      out.append(prefix_).append(buf_).push_back('\n');
-      buf_.clear();
-    }
-    if (!out.empty()) write_all(out_fd_, out.data(), out.size());
-  }
-
-  UniqueFd fd_;
-  int out_fd_;
-  std::string prefix_;
-  std::string buf_;  // the partial line read so far
-};
-
-// ---- Spawning. ----
-
-struct Rank {
-  int rank = 0;
-  pid_t pid = -1;
-  bool running = false;
-  std::optional<LineRelay> out, err;  // with prefix_output only
-};
-
-// True when the process is stopped (SIGSTOP, SIGTSTP, or a debugger): state T or t in /proc/PID/stat. Such a
-// rank answers nothing, so its peers time out waiting for it and exit first, looking like the culprits.
-bool is_stopped(pid_t pid) {
-  std::FILE* f = std::fopen(fmt::format("/proc/{}/stat", pid).c_str(), "r");
-  if (!f) return false;
-  char buf[512] = {};
-  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
-  std::fclose(f);
-  // "PID (comm) S ...": the state follows the last ')' (comm may hold spaces and parentheses).
-  const char* close = nullptr;
-  for (size_t i = 0; i < n; ++i)
-    if (buf[i] == ')') close = buf + i;
-  return close && close + 2 < buf + n && (close[2] == 'T' || close[2] == 't');
-}
-
-// argv[0] as execvp would find it; empty when PATH has no such executable.
-std::string find_program(const std::string& prog) {
-  if (prog.find('/') != std::string::npos) return prog;
-  const char* path = std::getenv("PATH");
-  std::string_view dirs = path && *path ? path : "/usr/local/bin:/usr/bin:/bin";
-  while (true) {
-    size_t colon = dirs.find(':');
-    std::string dir(dirs.substr(0, colon));
-    std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + prog;
-    struct stat st {};
-    if (::stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(candidate.c_str(), X_OK) == 0)
-      return candidate;
-    if (colon == std::string_view::npos) return {};
-    dirs.remove_prefix(colon + 1);
-  }
-}
-
-// Everything a child needs, built before fork: between fork and exec the child may only call async-signal-safe
-// functions (the caller may have other threads, whose locks the child inherits held).
-struct ExecPlan {
-  std::string path;                           // empty: not found in PATH
-  std::vector<char*> argv;                    // null-terminated, pointing into LaunchOptions::argv
-  std::vector<std::vector<std::string>> env;  // per rank
-  std::vector<std::vector<char*>> envp;       // per rank, null-terminated
-};
-
-[[noreturn]] void exec_rank(const ExecPlan& plan, int rank, const SignalWatch& signals, pid_t launcher,
-                            const sigset_t& caller_mask, int out_w, int err_w) {
-  signals.reset_in_child();
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != launcher) ::_exit(1);     // the launcher died before prctl took effect
-  ::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC);  // descriptors the caller left inheritable stay with the launcher
-  if (out_w >= 0) ::dup2(out_w, STDOUT_FILENO);
-  if (err_w >= 0) ::dup2(err_w, STDERR_FILENO);
-  ::sigprocmask(SIG_SETMASK, &caller_mask, nullptr);
-  if (plan.path.empty()) {
-    errno = ENOENT;
-  } else {
-    ::execve(plan.path.c_str(), plan.argv.data(), plan.envp[size_t(rank)].data());
-  }
-  const char* reason = ::strerrordesc_np(errno);
-  // One write, so that the messages of several ranks do not interleave.
-  char msg[1024];
-  size_t len = 0;
-  for (const char* part :
-       {"cannot run ", static_cast<const char*>(plan.argv[0]), ": ", reason ? reason : "unknown error"})
-    for (; *part && len < sizeof msg - 1; ++part) msg[len++] = *part;
-  msg[len++] = '\n';
-  write_all(STDERR_FILENO, msg, len);
-  ::_exit(127);
-}
-
-// For errors of the launcher itself: no rank may outlive it.
-void kill_and_reap(std::vector<Rank>& ranks) {
-  for (auto& r : ranks)
-    if (r.running) ::kill(r.pid, SIGKILL);
-  for (auto& r : ranks)
-    if (r.running)
-      while (::waitpid(r.pid, nullptr, 0) < 0 && errno == EINTR) {
-      }
-}
-
-// Forks every rank. SIGINT/SIGTERM/SIGCHLD stay blocked meanwhile, so no child runs the launcher's handlers
-// before it resets them; what arrives is handled once all ranks run. On failure, no rank is left behind.
-std::vector<Rank> spawn_ranks(const LaunchOptions& opt, const ExecPlan& plan, const SignalWatch& signals) {
-  sigset_t block, caller_mask;
-  sigemptyset(&block);
-  for (int sig : SignalWatch::kSignals) sigaddset(&block, sig);
-  ::pthread_sigmask(SIG_BLOCK, &block, &caller_mask);
-  const pid_t launcher = ::getpid();
-  std::vector<Rank> ranks;
-  try {
-    for (int rank = 0; rank < opt.nproc; ++rank) {
-      UniqueFd out_r, out_w, err_r, err_w;
-      if (opt.prefix_output) {
-        std::tie(out_r, out_w) = make_pipe();
-        std::tie(err_r, err_w) = make_pipe();
-      }
-      pid_t pid = ::fork();
-      if (pid < 0) throw os_error(fmt::format("cannot fork rank {}", rank));
-      if (pid == 0) exec_rank(plan, rank, signals, launcher, caller_mask, out_w.get(), err_w.get());
-      Rank& r = ranks.emplace_back(Rank{rank, pid, true, std::nullopt, std::nullopt});
-      if (opt.prefix_output) {
-        r.out.emplace(std::move(out_r), STDOUT_FILENO, rank);
-        r.err.emplace(std::move(err_r), STDERR_FILENO, rank);
-      }
-    }
-  } catch (...) {
-    kill_and_reap(ranks);
-    ::pthread_sigmask(SIG_SETMASK, &caller_mask, nullptr);
-    throw;
-  }
-  ::pthread_sigmask(SIG_SETMASK, &caller_mask, nullptr);
-  return ranks;
-}
 
 // ---- Supervising: wait for the ranks; the first failure stops the others. ----
 

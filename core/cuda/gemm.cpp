@@ -324,6 +324,22 @@ void gemm_composed(const Tensor& a, const Tensor& b, Tensor& out, const GemmOpti
   }
 }
 
+// The configuration of the plain GEMM out (M, N) = op(a) (M, K) op(b) (K, N); a fused epilogue's call adds its
+// own fields to it.
+Key plain_key(const Tensor& a, const Tensor& b, const Tensor& out, const GemmOptions& opt, int64_t M, int64_t N,
+              int64_t K) {
+  return Key{M,
+             N,
+             K,
+             opt.trans_a,
+             opt.trans_b,
+             a.dtype(),
+             out.dtype(),
+             alignment_of(a.raw()),
+             alignment_of(b.raw()),
+             alignment_of(out.raw())};
+}
+
 // Runs the GEMM with its epilogue fused by cuBLASLt; false (nothing enqueued) when that is not available.
 bool gemm_fused(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions& opt) {
   const int64_t M = out.dim(0), N = out.dim(1);
@@ -348,20 +364,11 @@ bool gemm_fused(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions
   }
   if (has_aux(e)) ptrs.aux = opt.aux->raw();
 
-  const Key key{M,
-                N,
-                K,
-                opt.trans_a,
-                opt.trans_b,
-                a.dtype(),
-                out.dtype(),
-                alignment_of(a.raw()),
-                alignment_of(b.raw()),
-                alignment_of(out.raw()),
-                e,
-                bias_dtype,
-                alignment_of(ptrs.bias),
-                has_aux(e) ? alignment_of(ptrs.aux) : 0u};
+  Key key = plain_key(a, b, out, opt, M, N, K);
+  key.epilogue = e;
+  key.bias = bias_dtype;
+  key.align_bias = alignment_of(ptrs.bias);
+  key.align_aux = has_aux(e) ? alignment_of(ptrs.aux) : 0u;
   Plan& plan = plan_for(key, ptrs);
   {
     // The cached descriptor is shared: set this call's pointers and enqueue under the cache's lock.
@@ -404,16 +411,7 @@ void gemm_plain(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions
     return;
   }
 
-  const Key key{M,
-                N,
-                K,
-                opt.trans_a,
-                opt.trans_b,
-                a.dtype(),
-                out.dtype(),
-                alignment_of(a.raw()),
-                alignment_of(b.raw()),
-                alignment_of(out.raw())};
+  const Key key = plain_key(a, b, out, opt, M, N, K);
   const Plan& plan = plan_for(key);  // throws when the heuristic finds nothing (no epilogue to drop)
   void* ws = workspace();
   const float alpha = opt.alpha, beta = opt.beta;

@@ -22,34 +22,33 @@
 
 namespace mt::cuda {
 
+// fp32 to and from each storage dtype, both directions of a dtype side by side: widening is exact, narrowing
+// rounds to nearest even (as the CPU reference).
 template <class T>
-__device__ __forceinline__ float to_f32(T v);
+struct F32Convert;
 template <>
-__device__ __forceinline__ float to_f32<float>(float v) {
-  return v;
-}
+struct F32Convert<float> {
+  static __device__ __forceinline__ float to(float v) { return v; }
+  static __device__ __forceinline__ float from(float v) { return v; }
+};
 template <>
-__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
+struct F32Convert<__nv_bfloat16> {
+  static __device__ __forceinline__ float to(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ __nv_bfloat16 from(float v) { return __float2bfloat16_rn(v); }
+};
 template <>
-__device__ __forceinline__ float to_f32<__half>(__half v) {
-  return __half2float(v);
-}
+struct F32Convert<__half> {
+  static __device__ __forceinline__ float to(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half from(float v) { return __float2half_rn(v); }
+};
 
 template <class T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ float from_f32<float>(float v) {
-  return v;
+__device__ __forceinline__ float to_f32(T v) {
+  return F32Convert<T>::to(v);
 }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) {
-  return __float2half_rn(v);
+template <class T>
+__device__ __forceinline__ T from_f32(float v) {
+  return F32Convert<T>::from(v);
 }
 
 [[noreturn]] inline void bad_dtype(const char* what, DType t) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "core/cuda/kernels.cuh"
+#include "core/cuda/norm_rows.cuh"
 #include "core/cuda/ops_cuda.h"
 
 namespace mt::cuda {
@@ -41,26 +42,12 @@ __global__ void __launch_bounds__(1024)
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {  // uniform over the block: block_sum is safe
     const T* xr = x + n * C;
     T* yr = out + n * C;
-    double sum = 0.0;
-    for_each_row_step<E>(C, [&](int64_t c) {
-      float v[E];
-      load_f32s<E>(xr + c, v);
-#pragma unroll
-      for (int j = 0; j < E; ++j) sum += static_cast<double>(v[j]);
-    });
-    sum = block_sum(sum);
+    const double sum = block_row_sum<E>(xr, C, [](float v) { return static_cast<double>(v); });
     const double mu = sum / static_cast<double>(C);
-    double sq = 0.0;
-    for_each_row_step<E>(C, [&](int64_t c) {
-      float v[E];
-      load_f32s<E>(xr + c, v);
-#pragma unroll
-      for (int j = 0; j < E; ++j) {
-        const double d = static_cast<double>(v[j]) - mu;
-        sq += d * d;
-      }
+    const double sq = block_row_sum<E>(xr, C, [&](float v) {
+      const double d = static_cast<double>(v) - mu;
+      return d * d;
     });
-    sq = block_sum(sq);
     const double var = sq / static_cast<double>(C);
     const float m = static_cast<float>(mu);
     const float s = static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
@@ -95,15 +82,7 @@ __global__ void __launch_bounds__(1024)
     const float m = mean[n], s = rstd[n];
     // xhat and g of the E columns from c.
     auto terms = [&](int64_t c, float(&xh)[E], float(&g)[E]) {
-      float dv[E], wv[E];
-      load_f32s<E>(xr + c, xh);
-      load_f32s<E>(dr + c, dv);
-      load_f32s<E>(w + c, wv);
-#pragma unroll
-      for (int j = 0; j < E; ++j) {
-        xh[j] = normalized(xh[j], m, s);
-        g[j] = __fmul_rn(dv[j], wv[j]);
-      }
+      norm_dx_terms<E>(xr, dr, w, c, xh, g, [&](float x) { return normalized(x, m, s); });
     };
     double sum_g = 0.0, sum_gx = 0.0;
     for_each_row_step<E>(C, [&](int64_t c) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "core/cuda/kernels.cuh"
+#include "core/cuda/norm_rows.cuh"
 #include "core/cuda/ops_cuda.h"
 
 namespace mt::cuda {
@@ -36,17 +37,10 @@ __global__ void __launch_bounds__(1024)
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {  // uniform over the block: block_sum is safe
     const T* xr = x + n * C;
     T* yr = out + n * C;
-    double sq = 0.0;
-    for_each_row_step<E>(C, [&](int64_t c) {
-      float v[E];
-      load_f32s<E>(xr + c, v);
-#pragma unroll
-      for (int j = 0; j < E; ++j) {
-        const double d = static_cast<double>(v[j]);
-        sq += d * d;
-      }
+    const double sq = block_row_sum<E>(xr, C, [](float v) {
+      const double d = static_cast<double>(v);
+      return d * d;
     });
-    sq = block_sum(sq);
     const double ms = sq / static_cast<double>(C);
     const float s = static_cast<float>(1.0 / sqrt(ms + static_cast<double>(eps)));
     for_each_row_step<E>(C, [&](int64_t c) {
@@ -75,15 +69,7 @@ __global__ void __launch_bounds__(1024)
     const float s = rstd[n];
     // xhat and g of the E columns from c.
     auto terms = [&](int64_t c, float(&xh)[E], float(&g)[E]) {
-      float dv[E], wv[E];
-      load_f32s<E>(xr + c, xh);
-      load_f32s<E>(dr + c, dv);
-      load_f32s<E>(w + c, wv);
-#pragma unroll
-      for (int j = 0; j < E; ++j) {
-        xh[j] = __fmul_rn(xh[j], s);
-        g[j] = __fmul_rn(dv[j], wv[j]);
-      }
+      norm_dx_terms<E>(xr, dr, w, c, xh, g, [&](float x) { return __fmul_rn(x, s); });
     };
     double sum_gx = 0.0;
     for_each_row_step<E>(C, [&](int64_t c) {
