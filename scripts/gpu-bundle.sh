@@ -64,13 +64,13 @@ if [[ -e $BUNDLE_DIR ]]; then
   fi
 fi
 
-# The GPU tests to take along: those whose sources exist (the CUDA ops test may not be written yet).
+# The GPU tests to take along: those whose sources exist (test_<area>.cpp, or its parts test_<area>.<part>.cpp).
 GPU_TESTS=()
-for t in test_cuda_ops test_comm_nccl test_distributed test_cuda_allocator test_training; do
-  if [[ -n $(find tests/unit -name "$t.cpp" -print -quit) ]]; then
+for t in test_cuda_ops test_cuda_models test_comm_nccl test_distributed test_cuda_allocator test_training; do
+  if [[ -n $(find tests/unit \( -name "$t.cpp" -o -name "$t.*.cpp" \) -print -quit) ]]; then
     GPU_TESTS+=("$t")
   elif [[ $t != test_training ]]; then
-    warn "no tests/unit/**/$t.cpp: the bundle will not hold $t (gpu-run.sh check will report it missing)"
+    warn "no tests/unit/**/$t.cpp or $t.*.cpp: the bundle will not hold $t (gpu-run.sh check will report it missing)"
   fi
 done
 

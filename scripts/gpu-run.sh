@@ -8,8 +8,8 @@
 #
 # Usage: scripts/gpu-run.sh MODE [args]; on a fresh GPU machine one command each, in this order:
 #   first     (470 s) env; test_cuda_ops without per-kernel synchronisation, then only its failing (or unfinished)
-#             tests again with MEGATRAIN_CUDA_SYNC=1 (a fault names its kernel); test_comm_nccl, test_distributed,
-#             test_cuda_allocator; the tiny model on the GPU against the CPU (tests/e2e/gpu_train_matches_cpu.sh)
+#             tests again with MEGATRAIN_CUDA_SYNC=1 (a fault names its kernel); test_cuda_models, test_comm_nccl,
+#             test_distributed, test_cuda_allocator; the tiny model on the GPU against the CPU (gpu_train_matches_cpu)
 #   e2e       (540 s) every tests/e2e/gpu_*.sh but the layout matrix, each capped by what is left
 #   matrix    (540 s) tests/e2e/gpu_layout_matrix.sh: the GPT rows, then the Llama rows, two capped steps;
 #             `matrix gpt` or `matrix llama` runs one of them
@@ -20,8 +20,8 @@
 #   plan      (540 s) `megatrain bench kernels --device cuda` (rates to $OUT/rates-gpu.yaml), then megatrain alone
 #             through bench/gpu_throughput.sh with plan's predicted ms/iter and peak memory beside each row
 #             (one model, as bench: `plan 1.3b`)
-#   check     (540 s) the GPU unit tests: test_cuda_ops, test_comm_nccl, test_distributed, test_cuda_allocator
-#             (CHECK_TRAINING=1 adds test_training)
+#   check     (540 s) the GPU unit tests: test_cuda_ops, test_cuda_models, test_comm_nccl, test_distributed,
+#             test_cuda_allocator (CHECK_TRAINING=1 adds test_training)
 #   env       (120 s) what the machine has: nvidia-smi, nvcc, torch and its nvidia pip folders, the ldd check,
 #             `megatrain info`; without a usable GPU it says so and still succeeds. Every mode but exec runs it
 #             first; the GPU modes stop there when no GPU can be used (bench with DEVICE=cpu runs on the CPU)
@@ -342,15 +342,16 @@ run_gtest() {
 run_e2e() { run_step "$2" "$3" "$4" env "${@:5}" bash "tests/e2e/$1.sh" "$MT" "$ROOT"; }
 
 # ---- Modes ------------------------------------------------------------------------------------------------
-GPU_TESTS=(test_cuda_ops test_comm_nccl test_distributed test_cuda_allocator)
+GPU_TESTS=(test_cuda_ops test_cuda_models test_comm_nccl test_distributed test_cuda_allocator)
 CUDA_OPS_CAP=${CUDA_OPS_CAP:-240}   # ~56 cuDNN graphs are built, each up to seconds on Hopper
 
-# Caps (MAX) in seconds, and KEEP: what the later steps keep back, 20 s for each small unit test and 120 s for the
-# tiny model against the CPU (its 8 CPU runs take ~5 s here, its 13 GPU runs each a CUDA start and a few cuDNN
-# graphs). The synchronised rerun is diagnosis: it gets only what the others leave.
+# Caps (MAX) in seconds, and KEEP: what the later steps keep back, 20 s for each small unit test (test_cuda_models
+# among them: an optimizer step and two microbatches of a 2-layer model) and 120 s for the tiny model against the
+# CPU (its 8 CPU runs take ~5 s here, its 13 GPU runs each a CUDA start and a few cuDNN graphs). The synchronised
+# rerun is diagnosis: it gets only what the others leave.
 mode_first() {
   GT_ENV=(-u MEGATRAIN_CUDA_SYNC)
-  run_gtest test_cuda_ops "$CUDA_OPS_CAP" 180 test_cuda_ops
+  run_gtest test_cuda_ops "$CUDA_OPS_CAP" 200 test_cuda_ops
   GT_ENV=()
   # Again with a synchronisation after every kernel, so that an asynchronous fault names its kernel: the failed
   # tests of a complete run, or every test that did not pass when it crashed or was killed at its cap.
@@ -359,9 +360,10 @@ mode_first() {
     local filter=$GT_FAILED
     if [[ $GT_COMPLETE == 0 || -n $GT_UNFINISHED ]]; then filter=${GT_PASSED:+-$GT_PASSED}; filter=${filter:-*}; fi
     GT_ENV=(MEGATRAIN_CUDA_SYNC=1)
-    run_gtest test_cuda_ops_sync 90 180 test_cuda_ops "--gtest_filter=$filter"
+    run_gtest test_cuda_ops_sync 90 200 test_cuda_ops "--gtest_filter=$filter"
     GT_ENV=()
   fi
+  run_gtest test_cuda_models 45 180 test_cuda_models
   run_gtest test_comm_nccl 45 160 test_comm_nccl
   run_gtest test_distributed 60 140 test_distributed
   run_gtest test_cuda_allocator 45 120 test_cuda_allocator
@@ -370,8 +372,8 @@ mode_first() {
 
 mode_check() {
   local tests=("${GPU_TESTS[@]}") i keep
-  local -A caps=([test_cuda_ops]=300 [test_comm_nccl]=60 [test_distributed]=90 [test_cuda_allocator]=60
-                 [test_training]=240)
+  local -A caps=([test_cuda_ops]=300 [test_cuda_models]=60 [test_comm_nccl]=60 [test_distributed]=90
+                 [test_cuda_allocator]=60 [test_training]=240)
   if [[ ${CHECK_TRAINING:-0} == 1 ]]; then tests+=(test_training); fi
   for i in "${!tests[@]}"; do
     keep=$(( (${#tests[@]} - 1 - i) * 40 ))

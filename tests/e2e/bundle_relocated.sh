@@ -13,7 +13,7 @@
 source "$(dirname "$0")/lib/common.bash"
 BUILD=$(dirname "$(realpath "$MT")")
 grep -q '^cuda backend: built' <<<"$("$MT" info)" || { echo "SKIP: $MT was built without the CUDA backend"; exit 77; }
-for t in test_cuda_ops test_comm_nccl test_distributed test_cuda_allocator; do
+for t in test_cuda_ops test_cuda_models test_comm_nccl test_distributed test_cuda_allocator; do
   [ -x "$BUILD/tests/$t" ] || { echo "SKIP: $BUILD/tests/$t is not built (the bundle takes the GPU tests along)"; exit 77; }
 done
 T0=$(date +%s)
@@ -68,7 +68,7 @@ relocated_checks() {
   grep -q '^\[       OK \] .*Gloo' test_distributed.log || { cat test_distributed.log; fail "test_distributed: no Gloo test passed"; }
   echo "bin/test_distributed: the Gloo test passes from the moved bundle"; took
   if [ "$HAS_GPU" = 0 ]; then
-    for t in test_cuda_ops test_comm_nccl test_cuda_allocator test_distributed; do
+    for t in test_cuda_ops test_cuda_models test_comm_nccl test_cuda_allocator test_distributed; do
       [ "$t" = test_distributed ] || "$run" exec "$B/bin/$t" >"$t.log" 2>&1 || { tail -30 "$t.log"; fail "bin/$t failed without a GPU"; }
       grep -q '^\[  SKIPPED \]' "$t.log" || { tail -30 "$t.log"; fail "bin/$t: no test skipped without a GPU"; }
       ! grep -q '^\[  FAILED  \]' "$t.log" || { tail -30 "$t.log"; fail "bin/$t: a test failed without a GPU"; }

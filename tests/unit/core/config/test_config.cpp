@@ -854,6 +854,23 @@ TEST(ConfigVocabAuto, TakesTheFirstTrainPrefixsTokenizerVocabulary) {
   std::filesystem::remove_all(dir);
 }
 
+// Megatron's --data-path list syntax (core/data's blends read what this returns: test_data.cpp).
+TEST(Blend, ConfigListsFollowMegatronsSyntax) {
+  DataBlend b = parse_data_blend({"0.3", "a", "0.7", "b"});
+  EXPECT_EQ(b.prefixes, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(b.weights, (std::vector<double>{0.3, 0.7}));
+  b = parse_data_blend({"a", "b"});  // unweighted: today's concatenation
+  EXPECT_EQ(b.prefixes, (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(b.weights.empty());
+  b = parse_data_blend({"3", "a", "x", "b"});  // not every other item a number: plain prefixes
+  EXPECT_EQ(b.prefixes.size(), 4u);
+  EXPECT_TRUE(b.weights.empty());
+  b = parse_data_blend({"1", "a", "2"});  // odd count: plain prefixes
+  EXPECT_TRUE(b.weights.empty());
+  b = parse_data_blend({" 30 ", "a", "1e1", "b"});
+  EXPECT_EQ(b.weights, (std::vector<double>{30, 10}));
+}
+
 }  // namespace
 }  // namespace mt
 

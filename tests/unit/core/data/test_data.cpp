@@ -17,8 +17,6 @@
 #include <numeric>
 #include <sstream>
 
-#include "app/cli/commands.h"
-#include "core/config/config.h"
 #include "core/data/blend.h"
 #include "core/data/gpt_dataset.h"
 #include "core/data/indexed_dataset.h"
@@ -647,34 +645,6 @@ TEST(Prepare, ErrorsNameTheFileAndLineAndWriteNothing) {
   expect_data_error([&] { prepare_dataset(opt); }, {dir / "nokey.jsonl:1", "\"body\""});
 }
 
-TEST(Prepare, CommandLineRunsPrepareAndInspect) {
-  TempDir dir;
-  write_text(dir / "in.txt", "one\n\ntwo");
-  CLI::App app("megatrain");
-  app::add_data_commands(app);
-  const std::string in = dir / "in.txt", out = dir / "cli";
-  std::vector<const char*> argv = {"megatrain", "data",      "prepare",     "--input", in.c_str(),
-                                   "--output",  out.c_str(), "--tokenizer", "byte"};
-  app.parse(static_cast<int>(argv.size()), argv.data());
-  IndexedDataset ds(out);
-  EXPECT_EQ(ds.num_documents(), 2);
-  EXPECT_EQ(ds.num_tokens(), 8);
-
-  CLI::App app2("megatrain");
-  app::add_data_commands(app2);
-  std::vector<const char*> argv2 = {"megatrain", "data", "inspect", out.c_str()};
-  testing::internal::CaptureStdout();
-  app2.parse(static_cast<int>(argv2.size()), argv2.data());
-  const std::string printed = testing::internal::GetCapturedStdout();
-  EXPECT_NE(printed.find("documents   2"), std::string::npos) << printed;
-
-  CLI::App app3("megatrain");
-  app::add_data_commands(app3);
-  const std::string nope = dir / "nope";
-  std::vector<const char*> argv3 = {"megatrain", "data", "inspect", nope.c_str()};
-  EXPECT_THROW(app3.parse(static_cast<int>(argv3.size()), argv3.data()), DataError);
-}
-
 // ------------------------------------------------------------------------------------------------ splits and blends
 // Golden values from tests/interop/megatron_split_blend_reference.py, a copy in behaviour of megatron-core 0.16.1's
 // split and blend rules (the script names the source files).
@@ -745,22 +715,6 @@ TEST(Blend, IndexIsTheGreedyRuleAcrossBlocks) {
   EXPECT_EQ(index.counts(n), taken);
   EXPECT_THROW(normalize_blend_weights({0.5, 0}), std::invalid_argument);
   EXPECT_THROW(normalize_blend_weights({}), std::invalid_argument);
-}
-
-TEST(Blend, ConfigListsFollowMegatronsSyntax) {
-  DataBlend b = parse_data_blend({"0.3", "a", "0.7", "b"});
-  EXPECT_EQ(b.prefixes, (std::vector<std::string>{"a", "b"}));
-  EXPECT_EQ(b.weights, (std::vector<double>{0.3, 0.7}));
-  b = parse_data_blend({"a", "b"});  // unweighted: today's concatenation
-  EXPECT_EQ(b.prefixes, (std::vector<std::string>{"a", "b"}));
-  EXPECT_TRUE(b.weights.empty());
-  b = parse_data_blend({"3", "a", "x", "b"});  // not every other item a number: plain prefixes
-  EXPECT_EQ(b.prefixes.size(), 4u);
-  EXPECT_TRUE(b.weights.empty());
-  b = parse_data_blend({"1", "a", "2"});  // odd count: plain prefixes
-  EXPECT_TRUE(b.weights.empty());
-  b = parse_data_blend({" 30 ", "a", "1e1", "b"});
-  EXPECT_EQ(b.weights, (std::vector<double>{30, 10}));
 }
 
 TEST(TokenStream, SequenceRangesCutInsideDocuments) {

@@ -2,10 +2,10 @@
 // exactly the ids of Hugging Face's `tokenizers` (golden values in tests/data/tokenizer/, made by
 // tests/interop/make_golden.py), invalid UTF-8 is replaced as Python's
 // errors="replace" decoding does, unsupported tokenizer.json components are refused by name, and `data
-// prepare --workers N` writes the documents in input order.
-#include <CLI/CLI.hpp>
+// prepare --workers N` writes the documents in input order (the command line's options: app/cli/test_data_commands.cpp).
 #include <gtest/gtest.h>
 
+#include "tests/unit/core/data/tokenizer_fixtures.h"
 #include "tests/unit/source_root.h"
 #include "tests/unit/temp_dir.h"
 #include <stdlib.h>
@@ -14,7 +14,6 @@
 #include <fstream>
 #include <sstream>
 
-#include "app/cli/commands.h"
 #include "core/data/bpe.h"
 #include "core/data/json_line.h"
 #include "core/data/prepare.h"
@@ -27,10 +26,9 @@ namespace mt {
 namespace {
 
 namespace fs = std::filesystem;
-
-fs::path fixtures() { return testing_util::source_root() / "tests" / "data" / "tokenizer"; }
-
-std::string fixture(const std::string& name) { return (fixtures() / name).string(); }
+using testing_util::expected;
+using testing_util::fixture;
+using testing_util::hf_file;
 
 std::string read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -47,29 +45,11 @@ std::vector<std::string> corpus() {
   return docs;
 }
 
-std::vector<std::vector<int32_t>> expected(const std::string& name) {
-  std::vector<std::vector<int32_t>> ids;
-  std::istringstream in(read_all(fixture("expected-" + name + ".txt")));
-  for (std::string line; std::getline(in, line);) {
-    std::istringstream words(line);
-    ids.emplace_back();
-    for (int32_t id; words >> id;) ids.back().push_back(id);
-  }
-  return ids;
-}
-
 TokenizerOptions gpt2_files() {
   TokenizerOptions o;
   o.kind = TokenizerKind::gpt2;
   o.vocab_file = fixture("gpt2-vocab.json");
   o.merge_file = fixture("gpt2-merges.txt");
-  return o;
-}
-
-TokenizerOptions hf_file(const std::string& path) {
-  TokenizerOptions o;
-  o.kind = TokenizerKind::hf;
-  o.tokenizer_file = path;
   return o;
 }
 
@@ -142,40 +122,6 @@ TEST(Tokenizer, HfPostProcessorAddsBosUnlessLeftOut) {
   TokenizerOptions plain = hf_file(fixture("llama3-bos-tokenizer.json"));
   plain.add_special_tokens = false;
   expect_golden(*make_tokenizer(plain), "hf-llama3");
-}
-
-TEST(Tokenizer, HfPostProcessorIsRecordedInTheSidecar) {
-  TempDir dir;
-  for (bool specials : {true, false}) {
-    PrepareOptions opt;
-    opt.inputs = {fixture("corpus.jsonl")};
-    opt.output_prefix = dir / (specials ? "with" : "without");
-    opt.tokenizer = hf_file(fixture("llama3-bos-tokenizer.json"));
-    opt.tokenizer.add_special_tokens = specials;
-    prepare_dataset(opt);
-    const auto sidecar = read_tokenizer_sidecar(opt.output_prefix);
-    ASSERT_TRUE(sidecar);
-    EXPECT_EQ(sidecar->tokenizer.add_special_tokens, specials);
-    IndexedDataset ds(opt.output_prefix);
-    std::vector<int32_t> first(static_cast<size_t>(ds.sequence_lengths()[0]));
-    ds.read(0, 0, first);
-    EXPECT_EQ(first.front() == 0, specials);  // <|begin_of_text|>
-    EXPECT_EQ(first.back(), 1);               // <|end_of_text|> still ends the document
-  }
-  // A sidecar written before the post-processor was applied has no add_special_tokens: its ids have none.
-  std::ofstream(dir / "old.tokenizer.yaml") << "kind: hf\nfiles:\n  tokenizer_file: /x.json\nvocab_size: 404\neod: 1\n";
-  EXPECT_FALSE(read_tokenizer_sidecar(dir / "old")->tokenizer.add_special_tokens);
-  // The command line's --no-special-tokens.
-  const std::string out = dir / "cli", in = fixture("corpus.jsonl"), file = fixture("llama3-bos-tokenizer.json");
-  CLI::App app("megatrain");
-  app::add_data_commands(app);
-  std::vector<const char*> argv = {
-      "megatrain", "data",        "prepare", "--input",          in.c_str(),   "--output",
-      out.c_str(), "--tokenizer", "hf",      "--tokenizer-file", file.c_str(), "--no-special-tokens"};
-  testing::internal::CaptureStdout();
-  app.parse(static_cast<int>(argv.size()), argv.data());
-  testing::internal::GetCapturedStdout();
-  EXPECT_FALSE(read_tokenizer_sidecar(out)->tokenizer.add_special_tokens);
 }
 
 // SentencePiece-style BPE tokenizer.json (transformers' LlamaConverter layout, made from spm-bpe.model by
@@ -339,23 +285,6 @@ TEST(Tokenizer, PrepareWithWorkersKeepsDocumentOrder) {
       EXPECT_EQ(got, w) << "workers " << workers << ", document " << d;
     }
   }
-}
-
-TEST(Tokenizer, CommandLineTakesTheTokenizerFiles) {
-  TempDir dir;
-  const std::string out = dir / "cli", in = fixture("corpus.jsonl"), vocab = fixture("gpt2-vocab.json"),
-                    merges = fixture("gpt2-merges.txt");
-  CLI::App app("megatrain");
-  app::add_data_commands(app);
-  std::vector<const char*> argv = {"megatrain",   "data",         "prepare",      "--input",   in.c_str(),
-                                   "--output",    out.c_str(),    "--tokenizer",  "gpt2",      "--vocab-file",
-                                   vocab.c_str(), "--merge-file", merges.c_str(), "--workers", "2"};
-  testing::internal::CaptureStdout();
-  app.parse(static_cast<int>(argv.size()), argv.data());
-  const std::string printed = testing::internal::GetCapturedStdout();
-  EXPECT_NE(printed.find("vocab_size 400"), std::string::npos) << printed;
-  IndexedDataset ds(out);
-  EXPECT_EQ(ds.num_documents(), static_cast<int64_t>(expected("gpt2").size()));
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 // shapes every file in configs/ gives a tensor-parallel rank (each TP size that divides its key/value heads) at
 // the config's sequence length and the benchmarks' (1024, 2048, 4096), and the CUDA op tests' small shapes.
 // The later steps (operation graph, heuristics, plans) need a device; test_cuda_ops runs them on a GPU.
+// It lives with core/config's tests, the lowest room that holds both what it reads (every file in configs/, through
+// load_config) and what it checks (core/cuda's graph builder, in mt_tensor below it).
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,0 +1,94 @@
+// test_cuda_models.cpp: a training step on the GPU moves no more between host and device than it must: an
+// optimizer step (core/optim) reads the device once, and a microbatch of the GPT model (models/) leaves its loss on
+// the device. Each test skips where no GPU can run it; the ops themselves are checked by test_cuda_ops.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "core/optim/optimizer.h"
+#include "core/tensor/ops.h"
+#include "core/tensor/tensor.h"
+#include "models/gpt.h"
+#include "tests/unit/gpu_test.h"
+#include "tests/unit/op_test_util.h"
+#if defined(MEGATRAIN_WITH_CUDA)
+#include "core/cuda/runtime.h"
+#endif
+
+namespace mt {
+namespace {
+
+using namespace mt::test;  // Vec, rand_vec, make, values, CudaOps, str, rand_ids
+
+// An optimizer step reads the device once (the grad norm and inf/NaN verdict together) and copies nothing
+// from the host; a skipped step the same.
+TEST_F(CudaOps, OptimizerStepReadsTheDeviceOnce) {
+#if defined(MEGATRAIN_WITH_CUDA)
+  std::vector<Parameter> params;
+  for (int k = 0; k < 40; ++k) {
+    Parameter p = make_parameter(str("w", k), {33, 17}, DType::bf16, Init::normal, 1.f, 3);
+    p.value = p.value.to(Device::cuda);
+    p.grad = make(rand_vec(33 * 17, 1200 + static_cast<uint32_t>(k)), {33, 17}).to(Device::cuda);
+    p.weight_decay = k % 2 == 0;
+    params.push_back(std::move(p));
+  }
+  std::vector<Parameter*> ptrs;
+  for (Parameter& p : params) ptrs.push_back(&p);
+  AdamW opt(ptrs, {.weight_decay = 0.1, .grad_clip = 1.0});
+  cuda::synchronize();
+  for (int step = 0; step < 2; ++step) {
+    const cuda::HostCopyCounts before = cuda::host_copy_counts();
+    const StepResult r = opt.step(1e-3, 1.0);
+    const cuda::HostCopyCounts after = cuda::host_copy_counts();
+    EXPECT_FALSE(r.found_inf);
+    EXPECT_EQ(after.to_host - before.to_host, 1) << "step " << step;
+    EXPECT_EQ(after.from_host - before.from_host, 0) << "step " << step;
+  }
+  params[7].grad.view({33 * 17}).slice(5, 6).copy_from(make({std::numeric_limits<double>::infinity()}, {1}));
+  const cuda::HostCopyCounts before = cuda::host_copy_counts();
+  EXPECT_TRUE(opt.step(1e-3, 1.0).found_inf);
+  EXPECT_EQ(cuda::host_copy_counts().to_host - before.to_host, 1);
+#endif
+}
+
+// A training microbatch (forward with the loss kept on the device, backward with the seed filled there)
+// copies nothing between host and device once its tokens are there.
+TEST_F(CudaOps, MicrobatchLeavesTheLossOnTheDevice) {
+#if defined(MEGATRAIN_WITH_CUDA)
+  ModelConfig cfg;
+  cfg.num_layers = 2;
+  cfg.hidden_size = 32;
+  cfg.num_heads = 2;
+  cfg.ffn_hidden_size = 64;
+  cfg.seq_length = 16;
+  cfg.max_position_embeddings = 16;
+  cfg.vocab_size = 100;
+  cfg.padded_vocab_size = 128;
+  cfg.head_dim = 16;
+  cfg.dropout = cfg.attention_dropout = 0.f;  // the training and the evaluation forward agree
+  GptModel model(cfg, {.dtype = DType::bf16, .device = Device::cuda});
+  std::vector<int32_t> ids = rand_ids(2 * 16, 1300, 0, 100), next = rand_ids(2 * 16, 1301, 0, 100);
+  const Tensor tokens = Tensor::from_ints(ids, {2, 16}).to(Device::cuda);
+  const Tensor targets = Tensor::from_ints(next, {2, 16}).to(Device::cuda);
+  Tensor loss_sum = f64_zeros(1, Device::cuda);
+  cuda::synchronize();
+  const cuda::HostCopyCounts before = cuda::host_copy_counts();
+  for (int mb = 0; mb < 2; ++mb) {
+    model.forward_stage(Tensor(), tokens, targets, mb, {.sample_offset = 0, .training = true}, loss_sum);
+    model.backward(mb, 0.5f);
+  }
+  const cuda::HostCopyCounts after = cuda::host_copy_counts();
+  EXPECT_EQ(after.to_host - before.to_host, 0);
+  EXPECT_EQ(after.from_host - before.from_host, 0);
+  // The same value as the host reading of each microbatch's loss.
+  float loss = 0;
+  model.forward_stage(Tensor(), tokens, targets, 9, {.sample_offset = 0, .training = false}, &loss);
+  EXPECT_NEAR(read_f64(loss_sum)[0], 2.0 * loss, 1e-5);
+#endif
+}
+
+}  // namespace
+}  // namespace mt
