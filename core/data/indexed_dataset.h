@@ -20,14 +20,16 @@
 #include <string>
 #include <vector>
 
+#include "core/io/file_error.h"
 #include "core/io/mapped_file.h"
 
 namespace mt {
 
-// Every problem with a data file; the message names the file and what is wrong with it.
-class DataError : public std::runtime_error {
+// Every problem with a data file; the message names the file and what is wrong with it. A FileError, as the
+// file_io helpers' errors (core/io/file_io.h) that the writers let through are.
+class DataError : public FileError {
  public:
-  using std::runtime_error::runtime_error;
+  using FileError::FileError;
 };
 
 // Megatron's dtype codes in the .idx header.

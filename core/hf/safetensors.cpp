@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/checkpoint/checkpoint.h"
-#include "core/checkpoint/file_io.h"
+#include "core/io/file_io.h"
 #include "core/io/mapped_file.h"
 
 namespace mt {
@@ -66,7 +66,7 @@ void write_all(int fd, const std::string& path, const void* data, size_t bytes) 
   while (bytes > 0) {
     ssize_t n = ::write(fd, p, std::min<size_t>(bytes, size_t{1} << 30));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) ckpt::throw_os_error(path, "write failed", n < 0 ? errno : EIO);
+    if (n <= 0) io::throw_os_error(path, "write failed", n < 0 ? errno : EIO);
     p += n;
     bytes -= static_cast<size_t>(n);
   }
@@ -108,7 +108,7 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<SafetensorsSp
   header.append((8 - header.size() % 8) % 8, ' ');  // data starts at 8 + header size, 8-byte aligned
   ::unlink(tmp_path_.c_str());
   fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd_ < 0) ckpt::throw_os_error(tmp_path_, "cannot create file", errno);
+  if (fd_ < 0) io::throw_os_error(tmp_path_, "cannot create file", errno);
   try {
     unsigned char len[8];
     for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(static_cast<uint64_t>(header.size()) >> (8 * i));
@@ -148,18 +148,18 @@ void SafetensorsWriter::finish() {
   if (fd_ < 0) throw CheckpointError(fmt::format("{}: already finished", path_));
   if (next_ != specs_.size())
     throw CheckpointError(fmt::format("{}: {} of {} tensors written", path_, next_, specs_.size()));
-  if (::fsync(fd_) != 0) ckpt::throw_os_error(tmp_path_, "fsync failed", errno);
+  if (::fsync(fd_) != 0) io::throw_os_error(tmp_path_, "fsync failed", errno);
   int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) {
     int err = errno;
     ::unlink(tmp_path_.c_str());
-    ckpt::throw_os_error(tmp_path_, "close failed", err);
+    io::throw_os_error(tmp_path_, "close failed", err);
   }
   if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp_path_.c_str());
-    ckpt::throw_os_error(path_, "cannot rename " + tmp_path_ + " to it", err);
+    io::throw_os_error(path_, "cannot rename " + tmp_path_ + " to it", err);
   }
 }
 
