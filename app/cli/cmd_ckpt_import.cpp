@@ -80,11 +80,11 @@ void run_import(const ImportArgs& a) {
   const std::string dir = save_checkpoint(a.output, state, slices, 0);
 
   const std::string model = model_section(state.config_yaml);
-  io::write_file_durably(io::join_path(a.output, "model.yaml"),
-                         fmt::format("# The model of {} (imported by megatrain ckpt import). A run that continues\n"
-                                     "# from it (checkpoint.load: {}) needs these model keys; dropout and\n"
-                                     "# attention_dropout may change.\n{}",
-                                     a.dir, a.output, model));
+  io::write_file_atomically(io::join_path(a.output, "model.yaml"),
+                            fmt::format("# The model of {} (imported by megatrain ckpt import). A run that continues\n"
+                                        "# from it (checkpoint.load: {}) needs these model keys; dropout and\n"
+                                        "# attention_dropout may change.\n{}",
+                                        a.dir, a.output, model));
   fmt::print("imported {} ({}) into {} (iteration 0)\nthe model section for a config that loads it ({}):\n{}", a.dir,
              shape.arch == HfArch::llama ? "LlamaForCausalLM" : "GPT2LMHeadModel", dir,
              io::join_path(a.output, "model.yaml"), model);

@@ -157,17 +157,9 @@ void install_dir(const std::string& save_dir, const std::string& tmp, const std:
 }
 
 void write_latest(const std::string& save_dir, const std::string& name) {
-  std::string tmp = io::join_path(save_dir, fmt::format("{}latest.{}", kTmpPrefix, ::getpid()));
-  std::string latest = io::join_path(save_dir, kLatestFile);
-  ::unlink(tmp.c_str());
-  try {
-    io::write_file_durably(tmp, name + "\n");
-    if (::rename(tmp.c_str(), latest.c_str()) != 0) io::throw_os_error(latest, "cannot replace it with " + tmp, errno);
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  io::fsync_dir(save_dir);
+  // The temporary carries kTmpPrefix, so remove_stale_tmp takes it if a crash leaves it.
+  io::write_file_atomically(io::join_path(save_dir, kLatestFile), name + "\n",
+                            io::join_path(save_dir, fmt::format("{}latest.{}", kTmpPrefix, ::getpid())));
 }
 
 std::optional<std::string> read_latest(const std::string& save_dir) {

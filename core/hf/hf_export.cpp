@@ -4,9 +4,6 @@
 // here the checkpoint's config is read and checked against its tensors, and the files are written.
 #include "core/hf/hf_export.h"
 
-#include <unistd.h>
-
-#include <cerrno>
 #include <filesystem>
 #include <optional>
 
@@ -162,15 +159,7 @@ void export_hf(const CheckpointReader& ckpt, const std::string& out_dir, DType d
 
   const std::string text =
       g.arch == HfArch::llama ? hf_llama_config_json(g, dtype, ids) : hf_gpt2_config_json(g, dtype, ids);
-  std::string cfg = io::join_path(out_dir, "config.json"), tmp = cfg + ".tmp";
-  ::unlink(tmp.c_str());
-  try {
-    io::write_file_durably(tmp, text);
-    if (::rename(tmp.c_str(), cfg.c_str()) != 0) io::throw_os_error(cfg, "cannot rename " + tmp + " to it", errno);
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
+  io::write_file_atomically(io::join_path(out_dir, "config.json"), text);
 }
 
 void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype,
