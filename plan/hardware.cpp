@@ -18,12 +18,13 @@
 #include <cmath>
 #include <map>
 #include <utility>
-#include <fstream>
 #include <limits>
 #include <stdexcept>
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
+
+#include "core/io/file_io.h"
 
 namespace mt::plan {
 
@@ -201,9 +202,7 @@ void write_rates(const std::string& path, const Hardware& hw) {
   for (const AttentionPoint& p : h.attention_points)
     out << YAML::Flow << YAML::BeginSeq << p.T << p.D << (p.dropout ? 1 : 0) << p.flops_per_s << YAML::EndSeq;
   out << YAML::EndSeq << YAML::EndMap;
-  std::ofstream f(path);
-  f << out.c_str() << "\n";
-  if (!f) throw std::runtime_error(fmt::format("{}: cannot write the rates file", path));
+  io::write_file_atomically(path, std::string(out.c_str()) + "\n");  // a FileError naming the path
 }
 
 namespace {

@@ -10,7 +10,7 @@
 
 #include "app/cli/commands.h"
 #include "core/checkpoint/checkpoint.h"
-#include "core/checkpoint/file_io.h"
+#include "core/io/file_io.h"
 #include "core/hf/hf_export.h"
 #include "core/hf/hf_tokenizer_export.h"
 
@@ -60,7 +60,7 @@ std::optional<TokenizerSidecar> export_tokenizer(const CheckpointReader& ckpt, c
     if (!s) throw CheckpointError(fmt::format("{}: --tokenizer-sidecar names no file", sidecar));
     return s;
   }
-  return read_tokenizer_sidecar_file(ckpt::join_path(ckpt.dir(), kCheckpointTokenizerFile));
+  return read_tokenizer_sidecar_file(io::join_path(ckpt.dir(), kCheckpointTokenizerFile));
 }
 
 void run_export(const std::string& dir, const std::string& output, DType dtype, const std::string& sidecar) {

@@ -12,7 +12,7 @@
 #include "app/cli/commands.h"
 #include "app/train/train_state.h"
 #include "core/checkpoint/checkpoint.h"
-#include "core/checkpoint/file_io.h"
+#include "core/io/file_io.h"
 #include "core/hf/hf_import.h"
 #include "core/config/config.h"
 
@@ -50,7 +50,7 @@ void run_import(const ImportArgs& a) {
                                  "training: {{train_iters: 1, precision: {}}}\noptimizer: {{lr: 1.0e-4}}\n"
                                  "data: {{synthetic: true}}\ncheckpoint: {{load: none}}\n",
                                  a.dtype);
-  const std::string source = ckpt::join_path(a.dir, "config.json");
+  const std::string source = io::join_path(a.dir, "config.json");
   Config cfg;
   try {
     cfg = parse_config(yaml, source + " (as a megatrain model)", {}, 1);
@@ -80,14 +80,14 @@ void run_import(const ImportArgs& a) {
   const std::string dir = save_checkpoint(a.output, state, slices, 0);
 
   const std::string model = model_section(state.config_yaml);
-  ckpt::write_file_durably(ckpt::join_path(a.output, "model.yaml"),
-                           fmt::format("# The model of {} (imported by megatrain ckpt import). A run that continues\n"
-                                       "# from it (checkpoint.load: {}) needs these model keys; dropout and\n"
-                                       "# attention_dropout may change.\n{}",
-                                       a.dir, a.output, model));
+  io::write_file_atomically(io::join_path(a.output, "model.yaml"),
+                            fmt::format("# The model of {} (imported by megatrain ckpt import). A run that continues\n"
+                                        "# from it (checkpoint.load: {}) needs these model keys; dropout and\n"
+                                        "# attention_dropout may change.\n{}",
+                                        a.dir, a.output, model));
   fmt::print("imported {} ({}) into {} (iteration 0)\nthe model section for a config that loads it ({}):\n{}", a.dir,
              shape.arch == HfArch::llama ? "LlamaForCausalLM" : "GPT2LMHeadModel", dir,
-             ckpt::join_path(a.output, "model.yaml"), model);
+             io::join_path(a.output, "model.yaml"), model);
   std::fflush(stdout);
 }
 

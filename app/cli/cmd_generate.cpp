@@ -20,7 +20,7 @@
 #include "app/cli/commands.h"
 #include "app/runtime/device.h"
 #include "core/checkpoint/checkpoint.h"
-#include "core/checkpoint/file_io.h"
+#include "core/io/file_io.h"
 #include "core/hf/hf_tokenizer_export.h"
 #include "core/config/config.h"
 #include "core/data/tokenizer.h"
@@ -49,7 +49,7 @@ struct GenerateArgs {
 // The tokenizer that made the checkpoint's training data, or the byte tokenizer when the checkpoint records
 // none and its vocabulary is the byte tokenizer's.
 std::unique_ptr<Tokenizer> checkpoint_tokenizer(const std::string& dir, const ModelConfig& model) {
-  const std::string path = ckpt::join_path(dir, kCheckpointTokenizerFile);
+  const std::string path = io::join_path(dir, kCheckpointTokenizerFile);
   if (std::optional<TokenizerSidecar> s = read_tokenizer_sidecar_file(path)) {
     std::unique_ptr<Tokenizer> tok = make_tokenizer(s->tokenizer);
     if (tok->vocab_size() > model.vocab_size)

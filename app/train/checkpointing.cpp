@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
-#include "core/checkpoint/file_io.h"
+#include "core/io/file_io.h"
 #include "core/hf/hf_tokenizer_export.h"
 #include "core/config/config.h"
 
@@ -138,7 +138,7 @@ void write_checkpoint_tokenizer(const std::string& tmp_dir, const std::vector<st
     throw CheckpointError(fmt::format("{}: cannot read the tokenizer sidecar to store it in the checkpoint", sidecar));
   std::ostringstream text;
   text << in.rdbuf();
-  ckpt::write_file_durably(ckpt::join_path(tmp_dir, kCheckpointTokenizerFile), text.str());
+  io::write_file_durably(io::join_path(tmp_dir, kCheckpointTokenizerFile), text.str());
 }
 
 }  // namespace mt::app

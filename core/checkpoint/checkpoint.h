@@ -16,14 +16,16 @@
 #include <string>
 #include <vector>
 
+#include "core/io/file_error.h"
 #include "core/tensor/tensor.h"
 
 namespace mt {
 
-// Every checkpoint problem: names the directory or file and what is wrong.
-class CheckpointError : public std::runtime_error {
+// Every checkpoint problem: names the directory or file and what is wrong. A FileError, as the file_io helpers'
+// errors (core/io/file_io.h) that checkpoint code lets through are.
+class CheckpointError : public FileError {
  public:
-  using std::runtime_error::runtime_error;
+  using FileError::FileError;
 };
 
 // One slice of a global tensor held by this rank: `data` (host, shape = extent) starts at `start`.

@@ -6,7 +6,7 @@
 #include <fmt/ranges.h>
 
 #include "core/checkpoint/checkpoint.h"
-#include "core/checkpoint/file_io.h"
+#include "core/io/file_io.h"
 #include "core/checkpoint/metadata.h"
 
 namespace mt {
@@ -122,18 +122,18 @@ void copy_box(const unsigned char* src, DType st, const Shape& src_shape, const 
 }  // namespace
 
 CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
-  const std::string meta_path = ckpt::join_path(dir_, ckpt::kMetadataFile);
-  switch (ckpt::path_kind(dir_)) {
-    case ckpt::PathKind::directory:
+  const std::string meta_path = io::join_path(dir_, ckpt::kMetadataFile);
+  switch (io::path_kind(dir_)) {
+    case io::PathKind::directory:
       break;
-    case ckpt::PathKind::missing:
+    case io::PathKind::missing:
       throw CheckpointError(fmt::format("{}: checkpoint directory does not exist", dir_));
     default:
       throw CheckpointError(fmt::format("{}: is not a checkpoint directory", dir_));
   }
-  if (ckpt::path_kind(meta_path) == ckpt::PathKind::missing)
+  if (io::path_kind(meta_path) == io::PathKind::missing)
     throw CheckpointError(fmt::format("{}: missing — {} is not a checkpoint (or an incomplete one)", meta_path, dir_));
-  ckpt::Metadata m = ckpt::parse_metadata(meta_path, ckpt::read_text_file(meta_path));
+  ckpt::Metadata m = ckpt::parse_metadata(meta_path, io::read_text_file(meta_path));
   state_ = std::move(m.state);
 
   std::map<std::string, int64_t> file_sizes;  // every data file named, checked once
@@ -141,11 +141,11 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
     auto& records = slices_[t.name];
     for (auto& s : t.slices) {
       auto [it, fresh] = file_sizes.emplace(s.file, 0);
-      std::string path = ckpt::join_path(dir_, s.file);
+      std::string path = io::join_path(dir_, s.file);
       if (fresh) {
-        if (ckpt::path_kind(path) != ckpt::PathKind::file)
+        if (io::path_kind(path) != io::PathKind::file)
           throw CheckpointError(fmt::format("{}: data file missing (tensor {} is stored there)", path, t.name));
-        it->second = ckpt::file_size(path);
+        it->second = io::file_size(path);
       }
       if (s.bytes > it->second || s.offset > it->second - s.bytes)  // overflow-safe offset + bytes > size
         throw CheckpointError(
@@ -174,7 +174,7 @@ size_t CheckpointReader::num_slices(const std::string& name) const {
 const MappedFile& CheckpointReader::file(const std::string& name) const {
   auto it = files_.find(name);
   if (it == files_.end())
-    it = files_.emplace(name, std::make_shared<const MappedFile>(ckpt::map_file(ckpt::join_path(dir_, name)))).first;
+    it = files_.emplace(name, std::make_shared<const MappedFile>(io::map_file(io::join_path(dir_, name)))).first;
   return *it->second;
 }
 
@@ -182,7 +182,7 @@ void CheckpointReader::verify(const std::string& tensor, const SliceRecord& s) c
   if (s.verified) return;
   const MappedFile& f = file(s.file);
   const int64_t size = static_cast<int64_t>(f.size());
-  std::string path = ckpt::join_path(dir_, s.file);
+  std::string path = io::join_path(dir_, s.file);
   if (s.bytes > size || s.offset > size - s.bytes)
     throw CheckpointError(fmt::format("{}: truncated to {} bytes; tensor {} needs bytes up to {}", path, size, tensor,
                                       s.offset + s.bytes));

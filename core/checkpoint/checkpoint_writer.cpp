@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "core/checkpoint/file_io.h"
+#include "core/io/file_io.h"
 #include "core/checkpoint/metadata.h"
 #include "core/checkpoint/save_dir.h"
 
@@ -52,14 +52,14 @@ std::string begin_checkpoint(const std::string& save_dir, int64_t iteration) {
   // they may be another live run's.
   if (ckpt::SaveDirLock::held(save_dir)) ckpt::remove_stale_tmp(save_dir);
   std::string tmp =
-      ckpt::join_path(save_dir, fmt::format("{}{}.{}", ckpt::kTmpPrefix, checkpoint_dir_name(iteration), ::getpid()));
-  if (::mkdir(tmp.c_str(), 0755) != 0) ckpt::throw_os_error(tmp, "cannot create directory", errno);
+      io::join_path(save_dir, fmt::format("{}{}.{}", ckpt::kTmpPrefix, checkpoint_dir_name(iteration), ::getpid()));
+  if (::mkdir(tmp.c_str(), 0755) != 0) io::throw_os_error(tmp, "cannot create directory", errno);
   return tmp;
 }
 
 void write_rank_files(const std::string& tmp_dir, int rank, const std::vector<TensorSlice>& tensors) {
   const std::string data_name = ckpt::rank_data_file(rank);
-  const std::string data_path = ckpt::join_path(tmp_dir, data_name);
+  const std::string data_path = io::join_path(tmp_dir, data_name);
 
   // Index first: a bad slice fails before anything is written.
   std::vector<ckpt::TensorEntry> index;
@@ -76,7 +76,7 @@ void write_rank_files(const std::string& tmp_dir, int rank, const std::vector<Te
 
   // Data: slice k of the input goes to the record that merge appended for it, found by name in order.
   {
-    ckpt::OutFile out(data_path);
+    io::OutFile out(data_path);
     std::map<std::string, size_t> next_slice, pos;
     for (size_t i = 0; i < index.size(); ++i) pos[index[i].name] = i;
     for (const TensorSlice* t : order) {
@@ -91,7 +91,7 @@ void write_rank_files(const std::string& tmp_dir, int rank, const std::vector<Te
 
   // Read back what the file system now holds and check it against the checksums taken from memory.
   {
-    const MappedFile in = ckpt::map_file(data_path);
+    const MappedFile in = io::map_file(data_path);
     const int64_t size = static_cast<int64_t>(in.size());
     for (const auto& e : index) {
       for (const auto& s : e.slices) {
@@ -106,22 +106,21 @@ void write_rank_files(const std::string& tmp_dir, int rank, const std::vector<Te
       }
     }
   }
-  ckpt::write_file_durably(ckpt::join_path(tmp_dir, ckpt::rank_index_file(rank)),
-                           ckpt::emit_index_fragment(rank, index));
+  io::write_file_durably(io::join_path(tmp_dir, ckpt::rank_index_file(rank)), ckpt::emit_index_fragment(rank, index));
 }
 
 std::string commit_checkpoint(const std::string& save_dir, const std::string& tmp_dir, const CheckpointState& state,
                               int num_ranks, int64_t keep_last) {
   std::vector<ckpt::TensorEntry> tensors;
   for (int r = 0; r < num_ranks; ++r) {
-    std::string path = ckpt::join_path(tmp_dir, ckpt::rank_index_file(r));
-    ckpt::merge_tensor_entries(tensors, ckpt::parse_index_fragment(path, ckpt::read_text_file(path)), path);
+    std::string path = io::join_path(tmp_dir, ckpt::rank_index_file(r));
+    ckpt::merge_tensor_entries(tensors, ckpt::parse_index_fragment(path, io::read_text_file(path)), path);
   }
-  const std::string meta_path = ckpt::join_path(tmp_dir, ckpt::kMetadataFile);
+  const std::string meta_path = io::join_path(tmp_dir, ckpt::kMetadataFile);
   for (const auto& t : tensors) ckpt::check_tensor_entry(meta_path, t);  // disjoint across ranks too
-  ckpt::write_file_durably(meta_path, ckpt::emit_metadata(state, tensors));
-  for (int r = 0; r < num_ranks; ++r) ::unlink(ckpt::join_path(tmp_dir, ckpt::rank_index_file(r)).c_str());
-  ckpt::fsync_dir(tmp_dir);
+  io::write_file_durably(meta_path, ckpt::emit_metadata(state, tensors));
+  for (int r = 0; r < num_ranks; ++r) ::unlink(io::join_path(tmp_dir, ckpt::rank_index_file(r)).c_str());
+  io::fsync_dir(tmp_dir);
 
   // Reopen: the metadata must parse and every slice must lie inside its data file. (Every writer has
   // already verified its slices' checksums after fsync.)
@@ -130,14 +129,14 @@ std::string commit_checkpoint(const std::string& save_dir, const std::string& tm
     throw CheckpointError(fmt::format("{}: does not read back as written", meta_path));
 
   const std::string name = checkpoint_dir_name(state.iteration);
-  const std::string final = ckpt::join_path(save_dir, name);
+  const std::string final = io::join_path(save_dir, name);
   ckpt::install_dir(save_dir, tmp_dir, final);
   ckpt::write_latest(save_dir, name);
   ckpt::apply_keep_last(save_dir, keep_last, name);
   return final;
 }
 
-void abort_checkpoint(const std::string& tmp_dir) noexcept { ckpt::remove_tree(tmp_dir); }
+void abort_checkpoint(const std::string& tmp_dir) noexcept { io::remove_tree(tmp_dir); }
 
 std::string save_checkpoint(const std::string& save_dir, const CheckpointState& state,
                             const std::vector<TensorSlice>& tensors, int64_t keep_last) {
@@ -147,7 +146,7 @@ std::string save_checkpoint(const std::string& save_dir, const CheckpointState& 
     tmp = begin_checkpoint(save_dir, state.iteration);
     write_rank_files(tmp, 0, tensors);
     return commit_checkpoint(save_dir, tmp, state, 1, keep_last);
-  } catch (const CheckpointError& e) {
+  } catch (const FileError& e) {  // CheckpointError, or a file_io helper's error
     if (!tmp.empty()) abort_checkpoint(tmp);
     throw CheckpointError(
         fmt::format("saving checkpoint of iteration {} in {} failed: {}", state.iteration, save_dir, e.what()));

@@ -14,7 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/checkpoint/checkpoint.h"
-#include "core/checkpoint/file_io.h"
+#include "core/io/file_io.h"
 #include "core/checkpoint/metadata.h"
 
 namespace fs = std::filesystem;
@@ -70,9 +70,9 @@ SaveDirLock::SaveDirLock(const std::string& save_dir) {
     ++it->second.second;
     return;
   }
-  const std::string path = join_path(save_dir, kLockFile);
+  const std::string path = io::join_path(save_dir, kLockFile);
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) throw_os_error(path, "cannot open the save directory's lock file", errno);
+  if (fd < 0) io::throw_os_error(path, "cannot open the save directory's lock file", errno);
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     char buf[32] = {};
@@ -85,7 +85,7 @@ SaveDirLock::SaveDirLock(const std::string& save_dir) {
           fmt::format("{}: checkpoint.save_dir is in use by another run{} (it holds {}); two runs "
                       "must not write one save_dir — give this run its own checkpoint.save_dir",
                       save_dir, pid.empty() ? "" : " (pid " + pid + ")", path));
-    throw_os_error(path, "cannot lock the save directory", err);
+    io::throw_os_error(path, "cannot lock the save directory", err);
   }
   const std::string pid = fmt::format("{}\n", ::getpid());
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
@@ -107,17 +107,17 @@ void remove_stale_tmp(const std::string& save_dir) {
   const std::string replaced = std::string(kTmpPrefix) + "replaced.";
   for (const auto& name : entries(save_dir)) {
     if (name.rfind(kTmpPrefix, 0) != 0) continue;
-    std::string path = join_path(save_dir, name);
+    std::string path = io::join_path(save_dir, name);
     if (name.rfind(replaced, 0) == 0) {
       // ".tmp.replaced.iter_N.<pid>": the old copy of a checkpoint that a crashed save was replacing.
       std::string rest = name.substr(replaced.size());
-      std::string original = join_path(save_dir, rest.substr(0, rest.rfind('.')));
-      if (path_kind(original) == PathKind::missing && ::rename(path.c_str(), original.c_str()) == 0) {
+      std::string original = io::join_path(save_dir, rest.substr(0, rest.rfind('.')));
+      if (io::path_kind(original) == io::PathKind::missing && ::rename(path.c_str(), original.c_str()) == 0) {
         spdlog::warn("checkpoint: restored {} from an interrupted replacement", original);
         continue;
       }
     }
-    if (!remove_tree(path))
+    if (!io::remove_tree(path))
       spdlog::warn("checkpoint: could not remove stale {}", path);
     else
       spdlog::info("checkpoint: removed {} left by an interrupted save", path);
@@ -125,55 +125,49 @@ void remove_stale_tmp(const std::string& save_dir) {
 }
 
 void install_dir(const std::string& save_dir, const std::string& tmp, const std::string& final) {
-  switch (path_kind(final)) {
-    case PathKind::missing:
-      if (::rename(tmp.c_str(), final.c_str()) != 0) throw_os_error(final, "cannot rename " + tmp + " to it", errno);
-      fsync_dir(save_dir);
+  switch (io::path_kind(final)) {
+    case io::PathKind::missing:
+      if (::rename(tmp.c_str(), final.c_str()) != 0)
+        io::throw_os_error(final, "cannot rename " + tmp + " to it", errno);
+      io::fsync_dir(save_dir);
       return;
-    case PathKind::directory:
+    case io::PathKind::directory:
       break;
     default:
       throw CheckpointError(fmt::format("{}: exists and is not a directory; remove it to save here", final));
   }
   if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final.c_str(), RENAME_EXCHANGE) == 0) {
-    fsync_dir(save_dir);
-    if (!remove_tree(tmp)) spdlog::warn("checkpoint: could not remove the replaced checkpoint now at {}", tmp);
+    io::fsync_dir(save_dir);
+    if (!io::remove_tree(tmp)) spdlog::warn("checkpoint: could not remove the replaced checkpoint now at {}", tmp);
     return;
   }
-  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) throw_os_error(final, "cannot swap in " + tmp, errno);
+  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) io::throw_os_error(final, "cannot swap in " + tmp, errno);
   // No atomic exchange here: rename the old one aside (remove_stale_tmp restores it after a crash).
   std::string name = fs::path(final).filename().string();
-  std::string aside = join_path(save_dir, fmt::format("{}replaced.{}.{}", kTmpPrefix, name, ::getpid()));
-  if (::rename(final.c_str(), aside.c_str()) != 0) throw_os_error(final, "cannot rename it aside to " + aside, errno);
+  std::string aside = io::join_path(save_dir, fmt::format("{}replaced.{}.{}", kTmpPrefix, name, ::getpid()));
+  if (::rename(final.c_str(), aside.c_str()) != 0)
+    io::throw_os_error(final, "cannot rename it aside to " + aside, errno);
   if (::rename(tmp.c_str(), final.c_str()) != 0) {
     int err = errno;
     ::rename(aside.c_str(), final.c_str());
-    throw_os_error(final, "cannot rename " + tmp + " to it", err);
+    io::throw_os_error(final, "cannot rename " + tmp + " to it", err);
   }
-  fsync_dir(save_dir);
-  if (!remove_tree(aside)) spdlog::warn("checkpoint: could not remove the replaced checkpoint {}", aside);
+  io::fsync_dir(save_dir);
+  if (!io::remove_tree(aside)) spdlog::warn("checkpoint: could not remove the replaced checkpoint {}", aside);
 }
 
 void write_latest(const std::string& save_dir, const std::string& name) {
-  std::string tmp = join_path(save_dir, fmt::format("{}latest.{}", kTmpPrefix, ::getpid()));
-  std::string latest = join_path(save_dir, kLatestFile);
-  ::unlink(tmp.c_str());
-  try {
-    write_file_durably(tmp, name + "\n");
-    if (::rename(tmp.c_str(), latest.c_str()) != 0) throw_os_error(latest, "cannot replace it with " + tmp, errno);
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  fsync_dir(save_dir);
+  // The temporary carries kTmpPrefix, so remove_stale_tmp takes it if a crash leaves it.
+  io::write_file_atomically(io::join_path(save_dir, kLatestFile), name + "\n",
+                            io::join_path(save_dir, fmt::format("{}latest.{}", kTmpPrefix, ::getpid())));
 }
 
 std::optional<std::string> read_latest(const std::string& save_dir) {
-  std::string path = join_path(save_dir, kLatestFile);
-  PathKind kind = path_kind(path);
-  if (kind == PathKind::missing) return std::nullopt;
-  if (kind != PathKind::file) throw CheckpointError(fmt::format("{}: is not a file", path));
-  std::string text = read_text_file(path);
+  std::string path = io::join_path(save_dir, kLatestFile);
+  io::PathKind kind = io::path_kind(path);
+  if (kind == io::PathKind::missing) return std::nullopt;
+  if (kind != io::PathKind::file) throw CheckpointError(fmt::format("{}: is not a file", path));
+  std::string text = io::read_text_file(path);
   auto first = text.find_first_not_of(" \t\r\n");
   if (first == std::string::npos) throw CheckpointError(fmt::format("{}: is empty (expected a checkpoint name)", path));
   auto last = text.find_last_not_of(" \t\r\n");
@@ -184,7 +178,7 @@ std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string&
   std::vector<std::pair<int64_t, std::string>> out;
   for (const auto& name : entries(save_dir)) {
     auto it = parse_iter_name(name);
-    if (it && path_kind(join_path(save_dir, name)) == PathKind::directory) out.emplace_back(*it, name);
+    if (it && io::path_kind(io::join_path(save_dir, name)) == io::PathKind::directory) out.emplace_back(*it, name);
   }
   std::sort(out.begin(), out.end());
   return out;
@@ -195,7 +189,7 @@ void apply_keep_last(const std::string& save_dir, int64_t keep_last, const std::
   std::optional<std::string> latest;
   try {
     latest = read_latest(save_dir);
-  } catch (const CheckpointError& e) {
+  } catch (const FileError& e) {
     spdlog::warn("checkpoint: keep_last skipped: {}", e.what());
     return;
   }
@@ -204,8 +198,8 @@ void apply_keep_last(const std::string& save_dir, int64_t keep_last, const std::
   for (int64_t i = 0; i < static_cast<int64_t>(all.size()) && excess > 0; ++i) {
     const std::string& name = all[i].second;
     if (name == keep || (latest && name == *latest)) continue;
-    std::string path = join_path(save_dir, name);
-    if (remove_tree(path))
+    std::string path = io::join_path(save_dir, name);
+    if (io::remove_tree(path))
       spdlog::info("checkpoint: removed {} (keep_last={})", path, keep_last);
     else
       spdlog::warn("checkpoint: could not remove {} (keep_last={})", path, keep_last);
@@ -222,13 +216,13 @@ void check_save_dir_writable(const std::string& save_dir) {
   std::error_code ec;
   fs::create_directories(save_dir, ec);
   if (ec) throw CheckpointError(fmt::format("{}: cannot create checkpoint directory: {}", save_dir, ec.message()));
-  if (path_kind(save_dir) != PathKind::directory)
+  if (io::path_kind(save_dir) != io::PathKind::directory)
     throw CheckpointError(fmt::format("{}: checkpoint directory exists and is not a directory", save_dir));
-  std::string probe = join_path(save_dir, fmt::format("{}probe.{}", kTmpPrefix, ::getpid()));
+  std::string probe = io::join_path(save_dir, fmt::format("{}probe.{}", kTmpPrefix, ::getpid()));
   ::unlink(probe.c_str());
   try {
-    write_file_durably(probe, "megatrain\n");
-  } catch (const CheckpointError& e) {
+    io::write_file_durably(probe, "megatrain\n");
+  } catch (const FileError& e) {
     ::unlink(probe.c_str());
     throw CheckpointError(fmt::format("checkpoint directory is not writable: {}", e.what()));
   }
@@ -237,19 +231,19 @@ void check_save_dir_writable(const std::string& save_dir) {
 
 std::optional<std::string> resolve_checkpoint(const std::string& path) {
   using namespace ckpt;
-  switch (path_kind(path)) {
-    case PathKind::missing:
+  switch (io::path_kind(path)) {
+    case io::PathKind::missing:
       return std::nullopt;
-    case PathKind::directory:
+    case io::PathKind::directory:
       break;
     default:
       throw CheckpointError(fmt::format("{}: is not a directory (expected a checkpoint or save directory)", path));
   }
-  if (path_kind(join_path(path, kMetadataFile)) != PathKind::missing) return path;
+  if (io::path_kind(io::join_path(path, kMetadataFile)) != io::PathKind::missing) return path;
   auto latest = read_latest(path);
   if (!latest) return std::nullopt;
-  std::string dir = (*latest)[0] == '/' ? *latest : join_path(path, *latest);
-  if (path_kind(dir) != PathKind::directory)
+  std::string dir = (*latest)[0] == '/' ? *latest : io::join_path(path, *latest);
+  if (io::path_kind(dir) != io::PathKind::directory)
     throw CheckpointError(fmt::format("{}/{}: names {}, which does not exist", path, kLatestFile, dir));
   return dir;
 }
@@ -263,23 +257,23 @@ std::optional<std::string> resolve_resume_checkpoint(const std::string& path) {
   std::string why;
   try {
     auto dir = resolve_checkpoint(path);
-    if (dir && (*dir == path || path_kind(join_path(*dir, kMetadataFile)) == PathKind::file)) return dir;
+    if (dir && (*dir == path || io::path_kind(io::join_path(*dir, kMetadataFile)) == io::PathKind::file)) return dir;
     why = dir ? fmt::format("{}/{} names {}, which has no {}", path, kLatestFile, *dir, kMetadataFile)
               : fmt::format("{}/{} is missing", path, kLatestFile);
-  } catch (const CheckpointError& e) {
-    if (path_kind(path) != PathKind::directory) throw;
+  } catch (const FileError& e) {
+    if (io::path_kind(path) != io::PathKind::directory) throw;
     why = e.what();
   }
-  if (path_kind(path) != PathKind::directory) return std::nullopt;  // no save directory yet
+  if (io::path_kind(path) != io::PathKind::directory) return std::nullopt;  // no save directory yet
   auto all = list_checkpoints(path);
   if (all.empty()) return std::nullopt;  // a fresh save directory: nothing to resume
   std::vector<std::string> passed;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    const std::string dir = join_path(path, it->second);
+    const std::string dir = io::join_path(path, it->second);
     try {
       CheckpointReader reader(dir);
       reader.verify_all();
-    } catch (const CheckpointError& e) {
+    } catch (const FileError& e) {
       spdlog::warn("checkpoint: passing over {}: {}", dir, e.what());
       passed.push_back(it->second);
       continue;

@@ -20,14 +20,19 @@
 #include <string>
 #include <vector>
 
+#include "core/io/file_error.h"
 #include "core/io/mapped_file.h"
 
 namespace mt {
+namespace io {
+class AtomicFile;  // core/io/file_io.h
+}
 
-// Every problem with a data file; the message names the file and what is wrong with it.
-class DataError : public std::runtime_error {
+// Every problem with a data file; the message names the file and what is wrong with it. A FileError, as the
+// file_io helpers' errors (core/io/file_io.h) that the writers let through are.
+class DataError : public FileError {
  public:
-  using std::runtime_error::runtime_error;
+  using FileError::FileError;
 };
 
 // Megatron's dtype codes in the .idx header.
@@ -69,8 +74,9 @@ class IndexedDataset {
 
 // Writes PREFIX.bin / PREFIX.idx. Each add_document() call adds one document made of one or more sequences.
 // Tokens stream to PREFIX.bin.tmp as they come (only the index is held in memory); finish() writes
-// PREFIX.idx.tmp and renames both into place. A writer destroyed before finish() removes its temporary
-// files and leaves any existing PREFIX.bin / PREFIX.idx untouched.
+// PREFIX.idx.tmp, fsyncs both and renames them into place, fsyncing the directory (io::AtomicFile). A writer
+// destroyed before finish(), or whose finish() fails, removes its temporary files and leaves any existing
+// PREFIX.bin / PREFIX.idx untouched. A failed write throws the FileError naming the file.
 class IndexedDatasetWriter {
  public:
   IndexedDatasetWriter(const std::string& prefix, TokenDType dtype);
@@ -90,16 +96,14 @@ class IndexedDatasetWriter {
   void add_sequence(std::span<const int64_t> tokens);
   void add_sequence(std::span<const int32_t> tokens);
   void append(const void* bytes, size_t n);
-  void discard();
 
   std::string prefix_;
   TokenDType dtype_;
   std::vector<int32_t> lengths_;
   std::vector<int64_t> doc_index_{0};
-  std::vector<uint8_t> bin_;  // encode buffer, flushed to bin_file_ when large
-  std::FILE* bin_file_ = nullptr;
+  std::vector<uint8_t> bin_;                  // encode buffer, flushed to bin_file_ when large
+  std::unique_ptr<io::AtomicFile> bin_file_;  // PREFIX.bin.tmp; null once finished
   int64_t tokens_ = 0;
-  bool finished_ = false;
 };
 
 }  // namespace mt

@@ -1,6 +1,5 @@
 // indexed_dataset_writer.cpp: writes a Megatron .bin/.idx pair through temporary files renamed into place.
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -8,6 +7,7 @@
 #include <limits>
 
 #include "core/data/indexed_dataset.h"
+#include "core/io/file_io.h"
 
 namespace mt {
 
@@ -64,48 +64,24 @@ void encode(std::vector<uint8_t>& out, TokenDType t, int64_t v, const std::strin
   }
 }
 
-void write_all(std::FILE* f, const void* data, size_t n, const std::string& path) {
-  if (n > 0 && std::fwrite(data, 1, n, f) != n)
-    throw DataError(fmt::format("{}: write failed: {}", path, std::strerror(errno)));
-}
-
-// Flushes, syncs and closes f; throws naming path on any failure.
-void close_synced(std::FILE*& f, const std::string& path) {
-  bool ok = std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
-  int e = errno;
-  ok = (std::fclose(f) == 0) && ok;
-  f = nullptr;
-  if (!ok) throw DataError(fmt::format("{}: write failed: {}", path, std::strerror(e ? e : errno)));
-}
-
 }  // namespace
 
 IndexedDatasetWriter::IndexedDatasetWriter(const std::string& prefix, TokenDType dtype)
     : prefix_(prefix), dtype_(dtype) {
   token_dtype_size(dtype);  // rejects codes outside 1..8
-  const std::string tmp = prefix_ + ".bin.tmp";
-  bin_file_ = std::fopen(tmp.c_str(), "wb");
-  if (!bin_file_) throw DataError(fmt::format("{}: cannot create: {}", tmp, std::strerror(errno)));
+  // Tokens go to PREFIX.bin.tmp until finish().
+  bin_file_ = std::make_unique<io::AtomicFile>(prefix_ + ".bin");
   bin_.reserve(kFlushBytes + 4096);
 }
 
-IndexedDatasetWriter::~IndexedDatasetWriter() {
-  if (!finished_) discard();
-}
-
-void IndexedDatasetWriter::discard() {
-  if (bin_file_) std::fclose(bin_file_);
-  bin_file_ = nullptr;
-  std::remove((prefix_ + ".bin.tmp").c_str());
-  std::remove((prefix_ + ".idx.tmp").c_str());
-}
+IndexedDatasetWriter::~IndexedDatasetWriter() = default;  // an unfinished .bin.tmp goes with its AtomicFile
 
 void IndexedDatasetWriter::append(const void* bytes, size_t n) {
   if (!bin_file_) throw DataError(fmt::format("{}: writer already finished", prefix_));
   const auto* b = static_cast<const uint8_t*>(bytes);
   bin_.insert(bin_.end(), b, b + n);
   if (bin_.size() >= kFlushBytes) {
-    write_all(bin_file_, bin_.data(), bin_.size(), prefix_ + ".bin.tmp");
+    bin_file_->write(bin_.data(), bin_.size());
     bin_.clear();
   }
 }
@@ -137,56 +113,40 @@ void IndexedDatasetWriter::add_document(std::span<const int32_t> tokens) {
 }
 
 void IndexedDatasetWriter::finish() {
-  if (finished_ || !bin_file_) throw DataError(fmt::format("{}: writer already finished", prefix_));
-  const std::string bin_tmp = prefix_ + ".bin.tmp", idx_tmp = prefix_ + ".idx.tmp";
-  try {
-    write_all(bin_file_, bin_.data(), bin_.size(), bin_tmp);
-    bin_.clear();
-    close_synced(bin_file_, bin_tmp);
+  if (!bin_file_) throw DataError(fmt::format("{}: writer already finished", prefix_));
+  // Taken out: whatever happens below the writer is finished, and on a throw both temporaries are removed.
+  const std::unique_ptr<io::AtomicFile> bin = std::move(bin_file_);
+  bin->write(bin_.data(), bin_.size());
+  bin_.clear();
 
-    std::vector<uint8_t> idx;
-    const uint64_t n = lengths_.size();
-    idx.reserve(34 + 12 * n + 8 * doc_index_.size());
-    const char magic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
-    idx.insert(idx.end(), magic, magic + 9);
-    put<uint64_t>(idx, 1);
-    put<uint8_t>(idx, static_cast<uint8_t>(dtype_));
-    put<uint64_t>(idx, n);
-    put<uint64_t>(idx, doc_index_.size());  // Megatron writes len(document_indices): documents + 1
-    for (int32_t len : lengths_) put<int32_t>(idx, len);
-    int64_t offset = 0;
-    const int64_t item = static_cast<int64_t>(token_dtype_size(dtype_));
-    for (int32_t len : lengths_) {
-      put<int64_t>(idx, offset);
-      offset += len * item;
-    }
-    for (int64_t d : doc_index_) put<int64_t>(idx, d);
-
-    std::FILE* f = std::fopen(idx_tmp.c_str(), "wb");
-    if (!f) throw DataError(fmt::format("{}: cannot create: {}", idx_tmp, std::strerror(errno)));
-    try {
-      write_all(f, idx.data(), idx.size(), idx_tmp);
-    } catch (...) {
-      std::fclose(f);
-      throw;
-    }
-    close_synced(f, idx_tmp);
-
-    // Remove the old index first: a crash between the two renames then leaves a pair without .idx (an
-    // error on open), never a new .bin read through an old .idx.
-    const std::string idx_path = prefix_ + ".idx", bin_path = prefix_ + ".bin";
-    if (std::remove(idx_path.c_str()) != 0 && errno != ENOENT)
-      throw DataError(fmt::format("{}: cannot replace: {}", idx_path, std::strerror(errno)));
-    if (std::rename(bin_tmp.c_str(), bin_path.c_str()) != 0)
-      throw DataError(fmt::format("{}: cannot rename to {}: {}", bin_tmp, bin_path, std::strerror(errno)));
-    if (std::rename(idx_tmp.c_str(), idx_path.c_str()) != 0)
-      throw DataError(fmt::format("{}: cannot rename to {}: {}", idx_tmp, idx_path, std::strerror(errno)));
-  } catch (...) {
-    discard();
-    finished_ = true;
-    throw;
+  std::vector<uint8_t> idx_bytes;
+  const uint64_t n = lengths_.size();
+  idx_bytes.reserve(34 + 12 * n + 8 * doc_index_.size());
+  const char magic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0', '\0'};
+  idx_bytes.insert(idx_bytes.end(), magic, magic + 9);
+  put<uint64_t>(idx_bytes, 1);
+  put<uint8_t>(idx_bytes, static_cast<uint8_t>(dtype_));
+  put<uint64_t>(idx_bytes, n);
+  put<uint64_t>(idx_bytes, doc_index_.size());  // Megatron writes len(document_indices): documents + 1
+  for (int32_t len : lengths_) put<int32_t>(idx_bytes, len);
+  int64_t offset = 0;
+  const int64_t item = static_cast<int64_t>(token_dtype_size(dtype_));
+  for (int32_t len : lengths_) {
+    put<int64_t>(idx_bytes, offset);
+    offset += len * item;
   }
-  finished_ = true;
+  for (int64_t d : doc_index_) put<int64_t>(idx_bytes, d);
+  io::AtomicFile idx(prefix_ + ".idx");
+  idx.write(idx_bytes.data(), idx_bytes.size());
+
+  // Both synced before either is renamed. Remove the old index first: a crash between the two renames then
+  // leaves a pair without .idx (an error on open), never a new .bin read through an old .idx.
+  bin->sync();
+  idx.sync();
+  if (std::remove(idx.path().c_str()) != 0 && errno != ENOENT)
+    throw DataError(fmt::format("{}: cannot replace: {}", idx.path(), std::strerror(errno)));
+  bin->commit();
+  idx.commit();
 }
 
 }  // namespace mt

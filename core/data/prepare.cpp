@@ -19,6 +19,7 @@
 #include "core/data/json_line.h"
 #include "core/data/tokenizer.h"
 #include "core/data/tokenizer_sidecar.h"
+#include "core/io/file_io.h"
 
 namespace mt {
 
@@ -204,21 +205,13 @@ PrepareStats prepare_dataset(const PrepareOptions& options) {
   if (stats.documents == 0)
     throw DataError(
         fmt::format("data prepare: the inputs hold no documents; {} was not written", options.output_prefix));
-  // The sidecar goes in with the pair: written aside first, renamed once the pair is in place.
-  const std::string sidecar = tokenizer_sidecar_path(options.output_prefix), sidecar_tmp = sidecar + ".tmp";
-  {
-    std::ofstream out(sidecar_tmp, std::ios::binary | std::ios::trunc);
-    out << tokenizer_sidecar_yaml(options.tokenizer, *tokenizer);
-    if (!out.flush()) throw DataError(fmt::format("{}: cannot write: {}", sidecar_tmp, std::strerror(errno)));
-  }
-  try {
-    writer.finish();
-  } catch (...) {
-    std::remove(sidecar_tmp.c_str());
-    throw;
-  }
-  if (std::rename(sidecar_tmp.c_str(), sidecar.c_str()) != 0)
-    throw DataError(fmt::format("{}: cannot rename to {}: {}", sidecar_tmp, sidecar, std::strerror(errno)));
+  // The sidecar goes in with the pair: written and synced aside first, renamed once the pair is in place (its
+  // temporary is removed if the pair fails).
+  io::AtomicFile sidecar(tokenizer_sidecar_path(options.output_prefix));
+  sidecar.write(tokenizer_sidecar_yaml(options.tokenizer, *tokenizer));
+  sidecar.sync();
+  writer.finish();
+  sidecar.commit();
   return stats;
 }
 

@@ -4,16 +4,13 @@
 // here the checkpoint's config is read and checked against its tensors, and the files are written.
 #include "core/hf/hf_export.h"
 
-#include <unistd.h>
-
-#include <cerrno>
 #include <filesystem>
 #include <optional>
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
-#include "core/checkpoint/file_io.h"
+#include "core/io/file_io.h"
 #include "core/hf/hf_config_json.h"
 #include "core/hf/safetensors.h"
 
@@ -73,7 +70,7 @@ std::string hf_gpt2_config_json(const HfModelShape& g, DType dtype, std::optiona
 }
 
 HfModelShape hf_export_shape(const CheckpointReader& ckpt) {
-  const std::string where = ckpt::join_path(ckpt.dir(), "metadata.yaml") + ": config";
+  const std::string where = io::join_path(ckpt.dir(), "metadata.yaml") + ": config";
   YAML::Node model;
   try {
     model = YAML::Load(ckpt.state().config_yaml)["model"];
@@ -155,22 +152,14 @@ void export_hf(const CheckpointReader& ckpt, const std::string& out_dir, DType d
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
   if (ec) throw CheckpointError(fmt::format("{}: cannot create export directory: {}", out_dir, ec.message()));
-  SafetensorsWriter w(ckpt::join_path(out_dir, "model.safetensors"), std::move(specs),
+  SafetensorsWriter w(io::join_path(out_dir, "model.safetensors"), std::move(specs),
                       {{"format", "pt"}, {"megatrain.iteration", std::to_string(ckpt.state().iteration)}});
   for (const auto& m : maps) w.write(to_hf(read_f32(ckpt, "model." + m.ours, m.our_shape), m));
   w.finish();
 
   const std::string text =
       g.arch == HfArch::llama ? hf_llama_config_json(g, dtype, ids) : hf_gpt2_config_json(g, dtype, ids);
-  std::string cfg = ckpt::join_path(out_dir, "config.json"), tmp = cfg + ".tmp";
-  ::unlink(tmp.c_str());
-  try {
-    ckpt::write_file_durably(tmp, text);
-    if (::rename(tmp.c_str(), cfg.c_str()) != 0) ckpt::throw_os_error(cfg, "cannot rename " + tmp + " to it", errno);
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
+  io::write_file_atomically(io::join_path(out_dir, "config.json"), text);
 }
 
 void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype,

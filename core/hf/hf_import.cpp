@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/checkpoint/checkpoint.h"
-#include "core/checkpoint/file_io.h"
+#include "core/io/file_io.h"
 #include "core/hf/hf_config_json.h"
 #include "core/hf/safetensors.h"
 
@@ -161,7 +161,7 @@ HfModelShape llama_shape(const ConfigKeys& k) {
 class WeightFiles {
  public:
   explicit WeightFiles(const std::string& dir) {
-    const std::string single = ckpt::join_path(dir, "model.safetensors");
+    const std::string single = io::join_path(dir, "model.safetensors");
     const std::string index = single + ".index.json";
     std::error_code ec;
     if (std::filesystem::exists(single, ec)) {
@@ -182,7 +182,7 @@ class WeightFiles {
       if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
         throw CheckpointError(fmt::format("{}: weight_map[{}] is not a file name in the directory", index, name));
       auto& r = shards[file.get<std::string>()];
-      if (!r) r = std::make_shared<SafetensorsReader>(ckpt::join_path(dir, file.get<std::string>()));
+      if (!r) r = std::make_shared<SafetensorsReader>(io::join_path(dir, file.get<std::string>()));
       if (!r->has(name))
         throw CheckpointError(
             fmt::format("{}: names {} for tensor {}, which does not hold it", index, r->path(), name));
@@ -206,7 +206,7 @@ bool is_saved_buffer(const std::string& name) {
 }  // namespace
 
 HfModelShape read_hf_config(const std::string& hf_dir, const HfImportOptions& opt) {
-  const std::string file = ckpt::join_path(hf_dir, "config.json");
+  const std::string file = io::join_path(hf_dir, "config.json");
   const ConfigKeys k(parse_json(file), file);
   if (!k.present("architectures") || !k.raw("architectures").is_array() || k.raw("architectures").size() != 1)
     k.fail("architectures", "must name one model class: GPT2LMHeadModel or LlamaForCausalLM");

@@ -1,9 +1,6 @@
 // hf_tokenizer_export.cpp: tokenizer.yaml -> tokenizer.json and friends (see hf_tokenizer_export.h).
 #include "core/hf/hf_tokenizer_export.h"
 
-#include <unistd.h>
-
-#include <cerrno>
 #include <fstream>
 #include <sstream>
 
@@ -11,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/checkpoint/checkpoint.h"
-#include "core/checkpoint/file_io.h"
+#include "core/io/file_io.h"
 #include "core/hf/hf_spm_tokenizer.h"
 #include "core/data/indexed_dataset.h"  // DataError
 #include "core/data/post_processor.h"
@@ -42,15 +39,7 @@ json parse_json(const std::string& path, const char* what) {
 
 // Written whole under a temporary name and renamed, as config.json is.
 void write_out(const std::string& out_dir, const std::string& name, const std::string& text) {
-  const std::string path = ckpt::join_path(out_dir, name), tmp = path + ".tmp";
-  ::unlink(tmp.c_str());
-  try {
-    ckpt::write_file_durably(tmp, text);
-    if (::rename(tmp.c_str(), path.c_str()) != 0) ckpt::throw_os_error(path, "cannot rename " + tmp + " to it", errno);
-  } catch (...) {
-    ::unlink(tmp.c_str());
-    throw;
-  }
+  io::write_file_atomically(io::join_path(out_dir, name), text);
 }
 
 // GPT-2's bytes_to_unicode: printable bytes stand for themselves, the others map to U+0100 onwards in order.

@@ -37,7 +37,7 @@ HfSpecialIds hf_special_ids(const TokenizerSidecar& sidecar);
 // unk/pad all the eod token, except for SentencePiece, whose model names bos, unk and pad (pad: the eod
 // token when it has none) and whose texts keep "<s>" as text (split_special_tokens); generation_config.json
 // with hf_special_ids (config.json, from export_hf, states the same ids). Returns the file
-// names written. Throws CheckpointError naming the file on failure.
+// names written. Throws CheckpointError (FileError for a failed write) naming the file on failure.
 std::vector<std::string> export_hf_tokenizer(const TokenizerSidecar& sidecar, const std::string& out_dir,
                                              int64_t model_max_length);
 

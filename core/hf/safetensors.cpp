@@ -1,10 +1,5 @@
 #include "core/hf/safetensors.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <optional>
 #include <set>
 
@@ -13,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/checkpoint/checkpoint.h"
-#include "core/checkpoint/file_io.h"
+#include "core/io/file_io.h"
 #include "core/io/mapped_file.h"
 
 namespace mt {
@@ -61,17 +56,6 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
-void write_all(int fd, const std::string& path, const void* data, size_t bytes) {
-  const char* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    ssize_t n = ::write(fd, p, std::min<size_t>(bytes, size_t{1} << 30));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) ckpt::throw_os_error(path, "write failed", n < 0 ? errno : EIO);
-    p += n;
-    bytes -= static_cast<size_t>(n);
-  }
-}
-
 }  // namespace
 
 std::string safetensors_header(const std::vector<SafetensorsSpec>& specs,
@@ -103,64 +87,40 @@ std::string safetensors_header(const std::vector<SafetensorsSpec>& specs,
 
 SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<SafetensorsSpec> specs,
                                      const std::map<std::string, std::string>& metadata)
-    : path_(std::move(path)), tmp_path_(path_ + ".tmp"), specs_(std::move(specs)) {
+    : path_(std::move(path)), specs_(std::move(specs)) {
   std::string header = safetensors_header(specs_, metadata);
   header.append((8 - header.size() % 8) % 8, ' ');  // data starts at 8 + header size, 8-byte aligned
-  ::unlink(tmp_path_.c_str());
-  fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd_ < 0) ckpt::throw_os_error(tmp_path_, "cannot create file", errno);
-  try {
-    unsigned char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(static_cast<uint64_t>(header.size()) >> (8 * i));
-    write_all(fd_, tmp_path_, len, 8);
-    write_all(fd_, tmp_path_, header.data(), header.size());
-  } catch (...) {
-    ::close(fd_);
-    ::unlink(tmp_path_.c_str());
-    throw;
-  }
+  file_ = std::make_unique<io::AtomicFile>(path_);
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(static_cast<uint64_t>(header.size()) >> (8 * i));
+  file_->write(len, 8);
+  file_->write(header);
 }
 
-SafetensorsWriter::~SafetensorsWriter() {
-  if (fd_ >= 0) {
-    ::close(fd_);
-    ::unlink(tmp_path_.c_str());
-  }
-}
+SafetensorsWriter::~SafetensorsWriter() = default;  // an uncommitted AtomicFile removes its temporary
 
 void SafetensorsWriter::write(const Tensor& t) {
-  if (fd_ < 0 || next_ >= specs_.size()) throw CheckpointError(fmt::format("{}: more tensors than announced", path_));
+  if (!file_ || next_ >= specs_.size()) throw CheckpointError(fmt::format("{}: more tensors than announced", path_));
   const SafetensorsSpec& s = specs_[next_];
   if (t.shape() != s.shape)
     throw CheckpointError(
         fmt::format("{}: tensor {} announced as {} but given {}", path_, s.name, shape_str(s.shape), t.describe()));
   if (t.dtype() == s.dtype) {
-    write_all(fd_, tmp_path_, t.raw(), t.nbytes());
+    file_->write(t.raw(), t.nbytes());
   } else {
     Tensor c = Tensor::empty(s.shape, s.dtype);
     c.copy_from(t);
-    write_all(fd_, tmp_path_, c.raw(), c.nbytes());
+    file_->write(c.raw(), c.nbytes());
   }
   ++next_;
 }
 
 void SafetensorsWriter::finish() {
-  if (fd_ < 0) throw CheckpointError(fmt::format("{}: already finished", path_));
+  if (!file_) throw CheckpointError(fmt::format("{}: already finished", path_));
   if (next_ != specs_.size())
     throw CheckpointError(fmt::format("{}: {} of {} tensors written", path_, next_, specs_.size()));
-  if (::fsync(fd_) != 0) ckpt::throw_os_error(tmp_path_, "fsync failed", errno);
-  int fd = fd_;
-  fd_ = -1;
-  if (::close(fd) != 0) {
-    int err = errno;
-    ::unlink(tmp_path_.c_str());
-    ckpt::throw_os_error(tmp_path_, "close failed", err);
-  }
-  if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
-    int err = errno;
-    ::unlink(tmp_path_.c_str());
-    ckpt::throw_os_error(path_, "cannot rename " + tmp_path_ + " to it", err);
-  }
+  file_->commit();
+  file_.reset();
 }
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors, DType dtype,

@@ -12,6 +12,9 @@
 namespace mt {
 
 class MappedFile;  // core/io/mapped_file.h
+namespace io {
+class AtomicFile;  // core/io/file_io.h
+}
 
 struct SafetensorsSpec {
   std::string name;
@@ -21,7 +24,8 @@ struct SafetensorsSpec {
 
 // Streams tensors into `path`: the header is fixed by the specs up front, then write() takes the tensors
 // one at a time in spec order (any dtype, converted), so an export never holds the whole model. The file
-// appears under its name only when finish() succeeds (tmp file + fsync + rename). Throws CheckpointError.
+// appears under its name only when finish() succeeds (an io::AtomicFile: tmp file, fsync, rename, directory fsync).
+// Throws CheckpointError, or the FileError of a failed write.
 class SafetensorsWriter {
  public:
   SafetensorsWriter(std::string path, std::vector<SafetensorsSpec> specs,
@@ -34,10 +38,10 @@ class SafetensorsWriter {
   void finish();
 
  private:
-  std::string path_, tmp_path_;
+  std::string path_;
   std::vector<SafetensorsSpec> specs_;
   size_t next_ = 0;
-  int fd_ = -1;
+  std::unique_ptr<io::AtomicFile> file_;  // null once finished
 };
 
 // The whole header text (JSON, unpadded) for `specs`, as the writer lays them out.

@@ -37,7 +37,7 @@ std::string describe(const std::string& path, MapFileError::Step step, int err) 
 }  // namespace
 
 MapFileError::MapFileError(std::string path, Step step, int err)
-    : std::runtime_error(describe(path, step, err)), path_(std::move(path)), step_(step), err_(err) {}
+    : FileError(describe(path, step, err)), path_(std::move(path)), step_(step), err_(err) {}
 
 MappedFile MappedFile::open(const std::string& path, MapOptions options) {
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait forever for a writer. (It has no effect on

@@ -3,14 +3,15 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <stdexcept>
 #include <string>
+
+#include "core/io/file_error.h"
 
 namespace mt {
 
 // Why MappedFile::open failed. Callers catch it and rethrow their own error type (DataError,
 // CheckpointError) with their own wording; what() is a generic "PATH: STEP: strerror" for anyone else.
-class MapFileError : public std::runtime_error {
+class MapFileError : public FileError {
  public:
   enum class Step { open, stat, not_regular_file, mmap };
   MapFileError(std::string path, Step step, int err);

@@ -334,6 +334,17 @@ TEST_F(CheckpointTest, TruncatedDataFileFailsOnOpen) {
   EXPECT_NE(msg.find("data file missing"), std::string::npos) << msg;
 }
 
+// A caller that handles "a file problem" catches FileError: a checkpoint's errors are among them.
+TEST_F(CheckpointTest, ACheckpointErrorIsAFileError) {
+  try {
+    CheckpointReader r(save_ + "/nowhere");
+    ADD_FAILURE() << "opened a missing checkpoint";
+  } catch (const FileError& e) {
+    EXPECT_NE(dynamic_cast<const CheckpointError*>(&e), nullptr) << e.what();
+    EXPECT_NE(std::string(e.what()).find(save_ + "/nowhere"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(CheckpointTest, MissingOrBadMetadataIsNamed) {
   std::string dir = save_checkpoint(save_, state_at(5), {{"model.a", {4, 2}, {}, make({4, 2}, DType::f32, 0.f)}}, 0);
   const std::string meta = dir + "/metadata.yaml";

@@ -1,4 +1,4 @@
-#include "core/checkpoint/file_io.h"
+#include "core/io/file_io.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -11,12 +11,10 @@
 
 #include <fmt/format.h>
 
-#include "core/checkpoint/checkpoint.h"
-
-namespace mt::ckpt {
+namespace mt::io {
 
 void throw_os_error(const std::string& path, const std::string& what, int err) {
-  throw CheckpointError(fmt::format("{}: {}: {}", path, what, std::strerror(err)));
+  throw FileError(fmt::format("{}: {}: {}", path, what, std::strerror(err)));
 }
 
 std::string join_path(const std::string& dir, const std::string& name) {
@@ -63,7 +61,54 @@ void OutFile::sync_and_close() {
   if (::close(fd) != 0) throw_os_error(path_, "close failed", errno);
 }
 
-void write_file_durably(const std::string& path, const std::string& text) {
+namespace {
+
+// `tmp`, after removing a stale file of that name (a crashed writer's), so that OutFile can create it anew.
+std::string without_stale(std::string tmp) {
+  if (::unlink(tmp.c_str()) != 0 && errno != ENOENT) throw_os_error(tmp, "cannot remove the stale temporary", errno);
+  return tmp;
+}
+
+std::string parent_dir(const std::string& path) {
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  return dir.empty() ? "." : dir;
+}
+
+}  // namespace
+
+AtomicFile::AtomicFile(std::string path, std::string tmp_path)
+    : path_(std::move(path)), tmp_path_(tmp_path.empty() ? path_ + ".tmp" : std::move(tmp_path)),
+      out_(without_stale(tmp_path_)) {}
+
+AtomicFile::~AtomicFile() {
+  if (!committed_) ::unlink(tmp_path_.c_str());  // out_ closes it after
+}
+
+void AtomicFile::write(const void* data, size_t bytes) {
+  if (committed_ || !out_.is_open()) throw FileError(fmt::format("{}: written after it was synced", tmp_path_));
+  out_.write(data, bytes);
+}
+
+void AtomicFile::sync() {
+  if (out_.is_open()) out_.sync_and_close();
+}
+
+void AtomicFile::commit() {
+  if (committed_) throw FileError(fmt::format("{}: committed twice", path_));
+  sync();
+  if (::rename(tmp_path_.c_str(), path_.c_str()) != 0)
+    throw_os_error(path_, "cannot rename " + tmp_path_ + " to it", errno);
+  committed_ = true;
+  fsync_dir(parent_dir(path_));
+}
+
+void write_file_atomically(const std::string& path, std::string_view bytes, std::string tmp_path) {
+  AtomicFile f(path, std::move(tmp_path));
+  f.write(bytes);
+  f.commit();
+}
+
+void write_file_durably(const std::string& path, std::string_view text) {
   OutFile f(path);
   f.write(text.data(), text.size());
   f.sync_and_close();
@@ -135,10 +180,10 @@ MappedFile map_file(const std::string& path) {
       case MapFileError::Step::mmap:
         throw_os_error(path, "cannot map", e.err());
       case MapFileError::Step::not_regular_file:  // not asked for above, but say it right if it ever is
-        throw CheckpointError(fmt::format("{}: not a regular file", path));
+        throw FileError(fmt::format("{}: not a regular file", path));
     }
-    throw CheckpointError(e.what());
+    throw FileError(e.what());
   }
 }
 
-}  // namespace mt::ckpt
+}  // namespace mt::io
