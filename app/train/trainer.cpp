@@ -286,8 +286,8 @@ void Trainer::run() {
     stop = stop_after_iteration();
   }
   // One save for every way out of the loop (a no-op when the interval save above took this iteration).
-  if (!stop || stop->why != Stop::Why::nothing_to_train) save();
-  finish(stop);
+  const bool saved = stop && stop->why == Stop::Why::nothing_to_train ? true : save();
+  finish(stop, saved);
 }
 
 // --exit-after N when the run resumes at or past N: stop at once; the checkpoint it resumed from already holds
@@ -299,7 +299,7 @@ std::optional<Trainer::Stop> Trainer::stop_before_training() const {
   return Stop{.why = Stop::Why::nothing_to_train};
 }
 
-void Trainer::finish(const std::optional<Stop>& stop) const {
+void Trainer::finish(const std::optional<Stop>& stop, bool saved) const {
   if (stop && stop->why == Stop::Why::spike)
     throw std::runtime_error(fmt::format(
         "training stopped after iteration {}: loss spike (training.loss_spike.action=stop; see the warning above). "
@@ -307,6 +307,13 @@ void Trainer::finish(const std::optional<Stop>& stop) const {
         c_.iteration,
         cfg_.checkpoint.save_dir.empty() ? "no checkpoint (checkpoint.save_dir is not set)"
                                          : fmt::format("checkpoint saved in {}", cfg_.checkpoint.save_dir)));
+  // A run that could not save what it was asked to save fails (issue 30: it used to exit 0 without its checkpoint).
+  if (!saved)
+    throw std::runtime_error(fmt::format(
+        "training ended after iteration {} without its checkpoint: the last {} iteration(s) were not finite (see the "
+        "warnings above), so {} keeps the checkpoint from before them; resume from it with other settings (a lower "
+        "optimizer.lr, training.precision, optimizer.grad_clip)",
+        c_.iteration, nonfinite_streak_, cfg_.checkpoint.save_dir));
   if (stop) return;
   spdlog::info("training done: {} iterations, {} samples, {} skipped, {} nan; peak memory (MiB): {}", c_.iteration,
                c_.consumed_samples, c_.skipped_iters, c_.nan_iters, memory_summary(device_));

@@ -70,13 +70,13 @@ void Trainer::maybe_resume() {
 // Data-parallel replicas hold identical state, so the ranks of data-parallel rank 0 write: each its
 // tensor-parallel slices, and tensor-parallel rank 0 the replicated tensors. Rank 0 creates the temporary
 // directory and commits it once every writer has flushed and verified its file.
-void Trainer::save() {
+bool Trainer::save() {
   read_losses();  // the saved nan_iters counts every step so far (every rank reads here, as every rank saves)
-  if (cfg_.checkpoint.save_dir.empty() || last_saved_ == std::to_string(c_.iteration)) return;
+  if (cfg_.checkpoint.save_dir.empty() || last_saved_ == std::to_string(c_.iteration)) return true;
   if (nonfinite_streak_ > 0) {  // keep the good checkpoints from being rotated out by one taken now
     spdlog::warn("not saving a checkpoint at iteration {}: the last {} iteration(s) were not finite", c_.iteration,
                  nonfinite_streak_);
-    return;
+    return false;
   }
   // Never a checkpoint whose weights hold inf or NaN.
   const std::optional<std::string> bad = first_nonfinite(params_, /*grads=*/false);
@@ -137,10 +137,11 @@ void Trainer::save() {
   }
   dist_.world->barrier();
   last_saved_ = std::to_string(c_.iteration);
-  if (dist_.rank() != 0) return;
+  if (dist_.rank() != 0) return true;
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info("saved checkpoint {} ({:.0f} ms)", dir, ms);
   metrics_.write({{"event", "save"}, {"iteration", c_.iteration}, {"checkpoint", dir}});
+  return true;
 }
 
 }  // namespace mt::app

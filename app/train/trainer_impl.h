@@ -118,7 +118,9 @@ class Trainer {
   // collective, at the same iteration on every rank) into interval_loss_ and c_.nan_iters.
   void read_losses();
   double evaluate();
-  void save();
+  // Saves this iteration's state when checkpoint.save_dir is set (once per iteration). False when it was refused
+  // because the last iterations were not finite: the checkpoint before them stays the latest.
+  bool save();
   void check_finite(const StepResult& r);
   std::vector<int> ranks_where(bool here);
   void log_interval(double ms_per_iter, double loss, double lr, double grad_norm);
@@ -155,8 +157,9 @@ class Trainer {
   };
   std::optional<Stop> stop_before_training() const;
   std::optional<Stop> stop_after_iteration();
-  // The run's last words: the spike's error, or the summary of a run that reached train_iters.
-  void finish(const std::optional<Stop>& stop) const;
+  // The run's last words: the spike's error, the error of a final checkpoint refused as not finite, or the
+  // summary of a run that reached train_iters.
+  void finish(const std::optional<Stop>& stop, bool saved) const;
   LrSchedule schedule_;
   MetricsFile metrics_;
   Counters c_;

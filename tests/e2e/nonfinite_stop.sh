@@ -29,5 +29,12 @@ refused=$(sed -nE 's/.*not saving a checkpoint at iteration ([0-9]+).*/\1/p' fp1
 last=$(sed -E 's/iter_0*//' ckpt_fp16/latest)
 [ "$last" -lt "$refused" ] || fail "fp16: latest checkpoint $last is not before the refused iteration $refused"
 echo "fp16: $(cat fp16.err)"
+# A run that ends inside a non-finite streak shorter than max_nonfinite_iters cannot save its last iteration: it
+# fails naming why (it used to exit 0 without its checkpoint), and the checkpoint before the streak stays latest.
+run_expecting_failure endnan --set optimizer.lr=1e30 --set training.max_nonfinite_iters=100 --set training.train_iters=8
+grep -q "training ended after iteration 8 without its checkpoint: the last 7 iteration(s) were not finite" endnan.err \
+  || { cat endnan.err; fail "endnan: the refused final checkpoint is not an error"; }
+[ "$(cat ckpt_endnan/latest)" = iter_0000001 ] || fail "endnan: latest is not the checkpoint before the streak"
+echo "endnan: $(grep -m1 'megatrain: error' endnan.err)"
 # A healthy run is not affected.
 "$MT" --config tiny.yaml --set training.train_iters=6 --set logging.dir=ok >/dev/null || fail "a healthy run failed"
