@@ -1,0 +1,119 @@
+// test_train_state.cpp: the training state a checkpoint stores (app::TrainState) and the model-shape check of a
+// resume (app::model_shape_differences).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+#include "app/train/checkpointing.h"
+#include "app/train/train_state.h"
+#include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/checkpoint_writer.h"
+#include "core/checkpoint/save_dir.h"
+#include "tests/unit/core/checkpoint/checkpoint_fixture.h"
+#include "tests/unit/file_text.h"
+
+namespace fs = std::filesystem;
+using namespace mt;
+using namespace mt::ckpt_test;
+
+namespace {
+
+using testing_util::slurp;
+using testing_util::spit;
+
+// Edited state values (iteration, consumed samples, optimizer steps, a "nan" loss scale) used to resume silently.
+TEST(TrainState, EveryValueIsCheckedNamingTheField) {
+  CheckpointState s;
+  s.iteration = 10;
+  s.values = {{"consumed_samples", "80"},
+              {"skipped_iters", "1"},
+              {"nan_iters", "0"},
+              {"optimizer_steps", "9"},
+              {"loss_scale", "65536"},
+              {"loss_scale_growth_tracker", "3"},
+              {"loss_scale_hysteresis_tracker", "2"},
+              {"seed", "1234"}};
+  const app::TrainState r = app::TrainState::load(s, "ck");
+  EXPECT_EQ(r.consumed_samples, 80);
+  EXPECT_EQ(r.optimizer_steps, 9);
+  EXPECT_EQ(r.loss_scaler.scale, 65536.0);
+  EXPECT_EQ(r.loss_scaler.hysteresis_tracker, 2);
+  EXPECT_EQ(r.seed, 1234);
+  // save writes back exactly what load read.
+  CheckpointState again;
+  r.save(again);
+  EXPECT_EQ(again.iteration, s.iteration);
+  EXPECT_EQ(again.values, s.values);
+  const std::vector<std::tuple<std::string, std::string, std::string>> bad = {
+      {"loss_scale", "nan", "'loss_scale' = 'nan' is not a finite number"},
+      {"loss_scale", "inf", "'loss_scale' = 'inf' is not a finite number"},
+      {"loss_scale", "-1", "'loss_scale' = -1 is not positive"},
+      {"consumed_samples", "-8", "'consumed_samples' = -8 is negative"},
+      {"consumed_samples", "5", "less than one sample per iteration"},
+      {"optimizer_steps", "1.5", "'optimizer_steps' = '1.5' is not an integer"},
+      {"optimizer_steps", "8", "'optimizer_steps' = 8 plus skipped_iters = 1 is not the iteration 10"},
+      {"nan_iters", "11", "'nan_iters' = 11 is more than the iteration 10"},
+      {"seed", "-1", "'seed' = -1 is negative"},
+  };
+  for (const auto& [key, value, part] : bad) {
+    CheckpointState e = s;
+    e.values[key] = value;
+    std::string msg = error_of([&] { app::TrainState::load(e, "ck"); });
+    EXPECT_NE(msg.find(part), std::string::npos) << key << "=" << value << ": " << msg;
+  }
+  CheckpointState missing = s;
+  missing.values.erase("seed");
+  EXPECT_NE(error_of([&] { app::TrainState::load(missing, "ck"); }).find("lacks state value 'seed'"),
+            std::string::npos);
+}
+
+// A checkpoint of another model shape used to resume without a word.
+TEST(ResumeState, ModelShapeDifferencesNameEachKey) {
+  const std::string old_cfg =
+      "model:\n  arch: gpt\n  num_layers: 2\n  hidden_size: 32\n  num_heads: 4\n"
+      "  ffn_hidden_size: 128\n  max_position_embeddings: 32\n  vocab_size: 257\n"
+      "  tie_embeddings: true\n  dropout: 0.1\n";
+  EXPECT_TRUE(app::model_shape_differences(old_cfg, old_cfg, "ck").empty());
+  std::string run = old_cfg;
+  for (auto [from, to] :
+       std::vector<std::pair<std::string, std::string>>{{"num_layers: 2", "num_layers: 1"},
+                                                        {"num_heads: 4", "num_heads: 8"},
+                                                        {"vocab_size: 257", "vocab_size: 300"},
+                                                        {"tie_embeddings: true", "tie_embeddings: false"},
+                                                        {"dropout: 0.1", "dropout: 0"}})
+    run.replace(run.find(from), from.size(), to);
+  EXPECT_EQ(app::model_shape_differences(old_cfg, run, "ck"),
+            (std::vector<std::string>{"model.num_layers: 2 -> 1", "model.num_heads: 4 -> 8",
+                                      "model.vocab_size: 257 -> 300", "model.tie_embeddings: true -> false"}));
+  EXPECT_NE(error_of([&] { app::model_shape_differences("", run, "ck"); }).find("no model section"), std::string::npos);
+  // Key/value groups: 0 or absent means one per head, so an explicit 4 equals a checkpoint without the key, and a
+  // Llama with other groups or another rotary base differs.
+  const std::string llama = old_cfg + "  num_query_groups: 4\n";
+  EXPECT_TRUE(app::model_shape_differences(old_cfg, llama, "ck").empty());
+  std::string gqa = llama;
+  gqa.replace(gqa.find("num_query_groups: 4"), 19, "num_query_groups: 2");
+  EXPECT_EQ(app::model_shape_differences(old_cfg, gqa + "  rotary_base: 10000\n", "ck"),
+            (std::vector<std::string>{"model.num_query_groups: 4 -> 2"}));  // an old checkpoint has no rotary_base
+  EXPECT_EQ(app::model_shape_differences(gqa + "  rotary_base: 10000\n", gqa + "  rotary_base: 500000\n", "ck"),
+            (std::vector<std::string>{"model.rotary_base: 10000 -> 500000"}));
+}
+
+}  // namespace
