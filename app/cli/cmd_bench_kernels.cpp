@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "app/cli/commands.h"
+#include "app/cli/option_checks.h"
 #include "core/tensor/ops.h"
 #include "core/tensor/tensor.h"
 #include "parallel/communicator.h"
@@ -266,7 +267,7 @@ void add_bench_commands(CLI::App& root) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   cmd->add_option("-o,--output", a->output, "rates file to write (default rates.yaml)");
   cmd->add_option("--min-seconds", a->min_seconds, "time each measurement at least this long (default 0.05)")
-      ->check(CLI::PositiveNumber);
+      ->check(above(0));
   cmd->callback([a] { run_bench(*a); });
 }
 

@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "app/cli/commands.h"
+#include "app/cli/option_checks.h"
 #include "app/train/train_state.h"
 #include "core/checkpoint/checkpoint.h"
 #include "core/io/file_io.h"
@@ -107,7 +108,7 @@ void add_ckpt_import_command(CLI::App& ckpt) {
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
       ->capture_default_str();
   imp->add_option("--seq-length", a->seq_length, "model.seq_length (default: max_position_embeddings)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   imp->add_option("--dropout", a->dropout, "model.dropout and model.attention_dropout")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "app/cli/commands.h"
+#include "app/cli/option_checks.h"
 #include "core/data/prepare.h"
 #include "core/data/tokenizer.h"
 
@@ -49,7 +50,7 @@ void add_data_commands(CLI::App& root) {
       "package's encode do. Recorded in PREFIX.tokenizer.yaml");
   prepare->add_option("--workers", prep->workers, "Tokenizing threads (documents keep their order)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   prepare->add_option("--json-key", prep->json_key, "The JSON member holding each document's text")
       ->capture_default_str();
   prepare->add_flag(
@@ -69,15 +70,13 @@ void add_data_commands(CLI::App& root) {
   auto docs = std::make_shared<int64_t>(1);
   CLI::App* inspect = data->add_subcommand("inspect", "Summarize PREFIX.bin / PREFIX.idx");
   inspect->add_option("prefix", *prefix, "Dataset prefix (without .bin / .idx)")->required();
-  inspect->add_option("--docs", *docs, "How many leading documents to show")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+  inspect->add_option("--docs", *docs, "How many leading documents to show")->capture_default_str()->check(at_least(0));
   auto decode = std::make_shared<int64_t>(0);
   inspect
       ->add_option("--decode", *decode,
                    "Also print the first N documents as text, decoded by the tokenizer PREFIX.tokenizer.yaml "
                    "names (invalid UTF-8 shown as U+FFFD)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   inspect->callback([prefix, docs, decode] { fmt::print("{}", inspect_dataset(*prefix, *docs, *decode)); });
 }
 

@@ -8,6 +8,7 @@
 
 #include "app/train/checkpointing.h"
 #include "app/cli/commands.h"
+#include "app/cli/option_checks.h"
 #include "app/runtime/device.h"
 #include "app/train/data_sources.h"
 #include "core/checkpoint/checkpoint.h"
@@ -66,8 +67,8 @@ void add_eval_command(CLI::App& root) {
   CLI::App* sub = root.add_subcommand("eval", "mean loss of a checkpoint over the first K samples of a dataset");
   sub->add_option("--checkpoint", args.checkpoint, "checkpoint directory, or a save_dir with `latest`")->required();
   sub->add_option("--data", args.data, "indexed dataset prefix(es), read in file order")->required();
-  sub->add_option("--samples", args.samples, "number of samples K")->required()->check(CLI::PositiveNumber);
-  sub->add_option("--micro-batch-size", args.micro_batch_size, "samples per forward pass")->check(CLI::PositiveNumber);
+  sub->add_option("--samples", args.samples, "number of samples K")->required()->check(at_least(1));
+  sub->add_option("--micro-batch-size", args.micro_batch_size, "samples per forward pass")->check(at_least(1));
   sub->add_option("--precision", args.precision, "fp32, bf16 or fp16")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   sub->add_option("--device", args.device, "auto (a GPU when there is one), cuda or cpu")
       ->check(CLI::IsMember({"auto", "cuda", "cpu"}));

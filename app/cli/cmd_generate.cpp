@@ -18,6 +18,7 @@
 
 #include "app/train/checkpointing.h"
 #include "app/cli/commands.h"
+#include "app/cli/option_checks.h"
 #include "app/runtime/device.h"
 #include "core/checkpoint/checkpoint.h"
 #include "core/io/file_io.h"
@@ -116,8 +117,9 @@ void run_generate(const GenerateArgs& a) {
   const Placement placement = place_rank(cfg, LaunchEnv{});
   GptModel model(cfg.model, GptOptions{.dtype = parse_dtype(a.precision), .device = placement.device, .seed = 0});
   load_parameters(reader, model.parameters());
-  KvCacheDecoder decoder(model,
-                         {.capacity = std::min<int64_t>(P, static_cast<int64_t>(prompt.size()) + a.max_new_tokens)});
+  KvCacheDecoder decoder(model, {.capacity = a.max_new_tokens >= P - static_cast<int64_t>(prompt.size())
+                                                 ? P
+                                                 : static_cast<int64_t>(prompt.size()) + a.max_new_tokens});
   GenerateOptions opt = gen;
   opt.stop_id = tok->eod();
 
@@ -145,7 +147,7 @@ void add_generate_command(CLI::App& root) {
   prompt->excludes(file);
   sub->add_option("--max-new-tokens", args.max_new_tokens, "most tokens to generate")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   CLI::Option* temperature =
       sub->add_option("--temperature", args.temperature, "divide the logits by T > 0 before sampling (0: greedy)")
           ->capture_default_str();

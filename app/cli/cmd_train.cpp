@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "app/cli/commands.h"
+#include "app/cli/option_checks.h"
 #include "app/train/data_sources.h"
 #include "app/runtime/local_launcher.h"
 #include "app/train/trainer.h"
@@ -35,8 +36,8 @@ void add_train_options(CLI::App& app, TrainArgs& a) {
       ->take_all()
       ->allow_extra_args(false);
   app.add_option("--load", a.load, "resume from this checkpoint (a checkpoint or a save_dir with `latest`)");
-  app.add_option("--exit-after", a.exit_after, "save a checkpoint and stop after this iteration")
-      ->check(CLI::NonNegativeNumber);
+  app.add_option("--exit-after", a.exit_after, "save a checkpoint and stop after this iteration (1 or more)")
+      ->check(at_least(1));
   app.add_option("--nproc", a.nproc, "start this many local ranks (like torchrun --standalone) and supervise them")
       ->check(CLI::Range(1, 4096));
   app.add_flag("--prefix-output", a.prefix_output, "with --nproc: prefix each rank's output lines with its rank");
