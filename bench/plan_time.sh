@@ -30,7 +30,7 @@ layouts=(
   "mid-recompute|1|--set training.recompute=full"
   "wide|1|--set model.hidden_size=512 --set model.ffn_hidden_size=2048 --set model.num_layers=2"
   "long|1|--set model.seq_length=512 --set training.micro_batch_size=1"
-  "llama-mid|1|--set model.arch=llama --set model.num_query_groups=2 --set model.ffn_hidden_size=0 --set model.dropout=0 --set model.attention_dropout=0"
+  "llama-mid|1|--set model.arch=llama --set model.num_query_groups=2 --set model.ffn_hidden_size=auto --set model.dropout=0 --set model.attention_dropout=0"
   "mid-tp2|2|--set parallel.tensor=2"
   "mid-tp2-sp|2|--set parallel.tensor=2 --set parallel.sequence_parallel=true"
   "mid-pp2|2|--set parallel.pipeline=2 --set training.micro_batch_size=2"

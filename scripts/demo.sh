@@ -10,7 +10,7 @@ scripts/install-deps.sh
 scripts/build.sh
 mkdir -p data/demo
 mapfile -t inputs < <(find /usr/share/common-licenses -type f | sort; ls README.md)
-build/megatrain data prepare --input "${inputs[@]}" --output data/demo/licenses_text_document --tokenizer byte
+build/megatrain data prepare --input "${inputs[@]}" --output data/demo/licenses_text_document --tokenizer byte --overwrite
 build/megatrain data inspect data/demo/licenses_text_document
 rm -rf runs/gpt-tiny
 build/megatrain --config configs/gpt-tiny.yaml "$@"

@@ -3,8 +3,11 @@
 // moments, no optimizer steps) that `megatrain train` with checkpoint.load: OUT_DIR continues in any layout,
 // and that `megatrain eval` / `generate` read directly.
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -13,6 +16,7 @@
 #include "app/cli/option_checks.h"
 #include "app/train/train_state.h"
 #include "core/checkpoint/checkpoint.h"
+#include "core/checkpoint/save_dir.h"
 #include "core/io/file_io.h"
 #include "core/hf/hf_import.h"
 #include "core/config/config.h"
@@ -38,7 +42,48 @@ std::string model_section(const std::string& yaml) {
   return begin == std::string::npos ? std::string() : yaml.substr(begin, end + 1 - begin);
 }
 
+// An import writes iteration 0 and points `latest` at it: into a save directory of a run it dropped that run's
+// progress (the next resume restarted from the imported weights), and into a locked one it raced the live run
+// (issue 30, item 1). Such an output is refused, naming what is there.
+void check_output_is_new(const std::string& output) {
+  if (!std::filesystem::exists(output)) return;
+  std::optional<std::string> latest;
+  if (std::filesystem::exists(io::join_path(output, ckpt::kLatestFile))) {
+    try {
+      latest = ckpt::read_latest(output).value_or("");
+    } catch (const CheckpointError&) {
+      latest = "unreadable";
+    }
+  }
+  const auto checkpoints = ckpt::list_checkpoints(output);
+  if (!latest && checkpoints.empty()) return;
+  const std::string what = latest ? "latest: " + *latest
+                                  : fmt::format("{} iter_* director{}, the newest {}; no latest", checkpoints.size(),
+                                                checkpoints.size() == 1 ? "y" : "ies", checkpoints.back().second);
+  throw CheckpointError(
+      fmt::format("ckpt import: {} holds checkpoints ({}); import into a new directory (importing would move latest to "
+                  "iteration 0 and drop them)",
+                  output, what));
+}
+
 void run_import(const ImportArgs& a) {
+  // The lock keeps a run from starting on the directory while the import writes it, and refuses a live one's.
+  std::optional<ckpt::SaveDirLock> lock;
+  try {
+    lock.emplace(a.output);
+  } catch (const CheckpointError& e) {
+    if (std::string_view(e.what()).find("in use by another run") == std::string_view::npos) throw;
+    const std::string lock_file = io::join_path(a.output, ckpt::kLockFile);
+    std::string pid;  // the holder writes its pid into the lock file
+    std::ifstream in(lock_file);
+    in >> pid;
+    throw CheckpointError(
+        fmt::format("ckpt import: {} is locked by a live run ({} is held{}); import into a new "
+                    "directory",
+                    a.output, lock_file, pid.empty() ? "" : " by pid " + pid));
+  }
+  check_output_is_new(a.output);
+
   HfImportOptions opt{.dropout = a.dropout};
   if (a.seq_length > 0) opt.seq_length = a.seq_length;
   HfModelShape shape = read_hf_config(a.dir, opt);

@@ -53,6 +53,9 @@ void add_data_commands(CLI::App& root) {
       ->check(at_least(1));
   prepare->add_option("--json-key", prep->json_key, "The JSON member holding each document's text")
       ->capture_default_str();
+  prepare->add_flag("--overwrite", prep->overwrite,
+                    "Replace an existing PREFIX.bin / PREFIX.idx (without it they are refused; an output that is one "
+                    "of the inputs always is)");
   prepare->add_flag(
       "--no-eod", [prep](int64_t) { prep->append_eod = false; },
       "Do not end each document with the end-of-document token");

@@ -1,5 +1,7 @@
 #include "app/runtime/stop_signal.h"
 
+#include <signal.h>
+
 #include <atomic>
 #include <csignal>
 #include <cstdint>
@@ -25,13 +27,21 @@ extern "C" void on_signal(int sig) {
   }
 }
 
+// Catches `sig` unless it is ignored now: nohup (and the --nproc launcher for SIGHUP) ignores it so that the run
+// outlives the terminal, and a handler here would turn the hang-up into a stop all the same (issue 30, item 10).
+void catch_unless_ignored(int sig) {
+  struct sigaction now {};
+  if (sigaction(sig, nullptr, &now) == 0 && now.sa_handler == SIG_IGN) return;
+  std::signal(sig, on_signal);
+}
+
 }  // namespace
 
 void install_stop_signals() {
-  std::signal(SIGTERM, on_signal);
-  std::signal(SIGUSR1, on_signal);
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGHUP, on_signal);  // the terminal closed: like SIGTERM
+  catch_unless_ignored(SIGTERM);
+  catch_unless_ignored(SIGUSR1);
+  catch_unless_ignored(SIGINT);
+  catch_unless_ignored(SIGHUP);  // the terminal closed: like SIGTERM
 }
 
 int stop_signal() { return g_signal.load(); }

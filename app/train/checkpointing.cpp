@@ -103,10 +103,10 @@ std::vector<std::string> model_shape_differences(const std::string& stored_yaml,
         "tie_embeddings", "num_query_groups", "rotary_base"}) {
     YAML::Node a = stored[key], b = run[key];
     // Keys newer than some checkpoints: one saved before they existed had a model without the feature, and
-    // num_query_groups 0 (or absent) means one key/value head per query head.
+    // num_query_groups auto (0 before issue 30, or absent) means one key/value head per query head.
     if (std::string_view(key) == "rotary_base" && !a.IsDefined()) continue;
     if (std::string_view(key) == "num_query_groups") {
-      auto is_set = [](const YAML::Node& g) { return g.IsScalar() && g.Scalar() != "0"; };
+      auto is_set = [](const YAML::Node& g) { return g.IsScalar() && g.Scalar() != "0" && g.Scalar() != "auto"; };
       if (!is_set(a) && !is_set(b)) continue;  // one key/value head per query head on both sides
       if (!is_set(a)) a = stored["num_heads"];
       if (!is_set(b)) b = run["num_heads"];
@@ -120,12 +120,27 @@ std::vector<std::string> model_shape_differences(const std::string& stored_yaml,
 Config whole_model_config(const CheckpointReader& reader, const std::string& dir, int64_t micro_batch,
                           const std::string& device) {
   const std::string batch = std::to_string(micro_batch);
-  return parse_config(
-      reader.state().config_yaml, dir + "/metadata.yaml",
-      {"parallel.tensor=1", "parallel.pipeline=1", "parallel.virtual_pipeline=1", "parallel.data=1",
-       "parallel.sequence_parallel=false", "parallel.layers_per_stage=[]", "training.global_batch_size=" + batch,
-       "training.micro_batch_size=" + batch, "training.device=" + device, "parallel.backend=auto"},
-      1);
+  std::vector<std::string> overrides = {"parallel.tensor=1",
+                                        "parallel.pipeline=1",
+                                        "parallel.virtual_pipeline=1",
+                                        "parallel.data=1",
+                                        "parallel.sequence_parallel=false",
+                                        "parallel.layers_per_stage=[]",
+                                        "training.global_batch_size=" + batch,
+                                        "training.micro_batch_size=" + batch,
+                                        "training.device=" + device,
+                                        "parallel.backend=auto"};
+  // Configs stored before issue 30 (item 8) wrote the default of these keys as 0, which the reader now refuses:
+  // read such a 0 as the auto it meant.
+  try {
+    const YAML::Node model = YAML::Load(reader.state().config_yaml)["model"];
+    for (const char* key : {"num_query_groups", "ffn_hidden_size"})
+      if (model.IsMap() && model[key].IsScalar() && model[key].Scalar() == "0")
+        overrides.push_back(fmt::format("model.{}=auto", key));
+  } catch (const YAML::Exception&) {
+    // parse_config below names what is wrong with the text
+  }
+  return parse_config(reader.state().config_yaml, dir + "/metadata.yaml", overrides, 1);
 }
 
 void write_checkpoint_tokenizer(const std::string& tmp_dir, const std::vector<std::string>& data_train) {

@@ -10,8 +10,11 @@ namespace mt::config_keys {
 struct Key {
   const char* name;
   bool required = false;
-  bool accepts_auto = false;  // the string "auto" is stored as 0 (parallel.data, model.vocab_size)
-  size_t length = 0;          // a list of exactly this many entries; 0: any length
+  bool accepts_auto = false;  // the string "auto" is stored as 0 (parallel.data, model.vocab_size, ...)
+  // 0 is refused: the default is written by leaving the key out or as auto. A 0 that silently meant the default
+  // hid a forgotten value (issue 30, item 8).
+  const char* refuses_zero = nullptr;  // the default, for the message ("num_heads"); null: 0 is read as given
+  size_t length = 0;                   // a list of exactly this many entries; 0: any length
 };
 
 // Calls v.section(name, body) for every section (nested for training.loss_scale and training.loss_spike) and v.field(Key, member) for
@@ -24,8 +27,12 @@ void visit(V& v, C& c) {
     v.field({.name = "num_layers", .required = true}, m.num_layers);
     v.field({.name = "hidden_size", .required = true}, m.hidden_size);
     v.field({.name = "num_heads", .required = true}, m.num_heads);
-    v.field({.name = "num_query_groups"}, m.num_query_groups);
-    v.field({.name = "ffn_hidden_size"}, m.ffn_hidden_size);
+    v.field({.name = "num_query_groups", .accepts_auto = true, .refuses_zero = "num_heads"}, m.num_query_groups);
+    v.field({.name = "ffn_hidden_size",
+             .accepts_auto = true,
+             .refuses_zero = "4 * hidden_size for gpt, Megatron's SwiGLU width 8 * hidden_size / 3 rounded down to 64 "
+                             "for llama"},
+            m.ffn_hidden_size);
     v.field({.name = "seq_length", .required = true}, m.seq_length);
     v.field({.name = "max_position_embeddings"}, m.max_position_embeddings);
     v.field({.name = "vocab_size", .required = true, .accepts_auto = true}, m.vocab_size);

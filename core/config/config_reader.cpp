@@ -88,6 +88,11 @@ class Reader {
     } else if (!parse_int(*n, out)) {
       src_.fail(path, fmt::format("expected an integer{}, got {}", k.accepts_auto ? " or 'auto'" : "", describe(*n)),
                 n->Mark());
+    } else if (k.refuses_zero && out == 0) {
+      src_.fail(
+          path,
+          fmt::format("0 is not a valid value: leave the key out (or write auto) for the default ({})", k.refuses_zero),
+          n->Mark());
     }
   }
   void field(const Key& k, double& out) { real(k, out); }

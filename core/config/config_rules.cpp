@@ -108,8 +108,8 @@ void resolve_model(ModelConfig& m, const Rules& r) {
   m.head_dim = m.hidden_size / m.num_heads;
 
   // Grouped-query attention: num_query_groups key/value heads, each shared by num_heads / num_query_groups
-  // query heads. 0 stays 0 (ModelConfig::kv_heads() reads it as num_heads), so a config written back follows
-  // a later change of num_heads.
+  // query heads. auto stays 0 (ModelConfig::kv_heads() reads it as num_heads; to_yaml writes it as auto), so a
+  // config written back follows a later change of num_heads.
   r.non_negative("model.num_query_groups", m.num_query_groups);
   const int64_t groups = m.kv_heads();
   if (m.num_heads % groups != 0)

@@ -172,6 +172,33 @@ void read_json_lines(const std::string& path, const std::string& key, DocumentSi
   if (in.bad()) throw DataError(fmt::format("{}: read failed: {}", path, std::strerror(errno)));
 }
 
+// An output that exists is a dataset someone prepared (or one of the inputs): replacing it silently lost it
+// (issue 30, item 3). The paths are compared as files (fs::equivalent), so a link or another spelling of an input
+// is caught too.
+void check_output_is_free(const PrepareOptions& options) {
+  const std::string prefix = options.output_prefix;
+  for (const std::string& out : {prefix + ".bin", prefix + ".idx", tokenizer_sidecar_path(prefix)}) {
+    std::error_code ec;
+    if (!fs::exists(out, ec)) continue;
+    for (const std::string& in : options.inputs) {
+      std::error_code eq;
+      if (fs::equivalent(out, in, eq))
+        throw DataError(
+            fmt::format("data prepare: the output {} is the input {}; writing it would destroy the "
+                        "input: choose another --output",
+                        out, in));
+    }
+  }
+  for (const std::string& out : {prefix + ".bin", prefix + ".idx"}) {
+    std::error_code ec;
+    if (fs::exists(out, ec) && !options.overwrite)
+      throw DataError(
+          fmt::format("data prepare: {} already exists; pass --overwrite to replace it, or choose "
+                      "another --output",
+                      out));
+  }
+}
+
 }  // namespace
 
 PrepareStats prepare_dataset(const PrepareOptions& options) {
@@ -179,6 +206,7 @@ PrepareStats prepare_dataset(const PrepareOptions& options) {
   if (options.output_prefix.empty()) throw DataError("data prepare: no output prefix given");
   if (options.workers < 1)
     throw DataError(fmt::format("data prepare: --workers must be at least 1, got {}", options.workers));
+  check_output_is_free(options);
   std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(options.tokenizer);
   for (const std::string& path : options.inputs) open_input(path);  // fail before writing anything
 

@@ -16,6 +16,7 @@ struct PrepareOptions {
   std::string json_key = "text";    // the member of each JSON line that holds the document
   bool append_eod = true;           // end every document with the tokenizer's end-of-document id
   int workers = 1;                  // tokenizing threads; the output keeps the input's document order
+  bool overwrite = false;           // replace an existing PREFIX.bin / PREFIX.idx (never one of the inputs)
 };
 
 struct PrepareStats {
@@ -33,7 +34,8 @@ struct PrepareStats {
 // Every input is checked before anything is written; a missing or unreadable input, a malformed line
 // (reported as FILE:LINE) or no document at all is a DataError, and the output is then left as it was:
 // the pair is written to temporary files and renamed into place only when complete. PREFIX.tokenizer.yaml
-// records the tokenizer (tokenizer_sidecar.h).
+// records the tokenizer (tokenizer_sidecar.h). Before any work, an existing PREFIX.bin or PREFIX.idx is refused
+// unless `overwrite`, and an output file that is one of the inputs always.
 PrepareStats prepare_dataset(const PrepareOptions& options);
 
 // A human-readable summary of PREFIX.bin/.idx: dtype, sequence / document / token counts, min / mean / max

@@ -17,14 +17,14 @@
 namespace mt {
 namespace {
 
-// model.KEY of the stored config, or `fallback` when absent (required when fallback is nullopt).
+// model.KEY of the stored config, or `fallback` when absent or auto (required when fallback is nullopt).
 struct ModelKeys {
   YAML::Node model;
   std::string where;
   template <class T>
   T get(const char* key, std::optional<T> fallback) const {
     YAML::Node v = model[key];
-    if (!v.IsDefined() || v.IsNull()) {
+    if (!v.IsDefined() || v.IsNull() || (v.IsScalar() && v.Scalar() == "auto")) {
       if (fallback) return *fallback;
       throw CheckpointError(fmt::format("{}: model.{} missing", where, key));
     }

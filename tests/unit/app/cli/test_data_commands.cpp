@@ -55,6 +55,39 @@ TEST(Prepare, CommandLineRunsPrepareAndInspect) {
   EXPECT_THROW(app3.parse(static_cast<int>(argv3.size()), argv3.data()), DataError);
 }
 
+// An existing prefix is refused (issue 30, item 3) and --overwrite replaces it.
+TEST(Prepare, CommandLineOverwriteFlagReplacesAnExistingPrefix) {
+  TempDir dir;
+  testing_util::spit(dir / "in.txt", "one\n\ntwo");
+  const std::string in = dir / "in.txt", out = dir / "cli";
+  auto prepare = [&](std::vector<const char*> extra) {
+    CLI::App app("megatrain");
+    app::add_data_commands(app);
+    std::vector<const char*> argv = {"megatrain", "data",      "prepare",     "--input", in.c_str(),
+                                     "--output",  out.c_str(), "--tokenizer", "byte"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    testing::internal::CaptureStdout();
+    try {
+      app.parse(static_cast<int>(argv.size()), argv.data());
+    } catch (...) {
+      testing::internal::GetCapturedStdout();
+      throw;
+    }
+    testing::internal::GetCapturedStdout();
+  };
+  prepare({});
+  testing_util::spit(dir / "in.txt", "one");
+  try {
+    prepare({});
+    ADD_FAILURE() << "an existing prefix was replaced without --overwrite";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find(out + ".bin already exists; pass --overwrite"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(IndexedDataset(out).num_documents(), 2);
+  prepare({"--overwrite"});
+  EXPECT_EQ(IndexedDataset(out).num_documents(), 1);
+}
+
 // ---- the tokenizer options (test_tokenizer.cpp tests the tokenizers themselves) ----
 
 TEST(Tokenizer, HfPostProcessorIsRecordedInTheSidecar) {

@@ -24,6 +24,7 @@
 
 #include "app/train/checkpointing.h"
 #include "app/train/train_state.h"
+#include "core/config/config.h"
 #include "core/checkpoint/checkpoint.h"
 #include "core/checkpoint/checkpoint_writer.h"
 #include "core/checkpoint/save_dir.h"
@@ -114,6 +115,29 @@ TEST(ResumeState, ModelShapeDifferencesNameEachKey) {
             (std::vector<std::string>{"model.num_query_groups: 4 -> 2"}));  // an old checkpoint has no rotary_base
   EXPECT_EQ(app::model_shape_differences(gqa + "  rotary_base: 10000\n", gqa + "  rotary_base: 500000\n", "ck"),
             (std::vector<std::string>{"model.rotary_base: 10000 -> 500000"}));
+  // auto (written since issue 30, item 8) is the 0 of older checkpoints.
+  EXPECT_TRUE(
+      app::model_shape_differences(old_cfg + "  num_query_groups: 0\n", old_cfg + "  num_query_groups: auto\n", "ck")
+          .empty());
+}
+
+// Configs stored before issue 30 (item 8) wrote num_query_groups' default as 0, which a config file may no longer
+// say: such a checkpoint still loads (export, generate, evaluate read it through whole_model_config).
+TEST_F(CheckpointTest, StoredConfigsWithZeroDefaultsStillLoad) {
+  const Config c = parse_config(
+      "model:\n  arch: llama\n  num_layers: 2\n  hidden_size: 64\n  num_heads: 8\n  seq_length: 16\n"
+      "  vocab_size: 257\ntraining:\n  train_iters: 10\noptimizer:\n  lr: 1.0e-3\ndata:\n  synthetic: true\n",
+      "t.yaml", {}, 1);
+  std::string old_yaml = to_yaml(c);
+  const std::string now = "  num_query_groups: auto\n";
+  ASSERT_NE(old_yaml.find(now), std::string::npos) << old_yaml;
+  old_yaml.replace(old_yaml.find(now), now.size(), "  num_query_groups: 0\n");
+  CheckpointState st = state_at(5);
+  st.config_yaml = old_yaml;
+  const std::string dir = save_checkpoint(save_, st, {}, 0);
+  const Config back = app::whole_model_config(CheckpointReader(dir), dir, 1, "cpu");
+  EXPECT_EQ(back.model.kv_heads(), 8);
+  EXPECT_EQ(back.model.ffn_hidden_size, c.model.ffn_hidden_size);
 }
 
 }  // namespace

@@ -624,6 +624,27 @@ TEST(ConfigRules, GroupedQueryAttention) {
   EXPECT_CONTAINS(base_error({"model.arch=llama", "model.hidden_size=24"}), "head dimension");
 }
 
+// A 0 that silently meant the default hid a forgotten value (issue 30, item 8): the default is the key left out,
+// or auto, and a 0 is refused naming the key, the value and the rule.
+TEST(ConfigRules, ZeroIsNotTheDefaultOfTheWidths) {
+  EXPECT_EQ(base_error({"model.arch=llama", "model.num_query_groups=0"}),
+            "t.yaml: --set model.num_query_groups=0: model.num_query_groups: 0 is not a valid value: leave the key "
+            "out (or write auto) for the default (num_heads)");
+  EXPECT_EQ(error_of(replace(kBase, "  num_heads: 8\n", "  num_heads: 8\n  ffn_hidden_size: 0\n")),
+            "t.yaml:5:20: model.ffn_hidden_size: 0 is not a valid value: leave the key out (or write auto) for the "
+            "default (4 * hidden_size for gpt, Megatron's SwiGLU width 8 * hidden_size / 3 rounded down to 64 for "
+            "llama)");
+  // auto, or the key left out, is the default.
+  EXPECT_EQ(base({"model.ffn_hidden_size=auto"}).model.ffn_hidden_size, 256);
+  EXPECT_EQ(base({"model.arch=llama", "model.ffn_hidden_size=auto"}).model.ffn_hidden_size, 128);
+  const Config l = base({"model.arch=llama", "model.num_query_groups=auto"});
+  EXPECT_EQ(l.model.kv_heads(), 8);
+  // Written back as auto, which follows a later change of num_heads, and read back as written.
+  EXPECT_CONTAINS(to_yaml(l), "  num_query_groups: auto\n");
+  EXPECT_EQ(parse_config(to_yaml(l), l.source, {}, 1), l);
+  EXPECT_EQ(parse_config(to_yaml(l), l.source, {"model.num_heads=4"}, 1).model.kv_heads(), 4);
+}
+
 TEST(ConfigRules, RuleErrorsPointAtTheKeyInTheFile) {
   EXPECT_EQ(error_of(replace(kBase, "  lr: 1.0e-3\n", "  lr: 1.0e-3\n  decay: stepwise\n")),
             "t.yaml:11:10: optimizer.decay: expected one of cosine, linear, constant, wsd, inverse_square_root, got "

@@ -662,6 +662,41 @@ TEST(Prepare, ErrorsNameTheFileAndLineAndWriteNothing) {
   expect_data_error([&] { prepare_dataset(opt); }, {dir / "nokey.jsonl:1", "\"body\""});
 }
 
+// An existing dataset was replaced without a word, even when it was the input (issue 30, item 3).
+TEST(Prepare, AnExistingOutputIsRefusedUnlessOverwriteAndAnInputAlways) {
+  TempDir dir;
+  write_text(dir / "a.txt", "first\n\nsecond\n");
+  PrepareOptions opt;
+  opt.inputs = {dir / "a.txt"};
+  opt.output_prefix = dir / "out";
+  prepare_dataset(opt);
+  const std::vector<uint8_t> bin = read_bytes(dir / "out.bin"), idx = read_bytes(dir / "out.idx");
+
+  write_text(dir / "b.txt", "other\n");
+  opt.inputs = {dir / "b.txt"};
+  expect_data_error([&] { prepare_dataset(opt); },
+                    {"data prepare: " + (dir / "out.bin") + " already exists; pass --overwrite to replace it"});
+  EXPECT_EQ(read_bytes(dir / "out.bin"), bin);
+  fs::remove(dir / "out.bin");  // the index alone is refused too
+  expect_data_error([&] { prepare_dataset(opt); }, {dir / "out.idx", "already exists"});
+  EXPECT_EQ(read_bytes(dir / "out.idx"), idx);
+  opt.overwrite = true;
+  EXPECT_EQ(prepare_dataset(opt).documents, 1);
+  EXPECT_EQ(all_documents(IndexedDataset(opt.output_prefix)).size(), 1u);
+
+  // An output file that is an input is refused even with overwrite, however the input is spelled.
+  write_bytes(dir / "in.bin", {'t', 'e', 'x', 't'});
+  opt.inputs = {dir / "b.txt", dir / "sub/../in.bin"};
+  fs::create_directories(dir / "sub");
+  opt.output_prefix = dir / "in";
+  expect_data_error([&] { prepare_dataset(opt); }, {"data prepare: the output " + (dir / "in.bin") + " is the input " +
+                                                    (dir / "sub/../in.bin") + "; writing it would destroy the input"});
+  fs::create_symlink(dir / "b.txt", dir / "link.tokenizer.yaml");
+  opt.output_prefix = dir / "link";
+  expect_data_error([&] { prepare_dataset(opt); }, {dir / "link.tokenizer.yaml", "is the input " + (dir / "b.txt")});
+  EXPECT_EQ(read_bytes(dir / "in.bin"), (std::vector<uint8_t>{'t', 'e', 'x', 't'}));
+}
+
 // ------------------------------------------------------------------------------------------------ splits and blends
 // Golden values from tests/interop/megatron_split_blend_reference.py, a copy in behaviour of megatron-core 0.16.1's
 // split and blend rules (the script names the source files).

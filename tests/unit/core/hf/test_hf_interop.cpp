@@ -1,7 +1,10 @@
 // test_hf_interop.cpp: the Hugging Face export and import (GPT2LMHeadModel, LlamaForCausalLM): export -> import
 // gives back every tensor exactly, Llama's q/k/v and gate/up rows land where LLAMA.md puts them, the safetensors
 // reader, and every refusal of `ckpt import` naming the file and the key.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <functional>
@@ -286,6 +289,49 @@ TEST_F(HfInterop, CliImportOfALlama) {
   r.read("model.layers.0.attn.qkv.weight", q);
   EXPECT_EQ(q.to_floats(), m.v("layers.0.attn.qkv.weight"));
   EXPECT_FALSE(r.has("model.embedding.position_embeddings.weight"));
+}
+
+// An import into a save directory that holds checkpoints moved latest to iteration 0 and dropped the run's progress,
+// and one into a live run's raced it (issue 30, item 1): both are refused, naming what is there, and nothing changes.
+TEST_F(HfInterop, CliImportRefusesADirectoryWithCheckpointsOrALock) {
+  TinyModel m(false, false);
+  export_hf(CheckpointReader(m.save(path("ckpt"))), path("hf"));
+  // m.save wrote iter_0000007 and latest into path("ckpt"): a run's save directory.
+  const std::string before = slurp(path("ckpt/latest"));
+  std::string msg = error_of([&] { run_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("ckpt"))); });
+  EXPECT_NE(msg.find("ckpt import: " + path("ckpt") +
+                     " holds checkpoints (latest: iter_0000007); import into a new "
+                     "directory"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(slurp(path("ckpt/latest")), before);
+  EXPECT_FALSE(std::filesystem::exists(path("ckpt/iter_0000000")));
+
+  // A second import into the same directory finds the first's checkpoint.
+  ::testing::internal::CaptureStdout();
+  run_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("imp")));
+  ::testing::internal::GetCapturedStdout();
+  msg = error_of([&] { run_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("imp"))); });
+  EXPECT_NE(msg.find(path("imp") + " holds checkpoints (latest: iter_0000000)"), std::string::npos) << msg;
+
+  // iter_* directories without latest count too.
+  std::filesystem::create_directories(path("bare/iter_0000003"));
+  msg = error_of([&] { run_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("bare"))); });
+  EXPECT_NE(msg.find("holds checkpoints (1 iter_* directory, the newest iter_0000003; no latest)"), std::string::npos)
+      << msg;
+
+  // A live run holds the flock of save_dir/.lock (another open file description conflicts like another process).
+  std::filesystem::create_directories(path("live"));
+  const std::string lock_file = path("live/.lock");
+  const int fd = ::open(lock_file.c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::write(fd, "4242\n", 5), 5);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  msg = error_of([&] { run_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("live"))); });
+  ::close(fd);
+  EXPECT_EQ(msg, "ckpt import: " + path("live") + " is locked by a live run (" + lock_file +
+                     " is held by pid 4242); import into a new directory");
+  EXPECT_FALSE(std::filesystem::exists(path("live/latest")));
 }
 
 // ---- refusals --------------------------------------------------------------------------------------------
