@@ -1,31 +1,23 @@
 // test_hf_interop.cpp: the Hugging Face export and import (GPT2LMHeadModel, LlamaForCausalLM): export -> import
 // gives back every tensor exactly, Llama's q/k/v and gate/up rows land where LLAMA.md puts them, the safetensors
 // reader, and every refusal of `ckpt import` naming the file and the key.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/file.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <functional>
-#include <fstream>
 #include <map>
-#include <sstream>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "tests/unit/file_text.h"
-#include "app/train/checkpointing.h"
-#include "app/cli/commands.h"
-#include "app/train/train_state.h"
 #include "core/checkpoint/checkpoint.h"
 #include "core/hf/hf_export.h"
 #include "core/hf/hf_import.h"
 #include "core/hf/safetensors.h"
 #include "core/config/config.h"
 #include "tests/unit/temp_dir.h"
+#include "tests/unit/core/hf/hf_tiny_model.h"
 
 namespace fs = std::filesystem;
 using namespace mt;
@@ -47,73 +39,7 @@ std::string error_of(F&& f) {
   return "";
 }
 
-void run_cli(const std::string& args) {
-  CLI::App root("megatrain");
-  app::add_ckpt_commands(root);
-  root.parse(args, false);
-}
-
-// A synthetic checkpoint with every element distinct (exact in fp32 and bf16: small integers times 1/8).
-struct TinyModel {
-  bool llama = false, tied = false;
-  int64_t L = 2, C = 16, H = 4, G = 2, F = 24, V = 11, Vpad = 16, P = 6;
-  std::map<std::string, std::pair<Shape, std::vector<float>>> params;  // our names, without "model."
-
-  TinyModel(bool llama_, bool tied_) : llama(llama_), tied(tied_) {
-    if (!llama) G = H, F = 4 * C;
-    const int64_t D = C / H;
-    float base = 0;
-    auto add = [&](const std::string& name, Shape s) {
-      std::vector<float> v(static_cast<size_t>(shape_numel(s)));
-      for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>((static_cast<int64_t>(base) + i) % 251) / 8.f;
-      base += 97;
-      params[name] = {s, v};
-    };
-    add("embedding.word_embeddings.weight", {Vpad, C});
-    if (!llama) add("embedding.position_embeddings.weight", {P, C});
-    for (int64_t i = 0; i < L; ++i) {
-      const std::string p = fmt::format("layers.{}.", i);
-      add(p + "ln1.weight", {C});
-      add(p + "attn.qkv.weight", {(H + 2 * G) * D, C});
-      add(p + "attn.proj.weight", {C, H * D});
-      add(p + "ln2.weight", {C});
-      add(p + "mlp.fc1.weight", {llama ? 2 * F : F, C});
-      add(p + "mlp.fc2.weight", {C, F});
-      if (!llama)
-        for (auto [n, s] : std::vector<std::pair<std::string, Shape>>{{"ln1.bias", {C}},
-                                                                      {"attn.qkv.bias", {3 * C}},
-                                                                      {"attn.proj.bias", {C}},
-                                                                      {"ln2.bias", {C}},
-                                                                      {"mlp.fc1.bias", {F}},
-                                                                      {"mlp.fc2.bias", {C}}})
-          add(p + n, s);
-    }
-    add("final_ln.weight", {C});
-    if (!llama) add("final_ln.bias", {C});
-    if (!tied) add("lm_head.weight", {Vpad, C});
-  }
-
-  std::string config() const {
-    std::string m = fmt::format(
-        "model:\n  arch: {}\n  num_layers: {}\n  hidden_size: {}\n  num_heads: {}\n  ffn_hidden_size: {}\n"
-        "  seq_length: {}\n  max_position_embeddings: {}\n  vocab_size: {}\n  tie_embeddings: {}\n"
-        "  dropout: 0.1\n  attention_dropout: 0.05\n  layernorm_eps: 1.0e-06\n  init_std: 0.02\n",
-        llama ? "llama" : "gpt", L, C, H, F, P, P, V, tied ? "true" : "false");
-    if (llama) m += fmt::format("  num_query_groups: {}\n  rotary_base: 5000\n", G);
-    return m + "training:\n  seed: 1\n";
-  }
-
-  std::string save(const std::string& save_dir) const {
-    std::vector<TensorSlice> ts;
-    for (const auto& [name, p] : params)
-      ts.push_back({"model." + name, p.first, {}, Tensor::from_floats(p.second, p.first)});
-    CheckpointState st;
-    st.iteration = 7;
-    st.config_yaml = config();
-    return save_checkpoint(save_dir, st, ts, 0);
-  }
-  const std::vector<float>& v(const std::string& name) const { return params.at(name).second; }
-};
+using hf_test::TinyModel;
 
 // Imports `hf` with our padding and requires every tensor back: the first V rows of the vocabulary tables equal,
 // their padding rows zero, everything else identical (bf16 exports: the bf16 rounding is exact here).
@@ -226,112 +152,6 @@ TEST_F(HfInterop, LlamaExportImportRoundTripsEveryTensor) {
   EXPECT_NE(y.find("max_position_embeddings: 6\n"), std::string::npos) << y;
   EXPECT_NE(y.find("dropout: 0.25\n"), std::string::npos) << y;
   EXPECT_NE(y.find("tie_embeddings: false\n"), std::string::npos) << y;
-}
-
-// The CLI writes a checkpoint that resume accepts: iteration 0, zero moments, the model keys of model.yaml.
-TEST_F(HfInterop, CliImportWritesACheckpointThatResumeTakes) {
-  TinyModel m(false, false);
-  export_hf(CheckpointReader(m.save(path("ckpt"))), path("hf"));
-  ::testing::internal::CaptureStdout();
-  run_cli(fmt::format("ckpt import {} --format hf --output {} --seq-length 4", path("hf"), path("imp")));
-  const std::string text = ::testing::internal::GetCapturedStdout();
-  EXPECT_NE(text.find("seq_length: 4"), std::string::npos) << text;
-  CheckpointReader r(path("imp/iter_0000000"));
-  EXPECT_EQ(*resolve_checkpoint(path("imp")), r.dir());
-  const app::TrainState ts = app::TrainState::load(r.state(), r.dir());
-  EXPECT_EQ(ts.iteration, 0);
-  EXPECT_EQ(ts.optimizer_steps, 0);
-  EXPECT_EQ(ts.consumed_samples, 0);
-  r.verify_all();
-  // The config resolution pads 11 to 128 rows at tensor=1.
-  EXPECT_EQ(r.info("model.embedding.word_embeddings.weight").global_shape, (Shape{128, m.C}));
-  Tensor e = Tensor::empty({128, m.C}, DType::f32);
-  r.read("model.embedding.word_embeddings.weight", e);
-  std::vector<float> want = m.v("embedding.word_embeddings.weight");
-  want.resize(static_cast<size_t>(m.V * m.C));
-  want.resize(static_cast<size_t>(128 * m.C), 0.f);
-  EXPECT_EQ(e.to_floats(), want);
-  Tensor q = Tensor::empty({3 * m.C, m.C}, DType::f32), zero = Tensor::empty({m.C}, DType::f32);
-  r.read("model.layers.1.attn.qkv.weight", q);
-  EXPECT_EQ(q.to_floats(), m.v("layers.1.attn.qkv.weight"));
-  r.read("optimizer.exp_avg_sq.final_ln.bias", zero);
-  EXPECT_EQ(zero.to_floats(), std::vector<float>(static_cast<size_t>(m.C), 0.f));
-  EXPECT_EQ(r.tensors().size(), 3 * m.params.size());
-
-  // A fine-tuning config built from model.yaml matches the stored model, in another layout too.
-  const std::string model_yaml = slurp(path("imp/model.yaml"));
-  const Config run = parse_config(model_yaml +
-                                      "parallel: {tensor: 2}\ntraining: {train_iters: 5}\noptimizer: {lr: 0.01}\n"
-                                      "data: {synthetic: true}\n",
-                                  "ft.yaml", {}, 2);
-  EXPECT_TRUE(app::model_shape_differences(r.state().config_yaml, to_yaml(run), r.dir()).empty());
-  EXPECT_EQ(run.model.seq_length, 4);
-  EXPECT_EQ(run.model.dropout, 0.f);
-  EXPECT_EQ(run.model.max_position_embeddings, m.P);
-
-  // fp16: the loss scale a fresh fp16 run starts with.
-  run_cli(fmt::format("ckpt import {} --format hf --output {} --dtype fp16", path("hf"), path("imp16")));
-  CheckpointReader r16(path("imp16/iter_0000000"));
-  EXPECT_EQ(app::TrainState::load(r16.state(), r16.dir()).loss_scaler.scale, 4294967296.0);
-}
-
-// Before the llama model is merged the config resolution refuses arch: llama; after, the import succeeds.
-TEST_F(HfInterop, CliImportOfALlama) {
-  TinyModel m(true, false);
-  export_hf(CheckpointReader(m.save(path("ckpt"))), path("hf"));
-  ::testing::internal::CaptureStdout();
-  run_cli(fmt::format("ckpt import {} --format hf --output {}", path("hf"), path("imp")));
-  ::testing::internal::GetCapturedStdout();
-  const std::optional<std::string> dir = resolve_checkpoint(path("imp"));
-  ASSERT_TRUE(dir.has_value());
-  CheckpointReader r(*dir);
-  Tensor q = Tensor::empty({(m.H + 2 * m.G) * 4, m.C}, DType::f32);
-  r.read("model.layers.0.attn.qkv.weight", q);
-  EXPECT_EQ(q.to_floats(), m.v("layers.0.attn.qkv.weight"));
-  EXPECT_FALSE(r.has("model.embedding.position_embeddings.weight"));
-}
-
-// An import into a save directory that holds checkpoints moved latest to iteration 0 and dropped the run's progress,
-// and one into a live run's raced it (issue 30, item 1): both are refused, naming what is there, and nothing changes.
-TEST_F(HfInterop, CliImportRefusesADirectoryWithCheckpointsOrALock) {
-  TinyModel m(false, false);
-  export_hf(CheckpointReader(m.save(path("ckpt"))), path("hf"));
-  // m.save wrote iter_0000007 and latest into path("ckpt"): a run's save directory.
-  const std::string before = slurp(path("ckpt/latest"));
-  std::string msg = error_of([&] { run_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("ckpt"))); });
-  EXPECT_NE(msg.find("ckpt import: " + path("ckpt") +
-                     " holds checkpoints (latest: iter_0000007); import into a new "
-                     "directory"),
-            std::string::npos)
-      << msg;
-  EXPECT_EQ(slurp(path("ckpt/latest")), before);
-  EXPECT_FALSE(std::filesystem::exists(path("ckpt/iter_0000000")));
-
-  // A second import into the same directory finds the first's checkpoint.
-  ::testing::internal::CaptureStdout();
-  run_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("imp")));
-  ::testing::internal::GetCapturedStdout();
-  msg = error_of([&] { run_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("imp"))); });
-  EXPECT_NE(msg.find(path("imp") + " holds checkpoints (latest: iter_0000000)"), std::string::npos) << msg;
-
-  // iter_* directories without latest count too.
-  std::filesystem::create_directories(path("bare/iter_0000003"));
-  msg = error_of([&] { run_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("bare"))); });
-  EXPECT_NE(msg.find("holds checkpoints (1 iter_* directory, the newest iter_0000003; no latest)"), std::string::npos)
-      << msg;
-
-  // A live run holds the flock of save_dir/.lock (another open file description conflicts like another process).
-  std::filesystem::create_directories(path("live"));
-  const std::string lock_file = path("live/.lock");
-  const int fd = ::open(lock_file.c_str(), O_RDWR | O_CREAT, 0644);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::write(fd, "4242\n", 5), 5);
-  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
-  msg = error_of([&] { run_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("live"))); });
-  ::close(fd);
-  EXPECT_EQ(msg, "ckpt import: " + path("live") + " is locked by a live run (" + lock_file +
-                     " is held by pid 4242); import into a new directory");
-  EXPECT_FALSE(std::filesystem::exists(path("live/latest")));
 }
 
 // ---- refusals --------------------------------------------------------------------------------------------
