@@ -5,8 +5,7 @@
 // stderr.
 #include <algorithm>
 #include <chrono>
-#include <fstream>
-#include <iterator>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -69,9 +68,13 @@ std::unique_ptr<Tokenizer> checkpoint_tokenizer(const std::string& dir, const Mo
 
 std::string read_prompt(const GenerateArgs& a) {
   if (a.prompt_file.empty()) return a.prompt;
-  std::ifstream in(a.prompt_file, std::ios::binary);
-  if (!in) throw std::invalid_argument(fmt::format("--prompt-file {}: cannot open it", a.prompt_file));
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (std::filesystem::is_directory(a.prompt_file))
+    throw std::invalid_argument(fmt::format("--prompt-file {}: is a directory; give a text file", a.prompt_file));
+  try {
+    return io::read_text_file(a.prompt_file);
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(fmt::format("--prompt-file: {}", e.what()));
+  }
 }
 
 const char* stop_name(StopReason r) {

@@ -37,12 +37,14 @@ plan::Hardware hardware(const PlanArgs& a, const Config& c) {
 void run_plan(const PlanArgs& a) {
   bool data_auto = false;
   // The config's own layout (tensor * pipeline * data, auto as 1); a bad value is named by load_config below.
-  const int64_t world =
-      a.world > 0 ? a.world : std::max<int64_t>(1, layout_world_size(a.config, a.overrides, &data_auto));
-  const Config cfg = load_config(a.config, a.overrides, world);
+  const int64_t own_world = std::max<int64_t>(1, layout_world_size(a.config, a.overrides, &data_auto));
+  const int64_t world = a.world > 0 ? a.world : own_world;
+  // A search replaces the layout, so the config is read at its own (--world 4 searches 4 ranks for a config whose
+  // layout needs 8); a prediction is of the layout on --world ranks.
+  const Config cfg = load_config(a.config, a.overrides, a.search ? own_world : world);
   const plan::Hardware hw = hardware(a, cfg);
   // Say so: data: auto plans a single data-parallel replica (no ZeRO sharding) unless --world names the ranks.
-  if (data_auto && !a.json)
+  if (data_auto && a.world == 0 && !a.search && !a.json)
     fmt::print("note: parallel.data: auto planned as DP 1 on {} ranks; --world N plans N ranks\n", world);
   // The built-in CPU table is a placeholder (CPUs differ too much for one): say how to get real figures.
   if (!hw.is_gpu && a.rates.empty() && !a.json)

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cmath>
 #include <initializer_list>
+#include <limits>
 #include <numeric>
 #include <string>
 
@@ -119,6 +120,8 @@ void resolve_model(ModelConfig& m, const Rules& r) {
         "model.num_query_groups",
         fmt::format("grouped-query attention ({} groups for {} heads) needs model.arch: llama", groups, m.num_heads));
   r.positive("model.rotary_base", m.rotary_base);
+  r.at_most("model.rotary_base", m.rotary_base, std::numeric_limits<float>::max(),
+            "float: the rotary embeddings compute in it");
   if (llama) {
     if (m.head_dim % 2 != 0)
       r.fail("model.num_heads", fmt::format("rotary embeddings rotate pairs: the head dimension hidden_size / "
@@ -310,6 +313,12 @@ void check_data_list(const Rules& r, const char* key, const std::vector<std::str
     if (!std::isfinite(blend.weights[i]) || !(blend.weights[i] > 0))
       r.fail(fmt::format("{}[{}]", key, 2 * i),
              fmt::format("blend weight {} must be a finite number > 0", items[2 * i]));
+  // Each weight is divided by their sum: a sum beyond the largest double made every share 0.
+  const double sum = std::accumulate(blend.weights.begin(), blend.weights.end(), 0.0);
+  if (!std::isfinite(sum))
+    r.fail(key, fmt::format("the blend weights sum to {} (beyond the largest double, {:g}); they are relative, so "
+                            "scale them down",
+                            sum, std::numeric_limits<double>::max()));
 }
 
 void resolve_data(Config& c, const Rules& r) {
@@ -398,10 +407,18 @@ void check_sizes(const Config& c, const Rules& r) {
   tensor("model.seq_length", "the attention scores (micro_batch_size, num_heads, seq_length, seq_length)",
          b * heads * s * s);
   const double params = estimated_parameters(m);
-  if (params * 20 > kMaxBytes)
-    r.fail("model.num_layers", fmt::format("{} layers of hidden_size {} make {:.3g} parameters: their state "
-                                           "({:.3g} bytes) exceeds {} bytes",
-                                           m.num_layers, m.hidden_size, params, params * 20, kMaxTensorBytes));
+  if (params * 20 > kMaxBytes) {
+    // Blame the larger part: the layers, or the vocabulary (and position) tables.
+    ModelConfig tables_only = m;
+    tables_only.num_layers = 0;
+    const double tables = estimated_parameters(tables_only), layers = params - tables;
+    r.fail(layers >= tables ? "model.num_layers" : "model.vocab_size",
+           fmt::format("the model's {:.3g} parameters ({} layers of hidden_size {}: {:.3g}; the embedding tables of "
+                       "the padded vocabulary {}: {:.3g}) need {:.3g} bytes of state (20 bytes a parameter), more "
+                       "than {} bytes",
+                       params, m.num_layers, m.hidden_size, layers, m.padded_vocab_size, tables, params * 20,
+                       kMaxTensorBytes));
+  }
 }
 
 }  // namespace

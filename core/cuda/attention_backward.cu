@@ -53,20 +53,14 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float ks[BK][DMAX];
   __shared__ float vs[BK][DMAX];
 
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t bh = blockIdx.x % g.BH;
-  const int64_t tile = g.tiles - 1 - blockIdx.x / g.BH;  // the longest causal rows first
-  const int64_t b = bh / g.H, h = bh % g.H, gi = h / g.R;
-  const int64_t T = g.T;
+  const int lane = threadIdx.x & 31;
+  const QueryBlock at = query_block<RB, ROWS>(g);
+  const int64_t bh = at.bh, b = at.b, h = at.h, row0 = at.row0, block_end = at.block_end, T = g.T;
   const int D = g.D;
   const int64_t qstride = g.qkv_stride(), ostride = g.out_stride();
-  const S* q_head = qkv + g.slot_at(b, gi, h % g.R);
-  const S* k_head = qkv + g.slot_at(b, gi, g.R);
-  const S* v_head = qkv + g.slot_at(b, gi, g.R + 1);
-  S* dq_head = dqkv + g.slot_at(b, gi, h % g.R);
+  const S *q_head = qkv + at.q_at, *k_head = qkv + at.k_at, *v_head = qkv + at.v_at;
+  S* dq_head = dqkv + at.q_at;
   const S* dout_head = dout + g.out_at(b, h);
-  const int64_t row0 = tile * RB + warp * ROWS;
-  const int64_t block_end = min(T, (tile + 1) * RB);
 
   float q[ROWS][C], dO[ROWS][C], dq[ROWS][C], row_lse[ROWS], row_d[ROWS];
   double rowsum[ROWS];  // sum_j P_ij dP_ij, in double like the CPU's

@@ -55,6 +55,32 @@ struct Geom {
   __host__ __device__ int64_t out_at(int64_t b, int64_t h) const { return (b * T * H + h) * D; }
 };
 
+// What one block of the forward or the dq kernel works on: one (batch b, query head h) and a block of RB query rows,
+// the longest causal rows first (the last tile with block 0); each warp holds ROWS rows from row0.
+struct QueryBlock {
+  int64_t bh, b, h;
+  int64_t q_at;        // the query slot of head h at t = 0 in qkv (and dqkv)
+  int64_t k_at, v_at;  // its group's key and value slots
+  int64_t row0;        // this warp's first query row
+  int64_t block_end;   // one past the block's last query row
+};
+
+template <int RB, int ROWS>
+__device__ __forceinline__ QueryBlock query_block(const Geom& g) {
+  const int warp = threadIdx.x >> 5;
+  const int64_t bh = blockIdx.x % g.BH;
+  const int64_t tile = g.tiles - 1 - blockIdx.x / g.BH;
+  const int64_t b = bh / g.H, h = bh % g.H, gi = h / g.R;
+  return {bh,
+          b,
+          h,
+          g.slot_at(b, gi, h % g.R),
+          g.slot_at(b, gi, g.R),
+          g.slot_at(b, gi, g.R + 1),
+          tile * RB + warp * ROWS,
+          min(g.T, (tile + 1) * RB)};
+}
+
 struct Dropout {
   bool on;  // p > 0
   float p;

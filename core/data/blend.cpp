@@ -43,6 +43,9 @@ std::vector<double> normalize_blend_weights(const std::vector<double>& weights) 
       throw std::invalid_argument(fmt::format("blend: weight {} is not a finite number > 0", w));
   // numpy.add.reduce starts from its identity 0 and adds the pairwise sum of all elements.
   const double sum = 0.0 + numpy_pairwise_sum(weights.data(), static_cast<int64_t>(weights.size()));
+  if (!std::isfinite(sum))
+    throw std::invalid_argument(
+        fmt::format("blend: the weights sum to {}, beyond the largest double; scale them down", sum));
   std::vector<double> out;
   out.reserve(weights.size());
   for (double w : weights) out.push_back(w / sum);

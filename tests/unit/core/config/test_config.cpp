@@ -561,6 +561,11 @@ TEST(ConfigRules, SequenceParallelNeedsTensorParallelism) {
 TEST(ConfigRules, TrainDataRequiredUnlessSynthetic) {
   EXPECT_CONTAINS(base_error({"data.synthetic=false"}), "data.train: needs at least one dataset prefix");
   EXPECT_CONTAINS(base_error({"data.train=[a, '']"}), "data.train[1]: is an empty path");
+  // Weights of 1e308 each were reported as weight 0 (issue 30, item 12): their sum overflows, and the key says so.
+  EXPECT_CONTAINS(base_error({"data.train=[1e308, a, 1e308, b]"}),
+                  "data.train: the blend weights sum to inf (beyond the largest double, 1.79769e+308); they are "
+                  "relative, so scale them down");
+  EXPECT_EQ(base({"data.train=[1e307, a, 1e307, b]"}).data.train.size(), 4u);
   EXPECT_EQ(base({"data.synthetic=false", "data.train=corpus"}).data.train.size(), 1u);
 }
 
@@ -620,6 +625,10 @@ TEST(ConfigRules, GroupedQueryAttention) {
                   "parallel.tensor: 4 does not divide model.num_query_groups=2");
   EXPECT_EQ(base({"model.arch=llama", "model.num_query_groups=2", "parallel.tensor=2"}, 2).parallel.tensor, 2);
   EXPECT_CONTAINS(base_error({"model.arch=llama", "model.rotary_base=0"}), "model.rotary_base: must be positive");
+  // 1e39 passed and became inf in the float the rotary embeddings compute in (issue 30, item 12).
+  EXPECT_CONTAINS(base_error({"model.arch=llama", "model.rotary_base=1e39"}),
+                  "model.rotary_base: 1e+39 is more than the largest supported 3.4028234663852886e+38 (float: the "
+                  "rotary embeddings compute in it)");
   // Rotary embeddings rotate pairs of the head dimension.
   EXPECT_CONTAINS(base_error({"model.arch=llama", "model.hidden_size=24"}), "head dimension");
 }

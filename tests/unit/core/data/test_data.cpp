@@ -767,6 +767,8 @@ TEST(Blend, IndexIsTheGreedyRuleAcrossBlocks) {
   EXPECT_EQ(index.counts(n), taken);
   EXPECT_THROW(normalize_blend_weights({0.5, 0}), std::invalid_argument);
   EXPECT_THROW(normalize_blend_weights({}), std::invalid_argument);
+  // Weights whose sum overflows made every share 0 (issue 30, item 12): refused.
+  EXPECT_THROW(normalize_blend_weights({1e308, 1e308}), std::invalid_argument);
 }
 
 TEST(TokenStream, SequenceRangesCutInsideDocuments) {
