@@ -234,7 +234,12 @@ show_env() {
   echo "== no missing libraries"
   "$MT" --version || { echo "gpu-run: error: $MT --version failed" >&2; return 1; }
   echo "== megatrain info"
-  "$MT" info || { echo "gpu-run: error: $MT info failed" >&2; return 1; }
+  local info
+  info=$("$MT" info) || { echo "$info"; echo "gpu-run: error: $MT info failed" >&2; return 1; }
+  echo "$info"
+  # cuBLASLt is loaded at the first GEMM (core/cuda/cublaslt_api.h), so ldd above does not list it.
+  grep -q '^cublaslt: libcublasLt' <<<"$info" ||
+    { echo "gpu-run: error: megatrain cannot load cuBLASLt (its cublaslt line above says why)" >&2; return 1; }
 }
 NV_DIRS_LIST=$(printf '%s\n' "${NV_DIRS[@]}")
 export MT BIN TESTS GCC_NOTE NV_DIRS_LIST

@@ -34,17 +34,22 @@ void add_info_command(CLI::App& root) {
     fmt::print("cudnn: not built (the CUDA backend is not built)\n");
 #endif
     int gpus = 0;
+    bool usable = false;  // a GPU, and the libraries to train on it
 #if defined(MEGATRAIN_WITH_CUDA)
+    // Loaded at the first GPU GEMM, so a missing library shows here rather than mid-run; without it no GPU trains.
+    bool cublaslt_ok = false;
+    fmt::print("cublaslt: {}\n", cuda::cublaslt_status(&cublaslt_ok));
     gpus = cuda::device_count();
     if (gpus == 0)
       fmt::print("gpus: 0 ({})\n", cuda::unavailable_reason());
     else
       fmt::print("gpus: {}\ngpu 0: {}\n", gpus, cuda::device_description());
+    usable = gpus > 0 && cublaslt_ok;
 #else
     fmt::print("gpus: 0 (the CUDA backend is not built)\n");
 #endif
     fmt::print("training.device auto: {}\n", gpus > 0 ? "cuda" : "cpu");
-    if (*require_gpu && gpus == 0) throw CLI::RuntimeError(3);
+    if (*require_gpu && !usable) throw CLI::RuntimeError(3);
   });
 }
 

@@ -34,8 +34,6 @@
 // reference (core/cpu/gemm.cpp).
 // The fused results round once (the CPU rounds the GEMM, then the bias add or GELU); they match the CPU
 // within the dtype tolerance, not bit for bit.
-#include <cublasLt.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
@@ -45,6 +43,7 @@
 
 #include <fmt/format.h>
 
+#include "core/cuda/cublaslt_api.h"
 #include "core/cuda/cuda_check.h"
 #include "core/cuda/ops_cuda.h"
 
@@ -55,7 +54,7 @@ namespace {
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
 [[noreturn]] void throw_cublas_error(cublasStatus_t status, const char* call, const char* file, int line) {
-  throw std::runtime_error(fmt::format("cuBLASLt error {} ({}) in {} at {}:{}", cublasLtGetStatusString(status),
+  throw std::runtime_error(fmt::format("cuBLASLt error {} ({}) in {} at {}:{}", cublaslt().GetStatusString(status),
                                        static_cast<int>(status), call, file, line));
 }
 
@@ -85,7 +84,7 @@ cublasLtHandle_t handle() {
   static cublasLtHandle_t h = [] {
     current_device();  // selects device 0 unless the process already chose one
     cublasLtHandle_t created = nullptr;
-    MT_CUBLAS_CHECK(cublasLtCreate(&created));
+    MT_CUBLAS_CHECK(cublaslt().Create(&created));
     return created;
   }();
   return h;
@@ -154,17 +153,17 @@ struct PlanGuard {
   Plan* plan;
   ~PlanGuard() {
     if (!plan) return;
-    if (plan->c) cublasLtMatrixLayoutDestroy(plan->c);
-    if (plan->b) cublasLtMatrixLayoutDestroy(plan->b);
-    if (plan->a) cublasLtMatrixLayoutDestroy(plan->a);
-    if (plan->op) cublasLtMatmulDescDestroy(plan->op);
+    if (plan->c) cublaslt().MatrixLayoutDestroy(plan->c);
+    if (plan->b) cublaslt().MatrixLayoutDestroy(plan->b);
+    if (plan->a) cublaslt().MatrixLayoutDestroy(plan->a);
+    if (plan->op) cublaslt().MatmulDescDestroy(plan->op);
   }
 };
 
 struct PreferenceGuard {
   cublasLtMatmulPreference_t pref = nullptr;
   ~PreferenceGuard() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (pref) cublaslt().MatmulPreferenceDestroy(pref);
   }
 };
 
@@ -197,10 +196,10 @@ cublasLtEpilogue_t lt_epilogue(Epilogue e) {
 // Points the descriptor's epilogue at this call's vectors (the pointers differ per call; the cached plan
 // was made for pointers of the same alignments).
 void set_epilogue_pointers(cublasLtMatmulDesc_t op, Epilogue e, const EpiloguePointers& p) {
-  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
+  MT_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
   if (has_aux(e))
     MT_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p.aux, sizeof(p.aux)));
+        cublaslt().MatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &p.aux, sizeof(p.aux)));
 }
 
 Plan make_plan(const Key& key, const EpiloguePointers& ptrs) {
@@ -209,57 +208,57 @@ Plan make_plan(const Key& key, const EpiloguePointers& ptrs) {
   const auto M = static_cast<uint64_t>(key.m), N = static_cast<uint64_t>(key.n), K = static_cast<uint64_t>(key.k);
   const cudaDataType_t in = cuda_type(key.in), out = cuda_type(key.out);
 
-  MT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  MT_CUBLAS_CHECK(cublaslt().MatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // cuBLASLt's A is our b, its B our a (see the top of the file).
   const cublasOperation_t op_a = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
-  MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  MT_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  MT_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
 
   // Layouts describe the buffers as stored (column-major, before the transpose is applied).
   if (key.trans_b)
-    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, in, K, N, static_cast<int64_t>(K)));
+    MT_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&plan.a, in, K, N, static_cast<int64_t>(K)));
   else
-    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.a, in, N, K, static_cast<int64_t>(N)));
+    MT_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&plan.a, in, N, K, static_cast<int64_t>(N)));
   if (key.trans_a)
-    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, in, M, K, static_cast<int64_t>(M)));
+    MT_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&plan.b, in, M, K, static_cast<int64_t>(M)));
   else
-    MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.b, in, K, M, static_cast<int64_t>(K)));
-  MT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.c, out, N, M, static_cast<int64_t>(N)));
+    MT_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&plan.b, in, K, M, static_cast<int64_t>(K)));
+  MT_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&plan.c, out, N, M, static_cast<int64_t>(N)));
 
   if (key.epilogue != Epilogue::none) {
     const auto epi = static_cast<uint32_t>(lt_epilogue(key.epilogue));
-    MT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+    MT_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     const auto bias_type = static_cast<int32_t>(cuda_type(key.bias));
     MT_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+        cublaslt().MatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
     if (has_aux(key.epilogue)) {
       const auto aux_ld = static_cast<int64_t>(N);  // aux is (M, N) row-major: column-major (N, M), ld N
       MT_CUBLAS_CHECK(
-          cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+          cublaslt().MatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
     }
     set_epilogue_pointers(plan.op, key.epilogue, ptrs);  // the heuristic reads their alignments
   }
 
   PreferenceGuard pref;
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref.pref));
+  MT_CUBLAS_CHECK(cublaslt().MatmulPreferenceCreate(&pref.pref));
   const uint64_t ws_bytes = kWorkspaceBytes;
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
-                                                       sizeof(ws_bytes)));
+  MT_CUBLAS_CHECK(cublaslt().MatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                          &ws_bytes, sizeof(ws_bytes)));
   // cuBLASLt's A is our b and its B our a.
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                       &key.align_b, sizeof(key.align_b)));
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                       &key.align_a, sizeof(key.align_a)));
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                       &key.align_c, sizeof(key.align_c)));
-  MT_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                       &key.align_c, sizeof(key.align_c)));
+  MT_CUBLAS_CHECK(cublaslt().MatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                          &key.align_b, sizeof(key.align_b)));
+  MT_CUBLAS_CHECK(cublaslt().MatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                          &key.align_a, sizeof(key.align_a)));
+  MT_CUBLAS_CHECK(cublaslt().MatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                          &key.align_c, sizeof(key.align_c)));
+  MT_CUBLAS_CHECK(cublaslt().MatmulPreferenceSetAttribute(pref.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                          &key.align_c, sizeof(key.align_c)));
 
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t status =
-      cublasLtMatmulAlgoGetHeuristic(handle(), plan.op, plan.a, plan.b, plan.c, plan.c, pref.pref, 1, &result, &found);
+  const cublasStatus_t status = cublaslt().MatmulAlgoGetHeuristic(handle(), plan.op, plan.a, plan.b, plan.c, plan.c,
+                                                                  pref.pref, 1, &result, &found);
   if (key.epilogue != Epilogue::none &&
       (status != CUBLAS_STATUS_SUCCESS || found == 0 || result.state != CUBLAS_STATUS_SUCCESS)) {
     Plan unusable;  // no fused algorithm: cached as such (no descriptors), the caller composes separate kernels
@@ -270,10 +269,11 @@ Plan make_plan(const Key& key, const EpiloguePointers& ptrs) {
     throw std::runtime_error(fmt::format("gemm: cuBLASLt has no algorithm for {} (fp32 compute)", describe_key(key)));
   if (status != CUBLAS_STATUS_SUCCESS)
     throw std::runtime_error(fmt::format("cuBLASLt error {} ({}) in cublasLtMatmulAlgoGetHeuristic for gemm {}",
-                                         cublasLtGetStatusString(status), static_cast<int>(status), describe_key(key)));
+                                         cublaslt().GetStatusString(status), static_cast<int>(status),
+                                         describe_key(key)));
   if (result.state != CUBLAS_STATUS_SUCCESS)
     throw std::runtime_error(fmt::format("gemm: cuBLASLt's heuristic returned an unusable algorithm ({}) for {}",
-                                         cublasLtGetStatusString(result.state), describe_key(key)));
+                                         cublaslt().GetStatusString(result.state), describe_key(key)));
   plan.algo = result.algo;
   guard.plan = nullptr;  // the cache owns the descriptors from here on
   return plan;
@@ -377,8 +377,8 @@ bool gemm_fused(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions
     set_epilogue_pointers(plan.op, e, ptrs);
     const float alpha = opt.alpha, beta = opt.beta;
     const cublasStatus_t status =
-        cublasLtMatmul(handle(), plan.op, &alpha, b.raw(), plan.a, a.raw(), plan.b, &beta, out.raw(), plan.c, out.raw(),
-                       plan.c, &plan.algo, workspace(), kWorkspaceBytes, stream());
+        cublaslt().Matmul(handle(), plan.op, &alpha, b.raw(), plan.a, a.raw(), plan.b, &beta, out.raw(), plan.c,
+                          out.raw(), plan.c, &plan.algo, workspace(), kWorkspaceBytes, stream());
     if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) {
       plan.usable = false;  // refused at launch (nothing enqueued): compose from now on
       return false;
@@ -416,8 +416,8 @@ void gemm_plain(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions
   void* ws = workspace();
   const float alpha = opt.alpha, beta = opt.beta;
   // cuBLASLt's A is b, its B is a; C and D are both out (in place), so beta == 0 never reads out.
-  MT_CUBLAS_CHECK(cublasLtMatmul(handle(), plan.op, &alpha, b.raw(), plan.a, a.raw(), plan.b, &beta, out.raw(), plan.c,
-                                 out.raw(), plan.c, &plan.algo, ws, kWorkspaceBytes, stream()));
+  MT_CUBLAS_CHECK(cublaslt().Matmul(handle(), plan.op, &alpha, b.raw(), plan.a, a.raw(), plan.b, &beta, out.raw(),
+                                    plan.c, out.raw(), plan.c, &plan.algo, ws, kWorkspaceBytes, stream()));
   MT_CUDA_LAUNCHED("cublasLtMatmul");
 }
 

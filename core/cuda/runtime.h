@@ -20,6 +20,9 @@ namespace mt::cuda {
 int device_count() noexcept;
 // Why device_count() is 0, e.g. "CUDA driver version is insufficient" or "no CUDA-capable device".
 std::string unavailable_reason();
+// The cuBLASLt the GEMMs load (core/cuda/cublaslt_api.h): "libcublasLt.so.13 (version 130100)", or why it cannot be
+// loaded; `ok` says which.
+std::string cublaslt_status(bool* ok);
 
 // Makes `ordinal` this process's device and creates its compute stream. Throws when it does not exist.
 void select_device(int ordinal);
