@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -13,6 +15,7 @@
 #include "core/io/file_io.h"
 #include "core/hf/hf_export.h"
 #include "core/hf/hf_tokenizer_export.h"
+#include "core/tensor/finite.h"
 
 namespace mt::app {
 
@@ -26,6 +29,22 @@ std::string checkpoint_at(const std::string& dir) {
   if (!resolved)
     throw CheckpointError(fmt::format("{}: no checkpoint here (neither metadata.yaml nor a latest marker)", dir));
   return *resolved;
+}
+
+// Throws CheckpointError naming every floating tensor that holds an inf or NaN (weights nothing can compute with,
+// e.g. from an import of a broken model or a save before the non-finite check).
+void verify_finite(const CheckpointReader& ckpt) {
+  std::vector<std::string> bad;
+  for (const auto& t : ckpt.tensors()) {
+    if (!is_floating(t.dtype)) continue;
+    Tensor values = Tensor::empty(t.global_shape, DType::f32);
+    ckpt.read(t.name, values);
+    if (const NonFinite n = find_nonfinite(values))
+      bad.push_back(fmt::format("{}: {}", t.name, describe(n, values.numel())));
+  }
+  if (!bad.empty())
+    throw CheckpointError(fmt::format("{}: verify: {} tensor{} not finite: {}", ckpt.dir(), bad.size(),
+                                      bad.size() == 1 ? " is" : "s are", fmt::join(bad, "; ")));
 }
 
 void inspect(const std::string& dir, bool verify) {
@@ -48,7 +67,8 @@ void inspect(const std::string& dir, bool verify) {
   fmt::print("total: {:.0f} values, {:.1f} MiB\n", numel, bytes / (1 << 20));
   if (verify) {
     ckpt.verify_all();  // throws on the first bad slice
-    fmt::print("verify: OK (every checksum matches)\n");
+    verify_finite(ckpt);
+    fmt::print("verify: OK (every checksum matches, every value is finite)\n");
   }
   std::fflush(stdout);
 }
