@@ -4,13 +4,16 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include "app/cli/commands.h"
+#include "app/cli/option_checks.h"
 #include "core/checkpoint/checkpoint.h"
 #include "core/io/file_io.h"
 #include "core/hf/hf_export.h"
@@ -83,19 +86,52 @@ std::optional<TokenizerSidecar> export_tokenizer(const CheckpointReader& ckpt, c
   return read_tokenizer_sidecar_file(io::join_path(ckpt.dir(), kCheckpointTokenizerFile));
 }
 
-void run_export(const std::string& dir, const std::string& output, DType dtype, const std::string& sidecar) {
-  CheckpointReader ckpt(checkpoint_at(dir));
-  const std::optional<TokenizerSidecar> tok = export_tokenizer(ckpt, sidecar);
+struct ExportArgs {
+  std::string dir, format = "hf", output, dtype = "fp32", tokenizer_sidecar;
+  int64_t eos_id = -1, bos_id = -1;  // -1: not given
+};
+
+// The bos / eos ids config.json states: the tokenizer's (those generation_config.json states too, hf_special_ids),
+// or --eos-id / --bos-id for a checkpoint without one; else none (null), with a warning saying how to give them.
+std::optional<HfSpecialIds> export_ids(const CheckpointReader& ckpt, const std::optional<TokenizerSidecar>& tok,
+                                       const ExportArgs& a, int64_t vocab) {
+  const bool given = a.eos_id >= 0 || a.bos_id >= 0;
+  if (tok && given)
+    throw std::invalid_argument(fmt::format(
+        "--eos-id / --bos-id: the export states the ids of the tokenizer ({}: {}, eod {}); the options are for a "
+        "checkpoint that records none",
+        a.tokenizer_sidecar.empty() ? io::join_path(ckpt.dir(), kCheckpointTokenizerFile) : a.tokenizer_sidecar,
+        name_of(tok->tokenizer.kind), tok->eod));
+  if (tok) return hf_special_ids(*tok);
+  if (!given) {
+    spdlog::warn(
+        "{}: no {}, so the end-of-document id of its data is unknown: config.json states bos_token_id and "
+        "eos_token_id as null; pass --eos-id N (and --bos-id N where it differs), or --tokenizer-sidecar "
+        "PREFIX.tokenizer.yaml, to state them",
+        ckpt.dir(), kCheckpointTokenizerFile);
+    return std::nullopt;
+  }
+  if (a.eos_id < 0) throw std::invalid_argument(fmt::format("--bos-id {}: needs --eos-id as well", a.bos_id));
+  for (const auto& [flag, id] : {std::pair{"--eos-id", a.eos_id}, std::pair{"--bos-id", a.bos_id}})
+    if (id >= vocab)
+      throw std::invalid_argument(fmt::format("{} {}: not an id of the model, whose vocab_size is {} (ids 0 to {})",
+                                              flag, id, vocab, vocab - 1));
+  return HfSpecialIds{static_cast<int32_t>(a.bos_id >= 0 ? a.bos_id : a.eos_id), static_cast<int32_t>(a.eos_id)};
+}
+
+void run_export(const ExportArgs& a) {
+  CheckpointReader ckpt(checkpoint_at(a.dir));
+  const std::optional<TokenizerSidecar> tok = export_tokenizer(ckpt, a.tokenizer_sidecar);
   const HfModelShape g = hf_export_shape(ckpt);
+  const std::optional<HfSpecialIds> ids = export_ids(ckpt, tok, a, g.vocab);
   if (tok && tok->vocab_size > g.vocab)
     throw CheckpointError(fmt::format("{}: the tokenizer has {} ids but the model's vocab_size is {}", ckpt.dir(),
                                       tok->vocab_size, g.vocab));
-  // config.json states the bos/eos ids generation_config.json does (hf_special_ids).
-  mt::export_hf(ckpt, output, dtype, tok ? std::optional<HfSpecialIds>(hf_special_ids(*tok)) : std::nullopt);
+  mt::export_hf(ckpt, a.output, parse_dtype(a.dtype), ids);
   fmt::print("exported {} (iteration {}) to {}/model.safetensors and {}/config.json\n", ckpt.dir(),
-             ckpt.state().iteration, output, output);
+             ckpt.state().iteration, a.output, a.output);
   if (tok) {
-    const auto files = export_hf_tokenizer(*tok, output, g.seq_length > 0 ? g.seq_length : g.positions);
+    const auto files = export_hf_tokenizer(*tok, a.output, g.seq_length > 0 ? g.seq_length : g.positions);
     fmt::print("tokenizer ({}, eod {}): {}\n", name_of(tok->tokenizer.kind), tok->eod, fmt::join(files, ", "));
   } else {
     fmt::print(
@@ -123,9 +159,6 @@ void add_ckpt_commands(CLI::App& root) {
   ins->add_flag("--verify", ia->verify, "Check every stored byte against its checksum");
   ins->callback([ia] { inspect(ia->dir, ia->verify); });
 
-  struct ExportArgs {
-    std::string dir, format = "hf", output, dtype = "fp32", tokenizer_sidecar;
-  };
   auto ea = std::make_shared<ExportArgs>();
   CLI::App* exp = ckpt->add_subcommand(
       "export", "Export a checkpoint for Hugging Face transformers (GPT2LMHeadModel or LlamaForCausalLM)");
@@ -137,7 +170,12 @@ void add_ckpt_commands(CLI::App& root) {
       ->capture_default_str();
   exp->add_option("--tokenizer-sidecar", ea->tokenizer_sidecar,
                   "Tokenizer sidecar (PREFIX.tokenizer.yaml) to export instead of the checkpoint's tokenizer.yaml");
-  exp->callback([ea] { run_export(ea->dir, ea->output, parse_dtype(ea->dtype), ea->tokenizer_sidecar); });
+  exp->add_option("--eos-id", ea->eos_id,
+                  "config.json's eos_token_id (and bos_token_id, unless --bos-id) for a checkpoint that records no "
+                  "tokenizer: its data's end-of-document id")
+      ->check(at_least(0));
+  exp->add_option("--bos-id", ea->bos_id, "config.json's bos_token_id, with --eos-id")->check(at_least(0));
+  exp->callback([ea] { run_export(*ea); });
 
   add_ckpt_import_command(*ckpt);
 }

@@ -30,11 +30,12 @@ inline const char* torch_dtype(DType dtype) {
   return dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
 }
 
-// config.json's bos_token_id and eos_token_id: the tokenizer's; without a known tokenizer, the byte tokenizer's
-// end-of-document token, the last id, for both.
-inline std::pair<std::string, std::string> bos_eos_ids(std::optional<HfSpecialIds> ids, int64_t vocab) {
+// config.json's bos_token_id and eos_token_id: the tokenizer's (or those the user gave); unknown, both null, which
+// transformers reads as "none" (left out, it would take its own class's defaults, Llama's 1 and 2, ids that mean
+// nothing here).
+inline std::pair<std::string, std::string> bos_eos_ids(std::optional<HfSpecialIds> ids) {
   if (ids) return {std::to_string(ids->bos), std::to_string(ids->eos)};
-  return {std::to_string(vocab - 1), std::to_string(vocab - 1)};
+  return {"null", "null"};
 }
 
 // {"key": value, ...}: values are JSON text as given.
@@ -83,7 +84,7 @@ inline std::string config_json(const ConfigLayout& layout, const HfModelShape& s
   j.add("model_type", fmt::format("\"{}\"", layout.model_type));
   j.add("vocab_size", std::to_string(s.vocab));
   for (const ConfigKey& k : layout.keys) j.add(k.name, k.value(s));
-  const auto [bos, eos] = bos_eos_ids(ids, s.vocab);
+  const auto [bos, eos] = bos_eos_ids(ids);
   j.add("tie_word_embeddings", boolean(s.tied));
   j.add("bos_token_id", bos);
   j.add("eos_token_id", eos);
