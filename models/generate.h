@@ -25,7 +25,8 @@ struct GenerateResult {
 };
 
 // Runs from an empty cache (the decoder is reset first). `on_token` sees each new token as it is chosen.
-// Throws std::invalid_argument for an empty prompt or one that does not fit in the decoder's cache.
+// Throws std::invalid_argument for an empty prompt or one that does not fit in the decoder's cache, and
+// std::runtime_error when the logits to sample from hold inf or NaN (saying how many and where).
 GenerateResult generate(KvCacheDecoder& decoder, std::span<const int32_t> prompt, const GenerateOptions& opt,
                         const std::function<void(int32_t)>& on_token = {});
 

@@ -4,15 +4,21 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include "app/cli/commands.h"
+#include "app/cli/option_checks.h"
 #include "core/checkpoint/checkpoint.h"
 #include "core/io/file_io.h"
 #include "core/hf/hf_export.h"
 #include "core/hf/hf_tokenizer_export.h"
+#include "core/tensor/finite.h"
 
 namespace mt::app {
 
@@ -26,6 +32,22 @@ std::string checkpoint_at(const std::string& dir) {
   if (!resolved)
     throw CheckpointError(fmt::format("{}: no checkpoint here (neither metadata.yaml nor a latest marker)", dir));
   return *resolved;
+}
+
+// Throws CheckpointError naming every floating tensor that holds an inf or NaN (weights nothing can compute with,
+// e.g. from an import of a broken model or a save before the non-finite check).
+void verify_finite(const CheckpointReader& ckpt) {
+  std::vector<std::string> bad;
+  for (const auto& t : ckpt.tensors()) {
+    if (!is_floating(t.dtype)) continue;
+    Tensor values = Tensor::empty(t.global_shape, DType::f32);
+    ckpt.read(t.name, values);
+    if (const NonFinite n = find_nonfinite(values))
+      bad.push_back(fmt::format("{}: {}", t.name, describe(n, values.numel())));
+  }
+  if (!bad.empty())
+    throw CheckpointError(fmt::format("{}: verify: {} tensor{} not finite: {}", ckpt.dir(), bad.size(),
+                                      bad.size() == 1 ? " is" : "s are", fmt::join(bad, "; ")));
 }
 
 void inspect(const std::string& dir, bool verify) {
@@ -48,7 +70,8 @@ void inspect(const std::string& dir, bool verify) {
   fmt::print("total: {:.0f} values, {:.1f} MiB\n", numel, bytes / (1 << 20));
   if (verify) {
     ckpt.verify_all();  // throws on the first bad slice
-    fmt::print("verify: OK (every checksum matches)\n");
+    verify_finite(ckpt);
+    fmt::print("verify: OK (every checksum matches, every value is finite)\n");
   }
   std::fflush(stdout);
 }
@@ -63,19 +86,52 @@ std::optional<TokenizerSidecar> export_tokenizer(const CheckpointReader& ckpt, c
   return read_tokenizer_sidecar_file(io::join_path(ckpt.dir(), kCheckpointTokenizerFile));
 }
 
-void run_export(const std::string& dir, const std::string& output, DType dtype, const std::string& sidecar) {
-  CheckpointReader ckpt(checkpoint_at(dir));
-  const std::optional<TokenizerSidecar> tok = export_tokenizer(ckpt, sidecar);
+struct ExportArgs {
+  std::string dir, format = "hf", output, dtype = "fp32", tokenizer_sidecar;
+  int64_t eos_id = -1, bos_id = -1;  // -1: not given
+};
+
+// The bos / eos ids config.json states: the tokenizer's (those generation_config.json states too, hf_special_ids),
+// or --eos-id / --bos-id for a checkpoint without one; else none (null), with a warning saying how to give them.
+std::optional<HfSpecialIds> export_ids(const CheckpointReader& ckpt, const std::optional<TokenizerSidecar>& tok,
+                                       const ExportArgs& a, int64_t vocab) {
+  const bool given = a.eos_id >= 0 || a.bos_id >= 0;
+  if (tok && given)
+    throw std::invalid_argument(fmt::format(
+        "--eos-id / --bos-id: the export states the ids of the tokenizer ({}: {}, eod {}); the options are for a "
+        "checkpoint that records none",
+        a.tokenizer_sidecar.empty() ? io::join_path(ckpt.dir(), kCheckpointTokenizerFile) : a.tokenizer_sidecar,
+        name_of(tok->tokenizer.kind), tok->eod));
+  if (tok) return hf_special_ids(*tok);
+  if (!given) {
+    spdlog::warn(
+        "{}: no {}, so the end-of-document id of its data is unknown: config.json states bos_token_id and "
+        "eos_token_id as null; pass --eos-id N (and --bos-id N where it differs), or --tokenizer-sidecar "
+        "PREFIX.tokenizer.yaml, to state them",
+        ckpt.dir(), kCheckpointTokenizerFile);
+    return std::nullopt;
+  }
+  if (a.eos_id < 0) throw std::invalid_argument(fmt::format("--bos-id {}: needs --eos-id as well", a.bos_id));
+  for (const auto& [flag, id] : {std::pair{"--eos-id", a.eos_id}, std::pair{"--bos-id", a.bos_id}})
+    if (id >= vocab)
+      throw std::invalid_argument(fmt::format("{} {}: not an id of the model, whose vocab_size is {} (ids 0 to {})",
+                                              flag, id, vocab, vocab - 1));
+  return HfSpecialIds{static_cast<int32_t>(a.bos_id >= 0 ? a.bos_id : a.eos_id), static_cast<int32_t>(a.eos_id)};
+}
+
+void run_export(const ExportArgs& a) {
+  CheckpointReader ckpt(checkpoint_at(a.dir));
+  const std::optional<TokenizerSidecar> tok = export_tokenizer(ckpt, a.tokenizer_sidecar);
   const HfModelShape g = hf_export_shape(ckpt);
+  const std::optional<HfSpecialIds> ids = export_ids(ckpt, tok, a, g.vocab);
   if (tok && tok->vocab_size > g.vocab)
     throw CheckpointError(fmt::format("{}: the tokenizer has {} ids but the model's vocab_size is {}", ckpt.dir(),
                                       tok->vocab_size, g.vocab));
-  // config.json states the bos/eos ids generation_config.json does (hf_special_ids).
-  mt::export_hf(ckpt, output, dtype, tok ? std::optional<HfSpecialIds>(hf_special_ids(*tok)) : std::nullopt);
+  mt::export_hf(ckpt, a.output, parse_dtype(a.dtype), ids);
   fmt::print("exported {} (iteration {}) to {}/model.safetensors and {}/config.json\n", ckpt.dir(),
-             ckpt.state().iteration, output, output);
+             ckpt.state().iteration, a.output, a.output);
   if (tok) {
-    const auto files = export_hf_tokenizer(*tok, output, g.seq_length > 0 ? g.seq_length : g.positions);
+    const auto files = export_hf_tokenizer(*tok, a.output, g.seq_length > 0 ? g.seq_length : g.positions);
     fmt::print("tokenizer ({}, eod {}): {}\n", name_of(tok->tokenizer.kind), tok->eod, fmt::join(files, ", "));
   } else {
     fmt::print(
@@ -103,9 +159,6 @@ void add_ckpt_commands(CLI::App& root) {
   ins->add_flag("--verify", ia->verify, "Check every stored byte against its checksum");
   ins->callback([ia] { inspect(ia->dir, ia->verify); });
 
-  struct ExportArgs {
-    std::string dir, format = "hf", output, dtype = "fp32", tokenizer_sidecar;
-  };
   auto ea = std::make_shared<ExportArgs>();
   CLI::App* exp = ckpt->add_subcommand(
       "export", "Export a checkpoint for Hugging Face transformers (GPT2LMHeadModel or LlamaForCausalLM)");
@@ -117,7 +170,12 @@ void add_ckpt_commands(CLI::App& root) {
       ->capture_default_str();
   exp->add_option("--tokenizer-sidecar", ea->tokenizer_sidecar,
                   "Tokenizer sidecar (PREFIX.tokenizer.yaml) to export instead of the checkpoint's tokenizer.yaml");
-  exp->callback([ea] { run_export(ea->dir, ea->output, parse_dtype(ea->dtype), ea->tokenizer_sidecar); });
+  exp->add_option("--eos-id", ea->eos_id,
+                  "config.json's eos_token_id (and bos_token_id, unless --bos-id) for a checkpoint that records no "
+                  "tokenizer: its data's end-of-document id")
+      ->check(at_least(0));
+  exp->add_option("--bos-id", ea->bos_id, "config.json's bos_token_id, with --eos-id")->check(at_least(0));
+  exp->callback([ea] { run_export(*ea); });
 
   add_ckpt_import_command(*ckpt);
 }

@@ -1,6 +1,7 @@
 // cmd_eval.cpp: `megatrain eval`: the mean loss of a checkpoint over the first K samples of a dataset in
 // file order, so results can be compared with other tools.
 #include <cmath>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,12 @@ void run_eval(const EvalArgs& a) {
     sum += static_cast<double>(model.forward(tokens, targets, 0, StepContext{.training = false})) * B * S;
   }
   const double mean = sum / static_cast<double>(a.samples * S);
+  if (!std::isfinite(mean))
+    throw std::runtime_error(fmt::format(
+        "eval: checkpoint {} (iteration {}): the mean loss over {} samples is {}, not finite: its weights hold inf "
+        "or NaN (`megatrain ckpt inspect {} --verify` names them){}",
+        *dir, reader.state().iteration, a.samples, mean, *dir,
+        a.precision == "fp32" ? "" : fmt::format(", or {} overflows (try --precision fp32)", a.precision)));
   fmt::print("checkpoint {} (iteration {}), {} samples of {} tokens, {} on {}: mean loss {:.6f}, perplexity {:.4f}\n",
              *dir, reader.state().iteration, a.samples, S, a.precision, device_name(placement.device), mean,
              std::exp(mean));

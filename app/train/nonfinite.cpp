@@ -1,17 +1,15 @@
 #include "app/train/nonfinite.h"
 
-#include <cmath>
-
 #include <fmt/format.h>
+
+#include "core/tensor/finite.h"
 
 namespace mt::app {
 
 std::optional<std::string> first_nonfinite(const std::vector<Parameter*>& params, bool grads) {
   for (const Parameter* p : params) {
     const Tensor& t = grads ? p->grad : p->value;
-    if (!t.defined()) continue;
-    for (float x : t.to_floats())
-      if (!std::isfinite(x)) return p->name;
+    if (t.defined() && find_nonfinite(t)) return p->name;
   }
   return std::nullopt;
 }

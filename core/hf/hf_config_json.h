@@ -3,12 +3,15 @@
 #pragma once
 #include <charconv>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
+#include "core/hf/hf_mapping.h"
 #include "core/hf/hf_tokenizer_export.h"
 #include "core/base/dtype.h"
 
@@ -27,11 +30,12 @@ inline const char* torch_dtype(DType dtype) {
   return dtype == DType::bf16 ? "bfloat16" : dtype == DType::f16 ? "float16" : "float32";
 }
 
-// config.json's bos_token_id and eos_token_id: the tokenizer's; without a known tokenizer, the byte tokenizer's
-// end-of-document token, the last id, for both.
-inline std::pair<std::string, std::string> bos_eos_ids(std::optional<HfSpecialIds> ids, int64_t vocab) {
+// config.json's bos_token_id and eos_token_id: the tokenizer's (or those the user gave); unknown, both null, which
+// transformers reads as "none" (left out, it would take its own class's defaults, Llama's 1 and 2, ids that mean
+// nothing here).
+inline std::pair<std::string, std::string> bos_eos_ids(std::optional<HfSpecialIds> ids) {
   if (ids) return {std::to_string(ids->bos), std::to_string(ids->eos)};
-  return {std::to_string(vocab - 1), std::to_string(vocab - 1)};
+  return {"null", "null"};
 }
 
 // {"key": value, ...}: values are JSON text as given.
@@ -46,19 +50,42 @@ class Object {
   std::string text_;
 };
 
-// The keys every exported config.json starts with: architectures, model_type, vocab_size.
-inline Object begin_config(const char* architecture, const char* model_type, int64_t vocab) {
-  Object j;
-  j.add("architectures", fmt::format("[\"{}\"]", architecture));
-  j.add("model_type", fmt::format("\"{}\"", model_type));
-  j.add("vocab_size", std::to_string(vocab));
-  return j;
+// A config.json value of a model shape, as JSON text.
+using ConfigValue = std::function<std::string(const HfModelShape&)>;
+inline ConfigValue integer(int64_t HfModelShape::*field) {
+  return [field](const HfModelShape& s) { return std::to_string(s.*field); };
+}
+inline ConfigValue real(double HfModelShape::*field) {
+  return [field](const HfModelShape& s) { return num(s.*field); };
+}
+inline ConfigValue literal(const char* json) {
+  return [json](const HfModelShape&) { return std::string(json); };
 }
 
-// The keys every exported config.json ends with: tie_word_embeddings, bos_token_id, eos_token_id, torch_dtype.
-inline std::string end_config(Object& j, bool tied, int64_t vocab, std::optional<HfSpecialIds> ids, DType dtype) {
-  const auto [bos, eos] = bos_eos_ids(ids, vocab);
-  j.add("tie_word_embeddings", boolean(tied));
+// One key of an architecture's config.json and its value.
+struct ConfigKey {
+  const char* name;
+  ConfigValue value;
+};
+
+// What an architecture's config.json says: its model class, model_type and its own keys, in the order written.
+struct ConfigLayout {
+  const char* architecture;
+  const char* model_type;
+  std::vector<ConfigKey> keys;
+};
+
+// The config.json of `s`: architectures, model_type and vocab_size, then the layout's keys, then
+// tie_word_embeddings, bos_token_id, eos_token_id and torch_dtype.
+inline std::string config_json(const ConfigLayout& layout, const HfModelShape& s, DType dtype,
+                               std::optional<HfSpecialIds> ids) {
+  Object j;
+  j.add("architectures", fmt::format("[\"{}\"]", layout.architecture));
+  j.add("model_type", fmt::format("\"{}\"", layout.model_type));
+  j.add("vocab_size", std::to_string(s.vocab));
+  for (const ConfigKey& k : layout.keys) j.add(k.name, k.value(s));
+  const auto [bos, eos] = bos_eos_ids(ids);
+  j.add("tie_word_embeddings", boolean(s.tied));
   j.add("bos_token_id", bos);
   j.add("eos_token_id", eos);
   j.add("torch_dtype", fmt::format("\"{}\"", torch_dtype(dtype)));

@@ -51,22 +51,24 @@ Tensor read_f32(const CheckpointReader& ckpt, const std::string& name, const Sha
 
 std::string hf_gpt2_config_json(const HfModelShape& g, DType dtype, std::optional<HfSpecialIds> ids) {
   using namespace hf_json;
-  Object j = begin_config("GPT2LMHeadModel", "gpt2", g.vocab);
-  j.add("n_positions", std::to_string(g.positions));
-  j.add("n_ctx", std::to_string(g.positions));
-  j.add("n_embd", std::to_string(g.hidden));
-  j.add("n_layer", std::to_string(g.num_layers));
-  j.add("n_head", std::to_string(g.heads));
-  j.add("n_inner", std::to_string(g.ffn));
-  j.add("activation_function", "\"gelu_new\"");
-  j.add("layer_norm_epsilon", num(g.layernorm_eps));
-  j.add("resid_pdrop", num(g.dropout));
-  j.add("embd_pdrop", num(g.dropout));
-  j.add("attn_pdrop", num(g.attention_dropout));
-  j.add("initializer_range", num(g.init_std));
-  j.add("scale_attn_weights", "true");
-  j.add("use_cache", "true");
-  return end_config(j, g.tied, g.vocab, ids, dtype);
+  using S = HfModelShape;
+  static const ConfigLayout gpt2{"GPT2LMHeadModel",
+                                 "gpt2",
+                                 {{"n_positions", integer(&S::positions)},
+                                  {"n_ctx", integer(&S::positions)},
+                                  {"n_embd", integer(&S::hidden)},
+                                  {"n_layer", integer(&S::num_layers)},
+                                  {"n_head", integer(&S::heads)},
+                                  {"n_inner", integer(&S::ffn)},
+                                  {"activation_function", literal("\"gelu_new\"")},
+                                  {"layer_norm_epsilon", real(&S::layernorm_eps)},
+                                  {"resid_pdrop", real(&S::dropout)},
+                                  {"embd_pdrop", real(&S::dropout)},
+                                  {"attn_pdrop", real(&S::attention_dropout)},
+                                  {"initializer_range", real(&S::init_std)},
+                                  {"scale_attn_weights", literal("true")},
+                                  {"use_cache", literal("true")}}};
+  return config_json(gpt2, g, dtype, ids);
 }
 
 HfModelShape hf_export_shape(const CheckpointReader& ckpt) {

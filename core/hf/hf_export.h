@@ -18,9 +18,9 @@ HfModelShape hf_export_shape(const CheckpointReader& ckpt);
 
 // Writes OUT/model.safetensors (weights in `dtype`: f32, bf16 or f16) and OUT/config.json for the
 // checkpoint's architecture. Everything is checked before anything is written; a failure leaves no partial
-// model.safetensors. Throws CheckpointError (FileError for a failed write). config.json's bos/eos_token_id are `ids` when the tokenizer is known
-// (hf_special_ids: the ids generation_config.json states), else both vocab_size - 1 (the byte tokenizer's eod
-// when the vocabulary is 257).
+// model.safetensors. Throws CheckpointError (FileError for a failed write). config.json's bos/eos_token_id are
+// `ids` (hf_special_ids when the tokenizer is known: the ids generation_config.json states), else null: an id
+// nobody stated would mean nothing.
 void export_hf(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype = DType::f32,
                std::optional<HfSpecialIds> ids = std::nullopt);
 // export_hf for a GPT checkpoint only (refuses another model.arch).

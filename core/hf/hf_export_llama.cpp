@@ -10,25 +10,27 @@ namespace mt {
 
 std::string hf_llama_config_json(const HfModelShape& s, DType dtype, std::optional<HfSpecialIds> ids) {
   using namespace hf_json;
-  Object j = begin_config("LlamaForCausalLM", "llama", s.vocab);
-  j.add("hidden_size", std::to_string(s.hidden));
-  j.add("intermediate_size", std::to_string(s.ffn));
-  j.add("num_hidden_layers", std::to_string(s.num_layers));
-  j.add("num_attention_heads", std::to_string(s.heads));
-  j.add("num_key_value_heads", std::to_string(s.groups));
-  j.add("head_dim", std::to_string(s.head_dim()));
-  j.add("hidden_act", "\"silu\"");
-  j.add("max_position_embeddings", std::to_string(s.positions));
-  j.add("rms_norm_eps", num(s.layernorm_eps));
-  j.add("rope_theta", num(s.rotary_base));
-  j.add("rope_scaling", "null");
-  j.add("attention_bias", "false");
-  j.add("attention_dropout", num(s.attention_dropout));
-  j.add("mlp_bias", "false");
-  j.add("initializer_range", num(s.init_std));
-  j.add("pretraining_tp", "1");
-  j.add("use_cache", "true");
-  return end_config(j, s.tied, s.vocab, ids, dtype);
+  using S = HfModelShape;
+  static const ConfigLayout llama{"LlamaForCausalLM",
+                                  "llama",
+                                  {{"hidden_size", integer(&S::hidden)},
+                                   {"intermediate_size", integer(&S::ffn)},
+                                   {"num_hidden_layers", integer(&S::num_layers)},
+                                   {"num_attention_heads", integer(&S::heads)},
+                                   {"num_key_value_heads", integer(&S::groups)},
+                                   {"head_dim", [](const S& m) { return std::to_string(m.head_dim()); }},
+                                   {"hidden_act", literal("\"silu\"")},
+                                   {"max_position_embeddings", integer(&S::positions)},
+                                   {"rms_norm_eps", real(&S::layernorm_eps)},
+                                   {"rope_theta", real(&S::rotary_base)},
+                                   {"rope_scaling", literal("null")},
+                                   {"attention_bias", literal("false")},
+                                   {"attention_dropout", real(&S::attention_dropout)},
+                                   {"mlp_bias", literal("false")},
+                                   {"initializer_range", real(&S::init_std)},
+                                   {"pretraining_tp", literal("1")},
+                                   {"use_cache", literal("true")}}};
+  return config_json(llama, s, dtype, ids);
 }
 
 }  // namespace mt

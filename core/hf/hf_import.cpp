@@ -21,6 +21,7 @@
 #include "core/io/file_io.h"
 #include "core/hf/hf_config_json.h"
 #include "core/hf/safetensors.h"
+#include "core/tensor/finite.h"
 
 namespace mt {
 namespace {
@@ -203,6 +204,13 @@ bool is_saved_buffer(const std::string& name) {
   return ends(".attn.bias") || ends(".attn.masked_bias") || ends(".rotary_emb.inv_freq");
 }
 
+// A weight with inf or NaN makes every loss NaN: refused, naming the tensor and where its first bad value is.
+void check_finite(const Tensor& t, const std::string& file, const std::string& name) {
+  if (const NonFinite n = find_nonfinite(t))
+    throw CheckpointError(
+        fmt::format("{}: tensor {}: {}: megatrain imports only finite weights", file, name, describe(n, t.numel())));
+}
+
 }  // namespace
 
 HfModelShape read_hf_config(const std::string& hf_dir, const HfImportOptions& opt) {
@@ -275,7 +283,9 @@ std::vector<std::pair<std::string, Tensor>> read_hf_weights(const std::string& h
                                         shape_str(r.entry(m.hf_name).shape), shape_str(m.hf_shape)));
     auto [pos, fresh] = index.emplace(m.ours, out.size());
     if (fresh) out.emplace_back(m.ours, Tensor::zeros(m.our_shape, DType::f32));  // padding rows stay zero
-    from_hf(r.read(m.hf_name), m, out[pos->second].second);
+    const Tensor hf = r.read(m.hf_name);
+    check_finite(hf, r.path(), m.hf_name);
+    from_hf(hf, m, out[pos->second].second);
     used.insert(m.hf_name);
   }
   // Tied embeddings: a saved lm_head.weight must be the embedding itself.

@@ -126,4 +126,50 @@ TEST_F(CheckpointTest, HfExportCarriesTheDataTokenizer) {
   }
 }
 
+// Without a tokenizer record the data's end-of-document id is unknown: config.json states bos/eos as null (it wrote
+// vocab_size - 1, an id that meant nothing) and a warning says how to state them; --eos-id (with --bos-id) states
+// them, checked against the vocabulary, and is refused beside a tokenizer, whose ids the export states (issue 30,
+// item 9).
+TEST_F(CheckpointTest, HfExportWithoutATokenizerStatesNoIdsUnlessGiven) {
+  TinyGpt m(true);
+  const std::string ckpt_dir = m.save(save_);
+  using nlohmann::json;
+  auto export_ids = [&](const std::string& name, const std::string& flags, std::string* out = nullptr) {
+    ::testing::internal::CaptureStdout();
+    run_cli("ckpt export " + ckpt_dir + " --output " + root_ + "/" + name + flags);
+    const std::string text = ::testing::internal::GetCapturedStdout();
+    if (out) *out = text;
+    const json cfg = json::parse(slurp(root_ + "/" + name + "/config.json"));
+    return cfg.at("bos_token_id").dump() + " " + cfg.at("eos_token_id").dump();
+  };
+  std::string text;
+  EXPECT_EQ(export_ids("none", "", &text), "null null");
+  EXPECT_NE(text.find(ckpt_dir + ": no tokenizer.yaml, so the end-of-document id of its data is unknown: config.json "
+                                 "states bos_token_id and eos_token_id as null; pass --eos-id N"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(export_ids("eos", " --eos-id 10"), "10 10");
+  EXPECT_EQ(export_ids("both", " --eos-id 0 --bos-id 7"), "7 0");
+
+  auto error = [&](const std::string& flags) {
+    try {
+      run_cli("ckpt export " + ckpt_dir + " --output " + root_ + "/bad" + flags);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error(" --eos-id 11"), "--eos-id 11: not an id of the model, whose vocab_size is 11 (ids 0 to 10)");
+  EXPECT_EQ(error(" --eos-id 3 --bos-id 11"),
+            "--bos-id 11: not an id of the model, whose vocab_size is 11 (ids 0 to 10)");
+  EXPECT_EQ(error(" --bos-id 3"), "--bos-id 3: needs --eos-id as well");
+  EXPECT_EQ(error(" --eos-id -1"), "--eos-id: -1 is less than 0");
+  const std::string sidecar = root_ + "/data.tokenizer.yaml";
+  spit(sidecar, "kind: byte\nfiles: {}\nvocab_size: 257\neod: 256\n");
+  EXPECT_EQ(error(" --eos-id 3 --tokenizer-sidecar " + sidecar),
+            "--eos-id / --bos-id: the export states the ids of the tokenizer (" + sidecar +
+                ": byte, eod 256); the options are for a checkpoint that records none");
+  EXPECT_FALSE(fs::exists(root_ + "/bad"));
+}
+
 }  // namespace

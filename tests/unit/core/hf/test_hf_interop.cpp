@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <map>
 
 #include <fmt/format.h>
@@ -130,7 +131,7 @@ TEST_F(HfInterop, LlamaExportWritesLlamaNamesAndConfig) {
   EXPECT_EQ(cfg["attention_bias"], false);
   EXPECT_EQ(cfg["mlp_bias"], false);
   EXPECT_EQ(cfg["hidden_act"], "silu");
-  EXPECT_EQ(cfg["eos_token_id"], 10);
+  EXPECT_TRUE(cfg["eos_token_id"].is_null());  // no ids given: unknown, not vocab_size - 1
   EXPECT_EQ(cfg["torch_dtype"], "float32");
 }
 
@@ -314,6 +315,40 @@ TEST_F(HfImportRefusal, ShardedWeightsAreRead) {
   const auto sharded = weights("llama");
   ASSERT_EQ(sharded.size(), all.size());
   for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(sharded[i].second.to_floats(), all[i].second.to_floats());
+}
+
+// A weight with inf or NaN would make every loss NaN: the import refuses it, naming the file, the tensor (its HF name),
+// how many values are not finite and the first one's index, and writes no checkpoint (issue 30, item 5).
+TEST_F(HfImportRefusal, NonFiniteWeightsAreNamed) {
+  auto poison = [&](const std::string& which, const std::string& name, DType dtype,
+                    const std::vector<std::pair<int64_t, float>>& bad) {
+    SafetensorsReader r(path(which + "/model.safetensors"));
+    std::vector<std::pair<std::string, Tensor>> ts;
+    for (const auto& [n, e] : r.tensors()) ts.emplace_back(n, r.read(n));
+    for (auto& [n, t] : ts) {
+      if (n != name) continue;
+      std::vector<float> v = t.to_floats();
+      for (auto [i, x] : bad) v.at(static_cast<size_t>(i)) = x;
+      t = Tensor::from_floats(v, t.shape());
+    }
+    write_safetensors(path(which + "/model.safetensors"), ts, dtype);
+    return r.entry(name).shape;
+  };
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const Shape up = poison("llama", "model.layers.1.mlp.up_proj.weight", DType::f32, {{7, inf}, {5, nan}, {9, -inf}});
+  std::string msg = error_of([&] { weights("llama"); });
+  EXPECT_EQ(msg, fmt::format("{}: tensor model.layers.1.mlp.up_proj.weight: 3 of {} values are not finite (the "
+                             "first, nan, at index 5): megatrain imports only finite weights",
+                             path("llama/model.safetensors"), shape_numel(up)))
+      << msg;
+  // In an F16 file too (an overflow there is an inf). That `ckpt import` writes nothing: test_ckpt_import.
+  const Shape fc = poison("gpt", "transformer.h.0.mlp.c_fc.bias", DType::f16, {{3, -inf}});
+  msg = error_of([&] { weights("gpt"); });
+  EXPECT_NE(msg.find(fmt::format("tensor transformer.h.0.mlp.c_fc.bias: 1 of {} values is not finite (the first, "
+                                 "-inf, at index 3)",
+                                 shape_numel(fc))),
+            std::string::npos)
+      << msg;
 }
 
 TEST_F(HfImportRefusal, SafetensorsReaderRefusesBadFiles) {

@@ -113,10 +113,10 @@ TEST(HfSpmTokenizer, ConfigJsonTakesBosAndEosFromTheTokenizer) {
       EXPECT_EQ(cfg["eos_token_id"], gen["eos_token_id"]) << c.kind;
     }
   }
-  // Without a tokenizer: the byte tokenizer's eod, the last id, for both.
+  // Without a tokenizer: no id is known, both null (vocab_size - 1 would mean nothing; issue 30, item 9).
   const auto cfg = nlohmann::json::parse(hf_llama_config_json(g, DType::f32, std::nullopt));
-  EXPECT_EQ(cfg["bos_token_id"], 599);
-  EXPECT_EQ(cfg["eos_token_id"], 599);
+  EXPECT_TRUE(cfg["bos_token_id"].is_null());
+  EXPECT_TRUE(cfg["eos_token_id"].is_null());
 }
 
 }  // namespace
