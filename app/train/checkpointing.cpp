@@ -14,6 +14,7 @@
 #include "core/io/file_io.h"
 #include "core/hf/hf_tokenizer_export.h"
 #include "core/config/config.h"
+#include "app/train/data_sources.h"
 
 namespace mt::app {
 
@@ -154,6 +155,12 @@ void write_checkpoint_tokenizer(const std::string& tmp_dir, const std::vector<st
   std::ostringstream text;
   text << in.rdbuf();
   io::write_file_durably(io::join_path(tmp_dir, kCheckpointTokenizerFile), text.str());
+}
+
+void check_checkpoint_tokenizer(const std::string& dir, const Config& cfg) {
+  if (cfg.data.synthetic || cfg.data.train.empty()) return;
+  check_same_tokenizer("the checkpoint", io::join_path(dir, kCheckpointTokenizerFile), "data.train's first dataset",
+                       tokenizer_sidecar_path(parse_data_blend(cfg.data.train).prefixes.front()), cfg);
 }
 
 }  // namespace mt::app

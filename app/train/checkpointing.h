@@ -52,4 +52,10 @@ Config whole_model_config(const CheckpointReader& reader, const std::string& dir
 // prefix has no sidecar. Rank 0 calls it before committing.
 void write_checkpoint_tokenizer(const std::string& tmp_dir, const std::vector<std::string>& data_train);
 
+// Resuming checkpoint `dir` on data of another tokenizer would give its learned ids other meanings: its
+// tokenizer.yaml and the sidecar of data.train's first dataset must agree (check_same_tokenizer: DataError naming
+// both files and what differs, a warning with data.allow_tokenizer_change). Nothing for synthetic data, or when
+// either record is missing.
+void check_checkpoint_tokenizer(const std::string& dir, const Config& cfg);
+
 }  // namespace mt::app

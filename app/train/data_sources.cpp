@@ -1,15 +1,18 @@
 #include "app/train/data_sources.h"
 
 #include <filesystem>
+#include <optional>
 #include <system_error>
 #include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 
 #include "core/data/blend.h"
 #include "core/data/gpt_dataset.h"
 #include "core/data/indexed_dataset.h"
+#include "core/data/tokenizer_sidecar.h"
 
 namespace mt::app {
 
@@ -26,32 +29,71 @@ SampleFn checked(SampleFn inner, int64_t vocab_size, std::string what) {
   };
 }
 
-}  // namespace
-
-void check_data_files(const Config& cfg) {
-  if (cfg.data.synthetic) return;
+// Calls f(key, prefix) for every dataset of data.train, then of data.valid; key is where the config names it
+// ("data.train[2]": a blend's prefixes are its odd items).
+template <class F>
+void each_dataset(const Config& cfg, F&& f) {
   for (const auto& [key, items] :
        {std::pair{"data.train", &cfg.data.train}, std::pair{"data.valid", &cfg.data.valid}}) {
     const DataBlend blend = parse_data_blend(*items);
     const size_t stride = blend.weights.empty() ? 1 : 2, offset = blend.weights.empty() ? 0 : 1;
-    for (size_t i = 0; i < blend.prefixes.size(); ++i) {
-      const std::string& prefix = blend.prefixes[i];
-      const std::string where = fmt::format("{}: {}[{}]", cfg.source, key, i * stride + offset);
-      for (const char* ext : {".bin", ".idx"}) {
-        const std::string file = prefix + ext;
-        std::error_code ec;
-        const auto status = std::filesystem::status(file, ec);
-        if (!std::filesystem::exists(status))
-          throw ConfigError(
-              fmt::format("{}: no file {} (a dataset prefix names the pair {}.bin and {}.idx, written "
-                          "by `megatrain data prepare`)",
-                          where, file, prefix, prefix));
-        // A FIFO or device would be read without end; the dataset reader refuses them too.
-        if (!std::filesystem::is_regular_file(status))
-          throw ConfigError(fmt::format("{}: {}: not a regular file (a directory, FIFO or device)", where, file));
-      }
-    }
+    for (size_t i = 0; i < blend.prefixes.size(); ++i)
+      f(fmt::format("{}[{}]", key, i * stride + offset), blend.prefixes[i]);
   }
+}
+
+}  // namespace
+
+void check_data_files(const Config& cfg) {
+  if (cfg.data.synthetic) return;
+  each_dataset(cfg, [&](const std::string& key, const std::string& prefix) {
+    const std::string where = fmt::format("{}: {}", cfg.source, key);
+    for (const char* ext : {".bin", ".idx"}) {
+      const std::string file = prefix + ext;
+      std::error_code ec;
+      const auto status = std::filesystem::status(file, ec);
+      if (!std::filesystem::exists(status))
+        throw ConfigError(
+            fmt::format("{}: no file {} (a dataset prefix names the pair {}.bin and {}.idx, written "
+                        "by `megatrain data prepare`)",
+                        where, file, prefix, prefix));
+      // A FIFO or device would be read without end; the dataset reader refuses them too.
+      if (!std::filesystem::is_regular_file(status))
+        throw ConfigError(fmt::format("{}: {}: not a regular file (a directory, FIFO or device)", where, file));
+    }
+  });
+  check_data_tokenizers(cfg);
+}
+
+void check_same_tokenizer(const std::string& a_what, const std::string& a_path, const std::string& b_what,
+                          const std::string& b_path, const Config& cfg) {
+  const std::optional<TokenizerSidecar> a = read_tokenizer_sidecar_file(a_path),
+                                        b = read_tokenizer_sidecar_file(b_path);
+  if (!a || !b) return;  // nothing to compare (data prepared without a sidecar, a checkpoint saved without one)
+  const std::vector<std::string> diff = tokenizer_differences(*a, *b);
+  if (diff.empty()) return;
+  const std::string what = fmt::format("{} ({}) and {} ({}) record different tokenizers ({})", a_what, a_path, b_what,
+                                       b_path, fmt::join(diff, "; "));
+  if (cfg.data.allow_tokenizer_change)
+    return spdlog::warn("{}: training on anyway, as data.allow_tokenizer_change is true", what);
+  throw DataError(
+      fmt::format("{}: the same id would mean different tokens; prepare the data with one tokenizer, or set "
+                  "data.allow_tokenizer_change: true if that is what you mean",
+                  what));
+}
+
+void check_data_tokenizers(const Config& cfg) {
+  if (cfg.data.synthetic) return;
+  std::optional<std::pair<std::string, std::string>> first;  // (key, sidecar) of the first dataset with a sidecar
+  each_dataset(cfg, [&](const std::string& key, const std::string& prefix) {
+    const std::string sidecar = tokenizer_sidecar_path(prefix);
+    std::error_code ec;
+    if (!std::filesystem::exists(sidecar, ec)) return;
+    if (!first)
+      first.emplace(key, sidecar);
+    else
+      check_same_tokenizer(first->first, first->second, key, sidecar, cfg);
+  });
 }
 
 namespace {

@@ -24,7 +24,18 @@ struct DataSources {
 
 // Throws ConfigError naming the key (data.train[i] / data.valid[i]) when a dataset's .bin or .idx file is
 // missing: checked before training starts, where the error is not buried under the resolved config.
+// Then check_data_tokenizers.
 void check_data_files(const Config& cfg);
+
+// The datasets of data.train and data.valid that have a tokenizer record (PREFIX.tokenizer.yaml) must agree with
+// the first one: a blend or concatenation of ids made by different tokenizers is refused (DataError naming both
+// keys, their sidecars and what differs) unless data.allow_tokenizer_change, which turns it into a warning.
+void check_data_tokenizers(const Config& cfg);
+
+// The rule of check_data_tokenizers for two tokenizer records (sidecar files) `a_path` and `b_path`, named in
+// messages as a_what and b_what; nothing when either file does not exist.
+void check_same_tokenizer(const std::string& a_what, const std::string& a_path, const std::string& b_what,
+                          const std::string& b_path, const Config& cfg);
 
 // Opens the datasets named by cfg.data (or the synthetic source); throws DataError / ConfigError naming
 // the file or key. Every token is checked against model.vocab_size as samples are read.

@@ -31,6 +31,7 @@ void Trainer::maybe_resume() {
   CheckpointReader reader(*dir);
   const CheckpointState& s = reader.state();
   const TrainState rs = TrainState::load(s, *dir);  // every value checked before any is used
+  check_checkpoint_tokenizer(*dir, cfg_);
   // A checkpoint of another model shape is refused, unless a partial load is asked for.
   const std::vector<std::string> diff = model_shape_differences(s.config_yaml, to_yaml(cfg_), *dir);
   std::optional<PartialLoad> partial;

@@ -203,6 +203,9 @@ struct DataConfig {
   std::vector<std::string> valid;            // optional; when empty validation comes from `split`
   std::vector<double> split = {969, 30, 1};  // train / valid / test weights over documents
   bool synthetic = false;                    // random tokens, no files (benchmarks)
+  // Train on datasets whose tokenizer records (PREFIX.tokenizer.yaml) differ from each other or from the resumed
+  // checkpoint's tokenizer.yaml; refused by default, as the ids would change meaning.
+  bool allow_tokenizer_change = false;
 
   bool operator==(const DataConfig&) const = default;
 };

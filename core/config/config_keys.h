@@ -104,6 +104,7 @@ void visit(V& v, C& c) {
     v.field({.name = "valid"}, d.valid);
     v.field({.name = "split", .length = 3}, d.split);
     v.field({.name = "synthetic"}, d.synthetic);
+    v.field({.name = "allow_tokenizer_change"}, d.allow_tokenizer_change);
   });
   v.section("checkpoint", [&] {
     auto& k = c.checkpoint;

@@ -65,6 +65,17 @@ bool BpeModel::add_merge(const std::string& left, const std::string& right) {
   return true;
 }
 
+std::vector<int32_t> BpeModel::merge_ids() const {
+  std::vector<int32_t> out(merges_.size() * 3);
+  for (const auto& [pair, merge] : merges_) {
+    int32_t* at = &out[static_cast<size_t>(merge.rank) * 3];
+    at[0] = static_cast<int32_t>(pair >> 32);
+    at[1] = static_cast<int32_t>(pair & 0xFFFFFFFFu);
+    at[2] = merge.id;
+  }
+  return out;
+}
+
 void BpeModel::set_char_symbols(bool byte_fallback, bool fuse_unk) {
   char_symbols_ = true;
   fuse_unk_ = fuse_unk;

@@ -36,6 +36,8 @@ class BpeModel {
   void set_ignore_merges(bool on) { ignore_merges_ = on; }
 
   std::optional<int32_t> find(std::string_view bytes) const;
+  // The merges in rank order, three ids each: left, right, and the merged token.
+  std::vector<int32_t> merge_ids() const;
   // Appends the ids of one word (raw bytes; valid UTF-8 with char symbols). Symbols without a token become the
   // unknown id when there is one and are dropped otherwise, as Hugging Face's BPE does.
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;

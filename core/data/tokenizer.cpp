@@ -7,6 +7,8 @@
 #include <optional>
 #include <stdexcept>
 
+#include "core/io/crc32c.h"
+
 namespace mt {
 
 std::unique_ptr<Tokenizer> load_bpe_tokenizer(const TokenizerOptions& options);            // tokenizer_files.cpp
@@ -26,6 +28,26 @@ std::string ByteTokenizer::decode(std::span<const int32_t> ids) const {
       s += "\xEF\xBF\xBD";  // U+FFFD
   }
   return s;
+}
+
+uint32_t ByteTokenizer::vocabulary_hash() const {
+  std::vector<std::string> pieces;
+  for (int b = 0; b < 256; ++b) pieces.emplace_back(1, static_cast<char>(b));
+  const int32_t eod_id = eod();
+  return hash_vocabulary(pieces, {&eod_id, 1});
+}
+
+uint32_t hash_vocabulary(std::span<const std::string> pieces, std::span<const int32_t> ids) {
+  std::string bytes;
+  auto append_int = [&](int64_t v) {  // little-endian whatever the host's order, so the hash is the same anywhere
+    for (int shift = 0; shift < 64; shift += 8) bytes += static_cast<char>((static_cast<uint64_t>(v) >> shift) & 0xFF);
+  };
+  for (const std::string& p : pieces) {
+    append_int(static_cast<int64_t>(p.size()));
+    bytes += p;
+  }
+  for (int32_t id : ids) append_int(id);
+  return crc32c(bytes.data(), bytes.size());
 }
 
 TokenDType token_dtype_for_vocab(int64_t vocab_size) { return vocab_size < 65500 ? TokenDType::u16 : TokenDType::i32; }

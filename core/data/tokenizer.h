@@ -47,6 +47,10 @@ class Tokenizer {
   // UTF-8 (a byte tokenizer's, or a byte-level BPE's, ids can split a character): see valid_utf8(). An id
   // outside the vocabulary decodes to U+FFFD.
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
+  // A CRC-32C of what the ids stand for: each id's text (a BPE's bytes, with its merges in rank order and the
+  // post-processor's ids; a SentencePiece model's pieces; the byte tokenizer's bytes). Two tokenizers with
+  // different hashes give the same id different meanings; `data prepare` records it as the sidecar's vocab_hash.
+  virtual uint32_t vocabulary_hash() const = 0;
   // The same, with a cache that lives for this call only.
   void encode(std::string_view text, std::vector<int32_t>& out) const {
     std::unique_ptr<EncodeCache> cache = make_cache();
@@ -63,7 +67,12 @@ class ByteTokenizer final : public Tokenizer {
   TokenDType storage_dtype() const override { return TokenDType::u16; }
   void encode_with(std::string_view text, std::vector<int32_t>& out, EncodeCache* cache) const override;
   std::string decode(std::span<const int32_t> ids) const override;
+  uint32_t vocabulary_hash() const override;
 };
+
+// The CRC-32C vocabulary_hash() gives: of `pieces` (id order, each after its length, so that no two lists give the
+// same bytes) and then `ids` (merges, special ids: what else fixes the meaning of the ids).
+uint32_t hash_vocabulary(std::span<const std::string> pieces, std::span<const int32_t> ids = {});
 
 // What make_tokenizer needs: the kind and the files that kind reads.
 struct TokenizerOptions {

@@ -122,4 +122,13 @@ std::string ByteLevelBpeTokenizer::decode(std::span<const int32_t> ids) const {
   return s;
 }
 
+uint32_t ByteLevelBpeTokenizer::vocabulary_hash() const {
+  std::vector<int32_t> ids = spec_.model.merge_ids();
+  for (const auto* specials : {&spec_.specials.before, &spec_.specials.after}) {
+    ids.push_back(-1);  // a separator: the lists cannot trade ids
+    ids.insert(ids.end(), specials->begin(), specials->end());
+  }
+  return hash_vocabulary(spec_.id_bytes, ids);
+}
+
 }  // namespace mt

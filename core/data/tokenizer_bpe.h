@@ -43,6 +43,7 @@ class ByteLevelBpeTokenizer final : public Tokenizer {
   std::unique_ptr<EncodeCache> make_cache() const override;
   void encode_with(std::string_view text, std::vector<int32_t>& out, EncodeCache* cache) const override;
   std::string decode(std::span<const int32_t> ids) const override;
+  uint32_t vocabulary_hash() const override;
 
  private:
   void encode_text(std::string_view text, bool at_start, std::vector<int32_t>& out, EncodeCache& cache) const;

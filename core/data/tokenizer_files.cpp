@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -41,11 +42,17 @@ json parse_json(const std::string& path, const std::string& text) {
 int64_t load_vocab(const json& vocab, const std::string& where, BpeModel& model,
                    std::unordered_map<std::string, int32_t>& by_text, bool byte_level = true) {
   if (!vocab.is_object()) throw DataError(fmt::format("{}: the vocabulary is not a JSON object", where));
+  // Without ordinary tokens only the added ones could ever be produced: a data set of special tokens.
+  if (vocab.empty()) throw DataError(fmt::format("{}: the vocabulary is empty (a BPE needs its tokens)", where));
   int64_t max_id = -1;
+  std::unordered_map<int32_t, std::string> by_id;
   for (const auto& [text, id] : vocab.items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
       throw DataError(fmt::format("{}: token '{}' has no valid id", where, text));
     const auto i = id.get<int32_t>();
+    if (const auto [at, fresh] = by_id.emplace(i, text); !fresh)
+      throw DataError(fmt::format("{}: tokens '{}' and '{}' both have id {} (an id stands for one token)", where,
+                                  at->second, text, i));
     by_text[text] = i;
     max_id = std::max<int64_t>(max_id, i);
     // Entries that are not byte-level text (added tokens listed in the vocab) are never produced by merges.
@@ -250,10 +257,69 @@ int32_t find_eod(const TokenizerOptions& o, const ByteLevelBpeSpec& spec,
                   o.tokenizer_file, specials.empty() ? "none" : fmt::format("{}", fmt::join(specials, " "))));
 }
 
+AddedToken parse_added_token(const json& t, const std::string& where) {
+  AddedToken a;
+  a.content = t.value("content", "");
+  a.id = t.value("id", -1);
+  a.special = flag(t, "special");
+  a.normalized = flag(t, "normalized");
+  a.single_word = flag(t, "single_word");
+  a.lstrip = flag(t, "lstrip");
+  a.rstrip = flag(t, "rstrip");
+  if (a.id < 0) throw DataError(fmt::format("{}: added token '{}' has no valid id", where, a.content));
+  return a;
+}
+
+// The largest id of vocabulary and added tokens (by id: their content), checking that the added tokens past the
+// vocabulary take the ids after it without a gap.
+int64_t last_added_id(const std::unordered_map<int32_t, std::string>& added_by_id, int64_t vocab_max_id,
+                      const std::string& where) {
+  int64_t next = vocab_max_id + 1;  // the next id after the vocabulary, in id order of the added tokens
+  for (const auto& [id, content] : std::map<int32_t, std::string>(added_by_id.begin(), added_by_id.end())) {
+    if (id < next) continue;  // a vocabulary entry, or checked above
+    if (id > next)
+      throw DataError(
+          fmt::format("{}: added token '{}' has id {}, beyond the vocabulary and the other added tokens (ids 0..{}): "
+                      "an added token not in the vocabulary takes the next id, {}",
+                      where, content, id, next - 1, next));
+    ++next;
+  }
+  return next - 1;
+}
+
+// Appends tokenizer.json's added tokens to `added`; returns the largest id of vocabulary and added tokens. As
+// Hugging Face's tokenizers assigns them, an added token that is a vocabulary entry has that entry's id, and the
+// others take the ids after the vocabulary, one each, without a gap: anything else is refused, naming the token.
+int64_t load_added_tokens(const json& list, const std::string& where,
+                          const std::unordered_map<std::string, int32_t>& by_text, int64_t vocab_max_id,
+                          std::vector<AddedToken>& added) {
+  std::unordered_map<int32_t, std::string> vocab_by_id, added_by_id;
+  for (const auto& [text, id] : by_text) vocab_by_id.emplace(id, text);
+  for (const json& t : list) {
+    AddedToken a = parse_added_token(t, where);
+    const auto in_vocab = by_text.find(a.content);
+    const auto vocab_entry = vocab_by_id.find(a.id);
+    if (in_vocab != by_text.end() && in_vocab->second != a.id)
+      throw DataError(fmt::format("{}: added token '{}' has id {}, but the vocabulary gives it id {}", where, a.content,
+                                  a.id, in_vocab->second));
+    if (vocab_entry != vocab_by_id.end() && vocab_entry->second != a.content)
+      throw DataError(fmt::format("{}: added token '{}' has id {}, which the vocabulary gives to '{}'", where,
+                                  a.content, a.id, vocab_entry->second));
+    if (const auto [at, fresh] = added_by_id.emplace(a.id, a.content); !fresh)
+      throw DataError(fmt::format("{}: added tokens '{}' and '{}' both have id {} (an id stands for one token)", where,
+                                  at->second, a.content, a.id));
+    added.push_back(std::move(a));
+  }
+  return last_added_id(added_by_id, vocab_max_id, where);
+}
+
 std::unique_ptr<Tokenizer> load_hf(const TokenizerOptions& o) {
   if (o.tokenizer_file.empty()) throw DataError("the hf tokenizer needs --tokenizer-file (tokenizer.json)");
   const std::string& where = o.tokenizer_file;
   const json root = parse_json(where, read_file(where));
+  if (!root.is_object())
+    throw DataError(fmt::format("{}: not a tokenizer.json: expected a JSON object with a model, found {}", where,
+                                root.type_name()));
   const json& model = root.value("model", json());
   if (type_of(model) != "BPE" && !(model.is_object() && !model.contains("type") && model.contains("merges")))
     throw DataError(fmt::format("{}: model '{}' is not supported (only BPE)", where, type_of(model)));
@@ -270,7 +336,7 @@ std::unique_ptr<Tokenizer> load_hf(const TokenizerOptions& o) {
   spec.kind = TokenizerKind::hf;
   spec.normalizer = load_normalizer(root.value("normalizer", json()), where);
   std::unordered_map<std::string, int32_t> by_text;
-  int64_t max_id = load_vocab(model.value("vocab", json()), where, spec.model, by_text, byte_level);
+  const int64_t vocab_max_id = load_vocab(model.value("vocab", json()), where, spec.model, by_text, byte_level);
   int64_t index = 0;
   for (const json& m : model.value("merges", json::array())) {
     const std::string at = fmt::format("{}: merges[{}]", where, index++);
@@ -301,19 +367,8 @@ std::unique_ptr<Tokenizer> load_hf(const TokenizerOptions& o) {
   SpecialTemplate specials = load_post_processor(root.value("post_processor", json()), where);
   if (o.add_special_tokens) spec.specials = std::move(specials);
 
-  for (const json& t : root.value("added_tokens", json::array())) {
-    AddedToken a;
-    a.content = t.value("content", "");
-    a.id = t.value("id", -1);
-    a.special = flag(t, "special");
-    a.normalized = flag(t, "normalized");
-    a.single_word = flag(t, "single_word");
-    a.lstrip = flag(t, "lstrip");
-    a.rstrip = flag(t, "rstrip");
-    if (a.id < 0) throw DataError(fmt::format("{}: added token '{}' has no valid id", where, a.content));
-    max_id = std::max<int64_t>(max_id, a.id);
-    spec.added.push_back(std::move(a));
-  }
+  const int64_t max_id =
+      load_added_tokens(root.value("added_tokens", json::array()), where, by_text, vocab_max_id, spec.added);
   for (const auto* ids : {&spec.specials.before, &spec.specials.after})
     for (int32_t id : *ids)
       if (id > max_id)
@@ -327,7 +382,13 @@ std::unique_ptr<Tokenizer> load_hf(const TokenizerOptions& o) {
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_bpe_tokenizer(const TokenizerOptions& options) {
-  return options.kind == TokenizerKind::gpt2 ? load_gpt2(options) : load_hf(options);
+  const bool gpt2 = options.kind == TokenizerKind::gpt2;
+  try {
+    return gpt2 ? load_gpt2(options) : load_hf(options);
+  } catch (const json::exception& e) {  // a member of an unexpected JSON type the checks above did not name
+    throw DataError(
+        fmt::format("{}: unexpected JSON structure: {}", gpt2 ? options.vocab_file : options.tokenizer_file, e.what()));
+  }
 }
 
 }  // namespace mt

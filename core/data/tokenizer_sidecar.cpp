@@ -5,6 +5,8 @@
 #include <fmt/ranges.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -32,6 +34,22 @@ void each_file(TokenizerOptions& o, F&& f) {
   f("tokenizer_model", o.tokenizer_model);
 }
 
+std::string hash_text(uint32_t hash) { return fmt::format("crc32c:{:08x}", hash); }
+
+std::optional<uint32_t> parse_hash(const YAML::Node& node, const std::string& path) {
+  if (!node) return std::nullopt;
+  const std::string text = node.as<std::string>(), digits = text.substr(std::min<size_t>(text.size(), 7));
+  if (!text.starts_with("crc32c:") || digits.size() != 8 ||
+      !std::all_of(digits.begin(), digits.end(), [](unsigned char c) { return std::isxdigit(c); }))
+    throw DataError(fmt::format("{}: vocab_hash: '{}' is not crc32c: and 8 hex digits", path, text));
+  return static_cast<uint32_t>(std::stoul(digits, nullptr, 16));
+}
+
+template <class T>
+void differ(std::vector<std::string>& out, const char* what, const T& a, const T& b) {
+  if (a != b) out.push_back(fmt::format("{}: {} vs {}", what, a, b));
+}
+
 }  // namespace
 
 std::string tokenizer_sidecar_path(const std::string& prefix) { return prefix + ".tokenizer.yaml"; }
@@ -51,6 +69,7 @@ std::string tokenizer_sidecar_yaml(const TokenizerOptions& options, const Tokeni
   if (o.kind == TokenizerKind::hf) out << YAML::Key << "add_special_tokens" << YAML::Value << o.add_special_tokens;
   out << YAML::Key << "vocab_size" << YAML::Value << tokenizer.vocab_size();
   out << YAML::Key << "eod" << YAML::Value << tokenizer.eod();
+  out << YAML::Key << "vocab_hash" << YAML::Value << YAML::DoubleQuoted << hash_text(tokenizer.vocabulary_hash());
   out << YAML::EndMap;
   return std::string(out.c_str()) + "\n";
 }
@@ -86,11 +105,23 @@ std::optional<TokenizerSidecar> read_tokenizer_sidecar_file(const std::string& p
     s.tokenizer.add_special_tokens = root["add_special_tokens"] && root["add_special_tokens"].as<bool>();
     s.vocab_size = root["vocab_size"].as<int64_t>();
     s.eod = root["eod"].as<int32_t>();
+    s.vocab_hash = parse_hash(root["vocab_hash"], path);
   } catch (const YAML::Exception& e) {
     throw DataError(fmt::format("{}: malformed tokenizer sidecar: {}", path, e.what()));
   }
   if (s.vocab_size <= 0) throw DataError(fmt::format("{}: vocab_size must be positive", path));
   return s;
+}
+
+std::vector<std::string> tokenizer_differences(const TokenizerSidecar& a, const TokenizerSidecar& b) {
+  std::vector<std::string> out;
+  differ(out, "kind", name_of(a.tokenizer.kind), name_of(b.tokenizer.kind));
+  differ(out, "vocab_size", a.vocab_size, b.vocab_size);
+  if (a.vocab_hash && b.vocab_hash) differ(out, "vocab_hash", hash_text(*a.vocab_hash), hash_text(*b.vocab_hash));
+  differ(out, "eod (the end-of-document id)", a.eod, b.eod);
+  if (a.tokenizer.kind == TokenizerKind::hf && b.tokenizer.kind == TokenizerKind::hf)
+    differ(out, "add_special_tokens", a.tokenizer.add_special_tokens, b.tokenizer.add_special_tokens);
+  return out;
 }
 
 }  // namespace mt

@@ -81,6 +81,12 @@ class SentencePieceTokenizer final : public Tokenizer {
     return s;
   }
 
+  uint32_t vocabulary_hash() const override {
+    std::vector<std::string> pieces;
+    for (int id = 0; id < sp_->GetPieceSize(); ++id) pieces.push_back(sp_->IdToPiece(id));
+    return hash_vocabulary(pieces);
+  }
+
  private:
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
   int32_t eod_;

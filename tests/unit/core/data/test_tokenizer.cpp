@@ -6,12 +6,14 @@
 #include <gtest/gtest.h>
 
 #include "tests/unit/core/data/tokenizer_fixtures.h"
+#include "tests/unit/expect_contains.h"
 #include "tests/unit/source_root.h"
 #include "tests/unit/temp_dir.h"
 #include <stdlib.h>
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "core/data/bpe.h"
@@ -209,6 +211,25 @@ TEST(Tokenizer, BpeMergesLowestRankFirstAndLeftmostFirst) {
   EXPECT_EQ(out, (std::vector<int32_t>{3}));
 }
 
+// A copy of fixture `name` as JSON, edited by `edit`, written to `dir`.
+template <class Edit>
+std::string edited_json(const TempDir& dir, const std::string& name, Edit&& edit) {
+  nlohmann::json j = nlohmann::json::parse(read_all(fixture(name)));
+  edit(j);
+  const std::string path = dir / name;
+  std::ofstream(path, std::ios::binary) << j.dump();
+  return path;
+}
+
+void expect_refused_naming(const TokenizerOptions& o, const std::vector<std::string>& parts) {
+  try {
+    make_tokenizer(o);
+    ADD_FAILURE() << "accepted; expected an error naming " << parts.front();
+  } catch (const DataError& e) {
+    for (const std::string& part : parts) EXPECT_CONTAINS(std::string(e.what()), part);
+  }
+}
+
 TEST(Tokenizer, RefusesWhatItDoesNotImplementByName) {
   TempDir dir;
   auto expect_refused = [](const TokenizerOptions& o, const std::string& part) {
@@ -251,12 +272,59 @@ TEST(Tokenizer, RefusesWhatItDoesNotImplementByName) {
   TokenizerOptions eod = hf_file(fixture("llama3-tokenizer.json"));
   eod.eod_token = "<|nope|>";
   expect_refused(eod, "--eod-token '<|nope|>'");
-  TokenizerOptions no_eos = hf_file(edited_fixture(dir, "llama3-tokenizer.json", "<|end_of_text|>", "<|stop|>"));
+  TokenizerOptions no_eos = hf_file(edited_json(dir, "llama3-tokenizer.json", [](nlohmann::json& j) {
+    j["added_tokens"][1]["content"] = "<|stop|>";  // renamed in both places, as ids must agree
+    j["model"]["vocab"].erase("<|end_of_text|>");
+    j["model"]["vocab"]["<|stop|>"] = 1;
+  }));
   expect_refused(no_eos, "no known end-of-text token");
   TokenizerOptions gpt2 = gpt2_files();
   gpt2.merge_file.clear();
   expect_refused(gpt2, "--merge-file");
   expect_refused(hf_file(dir / "missing.json"), "missing.json");
+}
+
+// Each id stands for one token (issue 30, item 7): an empty vocabulary, an id given to two tokens, an added token
+// away from the id Hugging Face's tokenizers would give it, are refused naming the file and the entry.
+TEST(Tokenizer, RefusesIdsThatDoNotStandForOneToken) {
+  TempDir dir;
+  const std::string name = "llama3-tokenizer.json", where = (dir / name) + ": ";
+  auto llama3 = [&](auto&& edit) { return hf_file(edited_json(dir, name, edit)); };
+  auto added = [](nlohmann::json& j, const std::string& content) -> nlohmann::json& {
+    for (nlohmann::json& t : j["added_tokens"])
+      if (t["content"] == content) return t;
+    throw std::runtime_error("no added token " + content);
+  };
+  expect_refused_naming(llama3([](nlohmann::json& j) { j["model"]["vocab"] = nlohmann::json::object(); }),
+                        {where + "the vocabulary is empty"});
+  expect_refused_naming(llama3([](nlohmann::json& j) { j["model"]["vocab"]["aa"] = 5; }),
+                        {where + "tokens '!' and 'aa' both have id 5"});
+  expect_refused_naming(llama3([&](nlohmann::json& j) { added(j, "[[sw]]")["id"] = 400; }),
+                        {where + "added tokens '[[tool]]' and '[[sw]]' both have id 400"});
+  expect_refused_naming(llama3([&](nlohmann::json& j) { added(j, "<mask>")["id"] = 99999; }),
+                        {where + "added token '<mask>' has id 99999", "(ids 0..402)", "takes the next id, 403"});
+  expect_refused_naming(llama3([&](nlohmann::json& j) { added(j, "[[tool]]")["id"] = 5; }),
+                        {where + "added token '[[tool]]' has id 5, which the vocabulary gives to '!'"});
+  expect_refused_naming(llama3([&](nlohmann::json& j) { added(j, "<|eot_id|>")["id"] = 404; }),
+                        {where + "added token '<|eot_id|>' has id 404, but the vocabulary gives it id 4"});
+  TokenizerOptions gpt2 = gpt2_files();
+  gpt2.vocab_file = edited_json(dir, "gpt2-vocab.json", [](nlohmann::json& j) { j["aa"] = j["!"]; });
+  expect_refused_naming(gpt2, {gpt2.vocab_file + ": tokens '!' and 'aa' both have id"});
+  EXPECT_EQ(make_tokenizer(hf_file(fixture(name)))->vocab_size(), 404);  // the fixture itself: 400 + 4 added
+}
+
+// A tokenizer.json that is not a JSON object, or has an entry of another JSON type, is named with what was
+// expected, not only in the JSON library's words (issue 30, item 12).
+TEST(Tokenizer, RefusesATokenizerJsonOfAnotherShapeNamingTheFile) {
+  TempDir dir;
+  const std::string array = dir / "array.json", text = dir / "text.json";
+  std::ofstream(array) << "[1, 2]";
+  std::ofstream(text) << "\"tokenizer\"";
+  expect_refused_naming(hf_file(array), {array + ": not a tokenizer.json: expected a JSON object", "found array"});
+  expect_refused_naming(hf_file(text), {text + ": not a tokenizer.json", "found string"});
+  const std::string bad_added =
+      edited_json(dir, "llama3-tokenizer.json", [](nlohmann::json& j) { j["added_tokens"][0] = 7; });
+  expect_refused_naming(hf_file(bad_added), {bad_added + ": unexpected JSON structure"});
 }
 
 TEST(Tokenizer, PrepareWithWorkersKeepsDocumentOrder) {
