@@ -6,6 +6,7 @@
 
 #include "app/cli/commands.h"
 #include "app/cli/option_checks.h"
+#include "core/data/dataset_checksums.h"
 #include "core/data/prepare.h"
 #include "core/data/tokenizer.h"
 
@@ -80,7 +81,15 @@ void add_data_commands(CLI::App& root) {
                    "Also print the first N documents as text, decoded by the tokenizer PREFIX.tokenizer.yaml "
                    "names (invalid UTF-8 shown as U+FFFD)")
       ->check(at_least(0));
-  inspect->callback([prefix, docs, decode] { fmt::print("{}", inspect_dataset(*prefix, *docs, *decode)); });
+  auto verify = std::make_shared<bool>(false);
+  inspect->add_flag("--verify", *verify,
+                    "Check PREFIX.bin and PREFIX.idx against the checksums in PREFIX.crc32c (data prepare writes "
+                    "them); a mismatch names the file and the chunk, and exits with an error");
+  inspect->callback([prefix, docs, decode, verify] {
+    // Verified first: a corrupt dataset fails before its summary is printed.
+    const std::string checked = *verify ? verify_dataset_report(*prefix) : std::string();
+    fmt::print("{}{}", inspect_dataset(*prefix, *docs, *decode), checked);
+  });
 }
 
 }  // namespace mt::app

@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include "core/data/blend.h"
+#include "core/data/dataset_checksums.h"
 #include "core/data/gpt_dataset.h"
 #include "core/data/indexed_dataset.h"
 
@@ -26,9 +27,19 @@ SampleFn checked(SampleFn inner, int64_t vocab_size, std::string what) {
   };
 }
 
+// The dataset against its checksum file; a mismatch names where the config names it (the message says which
+// key skips the check: a dataset known to be fine whose checksums were lost or are stale).
+void verify_checksums_at(const std::string& where, const std::string& prefix) {
+  try {
+    verify_dataset_checksums(prefix);
+  } catch (const DataError& e) {
+    throw DataError(fmt::format("{}: {} (data.verify_checksums=false skips this check)", where, e.what()));
+  }
+}
+
 }  // namespace
 
-void check_data_files(const Config& cfg) {
+void check_data_files(const Config& cfg, bool verify_checksums) {
   if (cfg.data.synthetic) return;
   for (const auto& [key, items] :
        {std::pair{"data.train", &cfg.data.train}, std::pair{"data.valid", &cfg.data.valid}}) {
@@ -50,6 +61,7 @@ void check_data_files(const Config& cfg) {
         if (!std::filesystem::is_regular_file(status))
           throw ConfigError(fmt::format("{}: {}: not a regular file (a directory, FIFO or device)", where, file));
       }
+      if (verify_checksums && cfg.data.verify_checksums) verify_checksums_at(where, prefix);
     }
   }
 }

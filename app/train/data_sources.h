@@ -23,8 +23,10 @@ struct DataSources {
 };
 
 // Throws ConfigError naming the key (data.train[i] / data.valid[i]) when a dataset's .bin or .idx file is
-// missing: checked before training starts, where the error is not buried under the resolved config.
-void check_data_files(const Config& cfg);
+// missing: checked before training starts, where the error is not buried under the resolved config. With
+// `verify_checksums` (one process of a job: rank 0) and data.verify_checksums, every dataset that has a
+// PREFIX.crc32c is checked against it too: a DataError naming the key, the file and the chunk that differs.
+void check_data_files(const Config& cfg, bool verify_checksums);
 
 // Opens the datasets named by cfg.data (or the synthetic source); throws DataError / ConfigError naming
 // the file or key. Every token is checked against model.vocab_size as samples are read.

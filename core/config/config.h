@@ -203,6 +203,9 @@ struct DataConfig {
   std::vector<std::string> valid;            // optional; when empty validation comes from `split`
   std::vector<double> split = {969, 30, 1};  // train / valid / test weights over documents
   bool synthetic = false;                    // random tokens, no files (benchmarks)
+  // Check every dataset against its PREFIX.crc32c (when it has one) at training start; rank 0 reads each .bin
+  // whole once (docs/data.md gives the speed). false skips the check.
+  bool verify_checksums = true;
 
   bool operator==(const DataConfig&) const = default;
 };

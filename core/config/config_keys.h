@@ -104,6 +104,7 @@ void visit(V& v, C& c) {
     v.field({.name = "valid"}, d.valid);
     v.field({.name = "split", .length = 3}, d.split);
     v.field({.name = "synthetic"}, d.synthetic);
+    v.field({.name = "verify_checksums"}, d.verify_checksums);
   });
   v.section("checkpoint", [&] {
     auto& k = c.checkpoint;

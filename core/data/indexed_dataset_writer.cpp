@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "core/data/indexed_dataset.h"
+#include "core/io/crc32c.h"
 #include "core/io/file_io.h"
 
 namespace mt {
@@ -66,8 +67,8 @@ void encode(std::vector<uint8_t>& out, TokenDType t, int64_t v, const std::strin
 
 }  // namespace
 
-IndexedDatasetWriter::IndexedDatasetWriter(const std::string& prefix, TokenDType dtype)
-    : prefix_(prefix), dtype_(dtype) {
+IndexedDatasetWriter::IndexedDatasetWriter(const std::string& prefix, TokenDType dtype, int64_t checksum_chunk_bytes)
+    : prefix_(prefix), dtype_(dtype), bin_crc_(checksum_chunk_bytes) {
   token_dtype_size(dtype);  // rejects codes outside 1..8
   // Tokens go to PREFIX.bin.tmp until finish().
   bin_file_ = std::make_unique<io::AtomicFile>(prefix_ + ".bin");
@@ -80,10 +81,13 @@ void IndexedDatasetWriter::append(const void* bytes, size_t n) {
   if (!bin_file_) throw DataError(fmt::format("{}: writer already finished", prefix_));
   const auto* b = static_cast<const uint8_t*>(bytes);
   bin_.insert(bin_.end(), b, b + n);
-  if (bin_.size() >= kFlushBytes) {
-    bin_file_->write(bin_.data(), bin_.size());
-    bin_.clear();
-  }
+  if (bin_.size() >= kFlushBytes) flush();
+}
+
+void IndexedDatasetWriter::flush() {
+  bin_file_->write(bin_.data(), bin_.size());
+  bin_crc_.update(bin_.data(), bin_.size());
+  bin_.clear();
 }
 
 void IndexedDatasetWriter::add_sequence(std::span<const int64_t> tokens) {
@@ -114,10 +118,9 @@ void IndexedDatasetWriter::add_document(std::span<const int32_t> tokens) {
 
 void IndexedDatasetWriter::finish() {
   if (!bin_file_) throw DataError(fmt::format("{}: writer already finished", prefix_));
-  // Taken out: whatever happens below the writer is finished, and on a throw both temporaries are removed.
+  flush();
+  // Taken out: whatever happens below the writer is finished, and on a throw the temporaries are removed.
   const std::unique_ptr<io::AtomicFile> bin = std::move(bin_file_);
-  bin->write(bin_.data(), bin_.size());
-  bin_.clear();
 
   std::vector<uint8_t> idx_bytes;
   const uint64_t n = lengths_.size();
@@ -138,15 +141,25 @@ void IndexedDatasetWriter::finish() {
   for (int64_t d : doc_index_) put<int64_t>(idx_bytes, d);
   io::AtomicFile idx(prefix_ + ".idx");
   idx.write(idx_bytes.data(), idx_bytes.size());
+  io::AtomicFile sums(dataset_checksums_path(prefix_));
+  sums.write(format_dataset_checksums({.chunk_bytes = bin_crc_.chunk_bytes(),
+                                       .idx_bytes = static_cast<int64_t>(idx_bytes.size()),
+                                       .idx_crc = crc32c(idx_bytes.data(), idx_bytes.size()),
+                                       .bin_bytes = bin_crc_.bytes(),
+                                       .bin_chunks = bin_crc_.chunks()}));
 
-  // Both synced before either is renamed. Remove the old index first: a crash between the two renames then
-  // leaves a pair without .idx (an error on open), never a new .bin read through an old .idx.
+  // All synced before any is renamed. Remove the old index and checksums first: a crash between the renames then
+  // leaves a pair without .idx (an error on open) or without checksums (read unchecked), never a new .bin read
+  // through an old .idx or checked against old checksums.
   bin->sync();
   idx.sync();
-  if (std::remove(idx.path().c_str()) != 0 && errno != ENOENT)
-    throw DataError(fmt::format("{}: cannot replace: {}", idx.path(), std::strerror(errno)));
+  sums.sync();
+  for (const std::string& old : {idx.path(), sums.path()})
+    if (std::remove(old.c_str()) != 0 && errno != ENOENT)
+      throw DataError(fmt::format("{}: cannot replace: {}", old, std::strerror(errno)));
   bin->commit();
   idx.commit();
+  sums.commit();
 }
 
 }  // namespace mt

@@ -177,7 +177,8 @@ void read_json_lines(const std::string& path, const std::string& key, DocumentSi
 // is caught too.
 void check_output_is_free(const PrepareOptions& options) {
   const std::string prefix = options.output_prefix;
-  for (const std::string& out : {prefix + ".bin", prefix + ".idx", tokenizer_sidecar_path(prefix)}) {
+  for (const std::string& out :
+       {prefix + ".bin", prefix + ".idx", tokenizer_sidecar_path(prefix), dataset_checksums_path(prefix)}) {
     std::error_code ec;
     if (!fs::exists(out, ec)) continue;
     for (const std::string& in : options.inputs) {
