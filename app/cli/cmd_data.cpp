@@ -49,6 +49,13 @@ void add_data_commands(CLI::App& root) {
       "hf: leave out the special tokens tokenizer.json's post-processor puts around each document (e.g. Llama-3's "
       "<|begin_of_text|>); by default they are added, as Megatron's HuggingFaceTokenizer and the tokenizers "
       "package's encode do. Recorded in PREFIX.tokenizer.yaml");
+  prepare
+      ->add_option("--spm-chunk-bytes", prep->tokenizer.spm_chunk_bytes,
+                   "sentencepiece: encode a longer document in pieces of about this many bytes, cut at spaces (the "
+                   "ids stay those of the whole document), so memory stays bounded; a document with no cut within "
+                   "16 times this is refused")
+      ->capture_default_str()
+      ->check(at_least(1));
   prepare->add_option("--workers", prep->workers, "Tokenizing threads (documents keep their order)")
       ->capture_default_str()
       ->check(at_least(1));
