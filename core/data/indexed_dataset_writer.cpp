@@ -1,6 +1,7 @@
 // indexed_dataset_writer.cpp: writes a Megatron .bin/.idx pair through temporary files renamed into place.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,7 @@ namespace mt {
 namespace {
 
 constexpr size_t kFlushBytes = size_t{1} << 20;
+constexpr size_t kEncodeBlock = size_t{1} << 16;  // tokens
 
 template <typename T>
 void put(std::vector<uint8_t>& out, T v) {
@@ -65,6 +67,23 @@ void encode(std::vector<uint8_t>& out, TokenDType t, int64_t v, const std::strin
   }
 }
 
+// Encodes one sequence of int64_t or int32_t tokens a block at a time into `append` (a long document's tokens are
+// never copied whole: one 50 MB line is 46M tokens) and records its length.
+template <typename T, typename Append>
+void encode_sequence(std::span<const T> tokens, TokenDType t, const std::string& prefix, std::vector<int32_t>& lengths,
+                     int64_t& total, Append&& append) {
+  if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+    throw DataError(fmt::format("{}: a sequence of {} tokens exceeds the int32 length field", prefix, tokens.size()));
+  std::vector<uint8_t> enc;
+  for (size_t at = 0; at < tokens.size(); at += kEncodeBlock) {
+    enc.clear();
+    for (int64_t v : tokens.subspan(at, std::min(kEncodeBlock, tokens.size() - at))) encode(enc, t, v, prefix);
+    append(enc.data(), enc.size());
+  }
+  lengths.push_back(static_cast<int32_t>(tokens.size()));
+  total += static_cast<int64_t>(tokens.size());
+}
+
 }  // namespace
 
 IndexedDatasetWriter::IndexedDatasetWriter(const std::string& prefix, TokenDType dtype, int64_t checksum_chunk_bytes)
@@ -91,19 +110,11 @@ void IndexedDatasetWriter::flush() {
 }
 
 void IndexedDatasetWriter::add_sequence(std::span<const int64_t> tokens) {
-  if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
-    throw DataError(fmt::format("{}: a sequence of {} tokens exceeds the int32 length field", prefix_, tokens.size()));
-  std::vector<uint8_t> enc;
-  enc.reserve(tokens.size() * token_dtype_size(dtype_));
-  for (int64_t v : tokens) encode(enc, dtype_, v, prefix_);
-  append(enc.data(), enc.size());
-  lengths_.push_back(static_cast<int32_t>(tokens.size()));
-  tokens_ += static_cast<int64_t>(tokens.size());
+  encode_sequence(tokens, dtype_, prefix_, lengths_, tokens_, [this](const uint8_t* p, size_t n) { append(p, n); });
 }
 
 void IndexedDatasetWriter::add_sequence(std::span<const int32_t> tokens) {
-  std::vector<int64_t> wide(tokens.begin(), tokens.end());
-  add_sequence(std::span<const int64_t>(wide));
+  encode_sequence(tokens, dtype_, prefix_, lengths_, tokens_, [this](const uint8_t* p, size_t n) { append(p, n); });
 }
 
 void IndexedDatasetWriter::add_document(const std::vector<std::vector<int64_t>>& sequences) {
