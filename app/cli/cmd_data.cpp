@@ -6,6 +6,7 @@
 
 #include "app/cli/commands.h"
 #include "app/cli/option_checks.h"
+#include "core/data/dataset_checksums.h"
 #include "core/data/prepare.h"
 #include "core/data/tokenizer.h"
 
@@ -48,6 +49,13 @@ void add_data_commands(CLI::App& root) {
       "hf: leave out the special tokens tokenizer.json's post-processor puts around each document (e.g. Llama-3's "
       "<|begin_of_text|>); by default they are added, as Megatron's HuggingFaceTokenizer and the tokenizers "
       "package's encode do. Recorded in PREFIX.tokenizer.yaml");
+  prepare
+      ->add_option("--spm-chunk-bytes", prep->tokenizer.spm_chunk_bytes,
+                   "sentencepiece: encode a longer document in pieces of about this many bytes, cut at spaces (the "
+                   "ids stay those of the whole document), so memory stays bounded; a document with no cut within "
+                   "16 times this is refused")
+      ->capture_default_str()
+      ->check(at_least(1));
   prepare->add_option("--workers", prep->workers, "Tokenizing threads (documents keep their order)")
       ->capture_default_str()
       ->check(at_least(1));
@@ -80,7 +88,15 @@ void add_data_commands(CLI::App& root) {
                    "Also print the first N documents as text, decoded by the tokenizer PREFIX.tokenizer.yaml "
                    "names (invalid UTF-8 shown as U+FFFD)")
       ->check(at_least(0));
-  inspect->callback([prefix, docs, decode] { fmt::print("{}", inspect_dataset(*prefix, *docs, *decode)); });
+  auto verify = std::make_shared<bool>(false);
+  inspect->add_flag("--verify", *verify,
+                    "Check PREFIX.bin and PREFIX.idx against the checksums in PREFIX.crc32c (data prepare writes "
+                    "them); a mismatch names the file and the chunk, and exits with an error");
+  inspect->callback([prefix, docs, decode, verify] {
+    // Verified first: a corrupt dataset fails before its summary is printed.
+    const std::string checked = *verify ? verify_dataset_report(*prefix) : std::string();
+    fmt::print("{}{}", inspect_dataset(*prefix, *docs, *decode), checked);
+  });
 }
 
 }  // namespace mt::app

@@ -103,7 +103,7 @@ void run(const TrainArgs& a) {
     // Validate the config and find its data for the whole job before starting anything.
     const Config cfg = load_config(a.config, a.overrides, a.nproc);
     check_fits_in_host_memory(cfg, a.nproc);
-    check_data_files(cfg);
+    check_data_files(cfg, false);  // the checksums: by rank 0 of the job, once
     if (int rc = launch(a); rc != 0) throw CLI::RuntimeError(rc);
     return;
   }
@@ -113,7 +113,9 @@ void run(const TrainArgs& a) {
   Config cfg = env.launcher == "single" ? load_single_process_config(a.config, overrides)
                                         : load_config(a.config, overrides, env.world_size);
   check_fits_in_host_memory(cfg, 1);
-  check_data_files(cfg);  // before train() prints the resolved config, so the error is not buried under it
+  // Before train() prints the resolved config, so the error is not buried under it; rank 0 alone reads the data
+  // through for its checksums.
+  check_data_files(cfg, env.rank == 0);
   train(cfg, TrainOptions{.exit_after = a.exit_after}, env);
 }
 

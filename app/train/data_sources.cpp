@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/data/blend.h"
+#include "core/data/dataset_checksums.h"
 #include "core/data/gpt_dataset.h"
 #include "core/data/indexed_dataset.h"
 #include "core/data/tokenizer_sidecar.h"
@@ -29,6 +30,16 @@ SampleFn checked(SampleFn inner, int64_t vocab_size, std::string what) {
   };
 }
 
+// The dataset against its checksum file; a mismatch names where the config names it (the message says which
+// key skips the check: a dataset known to be fine whose checksums were lost or are stale).
+void verify_checksums_at(const std::string& where, const std::string& prefix) {
+  try {
+    verify_dataset_checksums(prefix);
+  } catch (const DataError& e) {
+    throw DataError(fmt::format("{}: {} (data.verify_checksums=false skips this check)", where, e.what()));
+  }
+}
+
 // Calls f(key, prefix) for every dataset of data.train, then of data.valid; key is where the config names it
 // ("data.train[2]": a blend's prefixes are its odd items).
 template <class F>
@@ -44,7 +55,7 @@ void each_dataset(const Config& cfg, F&& f) {
 
 }  // namespace
 
-void check_data_files(const Config& cfg) {
+void check_data_files(const Config& cfg, bool verify_checksums) {
   if (cfg.data.synthetic) return;
   each_dataset(cfg, [&](const std::string& key, const std::string& prefix) {
     const std::string where = fmt::format("{}: {}", cfg.source, key);
@@ -61,6 +72,7 @@ void check_data_files(const Config& cfg) {
       if (!std::filesystem::is_regular_file(status))
         throw ConfigError(fmt::format("{}: {}: not a regular file (a directory, FIFO or device)", where, file));
     }
+    if (verify_checksums && cfg.data.verify_checksums) verify_checksums_at(where, prefix);
   });
   check_data_tokenizers(cfg);
 }

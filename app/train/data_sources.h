@@ -23,9 +23,11 @@ struct DataSources {
 };
 
 // Throws ConfigError naming the key (data.train[i] / data.valid[i]) when a dataset's .bin or .idx file is
-// missing: checked before training starts, where the error is not buried under the resolved config.
+// missing: checked before training starts, where the error is not buried under the resolved config. With
+// `verify_checksums` (one process of a job: rank 0) and data.verify_checksums, every dataset that has a
+// PREFIX.crc32c is checked against it too: a DataError naming the key, the file and the chunk that differs.
 // Then check_data_tokenizers.
-void check_data_files(const Config& cfg);
+void check_data_files(const Config& cfg, bool verify_checksums);
 
 // The datasets of data.train and data.valid that have a tokenizer record (PREFIX.tokenizer.yaml) must agree with
 // the first one: a blend or concatenation of ids made by different tokenizers is refused (DataError naming both

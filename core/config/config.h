@@ -206,6 +206,9 @@ struct DataConfig {
   // Train on datasets whose tokenizer records (PREFIX.tokenizer.yaml) differ from each other or from the resumed
   // checkpoint's tokenizer.yaml; refused by default, as the ids would change meaning.
   bool allow_tokenizer_change = false;
+  // Check every dataset against its PREFIX.crc32c (when it has one) at training start; rank 0 reads each .bin
+  // whole once (docs/data.md gives the speed). false skips the check.
+  bool verify_checksums = true;
 
   bool operator==(const DataConfig&) const = default;
 };

@@ -105,6 +105,7 @@ void visit(V& v, C& c) {
     v.field({.name = "split", .length = 3}, d.split);
     v.field({.name = "synthetic"}, d.synthetic);
     v.field({.name = "allow_tokenizer_change"}, d.allow_tokenizer_change);
+    v.field({.name = "verify_checksums"}, d.verify_checksums);
   });
   v.section("checkpoint", [&] {
     auto& k = c.checkpoint;

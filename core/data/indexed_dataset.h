@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "core/data/dataset_checksums.h"
 #include "core/io/file_error.h"
 #include "core/io/mapped_file.h"
 
@@ -72,14 +73,17 @@ class IndexedDataset {
   MappedFile bin_;  // the whole .bin, mapped
 };
 
-// Writes PREFIX.bin / PREFIX.idx. Each add_document() call adds one document made of one or more sequences.
+// Writes PREFIX.bin / PREFIX.idx and their checksums PREFIX.crc32c (dataset_checksums.h, one CRC-32C per
+// `checksum_chunk_bytes` of the .bin). Each add_document() call adds one document made of one or more sequences.
 // Tokens stream to PREFIX.bin.tmp as they come (only the index is held in memory); finish() writes
-// PREFIX.idx.tmp, fsyncs both and renames them into place, fsyncing the directory (io::AtomicFile). A writer
+// PREFIX.idx.tmp and PREFIX.crc32c.tmp, fsyncs them and renames them into place, fsyncing the directory
+// (io::AtomicFile); the old checksum file is removed before the pair is renamed, so none ever describes another
+// pair. A writer
 // destroyed before finish(), or whose finish() fails, removes its temporary files and leaves any existing
 // PREFIX.bin / PREFIX.idx untouched. A failed write throws the FileError naming the file.
 class IndexedDatasetWriter {
  public:
-  IndexedDatasetWriter(const std::string& prefix, TokenDType dtype);
+  IndexedDatasetWriter(const std::string& prefix, TokenDType dtype, int64_t checksum_chunk_bytes = kChecksumChunkBytes);
   ~IndexedDatasetWriter();
   IndexedDatasetWriter(const IndexedDatasetWriter&) = delete;
   IndexedDatasetWriter& operator=(const IndexedDatasetWriter&) = delete;
@@ -96,6 +100,7 @@ class IndexedDatasetWriter {
   void add_sequence(std::span<const int64_t> tokens);
   void add_sequence(std::span<const int32_t> tokens);
   void append(const void* bytes, size_t n);
+  void flush();  // bin_ to bin_file_ and bin_crc_
 
   std::string prefix_;
   TokenDType dtype_;
@@ -103,6 +108,7 @@ class IndexedDatasetWriter {
   std::vector<int64_t> doc_index_{0};
   std::vector<uint8_t> bin_;                  // encode buffer, flushed to bin_file_ when large
   std::unique_ptr<io::AtomicFile> bin_file_;  // PREFIX.bin.tmp; null once finished
+  ChunkedCrc bin_crc_;                        // of the bytes written to bin_file_
   int64_t tokens_ = 0;
 };
 

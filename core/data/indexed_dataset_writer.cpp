@@ -1,12 +1,14 @@
 // indexed_dataset_writer.cpp: writes a Megatron .bin/.idx pair through temporary files renamed into place.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <limits>
 
 #include "core/data/indexed_dataset.h"
+#include "core/io/crc32c.h"
 #include "core/io/file_io.h"
 
 namespace mt {
@@ -14,6 +16,7 @@ namespace mt {
 namespace {
 
 constexpr size_t kFlushBytes = size_t{1} << 20;
+constexpr size_t kEncodeBlock = size_t{1} << 16;  // tokens
 
 template <typename T>
 void put(std::vector<uint8_t>& out, T v) {
@@ -64,10 +67,27 @@ void encode(std::vector<uint8_t>& out, TokenDType t, int64_t v, const std::strin
   }
 }
 
+// Encodes one sequence of int64_t or int32_t tokens a block at a time into `append` (a long document's tokens are
+// never copied whole: one 50 MB line is 46M tokens) and records its length.
+template <typename T, typename Append>
+void encode_sequence(std::span<const T> tokens, TokenDType t, const std::string& prefix, std::vector<int32_t>& lengths,
+                     int64_t& total, Append&& append) {
+  if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+    throw DataError(fmt::format("{}: a sequence of {} tokens exceeds the int32 length field", prefix, tokens.size()));
+  std::vector<uint8_t> enc;
+  for (size_t at = 0; at < tokens.size(); at += kEncodeBlock) {
+    enc.clear();
+    for (int64_t v : tokens.subspan(at, std::min(kEncodeBlock, tokens.size() - at))) encode(enc, t, v, prefix);
+    append(enc.data(), enc.size());
+  }
+  lengths.push_back(static_cast<int32_t>(tokens.size()));
+  total += static_cast<int64_t>(tokens.size());
+}
+
 }  // namespace
 
-IndexedDatasetWriter::IndexedDatasetWriter(const std::string& prefix, TokenDType dtype)
-    : prefix_(prefix), dtype_(dtype) {
+IndexedDatasetWriter::IndexedDatasetWriter(const std::string& prefix, TokenDType dtype, int64_t checksum_chunk_bytes)
+    : prefix_(prefix), dtype_(dtype), bin_crc_(checksum_chunk_bytes) {
   token_dtype_size(dtype);  // rejects codes outside 1..8
   // Tokens go to PREFIX.bin.tmp until finish().
   bin_file_ = std::make_unique<io::AtomicFile>(prefix_ + ".bin");
@@ -80,26 +100,21 @@ void IndexedDatasetWriter::append(const void* bytes, size_t n) {
   if (!bin_file_) throw DataError(fmt::format("{}: writer already finished", prefix_));
   const auto* b = static_cast<const uint8_t*>(bytes);
   bin_.insert(bin_.end(), b, b + n);
-  if (bin_.size() >= kFlushBytes) {
-    bin_file_->write(bin_.data(), bin_.size());
-    bin_.clear();
-  }
+  if (bin_.size() >= kFlushBytes) flush();
+}
+
+void IndexedDatasetWriter::flush() {
+  bin_file_->write(bin_.data(), bin_.size());
+  bin_crc_.update(bin_.data(), bin_.size());
+  bin_.clear();
 }
 
 void IndexedDatasetWriter::add_sequence(std::span<const int64_t> tokens) {
-  if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
-    throw DataError(fmt::format("{}: a sequence of {} tokens exceeds the int32 length field", prefix_, tokens.size()));
-  std::vector<uint8_t> enc;
-  enc.reserve(tokens.size() * token_dtype_size(dtype_));
-  for (int64_t v : tokens) encode(enc, dtype_, v, prefix_);
-  append(enc.data(), enc.size());
-  lengths_.push_back(static_cast<int32_t>(tokens.size()));
-  tokens_ += static_cast<int64_t>(tokens.size());
+  encode_sequence(tokens, dtype_, prefix_, lengths_, tokens_, [this](const uint8_t* p, size_t n) { append(p, n); });
 }
 
 void IndexedDatasetWriter::add_sequence(std::span<const int32_t> tokens) {
-  std::vector<int64_t> wide(tokens.begin(), tokens.end());
-  add_sequence(std::span<const int64_t>(wide));
+  encode_sequence(tokens, dtype_, prefix_, lengths_, tokens_, [this](const uint8_t* p, size_t n) { append(p, n); });
 }
 
 void IndexedDatasetWriter::add_document(const std::vector<std::vector<int64_t>>& sequences) {
@@ -114,10 +129,9 @@ void IndexedDatasetWriter::add_document(std::span<const int32_t> tokens) {
 
 void IndexedDatasetWriter::finish() {
   if (!bin_file_) throw DataError(fmt::format("{}: writer already finished", prefix_));
-  // Taken out: whatever happens below the writer is finished, and on a throw both temporaries are removed.
+  flush();
+  // Taken out: whatever happens below the writer is finished, and on a throw the temporaries are removed.
   const std::unique_ptr<io::AtomicFile> bin = std::move(bin_file_);
-  bin->write(bin_.data(), bin_.size());
-  bin_.clear();
 
   std::vector<uint8_t> idx_bytes;
   const uint64_t n = lengths_.size();
@@ -138,15 +152,25 @@ void IndexedDatasetWriter::finish() {
   for (int64_t d : doc_index_) put<int64_t>(idx_bytes, d);
   io::AtomicFile idx(prefix_ + ".idx");
   idx.write(idx_bytes.data(), idx_bytes.size());
+  io::AtomicFile sums(dataset_checksums_path(prefix_));
+  sums.write(format_dataset_checksums({.chunk_bytes = bin_crc_.chunk_bytes(),
+                                       .idx_bytes = static_cast<int64_t>(idx_bytes.size()),
+                                       .idx_crc = crc32c(idx_bytes.data(), idx_bytes.size()),
+                                       .bin_bytes = bin_crc_.bytes(),
+                                       .bin_chunks = bin_crc_.chunks()}));
 
-  // Both synced before either is renamed. Remove the old index first: a crash between the two renames then
-  // leaves a pair without .idx (an error on open), never a new .bin read through an old .idx.
+  // All synced before any is renamed. Remove the old index and checksums first: a crash between the renames then
+  // leaves a pair without .idx (an error on open) or without checksums (read unchecked), never a new .bin read
+  // through an old .idx or checked against old checksums.
   bin->sync();
   idx.sync();
-  if (std::remove(idx.path().c_str()) != 0 && errno != ENOENT)
-    throw DataError(fmt::format("{}: cannot replace: {}", idx.path(), std::strerror(errno)));
+  sums.sync();
+  for (const std::string& old : {idx.path(), sums.path()})
+    if (std::remove(old.c_str()) != 0 && errno != ENOENT)
+      throw DataError(fmt::format("{}: cannot replace: {}", old, std::strerror(errno)));
   bin->commit();
   idx.commit();
+  sums.commit();
 }
 
 }  // namespace mt

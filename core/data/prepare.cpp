@@ -51,7 +51,14 @@ std::ifstream open_input(const std::string& path) {
   return in;
 }
 
-// Tokenizes documents and hands them to the writer in input order, keeping the counts. With several
+// Where a document starts: its file and line (a paragraph's first line).
+struct DocumentPlace {
+  const std::string* path;
+  int64_t line;
+};
+
+// Tokenizes documents and hands them to the writer in input order, keeping the counts. A tokenizer's DataError
+// (a document the tokenizer refuses) is rethrown naming the document's file and line. With several
 // workers, documents are gathered into batches; each batch is tokenized by the workers in parallel (each
 // with its own cache, which survives across batches) and written in order.
 class DocumentSink {
@@ -63,14 +70,15 @@ class DocumentSink {
     for (auto& c : caches_) c = tokenizer_.make_cache();
   }
 
-  void add(std::string_view text) {
+  void add(std::string_view text, DocumentPlace place) {
     if (caches_.size() == 1) {
       tokens_.clear();
-      tokenize(text, tokens_, caches_[0].get());
+      tokenize(text, place, tokens_, caches_[0].get());
       write(tokens_);
       return;
     }
     batch_.emplace_back(text);
+    places_.push_back(place);
     batch_bytes_ += text.size();
     if (batch_bytes_ >= kBatchBytes || batch_.size() >= kBatchDocs) flush();
   }
@@ -85,7 +93,7 @@ class DocumentSink {
       try {
         for (size_t d; (d = next.fetch_add(1)) < batch_.size();) {
           results_[d].clear();
-          tokenize(batch_[d], results_[d], caches_[w].get());
+          tokenize(batch_[d], places_[d], results_[d], caches_[w].get());
         }
       } catch (...) {
         std::lock_guard<std::mutex> lock(error_mutex);
@@ -101,6 +109,7 @@ class DocumentSink {
     if (error) std::rethrow_exception(error);
     for (size_t d = 0; d < batch_.size(); ++d) write(results_[d]);
     batch_.clear();
+    places_.clear();
     batch_bytes_ = 0;
   }
 
@@ -108,8 +117,12 @@ class DocumentSink {
   static constexpr size_t kBatchBytes = size_t{16} << 20;
   static constexpr size_t kBatchDocs = 1024;
 
-  void tokenize(std::string_view text, std::vector<int32_t>& out, EncodeCache* cache) const {
-    tokenizer_.encode_with(text, out, cache);
+  void tokenize(std::string_view text, DocumentPlace place, std::vector<int32_t>& out, EncodeCache* cache) const {
+    try {
+      tokenizer_.encode_with(text, out, cache);
+    } catch (const DataError& e) {
+      throw DataError(fmt::format("{}:{}: {}", *place.path, place.line, e.what()));
+    }
     if (append_eod_) out.push_back(tokenizer_.eod());
   }
 
@@ -130,6 +143,7 @@ class DocumentSink {
   std::vector<std::unique_ptr<EncodeCache>> caches_;  // one per worker
   std::vector<int32_t> tokens_;
   std::vector<std::string> batch_;
+  std::vector<DocumentPlace> places_;  // of batch_
   size_t batch_bytes_ = 0;
   std::vector<std::vector<int32_t>> results_;
 };
@@ -138,20 +152,24 @@ void read_text(const std::string& path, DocumentSink& sink) {
   std::ifstream in = open_input(path);
   std::string line, doc;
   bool in_doc = false;
+  DocumentPlace place{&path, 0};
   for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
     normalize_line(line, lineno);
     if (is_blank(line)) {
-      if (in_doc) sink.add(doc);
+      if (in_doc) sink.add(doc, place);
       doc.clear();
       in_doc = false;
       continue;
     }
-    if (in_doc) doc += '\n';
+    if (in_doc)
+      doc += '\n';
+    else
+      place.line = lineno;
     doc += line;
     in_doc = true;
   }
   if (in.bad()) throw DataError(fmt::format("{}: read failed: {}", path, std::strerror(errno)));
-  if (in_doc) sink.add(doc);
+  if (in_doc) sink.add(doc, place);
 }
 
 void read_json_lines(const std::string& path, const std::string& key, DocumentSink& sink) {
@@ -167,7 +185,7 @@ void read_json_lines(const std::string& path, const std::string& key, DocumentSi
       throw DataError(fmt::format("{}:{}: invalid JSON line: {}", path, lineno, e.what()));
     }
     if (!text) throw DataError(fmt::format("{}:{}: the JSON object has no \"{}\" member", path, lineno, key));
-    sink.add(*text);
+    sink.add(*text, {&path, lineno});
   }
   if (in.bad()) throw DataError(fmt::format("{}: read failed: {}", path, std::strerror(errno)));
 }
@@ -177,7 +195,8 @@ void read_json_lines(const std::string& path, const std::string& key, DocumentSi
 // is caught too.
 void check_output_is_free(const PrepareOptions& options) {
   const std::string prefix = options.output_prefix;
-  for (const std::string& out : {prefix + ".bin", prefix + ".idx", tokenizer_sidecar_path(prefix)}) {
+  for (const std::string& out :
+       {prefix + ".bin", prefix + ".idx", tokenizer_sidecar_path(prefix), dataset_checksums_path(prefix)}) {
     std::error_code ec;
     if (!fs::exists(out, ec)) continue;
     for (const std::string& in : options.inputs) {

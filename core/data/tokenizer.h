@@ -85,6 +85,12 @@ struct TokenizerOptions {
   // hf: apply tokenizer.json's post-processor (e.g. Llama-3's <|begin_of_text|> before each text), as
   // tokenizers' encode (add_special_tokens=True) and Megatron's HuggingFaceTokenizer.tokenize do.
   bool add_special_tokens = true;
+  // sentencepiece: libsentencepiece takes about 200 bytes of memory per byte of a document it encodes (11 GB for
+  // one 50 MB line), so a longer document is encoded in pieces of at most this many bytes, cut at a space between
+  // two printable ASCII characters where the model makes that exact (the ids are those of the whole document,
+  // but for unigram's ties within float rounding: tokenizer_spm.cpp and docs/data.md say when). Where no such cut is found, a piece may grow to 16 times this; a document that
+  // would need a longer one is refused (DataError).
+  int64_t spm_chunk_bytes = int64_t{1} << 20;
 };
 
 // Megatron's rule: uint16 below 65500 ids, int32 from there.

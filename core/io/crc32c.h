@@ -1,4 +1,5 @@
-// crc32c.h: CRC-32C (Castagnoli), the checksum of TFRecord framing (TensorBoard event files).
+// crc32c.h: CRC-32C (Castagnoli), the checksum of TFRecord framing (TensorBoard event files) and of the dataset
+// checksum sidecar (core/data/dataset_checksums.h).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -7,6 +8,11 @@ namespace mt {
 
 // CRC-32C of `bytes` bytes (reflected polynomial 0x82F63B78); crc32c("123456789") = 0xE3069283.
 uint32_t crc32c(const void* data, size_t bytes);
+// The CRC-32C of the bytes whose CRC-32C is `crc` followed by these: crc32c_extend(crc32c(a), b) = crc32c(a + b),
+// crc32c_extend(0, b) = crc32c(b).
+uint32_t crc32c_extend(uint32_t crc, const void* data, size_t bytes);
+// The same CRC by the table code alone (where the CPU has SSE4.2, crc32c uses its instruction): for the tests.
+uint32_t crc32c_portable(const void* data, size_t bytes);
 
 // TFRecord's masked form of a CRC-32C (a CRC stored beside the bytes it covers is rotated and offset so
 // that a CRC of data that holds CRCs stays well distributed).

@@ -31,6 +31,22 @@ cp data/text_document.idx short.idx
 head -c 1000 data/text_document.bin > short.bin
 expect_error "short.bin" --config tiny.yaml --set 'data.train=[short]'
 expect_error "vocab_size" --config tiny.yaml --set model.vocab_size=100
+# A flipped bit in a .bin trained silently (issue 30, item 13): with the checksum file data prepare writes beside
+# the pair, training and `data inspect --verify` refuse it, naming the file and the chunk.
+"$MT" data inspect data/text_document --verify | grep -q "checksums   data/text_document.bin and .* match" ||
+  fail "inspect --verify did not verify a good dataset"
+cp data/text_document.idx flipped.idx
+cp data/text_document.crc32c flipped.crc32c
+python3 - data/text_document.bin flipped.bin <<'PY'
+import sys
+data = bytearray(open(sys.argv[1], "rb").read())
+data[5000] ^= 0x10
+open(sys.argv[2], "wb").write(bytes(data))
+PY
+expect_error "data.train\[0\]: flipped.bin: chunk 0 (bytes 0\.\..*) has CRC-32C" --config tiny.yaml \
+  --set 'data.train=[flipped]'
+[ ! -e run/metrics.jsonl ] || ! grep -q '"loss"' run/metrics.jsonl || fail "trained on a corrupted .bin"
+expect_error "flipped.bin: chunk 0" data inspect flipped --verify
 expect_error "missing.txt" data prepare --input missing.txt --output x --tokenizer byte
 [ ! -e x.bin ] && [ ! -e x.idx ] || fail "a failed prepare left output files"
 

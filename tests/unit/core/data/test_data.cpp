@@ -18,12 +18,15 @@
 #include <sstream>
 
 #include "core/data/blend.h"
+#include "core/data/dataset_checksums.h"
 #include "core/data/gpt_dataset.h"
 #include "core/data/indexed_dataset.h"
 #include "core/data/json_line.h"
 #include "core/data/prepare.h"
 #include "core/data/tokenizer.h"
 #include "core/base/rng.h"
+#include "core/io/crc32c.h"
+#include "core/io/file_io.h"
 #include "tests/unit/source_root.h"
 
 namespace mt {
@@ -385,6 +388,120 @@ TEST(IndexedDataset, ADataErrorIsAFileError) {
   }
 }
 
+// ------------------------------------------------------------------------------------------------ checksums
+
+// Options that prepare dir/a.txt, written with `text`, into dir/out (byte tokenizer).
+PrepareOptions text_to_out(const TempDir& dir, const std::string& text) {
+  write_text(dir / "a.txt", text);
+  PrepareOptions opt;
+  opt.inputs = {dir / "a.txt"};
+  opt.output_prefix = dir / "out";
+  return opt;
+}
+
+// A flipped bit in a .bin trained silently: the format has no checksum (issue 30, item 13). PREFIX.crc32c now
+// holds one per chunk of the .bin and one of the .idx.
+TEST(DatasetChecksums, PrepareWritesThemAndTheyMatchThePair) {
+  TempDir dir;
+  const PrepareOptions opt = text_to_out(dir, "first document\n\nsecond one\n");
+  prepare_dataset(opt);
+  const std::string path = dataset_checksums_path(opt.output_prefix);
+  ASSERT_TRUE(fs::exists(path));
+  const DatasetChecksums sums = parse_dataset_checksums(io::read_text_file(path), path);
+  const std::vector<uint8_t> bin = read_bytes(opt.output_prefix + ".bin"), idx = read_bytes(opt.output_prefix + ".idx");
+  EXPECT_EQ(sums.chunk_bytes, kChecksumChunkBytes);
+  EXPECT_EQ(sums.bin_bytes, static_cast<int64_t>(bin.size()));
+  EXPECT_EQ(sums.bin_chunks, std::vector<uint32_t>{crc32c(bin.data(), bin.size())});
+  EXPECT_EQ(sums.idx_bytes, static_cast<int64_t>(idx.size()));
+  EXPECT_EQ(sums.idx_crc, crc32c(idx.data(), idx.size()));
+  EXPECT_TRUE(verify_dataset_checksums(opt.output_prefix));
+  EXPECT_NE(verify_dataset_report(opt.output_prefix).find("match " + path), std::string::npos);
+}
+
+// The writer's chunks: 100 u16 tokens are 200 bytes, 13 chunks of 16 (the last one 8 bytes).
+std::string write_chunked(const TempDir& dir, const std::string& name) {
+  const std::string prefix = dir / name;
+  IndexedDatasetWriter w(prefix, TokenDType::u16, 16);
+  std::vector<int64_t> tokens(100);
+  std::iota(tokens.begin(), tokens.end(), 1);
+  w.add_document(Doc{tokens});
+  w.finish();
+  return prefix;
+}
+
+TEST(DatasetChecksums, AFlippedBitIsFoundAndItsChunkNamed) {
+  TempDir dir;
+  const std::string prefix = write_chunked(dir, "d");
+  const DatasetChecksums sums = parse_dataset_checksums(io::read_text_file(prefix + ".crc32c"), "x");
+  EXPECT_EQ(sums.bin_chunks.size(), 13u);
+  EXPECT_TRUE(verify_dataset_checksums(prefix));
+
+  std::vector<uint8_t> bin = read_bytes(prefix + ".bin");
+  bin[100] ^= 0x04;  // chunk 6: bytes 96..111
+  write_bytes(prefix + ".bin", bin);
+  expect_data_error([&] { verify_dataset_checksums(prefix); },
+                    {prefix + ".bin: chunk 6 (bytes 96..111) has CRC-32C", prefix + ".crc32c records",
+                     "corrupt (1 of 13 chunks of 16 bytes differ)"});
+  bin[199] ^= 0x80;  // and the short last chunk 12: bytes 192..199
+  write_bytes(prefix + ".bin", bin);
+  expect_data_error([&] { verify_dataset_checksums(prefix); }, {"chunk 6 (bytes 96..111)", "2 of 13 chunks"});
+  expect_data_error([&] { verify_dataset_report(prefix); }, {"chunk 6"});
+
+  bin.pop_back();
+  write_bytes(prefix + ".bin", bin);
+  expect_data_error([&] { verify_dataset_checksums(prefix); },
+                    {prefix + ".bin: 199 bytes, but " + prefix + ".crc32c records 200"});
+
+  const std::string other = write_chunked(dir, "e");
+  std::vector<uint8_t> idx = read_bytes(other + ".idx");
+  idx[20] ^= 0x01;  // a bit of the sequence count
+  write_bytes(other + ".idx", idx);
+  expect_data_error([&] { verify_dataset_checksums(other); }, {other + ".idx: CRC-32C", "the index is corrupt"});
+}
+
+// Megatron's own datasets, and ours from before, have no checksum file: read unchecked, as before.
+TEST(DatasetChecksums, AMissingFileIsAccepted) {
+  TempDir dir;
+  const std::string prefix = write_chunked(dir, "d");
+  fs::remove(prefix + ".crc32c");
+  EXPECT_FALSE(verify_dataset_checksums(prefix));
+  EXPECT_NE(verify_dataset_report(prefix).find("none: no " + prefix + ".crc32c"), std::string::npos);
+  EXPECT_EQ(IndexedDataset(prefix).num_tokens(), 100);
+}
+
+TEST(DatasetChecksums, AMalformedFileIsRefusedNamingItsLine) {
+  TempDir dir;
+  const std::string prefix = write_chunked(dir, "d");
+  const std::string path = prefix + ".crc32c", good = io::read_text_file(path);
+  const DatasetChecksums sums = parse_dataset_checksums(good, path);
+  EXPECT_EQ(parse_dataset_checksums(format_dataset_checksums(sums), path), sums);
+  // The good file: a comment on line 1, format on 2, chunk_bytes 3, idx 4, bin 5, chunks 0..12 on 6..18.
+  auto edited = [&](const std::string& from, const std::string& to) {
+    std::string text = good;
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return text.replace(at, from.size(), to);
+  };
+  const struct {
+    std::string text, expected;
+  } cases[] = {
+      {"", "ends early: expected 'format megatrain-dataset-crc32c 1'"},
+      {edited("dataset-crc32c 1", "dataset-crc32c 2"), ":2: expected 'format megatrain-dataset-crc32c 1'"},
+      {edited("chunk_bytes 16", "chunk_bytes 0"), ":3: '0' is not a whole number of at least 1"},
+      {edited("chunk_bytes 16", "chunk_bytes 16k"), ":3: '16k' is not a whole number"},
+      {edited("idx ", "idx 12 "), ":4: expected 'idx BYTES CRC', got 'idx 12 "},
+      {edited("bin 200 13", "bin 200 12"), ":5: 12 chunks of 16 bytes cannot hold 200 bytes (that takes 13)"},
+      {edited("chunk 3 ", "chunk 4 "), ":9: expected chunk 3, got chunk 4"},
+      {edited("chunk 5 ", "chunk 5 zz"), ":11: 'zz"},
+      {good + "chunk 13 00000000\n", ":19: unexpected 'chunk 13 00000000' after the last chunk"},
+      {good.substr(0, good.find("chunk 12 ")), "ends early: expected 'chunk 12 CRC' after line 17"},
+  };
+  for (const auto& c : cases) {
+    write_text(path, c.text);
+    expect_data_error([&] { verify_dataset_checksums(prefix); }, {path, c.expected, "malformed checksum file"});
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ samples
 
 // Two datasets whose documents hold consecutive numbers 0, 1, 2, ... in file order.
@@ -665,10 +782,7 @@ TEST(Prepare, ErrorsNameTheFileAndLineAndWriteNothing) {
 // An existing dataset was replaced without a word, even when it was the input (issue 30, item 3).
 TEST(Prepare, AnExistingOutputIsRefusedUnlessOverwriteAndAnInputAlways) {
   TempDir dir;
-  write_text(dir / "a.txt", "first\n\nsecond\n");
-  PrepareOptions opt;
-  opt.inputs = {dir / "a.txt"};
-  opt.output_prefix = dir / "out";
+  PrepareOptions opt = text_to_out(dir, "first\n\nsecond\n");
   prepare_dataset(opt);
   const std::vector<uint8_t> bin = read_bytes(dir / "out.bin"), idx = read_bytes(dir / "out.idx");
 

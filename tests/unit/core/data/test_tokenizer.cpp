@@ -525,6 +525,72 @@ TEST(SentencePieceTokenizer, PrepareWithWorkersWritesTheSameIds) {
   EXPECT_FALSE(files[0].empty());
 }
 
+// One 50 MB line took libsentencepiece 11 GB and died as std::bad_alloc (issue 30, item 11): a document longer
+// than spm_chunk_bytes is encoded in pieces cut at spaces, and the ids are those of the whole document. Unigram's
+// best path sums float scores over the whole text, so where two segmentations score alike within its rounding
+// (the corpus's run of 300 tabs: 16-tab pieces or single tabs) the whole document's choice depends on how much
+// text comes before; the unigram check reads the corpus with its tab runs made single tabs.
+TEST(SentencePieceTokenizer, ALongDocumentIsEncodedInPiecesWithTheWholeDocumentsIds) {
+  SKIP_WITHOUT_SENTENCEPIECE();
+  std::string text;
+  for (const std::string& doc : corpus()) text += doc + (text.size() % 3 == 0 ? "  " : " ");
+  text += "end";
+  std::string single_tabs;
+  for (char c : text)
+    if (c != '\t' || single_tabs.empty() || single_tabs.back() != '\t') single_tabs += c;
+  for (const auto& [model, input] : {std::pair{"spm-bpe.model", &text}, {"spm-unigram.model", &single_tabs}}) {
+    std::vector<int32_t> whole;
+    make_tokenizer(spm_model(model))->encode(*input, whole);  // the default chunk is longer than the text
+    for (int64_t chunk : {64, 200, 1000}) {
+      TokenizerOptions o = spm_model(model);
+      o.spm_chunk_bytes = chunk;
+      std::vector<int32_t> pieces;
+      make_tokenizer(o)->encode(*input, pieces);
+      EXPECT_EQ(pieces, whole) << model << " in pieces of " << chunk << " bytes";
+    }
+  }
+}
+
+// A long document with no space to cut it at is refused, naming the file and line where it starts, instead of
+// taking the memory of the whole.
+TEST(SentencePieceTokenizer, ALongDocumentThatCannotBeCutIsRefusedWithItsFileAndLine) {
+  SKIP_WITHOUT_SENTENCEPIECE();
+  TempDir dir;
+  const std::string uncut(1024, 'x'), too_long(1025, 'y');  // 16 x 64 bytes may be encoded at once
+  std::ofstream(dir / "a.jsonl") << "{\"text\": \"short\"}\n\n{\"text\": \"" << uncut << "\"}\n{\"text\": \""
+                                 << too_long << "\"}\n";
+  std::ofstream(dir / "b.txt") << "short\n\n" << uncut << "\n\nfirst\n" << too_long << "\n";
+  for (const auto& [input, where] :
+       {std::pair{dir / "a.jsonl", dir / "a.jsonl:4: "}, {dir / "b.txt", dir / "b.txt:5: "}})
+    for (int workers : {1, 2}) {
+      PrepareOptions opt;
+      opt.inputs = {input};
+      opt.output_prefix = dir / "out";
+      opt.tokenizer = spm_model("spm-unigram.model");
+      opt.tokenizer.spm_chunk_bytes = 64;
+      opt.workers = workers;
+      try {
+        prepare_dataset(opt);
+        ADD_FAILURE() << input << ": a document with no cut within 1024 bytes was accepted";
+      } catch (const DataError& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(where + "sentencepiece: a document of "), std::string::npos) << what;
+        EXPECT_NE(what.find("bytes is refused: it has no space between two printable ASCII characters to cut it "
+                            "at within 1024 bytes from byte 0"),
+                  std::string::npos)
+            << what;
+      }
+      EXPECT_FALSE(fs::exists(dir / "out.bin"));
+    }
+  std::ofstream(dir / "c.txt") << "short\n\n" << uncut << "\n";
+  PrepareOptions ok;
+  ok.inputs = {dir / "c.txt"};
+  ok.output_prefix = dir / "ok";
+  ok.tokenizer = spm_model("spm-unigram.model");
+  ok.tokenizer.spm_chunk_bytes = 64;
+  EXPECT_EQ(prepare_dataset(ok).documents, 2);
+}
+
 }  // namespace
 }  // namespace mt
 
