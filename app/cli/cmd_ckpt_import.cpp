@@ -66,7 +66,12 @@ void check_output_is_new(const std::string& output) {
                   output, what));
 }
 
+void import_into(const ImportArgs& a);
+
 void run_import(const ImportArgs& a) {
+  // An import that fails leaves no directory it created (it would hold only the lock file, and look like a save
+  // directory to the next import).
+  const bool created = !std::filesystem::exists(a.output);
   // The lock keeps a run from starting on the directory while the import writes it, and refuses a live one's.
   std::optional<ckpt::SaveDirLock> lock;
   try {
@@ -82,8 +87,20 @@ void run_import(const ImportArgs& a) {
                     "directory",
                     a.output, lock_file, pid.empty() ? "" : " by pid " + pid));
   }
-  check_output_is_new(a.output);
+  try {
+    check_output_is_new(a.output);
+    import_into(a);
+  } catch (...) {
+    if (created) {
+      lock.reset();
+      std::error_code ec;
+      std::filesystem::remove_all(a.output, ec);
+    }
+    throw;
+  }
+}
 
+void import_into(const ImportArgs& a) {
   HfImportOptions opt{.dropout = a.dropout};
   if (a.seq_length > 0) opt.seq_length = a.seq_length;
   HfModelShape shape = read_hf_config(a.dir, opt);

@@ -57,15 +57,6 @@ std::string format_duration(double seconds) {
   return fmt::format("{}d{:02}h", s / 86400, s % 86400 / 3600);
 }
 
-std::string format_duration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "?";
-  const auto s = static_cast<int64_t>(std::llround(seconds));
-  if (s < 60) return fmt::format("{}s", s);
-  if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
-  if (s < 86400) return fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60);
-  return fmt::format("{}d{:02}h", s / 86400, s % 86400 / 3600);
-}
-
 namespace {
 
 // The grad norm of the interval's last step; an inf/NaN step was skipped, which says more than "-nan".

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "core/checkpoint/checkpoint.h"
 #include "core/config/config.h"
 #include "core/hf/hf_export.h"
+#include "core/hf/safetensors.h"
 #include "tests/unit/app/cli/ckpt_cli.h"
 #include "tests/unit/core/checkpoint/checkpoint_fixture.h"
 #include "tests/unit/core/hf/hf_tiny_model.h"
@@ -142,6 +144,33 @@ TEST_F(CkptImport, CliImportRefusesADirectoryWithCheckpointsOrALock) {
   EXPECT_EQ(msg, "ckpt import: " + path("live") + " is locked by a live run (" + lock_file +
                      " is held by pid 4242); import into a new directory");
   EXPECT_FALSE(std::filesystem::exists(path("live/latest")));
+}
+
+// A refused import (here: a weight that is not finite, issue 30, item 5) writes nothing and leaves no directory it
+// created: one holding only the lock file looked like a save directory to the next import.
+TEST_F(CkptImport, ARefusedImportLeavesNothing) {
+  TinyModel m(false, false);
+  export_hf(CheckpointReader(m.save(path("ckpt"))), path("hf"));
+  const std::string file = path("hf/model.safetensors");
+  std::vector<std::pair<std::string, Tensor>> ts;
+  {
+    SafetensorsReader r(file);
+    for (const auto& [name, entry] : r.tensors()) ts.emplace_back(name, r.read(name));
+  }
+  std::vector<float> v = ts.front().second.to_floats();
+  v[1] = std::numeric_limits<float>::infinity();
+  ts.front().second = Tensor::from_floats(v, ts.front().second.shape());
+  write_safetensors(file, ts, DType::f32);
+  const std::string msg =
+      error_of([&] { run_ckpt_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("imp"))); });
+  EXPECT_NE(msg.find("1 of"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("is not finite (the first, inf, at index 1)"), std::string::npos) << msg;
+  EXPECT_FALSE(std::filesystem::exists(path("imp")));
+  // An output directory that was there stays, with nothing imported into it.
+  std::filesystem::create_directories(path("mine"));
+  error_of([&] { run_ckpt_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("mine"))); });
+  EXPECT_TRUE(std::filesystem::exists(path("mine")));
+  EXPECT_FALSE(std::filesystem::exists(path("mine/latest")));
 }
 
 }  // namespace
