@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "app/cli/commands.h"
+#include "app/cli/progress_flags.h"
 #include "core/checkpoint/checkpoint.h"
 #include "core/io/file_io.h"
 #include "core/hf/hf_export.h"
@@ -63,7 +64,8 @@ std::optional<TokenizerSidecar> export_tokenizer(const CheckpointReader& ckpt, c
   return read_tokenizer_sidecar_file(io::join_path(ckpt.dir(), kCheckpointTokenizerFile));
 }
 
-void run_export(const std::string& dir, const std::string& output, DType dtype, const std::string& sidecar) {
+void run_export(const std::string& dir, const std::string& output, DType dtype, const std::string& sidecar,
+                ProgressMode progress) {
   CheckpointReader ckpt(checkpoint_at(dir));
   const std::optional<TokenizerSidecar> tok = export_tokenizer(ckpt, sidecar);
   const HfModelShape g = hf_export_shape(ckpt);
@@ -71,7 +73,10 @@ void run_export(const std::string& dir, const std::string& output, DType dtype, 
     throw CheckpointError(fmt::format("{}: the tokenizer has {} ids but the model's vocab_size is {}", ckpt.dir(),
                                       tok->vocab_size, g.vocab));
   // config.json states the bos/eos ids generation_config.json does (hf_special_ids).
-  mt::export_hf(ckpt, output, dtype, tok ? std::optional<HfSpecialIds>(hf_special_ids(*tok)) : std::nullopt);
+  Progress writing({.what = "ckpt export", .enabled = progress_wanted(progress)});
+  mt::export_hf(ckpt, output, dtype, tok ? std::optional<HfSpecialIds>(hf_special_ids(*tok)) : std::nullopt,
+                writing.hook("tensors"));
+  writing.finish();
   fmt::print("exported {} (iteration {}) to {}/model.safetensors and {}/config.json\n", ckpt.dir(),
              ckpt.state().iteration, output, output);
   if (tok) {
@@ -105,6 +110,7 @@ void add_ckpt_commands(CLI::App& root) {
 
   struct ExportArgs {
     std::string dir, format = "hf", output, dtype = "fp32", tokenizer_sidecar;
+    ProgressMode progress = ProgressMode::automatic;
   };
   auto ea = std::make_shared<ExportArgs>();
   CLI::App* exp = ckpt->add_subcommand(
@@ -117,7 +123,8 @@ void add_ckpt_commands(CLI::App& root) {
       ->capture_default_str();
   exp->add_option("--tokenizer-sidecar", ea->tokenizer_sidecar,
                   "Tokenizer sidecar (PREFIX.tokenizer.yaml) to export instead of the checkpoint's tokenizer.yaml");
-  exp->callback([ea] { run_export(ea->dir, ea->output, parse_dtype(ea->dtype), ea->tokenizer_sidecar); });
+  add_progress_flags(exp, ea->progress);
+  exp->callback([ea] { run_export(ea->dir, ea->output, parse_dtype(ea->dtype), ea->tokenizer_sidecar, ea->progress); });
 
   add_ckpt_import_command(*ckpt);
 }

@@ -13,6 +13,7 @@
 #include "core/tensor/ops.h"
 #include "core/tensor/tensor.h"
 #include "core/config/config.h"
+#include "core/io/progress.h"
 #include "core/io/tensorboard.h"
 
 namespace mt::app {
@@ -70,8 +71,7 @@ struct IntervalReport {
 std::string attention_calls_summary(const AttentionCalls& calls);
 // The seconds left for train_iters - iteration iterations at `seconds_per_iter`.
 double eta_seconds(int64_t iteration, int64_t train_iters, double seconds_per_iter);
-// "45s", "12m05s", "3h02m", "2d03h": a duration to the precision a progress line needs.
-std::string format_duration(double seconds);
+using mt::format_duration;  // core/io/progress.h: the interval line's durations are those of the progress lines
 // The console line of an interval (without the logger's prefix): short, or long with r.verbose_line.
 std::string interval_line(const IntervalReport& r);
 // Logs the interval's line and writes its record.
