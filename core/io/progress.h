@@ -58,6 +58,8 @@ struct ProgressOptions {
 class Progress {
  public:
   explicit Progress(ProgressOptions options);
+  Progress(const Progress&) = delete;  // a hook() points at this reporter
+  Progress& operator=(const Progress&) = delete;
 
   // The work done so far, `done_bytes` of `total_bytes` (0: unknown): prints a line when interval_s has passed
   // since the start or the last line. `items` ("12/291 tensors") is only called when a line is due.
