@@ -14,6 +14,7 @@
 
 #include "app/cli/commands.h"
 #include "app/cli/option_checks.h"
+#include "app/cli/progress_flags.h"
 #include "core/checkpoint/checkpoint.h"
 #include "core/io/file_io.h"
 #include "core/hf/hf_export.h"
@@ -89,6 +90,7 @@ std::optional<TokenizerSidecar> export_tokenizer(const CheckpointReader& ckpt, c
 struct ExportArgs {
   std::string dir, format = "hf", output, dtype = "fp32", tokenizer_sidecar;
   int64_t eos_id = -1, bos_id = -1;  // -1: not given
+  ProgressMode progress = ProgressMode::automatic;
 };
 
 // The bos / eos ids config.json states: the tokenizer's (those generation_config.json states too, hf_special_ids),
@@ -127,7 +129,9 @@ void run_export(const ExportArgs& a) {
   if (tok && tok->vocab_size > g.vocab)
     throw CheckpointError(fmt::format("{}: the tokenizer has {} ids but the model's vocab_size is {}", ckpt.dir(),
                                       tok->vocab_size, g.vocab));
-  mt::export_hf(ckpt, a.output, parse_dtype(a.dtype), ids);
+  Progress writing({.what = "ckpt export", .enabled = progress_wanted(a.progress)});
+  mt::export_hf(ckpt, a.output, parse_dtype(a.dtype), ids, writing.hook("tensors"));
+  writing.finish();
   fmt::print("exported {} (iteration {}) to {}/model.safetensors and {}/config.json\n", ckpt.dir(),
              ckpt.state().iteration, a.output, a.output);
   if (tok) {
@@ -175,6 +179,7 @@ void add_ckpt_commands(CLI::App& root) {
                   "tokenizer: its data's end-of-document id")
       ->check(at_least(0));
   exp->add_option("--bos-id", ea->bos_id, "config.json's bos_token_id, with --eos-id")->check(at_least(0));
+  add_progress_flags(exp, ea->progress);
   exp->callback([ea] { run_export(*ea); });
 
   add_ckpt_import_command(*ckpt);

@@ -14,6 +14,7 @@
 
 #include "app/cli/commands.h"
 #include "app/cli/option_checks.h"
+#include "app/cli/progress_flags.h"
 #include "app/train/train_state.h"
 #include "core/checkpoint/checkpoint.h"
 #include "core/checkpoint/save_dir.h"
@@ -28,6 +29,7 @@ struct ImportArgs {
   std::string dir, format = "hf", output, dtype = "fp32";
   int64_t seq_length = 0;  // 0: max_position_embeddings
   double dropout = 0;
+  ProgressMode progress = ProgressMode::automatic;
 };
 
 // The model section of a to_yaml text: "model:" up to the next top-level key.
@@ -122,7 +124,9 @@ void import_into(const ImportArgs& a) {
                                       arch_name(shape.arch), e.what()));
   }
   shape.padded_vocab = cfg.model.padded_vocab_size;
-  const auto params = read_hf_weights(a.dir, shape);
+  Progress reading({.what = "ckpt import: read", .enabled = progress_wanted(a.progress)});
+  const auto params = read_hf_weights(a.dir, shape, reading.hook("tensors"));
+  reading.finish();
 
   std::vector<TensorSlice> slices;
   for (const auto& [name, t] : params) {
@@ -140,7 +144,9 @@ void import_into(const ImportArgs& a) {
                       .growth_tracker = 0,
                       .hysteresis_tracker = cfg.training.loss_scale.hysteresis};
   ts.save(state);
-  const std::string dir = save_checkpoint(a.output, state, slices, 0);
+  Progress saving({.what = "ckpt import: save", .enabled = progress_wanted(a.progress)});
+  const std::string dir = save_checkpoint(a.output, state, slices, 0, saving.hook("tensors"));
+  saving.finish();
 
   const std::string model = model_section(state.config_yaml);
   io::write_file_atomically(io::join_path(a.output, "model.yaml"),
@@ -174,6 +180,7 @@ void add_ckpt_import_command(CLI::App& ckpt) {
   imp->add_option("--dropout", a->dropout, "model.dropout and model.attention_dropout")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+  add_progress_flags(imp, a->progress);
   imp->callback([a] { run_import(*a); });
 }
 

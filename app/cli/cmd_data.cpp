@@ -2,15 +2,46 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <filesystem>
 #include <memory>
 
 #include "app/cli/commands.h"
 #include "app/cli/option_checks.h"
 #include "core/data/dataset_checksums.h"
+#include "app/cli/progress_flags.h"
 #include "core/data/prepare.h"
 #include "core/data/tokenizer.h"
 
 namespace mt::app {
+
+namespace {
+
+// The inputs' total size, for the progress line's ETA (a missing input counts 0: prepare_dataset names it).
+int64_t input_bytes(const std::vector<std::string>& inputs) {
+  int64_t total = 0;
+  for (const std::string& path : inputs) {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(path, ec);
+    if (!ec) total += static_cast<int64_t>(size);
+  }
+  return total;
+}
+
+std::string prepared(const PrepareStats& s) { return fmt::format("{} documents, {} tokens", s.documents, s.tokens); }
+
+// prepare_dataset with a progress line every few seconds on standard error, as preprocess_data.py prints.
+PrepareStats prepare_with_progress(PrepareOptions options, ProgressMode mode) {
+  const int64_t total = input_bytes(options.inputs);
+  Progress progress({.what = "data prepare", .enabled = progress_wanted(mode)});
+  options.on_progress = [&](const PrepareStats& s) {
+    progress.update(s.bytes_read, total, [&] { return prepared(s); });
+  };
+  const PrepareStats s = prepare_dataset(options);
+  progress.finish(s.bytes_read, prepared(s));
+  return s;
+}
+
+}  // namespace
 
 void add_data_commands(CLI::App& root) {
   CLI::App* data = root.add_subcommand("data", "Prepare and inspect Megatron indexed datasets (.bin + .idx)");
@@ -67,9 +98,11 @@ void add_data_commands(CLI::App& root) {
   prepare->add_flag(
       "--no-eod", [prep](int64_t) { prep->append_eod = false; },
       "Do not end each document with the end-of-document token");
-  prepare->callback([prep, tokenizer] {
+  auto progress = std::make_shared<ProgressMode>(ProgressMode::automatic);
+  add_progress_flags(prepare, *progress);
+  prepare->callback([prep, tokenizer, progress] {
     prep->tokenizer.kind = parse_tokenizer_kind(*tokenizer);
-    const PrepareStats s = prepare_dataset(*prep);
+    const PrepareStats s = prepare_with_progress(*prep, *progress);
     fmt::print("wrote {}.bin / {}.idx: {} documents, {} tokens ({}, vocab_size {}) from {} file(s)",
                prep->output_prefix, prep->output_prefix, s.documents, s.tokens, token_dtype_name(s.dtype), s.vocab_size,
                s.files);

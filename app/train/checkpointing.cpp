@@ -79,12 +79,19 @@ void load_parameters(const CheckpointReader& reader, const std::vector<Parameter
   for (Parameter* p : params) read_checked(reader, "model." + p->name, *p, p->value);
 }
 
-void load_optimizer(const CheckpointReader& reader, const std::vector<OptimizerSlot>& slots, PartialLoad* partial) {
+void load_optimizer(const CheckpointReader& reader, const std::vector<OptimizerSlot>& slots, PartialLoad* partial,
+                    const ProgressHook& progress) {
+  std::vector<int64_t> bytes;  // three fp32 tensors of the slot's shape each
+  for (const auto& s : slots) bytes.insert(bytes.end(), 3, static_cast<int64_t>(s.master.nbytes()));
+  PieceCounter counter(progress, std::move(bytes));
   for (auto s : slots) {
     const Parameter& p = *s.param;
-    read_checked(reader, "model." + p.name, p, s.master, partial);
-    read_checked(reader, "optimizer.exp_avg." + p.name, p, s.exp_avg, partial);
-    read_checked(reader, "optimizer.exp_avg_sq." + p.name, p, s.exp_avg_sq, partial);
+    for (const auto& [prefix, t] : {std::pair<const char*, Tensor*>{"model.", &s.master},
+                                    {"optimizer.exp_avg.", &s.exp_avg},
+                                    {"optimizer.exp_avg_sq.", &s.exp_avg_sq}}) {
+      read_checked(reader, prefix + p.name, p, *t, partial);
+      counter.piece_done();
+    }
   }
 }
 

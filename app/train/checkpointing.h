@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/checkpoint/checkpoint.h"
+#include "core/io/progress.h"
 #include "core/config/config.h"
 #include "core/optim/optimizer.h"
 #include "core/tensor/parameter.h"
@@ -36,9 +37,9 @@ void load_parameters(const CheckpointReader& reader, const std::vector<Parameter
 // Reads the master weights and both Adam moments of every slot (whole per-parameter tensors of this rank's
 // model-parallel slice). The caller casts the masters into the values.
 // With `partial`, a tensor the checkpoint lacks or holds in another shape is skipped (left as it is) and
-// recorded there instead of being an error.
+// recorded there instead of being an error. `progress` hears of each tensor read.
 void load_optimizer(const CheckpointReader& reader, const std::vector<OptimizerSlot>& slots,
-                    PartialLoad* partial = nullptr);
+                    PartialLoad* partial = nullptr, const ProgressHook& progress = {});
 
 // The config of the run that saved the checkpoint `reader` (directory `dir`), with the whole model on this one
 // rank: no tensor, pipeline or data parallelism, `micro_batch` samples per step, on `device` (auto | cuda | cpu).

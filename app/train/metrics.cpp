@@ -1,13 +1,17 @@
 #include "app/train/metrics.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <stdexcept>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
+
+#include "core/io/file_error.h"
 
 namespace mt::app {
 
@@ -19,7 +23,7 @@ double rounded(double v, double scale) { return std::isfinite(v) ? std::round(v 
 
 }  // namespace
 
-MetricsFile::MetricsFile(const std::string& run_dir, bool tensorboard) {
+MetricsFile::MetricsFile(const std::string& run_dir, bool tensorboard, SinkErrorAction on_error) : on_error_(on_error) {
   if (run_dir.empty()) return;
   path_ = (std::filesystem::path(run_dir) / "metrics.jsonl").string();
   out_.open(path_, std::ios::app);
@@ -31,9 +35,31 @@ MetricsFile::MetricsFile(const std::string& run_dir, bool tensorboard) {
 void MetricsFile::write(const nlohmann::ordered_json& record) {
   if (!out_.is_open()) return;
   // Invalid UTF-8 in a string (a path) is replaced rather than thrown: a log line must never stop training.
+  errno = 0;
   out_ << record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
   out_.flush();
-  if (!out_) throw std::runtime_error(fmt::format("{}: write failed", path_));
+  if (out_) return;
+  const int os_error = errno;
+  out_.close();
+  close_failed(fmt::format("{}: cannot write: {}", path_, os_error != 0 ? std::strerror(os_error) : "unknown error"));
+}
+
+void MetricsFile::tensorboard(const std::function<void(TensorBoardWriter&)>& points) {
+  if (!tensorboard_) return;
+  try {
+    points(*tensorboard_);
+  } catch (const FileError& e) {
+    tensorboard_.reset();
+    close_failed(e.what());
+  }
+}
+
+void MetricsFile::close_failed(const std::string& error) {
+  failed_ = true;
+  spdlog::warn("logging sink failed: {}; it is closed and {} (logging.on_sink_error={})", error,
+               on_error_ == SinkErrorAction::warn ? "training goes on without it"
+                                                  : "the run saves a checkpoint and stops after this iteration",
+               name_of(on_error_));
 }
 
 std::string memory_summary(Device device) {
@@ -46,15 +72,6 @@ std::string memory_summary(Device device) {
 
 double eta_seconds(int64_t iteration, int64_t train_iters, double seconds_per_iter) {
   return static_cast<double>(std::max<int64_t>(train_iters - iteration, 0)) * std::max(seconds_per_iter, 0.0);
-}
-
-std::string format_duration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "?";
-  const auto s = static_cast<int64_t>(std::llround(seconds));
-  if (s < 60) return fmt::format("{}s", s);
-  if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
-  if (s < 86400) return fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60);
-  return fmt::format("{}d{:02}h", s / 86400, s % 86400 / 3600);
 }
 
 namespace {
@@ -132,31 +149,31 @@ void report_interval(const IntervalReport& r, MetricsFile& metrics) {
   j["attention_kernel_calls"] = r.attention.kernel;
   j["attention_cpu_calls"] = r.attention.cpu;
   metrics.write(j);
-  if (TensorBoardWriter* tb = metrics.tensorboard()) {
+  metrics.tensorboard([&](TensorBoardWriter& tb) {
     // Megatron's tags where it has them; the loss also against samples and tokens (curves of runs with other
     // batch sizes line up).
     const int64_t it = r.iteration;
     const auto value = [](double v) { return static_cast<float>(v); };
-    tb->scalar("lm loss", it, value(r.loss));
-    tb->scalar("lm loss vs samples", r.consumed_samples, value(r.loss));
-    tb->scalar("lm loss vs tokens", r.consumed_tokens, value(r.loss));
-    tb->scalar("learning-rate", it, r.lr);
-    tb->scalar("grad-norm", it, value(r.grad_norm));
-    tb->scalar("loss-scale", it, value(r.loss_scale));
-    tb->scalar("skipped-iterations", it, value(static_cast<double>(r.skipped_iters)));
-    tb->scalar("nan-iterations", it, value(static_cast<double>(r.nan_iters)));
-    tb->scalar("consumed-samples", it, value(static_cast<double>(r.consumed_samples)));
-    tb->scalar("tokens-per-second", it, value(r.tokens_per_s));
-    tb->scalar("iteration-time-ms", it, value(r.ms_per_iter));
-    tb->scalar("tflops-per-gpu", it, value(r.tflops_per_gpu));
-    if (r.peak_tflops > 0) tb->scalar("mfu", it, value(r.tflops_per_gpu / r.peak_tflops));
+    tb.scalar("lm loss", it, value(r.loss));
+    tb.scalar("lm loss vs samples", r.consumed_samples, value(r.loss));
+    tb.scalar("lm loss vs tokens", r.consumed_tokens, value(r.loss));
+    tb.scalar("learning-rate", it, r.lr);
+    tb.scalar("grad-norm", it, value(r.grad_norm));
+    tb.scalar("loss-scale", it, value(r.loss_scale));
+    tb.scalar("skipped-iterations", it, value(static_cast<double>(r.skipped_iters)));
+    tb.scalar("nan-iterations", it, value(static_cast<double>(r.nan_iters)));
+    tb.scalar("consumed-samples", it, value(static_cast<double>(r.consumed_samples)));
+    tb.scalar("tokens-per-second", it, value(r.tokens_per_s));
+    tb.scalar("iteration-time-ms", it, value(r.ms_per_iter));
+    tb.scalar("tflops-per-gpu", it, value(r.tflops_per_gpu));
+    if (r.peak_tflops > 0) tb.scalar("mfu", it, value(r.tflops_per_gpu / r.peak_tflops));
     const MemoryStats& m = allocator_for(r.device).stats();
     for (size_t k = 0; k < MemoryStats::kKinds; ++k)
-      tb->scalar(fmt::format("memory/peak-{}-MiB", mem_kind_name(static_cast<MemKind>(k))), it,
-                 value(m.peak[k] / 1048576.0));
-    tb->scalar("memory/peak-total-MiB", it, value(m.peak_total / 1048576.0));
-    tb->flush();
-  }
+      tb.scalar(fmt::format("memory/peak-{}-MiB", mem_kind_name(static_cast<MemKind>(k))), it,
+                value(m.peak[k] / 1048576.0));
+    tb.scalar("memory/peak-total-MiB", it, value(m.peak_total / 1048576.0));
+    tb.flush();
+  });
 }
 
 void report_validation(int64_t iteration, int64_t consumed_samples, int64_t consumed_tokens, double loss,
@@ -166,12 +183,12 @@ void report_validation(int64_t iteration, int64_t consumed_samples, int64_t cons
                  {"consumed_samples", consumed_samples},
                  {"consumed_tokens", consumed_tokens},
                  {"valid_loss", loss}});
-  if (TensorBoardWriter* tb = metrics.tensorboard()) {
-    tb->scalar("lm loss validation", iteration, static_cast<float>(loss));
-    tb->scalar("lm loss validation ppl", iteration, static_cast<float>(std::exp(loss)));
-    tb->scalar("lm loss validation vs samples", consumed_samples, static_cast<float>(loss));
-    tb->flush();
-  }
+  metrics.tensorboard([&](TensorBoardWriter& tb) {
+    tb.scalar("lm loss validation", iteration, static_cast<float>(loss));
+    tb.scalar("lm loss validation ppl", iteration, static_cast<float>(std::exp(loss)));
+    tb.scalar("lm loss validation vs samples", consumed_samples, static_cast<float>(loss));
+    tb.flush();
+  });
 }
 
 }  // namespace mt::app

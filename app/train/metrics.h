@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -11,22 +12,35 @@
 #include "core/tensor/allocator.h"
 #include "core/tensor/ops.h"
 #include "core/tensor/tensor.h"
+#include "core/config/config.h"
+#include "core/io/progress.h"
 #include "core/io/tensorboard.h"
 
 namespace mt::app {
 
 // Appends records to RUN_DIR/metrics.jsonl, flushed each time, and with `tensorboard` keeps TensorBoard event
 // files under RUN_DIR/tensorboard; with an empty run_dir (ranks other than the logging one) it writes nothing.
+// A sink that cannot be opened is an error; one whose write fails later (a full disk) is closed with a warning
+// naming its file and the OS error, and training goes on without it (issue 30: a log line must never cost the
+// iterations since the last checkpoint), or with SinkErrorAction::save_and_stop stop_asked() tells the trainer
+// to save and stop.
 class MetricsFile {
  public:
-  explicit MetricsFile(const std::string& run_dir, bool tensorboard = false);
+  explicit MetricsFile(const std::string& run_dir, bool tensorboard = false,
+                       SinkErrorAction on_error = SinkErrorAction::warn);
   void write(const nlohmann::ordered_json& record);
-  TensorBoardWriter* tensorboard() { return tensorboard_.get(); }  // null when off
+  // Runs `points` (scalars, then a flush) on the TensorBoard writer when it is open.
+  void tensorboard(const std::function<void(TensorBoardWriter&)>& points);
+  bool stop_asked() const { return failed_ && on_error_ == SinkErrorAction::save_and_stop; }
 
  private:
+  void close_failed(const std::string& error);
+
   std::string path_;
   std::ofstream out_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
+  SinkErrorAction on_error_;
+  bool failed_ = false;  // a sink failed during the run and was closed
 };
 
 // "parameter 1.00 | gradient 1.00 | ... | total 4.00": the device's peak bytes per kind, in MiB.
@@ -57,8 +71,7 @@ struct IntervalReport {
 std::string attention_calls_summary(const AttentionCalls& calls);
 // The seconds left for train_iters - iteration iterations at `seconds_per_iter`.
 double eta_seconds(int64_t iteration, int64_t train_iters, double seconds_per_iter);
-// "45s", "12m05s", "3h02m", "2d03h": a duration to the precision a progress line needs.
-std::string format_duration(double seconds);
+using mt::format_duration;  // core/io/progress.h: the interval line's durations are those of the progress lines
 // The console line of an interval (without the logger's prefix): short, or long with r.verbose_line.
 std::string interval_line(const IntervalReport& r);
 // Logs the interval's line and writes its record.

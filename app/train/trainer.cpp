@@ -42,7 +42,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
                 .decay = cfg.optimizer.decay,
                 .wsd_decay_fraction = cfg.optimizer.wsd_decay_fraction,
                 .wsd_decay_style = cfg.optimizer.wsd_decay_style},
-      metrics_(dist.is_logging_rank() ? cfg.logging.dir : "", cfg.logging.tensorboard) {
+      metrics_(dist.is_logging_rank() ? cfg.logging.dir : "", cfg.logging.tensorboard, cfg.logging.on_sink_error) {
   // One flat fp32 buffer holds every gradient; its buckets are reduced over data parallelism (reduce-scattered
   // with the distributed optimizer) as soon as the last microbatch's backward has finished them.
   grads_ = std::make_unique<GradBuffer>(params_, device_, std::move(dist.dp_grads),
@@ -213,7 +213,7 @@ void Trainer::check_finite(const StepResult& r) {
 }
 
 // Whether training stops after this iteration, and why (logged here): a loss spike with action stop, a signal,
-// --exit-after, training.exit_interval or training.exit_duration_mins. Every rank decides alike: the spike's loss
+// a failed logging sink with logging.on_sink_error=save_and_stop, --exit-after, training.exit_interval or training.exit_duration_mins. Every rank decides alike: the spike's loss
 // was agreed before the update, and the signal and the wall-clock budget (clocks differ) are agreed here over the
 // whole world in one exchange (a TP or PP peer that trained on would wait for this rank in its next collective).
 std::optional<Trainer::Stop> Trainer::stop_after_iteration() {
@@ -221,11 +221,17 @@ std::optional<Trainer::Stop> Trainer::stop_after_iteration() {
   const int sig = stop_signal();
   const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count() / 60;
   const bool over_budget = cfg_.training.exit_duration_mins > 0 && minutes >= cfg_.training.exit_duration_mins;
-  std::vector<double> flags{sig != 0 ? 1.0 : 0.0, over_budget ? 1.0 : 0.0};
+  // Only the logging rank writes the sinks: its failure reaches the others here.
+  std::vector<double> flags{sig != 0 ? 1.0 : 0.0, over_budget ? 1.0 : 0.0, metrics_.stop_asked() ? 1.0 : 0.0};
   if (dist_.env.world_size > 1) flags = sum_doubles(*dist_.world, flags);
   if (flags[0] > 0) {
     spdlog::warn("received {}: saving and stopping after iteration {}",
                  sig != 0 ? fmt::format("signal {}", sig) : "a stop signal on another rank", c_.iteration);
+    return Stop{};
+  }
+  if (flags[2] > 0) {
+    spdlog::warn("a logging sink failed (logging.on_sink_error=save_and_stop): saving and stopping after iteration {}",
+                 c_.iteration);
     return Stop{};
   }
   if (opt_.exit_after > 0 && c_.iteration >= opt_.exit_after) {

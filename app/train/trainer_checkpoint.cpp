@@ -14,6 +14,12 @@
 
 namespace mt::app {
 
+Progress Trainer::checkpoint_progress(std::string what) const {
+  return Progress({.what = std::move(what),
+                   .enabled = dist_.is_logging_rank() && progress_wanted(ProgressMode::automatic),
+                   .last_line_when_quick = false});
+}
+
 void Trainer::maybe_resume() {
   const auto& ck = cfg_.checkpoint;
   std::optional<std::string> dir;
@@ -44,9 +50,13 @@ void Trainer::maybe_resume() {
     spdlog::warn("partial load from {}: the model differs ({})", *dir, fmt::join(diff, ", "));
     partial.emplace();
   }
+  Progress loading = checkpoint_progress("checkpoint load");
   optimizer_->load_state(
-      [&](const std::vector<Optimizer::Slot>& slots) { load_optimizer(reader, slots, partial ? &*partial : nullptr); },
+      [&](const std::vector<Optimizer::Slot>& slots) {
+        load_optimizer(reader, slots, partial ? &*partial : nullptr, loading.hook("tensors"));
+      },
       partial.has_value());
+  loading.finish();
   if (partial) {
     spdlog::warn("partial load: {} tensors loaded: {}", partial->loaded.size(), fmt::join(partial->loaded, ", "));
     spdlog::warn("partial load: {} tensors left at their initial values: {}", partial->skipped.size(),
@@ -105,9 +115,12 @@ bool Trainer::save() {
     }
     const bool tp_first = dist_.tp_rank() == 0;
     try {
-      write_rank_files(tmp, dist_.tp_rank() + dist_.tp_size() * dist_.pp_rank(),
-                       optimizer_tensors(
-                           slots, [&](const Parameter& p) { return !p.tied_copy && (p.tensor_parallel || tp_first); }));
+      Progress saving = checkpoint_progress("checkpoint save");
+      write_rank_files(
+          tmp, dist_.tp_rank() + dist_.tp_size() * dist_.pp_rank(),
+          optimizer_tensors(slots, [&](const Parameter& p) { return !p.tied_copy && (p.tensor_parallel || tp_first); }),
+          saving.hook("tensors"));
+      saving.finish();
     } catch (...) {
       abort_checkpoint(tmp);  // a failed save leaves no temporary directory behind
       throw;

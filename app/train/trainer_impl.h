@@ -14,6 +14,7 @@
 #include "app/train/model_chunks.h"
 #include "app/train/train_state.h"
 #include "app/train/trainer.h"
+#include "core/io/progress.h"
 #include "core/optim/loss_scaler.h"
 #include "core/optim/loss_spike.h"
 #include "core/optim/lr_schedule.h"
@@ -121,6 +122,9 @@ class Trainer {
   // Saves this iteration's state when checkpoint.save_dir is set (once per iteration). False when it was refused
   // because the last iterations were not finite: the checkpoint before them stays the latest.
   bool save();
+  // The progress line of a long checkpoint save or load: on the logging rank when standard error is a terminal,
+  // and only for one that takes longer than the line's interval.
+  Progress checkpoint_progress(std::string what) const;
   void check_finite(const StepResult& r);
   std::vector<int> ranks_where(bool here);
   void log_interval(double ms_per_iter, double loss, double lr, double grad_norm);

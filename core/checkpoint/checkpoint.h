@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/io/file_error.h"
+#include "core/io/progress.h"
 #include "core/tensor/tensor.h"
 
 namespace mt {
@@ -49,9 +50,10 @@ uint32_t crc32(const void* data, size_t bytes, uint32_t seed = 0);
 // renamed into place and `latest` is replaced atomically; finally checkpoints beyond keep_last (0 = keep
 // all) are removed, oldest first. A failure at any point leaves the previous checkpoints untouched and
 // throws CheckpointError. Single-writer now; the per-rank split arrives with multi-rank training.
-// Returns the committed directory.
+// Returns the committed directory. `progress` hears of each tensor written.
 std::string save_checkpoint(const std::string& save_dir, const CheckpointState& state,
-                            const std::vector<TensorSlice>& tensors, int64_t keep_last);
+                            const std::vector<TensorSlice>& tensors, int64_t keep_last,
+                            const ProgressHook& progress = {});
 
 // Checks that `save_dir` can be created and written (creating it), so a run fails before training
 // rather than at its first save. Throws CheckpointError.

@@ -57,7 +57,8 @@ std::string begin_checkpoint(const std::string& save_dir, int64_t iteration) {
   return tmp;
 }
 
-void write_rank_files(const std::string& tmp_dir, int rank, const std::vector<TensorSlice>& tensors) {
+void write_rank_files(const std::string& tmp_dir, int rank, const std::vector<TensorSlice>& tensors,
+                      const ProgressHook& progress) {
   const std::string data_name = ckpt::rank_data_file(rank);
   const std::string data_path = io::join_path(tmp_dir, data_name);
 
@@ -77,6 +78,9 @@ void write_rank_files(const std::string& tmp_dir, int rank, const std::vector<Te
   // Data: slice k of the input goes to the record that merge appended for it, found by name in order.
   {
     io::OutFile out(data_path);
+    std::vector<int64_t> slice_bytes;
+    for (const TensorSlice* t : order) slice_bytes.push_back(static_cast<int64_t>(t->data.nbytes()));
+    PieceCounter counter(progress, std::move(slice_bytes));
     std::map<std::string, size_t> next_slice, pos;
     for (size_t i = 0; i < index.size(); ++i) pos[index[i].name] = i;
     for (const TensorSlice* t : order) {
@@ -85,6 +89,7 @@ void write_rank_files(const std::string& tmp_dir, int rank, const std::vector<Te
       s.offset = out.offset();
       s.crc = crc32(t->data.raw(), t->data.nbytes());
       out.write(t->data.raw(), t->data.nbytes());
+      counter.piece_done();
     }
     out.sync_and_close();
   }
@@ -139,12 +144,12 @@ std::string commit_checkpoint(const std::string& save_dir, const std::string& tm
 void abort_checkpoint(const std::string& tmp_dir) noexcept { io::remove_tree(tmp_dir); }
 
 std::string save_checkpoint(const std::string& save_dir, const CheckpointState& state,
-                            const std::vector<TensorSlice>& tensors, int64_t keep_last) {
+                            const std::vector<TensorSlice>& tensors, int64_t keep_last, const ProgressHook& progress) {
   std::string tmp;
   try {
     if (state.iteration < 0) throw CheckpointError(fmt::format("iteration {} is negative", state.iteration));
     tmp = begin_checkpoint(save_dir, state.iteration);
-    write_rank_files(tmp, 0, tensors);
+    write_rank_files(tmp, 0, tensors, progress);
     return commit_checkpoint(save_dir, tmp, state, 1, keep_last);
   } catch (const FileError& e) {  // CheckpointError, or a file_io helper's error
     if (!tmp.empty()) abort_checkpoint(tmp);

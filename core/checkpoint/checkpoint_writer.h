@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/checkpoint/checkpoint.h"
+#include "core/io/progress.h"
 
 namespace mt {
 
@@ -23,8 +24,10 @@ std::string begin_checkpoint(const std::string& save_dir, int64_t iteration);
 
 // Writes rank_NNNNN.bin (the slices, raw little-endian, 64-byte aligned) and rank_NNNNN.index.yaml (their
 // index) into tmp_dir, fsyncs both, then reopens the data file and verifies every slice's CRC-32. A tensor
-// may appear several times (disjoint slices of one global tensor). Throws CheckpointError.
-void write_rank_files(const std::string& tmp_dir, int rank, const std::vector<TensorSlice>& tensors);
+// may appear several times (disjoint slices of one global tensor). Throws CheckpointError. `progress` hears of
+// each slice written.
+void write_rank_files(const std::string& tmp_dir, int rank, const std::vector<TensorSlice>& tensors,
+                      const ProgressHook& progress = {});
 
 // Merges the index fragments of ranks [0, num_ranks) into metadata.yaml, fsyncs it and the directory,
 // reopens and checks the metadata against the data files, renames tmp_dir to SAVE_DIR/iter_NNNNNNN

@@ -34,6 +34,7 @@ enum class DeviceChoice { automatic, cuda, cpu };
 enum class BackendChoice { automatic, nccl, gloo };
 enum class OptimizerType { adamw };
 enum class SpikeAction { log, skip, stop };
+enum class SinkErrorAction { warn, save_and_stop };
 
 template <>
 struct EnumNames<Arch> {
@@ -69,6 +70,11 @@ struct EnumNames<OptimizerType> {
 template <>
 struct EnumNames<SpikeAction> {
   static constexpr std::array names{"log", "skip", "stop"};
+  static constexpr std::array<const char*, 0> planned{};
+};
+template <>
+struct EnumNames<SinkErrorAction> {
+  static constexpr std::array names{"warn", "save_and_stop"};
   static constexpr std::array<const char*, 0> planned{};
 };
 
@@ -244,6 +250,10 @@ struct LoggingConfig {
   // tokens/s, TFLOP/s/GPU, MFU where the GPU's peak is known; skipped/NaN counts when not zero, loss scale with
   // fp16); true, Megatron's long line with every figure. metrics.jsonl holds every figure either way.
   bool verbose_line = false;
+  // A sink (metrics.jsonl, the TensorBoard file) whose write fails during the run (a full disk) is closed with
+  // a warning naming its file and the OS error; warn: training goes on without it; save_and_stop: the run saves
+  // a checkpoint and stops cleanly (exit 0), as on a stop signal.
+  SinkErrorAction on_sink_error = SinkErrorAction::warn;
 
   bool operator==(const LoggingConfig&) const = default;
 };

@@ -83,6 +83,9 @@ class DocumentSink {
     if (batch_bytes_ >= kBatchBytes || batch_.size() >= kBatchDocs) flush();
   }
 
+  void read(size_t bytes) { stats_.bytes_read += static_cast<int64_t>(bytes); }
+  std::function<void(const PrepareStats&)> on_progress;  // after each document written
+
   void flush() {
     if (batch_.empty()) return;
     results_.resize(batch_.size());
@@ -134,6 +137,7 @@ class DocumentSink {
     writer_.add_document(std::span<const int32_t>(tokens));
     ++stats_.documents;
     stats_.tokens += static_cast<int64_t>(tokens.size());
+    if (on_progress) on_progress(stats_);
   }
 
   IndexedDatasetWriter& writer_;
@@ -154,6 +158,7 @@ void read_text(const std::string& path, DocumentSink& sink) {
   bool in_doc = false;
   DocumentPlace place{&path, 0};
   for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
+    sink.read(line.size() + 1);
     normalize_line(line, lineno);
     if (is_blank(line)) {
       if (in_doc) sink.add(doc, place);
@@ -176,6 +181,7 @@ void read_json_lines(const std::string& path, const std::string& key, DocumentSi
   std::ifstream in = open_input(path);
   std::string line;
   for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
+    sink.read(line.size() + 1);
     normalize_line(line, lineno);
     if (is_blank(line)) continue;
     std::optional<std::string> text;
@@ -241,6 +247,7 @@ PrepareStats prepare_dataset(const PrepareOptions& options) {
   stats.dtype = tokenizer->storage_dtype();
   IndexedDatasetWriter writer(options.output_prefix, stats.dtype);  // removes its temporaries if we throw
   DocumentSink sink(writer, *tokenizer, options.append_eod, options.workers, stats);
+  sink.on_progress = options.on_progress;
   for (const std::string& path : options.inputs) {
     if (is_json_lines(path))
       read_json_lines(path, options.json_key, sink);

@@ -1,6 +1,7 @@
 // prepare.h: `megatrain data prepare` (text / JSONL -> .bin/.idx) and `megatrain data inspect`.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -8,6 +9,8 @@
 #include "core/data/tokenizer.h"
 
 namespace mt {
+
+struct PrepareStats;
 
 struct PrepareOptions {
   std::vector<std::string> inputs;  // .jsonl / .json: JSON lines; anything else: plain text
@@ -17,6 +20,7 @@ struct PrepareOptions {
   bool append_eod = true;           // end every document with the tokenizer's end-of-document id
   int workers = 1;                  // tokenizing threads; the output keeps the input's document order
   bool overwrite = false;           // replace an existing PREFIX.bin / PREFIX.idx (never one of the inputs)
+  std::function<void(const PrepareStats&)> on_progress;  // after each document written (a progress line)
 };
 
 struct PrepareStats {
@@ -24,6 +28,7 @@ struct PrepareStats {
   int64_t documents = 0;      // written
   int64_t empty_skipped = 0;  // documents with no tokens (empty text and no EOD), not written
   int64_t tokens = 0;         // written, EOD tokens included
+  int64_t bytes_read = 0;     // of the inputs, so far
   int64_t vocab_size = 0;
   TokenDType dtype = TokenDType::u16;
 };

@@ -134,7 +134,8 @@ HfModelShape hf_export_shape(const CheckpointReader& ckpt) {
   return g;
 }
 
-void export_hf(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype, std::optional<HfSpecialIds> ids) {
+void export_hf(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype, std::optional<HfSpecialIds> ids,
+               const ProgressHook& progress) {
   if (!is_floating(dtype))
     throw CheckpointError(fmt::format("export: dtype {} is not a float type", dtype_name(dtype)));
   const HfModelShape g = hf_export_shape(ckpt);
@@ -156,7 +157,11 @@ void export_hf(const CheckpointReader& ckpt, const std::string& out_dir, DType d
   if (ec) throw CheckpointError(fmt::format("{}: cannot create export directory: {}", out_dir, ec.message()));
   SafetensorsWriter w(io::join_path(out_dir, "model.safetensors"), std::move(specs),
                       {{"format", "pt"}, {"megatrain.iteration", std::to_string(ckpt.state().iteration)}});
-  for (const auto& m : maps) w.write(to_hf(read_f32(ckpt, "model." + m.ours, m.our_shape), m));
+  PieceCounter counter(progress, hf_tensor_bytes(maps, dtype_size(dtype)));
+  for (const auto& m : maps) {
+    w.write(to_hf(read_f32(ckpt, "model." + m.ours, m.our_shape), m));
+    counter.piece_done();
+  }
   w.finish();
 
   const std::string text =

@@ -9,6 +9,7 @@
 #include "core/checkpoint/checkpoint.h"
 #include "core/hf/hf_mapping.h"
 #include "core/hf/hf_tokenizer_export.h"
+#include "core/io/progress.h"
 
 namespace mt {
 
@@ -21,8 +22,9 @@ HfModelShape hf_export_shape(const CheckpointReader& ckpt);
 // model.safetensors. Throws CheckpointError (FileError for a failed write). config.json's bos/eos_token_id are
 // `ids` (hf_special_ids when the tokenizer is known: the ids generation_config.json states), else null: an id
 // nobody stated would mean nothing.
+// `progress` hears of each tensor written.
 void export_hf(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype = DType::f32,
-               std::optional<HfSpecialIds> ids = std::nullopt);
+               std::optional<HfSpecialIds> ids = std::nullopt, const ProgressHook& progress = {});
 // export_hf for a GPT checkpoint only (refuses another model.arch).
 void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype = DType::f32,
                     std::optional<HfSpecialIds> ids = std::nullopt);

@@ -262,7 +262,8 @@ std::string hf_model_yaml(const HfModelShape& s) {
   return y;
 }
 
-std::vector<std::pair<std::string, Tensor>> read_hf_weights(const std::string& hf_dir, const HfModelShape& s) {
+std::vector<std::pair<std::string, Tensor>> read_hf_weights(const std::string& hf_dir, const HfModelShape& s,
+                                                            const ProgressHook& progress) {
   if (s.padded_vocab < s.vocab)
     throw CheckpointError(
         fmt::format("{}: padded vocabulary {} is smaller than vocab_size {}", hf_dir, s.padded_vocab, s.vocab));
@@ -272,6 +273,7 @@ std::vector<std::pair<std::string, Tensor>> read_hf_weights(const std::string& h
   std::vector<std::pair<std::string, Tensor>> out;
   std::map<std::string, size_t> index;  // our name -> its place in out
   std::set<std::string> used;
+  PieceCounter counter(progress, hf_tensor_bytes(maps, sizeof(float)));
   for (const auto& m : maps) {
     auto it = where.find(m.hf_name);
     if (it == where.end())
@@ -287,6 +289,7 @@ std::vector<std::pair<std::string, Tensor>> read_hf_weights(const std::string& h
     check_finite(hf, r.path(), m.hf_name);
     from_hf(hf, m, out[pos->second].second);
     used.insert(m.hf_name);
+    counter.piece_done();
   }
   // Tied embeddings: a saved lm_head.weight must be the embedding itself.
   const std::string emb = s.arch == HfArch::llama ? "model.embed_tokens.weight" : "transformer.wte.weight";

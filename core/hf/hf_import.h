@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/hf/hf_mapping.h"
+#include "core/io/progress.h"
 
 namespace mt {
 
@@ -29,7 +30,8 @@ std::string hf_model_yaml(const HfModelShape& s);
 // Our parameters (fp32; vocabulary tables padded with zero rows to s.padded_vocab), by our names, from the
 // model's safetensors (F32, BF16 or F16). Every tensor must be there in its shape, and no other (besides
 // buffers older transformers saved); tied embeddings may carry an lm_head.weight equal to the embedding.
-// Throws CheckpointError naming the file and the tensor.
-std::vector<std::pair<std::string, Tensor>> read_hf_weights(const std::string& hf_dir, const HfModelShape& s);
+// Throws CheckpointError naming the file and the tensor. `progress` hears of each tensor read (fp32 bytes).
+std::vector<std::pair<std::string, Tensor>> read_hf_weights(const std::string& hf_dir, const HfModelShape& s,
+                                                            const ProgressHook& progress = {});
 
 }  // namespace mt

@@ -143,4 +143,10 @@ void from_hf(const Tensor& hf, const HfMapping& m, Tensor& ours) {
     for (int64_t k = 0; k < K; ++k) a[m.rows[i] * K + k] = b[m.transpose ? k * n + i : i * K + k];
 }
 
+std::vector<int64_t> hf_tensor_bytes(const std::vector<HfMapping>& maps, size_t element_bytes) {
+  std::vector<int64_t> bytes;
+  for (const HfMapping& m : maps) bytes.push_back(shape_numel(m.hf_shape) * static_cast<int64_t>(element_bytes));
+  return bytes;
+}
+
 }  // namespace mt

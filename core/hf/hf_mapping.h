@@ -45,6 +45,8 @@ struct HfMapping {
 
 // Every tensor of the model, in HF's order. Tied embeddings have no lm_head entry.
 std::vector<HfMapping> hf_mappings(const HfModelShape& s);
+// The HF tensors' sizes in bytes at `element_bytes` each, in the order of `maps` (a progress line's pieces).
+std::vector<int64_t> hf_tensor_bytes(const std::vector<HfMapping>& maps, size_t element_bytes);
 
 // Our tensor (fp32, our_shape) -> the HF tensor (fp32, hf_shape).
 Tensor to_hf(const Tensor& ours, const HfMapping& m);

@@ -5,7 +5,9 @@
 #include <array>
 #include <atomic>
 #include <bit>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <stdexcept>
 #include <system_error>
@@ -13,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "core/io/crc32c.h"
+#include "core/io/file_error.h"
 
 namespace mt {
 namespace {
@@ -105,8 +108,16 @@ void TensorBoardWriter::scalar(std::string_view tag, int64_t step, float value, 
 }
 
 void TensorBoardWriter::flush() {
+  errno = 0;
   out_.flush();
-  if (!out_) throw std::runtime_error(fmt::format("tensorboard: cannot write {}", path_));
+  if (!out_) throw_write_error();
+}
+
+void TensorBoardWriter::throw_write_error() {
+  const int os_error = errno;  // the failed write's, read before close() can change it
+  out_.close();
+  throw FileError(fmt::format("tensorboard: cannot write {}: {}", path_,
+                              os_error != 0 ? std::strerror(os_error) : "unknown error"));
 }
 
 void TensorBoardWriter::write_record(const std::string& data) {
@@ -116,8 +127,9 @@ void TensorBoardWriter::write_record(const std::string& data) {
   put_little_endian(header, length_crc);
   std::string footer;
   put_little_endian(footer, masked_crc32c(data.data(), data.size()));
+  errno = 0;
   out_ << header << data << footer;
-  if (!out_) throw std::runtime_error(fmt::format("tensorboard: cannot write {}", path_));
+  if (!out_) throw_write_error();
 }
 
 }  // namespace mt

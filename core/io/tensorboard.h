@@ -26,7 +26,8 @@ class TensorBoardWriter {
   TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;
 
   // One scalar point of the curve `tag` (e.g. "lm-loss-training/loss"). Buffered: call flush() after a
-  // group of points (a logging interval) so that a running TensorBoard sees them.
+  // group of points (a logging interval) so that a running TensorBoard sees them. A failed write (a full disk)
+  // closes the file and throws FileError "tensorboard: cannot write PATH: OS error".
   void scalar(std::string_view tag, int64_t step, float value, double wall_time = unix_time_now());
   void flush();
 
@@ -34,6 +35,7 @@ class TensorBoardWriter {
 
  private:
   void write_record(const std::string& data);
+  [[noreturn]] void throw_write_error();
 
   std::string path_;
   std::ofstream out_;

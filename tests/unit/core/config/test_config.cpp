@@ -926,3 +926,12 @@ TEST(ConfigRules, LossSpikeKeysAreCheckedNamingTheKey) {
   EXPECT_CONTAINS(base_error({"training.loss_spike.windw=3"}),
                   "training.loss_spike.windw=3: unknown key (did you mean training.loss_spike.window?)");
 }
+
+TEST(ConfigRules, OnSinkErrorIsWarnOrSaveAndStop) {
+  EXPECT_EQ(base().logging.on_sink_error, SinkErrorAction::warn);
+  const Config c = base({"logging.on_sink_error=save_and_stop"});
+  EXPECT_EQ(c.logging.on_sink_error, SinkErrorAction::save_and_stop);
+  EXPECT_EQ(parse_config(to_yaml(c), c.source, {}, 1), c);  // written and read back
+  EXPECT_CONTAINS(base_error({"logging.on_sink_error=ignore"}),
+                  "logging.on_sink_error: expected one of warn, save_and_stop, got 'ignore'");
+}
