@@ -34,7 +34,7 @@
 #include "core/checkpoint/save_dir.h"
 #include "tests/unit/core/checkpoint/checkpoint_fixture.h"
 #include "tests/unit/file_text.h"
-#include "tests/unit/app/cli/ckpt_cli.h"
+#include "tests/unit/app/cli/cli_run.h"
 
 namespace fs = std::filesystem;
 using namespace mt;
@@ -42,7 +42,7 @@ using namespace mt::ckpt_test;
 
 namespace {
 
-using cli_test::run_ckpt_cli;
+using cli_test::run_cli;
 using testing_util::slurp;
 using testing_util::spit;
 
@@ -50,7 +50,7 @@ TEST_F(CheckpointTest, CliInspectsVerifiesAndExports) {
   TinyGpt m(false);
   m.save(save_);
   ::testing::internal::CaptureStdout();
-  run_ckpt_cli("ckpt inspect " + save_ + " --verify");
+  run_cli("ckpt inspect " + save_ + " --verify");
   std::string text = ::testing::internal::GetCapturedStdout();
   EXPECT_NE(text.find("iteration: 42"), std::string::npos) << text;
   EXPECT_NE(text.find("model.layers.0.attn.qkv.weight"), std::string::npos) << text;
@@ -59,7 +59,7 @@ TEST_F(CheckpointTest, CliInspectsVerifiesAndExports) {
   EXPECT_NE(text.find("verify: OK"), std::string::npos) << text;
 
   ::testing::internal::CaptureStdout();
-  run_ckpt_cli("ckpt export " + save_ + "/iter_0000042 --format hf --output " + root_ + "/hf --dtype bf16");
+  run_cli("ckpt export " + save_ + "/iter_0000042 --format hf --output " + root_ + "/hf --dtype bf16");
   text = ::testing::internal::GetCapturedStdout();
   SafetensorsFile f = read_safetensors(root_ + "/hf/model.safetensors");
   EXPECT_EQ(f.header["transformer.h.0.attn.c_attn.weight"]["dtype"].str, "BF16");
@@ -72,12 +72,12 @@ TEST_F(CheckpointTest, CliInspectsVerifiesAndExports) {
   bytes[bytes.size() - 3] ^= 0x40;
   spit(bin, bytes);
   ::testing::internal::CaptureStdout();
-  std::string msg = error_of([&] { run_ckpt_cli("ckpt inspect " + save_ + " --verify"); });
+  std::string msg = error_of([&] { run_cli("ckpt inspect " + save_ + " --verify"); });
   ::testing::internal::GetCapturedStdout();
   EXPECT_NE(msg.find("checksum mismatch in tensor"), std::string::npos) << msg;
-  EXPECT_NE(error_of([&] { run_ckpt_cli("ckpt inspect " + root_ + "/empty_nothing"); }).find("no checkpoint"),
+  EXPECT_NE(error_of([&] { run_cli("ckpt inspect " + root_ + "/empty_nothing"); }).find("no checkpoint"),
             std::string::npos);
-  EXPECT_THROW(run_ckpt_cli("ckpt export " + save_ + " --format onnx --output " + root_ + "/x"), CLI::ValidationError);
+  EXPECT_THROW(run_cli("ckpt export " + save_ + " --format onnx --output " + root_ + "/x"), CLI::ValidationError);
 }
 
 // A checkpoint records its data's tokenizer sidecar as tokenizer.yaml, and the HF export turns a byte sidecar
@@ -94,8 +94,7 @@ TEST_F(CheckpointTest, HfExportCarriesTheDataTokenizer) {
   EXPECT_FALSE(fs::exists(root_ + "/tokenizer.yaml"));
 
   // The tiny model's 11 ids cannot hold the byte tokenizer's 257: the CLI refuses.
-  std::string msg =
-      error_of([&] { run_ckpt_cli("ckpt export " + ckpt_dir + " --format hf --output " + root_ + "/x"); });
+  std::string msg = error_of([&] { run_cli("ckpt export " + ckpt_dir + " --format hf --output " + root_ + "/x"); });
   EXPECT_NE(msg.find("the tokenizer has 257 ids but the model's vocab_size is 11"), std::string::npos) << msg;
 
   const std::string out = root_ + "/hf";

@@ -18,7 +18,7 @@
 #include "core/config/config.h"
 #include "core/hf/hf_export.h"
 #include "core/hf/safetensors.h"
-#include "tests/unit/app/cli/ckpt_cli.h"
+#include "tests/unit/app/cli/cli_run.h"
 #include "tests/unit/core/checkpoint/checkpoint_fixture.h"
 #include "tests/unit/core/hf/hf_tiny_model.h"
 #include "tests/unit/file_text.h"
@@ -29,7 +29,7 @@ using namespace mt;
 namespace {
 
 using ckpt_test::error_of;
-using cli_test::run_ckpt_cli;
+using cli_test::run_cli;
 using hf_test::TinyModel;
 using testing_util::slurp;
 
@@ -44,7 +44,7 @@ TEST_F(CkptImport, CliImportWritesACheckpointThatResumeTakes) {
   TinyModel m(false, false);
   export_hf(CheckpointReader(m.save(path("ckpt"))), path("hf"));
   ::testing::internal::CaptureStdout();
-  run_ckpt_cli(fmt::format("ckpt import {} --format hf --output {} --seq-length 4", path("hf"), path("imp")));
+  run_cli(fmt::format("ckpt import {} --format hf --output {} --seq-length 4", path("hf"), path("imp")));
   const std::string text = ::testing::internal::GetCapturedStdout();
   EXPECT_NE(text.find("seq_length: 4"), std::string::npos) << text;
   CheckpointReader r(path("imp/iter_0000000"));
@@ -81,7 +81,7 @@ TEST_F(CkptImport, CliImportWritesACheckpointThatResumeTakes) {
   EXPECT_EQ(run.model.max_position_embeddings, m.P);
 
   // fp16: the loss scale a fresh fp16 run starts with.
-  run_ckpt_cli(fmt::format("ckpt import {} --format hf --output {} --dtype fp16", path("hf"), path("imp16")));
+  run_cli(fmt::format("ckpt import {} --format hf --output {} --dtype fp16", path("hf"), path("imp16")));
   CheckpointReader r16(path("imp16/iter_0000000"));
   EXPECT_EQ(app::TrainState::load(r16.state(), r16.dir()).loss_scaler.scale, 4294967296.0);
 }
@@ -91,7 +91,7 @@ TEST_F(CkptImport, CliImportOfALlama) {
   TinyModel m(true, false);
   export_hf(CheckpointReader(m.save(path("ckpt"))), path("hf"));
   ::testing::internal::CaptureStdout();
-  run_ckpt_cli(fmt::format("ckpt import {} --format hf --output {}", path("hf"), path("imp")));
+  run_cli(fmt::format("ckpt import {} --format hf --output {}", path("hf"), path("imp")));
   ::testing::internal::GetCapturedStdout();
   const std::optional<std::string> dir = resolve_checkpoint(path("imp"));
   ASSERT_TRUE(dir.has_value());
@@ -109,8 +109,7 @@ TEST_F(CkptImport, CliImportRefusesADirectoryWithCheckpointsOrALock) {
   export_hf(CheckpointReader(m.save(path("ckpt"))), path("hf"));
   // m.save wrote iter_0000007 and latest into path("ckpt"): a run's save directory.
   const std::string before = slurp(path("ckpt/latest"));
-  std::string msg =
-      error_of([&] { run_ckpt_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("ckpt"))); });
+  std::string msg = error_of([&] { run_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("ckpt"))); });
   EXPECT_NE(msg.find("ckpt import: " + path("ckpt") +
                      " holds checkpoints (latest: iter_0000007); import into a new "
                      "directory"),
@@ -121,14 +120,14 @@ TEST_F(CkptImport, CliImportRefusesADirectoryWithCheckpointsOrALock) {
 
   // A second import into the same directory finds the first's checkpoint.
   ::testing::internal::CaptureStdout();
-  run_ckpt_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("imp")));
+  run_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("imp")));
   ::testing::internal::GetCapturedStdout();
-  msg = error_of([&] { run_ckpt_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("imp"))); });
+  msg = error_of([&] { run_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("imp"))); });
   EXPECT_NE(msg.find(path("imp") + " holds checkpoints (latest: iter_0000000)"), std::string::npos) << msg;
 
   // iter_* directories without latest count too.
   std::filesystem::create_directories(path("bare/iter_0000003"));
-  msg = error_of([&] { run_ckpt_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("bare"))); });
+  msg = error_of([&] { run_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("bare"))); });
   EXPECT_NE(msg.find("holds checkpoints (1 iter_* directory, the newest iter_0000003; no latest)"), std::string::npos)
       << msg;
 
@@ -139,7 +138,7 @@ TEST_F(CkptImport, CliImportRefusesADirectoryWithCheckpointsOrALock) {
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::write(fd, "4242\n", 5), 5);
   ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
-  msg = error_of([&] { run_ckpt_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("live"))); });
+  msg = error_of([&] { run_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("live"))); });
   ::close(fd);
   EXPECT_EQ(msg, "ckpt import: " + path("live") + " is locked by a live run (" + lock_file +
                      " is held by pid 4242); import into a new directory");
@@ -162,13 +161,13 @@ TEST_F(CkptImport, ARefusedImportLeavesNothing) {
   ts.front().second = Tensor::from_floats(v, ts.front().second.shape());
   write_safetensors(file, ts, DType::f32);
   const std::string msg =
-      error_of([&] { run_ckpt_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("imp"))); });
+      error_of([&] { run_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("imp"))); });
   EXPECT_NE(msg.find("1 of"), std::string::npos) << msg;
   EXPECT_NE(msg.find("is not finite (the first, inf, at index 1)"), std::string::npos) << msg;
   EXPECT_FALSE(std::filesystem::exists(path("imp")));
   // An output directory that was there stays, with nothing imported into it.
   std::filesystem::create_directories(path("mine"));
-  error_of([&] { run_ckpt_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("mine"))); });
+  error_of([&] { run_cli(fmt::format("ckpt import {} --output {}", path("hf"), path("mine"))); });
   EXPECT_TRUE(std::filesystem::exists(path("mine")));
   EXPECT_FALSE(std::filesystem::exists(path("mine/latest")));
 }

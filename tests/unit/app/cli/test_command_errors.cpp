@@ -6,9 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include <CLI/CLI.hpp>
-
-#include "app/cli/commands.h"
+#include "tests/unit/app/cli/cli_run.h"
 #include "core/config/config.h"
 #include "tests/unit/expect_contains.h"
 #include "tests/unit/source_root.h"
@@ -18,14 +16,11 @@ using namespace mt;
 
 namespace {
 
-// Runs `args` through a command tree with the plan and generate commands; returns what it printed.
+// Runs `args` as megatrain does; returns what it printed.
 std::string run(const std::string& args) {
-  CLI::App root("megatrain");
-  app::add_plan_command(root);
-  app::add_generate_command(root);
   ::testing::internal::CaptureStdout();
   try {
-    root.parse(args, false);
+    cli_test::run_cli(args);
   } catch (...) {
     ::testing::internal::GetCapturedStdout();
     throw;

@@ -18,6 +18,7 @@
 #include "core/data/indexed_dataset.h"
 #include "core/hf/hf_export.h"
 #include "core/hf/safetensors.h"
+#include "tests/unit/app/cli/cli_run.h"
 #include "tests/unit/file_text.h"
 #include "tests/unit/temp_dir.h"
 
@@ -26,13 +27,7 @@ namespace {
 
 constexpr const char* kPoisoned = "model.layers.0.mlp.fc1.weight";
 
-void run_cli(const std::string& args) {
-  CLI::App root("megatrain");
-  add_ckpt_commands(root);
-  add_eval_command(root);
-  add_generate_command(root);
-  root.parse(args, false);
-}
+using cli_test::run_cli;
 
 // The message of what `args` throws; "" when it succeeds. Its standard output is captured (and dropped).
 std::string error_of(const std::string& args) {
