@@ -18,6 +18,7 @@
 #include "core/hf/safetensors.h"
 #include "core/config/config.h"
 #include "tests/unit/temp_dir.h"
+#include "tests/unit/core/checkpoint/checkpoint_fixture.h"
 #include "tests/unit/core/hf/hf_tiny_model.h"
 
 namespace fs = std::filesystem;
@@ -29,16 +30,7 @@ namespace {
 using testing_util::slurp;
 using testing_util::spit;
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const CheckpointError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a CheckpointError";
-  return "";
-}
+using ckpt_test::error_of;
 
 using hf_test::TinyModel;
 
