@@ -15,6 +15,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -399,9 +400,17 @@ std::unique_ptr<Communicator> split_nccl_communicator(Communicator& parent, cons
   ncclResult_t r = ncclCommSplit(pg.comm, g.info.members.front(), g.info.rank, &g.comm, &config);
   if (r != ncclSuccess && r != ncclInProgress)
     throw g.fail(op, "failed", fmt::format("ncclCommSplit of {}: {}", pg.info.name, ncclGetErrorString(r)));
-  if (!g.comm) throw g.fail(op, "failed", fmt::format("ncclCommSplit of {} returned no communicator", pg.info.name));
-  g.check_nccl(ncclInProgress, "ncclCommSplit, child", op, deadline);
+  // A non-blocking split hands out the child's handle from NCCL's own thread when its job ends: with NCCL 2.28 on
+  // an H100 it was still null when ncclCommSplit returned ncclInProgress. Wait for the parent, then for the handle.
   pg.check_nccl(ncclInProgress, "ncclCommSplit, parent", op, deadline);
+  Backoff backoff;
+  while (!std::atomic_ref<ncclComm_t>(g.comm).load(std::memory_order_acquire)) {
+    if (Clock::now() >= deadline)
+      throw g.fail(op, "timed out after " + seconds_str(g.info.timeout),
+                   fmt::format("ncclCommSplit of {} gave no communicator (has every member joined?)", pg.info.name));
+    backoff.pause();
+  }
+  g.check_nccl(ncclInProgress, "ncclCommSplit, child", op, deadline);
   return std::make_unique<NcclCommunicator>(std::move(group));
 }
 
