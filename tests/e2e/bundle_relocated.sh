@@ -33,13 +33,16 @@ bash checkout/scripts/gpu-run.sh >nomode.log 2>&1 || rc=$?
 [ "$rc" -eq 2 ] && grep -q "no mode given" nomode.log || { cat nomode.log; fail "gpu-run.sh without a mode exited $rc"; }
 echo "outside a bundle: gpu-run.sh says how to get a megatrain"
 
-# Pack, then move the bundle to another path (with a space in it).
-MAX_MIB=4096 bash "$SRC/scripts/gpu-bundle.sh" --no-build --build-dir "$BUILD" --out "$WORK/made/gpu-bundle" \
-  >bundle.log 2>&1 || { tail -20 bundle.log; fail "scripts/gpu-bundle.sh --no-build failed"; }
+# Pack, then unpack the archive (what travels) at another path (with a space in it); the folder must equal it.
+MAX_MIB=4096 XZ_LEVEL=0 bash "$SRC/scripts/gpu-bundle.sh" --no-build --build-dir "$BUILD" \
+  --out "$WORK/made/gpu-bundle" >bundle.log 2>&1 || { tail -20 bundle.log; fail "scripts/gpu-bundle.sh --no-build failed"; }
+[ -f "$WORK/made/gpu-bundle.tar.xz" ] || fail "gpu-bundle.sh made no gpu-bundle.tar.xz beside the folder"
 mkdir -p "$WORK/gpu machine" "$WORK/elsewhere"
-mv "$WORK/made/gpu-bundle" "$WORK/gpu machine/bundle"
-rmdir "$WORK/made"
-echo "bundle packed and moved: $(grep -o 'bundle .*MiB' bundle.log | tail -1)"; took
+tar xJf "$WORK/made/gpu-bundle.tar.xz" -C "$WORK/gpu machine" || fail "the bundle archive does not unpack"
+diff -r "$WORK/made/gpu-bundle" "$WORK/gpu machine/gpu-bundle" >/dev/null || fail "the archive differs from the folder"
+mv "$WORK/gpu machine/gpu-bundle" "$WORK/gpu machine/bundle"
+rm -rf "$WORK/made"
+echo "bundle packed, archived and unpacked elsewhere: $(grep -o 'archive .*MiB' bundle.log | tail -1)"; took
 
 # The GPU-free checks, run from the moved bundle. Exported, to run inside the mount namespace.
 B="$WORK/gpu machine/bundle"
