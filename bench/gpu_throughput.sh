@@ -22,7 +22,8 @@
 #   PYTHON (python3), PEAK_TFLOPS (MFU peak; default from the GPU name: H100/H200 989.4, A100 312), RUN_TIMEOUT (300
 #   s per run), BUDGET (seconds for the whole script: each run is capped by an equal share of what is left, runs
 #   with no time left are reported NOT RUN; scripts/gpu-run.sh sets it), KEEP_RUNS=1 (keep the run folders), OUT
-#   (also write $OUT/gpu_throughput.md and append each row to $OUT/gpu_throughput.jsonl), PLAN_GPU (e.g. h100-80gb:
+#   (also write $OUT/gpu_throughput.md and append each row to $OUT/gpu_throughput.jsonl), PROFILE=1 (megatrain's last
+#   warm-up iteration timed op by op: logging.profile_iteration, to $OUT/op_profile-<model>-<seq>.md), PLAN_GPU (e.g. h100-80gb:
 #   print megatrain plan's predicted ms/iter and peak memory beside each measured megatrain row) with PLAN_RATES (a
 #   rates file from `megatrain bench kernels --device cuda`, compared too).
 # One model per GPU command (scripts/gpu-run.sh bench 1.3b); Llama 3.2 1B: MODELS=llama3.2-1b SEQS="1024 2048 4096"
@@ -60,7 +61,7 @@ while [[ $# -gt 0 ]]; do
     --device) DEVICE=${2:?--device needs cuda or cpu}; shift 2 ;;
     --no-torch) TORCH=0; shift ;;
     --no-megatrain) MEGATRAIN_RUN=0; shift ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
@@ -335,6 +336,9 @@ for model in $MODELS; do
             data.synthetic=true optimizer.warmup_iters=0 optimizer.decay=constant
             'checkpoint.save_dir=""' checkpoint.load=none
             "logging.dir=$run" logging.interval=1 logging.eval_interval=0)
+      # PROFILE=1: the last warm-up iteration (the first when there is none) is timed op by op (left out of the
+      # figures when WARMUP > 0); its op_profile.md goes to $OUT/op_profile-<model>-<seq>.md.
+      [[ ${PROFILE:-0} == 1 ]] && sets+=("logging.profile_iteration=$((WARMUP > 0 ? WARMUP : 1))")
       # shellcheck disable=SC2206
       sets+=(${EXTRA_SET:-})
       args=()
@@ -344,6 +348,10 @@ for model in $MODELS; do
          check_attention_calls "$run/metrics.jsonl" 2>"$run.err" &&
          mt_json=$(summarize_megatrain "$run/metrics.jsonl" $((gbs * seq)) "$attn" 2>"$run.err"); then
         print_row "$label" "$mt_json"
+        if [[ ${PROFILE:-0} == 1 && -f $run/op_profile.md ]]; then
+          sed -n '1p' "$run/op_profile.md"
+          if [[ -n ${OUT:-} ]]; then mkdir -p "$OUT" && cp "$run/op_profile.md" "$OUT/op_profile-$model-$seq.md"; fi
+        fi
         [[ -n ${PLAN_GPU:-} ]] && compare_plan "$label" "$config" "$mt_json" "${args[@]}"
         emit "$(echo "$mt_json" | sed "s/^{/{\"model\": \"$model\", \"seq\": $seq, \"micro_batch\": $mbs, \"global_batch\": $gbs, /")"
       else

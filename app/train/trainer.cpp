@@ -271,7 +271,13 @@ void Trainer::run() {
     auto t0 = std::chrono::steady_clock::now();
     float lr = 0;
     StepResult r;
-    train_step(lr, r);
+    if (c_.iteration + 1 == cfg_.logging.profile_iteration) {
+      op_profile::Session profile(device_);
+      train_step(lr, r);
+      write_op_profile(profile.finish(), c_.iteration + 1);
+    } else {
+      train_step(lr, r);
+    }
     ++c_.iteration;
     c_.consumed_samples += G;
     check_finite(r);

@@ -19,6 +19,7 @@
 #include "core/optim/loss_spike.h"
 #include "core/optim/lr_schedule.h"
 #include "core/optim/optimizer.h"
+#include "core/tensor/op_profile.h"
 #include "models/gpt.h"
 #include "parallel/distributed_optimizer.h"
 #include "parallel/grad_buffer.h"
@@ -107,6 +108,9 @@ class Trainer {
   // The interval report after iteration c_.iteration: reads the interval's losses (a collective), writes
   // metrics.jsonl / TensorBoard and the log line; `mean_ms` is the interval's mean iteration time.
   void report(const StepResult& r, float lr, double mean_ms, int64_t interval_iters, double flops_per_iter);
+  // logging.profile_iteration: the logging rank writes RUN_DIR/op_profile.md, logs the per-op totals and adds an
+  // op_profile event to metrics.jsonl.
+  void write_op_profile(const op_profile::Report& r, int64_t iteration);
   // The spike check of one step's loss: `local_sum` is this rank's loss sum (zero off the last stage), summed
   // over the pipeline and data-parallel groups as read_losses does (so every rank holds the same loss). Feeds
   // the detector, logs a spike; true when the step must not be applied (training.loss_spike.action skip/stop).

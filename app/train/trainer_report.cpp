@@ -2,7 +2,11 @@
 // (metrics.jsonl, TensorBoard, the log line), peak memory per rank and which attention implementation ran.
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -37,6 +41,28 @@ void Trainer::log_run() {
   spdlog::info("model: {} {} parameters ({}{}) ({} layers, hidden {}, {}, ffn {}, vocabulary {} padded to {}), {}",
                name_of(m.arch), total, human_count(total), share, m.num_layers, m.hidden_size, heads, m.ffn_hidden_size,
                m.vocab_size, m.padded_vocab_size, name_of(cfg_.training.precision));
+}
+
+void Trainer::write_op_profile(const op_profile::Report& r, int64_t iteration) {
+  if (!dist_.is_logging_rank()) return;
+  const std::string text = op_profile::format_report(r, iteration, 40);
+  const std::filesystem::path path = std::filesystem::path(cfg_.logging.dir) / "op_profile.md";
+  {
+    std::ofstream f(path);
+    f << "# " << text;
+    if (!f.flush())
+      spdlog::warn("op profile: cannot write {} ({}); the log below has the totals", path.string(),
+                   std::strerror(errno));
+  }
+  // The first line and the per-op totals (the file holds the rows by shape too).
+  const size_t cut = text.find("\n\n| op | detail");
+  spdlog::info("{}(rows by op and shape: {})", text.substr(0, cut == std::string::npos ? text.size() : cut + 1),
+               path.string());
+  metrics_.write({{"event", "op_profile"},
+                  {"iteration", iteration},
+                  {"step_ms", r.step_ms},
+                  {"op_ms", r.op_ms()},
+                  {"device", std::string(device_name(r.device))}});
 }
 
 void Trainer::report(const StepResult& r, float lr, double mean_ms, int64_t interval_iters, double flops_per_iter) {

@@ -254,6 +254,10 @@ struct LoggingConfig {
   // a warning naming its file and the OS error; warn: training goes on without it; save_and_stop: the run saves
   // a checkpoint and stops cleanly (exit 0), as on a stop signal.
   SinkErrorAction on_sink_error = SinkErrorAction::warn;
+  // Time this iteration op by op (core/tensor/op_profile.h: CUDA events on the GPU, the wall clock on the CPU) and
+  // write RUN_DIR/op_profile.md (the logging rank; the top ops also go to the log); 0: never. The profiled
+  // iteration runs slower (one host call and two events per op): leave it out of timing comparisons.
+  int64_t profile_iteration = 0;
 
   bool operator==(const LoggingConfig&) const = default;
 };

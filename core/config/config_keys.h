@@ -125,6 +125,7 @@ void visit(V& v, C& c) {
     v.field({.name = "tensorboard"}, l.tensorboard);
     v.field({.name = "verbose_line"}, l.verbose_line);
     v.field({.name = "on_sink_error"}, l.on_sink_error);
+    v.field({.name = "profile_iteration"}, l.profile_iteration);
   });
 }
 

@@ -370,11 +370,16 @@ void resolve_checkpoint_and_logging(Config& c, const Rules& r) {
   r.positive("logging.interval", l.interval);
   r.non_negative("logging.eval_interval", l.eval_interval);
   r.non_negative("logging.eval_iters", l.eval_iters);
+  r.non_negative("logging.profile_iteration", l.profile_iteration);
   r.at_most("logging.interval", l.interval, kMaxCount, "interval");
   r.at_most("logging.eval_interval", l.eval_interval, kMaxCount, "interval");
   r.at_most("logging.eval_iters", l.eval_iters, int64_t{1} << 24, "number of validation iterations");
   r.at_most("checkpoint.save_interval", k.save_interval, kMaxCount, "interval");
   r.at_most("checkpoint.keep_last", k.keep_last, kMaxCount, "count");
+  r.at_most("logging.profile_iteration", l.profile_iteration, kMaxCount, "iteration");
+  if (l.profile_iteration > c.training.train_iters)
+    r.fail("logging.profile_iteration", fmt::format("iteration {} is past training.train_iters={}: it would never run",
+                                                    l.profile_iteration, c.training.train_iters));
   if (l.eval_interval > 0 && l.eval_iters == 0)
     r.fail("logging.eval_iters", fmt::format("must be positive when logging.eval_interval={}", l.eval_interval));
   r.one_of("logging.level", l.level, {"trace", "debug", "info", "warn", "error", "critical", "off"});

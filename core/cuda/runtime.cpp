@@ -145,6 +145,28 @@ double peak_bf16_tflops() {
 
 void synchronize() { MT_CUDA_CHECK(cudaStreamSynchronize(stream())); }
 
+void* create_timing_event() {
+  current_device();
+  cudaEvent_t e = nullptr;
+  MT_CUDA_CHECK(cudaEventCreate(&e));
+  return e;
+}
+
+void record_on_compute_stream(void* event) {
+  MT_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), stream()));
+}
+
+float elapsed_ms(void* start, void* end) {
+  MT_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(end)));
+  float ms = 0;
+  MT_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
+  return ms;
+}
+
+void destroy_timing_event(void* event) noexcept {
+  if (event) (void)cudaEventDestroy(static_cast<cudaEvent_t>(event));
+}
+
 namespace {
 std::atomic<int64_t> g_copies_to_host{0}, g_copies_from_host{0};
 }  // namespace

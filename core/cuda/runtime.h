@@ -56,6 +56,13 @@ void fill_zero(void* dst, size_t bytes);
 // dst[i] = src[i] converted (one round to nearest even), both on the device.
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t n);
 
+// Timing events for the op profiler (core/tensor/op_profile.h): an event (a cudaEvent_t) created once and
+// recorded on the compute stream when asked; elapsed_ms waits for `end` and gives the milliseconds between them.
+void* create_timing_event();
+void record_on_compute_stream(void* event);
+float elapsed_ms(void* start, void* end);
+void destroy_timing_event(void* event) noexcept;
+
 // The caching device allocator (core/cuda/allocator.cpp).
 Allocator& caching_allocator();
 struct CacheStats {

@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "core/cpu/ops_cpu.h"
+#include "core/tensor/op_profile.h"
 #include "core/tensor/ops_check.h"
 #if defined(MEGATRAIN_WITH_CUDA)
 #include "core/cuda/ops_cuda.h"
@@ -80,6 +81,11 @@ void check_gemm_epilogue(const char* op, const Tensor& out, const GemmOptions& o
 
 void gemm(const Tensor& a, const Tensor& b, Tensor& out, GemmOptions opt) {
   const char* op = "gemm";
+  const op_profile::Scope profile(op, [&] {  // M x N x K and the transposes, as the step's GEMMs differ by shape
+    if (a.ndim() != 2 || b.ndim() != 2) return std::string();
+    return fmt::format("{}x{}x{} {}{}", opt.trans_a ? a.dim(1) : a.dim(0), opt.trans_b ? b.dim(0) : b.dim(1),
+                       opt.trans_a ? a.dim(0) : a.dim(1), opt.trans_a ? 't' : 'n', opt.trans_b ? 't' : 'n');
+  });
   check_ndim(op, "a", a, 2, "(M, K)");
   check_ndim(op, "b", b, 2, "(K, N)");
   check_ndim(op, "out", out, 2, "(M, N)");
@@ -106,6 +112,7 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& out, GemmOptions opt) {
 
 void add_bias(Tensor& x, const Tensor& bias) {
   const char* op = "add_bias";
+  const op_profile::Scope profile(op);
   check_ndim(op, "x", x, 2, "(N, C)");
   check_floating_shape(op, "bias", bias, {x.dim(1)});
   if (device_of(op, {&x, &bias}) == Device::cpu) return cpu::add_bias(x, bias);
@@ -114,6 +121,7 @@ void add_bias(Tensor& x, const Tensor& bias) {
 
 void bias_backward(const Tensor& dout, Tensor& dbias) {
   const char* op = "bias_backward";
+  const op_profile::Scope profile(op);
   check_ndim(op, "dout", dout, 2, "(N, C)");
   check_f32_shape(op, "dbias", dbias, {dout.dim(1)});
   if (device_of(op, {&dout, &dbias}) == Device::cpu) return cpu::bias_backward(dout, dbias);
@@ -124,6 +132,7 @@ void bias_backward(const Tensor& dout, Tensor& dbias) {
 
 void transpose_blocks(const Tensor& x, Tensor& out) {
   const char* op = "transpose_blocks";
+  const op_profile::Scope profile(op);
   check_defined(op, "x", x);
   check_defined(op, "out", out);
   if (x.ndim() != 3) fail(op, fmt::format("x: expected a 3-D tensor (P, Q, L), got {}", shape_str(x.shape())));
@@ -138,6 +147,7 @@ void transpose_blocks(const Tensor& x, Tensor& out) {
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {
   const char* op = "add";
+  const op_profile::Scope profile(op);
   check_floating(op, "a", a);
   check_like(op, "b", b, a, "a");
   check_like(op, "out", out, a, "a");
@@ -147,6 +157,7 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
 
 void scale_(Tensor& x, float s) {
   const char* op = "scale_";
+  const op_profile::Scope profile(op);
   check_floating(op, "x", x);
   if (x.device() == Device::cpu) return cpu::scale_(x, s);
   MT_ON_CUDA(scale_(x, s));
@@ -154,6 +165,7 @@ void scale_(Tensor& x, float s) {
 
 void gelu_forward(const Tensor& x, Tensor& out) {
   const char* op = "gelu_forward";
+  const op_profile::Scope profile(op);
   check_floating(op, "x", x);
   check_like(op, "out", out, x, "x");
   if (device_of(op, {&x, &out}) == Device::cpu) return cpu::gelu_forward(x, out);
@@ -162,6 +174,7 @@ void gelu_forward(const Tensor& x, Tensor& out) {
 
 void gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) {
   const char* op = "gelu_backward";
+  const op_profile::Scope profile(op);
   check_floating(op, "x", x);
   check_like(op, "dout", dout, x, "x");
   check_like(op, "dx", dx, x, "x");
@@ -186,6 +199,7 @@ int64_t check_swiglu_x(const char* op, const Tensor& x) {
 
 void swiglu_forward(const Tensor& x, Tensor& out) {
   const char* op = "swiglu_forward";
+  const op_profile::Scope profile(op);
   const int64_t F = check_swiglu_x(op, x);
   check_dtype(op, "out", out, x.dtype());
   expect_shape(op, "out", out, {x.dim(0), F});
@@ -195,6 +209,7 @@ void swiglu_forward(const Tensor& x, Tensor& out) {
 
 void swiglu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) {
   const char* op = "swiglu_backward";
+  const op_profile::Scope profile(op);
   const int64_t F = check_swiglu_x(op, x);
   check_dtype(op, "dout", dout, x.dtype());
   expect_shape(op, "dout", dout, {x.dim(0), F});

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "core/cpu/ops_cpu.h"
+#include "core/tensor/op_profile.h"
 #include "core/tensor/ops_check.h"
 #if defined(MEGATRAIN_WITH_CUDA)
 #include "core/cuda/ops_cuda.h"
@@ -23,6 +24,7 @@ using namespace ops_check;  // NOLINT(google-build-using-namespace): the checks 
 void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& out, Tensor& mean,
                        Tensor& rstd, LayerNormOptions opt) {
   const char* op = "layernorm_forward";
+  const op_profile::Scope profile(op);
   check_ndim(op, "x", x, 2, "(N, C)");
   const int64_t N = x.dim(0), C = x.dim(1);
   check_floating_shape(op, "weight", weight, {C});
@@ -39,6 +41,7 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
 void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
                         const Tensor& rstd, Tensor& dx, Tensor& dweight, Tensor& dbias) {
   const char* op = "layernorm_backward";
+  const op_profile::Scope profile(op);
   check_ndim(op, "x", x, 2, "(N, C)");
   const int64_t N = x.dim(0), C = x.dim(1);
   check_like(op, "dout", dout, x, "x");
@@ -57,6 +60,7 @@ void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weigh
 
 void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor& rstd, RmsNormOptions opt) {
   const char* op = "rmsnorm_forward";
+  const op_profile::Scope profile(op);
   check_ndim(op, "x", x, 2, "(N, C)");
   const int64_t N = x.dim(0), C = x.dim(1);
   check_floating_shape(op, "weight", weight, {C});
@@ -70,6 +74,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor&
 void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
                       Tensor& dweight) {
   const char* op = "rmsnorm_backward";
+  const op_profile::Scope profile(op);
   check_ndim(op, "x", x, 2, "(N, C)");
   const int64_t N = x.dim(0), C = x.dim(1);
   check_like(op, "dout", dout, x, "x");
@@ -86,6 +91,7 @@ void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
 
 void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, EmbeddingOptions opt) {
   const char* op = "embedding_forward";
+  const op_profile::Scope profile(op);
   check_ndim(op, "ids", ids, 2, "(B, T)", DType::i32);
   check_ndim(op, "table", table, 2, "(V, C)");
   check_floating_shape(op, "out", out, {ids.dim(0), ids.dim(1), table.dim(1)});
@@ -96,6 +102,7 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, Embe
 
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, EmbeddingOptions opt) {
   const char* op = "embedding_backward";
+  const op_profile::Scope profile(op);
   check_ndim(op, "ids", ids, 2, "(B, T)", DType::i32);
   check_ndim(op, "dtable", dtable, 2, "(V, C)", DType::f32);
   check_floating_shape(op, "dout", dout, {ids.dim(0), ids.dim(1), dtable.dim(1)});
@@ -120,6 +127,7 @@ void check_positions(const char* op, const Tensor& x, const char* table_name, co
 
 void position_embedding_add(Tensor& x, const Tensor& wpe, EmbeddingOptions opt) {
   const char* op = "position_embedding_add";
+  const op_profile::Scope profile(op);
   check_ndim(op, "x", x, 3, "(B, T, C)");
   check_positions(op, x, "wpe", wpe, opt);
   if (device_of(op, {&x, &wpe}) == Device::cpu) return cpu::position_embedding_add(x, wpe, opt);
@@ -128,6 +136,7 @@ void position_embedding_add(Tensor& x, const Tensor& wpe, EmbeddingOptions opt) 
 
 void position_embedding_backward(const Tensor& dout, Tensor& dwpe, EmbeddingOptions opt) {
   const char* op = "position_embedding_backward";
+  const op_profile::Scope profile(op);
   check_ndim(op, "dout", dout, 3, "(B, T, C)");
   check_dtype(op, "dwpe", dwpe, DType::f32);
   check_positions(op, dout, "dwpe", dwpe, opt);
@@ -155,6 +164,7 @@ void check_dropout(const char* op, const Tensor& in, const char* in_name, const 
 
 void dropout_forward(const Tensor& x, Tensor& out, const DropoutOptions& opt) {
   const char* op = "dropout_forward";
+  const op_profile::Scope profile(op);
   check_dropout(op, x, "x", out, "out", opt);
   if (device_of(op, {&x, &out}) == Device::cpu) return cpu::dropout_forward(x, out, opt);
   MT_ON_CUDA(dropout_forward(x, out, opt));
@@ -162,6 +172,7 @@ void dropout_forward(const Tensor& x, Tensor& out, const DropoutOptions& opt) {
 
 void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOptions& opt) {
   const char* op = "dropout_backward";
+  const op_profile::Scope profile(op);
   check_dropout(op, dout, "dout", dx, "dx", opt);
   if (device_of(op, {&dout, &dx}) == Device::cpu) return cpu::dropout_backward(dout, dx, opt);
   MT_ON_CUDA(dropout_backward(dout, dx, opt));
@@ -171,6 +182,7 @@ void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOptions& opt)
 
 void dropout_add(const Tensor& x, const Tensor& residual, Tensor& out, const DropoutOptions& opt) {
   const char* op = "dropout_add";
+  const op_profile::Scope profile(op);
   check_dropout(op, x, "x", out, "out", opt);
   check_like(op, "residual", residual, x, "x");
   if (device_of(op, {&x, &residual, &out}) == Device::cpu) return cpu::dropout_add(x, residual, out, opt);
@@ -237,6 +249,7 @@ AttentionCalls attention_calls() {
 
 void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionOptions& opt) {
   const char* op = "attention_forward";
+  const op_profile::Scope profile(op);
   check_qkv(op, qkv, opt);
   check_heads_out(op, "out", out, qkv);
   check_lse(op, lse, qkv);
@@ -250,6 +263,7 @@ void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const Attent
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dqkv,
                         const AttentionOptions& opt) {
   const char* op = "attention_backward";
+  const op_profile::Scope profile(op);
   check_qkv(op, qkv, opt);
   check_heads_out(op, "out", out, qkv);
   check_lse(op, lse, qkv);
@@ -266,6 +280,7 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
 
 void rope_(Tensor& qkv, const RopeOptions& opt) {
   const char* op = "rope_";
+  const op_profile::Scope profile(op);
   check_ndim(op, "qkv", qkv, 5, "(B, T, G, R + 2, D)");
   if (qkv.dim(3) < 3 || qkv.dim(4) == 0 || qkv.dim(4) % 2 != 0)
     fail(op, fmt::format("qkv: expected shape (B, T, G, R + 2, D) with R >= 1 and an even D > 0, got {}",

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "core/cpu/ops_cpu.h"
+#include "core/tensor/op_profile.h"
 #include "core/tensor/ops_check.h"
 #if defined(MEGATRAIN_WITH_CUDA)
 #include "core/cuda/ops_cuda.h"
@@ -35,6 +36,7 @@ void check_logits(const char* op, const Tensor& logits, const Tensor* targets, i
 
 void cross_entropy_rowmax(const Tensor& logits, Tensor& rowmax, CrossEntropyOptions opt) {
   const char* op = "cross_entropy_rowmax";
+  const op_profile::Scope profile(op);
   check_logits(op, logits, nullptr, 0);
   check_f32_shape(op, "rowmax", rowmax, {logits.dim(0)});
   if (device_of(op, {&logits, &rowmax}) == Device::cpu) return cpu::cross_entropy_rowmax(logits, rowmax, opt);
@@ -44,6 +46,7 @@ void cross_entropy_rowmax(const Tensor& logits, Tensor& rowmax, CrossEntropyOpti
 void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& rowmax, Tensor& sumexp,
                             Tensor& target_logit, CrossEntropyOptions opt) {
   const char* op = "cross_entropy_partials";
+  const op_profile::Scope profile(op);
   check_logits(op, logits, &targets, opt.vocab_start);
   const int64_t N = logits.dim(0);
   check_f32_shape(op, "rowmax", rowmax, {N});
@@ -56,6 +59,7 @@ void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const T
 
 void cross_entropy_loss(const Tensor& rowmax, const Tensor& sumexp, const Tensor& target_logit, Tensor& losses) {
   const char* op = "cross_entropy_loss";
+  const op_profile::Scope profile(op);
   check_ndim(op, "rowmax", rowmax, 1, "(N)");
   const int64_t N = rowmax.dim(0);
   check_f32_shape(op, "rowmax", rowmax, {N});
@@ -70,6 +74,7 @@ void cross_entropy_loss(const Tensor& rowmax, const Tensor& sumexp, const Tensor
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& rowmax, const Tensor& sumexp,
                             const Tensor& dloss, Tensor& dlogits, CrossEntropyOptions opt) {
   const char* op = "cross_entropy_backward";
+  const op_profile::Scope profile(op);
   check_logits(op, logits, &targets, opt.vocab_start);
   const int64_t N = logits.dim(0);
   check_f32_shape(op, "rowmax", rowmax, {N});
@@ -90,6 +95,7 @@ double sum_squares(const Tensor& x) {
 
 double sum_squares(const std::vector<Tensor>& xs) {
   const char* op = "sum_squares";
+  const op_profile::Scope profile(op);
   if (xs.empty()) return 0.0;
   for (size_t i = 0; i < xs.size(); ++i) {
     check_dtype(op, fmt::format("xs[{}]", i).c_str(), xs[i], DType::f32);
@@ -107,6 +113,7 @@ bool has_inf_or_nan(const Tensor& x) {
 
 void adamw_step(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamWOptions& opt) {
   const char* op = "adamw_step";
+  const op_profile::Scope profile(op);
   check_dtype(op, "master", master, DType::f32);
   check_like(op, "grad", grad, master, "master");
   check_like(op, "exp_avg", exp_avg, master, "master");
@@ -146,6 +153,7 @@ std::vector<double> read_f64(const Tensor& t) {
 
 void grad_stats(const std::vector<Tensor>& xs, Tensor& stats) {
   const char* op = "grad_stats";
+  const op_profile::Scope profile(op);
   check_f64(op, "stats", stats, 2);
   for (size_t i = 0; i < xs.size(); ++i) {
     check_dtype(op, fmt::format("xs[{}]", i).c_str(), xs[i], DType::f32);
@@ -164,6 +172,7 @@ GradStats grad_stats(const std::vector<Tensor>& xs) {
 
 void adamw_multi_step(const std::vector<AdamWTensors>& ts, const AdamWOptions& opt) {
   const char* op = "adamw_multi_step";
+  const op_profile::Scope profile(op);
   if (ts.empty()) return;
   check_range(op, "step", opt.step >= 1, fmt::format("must be >= 1 (1-based), got {}", opt.step));
   check_range(op, "betas", opt.beta1 >= 0.f && opt.beta1 < 1.f && opt.beta2 >= 0.f && opt.beta2 < 1.f,
@@ -198,6 +207,7 @@ void adamw_multi_step(const std::vector<AdamWTensors>& ts, const AdamWOptions& o
 
 void accumulate_mean(const Tensor& x, Tensor& sum) {
   const char* op = "accumulate_mean";
+  const op_profile::Scope profile(op);
   check_dtype(op, "x", x, DType::f32);
   check_f64(op, "sum", sum, 1);
   check_range(op, "x", x.numel() > 0, "the mean of no values");
@@ -207,6 +217,7 @@ void accumulate_mean(const Tensor& x, Tensor& sum) {
 
 void fill_(Tensor& x, float v) {
   const char* op = "fill_";
+  const op_profile::Scope profile(op);
   check_floating(op, "x", x);
   if (x.device() == Device::cpu) return cpu::fill_(x, v);
   MT_ON_CUDA(fill_(x, v));
