@@ -41,6 +41,23 @@ mkdir -p "$WORK/gpu machine" "$WORK/elsewhere"
 tar xJf "$WORK/made/gpu-bundle.tar.xz" -C "$WORK/gpu machine" || fail "the bundle archive does not unpack"
 diff -r "$WORK/made/gpu-bundle" "$WORK/gpu machine/gpu-bundle" >/dev/null || fail "the archive differs from the folder"
 mv "$WORK/gpu machine/gpu-bundle" "$WORK/gpu machine/bundle"
+
+# scripts/gpu-lease.sh, the one command of a lease: unpacks the archive, runs modes under their budgets, packs the
+# logs into one file; a mistyped step is refused before anything runs.
+rc=0
+OUT=$WORK/lease-out bash "$SRC/scripts/gpu-lease.sh" --archive "$WORK/made/gpu-bundle.tar.xz" --dir "$WORK/lease" \
+  'env 60' 'bench 100 DEVICE=cpu SEQS=64 WARMUP=1 ITERS=2 TORCH=0 PROFILE=1 -- tiny' >lease.log 2>&1 || rc=$?
+[ "$rc" -eq 0 ] || { cat lease.log; fail "gpu-lease.sh exited $rc"; }
+tar tzf "$WORK/lease-out/logs.tgz" >lease.files || fail "gpu-lease.sh left no readable logs.tgz"
+for want in ./01-env/env-summary.txt ./02-bench/bench-summary.txt ./02-bench/gpu_throughput.md ./02-bench/op_profile-tiny-64.md; do
+  grep -qxF "$want" lease.files || { cat lease.files; fail "logs.tgz has no $want"; }
+done
+grep -q "^| tiny | 64 |" lease.log || { cat lease.log; fail "gpu-lease.sh did not print the bench table last"; }
+rc=0
+OUT=$WORK/lease-out bash "$SRC/scripts/gpu-lease.sh" --archive "$WORK/made/gpu-bundle.tar.xz" 'first 370' 'bnech 60' \
+  >lease_bad.log 2>&1 || rc=$?
+[ "$rc" -eq 2 ] && grep -q "unknown mode 'bnech'" lease_bad.log || { cat lease_bad.log; fail "a bad step: exit $rc"; }
+echo "gpu-lease.sh: two modes from the archive, logs in one file; a bad step refused"
 rm -rf "$WORK/made"
 echo "bundle packed, archived and unpacked elsewhere: $(grep -o 'archive .*MiB' bundle.log | tail -1)"; took
 
