@@ -35,6 +35,7 @@ enum class BackendChoice { automatic, nccl, gloo };
 enum class OptimizerType { adamw };
 enum class SpikeAction { log, skip, stop };
 enum class SinkErrorAction { warn, save_and_stop };
+enum class MoeScore { softmax, sigmoid };
 
 template <>
 struct EnumNames<Arch> {
@@ -78,10 +79,37 @@ struct EnumNames<SinkErrorAction> {
   static constexpr std::array<const char*, 0> planned{};
 };
 
+template <>
+struct EnumNames<MoeScore> {
+  static constexpr std::array names{"softmax", "sigmoid"};
+  static constexpr std::array<const char*, 0> planned{};
+};
+
 // The compute dtype of a precision.
 inline DType dtype_of(Precision p) {
   return p == Precision::bf16 ? DType::bf16 : p == Precision::fp16 ? DType::f16 : DType::f32;
 }
+
+// model.moe: mixture-of-experts MLPs (absent, or num_experts 0: every layer is dense). The router's logits, scores
+// and top-k are fp32, ties broken by the lower expert index, so routing never depends on the layout.
+struct MoeConfig {
+  int64_t num_experts = 0;  // 0: dense
+  int64_t top_k = 2;        // experts per token
+  // Which layers are MoE: every layer_freq-th (layers 0, k, 2k, ...), or layer_pattern (one 0/1 per layer).
+  int64_t layer_freq = 1;
+  std::vector<int64_t> layer_pattern;  // empty: layer_freq decides
+  int64_t ffn_hidden_size = 0;         // each expert's MLP width; 0: model.ffn_hidden_size (fine-grained: smaller)
+  int64_t shared_expert_ffn_hidden_size = 0;    // a shared expert every token passes (DeepSeek, Qwen); 0: none
+  MoeScore score_function = MoeScore::softmax;  // softmax then top-k (Mixtral) | sigmoid (DeepSeek-V3)
+  bool norm_topk_prob = true;                   // the top-k weights divided by their sum
+  double aux_loss_coeff = 0;                    // Switch/GShard load-balancing loss; 0: off
+  double z_loss_coeff = 0;                      // router z-loss; 0: off
+  double bias_update_rate = 0;                  // DeepSeek-V3's aux-loss-free expert bias update per step; 0: off
+  double capacity_factor = 0;  // tokens per expert capped at factor * N * top_k / num_experts; 0 (none): dropless
+
+  bool enabled() const { return num_experts > 0; }
+  bool operator==(const MoeConfig&) const = default;
+};
 
 struct ModelConfig {
   Arch arch = Arch::gpt;                // gpt | llama
@@ -100,6 +128,7 @@ struct ModelConfig {
   float layernorm_eps = 1e-5f;     // the epsilon of LayerNorm (gpt) or RMSNorm (llama)
   double rotary_base = 10000;      // llama: the rotary embeddings' theta (HF's rope_theta)
   float init_std = 0.02f;
+  MoeConfig moe;
   // derived
   int64_t padded_vocab_size = 0;  // vocab_size rounded up to divisible_by * parallel.tensor
   int64_t head_dim = 0;           // hidden_size / num_heads
@@ -121,6 +150,11 @@ struct ParallelConfig {
   double timeout_s = 300;                 // bound on every rendezvous and collective wait (a dead rank ends the job)
   int64_t grad_bucket_size = 40000000;    // elements per data-parallel gradient bucket, reduced during backward
   BackendChoice backend = BackendChoice::automatic;  // auto (nccl on cuda, gloo on cpu) | nccl | gloo (host-staged)
+  // Expert parallelism (model.moe): experts split over this many ranks, drawn from the data-parallel ranks (and,
+  // with expert_tensor < tensor, from the tensor ranks: Megatron's parallel folding); expert_tensor is the expert
+  // layers' own tensor-parallel degree (0: parallel.tensor).
+  int64_t expert = 1;
+  int64_t expert_tensor = 0;
   // derived
   int64_t world_size = 1;
 

@@ -15,9 +15,12 @@ struct Key {
   // hid a forgotten value (issue 30, item 8).
   const char* refuses_zero = nullptr;  // the default, for the message ("num_heads"); null: 0 is read as given
   size_t length = 0;                   // a list of exactly this many entries; 0: any length
+  // A number key whose default 0 is written and read as this word (model.moe.capacity_factor: none); a number 0
+  // is then refused as refuses_zero says.
+  const char* zero_word = nullptr;
 };
 
-// Calls v.section(name, body) for every section (nested for training.loss_scale and training.loss_spike) and v.field(Key, member) for
+// Calls v.section(name, body) for every section (nested for model.moe, training.loss_scale and training.loss_spike) and v.field(Key, member) for
 // every key, in the order to_yaml prints them. C is Config or const Config. Derived values are not keys.
 template <class V, class C>
 void visit(V& v, C& c) {
@@ -43,6 +46,22 @@ void visit(V& v, C& c) {
     v.field({.name = "layernorm_eps"}, m.layernorm_eps);
     v.field({.name = "rotary_base"}, m.rotary_base);
     v.field({.name = "init_std"}, m.init_std);
+    v.section("moe", [&] {
+      auto& e = m.moe;
+      v.field({.name = "num_experts"}, e.num_experts);
+      v.field({.name = "top_k"}, e.top_k);
+      v.field({.name = "layer_freq"}, e.layer_freq);
+      v.field({.name = "layer_pattern"}, e.layer_pattern);
+      v.field({.name = "ffn_hidden_size", .accepts_auto = true, .refuses_zero = "model.ffn_hidden_size"},
+              e.ffn_hidden_size);
+      v.field({.name = "shared_expert_ffn_hidden_size"}, e.shared_expert_ffn_hidden_size);
+      v.field({.name = "score_function"}, e.score_function);
+      v.field({.name = "norm_topk_prob"}, e.norm_topk_prob);
+      v.field({.name = "aux_loss_coeff"}, e.aux_loss_coeff);
+      v.field({.name = "z_loss_coeff"}, e.z_loss_coeff);
+      v.field({.name = "bias_update_rate"}, e.bias_update_rate);
+      v.field({.name = "capacity_factor", .refuses_zero = "none: dropless", .zero_word = "none"}, e.capacity_factor);
+    });
   });
   v.section("parallel", [&] {
     auto& p = c.parallel;
@@ -56,6 +75,8 @@ void visit(V& v, C& c) {
     v.field({.name = "timeout_s"}, p.timeout_s);
     v.field({.name = "grad_bucket_size"}, p.grad_bucket_size);
     v.field({.name = "backend"}, p.backend);
+    v.field({.name = "expert"}, p.expert);
+    v.field({.name = "expert_tensor", .accepts_auto = true, .refuses_zero = "parallel.tensor"}, p.expert_tensor);
   });
   v.section("training", [&] {
     auto& t = c.training;

@@ -183,7 +183,20 @@ class Reader {
   void real(const Key& k, F& out) {
     std::string path;
     auto n = value(k, path);
-    if (n && !parse_real(*n, out)) src_.fail(path, "expected a number, got " + describe(*n), n->Mark());
+    if (!n) return;
+    if (k.zero_word && n->IsScalar() && n->Scalar() == k.zero_word) {
+      out = 0;
+    } else if (!parse_real(*n, out)) {
+      src_.fail(path,
+                fmt::format("expected a number{}, got {}", k.zero_word ? fmt::format(" or '{}'", k.zero_word) : "",
+                            describe(*n)),
+                n->Mark());
+    } else if (k.refuses_zero && out == 0) {
+      src_.fail(path,
+                fmt::format("0 is not a valid value: leave the key out (or write {}) for the default ({})",
+                            k.zero_word ? k.zero_word : "auto", k.refuses_zero),
+                n->Mark());
+    }
   }
 
   template <class T, class Parse>

@@ -23,8 +23,9 @@ constexpr int64_t kMaxSequence = int64_t{1} << 24;
 constexpr int64_t kMaxVocab = (int64_t{1} << 31) - 1;
 constexpr int64_t kMaxVocabMultiple = int64_t{1} << 20;
 constexpr int64_t kMaxParallel = int64_t{1} << 20;  // ranks along one dimension
-constexpr int64_t kMaxCount = int64_t{1} << 40;     // iterations, batch sizes, intervals
-constexpr double kMaxTimeoutS = 1e7;                // about 115 days; times 1000 fits int64 milliseconds
+constexpr int64_t kMaxExperts = 1024;
+constexpr int64_t kMaxCount = int64_t{1} << 40;  // iterations, batch sizes, intervals
+constexpr double kMaxTimeoutS = 1e7;             // about 115 days; times 1000 fits int64 milliseconds
 // Bytes one tensor may hold (kMaxTensorBytes in core/tensor/tensor.h), as a double for products of config sizes.
 constexpr double kMaxBytes = static_cast<double>(kMaxTensorBytes);
 
@@ -202,6 +203,113 @@ void resolve_parallel(Config& c, int64_t world_size, const Rules& r) {
                                            "(give parallel.layers_per_stage for an uneven split)",
                                            m.num_layers, p.pipeline, p.virtual_pipeline, chunks));
   }
+}
+
+// model.moe and expert parallelism. A dense model (num_experts 0) takes no other MoE key, so a forgotten
+// num_experts is not a silently dense run.
+void resolve_moe(Config& c, const Rules& r) {
+  MoeConfig& e = c.model.moe;
+  ParallelConfig& p = c.parallel;
+  const ModelConfig& m = c.model;
+  r.non_negative("model.moe.num_experts", e.num_experts);
+  r.at_most("model.moe.num_experts", e.num_experts, kMaxExperts,
+            "number of experts (the router keeps a token's scores of every expert in fast memory)");
+  if (!e.enabled()) {  // a written config carries the defaults: only a changed key is an error
+    const MoeConfig d;
+    const std::pair<const char*, bool> changed[] = {
+        {"top_k", e.top_k != d.top_k},
+        {"layer_freq", e.layer_freq != d.layer_freq},
+        {"layer_pattern", e.layer_pattern != d.layer_pattern},
+        {"ffn_hidden_size", e.ffn_hidden_size != d.ffn_hidden_size},
+        {"shared_expert_ffn_hidden_size", e.shared_expert_ffn_hidden_size != d.shared_expert_ffn_hidden_size},
+        {"score_function", e.score_function != d.score_function},
+        {"norm_topk_prob", e.norm_topk_prob != d.norm_topk_prob},
+        {"aux_loss_coeff", e.aux_loss_coeff != d.aux_loss_coeff},
+        {"z_loss_coeff", e.z_loss_coeff != d.z_loss_coeff},
+        {"bias_update_rate", e.bias_update_rate != d.bias_update_rate},
+        {"capacity_factor", e.capacity_factor != d.capacity_factor}};
+    for (const auto& [key, is_changed] : changed)
+      if (is_changed)
+        r.fail(fmt::format("model.moe.{}", key),
+               "is set, but model.moe.num_experts is 0 (a dense model): set num_experts");
+    if (p.expert != 1)
+      r.fail("parallel.expert",
+             fmt::format("{} needs mixture-of-experts layers (model.moe.num_experts is 0)", p.expert));
+    if (p.expert_tensor != 0)
+      r.fail("parallel.expert_tensor", "needs mixture-of-experts layers (model.moe.num_experts is 0)");
+    return;
+  }
+  r.positive("model.moe.top_k", e.top_k);
+  if (e.top_k > e.num_experts)
+    r.fail("model.moe.top_k",
+           fmt::format("{} is more than model.moe.num_experts={} (each token picks top_k distinct experts)", e.top_k,
+                       e.num_experts));
+  r.positive("model.moe.layer_freq", e.layer_freq);
+  if (e.layer_pattern.empty()) {
+    if (e.layer_freq > m.num_layers)
+      r.fail("model.moe.layer_freq", fmt::format("{} is more than model.num_layers={} (every layer_freq-th layer is "
+                                                 "MoE, from layer 0)",
+                                                 e.layer_freq, m.num_layers));
+  } else {
+    if (r.given("model.moe.layer_freq"))
+      r.fail("model.moe.layer_pattern", "and model.moe.layer_freq are both set: give one of them");
+    if (static_cast<int64_t>(e.layer_pattern.size()) != m.num_layers)
+      r.fail("model.moe.layer_pattern", fmt::format("has {} entries, expected one 0/1 per layer (model.num_layers={})",
+                                                    e.layer_pattern.size(), m.num_layers));
+    for (size_t i = 0; i < e.layer_pattern.size(); ++i)
+      if (e.layer_pattern[i] != 0 && e.layer_pattern[i] != 1)
+        r.fail(fmt::format("model.moe.layer_pattern[{}]", i),
+               fmt::format("expected 0 (dense) or 1 (MoE), got {}", e.layer_pattern[i]));
+    if (std::find(e.layer_pattern.begin(), e.layer_pattern.end(), 1) == e.layer_pattern.end())
+      r.fail("model.moe.layer_pattern", "has no 1: no layer would be MoE (leave model.moe out for a dense model)");
+  }
+  if (e.ffn_hidden_size == 0) e.ffn_hidden_size = m.ffn_hidden_size;
+  r.positive("model.moe.ffn_hidden_size", e.ffn_hidden_size);
+  r.at_most("model.moe.ffn_hidden_size", e.ffn_hidden_size, 4 * kMaxWidth, "feed-forward width");
+  r.non_negative("model.moe.shared_expert_ffn_hidden_size", e.shared_expert_ffn_hidden_size);
+  r.at_most("model.moe.shared_expert_ffn_hidden_size", e.shared_expert_ffn_hidden_size, 4 * kMaxWidth,
+            "feed-forward width");
+  for (const auto& [key, v] : {std::pair{"aux_loss_coeff", e.aux_loss_coeff}, std::pair{"z_loss_coeff", e.z_loss_coeff},
+                               std::pair{"bias_update_rate", e.bias_update_rate}}) {
+    const std::string path = fmt::format("model.moe.{}", key);
+    r.finite(path, v);
+    r.non_negative(path, v);
+  }
+  r.finite("model.moe.capacity_factor", e.capacity_factor);
+  if (e.capacity_factor < 0)
+    r.fail(
+        "model.moe.capacity_factor",
+        fmt::format("must be positive, got {} (leave it out, or write none, for dropless routing)", e.capacity_factor));
+
+  // Expert parallelism: each pipeline stage's tensor x data ranks are refolded into expert_tensor x expert x
+  // expert-data ranks for the MoE layers.
+  r.positive("parallel.expert", p.expert);
+  r.at_most("parallel.expert", p.expert, kMaxParallel, "expert-parallel size");
+  if (e.num_experts % p.expert != 0)
+    r.fail("parallel.expert",
+           fmt::format("{} does not divide model.moe.num_experts={} (each expert-parallel rank holds an equal share)",
+                       p.expert, e.num_experts));
+  if (p.expert_tensor == 0) p.expert_tensor = p.tensor;
+  r.positive("parallel.expert_tensor", p.expert_tensor);
+  r.at_most("parallel.expert_tensor", p.expert_tensor, kMaxParallel, "tensor-parallel size");
+  const int64_t stage_ranks = p.tensor * p.data;
+  if (stage_ranks % (p.expert * p.expert_tensor) != 0)
+    r.fail("parallel.expert",
+           fmt::format("parallel.expert*expert_tensor = {}*{} = {} does not divide "
+                       "parallel.tensor*data = {}*{} = {} (the expert layers' ranks are drawn "
+                       "from each pipeline stage's tensor and data ranks)",
+                       p.expert, p.expert_tensor, p.expert * p.expert_tensor, p.tensor, p.data, stage_ranks));
+  if (e.ffn_hidden_size % p.expert_tensor != 0)
+    r.fail("parallel.expert_tensor",
+           fmt::format("{} does not divide model.moe.ffn_hidden_size={}", p.expert_tensor, e.ffn_hidden_size));
+  if (e.shared_expert_ffn_hidden_size % p.tensor != 0)
+    r.fail("parallel.tensor", fmt::format("{} does not divide model.moe.shared_expert_ffn_hidden_size={}", p.tensor,
+                                          e.shared_expert_ffn_hidden_size));
+  // Every key above is checked; the layers themselves are the next part of issue 25.
+  r.fail("model.moe.num_experts",
+         fmt::format("{} experts: mixture-of-experts layers are not built yet (the config is checked, the router op "
+                     "exists; the layers, expert parallelism and MoE checkpoints come next): leave model.moe out",
+                     e.num_experts));
 }
 
 void resolve_training(Config& c, const Rules& r) {
@@ -448,6 +556,7 @@ void resolve_config(Config& c, int64_t world_size, const ConfigSource& src) {
   const Rules r(src);
   resolve_model(c.model, r);
   resolve_parallel(c, world_size, r);
+  resolve_moe(c, r);
   // Padded so that every tensor-parallel rank holds an equal, aligned slice of the vocabulary.
   const int64_t multiple = c.model.make_vocab_size_divisible_by * c.parallel.tensor;  // both bounded: no overflow
   c.model.padded_vocab_size = (c.model.vocab_size + multiple - 1) / multiple * multiple;

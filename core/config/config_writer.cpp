@@ -81,6 +81,7 @@ class Writer {
     line(k.name, scalar(v));
   }
   void field(const Key& k, const int64_t& v) { line(k.name, k.accepts_auto && v == 0 ? "auto" : scalar(v)); }
+  void field(const Key& k, const double& v) { line(k.name, k.zero_word && v == 0 ? k.zero_word : scalar(v)); }
   void line(const char* name, const std::string& value) {
     out += fmt::format("{:{}}{}: {}\n", "", indent_, name, value);
   }

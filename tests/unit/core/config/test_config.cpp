@@ -927,6 +927,62 @@ TEST(ConfigRules, LossSpikeKeysAreCheckedNamingTheKey) {
                   "training.loss_spike.windw=3: unknown key (did you mean training.loss_spike.window?)");
 }
 
+TEST(ConfigRules, MoeKeysAreCheckedNamingTheKey) {
+  const Config d = base();
+  EXPECT_FALSE(d.model.moe.enabled());
+  EXPECT_EQ(d.parallel.expert, 1);
+  EXPECT_EQ(parse_config(to_yaml(d), d.source, {}, 1), d);  // a dense config's moe defaults read back
+  EXPECT_NE(to_yaml(d).find("capacity_factor: none"), std::string::npos) << to_yaml(d);
+  // A valid MoE config passes every rule; the one error left says the layers are not built yet.
+  const std::vector<std::string> moe = {"model.moe.num_experts=8", "model.moe.top_k=2"};
+  auto with = [&](std::vector<std::string> more, int64_t world = 1) {
+    std::vector<std::string> all = moe;
+    all.insert(all.end(), more.begin(), more.end());
+    return base_error(all, world);
+  };
+  EXPECT_CONTAINS(with({}), "model.moe.num_experts: 8 experts: mixture-of-experts layers are not built yet");
+  EXPECT_CONTAINS(with({"model.moe.layer_pattern=[1, 0, 1, 0]", "model.moe.capacity_factor=1.25",
+                        "model.moe.score_function=sigmoid", "model.moe.ffn_hidden_size=64",
+                        "model.moe.shared_expert_ffn_hidden_size=128", "parallel.tensor=2", "parallel.expert=2",
+                        "parallel.expert_tensor=1"},
+                       4),
+                  "mixture-of-experts layers are not built yet");
+  EXPECT_CONTAINS(with({"model.moe.top_k=9"}),
+                  "model.moe.top_k: 9 is more than model.moe.num_experts=8 (each token picks top_k distinct experts)");
+  EXPECT_CONTAINS(with({"model.moe.top_k=0"}), "model.moe.top_k: must be positive");
+  EXPECT_CONTAINS(base_error({"model.moe.num_experts=-2"}), "model.moe.num_experts: must be >= 0");
+  EXPECT_CONTAINS(base_error({"model.moe.num_experts=2000"}), "model.moe.num_experts");
+  EXPECT_CONTAINS(with({"model.moe.capacity_factor=0"}),
+                  "model.moe.capacity_factor: 0 is not a valid value: leave the key out (or write none)");
+  EXPECT_CONTAINS(with({"model.moe.capacity_factor=-1"}), "model.moe.capacity_factor: must be positive, got -1");
+  EXPECT_CONTAINS(with({"model.moe.capacity_factor=lots"}), "model.moe.capacity_factor: expected a number or 'none'");
+  EXPECT_CONTAINS(with({"model.moe.layer_freq=5"}), "model.moe.layer_freq: 5 is more than model.num_layers=4");
+  EXPECT_CONTAINS(with({"model.moe.layer_pattern=[1, 0]"}),
+                  "model.moe.layer_pattern: has 2 entries, expected one 0/1 per layer (model.num_layers=4)");
+  EXPECT_CONTAINS(with({"model.moe.layer_pattern=[1, 0, 2, 0]"}),
+                  "model.moe.layer_pattern[2]: expected 0 (dense) or 1");
+  EXPECT_CONTAINS(with({"model.moe.layer_pattern=[0, 0, 0, 0]"}), "model.moe.layer_pattern: has no 1");
+  EXPECT_CONTAINS(with({"model.moe.layer_pattern=[1, 1, 1, 1]", "model.moe.layer_freq=2"}),
+                  "model.moe.layer_pattern: and model.moe.layer_freq are both set");
+  EXPECT_CONTAINS(with({"model.moe.aux_loss_coeff=-0.01"}), "model.moe.aux_loss_coeff: must be >= 0");
+  EXPECT_CONTAINS(with({"model.moe.score_function=relu"}),
+                  "model.moe.score_function: expected one of softmax, sigmoid, got 'relu'");
+  EXPECT_CONTAINS(with({"model.moe.ffn_hidden_size=0"}), "model.moe.ffn_hidden_size: 0 is not a valid value");
+  EXPECT_CONTAINS(with({"parallel.expert=3"}, 3),
+                  "parallel.expert: 3 does not divide model.moe.num_experts=8 (each expert-parallel rank holds an "
+                  "equal share)");
+  EXPECT_CONTAINS(with({"parallel.expert=4"}, 2),
+                  "parallel.expert: parallel.expert*expert_tensor = 4*1 = 4 does not divide parallel.tensor*data = "
+                  "1*2 = 2");
+  EXPECT_CONTAINS(with({"parallel.tensor=2", "parallel.expert_tensor=2", "model.moe.ffn_hidden_size=63"}, 2),
+                  "parallel.expert_tensor: 2 does not divide model.moe.ffn_hidden_size=63");
+  // A dense model takes no MoE key: a forgotten num_experts is not a silently dense run.
+  EXPECT_CONTAINS(base_error({"model.moe.top_k=4"}),
+                  "model.moe.top_k: is set, but model.moe.num_experts is 0 (a dense model): set num_experts");
+  EXPECT_CONTAINS(base_error({"parallel.expert=2"}, 2), "parallel.expert: 2 needs mixture-of-experts layers");
+  EXPECT_CONTAINS(base_error({"model.moe.numexperts=4"}), "unknown key (did you mean model.moe.num_experts?)");
+}
+
 TEST(ConfigRules, OnSinkErrorIsWarnOrSaveAndStop) {
   EXPECT_EQ(base().logging.on_sink_error, SinkErrorAction::warn);
   const Config c = base({"logging.on_sink_error=save_and_stop"});
