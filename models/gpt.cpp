@@ -229,11 +229,21 @@ double model_flops_per_iteration(const ModelConfig& cfg, int64_t tokens) {
   // Forward GEMM flops per token and layer, 2 per multiply-add: Q and the output projection 2C^2 each, K and V
   // 2C*KV each (C each without grouped-query attention), the MLP 4CF (GELU: two GEMMs) or 6CF (SwiGLU: gate,
   // up and down).
-  const double mlp = cfg.arch == Arch::llama ? 6.0 * C * F : 4.0 * C * F;
-  const double linear = 4.0 * C * C + 4.0 * C * KV + mlp;
+  auto mlp = [&](double width) { return (cfg.arch == Arch::llama ? 6.0 : 4.0) * C * width; };
+  const double attention_linear = 4.0 * C * C + 4.0 * C * KV;
+  // A MoE layer's MLP counts what a token passes through (the active parameters): its top_k experts, the shared
+  // expert and the router's logits (2CE); the experts a token skips cost it nothing.
+  const MoeConfig& moe = cfg.moe;
+  double linear = 0;
+  for (int64_t l = 0; l < cfg.num_layers; ++l)
+    linear += attention_linear + (moe.is_moe_layer(l)
+                                      ? static_cast<double>(moe.top_k) * mlp(static_cast<double>(moe.ffn_hidden_size)) +
+                                            mlp(static_cast<double>(moe.shared_expert_ffn_hidden_size)) +
+                                            2.0 * C * static_cast<double>(moe.num_experts)
+                                      : mlp(F));
   // Causal attention 2SC: the scores and the weighted values, 2SC each over all S keys, halved by the mask.
   // Plus 2CV for the logits. Backward costs twice the forward.
-  const double per_token = L * (linear + 2.0 * S * C) + 2.0 * C * V;
+  const double per_token = linear + L * 2.0 * S * C + 2.0 * C * V;
   return 3.0 * per_token * static_cast<double>(tokens);
 }
 }  // namespace mt

@@ -112,7 +112,8 @@ class GptModel {
 
 // Megatron's model FLOPs of one training iteration over `tokens` tokens (forward + backward, no
 // recomputation counted): 3 x (GEMM flops per token + causal attention + logits), with grouped-query
-// attention's narrower key / value projections and SwiGLU's three MLP GEMMs for Llama.
+// attention's narrower key / value projections and SwiGLU's three MLP GEMMs for Llama; a MoE layer counts the
+// active experts (top_k), the shared expert and the router.
 double model_flops_per_iteration(const ModelConfig& cfg, int64_t tokens);
 
 }  // namespace mt

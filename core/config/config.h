@@ -108,6 +108,13 @@ struct MoeConfig {
   double capacity_factor = 0;  // tokens per expert capped at factor * N * top_k / num_experts; 0 (none): dropless
 
   bool enabled() const { return num_experts > 0; }
+  // Whether layer `layer` (0-based, of the whole model) has a MoE MLP: layer_pattern's entry, else every
+  // layer_freq-th layer from layer 0.
+  bool is_moe_layer(int64_t layer) const {
+    if (!enabled()) return false;
+    if (!layer_pattern.empty()) return layer_pattern.at(static_cast<size_t>(layer)) != 0;
+    return layer % layer_freq == 0;
+  }
   bool operator==(const MoeConfig&) const = default;
 };
 

@@ -152,6 +152,39 @@ TEST(ModelFlops, LlamaCountsSwiGluAndGroupedQueryAttention) {
   EXPECT_NEAR(model_flops_per_iteration(m, 1) / (6 * 8030261248.0), 1.0683, 1e-4);
 }
 
+TEST(ModelFlops, MoeLayersCountTheActiveExpertsSharedExpertAndRouter) {
+  ModelConfig m = tiny_llama();
+  // Mixtral 8x7B: Llama's shape with 32 layers, hidden 4096, 32 heads in 8 key/value groups, vocabulary 32000,
+  // every layer 8 SwiGLU experts of 14336, 2 per token; sequence 4096.
+  m.num_layers = 32, m.hidden_size = 4096, m.num_heads = 32, m.num_query_groups = 8, m.head_dim = 128;
+  m.ffn_hidden_size = 14336, m.padded_vocab_size = 32000, m.seq_length = 4096;
+  m.moe = MoeConfig{.num_experts = 8, .top_k = 2, .ffn_hidden_size = 14336};
+  const double attention_linear = 4096.0 * 4096 + 2 * 4096.0 * 1024 + 4096.0 * 4096;
+  const double experts = 2 * 3 * 4096.0 * 14336, router = 4096.0 * 8;
+  const double forward = 2 * (32 * (attention_linear + experts + router + 2 * (4096.0 / 2) * 4096) + 4096.0 * 32000);
+  EXPECT_NEAR(model_flops_per_iteration(m, 1) / (3 * forward), 1.0, 1e-12);
+  // 79.7 GFLOP per token: 3.1% above 6N for its N = 12.88B active parameters (of 46.7B; attention over 4096
+  // positions adds, the embedding lookup costs nothing).
+  EXPECT_NEAR(model_flops_per_iteration(m, 1) / (6 * 12.88e9), 1.0315, 1e-3);
+
+  // Every other layer MoE (layer_freq 2: layers 0, 2, ...), fine-grained experts of 1408, 4 per token and a
+  // shared expert of 5632 (Qwen2-MoE's shape of expert); the dense layers keep the model's MLP.
+  m.moe = MoeConfig{
+      .num_experts = 60, .top_k = 4, .layer_freq = 2, .ffn_hidden_size = 1408, .shared_expert_ffn_hidden_size = 5632};
+  const double dense_mlp = 3 * 4096.0 * 14336;
+  const double moe_mlp = 4 * 3 * 4096.0 * 1408 + 3 * 4096.0 * 5632 + 4096.0 * 60;
+  const double forward2 =
+      2 * (32 * (attention_linear + 2 * (4096.0 / 2) * 4096) + 16 * dense_mlp + 16 * moe_mlp + 4096.0 * 32000);
+  EXPECT_NEAR(model_flops_per_iteration(m, 7) / (3 * forward2 * 7), 1.0, 1e-12);
+  m.moe.layer_pattern.assign(32, 0);
+  m.moe.layer_pattern[5] = 1;  // one MoE layer
+  const double forward3 =
+      2 * (32 * (attention_linear + 2 * (4096.0 / 2) * 4096) + 31 * dense_mlp + moe_mlp + 4096.0 * 32000);
+  EXPECT_NEAR(model_flops_per_iteration(m, 1) / (3 * forward3), 1.0, 1e-12);
+  EXPECT_TRUE(m.moe.is_moe_layer(5));
+  EXPECT_FALSE(m.moe.is_moe_layer(4));
+}
+
 // The whole model's gradients (embedding, every layer, final norm, head) against central differences.
 void check_model_gradients(ModelConfig cfg) {
   GptModel model(cfg, {.dtype = DType::f32, .seed = 7});
