@@ -264,4 +264,22 @@ void accumulate_mean(const Tensor& x, Tensor& sum);
 // x := v in x's dtype (any floating dtype).
 void fill_(Tensor& x, float v);
 
+// ---- mixture of experts: token dispatch ----
+// A MoE layer sends each token's top_k choices (experts (N, k) i32, e.g. from the router) to their experts as
+// rows of one permuted activation, expert by expert, so that each expert's MLP runs on a contiguous row slice:
+//   moe_dispatch_index  row_of (N, k) i32: the row of choice (n, j); counts (E) i32: the choices per expert. The rows
+//                       of expert e are contiguous, experts in order, and within an expert in (n, j) order (stable: the
+//                       same on every device and layout). An expert id outside [0, E) is an error.
+//   moe_permute         out (R, C) [row_of[n, j]] = w[n, j] * x[n] (x (N, C); w = probs (N, k) f32, or 1 when probs is
+//                       null), rounded once to out's dtype (x's); a choice with row_of -1 (dropped) is skipped.
+//   moe_unpermute       out (N, C) [n] = sum over j of w[n, j] * y[row_of[n, j]] (y (R, C)), in fp32 in j order,
+//                       rounded once; dropped choices add nothing. The backward of moe_permute with the same w.
+//   moe_unpermute_backward_probs
+//                       dprobs (N, k) f32 [n, j] = sum over c of dout[n, c] * y[row_of[n, j], c] (0 when dropped),
+//                       written. With moe_permute(dout, row_of, probs) (the gradient of y), unpermute's backward.
+void moe_dispatch_index(const Tensor& experts, Tensor& row_of, Tensor& counts);
+void moe_permute(const Tensor& x, const Tensor& row_of, const Tensor* probs, Tensor& out);
+void moe_unpermute(const Tensor& y, const Tensor& row_of, const Tensor* probs, Tensor& out);
+void moe_unpermute_backward_probs(const Tensor& dout, const Tensor& y, const Tensor& row_of, Tensor& dprobs);
+
 }  // namespace mt

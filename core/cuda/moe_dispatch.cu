@@ -1,0 +1,162 @@
+// moe_dispatch.cu: the mixture-of-experts token dispatch on the GPU, as core/cpu/moe_dispatch.cpp.
+//
+// moe_dispatch_index sorts the choices by expert with CUB's stable radix sort (so within an expert they keep
+// their (token, choice) order, as the CPU's counting sort), then writes each choice's row; the counts are a
+// histogram of int atomics (their values do not depend on the order). An expert id outside [0, E) (the CPU throws)
+// sorts last and gets row -1 (dropped), and no count. The gathers and scatters run one block per token, its threads
+// over the columns, in fp32 with one rounding on store; moe_unpermute adds in choice order, without fused
+// multiply-adds, as the CPU. moe_unpermute_backward_probs reduces each dot product in a fixed tree (a warp per
+// choice): deterministic, within fp32 rounding of the CPU's double sums.
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include <cub/device/device_radix_sort.cuh>
+
+#include "core/cuda/kernels.cuh"
+#include "core/cuda/ops_cuda.h"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// keys[i] = the expert of choice i, or E when it lies outside [0, E); pos[i] = i; counts[e] += 1 for valid ones.
+__global__ void dispatch_keys_kernel(const int32_t* experts, int64_t n, int32_t E, uint32_t* keys, int32_t* pos,
+                                     int32_t* counts) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t e = experts[i];
+    const bool ok = e >= 0 && e < E;
+    keys[i] = ok ? static_cast<uint32_t>(e) : static_cast<uint32_t>(E);
+    pos[i] = static_cast<int32_t>(i);
+    if (ok) atomicAdd(counts + e, 1);
+  }
+}
+
+// row_of[pos[r]] = r for the sorted choices r of a valid expert, -1 for the others (sorted last).
+__global__ void dispatch_rows_kernel(const uint32_t* keys, const int32_t* pos, int64_t n, uint32_t E, int32_t* row_of) {
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < n;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    row_of[pos[r]] = keys[r] < E ? static_cast<int32_t>(r) : -1;
+}
+
+// out[row_of[n, j]] = w[n, j] * x[n]; a block per token (grid-stride), its threads over the columns.
+template <class T>
+__global__ void permute_kernel(const T* x, const int32_t* row_of, const float* probs, T* out, int64_t N, int64_t k,
+                               int64_t C) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x)
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t r = row_of[n * k + j];
+      if (r < 0) continue;
+      const float w = probs ? probs[n * k + j] : 1.f;
+      for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+        out[static_cast<int64_t>(r) * C + c] = from_f32<T>(__fmul_rn(w, to_f32<T>(x[n * C + c])));
+    }
+}
+
+// out[n] = sum over j of w[n, j] * y[row_of[n, j]], in j order.
+template <class T>
+__global__ void unpermute_kernel(const T* y, const int32_t* row_of, const float* probs, T* out, int64_t N, int64_t k,
+                                 int64_t C) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x)
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      float acc = 0.f;
+      for (int64_t j = 0; j < k; ++j) {
+        const int32_t r = row_of[n * k + j];
+        if (r < 0) continue;
+        const float w = probs ? probs[n * k + j] : 1.f;
+        acc = __fadd_rn(acc, __fmul_rn(w, to_f32<T>(y[static_cast<int64_t>(r) * C + c])));
+      }
+      out[n * C + c] = from_f32<T>(acc);
+    }
+}
+
+// dprobs[i] = dot(dout[i / k], y[row_of[i]]): a warp per choice i (grid-stride over warps).
+template <class T>
+__global__ void unpermute_probs_backward_kernel(const T* dout, const T* y, const int32_t* row_of, float* dprobs,
+                                                int64_t n_choices, int64_t k, int64_t C) {
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  const int lane = threadIdx.x % 32;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32; i < n_choices; i += warps) {
+    const int32_t r = row_of[i];
+    float acc = 0.f;
+    if (r >= 0) {
+      const T* d = dout + (i / k) * C;
+      const T* v = y + static_cast<int64_t>(r) * C;
+      for (int64_t c = lane; c < C; c += 32) acc = __fadd_rn(acc, __fmul_rn(to_f32<T>(d[c]), to_f32<T>(v[c])));
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) dprobs[i] = acc;
+  }
+}
+
+}  // namespace
+
+void moe_dispatch_index(const Tensor& experts, Tensor& row_of, Tensor& counts) {
+  const int64_t n = experts.numel(), E = counts.dim(0);
+  fill_zero(counts.raw(), static_cast<size_t>(E) * sizeof(int32_t));
+  if (n == 0) return;
+  if (n > INT_MAX)
+    throw std::invalid_argument("moe_dispatch_index: " + std::to_string(n) +
+                                " choices, more than the CUDA backend "
+                                "sorts (2^31 - 1)");
+  Tensor keys_in = Tensor::empty({n}, DType::i32, Device::cuda, MemKind::workspace);  // uint32 keys
+  Tensor keys_out = Tensor::empty({n}, DType::i32, Device::cuda, MemKind::workspace);
+  Tensor pos_in = Tensor::empty({n}, DType::i32, Device::cuda, MemKind::workspace);
+  Tensor pos_out = Tensor::empty({n}, DType::i32, Device::cuda, MemKind::workspace);
+  auto* kin = static_cast<uint32_t*>(keys_in.raw());
+  auto* kout = static_cast<uint32_t*>(keys_out.raw());
+  const unsigned blocks = grid_1d(n, kThreads);
+  dispatch_keys_kernel<<<blocks, kThreads, 0, stream()>>>(experts.data<int32_t>(), n, static_cast<int32_t>(E), kin,
+                                                          pos_in.data<int32_t>(), counts.data<int32_t>());
+  MT_CUDA_LAUNCHED("dispatch_keys_kernel");
+  int end_bit = 0;  // keys lie in [0, E]
+  while (end_bit < 32 && (uint64_t{1} << end_bit) <= static_cast<uint64_t>(E)) ++end_bit;
+  const int ni = static_cast<int>(n);
+  size_t temp_bytes = 0;
+  MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, kin, kout, pos_in.data<int32_t>(),
+                                                pos_out.data<int32_t>(), ni, 0, end_bit, stream()));
+  Tensor temp = Tensor::empty({std::max<int64_t>(1, ceil_div(static_cast<int64_t>(temp_bytes), 4))}, DType::i32,
+                              Device::cuda, MemKind::workspace);
+  MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.raw(), temp_bytes, kin, kout, pos_in.data<int32_t>(),
+                                                pos_out.data<int32_t>(), ni, 0, end_bit, stream()));
+  dispatch_rows_kernel<<<blocks, kThreads, 0, stream()>>>(kout, pos_out.data<int32_t>(), n, static_cast<uint32_t>(E),
+                                                          row_of.data<int32_t>());
+  MT_CUDA_LAUNCHED("dispatch_rows_kernel");
+}
+
+void moe_permute(const Tensor& x, const Tensor& row_of, const Tensor* probs, Tensor& out) {
+  const int64_t N = x.dim(0), C = x.dim(1), k = row_of.dim(1);
+  if (N == 0 || C == 0 || k == 0) return;
+  const float* w = probs ? probs->data<float>() : nullptr;
+  MT_DISPATCH_FLOAT(x.dtype(), "moe_permute", T,
+                    permute_kernel<T><<<row_grid(N, kMaxStrideBlocks), threads_for_cols(C, kThreads), 0, stream()>>>(
+                        x.data<T>(), row_of.data<int32_t>(), w, out.data<T>(), N, k, C));
+  MT_CUDA_LAUNCHED("permute_kernel");
+}
+
+void moe_unpermute(const Tensor& y, const Tensor& row_of, const Tensor* probs, Tensor& out) {
+  const int64_t N = out.dim(0), C = out.dim(1), k = row_of.dim(1);
+  if (N == 0 || C == 0) return;
+  const float* w = probs ? probs->data<float>() : nullptr;
+  MT_DISPATCH_FLOAT(y.dtype(), "moe_unpermute", T,
+                    unpermute_kernel<T><<<row_grid(N, kMaxStrideBlocks), threads_for_cols(C, kThreads), 0, stream()>>>(
+                        y.data<T>(), row_of.data<int32_t>(), w, out.data<T>(), N, k, C));
+  MT_CUDA_LAUNCHED("unpermute_kernel");
+}
+
+void moe_unpermute_backward_probs(const Tensor& dout, const Tensor& y, const Tensor& row_of, Tensor& dprobs) {
+  const int64_t n = row_of.numel(), k = row_of.dim(1), C = dout.dim(1);
+  if (n == 0) return;
+  const unsigned blocks = grid_1d(n * 32, kThreads);
+  MT_DISPATCH_FLOAT(dout.dtype(), "moe_unpermute_backward_probs", T,
+                    unpermute_probs_backward_kernel<T><<<blocks, kThreads, 0, stream()>>>(
+                        dout.data<T>(), y.data<T>(), row_of.data<int32_t>(), dprobs.data<float>(), n, k, C));
+  MT_CUDA_LAUNCHED("unpermute_probs_backward_kernel");
+}
+
+}  // namespace mt::cuda

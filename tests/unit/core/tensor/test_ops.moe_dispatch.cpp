@@ -1,0 +1,184 @@
+// test_ops.moe_dispatch.cpp: the mixture-of-experts token dispatch on the CPU (core/tensor/ops.h): rows grouped by
+// expert in (token, choice) order, the permute and unpermute gathers against direct sums, the two being adjoint
+// (so each is the other's backward), the gradient of the weights against central differences, dropped choices,
+// and the argument errors. The GPU against these: test_cuda_ops.moe_dispatch.cpp.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "core/tensor/ops.h"
+#include "core/tensor/tensor.h"
+#include "tests/unit/core/tensor/op_reference.h"
+
+namespace mt {
+namespace {
+
+using namespace mt::test;  // NOLINT(google-build-using-namespace): Vec, rand_vec, make, values
+
+Tensor ids(const std::vector<int32_t>& v, Shape shape) { return Tensor::from_ints(v, std::move(shape)); }
+
+std::vector<int32_t> ints(const Tensor& t) {
+  const int32_t* p = t.data<int32_t>();
+  return {p, p + t.numel()};
+}
+
+// Distinct experts per token, drawn from a seed.
+std::vector<int32_t> choices(int64_t N, int64_t k, int32_t E, uint32_t seed) {
+  std::vector<int32_t> out;
+  std::vector<int32_t> all(static_cast<size_t>(E));
+  for (int64_t n = 0; n < N; ++n) {
+    std::iota(all.begin(), all.end(), 0);
+    for (int64_t j = 0; j < k; ++j) {
+      seed = seed * 1664525u + 1013904223u;
+      const size_t pick = j + (seed >> 8) % static_cast<uint32_t>(E - j);
+      std::swap(all[static_cast<size_t>(j)], all[pick]);
+      out.push_back(all[static_cast<size_t>(j)]);
+    }
+  }
+  return out;
+}
+
+TEST(MoeDispatch, RowsGroupByExpertInTokenOrder) {
+  // 4 tokens, 2 choices each, 3 experts: (0,2) (1,0) (2,0) (0,1).
+  const Tensor experts = ids({0, 2, 1, 0, 2, 0, 0, 1}, {4, 2});
+  Tensor row_of = Tensor::empty({4, 2}, DType::i32), counts = Tensor::empty({3}, DType::i32);
+  moe_dispatch_index(experts, row_of, counts);
+  EXPECT_EQ(ints(counts), (std::vector<int32_t>{4, 2, 2}));
+  // Expert 0 gets rows 0-3 for choices (0,0) (1,1) (2,1) (3,0); expert 1 rows 4-5: (1,0) (3,1); expert 2: (0,1) (2,0).
+  EXPECT_EQ(ints(row_of), (std::vector<int32_t>{0, 6, 4, 1, 7, 2, 3, 5}));
+}
+
+TEST(MoeDispatch, PermuteAndUnpermuteAgainstDirectSums) {
+  const int64_t N = 9, k = 3, C = 5;
+  const int32_t E = 4;
+  const Tensor experts = ids(choices(N, k, E, 11), {N, k});
+  Tensor row_of = Tensor::empty({N, k}, DType::i32), counts = Tensor::empty({E}, DType::i32);
+  moe_dispatch_index(experts, row_of, counts);
+  const std::vector<int32_t> rows = ints(row_of);
+  std::vector<int32_t> sorted = rows;
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t i = 0; i < N * k; ++i) EXPECT_EQ(sorted[static_cast<size_t>(i)], i) << "every row used once";
+
+  const Vec xv = rand_vec(N * C, 1), pv = rand_vec(N * k, 2, 0.1, 1.0), yv = rand_vec(N * k * C, 3);
+  const Tensor x = make(xv, {N, C}), probs = make(pv, {N, k}), y = make(yv, {N * k, C});
+  Tensor xp = Tensor::empty({N * k, C}, DType::f32), out = Tensor::empty({N, C}, DType::f32);
+  moe_permute(x, row_of, &probs, xp);
+  moe_unpermute(y, row_of, &probs, out);
+  const Vec got_p = values(xp), got_u = values(out);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) {
+      double sum = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t r = rows[static_cast<size_t>(n * k + j)];
+        EXPECT_NEAR(got_p[static_cast<size_t>(r * C + c)], pv[n * k + j] * xv[n * C + c], 1e-6);
+        sum += pv[n * k + j] * yv[r * C + c];
+      }
+      EXPECT_NEAR(got_u[static_cast<size_t>(n * C + c)], sum, 1e-6);
+    }
+  // Without weights: copies and plain sums.
+  moe_permute(x, row_of, nullptr, xp);
+  const Vec copies = values(xp);
+  for (int64_t i = 0; i < N * k; ++i)
+    for (int64_t c = 0; c < C; ++c)
+      EXPECT_EQ(copies[static_cast<size_t>(rows[static_cast<size_t>(i)] * C + c)],
+                static_cast<float>(xv[(i / k) * C + c]));
+}
+
+TEST(MoeDispatch, PermuteIsTheAdjointOfUnpermuteAndTheProbsGradientIsExact) {
+  const int64_t N = 6, k = 2, C = 4;
+  const int32_t E = 5;
+  const Tensor experts = ids(choices(N, k, E, 5), {N, k});
+  Tensor row_of = Tensor::empty({N, k}, DType::i32), counts = Tensor::empty({E}, DType::i32);
+  moe_dispatch_index(experts, row_of, counts);
+  const Vec pv = rand_vec(N * k, 7, 0.1, 1.0), yv = rand_vec(N * k * C, 8), dv = rand_vec(N * C, 9);
+  const Tensor probs = make(pv, {N, k}), y = make(yv, {N * k, C}), dout = make(dv, {N, C});
+  // <unpermute(y), dout> == <y, permute(dout)>: the gradient of y is moe_permute(dout, row_of, probs).
+  Tensor u = Tensor::empty({N, C}, DType::f32), g = Tensor::empty({N * k, C}, DType::f32);
+  moe_unpermute(y, row_of, &probs, u);
+  moe_permute(dout, row_of, &probs, g);
+  double lhs = 0, rhs = 0;
+  const Vec uv = values(u), gv = values(g);
+  for (size_t i = 0; i < uv.size(); ++i) lhs += uv[i] * dv[i];
+  for (size_t i = 0; i < gv.size(); ++i) rhs += yv[i] * gv[i];
+  EXPECT_NEAR(lhs, rhs, 1e-5 * std::max(1.0, std::abs(lhs)));
+  // dprobs against central differences of <unpermute(y; probs), dout>.
+  Tensor dprobs = Tensor::empty({N, k}, DType::f32);
+  moe_unpermute_backward_probs(dout, y, row_of, dprobs);
+  const Vec fd = fd_grad(
+      [&](const Vec& p) {
+        Tensor o = Tensor::empty({N, C}, DType::f32);
+        const Tensor pt = make(p, {N, k});
+        moe_unpermute(y, row_of, &pt, o);
+        return values(o);
+      },
+      pv, dv, 1e-3);
+  EXPECT_LT(max_rel_err(values(dprobs), fd), 1e-3);
+}
+
+TEST(MoeDispatch, DroppedChoicesAreSkipped) {
+  const Tensor row_of = ids({1, -1, -1, 0}, {2, 2});  // token 0 keeps choice 0 (row 1), token 1 choice 1 (row 0)
+  const Tensor x = make({1, 2, 3, 4}, {2, 2}), probs = make({0.5, 0.25, 0.75, 2.0}, {2, 2});
+  Tensor xp = make({9, 9, 9, 9}, {2, 2});
+  moe_permute(x, row_of, &probs, xp);
+  EXPECT_EQ(values(xp), (Vec{6, 8, 0.5, 1}));  // row 0 = 2 * x[1], row 1 = 0.5 * x[0]
+  Tensor out = Tensor::empty({2, 2}, DType::f32);
+  moe_unpermute(xp, row_of, &probs, out);
+  EXPECT_EQ(values(out), (Vec{0.25, 0.5, 12, 16}));
+  Tensor dprobs = make({7, 7, 7, 7}, {2, 2});
+  moe_unpermute_backward_probs(x, xp, row_of, dprobs);
+  EXPECT_EQ(values(dprobs), (Vec{1 * 0.5 + 2 * 1, 0, 0, 3 * 6 + 4 * 8}));
+}
+
+TEST(MoeDispatch, BadArgumentsNameTheOpAndTheArgument) {
+  Tensor row_of = Tensor::empty({2, 2}, DType::i32), counts = Tensor::empty({3}, DType::i32);
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] {
+              moe_dispatch_index(ids({0, 3, 1, 2}, {2, 2}), row_of, counts);
+            }).find("moe_dispatch_index: experts holds expert 3 at choice 1, outside [0, 3)"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              moe_dispatch_index(ids({0, 1}, {1, 2}), row_of, counts);
+            }).find("moe_dispatch_index: row_of"),
+            std::string::npos);
+  const Tensor x = make({1, 2, 3, 4}, {2, 2});
+  Tensor out = Tensor::empty({4, 2}, DType::f32);
+  const Tensor bf = Tensor::empty({4, 2}, DType::bf16);
+  Tensor bad_out = bf;
+  EXPECT_NE(message([&] { moe_permute(x, row_of, nullptr, bad_out); }).find("moe_permute: out: expected fp32 rows"),
+            std::string::npos);
+  const Tensor short_rows = ids({0, 1}, {1, 2});
+  EXPECT_NE(message([&] { moe_permute(x, short_rows, nullptr, out); }).find("moe_permute: row_of: expected 2 rows"),
+            std::string::npos);
+  const Tensor probs_bf = Tensor::empty({2, 2}, DType::bf16);
+  EXPECT_NE(message([&] {
+              moe_permute(x, ids({0, 1, 2, 3}, {2, 2}), &probs_bf, out);
+            }).find("moe_permute: probs"),
+            std::string::npos);
+  EXPECT_NE(message([&] {
+              moe_permute(x, ids({0, 1, 2, 9}, {2, 2}), nullptr, out);
+            }).find("moe_permute: row_of holds row 9, outside [-1, 4)"),
+            std::string::npos);
+  Tensor u = Tensor::empty({2, 2}, DType::f32);
+  EXPECT_NE(message([&] {
+              moe_unpermute(bf, ids({0, 1, 2, 3}, {2, 2}), nullptr, u);
+            }).find("moe_unpermute: out"),
+            std::string::npos);
+  Tensor dprobs = Tensor::empty({2, 2}, DType::f32);
+  EXPECT_NE(message([&] {
+              moe_unpermute_backward_probs(x, bf, ids({0, 1, 2, 3}, {2, 2}), dprobs);
+            }).find("moe_unpermute_backward_probs: y"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace mt
