@@ -264,6 +264,34 @@ void accumulate_mean(const Tensor& x, Tensor& sum);
 // x := v in x's dtype (any floating dtype).
 void fill_(Tensor& x, float v);
 
+// ---- mixture of experts ----------------------------------------------------------------------------
+// The MoE router of one layer: each token (row) picks top_k of E experts and weights their outputs. (RouterScore
+// mirrors model.moe.score_function, MoeScore of core/config, which this layer cannot see.)
+enum class RouterScore {
+  softmax,  // scores = softmax over the row's E logits (fp32, max subtracted, the sum of exps in double)
+  sigmoid,  // scores = 1 / (1 + exp(-logit)) per element (DeepSeek-V3)
+};
+struct MoeRouterOptions {
+  int top_k = 1;                             // experts per token, 1 <= top_k <= E
+  RouterScore score = RouterScore::softmax;  // how logits become scores
+  bool norm_topk_prob = false;               // divide the k weights by their sum (fp32, summed in the k order)
+};
+// logits (N, E) f32 with E <= 1024 experts; bias (E) f32 or an undefined Tensor: DeepSeek-V3's aux-loss-free
+// expert bias, added to the scores for the choice only, never to the weights.
+// scores (N, E) f32 := the scores of every expert (saved for backward and the auxiliary loss).
+// experts (N, top_k) i32 := the top_k experts by score + bias[e] (fp32 sum; NaN ranks below everything),
+// in descending order of that key, equal keys in ascending expert order (the lower index wins a tie).
+// probs (N, top_k) f32 := the selected experts' (unbiased) scores, divided by their sum if norm_topk_prob.
+// Deterministic on every backend: the same choice, fixed summation orders, no atomics.
+void moe_router_forward(const Tensor& logits, const Tensor& bias, Tensor& scores, Tensor& experts, Tensor& probs,
+                        const MoeRouterOptions& opt);
+// dlogits (N, E) f32 written from dprobs (N, top_k) f32 and the forward's scores and experts (distinct, in
+// [0, E)). With p the selected scores: norm_topk_prob: S = sum_j p_j, w_j = p_j / S, dp_j = (dw_j - sum_i dw_i
+// w_i) / S, else dp_j = dw_j (sums in the k order); dscore holds dp_j at expert j's column, 0 elsewhere.
+// softmax: dlogit_e = s_e * (dscore_e - sum_j dp_j s_{expert j}); sigmoid: dlogit_e = dscore_e * s_e * (1 - s_e).
+void moe_router_backward(const Tensor& scores, const Tensor& experts, const Tensor& dprobs, Tensor& dlogits,
+                         const MoeRouterOptions& opt);
+
 // ---- mixture of experts: token dispatch ----
 // A MoE layer sends each token's top_k choices (experts (N, k) i32, e.g. from the router) to their experts as
 // rows of one permuted activation, expert by expert, so that each expert's MLP runs on a contiguous row slice:

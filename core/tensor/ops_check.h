@@ -1,5 +1,5 @@
 // ops_check.h: the argument checks shared by the op entry points (core/tensor/ops.cpp, core/tensor/ops_layers.cpp,
-// core/tensor/ops_loss_optimizer.cpp): messages naming the op and the argument, and MT_ON_CUDA, the dispatch to the
+// core/tensor/ops_loss_optimizer.cpp, core/tensor/ops_moe.cpp): messages naming the op and the argument, and MT_ON_CUDA, the dispatch to the
 // CUDA backend. Not an interface: core/tensor/ops.h is.
 #pragma once
 #include <initializer_list>

@@ -1,0 +1,90 @@
+// test_cuda_ops.moe.cpp: the CUDA mixture-of-experts router against the CPU reference: the same experts (exactly), the
+// scores, weights and logit gradients within 1e-6 (relative to the largest), for softmax and sigmoid scores, with and
+// without normalised weights and the expert bias, top_k from 1 to E, E up to 1024, and rows of tied keys.
+// One of the sources of test_cuda_ops (tests/CMakeLists.txt); each test skips where no GPU can run it, and
+// cuda_op_checks.h says how the GPU is compared with the CPU.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/tensor/ops.h"
+#include "core/tensor/tensor.h"
+#include "tests/unit/core/cuda/cuda_op_checks.h"
+
+namespace mt {
+namespace {
+
+using namespace mt::test;  // Vec, rand_vec, make, values, Both, CudaOps, the checks of cuda_op_checks.h
+
+// The kernels compute what the CPU does operation for operation (expf aside, within 2 ulp).
+constexpr double kRouterTol = 1e-6;
+
+// Forward and backward on both devices from the same logits, bias (empty: none) and dprobs; outputs poisoned.
+void check_router(const Vec& logits, const Vec& bias, int64_t N, int64_t E, const MoeRouterOptions& opt, uint32_t seed,
+                  const std::string& what) {
+  const int64_t K = opt.top_k;
+  const Both x = both(logits, {N, E}, DType::f32);
+  const Both b = bias.empty() ? Both{} : both(bias, {E}, DType::f32);
+  const Both dprobs = both(rand_vec(N * K, seed), {N, K}, DType::f32);
+  Both scores = poisoned({N, E}, DType::f32), probs = poisoned({N, K}, DType::f32);
+  Both experts = both_ints(std::vector<int32_t>(static_cast<size_t>(N * K), -1), {N, K});
+  Both dlogits = poisoned({N, E}, DType::f32);
+  for (auto d : kDevices) {
+    moe_router_forward(x.*d, b.*d, scores.*d, experts.*d, probs.*d, opt);
+    moe_router_backward(scores.*d, experts.*d, dprobs.*d, dlogits.*d, opt);
+  }
+  expect_exact(experts, "moe_router_forward experts" + what);
+  expect_match(scores, kRouterTol, "moe_router_forward scores" + what);
+  expect_match(probs, kRouterTol, "moe_router_forward probs" + what);
+  expect_match(dlogits, kRouterTol, "moe_router_backward dlogits" + what);
+}
+
+TEST_F(CudaOps, MoeRouterMatchesCpu) {
+  const int64_t N = 37;
+  uint32_t seed = 500;
+  for (int64_t E : {8, 64, 160, 1024})
+    for (int k : {1, 2, 8, static_cast<int>(E)})
+      for (RouterScore score : {RouterScore::softmax, RouterScore::sigmoid})
+        for (bool norm : {false, true})
+          for (bool with_bias : {false, true}) {
+            if (k > E) continue;
+            const Vec logits = rand_vec(N * E, ++seed, -4, 4);
+            const Vec bias = with_bias ? rand_vec(E, ++seed, -0.1, 0.1) : Vec{};
+            const MoeRouterOptions opt{.top_k = k, .score = score, .norm_topk_prob = norm};
+            check_router(logits, bias, N, E, opt, ++seed,
+                         str(" E=", E, " top_k=", k, score == RouterScore::softmax ? " softmax" : " sigmoid",
+                             norm ? " norm" : "", with_bias ? " bias" : ""));
+          }
+}
+
+// Many short rows, a single expert, and a row length just past a multiple of the block.
+TEST_F(CudaOps, MoeRouterOddShapes) {
+  for (const auto& [N, E, k] : std::vector<std::tuple<int64_t, int64_t, int>>{{3000, 6, 2}, {5, 1, 1}, {7, 257, 9}}) {
+    const Vec logits = rand_vec(N * E, 520 + static_cast<uint32_t>(E), -4, 4);
+    for (RouterScore score : {RouterScore::softmax, RouterScore::sigmoid})
+      check_router(logits, rand_vec(E, 530, -0.1, 0.1), N, E, {.top_k = k, .score = score, .norm_topk_prob = true}, 540,
+                   str(" N=", N, " E=", E, " top_k=", k));
+  }
+}
+
+// Rows of equal keys (equal logits; equal score + bias sums): the GPU breaks ties like the CPU, lower index first.
+TEST_F(CudaOps, MoeRouterTiesMatchCpu) {
+  const int64_t N = 4, E = 96;
+  Vec logits(N * E, 0.0);
+  for (int64_t e = 0; e < E; ++e) {
+    logits[1 * E + e] = static_cast<double>(e % 3);  // 32 tied maxima
+    logits[2 * E + e] = e % 5 == 0 ? 1.0 : -1.0;
+  }
+  Vec bias(E, 0.0);
+  for (int64_t e = 0; e < E; e += 7) bias[e] = 0.25;  // ties among the biased experts of row 0
+  for (RouterScore score : {RouterScore::softmax, RouterScore::sigmoid})
+    for (int k : {1, 5, 40, static_cast<int>(E)})
+      for (bool with_bias : {false, true})
+        check_router(logits, with_bias ? bias : Vec{}, N, E, {.top_k = k, .score = score}, 550,
+                     str(" ties top_k=", k, with_bias ? " bias" : ""));
+}
+
+}  // namespace
+}  // namespace mt
