@@ -307,8 +307,9 @@ void resolve_moe(Config& c, const Rules& r) {
                                           e.shared_expert_ffn_hidden_size));
   // Every key above is checked; the layers themselves are the next part of issue 25.
   r.fail("model.moe.num_experts",
-         fmt::format("{} experts: mixture-of-experts layers are not built yet (the config is checked, the router op "
-                     "exists; the layers, expert parallelism and MoE checkpoints come next): leave model.moe out",
+         fmt::format("{} experts: mixture-of-experts layers are not built yet (the config is checked, the router and "
+                     "token-dispatch ops exist; the layers, expert parallelism and MoE checkpoints come next): leave "
+                     "model.moe out",
                      e.num_experts));
 }
 
