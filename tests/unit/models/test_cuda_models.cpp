@@ -3,6 +3,8 @@
 // the device. Each test skips where no GPU can run it; the ops themselves are checked by test_cuda_ops.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <utility>
@@ -12,8 +14,10 @@
 #include "core/tensor/ops.h"
 #include "core/tensor/tensor.h"
 #include "models/gpt.h"
+#include "models/moe_mlp.h"
 #include "tests/unit/gpu_test.h"
 #include "tests/unit/op_test_util.h"
+#include "tests/unit/tiny_models.h"
 #if defined(MEGATRAIN_WITH_CUDA)
 #include "core/cuda/runtime.h"
 #endif
@@ -88,6 +92,41 @@ TEST_F(CudaOps, MicrobatchLeavesTheLossOnTheDevice) {
   model.forward_stage(Tensor(), tokens, targets, 9, {.sample_offset = 0, .training = false}, &loss);
   EXPECT_NEAR(read_f64(loss_sum)[0], 2.0 * loss, 1e-5);
 #endif
+}
+
+// max_i |got_i - want_i| / max_i |want_i|; infinite when the sizes differ or a value is not finite.
+double rel_err(const Vec& got, const Vec& want) {
+  if (got.size() != want.size()) return std::numeric_limits<double>::infinity();
+  double err = 0, scale = 1e-30;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return std::numeric_limits<double>::infinity();
+    err = std::max(err, std::abs(got[i] - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  return err / scale;
+}
+
+// The MoE MLP (models/moe_mlp.h) on the GPU follows the CPU: output, input gradient and every parameter's
+// gradient, with GELU and SwiGLU experts (the router, dispatch and expert GEMMs all on the device).
+TEST_F(CudaOps, MoeMlpMatchesTheCpu) {
+  for (Arch arch : {Arch::gpt, Arch::llama}) {
+    ModelConfig m = arch == Arch::llama ? testing_util::tiny_llama(2, false, 10000) : testing_util::tiny_gpt(true);
+    m.moe.num_experts = 8;
+    m.moe.top_k = 2;
+    m.moe.ffn_hidden_size = 24;
+    MoeMlp cpu(m, "mlp", DType::f32, 0.1f, 5), gpu(m, "mlp", DType::f32, 0.1f, 5, Device::cuda);
+    const int64_t N = 37, C = m.hidden_size;
+    const Tensor x = make(rand_vec(N * C, 1), {N, C}), dout = make(rand_vec(N * C, 2), {N, C});
+    MoeMlp::Saved sc, sg;
+    const Tensor oc = cpu.forward(x, sc), og = gpu.forward(x.to(Device::cuda), sg);
+    EXPECT_EQ(sg.counts, sc.counts) << "the same routing";
+    const Tensor dc = cpu.backward(dout, sc), dg = gpu.backward(dout.to(Device::cuda), sg);
+    EXPECT_LE(rel_err(values(og), values(oc)), 1e-5) << "out, " << (arch == Arch::llama ? "llama" : "gpt");
+    EXPECT_LE(rel_err(values(dg), values(dc)), 1e-5) << "dx";
+    const auto pc = cpu.parameters(), pg = gpu.parameters();
+    for (size_t i = 0; i < pc.size(); ++i)
+      EXPECT_LE(rel_err(values(pg[i]->grad), values(pc[i]->grad)), 1e-5) << pc[i]->name;
+  }
 }
 
 }  // namespace

@@ -1,0 +1,130 @@
+// test_moe_mlp.cpp: the mixture-of-experts MLP on one rank (models/moe_mlp.h): one expert chosen by every token
+// is the dense MLP exactly; every gradient (input, router, each expert's fc1 and fc2) against central differences,
+// GELU and SwiGLU experts, softmax and sigmoid routers; parameters named by global expert index; what it does
+// not do yet is refused.
+#include <cmath>
+#include <functional>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/tensor/ops.h"
+#include "models/moe_mlp.h"
+#include "tests/unit/tiny_models.h"
+
+namespace mt {
+namespace {
+
+ModelConfig moe_model(Arch arch, int64_t E, int64_t k) {
+  ModelConfig m = arch == Arch::llama ? testing_util::tiny_llama(2, false, 10000) : testing_util::tiny_gpt(true);
+  m.moe.num_experts = E;
+  m.moe.top_k = k;
+  m.moe.ffn_hidden_size = 8;
+  m.init_std = 0.3f;  // larger than a model's, so the router's choices and the experts' outputs are not all alike
+  return m;
+}
+
+Tensor random(Shape shape, uint32_t seed) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) {
+    seed = seed * 1664525u + 1013904223u;
+    x = static_cast<float>(seed >> 8) / static_cast<float>(1u << 24) * 2.f - 1.f;
+  }
+  return Tensor::from_floats(v, std::move(shape));
+}
+
+double dot(const Tensor& a, const Tensor& b) {
+  const std::vector<float> x = a.to_floats(), y = b.to_floats();
+  double s = 0;
+  for (size_t i = 0; i < x.size(); ++i) s += static_cast<double>(x[i]) * y[i];
+  return s;
+}
+
+TEST(MoeMlp, OneExpertForEveryTokenIsTheDenseMlp) {
+  const ModelConfig m = moe_model(Arch::gpt, 1, 1);
+  MoeMlp moe(m, "layers.0.mlp", DType::f32, 0.1f, 7);
+  const Tensor x = random({6, 16}, 1);
+  MoeMlp::Saved s;
+  const Tensor out = moe.forward(x, s);
+  Tensor h = Tensor::empty({6, 8}, DType::f32), act = Tensor::empty({6, 8}, DType::f32),
+         dense = Tensor::empty({6, 16}, DType::f32);
+  gemm(x, moe.fc1(0).value, h, GemmOptions{.trans_b = true});
+  gelu_forward(h, act);
+  gemm(act, moe.fc2(0).value, dense, GemmOptions{.trans_b = true});
+  EXPECT_EQ(out.to_floats(), dense.to_floats()) << "softmax over one expert weighs it 1";
+  std::vector<std::string> names;
+  for (Parameter* p : moe.parameters()) names.push_back(p->name);
+  EXPECT_EQ(names, (std::vector<std::string>{"layers.0.mlp.router.weight", "layers.0.mlp.experts.0.fc1.weight",
+                                             "layers.0.mlp.experts.0.fc2.weight"}));
+}
+
+// Every gradient against central differences of L = <forward(x), w>. Every expert chosen by every token (top_k =
+// num_experts) keeps the choice fixed under small steps; a second case with top_k < num_experts uses a step far
+// below the gaps between the router's scores.
+void check_gradients(const ModelConfig& m, double step, double tol) {
+  MoeMlp moe(m, "mlp", DType::f32, 0.2f, 3);
+  const int64_t N = 5, C = m.hidden_size;
+  Tensor x = random({N, C}, 11);
+  const Tensor w = random({N, C}, 12);
+  MoeMlp::Saved s;
+  moe.forward(x, s);
+  const Tensor dx = moe.backward(w, s);
+  auto loss = [&]() {
+    MoeMlp::Saved t;
+    return dot(moe.forward(x, t), w);
+  };
+  // d L / d t for each element of t (t's values are edited in place and restored).
+  auto check = [&](Tensor& t, const Tensor& analytic, const std::string& what) {
+    float* v = t.data<float>();
+    const std::vector<float> g = analytic.to_floats();
+    double err = 0, scale = 1e-6;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const float keep = v[i];
+      v[i] = keep + static_cast<float>(step);
+      const double up = loss();
+      v[i] = keep - static_cast<float>(step);
+      const double down = loss();
+      v[i] = keep;
+      const double fd = (up - down) / (2 * step);
+      err = std::max(err, std::abs(fd - g[static_cast<size_t>(i)]));
+      scale = std::max(scale, std::abs(fd));
+    }
+    EXPECT_LT(err / scale, tol) << what;
+  };
+  check(x, dx, "dx");
+  check(moe.router().value, moe.router().grad, "router");
+  for (int64_t e = 0; e < m.moe.num_experts; ++e) {
+    check(moe.fc1(e).value, moe.fc1(e).grad, "expert " + std::to_string(e) + " fc1");
+    check(moe.fc2(e).value, moe.fc2(e).grad, "expert " + std::to_string(e) + " fc2");
+  }
+}
+
+TEST(MoeMlp, GradientsOfGeluExpertsWithASoftmaxRouter) {
+  ModelConfig m = moe_model(Arch::gpt, 3, 3);
+  check_gradients(m, 1e-2, 2e-3);
+  m.moe.top_k = 2;
+  check_gradients(m, 1e-3, 2e-2);
+}
+
+TEST(MoeMlp, GradientsOfSwigluExpertsWithASigmoidRouter) {
+  ModelConfig m = moe_model(Arch::llama, 4, 4);
+  m.moe.score_function = MoeScore::sigmoid;
+  check_gradients(m, 1e-2, 2e-3);
+  m.moe.norm_topk_prob = false;
+  check_gradients(m, 1e-2, 2e-3);
+}
+
+TEST(MoeMlp, WhatIsNotImplementedYetIsRefused) {
+  ModelConfig m = moe_model(Arch::gpt, 4, 2);
+  m.moe.shared_expert_ffn_hidden_size = 16;
+  EXPECT_THROW(MoeMlp(m, "mlp", DType::f32, 0.1f, 1), std::invalid_argument);
+  m = moe_model(Arch::gpt, 4, 2);
+  m.moe.capacity_factor = 1.0;
+  EXPECT_THROW(MoeMlp(m, "mlp", DType::f32, 0.1f, 1), std::invalid_argument);
+  EXPECT_THROW(MoeMlp(testing_util::tiny_gpt(true), "mlp", DType::f32, 0.1f, 1), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace mt
