@@ -29,11 +29,10 @@ MoeMlp::MoeMlp(const ModelConfig& cfg, const std::string& prefix, DType dtype, f
     : cfg_(cfg), dtype_(dtype), device_(device) {
   const MoeConfig& m = cfg.moe;
   if (!m.enabled()) throw std::invalid_argument(prefix + ": MoeMlp needs model.moe.num_experts > 0");
-  if (m.shared_expert_ffn_hidden_size > 0 || m.aux_loss_coeff > 0 || m.z_loss_coeff > 0 || m.bias_update_rate > 0 ||
-      m.capacity_factor > 0)
+  if (m.aux_loss_coeff > 0 || m.z_loss_coeff > 0 || m.bias_update_rate > 0 || m.capacity_factor > 0)
     throw std::invalid_argument(prefix +
-                                ": the shared expert, auxiliary and z losses, the expert bias update and capacity "
-                                "factors are not implemented in MoeMlp yet (issue 25)");
+                                ": the auxiliary and z losses, the expert bias update and capacity factors are not "
+                                "implemented in MoeMlp yet (issue 25)");
   const int64_t C = cfg.hidden_size, F = m.ffn_hidden_size, E = m.num_experts;
   const int64_t F1 = cfg.arch == Arch::llama ? 2 * F : F;
   router_ =
@@ -45,13 +44,54 @@ MoeMlp::MoeMlp(const ModelConfig& cfg, const std::string& prefix, DType dtype, f
     fc2_.push_back(
         on_device(make_parameter(expert + ".fc2.weight", {C, F}, dtype, Init::normal, output_init_std, seed), device));
   }
+  if (const int64_t Fs = m.shared_expert_ffn_hidden_size; Fs > 0) {
+    const int64_t Fs1 = cfg.arch == Arch::llama ? 2 * Fs : Fs;
+    shared_fc1_ = on_device(
+        make_parameter(prefix + ".shared_expert.fc1.weight", {Fs1, C}, dtype, Init::normal, cfg.init_std, seed),
+        device);
+    shared_fc2_ = on_device(
+        make_parameter(prefix + ".shared_expert.fc2.weight", {C, Fs}, dtype, Init::normal, output_init_std, seed),
+        device);
+  }
 }
+
+namespace {
+
+// One expert's MLP on rows x (n, C): h = x W1^T, act = GELU(h) or SwiGLU(h), y = act W2^T.
+void expert_forward(const Tensor& x, const Parameter& w1, const Parameter& w2, bool llama, Tensor& h, Tensor& act,
+                    Tensor& y) {
+  gemm(x, w1.value, h, GemmOptions{.trans_b = true});
+  if (llama)
+    swiglu_forward(h, act);
+  else
+    gelu_forward(h, act);
+  gemm(act, w2.value, y, GemmOptions{.trans_b = true});
+}
+
+// Its backward: dx (n, C) written from dy; the weights' gradients accumulated. dact and dh are scratch like act, h.
+void expert_backward(const Tensor& dy, const Tensor& x, const Tensor& h, const Tensor& act, Parameter& w1,
+                     Parameter& w2, bool llama, Tensor& dact, Tensor& dh, Tensor& dx) {
+  gemm(dy, w2.value, dact);                                           // (n, F)
+  gemm(dy, act, w2.grad, GemmOptions{.trans_a = true, .beta = 1.f});  // (C, F) +=
+  if (llama)
+    swiglu_backward(h, dact, dh);
+  else
+    gelu_backward(h, dact, dh);
+  gemm(dh, w1.value, dx);                                           // (n, C)
+  gemm(dh, x, w1.grad, GemmOptions{.trans_a = true, .beta = 1.f});  // (F1, C) +=
+}
+
+}  // namespace
 
 std::vector<Parameter*> MoeMlp::parameters() {
   std::vector<Parameter*> out{&router_};
   for (size_t e = 0; e < fc1_.size(); ++e) {
     out.push_back(&fc1_[e]);
     out.push_back(&fc2_[e]);
+  }
+  if (has_shared_expert()) {
+    out.push_back(&shared_fc1_);
+    out.push_back(&shared_fc2_);
   }
   return out;
 }
@@ -87,18 +127,20 @@ Tensor MoeMlp::forward(const Tensor& x, Saved& s) const {
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = s.counts[static_cast<size_t>(e)];
     if (n == 0) continue;
-    const Tensor xs = s.xp.slice(row, row + n);
     Tensor hs = s.h.slice(row, row + n), as = s.act.slice(row, row + n), ys = s.y.slice(row, row + n);
-    gemm(xs, fc1_[static_cast<size_t>(e)].value, hs, GemmOptions{.trans_b = true});
-    if (llama)
-      swiglu_forward(hs, as);
-    else
-      gelu_forward(hs, as);
-    gemm(as, fc2_[static_cast<size_t>(e)].value, ys, GemmOptions{.trans_b = true});
+    expert_forward(s.xp.slice(row, row + n), fc1_[static_cast<size_t>(e)], fc2_[static_cast<size_t>(e)], llama, hs, as,
+                   ys);
     row += n;
   }
   Tensor out = Tensor::empty({N, C}, dtype_, device_);
   moe_unpermute(s.y, s.row_of, &s.probs, out);
+  if (has_shared_expert()) {  // out += the shared expert's output
+    s.shared_h = Tensor::empty({N, shared_fc1_.value.dim(0)}, dtype_, device_);
+    s.shared_act = Tensor::empty({N, shared_fc2_.value.dim(1)}, dtype_, device_);
+    Tensor ys = Tensor::empty({N, C}, dtype_, device_);
+    expert_forward(x, shared_fc1_, shared_fc2_, llama, s.shared_h, s.shared_act, ys);
+    add(out, ys, out);
+  }
   return out;
 }
 
@@ -118,23 +160,20 @@ Tensor MoeMlp::backward(const Tensor& dout, const Saved& s) {
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = s.counts[static_cast<size_t>(e)];
     if (n == 0) continue;
-    Parameter& w1 = fc1_[static_cast<size_t>(e)];
-    Parameter& w2 = fc2_[static_cast<size_t>(e)];
-    const Tensor dys = dy.slice(row, row + n), as = s.act.slice(row, row + n), hs = s.h.slice(row, row + n),
-                 xs = s.xp.slice(row, row + n);
     Tensor das = dact.slice(row, row + n), dhs = dh.slice(row, row + n), dxs = dxp.slice(row, row + n);
-    gemm(dys, w2.value, das);                                           // (n, F)
-    gemm(dys, as, w2.grad, GemmOptions{.trans_a = true, .beta = 1.f});  // (C, F) +=
-    if (llama)
-      swiglu_backward(hs, das, dhs);
-    else
-      gelu_backward(hs, das, dhs);
-    gemm(dhs, w1.value, dxs);                                           // (n, C)
-    gemm(dhs, xs, w1.grad, GemmOptions{.trans_a = true, .beta = 1.f});  // (F1, C) +=
+    expert_backward(dy.slice(row, row + n), s.xp.slice(row, row + n), s.h.slice(row, row + n),
+                    s.act.slice(row, row + n), fc1_[static_cast<size_t>(e)], fc2_[static_cast<size_t>(e)], llama, das,
+                    dhs, dxs);
     row += n;
   }
   Tensor dx = Tensor::empty({N, C}, dtype_, device_);
   moe_unpermute(dxp, s.row_of, nullptr, dx);
+  if (has_shared_expert()) {  // dx += the shared expert's input gradient
+    Tensor sdact = Tensor::empty(s.shared_act.shape(), dtype_, device_),
+           sdh = Tensor::empty(s.shared_h.shape(), dtype_, device_), sdx = Tensor::empty({N, C}, dtype_, device_);
+    expert_backward(dout, s.x, s.shared_h, s.shared_act, shared_fc1_, shared_fc2_, llama, sdact, sdh, sdx);
+    add(dx, sdx, dx);
+  }
   // Through the router: dlogits in fp32, then the linear's gradients in the compute dtype.
   Tensor dlogits = Tensor::empty({N, E}, DType::f32, device_);
   moe_router_backward(

@@ -4,10 +4,11 @@
 // MLP as GEMMs on its slice (the architecture's own: GELU for gpt, SwiGLU for llama; no biases), and the weighted
 // sum back per token (moe_unpermute); backward the same way in reverse. Parameters are named by global expert
 // index (<prefix>.router.weight, <prefix>.experts.<e>.fc1.weight, <prefix>.experts.<e>.fc2.weight), so a later
-// expert-parallel layout holds a subset of the same names.
+// expert-parallel layout holds a subset of the same names. With model.moe.shared_expert_ffn_hidden_size, a shared
+// expert (DeepSeek's, ungated: <prefix>.shared_expert.fc1/fc2.weight) that every token passes adds its output.
 //
-// Not yet here (issue 25): the shared expert, the auxiliary and z losses and the expert bias update, capacity
-// (dropping), tensor and expert parallelism; the class refuses configs that need them.
+// Not yet here (issue 25): the auxiliary and z losses and the expert bias update, capacity (dropping), tensor and
+// expert parallelism; the class refuses configs that need them.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -33,25 +34,30 @@ class MoeMlp {
     Tensor row_of;                  // (N, k) i32
     std::vector<int64_t> counts;    // (E) choices per expert, on the host
     Tensor xp, h, act, y;           // (N*k, C), (N*k, F or 2F), (N*k, F), (N*k, C): the permuted rows
+    Tensor shared_h, shared_act;    // the shared expert's (N, Fs or 2Fs) and (N, Fs); undefined without one
   };
   // x (N, C) -> (N, C).
   Tensor forward(const Tensor& x, Saved& s) const;
   // dout (N, C) -> dx (N, C); accumulates every parameter's gradient.
   Tensor backward(const Tensor& dout, const Saved& s);
 
-  // The router's weight, then fc1 and fc2 of each expert in expert order.
+  // The router's weight, fc1 and fc2 of each expert in expert order, then the shared expert's fc1 and fc2.
   std::vector<Parameter*> parameters();
   Parameter& router() { return router_; }
   Parameter& fc1(int64_t e) { return fc1_.at(static_cast<size_t>(e)); }
   Parameter& fc2(int64_t e) { return fc2_.at(static_cast<size_t>(e)); }
+  bool has_shared_expert() const { return shared_fc1_.value.defined(); }
+  Parameter& shared_fc1() { return shared_fc1_; }
+  Parameter& shared_fc2() { return shared_fc2_; }
 
  private:
   ModelConfig cfg_;
   DType dtype_;
   Device device_;
-  Parameter router_;            // (E, C)
-  std::vector<Parameter> fc1_;  // per expert (F, C), or (2F, C) gate and up interleaved for llama
-  std::vector<Parameter> fc2_;  // per expert (C, F)
+  Parameter router_;                   // (E, C)
+  std::vector<Parameter> fc1_;         // per expert (F, C), or (2F, C) gate and up interleaved for llama
+  std::vector<Parameter> fc2_;         // per expert (C, F)
+  Parameter shared_fc1_, shared_fc2_;  // (Fs or 2Fs, C), (C, Fs); undefined without a shared expert
 };
 
 }  // namespace mt

@@ -107,13 +107,14 @@ double rel_err(const Vec& got, const Vec& want) {
 }
 
 // The MoE MLP (models/moe_mlp.h) on the GPU follows the CPU: output, input gradient and every parameter's
-// gradient, with GELU and SwiGLU experts (the router, dispatch and expert GEMMs all on the device).
+// gradient, with GELU experts, and SwiGLU experts beside a shared expert (all on the device).
 TEST_F(CudaOps, MoeMlpMatchesTheCpu) {
   for (Arch arch : {Arch::gpt, Arch::llama}) {
     ModelConfig m = arch == Arch::llama ? testing_util::tiny_llama(2, false, 10000) : testing_util::tiny_gpt(true);
     m.moe.num_experts = 8;
     m.moe.top_k = 2;
     m.moe.ffn_hidden_size = 24;
+    if (arch == Arch::llama) m.moe.shared_expert_ffn_hidden_size = 16;
     MoeMlp cpu(m, "mlp", DType::f32, 0.1f, 5), gpu(m, "mlp", DType::f32, 0.1f, 5, Device::cuda);
     const int64_t N = 37, C = m.hidden_size;
     const Tensor x = make(rand_vec(N * C, 1), {N, C}), dout = make(rand_vec(N * C, 2), {N, C});

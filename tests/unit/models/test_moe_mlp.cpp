@@ -1,7 +1,7 @@
 // test_moe_mlp.cpp: the mixture-of-experts MLP on one rank (models/moe_mlp.h): one expert chosen by every token
-// is the dense MLP exactly; every gradient (input, router, each expert's fc1 and fc2) against central differences,
-// GELU and SwiGLU experts, softmax and sigmoid routers; parameters named by global expert index; what it does
-// not do yet is refused.
+// is the dense MLP exactly; every gradient (input, router, each expert's fc1 and fc2, the shared expert's)
+// against central differences, GELU and SwiGLU experts, softmax and sigmoid routers; a shared expert adds its dense
+// MLP; parameters named by global expert index; what it does not do yet is refused.
 #include <cmath>
 #include <functional>
 #include <vector>
@@ -99,6 +99,11 @@ void check_gradients(const ModelConfig& m, double step, double tol) {
     check(moe.fc1(e).value, moe.fc1(e).grad, "expert " + std::to_string(e) + " fc1");
     check(moe.fc2(e).value, moe.fc2(e).grad, "expert " + std::to_string(e) + " fc2");
   }
+  ASSERT_EQ(moe.has_shared_expert(), m.moe.shared_expert_ffn_hidden_size > 0);
+  if (moe.has_shared_expert()) {
+    check(moe.shared_fc1().value, moe.shared_fc1().grad, "shared expert fc1");
+    check(moe.shared_fc2().value, moe.shared_fc2().grad, "shared expert fc2");
+  }
 }
 
 TEST(MoeMlp, GradientsOfGeluExpertsWithASoftmaxRouter) {
@@ -116,9 +121,37 @@ TEST(MoeMlp, GradientsOfSwigluExpertsWithASigmoidRouter) {
   check_gradients(m, 1e-2, 2e-3);
 }
 
+TEST(MoeMlp, GradientsWithASharedExpert) {
+  ModelConfig m = moe_model(Arch::gpt, 3, 3);
+  m.moe.shared_expert_ffn_hidden_size = 12;
+  check_gradients(m, 1e-2, 2e-3);
+  m = moe_model(Arch::llama, 4, 4);
+  m.moe.shared_expert_ffn_hidden_size = 8;
+  check_gradients(m, 1e-2, 2e-3);
+}
+
+TEST(MoeMlp, ASharedExpertAddsItsDenseMlp) {
+  ModelConfig m = moe_model(Arch::gpt, 2, 1);
+  m.moe.shared_expert_ffn_hidden_size = 12;
+  MoeMlp with(m, "layers.1.mlp", DType::f32, 0.1f, 9);
+  m.moe.shared_expert_ffn_hidden_size = 0;
+  MoeMlp without(m, "layers.1.mlp", DType::f32, 0.1f, 9);  // the same routed experts (same names, same seed)
+  const Tensor x = random({5, 16}, 4);
+  MoeMlp::Saved a, b;
+  const std::vector<float> both = with.forward(x, a).to_floats(), routed = without.forward(x, b).to_floats();
+  Tensor h = Tensor::empty({5, 12}, DType::f32), act = Tensor::empty({5, 12}, DType::f32),
+         shared = Tensor::empty({5, 16}, DType::f32);
+  gemm(x, with.shared_fc1().value, h, GemmOptions{.trans_b = true});
+  gelu_forward(h, act);
+  gemm(act, with.shared_fc2().value, shared, GemmOptions{.trans_b = true});
+  const std::vector<float> s = shared.to_floats();
+  for (size_t i = 0; i < both.size(); ++i) EXPECT_EQ(both[i], routed[i] + s[i]) << i;
+  EXPECT_EQ(with.parameters().back()->name, "layers.1.mlp.shared_expert.fc2.weight");
+}
+
 TEST(MoeMlp, WhatIsNotImplementedYetIsRefused) {
   ModelConfig m = moe_model(Arch::gpt, 4, 2);
-  m.moe.shared_expert_ffn_hidden_size = 16;
+  m.moe.aux_loss_coeff = 0.01;
   EXPECT_THROW(MoeMlp(m, "mlp", DType::f32, 0.1f, 1), std::invalid_argument);
   m = moe_model(Arch::gpt, 4, 2);
   m.moe.capacity_factor = 1.0;
