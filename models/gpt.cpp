@@ -61,11 +61,7 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
     if (st.has_head) lnf_.mark_sequence_parallel();
   }
   site_embedding_ = stream_id("embedding.dropout");
-  if (opt.device != Device::cpu)  // initial values are drawn on the host, then moved
-    for (Parameter* p : params_) {
-      p->value = p->value.to(opt.device, MemKind::parameter);
-      p->grad = p->grad.to(opt.device, MemKind::gradient);
-    }
+  for (Parameter* p : params_) move_to_device(*p, opt.device);  // initial values are drawn on the host
 }
 
 GptModel::Roles GptModel::roles() const {

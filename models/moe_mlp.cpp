@@ -14,14 +14,6 @@ namespace {
 
 RouterScore router_score(MoeScore s) { return s == MoeScore::sigmoid ? RouterScore::sigmoid : RouterScore::softmax; }
 
-Parameter on_device(Parameter p, Device device) {
-  if (device != Device::cpu) {
-    p.value = p.value.to(device, MemKind::parameter);
-    p.grad = p.grad.to(device, MemKind::gradient);
-  }
-  return p;
-}
-
 }  // namespace
 
 MoeMlp::MoeMlp(const ModelConfig& cfg, const std::string& prefix, DType dtype, float output_init_std, uint64_t seed,
@@ -35,24 +27,20 @@ MoeMlp::MoeMlp(const ModelConfig& cfg, const std::string& prefix, DType dtype, f
                                 "implemented in MoeMlp yet (issue 25)");
   const int64_t C = cfg.hidden_size, F = m.ffn_hidden_size, E = m.num_experts;
   const int64_t F1 = cfg.arch == Arch::llama ? 2 * F : F;
-  router_ =
-      on_device(make_parameter(prefix + ".router.weight", {E, C}, dtype, Init::normal, cfg.init_std, seed), device);
+  router_ = make_parameter(prefix + ".router.weight", {E, C}, dtype, Init::normal, cfg.init_std, seed);
   for (int64_t e = 0; e < E; ++e) {
     const std::string expert = fmt::format("{}.experts.{}", prefix, e);
-    fc1_.push_back(
-        on_device(make_parameter(expert + ".fc1.weight", {F1, C}, dtype, Init::normal, cfg.init_std, seed), device));
-    fc2_.push_back(
-        on_device(make_parameter(expert + ".fc2.weight", {C, F}, dtype, Init::normal, output_init_std, seed), device));
+    fc1_.push_back(make_parameter(expert + ".fc1.weight", {F1, C}, dtype, Init::normal, cfg.init_std, seed));
+    fc2_.push_back(make_parameter(expert + ".fc2.weight", {C, F}, dtype, Init::normal, output_init_std, seed));
   }
   if (const int64_t Fs = m.shared_expert_ffn_hidden_size; Fs > 0) {
     const int64_t Fs1 = cfg.arch == Arch::llama ? 2 * Fs : Fs;
-    shared_fc1_ = on_device(
-        make_parameter(prefix + ".shared_expert.fc1.weight", {Fs1, C}, dtype, Init::normal, cfg.init_std, seed),
-        device);
-    shared_fc2_ = on_device(
-        make_parameter(prefix + ".shared_expert.fc2.weight", {C, Fs}, dtype, Init::normal, output_init_std, seed),
-        device);
+    shared_fc1_ =
+        make_parameter(prefix + ".shared_expert.fc1.weight", {Fs1, C}, dtype, Init::normal, cfg.init_std, seed);
+    shared_fc2_ =
+        make_parameter(prefix + ".shared_expert.fc2.weight", {C, Fs}, dtype, Init::normal, output_init_std, seed);
   }
+  for (Parameter* p : parameters()) move_to_device(*p, device);  // initial values are drawn on the host
 }
 
 namespace {
@@ -115,8 +103,8 @@ Tensor MoeMlp::forward(const Tensor& x, Saved& s) const {
   s.row_of = Tensor::empty({N, k}, DType::i32, device_);
   Tensor counts = Tensor::empty({E}, DType::i32, device_);
   moe_dispatch_index(s.experts, s.row_of, counts);
-  const std::vector<float> host_counts = counts.to_floats();
-  s.counts.assign(host_counts.begin(), host_counts.end());
+  const Tensor host_counts = counts.to(Device::cpu);
+  s.counts.assign(host_counts.data<int32_t>(), host_counts.data<int32_t>() + E);
   s.xp = Tensor::empty({R, C}, dtype_, device_);
   moe_permute(x, s.row_of, nullptr, s.xp);
   const int64_t F1 = fc1_.front().value.dim(0), F = fc2_.front().value.dim(1);

@@ -271,13 +271,10 @@ void Trainer::run() {
     auto t0 = std::chrono::steady_clock::now();
     float lr = 0;
     StepResult r;
-    if (c_.iteration + 1 == cfg_.logging.profile_iteration) {
-      op_profile::Session profile(device_);
-      train_step(lr, r);
-      write_op_profile(profile.finish(), c_.iteration + 1);
-    } else {
-      train_step(lr, r);
-    }
+    std::optional<op_profile::Session> profile;
+    if (c_.iteration + 1 == cfg_.logging.profile_iteration) profile.emplace(device_);
+    train_step(lr, r);
+    if (profile) write_op_profile(profile->finish(), c_.iteration + 1);
     ++c_.iteration;
     c_.consumed_samples += G;
     check_finite(r);

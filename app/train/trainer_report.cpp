@@ -55,9 +55,7 @@ void Trainer::write_op_profile(const op_profile::Report& r, int64_t iteration) {
                    std::strerror(errno));
   }
   // The first line and the per-op totals (the file holds the rows by shape too).
-  const size_t cut = text.find("\n\n| op | detail");
-  spdlog::info("{}(rows by op and shape: {})", text.substr(0, cut == std::string::npos ? text.size() : cut + 1),
-               path.string());
+  spdlog::info("{}(rows by op and shape: {})", op_profile::format_report(r, iteration, 0), path.string());
   metrics_.write({{"event", "op_profile"},
                   {"iteration", iteration},
                   {"step_ms", r.step_ms},

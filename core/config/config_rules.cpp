@@ -1,6 +1,7 @@
 // config_rules.cpp: every rule a Config must satisfy, checked in section order, and its derived values.
 #include "core/config/config_rules.h"
 
+#include "core/tensor/ops.h"  // kMaxRouterExperts
 #include "core/tensor/tensor.h"
 
 #include <fmt/format.h>
@@ -23,9 +24,8 @@ constexpr int64_t kMaxSequence = int64_t{1} << 24;
 constexpr int64_t kMaxVocab = (int64_t{1} << 31) - 1;
 constexpr int64_t kMaxVocabMultiple = int64_t{1} << 20;
 constexpr int64_t kMaxParallel = int64_t{1} << 20;  // ranks along one dimension
-constexpr int64_t kMaxExperts = 1024;
-constexpr int64_t kMaxCount = int64_t{1} << 40;  // iterations, batch sizes, intervals
-constexpr double kMaxTimeoutS = 1e7;             // about 115 days; times 1000 fits int64 milliseconds
+constexpr int64_t kMaxCount = int64_t{1} << 40;     // iterations, batch sizes, intervals
+constexpr double kMaxTimeoutS = 1e7;                // about 115 days; times 1000 fits int64 milliseconds
 // Bytes one tensor may hold (kMaxTensorBytes in core/tensor/tensor.h), as a double for products of config sizes.
 constexpr double kMaxBytes = static_cast<double>(kMaxTensorBytes);
 
@@ -212,7 +212,7 @@ void resolve_moe(Config& c, const Rules& r) {
   ParallelConfig& p = c.parallel;
   const ModelConfig& m = c.model;
   r.non_negative("model.moe.num_experts", e.num_experts);
-  r.at_most("model.moe.num_experts", e.num_experts, kMaxExperts,
+  r.at_most("model.moe.num_experts", e.num_experts, kMaxRouterExperts,
             "number of experts (the router keeps a token's scores of every expert in fast memory)");
   if (!e.enabled()) {  // a written config carries the defaults: only a changed key is an error
     const MoeConfig d;

@@ -15,10 +15,9 @@
 #include <stdexcept>
 #include <string>
 
-#include <cub/device/device_radix_sort.cuh>
-
 #include "core/cuda/kernels.cuh"
 #include "core/cuda/ops_cuda.h"
+#include "core/cuda/radix_sort.cuh"
 
 namespace mt::cuda {
 
@@ -179,15 +178,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, c
   embedding_keys_kernel<<<key_blocks, kThreads, 0, stream()>>>(ids.data<int32_t>(), opt.vocab_start, V, kin, pin, BT);
   MT_CUDA_LAUNCHED("embedding_keys_kernel");
 
-  // Keys lie in [0, V]: sort on the bits that hold V only.
-  int end_bit = 0;
-  while (end_bit < 32 && (uint64_t{1} << end_bit) <= static_cast<uint64_t>(V)) ++end_bit;
-  const int n = static_cast<int>(BT);
-  size_t temp_bytes = 0;
-  MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, kin, kout, pin, pout, n, 0, end_bit, stream()));
-  Tensor temp = Tensor::empty({std::max<int64_t>(1, ceil_div(static_cast<int64_t>(temp_bytes), 4))}, DType::i32,
-                              Device::cuda, MemKind::workspace);
-  MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.raw(), temp_bytes, kin, kout, pin, pout, n, 0, end_bit, stream()));
+  stable_sort_pairs(kin, kout, pin, pout, BT, static_cast<uint64_t>(V));  // keys lie in [0, V]
 
   const int threads = threads_for_cols(C, kThreads);
   const int64_t col_chunks = std::min<int64_t>(ceil_div(C, threads), kMaxGridYZ);

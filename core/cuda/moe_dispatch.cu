@@ -7,16 +7,14 @@
 // over the columns, in fp32 with one rounding on store; moe_unpermute adds in choice order, without fused
 // multiply-adds, as the CPU. moe_unpermute_backward_probs reduces each dot product in a fixed tree (a warp per
 // choice): deterministic, within fp32 rounding of the CPU's double sums.
-#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 
-#include <cub/device/device_radix_sort.cuh>
-
 #include "core/cuda/kernels.cuh"
 #include "core/cuda/ops_cuda.h"
+#include "core/cuda/radix_sort.cuh"
 
 namespace mt::cuda {
 
@@ -114,16 +112,7 @@ void moe_dispatch_index(const Tensor& experts, Tensor& row_of, Tensor& counts) {
   dispatch_keys_kernel<<<blocks, kThreads, 0, stream()>>>(experts.data<int32_t>(), n, static_cast<int32_t>(E), kin,
                                                           pos_in.data<int32_t>(), counts.data<int32_t>());
   MT_CUDA_LAUNCHED("dispatch_keys_kernel");
-  int end_bit = 0;  // keys lie in [0, E]
-  while (end_bit < 32 && (uint64_t{1} << end_bit) <= static_cast<uint64_t>(E)) ++end_bit;
-  const int ni = static_cast<int>(n);
-  size_t temp_bytes = 0;
-  MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, kin, kout, pos_in.data<int32_t>(),
-                                                pos_out.data<int32_t>(), ni, 0, end_bit, stream()));
-  Tensor temp = Tensor::empty({std::max<int64_t>(1, ceil_div(static_cast<int64_t>(temp_bytes), 4))}, DType::i32,
-                              Device::cuda, MemKind::workspace);
-  MT_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.raw(), temp_bytes, kin, kout, pos_in.data<int32_t>(),
-                                                pos_out.data<int32_t>(), ni, 0, end_bit, stream()));
+  stable_sort_pairs(kin, kout, pos_in.data<int32_t>(), pos_out.data<int32_t>(), n, static_cast<uint64_t>(E));
   dispatch_rows_kernel<<<blocks, kThreads, 0, stream()>>>(kout, pos_out.data<int32_t>(), n, static_cast<uint32_t>(E),
                                                           row_of.data<int32_t>());
   MT_CUDA_LAUNCHED("dispatch_rows_kernel");

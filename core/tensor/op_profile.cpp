@@ -192,7 +192,7 @@ std::string format_report(const Report& r, int64_t iteration, size_t max_rows) {
       out += fmt::format("| ({} more) |{}\n", rows.size() - limit, details ? " | | | | |" : " | | | |");
   };
   table(r.by_op(), false, SIZE_MAX);
-  table(r.rows, true, max_rows);
+  if (max_rows > 0) table(r.rows, true, max_rows);
   return out;
 }
 

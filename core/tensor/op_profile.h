@@ -77,8 +77,8 @@ class Scope {
   size_t entry_ = 0;  // SIZE_MAX: a nested call, not timed
 };
 
-// Markdown tables: the per-op totals, then the `max_rows` largest rows by op and detail, each with calls, ms,
-// share of the step and ms per call; a first line says what was timed and how.
+// Markdown tables: the per-op totals, then the `max_rows` largest rows by op and detail (none when 0), each with
+// calls, ms, share of the step and ms per call; a first line says what was timed and how.
 std::string format_report(const Report& r, int64_t iteration, size_t max_rows);
 
 }  // namespace mt::op_profile

@@ -7,7 +7,7 @@
 //
 // The entry points are split by concern: this file holds GEMM, block transpose, elementwise and SwiGLU;
 // core/tensor/ops_layers.cpp the norms, embeddings, dropout, attention and RoPE; core/tensor/ops_loss_optimizer.cpp the
-// cross-entropy, the optimizer and the reductions; core/tensor/ops_moe.cpp the mixture-of-experts router.
+// cross-entropy, the optimizer and the reductions; core/tensor/ops_moe.cpp the mixture-of-experts router and token dispatch.
 // core/tensor/ops_check.h holds the argument checks they share.
 #include "core/tensor/ops.h"
 

@@ -267,6 +267,9 @@ void fill_(Tensor& x, float v);
 // ---- mixture of experts ----------------------------------------------------------------------------
 // The MoE router of one layer: each token (row) picks top_k of E experts and weights their outputs. (RouterScore
 // mirrors model.moe.score_function, MoeScore of core/config, which this layer cannot see.)
+// The most experts a router row may hold (the CUDA kernel keeps a row in shared memory); model.moe.num_experts
+// is bounded by it.
+inline constexpr int64_t kMaxRouterExperts = 1024;
 enum class RouterScore {
   softmax,  // scores = softmax over the row's E logits (fp32, max subtracted, the sum of exps in double)
   sigmoid,  // scores = 1 / (1 + exp(-logit)) per element (DeepSeek-V3)

@@ -1,5 +1,8 @@
-// ops_moe.cpp: the op entry points for mixture of experts (the router): argument checks, then the dispatch.
+// ops_moe.cpp: the op entry points for mixture of experts, the router and the token dispatch (core/tensor/ops.h):
+// argument checks naming the op and the argument, then the device's implementation.
 #include "core/tensor/ops.h"
+
+#include <string>
 
 #include <fmt/format.h>
 
@@ -16,15 +19,12 @@ using namespace ops_check;  // NOLINT(google-build-using-namespace): the checks 
 
 namespace {
 
-// The most experts a router row may hold (the CUDA kernel keeps a row in shared memory).
-constexpr int64_t kMaxExperts = 1024;
-
 // E, the number of experts, from a (N, E) f32 tensor `name` (logits or scores), and top_k within [1, E].
 int64_t check_router_rows(const char* op, const char* name, const Tensor& t, const MoeRouterOptions& opt) {
   check_ndim(op, name, t, 2, "(N, E)", DType::f32);
   const int64_t E = t.dim(1);
-  check_range(op, name, E >= 1 && E <= kMaxExperts,
-              fmt::format("the number of experts E must lie in [1, {}], got {}", kMaxExperts, E));
+  check_range(op, name, E >= 1 && E <= kMaxRouterExperts,
+              fmt::format("the number of experts E must lie in [1, {}], got {}", kMaxRouterExperts, E));
   check_range(op, "top_k", opt.top_k >= 1 && opt.top_k <= E,
               fmt::format("must lie in [1, E] = [1, {}], got {}", E, opt.top_k));
   check_range(op, "score", opt.score == RouterScore::softmax || opt.score == RouterScore::sigmoid,
@@ -62,6 +62,78 @@ void moe_router_backward(const Tensor& scores, const Tensor& experts, const Tens
   if (device_of(op, {&scores, &experts, &dprobs, &dlogits}) == Device::cpu)
     return cpu::moe_router_backward(scores, experts, dprobs, dlogits, opt);
   MT_ON_CUDA(moe_router_backward(scores, experts, dprobs, dlogits, opt));
+}
+
+// ---- token dispatch ----
+
+namespace {
+
+// row_of (N, k) i32, one row per token; probs, when given, (N, k) f32.
+void check_choices(const char* op, const Tensor& row_of, int64_t tokens, const Tensor* probs) {
+  check_ndim(op, "row_of", row_of, 2, "(N, k)", DType::i32);
+  if (row_of.dim(0) != tokens)
+    fail(op, fmt::format("row_of: expected {} rows (one per token), got {}", tokens, shape_str(row_of.shape())));
+  if (probs) check_f32_shape(op, "probs", *probs, row_of.shape());
+}
+
+// t's dtype and column count are ref's (the permuted rows and the tokens' rows of one activation).
+void check_columns_like(const char* op, const char* name, const Tensor& t, const Tensor& ref, const char* ref_name) {
+  if (t.dtype() != ref.dtype() || t.dim(1) != ref.dim(1))
+    fail(op, fmt::format("{}: expected {} rows of {} columns like {}, got {} {}", name, dtype_name(ref.dtype()),
+                         ref.dim(1), ref_name, dtype_name(t.dtype()), shape_str(t.shape())));
+}
+
+}  // namespace
+
+void moe_dispatch_index(const Tensor& experts, Tensor& row_of, Tensor& counts) {
+  const char* op = "moe_dispatch_index";
+  const op_profile::Scope profile(op);
+  check_ndim(op, "experts", experts, 2, "(N, k)", DType::i32);
+  check_dtype(op, "row_of", row_of, DType::i32);
+  expect_shape(op, "row_of", row_of, experts.shape());
+  check_ndim(op, "counts", counts, 1, "(E)", DType::i32);
+  if (counts.dim(0) < 1) fail(op, "counts: expected at least one expert, got (0)");
+  if (experts.numel() > (int64_t{1} << 31) - 1)
+    fail(op, fmt::format("experts: {} choices, more than int32 row indices hold", experts.numel()));
+  if (device_of(op, {&experts, &row_of, &counts}) == Device::cpu)
+    return cpu::moe_dispatch_index(experts, row_of, counts);
+  MT_ON_CUDA(moe_dispatch_index(experts, row_of, counts));
+}
+
+void moe_permute(const Tensor& x, const Tensor& row_of, const Tensor* probs, Tensor& out) {
+  const char* op = "moe_permute";
+  const op_profile::Scope profile(op);
+  check_ndim(op, "x", x, 2, "(N, C)");
+  check_choices(op, row_of, x.dim(0), probs);
+  check_ndim(op, "out", out, 2, "(R, C)");
+  check_columns_like(op, "out", out, x, "x");
+  if (probs) (void)device_of(op, {&x, probs});  // throws when they differ
+  if (device_of(op, {&x, &row_of, &out}) == Device::cpu) return cpu::moe_permute(x, row_of, probs, out);
+  MT_ON_CUDA(moe_permute(x, row_of, probs, out));
+}
+
+void moe_unpermute(const Tensor& y, const Tensor& row_of, const Tensor* probs, Tensor& out) {
+  const char* op = "moe_unpermute";
+  const op_profile::Scope profile(op);
+  check_ndim(op, "y", y, 2, "(R, C)");
+  check_ndim(op, "out", out, 2, "(N, C)");
+  check_choices(op, row_of, out.dim(0), probs);
+  check_columns_like(op, "out", out, y, "y");
+  if (probs) (void)device_of(op, {&y, probs});  // throws when they differ
+  if (device_of(op, {&y, &row_of, &out}) == Device::cpu) return cpu::moe_unpermute(y, row_of, probs, out);
+  MT_ON_CUDA(moe_unpermute(y, row_of, probs, out));
+}
+
+void moe_unpermute_backward_probs(const Tensor& dout, const Tensor& y, const Tensor& row_of, Tensor& dprobs) {
+  const char* op = "moe_unpermute_backward_probs";
+  const op_profile::Scope profile(op);
+  check_ndim(op, "dout", dout, 2, "(N, C)");
+  check_ndim(op, "y", y, 2, "(R, C)");
+  check_columns_like(op, "y", y, dout, "dout");
+  check_choices(op, row_of, dout.dim(0), &dprobs);
+  if (device_of(op, {&dout, &y, &row_of, &dprobs}) == Device::cpu)
+    return cpu::moe_unpermute_backward_probs(dout, y, row_of, dprobs);
+  MT_ON_CUDA(moe_unpermute_backward_probs(dout, y, row_of, dprobs));
 }
 
 }  // namespace mt

@@ -71,4 +71,10 @@ Parameter make_parameter(std::string name, Shape shape, DType dtype, Init init, 
                               dtype, init, init_std, seed);
 }
 
+void move_to_device(Parameter& p, Device device) {
+  if (device == Device::cpu) return;
+  p.value = p.value.to(device, MemKind::parameter);
+  p.grad = p.grad.to(device, MemKind::gradient);
+}
+
 }  // namespace mt

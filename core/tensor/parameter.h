@@ -53,6 +53,9 @@ struct TensorBlock {
 Parameter make_parameter_slice(std::string name, TensorBlock block, DType dtype, Init init, float init_std,
                                uint64_t seed);
 
+// Moves a parameter made on the host (its value and gradient) to `device`; nothing for the CPU.
+void move_to_device(Parameter& p, Device device);
+
 // Fills `out` (f32, host) with the initial values of the region of `p` starting at p.start.
 void initial_values(const Parameter& p, uint64_t seed, Tensor& out);
 
