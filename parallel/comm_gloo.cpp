@@ -31,6 +31,7 @@ namespace {
 // below it; ours use prefixes of their own so a user tag never meets a collective's traffic.
 constexpr uint64_t kSendRecvSlot = 0x40ull << 56;       // | tag (32 bits)
 constexpr uint64_t kReduceScatterSlot = 0x41ull << 56;  // | collective tag << 16
+constexpr uint64_t kAllToAllSlot = 0x42ull << 56;       // | collective tag << 16
 
 std::string seconds_str(Millis t) { return fmt::format("{:g} s", static_cast<double>(t.count()) / 1000.0); }
 
@@ -277,6 +278,50 @@ class GlooCommunicator final : public Communicator {
       o.setTag(tag);
       o.setTimeout(group_->timeout);
       gloo::broadcast(o);
+    });
+    return done();
+  }
+
+  // Each rank posts a receive for every peer that sends it something and a send for every peer it sends
+  // something, on one unbound buffer each (gloo::alltoallv's pattern, without zero-length messages), and
+  // copies its own block locally. Counts that disagree between two ranks break the protocol: the receiver
+  // times out, or a peer's transport fails (see on_terminate below).
+  std::unique_ptr<Work> all_to_all(const Tensor& in, const std::vector<int64_t>& send_counts, Tensor& out,
+                                   const std::vector<int64_t>& recv_counts) override {
+    check_host(in, "all_to_all", false);
+    check_host(out, "all_to_all", false);
+    const AllToAllTotals totals = check_all_to_all(*this, in, send_counts, out, recv_counts);
+    uint32_t tag = next_tag_++;
+    const int n = size(), r = rank();
+    const std::vector<int64_t> send_at = block_offsets(send_counts), recv_at = block_offsets(recv_counts);
+    copy_elements(in, send_at[r], out, recv_at[r], send_counts[r]);
+    if (n == 1 || totals.sent + totals.received == send_counts[r] + recv_counts[r]) return done();
+    const size_t element = dtype_size(in.dtype());
+    guarded("all_to_all", [&] {
+      std::unique_ptr<gloo::transport::UnboundBuffer> send_buf, recv_buf;
+      if (totals.sent > 0)
+        send_buf = context_->createUnboundBuffer(in.raw(), static_cast<size_t>(totals.sent) * element);
+      if (totals.received > 0)
+        recv_buf = context_->createUnboundBuffer(out.raw(), static_cast<size_t>(totals.received) * element);
+      const uint64_t slot = kAllToAllSlot | (static_cast<uint64_t>(tag) << 16);
+      int sends = 0, recvs = 0;
+      for (int k = 1; k < n; ++k) {  // peers in ring order from this rank, so no peer is everyone's first
+        const int to = (r + k) % n, from = (r + n - k) % n;
+        if (recv_counts[from] > 0) {
+          recv_buf->recv(from, slot, static_cast<size_t>(recv_at[from]) * element,
+                         static_cast<size_t>(recv_counts[from]) * element);
+          ++recvs;
+        }
+        if (send_counts[to] > 0) {
+          send_buf->send(to, slot, static_cast<size_t>(send_at[to]) * element,
+                         static_cast<size_t>(send_counts[to]) * element);
+          ++sends;
+        }
+      }
+      for (int k = 0; k < recvs; ++k)
+        if (!recv_buf->waitRecv(group_->timeout)) throw std::runtime_error("aborted");
+      for (int k = 0; k < sends; ++k)
+        if (!send_buf->waitSend(group_->timeout)) throw std::runtime_error("aborted");
     });
     return done();
   }

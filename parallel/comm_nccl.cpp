@@ -181,6 +181,36 @@ class NcclCommunicator final : public Communicator {
     return raw_post(device_buffer(t, "recv"), peer, tag, false, {t});
   }
 
+  // One NCCL group of a send and a receive per peer with a nonzero count (itself included: NCCL copies a
+  // rank's block to itself), enqueued like a collective: after any queued send/recv, on the comm stream.
+  std::unique_ptr<Work> all_to_all(const Tensor& in, const std::vector<int64_t>& send_counts, Tensor& out,
+                                   const std::vector<int64_t>& recv_counts) override {
+    const DeviceBuffer src = device_buffer(in, "all_to_all"), dst = device_buffer(out, "all_to_all");
+    const AllToAllTotals totals = check_all_to_all(*this, in, send_counts, out, recv_counts);
+    const size_t element = dtype_size(in.dtype());
+    const std::vector<int64_t> send_at = block_offsets(send_counts), recv_at = block_offsets(recv_counts);
+    return collective(
+        "all_to_all", {in, out}, totals.sent == 0 && totals.received == 0, "ncclSend/ncclRecv group",
+        [&](ncclComm_t comm, cudaStream_t s) {
+          auto* from = static_cast<const char*>(src.ptr);
+          auto* to = static_cast<char*>(dst.ptr);
+          ncclResult_t first = ncclGroupStart();
+          if (first != ncclSuccess) return first;
+          auto keep_first = [&first](ncclResult_t r) {
+            if (r != ncclSuccess && r != ncclInProgress && first == ncclSuccess) first = r;
+          };
+          for (size_t p = 0; p < send_counts.size(); ++p) {
+            const int peer = static_cast<int>(p);
+            if (send_counts[p] > 0)
+              keep_first(ncclSend(from + send_at[p] * element, send_counts[p] * element, ncclUint8, peer, comm, s));
+            if (recv_counts[p] > 0)
+              keep_first(ncclRecv(to + recv_at[p] * element, recv_counts[p] * element, ncclUint8, peer, comm, s));
+          }
+          ncclResult_t end = ncclGroupEnd();  // always closes the group, even after a failed call
+          return first != ncclSuccess ? first : end;
+        });
+  }
+
   void barrier() override {
     float* one = group_->scratch;  // (1)
     collective(

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "parallel/communicator.h"
+#include "parallel/group.h"
 
 namespace mt {
 
@@ -29,6 +30,12 @@ class StagedWork final : public Work {
   Tensor host_;    // the staged tensor the inner op reads or writes; also keeps a send's copy alive
   Tensor device_;  // the caller's tensor, where the result goes (undefined for sends)
   bool done_ = false;
+};
+
+// A group of one: the op was a local copy, done before it returned.
+class LocalWork final : public Work {
+ public:
+  void wait() override {}
 };
 
 class StagedCommunicator final : public Communicator {
@@ -68,6 +75,22 @@ class StagedCommunicator final : public Communicator {
     if (!foreign(t)) return inner_->recv(t, peer, tag);
     Tensor h = staged_like(t);
     return staged(inner_->recv(h, peer, tag), h, t);
+  }
+  // Stages only the blocks that move (elements past the counts stay untouched); a group of one copies locally,
+  // on the tensors' own devices.
+  std::unique_ptr<Work> all_to_all(const Tensor& in, const std::vector<int64_t>& send_counts, Tensor& out,
+                                   const std::vector<int64_t>& recv_counts) override {
+    if (!foreign(in) && !foreign(out)) return inner_->all_to_all(in, send_counts, out, recv_counts);
+    const AllToAllTotals totals = check_all_to_all(*this, in, send_counts, out, recv_counts);
+    if (size() == 1) {
+      copy_elements(in, 0, out, 0, send_counts[0]);
+      return std::make_unique<LocalWork>();
+    }
+    Tensor sent = in.view({in.numel()}).slice(0, totals.sent);            // (sent)
+    Tensor received = out.view({out.numel()}).slice(0, totals.received);  // (received)
+    Tensor hin = foreign(in) ? staged_copy(sent) : sent;
+    Tensor hout = foreign(out) ? staged_like(received) : received;
+    return staged(inner_->all_to_all(hin, send_counts, hout, recv_counts), hout, foreign(out) ? received : Tensor());
   }
   void barrier() override { inner_->barrier(); }
   bool collectives_block_caller() const override { return inner_->collectives_block_caller(); }

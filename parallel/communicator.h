@@ -49,6 +49,15 @@ class Communicator {
   virtual std::unique_ptr<Work> broadcast(Tensor& t, int root) = 0;
   virtual std::unique_ptr<Work> send(const Tensor& t, int peer, int tag) = 0;
   virtual std::unique_ptr<Work> recv(Tensor& t, int peer, int tag) = 0;
+  // Variable-count all-to-all (the MoE token dispatch and its return). in: this rank's blocks for every member
+  // in rank order, send_counts[r] elements for rank r (contiguous from in's start); out: the blocks received,
+  // recv_counts[r] elements from rank r, in rank order. Counts are elements (rows x hidden), known on both
+  // sides beforehand (exchange them first with exchange_counts): send_counts[r] here must equal recv_counts
+  // of this rank on rank r. sum(send_counts) <= in.numel(), sum(recv_counts) <= out.numel(); elements past
+  // them are untouched; a zero count sends nothing. Moves bytes: any dtype, in and out alike. A count vector
+  // whose size is not the group's is std::invalid_argument naming the op; other misuse is CommError.
+  virtual std::unique_ptr<Work> all_to_all(const Tensor& in, const std::vector<int64_t>& send_counts, Tensor& out,
+                                           const std::vector<int64_t>& recv_counts) = 0;
   // Blocks the host until every member has reached it (and, on device backends, everything posted before
   // it has completed): the host-side synchronisation around checkpoints.
   virtual void barrier() = 0;
@@ -66,6 +75,16 @@ class Communicator {
 // Sums a few host doubles over the group (a blocking f64 all-reduce; any backend): the losses, counters and
 // grad-norm partial sums that every rank must agree on, carried as doubles so nothing is rounded on the way.
 std::vector<double> sum_doubles(Communicator& comm, std::vector<double> values);
+
+// The counts of an all_to_all seen from the receiving side (blocking; any backend): returns recv_counts, whose
+// element r is send_counts[this rank] of rank r. Every member calls it with its own send_counts (size() of
+// them, each >= 0). An all_gather of the counts as int64, bit for bit: exact for any count (f32 is not above 2^24).
+std::vector<int64_t> exchange_counts(Communicator& comm, const std::vector<int64_t>& send_counts);
+
+// A communicator of one rank: no peers, no rendezvous, tensors on any device (every op is at most a local
+// copy, done when it returns; send and recv have no peer and throw CommError). The expert-parallel group
+// of a job without expert parallelism, which would otherwise cost a rendezvous or an NCCL split.
+std::unique_ptr<Communicator> make_self_communicator(std::string name);
 
 struct GlooOptions {
   std::string name;          // group name, for messages and store prefixes ("" -> "gloo[0,1]")
@@ -85,10 +104,10 @@ struct GlooOptions {
 // Gloo specifics: collectives run on the calling thread and return a completed Work; send and recv are
 // posted at once and complete in Work::wait(), so a stage may post both before waiting (tags match
 // transfers between the same pair of ranks). Every op is bounded by opt.timeout. bf16/f16 reductions run
-// in fp32 and round once. all_gather, broadcast, send and recv move bytes, so they take any dtype. After
-// any failure (Gloo closes all connections of the group) every later op throws CommError at once, naming
-// the first failure. Dropping an unwaited send/recv Work abandons the transfer without blocking. One
-// thread drives a communicator at a time; waiting on its Works from another thread is fine.
+// in fp32 and round once. all_gather, broadcast, send, recv and all_to_all move bytes, so they take any
+// dtype. After any failure (Gloo closes all connections of the group) every later op throws CommError at
+// once, naming the first failure. Dropping an unwaited send/recv Work abandons the transfer without
+// blocking. One thread drives a communicator at a time; waiting on its Works from another thread is fine.
 std::unique_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Store> store, const GlooOptions& opt);
 
 // Wraps a communicator whose backend moves memory of device `native` (Gloo: cpu, NCCL: cuda) so that it takes
@@ -120,8 +139,9 @@ struct NcclOptions {
 // first wait() on any of them or at the next collective, so a stage may post both directions before
 // waiting (NCCL has no tags: transfers between two ranks match in posting order; tags must be >= 0).
 // Dropping a Work whose transfer was not issued yet abandons it; an issued op keeps its tensors alive
-// until it completes. all_gather, broadcast, send and recv move bytes, so they take any dtype; reductions
-// take f32, bf16 and f16 natively. Note: NCCL's max may not propagate NaN like the Gloo one; reduce an
+// until it completes. all_gather, broadcast, send, recv and all_to_all move bytes, so they take any dtype;
+// reductions take f32, bf16 and f16 natively. all_to_all is one NCCL group of a ncclSend and a ncclRecv per
+// peer with a nonzero count. Note: NCCL's max may not propagate NaN like the Gloo one; reduce an
 // explicit found-inf flag instead.
 std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Store> store, const NcclOptions& opt);
 

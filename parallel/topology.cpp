@@ -13,13 +13,17 @@ std::string layout(int tp, int pp, int dp) {
 
 }  // namespace
 
-Topology::Topology(int world_size, int tp, int pp, int dp) : world_(world_size), tp_(tp), pp_(pp), dp_(dp) {
+Topology::Topology(int world_size, int tp, int pp, int dp, int ep)
+    : world_(world_size), tp_(tp), pp_(pp), dp_(dp), ep_(ep) {
   if (tp < 1 || pp < 1 || dp < 1)
     throw std::invalid_argument(layout(tp, pp, dp) + ": every parallel size must be at least 1");
   int64_t ranks = int64_t{tp} * pp * dp;
   if (ranks != world_size)
     throw std::invalid_argument(layout(tp, pp, dp) + " = " + std::to_string(ranks) + " ranks, but the world has " +
                                 std::to_string(world_size));
+  if (ep < 1 || dp % ep != 0)
+    throw std::invalid_argument("expert parallel " + std::to_string(ep) +
+                                " must be at least 1 and divide data parallel " + std::to_string(dp));
 }
 
 Topology::Coord Topology::coord(int rank) const {
@@ -73,6 +77,21 @@ std::vector<int> Topology::embedding_group(int r) const {
   return {rank({c.tp, c.dp, 0}), rank({c.tp, c.dp, pp_ - 1})};
 }
 
+std::vector<int> Topology::ep_group(int r) const {
+  Coord c = coord(r);
+  std::vector<int> g;
+  const int first = c.dp / ep_ * ep_;
+  for (int d = first; d < first + ep_; ++d) g.push_back(rank({c.tp, d, c.pp}));
+  return g;
+}
+
+std::vector<int> Topology::edp_group(int r) const {
+  Coord c = coord(r);
+  std::vector<int> g;
+  for (int d = c.dp % ep_; d < dp_; d += ep_) g.push_back(rank({c.tp, d, c.pp}));
+  return g;
+}
+
 const char* group_kind_name(GroupKind kind) {
   switch (kind) {
     case GroupKind::tp:
@@ -85,6 +104,10 @@ const char* group_kind_name(GroupKind kind) {
       return "mp";
     case GroupKind::emb:
       return "emb";
+    case GroupKind::ep:
+      return "ep";
+    case GroupKind::edp:
+      return "edp";
   }
   throw std::invalid_argument("unknown group kind");
 }
@@ -101,6 +124,10 @@ std::vector<int> Topology::group(GroupKind kind, int r) const {
       return model_parallel_group(r);
     case GroupKind::emb:
       return embedding_group(r);
+    case GroupKind::ep:
+      return ep_group(r);
+    case GroupKind::edp:
+      return edp_group(r);
   }
   throw std::invalid_argument("unknown group kind");
 }

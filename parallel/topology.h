@@ -1,5 +1,7 @@
 // topology.h: the rank grid. rank = tp + T * (dp + D * pp): tensor-parallel ranks vary fastest (a TP group
-// sits inside one node), then data-parallel, then pipeline (Megatron's default order).
+// sits inside one node), then data-parallel, then pipeline (Megatron's default order). Expert parallelism
+// (MoE) splits the data-parallel dimension: dp = ep_index + EP * edp_index, so an expert-parallel group is EP
+// consecutive data-parallel ranks and the expert-data-parallel group the ranks at the same place in each.
 #pragma once
 #include <stdexcept>
 #include <string>
@@ -7,10 +9,11 @@
 
 namespace mt {
 
-// The kinds of process group: tensor, data, pipeline, model (tensor x pipeline) parallel, and the embedding
-// group (first and last pipeline stage).
-enum class GroupKind { tp, dp, pp, mp, emb };
-const char* group_kind_name(GroupKind kind);  // "tp", "dp", "pp", "mp", "emb"
+// The kinds of process group: tensor, data, pipeline, model (tensor x pipeline) parallel, the embedding
+// group (first and last pipeline stage), expert parallel (the ranks that split the experts of an MoE layer)
+// and expert-data parallel (the ranks holding the same experts, which sum their gradients).
+enum class GroupKind { tp, dp, pp, mp, emb, ep, edp };
+const char* group_kind_name(GroupKind kind);  // "tp", "dp", "pp", "mp", "emb", "ep", "edp"
 
 class Topology {
  public:
@@ -18,13 +21,15 @@ class Topology {
     int tp = 0, dp = 0, pp = 0;
     bool operator==(const Coord&) const = default;
   };
-  // Throws std::invalid_argument naming the sizes when tp * pp * dp != world_size or any is < 1.
-  Topology(int world_size, int tp, int pp, int dp);
+  // Throws std::invalid_argument naming the sizes when tp * pp * dp != world_size or any is < 1, and naming
+  // ep and dp when ep < 1 or ep does not divide dp. (The experts' tensor parallelism is the dense layers'.)
+  Topology(int world_size, int tp, int pp, int dp, int ep = 1);
 
   int world_size() const { return world_; }
   int tp() const { return tp_; }
   int pp() const { return pp_; }
   int dp() const { return dp_; }
+  int ep() const { return ep_; }
 
   // Both throw std::out_of_range for a rank outside the world or a coordinate outside the grid.
   Coord coord(int rank) const;
@@ -37,6 +42,11 @@ class Topology {
   std::vector<int> model_parallel_group(int rank) const;  // same dp: every tp and pp
   // The first and last pipeline stage of rank's pipeline (tied embeddings); just the rank when pp == 1.
   std::vector<int> embedding_group(int rank) const;
+  // Same tp, pp: the ep data-parallel ranks {g * ep .. g * ep + ep - 1} holding rank's (dp / ep = g); just the
+  // rank when ep == 1.
+  std::vector<int> ep_group(int rank) const;
+  // Same tp, pp and dp % ep: dp / ep ranks, one per expert-parallel group; the dp group when ep == 1.
+  std::vector<int> edp_group(int rank) const;
 
   // The group of a kind.
   std::vector<int> group(GroupKind kind, int rank) const;
@@ -45,7 +55,7 @@ class Topology {
   std::vector<std::vector<int>> all_groups(GroupKind kind) const;
 
  private:
-  int world_, tp_, pp_, dp_;
+  int world_, tp_, pp_, dp_, ep_;
 };
 
 }  // namespace mt

@@ -30,8 +30,8 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
   auto d = std::make_unique<Distributed>();
   d->env = env;
   d->placement = placement;
-  d->topology =
-      Topology(env.world_size, static_cast<int>(p.tensor), static_cast<int>(p.pipeline), static_cast<int>(p.data));
+  d->topology = Topology(env.world_size, static_cast<int>(p.tensor), static_cast<int>(p.pipeline),
+                         static_cast<int>(p.data), static_cast<int>(p.expert));
   const Millis timeout{static_cast<int64_t>(cfg.parallel.timeout_s * 1000)};
   if (env.world_size == 1) {
     d->store = make_hash_store();
@@ -43,7 +43,8 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
                        fmt::format("{}:{}", env.master_addr, env.master_port));
     d->heartbeat = std::make_unique<Heartbeat>(env, Millis(1000), timeout);
   }
-  // Every rank creates every group it belongs to, in the same order: world, tp, dp, pp, mp, emb, dp_grads.
+  // Every rank creates every group it belongs to, in the same order: world, tp, dp, pp, mp, emb, dp_grads, and
+  // with expert parallelism ep, edp.
   // (With NCCL every rank takes part in every split, passing no members for a group it is not in.)
   const bool nccl = placement.backend == Backend::nccl;
   auto group_name = [](const char* kind, const std::vector<int>& members) {
@@ -97,11 +98,19 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
                       (d->pp_rank() == 0 || d->pp_rank() == d->pp_size() - 1);
   if (in_emb || (nccl && tied)) d->emb = group("emb", in_emb ? emb : std::vector<int>{});
   d->dp_grads = group("dpgrads", d->topology.dp_group(env.rank));
+  // Every rank knows EP from the same config, so all take part in both splits or in none.
+  if (d->topology.ep() > 1) {
+    d->ep = group_of(GroupKind::ep);
+    d->edp = group_of(GroupKind::edp);
+  } else {
+    d->ep = make_self_communicator(group_name("ep", {env.rank}));
+  }
   if (env.world_size == 1) return d;
-  spdlog::info("rank {} of {} ({}): tp {} dp {} pp {}, {}, {}, rendezvous at {}:{}", env.rank, env.world_size,
+  spdlog::info("rank {} of {} ({}): tp {} dp {} pp {}{}, {}, {}, rendezvous at {}:{}", env.rank, env.world_size,
                env.launcher, d->topology.coord(env.rank).tp, d->topology.coord(env.rank).dp,
-               d->topology.coord(env.rank).pp, placement.description, nccl ? "nccl" : "gloo", env.master_addr,
-               env.master_port);
+               d->topology.coord(env.rank).pp,
+               d->ep_size() > 1 ? fmt::format(" ep {} edp {}", d->ep_rank(), d->edp_rank()) : std::string(),
+               placement.description, nccl ? "nccl" : "gloo", env.master_addr, env.master_port);
   return d;
 }
 

@@ -26,8 +26,14 @@ struct Distributed {
   std::unique_ptr<Communicator> mp;        // model-parallel group (every tp and pp rank of this dp rank)
   std::unique_ptr<Communicator> emb;       // first and last stage (tied embeddings); null on middle stages and untied
   std::unique_ptr<Communicator> dp_grads;  // the data-parallel group again, for the gradient reducer's thread
-  std::unique_ptr<Heartbeat> heartbeat;    // multi-rank jobs: names the ranks that stop answering (last member:
-                                           // it stops before the store server goes)
+  // Expert parallelism (parallel.expert = EP, dividing dp): the MoE token exchange runs over `ep` (EP consecutive
+  // data-parallel ranks), expert gradients are summed over `edp` (the dp / EP ranks holding the same experts).
+  // With EP == 1, `ep` is a one-rank communicator that costs nothing to create and `edp` is null: the expert
+  // data-parallel group is then the data-parallel group (expert_data_parallel() hands out dp).
+  std::unique_ptr<Communicator> ep;
+  std::unique_ptr<Communicator> edp;
+  std::unique_ptr<Heartbeat> heartbeat;  // multi-rank jobs: names the ranks that stop answering (last member:
+                                         // it stops before the store server goes)
 
   int rank() const { return env.rank; }
   bool is_logging_rank() const { return env.rank == 0; }
@@ -37,6 +43,11 @@ struct Distributed {
   int tp_size() const { return topology.tp(); }
   int pp_rank() const { return topology.coord(env.rank).pp; }
   int pp_size() const { return topology.pp(); }
+  int ep_rank() const { return topology.coord(env.rank).dp % topology.ep(); }
+  int ep_size() const { return topology.ep(); }
+  int edp_rank() const { return topology.coord(env.rank).dp / topology.ep(); }
+  int edp_size() const { return topology.dp() / topology.ep(); }
+  Communicator& expert_data_parallel() const { return edp ? *edp : *dp; }
 };
 
 // Serves (rank 0) or reaches the rendezvous store and creates the communicators of this rank's groups: with

@@ -446,3 +446,205 @@ TEST(CommGloo, SumDoublesKeepsDoublePrecision) {
   EXPECT_TRUE(std::isinf(got[0][2]));  // 3e308 is past the largest double
 }
 }  // namespace mt
+
+// all_to_all: the MoE token exchange. Rank `from` sends rank `to` rows_between(from, to) rows of `hidden`
+// elements; some pairs send nothing (rank 0 keeps nothing for itself, and beyond two ranks nobody sends its
+// next rank anything), so empty blocks sit between full ones on both sides.
+namespace mt {
+namespace {
+
+int64_t rows_between(int from, int to, int world) {
+  if (world > 1 && from == 0 && to == 0) return 0;
+  if (world > 2 && to == (from + 1) % world) return 0;
+  return 1 + (from * 3 + to * 5) % 4;
+}
+
+std::vector<int64_t> send_counts_of(int r, int world, int64_t hidden) {
+  std::vector<int64_t> counts;
+  for (int q = 0; q < world; ++q) counts.push_back(rows_between(r, q, world) * hidden);
+  return counts;
+}
+
+std::vector<int64_t> recv_counts_of(int r, int world, int64_t hidden) {
+  std::vector<int64_t> counts;
+  for (int q = 0; q < world; ++q) counts.push_back(rows_between(q, r, world) * hidden);
+  return counts;
+}
+
+// The n values rank `from` sends rank `to`: different for every pair, integers so i32 carries them too.
+std::vector<float> block_values(int from, int to, int64_t n) {
+  std::vector<float> v;
+  for (int64_t i = 0; i < n; ++i) v.push_back(static_cast<float>((from * 31 + to * 7 + i * 3) % 97 - 40));
+  return v;
+}
+
+Tensor tensor_of(const std::vector<float>& v, DType t) {
+  const auto n = static_cast<int64_t>(v.size());
+  if (t != DType::i32) return Tensor::from_floats(v, {n}, t);
+  std::vector<int32_t> ints(v.begin(), v.end());
+  return Tensor::from_ints(ints, {n});
+}
+
+// in: this rank's blocks for every rank, then `spare` elements of 99 that must not be sent.
+Tensor dispatch_input(int r, int world, int64_t hidden, int64_t spare, DType t) {
+  std::vector<float> v;
+  for (int q = 0; q < world; ++q) {
+    std::vector<float> block = block_values(r, q, rows_between(r, q, world) * hidden);
+    v.insert(v.end(), block.begin(), block.end());
+  }
+  v.insert(v.end(), static_cast<size_t>(spare), 99.f);
+  return tensor_of(v, t);
+}
+
+// What rank r must hold after the exchange: the blocks from every rank in rank order, then the untouched spare
+// elements of the output (-1).
+std::vector<float> dispatch_expected(int r, int world, int64_t hidden, int64_t spare) {
+  std::vector<float> v;
+  for (int q = 0; q < world; ++q) {
+    std::vector<float> block = block_values(q, r, rows_between(q, r, world) * hidden);
+    v.insert(v.end(), block.begin(), block.end());
+  }
+  v.insert(v.end(), static_cast<size_t>(spare), -1.f);
+  return v;
+}
+
+int64_t total(const std::vector<int64_t>& counts) {
+  int64_t s = 0;
+  for (int64_t c : counts) s += c;
+  return s;
+}
+
+TEST(CommGloo, AllToAllMovesUnevenBlocksIncludingEmptyOnesInRankOrder) {
+  const int64_t hidden = 3;
+  for (int world : {1, 2, 3, 4}) {
+    auto store = make_hash_store();
+    run_ranks(world, [&](int r) {
+      auto comm = join(store, "ep", first_ranks(world), r);
+      const std::vector<int64_t> send = send_counts_of(r, world, hidden), recv = recv_counts_of(r, world, hidden);
+      for (DType t : {DType::f32, DType::bf16, DType::f16, DType::i32}) {
+        Tensor in = dispatch_input(r, world, hidden, /*spare=*/5, t);
+        Tensor out = tensor_of(std::vector<float>(static_cast<size_t>(total(recv) + 7), -1.f), t);
+        comm->all_to_all(in, send, out, recv)->wait();
+        ASSERT_EQ(out.to_floats(), dispatch_expected(r, world, hidden, 7))
+            << "world " << world << " " << dtype_name(t) << " rank " << r;
+      }
+      // Nothing to send or receive anywhere: completes at once on every rank.
+      Tensor none = Tensor::zeros({2}, DType::f32);
+      const std::vector<int64_t> zeros(static_cast<size_t>(world), 0);
+      comm->all_to_all(none, zeros, none, zeros)->wait();
+      comm->barrier();
+    });
+  }
+}
+
+// Dispatch and combine: the tokens go out with the counts exchange_counts gives and come back with the send and
+// receive counts swapped, unchanged.
+TEST(CommGloo, AllToAllThereAndBackIsTheIdentity) {
+  constexpr int kWorld = 4;
+  auto store = make_hash_store();
+  run_ranks(kWorld, [&](int r) {
+    auto comm = join(store, "ep", first_ranks(kWorld), r);
+    for (int64_t hidden : {int64_t{8}, int64_t{40000}}) {  // blocks up to 640 KB in bf16
+      const std::vector<int64_t> send = send_counts_of(r, kWorld, hidden);
+      const std::vector<int64_t> recv = exchange_counts(*comm, send);
+      ASSERT_EQ(recv, recv_counts_of(r, kWorld, hidden));
+      Tensor tokens = Tensor::from_floats(rank_values(r, total(send)), {total(send) / hidden, hidden}, DType::bf16);
+      Tensor there = Tensor::empty({total(recv) / hidden, hidden}, DType::bf16);
+      comm->all_to_all(tokens, send, there, recv)->wait();
+      Tensor back = Tensor::zeros({total(send) / hidden, hidden}, DType::bf16);
+      comm->all_to_all(there, recv, back, send)->wait();
+      EXPECT_EQ(back.to_floats(), tokens.to_floats()) << "rank " << r << " hidden " << hidden;
+    }
+  });
+}
+
+TEST(CommGloo, ExchangeCountsIsExactBeyondTwoToThe24) {
+  constexpr int kWorld = 3;
+  // What rank `from` sends rank `to`: above 2^24 (where f32 stops counting by ones) and above 2^32.
+  auto count = [](int from, int to) -> int64_t {
+    return to == 1 ? int64_t{5'000'000'001} + from : (int64_t{1} << 24) + 1 + from * 1000 + to;
+  };
+  auto store = make_hash_store();
+  run_ranks(kWorld, [&](int r) {
+    auto comm = join(store, "counts", first_ranks(kWorld), r);
+    std::vector<int64_t> send;
+    for (int q = 0; q < kWorld; ++q) send.push_back(count(r, q));
+    const std::vector<int64_t> recv = exchange_counts(*comm, send);
+    ASSERT_EQ(recv.size(), size_t{kWorld});
+    for (int q = 0; q < kWorld; ++q) EXPECT_EQ(recv[static_cast<size_t>(q)], count(q, r)) << "rank " << r;
+  });
+}
+
+// A group of one copies its own block: Gloo's, the one-rank communicator's, and a staged wrapper's whose
+// tensors are foreign (native cuda, tensors on the host: no copy through the device is made, so no GPU is needed).
+TEST(CommGloo, AllToAllInAGroupOfOneIsALocalCopy) {
+  auto store = make_hash_store();
+  std::vector<std::unique_ptr<Communicator>> comms;
+  comms.push_back(join(store, "alone", {0}, 0));
+  comms.push_back(make_self_communicator("self[0]"));
+  comms.push_back(make_staged_communicator(join(store, "staged", {0}, 0), Device::cuda));
+  for (auto& comm : comms) {
+    EXPECT_EQ(comm->size(), 1);
+    EXPECT_EQ(exchange_counts(*comm, {6}), (std::vector<int64_t>{6}));
+    for (DType t : {DType::f32, DType::bf16}) {
+      Tensor in = tensor_of({1, 2, 3, 4, 5, 6, 7, 8}, t);
+      Tensor out = tensor_of(std::vector<float>(9, -1.f), t);
+      comm->all_to_all(in, {6}, out, {6})->wait();
+      EXPECT_EQ(out.to_floats(), (std::vector<float>{1, 2, 3, 4, 5, 6, -1, -1, -1})) << comm->name();
+    }
+  }
+}
+
+TEST(CommGloo, AllToAllMisuseNamesTheGroupTheOpAndTheRank) {
+  auto store = make_hash_store();
+  run_ranks(2, [&](int r) {
+    auto comm = join(store, "ep[0,1]", {0, 1}, r);
+    Tensor x = Tensor::zeros({8}, DType::f32);
+    Tensor y = Tensor::zeros({8}, DType::f32);
+    Tensor half = Tensor::zeros({8}, DType::bf16);
+    const std::string where = "ep[0,1]: all_to_all on rank " + std::to_string(r);
+    auto comm_error = [&](auto&& f) -> std::string {
+      try {
+        f();
+      } catch (const CommError& e) {
+        return e.what();
+      }
+      return "(no CommError)";
+    };
+    try {
+      comm->all_to_all(x, {1, 1, 1}, y, {1, 1});
+      ADD_FAILURE() << "three counts for two ranks accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(where + ": 3 send counts and 2 receive counts for a group of 2"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_THROW(exchange_counts(*comm, {1}), std::invalid_argument);
+    EXPECT_NE(comm_error([&] {
+                comm->all_to_all(x, {4, 5}, y, {4, 4});
+              }).find(where + ": send counts [4, 5] sum to 9"),
+              std::string::npos);
+    EXPECT_NE(comm_error([&] {
+                comm->all_to_all(x, {4, 4}, y, {4, 5});
+              }).find(where + ": receive counts [4, 5]"),
+              std::string::npos);
+    EXPECT_NE(comm_error([&] {
+                comm->all_to_all(x, {1, -1}, y, {1, 1});
+              }).find(where + ": negative count"),
+              std::string::npos);
+    EXPECT_NE(comm_error([&] {
+                comm->all_to_all(x, {1, 1}, half, {1, 1});
+              }).find(where + ": input"),
+              std::string::npos);
+    std::vector<int64_t> own_mismatch{1, 1};
+    own_mismatch[static_cast<size_t>(r)] = 2;
+    EXPECT_NE(comm_error([&] {
+                comm->all_to_all(x, own_mismatch, y, {1, 1});
+              }).find("sends itself 2 elements"),
+              std::string::npos);
+    comm->barrier();  // misuse never reached the wire: the group still works
+  });
+}
+
+}  // namespace
+}  // namespace mt

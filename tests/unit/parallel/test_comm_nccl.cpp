@@ -22,6 +22,7 @@ TEST(CommNccl, Skipped) { GTEST_SKIP() << "built without NCCL"; }
 
 #include "core/cuda/runtime.h"
 #include "parallel/communicator.h"
+#include "parallel/thread_ranks.h"
 
 namespace mt {
 namespace {
@@ -343,6 +344,78 @@ TEST(CommNccl, StagedCommunicatorsTakeTensorsOnEitherDevice) {
       EXPECT_EQ(out.to_floats(), values) << comm->name() << " " << device_name(d);
     }
   }
+}
+
+Tensor host_tensor(const std::vector<float>& v, DType t) {
+  const auto n = static_cast<int64_t>(v.size());
+  if (t != DType::i32) return Tensor::from_floats(v, {n}, t);
+  return Tensor::from_ints(std::vector<int32_t>(v.begin(), v.end()), {n});
+}
+
+// all_to_all on one GPU: NCCL's one-rank group (its rank's block goes to itself through ncclSend/ncclRecv) on
+// every dtype, host tensors through the staged wrapper (a local copy), and exchange_counts. Elements past the
+// counts stay untouched.
+TEST(CommNccl, OneRankAllToAllCopiesTheCountedElementsOnEitherDevice) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  auto store = make_hash_store();
+  auto nccl = make_staged_communicator(make_nccl_communicator(store, one_rank("a2a")), Device::cuda);
+  EXPECT_EQ(exchange_counts(*nccl, {6}), (std::vector<int64_t>{6}));
+  const std::vector<float> values{1, 2, 3, 4, 5, 6, 7, 8};
+  for (DType t : {DType::f32, DType::bf16, DType::f16, DType::i32})
+    for (Device d : {Device::cuda, Device::cpu}) {
+      Tensor in = host_tensor(values, t).to(d);
+      Tensor out = host_tensor(std::vector<float>(9, -1.f), t).to(d);
+      nccl->all_to_all(in, {6}, out, {6})->wait();
+      EXPECT_EQ(out.to_floats(), (std::vector<float>{1, 2, 3, 4, 5, 6, -1, -1, -1}))
+          << dtype_name(t) << " " << device_name(d);
+      Tensor empty_in = Tensor::zeros({2}, t, d);
+      nccl->all_to_all(empty_in, {0}, out, {0})->wait();  // nothing moves
+    }
+  // The communicator itself (not the staged wrapper) refuses host tensors, naming the op.
+  auto bare = make_nccl_communicator(store, one_rank("bare"));
+  Tensor host = Tensor::zeros({4}, DType::f32);
+  EXPECT_NE(comm_error_of([&] { bare->all_to_all(host, {4}, host, {4}); }).find("bare: all_to_all on rank 0"),
+            std::string::npos);
+  Tensor dev = Tensor::zeros({4}, DType::f32, Device::cuda);
+  EXPECT_THROW(bare->all_to_all(dev, {4, 0}, dev, {4}), std::invalid_argument);
+  EXPECT_NE(comm_error_of([&] { bare->all_to_all(dev, {5}, dev, {5}); }).find("send counts [5] sum to 5"),
+            std::string::npos);
+}
+
+// Gloo ranks sharing one GPU (NCCL refuses that) stage CUDA tensors through the host: uneven blocks, an empty
+// one, and a round trip back.
+TEST(CommNccl, GlooStagedAllToAllOfCudaTensorsAmongThreadRanks) {
+  SKIP_WITHOUT_CUDA_DEVICE();
+  constexpr int kWorld = 3;
+  auto store = make_hash_store();
+  // rank `from` sends rank `to` count(from, to) elements; rank 1 sends rank 2 nothing.
+  auto count = [](int from, int to) -> int64_t { return from == 1 && to == 2 ? 0 : 2 + from + 2 * to; };
+  auto value = [](int from, int to, int64_t i) { return static_cast<float>(from * 100 + to * 10 + i); };
+  run_ranks(kWorld, [&](int r) {
+    cuda::current_device();  // bind this thread to the device
+    auto comm = make_staged_communicator(join_gloo(store, "ep", first_ranks(kWorld), r), Device::cpu);
+    std::vector<int64_t> send;
+    std::vector<float> mine;
+    for (int q = 0; q < kWorld; ++q) {
+      send.push_back(count(r, q));
+      for (int64_t i = 0; i < count(r, q); ++i) mine.push_back(value(r, q, i));
+    }
+    const std::vector<int64_t> recv = exchange_counts(*comm, send);
+    std::vector<float> expected;
+    for (int q = 0; q < kWorld; ++q) {
+      ASSERT_EQ(recv[static_cast<size_t>(q)], count(q, r));
+      for (int64_t i = 0; i < count(q, r); ++i) expected.push_back(value(q, r, i));
+    }
+    const auto n_in = static_cast<int64_t>(mine.size()), n_out = static_cast<int64_t>(expected.size());
+    Tensor in = Tensor::from_floats(mine, {n_in}, DType::bf16).to(Device::cuda);
+    Tensor out = Tensor::zeros({n_out + 3}, DType::bf16, Device::cuda);
+    comm->all_to_all(in, send, out, recv)->wait();
+    expected.insert(expected.end(), 3, 0.f);
+    EXPECT_EQ(out.to_floats(), expected) << "rank " << r;
+    Tensor back = Tensor::zeros({n_in}, DType::bf16, Device::cuda);
+    comm->all_to_all(out, recv, back, send)->wait();
+    EXPECT_EQ(back.to_floats(), in.to_floats()) << "rank " << r;
+  });
 }
 #endif
 

@@ -52,6 +52,10 @@ class RecordingCommunicator final : public Communicator {
   std::unique_ptr<Work> broadcast(Tensor&, int) override { throw CommError("unused"); }
   std::unique_ptr<Work> send(const Tensor&, int, int) override { throw CommError("unused"); }
   std::unique_ptr<Work> recv(Tensor&, int, int) override { throw CommError("unused"); }
+  std::unique_ptr<Work> all_to_all(const Tensor&, const std::vector<int64_t>&, Tensor&,
+                                   const std::vector<int64_t>&) override {
+    throw CommError("unused");
+  }
   void barrier() override {}
   bool collectives_block_caller() const override { return blocks_caller_; }
 

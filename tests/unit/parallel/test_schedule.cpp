@@ -447,6 +447,10 @@ class RecordingComm final : public Communicator {
   std::unique_ptr<Work> broadcast(Tensor&, int) override { throw std::logic_error("not here"); }
   std::unique_ptr<Work> send(const Tensor&, int peer, int tag) override { return log(true, peer, tag); }
   std::unique_ptr<Work> recv(Tensor&, int peer, int tag) override { return log(false, peer, tag); }
+  std::unique_ptr<Work> all_to_all(const Tensor&, const std::vector<int64_t>&, Tensor&,
+                                   const std::vector<int64_t>&) override {
+    throw std::logic_error("not here");
+  }
   void barrier() override {}
   bool collectives_block_caller() const override { return false; }  // posts like NCCL: order is what pairs
   std::vector<Posted> posted;

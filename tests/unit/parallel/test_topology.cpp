@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <iterator>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -248,4 +249,96 @@ TEST(Topology, GroupKindsHaveTheirNames) {
   EXPECT_STREQ(group_kind_name(GroupKind::pp), "pp");
   EXPECT_STREQ(group_kind_name(GroupKind::mp), "mp");
   EXPECT_STREQ(group_kind_name(GroupKind::emb), "emb");
+  EXPECT_STREQ(group_kind_name(GroupKind::ep), "ep");
+  EXPECT_STREQ(group_kind_name(GroupKind::edp), "edp");
+}
+
+// Expert parallelism splits the data-parallel dimension: dp = ep_index + EP * edp_index.
+TEST(Topology, ExpertGroupsOfTwoOfFourDataParallelRanksWithTensorAndPipeline) {
+  Topology t(16, /*tp=*/2, /*pp=*/2, /*dp=*/4, /*ep=*/2);
+  EXPECT_EQ(t.ep(), 2);
+  // dp indices {0, 1} and {2, 3} of each (tp, pp): rank = tp + 2 * (dp + 4 * pp).
+  EXPECT_EQ(t.all_groups(GroupKind::ep),
+            (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
+  // dp indices {0, 2} and {1, 3}: one rank of each expert-parallel group.
+  EXPECT_EQ(t.all_groups(GroupKind::edp),
+            (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}}));
+  EXPECT_EQ(t.ep_group(7), (std::vector<int>{5, 7}));
+  EXPECT_EQ(t.edp_group(7), (std::vector<int>{3, 7}));
+  for (int r = 0; r < 16; ++r) {
+    EXPECT_EQ(t.group(GroupKind::ep, r), t.ep_group(r));
+    EXPECT_EQ(t.group(GroupKind::edp, r), t.edp_group(r));
+  }
+}
+
+TEST(Topology, ExpertParallelOneIsTheRankAloneAndItsDataParallelGroup) {
+  for (const Layout& l : all_layouts()) {
+    SCOPED_TRACE(name(l));
+    Topology t(l.world, l.tp, l.pp, l.dp);
+    EXPECT_EQ(t.ep(), 1);
+    for (int r = 0; r < l.world; ++r) {
+      EXPECT_EQ(t.ep_group(r), std::vector<int>{r});
+      EXPECT_EQ(t.edp_group(r), t.dp_group(r));
+    }
+  }
+}
+
+TEST(Topology, ExpertParallelOverAllDataParallelRanksLeavesEachExpertOnOneRank) {
+  for (const Layout& l : all_layouts()) {
+    SCOPED_TRACE(name(l));
+    Topology t(l.world, l.tp, l.pp, l.dp, l.dp);
+    for (int r = 0; r < l.world; ++r) {
+      EXPECT_EQ(t.ep_group(r), t.dp_group(r));
+      EXPECT_EQ(t.edp_group(r), std::vector<int>{r});
+    }
+  }
+}
+
+// For every layout up to 16 ranks and every ep dividing dp: the ep groups (and the edp groups) partition the
+// world, and an ep group and an edp group meet in one rank and together span the rank's dp group.
+TEST(Topology, ExpertGroupsTileTheDataParallelGroupForEveryLayoutUpTo16) {
+  for (const Layout& l : all_layouts())
+    for (int ep = 1; ep <= l.dp; ++ep) {
+      if (l.dp % ep != 0) continue;
+      SCOPED_TRACE(name(l) + " ep " + std::to_string(ep));
+      Topology t(l.world, l.tp, l.pp, l.dp, ep);
+      for (GroupKind kind : {GroupKind::ep, GroupKind::edp}) {
+        std::vector<int> seen(l.world, 0);
+        for (const std::vector<int>& g : t.all_groups(kind)) {
+          EXPECT_EQ(g.size(), size_t(kind == GroupKind::ep ? ep : l.dp / ep));
+          EXPECT_TRUE(std::is_sorted(g.begin(), g.end()));
+          for (int r : g) ++seen[r];
+        }
+        EXPECT_EQ(seen, std::vector<int>(l.world, 1));
+      }
+      for (int r = 0; r < l.world; ++r) {
+        std::vector<int> e = t.ep_group(r), d = t.edp_group(r);
+        std::vector<int> both;
+        std::set_intersection(e.begin(), e.end(), d.begin(), d.end(), std::back_inserter(both));
+        EXPECT_EQ(both, std::vector<int>{r});
+        std::set<int> span;  // the ep groups of the edp members
+        for (int m : d)
+          for (int q : t.ep_group(m)) span.insert(q);
+        std::vector<int> dp = t.dp_group(r);
+        EXPECT_EQ(std::vector<int>(span.begin(), span.end()), dp);
+        // Megatron's order: the ep group is ep consecutive dp indices.
+        EXPECT_EQ(t.coord(e.back()).dp - t.coord(e.front()).dp, ep - 1);
+      }
+    }
+}
+
+TEST(Topology, ExpertParallelMustDivideDataParallel) {
+  auto error = [](int ep) -> std::string {
+    try {
+      Topology(16, 2, 2, 4, ep);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "no std::invalid_argument was thrown for ep " << ep;
+    return "";
+  };
+  EXPECT_EQ(error(3), "expert parallel 3 must be at least 1 and divide data parallel 4");
+  EXPECT_EQ(error(8), "expert parallel 8 must be at least 1 and divide data parallel 4");
+  EXPECT_EQ(error(0), "expert parallel 0 must be at least 1 and divide data parallel 4");
+  EXPECT_EQ(error(-2), "expert parallel -2 must be at least 1 and divide data parallel 4");
 }
