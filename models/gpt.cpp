@@ -34,7 +34,7 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
   }
   for (int64_t i = st.layer_begin; i < st.layer_end; ++i) {
     layers_.push_back(
-        std::make_unique<TransformerLayer>(i, cfg, opt.dtype, opt.seed, opt.recompute, opt.tp, opt.device));
+        std::make_unique<TransformerLayer>(i, cfg, opt.dtype, opt.seed, opt.recompute, opt.tp, opt.device, opt.ep));
     for (Parameter* p : layers_.back()->parameters()) params_.push_back(p);
   }
   if (st.has_head) {

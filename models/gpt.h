@@ -30,6 +30,7 @@ struct GptOptions {
   uint64_t seed = 1234;         // keys initial weights and dropout masks
   bool recompute = false;       // full activation recomputation in every layer
   TensorParallel tp;            // this rank's tensor-parallel group (size 1: the whole model)
+  ExpertParallel ep;            // this rank's expert-parallel group (MoE layers; size 1: every expert)
   StageLayout stage;            // the whole model by default
 };
 

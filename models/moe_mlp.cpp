@@ -18,8 +18,8 @@ RouterScore router_score(MoeScore s) { return s == MoeScore::sigmoid ? RouterSco
 }  // namespace
 
 MoeMlp::MoeMlp(const ModelConfig& cfg, const std::string& prefix, DType dtype, float output_init_std, uint64_t seed,
-               Device device, TensorParallel tp)
-    : cfg_(cfg), prefix_(prefix), dtype_(dtype), device_(device), tp_(tp) {
+               Device device, TensorParallel tp, ExpertParallel ep)
+    : cfg_(cfg), prefix_(prefix), dtype_(dtype), device_(device), tp_(tp), ep_(ep) {
   const MoeConfig& m = cfg.moe;
   if (!m.enabled()) throw std::invalid_argument(prefix + ": MoeMlp needs model.moe.num_experts > 0");
   if (m.capacity_factor > 0)
@@ -27,6 +27,10 @@ MoeMlp::MoeMlp(const ModelConfig& cfg, const std::string& prefix, DType dtype, f
                                 ": model.moe.capacity_factor (token dropping) is not implemented yet (issue "
                                 "25): leave it out for dropless routing");
   const int64_t C = cfg.hidden_size, F = m.ffn_hidden_size, E = m.num_experts, t = tp.size;
+  if (E % ep.size != 0)
+    throw std::invalid_argument(
+        fmt::format("{}: the expert-parallel size {} does not divide the {} experts", prefix, ep.size, E));
+  first_expert_ = ep.first(E);
   const bool llama = cfg.arch == Arch::llama;
   if (F % t != 0 || m.shared_expert_ffn_hidden_size % t != 0)
     throw std::invalid_argument(
@@ -45,10 +49,14 @@ MoeMlp::MoeMlp(const ModelConfig& cfg, const std::string& prefix, DType dtype, f
                               dtype, Init::normal, output_init_std, seed);
   };
   router_ = make_parameter(prefix + ".router.weight", {E, C}, dtype, Init::normal, cfg.init_std, seed);
-  fc1_.resize(static_cast<size_t>(E));
-  fc2_.resize(static_cast<size_t>(E));
-  for (int64_t e = 0; e < E; ++e)
-    mlp(fmt::format("{}.experts.{}", prefix, e), F, fc1_[static_cast<size_t>(e)], fc2_[static_cast<size_t>(e)]);
+  // This rank's experts, named by their global index.
+  const int64_t El = ep.count(E);
+  fc1_.resize(static_cast<size_t>(El));
+  fc2_.resize(static_cast<size_t>(El));
+  for (int64_t l = 0; l < El; ++l)
+    mlp(fmt::format("{}.experts.{}", prefix, first_expert_ + l), F, fc1_[static_cast<size_t>(l)],
+        fc2_[static_cast<size_t>(l)]);
+  for (size_t l = 0; l < fc1_.size(); ++l) fc1_[l].expert = fc2_[l].expert = true;
   if (m.shared_expert_ffn_hidden_size > 0)
     mlp(prefix + ".shared_expert", m.shared_expert_ffn_hidden_size, shared_fc1_, shared_fc2_);
   for (Parameter* p : parameters()) move_to_device(*p, device);  // initial values are drawn on the host
@@ -124,21 +132,27 @@ Tensor MoeMlp::forward(const Tensor& x_rows, Saved& s, const MoeStep& step) {
   const Tensor host_counts = counts.to(Device::cpu);
   s.counts.assign(host_counts.data<int32_t>(), host_counts.data<int32_t>() + E);
   if (step.record) record_load(logits, s);
-  s.xp = Tensor::empty({R, C}, dtype_, device_);
-  moe_permute(x, s.row_of, nullptr, s.xp);
+  Tensor xp = Tensor::empty({R, C}, dtype_, device_);  // this rank's choices, by expert
+  moe_permute(x, s.row_of, nullptr, xp);
+  if (ep_.size > 1)
+    plan_exchange(s);
+  else
+    s.expert_rows = s.counts;
+  s.xp = ep_.size > 1 ? to_experts(xp, s) : xp;  // this rank's experts' rows, by expert
+  const int64_t Re = s.xp.dim(0);
   const int64_t F1 = fc1_.front().value.dim(0), F = fc2_.front().value.dim(1);
-  s.h = Tensor::empty({R, F1}, dtype_, device_);
-  s.act = Tensor::empty({R, F}, dtype_, device_);
-  s.y = Tensor::empty({R, C}, dtype_, device_);
+  s.h = Tensor::empty({Re, F1}, dtype_, device_);
+  s.act = Tensor::empty({Re, F}, dtype_, device_);
+  Tensor ye = Tensor::empty({Re, C}, dtype_, device_);
   int64_t row = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = s.counts[static_cast<size_t>(e)];
+  for (size_t l = 0; l < fc1_.size(); ++l) {
+    const int64_t n = s.expert_rows[l];
     if (n == 0) continue;
-    Tensor hs = s.h.slice(row, row + n), as = s.act.slice(row, row + n), ys = s.y.slice(row, row + n);
-    expert_forward(s.xp.slice(row, row + n), fc1_[static_cast<size_t>(e)], fc2_[static_cast<size_t>(e)], llama, hs, as,
-                   ys);
+    Tensor hs = s.h.slice(row, row + n), as = s.act.slice(row, row + n), ys = ye.slice(row, row + n);
+    expert_forward(s.xp.slice(row, row + n), fc1_[l], fc2_[l], llama, hs, as, ys);
     row += n;
   }
+  s.y = ep_.size > 1 ? from_experts(ye, s) : ye;
   Tensor out = Tensor::empty({N, C}, dtype_, device_);  // this rank's partial sum with tensor parallelism
   moe_unpermute(s.y, s.row_of, &s.probs, out);
   if (has_shared_expert()) {  // out += the shared expert's output
@@ -149,6 +163,73 @@ Tensor MoeMlp::forward(const Tensor& x_rows, Saved& s, const MoeStep& step) {
     add(out, ys, out);
   }
   return sequence_shard_sum(out, step.samples, tp_);
+}
+
+// Expert parallelism: this rank's choices (R, C), ordered by global expert, go to the EP ranks holding the experts;
+// the rows received (from every EP rank, for this rank's experts) are reordered expert-major (expert l's rows from
+// rank 0, then rank 1, ...), so each local expert's rows are one slice. plan_exchange (forward) exchanges every
+// rank's per-expert counts and fills the routing fields of `s`; to_experts and from_experts (forward and backward)
+// move rows by them.
+void MoeMlp::plan_exchange(Saved& s) const {
+  const int64_t E = cfg_.moe.num_experts, El = ep_.count(E), P = ep_.size;
+  {
+    std::vector<double> mine(static_cast<size_t>(P * E), 0.0);  // exact: counts far below 2^53
+    for (int64_t e = 0; e < E; ++e)
+      mine[static_cast<size_t>(ep_.rank * E + e)] = static_cast<double>(s.counts[static_cast<size_t>(e)]);
+    const std::vector<double> all = sum_doubles(*ep_.comm, std::move(mine));
+    auto count = [&](int64_t r, int64_t e) { return std::llround(all[static_cast<size_t>(r * E + e)]); };
+    s.send_rows.assign(static_cast<size_t>(P), 0);
+    s.recv_rows.assign(static_cast<size_t>(P), 0);
+    s.expert_rows.assign(static_cast<size_t>(El), 0);
+    for (int64_t r = 0; r < P; ++r)
+      for (int64_t l = 0; l < El; ++l) {
+        s.send_rows[static_cast<size_t>(r)] += s.counts[static_cast<size_t>(r * El + l)];
+        s.recv_rows[static_cast<size_t>(r)] += count(r, first_expert_ + l);
+        s.expert_rows[static_cast<size_t>(l)] += count(r, first_expert_ + l);
+      }
+    // Received row i (from rank r, expert l, the j-th) -> its expert-major row.
+    std::vector<int64_t> start(static_cast<size_t>(El), 0);  // expert l's first row, then its next free one per rank
+    for (int64_t l = 1; l < El; ++l)
+      start[static_cast<size_t>(l)] = start[static_cast<size_t>(l - 1)] + s.expert_rows[static_cast<size_t>(l - 1)];
+    std::vector<int32_t> order;
+    for (int64_t r = 0; r < P; ++r)
+      for (int64_t l = 0; l < El; ++l)
+        for (int64_t j = 0, n = count(r, first_expert_ + l); j < n; ++j)
+          order.push_back(static_cast<int32_t>(start[static_cast<size_t>(l)]++));
+    const auto Rr = static_cast<int64_t>(order.size());
+    s.order = Tensor::from_ints(order, {Rr, 1}).to(device_);
+  }
+}
+
+Tensor MoeMlp::to_experts(const Tensor& rows, const Saved& s) const {
+  const int64_t Rr = s.order.dim(0), C = rows.dim(1);
+  Tensor received = Tensor::empty({Rr, C}, rows.dtype(), device_);
+  all_to_all_rows(rows, s.send_rows, received, s.recv_rows);
+  Tensor out = Tensor::empty({Rr, C}, rows.dtype(), device_);
+  moe_permute(received, s.order, nullptr, out);
+  return out;
+}
+
+// The inverse: the expert-major rows (this rank's experts' outputs or input gradients) back, in the order each
+// EP rank sent them, to the ranks whose tokens they are.
+Tensor MoeMlp::from_experts(const Tensor& rows, const Saved& s) const {
+  const int64_t C = rows.dim(1);
+  Tensor by_rank = Tensor::empty(rows.shape(), rows.dtype(), device_);
+  moe_unpermute(rows, s.order, nullptr, by_rank);
+  int64_t R = 0;
+  for (int64_t n : s.send_rows) R += n;
+  Tensor out = Tensor::empty({R, C}, rows.dtype(), device_);
+  all_to_all_rows(by_rank, s.recv_rows, out, s.send_rows);
+  return out;
+}
+
+void MoeMlp::all_to_all_rows(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
+                             const std::vector<int64_t>& recv_rows) const {
+  const int64_t C = in.dim(1);
+  std::vector<int64_t> send(send_rows.size()), recv(recv_rows.size());
+  for (size_t r = 0; r < send.size(); ++r) send[r] = send_rows[r] * C;
+  for (size_t r = 0; r < recv.size(); ++r) recv[r] = recv_rows[r] * C;
+  ep_.comm->all_to_all(in, send, out, recv)->wait();
 }
 
 void MoeMlp::record_load(const Tensor& logits, const Saved& s) {
@@ -214,19 +295,21 @@ Tensor MoeMlp::backward(const Tensor& dout_rows, const Saved& s, const MoeStep& 
   Tensor dprobs = Tensor::empty({N, k}, DType::f32, device_);
   moe_unpermute_backward_probs(dout, s.y, s.row_of, dprobs);
   tp_.reduce_from_group(dprobs);
-  // Each expert's MLP on its slice.
-  Tensor dxp = Tensor::empty({R, C}, dtype_, device_);
+  // Each expert's MLP on its slice (with expert parallelism, on the rows every EP rank sent this rank's experts).
+  const Tensor dye = ep_.size > 1 ? to_experts(dy, s) : dy;
+  const int64_t Re = s.xp.dim(0);
+  Tensor dxe = Tensor::empty({Re, C}, dtype_, device_);
   Tensor dact = Tensor::empty(s.act.shape(), dtype_, device_), dh = Tensor::empty(s.h.shape(), dtype_, device_);
   int64_t row = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = s.counts[static_cast<size_t>(e)];
+  for (size_t l = 0; l < fc1_.size(); ++l) {
+    const int64_t n = s.expert_rows[l];
     if (n == 0) continue;
-    Tensor das = dact.slice(row, row + n), dhs = dh.slice(row, row + n), dxs = dxp.slice(row, row + n);
-    expert_backward(dy.slice(row, row + n), s.xp.slice(row, row + n), s.h.slice(row, row + n),
-                    s.act.slice(row, row + n), fc1_[static_cast<size_t>(e)], fc2_[static_cast<size_t>(e)], llama, das,
-                    dhs, dxs);
+    Tensor das = dact.slice(row, row + n), dhs = dh.slice(row, row + n), dxs = dxe.slice(row, row + n);
+    expert_backward(dye.slice(row, row + n), s.xp.slice(row, row + n), s.h.slice(row, row + n),
+                    s.act.slice(row, row + n), fc1_[l], fc2_[l], llama, das, dhs, dxs);
     row += n;
   }
+  const Tensor dxp = ep_.size > 1 ? from_experts(dxe, s) : dxe;
   Tensor dx = Tensor::empty({N, C}, dtype_, device_);
   moe_unpermute(dxp, s.row_of, nullptr, dx);
   if (has_shared_expert()) {  // dx += the shared expert's input gradient

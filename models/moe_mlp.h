@@ -22,7 +22,11 @@
 // (reduce-scattered to sequence shards with SP) as a row-parallel output is. The router's gradient is the same on
 // every TP rank (a replica); its input gradient joins the sum once (on TP rank 0).
 //
-// Not yet here (issue 25): capacity (dropping) and expert parallelism; the class refuses configs that need them.
+// Expert parallelism (parallel/expert_parallel.h): this rank holds E / ep of the experts; each forward sends its
+// tokens' choices to the EP ranks holding their experts and gets their outputs back (all-to-all, counts exchanged
+// first), each backward the same for the gradients. Every EP rank computes the same values as one rank would.
+//
+// Not yet here (issue 25): capacity (dropping); the class refuses configs that need it.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -32,6 +36,7 @@
 #include "core/tensor/ops.h"
 #include "core/tensor/parameter.h"
 #include "core/tensor/tensor.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/tensor_parallel.h"
 
 namespace mt {
@@ -56,8 +61,9 @@ class MoeMlp {
   // cfg.moe.enabled(); `prefix` e.g. "layers.3.mlp"; values in `dtype`, initialised from `seed` (fc2 with
   // `output_init_std`, Megatron's scaled init of output projections, the others with cfg.init_std); `tp` the
   // tensor-parallel group the experts are split over (their slices hold exactly the whole tensors' values).
+  // `ep`: the expert-parallel group; this rank holds experts [ep.first(E), ep.first(E) + ep.count(E)).
   MoeMlp(const ModelConfig& cfg, const std::string& prefix, DType dtype, float output_init_std, uint64_t seed,
-         Device device = Device::cpu, TensorParallel tp = {});
+         Device device = Device::cpu, TensorParallel tp = {}, ExpertParallel ep = {});
 
   // What forward keeps for backward.
   struct Saved {
@@ -65,9 +71,16 @@ class MoeMlp {
     Tensor logits;                  // (N, E) f32, kept for the aux and z losses' gradients (else undefined)
     Tensor scores, experts, probs;  // (N, E) f32, (N, k) i32, (N, k) f32
     Tensor row_of;                  // (N, k) i32
-    std::vector<int64_t> counts;    // (E) choices per expert, on the host
-    Tensor xp, h, act, y;           // (N*k, C), (N*k, F1/t), (N*k, F/t), (N*k, C): the permuted rows; y partial
-    Tensor shared_h, shared_act;    // the shared expert's (N, Fs1/t) and (N, Fs/t); undefined without one
+    std::vector<int64_t> counts;    // (E) this rank's choices per expert, on the host
+    // The rows of this rank's experts, expert-major: xp (Re, C), h (Re, F1/t), act (Re, F/t); Re = N*k without
+    // expert parallelism. y (N*k, C): this rank's choices' outputs, by expert (partial sums with TP).
+    Tensor xp, h, act, y;
+    std::vector<int64_t> expert_rows;  // (E / ep) rows of each of this rank's experts
+    // Expert parallelism only: rows sent to and received from each EP rank, and each received row's expert-major
+    // row (Re, 1) i32.
+    std::vector<int64_t> send_rows, recv_rows;
+    Tensor order;
+    Tensor shared_h, shared_act;  // the shared expert's (N, Fs1/t) and (N, Fs/t); undefined without one
   };
   // x (Ns, C) -> (Ns, C): Ns = N rows, or this rank's sequence shard with sequence parallelism.
   Tensor forward(const Tensor& x, Saved& s, const MoeStep& step = {});
@@ -77,8 +90,9 @@ class MoeMlp {
   // The router's weight, fc1 and fc2 of each expert in expert order, then the shared expert's fc1 and fc2.
   std::vector<Parameter*> parameters();
   Parameter& router() { return router_; }
-  Parameter& fc1(int64_t e) { return fc1_.at(static_cast<size_t>(e)); }
-  Parameter& fc2(int64_t e) { return fc2_.at(static_cast<size_t>(e)); }
+  // Expert e (a global index) of this rank's.
+  Parameter& fc1(int64_t e) { return fc1_.at(static_cast<size_t>(e - first_expert_)); }
+  Parameter& fc2(int64_t e) { return fc2_.at(static_cast<size_t>(e - first_expert_)); }
   bool has_shared_expert() const { return shared_fc1_.value.defined(); }
   Parameter& shared_fc1() { return shared_fc1_; }
   Parameter& shared_fc2() { return shared_fc2_; }
@@ -95,6 +109,12 @@ class MoeMlp {
 
  private:
   MoeRouterOptions router_options() const;
+  // Expert parallelism (models/moe_mlp.cpp): the exchange's counts and order, and the rows there and back.
+  void plan_exchange(Saved& s) const;
+  Tensor to_experts(const Tensor& rows, const Saved& s) const;
+  Tensor from_experts(const Tensor& rows, const Saved& s) const;
+  void all_to_all_rows(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
+                       const std::vector<int64_t>& recv_rows) const;
   // Adds a training forward's routing (and its aux and z losses, where configured) to load_.
   void record_load(const Tensor& logits, const Saved& s);
 
@@ -103,9 +123,11 @@ class MoeMlp {
   DType dtype_;
   Device device_;
   TensorParallel tp_;
+  ExpertParallel ep_;
+  int64_t first_expert_ = 0;           // this rank's first expert (global index)
   Parameter router_;                   // (E, C), replicated over TP
-  std::vector<Parameter> fc1_;         // per expert (F1/t, C): F1 = F, or 2F gate and up interleaved for llama
-  std::vector<Parameter> fc2_;         // per expert (C, F/t)
+  std::vector<Parameter> fc1_;         // per local expert (F1/t, C): F1 = F, or 2F gate and up interleaved for llama
+  std::vector<Parameter> fc2_;         // per local expert (C, F/t)
   Parameter shared_fc1_, shared_fc2_;  // (Fs1/t, C), (C, Fs/t); undefined without a shared expert
   Tensor expert_bias_;                 // (E) f32 on the device; undefined without the bias update
   MoeLoad load_;

@@ -9,7 +9,7 @@
 namespace mt {
 
 TransformerLayer::TransformerLayer(int64_t index, const ModelConfig& cfg, DType dtype, uint64_t seed, bool recompute,
-                                   TensorParallel tp, Device device)
+                                   TensorParallel tp, Device device, ExpertParallel ep)
     : index_(index), cfg_(cfg), dtype_(dtype), device_(device), recompute_(recompute), tp_(tp) {
   const int64_t C = cfg.hidden_size, F = cfg.ffn_hidden_size, H = cfg.num_heads, G = cfg.kv_heads(), D = cfg.head_dim;
   const bool llama = cfg.arch == Arch::llama;
@@ -36,7 +36,7 @@ TransformerLayer::TransformerLayer(int64_t index, const ModelConfig& cfg, DType 
   ln2_ = Norm(name("ln2"), C, norm, cfg.layernorm_eps, dtype, seed);
   // SwiGLU's gate and up projections are one GEMM, their rows interleaved so every row block holds whole pairs.
   if (cfg.moe.is_moe_layer(index)) {
-    moe_ = std::make_unique<MoeMlp>(cfg, name("mlp"), dtype, out_std, seed, device, tp);
+    moe_ = std::make_unique<MoeMlp>(cfg, name("mlp"), dtype, out_std, seed, device, tp, ep);
   } else {
     fc1_ = ColumnParallelLinear(linear("mlp.fc1", C, llama ? 2 * F : F, std), tp);
     fc2_ = RowParallelLinear(linear("mlp.fc2", F, C, out_std), tp);

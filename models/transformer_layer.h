@@ -41,8 +41,9 @@ struct StepContext {
 class TransformerLayer {
  public:
   // Parameters are made on the host; GptModel moves them to the model's device. Activations live on `device`.
+  // `ep`: the expert-parallel group of a MoE layer.
   TransformerLayer(int64_t index, const ModelConfig& cfg, DType dtype, uint64_t seed, bool recompute,
-                   TensorParallel tp = {}, Device device = Device::cpu);
+                   TensorParallel tp = {}, Device device = Device::cpu, ExpertParallel ep = {});
 
   // x (B, T, C) -> (B, T, C). In training, keeps what backward needs under microbatch id `mb`
   // (only x itself when recomputing).

@@ -102,6 +102,7 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
   if (d->topology.ep() > 1) {
     d->ep = group_of(GroupKind::ep);
     d->edp = group_of(GroupKind::edp);
+    d->edp_grads = group("edpgrads", d->topology.edp_group(env.rank));  // the expert gradient buffer's own
   } else {
     d->ep = make_self_communicator(group_name("ep", {env.rank}));
   }

@@ -32,8 +32,9 @@ struct Distributed {
   // data-parallel group is then the data-parallel group (expert_data_parallel() hands out dp).
   std::unique_ptr<Communicator> ep;
   std::unique_ptr<Communicator> edp;
-  std::unique_ptr<Heartbeat> heartbeat;  // multi-rank jobs: names the ranks that stop answering (last member:
-                                         // it stops before the store server goes)
+  std::unique_ptr<Communicator> edp_grads;  // edp again, for the expert gradient buffer's thread (EP > 1 only)
+  std::unique_ptr<Heartbeat> heartbeat;     // multi-rank jobs: names the ranks that stop answering (last member:
+                                            // it stops before the store server goes)
 
   int rank() const { return env.rank; }
   bool is_logging_rank() const { return env.rank == 0; }

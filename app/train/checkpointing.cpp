@@ -152,6 +152,8 @@ Config whole_model_config(const CheckpointReader& reader, const std::string& dir
                                         "parallel.data=1",
                                         "parallel.sequence_parallel=false",
                                         "parallel.layers_per_stage=[]",
+                                        "parallel.expert=1",
+                                        "parallel.expert_tensor=auto",
                                         "training.global_batch_size=" + batch,
                                         "training.micro_batch_size=" + batch,
                                         "training.device=" + device,

@@ -46,19 +46,39 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
       metrics_(dist.is_logging_rank() ? cfg.logging.dir : "", cfg.logging.tensorboard, cfg.logging.on_sink_error) {
   // One flat fp32 buffer holds every gradient; its buckets are reduced over data parallelism (reduce-scattered
   // with the distributed optimizer) as soon as the last microbatch's backward has finished them.
-  grads_ = std::make_unique<GradBuffer>(params_, device_, std::move(dist.dp_grads),
+  // With expert parallelism the experts this rank holds get a buffer of their own, reduced over the
+  // expert-data-parallel group, and their own optimizer state (ExpertSplitOptimizer).
+  std::vector<Parameter*> dense, experts;
+  for (Parameter* p : params_) (p->expert && dist.ep_size() > 1 ? experts : dense).push_back(p);
+  grads_ = std::make_unique<GradBuffer>(dense, device_, std::move(dist.dp_grads),
                                         GradBufferOptions{.bucket_elements = cfg.parallel.grad_bucket_size,
                                                           .shard = cfg.parallel.distributed_optimizer,
                                                           .tensor = dist.tp.get(),
                                                           .embedding = dist.emb.get()});
-  if (cfg.parallel.distributed_optimizer)
-    optimizer_ = std::make_unique<DistributedOptimizer>(*grads_, *dist.dp, adam_config_);
-  else
-    optimizer_ = std::make_unique<AdamW>(params_, adam_config_);
+  auto optimizer_of = [&](const GradBuffer& grads, std::vector<Parameter*> ps, Communicator* group) {
+    return cfg.parallel.distributed_optimizer
+               ? std::unique_ptr<Optimizer>(std::make_unique<DistributedOptimizer>(grads, *group, adam_config_))
+               : std::unique_ptr<Optimizer>(std::make_unique<AdamW>(std::move(ps), adam_config_));
+  };
+  if (experts.empty()) {
+    optimizer_ = optimizer_of(*grads_, dense, dist.dp.get());
+  } else {
+    expert_grads_ = std::make_unique<GradBuffer>(experts, device_, std::move(dist.edp_grads),
+                                                 GradBufferOptions{.bucket_elements = cfg.parallel.grad_bucket_size,
+                                                                   .shard = cfg.parallel.distributed_optimizer});
+    optimizer_ = std::make_unique<ExpertSplitOptimizer>(
+        optimizer_of(*grads_, dense, dist.dp.get()), optimizer_of(*expert_grads_, experts, dist.edp.get()),
+        [&dist](double x) { return sum_doubles(*dist.ep, {x})[0]; }, dist.edp_rank() == 0, adam_config_);
+  }
   const int last_mb = static_cast<int>(cfg.training.num_microbatches) - 1;
   for (auto& chunk : chunks_)
     chunk->set_grads_ready_hook([this, last_mb](int mb, const std::vector<Parameter*>& ps) {
-      if (mb == last_mb) grads_->mark_ready(ps);
+      if (mb != last_mb) return;
+      if (!expert_grads_) return grads_->mark_ready(ps);
+      std::vector<Parameter*> dense_ready, expert_ready;
+      for (Parameter* p : ps) (p->expert ? expert_ready : dense_ready).push_back(p);
+      if (!dense_ready.empty()) grads_->mark_ready(dense_ready);
+      if (!expert_ready.empty()) expert_grads_->mark_ready(expert_ready);
     });
   // The per-parameter gradients made with the model are gone: peaks start from the real state.
   allocator_for(device_).reset_peaks();
@@ -71,7 +91,8 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
 void Trainer::train_step(float& lr_used, StepResult& result) {
   const int64_t M = cfg_.training.num_microbatches;
   const int64_t dp = dist_.dp_size();
-  grads_->begin_step();                        // zeroes every gradient
+  grads_->begin_step();  // zeroes every gradient
+  if (expert_grads_) expert_grads_->begin_step();
   if (step_losses_.full()) read_losses();      // a logging interval longer than the slots
   Tensor loss_sum = step_losses_.next_slot();  // (1) f64 on the device
   // The objective is the mean loss over all M * dp microbatches (times the loss scale): a host value, so the
@@ -90,6 +111,7 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
   // The sums over TP (sequence-parallel replicas) and the embedding group (tied copies), then the data-parallel
   // buckets not started yet, then the wait: every gradient is final (this rank's shard of it with ZeRO).
   grads_->finalize();
+  if (expert_grads_) expert_grads_->finalize();
   lr_used = static_cast<float>(schedule_.at(optimizer_steps() + 1));
   // The step's one read of the device: the grad norm and inf/NaN verdict, inside the optimizer (with
   // training.loss_spike.action skip/stop, the step's loss too, checked before the update).

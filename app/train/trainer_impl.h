@@ -147,7 +147,8 @@ class Trainer {
   std::vector<Parameter*> params_;                 // all of their parameters
   MoeMonitor moe_;                                 // their mixture-of-experts layers' routing and expert biases
   AdamWConfig adam_config_;
-  std::unique_ptr<GradBuffer> grads_;  // the storage of every Parameter::grad, reduced in buckets
+  std::unique_ptr<GradBuffer> grads_;         // the storage of every Parameter::grad, reduced in buckets
+  std::unique_ptr<GradBuffer> expert_grads_;  // with expert parallelism, the experts' (over the expert-data group)
   // AdamW (replicated state) or the distributed optimizer (state sharded over the data-parallel group, ZeRO-1).
   std::unique_ptr<Optimizer> optimizer_;
   int64_t optimizer_steps() const { return optimizer_->steps(); }

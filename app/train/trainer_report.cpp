@@ -122,10 +122,13 @@ void Trainer::report(const StepResult& r, float lr, double mean_ms, int64_t inte
 }
 
 int64_t Trainer::total_parameters() {
-  int64_t own = 0;
+  double own = 0, experts = 0;  // exact: parameter counts are far below 2^53
   for (const Parameter* p : params_)
-    if (counts_in_grad_norm(*p, adam_config_)) own += p->value.numel();
-  const double sum = dist_.mp->size() > 1 ? sum_doubles(*dist_.mp, {static_cast<double>(own)})[0] : own;
+    if (counts_in_grad_norm(*p, adam_config_)) (p->expert ? experts : own) += static_cast<double>(p->value.numel());
+  // The expert-parallel ranks hold different experts (one data-parallel rank holds them all only without EP).
+  if (dist_.ep_size() > 1) experts = sum_doubles(*dist_.ep, {experts})[0];
+  own += experts;
+  const double sum = dist_.mp->size() > 1 ? sum_doubles(*dist_.mp, {own})[0] : own;
   return static_cast<int64_t>(std::llround(sum));  // exact: parameter counts are far below 2^53
 }
 

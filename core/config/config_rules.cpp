@@ -294,7 +294,12 @@ void resolve_moe(Config& c, const Rules& r) {
   r.positive("parallel.expert_tensor", p.expert_tensor);
   r.at_most("parallel.expert_tensor", p.expert_tensor, kMaxParallel, "tensor-parallel size");
   const int64_t stage_ranks = p.tensor * p.data;
-  if (stage_ranks % (p.expert * p.expert_tensor) != 0)
+  if (p.expert_tensor == p.tensor && p.data % p.expert != 0)
+    r.fail("parallel.expert",
+           fmt::format("{} does not divide parallel.data={} (expert-parallel ranks are drawn from the "
+                       "data-parallel ranks)",
+                       p.expert, p.data));
+  else if (stage_ranks % (p.expert * p.expert_tensor) != 0)
     r.fail("parallel.expert",
            fmt::format("parallel.expert*expert_tensor = {}*{} = {} does not divide "
                        "parallel.tensor*data = {}*{} = {} (the expert layers' ranks are drawn "
@@ -307,14 +312,10 @@ void resolve_moe(Config& c, const Rules& r) {
     r.fail("parallel.tensor", fmt::format("{} does not divide model.moe.shared_expert_ffn_hidden_size={}", p.tensor,
                                           e.shared_expert_ffn_hidden_size));
   // Every key above is checked; what the layers cannot do yet is refused (issue 25).
-  if (p.expert > 1)
-    r.fail("parallel.expert", fmt::format("{}: expert parallelism is not built yet (MoE layers train with "
-                                          "parallel.expert=1, their experts split over the tensor-parallel ranks)",
-                                          p.expert));
-  else if (p.expert_tensor != p.tensor)
+  if (p.expert_tensor != p.tensor)
     r.fail("parallel.expert_tensor",
            fmt::format("{} differs from parallel.tensor={}: a separate expert tensor-parallel size (Megatron's "
-                       "parallel folding) comes with expert parallelism, not built yet",
+                       "parallel folding) is not built yet: leave it out (auto) for the tensor-parallel size",
                        p.expert_tensor, p.tensor));
   if (e.capacity_factor > 0)
     r.fail("model.moe.capacity_factor",

@@ -58,6 +58,64 @@ AdamWOptions adamw_options(const AdamWConfig& cfg, double lr, int64_t step, doub
                       .grad_scale = static_cast<float>(grad_scale)};
 }
 
+std::vector<GradStats> read_grad_stats(const std::vector<GradNormGroup>& groups, const StepCheck* check,
+                                       std::vector<double>* along) {
+  const auto G = static_cast<int64_t>(groups.size());
+  const int64_t n = check ? check->read_along.numel() : 0;
+  Device device = check ? check->read_along.device() : Device::cpu;
+  for (const GradNormGroup& g : groups)
+    if (!check && !g.grads.empty()) device = g.grads.front().device();
+  Tensor all = f64_zeros(2 * G + n, device);  // (2 G + n): each group's statistics, then read_along
+  for (int64_t g = 0; g < G; ++g) {
+    Tensor stats = all.slice(2 * g, 2 * g + 2);
+    grad_stats(groups[static_cast<size_t>(g)].grads, stats);
+  }
+  if (check) all.slice(2 * G, 2 * G + n).copy_from(check->read_along);
+  const std::vector<double> v = read_f64(all);  // the one read of the device
+  if (check) along->assign(v.begin() + 2 * G, v.end());
+  std::vector<GradStats> out;
+  for (int64_t g = 0; g < G; ++g)
+    out.push_back(
+        {.sum_squares = v[static_cast<size_t>(2 * g)], .found_inf = v[static_cast<size_t>(2 * g + 1)] != 0.0});
+  return out;
+}
+
+ExpertSplitOptimizer::ExpertSplitOptimizer(std::unique_ptr<Optimizer> dense, std::unique_ptr<Optimizer> experts,
+                                           std::function<double(double)> sum_over_experts, bool keep_experts,
+                                           AdamWConfig cfg)
+    : Optimizer(std::move(cfg)), dense_(std::move(dense)), experts_(std::move(experts)),
+      sum_over_experts_(std::move(sum_over_experts)), keep_experts_(keep_experts) {}
+
+std::vector<Tensor> ExpertSplitOptimizer::counted_grads() const {
+  std::vector<Tensor> out = dense_->counted_grads();
+  for (Tensor& t : experts_->counted_grads()) out.push_back(t);
+  return out;
+}
+
+std::vector<GradNormGroup> ExpertSplitOptimizer::norm_groups() {
+  std::vector<GradNormGroup> out = dense_->norm_groups();
+  for (GradNormGroup& g : experts_->norm_groups())
+    out.push_back(
+        {.grads = std::move(g.grads), .sum = [this, sum = g.sum](double x) { return sum_over_experts_(sum(x)); }});
+  return out;
+}
+
+void ExpertSplitOptimizer::update(const AdamWOptions& opt) {
+  dense_->update(opt);
+  experts_->update(opt);
+}
+
+std::vector<Optimizer::Slot> ExpertSplitOptimizer::gather_state(bool keep) {
+  std::vector<Slot> out = dense_->gather_state(keep);
+  for (Slot& s : experts_->gather_state(keep_experts_)) out.push_back(std::move(s));
+  return out;
+}
+
+void ExpertSplitOptimizer::load_state(const std::function<void(const std::vector<Slot>&)>& fill, bool partial) {
+  dense_->load_state(fill, partial);
+  experts_->load_state(fill, partial);
+}
+
 GradStats read_grad_stats(const std::vector<Tensor>& xs, const StepCheck* check, std::vector<double>* along) {
   if (!check) return grad_stats(xs);
   const int64_t n = check->read_along.numel();
@@ -70,12 +128,26 @@ GradStats read_grad_stats(const std::vector<Tensor>& xs, const StepCheck* check,
   return GradStats{.sum_squares = v[0], .found_inf = v[1] != 0.0};
 }
 
+std::vector<GradNormGroup> Optimizer::norm_groups() {
+  return {GradNormGroup{.grads = counted_grads(), .sum = [this](double x) { return sum_over_state_shards(x); }}};
+}
+
 StepResult Optimizer::step(double lr, double loss_scale, const StepCheck* check) {
   std::vector<double> along;
-  GradStats stats = read_grad_stats(counted_grads(), check, &along);  // the step's one read of the device
-  // Host exchanges of the double partial sums; an inf/NaN flag needs none, as it makes the sum non-finite on
-  // every rank.
-  stats.sum_squares = sum_over_state_shards(stats.sum_squares);
+  const std::vector<GradNormGroup> groups = norm_groups();
+  GradStats stats;
+  if (groups.size() == 1) {
+    stats = read_grad_stats(groups[0].grads, check, &along);  // the step's one read of the device
+    // Host exchanges of the double partial sums; an inf/NaN flag needs none, as it makes the sum non-finite on
+    // every rank.
+    stats.sum_squares = groups[0].sum(stats.sum_squares);
+  } else {
+    const std::vector<GradStats> each = read_grad_stats(groups, check, &along);  // one read for every group
+    for (size_t g = 0; g < groups.size(); ++g) {
+      stats.sum_squares += groups[g].sum(each[g].sum_squares);
+      stats.found_inf = stats.found_inf || each[g].found_inf;
+    }
+  }
   if (cfg_.sum_across_ranks) stats.sum_squares = cfg_.sum_across_ranks(stats.sum_squares);
   double grad_scale = 0;
   StepResult r = grad_norm_verdict(stats, loss_scale, cfg_.grad_clip, &grad_scale);

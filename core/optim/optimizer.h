@@ -4,6 +4,7 @@
 // and frozen parameters plug in here too, and the trainer never asks which one runs.
 #pragma once
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,16 @@ StepResult grad_norm_verdict(const GradStats& stats, double loss_scale, double g
 // the AdamW options of a step (weight decay cfg.weight_decay where a parameter decays, see AdamWTensors);
 AdamWOptions adamw_options(const AdamWConfig& cfg, double lr, int64_t step, double grad_scale);
 
+// Gradients that enter the global grad norm whose sum of squares `sum` adds up over the ranks that hold the rest of
+// them; the groups' sums are then added, and AdamWConfig::sum_across_ranks runs on the total.
+struct GradNormGroup {
+  std::vector<Tensor> grads;
+  std::function<double(double)> sum;
+};
+// The grad_stats of each group, read in one copy (with check->read_along into *along when there is a check).
+std::vector<GradStats> read_grad_stats(const std::vector<GradNormGroup>& groups, const StepCheck* check,
+                                       std::vector<double>* along);
+
 // One parameter's whole optimizer state, as checkpoints store it.
 struct OptimizerSlot {
   Parameter* param;
@@ -82,7 +93,7 @@ class Optimizer {
 
   // Checkpoints. The whole per-parameter masters and moments of this model-parallel slice, for saving: on the
   // ranks that `keep` them (the writer); with sharded state every rank of the group takes part (collective)
-  // and the others get nothing.
+  // and the others get nothing. (ExpertSplitOptimizer: `keep` for the dense part, its own flag for the experts.)
   virtual std::vector<Slot> gather_state(bool keep) = 0;
   // Loading: `fill` writes whole per-parameter states into the slots it is given; with `partial` it may skip
   // some, which then keep the initial values and zero moments. This rank then takes its part and sets the
@@ -94,6 +105,10 @@ class Optimizer {
   virtual std::vector<Tensor> counted_grads() const = 0;
   // This rank's sum of squares summed over the ranks that split the state (the data-parallel group under ZeRO).
   virtual double sum_over_state_shards(double local) { return local; }
+  // The counted gradients in groups (GradNormGroup): by default one, counted_grads() summed by
+  // sum_over_state_shards; ExpertSplitOptimizer's expert group is summed over the expert-parallel ranks too.
+  virtual std::vector<GradNormGroup> norm_groups();
+  friend class ExpertSplitOptimizer;  // steps its parts' state through these
   // One AdamW update of this rank's state with `opt`, and the parameters' values after it.
   virtual void update(const AdamWOptions& opt) = 0;
 
@@ -101,6 +116,29 @@ class Optimizer {
 
  private:
   int64_t steps_ = 0;
+};
+
+// Mixture-of-experts layers under expert parallelism: the dense parameters' state (`dense`, its gradients reduced
+// over data parallelism) and the experts' (`experts`, reduced over the expert-data-parallel group), each AdamW or
+// ZeRO-1 over its own group, stepped as one: one grad norm (the experts' sums of squares added up over the
+// expert-parallel ranks, which hold different experts, by `sum_over_experts`), one verdict, one update.
+class ExpertSplitOptimizer final : public Optimizer {
+ public:
+  // `keep_experts`: this rank writes the experts' state to checkpoints (the first rank of its expert-data-parallel
+  // group), as gather_state's `keep` says for the dense part.
+  ExpertSplitOptimizer(std::unique_ptr<Optimizer> dense, std::unique_ptr<Optimizer> experts,
+                       std::function<double(double)> sum_over_experts, bool keep_experts, AdamWConfig cfg);
+
+  std::vector<Slot> gather_state(bool keep) override;
+  void load_state(const std::function<void(const std::vector<Slot>&)>& fill, bool partial) override;
+
+ private:
+  std::vector<Tensor> counted_grads() const override;
+  std::vector<GradNormGroup> norm_groups() override;
+  void update(const AdamWOptions& opt) override;
+  std::unique_ptr<Optimizer> dense_, experts_;
+  std::function<double(double)> sum_over_experts_;
+  bool keep_experts_;
 };
 
 // Every rank holds the whole state of its parameters.

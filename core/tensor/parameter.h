@@ -33,6 +33,9 @@ struct Parameter {
   bool tied_copy = false;        // the last pipeline stage's copy of the tied word embeddings: its gradient
                                  // is summed with the first stage's; it is not counted in the grad norm
                                  // nor written to checkpoints (the first stage's is)
+  bool expert = false;           // one of a MoE layer's experts: held by one expert-parallel rank, its gradient
+                                 // summed over the expert-data-parallel group (the data-parallel ranks holding the
+                                 // same experts) instead of the data-parallel group
   bool vocabulary_rows = false;  // dim 0 is the padded vocabulary (word embeddings, LM head): its length depends
                                  // on the layout (a multiple of 128 x TP), so a checkpoint of another layout
                                  // matches it on the other dims and gives the rows both hold

@@ -2,7 +2,8 @@
 # Mixture of experts on the CPU (issue 25): configs/mixtral-tiny.yaml's shape trains and its loss falls; the start
 # log names total and active parameters; metrics.jsonl and the log carry the auxiliary and z losses and each layer's
 # load; DeepSeek-V3's aux-loss-free expert bias evens the load and resumes exactly from a checkpoint (the biases
-# travel in it); what MoE cannot do yet is refused naming the key, before any work.
+# travel in it); a checkpoint saved with expert parallelism resumes at other EP degrees; what MoE cannot do yet is
+# refused naming the key, before any work.
 source "$(dirname "$0")/lib/common.bash"
 prepare_data
 write_moe_config
@@ -54,9 +55,26 @@ worst = max(l["max"] / l["mean"] for l in last["moe_load"])
 assert worst <= 1.10, f"the expert bias left the load {worst:.3f} x even"
 PY
 
+# Checkpoints store experts by their global index: a run saved at EP 2 (ZeRO over the expert-data-parallel group)
+# resumes at EP 4 and at EP 1 with the losses of a run never interrupted.
+ep=(--config moe.yaml --set training.micro_batch_size=1 --set training.train_iters=10 --set parallel.timeout_s=60)
+"$MT" "${ep[@]}" --set logging.dir=ep_straight >/dev/null 2>eps.err || { tail -5 eps.err; fail "EP reference run"; }
+"$MT" "${ep[@]}" --nproc 2 --set parallel.expert=2 --set parallel.distributed_optimizer=true \
+      --set checkpoint.save_dir=ep_ckpt --set checkpoint.save_interval=5 --exit-after 5 --set logging.dir=ep2 \
+      >/dev/null 2>ep2.err || { tail -5 ep2.err; fail "EP 2 run"; }
+cp -r ep_ckpt ep_ckpt_copy
+"$MT" "${ep[@]}" --nproc 4 --set parallel.expert=4 --set checkpoint.save_dir=ep_ckpt --set logging.dir=ep4 \
+      >/dev/null 2>ep4.err || { tail -5 ep4.err; fail "EP 4 resume"; }
+same_losses ep_straight/metrics.jsonl ep4/metrics.jsonl 6 10 1e-6
+"$MT" "${ep[@]}" --set checkpoint.save_dir=ep_ckpt_copy --set logging.dir=ep1 >/dev/null 2>ep1.err \
+  || { tail -5 ep1.err; fail "EP 1 resume"; }
+same_losses ep_straight/metrics.jsonl ep1/metrics.jsonl 6 10 1e-6
+
 # Refused before any work, naming the key.
-expect_error "parallel.expert: 2: expert parallelism is not built yet" --config moe.yaml --nproc 2 \
-  --set parallel.expert=2
+expect_error "parallel.expert: 3 does not divide model.moe.num_experts=4" --config moe.yaml --nproc 3 \
+  --set parallel.expert=3 --set training.micro_batch_size=1 --set training.global_batch_size=6
+expect_error "parallel.expert: 4 does not divide parallel.data=2" --config moe.yaml --nproc 2 --set parallel.expert=4 \
+  --set training.micro_batch_size=1
 expect_error "model.moe.capacity_factor: 1.5: token dropping is not built yet" --config moe.yaml \
   --set model.moe.capacity_factor=1.5
 expect_error "model.moe.top_k: 5 is more than model.moe.num_experts=4" --config moe.yaml --set model.moe.top_k=5

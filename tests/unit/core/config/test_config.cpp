@@ -948,8 +948,9 @@ TEST(ConfigRules, MoeKeysAreCheckedNamingTheKey) {
   EXPECT_TRUE(c.model.moe.is_moe_layer(2));
   EXPECT_FALSE(c.model.moe.is_moe_layer(3));
   EXPECT_EQ(parse_config(to_yaml(c), c.source, {}, 1), c);
-  EXPECT_CONTAINS(with({"parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1"}, 4),
-                  "parallel.expert: 2: expert parallelism is not built yet");
+  EXPECT_EQ(base({"model.moe.num_experts=8", "model.moe.top_k=2", "parallel.expert=4", "parallel.tensor=2"}, 16)
+                .parallel.expert,
+            4);
   EXPECT_CONTAINS(with({"parallel.tensor=2", "parallel.expert_tensor=1"}, 2),
                   "parallel.expert_tensor: 1 differs from parallel.tensor=2");
   EXPECT_CONTAINS(with({"model.moe.capacity_factor=1.25"}),
@@ -979,8 +980,8 @@ TEST(ConfigRules, MoeKeysAreCheckedNamingTheKey) {
                   "parallel.expert: 3 does not divide model.moe.num_experts=8 (each expert-parallel rank holds an "
                   "equal share)");
   EXPECT_CONTAINS(with({"parallel.expert=4"}, 2),
-                  "parallel.expert: parallel.expert*expert_tensor = 4*1 = 4 does not divide parallel.tensor*data = "
-                  "1*2 = 2");
+                  "parallel.expert: 4 does not divide parallel.data=2 (expert-parallel ranks are drawn from the "
+                  "data-parallel ranks)");
   EXPECT_CONTAINS(with({"parallel.tensor=2", "parallel.expert_tensor=2", "model.moe.ffn_hidden_size=63"}, 2),
                   "parallel.expert_tensor: 2 does not divide model.moe.ffn_hidden_size=63");
   // A dense model takes no MoE key: a forgotten num_experts is not a silently dense run.
