@@ -35,6 +35,7 @@ struct OpProfile {
 struct ChunkSpec {
   bool has_embedding = false;
   bool has_head = false;
+  int64_t layer_begin = 0;  // the global index of its first transformer layer
   int64_t layers = 0;
   bool pipelined = false;  // run through the pipeline executor (else the trainer's plain microbatch loop)
 };
