@@ -1,6 +1,7 @@
 // moe_router.cpp: the mixture-of-experts router on the CPU, the reference of core/cuda/moe_router.cu: the same
 // fp32 operations in the same order per element (the softmax's sum of exps in double), so the two choose the same
-// experts and agree within an ulp or two (expf) on the values.
+// experts and agree within an ulp or two (expf) on the values. The load-balancing losses' statistics and gradient
+// (moe_router_loss_stats, moe_router_loss_backward) likewise.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -31,6 +32,19 @@ void selected_score_grad(const float* p, const float* dw, int64_t K, bool norm, 
   float dot = 0.f;  // sum_i dw_i w_i
   for (int64_t j = 0; j < K; ++j) dot += dw[j] * (p[j] / S);
   for (int64_t j = 0; j < K; ++j) dp[j] = (dw[j] - dot) / S;
+}
+
+// logsumexp of a row of E logits: max + log of the sum of exps (exps in fp32, their sum in double, rounded once).
+// m and total, when given, receive the max and that sum (the row's softmax is exp(x_e - m) / total).
+float row_logsumexp(const float* x, int64_t E, float* m_out = nullptr, float* total_out = nullptr) {
+  float m = -INFINITY;
+  for (int64_t e = 0; e < E; ++e) m = std::fmax(m, x[e]);
+  double sum = 0.0;
+  for (int64_t e = 0; e < E; ++e) sum += static_cast<double>(std::exp(x[e] - m));
+  const float total = static_cast<float>(sum);
+  if (m_out) *m_out = m;
+  if (total_out) *total_out = total;
+  return m + std::log(total);
 }
 
 }  // namespace
@@ -99,6 +113,79 @@ void moe_router_backward(const Tensor& scores, const Tensor& experts, const Tens
       for (int64_t e = 0; e < E; ++e) dr[e] = sr[e] * (dr[e] - dot);
     } else {
       for (int64_t e = 0; e < E; ++e) dr[e] = dr[e] * sr[e] * (1.f - sr[e]);
+    }
+  }
+}
+
+void moe_router_loss_stats(const Tensor& logits, const Tensor& scores, RouterScore score, Tensor& score_sums,
+                           Tensor& lse_sq_sum) {
+  const int64_t N = logits.dim(0), E = logits.dim(1);
+  const float* x = logits.data<float>();  // (N, E)
+  const float* s = scores.data<float>();  // (N, E)
+  std::vector<double> col(E, 0.0);        // sum over rows of a_{n,e}
+  double lse_sq = 0.0;
+  for (int64_t n = 0; n < N; ++n) {
+    const float* sr = s + n * E;
+    if (score == RouterScore::softmax) {
+      for (int64_t e = 0; e < E; ++e) col[e] += static_cast<double>(sr[e]);
+    } else {
+      float S = 0.f;  // in fp32, e order
+      for (int64_t e = 0; e < E; ++e) S += sr[e];
+      const float denom = S + 1e-20f;
+      for (int64_t e = 0; e < E; ++e) col[e] += static_cast<double>(sr[e] / denom);
+    }
+    const float lse = row_logsumexp(x + n * E, E);
+    const float sq = lse * lse;
+    lse_sq += static_cast<double>(sq);
+  }
+  float* out = score_sums.data<float>();  // (E)
+  for (int64_t e = 0; e < E; ++e) out[e] = static_cast<float>(col[e]);
+  lse_sq_sum.data<float>()[0] = static_cast<float>(lse_sq);
+}
+
+void moe_router_loss_backward(const Tensor& logits, const Tensor& scores, const Tensor& score_grad, float z_grad,
+                              RouterScore score, Tensor& dlogits) {
+  const bool with_scores = score_grad.defined(), with_z = z_grad != 0.f;
+  if (!with_scores && !with_z) return;
+  const int64_t N = logits.dim(0), E = logits.dim(1);
+  const float* x = logits.data<float>();                              // (N, E)
+  const float* s = scores.data<float>();                              // (N, E)
+  const float* g = with_scores ? score_grad.data<float>() : nullptr;  // (E)
+  float* dl = dlogits.data<float>();                                  // (N, E)
+  const bool softmax = score == RouterScore::softmax;
+  for (int64_t n = 0; n < N; ++n) {
+    const float* xr = x + n * E;
+    const float* sr = s + n * E;
+    float* dr = dl + n * E;
+    // The score term's row scalars: softmax: dot = sum_j g_j s_j; sigmoid: S (with the 1e-20), dot = sum_j g_j a_j.
+    float S = 1.f, dot = 0.f;
+    if (with_scores) {
+      if (!softmax) {
+        double sum = 0.0;
+        for (int64_t e = 0; e < E; ++e) sum += static_cast<double>(sr[e]);
+        S = static_cast<float>(sum) + 1e-20f;
+      }
+      double d = 0.0;
+      for (int64_t e = 0; e < E; ++e)
+        d += static_cast<double>(g[e]) * static_cast<double>(softmax ? sr[e] : sr[e] / S);  // exact products
+      dot = static_cast<float>(d);
+    }
+    // The z term: c * softmax(logits)_e with c = 2 z_grad lse.
+    float m = 0.f, total = 1.f, c = 0.f;
+    if (with_z) c = (2.f * z_grad) * row_logsumexp(xr, E, &m, &total);
+    for (int64_t e = 0; e < E; ++e) {
+      float ts = 0.f, tz = 0.f;
+      if (with_scores) {
+        const float se = sr[e];
+        if (softmax) {
+          ts = se * (g[e] - dot);
+        } else {
+          const float ds = (g[e] - dot) / S;
+          ts = (ds * se) * (1.f - se);
+        }
+      }
+      if (with_z) tz = c * (std::exp(xr[e] - m) / total);
+      dr[e] += ts + tz;
     }
   }
 }

@@ -7,6 +7,10 @@
 // strict total order, so every rank is unique and the result equals the CPU's sort), stopping once it reaches k;
 // an expert of rank j < k is the j-th choice. Sums over the k choices run on one thread, in order. Deterministic:
 // no atomics, every reduction's order fixed by the launch shape.
+//
+// Below the router, the load-balancing losses' statistics and gradient (moe_router_loss_stats,
+// moe_router_loss_backward; their layout is described there).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -128,6 +132,132 @@ __global__ void __launch_bounds__(kMaxThreads)
   }
 }
 
+// ---- load-balancing losses ----
+// moe_router_loss_stats runs in two kernels: one block per row writes the row's lse^2 and (sigmoid) the denominator
+// sum_e s_e + 1e-20 to a workspace; then a block per 32 columns sums a_{n,e} over rows (lane = column, 32 row
+// lanes striding over rows, a double partial each, the 32 partials of a column summed in order) and one more block
+// sums the rows' lse^2 the same way. No atomics; every order fixed by the launch shape.
+
+constexpr int kSumCols = 32, kSumRows = 32;       // the column sums' block: 32 columns x 32 row lanes
+constexpr int kSumThreads = kSumCols * kSumRows;  // 1024
+
+// Per row: lse_sq[n] = logsumexp(logits_n)^2, and for sigmoid denom[n] = sum_e s_{n,e} + 1e-20 (fp32, e order, on
+// one thread). Dynamic shared memory: E words for sigmoid (the row's scores), else none.
+__global__ void __launch_bounds__(kMaxThreads)
+    moe_router_loss_rows_kernel(const float* __restrict__ logits, const float* __restrict__ scores,
+                                float* __restrict__ lse_sq, float* __restrict__ denom, int64_t N, int E) {
+  extern __shared__ float s_row[];  // (E) for sigmoid
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    const float* xr = logits + n * E;
+    float m = -INFINITY;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) m = fmaxf(m, xr[e]);
+    m = block_max(m);
+    double sum = 0.0;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) sum += static_cast<double>(expf(__fsub_rn(xr[e], m)));
+    const float total = static_cast<float>(block_sum(sum));
+    if (denom) {
+      for (int e = threadIdx.x; e < E; e += blockDim.x) s_row[e] = scores[n * E + e];
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+      const float lse = __fadd_rn(m, logf(total));
+      lse_sq[n] = __fmul_rn(lse, lse);
+      if (denom) {
+        float S = 0.f;
+        for (int e = 0; e < E; ++e) S = __fadd_rn(S, s_row[e]);
+        denom[n] = __fadd_rn(S, 1e-20f);
+      }
+    }
+    __syncthreads();  // the next row reuses the shared memory
+  }
+}
+
+// Blocks [0, col_blocks): score_sums[e] = sum over rows of a_{n,e} for 32 columns; block col_blocks: lse_sq_sum =
+// sum over rows of lse_sq. denom null: softmax (a = s).
+__global__ void __launch_bounds__(kSumThreads)
+    moe_router_loss_sums_kernel(const float* __restrict__ scores, const float* __restrict__ denom,
+                                const float* __restrict__ lse_sq, float* __restrict__ score_sums,
+                                float* __restrict__ lse_sq_sum, int64_t N, int E, int col_blocks) {
+  __shared__ double s_part[kSumRows][kSumCols];
+  const int c = threadIdx.x % kSumCols, r = threadIdx.x / kSumCols;
+  double acc = 0.0;
+  if (static_cast<int>(blockIdx.x) < col_blocks) {
+    const int e = static_cast<int>(blockIdx.x) * kSumCols + c;
+    if (e < E) {
+#pragma unroll 4
+      for (int64_t n = r; n < N; n += kSumRows) {
+        const float s = scores[n * E + e];
+        acc += static_cast<double>(denom ? __fdiv_rn(s, denom[n]) : s);
+      }
+    }
+    s_part[r][c] = acc;
+    __syncthreads();
+    if (r == 0 && e < E) {
+      double t = 0.0;
+      for (int i = 0; i < kSumRows; ++i) t += s_part[i][c];
+      score_sums[e] = static_cast<float>(t);
+    }
+  } else {
+#pragma unroll 4
+    for (int64_t n = threadIdx.x; n < N; n += blockDim.x) acc += static_cast<double>(lse_sq[n]);
+    s_part[r][c] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double t = 0.0;
+      for (int i = 0; i < kSumRows; ++i)
+        for (int j = 0; j < kSumCols; ++j) t += s_part[i][j];
+      lse_sq_sum[0] = static_cast<float>(t);
+    }
+  }
+}
+
+// Per row: dlogits (E) += the score term (g non-null) + the z term (z != 0); see core/tensor/ops.h. The sums over
+// the row in double (block_sum), rounded once.
+__global__ void __launch_bounds__(kMaxThreads)
+    moe_router_loss_backward_kernel(const float* __restrict__ logits, const float* __restrict__ scores,
+                                    const float* __restrict__ g, float z, float* __restrict__ dlogits, int64_t N, int E,
+                                    bool softmax) {
+  for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
+    const float* xr = logits + n * E;
+    const float* sr = scores + n * E;
+    float* dr = dlogits + n * E;
+    float S = 1.f, dot = 0.f;  // sigmoid: sum_j s_j + 1e-20; sum_j g_j a_j
+    if (g) {
+      if (!softmax) {
+        double sum = 0.0;
+        for (int e = threadIdx.x; e < E; e += blockDim.x) sum += static_cast<double>(sr[e]);
+        S = __fadd_rn(static_cast<float>(block_sum(sum)), 1e-20f);
+      }
+      double d = 0.0;
+      for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        const float a = softmax ? sr[e] : __fdiv_rn(sr[e], S);
+        d = __dadd_rn(d, __dmul_rn(static_cast<double>(g[e]), static_cast<double>(a)));  // exact products
+      }
+      dot = static_cast<float>(block_sum(d));
+    }
+    float m = 0.f, total = 1.f, c = 0.f;  // the z term: c * exp(x_e - m) / total, c = 2 z lse
+    if (z != 0.f) {
+      m = -INFINITY;
+      for (int e = threadIdx.x; e < E; e += blockDim.x) m = fmaxf(m, xr[e]);
+      m = block_max(m);
+      double sum = 0.0;
+      for (int e = threadIdx.x; e < E; e += blockDim.x) sum += static_cast<double>(expf(__fsub_rn(xr[e], m)));
+      total = static_cast<float>(block_sum(sum));
+      c = __fmul_rn(__fmul_rn(2.f, z), __fadd_rn(m, logf(total)));
+    }
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+      float ts = 0.f, tz = 0.f;
+      if (g) {
+        const float se = sr[e];
+        ts = softmax ? __fmul_rn(se, __fsub_rn(g[e], dot))
+                     : __fmul_rn(__fmul_rn(__fdiv_rn(__fsub_rn(g[e], dot), S), se), __fsub_rn(1.f, se));
+      }
+      if (z != 0.f) tz = __fmul_rn(c, __fdiv_rn(expf(__fsub_rn(xr[e], m)), total));
+      dr[e] = __fadd_rn(dr[e], __fadd_rn(ts, tz));
+    }
+  }
+}
+
 }  // namespace
 
 void moe_router_forward(const Tensor& logits, const Tensor& bias, Tensor& scores, Tensor& experts, Tensor& probs,
@@ -154,6 +284,40 @@ void moe_router_backward(const Tensor& scores, const Tensor& experts, const Tens
       scores.data<float>(), experts.data<int32_t>(), dprobs.data<float>(), dlogits.data<float>(), N, E, K,
       opt.score == RouterScore::softmax, opt.norm_topk_prob);
   MT_CUDA_LAUNCHED("moe_router_backward_kernel");
+}
+
+void moe_router_loss_stats(const Tensor& logits, const Tensor& scores, RouterScore score, Tensor& score_sums,
+                           Tensor& lse_sq_sum) {
+  const int64_t N = logits.dim(0);
+  const int E = static_cast<int>(logits.dim(1));
+  const bool sigmoid = score == RouterScore::sigmoid;
+  const int64_t rows = std::max<int64_t>(N, 1);
+  Tensor lse_sq = Tensor::empty({rows}, DType::f32, Device::cuda, MemKind::workspace);  // (N)
+  Tensor denom;                                                                         // (N), sigmoid only
+  if (sigmoid) denom = Tensor::empty({rows}, DType::f32, Device::cuda, MemKind::workspace);
+  float* denom_p = sigmoid ? denom.data<float>() : nullptr;
+  if (N > 0) {
+    const size_t smem = sigmoid ? static_cast<size_t>(E) * sizeof(float) : 0;
+    moe_router_loss_rows_kernel<<<row_grid(N, kMaxStrideBlocks), threads_for_cols(E, kMaxThreads), smem, stream()>>>(
+        logits.data<float>(), scores.data<float>(), lse_sq.data<float>(), denom_p, N, E);
+    MT_CUDA_LAUNCHED("moe_router_loss_rows_kernel");
+  }
+  const int col_blocks = (E + kSumCols - 1) / kSumCols;
+  moe_router_loss_sums_kernel<<<col_blocks + 1, kSumThreads, 0, stream()>>>(
+      scores.data<float>(), denom_p, lse_sq.data<float>(), score_sums.data<float>(), lse_sq_sum.data<float>(), N, E,
+      col_blocks);
+  MT_CUDA_LAUNCHED("moe_router_loss_sums_kernel");
+}
+
+void moe_router_loss_backward(const Tensor& logits, const Tensor& scores, const Tensor& score_grad, float z_grad,
+                              RouterScore score, Tensor& dlogits) {
+  const int64_t N = logits.dim(0);
+  const int E = static_cast<int>(logits.dim(1));
+  if (N == 0 || (!score_grad.defined() && z_grad == 0.f)) return;
+  moe_router_loss_backward_kernel<<<row_grid(N, kMaxStrideBlocks), threads_for_cols(E, kMaxThreads), 0, stream()>>>(
+      logits.data<float>(), scores.data<float>(), score_grad.defined() ? score_grad.data<float>() : nullptr, z_grad,
+      dlogits.data<float>(), N, E, score == RouterScore::softmax);
+  MT_CUDA_LAUNCHED("moe_router_loss_backward_kernel");
 }
 
 }  // namespace mt::cuda

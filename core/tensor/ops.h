@@ -294,6 +294,24 @@ void moe_router_forward(const Tensor& logits, const Tensor& bias, Tensor& scores
 // softmax: dlogit_e = s_e * (dscore_e - sum_j dp_j s_{expert j}); sigmoid: dlogit_e = dscore_e * s_e * (1 - s_e).
 void moe_router_backward(const Tensor& scores, const Tensor& experts, const Tensor& dprobs, Tensor& dlogits,
                          const MoeRouterOptions& opt);
+// Load balancing of one router (model.moe.aux_loss_coeff and z_loss_coeff, Megatron-Core's forms). With a_{n,e}
+// the auxiliary loss's scores: softmax: a = scores; sigmoid: a_{n,e} = s_{n,e} / (sum_e' s_{n,e'} + 1e-20) (row sum
+// in fp32, e order):
+// moe_router_loss_stats: score_sums (E) f32 := sum over rows n of a_{n,e}; lse_sq_sum (1) f32 := sum over rows of
+// logsumexp(logits_n)^2 (logsumexp in fp32: max + log of the sum of exps, that sum in double; squared in fp32). The
+// sums over rows in double, rounded once; deterministic on every backend (fixed order, no atomics). N = 0: zeros.
+void moe_router_loss_stats(const Tensor& logits, const Tensor& scores, RouterScore score, Tensor& score_sums,
+                           Tensor& lse_sq_sum);
+// moe_router_loss_backward: dlogits (N, E) f32 += for every row n the gradient of
+//   sum_e score_grad[e] * a_{n,e}   (score_grad (E) f32; an undefined Tensor: no such term), i.e.
+//     softmax: s_e (g_e - sum_j g_j s_j);  sigmoid: S = sum_j s_j + 1e-20, ds_e = (g_e - sum_j g_j a_j) / S,
+//     dlogit_e = ds_e s_e (1 - s_e)
+//   + z_grad * 2 * lse_n * softmax(logits_n)_e   (z_grad a host float; 0: no such term; softmax of the logits even
+//     when score is sigmoid)
+// in fp32, the sums over a row's experts in double (rounded once); the two terms are added, then added to dlogits.
+// No term at all (score_grad undefined, z_grad 0): dlogits is left as it is.
+void moe_router_loss_backward(const Tensor& logits, const Tensor& scores, const Tensor& score_grad, float z_grad,
+                              RouterScore score, Tensor& dlogits);
 
 // ---- mixture of experts: token dispatch ----
 // A MoE layer sends each token's top_k choices (experts (N, k) i32, e.g. from the router) to their experts as

@@ -19,16 +19,26 @@ using namespace ops_check;  // NOLINT(google-build-using-namespace): the checks 
 
 namespace {
 
-// E, the number of experts, from a (N, E) f32 tensor `name` (logits or scores), and top_k within [1, E].
-int64_t check_router_rows(const char* op, const char* name, const Tensor& t, const MoeRouterOptions& opt) {
+// E, the number of experts, from a (N, E) f32 tensor `name` (logits or scores), within [1, kMaxRouterExperts].
+int64_t check_router_experts(const char* op, const char* name, const Tensor& t) {
   check_ndim(op, name, t, 2, "(N, E)", DType::f32);
   const int64_t E = t.dim(1);
   check_range(op, name, E >= 1 && E <= kMaxRouterExperts,
               fmt::format("the number of experts E must lie in [1, {}], got {}", kMaxRouterExperts, E));
+  return E;
+}
+
+void check_router_score(const char* op, RouterScore score) {
+  check_range(op, "score", score == RouterScore::softmax || score == RouterScore::sigmoid,
+              fmt::format("unknown RouterScore {}", static_cast<int>(score)));
+}
+
+// E from a (N, E) f32 tensor `name` (logits or scores), top_k within [1, E] and a known score function.
+int64_t check_router_rows(const char* op, const char* name, const Tensor& t, const MoeRouterOptions& opt) {
+  const int64_t E = check_router_experts(op, name, t);
   check_range(op, "top_k", opt.top_k >= 1 && opt.top_k <= E,
               fmt::format("must lie in [1, E] = [1, {}], got {}", E, opt.top_k));
-  check_range(op, "score", opt.score == RouterScore::softmax || opt.score == RouterScore::sigmoid,
-              fmt::format("unknown RouterScore {}", static_cast<int>(opt.score)));
+  check_router_score(op, opt.score);
   return E;
 }
 
@@ -62,6 +72,35 @@ void moe_router_backward(const Tensor& scores, const Tensor& experts, const Tens
   if (device_of(op, {&scores, &experts, &dprobs, &dlogits}) == Device::cpu)
     return cpu::moe_router_backward(scores, experts, dprobs, dlogits, opt);
   MT_ON_CUDA(moe_router_backward(scores, experts, dprobs, dlogits, opt));
+}
+
+void moe_router_loss_stats(const Tensor& logits, const Tensor& scores, RouterScore score, Tensor& score_sums,
+                           Tensor& lse_sq_sum) {
+  const char* op = "moe_router_loss_stats";
+  const op_profile::Scope profile(op);
+  const int64_t E = check_router_experts(op, "logits", logits), N = logits.dim(0);
+  check_router_score(op, score);
+  check_f32_shape(op, "scores", scores, {N, E});
+  check_f32_shape(op, "score_sums", score_sums, {E});
+  check_f32_shape(op, "lse_sq_sum", lse_sq_sum, {1});
+  if (device_of(op, {&logits, &scores, &score_sums, &lse_sq_sum}) == Device::cpu)
+    return cpu::moe_router_loss_stats(logits, scores, score, score_sums, lse_sq_sum);
+  MT_ON_CUDA(moe_router_loss_stats(logits, scores, score, score_sums, lse_sq_sum));
+}
+
+void moe_router_loss_backward(const Tensor& logits, const Tensor& scores, const Tensor& score_grad, float z_grad,
+                              RouterScore score, Tensor& dlogits) {
+  const char* op = "moe_router_loss_backward";
+  const op_profile::Scope profile(op);
+  const int64_t E = check_router_experts(op, "logits", logits), N = logits.dim(0);
+  check_router_score(op, score);
+  check_f32_shape(op, "scores", scores, {N, E});
+  if (score_grad.defined()) check_f32_shape(op, "score_grad", score_grad, {E});
+  check_f32_shape(op, "dlogits", dlogits, {N, E});
+  const Device device = score_grad.defined() ? device_of(op, {&logits, &scores, &score_grad, &dlogits})
+                                             : device_of(op, {&logits, &scores, &dlogits});
+  if (device == Device::cpu) return cpu::moe_router_loss_backward(logits, scores, score_grad, z_grad, score, dlogits);
+  MT_ON_CUDA(moe_router_loss_backward(logits, scores, score_grad, z_grad, score, dlogits));
 }
 
 // ---- token dispatch ----

@@ -1,12 +1,16 @@
 // test_cuda_ops.moe.cpp: the CUDA mixture-of-experts router against the CPU reference: the same experts (exactly), the
 // scores, weights and logit gradients within 1e-6 (relative to the largest), for softmax and sigmoid scores, with and
-// without normalised weights and the expert bias, top_k from 1 to E, E up to 1024, and rows of tied keys.
+// without normalised weights and the expert bias, top_k from 1 to E, E up to 1024, and rows of tied keys; the
+// load-balancing losses' stats and gradient against the CPU (and bit for bit across two GPU runs).
 // One of the sources of test_cuda_ops (tests/CMakeLists.txt); each test skips where no GPU can run it, and
 // cuda_op_checks.h says how the GPU is compared with the CPU.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/tensor/ops.h"
@@ -84,6 +88,90 @@ TEST_F(CudaOps, MoeRouterTiesMatchCpu) {
       for (bool with_bias : {false, true})
         check_router(logits, with_bias ? bias : Vec{}, N, E, {.top_k = k, .score = score}, 550,
                      str(" ties top_k=", k, with_bias ? " bias" : ""));
+}
+
+// ---- load-balancing losses ----------------------------------------------------------------------
+
+// The loss ops compute what the CPU does (sums in double on both, in different orders; expf and logf within 2 ulp).
+constexpr double kLossStatsTol = 1e-6;  // relative to the largest
+constexpr double kLossGradTol = 1e-6;   // absolute
+
+// max_i |gpu_i - cpu_i|
+double max_abs_diff(const Both& t) {
+  const Vec g = values(t.gpu), c = values(t.cpu);
+  if (g.size() != c.size()) return std::numeric_limits<double>::infinity();
+  double err = 0.0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double d = std::abs(g[i] - c[i]);
+    if (!(d <= err)) err = std::isnan(d) ? std::numeric_limits<double>::infinity() : d;
+  }
+  return err;
+}
+
+// Stats and backward (both terms) on both devices from the same logits and their router scores; the GPU twice, its
+// two runs bit for bit equal.
+void check_router_loss(int64_t N, int64_t E, RouterScore score, uint32_t seed) {
+  const std::string what = str(" N=", N, " E=", E, score == RouterScore::softmax ? " softmax" : " sigmoid");
+  const Vec logits = rand_vec(N * E, seed, -4, 4);
+  Tensor scores_cpu = Tensor::empty({N, E}, DType::f32), experts = Tensor::empty({N, 1}, DType::i32);
+  Tensor probs = Tensor::empty({N, 1}, DType::f32);
+  moe_router_forward(make(logits, {N, E}), Tensor(), scores_cpu, experts, probs, {.top_k = 1, .score = score});
+  const Both x = both(logits, {N, E}, DType::f32);
+  const Both s{scores_cpu, scores_cpu.to(Device::cuda)};
+  const Both g = both(rand_vec(E, seed + 1), {E}, DType::f32);
+  const Vec start = rand_vec(N * E, seed + 2);
+  const float z = 0.05f;
+  std::vector<Tensor> runs[3];  // the GPU's score_sums, lse_sq_sum, dlogits of each run
+  for (int run = 0; run < 2; ++run) {
+    Both sums = poisoned({E}, DType::f32), lse = poisoned({1}, DType::f32);
+    Both dlogits = both(start, {N, E}, DType::f32);
+    for (auto d : kDevices) {
+      moe_router_loss_stats(x.*d, s.*d, score, sums.*d, lse.*d);
+      moe_router_loss_backward(x.*d, s.*d, g.*d, z, score, dlogits.*d);
+    }
+    expect_match(sums, kLossStatsTol, "moe_router_loss_stats score_sums" + what);
+    expect_match(lse, kLossStatsTol, "moe_router_loss_stats lse_sq_sum" + what);
+    EXPECT_LE(max_abs_diff(dlogits), kLossGradTol) << "moe_router_loss_backward dlogits" << what;
+    runs[0].push_back(sums.gpu);
+    runs[1].push_back(lse.gpu);
+    runs[2].push_back(dlogits.gpu);
+  }
+  for (const auto& r : runs) EXPECT_TRUE(bytes_of(r[0]) == bytes_of(r[1])) << "two GPU runs differ" << what;
+}
+
+TEST_F(CudaOps, MoeRouterLossMatchesCpu) {
+  uint32_t seed = 700;
+  for (const auto& [N, E] :
+       std::vector<std::pair<int64_t, int64_t>>{{37, 8}, {1000, 64}, {300, 1024}, {3000, 6}, {5, 1}, {7, 257}, {1, 33}})
+    for (RouterScore score : {RouterScore::softmax, RouterScore::sigmoid}) check_router_loss(N, E, score, seed += 3);
+}
+
+// One term at a time (score_grad alone, z alone), neither (dlogits untouched), and no rows (zero sums).
+TEST_F(CudaOps, MoeRouterLossTermsAndNoRows) {
+  const int64_t N = 50, E = 40;
+  const Both x = both(rand_vec(N * E, 720, -4, 4), {N, E}, DType::f32);
+  const Both s = both(rand_vec(N * E, 721, 0, 1), {N, E}, DType::f32);
+  const Both g = both(rand_vec(E, 722), {E}, DType::f32);
+  const Vec start = rand_vec(N * E, 723);
+  for (RouterScore score : {RouterScore::softmax, RouterScore::sigmoid}) {
+    const std::string what = score == RouterScore::softmax ? " softmax" : " sigmoid";
+    for (const auto& [with_g, z] : std::vector<std::pair<bool, float>>{{true, 0.f}, {false, 0.2f}, {false, 0.f}}) {
+      Both dlogits = both(start, {N, E}, DType::f32);
+      for (auto d : kDevices) moe_router_loss_backward(x.*d, s.*d, with_g ? g.*d : Tensor(), z, score, dlogits.*d);
+      EXPECT_LE(max_abs_diff(dlogits), kLossGradTol)
+          << "dlogits" << what << (with_g ? " score_grad" : "") << " z=" << z;
+      if (!with_g && z == 0.f) expect_exact(dlogits, "dlogits untouched" + what);
+    }
+    Both sums = poisoned({E}, DType::f32), lse = poisoned({1}, DType::f32);
+    const Both none = both({}, {0, E}, DType::f32);
+    Both dnone = both({}, {0, E}, DType::f32);
+    for (auto d : kDevices) {
+      moe_router_loss_stats(none.*d, none.*d, score, sums.*d, lse.*d);
+      moe_router_loss_backward(none.*d, none.*d, g.*d, 0.5f, score, dnone.*d);
+    }
+    EXPECT_EQ(values(sums.gpu), Vec(E, 0.0)) << what;
+    EXPECT_EQ(values(lse.gpu), Vec{0.0}) << what;
+  }
 }
 
 }  // namespace
