@@ -12,6 +12,13 @@ namespace {
 
 constexpr double kMiB = 1048576.0;
 
+// A parameter count as people say it: 46.7B, 124.4M.
+std::string count_words(double n) {
+  if (n >= 1e9) return fmt::format("{:.1f}B", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.1f}M", n / 1e6);
+  return fmt::format("{:.0f}", n);
+}
+
 nlohmann::json layout_json(const Layout& l) {
   return {{"tensor", l.tensor},
           {"pipeline", l.pipeline},
@@ -80,10 +87,10 @@ std::string format_prediction(const Prediction& p, const Hardware& hw) {
                                    ? fmt::format(" and a shared expert of {}", e.shared_expert_ffn_hidden_size)
                                    : std::string();
     s += fmt::format(
-        "mixture of experts: {} of {} layers, top {} of {} experts of width {}{}: {:.3g} active "
-        "parameters per token; expert parallelism {}\n",
+        "mixture of experts: {} of {} layers, top {} of {} experts of width {}{}: {} parameters, {} active per "
+        "token; expert parallelism {}\n",
         moe_layers, c.model.num_layers, e.top_k, e.num_experts, e.ffn_hidden_size, shared,
-        model_parameters(c.model, true), c.parallel.expert);
+        count_words(model_parameters(c.model, false)), count_words(model_parameters(c.model, true)), c.parallel.expert);
   }
   s += fmt::format(
       "\npredicted peak memory per rank (MiB, split as the training log's \"peak memory\"), device {:.0f} MiB\n",
