@@ -77,6 +77,13 @@ GptModel::Roles GptModel::roles() const {
   return r;
 }
 
+std::vector<MoeMlp*> GptModel::moe_layers() {
+  std::vector<MoeMlp*> out;
+  for (auto& layer : layers_)
+    if (MoeMlp* m = layer->moe()) out.push_back(m);
+  return out;
+}
+
 int64_t GptModel::num_parameters() const {
   int64_t n = 0;
   for (const Parameter* p : params_) n += p->value.numel();
@@ -190,7 +197,7 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
   }
 
   for (auto layer = layers_.rbegin(); layer != layers_.rend(); ++layer) {
-    dx = (*layer)->backward(dx, mb);
+    dx = (*layer)->backward(dx, mb, dloss);
     if (grads_ready_) grads_ready_(mb, (*layer)->parameters());
   }
   if (!opt_.stage.has_embedding) return dx;

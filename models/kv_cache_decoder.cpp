@@ -31,6 +31,11 @@ const Tensor* whole(const Parameter* p, const char* role) {
 
 KvCacheDecoder::KvCacheDecoder(const GptModel& model, DecoderOptions opt)
     : cfg_(model.config()), opt_(opt), llama_(cfg_.arch == Arch::llama), capacity_(opt.capacity) {
+  if (cfg_.moe.enabled())
+    throw std::invalid_argument(
+        fmt::format("generation: mixture-of-experts models (model.moe.num_experts={}) cannot "
+                    "generate yet (the KV-cache decoder has dense MLPs only)",
+                    cfg_.moe.num_experts));
   const int64_t P = cfg_.max_position_embeddings;
   if (capacity_ == 0) capacity_ = P;
   if (capacity_ < 1 || capacity_ > P)

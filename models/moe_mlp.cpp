@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/tensor/ops.h"
+#include "parallel/sequence_parallel.h"
 
 namespace mt {
 
@@ -17,30 +18,42 @@ RouterScore router_score(MoeScore s) { return s == MoeScore::sigmoid ? RouterSco
 }  // namespace
 
 MoeMlp::MoeMlp(const ModelConfig& cfg, const std::string& prefix, DType dtype, float output_init_std, uint64_t seed,
-               Device device)
-    : cfg_(cfg), dtype_(dtype), device_(device) {
+               Device device, TensorParallel tp)
+    : cfg_(cfg), prefix_(prefix), dtype_(dtype), device_(device), tp_(tp) {
   const MoeConfig& m = cfg.moe;
   if (!m.enabled()) throw std::invalid_argument(prefix + ": MoeMlp needs model.moe.num_experts > 0");
-  if (m.aux_loss_coeff > 0 || m.z_loss_coeff > 0 || m.bias_update_rate > 0 || m.capacity_factor > 0)
+  if (m.capacity_factor > 0)
     throw std::invalid_argument(prefix +
-                                ": the auxiliary and z losses, the expert bias update and capacity factors are not "
-                                "implemented in MoeMlp yet (issue 25)");
-  const int64_t C = cfg.hidden_size, F = m.ffn_hidden_size, E = m.num_experts;
-  const int64_t F1 = cfg.arch == Arch::llama ? 2 * F : F;
+                                ": model.moe.capacity_factor (token dropping) is not implemented yet (issue "
+                                "25): leave it out for dropless routing");
+  const int64_t C = cfg.hidden_size, F = m.ffn_hidden_size, E = m.num_experts, t = tp.size;
+  const bool llama = cfg.arch == Arch::llama;
+  if (F % t != 0 || m.shared_expert_ffn_hidden_size % t != 0)
+    throw std::invalid_argument(
+        fmt::format("{}: the tensor-parallel size {} does not divide the experts' width {} "
+                    "or the shared expert's {}",
+                    prefix, t, F, m.shared_expert_ffn_hidden_size));
+  // fc1 (F1, C) split by rows (SwiGLU's gate and up interleaved, so a row block holds whole pairs), fc2 (C, F) by
+  // columns: the dense MLP's column- and row-parallel split, every slice holding the whole tensor's values.
+  auto mlp = [&](const std::string& name, int64_t width, Parameter& w1, Parameter& w2) {
+    const int64_t W1 = llama ? 2 * width : width;
+    w1 = make_parameter_slice(name + ".fc1.weight",
+                              {.global = {W1, C}, .start = {tp.begin(W1), 0}, .local = {tp.count(W1), C}}, dtype,
+                              Init::normal, cfg.init_std, seed);
+    w2 = make_parameter_slice(name + ".fc2.weight",
+                              {.global = {C, width}, .start = {0, tp.begin(width)}, .local = {C, tp.count(width)}},
+                              dtype, Init::normal, output_init_std, seed);
+  };
   router_ = make_parameter(prefix + ".router.weight", {E, C}, dtype, Init::normal, cfg.init_std, seed);
-  for (int64_t e = 0; e < E; ++e) {
-    const std::string expert = fmt::format("{}.experts.{}", prefix, e);
-    fc1_.push_back(make_parameter(expert + ".fc1.weight", {F1, C}, dtype, Init::normal, cfg.init_std, seed));
-    fc2_.push_back(make_parameter(expert + ".fc2.weight", {C, F}, dtype, Init::normal, output_init_std, seed));
-  }
-  if (const int64_t Fs = m.shared_expert_ffn_hidden_size; Fs > 0) {
-    const int64_t Fs1 = cfg.arch == Arch::llama ? 2 * Fs : Fs;
-    shared_fc1_ =
-        make_parameter(prefix + ".shared_expert.fc1.weight", {Fs1, C}, dtype, Init::normal, cfg.init_std, seed);
-    shared_fc2_ =
-        make_parameter(prefix + ".shared_expert.fc2.weight", {C, Fs}, dtype, Init::normal, output_init_std, seed);
-  }
+  fc1_.resize(static_cast<size_t>(E));
+  fc2_.resize(static_cast<size_t>(E));
+  for (int64_t e = 0; e < E; ++e)
+    mlp(fmt::format("{}.experts.{}", prefix, e), F, fc1_[static_cast<size_t>(e)], fc2_[static_cast<size_t>(e)]);
+  if (m.shared_expert_ffn_hidden_size > 0)
+    mlp(prefix + ".shared_expert", m.shared_expert_ffn_hidden_size, shared_fc1_, shared_fc2_);
   for (Parameter* p : parameters()) move_to_device(*p, device);  // initial values are drawn on the host
+  if (m.bias_update_rate > 0) expert_bias_ = Tensor::zeros({E}, DType::f32, device, MemKind::parameter);
+  load_.tokens.assign(static_cast<size_t>(E), 0);
 }
 
 namespace {
@@ -84,27 +97,33 @@ std::vector<Parameter*> MoeMlp::parameters() {
   return out;
 }
 
-Tensor MoeMlp::forward(const Tensor& x, Saved& s) const {
+MoeRouterOptions MoeMlp::router_options() const {
+  return {.top_k = static_cast<int>(cfg_.moe.top_k),
+          .score = router_score(cfg_.moe.score_function),
+          .norm_topk_prob = cfg_.moe.norm_topk_prob};
+}
+
+Tensor MoeMlp::forward(const Tensor& x_rows, Saved& s, const MoeStep& step) {
   const MoeConfig& m = cfg_.moe;
-  const int64_t N = x.dim(0), C = x.dim(1), E = m.num_experts, k = m.top_k, R = N * k;
   const bool llama = cfg_.arch == Arch::llama;
-  s.x = x;
-  // Router: fp32 logits, scores and top-k.
+  s.x = sequence_to_full(x_rows, step.samples, tp_);  // every token, on every TP rank
+  const Tensor& x = s.x;
+  const int64_t N = x.dim(0), C = x.dim(1), E = m.num_experts, k = m.top_k, R = N * k;
+  // Router: fp32 logits, scores and top-k (the same on every TP rank).
   Tensor logits = Tensor::empty({N, E}, DType::f32, device_);
   gemm(x, router_.value, logits, GemmOptions{.trans_b = true});
   s.scores = Tensor::empty({N, E}, DType::f32, device_);
   s.experts = Tensor::empty({N, k}, DType::i32, device_);
   s.probs = Tensor::empty({N, k}, DType::f32, device_);
-  moe_router_forward(
-      logits, Tensor(), s.scores, s.experts, s.probs,
-      MoeRouterOptions{
-          .top_k = static_cast<int>(k), .score = router_score(m.score_function), .norm_topk_prob = m.norm_topk_prob});
+  moe_router_forward(logits, expert_bias_, s.scores, s.experts, s.probs, router_options());
+  if (m.aux_loss_coeff > 0 || m.z_loss_coeff > 0) s.logits = logits;
   // Dispatch: each expert's choices a contiguous row slice; the counts on the host size the GEMMs.
   s.row_of = Tensor::empty({N, k}, DType::i32, device_);
   Tensor counts = Tensor::empty({E}, DType::i32, device_);
   moe_dispatch_index(s.experts, s.row_of, counts);
   const Tensor host_counts = counts.to(Device::cpu);
   s.counts.assign(host_counts.data<int32_t>(), host_counts.data<int32_t>() + E);
+  if (step.record) record_load(logits, s);
   s.xp = Tensor::empty({R, C}, dtype_, device_);
   moe_permute(x, s.row_of, nullptr, s.xp);
   const int64_t F1 = fc1_.front().value.dim(0), F = fc2_.front().value.dim(1);
@@ -120,7 +139,7 @@ Tensor MoeMlp::forward(const Tensor& x, Saved& s) const {
                    ys);
     row += n;
   }
-  Tensor out = Tensor::empty({N, C}, dtype_, device_);
+  Tensor out = Tensor::empty({N, C}, dtype_, device_);  // this rank's partial sum with tensor parallelism
   moe_unpermute(s.y, s.row_of, &s.probs, out);
   if (has_shared_expert()) {  // out += the shared expert's output
     s.shared_h = Tensor::empty({N, shared_fc1_.value.dim(0)}, dtype_, device_);
@@ -129,18 +148,72 @@ Tensor MoeMlp::forward(const Tensor& x, Saved& s) const {
     expert_forward(x, shared_fc1_, shared_fc2_, llama, s.shared_h, s.shared_act, ys);
     add(out, ys, out);
   }
+  return sequence_shard_sum(out, step.samples, tp_);
+}
+
+void MoeMlp::record_load(const Tensor& logits, const Saved& s) {
+  const MoeConfig& m = cfg_.moe;
+  const int64_t N = s.x.dim(0), E = m.num_experts;
+  for (int64_t e = 0; e < E; ++e) load_.tokens[static_cast<size_t>(e)] += s.counts[static_cast<size_t>(e)];
+  ++load_.microbatches;
+  if (N == 0 || (m.aux_loss_coeff <= 0 && m.z_loss_coeff <= 0)) return;
+  Tensor score_sums = Tensor::empty({E}, DType::f32, device_), lse_sq = Tensor::empty({1}, DType::f32, device_);
+  moe_router_loss_stats(logits, s.scores, router_options().score, score_sums, lse_sq);
+  const std::vector<float> P = score_sums.to_floats();
+  double aux = 0;
+  for (int64_t e = 0; e < E; ++e)
+    aux += static_cast<double>(P[static_cast<size_t>(e)]) * static_cast<double>(s.counts[static_cast<size_t>(e)]);
+  load_.aux += aux * static_cast<double>(E) / (static_cast<double>(m.top_k) * static_cast<double>(N) * N);
+  load_.z += static_cast<double>(lse_sq.to_floats()[0]) / static_cast<double>(N);
+}
+
+MoeLoad MoeMlp::take_load() {
+  MoeLoad out = std::move(load_);
+  load_ = MoeLoad{};
+  load_.tokens.assign(static_cast<size_t>(cfg_.moe.num_experts), 0);
   return out;
 }
 
-Tensor MoeMlp::backward(const Tensor& dout, const Saved& s) {
+void MoeMlp::update_expert_bias(const std::vector<int64_t>& tokens) {
+  if (!has_expert_bias()) return;
+  const int64_t E = cfg_.moe.num_experts;
+  if (static_cast<int64_t>(tokens.size()) != E)
+    throw std::invalid_argument(
+        fmt::format("{}: expert bias update with {} token counts for {} experts", prefix_, tokens.size(), E));
+  double mean = 0;
+  for (int64_t t : tokens) mean += static_cast<double>(t);
+  mean /= static_cast<double>(E);
+  std::vector<float> bias = expert_bias();
+  const auto rate = static_cast<float>(cfg_.moe.bias_update_rate);
+  for (size_t e = 0; e < bias.size(); ++e) {
+    const double d = mean - static_cast<double>(tokens[e]);
+    bias[e] += d > 0 ? rate : (d < 0 ? -rate : 0.f);  // an underloaded expert's bias rises
+  }
+  set_expert_bias(bias);
+}
+
+std::vector<float> MoeMlp::expert_bias() const {
+  return has_expert_bias() ? expert_bias_.to_floats() : std::vector<float>();
+}
+
+void MoeMlp::set_expert_bias(const std::vector<float>& bias) {
+  if (!has_expert_bias() || static_cast<int64_t>(bias.size()) != cfg_.moe.num_experts)
+    throw std::invalid_argument(fmt::format("{}: an expert bias of {} values for a layer with {}", prefix_, bias.size(),
+                                            has_expert_bias() ? cfg_.moe.num_experts : 0));
+  expert_bias_.copy_from(Tensor::from_floats(bias, {cfg_.moe.num_experts}));
+}
+
+Tensor MoeMlp::backward(const Tensor& dout_rows, const Saved& s, const MoeStep& step) {
   const MoeConfig& m = cfg_.moe;
-  const int64_t N = dout.dim(0), C = dout.dim(1), E = m.num_experts, k = m.top_k, R = N * k;
   const bool llama = cfg_.arch == Arch::llama;
-  // Through the weighted sum: the rows' gradient and the weights'.
+  const Tensor dout = sequence_to_full(dout_rows, step.samples, tp_);  // (N, C)
+  const int64_t N = dout.dim(0), C = dout.dim(1), E = m.num_experts, k = m.top_k, R = N * k;
+  // Through the weighted sum: the rows' gradient and the weights' (summed over the experts' TP slices).
   Tensor dy = Tensor::empty({R, C}, dtype_, device_);
   moe_permute(dout, s.row_of, &s.probs, dy);
   Tensor dprobs = Tensor::empty({N, k}, DType::f32, device_);
   moe_unpermute_backward_probs(dout, s.y, s.row_of, dprobs);
+  tp_.reduce_from_group(dprobs);
   // Each expert's MLP on its slice.
   Tensor dxp = Tensor::empty({R, C}, dtype_, device_);
   Tensor dact = Tensor::empty(s.act.shape(), dtype_, device_), dh = Tensor::empty(s.h.shape(), dtype_, device_);
@@ -162,20 +235,33 @@ Tensor MoeMlp::backward(const Tensor& dout, const Saved& s) {
     expert_backward(dout, s.x, s.shared_h, s.shared_act, shared_fc1_, shared_fc2_, llama, sdact, sdh, sdx);
     add(dx, sdx, dx);
   }
-  // Through the router: dlogits in fp32, then the linear's gradients in the compute dtype.
+  // Through the router: dlogits in fp32 (with the aux and z losses' gradients), then the linear's gradients in the
+  // compute dtype. Every TP rank has the whole dlogits: the router's gradient is a replica's, its input gradient
+  // joins the group's sum from rank 0 only.
   Tensor dlogits = Tensor::empty({N, E}, DType::f32, device_);
-  moe_router_backward(
-      s.scores, s.experts, dprobs, dlogits,
-      MoeRouterOptions{
-          .top_k = static_cast<int>(k), .score = router_score(m.score_function), .norm_topk_prob = m.norm_topk_prob});
+  moe_router_backward(s.scores, s.experts, dprobs, dlogits, router_options());
+  if (N > 0 && (m.aux_loss_coeff > 0 || m.z_loss_coeff > 0)) {
+    // d(objective)/d(score sum P_e) = dloss * coeff * E * T_e / (k N^2); d/d(sum of lse^2) = dloss * z_coeff / N.
+    Tensor score_grad;
+    const double n = static_cast<double>(N);
+    if (m.aux_loss_coeff > 0) {
+      std::vector<float> g(static_cast<size_t>(E));
+      const double c = step.dloss * m.aux_loss_coeff * static_cast<double>(E) / (static_cast<double>(k) * n * n);
+      for (int64_t e = 0; e < E; ++e)
+        g[static_cast<size_t>(e)] = static_cast<float>(c * static_cast<double>(s.counts[static_cast<size_t>(e)]));
+      score_grad = Tensor::from_floats(g, {E}).to(device_);
+    }
+    const float z_grad = m.z_loss_coeff > 0 ? static_cast<float>(step.dloss * m.z_loss_coeff / n) : 0.f;
+    moe_router_loss_backward(s.logits, s.scores, score_grad, z_grad, router_options().score, dlogits);
+  }
   Tensor dl = dlogits;
   if (dtype_ != DType::f32) {
     dl = Tensor::empty({N, E}, dtype_, device_);
     dl.copy_from(dlogits);
   }
-  gemm(dl, router_.value, dx, GemmOptions{.beta = 1.f});                   // dx += dlogits Wr
-  gemm(dl, s.x, router_.grad, GemmOptions{.trans_a = true, .beta = 1.f});  // dWr += dlogits^T x
-  return dx;
+  if (tp_.rank == 0) gemm(dl, router_.value, dx, GemmOptions{.beta = 1.f});  // dx += dlogits Wr
+  gemm(dl, s.x, router_.grad, GemmOptions{.trans_a = true, .beta = 1.f});    // dWr += dlogits^T x
+  return sequence_shard_sum(dx, step.samples, tp_);
 }
 
 }  // namespace mt

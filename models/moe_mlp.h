@@ -1,45 +1,78 @@
-// moe_mlp.h: a mixture-of-experts MLP (model.moe) on one rank, built from the op layer's MoE ops: the router
-// (fp32 logits of a bias-free linear C -> E, then moe_router_forward: top_k experts and their weights), the
-// token dispatch (moe_dispatch_index, moe_permute: each expert's tokens a contiguous row slice), each expert's
-// MLP as GEMMs on its slice (the architecture's own: GELU for gpt, SwiGLU for llama; no biases), and the weighted
-// sum back per token (moe_unpermute); backward the same way in reverse. Parameters are named by global expert
-// index (<prefix>.router.weight, <prefix>.experts.<e>.fc1.weight, <prefix>.experts.<e>.fc2.weight), so a later
+// moe_mlp.h: a mixture-of-experts MLP (model.moe), built from the op layer's MoE ops: the router (fp32 logits of a
+// bias-free linear C -> E, then moe_router_forward: top_k experts and their weights), the token dispatch
+// (moe_dispatch_index, moe_permute: each expert's tokens a contiguous row slice), each expert's MLP as GEMMs on its
+// slice (the architecture's own: GELU for gpt, SwiGLU for llama; no biases), and the weighted sum back per token
+// (moe_unpermute); backward the same way in reverse. Parameters are named by global expert index
+// (<prefix>.router.weight, <prefix>.experts.<e>.fc1.weight, <prefix>.experts.<e>.fc2.weight), so an
 // expert-parallel layout holds a subset of the same names. With model.moe.shared_expert_ffn_hidden_size, a shared
 // expert (DeepSeek's, ungated: <prefix>.shared_expert.fc1/fc2.weight) that every token passes adds its output.
 //
-// Not yet here (issue 25): the auxiliary and z losses and the expert bias update, capacity (dropping), tensor and
-// expert parallelism; the class refuses configs that need them.
+// Load balancing (Megatron-Core's forms, per microbatch of N tokens): the auxiliary loss (Switch / GShard)
+// aux_loss_coeff * E / (k N^2) * sum_e P_e T_e, with P_e the sum over tokens of expert e's score (softmax; sigmoid:
+// each row's scores over their sum) and T_e the tokens routed to e, and the router z-loss z_loss_coeff * mean over
+// tokens of logsumexp(logits)^2; both join the objective as the microbatch's language-model loss does (their
+// gradients scaled by the same d(objective)/d(loss)) but not the reported loss. DeepSeek-V3's aux-loss-free
+// balancing adds a per-expert bias to the scores for the choice only; the trainer moves it after each step
+// (update_expert_bias).
+//
+// Tensor parallelism (parallel.expert_tensor = parallel.tensor, Megatron's default, without expert parallelism):
+// every TP rank routes all N tokens of the microbatch (gathered from sequence shards with sequence parallelism)
+// with the replicated router, and holds a slice of every expert's and the shared expert's MLP (fc1's rows, fc2's
+// columns, as the dense column- and row-parallel linears); the weighted partial outputs are summed over the group
+// (reduce-scattered to sequence shards with SP) as a row-parallel output is. The router's gradient is the same on
+// every TP rank (a replica); its input gradient joins the sum once (on TP rank 0).
+//
+// Not yet here (issue 25): capacity (dropping) and expert parallelism; the class refuses configs that need them.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "core/config/config.h"
+#include "core/tensor/ops.h"
 #include "core/tensor/parameter.h"
 #include "core/tensor/tensor.h"
+#include "parallel/tensor_parallel.h"
 
 namespace mt {
+
+// One MoE layer's routing over the training forwards since it was last taken (MoeMlp::take_load).
+struct MoeLoad {
+  std::vector<int64_t> tokens;  // (E) choices per expert: each token counts once for each of its top_k experts
+  double aux = 0;               // sum over microbatches of the auxiliary loss without its coefficient (1: balanced)
+  double z = 0;                 // sum over microbatches of the z-loss without its coefficient
+  int64_t microbatches = 0;
+};
+
+// What one microbatch's pass needs besides its rows.
+struct MoeStep {
+  int64_t samples = 1;  // B: the rows are B samples' (sequence shards of each with sequence parallelism)
+  bool record = false;  // forward: count this routing in the load (training's forward, not a recomputation)
+  float dloss = 1.f;    // backward: d(objective)/d(the microbatch's loss); the aux and z losses join with it
+};
 
 class MoeMlp {
  public:
   // cfg.moe.enabled(); `prefix` e.g. "layers.3.mlp"; values in `dtype`, initialised from `seed` (fc2 with
-  // `output_init_std`, Megatron's scaled init of output projections, the others with cfg.init_std).
+  // `output_init_std`, Megatron's scaled init of output projections, the others with cfg.init_std); `tp` the
+  // tensor-parallel group the experts are split over (their slices hold exactly the whole tensors' values).
   MoeMlp(const ModelConfig& cfg, const std::string& prefix, DType dtype, float output_init_std, uint64_t seed,
-         Device device = Device::cpu);
+         Device device = Device::cpu, TensorParallel tp = {});
 
   // What forward keeps for backward.
   struct Saved {
-    Tensor x;                       // (N, C) the input
+    Tensor x;                       // (N, C) the input, all N tokens (gathered with sequence parallelism)
+    Tensor logits;                  // (N, E) f32, kept for the aux and z losses' gradients (else undefined)
     Tensor scores, experts, probs;  // (N, E) f32, (N, k) i32, (N, k) f32
     Tensor row_of;                  // (N, k) i32
     std::vector<int64_t> counts;    // (E) choices per expert, on the host
-    Tensor xp, h, act, y;           // (N*k, C), (N*k, F or 2F), (N*k, F), (N*k, C): the permuted rows
-    Tensor shared_h, shared_act;    // the shared expert's (N, Fs or 2Fs) and (N, Fs); undefined without one
+    Tensor xp, h, act, y;           // (N*k, C), (N*k, F1/t), (N*k, F/t), (N*k, C): the permuted rows; y partial
+    Tensor shared_h, shared_act;    // the shared expert's (N, Fs1/t) and (N, Fs/t); undefined without one
   };
-  // x (N, C) -> (N, C).
-  Tensor forward(const Tensor& x, Saved& s) const;
-  // dout (N, C) -> dx (N, C); accumulates every parameter's gradient.
-  Tensor backward(const Tensor& dout, const Saved& s);
+  // x (Ns, C) -> (Ns, C): Ns = N rows, or this rank's sequence shard with sequence parallelism.
+  Tensor forward(const Tensor& x, Saved& s, const MoeStep& step = {});
+  // dout (Ns, C) -> dx (Ns, C); accumulates every parameter's gradient (with the aux and z losses' share).
+  Tensor backward(const Tensor& dout, const Saved& s, const MoeStep& step = {});
 
   // The router's weight, fc1 and fc2 of each expert in expert order, then the shared expert's fc1 and fc2.
   std::vector<Parameter*> parameters();
@@ -49,15 +82,33 @@ class MoeMlp {
   bool has_shared_expert() const { return shared_fc1_.value.defined(); }
   Parameter& shared_fc1() { return shared_fc1_; }
   Parameter& shared_fc2() { return shared_fc2_; }
+  const std::string& prefix() const { return prefix_; }
+
+  // The routing recorded since the last call (then cleared).
+  MoeLoad take_load();
+  // DeepSeek-V3's aux-loss-free balancing (model.moe.bias_update_rate > 0): bias_e += rate * sign(mean - T_e)
+  // with T_e the tokens routed to expert e over a whole step (every microbatch of every data-parallel rank).
+  bool has_expert_bias() const { return expert_bias_.defined(); }
+  void update_expert_bias(const std::vector<int64_t>& tokens);
+  std::vector<float> expert_bias() const;  // (E) on the host; empty without one
+  void set_expert_bias(const std::vector<float>& bias);
 
  private:
+  MoeRouterOptions router_options() const;
+  // Adds a training forward's routing (and its aux and z losses, where configured) to load_.
+  void record_load(const Tensor& logits, const Saved& s);
+
   ModelConfig cfg_;
+  std::string prefix_;
   DType dtype_;
   Device device_;
-  Parameter router_;                   // (E, C)
-  std::vector<Parameter> fc1_;         // per expert (F, C), or (2F, C) gate and up interleaved for llama
-  std::vector<Parameter> fc2_;         // per expert (C, F)
-  Parameter shared_fc1_, shared_fc2_;  // (Fs or 2Fs, C), (C, Fs); undefined without a shared expert
+  TensorParallel tp_;
+  Parameter router_;                   // (E, C), replicated over TP
+  std::vector<Parameter> fc1_;         // per expert (F1/t, C): F1 = F, or 2F gate and up interleaved for llama
+  std::vector<Parameter> fc2_;         // per expert (C, F/t)
+  Parameter shared_fc1_, shared_fc2_;  // (Fs1/t, C), (C, Fs/t); undefined without a shared expert
+  Tensor expert_bias_;                 // (E) f32 on the device; undefined without the bias update
+  MoeLoad load_;
 };
 
 }  // namespace mt

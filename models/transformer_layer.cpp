@@ -35,8 +35,12 @@ TransformerLayer::TransformerLayer(int64_t index, const ModelConfig& cfg, DType 
   proj_ = RowParallelLinear(linear("attn.proj", H * D, C, out_std), tp);
   ln2_ = Norm(name("ln2"), C, norm, cfg.layernorm_eps, dtype, seed);
   // SwiGLU's gate and up projections are one GEMM, their rows interleaved so every row block holds whole pairs.
-  fc1_ = ColumnParallelLinear(linear("mlp.fc1", C, llama ? 2 * F : F, std), tp);
-  fc2_ = RowParallelLinear(linear("mlp.fc2", F, C, out_std), tp);
+  if (cfg.moe.is_moe_layer(index)) {
+    moe_ = std::make_unique<MoeMlp>(cfg, name("mlp"), dtype, out_std, seed, device, tp);
+  } else {
+    fc1_ = ColumnParallelLinear(linear("mlp.fc1", C, llama ? 2 * F : F, std), tp);
+    fc2_ = RowParallelLinear(linear("mlp.fc2", F, C, out_std), tp);
+  }
   if (tp.sequence_parallel) {
     ln1_.mark_sequence_parallel();
     ln2_.mark_sequence_parallel();
@@ -53,8 +57,12 @@ std::vector<Parameter*> TransformerLayer::parameters() {
   append(qkv_.parameters());
   append(proj_.parameters());
   append(ln2_.parameters());
-  append(fc1_.parameters());
-  append(fc2_.parameters());
+  if (moe_) {
+    append(moe_->parameters());
+  } else {
+    append(fc1_.parameters());
+    append(fc2_.parameters());
+  }
   return ps;
 }
 
@@ -80,7 +88,7 @@ DropoutOptions TransformerLayer::residual_dropout(const StepContext& ctx, uint64
           .row_offset = tp_.shard_offset(T)};
 }
 
-Tensor TransformerLayer::run(Activations& a, bool keep) {
+Tensor TransformerLayer::run(Activations& a, bool keep, bool record) {
   const Tensor& x = a.x;  // (B, T, C), or (B, T/tp, C) with sequence parallelism
   const int64_t B = x.dim(0), Ts = x.dim(1), T = tp_.sequence_sharded() ? Ts * tp_.size : Ts, C = cfg_.hidden_size,
                 H = heads_, G = groups_, D = cfg_.head_dim, N = B * T, Ns = B * Ts;
@@ -99,14 +107,17 @@ Tensor TransformerLayer::run(Activations& a, bool keep) {
 
   // MLP block: out = x2 + dropout(fc2(act(fc1(norm2(x2))))), act GELU (on fc1's epilogue) or SwiGLU
   ln2_.forward(a.x2.view({Ns, C}), a.n2);
-  if (llama) {
+  Tensor mlp;  // (Ns, C)
+  if (moe_) {
+    mlp = moe_->forward(a.n2.out, a.moe, {.samples = B, .record = record});
+  } else if (llama) {
     a.fc1 = fc1_.forward(a.n2.out, B);  // (N, 2F/tp)
     a.act = Tensor::empty({N, a.fc1.dim(1) / 2}, dtype_, device_);
     swiglu_forward(a.fc1, a.act);
   } else {
     a.act = fc1_.forward(a.n2.out, B, &a.fc1);  // (N, F/tp), the pre-activation kept in a.fc1
   }
-  const Tensor mlp = fc2_.forward(a.act, B);  // (Ns, C)
+  if (!moe_) mlp = fc2_.forward(a.act, B);
   Tensor out = Tensor::empty({B, Ts, C}, dtype_, device_);
   dropout_add(mlp.view({B, Ts, C}), a.x2, out, residual_dropout(a.ctx, site_mlp_out_, T));
   if (!keep) {
@@ -121,7 +132,7 @@ Tensor TransformerLayer::forward(const Tensor& x, int mb, const StepContext& ctx
   Activations a;
   a.ctx = ctx;
   a.x = x;
-  Tensor out = run(a, ctx.training && !recompute_);
+  Tensor out = run(a, ctx.training && !recompute_, ctx.training);
   if (ctx.training) {
     a.ctx = ctx;
     saved_[mb] = std::move(a);
@@ -129,7 +140,7 @@ Tensor TransformerLayer::forward(const Tensor& x, int mb, const StepContext& ctx
   return out;
 }
 
-Tensor TransformerLayer::backward(const Tensor& dout, int mb) {
+Tensor TransformerLayer::backward(const Tensor& dout, int mb, float dloss) {
   auto it = saved_.find(mb);
   if (it == saved_.end())
     throw std::logic_error(fmt::format("layer {}: backward of microbatch {} without forward", index_, mb));
@@ -137,7 +148,7 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb) {
   saved_.erase(it);
   if (recompute_) {
     StepContext ctx = a.ctx;
-    run(a, true);  // the same inputs and dropout keys give the same activations
+    run(a, true, false);  // the same inputs and dropout keys give the same activations
     a.ctx = ctx;
   }
   const int64_t B = a.x.dim(0), Ts = a.x.dim(1), T = tp_.sequence_sharded() ? Ts * tp_.size : Ts, C = cfg_.hidden_size,
@@ -149,7 +160,9 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb) {
   Tensor dmlp_btc = dmlp.view({B, Ts, C});
   dropout_backward(dout, dmlp_btc, residual_dropout(a.ctx, site_mlp_out_, T));
   Tensor dln2;  // (Ns, C)
-  if (llama) {
+  if (moe_) {
+    dln2 = moe_->backward(dmlp, a.moe, {.samples = B, .dloss = dloss});
+  } else if (llama) {
     const Tensor dact = fc2_.backward(dmlp, a.act, B);  // (N, F/tp)
     Tensor dfc1 = Tensor::empty(a.fc1.shape(), dtype_, device_);
     swiglu_backward(a.fc1, dact, dfc1);

@@ -6,6 +6,7 @@
 //           attention -> proj (row-parallel) -> dropout + x = x2
 //           x2 -> RMSNorm -> fc1 (column-parallel: gate and up interleaved) -> SwiGLU -> fc2 (row-parallel)
 //           -> dropout + x2 = out
+// A mixture-of-experts layer (model.moe.is_moe_layer) has a MoeMlp (models/moe_mlp.h) in place of fc1 and fc2.
 // The tensor-parallel linears (parallel/parallel_linear.h) own their weights, biases and communication:
 // QKV holds this rank's query groups (its query heads and their key / value heads) and fc1 its ffn units,
 // proj and fc2 sum their partial outputs over the group before their bias; norms are replicated. With sequence
@@ -17,11 +18,13 @@
 // residual add is one dropout_add. On the CPU all of it computes exactly what the separate ops computed.
 #pragma once
 #include <map>
+#include <memory>
 #include <vector>
 
 #include "core/config/config.h"
 #include "core/tensor/parameter.h"
 #include "core/tensor/tensor.h"
+#include "models/moe_mlp.h"
 #include "models/norm.h"
 #include "parallel/parallel_linear.h"
 #include "parallel/tensor_parallel.h"
@@ -45,20 +48,24 @@ class TransformerLayer {
   // (only x itself when recomputing).
   Tensor forward(const Tensor& x, int mb, const StepContext& ctx);
   // dout (B, T, C) -> dx (B, T, C); accumulates parameter gradients and drops microbatch `mb`'s activations.
-  Tensor backward(const Tensor& dout, int mb);
+  // dloss: d(objective)/d(the microbatch's loss), which a MoE layer's auxiliary losses join.
+  Tensor backward(const Tensor& dout, int mb, float dloss = 1.f);
 
   std::vector<Parameter*> parameters();
   // The layer's parameters by role, for code that computes with them itself (generation's KV-cache decoder).
-  // Biases are null for Llama. Weights are this rank's slices (whole with tensor-parallel size 1).
+  // Biases are null for Llama, fc1 and fc2 for a MoE layer. Weights are this rank's slices (whole with
+  // tensor-parallel size 1).
   struct Roles {
     const Norm *ln1, *ln2;
     const Parameter *qkv_w, *qkv_b, *proj_w, *proj_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
   };
   Roles roles() const {
+    if (moe_) return {&ln1_, &ln2_, &qkv_.weight(), qkv_.bias(), &proj_.weight(), proj_.bias(), {}, {}, {}, {}};
     return {&ln1_,        &ln2_,          &qkv_.weight(), qkv_.bias(),    &proj_.weight(),
             proj_.bias(), &fc1_.weight(), fc1_.bias(),    &fc2_.weight(), fc2_.bias()};
   }
   int64_t index() const { return index_; }
+  MoeMlp* moe() { return moe_.get(); }  // null for a dense layer
 
  private:
   struct Activations {
@@ -69,11 +76,13 @@ class TransformerLayer {
     Tensor att, att_lse;  // (B, T, H/tp * D), (B, H/tp, T)
     Tensor x2;            // (B, T, C) residual after attention
     Norm::Saved n2;
-    Tensor fc1;  // GPT: (B*T, F/tp) pre-activation (the GELU epilogue's aux); Llama: (B*T, 2F/tp) gate and up
-    Tensor act;  // (B*T, F/tp) GELU or SwiGLU output, fc2's input
+    Tensor fc1;         // GPT: (B*T, F/tp) pre-activation (the GELU epilogue's aux); Llama: (B*T, 2F/tp) gate and up
+    Tensor act;         // (B*T, F/tp) GELU or SwiGLU output, fc2's input
+    MoeMlp::Saved moe;  // a MoE layer's in place of fc1 and act
   };
-  // Runs the block on a.x, filling the activations; returns the output.
-  Tensor run(Activations& a, bool keep);
+  // Runs the block on a.x, filling the activations; returns the output. `record`: a MoE layer counts its routing
+  // (training's forward, not the recomputation in backward).
+  Tensor run(Activations& a, bool keep, bool record);
   // The attention's options, and the dropout before a residual add (masks keyed by global coordinates,
   // T the full sequence length): none outside training.
   AttentionOptions attention_options(const StepContext& ctx) const;
@@ -89,12 +98,13 @@ class TransformerLayer {
   int64_t heads_;   // this rank's query heads
   int64_t groups_;  // this rank's query groups (key / value heads)
   uint64_t site_attn_probs_, site_attn_out_, site_mlp_out_;
-  Norm ln1_;                  // (C)
-  ColumnParallelLinear qkv_;  // C -> (H + 2G) D: weight ((H + 2G) D / tp, C), rows per group [R q | k | v]
-  RowParallelLinear proj_;    // H D -> C: weight (C, H D / tp), the input columns of this rank's heads
-  Norm ln2_;                  // (C)
-  ColumnParallelLinear fc1_;  // GPT: C -> F, GELU on its epilogue; Llama: C -> 2F, rows (2f, 2f+1) = (gate, up)
-  RowParallelLinear fc2_;     // F -> C: weight (C, F/tp)
+  Norm ln1_;                     // (C)
+  ColumnParallelLinear qkv_;     // C -> (H + 2G) D: weight ((H + 2G) D / tp, C), rows per group [R q | k | v]
+  RowParallelLinear proj_;       // H D -> C: weight (C, H D / tp), the input columns of this rank's heads
+  Norm ln2_;                     // (C)
+  ColumnParallelLinear fc1_;     // GPT: C -> F, GELU on its epilogue; Llama: C -> 2F, rows (2f, 2f+1) = (gate, up)
+  RowParallelLinear fc2_;        // F -> C: weight (C, F/tp)
+  std::unique_ptr<MoeMlp> moe_;  // in place of fc1 and fc2 in a MoE layer
   std::map<int, Activations> saved_;
 };
 

@@ -122,6 +122,24 @@ std::vector<std::string> model_shape_differences(const std::string& stored_yaml,
     const std::string old_v = a.IsScalar() ? a.Scalar() : "(missing)", new_v = b.IsScalar() ? b.Scalar() : "(missing)";
     if (old_v != new_v) out.push_back(fmt::format("model.{}: {} -> {}", key, old_v, new_v));
   }
+  // The mixture-of-experts keys that fix which tensors exist and their shapes (absent: a dense model, as every
+  // checkpoint saved before MoE). Sequences (layer_pattern) compare by their flow-style text.
+  const YAML::Node stored_moe = stored["moe"], run_moe = run["moe"];
+  auto text = [](const YAML::Node& moe, const char* key, const char* dense) -> std::string {
+    if (!moe.IsMap() || !moe["num_experts"] || moe["num_experts"].Scalar() == "0") return dense;
+    const YAML::Node v = moe[key];
+    if (!v.IsDefined()) return "(missing)";
+    if (v.IsScalar()) return v.Scalar();
+    YAML::Emitter e;
+    e << YAML::Flow << v;
+    return e.c_str();
+  };
+  for (const char* key :
+       {"num_experts", "layer_freq", "layer_pattern", "ffn_hidden_size", "shared_expert_ffn_hidden_size"}) {
+    const std::string dense = std::string_view(key) == "num_experts" ? "0" : "(dense)";
+    const std::string old_v = text(stored_moe, key, dense.c_str()), new_v = text(run_moe, key, dense.c_str());
+    if (old_v != new_v) out.push_back(fmt::format("model.moe.{}: {} -> {}", key, old_v, new_v));
+  }
   return out;
 }
 

@@ -17,6 +17,10 @@ namespace mt::app {
 std::vector<TensorSlice> optimizer_tensors(const std::vector<OptimizerSlot>& slots,
                                            const std::function<bool(const Parameter&)>& keep = {});
 
+// The checkpoint tensor of a MoE layer's expert bias (model.moe.bias_update_rate): "state.expert_bias.<prefix>",
+// (E) f32, prefix the layer's ("layers.3.mlp"); not a parameter (no gradient, no optimizer state).
+inline std::string expert_bias_tensor(const std::string& layer_prefix) { return "state.expert_bias." + layer_prefix; }
+
 // What a partial load (checkpoint.allow_partial_load) took from the checkpoint and what it left at its
 // initial value, one "tensor (reason)" each.
 struct PartialLoad {

@@ -83,16 +83,34 @@ std::string grad_norm_text(const IntervalReport& r) {
   return fmt::format("{:.4f}", r.grad_norm);
 }
 
+// The MoE part of a line: " | moe aux 1.012 z 3.21 | load max/mean 1.18 cv 0.07" (the worst layer's); empty for
+// a dense model.
+std::string moe_text(const MoeIntervalReport& m) {
+  if (!m.enabled || m.layers.empty()) return "";
+  std::string s = " | moe";
+  if (m.has_aux) s += fmt::format(" aux {:.4f}", m.aux_loss);
+  if (m.has_z) s += fmt::format(" z {:.4f}", m.z_loss);
+  double worst = 0, cv = 0;
+  for (const MoeLayerLoad& l : m.layers) {
+    if (l.mean > 0) worst = std::max(worst, static_cast<double>(l.max) / l.mean);
+    cv = std::max(cv, l.cv);
+  }
+  s += fmt::format(" load max/mean {:.2f} cv {:.3f}", worst, cv);
+  if (m.dropped_tokens > 0) s += fmt::format(" dropped {}", m.dropped_tokens);
+  return s;
+}
+
 std::string verbose_line(const IntervalReport& r) {
   const std::string mfu_text = r.peak_tflops > 0 ? fmt::format("{:5.1f}%", 100.0 * r.tflops_per_gpu / r.peak_tflops)
                                                  : fmt::format("n/a ({})", device_name(r.device));
   return fmt::format(
-      " iteration {:>7}/{:<7} | consumed samples {:>9} | ms/iter {:8.1f} | tokens/s {:9.0f} | "
-      "TFLOP/s/GPU {:7.3f} | MFU {} | lr {:.3e} | loss {:.6e} | loss scale {} | grad norm {} | "
-      "skipped {} | nan {} | elapsed {} | ETA {}",
-      r.iteration, r.train_iters, r.consumed_samples, r.ms_per_iter, r.tokens_per_s, r.tflops_per_gpu, mfu_text, r.lr,
-      r.loss, r.loss_scale, grad_norm_text(r), r.skipped_iters, r.nan_iters, format_duration(r.elapsed_s),
-      format_duration(r.eta_s));
+             " iteration {:>7}/{:<7} | consumed samples {:>9} | ms/iter {:8.1f} | tokens/s {:9.0f} | "
+             "TFLOP/s/GPU {:7.3f} | MFU {} | lr {:.3e} | loss {:.6e} | loss scale {} | grad norm {} | "
+             "skipped {} | nan {} | elapsed {} | ETA {}",
+             r.iteration, r.train_iters, r.consumed_samples, r.ms_per_iter, r.tokens_per_s, r.tflops_per_gpu, mfu_text,
+             r.lr, r.loss, r.loss_scale, grad_norm_text(r), r.skipped_iters, r.nan_iters, format_duration(r.elapsed_s),
+             format_duration(r.eta_s)) +
+         moe_text(r.moe);
 }
 
 // About 120 characters: what a person watching a run looks at; the rest only when it says something.
@@ -109,7 +127,7 @@ std::string short_line(const IntervalReport& r) {
   if (r.peak_tflops > 0) s += fmt::format(", MFU {:.1f}%", 100.0 * r.tflops_per_gpu / r.peak_tflops);
   if (r.skipped_iters > 0) s += fmt::format(" | skipped {}", r.skipped_iters);
   if (r.nan_iters > 0) s += fmt::format(" | nan {}", r.nan_iters);
-  return s;
+  return s + moe_text(r.moe);
 }
 
 }  // namespace
@@ -148,6 +166,15 @@ void report_interval(const IntervalReport& r, MetricsFile& metrics) {
   j["attention_cudnn_calls"] = r.attention.cudnn;
   j["attention_kernel_calls"] = r.attention.kernel;
   j["attention_cpu_calls"] = r.attention.cpu;
+  if (r.moe.enabled) {
+    if (r.moe.has_aux) j["moe_aux_loss"] = r.moe.aux_loss;
+    if (r.moe.has_z) j["moe_z_loss"] = r.moe.z_loss;
+    j["moe_dropped_tokens"] = r.moe.dropped_tokens;
+    nlohmann::ordered_json layers = nlohmann::ordered_json::array();
+    for (const MoeLayerLoad& l : r.moe.layers)
+      layers.push_back({{"layer", l.layer}, {"min", l.min}, {"max", l.max}, {"mean", l.mean}, {"cv", l.cv}});
+    j["moe_load"] = layers;
+  }
   metrics.write(j);
   metrics.tensorboard([&](TensorBoardWriter& tb) {
     // Megatron's tags where it has them; the loss also against samples and tokens (curves of runs with other
@@ -172,6 +199,17 @@ void report_interval(const IntervalReport& r, MetricsFile& metrics) {
       tb.scalar(fmt::format("memory/peak-{}-MiB", mem_kind_name(static_cast<MemKind>(k))), it,
                 value(m.peak[k] / 1048576.0));
     tb.scalar("memory/peak-total-MiB", it, value(m.peak_total / 1048576.0));
+    if (r.moe.enabled) {
+      if (r.moe.has_aux) tb.scalar("moe/load-balancing-loss", it, value(r.moe.aux_loss));
+      if (r.moe.has_z) tb.scalar("moe/z-loss", it, value(r.moe.z_loss));
+      tb.scalar("moe/dropped-tokens", it, value(static_cast<double>(r.moe.dropped_tokens)));
+      for (const MoeLayerLoad& l : r.moe.layers) {
+        tb.scalar(fmt::format("moe/layer-{}-load-cv", l.layer), it, value(l.cv));
+        if (l.mean > 0)
+          tb.scalar(fmt::format("moe/layer-{}-load-max-over-mean", l.layer), it,
+                    value(static_cast<double>(l.max) / l.mean));
+      }
+    }
     tb.flush();
   });
 }

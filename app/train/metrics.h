@@ -46,6 +46,23 @@ class MetricsFile {
 // "parameter 1.00 | gradient 1.00 | ... | total 4.00": the device's peak bytes per kind, in MiB.
 std::string memory_summary(Device device);
 
+// One MoE layer's tokens per expert over a logging interval (every microbatch of every data-parallel rank).
+struct MoeLayerLoad {
+  int64_t layer = 0;  // the layer's global index
+  int64_t min = 0, max = 0;
+  double mean = 0;
+  double cv = 0;  // coefficient of variation: standard deviation over mean (0: perfectly even)
+};
+// The mixture-of-experts figures of a logging interval (model.moe; enabled false for a dense model).
+struct MoeIntervalReport {
+  bool enabled = false;
+  bool has_aux = false, has_z = false;  // the losses are configured (their coefficients > 0)
+  double aux_loss = 0;                  // mean over MoE layers and microbatches, without the coefficient (1: even)
+  double z_loss = 0;                    // the same for the router z-loss
+  int64_t dropped_tokens = 0;           // choices dropped for capacity (0: dropless)
+  std::vector<MoeLayerLoad> layers;
+};
+
 // The figures of one logging interval (means over its iterations where they vary).
 struct IntervalReport {
   int64_t iteration = 0, train_iters = 0;
@@ -65,6 +82,7 @@ struct IntervalReport {
   bool verbose_line = false;                 // logging.verbose_line: Megatron's long line
   std::vector<int64_t> peak_bytes_per_rank;  // by global rank, on the reports that gathered them; else empty
   AttentionCalls attention;                  // this rank's attention calls by implementation since the start
+  MoeIntervalReport moe;
 };
 // "cuDNN fused 96, megatrain kernel 0": the attention calls of an interval by the implementation that ran them
 // (only the kinds that ran, or "none").

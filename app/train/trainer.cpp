@@ -23,6 +23,7 @@ namespace mt::app {
 Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
     : cfg_(cfg), opt_(opt), dist_(dist), dtype_(dtype_of(cfg.training.precision)), device_(dist.placement.device),
       data_(open_data_sources(cfg)), chunks_(build_chunks(cfg, dist, dtype_)), params_(all_parameters(chunks_)),
+      moe_(cfg.model, chunks_, dist),
       adam_config_(AdamWConfig{
           .beta1 = cfg.optimizer.betas.at(0),
           .beta2 = cfg.optimizer.betas.at(1),
@@ -100,6 +101,7 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
   result = optimizer_->step(lr_used, scaler_.scale(), check_or_null);
   scaler_.update(result.found_inf);
   if (result.found_inf || result.vetoed) ++c_.skipped_iters;
+  moe_.after_step(!result.found_inf && !result.vetoed);  // the expert biases move with an applied step only
 }
 
 bool Trainer::spike_check(double local_sum, int64_t iteration) {

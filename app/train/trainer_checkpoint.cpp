@@ -62,6 +62,20 @@ void Trainer::maybe_resume() {
     spdlog::warn("partial load: {} tensors left at their initial values: {}", partial->skipped.size(),
                  fmt::join(partial->skipped, ", "));
   }
+  for (auto& [prefix, bias] : moe_.expert_biases()) {  // a checkpoint without them (bias updates off then) starts at 0
+    const std::string name = expert_bias_tensor(prefix);
+    if (!reader.has(name)) {
+      spdlog::warn("{}: holds no {} (saved without model.moe.bias_update_rate): the expert biases start at zero", *dir,
+                   name);
+      continue;
+    }
+    if (reader.info(name).global_shape != Shape{static_cast<int64_t>(bias.size())})
+      throw CheckpointError(fmt::format("{}: {} holds {} values, this model has {} experts", *dir, name,
+                                        reader.info(name).global_shape.at(0), bias.size()));
+    Tensor t = Tensor::empty({static_cast<int64_t>(bias.size())}, DType::f32);
+    reader.read(name, t);
+    moe_.set_expert_bias(prefix, t.to_floats());
+  }
   c_.iteration = rs.iteration;
   c_.consumed_samples = rs.consumed_samples;
   c_.skipped_iters = rs.skipped_iters;
@@ -116,10 +130,14 @@ bool Trainer::save() {
     const bool tp_first = dist_.tp_rank() == 0;
     try {
       Progress saving = checkpoint_progress("checkpoint save");
-      write_rank_files(
-          tmp, dist_.tp_rank() + dist_.tp_size() * dist_.pp_rank(),
-          optimizer_tensors(slots, [&](const Parameter& p) { return !p.tied_copy && (p.tensor_parallel || tp_first); }),
-          saving.hook("tensors"));
+      std::vector<TensorSlice> tensors =
+          optimizer_tensors(slots, [&](const Parameter& p) { return !p.tied_copy && (p.tensor_parallel || tp_first); });
+      if (tp_first)  // the MoE layers' expert biases, replicated over TP (the same on every rank of the stage)
+        for (auto& [prefix, bias] : moe_.expert_biases())
+          tensors.push_back({.name = expert_bias_tensor(prefix),
+                             .global_shape = {static_cast<int64_t>(bias.size())},
+                             .data = Tensor::from_floats(bias, {static_cast<int64_t>(bias.size())})});
+      write_rank_files(tmp, dist_.tp_rank() + dist_.tp_size() * dist_.pp_rank(), tensors, saving.hook("tensors"));
       saving.finish();
     } catch (...) {
       abort_checkpoint(tmp);  // a failed save leaves no temporary directory behind

@@ -12,6 +12,7 @@
 #include "app/runtime/distributed.h"
 #include "app/train/metrics.h"
 #include "app/train/model_chunks.h"
+#include "app/train/moe_monitor.h"
 #include "app/train/train_state.h"
 #include "app/train/trainer.h"
 #include "core/io/progress.h"
@@ -144,6 +145,7 @@ class Trainer {
   DataSources data_;
   std::vector<std::unique_ptr<GptModel>> chunks_;  // this rank's model chunks (one without pipelining)
   std::vector<Parameter*> params_;                 // all of their parameters
+  MoeMonitor moe_;                                 // their mixture-of-experts layers' routing and expert biases
   AdamWConfig adam_config_;
   std::unique_ptr<GradBuffer> grads_;  // the storage of every Parameter::grad, reduced in buckets
   // AdamW (replicated state) or the distributed optimizer (state sharded over the data-parallel group, ZeRO-1).

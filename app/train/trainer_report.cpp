@@ -41,6 +41,19 @@ void Trainer::log_run() {
   spdlog::info("model: {} {} parameters ({}{}) ({} layers, hidden {}, {}, ffn {}, vocabulary {} padded to {}), {}",
                name_of(m.arch), total, human_count(total), share, m.num_layers, m.hidden_size, heads, m.ffn_hidden_size,
                m.vocab_size, m.padded_vocab_size, name_of(cfg_.training.precision));
+  if (m.moe.enabled()) {
+    // The experts a token does not visit: (E - top_k) experts' fc1 and fc2 in every MoE layer.
+    int64_t moe_layers = 0;
+    for (int64_t l = 0; l < m.num_layers; ++l) moe_layers += m.moe.is_moe_layer(l) ? 1 : 0;
+    const int64_t F = m.moe.ffn_hidden_size, F1 = m.arch == Arch::llama ? 2 * F : F;
+    const int64_t idle = moe_layers * (m.moe.num_experts - m.moe.top_k) * (F1 + F) * m.hidden_size;
+    spdlog::info("mixture of experts: {} of {} layers, {} experts (top {}{}{}), {} active parameters per token ({})",
+                 moe_layers, m.num_layers, m.moe.num_experts, m.moe.top_k,
+                 m.moe.shared_expert_ffn_hidden_size > 0
+                     ? fmt::format(", a shared expert of width {}", m.moe.shared_expert_ffn_hidden_size)
+                     : std::string(),
+                 fmt::format(", {} router", name_of(m.moe.score_function)), total - idle, human_count(total - idle));
+  }
 }
 
 void Trainer::write_op_profile(const op_profile::Report& r, int64_t iteration) {
@@ -74,30 +87,32 @@ void Trainer::report(const StepResult& r, float lr, double mean_ms, int64_t inte
       dist_.env.world_size > 1 && reports_ % 10 == 0 ? gather_peak_memory() : std::vector<int64_t>();
   const AttentionCalls attention = attention_calls();
   report_interval(
-      IntervalReport{.iteration = c_.iteration,
-                     .train_iters = cfg_.training.train_iters,
-                     .consumed_samples = c_.consumed_samples,
-                     .consumed_tokens = c_.consumed_samples * S,
-                     .ms_per_iter = mean_ms,
-                     .tokens_per_s = static_cast<double>(G * S) / (mean_ms / 1000.0),
-                     // Model FLOP/s per rank (per GPU); MFU against the device's dense bf16 peak where known.
-                     .tflops_per_gpu = flops_per_iter / (mean_ms / 1000.0) / 1e12 / dist_.env.world_size,
-                     .peak_tflops = dist_.placement.peak_tflops,
-                     .lr = lr,
-                     .loss = interval_loss_ / interval_iters,
-                     .loss_scale = scaler_.scale(),
-                     .grad_norm = r.grad_norm,
-                     .skipped_iters = c_.skipped_iters,
-                     .nan_iters = c_.nan_iters,
-                     .peak_bytes = allocator_for(device_).stats().peak_total,
-                     .device = device_,
-                     .elapsed_s = std::chrono::duration<double>(now - started_).count(),
-                     .eta_s = eta_seconds(c_.iteration, cfg_.training.train_iters, wall_per_iter),
-                     .fp16 = scaler_.dynamic(),
-                     .last_overflow = r.found_inf,
-                     .verbose_line = cfg_.logging.verbose_line,
-                     .peak_bytes_per_rank = peaks,
-                     .attention = attention},
+      IntervalReport{
+          .iteration = c_.iteration,
+          .train_iters = cfg_.training.train_iters,
+          .consumed_samples = c_.consumed_samples,
+          .consumed_tokens = c_.consumed_samples * S,
+          .ms_per_iter = mean_ms,
+          .tokens_per_s = static_cast<double>(G * S) / (mean_ms / 1000.0),
+          // Model FLOP/s per rank (per GPU); MFU against the device's dense bf16 peak where known.
+          .tflops_per_gpu = flops_per_iter / (mean_ms / 1000.0) / 1e12 / dist_.env.world_size,
+          .peak_tflops = dist_.placement.peak_tflops,
+          .lr = lr,
+          .loss = interval_loss_ / interval_iters,
+          .loss_scale = scaler_.scale(),
+          .grad_norm = r.grad_norm,
+          .skipped_iters = c_.skipped_iters,
+          .nan_iters = c_.nan_iters,
+          .peak_bytes = allocator_for(device_).stats().peak_total,
+          .device = device_,
+          .elapsed_s = std::chrono::duration<double>(now - started_).count(),
+          .eta_s = eta_seconds(c_.iteration, cfg_.training.train_iters, wall_per_iter),
+          .fp16 = scaler_.dynamic(),
+          .last_overflow = r.found_inf,
+          .verbose_line = cfg_.logging.verbose_line,
+          .peak_bytes_per_rank = peaks,
+          .attention = attention,
+          .moe = moe_.report([this](std::vector<double> v) { return sum_over_stages_and_replicas(std::move(v)); })},
       metrics_);
   log_attention_calls(attention);
   if (reports_ == 0) spdlog::info("peak memory (MiB): {}", memory_summary(device_));

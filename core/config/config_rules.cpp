@@ -251,7 +251,8 @@ void resolve_moe(Config& c, const Rules& r) {
                                                  "MoE, from layer 0)",
                                                  e.layer_freq, m.num_layers));
   } else {
-    if (r.given("model.moe.layer_freq"))
+    // (layer_freq 1 beside a pattern is what a written config holds: the default, which the pattern overrides.)
+    if (r.given("model.moe.layer_freq") && e.layer_freq != 1)
       r.fail("model.moe.layer_pattern", "and model.moe.layer_freq are both set: give one of them");
     if (static_cast<int64_t>(e.layer_pattern.size()) != m.num_layers)
       r.fail("model.moe.layer_pattern", fmt::format("has {} entries, expected one 0/1 per layer (model.num_layers={})",
@@ -305,12 +306,20 @@ void resolve_moe(Config& c, const Rules& r) {
   if (e.shared_expert_ffn_hidden_size % p.tensor != 0)
     r.fail("parallel.tensor", fmt::format("{} does not divide model.moe.shared_expert_ffn_hidden_size={}", p.tensor,
                                           e.shared_expert_ffn_hidden_size));
-  // Every key above is checked; the layers themselves are the next part of issue 25.
-  r.fail("model.moe.num_experts",
-         fmt::format("{} experts: mixture-of-experts layers are not built yet (the config is checked, the router and "
-                     "token-dispatch ops exist; the layers, expert parallelism and MoE checkpoints come next): leave "
-                     "model.moe out",
-                     e.num_experts));
+  // Every key above is checked; what the layers cannot do yet is refused (issue 25).
+  if (p.expert > 1)
+    r.fail("parallel.expert", fmt::format("{}: expert parallelism is not built yet (MoE layers train with "
+                                          "parallel.expert=1, their experts split over the tensor-parallel ranks)",
+                                          p.expert));
+  else if (p.expert_tensor != p.tensor)
+    r.fail("parallel.expert_tensor",
+           fmt::format("{} differs from parallel.tensor={}: a separate expert tensor-parallel size (Megatron's "
+                       "parallel folding) comes with expert parallelism, not built yet",
+                       p.expert_tensor, p.tensor));
+  if (e.capacity_factor > 0)
+    r.fail("model.moe.capacity_factor",
+           fmt::format("{}: token dropping is not built yet; leave it out (or none) for dropless routing",
+                       e.capacity_factor));
 }
 
 void resolve_training(Config& c, const Rules& r) {

@@ -84,6 +84,12 @@ HfModelShape hf_export_shape(const CheckpointReader& ckpt) {
   const auto arch = keys.get<std::string>("arch", std::string("gpt"));
   if (arch != "gpt" && arch != "llama")
     throw CheckpointError(fmt::format("{}: model.arch {} has no Hugging Face export", where, arch));
+  if (const YAML::Node moe = model["moe"];
+      moe && moe.IsMap() && moe["num_experts"] && moe["num_experts"].as<int64_t>(0) > 0)
+    throw CheckpointError(
+        fmt::format("{}: a mixture-of-experts model (model.moe.num_experts={}) has no Hugging Face "
+                    "export yet (Mixtral / Qwen2-MoE export is part of issue 25)",
+                    where, moe["num_experts"].as<int64_t>(0)));
   HfModelShape g;
   g.arch = arch == "llama" ? HfArch::llama : HfArch::gpt;
   const bool llama = g.arch == HfArch::llama;

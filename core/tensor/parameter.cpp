@@ -72,7 +72,7 @@ Parameter make_parameter(std::string name, Shape shape, DType dtype, Init init, 
 }
 
 void move_to_device(Parameter& p, Device device) {
-  if (device == Device::cpu) return;
+  if (device == Device::cpu || p.value.device() == device) return;  // there already (or nothing to move)
   p.value = p.value.to(device, MemKind::parameter);
   p.grad = p.grad.to(device, MemKind::gradient);
 }

@@ -141,3 +141,16 @@ assert isinstance(out, str) and out.startswith("Hello, world") and len(out) > le
 print(f"{sys.argv[1]}: pipeline('text-generation') on the {arch} export: {out!r}")
 PY
 }
+
+# The mixture-of-experts twin of llama.yaml: moe.yaml, every layer's MLP 4 SwiGLU experts of width 32 with top-2
+# routing (softmax, renormalised) beside a shared expert of width 32, the auxiliary and z losses on; the other
+# sections as tiny.yaml's.
+write_moe_config() {
+  { cat <<'YAML'
+model: {arch: llama, num_layers: 2, hidden_size: 32, num_heads: 8, num_query_groups: 4, ffn_hidden_size: 96,
+        seq_length: 32, vocab_size: 257, rotary_base: 10000, dropout: 0.1, attention_dropout: 0.1,
+        moe: {num_experts: 4, top_k: 2, ffn_hidden_size: 32, shared_expert_ffn_hidden_size: 32,
+              aux_loss_coeff: 0.01, z_loss_coeff: 0.001}}
+YAML
+    tiny_run_sections; } > moe.yaml
+}

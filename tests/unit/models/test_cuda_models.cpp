@@ -107,21 +107,39 @@ double rel_err(const Vec& got, const Vec& want) {
 }
 
 // The MoE MLP (models/moe_mlp.h) on the GPU follows the CPU: output, input gradient and every parameter's
-// gradient, with GELU experts, and SwiGLU experts beside a shared expert (all on the device).
+// gradient, with GELU experts under a sigmoid router with an expert bias, and SwiGLU experts beside a shared expert
+// with the auxiliary and z losses (all on the device).
 TEST_F(CudaOps, MoeMlpMatchesTheCpu) {
   for (Arch arch : {Arch::gpt, Arch::llama}) {
     ModelConfig m = arch == Arch::llama ? testing_util::tiny_llama(2, false, 10000) : testing_util::tiny_gpt(true);
     m.moe.num_experts = 8;
     m.moe.top_k = 2;
     m.moe.ffn_hidden_size = 24;
-    if (arch == Arch::llama) m.moe.shared_expert_ffn_hidden_size = 16;
+    if (arch == Arch::llama) {  // a shared expert, the auxiliary and z losses
+      m.moe.shared_expert_ffn_hidden_size = 16;
+      m.moe.aux_loss_coeff = 0.1;
+      m.moe.z_loss_coeff = 0.01;
+    } else {  // a sigmoid router with DeepSeek-V3's expert bias
+      m.moe.score_function = MoeScore::sigmoid;
+      m.moe.bias_update_rate = 0.01;
+    }
     MoeMlp cpu(m, "mlp", DType::f32, 0.1f, 5), gpu(m, "mlp", DType::f32, 0.1f, 5, Device::cuda);
+    if (cpu.has_expert_bias()) {
+      const std::vector<float> bias = {0.3f, 0, 0, -0.2f, 0, 0.1f, 0, 0};
+      cpu.set_expert_bias(bias);
+      gpu.set_expert_bias(bias);
+    }
     const int64_t N = 37, C = m.hidden_size;
     const Tensor x = make(rand_vec(N * C, 1), {N, C}), dout = make(rand_vec(N * C, 2), {N, C});
     MoeMlp::Saved sc, sg;
-    const Tensor oc = cpu.forward(x, sc), og = gpu.forward(x.to(Device::cuda), sg);
+    const Tensor oc = cpu.forward(x, sc, {.record = true}), og = gpu.forward(x.to(Device::cuda), sg, {.record = true});
     EXPECT_EQ(sg.counts, sc.counts) << "the same routing";
-    const Tensor dc = cpu.backward(dout, sc), dg = gpu.backward(dout.to(Device::cuda), sg);
+    const MoeLoad lc = cpu.take_load(), lg = gpu.take_load();
+    EXPECT_EQ(lg.tokens, lc.tokens);
+    EXPECT_NEAR(lg.aux, lc.aux, 1e-6 * std::max(1.0, std::abs(lc.aux)));
+    EXPECT_NEAR(lg.z, lc.z, 1e-6 * std::max(1.0, std::abs(lc.z)));
+    const Tensor dc = cpu.backward(dout, sc, {.dloss = 0.5f}),
+                 dg = gpu.backward(dout.to(Device::cuda), sg, {.dloss = 0.5f});
     EXPECT_LE(rel_err(values(og), values(oc)), 1e-5) << "out, " << (arch == Arch::llama ? "llama" : "gpt");
     EXPECT_LE(rel_err(values(dg), values(dc)), 1e-5) << "dx";
     const auto pc = cpu.parameters(), pg = gpu.parameters();

@@ -1,7 +1,8 @@
 // test_moe_mlp.cpp: the mixture-of-experts MLP on one rank (models/moe_mlp.h): one expert chosen by every token
 // is the dense MLP exactly; every gradient (input, router, each expert's fc1 and fc2, the shared expert's)
 // against central differences, GELU and SwiGLU experts, softmax and sigmoid routers; a shared expert adds its dense
-// MLP; parameters named by global expert index; what it does not do yet is refused.
+// MLP; parameters named by global expert index; the auxiliary and z losses (values and gradients), the recorded
+// load, the expert bias; what it does not do yet is refused.
 #include <cmath>
 #include <functional>
 #include <vector>
@@ -60,20 +61,24 @@ TEST(MoeMlp, OneExpertForEveryTokenIsTheDenseMlp) {
                                              "layers.0.mlp.experts.0.fc2.weight"}));
 }
 
-// Every gradient against central differences of L = <forward(x), w>. Every expert chosen by every token (top_k =
-// num_experts) keeps the choice fixed under small steps; a second case with top_k < num_experts uses a step far
-// below the gaps between the router's scores.
+// Every gradient against central differences of L = <forward(x), w> + aux_loss_coeff * aux + z_loss_coeff * z (the
+// load-balancing losses as the forward recorded them). Every expert chosen by every token (top_k = num_experts)
+// keeps the choice fixed under small steps; a case with top_k < num_experts uses a step far below the gaps between
+// the router's scores.
 void check_gradients(const ModelConfig& m, double step, double tol) {
   MoeMlp moe(m, "mlp", DType::f32, 0.2f, 3);
   const int64_t N = 5, C = m.hidden_size;
   Tensor x = random({N, C}, 11);
   const Tensor w = random({N, C}, 12);
   MoeMlp::Saved s;
-  moe.forward(x, s);
+  moe.forward(x, s, {.record = true});
+  moe.take_load();
   const Tensor dx = moe.backward(w, s);
   auto loss = [&]() {
     MoeMlp::Saved t;
-    return dot(moe.forward(x, t), w);
+    const double out = dot(moe.forward(x, t, {.record = true}), w);
+    const MoeLoad l = moe.take_load();
+    return out + m.moe.aux_loss_coeff * l.aux + m.moe.z_loss_coeff * l.z;
   };
   // d L / d t for each element of t (t's values are edited in place and restored).
   auto check = [&](Tensor& t, const Tensor& analytic, const std::string& what) {
@@ -149,11 +154,61 @@ TEST(MoeMlp, ASharedExpertAddsItsDenseMlp) {
   EXPECT_EQ(with.parameters().back()->name, "layers.1.mlp.shared_expert.fc2.weight");
 }
 
-TEST(MoeMlp, WhatIsNotImplementedYetIsRefused) {
+TEST(MoeMlp, GradientsOfTheAuxiliaryAndZLosses) {
+  for (MoeScore score : {MoeScore::softmax, MoeScore::sigmoid}) {
+    ModelConfig m = moe_model(Arch::gpt, 4, 2);
+    m.moe.score_function = score;
+    m.moe.aux_loss_coeff = 0.5;  // large, so the losses' share of each gradient is far above the tolerance
+    m.moe.z_loss_coeff = 0.05;
+    check_gradients(m, 1e-3, 2e-2);
+    m.moe.top_k = 4;
+    check_gradients(m, 1e-2, 2e-3);
+  }
+}
+
+// A router that scores every expert alike: the auxiliary loss is 1 (its value at an even load, whatever the
+// choice) and the z-loss log(E)^2; the load counts each token once per chosen expert.
+TEST(MoeMlp, LossesAndLoadOfAnEvenRouter) {
   ModelConfig m = moe_model(Arch::gpt, 4, 2);
   m.moe.aux_loss_coeff = 0.01;
-  EXPECT_THROW(MoeMlp(m, "mlp", DType::f32, 0.1f, 1), std::invalid_argument);
-  m = moe_model(Arch::gpt, 4, 2);
+  m.moe.z_loss_coeff = 0.001;
+  MoeMlp moe(m, "mlp", DType::f32, 0.1f, 1);
+  fill_(moe.router().value, 0.f);
+  MoeMlp::Saved s;
+  moe.forward(random({6, 16}, 2), s, {.record = true});
+  moe.forward(random({6, 16}, 3), s);  // not recorded (a recomputation)
+  const MoeLoad l = moe.take_load();
+  EXPECT_EQ(l.microbatches, 1);
+  EXPECT_NEAR(l.aux, 1.0, 1e-6);
+  EXPECT_NEAR(l.z, std::log(4.0) * std::log(4.0), 1e-5);
+  EXPECT_EQ(l.tokens, (std::vector<int64_t>{6, 6, 0, 0})) << "equal scores: the lower expert index wins";
+  EXPECT_EQ(moe.take_load().microbatches, 0) << "taken: cleared";
+}
+
+// DeepSeek-V3's expert bias moves the choice, not the weights, and each update moves every bias by the rate
+// toward an even load.
+TEST(MoeMlp, TheExpertBiasSteersTheChoiceOnly) {
+  ModelConfig m = moe_model(Arch::gpt, 4, 1);
+  m.moe.bias_update_rate = 0.25;
+  m.moe.norm_topk_prob = false;
+  MoeMlp moe(m, "mlp", DType::f32, 0.1f, 1);
+  ASSERT_TRUE(moe.has_expert_bias());
+  EXPECT_EQ(moe.expert_bias(), (std::vector<float>{0, 0, 0, 0}));
+  moe.update_expert_bias({10, 0, 5, 5});  // mean 5
+  EXPECT_EQ(moe.expert_bias(), (std::vector<float>{-0.25f, 0.25f, 0, 0}));
+  moe.set_expert_bias({0, 0, 0, 10});
+  MoeMlp::Saved s;
+  moe.forward(random({5, 16}, 4), s, {.record = true});
+  EXPECT_EQ(moe.take_load().tokens, (std::vector<int64_t>{0, 0, 0, 5}));
+  const std::vector<float> scores = s.scores.to_floats(), probs = s.probs.to_floats();
+  for (int64_t n = 0; n < 5; ++n) EXPECT_EQ(probs[static_cast<size_t>(n)], scores[static_cast<size_t>(n * 4 + 3)]);
+  EXPECT_THROW(moe.update_expert_bias({1, 2}), std::invalid_argument);
+  m.moe.bias_update_rate = 0;
+  EXPECT_FALSE(MoeMlp(m, "mlp", DType::f32, 0.1f, 1).has_expert_bias());
+}
+
+TEST(MoeMlp, WhatIsNotImplementedYetIsRefused) {
+  ModelConfig m = moe_model(Arch::gpt, 4, 2);
   m.moe.capacity_factor = 1.0;
   EXPECT_THROW(MoeMlp(m, "mlp", DType::f32, 0.1f, 1), std::invalid_argument);
   EXPECT_THROW(MoeMlp(testing_util::tiny_gpt(true), "mlp", DType::f32, 0.1f, 1), std::invalid_argument);

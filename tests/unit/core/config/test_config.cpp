@@ -933,20 +933,27 @@ TEST(ConfigRules, MoeKeysAreCheckedNamingTheKey) {
   EXPECT_EQ(d.parallel.expert, 1);
   EXPECT_EQ(parse_config(to_yaml(d), d.source, {}, 1), d);  // a dense config's moe defaults read back
   EXPECT_NE(to_yaml(d).find("capacity_factor: none"), std::string::npos) << to_yaml(d);
-  // A valid MoE config passes every rule; the one error left says the layers are not built yet.
+  // A valid MoE config passes every rule and reads back; what the layers cannot do yet is refused naming the key.
   const std::vector<std::string> moe = {"model.moe.num_experts=8", "model.moe.top_k=2"};
   auto with = [&](std::vector<std::string> more, int64_t world = 1) {
     std::vector<std::string> all = moe;
     all.insert(all.end(), more.begin(), more.end());
     return base_error(all, world);
   };
-  EXPECT_CONTAINS(with({}), "model.moe.num_experts: 8 experts: mixture-of-experts layers are not built yet");
-  EXPECT_CONTAINS(with({"model.moe.layer_pattern=[1, 0, 1, 0]", "model.moe.capacity_factor=1.25",
-                        "model.moe.score_function=sigmoid", "model.moe.ffn_hidden_size=64",
-                        "model.moe.shared_expert_ffn_hidden_size=128", "parallel.tensor=2", "parallel.expert=2",
-                        "parallel.expert_tensor=1"},
-                       4),
-                  "mixture-of-experts layers are not built yet");
+  const Config c = base({"model.moe.num_experts=8", "model.moe.top_k=2", "model.moe.layer_pattern=[1, 0, 1, 0]",
+                         "model.moe.score_function=sigmoid", "model.moe.ffn_hidden_size=64",
+                         "model.moe.shared_expert_ffn_hidden_size=128", "model.moe.aux_loss_coeff=0.01",
+                         "model.moe.z_loss_coeff=0.001", "model.moe.bias_update_rate=0.001"});
+  EXPECT_TRUE(c.model.moe.enabled());
+  EXPECT_TRUE(c.model.moe.is_moe_layer(2));
+  EXPECT_FALSE(c.model.moe.is_moe_layer(3));
+  EXPECT_EQ(parse_config(to_yaml(c), c.source, {}, 1), c);
+  EXPECT_CONTAINS(with({"parallel.tensor=2", "parallel.expert=2", "parallel.expert_tensor=1"}, 4),
+                  "parallel.expert: 2: expert parallelism is not built yet");
+  EXPECT_CONTAINS(with({"parallel.tensor=2", "parallel.expert_tensor=1"}, 2),
+                  "parallel.expert_tensor: 1 differs from parallel.tensor=2");
+  EXPECT_CONTAINS(with({"model.moe.capacity_factor=1.25"}),
+                  "model.moe.capacity_factor: 1.25: token dropping is not built yet");
   EXPECT_CONTAINS(with({"model.moe.top_k=9"}),
                   "model.moe.top_k: 9 is more than model.moe.num_experts=8 (each token picks top_k distinct experts)");
   EXPECT_CONTAINS(with({"model.moe.top_k=0"}), "model.moe.top_k: must be positive");
