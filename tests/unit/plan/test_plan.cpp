@@ -295,6 +295,20 @@ TEST(PlanMoe, Mixtral8x7bHas46_7BParametersOf12_9BActive) {
   EXPECT_EQ(model_parameters(dense.model, true), estimated_parameters(dense.model));
 }
 
+// configs/mixtral-8x7b.yaml is that model (at its TP 8 the vocabulary padded to 32768), and its layout fits.
+TEST(PlanMoe, TheMixtralConfigIsTheHandCountedModel) {
+  const Config c = load_config(testing_util::source_path("configs/mixtral-8x7b.yaml"), {}, 128);
+  const Config hand = mixtral_8x7b();
+  EXPECT_EQ(c.model.moe.num_experts, hand.model.moe.num_experts);
+  EXPECT_EQ(c.model.moe.top_k, hand.model.moe.top_k);
+  EXPECT_EQ(model_parameters(c.model, false), 46702792704.0 + 2 * 768.0 * 4096);
+  EXPECT_EQ(model_parameters(c.model, true), 12879925248.0 + 2 * 768.0 * 4096);
+  const Prediction p = predict(c, builtin_hardware("h100-80gb")), q = predict(hand, builtin_hardware("h100-80gb"));
+  EXPECT_TRUE(p.fits);
+  for (size_t i = 0; i < p.memory.stages.size(); ++i)
+    EXPECT_EQ(p.memory.stages[i].parameters, q.memory.stages[i].parameters);
+}
+
 TEST(PlanMoe, Mixtral8x7bParametersPerRankSplitEveryExpertOverTensorParallelism) {
   const Prediction p = predict(mixtral_8x7b(), builtin_hardware("h100-80gb"));
   ASSERT_EQ(p.memory.stages.size(), 3u);  // first, middle, last
@@ -335,6 +349,34 @@ TEST(PlanMoe, FlopsCountTheActiveExpertsNotAll) {
                hw4 = k4.time.hardware_tflops_per_gpu * k4.time.total;
   EXPECT_NEAR((hw4 - hw2) * 1e12 * world / tokens / expert_flops, 1.0, 1e-9);
   EXPECT_GT(k4.time.gemm, p.time.gemm * 1.3);
+}
+
+}  // namespace
+}  // namespace mt::plan
+
+namespace mt::plan {
+namespace {
+
+// The search splits every expert over the tensor-parallel ranks like the dense MLP: a TP degree that does not divide
+// the experts' width (36: TP 8 would not) is skipped, and the expert layers' TP follows the layout's.
+TEST(PlanMoe, SearchKeepsTheExpertsWidthDivisibleByTensorParallelism) {
+  const Config c = parse_config(
+      "model: {arch: llama, num_layers: 4, hidden_size: 64, num_heads: 8, ffn_hidden_size: 176, seq_length: 64,\n"
+      "        vocab_size: 257, moe: {num_experts: 4, top_k: 2, ffn_hidden_size: 36, shared_expert_ffn_hidden_size: "
+      "8}}\n"
+      "training: {micro_batch_size: 2, global_batch_size: 16, train_iters: 1, precision: bf16}\n"
+      "optimizer: {lr: 1.0e-3}\ndata: {synthetic: true}\n",
+      "tiny-moe", {}, 8);
+  const std::vector<Prediction> ranked = search(c, 8, builtin_hardware("h100-80gb"));
+  ASSERT_FALSE(ranked.empty());
+  bool tp4 = false;
+  for (const Prediction& r : ranked) {
+    EXPECT_EQ(36 % r.layout.tensor, 0) << describe(r.layout);
+    EXPECT_EQ(r.config.parallel.expert_tensor, r.layout.tensor) << describe(r.layout);
+    EXPECT_EQ(r.config.parallel.expert, 1);
+    tp4 = tp4 || r.layout.tensor == 4;
+  }
+  EXPECT_TRUE(tp4);
 }
 
 }  // namespace
