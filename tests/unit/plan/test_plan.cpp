@@ -357,6 +357,25 @@ TEST(PlanMoe, FlopsCountTheActiveExpertsNotAll) {
 namespace mt::plan {
 namespace {
 
+// What a layer holds depends on its index: with layer_pattern [1, 1, 0, 0] over two stages the first holds both
+// MoE layers, the last both dense ones. By hand (llama, C 64, 8 heads, no GQA, vocabulary 257 padded to 384,
+// untied): a dense layer QKV 192 x 64, proj 64 x 64, two RMSNorms, fc1 2 * 176 x 64, fc2 64 x 176 = 50304; a MoE
+// layer the same attention, the router 4 x 64 and 4 experts of fc1 2 * 64 x 64 and fc2 64 x 64 = 65920.
+TEST(PlanMoe, StagesHoldTheirOwnLayersMoeOrDense) {
+  const std::string yaml =
+      "model: {arch: llama, num_layers: 4, hidden_size: 64, num_heads: 8, ffn_hidden_size: 176, seq_length: 64,\n"
+      "        vocab_size: 257, moe: {num_experts: 4, top_k: 2, ffn_hidden_size: 64, layer_pattern: [1, 1, 0, 0]}}\n"
+      "parallel: {pipeline: 2}\n"
+      "training: {micro_batch_size: 2, global_batch_size: 8, train_iters: 1, precision: fp32, device: cpu}\n"
+      "optimizer: {lr: 1.0e-3}\ndata: {synthetic: true}\n";
+  const Prediction p = predict(parse_config(yaml, "tiny-moe", {}, 2), builtin_hardware("cpu"));
+  ASSERT_EQ(p.memory.stages.size(), 2u);
+  EXPECT_EQ(p.memory.stages[0].parameters, 2 * 65920 + 384 * 64);       // two MoE layers, the embedding
+  EXPECT_EQ(p.memory.stages[1].parameters, 2 * 50304 + 64 + 384 * 64);  // two dense layers, the norm, the head
+  // The MoE stage keeps more for backward (N k permuted rows per layer) than the dense one.
+  EXPECT_GT(p.memory.stages[0].bytes[MemKind::activation], p.memory.stages[1].bytes[MemKind::activation]);
+}
+
 // The search splits every expert over the tensor-parallel ranks like the dense MLP: a TP degree that does not divide
 // the experts' width (36: TP 8 would not) is skipped, and the expert layers' TP follows the layout's.
 TEST(PlanMoe, SearchKeepsTheExpertsWidthDivisibleByTensorParallelism) {
