@@ -166,9 +166,101 @@ class Replay {
     if (s.m.rotary && !s.cpu) t.workspace(s.T * s.m.D * 4);
   }
 
+  // models/moe_mlp.cpp MoeMlp::forward on the (Ns, C) rows, routing balanced (each expert N k / E rows): the
+  // Saved tensors, the locals of the call, and the expert GEMMs one after another (their CPU workspaces one at a
+  // time). Returns the bytes Saved keeps; `out` the bytes of the (Ns, C) output left allocated.
+  double moe_forward(double& out) {
+    const MoeShapes& e = s.m.moe;
+    const double N = s.N(), C = s.m.C, d = s.d, E = e.E, k = e.k, R = N * k, n = R / E;
+    double kept = 0, locals = 0;
+    auto keep = [&](double bytes) {
+      t.alloc(bytes);
+      kept += bytes;
+    };
+    auto local = [&](double bytes) {
+      t.alloc(bytes);
+      locals += bytes;
+    };
+    kept += to_full();  // s.x (N, C): every token (gathered with SP; n2's own rows without)
+    const double logits = N * E * 4;
+    t.alloc(logits);                  // logits (N, E) f32
+    gemm(N * C, E * C, N * E, true);  // x Wr^T into the f32 logits
+    keep(N * E * 4 + 2 * N * k * 4);  // scores (N, E) f32, experts (N, k) i32, probs (N, k) f32
+    if (e.keep_logits) {
+      kept += logits;  // s.logits: the same buffer, kept for the aux and z losses
+    } else {
+      locals += logits;
+    }
+    keep(N * k * 4);                    // row_of (N, k) i32
+    local(2 * E * 4);                   // counts (E) i32 and its host copy
+    keep(R * C * d);                    // xp (R, C)
+    keep(R * e.fc1 * d);                // h (R, F1/tp)
+    keep(R * e.Ft * d);                 // act (R, F/tp)
+    keep(R * C * d);                    // y (R, C), this rank's partial
+    gemm(n * C, e.fc1 * C, n * e.fc1);  // an expert's fc1 (the largest of its two GEMMs' workspaces with fc2)
+    gemm(n * e.Ft, C * e.Ft, n * C);    // and fc2
+    local(N * C * d);                   // out (N, C): the weighted sum (partial over TP)
+    if (e.shared()) {
+      keep(N * e.sfc1 * d + N * e.Fst * d);  // shared_h, shared_act
+      t.alloc(N * C * d);                    // ys (N, C), added to out at the end of its block
+      gemm(N * C, e.sfc1 * C, N * e.sfc1);
+      gemm(N * e.Fst, C * e.Fst, N * C);
+      t.free(N * C * d);
+    }
+    const double shard = shard_sum();  // sequence_shard_sum(out): a new (Ns, C) shard with SP, else out itself
+    if (shard > 0) {
+      out = shard;
+    } else {
+      out = N * C * d;  // out is returned
+      locals -= out;
+    }
+    t.free(locals);
+    return kept;
+  }
+
+  // MoeMlp::backward of the (Ns, C) output gradient with forward's Saved (freed by the caller): the locals of the
+  // call (the shared expert's in a block of their own) and the expert GEMMs one after another. Returns the bytes
+  // of dx (Ns, C) left allocated.
+  double moe_backward() {
+    const MoeShapes& e = s.m.moe;
+    const double N = s.N(), C = s.m.C, d = s.d, E = e.E, k = e.k, R = N * k, n = R / E;
+    double locals = to_full();  // dout (N, C), gathered with SP
+    auto local = [&](double bytes) {
+      t.alloc(bytes);
+      locals += bytes;
+    };
+    local(R * C * d);                     // dy (R, C)
+    local(N * k * 4);                     // dprobs (N, k) f32, all-reduced over TP in place (f32: no copy)
+    local(R * C * d);                     // dxp (R, C)
+    local(R * e.Ft * d + R * e.fc1 * d);  // dact (R, F/tp), dh (R, F1/tp)
+    gemm(n * C, C * e.Ft, n * e.Ft);      // an expert's dact = dy W2
+    gemm(n * C, n * e.Ft, 0, true);       // dW2 (f32)
+    gemm(n * e.fc1, e.fc1 * C, n * C);    // dx = dh W1
+    gemm(n * e.fc1, n * C, 0, true);      // dW1 (f32)
+    local(N * C * d);                     // dx (N, C)
+    if (e.shared()) {
+      const double block = N * e.Fst * d + N * e.sfc1 * d + N * C * d;  // sdact, sdh, sdx
+      t.alloc(block);
+      gemm(N * C, C * e.Fst, N * e.Fst);
+      gemm(N * C, N * e.Fst, 0, true);
+      gemm(N * e.sfc1, e.sfc1 * C, N * C);
+      gemm(N * e.sfc1, N * C, 0, true);
+      t.free(block);
+    }
+    local(N * E * 4);                     // dlogits (N, E) f32
+    if (d != 4) local(N * E * d);         // dl: dlogits in the compute dtype
+    gemm(N * E, E * C, N * C);            // dx += dl Wr (TP rank 0)
+    gemm(N * E, N * C, 0, true);          // dWr (f32)
+    const double shard = shard_sum();     // sequence_shard_sum(dx)
+    if (shard == 0) locals -= N * C * d;  // dx itself is returned
+    t.free(locals);
+    return shard > 0 ? shard : N * C * d;
+  }
+
   // models/transformer_layer.cpp TransformerLayer::run: returns the bytes kept for backward (the Activations
-  // less x); leaves `out` (Ns, C) allocated for the caller. The rotary embeddings work on qkv in place.
-  double layer_run(bool keep) {
+  // less x); leaves `out` (Ns, C) allocated for the caller. The rotary embeddings work on qkv in place. `moe`: a
+  // MoE layer, a MoeMlp in place of fc1 and fc2.
+  double layer_run(bool keep, bool moe) {
     const ModelShapes& m = s.m;
     const double N = s.N(), Ns = s.Ns(), C = m.C, d = s.d;
     double kept = 0;
@@ -183,26 +275,31 @@ class Replay {
     const double proj = row_forward(m.Ct);            // proj, a local of run()
     keep_alloc(Ns * C * d);                           // x2
     kept += norm_forward();                           // n2
-    if (m.gelu_epilogue) {
-      kept += column_forward(m.Ft, /*gelu=*/true);  // act (GELU), fc1 (the pre-activation)
+    double mlp = 0;                                   // mlp (Ns, C)
+    if (moe) {
+      kept += moe_forward(mlp);  // a.moe
     } else {
-      kept += column_forward(m.fc1);  // fc1 (N, 2F/tp): gate and up
-      keep_alloc(N * m.Ft * d);       // act (N, F/tp) = swiglu(fc1)
+      if (m.gelu_epilogue) {
+        kept += column_forward(m.Ft, /*gelu=*/true);  // act (GELU), fc1 (the pre-activation)
+      } else {
+        kept += column_forward(m.fc1);  // fc1 (N, 2F/tp): gate and up
+        keep_alloc(N * m.Ft * d);       // act (N, F/tp) = swiglu(fc1)
+      }
+      mlp = row_forward(m.Ft);
     }
-    const double mlp = row_forward(m.Ft);  // mlp
-    t.alloc(Ns * C * d);                   // out
+    t.alloc(Ns * C * d);  // out
     if (!keep) t.free(kept);
     t.free(proj + mlp);  // run()'s locals
     return keep ? kept : 0;
   }
-  double layer_forward() { return layer_run(!s.recompute); }
+  double layer_forward(bool moe) { return layer_run(!s.recompute, moe); }
 
   // TransformerLayer::backward: frees the layer's activations and input x; leaves dx (Ns, C) allocated.
-  void layer_backward(double kept) {
+  void layer_backward(double kept, bool moe) {
     const ModelShapes& m = s.m;
     const double N = s.N(), Ns = s.Ns(), C = m.C, d = s.d;
     if (s.recompute) {
-      kept = layer_run(true);
+      kept = layer_run(true, moe);
       t.free(Ns * C * d);  // the recomputed out, a discarded temporary
     }
     double locals = 0;
@@ -211,14 +308,18 @@ class Replay {
       locals += bytes;
     };
     local(Ns * C * d);  // dmlp
-    // The MLP's input-side gradients live in a block of backward(), gone once fc1's backward returns.
-    double block = row_backward(m.Ft);  // fc2_.backward: GPT's dfc1 (dGELU, fc1's bias grad on its epilogue); dact
-    if (!m.gelu_epilogue) {
-      t.alloc(N * m.fc1 * d);  // dfc1 = swiglu_backward(fc1, dact)
-      block += N * m.fc1 * d;
+    if (moe) {
+      locals += moe_backward();  // dln2 = moe_->backward
+    } else {
+      // The MLP's input-side gradients live in a block of backward(), gone once fc1's backward returns.
+      double block = row_backward(m.Ft);  // fc2_.backward: GPT's dfc1 (dGELU, fc1's bias grad on its epilogue); dact
+      if (!m.gelu_epilogue) {
+        t.alloc(N * m.fc1 * d);  // dfc1 = swiglu_backward(fc1, dact)
+        block += N * m.fc1 * d;
+      }
+      locals += column_backward(m.fc1);  // dln2 = fc1_.backward
+      t.free(block);
     }
-    locals += column_backward(m.fc1);  // dln2 = fc1_.backward
-    t.free(block);
     local(Ns * C * d);                   // dx2
     local(Ns * C * d);                   // dproj
     locals += row_backward(m.Ct);        // datt = proj_.backward
@@ -293,7 +394,8 @@ ChunkProfile profile_chunk(const TapeShapes& s, const ChunkSpec& chunk) {
   tape.alloc(2 * tokens);  // tokens, targets
   if (chunk.has_embedding) r.embedding_forward();
   std::vector<double> kept(static_cast<size_t>(chunk.layers));
-  for (auto& k : kept) k = r.layer_forward();
+  for (int64_t l = 0; l < chunk.layers; ++l)
+    kept[static_cast<size_t>(l)] = r.layer_forward(s.m.is_moe(chunk.layer_begin + l));
   double head_kept = 0;
   if (chunk.has_head) head_kept = r.head_forward();
   // IterationStage::forward's batch is freed unless the model keeps it: embedded_ holds tokens, the head
@@ -308,8 +410,8 @@ ChunkProfile profile_chunk(const TapeShapes& s, const ChunkSpec& chunk) {
   tape.mark();
   bool dx_is_received = !chunk.has_head;
   if (chunk.has_head) r.head_backward(head_kept);
-  for (auto k = kept.rbegin(); k != kept.rend(); ++k) {
-    r.layer_backward(*k);
+  for (int64_t l = chunk.layers; l-- > 0;) {
+    r.layer_backward(kept[static_cast<size_t>(l)], s.m.is_moe(chunk.layer_begin + l));
     if (!dx_is_received) tape.free(hidden);  // the previous dx, replaced by the layer's
     dx_is_received = false;
   }

@@ -1,6 +1,7 @@
 // activation_tape.h: the activation and workspace bytes one model chunk allocates and frees for one
-// microbatch, replayed in the order of models/transformer_layer.cpp and models/gpt.cpp (and the trainer's and
-// pipeline executor's buffers around them), so the planner's peaks are the allocator's peaks.
+// microbatch, replayed in the order of models/transformer_layer.cpp, models/moe_mlp.cpp (a MoE layer's MLP, on
+// balanced routing) and models/gpt.cpp (and the trainer's and pipeline executor's buffers around them), so the
+// planner's peaks are the allocator's peaks.
 //
 // Keep it in step with the code: each function below names the code it mirrors, and each alloc/free line the
 // tensor it stands for. A change in what a layer keeps for backward is a change of a line or two here.
@@ -35,6 +36,7 @@ struct OpProfile {
 struct ChunkSpec {
   bool has_embedding = false;
   bool has_head = false;
+  int64_t layer_begin = 0;  // the global index of its first transformer layer
   int64_t layers = 0;
   bool pipelined = false;  // run through the pipeline executor (else the trainer's plain microbatch loop)
 };

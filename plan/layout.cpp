@@ -35,6 +35,9 @@ Config apply_layout(const Config& base, const Layout& l) {
       fmt::format("training.micro_batch_size={}", l.micro_batch_size),
       fmt::format("training.recompute={}", name_of(l.recompute)),
   };
+  // The expert layers' tensor-parallel degree follows the dense layers' (expert_tensor = tensor until expert
+  // parallelism with its parallel folding lands).
+  if (base.model.moe.enabled()) sets.push_back(fmt::format("parallel.expert_tensor={}", l.tensor));
   // An uneven split written for the base layout does not carry over to another number of stages.
   if (l.pipeline != base.parallel.pipeline || l.virtual_pipeline != base.parallel.virtual_pipeline)
     sets.push_back("parallel.layers_per_stage=[]");

@@ -24,8 +24,11 @@ std::vector<ChunkSpec> chunks_of(const Config& c, int64_t stage) {
   std::vector<ChunkSpec> out;
   for (int64_t k = 0; k < v; ++k) {
     const int64_t vs = k * p + stage;
+    int64_t begin = 0;  // app/train/model_chunks.cpp: the layers of the virtual stages before this one
+    for (int64_t i = 0; i < vs; ++i) begin += layers[static_cast<size_t>(i)];
     out.push_back(ChunkSpec{.has_embedding = vs == 0,
                             .has_head = vs == vstages - 1,
+                            .layer_begin = begin,
                             .layers = layers[static_cast<size_t>(vs)],
                             .pipelined = !(p == 1 && v == 1)});
   }
@@ -38,8 +41,10 @@ std::vector<double> chunk_parameters(const ModelShapes& m, const ChunkSpec& ch) 
   std::vector<double> n;
   if (ch.has_embedding || (ch.has_head && m.tie_embeddings)) n.push_back(m.Vt * m.C);  // word embeddings (or copy)
   if (ch.has_embedding && m.P > 0) n.push_back(m.P * m.C);                             // position embeddings (GPT)
-  const std::vector<double> layer = m.layer_parameters();
-  for (int64_t l = 0; l < ch.layers; ++l) n.insert(n.end(), layer.begin(), layer.end());
+  for (int64_t l = ch.layer_begin; l < ch.layer_begin + ch.layers; ++l) {
+    const std::vector<double> layer = m.layer_parameters(l);  // a MoE layer's differ
+    n.insert(n.end(), layer.begin(), layer.end());
+  }
   if (ch.has_head) {
     n.push_back(m.C);                                // final norm weight
     if (m.layernorm) n.push_back(m.C);               // and LayerNorm's bias

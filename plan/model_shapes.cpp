@@ -5,28 +5,50 @@ namespace mt::plan {
 
 ModelShapes model_shapes(const ModelConfig& m, int64_t tp) {
   const bool llama = m.arch == Arch::llama;
-  // The config rules make tp divide the heads, the key/value heads and the ffn width, and the vocabulary padded.
+  // The config rules make tp divide the heads, the key/value heads, the ffn width (the experts' and the shared
+  // expert's too), and the vocabulary padded.
   const double D = static_cast<double>(m.head_dim);
   const double Ht = static_cast<double>(m.num_heads / tp), Gt = static_cast<double>(m.kv_heads() / tp);
   const double Ft = static_cast<double>(m.ffn_hidden_size / tp);
-  return ModelShapes{.C = static_cast<double>(m.hidden_size),
-                     .D = D,
-                     .Ht = Ht,
-                     .Gt = Gt,
-                     .Ct = Ht * D,
-                     .qkv = (Ht + 2 * Gt) * D,
-                     .Ft = Ft,
-                     .fc1 = llama ? 2 * Ft : Ft,
-                     .Vt = static_cast<double>(m.padded_vocab_size / tp),
-                     .P = llama ? 0 : static_cast<double>(m.max_position_embeddings),
-                     .linear_bias = !llama,
-                     .layernorm = !llama,
-                     .gelu_epilogue = !llama,
-                     .rotary = llama,
-                     .tie_embeddings = m.tie_embeddings};
+  ModelShapes s{.C = static_cast<double>(m.hidden_size),
+                .D = D,
+                .Ht = Ht,
+                .Gt = Gt,
+                .Ct = Ht * D,
+                .qkv = (Ht + 2 * Gt) * D,
+                .Ft = Ft,
+                .fc1 = llama ? 2 * Ft : Ft,
+                .Vt = static_cast<double>(m.padded_vocab_size / tp),
+                .P = llama ? 0 : static_cast<double>(m.max_position_embeddings),
+                .linear_bias = !llama,
+                .layernorm = !llama,
+                .gelu_epilogue = !llama,
+                .rotary = llama,
+                .tie_embeddings = m.tie_embeddings};
+  const MoeConfig& e = m.moe;
+  if (e.enabled()) {
+    const double et = static_cast<double>(e.ffn_hidden_size / tp),
+                 st = static_cast<double>(e.shared_expert_ffn_hidden_size / tp);
+    s.moe = MoeShapes{.E = static_cast<double>(e.num_experts),
+                      .k = static_cast<double>(e.top_k),
+                      .Ft = et,
+                      .fc1 = llama ? 2 * et : et,
+                      .Fst = st,
+                      .sfc1 = llama ? 2 * st : st,
+                      .keep_logits = e.aux_loss_coeff > 0 || e.z_loss_coeff > 0};
+    s.moe_layers.resize(static_cast<size_t>(m.num_layers));
+    for (int64_t l = 0; l < m.num_layers; ++l) s.moe_layers[static_cast<size_t>(l)] = e.is_moe_layer(l);
+  }
+  return s;
 }
 
-std::vector<double> ModelShapes::layer_parameters() const {
+int64_t ModelShapes::moe_count(int64_t begin, int64_t n) const {
+  int64_t count = 0;
+  for (int64_t l = begin; l < begin + n; ++l) count += is_moe(l) ? 1 : 0;
+  return count;
+}
+
+std::vector<double> ModelShapes::layer_parameters(int64_t layer) const {
   std::vector<double> n;
   auto norm = [&] {
     n.push_back(C);                 // weight
@@ -40,14 +62,42 @@ std::vector<double> ModelShapes::layer_parameters() const {
   linear(qkv, C);  // attn.qkv
   linear(C, Ct);   // attn.proj
   norm();          // ln2
-  linear(fc1, C);  // mlp.fc1
-  linear(C, Ft);   // mlp.fc2
+  if (!is_moe(layer)) {
+    linear(fc1, C);  // mlp.fc1
+    linear(C, Ft);   // mlp.fc2
+    return n;
+  }
+  n.push_back(moe.E * C);  // mlp.router.weight (E, C)
+  for (double e = 0; e < moe.E; ++e) {
+    n.push_back(moe.fc1 * C);  // mlp.experts.<e>.fc1.weight (F1/tp, C)
+    n.push_back(C * moe.Ft);   // mlp.experts.<e>.fc2.weight (C, F/tp)
+  }
+  if (moe.shared()) {
+    n.push_back(moe.sfc1 * C);  // mlp.shared_expert.fc1.weight
+    n.push_back(C * moe.Fst);   // mlp.shared_expert.fc2.weight
+  }
   return n;
 }
 
-double ModelShapes::layer_parameter_count() const {
+double ModelShapes::layer_parameter_count(int64_t layer) const {
   double n = 0;
-  for (double e : layer_parameters()) n += e;
+  for (double e : layer_parameters(layer)) n += e;
+  return n;
+}
+
+double ModelShapes::layer_gemm_weights(int64_t layer) const {
+  const double attention = qkv * C + C * Ct;
+  if (!is_moe(layer)) return attention + fc1 * C + C * Ft;
+  return attention + moe.E * C + moe.k * (moe.fc1 + moe.Ft) * C + (moe.sfc1 + moe.Fst) * C;
+}
+
+double model_parameters(const ModelConfig& m, bool active) {
+  const ModelShapes s = model_shapes(m, 1);
+  double n = s.Vt * s.C * (s.tie_embeddings ? 1 : 2) + s.P * s.C + s.norm_parameters();
+  for (int64_t l = 0; l < m.num_layers; ++l) {
+    n += s.layer_parameter_count(l);
+    if (active && s.is_moe(l)) n -= (s.moe.E - s.moe.k) * (s.moe.fc1 + s.moe.Ft) * s.C;  // the experts it skips
+  }
   return n;
 }
 

@@ -2,7 +2,9 @@
 // tensor-parallel rank: the widths of a layer's GEMMs, which tensors carry biases, what the norms and the MLP
 // keep for backward, and the parameters in the model's order. One table for GPT and Llama (models/
 // transformer_layer.cpp, models/gpt.cpp, models/norm.cpp): the models that read it have no per-arch branches
-// beyond the MLP's activation (GELU on fc1's epilogue or a separate SwiGLU).
+// beyond the MLP's activation (GELU on fc1's epilogue or a separate SwiGLU). A mixture-of-experts layer
+// (model.moe.is_moe_layer, models/moe_mlp.h) has a router and experts in place of fc1 and fc2, so what a layer
+// holds depends on its (global, 0-based) index.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -10,6 +12,19 @@
 #include "core/config/config.h"
 
 namespace mt::plan {
+
+// A MoE layer's MLP on one tensor-parallel rank (models/moe_mlp.h, parallel.expert = 1): the router (E, C)
+// replicated, every expert and the shared expert split like the dense MLP (fc1's rows, fc2's columns), no biases.
+struct MoeShapes {
+  double E = 0;              // experts (0: a dense model)
+  double k = 0;              // top_k: experts per token
+  double Ft = 0;             // an expert's ffn width / tp: its fc2's input columns
+  double fc1 = 0;            // an expert's fc1 rows / tp: Ft (GPT), 2 Ft (Llama: gate and up)
+  double Fst = 0;            // the shared expert's width / tp (0: none)
+  double sfc1 = 0;           // the shared expert's fc1 rows / tp
+  bool keep_logits = false;  // the router's (N, E) f32 logits kept for the aux and z losses' gradients
+  bool shared() const { return Fst > 0; }
+};
 
 struct ModelShapes {
   double C = 1;               // hidden
@@ -27,19 +42,33 @@ struct ModelShapes {
   bool gelu_epilogue = true;  // GPT: GELU on fc1's epilogue, the pre-activation kept; Llama: a separate SwiGLU
   bool rotary = false;        // Llama: rotary embeddings on q and k (in place), and their inverse on dq, dk
   bool tie_embeddings = true;
+  MoeShapes moe;                 // the MoE layers' MLP (moe.E == 0: a dense model)
+  std::vector<bool> moe_layers;  // (num_layers) whether each layer is MoE; empty for a dense model
 
+  bool is_moe(int64_t layer) const {
+    return layer >= 0 && static_cast<size_t>(layer) < moe_layers.size() && moe_layers[static_cast<size_t>(layer)];
+  }
+  // How many of the layers [begin, begin + n) are MoE.
+  int64_t moe_count(int64_t begin, int64_t n) const;
   // Elements of one norm's parameters (weight, and LayerNorm's bias), and the f32 values per row it keeps.
   double norm_parameters() const { return layernorm ? 2 * C : C; }
   double norm_stats() const { return layernorm ? 2 : 1; }
-  // One layer's parameters in TransformerLayer::parameters() order (ln1, qkv, proj, ln2, fc1, fc2; each
-  // linear's weight then its bias): the gradient buffer's buckets follow this order.
-  std::vector<double> layer_parameters() const;
-  double layer_parameter_count() const;
-  // Weight elements of one layer's four GEMMs on this rank (qkv, proj, fc1, fc2): 2 FLOPs each per token.
-  double layer_gemm_weights() const { return (qkv + fc1) * C + C * (Ct + Ft); }
+  // Layer `layer`'s parameters in TransformerLayer::parameters() order (ln1, qkv, proj, ln2, then fc1, fc2 or a
+  // MoE layer's MoeMlp::parameters(): the router, each expert's fc1 and fc2, the shared expert's; each linear's
+  // weight then its bias): the gradient buffer's buckets follow this order.
+  std::vector<double> layer_parameters(int64_t layer) const;
+  double layer_parameter_count(int64_t layer) const;
+  // Weight elements of layer `layer`'s GEMMs on this rank that one token passes through (qkv, proj, and fc1,
+  // fc2; a MoE layer's router, top_k experts and the shared expert): 2 FLOPs each per token.
+  double layer_gemm_weights(int64_t layer) const;
 };
 
 // The shapes of `m` on one of `tp` tensor-parallel ranks (rank 0: ranks differ by no more than a padding row).
 ModelShapes model_shapes(const ModelConfig& m, int64_t tp);
+
+// The whole model's parameters (tensor-parallel size 1, the padded vocabulary): every one, or with `active` those
+// one token passes through (a MoE layer's router, its top_k experts and the shared expert; Mixtral 8x7B: 46.7B
+// total, 12.9B active).
+double model_parameters(const ModelConfig& m, bool active);
 
 }  // namespace mt::plan

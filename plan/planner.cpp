@@ -37,6 +37,10 @@ std::vector<Prediction> search(const Config& base, int64_t world, const Hardware
     // checked early here to skip the rest of the loop).
     if (tp > hw.gpus_per_node || m.num_heads % tp != 0 || m.kv_heads() % tp != 0 || m.ffn_hidden_size % tp != 0)
       continue;
+    // MoE: every expert and the shared expert are split over the tensor-parallel ranks as the dense MLP.
+    if (m.moe.enabled() && (m.moe.ffn_hidden_size % tp != 0 || m.moe.shared_expert_ffn_hidden_size % tp != 0)) continue;
+    // The expert-parallel size stays the base config's (parallel.expert = 1): the search over EP (and over the
+    // expert layers' own TP degree) comes with expert parallelism (issue 25).
     for (int64_t pp : divisors(world / tp)) {
       if (pp > m.num_layers) continue;
       const int64_t dp = world / (tp * pp);

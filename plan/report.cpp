@@ -4,11 +4,20 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "plan/model_shapes.h"
+
 namespace mt::plan {
 
 namespace {
 
 constexpr double kMiB = 1048576.0;
+
+// A parameter count as people say it: 46.7B, 124.4M.
+std::string count_words(double n) {
+  if (n >= 1e9) return fmt::format("{:.1f}B", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.1f}M", n / 1e6);
+  return fmt::format("{:.0f}", n);
+}
 
 nlohmann::json layout_json(const Layout& l) {
   return {{"tensor", l.tensor},
@@ -25,6 +34,8 @@ nlohmann::json to_json(const Prediction& p, const Hardware& hw) {
   nlohmann::json j;
   j["layout"] = layout_json(p.layout);
   j["arch"] = std::string(name_of(p.config.model.arch));
+  j["parameters"] = model_parameters(p.config.model, false);
+  j["active_parameters"] = model_parameters(p.config.model, true);
   j["world_size"] = p.config.parallel.world_size;
   j["num_microbatches"] = p.config.training.num_microbatches;
   j["device"] = hw.name;
@@ -44,10 +55,11 @@ nlohmann::json to_json(const Prediction& p, const Hardware& hw) {
   }
   j["memory"] = ranks;
   const StepTime& t = p.time;
-  j["time_s"] = {
-      {"compute", t.compute},     {"gemm", t.gemm},       {"attention", t.attention}, {"elementwise", t.elementwise},
-      {"tp_comm", t.tp_comm},     {"pp_comm", t.pp_comm}, {"bubble", t.bubble},       {"dp_comm", t.dp_comm},
-      {"optimizer", t.optimizer}, {"total", t.total}};
+  j["time_s"] = {{"compute", t.compute},         {"gemm", t.gemm},       {"attention", t.attention},
+                 {"elementwise", t.elementwise}, {"tp_comm", t.tp_comm}, {"ep_comm", t.ep_comm},
+                 {"pp_comm", t.pp_comm},         {"bubble", t.bubble},   {"dp_comm", t.dp_comm},
+                 {"optimizer", t.optimizer},     {"total", t.total}};
+  j["all_to_all_bytes_per_token"] = t.all_to_all_bytes_per_token;
   j["tokens_per_s"] = t.tokens_per_s;
   j["model_tflops_per_gpu"] = t.model_tflops_per_gpu;
   j["hardware_tflops_per_gpu"] = t.hardware_tflops_per_gpu;
@@ -65,9 +77,21 @@ std::string format_prediction(const Prediction& p, const Hardware& hw) {
                              ? fmt::format(" ({} key/value heads)", c.model.kv_heads())
                              : std::string();
   s += fmt::format("model: {} {:.3g} parameters, {} layers, hidden {}, {} heads{}, sequence {}, global batch {}, {}\n",
-                   name_of(c.model.arch), estimated_parameters(c.model), c.model.num_layers, c.model.hidden_size,
+                   name_of(c.model.arch), model_parameters(c.model, false), c.model.num_layers, c.model.hidden_size,
                    c.model.num_heads, kv, c.model.seq_length, c.training.global_batch_size,
                    name_of(c.training.precision));
+  if (const MoeConfig& e = c.model.moe; e.enabled()) {
+    int64_t moe_layers = 0;
+    for (int64_t l = 0; l < c.model.num_layers; ++l) moe_layers += e.is_moe_layer(l) ? 1 : 0;
+    const std::string shared = e.shared_expert_ffn_hidden_size > 0
+                                   ? fmt::format(" and a shared expert of {}", e.shared_expert_ffn_hidden_size)
+                                   : std::string();
+    s += fmt::format(
+        "mixture of experts: {} of {} layers, top {} of {} experts of width {}{}: {} parameters, {} active per "
+        "token; expert parallelism {}\n",
+        moe_layers, c.model.num_layers, e.top_k, e.num_experts, e.ffn_hidden_size, shared,
+        count_words(model_parameters(c.model, false)), count_words(model_parameters(c.model, true)), c.parallel.expert);
+  }
   s += fmt::format(
       "\npredicted peak memory per rank (MiB, split as the training log's \"peak memory\"), device {:.0f} MiB\n",
       hw.memory_bytes / kMiB);
@@ -90,6 +114,9 @@ std::string format_prediction(const Prediction& p, const Hardware& hw) {
       "  tensor-parallel comm {:.1f} | pipeline comm {:.1f} | pipeline bubble {:.1f} | data-parallel "
       "comm {:.1f} | optimizer {:.1f}\n",
       ms(t.tp_comm), ms(t.pp_comm), ms(t.bubble), ms(t.dp_comm), ms(t.optimizer));
+  if (c.model.moe.enabled())
+    s += fmt::format("  expert-parallel all-to-all {:.1f} ({:.0f} bytes per token and MoE layer a step; EP {})\n",
+                     ms(t.ep_comm), t.all_to_all_bytes_per_token, c.parallel.expert);
   s += fmt::format(
       "  total {:.1f} ms | tokens/s {:.0f} | TFLOP/s/GPU {:.1f} (with recomputation {:.1f}) | MFU {:.1f}%\n",
       ms(t.total), t.tokens_per_s, t.model_tflops_per_gpu, t.hardware_tflops_per_gpu, 100 * t.mfu);

@@ -17,6 +17,7 @@ struct Shapes {
   double B, T;
   ModelShapes m;  // the architecture's widths on this rank
   double tp, d;
+  double ep = 1;  // expert-parallel size
   bool sp, fp32, recompute;
   bool dropout, attention_dropout;  // residual dropout / dropout on the attention probabilities (p > 0)
   double oversubscribed = 1;        // CPU ranks per core, when more ranks than cores share a machine
@@ -31,6 +32,11 @@ struct Link {
     if (n <= 1 || bytes <= 0) return 0;
     return steps_factor * ((n - 1) / n * bytes / bw + (n - 1) * lat);
   }
+  // An all-to-all over `n` ranks sending `bytes` to the others (what leaves the rank, not what it holds).
+  double all_to_all(double n, double bytes) const {
+    if (n <= 1 || bytes <= 0) return 0;
+    return bytes / bw + (n - 1) * lat;
+  }
   double all_reduce(double n, double bytes) const { return ring(n, bytes, 2); }
   double gather(double n, double bytes) const { return ring(n, bytes, 1); }  // all-gather or reduce-scatter
   double p2p(double bytes) const { return lat + bytes / bw; }
@@ -44,16 +50,26 @@ Link link(const Hardware& hw, bool inside_node) {
 // Time of the parts of one microbatch on one rank.
 struct Parts {
   double gemm = 0, attention = 0, elementwise = 0, tp = 0;
-  double sum() const { return gemm + attention + elementwise + tp; }
+  double ep = 0;  // the MoE layers' expert-parallel all-to-alls
+  double sum() const { return gemm + attention + elementwise + tp + ep; }
   Parts& operator+=(const Parts& o) {
-    gemm += o.gemm, attention += o.attention, elementwise += o.elementwise, tp += o.tp;
+    gemm += o.gemm, attention += o.attention, elementwise += o.elementwise, tp += o.tp, ep += o.ep;
     return *this;
   }
+  Parts operator*(double n) const { return {gemm * n, attention * n, elementwise * n, tp * n, ep * n}; }
 };
+
+// Bytes one token moves over the expert-parallel all-to-alls of one MoE layer in one training step: dispatch and
+// combine (2), forward and backward (2), each of its top_k copies of C values, the share going to other ranks.
+double all_to_all_bytes_per_token(const MoeShapes& e, double C, double d, double ep) {
+  if (e.E == 0 || ep <= 1) return 0;
+  return 2 * 2 * e.k * C * d * (ep - 1) / ep;
+}
 
 class Costs {
  public:
-  Costs(const Shapes& s, const Hardware& hw, const Link& tp_link) : s(s), hw(hw), tpl(tp_link) {}
+  Costs(const Shapes& s, const Hardware& hw, const Link& tp_link, const Link& ep_link)
+      : s(s), hw(hw), tpl(tp_link), epl(ep_link) {}
 
   double gemm(double m, double n, double k) const {
     return s.oversubscribed * (2 * m * n * k / gemm_rate(hw, m, n, k, s.fp32) + hw.kernel_overhead_s);
@@ -80,11 +96,12 @@ class Costs {
 
   // The GEMMs as the code runs them: QKV (G/tp groups of R query, a key and a value head), proj, fc1 (GPT: F/tp
   // columns; Llama: gate and up as one 2F/tp-column GEMM) and fc2.
-  Parts layer_forward() const {
+  // A MoE layer (`moe`) runs its router and experts in place of fc1 and fc2 (moe_forward).
+  Parts layer_forward(bool moe) const {
     const ModelShapes& m = s.m;
     const double N = s.N(), Ns = s.Ns(), C = m.C;
     Parts p;
-    p.gemm = gemm(N, m.qkv, C) + gemm(N, C, m.Ct) + gemm(N, m.fc1, C) + gemm(N, C, m.Ft);
+    p.gemm = gemm(N, m.qkv, C) + gemm(N, C, m.Ct) + (moe ? 0 : gemm(N, m.fc1, C) + gemm(N, C, m.Ft));
     p.attention = attention(2 * s.B * m.Ht * s.T * s.T * m.D);  // QK^T and PV, causal: half of 4 B H T^2 D
     // Two norms (read, write), two dropout-adds (two reads, a write), the biases after the reductions: 14
     // (Ns, C) passes; the epilogues of QKV and fc1 (bias, GELU) are fused on GPUs, separate passes on the
@@ -94,21 +111,51 @@ class Costs {
                pass(Ns * C, 4, 0);
     double kernels = 12;
     if (m.gelu_epilogue) {
-      if (!hw.is_gpu) t += pass(N * m.qkv, 2, 0) + pass(N * m.Ft, 2, 0) + pass(N * m.Ft, 2, e.act_forward);
+      if (!hw.is_gpu) t += pass(N * m.qkv, 2, 0) + (moe ? 0 : pass(N * m.Ft, 2, 0) + pass(N * m.Ft, 2, e.act_forward));
     } else {
-      t += pass(N * (m.qkv - m.Gt * m.D), 2, 0) + pass(N * m.Ft, 3, e.act_forward);  // rope on q, k; SwiGLU
-      kernels += 2;
+      t += pass(N * (m.qkv - m.Gt * m.D), 2, 0);        // rope on q, k
+      if (!moe) t += pass(N * m.Ft, 3, e.act_forward);  // SwiGLU
+      kernels += moe ? 1 : 2;
     }
     if (s.sp) t += pass(N * C, 4, 0);  // the rank-major permutes around the gathers and reduce-scatters
     p.elementwise = t + launches(kernels);
     if (s.tp > 1) p.tp = s.sp ? 4 * tp_gather() : 2 * tp_all_reduce();
+    if (moe) p += moe_forward();
     return p;
   }
-  Parts layer_backward() const {
+  // models/moe_mlp.cpp MoeMlp::forward, routing balanced (N k / E rows per expert): the router's GEMM, one GEMM
+  // pair per expert, the shared expert's; the router, dispatch, permute, the activations, unpermute and the
+  // shared expert's add as passes; the all-to-alls of dispatch and combine with expert parallelism.
+  Parts moe_forward() const {
+    const MoeShapes& e = s.m.moe;
+    const double N = s.N(), C = s.m.C, R = N * e.k, n = R / e.E;
+    const double act_passes = s.m.gelu_epilogue ? 2 : 3;  // GELU reads h, writes act; SwiGLU reads two halves
+    const ElementwiseCosts& c = hw.elementwise_costs;
+    Parts p;
+    p.gemm = gemm(N, e.E, C) + e.E * (gemm(n, e.fc1, C) + gemm(n, C, e.Ft));
+    double t = pass(N * e.E, 3, 0) + pass(R * C, 2, 0) + pass(R * e.Ft, act_passes, c.act_forward) +
+               pass(R * C + N * C, 1, 0);  // router; permute; activation; unpermute (reads y, writes out)
+    double kernels = 4 + e.E;              // router, dispatch index, permute, unpermute; an activation per expert
+    if (e.shared()) {
+      p.gemm += gemm(N, e.sfc1, C) + gemm(N, C, e.Fst);
+      t += pass(N * e.Fst, act_passes, c.act_forward) + pass(N * C, 3, 0);  // its activation, out += ys
+      kernels += 2;
+    }
+    p.elementwise = t + launches(kernels);
+    p.ep = moe_all_to_all();
+    return p;
+  }
+  // The dispatch and combine all-to-alls of one MoE layer's forward or backward: each sends the N k permuted rows
+  // but the 1/EP staying on this rank (a quarter of the step's all_to_all_bytes_per_token, per token).
+  double moe_all_to_all() const {
+    const double bytes = s.N() * all_to_all_bytes_per_token(s.m.moe, s.m.C, s.d, s.ep) / 4;
+    return 2 * epl.all_to_all(s.ep, bytes);
+  }
+  Parts layer_backward(bool moe) const {
     const ModelShapes& m = s.m;
     const double N = s.N(), Ns = s.Ns(), C = m.C;
     Parts p;
-    p.gemm = gemm_bwd(N, m.qkv, C) + gemm_bwd(N, C, m.Ct) + gemm_bwd(N, m.fc1, C) + gemm_bwd(N, C, m.Ft);
+    p.gemm = gemm_bwd(N, m.qkv, C) + gemm_bwd(N, C, m.Ct) + (moe ? 0 : gemm_bwd(N, m.fc1, C) + gemm_bwd(N, C, m.Ft));
     p.attention = attention(2.5 * 2 * s.B * m.Ht * s.T * s.T * m.D);  // flash backward: ~2.5x the forward
     // Two norm backwards (x, dy, dx and the residual gradient's add), two dropout backwards, the rest of the
     // 28 (Ns, C) passes (residual adds, bias gradients); on the CPU the GELU backward and the bias gradients of
@@ -118,16 +165,42 @@ class Costs {
                pass(Ns * C, 16, 0);
     double kernels = 20;
     if (m.gelu_epilogue) {
-      if (!hw.is_gpu) t += pass(N * m.Ft, 3, e.act_backward) + pass(N * m.Ft, 1, 0) + pass(N * m.qkv, 2, 0);
+      if (!hw.is_gpu) t += (moe ? 0 : pass(N * m.Ft, 3, e.act_backward) + pass(N * m.Ft, 1, 0)) + pass(N * m.qkv, 2, 0);
     } else {
-      t += pass(N * (m.qkv - m.Gt * m.D), 2, 0) + pass(N * m.Ft, 5, e.act_backward);
-      kernels += 2;
+      t += pass(N * (m.qkv - m.Gt * m.D), 2, 0);
+      if (!moe) t += pass(N * m.Ft, 5, e.act_backward);
+      kernels += moe ? 1 : 2;
     }
     if (s.sp) t += pass(N * C, 8, 0);
     p.elementwise = t + launches(kernels);
     // Without SP: two all-reduces (f backward); with SP: gathers of dmlp, dproj, ln2, ln1 and two
-    // reduce-scatters.
-    if (s.tp > 1) p.tp = s.sp ? 6 * tp_gather() : 2 * tp_all_reduce();
+    // reduce-scatters. A MoE layer keeps its gathered input: no gather of ln2 (5 with SP), and an all-reduce of
+    // the (N, k) f32 dprobs.
+    if (s.tp > 1) p.tp = s.sp ? (moe ? 5 : 6) * tp_gather() : 2 * tp_all_reduce();
+    if (moe) p += moe_backward();
+    return p;
+  }
+  // MoeMlp::backward: each forward GEMM's two, the permutes of dout and dx, the probabilities' gradient, the
+  // activations' backward, the router's backward (and the aux and z losses'), the shared expert's add.
+  Parts moe_backward() const {
+    const MoeShapes& e = s.m.moe;
+    const double N = s.N(), C = s.m.C, R = N * e.k, n = R / e.E;
+    const double act_passes = s.m.gelu_epilogue ? 3 : 5;  // GELU: h, dact -> dh; SwiGLU: h (2F), dact -> dh (2F)
+    const ElementwiseCosts& c = hw.elementwise_costs;
+    Parts p;
+    p.gemm = gemm_bwd(N, e.E, C) + e.E * (gemm_bwd(n, e.fc1, C) + gemm_bwd(n, C, e.Ft));
+    double t = pass(R * C, 2, 0) + pass(R * C + N * C, 1, 0) + pass(R * e.Ft, act_passes, c.act_backward) +
+               pass(R * C + N * C, 1, 0) + pass(N * e.E, 4, 0) + pass(N * e.E, 2, 0);
+    // permute dout; dprobs (reads dout, y); the activations; unpermute dxp; the router's backward; dl's cast
+    double kernels = 6 + e.E;
+    if (e.shared()) {
+      p.gemm += gemm_bwd(N, e.sfc1, C) + gemm_bwd(N, C, e.Fst);
+      t += pass(N * e.Fst, act_passes, c.act_backward) + pass(N * C, 3, 0);
+      kernels += 2;
+    }
+    p.elementwise = t + launches(kernels);
+    if (s.tp > 1) p.tp = tpl.all_reduce(s.tp, N * e.k * 4);
+    p.ep = moe_all_to_all();
     return p;
   }
   Parts head_forward() const {
@@ -164,7 +237,7 @@ class Costs {
  private:
   const Shapes& s;
   const Hardware& hw;
-  Link tpl;
+  Link tpl, epl;
 };
 
 // CPU ranks beyond the machine's cores share them: each rank computes that many times slower.
@@ -192,6 +265,7 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
                  .m = model_shapes(m, tp),
                  .tp = static_cast<double>(tp),
                  .d = static_cast<double>(dtype_size(dtype_of(c.training.precision))),
+                 .ep = static_cast<double>(std::max<int64_t>(1, par.expert)),
                  .sp = par.sequence_parallel && tp > 1,
                  .fp32 = c.training.precision == Precision::fp32,
                  .recompute = c.training.recompute == Recompute::full,
@@ -200,16 +274,19 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
                  .oversubscribed = cpu_ranks_per_core(hw, par.world_size)};
   const int gpn = std::max(1, hw.gpus_per_node);
   // Ranks: tp fastest, then dp, then pp (parallel/topology). A group stays in a node when its span fits.
-  const Costs costs(s, hw, link(hw, tp <= gpn));
+  // Expert-parallel ranks are drawn from the data-parallel ones (tp fastest): inside a node when tp * ep fits.
+  const Costs costs(s, hw, link(hw, tp <= gpn), link(hw, tp * std::max<int64_t>(1, par.expert) <= gpn));
   const Link dp_link = link(hw, tp * dp <= gpn);
   const Link pp_link = link(hw, tp * dp * std::min<int64_t>(p, 2) <= gpn);
 
   const int64_t vstages = p * v;
   std::vector<int64_t> layers = par.layers_per_stage;
   if (layers.empty()) layers.assign(static_cast<size_t>(vstages), m.num_layers / vstages);
-  const Parts lf = costs.layer_forward(), lb = costs.layer_backward();
+  // A dense layer's and a MoE layer's parts.
+  const Parts lf = costs.layer_forward(false), lb = costs.layer_backward(false);
+  const Parts mf = s.m.moe.E > 0 ? costs.layer_forward(true) : Parts{},
+              mb = s.m.moe.E > 0 ? costs.layer_backward(true) : Parts{};
   const double C = s.m.C, Vt = s.m.Vt;
-  const double layer_params = s.m.layer_parameter_count();
   const double msg = s.Ns() * C * s.d;
 
   std::vector<StageCost> stages(static_cast<size_t>(p));
@@ -217,14 +294,18 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
     StageCost& sc = stages[static_cast<size_t>(st)];
     for (int64_t k = 0; k < v; ++k) {
       const int64_t vs = k * p + st;
-      const double L = static_cast<double>(layers[static_cast<size_t>(vs)]);
-      Parts f, b;
-      for (Parts* x : {&f}) {
-        x->gemm = lf.gemm * L, x->attention = lf.attention * L, x->elementwise = lf.elementwise * L, x->tp = lf.tp * L;
+      int64_t begin = 0;  // app/train/model_chunks.cpp: the layers of the virtual stages before this one
+      for (int64_t i = 0; i < vs; ++i) begin += layers[static_cast<size_t>(i)];
+      const int64_t n = layers[static_cast<size_t>(vs)];
+      const double Lm = static_cast<double>(s.m.moe_count(begin, n)), L = static_cast<double>(n) - Lm;
+      Parts f = lf * L, b = lb * L;
+      f += mf * Lm;
+      b += mb * Lm;
+      if (s.recompute) {
+        b += lf * L;
+        b += mf * Lm;
       }
-      b.gemm = lb.gemm * L, b.attention = lb.attention * L, b.elementwise = lb.elementwise * L, b.tp = lb.tp * L;
-      if (s.recompute) b += Parts{lf.gemm * L, lf.attention * L, lf.elementwise * L, lf.tp * L};
-      sc.params += layer_params * L;
+      for (int64_t l = begin; l < begin + n; ++l) sc.params += s.m.layer_parameter_count(l);
       if (vs == 0) {
         f += costs.embedding_forward();
         b += costs.embedding_backward();
@@ -253,6 +334,8 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   t.elementwise = M * slow->work.elementwise;
   t.compute = t.gemm + t.attention + t.elementwise;
   t.tp_comm = M * slow->work.tp;
+  t.ep_comm = M * slow->work.ep;
+  t.all_to_all_bytes_per_token = all_to_all_bytes_per_token(s.m.moe, C, s.d, s.ep);
   t.pp_comm = M * slow->p2p;
   // Fill and drain: (p - 1) stage-microbatches, 1/v of them with interleaving.
   t.bubble = p > 1 ? static_cast<double>(p - 1) / static_cast<double>(v) * per_mb : 0;
@@ -273,7 +356,7 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
     t.dp_comm = dp > 1 ? std::max(reduce * bucket_fraction, reduce - slow->backward) : 0;
     t.optimizer = (4 * n + n * (4 + 28 + (s.d != 4 ? s.d + 4 : 0))) / bw_elem;
   }
-  t.total = t.compute + t.tp_comm + t.pp_comm + t.bubble + t.dp_comm + t.optimizer;
+  t.total = t.compute + t.tp_comm + t.ep_comm + t.pp_comm + t.bubble + t.dp_comm + t.optimizer;
 
   const double tokens = static_cast<double>(c.training.global_batch_size) * s.T;
   const double world = static_cast<double>(par.world_size);
@@ -282,10 +365,13 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   // Narayanan et al. (2021) eq. 3 generalised to any architecture: the layers' GEMMs (2 FLOPs per weight and
   // token: 8h^2 + 4hF for GPT, GQA's narrower K/V and SwiGLU's three matrices for Llama) and (uncausal)
   // attention 3 or 4 times (with recomputation), the logits 3 times.
+  // A MoE layer's GEMMs are those a token passes through: the router, its top_k experts, the shared expert.
   const double h = C, L = static_cast<double>(m.num_layers), V = static_cast<double>(m.padded_vocab_size);
-  const double layer_gemm_flops = 2 * model_shapes(m, 1).layer_gemm_weights();
+  const ModelShapes whole = model_shapes(m, 1);
+  double layers_gemm_flops = 0;
+  for (int64_t l = 0; l < m.num_layers; ++l) layers_gemm_flops += 2 * whole.layer_gemm_weights(l);
   const double passes = s.recompute ? 4 : 3;
-  const double hw_flops = passes * tokens * L * (layer_gemm_flops + 4 * s.T * h) + 6 * tokens * h * V;
+  const double hw_flops = passes * tokens * (layers_gemm_flops + L * 4 * s.T * h) + 6 * tokens * h * V;
   t.hardware_tflops_per_gpu = hw_flops / t.total / world / 1e12;
   t.mfu = t.model_tflops_per_gpu * 1e12 / hw.peak_flops;
   return t;

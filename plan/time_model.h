@@ -5,7 +5,9 @@
 // reductions are synchronous (no overlap with compute); with sequence parallelism backward gathers ln1 and ln2
 // again; pipeline transfers are waited on before each compute (exposed); without ZeRO the data-parallel
 // buckets reduce during the last microbatch's backward; with ZeRO the gradients are reduce-scattered and the
-// values all-gathered after backward, exposed; full recomputation runs each layer's forward again in backward.
+// values all-gathered after backward, exposed; full recomputation runs each layer's forward again in backward; a
+// mixture-of-experts layer routes balanced (N top_k / E rows per expert, each expert its own GEMMs) and, with
+// expert parallelism, waits on its dispatch and combine all-to-alls (exposed).
 #pragma once
 #include <string>
 
@@ -19,8 +21,9 @@ struct StepTime {
   double compute = 0;  // GEMMs, attention, elementwise of all microbatches (recomputation included)
   double gemm = 0, attention = 0, elementwise = 0;  // the parts of compute
   double tp_comm = 0;                               // tensor/sequence-parallel collectives (exposed)
-  double pp_comm = 0;                               // pipeline sends and receives (exposed)
-  double bubble = 0;                                // pipeline fill and drain
+  double ep_comm = 0;    // the MoE layers' expert-parallel all-to-alls (exposed; 0 without expert parallelism)
+  double pp_comm = 0;    // pipeline sends and receives (exposed)
+  double bubble = 0;     // pipeline fill and drain
   double dp_comm = 0;    // data-parallel gradient reduction (and ZeRO's all-gather), exposed part
   double optimizer = 0;  // grad norm, AdamW, zeroing the gradient buffer
   double total = 0;
@@ -29,6 +32,9 @@ struct StepTime {
   double model_tflops_per_gpu = 0;
   double hardware_tflops_per_gpu = 0;  // with recomputation counted (what Narayanan et al. 2021 report)
   double mfu = 0;                      // model TFLOP/s per GPU over the device's peak
+  // Bytes one token sends over one MoE layer's all-to-alls in a step: 2 (dispatch and combine) x 2 (forward and
+  // backward) x top_k x C x dtype bytes x (EP - 1) / EP; 0 for a dense model or at EP 1.
+  double all_to_all_bytes_per_token = 0;
 };
 
 StepTime predict_time(const Config& c, const Hardware& hw);

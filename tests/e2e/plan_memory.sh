@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # megatrain plan's memory model against measured CPU runs: for each layout below (TP, SP, PP 1F1B and
 # interleaved, DP with and without ZeRO, full recomputation, fp32 and bf16, a tiny and a mid-sized GPT, and a
-# llama-tiny-sized Llama: RMSNorm, SwiGLU, rotary embeddings, 8 query heads on 4 key/value heads, untied) the
+# llama-tiny-sized Llama: RMSNorm, SwiGLU, rotary embeddings, 8 query heads on 4 key/value heads, untied, and
+# that Llama with mixture-of-experts MLPs: 4 SwiGLU experts, top 2, a shared expert, the aux loss) the
 # training log's "peak memory (MiB)" split of rank 0 (the first pipeline stage) is compared with plan's
 # prediction for that rank kind: every kind within 10% (or 0.011 MiB, the log's rounding) and the total within
 # 5%. With pipelining, the log's per-stage totals (the largest rank of each stage, rounded to 0.1 MiB) are
@@ -27,9 +28,16 @@ model: {arch: llama, num_layers: 4, hidden_size: 64, num_heads: 8, num_query_gro
         seq_length: 64, vocab_size: 257, tie_embeddings: false, dropout: 0.0, attention_dropout: 0.0}
 $run_sections
 YAML
+# The same Llama with a mixture-of-experts MLP in every layer (models/moe_mlp.h).
+cat > moe.yaml <<YAML
+model: {arch: llama, num_layers: 4, hidden_size: 64, num_heads: 8, num_query_groups: 4, ffn_hidden_size: 176,
+        seq_length: 64, vocab_size: 257, tie_embeddings: false, dropout: 0.0, attention_dropout: 0.0,
+        moe: {num_experts: 4, top_k: 2, ffn_hidden_size: 64, shared_expert_ffn_hidden_size: 64, aux_loss_coeff: 0.01}}
+$run_sections
+YAML
 mid=(--set model.num_layers=4 --set model.hidden_size=256 --set model.num_heads=8 --set model.ffn_hidden_size=1024
      --set model.seq_length=128 --set training.micro_batch_size=2 --set training.global_batch_size=8)
-# name | world | --set arguments (names starting with llama run llama.yaml, the others tiny.yaml)
+# name | world | --set arguments (names starting with llama run llama.yaml, with moe moe.yaml, the others tiny.yaml)
 layouts=(
   "tiny-fp32|1|"
   "tiny-bf16-recompute|1|--set training.precision=bf16 --set training.recompute=full"
@@ -52,6 +60,10 @@ layouts=(
   "llama-pp2-vp2-mqa|2|--set parallel.pipeline=2 --set parallel.virtual_pipeline=2 --set model.num_query_groups=1 --set training.micro_batch_size=2"
   "llama-dp2-zero-bf16|2|--set parallel.distributed_optimizer=true --set training.precision=bf16"
   "llama-tp2-sp-dp2-zero|4|--set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.distributed_optimizer=true"
+  "moe-fp32|1|"
+  "moe-tp2-sp-bf16|2|--set parallel.tensor=2 --set parallel.sequence_parallel=true --set training.precision=bf16"
+  "moe-pp2|2|--set parallel.pipeline=2 --set training.micro_batch_size=2"
+  "moe-dp2-zero-bf16|2|--set parallel.distributed_optimizer=true --set training.precision=bf16"
 )
 : > results.txt
 for entry in "${layouts[@]}"; do
@@ -60,6 +72,7 @@ for entry in "${layouts[@]}"; do
   dir=run_$name
   cfg=tiny.yaml
   [[ $name == llama* ]] && cfg=llama.yaml
+  [[ $name == moe* ]] && cfg=moe.yaml
   if [ "$world" -eq 1 ]; then
     "$MT" train --config $cfg "${args[@]}" --set logging.dir=$dir >/dev/null
   else

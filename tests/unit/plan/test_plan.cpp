@@ -23,6 +23,7 @@
 
 #include "core/config/config.h"
 #include "models/gpt.h"
+#include "plan/model_shapes.h"
 #include "plan/planner.h"
 #include "tests/unit/source_root.h"
 
@@ -244,6 +245,157 @@ TEST(PlanRates, BadAttentionPointsAreRefusedNamingTheEntry) {
               std::string::npos)
         << e.what();
   }
+}
+
+}  // namespace
+}  // namespace mt::plan
+
+namespace mt::plan {
+namespace {
+
+// Mixtral 8x7B (configs/mixtral-8x7b.yaml's shape and layout: TP 8 with SP, PP 4, DP 4, ZeRO, bf16) by hand:
+// llama 3 8B's attention at vocabulary 32000 (already a multiple of 128; 32768 at TP 8) with every MLP a mixture
+// of 8 SwiGLU experts of width 14336, top 2. One layer: QKV (32 + 2 * 8) * 128 x 4096 = 25165824, proj 16777216,
+// two RMSNorms 8192, the router 8 x 4096 = 32768, each expert's fc1 2 * 14336 x 4096 and fc2 4096 x 14336 =
+// 176160768: 1451270144; 32 of them, the embedding and the head 32000 x 4096 each, the final norm: 46702792704.
+// A token passes 2 of the 8 experts: 6 x 176160768 fewer per layer, 12879925248 active. (At TP 8 the padded
+// vocabulary 32768 adds 2 x 768 x 4096 to both.)
+constexpr double kMixtralExpert = 176160768, kMixtralAttention = 25165824 + 16777216, kMixtralRouter = 32768;
+
+// Built as the dense model with model.moe set after the rules (configs/mixtral-8x7b.yaml is the same model).
+Config mixtral_8x7b(int64_t top_k = 2, int64_t tp = 8) {
+  Config c = parse_config(
+      "model: {arch: llama, num_layers: 32, hidden_size: 4096, num_heads: 32, num_query_groups: 8,\n"
+      "        ffn_hidden_size: 14336, seq_length: 4096, vocab_size: 32000, tie_embeddings: false, dropout: 0.0,\n"
+      "        attention_dropout: 0.0}\n"
+      "parallel: {tensor: " +
+          std::to_string(tp) + ", pipeline: 4, sequence_parallel: " + (tp > 1 ? "true" : "false") +
+          ", distributed_optimizer: true}\n"
+          "training: {micro_batch_size: 1, global_batch_size: 1024, train_iters: 1, precision: bf16}\n"
+          "optimizer: {lr: 3.0e-4}\n"
+          "data: {synthetic: true}\n",
+      "mixtral-8x7b", {}, 128);
+  c.model.moe = MoeConfig{.num_experts = 8, .top_k = top_k, .ffn_hidden_size = 14336, .aux_loss_coeff = 0.02};
+  c.parallel.expert_tensor = c.parallel.tensor;
+  return c;
+}
+
+TEST(PlanMoe, Mixtral8x7bHas46_7BParametersOf12_9BActive) {
+  const Config c = mixtral_8x7b(2, 1);
+  EXPECT_EQ(c.model.padded_vocab_size, 32000);
+  EXPECT_EQ(model_parameters(c.model, false), 46702792704.0);
+  EXPECT_EQ(model_parameters(c.model, false),
+            32 * (kMixtralAttention + 8192 + kMixtralRouter + 8 * kMixtralExpert) + 2 * 32000.0 * 4096 + 4096);
+  EXPECT_EQ(model_parameters(c.model, true), 12879925248.0);
+  EXPECT_EQ(model_parameters(c.model, true), model_parameters(c.model, false) - 32 * 6 * kMixtralExpert);
+  // A dense model's count is core/config's estimate.
+  Config dense = c;
+  dense.model.moe = {};
+  EXPECT_EQ(model_parameters(dense.model, false), estimated_parameters(dense.model));
+  EXPECT_EQ(model_parameters(dense.model, true), estimated_parameters(dense.model));
+}
+
+// configs/mixtral-8x7b.yaml is that model (at its TP 8 the vocabulary padded to 32768), and its layout fits.
+TEST(PlanMoe, TheMixtralConfigIsTheHandCountedModel) {
+  const Config c = load_config(testing_util::source_path("configs/mixtral-8x7b.yaml"), {}, 128);
+  const Config hand = mixtral_8x7b();
+  EXPECT_EQ(c.model.moe.num_experts, hand.model.moe.num_experts);
+  EXPECT_EQ(c.model.moe.top_k, hand.model.moe.top_k);
+  EXPECT_EQ(model_parameters(c.model, false), 46702792704.0 + 2 * 768.0 * 4096);
+  EXPECT_EQ(model_parameters(c.model, true), 12879925248.0 + 2 * 768.0 * 4096);
+  const Prediction p = predict(c, builtin_hardware("h100-80gb")), q = predict(hand, builtin_hardware("h100-80gb"));
+  EXPECT_TRUE(p.fits);
+  for (size_t i = 0; i < p.memory.stages.size(); ++i)
+    EXPECT_EQ(p.memory.stages[i].parameters, q.memory.stages[i].parameters);
+}
+
+TEST(PlanMoe, Mixtral8x7bParametersPerRankSplitEveryExpertOverTensorParallelism) {
+  const Prediction p = predict(mixtral_8x7b(), builtin_hardware("h100-80gb"));
+  ASSERT_EQ(p.memory.stages.size(), 3u);  // first, middle, last
+  // 8 layers a stage: the attention and the experts an eighth each, the norms and the router whole; the
+  // embedding (first) and the head (last) 32768 / 8 rows; the final norm (last).
+  const double layer = (kMixtralAttention + 8 * kMixtralExpert) / 8 + 8192 + kMixtralRouter;
+  EXPECT_EQ(p.memory.stages[0].parameters, static_cast<int64_t>(8 * layer + 4096.0 * 4096));
+  EXPECT_EQ(p.memory.stages[0].parameters, 1468334080);
+  EXPECT_EQ(p.memory.stages[1].parameters, static_cast<int64_t>(8 * layer));
+  EXPECT_EQ(p.memory.stages[2].parameters, static_cast<int64_t>(8 * layer + 4096.0 * 4096 + 4096));
+  EXPECT_TRUE(p.fits) << p.memory.max_total() / 1073741824.0 << " GiB";
+  // No expert parallelism yet: no all-to-all.
+  EXPECT_EQ(p.time.all_to_all_bytes_per_token, 0);
+  EXPECT_EQ(p.time.ep_comm, 0);
+}
+
+TEST(PlanMoe, FlopsCountTheActiveExpertsNotAll) {
+  const Config c = mixtral_8x7b();
+  const Prediction p = predict(c, builtin_hardware("h100-80gb"));
+  const double tokens = static_cast<double>(c.training.global_batch_size * c.model.seq_length);
+  const double world = static_cast<double>(c.parallel.world_size);
+  // Model FLOPs are models/gpt.cpp's (the trainer's MFU), which count a token's top_k experts and the router.
+  const double model_flops = model_flops_per_iteration(c.model, c.training.global_batch_size * c.model.seq_length);
+  EXPECT_NEAR(p.time.model_tflops_per_gpu * 1e12 * world * p.time.total / model_flops, 1.0, 1e-12);
+  // By hand from the active parameters: 6 FLOPs per active GEMM weight and token (the embedding lookup and the
+  // norms are no GEMMs; the head is one), causal attention 3 x 2TC per layer.
+  const double T = 4096, C = 4096, V = 32768;  // the vocabulary padded at TP 8
+  const double active_gemm = model_parameters(c.model, true) - 2 * V * C - (2 * 32 + 1) * C;  // the layers'
+  const double by_hand = tokens * (6 * active_gemm + 3 * 32 * 2 * T * C + 6 * C * V);
+  EXPECT_NEAR(model_flops / by_hand, 1.0, 1e-12);
+  // And the hardware count (uncausal attention, the same GEMMs) and the GEMM time follow top_k, not all 8: with
+  // top_k 4 the experts' GEMM work doubles.
+  const Prediction k4 = predict(mixtral_8x7b(4), builtin_hardware("h100-80gb"));
+  const double expert_flops = 6 * 32 * 2 * kMixtralExpert;  // per token: 2 more experts in 32 layers
+  const double k4_model_flops = model_flops_per_iteration(k4.config.model, c.training.global_batch_size * 4096);
+  EXPECT_NEAR((k4_model_flops - model_flops) / tokens / expert_flops, 1.0, 1e-12);
+  const double hw2 = p.time.hardware_tflops_per_gpu * p.time.total,
+               hw4 = k4.time.hardware_tflops_per_gpu * k4.time.total;
+  EXPECT_NEAR((hw4 - hw2) * 1e12 * world / tokens / expert_flops, 1.0, 1e-9);
+  EXPECT_GT(k4.time.gemm, p.time.gemm * 1.3);
+}
+
+}  // namespace
+}  // namespace mt::plan
+
+namespace mt::plan {
+namespace {
+
+// What a layer holds depends on its index: with layer_pattern [1, 1, 0, 0] over two stages the first holds both
+// MoE layers, the last both dense ones. By hand (llama, C 64, 8 heads, no GQA, vocabulary 257 padded to 384,
+// untied): a dense layer QKV 192 x 64, proj 64 x 64, two RMSNorms, fc1 2 * 176 x 64, fc2 64 x 176 = 50304; a MoE
+// layer the same attention, the router 4 x 64 and 4 experts of fc1 2 * 64 x 64 and fc2 64 x 64 = 65920.
+TEST(PlanMoe, StagesHoldTheirOwnLayersMoeOrDense) {
+  const std::string yaml =
+      "model: {arch: llama, num_layers: 4, hidden_size: 64, num_heads: 8, ffn_hidden_size: 176, seq_length: 64,\n"
+      "        vocab_size: 257, moe: {num_experts: 4, top_k: 2, ffn_hidden_size: 64, layer_pattern: [1, 1, 0, 0]}}\n"
+      "parallel: {pipeline: 2}\n"
+      "training: {micro_batch_size: 2, global_batch_size: 8, train_iters: 1, precision: fp32, device: cpu}\n"
+      "optimizer: {lr: 1.0e-3}\ndata: {synthetic: true}\n";
+  const Prediction p = predict(parse_config(yaml, "tiny-moe", {}, 2), builtin_hardware("cpu"));
+  ASSERT_EQ(p.memory.stages.size(), 2u);
+  EXPECT_EQ(p.memory.stages[0].parameters, 2 * 65920 + 384 * 64);       // two MoE layers, the embedding
+  EXPECT_EQ(p.memory.stages[1].parameters, 2 * 50304 + 64 + 384 * 64);  // two dense layers, the norm, the head
+  // The MoE stage keeps more for backward (N k permuted rows per layer) than the dense one.
+  EXPECT_GT(p.memory.stages[0].bytes[MemKind::activation], p.memory.stages[1].bytes[MemKind::activation]);
+}
+
+// The search splits every expert over the tensor-parallel ranks like the dense MLP: a TP degree that does not divide
+// the experts' width (36: TP 8 would not) is skipped, and the expert layers' TP follows the layout's.
+TEST(PlanMoe, SearchKeepsTheExpertsWidthDivisibleByTensorParallelism) {
+  const Config c = parse_config(
+      "model: {arch: llama, num_layers: 4, hidden_size: 64, num_heads: 8, ffn_hidden_size: 176, seq_length: 64,\n"
+      "        vocab_size: 257, moe: {num_experts: 4, top_k: 2, ffn_hidden_size: 36, shared_expert_ffn_hidden_size: "
+      "8}}\n"
+      "training: {micro_batch_size: 2, global_batch_size: 16, train_iters: 1, precision: bf16}\n"
+      "optimizer: {lr: 1.0e-3}\ndata: {synthetic: true}\n",
+      "tiny-moe", {}, 8);
+  const std::vector<Prediction> ranked = search(c, 8, builtin_hardware("h100-80gb"));
+  ASSERT_FALSE(ranked.empty());
+  bool tp4 = false;
+  for (const Prediction& r : ranked) {
+    EXPECT_EQ(36 % r.layout.tensor, 0) << describe(r.layout);
+    EXPECT_EQ(r.config.parallel.expert_tensor, r.layout.tensor) << describe(r.layout);
+    EXPECT_EQ(r.config.parallel.expert, 1);
+    tp4 = tp4 || r.layout.tensor == 4;
+  }
+  EXPECT_TRUE(tp4);
 }
 
 }  // namespace
