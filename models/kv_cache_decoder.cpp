@@ -31,11 +31,6 @@ const Tensor* whole(const Parameter* p, const char* role) {
 
 KvCacheDecoder::KvCacheDecoder(const GptModel& model, DecoderOptions opt)
     : cfg_(model.config()), opt_(opt), llama_(cfg_.arch == Arch::llama), capacity_(opt.capacity) {
-  if (cfg_.moe.enabled())
-    throw std::invalid_argument(
-        fmt::format("generation: mixture-of-experts models (model.moe.num_experts={}) cannot "
-                    "generate yet (the KV-cache decoder has dense MLPs only)",
-                    cfg_.moe.num_experts));
   const int64_t P = cfg_.max_position_embeddings;
   if (capacity_ == 0) capacity_ = P;
   if (capacity_ < 1 || capacity_ > P)
@@ -67,10 +62,11 @@ KvCacheDecoder::KvCacheDecoder(const GptModel& model, DecoderOptions opt)
                    .qkv_b = bias(r.qkv_b),
                    .proj_w = whole(r.proj_w, "attention projection"),
                    .proj_b = bias(r.proj_b),
-                   .fc1_w = whole(r.fc1_w, "fc1 weight"),
+                   .fc1_w = r.moe ? nullptr : whole(r.fc1_w, "fc1 weight"),
                    .fc1_b = bias(r.fc1_b),
-                   .fc2_w = whole(r.fc2_w, "fc2 weight"),
-                   .fc2_b = bias(r.fc2_b)};
+                   .fc2_w = r.moe ? nullptr : whole(r.fc2_w, "fc2 weight"),
+                   .fc2_b = bias(r.fc2_b),
+                   .moe = r.moe};
     l.k.assign(static_cast<size_t>(capacity_ * GD), 0.f);
     l.v.assign(static_cast<size_t>(capacity_ * GD), 0.f);
     layers_.push_back(std::move(l));
@@ -147,6 +143,13 @@ Tensor KvCacheDecoder::layer_forward(LayerWeights& w, const Tensor& x) {
 
   // MLP block: out = x2 + fc2(act(fc1(norm2(x2)))), act GELU on fc1's epilogue (gpt) or SwiGLU (llama).
   const Tensor ln2 = normalize(w.ln2, x2);
+  if (w.moe) {  // the router and the experts as training runs them (one rank: every expert here)
+    MoeMlp::Saved s;
+    const Tensor mlp = w.moe->forward(ln2, s);
+    Tensor out = Tensor::empty({n, C}, dtype_, device_);
+    add(x2, mlp, out);
+    return out;
+  }
   const int64_t fc1_rows = w.fc1_w->dim(0);
   Tensor act;  // (n, F)
   if (llama_) {

@@ -8,7 +8,8 @@
 //  * norm: LayerNorm with bias (gpt) or RMSNorm (llama, no biases anywhere);
 //  * position: the learned position table added to the embedding (gpt), or the rotary embedding of the fed
 //    tokens' queries and keys at their absolute positions (llama, rope_ with position_offset = length());
-//  * MLP: fc1 with the GELU epilogue (gpt), or fc1's interleaved gate/up pairs through SwiGLU (llama).
+//  * MLP: fc1 with the GELU epilogue (gpt), or fc1's interleaved gate/up pairs through SwiGLU (llama); a MoE layer
+//    runs its MoeMlp's forward (models/moe_mlp.h) on the fed tokens.
 // QKV is per query group, (n, G, R + 2, D) (LLAMA.md; gpt: G = H, R = 1), and the cache holds only the G
 // key/value heads: capacity x G x D per layer for keys and as much for values.
 // Attention:
@@ -57,7 +58,8 @@ class KvCacheDecoder {
     NormWeights ln1, ln2;
     // Biases are null for llama. F: ffn_hidden_size; fc1 has 2F rows (gate/up interleaved) for llama.
     const Tensor *qkv_w, *qkv_b, *proj_w, *proj_b;  // ((H + 2G) D, C), ((H + 2G) D), (C, H D), (C)
-    const Tensor *fc1_w, *fc1_b, *fc2_w, *fc2_b;    // (F or 2F, C), (F), (C, F), (C)
+    const Tensor *fc1_w, *fc1_b, *fc2_w, *fc2_b;    // (F or 2F, C), (F), (C, F), (C); null in a MoE layer
+    const MoeMlp* moe = nullptr;                    // a MoE layer's MLP
     std::vector<float> k, v;  // (capacity, G, D) each: the cached keys and values, f32 on the host
   };
   // x (n, C) -> (n, C): the architecture's norm.

@@ -111,7 +111,7 @@ MoeRouterOptions MoeMlp::router_options() const {
           .norm_topk_prob = cfg_.moe.norm_topk_prob};
 }
 
-Tensor MoeMlp::forward(const Tensor& x_rows, Saved& s, const MoeStep& step) {
+Tensor MoeMlp::forward(const Tensor& x_rows, Saved& s, const MoeStep& step) const {
   const MoeConfig& m = cfg_.moe;
   const bool llama = cfg_.arch == Arch::llama;
   s.x = sequence_to_full(x_rows, step.samples, tp_);  // every token, on every TP rank
@@ -232,7 +232,7 @@ void MoeMlp::all_to_all_rows(const Tensor& in, const std::vector<int64_t>& send_
   ep_.comm->all_to_all(in, send, out, recv)->wait();
 }
 
-void MoeMlp::record_load(const Tensor& logits, const Saved& s) {
+void MoeMlp::record_load(const Tensor& logits, const Saved& s) const {
   const MoeConfig& m = cfg_.moe;
   const int64_t N = s.x.dim(0), E = m.num_experts;
   for (int64_t e = 0; e < E; ++e) load_.tokens[static_cast<size_t>(e)] += s.counts[static_cast<size_t>(e)];

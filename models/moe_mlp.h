@@ -83,7 +83,7 @@ class MoeMlp {
     Tensor shared_h, shared_act;  // the shared expert's (N, Fs1/t) and (N, Fs/t); undefined without one
   };
   // x (Ns, C) -> (Ns, C): Ns = N rows, or this rank's sequence shard with sequence parallelism.
-  Tensor forward(const Tensor& x, Saved& s, const MoeStep& step = {});
+  Tensor forward(const Tensor& x, Saved& s, const MoeStep& step = {}) const;
   // dout (Ns, C) -> dx (Ns, C); accumulates every parameter's gradient (with the aux and z losses' share).
   Tensor backward(const Tensor& dout, const Saved& s, const MoeStep& step = {});
 
@@ -116,7 +116,7 @@ class MoeMlp {
   void all_to_all_rows(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
                        const std::vector<int64_t>& recv_rows) const;
   // Adds a training forward's routing (and its aux and z losses, where configured) to load_.
-  void record_load(const Tensor& logits, const Saved& s);
+  void record_load(const Tensor& logits, const Saved& s) const;
 
   ModelConfig cfg_;
   std::string prefix_;
@@ -130,7 +130,7 @@ class MoeMlp {
   std::vector<Parameter> fc2_;         // per local expert (C, F/t)
   Parameter shared_fc1_, shared_fc2_;  // (Fs1/t, C), (C, Fs/t); undefined without a shared expert
   Tensor expert_bias_;                 // (E) f32 on the device; undefined without the bias update
-  MoeLoad load_;
+  mutable MoeLoad load_;               // bookkeeping of forward (const: generation runs it too)
 };
 
 }  // namespace mt

@@ -59,11 +59,13 @@ class TransformerLayer {
   struct Roles {
     const Norm *ln1, *ln2;
     const Parameter *qkv_w, *qkv_b, *proj_w, *proj_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
+    const MoeMlp* moe;  // a MoE layer's MLP (its forward is the training one); null for a dense layer
   };
   Roles roles() const {
-    if (moe_) return {&ln1_, &ln2_, &qkv_.weight(), qkv_.bias(), &proj_.weight(), proj_.bias(), {}, {}, {}, {}};
-    return {&ln1_,        &ln2_,          &qkv_.weight(), qkv_.bias(),    &proj_.weight(),
-            proj_.bias(), &fc1_.weight(), fc1_.bias(),    &fc2_.weight(), fc2_.bias()};
+    if (moe_)
+      return {&ln1_, &ln2_, &qkv_.weight(), qkv_.bias(), &proj_.weight(), proj_.bias(), {}, {}, {}, {}, moe_.get()};
+    return {&ln1_,          &ln2_,       &qkv_.weight(), qkv_.bias(), &proj_.weight(), proj_.bias(),
+            &fc1_.weight(), fc1_.bias(), &fc2_.weight(), fc2_.bias(), nullptr};
   }
   int64_t index() const { return index_; }
   MoeMlp* moe() { return moe_.get(); }  // null for a dense layer

@@ -41,10 +41,23 @@ struct ModelCase {
 };
 void PrintTo(const ModelCase& c, std::ostream* os) { *os << c.name; }
 std::string case_name(const ::testing::TestParamInfo<ModelCase>& info) { return info.param.name; }
+// Mixture-of-experts variants: a Mixtral-like Llama (every layer 4 experts, top-2) and a GPT whose every other
+// layer is MoE with a shared expert and a sigmoid router.
+ModelConfig with_moe(ModelConfig m, int64_t layer_freq, int64_t shared, MoeScore score) {
+  m.moe.num_experts = 4;
+  m.moe.top_k = 2;
+  m.moe.ffn_hidden_size = 8;
+  m.moe.layer_freq = layer_freq;
+  m.moe.shared_expert_ffn_hidden_size = shared;
+  m.moe.score_function = score;
+  return m;
+}
 const ModelCase kModels[] = {{"GptTied", tiny_model(true)},
                              {"GptUntied", tiny_model(false)},
                              {"LlamaGqaUntied", tiny_llama(2, false)},
-                             {"LlamaMqaTied", tiny_llama(1, true)}};
+                             {"LlamaMqaTied", tiny_llama(1, true)},
+                             {"MixtralLike", with_moe(tiny_llama(2, false), 1, 0, MoeScore::softmax)},
+                             {"GptMoeSharedSigmoid", with_moe(tiny_model(true), 2, 8, MoeScore::sigmoid)}};
 
 std::vector<int32_t> some_tokens(int64_t n, int64_t vocab) {
   std::vector<int32_t> t(n);
