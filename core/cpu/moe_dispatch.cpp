@@ -1,7 +1,12 @@
-// moe_dispatch.cpp: the mixture-of-experts token dispatch on the CPU (core/tensor/ops.h): a counting sort of the
-// choices by expert, stable in (token, choice) order, and the row gathers and scatters around the experts' MLPs.
+// moe_dispatch.cpp: the mixture-of-experts token dispatch on the CPU (core/tensor/ops.h): the choices grouped by
+// expert in (token, choice) order, with a capacity the first ones or those of the highest weight kept, and the row
+// gathers and scatters around the experts' MLPs.
 // Row indices are read as given: the entry points checked the shapes; a row index outside [0, R) (or below -1)
 // is an error here.
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -22,27 +27,59 @@ int64_t row_at(const int32_t* row_of, int64_t i, int64_t R, const char* op) {
   return r;
 }
 
+// A weight's place in the drop order as an unsigned key, larger for a larger weight: the float's bits made
+// monotone (sign flipped for >= 0, all flipped below), -0 as 0, a NaN 0 (below every number). The GPU keeps the same
+// key (core/cuda/moe_dispatch.cu).
+uint32_t weight_rank(float w) {
+  if (std::isnan(w)) return 0;
+  if (w == 0.f) w = 0.f;
+  const auto bits = std::bit_cast<uint32_t>(w);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
 }  // namespace
 
-void moe_dispatch_index(const Tensor& experts, Tensor& row_of, Tensor& counts) {
+void moe_dispatch_index(const Tensor& experts, Tensor& row_of, Tensor& counts, const MoeCapacityOptions& cap) {
   const int64_t n = experts.numel(), E = counts.dim(0);
   const int32_t* e = experts.data<int32_t>();
   int32_t* rows = row_of.data<int32_t>();
   int32_t* cnt = counts.data<int32_t>();
-  std::vector<int64_t> next(static_cast<size_t>(E), 0);
+  std::vector<std::vector<int64_t>> of_expert(static_cast<size_t>(E));  // each expert's choices, in (n, j) order
   for (int64_t i = 0; i < n; ++i) {
     if (e[i] < 0 || e[i] >= E)
       throw std::invalid_argument("moe_dispatch_index: experts holds expert " + std::to_string(e[i]) + " at choice " +
                                   std::to_string(i) + ", outside [0, " + std::to_string(E) + ")");
-    ++next[static_cast<size_t>(e[i])];
+    of_expert[static_cast<size_t>(e[i])].push_back(i);
   }
-  int64_t offset = 0;  // counts, then each expert's first row
+  std::vector<char> kept(static_cast<size_t>(n), 1);
+  if (cap.capacity > 0) {
+    const float* w = cap.probs ? cap.probs->data<float>() : nullptr;
+    for (std::vector<int64_t>& choices : of_expert) {
+      if (static_cast<int64_t>(choices.size()) <= cap.capacity) continue;
+      std::vector<int64_t> order = choices;
+      if (w) {
+        // By weight, highest first, then by (n, j): a total order, so the kept set is unique.
+        std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+          const uint32_t ka = weight_rank(w[a]), kb = weight_rank(w[b]);
+          return ka != kb ? ka > kb : a < b;
+        });
+      }
+      for (size_t r = static_cast<size_t>(cap.capacity); r < order.size(); ++r) kept[static_cast<size_t>(order[r])] = 0;
+    }
+  }
+  int32_t row = 0;  // expert-major, within an expert in (n, j) order
   for (int64_t x = 0; x < E; ++x) {
-    cnt[x] = static_cast<int32_t>(next[static_cast<size_t>(x)]);
-    next[static_cast<size_t>(x)] = offset;
-    offset += cnt[x];
+    int32_t kept_here = 0;
+    for (int64_t i : of_expert[static_cast<size_t>(x)]) {
+      if (kept[static_cast<size_t>(i)]) {
+        rows[i] = row++;
+        ++kept_here;
+      } else {
+        rows[i] = -1;
+      }
+    }
+    cnt[x] = kept_here;
   }
-  for (int64_t i = 0; i < n; ++i) rows[i] = static_cast<int32_t>(next[static_cast<size_t>(e[i])]++);
 }
 
 void moe_permute(const Tensor& x, const Tensor& row_of, const Tensor* probs, Tensor& out) {

@@ -3,14 +3,21 @@
 // moe_dispatch_index sorts the choices by expert with CUB's stable radix sort (so within an expert they keep
 // their (token, choice) order, as the CPU's counting sort), then writes each choice's row; the counts are a
 // histogram of int atomics (their values do not depend on the order). An expert id outside [0, E) (the CPU throws)
-// sorts last and gets row -1 (dropped), and no count. The gathers and scatters run one block per token, its threads
-// over the columns, in fp32 with one rounding on store; moe_unpermute adds in choice order, without fused
-// multiply-adds, as the CPU. moe_unpermute_backward_probs reduces each dot product in a fixed tree (a warp per
-// choice): deterministic, within fp32 rounding of the CPU's double sums.
+// sorts last and gets row -1 (dropped), and no count. With a capacity, a choice is kept when its rank within its
+// expert is below it: its place in that sorted order (position policy), or its place in a second sort by (expert,
+// weight descending, choice) as one 64-bit key (probs policy); the kept rows are then an exclusive scan of the kept
+// flags in the first order, which is expert-major and (token, choice) ordered within an expert, as the CPU's.
+// The gathers and scatters run one block per token, its threads over the columns, in fp32 with one rounding on
+// store; moe_unpermute adds in choice order, without fused multiply-adds, as the CPU. moe_unpermute_backward_probs
+// reduces each dot product in a fixed tree (a warp per choice): deterministic, within fp32 rounding of the CPU's
+// double sums.
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+
+#include <cub/device/device_scan.cuh>
 
 #include "core/cuda/kernels.cuh"
 #include "core/cuda/ops_cuda.h"
@@ -40,6 +47,83 @@ __global__ void dispatch_rows_kernel(const uint32_t* keys, const int32_t* pos, i
   for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < n;
        r += static_cast<int64_t>(gridDim.x) * blockDim.x)
     row_of[pos[r]] = keys[r] < E ? static_cast<int32_t>(r) : -1;
+}
+
+// ---- token dropping (a capacity) ----
+
+// A weight's place in the drop order, larger for a larger weight: the float's bits made monotone, -0 as 0, a NaN 0
+// (below every number); the CPU's weight_rank (core/cpu/moe_dispatch.cpp).
+__device__ __forceinline__ uint32_t weight_rank(float w) {
+  if (isnan(w)) return 0;
+  if (w == 0.f) w = 0.f;
+  const uint32_t bits = __float_as_uint(w);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+// start[e] = the first sorted position of expert e, for the experts that have choices (keys sorted ascending).
+__global__ void expert_starts_kernel(const uint32_t* keys, int64_t n, uint32_t E, int32_t* start) {
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < n;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    if (keys[r] < E && (r == 0 || keys[r - 1] != keys[r])) start[keys[r]] = static_cast<int32_t>(r);
+}
+
+// keys[i] = (expert, ~weight_rank(w)) in one 64-bit key (an expert outside [0, E) as E), pos[i] = i: sorted
+// stably, the choices of each expert by weight descending, ties in choice order.
+__global__ void weight_keys_kernel(const int32_t* experts, const float* probs, int64_t n, int32_t E, uint64_t* keys,
+                                   int32_t* pos) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t e = experts[i];
+    const uint64_t expert = e >= 0 && e < E ? static_cast<uint64_t>(e) : static_cast<uint64_t>(E);
+    keys[i] = (expert << 32) | static_cast<uint64_t>(~weight_rank(probs[i]));
+    pos[i] = static_cast<int32_t>(i);
+  }
+}
+
+// kept[pos[r]] = 1 when sorted position r (by expert, then weight) lies within its expert's first `capacity`.
+__global__ void keep_heaviest_kernel(const uint64_t* keys, const int32_t* pos, const int32_t* start, int64_t n,
+                                     uint32_t E, int64_t capacity, int32_t* kept) {
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < n;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const auto e = static_cast<uint32_t>(keys[r] >> 32);
+    kept[pos[r]] = e < E && r - start[e] < capacity ? 1 : 0;
+  }
+}
+
+// flags[r] = 1 when the choice at sorted position r (by expert) is kept: by kept[] (probs policy), or when it lies
+// within its expert's first `capacity` (position policy, kept null).
+__global__ void keep_flags_kernel(const uint32_t* keys, const int32_t* pos, const int32_t* start, const int32_t* kept,
+                                  int64_t n, uint32_t E, int64_t capacity, int32_t* flags) {
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < n;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint32_t e = keys[r];
+    flags[r] = e < E && (kept ? kept[pos[r]] != 0 : r - start[e] < capacity) ? 1 : 0;
+  }
+}
+
+// row_of[pos[r]] = the number of kept choices before sorted position r, or -1 when r's choice is dropped.
+__global__ void kept_rows_kernel(const int32_t* flags, const int32_t* before, const int32_t* pos, int64_t n,
+                                 int32_t* row_of) {
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < n;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    row_of[pos[r]] = flags[r] ? before[r] : -1;
+}
+
+// counts[e] = min(counts[e], capacity).
+__global__ void cap_counts_kernel(int32_t* counts, int64_t E, int64_t capacity) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < E;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    if (counts[e] > capacity) counts[e] = static_cast<int32_t>(capacity);
+}
+
+// before := the exclusive prefix sum of the n flags (CUB's scan, deterministic).
+void exclusive_sum(const int32_t* flags, int32_t* before, int64_t n) {
+  const int count = static_cast<int>(n);
+  size_t temp_bytes = 0;
+  MT_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(nullptr, temp_bytes, flags, before, count, stream()));
+  Tensor temp = Tensor::empty({std::max<int64_t>(1, ceil_div(static_cast<int64_t>(temp_bytes), 4))}, DType::i32,
+                              Device::cuda, MemKind::workspace);
+  MT_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(temp.raw(), temp_bytes, flags, before, count, stream()));
 }
 
 // out[row_of[n, j]] = w[n, j] * x[n]; a block per token (grid-stride), its threads over the columns.
@@ -94,7 +178,7 @@ __global__ void unpermute_probs_backward_kernel(const T* dout, const T* y, const
 
 }  // namespace
 
-void moe_dispatch_index(const Tensor& experts, Tensor& row_of, Tensor& counts) {
+void moe_dispatch_index(const Tensor& experts, Tensor& row_of, Tensor& counts, const MoeCapacityOptions& cap) {
   const int64_t n = experts.numel(), E = counts.dim(0);
   fill_zero(counts.raw(), static_cast<size_t>(E) * sizeof(int32_t));
   if (n == 0) return;
@@ -113,9 +197,46 @@ void moe_dispatch_index(const Tensor& experts, Tensor& row_of, Tensor& counts) {
                                                           pos_in.data<int32_t>(), counts.data<int32_t>());
   MT_CUDA_LAUNCHED("dispatch_keys_kernel");
   stable_sort_pairs(kin, kout, pos_in.data<int32_t>(), pos_out.data<int32_t>(), n, static_cast<uint64_t>(E));
-  dispatch_rows_kernel<<<blocks, kThreads, 0, stream()>>>(kout, pos_out.data<int32_t>(), n, static_cast<uint32_t>(E),
-                                                          row_of.data<int32_t>());
-  MT_CUDA_LAUNCHED("dispatch_rows_kernel");
+  const int32_t* pos = pos_out.data<int32_t>();
+  if (cap.capacity == 0) {  // dropless: every choice's row is its sorted position
+    dispatch_rows_kernel<<<blocks, kThreads, 0, stream()>>>(kout, pos, n, static_cast<uint32_t>(E),
+                                                            row_of.data<int32_t>());
+    MT_CUDA_LAUNCHED("dispatch_rows_kernel");
+    return;
+  }
+  // Token dropping. start (E) i32: each expert's first sorted position (the same in both sorts).
+  Tensor start = Tensor::empty({E}, DType::i32, Device::cuda, MemKind::workspace);
+  expert_starts_kernel<<<blocks, kThreads, 0, stream()>>>(kout, n, static_cast<uint32_t>(E), start.data<int32_t>());
+  MT_CUDA_LAUNCHED("expert_starts_kernel");
+  Tensor kept;  // (n) i32, by choice: kept by the probs policy
+  if (cap.probs) {
+    Tensor wkeys_in = Tensor::empty({n}, DType::i64, Device::cuda, MemKind::workspace);  // uint64 keys
+    Tensor wkeys_out = Tensor::empty({n}, DType::i64, Device::cuda, MemKind::workspace);
+    auto* win = static_cast<uint64_t*>(wkeys_in.raw());
+    auto* wout = static_cast<uint64_t*>(wkeys_out.raw());
+    weight_keys_kernel<<<blocks, kThreads, 0, stream()>>>(experts.data<int32_t>(), cap.probs->data<float>(), n,
+                                                          static_cast<int32_t>(E), win, pos_in.data<int32_t>());
+    MT_CUDA_LAUNCHED("weight_keys_kernel");
+    // pos_in is free again (the first sort's order lies in pos_out); keys_in holds the second sort's positions.
+    auto* wpos = static_cast<int32_t*>(keys_in.raw());
+    stable_sort_pairs(win, wout, pos_in.data<int32_t>(), wpos, n,
+                      (static_cast<uint64_t>(E) << 32) | uint64_t{0xFFFFFFFF});
+    kept = Tensor::empty({n}, DType::i32, Device::cuda, MemKind::workspace);
+    keep_heaviest_kernel<<<blocks, kThreads, 0, stream()>>>(
+        wout, wpos, start.data<int32_t>(), n, static_cast<uint32_t>(E), cap.capacity, kept.data<int32_t>());
+    MT_CUDA_LAUNCHED("keep_heaviest_kernel");
+  }
+  int32_t* flags = pos_in.data<int32_t>();  // free again
+  keep_flags_kernel<<<blocks, kThreads, 0, stream()>>>(kout, pos, start.data<int32_t>(),
+                                                       kept.defined() ? kept.data<int32_t>() : nullptr, n,
+                                                       static_cast<uint32_t>(E), cap.capacity, flags);
+  MT_CUDA_LAUNCHED("keep_flags_kernel");
+  Tensor before = Tensor::empty({n}, DType::i32, Device::cuda, MemKind::workspace);
+  exclusive_sum(flags, before.data<int32_t>(), n);
+  kept_rows_kernel<<<blocks, kThreads, 0, stream()>>>(flags, before.data<int32_t>(), pos, n, row_of.data<int32_t>());
+  MT_CUDA_LAUNCHED("kept_rows_kernel");
+  cap_counts_kernel<<<grid_1d(E, kThreads), kThreads, 0, stream()>>>(counts.data<int32_t>(), E, cap.capacity);
+  MT_CUDA_LAUNCHED("cap_counts_kernel");
 }
 
 void moe_permute(const Tensor& x, const Tensor& row_of, const Tensor* probs, Tensor& out) {

@@ -125,6 +125,10 @@ void check_columns_like(const char* op, const char* name, const Tensor& t, const
 }  // namespace
 
 void moe_dispatch_index(const Tensor& experts, Tensor& row_of, Tensor& counts) {
+  moe_dispatch_index(experts, row_of, counts, MoeCapacityOptions{});
+}
+
+void moe_dispatch_index(const Tensor& experts, Tensor& row_of, Tensor& counts, const MoeCapacityOptions& cap) {
   const char* op = "moe_dispatch_index";
   const op_profile::Scope profile(op);
   check_ndim(op, "experts", experts, 2, "(N, k)", DType::i32);
@@ -134,9 +138,15 @@ void moe_dispatch_index(const Tensor& experts, Tensor& row_of, Tensor& counts) {
   if (counts.dim(0) < 1) fail(op, "counts: expected at least one expert, got (0)");
   if (experts.numel() > (int64_t{1} << 31) - 1)
     fail(op, fmt::format("experts: {} choices, more than int32 row indices hold", experts.numel()));
+  check_range(op, "capacity", cap.capacity >= 0,
+              fmt::format("the most choices an expert keeps must be >= 0 (0: no limit), got {}", cap.capacity));
+  if (cap.probs) {
+    check_f32_shape(op, "probs", *cap.probs, experts.shape());
+    (void)device_of(op, {&experts, cap.probs});  // throws when they differ
+  }
   if (device_of(op, {&experts, &row_of, &counts}) == Device::cpu)
-    return cpu::moe_dispatch_index(experts, row_of, counts);
-  MT_ON_CUDA(moe_dispatch_index(experts, row_of, counts));
+    return cpu::moe_dispatch_index(experts, row_of, counts, cap);
+  MT_ON_CUDA(moe_dispatch_index(experts, row_of, counts, cap));
 }
 
 void moe_permute(const Tensor& x, const Tensor& row_of, const Tensor* probs, Tensor& out) {

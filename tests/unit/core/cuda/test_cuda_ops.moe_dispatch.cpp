@@ -1,10 +1,15 @@
 // test_cuda_ops.moe_dispatch.cpp: the mixture-of-experts token dispatch on the GPU against the CPU reference:
 // the same rows and counts (a stable sort by expert), permute and unpermute exactly in every dtype (one
 // rounding, no fused multiply-adds, on both), the probs gradient within fp32 rounding, dropped choices skipped,
-// an expert id outside the range given no row. Outputs are poisoned first.
+// an expert id outside the range given no row, token dropping with a capacity (both policies, the same rows and
+// counts, up to 40000 choices). Outputs are poisoned first.
 // One of the sources of test_cuda_ops (tests/CMakeLists.txt); skips where no GPU can run it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/tensor/ops.h"
@@ -84,6 +89,64 @@ TEST_F(CudaOps, MoeDispatchSkipsDroppedChoicesAndGivesBadExpertsNoRow) {
   moe_dispatch_index(bad, rows, counts);
   EXPECT_EQ(host_ints(rows), (std::vector<int32_t>{0, -1, 2, 1}));
   EXPECT_EQ(host_ints(counts), (std::vector<int32_t>{2, 1, 0}));
+}
+
+// Skewed choices (the smaller of two draws, so low experts overflow) and weights on `levels` values (many ties)
+// or continuous (levels 0), from a seed.
+std::vector<int32_t> skewed_choices(int64_t n, int32_t E, uint32_t seed) {
+  std::vector<int32_t> out;
+  for (int64_t i = 0; i < n; ++i) {
+    seed = seed * 1664525u + 1013904223u;
+    const auto a = static_cast<int32_t>((seed >> 8) % static_cast<uint32_t>(E));
+    seed = seed * 1664525u + 1013904223u;
+    const auto b = static_cast<int32_t>((seed >> 8) % static_cast<uint32_t>(E));
+    out.push_back(std::min(a, b));
+  }
+  return out;
+}
+
+Vec weights(int64_t n, uint32_t seed, int levels) {
+  Vec w = rand_vec(n, seed, 0.0, 1.0);
+  if (levels > 0)
+    for (double& v : w) v = std::floor(v * levels) / levels;
+  return w;
+}
+
+TEST_F(CudaOps, MoeDispatchWithCapacityMatchesCpu) {
+  for (const auto& [N, k, E] :
+       {std::tuple<int64_t, int64_t, int32_t>{5000, 8, 8}, {10000, 4, 128}, {37, 2, 8}, {1, 1, 1}, {300, 3, 64}}) {
+    const int64_t n = N * k, mean = std::max<int64_t>(1, n / E);
+    const Both experts = both_ints(skewed_choices(n, E, static_cast<uint32_t>(N + E)), {N, k});
+    for (const int levels : {0, 4}) {
+      const Both probs = both(weights(n, 17, levels), {N, k}, DType::f32);
+      for (const int64_t capacity : {int64_t{1}, int64_t{7}, mean / 2 + 1, mean, mean * 5 / 4 + 1, n}) {
+        for (const bool weighted : {false, true}) {
+          Both row_of = both_ints(std::vector<int32_t>(static_cast<size_t>(n), -7), {N, k});
+          Both counts = both_ints(std::vector<int32_t>(static_cast<size_t>(E), -7), {E});
+          for (auto dev : kDevices)
+            moe_dispatch_index(experts.*dev, row_of.*dev, counts.*dev,
+                               {.capacity = capacity, .probs = weighted ? &(probs.*dev) : nullptr});
+          const std::string what = str("N=", N, " k=", k, " E=", E, " capacity=", capacity,
+                                       weighted ? " probs" : " position", " levels=", levels);
+          ASSERT_EQ(host_ints(counts.gpu), host_ints(counts.cpu)) << "counts, " << what;
+          ASSERT_EQ(host_ints(row_of.gpu), host_ints(row_of.cpu)) << "rows, " << what;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaOps, MoeDispatchWithCapacityRanksNanAndSignedZerosAsTheCpu) {
+  const int64_t N = 8;
+  const Both experts = both_ints({0, 0, 0, 0, 0, 0, 0, 0}, {N, 1});
+  const Both probs = both({std::nan(""), -0.0, 0.0, -INFINITY, INFINITY, 0.0, -1.0, std::nan("")}, {N, 1}, DType::f32);
+  for (const int64_t capacity : {1, 2, 3, 4, 5, 6, 7}) {
+    Both row_of = both_ints(std::vector<int32_t>(N, -7), {N, 1}), counts = both_ints({-7}, {1});
+    for (auto dev : kDevices)
+      moe_dispatch_index(experts.*dev, row_of.*dev, counts.*dev, {.capacity = capacity, .probs = &(probs.*dev)});
+    ASSERT_EQ(host_ints(row_of.gpu), host_ints(row_of.cpu)) << "capacity " << capacity;
+    ASSERT_EQ(host_ints(counts.gpu), host_ints(counts.cpu)) << "capacity " << capacity;
+  }
 }
 
 }  // namespace

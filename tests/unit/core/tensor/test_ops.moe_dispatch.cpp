@@ -1,10 +1,11 @@
 // test_ops.moe_dispatch.cpp: the mixture-of-experts token dispatch on the CPU (core/tensor/ops.h): rows grouped by
 // expert in (token, choice) order, the permute and unpermute gathers against direct sums, the two being adjoint
 // (so each is the other's backward), the gradient of the weights against central differences, dropped choices,
-// and the argument errors. The GPU against these: test_cuda_ops.moe_dispatch.cpp.
+// token dropping with a capacity (the position and probs policies), and the argument errors. The GPU against these: test_cuda_ops.moe_dispatch.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -178,6 +179,185 @@ TEST(MoeDispatch, BadArgumentsNameTheOpAndTheArgument) {
               moe_unpermute_backward_probs(x, bf, ids({0, 1, 2, 3}, {2, 2}), dprobs);
             }).find("moe_unpermute_backward_probs: y"),
             std::string::npos);
+}
+
+// ---- token dropping (a capacity) ----
+
+struct Dispatch {
+  std::vector<int32_t> rows, counts;
+};
+
+Dispatch dispatch(const Tensor& experts, int32_t E, const MoeCapacityOptions& cap) {
+  Tensor row_of = Tensor::empty(experts.shape(), DType::i32), counts = Tensor::empty({E}, DType::i32);
+  moe_dispatch_index(experts, row_of, counts, cap);
+  return {ints(row_of), ints(counts)};
+}
+
+TEST(MoeDispatchCapacity, CapacityZeroIsTheDroplessOp) {
+  const int64_t N = 40, k = 3;
+  const int32_t E = 6;
+  const Tensor experts = ids(choices(N, k, E, 21), {N, k});
+  const Tensor probs = make(rand_vec(N * k, 4, 0.0, 1.0), {N, k});
+  Tensor row_of = Tensor::empty({N, k}, DType::i32), counts = Tensor::empty({E}, DType::i32);
+  moe_dispatch_index(experts, row_of, counts);
+  const Dispatch position = dispatch(experts, E, {}), weighted = dispatch(experts, E, {.capacity = 0, .probs = &probs});
+  EXPECT_EQ(position.rows, ints(row_of));
+  EXPECT_EQ(position.counts, ints(counts));
+  EXPECT_EQ(weighted.rows, ints(row_of));
+  EXPECT_EQ(weighted.counts, ints(counts));
+}
+
+TEST(MoeDispatchCapacity, PositionPolicyKeepsEachExpertsFirstChoices) {
+  // 4 tokens, 2 choices, 3 experts: (0,2) (1,0) (2,0) (0,1). Expert 0's choices in (n, j) order: (0,0) (1,1) (2,1)
+  // (3,0); expert 1: (1,0) (3,1); expert 2: (0,1) (2,0).
+  const Tensor experts = ids({0, 2, 1, 0, 2, 0, 0, 1}, {4, 2});
+  const Dispatch two = dispatch(experts, 3, {.capacity = 2});
+  EXPECT_EQ(two.counts, (std::vector<int32_t>{2, 2, 2}));
+  // Expert 0 keeps (0,0) (1,1) as rows 0-1 and drops (2,1) (3,0); expert 1 rows 2-3, expert 2 rows 4-5.
+  EXPECT_EQ(two.rows, (std::vector<int32_t>{0, 4, 2, 1, 5, -1, -1, 3}));
+  const Dispatch one = dispatch(experts, 3, {.capacity = 1});
+  EXPECT_EQ(one.counts, (std::vector<int32_t>{1, 1, 1}));
+  EXPECT_EQ(one.rows, (std::vector<int32_t>{0, 2, 1, -1, -1, -1, -1, -1}));
+  // A capacity no expert reaches keeps everything: the dropless rows.
+  const Dispatch all = dispatch(experts, 3, {.capacity = 4});
+  EXPECT_EQ(all.counts, (std::vector<int32_t>{4, 2, 2}));
+  EXPECT_EQ(all.rows, (std::vector<int32_t>{0, 6, 4, 1, 7, 2, 3, 5}));
+}
+
+TEST(MoeDispatchCapacity, ProbsPolicyKeepsTheHeaviestInTokenOrderAndTiesKeepTheFirst) {
+  const Tensor experts = ids({0, 2, 1, 0, 2, 0, 0, 1}, {4, 2});
+  // Expert 0's weights: (0,0) 0.1, (1,1) 0.4, (2,1) 0.3, (3,0) 0.9; expert 1: (1,0) 0.5, (3,1) 0.5 (a tie);
+  // expert 2: (0,1) 0.2, (2,0) 0.7.
+  const Tensor probs = make({0.1, 0.2, 0.5, 0.4, 0.7, 0.3, 0.9, 0.5}, {4, 2});
+  const Dispatch two = dispatch(experts, 3, {.capacity = 2, .probs = &probs});
+  EXPECT_EQ(two.counts, (std::vector<int32_t>{2, 2, 2}));
+  // Expert 0 keeps (1,1) and (3,0), in token order rows 0 and 1 (not weight order); the rest as position's.
+  EXPECT_EQ(two.rows, (std::vector<int32_t>{-1, 4, 2, 0, 5, -1, 1, 3}));
+  const Dispatch one = dispatch(experts, 3, {.capacity = 1, .probs = &probs});
+  EXPECT_EQ(one.counts, (std::vector<int32_t>{1, 1, 1}));
+  // Expert 0 keeps (3,0); expert 1's tie keeps the lower (1,0); expert 2 keeps (2,0).
+  EXPECT_EQ(one.rows, (std::vector<int32_t>{-1, -1, 1, -1, 2, -1, 0, -1}));
+  // All weights equal: the probs policy is the position policy.
+  const Tensor flat = make(Vec(8, 0.25), {4, 2});
+  EXPECT_EQ(dispatch(experts, 3, {.capacity = 1, .probs = &flat}).rows, dispatch(experts, 3, {.capacity = 1}).rows);
+  // -0 ties with 0: expert 1's choices (1,0) and (3,1) keep the first whichever of the two zeros it holds.
+  for (const double first : {0.0, -0.0}) {
+    const Tensor zeros = make({1, 1, first, 1, 1, 1, 1, -first}, {4, 2});
+    const Dispatch z = dispatch(experts, 3, {.capacity = 1, .probs = &zeros});
+    EXPECT_EQ(z.rows[2], 1) << "(1,0) holds " << first;
+    EXPECT_EQ(z.rows[7], -1);
+  }
+  // A NaN ranks below every number, -inf included.
+  const Tensor nan = make({std::nan(""), 1, -INFINITY, 1, 1, -INFINITY, 1, 1}, {4, 2});
+  const Dispatch n1 = dispatch(experts, 3, {.capacity = 2, .probs = &nan});
+  // Expert 0: (0,0) NaN, (1,1) 1, (2,1) -inf, (3,0) 1: keeps (1,1) and (3,0). Expert 1: (1,0) -inf, (3,1) 1: both.
+  EXPECT_EQ(n1.rows, (std::vector<int32_t>{-1, 4, 2, 0, 5, -1, 1, 3}));
+}
+
+TEST(MoeDispatchCapacity, KeptRowsAreConsistentOnRandomChoices) {
+  for (const int64_t capacity : {1, 2, 5, 9, 1000}) {
+    for (const bool weighted : {false, true}) {
+      const int64_t N = 57, k = 3;
+      const int32_t E = 7;
+      const Tensor experts = ids(choices(N, k, E, 3), {N, k});
+      const Vec pv = rand_vec(N * k, 6, 0.0, 1.0);
+      const Tensor probs = make(pv, {N, k});
+      const Dispatch d = dispatch(experts, E, {.capacity = capacity, .probs = weighted ? &probs : nullptr});
+      const std::vector<int32_t> e = ints(experts);
+      const int64_t kept = std::count_if(d.rows.begin(), d.rows.end(), [](int32_t r) { return r >= 0; });
+      EXPECT_EQ(std::accumulate(d.counts.begin(), d.counts.end(), int64_t{0}), kept);
+      // Each expert keeps min(its choices, capacity), its rows contiguous after the earlier experts', in (n, j) order,
+      // and with the probs policy every kept weight is at least every dropped one of that expert.
+      int32_t next = 0;
+      for (int32_t x = 0; x < E; ++x) {
+        const int64_t all = std::count(e.begin(), e.end(), x);
+        EXPECT_EQ(d.counts[static_cast<size_t>(x)], std::min(all, capacity));
+        double lightest_kept = 2, heaviest_dropped = -1;
+        int64_t seen = 0;
+        for (size_t i = 0; i < e.size(); ++i) {
+          if (e[i] != x) continue;
+          const bool keep = d.rows[i] >= 0;
+          if (keep) {
+            EXPECT_EQ(d.rows[i], next++);
+          }
+          if (!weighted) {
+            EXPECT_EQ(keep, seen < capacity);
+          }
+          if (keep) lightest_kept = std::min(lightest_kept, pv[i]);
+          if (!keep) heaviest_dropped = std::max(heaviest_dropped, pv[i]);
+          ++seen;
+        }
+        if (weighted) {
+          EXPECT_GE(lightest_kept, heaviest_dropped) << "expert " << x << " capacity " << capacity;
+        }
+      }
+    }
+  }
+}
+
+TEST(MoeDispatchCapacity, DroppedChoicesAddNothing) {
+  const int64_t N = 12, k = 2, C = 3;
+  const int32_t E = 3;
+  const Tensor experts = ids(choices(N, k, E, 9), {N, k});
+  const Vec pv = rand_vec(N * k, 2, 0.1, 1.0), xv = rand_vec(N * C, 5);
+  const Tensor probs = make(pv, {N, k}), x = make(xv, {N, C});
+  const Dispatch d = dispatch(experts, E, {.capacity = 3, .probs = &probs});
+  const int64_t R = std::accumulate(d.counts.begin(), d.counts.end(), int64_t{0});
+  ASSERT_EQ(R, 9);
+  const Tensor row_of = ids(d.rows, {N, k});
+  Tensor xp = Tensor::empty({R, C}, DType::f32), out = Tensor::empty({N, C}, DType::f32);
+  moe_permute(x, row_of, &probs, xp);
+  moe_unpermute(xp, row_of, &probs, out);  // sum over kept j of w^2 x
+  const Vec got = values(out);
+  for (int64_t n = 0; n < N; ++n) {
+    double w2 = 0;
+    for (int64_t j = 0; j < k; ++j)
+      if (d.rows[static_cast<size_t>(n * k + j)] >= 0) w2 += pv[n * k + j] * pv[n * k + j];
+    for (int64_t c = 0; c < C; ++c) EXPECT_NEAR(got[static_cast<size_t>(n * C + c)], w2 * xv[n * C + c], 1e-6);
+  }
+  Tensor dprobs = Tensor::empty({N, k}, DType::f32);
+  moe_unpermute_backward_probs(x, xp, row_of, dprobs);
+  const Vec dp = values(dprobs);
+  for (size_t i = 0; i < d.rows.size(); ++i)
+    if (d.rows[i] < 0) {
+      EXPECT_EQ(dp[i], 0.0) << "dropped choice " << i;
+    }
+}
+
+TEST(MoeDispatchCapacity, BadArgumentsNameTheOpAndTheArgument) {
+  const Tensor experts = ids({0, 1, 1, 0}, {2, 2});
+  Tensor row_of = Tensor::empty({2, 2}, DType::i32), counts = Tensor::empty({2}, DType::i32);
+  auto message = [&](const MoeCapacityOptions& cap) {
+    try {
+      moe_dispatch_index(experts, row_of, counts, cap);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({.capacity = -1}).find("moe_dispatch_index: capacity"), std::string::npos)
+      << message({.capacity = -1});
+  const Tensor short_probs = make({0.5, 0.5}, {1, 2});
+  EXPECT_NE(message({.capacity = 1, .probs = &short_probs}).find("moe_dispatch_index: probs"), std::string::npos)
+      << message({.capacity = 1, .probs = &short_probs});
+  const Tensor bf_probs = Tensor::empty({2, 2}, DType::bf16);
+  EXPECT_NE(message({.capacity = 1, .probs = &bf_probs}).find("moe_dispatch_index: probs"), std::string::npos);
+}
+
+TEST(MoeDispatchCapacity, EveryChoiceOfAnOverfullExpertPastTheCapacityIsDropped) {
+  // 6 tokens all choosing expert 1 (k = 1), none expert 0 or 2: capacity 1 drops all but one, by either policy.
+  const Tensor experts = ids({1, 1, 1, 1, 1, 1}, {6, 1});
+  const Tensor probs = make({0.1, 0.2, 0.6, 0.3, 0.6, 0.0}, {6, 1});
+  const Dispatch position = dispatch(experts, 3, {.capacity = 1});
+  EXPECT_EQ(position.counts, (std::vector<int32_t>{0, 1, 0}));
+  EXPECT_EQ(position.rows, (std::vector<int32_t>{0, -1, -1, -1, -1, -1}));
+  const Dispatch weighted = dispatch(experts, 3, {.capacity = 1, .probs = &probs});
+  EXPECT_EQ(weighted.counts, (std::vector<int32_t>{0, 1, 0}));
+  EXPECT_EQ(weighted.rows, (std::vector<int32_t>{-1, -1, 0, -1, -1, -1}));  // 0.6 twice: the first
+  // No choices at all: nothing kept, nothing counted.
+  Tensor none_rows = Tensor::empty({0, 2}, DType::i32), none_counts = ids({5, 5}, {2});
+  moe_dispatch_index(ids({}, {0, 2}), none_rows, none_counts, {.capacity = 1});
+  EXPECT_EQ(ints(none_counts), (std::vector<int32_t>{0, 0}));
 }
 
 }  // namespace
