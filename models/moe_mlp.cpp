@@ -1,6 +1,8 @@
 // moe_mlp.cpp: the mixture-of-experts MLP on one rank (models/moe_mlp.h).
 #include "models/moe_mlp.h"
 
+#include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <utility>
 
@@ -22,10 +24,6 @@ MoeMlp::MoeMlp(const ModelConfig& cfg, const std::string& prefix, DType dtype, f
     : cfg_(cfg), prefix_(prefix), dtype_(dtype), device_(device), tp_(tp), ep_(ep) {
   const MoeConfig& m = cfg.moe;
   if (!m.enabled()) throw std::invalid_argument(prefix + ": MoeMlp needs model.moe.num_experts > 0");
-  if (m.capacity_factor > 0)
-    throw std::invalid_argument(prefix +
-                                ": model.moe.capacity_factor (token dropping) is not implemented yet (issue "
-                                "25): leave it out for dropless routing");
   const int64_t C = cfg.hidden_size, F = m.ffn_hidden_size, E = m.num_experts, t = tp.size;
   if (E % ep.size != 0)
     throw std::invalid_argument(
@@ -125,14 +123,29 @@ Tensor MoeMlp::forward(const Tensor& x_rows, Saved& s, const MoeStep& step) cons
   s.probs = Tensor::empty({N, k}, DType::f32, device_);
   moe_router_forward(logits, expert_bias_, s.scores, s.experts, s.probs, router_options());
   if (m.aux_loss_coeff > 0 || m.z_loss_coeff > 0) s.logits = logits;
-  // Dispatch: each expert's choices a contiguous row slice; the counts on the host size the GEMMs.
+  // Dispatch: each expert's choices a contiguous row slice; the counts on the host size the GEMMs. With a capacity
+  // factor each expert keeps its ceil(factor * N * k / E) heaviest choices (Megatron-Core's "probs" policy) and the
+  // others are dropped (they add nothing to their token's output); the aux loss and the load count every choice.
   s.row_of = Tensor::empty({N, k}, DType::i32, device_);
+  auto host = [E](const Tensor& t) {
+    const Tensor h = t.to(Device::cpu);
+    return std::vector<int64_t>(h.data<int32_t>(), h.data<int32_t>() + E);
+  };
   Tensor counts = Tensor::empty({E}, DType::i32, device_);
   moe_dispatch_index(s.experts, s.row_of, counts);
-  const Tensor host_counts = counts.to(Device::cpu);
-  s.counts.assign(host_counts.data<int32_t>(), host_counts.data<int32_t>() + E);
+  s.routed = host(counts);
+  if (m.capacity_factor > 0) {
+    const auto capacity =
+        static_cast<int64_t>(std::ceil(m.capacity_factor * static_cast<double>(R) / static_cast<double>(E) - 1e-9));
+    moe_dispatch_index(s.experts, s.row_of, counts, {.capacity = std::max<int64_t>(capacity, 1), .probs = &s.probs});
+    s.counts = host(counts);
+  } else {
+    s.counts = s.routed;
+  }
   if (step.record) record_load(logits, s);
-  Tensor xp = Tensor::empty({R, C}, dtype_, device_);  // this rank's choices, by expert
+  int64_t kept = 0;
+  for (int64_t c : s.counts) kept += c;
+  Tensor xp = Tensor::empty({kept, C}, dtype_, device_);  // this rank's kept choices, by expert
   moe_permute(x, s.row_of, nullptr, xp);
   if (ep_.size > 1)
     plan_exchange(s);
@@ -235,7 +248,10 @@ void MoeMlp::all_to_all_rows(const Tensor& in, const std::vector<int64_t>& send_
 void MoeMlp::record_load(const Tensor& logits, const Saved& s) const {
   const MoeConfig& m = cfg_.moe;
   const int64_t N = s.x.dim(0), E = m.num_experts;
-  for (int64_t e = 0; e < E; ++e) load_.tokens[static_cast<size_t>(e)] += s.counts[static_cast<size_t>(e)];
+  for (int64_t e = 0; e < E; ++e) {
+    load_.tokens[static_cast<size_t>(e)] += s.routed[static_cast<size_t>(e)];
+    load_.dropped += s.routed[static_cast<size_t>(e)] - s.counts[static_cast<size_t>(e)];
+  }
   ++load_.microbatches;
   if (N == 0 || (m.aux_loss_coeff <= 0 && m.z_loss_coeff <= 0)) return;
   Tensor score_sums = Tensor::empty({E}, DType::f32, device_), lse_sq = Tensor::empty({1}, DType::f32, device_);
@@ -243,7 +259,7 @@ void MoeMlp::record_load(const Tensor& logits, const Saved& s) const {
   const std::vector<float> P = score_sums.to_floats();
   double aux = 0;
   for (int64_t e = 0; e < E; ++e)
-    aux += static_cast<double>(P[static_cast<size_t>(e)]) * static_cast<double>(s.counts[static_cast<size_t>(e)]);
+    aux += static_cast<double>(P[static_cast<size_t>(e)]) * static_cast<double>(s.routed[static_cast<size_t>(e)]);
   load_.aux += aux * static_cast<double>(E) / (static_cast<double>(m.top_k) * static_cast<double>(N) * N);
   load_.z += static_cast<double>(lse_sq.to_floats()[0]) / static_cast<double>(N);
 }
@@ -288,9 +304,11 @@ Tensor MoeMlp::backward(const Tensor& dout_rows, const Saved& s, const MoeStep& 
   const MoeConfig& m = cfg_.moe;
   const bool llama = cfg_.arch == Arch::llama;
   const Tensor dout = sequence_to_full(dout_rows, step.samples, tp_);  // (N, C)
-  const int64_t N = dout.dim(0), C = dout.dim(1), E = m.num_experts, k = m.top_k, R = N * k;
+  const int64_t N = dout.dim(0), C = dout.dim(1), E = m.num_experts, k = m.top_k;
   // Through the weighted sum: the rows' gradient and the weights' (summed over the experts' TP slices).
-  Tensor dy = Tensor::empty({R, C}, dtype_, device_);
+  int64_t kept = 0;
+  for (int64_t c : s.counts) kept += c;
+  Tensor dy = Tensor::empty({kept, C}, dtype_, device_);
   moe_permute(dout, s.row_of, &s.probs, dy);
   Tensor dprobs = Tensor::empty({N, k}, DType::f32, device_);
   moe_unpermute_backward_probs(dout, s.y, s.row_of, dprobs);
@@ -331,7 +349,7 @@ Tensor MoeMlp::backward(const Tensor& dout_rows, const Saved& s, const MoeStep& 
       std::vector<float> g(static_cast<size_t>(E));
       const double c = step.dloss * m.aux_loss_coeff * static_cast<double>(E) / (static_cast<double>(k) * n * n);
       for (int64_t e = 0; e < E; ++e)
-        g[static_cast<size_t>(e)] = static_cast<float>(c * static_cast<double>(s.counts[static_cast<size_t>(e)]));
+        g[static_cast<size_t>(e)] = static_cast<float>(c * static_cast<double>(s.routed[static_cast<size_t>(e)]));
       score_grad = Tensor::from_floats(g, {E}).to(device_);
     }
     const float z_grad = m.z_loss_coeff > 0 ? static_cast<float>(step.dloss * m.z_loss_coeff / n) : 0.f;

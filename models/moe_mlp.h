@@ -26,7 +26,8 @@
 // tokens' choices to the EP ranks holding their experts and gets their outputs back (all-to-all, counts exchanged
 // first), each backward the same for the gradients. Every EP rank computes the same values as one rank would.
 //
-// Not yet here (issue 25): capacity (dropping); the class refuses configs that need it.
+// Capacity (model.moe.capacity_factor): each expert keeps its ceil(factor * N * k / E) heaviest choices of the
+// microbatch; a dropped choice adds nothing to its token's output (the residual carries the token).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -46,6 +47,7 @@ struct MoeLoad {
   std::vector<int64_t> tokens;  // (E) choices per expert: each token counts once for each of its top_k experts
   double aux = 0;               // sum over microbatches of the auxiliary loss without its coefficient (1: balanced)
   double z = 0;                 // sum over microbatches of the z-loss without its coefficient
+  int64_t dropped = 0;          // choices dropped for capacity (model.moe.capacity_factor)
   int64_t microbatches = 0;
 };
 
@@ -71,7 +73,8 @@ class MoeMlp {
     Tensor logits;                  // (N, E) f32, kept for the aux and z losses' gradients (else undefined)
     Tensor scores, experts, probs;  // (N, E) f32, (N, k) i32, (N, k) f32
     Tensor row_of;                  // (N, k) i32
-    std::vector<int64_t> counts;    // (E) this rank's choices per expert, on the host
+    std::vector<int64_t> counts;    // (E) this rank's kept choices per expert, on the host
+    std::vector<int64_t> routed;    // (E) its choices per expert before the capacity drops some (= counts without)
     // The rows of this rank's experts, expert-major: xp (Re, C), h (Re, F1/t), act (Re, F/t); Re = N*k without
     // expert parallelism. y (N*k, C): this rank's choices' outputs, by expert (partial sums with TP).
     Tensor xp, h, act, y;

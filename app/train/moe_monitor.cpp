@@ -43,6 +43,7 @@ void MoeMonitor::after_step(bool applied) {
     for (size_t e = 0; e < E; ++e) sum.tokens[e] += l.tokens[e];
     sum.aux += l.aux;
     sum.z += l.z;
+    sum.dropped += l.dropped;
     sum.microbatches += l.microbatches;
     if (move_bias) step_tokens.insert(step_tokens.end(), l.tokens.begin(), l.tokens.end());
   }
@@ -64,9 +65,9 @@ MoeIntervalReport MoeMonitor::report(
   const size_t E = static_cast<size_t>(cfg_.moe.num_experts);
   int64_t moe_layers = 0;
   for (int64_t l = 0; l < cfg_.num_layers; ++l) moe_layers += cfg_.moe.is_moe_layer(l) ? 1 : 0;
-  // One block per global MoE layer: E token counts, the aux and z sums, the microbatches; zero where another stage
-  // holds the layer. Counts stay exact in doubles (far below 2^53).
-  const size_t block = E + 3;
+  // One block per global MoE layer: E token counts, the aux and z sums, the microbatches, the dropped choices; zero
+  // where another stage holds the layer. Counts stay exact in doubles (far below 2^53).
+  const size_t block = E + 4;
   std::vector<double> v(static_cast<size_t>(moe_layers) * block, 0.0);
   for (size_t i = 0; i < layers_.size(); ++i) {
     double* b = v.data() + static_cast<size_t>(global_index_[i]) * block;
@@ -75,6 +76,7 @@ MoeIntervalReport MoeMonitor::report(
     b[E] = l.aux;
     b[E + 1] = l.z;
     b[E + 2] = static_cast<double>(l.microbatches);
+    b[E + 3] = static_cast<double>(l.dropped);
     interval_[i] = MoeLoad{.tokens = std::vector<int64_t>(E, 0)};
   }
   v = sum_over_stages_and_replicas(std::move(v));
@@ -103,6 +105,7 @@ MoeIntervalReport MoeMonitor::report(
     aux += b[E];
     z += b[E + 1];
     microbatches += b[E + 2];
+    r.dropped_tokens += std::llround(b[E + 3]);
   }
   // Means over layers and microbatches.
   if (microbatches > 0) {

@@ -317,10 +317,6 @@ void resolve_moe(Config& c, const Rules& r) {
            fmt::format("{} differs from parallel.tensor={}: a separate expert tensor-parallel size (Megatron's "
                        "parallel folding) is not built yet: leave it out (auto) for the tensor-parallel size",
                        p.expert_tensor, p.tensor));
-  if (e.capacity_factor > 0)
-    r.fail("model.moe.capacity_factor",
-           fmt::format("{}: token dropping is not built yet; leave it out (or none) for dropless routing",
-                       e.capacity_factor));
 }
 
 void resolve_training(Config& c, const Rules& r) {

@@ -55,6 +55,24 @@ worst = max(l["max"] / l["mean"] for l in last["moe_load"])
 assert worst <= 1.10, f"the expert bias left the load {worst:.3f} x even"
 PY
 
+# A capacity factor drops the lightest choices of overloaded experts: metrics.jsonl counts them, and the run trains.
+"$MT" --config moe.yaml --set model.moe.capacity_factor=1.0 --set logging.interval=10 --set logging.dir=capacity \
+      >/dev/null 2>capacity.err || { tail -5 capacity.err; fail "capacity run"; }
+python3 - <<'PY'
+import json
+rows = [json.loads(l) for l in open("capacity/metrics.jsonl") if '"loss"' in l]
+dropped = [r["moe_dropped_tokens"] for r in rows]
+assert all(d > 0 for d in dropped), dropped
+print(f"capacity factor 1.0: dropped {dropped} choices per 10 iterations, loss {rows[-1]['loss']:.3f}")
+PY
+grep -q "dropped [0-9]" capacity/megatrain.log || fail "the interval line does not say what was dropped"
+# Each microbatch drops by its own tokens: TP 2 + SP with EP 2 drops the same choices as one rank.
+cap=(--config moe.yaml --set model.moe.capacity_factor=1.0 --set training.micro_batch_size=1 --set training.train_iters=6)
+"$MT" "${cap[@]}" --set logging.dir=cap_one >/dev/null 2>&1 || fail "capacity, one rank"
+"$MT" "${cap[@]}" --nproc 4 --set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.expert=2 \
+      --set logging.dir=cap_tp2ep2 >/dev/null 2>cap4.err || { tail -5 cap4.err; fail "capacity, TP 2 EP 2"; }
+same_losses cap_one/metrics.jsonl cap_tp2ep2/metrics.jsonl 1 6 1e-6
+
 # Checkpoints store experts by their global index: a run saved at EP 2 (ZeRO over the expert-data-parallel group)
 # resumes at EP 4 and at EP 1 with the losses of a run never interrupted.
 ep=(--config moe.yaml --set training.micro_batch_size=1 --set training.train_iters=10 --set parallel.timeout_s=60)
@@ -80,8 +98,7 @@ expect_error "parallel.expert: 3 does not divide model.moe.num_experts=4" --conf
   --set parallel.expert=3 --set training.micro_batch_size=1 --set training.global_batch_size=6
 expect_error "parallel.expert: 4 does not divide parallel.data=2" --config moe.yaml --nproc 2 --set parallel.expert=4 \
   --set training.micro_batch_size=1
-expect_error "model.moe.capacity_factor: 1.5: token dropping is not built yet" --config moe.yaml \
-  --set model.moe.capacity_factor=1.5
+expect_error "model.moe.capacity_factor: must be positive, got -1" --config moe.yaml --set model.moe.capacity_factor=-1
 expect_error "model.moe.top_k: 5 is more than model.moe.num_experts=4" --config moe.yaml --set model.moe.top_k=5
 expect_error "has no Hugging Face export yet" ckpt export ckpt --format hf --output hf
 echo "moe_train: ok"

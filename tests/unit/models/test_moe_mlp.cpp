@@ -207,10 +207,45 @@ TEST(MoeMlp, TheExpertBiasSteersTheChoiceOnly) {
   EXPECT_FALSE(MoeMlp(m, "mlp", DType::f32, 0.1f, 1).has_expert_bias());
 }
 
-TEST(MoeMlp, WhatIsNotImplementedYetIsRefused) {
-  ModelConfig m = moe_model(Arch::gpt, 4, 2);
-  m.moe.capacity_factor = 1.0;
-  EXPECT_THROW(MoeMlp(m, "mlp", DType::f32, 0.1f, 1), std::invalid_argument);
+// A capacity factor: each expert keeps its ceil(factor * N * k / E) heaviest choices; a dropped choice adds nothing
+// (the output is the kept choices' weighted sum), the load and the aux loss count every choice, and the gradients
+// (dropping is fixed under small steps) are those of that function.
+TEST(MoeMlp, ACapacityDropsTheLightestChoicesOfAnOverloadedExpert) {
+  ModelConfig m = moe_model(Arch::gpt, 4, 1);
+  m.moe.capacity_factor = 1.0;  // 8 tokens, top-1 of 4 experts: 2 choices per expert at most
+  m.moe.norm_topk_prob = false;
+  MoeMlp moe(m, "mlp", DType::f32, 0.1f, 1);
+  fill_(moe.router().value, 0.f);
+  // Every token scores expert 3 highest: the router's row 3 is a multiple of x's first direction.
+  std::vector<float> w(4 * 16, 0.f);
+  w[3 * 16] = 1.f;
+  moe.router().value.copy_from(Tensor::from_floats(w, {4, 16}));
+  std::vector<float> xs(8 * 16, 0.f);
+  for (int n = 0; n < 8; ++n) xs[static_cast<size_t>(n * 16)] = 0.5f + 0.1f * static_cast<float>(n);  // rising weight
+  const Tensor x = Tensor::from_floats(xs, {8, 16});
+  MoeMlp::Saved s;
+  const std::vector<float> out = moe.forward(x, s, {.record = true}).to_floats();
+  EXPECT_EQ(s.routed, (std::vector<int64_t>{0, 0, 0, 8}));
+  EXPECT_EQ(s.counts, (std::vector<int64_t>{0, 0, 0, 2}));
+  const MoeLoad l = moe.take_load();
+  EXPECT_EQ(l.tokens, (std::vector<int64_t>{0, 0, 0, 8}));
+  EXPECT_EQ(l.dropped, 6);
+  // Tokens 6 and 7 (the heaviest) keep their expert; the others' outputs are zero.
+  for (int n = 0; n < 8; ++n) {
+    double norm = 0;
+    for (int c = 0; c < 16; ++c) norm += std::abs(out[static_cast<size_t>(n * 16 + c)]);
+    if (n < 6)
+      EXPECT_EQ(norm, 0.0) << "token " << n << " was dropped";
+    else
+      EXPECT_GT(norm, 0.0) << "token " << n << " was kept";
+  }
+  ModelConfig g = moe_model(Arch::llama, 4, 2);
+  g.moe.capacity_factor = 0.75;
+  g.moe.aux_loss_coeff = 0.5;
+  check_gradients(g, 1e-3, 2e-2);
+}
+
+TEST(MoeMlp, ADenseConfigIsRefused) {
   EXPECT_THROW(MoeMlp(testing_util::tiny_gpt(true), "mlp", DType::f32, 0.1f, 1), std::invalid_argument);
 }
 
