@@ -166,12 +166,15 @@ class Replay {
     if (s.m.rotary && !s.cpu) t.workspace(s.T * s.m.D * 4);
   }
 
-  // models/moe_mlp.cpp MoeMlp::forward on the (Ns, C) rows, routing balanced (each expert N k / E rows): the
-  // Saved tensors, the locals of the call, and the expert GEMMs one after another (their CPU workspaces one at a
-  // time). Returns the bytes Saved keeps; `out` the bytes of the (Ns, C) output left allocated.
+  // models/moe_mlp.cpp MoeMlp::forward on the (Ns, C) rows, routing balanced (each expert N k / E rows of every
+  // rank): the Saved tensors, the locals of the call, and the expert GEMMs one after another (their CPU workspaces
+  // one at a time). With expert parallelism this rank's E / EP experts get the N k rows the EP ranks send them
+  // (Rr = N k, balanced), moved by to_experts and from_experts. Returns the bytes Saved keeps; `out` the bytes of
+  // the (Ns, C) output left allocated.
   double moe_forward(double& out) {
     const MoeShapes& e = s.m.moe;
-    const double N = s.N(), C = s.m.C, d = s.d, E = e.E, k = e.k, R = N * k, n = R / E;
+    const double N = s.N(), C = s.m.C, d = s.d, E = e.E, k = e.k, R = N * k, n = R / e.El;
+    const bool ep = e.ep > 1;
     double kept = 0, locals = 0;
     auto keep = [&](double bytes) {
       t.alloc(bytes);
@@ -191,15 +194,34 @@ class Replay {
     } else {
       locals += logits;
     }
-    keep(N * k * 4);                    // row_of (N, k) i32
-    local(2 * E * 4);                   // counts (E) i32 and its host copy
-    keep(R * C * d);                    // xp (R, C)
-    keep(R * e.fc1 * d);                // h (R, F1/tp)
-    keep(R * e.Ft * d);                 // act (R, F/tp)
-    keep(R * C * d);                    // y (R, C), this rank's partial
+    keep(N * k * 4);   // row_of (N, k) i32
+    local(2 * E * 4);  // counts (E) i32 and its host copy
+    if (!ep) {
+      keep(R * C * d);  // xp (R, C)
+    } else {
+      local(R * C * d);           // xp (R, C): this rank's choices, sent
+      if (s.cpu) t.alloc(R * 4);  // plan_exchange: order from_ints on the host (the CPU's allocator on CUDA),
+      keep(R * 4);                // then its device copy: order (Rr, 1) i32
+      if (s.cpu) t.free(R * 4);
+      t.alloc(R * C * d);  // to_experts: received (Rr, C)
+      keep(R * C * d);     // s.xp (Rr, C): received, expert-major
+      t.free(R * C * d);
+    }
+    keep(R * e.fc1 * d);  // h (Re, F1/tp)
+    keep(R * e.Ft * d);   // act (Re, F/tp)
+    if (!ep) {
+      keep(R * C * d);  // y (R, C), this rank's partial
+    } else {
+      local(R * C * d);  // ye (Re, C): this rank's experts' outputs
+    }
     gemm(n * C, e.fc1 * C, n * e.fc1);  // an expert's fc1 (the largest of its two GEMMs' workspaces with fc2)
     gemm(n * e.Ft, C * e.Ft, n * C);    // and fc2
-    local(N * C * d);                   // out (N, C): the weighted sum (partial over TP)
+    if (ep) {
+      t.alloc(R * C * d);  // from_experts: by_rank (Re, C)
+      keep(R * C * d);     // s.y (R, C): this rank's choices' outputs, back
+      t.free(R * C * d);
+    }
+    local(N * C * d);  // out (N, C): the weighted sum (partial over TP)
     if (e.shared()) {
       keep(N * e.sfc1 * d + N * e.Fst * d);  // shared_h, shared_act
       t.alloc(N * C * d);                    // ys (N, C), added to out at the end of its block
@@ -223,21 +245,32 @@ class Replay {
   // of dx (Ns, C) left allocated.
   double moe_backward() {
     const MoeShapes& e = s.m.moe;
-    const double N = s.N(), C = s.m.C, d = s.d, E = e.E, k = e.k, R = N * k, n = R / E;
+    const double N = s.N(), C = s.m.C, d = s.d, E = e.E, k = e.k, R = N * k, n = R / e.El;
+    const bool ep = e.ep > 1;
     double locals = to_full();  // dout (N, C), gathered with SP
     auto local = [&](double bytes) {
       t.alloc(bytes);
       locals += bytes;
     };
-    local(R * C * d);                     // dy (R, C)
-    local(N * k * 4);                     // dprobs (N, k) f32, all-reduced over TP in place (f32: no copy)
-    local(R * C * d);                     // dxp (R, C)
-    local(R * e.Ft * d + R * e.fc1 * d);  // dact (R, F/tp), dh (R, F1/tp)
+    local(R * C * d);  // dy (R, C)
+    local(N * k * 4);  // dprobs (N, k) f32, all-reduced over TP in place (f32: no copy)
+    if (ep) {
+      t.alloc(R * C * d);  // to_experts(dy): received (Rr, C)
+      local(R * C * d);    // dye (Rr, C), expert-major
+      t.free(R * C * d);
+    }
+    local(R * C * d);                     // dxe (Re, C)
+    local(R * e.Ft * d + R * e.fc1 * d);  // dact (Re, F/tp), dh (Re, F1/tp)
     gemm(n * C, C * e.Ft, n * e.Ft);      // an expert's dact = dy W2
     gemm(n * C, n * e.Ft, 0, true);       // dW2 (f32)
     gemm(n * e.fc1, e.fc1 * C, n * C);    // dx = dh W1
     gemm(n * e.fc1, n * C, 0, true);      // dW1 (f32)
-    local(N * C * d);                     // dx (N, C)
+    if (ep) {
+      t.alloc(R * C * d);  // from_experts(dxe): by_rank (Re, C)
+      local(R * C * d);    // dxp (R, C), back on this rank's choices
+      t.free(R * C * d);
+    }
+    local(N * C * d);  // dx (N, C)
     if (e.shared()) {
       const double block = N * e.Fst * d + N * e.sfc1 * d + N * C * d;  // sdact, sdh, sdx
       t.alloc(block);

@@ -15,13 +15,15 @@ Layout layout_of(const Config& c) {
                 .micro_batch_size = c.training.micro_batch_size,
                 .sequence_parallel = c.parallel.sequence_parallel,
                 .recompute = c.training.recompute,
-                .distributed_optimizer = c.parallel.distributed_optimizer};
+                .distributed_optimizer = c.parallel.distributed_optimizer,
+                .expert = c.parallel.expert};
 }
 
 std::string describe(const Layout& l) {
-  return fmt::format("TP {} PP {} VP {} DP {} mbs {} SP {} recompute {} ZeRO {}", l.tensor, l.pipeline,
+  return fmt::format("TP {} PP {} VP {} DP {} mbs {} SP {} recompute {} ZeRO {}{}", l.tensor, l.pipeline,
                      l.virtual_pipeline, l.data, l.micro_batch_size, l.sequence_parallel ? "on" : "off",
-                     name_of(l.recompute), l.distributed_optimizer ? "on" : "off");
+                     name_of(l.recompute), l.distributed_optimizer ? "on" : "off",
+                     l.expert > 1 ? fmt::format(" EP {}", l.expert) : "");
 }
 
 Config apply_layout(const Config& base, const Layout& l) {
@@ -35,9 +37,12 @@ Config apply_layout(const Config& base, const Layout& l) {
       fmt::format("training.micro_batch_size={}", l.micro_batch_size),
       fmt::format("training.recompute={}", name_of(l.recompute)),
   };
-  // The expert layers' tensor-parallel degree follows the dense layers' (expert_tensor = tensor until expert
-  // parallelism with its parallel folding lands).
-  if (base.model.moe.enabled()) sets.push_back(fmt::format("parallel.expert_tensor={}", l.tensor));
+  // The expert layers' tensor-parallel degree follows the dense layers' (expert_tensor = tensor until Megatron's
+  // parallel folding lands); the experts split over l.expert of the data-parallel ranks.
+  if (base.model.moe.enabled()) {
+    sets.push_back(fmt::format("parallel.expert_tensor={}", l.tensor));
+    sets.push_back(fmt::format("parallel.expert={}", l.expert));
+  }
   // An uneven split written for the base layout does not carry over to another number of stages.
   if (l.pipeline != base.parallel.pipeline || l.virtual_pipeline != base.parallel.virtual_pipeline)
     sets.push_back("parallel.layers_per_stage=[]");

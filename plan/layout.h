@@ -18,13 +18,14 @@ struct Layout {
   bool sequence_parallel = false;
   Recompute recompute = Recompute::none;
   bool distributed_optimizer = false;
+  int64_t expert = 1;  // expert-parallel size (MoE models): EP consecutive data-parallel ranks split the experts
 
   bool operator==(const Layout&) const = default;
 };
 
 // The layout a resolved config uses.
 Layout layout_of(const Config& c);
-// One line: "TP 4 PP 2 VP 1 DP 1 mbs 1 SP on recompute none ZeRO on".
+// One line: "TP 4 PP 2 VP 1 DP 1 mbs 1 SP on recompute none ZeRO on", and " EP 4" with expert parallelism.
 std::string describe(const Layout& l);
 
 // `base` with `l` applied and every config rule checked again (through core/config, so an invalid layout is

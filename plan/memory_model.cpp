@@ -36,13 +36,14 @@ std::vector<ChunkSpec> chunks_of(const Config& c, int64_t stage) {
 }
 
 // Element counts of one chunk's parameters on tensor-parallel rank 0, in the model's order (models/gpt.cpp
-// GptModel's params_, models/transformer_layer.cpp parameters()): the gradient buffer's buckets follow it.
-std::vector<double> chunk_parameters(const ModelShapes& m, const ChunkSpec& ch) {
+// GptModel's params_, models/transformer_layer.cpp parameters()): the gradient buffer's buckets follow it. With
+// `experts` (expert parallelism), the experts' parameters go there, in the same order: their own buffer's.
+std::vector<double> chunk_parameters(const ModelShapes& m, const ChunkSpec& ch, std::vector<double>* experts) {
   std::vector<double> n;
   if (ch.has_embedding || (ch.has_head && m.tie_embeddings)) n.push_back(m.Vt * m.C);  // word embeddings (or copy)
   if (ch.has_embedding && m.P > 0) n.push_back(m.P * m.C);                             // position embeddings (GPT)
   for (int64_t l = ch.layer_begin; l < ch.layer_begin + ch.layers; ++l) {
-    const std::vector<double> layer = m.layer_parameters(l);  // a MoE layer's differ
+    const std::vector<double> layer = m.layer_parameters(l, experts);  // a MoE layer's differ
     n.insert(n.end(), layer.begin(), layer.end());
   }
   if (ch.has_head) {
@@ -63,6 +64,7 @@ struct GradLayout {
 
 GradLayout grad_layout(const std::vector<double>& params, int64_t bucket_elements, int64_t dp, bool shard) {
   GradLayout g;
+  if (params.empty()) return g;
   const double n = static_cast<double>(shard ? dp : 1);
   double in_bucket = 0;
   auto close = [&] {
@@ -84,7 +86,7 @@ TapeShapes tape_shapes(const Config& c, Backend backend) {
   const int64_t tp = c.parallel.tensor;
   return TapeShapes{.B = static_cast<double>(c.training.micro_batch_size),
                     .T = static_cast<double>(c.model.seq_length),
-                    .m = model_shapes(c.model, tp),
+                    .m = model_shapes(c.model, tp, c.parallel.expert),
                     .tp = static_cast<double>(tp),
                     .sp = c.parallel.sequence_parallel && tp > 1,
                     .d = static_cast<double>(dtype_size(dtype_of(c.training.precision))),
@@ -159,7 +161,7 @@ double MemoryPlan::max_total() const {
 }
 
 MemoryPlan predict_memory(const Config& c, Backend backend) {
-  const int64_t p = c.parallel.pipeline, dp = c.parallel.data;
+  const int64_t p = c.parallel.pipeline, dp = c.parallel.data, ep = c.parallel.expert;
   const TapeShapes shapes = tape_shapes(c, backend);
   const double d = shapes.d;
   const bool zero = c.parallel.distributed_optimizer;
@@ -176,17 +178,25 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     StageMemory sm{.kind = kind, .stage = stage};
     const std::vector<ChunkSpec> chunks = chunks_of(c, stage);
     std::vector<double> params;  // app/train/trainer.cpp all_parameters: the chunks' parameters in chunk order
+    // With expert parallelism the experts' parameters (this rank's E / EP experts) in a buffer of their own,
+    // reduced (ZeRO: sharded) over the expert-data-parallel group of dp / EP ranks (app/train/trainer.cpp).
+    std::vector<double> experts;
     std::vector<ChunkProfile> prof;
     for (const ChunkSpec& ch : chunks) {
-      const std::vector<double> more = chunk_parameters(shapes.m, ch);
+      const std::vector<double> more = chunk_parameters(shapes.m, ch, ep > 1 ? &experts : nullptr);
       params.insert(params.end(), more.begin(), more.end());
       sm.layers += ch.layers;
       prof.push_back(profile_chunk(shapes, ch));
     }
     double n = 0;
     for (double e : params) n += e;
+    for (double e : experts) n += e;
     sm.parameters = static_cast<int64_t>(n);
-    const GradLayout g = grad_layout(params, c.parallel.grad_bucket_size, dp, zero);
+    const GradLayout dense = grad_layout(params, c.parallel.grad_bucket_size, dp, zero),
+                     expert = grad_layout(experts, c.parallel.grad_bucket_size, dp / ep, zero);
+    const GradLayout g{.elements = dense.elements + expert.elements,
+                       .shard = dense.shard + expert.shard,
+                       .max_bucket = std::max(dense.max_bucket, expert.max_bucket)};
     KindBytes& b = sm.bytes;
     b[MemKind::parameter] = n * d;
     // parallel/grad_buffer.cpp: one flat fp32 buffer; with ZeRO its buckets are reduce-scattered in place and
@@ -205,7 +215,10 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     // staging in the gathered dtype (the compute dtype; fp32 masters when it is fp32).
     double step_ws = 16;
     if (zero) {
-      const double reduce_scatter = (backend == Backend::cpu && dp > 1) ? 4 * g.max_bucket : 0;
+      // With expert parallelism the expert buffer's reduce-scatter over its dp / EP ranks runs on that buffer's
+      // thread while the dense one's is in flight: a bucket of each at once.
+      const double reduce_scatter =
+          backend != Backend::cpu ? 0 : (dp > 1 ? 4 * dense.max_bucket : 0) + (dp / ep > 1 ? 4 * expert.max_bucket : 0);
       step_ws += std::max(reduce_scatter, g.max_bucket * (d == 4 ? 4 : d));
     }
     const double step_act = (p == 1) ? 2 * shapes.B * shapes.T * 4 : 0;  // the plain loop's last batch

@@ -3,7 +3,7 @@
 
 namespace mt::plan {
 
-ModelShapes model_shapes(const ModelConfig& m, int64_t tp) {
+ModelShapes model_shapes(const ModelConfig& m, int64_t tp, int64_t ep) {
   const bool llama = m.arch == Arch::llama;
   // The config rules make tp divide the heads, the key/value heads, the ffn width (the experts' and the shared
   // expert's too), and the vocabulary padded.
@@ -30,6 +30,8 @@ ModelShapes model_shapes(const ModelConfig& m, int64_t tp) {
     const double et = static_cast<double>(e.ffn_hidden_size / tp),
                  st = static_cast<double>(e.shared_expert_ffn_hidden_size / tp);
     s.moe = MoeShapes{.E = static_cast<double>(e.num_experts),
+                      .El = static_cast<double>(e.num_experts / ep),
+                      .ep = static_cast<double>(ep),
                       .k = static_cast<double>(e.top_k),
                       .Ft = et,
                       .fc1 = llama ? 2 * et : et,
@@ -48,7 +50,7 @@ int64_t ModelShapes::moe_count(int64_t begin, int64_t n) const {
   return count;
 }
 
-std::vector<double> ModelShapes::layer_parameters(int64_t layer) const {
+std::vector<double> ModelShapes::layer_parameters(int64_t layer, std::vector<double>* experts) const {
   std::vector<double> n;
   auto norm = [&] {
     n.push_back(C);                 // weight
@@ -68,9 +70,10 @@ std::vector<double> ModelShapes::layer_parameters(int64_t layer) const {
     return n;
   }
   n.push_back(moe.E * C);  // mlp.router.weight (E, C)
-  for (double e = 0; e < moe.E; ++e) {
-    n.push_back(moe.fc1 * C);  // mlp.experts.<e>.fc1.weight (F1/tp, C)
-    n.push_back(C * moe.Ft);   // mlp.experts.<e>.fc2.weight (C, F/tp)
+  std::vector<double>& ex = experts ? *experts : n;
+  for (double e = 0; e < moe.El; ++e) {
+    ex.push_back(moe.fc1 * C);  // mlp.experts.<e>.fc1.weight (F1/tp, C)
+    ex.push_back(C * moe.Ft);   // mlp.experts.<e>.fc2.weight (C, F/tp)
   }
   if (moe.shared()) {
     n.push_back(moe.sfc1 * C);  // mlp.shared_expert.fc1.weight
@@ -81,7 +84,7 @@ std::vector<double> ModelShapes::layer_parameters(int64_t layer) const {
 
 double ModelShapes::layer_parameter_count(int64_t layer) const {
   double n = 0;
-  for (double e : layer_parameters(layer)) n += e;
+  for (double e : layer_parameters(layer)) n += e;  // this rank's experts included
   return n;
 }
 

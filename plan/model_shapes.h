@@ -13,10 +13,13 @@
 
 namespace mt::plan {
 
-// A MoE layer's MLP on one tensor-parallel rank (models/moe_mlp.h, parallel.expert = 1): the router (E, C)
-// replicated, every expert and the shared expert split like the dense MLP (fc1's rows, fc2's columns), no biases.
+// A MoE layer's MLP on one tensor-parallel rank (models/moe_mlp.h): the router (E, C) replicated, each expert this
+// rank holds (E / EP of them with expert parallelism) and the shared expert split like the dense MLP (fc1's rows,
+// fc2's columns), no biases.
 struct MoeShapes {
   double E = 0;              // experts (0: a dense model)
+  double El = 0;             // experts this rank holds: E / EP
+  double ep = 1;             // expert-parallel size (parallel.expert)
   double k = 0;              // top_k: experts per token
   double Ft = 0;             // an expert's ffn width / tp: its fc2's input columns
   double fc1 = 0;            // an expert's fc1 rows / tp: Ft (GPT), 2 Ft (Llama: gate and up)
@@ -54,17 +57,19 @@ struct ModelShapes {
   double norm_parameters() const { return layernorm ? 2 * C : C; }
   double norm_stats() const { return layernorm ? 2 : 1; }
   // Layer `layer`'s parameters in TransformerLayer::parameters() order (ln1, qkv, proj, ln2, then fc1, fc2 or a
-  // MoE layer's MoeMlp::parameters(): the router, each expert's fc1 and fc2, the shared expert's; each linear's
-  // weight then its bias): the gradient buffer's buckets follow this order.
-  std::vector<double> layer_parameters(int64_t layer) const;
+  // MoE layer's MoeMlp::parameters(): the router, each of this rank's experts' fc1 and fc2, the shared expert's;
+  // each linear's weight then its bias): the gradient buffer's buckets follow this order. With `experts`, the
+  // experts' go there instead (expert parallelism: app/train/trainer.cpp gives them a gradient buffer of their own).
+  std::vector<double> layer_parameters(int64_t layer, std::vector<double>* experts = nullptr) const;
   double layer_parameter_count(int64_t layer) const;
   // Weight elements of layer `layer`'s GEMMs on this rank that one token passes through (qkv, proj, and fc1,
   // fc2; a MoE layer's router, top_k experts and the shared expert): 2 FLOPs each per token.
   double layer_gemm_weights(int64_t layer) const;
 };
 
-// The shapes of `m` on one of `tp` tensor-parallel ranks (rank 0: ranks differ by no more than a padding row).
-ModelShapes model_shapes(const ModelConfig& m, int64_t tp);
+// The shapes of `m` on one of `tp` tensor-parallel ranks (rank 0: ranks differ by no more than a padding row) and
+// of `ep` expert-parallel ranks.
+ModelShapes model_shapes(const ModelConfig& m, int64_t tp, int64_t ep = 1);
 
 // The whole model's parameters (tensor-parallel size 1, the padded vocabulary): every one, or with `active` those
 // one token passes through (a MoE layer's router, its top_k experts and the shared expert; Mixtral 8x7B: 46.7B

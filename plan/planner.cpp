@@ -32,6 +32,23 @@ std::vector<Prediction> search(const Config& base, int64_t world, const Hardware
   const ModelConfig& m = base.model;
   const int64_t G = base.training.global_batch_size;
   std::vector<Prediction> out;
+  // Full recomputation only where keeping the activations does not fit: it is never faster.
+  auto add_fastest_fitting = [&](Layout l) {
+    for (Recompute rc : {Recompute::none, Recompute::full}) {
+      if (rc == Recompute::full && !opt.allow_recompute) continue;
+      l.recompute = rc;
+      Prediction pr;
+      try {
+        pr = predict(apply_layout(base, l), hw);
+      } catch (const std::exception&) {
+        continue;  // a rule refuses it
+      }
+      if (pr.fits) {
+        out.push_back(std::move(pr));
+        return;
+      }
+    }
+  };
   for (int64_t tp : divisors(world)) {
     // Tensor parallelism inside a node, dividing heads, key/value heads and ffn (the config rules say so too;
     // checked early here to skip the rest of the loop).
@@ -39,8 +56,7 @@ std::vector<Prediction> search(const Config& base, int64_t world, const Hardware
       continue;
     // MoE: every expert and the shared expert are split over the tensor-parallel ranks as the dense MLP.
     if (m.moe.enabled() && (m.moe.ffn_hidden_size % tp != 0 || m.moe.shared_expert_ffn_hidden_size % tp != 0)) continue;
-    // The expert-parallel size stays the base config's (parallel.expert = 1): the search over EP (and over the
-    // expert layers' own TP degree) comes with expert parallelism (issue 25).
+    // The expert layers' own TP degree stays the layout's (no parallel folding yet, issue 25).
     for (int64_t pp : divisors(world / tp)) {
       if (pp > m.num_layers) continue;
       const int64_t dp = world / (tp * pp);
@@ -54,27 +70,17 @@ std::vector<Prediction> search(const Config& base, int64_t world, const Hardware
             if (sp && (tp == 1 || m.seq_length % tp != 0)) continue;
             for (bool zero : {false, true}) {
               if (zero && (!opt.allow_zero || dp == 1)) continue;
-              // Full recomputation only where keeping the activations does not fit: it is never faster.
-              for (Recompute rc : {Recompute::none, Recompute::full}) {
-                if (rc == Recompute::full && !opt.allow_recompute) continue;
-                const Layout l{.tensor = tp,
-                               .pipeline = pp,
-                               .virtual_pipeline = vp,
-                               .data = dp,
-                               .micro_batch_size = mbs,
-                               .sequence_parallel = sp,
-                               .recompute = rc,
-                               .distributed_optimizer = zero};
-                Prediction pr;
-                try {
-                  pr = predict(apply_layout(base, l), hw);
-                } catch (const std::exception&) {
-                  continue;  // a rule refuses it
-                }
-                if (pr.fits) {
-                  out.push_back(std::move(pr));
-                  break;
-                }
+              // Expert parallelism (MoE): 1, 2, 4, ... data-parallel ranks dividing dp and the experts.
+              for (int64_t ep = 1; ep <= (m.moe.enabled() ? dp : 1); ep *= 2) {
+                if (dp % ep != 0 || m.moe.num_experts % ep != 0) continue;
+                add_fastest_fitting(Layout{.tensor = tp,
+                                           .pipeline = pp,
+                                           .virtual_pipeline = vp,
+                                           .data = dp,
+                                           .micro_batch_size = mbs,
+                                           .sequence_parallel = sp,
+                                           .distributed_optimizer = zero,
+                                           .expert = ep});
               }
             }
           }

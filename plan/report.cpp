@@ -27,7 +27,8 @@ nlohmann::json layout_json(const Layout& l) {
           {"micro_batch_size", l.micro_batch_size},
           {"sequence_parallel", l.sequence_parallel},
           {"recompute", std::string(name_of(l.recompute))},
-          {"distributed_optimizer", l.distributed_optimizer}};
+          {"distributed_optimizer", l.distributed_optimizer},
+          {"expert", l.expert}};
 }
 
 nlohmann::json to_json(const Prediction& p, const Hardware& hw) {

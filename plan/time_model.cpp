@@ -17,7 +17,8 @@ struct Shapes {
   double B, T;
   ModelShapes m;  // the architecture's widths on this rank
   double tp, d;
-  double ep = 1;  // expert-parallel size
+  double ep = 1;                 // expert-parallel size
+  double ep_peers_off_node = 0;  // of a rank's EP - 1 peers, the most in other nodes (ep_peers_off_node)
   bool sp, fp32, recompute;
   bool dropout, attention_dropout;  // residual dropout / dropout on the attention probabilities (p > 0)
   double oversubscribed = 1;        // CPU ranks per core, when more ranks than cores share a machine
@@ -68,8 +69,8 @@ double all_to_all_bytes_per_token(const MoeShapes& e, double C, double d, double
 
 class Costs {
  public:
-  Costs(const Shapes& s, const Hardware& hw, const Link& tp_link, const Link& ep_link)
-      : s(s), hw(hw), tpl(tp_link), epl(ep_link) {}
+  Costs(const Shapes& s, const Hardware& hw, const Link& tp_link)
+      : s(s), hw(hw), tpl(tp_link), intra(link(hw, true)), inter(link(hw, false)) {}
 
   double gemm(double m, double n, double k) const {
     return s.oversubscribed * (2 * m * n * k / gemm_rate(hw, m, n, k, s.fp32) + hw.kernel_overhead_s);
@@ -123,19 +124,24 @@ class Costs {
     if (moe) p += moe_forward();
     return p;
   }
-  // models/moe_mlp.cpp MoeMlp::forward, routing balanced (N k / E rows per expert): the router's GEMM, one GEMM
-  // pair per expert, the shared expert's; the router, dispatch, permute, the activations, unpermute and the
-  // shared expert's add as passes; the all-to-alls of dispatch and combine with expert parallelism.
+  // models/moe_mlp.cpp MoeMlp::forward, routing balanced (N k / E rows per expert from each rank): the router's
+  // GEMM, one GEMM pair per expert this rank holds (E / EP of them, each N k EP / E rows), the shared expert's;
+  // the router, dispatch, permute, the activations, unpermute and the shared expert's add as passes; with expert
+  // parallelism the all-to-alls of dispatch and combine, and the received rows' reorder there and back.
   Parts moe_forward() const {
     const MoeShapes& e = s.m.moe;
-    const double N = s.N(), C = s.m.C, R = N * e.k, n = R / e.E;
+    const double N = s.N(), C = s.m.C, R = N * e.k, n = R / e.El;
     const double act_passes = s.m.gelu_epilogue ? 2 : 3;  // GELU reads h, writes act; SwiGLU reads two halves
     const ElementwiseCosts& c = hw.elementwise_costs;
     Parts p;
-    p.gemm = gemm(N, e.E, C) + e.E * (gemm(n, e.fc1, C) + gemm(n, C, e.Ft));
+    p.gemm = gemm(N, e.E, C) + e.El * (gemm(n, e.fc1, C) + gemm(n, C, e.Ft));
     double t = pass(N * e.E, 3, 0) + pass(R * C, 2, 0) + pass(R * e.Ft, act_passes, c.act_forward) +
                pass(R * C + N * C, 1, 0);  // router; permute; activation; unpermute (reads y, writes out)
-    double kernels = 4 + e.E;              // router, dispatch index, permute, unpermute; an activation per expert
+    double kernels = 4 + e.El;             // router, dispatch index, permute, unpermute; an activation per expert
+    if (e.ep > 1) {
+      t += 2 * pass(R * C, 2, 0);  // to_experts' permute by order, from_experts' unpermute
+      kernels += 2;
+    }
     if (e.shared()) {
       p.gemm += gemm(N, e.sfc1, C) + gemm(N, C, e.Fst);
       t += pass(N * e.Fst, act_passes, c.act_forward) + pass(N * C, 3, 0);  // its activation, out += ys
@@ -146,10 +152,15 @@ class Costs {
     return p;
   }
   // The dispatch and combine all-to-alls of one MoE layer's forward or backward: each sends the N k permuted rows
-  // but the 1/EP staying on this rank (a quarter of the step's all_to_all_bytes_per_token, per token).
+  // but the 1/EP staying on this rank (a quarter of the step's all_to_all_bytes_per_token, per token). The share
+  // for peers in other nodes goes over the inter-node link, the rest over NVLink, at once: the slower of the two.
   double moe_all_to_all() const {
     const double bytes = s.N() * all_to_all_bytes_per_token(s.m.moe, s.m.C, s.d, s.ep) / 4;
-    return 2 * epl.all_to_all(s.ep, bytes);
+    if (bytes <= 0) return 0;
+    const double off = s.ep_peers_off_node / (s.ep - 1);  // the fraction of the bytes leaving the node
+    const double inside = off < 1 ? intra.all_to_all(s.ep - s.ep_peers_off_node, bytes * (1 - off)) : 0;
+    const double across = off > 0 ? inter.all_to_all(s.ep_peers_off_node + 1, bytes * off) : 0;
+    return 2 * std::max(inside, across);
   }
   Parts layer_backward(bool moe) const {
     const ModelShapes& m = s.m;
@@ -184,15 +195,19 @@ class Costs {
   // activations' backward, the router's backward (and the aux and z losses'), the shared expert's add.
   Parts moe_backward() const {
     const MoeShapes& e = s.m.moe;
-    const double N = s.N(), C = s.m.C, R = N * e.k, n = R / e.E;
+    const double N = s.N(), C = s.m.C, R = N * e.k, n = R / e.El;
     const double act_passes = s.m.gelu_epilogue ? 3 : 5;  // GELU: h, dact -> dh; SwiGLU: h (2F), dact -> dh (2F)
     const ElementwiseCosts& c = hw.elementwise_costs;
     Parts p;
-    p.gemm = gemm_bwd(N, e.E, C) + e.E * (gemm_bwd(n, e.fc1, C) + gemm_bwd(n, C, e.Ft));
+    p.gemm = gemm_bwd(N, e.E, C) + e.El * (gemm_bwd(n, e.fc1, C) + gemm_bwd(n, C, e.Ft));
     double t = pass(R * C, 2, 0) + pass(R * C + N * C, 1, 0) + pass(R * e.Ft, act_passes, c.act_backward) +
                pass(R * C + N * C, 1, 0) + pass(N * e.E, 4, 0) + pass(N * e.E, 2, 0);
     // permute dout; dprobs (reads dout, y); the activations; unpermute dxp; the router's backward; dl's cast
-    double kernels = 6 + e.E;
+    double kernels = 6 + e.El;
+    if (e.ep > 1) {
+      t += 2 * pass(R * C, 2, 0);  // to_experts(dy), from_experts(dxe)
+      kernels += 2;
+    }
     if (e.shared()) {
       p.gemm += gemm_bwd(N, e.sfc1, C) + gemm_bwd(N, C, e.Fst);
       t += pass(N * e.Fst, act_passes, c.act_backward) + pass(N * C, 3, 0);
@@ -237,8 +252,25 @@ class Costs {
  private:
   const Shapes& s;
   const Hardware& hw;
-  Link tpl, epl;
+  Link tpl, intra, inter;
 };
+
+// Expert-parallel groups are EP consecutive data-parallel ranks of a pipeline stage, tp ranks apart (ranks: tp
+// fastest, then dp, then pp; parallel/topology): over every rank, the most of its EP - 1 peers in other nodes of
+// `gpus_per_node` ranks (0: every group inside a node).
+double ep_peers_off_node(int64_t tp, int64_t dp, int64_t pp, int64_t ep, int64_t gpus_per_node) {
+  if (ep <= 1) return 0;
+  int64_t most = 0;
+  for (int64_t rank = 0; rank < tp * dp * pp; ++rank) {
+    const int64_t t = rank % tp, d = (rank / tp) % dp, stage = rank / (tp * dp);
+    const int64_t first_d = d / ep * ep;  // the group's first data-parallel rank
+    int64_t off = 0;
+    for (int64_t j = first_d; j < first_d + ep; ++j)
+      off += (stage * tp * dp + j * tp + t) / gpus_per_node != rank / gpus_per_node ? 1 : 0;
+    most = std::max(most, off);
+  }
+  return static_cast<double>(most);
+}
 
 // CPU ranks beyond the machine's cores share them: each rank computes that many times slower.
 double cpu_ranks_per_core(const Hardware& hw, int64_t world) {
@@ -248,10 +280,11 @@ double cpu_ranks_per_core(const Hardware& hw, int64_t world) {
 }
 
 struct StageCost {
-  Parts work;           // one microbatch through all of this stage's chunks, forward and backward
-  double backward = 0;  // the backward part of it
-  double p2p = 0;       // exposed transfers of one microbatch
-  double params = 0;
+  Parts work;                // one microbatch through all of this stage's chunks, forward and backward
+  double backward = 0;       // the backward part of it
+  double p2p = 0;            // exposed transfers of one microbatch
+  double params = 0;         // this rank's, its E / EP experts' included
+  double expert_params = 0;  // with expert parallelism, those of its experts (their own buffer and optimizer)
 };
 
 }  // namespace
@@ -260,22 +293,25 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   const ModelConfig& m = c.model;
   const ParallelConfig& par = c.parallel;
   const int64_t tp = par.tensor, p = par.pipeline, v = par.virtual_pipeline, dp = par.data;
+  const int64_t ep = std::max<int64_t>(1, par.expert);
+  const int gpn = std::max(1, hw.gpus_per_node);
   const Shapes s{.B = static_cast<double>(c.training.micro_batch_size),
                  .T = static_cast<double>(m.seq_length),
-                 .m = model_shapes(m, tp),
+                 .m = model_shapes(m, tp, ep),
                  .tp = static_cast<double>(tp),
                  .d = static_cast<double>(dtype_size(dtype_of(c.training.precision))),
-                 .ep = static_cast<double>(std::max<int64_t>(1, par.expert)),
+                 .ep = static_cast<double>(ep),
+                 .ep_peers_off_node = ep_peers_off_node(tp, dp, p, ep, gpn),
                  .sp = par.sequence_parallel && tp > 1,
                  .fp32 = c.training.precision == Precision::fp32,
                  .recompute = c.training.recompute == Recompute::full,
                  .dropout = m.dropout > 0,
                  .attention_dropout = m.attention_dropout > 0,
                  .oversubscribed = cpu_ranks_per_core(hw, par.world_size)};
-  const int gpn = std::max(1, hw.gpus_per_node);
   // Ranks: tp fastest, then dp, then pp (parallel/topology). A group stays in a node when its span fits.
-  // Expert-parallel ranks are drawn from the data-parallel ones (tp fastest): inside a node when tp * ep fits.
-  const Costs costs(s, hw, link(hw, tp <= gpn), link(hw, tp * std::max<int64_t>(1, par.expert) <= gpn));
+  // Expert-parallel ranks are drawn from the data-parallel ones (ep_peers_off_node); the expert-data-parallel
+  // group (every EP-th data-parallel rank) spans what the data-parallel group spans.
+  const Costs costs(s, hw, link(hw, tp <= gpn));
   const Link dp_link = link(hw, tp * dp <= gpn);
   const Link pp_link = link(hw, tp * dp * std::min<int64_t>(p, 2) <= gpn);
 
@@ -305,7 +341,10 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
         b += lf * L;
         b += mf * Lm;
       }
-      for (int64_t l = begin; l < begin + n; ++l) sc.params += s.m.layer_parameter_count(l);
+      for (int64_t l = begin; l < begin + n; ++l) {
+        sc.params += s.m.layer_parameter_count(l);
+        if (ep > 1 && s.m.is_moe(l)) sc.expert_params += s.m.moe.El * (s.m.moe.fc1 + s.m.moe.Ft) * C;
+      }
       if (vs == 0) {
         f += costs.embedding_forward();
         b += costs.embedding_backward();
@@ -340,17 +379,22 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   // Fill and drain: (p - 1) stage-microbatches, 1/v of them with interleaving.
   t.bubble = p > 1 ? static_cast<double>(p - 1) / static_cast<double>(v) * per_mb : 0;
 
-  // Data parallelism and the optimizer, on the rank with the most parameters.
-  double n = 0;
-  for (const StageCost& sc : stages) n = std::max(n, sc.params);
-  const double dpn = static_cast<double>(dp);
+  // Data parallelism and the optimizer, on the rank with the most parameters. With expert parallelism the
+  // experts' gradients reduce (ZeRO: reduce-scatter, then the values' all-gather) over dp / EP ranks, and their
+  // optimizer state is sharded over those.
+  const StageCost* big = &stages[0];
+  for (const StageCost& sc : stages)
+    if (sc.params > big->params) big = &sc;
+  const double n = big->params, ne = big->expert_params, nd = n - ne;
+  const double dpn = static_cast<double>(dp), edp = static_cast<double>(dp / ep);
   const double bw_elem = hw.hbm_bytes_per_s * hw.elementwise_efficiency / s.oversubscribed;
   if (par.distributed_optimizer) {
-    t.dp_comm = dp_link.gather(dpn, 4 * n) + dp_link.gather(dpn, s.d * n);
-    const double shard = n / dpn;
+    t.dp_comm = dp_link.gather(dpn, 4 * nd) + dp_link.gather(dpn, s.d * nd) + dp_link.gather(edp, 4 * ne) +
+                dp_link.gather(edp, s.d * ne);
+    const double shard = nd / dpn + ne / edp;
     t.optimizer = (4 * n + shard * (4 + 28 + s.d) + 2 * s.d * n) / bw_elem;
   } else {
-    const double reduce = dp_link.all_reduce(dpn, 4 * n);
+    const double reduce = dp_link.all_reduce(dpn, 4 * nd) + dp_link.all_reduce(edp, 4 * ne);
     const double bucket_fraction = std::min(1.0, static_cast<double>(par.grad_bucket_size) / std::max(n, 1.0));
     // Buckets reduce while the last microbatch's backward runs on; the last bucket waits for the end.
     t.dp_comm = dp > 1 ? std::max(reduce * bucket_fraction, reduce - slow->backward) : 0;

@@ -7,7 +7,9 @@
 // buckets reduce during the last microbatch's backward; with ZeRO the gradients are reduce-scattered and the
 // values all-gathered after backward, exposed; full recomputation runs each layer's forward again in backward; a
 // mixture-of-experts layer routes balanced (N top_k / E rows per expert, each expert its own GEMMs) and, with
-// expert parallelism, waits on its dispatch and combine all-to-alls (exposed).
+// expert parallelism (E / EP experts a rank, each N top_k EP / E rows), waits on its dispatch and combine
+// all-to-alls (exposed; inter-node where an EP group's ranks lie in more than one node), and the experts' gradients
+// reduce over dp / EP ranks.
 #pragma once
 #include <string>
 

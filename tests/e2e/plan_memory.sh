@@ -2,7 +2,8 @@
 # megatrain plan's memory model against measured CPU runs: for each layout below (TP, SP, PP 1F1B and
 # interleaved, DP with and without ZeRO, full recomputation, fp32 and bf16, a tiny and a mid-sized GPT, and a
 # llama-tiny-sized Llama: RMSNorm, SwiGLU, rotary embeddings, 8 query heads on 4 key/value heads, untied, and
-# that Llama with mixture-of-experts MLPs: 4 SwiGLU experts, top 2, a shared expert, the aux loss) the
+# that Llama with mixture-of-experts MLPs: 4 SwiGLU experts, top 2, a shared expert, the aux loss; and with
+# expert parallelism, EP 2 and 4 over 2 and 4 data-parallel ranks, with and without ZeRO) the
 # training log's "peak memory (MiB)" split of rank 0 (the first pipeline stage) is compared with plan's
 # prediction for that rank kind: every kind within 10% (or 0.011 MiB, the log's rounding) and the total within
 # 5%. With pipelining, the log's per-stage totals (the largest rank of each stage, rounded to 0.1 MiB) are
@@ -64,6 +65,10 @@ layouts=(
   "moe-tp2-sp-bf16|2|--set parallel.tensor=2 --set parallel.sequence_parallel=true --set training.precision=bf16"
   "moe-pp2|2|--set parallel.pipeline=2 --set training.micro_batch_size=2"
   "moe-dp2-zero-bf16|2|--set parallel.distributed_optimizer=true --set training.precision=bf16"
+  "moe-dp2-ep2|2|--set parallel.expert=2"
+  "moe-dp2-ep2-zero-bf16|2|--set parallel.expert=2 --set parallel.distributed_optimizer=true --set training.precision=bf16"
+  "moe-dp4-ep2-zero|4|--set parallel.expert=2 --set parallel.distributed_optimizer=true"
+  "moe-dp4-ep4|4|--set parallel.expert=4"
 )
 : > results.txt
 for entry in "${layouts[@]}"; do

@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -392,10 +393,99 @@ TEST(PlanMoe, SearchKeepsTheExpertsWidthDivisibleByTensorParallelism) {
   for (const Prediction& r : ranked) {
     EXPECT_EQ(36 % r.layout.tensor, 0) << describe(r.layout);
     EXPECT_EQ(r.config.parallel.expert_tensor, r.layout.tensor) << describe(r.layout);
-    EXPECT_EQ(r.config.parallel.expert, 1);
+    EXPECT_EQ(r.config.parallel.expert, r.layout.expert);  // EP is searched (PlanExpertParallel below)
     tp4 = tp4 || r.layout.tensor == 4;
   }
   EXPECT_TRUE(tp4);
+}
+
+}  // namespace
+}  // namespace mt::plan
+
+namespace mt::plan {
+namespace {
+
+// Expert parallelism (parallel.expert = EP): each of EP consecutive data-parallel ranks holds E / EP experts, their
+// gradients in a buffer of their own reduced over the dp / EP expert-data-parallel ranks, their ZeRO state sharded
+// over those. Mixtral 8x7B at TP 8 PP 4 DP 4: a stage's 8 layers hold 8 experts of kMixtralExpert / 8 each.
+Config mixtral_ep(int64_t ep, bool zero = true) {
+  Config c = mixtral_8x7b();
+  c.parallel.expert = ep;
+  c.parallel.distributed_optimizer = zero;
+  return c;
+}
+
+TEST(PlanExpertParallel, EachRankHoldsItsShareOfTheExpertsAndTheirState) {
+  const Hardware h100 = builtin_hardware("h100-80gb");
+  const Prediction p1 = predict(mixtral_ep(1), h100), p2 = predict(mixtral_ep(2), h100),
+                   p4 = predict(mixtral_ep(4), h100);
+  const double experts = 8 * 8 * kMixtralExpert / 8;  // a stage's experts on one TP rank
+  for (size_t s = 0; s < p1.memory.stages.size(); ++s) {
+    EXPECT_EQ(p1.memory.stages[s].parameters - p2.memory.stages[s].parameters, static_cast<int64_t>(experts / 2));
+    EXPECT_EQ(p1.memory.stages[s].parameters - p4.memory.stages[s].parameters, static_cast<int64_t>(experts * 3 / 4));
+    // bf16 values, fp32 gradients: the experts' share shrinks with EP.
+    const KindBytes &b1 = p1.memory.stages[s].bytes, &b4 = p4.memory.stages[s].bytes;
+    EXPECT_EQ(b1[MemKind::parameter] - b4[MemKind::parameter], 2 * experts * 3 / 4);
+    EXPECT_NEAR(b1[MemKind::gradient] - b4[MemKind::gradient], 4 * experts * 3 / 4, 1e4);  // bucket padding
+    // ZeRO: the dense parameters' state over 4 ranks, the experts' over dp / EP: at EP 4 every rank keeps its 2
+    // experts' whole state (14 bytes each: fp32 master and moments, the bf16 value shard), at EP 1 a quarter of
+    // all 8: the same bytes.
+    EXPECT_NEAR(b4[MemKind::optimizer], b1[MemKind::optimizer], 1e4);
+  }
+  // Without ZeRO the experts' fp32 master and moments (12 bytes each) go with the experts.
+  const Prediction a1 = predict(mixtral_ep(1, false), h100), a4 = predict(mixtral_ep(4, false), h100);
+  EXPECT_EQ(a1.memory.stages[0].bytes[MemKind::optimizer] - a4.memory.stages[0].bytes[MemKind::optimizer],
+            12 * experts * 3 / 4);
+  // At EP 2 under ZeRO the experts' state is sharded over 2 ranks, not 4.
+  const double dense = static_cast<double>(p2.memory.stages[1].parameters) - experts / 2;  // a middle stage
+  EXPECT_NEAR(p2.memory.stages[1].bytes[MemKind::optimizer], 14 * (dense / 4 + experts / 2 / 2), 1e4);
+  // Each MoE layer keeps the order of its received rows and, in flight, the received copies: a little more
+  // activation memory (balanced routing: the same N k rows per rank as without EP).
+  EXPECT_GT(p2.memory.stages[0].bytes[MemKind::activation], p1.memory.stages[0].bytes[MemKind::activation]);
+  EXPECT_LT(p2.memory.stages[0].bytes[MemKind::activation], 1.2 * p1.memory.stages[0].bytes[MemKind::activation]);
+}
+
+// The all-to-all: 2 (dispatch, combine) x 2 (forward, backward) x top_k x C x 2 bytes x (EP - 1) / EP per token and
+// layer. At TP 8 an EP group of 2 spans 16 GPUs, two nodes of 8: the inter-node link; at TP 1 inside a node.
+TEST(PlanExpertParallel, AllToAllBytesAndLinkFollowWhereTheGroupLies) {
+  const Hardware h100 = builtin_hardware("h100-80gb");
+  const Prediction p2 = predict(mixtral_ep(2), h100), p4 = predict(mixtral_ep(4), h100);
+  EXPECT_EQ(p2.time.all_to_all_bytes_per_token, 2 * 2 * 2 * 4096 * 2 * 0.5);
+  EXPECT_EQ(p4.time.all_to_all_bytes_per_token, 2 * 2 * 2 * 4096 * 2 * 0.75);
+  EXPECT_GT(p2.time.ep_comm, 0);
+  // Within a node the same bytes cost far less. TP 1 PP 4 DP 32: an EP 2 group is 2 neighbouring GPUs; TP 8 PP 4
+  // DP 4: 8 GPUs apart, in two nodes. The microbatch's rows are the same at both (each TP rank routes all N
+  // tokens), the microbatches per rank 8 times as many at DP 4.
+  const Config base = mixtral_8x7b();
+  Layout l = layout_of(base);
+  l.expert = 2;
+  const Prediction across = predict(apply_layout(base, l), h100);
+  l.tensor = 1, l.data = 32, l.sequence_parallel = false;
+  const Prediction intra = predict(apply_layout(base, l), h100);
+  ASSERT_EQ(intra.config.training.num_microbatches * 8, across.config.training.num_microbatches);
+  EXPECT_GT(across.time.ep_comm / 8, 3 * intra.time.ep_comm);
+}
+
+TEST(PlanExpertParallel, SearchTriesExpertParallelismDividingDataParallelismAndTheExperts) {
+  const Config c = parse_config(
+      "model: {arch: llama, num_layers: 4, hidden_size: 64, num_heads: 8, ffn_hidden_size: 176, seq_length: 64,\n"
+      "        vocab_size: 257, moe: {num_experts: 4, top_k: 2, ffn_hidden_size: 64}}\n"
+      "training: {micro_batch_size: 2, global_batch_size: 16, train_iters: 1, precision: bf16}\n"
+      "optimizer: {lr: 1.0e-3}\ndata: {synthetic: true}\n",
+      "tiny-moe", {}, 8);
+  const std::vector<Prediction> ranked = search(c, 8, builtin_hardware("h100-80gb"));
+  std::set<int64_t> eps;
+  for (const Prediction& r : ranked) {
+    EXPECT_EQ(r.layout.data % r.layout.expert, 0) << describe(r.layout);
+    EXPECT_EQ(4 % r.layout.expert, 0) << describe(r.layout);
+    EXPECT_EQ(r.config.parallel.expert, r.layout.expert);
+    eps.insert(r.layout.expert);
+  }
+  EXPECT_EQ(eps, (std::set<int64_t>{1, 2, 4}));
+  // A dense model is never given expert parallelism.
+  Config dense = c;
+  dense.model.moe = {};
+  for (const Prediction& r : search(dense, 8, builtin_hardware("h100-80gb"))) EXPECT_EQ(r.layout.expert, 1);
 }
 
 }  // namespace
