@@ -155,8 +155,7 @@ void import_into(const ImportArgs& a) {
                                         "# attention_dropout may change.\n{}",
                                         a.dir, a.output, model));
   fmt::print("imported {} ({}) into {} (iteration 0)\nthe model section for a config that loads it ({}):\n{}", a.dir,
-             shape.arch == HfArch::llama ? "LlamaForCausalLM" : "GPT2LMHeadModel", dir,
-             io::join_path(a.output, "model.yaml"), model);
+             hf_class_name(shape.arch), dir, io::join_path(a.output, "model.yaml"), model);
   std::fflush(stdout);
 }
 

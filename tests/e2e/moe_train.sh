@@ -79,5 +79,5 @@ expect_error "model.moe.capacity_factor: 1.5: token dropping is not built yet" -
   --set model.moe.capacity_factor=1.5
 expect_error "model.moe.top_k: 5 is more than model.moe.num_experts=4" --config moe.yaml --set model.moe.top_k=5
 expect_error "generation: mixture-of-experts models" generate --load ckpt --prompt "Hello" --max-new-tokens 2
-expect_error "has no Hugging Face export yet" ckpt export ckpt --format hf --output hf
+expect_error "score_function sigmoid (Mixtral and Qwen2-MoE route with a softmax)" ckpt export ckpt --format hf --output hf
 echo "moe_train: ok"
