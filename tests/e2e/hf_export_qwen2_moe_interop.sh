@@ -4,7 +4,8 @@
 # layer_pattern) exports to a Qwen2MoeForCausalLM (zero q/k/v biases, zero shared_expert_gate and the shared
 # expert's down_proj doubled: sigmoid(0) = 1/2, so exactly our ungated shared expert) that transformers loads
 # strictly, with `megatrain eval`'s mean loss (fp32, within 1e-5 relative); a tiny random Qwen2MoeForCausalLM made
-# by transformers (biases and gate zero) imports with transformers' loss, and the export imports back with ours;
+# by transformers (biases and gate zero) imports with transformers' loss and trains (EP1 and EP2 alike), and the
+# export imports back with ours;
 # a nonzero shared_expert_gate is refused on import, naming the tensor.
 # Skips (77), saying so, without torch and transformers in $TRANSFORMERS_VENV, /work/.venv-torch or
 # build/transformers-venv.
@@ -48,6 +49,20 @@ grep -q "layer_pattern: \[0, 1\]" imp/model.yaml || fail "the import's model.yam
 ours=$("$MT" eval --checkpoint imp --data data/text_document --samples 6 --device cpu | mean_loss)
 theirs=$("$PY" "$TINY" loss made data/text_document 64 6 2>py.err) || { cat py.err >&2; fail "transformers failed"; }
 close "import (megatrain eval vs transformers)" "$ours" "$theirs"
+# ... and trains from there, its experts split over 2 expert-parallel ranks or not, with the same losses.
+{ grep -v '^#' imp/model.yaml; cat <<'YAML'
+training: {micro_batch_size: 4, global_batch_size: 8, train_iters: 3, precision: fp32, seed: 1234, device: cpu}
+optimizer: {lr: 2.0e-3, min_lr: 2.0e-3, warmup_iters: 0, weight_decay: 0.0, decay: constant}
+data: {train: [data/text_document], split: [95, 5, 0]}
+checkpoint: {save_dir: "", load: imp}
+logging: {dir: run, interval: 1}
+YAML
+} >ft.yaml
+"$MT" --config ft.yaml --set logging.dir=ep1 >ep1.log 2>&1 || { tail ep1.log; fail "training from the import failed"; }
+grep -q "resumed from imp" ep1.log || fail "the run did not load the import"
+"$MT" --config ft.yaml --nproc 2 --set parallel.expert=2 --set logging.dir=ep2 >ep2.log 2>&1 ||
+  { tail ep2.log; fail "EP2 training from the import failed"; }
+same_losses ep1/metrics.jsonl ep2/metrics.jsonl 1 3 1e-5 || fail "EP2 losses differ from EP1"
 
 # A shared expert behind a real gate is not ours: refused, naming the tensor.
 "$PY" "$TINY" make qwen2_moe gated --heads 4 --groups 2 --keep-gate >make.log 2>&1 || { cat make.log; fail "make"; }
