@@ -1,6 +1,7 @@
 // hf_export.h: converts a checkpoint into the Hugging Face transformers layout (model.safetensors +
-// config.json) of GPT2LMHeadModel (model.arch: gpt) or LlamaForCausalLM (model.arch: llama), so a trained
-// model loads with from_pretrained(). The name and layout table is hf_mapping.h.
+// config.json) of GPT2LMHeadModel (model.arch: gpt) or LlamaForCausalLM (model.arch: llama), or for a llama with
+// model.moe, MixtralForCausalLM (no shared expert) or Qwen2MoeForCausalLM (a shared expert), so a trained model
+// loads with from_pretrained(). The name and layout table is hf_mapping.h.
 #pragma once
 #include <cstdint>
 #include <optional>

@@ -50,4 +50,7 @@ close "import (megatrain eval vs transformers)" "$ours" "$theirs"
       --set checkpoint.save_dir=sig >/dev/null 2>&1 || fail "training with a sigmoid router failed"
 expect_error "score_function sigmoid" ckpt export sig --format hf --output hf_sig
 [ ! -e hf_sig/model.safetensors ] || fail "a refused export wrote model.safetensors"
+"$MT" --config mixtral.yaml --set model.moe.norm_topk_prob=false --set training.train_iters=5 \
+      --set checkpoint.save_dir=unnorm >/dev/null 2>&1 || fail "training without norm_topk_prob failed"
+expect_error "norm_topk_prob false without a shared expert" ckpt export unnorm --format hf --output hf_unnorm
 echo "PASS"

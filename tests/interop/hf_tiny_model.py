@@ -6,9 +6,9 @@
     hf_tiny_model.py loss MODEL_DIR DATA_PREFIX SEQ_LENGTH SAMPLES
     hf_tiny_model.py load-strict MODEL_DIR
 
-make: a GPT2LMHeadModel or LlamaForCausalLM saved with save_pretrained (safetensors, float32) whose every weight
-is random (norm weights 1 + noise, biases noise), so a misplaced row, transpose or norm parameter changes the
-loss. loss: the mean next-token loss in float32 on the CPU over samples read in file order from a Megatron
+make: a GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM or Qwen2MoeForCausalLM saved with save_pretrained
+(safetensors, float32) whose every weight is random (norm weights 1 + noise, biases noise), so a misplaced row,
+transpose or norm parameter changes the loss. loss: the mean next-token loss in float32 on the CPU over samples read in file order from a Megatron
 indexed dataset (sample j is tokens [j*S, j*S + S] of the concatenated documents, as `megatrain eval` reads
 them), printed with full precision. mixtral: 4 experts, top 2, every layer MoE. qwen2_moe: layer 0 dense
 (mlp_only_layers), layer 1 MoE with 4 experts, top 2, norm_topk_prob false, and a shared expert; its q/k/v biases
