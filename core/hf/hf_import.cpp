@@ -370,6 +370,16 @@ std::vector<std::pair<std::string, Tensor>> read_hf_weights(const std::string& h
   std::vector<std::pair<std::string, Tensor>> out;
   std::map<std::string, size_t> index;  // our name -> its place in out
   std::set<std::string> used;
+  // transformers 5.x holds a Mixtral's or Qwen2-MoE's experts fused in (E, 2F, C) / (E, C, F) tensors and saves
+  // them per expert (the names hf_mapping.h reads) unless told save_original_format=False.
+  for (const auto& [name, r] : where)
+    if (const std::string fused = ".mlp.experts.gate_up_proj";
+        name.size() > fused.size() && name.compare(name.size() - fused.size(), fused.size(), fused) == 0)
+      throw CheckpointError(
+          fmt::format("{}: holds {}, experts fused as transformers 5.x holds them in memory; "
+                      "megatrain reads the per-expert layout: save with "
+                      "save_pretrained(..., save_original_format=True), the default",
+                      r->path(), name));
   PieceCounter counter(progress, hf_tensor_bytes(maps, sizeof(float)));
   for (const auto& m : maps) {
     auto it = where.find(m.hf_name);

@@ -2,8 +2,9 @@
 # Mixture of experts to and from transformers' MixtralForCausalLM (issue 25): a model.arch: llama checkpoint with
 # model.moe (softmax router, norm_topk_prob, no shared expert, every layer MoE) exports to a MixtralForCausalLM that
 # transformers loads strictly and whose mean loss on the same samples is `megatrain eval`'s (fp32, within 1e-5
-# relative); a tiny random MixtralForCausalLM made by transformers imports with transformers' loss, and the
-# export imports back with the same loss; what Mixtral cannot compute (a sigmoid router) is refused, naming the key.
+# relative); a tiny random MixtralForCausalLM made by transformers imports with transformers' loss (its experts
+# fused, as transformers 5.x can save them, are refused), and the export imports back with the same loss; what
+# Mixtral cannot compute (a sigmoid router, norm_topk_prob false) is refused, naming the key.
 # Skips (77), saying so, without torch and transformers in $TRANSFORMERS_VENV, /work/.venv-torch or
 # build/transformers-venv.
 source "$(dirname "$0")/lib/common.bash"
@@ -44,6 +45,12 @@ grep -q "num_experts: 4" imp/model.yaml || fail "the import's model.yaml lacks m
 ours=$("$MT" eval --checkpoint imp --data data/text_document --samples 6 --device cpu | mean_loss)
 theirs=$("$PY" "$TINY" loss made data/text_document 64 6 2>py.err) || { cat py.err >&2; fail "transformers failed"; }
 close "import (megatrain eval vs transformers)" "$ours" "$theirs"
+# transformers 5.x can also save the experts fused, as it holds them in memory: refused, saying how to save.
+if "$PY" -c "import sys, transformers; sys.exit(int(transformers.__version__.split('.')[0]) < 5)"; then
+  "$PY" -c "import transformers; transformers.MixtralForCausalLM.from_pretrained('made').save_pretrained('fused', save_original_format=False)" \
+    >fused.log 2>&1 || { cat fused.log; fail "transformers could not save fused experts"; }
+  expect_error "save_original_format=True" ckpt import fused --format hf --output fused_imp
+fi
 
 # What Mixtral does not compute is refused before anything is written.
 "$MT" --config mixtral.yaml --set model.moe.score_function=sigmoid --set training.train_iters=5 \
