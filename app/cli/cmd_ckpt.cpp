@@ -165,7 +165,9 @@ void add_ckpt_commands(CLI::App& root) {
 
   auto ea = std::make_shared<ExportArgs>();
   CLI::App* exp = ckpt->add_subcommand(
-      "export", "Export a checkpoint for Hugging Face transformers (GPT2LMHeadModel or LlamaForCausalLM)");
+      "export",
+      "Export a checkpoint for Hugging Face transformers (GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM "
+      "or Qwen2MoeForCausalLM)");
   exp->add_option("dir", ea->dir, "Checkpoint directory, or a save directory with a `latest` marker")->required();
   exp->add_option("--format", ea->format, "Export format")->check(CLI::IsMember({"hf"}))->capture_default_str();
   exp->add_option("--output,-o", ea->output, "Output directory (model.safetensors, config.json)")->required();

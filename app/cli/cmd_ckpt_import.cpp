@@ -1,7 +1,7 @@
 // cmd_ckpt_import.cpp: `megatrain ckpt import HF_DIR --format hf --output OUT_DIR`: a transformers
-// GPT2LMHeadModel or LlamaForCausalLM becomes a committed checkpoint at iteration 0 (fp32 masters, zero Adam
-// moments, no optimizer steps) that `megatrain train` with checkpoint.load: OUT_DIR continues in any layout,
-// and that `megatrain eval` / `generate` read directly.
+// GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM or Qwen2MoeForCausalLM becomes a committed checkpoint at
+// iteration 0 (fp32 masters, zero Adam moments, no optimizer steps) that `megatrain train` with checkpoint.load:
+// OUT_DIR continues in any layout, and that `megatrain eval` / `generate` read directly.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -155,8 +155,7 @@ void import_into(const ImportArgs& a) {
                                         "# attention_dropout may change.\n{}",
                                         a.dir, a.output, model));
   fmt::print("imported {} ({}) into {} (iteration 0)\nthe model section for a config that loads it ({}):\n{}", a.dir,
-             shape.arch == HfArch::llama ? "LlamaForCausalLM" : "GPT2LMHeadModel", dir,
-             io::join_path(a.output, "model.yaml"), model);
+             hf_class_name(shape.arch), dir, io::join_path(a.output, "model.yaml"), model);
   std::fflush(stdout);
 }
 
@@ -165,7 +164,9 @@ void import_into(const ImportArgs& a) {
 void add_ckpt_import_command(CLI::App& ckpt) {
   auto a = std::make_shared<ImportArgs>();
   CLI::App* imp = ckpt.add_subcommand(
-      "import", "Import a Hugging Face transformers model (GPT2LMHeadModel or LlamaForCausalLM) as a checkpoint");
+      "import",
+      "Import a Hugging Face transformers model (GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM or "
+      "Qwen2MoeForCausalLM) as a checkpoint");
   imp->add_option("dir", a->dir, "Model directory: config.json and model.safetensors (or its sharded index)")
       ->required();
   imp->add_option("--format", a->format, "Import format")->check(CLI::IsMember({"hf"}))->capture_default_str();

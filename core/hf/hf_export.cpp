@@ -1,9 +1,11 @@
-// hf_export.cpp: our checkpoints -> transformers' GPT2LMHeadModel or LlamaForCausalLM.
+// hf_export.cpp: our checkpoints -> transformers' GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM or
+// Qwen2MoeForCausalLM.
 //
 // The layout differences (transposes, QKV and fc1 row orders, vocabulary padding) are all in hf_mapping.cpp;
 // here the checkpoint's config is read and checked against its tensors, and the files are written.
 #include "core/hf/hf_export.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 
@@ -17,21 +19,23 @@
 namespace mt {
 namespace {
 
-// model.KEY of the stored config, or `fallback` when absent or auto (required when fallback is nullopt).
+// SECTION.KEY of the stored config (model.*, model.moe.*), or `fallback` when absent, auto or none (required when
+// fallback is nullopt).
 struct ModelKeys {
   YAML::Node model;
   std::string where;
+  std::string section = "model";
   template <class T>
   T get(const char* key, std::optional<T> fallback) const {
     YAML::Node v = model[key];
-    if (!v.IsDefined() || v.IsNull() || (v.IsScalar() && v.Scalar() == "auto")) {
+    if (!v.IsDefined() || v.IsNull() || (v.IsScalar() && (v.Scalar() == "auto" || v.Scalar() == "none"))) {
       if (fallback) return *fallback;
-      throw CheckpointError(fmt::format("{}: model.{} missing", where, key));
+      throw CheckpointError(fmt::format("{}: {}.{} missing", where, section, key));
     }
     try {
       return v.as<T>();
     } catch (const YAML::Exception&) {
-      throw CheckpointError(fmt::format("{}: model.{} has a bad value", where, key));
+      throw CheckpointError(fmt::format("{}: {}.{} has a bad value", where, section, key));
     }
   }
 };
@@ -45,6 +49,51 @@ Tensor read_f32(const CheckpointReader& ckpt, const std::string& name, const Sha
   Tensor t = Tensor::empty(shape, DType::f32);
   ckpt.read(name, t);
   return t;
+}
+
+// model.moe of a llama -> the Hugging Face family that computes it: MixtralForCausalLM without a shared expert,
+// Qwen2MoeForCausalLM with one. Whatever neither computes is refused, naming the key.
+void read_moe_shape(const CheckpointReader& ckpt, const ModelKeys& moe, HfModelShape& g) {
+  auto refuse = [&](const std::string& what) {
+    throw CheckpointError(
+        fmt::format("{}: model.moe: {}: no Hugging Face model computes it (export supports "
+                    "MixtralForCausalLM and Qwen2MoeForCausalLM)",
+                    moe.where, what));
+  };
+  if (g.arch != HfArch::llama) refuse("a mixture of experts in a model.arch: gpt model (GELU experts)");
+  HfMoeShape& m = g.moe;
+  m.experts = moe.get<int64_t>("num_experts", std::nullopt);
+  m.top_k = moe.get<int64_t>("top_k", int64_t{2});
+  m.shared_ffn = moe.get<int64_t>("shared_expert_ffn_hidden_size", int64_t{0});
+  m.norm_topk_prob = moe.get<bool>("norm_topk_prob", true);
+  m.aux_loss_coeff = moe.get<double>("aux_loss_coeff", 0.0);
+  if (const auto score = moe.get<std::string>("score_function", std::string("softmax")); score != "softmax")
+    refuse(fmt::format("score_function {} (Mixtral and Qwen2-MoE route with a softmax)", score));
+  if (moe.get<double>("bias_update_rate", 0.0) != 0)
+    refuse("bias_update_rate (DeepSeek-V3's expert bias in the choice of experts)");
+  if (moe.get<double>("capacity_factor", 0.0) != 0) refuse("capacity_factor (dropped tokens)");
+  const YAML::Node pattern = moe.model["layer_pattern"];
+  if (pattern && pattern.IsSequence() && pattern.size() > 0) {
+    for (const auto& v : pattern) m.layer_pattern.push_back(v.as<int64_t>(0));
+  } else {
+    const auto freq = moe.get<int64_t>("layer_freq", int64_t{1});
+    for (int64_t i = 0; i < g.num_layers; ++i) m.layer_pattern.push_back(freq > 0 && i % freq == 0 ? 1 : 0);
+  }
+  if (static_cast<int64_t>(m.layer_pattern.size()) != g.num_layers)
+    refuse(fmt::format("layer_pattern with {} entries for {} layers", m.layer_pattern.size(), g.num_layers));
+  int64_t first = 0;
+  while (first < g.num_layers && !m.is_moe_layer(first)) ++first;
+  // The experts' widths: the stored tensors say (the config may leave them to a default).
+  const Shape& fc2 = stored_shape(ckpt, fmt::format("model.layers.{}.mlp.experts.0.fc2.weight", first), "an expert");
+  m.ffn = fc2.size() == 2 ? fc2[1] : 0;
+  const bool all_moe = std::find(m.layer_pattern.begin(), m.layer_pattern.end(), 0) == m.layer_pattern.end();
+  if (m.shared_ffn == 0) {
+    g.arch = HfArch::mixtral;
+    if (!m.norm_topk_prob) refuse("norm_topk_prob false without a shared expert (Mixtral always renormalises)");
+    if (!all_moe) refuse("dense layers without a shared expert (every Mixtral layer is MoE)");
+  } else {
+    g.arch = HfArch::qwen2_moe;
+  }
 }
 
 }  // namespace
@@ -84,15 +133,9 @@ HfModelShape hf_export_shape(const CheckpointReader& ckpt) {
   const auto arch = keys.get<std::string>("arch", std::string("gpt"));
   if (arch != "gpt" && arch != "llama")
     throw CheckpointError(fmt::format("{}: model.arch {} has no Hugging Face export", where, arch));
-  if (const YAML::Node moe = model["moe"];
-      moe && moe.IsMap() && moe["num_experts"] && moe["num_experts"].as<int64_t>(0) > 0)
-    throw CheckpointError(
-        fmt::format("{}: a mixture-of-experts model (model.moe.num_experts={}) has no Hugging Face "
-                    "export yet (Mixtral / Qwen2-MoE export is part of issue 25)",
-                    where, moe["num_experts"].as<int64_t>(0)));
   HfModelShape g;
   g.arch = arch == "llama" ? HfArch::llama : HfArch::gpt;
-  const bool llama = g.arch == HfArch::llama;
+  const bool llama = g.arch == HfArch::llama;  // before the MoE families are told apart
   g.num_layers = keys.get<int64_t>("num_layers", std::nullopt);
   g.hidden = keys.get<int64_t>("hidden_size", std::nullopt);
   g.heads = keys.get<int64_t>("num_heads", std::nullopt);
@@ -109,6 +152,9 @@ HfModelShape hf_export_shape(const CheckpointReader& ckpt) {
   g.attention_dropout = keys.get<double>("attention_dropout", 0.1);
   g.init_std = keys.get<double>("init_std", 0.02);
   g.rotary_base = llama ? keys.get<double>("rotary_base", 10000.0) : 10000.0;
+  if (const YAML::Node moe = model["moe"];
+      moe && moe.IsMap() && ModelKeys{moe, where, "model.moe"}.get<int64_t>("num_experts", 0) > 0)
+    read_moe_shape(ckpt, ModelKeys{moe, where, "model.moe"}, g);
   if (g.num_layers <= 0 || g.hidden <= 0 || g.heads <= 0 || g.vocab <= 0 || g.hidden % g.heads != 0 || g.groups <= 0 ||
       g.heads % g.groups != 0)
     throw CheckpointError(
@@ -124,8 +170,11 @@ HfModelShape hf_export_shape(const CheckpointReader& ckpt) {
                                       shape_str(ws), g.vocab));
   g.padded_vocab = ws[0];
   if (llama) {
-    if (g.ffn == 0) {  // whatever the default, the tensors say
-      const Shape& fc2 = stored_shape(ckpt, "model.layers.0.mlp.fc2.weight", "the MLP's width");
+    int64_t dense = 0;  // the first dense layer
+    while (dense < g.num_layers && g.arch != HfArch::llama && g.moe.is_moe_layer(dense)) ++dense;
+    if (g.ffn == 0 && dense == g.num_layers) g.ffn = g.moe.ffn;  // unused; HF's config names a width
+    if (g.ffn == 0) {                                            // whatever the default, the tensors say
+      const Shape& fc2 = stored_shape(ckpt, fmt::format("model.layers.{}.mlp.fc2.weight", dense), "the MLP's width");
       g.ffn = fc2.size() == 2 ? fc2[1] : 0;
     }
   } else {
@@ -148,6 +197,8 @@ void export_hf(const CheckpointReader& ckpt, const std::string& out_dir, DType d
   const std::vector<HfMapping> maps = hf_mappings(g);
   std::vector<SafetensorsSpec> specs;
   for (const auto& m : maps) {
+    specs.push_back({m.hf_name, dtype, m.hf_shape});
+    if (m.ours.empty()) continue;  // zeros (hf_mapping.h)
     const std::string src = "model." + m.ours;
     if (!ckpt.has(src))
       throw CheckpointError(fmt::format("{}: has no tensor {} (needed for {})", ckpt.dir(), src, m.hf_name));
@@ -155,7 +206,6 @@ void export_hf(const CheckpointReader& ckpt, const std::string& out_dir, DType d
     if (have != m.our_shape)
       throw CheckpointError(fmt::format("{}: tensor {} has shape {}, expected {} for this config", ckpt.dir(), src,
                                         shape_str(have), shape_str(m.our_shape)));
-    specs.push_back({m.hf_name, dtype, m.hf_shape});
   }
 
   std::error_code ec;
@@ -165,13 +215,15 @@ void export_hf(const CheckpointReader& ckpt, const std::string& out_dir, DType d
                       {{"format", "pt"}, {"megatrain.iteration", std::to_string(ckpt.state().iteration)}});
   PieceCounter counter(progress, hf_tensor_bytes(maps, dtype_size(dtype)));
   for (const auto& m : maps) {
-    w.write(to_hf(read_f32(ckpt, "model." + m.ours, m.our_shape), m));
+    w.write(to_hf(m.ours.empty() ? Tensor() : read_f32(ckpt, "model." + m.ours, m.our_shape), m));
     counter.piece_done();
   }
   w.finish();
 
-  const std::string text =
-      g.arch == HfArch::llama ? hf_llama_config_json(g, dtype, ids) : hf_gpt2_config_json(g, dtype, ids);
+  const std::string text = g.arch == HfArch::gpt       ? hf_gpt2_config_json(g, dtype, ids)
+                           : g.arch == HfArch::llama   ? hf_llama_config_json(g, dtype, ids)
+                           : g.arch == HfArch::mixtral ? hf_mixtral_config_json(g, dtype, ids)
+                                                       : hf_qwen2_moe_config_json(g, dtype, ids);
   io::write_file_atomically(io::join_path(out_dir, "config.json"), text);
 }
 

@@ -1,6 +1,7 @@
 // hf_export.h: converts a checkpoint into the Hugging Face transformers layout (model.safetensors +
-// config.json) of GPT2LMHeadModel (model.arch: gpt) or LlamaForCausalLM (model.arch: llama), so a trained
-// model loads with from_pretrained(). The name and layout table is hf_mapping.h.
+// config.json) of GPT2LMHeadModel (model.arch: gpt) or LlamaForCausalLM (model.arch: llama), or for a llama with
+// model.moe, MixtralForCausalLM (no shared expert) or Qwen2MoeForCausalLM (a shared expert), so a trained model
+// loads with from_pretrained(). The name and layout table is hf_mapping.h.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -32,5 +33,8 @@ void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& out_dir, DT
 // config.json text for `s` (hf_export_gpt2.cpp / hf_export_llama.cpp).
 std::string hf_gpt2_config_json(const HfModelShape& s, DType dtype, std::optional<HfSpecialIds> ids);
 std::string hf_llama_config_json(const HfModelShape& s, DType dtype, std::optional<HfSpecialIds> ids);
+// hf_export_moe.cpp: MixtralForCausalLM's and Qwen2MoeForCausalLM's.
+std::string hf_mixtral_config_json(const HfModelShape& s, DType dtype, std::optional<HfSpecialIds> ids);
+std::string hf_qwen2_moe_config_json(const HfModelShape& s, DType dtype, std::optional<HfSpecialIds> ids);
 
 }  // namespace mt

@@ -1,9 +1,11 @@
-// hf_import.cpp: transformers' GPT2LMHeadModel / LlamaForCausalLM -> our parameters.
+// hf_import.cpp: transformers' GPT2LMHeadModel / LlamaForCausalLM / MixtralForCausalLM / Qwen2MoeForCausalLM ->
+// our parameters.
 //
 // config.json is read strictly: every key that changes what the model computes is either mapped to ours or
 // checked to hold the value we compute with, so an import never silently means another model.
 #include "core/hf/hf_import.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -112,7 +114,7 @@ HfModelShape gpt2_shape(const ConfigKeys& k) {
   return s;
 }
 
-HfModelShape llama_shape(const ConfigKeys& k) {
+HfModelShape llama_shape(const ConfigKeys& k, double default_rope_theta = 10000.0) {
   HfModelShape s;
   s.arch = HfArch::llama;
   s.hidden = k.integer("hidden_size");
@@ -141,7 +143,7 @@ HfModelShape llama_shape(const ConfigKeys& k) {
     k.fail("rope_scaling", fmt::format("= {}: only plain rotary embeddings (rope_scaling null) are supported",
                                        k.raw("rope_scaling").dump()));
   // transformers 4.x: rope_theta; 5.x: rope_parameters {rope_type, rope_theta}.
-  s.rotary_base = k.real("rope_theta", 10000.0);
+  s.rotary_base = k.real("rope_theta", default_rope_theta);
   if (k.present("rope_parameters")) {
     const json& rp = k.raw("rope_parameters");
     if (!rp.is_object()) k.fail("rope_parameters", fmt::format("= {} is not an object", rp.dump()));
@@ -155,6 +157,78 @@ HfModelShape llama_shape(const ConfigKeys& k) {
     }
   }
   if (!(s.rotary_base > 0)) k.fail("rope_theta", fmt::format("= {} is not positive", s.rotary_base));
+  return s;
+}
+
+// transformers 5.x: layer_types, one per layer, must all be full attention.
+void require_full_attention(const ConfigKeys& k) {
+  if (!k.present("layer_types")) return;
+  const json& t = k.raw("layer_types");
+  if (!t.is_array()) k.fail("layer_types", fmt::format("= {} is not a list", t.dump()));
+  for (const json& x : t)
+    if (x != "full_attention")
+      k.fail("layer_types", fmt::format("holds {}: megatrain's attention is full causal attention", x.dump()));
+}
+
+// Mixtral: Llama's attention, every layer a softmax-routed MoE of num_local_experts SwiGLU experts of
+// intermediate_size, top-k weights renormalised.
+HfModelShape mixtral_shape(const ConfigKeys& k) {
+  HfModelShape s = llama_shape(k, 1e6);  // MixtralConfig's default rope_theta
+  s.arch = HfArch::mixtral;
+  HfMoeShape& m = s.moe;
+  m.experts = k.integer("num_local_experts", 8);
+  m.top_k = k.integer("num_experts_per_tok", 2);
+  m.ffn = s.ffn;
+  m.norm_topk_prob = true;
+  m.aux_loss_coeff = k.real("router_aux_loss_coef", 0.001);
+  m.layer_pattern.assign(static_cast<size_t>(s.num_layers), 1);
+  if (k.present("sliding_window")) {
+    const json& w = k.raw("sliding_window");  // 0 or at least max_position_embeddings: no window
+    if (!w.is_number_integer() || (w.get<int64_t>() != 0 && w.get<int64_t>() < s.positions))
+      k.fail("sliding_window",
+             fmt::format("= {}: megatrain's attention is full causal attention (sliding_window null)", w.dump()));
+  }
+  require_full_attention(k);
+  if (m.top_k > m.experts)
+    k.fail("num_experts_per_tok", fmt::format("= {} is more than num_local_experts={}", m.top_k, m.experts));
+  return s;
+}
+
+// Qwen2-MoE: Llama's attention with q/k/v biases (which must be zero: hf_mapping.h), MoE layers of num_experts
+// experts of moe_intermediate_size plus a shared expert of shared_expert_intermediate_size behind a sigmoid gate
+// (which must be zero), dense layers of intermediate_size where mlp_only_layers or decoder_sparse_step say.
+HfModelShape qwen2_moe_shape(const ConfigKeys& k) {
+  HfModelShape s = llama_shape(k);
+  s.arch = HfArch::qwen2_moe;
+  HfMoeShape& m = s.moe;
+  m.experts = k.integer("num_experts", 60);
+  m.top_k = k.integer("num_experts_per_tok", 4);
+  m.ffn = k.integer("moe_intermediate_size", 1408);
+  if (k.present("shared_expert_intermediate_size") && k.raw("shared_expert_intermediate_size") == 0)
+    k.fail("shared_expert_intermediate_size", "= 0: megatrain's Qwen2-MoE export and import need a shared expert");
+  m.shared_ffn = k.integer("shared_expert_intermediate_size", 5632);
+  m.norm_topk_prob = k.flag("norm_topk_prob", false);
+  m.aux_loss_coeff = k.real("router_aux_loss_coef", 0.001);
+  if (m.top_k > m.experts)
+    k.fail("num_experts_per_tok", fmt::format("= {} is more than num_experts={}", m.top_k, m.experts));
+  k.require_flag("use_sliding_window", false, false,
+                 "megatrain's attention is full causal attention (use_sliding_window false)");
+  require_full_attention(k);
+  if (k.present("qkv_bias")) k.require_flag("qkv_bias", true, true, "megatrain reads Qwen2-MoE's (zero) q/k/v biases");
+  const int64_t step = k.integer("decoder_sparse_step", 1);
+  std::set<int64_t> dense;
+  if (k.present("mlp_only_layers")) {
+    const json& v = k.raw("mlp_only_layers");
+    if (!v.is_array()) k.fail("mlp_only_layers", fmt::format("= {} is not a list of layer indices", v.dump()));
+    for (const json& i : v) {
+      if (!i.is_number_integer()) k.fail("mlp_only_layers", fmt::format("holds {}, not a layer index", i.dump()));
+      dense.insert(i.get<int64_t>());
+    }
+  }
+  // transformers' rule: layer i is sparse unless listed, when (i + 1) % decoder_sparse_step == 0.
+  for (int64_t i = 0; i < s.num_layers; ++i) m.layer_pattern.push_back(!dense.count(i) && (i + 1) % step == 0);
+  if (std::find(m.layer_pattern.begin(), m.layer_pattern.end(), 1) == m.layer_pattern.end())
+    k.fail("mlp_only_layers", "and decoder_sparse_step leave no MoE layer: import it as a dense model");
   return s;
 }
 
@@ -217,7 +291,8 @@ HfModelShape read_hf_config(const std::string& hf_dir, const HfImportOptions& op
   const std::string file = io::join_path(hf_dir, "config.json");
   const ConfigKeys k(parse_json(file), file);
   if (!k.present("architectures") || !k.raw("architectures").is_array() || k.raw("architectures").size() != 1)
-    k.fail("architectures", "must name one model class: GPT2LMHeadModel or LlamaForCausalLM");
+    k.fail("architectures",
+           "must name one model class: GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM or Qwen2MoeForCausalLM");
   const json& a = k.raw("architectures")[0];
   const std::string arch = a.is_string() ? a.get<std::string>() : a.dump();
   HfModelShape s;
@@ -228,8 +303,17 @@ HfModelShape read_hf_config(const std::string& hf_dir, const HfImportOptions& op
   } else if (arch == "LlamaForCausalLM") {
     if (k.text("model_type", "llama") != "llama") k.fail("model_type", "is not llama for LlamaForCausalLM");
     s = llama_shape(k);
+  } else if (arch == "MixtralForCausalLM") {
+    if (k.text("model_type", "mixtral") != "mixtral") k.fail("model_type", "is not mixtral for MixtralForCausalLM");
+    s = mixtral_shape(k);
+  } else if (arch == "Qwen2MoeForCausalLM") {
+    if (k.text("model_type", "qwen2_moe") != "qwen2_moe")
+      k.fail("model_type", "is not qwen2_moe for Qwen2MoeForCausalLM");
+    s = qwen2_moe_shape(k);
   } else {
-    k.fail("architectures", fmt::format("= [{}]: megatrain imports GPT2LMHeadModel and LlamaForCausalLM only", arch));
+    k.fail("architectures", fmt::format("= [{}]: megatrain imports GPT2LMHeadModel, LlamaForCausalLM, "
+                                        "MixtralForCausalLM and Qwen2MoeForCausalLM only",
+                                        arch));
   }
   s.seq_length = opt.seq_length.value_or(s.positions);
   if (s.seq_length <= 0 || s.seq_length > s.positions)
@@ -241,7 +325,7 @@ HfModelShape read_hf_config(const std::string& hf_dir, const HfImportOptions& op
 
 std::string hf_model_yaml(const HfModelShape& s) {
   using hf_json::num;
-  const bool llama = s.arch == HfArch::llama;
+  const bool llama = llama_like(s.arch);
   std::string y = "model:\n";
   auto add = [&](const char* key, const std::string& value) { y += fmt::format("  {}: {}\n", key, value); };
   add("arch", arch_name(s.arch));
@@ -259,6 +343,19 @@ std::string hf_model_yaml(const HfModelShape& s) {
   add("layernorm_eps", num(s.layernorm_eps));
   if (llama) add("rotary_base", num(s.rotary_base));
   add("init_std", num(s.init_std));
+  if (s.arch == HfArch::mixtral || s.arch == HfArch::qwen2_moe) {
+    const HfMoeShape& m = s.moe;
+    y += "  moe:\n";
+    auto sub = [&](const char* key, const std::string& value) { y += fmt::format("    {}: {}\n", key, value); };
+    sub("num_experts", std::to_string(m.experts));
+    sub("top_k", std::to_string(m.top_k));
+    sub("layer_pattern", fmt::format("[{}]", fmt::join(m.layer_pattern, ", ")));
+    sub("ffn_hidden_size", std::to_string(m.ffn));
+    sub("shared_expert_ffn_hidden_size", std::to_string(m.shared_ffn));
+    sub("score_function", "softmax");
+    sub("norm_topk_prob", hf_json::boolean(m.norm_topk_prob));
+    sub("aux_loss_coeff", num(m.aux_loss_coeff));
+  }
   return y;
 }
 
@@ -273,6 +370,16 @@ std::vector<std::pair<std::string, Tensor>> read_hf_weights(const std::string& h
   std::vector<std::pair<std::string, Tensor>> out;
   std::map<std::string, size_t> index;  // our name -> its place in out
   std::set<std::string> used;
+  // transformers 5.x holds a Mixtral's or Qwen2-MoE's experts fused in (E, 2F, C) / (E, C, F) tensors and saves
+  // them per expert (the names hf_mapping.h reads) unless told save_original_format=False.
+  for (const auto& [name, r] : where)
+    if (const std::string fused = ".mlp.experts.gate_up_proj";
+        name.size() > fused.size() && name.compare(name.size() - fused.size(), fused.size(), fused) == 0)
+      throw CheckpointError(
+          fmt::format("{}: holds {}, experts fused as transformers 5.x holds them in memory; "
+                      "megatrain reads the per-expert layout: save with "
+                      "save_pretrained(..., save_original_format=True), the default",
+                      r->path(), name));
   PieceCounter counter(progress, hf_tensor_bytes(maps, sizeof(float)));
   for (const auto& m : maps) {
     auto it = where.find(m.hf_name);
@@ -283,16 +390,25 @@ std::vector<std::pair<std::string, Tensor>> read_hf_weights(const std::string& h
     if (r.entry(m.hf_name).shape != m.hf_shape)
       throw CheckpointError(fmt::format("{}: tensor {} has shape {}, but config.json implies {}", r.path(), m.hf_name,
                                         shape_str(r.entry(m.hf_name).shape), shape_str(m.hf_shape)));
-    auto [pos, fresh] = index.emplace(m.ours, out.size());
-    if (fresh) out.emplace_back(m.ours, Tensor::zeros(m.our_shape, DType::f32));  // padding rows stay zero
     const Tensor hf = r.read(m.hf_name);
     check_finite(hf, r.path(), m.hf_name);
-    from_hf(hf, m, out[pos->second].second);
+    if (m.ours.empty()) {  // must be zeros
+      Tensor none;
+      try {
+        from_hf(hf, m, none);
+      } catch (const CheckpointError& e) {
+        throw CheckpointError(fmt::format("{}: {}", r.path(), e.what()));
+      }
+    } else {
+      auto [pos, fresh] = index.emplace(m.ours, out.size());
+      if (fresh) out.emplace_back(m.ours, Tensor::zeros(m.our_shape, DType::f32));  // padding rows stay zero
+      from_hf(hf, m, out[pos->second].second);
+    }
     used.insert(m.hf_name);
     counter.piece_done();
   }
   // Tied embeddings: a saved lm_head.weight must be the embedding itself.
-  const std::string emb = s.arch == HfArch::llama ? "model.embed_tokens.weight" : "transformer.wte.weight";
+  const std::string emb = llama_like(s.arch) ? "model.embed_tokens.weight" : "transformer.wte.weight";
   if (s.tied && where.count("lm_head.weight")) {
     const SafetensorsReader& r = *where.at("lm_head.weight");
     const std::vector<float> head = r.read("lm_head.weight").to_floats(), e = where.at(emb)->read(emb).to_floats();

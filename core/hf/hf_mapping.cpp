@@ -1,5 +1,5 @@
-// hf_mapping.cpp: the name and layout table for GPT2LMHeadModel and LlamaForCausalLM, and the row gather /
-// scatter that applies it.
+// hf_mapping.cpp: the name and layout table for GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM and
+// Qwen2MoeForCausalLM, and the row gather / scatter that applies it.
 #include "core/hf/hf_mapping.h"
 
 #include <numeric>
@@ -75,22 +75,68 @@ std::vector<HfMapping> gpt2(const HfModelShape& s) {
   return m;
 }
 
+// A SwiGLU MLP (ours: fc1 (2W, C) gate/up interleaved, fc2 (C, W)) as HF's gate, up and down projections.
+struct SwigluNames {
+  std::string gate, up, down;
+};
+void swiglu_mlp(std::vector<HfMapping>& m, const SwigluNames& hf, const std::string& ours, int64_t C, int64_t W,
+                float down_scale = 1) {
+  m.push_back({hf.gate, {W, C}, ours + ".fc1.weight", {2 * W, C}, swiglu_rows(W, 0)});
+  m.push_back({hf.up, {W, C}, ours + ".fc1.weight", {2 * W, C}, swiglu_rows(W, 1)});
+  m.push_back({hf.down, {C, W}, ours + ".fc2.weight", {C, W}, {}, false, down_scale});
+}
+SwigluNames llama_names(const std::string& hf) {
+  return {hf + "gate_proj.weight", hf + "up_proj.weight", hf + "down_proj.weight"};
+}
+
+// Layer i's MLP of a MixtralForCausalLM (block_sparse_moe: gate, experts.<e>.w1 gate, w3 up, w2 down) or a
+// Qwen2MoeForCausalLM (mlp: gate, experts.<e>.*_proj, shared_expert.*_proj and shared_expert_gate).
+void moe_mlp(std::vector<HfMapping>& m, const HfModelShape& s, const std::string& hf_layer, const std::string& ours) {
+  const int64_t C = s.hidden, E = s.moe.experts, F = s.moe.ffn, Fs = s.moe.shared_ffn;
+  const bool mixtral = s.arch == HfArch::mixtral;
+  const std::string hf = hf_layer + (mixtral ? "block_sparse_moe." : "mlp.");
+  m.push_back({hf + "gate.weight", {E, C}, ours + "router.weight", {E, C}});
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string x = fmt::format("{}experts.{}.", hf, e);
+    swiglu_mlp(m, mixtral ? SwigluNames{x + "w1.weight", x + "w3.weight", x + "w2.weight"} : llama_names(x),
+               fmt::format("{}experts.{}", ours, e), C, F);
+  }
+  if (mixtral) return;
+  // out = experts + sigmoid(shared_expert_gate x) * shared_expert(x): a zero gate halves it, so down_proj doubles.
+  swiglu_mlp(m, llama_names(hf + "shared_expert."), ours + "shared_expert", C, Fs, 2.f);
+  m.push_back({hf + "shared_expert_gate.weight",
+               {1, C},
+               "",
+               {},
+               {},
+               false,
+               1.f,
+               "shared expert is ungated (only a zero shared_expert_gate, a constant 1/2, maps to it)"});
+}
+
 std::vector<HfMapping> llama(const HfModelShape& s) {
   const int64_t C = s.hidden, F = s.ffn, V = s.vocab, Vp = s.padded_vocab, D = s.head_dim();
   const int64_t H = s.heads, G = s.groups, QKV = (H + 2 * G) * D;
   std::vector<HfMapping> m;
   auto same = [&](std::string hf, std::string ours, Shape shape) { m.push_back({hf, shape, ours, shape}); };
+  auto zero = [&](std::string hf, Shape shape, const char* why) {
+    m.push_back({hf, shape, "", {}, {}, false, 1.f, why});
+  };
   m.push_back({"model.embed_tokens.weight", {V, C}, "embedding.word_embeddings.weight", {Vp, C}});
   for (int64_t i = 0; i < s.num_layers; ++i) {
     const std::string hf = fmt::format("model.layers.{}.", i), ours = fmt::format("layers.{}.", i);
-    const std::string qkv = ours + "attn.qkv.weight", fc1 = ours + "mlp.fc1.weight";
+    const std::string qkv = ours + "attn.qkv.weight";
     m.push_back({hf + "self_attn.q_proj.weight", {H * D, C}, qkv, {QKV, C}, llama_qkv_rows(s, -1)});
+    if (s.arch == HfArch::qwen2_moe) zero(hf + "self_attn.q_proj.bias", {H * D}, "attention has no biases");
     m.push_back({hf + "self_attn.k_proj.weight", {G * D, C}, qkv, {QKV, C}, llama_qkv_rows(s, H / G)});
+    if (s.arch == HfArch::qwen2_moe) zero(hf + "self_attn.k_proj.bias", {G * D}, "attention has no biases");
     m.push_back({hf + "self_attn.v_proj.weight", {G * D, C}, qkv, {QKV, C}, llama_qkv_rows(s, H / G + 1)});
+    if (s.arch == HfArch::qwen2_moe) zero(hf + "self_attn.v_proj.bias", {G * D}, "attention has no biases");
     same(hf + "self_attn.o_proj.weight", ours + "attn.proj.weight", {C, H * D});
-    m.push_back({hf + "mlp.gate_proj.weight", {F, C}, fc1, {2 * F, C}, swiglu_rows(F, 0)});
-    m.push_back({hf + "mlp.up_proj.weight", {F, C}, fc1, {2 * F, C}, swiglu_rows(F, 1)});
-    same(hf + "mlp.down_proj.weight", ours + "mlp.fc2.weight", {C, F});
+    if (s.arch != HfArch::llama && s.moe.is_moe_layer(i))
+      moe_mlp(m, s, hf, ours + "mlp.");
+    else
+      swiglu_mlp(m, llama_names(hf + "mlp."), ours + "mlp", C, F);
     same(hf + "input_layernorm.weight", ours + "ln1.weight", {C});
     same(hf + "post_attention_layernorm.weight", ours + "ln2.weight", {C});
   }
@@ -104,16 +150,31 @@ int64_t row_width(const Shape& s) { return s.size() == 2 ? s[1] : 1; }
 
 }  // namespace
 
-const char* arch_name(HfArch a) { return a == HfArch::llama ? "llama" : "gpt"; }
+const char* arch_name(HfArch a) { return llama_like(a) ? "llama" : "gpt"; }
+
+const char* hf_class_name(HfArch a) {
+  switch (a) {
+    case HfArch::gpt:
+      return "GPT2LMHeadModel";
+    case HfArch::llama:
+      return "LlamaForCausalLM";
+    case HfArch::mixtral:
+      return "MixtralForCausalLM";
+    case HfArch::qwen2_moe:
+      return "Qwen2MoeForCausalLM";
+  }
+  return "?";
+}
 
 std::vector<HfMapping> hf_mappings(const HfModelShape& s) {
-  std::vector<HfMapping> m = s.arch == HfArch::llama ? llama(s) : gpt2(s);
+  std::vector<HfMapping> m = llama_like(s.arch) ? llama(s) : gpt2(s);
   for (auto& x : m)
-    if (x.rows.empty()) x.rows = iota_rows(x.transpose ? x.hf_shape.back() : x.hf_shape.front());
+    if (x.rows.empty() && !x.ours.empty()) x.rows = iota_rows(x.transpose ? x.hf_shape.back() : x.hf_shape.front());
   return m;
 }
 
 Tensor to_hf(const Tensor& ours, const HfMapping& m) {
+  if (m.ours.empty()) return Tensor::zeros(m.hf_shape, DType::f32);
   if (ours.shape() != m.our_shape || ours.dtype() != DType::f32)
     throw CheckpointError(fmt::format("{}: expected f32 {}, got {}", m.ours, shape_str(m.our_shape), ours.describe()));
   const int64_t K = row_width(m.our_shape), n = static_cast<int64_t>(m.rows.size());
@@ -121,7 +182,7 @@ Tensor to_hf(const Tensor& ours, const HfMapping& m) {
   const float* a = ours.data<float>();
   float* b = out.data<float>();
   for (int64_t i = 0; i < n; ++i)
-    for (int64_t k = 0; k < K; ++k) b[m.transpose ? k * n + i : i * K + k] = a[m.rows[i] * K + k];
+    for (int64_t k = 0; k < K; ++k) b[m.transpose ? k * n + i : i * K + k] = m.scale * a[m.rows[i] * K + k];
   return out;
 }
 
@@ -129,6 +190,13 @@ void from_hf(const Tensor& hf, const HfMapping& m, Tensor& ours) {
   if (hf.shape() != m.hf_shape)
     throw CheckpointError(
         fmt::format("{}: expected shape {}, got {}", m.hf_name, shape_str(m.hf_shape), hf.describe()));
+  if (m.ours.empty()) {
+    for (float v : hf.to_floats())
+      if (v != 0)
+        throw CheckpointError(
+            fmt::format("{} is not all zeros (it holds {}): megatrain's {}", m.hf_name, v, m.zero_why));
+    return;
+  }
   if (ours.shape() != m.our_shape || ours.dtype() != DType::f32)
     throw CheckpointError(fmt::format("{}: expected f32 {}, got {}", m.ours, shape_str(m.our_shape), ours.describe()));
   Tensor f = hf;
@@ -139,8 +207,9 @@ void from_hf(const Tensor& hf, const HfMapping& m, Tensor& ours) {
   const int64_t K = row_width(m.our_shape), n = static_cast<int64_t>(m.rows.size());
   const float* b = f.data<float>();
   float* a = ours.data<float>();
+  const float unscale = 1 / m.scale;  // exact: scale is a power of two
   for (int64_t i = 0; i < n; ++i)
-    for (int64_t k = 0; k < K; ++k) a[m.rows[i] * K + k] = b[m.transpose ? k * n + i : i * K + k];
+    for (int64_t k = 0; k < K; ++k) a[m.rows[i] * K + k] = unscale * b[m.transpose ? k * n + i : i * K + k];
 }
 
 std::vector<int64_t> hf_tensor_bytes(const std::vector<HfMapping>& maps, size_t element_bytes) {

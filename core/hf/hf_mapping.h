@@ -1,10 +1,17 @@
 // hf_mapping.h: the one table between our parameter names and layouts and Hugging Face transformers' for
-// GPT2LMHeadModel and LlamaForCausalLM, used both ways (export: ckpt -> HF, import: HF -> ckpt).
+// GPT2LMHeadModel, LlamaForCausalLM and the mixtures of experts MixtralForCausalLM and Qwen2MoeForCausalLM, used
+// both ways (export: ckpt -> HF, import: HF -> ckpt).
 //
 // Every HF tensor is a row selection of one of our tensors, maybe transposed: HF row i (before the transpose)
 // is our row rows[i]. That one rule covers the vocabulary padding (HF holds the first vocab rows), GPT-2's
 // [q | k | v] columns against our per-head interleaving, Llama's separate q/k/v projections against our
-// per-group (R query heads, k, v) rows and gate/up against our row-interleaved fc1 (LLAMA.md).
+// per-group (R query heads, k, v) rows and gate/up against our row-interleaved fc1 (LLAMA.md), for the dense MLP
+// and each expert alike.
+//
+// Two more rules cover what Qwen2-MoE holds and we do not compute: a tensor with no counterpart of ours (the q/k/v
+// biases, the shared expert's sigmoid gate) is all zeros, written so on export and required so on import; and a
+// tensor may be ours times a power of two (`scale`): with its gate's weight zero, Qwen2-MoE's shared expert output
+// is sigmoid(0) = 0.5 times down_proj's, so its down_proj is 2x our (ungated) shared expert's fc2, exactly.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -14,7 +21,19 @@
 
 namespace mt {
 
-enum class HfArch { gpt, llama };
+enum class HfArch { gpt, llama, mixtral, qwen2_moe };
+
+// The mixture of experts of a Mixtral or Qwen2-MoE (model.moe; our config keys in comments). The router is always
+// softmax then top-k; Mixtral renormalises the top-k weights, Qwen2-MoE as norm_topk_prob says.
+struct HfMoeShape {
+  int64_t experts = 0, top_k = 0;      // num_experts, top_k
+  int64_t ffn = 0, shared_ffn = 0;     // ffn_hidden_size (resolved), shared_expert_ffn_hidden_size (0: none)
+  bool norm_topk_prob = true;          // norm_topk_prob
+  double aux_loss_coeff = 0;           // aux_loss_coeff (HF's router_aux_loss_coef)
+  std::vector<int64_t> layer_pattern;  // (num_layers) 1: MoE MLP, 0: dense (layer_pattern, resolved)
+
+  bool is_moe_layer(int64_t layer) const { return layer_pattern.at(static_cast<size_t>(layer)) != 0; }
+};
 
 // The hyperparameters both sides agree on (our config keys in comments).
 struct HfModelShape {
@@ -28,19 +47,25 @@ struct HfModelShape {
   bool tied = true;                               // tie_embeddings
   double layernorm_eps = 1e-5, dropout = 0.1, attention_dropout = 0.1, init_std = 0.02;
   double rotary_base = 10000;  // llama: rotary_base (HF rope_theta)
+  HfMoeShape moe;              // mixtral and qwen2_moe only
 
   int64_t head_dim() const { return hidden / heads; }
 };
 
-const char* arch_name(HfArch a);  // "gpt" | "llama", as model.arch spells it
+const char* arch_name(HfArch a);      // "gpt" | "llama", as model.arch spells it (the MoE ones are llama)
+const char* hf_class_name(HfArch a);  // GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM
+// Whether the architecture computes Llama's attention and SwiGLU MLPs (all but gpt).
+inline bool llama_like(HfArch a) { return a != HfArch::gpt; }
 
 struct HfMapping {
   std::string hf_name;
   Shape hf_shape;             // as HF stores it
-  std::string ours;           // our parameter name (the checkpoint holds "model." + ours)
+  std::string ours;           // our parameter name (the checkpoint holds "model." + ours); empty: all zeros
   Shape our_shape;            // its global shape
   std::vector<int64_t> rows;  // HF row i is our row rows[i]; empty: our first hf rows, in order
   bool transpose = false;     // HF stores the (in, out) transpose (GPT-2's Conv1D)
+  float scale = 1;            // HF's values are ours times this (a power of two, so exact both ways)
+  const char* zero_why = "";  // without `ours`: what megatrain lacks, for the import's refusal of nonzero values
 };
 
 // Every tensor of the model, in HF's order. Tied embeddings have no lm_head entry.
@@ -48,10 +73,12 @@ std::vector<HfMapping> hf_mappings(const HfModelShape& s);
 // The HF tensors' sizes in bytes at `element_bytes` each, in the order of `maps` (a progress line's pieces).
 std::vector<int64_t> hf_tensor_bytes(const std::vector<HfMapping>& maps, size_t element_bytes);
 
-// Our tensor (fp32, our_shape) -> the HF tensor (fp32, hf_shape).
+// Our tensor (fp32, our_shape) -> the HF tensor (fp32, hf_shape). A mapping without `ours` takes an undefined
+// tensor and gives zeros.
 Tensor to_hf(const Tensor& ours, const HfMapping& m);
 // The HF tensor (any float dtype, hf_shape) into our tensor (fp32, our_shape): the rows it names are written,
-// the others (vocabulary padding) left as they are.
+// the others (vocabulary padding) left as they are. A mapping without `ours` checks that `hf` is all zeros
+// (throws CheckpointError naming the tensor and zero_why otherwise) and leaves `ours` alone.
 void from_hf(const Tensor& hf, const HfMapping& m, Tensor& ours);
 
 }  // namespace mt

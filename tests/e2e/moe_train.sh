@@ -100,5 +100,5 @@ expect_error "parallel.expert: 4 does not divide parallel.data=2" --config moe.y
   --set training.micro_batch_size=1
 expect_error "model.moe.capacity_factor: must be positive, got -1" --config moe.yaml --set model.moe.capacity_factor=-1
 expect_error "model.moe.top_k: 5 is more than model.moe.num_experts=4" --config moe.yaml --set model.moe.top_k=5
-expect_error "has no Hugging Face export yet" ckpt export ckpt --format hf --output hf
+expect_error "score_function sigmoid (Mixtral and Qwen2-MoE route with a softmax)" ckpt export ckpt --format hf --output hf
 echo "moe_train: ok"

@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
 """Tiny random transformers models and their losses, for the `megatrain ckpt import/export --format hf` checks.
 
-    hf_tiny_model.py make {gpt2|llama} OUT [--tie] [--heads H] [--groups G] [--vocab V] [--positions P]
+    hf_tiny_model.py make {gpt2|llama|mixtral|qwen2_moe} OUT [--tie] [--heads H] [--groups G] [--vocab V]
+                     [--positions P] [--keep-gate]
     hf_tiny_model.py loss MODEL_DIR DATA_PREFIX SEQ_LENGTH SAMPLES
     hf_tiny_model.py load-strict MODEL_DIR
 
-make: a GPT2LMHeadModel or LlamaForCausalLM saved with save_pretrained (safetensors, float32) whose every weight
-is random (norm weights 1 + noise, biases noise), so a misplaced row, transpose or norm parameter changes the
-loss. loss: the mean next-token loss in float32 on the CPU over samples read in file order from a Megatron
+make: a GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM or Qwen2MoeForCausalLM saved with save_pretrained
+(safetensors, float32) whose every weight is random (norm weights 1 + noise, biases noise), so a misplaced row,
+transpose or norm parameter changes the loss. loss: the mean next-token loss in float32 on the CPU over samples read in file order from a Megatron
 indexed dataset (sample j is tokens [j*S, j*S + S] of the concatenated documents, as `megatrain eval` reads
-them), printed with full precision. load-strict: from_pretrained with no missing, unexpected or mismatched
+them), printed with full precision. mixtral: 4 experts, top 2, every layer MoE. qwen2_moe: layer 0 dense
+(mlp_only_layers), layer 1 MoE with 4 experts, top 2, norm_topk_prob false, and a shared expert; its q/k/v biases
+and shared_expert_gate are zeros (what megatrain's ungated shared expert and bias-free attention map to), unless
+--keep-gate leaves the gate random. load-strict: from_pretrained with no missing, unexpected or mismatched
 weights (the architecture config.json names), else exit 1.
 Needs torch and transformers (tests/e2e/hf_import_interop.sh says where it looks for them).
 """
@@ -37,6 +41,23 @@ def make(args):
         cfg = transformers.GPT2Config(n_embd=args.hidden, n_layer=2, n_head=args.heads, n_positions=args.positions,
                                       n_inner=4 * args.hidden, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0, **common)
         model = transformers.GPT2LMHeadModel(cfg)
+    elif args.arch == "mixtral":
+        cfg = transformers.MixtralConfig(hidden_size=args.hidden, intermediate_size=args.hidden, num_hidden_layers=2,
+                                         num_attention_heads=args.heads, num_key_value_heads=args.groups,
+                                         max_position_embeddings=args.positions, rms_norm_eps=1e-5,
+                                         rope_theta=5000.0, num_local_experts=4, num_experts_per_tok=2,
+                                         router_aux_loss_coef=0.02, sliding_window=None, **common)
+        model = transformers.MixtralForCausalLM(cfg)
+    elif args.arch == "qwen2_moe":
+        cfg = transformers.Qwen2MoeConfig(hidden_size=args.hidden, intermediate_size=3 * args.hidden,
+                                          num_hidden_layers=2, num_attention_heads=args.heads,
+                                          num_key_value_heads=args.groups, max_position_embeddings=args.positions,
+                                          rms_norm_eps=1e-5, rope_theta=5000.0, num_experts=4, num_experts_per_tok=2,
+                                          moe_intermediate_size=args.hidden // 2,
+                                          shared_expert_intermediate_size=args.hidden, norm_topk_prob=False,
+                                          decoder_sparse_step=1, mlp_only_layers=[0], use_sliding_window=False,
+                                          router_aux_loss_coef=0.01, **common)
+        model = transformers.Qwen2MoeForCausalLM(cfg)
     else:
         cfg = transformers.LlamaConfig(hidden_size=args.hidden, intermediate_size=3 * args.hidden, num_hidden_layers=2,
                                        num_attention_heads=args.heads, num_key_value_heads=args.groups,
@@ -48,6 +69,9 @@ def make(args):
             noise = torch.randn_like(p) * args.std
             p.copy_(1 + noise if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight", "norm.weight",
                                                 "layernorm.weight")) else noise)
+            if args.arch == "qwen2_moe" and (name.endswith("_proj.bias") or
+                                             (name.endswith("shared_expert_gate.weight") and not args.keep_gate)):
+                p.zero_()
     model.save_pretrained(args.out, safe_serialization=True)
 
 
@@ -80,7 +104,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make")
-    m.add_argument("arch", choices=["gpt2", "llama"])
+    m.add_argument("arch", choices=["gpt2", "llama", "mixtral", "qwen2_moe"])
     m.add_argument("out")
     m.add_argument("--tie", action="store_true")
     m.add_argument("--hidden", type=int, default=32)
@@ -90,6 +114,7 @@ def main():
     m.add_argument("--positions", type=int, default=64)
     m.add_argument("--std", type=float, default=0.2)
     m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--keep-gate", action="store_true")
     l_ = sub.add_parser("loss")
     l_.add_argument("model")
     l_.add_argument("data")
