@@ -42,7 +42,8 @@ bias=(--config moe.yaml --set model.moe.aux_loss_coeff=0 --set model.moe.z_loss_
 "$MT" "${bias[@]}" --set logging.dir=resumed --set checkpoint.save_dir=ckpt >/dev/null 2>r2.err \
   || { tail -5 r2.err; fail "bias run, resumed"; }
 same_losses straight/metrics.jsonl resumed/metrics.jsonl 11 20 0
-"$MT" ckpt inspect ckpt | grep -q "state.expert_bias.layers.1.mlp" || fail "the checkpoint lacks the expert biases"
+"$MT" ckpt inspect ckpt >inspect.txt
+grep -q "state.expert_bias.layers.1.mlp" inspect.txt || fail "the checkpoint lacks the expert biases"
 python3 - <<'PY'
 import json
 rows = [json.loads(l) for l in open("even/metrics.jsonl") if '"loss"' in l]
