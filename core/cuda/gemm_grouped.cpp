@@ -10,7 +10,8 @@
 //
 // cublasGemmGroupedBatchedEx takes A, B and C of one dtype (f32, bf16 or f16) only. The groups it cannot take run
 // as a loop of the existing gemm (cuBLASLt): an fp32 output from bf16/f16 inputs, K = 0 (out = beta * out), a
-// dimension beyond int. So does a call with a single problem (cuBLASLt's tuned GEMM is the better choice there).
+// dimension beyond int. So does a call with a single problem (cuBLASLt's tuned GEMM is the better choice there),
+// and every problem of a call that cuBLAS refuses as not supported.
 //
 // libcublas is loaded on first use, as libcublasLt is (core/cuda/cublaslt_api.h says why): only a CUDA run that
 // reaches a grouped GEMM pays its start-up cost.
@@ -154,15 +155,21 @@ void gemm_grouped(const std::vector<Tensor>& a, const std::vector<Tensor>& b, st
   copy_bytes(dev_ptrs.raw(), Device::cuda, ptrs.data(), Device::cpu, bytes);
   const auto* dev = static_cast<const void* const*>(dev_ptrs.raw());
   const cudaDataType_t type = cuda_type(in);
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
   {
     std::lock_guard lock(handle_mutex());
     check(cublas().SetStream(handle(), stream()), "cublasSetStream");
-    check(cublas().GemmGroupedBatchedEx(handle(), trans_a.data(), trans_b.data(), m.data(), n.data(), k.data(),
-                                        alpha.data(), dev, type, lda.data(), dev + grouped.size(), type, ldb.data(),
-                                        beta.data(), const_cast<void* const*>(dev + 2 * grouped.size()), type,
-                                        ldc.data(), G, group_size.data(), CUBLAS_COMPUTE_32F),
-          "cublasGemmGroupedBatchedEx");
+    status = cublas().GemmGroupedBatchedEx(handle(), trans_a.data(), trans_b.data(), m.data(), n.data(), k.data(),
+                                           alpha.data(), dev, type, lda.data(), dev + grouped.size(), type, ldb.data(),
+                                           beta.data(), const_cast<void* const*>(dev + 2 * grouped.size()), type,
+                                           ldc.data(), G, group_size.data(), CUBLAS_COMPUTE_32F);
   }
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_ARCH_MISMATCH) {
+    // Refused (nothing enqueued), e.g. by an older libcublas or device: the same problems as gemm calls.
+    for (size_t g : grouped) mt::cuda::gemm(a[g], b[g], c[g], opt);
+    return;
+  }
+  check(status, "cublasGemmGroupedBatchedEx");
   MT_CUDA_LAUNCHED("cublasGemmGroupedBatchedEx");
 }
 
