@@ -5,6 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -88,6 +89,40 @@ void expert_backward(const Tensor& dy, const Tensor& x, const Tensor& h, const T
   gemm(dh, x, w1.grad, GemmOptions{.trans_a = true, .beta = 1.f});  // (F1, C) +=
 }
 
+// The local experts that have rows, as the groups of gemm_grouped: expert l's rows are the slice of the expert-major
+// row tensors at its offset (experts without rows are left out: a GEMM over zero rows does nothing).
+struct ExpertGroups {
+  std::vector<size_t> experts;                    // the local experts with rows, in order
+  std::vector<std::pair<int64_t, int64_t>> rows;  // their [begin, end) rows
+  std::vector<Tensor> w1, w2;                     // their weights: (F1, C), (C, F)
+
+  ExpertGroups(const std::vector<int64_t>& expert_rows, const std::vector<Parameter>& fc1,
+               const std::vector<Parameter>& fc2) {
+    int64_t row = 0;
+    for (size_t l = 0; l < fc1.size(); ++l) {
+      const int64_t n = expert_rows[l];
+      if (n == 0) continue;
+      experts.push_back(l);
+      rows.emplace_back(row, row + n);
+      w1.push_back(fc1[l].value);
+      w2.push_back(fc2[l].value);
+      row += n;
+    }
+  }
+  // Each group's rows of t (Re, ...): views, so a GEMM's output writes into t.
+  std::vector<Tensor> slices(const Tensor& t) const {
+    std::vector<Tensor> out;
+    for (const auto& [begin, end] : rows) out.push_back(t.slice(begin, end));
+    return out;
+  }
+  // Each group's gradient of the parameters ps (handles to the accumulated buffers).
+  std::vector<Tensor> grads(const std::vector<Parameter>& ps) const {
+    std::vector<Tensor> out;
+    for (size_t l : experts) out.push_back(ps[l].grad);
+    return out;
+  }
+};
+
 }  // namespace
 
 std::vector<Parameter*> MoeMlp::parameters() {
@@ -157,14 +192,17 @@ Tensor MoeMlp::forward(const Tensor& x_rows, Saved& s, const MoeStep& step) cons
   s.h = Tensor::empty({Re, F1}, dtype_, device_);
   s.act = Tensor::empty({Re, F}, dtype_, device_);
   Tensor ye = Tensor::empty({Re, C}, dtype_, device_);
-  int64_t row = 0;
-  for (size_t l = 0; l < fc1_.size(); ++l) {
-    const int64_t n = s.expert_rows[l];
-    if (n == 0) continue;
-    Tensor hs = s.h.slice(row, row + n), as = s.act.slice(row, row + n), ys = ye.slice(row, row + n);
-    expert_forward(s.xp.slice(row, row + n), fc1_[l], fc2_[l], llama, hs, as, ys);
-    row += n;
+  // The local experts' MLPs as grouped GEMMs (one group per expert with rows), the activation once over all rows.
+  const ExpertGroups g(s.expert_rows, fc1_, fc2_);
+  std::vector<Tensor> xs = g.slices(s.xp), hs = g.slices(s.h), as = g.slices(s.act), ys = g.slices(ye);
+  gemm_grouped(xs, g.w1, hs, GemmOptions{.trans_b = true});  // h = x W1^T
+  if (Re > 0) {
+    if (llama)
+      swiglu_forward(s.h, s.act);
+    else
+      gelu_forward(s.h, s.act);
   }
+  gemm_grouped(as, g.w2, ys, GemmOptions{.trans_b = true});  // y = act W2^T
   s.y = ep_.size > 1 ? from_experts(ye, s) : ye;
   Tensor out = Tensor::empty({N, C}, dtype_, device_);  // this rank's partial sum with tensor parallelism
   moe_unpermute(s.y, s.row_of, &s.probs, out);
@@ -318,15 +356,20 @@ Tensor MoeMlp::backward(const Tensor& dout_rows, const Saved& s, const MoeStep& 
   const int64_t Re = s.xp.dim(0);
   Tensor dxe = Tensor::empty({Re, C}, dtype_, device_);
   Tensor dact = Tensor::empty(s.act.shape(), dtype_, device_), dh = Tensor::empty(s.h.shape(), dtype_, device_);
-  int64_t row = 0;
-  for (size_t l = 0; l < fc1_.size(); ++l) {
-    const int64_t n = s.expert_rows[l];
-    if (n == 0) continue;
-    Tensor das = dact.slice(row, row + n), dhs = dh.slice(row, row + n), dxs = dxe.slice(row, row + n);
-    expert_backward(dye.slice(row, row + n), s.xp.slice(row, row + n), s.h.slice(row, row + n),
-                    s.act.slice(row, row + n), fc1_[l], fc2_[l], llama, das, dhs, dxs);
-    row += n;
+  const ExpertGroups g(s.expert_rows, fc1_, fc2_);
+  const std::vector<Tensor> dys = g.slices(dye), xs = g.slices(s.xp), as = g.slices(s.act);
+  std::vector<Tensor> dacts = g.slices(dact), dhs = g.slices(dh), dxs = g.slices(dxe);
+  std::vector<Tensor> w1_grads = g.grads(fc1_), w2_grads = g.grads(fc2_);
+  gemm_grouped(dys, g.w2, dacts);                                              // dact (n, F) = dy W2
+  gemm_grouped(dys, as, w2_grads, GemmOptions{.trans_a = true, .beta = 1.f});  // dW2 (C, F) += dy^T act
+  if (Re > 0) {
+    if (llama)
+      swiglu_backward(s.h, dact, dh);
+    else
+      gelu_backward(s.h, dact, dh);
   }
+  gemm_grouped(dhs, g.w1, dxs);                                                // dx (n, C) = dh W1
+  gemm_grouped(dhs, xs, w1_grads, GemmOptions{.trans_a = true, .beta = 1.f});  // dW1 (F1, C) += dh^T x
   const Tensor dxp = ep_.size > 1 ? from_experts(dxe, s) : dxe;
   Tensor dx = Tensor::empty({N, C}, dtype_, device_);
   moe_unpermute(dxp, s.row_of, nullptr, dx);

@@ -14,6 +14,7 @@
 #include <climits>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "core/cpu/float_io.h"
 #include "core/cpu/ops_cpu.h"
@@ -88,6 +89,12 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions& opt)
       cpu::bias_backward(a, *opt.dbias);
       return;
   }
+}
+
+// One gemm per group: the grouped op is a batching of calls for the GPU, the CPU has nothing to batch.
+void gemm_grouped(const std::vector<Tensor>& a, const std::vector<Tensor>& b, std::vector<Tensor>& c,
+                  const GemmOptions& opt) {
+  for (size_t g = 0; g < c.size(); ++g) gemm_plain(a[g], b[g], c[g], opt);
 }
 
 }  // namespace mt::cpu

@@ -111,6 +111,51 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& out, GemmOptions opt) {
   MT_ON_CUDA(gemm(a, b, out, opt));
 }
 
+void gemm_grouped(const std::vector<Tensor>& a, const std::vector<Tensor>& b, std::vector<Tensor>& c,
+                  const GemmOptions& opt) {
+  const char* op = "gemm_grouped";
+  const op_profile::Scope profile(op, [&] { return fmt::format("{} groups", c.size()); });
+  if (b.size() != a.size() || c.size() != a.size())
+    fail(op, fmt::format("a, b and c must hold one tensor per group, got {}, {} and {}", a.size(), b.size(), c.size()));
+  if (opt.epilogue != Epilogue::none)
+    fail(op, fmt::format("epilogue {} is not supported (groups take none)", epilogue_name(opt.epilogue)));
+  if (opt.bias || opt.aux || opt.dbias) fail(op, "opt.bias, opt.aux and opt.dbias must be null (no epilogue)");
+  if (a.empty()) return;
+  std::vector<Tensor> ga, gb, gc;  // the groups with work to do
+  for (size_t g = 0; g < a.size(); ++g) {
+    const std::string na = fmt::format("a[{}]", g), nb = fmt::format("b[{}]", g), nc = fmt::format("c[{}]", g);
+    check_ndim(op, na.c_str(), a[g], 2, "(M, K)");
+    check_ndim(op, nb.c_str(), b[g], 2, "(K, N)");
+    check_ndim(op, nc.c_str(), c[g], 2, "(M, N)");
+    if (a[g].dtype() != a[0].dtype())
+      fail(op, fmt::format("{}: expected dtype {} (that of a[0]), got {}", na, dtype_name(a[0].dtype()),
+                           dtype_name(a[g].dtype())));
+    if (b[g].dtype() != a[g].dtype())
+      fail(op, fmt::format("{}: expected dtype {} (that of {}), got {}", nb, dtype_name(a[g].dtype()), na,
+                           dtype_name(b[g].dtype())));
+    if (c[g].dtype() != c[0].dtype() || (c[g].dtype() != a[g].dtype() && c[g].dtype() != DType::f32))
+      fail(op, fmt::format("{}: expected dtype {} or fp32, the same for every group (c[0] is {}), got {}", nc,
+                           dtype_name(a[g].dtype()), dtype_name(c[0].dtype()), dtype_name(c[g].dtype())));
+    const int64_t M = opt.trans_a ? a[g].dim(1) : a[g].dim(0), K = opt.trans_a ? a[g].dim(0) : a[g].dim(1);
+    const int64_t Kb = opt.trans_b ? b[g].dim(1) : b[g].dim(0), N = opt.trans_b ? b[g].dim(0) : b[g].dim(1);
+    if (K != Kb)
+      fail(op, fmt::format("group {}: inner dimensions differ: op(a) is [{}, {}], op(b) is [{}, {}] (a {}, b {}, "
+                           "trans_a={}, trans_b={})",
+                           g, M, K, Kb, N, shape_str(a[g].shape()), shape_str(b[g].shape()), opt.trans_a, opt.trans_b));
+    expect_shape(op, nc.c_str(), c[g], {M, N});
+    if (device_of(op, {&a[g], &b[g], &c[g]}) != a[0].device())
+      fail(op, fmt::format("group {}: tensors on different devices ({} and {})", g, device_name(a[0].device()),
+                           device_name(a[g].device())));
+    if (M == 0 || N == 0) continue;
+    ga.push_back(a[g]);
+    gb.push_back(b[g]);
+    gc.push_back(c[g]);
+  }
+  if (gc.empty()) return;
+  if (a[0].device() == Device::cpu) return cpu::gemm_grouped(ga, gb, gc, opt);
+  MT_ON_CUDA(gemm_grouped(ga, gb, gc, opt));
+}
+
 void add_bias(Tensor& x, const Tensor& bias) {
   const char* op = "add_bias";
   const op_profile::Scope profile(op);

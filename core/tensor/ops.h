@@ -45,6 +45,13 @@ struct GemmOptions {
 // into cuBLASLt's epilogues and rounds once, so it matches the CPU within the dtype tolerance, not bit for
 // bit (and composes the separate kernels itself where cuBLASLt offers no fused algorithm).
 void gemm(const Tensor& a, const Tensor& b, Tensor& out, GemmOptions opt = {});
+// C_g = alpha * op(A_g) op(B_g) + beta * C_g for every group g (shapes may differ per group; no epilogues, no bias):
+// one call for MoE's per-expert GEMMs. Groups with an empty C_g (M or N zero) are skipped; one with K = 0 scales C_g
+// by beta, as gemm does. Every backend computes each group as gemm does (the CPU bit for bit). a, b and c hold one
+// tensor per group with gemm's rules for each (a and b share a dtype, c that dtype or f32); all groups share the
+// dtypes and opt.
+void gemm_grouped(const std::vector<Tensor>& a, const std::vector<Tensor>& b, std::vector<Tensor>& c,
+                  const GemmOptions& opt = {});  // opt.epilogue must be none (checked)
 
 // x (N, C) += bias (C), in place.
 void add_bias(Tensor& x, const Tensor& bias);
