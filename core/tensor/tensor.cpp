@@ -84,7 +84,7 @@ Tensor Tensor::from_ints(std::span<const int32_t> values, Shape shape) {
   Tensor t = empty(std::move(shape), DType::i32);
   if (static_cast<int64_t>(values.size()) != t.numel())
     throw std::invalid_argument(fmt::format("from_ints: {} values for shape {}", values.size(), shape_str(t.shape())));
-  std::memcpy(t.raw(), values.data(), t.nbytes());
+  if (t.nbytes() > 0) std::memcpy(t.raw(), values.data(), t.nbytes());  // an empty span's data() may be null
   return t;
 }
 
