@@ -5,8 +5,9 @@
 # that Llama with mixture-of-experts MLPs: 4 SwiGLU experts, top 2, a shared expert, the aux loss; and with
 # expert parallelism, EP 2 and 4 over 2 and 4 data-parallel ranks, with and without ZeRO) the
 # training log's "peak memory (MiB)" split of rank 0 (the first pipeline stage) is compared with plan's
-# prediction for that rank kind: every kind within 10% (or 0.011 MiB, the log's rounding) and the total within
-# 5%. With pipelining, the log's per-stage totals (the largest rank of each stage, rounded to 0.1 MiB) are
+# prediction for that rank kind: every kind within 10% (or 0.011 MiB, the log's rounding; with expert parallelism and
+# ZeRO the workspace prediction is an upper bound, as two buffers' reduce-scatters may or may not overlap) and the
+# total within 5%. With pipelining, the log's per-stage totals (the largest rank of each stage, rounded to 0.1 MiB) are
 # compared with plan's middle and last rank kinds too: within 5% (or 0.051 MiB). The table of every comparison
 # is printed (bench/NOTES.md keeps one).
 source "$(dirname "$0")/lib/common.bash"
@@ -104,6 +105,10 @@ for entry in open(sys.argv[1]):
         tol = 0.05 if kind == "total" else 0.10
         err = (pred - meas) / meas if meas > 0 else 0.0
         ok = abs(pred - meas) <= max(tol * meas, 0.011)
+        # With expert parallelism and ZeRO two gradient buffers reduce-scatter on their own threads: whether their
+        # workspaces are alive at once depends on timing, and plan predicts both at once, a bound.
+        if kind == "workspace" and "-ep" in name and "zero" in name:
+            ok = meas <= pred * (1 + tol) + 0.011
         print(f"{name:<28} {kind:<12} {meas:>13.2f} {pred:>14.3f} {100 * err:>7.1f}%{'' if ok else '  FAIL'}")
         if not ok:
             bad.append(f"{name} {kind}: measured {meas:.2f} MiB, predicted {pred:.3f} MiB")
