@@ -45,6 +45,7 @@
 
 #include "core/cuda/cublaslt_api.h"
 #include "core/cuda/cuda_check.h"
+#include "core/cuda/cuda_types.h"
 #include "core/cuda/ops_cuda.h"
 
 namespace mt::cuda {
@@ -63,20 +64,6 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;
     cublasStatus_t mt_status_ = (call);                                                                 \
     if (mt_status_ != CUBLAS_STATUS_SUCCESS) throw_cublas_error(mt_status_, #call, __FILE__, __LINE__); \
   } while (0)
-
-cudaDataType_t cuda_type(DType t) {
-  switch (t) {
-    case DType::f32:
-      return CUDA_R_32F;
-    case DType::bf16:
-      return CUDA_R_16BF;
-    case DType::f16:
-      return CUDA_R_16F;
-    default:
-      break;
-  }
-  throw std::invalid_argument(fmt::format("gemm: no cuBLASLt type for dtype {}", dtype_name(t)));
-}
 
 // The process's cuBLASLt handle, created on first use (after the device is selected), never destroyed:
 // destroying it at exit could run after the CUDA context is gone.
@@ -206,7 +193,7 @@ Plan make_plan(const Key& key, const EpiloguePointers& ptrs) {
   Plan plan;
   PlanGuard guard{&plan};
   const auto M = static_cast<uint64_t>(key.m), N = static_cast<uint64_t>(key.n), K = static_cast<uint64_t>(key.k);
-  const cudaDataType_t in = cuda_type(key.in), out = cuda_type(key.out);
+  const cudaDataType_t in = cuda_data_type(key.in, "gemm"), out = cuda_data_type(key.out, "gemm");
 
   MT_CUBLAS_CHECK(cublaslt().MatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // cuBLASLt's A is our b, its B our a (see the top of the file).
@@ -229,7 +216,7 @@ Plan make_plan(const Key& key, const EpiloguePointers& ptrs) {
   if (key.epilogue != Epilogue::none) {
     const auto epi = static_cast<uint32_t>(lt_epilogue(key.epilogue));
     MT_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-    const auto bias_type = static_cast<int32_t>(cuda_type(key.bias));
+    const auto bias_type = static_cast<int32_t>(cuda_data_type(key.bias, "gemm"));
     MT_CUBLAS_CHECK(
         cublaslt().MatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
     if (has_aux(key.epilogue)) {

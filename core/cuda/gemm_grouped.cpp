@@ -28,6 +28,7 @@
 #include <fmt/format.h>
 
 #include "core/cuda/cuda_check.h"
+#include "core/cuda/cuda_types.h"
 #include "core/cuda/ops_cuda.h"
 #include "core/cuda/runtime.h"
 
@@ -95,20 +96,6 @@ std::mutex& handle_mutex() {
   return mu;
 }
 
-cudaDataType_t cuda_type(DType t) {
-  switch (t) {
-    case DType::f32:
-      return CUDA_R_32F;
-    case DType::bf16:
-      return CUDA_R_16BF;
-    case DType::f16:
-      return CUDA_R_16F;
-    default:
-      break;
-  }
-  throw std::invalid_argument(fmt::format("gemm_grouped: no cuBLAS type for dtype {}", dtype_name(t)));
-}
-
 }  // namespace
 
 void gemm_grouped(const std::vector<Tensor>& a, const std::vector<Tensor>& b, std::vector<Tensor>& c,
@@ -154,7 +141,7 @@ void gemm_grouped(const std::vector<Tensor>& a, const std::vector<Tensor>& b, st
   Tensor dev_ptrs = Tensor::empty({static_cast<int64_t>(ptrs.size())}, DType::i64, Device::cuda, MemKind::workspace);
   copy_bytes(dev_ptrs.raw(), Device::cuda, ptrs.data(), Device::cpu, bytes);
   const auto* dev = static_cast<const void* const*>(dev_ptrs.raw());
-  const cudaDataType_t type = cuda_type(in);
+  const cudaDataType_t type = cuda_data_type(in, "gemm_grouped");
   cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
   {
     std::lock_guard lock(handle_mutex());
