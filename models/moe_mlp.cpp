@@ -29,23 +29,33 @@ MoeMlp::MoeMlp(const ModelConfig& cfg, const std::string& prefix, DType dtype, f
   if (E % ep.size != 0)
     throw std::invalid_argument(
         fmt::format("{}: the expert-parallel size {} does not divide the {} experts", prefix, ep.size, E));
+  const int etp = ep.tensor == 0 ? tp.size : ep.tensor;
+  if (etp < 1 || tp.size % etp != 0)
+    throw std::invalid_argument(
+        fmt::format("{}: the experts' tensor-parallel size {} does not divide the "
+                    "tensor-parallel size {}",
+                    prefix, etp, tp.size));
+  fold_ = tp.rank / etp;
+  folds_ = tp.size / etp;
+  const TensorParallel expert_tp{.rank = tp.rank % etp, .size = etp};  // the experts' split (no communication)
   first_expert_ = ep.first(E);
   const bool llama = cfg.arch == Arch::llama;
-  if (F % t != 0 || m.shared_expert_ffn_hidden_size % t != 0)
+  if (F % etp != 0 || m.shared_expert_ffn_hidden_size % t != 0)
     throw std::invalid_argument(
-        fmt::format("{}: the tensor-parallel size {} does not divide the experts' width {} "
-                    "or the shared expert's {}",
-                    prefix, t, F, m.shared_expert_ffn_hidden_size));
+        fmt::format("{}: the tensor-parallel sizes {} (experts) and {} (shared expert) do not divide the experts' "
+                    "width {} or the shared expert's {}",
+                    prefix, etp, t, F, m.shared_expert_ffn_hidden_size));
   // fc1 (F1, C) split by rows (SwiGLU's gate and up interleaved, so a row block holds whole pairs), fc2 (C, F) by
   // columns: the dense MLP's column- and row-parallel split, every slice holding the whole tensor's values.
-  auto mlp = [&](const std::string& name, int64_t width, Parameter& w1, Parameter& w2) {
+  auto mlp = [&](const std::string& name, int64_t width, const TensorParallel& split, Parameter& w1, Parameter& w2) {
     const int64_t W1 = llama ? 2 * width : width;
     w1 = make_parameter_slice(name + ".fc1.weight",
-                              {.global = {W1, C}, .start = {tp.begin(W1), 0}, .local = {tp.count(W1), C}}, dtype,
+                              {.global = {W1, C}, .start = {split.begin(W1), 0}, .local = {split.count(W1), C}}, dtype,
                               Init::normal, cfg.init_std, seed);
-    w2 = make_parameter_slice(name + ".fc2.weight",
-                              {.global = {C, width}, .start = {0, tp.begin(width)}, .local = {C, tp.count(width)}},
-                              dtype, Init::normal, output_init_std, seed);
+    w2 =
+        make_parameter_slice(name + ".fc2.weight",
+                             {.global = {C, width}, .start = {0, split.begin(width)}, .local = {C, split.count(width)}},
+                             dtype, Init::normal, output_init_std, seed);
   };
   router_ = make_parameter(prefix + ".router.weight", {E, C}, dtype, Init::normal, cfg.init_std, seed);
   // This rank's experts, named by their global index.
@@ -53,11 +63,11 @@ MoeMlp::MoeMlp(const ModelConfig& cfg, const std::string& prefix, DType dtype, f
   fc1_.resize(static_cast<size_t>(El));
   fc2_.resize(static_cast<size_t>(El));
   for (int64_t l = 0; l < El; ++l)
-    mlp(fmt::format("{}.experts.{}", prefix, first_expert_ + l), F, fc1_[static_cast<size_t>(l)],
+    mlp(fmt::format("{}.experts.{}", prefix, first_expert_ + l), F, expert_tp, fc1_[static_cast<size_t>(l)],
         fc2_[static_cast<size_t>(l)]);
   for (size_t l = 0; l < fc1_.size(); ++l) fc1_[l].expert = fc2_[l].expert = true;
   if (m.shared_expert_ffn_hidden_size > 0)
-    mlp(prefix + ".shared_expert", m.shared_expert_ffn_hidden_size, shared_fc1_, shared_fc2_);
+    mlp(prefix + ".shared_expert", m.shared_expert_ffn_hidden_size, tp, shared_fc1_, shared_fc2_);
   for (Parameter* p : parameters()) move_to_device(*p, device);  // initial values are drawn on the host
   if (m.bias_update_rate > 0) expert_bias_ = Tensor::zeros({E}, DType::f32, device, MemKind::parameter);
   load_.tokens.assign(static_cast<size_t>(E), 0);
@@ -182,11 +192,13 @@ Tensor MoeMlp::forward(const Tensor& x_rows, Saved& s, const MoeStep& step) cons
   for (int64_t c : s.counts) kept += c;
   Tensor xp = Tensor::empty({kept, C}, dtype_, device_);  // this rank's kept choices, by expert
   moe_permute(x, s.row_of, nullptr, xp);
+  plan_share(s);
+  const Tensor xd = take_share(xp, s);  // the rows this rank dispatches
   if (ep_.size > 1)
     plan_exchange(s);
   else
-    s.expert_rows = s.counts;
-  s.xp = ep_.size > 1 ? to_experts(xp, s) : xp;  // this rank's experts' rows, by expert
+    s.expert_rows = s.sent;
+  s.xp = ep_.size > 1 ? to_experts(xd, s) : xd;  // this rank's experts' rows, by expert
   const int64_t Re = s.xp.dim(0);
   const int64_t F1 = fc1_.front().value.dim(0), F = fc2_.front().value.dim(1);
   s.h = Tensor::empty({Re, F1}, dtype_, device_);
@@ -203,7 +215,7 @@ Tensor MoeMlp::forward(const Tensor& x_rows, Saved& s, const MoeStep& step) cons
       gelu_forward(s.h, s.act);
   }
   gemm_grouped(as, g.w2, ys, GemmOptions{.trans_b = true});  // y = act W2^T
-  s.y = ep_.size > 1 ? from_experts(ye, s) : ye;
+  s.y = put_share(ep_.size > 1 ? from_experts(ye, s) : ye, s, kept);
   Tensor out = Tensor::empty({N, C}, dtype_, device_);  // this rank's partial sum with tensor parallelism
   moe_unpermute(s.y, s.row_of, &s.probs, out);
   if (has_shared_expert()) {  // out += the shared expert's output
@@ -216,6 +228,38 @@ Tensor MoeMlp::forward(const Tensor& x_rows, Saved& s, const MoeStep& step) cons
   return sequence_shard_sum(out, step.samples, tp_);
 }
 
+void MoeMlp::plan_share(Saved& s) const {
+  if (folds_ == 1) {
+    s.sent = s.counts;
+    return;
+  }
+  // Expert e's kept rows [offset, offset + c): this fold takes [offset + c f / F, offset + c (f + 1) / F).
+  std::vector<int32_t> share;
+  s.sent.assign(s.counts.size(), 0);
+  int64_t offset = 0;
+  for (size_t e = 0; e < s.counts.size(); ++e) {
+    const int64_t c = s.counts[e], begin = c * fold_ / folds_, end = c * (fold_ + 1) / folds_;
+    for (int64_t r = begin; r < end; ++r) share.push_back(static_cast<int32_t>(offset + r));
+    s.sent[e] = end - begin;
+    offset += c;
+  }
+  s.share = Tensor::from_ints(share, {static_cast<int64_t>(share.size()), 1}).to(device_);
+}
+
+Tensor MoeMlp::take_share(const Tensor& rows, const Saved& s) const {
+  if (folds_ == 1) return rows;
+  Tensor out = Tensor::empty({s.share.dim(0), rows.dim(1)}, rows.dtype(), device_);
+  moe_unpermute(rows, s.share, nullptr, out);  // out[i] = rows[share[i]]
+  return out;
+}
+
+Tensor MoeMlp::put_share(const Tensor& rows, const Saved& s, int64_t kept) const {
+  if (folds_ == 1) return rows;
+  Tensor out = Tensor::zeros({kept, rows.dim(1)}, rows.dtype(), device_);
+  moe_permute(rows, s.share, nullptr, out);  // out[share[i]] = rows[i]
+  return out;
+}
+
 // Expert parallelism: this rank's choices (R, C), ordered by global expert, go to the EP ranks holding the experts;
 // the rows received (from every EP rank, for this rank's experts) are reordered expert-major (expert l's rows from
 // rank 0, then rank 1, ...), so each local expert's rows are one slice. plan_exchange (forward) exchanges every
@@ -226,7 +270,7 @@ void MoeMlp::plan_exchange(Saved& s) const {
   {
     std::vector<double> mine(static_cast<size_t>(P * E), 0.0);  // exact: counts far below 2^53
     for (int64_t e = 0; e < E; ++e)
-      mine[static_cast<size_t>(ep_.rank * E + e)] = static_cast<double>(s.counts[static_cast<size_t>(e)]);
+      mine[static_cast<size_t>(ep_.rank * E + e)] = static_cast<double>(s.sent[static_cast<size_t>(e)]);
     const std::vector<double> all = sum_doubles(*ep_.comm, std::move(mine));
     auto count = [&](int64_t r, int64_t e) { return std::llround(all[static_cast<size_t>(r * E + e)]); };
     s.send_rows.assign(static_cast<size_t>(P), 0);
@@ -234,7 +278,7 @@ void MoeMlp::plan_exchange(Saved& s) const {
     s.expert_rows.assign(static_cast<size_t>(El), 0);
     for (int64_t r = 0; r < P; ++r)
       for (int64_t l = 0; l < El; ++l) {
-        s.send_rows[static_cast<size_t>(r)] += s.counts[static_cast<size_t>(r * El + l)];
+        s.send_rows[static_cast<size_t>(r)] += s.sent[static_cast<size_t>(r * El + l)];
         s.recv_rows[static_cast<size_t>(r)] += count(r, first_expert_ + l);
         s.expert_rows[static_cast<size_t>(l)] += count(r, first_expert_ + l);
       }
@@ -352,7 +396,8 @@ Tensor MoeMlp::backward(const Tensor& dout_rows, const Saved& s, const MoeStep& 
   moe_unpermute_backward_probs(dout, s.y, s.row_of, dprobs);
   tp_.reduce_from_group(dprobs);
   // Each expert's MLP on its slice (with expert parallelism, on the rows every EP rank sent this rank's experts).
-  const Tensor dye = ep_.size > 1 ? to_experts(dy, s) : dy;
+  const Tensor dyd = take_share(dy, s);
+  const Tensor dye = ep_.size > 1 ? to_experts(dyd, s) : dyd;
   const int64_t Re = s.xp.dim(0);
   Tensor dxe = Tensor::empty({Re, C}, dtype_, device_);
   Tensor dact = Tensor::empty(s.act.shape(), dtype_, device_), dh = Tensor::empty(s.h.shape(), dtype_, device_);
@@ -370,7 +415,7 @@ Tensor MoeMlp::backward(const Tensor& dout_rows, const Saved& s, const MoeStep& 
   }
   gemm_grouped(dhs, g.w1, dxs);                                                // dx (n, C) = dh W1
   gemm_grouped(dhs, xs, w1_grads, GemmOptions{.trans_a = true, .beta = 1.f});  // dW1 (F1, C) += dh^T x
-  const Tensor dxp = ep_.size > 1 ? from_experts(dxe, s) : dxe;
+  const Tensor dxp = put_share(ep_.size > 1 ? from_experts(dxe, s) : dxe, s, kept);
   Tensor dx = Tensor::empty({N, C}, dtype_, device_);
   moe_unpermute(dxp, s.row_of, nullptr, dx);
   if (has_shared_expert()) {  // dx += the shared expert's input gradient

@@ -26,6 +26,13 @@
 // tokens' choices to the EP ranks holding their experts and gets their outputs back (all-to-all, counts exchanged
 // first), each backward the same for the gradients. Every EP rank computes the same values as one rank would.
 //
+// Parallel folding (parallel.expert_tensor = ETP < T, Megatron-Core's): the experts are split over ETP ranks only,
+// and the T / ETP folds of a tensor-parallel group (fold tp / ETP) hold other experts (drawn into the expert-parallel
+// group) or the same ones again (in the expert-data-parallel group). Every TP rank still routes every token (so
+// routing, capacity and the load are one rank's); fold f dispatches only its share of each expert's choices (the
+// f-th of T / ETP even parts of the expert's rows), and the outputs of the other folds' shares join in the
+// tensor-parallel sum as the expert slices' partial sums do.
+//
 // Capacity (model.moe.capacity_factor): each expert keeps its ceil(factor * N * k / E) heaviest choices of the
 // microbatch; a dropped choice adds nothing to its token's output (the residual carries the token).
 #pragma once
@@ -63,7 +70,8 @@ class MoeMlp {
   // cfg.moe.enabled(); `prefix` e.g. "layers.3.mlp"; values in `dtype`, initialised from `seed` (fc2 with
   // `output_init_std`, Megatron's scaled init of output projections, the others with cfg.init_std); `tp` the
   // tensor-parallel group the experts are split over (their slices hold exactly the whole tensors' values).
-  // `ep`: the expert-parallel group; this rank holds experts [ep.first(E), ep.first(E) + ep.count(E)).
+  // `ep`: the expert-parallel group; this rank holds experts [ep.first(E), ep.first(E) + ep.count(E)), split over
+  // the experts' tensor-parallel degree ep.tensor (0: tp.size) as tp.rank % ETP.
   MoeMlp(const ModelConfig& cfg, const std::string& prefix, DType dtype, float output_init_std, uint64_t seed,
          Device device = Device::cpu, TensorParallel tp = {}, ExpertParallel ep = {});
 
@@ -75,8 +83,11 @@ class MoeMlp {
     Tensor row_of;                  // (N, k) i32
     std::vector<int64_t> counts;    // (E) this rank's kept choices per expert, on the host
     std::vector<int64_t> routed;    // (E) its choices per expert before the capacity drops some (= counts without)
+    std::vector<int64_t> sent;      // (E) the kept choices per expert this rank dispatches (counts without folding)
+    Tensor share;                   // (Rs, 1) i32: with parallel folding, the rows of `counts` this rank dispatches
     // The rows of this rank's experts, expert-major: xp (Re, C), h (Re, F1/t), act (Re, F/t); Re = N*k without
-    // expert parallelism. y (N*k, C): this rank's choices' outputs, by expert (partial sums with TP).
+    // expert parallelism. y (N*k, C): this rank's choices' outputs, by expert (partial sums with TP; with parallel
+    // folding only this fold's share, the other rows zero).
     Tensor xp, h, act, y;
     std::vector<int64_t> expert_rows;  // (E / ep) rows of each of this rank's experts
     // Expert parallelism only: rows sent to and received from each EP rank, and each received row's expert-major
@@ -112,6 +123,11 @@ class MoeMlp {
 
  private:
   MoeRouterOptions router_options() const;
+  // Parallel folding: which of the kept rows this fold dispatches (sets s.sent and s.share), those rows of `rows`,
+  // and they back in place among `kept` rows (the others zero). Without folding, all: the rows themselves.
+  void plan_share(Saved& s) const;
+  Tensor take_share(const Tensor& rows, const Saved& s) const;
+  Tensor put_share(const Tensor& rows, const Saved& s, int64_t kept) const;
   // Expert parallelism (models/moe_mlp.cpp): the exchange's counts and order, and the rows there and back.
   void plan_exchange(Saved& s) const;
   Tensor to_experts(const Tensor& rows, const Saved& s) const;
@@ -127,10 +143,11 @@ class MoeMlp {
   Device device_;
   TensorParallel tp_;
   ExpertParallel ep_;
+  int fold_ = 0, folds_ = 1;           // parallel folding: this rank's fold tp / ETP of the T / ETP
   int64_t first_expert_ = 0;           // this rank's first expert (global index)
   Parameter router_;                   // (E, C), replicated over TP
-  std::vector<Parameter> fc1_;         // per local expert (F1/t, C): F1 = F, or 2F gate and up interleaved for llama
-  std::vector<Parameter> fc2_;         // per local expert (C, F/t)
+  std::vector<Parameter> fc1_;         // per local expert (F1/ETP, C): F1 = F, or 2F gate and up interleaved (llama)
+  std::vector<Parameter> fc2_;         // per local expert (C, F/ETP)
   Parameter shared_fc1_, shared_fc2_;  // (Fs1/t, C), (C, Fs/t); undefined without a shared expert
   Tensor expert_bias_;                 // (E) f32 on the device; undefined without the bias update
   mutable MoeLoad load_;               // bookkeeping of forward (const: generation runs it too)

@@ -13,17 +13,35 @@ std::string layout(int tp, int pp, int dp) {
 
 }  // namespace
 
-Topology::Topology(int world_size, int tp, int pp, int dp, int ep)
-    : world_(world_size), tp_(tp), pp_(pp), dp_(dp), ep_(ep) {
+Topology::Topology(int world_size, int tp, int pp, int dp, int ep, int etp)
+    : world_(world_size), tp_(tp), pp_(pp), dp_(dp), ep_(ep), etp_(etp == 0 ? tp : etp) {
   if (tp < 1 || pp < 1 || dp < 1)
     throw std::invalid_argument(layout(tp, pp, dp) + ": every parallel size must be at least 1");
   int64_t ranks = int64_t{tp} * pp * dp;
   if (ranks != world_size)
     throw std::invalid_argument(layout(tp, pp, dp) + " = " + std::to_string(ranks) + " ranks, but the world has " +
                                 std::to_string(world_size));
-  if (ep < 1 || dp % ep != 0)
+  if (etp_ == tp && (ep < 1 || dp % ep != 0))
     throw std::invalid_argument("expert parallel " + std::to_string(ep) +
                                 " must be at least 1 and divide data parallel " + std::to_string(dp));
+  if (etp_ < 1 || tp % etp_ != 0)
+    throw std::invalid_argument("expert tensor parallel " + std::to_string(etp_) +
+                                " must be at least 1 and divide tensor parallel " + std::to_string(tp));
+  if (ep < 1 || (int64_t{tp} * dp) % (int64_t{ep} * etp_) != 0)
+    throw std::invalid_argument("expert parallel " + std::to_string(ep) + " x expert tensor parallel " +
+                                std::to_string(etp_) + " must divide tensor x data parallel " + std::to_string(tp) +
+                                " x " + std::to_string(dp));
+}
+
+Topology::ExpertCoord Topology::expert_coord(int r) const {
+  const Coord c = coord(r);
+  const int i = c.tp + tp_ * c.dp;  // the rank's place in its pipeline stage
+  return {i % etp_, i / etp_ % ep_, i / (etp_ * ep_)};
+}
+
+int Topology::expert_rank(int pp, ExpertCoord e) const {
+  const int i = e.etp + etp_ * (e.ep + ep_ * e.edp);
+  return rank({i % tp_, i / tp_, pp});
 }
 
 Topology::Coord Topology::coord(int rank) const {
@@ -77,18 +95,20 @@ std::vector<int> Topology::embedding_group(int r) const {
   return {rank({c.tp, c.dp, 0}), rank({c.tp, c.dp, pp_ - 1})};
 }
 
+// The varied expert coordinate walks the stage's ranks in ascending order (i grows with it, and rank with i).
 std::vector<int> Topology::ep_group(int r) const {
-  Coord c = coord(r);
+  const int pp = coord(r).pp;
+  ExpertCoord e = expert_coord(r);
   std::vector<int> g;
-  const int first = c.dp / ep_ * ep_;
-  for (int d = first; d < first + ep_; ++d) g.push_back(rank({c.tp, d, c.pp}));
+  for (e.ep = 0; e.ep < ep_; ++e.ep) g.push_back(expert_rank(pp, e));
   return g;
 }
 
 std::vector<int> Topology::edp_group(int r) const {
-  Coord c = coord(r);
+  const int pp = coord(r).pp;
+  ExpertCoord e = expert_coord(r);
   std::vector<int> g;
-  for (int d = c.dp % ep_; d < dp_; d += ep_) g.push_back(rank({c.tp, d, c.pp}));
+  for (e.edp = 0; e.edp < tp_ * dp_ / (etp_ * ep_); ++e.edp) g.push_back(expert_rank(pp, e));
   return g;
 }
 

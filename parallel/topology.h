@@ -1,7 +1,10 @@
 // topology.h: the rank grid. rank = tp + T * (dp + D * pp): tensor-parallel ranks vary fastest (a TP group
-// sits inside one node), then data-parallel, then pipeline (Megatron's default order). Expert parallelism
-// (MoE) splits the data-parallel dimension: dp = ep_index + EP * edp_index, so an expert-parallel group is EP
-// consecutive data-parallel ranks and the expert-data-parallel group the ranks at the same place in each.
+// sits inside one node), then data-parallel, then pipeline (Megatron's default order). The MoE layers' experts
+// refold each pipeline stage's T * D ranks, i = tp + T * dp, as i = etp + ETP * (ep + EP * edp) (Megatron's
+// "parallel folding": expert tensor-parallel ranks fastest, then expert-parallel, then expert-data-parallel). With
+// ETP = T (the default) that splits the data-parallel dimension, dp = ep + EP * edp: an expert-parallel group is EP
+// consecutive data-parallel ranks and the expert-data-parallel group the ranks at the same place in each. With
+// ETP < T the expert-parallel groups draw from the tensor-parallel ranks too.
 #pragma once
 #include <stdexcept>
 #include <string>
@@ -22,14 +25,23 @@ class Topology {
     bool operator==(const Coord&) const = default;
   };
   // Throws std::invalid_argument naming the sizes when tp * pp * dp != world_size or any is < 1, and naming
-  // ep and dp when ep < 1 or ep does not divide dp. (The experts' tensor parallelism is the dense layers'.)
-  Topology(int world_size, int tp, int pp, int dp, int ep = 1);
+  // them when etp (0: tp) does not divide tp or ep * etp does not divide tp * dp.
+  Topology(int world_size, int tp, int pp, int dp, int ep = 1, int etp = 0);
 
   int world_size() const { return world_; }
   int tp() const { return tp_; }
   int pp() const { return pp_; }
   int dp() const { return dp_; }
   int ep() const { return ep_; }
+  int etp() const { return etp_; }
+  // Whether the experts' grid differs from the dense one (EP > 1 or ETP < TP): their gradients then have a
+  // reduction group of their own.
+  bool experts_apart() const { return ep_ > 1 || etp_ != tp_; }
+  // rank's place in the experts' grid.
+  struct ExpertCoord {
+    int etp = 0, ep = 0, edp = 0;
+  };
+  ExpertCoord expert_coord(int rank) const;
 
   // Both throw std::out_of_range for a rank outside the world or a coordinate outside the grid.
   Coord coord(int rank) const;
@@ -42,10 +54,11 @@ class Topology {
   std::vector<int> model_parallel_group(int rank) const;  // same dp: every tp and pp
   // The first and last pipeline stage of rank's pipeline (tied embeddings); just the rank when pp == 1.
   std::vector<int> embedding_group(int rank) const;
-  // Same tp, pp: the ep data-parallel ranks {g * ep .. g * ep + ep - 1} holding rank's (dp / ep = g); just the
-  // rank when ep == 1.
+  // Same pp, etp and edp: the EP ranks that split the experts (with ETP = T, EP consecutive data-parallel ranks);
+  // just the rank when ep == 1.
   std::vector<int> ep_group(int rank) const;
-  // Same tp, pp and dp % ep: dp / ep ranks, one per expert-parallel group; the dp group when ep == 1.
+  // Same pp, etp and ep: the T * D / (ETP * EP) ranks holding the same experts' same slices; the dp group when
+  // ep == 1 and etp == tp.
   std::vector<int> edp_group(int rank) const;
 
   // The group of a kind.
@@ -55,7 +68,8 @@ class Topology {
   std::vector<std::vector<int>> all_groups(GroupKind kind) const;
 
  private:
-  int world_, tp_, pp_, dp_, ep_;
+  int world_, tp_, pp_, dp_, ep_, etp_;
+  int expert_rank(int pp, ExpertCoord e) const;
 };
 
 }  // namespace mt

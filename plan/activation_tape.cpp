@@ -168,13 +168,14 @@ class Replay {
 
   // models/moe_mlp.cpp MoeMlp::forward on the (Ns, C) rows, routing balanced (each expert N k / E rows of every
   // rank): the Saved tensors, the locals of the call, and the expert GEMMs one after another (their CPU workspaces
-  // one at a time). With expert parallelism this rank's E / EP experts get the N k rows the EP ranks send them
-  // (Rr = N k, balanced), moved by to_experts and from_experts. Returns the bytes Saved keeps; `out` the bytes of
-  // the (Ns, C) output left allocated.
+  // one at a time). With parallel folding this rank dispatches Rd = N k / folds of the choices (take_share) and
+  // puts their outputs back among all N k (put_share); with expert parallelism this rank's E / EP experts get the
+  // Rd rows the EP ranks send them (balanced), moved by to_experts and from_experts. Returns the bytes Saved
+  // keeps; `out` the bytes of the (Ns, C) output left allocated.
   double moe_forward(double& out) {
     const MoeShapes& e = s.m.moe;
-    const double N = s.N(), C = s.m.C, d = s.d, E = e.E, k = e.k, R = N * k, n = R / e.El;
-    const bool ep = e.ep > 1;
+    const double N = s.N(), C = s.m.C, d = s.d, E = e.E, k = e.k, R = N * k, Rd = R / e.folds, n = Rd / e.El;
+    const bool ep = e.ep > 1, fold = e.folds > 1;
     double kept = 0, locals = 0;
     auto keep = [&](double bytes) {
       t.alloc(bytes);
@@ -196,30 +197,47 @@ class Replay {
     }
     keep(N * k * 4);   // row_of (N, k) i32
     local(2 * E * 4);  // counts (E) i32 and its host copy
-    if (!ep) {
+    if (!ep && !fold) {
       keep(R * C * d);  // xp (R, C)
     } else {
-      local(R * C * d);           // xp (R, C): this rank's choices, sent
-      if (s.cpu) t.alloc(R * 4);  // plan_exchange: order from_ints on the host (the CPU's allocator on CUDA),
-      keep(R * 4);                // then its device copy: order (Rr, 1) i32
-      if (s.cpu) t.free(R * 4);
-      t.alloc(R * C * d);  // to_experts: received (Rr, C)
-      keep(R * C * d);     // s.xp (Rr, C): received, expert-major
-      t.free(R * C * d);
+      local(R * C * d);  // xp (R, C): this rank's choices
+      if (fold) {
+        if (s.cpu) t.alloc(Rd * 4);  // plan_share: share from_ints on the host (the CPU's allocator on CUDA),
+        keep(Rd * 4);                // then its device copy: share (Rd, 1) i32
+        if (s.cpu) t.free(Rd * 4);
+        if (ep) {
+          local(Rd * C * d);  // take_share: xd (Rd, C), sent
+        } else {
+          keep(Rd * C * d);  // take_share: xd (Rd, C), s.xp itself
+        }
+      }
+      if (ep) {
+        if (s.cpu) t.alloc(Rd * 4);  // plan_exchange: order from_ints on the host (the CPU's allocator on CUDA),
+        keep(Rd * 4);                // then its device copy: order (Rr, 1) i32
+        if (s.cpu) t.free(Rd * 4);
+        t.alloc(Rd * C * d);  // to_experts: received (Rr, C)
+        keep(Rd * C * d);     // s.xp (Rr, C): received, expert-major
+        t.free(Rd * C * d);
+      }
     }
-    keep(R * e.fc1 * d);  // h (Re, F1/tp)
-    keep(R * e.Ft * d);   // act (Re, F/tp)
-    if (!ep) {
+    keep(Rd * e.fc1 * d);  // h (Re, F1/ETP)
+    keep(Rd * e.Ft * d);   // act (Re, F/ETP)
+    if (!ep && !fold) {
       keep(R * C * d);  // y (R, C), this rank's partial
     } else {
-      local(R * C * d);  // ye (Re, C): this rank's experts' outputs
+      local(Rd * C * d);  // ye (Re, C): this rank's experts' outputs
     }
     gemm(n * C, e.fc1 * C, n * e.fc1);  // an expert's fc1 (the largest of its two GEMMs' workspaces with fc2)
     gemm(n * e.Ft, C * e.Ft, n * C);    // and fc2
     if (ep) {
-      t.alloc(R * C * d);  // from_experts: by_rank (Re, C)
-      keep(R * C * d);     // s.y (R, C): this rank's choices' outputs, back
-      t.free(R * C * d);
+      t.alloc(Rd * C * d);  // from_experts: by_rank (Re, C)
+      t.alloc(Rd * C * d);  // its result (Rd, C): this rank's choices' outputs, back
+      t.free(Rd * C * d);
+      if (!fold) kept += Rd * C * d;  // s.y itself
+    }
+    if (fold) {
+      keep(R * C * d);             // put_share: s.y (R, C), the other folds' rows zero
+      if (ep) t.free(Rd * C * d);  // from_experts' result, a temporary
     }
     local(N * C * d);  // out (N, C): the weighted sum (partial over TP)
     if (e.shared()) {
@@ -245,30 +263,36 @@ class Replay {
   // of dx (Ns, C) left allocated.
   double moe_backward() {
     const MoeShapes& e = s.m.moe;
-    const double N = s.N(), C = s.m.C, d = s.d, E = e.E, k = e.k, R = N * k, n = R / e.El;
-    const bool ep = e.ep > 1;
+    const double N = s.N(), C = s.m.C, d = s.d, E = e.E, k = e.k, R = N * k, Rd = R / e.folds, n = Rd / e.El;
+    const bool ep = e.ep > 1, fold = e.folds > 1;
     double locals = to_full();  // dout (N, C), gathered with SP
     auto local = [&](double bytes) {
       t.alloc(bytes);
       locals += bytes;
     };
-    local(R * C * d);  // dy (R, C)
-    local(N * k * 4);  // dprobs (N, k) f32, all-reduced over TP in place (f32: no copy)
+    local(R * C * d);             // dy (R, C)
+    local(N * k * 4);             // dprobs (N, k) f32, all-reduced over TP in place (f32: no copy)
+    if (fold) local(Rd * C * d);  // take_share(dy): dyd (Rd, C)
     if (ep) {
-      t.alloc(R * C * d);  // to_experts(dy): received (Rr, C)
-      local(R * C * d);    // dye (Rr, C), expert-major
-      t.free(R * C * d);
+      t.alloc(Rd * C * d);  // to_experts(dyd): received (Rr, C)
+      local(Rd * C * d);    // dye (Rr, C), expert-major
+      t.free(Rd * C * d);
     }
-    local(R * C * d);                     // dxe (Re, C)
-    local(R * e.Ft * d + R * e.fc1 * d);  // dact (Re, F/tp), dh (Re, F1/tp)
-    gemm(n * C, C * e.Ft, n * e.Ft);      // an expert's dact = dy W2
-    gemm(n * C, n * e.Ft, 0, true);       // dW2 (f32)
-    gemm(n * e.fc1, e.fc1 * C, n * C);    // dx = dh W1
-    gemm(n * e.fc1, n * C, 0, true);      // dW1 (f32)
+    local(Rd * C * d);                      // dxe (Re, C)
+    local(Rd * e.Ft * d + Rd * e.fc1 * d);  // dact (Re, F/ETP), dh (Re, F1/ETP)
+    gemm(n * C, C * e.Ft, n * e.Ft);        // an expert's dact = dy W2
+    gemm(n * C, n * e.Ft, 0, true);         // dW2 (f32)
+    gemm(n * e.fc1, e.fc1 * C, n * C);      // dx = dh W1
+    gemm(n * e.fc1, n * C, 0, true);        // dW1 (f32)
     if (ep) {
-      t.alloc(R * C * d);  // from_experts(dxe): by_rank (Re, C)
-      local(R * C * d);    // dxp (R, C), back on this rank's choices
-      t.free(R * C * d);
+      t.alloc(Rd * C * d);  // from_experts(dxe): by_rank (Re, C)
+      t.alloc(Rd * C * d);  // its result (Rd, C), back on this rank's choices
+      t.free(Rd * C * d);
+      if (!fold) locals += Rd * C * d;  // dxp itself
+    }
+    if (fold) {
+      local(R * C * d);            // put_share: dxp (R, C), the other folds' rows zero
+      if (ep) t.free(Rd * C * d);  // from_experts' result, a temporary
     }
     local(N * C * d);  // dx (N, C)
     if (e.shared()) {

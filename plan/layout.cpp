@@ -16,14 +16,16 @@ Layout layout_of(const Config& c) {
                 .sequence_parallel = c.parallel.sequence_parallel,
                 .recompute = c.training.recompute,
                 .distributed_optimizer = c.parallel.distributed_optimizer,
-                .expert = c.parallel.expert};
+                .expert = c.parallel.expert,
+                .expert_tensor = c.parallel.experts_tensor() == c.parallel.tensor ? 0 : c.parallel.expert_tensor};
 }
 
 std::string describe(const Layout& l) {
-  return fmt::format("TP {} PP {} VP {} DP {} mbs {} SP {} recompute {} ZeRO {}{}", l.tensor, l.pipeline,
+  return fmt::format("TP {} PP {} VP {} DP {} mbs {} SP {} recompute {} ZeRO {}{}{}", l.tensor, l.pipeline,
                      l.virtual_pipeline, l.data, l.micro_batch_size, l.sequence_parallel ? "on" : "off",
                      name_of(l.recompute), l.distributed_optimizer ? "on" : "off",
-                     l.expert > 1 ? fmt::format(" EP {}", l.expert) : "");
+                     l.expert > 1 ? fmt::format(" EP {}", l.expert) : "",
+                     l.expert_tensor > 0 && l.expert_tensor != l.tensor ? fmt::format(" ETP {}", l.expert_tensor) : "");
 }
 
 Config apply_layout(const Config& base, const Layout& l) {
@@ -37,10 +39,10 @@ Config apply_layout(const Config& base, const Layout& l) {
       fmt::format("training.micro_batch_size={}", l.micro_batch_size),
       fmt::format("training.recompute={}", name_of(l.recompute)),
   };
-  // The expert layers' tensor-parallel degree follows the dense layers' (expert_tensor = tensor until Megatron's
-  // parallel folding lands); the experts split over l.expert of the data-parallel ranks.
+  // The expert layers' tensor-parallel degree (the dense layers' unless folded); the experts split over l.expert
+  // ranks.
   if (base.model.moe.enabled()) {
-    sets.push_back(fmt::format("parallel.expert_tensor={}", l.tensor));
+    sets.push_back(fmt::format("parallel.expert_tensor={}", l.expert_tensor > 0 ? l.expert_tensor : l.tensor));
     sets.push_back(fmt::format("parallel.expert={}", l.expert));
   }
   // An uneven split written for the base layout does not carry over to another number of stages.

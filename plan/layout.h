@@ -19,13 +19,17 @@ struct Layout {
   Recompute recompute = Recompute::none;
   bool distributed_optimizer = false;
   int64_t expert = 1;  // expert-parallel size (MoE models): EP consecutive data-parallel ranks split the experts
+  // The experts' tensor-parallel size (0: tensor); below tensor, Megatron's parallel folding draws the EP ranks
+  // from the tensor ranks too.
+  int64_t expert_tensor = 0;
 
   bool operator==(const Layout&) const = default;
 };
 
 // The layout a resolved config uses.
 Layout layout_of(const Config& c);
-// One line: "TP 4 PP 2 VP 1 DP 1 mbs 1 SP on recompute none ZeRO on", and " EP 4" with expert parallelism.
+// One line: "TP 4 PP 2 VP 1 DP 1 mbs 1 SP on recompute none ZeRO on", and " EP 4" with expert parallelism,
+// " ETP 1" with parallel folding.
 std::string describe(const Layout& l);
 
 // `base` with `l` applied and every config rule checked again (through core/config, so an invalid layout is

@@ -86,7 +86,7 @@ TapeShapes tape_shapes(const Config& c, Backend backend) {
   const int64_t tp = c.parallel.tensor;
   return TapeShapes{.B = static_cast<double>(c.training.micro_batch_size),
                     .T = static_cast<double>(c.model.seq_length),
-                    .m = model_shapes(c.model, tp, c.parallel.expert),
+                    .m = model_shapes(c.model, tp, c.parallel.expert, c.parallel.expert_tensor),
                     .tp = static_cast<double>(tp),
                     .sp = c.parallel.sequence_parallel && tp > 1,
                     .d = static_cast<double>(dtype_size(dtype_of(c.training.precision))),
@@ -161,7 +161,7 @@ double MemoryPlan::max_total() const {
 }
 
 MemoryPlan predict_memory(const Config& c, Backend backend) {
-  const int64_t p = c.parallel.pipeline, dp = c.parallel.data, ep = c.parallel.expert;
+  const int64_t p = c.parallel.pipeline, dp = c.parallel.data;
   const TapeShapes shapes = tape_shapes(c, backend);
   const double d = shapes.d;
   const bool zero = c.parallel.distributed_optimizer;
@@ -173,17 +173,19 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     if (p > 2) kinds.push_back({"middle", p / 2});
     kinds.push_back({"last", p - 1});
   }
+  const int64_t edp = c.parallel.expert_data();
   MemoryPlan plan;
   for (const auto& [kind, stage] : kinds) {
     StageMemory sm{.kind = kind, .stage = stage};
     const std::vector<ChunkSpec> chunks = chunks_of(c, stage);
     std::vector<double> params;  // app/train/trainer.cpp all_parameters: the chunks' parameters in chunk order
-    // With expert parallelism the experts' parameters (this rank's E / EP experts) in a buffer of their own,
-    // reduced (ZeRO: sharded) over the expert-data-parallel group of dp / EP ranks (app/train/trainer.cpp).
+    // With expert parallelism or folding the experts' parameters (this rank's E / EP experts) in a buffer of their
+    // own, reduced (ZeRO: sharded) over the expert-data-parallel group of TP x DP / (ETP x EP) ranks
+    // (app/train/trainer.cpp).
     std::vector<double> experts;
     std::vector<ChunkProfile> prof;
     for (const ChunkSpec& ch : chunks) {
-      const std::vector<double> more = chunk_parameters(shapes.m, ch, ep > 1 ? &experts : nullptr);
+      const std::vector<double> more = chunk_parameters(shapes.m, ch, shapes.m.moe.apart() ? &experts : nullptr);
       params.insert(params.end(), more.begin(), more.end());
       sm.layers += ch.layers;
       prof.push_back(profile_chunk(shapes, ch));
@@ -193,7 +195,7 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     for (double e : experts) n += e;
     sm.parameters = static_cast<int64_t>(n);
     const GradLayout dense = grad_layout(params, c.parallel.grad_bucket_size, dp, zero),
-                     expert = grad_layout(experts, c.parallel.grad_bucket_size, dp / ep, zero);
+                     expert = grad_layout(experts, c.parallel.grad_bucket_size, edp, zero);
     const GradLayout g{.elements = dense.elements + expert.elements,
                        .shard = dense.shard + expert.shard,
                        .max_bucket = std::max(dense.max_bucket, expert.max_bucket)};
@@ -215,10 +217,10 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     // staging in the gathered dtype (the compute dtype; fp32 masters when it is fp32).
     double step_ws = 16;
     if (zero) {
-      // With expert parallelism the expert buffer's reduce-scatter over its dp / EP ranks runs on that buffer's
-      // thread while the dense one's is in flight: a bucket of each at once.
+      // With expert parallelism the expert buffer's reduce-scatter over its expert-data-parallel ranks runs on that
+      // buffer's thread while the dense one's is in flight: a bucket of each at once.
       const double reduce_scatter =
-          backend != Backend::cpu ? 0 : (dp > 1 ? 4 * dense.max_bucket : 0) + (dp / ep > 1 ? 4 * expert.max_bucket : 0);
+          backend != Backend::cpu ? 0 : (dp > 1 ? 4 * dense.max_bucket : 0) + (edp > 1 ? 4 * expert.max_bucket : 0);
       step_ws += std::max(reduce_scatter, g.max_bucket * (d == 4 ? 4 : d));
     }
     const double step_act = (p == 1) ? 2 * shapes.B * shapes.T * 4 : 0;  // the plain loop's last batch

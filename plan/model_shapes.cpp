@@ -3,7 +3,8 @@
 
 namespace mt::plan {
 
-ModelShapes model_shapes(const ModelConfig& m, int64_t tp, int64_t ep) {
+ModelShapes model_shapes(const ModelConfig& m, int64_t tp, int64_t ep, int64_t etp) {
+  if (etp == 0) etp = tp;
   const bool llama = m.arch == Arch::llama;
   // The config rules make tp divide the heads, the key/value heads, the ffn width (the experts' and the shared
   // expert's too), and the vocabulary padded.
@@ -27,11 +28,12 @@ ModelShapes model_shapes(const ModelConfig& m, int64_t tp, int64_t ep) {
                 .tie_embeddings = m.tie_embeddings};
   const MoeConfig& e = m.moe;
   if (e.enabled()) {
-    const double et = static_cast<double>(e.ffn_hidden_size / tp),
+    const double et = static_cast<double>(e.ffn_hidden_size / etp),
                  st = static_cast<double>(e.shared_expert_ffn_hidden_size / tp);
     s.moe = MoeShapes{.E = static_cast<double>(e.num_experts),
                       .El = static_cast<double>(e.num_experts / ep),
                       .ep = static_cast<double>(ep),
+                      .folds = static_cast<double>(tp / etp),
                       .k = static_cast<double>(e.top_k),
                       .Ft = et,
                       .fc1 = llama ? 2 * et : et,
@@ -72,8 +74,8 @@ std::vector<double> ModelShapes::layer_parameters(int64_t layer, std::vector<dou
   n.push_back(moe.E * C);  // mlp.router.weight (E, C)
   std::vector<double>& ex = experts ? *experts : n;
   for (double e = 0; e < moe.El; ++e) {
-    ex.push_back(moe.fc1 * C);  // mlp.experts.<e>.fc1.weight (F1/tp, C)
-    ex.push_back(C * moe.Ft);   // mlp.experts.<e>.fc2.weight (C, F/tp)
+    ex.push_back(moe.fc1 * C);  // mlp.experts.<e>.fc1.weight (F1/ETP, C)
+    ex.push_back(C * moe.Ft);   // mlp.experts.<e>.fc2.weight (C, F/ETP)
   }
   if (moe.shared()) {
     n.push_back(moe.sfc1 * C);  // mlp.shared_expert.fc1.weight

@@ -14,19 +14,23 @@
 namespace mt::plan {
 
 // A MoE layer's MLP on one tensor-parallel rank (models/moe_mlp.h): the router (E, C) replicated, each expert this
-// rank holds (E / EP of them with expert parallelism) and the shared expert split like the dense MLP (fc1's rows,
-// fc2's columns), no biases.
+// rank holds (E / EP of them with expert parallelism, split over the experts' own ETP ranks) and the shared expert
+// split like the dense MLP (fc1's rows, fc2's columns, over TP), no biases. With parallel folding (ETP < TP) each of
+// the TP / ETP folds of a tensor-parallel group dispatches 1 / folds of its choices.
 struct MoeShapes {
   double E = 0;              // experts (0: a dense model)
   double El = 0;             // experts this rank holds: E / EP
   double ep = 1;             // expert-parallel size (parallel.expert)
+  double folds = 1;          // parallel folding: TP / ETP (1: the experts split over the tensor-parallel group)
   double k = 0;              // top_k: experts per token
-  double Ft = 0;             // an expert's ffn width / tp: its fc2's input columns
-  double fc1 = 0;            // an expert's fc1 rows / tp: Ft (GPT), 2 Ft (Llama: gate and up)
+  double Ft = 0;             // an expert's ffn width / ETP: its fc2's input columns
+  double fc1 = 0;            // an expert's fc1 rows / ETP: Ft (GPT), 2 Ft (Llama: gate and up)
   double Fst = 0;            // the shared expert's width / tp (0: none)
   double sfc1 = 0;           // the shared expert's fc1 rows / tp
   bool keep_logits = false;  // the router's (N, E) f32 logits kept for the aux and z losses' gradients
   bool shared() const { return Fst > 0; }
+  // The experts' grid differs from the dense one (EP > 1 or folding): their own gradient buffer and optimizer.
+  bool apart() const { return ep > 1 || folds > 1; }
 };
 
 struct ModelShapes {
@@ -69,7 +73,8 @@ struct ModelShapes {
 
 // The shapes of `m` on one of `tp` tensor-parallel ranks (rank 0: ranks differ by no more than a padding row) and
 // of `ep` expert-parallel ranks.
-ModelShapes model_shapes(const ModelConfig& m, int64_t tp, int64_t ep = 1);
+// `etp`: the experts' tensor-parallel size (0: tp).
+ModelShapes model_shapes(const ModelConfig& m, int64_t tp, int64_t ep = 1, int64_t etp = 0);
 
 // The whole model's parameters (tensor-parallel size 1, the padded vocabulary): every one, or with `active` those
 // one token passes through (a MoE layer's router, its top_k experts and the shared expert; Mixtral 8x7B: 46.7B

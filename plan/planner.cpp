@@ -54,9 +54,8 @@ std::vector<Prediction> search(const Config& base, int64_t world, const Hardware
     // checked early here to skip the rest of the loop).
     if (tp > hw.gpus_per_node || m.num_heads % tp != 0 || m.kv_heads() % tp != 0 || m.ffn_hidden_size % tp != 0)
       continue;
-    // MoE: every expert and the shared expert are split over the tensor-parallel ranks as the dense MLP.
-    if (m.moe.enabled() && (m.moe.ffn_hidden_size % tp != 0 || m.moe.shared_expert_ffn_hidden_size % tp != 0)) continue;
-    // The expert layers' own TP degree stays the layout's (no parallel folding yet, issue 25).
+    // MoE: the shared expert is split over the tensor-parallel ranks as the dense MLP.
+    if (m.moe.enabled() && m.moe.shared_expert_ffn_hidden_size % tp != 0) continue;
     for (int64_t pp : divisors(world / tp)) {
       if (pp > m.num_layers) continue;
       const int64_t dp = world / (tp * pp);
@@ -70,17 +69,24 @@ std::vector<Prediction> search(const Config& base, int64_t world, const Hardware
             if (sp && (tp == 1 || m.seq_length % tp != 0)) continue;
             for (bool zero : {false, true}) {
               if (zero && (!opt.allow_zero || dp == 1)) continue;
-              // Expert parallelism (MoE): 1, 2, 4, ... data-parallel ranks dividing dp and the experts.
-              for (int64_t ep = 1; ep <= (m.moe.enabled() ? dp : 1); ep *= 2) {
-                if (dp % ep != 0 || m.moe.num_experts % ep != 0) continue;
-                add_fastest_fitting(Layout{.tensor = tp,
-                                           .pipeline = pp,
-                                           .virtual_pipeline = vp,
-                                           .data = dp,
-                                           .micro_batch_size = mbs,
-                                           .sequence_parallel = sp,
-                                           .distributed_optimizer = zero,
-                                           .expert = ep});
+              // Expert parallelism (MoE): 1, 2, 4, ... ranks dividing the experts, drawn from the data-parallel
+              // ranks with the experts split over the tensor ranks (ETP = TP), or with parallel folding (ETP a
+              // divisor of TP below it) from the tensor and data-parallel ranks.
+              for (int64_t etp : m.moe.enabled() ? divisors(tp) : std::vector<int64_t>{tp}) {
+                if (m.moe.enabled() && m.moe.ffn_hidden_size % etp != 0) continue;
+                for (int64_t ep = 1; ep <= (m.moe.enabled() ? tp * dp / etp : 1); ep *= 2) {
+                  if ((tp * dp) % (ep * etp) != 0 || m.moe.num_experts % ep != 0) continue;
+                  if (etp == tp && dp % ep != 0) continue;
+                  add_fastest_fitting(Layout{.tensor = tp,
+                                             .pipeline = pp,
+                                             .virtual_pipeline = vp,
+                                             .data = dp,
+                                             .micro_batch_size = mbs,
+                                             .sequence_parallel = sp,
+                                             .distributed_optimizer = zero,
+                                             .expert = ep,
+                                             .expert_tensor = etp == tp ? 0 : etp});
+                }
               }
             }
           }

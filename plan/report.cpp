@@ -28,7 +28,8 @@ nlohmann::json layout_json(const Layout& l) {
           {"sequence_parallel", l.sequence_parallel},
           {"recompute", std::string(name_of(l.recompute))},
           {"distributed_optimizer", l.distributed_optimizer},
-          {"expert", l.expert}};
+          {"expert", l.expert},
+          {"expert_tensor", l.expert_tensor > 0 ? l.expert_tensor : l.tensor}};
 }
 
 nlohmann::json to_json(const Prediction& p, const Hardware& hw) {
@@ -89,9 +90,13 @@ std::string format_prediction(const Prediction& p, const Hardware& hw) {
                                    : std::string();
     s += fmt::format(
         "mixture of experts: {} of {} layers, top {} of {} experts of width {}{}: {} parameters, {} active per "
-        "token; expert parallelism {}\n",
+        "token; expert parallelism {}{}\n",
         moe_layers, c.model.num_layers, e.top_k, e.num_experts, e.ffn_hidden_size, shared,
-        count_words(model_parameters(c.model, false)), count_words(model_parameters(c.model, true)), c.parallel.expert);
+        count_words(model_parameters(c.model, false)), count_words(model_parameters(c.model, true)), c.parallel.expert,
+        c.parallel.experts_tensor() != c.parallel.tensor
+            ? fmt::format(", expert tensor parallelism {} (folded from tensor parallelism {})",
+                          c.parallel.experts_tensor(), c.parallel.tensor)
+            : std::string());
   }
   s += fmt::format(
       "\npredicted peak memory per rank (MiB, split as the training log's \"peak memory\"), device {:.0f} MiB\n",

@@ -125,22 +125,27 @@ class Costs {
     return p;
   }
   // models/moe_mlp.cpp MoeMlp::forward, routing balanced (N k / E rows per expert from each rank): the router's
-  // GEMM, one GEMM pair per expert this rank holds (E / EP of them, each N k EP / E rows), the shared expert's;
-  // the router, dispatch, permute, the activations, unpermute and the shared expert's add as passes; with expert
-  // parallelism the all-to-alls of dispatch and combine, and the received rows' reorder there and back.
+  // GEMM, one GEMM pair per expert this rank holds (E / EP of them, each N k EP / (E folds) rows), the shared
+  // expert's; the router, dispatch, permute, the activations, unpermute and the shared expert's add as passes;
+  // with expert parallelism the all-to-alls of dispatch and combine, and the received rows' reorder there and
+  // back; with parallel folding the share's gather and its scatter back among zeros.
   Parts moe_forward() const {
     const MoeShapes& e = s.m.moe;
-    const double N = s.N(), C = s.m.C, R = N * e.k, n = R / e.El;
+    const double N = s.N(), C = s.m.C, R = N * e.k, Rd = R / e.folds, n = Rd / e.El;
     const double act_passes = s.m.gelu_epilogue ? 2 : 3;  // GELU reads h, writes act; SwiGLU reads two halves
     const ElementwiseCosts& c = hw.elementwise_costs;
     Parts p;
     p.gemm = gemm(N, e.E, C) + e.El * (gemm(n, e.fc1, C) + gemm(n, C, e.Ft));
-    double t = pass(N * e.E, 3, 0) + pass(R * C, 2, 0) + pass(R * e.Ft, act_passes, c.act_forward) +
+    double t = pass(N * e.E, 3, 0) + pass(R * C, 2, 0) + pass(Rd * e.Ft, act_passes, c.act_forward) +
                pass(R * C + N * C, 1, 0);  // router; permute; activation; unpermute (reads y, writes out)
     double kernels = 4 + e.El;             // router, dispatch index, permute, unpermute; an activation per expert
     if (e.ep > 1) {
-      t += 2 * pass(R * C, 2, 0);  // to_experts' permute by order, from_experts' unpermute
+      t += 2 * pass(Rd * C, 2, 0);  // to_experts' permute by order, from_experts' unpermute
       kernels += 2;
+    }
+    if (e.folds > 1) {
+      t += 2 * pass(Rd * C, 2, 0) + pass(R * C, 1, 0);  // take_share's gather; put_share's zeros and scatter
+      kernels += 3;
     }
     if (e.shared()) {
       p.gemm += gemm(N, e.sfc1, C) + gemm(N, C, e.Fst);
@@ -151,11 +156,12 @@ class Costs {
     p.ep = moe_all_to_all();
     return p;
   }
-  // The dispatch and combine all-to-alls of one MoE layer's forward or backward: each sends the N k permuted rows
-  // but the 1/EP staying on this rank (a quarter of the step's all_to_all_bytes_per_token, per token). The share
-  // for peers in other nodes goes over the inter-node link, the rest over NVLink, at once: the slower of the two.
+  // The dispatch and combine all-to-alls of one MoE layer's forward or backward: each sends this rank's share of
+  // the N k permuted rows (all of them, or 1 / folds with parallel folding) but the 1/EP staying on this rank (a
+  // quarter of the step's all_to_all_bytes_per_token, per token and fold). The share for peers in other nodes goes
+  // over the inter-node link, the rest over NVLink, at once: the slower of the two.
   double moe_all_to_all() const {
-    const double bytes = s.N() * all_to_all_bytes_per_token(s.m.moe, s.m.C, s.d, s.ep) / 4;
+    const double bytes = s.N() * all_to_all_bytes_per_token(s.m.moe, s.m.C, s.d, s.ep) / 4 / s.m.moe.folds;
     if (bytes <= 0) return 0;
     const double off = s.ep_peers_off_node / (s.ep - 1);  // the fraction of the bytes leaving the node
     const double inside = off < 1 ? intra.all_to_all(s.ep - s.ep_peers_off_node, bytes * (1 - off)) : 0;
@@ -195,18 +201,22 @@ class Costs {
   // activations' backward, the router's backward (and the aux and z losses'), the shared expert's add.
   Parts moe_backward() const {
     const MoeShapes& e = s.m.moe;
-    const double N = s.N(), C = s.m.C, R = N * e.k, n = R / e.El;
+    const double N = s.N(), C = s.m.C, R = N * e.k, Rd = R / e.folds, n = Rd / e.El;
     const double act_passes = s.m.gelu_epilogue ? 3 : 5;  // GELU: h, dact -> dh; SwiGLU: h (2F), dact -> dh (2F)
     const ElementwiseCosts& c = hw.elementwise_costs;
     Parts p;
     p.gemm = gemm_bwd(N, e.E, C) + e.El * (gemm_bwd(n, e.fc1, C) + gemm_bwd(n, C, e.Ft));
-    double t = pass(R * C, 2, 0) + pass(R * C + N * C, 1, 0) + pass(R * e.Ft, act_passes, c.act_backward) +
+    double t = pass(R * C, 2, 0) + pass(R * C + N * C, 1, 0) + pass(Rd * e.Ft, act_passes, c.act_backward) +
                pass(R * C + N * C, 1, 0) + pass(N * e.E, 4, 0) + pass(N * e.E, 2, 0);
     // permute dout; dprobs (reads dout, y); the activations; unpermute dxp; the router's backward; dl's cast
     double kernels = 6 + e.El;
     if (e.ep > 1) {
-      t += 2 * pass(R * C, 2, 0);  // to_experts(dy), from_experts(dxe)
+      t += 2 * pass(Rd * C, 2, 0);  // to_experts(dy), from_experts(dxe)
       kernels += 2;
+    }
+    if (e.folds > 1) {
+      t += 2 * pass(Rd * C, 2, 0) + pass(R * C, 1, 0);  // take_share(dy); put_share's zeros and scatter
+      kernels += 3;
     }
     if (e.shared()) {
       p.gemm += gemm_bwd(N, e.sfc1, C) + gemm_bwd(N, C, e.Fst);
@@ -255,18 +265,19 @@ class Costs {
   Link tpl, intra, inter;
 };
 
-// Expert-parallel groups are EP consecutive data-parallel ranks of a pipeline stage, tp ranks apart (ranks: tp
-// fastest, then dp, then pp; parallel/topology): over every rank, the most of its EP - 1 peers in other nodes of
-// `gpus_per_node` ranks (0: every group inside a node).
-double ep_peers_off_node(int64_t tp, int64_t dp, int64_t pp, int64_t ep, int64_t gpus_per_node) {
+// Expert-parallel groups (parallel/topology): a stage's ranks i = tp + TP dp refold as i = etp + ETP (ep + EP edp)
+// (ranks: tp fastest, then dp, then pp), so a group is EP ranks ETP apart (with ETP = TP, EP consecutive
+// data-parallel ranks): over every rank, the most of its EP - 1 peers in other nodes of `gpus_per_node` ranks (0:
+// every group inside a node).
+double ep_peers_off_node(int64_t tp, int64_t dp, int64_t pp, int64_t ep, int64_t etp, int64_t gpus_per_node) {
   if (ep <= 1) return 0;
   int64_t most = 0;
   for (int64_t rank = 0; rank < tp * dp * pp; ++rank) {
-    const int64_t t = rank % tp, d = (rank / tp) % dp, stage = rank / (tp * dp);
-    const int64_t first_d = d / ep * ep;  // the group's first data-parallel rank
+    const int64_t stage = rank / (tp * dp), i = rank % (tp * dp);
+    const int64_t first = i % etp + i / (etp * ep) * etp * ep;  // the group's first member (ep = 0)
     int64_t off = 0;
-    for (int64_t j = first_d; j < first_d + ep; ++j)
-      off += (stage * tp * dp + j * tp + t) / gpus_per_node != rank / gpus_per_node ? 1 : 0;
+    for (int64_t j = 0; j < ep; ++j)
+      off += (stage * tp * dp + first + j * etp) / gpus_per_node != rank / gpus_per_node ? 1 : 0;
     most = std::max(most, off);
   }
   return static_cast<double>(most);
@@ -293,15 +304,15 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   const ModelConfig& m = c.model;
   const ParallelConfig& par = c.parallel;
   const int64_t tp = par.tensor, p = par.pipeline, v = par.virtual_pipeline, dp = par.data;
-  const int64_t ep = std::max<int64_t>(1, par.expert);
+  const int64_t ep = std::max<int64_t>(1, par.expert), etp = par.experts_tensor();
   const int gpn = std::max(1, hw.gpus_per_node);
   const Shapes s{.B = static_cast<double>(c.training.micro_batch_size),
                  .T = static_cast<double>(m.seq_length),
-                 .m = model_shapes(m, tp, ep),
+                 .m = model_shapes(m, tp, ep, etp),
                  .tp = static_cast<double>(tp),
                  .d = static_cast<double>(dtype_size(dtype_of(c.training.precision))),
                  .ep = static_cast<double>(ep),
-                 .ep_peers_off_node = ep_peers_off_node(tp, dp, p, ep, gpn),
+                 .ep_peers_off_node = ep_peers_off_node(tp, dp, p, ep, etp, gpn),
                  .sp = par.sequence_parallel && tp > 1,
                  .fp32 = c.training.precision == Precision::fp32,
                  .recompute = c.training.recompute == Recompute::full,
@@ -309,8 +320,8 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
                  .attention_dropout = m.attention_dropout > 0,
                  .oversubscribed = cpu_ranks_per_core(hw, par.world_size)};
   // Ranks: tp fastest, then dp, then pp (parallel/topology). A group stays in a node when its span fits.
-  // Expert-parallel ranks are drawn from the data-parallel ones (ep_peers_off_node); the expert-data-parallel
-  // group (every EP-th data-parallel rank) spans what the data-parallel group spans.
+  // Expert-parallel ranks are drawn from the data-parallel (and with folding the tensor-parallel) ones
+  // (ep_peers_off_node); the expert-data-parallel group spans at most what the data-parallel group spans.
   const Costs costs(s, hw, link(hw, tp <= gpn));
   const Link dp_link = link(hw, tp * dp <= gpn);
   const Link pp_link = link(hw, tp * dp * std::min<int64_t>(p, 2) <= gpn);
@@ -343,7 +354,7 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
       }
       for (int64_t l = begin; l < begin + n; ++l) {
         sc.params += s.m.layer_parameter_count(l);
-        if (ep > 1 && s.m.is_moe(l)) sc.expert_params += s.m.moe.El * (s.m.moe.fc1 + s.m.moe.Ft) * C;
+        if (s.m.moe.apart() && s.m.is_moe(l)) sc.expert_params += s.m.moe.El * (s.m.moe.fc1 + s.m.moe.Ft) * C;
       }
       if (vs == 0) {
         f += costs.embedding_forward();
@@ -379,14 +390,14 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   // Fill and drain: (p - 1) stage-microbatches, 1/v of them with interleaving.
   t.bubble = p > 1 ? static_cast<double>(p - 1) / static_cast<double>(v) * per_mb : 0;
 
-  // Data parallelism and the optimizer, on the rank with the most parameters. With expert parallelism the
-  // experts' gradients reduce (ZeRO: reduce-scatter, then the values' all-gather) over dp / EP ranks, and their
-  // optimizer state is sharded over those.
+  // Data parallelism and the optimizer, on the rank with the most parameters. With expert parallelism (or
+  // folding) the experts' gradients reduce (ZeRO: reduce-scatter, then the values' all-gather) over the
+  // expert-data-parallel ranks, and their optimizer state is sharded over those.
   const StageCost* big = &stages[0];
   for (const StageCost& sc : stages)
     if (sc.params > big->params) big = &sc;
   const double n = big->params, ne = big->expert_params, nd = n - ne;
-  const double dpn = static_cast<double>(dp), edp = static_cast<double>(dp / ep);
+  const double dpn = static_cast<double>(dp), edp = static_cast<double>(par.expert_data());
   const double bw_elem = hw.hbm_bytes_per_s * hw.elementwise_efficiency / s.oversubscribed;
   if (par.distributed_optimizer) {
     t.dp_comm = dp_link.gather(dpn, 4 * nd) + dp_link.gather(dpn, s.d * nd) + dp_link.gather(edp, 4 * ne) +

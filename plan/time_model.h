@@ -9,7 +9,8 @@
 // mixture-of-experts layer routes balanced (N top_k / E rows per expert, each expert its own GEMMs) and, with
 // expert parallelism (E / EP experts a rank, each N top_k EP / E rows), waits on its dispatch and combine
 // all-to-alls (exposed; inter-node where an EP group's ranks lie in more than one node), and the experts' gradients
-// reduce over dp / EP ranks.
+// reduce over the expert-data-parallel ranks; with parallel folding (ETP < TP) each fold of a tensor-parallel group
+// computes and sends 1 / folds of the choices.
 #pragma once
 #include <string>
 

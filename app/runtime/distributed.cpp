@@ -31,7 +31,7 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
   d->env = env;
   d->placement = placement;
   d->topology = Topology(env.world_size, static_cast<int>(p.tensor), static_cast<int>(p.pipeline),
-                         static_cast<int>(p.data), static_cast<int>(p.expert));
+                         static_cast<int>(p.data), static_cast<int>(p.expert), static_cast<int>(p.expert_tensor));
   const Millis timeout{static_cast<int64_t>(cfg.parallel.timeout_s * 1000)};
   if (env.world_size == 1) {
     d->store = make_hash_store();
@@ -98,8 +98,8 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
                       (d->pp_rank() == 0 || d->pp_rank() == d->pp_size() - 1);
   if (in_emb || (nccl && tied)) d->emb = group("emb", in_emb ? emb : std::vector<int>{});
   d->dp_grads = group("dpgrads", d->topology.dp_group(env.rank));
-  // Every rank knows EP from the same config, so all take part in both splits or in none.
-  if (d->topology.ep() > 1) {
+  // Every rank knows EP and ETP from the same config, so all take part in both splits or in none.
+  if (d->topology.experts_apart()) {
     d->ep = group_of(GroupKind::ep);
     d->edp = group_of(GroupKind::edp);
     d->edp_grads = group("edpgrads", d->topology.edp_group(env.rank));  // the expert gradient buffer's own
@@ -110,7 +110,8 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
   spdlog::info("rank {} of {} ({}): tp {} dp {} pp {}{}, {}, {}, rendezvous at {}:{}", env.rank, env.world_size,
                env.launcher, d->topology.coord(env.rank).tp, d->topology.coord(env.rank).dp,
                d->topology.coord(env.rank).pp,
-               d->ep_size() > 1 ? fmt::format(" ep {} edp {}", d->ep_rank(), d->edp_rank()) : std::string(),
+               d->experts_apart() ? fmt::format(" etp {} ep {} edp {}", d->etp_rank(), d->ep_rank(), d->edp_rank())
+                                  : std::string(),
                placement.description, nccl ? "nccl" : "gloo", env.master_addr, env.master_port);
   return d;
 }

@@ -1,6 +1,7 @@
 // distributed.h: this process's place in the job (launch environment, rank grid) and the communicators
 // of its groups, set up once at start.
 #pragma once
+#include <algorithm>
 #include <memory>
 
 #include "app/runtime/device.h"
@@ -26,13 +27,14 @@ struct Distributed {
   std::unique_ptr<Communicator> mp;        // model-parallel group (every tp and pp rank of this dp rank)
   std::unique_ptr<Communicator> emb;       // first and last stage (tied embeddings); null on middle stages and untied
   std::unique_ptr<Communicator> dp_grads;  // the data-parallel group again, for the gradient reducer's thread
-  // Expert parallelism (parallel.expert = EP, dividing dp): the MoE token exchange runs over `ep` (EP consecutive
-  // data-parallel ranks), expert gradients are summed over `edp` (the dp / EP ranks holding the same experts).
-  // With EP == 1, `ep` is a one-rank communicator that costs nothing to create and `edp` is null: the expert
-  // data-parallel group is then the data-parallel group (expert_data_parallel() hands out dp).
+  // Expert parallelism (parallel.expert = EP, parallel.expert_tensor = ETP; parallel/topology.h): the MoE token
+  // exchange runs over `ep`, expert gradients are summed over `edp` (the ranks holding the same experts' same
+  // slices). When the experts' grid is the dense one (EP == 1 and ETP == TP), `ep` is a one-rank communicator that
+  // costs nothing to create and `edp` is null: the expert data-parallel group is then the data-parallel group
+  // (expert_data_parallel() hands out dp).
   std::unique_ptr<Communicator> ep;
   std::unique_ptr<Communicator> edp;
-  std::unique_ptr<Communicator> edp_grads;  // edp again, for the expert gradient buffer's thread (EP > 1 only)
+  std::unique_ptr<Communicator> edp_grads;  // edp again, for the expert gradient buffer's thread (when apart)
   std::unique_ptr<Heartbeat> heartbeat;     // multi-rank jobs: names the ranks that stop answering (last member:
                                             // it stops before the store server goes)
 
@@ -44,10 +46,18 @@ struct Distributed {
   int tp_size() const { return topology.tp(); }
   int pp_rank() const { return topology.coord(env.rank).pp; }
   int pp_size() const { return topology.pp(); }
-  int ep_rank() const { return topology.coord(env.rank).dp % topology.ep(); }
+  int ep_rank() const { return topology.expert_coord(env.rank).ep; }
   int ep_size() const { return topology.ep(); }
-  int edp_rank() const { return topology.coord(env.rank).dp / topology.ep(); }
-  int edp_size() const { return topology.dp() / topology.ep(); }
+  int edp_rank() const { return topology.expert_coord(env.rank).edp; }
+  int edp_size() const { return topology.tp() * topology.dp() / (topology.ep() * topology.etp()); }
+  int etp_rank() const { return topology.expert_coord(env.rank).etp; }
+  int etp_size() const { return topology.etp(); }
+  bool experts_apart() const { return topology.experts_apart(); }
+  // Checkpoint writers: of each pipeline stage the ranks i = tp + T * dp in [0, W), W = max(T, ETP * EP) (the
+  // first data-parallel rank's, i < T, write the dense parameters; the first expert-data-parallel rank's,
+  // i < ETP * EP, their experts); each writes file i + W * pp of W * PP.
+  int checkpoint_writers_per_stage() const { return std::max(tp_size(), etp_size() * ep_size()); }
+  int checkpoint_file() const { return tp_rank() + tp_size() * dp_rank() + checkpoint_writers_per_stage() * pp_rank(); }
   Communicator& expert_data_parallel() const { return edp ? *edp : *dp; }
 };
 

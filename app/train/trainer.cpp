@@ -46,29 +46,42 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
       metrics_(dist.is_logging_rank() ? cfg.logging.dir : "", cfg.logging.tensorboard, cfg.logging.on_sink_error) {
   // One flat fp32 buffer holds every gradient; its buckets are reduced over data parallelism (reduce-scattered
   // with the distributed optimizer) as soon as the last microbatch's backward has finished them.
-  // With expert parallelism the experts this rank holds get a buffer of their own, reduced over the
-  // expert-data-parallel group, and their own optimizer state (ExpertSplitOptimizer).
+  // With expert parallelism or parallel folding (the experts' grid apart from the dense one) the experts this rank
+  // holds get a buffer of their own, reduced over the expert-data-parallel group, and their own optimizer state
+  // (ExpertSplitOptimizer).
   std::vector<Parameter*> dense, experts;
-  for (Parameter* p : params_) (p->expert && dist.ep_size() > 1 ? experts : dense).push_back(p);
+  for (Parameter* p : params_) (p->expert && dist.experts_apart() ? experts : dense).push_back(p);
   grads_ = std::make_unique<GradBuffer>(dense, device_, std::move(dist.dp_grads),
                                         GradBufferOptions{.bucket_elements = cfg.parallel.grad_bucket_size,
                                                           .shard = cfg.parallel.distributed_optimizer,
                                                           .tensor = dist.tp.get(),
                                                           .embedding = dist.emb.get()});
-  auto optimizer_of = [&](const GradBuffer& grads, std::vector<Parameter*> ps, Communicator* group) {
+  auto optimizer_of = [&](const GradBuffer& grads, std::vector<Parameter*> ps, Communicator* group,
+                          const AdamWConfig& adam) {
     return cfg.parallel.distributed_optimizer
-               ? std::unique_ptr<Optimizer>(std::make_unique<DistributedOptimizer>(grads, *group, adam_config_))
-               : std::unique_ptr<Optimizer>(std::make_unique<AdamW>(std::move(ps), adam_config_));
+               ? std::unique_ptr<Optimizer>(std::make_unique<DistributedOptimizer>(grads, *group, adam))
+               : std::unique_ptr<Optimizer>(std::make_unique<AdamW>(std::move(ps), adam));
   };
   if (experts.empty()) {
-    optimizer_ = optimizer_of(*grads_, dense, dist.dp.get());
+    optimizer_ = optimizer_of(*grads_, dense, dist.dp.get(), adam_config_);
   } else {
     expert_grads_ = std::make_unique<GradBuffer>(experts, device_, std::move(dist.edp_grads),
                                                  GradBufferOptions{.bucket_elements = cfg.parallel.grad_bucket_size,
                                                                    .shard = cfg.parallel.distributed_optimizer});
+    // The grad norm counts each expert slice once: a whole expert (not split by expert TP) on the first rank of
+    // its expert tensor-parallel group; summed over the expert-parallel group that gives every expert's slice
+    // once, which the tensor-parallel group's first fold (tp < ETP) brings into the model-parallel sum.
+    AdamWConfig expert_adam = adam_config_;
+    expert_adam.count_replicas = dist.etp_rank() == 0;
+    const bool first_fold = dist.tp_rank() < dist.etp_size();
     optimizer_ = std::make_unique<ExpertSplitOptimizer>(
-        optimizer_of(*grads_, dense, dist.dp.get()), optimizer_of(*expert_grads_, experts, dist.edp.get()),
-        [&dist](double x) { return sum_doubles(*dist.ep, {x})[0]; }, dist.edp_rank() == 0, adam_config_);
+        optimizer_of(*grads_, dense, dist.dp.get(), adam_config_),
+        optimizer_of(*expert_grads_, experts, dist.edp.get(), expert_adam),
+        [&dist, first_fold](double x) {
+          const double all = sum_doubles(*dist.ep, {x})[0];
+          return first_fold ? all : 0.0;
+        },
+        dist.edp_rank() == 0, adam_config_);
   }
   const int last_mb = static_cast<int>(cfg.training.num_microbatches) - 1;
   for (auto& chunk : chunks_)

@@ -119,8 +119,9 @@ bool Trainer::save() {
     dist_.store->set(key, Bytes(tmp.begin(), tmp.end()));
   }
   const bool writer = dist_.dp_rank() == 0;
-  // With expert parallelism the first rank of each expert-data-parallel group writes its experts too (the data-
-  // parallel ranks [1, EP) only those).
+  // With expert parallelism the first rank of each expert-data-parallel group writes its experts too (with the
+  // experts' grid refolded, i = etp + ETP * ep for i in [0, ETP * EP) of each stage; the dense writers are
+  // i = tp in [0, T)).
   const bool expert_writer = dist_.edp_rank() == 0;
   // With the distributed optimizer every data-parallel rank takes part in gathering the state; the writer
   // keeps it (in host memory).
@@ -130,11 +131,12 @@ bool Trainer::save() {
       Bytes b = dist_.store->get(key, Millis(static_cast<int64_t>(cfg_.parallel.timeout_s * 1000)));
       tmp.assign(b.begin(), b.end());
     }
-    const bool tp_first = dist_.tp_rank() == 0;
+    const bool tp_first = dist_.tp_rank() == 0, etp_first = dist_.etp_rank() == 0;
     try {
       Progress saving = checkpoint_progress("checkpoint save");
       std::vector<TensorSlice> tensors = optimizer_tensors(slots, [&](const Parameter& p) {
-        return !p.tied_copy && (p.tensor_parallel || tp_first) && (writer || p.expert);
+        if (p.tied_copy) return false;
+        return p.expert ? expert_writer && (p.tensor_parallel || etp_first) : writer && (p.tensor_parallel || tp_first);
       });
       if (tp_first &&
           writer)  // the MoE layers' expert biases, replicated over TP (the same on every rank of the stage)
@@ -142,9 +144,8 @@ bool Trainer::save() {
           tensors.push_back({.name = expert_bias_tensor(prefix),
                              .global_shape = {static_cast<int64_t>(bias.size())},
                              .data = Tensor::from_floats(bias, {static_cast<int64_t>(bias.size())})});
-      // One file per (tp, pp, ep) rank of the writers.
-      write_rank_files(tmp, dist_.tp_rank() + dist_.tp_size() * (dist_.pp_rank() + dist_.pp_size() * dist_.ep_rank()),
-                       tensors, saving.hook("tensors"));
+      // One file per writer: the writers of a stage are its ranks i = tp + T * dp in [0, W).
+      write_rank_files(tmp, dist_.checkpoint_file(), tensors, saving.hook("tensors"));
       saving.finish();
     } catch (...) {
       abort_checkpoint(tmp);  // a failed save leaves no temporary directory behind
@@ -167,7 +168,7 @@ bool Trainer::save() {
         .save(s);
     try {
       write_checkpoint_tokenizer(tmp, cfg_.data.train);
-      dir = commit_checkpoint(cfg_.checkpoint.save_dir, tmp, s, dist_.tp_size() * dist_.pp_size() * dist_.ep_size(),
+      dir = commit_checkpoint(cfg_.checkpoint.save_dir, tmp, s, dist_.checkpoint_writers_per_stage() * dist_.pp_size(),
                               cfg_.checkpoint.keep_last);
     } catch (...) {
       abort_checkpoint(tmp);

@@ -123,11 +123,18 @@ void Trainer::report(const StepResult& r, float lr, double mean_ms, int64_t inte
 
 int64_t Trainer::total_parameters() {
   double own = 0, experts = 0;  // exact: parameter counts are far below 2^53
-  for (const Parameter* p : params_)
-    if (counts_in_grad_norm(*p, adam_config_)) (p->expert ? experts : own) += static_cast<double>(p->value.numel());
-  // The expert-parallel ranks hold different experts (one data-parallel rank holds them all only without EP).
+  for (const Parameter* p : params_) {
+    if (p->tied_copy) continue;
+    if (!p->expert) {
+      if (counts_in_grad_norm(*p, adam_config_)) own += static_cast<double>(p->value.numel());
+    } else if (p->tensor_parallel || dist_.etp_rank() == 0) {  // each expert slice once, as the grad norm does
+      experts += static_cast<double>(p->value.numel());
+    }
+  }
+  // The expert-parallel ranks hold different experts; of a tensor-parallel group only the first fold (tp < ETP)
+  // counts them (with parallel folding its other ranks hold the same experts' slices again or other EP ranks').
   if (dist_.ep_size() > 1) experts = sum_doubles(*dist_.ep, {experts})[0];
-  own += experts;
+  if (dist_.tp_rank() < dist_.etp_size()) own += experts;
   const double sum = dist_.mp->size() > 1 ? sum_doubles(*dist_.mp, {own})[0] : own;
   return static_cast<int64_t>(std::llround(sum));  // exact: parameter counts are far below 2^53
 }

@@ -165,6 +165,11 @@ struct ParallelConfig {
   // derived
   int64_t world_size = 1;
 
+  // The experts' tensor-parallel size (expert_tensor, or tensor when 0) and the ranks of each stage holding the
+  // same experts' same slices (the expert-data-parallel group: tensor x data / (expert x that)).
+  int64_t experts_tensor() const { return expert_tensor > 0 ? expert_tensor : tensor; }
+  int64_t expert_data() const { return tensor * data / (expert * experts_tensor()); }
+
   bool operator==(const ParallelConfig&) const = default;
 };
 

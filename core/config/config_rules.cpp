@@ -293,6 +293,11 @@ void resolve_moe(Config& c, const Rules& r) {
   if (p.expert_tensor == 0) p.expert_tensor = p.tensor;
   r.positive("parallel.expert_tensor", p.expert_tensor);
   r.at_most("parallel.expert_tensor", p.expert_tensor, kMaxParallel, "tensor-parallel size");
+  if (p.tensor % p.expert_tensor != 0)
+    r.fail("parallel.expert_tensor",
+           fmt::format("{} does not divide parallel.tensor={} (the experts' tensor-parallel ranks are a part of each "
+                       "tensor-parallel group: Megatron's parallel folding)",
+                       p.expert_tensor, p.tensor));
   const int64_t stage_ranks = p.tensor * p.data;
   if (p.expert_tensor == p.tensor && p.data % p.expert != 0)
     r.fail("parallel.expert",
@@ -311,12 +316,6 @@ void resolve_moe(Config& c, const Rules& r) {
   if (e.shared_expert_ffn_hidden_size % p.tensor != 0)
     r.fail("parallel.tensor", fmt::format("{} does not divide model.moe.shared_expert_ffn_hidden_size={}", p.tensor,
                                           e.shared_expert_ffn_hidden_size));
-  // Every key above is checked; what the layers cannot do yet is refused (issue 25).
-  if (p.expert_tensor != p.tensor)
-    r.fail("parallel.expert_tensor",
-           fmt::format("{} differs from parallel.tensor={}: a separate expert tensor-parallel size (Megatron's "
-                       "parallel folding) is not built yet: leave it out (auto) for the tensor-parallel size",
-                       p.expert_tensor, p.tensor));
 }
 
 void resolve_training(Config& c, const Rules& r) {

@@ -73,6 +73,11 @@ cap=(--config moe.yaml --set model.moe.capacity_factor=1.0 --set training.micro_
 "$MT" "${cap[@]}" --nproc 4 --set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.expert=2 \
       --set logging.dir=cap_tp2ep2 >/dev/null 2>cap4.err || { tail -5 cap4.err; fail "capacity, TP 2 EP 2"; }
 same_losses cap_one/metrics.jsonl cap_tp2ep2/metrics.jsonl 1 6 1e-6
+# and so does parallel folding (TP 2, whole experts over EP 4 drawn from the tensor and data ranks).
+"$MT" "${cap[@]}" --nproc 4 --set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.expert=4 \
+      --set parallel.expert_tensor=1 --set logging.dir=cap_fold >/dev/null 2>capf.err \
+  || { tail -5 capf.err; fail "capacity, TP 2 ETP 1 EP 4"; }
+same_losses cap_one/metrics.jsonl cap_fold/metrics.jsonl 1 6 1e-6
 
 # Checkpoints store experts by their global index: a run saved at EP 2 (ZeRO over the expert-data-parallel group)
 # resumes at EP 4 and at EP 1 with the losses of a run never interrupted.
@@ -82,12 +87,32 @@ ep=(--config moe.yaml --set training.micro_batch_size=1 --set training.train_ite
       --set checkpoint.save_dir=ep_ckpt --set checkpoint.save_interval=5 --exit-after 5 --set logging.dir=ep2 \
       >/dev/null 2>ep2.err || { tail -5 ep2.err; fail "EP 2 run"; }
 cp -r ep_ckpt ep_ckpt_copy
+cp -r ep_ckpt ep_ckpt_fold
 "$MT" "${ep[@]}" --nproc 4 --set parallel.expert=4 --set checkpoint.save_dir=ep_ckpt --set logging.dir=ep4 \
       >/dev/null 2>ep4.err || { tail -5 ep4.err; fail "EP 4 resume"; }
 same_losses ep_straight/metrics.jsonl ep4/metrics.jsonl 6 10 1e-6
 "$MT" "${ep[@]}" --set checkpoint.save_dir=ep_ckpt_copy --set logging.dir=ep1 >/dev/null 2>ep1.err \
   || { tail -5 ep1.err; fail "EP 1 resume"; }
 same_losses ep_straight/metrics.jsonl ep1/metrics.jsonl 6 10 1e-6
+# Parallel folding: the EP 2 checkpoint resumes with whole experts drawn from the tensor ranks (TP 2, ETP 1, EP 4),
+# and a folded run's own checkpoint (TP 2, ETP 1, EP 2, ZeRO) resumes on one rank. Both count the parameters
+# of TP 2 without folding (TP pads the vocabulary further than one rank does).
+"$MT" "${ep[@]}" --nproc 4 --set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.expert=4 \
+      --set parallel.expert_tensor=1 --set checkpoint.save_dir=ep_ckpt_fold --set logging.dir=fold4 \
+      >/dev/null 2>fold4.err || { tail -5 fold4.err; fail "TP 2 ETP 1 EP 4 resume"; }
+same_losses ep_straight/metrics.jsonl fold4/metrics.jsonl 6 10 1e-6
+"$MT" "${ep[@]}" --nproc 4 --set parallel.tensor=2 --set parallel.expert=2 --set parallel.expert_tensor=1 \
+      --set parallel.distributed_optimizer=true --set checkpoint.save_dir=fold_ckpt --set checkpoint.save_interval=5 \
+      --exit-after 5 --set logging.dir=fold2 >/dev/null 2>fold2.err || { tail -5 fold2.err; fail "folded run"; }
+"$MT" "${ep[@]}" --set checkpoint.save_dir=fold_ckpt --set logging.dir=fold1 >/dev/null 2>fold1.err \
+  || { tail -5 fold1.err; fail "resume of a folded checkpoint on one rank"; }
+same_losses ep_straight/metrics.jsonl fold1/metrics.jsonl 6 10 1e-6
+params() { grep -o "model: [a-z0-9]* [0-9]* parameters" "$1" | head -1; }
+[ -n "$(params cap_tp2ep2/megatrain.log)" ] || fail "the start log names no parameter count"
+for run in fold4 fold2 cap_fold; do
+  [ "$(params $run/megatrain.log)" = "$(params cap_tp2ep2/megatrain.log)" ] \
+    || fail "$run counts '$(params $run/megatrain.log)', TP 2 EP 2 '$(params cap_tp2ep2/megatrain.log)'"
+done
 
 # A MoE checkpoint generates (the KV-cache decoder runs the MoE layers' own forward).
 "$MT" generate --load ckpt --prompt "Hello" --max-new-tokens 4 --greedy >gen.txt 2>gen.err \
@@ -99,6 +124,8 @@ expect_error "parallel.expert: 3 does not divide model.moe.num_experts=4" --conf
   --set parallel.expert=3 --set training.micro_batch_size=1 --set training.global_batch_size=6
 expect_error "parallel.expert: 4 does not divide parallel.data=2" --config moe.yaml --nproc 2 --set parallel.expert=4 \
   --set training.micro_batch_size=1
+expect_error "parallel.expert_tensor: 2 does not divide parallel.tensor=1" --config moe.yaml --nproc 2 \
+  --set parallel.expert_tensor=2 --set parallel.expert=1 --set training.micro_batch_size=1
 expect_error "model.moe.capacity_factor: must be positive, got -1" --config moe.yaml --set model.moe.capacity_factor=-1
 expect_error "model.moe.top_k: 5 is more than model.moe.num_experts=4" --config moe.yaml --set model.moe.top_k=5
 expect_error "score_function sigmoid (Mixtral and Qwen2-MoE route with a softmax)" ckpt export ckpt --format hf --output hf

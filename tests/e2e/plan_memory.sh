@@ -3,7 +3,7 @@
 # interleaved, DP with and without ZeRO, full recomputation, fp32 and bf16, a tiny and a mid-sized GPT, and a
 # llama-tiny-sized Llama: RMSNorm, SwiGLU, rotary embeddings, 8 query heads on 4 key/value heads, untied, and
 # that Llama with mixture-of-experts MLPs: 4 SwiGLU experts, top 2, a shared expert, the aux loss; and with
-# expert parallelism, EP 2 and 4 over 2 and 4 data-parallel ranks, with and without ZeRO) the
+# expert parallelism, EP 2 and 4 over 2 and 4 data-parallel ranks, with and without ZeRO, and parallel folding) the
 # training log's "peak memory (MiB)" split of rank 0 (the first pipeline stage) is compared with plan's
 # prediction for that rank kind: every kind within 10% (or 0.011 MiB, the log's rounding; with expert parallelism and
 # ZeRO the workspace prediction is an upper bound, as two buffers' reduce-scatters may or may not overlap) and the
@@ -70,6 +70,8 @@ layouts=(
   "moe-dp2-ep2-zero-bf16|2|--set parallel.expert=2 --set parallel.distributed_optimizer=true --set training.precision=bf16"
   "moe-dp4-ep2-zero|4|--set parallel.expert=2 --set parallel.distributed_optimizer=true"
   "moe-dp4-ep4|4|--set parallel.expert=4"
+  "moe-tp2-sp-etp1-ep2|2|--set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.expert=2 --set parallel.expert_tensor=1"
+  "moe-tp2-etp1-ep1-dp2-zero|4|--set parallel.tensor=2 --set parallel.expert_tensor=1 --set parallel.distributed_optimizer=true"
 )
 : > results.txt
 for entry in "${layouts[@]}"; do

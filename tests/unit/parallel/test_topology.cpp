@@ -294,6 +294,25 @@ TEST(Topology, ExpertParallelOverAllDataParallelRanksLeavesEachExpertOnOneRank) 
   }
 }
 
+// The ep groups and the edp groups each partition the world into sorted groups of their size, and a rank's ep
+// group and edp group meet in the rank alone.
+void expect_expert_groups_partition(const Topology& t, int ep, int edp) {
+  for (GroupKind kind : {GroupKind::ep, GroupKind::edp}) {
+    std::vector<int> seen(t.world_size(), 0);
+    for (const std::vector<int>& g : t.all_groups(kind)) {
+      EXPECT_EQ(g.size(), size_t(kind == GroupKind::ep ? ep : edp));
+      EXPECT_TRUE(std::is_sorted(g.begin(), g.end()));
+      for (int r : g) ++seen[r];
+    }
+    EXPECT_EQ(seen, std::vector<int>(t.world_size(), 1));
+  }
+  for (int r = 0; r < t.world_size(); ++r) {
+    std::vector<int> e = t.ep_group(r), d = t.edp_group(r), both;
+    std::set_intersection(e.begin(), e.end(), d.begin(), d.end(), std::back_inserter(both));
+    EXPECT_EQ(both, std::vector<int>{r});
+  }
+}
+
 // For every layout up to 16 ranks and every ep dividing dp: the ep groups (and the edp groups) partition the
 // world, and an ep group and an edp group meet in one rank and together span the rank's dp group.
 TEST(Topology, ExpertGroupsTileTheDataParallelGroupForEveryLayoutUpTo16) {
@@ -302,20 +321,9 @@ TEST(Topology, ExpertGroupsTileTheDataParallelGroupForEveryLayoutUpTo16) {
       if (l.dp % ep != 0) continue;
       SCOPED_TRACE(name(l) + " ep " + std::to_string(ep));
       Topology t(l.world, l.tp, l.pp, l.dp, ep);
-      for (GroupKind kind : {GroupKind::ep, GroupKind::edp}) {
-        std::vector<int> seen(l.world, 0);
-        for (const std::vector<int>& g : t.all_groups(kind)) {
-          EXPECT_EQ(g.size(), size_t(kind == GroupKind::ep ? ep : l.dp / ep));
-          EXPECT_TRUE(std::is_sorted(g.begin(), g.end()));
-          for (int r : g) ++seen[r];
-        }
-        EXPECT_EQ(seen, std::vector<int>(l.world, 1));
-      }
+      expect_expert_groups_partition(t, ep, l.dp / ep);
       for (int r = 0; r < l.world; ++r) {
         std::vector<int> e = t.ep_group(r), d = t.edp_group(r);
-        std::vector<int> both;
-        std::set_intersection(e.begin(), e.end(), d.begin(), d.end(), std::back_inserter(both));
-        EXPECT_EQ(both, std::vector<int>{r});
         std::set<int> span;  // the ep groups of the edp members
         for (int m : d)
           for (int q : t.ep_group(m)) span.insert(q);
@@ -325,6 +333,60 @@ TEST(Topology, ExpertGroupsTileTheDataParallelGroupForEveryLayoutUpTo16) {
         EXPECT_EQ(t.coord(e.back()).dp - t.coord(e.front()).dp, ep - 1);
       }
     }
+}
+
+// Parallel folding (ETP < TP): the stage's ranks i = tp + T * dp refold as i = etp + ETP * (ep + EP * edp).
+TEST(Topology, ParallelFoldingDrawsExpertRanksFromTheTensorGroup) {
+  // TP 2, ETP 1, EP 2, DP 2, PP 2: i = tp + 2 dp = ep + 2 edp, so the EP groups are the TP groups.
+  Topology t(8, /*tp=*/2, /*pp=*/2, /*dp=*/2, /*ep=*/2, /*etp=*/1);
+  EXPECT_TRUE(t.experts_apart());
+  EXPECT_EQ(t.all_groups(GroupKind::ep), (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(t.all_groups(GroupKind::edp), (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(t.expert_coord(3).ep, 1);
+  EXPECT_EQ(t.expert_coord(3).edp, 1);
+  // TP 4, ETP 2, EP 4, DP 2 (one stage): i = tp + 4 dp = etp + 2 (ep + 4 edp): every EP group spans both DP ranks.
+  Topology u(8, 4, 1, 2, 4, 2);
+  EXPECT_EQ(u.all_groups(GroupKind::ep), (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}}));
+  EXPECT_EQ(u.all_groups(GroupKind::edp), (Groups{{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}));
+  // TP 2, ETP 1, EP 1: the experts' data-parallel group is the tensor x data ranks.
+  Topology v(4, 2, 1, 2, 1, 1);
+  EXPECT_TRUE(v.experts_apart());
+  EXPECT_EQ(v.edp_group(2), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_FALSE(Topology(4, 2, 1, 2, 1).experts_apart());
+}
+
+// For every layout up to 16 ranks, every ETP dividing TP and EP with EP x ETP dividing TP x DP: the EP and the EDP
+// groups each partition the world, meet in one rank, and together span the stage's ranks of one etp.
+TEST(Topology, FoldedExpertGroupsTileEachStageForEveryLayoutUpTo16) {
+  for (const Layout& l : all_layouts())
+    for (int etp = 1; etp <= l.tp; ++etp) {
+      if (l.tp % etp != 0) continue;
+      for (int ep = 1; ep <= l.tp * l.dp; ++ep) {
+        if ((l.tp * l.dp) % (ep * etp) != 0) continue;
+        SCOPED_TRACE(name(l) + " etp " + std::to_string(etp) + " ep " + std::to_string(ep));
+        Topology t(l.world, l.tp, l.pp, l.dp, ep, etp);
+        expect_expert_groups_partition(t, ep, l.tp * l.dp / (ep * etp));
+        for (int r = 0; r < l.world; ++r)
+          for (int q : t.ep_group(r)) {
+            EXPECT_EQ(t.coord(q).pp, t.coord(r).pp);
+            EXPECT_EQ(t.expert_coord(q).etp, t.expert_coord(r).etp);
+          }
+      }
+    }
+}
+
+TEST(Topology, ExpertTensorParallelMustDivideTensorParallel) {
+  auto error = [](int tp, int dp, int ep, int etp) -> std::string {
+    try {
+      Topology(tp * dp, tp, 1, dp, ep, etp);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    ADD_FAILURE() << "no std::invalid_argument was thrown for etp " << etp;
+    return "";
+  };
+  EXPECT_EQ(error(2, 1, 1, 4), "expert tensor parallel 4 must be at least 1 and divide tensor parallel 2");
+  EXPECT_EQ(error(4, 1, 8, 1), "expert parallel 8 x expert tensor parallel 1 must divide tensor x data parallel 4 x 1");
 }
 
 TEST(Topology, ExpertParallelMustDivideDataParallel) {

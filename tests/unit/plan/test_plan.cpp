@@ -391,8 +391,12 @@ TEST(PlanMoe, SearchKeepsTheExpertsWidthDivisibleByTensorParallelism) {
   ASSERT_FALSE(ranked.empty());
   bool tp4 = false;
   for (const Prediction& r : ranked) {
-    EXPECT_EQ(36 % r.layout.tensor, 0) << describe(r.layout);
-    EXPECT_EQ(r.config.parallel.expert_tensor, r.layout.tensor) << describe(r.layout);
+    // The experts split over their own TP degree (the layout's, or a divisor of it with parallel folding), the
+    // shared expert over the layout's.
+    EXPECT_EQ(36 % r.config.parallel.expert_tensor, 0) << describe(r.layout);
+    EXPECT_EQ(8 % r.layout.tensor, 0) << describe(r.layout);
+    EXPECT_EQ(r.config.parallel.expert_tensor, r.layout.expert_tensor > 0 ? r.layout.expert_tensor : r.layout.tensor)
+        << describe(r.layout);
     EXPECT_EQ(r.config.parallel.expert, r.layout.expert);  // EP is searched (PlanExpertParallel below)
     tp4 = tp4 || r.layout.tensor == 4;
   }
@@ -466,7 +470,28 @@ TEST(PlanExpertParallel, AllToAllBytesAndLinkFollowWhereTheGroupLies) {
   EXPECT_GT(across.time.ep_comm / 8, 3 * intra.time.ep_comm);
 }
 
-TEST(PlanExpertParallel, SearchTriesExpertParallelismDividingDataParallelismAndTheExperts) {
+// Parallel folding: Mixtral 8x7B at TP 8 PP 4 DP 4 with whole experts (ETP 1) over EP 8 drawn from each node's
+// tensor ranks holds the same bytes of experts as TP 8 without EP (one whole expert instead of 8 eighths), their
+// state sharded over TP x DP / EP = 4 ranks as the dense ones are; each rank sends an eighth of its TP group's
+// choices, inside the node.
+TEST(PlanExpertParallel, ParallelFoldingHoldsWholeExpertsAndSendsAShareInsideTheNode) {
+  const Hardware h100 = builtin_hardware("h100-80gb");
+  Config folded = mixtral_ep(8);
+  folded.parallel.expert_tensor = 1;
+  const Prediction f = predict(folded, h100), one = predict(mixtral_ep(1), h100);
+  EXPECT_NE(f.config.parallel.expert_tensor, f.config.parallel.tensor);
+  for (size_t s = 0; s < f.memory.stages.size(); ++s) {
+    EXPECT_EQ(f.memory.stages[s].parameters, one.memory.stages[s].parameters);
+    EXPECT_NEAR(f.memory.stages[s].bytes[MemKind::optimizer], one.memory.stages[s].bytes[MemKind::optimizer], 1e5);
+  }
+  EXPECT_EQ(f.time.all_to_all_bytes_per_token, 2 * 2 * 2 * 4096 * 2 * 0.875);
+  EXPECT_GT(f.time.ep_comm, 0);
+  // TP 8 with EP 2 from the data-parallel ranks spans two nodes and sends all its choices: far slower.
+  EXPECT_GT(predict(mixtral_ep(2), h100).time.ep_comm, 4 * f.time.ep_comm);
+  EXPECT_NE(describe(layout_of(f.config)).find(" EP 8 ETP 1"), std::string::npos) << describe(layout_of(f.config));
+}
+
+TEST(PlanExpertParallel, SearchTriesExpertParallelismFromTheDataAndFoldedTensorRanks) {
   const Config c = parse_config(
       "model: {arch: llama, num_layers: 4, hidden_size: 64, num_heads: 8, ffn_hidden_size: 176, seq_length: 64,\n"
       "        vocab_size: 257, moe: {num_experts: 4, top_k: 2, ffn_hidden_size: 64}}\n"
@@ -475,13 +500,22 @@ TEST(PlanExpertParallel, SearchTriesExpertParallelismDividingDataParallelismAndT
       "tiny-moe", {}, 8);
   const std::vector<Prediction> ranked = search(c, 8, builtin_hardware("h100-80gb"));
   std::set<int64_t> eps;
+  bool folded = false;
   for (const Prediction& r : ranked) {
-    EXPECT_EQ(r.layout.data % r.layout.expert, 0) << describe(r.layout);
+    const int64_t etp = r.config.parallel.expert_tensor, tp = r.layout.tensor;
+    EXPECT_EQ(tp % etp, 0) << describe(r.layout);
+    // Without folding the EP ranks come from the data-parallel ones; with it, from the tensor x data ranks.
+    EXPECT_EQ((etp == tp ? r.layout.data : tp * r.layout.data / etp) % r.layout.expert, 0) << describe(r.layout);
     EXPECT_EQ(4 % r.layout.expert, 0) << describe(r.layout);
     EXPECT_EQ(r.config.parallel.expert, r.layout.expert);
     eps.insert(r.layout.expert);
+    if (etp < tp) {
+      folded = true;
+      EXPECT_NE(describe(r.layout).find(fmt::format(" ETP {}", etp)), std::string::npos) << describe(r.layout);
+    }
   }
   EXPECT_EQ(eps, (std::set<int64_t>{1, 2, 4}));
+  EXPECT_TRUE(folded);  // parallel folding is searched too
   // A dense model is never given expert parallelism.
   Config dense = c;
   dense.model.moe = {};

@@ -951,8 +951,17 @@ TEST(ConfigRules, MoeKeysAreCheckedNamingTheKey) {
   EXPECT_EQ(base({"model.moe.num_experts=8", "model.moe.top_k=2", "parallel.expert=4", "parallel.tensor=2"}, 16)
                 .parallel.expert,
             4);
-  EXPECT_CONTAINS(with({"parallel.tensor=2", "parallel.expert_tensor=1"}, 2),
-                  "parallel.expert_tensor: 1 differs from parallel.tensor=2");
+  // Parallel folding: the experts' TP degree divides the dense one, and EP x ETP divides TP x DP.
+  const Config folded = base({"model.moe.num_experts=8", "model.moe.top_k=2", "parallel.tensor=2",
+                              "parallel.expert_tensor=1", "parallel.expert=2"},
+                             2);
+  EXPECT_EQ(folded.parallel.expert_tensor, 1);
+  EXPECT_EQ(parse_config(to_yaml(folded), folded.source, {}, 2), folded);
+  EXPECT_CONTAINS(with({"parallel.tensor=2", "parallel.expert_tensor=4"}, 2),
+                  "parallel.expert_tensor: 4 does not divide parallel.tensor=2");
+  EXPECT_CONTAINS(with({"parallel.tensor=4", "parallel.expert_tensor=1", "parallel.expert=8"}, 4),
+                  "parallel.expert: parallel.expert*expert_tensor = 8*1 = 8 does not divide parallel.tensor*data = "
+                  "4*1 = 4");
   EXPECT_DOUBLE_EQ(base({"model.moe.num_experts=8", "model.moe.top_k=2", "model.moe.capacity_factor=1.25"})
                        .model.moe.capacity_factor,
                    1.25);
