@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "core/tensor/trace.h"
+
 namespace mt {
 
 namespace {
@@ -90,6 +92,9 @@ void GradBuffer::ready(Parameter* p) {  // mu_ held
 
 void GradBuffer::reduce(size_t bucket, std::vector<std::unique_ptr<Work>>* keep) {
   const Bucket& b = buckets_[bucket];
+  const trace::Span span(
+      "data-parallel", fmt::format("{} {} bucket {}", opt_.shard ? "reduce-scatter" : "all-reduce", opt_.name, bucket),
+      fmt::format(R"("bucket": {}, "elements": {})", bucket, b.end - b.begin));
   Tensor view = flat_.slice(b.begin, b.end);
   std::unique_ptr<Work> work;
   if (opt_.shard) {
@@ -121,6 +126,7 @@ void GradBuffer::launch(size_t bucket) {  // mu_ held
 }
 
 void GradBuffer::finalize() {
+  const trace::Span span("data-parallel", fmt::format("finalize {}", opt_.name));
   // Replicas used on sequence shards hold partial gradients (their positions only), and the tied embedding's
   // copies on the first and last stage one part each: summed before their data-parallel buckets start.
   if (sums(opt_.tensor))
@@ -149,6 +155,7 @@ void GradBuffer::finalize() {
 }
 
 void GradBuffer::worker() {
+  trace::name_thread(fmt::format("{} reducer", opt_.name));
   for (;;) {
     size_t b;
     bool failed_before;

@@ -23,6 +23,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <string>
 #include <vector>
 
 #include "core/tensor/parameter.h"
@@ -35,6 +36,7 @@ struct GradBufferOptions {
   bool shard = false;                  // reduce-scatter (distributed optimizer) instead of all-reduce
   Communicator* tensor = nullptr;      // sums Parameter::grad_sums.tensor gradients (null or size 1: none)
   Communicator* embedding = nullptr;   // sums Parameter::grad_sums.embedding gradients (null or size 1: none)
+  std::string name = "gradients";      // what the timeline (core/tensor/trace.h) calls its reductions
 };
 
 class GradBuffer {

@@ -4,9 +4,14 @@
 #include <map>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/tensor/trace.h"
 
 namespace mt {
 
@@ -29,11 +34,25 @@ void execute_pipeline(const std::vector<PipeInstr>& program, PipelineStage& stag
   struct Pending {
     std::unique_ptr<Work> work;
     Tensor keep_alive;
+    std::string what;  // for the timeline: "recv F 3.0", ...
   };
   std::vector<Pending> batch;
   auto flush = [&] {
+    if (batch.empty()) return;
+    std::vector<std::string> what;
+    if (trace::recording())
+      for (const Pending& pending : batch) what.push_back(pending.what);
+    const trace::Span span("wait", fmt::format("wait {}", fmt::join(what, ", ")));
     for (Pending& pending : batch) pending.work->wait();
     batch.clear();
+  };
+  // The timeline's name of an instruction: "F 3.0" is microbatch 3's forward of chunk 0.
+  auto label = [](const char* op, const PipeInstr& in) {
+    return trace::recording() ? fmt::format("{} {}.{}", op, in.microbatch, in.chunk) : std::string();
+  };
+  auto args = [](const PipeInstr& in) {
+    return trace::recording() ? fmt::format(R"("microbatch": {}, "chunk": {})", in.microbatch, in.chunk)
+                              : std::string();
   };
   auto take = [](std::map<Key, Tensor>& m, Key k, const char* what) {
     auto it = m.find(k);
@@ -55,29 +74,38 @@ void execute_pipeline(const std::vector<PipeInstr>& program, PipelineStage& stag
     const int vs = in.chunk * p + at.stage;  // this chunk's virtual stage
     switch (in.op) {
       case PipeOp::recv_forward: {
+        const trace::Span span("p2p", label("post recv F", in), args(in));
         Tensor buf = Tensor::empty(stage.activation_shape(), stage.activation_dtype(), stage.activation_device());
-        batch.push_back({at.comm->recv(buf, prev, message_tag(false, in.microbatch, vs, vstages)), buf});
+        batch.push_back(
+            {at.comm->recv(buf, prev, message_tag(false, in.microbatch, vs, vstages)), buf, label("recv F", in)});
         received_act[key] = buf;
         break;
       }
       case PipeOp::send_forward: {
+        const trace::Span span("p2p", label("post send F", in), args(in));
         Tensor out = take(outputs, key, "output to send");
-        batch.push_back({at.comm->send(out, next, message_tag(false, in.microbatch, vs + 1, vstages)), out});
+        batch.push_back(
+            {at.comm->send(out, next, message_tag(false, in.microbatch, vs + 1, vstages)), out, label("send F", in)});
         break;
       }
       case PipeOp::recv_backward: {
+        const trace::Span span("p2p", label("post recv B", in), args(in));
         Tensor buf = Tensor::empty(stage.activation_shape(), stage.activation_dtype(), stage.activation_device());
-        batch.push_back({at.comm->recv(buf, next, message_tag(true, in.microbatch, vs, vstages)), buf});
+        batch.push_back(
+            {at.comm->recv(buf, next, message_tag(true, in.microbatch, vs, vstages)), buf, label("recv B", in)});
         received_grad[key] = buf;
         break;
       }
       case PipeOp::send_backward: {
+        const trace::Span span("p2p", label("post send B", in), args(in));
         Tensor g = take(input_grads, key, "input gradient to send");
-        batch.push_back({at.comm->send(g, prev, message_tag(true, in.microbatch, vs - 1, vstages)), g});
+        batch.push_back(
+            {at.comm->send(g, prev, message_tag(true, in.microbatch, vs - 1, vstages)), g, label("send B", in)});
         break;
       }
       case PipeOp::forward: {
         flush();
+        const trace::Span span("compute", label("F", in), args(in));
         Tensor input = vs == 0 ? Tensor() : take(received_act, key, "received activation");
         Tensor out = stage.forward(in.microbatch, in.chunk, input);
         if (vs + 1 < vstages) outputs[key] = out;
@@ -85,6 +113,7 @@ void execute_pipeline(const std::vector<PipeInstr>& program, PipelineStage& stag
       }
       case PipeOp::backward: {
         flush();
+        const trace::Span span("compute", label("B", in), args(in));
         Tensor grad = vs + 1 == vstages ? Tensor() : take(received_grad, key, "received gradient");
         Tensor din = stage.backward(in.microbatch, in.chunk, grad);
         if (vs > 0) input_grads[key] = din;

@@ -16,6 +16,7 @@
 #include "app/train/nonfinite.h"
 #include "app/train/trainer_impl.h"
 #include "core/data/indexed_dataset.h"
+#include "core/tensor/trace.h"
 #include "parallel/schedule.h"
 
 namespace mt::app {
@@ -133,7 +134,10 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
                           return spike_check(v.at(0), iteration);
                         }};
   const StepCheck* check_or_null = spike_per_step() ? &check : nullptr;
-  result = optimizer_->step(lr_used, scaler_.scale(), check_or_null);
+  {
+    const trace::Span span("optimizer", "optimizer step");
+    result = optimizer_->step(lr_used, scaler_.scale(), check_or_null);
+  }
   scaler_.update(result.found_inf);
   if (result.found_inf || result.vetoed) ++c_.skipped_iters;
   moe_.after_step(!result.found_inf && !result.vetoed);  // the expert biases move with an applied step only
@@ -189,6 +193,7 @@ void Trainer::read_losses() {
 // The pipeline runs a forward_only schedule through the same executor as training (so its transfers follow
 // the checked schedule order that NCCL needs); the last stage adds the losses in microbatch order.
 double Trainer::evaluate() {
+  const trace::Span span("eval", "validation");
   const int64_t dp = dist_.dp_size();
   const int64_t batches = cfg_.logging.eval_iters * cfg_.training.num_microbatches * dp;
   const int p = dist_.pp_size(), v = static_cast<int>(chunks_.size());
@@ -304,7 +309,13 @@ void Trainer::run() {
   double interval_ms = 0;
   int64_t interval_iters = 0;
   last_report_ = std::chrono::steady_clock::now();
+  const std::vector<int64_t> traced = traced_iterations();
+  int64_t traced_unwritten = 0;  // the last traced iteration whose timeline is not written yet
   while (!stop && c_.iteration < cfg_.training.train_iters) {
+    const bool tracing = std::find(traced.begin(), traced.end(), c_.iteration + 1) != traced.end();
+    if (tracing) trace::resume(device_);
+    std::optional<trace::Span> iteration_span;
+    if (tracing) iteration_span.emplace("iteration", fmt::format("iteration {}", c_.iteration + 1));
     auto t0 = std::chrono::steady_clock::now();
     float lr = 0;
     StepResult r;
@@ -329,8 +340,18 @@ void Trainer::run() {
       report_validation(c_.iteration, c_.consumed_samples, c_.consumed_samples * S, evaluate(), metrics_);
     }
     if (cfg_.checkpoint.save_interval > 0 && c_.iteration % cfg_.checkpoint.save_interval == 0) save();
+    if (tracing) {
+      iteration_span.reset();
+      trace::pause();
+      traced_unwritten = c_.iteration;
+      if (c_.iteration == traced.back()) {
+        write_trace(c_.iteration);
+        traced_unwritten = 0;
+      }
+    }
     stop = stop_after_iteration();
   }
+  if (traced_unwritten > 0) write_trace(traced_unwritten);  // the run stopped before the last traced iteration
   // One save for every way out of the loop (a no-op when the interval save above took this iteration).
   const bool saved = stop && stop->why == Stop::Why::nothing_to_train ? true : save();
   finish(stop, saved);

@@ -11,6 +11,7 @@
 #include "core/checkpoint/checkpoint.h"
 #include "core/checkpoint/checkpoint_writer.h"
 #include "core/checkpoint/save_dir.h"
+#include "core/tensor/trace.h"
 
 namespace mt::app {
 
@@ -96,6 +97,7 @@ void Trainer::maybe_resume() {
 // tensor-parallel slices, and tensor-parallel rank 0 the replicated tensors. Rank 0 creates the temporary
 // directory and commits it once every writer has flushed and verified its file.
 bool Trainer::save() {
+  const trace::Span span("checkpoint", "save checkpoint");
   read_losses();  // the saved nan_iters counts every step so far (every rank reads here, as every rank saves)
   if (cfg_.checkpoint.save_dir.empty() || last_saved_ == std::to_string(c_.iteration)) return true;
   if (nonfinite_streak_ > 0) {  // keep the good checkpoints from being rotated out by one taken now

@@ -112,6 +112,11 @@ class Trainer {
   // logging.profile_iteration: the logging rank writes RUN_DIR/op_profile.md, logs the per-op totals and adds an
   // op_profile event to metrics.jsonl.
   void write_op_profile(const op_profile::Report& r, int64_t iteration);
+  // logging.trace: the iterations to trace (from the config, or this run's second and third), and the timeline
+  // of those recorded so far written (every rank's events through the store to the logging rank, which writes
+  // RUN_DIR/trace.json): a collective, at the same iteration on every rank.
+  std::vector<int64_t> traced_iterations() const;
+  void write_trace(int64_t last_iteration);
   // The spike check of one step's loss: `local_sum` is this rank's loss sum (zero off the last stage), summed
   // over the pipeline and data-parallel groups as read_losses does (so every rank holds the same loss). Feeds
   // the detector, logs a spike; true when the step must not be applied (training.loss_spike.action skip/stop).

@@ -13,6 +13,8 @@
 #include <spdlog/spdlog.h>
 
 #include "app/train/trainer_impl.h"
+#include "core/io/file_io.h"
+#include "core/tensor/trace.h"
 
 namespace mt::app {
 
@@ -56,6 +58,45 @@ void Trainer::log_run() {
   }
 }
 
+std::vector<int64_t> Trainer::traced_iterations() const {
+  if (!cfg_.logging.trace) return {};
+  if (!cfg_.logging.trace_iterations.empty()) return cfg_.logging.trace_iterations;
+  std::vector<int64_t> out;  // this run's second and third iterations (the first warms up)
+  for (int64_t i = c_.iteration + 2; i <= std::min(c_.iteration + 3, cfg_.training.train_iters); ++i) out.push_back(i);
+  if (out.empty() && c_.iteration < cfg_.training.train_iters) out.push_back(c_.iteration + 1);  // a one-step run
+  return out;
+}
+
+void Trainer::write_trace(int64_t last_iteration) {
+  const std::vector<trace::Event> events = trace::take();
+  const Topology::Coord at = dist_.topology.coord(dist_.rank());
+  const std::string mine = trace::chrome_events(
+      events, dist_.rank(), fmt::format("rank {} (tp {} dp {} pp {})", dist_.rank(), at.tp, at.dp, at.pp),
+      trace::thread_names());
+  const int world = dist_.env.world_size;
+  // Every rank's events reach the logging rank through the rendezvous store (no shared file system needed).
+  const std::string key = fmt::format("trace/{}/", last_iteration);
+  if (world > 1 && !dist_.is_logging_rank()) {
+    dist_.store->set(key + std::to_string(dist_.rank()), Bytes(mine.begin(), mine.end()));
+    return;
+  }
+  std::vector<std::string> processes{mine};
+  for (int r = 1; r < world; ++r) {
+    const Bytes b =
+        dist_.store->get(key + std::to_string(r), Millis(static_cast<int64_t>(cfg_.parallel.timeout_s * 1000)));
+    processes.emplace_back(b.begin(), b.end());
+  }
+  const std::filesystem::path path = std::filesystem::path(cfg_.logging.dir) / "trace.json";
+  try {
+    io::write_file_atomically(path.string(), trace::chrome_trace(processes));
+  } catch (const std::exception& e) {
+    spdlog::warn("trace: cannot write {}: {}", path.string(), e.what());  // the run goes on without its timeline
+    return;
+  }
+  spdlog::info("timeline of the traced iterations up to {}: {} ({} rank{}; open it in Perfetto or chrome://tracing)",
+               last_iteration, path.string(), world, world > 1 ? "s" : "");
+}
+
 void Trainer::write_op_profile(const op_profile::Report& r, int64_t iteration) {
   if (!dist_.is_logging_rank()) return;
   const std::string text = op_profile::format_report(r, iteration, 40);
@@ -77,6 +118,7 @@ void Trainer::write_op_profile(const op_profile::Report& r, int64_t iteration) {
 }
 
 void Trainer::report(const StepResult& r, float lr, double mean_ms, int64_t interval_iters, double flops_per_iter) {
+  const trace::Span span("logging", "interval report");
   const int64_t G = cfg_.training.global_batch_size, S = cfg_.model.seq_length;
   read_losses();  // the interval's losses, in one read (and one exchange across ranks)
   const auto now = std::chrono::steady_clock::now();

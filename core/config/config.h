@@ -304,6 +304,12 @@ struct LoggingConfig {
   // write RUN_DIR/op_profile.md (the logging rank; the top ops also go to the log); 0: never. The profiled
   // iteration runs slower (one host call and two events per op): leave it out of timing comparisons.
   int64_t profile_iteration = 0;
+  // A timeline of chosen iterations (core/tensor/trace.h): every rank's forwards, backwards, pipeline sends,
+  // receives and waits, gradient reductions, optimizer and checkpoint as Chrome trace events, merged into
+  // RUN_DIR/trace.json (a track per rank; Perfetto or chrome://tracing open it). trace_iterations: which (global
+  // iteration numbers, ascending); empty: the second and third iterations this run trains.
+  bool trace = false;
+  std::vector<int64_t> trace_iterations;
 
   bool operator==(const LoggingConfig&) const = default;
 };

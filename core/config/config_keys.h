@@ -147,6 +147,8 @@ void visit(V& v, C& c) {
     v.field({.name = "verbose_line"}, l.verbose_line);
     v.field({.name = "on_sink_error"}, l.on_sink_error);
     v.field({.name = "profile_iteration"}, l.profile_iteration);
+    v.field({.name = "trace"}, l.trace);
+    v.field({.name = "trace_iterations"}, l.trace_iterations);
   });
 }
 

@@ -496,6 +496,18 @@ void resolve_checkpoint_and_logging(Config& c, const Rules& r) {
                                                     l.profile_iteration, c.training.train_iters));
   if (l.eval_interval > 0 && l.eval_iters == 0)
     r.fail("logging.eval_iters", fmt::format("must be positive when logging.eval_interval={}", l.eval_interval));
+  if (!l.trace_iterations.empty() && !l.trace)
+    r.fail("logging.trace_iterations", "is set, but logging.trace is false: set logging.trace: true");
+  for (size_t i = 0; i < l.trace_iterations.size(); ++i) {
+    const std::string key = fmt::format("logging.trace_iterations[{}]", i);
+    r.positive(key, l.trace_iterations[i]);
+    if (l.trace_iterations[i] > c.training.train_iters)
+      r.fail(key, fmt::format("iteration {} is past training.train_iters={}: it would never run", l.trace_iterations[i],
+                              c.training.train_iters));
+    if (i > 0 && l.trace_iterations[i] <= l.trace_iterations[i - 1])
+      r.fail(key, fmt::format("{} does not follow {}: list the iterations in ascending order, each once",
+                              l.trace_iterations[i], l.trace_iterations[i - 1]));
+  }
   r.one_of("logging.level", l.level, {"trace", "debug", "info", "warn", "error", "critical", "off"});
 }
 
