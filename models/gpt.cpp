@@ -4,6 +4,7 @@
 
 #include "core/tensor/ops.h"
 #include "core/base/rng.h"
+#include "parallel/weight_grad.h"
 
 namespace mt {
 
@@ -192,13 +193,14 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
       std::vector<Parameter*> head_params = lnf_.parameters();
       if (!cfg_.tie_embeddings) head_params.push_back(&head_.weight());
       if (cfg_.tie_embeddings && !opt_.stage.has_embedding) head_params.push_back(&wte_.weight());  // the tied copy
-      grads_ready_(mb, head_params);
+      // After their weight gradients: deferred with them under a zero-bubble pipeline (parallel/weight_grad.h).
+      weight_grad_work([this, mb, head_params] { grads_ready_(mb, head_params); });
     }
   }
 
   for (auto layer = layers_.rbegin(); layer != layers_.rend(); ++layer) {
     dx = (*layer)->backward(dx, mb, dloss);
-    if (grads_ready_) grads_ready_(mb, (*layer)->parameters());
+    if (grads_ready_) weight_grad_work([this, mb, ps = (*layer)->parameters()] { grads_ready_(mb, ps); });
   }
   if (!opt_.stage.has_embedding) return dx;
 
@@ -219,7 +221,7 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
   if (grads_ready_) {
     std::vector<Parameter*> embedding_params{&wte_.weight()};
     if (has_position_table()) embedding_params.push_back(&wpe_);
-    grads_ready_(mb, embedding_params);
+    weight_grad_work([this, mb, embedding_params] { grads_ready_(mb, embedding_params); });
   }
   return Tensor();
 }

@@ -11,6 +11,7 @@
 
 #include "core/tensor/ops.h"
 #include "parallel/sequence_parallel.h"
+#include "parallel/weight_grad.h"
 
 namespace mt {
 
@@ -89,14 +90,17 @@ void expert_forward(const Tensor& x, const Parameter& w1, const Parameter& w2, b
 // Its backward: dx (n, C) written from dy; the weights' gradients accumulated. dact and dh are scratch like act, h.
 void expert_backward(const Tensor& dy, const Tensor& x, const Tensor& h, const Tensor& act, Parameter& w1,
                      Parameter& w2, bool llama, Tensor& dact, Tensor& dh, Tensor& dx) {
-  gemm(dy, w2.value, dact);                                           // (n, F)
-  gemm(dy, act, w2.grad, GemmOptions{.trans_a = true, .beta = 1.f});  // (C, F) +=
+  gemm(dy, w2.value, dact);  // (n, F)
   if (llama)
     swiglu_backward(h, dact, dh);
   else
     gelu_backward(h, dact, dh);
-  gemm(dh, w1.value, dx);                                           // (n, C)
-  gemm(dh, x, w1.grad, GemmOptions{.trans_a = true, .beta = 1.f});  // (F1, C) +=
+  gemm(dh, w1.value, dx);  // (n, C)
+  // The weights' gradients: the schedule's W under a zero-bubble pipeline (parallel/weight_grad.h).
+  weight_grad_work([dy, act, dh, x, &w1, &w2] {
+    gemm(dy, act, w2.grad, GemmOptions{.trans_a = true, .beta = 1.f});  // (C, F) +=
+    gemm(dh, x, w1.grad, GemmOptions{.trans_a = true, .beta = 1.f});    // (F1, C) +=
+  });
 }
 
 // The local experts that have rows, as the groups of gemm_grouped: expert l's rows are the slice of the expert-major
@@ -405,16 +409,19 @@ Tensor MoeMlp::backward(const Tensor& dout_rows, const Saved& s, const MoeStep& 
   const std::vector<Tensor> dys = g.slices(dye), xs = g.slices(s.xp), as = g.slices(s.act);
   std::vector<Tensor> dacts = g.slices(dact), dhs = g.slices(dh), dxs = g.slices(dxe);
   std::vector<Tensor> w1_grads = g.grads(fc1_), w2_grads = g.grads(fc2_);
-  gemm_grouped(dys, g.w2, dacts);                                              // dact (n, F) = dy W2
-  gemm_grouped(dys, as, w2_grads, GemmOptions{.trans_a = true, .beta = 1.f});  // dW2 (C, F) += dy^T act
+  gemm_grouped(dys, g.w2, dacts);  // dact (n, F) = dy W2
   if (Re > 0) {
     if (llama)
       swiglu_backward(s.h, dact, dh);
     else
       gelu_backward(s.h, dact, dh);
   }
-  gemm_grouped(dhs, g.w1, dxs);                                                // dx (n, C) = dh W1
-  gemm_grouped(dhs, xs, w1_grads, GemmOptions{.trans_a = true, .beta = 1.f});  // dW1 (F1, C) += dh^T x
+  gemm_grouped(dhs, g.w1, dxs);  // dx (n, C) = dh W1
+  // The experts' weight gradients: the schedule's W under a zero-bubble pipeline (parallel/weight_grad.h).
+  weight_grad_work([dys, as, dhs, xs, w1_grads, w2_grads]() mutable {
+    gemm_grouped(dys, as, w2_grads, GemmOptions{.trans_a = true, .beta = 1.f});  // dW2 (C, F) += dy^T act
+    gemm_grouped(dhs, xs, w1_grads, GemmOptions{.trans_a = true, .beta = 1.f});  // dW1 (F1, C) += dh^T x
+  });
   const Tensor dxp = put_share(ep_.size > 1 ? from_experts(dxe, s) : dxe, s, kept);
   Tensor dx = Tensor::empty({N, C}, dtype_, device_);
   moe_unpermute(dxp, s.row_of, nullptr, dx);
@@ -449,7 +456,9 @@ Tensor MoeMlp::backward(const Tensor& dout_rows, const Saved& s, const MoeStep& 
     dl.copy_from(dlogits);
   }
   if (tp_.rank == 0) gemm(dl, router_.value, dx, GemmOptions{.beta = 1.f});  // dx += dlogits Wr
-  gemm(dl, s.x, router_.grad, GemmOptions{.trans_a = true, .beta = 1.f});    // dWr += dlogits^T x
+  weight_grad_work([this, dl, x = s.x] {
+    gemm(dl, x, router_.grad, GemmOptions{.trans_a = true, .beta = 1.f});  // dWr += dlogits^T x
+  });
   return sequence_shard_sum(dx, step.samples, tp_);
 }
 

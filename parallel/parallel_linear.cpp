@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "parallel/sequence_parallel.h"
+#include "parallel/weight_grad.h"
 
 namespace mt {
 
@@ -76,12 +77,15 @@ Tensor ColumnParallelLinear::backward(const Tensor& dout, const Tensor& x, int64
   // allocation reuses them while it is in flight. On Gloo it has completed when the constructor returns.
   SequenceReduction dx(dx_partial, B, tp_);
   const bool bias_grad = has_bias_ && !opt.bias_grad_done;
-  // dW (out/t, in) += dout^T x; the bias gradient (column sums of dout) on the same GEMM's epilogue.
-  gemm(dout, x_full, w.grad,
-       {.trans_a = true,
-        .beta = 1.f,
-        .epilogue = bias_grad ? Epilogue::bgrad_a : Epilogue::none,
-        .dbias = bias_grad ? &bias_.grad : nullptr});
+  // dW (out/t, in) += dout^T x; the bias gradient (column sums of dout) on the same GEMM's epilogue. Deferred to
+  // the schedule's W under a zero-bubble pipeline (parallel/weight_grad.h).
+  weight_grad_work([this, dout, x_full, bias_grad] {
+    gemm(dout, x_full, weight().grad,
+         {.trans_a = true,
+          .beta = 1.f,
+          .epilogue = bias_grad ? Epilogue::bgrad_a : Epilogue::none,
+          .dbias = bias_grad ? &bias_.grad : nullptr});
+  });
   return dx.wait();  // (Ns, in): f backward, a reduce-scatter with SP
 }
 
@@ -114,14 +118,17 @@ Tensor RowParallelLinear::forward(const Tensor& x, int64_t B) const {
 
 Tensor RowParallelLinear::backward(const Tensor& dout, const Tensor& x, int64_t B, BackwardOptions opt) {
   const Tensor dout_full = sequence_to_full(dout, B, tp_);  // (N, out): g backward, an all-gather with SP
-  // dW (out, in/t) += dout^T x; the bias gradient (column sums of dout, every rank the whole) on its epilogue.
-  gemm(dout_full, x, weight_.grad,
-       {.trans_a = true,
-        .beta = 1.f,
-        .epilogue = has_bias_ ? Epilogue::bgrad_a : Epilogue::none,
-        .dbias = has_bias_ ? &bias_.grad : nullptr});
   Tensor dx = Tensor::empty({x.dim(0), x.dim(1)}, x.dtype(), x.device());  // (N, in/t)
   gemm(dout_full, weight_.value, dx, {.epilogue = opt.dx_epilogue, .aux = opt.aux, .dbias = opt.dbias});
+  // dW (out, in/t) += dout^T x; the bias gradient (column sums of dout, every rank the whole) on its epilogue.
+  // Deferred to the schedule's W under a zero-bubble pipeline (parallel/weight_grad.h).
+  weight_grad_work([this, dout_full, x] {
+    gemm(dout_full, x, weight_.grad,
+         {.trans_a = true,
+          .beta = 1.f,
+          .epilogue = has_bias_ ? Epilogue::bgrad_a : Epilogue::none,
+          .dbias = has_bias_ ? &bias_.grad : nullptr});
+  });
   return dx;
 }
 

@@ -25,6 +25,16 @@ int message_tag(bool backward, int microbatch, int receiving_virtual_stage, int 
 
 }  // namespace
 
+Tensor PipelineStage::backward_input(int microbatch, int chunk, const Tensor&) {
+  throw std::logic_error(
+      fmt::format("pipeline: this stage cannot split the backward of microbatch {} chunk {}", microbatch, chunk));
+}
+
+void PipelineStage::backward_weight(int microbatch, int chunk) {
+  throw std::logic_error(
+      fmt::format("pipeline: this stage cannot split the backward of microbatch {} chunk {}", microbatch, chunk));
+}
+
 void execute_pipeline(const std::vector<PipeInstr>& program, PipelineStage& stage, const PipelinePlacement& at) {
   const int p = at.stages, vstages = at.stages * at.chunks;
   const int prev = (at.stage + p - 1) % p, next = (at.stage + 1) % p;
@@ -111,12 +121,21 @@ void execute_pipeline(const std::vector<PipeInstr>& program, PipelineStage& stag
         if (vs + 1 < vstages) outputs[key] = out;
         break;
       }
-      case PipeOp::backward: {
+      case PipeOp::backward:
+      case PipeOp::backward_input: {
         flush();
+        const bool split = in.op == PipeOp::backward_input;  // "B" either way: the input gradient's path
         const trace::Span span("compute", label("B", in), args(in));
         Tensor grad = vs + 1 == vstages ? Tensor() : take(received_grad, key, "received gradient");
-        Tensor din = stage.backward(in.microbatch, in.chunk, grad);
+        Tensor din =
+            split ? stage.backward_input(in.microbatch, in.chunk, grad) : stage.backward(in.microbatch, in.chunk, grad);
         if (vs > 0) input_grads[key] = din;
+        break;
+      }
+      case PipeOp::backward_weight: {
+        // No flush: the transfers posted before it stay in flight while the weight gradients run.
+        const trace::Span span("compute", label("W", in), args(in));
+        stage.backward_weight(in.microbatch, in.chunk);
         break;
       }
     }

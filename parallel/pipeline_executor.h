@@ -19,6 +19,10 @@ class PipelineStage {
   // `grad` is the received gradient of the output (undefined for the last virtual stage). Returns the
   // gradient of the input (undefined for the first virtual stage).
   virtual Tensor backward(int microbatch, int chunk, const Tensor& grad) = 0;
+  // A split backward (zero-bubble schedules): the input gradient now, the weight gradients when
+  // backward_weight(microbatch, chunk) comes. Stages that cannot split refuse.
+  virtual Tensor backward_input(int microbatch, int chunk, const Tensor& grad);
+  virtual void backward_weight(int microbatch, int chunk);
   // Shape, dtype and device of the activations that cross between stages.
   virtual Shape activation_shape() const = 0;
   virtual DType activation_dtype() const = 0;

@@ -21,11 +21,20 @@ std::string pipe_op_name(PipeOp op) {
       return "backward";
     case PipeOp::send_backward:
       return "send_backward";
+    case PipeOp::backward_input:
+      return "backward_input";
+    case PipeOp::backward_weight:
+      return "backward_weight";
   }
   return "unknown";
 }
 
-bool is_communication(PipeOp op) { return op != PipeOp::forward && op != PipeOp::backward; }
+bool is_communication(PipeOp op) {
+  return op == PipeOp::recv_forward || op == PipeOp::send_forward || op == PipeOp::recv_backward ||
+         op == PipeOp::send_backward;
+}
+
+bool is_backward_input(PipeOp op) { return op == PipeOp::backward || op == PipeOp::backward_input; }
 
 std::string to_string(const PipeInstr& instr) {
   return pipe_op_name(instr.op) + "(mb " + std::to_string(instr.microbatch) + ", chunk " + std::to_string(instr.chunk) +
@@ -42,6 +51,8 @@ std::string schedule_kind_name(ScheduleKind kind) {
       return "interleaved";
     case ScheduleKind::forward_only:
       return "forward_only";
+    case ScheduleKind::zb_h1:
+      return "zb_h1";
   }
   return "unknown";
 }
@@ -64,6 +75,7 @@ void validate(const ScheduleSpec& spec) {
       if (spec.chunks != 1) fail(spec, "chunks = " + v + " must be 1 (chunks > 1 is the interleaved schedule)");
       break;
     case ScheduleKind::one_f_one_b:
+    case ScheduleKind::zb_h1:
       if (spec.chunks != 1) fail(spec, "chunks = " + v + " must be 1 (chunks > 1 is the interleaved schedule)");
       break;
     case ScheduleKind::interleaved:
@@ -97,19 +109,30 @@ std::vector<PipeInstr> no_pipelining(int m) {
   return out;
 }
 
-// Megatron's forward_backward_pipelining_without_interleaving.
-std::vector<PipeInstr> one_f_one_b(int p, int s, int m) {
+// Megatron's forward_backward_pipelining_without_interleaving; with `zero_bubble`, ZB-H1 (schedule.h): the same
+// forwards and backwards with each backward split, and stage s's W held back by s microbatches.
+std::vector<PipeInstr> one_f_one_b(int p, int s, int m, bool zero_bubble) {
   std::vector<PipeInstr> out;
   StageWriter w{out, s == 0, s == p - 1, 1};
+  std::vector<int> waiting;  // ZB-H1: microbatches through B, waiting for their W, oldest first
+  size_t next_w = 0;
+  // The W's beyond `hold`, placed before the next compute (after its receives: in flight meanwhile).
+  auto release = [&](size_t hold) {
+    while (waiting.size() - next_w > hold) w.add(PipeOp::backward_weight, waiting[next_w++], 0);
+  };
+  const auto hold = static_cast<size_t>(s);
   auto forward = [&](int mb) {
     if (w.has_prev(0)) w.add(PipeOp::recv_forward, mb, 0);
+    release(hold);
     w.add(PipeOp::forward, mb, 0);
     if (w.has_next(0)) w.add(PipeOp::send_forward, mb, 0);
   };
   auto backward = [&](int mb) {
     if (w.has_next(0)) w.add(PipeOp::recv_backward, mb, 0);
-    w.add(PipeOp::backward, mb, 0);
+    release(hold);
+    w.add(zero_bubble ? PipeOp::backward_input : PipeOp::backward, mb, 0);
     if (w.has_prev(0)) w.add(PipeOp::send_backward, mb, 0);
+    if (zero_bubble) waiting.push_back(mb);
   };
   const int warmup = std::min(p - s - 1, m), steady = m - warmup;
   for (int i = 0; i < warmup; ++i) forward(i);
@@ -118,6 +141,7 @@ std::vector<PipeInstr> one_f_one_b(int p, int s, int m) {
     backward(i);
   }
   for (int i = steady; i < m; ++i) backward(i);
+  release(0);  // ZB-H1: the held-back W's, where 1F1B's stage s idles at the end
   return out;
 }
 
@@ -224,13 +248,16 @@ std::vector<std::vector<PipeInstr>> build_schedule(const ScheduleSpec& spec) {
         stages[s] = no_pipelining(m);
         break;
       case ScheduleKind::one_f_one_b:
-        stages[s] = one_f_one_b(p, s, m);
+        stages[s] = one_f_one_b(p, s, m, false);
         break;
       case ScheduleKind::interleaved:
         stages[s] = interleaved(p, s, m, v);
         break;
       case ScheduleKind::forward_only:
         stages[s] = forward_only(p, s, m, v);
+        break;
+      case ScheduleKind::zb_h1:
+        stages[s] = one_f_one_b(p, s, m, true);
         break;
     }
   }

@@ -2,7 +2,10 @@
 // the model's stage behind a small interface) runs them. Building and checking them needs no model.
 //
 // How an executor runs a list (the communication model that check_schedule enforces):
-//   * forward / backward are local compute.
+//   * forward / backward (and a split backward's backward_input / backward_weight) are local compute.
+//   * A backward_weight does not wait for the batch posted before it: the batch's transfers stay in flight while
+//     the weight gradients are computed (that is how a zero-bubble schedule fills its waits), and are waited for
+//     before the next forward or backward.
 //   * Every maximal run of consecutive recv_* / send_* instructions is ONE batch: the executor posts all of
 //     its operations together (isend / irecv, as Megatron's batch_isend_irecv or an NCCL group) and waits
 //     for all of them before the next compute. The run in 1F1B's steady state, send_forward(k) then
@@ -31,11 +34,16 @@ enum class PipeOp {
   forward,        // run forward of (microbatch, chunk)
   send_forward,   // send its output activation to the next stage
   recv_backward,  // receive the gradient of its output from the next stage
-  backward,       // run backward of (microbatch, chunk)
+  backward,       // run backward of (microbatch, chunk): the input gradient and the weight gradients
   send_backward,  // send the gradient of its input to the previous stage
+  // A backward split in two (zero-bubble schedules): B, the input gradient (which send_backward then sends), and
+  // W, the weight gradients, any time later.
+  backward_input,
+  backward_weight,
 };
 std::string pipe_op_name(PipeOp op);
-bool is_communication(PipeOp op);  // recv_* and send_*: these batch with their neighbours (see above)
+bool is_communication(PipeOp op);   // recv_* and send_*: these batch with their neighbours (see above)
+bool is_backward_input(PipeOp op);  // backward or backward_input: what send_backward sends comes from it
 
 struct PipeInstr {
   PipeOp op;
@@ -46,7 +54,7 @@ struct PipeInstr {
 std::string to_string(const PipeInstr& instr);  // "send_forward(mb 3, chunk 1)"
 
 // forward_only: evaluation, a forward of every (microbatch, chunk) on every stage and no backward.
-enum class ScheduleKind { no_pipelining, one_f_one_b, interleaved, forward_only };
+enum class ScheduleKind { no_pipelining, one_f_one_b, interleaved, forward_only, zb_h1 };
 std::string schedule_kind_name(ScheduleKind kind);
 
 struct ScheduleSpec {
@@ -66,6 +74,12 @@ struct ScheduleSpec {
 //     Inside each batch: the sends, then the receives, the forward direction first in each. With p = 2 the two
 //     ranks share one channel each way for activations and gradients, and this order posts them the same way
 //     at both ends (check_schedule's per-pair order check passes over the tests' whole grid).
+//   zb_h1 (v = 1): Qi et al.'s ZB-H1. 1F1B's forwards and backwards with each backward split into B and W;
+//     stage s holds back its weight gradients by s microbatches (W of microbatch j after the B of microbatch
+//     j + s), each released W placed after the next compute's receives so it runs while they are in flight, and
+//     the last s after the stage's last B, where 1F1B's stage s idles waiting on the stages before it. With equal
+//     F, B and W costs the bubble is a third of 1F1B's, (p - 1) / (3 m), and no stage holds more microbatches'
+//     activations than 1F1B's first stage (p): stage s holds p - s not yet through B and s waiting for their W.
 //   forward_only (any p, m, v): recv_forward, forward, send_forward of each (microbatch, chunk), microbatches
 //     passing chunk 0 in groups of p (the last group may be smaller), then chunk 1, ... (interleaved's forward
 //     order; with v = 1 simply microbatch order). A send_forward and the next recv_forward form one batch
@@ -78,11 +92,13 @@ struct ScheduleReport {
   bool ok = false;
   std::string error;  // why not ok: unmatched send, deadlock (which stages wait on what), ...
   // (makespan - ideal) / ideal with ideal = m * (forward + backward) per stage, simulated with a chunk's
-  // forward taking 1/v and its backward 2/v and free communication: (p-1)/m for 1F1B, ~(p-1)/(v*m) interleaved.
+  // forward taking 1/v and its backward 2/v (a split one's B and W 1/v each) and free communication: (p-1)/m for
+  // 1F1B, ~(p-1)/(v*m) interleaved, (p-1)/(3m) ZB-H1.
   double bubble_fraction = 0;
   double makespan = 0;  // when the last stage finishes, in units of one microbatch's forward on a stage
-  // Most (microbatch, chunk) pairs whose activations one stage holds at once (forwarded, not yet backwarded);
-  // for v = 1 that is microbatches, for v > 1 each pair is 1/v of a stage's activations for one microbatch.
+  // Most (microbatch, chunk) pairs whose activations one stage holds at once (forwarded, not yet through their
+  // whole backward: a split backward's W frees them); for v = 1 that is microbatches, for v > 1 each pair is 1/v
+  // of a stage's activations for one microbatch.
   int peak_in_flight = 0;                 // max over stages
   std::vector<int> stage_peak_in_flight;  // per stage
 };

@@ -1,6 +1,7 @@
 // schedule_check.cpp: check_schedule, a simulator that runs every stage's instruction list together under the
 // communication model of schedule.h (adjacent sends/receives form one batch, sends are rendezvous, messages are
-// matched by tag) with a chunk's forward taking 1/v and its backward 2/v, then checks that every pair of stages
+// matched by tag) with a chunk's forward taking 1/v and its backward 2/v (a split backward's B and W 1/v each; a W
+// right after a batch runs while the batch is in flight), then checks that every pair of stages
 // posts its sends and receives in the same order (NCCL matches by order, not tag), and reports what went wrong.
 #include <algorithm>
 #include <map>
@@ -82,11 +83,13 @@ class Simulator {
   struct PairState {  // one (microbatch, chunk) on one stage
     bool received_input = false, forwarded = false, sent_output = false;
     bool received_grad = false, backwarded = false, sent_grad = false;
+    bool weighted = false;  // the weight gradients done (with backward, or a split backward's W)
   };
   struct StageState {
-    size_t pc = 0;         // next instruction
-    double clock = 0;      // when the stage is free
-    size_t batch_end = 0;  // > pc while the batch [pc, batch_end) is posted and not complete
+    size_t pc = 0;           // next instruction
+    double clock = 0;        // when the stage is free
+    size_t batch_end = 0;    // > pc while the batch [pc, batch_end) is posted and not complete
+    size_t after_batch = 0;  // past the backward_weight run after the batch, which ran while it was in flight
     std::vector<PairState> pairs;
     int in_flight = 0, peak_in_flight = 0;
   };
@@ -151,6 +154,10 @@ class Simulator {
       if (st.batch_end <= st.pc) {  // post the batch: all adjacent communication instructions
         st.batch_end = st.pc;
         while (st.batch_end < list.size() && is_communication(list[st.batch_end].op)) post(s, st.batch_end++);
+        // The weight gradients right after it run while its transfers are in flight.
+        st.after_batch = st.batch_end;
+        while (st.after_batch < list.size() && list[st.after_batch].op == PipeOp::backward_weight)
+          compute(s, st.after_batch++);
         moved = true;
       }
       double done = st.clock;
@@ -162,7 +169,7 @@ class Simulator {
       }
       for (size_t i = st.pc; i < st.batch_end; ++i) complete(s, i);
       st.clock = done;
-      st.pc = st.batch_end;
+      st.pc = st.after_batch;
       moved = true;
     }
     return moved;
@@ -220,7 +227,17 @@ class Simulator {
     StageState& st = stages_[s];
     PairState& ps = pair(s, i);
     const int vs = virtual_stage(s, schedule_[s][i].chunk);
-    if (schedule_[s][i].op == PipeOp::forward) {
+    const PipeOp op = schedule_[s][i].op;
+    if (op == PipeOp::backward_weight) {
+      if (forward_only_) fail(s, i, "a forward_only schedule runs no backward");
+      if (ps.weighted) fail(s, i, "weight gradients run twice");
+      if (!ps.backwarded) fail(s, i, "weight gradients run before their backward_input");
+      ps.weighted = true;
+      st.clock += 1.0 / v_;
+      --st.in_flight;  // W frees what the microbatch kept
+      return;
+    }
+    if (op == PipeOp::forward) {
       if (ps.forwarded) fail(s, i, "forward runs twice");
       if (vs != 0 && !ps.received_input) fail(s, i, "runs before its input activation was received (no recv_forward)");
       ps.forwarded = true;
@@ -234,8 +251,13 @@ class Simulator {
       if (vs != last_virtual() && !ps.received_grad)
         fail(s, i, "runs before its output gradient was received (no recv_backward)");
       ps.backwarded = true;
-      st.clock += 2.0 / v_;
-      --st.in_flight;
+      if (op == PipeOp::backward_input) {
+        st.clock += 1.0 / v_;  // what the microbatch kept stays until its W
+      } else {
+        ps.weighted = true;
+        st.clock += 2.0 / v_;
+        --st.in_flight;
+      }
     }
   }
 
@@ -272,6 +294,8 @@ class Simulator {
               "stage " + std::to_string(s) + " (mb " + std::to_string(mb) + ", chunk " + std::to_string(c) + ")";
           if (!ps.forwarded) throw CheckError{where + " never runs forward"};
           if (!forward_only_ && !ps.backwarded) throw CheckError{where + " runs forward but never backward"};
+          if (!forward_only_ && !ps.weighted)
+            throw CheckError{where + " runs backward_input but never backward_weight"};
           const int vs = virtual_stage(s, c);
           if (vs != last_virtual() && !ps.sent_output)
             throw CheckError{where + " never sends its output (send_forward)"};

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "core/base/dtype.h"
+#include "models/pipeline_schedule.h"
 #include "parallel/schedule.h"
 #include "plan/activation_tape.h"
 
@@ -118,10 +119,7 @@ ActivationPeaks walk_schedule(const Config& c, int64_t stage, const std::vector<
     out.in_flight = 1;
     return out;
   }
-  const ScheduleSpec spec{.kind = v > 1 ? ScheduleKind::interleaved : ScheduleKind::one_f_one_b,
-                          .stages = p,
-                          .microbatches = M,
-                          .chunks = v};
+  const ScheduleSpec spec{.kind = training_schedule_kind(c.parallel), .stages = p, .microbatches = M, .chunks = v};
   const std::vector<PipeInstr> program = build_schedule(spec)[static_cast<size_t>(stage)];
   double pending = 0;  // sent tensors the executor keeps until its next flush
   int in_flight = 0;
@@ -145,6 +143,21 @@ ActivationPeaks walk_schedule(const Config& c, int64_t stage, const std::vector<
         cur -= pending;
         apply(cur, ch.backward);
         pending = ch.input_grad;
+        --in_flight;
+        break;
+      // A split backward (ZB-H1), approximated: B's transient peak with nothing freed, and what the whole
+      // backward frees only at W (the microbatch's saved activations held until then, an upper bound: W needs only
+      // the linears' inputs, plus the output gradients it keeps, not counted).
+      case PipeOp::backward_input:
+        cur -= pending;
+        apply(cur, OpProfile{.peak_act = ch.backward.peak_act,
+                             .peak_ws = ch.backward.peak_ws,
+                             .peak_sum = ch.backward.peak_sum,
+                             .delta = 0});
+        pending = ch.input_grad;
+        break;
+      case PipeOp::backward_weight:
+        cur += ch.backward.delta;
         --in_flight;
         break;
     }

@@ -7,6 +7,7 @@
 
 #include "core/base/dtype.h"
 #include "models/gpt.h"
+#include "models/pipeline_schedule.h"
 #include "plan/model_shapes.h"
 
 namespace mt::plan {
@@ -387,8 +388,12 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   t.ep_comm = M * slow->work.ep;
   t.all_to_all_bytes_per_token = all_to_all_bytes_per_token(s.m.moe, C, s.d, s.ep);
   t.pp_comm = M * slow->p2p;
-  // Fill and drain: (p - 1) stage-microbatches, 1/v of them with interleaving.
+  // Fill and drain: (p - 1) stage-microbatches, 1/v of them with interleaving. ZB-H1 (Qi et al.) fills the
+  // drain with the deferred weight gradients: (p - 1) (F + B - W), with W, the weight-gradient GEMMs, taken as a
+  // third of the GEMM time of a forward and backward (half the backward's), and B the rest of the backward.
   t.bubble = p > 1 ? static_cast<double>(p - 1) / static_cast<double>(v) * per_mb : 0;
+  if (p > 1 && training_schedule_kind(par) == ScheduleKind::zb_h1)
+    t.bubble = static_cast<double>(p - 1) * std::max(0.0, per_mb - 2 * slow->work.gemm / 3);
 
   // Data parallelism and the optimizer, on the rank with the most parameters. With expert parallelism (or
   // folding) the experts' gradients reduce (ZeRO: reduce-scatter, then the values' all-gather) over the

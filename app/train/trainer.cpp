@@ -17,6 +17,7 @@
 #include "app/train/trainer_impl.h"
 #include "core/data/indexed_dataset.h"
 #include "core/tensor/trace.h"
+#include "models/pipeline_schedule.h"
 #include "parallel/schedule.h"
 
 namespace mt::app {
@@ -116,9 +117,8 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
   // more than one chunk interleaved 1F1B. Only the last stage computes losses: read_losses sums them over the
   // pipeline group.
   const int p = dist_.pp_size(), v = static_cast<int>(chunks_.size());
-  const ScheduleKind kind =
-      p == 1 ? ScheduleKind::no_pipelining : (v > 1 ? ScheduleKind::interleaved : ScheduleKind::one_f_one_b);
-  const ScheduleSpec spec{.kind = kind, .stages = p, .microbatches = static_cast<int>(M), .chunks = v};
+  const ScheduleSpec spec{
+      .kind = training_schedule_kind(cfg_.parallel), .stages = p, .microbatches = static_cast<int>(M), .chunks = v};
   IterationStage stage(*this, dloss, loss_sum);
   execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage,
                    PipelinePlacement{.comm = dist_.pp.get(), .stage = dist_.pp_rank(), .stages = p, .chunks = v});

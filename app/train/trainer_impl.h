@@ -3,9 +3,11 @@
 // interface: app/train/trainer.h is.
 #pragma once
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "app/train/data_sources.h"
@@ -25,6 +27,7 @@
 #include "parallel/distributed_optimizer.h"
 #include "parallel/grad_buffer.h"
 #include "parallel/pipeline_executor.h"
+#include "parallel/weight_grad.h"
 
 namespace mt::app {
 
@@ -46,6 +49,9 @@ class IterationStage final : public PipelineStage {
   IterationStage(Trainer& t, float dloss, Tensor loss_sum) : t_(t), dloss_(dloss), loss_sum_(std::move(loss_sum)) {}
   Tensor forward(int microbatch, int chunk, const Tensor& input) override;
   Tensor backward(int microbatch, int chunk, const Tensor& grad) override;
+  // Zero-bubble schedules: the backward with the weight gradients deferred (parallel/weight_grad.h), then those.
+  Tensor backward_input(int microbatch, int chunk, const Tensor& grad) override;
+  void backward_weight(int microbatch, int chunk) override;
   Shape activation_shape() const override;
   DType activation_dtype() const override;
   Device activation_device() const override;
@@ -53,6 +59,7 @@ class IterationStage final : public PipelineStage {
  private:
   Trainer& t_;
   float dloss_;
+  std::map<std::pair<int, int>, WeightGradQueue> weight_grads_;  // by (microbatch, chunk), between B and W
   Tensor loss_sum_;  // (1) f64 on the device: the step's sum over the microbatches whose loss this rank computed
 };
 

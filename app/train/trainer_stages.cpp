@@ -1,5 +1,8 @@
 // trainer_stages.cpp: what the pipeline executor runs for the training loop: one iteration's microbatches
 // (IterationStage) and evaluation's (EvalStage), and the batches they read.
+#include <stdexcept>
+#include <utility>
+
 #include <fmt/format.h>
 
 #include "app/train/trainer_impl.h"
@@ -42,6 +45,23 @@ Tensor IterationStage::forward(int microbatch, int chunk, const Tensor& input) {
 
 Tensor IterationStage::backward(int microbatch, int chunk, const Tensor& grad) {
   return t_.chunks_[static_cast<size_t>(chunk)]->backward_stage(microbatch, grad, dloss_);
+}
+
+Tensor IterationStage::backward_input(int microbatch, int chunk, const Tensor& grad) {
+  WeightGradDeferral deferral;  // the layers' weight-gradient work (and the ready hooks after it) queue here
+  Tensor din = t_.chunks_[static_cast<size_t>(chunk)]->backward_stage(microbatch, grad, dloss_);
+  weight_grads_[{microbatch, chunk}] = deferral.take();
+  return din;
+}
+
+void IterationStage::backward_weight(int microbatch, int chunk) {
+  auto it = weight_grads_.find({microbatch, chunk});
+  if (it == weight_grads_.end())
+    throw std::logic_error(
+        fmt::format("backward_weight of microbatch {} chunk {} without its backward_input", microbatch, chunk));
+  WeightGradQueue queue = std::move(it->second);
+  weight_grads_.erase(it);
+  run_weight_grads(queue);
 }
 
 Shape IterationStage::activation_shape() const { return t_.activation_shape(); }

@@ -36,6 +36,8 @@ enum class OptimizerType { adamw };
 enum class SpikeAction { log, skip, stop };
 enum class SinkErrorAction { warn, save_and_stop };
 enum class MoeScore { softmax, sigmoid };
+// parallel.pipeline_schedule: auto (1F1B, interleaved with virtual_pipeline > 1), or one by name.
+enum class PipelineSchedule { automatic, one_f_one_b, interleaved, zb_h1 };
 
 template <>
 struct EnumNames<Arch> {
@@ -61,6 +63,11 @@ template <>
 struct EnumNames<BackendChoice> {
   static constexpr std::array names{"auto", "nccl", "gloo"};
   static constexpr std::array<const char*, 0> planned{};
+};
+template <>
+struct EnumNames<PipelineSchedule> {
+  static constexpr std::array names{"auto", "1f1b", "interleaved", "zb-h1"};
+  static constexpr std::array<const char*, 2> planned{"zb-v", "dualpipe-v"};
 };
 template <>
 struct EnumNames<OptimizerType> {
@@ -157,6 +164,9 @@ struct ParallelConfig {
   double timeout_s = 300;                 // bound on every rendezvous and collective wait (a dead rank ends the job)
   int64_t grad_bucket_size = 40000000;    // elements per data-parallel gradient bucket, reduced during backward
   BackendChoice backend = BackendChoice::automatic;  // auto (nccl on cuda, gloo on cpu) | nccl | gloo (host-staged)
+  // auto | 1f1b | interleaved (needs virtual_pipeline > 1) | zb-h1 (zero-bubble: split backwards, needs
+  // pipeline > 1 and virtual_pipeline 1); parallel/schedule.h builds each.
+  PipelineSchedule pipeline_schedule = PipelineSchedule::automatic;
   // Expert parallelism (model.moe): experts split over this many ranks, drawn from the data-parallel ranks (and,
   // with expert_tensor < tensor, from the tensor ranks: Megatron's parallel folding); expert_tensor is the expert
   // layers' own tensor-parallel degree (0: parallel.tensor).

@@ -75,6 +75,7 @@ void visit(V& v, C& c) {
     v.field({.name = "timeout_s"}, p.timeout_s);
     v.field({.name = "grad_bucket_size"}, p.grad_bucket_size);
     v.field({.name = "backend"}, p.backend);
+    v.field({.name = "pipeline_schedule"}, p.pipeline_schedule);
     v.field({.name = "expert"}, p.expert);
     v.field({.name = "expert_tensor", .accepts_auto = true, .refuses_zero = "parallel.tensor"}, p.expert_tensor);
   });

@@ -186,6 +186,29 @@ void resolve_parallel(Config& c, int64_t world_size, const Rules& r) {
   if (p.virtual_pipeline > 1 && p.pipeline == 1)
     r.fail("parallel.virtual_pipeline",
            fmt::format("{} needs parallel.pipeline > 1 (interleaving splits pipeline stages)", p.virtual_pipeline));
+  switch (p.pipeline_schedule) {
+    case PipelineSchedule::automatic:
+      break;
+    case PipelineSchedule::one_f_one_b:
+      if (p.virtual_pipeline > 1)
+        r.fail("parallel.pipeline_schedule", fmt::format("1f1b runs one model chunk per stage, but "
+                                                         "parallel.virtual_pipeline={}: use interleaved (or auto)",
+                                                         p.virtual_pipeline));
+      break;
+    case PipelineSchedule::interleaved:
+      if (p.virtual_pipeline == 1)
+        r.fail("parallel.pipeline_schedule",
+               "interleaved needs parallel.virtual_pipeline > 1 (model chunks per stage to interleave)");
+      break;
+    case PipelineSchedule::zb_h1:
+      if (p.pipeline == 1)
+        r.fail("parallel.pipeline_schedule", "zb-h1 needs parallel.pipeline > 1 (a pipeline to fill the bubbles of)");
+      if (p.virtual_pipeline > 1)
+        r.fail(
+            "parallel.pipeline_schedule",
+            fmt::format("zb-h1 runs one model chunk per stage, but parallel.virtual_pipeline={}", p.virtual_pipeline));
+      break;
+  }
   const int64_t chunks = p.pipeline * p.virtual_pipeline;
   if (!p.layers_per_stage.empty()) {
     if (static_cast<int64_t>(p.layers_per_stage.size()) != chunks)

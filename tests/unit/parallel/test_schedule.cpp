@@ -36,6 +36,7 @@ PipeInstr sb(int mb, int c = 0) { return {PipeOp::send_backward, mb, c}; }
 ScheduleSpec one_f_one_b(int p, int m) { return {ScheduleKind::one_f_one_b, p, m, 1}; }
 ScheduleSpec interleaved(int p, int m, int v) { return {ScheduleKind::interleaved, p, m, v}; }
 ScheduleSpec forward_only(int p, int m, int v) { return {ScheduleKind::forward_only, p, m, v}; }
+ScheduleSpec zb_h1(int p, int m) { return {ScheduleKind::zb_h1, p, m, 1}; }
 
 // Every spec the builder accepts in the grid p in {1,2,3,4,8}, m in 1..16, v in 1..4.
 std::vector<ScheduleSpec> valid_grid() {
@@ -212,6 +213,89 @@ TEST(OneFOneB, HoldsAtMostStagesMicrobatchesWhereGPipeHoldsAll) {
       EXPECT_EQ(g.bubble_fraction, r.bubble_fraction);
     }
   }
+}
+
+// ZB-H1 (Qi et al. 2024): with F, B and W costing one unit each and free communication, the weight gradients
+// fill 1F1B's drain and the bubble is a third of 1F1B's, (p - 1) / (3 m), for every m >= p; no stage holds more
+// microbatches than 1F1B's first stage; each stage runs every microbatch's F, B and W once, in microbatch order.
+TEST(ZbH1, BubbleIsAThirdOf1F1BsAndMemoryStaysWithin1F1BsPeak) {
+  for (int p : {2, 3, 4, 8}) {
+    for (int m = 1; m <= 16; ++m) {
+      const Schedule s = build_schedule(zb_h1(p, m));
+      const ScheduleReport r = check_schedule(zb_h1(p, m), s);
+      ASSERT_TRUE(r.ok) << "p=" << p << " m=" << m << ": " << r.error;
+      const ScheduleReport base = check_schedule(one_f_one_b(p, m), build_schedule(one_f_one_b(p, m)));
+      if (m >= p) EXPECT_NEAR(r.bubble_fraction, double(p - 1) / (3 * m), 1e-12) << "p=" << p << " m=" << m;
+      EXPECT_LE(r.bubble_fraction, base.bubble_fraction) << "p=" << p << " m=" << m;
+      EXPECT_LE(r.peak_in_flight, base.peak_in_flight) << "p=" << p << " m=" << m;
+      for (int st = 0; st < p; ++st) {
+        const auto& list = s[static_cast<size_t>(st)];
+        EXPECT_TRUE(only(list, PipeOp::backward).empty());
+        std::vector<int> b, w;
+        for (const PipeInstr& in : list) {
+          if (in.op == PipeOp::backward_input) b.push_back(in.microbatch);
+          if (in.op == PipeOp::backward_weight) w.push_back(in.microbatch);
+        }
+        std::vector<int> order(static_cast<size_t>(m));
+        for (int i = 0; i < m; ++i) order[static_cast<size_t>(i)] = i;
+        EXPECT_EQ(b, order);
+        EXPECT_EQ(w, order);  // each gradient accumulates its microbatches in 1F1B's order: bit-identical training
+      }
+    }
+  }
+}
+
+// Stage s holds its weight gradients back by s microbatches (1F1B's stage s idles that long at the end): the
+// first stage runs each W right after its B, the last keeps p - 1 for its end.
+TEST(ZbH1, StageSHoldsBackSWeightGradients) {
+  const Schedule s = build_schedule(zb_h1(4, 8));
+  for (int st = 0; st < 4; ++st) {
+    int pending = 0, most = 0;
+    for (const PipeInstr& in : s[static_cast<size_t>(st)]) {
+      if (in.op == PipeOp::backward_input) most = std::max(most, ++pending);
+      if (in.op == PipeOp::backward_weight) --pending;
+    }
+    EXPECT_EQ(most, st + 1) << "stage " << st;  // s held back, and the one just through B
+  }
+  // Stage 0 after its 3 warmup forwards: F3, then 1F1B's batch, B0 and at once W0 (it has nothing to receive).
+  const auto& first = s[0];
+  const std::vector<PipeInstr> steady(first.begin() + 6, first.begin() + 12);
+  EXPECT_EQ(steady, (std::vector<PipeInstr>{{PipeOp::forward, 3, 0},
+                                            {PipeOp::send_forward, 3, 0},
+                                            {PipeOp::recv_backward, 0, 0},
+                                            {PipeOp::backward_input, 0, 0},
+                                            {PipeOp::backward_weight, 0, 0},
+                                            {PipeOp::forward, 4, 0}}));
+  // The last stage's first W comes after its fourth B, placed after the receive of forward 4's input so that it
+  // runs while the receive is in flight.
+  const auto& last = s[3];
+  size_t b3 = 0;
+  while (last[b3] != PipeInstr{PipeOp::backward_input, 3, 0}) ++b3;
+  EXPECT_EQ(last[b3 + 1], (PipeInstr{PipeOp::send_backward, 3, 0}));
+  EXPECT_EQ(last[b3 + 2], (PipeInstr{PipeOp::recv_forward, 4, 0}));
+  EXPECT_EQ(last[b3 + 3], (PipeInstr{PipeOp::backward_weight, 0, 0}));
+  EXPECT_EQ(last[b3 + 4], (PipeInstr{PipeOp::forward, 4, 0}));
+}
+
+TEST(ZbH1, SplitBackwardsAreCheckedToo) {
+  Schedule s = build_schedule(zb_h1(2, 4));
+  // Drop stage 1's last W: reported.
+  auto& list = s[1];
+  for (size_t i = list.size(); i-- > 0;)
+    if (list[i].op == PipeOp::backward_weight) {
+      list.erase(list.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
+  const ScheduleReport r = check_schedule(zb_h1(2, 4), s);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("runs backward_input but never backward_weight"), std::string::npos) << r.error;
+  // A W before its B.
+  Schedule t = build_schedule(zb_h1(2, 4));
+  t[0].insert(t[0].begin(), PipeInstr{PipeOp::backward_weight, 3, 0});
+  const ScheduleReport q = check_schedule(zb_h1(2, 4), t);
+  EXPECT_FALSE(q.ok);
+  EXPECT_NE(q.error.find("weight gradients run before their backward_input"), std::string::npos) << q.error;
+  EXPECT_THROW(build_schedule({ScheduleKind::zb_h1, 2, 4, 2}), std::invalid_argument);
 }
 
 // Megatron's get_model_chunk_id: microbatches pass chunk 0 in groups of p, then chunk 1; backward takes the
