@@ -18,6 +18,9 @@ size_t dtype_size(DType t) {
       return 8;
     case DType::f64:
       return 8;
+    case DType::e4m3:
+    case DType::e5m2:
+      return 1;
   }
   return 0;
 }
@@ -36,6 +39,10 @@ std::string_view dtype_name(DType t) {
       return "i64";
     case DType::f64:
       return "f64";
+    case DType::e4m3:
+      return "e4m3";
+    case DType::e5m2:
+      return "e5m2";
   }
   return "?";
 }
@@ -47,7 +54,10 @@ DType parse_dtype(std::string_view s) {
   if (s == "i32" || s == "int32") return DType::i32;
   if (s == "i64" || s == "int64") return DType::i64;
   if (s == "f64" || s == "float64") return DType::f64;
-  throw std::invalid_argument("unknown dtype '" + std::string(s) + "' (expected fp32, bf16, fp16, i32, i64 or f64)");
+  if (s == "e4m3" || s == "fp8_e4m3" || s == "float8_e4m3fn") return DType::e4m3;
+  if (s == "e5m2" || s == "fp8_e5m2" || s == "float8_e5m2") return DType::e5m2;
+  throw std::invalid_argument("unknown dtype '" + std::string(s) +
+                              "' (expected fp32, bf16, fp16, i32, i64, f64, e4m3 or e5m2)");
 }
 
 }  // namespace mt

@@ -41,6 +41,10 @@ float load_float(const unsigned char* p, DType t) {
       std::memcpy(&d, p, 8);
       return static_cast<float>(d);
     }
+    case DType::e4m3:
+      return e4m3_to_float(*p);
+    case DType::e5m2:
+      return e5m2_to_float(*p);
     default:
       return static_cast<float>(load_int(p, t));
   }
@@ -76,6 +80,12 @@ void store(unsigned char* p, DType t, float f, int64_t i, bool from_int) {
       std::memcpy(p, &v, 8);
       return;
     }
+    case DType::e4m3:
+      *p = float_to_e4m3(f);
+      return;
+    case DType::e5m2:
+      *p = float_to_e5m2(f);
+      return;
   }
 }
 
@@ -86,7 +96,8 @@ void convert_run(const unsigned char* src, DType st, unsigned char* dst, DType d
     return;
   }
   const size_t ss = dtype_size(st), ds = dtype_size(dt);
-  const bool ints = !is_floating(st) && !is_floating(dt);
+  auto not_float = [](DType t) { return !is_floating(t) && !is_fp8(t); };  // the integers (and f64, as before)
+  const bool ints = not_float(st) && not_float(dt);
   for (int64_t i = 0; i < n; ++i, src += ss, dst += ds)
     ints ? store(dst, dt, 0.f, load_int(src, st), true) : store(dst, dt, load_float(src, st), 0, false);
 }

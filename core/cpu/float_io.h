@@ -1,5 +1,6 @@
-// float_io.h: reading any floating dtype (f32, bf16, f16) as fp32 and storing fp32 back with one
-// round-to-nearest-even, a contiguous run of elements at a time (the dtype switch is per run, not per element).
+// float_io.h: reading any floating dtype (f32, bf16, f16, and the fp8 storage dtypes e4m3, e5m2) as fp32 and
+// storing fp32 back with one round-to-nearest-even (saturating into fp8), a contiguous run of elements at a time
+// (the dtype switch is per run, not per element).
 #pragma once
 #include <cstdint>
 #include <cstring>
@@ -25,6 +26,16 @@ inline void load_f32(const Tensor& t, int64_t begin, int64_t n, float* dst) {
       for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_float(src[i]);
       return;
     }
+    case DType::e4m3: {
+      const uint8_t* src = t.data<uint8_t>() + begin;
+      for (int64_t i = 0; i < n; ++i) dst[i] = e4m3_to_float(src[i]);
+      return;
+    }
+    case DType::e5m2: {
+      const uint8_t* src = t.data<uint8_t>() + begin;
+      for (int64_t i = 0; i < n; ++i) dst[i] = e5m2_to_float(src[i]);
+      return;
+    }
     default:
       break;
   }
@@ -45,6 +56,16 @@ inline void store_f32(const float* src, int64_t n, Tensor& t, int64_t begin) {
     case DType::f16: {
       uint16_t* dst = t.data<uint16_t>() + begin;
       for (int64_t i = 0; i < n; ++i) dst[i] = float_to_f16(src[i]);
+      return;
+    }
+    case DType::e4m3: {
+      uint8_t* dst = t.data<uint8_t>() + begin;
+      for (int64_t i = 0; i < n; ++i) dst[i] = float_to_e4m3(src[i]);
+      return;
+    }
+    case DType::e5m2: {
+      uint8_t* dst = t.data<uint8_t>() + begin;
+      for (int64_t i = 0; i < n; ++i) dst[i] = float_to_e5m2(src[i]);
       return;
     }
     default:

@@ -1,10 +1,11 @@
 // kernels.cuh (nvcc only; .cu files must not include fmt, whose C++20 consteval checks nvcc rejects):
-// device-side helpers of the backend's kernels: fp32 loads and stores of each storage dtype
+// device-side helpers of the backend's kernels: fp32 loads and stores of each storage dtype, fp8 included
 // (one round to nearest even, as the CPU reference), 16-byte vector loads and stores, dtype dispatch, warp and
 // block reductions. The launch arithmetic is in core/cuda/launch.h (included through cuda_check.h).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <stdexcept>
@@ -42,6 +43,28 @@ struct F32Convert<__half> {
   static __device__ __forceinline__ __half from(float v) { return __float2half_rn(v); }
 };
 
+// fp8 (core/base/dtype.h): widening is exact; narrowing rounds to nearest even and saturates
+// (__NV_SATFINITE: beyond the largest finite value and +-inf -> +-max), and every NaN becomes 0x7f, the canonical
+// NaN of CUDA's software conversion, whatever the hardware's cvt makes of its sign, so the CPU's bits follow.
+template <>
+struct F32Convert<__nv_fp8_e4m3> {
+  static __device__ __forceinline__ float to(__nv_fp8_e4m3 v) { return static_cast<float>(v); }
+  static __device__ __forceinline__ __nv_fp8_e4m3 from(float v) {
+    __nv_fp8_e4m3 r;
+    r.__x = isnan(v) ? __nv_fp8_storage_t{0x7f} : __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+    return r;
+  }
+};
+template <>
+struct F32Convert<__nv_fp8_e5m2> {
+  static __device__ __forceinline__ float to(__nv_fp8_e5m2 v) { return static_cast<float>(v); }
+  static __device__ __forceinline__ __nv_fp8_e5m2 from(float v) {
+    __nv_fp8_e5m2 r;
+    r.__x = isnan(v) ? __nv_fp8_storage_t{0x7f} : __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E5M2);
+    return r;
+  }
+};
+
 template <class T>
 __device__ __forceinline__ float to_f32(T v) {
   return F32Convert<T>::to(v);
@@ -77,6 +100,23 @@ __device__ __forceinline__ T from_f32(float v) {
     }                                          \
     default:                                   \
       ::mt::cuda::bad_dtype(what, dtype);      \
+  }
+
+// Runs the statements with Q bound to the storage type of an fp8 dtype (e4m3, e5m2).
+#define MT_DISPATCH_FP8(dtype, what, Q, ...) \
+  switch (dtype) {                           \
+    case ::mt::DType::e4m3: {                \
+      using Q = __nv_fp8_e4m3;               \
+      __VA_ARGS__;                           \
+      break;                                 \
+    }                                        \
+    case ::mt::DType::e5m2: {                \
+      using Q = __nv_fp8_e5m2;               \
+      __VA_ARGS__;                           \
+      break;                                 \
+    }                                        \
+    default:                                 \
+      ::mt::cuda::bad_dtype(what, dtype);    \
   }
 
 namespace mt::cuda {

@@ -2,7 +2,8 @@
 // signature for every device. Each dispatches on its tensors' device (core/cpu/ now, core/cuda/ later).
 //
 // Conventions:
-//  * Values are stored in f32, bf16 or f16; ops compute in fp32 and round once when they store.
+//  * Values are stored in f32, bf16 or f16; ops compute in fp32 and round once when they store. The fp8
+//    dtypes (e4m3, e5m2) are storage only: fp8_quantize writes them, fp8_dequantize reads them.
 //  * Outputs are written (not accumulated) unless the option struct says `accumulate`.
 //  * Parameter gradients (dweight, dbias, dgamma, ...) are f32 buffers and are always accumulated into,
 //    so microbatches sum their gradients in place.
@@ -270,6 +271,24 @@ void adamw_multi_step(const std::vector<AdamWTensors>& ts, const AdamWOptions& o
 void accumulate_mean(const Tensor& x, Tensor& sum);
 // x := v in x's dtype (any floating dtype).
 void fill_(Tensor& x, float v);
+
+// ---- fp8 scaling (docs/fp8.md) ----------------------------------------------------------------------
+// A tensor enters an fp8 GEMM as q = saturate_cast(x * scale) in e4m3 or e5m2 (core/base/dtype.h: round to
+// nearest even, beyond the largest finite value -> +-max, NaN -> NaN), and leaves it as q * scale_inv. The scale
+// comes from the amax (largest |x|) of earlier steps; it stays on the device (a (1) f32 tensor), never read by
+// the host. An amax is a max, so the amaxes of the shards of one logical tensor (TP, SP) combine by a max
+// all-reduce, and every layout quantises alike.
+//
+// amax (1) f32 := max(amax, max over i of |x[i]|) (x any floating dtype, any shape; NaN when x or amax holds a
+// NaN; x empty: amax unchanged). Start from 0 (Tensor::zeros) for the amax of x alone.
+void fp8_amax(const Tensor& x, Tensor& amax);
+// out (x's shape, e4m3 or e5m2)[i] = saturate_cast(x[i] * scale[0]), the product in fp32 rounded once (x any
+// floating dtype, scale (1) f32). amax_out, when given, is updated as fp8_amax(x, *amax_out) in the same pass
+// (the fused cast-and-amax of Transformer Engine). Every backend gives the same bits.
+void fp8_quantize(const Tensor& x, const Tensor& scale, Tensor& out, Tensor* amax_out = nullptr);
+// out (q's shape, any floating dtype)[i] = float(q[i]) * scale_inv[0] in fp32, rounded once to out's dtype (q e4m3
+// or e5m2, scale_inv (1) f32).
+void fp8_dequantize(const Tensor& q, const Tensor& scale_inv, Tensor& out);
 
 // ---- mixture of experts ----------------------------------------------------------------------------
 // The MoE router of one layer: each token (row) picks top_k of E experts and weights their outputs. (RouterScore

@@ -75,6 +75,12 @@ Tensor Tensor::from_floats(std::span<const float> values, Shape shape, DType dty
       case DType::f64:
         t.data<double>()[i] = v;
         break;
+      case DType::e4m3:
+        t.data<uint8_t>()[i] = float_to_e4m3(v);
+        break;
+      case DType::e5m2:
+        t.data<uint8_t>()[i] = float_to_e5m2(v);
+        break;
     }
   }
   return t;
@@ -144,6 +150,10 @@ float load_as_float(const void* base, DType t, int64_t i) {
       return static_cast<float>(static_cast<const int64_t*>(base)[i]);
     case DType::f64:
       return static_cast<float>(static_cast<const double*>(base)[i]);
+    case DType::e4m3:
+      return e4m3_to_float(static_cast<const uint8_t*>(base)[i]);
+    case DType::e5m2:
+      return e5m2_to_float(static_cast<const uint8_t*>(base)[i]);
   }
   return 0.f;
 }
@@ -191,6 +201,12 @@ void Tensor::copy_from(const Tensor& src) {
         break;
       case DType::f64:
         data<double>()[i] = v;
+        break;
+      case DType::e4m3:
+        data<uint8_t>()[i] = float_to_e4m3(v);  // saturating (core/base/dtype.h)
+        break;
+      case DType::e5m2:
+        data<uint8_t>()[i] = float_to_e5m2(v);
         break;
     }
   }

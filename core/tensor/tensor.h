@@ -65,7 +65,8 @@ class Tensor {
   Tensor slice(int64_t begin, int64_t end) const;
 
   void zero_();
-  // Copies src into this tensor with dtype conversion (same element count).
+  // Copies src into this tensor with dtype conversion (same element count). Into e4m3 / e5m2 it rounds to
+  // nearest even and saturates (core/base/dtype.h), with no scale: scaled casts are fp8_quantize (ops.h).
   void copy_from(const Tensor& src);
   Tensor clone(MemKind kind = MemKind::activation) const;
   // A copy on device d (same dtype and shape).

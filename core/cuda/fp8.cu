@@ -1,0 +1,180 @@
+// fp8.cu: the fp8 scaling ops on the GPU: amax, the scaled saturating cast to e4m3 / e5m2 (with its amax fused)
+// and the cast back, bit for bit the CPU reference (core/cpu/fp8.cpp): products in fp32 with __fmul_rn, each
+// rounded once (kernels.cuh's F32Convert: round to nearest even, __NV_SATFINITE, NaN -> 0x7f).
+//
+// The amax is deterministic and needs no atomics: a max over the bits of |x| (for non-negative floats the
+// unsigned order is the value order, and a NaN comes above +inf, so it propagates) per block into a workspace,
+// then one block takes the max of those and combines it with amax as the CPU does.
+#include <cstdint>
+
+#include "core/cuda/kernels.cuh"
+#include "core/cuda/ops_cuda.h"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr unsigned kQuietNan = 0x7fc00000u;  // std::numeric_limits<float>::quiet_NaN(), as the CPU writes
+
+__device__ __forceinline__ unsigned abs_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
+
+// The max of v over the block (blockDim.x a multiple of 32, at most 1024); thread 0 gets it.
+__device__ unsigned block_max_bits(unsigned v) {
+  __shared__ unsigned partial[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < warps ? partial[lane] : 0u;
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// block_max[blockIdx.x] = the bits of max |x| over the elements this block visits.
+template <class T, int E>
+__global__ void amax_partials_kernel(const T* x, int64_t n, unsigned* block_max) {
+  unsigned m = 0;
+  for_each_vec<E>(n, [&](auto w, int64_t i) {
+    constexpr int W = decltype(w)::value;
+    float f[W];
+    load_f32s<W>(x + i, f);
+#pragma unroll
+    for (int j = 0; j < W; ++j) m = max(m, abs_bits(f[j]));
+  });
+  m = block_max_bits(m);
+  if (threadIdx.x == 0) block_max[blockIdx.x] = m;
+}
+
+// *amax = max(*amax, max of block_max[0, blocks)), NaN when either is NaN (one block; core/cpu/fp8.cpp's
+// combine_amax: an explicit comparison, so a zero result keeps amax's sign).
+__global__ void amax_finish_kernel(const unsigned* block_max, unsigned blocks, float* amax) {
+  unsigned m = 0;
+  for (unsigned b = threadIdx.x; b < blocks; b += blockDim.x) m = max(m, block_max[b]);
+  m = block_max_bits(m);
+  if (threadIdx.x == 0) {
+    const float x = __uint_as_float(m), a = *amax;
+    *amax = isnan(a) || isnan(x) ? __uint_as_float(kQuietNan) : (x > a ? x : a);
+  }
+}
+
+// out[i] = saturate_cast(x[i] * scale[0]); with kAmax also block_max as amax_partials_kernel.
+template <class T, class Q, int E, bool kAmax>
+__global__ void quantize_kernel(const T* x, const float* scale, Q* out, int64_t n, unsigned* block_max) {
+  const float s = *scale;
+  unsigned m = 0;
+  for_each_vec<E>(n, [&](auto w, int64_t i) {
+    constexpr int W = decltype(w)::value;
+    float f[W];
+    load_f32s<W>(x + i, f);
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      if constexpr (kAmax) m = max(m, abs_bits(f[j]));
+      f[j] = __fmul_rn(f[j], s);
+    }
+    store_f32s<W>(out + i, f);
+  });
+  if constexpr (kAmax) {
+    m = block_max_bits(m);
+    if (threadIdx.x == 0) block_max[blockIdx.x] = m;
+  }
+}
+
+// out[i] = float(q[i]) * scale_inv[0], rounded once to T.
+template <class Q, class T, int E>
+__global__ void dequantize_kernel(const Q* q, const float* scale_inv, T* out, int64_t n) {
+  const float s = *scale_inv;
+  for_each_vec<E>(n, [&](auto w, int64_t i) {
+    constexpr int W = decltype(w)::value;
+    float f[W];
+    load_f32s<W>(q + i, f);
+#pragma unroll
+    for (int j = 0; j < W; ++j) f[j] = __fmul_rn(f[j], s);
+    store_f32s<W>(out + i, f);
+  });
+}
+
+// A workspace for one unsigned per block of a flat launch over n elements (the scalar form's grid, the largest).
+Tensor block_max_workspace(int64_t n) {
+  return Tensor::empty({static_cast<int64_t>(grid_1d(n, kThreads))}, DType::i32, Device::cuda, MemKind::workspace);
+}
+
+void finish_amax(const Tensor& partial, unsigned blocks, Tensor& amax) {
+  amax_finish_kernel<<<1, kThreads, 0, stream()>>>(static_cast<const unsigned*>(partial.raw()), blocks,
+                                                   amax.data<float>());
+  MT_CUDA_LAUNCHED("amax_finish_kernel");
+}
+
+template <class T, class Q>
+void quantize_as(const Tensor& x, const Tensor& scale, Tensor& out, Tensor* amax_out) {
+  const int64_t n = x.numel();
+  const T* px = x.data<T>();
+  Q* po = out.data<Q>();
+  const float* ps = scale.data<float>();
+  Tensor partial = amax_out ? block_max_workspace(n) : Tensor();
+  unsigned* part = amax_out ? static_cast<unsigned*>(partial.raw()) : nullptr;
+  unsigned blocks = 0;
+  launch_flat<kVec<T>>(
+      n, kThreads,
+      [&](auto e, unsigned grid) {
+        blocks = grid;
+        if (amax_out)
+          quantize_kernel<T, Q, decltype(e)::value, true><<<grid, kThreads, 0, stream()>>>(px, ps, po, n, part);
+        else
+          quantize_kernel<T, Q, decltype(e)::value, false><<<grid, kThreads, 0, stream()>>>(px, ps, po, n, part);
+      },
+      px, po);
+  MT_CUDA_LAUNCHED("quantize_kernel");
+  if (amax_out) finish_amax(partial, blocks, *amax_out);
+}
+
+template <class Q, class T>
+void dequantize_as(const Tensor& q, const Tensor& scale_inv, Tensor& out) {
+  const int64_t n = q.numel();
+  const Q* pq = q.data<Q>();
+  T* po = out.data<T>();
+  const float* ps = scale_inv.data<float>();
+  launch_flat<kVec<T>>(
+      n, kThreads,
+      [&](auto e, unsigned grid) {
+        dequantize_kernel<Q, T, decltype(e)::value><<<grid, kThreads, 0, stream()>>>(pq, ps, po, n);
+      },
+      pq, po);
+  MT_CUDA_LAUNCHED("dequantize_kernel");
+}
+
+}  // namespace
+
+void fp8_amax(const Tensor& x, Tensor& amax) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  Tensor partial = block_max_workspace(n);
+  unsigned* part = static_cast<unsigned*>(partial.raw());
+  unsigned blocks = 0;
+  MT_DISPATCH_FLOAT(x.dtype(), "fp8_amax", T, {
+    const T* px = x.data<T>();
+    launch_flat<kVec<T>>(
+        n, kThreads,
+        [&](auto e, unsigned grid) {
+          blocks = grid;
+          amax_partials_kernel<T, decltype(e)::value><<<grid, kThreads, 0, stream()>>>(px, n, part);
+        },
+        px);
+  });
+  MT_CUDA_LAUNCHED("amax_partials_kernel");
+  finish_amax(partial, blocks, amax);
+}
+
+void fp8_quantize(const Tensor& x, const Tensor& scale, Tensor& out, Tensor* amax_out) {
+  if (x.numel() == 0) return;
+  MT_DISPATCH_FLOAT(x.dtype(), "fp8_quantize", T,
+                    MT_DISPATCH_FP8(out.dtype(), "fp8_quantize", Q, quantize_as<T, Q>(x, scale, out, amax_out)));
+}
+
+void fp8_dequantize(const Tensor& q, const Tensor& scale_inv, Tensor& out) {
+  if (q.numel() == 0) return;
+  MT_DISPATCH_FP8(q.dtype(), "fp8_dequantize", Q,
+                  MT_DISPATCH_FLOAT(out.dtype(), "fp8_dequantize", T, dequantize_as<Q, T>(q, scale_inv, out)));
+}
+
+}  // namespace mt::cuda
