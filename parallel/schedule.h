@@ -92,15 +92,23 @@ struct ScheduleReport {
   bool ok = false;
   std::string error;  // why not ok: unmatched send, deadlock (which stages wait on what), ...
   // (makespan - ideal) / ideal with ideal = m * (forward + backward) per stage, simulated with a chunk's
-  // forward taking 1/v and its backward 2/v (a split one's B and W 1/v each) and free communication: (p-1)/m for
-  // 1F1B, ~(p-1)/(v*m) interleaved, (p-1)/(3m) ZB-H1.
+  // forward taking 1/v and its backward 2/v (a split one's B and W 1/v each; other ScheduleCosts scale these) and
+  // free communication: (p-1)/m for 1F1B, ~(p-1)/(v*m) interleaved, (p-1)/(3m) ZB-H1.
   double bubble_fraction = 0;
-  double makespan = 0;  // when the last stage finishes, in units of one microbatch's forward on a stage
+  double makespan = 0;  // when the last stage finishes, in the costs' units (default: one microbatch's forward)
   // Most (microbatch, chunk) pairs whose activations one stage holds at once (forwarded, not yet through their
   // whole backward: a split backward's W frees them); for v = 1 that is microbatches, for v > 1 each pair is 1/v
   // of a stage's activations for one microbatch.
   int peak_in_flight = 0;                 // max over stages
   std::vector<int> stage_peak_in_flight;  // per stage
+};
+
+// What one microbatch's compute costs on a stage, for the simulator (a chunk's share is 1/v of it): a whole
+// backward costs backward_input + backward_weight. The defaults are the paper's equal F, B and W costs.
+struct ScheduleCosts {
+  double forward = 1;
+  double backward_input = 1;   // B: the input gradient
+  double backward_weight = 1;  // W: the weight gradients
 };
 
 // Simulates the schedules under the communication model above and checks: every send has its receive, each
@@ -109,6 +117,9 @@ struct ScheduleReport {
 // forward_only), nothing deadlocks, and, per (sender, receiver) pair of stages, sends and receives are posted
 // in the same order (NCCL's pairing). For forward_only the ideal is m forwards per stage and peak_in_flight is
 // 0 (no activations are kept for a backward).
-ScheduleReport check_schedule(const ScheduleSpec& spec, const std::vector<std::vector<PipeInstr>>& schedule);
+// `costs` times the compute (free communication); bubble_fraction and makespan are in its units (the ideal is
+// m (forward + backward_input + backward_weight) per stage). megatrain plan prices the pipeline with it.
+ScheduleReport check_schedule(const ScheduleSpec& spec, const std::vector<std::vector<PipeInstr>>& schedule,
+                              const ScheduleCosts& costs = {});
 
 }  // namespace mt

@@ -34,9 +34,9 @@ struct CheckError {
 
 class Simulator {
  public:
-  Simulator(const ScheduleSpec& spec, const std::vector<std::vector<PipeInstr>>& schedule)
+  Simulator(const ScheduleSpec& spec, const std::vector<std::vector<PipeInstr>>& schedule, const ScheduleCosts& costs)
       : p_(spec.stages), m_(spec.microbatches), v_(spec.chunks), forward_only_(spec.kind == ScheduleKind::forward_only),
-        schedule_(schedule), stages_(p_) {
+        costs_(costs), schedule_(schedule), stages_(p_) {
     for (auto& st : stages_) st.pairs.assign(static_cast<size_t>(m_) * v_, PairState{});
   }
 
@@ -72,8 +72,9 @@ class Simulator {
       report.stage_peak_in_flight[s] = stages_[s].peak_in_flight;
       report.peak_in_flight = std::max(report.peak_in_flight, stages_[s].peak_in_flight);
     }
-    // m microbatches x (forward 1 + backward 2), over v chunks of 1/v and 2/v; forward only: m x 1.
-    const double ideal = (forward_only_ ? 1.0 : 3.0) * m_;
+    // m microbatches x (forward + backward), over v chunks of 1/v each; forward only: m forwards.
+    const double ideal =
+        (forward_only_ ? costs_.forward : costs_.forward + costs_.backward_input + costs_.backward_weight) * m_;
     report.bubble_fraction = (report.makespan - ideal) / ideal;
     report.ok = true;
     return report;
@@ -233,7 +234,7 @@ class Simulator {
       if (ps.weighted) fail(s, i, "weight gradients run twice");
       if (!ps.backwarded) fail(s, i, "weight gradients run before their backward_input");
       ps.weighted = true;
-      st.clock += 1.0 / v_;
+      st.clock += costs_.backward_weight / v_;
       --st.in_flight;  // W frees what the microbatch kept
       return;
     }
@@ -241,7 +242,7 @@ class Simulator {
       if (ps.forwarded) fail(s, i, "forward runs twice");
       if (vs != 0 && !ps.received_input) fail(s, i, "runs before its input activation was received (no recv_forward)");
       ps.forwarded = true;
-      st.clock += 1.0 / v_;
+      st.clock += costs_.forward / v_;
       // Without a backward nothing is kept: forward_only holds no activations.
       if (!forward_only_) st.peak_in_flight = std::max(st.peak_in_flight, ++st.in_flight);
     } else {
@@ -252,10 +253,10 @@ class Simulator {
         fail(s, i, "runs before its output gradient was received (no recv_backward)");
       ps.backwarded = true;
       if (op == PipeOp::backward_input) {
-        st.clock += 1.0 / v_;  // what the microbatch kept stays until its W
+        st.clock += costs_.backward_input / v_;  // what the microbatch kept stays until its W
       } else {
         ps.weighted = true;
-        st.clock += 2.0 / v_;
+        st.clock += (costs_.backward_input + costs_.backward_weight) / v_;
         --st.in_flight;
       }
     }
@@ -352,6 +353,7 @@ class Simulator {
 
   int p_, m_, v_;
   bool forward_only_;
+  ScheduleCosts costs_;
   const std::vector<std::vector<PipeInstr>>& schedule_;
   std::vector<StageState> stages_;
   std::map<MessageKey, Posting> postings_;
@@ -359,7 +361,8 @@ class Simulator {
 
 }  // namespace
 
-ScheduleReport check_schedule(const ScheduleSpec& spec, const std::vector<std::vector<PipeInstr>>& schedule) {
+ScheduleReport check_schedule(const ScheduleSpec& spec, const std::vector<std::vector<PipeInstr>>& schedule,
+                              const ScheduleCosts& costs) {
   ScheduleReport report;
   if (spec.stages < 1 || spec.microbatches < 1 || spec.chunks < 1) {
     report.error = "invalid spec: stages = " + std::to_string(spec.stages) +
@@ -372,7 +375,7 @@ ScheduleReport check_schedule(const ScheduleSpec& spec, const std::vector<std::v
                    " stage lists for stages = " + std::to_string(spec.stages);
     return report;
   }
-  return Simulator(spec, schedule).run();
+  return Simulator(spec, schedule, costs).run();
 }
 
 }  // namespace mt

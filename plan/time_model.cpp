@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 #include <vector>
 
 #include "core/base/dtype.h"
 #include "models/gpt.h"
 #include "models/pipeline_schedule.h"
+#include "parallel/schedule.h"
 #include "plan/model_shapes.h"
 
 namespace mt::plan {
@@ -388,12 +390,28 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   t.ep_comm = M * slow->work.ep;
   t.all_to_all_bytes_per_token = all_to_all_bytes_per_token(s.m.moe, C, s.d, s.ep);
   t.pp_comm = M * slow->p2p;
-  // Fill and drain: (p - 1) stage-microbatches, 1/v of them with interleaving. ZB-H1 (Qi et al.) fills the
-  // drain with the deferred weight gradients: (p - 1) (F + B - W), with W, the weight-gradient GEMMs, taken as a
-  // third of the GEMM time of a forward and backward (half the backward's), and B the rest of the backward.
-  t.bubble = p > 1 ? static_cast<double>(p - 1) / static_cast<double>(v) * per_mb : 0;
-  if (p > 1 && training_schedule_kind(par) == ScheduleKind::zb_h1)
-    t.bubble = static_cast<double>(p - 1) * std::max(0.0, per_mb - 2 * slow->work.gemm / 3);
+  // Fill and drain: the schedule simulator (parallel/schedule.h) runs the training schedule with the slowest
+  // stage's costs per microbatch (its transfers split between forward and backward): F, B (the input gradient)
+  // and W (the weight gradients, taken as a third of the GEMM time of a forward and backward, half the
+  // backward's: what a zero-bubble schedule defers). The bubble is its makespan less the stage's work. 1F1B gives
+  // (p - 1) stage-microbatches, interleaving 1/v of that, ZB-H1 (p - 1) (F + B - W).
+  if (p > 1) {
+    const double f = per_mb - slow->backward - slow->p2p / 2;
+    const double w = std::min(slow->backward, slow->work.gemm / 3);
+    const double b = per_mb - f - w;
+    const ScheduleSpec spec{.kind = training_schedule_kind(par),
+                            .stages = static_cast<int>(p),
+                            .microbatches = static_cast<int>(M),
+                            .chunks = static_cast<int>(v)};
+    t.bubble = static_cast<double>(p - 1) / static_cast<double>(v) * per_mb;  // if the schedule cannot be built
+    try {
+      const ScheduleReport sim =
+          check_schedule(spec, build_schedule(spec), {.forward = f, .backward_input = b, .backward_weight = w});
+      if (sim.ok) t.bubble = std::max(0.0, sim.makespan - M * per_mb);
+    } catch (const std::invalid_argument&) {
+      // a layout the trainer refuses (plan/layout.h runtime_refusal says why)
+    }
+  }
 
   // Data parallelism and the optimizer, on the rank with the most parameters. With expert parallelism (or
   // folding) the experts' gradients reduce (ZeRO: reduce-scatter, then the values' all-gather) over the

@@ -277,6 +277,26 @@ TEST(ZbH1, StageSHoldsBackSWeightGradients) {
   EXPECT_EQ(last[b3 + 4], (PipeInstr{PipeOp::forward, 4, 0}));
 }
 
+// With any costs per microbatch (free transfers) 1F1B takes (m + p - 1)(F + B + W) and ZB-H1 fills all but
+// (p - 1)(F + B - W) of its bubble (the paper's formula, for W no longer than F + B): the planner prices the
+// pipeline with these simulations.
+TEST(ZbH1, BubblesFollowThePapersFormulasForUnequalCosts) {
+  for (const ScheduleCosts c : {ScheduleCosts{1, 1.5, 0.5}, ScheduleCosts{2, 1, 1}, ScheduleCosts{0.5, 1, 0.25}}) {
+    for (int p : {2, 4, 8}) {
+      for (int m : {8, 16, 24}) {
+        const ScheduleReport base = check_schedule(one_f_one_b(p, m), build_schedule(one_f_one_b(p, m)), c);
+        ASSERT_TRUE(base.ok) << base.error;
+        const double per_mb = c.forward + c.backward_input + c.backward_weight;
+        EXPECT_NEAR(base.makespan, (m + p - 1) * per_mb, 1e-9) << "p=" << p << " m=" << m;
+        const ScheduleReport zb = check_schedule(zb_h1(p, m), build_schedule(zb_h1(p, m)), c);
+        ASSERT_TRUE(zb.ok) << zb.error;
+        EXPECT_NEAR(zb.makespan - m * per_mb, (p - 1) * (c.forward + c.backward_input - c.backward_weight), 1e-9)
+            << "p=" << p << " m=" << m << " costs " << c.forward << " " << c.backward_input << " " << c.backward_weight;
+      }
+    }
+  }
+}
+
 TEST(ZbH1, SplitBackwardsAreCheckedToo) {
   Schedule s = build_schedule(zb_h1(2, 4));
   // Drop stage 1's last W: reported.

@@ -524,3 +524,32 @@ TEST(PlanExpertParallel, SearchTriesExpertParallelismFromTheDataAndFoldedTensorR
 
 }  // namespace
 }  // namespace mt::plan
+
+namespace mt::plan {
+namespace {
+
+// The pipeline term comes from the schedule simulator: ZB-H1 predicts a smaller bubble than 1F1B (what its
+// deferred weight gradients fill) and no other change to the step's work; 1F1B's stays (p - 1) stage-microbatches.
+TEST(PlanPipeline, ZeroBubbleSchedulePredictsASmallerBubbleThan1F1B) {
+  const std::string yaml =
+      "model: {num_layers: 24, hidden_size: 2048, num_heads: 16, ffn_hidden_size: 8192, seq_length: 2048,\n"
+      "        vocab_size: 50257}\n"
+      "parallel: {tensor: 2, pipeline: 4}\n"
+      "training: {micro_batch_size: 1, global_batch_size: 64, train_iters: 1, precision: bf16}\n"
+      "optimizer: {lr: 1.0e-4}\ndata: {synthetic: true}\n";
+  const Config one = parse_config(yaml, "gpt", {}, 8);
+  const Config zb = parse_config(yaml, "gpt", {"parallel.pipeline_schedule=zb-h1"}, 8);
+  const Hardware h100 = builtin_hardware("h100-80gb");
+  const Prediction a = predict(one, h100), b = predict(zb, h100);
+  EXPECT_GT(a.time.bubble, 0);
+  EXPECT_LT(b.time.bubble, 0.75 * a.time.bubble);  // W is a third of the GEMMs, less than a third of the work
+  EXPECT_GT(b.time.bubble, 0);
+  EXPECT_DOUBLE_EQ(b.time.compute, a.time.compute);
+  EXPECT_LT(b.time.total, a.time.total);
+  // 1F1B: (p - 1) stage-microbatches of the 64 / (1 x 1) = 64 per step, with the rest of the step's pipeline work.
+  const double per_mb = (a.time.compute + a.time.tp_comm + a.time.pp_comm) / 64;
+  EXPECT_NEAR(a.time.bubble, 3 * per_mb, 1e-6 * a.time.bubble);
+}
+
+}  // namespace
+}  // namespace mt::plan
