@@ -34,8 +34,8 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
     params_.push_back(&wpe_);
   }
   for (int64_t i = st.layer_begin; i < st.layer_end; ++i) {
-    layers_.push_back(
-        std::make_unique<TransformerLayer>(i, cfg, opt.dtype, opt.seed, opt.recompute, opt.tp, opt.device, opt.ep));
+    layers_.push_back(std::make_unique<TransformerLayer>(i, cfg, opt.dtype, opt.seed, opt.recompute, opt.tp, opt.device,
+                                                         opt.ep, opt.selective));
     for (Parameter* p : layers_.back()->parameters()) params_.push_back(p);
   }
   if (st.has_head) {

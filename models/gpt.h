@@ -25,13 +25,14 @@ struct StageLayout {
 };
 
 struct GptOptions {
-  DType dtype = DType::f32;     // parameters and activations
-  Device device = Device::cpu;  // where parameters, gradients and activations live
-  uint64_t seed = 1234;         // keys initial weights and dropout masks
-  bool recompute = false;       // full activation recomputation in every layer
-  TensorParallel tp;            // this rank's tensor-parallel group (size 1: the whole model)
-  ExpertParallel ep;            // this rank's expert-parallel group (MoE layers; size 1: every expert)
-  StageLayout stage;            // the whole model by default
+  DType dtype = DType::f32;      // parameters and activations
+  Device device = Device::cpu;   // where parameters, gradients and activations live
+  uint64_t seed = 1234;          // keys initial weights and dropout masks
+  bool recompute = false;        // full activation recomputation in every layer
+  SelectiveRecompute selective;  // else these tensors of every layer (training.recompute: selective)
+  TensorParallel tp;             // this rank's tensor-parallel group (size 1: the whole model)
+  ExpertParallel ep;             // this rank's expert-parallel group (MoE layers; size 1: every expert)
+  StageLayout stage;             // the whole model by default
 };
 
 class GptModel {

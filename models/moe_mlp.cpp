@@ -350,6 +350,23 @@ void MoeMlp::record_load(const Tensor& logits, const Saved& s) const {
   load_.z += static_cast<double>(lse_sq.to_floats()[0]) / static_cast<double>(N);
 }
 
+void MoeMlp::drop_activations(Saved& s) const { s.act = s.shared_act = Tensor(); }
+
+void MoeMlp::recompute_activations(Saved& s) const {
+  const bool llama = cfg_.arch == Arch::llama;
+  auto act = [&](const Tensor& h, int64_t width) {
+    Tensor out = Tensor::empty({h.dim(0), width}, dtype_, device_);
+    if (h.dim(0) == 0) return out;  // forward skips the activation of no rows too
+    if (llama)
+      swiglu_forward(h, out);
+    else
+      gelu_forward(h, out);
+    return out;
+  };
+  s.act = act(s.h, fc2_.front().value.dim(1));
+  if (has_shared_expert()) s.shared_act = act(s.shared_h, shared_fc2_.value.dim(1));
+}
+
 MoeLoad MoeMlp::take_load() {
   MoeLoad out = std::move(load_);
   load_ = MoeLoad{};

@@ -112,6 +112,11 @@ class MoeMlp {
   Parameter& shared_fc2() { return shared_fc2_; }
   const std::string& prefix() const { return prefix_; }
 
+  // Selective recomputation (training.recompute_modules: moe_act): drops the experts' and shared expert's
+  // activations from `s` after forward, and recomputes them from s.h and s.shared_h before backward.
+  void drop_activations(Saved& s) const;
+  void recompute_activations(Saved& s) const;
+
   // The routing recorded since the last call (then cleared).
   MoeLoad take_load();
   // DeepSeek-V3's aux-loss-free balancing (model.moe.bias_update_rate > 0): bias_e += rate * sign(mean - T_e)

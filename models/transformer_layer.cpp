@@ -8,9 +8,20 @@
 
 namespace mt {
 
+SelectiveRecompute SelectiveRecompute::of(const std::vector<std::string>& modules) {
+  SelectiveRecompute s;
+  for (const std::string& m : modules) {
+    if (m == "core_attn") s.core_attn = true;
+    if (m == "layernorm") s.layernorm = true;
+    if (m == "mlp_act") s.mlp_act = true;
+    if (m == "moe_act") s.moe_act = true;
+  }
+  return s;
+}
+
 TransformerLayer::TransformerLayer(int64_t index, const ModelConfig& cfg, DType dtype, uint64_t seed, bool recompute,
-                                   TensorParallel tp, Device device, ExpertParallel ep)
-    : index_(index), cfg_(cfg), dtype_(dtype), device_(device), recompute_(recompute), tp_(tp) {
+                                   TensorParallel tp, Device device, ExpertParallel ep, SelectiveRecompute selective)
+    : index_(index), cfg_(cfg), dtype_(dtype), device_(device), recompute_(recompute), selective_(selective), tp_(tp) {
   const int64_t C = cfg.hidden_size, F = cfg.ffn_hidden_size, H = cfg.num_heads, G = cfg.kv_heads(), D = cfg.head_dim;
   const bool llama = cfg.arch == Arch::llama;
   heads_ = tp.count(H);
@@ -135,9 +146,41 @@ Tensor TransformerLayer::forward(const Tensor& x, int mb, const StepContext& ctx
   Tensor out = run(a, ctx.training && !recompute_, ctx.training);
   if (ctx.training) {
     a.ctx = ctx;
+    if (!recompute_) drop_selected(a);
     saved_[mb] = std::move(a);
   }
   return out;
+}
+
+void TransformerLayer::drop_selected(Activations& a) const {
+  if (selective_.layernorm) a.n1.out = a.n2.out = Tensor();
+  if (selective_.core_attn) a.att = a.att_lse = Tensor();
+  if (selective_.mlp_act && !moe_) a.act = Tensor();
+  if (selective_.moe_act && moe_) moe_->drop_activations(a.moe);
+}
+
+void TransformerLayer::recompute_selected(Activations& a) {
+  const int64_t B = a.x.dim(0), Ts = a.x.dim(1), T = tp_.sequence_sharded() ? Ts * tp_.size : Ts, C = cfg_.hidden_size,
+                N = B * T, Ns = B * Ts;
+  if (selective_.layernorm) {
+    ln1_.forward(a.x.view({Ns, C}), a.n1);
+    ln2_.forward(a.x2.view({Ns, C}), a.n2);
+  }
+  if (selective_.core_attn) {
+    a.att = Tensor::empty({B, T, heads_ * cfg_.head_dim}, dtype_, device_);
+    a.att_lse = Tensor::empty({B, heads_, T}, DType::f32, device_);
+    attention_forward(a.qkv, a.att, a.att_lse, attention_options(a.ctx));  // the same dropout keys
+  }
+  if (selective_.mlp_act && !moe_) {
+    if (cfg_.arch == Arch::llama) {
+      a.act = Tensor::empty({N, a.fc1.dim(1) / 2}, dtype_, device_);
+      swiglu_forward(a.fc1, a.act);
+    } else {
+      a.act = Tensor::empty(a.fc1.shape(), dtype_, device_);
+      gelu_forward(a.fc1, a.act);  // what fc1's GELU epilogue computed (the same function on the CPU)
+    }
+  }
+  if (selective_.moe_act && moe_) moe_->recompute_activations(a.moe);
 }
 
 Tensor TransformerLayer::backward(const Tensor& dout, int mb, float dloss) {
@@ -150,6 +193,8 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb, float dloss) {
     StepContext ctx = a.ctx;
     run(a, true, false);  // the same inputs and dropout keys give the same activations
     a.ctx = ctx;
+  } else if (selective_.any()) {
+    recompute_selected(a);
   }
   const int64_t B = a.x.dim(0), Ts = a.x.dim(1), T = tp_.sequence_sharded() ? Ts * tp_.size : Ts, C = cfg_.hidden_size,
                 HD = heads_ * cfg_.head_dim, N = B * T, Ns = B * Ts;

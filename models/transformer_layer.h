@@ -19,6 +19,7 @@
 #pragma once
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/config/config.h"
@@ -38,12 +39,25 @@ struct StepContext {
   uint64_t seed = 0;
 };
 
+// training.recompute: selective (core/config/config.h): what each layer drops after its forward and recomputes in
+// its backward, from the tensors it keeps (the same ops on the same inputs and dropout keys: the same values).
+struct SelectiveRecompute {
+  bool core_attn = false;  // the attention output and its log-sum-exp, from qkv
+  bool layernorm = false;  // both norms' outputs, from x and x2
+  bool mlp_act = false;    // a dense MLP's activation, from fc1's output
+  bool moe_act = false;    // a MoE layer's experts' and shared expert's activations
+  bool any() const { return core_attn || layernorm || mlp_act || moe_act; }
+  // From training.recompute_modules' names (the config rules checked them).
+  static SelectiveRecompute of(const std::vector<std::string>& modules);
+};
+
 class TransformerLayer {
  public:
   // Parameters are made on the host; GptModel moves them to the model's device. Activations live on `device`.
   // `ep`: the expert-parallel group of a MoE layer.
   TransformerLayer(int64_t index, const ModelConfig& cfg, DType dtype, uint64_t seed, bool recompute,
-                   TensorParallel tp = {}, Device device = Device::cpu, ExpertParallel ep = {});
+                   TensorParallel tp = {}, Device device = Device::cpu, ExpertParallel ep = {},
+                   SelectiveRecompute selective = {});
 
   // x (B, T, C) -> (B, T, C). In training, keeps what backward needs under microbatch id `mb`
   // (only x itself when recomputing).
@@ -91,12 +105,16 @@ class TransformerLayer {
   AttentionOptions attention_options(const StepContext& ctx) const;
   RopeOptions rope_options(bool inverse) const;  // Llama's rotary embeddings (inverse: their backward)
   DropoutOptions residual_dropout(const StepContext& ctx, uint64_t site, int64_t T) const;
+  // Selective recomputation: drops the chosen tensors after forward, recomputes them at the start of backward.
+  void drop_selected(Activations& a) const;
+  void recompute_selected(Activations& a);
 
   int64_t index_;
   ModelConfig cfg_;
   DType dtype_;
   Device device_;
   bool recompute_;
+  SelectiveRecompute selective_;
   TensorParallel tp_;
   int64_t heads_;   // this rank's query heads
   int64_t groups_;  // this rank's query groups (key / value heads)

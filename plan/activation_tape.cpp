@@ -349,7 +349,26 @@ class Replay {
     t.free(proj + mlp);  // run()'s locals
     return keep ? kept : 0;
   }
-  double layer_forward(bool moe) { return layer_run(!s.recompute, moe); }
+  // TransformerLayer::drop_selected / recompute_selected: the bytes of the tensors selective recomputation drops
+  // after forward and makes again at the start of backward.
+  double selected_bytes(bool moe) const {
+    const ModelShapes& m = s.m;
+    const MoeShapes& e = m.moe;
+    const double N = s.N(), Ns = s.Ns(), C = m.C, d = s.d;
+    double bytes = 0;
+    if (s.selective.layernorm) bytes += 2 * Ns * C * d;                                     // n1.out, n2.out
+    if (s.selective.core_attn) bytes += N * m.Ct * d + s.B * m.Ht * s.T * 4;                // att, att_lse
+    if (s.selective.mlp_act && !moe) bytes += N * m.Ft * d;                                 // act
+    if (s.selective.moe_act && moe) bytes += N * e.k / e.folds * e.Ft * d + N * e.Fst * d;  // act, shared_act
+    return bytes;
+  }
+  double layer_forward(bool moe) {
+    const double kept = layer_run(!s.recompute, moe);
+    if (s.recompute || !s.selective.any()) return kept;
+    const double dropped = selected_bytes(moe);
+    t.free(dropped);
+    return kept - dropped;
+  }
 
   // TransformerLayer::backward: frees the layer's activations and input x; leaves dx (Ns, C) allocated.
   void layer_backward(double kept, bool moe) {
@@ -358,6 +377,10 @@ class Replay {
     if (s.recompute) {
       kept = layer_run(true, moe);
       t.free(Ns * C * d);  // the recomputed out, a discarded temporary
+    } else if (s.selective.any()) {
+      const double again = selected_bytes(moe);  // recompute_selected, before anything else
+      t.alloc(again);
+      kept += again;
     }
     double locals = 0;
     auto local = [&](double bytes) {

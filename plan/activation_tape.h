@@ -8,19 +8,21 @@
 #pragma once
 #include <cstdint>
 
+#include "models/transformer_layer.h"
 #include "plan/model_shapes.h"
 
 namespace mt::plan {
 
 // Sizes of one microbatch on one rank (elements, except bytes_per_value).
 struct TapeShapes {
-  double B = 1, T = 1;     // micro batch, sequence
-  ModelShapes m;           // the architecture's widths on this rank (hidden C, heads, QKV, fc1, ffn, vocabulary)
-  double tp = 1;           // tensor-parallel size
-  bool sp = false;         // sequence parallelism (over tp > 1)
-  double d = 4;            // bytes of the compute dtype
-  bool cpu = true;         // CPU backend: fp32 GEMM widening and Gloo's fp32 reduction copies
-  bool recompute = false;  // full activation recomputation
+  double B = 1, T = 1;           // micro batch, sequence
+  ModelShapes m;                 // the architecture's widths on this rank (hidden C, heads, QKV, fc1, ffn, vocabulary)
+  double tp = 1;                 // tensor-parallel size
+  bool sp = false;               // sequence parallelism (over tp > 1)
+  double d = 4;                  // bytes of the compute dtype
+  bool cpu = true;               // CPU backend: fp32 GEMM widening and Gloo's fp32 reduction copies
+  bool recompute = false;        // full activation recomputation
+  SelectiveRecompute selective;  // else these tensors (training.recompute: selective, models/transformer_layer.h)
   double N() const { return B * T; }
   double Ns() const { return sp ? B * T / tp : B * T; }  // rows outside the tensor-parallel regions
 };

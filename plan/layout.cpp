@@ -40,6 +40,13 @@ Config apply_layout(const Config& base, const Layout& l) {
       fmt::format("training.micro_batch_size={}", l.micro_batch_size),
       fmt::format("training.recompute={}", name_of(l.recompute)),
   };
+  // Selective recomputation keeps the base config's modules, or (searching) drops every module it can.
+  if (l.recompute != Recompute::selective) {
+    sets.push_back("training.recompute_modules=[]");
+  } else if (base.training.recompute != Recompute::selective) {
+    sets.push_back(base.model.moe.enabled() ? "training.recompute_modules=[core_attn, layernorm, mlp_act, moe_act]"
+                                            : "training.recompute_modules=[core_attn, layernorm, mlp_act]");
+  }
   // The expert layers' tensor-parallel degree (the dense layers' unless folded); the experts split over l.expert
   // ranks.
   if (base.model.moe.enabled()) {

@@ -92,7 +92,8 @@ TapeShapes tape_shapes(const Config& c, Backend backend) {
                     .sp = c.parallel.sequence_parallel && tp > 1,
                     .d = static_cast<double>(dtype_size(dtype_of(c.training.precision))),
                     .cpu = backend == Backend::cpu,
-                    .recompute = c.training.recompute == Recompute::full};
+                    .recompute = c.training.recompute == Recompute::full,
+                    .selective = SelectiveRecompute::of(c.training.recompute_modules)};
 }
 
 struct ActivationPeaks {

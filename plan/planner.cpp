@@ -32,10 +32,11 @@ std::vector<Prediction> search(const Config& base, int64_t world, const Hardware
   const ModelConfig& m = base.model;
   const int64_t G = base.training.global_batch_size;
   std::vector<Prediction> out;
-  // Full recomputation only where keeping the activations does not fit: it is never faster.
+  // Recomputation only where keeping the activations does not fit (it is never faster): selective (every module)
+  // before full.
   auto add_fastest_fitting = [&](Layout l) {
-    for (Recompute rc : {Recompute::none, Recompute::full}) {
-      if (rc == Recompute::full && !opt.allow_recompute) continue;
+    for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
+      if (rc != Recompute::none && !opt.allow_recompute) continue;
       l.recompute = rc;
       Prediction pr;
       try {

@@ -23,6 +23,7 @@ struct Shapes {
   double ep = 1;                 // expert-parallel size
   double ep_peers_off_node = 0;  // of a rank's EP - 1 peers, the most in other nodes (ep_peers_off_node)
   bool sp, fp32, recompute;
+  SelectiveRecompute selective;     // training.recompute: selective (without full recomputation)
   bool dropout, attention_dropout;  // residual dropout / dropout on the attention probabilities (p > 0)
   double oversubscribed = 1;        // CPU ranks per core, when more ranks than cores share a machine
   double N() const { return B * T; }
@@ -170,6 +171,35 @@ class Costs {
     const double inside = off < 1 ? intra.all_to_all(s.ep - s.ep_peers_off_node, bytes * (1 - off)) : 0;
     const double across = off > 0 ? inter.all_to_all(s.ep_peers_off_node + 1, bytes * off) : 0;
     return 2 * std::max(inside, across);
+  }
+  // TransformerLayer::recompute_selected at the start of a layer's backward: the norms, the attention forward, the
+  // MLP (or MoE) activation again, as their forwards cost.
+  Parts selective_recompute(bool moe) const {
+    const ModelShapes& m = s.m;
+    const MoeShapes& e = m.moe;
+    const double N = s.N(), Ns = s.Ns(), C = m.C;
+    const ElementwiseCosts& c = hw.elementwise_costs;
+    const double act_passes = m.gelu_epilogue ? 2 : 3;
+    Parts p;
+    double kernels = 0;
+    if (s.selective.layernorm) {
+      p.elementwise += 2 * pass(Ns * C, 2, c.norm_forward);
+      kernels += 2;
+    }
+    if (s.selective.core_attn) {
+      p.attention = attention(2 * s.B * m.Ht * s.T * s.T * m.D);
+      kernels += 1;
+    }
+    if (s.selective.mlp_act && !moe) {
+      p.elementwise += pass(N * m.Ft, act_passes, c.act_forward);
+      kernels += 1;
+    }
+    if (s.selective.moe_act && moe) {
+      p.elementwise += pass(N * e.k / e.folds * e.Ft + N * e.Fst, act_passes, c.act_forward);
+      kernels += 2;
+    }
+    p.elementwise += launches(kernels);
+    return p;
   }
   Parts layer_backward(bool moe) const {
     const ModelShapes& m = s.m;
@@ -319,6 +349,7 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
                  .sp = par.sequence_parallel && tp > 1,
                  .fp32 = c.training.precision == Precision::fp32,
                  .recompute = c.training.recompute == Recompute::full,
+                 .selective = SelectiveRecompute::of(c.training.recompute_modules),
                  .dropout = m.dropout > 0,
                  .attention_dropout = m.attention_dropout > 0,
                  .oversubscribed = cpu_ranks_per_core(hw, par.world_size)};
@@ -354,6 +385,9 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
       if (s.recompute) {
         b += lf * L;
         b += mf * Lm;
+      } else if (s.selective.any()) {
+        b += costs.selective_recompute(false) * L;
+        b += costs.selective_recompute(true) * Lm;
       }
       for (int64_t l = begin; l < begin + n; ++l) {
         sc.params += s.m.layer_parameter_count(l);

@@ -29,7 +29,7 @@ class ConfigError : public std::runtime_error {
 // rotary positions, grouped-query attention, no biases, untied embeddings.
 enum class Arch { gpt, llama };
 enum class Precision { fp32, bf16, fp16 };
-enum class Recompute { none, full };
+enum class Recompute { none, full, selective };
 enum class DeviceChoice { automatic, cuda, cpu };
 enum class BackendChoice { automatic, nccl, gloo };
 enum class OptimizerType { adamw };
@@ -51,8 +51,8 @@ struct EnumNames<Precision> {
 };
 template <>
 struct EnumNames<Recompute> {
-  static constexpr std::array names{"none", "full"};
-  static constexpr std::array<const char*, 1> planned{"selective"};
+  static constexpr std::array names{"none", "full", "selective"};
+  static constexpr std::array<const char*, 0> planned{};
 };
 template <>
 struct EnumNames<DeviceChoice> {
@@ -222,7 +222,13 @@ struct TrainingConfig {
   Precision precision = Precision::fp32;
   LossScaleConfig loss_scale;
   LossSpikeConfig loss_spike;
-  Recompute recompute = Recompute::none;  // none | full (selective later)
+  // none | full (every layer's forward again in backward) | selective (recompute_modules' tensors only)
+  Recompute recompute = Recompute::none;
+  // With selective: which tensors each layer drops after its forward and recomputes in backward (Megatron-Core's
+  // names): core_attn (the attention output and its softmax statistics), layernorm (both norms' outputs), mlp_act
+  // (the MLP activation: GELU or SwiGLU of fc1), moe_act (a MoE layer's experts' and shared expert's activations).
+  // Empty with selective: [core_attn], Megatron's default.
+  std::vector<std::string> recompute_modules;
   int64_t seed = 1234;
   DeviceChoice device = DeviceChoice::automatic;  // auto (cuda when built with it and a GPU is visible) | cuda | cpu
   // Stop with an error after this many non-finite iterations in a row (inf/NaN loss or gradients; fp16 steps

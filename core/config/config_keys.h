@@ -99,6 +99,7 @@ void visit(V& v, C& c) {
       v.field({.name = "ratio"}, t.loss_spike.ratio);
     });
     v.field({.name = "recompute"}, t.recompute);
+    v.field({.name = "recompute_modules"}, t.recompute_modules);
     v.field({.name = "seed"}, t.seed);
     v.field({.name = "device"}, t.device);
     v.field({.name = "max_nonfinite_iters"}, t.max_nonfinite_iters);

@@ -344,6 +344,20 @@ void resolve_moe(Config& c, const Rules& r) {
 void resolve_training(Config& c, const Rules& r) {
   TrainingConfig& t = c.training;
   const int64_t dp = c.parallel.data;
+  if (t.recompute != Recompute::selective && !t.recompute_modules.empty())
+    r.fail(
+        "training.recompute_modules",
+        fmt::format("is set, but training.recompute is {}: set training.recompute: selective", name_of(t.recompute)));
+  if (t.recompute == Recompute::selective && t.recompute_modules.empty()) t.recompute_modules = {"core_attn"};
+  for (size_t i = 0; i < t.recompute_modules.size(); ++i) {
+    const std::string& name = t.recompute_modules[i];
+    const std::string key = fmt::format("training.recompute_modules[{}]", i);
+    r.one_of(key, name, {"core_attn", "layernorm", "mlp_act", "moe_act"});
+    if (name == "moe_act" && !c.model.moe.enabled())
+      r.fail(key, "moe_act needs mixture-of-experts layers (model.moe.num_experts is 0)");
+    for (size_t j = 0; j < i; ++j)
+      if (t.recompute_modules[j] == name) r.fail(key, fmt::format("{} is listed twice", name));
+  }
   r.positive("training.micro_batch_size", t.micro_batch_size);
   r.non_negative("training.global_batch_size", t.global_batch_size);
   r.at_most("training.micro_batch_size", t.micro_batch_size, kMaxCount, "batch size");

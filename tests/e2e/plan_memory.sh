@@ -3,7 +3,8 @@
 # interleaved, DP with and without ZeRO, full recomputation, fp32 and bf16, a tiny and a mid-sized GPT, and a
 # llama-tiny-sized Llama: RMSNorm, SwiGLU, rotary embeddings, 8 query heads on 4 key/value heads, untied, and
 # that Llama with mixture-of-experts MLPs: 4 SwiGLU experts, top 2, a shared expert, the aux loss; and with
-# expert parallelism, EP 2 and 4 over 2 and 4 data-parallel ranks, with and without ZeRO, and parallel folding) the
+# expert parallelism, EP 2 and 4 over 2 and 4 data-parallel ranks, with and without ZeRO, and parallel folding;
+# selective recomputation of each module; a ZB-H1 pipeline) the
 # training log's "peak memory (MiB)" split of rank 0 (the first pipeline stage) is compared with plan's
 # prediction for that rank kind: every kind within 10% (or 0.011 MiB, the log's rounding; with expert parallelism and
 # ZeRO the workspace prediction is an upper bound, as two buffers' reduce-scatters may or may not overlap) and the
@@ -72,6 +73,11 @@ layouts=(
   "moe-dp4-ep4|4|--set parallel.expert=4"
   "moe-tp2-sp-etp1-ep2|2|--set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.expert=2 --set parallel.expert_tensor=1"
   "moe-tp2-etp1-ep1-dp2-zero|4|--set parallel.tensor=2 --set parallel.expert_tensor=1 --set parallel.distributed_optimizer=true"
+  "llama-selective-all|1|--set training.recompute=selective --set training.recompute_modules=[core_attn,layernorm,mlp_act]"
+  "llama-tp2-sp-selective-attn-bf16|2|--set parallel.tensor=2 --set parallel.sequence_parallel=true --set training.precision=bf16 --set training.recompute=selective"
+  "mid-selective-mlp|1|${mid[*]} --set training.recompute=selective --set training.recompute_modules=[mlp_act]"
+  "moe-selective-moe-act|1|--set training.recompute=selective --set training.recompute_modules=[moe_act,layernorm]"
+  "llama-pp2-zb|2|--set parallel.pipeline=2 --set training.micro_batch_size=2 --set parallel.pipeline_schedule=zb-h1"
 )
 : > results.txt
 for entry in "${layouts[@]}"; do

@@ -459,9 +459,22 @@ TEST(ConfigRules, Precision) {
 }
 
 TEST(ConfigRules, Recompute) {
-  EXPECT_CONTAINS(base_error({"training.recompute=selective"}), "training.recompute: selective is not implemented yet");
-  EXPECT_CONTAINS(base_error({"training.recompute=some"}), "training.recompute: expected one of none, full");
+  EXPECT_CONTAINS(base_error({"training.recompute=some"}), "training.recompute: expected one of none, full, selective");
   EXPECT_EQ(base({"training.recompute=full"}).training.recompute, Recompute::full);
+  // Selective: Megatron's default module, or the listed ones; each name checked.
+  EXPECT_EQ(base({"training.recompute=selective"}).training.recompute_modules, std::vector<std::string>{"core_attn"});
+  const Config c = base({"training.recompute=selective", "training.recompute_modules=[layernorm, mlp_act]"});
+  EXPECT_EQ(c.training.recompute_modules, (std::vector<std::string>{"layernorm", "mlp_act"}));
+  EXPECT_EQ(parse_config(to_yaml(c), c.source, {}, 1), c);
+  EXPECT_CONTAINS(
+      base_error({"training.recompute_modules=[mlp_act]"}),
+      "training.recompute_modules: is set, but training.recompute is none: set training.recompute: selective");
+  EXPECT_CONTAINS(base_error({"training.recompute=selective", "training.recompute_modules=[mlp]"}),
+                  "training.recompute_modules[0]: expected one of core_attn, layernorm, mlp_act, moe_act, got 'mlp'");
+  EXPECT_CONTAINS(base_error({"training.recompute=selective", "training.recompute_modules=[moe_act]"}),
+                  "training.recompute_modules[0]: moe_act needs mixture-of-experts layers");
+  EXPECT_CONTAINS(base_error({"training.recompute=selective", "training.recompute_modules=[core_attn, core_attn]"}),
+                  "training.recompute_modules[1]: core_attn is listed twice");
 }
 
 TEST(ConfigRules, Device) {
