@@ -154,13 +154,17 @@ std::vector<Piece> pieces_of(ChatTemplate t, const std::vector<ChatMessage>& mes
   return p;
 }
 
+std::string joined(const std::vector<Piece>& pieces, const std::vector<std::string>& special_text) {
+  std::string out;
+  for (const Piece& piece : pieces)
+    out += piece.special >= 0 ? special_text[piece.special] : piece.header + piece.content;
+  return out;
+}
+
 }  // namespace
 
 std::string ChatRenderer::text(const std::vector<ChatMessage>& messages) const {
-  std::string out;
-  for (const Piece& piece : pieces_of(template_, messages))
-    out += piece.special >= 0 ? special_text_[piece.special] : piece.header + piece.content;
-  return out;
+  return joined(pieces_of(template_, messages), special_text_);
 }
 
 void ChatRenderer::render(const std::vector<ChatMessage>& messages, std::vector<int32_t>& tokens,
@@ -173,9 +177,7 @@ void ChatRenderer::render(const std::vector<ChatMessage>& messages, std::vector<
                         "turn of the {} template",
                         i, s, name_of(template_)));
   const std::vector<Piece> pieces = pieces_of(template_, messages);
-  std::string rendered;
-  for (const Piece& piece : pieces)
-    rendered += piece.special >= 0 ? special_text_[piece.special] : piece.header + piece.content;
+  const std::string rendered = joined(pieces, special_text_);
   // Tokenized whole (the ids apply_chat_template gives), then lined up with the pieces: each special token is its id,
   // and the ids between two of them are the ordinary text's.
   std::vector<int32_t> ids, header_ids;

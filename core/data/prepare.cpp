@@ -177,23 +177,33 @@ void read_text(const std::string& path, DocumentSink& sink) {
   if (in_doc) sink.add(doc, place);
 }
 
-void read_json_lines(const std::string& path, const std::string& key, DocumentSink& sink) {
+// Calls read(bytes) for each line of a JSON-lines file and on_line(line, lineno) for each non-blank one (a trailing
+// CR and a leading byte-order mark dropped).
+template <class Read, class OnLine>
+void for_each_json_line(const std::string& path, Read&& read, OnLine&& on_line) {
   std::ifstream in = open_input(path);
   std::string line;
   for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
-    sink.read(line.size() + 1);
+    read(line.size() + 1);
     normalize_line(line, lineno);
-    if (is_blank(line)) continue;
-    std::optional<std::string> text;
-    try {
-      text = json_string_field(line, key);
-    } catch (const JsonError& e) {
-      throw DataError(fmt::format("{}:{}: invalid JSON line: {}", path, lineno, e.what()));
-    }
-    if (!text) throw DataError(fmt::format("{}:{}: the JSON object has no \"{}\" member", path, lineno, key));
-    sink.add(*text, {&path, lineno});
+    if (!is_blank(line)) on_line(line, lineno);
   }
   if (in.bad()) throw DataError(fmt::format("{}: read failed: {}", path, std::strerror(errno)));
+}
+
+void read_json_lines(const std::string& path, const std::string& key, DocumentSink& sink) {
+  for_each_json_line(
+      path, [&](size_t bytes) { sink.read(bytes); },
+      [&](const std::string& line, int64_t lineno) {
+        std::optional<std::string> text;
+        try {
+          text = json_string_field(line, key);
+        } catch (const JsonError& e) {
+          throw DataError(fmt::format("{}:{}: invalid JSON line: {}", path, lineno, e.what()));
+        }
+        if (!text) throw DataError(fmt::format("{}:{}: the JSON object has no \"{}\" member", path, lineno, key));
+        sink.add(*text, {&path, lineno});
+      });
 }
 
 // The template --chat-template names, or for auto the one tokenizer_config.json beside the tokenizer's file holds.
@@ -213,31 +223,26 @@ ChatTemplate resolve_chat_template(const PrepareOptions& options) {
 void read_chat_lines(const std::string& path, const ChatRenderer& renderer, IndexedDatasetWriter& tokens_out,
                      IndexedDatasetWriter& mask_out, PrepareStats& stats,
                      const std::function<void(const PrepareStats&)>& on_progress, EncodeCache* cache) {
-  std::ifstream in = open_input(path);
-  std::string line;
-  std::vector<int32_t> tokens;
+  std::vector<int32_t> tokens, mask_ids;
   std::vector<uint8_t> mask;
-  std::vector<int32_t> mask_ids;
-  for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
-    stats.bytes_read += static_cast<int64_t>(line.size() + 1);
-    normalize_line(line, lineno);
-    if (is_blank(line)) continue;
-    tokens.clear();
-    mask.clear();
-    try {
-      renderer.render(parse_chat_line(line), tokens, mask, cache);
-    } catch (const DataError& e) {
-      throw DataError(fmt::format("{}:{}: {}", path, lineno, e.what()));
-    }
-    mask_ids.assign(mask.begin(), mask.end());
-    tokens_out.add_document(std::span<const int32_t>(tokens));
-    mask_out.add_document(std::span<const int32_t>(mask_ids));
-    ++stats.documents;
-    stats.tokens += static_cast<int64_t>(tokens.size());
-    stats.loss_tokens += std::count(mask.begin(), mask.end(), uint8_t{1});
-    if (on_progress) on_progress(stats);
-  }
-  if (in.bad()) throw DataError(fmt::format("{}: read failed: {}", path, std::strerror(errno)));
+  for_each_json_line(
+      path, [&](size_t bytes) { stats.bytes_read += static_cast<int64_t>(bytes); },
+      [&](const std::string& line, int64_t lineno) {
+        tokens.clear();
+        mask.clear();
+        try {
+          renderer.render(parse_chat_line(line), tokens, mask, cache);
+        } catch (const DataError& e) {
+          throw DataError(fmt::format("{}:{}: {}", path, lineno, e.what()));
+        }
+        mask_ids.assign(mask.begin(), mask.end());  // the writer takes int32 ids
+        tokens_out.add_document(std::span<const int32_t>(tokens));
+        mask_out.add_document(std::span<const int32_t>(mask_ids));
+        ++stats.documents;
+        stats.tokens += static_cast<int64_t>(tokens.size());
+        stats.loss_tokens += std::count(mask.begin(), mask.end(), uint8_t{1});
+        if (on_progress) on_progress(stats);
+      });
 }
 
 // An output that exists is a dataset someone prepared (or one of the inputs): replacing it silently lost it
