@@ -98,14 +98,37 @@ void add_data_commands(CLI::App& root) {
   prepare->add_flag(
       "--no-eod", [prep](int64_t) { prep->append_eod = false; },
       "Do not end each document with the end-of-document token");
+  auto format = std::make_shared<std::string>("text");
+  prepare
+      ->add_option("--format", *format,
+                   "text: documents (paragraphs, or the --json-key member of JSON lines). chat: JSON lines holding "
+                   "\"messages\" [{role, content}] or \"prompt\"/\"response\", rendered by --chat-template into "
+                   "PREFIX.bin/.idx and a loss mask PREFIX_mask.bin/.idx (1 on the assistant's tokens); no EOD added")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"text", "chat"}));
+  auto chat_template = std::make_shared<std::string>("auto");
+  prepare
+      ->add_option("--chat-template", *chat_template,
+                   "chat: chatml, llama3, or auto (the chat_template of tokenizer_config.json beside the tokenizer's "
+                   "file, when it is one of those)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"chatml", "llama3", "auto"}));
   auto progress = std::make_shared<ProgressMode>(ProgressMode::automatic);
   add_progress_flags(prepare, *progress);
-  prepare->callback([prep, tokenizer, progress] {
+  prepare->callback([prep, tokenizer, progress, format, chat_template] {
     prep->tokenizer.kind = parse_tokenizer_kind(*tokenizer);
+    prep->format = *format == "chat" ? DataFormat::chat : DataFormat::text;
+    prep->chat_template = *chat_template == "chatml"   ? ChatTemplate::chatml
+                          : *chat_template == "llama3" ? ChatTemplate::llama3
+                                                       : ChatTemplate::automatic;
     const PrepareStats s = prepare_with_progress(*prep, *progress);
     fmt::print("wrote {}.bin / {}.idx: {} documents, {} tokens ({}, vocab_size {}) from {} file(s)",
                prep->output_prefix, prep->output_prefix, s.documents, s.tokens, token_dtype_name(s.dtype), s.vocab_size,
                s.files);
+    if (prep->format == DataFormat::chat)
+      fmt::print("; loss mask {}.bin / {}.idx: {} of the tokens learned ({} template)",
+                 loss_mask_prefix(prep->output_prefix), loss_mask_prefix(prep->output_prefix), s.loss_tokens,
+                 name_of(s.chat_template));
     if (s.empty_skipped > 0) fmt::print("; {} empty document(s) skipped", s.empty_skipped);
     fmt::print("\n");
   });

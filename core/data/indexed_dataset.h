@@ -93,8 +93,13 @@ class IndexedDatasetWriter {
   void add_document(std::span<const int32_t> tokens);  // a one-sequence document
   int64_t num_documents() const { return static_cast<int64_t>(doc_index_.size()) - 1; }
   int64_t num_tokens() const { return tokens_; }
-  // Writes the .idx; files go to PREFIX.*.tmp first and are renamed into place here.
+  // Writes the .idx; files go to PREFIX.*.tmp first and are renamed into place here. Same as stage(); commit().
   void finish();
+  // finish() in two steps, so that several datasets go in together (a token dataset and its loss mask): stage()
+  // writes and fsyncs every temporary, renaming none; commit() renames them into place. A writer destroyed staged
+  // but uncommitted removes its temporaries.
+  void stage();
+  void commit();
 
  private:
   void add_sequence(std::span<const int64_t> tokens);
@@ -109,6 +114,7 @@ class IndexedDatasetWriter {
   std::vector<uint8_t> bin_;                  // encode buffer, flushed to bin_file_ when large
   std::unique_ptr<io::AtomicFile> bin_file_;  // PREFIX.bin.tmp; null once finished
   ChunkedCrc bin_crc_;                        // of the bytes written to bin_file_
+  std::unique_ptr<io::AtomicFile> staged_bin_, staged_idx_, staged_sums_;  // between stage() and commit()
   int64_t tokens_ = 0;
 };
 

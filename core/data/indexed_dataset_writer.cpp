@@ -128,10 +128,15 @@ void IndexedDatasetWriter::add_document(std::span<const int32_t> tokens) {
 }
 
 void IndexedDatasetWriter::finish() {
+  stage();
+  commit();
+}
+
+void IndexedDatasetWriter::stage() {
   if (!bin_file_) throw DataError(fmt::format("{}: writer already finished", prefix_));
   flush();
   // Taken out: whatever happens below the writer is finished, and on a throw the temporaries are removed.
-  const std::unique_ptr<io::AtomicFile> bin = std::move(bin_file_);
+  std::unique_ptr<io::AtomicFile> bin = std::move(bin_file_);
 
   std::vector<uint8_t> idx_bytes;
   const uint64_t n = lengths_.size();
@@ -150,27 +155,36 @@ void IndexedDatasetWriter::finish() {
     offset += len * item;
   }
   for (int64_t d : doc_index_) put<int64_t>(idx_bytes, d);
-  io::AtomicFile idx(prefix_ + ".idx");
-  idx.write(idx_bytes.data(), idx_bytes.size());
-  io::AtomicFile sums(dataset_checksums_path(prefix_));
-  sums.write(format_dataset_checksums({.chunk_bytes = bin_crc_.chunk_bytes(),
-                                       .idx_bytes = static_cast<int64_t>(idx_bytes.size()),
-                                       .idx_crc = crc32c(idx_bytes.data(), idx_bytes.size()),
-                                       .bin_bytes = bin_crc_.bytes(),
-                                       .bin_chunks = bin_crc_.chunks()}));
+  auto idx = std::make_unique<io::AtomicFile>(prefix_ + ".idx");
+  idx->write(idx_bytes.data(), idx_bytes.size());
+  auto sums = std::make_unique<io::AtomicFile>(dataset_checksums_path(prefix_));
+  sums->write(format_dataset_checksums({.chunk_bytes = bin_crc_.chunk_bytes(),
+                                        .idx_bytes = static_cast<int64_t>(idx_bytes.size()),
+                                        .idx_crc = crc32c(idx_bytes.data(), idx_bytes.size()),
+                                        .bin_bytes = bin_crc_.bytes(),
+                                        .bin_chunks = bin_crc_.chunks()}));
 
   // All synced before any is renamed. Remove the old index and checksums first: a crash between the renames then
   // leaves a pair without .idx (an error on open) or without checksums (read unchecked), never a new .bin read
   // through an old .idx or checked against old checksums.
   bin->sync();
-  idx.sync();
-  sums.sync();
-  for (const std::string& old : {idx.path(), sums.path()})
+  idx->sync();
+  sums->sync();
+  staged_bin_ = std::move(bin);
+  staged_idx_ = std::move(idx);
+  staged_sums_ = std::move(sums);
+}
+
+void IndexedDatasetWriter::commit() {
+  if (!staged_bin_) throw DataError(fmt::format("{}: writer not staged (call stage() first)", prefix_));
+  const std::unique_ptr<io::AtomicFile> bin = std::move(staged_bin_), idx = std::move(staged_idx_),
+                                        sums = std::move(staged_sums_);
+  for (const std::string& old : {idx->path(), sums->path()})
     if (std::remove(old.c_str()) != 0 && errno != ENOENT)
       throw DataError(fmt::format("{}: cannot replace: {}", old, std::strerror(errno)));
   bin->commit();
-  idx.commit();
-  sums.commit();
+  idx->commit();
+  sums->commit();
 }
 
 }  // namespace mt

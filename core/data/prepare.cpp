@@ -177,23 +177,72 @@ void read_text(const std::string& path, DocumentSink& sink) {
   if (in_doc) sink.add(doc, place);
 }
 
-void read_json_lines(const std::string& path, const std::string& key, DocumentSink& sink) {
+// Calls read(bytes) for each line of a JSON-lines file and on_line(line, lineno) for each non-blank one (a trailing
+// CR and a leading byte-order mark dropped).
+template <class Read, class OnLine>
+void for_each_json_line(const std::string& path, Read&& read, OnLine&& on_line) {
   std::ifstream in = open_input(path);
   std::string line;
   for (int64_t lineno = 1; std::getline(in, line); ++lineno) {
-    sink.read(line.size() + 1);
+    read(line.size() + 1);
     normalize_line(line, lineno);
-    if (is_blank(line)) continue;
-    std::optional<std::string> text;
-    try {
-      text = json_string_field(line, key);
-    } catch (const JsonError& e) {
-      throw DataError(fmt::format("{}:{}: invalid JSON line: {}", path, lineno, e.what()));
-    }
-    if (!text) throw DataError(fmt::format("{}:{}: the JSON object has no \"{}\" member", path, lineno, key));
-    sink.add(*text, {&path, lineno});
+    if (!is_blank(line)) on_line(line, lineno);
   }
   if (in.bad()) throw DataError(fmt::format("{}: read failed: {}", path, std::strerror(errno)));
+}
+
+void read_json_lines(const std::string& path, const std::string& key, DocumentSink& sink) {
+  for_each_json_line(
+      path, [&](size_t bytes) { sink.read(bytes); },
+      [&](const std::string& line, int64_t lineno) {
+        std::optional<std::string> text;
+        try {
+          text = json_string_field(line, key);
+        } catch (const JsonError& e) {
+          throw DataError(fmt::format("{}:{}: invalid JSON line: {}", path, lineno, e.what()));
+        }
+        if (!text) throw DataError(fmt::format("{}:{}: the JSON object has no \"{}\" member", path, lineno, key));
+        sink.add(*text, {&path, lineno});
+      });
+}
+
+// The template --chat-template names, or for auto the one tokenizer_config.json beside the tokenizer's file holds.
+ChatTemplate resolve_chat_template(const PrepareOptions& options) {
+  if (options.chat_template != ChatTemplate::automatic) return options.chat_template;
+  const TokenizerOptions& t = options.tokenizer;
+  for (const std::string& file : {t.tokenizer_file, t.tokenizer_model, t.vocab_file}) {
+    if (file.empty()) continue;
+    return chat_template_from_config((fs::path(file).parent_path() / "tokenizer_config.json").string());
+  }
+  throw DataError(fmt::format(
+      "data prepare: --chat-template auto reads tokenizer_config.json beside the tokenizer's file, and the {} "
+      "tokenizer has none; name the template with --chat-template chatml|llama3",
+      name_of(t.kind)));
+}
+
+void read_chat_lines(const std::string& path, const ChatRenderer& renderer, IndexedDatasetWriter& tokens_out,
+                     IndexedDatasetWriter& mask_out, PrepareStats& stats,
+                     const std::function<void(const PrepareStats&)>& on_progress, EncodeCache* cache) {
+  std::vector<int32_t> tokens, mask_ids;
+  std::vector<uint8_t> mask;
+  for_each_json_line(
+      path, [&](size_t bytes) { stats.bytes_read += static_cast<int64_t>(bytes); },
+      [&](const std::string& line, int64_t lineno) {
+        tokens.clear();
+        mask.clear();
+        try {
+          renderer.render(parse_chat_line(line), tokens, mask, cache);
+        } catch (const DataError& e) {
+          throw DataError(fmt::format("{}:{}: {}", path, lineno, e.what()));
+        }
+        mask_ids.assign(mask.begin(), mask.end());  // the writer takes int32 ids
+        tokens_out.add_document(std::span<const int32_t>(tokens));
+        mask_out.add_document(std::span<const int32_t>(mask_ids));
+        ++stats.documents;
+        stats.tokens += static_cast<int64_t>(tokens.size());
+        stats.loss_tokens += std::count(mask.begin(), mask.end(), uint8_t{1});
+        if (on_progress) on_progress(stats);
+      });
 }
 
 // An output that exists is a dataset someone prepared (or one of the inputs): replacing it silently lost it
@@ -201,8 +250,18 @@ void read_json_lines(const std::string& path, const std::string& key, DocumentSi
 // is caught too.
 void check_output_is_free(const PrepareOptions& options) {
   const std::string prefix = options.output_prefix;
-  for (const std::string& out :
-       {prefix + ".bin", prefix + ".idx", tokenizer_sidecar_path(prefix), dataset_checksums_path(prefix)}) {
+  std::vector<std::string> outputs = {prefix + ".bin", prefix + ".idx", tokenizer_sidecar_path(prefix),
+                                      dataset_checksums_path(prefix)};
+  std::vector<std::string> datasets = {prefix + ".bin", prefix + ".idx"};
+  if (options.format == DataFormat::chat) {
+    const std::string mask = loss_mask_prefix(prefix);
+    for (const std::string& out : {mask + ".bin", mask + ".idx"}) {
+      outputs.push_back(out);
+      datasets.push_back(out);
+    }
+    outputs.push_back(dataset_checksums_path(mask));
+  }
+  for (const std::string& out : outputs) {
     std::error_code ec;
     if (!fs::exists(out, ec)) continue;
     for (const std::string& in : options.inputs) {
@@ -214,7 +273,7 @@ void check_output_is_free(const PrepareOptions& options) {
                         out, in));
     }
   }
-  for (const std::string& out : {prefix + ".bin", prefix + ".idx"}) {
+  for (const std::string& out : datasets) {
     std::error_code ec;
     if (fs::exists(out, ec) && !options.overwrite)
       throw DataError(
@@ -222,6 +281,31 @@ void check_output_is_free(const PrepareOptions& options) {
                       "another --output",
                       out));
   }
+}
+
+PrepareStats prepare_chat(const PrepareOptions& options, const TokenizerOptions& tokenizer_options,
+                          const Tokenizer& tokenizer, const ChatRenderer& renderer, IndexedDatasetWriter& writer,
+                          PrepareStats& stats) {
+  IndexedDatasetWriter mask_writer(loss_mask_prefix(options.output_prefix), TokenDType::u8);
+  stats.chat_template = renderer.chat_template();
+  std::unique_ptr<EncodeCache> cache = tokenizer.make_cache();
+  for (const std::string& path : options.inputs) {
+    read_chat_lines(path, renderer, writer, mask_writer, stats, options.on_progress, cache.get());
+    ++stats.files;
+  }
+  if (stats.documents == 0)
+    throw DataError(
+        fmt::format("data prepare: the inputs hold no conversations; {} was not written", options.output_prefix));
+  // Everything written and synced aside before the first rename, so a failure leaves the old files as they were.
+  io::AtomicFile sidecar(tokenizer_sidecar_path(options.output_prefix));
+  sidecar.write(tokenizer_sidecar_yaml(tokenizer_options, tokenizer));
+  sidecar.sync();
+  mask_writer.stage();
+  writer.stage();
+  mask_writer.commit();
+  writer.commit();
+  sidecar.commit();
+  return stats;
 }
 
 }  // namespace
@@ -232,7 +316,19 @@ PrepareStats prepare_dataset(const PrepareOptions& options) {
   if (options.workers < 1)
     throw DataError(fmt::format("data prepare: --workers must be at least 1, got {}", options.workers));
   check_output_is_free(options);
-  std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(options.tokenizer);
+  const bool chat = options.format == DataFormat::chat;
+  TokenizerOptions tokenizer_options = options.tokenizer;
+  // apply_chat_template tokenizes with add_special_tokens=False: the template places the specials itself.
+  if (chat) tokenizer_options.add_special_tokens = false;
+  std::unique_ptr<Tokenizer> tokenizer = make_tokenizer(tokenizer_options);
+  std::optional<ChatRenderer> renderer;
+  if (chat) {
+    for (const std::string& path : options.inputs)
+      if (!is_json_lines(path))
+        throw DataError(
+            fmt::format("{}: --format chat reads JSON lines (.jsonl / .json), one conversation a line", path));
+    renderer.emplace(*tokenizer, resolve_chat_template(options));
+  }
   for (const std::string& path : options.inputs) open_input(path);  // fail before writing anything
 
   const fs::path parent = fs::path(options.output_prefix).parent_path();
@@ -246,6 +342,7 @@ PrepareStats prepare_dataset(const PrepareOptions& options) {
   stats.vocab_size = tokenizer->vocab_size();
   stats.dtype = tokenizer->storage_dtype();
   IndexedDatasetWriter writer(options.output_prefix, stats.dtype);  // removes its temporaries if we throw
+  if (chat) return prepare_chat(options, tokenizer_options, *tokenizer, *renderer, writer, stats);
   DocumentSink sink(writer, *tokenizer, options.append_eod, options.workers, stats);
   sink.on_progress = options.on_progress;
   for (const std::string& path : options.inputs) {

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/data/chat_template.h"
 #include "core/data/indexed_dataset.h"
 #include "core/data/tokenizer.h"
 
@@ -21,6 +22,11 @@ struct PrepareOptions {
   int workers = 1;                  // tokenizing threads; the output keeps the input's document order
   bool overwrite = false;           // replace an existing PREFIX.bin / PREFIX.idx (never one of the inputs)
   std::function<void(const PrepareStats&)> on_progress;  // after each document written (a progress line)
+  // chat: each JSON line is a conversation (chat_template.h), rendered by `chat_template` into PREFIX (tokens) and
+  // PREFIX_mask (the loss mask); json_key, append_eod and workers do not apply (one thread).
+  DataFormat format = DataFormat::text;
+  // chat: automatic reads `chat_template` from tokenizer_config.json beside the tokenizer's file.
+  ChatTemplate chat_template = ChatTemplate::automatic;
 };
 
 struct PrepareStats {
@@ -31,6 +37,8 @@ struct PrepareStats {
   int64_t bytes_read = 0;     // of the inputs, so far
   int64_t vocab_size = 0;
   TokenDType dtype = TokenDType::u16;
+  int64_t loss_tokens = 0;                               // chat: tokens whose mask is 1
+  ChatTemplate chat_template = ChatTemplate::automatic;  // chat: the template rendered (never automatic then)
 };
 
 // Tokenizes the inputs in order into one dataset. A plain-text file holds one document per paragraph
@@ -41,6 +49,9 @@ struct PrepareStats {
 // the pair is written to temporary files and renamed into place only when complete. PREFIX.tokenizer.yaml
 // records the tokenizer (tokenizer_sidecar.h). Before any work, an existing PREFIX.bin or PREFIX.idx is refused
 // unless `overwrite`, and an output file that is one of the inputs always.
+// With format chat the inputs must be JSON lines; each line is one document of PREFIX and the same-length document
+// of PREFIX_mask (u8), both written and renamed into place together; a line that is not a conversation, or that the
+// template cannot render, is a DataError naming FILE:LINE.
 PrepareStats prepare_dataset(const PrepareOptions& options);
 
 // A human-readable summary of PREFIX.bin/.idx: dtype, sequence / document / token counts, min / mean / max
