@@ -34,7 +34,9 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
     params_.push_back(&wpe_);
   }
   for (int64_t i = st.layer_begin; i < st.layer_end; ++i) {
-    layers_.push_back(std::make_unique<TransformerLayer>(i, cfg, opt.dtype, opt.seed, opt.recompute, opt.tp, opt.device,
+    // training.recompute_num_layers (Megatron's "block" method): the chunk's first layers only.
+    const bool recompute = opt.recompute && (opt.recompute_layers == 0 || i - st.layer_begin < opt.recompute_layers);
+    layers_.push_back(std::make_unique<TransformerLayer>(i, cfg, opt.dtype, opt.seed, recompute, opt.tp, opt.device,
                                                          opt.ep, opt.selective));
     for (Parameter* p : layers_.back()->parameters()) params_.push_back(p);
   }

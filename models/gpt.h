@@ -29,6 +29,7 @@ struct GptOptions {
   Device device = Device::cpu;   // where parameters, gradients and activations live
   uint64_t seed = 1234;          // keys initial weights and dropout masks
   bool recompute = false;        // full activation recomputation in every layer
+  int64_t recompute_layers = 0;  // with recompute: only the first this many of this chunk's layers (0: all)
   SelectiveRecompute selective;  // else these tensors of every layer (training.recompute: selective)
   TensorParallel tp;             // this rank's tensor-parallel group (size 1: the whole model)
   ExpertParallel ep;             // this rank's expert-parallel group (MoE layers; size 1: every expert)

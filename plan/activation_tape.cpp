@@ -362,19 +362,20 @@ class Replay {
     if (s.selective.moe_act && moe) bytes += N * e.k / e.folds * e.Ft * d + N * e.Fst * d;  // act, shared_act
     return bytes;
   }
-  double layer_forward(bool moe) {
-    const double kept = layer_run(!s.recompute, moe);
-    if (s.recompute || !s.selective.any()) return kept;
+  // `full`: this layer recomputes everything (training.recompute: full, within recompute_num_layers).
+  double layer_forward(bool moe, bool full) {
+    const double kept = layer_run(!full, moe);
+    if (full || !s.selective.any()) return kept;
     const double dropped = selected_bytes(moe);
     t.free(dropped);
     return kept - dropped;
   }
 
   // TransformerLayer::backward: frees the layer's activations and input x; leaves dx (Ns, C) allocated.
-  void layer_backward(double kept, bool moe) {
+  void layer_backward(double kept, bool moe, bool full) {
     const ModelShapes& m = s.m;
     const double N = s.N(), Ns = s.Ns(), C = m.C, d = s.d;
-    if (s.recompute) {
+    if (full) {
       kept = layer_run(true, moe);
       t.free(Ns * C * d);  // the recomputed out, a discarded temporary
     } else if (s.selective.any()) {
@@ -475,7 +476,7 @@ ChunkProfile profile_chunk(const TapeShapes& s, const ChunkSpec& chunk) {
   if (chunk.has_embedding) r.embedding_forward();
   std::vector<double> kept(static_cast<size_t>(chunk.layers));
   for (int64_t l = 0; l < chunk.layers; ++l)
-    kept[static_cast<size_t>(l)] = r.layer_forward(s.m.is_moe(chunk.layer_begin + l));
+    kept[static_cast<size_t>(l)] = r.layer_forward(s.m.is_moe(chunk.layer_begin + l), s.recomputes(l));
   double head_kept = 0;
   if (chunk.has_head) head_kept = r.head_forward();
   // IterationStage::forward's batch is freed unless the model keeps it: embedded_ holds tokens, the head
@@ -491,7 +492,7 @@ ChunkProfile profile_chunk(const TapeShapes& s, const ChunkSpec& chunk) {
   bool dx_is_received = !chunk.has_head;
   if (chunk.has_head) r.head_backward(head_kept);
   for (int64_t l = chunk.layers; l-- > 0;) {
-    r.layer_backward(kept[static_cast<size_t>(l)], s.m.is_moe(chunk.layer_begin + l));
+    r.layer_backward(kept[static_cast<size_t>(l)], s.m.is_moe(chunk.layer_begin + l), s.recomputes(l));
     if (!dx_is_received) tape.free(hidden);  // the previous dx, replaced by the layer's
     dx_is_received = false;
   }

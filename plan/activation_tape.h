@@ -22,7 +22,11 @@ struct TapeShapes {
   double d = 4;                  // bytes of the compute dtype
   bool cpu = true;               // CPU backend: fp32 GEMM widening and Gloo's fp32 reduction copies
   bool recompute = false;        // full activation recomputation
+  int64_t recompute_layers = 0;  // of each chunk's layers, the first this many recomputed (0: all)
   SelectiveRecompute selective;  // else these tensors (training.recompute: selective, models/transformer_layer.h)
+  bool recomputes(int64_t layer_in_chunk) const {
+    return recompute && (recompute_layers == 0 || layer_in_chunk < recompute_layers);
+  }
   double N() const { return B * T; }
   double Ns() const { return sp ? B * T / tp : B * T; }  // rows outside the tensor-parallel regions
 };

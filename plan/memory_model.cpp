@@ -93,6 +93,7 @@ TapeShapes tape_shapes(const Config& c, Backend backend) {
                     .d = static_cast<double>(dtype_size(dtype_of(c.training.precision))),
                     .cpu = backend == Backend::cpu,
                     .recompute = c.training.recompute == Recompute::full,
+                    .recompute_layers = c.training.recompute_num_layers,
                     .selective = SelectiveRecompute::of(c.training.recompute_modules)};
 }
 

@@ -357,6 +357,7 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   // Expert-parallel ranks are drawn from the data-parallel (and with folding the tensor-parallel) ones
   // (ep_peers_off_node); the expert-data-parallel group spans at most what the data-parallel group spans.
   const Costs costs(s, hw, link(hw, tp <= gpn));
+  const int64_t par_recompute_layers = c.training.recompute_num_layers;
   const Link dp_link = link(hw, tp * dp <= gpn);
   const Link pp_link = link(hw, tp * dp * std::min<int64_t>(p, 2) <= gpn);
 
@@ -382,9 +383,11 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
       Parts f = lf * L, b = lb * L;
       f += mf * Lm;
       b += mb * Lm;
-      if (s.recompute) {
-        b += lf * L;
-        b += mf * Lm;
+      if (s.recompute) {  // the chunk's first recompute_num_layers layers (all when 0), dense or MoE
+        const int64_t k = par_recompute_layers > 0 ? std::min(n, par_recompute_layers) : n;
+        const double km = static_cast<double>(s.m.moe_count(begin, k));
+        b += lf * (static_cast<double>(k) - km);
+        b += mf * km;
       } else if (s.selective.any()) {
         b += costs.selective_recompute(false) * L;
         b += costs.selective_recompute(true) * Lm;
@@ -482,7 +485,13 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   const ModelShapes whole = model_shapes(m, 1);
   double layers_gemm_flops = 0;
   for (int64_t l = 0; l < m.num_layers; ++l) layers_gemm_flops += 2 * whole.layer_gemm_weights(l);
-  const double passes = s.recompute ? 4 : 3;
+  // With recompute_num_layers, the share of the layers recomputed (the first that many of each model chunk).
+  const double recomputed =
+      !s.recompute ? 0
+      : par_recompute_layers == 0
+          ? 1
+          : std::min(1.0, static_cast<double>(par_recompute_layers * vstages) / static_cast<double>(m.num_layers));
+  const double passes = 3 + recomputed;
   const double hw_flops = passes * tokens * (layers_gemm_flops + L * 4 * s.T * h) + 6 * tokens * h * V;
   t.hardware_tflops_per_gpu = hw_flops / t.total / world / 1e12;
   t.mfu = t.model_tflops_per_gpu * 1e12 / hw.peak_flops;

@@ -16,6 +16,7 @@ std::vector<std::unique_ptr<GptModel>> build_chunks(const Config& cfg, const Dis
                               .device = dist.placement.device,
                               .seed = static_cast<uint64_t>(cfg.training.seed),
                               .recompute = cfg.training.recompute == Recompute::full,
+                              .recompute_layers = cfg.training.recompute_num_layers,
                               .selective = SelectiveRecompute::of(cfg.training.recompute_modules),
                               .tp = TensorParallel{.comm = dist.tp.get(),
                                                    .rank = dist.tp_rank(),

@@ -229,6 +229,10 @@ struct TrainingConfig {
   // (the MLP activation: GELU or SwiGLU of fc1), moe_act (a MoE layer's experts' and shared expert's activations).
   // Empty with selective: [core_attn], Megatron's default.
   std::vector<std::string> recompute_modules;
+  // With full: recompute only the first this many layers of every model chunk (Megatron's recompute_method
+  // "block"; its "uniform", groups of layers recomputed as a unit, is not built); 0: every layer.
+  int64_t recompute_num_layers = 0;
+  std::string recompute_method = "block";
   int64_t seed = 1234;
   DeviceChoice device = DeviceChoice::automatic;  // auto (cuda when built with it and a GPU is visible) | cuda | cpu
   // Stop with an error after this many non-finite iterations in a row (inf/NaN loss or gradients; fp16 steps

@@ -100,6 +100,8 @@ void visit(V& v, C& c) {
     });
     v.field({.name = "recompute"}, t.recompute);
     v.field({.name = "recompute_modules"}, t.recompute_modules);
+    v.field({.name = "recompute_num_layers"}, t.recompute_num_layers);
+    v.field({.name = "recompute_method"}, t.recompute_method);
     v.field({.name = "seed"}, t.seed);
     v.field({.name = "device"}, t.device);
     v.field({.name = "max_nonfinite_iters"}, t.max_nonfinite_iters);

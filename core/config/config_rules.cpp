@@ -349,6 +349,15 @@ void resolve_training(Config& c, const Rules& r) {
         "training.recompute_modules",
         fmt::format("is set, but training.recompute is {}: set training.recompute: selective", name_of(t.recompute)));
   if (t.recompute == Recompute::selective && t.recompute_modules.empty()) t.recompute_modules = {"core_attn"};
+  r.non_negative("training.recompute_num_layers", t.recompute_num_layers);
+  if (t.recompute_num_layers > 0 && t.recompute != Recompute::full)
+    r.fail("training.recompute_num_layers",
+           fmt::format("{} is set, but training.recompute is {}: it chooses the layers of full recomputation",
+                       t.recompute_num_layers, name_of(t.recompute)));
+  if (t.recompute_method == "uniform")
+    r.fail("training.recompute_method",
+           "uniform is not implemented yet (use block: the first recompute_num_layers layers of each model chunk)");
+  r.one_of("training.recompute_method", t.recompute_method, {"block"});
   for (size_t i = 0; i < t.recompute_modules.size(); ++i) {
     const std::string& name = t.recompute_modules[i];
     const std::string key = fmt::format("training.recompute_modules[{}]", i);

@@ -77,6 +77,7 @@ layouts=(
   "llama-tp2-sp-selective-attn-bf16|2|--set parallel.tensor=2 --set parallel.sequence_parallel=true --set training.precision=bf16 --set training.recompute=selective"
   "mid-selective-mlp|1|${mid[*]} --set training.recompute=selective --set training.recompute_modules=[mlp_act]"
   "moe-selective-moe-act|1|--set training.recompute=selective --set training.recompute_modules=[moe_act,layernorm]"
+  "llama-recompute-1-layer|1|--set training.recompute=full --set training.recompute_num_layers=1"
   "llama-pp2-zb|2|--set parallel.pipeline=2 --set training.micro_batch_size=2 --set parallel.pipeline_schedule=zb-h1"
 )
 : > results.txt

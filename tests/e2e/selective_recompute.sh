@@ -3,7 +3,8 @@
 # forward (core_attn, layernorm, mlp_act, moe_act) and recomputes them at the start of its backward from what it
 # kept, with the same dropout keys: the losses equal the run without recomputation bit for bit (fp32) on GPT,
 # Llama and a MoE Llama, in one rank and with TP, SP, PP, DP and ZeRO; each module lowers the measured activation
-# peak, and all of them together lower it less than full recomputation does. Bad keys are refused naming them.
+# peak, and all of them together lower it less than full recomputation does; full recomputation of only some layers
+# (recompute_num_layers) keeps the losses and lands between. Bad keys are refused naming them.
 source "$(dirname "$0")/lib/common.bash"
 prepare_data
 write_config
@@ -37,10 +38,17 @@ for m in core_attn layernorm mlp_act; do
   "$MT" --config llama.yaml "${common[@]}" --set training.recompute=selective --set "training.recompute_modules=[$m]" \
         --set logging.dir=llama_$m >/dev/null 2>llama_$m.err || { tail -5 llama_$m.err; fail "llama with $m"; }
 done
+# Full recomputation of only the first 2 of the 4 layers (training.recompute_num_layers, Megatron's block method).
+"$MT" --config llama.yaml "${common[@]}" --set training.recompute=full --set training.recompute_num_layers=2 \
+      --set logging.dir=llama_full2 >/dev/null 2>llama_full2.err || { tail -5 llama_full2.err; fail "llama, 2 layers"; }
+same_losses llama_none/metrics.jsonl llama_full2/metrics.jsonl 1 5 0
+same_losses llama_none/metrics.jsonl llama_full/metrics.jsonl 1 5 0
 python3 - "$(act llama_none)" "$(act llama_core_attn)" "$(act llama_layernorm)" "$(act llama_mlp_act)" \
-  "$(act llama_sel)" "$(act llama_full)" <<'PY'
+  "$(act llama_sel)" "$(act llama_full)" "$(act llama_full2)" <<'PY'
 import sys
-none, attn, norm, mlp, every, full = map(float, sys.argv[1:])
+none, attn, norm, mlp, every, full, half = map(float, sys.argv[1:])
+print(f"full recomputation of 2 of 4 layers: {half} MiB")
+assert full < half < none, (full, half, none)
 print(f"activation peak MiB: none {none}, core_attn {attn}, layernorm {norm}, mlp_act {mlp}, all three {every}, "
       f"full {full}")
 for name, v in (("core_attn", attn), ("layernorm", norm), ("mlp_act", mlp)):
@@ -49,6 +57,10 @@ assert every < min(attn, norm, mlp), (every, attn, norm, mlp)
 assert full < every, f"full recomputation keeps less than selective: {full} vs {every}"
 PY
 
+expect_error "training.recompute_num_layers: 2 is set, but training.recompute is none" --config tiny.yaml \
+  --set training.recompute_num_layers=2
+expect_error "training.recompute_method: uniform is not implemented yet" --config tiny.yaml --set training.recompute=full \
+  --set training.recompute_num_layers=2 --set training.recompute_method=uniform
 expect_error "training.recompute_modules: is set, but training.recompute is none" --config tiny.yaml \
   --set "training.recompute_modules=[core_attn]"
 expect_error "training.recompute_modules\[0\]: expected one of core_attn, layernorm, mlp_act, moe_act, got 'attention'" \

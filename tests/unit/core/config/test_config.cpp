@@ -475,6 +475,10 @@ TEST(ConfigRules, Recompute) {
                   "training.recompute_modules[0]: moe_act needs mixture-of-experts layers");
   EXPECT_CONTAINS(base_error({"training.recompute=selective", "training.recompute_modules=[core_attn, core_attn]"}),
                   "training.recompute_modules[1]: core_attn is listed twice");
+  EXPECT_EQ(base({"training.recompute=full", "training.recompute_num_layers=1"}).training.recompute_num_layers, 1);
+  EXPECT_CONTAINS(base_error({"training.recompute_num_layers=-1"}), "training.recompute_num_layers: must be >= 0");
+  EXPECT_CONTAINS(base_error({"training.recompute=full", "training.recompute_method=every"}),
+                  "training.recompute_method: expected one of block, got 'every'");
 }
 
 TEST(ConfigRules, Device) {
