@@ -76,14 +76,21 @@ MoeMlp::MoeMlp(const ModelConfig& cfg, const std::string& prefix, DType dtype, f
 
 namespace {
 
-// One expert's MLP on rows x (n, C): h = x W1^T, act = GELU(h) or SwiGLU(h), y = act W2^T.
-void expert_forward(const Tensor& x, const Parameter& w1, const Parameter& w2, bool llama, Tensor& h, Tensor& act,
-                    Tensor& y) {
-  gemm(x, w1.value, h, GemmOptions{.trans_b = true});
+// The architecture's expert activation: act = SwiGLU(h) for llama, GELU(h) for gpt (nothing for no rows). Forward
+// and the selective recomputation (moe_act) both run it, so the recomputed values are the forward's.
+void activation_forward(const Tensor& h, Tensor& act, bool llama) {
+  if (h.dim(0) == 0) return;
   if (llama)
     swiglu_forward(h, act);
   else
     gelu_forward(h, act);
+}
+
+// One expert's MLP on rows x (n, C): h = x W1^T, act = GELU(h) or SwiGLU(h), y = act W2^T.
+void expert_forward(const Tensor& x, const Parameter& w1, const Parameter& w2, bool llama, Tensor& h, Tensor& act,
+                    Tensor& y) {
+  gemm(x, w1.value, h, GemmOptions{.trans_b = true});
+  activation_forward(h, act, llama);
   gemm(act, w2.value, y, GemmOptions{.trans_b = true});
 }
 
@@ -212,12 +219,7 @@ Tensor MoeMlp::forward(const Tensor& x_rows, Saved& s, const MoeStep& step) cons
   const ExpertGroups g(s.expert_rows, fc1_, fc2_);
   std::vector<Tensor> xs = g.slices(s.xp), hs = g.slices(s.h), as = g.slices(s.act), ys = g.slices(ye);
   gemm_grouped(xs, g.w1, hs, GemmOptions{.trans_b = true});  // h = x W1^T
-  if (Re > 0) {
-    if (llama)
-      swiglu_forward(s.h, s.act);
-    else
-      gelu_forward(s.h, s.act);
-  }
+  activation_forward(s.h, s.act, llama);
   gemm_grouped(as, g.w2, ys, GemmOptions{.trans_b = true});  // y = act W2^T
   s.y = put_share(ep_.size > 1 ? from_experts(ye, s) : ye, s, kept);
   Tensor out = Tensor::empty({N, C}, dtype_, device_);  // this rank's partial sum with tensor parallelism
@@ -356,11 +358,7 @@ void MoeMlp::recompute_activations(Saved& s) const {
   const bool llama = cfg_.arch == Arch::llama;
   auto act = [&](const Tensor& h, int64_t width) {
     Tensor out = Tensor::empty({h.dim(0), width}, dtype_, device_);
-    if (h.dim(0) == 0) return out;  // forward skips the activation of no rows too
-    if (llama)
-      swiglu_forward(h, out);
-    else
-      gelu_forward(h, out);
+    activation_forward(h, out, llama);
     return out;
   };
   s.act = act(s.h, fc2_.front().value.dim(1));

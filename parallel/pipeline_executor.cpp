@@ -49,10 +49,13 @@ void execute_pipeline(const std::vector<PipeInstr>& program, PipelineStage& stag
   std::vector<Pending> batch;
   auto flush = [&] {
     if (batch.empty()) return;
-    std::vector<std::string> what;
-    if (trace::recording())
-      for (const Pending& pending : batch) what.push_back(pending.what);
-    const trace::Span span("wait", fmt::format("wait {}", fmt::join(what, ", ")));
+    std::string what;  // the timeline's name of the wait, only while recording
+    if (trace::recording()) {
+      std::vector<std::string> names;
+      for (const Pending& pending : batch) names.push_back(pending.what);
+      what = fmt::format("wait {}", fmt::join(names, ", "));
+    }
+    const trace::Span span("wait", std::move(what));
     for (Pending& pending : batch) pending.work->wait();
     batch.clear();
   };
