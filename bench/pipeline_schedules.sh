@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # pipeline_schedules.sh: the measured idle fraction of each rank of a 4-stage CPU pipeline under 1F1B, interleaved
-# 1F1B (2 chunks per stage) and ZB-H1, at m = 8 and m = 16 microbatches, from the timeline (logging.trace) of a
-# traced iteration, beside the schedule simulator's idle fraction for equal F, B and W costs (issue 27).
+# 1F1B (2 chunks per stage), ZB-H1 and ZB-V (2 chunks per stage in a V), at m = 8 and m = 16 microbatches, from the
+# timeline (logging.trace) of a traced iteration, beside the schedule simulator's idle fraction for equal F, B and W
+# costs, and each stage's peak memory from the training log (issue 27).
 #
 # Shape: GPT, LAYERS layers (LAYERS / 4 a stage, LAYERS / 8 a chunk when interleaved), hidden C, 4 heads, sequence S,
 # micro batch 1, synthetic tokens, fp32, dropout off; 4 ranks (PP 4) over Gloo on this machine, one BLAS thread each.
@@ -32,10 +33,11 @@ checkpoint: {save_dir: "", load: none}
 logging: {interval: 1, trace: true, trace_iterations: [$((WARMUP + 1))]}
 parallel: {pipeline: 4, timeout_s: 120}
 YAML
-printf "%-12s %3s %10s %12s %10s %s\n" schedule m "sim idle" "window ms" "mean idle" "idle per rank"
+printf "%-12s %3s %10s %12s %10s %-28s %s\n" schedule m "sim idle" "window ms" "mean idle" "idle per rank" \
+  "peak MiB per stage"
 for m in 8 16; do
-  for schedule in 1f1b interleaved zb-h1; do
-    vp=1; [ $schedule = interleaved ] && vp=2
+  for schedule in 1f1b interleaved zb-h1 zb-v; do
+    vp=1; [ $schedule = interleaved ] || [ $schedule = zb-v ] && vp=2
     name=${schedule}_m$m
     "$MT" --config "$WORK/shape.yaml" --nproc 4 --set training.global_batch_size=$m \
           --set parallel.virtual_pipeline=$vp --set parallel.pipeline_schedule=$schedule \
@@ -43,15 +45,17 @@ for m in 8 16; do
     cp "$WORK/$name/trace.json" "$OUT/$name.trace.json"
     python3 "$ROOT/scripts/trace_png.py" "$OUT/$name.trace.json" "$OUT/$name.png" $((WARMUP + 1)) 1200 >/dev/null
     # The simulator's bubble (parallel/schedule.h, unit-tested): 1F1B (p-1)/m, interleaved (p-1)/(v m), ZB-H1
-    # (p-1)/(3m) of the ideal; as a fraction of the window, b / (1 + b).
-    sim=$(python3 -c "b = {'1f1b': 3 / $m, 'interleaved': 3 / (2 * $m), 'zb-h1': 1 / $m}['$schedule']; print(f'{100 * b / (1 + b):.1f}%')")
+    # (p-1)/(3m), ZB-V (p-1)/(6m) of the ideal; as a fraction of the window, b / (1 + b).
+    sim=$(python3 -c "b = {'1f1b': 3 / $m, 'interleaved': 3 / (2 * $m), 'zb-h1': 1 / $m, 'zb-v': 0.5 / $m}['$schedule']; print(f'{100 * b / (1 + b):.1f}%')")
+    mem=$(grep -o "per pipeline stage [0-9. |]*" "$WORK/$name.err" | tail -1 | sed 's/per pipeline stage //')
     python3 "$ROOT/scripts/trace_summary.py" "$OUT/$name.trace.json" --json | python3 -c '
 import json, sys
 s = json.load(sys.stdin)
 it = list(s["iterations"].values())[-1]
 idle = [r["idle_fraction"] for r in it["ranks"].values()]
-print(f"%-12s %3s %10s %12.1f %9.1f%% %s" % (sys.argv[1], sys.argv[2], sys.argv[3], it["pipeline_window_ms"],
-      100 * sum(idle) / len(idle), " ".join(f"{100 * x:.1f}%" for x in idle)))' "$schedule" "$m" "$sim"
+print(f"%-12s %3s %10s %12.1f %9.1f%% %-28s %s" % (sys.argv[1], sys.argv[2], sys.argv[3], it["pipeline_window_ms"],
+      100 * sum(idle) / len(idle), " ".join(f"{100 * x:.1f}%" for x in idle), sys.argv[4]))' "$schedule" "$m" "$sim" \
+      "$mem"
   done
 done
 echo "traces and pictures in $OUT"

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "core/tensor/ops.h"
 #include "core/tensor/trace.h"
 
 namespace mt {
@@ -17,6 +18,8 @@ GradBuffer::GradBuffer(std::vector<Parameter*> params, Device device, std::uniqu
     : params_(std::move(params)), opt_(opt), dp_(std::move(dp)), reduces_(sums(dp_.get())) {
   if (opt_.bucket_elements < 1)
     throw std::invalid_argument(fmt::format("gradient buffer: bucket size {} must be positive", opt_.bucket_elements));
+  for (Parameter* p : params_)
+    if (p->grad_sums.embedding) embedding_copies_.push_back(p);
   // Whole parameters in reverse order (the last layers' gradients are final first).
   int64_t in_bucket = 0;
   for (size_t i = params_.size(); i-- > 0;) {
@@ -73,7 +76,8 @@ void GradBuffer::begin_step() {
 }
 
 bool GradBuffer::sums_elsewhere(const Parameter* p) const {
-  return (p->grad_sums.tensor && sums(opt_.tensor)) || (p->grad_sums.embedding && sums(opt_.embedding));
+  return (p->grad_sums.tensor && sums(opt_.tensor)) ||
+         (p->grad_sums.embedding && (sums(opt_.embedding) || embedding_copies_.size() > 1));
 }
 
 void GradBuffer::mark_ready(const std::vector<Parameter*>& params) {
@@ -132,6 +136,11 @@ void GradBuffer::finalize() {
   if (sums(opt_.tensor))
     for (Parameter* p : params_)
       if (p->grad_sums.tensor) opt_.tensor->all_reduce(p->grad, ReduceOp::sum)->wait();
+  if (embedding_copies_.size() > 1) {  // both copies here: a + b in each, as a two-rank sum gives
+    Tensor& first = embedding_copies_[0]->grad;
+    for (size_t i = 1; i < embedding_copies_.size(); ++i) add(first, embedding_copies_[i]->grad, first);
+    for (size_t i = 1; i < embedding_copies_.size(); ++i) embedding_copies_[i]->grad.copy_from(first);
+  }
   if (sums(opt_.embedding))
     for (Parameter* p : params_)
       if (p->grad_sums.embedding) opt_.embedding->all_reduce(p->grad, ReduceOp::sum)->wait();

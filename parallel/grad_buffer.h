@@ -92,6 +92,9 @@ class GradBuffer {
   std::unordered_map<const Parameter*, size_t> bucket_of_;
   std::unordered_map<const Parameter*, bool> ready_;
   const bool reduces_;  // a data-parallel group of more than one rank
+  // The tied embedding's copies this rank holds: two on zb-v's first stage (its V starts and ends there), which
+  // finalize sums here as the embedding group sums copies on two ranks.
+  std::vector<Parameter*> embedding_copies_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool on_caller_ = false;                    // issue on the calling thread (NCCL), else on thread_ (Gloo)

@@ -33,7 +33,9 @@ struct PipelinePlacement {
   Communicator* comm = nullptr;  // the pipeline group; its rank r is stage r
   int stage = 0;
   int stages = 1;
-  int chunks = 1;  // model chunks (virtual stages) per rank
+  int chunks = 1;                                     // model chunks (virtual stages) per rank
+  ChunkPlacement placement = ChunkPlacement::looped;  // which virtual stage each chunk is (parallel/schedule.h)
+  bool waits_on_use = false;  // wait for a batch only when a compute consumes what it received (schedule.h)
 };
 
 // Runs `program` (this stage's list from build_schedule, training or forward_only). Consecutive send/recv

@@ -3,6 +3,9 @@
 #include "parallel/schedule.h"
 
 #include <algorithm>
+#include <array>
+#include <limits>
+#include <optional>
 #include <stdexcept>
 
 namespace mt {
@@ -53,8 +56,26 @@ std::string schedule_kind_name(ScheduleKind kind) {
       return "forward_only";
     case ScheduleKind::zb_h1:
       return "zb_h1";
+    case ScheduleKind::zb_v:
+      return "zb_v";
   }
   return "unknown";
+}
+
+bool waits_on_use(ScheduleKind kind) { return kind == ScheduleKind::zb_v; }
+
+ChunkPlacement chunk_placement(ScheduleKind kind) {
+  return kind == ScheduleKind::zb_v ? ChunkPlacement::v_shape : ChunkPlacement::looped;
+}
+
+int virtual_stage(ChunkPlacement placement, int stages, StageChunk at) {
+  if (placement == ChunkPlacement::v_shape && at.chunk == 1) return 2 * stages - 1 - at.stage;
+  return at.chunk * stages + at.stage;
+}
+
+StageChunk stage_chunk(ChunkPlacement placement, int stages, int vs) {
+  if (placement == ChunkPlacement::v_shape && vs >= stages) return {2 * stages - 1 - vs, 1};
+  return {vs % stages, vs / stages};
 }
 
 namespace {
@@ -84,19 +105,32 @@ void validate(const ScheduleSpec& spec) {
         fail(spec, "microbatches = " + m + " must be a multiple of stages = " + p +
                        " (Megatron's rule: microbatches pass each chunk in groups of stages)");
       break;
+    case ScheduleKind::zb_v:
+      if (spec.chunks != 2) fail(spec, "chunks = " + v + " must be 2 (ZB-V places two chunks per stage in a V)");
+      break;
     case ScheduleKind::forward_only:
       break;  // any p, m, v: the last group of microbatches may be short
   }
+  if (spec.placement == ChunkPlacement::v_shape && spec.chunks != 2)
+    fail(spec, "chunks = " + v + " must be 2 for the V-shaped placement");
+  if (spec.kind != ScheduleKind::forward_only && spec.placement != chunk_placement(spec.kind))
+    fail(spec, spec.placement == ChunkPlacement::v_shape ? "runs looped chunks, not the V-shaped placement"
+                                                         : "needs the V-shaped placement");
 }
 
-// Appends instructions to one stage's list; the stage's position decides which transfers exist.
+// Appends instructions to one stage's list; the stage's position decides which transfers exist: a chunk receives
+// its input (sends its output) unless it is the first (last) virtual stage or its neighbour is on this stage.
 struct StageWriter {
   std::vector<PipeInstr>& out;
-  bool first_stage, last_stage;  // physical position: stage 0 / stage p - 1
-  int chunks;
+  int stage, stages, chunks;
+  ChunkPlacement placement = ChunkPlacement::looped;
 
-  bool has_prev(int chunk) const { return !(first_stage && chunk == 0); }          // not virtual stage 0
-  bool has_next(int chunk) const { return !(last_stage && chunk == chunks - 1); }  // not the last virtual stage
+  int vs(int chunk) const { return virtual_stage(placement, stages, {stage, chunk}); }
+  bool remote(int virtual_stage) const { return stage_chunk(placement, stages, virtual_stage).stage != stage; }
+  bool has_prev(int chunk) const { return vs(chunk) > 0 && remote(vs(chunk) - 1); }
+  bool has_next(int chunk) const { return vs(chunk) < stages * chunks - 1 && remote(vs(chunk) + 1); }
+  bool first_stage() const { return stage == 0; }
+  bool last_stage() const { return stage == stages - 1; }
   void add(PipeOp op, int mb, int chunk) { out.push_back({op, mb, chunk}); }
 };
 
@@ -113,7 +147,7 @@ std::vector<PipeInstr> no_pipelining(int m) {
 // forwards and backwards with each backward split, and stage s's W held back by s microbatches.
 std::vector<PipeInstr> one_f_one_b(int p, int s, int m, bool zero_bubble) {
   std::vector<PipeInstr> out;
-  StageWriter w{out, s == 0, s == p - 1, 1};
+  StageWriter w{out, s, p, 1};
   std::vector<int> waiting;  // ZB-H1: microbatches through B, waiting for their W, oldest first
   size_t next_w = 0;
   // The W's beyond `hold`, placed before the next compute (after its receives: in flight meanwhile).
@@ -161,7 +195,7 @@ std::vector<PipeInstr> interleaved(int p, int s, int m, int v) {
   auto microbatch_of = [&](int k) { return (k / (p * v)) * p + k % p; };
 
   std::vector<PipeInstr> out;
-  StageWriter w{out, s == 0, s == p - 1, v};
+  StageWriter w{out, s, p, v};
   // The pairs whose input (output gradient) arrives from a peer, in the order they arrive.
   std::vector<PipeInstr> inputs, grads;
   for (int k = 0; k < total; ++k) {
@@ -189,8 +223,8 @@ std::vector<PipeInstr> interleaved(int p, int s, int m, int v) {
   for (int k = 0; k < warmup; ++k) {
     forward(k);
     send_forward(k);
-    if (k != total - 1 && !(w.first_stage && chunk_of(k + 1, true) == 0)) recv_prev();
-    if (k == warmup - 1 && !w.last_stage) recv_next();  // the gradient for the first backward (chunk v - 1)
+    if (k != total - 1 && !(w.first_stage() && chunk_of(k + 1, true) == 0)) recv_prev();
+    if (k == warmup - 1 && !w.last_stage()) recv_next();  // the gradient for the first backward (chunk v - 1)
   }
   for (int k = 0; k < steady; ++k) {
     const int forward_k = warmup + k, backward_k = k;
@@ -199,8 +233,8 @@ std::vector<PipeInstr> interleaved(int p, int s, int m, int v) {
     send_forward(forward_k);
     send_backward(backward_k);
     // Stage 0 is p - 1 steps ahead of the last stage, which sends to chunk c + 1 unless c is its last chunk.
-    bool prev = !w.first_stage || chunk_of(forward_k - (p - 1), true) != v - 1;
-    bool next = !w.last_stage || chunk_of(backward_k - (p - 1), false) != 0;
+    bool prev = !w.first_stage() || chunk_of(forward_k - (p - 1), true) != v - 1;
+    bool next = !w.last_stage() || chunk_of(backward_k - (p - 1), false) != 0;
     if (k == steady - 1) prev = false;
     if (prev) recv_prev();
     if (next) recv_next();
@@ -208,7 +242,7 @@ std::vector<PipeInstr> interleaved(int p, int s, int m, int v) {
   for (int k = steady; k < total; ++k) {
     backward(k);
     send_backward(k);
-    if (k != total - 1 && !(w.last_stage && chunk_of(k + 1, false) == v - 1)) recv_next();
+    if (k != total - 1 && !(w.last_stage() && chunk_of(k + 1, false) == v - 1)) recv_next();
   }
   if (next_input != inputs.size() || next_grad != grads.size())
     throw std::logic_error("interleaved schedule: stage " + std::to_string(s) + " posts " + std::to_string(next_input) +
@@ -220,9 +254,9 @@ std::vector<PipeInstr> interleaved(int p, int s, int m, int v) {
 // Evaluation: each (microbatch, chunk) received, run and sent on, in interleaved's forward order (microbatches
 // pass chunk 0 in groups of p, then chunk 1, ...; a short last group when p does not divide m). Every stage
 // walks the same order, so each receive meets its send in order and nothing waits on a later message.
-std::vector<PipeInstr> forward_only(int p, int s, int m, int v) {
+std::vector<PipeInstr> forward_only(int p, int s, int m, int v, ChunkPlacement placement) {
   std::vector<PipeInstr> out;
-  StageWriter w{out, s == 0, s == p - 1, v};
+  StageWriter w{out, s, p, v, placement};
   for (int group = 0; group < m; group += p) {
     const int group_end = std::min(group + p, m);
     for (int c = 0; c < v; ++c) {
@@ -231,6 +265,102 @@ std::vector<PipeInstr> forward_only(int p, int s, int m, int v) {
         w.add(PipeOp::forward, mb, c);
         if (w.has_next(c)) w.add(PipeOp::send_forward, mb, c);
       }
+    }
+  }
+  return out;
+}
+
+// ZB-V (schedule.h): the list schedule, timed with the spec's costs, then the transfers placed at those times.
+std::vector<std::vector<PipeInstr>> zb_v(int p, int m, const ScheduleCosts& costs) {
+  const int vstages = 2 * p, limit = 2 * p;
+  enum Kind { F, B, W };
+  const double cost[3] = {costs.forward / 2, costs.backward_input / 2, costs.backward_weight / 2};  // a chunk's
+  struct Timed {
+    Kind kind;
+    int mb, vs;
+    double start, end;
+  };
+  constexpr double not_yet = std::numeric_limits<double>::infinity();
+  // When each (microbatch, virtual stage)'s F, B and W end; not_yet before they are placed.
+  std::vector<std::array<double, 3>> ends(static_cast<size_t>(m) * vstages, {not_yet, not_yet, not_yet});
+  auto end_of = [&](int mb, int vs) -> std::array<double, 3>& { return ends[static_cast<size_t>(mb) * vstages + vs]; };
+  auto done_by = [&](int mb, int vs, Kind k, double t) { return end_of(mb, vs)[k] <= t; };
+  std::vector<std::vector<Timed>> ops(p);
+  std::vector<double> free_at(p, 0);
+  std::vector<int> waiting_w(p, 0);  // pairs forwarded and not yet through W, per stage
+  std::vector<char> idle(p, 0);      // found nothing ready at free_at: decides after the others at that time
+  const long total = 3L * m * vstages;
+  for (long placed = 0; placed < total;) {
+    int s = 0;
+    for (int o = 1; o < p; ++o)
+      if (std::pair(free_at[o], idle[o]) < std::pair(free_at[s], idle[s])) s = o;
+    const double now = free_at[s];
+    const int own[2] = {s, vstages - 1 - s};  // chunk 0's and chunk 1's virtual stage
+    std::optional<Timed> b, f[2], w;
+    for (int mb = 0; mb < m; ++mb) {
+      for (int c : {1, 0}) {
+        const int vs = own[c];
+        const auto& e = end_of(mb, vs);
+        if (!b && e[B] == not_yet && done_by(mb, vs, F, now) && (vs == vstages - 1 || done_by(mb, vs + 1, B, now)))
+          b = Timed{B, mb, vs, now, now + cost[B]};
+        if (!f[c] && e[F] == not_yet && (vs == 0 || done_by(mb, vs - 1, F, now)))
+          f[c] = Timed{F, mb, vs, now, now + cost[F]};
+      }
+      for (int vs : own)
+        if (!w && end_of(mb, vs)[W] == not_yet && done_by(mb, vs, B, now)) w = Timed{W, mb, vs, now, now + cost[W]};
+    }
+    const bool room = waiting_w[s] < limit;
+    const std::optional<Timed> pick = b ? b : room && f[1] ? f[1] : room && f[0] ? f[0] : w ? w : f[1];
+    if (!pick) {  // nothing ready: wait for the next op to end anywhere
+      double next = not_yet;
+      for (const auto& e : ends)
+        for (double t : e)
+          if (t > now && t < next) next = t;
+      if (next == not_yet && idle[s]) throw std::logic_error("zb_v schedule: no progress");
+      if (next == not_yet) {
+        idle[s] = 1;  // another stage may start something at this time
+        continue;
+      }
+      free_at[s] = next;
+      idle[s] = 0;
+      continue;
+    }
+    idle.assign(p, 0);  // something new runs: every stage looks again
+    end_of(pick->mb, pick->vs)[pick->kind] = pick->end;
+    waiting_w[s] += pick->kind == F ? 1 : pick->kind == W ? -1 : 0;
+    ops[s].push_back(*pick);
+    free_at[s] = pick->end;
+    ++placed;
+  }
+  // The transfers: a stage posts the send of what an op made right after it; the receiving stage posts its receive
+  // after every op of its own that started before the tensor was made (just before the op that consumes it, if it
+  // idles till then). Both ends thus post each pair's messages in the order they were made.
+  std::vector<std::vector<std::vector<PipeInstr>>> after(p);  // after[s][k]: posted after stage s's k-th op
+  for (int s = 0; s < p; ++s) after[s].resize(ops[s].size() + 1);
+  auto chunk_of = [&](int vs) { return stage_chunk(ChunkPlacement::v_shape, p, vs).chunk; };
+  for (int s = 0; s < p; ++s) {
+    for (size_t j = 0; j < ops[s].size(); ++j) {
+      const Timed& op = ops[s][j];
+      const bool forward = op.kind == F && op.vs + 1 < vstages, backward = op.kind == B && op.vs > 0;
+      if (!forward && !backward) continue;
+      const int to_vs = forward ? op.vs + 1 : op.vs - 1, to = stage_chunk(ChunkPlacement::v_shape, p, to_vs).stage;
+      if (to == s) continue;  // the turn of the V: handed over on this stage
+      after[s][j + 1].push_back({forward ? PipeOp::send_forward : PipeOp::send_backward, op.mb, chunk_of(op.vs)});
+      size_t k = 0;
+      while (k < ops[to].size() && ops[to][k].start < op.end) ++k;
+      after[to][k].push_back({forward ? PipeOp::recv_forward : PipeOp::recv_backward, op.mb, chunk_of(to_vs)});
+    }
+  }
+  std::vector<std::vector<PipeInstr>> out(p);
+  for (int s = 0; s < p; ++s) {
+    for (size_t k = 0; k <= ops[s].size(); ++k) {
+      out[s].insert(out[s].end(), after[s][k].begin(), after[s][k].end());
+      if (k == ops[s].size()) break;
+      const Timed& op = ops[s][k];
+      const PipeOp code = op.kind == F   ? PipeOp::forward
+                          : op.kind == B ? PipeOp::backward_input
+                                         : PipeOp::backward_weight;
+      out[s].push_back({code, op.mb, chunk_of(op.vs)});
     }
   }
   return out;
@@ -254,13 +384,16 @@ std::vector<std::vector<PipeInstr>> build_schedule(const ScheduleSpec& spec) {
         stages[s] = interleaved(p, s, m, v);
         break;
       case ScheduleKind::forward_only:
-        stages[s] = forward_only(p, s, m, v);
+        stages[s] = forward_only(p, s, m, v, spec.placement);
         break;
       case ScheduleKind::zb_h1:
         stages[s] = one_f_one_b(p, s, m, true);
         break;
+      case ScheduleKind::zb_v:
+        break;  // all stages at once, below
     }
   }
+  if (spec.kind == ScheduleKind::zb_v) stages = zb_v(p, m, spec.costs);
   return stages;
 }
 

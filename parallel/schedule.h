@@ -23,6 +23,13 @@
 //     would silently deliver the wrong tensor.
 // So an executor that issued each instruction as its own blocking call would deadlock on 1F1B; one that
 // batches adjacent communication instructions runs every schedule build_schedule makes.
+//
+// ZB-V runs under a second model, waits on use (waits_on_use): a batch does not hold up the next compute. A
+// compute waits only when it consumes a received tensor, and then for the batch that brought it and every batch
+// posted before it (NCCL runs a rank's groups in order on one stream, so a later group completes after the earlier
+// ones, sends included); the rest are waited for at the end. Its transfers run in lock step (each message posted at
+// both ends after the slot that made it), so every rank posts the same messages in the same order of slots and the
+// waits follow the data only.
 #pragma once
 #include <string>
 #include <vector>
@@ -54,14 +61,42 @@ struct PipeInstr {
 std::string to_string(const PipeInstr& instr);  // "send_forward(mb 3, chunk 1)"
 
 // forward_only: evaluation, a forward of every (microbatch, chunk) on every stage and no backward.
-enum class ScheduleKind { no_pipelining, one_f_one_b, interleaved, forward_only, zb_h1 };
+enum class ScheduleKind { no_pipelining, one_f_one_b, interleaved, forward_only, zb_h1, zb_v };
 std::string schedule_kind_name(ScheduleKind kind);
+
+// Where a rank's model chunks sit in the model. looped (Megatron's interleaving): chunk c of stage s is virtual
+// stage c * p + s. v_shape (ZB-V, v = 2): chunk 0 of stage s is virtual stage s and chunk 1 is 2p - 1 - s, so stage
+// 0 holds the first and the last virtual stage and the turn at the bottom of the V (virtual stages p - 1 and p)
+// stays on stage p - 1: no transfer crosses it.
+enum class ChunkPlacement { looped, v_shape };
+ChunkPlacement chunk_placement(ScheduleKind kind);
+// Whether the executor waits for a batch of transfers only when a compute consumes what it received (above).
+bool waits_on_use(ScheduleKind kind);
+struct StageChunk {
+  int stage = 0;
+  int chunk = 0;
+  bool operator==(const StageChunk&) const = default;
+};
+int virtual_stage(ChunkPlacement placement, int stages, StageChunk at);
+StageChunk stage_chunk(ChunkPlacement placement, int stages, int virtual_stage);
+
+// What one microbatch's compute costs on a stage, for the simulator (a chunk's share is 1/v of it): a whole
+// backward costs backward_input + backward_weight. The defaults are the paper's equal F, B and W costs.
+struct ScheduleCosts {
+  double forward = 1;
+  double backward_input = 1;   // B: the input gradient
+  double backward_weight = 1;  // W: the weight gradients
+};
 
 struct ScheduleSpec {
   ScheduleKind kind = ScheduleKind::one_f_one_b;
   int stages = 1;        // p
   int microbatches = 1;  // m
-  int chunks = 1;        // v (virtual stages per rank); > 1 only for interleaved and forward_only
+  int chunks = 1;        // v (virtual stages per rank); > 1 only for interleaved, forward_only and zb_v (2)
+  // Where the chunks sit: looped, or v_shape for zb_v (and for forward_only when evaluating a zb_v model).
+  ChunkPlacement placement = ChunkPlacement::looped;
+  // The costs zb_v times its list schedule with (the others do not depend on costs).
+  ScheduleCosts costs;
 };
 
 // The instruction list of every stage. Layer chunk c of stage s is global virtual stage c * p + s (Megatron's
@@ -80,6 +115,15 @@ struct ScheduleSpec {
 //     the last s after the stage's last B, where 1F1B's stage s idles waiting on the stages before it. With equal
 //     F, B and W costs the bubble is a third of 1F1B's, (p - 1) / (3 m), and no stage holds more microbatches'
 //     activations than 1F1B's first stage (p): stage s holds p - s not yet through B and s waiting for their W.
+//   zb_v (v = 2, v_shape placement): Qi et al.'s ZB-V. A list schedule in unit slots (each chunk's F, B or W one
+//     slot): every stage runs, in order of preference, a B whose output gradient has arrived (oldest microbatch
+//     first), an F if fewer than 2p (microbatch, chunk) pairs wait for their W (chunk 1's first: it leads to the
+//     loss), a W (oldest first), and an F of chunk 1 beyond the limit only when nothing else can run. With equal
+//     costs it reaches the bound of a stage's (p - 1) idle slots while the first microbatch reaches it, a bubble of
+//     (p - 1) / (6 m), a sixth of 1F1B's, with 1F1B's activation memory (2p half-size pairs, p microbatches). The
+//     transfers run in lock step: after each slot a stage posts the sends of what it just computed and the
+//     receives of what its neighbours computed in the same slot, so both ends post every message in slot order;
+//     it runs under waits on use (above), so a stage waits only for what it consumes.
 //   forward_only (any p, m, v): recv_forward, forward, send_forward of each (microbatch, chunk), microbatches
 //     passing chunk 0 in groups of p (the last group may be smaller), then chunk 1, ... (interleaved's forward
 //     order; with v = 1 simply microbatch order). A send_forward and the next recv_forward form one batch
@@ -101,14 +145,6 @@ struct ScheduleReport {
   // of a stage's activations for one microbatch.
   int peak_in_flight = 0;                 // max over stages
   std::vector<int> stage_peak_in_flight;  // per stage
-};
-
-// What one microbatch's compute costs on a stage, for the simulator (a chunk's share is 1/v of it): a whole
-// backward costs backward_input + backward_weight. The defaults are the paper's equal F, B and W costs.
-struct ScheduleCosts {
-  double forward = 1;
-  double backward_input = 1;   // B: the input gradient
-  double backward_weight = 1;  // W: the weight gradients
 };
 
 // Simulates the schedules under the communication model above and checks: every send has its receive, each

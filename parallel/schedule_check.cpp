@@ -5,6 +5,7 @@
 // posts its sends and receives in the same order (NCCL matches by order, not tag), and reports what went wrong.
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <tuple>
 
@@ -36,7 +37,7 @@ class Simulator {
  public:
   Simulator(const ScheduleSpec& spec, const std::vector<std::vector<PipeInstr>>& schedule, const ScheduleCosts& costs)
       : p_(spec.stages), m_(spec.microbatches), v_(spec.chunks), forward_only_(spec.kind == ScheduleKind::forward_only),
-        costs_(costs), schedule_(schedule), stages_(p_) {
+        placement_(spec.placement), on_use_(waits_on_use(spec.kind)), costs_(costs), schedule_(schedule), stages_(p_) {
     for (auto& st : stages_) st.pairs.assign(static_cast<size_t>(m_) * v_, PairState{});
   }
 
@@ -47,7 +48,7 @@ class Simulator {
     try {
       for (bool progress = true; progress;) {
         progress = false;
-        for (int s = 0; s < p_; ++s) progress |= advance(s);
+        for (int s = 0; s < p_; ++s) progress |= on_use_ ? advance_on_use(s) : advance(s);
       }
       std::string stuck = deadlock_description();
       if (!stuck.empty()) throw CheckError{stuck};
@@ -93,10 +94,24 @@ class Simulator {
     size_t after_batch = 0;  // past the backward_weight run after the batch, which ran while it was in flight
     std::vector<PairState> pairs;
     int in_flight = 0, peak_in_flight = 0;
+    // Waits on use: the posted batches (instruction numbers), how many have completed, and which batch each
+    // receive is in (by its instruction's op, microbatch and chunk).
+    std::vector<std::vector<size_t>> batches;
+    size_t completed = 0;
+    std::map<std::tuple<PipeOp, int, int>, size_t> batch_of;
   };
 
-  int virtual_stage(int s, int chunk) const { return chunk * p_ + s; }
+  int virtual_stage(int s, int chunk) const { return mt::virtual_stage(placement_, p_, {s, chunk}); }
+  int stage_of(int vs) const { return stage_chunk(placement_, p_, vs).stage; }
   int last_virtual() const { return p_ * v_ - 1; }
+  // Whether virtual stage vs's neighbour `other` sits on the same stage: then nothing is transferred between them
+  // (the V's turn on stage p - 1): the executor hands the tensor over locally.
+  bool local(int vs, int other) const { return stage_of(vs) == stage_of(other); }
+  // The state of (microbatch, virtual stage vs) on the stage that holds it.
+  const PairState& pair_at(int mb, int vs) const {
+    const StageChunk at = stage_chunk(placement_, p_, vs);
+    return stages_[at.stage].pairs[static_cast<size_t>(mb) * v_ + at.chunk];
+  }
 
   [[noreturn]] void fail(int s, size_t i, const std::string& why) const {
     throw CheckError{"stage " + std::to_string(s) + " instruction #" + std::to_string(i) + " " +
@@ -118,15 +133,19 @@ class Simulator {
     switch (in.op) {
       case PipeOp::recv_forward:
         if (vs == 0) fail(s, i, "the first virtual stage has no previous stage to receive from");
+        if (local(vs, vs - 1)) fail(s, i, "the previous virtual stage is on this stage: nothing to receive");
         return {Dir::forward, in.microbatch, vs - 1};
       case PipeOp::send_forward:
         if (vs == last_virtual()) fail(s, i, "the last virtual stage has no next stage to send to");
+        if (local(vs, vs + 1)) fail(s, i, "the next virtual stage is on this stage: nothing to send");
         return {Dir::forward, in.microbatch, vs};
       case PipeOp::recv_backward:
         if (vs == last_virtual()) fail(s, i, "the last virtual stage has no next stage to receive from");
+        if (local(vs, vs + 1)) fail(s, i, "the next virtual stage is on this stage: nothing to receive");
         return {Dir::backward, in.microbatch, vs + 1};
       case PipeOp::send_backward:
         if (vs == 0) fail(s, i, "the first virtual stage has no previous stage to send to");
+        if (local(vs, vs - 1)) fail(s, i, "the previous virtual stage is on this stage: nothing to send");
         return {Dir::backward, in.microbatch, vs};
       default:
         break;
@@ -136,7 +155,7 @@ class Simulator {
   static bool is_send(PipeOp op) { return op == PipeOp::send_forward || op == PipeOp::send_backward; }
   int peer(const MessageKey& key, bool sender) const {  // the stage at the other end from `sender`'s view
     const int to_virtual = key.dir == Dir::forward ? key.from_virtual + 1 : key.from_virtual - 1;
-    return (sender ? to_virtual : key.from_virtual) % p_;
+    return stage_of(sender ? to_virtual : key.from_virtual);
   }
 
   // Runs stage s as far as it can; returns whether it moved.
@@ -174,6 +193,71 @@ class Simulator {
       moved = true;
     }
     return moved;
+  }
+
+  // Waits on use (schedule.h): posting never waits; a forward (backward) whose input (output gradient) came from
+  // another stage waits for the batch that received it and every batch before it; the end waits for all.
+  bool advance_on_use(int s) {
+    StageState& st = stages_[s];
+    const auto& list = schedule_[s];
+    const size_t completed_before = st.completed;
+    bool moved = false;
+    while (st.pc < list.size()) {
+      const PipeInstr& in = list[st.pc];
+      if (is_communication(in.op)) {
+        st.batches.emplace_back();
+        for (; st.pc < list.size() && is_communication(list[st.pc].op); ++st.pc) {
+          post(s, st.pc);
+          st.batches.back().push_back(st.pc);
+          const PipeOp op = list[st.pc].op;
+          if (op == PipeOp::recv_forward || op == PipeOp::recv_backward)
+            st.batch_of[{op, list[st.pc].microbatch, list[st.pc].chunk}] = st.batches.size() - 1;
+        }
+        moved = true;
+        continue;
+      }
+      const std::optional<size_t> need = batch_needed(s, in);
+      if (need && !complete_through(s, *need)) return moved || st.completed != completed_before;
+      compute(s, st.pc++);
+      moved = true;
+    }
+    if (!st.batches.empty()) complete_through(s, st.batches.size() - 1);
+    return moved || st.completed != completed_before;
+  }
+
+  // The batch whose receive a compute consumes, if its input (output gradient) comes from another stage and was
+  // posted; none otherwise (compute reports a missing receive).
+  std::optional<size_t> batch_needed(int s, const PipeInstr& in) const {
+    const int vs = virtual_stage(s, in.chunk);
+    PipeOp recv;
+    if (in.op == PipeOp::forward && vs != 0 && !local(vs, vs - 1))
+      recv = PipeOp::recv_forward;
+    else if (is_backward_input(in.op) && vs != last_virtual() && !local(vs, vs + 1))
+      recv = PipeOp::recv_backward;
+    else
+      return std::nullopt;
+    const auto& map = stages_[s].batch_of;
+    const auto it = map.find({recv, in.microbatch, in.chunk});
+    if (it == map.end()) return std::nullopt;
+    return it->second;
+  }
+
+  // Completes stage s's batches up to k in order when every transfer in them has its peer posted; the stage's
+  // clock moves to when the last of them completed. False when one still waits for a peer.
+  bool complete_through(int s, size_t k) {
+    StageState& st = stages_[s];
+    for (; st.completed <= k; ++st.completed) {
+      double done = st.clock;
+      for (size_t i : st.batches[st.completed]) {
+        const Posting& post = postings_[message(s, i)];
+        const double other = is_send(schedule_[s][i].op) ? post.recv_time : post.send_time;
+        if (other < 0) return false;
+        done = std::max(done, other);
+      }
+      for (size_t i : st.batches[st.completed]) complete(s, i);
+      st.clock = done;
+    }
+    return true;
   }
 
   void post(int s, size_t i) {
@@ -240,7 +324,10 @@ class Simulator {
     }
     if (op == PipeOp::forward) {
       if (ps.forwarded) fail(s, i, "forward runs twice");
-      if (vs != 0 && !ps.received_input) fail(s, i, "runs before its input activation was received (no recv_forward)");
+      if (vs != 0 && local(vs, vs - 1) && !pair_at(schedule_[s][i].microbatch, vs - 1).forwarded)
+        fail(s, i, "runs before the forward of the previous virtual stage on this stage");
+      if (vs != 0 && !local(vs, vs - 1) && !ps.received_input)
+        fail(s, i, "runs before its input activation was received (no recv_forward)");
       ps.forwarded = true;
       st.clock += costs_.forward / v_;
       // Without a backward nothing is kept: forward_only holds no activations.
@@ -249,7 +336,9 @@ class Simulator {
       if (forward_only_) fail(s, i, "a forward_only schedule runs no backward");
       if (ps.backwarded) fail(s, i, "backward runs twice");
       if (!ps.forwarded) fail(s, i, "backward runs before its forward");
-      if (vs != last_virtual() && !ps.received_grad)
+      if (vs != last_virtual() && local(vs, vs + 1) && !pair_at(schedule_[s][i].microbatch, vs + 1).backwarded)
+        fail(s, i, "runs before the backward of the next virtual stage on this stage");
+      if (vs != last_virtual() && !local(vs, vs + 1) && !ps.received_grad)
         fail(s, i, "runs before its output gradient was received (no recv_backward)");
       ps.backwarded = true;
       if (op == PipeOp::backward_input) {
@@ -268,8 +357,17 @@ class Simulator {
     bool any = false;
     for (int s = 0; s < p_; ++s) {
       const StageState& st = stages_[s];
-      if (st.pc >= schedule_[s].size()) continue;
-      for (size_t i = st.pc; i < st.batch_end; ++i) {
+      // Waits on use: the first batch not completed holds the stage (at a compute or at the end).
+      const bool waits = on_use_ && st.completed < st.batches.size();
+      if (st.pc >= schedule_[s].size() && !waits) continue;
+      if (on_use_ && !waits) {
+        os << (any ? "; " : "") << "stage " << s << " stops at #" << st.pc << " " << to_string(schedule_[s][st.pc]);
+        any = true;
+        continue;
+      }
+      const size_t from = waits ? st.batches[st.completed].front() : st.pc;
+      const size_t to = waits ? st.batches[st.completed].back() + 1 : st.batch_end;
+      for (size_t i = from; i < to; ++i) {
         const MessageKey key = message(s, i);
         const bool send = is_send(schedule_[s][i].op);
         const Posting& post = postings_[key];
@@ -298,9 +396,9 @@ class Simulator {
           if (!forward_only_ && !ps.weighted)
             throw CheckError{where + " runs backward_input but never backward_weight"};
           const int vs = virtual_stage(s, c);
-          if (vs != last_virtual() && !ps.sent_output)
+          if (vs != last_virtual() && !local(vs, vs + 1) && !ps.sent_output)
             throw CheckError{where + " never sends its output (send_forward)"};
-          if (!forward_only_ && vs != 0 && !ps.sent_grad)
+          if (!forward_only_ && vs != 0 && !local(vs, vs - 1) && !ps.sent_grad)
             throw CheckError{where + " never sends its input gradient (send_backward)"};
         }
       }
@@ -353,6 +451,8 @@ class Simulator {
 
   int p_, m_, v_;
   bool forward_only_;
+  ChunkPlacement placement_;
+  bool on_use_;  // waits on use (schedule.h), else the batch model
   ScheduleCosts costs_;
   const std::vector<std::vector<PipeInstr>>& schedule_;
   std::vector<StageState> stages_;

@@ -61,10 +61,7 @@ Config apply_layout(const Config& base, const Layout& l) {
 
 std::string runtime_refusal(const Config& c) {
   if (c.parallel.pipeline == 1 && c.parallel.virtual_pipeline == 1) return "";
-  const ScheduleSpec spec{.kind = training_schedule_kind(c.parallel),
-                          .stages = static_cast<int>(c.parallel.pipeline),
-                          .microbatches = static_cast<int>(c.training.num_microbatches),
-                          .chunks = static_cast<int>(c.parallel.virtual_pipeline)};
+  const ScheduleSpec spec = training_schedule(c, c.training.num_microbatches);
   try {
     (void)build_schedule(spec);
   } catch (const std::invalid_argument& e) {

@@ -17,22 +17,16 @@ namespace {
 
 constexpr double kCublasLtWorkspace = 32.0 * 1048576;  // core/cuda/gemm.cpp kWorkspaceBytes, kept for the process
 
-// The chunks of pipeline rank `stage`: virtual stage c * p + stage holds chunk c (app/train/trainer.cpp build_chunks).
+// The chunks of pipeline rank `stage`, as the trainer builds them (models/pipeline_schedule.h stage_chunks).
 std::vector<ChunkSpec> chunks_of(const Config& c, int64_t stage) {
-  const int64_t p = c.parallel.pipeline, v = c.parallel.virtual_pipeline, vstages = p * v;
-  std::vector<int64_t> layers = c.parallel.layers_per_stage;
-  if (layers.empty()) layers.assign(static_cast<size_t>(vstages), c.model.num_layers / vstages);
+  const int64_t p = c.parallel.pipeline, v = c.parallel.virtual_pipeline;
   std::vector<ChunkSpec> out;
-  for (int64_t k = 0; k < v; ++k) {
-    const int64_t vs = k * p + stage;
-    int64_t begin = 0;  // app/train/model_chunks.cpp: the layers of the virtual stages before this one
-    for (int64_t i = 0; i < vs; ++i) begin += layers[static_cast<size_t>(i)];
-    out.push_back(ChunkSpec{.has_embedding = vs == 0,
-                            .has_head = vs == vstages - 1,
-                            .layer_begin = begin,
-                            .layers = layers[static_cast<size_t>(vs)],
+  for (const ChunkLayers& ch : stage_chunks(c.parallel, c.model.num_layers, stage))
+    out.push_back(ChunkSpec{.has_embedding = ch.has_embedding,
+                            .has_head = ch.has_head,
+                            .layer_begin = ch.layer_begin,
+                            .layers = ch.layers,
                             .pipelined = !(p == 1 && v == 1)});
-  }
   return out;
 }
 
@@ -121,7 +115,7 @@ ActivationPeaks walk_schedule(const Config& c, int64_t stage, const std::vector<
     out.in_flight = 1;
     return out;
   }
-  const ScheduleSpec spec{.kind = training_schedule_kind(c.parallel), .stages = p, .microbatches = M, .chunks = v};
+  const ScheduleSpec spec = training_schedule(c, M);
   const std::vector<PipeInstr> program = build_schedule(spec)[static_cast<size_t>(stage)];
   double pending = 0;  // sent tensors the executor keeps until its next flush
   int in_flight = 0;

@@ -362,8 +362,6 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   const Link pp_link = link(hw, tp * dp * std::min<int64_t>(p, 2) <= gpn);
 
   const int64_t vstages = p * v;
-  std::vector<int64_t> layers = par.layers_per_stage;
-  if (layers.empty()) layers.assign(static_cast<size_t>(vstages), m.num_layers / vstages);
   // A dense layer's and a MoE layer's parts.
   const Parts lf = costs.layer_forward(false), lb = costs.layer_backward(false);
   const Parts mf = s.m.moe.E > 0 ? costs.layer_forward(true) : Parts{},
@@ -374,11 +372,8 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   std::vector<StageCost> stages(static_cast<size_t>(p));
   for (int64_t st = 0; st < p; ++st) {
     StageCost& sc = stages[static_cast<size_t>(st)];
-    for (int64_t k = 0; k < v; ++k) {
-      const int64_t vs = k * p + st;
-      int64_t begin = 0;  // app/train/model_chunks.cpp: the layers of the virtual stages before this one
-      for (int64_t i = 0; i < vs; ++i) begin += layers[static_cast<size_t>(i)];
-      const int64_t n = layers[static_cast<size_t>(vs)];
+    for (const ChunkLayers& ch : stage_chunks(par, m.num_layers, st)) {  // as the trainer builds them
+      const int64_t vs = ch.virtual_stage, begin = ch.layer_begin, n = ch.layers;
       const double Lm = static_cast<double>(s.m.moe_count(begin, n)), L = static_cast<double>(n) - Lm;
       Parts f = lf * L, b = lb * L;
       f += mf * Lm;
@@ -409,7 +404,13 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
       sc.work += f;
       sc.work += b;
       sc.backward += b.sum();
-      if (p > 1) sc.p2p += ((vs > 0 ? 1 : 0) + (vs + 1 < vstages ? 1 : 0)) * pp_link.p2p(msg);
+      // Transfers to the neighbouring virtual stages on other ranks (none across the turn of zb-v's V).
+      auto remote = [&](int64_t other) {
+        return stage_chunk(training_chunk_placement(par), static_cast<int>(p), static_cast<int>(other)).stage != st;
+      };
+      if (p > 1)
+        sc.p2p +=
+            ((vs > 0 && remote(vs - 1) ? 1 : 0) + (vs + 1 < vstages && remote(vs + 1) ? 1 : 0)) * pp_link.p2p(msg);
     }
   }
   const StageCost* slow = &stages[0];
@@ -436,10 +437,7 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
     const double f = per_mb - slow->backward - slow->p2p / 2;
     const double w = std::min(slow->backward, slow->work.gemm / 3);
     const double b = per_mb - f - w;
-    const ScheduleSpec spec{.kind = training_schedule_kind(par),
-                            .stages = static_cast<int>(p),
-                            .microbatches = static_cast<int>(M),
-                            .chunks = static_cast<int>(v)};
+    const ScheduleSpec spec = training_schedule(c, M);
     t.bubble = static_cast<double>(p - 1) / static_cast<double>(v) * per_mb;  // if the schedule cannot be built
     try {
       const ScheduleReport sim =

@@ -92,7 +92,8 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
   // The embedding group sums the gradient of the word embeddings that the first and last stage share: only
   // tied embeddings have one (untied, the first stage owns the embedding and the last its own lm_head, and
   // the last stage has nothing to add to the first's sum). Every rank decides this from the same config.
-  const bool tied = cfg.model.tie_embeddings;
+  // zb-v holds both ends of the model on the first stage: its copies are summed there (GradBuffer), no group.
+  const bool tied = cfg.model.tie_embeddings && cfg.parallel.pipeline_schedule != PipelineSchedule::zb_v;
   std::vector<int> emb = d->topology.embedding_group(env.rank);
   const bool in_emb = tied && std::find(emb.begin(), emb.end(), env.rank) != emb.end() &&
                       (d->pp_rank() == 0 || d->pp_rank() == d->pp_size() - 1);

@@ -1,16 +1,12 @@
 #include "app/train/model_chunks.h"
 
+#include "models/pipeline_schedule.h"
+
 namespace mt::app {
 
 std::vector<std::unique_ptr<GptModel>> build_chunks(const Config& cfg, const Distributed& dist, DType dtype) {
-  const int64_t p = dist.pp_size(), v = cfg.parallel.virtual_pipeline, vstages = p * v;
-  std::vector<int64_t> layers = cfg.parallel.layers_per_stage;
-  if (layers.empty()) layers.assign(static_cast<size_t>(vstages), cfg.model.num_layers / vstages);
   std::vector<std::unique_ptr<GptModel>> chunks;
-  for (int64_t c = 0; c < v; ++c) {
-    const int64_t vs = c * p + dist.pp_rank();
-    int64_t begin = 0;
-    for (int64_t i = 0; i < vs; ++i) begin += layers[static_cast<size_t>(i)];
+  for (const ChunkLayers& ch : stage_chunks(cfg.parallel, cfg.model.num_layers, dist.pp_rank())) {
     chunks.push_back(std::make_unique<GptModel>(
         cfg.model, GptOptions{.dtype = dtype,
                               .device = dist.placement.device,
@@ -26,10 +22,10 @@ std::vector<std::unique_ptr<GptModel>> build_chunks(const Config& cfg, const Dis
                                                    .rank = dist.ep_rank(),
                                                    .size = dist.ep_size(),
                                                    .tensor = dist.etp_size()},
-                              .stage = StageLayout{.has_embedding = vs == 0,
-                                                   .has_head = vs == vstages - 1,
-                                                   .layer_begin = begin,
-                                                   .layer_end = begin + layers[static_cast<size_t>(vs)]}}));
+                              .stage = StageLayout{.has_embedding = ch.has_embedding,
+                                                   .has_head = ch.has_head,
+                                                   .layer_begin = ch.layer_begin,
+                                                   .layer_end = ch.layer_begin + ch.layers}}));
   }
   return chunks;
 }

@@ -11,8 +11,8 @@
 
 namespace mt::app {
 
-// The model chunks this rank holds: one per virtual pipeline stage c * pp + stage, each with its layers
-// (parallel.layers_per_stage, or an even split), the embedding on virtual stage 0, the head on the last.
+// The model chunks this rank holds (models/pipeline_schedule.h stage_chunks: virtual stage c * pp + stage, or the V of
+// zb-v), each with its layers, the embedding on virtual stage 0, the head on the last.
 std::vector<std::unique_ptr<GptModel>> build_chunks(const Config& cfg, const Distributed& dist, DType dtype);
 // Every parameter of the chunks, in chunk order.
 std::vector<Parameter*> all_parameters(const std::vector<std::unique_ptr<GptModel>>& chunks);

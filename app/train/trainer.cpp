@@ -22,6 +22,20 @@
 
 namespace mt::app {
 
+namespace {
+
+// Where this rank runs a schedule: its pipeline group, stage and chunk placement.
+PipelinePlacement placement_of(const Distributed& dist, const ScheduleSpec& spec) {
+  return {.comm = dist.pp.get(),
+          .stage = dist.pp_rank(),
+          .stages = spec.stages,
+          .chunks = spec.chunks,
+          .placement = spec.placement,
+          .waits_on_use = waits_on_use(spec.kind)};
+}
+
+}  // namespace
+
 Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
     : cfg_(cfg), opt_(opt), dist_(dist), dtype_(dtype_of(cfg.training.precision)), device_(dist.placement.device),
       data_(open_data_sources(cfg)), chunks_(build_chunks(cfg, dist, dtype_)), params_(all_parameters(chunks_)),
@@ -116,12 +130,9 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
   // One engine for every layout: one stage runs no_pipelining (F0 B0 F1 B1 ...), several 1F1B, several with
   // more than one chunk interleaved 1F1B. Only the last stage computes losses: read_losses sums them over the
   // pipeline group.
-  const int p = dist_.pp_size(), v = static_cast<int>(chunks_.size());
-  const ScheduleSpec spec{
-      .kind = training_schedule_kind(cfg_.parallel), .stages = p, .microbatches = static_cast<int>(M), .chunks = v};
+  const ScheduleSpec spec = training_schedule(cfg_, M);
   IterationStage stage(*this, dloss, loss_sum);
-  execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage,
-                   PipelinePlacement{.comm = dist_.pp.get(), .stage = dist_.pp_rank(), .stages = p, .chunks = v});
+  execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage, placement_of(dist_, spec));
   // The sums over TP (sequence-parallel replicas) and the embedding group (tied copies), then the data-parallel
   // buckets not started yet, then the wait: every gradient is final (this rank's shard of it with ZeRO).
   grads_->finalize();
@@ -196,12 +207,9 @@ double Trainer::evaluate() {
   const trace::Span span("eval", "validation");
   const int64_t dp = dist_.dp_size();
   const int64_t batches = cfg_.logging.eval_iters * cfg_.training.num_microbatches * dp;
-  const int p = dist_.pp_size(), v = static_cast<int>(chunks_.size());
-  const ScheduleSpec spec{
-      .kind = ScheduleKind::forward_only, .stages = p, .microbatches = static_cast<int>(batches / dp), .chunks = v};
+  const ScheduleSpec spec = evaluation_schedule(cfg_, batches / dp);
   EvalStage stage(*this);
-  execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage,
-                   PipelinePlacement{.comm = dist_.pp.get(), .stage = dist_.pp_rank(), .stages = p, .chunks = v});
+  execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage, placement_of(dist_, spec));
   return sum_over_stages_and_replicas({stage.loss_sum})[0] / static_cast<double>(batches);
 }
 

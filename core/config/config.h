@@ -37,7 +37,7 @@ enum class SpikeAction { log, skip, stop };
 enum class SinkErrorAction { warn, save_and_stop };
 enum class MoeScore { softmax, sigmoid };
 // parallel.pipeline_schedule: auto (1F1B, interleaved with virtual_pipeline > 1), or one by name.
-enum class PipelineSchedule { automatic, one_f_one_b, interleaved, zb_h1 };
+enum class PipelineSchedule { automatic, one_f_one_b, interleaved, zb_h1, zb_v };
 
 template <>
 struct EnumNames<Arch> {
@@ -66,8 +66,8 @@ struct EnumNames<BackendChoice> {
 };
 template <>
 struct EnumNames<PipelineSchedule> {
-  static constexpr std::array names{"auto", "1f1b", "interleaved", "zb-h1"};
-  static constexpr std::array<const char*, 2> planned{"zb-v", "dualpipe-v"};
+  static constexpr std::array names{"auto", "1f1b", "interleaved", "zb-h1", "zb-v"};
+  static constexpr std::array<const char*, 1> planned{"dualpipe-v"};
 };
 template <>
 struct EnumNames<OptimizerType> {

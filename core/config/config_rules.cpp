@@ -208,6 +208,14 @@ void resolve_parallel(Config& c, int64_t world_size, const Rules& r) {
             "parallel.pipeline_schedule",
             fmt::format("zb-h1 runs one model chunk per stage, but parallel.virtual_pipeline={}", p.virtual_pipeline));
       break;
+    case PipelineSchedule::zb_v:
+      if (p.pipeline == 1)
+        r.fail("parallel.pipeline_schedule", "zb-v needs parallel.pipeline > 1 (a pipeline to fill the bubbles of)");
+      if (p.virtual_pipeline != 2)
+        r.fail("parallel.pipeline_schedule",
+               fmt::format("zb-v places two model chunks per stage in a V: set parallel.virtual_pipeline=2 (it is {})",
+                           p.virtual_pipeline));
+      break;
   }
   const int64_t chunks = p.pipeline * p.virtual_pipeline;
   if (!p.layers_per_stage.empty()) {

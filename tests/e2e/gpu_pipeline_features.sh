@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# On a GPU, this session's features that change what runs when (issues 25, 27, 31): a ZB-H1 pipeline (two processes
-# sharing the GPU over host-staged Gloo) trains bit for bit as 1F1B does, with the weight gradients deferred on the
-# compute stream; its timeline (logging.trace: each span ends with a device synchronization) holds every F, B and W;
-# selective recomputation of every module follows the run without it (Llama: the same kernels again, bit for bit;
+# On a GPU, this session's features that change what runs when (issues 25, 27, 31): ZB-H1 and ZB-V pipelines (two
+# processes sharing the GPU over host-staged Gloo) train bit for bit as 1F1B does, with the weight gradients deferred on
+# the compute stream; ZB-H1's timeline (logging.trace: each span ends with a device synchronization) holds every F, B
+# and W; selective recomputation of every module follows the run without it (Llama: the same kernels again, bit for bit;
 # GPT's GELU recomputed by the GELU kernel where the forward used cuBLASLt's epilogue: within 1e-6); MoE parallel
 # folding (TP 2 with whole experts over EP 2) follows one GPU rank. Skips without a usable GPU.
 source "$(dirname "$0")/lib/common.bash"
@@ -29,6 +29,11 @@ for rank in range(2):
 print("zb-h1 on the GPU: bit for bit as 1F1B; the timeline holds F, B and W of every microbatch")
 PY
 python3 "$SRC/scripts/trace_summary.py" pp_zb-h1/trace.json
+# ZB-V: two chunks per GPU process in a V (the turn handed over on the device), bit for bit as 1F1B with 4 layers.
+"$MT" --config llama.yaml "${gpu[@]}" --nproc 2 --set parallel.pipeline=2 --set parallel.virtual_pipeline=2 \
+      --set parallel.pipeline_schedule=zb-v --set logging.dir=pp_zb-v >/dev/null 2>pp_zb-v.err \
+  || { tail -5 pp_zb-v.err; fail "PP 2 zb-v on the GPU"; }
+same_losses pp_1f1b/metrics.jsonl pp_zb-v/metrics.jsonl 1 8 0
 
 one=(--set training.device=cuda --set training.train_iters=8)
 for cfg in llama:0 tiny:1e-6; do

@@ -79,6 +79,7 @@ layouts=(
   "moe-selective-moe-act|1|--set training.recompute=selective --set training.recompute_modules=[moe_act,layernorm]"
   "llama-recompute-1-layer|1|--set training.recompute=full --set training.recompute_num_layers=1"
   "llama-pp2-zb|2|--set parallel.pipeline=2 --set training.micro_batch_size=2 --set parallel.pipeline_schedule=zb-h1"
+  "llama-pp2-zbv|2|--set parallel.pipeline=2 --set parallel.virtual_pipeline=2 --set training.micro_batch_size=2 --set parallel.pipeline_schedule=zb-v"
 )
 : > results.txt
 for entry in "${layouts[@]}"; do

@@ -33,6 +33,36 @@ done
 [ $count -eq 8 ] || fail "expected 8 layouts, ran $count"
 echo "all $count zb-h1 layouts equal 1F1B bit for bit"
 
+# ZB-V: two chunks per stage in a V (parallel.virtual_pipeline=2; stage 0 holds the embedding and the head, tied
+# copies summed there). Each gradient sums its microbatches in 1F1B's order; the layers sit in other buckets and
+# other ranks than 1F1B's, so the data-parallel sums and the grad norm may round differently: one rank's losses
+# within 1e-6 (fp32), and bit for bit as 1F1B where nothing else differs (one replica, one tensor rank).
+vcommon=("${common[@]}" --set model.num_layers=8)
+count=0
+for row in "tiny 1 2 1 false false 1" "tiny 1 4 1 false false 1" "tiny 2 2 2 true true 1" "llama 1 4 2 false false 1" \
+           "llama 2 2 2 true true 1" "moe 1 2 2 false true 2"; do
+  read -r cfg tp pp dp sp zero ep <<<"$row"
+  [ -d one8_$cfg ] || "$MT" --config $cfg.yaml "${vcommon[@]}" --set logging.dir=one8_$cfg >/dev/null 2>one8_$cfg.err \
+    || { tail -5 one8_$cfg.err; fail "$cfg on one rank"; }
+  for schedule in 1f1b zb-v; do
+    vp=1
+    [ $schedule = zb-v ] && vp=2
+    dir=v_${cfg}_tp${tp}pp${pp}dp${dp}_$schedule
+    "$MT" --config $cfg.yaml "${vcommon[@]}" --nproc $((tp * pp * dp)) --set parallel.tensor=$tp \
+          --set parallel.pipeline=$pp --set parallel.data=$dp --set parallel.sequence_parallel=$sp \
+          --set parallel.distributed_optimizer=$zero --set parallel.expert=$ep --set parallel.virtual_pipeline=$vp \
+          --set parallel.pipeline_schedule=$schedule --set logging.dir=$dir >/dev/null 2>$dir.err \
+      || { tail -5 $dir.err; fail "$dir failed"; }
+  done
+  same_losses one8_$cfg/metrics.jsonl v_${cfg}_tp${tp}pp${pp}dp${dp}_zb-v/metrics.jsonl 1 6 1e-6
+  if [ $tp -eq 1 ] && [ $dp -eq 1 ]; then
+    same_losses v_${cfg}_tp${tp}pp${pp}dp${dp}_1f1b/metrics.jsonl v_${cfg}_tp${tp}pp${pp}dp${dp}_zb-v/metrics.jsonl 1 6 0
+  fi
+  count=$((count + 1))
+done
+[ $count -eq 6 ] || fail "expected 6 zb-v layouts, ran $count"
+echo "all $count zb-v layouts equal one rank"
+
 # The timeline of a traced ZB-H1 run: each stage runs F, B and W of every microbatch; the first stage's W right
 # after its B, the last stage's held back.
 "$MT" --config tiny.yaml "${common[@]}" --nproc 4 --set parallel.pipeline=4 --set parallel.pipeline_schedule=zb-h1 \
@@ -59,7 +89,11 @@ expect_error "parallel.pipeline_schedule: zb-h1 needs parallel.pipeline > 1" --c
 expect_error "parallel.pipeline_schedule: zb-h1 runs one model chunk per stage, but parallel.virtual_pipeline=2" \
   --config tiny.yaml "${common[@]}" --nproc 2 --set parallel.pipeline=2 --set parallel.virtual_pipeline=2 \
   --set parallel.pipeline_schedule=zb-h1
-expect_error "parallel.pipeline_schedule: zb-v is not implemented yet" --config tiny.yaml "${common[@]}" \
+expect_error "parallel.pipeline_schedule: dualpipe-v is not implemented yet" --config tiny.yaml "${common[@]}" \
+  --set parallel.pipeline_schedule=dualpipe-v
+expect_error "parallel.pipeline_schedule: zb-v places two model chunks per stage in a V: set parallel.virtual_pipeline=2" \
+  --config tiny.yaml "${common[@]}" --nproc 2 --set parallel.pipeline=2 --set parallel.pipeline_schedule=zb-v
+expect_error "parallel.pipeline_schedule: zb-v needs parallel.pipeline > 1" --config tiny.yaml "${common[@]}" \
   --set parallel.pipeline_schedule=zb-v
 expect_error "parallel.pipeline_schedule: interleaved needs parallel.virtual_pipeline > 1" --config tiny.yaml \
   "${common[@]}" --nproc 2 --set parallel.pipeline=2 --set parallel.pipeline_schedule=interleaved

@@ -528,15 +528,18 @@ TEST(PlanExpertParallel, SearchTriesExpertParallelismFromTheDataAndFoldedTensorR
 namespace mt::plan {
 namespace {
 
+// A GPT-1.3B shape on TP 2 x PP 4, 64 microbatches a step.
+const std::string kPipelinedGpt =
+    "model: {num_layers: 24, hidden_size: 2048, num_heads: 16, ffn_hidden_size: 8192, seq_length: 2048,\n"
+    "        vocab_size: 50257}\n"
+    "parallel: {tensor: 2, pipeline: 4}\n"
+    "training: {micro_batch_size: 1, global_batch_size: 64, train_iters: 1, precision: bf16}\n"
+    "optimizer: {lr: 1.0e-4}\ndata: {synthetic: true}\n";
+
 // The pipeline term comes from the schedule simulator: ZB-H1 predicts a smaller bubble than 1F1B (what its
 // deferred weight gradients fill) and no other change to the step's work; 1F1B's stays (p - 1) stage-microbatches.
 TEST(PlanPipeline, ZeroBubbleSchedulePredictsASmallerBubbleThan1F1B) {
-  const std::string yaml =
-      "model: {num_layers: 24, hidden_size: 2048, num_heads: 16, ffn_hidden_size: 8192, seq_length: 2048,\n"
-      "        vocab_size: 50257}\n"
-      "parallel: {tensor: 2, pipeline: 4}\n"
-      "training: {micro_batch_size: 1, global_batch_size: 64, train_iters: 1, precision: bf16}\n"
-      "optimizer: {lr: 1.0e-4}\ndata: {synthetic: true}\n";
+  const std::string yaml = kPipelinedGpt;
   const Config one = parse_config(yaml, "gpt", {}, 8);
   const Config zb = parse_config(yaml, "gpt", {"parallel.pipeline_schedule=zb-h1"}, 8);
   const Hardware h100 = builtin_hardware("h100-80gb");
@@ -549,6 +552,26 @@ TEST(PlanPipeline, ZeroBubbleSchedulePredictsASmallerBubbleThan1F1B) {
   // 1F1B: (p - 1) stage-microbatches of the 64 / (1 x 1) = 64 per step, with the rest of the step's pipeline work.
   const double per_mb = (a.time.compute + a.time.tp_comm + a.time.pp_comm) / 64;
   EXPECT_NEAR(a.time.bubble, 3 * per_mb, 1e-6 * a.time.bubble);
+}
+
+// ZB-V's V puts both ends of the model on the first stage: it holds the embedding and the head (the tied copy and
+// the final norm), the last stage only layers, as 1F1B's middle stages, so the first stage's work is the slowest.
+// The simulator prices its bubble (here above 1F1B's: the list is timed with layer_costs' GEMM-and-attention
+// estimate, and runs with the planner's costs, whose B is heavier).
+TEST(PlanPipeline, ZbVPutsBothEndsOfTheModelOnTheFirstStage) {
+  const std::string yaml = kPipelinedGpt;
+  const Config one = parse_config(yaml, "gpt", {}, 8);
+  const Config v = parse_config(yaml, "gpt", {"parallel.pipeline_schedule=zb-v", "parallel.virtual_pipeline=2"}, 8);
+  const Hardware h100 = builtin_hardware("h100-80gb");
+  const Prediction a = predict(one, h100), b = predict(v, h100);
+  ASSERT_EQ(a.memory.stages.size(), 3u);
+  ASSERT_EQ(b.memory.stages.size(), 3u);
+  const int64_t layers_only = a.memory.stages[1].parameters;  // a middle stage of 1F1B: 6 layers
+  EXPECT_EQ(b.memory.stages.back().parameters, layers_only);
+  EXPECT_EQ(b.memory.stages.front().parameters,
+            a.memory.stages.front().parameters + a.memory.stages.back().parameters - layers_only);
+  EXPECT_GT(b.time.bubble, 0);
+  EXPECT_GT(b.time.compute, a.time.compute);  // the first stage computes both ends
 }
 
 }  // namespace
