@@ -8,8 +8,9 @@
 #    iterations the printed f32 losses came out equal, the grad norms within 2e-8), and fp16 with its loss scaler
 #    within 1e-3;
 #  - the measured peak gradient memory at DP=4 is about a quarter of none's (the shard plus one layer's transients);
-#  - checkpoints stay layout-free: saved under gradients at DP=4, resumed under none at DP=2, and back, the
-#    losses of the uninterrupted run exactly.
+#  - checkpoints stay layout-free: saved under gradients at DP=4 and resumed under none at DP=2 (and back) give
+#    exactly the losses of the same save and resume under none;
+#  - bad input: an unknown stage, the planned parameters stage, the alias against another stage; one rank warns.
 source "$(dirname "$0")/lib/common.bash"
 prepare_data
 write_config
