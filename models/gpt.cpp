@@ -185,6 +185,11 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
     // Each token's loss enters the mean with weight 1/N: a fill on the device, nothing copied from the host.
     Tensor dlosses = Tensor::empty({N}, DType::f32, opt_.device);
     fill_(dlosses, dloss / static_cast<float>(N));
+    if (grads_needed_) {  // the head, the final norm, and the tied embedding the head writes into
+      std::vector<Parameter*> needed = lnf_.parameters();
+      needed.push_back(&head_.weight());
+      grads_needed_(mb, needed);
+    }
     Tensor dlogits = Tensor::empty({N, V}, opt_.dtype, opt_.device);
     cross_entropy_backward(h.logits, h.targets.view({N}), h.rowmax, h.sumexp, dlosses, dlogits,
                            {.vocab_start = vocab_start_, .vocab_size = cfg_.vocab_size});
@@ -201,6 +206,7 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
   }
 
   for (auto layer = layers_.rbegin(); layer != layers_.rend(); ++layer) {
+    if (grads_needed_) grads_needed_(mb, (*layer)->parameters());
     dx = (*layer)->backward(dx, mb, dloss);
     if (grads_ready_) weight_grad_work([this, mb, ps = (*layer)->parameters()] { grads_ready_(mb, ps); });
   }
@@ -211,6 +217,12 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
     throw std::logic_error(fmt::format("model: backward of microbatch {} without forward", mb));
   auto [ctx, tokens] = std::move(it->second);
   embedded_.erase(it);
+  if (grads_needed_) {  // the tied table was made ready by the head's call (one call per mark)
+    std::vector<Parameter*> needed;
+    if (!(cfg_.tie_embeddings && opt_.stage.has_head)) needed.push_back(&wte_.weight());
+    if (has_position_table()) needed.push_back(&wpe_);
+    grads_needed_(mb, needed);
+  }
   const int64_t seq_offset = opt_.tp.shard_offset(tokens.dim(1));
   dropout_backward(dx, dx,
                    {.p = cfg_.dropout,

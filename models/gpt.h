@@ -65,6 +65,9 @@ class GptModel {
   // (after each layer, the head and the embedding), so their reduction can start early.
   using GradsReadyHook = std::function<void(int mb, const std::vector<Parameter*>& params)>;
   void set_grads_ready_hook(GradsReadyHook hook) { grads_ready_ = std::move(hook); }
+  // Called during backward_stage before any gradient of these parameters is written for microbatch `mb` (before
+  // each layer's backward, the head's and the embedding's), so their storage can be made then (ZeRO-2).
+  void set_grads_needed_hook(GradsReadyHook hook) { grads_needed_ = std::move(hook); }
 
   // Every parameter, in a stable order (embedding, layers, final norm, head).
   const std::vector<Parameter*>& parameters() const { return params_; }
@@ -112,7 +115,8 @@ class GptModel {
   int64_t vocab_start_ = 0, vocab_local_ = 0;  // this rank's rows of the padded vocabulary
   std::map<int, HeadActivations> saved_;
   std::map<int, std::pair<StepContext, Tensor>> embedded_;
-  GradsReadyHook grads_ready_;  // first stage: (context, tokens) per microbatch
+  GradsReadyHook grads_ready_;
+  GradsReadyHook grads_needed_;  // first stage: (context, tokens) per microbatch
 };
 
 // Megatron's model FLOPs of one training iteration over `tokens` tokens (forward + backward, no

@@ -29,12 +29,14 @@ DistributedOptimizer::DistributedOptimizer(const GradBuffer& grads, Communicator
     for (Parameter* p : bucket.params) {
       const int64_t offset = grads_.offset(p);
       const int64_t b = std::max(lo, offset), e = std::min(hi, offset + p->value.numel());
-      if (b < e) segments_.push_back({p, b - offset, shard_ + b - lo, shard_ + e - lo, grads_.data().slice(b, e)});
+      if (b < e)
+        segments_.push_back(
+            {p, b - offset, shard_ + b - lo, shard_ + e - lo, grads_.shard_of(i).slice(b - lo, e - lo)});
     }
     shard_ += bucket.shard;
     largest_bucket_ = std::max(largest_bucket_, bucket.end - bucket.begin);
   }
-  const Device device = grads_.data().device();
+  const Device device = grads_.device();
   master_ = Tensor::zeros({shard_}, DType::f32, device, MemKind::optimizer);
   exp_avg_ = Tensor::zeros({shard_}, DType::f32, device, MemKind::optimizer);
   exp_avg_sq_ = Tensor::zeros({shard_}, DType::f32, device, MemKind::optimizer);

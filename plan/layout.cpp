@@ -16,16 +16,23 @@ Layout layout_of(const Config& c) {
                 .micro_batch_size = c.training.micro_batch_size,
                 .sequence_parallel = c.parallel.sequence_parallel,
                 .recompute = c.training.recompute,
-                .distributed_optimizer = c.parallel.distributed_optimizer,
+                .shard = c.parallel.shard,
                 .expert = c.parallel.expert,
                 .expert_tensor = c.parallel.experts_tensor() == c.parallel.tensor ? 0 : c.parallel.expert_tensor};
 }
 
+namespace {
+
+const char* zero_word(ShardStage s) {
+  return s == ShardStage::none ? "off" : s == ShardStage::optimizer ? "on" : "grads";
+}
+
+}  // namespace
+
 std::string describe(const Layout& l) {
   return fmt::format("TP {} PP {} VP {} DP {} mbs {} SP {} recompute {} ZeRO {}{}{}", l.tensor, l.pipeline,
                      l.virtual_pipeline, l.data, l.micro_batch_size, l.sequence_parallel ? "on" : "off",
-                     name_of(l.recompute), l.distributed_optimizer ? "on" : "off",
-                     l.expert > 1 ? fmt::format(" EP {}", l.expert) : "",
+                     name_of(l.recompute), zero_word(l.shard), l.expert > 1 ? fmt::format(" EP {}", l.expert) : "",
                      l.expert_tensor > 0 && l.expert_tensor != l.tensor ? fmt::format(" ETP {}", l.expert_tensor) : "");
 }
 
@@ -36,7 +43,8 @@ Config apply_layout(const Config& base, const Layout& l) {
       fmt::format("parallel.virtual_pipeline={}", l.virtual_pipeline),
       fmt::format("parallel.data={}", l.data),
       fmt::format("parallel.sequence_parallel={}", l.sequence_parallel ? "true" : "false"),
-      fmt::format("parallel.distributed_optimizer={}", l.distributed_optimizer ? "true" : "false"),
+      "parallel.distributed_optimizer=false",
+      fmt::format("parallel.shard={}", name_of(l.shard)),
       fmt::format("training.micro_batch_size={}", l.micro_batch_size),
       fmt::format("training.recompute={}", name_of(l.recompute)),
   };

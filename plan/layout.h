@@ -17,7 +17,7 @@ struct Layout {
   int64_t micro_batch_size = 1;
   bool sequence_parallel = false;
   Recompute recompute = Recompute::none;
-  bool distributed_optimizer = false;
+  ShardStage shard = ShardStage::none;  // parallel.shard (ZeRO stage)
   int64_t expert = 1;  // expert-parallel size (MoE models): EP consecutive data-parallel ranks split the experts
   // The experts' tensor-parallel size (0: tensor); below tensor, Megatron's parallel folding draws the EP ranks
   // from the tensor ranks too.
@@ -28,7 +28,8 @@ struct Layout {
 
 // The layout a resolved config uses.
 Layout layout_of(const Config& c);
-// One line: "TP 4 PP 2 VP 1 DP 1 mbs 1 SP on recompute none ZeRO on", and " EP 4" with expert parallelism,
+// One line: "TP 4 PP 2 VP 1 DP 1 mbs 1 SP on recompute none ZeRO on" (ZeRO off | on | grads: parallel.shard none,
+// optimizer, gradients), and " EP 4" with expert parallelism,
 // " ETP 1" with parallel folding.
 std::string describe(const Layout& l);
 

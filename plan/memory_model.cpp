@@ -163,6 +163,14 @@ ActivationPeaks walk_schedule(const Config& c, int64_t stage, const std::vector<
 
 }  // namespace
 
+double zero_model_state_bytes(double psi, int64_t nd, ShardStage stage, double k) {
+  const double n = static_cast<double>(nd);
+  const double values = stage >= ShardStage::parameters ? 2 * psi / n : 2 * psi;
+  const double grads = stage >= ShardStage::gradients ? 2 * psi / n : 2 * psi;
+  const double state = stage >= ShardStage::optimizer ? k * psi / n : k * psi;
+  return values + grads + state;
+}
+
 double MemoryPlan::max_total() const {
   double m = 0;
   for (const StageMemory& s : stages) m = std::max(m, s.bytes.total);
@@ -173,7 +181,8 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
   const int64_t p = c.parallel.pipeline, dp = c.parallel.data;
   const TapeShapes shapes = tape_shapes(c, backend);
   const double d = shapes.d;
-  const bool zero = c.parallel.distributed_optimizer;
+  const bool zero = c.parallel.shard >= ShardStage::optimizer;
+  const bool zero2 = c.parallel.shard >= ShardStage::gradients;
   std::vector<std::pair<std::string, int64_t>> kinds;
   if (p == 1) {
     kinds = {{"only", 0}};
@@ -193,10 +202,20 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     // (app/train/trainer.cpp).
     std::vector<double> experts;
     std::vector<ChunkProfile> prof;
+    double largest_layer = 0, held_through_backward = 0;  // ZeRO-2's transient gradient storage (below)
     for (const ChunkSpec& ch : chunks) {
       const std::vector<double> more = chunk_parameters(shapes.m, ch, shapes.m.moe.apart() ? &experts : nullptr);
       params.insert(params.end(), more.begin(), more.end());
       sm.layers += ch.layers;
+      for (int64_t l = ch.layer_begin; l < ch.layer_begin + ch.layers; ++l) {
+        std::vector<double> layer_experts;
+        double e = 0;
+        for (double x : shapes.m.layer_parameters(l, &layer_experts)) e += x;
+        for (double x : layer_experts) e += x;
+        largest_layer = std::max(largest_layer, e);
+      }
+      // The tied table: the head writes its gradient first, the embedding last (held through the backward).
+      if (ch.has_embedding && ch.has_head && shapes.m.tie_embeddings) held_through_backward += shapes.m.Vt * shapes.m.C;
       prof.push_back(profile_chunk(shapes, ch));
     }
     double n = 0;
@@ -212,7 +231,13 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     b[MemKind::parameter] = n * d;
     // parallel/grad_buffer.cpp: one flat fp32 buffer; with ZeRO its buckets are reduce-scattered in place and
     // the distributed optimizer reads its blocks there (no gradient shard of its own).
-    b[MemKind::gradient] = 4 * g.elements;
+    // ZeRO-2: no flat buffer; this rank's fp32 blocks for the step, and the transient storage backward writes into:
+    // one layer's buckets (the unit the backward hooks prepare and mark, models/gpt.cpp), a bucket it shares with
+    // the layer after, the one being reduce-scattered, and a tied table held from the head to the embedding.
+    // (Parameters summed over another group first, whose buckets stay whole for the step, are not told apart
+    // here: sequence-parallel norms and tied embeddings across stages.)
+    b[MemKind::gradient] =
+        zero2 ? 4 * (g.shard + largest_layer + 2 * g.max_bucket + held_through_backward) : 4 * g.elements;
     // core/optim/optimizer.cpp: fp32 master (the value itself in fp32) and two moments. ZeRO
     // (parallel/distributed_optimizer.cpp): master and moments of its blocks, plus the blocks' values in the
     // compute dtype (value_shard_) for the all-gather.

@@ -48,4 +48,10 @@ struct MemoryPlan {
 // one kind differ by at most a padding element).
 MemoryPlan predict_memory(const Config& c, Backend backend);
 
+// The ZeRO paper's model-state bytes per device (Rajbhandari et al. 2020, section 5 and figure 1): `psi` parameters
+// trained in mixed precision hold 2 bytes of values, 2 of gradients and `k` of optimizer state each, the stages
+// shard over `nd` data-parallel ranks the optimizer state (P_os), and the gradients (P_os+g), and the parameters
+// (P_os+g+p). Their worked example: 7.5B parameters, k = 12, nd = 64 gives 120, 31.4, 16.6 and 1.9 GB.
+double zero_model_state_bytes(double psi, int64_t nd, ShardStage stage, double k = 12);
+
 }  // namespace mt::plan

@@ -68,8 +68,10 @@ std::vector<Prediction> search(const Config& base, int64_t world, const Hardware
           if (vp > 1 && (G / (mbs * dp)) % pp != 0) continue;
           for (bool sp : {false, true}) {
             if (sp && (tp == 1 || m.seq_length % tp != 0)) continue;
-            for (bool zero : {false, true}) {
-              if (zero && (!opt.allow_zero || dp == 1)) continue;
+            // ZeRO stages: none, optimizer (ZeRO-1), gradients (ZeRO-2); the time model prices them alike, so a
+            // higher stage is chosen only where it is what fits.
+            for (ShardStage zero : {ShardStage::none, ShardStage::optimizer, ShardStage::gradients}) {
+              if (zero != ShardStage::none && (!opt.allow_zero || dp == 1)) continue;
               // Expert parallelism (MoE): 1, 2, 4, ... ranks dividing the experts, drawn from the data-parallel
               // ranks with the experts split over the tensor ranks (ETP = TP), or with parallel folding (ETP a
               // divisor of TP below it) from the tensor and data-parallel ranks.
@@ -84,7 +86,7 @@ std::vector<Prediction> search(const Config& base, int64_t world, const Hardware
                                              .data = dp,
                                              .micro_batch_size = mbs,
                                              .sequence_parallel = sp,
-                                             .distributed_optimizer = zero,
+                                             .shard = zero,
                                              .expert = ep,
                                              .expert_tensor = etp == tp ? 0 : etp});
                 }

@@ -27,7 +27,8 @@ nlohmann::json layout_json(const Layout& l) {
           {"micro_batch_size", l.micro_batch_size},
           {"sequence_parallel", l.sequence_parallel},
           {"recompute", std::string(name_of(l.recompute))},
-          {"distributed_optimizer", l.distributed_optimizer},
+          {"distributed_optimizer", l.shard >= ShardStage::optimizer},
+          {"shard", std::string(name_of(l.shard))},
           {"expert", l.expert},
           {"expert_tensor", l.expert_tensor > 0 ? l.expert_tensor : l.tensor}};
 }

@@ -457,9 +457,12 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   const double n = big->params, ne = big->expert_params, nd = n - ne;
   const double dpn = static_cast<double>(dp), edp = static_cast<double>(par.expert_data());
   const double bw_elem = hw.hbm_bytes_per_s * hw.elementwise_efficiency / s.oversubscribed;
-  if (par.distributed_optimizer) {
-    t.dp_comm = dp_link.gather(dpn, 4 * nd) + dp_link.gather(dpn, s.d * nd) + dp_link.gather(edp, 4 * ne) +
-                dp_link.gather(edp, s.d * ne);
+  if (par.shard >= ShardStage::optimizer) {
+    const double reduce_scatter = dp_link.gather(dpn, 4 * nd) + dp_link.gather(edp, 4 * ne);
+    t.dp_comm = reduce_scatter + dp_link.gather(dpn, s.d * nd) + dp_link.gather(edp, s.d * ne);
+    // ZeRO-2 reduce-scatters every microbatch (parallel/grad_buffer.h): the earlier ones beside their backward.
+    if (par.shard >= ShardStage::gradients && M > 1)
+      t.dp_comm += (M - 1) * std::max(0.0, reduce_scatter - slow->backward);
     const double shard = nd / dpn + ne / edp;
     t.optimizer = (4 * n + shard * (4 + 28 + s.d) + 2 * s.d * n) / bw_elem;
   } else {

@@ -65,25 +65,34 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
   // With expert parallelism or parallel folding (the experts' grid apart from the dense one) the experts this rank
   // holds get a buffer of their own, reduced over the expert-data-parallel group, and their own optimizer state
   // (ExpertSplitOptimizer).
+  // With parallel.shard: gradients (ZeRO-2) there is no full buffer: each bucket is reduce-scattered into this
+  // rank's fp32 shard every microbatch (parallel/grad_buffer.h).
   std::vector<Parameter*> dense, experts;
   for (Parameter* p : params_) (p->expert && dist.experts_apart() ? experts : dense).push_back(p);
+  const bool shard_optimizer = cfg.parallel.shard >= ShardStage::optimizer;
+  const bool shard_gradients = cfg.parallel.shard >= ShardStage::gradients;
+  if (shard_gradients && dist.dp_size() == 1 && dist.is_logging_rank())
+    spdlog::warn(
+        "parallel.shard=gradients with one data-parallel rank: each rank's shard is the whole, so nothing "
+        "is saved (the gradients still go through the per-microbatch buckets)");
   grads_ = std::make_unique<GradBuffer>(dense, device_, std::move(dist.dp_grads),
                                         GradBufferOptions{.bucket_elements = cfg.parallel.grad_bucket_size,
-                                                          .shard = cfg.parallel.distributed_optimizer,
+                                                          .shard = shard_optimizer,
+                                                          .shard_gradients = shard_gradients,
                                                           .tensor = dist.tp.get(),
                                                           .embedding = dist.emb.get()});
   auto optimizer_of = [&](const GradBuffer& grads, std::vector<Parameter*> ps, Communicator* group,
                           const AdamWConfig& adam) {
-    return cfg.parallel.distributed_optimizer
-               ? std::unique_ptr<Optimizer>(std::make_unique<DistributedOptimizer>(grads, *group, adam))
-               : std::unique_ptr<Optimizer>(std::make_unique<AdamW>(std::move(ps), adam));
+    return shard_optimizer ? std::unique_ptr<Optimizer>(std::make_unique<DistributedOptimizer>(grads, *group, adam))
+                           : std::unique_ptr<Optimizer>(std::make_unique<AdamW>(std::move(ps), adam));
   };
   if (experts.empty()) {
     optimizer_ = optimizer_of(*grads_, dense, dist.dp.get(), adam_config_);
   } else {
     expert_grads_ = std::make_unique<GradBuffer>(experts, device_, std::move(dist.edp_grads),
                                                  GradBufferOptions{.bucket_elements = cfg.parallel.grad_bucket_size,
-                                                                   .shard = cfg.parallel.distributed_optimizer});
+                                                                   .shard = shard_optimizer,
+                                                                   .shard_gradients = shard_gradients});
     // The grad norm counts each expert slice once: a whole expert (not split by expert TP) on the first rank of
     // its expert tensor-parallel group; summed over the expert-parallel group that gives every expert's slice
     // once, which the tensor-parallel group's first fold (tp < ETP) brings into the model-parallel sum.
@@ -99,16 +108,25 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
         },
         dist.edp_rank() == 0, adam_config_);
   }
+  // Marked after the last microbatch's backward (ZeRO-2: after every microbatch's); ZeRO-2 also makes a bucket's
+  // storage before backward writes into it.
   const int last_mb = static_cast<int>(cfg.training.num_microbatches) - 1;
-  for (auto& chunk : chunks_)
-    chunk->set_grads_ready_hook([this, last_mb](int mb, const std::vector<Parameter*>& ps) {
-      if (mb != last_mb) return;
-      if (!expert_grads_) return grads_->mark_ready(ps);
-      std::vector<Parameter*> dense_ready, expert_ready;
-      for (Parameter* p : ps) (p->expert ? expert_ready : dense_ready).push_back(p);
-      if (!dense_ready.empty()) grads_->mark_ready(dense_ready);
-      if (!expert_ready.empty()) expert_grads_->mark_ready(expert_ready);
+  auto split = [this](const std::vector<Parameter*>& ps, void (GradBuffer::*act)(const std::vector<Parameter*>&)) {
+    if (!expert_grads_) return (grads_.get()->*act)(ps);
+    std::vector<Parameter*> dense_ps, expert_ps;
+    for (Parameter* p : ps) (p->expert ? expert_ps : dense_ps).push_back(p);
+    if (!dense_ps.empty()) (grads_.get()->*act)(dense_ps);
+    if (!expert_ps.empty()) (expert_grads_.get()->*act)(expert_ps);
+  };
+  for (auto& chunk : chunks_) {
+    chunk->set_grads_ready_hook([this, last_mb, split](int mb, const std::vector<Parameter*>& ps) {
+      if (mb != last_mb && !grads_->per_microbatch()) return;
+      split(ps, &GradBuffer::mark_ready);
     });
+    if (shard_gradients)
+      chunk->set_grads_needed_hook(
+          [split](int, const std::vector<Parameter*>& ps) { split(ps, &GradBuffer::prepare); });
+  }
   // The per-parameter gradients made with the model are gone: peaks start from the real state.
   allocator_for(device_).reset_peaks();
 }

@@ -38,6 +38,10 @@ enum class SinkErrorAction { warn, save_and_stop };
 enum class MoeScore { softmax, sigmoid };
 // parallel.pipeline_schedule: auto (1F1B, interleaved with virtual_pipeline > 1), or one by name.
 enum class PipelineSchedule { automatic, one_f_one_b, interleaved, zb_h1, zb_v };
+// parallel.shard: what the data-parallel ranks split among themselves (the ZeRO stages): nothing, the optimizer
+// state (ZeRO-1, also parallel.distributed_optimizer: true), that and the gradients (ZeRO-2), and the parameters
+// too (ZeRO-3, planned). Ordered: each stage shards what the one before does.
+enum class ShardStage { none, optimizer, gradients, parameters };
 
 template <>
 struct EnumNames<Arch> {
@@ -68,6 +72,11 @@ template <>
 struct EnumNames<PipelineSchedule> {
   static constexpr std::array names{"auto", "1f1b", "interleaved", "zb-h1", "zb-v"};
   static constexpr std::array<const char*, 1> planned{"dualpipe-v"};
+};
+template <>
+struct EnumNames<ShardStage> {
+  static constexpr std::array names{"none", "optimizer", "gradients"};
+  static constexpr std::array<const char*, 1> planned{"parameters"};
 };
 template <>
 struct EnumNames<OptimizerType> {
@@ -159,7 +168,10 @@ struct ParallelConfig {
   int64_t virtual_pipeline = 1;  // > 1: interleaved 1F1B
   int64_t data = 0;              // 0 means "auto": world_size / (tensor * pipeline)
   bool sequence_parallel = false;
-  bool distributed_optimizer = false;
+  bool distributed_optimizer = false;  // the alias of shard: optimizer (read it through `shard`)
+  // none | optimizer (ZeRO-1) | gradients (ZeRO-2; parameters: ZeRO-3, planned). distributed_optimizer: true with
+  // shard none becomes optimizer; with gradients it is refused as a conflict.
+  ShardStage shard = ShardStage::none;
   std::vector<int64_t> layers_per_stage;  // empty: num_layers split evenly
   double timeout_s = 300;                 // bound on every rendezvous and collective wait (a dead rank ends the job)
   int64_t grad_bucket_size = 40000000;    // elements per data-parallel gradient bucket, reduced during backward

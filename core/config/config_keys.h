@@ -71,6 +71,7 @@ void visit(V& v, C& c) {
     v.field({.name = "data", .accepts_auto = true}, p.data);
     v.field({.name = "sequence_parallel"}, p.sequence_parallel);
     v.field({.name = "distributed_optimizer"}, p.distributed_optimizer);
+    v.field({.name = "shard"}, p.shard);
     v.field({.name = "layers_per_stage"}, p.layers_per_stage);
     v.field({.name = "timeout_s"}, p.timeout_s);
     v.field({.name = "grad_bucket_size"}, p.grad_bucket_size);

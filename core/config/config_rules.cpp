@@ -180,6 +180,14 @@ void resolve_parallel(Config& c, int64_t world_size, const Rules& r) {
   r.at_most("parallel.timeout_s", p.timeout_s, kMaxTimeoutS, "timeout in seconds");
   r.positive("parallel.grad_bucket_size", p.grad_bucket_size);
   r.at_most("parallel.grad_bucket_size", p.grad_bucket_size, kMaxCount, "bucket size");
+  // The alias: distributed_optimizer: true is shard: optimizer (none becomes optimizer; a higher stage is refused
+  // rather than guessed at).
+  if (p.distributed_optimizer && p.shard > ShardStage::optimizer)
+    r.fail("parallel.distributed_optimizer",
+           fmt::format("true (the alias of parallel.shard: optimizer) conflicts with parallel.shard: {}; give only "
+                       "parallel.shard",
+                       name_of(p.shard)));
+  if (p.distributed_optimizer) p.shard = ShardStage::optimizer;
 
   if (p.pipeline > m.num_layers)
     r.fail("parallel.pipeline", fmt::format("{} is more than model.num_layers={}", p.pipeline, m.num_layers));

@@ -6,3 +6,4 @@ source "$SRC/tests/e2e/lib/layout_matrix.bash"
 prepare_data
 write_config
 run_layout_matrix bf16 1e-2 full plain
+run_shard_layouts bf16 1e-2

@@ -7,3 +7,4 @@ source "$SRC/tests/e2e/lib/layout_matrix.bash"
 prepare_data
 write_llama_config
 MATRIX_CONFIG=llama.yaml run_layout_matrix fp32 1e-4 full
+MATRIX_CONFIG=llama.yaml run_shard_layouts fp32 1e-4

@@ -3,7 +3,7 @@
 # with TP and PP, on moe.yaml (4 MoE layers: 4 SwiGLU experts, top-2, a shared expert, auxiliary and z losses,
 # dropout on), with and without sequence parallelism, the distributed optimizer (over the expert-data-parallel
 # group for the experts) and interleaving, give one rank's losses over 10 iterations: fp32 within 1e-6, bf16 within
-# 1e-2. Under TP every expert is split as the dense MLP is (Megatron's expert_tensor = tensor) or, with parallel
+# 1e-2 (and parallel.shard: gradients in two layouts, fp32). Under TP every expert is split as the dense MLP is (Megatron's expert_tensor = tensor) or, with parallel
 # folding (expert_tensor = 1 < tensor), whole experts are drawn into EP groups across the tensor ranks; every TP rank
 # routes every token.
 source "$(dirname "$0")/lib/common.bash"
@@ -46,4 +46,16 @@ run_moe_matrix() {  # precision tolerance variant...
   echo "all $count MoE runs match one rank ($precision)"
 }
 run_moe_matrix fp32 1e-6 full plain
+# Sharded gradients (ZeRO-2) with the experts' own buffer over the expert-data-parallel group: EP 2 x DP 4, and
+# TP 2 (SP) x EP 2 x DP 2.
+for layout in "1 4 2" "2 2 2"; do
+  read -r tp dp ep <<<"$layout"
+  dir=shard_tp${tp}dp${dp}ep${ep}
+  sp=false; [ $tp -gt 1 ] && sp=true
+  "$MT" --config moe.yaml --set model.num_layers=4 --set training.micro_batch_size=1 --set training.global_batch_size=8 \
+        --set training.train_iters=10 --set parallel.timeout_s=60 --set parallel.grad_bucket_size=5000 \
+        --nproc $((tp * dp)) --set parallel.tensor=$tp --set parallel.sequence_parallel=$sp --set parallel.expert=$ep \
+        --set parallel.shard=gradients --set logging.dir=$dir >/dev/null 2>$dir.err || { tail -5 $dir.err; fail "$dir failed"; }
+  same_losses one_fp32/metrics.jsonl $dir/metrics.jsonl 1 10 1e-6
+done
 run_moe_matrix bf16 1e-2 full

@@ -68,3 +68,29 @@ run_untied_layouts() {  # precision tolerance
   done
   echo "all $count untied-embedding runs match one rank ($precision)"
 }
+
+# Sharded gradients (parallel.shard: gradients, ZeRO-2) in a few layouts: DP 4, TP 2 with SP x DP 2, PP 2
+# interleaved x DP 2, and PP 2 ZB-H1 x DP 2 (a W deferred past the next microbatch's B); each must give the
+# single-rank losses within the tolerance (the matrix's reference run, `one`, made by run_layout_matrix first).
+run_shard_layouts() {  # precision tolerance
+  local precision=$1 tol=$2
+  local common=(--config "${MATRIX_CONFIG:-tiny.yaml}" --set model.num_layers=8 --set training.micro_batch_size=1
+                --set training.global_batch_size=8 --set training.train_iters=6 --set parallel.timeout_s=60
+                --set parallel.grad_bucket_size=5000 --set training.precision=$precision
+                ${MATRIX_ARGS[@]+"${MATRIX_ARGS[@]}"})
+  [ -f one/metrics.jsonl ] || "$MT" "${common[@]}" --set logging.dir=one >/dev/null
+  local layout tp pp dp vp sched sp dir count=0
+  # tp pp dp vp schedule
+  for layout in "1 1 4 1 auto" "2 1 2 1 auto" "1 2 2 2 auto" "1 2 2 1 zb-h1"; do
+    read -r tp pp dp vp sched <<<"$layout"
+    sp=false; [ $tp -gt 1 ] && sp=true
+    dir=shard_tp${tp}pp${pp}dp${dp}vp${vp}_$sched
+    "$MT" "${common[@]}" --nproc $((tp * pp * dp)) --set parallel.tensor=$tp --set parallel.pipeline=$pp \
+          --set parallel.virtual_pipeline=$vp --set parallel.sequence_parallel=$sp --set parallel.pipeline_schedule=$sched \
+          --set parallel.shard=gradients --set logging.dir=$dir >/dev/null 2>$dir.err \
+      || { tail -5 $dir.err; fail "$dir failed"; }
+    same_losses one/metrics.jsonl $dir/metrics.jsonl 1 6 "$tol"
+    count=$((count + 1))
+  done
+  echo "all $count sharded-gradient runs match one rank ($precision)"
+}

@@ -415,7 +415,8 @@ namespace {
 Config mixtral_ep(int64_t ep, bool zero = true) {
   Config c = mixtral_8x7b();
   c.parallel.expert = ep;
-  c.parallel.distributed_optimizer = zero;
+  c.parallel.distributed_optimizer = false;  // the config file sets the alias: parallel.shard says
+  c.parallel.shard = zero ? ShardStage::optimizer : ShardStage::none;
   return c;
 }
 
