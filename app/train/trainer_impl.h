@@ -148,6 +148,16 @@ class Trainer {
 
   // A microbatch's tokens and targets (B, S), read on the host and moved to the model's device.
   void load_batch(const SampleFn& source, int64_t first, Tensor& tokens, Tensor& targets) const;
+  // Loss masks (data.loss_mask): the weight of one counted target in a mean over `parts` microbatch means,
+  // parts / (targets whose mask is 1 in samples [first, first + samples)), so the loss is the mean over the counted
+  // targets of all those samples whatever the layout. Every rank computes it from the data (no exchange). Throws
+  // DataError when no target counts (`what` names the batch): an all-masked batch stops the run, never a NaN.
+  double masked_target_weight(const SampleFn& mask, int64_t first, int64_t samples, int64_t parts,
+                              const std::string& what) const;
+  // A microbatch's loss weights (B * S) f32 on the model's device: `weight` where the target's mask is 1, else 0.
+  Tensor load_loss_weights(const SampleFn& mask, int64_t first, double weight) const;
+  double train_target_weight_ = 0;  // this step's masked_target_weight (training with loss masks)
+  double eval_target_weight_ = 0;   // evaluation's
 
   const Config& cfg_;
   TrainOptions opt_;

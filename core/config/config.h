@@ -38,6 +38,7 @@ enum class SinkErrorAction { warn, save_and_stop };
 enum class MoeScore { softmax, sigmoid };
 // parallel.pipeline_schedule: auto (1F1B, interleaved with virtual_pipeline > 1), or one by name.
 enum class PipelineSchedule { automatic, one_f_one_b, interleaved, zb_h1 };
+enum class LossMaskChoice { automatic, on, off };
 
 template <>
 struct EnumNames<Arch> {
@@ -68,6 +69,11 @@ template <>
 struct EnumNames<PipelineSchedule> {
   static constexpr std::array names{"auto", "1f1b", "interleaved", "zb-h1"};
   static constexpr std::array<const char*, 2> planned{"zb-v", "dualpipe-v"};
+};
+template <>
+struct EnumNames<LossMaskChoice> {
+  static constexpr std::array names{"auto", "true", "false"};
+  static constexpr std::array<const char*, 0> planned{};
 };
 template <>
 struct EnumNames<OptimizerType> {
@@ -281,6 +287,10 @@ struct DataConfig {
   // Check every dataset against its PREFIX.crc32c (when it has one) at training start; rank 0 reads each .bin
   // whole once (docs/data.md gives the speed). false skips the check.
   bool verify_checksums = true;
+  // Supervised fine-tuning data (`data prepare --format chat`): the loss counts only where PREFIX_mask holds 1,
+  // averaged over those tokens of the whole global batch. auto: when every dataset of a list has its _mask (some
+  // but not all is an error); true: every dataset must have one; false: ignore masks (every token counts).
+  LossMaskChoice loss_mask = LossMaskChoice::automatic;
 
   bool operator==(const DataConfig&) const = default;
 };

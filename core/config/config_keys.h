@@ -131,6 +131,7 @@ void visit(V& v, C& c) {
     v.field({.name = "synthetic"}, d.synthetic);
     v.field({.name = "allow_tokenizer_change"}, d.allow_tokenizer_change);
     v.field({.name = "verify_checksums"}, d.verify_checksums);
+    v.field({.name = "loss_mask"}, d.loss_mask);
   });
   v.section("checkpoint", [&] {
     auto& k = c.checkpoint;
