@@ -112,6 +112,11 @@ void check_data_tokenizers(const Config& cfg) {
 
 namespace {
 
+// data.sft_packing: pad cuts one document (sequence) per sample.
+GptDataset::Cut cut_of(const Config& cfg) {
+  return cfg.data.sft_packing == SftPacking::pad ? GptDataset::Cut::sequences : GptDataset::Cut::stream;
+}
+
 // One split of a data list: its sample source, samples per epoch (for a blend: the blend's size) and a
 // description for the log.
 struct SplitSource {
@@ -135,11 +140,11 @@ SplitSource concatenated(const std::vector<std::string>& prefixes, Pick&& pick, 
   }
   auto stream = std::make_shared<const TokenStream>(parts);
   SplitSource out;
-  if (stream->num_tokens() < S + 1) {
+  if (cut_of(cfg) == GptDataset::Cut::stream ? stream->num_tokens() < S + 1 : stream->num_sequences() == 0) {
     out.description = fmt::format("{} tokens", stream->num_tokens());
     return out;
   }
-  auto dataset = std::make_shared<GptDataset>(stream, S, static_cast<uint64_t>(cfg.training.seed), true);
+  auto dataset = std::make_shared<GptDataset>(stream, S, static_cast<uint64_t>(cfg.training.seed), true, cut_of(cfg));
   out.fn = checked([dataset](int64_t g, std::span<int32_t> o) { dataset->sample(g, o); }, limit, key);
   out.samples = dataset->samples_per_epoch();
   out.description = fmt::format("{} samples per epoch ({} tokens)", out.samples, stream->num_tokens());
@@ -169,7 +174,8 @@ SplitSource blended(const DataBlend& blend, Pick&& pick, int64_t target, const C
     auto stream = std::make_shared<const TokenStream>(
         std::vector<TokenStream::Part>{{d, begin, end, TokenStream::Unit::sequences}});
     // Every dataset shuffles with the run's seed, as megatron-core's mid-level datasets share random_seed.
-    auto dataset = std::make_shared<const GptDataset>(stream, S, static_cast<uint64_t>(cfg.training.seed), true);
+    auto dataset =
+        std::make_shared<const GptDataset>(stream, S, static_cast<uint64_t>(cfg.training.seed), true, cut_of(cfg));
     if (dataset->samples_per_epoch() == 0)
       throw DataError(
           fmt::format("{}: {} (weight {}) holds {} tokens in this split, fewer than one sample of "
@@ -210,11 +216,11 @@ bool uses_loss_mask(const Config& cfg, const DataBlend& blend, const char* key) 
   }
   if (with.empty() && cfg.data.loss_mask == LossMaskChoice::automatic) return false;
   if (!without.empty())
-    throw DataError(fmt::format(
-        "{}: {} has no loss mask {}.bin/.idx ({}); `megatrain data prepare --format chat` writes one; set "
-        "data.loss_mask: false to train on every token",
-        key, without[0], loss_mask_prefix(without[0]),
-        with.empty() ? std::string("data.loss_mask is true") : fmt::format("but {} has one", with[0])));
+    throw DataError(
+        fmt::format("{}: {} has no loss mask {}.bin/.idx ({}); `megatrain data prepare --format chat` writes one; set "
+                    "data.loss_mask: false to train on every token",
+                    key, without[0], loss_mask_prefix(without[0]),
+                    with.empty() ? std::string("data.loss_mask is true") : fmt::format("but {} has one", with[0])));
   for (const std::string& prefix : with) {
     try {
       open_tokens_with_loss_mask(prefix);
@@ -281,6 +287,12 @@ DataSources open_data_sources(const Config& cfg) {
   SplitSource valid = valid_split(train_blend, valid_blend, V);
   const bool train_masked = uses_loss_mask(cfg, train_blend, "data.train");
   const bool valid_masked = cfg.data.valid.empty() ? train_masked : uses_loss_mask(cfg, valid_blend, "data.valid");
+  if (cfg.data.sft_packing == SftPacking::pad && (!train_masked || (valid.fn && !valid_masked)))
+    throw ConfigError(
+        fmt::format("data.sft_packing: pad needs loss masks (PREFIX_mask, from `data prepare --format chat`) so the "
+                    "padding does not count, but {} has none{}",
+                    train_masked ? "data.valid" : "data.train",
+                    cfg.data.loss_mask == LossMaskChoice::off ? " (data.loss_mask is false)" : ""));
   if (train_masked) ds.train_mask = train_split(with_loss_masks(train_blend), 2).fn;
   if (valid.fn && valid_masked)
     ds.valid_mask = valid_split(with_loss_masks(train_blend), with_loss_masks(valid_blend), 2).fn;
