@@ -29,6 +29,10 @@
 #include "parallel/pipeline_executor.h"
 #include "parallel/weight_grad.h"
 
+namespace mt {
+class CheckpointReader;
+}  // namespace mt
+
 namespace mt::app {
 
 // The loop's own counters; with the optimizer's step count and the loss scaler's state they make the TrainState
@@ -130,7 +134,12 @@ class Trainer {
   bool spike_check(double local_sum, int64_t iteration);
   // Feeds the detector one finite-or-not step loss, logs a spike; true when it is one.
   bool observe_loss(float loss, int64_t iteration);
+  // checkpoint.load (resume), else training.init_from (weights only).
   void maybe_resume();
+  bool resume();     // true when a checkpoint was resumed
+  void init_from();  // training.init_from: the model weights of a checkpoint, nothing else
+  // The MoE layers' expert biases from `reader` (of checkpoint `dir`), zero where it holds none.
+  void load_expert_biases(const CheckpointReader& reader, const std::string& dir);
   void train_step(float& lr_used, StepResult& result);
   // Reads the losses of the steps since the last read (summed over the pipeline and data-parallel ranks: a
   // collective, at the same iteration on every rank) into interval_loss_ and c_.nan_iters.
