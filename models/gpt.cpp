@@ -161,7 +161,12 @@ Tensor GptModel::forward_impl(const Tensor& input, const Tensor& tokens, const T
   }
   cross_entropy_loss(h.rowmax, h.sumexp, target_logit, losses);
   if (ctx.training) saved_[mb] = std::move(h);
-  if (loss_sum) {
+  if (ctx.loss_weights.defined()) {
+    // Masked (supervised fine-tuning): the weights already divide by the batch's count of targets that count.
+    Tensor one = loss_sum ? *loss_sum : f64_zeros(1, opt_.device);
+    accumulate_weighted_sum(losses, ctx.loss_weights, one);
+    if (loss) *loss = static_cast<float>(read_f64(one)[0]);
+  } else if (loss_sum) {
     accumulate_mean(losses, *loss_sum);  // stays on the device
   } else {
     double sum = 0;
@@ -184,7 +189,12 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
 
     // Each token's loss enters the mean with weight 1/N: a fill on the device, nothing copied from the host.
     Tensor dlosses = Tensor::empty({N}, DType::f32, opt_.device);
-    fill_(dlosses, dloss / static_cast<float>(N));
+    if (h.ctx.loss_weights.defined()) {  // masked: each target's own weight (0 where masked)
+      dlosses.copy_from(h.ctx.loss_weights);
+      scale_(dlosses, dloss);
+    } else {
+      fill_(dlosses, dloss / static_cast<float>(N));
+    }
     if (grads_needed_) {  // the head, the final norm, and the tied embedding the head writes into
       std::vector<Parameter*> needed = lnf_.parameters();
       needed.push_back(&head_.weight());

@@ -37,6 +37,9 @@ struct StepContext {
   int64_t sample_offset = 0;  // global index of the microbatch's first sample (keys dropout masks)
   bool training = true;       // false: no dropout, nothing kept for backward
   uint64_t seed = 0;
+  // Supervised fine-tuning (data.loss_mask): each target's weight in the step's mean loss, (B * T) f32 on the
+  // model's device, 0 where the loss mask is 0. Empty: every target weighs 1 / (B * T) of its microbatch.
+  Tensor loss_weights;
 };
 
 // training.recompute: selective (core/config/config.h): what each layer drops after its forward and recomputes in

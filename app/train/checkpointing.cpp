@@ -95,6 +95,14 @@ void load_optimizer(const CheckpointReader& reader, const std::vector<OptimizerS
   }
 }
 
+void load_model_weights(const CheckpointReader& reader, const std::vector<OptimizerSlot>& slots) {
+  for (auto s : slots) {
+    read_checked(reader, "model." + s.param->name, *s.param, s.master);
+    s.exp_avg.zero_();
+    s.exp_avg_sq.zero_();
+  }
+}
+
 std::vector<std::string> model_shape_differences(const std::string& stored_yaml, const std::string& run_yaml,
                                                  const std::string& dir) {
   YAML::Node stored, run;

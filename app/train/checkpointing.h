@@ -45,6 +45,10 @@ void load_parameters(const CheckpointReader& reader, const std::vector<Parameter
 void load_optimizer(const CheckpointReader& reader, const std::vector<OptimizerSlot>& slots,
                     PartialLoad* partial = nullptr, const ProgressHook& progress = {});
 
+// Reads only the master weights "model.<param>" of every slot (strictly: each must be there in its shape) and
+// zeroes both Adam moments: a fresh optimizer on a checkpoint's weights (training.init_from).
+void load_model_weights(const CheckpointReader& reader, const std::vector<OptimizerSlot>& slots);
+
 // The config of the run that saved the checkpoint `reader` (directory `dir`), with the whole model on this one
 // rank: no tensor, pipeline or data parallelism, `micro_batch` samples per step, on `device` (auto | cuda | cpu).
 // What eval and generate run.

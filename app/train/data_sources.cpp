@@ -10,9 +10,11 @@
 #include <spdlog/spdlog.h>
 
 #include "core/data/blend.h"
+#include "core/data/chat_template.h"
 #include "core/data/dataset_checksums.h"
 #include "core/data/gpt_dataset.h"
 #include "core/data/indexed_dataset.h"
+#include "core/data/loss_mask.h"
 #include "core/data/tokenizer_sidecar.h"
 
 namespace mt::app {
@@ -110,6 +112,11 @@ void check_data_tokenizers(const Config& cfg) {
 
 namespace {
 
+// data.sft_packing: pad cuts one document (sequence) per sample.
+GptDataset::Cut cut_of(const Config& cfg) {
+  return cfg.data.sft_packing == SftPacking::pad ? GptDataset::Cut::sequences : GptDataset::Cut::stream;
+}
+
 // One split of a data list: its sample source, samples per epoch (for a blend: the blend's size) and a
 // description for the log.
 struct SplitSource {
@@ -120,8 +127,10 @@ struct SplitSource {
 
 // A plain list of prefixes: the chosen split range of every dataset concatenated into one stream.
 // `pick` gives the (begin, end) sequence range of a dataset.
+// `limit` bounds the values read (model.vocab_size for tokens, 2 for a loss mask).
 template <typename Pick>
-SplitSource concatenated(const std::vector<std::string>& prefixes, Pick&& pick, const Config& cfg, const char* key) {
+SplitSource concatenated(const std::vector<std::string>& prefixes, Pick&& pick, const Config& cfg, const char* key,
+                         int64_t limit) {
   const int64_t S = cfg.model.seq_length;
   std::vector<TokenStream::Part> parts;
   for (const std::string& prefix : prefixes) {
@@ -131,12 +140,12 @@ SplitSource concatenated(const std::vector<std::string>& prefixes, Pick&& pick, 
   }
   auto stream = std::make_shared<const TokenStream>(parts);
   SplitSource out;
-  if (stream->num_tokens() < S + 1) {
+  if (cut_of(cfg) == GptDataset::Cut::stream ? stream->num_tokens() < S + 1 : stream->num_sequences() == 0) {
     out.description = fmt::format("{} tokens", stream->num_tokens());
     return out;
   }
-  auto dataset = std::make_shared<GptDataset>(stream, S, static_cast<uint64_t>(cfg.training.seed), true);
-  out.fn = checked([dataset](int64_t g, std::span<int32_t> o) { dataset->sample(g, o); }, cfg.model.vocab_size, key);
+  auto dataset = std::make_shared<GptDataset>(stream, S, static_cast<uint64_t>(cfg.training.seed), true, cut_of(cfg));
+  out.fn = checked([dataset](int64_t g, std::span<int32_t> o) { dataset->sample(g, o); }, limit, key);
   out.samples = dataset->samples_per_epoch();
   out.description = fmt::format("{} samples per epoch ({} tokens)", out.samples, stream->num_tokens());
   return out;
@@ -147,7 +156,8 @@ SplitSource concatenated(const std::vector<std::string>& prefixes, Pick&& pick, 
 // samples are planned (the run's need); the blend's size is the sum of ceil(target * w_i). Samples past it
 // continue the same rule, so a longer run never fails for want of blend indices.
 template <typename Pick>
-SplitSource blended(const DataBlend& blend, Pick&& pick, int64_t target, const Config& cfg, const char* key) {
+SplitSource blended(const DataBlend& blend, Pick&& pick, int64_t target, const Config& cfg, const char* key,
+                    int64_t limit) {
   const int64_t S = cfg.model.seq_length;
   const std::vector<double> weights = normalize_blend_weights(blend.weights);
   const std::vector<int64_t> sizes = blend_sizes(weights, target);
@@ -164,7 +174,8 @@ SplitSource blended(const DataBlend& blend, Pick&& pick, int64_t target, const C
     auto stream = std::make_shared<const TokenStream>(
         std::vector<TokenStream::Part>{{d, begin, end, TokenStream::Unit::sequences}});
     // Every dataset shuffles with the run's seed, as megatron-core's mid-level datasets share random_seed.
-    auto dataset = std::make_shared<const GptDataset>(stream, S, static_cast<uint64_t>(cfg.training.seed), true);
+    auto dataset =
+        std::make_shared<const GptDataset>(stream, S, static_cast<uint64_t>(cfg.training.seed), true, cut_of(cfg));
     if (dataset->samples_per_epoch() == 0)
       throw DataError(
           fmt::format("{}: {} (weight {}) holds {} tokens in this split, fewer than one sample of "
@@ -181,10 +192,43 @@ SplitSource blended(const DataBlend& blend, Pick&& pick, int64_t target, const C
         const auto [d, k] = index->at(g);
         datasets[static_cast<size_t>(d)]->sample(k, o);
       },
-      cfg.model.vocab_size, key);
+      limit, key);
   out.samples = size;
   out.description = fmt::format("blend of {} samples [{}]", size, fmt::join(shares, "; "));
   return out;
+}
+
+// The same datasets' loss masks (chat_template.h's PREFIX_mask).
+DataBlend with_loss_masks(DataBlend blend) {
+  for (std::string& prefix : blend.prefixes) prefix = loss_mask_prefix(prefix);
+  return blend;
+}
+
+// Whether the list `key` trains on loss masks (data.loss_mask); every mask is checked against its tokens.
+bool uses_loss_mask(const Config& cfg, const DataBlend& blend, const char* key) {
+  if (cfg.data.loss_mask == LossMaskChoice::off) return false;
+  std::vector<std::string> with, without;
+  for (const std::string& prefix : blend.prefixes) {
+    std::error_code ec;
+    const std::string m = loss_mask_prefix(prefix);
+    const bool has = std::filesystem::exists(m + ".bin", ec) && std::filesystem::exists(m + ".idx", ec);
+    (has ? with : without).push_back(prefix);
+  }
+  if (with.empty() && cfg.data.loss_mask == LossMaskChoice::automatic) return false;
+  if (!without.empty())
+    throw DataError(
+        fmt::format("{}: {} has no loss mask {}.bin/.idx ({}); `megatrain data prepare --format chat` writes one; set "
+                    "data.loss_mask: false to train on every token",
+                    key, without[0], loss_mask_prefix(without[0]),
+                    with.empty() ? std::string("data.loss_mask is true") : fmt::format("but {} has one", with[0])));
+  for (const std::string& prefix : with) {
+    try {
+      open_tokens_with_loss_mask(prefix);
+    } catch (const DataError& e) {
+      throw DataError(fmt::format("{}: {}", key, e.what()));
+    }
+  }
+  return true;
 }
 
 }  // namespace
@@ -214,35 +258,51 @@ DataSources open_data_sources(const Config& cfg) {
 
   const DataBlend train_blend = parse_data_blend(cfg.data.train);
   const DataBlend valid_blend = parse_data_blend(cfg.data.valid);
-  SplitSource train = train_blend.weights.empty()
-                          ? concatenated(train_blend.prefixes, split_part(0), cfg, "data.train")
-                          : blended(train_blend, split_part(0), train_target, cfg, "data.train");
+  // The splits of the token datasets (limit model.vocab_size) or, as the same calls on the _mask prefixes, of
+  // their loss masks (limit 2): the same sequence counts, seeds and blend, so the same samples.
+  auto train_split = [&](const DataBlend& tb, int64_t limit) {
+    return tb.weights.empty() ? concatenated(tb.prefixes, split_part(0), cfg, "data.train", limit)
+                              : blended(tb, split_part(0), train_target, cfg, "data.train", limit);
+  };
+  auto valid_split = [&](const DataBlend& tb, const DataBlend& vb, int64_t limit) {
+    if (!cfg.data.valid.empty())
+      return vb.weights.empty() ? concatenated(vb.prefixes, whole, cfg, "data.valid", limit)
+                                : blended(vb, whole, valid_target, cfg, "data.valid", limit);
+    if (tb.weights.empty()) return concatenated(tb.prefixes, split_part(1), cfg, "data.valid", limit);
+    // The validation split of every dataset of the training blend, blended with the same weights; a dataset
+    // whose validation split holds no sample leaves the run without validation.
+    try {
+      return blended(tb, split_part(1), valid_target, cfg, "data.valid", limit);
+    } catch (const DataError& e) {
+      return SplitSource{{}, 0, e.what()};
+    }
+  };
+  const int64_t V = cfg.model.vocab_size;
+  SplitSource train = train_split(train_blend, V);
   if (!train.fn)
     throw DataError(
         fmt::format("data.train: the training split holds {}, fewer than one sample of "
                     "model.seq_length+1={} tokens",
                     train.description, S + 1));
-  SplitSource valid;
-  if (!cfg.data.valid.empty()) {
-    valid = valid_blend.weights.empty() ? concatenated(valid_blend.prefixes, whole, cfg, "data.valid")
-                                        : blended(valid_blend, whole, valid_target, cfg, "data.valid");
-  } else if (!train_blend.weights.empty()) {
-    // The validation split of every dataset of the training blend, blended with the same weights; a dataset
-    // whose validation split holds no sample leaves the run without validation.
-    try {
-      valid = blended(train_blend, split_part(1), valid_target, cfg, "data.valid");
-    } catch (const DataError& e) {
-      valid = SplitSource{{}, 0, e.what()};
-    }
-  } else {
-    valid = concatenated(train_blend.prefixes, split_part(1), cfg, "data.valid");
-  }
+  SplitSource valid = valid_split(train_blend, valid_blend, V);
+  const bool train_masked = uses_loss_mask(cfg, train_blend, "data.train");
+  const bool valid_masked = cfg.data.valid.empty() ? train_masked : uses_loss_mask(cfg, valid_blend, "data.valid");
+  if (cfg.data.sft_packing == SftPacking::pad && (!train_masked || (valid.fn && !valid_masked)))
+    throw ConfigError(
+        fmt::format("data.sft_packing: pad needs loss masks (PREFIX_mask, from `data prepare --format chat`) so the "
+                    "padding does not count, but {} has none{}",
+                    train_masked ? "data.valid" : "data.train",
+                    cfg.data.loss_mask == LossMaskChoice::off ? " (data.loss_mask is false)" : ""));
+  if (train_masked) ds.train_mask = train_split(with_loss_masks(train_blend), 2).fn;
+  if (valid.fn && valid_masked)
+    ds.valid_mask = valid_split(with_loss_masks(train_blend), with_loss_masks(valid_blend), 2).fn;
   ds.train = train.fn;
   ds.train_samples = train.samples;
   ds.valid = valid.fn;
   ds.valid_samples = valid.fn ? valid.samples : 0;
-  ds.description = fmt::format("train: {}; validation: {}", train.description,
-                               valid.fn ? valid.description : fmt::format("none ({})", valid.description));
+  ds.description = fmt::format("train: {}; validation: {}{}", train.description,
+                               valid.fn ? valid.description : fmt::format("none ({})", valid.description),
+                               train_masked ? "; loss only where the loss masks (PREFIX_mask) hold 1" : "");
   return ds;
 }
 
@@ -269,6 +329,36 @@ void make_batch(const SampleFn& source, int64_t first, int64_t batch, int64_t se
     std::copy(buf.begin(), buf.end() - 1, tok + b * seq_length);
     std::copy(buf.begin() + 1, buf.end(), tgt + b * seq_length);
   }
+}
+
+}  // namespace mt::app
+
+namespace mt::app {
+
+int64_t make_loss_weights(const SampleFn& mask, int64_t first, int64_t batch, int64_t seq_length, float weight,
+                          Tensor& weights) {
+  std::vector<int32_t> buf(static_cast<size_t>(seq_length + 1));
+  float* w = weights.data<float>();  // (B * S)
+  int64_t counted = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    mask(first + b, buf);
+    for (int64_t j = 0; j < seq_length; ++j) {
+      const bool counts = buf[static_cast<size_t>(j + 1)] != 0;  // target j is token j + 1
+      w[b * seq_length + j] = counts ? weight : 0.f;
+      counted += counts;
+    }
+  }
+  return counted;
+}
+
+int64_t count_loss_targets(const SampleFn& mask, int64_t first, int64_t count, int64_t seq_length) {
+  std::vector<int32_t> buf(static_cast<size_t>(seq_length + 1));
+  int64_t counted = 0;
+  for (int64_t g = first; g < first + count; ++g) {
+    mask(g, buf);
+    for (int64_t j = 1; j <= seq_length; ++j) counted += buf[static_cast<size_t>(j)] != 0;
+  }
+  return counted;
 }
 
 }  // namespace mt::app

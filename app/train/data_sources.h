@@ -16,7 +16,11 @@ using SampleFn = std::function<void(int64_t g, std::span<int32_t> out)>;
 
 struct DataSources {
   SampleFn train;
-  SampleFn valid;             // empty when the config has no validation data
+  SampleFn valid;  // empty when the config has no validation data
+  // Supervised fine-tuning data (data.loss_mask): the loss mask of the same global samples (seq_length + 1 values,
+  // 0 or 1, value j the mask of token j); empty when the split has no mask (every token's loss counts).
+  SampleFn train_mask;
+  SampleFn valid_mask;
   int64_t train_samples = 0;  // samples per epoch (0 for synthetic: unbounded)
   int64_t valid_samples = 0;
   std::string description;  // one line for the log
@@ -47,6 +51,14 @@ DataSources open_data_sources(const Config& cfg);
 // [j*S, j*S + S] of the documents concatenated. `count` receives the number of samples.
 SampleFn file_order_source(const std::vector<std::string>& prefixes, int64_t seq_length, int64_t vocab_size,
                            int64_t& count);
+
+// Samples [first, first + B) of the mask source `mask` as the loss weights of their targets (B * S), f32:
+// weight * mask[j + 1] for target j of a sample. Returns the number of targets whose mask is 1.
+int64_t make_loss_weights(const SampleFn& mask, int64_t first, int64_t batch, int64_t seq_length, float weight,
+                          Tensor& weights);
+
+// The number of targets whose mask is 1 in samples [first, first + count) of the mask source `mask`.
+int64_t count_loss_targets(const SampleFn& mask, int64_t first, int64_t count, int64_t seq_length);
 
 // Samples [first, first + B) of `source` as tokens (B, S) and targets (B, S), i32.
 void make_batch(const SampleFn& source, int64_t first, int64_t batch, int64_t seq_length, Tensor& tokens,

@@ -145,6 +145,11 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
   // The objective is the mean loss over all M * dp microbatches (times the loss scale): a host value, so the
   // backward seed needs no read of the device.
   const float dloss = static_cast<float>(scaler_.scale() / static_cast<double>(M * dp));
+  // With loss masks, each counted target of the global batch weighs M * dp / (their count) in its microbatch's
+  // sum, so the same mean holds (all-masked microbatches add zero).
+  if (data_.train_mask)
+    train_target_weight_ = masked_target_weight(data_.train_mask, c_.consumed_samples, cfg_.training.global_batch_size,
+                                                M * dp, fmt::format("iteration {}'s global batch", c_.iteration + 1));
   // One engine for every layout: one stage runs no_pipelining (F0 B0 F1 B1 ...), several 1F1B, several with
   // more than one chunk interleaved 1F1B. Only the last stage computes losses: read_losses sums them over the
   // pipeline group.
@@ -225,6 +230,9 @@ double Trainer::evaluate() {
   const trace::Span span("eval", "validation");
   const int64_t dp = dist_.dp_size();
   const int64_t batches = cfg_.logging.eval_iters * cfg_.training.num_microbatches * dp;
+  if (data_.valid_mask)
+    eval_target_weight_ = masked_target_weight(data_.valid_mask, 0, batches * cfg_.training.micro_batch_size, batches,
+                                               "the validation batches");
   const ScheduleSpec spec = evaluation_schedule(cfg_, batches / dp);
   EvalStage stage(*this);
   execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage, placement_of(dist_, spec));

@@ -22,13 +22,44 @@ Progress Trainer::checkpoint_progress(std::string what) const {
 }
 
 void Trainer::maybe_resume() {
+  if (!resume() && !cfg_.training.init_from.empty()) init_from();
+}
+
+void Trainer::init_from() {
+  const std::string& from = cfg_.training.init_from;
+  const std::optional<std::string> dir = resolve_resume_checkpoint(from);
+  if (!dir)
+    throw CheckpointError(fmt::format(
+        "training.init_from: {} holds no checkpoint (no metadata.yaml, no latest; `megatrain ckpt import` makes one "
+        "from a Hugging Face model)",
+        from));
+  CheckpointReader reader(*dir);
+  check_checkpoint_tokenizer(*dir, cfg_);
+  const std::vector<std::string> diff = model_shape_differences(reader.state().config_yaml, to_yaml(cfg_), *dir);
+  if (!diff.empty())
+    throw CheckpointError(fmt::format(
+        "training.init_from: {} holds another model ({}); set the model keys it was saved with (an import writes "
+        "them to its model.yaml)",
+        *dir, fmt::join(diff, ", ")));
+  Progress loading = checkpoint_progress("init_from load");
+  optimizer_->load_state([&](const std::vector<Optimizer::Slot>& slots) { load_model_weights(reader, slots); }, false);
+  loading.finish();
+  load_expert_biases(reader, *dir);
+  spdlog::info(
+      "initialized the model from {} (its weights only: a fresh optimizer, iteration 0, the data from the "
+      "start)",
+      *dir);
+  metrics_.write({{"event", "init_from"}, {"checkpoint", *dir}});
+}
+
+bool Trainer::resume() {
   const auto& ck = cfg_.checkpoint;
   std::optional<std::string> dir;
-  if (ck.load == "none") return;
+  if (ck.load == "none") return false;
   if (ck.load == "auto") {
-    if (ck.save_dir.empty()) return;
+    if (ck.save_dir.empty()) return false;
     dir = resolve_resume_checkpoint(ck.save_dir);  // never starts over when checkpoints are there
-    if (!dir) return;
+    if (!dir) return false;
   } else {
     dir = resolve_resume_checkpoint(ck.load);
     if (!dir)
@@ -63,20 +94,7 @@ void Trainer::maybe_resume() {
     spdlog::warn("partial load: {} tensors left at their initial values: {}", partial->skipped.size(),
                  fmt::join(partial->skipped, ", "));
   }
-  for (auto& [prefix, bias] : moe_.expert_biases()) {  // a checkpoint without them (bias updates off then) starts at 0
-    const std::string name = expert_bias_tensor(prefix);
-    if (!reader.has(name)) {
-      spdlog::warn("{}: holds no {} (saved without model.moe.bias_update_rate): the expert biases start at zero", *dir,
-                   name);
-      continue;
-    }
-    if (reader.info(name).global_shape != Shape{static_cast<int64_t>(bias.size())})
-      throw CheckpointError(fmt::format("{}: {} holds {} values, this model has {} experts", *dir, name,
-                                        reader.info(name).global_shape.at(0), bias.size()));
-    Tensor t = Tensor::empty({static_cast<int64_t>(bias.size())}, DType::f32);
-    reader.read(name, t);
-    moe_.set_expert_bias(prefix, t.to_floats());
-  }
+  load_expert_biases(reader, *dir);
   c_.iteration = rs.iteration;
   c_.consumed_samples = rs.consumed_samples;
   c_.skipped_iters = rs.skipped_iters;
@@ -91,6 +109,24 @@ void Trainer::maybe_resume() {
         cfg_.training.seed, rs.seed);
   spdlog::info("resumed from {} at iteration {} ({} samples consumed)", *dir, c_.iteration, c_.consumed_samples);
   metrics_.write({{"event", "resume"}, {"iteration", c_.iteration}, {"checkpoint", *dir}});
+  return true;
+}
+
+void Trainer::load_expert_biases(const CheckpointReader& reader, const std::string& dir) {
+  for (auto& [prefix, bias] : moe_.expert_biases()) {  // a checkpoint without them (bias updates off then) starts at 0
+    const std::string name = expert_bias_tensor(prefix);
+    if (!reader.has(name)) {
+      spdlog::warn("{}: holds no {} (saved without model.moe.bias_update_rate): the expert biases start at zero", dir,
+                   name);
+      continue;
+    }
+    if (reader.info(name).global_shape != Shape{static_cast<int64_t>(bias.size())})
+      throw CheckpointError(fmt::format("{}: {} holds {} values, this model has {} experts", dir, name,
+                                        reader.info(name).global_shape.at(0), bias.size()));
+    Tensor t = Tensor::empty({static_cast<int64_t>(bias.size())}, DType::f32);
+    reader.read(name, t);
+    moe_.set_expert_bias(prefix, t.to_floats());
+  }
 }
 
 // Data-parallel replicas hold identical state, so the ranks of data-parallel rank 0 write: each its

@@ -29,6 +29,10 @@
 #include "parallel/pipeline_executor.h"
 #include "parallel/weight_grad.h"
 
+namespace mt {
+class CheckpointReader;
+}  // namespace mt
+
 namespace mt::app {
 
 // The loop's own counters; with the optimizer's step count and the loss scaler's state they make the TrainState
@@ -130,7 +134,12 @@ class Trainer {
   bool spike_check(double local_sum, int64_t iteration);
   // Feeds the detector one finite-or-not step loss, logs a spike; true when it is one.
   bool observe_loss(float loss, int64_t iteration);
+  // checkpoint.load (resume), else training.init_from (weights only).
   void maybe_resume();
+  bool resume();     // true when a checkpoint was resumed
+  void init_from();  // training.init_from: the model weights of a checkpoint, nothing else
+  // The MoE layers' expert biases from `reader` (of checkpoint `dir`), zero where it holds none.
+  void load_expert_biases(const CheckpointReader& reader, const std::string& dir);
   void train_step(float& lr_used, StepResult& result);
   // Reads the losses of the steps since the last read (summed over the pipeline and data-parallel ranks: a
   // collective, at the same iteration on every rank) into interval_loss_ and c_.nan_iters.
@@ -148,6 +157,16 @@ class Trainer {
 
   // A microbatch's tokens and targets (B, S), read on the host and moved to the model's device.
   void load_batch(const SampleFn& source, int64_t first, Tensor& tokens, Tensor& targets) const;
+  // Loss masks (data.loss_mask): the weight of one counted target in a mean over `parts` microbatch means,
+  // parts / (targets whose mask is 1 in samples [first, first + samples)), so the loss is the mean over the counted
+  // targets of all those samples whatever the layout. Every rank computes it from the data (no exchange). Throws
+  // DataError when no target counts (`what` names the batch): an all-masked batch stops the run, never a NaN.
+  double masked_target_weight(const SampleFn& mask, int64_t first, int64_t samples, int64_t parts,
+                              const std::string& what) const;
+  // A microbatch's loss weights (B * S) f32 on the model's device: `weight` where the target's mask is 1, else 0.
+  Tensor load_loss_weights(const SampleFn& mask, int64_t first, double weight) const;
+  double train_target_weight_ = 0;  // this step's masked_target_weight (training with loss masks)
+  double eval_target_weight_ = 0;   // evaluation's
 
   const Config& cfg_;
   TrainOptions opt_;

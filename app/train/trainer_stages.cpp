@@ -15,9 +15,11 @@ Tensor EvalStage::forward(int microbatch, int chunk, const Tensor& input) {
   const int64_t i = t_.dist_.dp_rank() + microbatch * t_.dist_.dp_size();  // the validation batch
   Tensor tokens, targets;
   t_.load_batch(t_.data_.valid, i * B, tokens, targets);
-  const StepContext ctx{.sample_offset = i * B, .training = false};
+  StepContext ctx{.sample_offset = i * B, .training = false};
   float loss = 0;
   GptModel& model = *t_.chunks_[static_cast<size_t>(chunk)];
+  if (t_.data_.valid_mask && model.stage().has_head)
+    ctx.loss_weights = t_.load_loss_weights(t_.data_.valid_mask, i * B, t_.eval_target_weight_);
   Tensor out = model.forward_stage(input, tokens, targets, microbatch, ctx, &loss);
   if (model.stage().has_head) loss_sum += loss;
   return out;
@@ -40,7 +42,10 @@ Tensor IterationStage::forward(int microbatch, int chunk, const Tensor& input) {
   Tensor tokens, targets;
   t_.load_batch(t_.data_.train, first, tokens, targets);
   StepContext ctx{.sample_offset = first, .training = true, .seed = static_cast<uint64_t>(cfg.training.seed)};
-  return t_.chunks_[static_cast<size_t>(chunk)]->forward_stage(input, tokens, targets, microbatch, ctx, loss_sum_);
+  GptModel& model = *t_.chunks_[static_cast<size_t>(chunk)];
+  if (t_.data_.train_mask && model.stage().has_head)
+    ctx.loss_weights = t_.load_loss_weights(t_.data_.train_mask, first, t_.train_target_weight_);
+  return model.forward_stage(input, tokens, targets, microbatch, ctx, loss_sum_);
 }
 
 Tensor IterationStage::backward(int microbatch, int chunk, const Tensor& grad) {
@@ -69,6 +74,25 @@ Shape IterationStage::activation_shape() const { return t_.activation_shape(); }
 DType IterationStage::activation_dtype() const { return t_.dtype_; }
 
 Device IterationStage::activation_device() const { return t_.device_; }
+
+double Trainer::masked_target_weight(const SampleFn& mask, int64_t first, int64_t samples, int64_t parts,
+                                     const std::string& what) const {
+  const int64_t counted = count_loss_targets(mask, first, samples, cfg_.model.seq_length);
+  if (counted == 0)
+    throw DataError(fmt::format(
+        "{} (samples [{}, {})): every target's loss mask is 0, so its mean loss is over no tokens; the run stops "
+        "rather than take a step on nothing (a larger training.global_batch_size, or data with a response in "
+        "every sample, avoids it)",
+        what, first, first + samples));
+  return static_cast<double>(parts) / static_cast<double>(counted);
+}
+
+Tensor Trainer::load_loss_weights(const SampleFn& mask, int64_t first, double weight) const {
+  const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length;
+  Tensor host = Tensor::empty({B * S}, DType::f32);
+  make_loss_weights(mask, first, B, S, static_cast<float>(weight), host);
+  return device_ == Device::cpu ? host : host.to(device_);
+}
 
 void Trainer::load_batch(const SampleFn& source, int64_t first, Tensor& tokens, Tensor& targets) const {
   const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length;

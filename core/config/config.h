@@ -42,6 +42,8 @@ enum class PipelineSchedule { automatic, one_f_one_b, interleaved, zb_h1, zb_v }
 // state (ZeRO-1, also parallel.distributed_optimizer: true), that and the gradients (ZeRO-2), and the parameters
 // too (ZeRO-3, planned). Ordered: each stage shards what the one before does.
 enum class ShardStage { none, optimizer, gradients, parameters };
+enum class LossMaskChoice { automatic, on, off };
+enum class SftPacking { concat, pad };
 
 template <>
 struct EnumNames<Arch> {
@@ -77,6 +79,16 @@ template <>
 struct EnumNames<ShardStage> {
   static constexpr std::array names{"none", "optimizer", "gradients"};
   static constexpr std::array<const char*, 1> planned{"parameters"};
+};
+template <>
+struct EnumNames<LossMaskChoice> {
+  static constexpr std::array names{"auto", "true", "false"};
+  static constexpr std::array<const char*, 0> planned{};
+};
+template <>
+struct EnumNames<SftPacking> {
+  static constexpr std::array names{"concat", "pad"};
+  static constexpr std::array<const char*, 1> planned{"pack"};
 };
 template <>
 struct EnumNames<OptimizerType> {
@@ -228,6 +240,11 @@ struct LossSpikeConfig {
 };
 
 struct TrainingConfig {
+  // Fine-tuning: start from the model weights of this checkpoint (a megatrain checkpoint directory, its save_dir
+  // (its latest) or a `ckpt import` output) with a fresh optimizer, iteration 0 and the data from its start; any
+  // layout from any layout. Empty: the model's initialization. Not with an explicit checkpoint.load path; a run
+  // that finds checkpoints in checkpoint.save_dir (load: auto) resumes them instead (a restarted fine-tuning run).
+  std::string init_from;
   int64_t micro_batch_size = 1;
   int64_t global_batch_size = 0;  // 0: micro_batch_size * data-parallel size
   int64_t train_iters = 0;        // required
@@ -293,6 +310,15 @@ struct DataConfig {
   // Check every dataset against its PREFIX.crc32c (when it has one) at training start; rank 0 reads each .bin
   // whole once (docs/data.md gives the speed). false skips the check.
   bool verify_checksums = true;
+  // Supervised fine-tuning data (`data prepare --format chat`): the loss counts only where PREFIX_mask holds 1,
+  // averaged over those tokens of the whole global batch. auto: when every dataset of a list has its _mask (some
+  // but not all is an error); true: every dataset must have one; false: ignore masks (every token counts).
+  LossMaskChoice loss_mask = LossMaskChoice::automatic;
+  // How samples are cut from the documents: concat (pre-training's: the documents as one stream, cut every
+  // seq_length tokens, a sample may span documents) | pad (one document (conversation) per sample, cut at
+  // seq_length + 1 tokens, the rest padding whose loss mask is 0; needs loss masks). pack (documents packed with
+  // positions and attention reset at their boundaries) is planned.
+  SftPacking sft_packing = SftPacking::concat;
 
   bool operator==(const DataConfig&) const = default;
 };

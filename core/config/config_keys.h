@@ -82,6 +82,7 @@ void visit(V& v, C& c) {
   });
   v.section("training", [&] {
     auto& t = c.training;
+    v.field({.name = "init_from"}, t.init_from);
     v.field({.name = "micro_batch_size"}, t.micro_batch_size);
     v.field({.name = "global_batch_size"}, t.global_batch_size);
     v.field({.name = "train_iters", .required = true}, t.train_iters);
@@ -132,6 +133,8 @@ void visit(V& v, C& c) {
     v.field({.name = "synthetic"}, d.synthetic);
     v.field({.name = "allow_tokenizer_change"}, d.allow_tokenizer_change);
     v.field({.name = "verify_checksums"}, d.verify_checksums);
+    v.field({.name = "loss_mask"}, d.loss_mask);
+    v.field({.name = "sft_packing"}, d.sft_packing);
   });
   v.section("checkpoint", [&] {
     auto& k = c.checkpoint;

@@ -541,6 +541,12 @@ void resolve_checkpoint_and_logging(Config& c, const Rules& r) {
   r.non_negative("checkpoint.save_interval", k.save_interval);
   r.non_negative("checkpoint.keep_last", k.keep_last);
   if (k.load.empty()) r.fail("checkpoint.load", "expected auto, none or a checkpoint path, got ''");
+  if (!c.training.init_from.empty() && k.load != "auto" && k.load != "none")
+    r.fail("training.init_from",
+           fmt::format("starts from {}'s weights with a fresh optimizer and data position, but checkpoint.load: {} "
+                       "resumes a run; set one of them (checkpoint.load: auto resumes this run's own checkpoints "
+                       "in checkpoint.save_dir and otherwise starts from training.init_from)",
+                       c.training.init_from, k.load));
   const LoggingConfig& l = c.logging;
   if (l.dir.empty()) r.fail("logging.dir", "needs a run directory, got ''");
   r.positive("logging.interval", l.interval);

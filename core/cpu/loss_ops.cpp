@@ -17,6 +17,15 @@ void accumulate_mean(const Tensor& x, Tensor& sum) {
   sum.data<double>()[0] += static_cast<double>(static_cast<float>(s / static_cast<double>(n)));
 }
 
+// Element order, each product rounded to f32, summed in double.
+void accumulate_weighted_sum(const Tensor& x, const Tensor& w, Tensor& sum) {
+  const float* v = x.data<float>();
+  const float* wt = w.data<float>();
+  double s = 0.0;
+  for (int64_t i = 0; i < x.numel(); ++i) s += static_cast<double>(v[i] * wt[i]);
+  sum.data<double>()[0] += s;
+}
+
 void fill_(Tensor& x, float v) {
   constexpr int64_t kRun = 1024;
   float run[kRun];

@@ -23,6 +23,15 @@ __global__ void accumulate_mean_kernel(const float* __restrict__ x, int64_t n, d
   if (threadIdx.x == 0) sum[0] += static_cast<double>(__double2float_rn(s / static_cast<double>(n)));
 }
 
+// One block: sum[0] += sum of float(x[i] * w[i]) in double (deterministic order, fixed by the launch shape).
+__global__ void accumulate_weighted_sum_kernel(const float* __restrict__ x, const float* __restrict__ w, int64_t n,
+                                               double* __restrict__ sum) {
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += static_cast<double>(__fmul_rn(x[i], w[i]));
+  s = block_sum(s);
+  if (threadIdx.x == 0) sum[0] += s;
+}
+
 template <class T>
 __global__ void fill_kernel(T* __restrict__ x, float f, int64_t n) {
   const T v = from_f32<T>(f);
@@ -36,6 +45,12 @@ __global__ void fill_kernel(T* __restrict__ x, float f, int64_t n) {
 void accumulate_mean(const Tensor& x, Tensor& sum) {
   accumulate_mean_kernel<<<1, kSumThreads, 0, stream()>>>(x.data<float>(), x.numel(), sum.data<double>());
   MT_CUDA_LAUNCHED("accumulate_mean_kernel");
+}
+
+void accumulate_weighted_sum(const Tensor& x, const Tensor& w, Tensor& sum) {
+  accumulate_weighted_sum_kernel<<<1, kSumThreads, 0, stream()>>>(x.data<float>(), w.data<float>(), x.numel(),
+                                                                  sum.data<double>());
+  MT_CUDA_LAUNCHED("accumulate_weighted_sum_kernel");
 }
 
 void fill_(Tensor& x, float v) {

@@ -70,11 +70,15 @@ void TokenStream::read(int64_t begin, std::span<int32_t> out) const {
 
 // ---------------------------------------------------------------- GptDataset
 
-GptDataset::GptDataset(std::shared_ptr<const TokenStream> stream, int64_t seq_length, uint64_t seed, bool shuffle)
-    : stream_(std::move(stream)), seq_length_(seq_length), seed_(seed), shuffle_(shuffle) {
+GptDataset::GptDataset(std::shared_ptr<const TokenStream> stream, int64_t seq_length, uint64_t seed, bool shuffle,
+                       Cut cut)
+    : stream_(std::move(stream)), seq_length_(seq_length), seed_(seed), shuffle_(shuffle), cut_(cut) {
   if (!stream_) throw std::invalid_argument("GptDataset: no token stream");
   if (seq_length_ <= 0) throw std::invalid_argument(fmt::format("GptDataset: seq_length {} <= 0", seq_length_));
-  n_ = stream_->num_tokens() > 0 ? (stream_->num_tokens() - 1) / seq_length_ : 0;
+  if (cut_ == Cut::sequences)
+    n_ = stream_->num_sequences();
+  else
+    n_ = stream_->num_tokens() > 0 ? (stream_->num_tokens() - 1) / seq_length_ : 0;
 }
 
 std::vector<int64_t> GptDataset::epoch_permutation(int64_t epoch) const {
@@ -108,7 +112,11 @@ void GptDataset::sample(int64_t global_index, std::span<int32_t> out) const {
   if (static_cast<int64_t>(out.size()) != seq_length_ + 1)
     throw std::invalid_argument(
         fmt::format("GptDataset: sample buffer holds {} tokens, need seq_length+1={}", out.size(), seq_length_ + 1));
-  stream_->read(stream_sample(global_index) * seq_length_, out);
+  if (cut_ == Cut::stream) return stream_->read(stream_sample(global_index) * seq_length_, out);
+  const auto [start, length] = stream_->sequence_span(stream_sample(global_index));
+  const size_t take = static_cast<size_t>(std::min<int64_t>(length, seq_length_ + 1));
+  stream_->read(start, out.first(take));
+  std::fill(out.begin() + static_cast<std::ptrdiff_t>(take), out.end(), 0);
 }
 
 // ---------------------------------------------------------------- SyntheticDataset

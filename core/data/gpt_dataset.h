@@ -26,6 +26,12 @@ class TokenStream {
   };
   explicit TokenStream(std::vector<Part> parts);
   int64_t num_tokens() const { return total_; }
+  // The stream's non-empty sequences, in order: sequence i is tokens [start, start + length).
+  int64_t num_sequences() const { return static_cast<int64_t>(runs_.size()); }
+  std::pair<int64_t, int64_t> sequence_span(int64_t i) const {
+    const Run& r = runs_.at(static_cast<size_t>(i));
+    return {r.start, r.length};
+  }
   // Tokens [begin, begin + out.size()) of the stream.
   void read(int64_t begin, std::span<int32_t> out) const;
 
@@ -47,9 +53,13 @@ class TokenStream {
 // The shuffle is a Fisher-Yates pass whose draw i is random_u64_at(seed, stream_id("data.shuffle") + epoch, i),
 // so the order is the same on every machine and for every parallel layout. The current epoch's permutation
 // is cached; sample() locks around the cache, so one dataset may be shared by several threads.
+// With cut = sequences (supervised fine-tuning, data.sft_packing: pad), sample j is instead sequence j of the stream
+// (one conversation), its first seq_length + 1 tokens, the rest 0 (padding; its loss mask is 0 too).
 class GptDataset {
  public:
-  GptDataset(std::shared_ptr<const TokenStream> stream, int64_t seq_length, uint64_t seed, bool shuffle);
+  enum class Cut { stream, sequences };
+  GptDataset(std::shared_ptr<const TokenStream> stream, int64_t seq_length, uint64_t seed, bool shuffle,
+             Cut cut = Cut::stream);
   int64_t samples_per_epoch() const { return n_; }
   int64_t seq_length() const { return seq_length_; }
   // out holds seq_length + 1 tokens.
@@ -64,6 +74,7 @@ class GptDataset {
   int64_t seq_length_;
   uint64_t seed_;
   bool shuffle_;
+  Cut cut_;
   int64_t n_;
   mutable std::mutex mutex_;  // guards the cache below
   mutable int64_t cached_epoch_ = -1;

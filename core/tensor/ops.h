@@ -269,6 +269,9 @@ void adamw_multi_step(const std::vector<AdamWTensors>& ts, const AdamWOptions& o
 // sum (1) f64 += the mean of x (N) f32 summed in double, rounded to f32: what a host reading of the loss
 // gave, accumulated on the device (training losses are read once per logging interval).
 void accumulate_mean(const Tensor& x, Tensor& sum);
+// sum (1) f64 += sum over i of x[i] * w[i] (x, w (N) f32; each product in f32, summed in double): the loss of a
+// masked batch (supervised fine-tuning), w holding each token's weight in the step's mean (0 where masked).
+void accumulate_weighted_sum(const Tensor& x, const Tensor& w, Tensor& sum);
 // x := v in x's dtype (any floating dtype).
 void fill_(Tensor& x, float v);
 

@@ -215,6 +215,17 @@ void accumulate_mean(const Tensor& x, Tensor& sum) {
   MT_ON_CUDA(accumulate_mean(x, sum));
 }
 
+void accumulate_weighted_sum(const Tensor& x, const Tensor& w, Tensor& sum) {
+  const char* op = "accumulate_weighted_sum";
+  const op_profile::Scope profile(op);
+  check_dtype(op, "x", x, DType::f32);
+  check_dtype(op, "w", w, DType::f32);
+  check_f64(op, "sum", sum, 1);
+  check_range(op, "w", w.numel() == x.numel(), "one weight per value");
+  if (device_of(op, {&x, &w, &sum}) == Device::cpu) return cpu::accumulate_weighted_sum(x, w, sum);
+  MT_ON_CUDA(accumulate_weighted_sum(x, w, sum));
+}
+
 void fill_(Tensor& x, float v) {
   const char* op = "fill_";
   const op_profile::Scope profile(op);

@@ -5,22 +5,9 @@
 # with Python, same document lengths, mask only 0/1, and the masked tokens those of the answers. Bad lines, a
 # template it does not render and a tokenizer without the template's tokens are refused, naming what is wrong.
 source "$(dirname "$0")/lib/common.bash"
-T="$SRC/tests/data/tokenizer"
 
-# The Llama-3-style fixture with its reserved specials 2 and 3 renamed <|im_start|> and <|im_end|>.
-mkdir tok
-python3 - "$T/llama3-tokenizer.json" tok <<'PY'
-import json, sys
-j = json.load(open(sys.argv[1]))
-for k, name in ((2, "<|im_start|>"), (3, "<|im_end|>")):
-    del j["model"]["vocab"][j["added_tokens"][k]["content"]]
-    j["added_tokens"][k]["content"] = name
-    j["model"]["vocab"][name] = k
-json.dump(j, open(sys.argv[2] + "/tokenizer.json", "w"))
-chatml = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
-          "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-json.dump({"chat_template": chatml, "eos_token": "<|im_end|>"}, open(sys.argv[2] + "/tokenizer_config.json", "w"))
-PY
+source "$SRC/tests/e2e/lib/sft.bash"
+write_chatml_tokenizer  # tok/: ChatML specials on the Llama-3-style fixture
 
 cat > chat.jsonl <<'JSONL'
 {"prompt": "What is 2+2?", "response": "4"}

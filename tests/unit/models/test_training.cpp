@@ -1,5 +1,6 @@
 // Tests of the training pieces above the ops: loss scaler, LR schedule, model wiring (whole-model
 // gradients against finite differences), recomputation, and the optimizer's skip/clip behaviour.
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -440,6 +441,65 @@ TEST(GptModel, AccumulatedLossEqualsTheHostReading) {
     model.backward(10 + mb, 1.f);
   }
   EXPECT_EQ(read_f64(sum)[0], want);
+}
+
+// Loss masks (supervised fine-tuning): StepContext::loss_weights give each target its weight in the mean. Weights
+// 1/T on sample 0 and 0 on sample 1 of a (2, T) batch are the mean loss of sample 0 alone, with its gradients (a
+// masked sample adds nothing); weights 1/(B*T) everywhere are the plain mean.
+TEST(GptModel, MaskedLossIsTheMeanOverTheCountedTargets) {
+  for (const ModelConfig& cfg : {tiny_model(), tiny_llama()}) {
+    const int64_t T = 8;
+    Tensor tokens = Tensor::empty({2, T}, DType::i32), targets = Tensor::empty({2, T}, DType::i32);
+    fill_batch(tokens, targets, cfg.vocab_size);
+    Tensor tokens0 = Tensor::empty({1, T}, DType::i32), targets0 = Tensor::empty({1, T}, DType::i32);
+    tokens0.copy_from(tokens.slice(0, 1));
+    targets0.copy_from(targets.slice(0, 1));
+
+    GptModel masked(cfg, {.dtype = DType::f32, .seed = 3}), alone(cfg, {.dtype = DType::f32, .seed = 3}),
+        ones(cfg, {.dtype = DType::f32, .seed = 3}), plain(cfg, {.dtype = DType::f32, .seed = 3});
+    StepContext ctx{.training = true, .seed = 7};
+    ctx.loss_weights = Tensor::zeros({2 * T}, DType::f32);
+    for (int64_t i = 0; i < T; ++i) ctx.loss_weights.data<float>()[i] = 1.f / T;
+    const float lm = masked.forward(tokens, targets, 0, ctx);
+    const float la = alone.forward(tokens0, targets0, 0, {.training = true, .seed = 7});
+    EXPECT_NEAR(lm, la, 1e-6 * std::abs(la));
+    masked.backward(0, 1.f);
+    alone.backward(0, 1.f);
+
+    StepContext all{.training = true, .seed = 7};
+    all.loss_weights = Tensor::empty({2 * T}, DType::f32);
+    for (int64_t i = 0; i < 2 * T; ++i) all.loss_weights.data<float>()[i] = 1.f / (2 * T);
+    const float lo = ones.forward(tokens, targets, 0, all);
+    const float lp = plain.forward(tokens, targets, 0, {.training = true, .seed = 7});
+    EXPECT_NEAR(lo, lp, 1e-6 * std::abs(lp));
+    EXPECT_GT(std::abs(lp - la), 1e-4);  // the two cases differ: the weights choose what counts
+    ones.backward(0, 1.f);
+    plain.backward(0, 1.f);
+
+    const auto pm = masked.parameters(), pa = alone.parameters(), po = ones.parameters(), pp = plain.parameters();
+    for (size_t k = 0; k < pm.size(); ++k) {
+      const std::vector<float> gm = pm[k]->grad.to_floats(), ga = pa[k]->grad.to_floats(), go = po[k]->grad.to_floats(),
+                               gp = pp[k]->grad.to_floats();
+      for (size_t i = 0; i < gm.size(); ++i) {
+        EXPECT_NEAR(gm[i], ga[i], 1e-6f + 1e-5f * std::abs(ga[i])) << pm[k]->name << "[" << i << "]";
+        EXPECT_NEAR(go[i], gp[i], 1e-6f + 1e-5f * std::abs(gp[i])) << po[k]->name << "[" << i << "]";
+      }
+    }
+  }
+}
+
+// The device-side sum of a masked batch's losses: every product in f32, summed in double.
+TEST(GptModel, WeightedLossSumAddsTheWeightedLosses) {
+  Tensor x = Tensor::empty({4}, DType::f32), w = Tensor::empty({4}, DType::f32);
+  const float xs[] = {1.5f, 2.f, -3.f, 0.25f}, ws[] = {0.5f, 0.f, 0.25f, 4.f};
+  std::copy(xs, xs + 4, x.data<float>());
+  std::copy(ws, ws + 4, w.data<float>());
+  Tensor sum = f64_zeros(1, Device::cpu);
+  accumulate_weighted_sum(x, w, sum);
+  accumulate_weighted_sum(x, w, sum);
+  EXPECT_EQ(read_f64(sum)[0], 2 * (0.75 + 0 - 0.75 + 1.0));
+  Tensor short_w = Tensor::empty({3}, DType::f32);
+  EXPECT_THROW(accumulate_weighted_sum(x, short_w, sum), std::exception);
 }
 
 }  // namespace

@@ -170,5 +170,20 @@ TEST_F(CudaOps, AccumulateMeanAndFill) {
   }
 }
 
+// The masked loss's sum (supervised fine-tuning): weights with zeros (masked targets) and others, on both devices.
+TEST_F(CudaOps, AccumulateWeightedSum) {
+  Both sum = {f64_zeros(1, Device::cpu), f64_zeros(1, Device::cuda)};
+  for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{16384}}) {
+    const Both l = both(rand_vec(n, 1200 + static_cast<uint32_t>(n), 0, 9), {n}, DType::f32);
+    Vec w = rand_vec(n, 1300 + static_cast<uint32_t>(n), 0, 1);
+    for (int64_t i = 0; i < n; i += 3) w[static_cast<size_t>(i)] = 0;  // masked
+    const Both wt = both(w, {n}, DType::f32);
+    for (auto d : kDevices) accumulate_weighted_sum(l.*d, wt.*d, sum.*d);
+  }
+  const double cpu = read_f64(sum.cpu)[0], gpu = read_f64(sum.gpu)[0];
+  EXPECT_GT(cpu, 0);
+  EXPECT_LE(std::abs(gpu - cpu), 1e-6 * cpu) << "gpu " << gpu << ", cpu " << cpu;
+}
+
 }  // namespace
 }  // namespace mt

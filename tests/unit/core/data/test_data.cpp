@@ -565,6 +565,33 @@ TEST(TokenStream, DocumentRangesSelectTheirTokens) {
   EXPECT_EQ(TokenStream({{data.a, 1, 1}}).num_tokens(), 0);
 }
 
+// data.sft_packing: pad: sample j is sequence j of the stream (empty sequences hold none), cut at S + 1 tokens,
+// padded with 0.
+TEST(GptDataset, SequenceCutGivesOneSequencePerSamplePadded) {
+  TempDir dir;
+  CountingData data(dir);
+  auto stream = std::make_shared<const TokenStream>(
+      std::vector<TokenStream::Part>{{data.a, 0, 3}, {data.b, 0, 2}});  // 0..4 | 5..7 | 8 | 9..14 | 15..24 | 25..31
+  GptDataset ds(stream, 5, 1, false, GptDataset::Cut::sequences);
+  ASSERT_EQ(ds.samples_per_epoch(), 6);
+  std::vector<int32_t> out(6);
+  const std::vector<std::vector<int32_t>> want = {{0, 1, 2, 3, 4, 0},       {5, 6, 7, 0, 0, 0},
+                                                  {8, 0, 0, 0, 0, 0},       {9, 10, 11, 12, 13, 14},
+                                                  {15, 16, 17, 18, 19, 20}, {25, 26, 27, 28, 29, 30}};
+  for (int64_t j = 0; j < 6; ++j) {
+    ds.sample(j, out);
+    EXPECT_EQ(out, want[static_cast<size_t>(j)]) << "sample " << j;
+  }
+  GptDataset shuffled(stream, 5, 1, true, GptDataset::Cut::sequences);
+  std::vector<int32_t> firsts;
+  for (int64_t j = 0; j < 6; ++j) {
+    shuffled.sample(j, out);
+    firsts.push_back(out[0]);
+  }
+  std::sort(firsts.begin(), firsts.end());
+  EXPECT_EQ(firsts, (std::vector<int32_t>{0, 5, 8, 9, 15, 25}));  // a permutation of the sequences
+}
+
 TEST(GptDataset, SeededShuffleIsAPermutationFixedBySeedAndEpoch) {
   TempDir dir;
   const std::string p = dir / "big";
