@@ -82,6 +82,7 @@ Fp8Tensor Fp8Context::quantize(int id, Fp8Operand which, const Tensor& t, bool s
 }
 
 void Fp8Context::step(Communicator* tp, Communicator* dp) {
+  ++generation_;
   if (!opt_.delayed || names_.empty()) return;
   for (Communicator* c : {tp, dp})
     if (c && c->size() > 1) c->all_reduce(amax_, ReduceOp::max)->wait();
@@ -113,6 +114,15 @@ void Fp8Context::set_filled(int64_t filled) {
     throw std::invalid_argument(
         fmt::format("fp8: {} history entries recorded, the history holds {}", filled, opt_.history_len));
   filled_ = filled;
+}
+
+const Fp8Tensor& Fp8Link::weight(const Tensor& w, bool sharded, const TensorParallel& tp) const {
+  if (weight_generation_ != ctx->generation() || !weight_.q.defined()) {
+    weight_ = ctx->quantize(id, Fp8Operand::weight, w, sharded, tp);
+    // Not kept from an evaluation: the next training cast records the weight's amax (delayed recipe).
+    weight_generation_ = ctx->recording() ? ctx->generation() : -1;
+  }
+  return weight_;
 }
 
 }  // namespace mt

@@ -59,12 +59,15 @@ class Fp8Context {
   // the delayed recipe's running amax takes t's.
   Fp8Tensor quantize(int id, Fp8Operand which, const Tensor& t, bool sharded, const TensorParallel& tp) const;
   void set_recording(bool on) { recording_ = on; }
+  bool recording() const { return recording_; }
 
   // The end of a training iteration (delayed recipe; nothing for current): the running amaxes max-reduced over
   // `tp` and `dp` (either null for one rank), pushed into the history, the scales updated, the running amaxes
   // zeroed.
   void step(Communicator* tp, Communicator* dp);
 
+  // Bumped by every step(): the weights may have changed, so the linears' cached fp8 weights are stale.
+  int64_t generation() const { return generation_; }
   const Fp8Options& options() const { return opt_; }
   bool delayed_scales_ready() const { return opt_.delayed && filled_ > 0; }
   // Checkpoint state, layout-free: per linear its (3) scales and (3, H) histories (the same on every rank that
@@ -86,6 +89,7 @@ class Fp8Context {
   Device device_;
   std::vector<std::string> names_;
   bool recording_ = true;
+  int64_t generation_ = 0;
   int64_t filled_ = 0;                  // delayed: iterations pushed into the histories (at most history_len)
   Tensor scale_, scale_inv_;            // (n) f32, n = 3 * linears
   Tensor amax_;                         // (n) f32: the iteration's running amaxes (delayed)
@@ -99,6 +103,14 @@ struct Fp8Link {
   std::shared_ptr<Fp8Context> ctx;
   int id = -1;
   explicit operator bool() const { return ctx != nullptr; }
+  // The weight in fp8, cast once per iteration (the weights change only at the step, and within an iteration
+  // its scale is fixed: the delayed one by design, the current one by the unchanged weight), as Transformer
+  // Engine caches it over the microbatches. `sharded`: a tensor-parallel shard.
+  const Fp8Tensor& weight(const Tensor& w, bool sharded, const TensorParallel& tp) const;
+
+  // weight()'s cache (public only so the link stays an aggregate: {.ctx, .id}).
+  mutable Fp8Tensor weight_;
+  mutable int64_t weight_generation_ = -1;
 };
 
 }  // namespace mt

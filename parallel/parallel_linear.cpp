@@ -59,7 +59,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, int64_t B, Tensor* gelu_pr
   }
   if (fp8_) {  // x_full is whole; the weight is this rank's rows of the logical one
     const Fp8Tensor qx = fp8_.ctx->quantize(fp8_.id, Fp8Operand::input, x_full, false, tp_);
-    const Fp8Tensor qw = fp8_.ctx->quantize(fp8_.id, Fp8Operand::weight, w, tp_.size > 1, tp_);
+    const Fp8Tensor& qw = fp8_.weight(w, tp_.size > 1, tp_);
     gemm_fp8(qx.q, qx.scale_inv, qw.q, qw.scale_inv, out, g);
     return out;
   }
@@ -102,7 +102,7 @@ Tensor ColumnParallelLinear::backward_fp8(const Tensor& dout, SequenceGather& in
                                           BackwardOptions opt) {
   const Fp8Context& f = *fp8_.ctx;
   const Fp8Tensor qdy = f.quantize(fp8_.id, Fp8Operand::grad_output, dout, tp_.size > 1, tp_);
-  const Fp8Tensor qw = f.quantize(fp8_.id, Fp8Operand::weight, weight().value, tp_.size > 1, tp_);
+  const Fp8Tensor& qw = fp8_.weight(weight().value, tp_.size > 1, tp_);
   gemm_fp8(qdy.q, qdy.scale_inv, qw.q, qw.scale_inv, dx_partial);  // dx = dout @ W
   const Fp8Tensor qx = f.quantize(fp8_.id, Fp8Operand::input, input.wait(), false, tp_);
   SequenceReduction dx(dx_partial, B, tp_);
@@ -136,7 +136,7 @@ Tensor RowParallelLinear::forward(const Tensor& x, int64_t B) const {
   Tensor partial = Tensor::empty({x.dim(0), weight_.value.dim(0)}, x.dtype(), x.device());  // (N, out)
   if (fp8_) {  // x holds this rank's columns of the logical input, the weight its columns
     const Fp8Tensor qx = fp8_.ctx->quantize(fp8_.id, Fp8Operand::input, x, tp_.size > 1, tp_);
-    const Fp8Tensor qw = fp8_.ctx->quantize(fp8_.id, Fp8Operand::weight, weight_.value, tp_.size > 1, tp_);
+    const Fp8Tensor& qw = fp8_.weight(weight_.value, tp_.size > 1, tp_);
     gemm_fp8(qx.q, qx.scale_inv, qw.q, qw.scale_inv, partial, {.trans_b = true});
   } else {
     gemm(x, weight_.value, partial, {.trans_b = true});
@@ -169,7 +169,7 @@ Tensor RowParallelLinear::backward(const Tensor& dout, const Tensor& x, int64_t 
 Tensor RowParallelLinear::backward_fp8(const Tensor& dout_full, const Tensor& x, Tensor& dx, BackwardOptions opt) {
   const Fp8Context& f = *fp8_.ctx;
   const Fp8Tensor qdy = f.quantize(fp8_.id, Fp8Operand::grad_output, dout_full, false, tp_);
-  const Fp8Tensor qw = f.quantize(fp8_.id, Fp8Operand::weight, weight_.value, tp_.size > 1, tp_);
+  const Fp8Tensor& qw = fp8_.weight(weight_.value, tp_.size > 1, tp_);
   gemm_fp8(qdy.q, qdy.scale_inv, qw.q, qw.scale_inv, dx,
            {.epilogue = opt.dx_epilogue, .aux = opt.aux, .dbias = opt.dbias});
   const Fp8Tensor qx = f.quantize(fp8_.id, Fp8Operand::input, x, tp_.size > 1, tp_);
