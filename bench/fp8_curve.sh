@@ -7,7 +7,8 @@
 # the mean loss over the last 50 iterations.
 #
 # Usage: bench/fp8_curve.sh [build/megatrain]
-# Env: ITERS (300), RECIPES ("current delayed"), MODELS ("gpt-tiny llama-tiny"), FORMAT (hybrid).
+# Env: ITERS (300), RECIPES ("current delayed"; "fp32" adds fp32 against bf16, the gap a mere change of rounding
+# makes on these runs), MODELS ("gpt-tiny llama-tiny"), FORMAT (hybrid).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MT=${1:-$ROOT/build/megatrain}
@@ -40,6 +41,12 @@ PY
 for model in $MODELS; do
   "$MT" --config "$ROOT/configs/$model.yaml" "${common[@]}" --set logging.dir=${model}_bf16 >/dev/null
   for recipe in $RECIPES; do
+    if [ "$recipe" = fp32 ]; then
+      "$MT" --config "$ROOT/configs/$model.yaml" "${common[@]}" --set training.precision=fp32 \
+            --set logging.dir=${model}_fp32 >/dev/null
+      compare ${model}_bf16/metrics.jsonl ${model}_fp32/metrics.jsonl "$model fp32 (no fp8)"
+      continue
+    fi
     "$MT" --config "$ROOT/configs/$model.yaml" "${common[@]}" --set training.fp8.format=$FORMAT --set training.fp8.recipe=$recipe \
           --set training.fp8.amax_history_len=16 --set logging.dir=${model}_$recipe >/dev/null
     compare ${model}_bf16/metrics.jsonl ${model}_$recipe/metrics.jsonl "$model $FORMAT $recipe"

@@ -4,7 +4,8 @@
 # - the fp8 losses differ from bf16's (the fp8 path runs) but stay close, for GPT and Llama;
 # - layout invariance: TP2 x PP2 x DP2 with SP, the distributed optimizer and interleaving, and TP2 + SP, give the
 #   single-rank fp8 losses, with current and delayed scaling (hybrid format);
-# - resume is exact with the delayed recipe (its amax histories and scales are in the checkpoint).
+# - resume is exact with the delayed recipe (its amax histories and scales are in the checkpoint), and the
+#   checkpoint resumes on another layout (TP2 + SP x PP2) with the single-rank losses.
 source "$(dirname "$0")/lib/common.bash"
 prepare_data
 write_config
@@ -57,6 +58,14 @@ losses resumed/metrics.jsonl 6 10 > b.txt
 [ "$(wc -l < a.txt)" -eq 5 ] || fail "expected 5 losses, got $(wc -l < a.txt)"
 diff a.txt b.txt || fail "fp8 delayed: losses after resume differ"
 echo "fp8 delayed: iterations 6-10 identical after resume"
+# The state is layout-free: the one-rank checkpoint at 5 resumes on TP2 (SP) x PP2 with one rank's losses.
+cp -r resumed/ckpt other_ckpt
+rm -rf other_ckpt/iter_0000010 && echo iter_0000005 > other_ckpt/latest
+"$MT" "${r[@]}" --set logging.dir=other --set checkpoint.save_dir=other_ckpt --nproc 4 --set parallel.tensor=2 \
+      --set parallel.sequence_parallel=true --set parallel.pipeline=2 >/dev/null 2>other.err || { tail -5 other.err; fail "TP2 x PP2 resume"; }
+grep -q "resumed from other_ckpt/iter_0000005" other.err other/*.log 2>/dev/null || grep -rq "resume" other/metrics.jsonl ||
+  fail "TP2 x PP2 did not resume"
+same_losses straight/metrics.jsonl other/metrics.jsonl 6 10 1e-2
 # Another history length is refused, naming the key.
 expect_error "training.fp8.amax_history_len" "${r[@]}" --set training.fp8.amax_history_len=5 \
   --set training.train_iters=12 --set checkpoint.save_dir=resumed/ckpt
