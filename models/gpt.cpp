@@ -87,6 +87,12 @@ std::vector<MoeMlp*> GptModel::moe_layers() {
   return out;
 }
 
+std::vector<TransformerLayer*> GptModel::layers() {
+  std::vector<TransformerLayer*> out;
+  for (auto& layer : layers_) out.push_back(layer.get());
+  return out;
+}
+
 int64_t GptModel::num_parameters() const {
   int64_t n = 0;
   for (const Parameter* p : params_) n += p->value.numel();

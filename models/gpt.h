@@ -74,6 +74,8 @@ class GptModel {
   const ModelConfig& config() const { return cfg_; }
   // This stage's mixture-of-experts MLPs, in layer order (none for a dense model).
   std::vector<MoeMlp*> moe_layers();
+  // This stage's transformer layers, in order (fp8 wiring, app/train/fp8_state.cpp).
+  std::vector<TransformerLayer*> layers();
   int64_t num_parameters() const;  // elements stored, vocabulary padding included
   // The model's parameters by role, for code that computes with them itself (generation's KV-cache decoder):
   // null where this stage does not hold the part (a pipeline stage) or the architecture has none (Llama's

@@ -235,4 +235,16 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb, float dloss) {
   return dx.view({B, Ts, C});
 }
 
+void TransformerLayer::enable_fp8(const std::shared_ptr<Fp8Context>& ctx) {
+  auto link = [&](const Parameter& w) {
+    const std::string suffix = ".weight";
+    return Fp8Link{.ctx = ctx, .id = ctx->add(w.name.substr(0, w.name.size() - suffix.size()))};
+  };
+  qkv_.enable_fp8(link(qkv_.weight()));
+  proj_.enable_fp8(link(proj_.weight()));
+  if (moe_) return;
+  fc1_.enable_fp8(link(fc1_.weight()));
+  fc2_.enable_fp8(link(fc2_.weight()));
+}
+
 }  // namespace mt

@@ -86,6 +86,9 @@ class TransformerLayer {
   }
   int64_t index() const { return index_; }
   MoeMlp* moe() { return moe_.get(); }  // null for a dense layer
+  // From now on the GEMMs of QKV, the attention projection and a dense MLP's fc1 and fc2 take fp8 inputs scaled by
+  // `ctx` (parallel/fp8_linear.h), which each registers with under its name; a MoE layer's experts stay bf16.
+  void enable_fp8(const std::shared_ptr<Fp8Context>& ctx);
 
  private:
   struct Activations {

@@ -57,6 +57,12 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, int64_t B, Tensor* gelu_pr
     g.epilogue = Epilogue::bias;
     g.bias = &bias_.value;
   }
+  if (fp8_) {  // x_full is whole; the weight is this rank's rows of the logical one
+    const Fp8Tensor qx = fp8_.ctx->quantize(fp8_.id, Fp8Operand::input, x_full, false, tp_);
+    const Fp8Tensor& qw = fp8_.weight(w, tp_.size > 1, tp_);
+    gemm_fp8(qx.q, qx.scale_inv, qw.q, qw.scale_inv, out, g);
+    return out;
+  }
   gemm(x_full, w, out, g);
   return out;
 }
@@ -68,8 +74,9 @@ Tensor ColumnParallelLinear::backward(const Tensor& dout, const Tensor& x, int64
   // computed; dx's reduction then travels while dW is computed.
   SequenceGather input(x, B, tp_);
   Tensor dx_partial = Tensor::empty({N, in}, dout.dtype(), dout.device());  // (N, in) this rank's share
-  gemm(dout, w.value, dx_partial);                                          // dx = dout @ W
-  const Tensor x_full = input.wait();                                       // (N, in)
+  if (fp8_) return backward_fp8(dout, input, dx_partial, B, opt);
+  gemm(dout, w.value, dx_partial);     // dx = dout @ W
+  const Tensor x_full = input.wait();  // (N, in)
   // Started here, waited for below. On NCCL the collective is enqueued on the communicator's stream behind
   // an event recorded on the compute stream at this call, so it reads dx_partial (or its rank-major copy)
   // only after the GEMM and copy that produce it; the communicator records its tensors' blocks with the
@@ -87,6 +94,24 @@ Tensor ColumnParallelLinear::backward(const Tensor& dout, const Tensor& x, int64
           .dbias = bias_grad ? &bias_.grad : nullptr});
   });
   return dx.wait();  // (Ns, in): f backward, a reduce-scatter with SP
+}
+
+// The fp8 backward, in the order of the bf16 one: dY (this rank's columns of the logical dY) and W in fp8 give dx;
+// x, gathered whole again, in fp8 with dY gives dW. The bias gradient sums the unquantised dY.
+Tensor ColumnParallelLinear::backward_fp8(const Tensor& dout, SequenceGather& input, Tensor& dx_partial, int64_t B,
+                                          BackwardOptions opt) {
+  const Fp8Context& f = *fp8_.ctx;
+  const Fp8Tensor qdy = f.quantize(fp8_.id, Fp8Operand::grad_output, dout, tp_.size > 1, tp_);
+  const Fp8Tensor& qw = fp8_.weight(weight().value, tp_.size > 1, tp_);
+  gemm_fp8(qdy.q, qdy.scale_inv, qw.q, qw.scale_inv, dx_partial);  // dx = dout @ W
+  const Fp8Tensor qx = f.quantize(fp8_.id, Fp8Operand::input, input.wait(), false, tp_);
+  SequenceReduction dx(dx_partial, B, tp_);
+  const bool bias_grad = has_bias_ && !opt.bias_grad_done;
+  weight_grad_work([this, dout, qdy, qx, bias_grad] {
+    gemm_fp8(qdy.q, qdy.scale_inv, qx.q, qx.scale_inv, weight().grad, {.trans_a = true, .beta = 1.f});
+    if (bias_grad) bias_backward(dout, bias_.grad);
+  });
+  return dx.wait();
 }
 
 // ---- RowParallelLinear ---------------------------------------------------------------------------
@@ -109,7 +134,13 @@ std::vector<Parameter*> RowParallelLinear::parameters() {
 
 Tensor RowParallelLinear::forward(const Tensor& x, int64_t B) const {
   Tensor partial = Tensor::empty({x.dim(0), weight_.value.dim(0)}, x.dtype(), x.device());  // (N, out)
-  gemm(x, weight_.value, partial, {.trans_b = true});
+  if (fp8_) {  // x holds this rank's columns of the logical input, the weight its columns
+    const Fp8Tensor qx = fp8_.ctx->quantize(fp8_.id, Fp8Operand::input, x, tp_.size > 1, tp_);
+    const Fp8Tensor& qw = fp8_.weight(weight_.value, tp_.size > 1, tp_);
+    gemm_fp8(qx.q, qx.scale_inv, qw.q, qw.scale_inv, partial, {.trans_b = true});
+  } else {
+    gemm(x, weight_.value, partial, {.trans_b = true});
+  }
   Tensor y = sequence_shard_sum(partial, B, tp_);  // (Ns, out): g, a reduce-scatter with SP
   // After the reduction, so no GEMM epilogue: added once, not once per rank.
   if (has_bias_) add_bias(y, bias_.value);
@@ -119,6 +150,7 @@ Tensor RowParallelLinear::forward(const Tensor& x, int64_t B) const {
 Tensor RowParallelLinear::backward(const Tensor& dout, const Tensor& x, int64_t B, BackwardOptions opt) {
   const Tensor dout_full = sequence_to_full(dout, B, tp_);  // (N, out): g backward, an all-gather with SP
   Tensor dx = Tensor::empty({x.dim(0), x.dim(1)}, x.dtype(), x.device());  // (N, in/t)
+  if (fp8_) return backward_fp8(dout_full, x, dx, opt);
   gemm(dout_full, weight_.value, dx, {.epilogue = opt.dx_epilogue, .aux = opt.aux, .dbias = opt.dbias});
   // dW (out, in/t) += dout^T x; the bias gradient (column sums of dout, every rank the whole) on its epilogue.
   // Deferred to the schedule's W under a zero-bubble pipeline (parallel/weight_grad.h).
@@ -128,6 +160,22 @@ Tensor RowParallelLinear::backward(const Tensor& dout, const Tensor& x, int64_t 
           .beta = 1.f,
           .epilogue = has_bias_ ? Epilogue::bgrad_a : Epilogue::none,
           .dbias = has_bias_ ? &bias_.grad : nullptr});
+  });
+  return dx;
+}
+
+// The fp8 backward: dY (whole, gathered with SP) and W in fp8 give dx (the epilogue on the output as in bf16); x
+// (this rank's columns) in fp8 with dY gives dW. The bias gradient sums the unquantised dY.
+Tensor RowParallelLinear::backward_fp8(const Tensor& dout_full, const Tensor& x, Tensor& dx, BackwardOptions opt) {
+  const Fp8Context& f = *fp8_.ctx;
+  const Fp8Tensor qdy = f.quantize(fp8_.id, Fp8Operand::grad_output, dout_full, false, tp_);
+  const Fp8Tensor& qw = fp8_.weight(weight_.value, tp_.size > 1, tp_);
+  gemm_fp8(qdy.q, qdy.scale_inv, qw.q, qw.scale_inv, dx,
+           {.epilogue = opt.dx_epilogue, .aux = opt.aux, .dbias = opt.dbias});
+  const Fp8Tensor qx = f.quantize(fp8_.id, Fp8Operand::input, x, tp_.size > 1, tp_);
+  weight_grad_work([this, dout_full, qdy, qx] {
+    gemm_fp8(qdy.q, qdy.scale_inv, qx.q, qx.scale_inv, weight_.grad, {.trans_a = true, .beta = 1.f});
+    if (has_bias_) bias_backward(dout_full, bias_.grad);
   });
   return dx;
 }

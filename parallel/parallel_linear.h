@@ -24,6 +24,8 @@
 
 #include "core/tensor/ops.h"
 #include "core/tensor/parameter.h"
+#include "parallel/fp8_linear.h"
+#include "parallel/sequence_parallel.h"
 #include "parallel/tensor_parallel.h"
 
 namespace mt {
@@ -67,8 +69,12 @@ class ColumnParallelLinear {
   const Parameter* bias() const { return has_bias_ ? &bias_ : nullptr; }
   // The parameters it owns: weight then bias (none when the weight is borrowed).
   std::vector<Parameter*> parameters();
+  // From now on its GEMMs take fp8 inputs scaled by `link`'s context (fp8_linear.h); null: bf16 again.
+  void enable_fp8(Fp8Link link) { fp8_ = std::move(link); }
 
  private:
+  Tensor backward_fp8(const Tensor& dout, SequenceGather& input, Tensor& dx_partial, int64_t B, BackwardOptions opt);
+  Fp8Link fp8_;
   TensorParallel tp_;
   Parameter weight_;               // (out/t, in) unless borrowed
   Parameter bias_;                 // (out/t)
@@ -102,9 +108,12 @@ class RowParallelLinear {
   const Parameter& weight() const { return weight_; }
   Parameter* bias() { return has_bias_ ? &bias_ : nullptr; }
   const Parameter* bias() const { return has_bias_ ? &bias_ : nullptr; }
-  std::vector<Parameter*> parameters();  // weight then bias
+  std::vector<Parameter*> parameters();                      // weight then bias
+  void enable_fp8(Fp8Link link) { fp8_ = std::move(link); }  // as ColumnParallelLinear's
 
  private:
+  Tensor backward_fp8(const Tensor& dout_full, const Tensor& x, Tensor& dx, BackwardOptions opt);
+  Fp8Link fp8_;
   TensorParallel tp_;
   Parameter weight_;  // (out, in/t)
   Parameter bias_;    // (out), replicated

@@ -228,6 +228,13 @@ double gemm_rate(const Hardware& hw, double m, double n, double k, bool fp32) {
   return best->flops_per_s * curve(hw, m, n, k) / curve(hw, best->m, best->n, best->k);
 }
 
+double fp8_gemm_speedup(const Hardware& hw) {
+  if (!hw.is_gpu) return 1;
+  for (const char* fp8_gpu : {"h100", "h200", "h800", "gh200", "b200", "b100"})
+    if (hw.name.find(fp8_gpu) != std::string::npos) return 2;
+  return 1;
+}
+
 namespace {
 
 // Piecewise linear in log(x) through (x_i, y_i) sorted by x, constant beyond the ends.

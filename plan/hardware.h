@@ -70,6 +70,9 @@ void write_rates(const std::string& path, const Hardware& hw);
 
 // The GEMM rate for one shape (FLOP/s) under `hw`'s curve and measured points.
 double gemm_rate(const Hardware& hw, double m, double n, double k, bool fp32);
+// training.fp8's GEMM rate over bf16's on `hw`: 2 on fp8 tensor cores (Hopper: the h100 and h200 tables, and a
+// GPU table naming "h100", "h200", "h800", "gh200", "b200" or "b100"), 1 elsewhere (an A100 has none; the CPU emulates).
+double fp8_gemm_speedup(const Hardware& hw);
 // The causal attention rate (FLOP/s) at sequence T and head dimension D: interpolated in log T and log D between
 // the measured points of the same dropout kind (the nearest end's rate beyond them), else attention_efficiency
 // of the peak.

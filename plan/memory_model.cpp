@@ -161,6 +161,26 @@ ActivationPeaks walk_schedule(const Config& c, int64_t stage, const std::vector<
   return out;
 }
 
+// training.fp8's state on a rank holding `layers` layers (parallel/fp8_linear.cpp): per linear (4 a layer) and
+// operand (3) a scale, its inverse, a running amax, the format's max and an amax history (H entries with the
+// delayed recipe, 1 with current), all fp32; a MoE layer's two (its attention's) only approximately.
+double fp8_state_bytes(const Config& c, int64_t layers) {
+  const Fp8Config& f = c.training.fp8;
+  if (!f.enabled()) return 0;
+  const double operands = 3.0 * 4 * static_cast<double>(layers);
+  return operands * 4 * (4 + (f.recipe == Fp8Recipe::delayed ? static_cast<double>(f.amax_history_len) : 1));
+}
+
+// The fp8 copies alive around one GEMM, the largest of a layer's (an upper bound: a dense layer's fc1 or fc2 in
+// backward): the output gradient and the input in fp8 (one byte an element) and the weight; on the CPU also
+// their exact bf16 widenings (gemm_fp8 on the CPU), 3 bytes an element in all.
+double fp8_transient_bytes(const Config& c, const TapeShapes& s, Backend backend) {
+  if (!c.training.fp8.enabled()) return 0;
+  const double N = s.B * s.T, C = s.m.C, F = std::max(s.m.fc1, s.m.qkv);
+  const double elements = N * F + N * C + F * C;
+  return elements * (backend == Backend::cpu ? 3 : 1);
+}
+
 }  // namespace
 
 double zero_model_state_bytes(double psi, int64_t nd, ShardStage stage, double k) {
@@ -244,7 +264,7 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     b[MemKind::optimizer] = zero ? g.shard * (12 + (d != 4 ? d : 0)) : n * (8 + (d != 4 ? 4 : 0));
     // Kept for the run: the step-loss slots (f64 per step of a logging interval), cuBLASLt's workspace.
     const double persistent_ws = 8.0 * static_cast<double>(std::min<int64_t>(c.logging.interval, 1024)) +
-                                 (backend == Backend::cuda ? kCublasLtWorkspace : 0);
+                                 (backend == Backend::cuda ? kCublasLtWorkspace : 0) + fp8_state_bytes(c, sm.layers);
     // After the last backward, with no activations left but the batch: grad_stats' two doubles; with ZeRO,
     // one after the other, Gloo's reduce-scatter of a bucket (a block from every rank, sent from the fp32 bucket
     // itself: comm_gloo.cpp, run on the gradient buffer's thread) and all_gather_into_values' bucket-sized
@@ -258,7 +278,10 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
       step_ws += std::max(reduce_scatter, g.max_bucket * (d == 4 ? 4 : d));
     }
     const double step_act = (p == 1) ? 2 * shapes.B * shapes.T * 4 : 0;  // the plain loop's last batch
-    const ActivationPeaks a = walk_schedule(c, stage, prof);
+    ActivationPeaks a = walk_schedule(c, stage, prof);
+    const double fp8_copies = fp8_transient_bytes(c, shapes, backend);  // with a GEMM's operands, at any peak
+    a.act += fp8_copies;
+    a.sum += fp8_copies;
     sm.peak_in_flight = a.in_flight;
     b[MemKind::activation] = std::max(a.act, step_act);
     b[MemKind::workspace] = persistent_ws + std::max(a.ws, step_ws);

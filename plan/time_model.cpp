@@ -26,6 +26,10 @@ struct Shapes {
   SelectiveRecompute selective;     // training.recompute: selective (without full recomputation)
   bool dropout, attention_dropout;  // residual dropout / dropout on the attention probabilities (p > 0)
   double oversubscribed = 1;        // CPU ranks per core, when more ranks than cores share a machine
+  // training.fp8: the layers' linear GEMMs run in fp8 (with their amax and cast passes); fp8_rate: their GEMM rate
+  // over bf16's (2 on fp8 hardware, Hopper and later; 1 elsewhere: the CPU emulates, an A100 has no fp8).
+  bool fp8 = false;
+  double fp8_rate = 1;
   double N() const { return B * T; }
   double Ns() const { return sp ? N() / tp : N(); }
 };
@@ -81,6 +85,14 @@ class Costs {
   }
   // A forward GEMM (m, n, k) and its two backward GEMMs (input and weight gradients).
   double gemm_bwd(double m, double n, double k) const { return gemm(m, k, n) + gemm(n, k, m); }
+  // The same of a layer's linear (QKV, proj, fc1, fc2): in fp8 at fp8_rate times the rate.
+  double linear(double m, double n, double k) const {
+    if (!s.fp8) return gemm(m, n, k);
+    return s.oversubscribed * (2 * m * n * k / (s.fp8_rate * gemm_rate(hw, m, n, k, false)) + hw.kernel_overhead_s);
+  }
+  double linear_bwd(double m, double n, double k) const { return linear(m, k, n) + linear(n, k, m); }
+  // fp8's scaling of one (rows, cols) GEMM input: its amax (a read) and the cast (a read, a one-byte write).
+  double fp8_cast(double rows, double cols) const { return s.fp8 ? pass(rows * cols, 2 + 1 / s.d, 0) : 0; }
   // An elementwise op over `elements` elements making `passes` passes over memory (reads and writes), whose
   // measured cost per element is `s_per_element` (0: bandwidth-bound): the slower of the two.
   double pass(double elements, double passes, double s_per_element) const {
@@ -106,8 +118,11 @@ class Costs {
     const ModelShapes& m = s.m;
     const double N = s.N(), Ns = s.Ns(), C = m.C;
     Parts p;
-    p.gemm = gemm(N, m.qkv, C) + gemm(N, C, m.Ct) + (moe ? 0 : gemm(N, m.fc1, C) + gemm(N, C, m.Ft));
+    p.gemm = linear(N, m.qkv, C) + linear(N, C, m.Ct) + (moe ? 0 : linear(N, m.fc1, C) + linear(N, C, m.Ft));
     p.attention = attention(2 * s.B * m.Ht * s.T * s.T * m.D);  // QK^T and PV, causal: half of 4 B H T^2 D
+    // fp8: the inputs of the four linears cast (their amaxes first). The weights are cast once per step
+    // (parallel/fp8_linear.h Fp8Link::weight), not counted: under 1% of a step at any size a GPU trains.
+    p.elementwise += fp8_cast(N, C) + fp8_cast(N, m.Ct) + (moe ? 0 : fp8_cast(N, C) + fp8_cast(N, m.Ft));
     // Two norms (read, write), two dropout-adds (two reads, a write), the biases after the reductions: 14
     // (Ns, C) passes; the epilogues of QKV and fc1 (bias, GELU) are fused on GPUs, separate passes on the
     // CPU. Llama has no epilogues but runs the rotary embeddings on q and k and SwiGLU as passes of their own.
@@ -123,7 +138,7 @@ class Costs {
       kernels += moe ? 1 : 2;
     }
     if (s.sp) t += pass(N * C, 4, 0);  // the rank-major permutes around the gathers and reduce-scatters
-    p.elementwise = t + launches(kernels);
+    p.elementwise += t + launches(kernels);
     if (s.tp > 1) p.tp = s.sp ? 4 * tp_gather() : 2 * tp_all_reduce();
     if (moe) p += moe_forward();
     return p;
@@ -156,7 +171,7 @@ class Costs {
       t += pass(N * e.Fst, act_passes, c.act_forward) + pass(N * C, 3, 0);  // its activation, out += ys
       kernels += 2;
     }
-    p.elementwise = t + launches(kernels);
+    p.elementwise += t + launches(kernels);
     p.ep = moe_all_to_all();
     return p;
   }
@@ -205,8 +220,12 @@ class Costs {
     const ModelShapes& m = s.m;
     const double N = s.N(), Ns = s.Ns(), C = m.C;
     Parts p;
-    p.gemm = gemm_bwd(N, m.qkv, C) + gemm_bwd(N, C, m.Ct) + (moe ? 0 : gemm_bwd(N, m.fc1, C) + gemm_bwd(N, C, m.Ft));
+    p.gemm =
+        linear_bwd(N, m.qkv, C) + linear_bwd(N, C, m.Ct) + (moe ? 0 : linear_bwd(N, m.fc1, C) + linear_bwd(N, C, m.Ft));
     p.attention = attention(2.5 * 2 * s.B * m.Ht * s.T * s.T * m.D);  // flash backward: ~2.5x the forward
+    // fp8: the output gradients cast, and the inputs again (parallel/parallel_linear.cpp).
+    p.elementwise += fp8_cast(N, m.qkv) + fp8_cast(N, C) + fp8_cast(N, C) + fp8_cast(N, m.Ct) +
+                     (moe ? 0 : fp8_cast(N, m.fc1) + fp8_cast(N, C) + fp8_cast(N, C) + fp8_cast(N, m.Ft));
     // Two norm backwards (x, dy, dx and the residual gradient's add), two dropout backwards, the rest of the
     // 28 (Ns, C) passes (residual adds, bias gradients); on the CPU the GELU backward and the bias gradients of
     // fc1 and QKV; Llama's inverse rotation on dq, dk and SwiGLU's backward (reads fc1 and dact, writes dfc1).
@@ -222,7 +241,7 @@ class Costs {
       kernels += moe ? 1 : 2;
     }
     if (s.sp) t += pass(N * C, 8, 0);
-    p.elementwise = t + launches(kernels);
+    p.elementwise += t + launches(kernels);
     // Without SP: two all-reduces (f backward); with SP: gathers of dmlp, dproj, ln2, ln1 and two
     // reduce-scatters. A MoE layer keeps its gathered input: no gather of ln2 (5 with SP), and an all-reduce of
     // the (N, k) f32 dprobs.
@@ -256,7 +275,7 @@ class Costs {
       t += pass(N * e.Fst, act_passes, c.act_backward) + pass(N * C, 3, 0);
       kernels += 2;
     }
-    p.elementwise = t + launches(kernels);
+    p.elementwise += t + launches(kernels);
     if (s.tp > 1) p.tp = tpl.all_reduce(s.tp, N * e.k * 4);
     p.ep = moe_all_to_all();
     return p;
@@ -352,7 +371,9 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
                  .selective = SelectiveRecompute::of(c.training.recompute_modules),
                  .dropout = m.dropout > 0,
                  .attention_dropout = m.attention_dropout > 0,
-                 .oversubscribed = cpu_ranks_per_core(hw, par.world_size)};
+                 .oversubscribed = cpu_ranks_per_core(hw, par.world_size),
+                 .fp8 = c.training.fp8.enabled(),
+                 .fp8_rate = fp8_gemm_speedup(hw)};
   // Ranks: tp fastest, then dp, then pp (parallel/topology). A group stays in a node when its span fits.
   // Expert-parallel ranks are drawn from the data-parallel (and with folding the tensor-parallel) ones
   // (ep_peers_off_node); the expert-data-parallel group spans at most what the data-parallel group spans.

@@ -39,7 +39,7 @@ PipelinePlacement placement_of(const Distributed& dist, const ScheduleSpec& spec
 Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
     : cfg_(cfg), opt_(opt), dist_(dist), dtype_(dtype_of(cfg.training.precision)), device_(dist.placement.device),
       data_(open_data_sources(cfg)), chunks_(build_chunks(cfg, dist, dtype_)), params_(all_parameters(chunks_)),
-      moe_(cfg.model, chunks_, dist),
+      moe_(cfg.model, chunks_, dist), fp8_(enable_fp8(cfg, chunks_, dist.placement.device)),
       adam_config_(AdamWConfig{
           .beta1 = cfg.optimizer.betas.at(0),
           .beta2 = cfg.optimizer.betas.at(1),
@@ -175,6 +175,8 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
   scaler_.update(result.found_inf);
   if (result.found_inf || result.vetoed) ++c_.skipped_iters;
   moe_.after_step(!result.found_inf && !result.vetoed);  // the expert biases move with an applied step only
+  // The delayed fp8 recipe's amax histories take this iteration's amaxes (over every microbatch and replica).
+  if (fp8_) fp8_->step(dist_.tp.get(), dist_.dp.get());
 }
 
 bool Trainer::spike_check(double local_sum, int64_t iteration) {
@@ -235,7 +237,9 @@ double Trainer::evaluate() {
                                                "the validation batches");
   const ScheduleSpec spec = evaluation_schedule(cfg_, batches / dp);
   EvalStage stage(*this);
+  if (fp8_) fp8_->set_recording(false);  // validation leaves the fp8 amax histories alone
   execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage, placement_of(dist_, spec));
+  if (fp8_) fp8_->set_recording(true);
   return sum_over_stages_and_replicas({stage.loss_sum})[0] / static_cast<double>(batches);
 }
 

@@ -95,6 +95,7 @@ bool Trainer::resume() {
                  fmt::join(partial->skipped, ", "));
   }
   load_expert_biases(reader, *dir);
+  if (fp8_) load_fp8_tensors(*fp8_, reader, *dir);
   c_.iteration = rs.iteration;
   c_.consumed_samples = rs.consumed_samples;
   c_.skipped_iters = rs.skipped_iters;
@@ -182,6 +183,8 @@ bool Trainer::save() {
           tensors.push_back({.name = expert_bias_tensor(prefix),
                              .global_shape = {static_cast<int64_t>(bias.size())},
                              .data = Tensor::from_floats(bias, {static_cast<int64_t>(bias.size())})});
+      // The delayed fp8 recipe's scales and histories, the same on every rank holding the linear.
+      if (fp8_ && tp_first && writer) append_fp8_tensors(*fp8_, dist_.pp_rank() == 0, tensors);
       // One file per writer: the writers of a stage are its ranks i = tp + T * dp in [0, W).
       write_rank_files(tmp, dist_.checkpoint_file(), tensors, saving.hook("tensors"));
       saving.finish();

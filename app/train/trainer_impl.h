@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "app/train/data_sources.h"
+#include "app/train/fp8_state.h"
 #include "app/runtime/distributed.h"
 #include "app/train/metrics.h"
 #include "app/train/model_chunks.h"
@@ -176,7 +177,9 @@ class Trainer {
   DataSources data_;
   std::vector<std::unique_ptr<GptModel>> chunks_;  // this rank's model chunks (one without pipelining)
   std::vector<Parameter*> params_;                 // all of their parameters
-  MoeMonitor moe_;                                 // their mixture-of-experts layers' routing and expert biases
+  MoeMonitor moe_;
+  std::shared_ptr<Fp8Context>
+      fp8_;  // training.fp8: the scales of the layers' fp8 GEMMs; null when off                                 // their mixture-of-experts layers' routing and expert biases
   AdamWConfig adam_config_;
   std::unique_ptr<GradBuffer> grads_;         // the storage of every Parameter::grad, reduced in buckets
   std::unique_ptr<GradBuffer> expert_grads_;  // with expert parallelism, the experts' (over the expert-data group)

@@ -36,6 +36,9 @@ enum class OptimizerType { adamw };
 enum class SpikeAction { log, skip, stop };
 enum class SinkErrorAction { warn, save_and_stop };
 enum class MoeScore { softmax, sigmoid };
+enum class Fp8Format { none, e4m3, hybrid };
+enum class Fp8Recipe { current, delayed };
+enum class Fp8AmaxAlgo { max, most_recent };
 // parallel.pipeline_schedule: auto (1F1B, interleaved with virtual_pipeline > 1), or one by name.
 enum class PipelineSchedule { automatic, one_f_one_b, interleaved, zb_h1, zb_v };
 // parallel.shard: what the data-parallel ranks split among themselves (the ZeRO stages): nothing, the optimizer
@@ -107,6 +110,21 @@ struct EnumNames<SinkErrorAction> {
   static constexpr std::array<const char*, 0> planned{};
 };
 
+template <>
+struct EnumNames<Fp8Format> {
+  static constexpr std::array names{"none", "e4m3", "hybrid"};
+  static constexpr std::array<const char*, 0> planned{};
+};
+template <>
+struct EnumNames<Fp8Recipe> {
+  static constexpr std::array names{"current", "delayed"};
+  static constexpr std::array<const char*, 0> planned{};
+};
+template <>
+struct EnumNames<Fp8AmaxAlgo> {
+  static constexpr std::array names{"max", "most_recent"};
+  static constexpr std::array<const char*, 0> planned{};
+};
 template <>
 struct EnumNames<MoeScore> {
   static constexpr std::array names{"softmax", "sigmoid"};
@@ -239,6 +257,23 @@ struct LossSpikeConfig {
   bool operator==(const LossSpikeConfig&) const = default;
 };
 
+// training.fp8 (docs/fp8.md): the GEMMs of the transformer layers (QKV, attention projection, fc1, fc2) take fp8
+// inputs scaled per tensor, with training.precision bf16 (everything else stays bf16, masters fp32). format none: off;
+// e4m3: every GEMM input e4m3; hybrid: e4m3 forward, the output gradients e5m2. recipe current: each GEMM's inputs
+// scaled by their own amax (the default: needs no history, so nothing lags a changing tensor); delayed: scales
+// from an amax history of the previous iterations (Transformer Engine's DelayedScaling), updated once per iteration.
+struct Fp8Config {
+  Fp8Format format = Fp8Format::none;
+  Fp8Recipe recipe = Fp8Recipe::current;
+  int64_t amax_history_len = 1024;                   // delayed: iterations the history keeps
+  Fp8AmaxAlgo amax_compute_algo = Fp8AmaxAlgo::max;  // delayed: the history's max, or its newest entry
+  int64_t margin = 0;                                // scale = fp8_max / amax / 2^margin
+  bool first_last_bf16 = false;                      // the model's first and last layers stay bf16
+
+  bool enabled() const { return format != Fp8Format::none; }
+  bool operator==(const Fp8Config&) const = default;
+};
+
 struct TrainingConfig {
   // Fine-tuning: start from the model weights of this checkpoint (a megatrain checkpoint directory, its save_dir
   // (its latest) or a `ckpt import` output) with a fresh optimizer, iteration 0 and the data from its start; any
@@ -251,6 +286,7 @@ struct TrainingConfig {
   Precision precision = Precision::fp32;
   LossScaleConfig loss_scale;
   LossSpikeConfig loss_spike;
+  Fp8Config fp8;
   // none | full (every layer's forward again in backward) | selective (recompute_modules' tensors only)
   Recompute recompute = Recompute::none;
   // With selective: which tensors each layer drops after its forward and recomputes in backward (Megatron-Core's

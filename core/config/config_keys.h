@@ -93,6 +93,14 @@ void visit(V& v, C& c) {
       v.field({.name = "window"}, t.loss_scale.window);
       v.field({.name = "hysteresis"}, t.loss_scale.hysteresis);
     });
+    v.section("fp8", [&] {
+      v.field({.name = "format"}, t.fp8.format);
+      v.field({.name = "recipe"}, t.fp8.recipe);
+      v.field({.name = "amax_history_len"}, t.fp8.amax_history_len);
+      v.field({.name = "amax_compute_algo"}, t.fp8.amax_compute_algo);
+      v.field({.name = "margin"}, t.fp8.margin);
+      v.field({.name = "first_last_bf16"}, t.fp8.first_last_bf16);
+    });
     v.section("loss_spike", [&] {
       v.field({.name = "action"}, t.loss_spike.action);
       v.field({.name = "window"}, t.loss_spike.window);

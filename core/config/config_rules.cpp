@@ -434,6 +434,17 @@ void resolve_training(Config& c, const Rules& r) {
   r.positive("training.loss_scale.window", s.window);
   r.positive("training.loss_scale.hysteresis", s.hysteresis);
 
+  const Fp8Config& f = t.fp8;
+  if (f.enabled() && t.precision != Precision::bf16)
+    r.fail("training.fp8.format",
+           fmt::format("{} needs training.precision: bf16 (the fp8 GEMMs' outputs and everything "
+                       "else run in bf16), got {}",
+                       name_of(f.format), name_of(t.precision)));
+  r.positive("training.fp8.amax_history_len", f.amax_history_len);
+  r.at_most("training.fp8.amax_history_len", f.amax_history_len, 1 << 20, "history length");
+  r.non_negative("training.fp8.margin", f.margin);
+  r.at_most("training.fp8.margin", f.margin, 64, "margin (a power of two)");
+
   const LossSpikeConfig& k = t.loss_spike;
   r.positive("training.loss_spike.window", k.window);
   r.non_negative("training.loss_spike.warmup_iters", k.warmup_iters);

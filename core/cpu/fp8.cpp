@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "core/cpu/float_io.h"
 #include "core/cpu/ops_cpu.h"
@@ -73,6 +74,43 @@ void fp8_dequantize(const Tensor& q, const Tensor& scale_inv, Tensor& out) {
     for (int64_t i = 0; i < n; ++i) buf[i] *= s;
     store_f32(buf, n, out, at);
   }
+}
+
+void fp8_update_scale(const Tensor& amax, Tensor& history, Tensor& scale, Tensor& scale_inv, const Tensor& fp8_max,
+                      Fp8ScaleOptions opt) {
+  const int64_t n = amax.numel(), H = history.dim(1);
+  const float* a = amax.data<float>();
+  const float* fmax = fp8_max.data<float>();
+  float* h = history.data<float>();
+  float* s = scale.data<float>();
+  float* si = scale_inv.data<float>();
+  const float pow2_margin = std::ldexp(1.f, opt.margin);
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = h + i * H;
+    for (int64_t j = H - 1; j > 0; --j) row[j] = row[j - 1];
+    row[0] = a[i];
+    float m = row[0];
+    if (opt.use_max)
+      for (int64_t j = 1; j < H; ++j) m = std::isnan(row[j]) || row[j] > m ? row[j] : m;
+    if (std::isfinite(m) && m > 0) {
+      float sf = fmax[i] / m / pow2_margin;
+      s[i] = std::isinf(sf) ? std::numeric_limits<float>::max() : sf;
+    }
+    si[i] = 1.f / s[i];
+  }
+}
+
+void gemm_fp8(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const Tensor& scale_inv_b, Tensor& out,
+              const GemmOptions& opt) {
+  // a and b widened exactly to bf16 (every e4m3 / e5m2 value is one), the scales folded into alpha.
+  const Tensor one = Tensor::from_floats(std::vector<float>{1.f}, {1});
+  Tensor wa = Tensor::empty(a.shape(), DType::bf16, Device::cpu, MemKind::workspace);
+  Tensor wb = Tensor::empty(b.shape(), DType::bf16, Device::cpu, MemKind::workspace);
+  cpu::fp8_dequantize(a, one, wa);
+  cpu::fp8_dequantize(b, one, wb);
+  GemmOptions g = opt;
+  g.alpha = opt.alpha * (scale_inv_a.data<float>()[0] * scale_inv_b.data<float>()[0]);
+  cpu::gemm(wa, wb, out, g);
 }
 
 }  // namespace mt::cpu

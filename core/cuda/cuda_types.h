@@ -11,7 +11,7 @@
 
 namespace mt::cuda {
 
-// f32, bf16 or f16; any other dtype throws, naming `op` (the caller) and the dtype.
+// f32, bf16, f16, e4m3 or e5m2; any other dtype throws, naming `op` (the caller) and the dtype.
 inline cudaDataType_t cuda_data_type(DType t, const char* op) {
   switch (t) {
     case DType::f32:
@@ -20,6 +20,10 @@ inline cudaDataType_t cuda_data_type(DType t, const char* op) {
       return CUDA_R_16BF;
     case DType::f16:
       return CUDA_R_16F;
+    case DType::e4m3:
+      return CUDA_R_8F_E4M3;
+    case DType::e5m2:
+      return CUDA_R_8F_E5M2;
     default:
       break;
   }

@@ -177,4 +177,63 @@ void fp8_dequantize(const Tensor& q, const Tensor& scale_inv, Tensor& out) {
                   MT_DISPATCH_FLOAT(out.dtype(), "fp8_dequantize", T, dequantize_as<Q, T>(q, scale_inv, out)));
 }
 
+namespace {
+
+// One thread per row: roll the history, take its max (or newest entry), update the scale as the CPU does
+// (core/cpu/fp8.cpp: the same fp32 operations in the same order, so the same bits).
+__global__ void update_scale_kernel(const float* amax, float* history, float* scale, float* scale_inv,
+                                    const float* fp8_max, int64_t n, int64_t H, float pow2_margin, bool use_max) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  float* row = history + i * H;
+  for (int64_t j = H - 1; j > 0; --j) row[j] = row[j - 1];
+  row[0] = amax[i];
+  float m = row[0];
+  if (use_max)
+    for (int64_t j = 1; j < H; ++j) m = isnan(row[j]) || row[j] > m ? row[j] : m;
+  if (isfinite(m) && m > 0.f) {
+    const float sf = __fdiv_rn(__fdiv_rn(fp8_max[i], m), pow2_margin);
+    scale[i] = isinf(sf) ? 3.402823466e+38f : sf;
+  }
+  scale_inv[i] = __fdiv_rn(1.f, scale[i]);
+}
+
+// out (C, R) = q (R, C)^T, bytes, through 32 x 32 shared-memory tiles.
+__global__ void fp8_transpose_kernel(const uint8_t* q, uint8_t* out, int64_t R, int64_t C) {
+  __shared__ uint8_t tile[32][33];
+  const int64_t r0 = blockIdx.y * 32, c0 = blockIdx.x * 32;
+  for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+    const int64_t r = r0 + k, c = c0 + threadIdx.x;
+    if (r < R && c < C) tile[k][threadIdx.x] = q[r * C + c];
+  }
+  __syncthreads();
+  for (int k = threadIdx.y; k < 32; k += blockDim.y) {
+    const int64_t c = c0 + k, r = r0 + threadIdx.x;
+    if (r < R && c < C) out[c * R + r] = tile[threadIdx.x][k];
+  }
+}
+
+}  // namespace
+
+void fp8_update_scale(const Tensor& amax, Tensor& history, Tensor& scale, Tensor& scale_inv, const Tensor& fp8_max,
+                      Fp8ScaleOptions opt) {
+  const int64_t n = amax.numel();
+  if (n == 0) return;
+  const auto blocks = static_cast<unsigned>((n + kThreads - 1) / kThreads);
+  update_scale_kernel<<<blocks, kThreads, 0, stream()>>>(
+      static_cast<const float*>(amax.raw()), static_cast<float*>(history.raw()), static_cast<float*>(scale.raw()),
+      static_cast<float*>(scale_inv.raw()), static_cast<const float*>(fp8_max.raw()), n, history.dim(1),
+      ldexpf(1.f, opt.margin), opt.use_max);
+  MT_CUDA_LAUNCHED("update_scale_kernel");
+}
+
+void fp8_transpose(const Tensor& q, Tensor& out) {
+  const int64_t R = q.dim(0), C = q.dim(1);
+  if (R == 0 || C == 0) return;
+  const dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>((R + 31) / 32)), block(32, 8);
+  fp8_transpose_kernel<<<grid, block, 0, stream()>>>(static_cast<const uint8_t*>(q.raw()),
+                                                     static_cast<uint8_t*>(out.raw()), R, C);
+  MT_CUDA_LAUNCHED("fp8_transpose_kernel");
+}
+
 }  // namespace mt::cuda

@@ -101,6 +101,7 @@ struct Key {
   Epilogue epilogue = Epilogue::none;
   DType bias = DType::f32;                 // the bias (or bias-gradient) vector's dtype; epilogues only
   uint32_t align_bias = 0, align_aux = 0;  // the heuristic reads these pointers' alignments
+  DType in_b = DType::f32;                 // b's dtype: a's, except in an fp8 GEMM (e5m2 dY times e4m3 W)
   bool operator==(const Key&) const = default;
 };
 
@@ -116,6 +117,7 @@ struct KeyHash {
     mix((static_cast<uint64_t>(k.align_a) << 32) | (static_cast<uint64_t>(k.align_b) << 16) | k.align_c);
     mix((static_cast<uint64_t>(k.epilogue) << 40) | (static_cast<uint64_t>(k.bias) << 32) |
         (static_cast<uint64_t>(k.align_bias) << 16) | k.align_aux);
+    mix(static_cast<uint64_t>(k.in_b));
     return h;
   }
 };
@@ -194,6 +196,7 @@ Plan make_plan(const Key& key, const EpiloguePointers& ptrs) {
   PlanGuard guard{&plan};
   const auto M = static_cast<uint64_t>(key.m), N = static_cast<uint64_t>(key.n), K = static_cast<uint64_t>(key.k);
   const cudaDataType_t in = cuda_data_type(key.in, "gemm"), out = cuda_data_type(key.out, "gemm");
+  const cudaDataType_t in_b = cuda_data_type(key.in_b, "gemm");
 
   MT_CUBLAS_CHECK(cublaslt().MatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // cuBLASLt's A is our b, its B our a (see the top of the file).
@@ -204,9 +207,9 @@ Plan make_plan(const Key& key, const EpiloguePointers& ptrs) {
 
   // Layouts describe the buffers as stored (column-major, before the transpose is applied).
   if (key.trans_b)
-    MT_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&plan.a, in, K, N, static_cast<int64_t>(K)));
+    MT_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&plan.a, in_b, K, N, static_cast<int64_t>(K)));
   else
-    MT_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&plan.a, in, N, K, static_cast<int64_t>(N)));
+    MT_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&plan.a, in_b, N, K, static_cast<int64_t>(N)));
   if (key.trans_a)
     MT_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&plan.b, in, M, K, static_cast<int64_t>(M)));
   else
@@ -281,34 +284,52 @@ Plan& plan_for(const Key& key, const EpiloguePointers& ptrs = {}) {
   return cache->emplace(key, make_plan(key, ptrs)).first->second;
 }
 
+// An empty GEMM's result, done (true) when M, N or K is zero: nothing to write, or with K = 0 op(a) op(b) is the zero
+// matrix, so out = beta * out (beta == 0 ignores out, NaNs included).
+bool empty_product(Tensor& out, float beta, int64_t M, int64_t N, int64_t K) {
+  if (M == 0 || N == 0) return true;
+  if (K != 0) return false;
+  if (beta == 0.f)
+    out.zero_();
+  else if (beta != 1.f)
+    mt::cuda::scale_(out, beta);
+  return true;
+}
+
 // The GEMM without its epilogue (opt.epilogue and the vectors are ignored).
 void gemm_plain(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions& opt);
 
-// The epilogue as separate kernels after the plain GEMM, in the CPU reference's order (core/cpu/gemm.cpp).
-void gemm_composed(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions& opt) {
+// The epilogue as separate kernels after the plain GEMM `plain` (which writes its argument), in the CPU
+// reference's order (core/cpu/gemm.cpp). `a` is the GEMM's a (bgrad_a sums it).
+template <class Plain>
+void compose_epilogue(const Tensor& a, Tensor& out, const GemmOptions& opt, const Plain& plain) {
   switch (opt.epilogue) {
     case Epilogue::none:
-      gemm_plain(a, b, out, opt);
+      plain(out);
       return;
     case Epilogue::bias:
-      gemm_plain(a, b, out, opt);
+      plain(out);
       mt::cuda::add_bias(out, *opt.bias);
       return;
     case Epilogue::gelu_bias:
-      gemm_plain(a, b, *opt.aux, opt);
+      plain(*opt.aux);
       mt::cuda::add_bias(*opt.aux, *opt.bias);
       mt::cuda::gelu_forward(*opt.aux, out);
       return;
     case Epilogue::dgelu_bgrad:
-      gemm_plain(a, b, out, opt);
+      plain(out);
       mt::cuda::gelu_backward(*opt.aux, out, out);
       mt::cuda::bias_backward(out, *opt.dbias);
       return;
     case Epilogue::bgrad_a:
-      gemm_plain(a, b, out, opt);
+      plain(out);
       mt::cuda::bias_backward(a, *opt.dbias);  // a (K, M): its column sums are op(a)'s row sums
       return;
   }
+}
+
+void gemm_composed(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions& opt) {
+  compose_epilogue(a, out, opt, [&](Tensor& dst) { gemm_plain(a, b, dst, opt); });
 }
 
 // The configuration of the plain GEMM out (M, N) = op(a) (M, K) op(b) (K, N); a fused epilogue's call adds its
@@ -324,7 +345,12 @@ Key plain_key(const Tensor& a, const Tensor& b, const Tensor& out, const GemmOpt
              out.dtype(),
              alignment_of(a.raw()),
              alignment_of(b.raw()),
-             alignment_of(out.raw())};
+             alignment_of(out.raw()),
+             Epilogue::none,
+             DType::f32,
+             0,
+             0,
+             b.dtype()};
 }
 
 // Runs the GEMM with its epilogue fused by cuBLASLt; false (nothing enqueued) when that is not available.
@@ -389,14 +415,7 @@ namespace {
 void gemm_plain(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions& opt) {
   const int64_t M = out.dim(0), N = out.dim(1);
   const int64_t K = opt.trans_a ? a.dim(0) : a.dim(1);
-  if (M == 0 || N == 0) return;
-  if (K == 0) {  // op(a) op(b) is the zero matrix: out = beta * out (beta == 0 ignores out, NaNs included)
-    if (opt.beta == 0.f)
-      out.zero_();
-    else if (opt.beta != 1.f)
-      mt::cuda::scale_(out, opt.beta);
-    return;
-  }
+  if (empty_product(out, opt.beta, M, N, K)) return;
 
   const Key key = plain_key(a, b, out, opt, M, N, K);
   const Plan& plan = plan_for(key);  // throws when the heuristic finds nothing (no epilogue to drop)
@@ -409,5 +428,42 @@ void gemm_plain(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions
 }
 
 }  // namespace
+
+// ---- fp8 -----------------------------------------------------------------------------------------------------
+// cuBLASLt's fp8 matmul: D = alpha * scaleA * scaleB * op(A) op(B) + beta * C with the scales read from the device
+// (CUBLASLT_MATMUL_DESC_A_SCALE_POINTER / B_SCALE_POINTER: our scale_invs, no host read), fp32 accumulation (fast
+// accumulation off, as the CPU's fp32 sums). Hopper's fp8 kernels take only the "TN" form, cuBLASLt's A
+// transposed and B not: in our row-major picture trans_b and not trans_a, the forward's y = x W^T. The gradients'
+// GEMMs (dx = dY W, dW = dY^T x) get their operands transposed first (fp8_transpose; 1 byte per element). The
+// epilogues run as the separate kernels after the GEMM (compose_epilogue), in the CPU's order.
+void gemm_fp8(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const Tensor& scale_inv_b, Tensor& out,
+              const GemmOptions& opt) {
+  auto transposed = [](const Tensor& q) {
+    Tensor t = Tensor::empty({q.dim(1), q.dim(0)}, q.dtype(), Device::cuda, MemKind::workspace);
+    fp8_transpose(q, t);
+    return t;
+  };
+  const Tensor a_n = opt.trans_a ? transposed(a) : a;  // (M, K)
+  const Tensor b_t = opt.trans_b ? b : transposed(b);  // (N, K)
+  GemmOptions tn = opt;
+  tn.trans_a = false;
+  tn.trans_b = true;
+  const int64_t M = out.dim(0), N = out.dim(1), K = a_n.dim(1);
+  compose_epilogue(a, out, opt, [&](Tensor& dst) {
+    if (empty_product(dst, tn.beta, M, N, K)) return;
+    const Key key = plain_key(a_n, b_t, dst, tn, M, N, K);
+    Plan& plan = plan_for(key);
+    std::lock_guard lock(cache_mutex());  // the cached descriptor is shared: this call's scale pointers
+    // cuBLASLt's A is our b, its B our a.
+    const void* sa = scale_inv_b.raw();
+    const void* sb = scale_inv_a.raw();
+    MT_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
+    MT_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
+    const float alpha = tn.alpha, beta = tn.beta;
+    MT_CUBLAS_CHECK(cublaslt().Matmul(handle(), plan.op, &alpha, b_t.raw(), plan.a, a_n.raw(), plan.b, &beta, dst.raw(),
+                                      plan.c, dst.raw(), plan.c, &plan.algo, workspace(), kWorkspaceBytes, stream()));
+    MT_CUDA_LAUNCHED("cublasLtMatmul (fp8)");
+  });
+}
 
 }  // namespace mt::cuda

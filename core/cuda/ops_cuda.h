@@ -8,4 +8,8 @@ namespace mt::cuda {
 
 #include "core/tensor/backend_ops.inc"
 
+// CUDA-internal: out (C, R) = q (R, C)^T for an fp8 (one-byte) matrix (fp8.cu), for the TN layout of the fp8
+// GEMM (gemm.cpp).
+void fp8_transpose(const Tensor& q, Tensor& out);
+
 }  // namespace mt::cuda

@@ -80,20 +80,11 @@ void check_gemm_epilogue(const char* op, const Tensor& out, const GemmOptions& o
 }  // namespace
 // ---- end GEMM epilogues ----
 
-void gemm(const Tensor& a, const Tensor& b, Tensor& out, GemmOptions opt) {
-  const char* op = "gemm";
-  const op_profile::Scope profile(op, [&] {  // M x N x K and the transposes, as the step's GEMMs differ by shape
-    if (a.ndim() != 2 || b.ndim() != 2) return std::string();
-    return fmt::format("{}x{}x{} {}{}", opt.trans_a ? a.dim(1) : a.dim(0), opt.trans_b ? b.dim(0) : b.dim(1),
-                       opt.trans_a ? a.dim(0) : a.dim(1), opt.trans_a ? 't' : 'n', opt.trans_b ? 't' : 'n');
-  });
-  check_ndim(op, "a", a, 2, "(M, K)");
-  check_ndim(op, "b", b, 2, "(K, N)");
-  check_ndim(op, "out", out, 2, "(M, N)");
-  if (b.dtype() != a.dtype())
-    fail(op, fmt::format("b: expected dtype {} (that of a), got {}", dtype_name(a.dtype()), dtype_name(b.dtype())));
-  if (out.dtype() != a.dtype() && out.dtype() != DType::f32)
-    fail(op, fmt::format("out: expected dtype {} or fp32, got {}", dtype_name(a.dtype()), dtype_name(out.dtype())));
+void ops_check::check_gemm_shapes(const char* op, const Tensor& a, const Tensor& b, const Tensor& out,
+                                  const GemmOptions& opt) {
+  check_ndim(op, "a", a, 2, "(M, K)", a.dtype());  // the dtypes: the caller's checks
+  check_ndim(op, "b", b, 2, "(K, N)", b.dtype());
+  check_ndim(op, "out", out, 2, "(M, N)", out.dtype());
   const int64_t M = opt.trans_a ? a.dim(1) : a.dim(0), K = opt.trans_a ? a.dim(0) : a.dim(1);
   const int64_t Kb = opt.trans_b ? b.dim(1) : b.dim(0), N = opt.trans_b ? b.dim(0) : b.dim(1);
   if (K != Kb)
@@ -107,6 +98,22 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& out, GemmOptions opt) {
     if (v && v->device() != out.device())
       fail(op, fmt::format("tensors on different devices ({} and {})", device_name(out.device()),
                            device_name(v->device())));
+}
+
+void gemm(const Tensor& a, const Tensor& b, Tensor& out, GemmOptions opt) {
+  const char* op = "gemm";
+  const op_profile::Scope profile(op, [&] {  // M x N x K and the transposes, as the step's GEMMs differ by shape
+    if (a.ndim() != 2 || b.ndim() != 2) return std::string();
+    return fmt::format("{}x{}x{} {}{}", opt.trans_a ? a.dim(1) : a.dim(0), opt.trans_b ? b.dim(0) : b.dim(1),
+                       opt.trans_a ? a.dim(0) : a.dim(1), opt.trans_a ? 't' : 'n', opt.trans_b ? 't' : 'n');
+  });
+  check_floating(op, "a", a);
+  check_floating(op, "out", out);
+  if (b.dtype() != a.dtype())
+    fail(op, fmt::format("b: expected dtype {} (that of a), got {}", dtype_name(a.dtype()), dtype_name(b.dtype())));
+  if (out.dtype() != a.dtype() && out.dtype() != DType::f32)
+    fail(op, fmt::format("out: expected dtype {} or fp32, got {}", dtype_name(a.dtype()), dtype_name(out.dtype())));
+  check_gemm_shapes(op, a, b, out, opt);
   if (device_of(op, {&a, &b, &out}) == Device::cpu) return cpu::gemm(a, b, out, opt);
   MT_ON_CUDA(gemm(a, b, out, opt));
 }

@@ -292,6 +292,24 @@ void fp8_quantize(const Tensor& x, const Tensor& scale, Tensor& out, Tensor* ama
 // out (q's shape, any floating dtype)[i] = float(q[i]) * scale_inv[0] in fp32, rounded once to out's dtype (q e4m3
 // or e5m2, scale_inv (1) f32).
 void fp8_dequantize(const Tensor& q, const Tensor& scale_inv, Tensor& out);
+// Transformer Engine's scale update for n tensors at once, on the device: for each row i, history (n, H) f32 is
+// rolled by one (entry j moves to j + 1, the last drops) and history[i][0] := amax[i]; a := the row's max
+// (use_max) or its entry 0; then, where a is finite and positive, scale[i] := fp8_max[i] / a / 2^margin (FLT_MAX
+// when that overflows), else scale[i] is kept; scale_inv[i] := 1 / scale[i]. amax, scale, scale_inv and fp8_max
+// are (n) f32. With H = 1 this is current scaling: the scale of one amax.
+struct Fp8ScaleOptions {
+  int margin = 0;
+  bool use_max = true;  // false: the most recent amax
+};
+void fp8_update_scale(const Tensor& amax, Tensor& history, Tensor& scale, Tensor& scale_inv, const Tensor& fp8_max,
+                      Fp8ScaleOptions opt = {});
+// The fp8 GEMM: out = scale_inv_a[0] * scale_inv_b[0] * op(a) @ op(b) (times opt.alpha) + beta * out, then the
+// epilogue, as gemm's (a and b e4m3 or e5m2, each with a (1) f32 scale_inv; out bf16, f16 or f32), cuBLASLt's fp8
+// matmul: the products of the fp8 values are exact in fp32 and accumulate in fp32, the scales apply once to the
+// sum. The CPU widens a and b exactly to bf16 (every e4m3 and e5m2 value is a bf16 value) and runs gemm with the
+// scales folded into alpha, so it computes gemm's arithmetic on the fp8 values.
+void gemm_fp8(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const Tensor& scale_inv_b, Tensor& out,
+              GemmOptions opt = {});
 
 // ---- mixture of experts ----------------------------------------------------------------------------
 // The MoE router of one layer: each token (row) picks top_k of E experts and weights their outputs. (RouterScore

@@ -98,4 +98,8 @@ inline void check_p(const char* op, float p) {
   if (!(p >= 0.f && p < 1.f)) fail(op, fmt::format("dropout probability must lie in [0, 1), got {}", p));
 }
 
+// gemm's and gemm_fp8's checks of the shapes (a, b, out 2-D; op(a) (M, K) @ op(b) (K, N) = out (M, N)), the
+// epilogue and its vectors (core/tensor/ops.cpp); the dtypes each op checks itself.
+void check_gemm_shapes(const char* op, const Tensor& a, const Tensor& b, const Tensor& out, const GemmOptions& opt);
+
 }  // namespace mt::ops_check

@@ -62,4 +62,42 @@ void fp8_dequantize(const Tensor& q, const Tensor& scale_inv, Tensor& out) {
   MT_ON_CUDA(fp8_dequantize(q, scale_inv, out));
 }
 
+void fp8_update_scale(const Tensor& amax, Tensor& history, Tensor& scale, Tensor& scale_inv, const Tensor& fp8_max,
+                      Fp8ScaleOptions opt) {
+  const char* op = "fp8_update_scale";
+  const op_profile::Scope profile(op);
+  check_defined(op, "amax", amax);
+  const int64_t n = amax.numel();
+  check_f32_shape(op, "amax", amax, {n});
+  check_defined(op, "history", history);
+  if (history.dtype() != DType::f32 || history.shape().size() != 2 || history.dim(0) != n || history.dim(1) < 1)
+    fail(op, fmt::format("history: expected ({}, H >= 1) f32, got {} {}", n, shape_str(history.shape()),
+                         dtype_name(history.dtype())));
+  check_f32_shape(op, "scale", scale, {n});
+  check_f32_shape(op, "scale_inv", scale_inv, {n});
+  check_f32_shape(op, "fp8_max", fp8_max, {n});
+  if (opt.margin < 0 || opt.margin > 64) fail(op, fmt::format("margin must lie in [0, 64], got {}", opt.margin));
+  if (device_of(op, {&amax, &history, &scale, &scale_inv, &fp8_max}) == Device::cpu)
+    return cpu::fp8_update_scale(amax, history, scale, scale_inv, fp8_max, opt);
+  MT_ON_CUDA(fp8_update_scale(amax, history, scale, scale_inv, fp8_max, opt));
+}
+
+void gemm_fp8(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const Tensor& scale_inv_b, Tensor& out,
+              GemmOptions opt) {
+  const char* op = "gemm_fp8";
+  check_fp8(op, "a", a);
+  check_fp8(op, "b", b);
+  check_f32_shape(op, "scale_inv_a", scale_inv_a, {1});
+  check_f32_shape(op, "scale_inv_b", scale_inv_b, {1});
+  check_floating(op, "out", out);
+  if (out.dtype() == DType::f64) fail(op, "out: expected bf16, f16 or f32, got f64");
+  check_gemm_shapes(op, a, b, out, opt);
+  if (opt.epilogue == Epilogue::bgrad_a)
+    fail(op, "epilogue bgrad_a would sum the fp8 values of a; take the bias gradient from the unquantized tensor");
+  const op_profile::Scope profile(op);
+  if (device_of(op, {&a, &scale_inv_a, &b, &scale_inv_b, &out}) == Device::cpu)
+    return cpu::gemm_fp8(a, scale_inv_a, b, scale_inv_b, out, opt);
+  MT_ON_CUDA(gemm_fp8(a, scale_inv_a, b, scale_inv_b, out, opt));
+}
+
 }  // namespace mt

@@ -575,5 +575,38 @@ TEST(PlanPipeline, ZbVPutsBothEndsOfTheModelOnTheFirstStage) {
   EXPECT_GT(b.time.compute, a.time.compute);  // the first stage computes both ends
 }
 
+// training.fp8: on Hopper the layers' linear GEMMs take half the time (the rest, attention and the LM head, stays);
+// the amax and cast passes add elementwise time; an A100 (no fp8) and the CPU (emulation) gain nothing. Memory adds
+// the fp8 state (the delayed recipe's histories) and the copies around a GEMM.
+TEST(PlanFp8, HopperRunsTheLinearGemmsAtTwiceTheRateAndTheStateCostsMemory) {
+  const std::string yaml =
+      "model: {num_layers: 8, hidden_size: 2048, num_heads: 16, ffn_hidden_size: 8192, seq_length: 2048,\n"
+      "        vocab_size: 50257}\n"
+      "parallel: {tensor: 2}\n"
+      "training: {micro_batch_size: 1, global_batch_size: 8, train_iters: 1, precision: bf16}\n"
+      "optimizer: {lr: 1.0e-4}\ndata: {synthetic: true}\n";
+  const Config bf16 = parse_config(yaml, "gpt", {}, 2);
+  const Config fp8 = parse_config(yaml, "gpt", {"training.fp8.format=hybrid"}, 2);
+  const Config delayed = parse_config(yaml, "gpt", {"training.fp8.format=hybrid", "training.fp8.recipe=delayed"}, 2);
+  const Hardware h100 = builtin_hardware("h100-80gb");
+  const Prediction a = predict(bf16, h100), b = predict(fp8, h100);
+  // The LM head's GEMMs stay bf16 (about a fifth of the GEMM work here): between half and two thirds.
+  EXPECT_LT(b.time.gemm, 0.65 * a.time.gemm);
+  EXPECT_GT(b.time.gemm, 0.5 * a.time.gemm);
+  EXPECT_GT(b.time.elementwise, a.time.elementwise);
+  EXPECT_LT(b.time.total, a.time.total);
+  EXPECT_DOUBLE_EQ(b.time.attention, a.time.attention);
+  for (const char* other : {"a100-80gb", "cpu"}) {
+    const Hardware hw = builtin_hardware(other);
+    EXPECT_DOUBLE_EQ(predict(fp8, hw).time.gemm, predict(bf16, hw).time.gemm) << other;
+  }
+  // Memory: the current recipe's state and copies, the delayed one's 1024-entry histories on top
+  // (3 operands x 4 linears x 8 layers x 1023 more floats).
+  const double m_bf16 = a.memory.max_total(), m_fp8 = b.memory.max_total();
+  const double m_delayed = predict(delayed, h100).memory.max_total();
+  EXPECT_GT(m_fp8, m_bf16);
+  EXPECT_DOUBLE_EQ(m_delayed - m_fp8, 3.0 * 4 * 8 * 1023 * 4);
+}
+
 }  // namespace
 }  // namespace mt::plan

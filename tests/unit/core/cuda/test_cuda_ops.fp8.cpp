@@ -1,6 +1,8 @@
 // test_cuda_ops.fp8.cpp: the fp8 dtypes and scaling ops on the GPU, bit for bit the CPU's: conversions to and from
 // e4m3 / e5m2 (copy_from, on tails and misaligned views, and a strided sweep over every float32 bit pattern),
-// fp8_amax, fp8_quantize (with and without its fused amax) and fp8_dequantize.
+// fp8_amax, fp8_quantize (with and without its fused amax), fp8_dequantize and fp8_update_scale; and gemm_fp8
+// (cuBLASLt's fp8 matmul, TN layout, scales on the device) against the CPU's exact emulation, within fp32
+// summation order and one rounding of the output.
 // One of the sources of test_cuda_ops (tests/CMakeLists.txt); each test skips where no GPU can run it.
 #include <gtest/gtest.h>
 
@@ -159,6 +161,67 @@ TEST_F(CudaOps, Fp8QuantizeAndDequantizeMatchTheHost) {
                                        << ": first difference at " << at_back;
               }
             }
+}
+
+TEST_F(CudaOps, Fp8UpdateScaleMatchesTheHost) {
+  constexpr int64_t n = 300, H = 5;  // two blocks of rows
+  const Vec amax_v = rand_vec(n, 71, 0, 500);
+  Vec amax_s = amax_v;
+  amax_s[3] = 0;
+  amax_s[5] = std::numeric_limits<double>::quiet_NaN();
+  amax_s[7] = std::numeric_limits<double>::infinity();
+  amax_s[9] = 1e-40;
+  Vec fmax(n);
+  for (int64_t i = 0; i < n; ++i) fmax[static_cast<size_t>(i)] = i % 2 ? 448 : 57344;
+  for (bool use_max : {true, false})
+    for (int margin : {0, 3}) {
+      const Both amax = both(amax_s, {n}, DType::f32), fp8_max = both(fmax, {n}, DType::f32);
+      Both history = both(rand_vec(n * H, 72, 0, 400), {n, H}, DType::f32);
+      Both scale = both(rand_vec(n, 73, 1, 2), {n}, DType::f32), scale_inv = poisoned({n}, DType::f32);
+      for (auto dev : kDevices)
+        fp8_update_scale(amax.*dev, history.*dev, scale.*dev, scale_inv.*dev, fp8_max.*dev,
+                         {.margin = margin, .use_max = use_max});
+      const std::string what = str("use_max ", use_max, " margin ", margin);
+      EXPECT_EQ(first_mismatch(history.gpu, history.cpu), -1) << "history " << what;
+      EXPECT_EQ(first_mismatch(scale.gpu, scale.cpu), -1) << "scale " << what;
+      EXPECT_EQ(first_mismatch(scale_inv.gpu, scale_inv.cpu), -1) << "scale_inv " << what;
+    }
+}
+
+// gemm_fp8 on the GPU (cuBLASLt, scale pointers on the device, operands transposed into the TN form) against the
+// CPU's emulation: every transpose combination of the linear layers' GEMMs, e4m3 x e4m3 and e5m2 x e4m3 (the
+// hybrid format's gradients), bf16 and accumulated f32 outputs, the bias epilogue.
+TEST_F(CudaOps, GemmFp8MatchesTheCpuEmulation) {
+  constexpr int64_t M = 32, N = 48, K = 64;
+  for (DType qa : kFp8Types)
+    for (DType out_dt : {DType::bf16, DType::f32})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true})
+          for (bool bias : {false, true}) {
+            if (bias && out_dt == DType::f32) continue;  // the layers add a bias to bf16 outputs only
+            const Shape sa = ta ? Shape{K, M} : Shape{M, K}, sb = tb ? Shape{N, K} : Shape{K, N};
+            const Both xa = both(rand_vec(M * K, 81, -3, 3), sa, DType::f32);
+            const Both xb = both(rand_vec(K * N, 82, -0.1, 0.1), sb, DType::f32);
+            const Both scale_a = both({100.0}, {1}, DType::f32), scale_b = both({3000.0}, {1}, DType::f32);
+            const Both inv_a = both({1 / 100.0}, {1}, DType::f32), inv_b = both({1 / 3000.0}, {1}, DType::f32);
+            const Both bias_v = both(rand_vec(N, 83), {N}, out_dt);
+            Both q_a = poisoned(sa, qa), q_b = poisoned(sb, DType::e4m3);
+            Both out = both(rand_vec(M * N, 84), {M, N}, out_dt);
+            for (auto dev : kDevices) {
+              fp8_quantize(xa.*dev, scale_a.*dev, q_a.*dev);
+              fp8_quantize(xb.*dev, scale_b.*dev, q_b.*dev);
+              GemmOptions g{.trans_a = ta, .trans_b = tb, .beta = out_dt == DType::f32 ? 1.f : 0.f};
+              if (bias) {
+                g.epilogue = Epilogue::bias;
+                g.bias = &(bias_v.*dev);
+              }
+              gemm_fp8(q_a.*dev, inv_a.*dev, q_b.*dev, inv_b.*dev, out.*dev, g);
+            }
+            EXPECT_EQ(first_mismatch(q_a.gpu, q_a.cpu), -1);
+            expect_match(out, out_dt == DType::bf16 ? 1e-2 : 1e-5,
+                         str("gemm_fp8 ", dtype_name(qa), " x e4m3 -> ", dtype_name(out_dt), " trans_a ", ta,
+                             " trans_b ", tb, bias ? " bias" : ""));
+          }
 }
 
 }  // namespace
