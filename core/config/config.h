@@ -38,6 +38,9 @@ enum class SinkErrorAction { warn, save_and_stop };
 enum class MoeScore { softmax, sigmoid };
 // parallel.pipeline_schedule: auto (1F1B, interleaved with virtual_pipeline > 1), or one by name.
 enum class PipelineSchedule { automatic, one_f_one_b, interleaved, zb_h1 };
+// parallel.context_comm: how context-parallel attention meets the other ranks' keys and values (ring passes them
+// around the context group; allgather gathers them all at once and reduce-scatters their gradients).
+enum class ContextComm { p2p, allgather };
 
 template <>
 struct EnumNames<Arch> {
@@ -68,6 +71,11 @@ template <>
 struct EnumNames<PipelineSchedule> {
   static constexpr std::array names{"auto", "1f1b", "interleaved", "zb-h1"};
   static constexpr std::array<const char*, 2> planned{"zb-v", "dualpipe-v"};
+};
+template <>
+struct EnumNames<ContextComm> {
+  static constexpr std::array names{"p2p", "allgather"};
+  static constexpr std::array<const char*, 0> planned{};
 };
 template <>
 struct EnumNames<OptimizerType> {
@@ -172,6 +180,11 @@ struct ParallelConfig {
   // layers' own tensor-parallel degree (0: parallel.tensor).
   int64_t expert = 1;
   int64_t expert_tensor = 0;
+  // Context parallelism: each sample's sequence is cut into 2 * context chunks and context rank r holds chunks r
+  // and 2 * context - 1 - r (the same causal work on every rank); attention meets the other chunks' keys and
+  // values through context_comm. Ranks order tensor, context, data, pipeline (Megatron's tp-cp-dp-pp).
+  int64_t context = 1;
+  ContextComm context_comm = ContextComm::p2p;
   // derived
   int64_t world_size = 1;
 
@@ -179,6 +192,8 @@ struct ParallelConfig {
   // same experts' same slices (the expert-data-parallel group: tensor x data / (expert x that)).
   int64_t experts_tensor() const { return expert_tensor > 0 ? expert_tensor : tensor; }
   int64_t expert_data() const { return tensor * data / (expert * experts_tensor()); }
+  // The ranks that hold the same weights and sum their gradients: data x context.
+  int64_t data_context() const { return data * context; }
 
   bool operator==(const ParallelConfig&) const = default;
 };
