@@ -369,7 +369,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // The same from YAML text; `source` names it in messages.
 Config parse_config(const std::string& yaml_text, const std::string& source, const std::vector<std::string>& overrides,
                     int64_t world_size = 1);
-// The world size the layout of the config at `path` (with `overrides`) names: parallel.tensor * pipeline * data,
+// The world size the layout of the config at `path` (with `overrides`) names: parallel.tensor * context * pipeline * data,
 // with data: auto counted as 1; 0 when the file or those keys cannot be read (load_config says why). For hints
 // such as "add --nproc 2", before the config can be resolved against a world size. `data_auto`, when given, is set
 // to whether parallel.data is auto (absent included).

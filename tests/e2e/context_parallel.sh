@@ -39,3 +39,30 @@ for config in tiny.yaml llama.yaml; do
   done
 done
 echo "all $count context-parallel layouts match one rank"
+
+# Checkpoints move between context degrees: 5 iterations at CP=2 with the distributed optimizer (its state sharded
+# over the two context ranks) saved, then resumed at CP=2 (bit for bit the straight CP=2 run), CP=1 and CP=4
+# (its state resharded; within 1e-6 of one rank, as any layout).
+zero=(--set parallel.distributed_optimizer=true)
+run llama.yaml ckpt 2 --set parallel.context=2 "${zero[@]}" --set checkpoint.save_dir=ckpt/saved --exit-after 5
+[ -f ckpt/saved/latest ] || fail "no checkpoint after --exit-after 5 at CP=2"
+for cp in 2 1 4; do
+  rm -rf resume_cp$cp && cp -r ckpt resume_cp$cp
+  run llama.yaml resume_cp$cp $cp --set parallel.context=$cp "${zero[@]}" --set checkpoint.save_dir=resume_cp$cp/saved
+  same_losses llama_one/metrics.jsonl resume_cp$cp/metrics.jsonl 1 10 1e-6
+done
+losses llama_cp2p2p_tp1pp1dp1/metrics.jsonl 6 10 > straight.txt
+losses resume_cp2/metrics.jsonl 6 10 > resumed.txt
+[ "$(wc -l < straight.txt)" -eq 5 ] || fail "expected 5 losses after the resume"
+diff straight.txt resumed.txt || fail "CP=2 -> CP=2 resume differs from the straight CP=2 run"
+echo "checkpoints resume at CP 2 (identical), 1 and 4 (within 1e-6)"
+
+# Bad input names its keys.
+expect_error "parallel.context: 3 needs model.seq_length=32 divisible by 2 x parallel.context = 6" \
+  --config tiny.yaml "${nodrop[@]}" --nproc 3 --set parallel.context=3
+expect_error "parallel.sequence_parallel: needs each context rank's model.seq_length / parallel.context = 36 / 2" \
+  --config tiny.yaml "${nodrop[@]}" --nproc 8 --set parallel.context=2 --set parallel.tensor=4 \
+  --set parallel.sequence_parallel=true --set model.seq_length=36
+expect_error "parallel.context: 2 needs model.dropout and model.attention_dropout 0" \
+  --config tiny.yaml --nproc 2 --set parallel.context=2
+expect_error "parallel.context_comm" --config tiny.yaml "${nodrop[@]}" --set parallel.context_comm=ulysses
