@@ -114,6 +114,42 @@ TEST(AttentionBlocks, InvisibleBlockMergesToNothing) {
   EXPECT_EQ(values(lse), before_lse);
 }
 
+// A rank's two chunks get the rotary angles and position rows of their global positions (split_at /
+// split_position): the same values as the whole sequence's at those positions.
+TEST(AttentionBlocks, RopeAndPositionRowsAtChunkPositions) {
+  const int64_t B = 2, T = 24, G = 2, S = 4, D = 8, C = 3, c = T / (2 * C), P = 32, E = 16;
+  const Tensor qkv = make(rand_vec(B * T * G * S * D, 21), {B, T, G, S, D});
+  Tensor whole = qkv.clone();
+  rope_(whole, {.theta = 10000.f});
+  const Tensor wpe = make(rand_vec(P * E, 22), {P, E});
+  const Tensor x = make(rand_vec(B * T * E, 23), {B, T, E});
+  Tensor x_whole = x.clone();
+  position_embedding_add(x_whole, wpe, {});
+  for (int r = 0; r < C; ++r) {
+    const SequencePositions p = chunk_positions(r, C, c);
+    Tensor local = local_of(qkv, r, C);
+    rope_(local, {.theta = 10000.f,
+                  .position_offset = p.position_offset,
+                  .split_at = p.split_at,
+                  .split_position = p.split_position});
+    EXPECT_EQ(values(local), values(local_of(whole, r, C))) << "rope of rank " << r;
+    Tensor xl = local_of(x, r, C);
+    const EmbeddingOptions eo{
+        .position_offset = p.position_offset, .split_at = p.split_at, .split_position = p.split_position};
+    position_embedding_add(xl, wpe, eo);
+    EXPECT_EQ(values(xl), values(local_of(x_whole, r, C))) << "position rows of rank " << r;
+    // The backward scatters each column's sum into its global row.
+    Tensor dwpe = Tensor::zeros({P, E}, DType::f32);
+    position_embedding_backward(xl, dwpe, eo);
+    const Vec got = values(dwpe), xv = values(xl);
+    for (int64_t t = 0; t < 2 * c; ++t) {
+      const int64_t g = position_at(eo, t);
+      for (int64_t e = 0; e < E; ++e)
+        EXPECT_NEAR(got[g * E + e], xv[t * E + e] + xv[(2 * c + t) * E + e], 1e-6) << "row " << g;
+    }
+  }
+}
+
 TEST(AttentionBlocks, ArgumentErrorsNameTheTensor) {
   const Tensor qkv = Tensor::zeros({1, 4, 2, 3, 4}, DType::f32);
   Tensor kv = Tensor::zeros({1, 4, 1, 2, 4}, DType::f32);  // one group, qkv has two
