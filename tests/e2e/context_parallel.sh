@@ -57,6 +57,18 @@ losses resume_cp2/metrics.jsonl 6 10 > resumed.txt
 diff straight.txt resumed.txt || fail "CP=2 -> CP=2 resume differs from the straight CP=2 run"
 echo "checkpoints resume at CP 2 (identical), 1 and 4 (within 1e-6)"
 
+# Validation runs the same forward over the chunks: its loss is one rank's.
+run tiny.yaml eval_one 1 --set logging.eval_interval=5 --set logging.eval_iters=2
+run tiny.yaml eval_cp2 2 --set logging.eval_interval=5 --set logging.eval_iters=2 --set parallel.context=2
+python3 - eval_one/metrics.jsonl eval_cp2/metrics.jsonl <<'PY'
+import json, sys
+a, b = ([json.loads(l)["valid_loss"] for l in open(p) if "valid_loss" in l] for p in sys.argv[1:])
+assert len(a) == 2 and len(b) == 2, (a, b)
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print(f"validation losses {b} vs one rank {a}: worst relative difference {worst:.2e}")
+assert worst <= 1e-6
+PY
+
 # Bad input names its keys.
 expect_error "parallel.context: 3 needs model.seq_length=32 divisible by 2 x parallel.context = 6" \
   --config tiny.yaml "${nodrop[@]}" --nproc 3 --set parallel.context=3
