@@ -1,8 +1,8 @@
 // attention_context.cpp: context-parallel attention's blocks on the CPU (core/tensor/ops.h): the queries of this
 // rank against one block of keys and values, with positions deciding what a causal query sees, the log-sum-exp
 // merge of two partial results, and the block's share of the backward. One (sample, query head) at a time, rows
-// in blocks of kRowBlock whose scores and products are OpenBLAS GEMMs over all the block's keys (a masked key
-// weighs 0); softmax statistics in fp32 as attention.cpp's.
+// in blocks of kRowBlock whose scores and products are OpenBLAS GEMMs over the keys up to the last one the rows can
+// see (visible_cols; a masked key inside weighs 0); softmax statistics in fp32 as attention.cpp's.
 //
 // Backward of one block, O and lse the whole attention's (every block merged): P = exp(S - lse) on the visible
 // keys, dP = dO V^T, dS = scale P o (dP - Delta) with Delta_i = dO_i . O_i (the row sum of P o dP over all blocks),
@@ -56,6 +56,21 @@ void visible_row(const std::vector<int64_t>& kpos, int64_t qp, bool causal, std:
   for (size_t j = 0; j < kpos.size(); ++j) vis[j] = !causal || kpos[j] <= qp;
 }
 
+// The keys a row block [r0, r0 + rows) can see lie in [0, cols): past the last key at or before the block's latest
+// query position nothing is visible (a block's later keys, a later chunk's block, the masked half of a diagonal one
+// cost nothing). The per-key mask still decides inside [0, cols).
+int64_t visible_cols(const std::vector<int64_t>& qpos, const std::vector<int64_t>& kpos, int64_t r0, int64_t rows,
+                     bool causal) {
+  const int64_t Tk = static_cast<int64_t>(kpos.size());
+  if (!causal) return Tk;
+  int64_t qmax = qpos[static_cast<size_t>(r0)];
+  for (int64_t i = r0; i < r0 + rows; ++i) qmax = std::max(qmax, qpos[static_cast<size_t>(i)]);
+  int64_t cols = 0;
+  for (int64_t j = 0; j < Tk; ++j)
+    if (kpos[static_cast<size_t>(j)] <= qmax) cols = j + 1;
+  return cols;
+}
+
 // One head's q (T, D), its group's k and v (Tk, D), fp32.
 struct HeadIo {
   std::vector<float> q, k, v;
@@ -103,25 +118,33 @@ void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, T
         load_q(qkv, d, b, g, r, io);
         for (int64_t r0 = 0; r0 < T; r0 += kRowBlock) {
           const int64_t rows = std::min(kRowBlock, T - r0);
-          sgemm(false, true, rows, Tk, D, scale, io.q.data() + r0 * D, D, io.k.data(), D, 0.f, s.data(), Tk);
+          const int64_t cols = visible_cols(qpos, kpos, r0, rows, opt.causal);
+          if (cols == 0) {  // no key of this block is visible to these rows
+            for (int64_t i = r0; i < r0 + rows; ++i) {
+              std::fill(o + d.out_at(b, i, h), o + d.out_at(b, i, h) + D, 0.f);
+              l[(b * H + h) * T + i] = kNegInf;
+            }
+            continue;
+          }
+          sgemm(false, true, rows, cols, D, scale, io.q.data() + r0 * D, D, io.k.data(), D, 0.f, s.data(), Tk);
           for (int64_t i = r0; i < r0 + rows; ++i) {
             float* row = s.data() + (i - r0) * Tk;
             visible_row(kpos, qpos[static_cast<size_t>(i)], opt.causal, vis);
             float m = kNegInf;
-            for (int64_t j = 0; j < Tk; ++j)
+            for (int64_t j = 0; j < cols; ++j)
               if (vis[j]) m = std::max(m, row[j]);
             float row_lse = kNegInf;
             if (m != kNegInf) {
               double sum = 0;
-              for (int64_t j = 0; j < Tk; ++j)
+              for (int64_t j = 0; j < cols; ++j)
                 if (vis[j]) sum += std::exp(static_cast<double>(row[j] - m));
               row_lse = m + static_cast<float>(std::log(sum));
             }
-            for (int64_t j = 0; j < Tk; ++j) row[j] = vis[j] && m != kNegInf ? std::exp(row[j] - row_lse) : 0.f;
+            for (int64_t j = 0; j < cols; ++j) row[j] = vis[j] && m != kNegInf ? std::exp(row[j] - row_lse) : 0.f;
             l[(b * H + h) * T + i] = row_lse;
           }
-          // out rows (stride H * D) = P V
-          sgemm(false, false, rows, D, Tk, 1.f, s.data(), Tk, io.v.data(), D, 0.f, o + d.out_at(b, r0, h), H * D);
+          // out rows (stride H * D) = P V over the keys [0, cols)
+          sgemm(false, false, rows, D, cols, 1.f, s.data(), Tk, io.v.data(), D, 0.f, o + d.out_at(b, r0, h), H * D);
         }
       }
     }
@@ -176,22 +199,25 @@ void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor&
         }
         for (int64_t r0 = 0; r0 < T; r0 += kRowBlock) {
           const int64_t rows = std::min(kRowBlock, T - r0);
-          sgemm(false, true, rows, Tk, D, scale, io.q.data() + r0 * D, D, io.k.data(), D, 0.f, p.data(), Tk);
-          sgemm(false, true, rows, Tk, D, 1.f, dout_h.data() + r0 * D, D, io.v.data(), D, 0.f, dp.data(), Tk);
+          const int64_t cols = visible_cols(qpos, kpos, r0, rows, opt.causal);
+          if (cols == 0) continue;  // nothing of this block reaches these rows
+          sgemm(false, true, rows, cols, D, scale, io.q.data() + r0 * D, D, io.k.data(), D, 0.f, p.data(), Tk);
+          sgemm(false, true, rows, cols, D, 1.f, dout_h.data() + r0 * D, D, io.v.data(), D, 0.f, dp.data(), Tk);
           for (int64_t i = r0; i < r0 + rows; ++i) {
             float* prow = p.data() + (i - r0) * Tk;
             float* dprow = dp.data() + (i - r0) * Tk;
             visible_row(kpos, qpos[static_cast<size_t>(i)], opt.causal, vis);
             const float row_lse = lse_in[(b * H + h) * T + i];
-            for (int64_t j = 0; j < Tk; ++j) {
+            for (int64_t j = 0; j < cols; ++j) {
               prow[j] = vis[j] && row_lse != kNegInf ? std::exp(prow[j] - row_lse) : 0.f;
               dprow[j] = scale * prow[j] * (dprow[j] - delta[i]);
             }
           }
-          // dV += P^T dO, dQ += dS K, dK += dS^T Q
-          sgemm(true, false, Tk, D, rows, 1.f, p.data(), Tk, dout_h.data() + r0 * D, D, 1.f, dv, G * 2 * D);
-          sgemm(false, false, rows, D, Tk, 1.f, dp.data(), Tk, io.k.data(), D, 1.f, dq_out + d.out_at(b, r0, h), H * D);
-          sgemm(true, false, Tk, D, rows, 1.f, dp.data(), Tk, io.q.data() + r0 * D, D, 1.f, dk, G * 2 * D);
+          // dV[:cols] += P^T dO, dQ += dS K, dK[:cols] += dS^T Q
+          sgemm(true, false, cols, D, rows, 1.f, p.data(), Tk, dout_h.data() + r0 * D, D, 1.f, dv, G * 2 * D);
+          sgemm(false, false, rows, D, cols, 1.f, dp.data(), Tk, io.k.data(), D, 1.f, dq_out + d.out_at(b, r0, h),
+                H * D);
+          sgemm(true, false, cols, D, rows, 1.f, dp.data(), Tk, io.q.data() + r0 * D, D, 1.f, dk, G * 2 * D);
         }
       }
     }
