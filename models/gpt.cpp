@@ -37,7 +37,7 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
     // training.recompute_num_layers (Megatron's "block" method): the chunk's first layers only.
     const bool recompute = opt.recompute && (opt.recompute_layers == 0 || i - st.layer_begin < opt.recompute_layers);
     layers_.push_back(std::make_unique<TransformerLayer>(i, cfg, opt.dtype, opt.seed, recompute, opt.tp, opt.device,
-                                                         opt.ep, opt.selective));
+                                                         opt.ep, opt.selective, opt.cp));
     for (Parameter* p : layers_.back()->parameters()) params_.push_back(p);
   }
   if (st.has_head) {
@@ -127,7 +127,7 @@ Tensor GptModel::forward_impl(const Tensor& input, const Tensor& tokens, const T
   Tensor x = input;
   if (opt_.stage.has_embedding) {
     x = wte_.forward(tokens);  // (B, Ts, C)
-    if (has_position_table()) position_embedding_add(x, wpe_.value, {.position_offset = seq_offset});
+    if (has_position_table()) position_embedding_add(x, wpe_.value, position_options(T, seq_offset, Ts));
     dropout_forward(x, x,
                     {.p = ctx.training ? cfg_.dropout : 0.f,
                      .seed = ctx.seed,
@@ -246,7 +246,8 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
                     .site = site_embedding_,
                     .sample_offset = ctx.sample_offset,
                     .row_offset = seq_offset});
-  if (has_position_table()) position_embedding_backward(dx, wpe_.grad, {.position_offset = seq_offset});
+  if (has_position_table())
+    position_embedding_backward(dx, wpe_.grad, position_options(tokens.dim(1), seq_offset, dx.dim(1)));
   wte_.backward(tokens, dx);
   if (grads_ready_) {
     std::vector<Parameter*> embedding_params{&wte_.weight()};

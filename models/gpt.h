@@ -33,6 +33,7 @@ struct GptOptions {
   SelectiveRecompute selective;  // else these tensors of every layer (training.recompute: selective)
   TensorParallel tp;             // this rank's tensor-parallel group (size 1: the whole model)
   ExpertParallel ep;             // this rank's expert-parallel group (MoE layers; size 1: every expert)
+  ContextParallel cp;            // this rank's context-parallel group (size 1: whole sequences)
   StageLayout stage;             // the whole model by default
 };
 
@@ -110,6 +111,12 @@ class GptModel {
                                 // a last stage without the embedding: a tied copy, see Parameter)
   Parameter wpe_;               // (P, C) learned position embedding (GPT; Llama rotates q and k instead)
   bool has_position_table() const { return cfg_.arch == Arch::gpt; }
+  // The position rows of tokens [offset, offset + len) of a local sequence of T tokens (its sequence-parallel shard;
+  // with context parallelism the local sequence is two chunks at their global positions).
+  EmbeddingOptions position_options(int64_t T, int64_t offset, int64_t len) const {
+    const SequencePositions p = opt_.cp.positions(T, offset, len);
+    return {.position_offset = p.position_offset, .split_at = p.split_at, .split_position = p.split_position};
+  }
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
   Norm lnf_;                   // (C) final LayerNorm (GPT) or RMSNorm (Llama)
   ColumnParallelLinear head_;  // C -> Vpad, no bias: weight (Vpad/tp, C) lm_head, or wte's borrowed when tied

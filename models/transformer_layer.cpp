@@ -20,8 +20,10 @@ SelectiveRecompute SelectiveRecompute::of(const std::vector<std::string>& module
 }
 
 TransformerLayer::TransformerLayer(int64_t index, const ModelConfig& cfg, DType dtype, uint64_t seed, bool recompute,
-                                   TensorParallel tp, Device device, ExpertParallel ep, SelectiveRecompute selective)
-    : index_(index), cfg_(cfg), dtype_(dtype), device_(device), recompute_(recompute), selective_(selective), tp_(tp) {
+                                   TensorParallel tp, Device device, ExpertParallel ep, SelectiveRecompute selective,
+                                   ContextParallel cp)
+    : index_(index), cfg_(cfg), dtype_(dtype), device_(device), recompute_(recompute), selective_(selective), tp_(tp),
+      cp_(cp) {
   const int64_t C = cfg.hidden_size, F = cfg.ffn_hidden_size, H = cfg.num_heads, G = cfg.kv_heads(), D = cfg.head_dim;
   const bool llama = cfg.arch == Arch::llama;
   heads_ = tp.count(H);
@@ -86,9 +88,22 @@ AttentionOptions TransformerLayer::attention_options(const StepContext& ctx) con
           .head_offset = tp_.begin(cfg_.num_heads)};
 }
 
-RopeOptions TransformerLayer::rope_options(bool inverse) const {
-  // Attention sees whole sequences (sequence parallelism gathers them first): positions start at 0.
-  return {.theta = static_cast<float>(cfg_.rotary_base), .position_offset = 0, .inverse = inverse};
+RopeOptions TransformerLayer::rope_options(bool inverse, int64_t T) const {
+  // Attention sees whole local sequences (sequence parallelism gathers them first): positions start at 0, or with
+  // context parallelism at this rank's chunks.
+  const SequencePositions p = cp_.positions(T, 0, T);
+  return {.theta = static_cast<float>(cfg_.rotary_base),
+          .position_offset = p.position_offset,
+          .inverse = inverse,
+          .split_at = p.split_at,
+          .split_position = p.split_position};
+}
+
+void TransformerLayer::attend(Activations& a) const {
+  if (cp_.enabled())
+    context_attention_forward(cp_, a.qkv, a.att, a.att_lse);
+  else
+    attention_forward(a.qkv, a.att, a.att_lse, attention_options(a.ctx));
 }
 
 DropoutOptions TransformerLayer::residual_dropout(const StepContext& ctx, uint64_t site, int64_t T) const {
@@ -108,10 +123,10 @@ Tensor TransformerLayer::run(Activations& a, bool keep, bool record) {
   // Attention block: x2 = x + dropout(proj(attention(rope(qkv(norm1(x))))))
   ln1_.forward(x.view({Ns, C}), a.n1);
   a.qkv = qkv_.forward(a.n1.out, B).view({B, T, G, H / G + 2, D});
-  if (llama) rope_(a.qkv, rope_options(false));
+  if (llama) rope_(a.qkv, rope_options(false, T));
   a.att = Tensor::empty({B, T, H * D}, dtype_, device_);
   a.att_lse = Tensor::empty({B, H, T}, DType::f32, device_);
-  attention_forward(a.qkv, a.att, a.att_lse, attention_options(a.ctx));
+  attend(a);
   const Tensor proj = proj_.forward(a.att.view({N, H * D}), B);  // (Ns, C)
   a.x2 = Tensor::empty({B, Ts, C}, dtype_, device_);
   dropout_add(proj.view({B, Ts, C}), x, a.x2, residual_dropout(a.ctx, site_attn_out_, T));
@@ -169,7 +184,7 @@ void TransformerLayer::recompute_selected(Activations& a) {
   if (selective_.core_attn) {
     a.att = Tensor::empty({B, T, heads_ * cfg_.head_dim}, dtype_, device_);
     a.att_lse = Tensor::empty({B, heads_, T}, DType::f32, device_);
-    attention_forward(a.qkv, a.att, a.att_lse, attention_options(a.ctx));  // the same dropout keys
+    attend(a);  // the same dropout keys
   }
   if (selective_.mlp_act && !moe_) {
     if (cfg_.arch == Arch::llama) {
@@ -227,8 +242,11 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb, float dloss) {
   dropout_backward(dx2.view({B, Ts, C}), dproj_btc, residual_dropout(a.ctx, site_attn_out_, T));
   const Tensor datt = proj_.backward(dproj, a.att.view({N, HD}), B);  // (N, H/tp * D)
   Tensor dqkv = Tensor::empty(a.qkv.shape(), dtype_, device_);
-  attention_backward(a.qkv, a.att, a.att_lse, datt.view(a.att.shape()), dqkv, attention_options(a.ctx));
-  if (llama) rope_(dqkv, rope_options(true));  // a rotation's gradient is the inverse rotation
+  if (cp_.enabled())
+    context_attention_backward(cp_, a.qkv, a.att, a.att_lse, datt.view(a.att.shape()), dqkv);
+  else
+    attention_backward(a.qkv, a.att, a.att_lse, datt.view(a.att.shape()), dqkv, attention_options(a.ctx));
+  if (llama) rope_(dqkv, rope_options(true, T));  // a rotation's gradient is the inverse rotation
   const Tensor dln1 = qkv_.backward(dqkv.view({N, dqkv.numel() / N}), a.n1.out, B);  // (Ns, C)
   Tensor dx = ln1_.backward(dln1, a.x.view({Ns, C}), a.n1);
   add(dx, dx2, dx);

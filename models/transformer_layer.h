@@ -27,6 +27,7 @@
 #include "core/tensor/tensor.h"
 #include "models/moe_mlp.h"
 #include "models/norm.h"
+#include "parallel/context_parallel.h"
 #include "parallel/parallel_linear.h"
 #include "parallel/tensor_parallel.h"
 
@@ -60,7 +61,7 @@ class TransformerLayer {
   // `ep`: the expert-parallel group of a MoE layer.
   TransformerLayer(int64_t index, const ModelConfig& cfg, DType dtype, uint64_t seed, bool recompute,
                    TensorParallel tp = {}, Device device = Device::cpu, ExpertParallel ep = {},
-                   SelectiveRecompute selective = {});
+                   SelectiveRecompute selective = {}, ContextParallel cp = {});
 
   // x (B, T, C) -> (B, T, C). In training, keeps what backward needs under microbatch id `mb`
   // (only x itself when recomputing).
@@ -109,7 +110,9 @@ class TransformerLayer {
   // The attention's options, and the dropout before a residual add (masks keyed by global coordinates,
   // T the full sequence length): none outside training.
   AttentionOptions attention_options(const StepContext& ctx) const;
-  RopeOptions rope_options(bool inverse) const;  // Llama's rotary embeddings (inverse: their backward)
+  RopeOptions rope_options(bool inverse, int64_t T) const;  // Llama's rotary embeddings (inverse: their backward)
+  // Attention over the local sequence: the whole sequence's, or with context parallelism the ring's (or all-gather's).
+  void attend(Activations& a) const;
   DropoutOptions residual_dropout(const StepContext& ctx, uint64_t site, int64_t T) const;
   // Selective recomputation: drops the chosen tensors after forward, recomputes them at the start of backward.
   void drop_selected(Activations& a) const;
@@ -122,6 +125,7 @@ class TransformerLayer {
   bool recompute_;
   SelectiveRecompute selective_;
   TensorParallel tp_;
+  ContextParallel cp_;
   int64_t heads_;   // this rank's query heads
   int64_t groups_;  // this rank's query groups (key / value heads)
   uint64_t site_attn_probs_, site_attn_out_, site_mlp_out_;

@@ -1,4 +1,4 @@
-// topology.cpp: the rank grid rank = tp + T * (dp + D * pp) and every group as one expression over it.
+// topology.cpp: the rank grid rank = tp + T * (cp + C * (dp + D * pp)) and every group as one expression over it.
 #include "parallel/topology.h"
 
 #include <cstdint>
@@ -7,20 +7,25 @@
 namespace mt {
 namespace {
 
-std::string layout(int tp, int pp, int dp) {
-  return "tensor " + std::to_string(tp) + " x pipeline " + std::to_string(pp) + " x data " + std::to_string(dp);
+std::string layout(int tp, int pp, int dp, int cp = 1) {
+  return "tensor " + std::to_string(tp) + (cp != 1 ? " x context " + std::to_string(cp) : std::string()) +
+         " x pipeline " + std::to_string(pp) + " x data " + std::to_string(dp);
 }
 
 }  // namespace
 
-Topology::Topology(int world_size, int tp, int pp, int dp, int ep, int etp)
-    : world_(world_size), tp_(tp), pp_(pp), dp_(dp), ep_(ep), etp_(etp == 0 ? tp : etp) {
-  if (tp < 1 || pp < 1 || dp < 1)
-    throw std::invalid_argument(layout(tp, pp, dp) + ": every parallel size must be at least 1");
-  int64_t ranks = int64_t{tp} * pp * dp;
+Topology::Topology(int world_size, int tp, int pp, int dp, int ep, int etp, int cp)
+    : world_(world_size), tp_(tp), pp_(pp), dp_(dp), ep_(ep), etp_(etp == 0 ? tp : etp), cp_(cp) {
+  if (tp < 1 || pp < 1 || dp < 1 || cp < 1)
+    throw std::invalid_argument(layout(tp, pp, dp, cp) + ": every parallel size must be at least 1");
+  int64_t ranks = int64_t{tp} * cp * pp * dp;
   if (ranks != world_size)
-    throw std::invalid_argument(layout(tp, pp, dp) + " = " + std::to_string(ranks) + " ranks, but the world has " +
+    throw std::invalid_argument(layout(tp, pp, dp, cp) + " = " + std::to_string(ranks) + " ranks, but the world has " +
                                 std::to_string(world_size));
+  if (cp > 1 && (ep != 1 || etp_ != tp))
+    throw std::invalid_argument("context parallel " + std::to_string(cp) +
+                                " with expert parallelism is not built (expert " + std::to_string(ep) +
+                                ", expert tensor " + std::to_string(etp_) + ")");
   if (etp_ == tp && (ep < 1 || dp % ep != 0))
     throw std::invalid_argument("expert parallel " + std::to_string(ep) +
                                 " must be at least 1 and divide data parallel " + std::to_string(dp));
@@ -48,14 +53,15 @@ Topology::Coord Topology::coord(int rank) const {
   if (rank < 0 || rank >= world_)
     throw std::out_of_range("rank " + std::to_string(rank) + " is outside the world of " + std::to_string(world_) +
                             " ranks");
-  return {rank % tp_, rank / tp_ % dp_, rank / (tp_ * dp_)};
+  return {rank % tp_, rank / (tp_ * cp_) % dp_, rank / (tp_ * cp_ * dp_), rank / tp_ % cp_};
 }
 
 int Topology::rank(Coord c) const {
-  if (c.tp < 0 || c.tp >= tp_ || c.dp < 0 || c.dp >= dp_ || c.pp < 0 || c.pp >= pp_)
+  if (c.tp < 0 || c.tp >= tp_ || c.dp < 0 || c.dp >= dp_ || c.pp < 0 || c.pp >= pp_ || c.cp < 0 || c.cp >= cp_)
     throw std::out_of_range("coordinate (tp " + std::to_string(c.tp) + ", dp " + std::to_string(c.dp) + ", pp " +
-                            std::to_string(c.pp) + ") is outside the grid " + layout(tp_, pp_, dp_));
-  return c.tp + tp_ * (c.dp + dp_ * c.pp);
+                            std::to_string(c.pp) + (cp_ != 1 ? ", cp " + std::to_string(c.cp) : std::string()) +
+                            ") is outside the grid " + layout(tp_, pp_, dp_, cp_));
+  return c.tp + tp_ * (c.cp + cp_ * (c.dp + dp_ * c.pp));
 }
 
 // Each group fixes some coordinates of `rank` and varies the others; ranks ascend because the varied
@@ -63,21 +69,21 @@ int Topology::rank(Coord c) const {
 std::vector<int> Topology::tp_group(int r) const {
   Coord c = coord(r);
   std::vector<int> g;
-  for (int t = 0; t < tp_; ++t) g.push_back(rank({t, c.dp, c.pp}));
+  for (int t = 0; t < tp_; ++t) g.push_back(rank({t, c.dp, c.pp, c.cp}));
   return g;
 }
 
 std::vector<int> Topology::dp_group(int r) const {
   Coord c = coord(r);
   std::vector<int> g;
-  for (int d = 0; d < dp_; ++d) g.push_back(rank({c.tp, d, c.pp}));
+  for (int d = 0; d < dp_; ++d) g.push_back(rank({c.tp, d, c.pp, c.cp}));
   return g;
 }
 
 std::vector<int> Topology::pp_group(int r) const {
   Coord c = coord(r);
   std::vector<int> g;
-  for (int p = 0; p < pp_; ++p) g.push_back(rank({c.tp, c.dp, p}));
+  for (int p = 0; p < pp_; ++p) g.push_back(rank({c.tp, c.dp, p, c.cp}));
   return g;
 }
 
@@ -85,14 +91,30 @@ std::vector<int> Topology::model_parallel_group(int r) const {
   Coord c = coord(r);
   std::vector<int> g;
   for (int p = 0; p < pp_; ++p)
-    for (int t = 0; t < tp_; ++t) g.push_back(rank({t, c.dp, p}));
+    for (int t = 0; t < tp_; ++t) g.push_back(rank({t, c.dp, p, c.cp}));
   return g;
 }
 
 std::vector<int> Topology::embedding_group(int r) const {
   Coord c = coord(r);
   if (pp_ == 1) return {r};
-  return {rank({c.tp, c.dp, 0}), rank({c.tp, c.dp, pp_ - 1})};
+  return {rank({c.tp, c.dp, 0, c.cp}), rank({c.tp, c.dp, pp_ - 1, c.cp})};
+}
+
+std::vector<int> Topology::cp_group(int r) const {
+  Coord c = coord(r);
+  std::vector<int> g;
+  for (int k = 0; k < cp_; ++k) g.push_back(rank({c.tp, c.dp, c.pp, k}));
+  return g;
+}
+
+// dp outer, cp inner: ranks ascend (cp varies faster than dp in the grid).
+std::vector<int> Topology::dpcp_group(int r) const {
+  Coord c = coord(r);
+  std::vector<int> g;
+  for (int d = 0; d < dp_; ++d)
+    for (int k = 0; k < cp_; ++k) g.push_back(rank({c.tp, d, c.pp, k}));
+  return g;
 }
 
 // The varied expert coordinate walks the stage's ranks in ascending order (i grows with it, and rank with i).
@@ -128,6 +150,10 @@ const char* group_kind_name(GroupKind kind) {
       return "ep";
     case GroupKind::edp:
       return "edp";
+    case GroupKind::cp:
+      return "cp";
+    case GroupKind::dpcp:
+      return "dpcp";
   }
   throw std::invalid_argument("unknown group kind");
 }
@@ -148,6 +174,10 @@ std::vector<int> Topology::group(GroupKind kind, int r) const {
       return ep_group(r);
     case GroupKind::edp:
       return edp_group(r);
+    case GroupKind::cp:
+      return cp_group(r);
+    case GroupKind::dpcp:
+      return dpcp_group(r);
   }
   throw std::invalid_argument("unknown group kind");
 }

@@ -1,6 +1,7 @@
-// topology.h: the rank grid. rank = tp + T * (dp + D * pp): tensor-parallel ranks vary fastest (a TP group
-// sits inside one node), then data-parallel, then pipeline (Megatron's default order). The MoE layers' experts
-// refold each pipeline stage's T * D ranks, i = tp + T * dp, as i = etp + ETP * (ep + EP * edp) (Megatron's
+// topology.h: the rank grid. rank = tp + T * (cp + C * (dp + D * pp)): tensor-parallel ranks vary fastest (a TP
+// group sits inside one node), then context-parallel, then data-parallel, then pipeline (Megatron's tp-cp-dp-pp
+// order; with C = 1, the context parallelism of none, rank = tp + T * (dp + D * pp) as before). The MoE layers'
+// experts refold each pipeline stage's T * D ranks (C = 1: context parallelism refuses MoE), i = tp + T * dp, as i = etp + ETP * (ep + EP * edp) (Megatron's
 // "parallel folding": expert tensor-parallel ranks fastest, then expert-parallel, then expert-data-parallel). With
 // ETP = T (the default) that splits the data-parallel dimension, dp = ep + EP * edp: an expert-parallel group is EP
 // consecutive data-parallel ranks and the expert-data-parallel group the ranks at the same place in each. With
@@ -15,18 +16,21 @@ namespace mt {
 // The kinds of process group: tensor, data, pipeline, model (tensor x pipeline) parallel, the embedding
 // group (first and last pipeline stage), expert parallel (the ranks that split the experts of an MoE layer)
 // and expert-data parallel (the ranks holding the same experts, which sum their gradients).
-enum class GroupKind { tp, dp, pp, mp, emb, ep, edp };
-const char* group_kind_name(GroupKind kind);  // "tp", "dp", "pp", "mp", "emb", "ep", "edp"
+// cp: the context-parallel ranks (the chunks of one sequence); dpcp: data x context parallel, the ranks holding the
+// same weights, which sum their gradients (the data-parallel group when C = 1).
+enum class GroupKind { tp, dp, pp, mp, emb, ep, edp, cp, dpcp };
+const char* group_kind_name(GroupKind kind);  // "tp", "dp", "pp", "mp", "emb", "ep", "edp", "cp", "dpcp"
 
 class Topology {
  public:
   struct Coord {
-    int tp = 0, dp = 0, pp = 0;
+    int tp = 0, dp = 0, pp = 0, cp = 0;
     bool operator==(const Coord&) const = default;
   };
   // Throws std::invalid_argument naming the sizes when tp * pp * dp != world_size or any is < 1, and naming
   // them when etp (0: tp) does not divide tp or ep * etp does not divide tp * dp.
-  Topology(int world_size, int tp, int pp, int dp, int ep = 1, int etp = 0);
+  // cp: the context-parallel size (throws when < 1, or when above 1 with ep > 1 or etp < tp).
+  Topology(int world_size, int tp, int pp, int dp, int ep = 1, int etp = 0, int cp = 1);
 
   int world_size() const { return world_; }
   int tp() const { return tp_; }
@@ -34,6 +38,7 @@ class Topology {
   int dp() const { return dp_; }
   int ep() const { return ep_; }
   int etp() const { return etp_; }
+  int cp() const { return cp_; }
   // Whether the experts' grid differs from the dense one (EP > 1 or ETP < TP): their gradients then have a
   // reduction group of their own.
   bool experts_apart() const { return ep_ > 1 || etp_ != tp_; }
@@ -48,10 +53,12 @@ class Topology {
   int rank(Coord c) const;
 
   // Members (global ranks, ascending) of each group that `rank` belongs to.
-  std::vector<int> tp_group(int rank) const;              // same dp, pp
-  std::vector<int> dp_group(int rank) const;              // same tp, pp
-  std::vector<int> pp_group(int rank) const;              // same tp, dp; ordered by stage
-  std::vector<int> model_parallel_group(int rank) const;  // same dp: every tp and pp
+  std::vector<int> tp_group(int rank) const;              // same cp, dp, pp
+  std::vector<int> dp_group(int rank) const;              // same tp, cp, pp
+  std::vector<int> pp_group(int rank) const;              // same tp, cp, dp; ordered by stage
+  std::vector<int> model_parallel_group(int rank) const;  // same cp, dp: every tp and pp
+  std::vector<int> cp_group(int rank) const;              // same tp, dp, pp; ordered by context rank
+  std::vector<int> dpcp_group(int rank) const;            // same tp, pp: every cp and dp
   // The first and last pipeline stage of rank's pipeline (tied embeddings); just the rank when pp == 1.
   std::vector<int> embedding_group(int rank) const;
   // Same pp, etp and edp: the EP ranks that split the experts (with ETP = T, EP consecutive data-parallel ranks);
@@ -68,7 +75,7 @@ class Topology {
   std::vector<std::vector<int>> all_groups(GroupKind kind) const;
 
  private:
-  int world_, tp_, pp_, dp_, ep_, etp_;
+  int world_, tp_, pp_, dp_, ep_, etp_, cp_;
   int expert_rank(int pp, ExpertCoord e) const;
 };
 

@@ -30,8 +30,9 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
   auto d = std::make_unique<Distributed>();
   d->env = env;
   d->placement = placement;
-  d->topology = Topology(env.world_size, static_cast<int>(p.tensor), static_cast<int>(p.pipeline),
-                         static_cast<int>(p.data), static_cast<int>(p.expert), static_cast<int>(p.expert_tensor));
+  d->topology =
+      Topology(env.world_size, static_cast<int>(p.tensor), static_cast<int>(p.pipeline), static_cast<int>(p.data),
+               static_cast<int>(p.expert), static_cast<int>(p.expert_tensor), static_cast<int>(p.context));
   const Millis timeout{static_cast<int64_t>(cfg.parallel.timeout_s * 1000)};
   if (env.world_size == 1) {
     d->store = make_hash_store();
@@ -98,7 +99,15 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
   const bool in_emb = tied && std::find(emb.begin(), emb.end(), env.rank) != emb.end() &&
                       (d->pp_rank() == 0 || d->pp_rank() == d->pp_size() - 1);
   if (in_emb || (nccl && tied)) d->emb = group("emb", in_emb ? emb : std::vector<int>{});
-  d->dp_grads = group("dpgrads", d->topology.dp_group(env.rank));
+  // With context parallelism the context ranks hold the same weights as the data-parallel ones: gradients are
+  // summed (and the distributed optimizer sharded) over data x context, and the context group passes keys and
+  // values. Without it nothing more is created (the groups and their order are as before).
+  const bool context = d->topology.cp() > 1;
+  d->dp_grads = group("dpgrads", context ? d->topology.dpcp_group(env.rank) : d->topology.dp_group(env.rank));
+  if (context) {
+    d->cp = group_of(GroupKind::cp);
+    d->dpcp = group_of(GroupKind::dpcp);
+  }
   // Every rank knows EP and ETP from the same config, so all take part in both splits or in none.
   if (d->topology.experts_apart()) {
     d->ep = group_of(GroupKind::ep);
@@ -108,9 +117,9 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
     d->ep = make_self_communicator(group_name("ep", {env.rank}));
   }
   if (env.world_size == 1) return d;
-  spdlog::info("rank {} of {} ({}): tp {} dp {} pp {}{}, {}, {}, rendezvous at {}:{}", env.rank, env.world_size,
+  spdlog::info("rank {} of {} ({}): tp {} dp {} pp {}{}{}, {}, {}, rendezvous at {}:{}", env.rank, env.world_size,
                env.launcher, d->topology.coord(env.rank).tp, d->topology.coord(env.rank).dp,
-               d->topology.coord(env.rank).pp,
+               d->topology.coord(env.rank).pp, context ? fmt::format(" cp {}", d->cp_rank()) : std::string(),
                d->experts_apart() ? fmt::format(" etp {} ep {} edp {}", d->etp_rank(), d->ep_rank(), d->edp_rank())
                                   : std::string(),
                placement.description, nccl ? "nccl" : "gloo", env.master_addr, env.master_port);

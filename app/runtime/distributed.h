@@ -26,7 +26,11 @@ struct Distributed {
   std::unique_ptr<Communicator> pp;        // this rank's pipeline (its rank r is stage r)
   std::unique_ptr<Communicator> mp;        // model-parallel group (every tp and pp rank of this dp rank)
   std::unique_ptr<Communicator> emb;       // first and last stage (tied embeddings); null on middle stages and untied
-  std::unique_ptr<Communicator> dp_grads;  // the data-parallel group again, for the gradient reducer's thread
+  std::unique_ptr<Communicator> dp_grads;  // the gradient reducer's own: data-parallel (x context-parallel) group
+  // Context parallelism (parallel.context > 1; null otherwise): the ranks holding the chunks of the same samples, and
+  // the data x context group, whose ranks hold the same weights (the distributed optimizer's shards).
+  std::unique_ptr<Communicator> cp;
+  std::unique_ptr<Communicator> dpcp;
   // Expert parallelism (parallel.expert = EP, parallel.expert_tensor = ETP; parallel/topology.h): the MoE token
   // exchange runs over `ep`, expert gradients are summed over `edp` (the ranks holding the same experts' same
   // slices). When the experts' grid is the dense one (EP == 1 and ETP == TP), `ep` is a one-rank communicator that
@@ -45,6 +49,10 @@ struct Distributed {
   int tp_rank() const { return topology.coord(env.rank).tp; }
   int tp_size() const { return topology.tp(); }
   int pp_rank() const { return topology.coord(env.rank).pp; }
+  int cp_rank() const { return topology.coord(env.rank).cp; }
+  int cp_size() const { return topology.cp(); }
+  // The ranks that sum gradients and shard the distributed optimizer: data x context parallel.
+  Communicator& weight_replicas() const { return dpcp ? *dpcp : *dp; }
   int pp_size() const { return topology.pp(); }
   int ep_rank() const { return topology.expert_coord(env.rank).ep; }
   int ep_size() const { return topology.ep(); }

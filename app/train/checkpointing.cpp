@@ -162,6 +162,7 @@ Config whole_model_config(const CheckpointReader& reader, const std::string& dir
                                         "parallel.layers_per_stage=[]",
                                         "parallel.expert=1",
                                         "parallel.expert_tensor=auto",
+                                        "parallel.context=1",
                                         "training.global_batch_size=" + batch,
                                         "training.micro_batch_size=" + batch,
                                         "training.device=" + device,

@@ -87,7 +87,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
                            : std::unique_ptr<Optimizer>(std::make_unique<AdamW>(std::move(ps), adam));
   };
   if (experts.empty()) {
-    optimizer_ = optimizer_of(*grads_, dense, dist.dp.get(), adam_config_);
+    optimizer_ = optimizer_of(*grads_, dense, &dist.weight_replicas(), adam_config_);
   } else {
     expert_grads_ = std::make_unique<GradBuffer>(experts, device_, std::move(dist.edp_grads),
                                                  GradBufferOptions{.bucket_elements = cfg.parallel.grad_bucket_size,
@@ -100,7 +100,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
     expert_adam.count_replicas = dist.etp_rank() == 0;
     const bool first_fold = dist.tp_rank() < dist.etp_size();
     optimizer_ = std::make_unique<ExpertSplitOptimizer>(
-        optimizer_of(*grads_, dense, dist.dp.get(), adam_config_),
+        optimizer_of(*grads_, dense, &dist.weight_replicas(), adam_config_),
         optimizer_of(*expert_grads_, experts, dist.edp.get(), expert_adam),
         [&dist, first_fold](double x) {
           const double all = sum_doubles(*dist.ep, {x})[0];
@@ -137,7 +137,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
 // is the same set of samples whatever the layout.
 void Trainer::train_step(float& lr_used, StepResult& result) {
   const int64_t M = cfg_.training.num_microbatches;
-  const int64_t dp = dist_.dp_size();
+  const int64_t dp = replicas();
   grads_->begin_step();  // zeroes every gradient
   if (expert_grads_) expert_grads_->begin_step();
   if (step_losses_.full()) read_losses();      // a logging interval longer than the slots
@@ -180,7 +180,7 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
 }
 
 bool Trainer::spike_check(double local_sum, int64_t iteration) {
-  const int64_t M = cfg_.training.num_microbatches, dp = dist_.dp_size();
+  const int64_t M = cfg_.training.num_microbatches, dp = replicas();
   const std::vector<double> sum = sum_over_stages_and_replicas({local_sum});
   if (!observe_loss(static_cast<float>(sum[0] / static_cast<double>(M * dp)), iteration)) return false;
   if (cfg_.training.loss_spike.action == SpikeAction::stop) spike_stop_ = true;
@@ -212,7 +212,7 @@ bool Trainer::observe_loss(float loss, int64_t iteration) {
 void Trainer::read_losses() {
   std::vector<double> sums = step_losses_.take();
   if (sums.empty()) return;
-  const int64_t M = cfg_.training.num_microbatches, dp = dist_.dp_size();
+  const int64_t M = cfg_.training.num_microbatches, dp = replicas();
   sums = sum_over_stages_and_replicas(std::move(sums));
   // The slots hold the last sums.size() iterations (this is called between iterations).
   int64_t iteration = c_.iteration - static_cast<int64_t>(sums.size());
@@ -240,13 +240,14 @@ double Trainer::evaluate() {
   if (fp8_) fp8_->set_recording(false);  // validation leaves the fp8 amax histories alone
   execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage, placement_of(dist_, spec));
   if (fp8_) fp8_->set_recording(true);
-  return sum_over_stages_and_replicas({stage.loss_sum})[0] / static_cast<double>(batches);
+  return sum_over_stages_and_replicas({stage.loss_sum})[0] / static_cast<double>(batches * dist_.cp_size());
 }
 
 // Loss sums live on the last pipeline stage of every data-parallel replica: summed over the pipeline group,
 // then the data-parallel group (as doubles, in that order on every layout), every rank gets the totals.
 std::vector<double> Trainer::sum_over_stages_and_replicas(std::vector<double> sums) {
   if (dist_.pp_size() > 1) sums = sum_doubles(*dist_.pp, std::move(sums));
+  if (dist_.cp) sums = sum_doubles(*dist_.cp, std::move(sums));  // each context rank's mean over its chunks
   if (dist_.dp_size() > 1) sums = sum_doubles(*dist_.dp, std::move(sums));
   return sums;
 }

@@ -157,11 +157,11 @@ bool Trainer::save() {
     tmp = begin_checkpoint(cfg_.checkpoint.save_dir, c_.iteration);
     dist_.store->set(key, Bytes(tmp.begin(), tmp.end()));
   }
-  const bool writer = dist_.dp_rank() == 0;
+  const bool writer = dist_.dp_rank() == 0 && dist_.cp_rank() == 0;  // the context ranks hold the same weights
   // With expert parallelism the first rank of each expert-data-parallel group writes its experts too (with the
   // experts' grid refolded, i = etp + ETP * ep for i in [0, ETP * EP) of each stage; the dense writers are
   // i = tp in [0, T)).
-  const bool expert_writer = dist_.edp_rank() == 0;
+  const bool expert_writer = dist_.edp_rank() == 0 && dist_.cp_rank() == 0;
   // With the distributed optimizer every data-parallel rank takes part in gathering the state; the writer
   // keeps it (in host memory).
   std::vector<Optimizer::Slot> slots = optimizer_->gather_state(writer);

@@ -97,11 +97,15 @@ class Trainer {
   int64_t microbatch_first_sample(int64_t m) const {
     return c_.consumed_samples + (m * dist_.dp_size() + dist_.dp_rank()) * cfg_.training.micro_batch_size;
   }
-  // What crosses between pipeline stages: one microbatch's hidden states (sequence shards with SP).
+  // What crosses between pipeline stages: one microbatch's hidden states (this context rank's chunks, sequence
+  // shards of them with SP).
   Shape activation_shape() const {
     const int64_t sp = cfg_.parallel.sequence_parallel ? dist_.tp_size() : 1;
-    return {cfg_.training.micro_batch_size, cfg_.model.seq_length / sp, cfg_.model.hidden_size};
+    return {cfg_.training.micro_batch_size, cfg_.model.seq_length / dist_.cp_size() / sp, cfg_.model.hidden_size};
   }
+  // The ranks whose microbatch losses make one step's mean: data x context parallel (every context rank's loss
+  // is the mean over its equal share of each sample's tokens).
+  int64_t replicas() const { return dist_.dp_size() * dist_.cp_size(); }
   // The elements this rank stores (its shards, tied copies included).
   int64_t num_parameters() const {
     int64_t n = 0;

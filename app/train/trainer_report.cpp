@@ -191,8 +191,8 @@ std::vector<int64_t> Trainer::gather_peak_memory() {
 
 void Trainer::log_peak_memory(const std::vector<int64_t>& peaks) const {
   const auto [lo, hi] = std::minmax_element(peaks.begin(), peaks.end());
-  // Ranks are numbered tp fastest, then dp, then pp: stage s holds ranks [s * tp * dp, (s + 1) * tp * dp).
-  const int per_stage = dist_.tp_size() * dist_.dp_size();
+  // Ranks are numbered tp fastest, then cp, then dp, then pp: stage s holds ranks [s * n, (s + 1) * n), n = tp cp dp.
+  const int per_stage = dist_.tp_size() * dist_.cp_size() * dist_.dp_size();
   std::vector<std::string> stages;
   for (int s = 0; s < dist_.pp_size(); ++s)
     stages.push_back(fmt::format(

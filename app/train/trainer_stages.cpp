@@ -98,6 +98,11 @@ void Trainer::load_batch(const SampleFn& source, int64_t first, Tensor& tokens, 
   const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length;
   Tensor host_tokens = Tensor::empty({B, S}, DType::i32), host_targets = Tensor::empty({B, S}, DType::i32);
   make_batch(source, first, B, S, host_tokens, host_targets);
+  if (dist_.cp_size() > 1) {  // this context rank's two chunks of every sample
+    const ContextParallel cp{.rank = dist_.cp_rank(), .size = dist_.cp_size()};
+    host_tokens = context_chunks(host_tokens, cp);
+    host_targets = context_chunks(host_targets, cp);
+  }
   tokens = device_ == Device::cpu ? host_tokens : host_tokens.to(device_);
   targets = device_ == Device::cpu ? host_targets : host_targets.to(device_);
 }

@@ -47,6 +47,9 @@ enum class PipelineSchedule { automatic, one_f_one_b, interleaved, zb_h1, zb_v }
 enum class ShardStage { none, optimizer, gradients, parameters };
 enum class LossMaskChoice { automatic, on, off };
 enum class SftPacking { concat, pad };
+// parallel.context_comm: how context-parallel attention meets the other ranks' keys and values (ring passes them
+// around the context group; allgather gathers them all at once and reduce-scatters their gradients).
+enum class ContextComm { p2p, allgather };
 
 template <>
 struct EnumNames<Arch> {
@@ -92,6 +95,11 @@ template <>
 struct EnumNames<SftPacking> {
   static constexpr std::array names{"concat", "pad"};
   static constexpr std::array<const char*, 1> planned{"pack"};
+};
+template <>
+struct EnumNames<ContextComm> {
+  static constexpr std::array names{"p2p", "allgather"};
+  static constexpr std::array<const char*, 0> planned{};
 };
 template <>
 struct EnumNames<OptimizerType> {
@@ -214,6 +222,11 @@ struct ParallelConfig {
   // layers' own tensor-parallel degree (0: parallel.tensor).
   int64_t expert = 1;
   int64_t expert_tensor = 0;
+  // Context parallelism: each sample's sequence is cut into 2 * context chunks and context rank r holds chunks r
+  // and 2 * context - 1 - r (the same causal work on every rank); attention meets the other chunks' keys and
+  // values through context_comm. Ranks order tensor, context, data, pipeline (Megatron's tp-cp-dp-pp).
+  int64_t context = 1;
+  ContextComm context_comm = ContextComm::p2p;
   // derived
   int64_t world_size = 1;
 
@@ -221,6 +234,8 @@ struct ParallelConfig {
   // same experts' same slices (the expert-data-parallel group: tensor x data / (expert x that)).
   int64_t experts_tensor() const { return expert_tensor > 0 ? expert_tensor : tensor; }
   int64_t expert_data() const { return tensor * data / (expert * experts_tensor()); }
+  // The ranks that hold the same weights and sum their gradients: data x context.
+  int64_t data_context() const { return data * context; }
 
   bool operator==(const ParallelConfig&) const = default;
 };
@@ -428,7 +443,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // The same from YAML text; `source` names it in messages.
 Config parse_config(const std::string& yaml_text, const std::string& source, const std::vector<std::string>& overrides,
                     int64_t world_size = 1);
-// The world size the layout of the config at `path` (with `overrides`) names: parallel.tensor * pipeline * data,
+// The world size the layout of the config at `path` (with `overrides`) names: parallel.tensor * context * pipeline * data,
 // with data: auto counted as 1; 0 when the file or those keys cannot be read (load_config says why). For hints
 // such as "add --nproc 2", before the config can be resolved against a world size. `data_auto`, when given, is set
 // to whether parallel.data is auto (absent included).

@@ -79,6 +79,8 @@ void visit(V& v, C& c) {
     v.field({.name = "pipeline_schedule"}, p.pipeline_schedule);
     v.field({.name = "expert"}, p.expert);
     v.field({.name = "expert_tensor", .accepts_auto = true, .refuses_zero = "parallel.tensor"}, p.expert_tensor);
+    v.field({.name = "context"}, p.context);
+    v.field({.name = "context_comm"}, p.context_comm);
   });
   v.section("training", [&] {
     auto& t = c.training;

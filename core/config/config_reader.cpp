@@ -366,7 +366,7 @@ int64_t layout_world_size(const std::string& path, const std::vector<std::string
     YAML::Node root = YAML::LoadFile(path);
     for (const auto& o : overrides) apply_override(root, o, src);
     int64_t world = 1;
-    for (const char* key : {"tensor", "pipeline", "data"}) {
+    for (const char* key : {"tensor", "context", "pipeline", "data"}) {
       const YAML::Node n = root["parallel"] ? root["parallel"][key] : YAML::Node();
       int64_t v = 1;
       const bool automatic = !n.IsDefined() || n.IsNull() || (n.IsScalar() && n.Scalar() == "auto");

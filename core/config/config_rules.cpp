@@ -133,6 +133,42 @@ void resolve_model(ModelConfig& m, const Rules& r) {
   }
 }
 
+// parallel.context: the sequence of every sample is cut into 2 * context chunks (then, with sequence parallelism,
+// each rank's part into tensor shards); what the ring cannot split yet is refused by name.
+void resolve_context(Config& c, const Rules& r) {
+  const ParallelConfig& p = c.parallel;
+  const ModelConfig& m = c.model;
+  r.positive("parallel.context", p.context);
+  r.at_most("parallel.context", p.context, kMaxParallel, "context-parallel size");
+  if (p.context == 1) return;
+  if (m.seq_length % (2 * p.context) != 0)
+    r.fail("parallel.context", fmt::format("{} needs model.seq_length={} divisible by 2 x parallel.context = {} (each "
+                                           "sample is cut into 2 x context chunks)",
+                                           p.context, m.seq_length, 2 * p.context));
+  else if (p.sequence_parallel && (m.seq_length / p.context) % p.tensor != 0)
+    r.fail("parallel.sequence_parallel",
+           fmt::format("needs each context rank's model.seq_length / parallel.context = {} / {} = {} tokens divisible "
+                       "by parallel.tensor={}",
+                       m.seq_length, p.context, m.seq_length / p.context, p.tensor));
+  if (m.dropout != 0.f || m.attention_dropout != 0.f)
+    r.fail("parallel.context",
+           fmt::format("{} needs model.dropout and model.attention_dropout 0 (got {} and {}): dropout masks are keyed "
+                       "by contiguous positions, which a context rank's two chunks are not (not built yet)",
+                       p.context, m.dropout, m.attention_dropout));
+  if (m.moe.enabled())
+    r.fail("parallel.context", fmt::format("{} with model.moe (num_experts={}) is not built yet: the routing losses "
+                                           "and the expert grid do not span the context ranks",
+                                           p.context, m.moe.num_experts));
+  if (c.training.fp8.format != Fp8Format::none)
+    r.fail("parallel.context", fmt::format("{} with training.fp8 is not built yet: the amax of a tensor would have to "
+                                           "be reduced over the context ranks too",
+                                           p.context));
+  if (c.data.loss_mask == LossMaskChoice::on)
+    r.fail("parallel.context", fmt::format("{} with data.loss_mask: true is not built yet: the mask is not cut into "
+                                           "the context ranks' chunks",
+                                           p.context));
+}
+
 void resolve_parallel(Config& c, int64_t world_size, const Rules& r) {
   ParallelConfig& p = c.parallel;
   const ModelConfig& m = c.model;
@@ -163,17 +199,21 @@ void resolve_parallel(Config& c, int64_t world_size, const Rules& r) {
     r.fail("parallel.sequence_parallel",
            fmt::format("needs model.seq_length={} divisible by parallel.tensor={}", m.seq_length, p.tensor));
 
-  const int64_t model_parallel = p.tensor * p.pipeline;
+  resolve_context(c, r);
+
+  // Context parallelism multiplies the ranks one data-parallel replica needs; without it the messages are as before.
+  const int64_t model_parallel = p.tensor * p.context * p.pipeline;
+  const std::string mp_names = p.context > 1 ? "parallel.tensor*context*pipeline" : "parallel.tensor*pipeline";
+  const std::string mp_sizes = p.context > 1 ? fmt::format("{}*{}*{}", p.tensor, p.context, p.pipeline)
+                                             : fmt::format("{}*{}", p.tensor, p.pipeline);
   if (p.data == 0) {  // auto
     if (world_size % model_parallel != 0)
-      r.fail("parallel.data", fmt::format("auto needs the world size {} divisible by parallel.tensor*pipeline = "
-                                          "{}*{} = {}",
-                                          world_size, p.tensor, p.pipeline, model_parallel));
+      r.fail("parallel.data", fmt::format("auto needs the world size {} divisible by {} = {} = {}", world_size,
+                                          mp_names, mp_sizes, model_parallel));
     p.data = world_size / model_parallel;
   } else if (model_parallel * p.data != world_size) {
-    r.fail("parallel.data", fmt::format("parallel.tensor*pipeline*data = {}*{}*{} = {} does not match the world "
-                                        "size {}",
-                                        p.tensor, p.pipeline, p.data, model_parallel * p.data, world_size));
+    r.fail("parallel.data", fmt::format("{}*data = {}*{} = {} does not match the world size {}", mp_names, mp_sizes,
+                                        p.data, model_parallel * p.data, world_size));
   }
   p.world_size = world_size;
   r.positive("parallel.timeout_s", p.timeout_s);

@@ -53,7 +53,7 @@ void position_embedding_add(Tensor& x, const Tensor& wpe, const EmbeddingOptions
   const int64_t B = x.dim(0), T = x.dim(1), C = x.dim(2);
   std::vector<float> pos(C), row(C);  // (C) each
   for (int64_t t = 0; t < T; ++t) {
-    load_f32(wpe, (opt.position_offset + t) * C, C, pos.data());
+    load_f32(wpe, position_at(opt, t) * C, C, pos.data());
     for (int64_t b = 0; b < B; ++b) {
       const int64_t at = (b * T + t) * C;
       load_f32(x, at, C, row.data());
@@ -74,7 +74,7 @@ void position_embedding_backward(const Tensor& dout, Tensor& dwpe, const Embeddi
       load_f32(dout, (b * T + t) * C, C, row.data());
       for (int64_t c = 0; c < C; ++c) acc[c] += row[c];
     }
-    float* dst = dw + (opt.position_offset + t) * C;
+    float* dst = dw + position_at(opt, t) * C;
     for (int64_t c = 0; c < C; ++c) dst[c] += static_cast<float>(acc[c]);
   }
 }

@@ -23,7 +23,7 @@ void rope_(Tensor& qkv, const RopeOptions& opt) {
         1.0 / std::pow(static_cast<double>(opt.theta), static_cast<double>(2 * i) / static_cast<double>(D)));
   std::vector<float> cos_t(T * half), sin_t(T * half);  // (T, D/2) each
   for (int64_t t = 0; t < T; ++t) {
-    const float p = static_cast<float>(opt.position_offset + t);
+    const float p = static_cast<float>(position_at(opt, t));
     for (int64_t i = 0; i < half; ++i) {
       const double a = static_cast<double>(p * inv_freq[i]);
       cos_t[t * half + i] = static_cast<float>(std::cos(a));

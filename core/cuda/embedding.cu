@@ -109,12 +109,21 @@ __global__ void embedding_backward_kernel(const uint32_t* keys, const int32_t* p
 
 // ---- position embeddings -------------------------------------------------------------------------
 
+// position_at (core/tensor/ops.h) on the device: offset + t, or split_position + t - split_at from split_at on.
+struct Positions {
+  int64_t offset, split_at, split_position;
+  __device__ int64_t at(int64_t t) const {
+    return split_at > 0 && t >= split_at ? split_position + (t - split_at) : offset + t;
+  }
+};
+Positions positions_of(const EmbeddingOptions& opt) { return {opt.position_offset, opt.split_at, opt.split_position}; }
+
 // x (B*T rows, C) += wpe[position_offset + t], t = row % T. Rows in a grid-stride loop over blocks.
 template <class T, class W>
-__global__ void position_add_kernel(T* x, const W* wpe, int64_t N, int64_t T_len, int64_t C, int64_t position_offset) {
+__global__ void position_add_kernel(T* x, const W* wpe, int64_t N, int64_t T_len, int64_t C, Positions pos) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     const int64_t t = n % T_len;
-    const W* p = wpe + (position_offset + t) * C;
+    const W* p = wpe + pos.at(t) * C;
     T* row = x + n * C;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
       row[c] = from_f32<T>(__fadd_rn(to_f32<T>(row[c]), to_f32<W>(p[c])));
@@ -122,7 +131,7 @@ __global__ void position_add_kernel(T* x, const W* wpe, int64_t N, int64_t T_len
 }
 
 template <class T>
-void launch_position_add(Tensor& x, const Tensor& wpe, int64_t position_offset) {
+void launch_position_add(Tensor& x, const Tensor& wpe, Positions position_offset) {
   const int64_t N = x.dim(0) * x.dim(1), T_len = x.dim(1), C = x.dim(2);
   MT_DISPATCH_FLOAT(wpe.dtype(), "position_embedding_add", W,
                     position_add_kernel<T, W>
@@ -134,13 +143,13 @@ void launch_position_add(Tensor& x, const Tensor& wpe, int64_t position_offset) 
 // per (t, c): columns over gridDim.x * blockDim.x, positions t in a grid-stride loop over gridDim.y.
 template <class T>
 __global__ void position_backward_kernel(const T* dout, float* dwpe, int64_t B, int64_t T_len, int64_t C,
-                                         int64_t position_offset) {
+                                         Positions pos) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= C) return;
   for (int64_t t = blockIdx.y; t < T_len; t += gridDim.y) {
     double acc = 0.0;
     for (int64_t b = 0; b < B; ++b) acc += static_cast<double>(to_f32<T>(dout[(b * T_len + t) * C + c]));
-    dwpe[(position_offset + t) * C + c] += static_cast<float>(acc);
+    dwpe[pos.at(t) * C + c] += static_cast<float>(acc);
   }
 }
 
@@ -192,7 +201,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, c
 
 void position_embedding_add(Tensor& x, const Tensor& wpe, const EmbeddingOptions& opt) {
   if (x.numel() == 0) return;
-  MT_DISPATCH_FLOAT(x.dtype(), "position_embedding_add", T, launch_position_add<T>(x, wpe, opt.position_offset));
+  MT_DISPATCH_FLOAT(x.dtype(), "position_embedding_add", T, launch_position_add<T>(x, wpe, positions_of(opt)));
   MT_CUDA_LAUNCHED("position_add_kernel");
 }
 
@@ -203,7 +212,7 @@ void position_embedding_backward(const Tensor& dout, Tensor& dwpe, const Embeddi
                   static_cast<unsigned>(std::min<int64_t>(T_len, kMaxGridYZ)));
   MT_DISPATCH_FLOAT(dout.dtype(), "position_embedding_backward", T,
                     position_backward_kernel<T><<<grid, kThreads, 0, stream()>>>(dout.data<T>(), dwpe.data<float>(), B,
-                                                                                 T_len, C, opt.position_offset));
+                                                                                 T_len, C, positions_of(opt)));
   MT_CUDA_LAUNCHED("position_backward_kernel");
 }
 

@@ -29,11 +29,12 @@ struct InvFreq {
 
 // cos_t[t, i] = float(cos(a)), sin_t[t, i] = float(sin(a)) (negated for the inverse), a = float(p) * inv_freq_i.
 __global__ void rope_table_kernel(InvFreq inv_freq, float* cos_t, float* sin_t, int64_t T, int64_t half,
-                                  int64_t position_offset, bool inverse) {
+                                  int64_t position_offset, int64_t split_at, int64_t split_position, bool inverse) {
   const int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (k >= T * half) return;
   const int64_t t = k / half, i = k % half;
-  const float p = static_cast<float>(position_offset + t);
+  const float p =
+      static_cast<float>(split_at > 0 && t >= split_at ? split_position + (t - split_at) : position_offset + t);
   const double a = static_cast<double>(__fmul_rn(p, inv_freq.v[i]));
   double s, c;
   sincos(a, &s, &c);
@@ -80,8 +81,8 @@ void rope_(Tensor& qkv, const RopeOptions& opt) {
   Tensor table = Tensor::empty({2 * T * half}, DType::f32, Device::cuda, MemKind::workspace);  // cos (T, D/2), sin
   float* cos_t = table.data<float>();
   float* sin_t = cos_t + T * half;
-  rope_table_kernel<<<blocks_for(T * half, kThreads), kThreads, 0, stream()>>>(inv_freq, cos_t, sin_t, T, half,
-                                                                               opt.position_offset, opt.inverse);
+  rope_table_kernel<<<blocks_for(T * half, kThreads), kThreads, 0, stream()>>>(
+      inv_freq, cos_t, sin_t, T, half, opt.position_offset, opt.split_at, opt.split_position, opt.inverse);
   MT_CUDA_LAUNCHED("rope_table_kernel");
   const unsigned grid = grid_1d(n, kThreads);
   MT_DISPATCH_FLOAT(qkv.dtype(), "rope_", T_,

@@ -109,7 +109,16 @@ void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
 struct EmbeddingOptions {
   int64_t vocab_start = 0;      // first row of the full table this shard holds (vocabulary-parallel)
   int64_t position_offset = 0;  // global position of column 0 of ids (sequence-parallel shards)
+  // Context parallelism (a rank's two chunks): when split_at > 0, column t >= split_at is at position
+  // split_position + t - split_at instead (position_at below).
+  int64_t split_at = 0;
+  int64_t split_position = 0;
 };
+// Position of column / token t under (position_offset, split_at, split_position) of EmbeddingOptions or RopeOptions.
+template <class Opt>
+int64_t position_at(const Opt& opt, int64_t t) {
+  return opt.split_at > 0 && t >= opt.split_at ? opt.split_position + (t - opt.split_at) : opt.position_offset + t;
+}
 // ids (B, T) i32, table (V, C) -> out (B, T, C): out[b, t] = table[ids[b, t] - vocab_start], or zeros
 // when the id falls outside this shard's rows.
 void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, EmbeddingOptions opt = {});
@@ -179,6 +188,40 @@ struct AttentionCalls {
 AttentionCalls attention_calls();
 void count_attention_call(AttentionImpl impl);  // the backends, once per call they run
 
+// ---- context-parallel attention: a query block against one key/value block, merged by log-sum-exp ---------
+// Context parallelism (parallel/context_parallel.h) holds two chunks of each sequence per rank; its attention
+// runs block by block: the rank's queries against each rank's keys and values in turn, each block's partial
+// softmax merged into the running one by its log-sum-exp (the flash-attention merge). Positions say which keys a
+// causal query sees: key j is visible to query i when position(j) <= position(i) (position_at of each side), so
+// a block is full, diagonal-causal or empty as the chunk pair is. Softmax statistics and partial outputs are f32.
+struct SequencePositions {
+  int64_t position_offset = 0;  // position of row 0
+  int64_t split_at = 0;         // > 0: rows t >= split_at are at split_position + t - split_at
+  int64_t split_position = 0;
+};
+struct AttentionBlockOptions {
+  SequencePositions q, k;  // the query rows of qkv, the key rows of kv
+  bool causal = true;
+};
+// kv (B, Tk, G, 2, D) <- the key (slot R) and value (slot R + 1) of every group of qkv (B, Tk, G, R + 2, D).
+void attention_kv_pack(const Tensor& qkv, Tensor& kv);
+// The queries of qkv (B, Tq, G, R + 2, D) against kv (B, Tk, G, 2, D): out (B, Tq, H, D) f32 the block's softmax
+// over the visible keys times their values, lse (B, H, Tq) f32 its log-sum-exp (-inf, with out 0, for a row that
+// sees no key of the block).
+void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,
+                             const AttentionBlockOptions& opt);
+// (out, lse) <- the merge of (out, lse) and (out_b, lse_b): lse' = log(e^lse + e^lse_b),
+// out' = e^(lse - lse') out + e^(lse_b - lse') out_b; all f32, out (B, T, H, D), lse (B, H, T).
+void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b);
+// One block's share of the backward, from the whole attention's out (B, Tq, H, D) (qkv's dtype) and lse (B, H, Tq)
+// and dout: dq (B, Tq, H, D) f32 += dS K, dkv (B, Tk, G, 2, D) f32 += (dS^T Q, P^T dO) summed over each group's
+// query heads. dS = P o (dP - rowsum(dO o O)) / sqrt(D), P = exp(S - lse).
+void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
+                              const Tensor& dout, Tensor& dq, Tensor& dkv, const AttentionBlockOptions& opt);
+// dqkv (B, T, G, R + 2, D) <- dq (B, T, H, D) f32 in the query slots and dkv (B, T, G, 2, D) f32 in the key and
+// value slots, rounded once.
+void attention_qkv_grad(const Tensor& dq, const Tensor& dkv, Tensor& dqkv);
+
 // ---- rotary position embedding (Llama) -----------------------------------------------------------
 // In place on the query and key slots of qkv (B, T, G, R + 2, D) (slots 0..R inclusive: R query heads and the
 // key of each of the G groups; the value slot R + 1 untouched; GPT's layout is G = H, R = 1).
@@ -192,6 +235,8 @@ struct RopeOptions {
   float theta = 10000.f;        // HF's rope_theta (model.rotary_base)
   int64_t position_offset = 0;  // global position of t = 0 (sequence-parallel shards, generation)
   bool inverse = false;         // rotate by -a: the backward
+  int64_t split_at = 0;         // context parallelism: as EmbeddingOptions' (t >= split_at at split_position + ...)
+  int64_t split_position = 0;
 };
 void rope_(Tensor& qkv, const RopeOptions& opt);
 

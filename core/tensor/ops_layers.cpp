@@ -121,6 +121,11 @@ void check_positions(const char* op, const Tensor& x, const char* table_name, co
   check_range(op, "position_offset", opt.position_offset >= 0 && opt.position_offset + x.dim(1) <= table.dim(0),
               fmt::format("positions [{}, {}) exceed the {} rows of {}", opt.position_offset,
                           opt.position_offset + x.dim(1), table.dim(0), table_name));
+  if (opt.split_at > 0)
+    check_range(op, "split_position",
+                opt.split_position >= 0 && opt.split_position + x.dim(1) - opt.split_at <= table.dim(0),
+                fmt::format("positions [{}, {}) exceed the {} rows of {}", opt.split_position,
+                            opt.split_position + x.dim(1) - opt.split_at, table.dim(0), table_name));
 }
 
 }  // namespace
@@ -289,6 +294,8 @@ void rope_(Tensor& qkv, const RopeOptions& opt) {
               fmt::format("must be a finite number > 0, got {}", opt.theta));
   check_range(op, "position_offset", opt.position_offset >= 0,
               fmt::format("must be >= 0, got {}", opt.position_offset));
+  check_range(op, "split_position", opt.split_at >= 0 && opt.split_position >= 0,
+              fmt::format("split_at and split_position must be >= 0, got {} and {}", opt.split_at, opt.split_position));
   if (qkv.device() == Device::cpu) return cpu::rope_(qkv, opt);
   MT_ON_CUDA(rope_(qkv, opt));
 }

@@ -404,3 +404,51 @@ TEST(Topology, ExpertParallelMustDivideDataParallel) {
   EXPECT_EQ(error(0), "expert parallel 0 must be at least 1 and divide data parallel 4");
   EXPECT_EQ(error(-2), "expert parallel -2 must be at least 1 and divide data parallel 4");
 }
+
+// Context parallelism orders tp-cp-dp-pp (Megatron's): 16 ranks, tensor 2, context 2, data 2, pipeline 2.
+TEST(Topology, ContextParallelOrdersTensorContextDataPipeline) {
+  Topology t(16, /*tp=*/2, /*pp=*/2, /*dp=*/2, /*ep=*/1, /*etp=*/0, /*cp=*/2);
+  EXPECT_EQ(t.cp(), 2);
+  EXPECT_EQ(t.all_groups(GroupKind::tp),
+            (Groups{{0, 1}, {2, 3}, {4, 5}, {6, 7}, {8, 9}, {10, 11}, {12, 13}, {14, 15}}));
+  EXPECT_EQ(t.all_groups(GroupKind::cp),
+            (Groups{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
+  EXPECT_EQ(t.all_groups(GroupKind::dp),
+            (Groups{{0, 4}, {1, 5}, {2, 6}, {3, 7}, {8, 12}, {9, 13}, {10, 14}, {11, 15}}));
+  EXPECT_EQ(t.all_groups(GroupKind::dpcp), (Groups{{0, 2, 4, 6}, {1, 3, 5, 7}, {8, 10, 12, 14}, {9, 11, 13, 15}}));
+  EXPECT_EQ(t.all_groups(GroupKind::pp),
+            (Groups{{0, 8}, {1, 9}, {2, 10}, {3, 11}, {4, 12}, {5, 13}, {6, 14}, {7, 15}}));
+  EXPECT_EQ(t.all_groups(GroupKind::mp), (Groups{{0, 1, 8, 9}, {2, 3, 10, 11}, {4, 5, 12, 13}, {6, 7, 14, 15}}));
+  EXPECT_EQ(t.coord(6), (Topology::Coord{.tp = 0, .dp = 1, .pp = 0, .cp = 1}));
+  // Every rank round-trips, in every layout with context parallelism up to 16 ranks.
+  for (int cp = 1; cp <= 4; ++cp)
+    for (const Layout& l : all_layouts()) {
+      if (l.world * cp > 16) continue;
+      const Topology g(l.world * cp, l.tp, l.pp, l.dp, 1, 0, cp);
+      for (int r = 0; r < l.world * cp; ++r) {
+        ASSERT_EQ(g.rank(g.coord(r)), r) << name(l) << " cp " << cp;
+        // The data x context group is the union of the data groups of the rank's context group.
+        std::vector<int> dpcp;
+        for (int m : g.cp_group(r))
+          for (int d : g.dp_group(m)) dpcp.push_back(d);
+        std::sort(dpcp.begin(), dpcp.end());
+        ASSERT_EQ(g.dpcp_group(r), dpcp) << name(l) << " cp " << cp;
+      }
+    }
+  // With one context rank the data x context group is the data group, and no rank moves.
+  const Topology one(8, 2, 2, 2);
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(one.dpcp_group(r), one.dp_group(r));
+}
+
+TEST(Topology, ContextParallelErrorsNameTheSizes) {
+  EXPECT_THROW(Topology(4, 1, 1, 2, 1, 0, 0), std::invalid_argument);
+  try {
+    Topology(6, 1, 1, 2, 1, 0, 2);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 1 x context 2 x pipeline 1 x data 2 = 4 ranks, but the world has 6"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(Topology(4, 1, 1, 2, 2, 0, 2), std::invalid_argument);  // expert parallelism beside context
+}

@@ -575,6 +575,37 @@ TEST(ConfigRules, SequenceParallelNeedsTensorParallelism) {
   EXPECT_TRUE(base({"parallel.sequence_parallel=true", "parallel.tensor=2"}, 2).parallel.sequence_parallel);
 }
 
+TEST(ConfigRules, ContextParallelSplitsTheSequence) {
+  const std::vector<std::string> nodrop{"model.dropout=0", "model.attention_dropout=0"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), nodrop.begin(), nodrop.end());
+    return more;
+  };
+  // 32 tokens are not 2 x 3 chunks.
+  EXPECT_CONTAINS(base_error(with({"parallel.context=3"}), 3),
+                  "parallel.context: 3 needs model.seq_length=32 divisible by 2 x parallel.context = 6");
+  // Sequence parallelism then splits each context rank's 36 / 2 = 18 tokens: not by 4.
+  EXPECT_CONTAINS(base_error(with({"parallel.context=2", "parallel.tensor=4", "parallel.sequence_parallel=true",
+                                   "model.seq_length=36", "model.num_heads=4"}),
+                             8),
+                  "parallel.sequence_parallel: needs each context rank's model.seq_length / parallel.context = 36 / 2 "
+                  "= 18 tokens divisible by parallel.tensor=4");
+  EXPECT_CONTAINS(base_error({"parallel.context=2"}, 2),
+                  "parallel.context: 2 needs model.dropout and "
+                  "model.attention_dropout 0");
+  EXPECT_CONTAINS(base_error(with({"parallel.context=2", "model.moe.num_experts=2"}), 2),
+                  "parallel.context: 2 with model.moe (num_experts=2) is not built yet");
+  EXPECT_CONTAINS(base_error(with({"parallel.context=0"})), "parallel.context: must be positive");
+  EXPECT_CONTAINS(base_error(with({"parallel.context=2", "parallel.data=2"}), 2),
+                  "parallel.data: parallel.tensor*context*pipeline*data = 1*2*1*2 = 4 does not match the world size 2");
+  EXPECT_CONTAINS(base_error(with({"parallel.context_comm=ring"})), "parallel.context_comm");
+  const Config c = base(with({"parallel.context=2", "parallel.context_comm=allgather"}), 8);
+  EXPECT_EQ(c.parallel.data, 4);  // auto: the world over tensor x context x pipeline
+  EXPECT_EQ(c.parallel.data_context(), 8);
+  EXPECT_EQ(c.parallel.context_comm, ContextComm::allgather);
+  EXPECT_EQ(base().parallel.context_comm, ContextComm::p2p);
+}
+
 TEST(ConfigRules, TrainDataRequiredUnlessSynthetic) {
   EXPECT_CONTAINS(base_error({"data.synthetic=false"}), "data.train: needs at least one dataset prefix");
   EXPECT_CONTAINS(base_error({"data.train=[a, '']"}), "data.train[1]: is an empty path");

@@ -1,0 +1,311 @@
+// attention_context.cu: context-parallel attention's blocks on the GPU (core/tensor/ops.h; the CPU reference is
+// core/cpu/attention_context.cpp). Plain warp-per-row kernels, written for clarity: a warp owns one query row (or,
+// in the backward's key pass, one key row), its lanes split the head dimension, and keys (queries) are walked one
+// at a time with an online softmax. Every sum has a fixed order (no atomics), so results are deterministic.
+//   forward:  out_i = sum_j exp(s_ij - lse_i) v_j over the keys visible to i, lse_i = log sum_j exp(s_ij)
+//   backward: Delta_i = dO_i . O_i; dq_i += sum_j dS_ij k_j; dk_j += sum_(h in group, i) dS_ij q_i;
+//             dv_j += sum_(h, i) P_ij dO_i, dS_ij = scale P_ij (dO_i . v_j - Delta_i), P_ij = exp(s_ij - lse_i)
+// The head dimension is at most kMaxHeadDim (each lane keeps kMaxHeadDim / 32 accumulators).
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "core/cuda/kernels.cuh"
+#include "core/cuda/ops_cuda.h"
+
+namespace mt::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;  // 8 warps a block, one row each
+constexpr int kWarps = kThreads / 32;
+constexpr int64_t kMaxHeadDim = 256;
+constexpr int kPer = kMaxHeadDim / 32;  // accumulators per lane
+
+// position_at (core/tensor/ops.h) on the device.
+struct Pos {
+  int64_t offset, split_at, split_position;
+  __device__ int64_t at(int64_t t) const {
+    return split_at > 0 && t >= split_at ? split_position + (t - split_at) : offset + t;
+  }
+};
+Pos pos_of(const SequencePositions& p) { return {p.position_offset, p.split_at, p.split_position}; }
+
+// Shapes: qkv (B, T, G, R + 2, D), kv (B, Tk, G, 2, D), out / dq (B, T, H, D), lse (B, H, T).
+struct Dims {
+  int64_t B, T, Tk, G, R, D;
+  __device__ int64_t H() const { return G * R; }
+  __device__ int64_t q_at(int64_t b, int64_t t, int64_t g, int64_t r) const {
+    return (((b * T + t) * G + g) * (R + 2) + r) * D;
+  }
+  __device__ int64_t kv_at(int64_t b, int64_t t, int64_t g, int64_t s) const {
+    return (((b * Tk + t) * G + g) * 2 + s) * D;
+  }
+  __device__ int64_t row_at(int64_t b, int64_t t, int64_t h) const { return ((b * T + t) * H() + h) * D; }
+};
+
+void check_head_dim(const char* op, int64_t D) {
+  if (D > kMaxHeadDim)
+    throw std::invalid_argument(std::string(op) + ": the CUDA kernel supports a head dim up to " +
+                                std::to_string(kMaxHeadDim) + ", got " + std::to_string(D));
+}
+
+// The warp's dot product of a (fp32 accumulators of this lane: elements lane + 32 k) with row b of type T.
+template <class T>
+__device__ float warp_dot(const float (&a)[kPer], const T* b, int64_t D, int lane) {
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t d = lane + 32 * k;
+    if (d < D) s += a[k] * to_f32<T>(b[d]);
+  }
+  return warp_sum(s);
+}
+
+template <class T>
+__device__ void load_row(const T* p, int64_t D, int lane, float (&x)[kPer]) {
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t d = lane + 32 * k;
+    x[k] = d < D ? to_f32<T>(p[d]) : 0.f;
+  }
+}
+
+template <class T>
+__global__ void kv_pack_kernel(const T* qkv, T* kv, int64_t rows, int64_t S, int64_t D) {
+  const int64_t n = rows * 2 * D;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = e / (2 * D), k = e % (2 * D);
+    kv[e] = qkv[(row * S + S - 2) * D + k];
+  }
+}
+
+// One warp per query row (b, h, i).
+template <class T>
+__global__ void block_forward_kernel(const T* qkv, const T* kv, float* out, float* lse, Dims d, Pos qp, Pos kp,
+                                     bool causal, float scale) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kWarps) + (threadIdx.x >> 5);
+  if (row >= d.B * d.H() * d.T) return;
+  const int64_t i = row % d.T, h = row / d.T % d.H(), b = row / (d.T * d.H()), g = h / d.R, r = h % d.R;
+  float q[kPer], acc[kPer] = {};
+  load_row(qkv + d.q_at(b, i, g, r), d.D, lane, q);
+  const int64_t qpos = qp.at(i);
+  float m = -INFINITY, sum = 0.f;
+  for (int64_t j = 0; j < d.Tk; ++j) {
+    if (causal && kp.at(j) > qpos) continue;
+    const float s = warp_dot(q, kv + d.kv_at(b, j, g, 0), d.D, lane) * scale;
+    const float m_new = fmaxf(m, s);
+    const float correction = expf(m - m_new), w = expf(s - m_new);  // exp(-inf) = 0 on the first key
+    sum = sum * correction + w;
+    const T* v = kv + d.kv_at(b, j, g, 1);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t e = lane + 32 * k;
+      acc[k] = acc[k] * correction + (e < d.D ? w * to_f32<T>(v[e]) : 0.f);
+    }
+    m = m_new;
+  }
+  float* o = out + d.row_at(b, i, h);
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int64_t e = lane + 32 * k;
+    if (e < d.D) o[e] = sum > 0.f ? acc[k] / sum : 0.f;
+  }
+  if (lane == 0) lse[(b * d.H() + h) * d.T + i] = sum > 0.f ? m + logf(sum) : -INFINITY;
+}
+
+// One thread per row (b, t, h).
+__global__ void merge_kernel(float* out, float* lse, const float* out_b, const float* lse_b, int64_t B, int64_t T,
+                             int64_t H, int64_t D) {
+  const int64_t n = B * T * H;
+  for (int64_t row = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; row < n;
+       row += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t h = row % H, t = row / H % T, b = row / (H * T);
+    const int64_t li = (b * H + h) * T + t;
+    const float l1 = lse[li], l2 = lse_b[li], m = fmaxf(l1, l2);
+    if (m == -INFINITY) continue;
+    const float merged = m + logf(expf(l1 - m) + expf(l2 - m));
+    const float w1 = expf(l1 - merged), w2 = expf(l2 - merged);
+    for (int64_t e = 0; e < D; ++e) out[row * D + e] = w1 * out[row * D + e] + w2 * out_b[row * D + e];
+    lse[li] = merged;
+  }
+}
+
+// Delta (B, H, T) = dO_i . O_i, one warp per row.
+template <class T>
+__global__ void delta_kernel(const T* out, const T* dout, float* delta, Dims d) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kWarps) + (threadIdx.x >> 5);
+  if (row >= d.B * d.H() * d.T) return;
+  const int64_t i = row % d.T, h = row / d.T % d.H(), b = row / (d.T * d.H());
+  float o[kPer];
+  load_row(out + d.row_at(b, i, h), d.D, lane, o);
+  const float s = warp_dot(o, dout + d.row_at(b, i, h), d.D, lane);
+  if (lane == 0) delta[(b * d.H() + h) * d.T + i] = s;
+}
+
+// dq of one query row: one warp per (b, h, i), keys in order.
+template <class T>
+__global__ void block_dq_kernel(const T* qkv, const T* kv, const float* lse, const float* delta, const T* dout,
+                                float* dq, Dims d, Pos qp, Pos kp, bool causal, float scale) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kWarps) + (threadIdx.x >> 5);
+  if (row >= d.B * d.H() * d.T) return;
+  const int64_t i = row % d.T, h = row / d.T % d.H(), b = row / (d.T * d.H()), g = h / d.R, r = h % d.R;
+  const int64_t li = (b * d.H() + h) * d.T + i;
+  const float row_lse = lse[li], row_delta = delta[li];
+  if (row_lse == -INFINITY) return;
+  float q[kPer], go[kPer], acc[kPer] = {};
+  load_row(qkv + d.q_at(b, i, g, r), d.D, lane, q);
+  load_row(dout + d.row_at(b, i, h), d.D, lane, go);
+  const int64_t qpos = qp.at(i);
+  for (int64_t j = 0; j < d.Tk; ++j) {
+    if (causal && kp.at(j) > qpos) continue;
+    const T* k = kv + d.kv_at(b, j, g, 0);
+    const float p = expf(warp_dot(q, k, d.D, lane) * scale - row_lse);
+    const float ds = scale * p * (warp_dot(go, kv + d.kv_at(b, j, g, 1), d.D, lane) - row_delta);
+#pragma unroll
+    for (int kk = 0; kk < kPer; ++kk) {
+      const int64_t e = lane + 32 * kk;
+      if (e < d.D) acc[kk] += ds * to_f32<T>(k[e]);
+    }
+  }
+  float* o = dq + d.row_at(b, i, h);
+#pragma unroll
+  for (int kk = 0; kk < kPer; ++kk) {
+    const int64_t e = lane + 32 * kk;
+    if (e < d.D) o[e] += acc[kk];
+  }
+}
+
+// dk and dv of one key row: one warp per (b, g, j), the group's query heads and rows in order.
+template <class T>
+__global__ void block_dkv_kernel(const T* qkv, const T* kv, const float* lse, const float* delta, const T* dout,
+                                 float* dkv, Dims d, Pos qp, Pos kp, bool causal, float scale) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kWarps) + (threadIdx.x >> 5);
+  if (row >= d.B * d.G * d.Tk) return;
+  const int64_t j = row % d.Tk, g = row / d.Tk % d.G, b = row / (d.Tk * d.G);
+  float k[kPer], v[kPer], dk[kPer] = {}, dv[kPer] = {};
+  load_row(kv + d.kv_at(b, j, g, 0), d.D, lane, k);
+  load_row(kv + d.kv_at(b, j, g, 1), d.D, lane, v);
+  const int64_t kpos = kp.at(j);
+  for (int64_t r = 0; r < d.R; ++r) {
+    const int64_t h = g * d.R + r;
+    for (int64_t i = 0; i < d.T; ++i) {
+      if (causal && kpos > qp.at(i)) continue;
+      const int64_t li = (b * d.H() + h) * d.T + i;
+      const float row_lse = lse[li];
+      if (row_lse == -INFINITY) continue;
+      const T* q = qkv + d.q_at(b, i, g, r);
+      const T* go = dout + d.row_at(b, i, h);
+      const float p = expf(warp_dot(k, q, d.D, lane) * scale - row_lse);
+      const float ds = scale * p * (warp_dot(v, go, d.D, lane) - delta[li]);
+#pragma unroll
+      for (int kk = 0; kk < kPer; ++kk) {
+        const int64_t e = lane + 32 * kk;
+        if (e < d.D) {
+          dk[kk] += ds * to_f32<T>(q[e]);
+          dv[kk] += p * to_f32<T>(go[e]);
+        }
+      }
+    }
+  }
+  float* ok = dkv + d.kv_at(b, j, g, 0);
+  float* ov = dkv + d.kv_at(b, j, g, 1);
+#pragma unroll
+  for (int kk = 0; kk < kPer; ++kk) {
+    const int64_t e = lane + 32 * kk;
+    if (e < d.D) {
+      ok[e] += dk[kk];
+      ov[e] += dv[kk];
+    }
+  }
+}
+
+template <class T>
+__global__ void qkv_grad_kernel(const float* dq, const float* dkv, T* dqkv, int64_t rows, int64_t S, int64_t D) {
+  const int64_t n = rows * S * D, R = S - 2;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = e / (S * D), s = e / D % S, k = e % D;
+    const float v = s < R ? dq[(row * R + s) * D + k] : dkv[(row * 2 + s - R) * D + k];
+    dqkv[e] = from_f32<T>(v);
+  }
+}
+
+Dims dims_of(const Tensor& qkv, const Tensor& kv) {
+  return {qkv.dim(0), qkv.dim(1), kv.dim(1), qkv.dim(2), qkv.dim(3) - 2, qkv.dim(4)};
+}
+
+unsigned warp_blocks(int64_t rows) { return static_cast<unsigned>((rows + kWarps - 1) / kWarps); }
+
+}  // namespace
+
+void attention_kv_pack(const Tensor& qkv, Tensor& kv) {
+  const int64_t rows = qkv.dim(0) * qkv.dim(1) * qkv.dim(2), S = qkv.dim(3), D = qkv.dim(4);
+  if (rows * D == 0) return;
+  MT_DISPATCH_FLOAT(qkv.dtype(), "attention_kv_pack", T,
+                    kv_pack_kernel<T><<<grid_1d(rows * 2 * D, kThreads), kThreads, 0, stream()>>>(
+                        qkv.data<T>(), kv.data<T>(), rows, S, D));
+  MT_CUDA_LAUNCHED("kv_pack_kernel");
+}
+
+void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,
+                             const AttentionBlockOptions& opt) {
+  const Dims d = dims_of(qkv, kv);
+  check_head_dim("attention_block_forward", d.D);
+  const int64_t rows = d.B * d.G * d.R * d.T;
+  if (rows == 0) return;
+  const float scale = 1.f / std::sqrt(static_cast<float>(d.D));
+  MT_DISPATCH_FLOAT(qkv.dtype(), "attention_block_forward", T,
+                    block_forward_kernel<T><<<warp_blocks(rows), kThreads, 0, stream()>>>(
+                        qkv.data<T>(), kv.data<T>(), out.data<float>(), lse.data<float>(), d, pos_of(opt.q),
+                        pos_of(opt.k), opt.causal, scale));
+  MT_CUDA_LAUNCHED("block_forward_kernel");
+}
+
+void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) {
+  const int64_t B = out.dim(0), T = out.dim(1), H = out.dim(2), D = out.dim(3);
+  if (B * T * H == 0) return;
+  merge_kernel<<<grid_1d(B * T * H, kThreads), kThreads, 0, stream()>>>(
+      out.data<float>(), lse.data<float>(), out_b.data<float>(), lse_b.data<float>(), B, T, H, D);
+  MT_CUDA_LAUNCHED("merge_kernel");
+}
+
+void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
+                              const Tensor& dout, Tensor& dq, Tensor& dkv, const AttentionBlockOptions& opt) {
+  const Dims d = dims_of(qkv, kv);
+  check_head_dim("attention_block_backward", d.D);
+  const int64_t rows = d.B * d.G * d.R * d.T, key_rows = d.B * d.G * d.Tk;
+  if (rows == 0 || key_rows == 0) return;
+  const float scale = 1.f / std::sqrt(static_cast<float>(d.D));
+  Tensor delta = Tensor::empty({rows}, DType::f32, Device::cuda, MemKind::workspace);  // (B, H, T)
+  MT_DISPATCH_FLOAT(qkv.dtype(), "attention_block_backward", T, {
+    delta_kernel<T>
+        <<<warp_blocks(rows), kThreads, 0, stream()>>>(out.data<T>(), dout.data<T>(), delta.data<float>(), d);
+    MT_CUDA_LAUNCHED("delta_kernel");
+    block_dq_kernel<T><<<warp_blocks(rows), kThreads, 0, stream()>>>(
+        qkv.data<T>(), kv.data<T>(), lse.data<float>(), delta.data<float>(), dout.data<T>(), dq.data<float>(), d,
+        pos_of(opt.q), pos_of(opt.k), opt.causal, scale);
+    MT_CUDA_LAUNCHED("block_dq_kernel");
+    block_dkv_kernel<T><<<warp_blocks(key_rows), kThreads, 0, stream()>>>(
+        qkv.data<T>(), kv.data<T>(), lse.data<float>(), delta.data<float>(), dout.data<T>(), dkv.data<float>(), d,
+        pos_of(opt.q), pos_of(opt.k), opt.causal, scale);
+    MT_CUDA_LAUNCHED("block_dkv_kernel");
+  });
+}
+
+void attention_qkv_grad(const Tensor& dq, const Tensor& dkv, Tensor& dqkv) {
+  const int64_t rows = dqkv.dim(0) * dqkv.dim(1) * dqkv.dim(2), S = dqkv.dim(3), D = dqkv.dim(4);
+  if (rows * D == 0) return;
+  MT_DISPATCH_FLOAT(dqkv.dtype(), "attention_qkv_grad", T,
+                    qkv_grad_kernel<T><<<grid_1d(rows * S * D, kThreads), kThreads, 0, stream()>>>(
+                        dq.data<float>(), dkv.data<float>(), dqkv.data<T>(), rows, S, D));
+  MT_CUDA_LAUNCHED("qkv_grad_kernel");
+}
+
+}  // namespace mt::cuda

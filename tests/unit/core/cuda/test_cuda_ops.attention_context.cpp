@@ -1,0 +1,73 @@
+// test_cuda_ops.attention_context.cpp: context-parallel attention's blocks on the GPU against the CPU reference
+// (core/cpu/attention_context.cpp): packing, a block's partial attention and lse under each kind of chunk pair
+// (diagonal, full, a jump inside the queries, invisible), the merge, the block backward and the qkv gradient, in
+// fp32, bf16 and f16, grouped-query and GPT's layout. Skips where no GPU can run it.
+#include <gtest/gtest.h>
+
+#include "core/tensor/ops.h"
+#include "core/tensor/tensor.h"
+#include "tests/unit/core/cuda/cuda_op_checks.h"
+
+namespace mt {
+namespace {
+
+using namespace mt::test;  // NOLINT(google-build-using-namespace): Vec, rand_vec, Both, CudaOps, the checks
+
+struct BlockCase {
+  int64_t B, T, G, R, D;
+  AttentionBlockOptions opt;
+};
+
+class CudaAttentionBlocks : public CudaOps {};
+
+TEST_F(CudaAttentionBlocks, BlocksMergeAndBackwardMatchCpu) {
+  const int64_t c = 8;  // chunk length: local sequences of 2c tokens, CP = 2
+  const SequencePositions rank0{.position_offset = 0, .split_at = c, .split_position = 3 * c};
+  const SequencePositions rank1{.position_offset = c, .split_at = c, .split_position = 2 * c};
+  const BlockCase cases[] = {
+      {2, 2 * c, 2, 2, 16, {.q = rank0, .k = rank0}},  // own block: diagonal-causal chunks
+      {1, 2 * c, 3, 1, 32, {.q = rank0, .k = rank1}},  // rank 1's keys: some full, some invisible
+      {1, 2 * c, 1, 4, 64, {.q = rank1, .k = rank0}},  // multi-query
+      {1, 2 * c, 2, 1, 40, {.q = {.position_offset = 0}, .k = {.position_offset = 100}}},  // nothing visible
+  };
+  for (const BlockCase& k : cases)
+    for (DType dt : kFloatTypes) {
+      const int64_t H = k.G * k.R;
+      const std::string what = str(" ", dtype_name(dt), " G=", k.G, " R=", k.R, " D=", k.D);
+      const Both qkv = both(rand_vec(k.B * k.T * k.G * (k.R + 2) * k.D, 40, -2, 2), {k.B, k.T, k.G, k.R + 2, k.D}, dt);
+      Both kv = poisoned({k.B, k.T, k.G, 2, k.D}, dt);
+      Both out = poisoned({k.B, k.T, H, k.D}, DType::f32), lse = poisoned({k.B, H, k.T}, DType::f32);
+      for (auto d : kDevices) {
+        attention_kv_pack(qkv.*d, kv.*d);
+        attention_block_forward(qkv.*d, kv.*d, out.*d, lse.*d, k.opt);
+      }
+      expect_exact(kv, "kv_pack" + what);
+      expect_match(out, tol_for(DType::f32), "block out" + what);
+      expect_match(lse, tol_for(DType::f32), "block lse" + what);
+      // Merge a second block (the same keys seen without the mask) into the first.
+      Both out2 = poisoned(out.cpu.shape(), DType::f32), lse2 = poisoned(lse.cpu.shape(), DType::f32);
+      const AttentionBlockOptions full{.q = k.opt.q, .k = k.opt.k, .causal = false};
+      for (auto d : kDevices) {
+        attention_block_forward(qkv.*d, kv.*d, out2.*d, lse2.*d, full);
+        attention_merge(out.*d, lse.*d, out2.*d, lse2.*d);
+      }
+      expect_match(out, tol_for(DType::f32), "merged out" + what);
+      expect_match(lse, tol_for(DType::f32), "merged lse" + what);
+      // Backward of the causal block from the merged statistics (any out and lse the forward could give).
+      const Both o = both(values(out.cpu), {k.B, k.T, H, k.D}, dt);
+      const Both dout = both(rand_vec(k.B * k.T * H * k.D, 41), {k.B, k.T, H, k.D}, dt);
+      Both dq = both(rand_vec(k.B * k.T * H * k.D, 42), {k.B, k.T, H, k.D}, DType::f32);  // accumulated into
+      Both dkv = both(rand_vec(k.B * k.T * k.G * 2 * k.D, 43), {k.B, k.T, k.G, 2, k.D}, DType::f32);
+      Both dqkv = poisoned(qkv.cpu.shape(), dt);
+      for (auto d : kDevices) {
+        attention_block_backward(qkv.*d, kv.*d, o.*d, lse.*d, dout.*d, dq.*d, dkv.*d, k.opt);
+        attention_qkv_grad(dq.*d, dkv.*d, dqkv.*d);
+      }
+      expect_match(dq, tol_for(dt), "dq" + what);
+      expect_match(dkv, tol_for(dt), "dkv" + what);
+      expect_match(dqkv, tol_for(dt), "dqkv" + what);
+    }
+}
+
+}  // namespace
+}  // namespace mt
