@@ -59,7 +59,11 @@ Fp8Tensor Fp8Context::quantize(int id, Fp8Operand which, const Tensor& t, bool s
     } else {
       fp8_quantize(t, scale_.slice(i, i + 1), out.q);
     }
-    out.scale_inv = scale_inv_.slice(i, i + 1);
+    // Its own one-element tensor, not a slice of scale_inv_: a slice lies 4 bytes from its neighbours, and the H200
+    // refused the delayed recipe's first fp8 GEMM with such scale pointers ("not supported"), where current
+    // scaling's fresh tensors ran. That the alignment is the cause is a guess, not yet checked on a GPU.
+    out.scale_inv = Tensor::empty({1}, DType::f32, t.device());
+    out.scale_inv.copy_from(scale_inv_.slice(i, i + 1));
     return out;
   }
   // Current scaling: the whole tensor's amax, then its scale.

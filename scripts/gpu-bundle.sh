@@ -124,6 +124,10 @@ done
 cp -r tests/e2e "$BUNDLE_DIR/tests/e2e"
 cp -r configs bench "$BUNDLE_DIR/"
 cp scripts/gpu-run.sh "$BUNDLE_DIR/scripts/gpu-run.sh" || die "scripts/gpu-run.sh is missing"
+# The timeline tools the GPU tests call (gpu_pipeline_features.sh summarises its trace).
+cp scripts/trace_summary.py scripts/trace_png.py "$BUNDLE_DIR/scripts/" || die "scripts/trace_*.py are missing"
+# The test fixtures the e2e scripts read from $SRC/tests/data (the chat tokenizer of gpu_fp8_cp_sft.sh).
+cp -r tests/data "$BUNDLE_DIR/tests/data"
 find "$BUNDLE_DIR" -name __pycache__ -prune -exec rm -rf {} +
 
 # 3. Shared libraries from ldd. Left out: glibc (the target's own must be used) and every CUDA / NVIDIA

@@ -460,8 +460,17 @@ void gemm_fp8(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const
     MT_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
     MT_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
     const float alpha = tn.alpha, beta = tn.beta;
-    MT_CUBLAS_CHECK(cublaslt().Matmul(handle(), plan.op, &alpha, b_t.raw(), plan.a, a_n.raw(), plan.b, &beta, dst.raw(),
-                                      plan.c, dst.raw(), plan.c, &plan.algo, workspace(), kWorkspaceBytes, stream()));
+    try {
+      MT_CUBLAS_CHECK(cublaslt().Matmul(handle(), plan.op, &alpha, b_t.raw(), plan.a, a_n.raw(), plan.b, &beta,
+                                        dst.raw(), plan.c, dst.raw(), plan.c, &plan.algo, workspace(), kWorkspaceBytes,
+                                        stream()));
+    } catch (const std::runtime_error& e) {  // name the operands: which of a layer's GEMMs cuBLASLt refused
+      throw std::runtime_error(
+          fmt::format("{}: gemm_fp8 of {} ({}x{}, trans_a {}) and {} ({}x{}, trans_b {}) into {} "
+                      "({}x{}), beta {}",
+                      e.what(), dtype_name(a.dtype()), a.dim(0), a.dim(1), opt.trans_a, dtype_name(b.dtype()), b.dim(0),
+                      b.dim(1), opt.trans_b, dtype_name(dst.dtype()), M, N, beta));
+    }
     MT_CUDA_LAUNCHED("cublasLtMatmul (fp8)");
   });
 }

@@ -218,7 +218,9 @@ TEST_F(CudaOps, GemmFp8MatchesTheCpuEmulation) {
               gemm_fp8(q_a.*dev, inv_a.*dev, q_b.*dev, inv_b.*dev, out.*dev, g);
             }
             EXPECT_EQ(first_mismatch(q_a.gpu, q_a.cpu), -1);
-            expect_match(out, out_dt == DType::bf16 ? 1e-2 : 1e-5,
+            // fp32 outputs within 1e-3: Hopper's fp8 tensor cores accumulate with fewer bits than fp32 (1.5e-4 of the
+            // largest measured on an H200 against the CPU's fp32 sums).
+            expect_match(out, out_dt == DType::bf16 ? 1e-2 : 1e-3,
                          str("gemm_fp8 ", dtype_name(qa), " x e4m3 -> ", dtype_name(out_dt), " trans_a ", ta,
                              " trans_b ", tb, bias ? " bias" : ""));
           }

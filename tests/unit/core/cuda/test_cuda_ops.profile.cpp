@@ -15,7 +15,9 @@ namespace {
 using namespace mt::test;  // NOLINT(google-build-using-namespace)
 
 TEST_F(CudaOps, OpProfileTimesGpuOpsWithEvents) {
-  const int64_t S = 64, L = 1024;
+  // The big GEMM takes about 0.2 ms on an H200, well above the launch gaps that can dominate a small one's events
+  // (at L = 1024 the H200 timed the 64^3 GEMMs longer).
+  const int64_t S = 64, L = 4096;
   const Both small_a = both(rand_vec(S * S, 1), {S, S}, DType::bf16),
              small_b = both(rand_vec(S * S, 2), {S, S}, DType::bf16);
   const Both big_a = both(rand_vec(L * L, 3), {L, L}, DType::bf16),
@@ -32,7 +34,7 @@ TEST_F(CudaOps, OpProfileTimesGpuOpsWithEvents) {
   const op_profile::Report r = s.finish();
   ASSERT_EQ(r.device, Device::cuda);
   ASSERT_EQ(r.rows.size(), 2u) << op_profile::format_report(r, 1, 10);
-  EXPECT_EQ(r.rows[0].detail, "1024x1024x1024 nn") << "the big GEMM first (largest time)";
+  EXPECT_EQ(r.rows[0].detail, "4096x4096x4096 nn") << "the big GEMM first (largest time)";
   EXPECT_EQ(r.rows[0].calls, 3);
   EXPECT_EQ(r.rows[1].detail, "64x64x64 nn");
   EXPECT_GT(r.rows[1].ms, 0);
