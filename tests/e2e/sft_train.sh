@@ -7,7 +7,7 @@
 #   of answer tokens differ) and TP+SP, PP interleaved, PP 4, DP with the distributed optimizer, DP 4 and
 #   TP x PP x DP all give the same losses (training and validation) within 1e-6;
 # - bad input: a mask not matching its tokens, a mask on only some datasets, data.loss_mask=true without masks,
-#   an all-masked global batch (an error naming the iteration, never a NaN).
+#   an all-masked global batch (an error naming the iteration, never a NaN), a mask with context parallelism.
 source "$(dirname "$0")/lib/common.bash"
 source "$SRC/tests/e2e/lib/sft.bash"
 prepare_chat_data 64
@@ -93,4 +93,7 @@ python3 -c 'import os; n = os.path.getsize("sft_mask.bin"); open("zeros/sft_mask
 expect_error "iteration 1's global batch (samples \[0, 8)): every target's loss mask is 0" \
   --config sft.yaml --set 'data.train=[zeros/sft]'
 grep -qi "nan" err.txt && fail "an all-masked batch printed a NaN"
+# Context parallelism does not cut the mask into its chunks yet: refused, naming both keys.
+expect_error "data.train: sft has a loss mask, which parallel.context=2 does not cut into the context ranks' chunks" \
+  --config sft.yaml --nproc 2 --set parallel.context=2 --set model.dropout=0 --set model.attention_dropout=0
 echo "PASS"
