@@ -79,9 +79,7 @@ layouts=(
   "moe-selective-moe-act|1|--set training.recompute=selective --set training.recompute_modules=[moe_act,layernorm]"
   "llama-recompute-1-layer|1|--set training.recompute=full --set training.recompute_num_layers=1"
   "llama-pp2-zb|2|--set parallel.pipeline=2 --set training.micro_batch_size=2 --set parallel.pipeline_schedule=zb-h1"
-  "llama-pp2-zbv|2|--set parallel.pipeline=2 --set parallel.virtual_pipeline=2 --set training.micro_batch_size=2 --set parallel.pipeline_schedule=zb-v"
   "tiny-dp4-shard-gradients|4|--set parallel.shard=gradients --set parallel.grad_bucket_size=2000"
-  "llama-dp2-shard-gradients-bf16|2|--set parallel.shard=gradients --set training.precision=bf16 --set parallel.grad_bucket_size=4000"
 )
 : > results.txt
 for entry in "${layouts[@]}"; do
@@ -120,6 +118,10 @@ for entry in open(sys.argv[1]):
         # With expert parallelism and ZeRO two gradient buffers reduce-scatter on their own threads: whether their
         # workspaces are alive at once depends on timing, and plan predicts both at once, a bound.
         if kind == "workspace" and "-ep" in name and "zero" in name:
+            ok = meas <= pred * (1 + tol) + 0.011
+        # ZeRO-2's buckets are made, reduce-scattered and dropped every microbatch while backward runs on: how many
+        # are alive at the peak depends on the reducer thread's timing, and plan predicts the most, a bound.
+        if kind in ("gradients", "workspace") and "shard-gradients" in name:
             ok = meas <= pred * (1 + tol) + 0.011
         print(f"{name:<28} {kind:<12} {meas:>13.2f} {pred:>14.3f} {100 * err:>7.1f}%{'' if ok else '  FAIL'}")
         if not ok:
