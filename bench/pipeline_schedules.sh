@@ -47,7 +47,8 @@ for m in 8 16; do
     # The simulator's bubble (parallel/schedule.h, unit-tested): 1F1B (p-1)/m, interleaved (p-1)/(v m), ZB-H1
     # (p-1)/(3m), ZB-V (p-1)/(6m) of the ideal; as a fraction of the window, b / (1 + b).
     sim=$(python3 -c "b = {'1f1b': 3 / $m, 'interleaved': 3 / (2 * $m), 'zb-h1': 1 / $m, 'zb-v': 0.5 / $m}['$schedule']; print(f'{100 * b / (1 + b):.1f}%')")
-    mem=$(grep -o "per pipeline stage [0-9. |]*" "$WORK/$name.err" | tail -1 | sed 's/per pipeline stage //')
+    mem=$(grep -o "per pipeline stage [0-9. |]*" "$WORK/$name/megatrain.log" | tail -1 | sed 's/per pipeline stage //' \
+          || true)
     python3 "$ROOT/scripts/trace_summary.py" "$OUT/$name.trace.json" --json | python3 -c '
 import json, sys
 s = json.load(sys.stdin)
