@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <ranges>
 #include <sstream>
 #include <tuple>
 
@@ -180,15 +181,7 @@ class Simulator {
           compute(s, st.after_batch++);
         moved = true;
       }
-      double done = st.clock;
-      for (size_t i = st.pc; i < st.batch_end; ++i) {
-        const Posting& post = postings_[message(s, i)];
-        const double other = is_send(list[i].op) ? post.recv_time : post.send_time;
-        if (other < 0) return moved;  // waits for the peer
-        done = std::max(done, other);
-      }
-      for (size_t i = st.pc; i < st.batch_end; ++i) complete(s, i);
-      st.clock = done;
+      if (!complete_batch(s, std::views::iota(st.pc, st.batch_end))) return moved;  // waits for a peer
       st.pc = st.after_batch;
       moved = true;
     }
@@ -242,21 +235,27 @@ class Simulator {
     return it->second;
   }
 
-  // Completes stage s's batches up to k in order when every transfer in them has its peer posted; the stage's
-  // clock moves to when the last of them completed. False when one still waits for a peer.
+  // Completes stage s's batches up to k in order (complete_batch); false when one still waits for a peer.
   bool complete_through(int s, size_t k) {
     StageState& st = stages_[s];
-    for (; st.completed <= k; ++st.completed) {
-      double done = st.clock;
-      for (size_t i : st.batches[st.completed]) {
-        const Posting& post = postings_[message(s, i)];
-        const double other = is_send(schedule_[s][i].op) ? post.recv_time : post.send_time;
-        if (other < 0) return false;
-        done = std::max(done, other);
-      }
-      for (size_t i : st.batches[st.completed]) complete(s, i);
-      st.clock = done;
+    for (; st.completed <= k; ++st.completed)
+      if (!complete_batch(s, st.batches[st.completed])) return false;
+    return true;
+  }
+
+  // Completes a posted batch of stage s (its instruction numbers) once every transfer in it has its peer posted:
+  // the stage's clock moves to the latest of those posts. False, with nothing changed, while one still waits.
+  template <class Indices>
+  bool complete_batch(int s, const Indices& batch) {
+    double done = stages_[s].clock;
+    for (size_t i : batch) {
+      const Posting& post = postings_[message(s, i)];
+      const double other = is_send(schedule_[s][i].op) ? post.recv_time : post.send_time;
+      if (other < 0) return false;
+      done = std::max(done, other);
     }
+    for (size_t i : batch) complete(s, i);
+    stages_[s].clock = done;
     return true;
   }
 
