@@ -56,6 +56,20 @@ class Replay {
     t.workspace(4 * (a + b + (out_f32 ? 0 : out)));
   }
 
+  // A linear's weight-gradient GEMM (dW and the bias gradient on its epilogue, into an f32 gradient) of a and b
+  // elements: now, or with split_backward in W (parallel/weight_grad.h), where its widened operands are W's workspace.
+  void weight_gemm(double a, double b) {
+    if (!s.split_backward) return gemm(a, b, 0, true);
+    if (s.cpu && s.d != 4) w_ws = std::max(w_ws, 4 * (a + b));
+  }
+  // A tensor the backward would free now that a deferred weight-gradient GEMM captures (with split_backward):
+  // freed by W instead. Returns the bytes to free now.
+  double unless_kept_for_w(double bytes) {
+    if (!s.split_backward) return bytes;
+    deferred += bytes;
+    return 0;
+  }
+
   // parallel/sequence_parallel.cpp SequenceGather: the constructor posts the all-gather of the (Ns, C) shard
   // into a (tp, B, Ts * C) rank-major workspace (with SP; nothing without).
   void gather_begin() {
@@ -135,9 +149,9 @@ class Replay {
     gemm(N * cols, cols * C, N * C);
     const double full = gather_wait();  // x_full
     const double shard = reduction_begin();
-    gemm(N * cols, N * C, 0, true);  // dW (an f32 gradient), the bias gradient on its epilogue
+    weight_gemm(N * cols, N * C);  // dW (an f32 gradient), the bias gradient on its epilogue; W keeps dout, x_full
     reduction_wait();
-    t.free(full);
+    t.free(unless_kept_for_w(full));
     if (!s.sp) return N * C * d;  // dx is dx_partial
     t.free(N * C * d);
     return shard;
@@ -146,11 +160,11 @@ class Replay {
   // call), dW, then dx (N, cols). Returns the bytes of dx left allocated.
   double row_backward(double cols) {
     const double N = s.N(), C = s.m.C, d = s.d;
-    const double full = to_full();   // dout_full
-    gemm(N * C, N * cols, 0, true);  // dW (f32), the bias gradient on its epilogue
-    t.alloc(N * cols * d);           // dx
+    const double full = to_full();  // dout_full
+    weight_gemm(N * C, N * cols);   // dW (f32), the bias gradient on its epilogue; W keeps dout_full and x
+    t.alloc(N * cols * d);          // dx
     gemm(N * C, C * cols, N * cols);
-    t.free(full);
+    t.free(unless_kept_for_w(full));
     return N * cols * d;
   }
 
@@ -388,27 +402,36 @@ class Replay {
       t.alloc(bytes);
       locals += bytes;
     };
-    local(Ns * C * d);  // dmlp
+    // With split_backward, what the deferred weight-gradient GEMMs capture stays for W: each linear's output
+    // gradient and input (with SP its gathered input and output gradient, which column_ and row_backward keep).
+    // A MoE MLP's expert and router captures are not counted.
+    const double hidden = Ns * C * d, no_sp = s.sp ? 0 : 1;
+    double for_w = no_sp * hidden + N * m.Ct * d + N * m.qkv * d + no_sp * hidden;  // n1.out, att, dqkv, dproj
+    local(Ns * C * d);                                                              // dmlp
     if (moe) {
       locals += moe_backward();  // dln2 = moe_->backward
     } else {
+      for_w += N * m.Ft * d + 2 * no_sp * hidden;  // act; n2.out and dmlp
       // The MLP's input-side gradients live in a block of backward(), gone once fc1's backward returns.
       double block = row_backward(m.Ft);  // fc2_.backward: GPT's dfc1 (dGELU, fc1's bias grad on its epilogue); dact
+      double dfc1 = block;
       if (!m.gelu_epilogue) {
         t.alloc(N * m.fc1 * d);  // dfc1 = swiglu_backward(fc1, dact)
         block += N * m.fc1 * d;
+        dfc1 = N * m.fc1 * d;
       }
       locals += column_backward(m.fc1);  // dln2 = fc1_.backward
-      t.free(block);
+      t.free(block - dfc1 + unless_kept_for_w(dfc1));
     }
-    local(Ns * C * d);                   // dx2
-    local(Ns * C * d);                   // dproj
-    locals += row_backward(m.Ct);        // datt = proj_.backward
-    local(N * m.qkv * d);                // dqkv
-    rope();                              // the inverse rotation on dq, dk in place
-    locals += column_backward(m.qkv);    // dln1 = qkv_.backward
-    t.alloc(Ns * C * d);                 // dx, returned
-    t.free(locals + kept + Ns * C * d);  // the locals, the activations and the input x
+    local(Ns * C * d);                 // dx2
+    local(Ns * C * d);                 // dproj
+    locals += row_backward(m.Ct);      // datt = proj_.backward
+    local(N * m.qkv * d);              // dqkv
+    rope();                            // the inverse rotation on dq, dk in place
+    locals += column_backward(m.qkv);  // dln1 = qkv_.backward
+    t.alloc(Ns * C * d);               // dx, returned
+    // The locals, the activations and the input x.
+    t.free(locals + kept + Ns * C * d - for_w + unless_kept_for_w(for_w));
   }
 
   // models/gpt.cpp forward_impl, the head part; returns the bytes HeadActivations keeps (final_in aside).
@@ -438,9 +461,11 @@ class Replay {
     local(N * s.m.Vt * d);   // dlogits
     t.free(N * s.m.Vt * d);  // h.logits released
     kept -= N * s.m.Vt * d;
-    locals += column_backward(s.m.Vt);   // dlnf = head_.backward(dlogits, h.lnf): lnf gathered again with SP
-    t.alloc(Ns * C * d);                 // dx
-    t.free(locals + kept + Ns * C * d);  // h (final_in too) and the locals
+    locals += column_backward(s.m.Vt);  // dlnf = head_.backward(dlogits, h.lnf): lnf gathered again with SP
+    t.alloc(Ns * C * d);                // dx
+    // h (final_in too) and the locals; with split_backward W keeps dlogits and (without SP) lnf's output.
+    const double for_w = N * s.m.Vt * d + (s.sp ? 0 : Ns * C * d);
+    t.free(locals + kept + Ns * C * d - for_w + unless_kept_for_w(for_w));
   }
 
   // forward_impl, the embedding part (parallel/vocab_parallel_embedding.cpp forward): leaves x (Ns, C).
@@ -458,6 +483,8 @@ class Replay {
 
   Tape& t;
   const TapeShapes& s;
+  double deferred = 0;  // with split_backward: the bytes the queued weight-gradient GEMMs keep until W
+  double w_ws = 0;      // and W's largest GEMM workspace
 };
 
 }  // namespace
@@ -504,6 +531,12 @@ ChunkProfile profile_chunk(const TapeShapes& s, const ChunkSpec& chunk) {
   tape.free(batch_kept);
   if (!chunk.has_head) tape.free(hidden);  // the executor's received gradient
   out.backward = tape.since_mark();
+  if (s.split_backward) {  // W: the queued GEMMs run and their captures go
+    tape.mark();
+    tape.workspace(r.w_ws);
+    tape.free(r.deferred);
+    out.weight = tape.since_mark();
+  }
   return out;
 }
 

@@ -24,6 +24,7 @@ struct TapeShapes {
   bool recompute = false;        // full activation recomputation
   int64_t recompute_layers = 0;  // of each chunk's layers, the first this many recomputed (0: all)
   SelectiveRecompute selective;  // else these tensors (training.recompute: selective, models/transformer_layer.h)
+  bool split_backward = false;   // a zero-bubble schedule: backward's weight-gradient GEMMs deferred to W
   bool recomputes(int64_t layer_in_chunk) const {
     return recompute && (recompute_layers == 0 || layer_in_chunk < recompute_layers);
   }
@@ -48,10 +49,11 @@ struct ChunkSpec {
 };
 
 struct ChunkProfile {
-  OpProfile forward, backward;
-  double output = 0;      // bytes of the output activation sent on after forward (freed at the next flush)
-  double input_grad = 0;  // bytes of the input gradient sent back after backward (likewise)
-  double message = 0;     // bytes of one received activation or gradient
+  OpProfile forward, backward;  // with split_backward, backward is B: the input gradient, W's operands kept
+  OpProfile weight;             // W (split_backward): the weight-gradient GEMMs, which free the operands B kept
+  double output = 0;            // bytes of the output activation sent on after forward (freed at the next flush)
+  double input_grad = 0;        // bytes of the input gradient sent back after backward (likewise)
+  double message = 0;           // bytes of one received activation or gradient
 };
 
 ChunkProfile profile_chunk(const TapeShapes& s, const ChunkSpec& chunk);

@@ -88,7 +88,9 @@ TapeShapes tape_shapes(const Config& c, Backend backend) {
                     .cpu = backend == Backend::cpu,
                     .recompute = c.training.recompute == Recompute::full,
                     .recompute_layers = c.training.recompute_num_layers,
-                    .selective = SelectiveRecompute::of(c.training.recompute_modules)};
+                    .selective = SelectiveRecompute::of(c.training.recompute_modules),
+                    .split_backward = training_schedule_kind(c.parallel) == ScheduleKind::zb_h1 ||
+                                      training_schedule_kind(c.parallel) == ScheduleKind::zb_v};
 }
 
 struct ActivationPeaks {
@@ -141,19 +143,15 @@ ActivationPeaks walk_schedule(const Config& c, int64_t stage, const std::vector<
         pending = ch.input_grad;
         --in_flight;
         break;
-      // A split backward (ZB-H1), approximated: B's transient peak with nothing freed, and what the whole
-      // backward frees only at W (the microbatch's saved activations held until then; W keeps its GEMMs' operands,
-      // the linears' inputs and output gradients, about as much: within 2.5% of measured on 4 CPU ranks).
+      // A split backward (zero-bubble schedules): B frees the activations but keeps what its deferred
+      // weight-gradient GEMMs read, the linears' inputs and output gradients, until W (the tape's split_backward).
       case PipeOp::backward_input:
         cur -= pending;
-        apply(cur, OpProfile{.peak_act = ch.backward.peak_act,
-                             .peak_ws = ch.backward.peak_ws,
-                             .peak_sum = ch.backward.peak_sum,
-                             .delta = 0});
+        apply(cur, ch.backward);
         pending = ch.input_grad;
         break;
       case PipeOp::backward_weight:
-        cur += ch.backward.delta;
+        apply(cur, ch.weight);
         --in_flight;
         break;
     }

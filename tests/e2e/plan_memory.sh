@@ -4,7 +4,7 @@
 # llama-tiny-sized Llama: RMSNorm, SwiGLU, rotary embeddings, 8 query heads on 4 key/value heads, untied, and
 # that Llama with mixture-of-experts MLPs: 4 SwiGLU experts, top 2, a shared expert, the aux loss; and with
 # expert parallelism, EP 2 and 4 over 2 and 4 data-parallel ranks, with and without ZeRO, and parallel folding;
-# selective recomputation of each module; a ZB-H1 pipeline; sharded gradients, parallel.shard: gradients) the
+# selective recomputation of each module; ZB-H1 and ZB-V pipelines (B keeping W's operands); sharded gradients, parallel.shard: gradients) the
 # training log's "peak memory (MiB)" split of rank 0 (the first pipeline stage) is compared with plan's
 # prediction for that rank kind: every kind within 10% (or 0.011 MiB, the log's rounding; with expert parallelism and
 # ZeRO the workspace prediction is an upper bound, as two buffers' reduce-scatters may or may not overlap) and the
@@ -79,6 +79,8 @@ layouts=(
   "moe-selective-moe-act|1|--set training.recompute=selective --set training.recompute_modules=[moe_act,layernorm]"
   "llama-recompute-1-layer|1|--set training.recompute=full --set training.recompute_num_layers=1"
   "llama-pp2-zb|2|--set parallel.pipeline=2 --set training.micro_batch_size=2 --set parallel.pipeline_schedule=zb-h1"
+  "llama-pp2-vp2-zbv|2|--set parallel.pipeline=2 --set parallel.virtual_pipeline=2 --set training.micro_batch_size=2 --set parallel.pipeline_schedule=zb-v"
+  "tiny-tp2-sp-pp2-zbv-bf16|4|--set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.pipeline=2 --set parallel.virtual_pipeline=2 --set training.micro_batch_size=2 --set parallel.pipeline_schedule=zb-v --set training.precision=bf16"
   "tiny-dp4-shard-gradients|4|--set parallel.shard=gradients --set parallel.grad_bucket_size=2000"
 )
 : > results.txt
