@@ -210,7 +210,12 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
     cross_entropy_backward(h.logits, h.targets.view({N}), h.rowmax, h.sumexp, dlosses, dlogits,
                            {.vocab_start = vocab_start_, .vocab_size = cfg_.vocab_size});
     h.logits = Tensor();
-    const Tensor dlnf = head_.backward(dlogits, h.lnf.out, B);  // (Ns, C), summed over the group
+    // The head's weight gradient now, not at a zero-bubble schedule's W: deferred it would keep the (N, V / t)
+    // dlogits per waiting microbatch (a gigabyte each for Llama 3 at sequence 8192), for one GEMM's worth of bubble.
+    const Tensor dlnf = [&] {
+      WeightGradsNow now;
+      return head_.backward(dlogits, h.lnf.out, B);  // (Ns, C), summed over the group
+    }();
     dx = lnf_.backward(dlnf, h.final_in.view({Ns, C}), h.lnf).view({B, Ts, C});
     if (grads_ready_) {
       std::vector<Parameter*> head_params = lnf_.parameters();

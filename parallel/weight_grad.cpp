@@ -32,6 +32,10 @@ void weight_grad_work(std::function<void()> work) {
     work();
 }
 
+WeightGradsNow::WeightGradsNow() : paused_(std::exchange(open_queue, nullptr)) {}
+
+WeightGradsNow::~WeightGradsNow() { open_queue = paused_; }
+
 void run_weight_grads(WeightGradQueue& queue) {
   for (auto& work : queue) work();
   queue.clear();

@@ -31,6 +31,19 @@ class WeightGradDeferral {
 
 // Runs `work` now, or queues it in this thread's open deferral.
 void weight_grad_work(std::function<void()> work);
+
+// While one lives, weight_grad_work runs at once on this thread even inside an open deferral: for work whose
+// captures cost more to keep than its time is worth deferring (the output head's vocabulary-wide dlogits).
+class WeightGradsNow {
+ public:
+  WeightGradsNow();
+  ~WeightGradsNow();
+  WeightGradsNow(const WeightGradsNow&) = delete;
+  WeightGradsNow& operator=(const WeightGradsNow&) = delete;
+
+ private:
+  WeightGradQueue* paused_;
+};
 // Runs a taken queue in order.
 void run_weight_grads(WeightGradQueue& queue);
 

@@ -59,13 +59,13 @@ class Replay {
   // A linear's weight-gradient GEMM (dW and the bias gradient on its epilogue, into an f32 gradient) of a and b
   // elements: now, or with split_backward in W (parallel/weight_grad.h), where its widened operands are W's workspace.
   void weight_gemm(double a, double b) {
-    if (!s.split_backward) return gemm(a, b, 0, true);
+    if (!defer) return gemm(a, b, 0, true);
     if (s.cpu && s.d != 4) w_ws = std::max(w_ws, 4 * (a + b));
   }
   // A tensor the backward would free now that a deferred weight-gradient GEMM captures (with split_backward):
   // freed by W instead. Returns the bytes to free now.
   double unless_kept_for_w(double bytes) {
-    if (!s.split_backward) return bytes;
+    if (!defer) return bytes;
     deferred += bytes;
     return 0;
   }
@@ -461,11 +461,11 @@ class Replay {
     local(N * s.m.Vt * d);   // dlogits
     t.free(N * s.m.Vt * d);  // h.logits released
     kept -= N * s.m.Vt * d;
+    defer = false;                      // the head's dW runs in B (models/gpt.cpp)
     locals += column_backward(s.m.Vt);  // dlnf = head_.backward(dlogits, h.lnf): lnf gathered again with SP
-    t.alloc(Ns * C * d);                // dx
-    // h (final_in too) and the locals; with split_backward W keeps dlogits and (without SP) lnf's output.
-    const double for_w = N * s.m.Vt * d + (s.sp ? 0 : Ns * C * d);
-    t.free(locals + kept + Ns * C * d - for_w + unless_kept_for_w(for_w));
+    defer = s.split_backward;
+    t.alloc(Ns * C * d);                 // dx
+    t.free(locals + kept + Ns * C * d);  // h (final_in too) and the locals
   }
 
   // forward_impl, the embedding part (parallel/vocab_parallel_embedding.cpp forward): leaves x (Ns, C).
@@ -483,8 +483,9 @@ class Replay {
 
   Tape& t;
   const TapeShapes& s;
-  double deferred = 0;  // with split_backward: the bytes the queued weight-gradient GEMMs keep until W
-  double w_ws = 0;      // and W's largest GEMM workspace
+  bool defer = s.split_backward;  // weight-gradient GEMMs queued for W (not the head's: WeightGradsNow)
+  double deferred = 0;            // the bytes the queued weight-gradient GEMMs keep until W
+  double w_ws = 0;                // and W's largest GEMM workspace
 };
 
 }  // namespace
