@@ -38,13 +38,14 @@ Tensor context_chunks(const Tensor& tokens, const ContextParallel& cp) {
                     "chunks (parallel.context)",
                     T, cp.size));
   Tensor local = Tensor::empty({B, 2 * chunk}, tokens.dtype());
-  const int32_t* in = tokens.data<int32_t>();
-  int32_t* out = local.data<int32_t>();
+  const auto size = static_cast<int64_t>(dtype_size(tokens.dtype()));  // i32 tokens, f32 loss weights
+  const char* in = static_cast<const char*>(tokens.raw());
+  char* out = static_cast<char*>(local.raw());
   const int64_t starts[2] = {cp.rank * chunk, (2 * static_cast<int64_t>(cp.size) - 1 - cp.rank) * chunk};
   for (int64_t b = 0; b < B; ++b)
     for (int k = 0; k < 2; ++k)
-      std::memcpy(out + b * 2 * chunk + k * chunk, in + b * T + starts[k],
-                  static_cast<size_t>(chunk) * sizeof(int32_t));
+      std::memcpy(out + (b * 2 * chunk + k * chunk) * size, in + (b * T + starts[k]) * size,
+                  static_cast<size_t>(chunk * size));
   return local;
 }
 

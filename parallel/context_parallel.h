@@ -30,7 +30,8 @@ struct ContextParallel {
   SequencePositions positions(int64_t local_len, int64_t offset, int64_t len, int of = -1) const;
 };
 
-// This rank's local sequence (B, T / C) of tokens (B, T) i32 on the host: chunks rank and 2C - 1 - rank.
+// This rank's local sequence (B, T / C) of tokens (B, T) on the host (i32 tokens, or f32 loss weights): chunks rank
+// and 2C - 1 - rank.
 Tensor context_chunks(const Tensor& tokens, const ContextParallel& cp);
 
 // Causal attention over the whole sequence for this rank's queries: qkv (B, T/C, G, R + 2, D) its local sequence

@@ -70,6 +70,7 @@ Fp8Tensor Fp8Context::quantize(int id, Fp8Operand which, const Tensor& t, bool s
   Tensor amax = Tensor::zeros({1}, DType::f32, t.device());
   fp8_amax(t, amax);
   if (sharded) tp.max_over_group(amax);
+  if (cp_ && which != Fp8Operand::weight) cp_->all_reduce(amax, ReduceOp::max)->wait();  // the sequence's other chunks
   if (opt_.delayed && recording_) {
     Tensor running = amax_.slice(i, i + 1);
     fp8_amax(amax, running);
@@ -88,7 +89,7 @@ Fp8Tensor Fp8Context::quantize(int id, Fp8Operand which, const Tensor& t, bool s
 void Fp8Context::step(Communicator* tp, Communicator* dp) {
   ++generation_;
   if (!opt_.delayed || names_.empty()) return;
-  for (Communicator* c : {tp, dp})
+  for (Communicator* c : {tp, cp_, dp})
     if (c && c->size() > 1) c->all_reduce(amax_, ReduceOp::max)->wait();
   fp8_update_scale(amax_, history_, scale_, scale_inv_, fp8_max_, {.margin = opt_.margin, .use_max = opt_.use_max});
   fill_(amax_, 0.f);

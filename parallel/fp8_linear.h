@@ -55,15 +55,18 @@ class Fp8Context {
   void allocate();  // once, after every add
 
   // t in fp8 as operand `which` of linear `id`. `sharded`: t is this rank's shard of a tensor split over `tp`
-  // (its amax is max-reduced over the group for current scaling). While recording (training, not evaluation),
+  // (its amax is max-reduced over the group for current scaling). An input or output gradient is also a shard of
+  // the sequence over the context group, when there is one (set_context_group): its amax is reduced there too. While recording (training, not evaluation),
   // the delayed recipe's running amax takes t's.
   Fp8Tensor quantize(int id, Fp8Operand which, const Tensor& t, bool sharded, const TensorParallel& tp) const;
   void set_recording(bool on) { recording_ = on; }
+  // Context parallelism: the group whose ranks hold the other chunks of every sequence (null or one rank: none).
+  void set_context_group(Communicator* cp) { cp_ = cp && cp->size() > 1 ? cp : nullptr; }
   bool recording() const { return recording_; }
 
   // The end of a training iteration (delayed recipe; nothing for current): the running amaxes max-reduced over
-  // `tp` and `dp` (either null for one rank), pushed into the history, the scales updated, the running amaxes
-  // zeroed.
+  // `tp`, the context group and `dp` (either null for one rank), pushed into the history, the scales updated, the
+  // running amaxes zeroed.
   void step(Communicator* tp, Communicator* dp);
 
   // Bumped by every step(): the weights may have changed, so the linears' cached fp8 weights are stale.
@@ -89,6 +92,7 @@ class Fp8Context {
   Device device_;
   std::vector<std::string> names_;
   bool recording_ = true;
+  Communicator* cp_ = nullptr;  // the context group (set_context_group)
   int64_t generation_ = 0;
   int64_t filled_ = 0;                  // delayed: iterations pushed into the histories (at most history_len)
   Tensor scale_, scale_inv_;            // (n) f32, n = 3 * linears

@@ -215,11 +215,6 @@ bool uses_loss_mask(const Config& cfg, const DataBlend& blend, const char* key) 
     (has ? with : without).push_back(prefix);
   }
   if (with.empty() && cfg.data.loss_mask == LossMaskChoice::automatic) return false;
-  if (cfg.parallel.context > 1)
-    throw DataError(
-        fmt::format("{}: {} has a loss mask, which parallel.context={} does not cut into the context "
-                    "ranks' chunks yet; set data.loss_mask: false or parallel.context: 1",
-                    key, with.empty() ? blend.prefixes.at(0) : with[0], cfg.parallel.context));
   if (!without.empty())
     throw DataError(
         fmt::format("{}: {} has no loss mask {}.bin/.idx ({}); `megatrain data prepare --format chat` writes one; set "

@@ -14,7 +14,7 @@ std::string history_tensor(const std::string& linear) { return "state.fp8." + li
 }  // namespace
 
 std::shared_ptr<Fp8Context> enable_fp8(const Config& cfg, const std::vector<std::unique_ptr<GptModel>>& chunks,
-                                       Device device) {
+                                       Device device, Communicator* context_group) {
   const Fp8Config& f = cfg.training.fp8;
   if (!f.enabled()) return nullptr;
   auto ctx =
@@ -29,6 +29,7 @@ std::shared_ptr<Fp8Context> enable_fp8(const Config& cfg, const std::vector<std:
     for (TransformerLayer* layer : chunk->layers())
       if (!(f.first_last_bf16 && (layer->index() == 0 || layer->index() == last))) layer->enable_fp8(ctx);
   ctx->allocate();
+  ctx->set_context_group(context_group);
   return ctx;
 }
 

@@ -13,9 +13,10 @@
 namespace mt::app {
 
 // The fp8 context of this rank's chunks, their layers' linears registered (all but the model's first and last
-// layer with first_last_bf16), or null when training.fp8 is off.
+// layer with first_last_bf16), or null when training.fp8 is off. `context_group`: the context-parallel group (null
+// without), over which the inputs' and output gradients' amaxes are reduced too.
 std::shared_ptr<Fp8Context> enable_fp8(const Config& cfg, const std::vector<std::unique_ptr<GptModel>>& chunks,
-                                       Device device);
+                                       Device device, Communicator* context_group);
 
 // The checkpoint tensors of the delayed recipe (none for current scaling, which keeps no state):
 // state.fp8.<linear>.scale (3) and state.fp8.<linear>.amax_history (3, H) per linear (input, weight, output

@@ -39,7 +39,7 @@ PipelinePlacement placement_of(const Distributed& dist, const ScheduleSpec& spec
 Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
     : cfg_(cfg), opt_(opt), dist_(dist), dtype_(dtype_of(cfg.training.precision)), device_(dist.placement.device),
       data_(open_data_sources(cfg)), chunks_(build_chunks(cfg, dist, dtype_)), params_(all_parameters(chunks_)),
-      moe_(cfg.model, chunks_, dist), fp8_(enable_fp8(cfg, chunks_, dist.placement.device)),
+      moe_(cfg.model, chunks_, dist), fp8_(enable_fp8(cfg, chunks_, dist.placement.device, dist.cp.get())),
       adam_config_(AdamWConfig{
           .beta1 = cfg.optimizer.betas.at(0),
           .beta2 = cfg.optimizer.betas.at(1),
@@ -233,8 +233,8 @@ double Trainer::evaluate() {
   const int64_t dp = dist_.dp_size();
   const int64_t batches = cfg_.logging.eval_iters * cfg_.training.num_microbatches * dp;
   if (data_.valid_mask)
-    eval_target_weight_ = masked_target_weight(data_.valid_mask, 0, batches * cfg_.training.micro_batch_size, batches,
-                                               "the validation batches");
+    eval_target_weight_ = masked_target_weight(data_.valid_mask, 0, batches * cfg_.training.micro_batch_size,
+                                               batches * dist_.cp_size(), "the validation batches");
   const ScheduleSpec spec = evaluation_schedule(cfg_, batches / dp);
   EvalStage stage(*this);
   if (fp8_) fp8_->set_recording(false);  // validation leaves the fp8 amax histories alone

@@ -89,8 +89,11 @@ double Trainer::masked_target_weight(const SampleFn& mask, int64_t first, int64_
 
 Tensor Trainer::load_loss_weights(const SampleFn& mask, int64_t first, double weight) const {
   const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length;
-  Tensor host = Tensor::empty({B * S}, DType::f32);
+  Tensor host = Tensor::empty({B, S}, DType::f32);
   make_loss_weights(mask, first, B, S, static_cast<float>(weight), host);
+  // This context rank's two chunks of every sample, as its targets (load_batch).
+  host = context_chunks(host, ContextParallel{.rank = dist_.cp_rank(), .size = dist_.cp_size()});
+  host = host.view({host.numel()});
   return device_ == Device::cpu ? host : host.to(device_);
 }
 

@@ -159,14 +159,6 @@ void resolve_context(Config& c, const Rules& r) {
     r.fail("parallel.context", fmt::format("{} with model.moe (num_experts={}) is not built yet: the routing losses "
                                            "and the expert grid do not span the context ranks",
                                            p.context, m.moe.num_experts));
-  if (c.training.fp8.format != Fp8Format::none)
-    r.fail("parallel.context", fmt::format("{} with training.fp8 is not built yet: the amax of a tensor would have to "
-                                           "be reduced over the context ranks too",
-                                           p.context));
-  if (c.data.loss_mask == LossMaskChoice::on)
-    r.fail("parallel.context", fmt::format("{} with data.loss_mask: true is not built yet: the mask is not cut into "
-                                           "the context ranks' chunks",
-                                           p.context));
 }
 
 void resolve_parallel(Config& c, int64_t world_size, const Rules& r) {

@@ -7,7 +7,8 @@
 #   of answer tokens differ) and TP+SP, PP interleaved, PP 4, DP with the distributed optimizer, DP 4 and
 #   TP x PP x DP all give the same losses (training and validation) within 1e-6;
 # - bad input: a mask not matching its tokens, a mask on only some datasets, data.loss_mask=true without masks,
-#   an all-masked global batch (an error naming the iteration, never a NaN), a mask with context parallelism.
+#   an all-masked global batch (an error naming the iteration, never a NaN);
+# - context parallelism (CP 2 and 4, ring and all-gather, with DP + ZeRO and TP + SP) gives one rank's losses.
 source "$(dirname "$0")/lib/common.bash"
 source "$SRC/tests/e2e/lib/sft.bash"
 prepare_chat_data 64
@@ -67,6 +68,22 @@ for layout in "1 1 1 1 false false 2" "1 1 1 1 false false 8" "2 1 1 1 true fals
 done
 echo "ok: $count layouts give one rank's masked losses (training and validation) within 1e-6"
 
+# Context parallelism cuts each sample's mask into the rank's two chunks as it cuts the targets: one rank's masked
+# losses (dropout off, which CP needs), alone, ring or all-gather, with DP + ZeRO and with TP + SP.
+nodrop=(--config sft.yaml --set model.dropout=0 --set model.attention_dropout=0)
+"$MT" "${nodrop[@]}" --set logging.dir=nodrop >/dev/null 2>nodrop.err || { tail -5 nodrop.err; fail "no-dropout run"; }
+for layout in "2 p2p 1 1" "4 allgather 1 1" "2 p2p 1 2" "2 allgather 2 1"; do
+  read -r cp comm tp dp <<<"$layout"
+  dir=cp${cp}${comm}tp${tp}dp${dp}
+  "$MT" "${nodrop[@]}" --nproc $((cp * tp * dp)) --set parallel.context=$cp --set parallel.context_comm=$comm \
+        --set parallel.tensor=$tp --set parallel.sequence_parallel=$([ "$tp" -gt 1 ] && echo true || echo false) \
+        --set parallel.distributed_optimizer=$([ "$dp" -gt 1 ] && echo true || echo false) \
+        --set logging.dir=$dir >/dev/null 2>$dir.err || { tail -5 $dir.err; fail "$dir failed"; }
+  same_losses nodrop/metrics.jsonl $dir/metrics.jsonl 1 6 1e-6
+  same_valid nodrop/metrics.jsonl $dir/metrics.jsonl
+done
+echo "ok: context parallelism gives one rank's masked losses (training and validation) within 1e-6"
+
 # Bad input.
 python3 -c 'import json
 with open("text.jsonl", "w") as f:
@@ -93,7 +110,4 @@ python3 -c 'import os; n = os.path.getsize("sft_mask.bin"); open("zeros/sft_mask
 expect_error "iteration 1's global batch (samples \[0, 8)): every target's loss mask is 0" \
   --config sft.yaml --set 'data.train=[zeros/sft]'
 grep -qi "nan" err.txt && fail "an all-masked batch printed a NaN"
-# Context parallelism does not cut the mask into its chunks yet: refused, naming both keys.
-expect_error "data.train: sft has a loss mask, which parallel.context=2 does not cut into the context ranks' chunks" \
-  --config sft.yaml --nproc 2 --set parallel.context=2 --set model.dropout=0 --set model.attention_dropout=0
 echo "PASS"
