@@ -22,8 +22,8 @@ RouterScore router_score(MoeScore s) { return s == MoeScore::sigmoid ? RouterSco
 }  // namespace
 
 MoeMlp::MoeMlp(const ModelConfig& cfg, const std::string& prefix, DType dtype, float output_init_std, uint64_t seed,
-               Device device, TensorParallel tp, ExpertParallel ep)
-    : cfg_(cfg), prefix_(prefix), dtype_(dtype), device_(device), tp_(tp), ep_(ep) {
+               Device device, TensorParallel tp, ExpertParallel ep, ContextParallel cp)
+    : cfg_(cfg), prefix_(prefix), dtype_(dtype), device_(device), tp_(tp), cp_(cp), ep_(ep) {
   const MoeConfig& m = cfg.moe;
   if (!m.enabled()) throw std::invalid_argument(prefix + ": MoeMlp needs model.moe.num_experts > 0");
   const int64_t C = cfg.hidden_size, F = m.ffn_hidden_size, E = m.num_experts, t = tp.size;
@@ -190,6 +190,17 @@ Tensor MoeMlp::forward(const Tensor& x_rows, Saved& s, const MoeStep& step) cons
   Tensor counts = Tensor::empty({E}, DType::i32, device_);
   moe_dispatch_index(s.experts, s.row_of, counts);
   s.routed = host(counts);
+  s.routed_all = s.routed;
+  s.tokens_all = N;
+  if (cp_.enabled() && (m.aux_loss_coeff > 0 || m.z_loss_coeff > 0)) {  // the whole microbatch's counts
+    std::vector<float> v(s.routed.begin(), s.routed.end());             // exact in f32 (far below 2^24)
+    v.push_back(static_cast<float>(N));
+    Tensor all = Tensor::from_floats(v, {E + 1}).to(device_);
+    cp_.comm->all_reduce(all, ReduceOp::sum)->wait();
+    const std::vector<float> sums = all.to_floats();
+    for (int64_t e = 0; e < E; ++e) s.routed_all[static_cast<size_t>(e)] = std::llround(sums[static_cast<size_t>(e)]);
+    s.tokens_all = std::llround(sums[static_cast<size_t>(E)]);
+  }
   if (m.capacity_factor > 0) {
     const auto capacity =
         static_cast<int64_t>(std::ceil(m.capacity_factor * static_cast<double>(R) / static_cast<double>(E) - 1e-9));
@@ -342,14 +353,19 @@ void MoeMlp::record_load(const Tensor& logits, const Saved& s) const {
   }
   ++load_.microbatches;
   if (N == 0 || (m.aux_loss_coeff <= 0 && m.z_loss_coeff <= 0)) return;
-  Tensor score_sums = Tensor::empty({E}, DType::f32, device_), lse_sq = Tensor::empty({1}, DType::f32, device_);
+  // The score sums and the sum of squared log-sum-exps over the whole microbatch (its context ranks' too).
+  Tensor stats = Tensor::empty({E + 1}, DType::f32, device_);
+  Tensor score_sums = stats.slice(0, E), lse_sq = stats.slice(E, E + 1);
   moe_router_loss_stats(logits, s.scores, router_options().score, score_sums, lse_sq);
-  const std::vector<float> P = score_sums.to_floats();
+  if (cp_.enabled()) cp_.comm->all_reduce(stats, ReduceOp::sum)->wait();
+  const std::vector<float> sums = stats.to_floats();
+  const auto n = static_cast<double>(s.tokens_all);
   double aux = 0;
   for (int64_t e = 0; e < E; ++e)
-    aux += static_cast<double>(P[static_cast<size_t>(e)]) * static_cast<double>(s.routed[static_cast<size_t>(e)]);
-  load_.aux += aux * static_cast<double>(E) / (static_cast<double>(m.top_k) * static_cast<double>(N) * N);
-  load_.z += static_cast<double>(lse_sq.to_floats()[0]) / static_cast<double>(N);
+    aux +=
+        static_cast<double>(sums[static_cast<size_t>(e)]) * static_cast<double>(s.routed_all[static_cast<size_t>(e)]);
+  load_.aux += aux * static_cast<double>(E) / (static_cast<double>(m.top_k) * n * n);
+  load_.z += static_cast<double>(sums[static_cast<size_t>(E)]) / n;
 }
 
 void MoeMlp::drop_activations(Saved& s) const { s.act = s.shared_act = Tensor(); }
@@ -452,17 +468,19 @@ Tensor MoeMlp::backward(const Tensor& dout_rows, const Saved& s, const MoeStep& 
   Tensor dlogits = Tensor::empty({N, E}, DType::f32, device_);
   moe_router_backward(s.scores, s.experts, dprobs, dlogits, router_options());
   if (N > 0 && (m.aux_loss_coeff > 0 || m.z_loss_coeff > 0)) {
-    // d(objective)/d(score sum P_e) = dloss * coeff * E * T_e / (k N^2); d/d(sum of lse^2) = dloss * z_coeff / N.
+    // d(objective)/d(score sum P_e) = dloss * coeff * E * T_e / (k N^2); d/d(sum of lse^2) = dloss * z_coeff / N,
+    // with N and T_e the whole microbatch's. A context rank's dloss is the microbatch's over CP (its share of the
+    // mean of the language-model loss): these losses are the microbatch's whole, so CP times that.
     Tensor score_grad;
-    const double n = static_cast<double>(N);
+    const double n = static_cast<double>(s.tokens_all), dloss = step.dloss * static_cast<double>(cp_.size);
     if (m.aux_loss_coeff > 0) {
       std::vector<float> g(static_cast<size_t>(E));
-      const double c = step.dloss * m.aux_loss_coeff * static_cast<double>(E) / (static_cast<double>(k) * n * n);
+      const double c = dloss * m.aux_loss_coeff * static_cast<double>(E) / (static_cast<double>(k) * n * n);
       for (int64_t e = 0; e < E; ++e)
-        g[static_cast<size_t>(e)] = static_cast<float>(c * static_cast<double>(s.routed[static_cast<size_t>(e)]));
+        g[static_cast<size_t>(e)] = static_cast<float>(c * static_cast<double>(s.routed_all[static_cast<size_t>(e)]));
       score_grad = Tensor::from_floats(g, {E}).to(device_);
     }
-    const float z_grad = m.z_loss_coeff > 0 ? static_cast<float>(step.dloss * m.z_loss_coeff / n) : 0.f;
+    const float z_grad = m.z_loss_coeff > 0 ? static_cast<float>(dloss * m.z_loss_coeff / n) : 0.f;
     moe_router_loss_backward(s.logits, s.scores, score_grad, z_grad, router_options().score, dlogits);
   }
   Tensor dl = dlogits;

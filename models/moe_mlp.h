@@ -44,6 +44,7 @@
 #include "core/tensor/ops.h"
 #include "core/tensor/parameter.h"
 #include "core/tensor/tensor.h"
+#include "parallel/context_parallel.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/tensor_parallel.h"
 
@@ -71,9 +72,11 @@ class MoeMlp {
   // `output_init_std`, Megatron's scaled init of output projections, the others with cfg.init_std); `tp` the
   // tensor-parallel group the experts are split over (their slices hold exactly the whole tensors' values).
   // `ep`: the expert-parallel group; this rank holds experts [ep.first(E), ep.first(E) + ep.count(E)), split over
-  // the experts' tensor-parallel degree ep.tensor (0: tp.size) as tp.rank % ETP.
+  // the experts' tensor-parallel degree ep.tensor (0: tp.size) as tp.rank % ETP. `cp`: the context-parallel group,
+  // whose ranks hold the other chunks of the microbatch's sequences: the aux and z losses are the microbatch's, so
+  // their token counts, score sums and log-sum-exps are summed over it.
   MoeMlp(const ModelConfig& cfg, const std::string& prefix, DType dtype, float output_init_std, uint64_t seed,
-         Device device = Device::cpu, TensorParallel tp = {}, ExpertParallel ep = {});
+         Device device = Device::cpu, TensorParallel tp = {}, ExpertParallel ep = {}, ContextParallel cp = {});
 
   // What forward keeps for backward.
   struct Saved {
@@ -83,8 +86,11 @@ class MoeMlp {
     Tensor row_of;                  // (N, k) i32
     std::vector<int64_t> counts;    // (E) this rank's kept choices per expert, on the host
     std::vector<int64_t> routed;    // (E) its choices per expert before the capacity drops some (= counts without)
-    std::vector<int64_t> sent;      // (E) the kept choices per expert this rank dispatches (counts without folding)
-    Tensor share;                   // (Rs, 1) i32: with parallel folding, the rows of `counts` this rank dispatches
+    // With the aux or z loss: `routed` and N summed over the context ranks (the whole microbatch's), else this rank's.
+    std::vector<int64_t> routed_all;
+    int64_t tokens_all = 0;
+    std::vector<int64_t> sent;  // (E) the kept choices per expert this rank dispatches (counts without folding)
+    Tensor share;               // (Rs, 1) i32: with parallel folding, the rows of `counts` this rank dispatches
     // The rows of this rank's experts, expert-major: xp (Re, C), h (Re, F1/t), act (Re, F/t); Re = N*k without
     // expert parallelism. y (N*k, C): this rank's choices' outputs, by expert (partial sums with TP; with parallel
     // folding only this fold's share, the other rows zero).
@@ -147,6 +153,7 @@ class MoeMlp {
   DType dtype_;
   Device device_;
   TensorParallel tp_;
+  ContextParallel cp_;
   ExpertParallel ep_;
   int fold_ = 0, folds_ = 1;           // parallel folding: this rank's fold tp / ETP of the T / ETP
   int64_t first_expert_ = 0;           // this rank's first expert (global index)

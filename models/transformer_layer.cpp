@@ -49,7 +49,7 @@ TransformerLayer::TransformerLayer(int64_t index, const ModelConfig& cfg, DType 
   ln2_ = Norm(name("ln2"), C, norm, cfg.layernorm_eps, dtype, seed);
   // SwiGLU's gate and up projections are one GEMM, their rows interleaved so every row block holds whole pairs.
   if (cfg.moe.is_moe_layer(index)) {
-    moe_ = std::make_unique<MoeMlp>(cfg, name("mlp"), dtype, out_std, seed, device, tp, ep);
+    moe_ = std::make_unique<MoeMlp>(cfg, name("mlp"), dtype, out_std, seed, device, tp, ep, cp);
   } else {
     fc1_ = ColumnParallelLinear(linear("mlp.fc1", C, llama ? 2 * F : F, std), tp);
     fc2_ = RowParallelLinear(linear("mlp.fc2", F, C, out_std), tp);

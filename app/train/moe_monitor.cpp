@@ -48,9 +48,9 @@ void MoeMonitor::after_step(bool applied) {
     if (move_bias) step_tokens.insert(step_tokens.end(), l.tokens.begin(), l.tokens.end());
   }
   if (!move_bias) return;
-  // The whole step's tokens: every data-parallel rank's microbatches (the tensor-parallel ranks of a replica each
-  // routed all of its tokens; each pipeline stage moves its own layers).
-  if (dist_.dp_size() > 1) step_tokens = sum_doubles(*dist_.dp, std::move(step_tokens));
+  // The whole step's tokens: every data-parallel (and context-parallel) rank's microbatches (the tensor-parallel
+  // ranks of a replica each routed all of its tokens; each pipeline stage moves its own layers).
+  if (dist_.dp_size() * dist_.cp_size() > 1) step_tokens = sum_doubles(dist_.weight_replicas(), std::move(step_tokens));
   for (size_t i = 0; i < layers_.size(); ++i) {
     std::vector<int64_t> tokens(E);
     for (size_t e = 0; e < E; ++e) tokens[e] = std::llround(step_tokens[i * E + e]);

@@ -155,10 +155,16 @@ void resolve_context(Config& c, const Rules& r) {
            fmt::format("{} needs model.dropout and model.attention_dropout 0 (got {} and {}): dropout masks are keyed "
                        "by contiguous positions, which a context rank's two chunks are not (not built yet)",
                        p.context, m.dropout, m.attention_dropout));
-  if (m.moe.enabled())
-    r.fail("parallel.context", fmt::format("{} with model.moe (num_experts={}) is not built yet: the routing losses "
-                                           "and the expert grid do not span the context ranks",
-                                           p.context, m.moe.num_experts));
+  if (m.moe.enabled() && (p.expert != 1 || (p.expert_tensor != 0 && p.expert_tensor != p.tensor)))
+    r.fail("parallel.context", fmt::format("{} with parallel.expert={} and parallel.expert_tensor={} is not built yet: "
+                                           "the experts' grid does not fold the context ranks in (parallel.expert: 1 "
+                                           "keeps every expert on every context rank)",
+                                           p.context, p.expert, p.expert_tensor));
+  if (m.moe.enabled() && m.moe.capacity_factor > 0)
+    r.fail("model.moe.capacity_factor",
+           fmt::format("{} with parallel.context={} is not built yet: which choices an expert drops depends on every "
+                       "token of the microbatch, which the context ranks split (0, dropless, works)",
+                       m.moe.capacity_factor, p.context));
 }
 
 void resolve_parallel(Config& c, int64_t world_size, const Rules& r) {

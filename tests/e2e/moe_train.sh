@@ -127,6 +127,40 @@ expect_error "parallel.expert: 4 does not divide parallel.data=2" --config moe.y
 expect_error "parallel.expert_tensor: 2 does not divide parallel.tensor=1" --config moe.yaml --nproc 2 \
   --set parallel.expert_tensor=2 --set parallel.expert=1 --set training.micro_batch_size=1
 expect_error "model.moe.capacity_factor: must be positive, got -1" --config moe.yaml --set model.moe.capacity_factor=-1
+expect_error "parallel.context: 2 with parallel.expert=2 and parallel.expert_tensor=" --config moe.yaml --nproc 4 \
+  --set parallel.context=2 --set parallel.expert=2 --set model.dropout=0 --set model.attention_dropout=0
+expect_error "model.moe.capacity_factor: 1.5 with parallel.context=2 is not built yet" --config moe.yaml --nproc 2 \
+  --set parallel.context=2 --set model.moe.capacity_factor=1.5 --set model.dropout=0 --set model.attention_dropout=0
 expect_error "model.moe.top_k: 5 is more than model.moe.num_experts=4" --config moe.yaml --set model.moe.top_k=5
 expect_error "score_function sigmoid (Mixtral and Qwen2-MoE route with a softmax)" ckpt export ckpt --format hf --output hf
+# Context parallelism (experts on every context rank, parallel.expert 1): the aux and z losses are the microbatch's,
+# their counts, score sums and log-sum-exps summed over the context ranks and their gradients the microbatch's
+# whole, so every layout gives one rank's losses (and aux, z) within 1e-6 (with the gradients' CP factor left out
+# the losses differ by 3e-5). The aux-loss-free bias counts every context rank's tokens too.
+m=(--config moe.yaml --set model.dropout=0 --set model.attention_dropout=0 --set training.train_iters=8)
+for variant in aux bias; do
+  v=(); [ $variant = bias ] && v=("${bias[@]:2}")
+  "$MT" "${m[@]}" "${v[@]}" --set logging.dir=cp_one_$variant >/dev/null 2>cp_one.err || { tail -5 cp_one.err; fail "one rank"; }
+  for layout in "2 p2p 1 1 1" "2 allgather 2 1 1" "2 p2p 1 2 1" "2 p2p 1 1 2" "4 p2p 1 1 1"; do
+    read -r cp comm tp dp pp <<<"$layout"
+    [ $variant = bias ] && [ "$cp$tp$dp$pp" != 2111 ] && continue
+    dir=cp${cp}${comm}tp${tp}dp${dp}pp${pp}_$variant
+    "$MT" "${m[@]}" "${v[@]}" --nproc $((cp * tp * dp * pp)) --set parallel.context=$cp --set parallel.context_comm=$comm \
+          --set parallel.tensor=$tp --set parallel.sequence_parallel=$([ "$tp" -gt 1 ] && echo true || echo false) \
+          --set parallel.data=$dp --set parallel.pipeline=$pp \
+          --set parallel.distributed_optimizer=$([ "$dp" -gt 1 ] && echo true || echo false) \
+          --set logging.dir=$dir >/dev/null 2>$dir.err || { tail -5 $dir.err; fail "$dir failed"; }
+    same_losses cp_one_$variant/metrics.jsonl $dir/metrics.jsonl 1 8 1e-6
+    [ $variant = bias ] && continue
+    python3 - cp_one_$variant/metrics.jsonl $dir/metrics.jsonl <<'PY'
+import json, sys
+a, b = ([json.loads(l) for l in open(p) if '"loss"' in l] for p in sys.argv[1:])
+for k in ("moe_aux_loss", "moe_z_loss"):
+    worst = max(abs(x[k] - y[k]) / abs(x[k]) for x, y in zip(a, b))
+    assert worst <= 1e-6, f"{k}: {[x[k] for x in a]} vs {[y[k] for y in b]}"
+assert [l["mean"] for l in a[-1]["moe_load"]] == [l["mean"] for l in b[-1]["moe_load"]]
+PY
+  done
+done
+echo "ok: MoE with context parallelism gives one rank's losses, aux and z losses"
 echo "moe_train: ok"

@@ -593,8 +593,12 @@ TEST(ConfigRules, ContextParallelSplitsTheSequence) {
   EXPECT_CONTAINS(base_error({"parallel.context=2"}, 2),
                   "parallel.context: 2 needs model.dropout and "
                   "model.attention_dropout 0");
-  EXPECT_CONTAINS(base_error(with({"parallel.context=2", "model.moe.num_experts=2"}), 2),
-                  "parallel.context: 2 with model.moe (num_experts=2) is not built yet");
+  EXPECT_CONTAINS(
+      base_error(with({"parallel.context=2", "parallel.data=2", "model.moe.num_experts=2", "parallel.expert=2"}), 4),
+      "parallel.context: 2 with parallel.expert=2 and parallel.expert_tensor=");
+  EXPECT_CONTAINS(
+      base_error(with({"parallel.context=2", "model.moe.num_experts=2", "model.moe.capacity_factor=1.5"}), 2),
+      "model.moe.capacity_factor: 1.5 with parallel.context=2 is not built yet");
   EXPECT_CONTAINS(base_error(with({"parallel.context=0"})), "parallel.context: must be positive");
   EXPECT_CONTAINS(base_error(with({"parallel.context=2", "parallel.data=2"}), 2),
                   "parallel.data: parallel.tensor*context*pipeline*data = 1*2*1*2 = 4 does not match the world size 2");
