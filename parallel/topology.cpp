@@ -22,31 +22,29 @@ Topology::Topology(int world_size, int tp, int pp, int dp, int ep, int etp, int 
   if (ranks != world_size)
     throw std::invalid_argument(layout(tp, pp, dp, cp) + " = " + std::to_string(ranks) + " ranks, but the world has " +
                                 std::to_string(world_size));
-  if (cp > 1 && (ep != 1 || etp_ != tp))
-    throw std::invalid_argument("context parallel " + std::to_string(cp) +
-                                " with expert parallelism is not built (expert " + std::to_string(ep) +
-                                ", expert tensor " + std::to_string(etp_) + ")");
-  if (etp_ == tp && (ep < 1 || dp % ep != 0))
+  if (etp_ == tp && (ep < 1 || (cp * dp) % ep != 0))
     throw std::invalid_argument("expert parallel " + std::to_string(ep) +
-                                " must be at least 1 and divide data parallel " + std::to_string(dp));
+                                " must be at least 1 and divide data parallel " + std::to_string(dp) +
+                                (cp != 1 ? " x context parallel " + std::to_string(cp) : ""));
   if (etp_ < 1 || tp % etp_ != 0)
     throw std::invalid_argument("expert tensor parallel " + std::to_string(etp_) +
                                 " must be at least 1 and divide tensor parallel " + std::to_string(tp));
-  if (ep < 1 || (int64_t{tp} * dp) % (int64_t{ep} * etp_) != 0)
+  if (ep < 1 || (int64_t{tp} * cp * dp) % (int64_t{ep} * etp_) != 0)
     throw std::invalid_argument("expert parallel " + std::to_string(ep) + " x expert tensor parallel " +
-                                std::to_string(etp_) + " must divide tensor x data parallel " + std::to_string(tp) +
-                                " x " + std::to_string(dp));
+                                std::to_string(etp_) + " must divide tensor x " + (cp != 1 ? "context x " : "") +
+                                "data parallel " + std::to_string(tp) + " x " +
+                                (cp != 1 ? std::to_string(cp) + " x " : "") + std::to_string(dp));
 }
 
 Topology::ExpertCoord Topology::expert_coord(int r) const {
   const Coord c = coord(r);
-  const int i = c.tp + tp_ * c.dp;  // the rank's place in its pipeline stage
+  const int i = c.tp + tp_ * (c.cp + cp_ * c.dp);  // the rank's place in its pipeline stage
   return {i % etp_, i / etp_ % ep_, i / (etp_ * ep_)};
 }
 
 int Topology::expert_rank(int pp, ExpertCoord e) const {
   const int i = e.etp + etp_ * (e.ep + ep_ * e.edp);
-  return rank({i % tp_, i / tp_, pp});
+  return rank({.tp = i % tp_, .dp = i / (tp_ * cp_), .pp = pp, .cp = i / tp_ % cp_});
 }
 
 Topology::Coord Topology::coord(int rank) const {
@@ -130,7 +128,7 @@ std::vector<int> Topology::edp_group(int r) const {
   const int pp = coord(r).pp;
   ExpertCoord e = expert_coord(r);
   std::vector<int> g;
-  for (e.edp = 0; e.edp < tp_ * dp_ / (etp_ * ep_); ++e.edp) g.push_back(expert_rank(pp, e));
+  for (e.edp = 0; e.edp < tp_ * cp_ * dp_ / (etp_ * ep_); ++e.edp) g.push_back(expert_rank(pp, e));
   return g;
 }
 

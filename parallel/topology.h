@@ -1,11 +1,12 @@
 // topology.h: the rank grid. rank = tp + T * (cp + C * (dp + D * pp)): tensor-parallel ranks vary fastest (a TP
 // group sits inside one node), then context-parallel, then data-parallel, then pipeline (Megatron's tp-cp-dp-pp
 // order; with C = 1, the context parallelism of none, rank = tp + T * (dp + D * pp) as before). The MoE layers'
-// experts refold each pipeline stage's T * D ranks (C = 1: context parallelism refuses MoE), i = tp + T * dp, as i = etp + ETP * (ep + EP * edp) (Megatron's
-// "parallel folding": expert tensor-parallel ranks fastest, then expert-parallel, then expert-data-parallel). With
-// ETP = T (the default) that splits the data-parallel dimension, dp = ep + EP * edp: an expert-parallel group is EP
-// consecutive data-parallel ranks and the expert-data-parallel group the ranks at the same place in each. With
-// ETP < T the expert-parallel groups draw from the tensor-parallel ranks too.
+// experts refold each pipeline stage's T * C * D ranks, i = tp + T * (cp + C * dp), as i = etp + ETP * (ep + EP * edp)
+// (Megatron's "parallel folding": expert tensor-parallel ranks fastest, then expert-parallel, then
+// expert-data-parallel). With ETP = T (the default) that splits the context x data dimension, cp + C * dp = ep + EP *
+// edp: an expert-parallel group is EP consecutive ranks of it (context ranks first) and the expert-data-parallel
+// group the ranks at the same place in each. With ETP < T the expert-parallel groups draw from the tensor-parallel
+// ranks too.
 #pragma once
 #include <stdexcept>
 #include <string>
@@ -61,11 +62,11 @@ class Topology {
   std::vector<int> dpcp_group(int rank) const;            // same tp, pp: every cp and dp
   // The first and last pipeline stage of rank's pipeline (tied embeddings); just the rank when pp == 1.
   std::vector<int> embedding_group(int rank) const;
-  // Same pp, etp and edp: the EP ranks that split the experts (with ETP = T, EP consecutive data-parallel ranks);
-  // just the rank when ep == 1.
+  // Same pp, etp and edp: the EP ranks that split the experts (with ETP = T, EP consecutive ranks of the stage's
+  // context x data ranks); just the rank when ep == 1.
   std::vector<int> ep_group(int rank) const;
-  // Same pp, etp and ep: the T * D / (ETP * EP) ranks holding the same experts' same slices; the dp group when
-  // ep == 1 and etp == tp.
+  // Same pp, etp and ep: the T * C * D / (ETP * EP) ranks holding the same experts' same slices; the dp x cp group
+  // when ep == 1 and etp == tp.
   std::vector<int> edp_group(int rank) const;
 
   // The group of a kind.

@@ -57,15 +57,17 @@ struct Distributed {
   int ep_rank() const { return topology.expert_coord(env.rank).ep; }
   int ep_size() const { return topology.ep(); }
   int edp_rank() const { return topology.expert_coord(env.rank).edp; }
-  int edp_size() const { return topology.tp() * topology.dp() / (topology.ep() * topology.etp()); }
+  int edp_size() const { return topology.tp() * topology.cp() * topology.dp() / (topology.ep() * topology.etp()); }
   int etp_rank() const { return topology.expert_coord(env.rank).etp; }
   int etp_size() const { return topology.etp(); }
   bool experts_apart() const { return topology.experts_apart(); }
-  // Checkpoint writers: of each pipeline stage the ranks i = tp + T * dp in [0, W), W = max(T, ETP * EP) (the
+  // Checkpoint writers: of each pipeline stage the ranks i = tp + T * (cp + C * dp) in [0, W), W = max(T, ETP * EP) (the
   // first data-parallel rank's, i < T, write the dense parameters; the first expert-data-parallel rank's,
   // i < ETP * EP, their experts); each writes file i + W * pp of W * PP.
   int checkpoint_writers_per_stage() const { return std::max(tp_size(), etp_size() * ep_size()); }
-  int checkpoint_file() const { return tp_rank() + tp_size() * dp_rank() + checkpoint_writers_per_stage() * pp_rank(); }
+  int checkpoint_file() const {
+    return tp_rank() + tp_size() * (cp_rank() + cp_size() * dp_rank()) + checkpoint_writers_per_stage() * pp_rank();
+  }
   Communicator& expert_data_parallel() const { return edp ? *edp : *dp; }
 };
 

@@ -159,9 +159,9 @@ bool Trainer::save() {
   }
   const bool writer = dist_.dp_rank() == 0 && dist_.cp_rank() == 0;  // the context ranks hold the same weights
   // With expert parallelism the first rank of each expert-data-parallel group writes its experts too (with the
-  // experts' grid refolded, i = etp + ETP * ep for i in [0, ETP * EP) of each stage; the dense writers are
-  // i = tp in [0, T)).
-  const bool expert_writer = dist_.edp_rank() == 0 && dist_.cp_rank() == 0;
+  // experts' grid refolded, i = etp + ETP * ep for i in [0, ETP * EP) of each stage, context ranks included; the
+  // dense writers are i = tp in [0, T)).
+  const bool expert_writer = dist_.edp_rank() == 0;
   // With the distributed optimizer every data-parallel rank takes part in gathering the state; the writer
   // keeps it (in host memory).
   std::vector<Optimizer::Slot> slots = optimizer_->gather_state(writer);
@@ -185,7 +185,7 @@ bool Trainer::save() {
                              .data = Tensor::from_floats(bias, {static_cast<int64_t>(bias.size())})});
       // The delayed fp8 recipe's scales and histories, the same on every rank holding the linear.
       if (fp8_ && tp_first && writer) append_fp8_tensors(*fp8_, dist_.pp_rank() == 0, tensors);
-      // One file per writer: the writers of a stage are its ranks i = tp + T * dp in [0, W).
+      // One file per writer: the writers of a stage are its ranks i = tp + T * (cp + C * dp) in [0, W).
       write_rank_files(tmp, dist_.checkpoint_file(), tensors, saving.hook("tensors"));
       saving.finish();
     } catch (...) {

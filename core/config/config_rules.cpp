@@ -155,11 +155,6 @@ void resolve_context(Config& c, const Rules& r) {
            fmt::format("{} needs model.dropout and model.attention_dropout 0 (got {} and {}): dropout masks are keyed "
                        "by contiguous positions, which a context rank's two chunks are not (not built yet)",
                        p.context, m.dropout, m.attention_dropout));
-  if (m.moe.enabled() && (p.expert != 1 || (p.expert_tensor != 0 && p.expert_tensor != p.tensor)))
-    r.fail("parallel.context", fmt::format("{} with parallel.expert={} and parallel.expert_tensor={} is not built yet: "
-                                           "the experts' grid does not fold the context ranks in (parallel.expert: 1 "
-                                           "keeps every expert on every context rank)",
-                                           p.context, p.expert, p.expert_tensor));
   if (m.moe.enabled() && m.moe.capacity_factor > 0)
     r.fail("model.moe.capacity_factor",
            fmt::format("{} with parallel.context={} is not built yet: which choices an expert drops depends on every "
@@ -375,18 +370,24 @@ void resolve_moe(Config& c, const Rules& r) {
            fmt::format("{} does not divide parallel.tensor={} (the experts' tensor-parallel ranks are a part of each "
                        "tensor-parallel group: Megatron's parallel folding)",
                        p.expert_tensor, p.tensor));
-  const int64_t stage_ranks = p.tensor * p.data;
-  if (p.expert_tensor == p.tensor && p.data % p.expert != 0)
+  // With context parallelism the experts' grid folds the context ranks in (parallel/topology.h).
+  const int64_t stage_ranks = p.tensor * p.context * p.data;
+  if (p.expert_tensor == p.tensor && (p.context * p.data) % p.expert != 0)
     r.fail("parallel.expert",
-           fmt::format("{} does not divide parallel.data={} (expert-parallel ranks are drawn from the "
-                       "data-parallel ranks)",
-                       p.expert, p.data));
+           p.context == 1 ? fmt::format("{} does not divide parallel.data={} (expert-parallel ranks are drawn from the "
+                                        "data-parallel ranks)",
+                                        p.expert, p.data)
+                          : fmt::format("{} does not divide parallel.data x parallel.context = {} x {} = {} "
+                                        "(expert-parallel ranks are drawn from the context and data-parallel ranks)",
+                                        p.expert, p.data, p.context, p.data * p.context));
   else if (stage_ranks % (p.expert * p.expert_tensor) != 0)
     r.fail("parallel.expert",
            fmt::format("parallel.expert*expert_tensor = {}*{} = {} does not divide "
-                       "parallel.tensor*data = {}*{} = {} (the expert layers' ranks are drawn "
-                       "from each pipeline stage's tensor and data ranks)",
-                       p.expert, p.expert_tensor, p.expert * p.expert_tensor, p.tensor, p.data, stage_ranks));
+                       "parallel.tensor*{}data = {}*{}{} = {} (the expert layers' ranks are drawn "
+                       "from each pipeline stage's tensor{} and data ranks)",
+                       p.expert, p.expert_tensor, p.expert * p.expert_tensor, p.context == 1 ? "" : "context*",
+                       p.tensor, p.context == 1 ? "" : fmt::format("{}*", p.context), p.data, stage_ranks,
+                       p.context == 1 ? "" : ", context"));
   if (e.ffn_hidden_size % p.expert_tensor != 0)
     r.fail("parallel.expert_tensor",
            fmt::format("{} does not divide model.moe.ffn_hidden_size={}", p.expert_tensor, e.ffn_hidden_size));

@@ -127,8 +127,8 @@ expect_error "parallel.expert: 4 does not divide parallel.data=2" --config moe.y
 expect_error "parallel.expert_tensor: 2 does not divide parallel.tensor=1" --config moe.yaml --nproc 2 \
   --set parallel.expert_tensor=2 --set parallel.expert=1 --set training.micro_batch_size=1
 expect_error "model.moe.capacity_factor: must be positive, got -1" --config moe.yaml --set model.moe.capacity_factor=-1
-expect_error "parallel.context: 2 with parallel.expert=2 and parallel.expert_tensor=" --config moe.yaml --nproc 4 \
-  --set parallel.context=2 --set parallel.expert=2 --set model.dropout=0 --set model.attention_dropout=0
+expect_error "parallel.expert: 4 does not divide parallel.data x parallel.context = 1 x 2 = 2" --config moe.yaml \
+  --nproc 2 --set parallel.context=2 --set parallel.expert=4 --set model.dropout=0 --set model.attention_dropout=0
 expect_error "model.moe.capacity_factor: 1.5 with parallel.context=2 is not built yet" --config moe.yaml --nproc 2 \
   --set parallel.context=2 --set model.moe.capacity_factor=1.5 --set model.dropout=0 --set model.attention_dropout=0
 expect_error "model.moe.top_k: 5 is more than model.moe.num_experts=4" --config moe.yaml --set model.moe.top_k=5
@@ -162,5 +162,24 @@ assert [l["mean"] for l in a[-1]["moe_load"]] == [l["mean"] for l in b[-1]["moe_
 PY
   done
 done
-echo "ok: MoE with context parallelism gives one rank's losses, aux and z losses"
+# Expert parallelism folds the context ranks in (parallel/topology.h): EP over context ranks, over context x data
+# ranks, and with parallel folding over tensor x context ranks; one rank's losses, and a checkpoint of the folded
+# layout resumes on one rank with one rank's losses.
+for layout in "2 1 1 2 auto" "2 1 2 4 auto" "2 2 1 4 1"; do
+  read -r cp tp dp ep etp <<<"$layout"
+  dir=cp${cp}tp${tp}dp${dp}ep${ep}etp${etp}
+  "$MT" "${m[@]}" --nproc $((cp * tp * dp)) --set parallel.context=$cp --set parallel.tensor=$tp \
+        --set parallel.sequence_parallel=$([ "$tp" -gt 1 ] && echo true || echo false) --set parallel.data=$dp \
+        --set parallel.expert=$ep --set parallel.expert_tensor=$etp --set parallel.distributed_optimizer=true \
+        --set logging.dir=$dir --set checkpoint.save_dir=$dir/ckpt --set checkpoint.save_interval=4 \
+        >/dev/null 2>$dir.err || { tail -5 $dir.err; fail "$dir failed"; }
+  same_losses cp_one_aux/metrics.jsonl $dir/metrics.jsonl 1 8 1e-6
+done
+mkdir folded && cp -r cp2tp2dp1ep4etp1/ckpt folded/ckpt && rm -rf folded/ckpt/iter_0000008
+echo iter_0000004 > folded/ckpt/latest
+"$MT" "${m[@]}" --set logging.dir=folded --set checkpoint.save_dir=folded/ckpt >/dev/null 2>folded.err \
+  || { tail -5 folded.err; fail "resuming the CP x EP checkpoint on one rank"; }
+[ "$(grep -c '"loss"' folded/metrics.jsonl)" -eq 4 ] || fail "the one-rank run did not resume at iteration 4"
+same_losses cp_one_aux/metrics.jsonl folded/metrics.jsonl 5 8 1e-6
+echo "ok: MoE with context parallelism gives one rank's losses, aux and z losses (EP and folding over CP too)"
 echo "moe_train: ok"

@@ -450,5 +450,45 @@ TEST(Topology, ContextParallelErrorsNameTheSizes) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_THROW(Topology(4, 1, 1, 2, 2, 0, 2), std::invalid_argument);  // expert parallelism beside context
+  EXPECT_THROW(Topology(4, 1, 1, 2, 3, 0, 2), std::invalid_argument);  // EP 3 does not divide context x data 4
+}
+
+// With context parallelism the experts' grid folds the context ranks in (i = tp + T * (cp + C * dp)): for every
+// layout up to 16 ranks with CP 2 or 4, every ETP dividing TP and EP with EP x ETP dividing T x C x D, the EP and
+// EDP groups partition the world, meet in one rank, keep to one stage and one etp; with ETP = T an EP group is EP
+// consecutive context x data places (context ranks first).
+TEST(Topology, ExpertGroupsFoldTheContextRanksIn) {
+  for (int cp : {2, 4})
+    for (int tp : {1, 2})
+      for (int dp : {1, 2})
+        for (int pp : {1, 2}) {
+          const int world = tp * cp * dp * pp;
+          if (world > 16) continue;
+          for (int etp = 1; etp <= tp; ++etp) {
+            if (tp % etp != 0) continue;
+            for (int ep = 1; ep <= tp * cp * dp; ++ep) {
+              if ((tp * cp * dp) % (ep * etp) != 0 || (etp == tp && (cp * dp) % ep != 0)) continue;
+              SCOPED_TRACE("tp " + std::to_string(tp) + " cp " + std::to_string(cp) + " dp " + std::to_string(dp) +
+                           " pp " + std::to_string(pp) + " etp " + std::to_string(etp) + " ep " + std::to_string(ep));
+              Topology t(world, tp, pp, dp, ep, etp, cp);
+              expect_expert_groups_partition(t, ep, tp * cp * dp / (ep * etp));
+              for (int r = 0; r < world; ++r) {
+                for (int q : t.ep_group(r)) {
+                  EXPECT_EQ(t.coord(q).pp, t.coord(r).pp);
+                  EXPECT_EQ(t.expert_coord(q).etp, t.expert_coord(r).etp);
+                  if (etp == tp) {
+                    EXPECT_EQ(t.coord(q).tp, t.coord(r).tp);
+                    const int place_q = t.coord(q).cp + cp * t.coord(q).dp,
+                              place_r = t.coord(r).cp + cp * t.coord(r).dp;
+                    EXPECT_EQ(place_q / ep, place_r / ep);  // consecutive context x data places
+                  }
+                }
+              }
+            }
+          }
+        }
+  // CP 2 x DP 2 with EP 2: the expert-parallel groups are the context pairs, the expert-data groups across data.
+  const Topology t(4, 1, 1, 2, 2, 0, 2);
+  EXPECT_EQ(t.ep_group(0), (std::vector<int>{0, 1}));
+  EXPECT_EQ(t.edp_group(0), (std::vector<int>{0, 2}));
 }

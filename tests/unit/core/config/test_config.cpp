@@ -593,9 +593,12 @@ TEST(ConfigRules, ContextParallelSplitsTheSequence) {
   EXPECT_CONTAINS(base_error({"parallel.context=2"}, 2),
                   "parallel.context: 2 needs model.dropout and "
                   "model.attention_dropout 0");
-  EXPECT_CONTAINS(
-      base_error(with({"parallel.context=2", "parallel.data=2", "model.moe.num_experts=2", "parallel.expert=2"}), 4),
-      "parallel.context: 2 with parallel.expert=2 and parallel.expert_tensor=");
+  EXPECT_CONTAINS(base_error(with({"parallel.context=2", "model.moe.num_experts=4", "parallel.expert=4"}), 2),
+                  "parallel.expert: 4 does not divide parallel.data x parallel.context = 1 x 2 = 2");
+  EXPECT_CONTAINS(base_error(with({"parallel.context=2", "parallel.tensor=2", "model.moe.num_experts=8",
+                                   "parallel.expert=8", "parallel.expert_tensor=1"}),
+                             4),
+                  "parallel.expert*expert_tensor = 8*1 = 8 does not divide parallel.tensor*context*data = 2*2*1 = 4");
   EXPECT_CONTAINS(
       base_error(with({"parallel.context=2", "model.moe.num_experts=2", "model.moe.capacity_factor=1.5"}), 2),
       "model.moe.capacity_factor: 1.5 with parallel.context=2 is not built yet");
