@@ -82,5 +82,3 @@ expect_error "parallel.context: 2 with training.fp8 is not built yet" --config t
   --set parallel.context=2 --set training.precision=bf16 --set training.fp8.format=hybrid
 expect_error "parallel.context: 2 with data.loss_mask: true is not built yet" --config tiny.yaml "${nodrop[@]}" \
   --nproc 2 --set parallel.context=2 --set data.loss_mask=true
-expect_error "plan: parallel.context=2 is not modelled by the planner yet" plan --config tiny.yaml "${nodrop[@]}" \
-  --set parallel.context=2 --world 2
