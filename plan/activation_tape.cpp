@@ -180,6 +180,34 @@ class Replay {
     if (s.m.rotary && !s.cpu) t.workspace(s.T * s.m.D * 4);
   }
 
+  // parallel/context_parallel.cpp with context parallelism: the key/value blocks of this rank's (B, T, Gt, 2, D)
+  // in the compute dtype, the own one and the ring's next (p2p) or all cp gathered (allgather).
+  double kv_elements() const { return s.B * s.T * s.m.Gt * 2 * s.m.D; }
+  double kv_blocks_bytes() const { return kv_elements() * s.d * (s.cp_allgather ? 1 + s.cp : 2); }
+  // context_attention_forward, the temporaries of the call: the key/value blocks, the merged output and one
+  // block's (B, T, Ht, D) f32 and that block's (B, Ht, T) f32 log-sum-exp.
+  void context_forward() {
+    if (s.cp <= 1) return;
+    const double held = kv_blocks_bytes() + 2 * s.B * s.T * s.m.Ct * 4 + s.B * s.m.Ht * s.T * 4;
+    t.alloc(held);
+    t.free(held);
+  }
+  // context_attention_backward: the key/value blocks, dq (B, T, Ht, D) f32 and the key/value gradients in f32:
+  // with allgather every block's (cp of them), then this rank's (reduce-scattered, Gloo's cp blocks received
+  // into an f32 workspace); on the ring the travelling one and the arriving one.
+  void context_backward() {
+    if (s.cp <= 1) return;
+    const double kv = kv_elements() * 4, blocks = kv_blocks_bytes() + s.B * s.T * s.m.Ct * 4;
+    if (s.cp_allgather) {
+      t.alloc(blocks + s.cp * kv + kv);
+      if (s.cpu) t.workspace(s.cp * kv);  // comm_gloo.cpp reduce_scatter's blocks
+      t.free(blocks + s.cp * kv + kv);
+    } else {
+      t.alloc(blocks + 2 * kv);
+      t.free(blocks + 2 * kv);
+    }
+  }
+
   // models/moe_mlp.cpp MoeMlp::forward on the (Ns, C) rows, routing balanced (each expert N k / E rows of every
   // rank): the Saved tensors, the locals of the call, and the expert GEMMs one after another (their CPU workspaces
   // one at a time). With parallel folding this rank dispatches Rd = N k / folds of the choices (take_share) and
@@ -343,6 +371,7 @@ class Replay {
     kept += column_forward(m.qkv);                    // qkv (B, T, G/tp, R+2, D)
     rope();                                           // on q and k in place
     keep_alloc(N * m.Ct * d + s.B * m.Ht * s.T * 4);  // att, att_lse
+    context_forward();                                // attend over the context ranks' keys and values
     const double proj = row_forward(m.Ct);            // proj, a local of run()
     keep_alloc(Ns * C * d);                           // x2
     kept += norm_forward();                           // n2
@@ -396,6 +425,7 @@ class Replay {
       const double again = selected_bytes(moe);  // recompute_selected, before anything else
       t.alloc(again);
       kept += again;
+      if (s.selective.core_attn) context_forward();  // the attention forward again
     }
     double locals = 0;
     auto local = [&](double bytes) {
@@ -427,6 +457,7 @@ class Replay {
     local(Ns * C * d);                 // dproj
     locals += row_backward(m.Ct);      // datt = proj_.backward
     local(N * m.qkv * d);              // dqkv
+    context_backward();                // over the context ranks' keys and values
     rope();                            // the inverse rotation on dq, dk in place
     locals += column_backward(m.qkv);  // dln1 = qkv_.backward
     t.alloc(Ns * C * d);               // dx, returned
@@ -500,6 +531,11 @@ ChunkProfile profile_chunk(const TapeShapes& s, const ChunkSpec& chunk) {
 
   // Forward: the trainer's load_batch, then GptModel::forward_stage. A received input is already counted.
   tape.mark();
+  if (s.cp > 1 && s.cpu) {  // load_batch: the whole samples' tokens and targets, cut into this rank's chunks
+    const double whole = 2 * tokens * s.cp;
+    tape.alloc(whole + tokens);
+    tape.free(whole + tokens);
+  }
   tape.alloc(2 * tokens);  // tokens, targets
   if (chunk.has_embedding) r.embedding_forward();
   std::vector<double> kept(static_cast<size_t>(chunk.layers));

@@ -15,7 +15,7 @@ namespace mt::plan {
 
 // Sizes of one microbatch on one rank (elements, except bytes_per_value).
 struct TapeShapes {
-  double B = 1, T = 1;           // micro batch, sequence
+  double B = 1, T = 1;           // micro batch, sequence (this rank's T / cp tokens with context parallelism)
   ModelShapes m;                 // the architecture's widths on this rank (hidden C, heads, QKV, fc1, ffn, vocabulary)
   double tp = 1;                 // tensor-parallel size
   bool sp = false;               // sequence parallelism (over tp > 1)
@@ -25,6 +25,8 @@ struct TapeShapes {
   int64_t recompute_layers = 0;  // of each chunk's layers, the first this many recomputed (0: all)
   SelectiveRecompute selective;  // else these tensors (training.recompute: selective, models/transformer_layer.h)
   bool split_backward = false;   // a zero-bubble schedule: backward's weight-gradient GEMMs deferred to W
+  double cp = 1;                 // context-parallel size (parallel.context): each rank holds T = seq_length / cp
+  bool cp_allgather = false;     // parallel.context_comm: allgather (else p2p, the ring)
   bool recomputes(int64_t layer_in_chunk) const {
     return recompute && (recompute_layers == 0 || layer_in_chunk < recompute_layers);
   }

@@ -18,7 +18,9 @@ Layout layout_of(const Config& c) {
                 .recompute = c.training.recompute,
                 .shard = c.parallel.shard,
                 .expert = c.parallel.expert,
-                .expert_tensor = c.parallel.experts_tensor() == c.parallel.tensor ? 0 : c.parallel.expert_tensor};
+                .expert_tensor = c.parallel.experts_tensor() == c.parallel.tensor ? 0 : c.parallel.expert_tensor,
+                .context = c.parallel.context,
+                .context_allgather = c.parallel.context_comm == ContextComm::allgather};
 }
 
 namespace {
@@ -30,10 +32,12 @@ const char* zero_word(ShardStage s) {
 }  // namespace
 
 std::string describe(const Layout& l) {
-  return fmt::format("TP {} PP {} VP {} DP {} mbs {} SP {} recompute {} ZeRO {}{}{}", l.tensor, l.pipeline,
-                     l.virtual_pipeline, l.data, l.micro_batch_size, l.sequence_parallel ? "on" : "off",
-                     name_of(l.recompute), zero_word(l.shard), l.expert > 1 ? fmt::format(" EP {}", l.expert) : "",
-                     l.expert_tensor > 0 && l.expert_tensor != l.tensor ? fmt::format(" ETP {}", l.expert_tensor) : "");
+  return fmt::format(
+      "TP {} PP {} VP {} DP {} mbs {} SP {} recompute {} ZeRO {}{}{}{}", l.tensor, l.pipeline, l.virtual_pipeline,
+      l.data, l.micro_batch_size, l.sequence_parallel ? "on" : "off", name_of(l.recompute), zero_word(l.shard),
+      l.expert > 1 ? fmt::format(" EP {}", l.expert) : "",
+      l.expert_tensor > 0 && l.expert_tensor != l.tensor ? fmt::format(" ETP {}", l.expert_tensor) : "",
+      l.context > 1 ? fmt::format(" CP {} {}", l.context, l.context_allgather ? "allgather" : "p2p") : "");
 }
 
 Config apply_layout(const Config& base, const Layout& l) {
@@ -42,6 +46,8 @@ Config apply_layout(const Config& base, const Layout& l) {
       fmt::format("parallel.pipeline={}", l.pipeline),
       fmt::format("parallel.virtual_pipeline={}", l.virtual_pipeline),
       fmt::format("parallel.data={}", l.data),
+      fmt::format("parallel.context={}", l.context),
+      fmt::format("parallel.context_comm={}", l.context_allgather ? "allgather" : "p2p"),
       fmt::format("parallel.sequence_parallel={}", l.sequence_parallel ? "true" : "false"),
       "parallel.distributed_optimizer=false",
       fmt::format("parallel.shard={}", name_of(l.shard)),
@@ -64,7 +70,7 @@ Config apply_layout(const Config& base, const Layout& l) {
   // An uneven split written for the base layout does not carry over to another number of stages.
   if (l.pipeline != base.parallel.pipeline || l.virtual_pipeline != base.parallel.virtual_pipeline)
     sets.push_back("parallel.layers_per_stage=[]");
-  return parse_config(to_yaml(base), base.source, sets, l.tensor * l.pipeline * l.data);
+  return parse_config(to_yaml(base), base.source, sets, l.tensor * l.context * l.pipeline * l.data);
 }
 
 std::string runtime_refusal(const Config& c) {

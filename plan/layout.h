@@ -22,6 +22,8 @@ struct Layout {
   // The experts' tensor-parallel size (0: tensor); below tensor, Megatron's parallel folding draws the EP ranks
   // from the tensor ranks too.
   int64_t expert_tensor = 0;
+  int64_t context = 1;             // context-parallel size (parallel.context): each sample's sequence over CP ranks
+  bool context_allgather = false;  // parallel.context_comm: allgather (else p2p, the ring)
 
   bool operator==(const Layout&) const = default;
 };
@@ -30,7 +32,7 @@ struct Layout {
 Layout layout_of(const Config& c);
 // One line: "TP 4 PP 2 VP 1 DP 1 mbs 1 SP on recompute none ZeRO on" (ZeRO off | on | grads: parallel.shard none,
 // optimizer, gradients), and " EP 4" with expert parallelism,
-// " ETP 1" with parallel folding.
+// " ETP 1" with parallel folding, " CP 2 p2p" with context parallelism.
 std::string describe(const Layout& l);
 
 // `base` with `l` applied and every config rule checked again (through core/config, so an invalid layout is

@@ -80,7 +80,7 @@ GradLayout grad_layout(const std::vector<double>& params, int64_t bucket_element
 TapeShapes tape_shapes(const Config& c, Backend backend) {
   const int64_t tp = c.parallel.tensor;
   return TapeShapes{.B = static_cast<double>(c.training.micro_batch_size),
-                    .T = static_cast<double>(c.model.seq_length),
+                    .T = static_cast<double>(c.model.seq_length / c.parallel.context),  // this rank's chunks
                     .m = model_shapes(c.model, tp, c.parallel.expert, c.parallel.expert_tensor),
                     .tp = static_cast<double>(tp),
                     .sp = c.parallel.sequence_parallel && tp > 1,
@@ -90,7 +90,9 @@ TapeShapes tape_shapes(const Config& c, Backend backend) {
                     .recompute_layers = c.training.recompute_num_layers,
                     .selective = SelectiveRecompute::of(c.training.recompute_modules),
                     .split_backward = training_schedule_kind(c.parallel) == ScheduleKind::zb_h1 ||
-                                      training_schedule_kind(c.parallel) == ScheduleKind::zb_v};
+                                      training_schedule_kind(c.parallel) == ScheduleKind::zb_v,
+                    .cp = static_cast<double>(c.parallel.context),
+                    .cp_allgather = c.parallel.context_comm == ContextComm::allgather};
 }
 
 struct ActivationPeaks {
@@ -196,7 +198,8 @@ double MemoryPlan::max_total() const {
 }
 
 MemoryPlan predict_memory(const Config& c, Backend backend) {
-  const int64_t p = c.parallel.pipeline, dp = c.parallel.data;
+  // The weights' replicas: the gradients reduce (ZeRO: shard) over data x context ranks (Distributed::weight_replicas).
+  const int64_t p = c.parallel.pipeline, dp = c.parallel.data * c.parallel.context;
   const TapeShapes shapes = tape_shapes(c, backend);
   const double d = shapes.d;
   const bool zero = c.parallel.shard >= ShardStage::optimizer;

@@ -26,6 +26,27 @@ std::vector<int64_t> divisors(int64_t n) {
   return d;
 }
 
+// The tensor and context-parallel sizes to search (CP ranks between the tensor and data-parallel ones, both the
+// ring and the all-gather): CP only where config/config_rules.cpp resolve_context accepts the model (seq_length cut
+// into 2 CP chunks, none of the features it does not split), checked here to skip the layouts it would refuse; and
+// chunks of at least SearchOptions::min_context_chunk tokens.
+struct TensorContext {
+  int64_t tp, cp;
+  bool cp_allgather;
+};
+std::vector<TensorContext> tensor_context_sizes(const Config& c, int64_t world, int64_t min_chunk) {
+  const ModelConfig& m = c.model;
+  const bool context = m.dropout == 0 && m.attention_dropout == 0 && !m.moe.enabled() && !c.training.fp8.enabled();
+  std::vector<TensorContext> out;
+  for (int64_t tp : divisors(world))
+    for (int64_t cp : divisors(world / tp)) {
+      if (cp > 1 && (!context || m.seq_length % (2 * cp) != 0 || m.seq_length / (2 * cp) < min_chunk)) continue;
+      out.push_back({tp, cp, false});
+      if (cp > 1) out.push_back({tp, cp, true});
+    }
+  return out;
+}
+
 }  // namespace
 
 std::vector<Prediction> search(const Config& base, int64_t world, const Hardware& hw, const SearchOptions& opt) {
@@ -50,16 +71,16 @@ std::vector<Prediction> search(const Config& base, int64_t world, const Hardware
       }
     }
   };
-  for (int64_t tp : divisors(world)) {
+  for (const auto& [tp, cp, cp_allgather] : tensor_context_sizes(base, world, opt.min_context_chunk)) {
     // Tensor parallelism inside a node, dividing heads, key/value heads and ffn (the config rules say so too;
     // checked early here to skip the rest of the loop).
     if (tp > hw.gpus_per_node || m.num_heads % tp != 0 || m.kv_heads() % tp != 0 || m.ffn_hidden_size % tp != 0)
       continue;
     // MoE: the shared expert is split over the tensor-parallel ranks as the dense MLP.
     if (m.moe.enabled() && m.moe.shared_expert_ffn_hidden_size % tp != 0) continue;
-    for (int64_t pp : divisors(world / tp)) {
+    for (int64_t pp : divisors(world / (tp * cp))) {
       if (pp > m.num_layers) continue;
-      const int64_t dp = world / (tp * pp);
+      const int64_t dp = world / (tp * cp * pp);
       if (G % dp != 0) continue;
       for (int64_t vp = 1; vp <= (pp > 1 ? opt.max_virtual_pipeline : 1); ++vp) {
         if (m.num_layers % (pp * vp) != 0) continue;
@@ -67,7 +88,7 @@ std::vector<Prediction> search(const Config& base, int64_t world, const Hardware
           if (G % (mbs * dp) != 0) continue;
           if (vp > 1 && (G / (mbs * dp)) % pp != 0) continue;
           for (bool sp : {false, true}) {
-            if (sp && (tp == 1 || m.seq_length % tp != 0)) continue;
+            if (sp && (tp == 1 || (m.seq_length / cp) % tp != 0)) continue;
             // ZeRO stages: none, optimizer (ZeRO-1), gradients (ZeRO-2); the time model prices them alike, so a
             // higher stage is chosen only where it is what fits.
             for (ShardStage zero : {ShardStage::none, ShardStage::optimizer, ShardStage::gradients}) {
@@ -88,7 +109,9 @@ std::vector<Prediction> search(const Config& base, int64_t world, const Hardware
                                              .sequence_parallel = sp,
                                              .shard = zero,
                                              .expert = ep,
-                                             .expert_tensor = etp == tp ? 0 : etp});
+                                             .expert_tensor = etp == tp ? 0 : etp,
+                                             .context = cp,
+                                             .context_allgather = cp_allgather});
                 }
               }
             }

@@ -31,6 +31,10 @@ struct SearchOptions {
   int64_t max_virtual_pipeline = 8;
   bool allow_zero = true;
   bool allow_recompute = true;
+  // Context parallelism is tried only where each of a sample's 2 CP chunks keeps at least this many tokens: below
+  // about a thousand a block's attention is too short to hide the ring's transfers (and it keeps the search of
+  // short-sequence models, thousands of ranks included, as it was).
+  int64_t min_context_chunk = 1024;
 };
 
 // Every layout of `base`'s model on `world` ranks that the config rules and the schedule accept and that fits,

@@ -58,10 +58,10 @@ nlohmann::json to_json(const Prediction& p, const Hardware& hw) {
   }
   j["memory"] = ranks;
   const StepTime& t = p.time;
-  j["time_s"] = {{"compute", t.compute},         {"gemm", t.gemm},       {"attention", t.attention},
-                 {"elementwise", t.elementwise}, {"tp_comm", t.tp_comm}, {"ep_comm", t.ep_comm},
-                 {"pp_comm", t.pp_comm},         {"bubble", t.bubble},   {"dp_comm", t.dp_comm},
-                 {"optimizer", t.optimizer},     {"total", t.total}};
+  j["time_s"] = {{"compute", t.compute},         {"gemm", t.gemm},           {"attention", t.attention},
+                 {"elementwise", t.elementwise}, {"tp_comm", t.tp_comm},     {"ep_comm", t.ep_comm},
+                 {"cp_comm", t.cp_comm},         {"pp_comm", t.pp_comm},     {"bubble", t.bubble},
+                 {"dp_comm", t.dp_comm},         {"optimizer", t.optimizer}, {"total", t.total}};
   j["all_to_all_bytes_per_token"] = t.all_to_all_bytes_per_token;
   j["tokens_per_s"] = t.tokens_per_s;
   j["model_tflops_per_gpu"] = t.model_tflops_per_gpu;
@@ -121,6 +121,9 @@ std::string format_prediction(const Prediction& p, const Hardware& hw) {
       "  tensor-parallel comm {:.1f} | pipeline comm {:.1f} | pipeline bubble {:.1f} | data-parallel "
       "comm {:.1f} | optimizer {:.1f}\n",
       ms(t.tp_comm), ms(t.pp_comm), ms(t.bubble), ms(t.dp_comm), ms(t.optimizer));
+  if (c.parallel.context > 1)
+    s += fmt::format("  context-parallel comm {:.1f} (CP {}, {})\n", ms(t.cp_comm), c.parallel.context,
+                     name_of(c.parallel.context_comm));
   if (c.model.moe.enabled())
     s += fmt::format("  expert-parallel all-to-all {:.1f} ({:.0f} bytes per token and MoE layer a step; EP {})\n",
                      ms(t.ep_comm), t.all_to_all_bytes_per_token, c.parallel.expert);

@@ -17,8 +17,10 @@ namespace mt::plan {
 namespace {
 
 struct Shapes {
-  double B, T;
-  ModelShapes m;  // the architecture's widths on this rank
+  double B, T;                // micro batch, this rank's sequence (seq_length / cp with context parallelism)
+  double cp = 1;              // context-parallel size: attention meets the keys of all cp ranks
+  bool cp_allgather = false;  // parallel.context_comm: allgather (else the ring)
+  ModelShapes m;              // the architecture's widths on this rank
   double tp, d;
   double ep = 1;                 // expert-parallel size
   double ep_peers_off_node = 0;  // of a rank's EP - 1 peers, the most in other nodes (ep_peers_off_node)
@@ -60,12 +62,13 @@ Link link(const Hardware& hw, bool inside_node) {
 struct Parts {
   double gemm = 0, attention = 0, elementwise = 0, tp = 0;
   double ep = 0;  // the MoE layers' expert-parallel all-to-alls
-  double sum() const { return gemm + attention + elementwise + tp + ep; }
+  double cp = 0;  // context parallelism's key/value transfers (exposed)
+  double sum() const { return gemm + attention + elementwise + tp + ep + cp; }
   Parts& operator+=(const Parts& o) {
-    gemm += o.gemm, attention += o.attention, elementwise += o.elementwise, tp += o.tp, ep += o.ep;
+    gemm += o.gemm, attention += o.attention, elementwise += o.elementwise, tp += o.tp, ep += o.ep, cp += o.cp;
     return *this;
   }
-  Parts operator*(double n) const { return {gemm * n, attention * n, elementwise * n, tp * n, ep * n}; }
+  Parts operator*(double n) const { return {gemm * n, attention * n, elementwise * n, tp * n, ep * n, cp * n}; }
 };
 
 // Bytes one token moves over the expert-parallel all-to-alls of one MoE layer in one training step: dispatch and
@@ -77,8 +80,8 @@ double all_to_all_bytes_per_token(const MoeShapes& e, double C, double d, double
 
 class Costs {
  public:
-  Costs(const Shapes& s, const Hardware& hw, const Link& tp_link)
-      : s(s), hw(hw), tpl(tp_link), intra(link(hw, true)), inter(link(hw, false)) {}
+  Costs(const Shapes& s, const Hardware& hw, const Link& tp_link, const Link& cp_link)
+      : s(s), hw(hw), tpl(tp_link), cpl(cp_link), intra(link(hw, true)), inter(link(hw, false)) {}
 
   double gemm(double m, double n, double k) const {
     return s.oversubscribed * (2 * m * n * k / gemm_rate(hw, m, n, k, s.fp32) + hw.kernel_overhead_s);
@@ -119,7 +122,7 @@ class Costs {
     const double N = s.N(), Ns = s.Ns(), C = m.C;
     Parts p;
     p.gemm = linear(N, m.qkv, C) + linear(N, C, m.Ct) + (moe ? 0 : linear(N, m.fc1, C) + linear(N, C, m.Ft));
-    p.attention = attention(2 * s.B * m.Ht * s.T * s.T * m.D);  // QK^T and PV, causal: half of 4 B H T^2 D
+    p.attention = attention(attention_flops());  // QK^T and PV, causal: half of 4 B H T^2 D
     // fp8: the inputs of the four linears cast (their amaxes first). The weights are cast once per step
     // (parallel/fp8_linear.h Fp8Link::weight), not counted: under 1% of a step at any size a GPU trains.
     p.elementwise += fp8_cast(N, C) + fp8_cast(N, m.Ct) + (moe ? 0 : fp8_cast(N, C) + fp8_cast(N, m.Ft));
@@ -140,6 +143,8 @@ class Costs {
     if (s.sp) t += pass(N * C, 4, 0);  // the rank-major permutes around the gathers and reduce-scatters
     p.elementwise += t + launches(kernels);
     if (s.tp > 1) p.tp = s.sp ? 4 * tp_gather() : 2 * tp_all_reduce();
+    p.cp = context_forward();
+    p.elementwise += context_merges();
     if (moe) p += moe_forward();
     return p;
   }
@@ -175,6 +180,36 @@ class Costs {
     p.ep = moe_all_to_all();
     return p;
   }
+  // Causal attention of this rank's B T queries over the whole sequence, 2 B H T^2 D at cp 1: with context
+  // parallelism a rank's two chunks hold 1/cp of the causal work (parallel/context_parallel.h).
+  double attention_flops() const { return 2 * s.B * s.m.Ht * s.T * (s.T * s.cp) * s.m.D; }
+  // parallel/context_parallel.cpp: the (B, T, Gt, 2, D) key/value block of a rank in the compute dtype.
+  double kv_bytes() const { return s.B * s.T * s.m.Gt * 2 * s.m.D * s.d; }
+  // context_attention_forward's exposed transfers: the ring's cp - 1 blocks, each sent while the block before is
+  // computed (what exceeds a block's attention), or one all-gather of every block before any compute.
+  double context_forward() const {
+    if (s.cp <= 1) return 0;
+    if (s.cp_allgather) return cpl.gather(s.cp, s.cp * kv_bytes());
+    const double block = attention(attention_flops()) / s.cp;
+    return (s.cp - 1) * std::max(0.0, cpl.p2p(kv_bytes()) - block);
+  }
+  // The merges of the cp - 1 later blocks' partial outputs into the f32 accumulator, (B, T, Ht, D) f32 each,
+  // read twice and written once, and the final copy out.
+  double context_merges() const {
+    if (s.cp <= 1) return 0;
+    const double f32 = 4 / s.d;
+    return s.cp * pass(s.N() * s.m.Ct * f32, 3, 0) + launches(s.cp);
+  }
+  // context_attention_backward: the keys and values again as forward, and their f32 gradients: on the ring each
+  // of the cp hops waited right after its block's compute (exposed); with allgather one reduce-scatter of all cp
+  // blocks' gradients.
+  double context_backward() const {
+    if (s.cp <= 1) return 0;
+    const double grads = kv_bytes() * 4 / s.d;
+    if (s.cp_allgather) return cpl.gather(s.cp, s.cp * kv_bytes()) + cpl.gather(s.cp, s.cp * grads);
+    const double block = 2.5 * attention(attention_flops()) / s.cp;
+    return (s.cp - 1) * std::max(0.0, cpl.p2p(kv_bytes()) - block) + s.cp * cpl.p2p(grads);
+  }
   // The dispatch and combine all-to-alls of one MoE layer's forward or backward: each sends this rank's share of
   // the N k permuted rows (all of them, or 1 / folds with parallel folding) but the 1/EP staying on this rank (a
   // quarter of the step's all_to_all_bytes_per_token, per token and fold). The share for peers in other nodes goes
@@ -202,7 +237,9 @@ class Costs {
       kernels += 2;
     }
     if (s.selective.core_attn) {
-      p.attention = attention(2 * s.B * m.Ht * s.T * s.T * m.D);
+      p.attention = attention(attention_flops());
+      p.cp = context_forward();
+      p.elementwise += context_merges();
       kernels += 1;
     }
     if (s.selective.mlp_act && !moe) {
@@ -222,7 +259,7 @@ class Costs {
     Parts p;
     p.gemm =
         linear_bwd(N, m.qkv, C) + linear_bwd(N, C, m.Ct) + (moe ? 0 : linear_bwd(N, m.fc1, C) + linear_bwd(N, C, m.Ft));
-    p.attention = attention(2.5 * 2 * s.B * m.Ht * s.T * s.T * m.D);  // flash backward: ~2.5x the forward
+    p.attention = attention(2.5 * attention_flops());  // flash backward: ~2.5x the forward
     // fp8: the output gradients cast, and the inputs again (parallel/parallel_linear.cpp).
     p.elementwise += fp8_cast(N, m.qkv) + fp8_cast(N, C) + fp8_cast(N, C) + fp8_cast(N, m.Ct) +
                      (moe ? 0 : fp8_cast(N, m.fc1) + fp8_cast(N, C) + fp8_cast(N, C) + fp8_cast(N, m.Ft));
@@ -246,6 +283,7 @@ class Costs {
     // reduce-scatters. A MoE layer keeps its gathered input: no gather of ln2 (5 with SP), and an all-reduce of
     // the (N, k) f32 dprobs.
     if (s.tp > 1) p.tp = s.sp ? (moe ? 5 : 6) * tp_gather() : 2 * tp_all_reduce();
+    p.cp = context_backward();
     if (moe) p += moe_backward();
     return p;
   }
@@ -314,7 +352,7 @@ class Costs {
  private:
   const Shapes& s;
   const Hardware& hw;
-  Link tpl, intra, inter;
+  Link tpl, cpl, intra, inter;
 };
 
 // Expert-parallel groups (parallel/topology): a stage's ranks i = tp + TP dp refold as i = etp + ETP (ep + EP edp)
@@ -355,11 +393,13 @@ struct StageCost {
 StepTime predict_time(const Config& c, const Hardware& hw) {
   const ModelConfig& m = c.model;
   const ParallelConfig& par = c.parallel;
-  const int64_t tp = par.tensor, p = par.pipeline, v = par.virtual_pipeline, dp = par.data;
+  const int64_t tp = par.tensor, p = par.pipeline, v = par.virtual_pipeline, dp = par.data, cp = par.context;
   const int64_t ep = std::max<int64_t>(1, par.expert), etp = par.experts_tensor();
   const int gpn = std::max(1, hw.gpus_per_node);
   const Shapes s{.B = static_cast<double>(c.training.micro_batch_size),
-                 .T = static_cast<double>(m.seq_length),
+                 .T = static_cast<double>(m.seq_length / cp),
+                 .cp = static_cast<double>(cp),
+                 .cp_allgather = par.context_comm == ContextComm::allgather,
                  .m = model_shapes(m, tp, ep, etp),
                  .tp = static_cast<double>(tp),
                  .d = static_cast<double>(dtype_size(dtype_of(c.training.precision))),
@@ -374,13 +414,13 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
                  .oversubscribed = cpu_ranks_per_core(hw, par.world_size),
                  .fp8 = c.training.fp8.enabled(),
                  .fp8_rate = fp8_gemm_speedup(hw)};
-  // Ranks: tp fastest, then dp, then pp (parallel/topology). A group stays in a node when its span fits.
+  // Ranks: tp fastest, then cp, then dp, then pp (parallel/topology). A group stays in a node when its span fits.
   // Expert-parallel ranks are drawn from the data-parallel (and with folding the tensor-parallel) ones
   // (ep_peers_off_node); the expert-data-parallel group spans at most what the data-parallel group spans.
-  const Costs costs(s, hw, link(hw, tp <= gpn));
+  const Costs costs(s, hw, link(hw, tp <= gpn), link(hw, tp * cp <= gpn));
   const int64_t par_recompute_layers = c.training.recompute_num_layers;
-  const Link dp_link = link(hw, tp * dp <= gpn);
-  const Link pp_link = link(hw, tp * dp * std::min<int64_t>(p, 2) <= gpn);
+  const Link dp_link = link(hw, tp * cp * dp <= gpn);
+  const Link pp_link = link(hw, tp * cp * dp * std::min<int64_t>(p, 2) <= gpn);
 
   const int64_t vstages = p * v;
   // A dense layer's and a MoE layer's parts.
@@ -447,6 +487,7 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   t.compute = t.gemm + t.attention + t.elementwise;
   t.tp_comm = M * slow->work.tp;
   t.ep_comm = M * slow->work.ep;
+  t.cp_comm = M * slow->work.cp;
   t.all_to_all_bytes_per_token = all_to_all_bytes_per_token(s.m.moe, C, s.d, s.ep);
   t.pp_comm = M * slow->p2p;
   // Fill and drain: the schedule simulator (parallel/schedule.h) runs the training schedule with the slowest
@@ -476,7 +517,8 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   for (const StageCost& sc : stages)
     if (sc.params > big->params) big = &sc;
   const double n = big->params, ne = big->expert_params, nd = n - ne;
-  const double dpn = static_cast<double>(dp), edp = static_cast<double>(par.expert_data());
+  // The gradients reduce (ZeRO: are sharded) over the data x context ranks holding the same weights.
+  const double dpn = static_cast<double>(dp * cp), edp = static_cast<double>(par.expert_data());
   const double bw_elem = hw.hbm_bytes_per_s * hw.elementwise_efficiency / s.oversubscribed;
   if (par.shard >= ShardStage::optimizer) {
     const double reduce_scatter = dp_link.gather(dpn, 4 * nd) + dp_link.gather(edp, 4 * ne);
@@ -490,12 +532,13 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
     const double reduce = dp_link.all_reduce(dpn, 4 * nd) + dp_link.all_reduce(edp, 4 * ne);
     const double bucket_fraction = std::min(1.0, static_cast<double>(par.grad_bucket_size) / std::max(n, 1.0));
     // Buckets reduce while the last microbatch's backward runs on; the last bucket waits for the end.
-    t.dp_comm = dp > 1 ? std::max(reduce * bucket_fraction, reduce - slow->backward) : 0;
+    t.dp_comm = dp * cp > 1 ? std::max(reduce * bucket_fraction, reduce - slow->backward) : 0;
     t.optimizer = (4 * n + n * (4 + 28 + (s.d != 4 ? s.d + 4 : 0))) / bw_elem;
   }
-  t.total = t.compute + t.tp_comm + t.ep_comm + t.pp_comm + t.bubble + t.dp_comm + t.optimizer;
+  t.total = t.compute + t.tp_comm + t.ep_comm + t.cp_comm + t.pp_comm + t.bubble + t.dp_comm + t.optimizer;
 
-  const double tokens = static_cast<double>(c.training.global_batch_size) * s.T;
+  const double seq = static_cast<double>(m.seq_length);
+  const double tokens = static_cast<double>(c.training.global_batch_size) * seq;
   const double world = static_cast<double>(par.world_size);
   t.tokens_per_s = tokens / t.total;
   t.model_tflops_per_gpu = model_flops_per_iteration(m, static_cast<int64_t>(tokens)) / t.total / world / 1e12;
@@ -514,7 +557,7 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
           ? 1
           : std::min(1.0, static_cast<double>(par_recompute_layers * vstages) / static_cast<double>(m.num_layers));
   const double passes = 3 + recomputed;
-  const double hw_flops = passes * tokens * (layers_gemm_flops + L * 4 * s.T * h) + 6 * tokens * h * V;
+  const double hw_flops = passes * tokens * (layers_gemm_flops + L * 4 * seq * h) + 6 * tokens * h * V;
   t.hardware_tflops_per_gpu = hw_flops / t.total / world / 1e12;
   t.mfu = t.model_tflops_per_gpu * 1e12 / hw.peak_flops;
   return t;

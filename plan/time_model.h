@@ -10,7 +10,10 @@
 // expert parallelism (E / EP experts a rank, each N top_k EP / E rows), waits on its dispatch and combine
 // all-to-alls (exposed; inter-node where an EP group's ranks lie in more than one node), and the experts' gradients
 // reduce over the expert-data-parallel ranks; with parallel folding (ETP < TP) each fold of a tensor-parallel group
-// computes and sends 1 / folds of the choices.
+// computes and sends 1 / folds of the choices; with context parallelism (parallel.context) each rank's layers run
+// on its seq_length / CP tokens but its attention meets every rank's keys (1 / CP of the causal work), the ring's
+// key/value blocks overlapping the previous block's attention and its key/value gradients' hops exposed (or one
+// all-gather, and a reduce-scatter of the gradients, exposed), and the gradients reduce over data x context.
 #pragma once
 #include <string>
 
@@ -25,6 +28,7 @@ struct StepTime {
   double gemm = 0, attention = 0, elementwise = 0;  // the parts of compute
   double tp_comm = 0;                               // tensor/sequence-parallel collectives (exposed)
   double ep_comm = 0;    // the MoE layers' expert-parallel all-to-alls (exposed; 0 without expert parallelism)
+  double cp_comm = 0;    // context parallelism's key/value (and gradient) transfers (exposed)
   double pp_comm = 0;    // pipeline sends and receives (exposed)
   double bubble = 0;     // pipeline fill and drain
   double dp_comm = 0;    // data-parallel gradient reduction (and ZeRO's all-gather), exposed part

@@ -42,13 +42,6 @@ void run_plan(const PlanArgs& a) {
   // A search replaces the layout, so the config is read at its own (--world 4 searches 4 ranks for a config whose
   // layout needs 8); a prediction is of the layout on --world ranks.
   const Config cfg = load_config(a.config, a.overrides, a.search ? own_world : world);
-  // The planner does not model context parallelism yet: a prediction without it would be wrong, not rough.
-  if (cfg.parallel.context > 1)
-    throw std::runtime_error(
-        fmt::format("plan: parallel.context={} is not modelled by the planner yet (its "
-                    "activations, key/value blocks and ring traffic); plan the layout with "
-                    "parallel.context=1",
-                    cfg.parallel.context));
   const plan::Hardware hw = hardware(a, cfg);
   // Say so: data: auto plans a single data-parallel replica (no ZeRO sharding) unless --world names the ranks.
   if (data_auto && a.world == 0 && !a.search && !a.json)

@@ -99,5 +99,3 @@ expect_error "parallel.sequence_parallel: needs each context rank's model.seq_le
 expect_error "parallel.context: 2 needs model.dropout and model.attention_dropout 0" \
   --config tiny.yaml --nproc 2 --set parallel.context=2
 expect_error "parallel.context_comm" --config tiny.yaml "${nodrop[@]}" --set parallel.context_comm=ulysses
-expect_error "plan: parallel.context=2 is not modelled by the planner yet" plan --config tiny.yaml "${nodrop[@]}" \
-  --set parallel.context=2 --world 2

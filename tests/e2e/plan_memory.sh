@@ -4,7 +4,9 @@
 # llama-tiny-sized Llama: RMSNorm, SwiGLU, rotary embeddings, 8 query heads on 4 key/value heads, untied, and
 # that Llama with mixture-of-experts MLPs: 4 SwiGLU experts, top 2, a shared expert, the aux loss; and with
 # expert parallelism, EP 2 and 4 over 2 and 4 data-parallel ranks, with and without ZeRO, and parallel folding;
-# selective recomputation of each module; ZB-H1 and ZB-V pipelines (B keeping W's operands); sharded gradients, parallel.shard: gradients) the
+# selective recomputation of each module; ZB-H1 and ZB-V pipelines (B keeping W's operands); sharded gradients,
+# parallel.shard: gradients; context parallelism, CP 2 and 4 over the ring and the all-gather, alone and with TP+SP,
+# PP, DP+ZeRO and recomputation) the
 # training log's "peak memory (MiB)" split of rank 0 (the first pipeline stage) is compared with plan's
 # prediction for that rank kind: every kind within 10% (or 0.011 MiB, the log's rounding; with expert parallelism and
 # ZeRO the workspace prediction is an upper bound, as two buffers' reduce-scatters may or may not overlap) and the
@@ -38,6 +40,8 @@ model: {arch: llama, num_layers: 4, hidden_size: 64, num_heads: 8, num_query_gro
         moe: {num_experts: 4, top_k: 2, ffn_hidden_size: 64, shared_expert_ffn_hidden_size: 64, aux_loss_coeff: 0.01}}
 $run_sections
 YAML
+# Context parallelism refuses dropout: the GPT rows with CP turn it off (the Llama config has none).
+nodrop=(--set model.dropout=0 --set model.attention_dropout=0)
 mid=(--set model.num_layers=4 --set model.hidden_size=256 --set model.num_heads=8 --set model.ffn_hidden_size=1024
      --set model.seq_length=128 --set training.micro_batch_size=2 --set training.global_batch_size=8)
 # name | world | --set arguments (names starting with llama run llama.yaml, with moe moe.yaml, the others tiny.yaml)
@@ -82,6 +86,20 @@ layouts=(
   "llama-pp2-vp2-zbv|2|--set parallel.pipeline=2 --set parallel.virtual_pipeline=2 --set training.micro_batch_size=2 --set parallel.pipeline_schedule=zb-v"
   "tiny-tp2-sp-pp2-zbv-bf16|4|--set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.pipeline=2 --set parallel.virtual_pipeline=2 --set training.micro_batch_size=2 --set parallel.pipeline_schedule=zb-v --set training.precision=bf16"
   "tiny-dp4-shard-gradients|4|--set parallel.shard=gradients --set parallel.grad_bucket_size=2000"
+  "llama-selective-layernorm|1|--set training.recompute=selective --set training.recompute_modules=[layernorm]"
+  "tiny-cp2-p2p|2|${nodrop[*]} --set parallel.context=2"
+  "tiny-cp4-allgather|4|${nodrop[*]} --set parallel.context=4 --set parallel.context_comm=allgather"
+  "tiny-cp2-allgather-bf16|2|${nodrop[*]} --set parallel.context=2 --set parallel.context_comm=allgather --set training.precision=bf16"
+  "tiny-cp2-tp2-sp|4|${nodrop[*]} --set parallel.context=2 --set parallel.tensor=2 --set parallel.sequence_parallel=true"
+  "tiny-cp2-pp2|4|${nodrop[*]} --set parallel.context=2 --set parallel.pipeline=2 --set training.micro_batch_size=2"
+  "tiny-cp2-dp2-zero|4|${nodrop[*]} --set parallel.context=2 --set parallel.distributed_optimizer=true"
+  "mid-cp4-p2p|4|${mid[*]} ${nodrop[*]} --set parallel.context=4"
+  "llama-cp2-p2p|2|--set parallel.context=2"
+  "llama-cp4-p2p|4|--set parallel.context=4"
+  "llama-cp4-allgather-bf16|4|--set parallel.context=4 --set parallel.context_comm=allgather --set training.precision=bf16"
+  "llama-cp2-tp2-sp-bf16|4|--set parallel.context=2 --set parallel.tensor=2 --set parallel.sequence_parallel=true --set training.precision=bf16"
+  "llama-cp2-selective-all|2|--set parallel.context=2 --set training.recompute=selective --set training.recompute_modules=[core_attn,layernorm,mlp_act]"
+  "llama-cp2-recompute-1-layer|2|--set parallel.context=2 --set training.recompute=full --set training.recompute_num_layers=1"
 )
 : > results.txt
 for entry in "${layouts[@]}"; do

@@ -94,3 +94,32 @@ run_shard_layouts() {  # precision tolerance
   done
   echo "all $count sharded-gradient runs match one rank ($precision)"
 }
+
+# Context parallelism (parallel.context) in the matrix's setting, a representative subset (the full set, 9 layouts
+# per architecture over 10 iterations, and the checkpoints moved between CP degrees, is e2e.context_parallel):
+# each "cp comm tp pp dp" layout, with SP (TP > 1) and the distributed optimizer over data x context (DP > 1), must
+# give the single-rank losses within the tolerance. Dropout off in every run, the reference included: context
+# parallelism refuses it (its masks are keyed by contiguous positions, a rank's two chunks are not).
+run_context_layouts() {  # precision tolerance "cp comm tp pp dp"...
+  local precision=$1 tol=$2; shift 2
+  local common=(--config "${MATRIX_CONFIG:-tiny.yaml}" --set model.num_layers=8 --set training.micro_batch_size=1
+                --set training.global_batch_size=8 --set training.train_iters=6 --set parallel.timeout_s=60
+                --set parallel.grad_bucket_size=5000 --set training.precision=$precision
+                --set model.dropout=0 --set model.attention_dropout=0 ${MATRIX_ARGS[@]+"${MATRIX_ARGS[@]}"})
+  "$MT" "${common[@]}" --set logging.dir=context_one >/dev/null
+  local layout cp comm tp pp dp sp zero dir count=0
+  for layout in "$@"; do
+    read -r cp comm tp pp dp <<<"$layout"
+    sp=false; zero=false
+    [ "$tp" -gt 1 ] && sp=true
+    [ "$dp" -gt 1 ] && zero=true
+    dir=context_cp${cp}${comm}_tp${tp}pp${pp}dp${dp}
+    "$MT" "${common[@]}" --nproc $((cp * tp * pp * dp)) --set parallel.context=$cp --set parallel.context_comm=$comm \
+          --set parallel.tensor=$tp --set parallel.pipeline=$pp --set parallel.data=$dp \
+          --set parallel.sequence_parallel=$sp --set parallel.distributed_optimizer=$zero --set logging.dir=$dir \
+          >/dev/null 2>$dir.err || { tail -5 $dir.err; fail "$dir failed"; }
+    same_losses context_one/metrics.jsonl $dir/metrics.jsonl 1 6 "$tol"
+    count=$((count + 1))
+  done
+  echo "all $count context-parallel runs match one rank ($precision)"
+}
