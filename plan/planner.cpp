@@ -98,9 +98,10 @@ std::vector<Prediction> search(const Config& base, int64_t world, const Hardware
               // divisor of TP below it) from the tensor and data-parallel ranks.
               for (int64_t etp : m.moe.enabled() ? divisors(tp) : std::vector<int64_t>{tp}) {
                 if (m.moe.enabled() && m.moe.ffn_hidden_size % etp != 0) continue;
-                for (int64_t ep = 1; ep <= (m.moe.enabled() ? tp * dp / etp : 1); ep *= 2) {
-                  if ((tp * dp) % (ep * etp) != 0 || m.moe.num_experts % ep != 0) continue;
-                  if (etp == tp && dp % ep != 0) continue;
+                // With context parallelism the context ranks fold in beside the data-parallel ones.
+                for (int64_t ep = 1; ep <= (m.moe.enabled() ? tp * cp * dp / etp : 1); ep *= 2) {
+                  if ((tp * cp * dp) % (ep * etp) != 0 || m.moe.num_experts % ep != 0) continue;
+                  if (etp == tp && (cp * dp) % ep != 0) continue;
                   add_fastest_fitting(Layout{.tensor = tp,
                                              .pipeline = pp,
                                              .virtual_pipeline = vp,

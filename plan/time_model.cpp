@@ -356,9 +356,9 @@ class Costs {
 };
 
 // Expert-parallel groups (parallel/topology): a stage's ranks i = tp + TP dp refold as i = etp + ETP (ep + EP edp)
-// (ranks: tp fastest, then dp, then pp), so a group is EP ranks ETP apart (with ETP = TP, EP consecutive
-// data-parallel ranks): over every rank, the most of its EP - 1 peers in other nodes of `gpus_per_node` ranks (0:
-// every group inside a node).
+// (ranks: tp fastest, then dp, then pp; with context parallelism `dp` is the context x data place), so a group is EP
+// ranks ETP apart (with ETP = TP, EP consecutive data-parallel ranks): over every rank, the most of its EP - 1 peers
+// in other nodes of `gpus_per_node` ranks (0: every group inside a node).
 double ep_peers_off_node(int64_t tp, int64_t dp, int64_t pp, int64_t ep, int64_t etp, int64_t gpus_per_node) {
   if (ep <= 1) return 0;
   int64_t most = 0;
@@ -404,7 +404,7 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
                  .tp = static_cast<double>(tp),
                  .d = static_cast<double>(dtype_size(dtype_of(c.training.precision))),
                  .ep = static_cast<double>(ep),
-                 .ep_peers_off_node = ep_peers_off_node(tp, dp, p, ep, etp, gpn),
+                 .ep_peers_off_node = ep_peers_off_node(tp, cp * dp, p, ep, etp, gpn),
                  .sp = par.sequence_parallel && tp > 1,
                  .fp32 = c.training.precision == Precision::fp32,
                  .recompute = c.training.recompute == Recompute::full,

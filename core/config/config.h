@@ -233,7 +233,9 @@ struct ParallelConfig {
   // The experts' tensor-parallel size (expert_tensor, or tensor when 0) and the ranks of each stage holding the
   // same experts' same slices (the expert-data-parallel group: tensor x data / (expert x that)).
   int64_t experts_tensor() const { return expert_tensor > 0 ? expert_tensor : tensor; }
-  int64_t expert_data() const { return tensor * data / (expert * experts_tensor()); }
+  // The expert-data-parallel size: each stage's tensor x context x data ranks refold as expert_tensor x expert x
+  // expert_data (parallel/topology.h).
+  int64_t expert_data() const { return tensor * context * data / (expert * experts_tensor()); }
   // The ranks that hold the same weights and sum their gradients: data x context.
   int64_t data_context() const { return data * context; }
 

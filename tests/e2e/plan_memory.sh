@@ -99,6 +99,8 @@ layouts=(
   "llama-cp4-allgather-bf16|4|--set parallel.context=4 --set parallel.context_comm=allgather --set training.precision=bf16"
   "llama-cp2-tp2-sp-bf16|4|--set parallel.context=2 --set parallel.tensor=2 --set parallel.sequence_parallel=true --set training.precision=bf16"
   "llama-cp2-selective-all|2|--set parallel.context=2 --set training.recompute=selective --set training.recompute_modules=[core_attn,layernorm,mlp_act]"
+  "moe-cp2-ep2|2|--set parallel.context=2 --set parallel.expert=2"
+  "moe-cp2-dp2-ep2-zero|4|--set parallel.context=2 --set parallel.data=2 --set parallel.expert=2 --set parallel.distributed_optimizer=true"
   "llama-cp2-recompute-1-layer|2|--set parallel.context=2 --set training.recompute=full --set training.recompute_num_layers=1"
 )
 : > results.txt
