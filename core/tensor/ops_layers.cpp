@@ -113,11 +113,6 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, E
 
 namespace {
 
-// Packed documents' positions have no CUDA implementation yet.
-[[noreturn]] void no_cuda_positions(const char* op) {
-  fail(op, "packed documents' positions (data.sft_packing: pack) are not implemented on CUDA yet");
-}
-
 // Packed documents' positions (AttentionOptions / RopeOptions / EmbeddingOptions::positions), when defined:
 // (B, T) i32 on `device` with T >= `min_columns` (== it when `exact`).
 void check_document_positions(const char* op, const Tensor& positions, int64_t B, int64_t min_columns, bool exact,
@@ -157,7 +152,6 @@ void position_embedding_add(Tensor& x, const Tensor& wpe, EmbeddingOptions opt) 
   check_ndim(op, "x", x, 3, "(B, T, C)");
   check_positions(op, x, "wpe", wpe, opt);
   if (device_of(op, {&x, &wpe}) == Device::cpu) return cpu::position_embedding_add(x, wpe, opt);
-  if (opt.positions.defined()) no_cuda_positions(op);
   MT_ON_CUDA(position_embedding_add(x, wpe, opt));
 }
 
@@ -168,7 +162,6 @@ void position_embedding_backward(const Tensor& dout, Tensor& dwpe, EmbeddingOpti
   check_dtype(op, "dwpe", dwpe, DType::f32);
   check_positions(op, dout, "dwpe", dwpe, opt);
   if (device_of(op, {&dout, &dwpe}) == Device::cpu) return cpu::position_embedding_backward(dout, dwpe, opt);
-  if (opt.positions.defined()) no_cuda_positions(op);
   MT_ON_CUDA(position_embedding_backward(dout, dwpe, opt));
 }
 
@@ -289,7 +282,6 @@ void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const Attent
     cpu::attention_forward(qkv, out, lse, opt);
     return count_attention_call(AttentionImpl::cpu);
   }
-  if (opt.positions.defined()) no_cuda_positions(op);
   MT_ON_CUDA(attention_forward(qkv, out, lse, opt));
 }
 
@@ -306,7 +298,6 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
     cpu::attention_backward(qkv, out, lse, dout, dqkv, opt);
     return count_attention_call(AttentionImpl::cpu);
   }
-  if (opt.positions.defined()) no_cuda_positions(op);
   MT_ON_CUDA(attention_backward(qkv, out, lse, dout, dqkv, opt));
 }
 
@@ -331,7 +322,6 @@ void rope_(Tensor& qkv, const RopeOptions& opt) {
     check_document_positions(op, opt.positions, qkv.dim(0), qkv.dim(1), true, qkv.device());
   }
   if (qkv.device() == Device::cpu) return cpu::rope_(qkv, opt);
-  if (opt.positions.defined()) no_cuda_positions(op);
   MT_ON_CUDA(rope_(qkv, opt));
 }
 

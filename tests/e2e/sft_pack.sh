@@ -6,7 +6,8 @@
 #   same conversations within 1e-6 (iteration 1) and 1e-5 (later), for learned (GPT) and rotary (Llama) positions;
 #   concat's (no reset: the second conversation sees the first) differ;
 # - layout invariance: TP2+SP x PP2 (interleaved) x DP2 with the distributed optimizer, and DP2 x TP2 with
-#   micro-batch 2, give one rank's packed training and validation losses within 1e-6 (dropout on);
+#   micro-batch 2 and full recomputation, give one rank's packed training and validation losses within 1e-6
+#   (dropout on);
 # - pre-training data without masks packs too (positions reset after each document's end-of-document token);
 # - refused: pack with context parallelism and with synthetic data, naming the keys.
 source "$(dirname "$0")/lib/common.bash"
@@ -86,7 +87,7 @@ for arch in gpt llama; do
   same_losses one_$arch/metrics.jsonl tp2pp2dp2_$arch/metrics.jsonl 1 4 1e-6
   same_valid one_$arch/metrics.jsonl tp2pp2dp2_$arch/metrics.jsonl
 done
-"$MT" "${lay[@]}" --nproc 4 --set parallel.tensor=2 --set training.micro_batch_size=2 \
+"$MT" "${lay[@]}" --nproc 4 --set parallel.tensor=2 --set training.micro_batch_size=2 --set training.recompute=full \
   --set logging.dir=dp2tp2_mb2 >/dev/null 2>lay.err || { tail -5 lay.err; fail "pack dp2 tp2 mb2 failed"; }
 same_losses one_gpt/metrics.jsonl dp2tp2_mb2/metrics.jsonl 1 4 1e-6
 same_valid one_gpt/metrics.jsonl dp2tp2_mb2/metrics.jsonl
