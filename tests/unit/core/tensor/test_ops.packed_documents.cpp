@@ -30,7 +30,9 @@ Tensor positions_of(const std::vector<std::vector<int64_t>>& docs, int64_t T) {
 }
 
 // Rows [t0, t0 + len) of sample b of a (B, T, ...) tensor, as its own (1, len, ...) tensor.
-Tensor rows_of(const Tensor& x, int64_t b, int64_t t0, int64_t len) { return take(take(x, 0, b, b + 1), 1, t0, t0 + len); }
+Tensor rows_of(const Tensor& x, int64_t b, int64_t t0, int64_t len) {
+  return take(take(x, 0, b, b + 1), 1, t0, t0 + len);
+}
 
 // Row range [t0, t0 + len) of sample b of the values of a (B, T, inner) tensor.
 Vec value_rows(const Tensor& x, int64_t b, int64_t t0, int64_t len) { return values(rows_of(x, b, t0, len)); }
@@ -169,8 +171,11 @@ TEST(PackedDocuments, BadPositionsAreRefused) {
   Tensor x = make(rand_vec(T * 2, 60), {1, T, 2});
   Tensor far = positions_of({{4}}, T);
   far.data<int32_t>()[3] = 7;  // past the table's 4 rows
-  expect_invalid([&] { position_embedding_add(x, make(rand_vec(T * 2, 61), {T, 2}), {.positions = far}); },
-                 "positions[0, 3] = 7");
+  expect_invalid(
+      [&] {
+        position_embedding_add(x, make(rand_vec(T * 2, 61), {T, 2}), {.positions = far});
+      },
+      "positions[0, 3] = 7");
 }
 
 }  // namespace
