@@ -127,7 +127,7 @@ Tensor GptModel::forward_impl(const Tensor& input, const Tensor& tokens, const T
   Tensor x = input;
   if (opt_.stage.has_embedding) {
     x = wte_.forward(tokens);  // (B, Ts, C)
-    if (has_position_table()) position_embedding_add(x, wpe_.value, position_options(T, seq_offset, Ts));
+    if (has_position_table()) position_embedding_add(x, wpe_.value, position_options(T, seq_offset, Ts, ctx));
     dropout_forward(x, x,
                     {.p = ctx.training ? cfg_.dropout : 0.f,
                      .seed = ctx.seed,
@@ -252,7 +252,7 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
                     .sample_offset = ctx.sample_offset,
                     .row_offset = seq_offset});
   if (has_position_table())
-    position_embedding_backward(dx, wpe_.grad, position_options(tokens.dim(1), seq_offset, dx.dim(1)));
+    position_embedding_backward(dx, wpe_.grad, position_options(tokens.dim(1), seq_offset, dx.dim(1), ctx));
   wte_.backward(tokens, dx);
   if (grads_ready_) {
     std::vector<Parameter*> embedding_params{&wte_.weight()};

@@ -112,10 +112,14 @@ class GptModel {
   Parameter wpe_;               // (P, C) learned position embedding (GPT; Llama rotates q and k instead)
   bool has_position_table() const { return cfg_.arch == Arch::gpt; }
   // The position rows of tokens [offset, offset + len) of a local sequence of T tokens (its sequence-parallel shard;
-  // with context parallelism the local sequence is two chunks at their global positions).
-  EmbeddingOptions position_options(int64_t T, int64_t offset, int64_t len) const {
+  // with context parallelism the local sequence is two chunks at their global positions; with packed documents,
+  // ctx.positions' columns [offset, offset + len)).
+  EmbeddingOptions position_options(int64_t T, int64_t offset, int64_t len, const StepContext& ctx) const {
     const SequencePositions p = opt_.cp.positions(T, offset, len);
-    return {.position_offset = p.position_offset, .split_at = p.split_at, .split_position = p.split_position};
+    return {.position_offset = p.position_offset,
+            .split_at = p.split_at,
+            .split_position = p.split_position,
+            .positions = ctx.positions};
   }
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
   Norm lnf_;                   // (C) final LayerNorm (GPT) or RMSNorm (Llama)

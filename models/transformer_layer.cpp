@@ -85,10 +85,11 @@ AttentionOptions TransformerLayer::attention_options(const StepContext& ctx) con
           .seed = ctx.seed,
           .site = site_attn_probs_,
           .sample_offset = ctx.sample_offset,
-          .head_offset = tp_.begin(cfg_.num_heads)};
+          .head_offset = tp_.begin(cfg_.num_heads),
+          .positions = ctx.positions};
 }
 
-RopeOptions TransformerLayer::rope_options(bool inverse, int64_t T) const {
+RopeOptions TransformerLayer::rope_options(bool inverse, int64_t T, const StepContext& ctx) const {
   // Attention sees whole local sequences (sequence parallelism gathers them first): positions start at 0, or with
   // context parallelism at this rank's chunks.
   const SequencePositions p = cp_.positions(T, 0, T);
@@ -96,7 +97,8 @@ RopeOptions TransformerLayer::rope_options(bool inverse, int64_t T) const {
           .position_offset = p.position_offset,
           .inverse = inverse,
           .split_at = p.split_at,
-          .split_position = p.split_position};
+          .split_position = p.split_position,
+          .positions = ctx.positions};
 }
 
 void TransformerLayer::attend(Activations& a) const {
@@ -123,7 +125,7 @@ Tensor TransformerLayer::run(Activations& a, bool keep, bool record) {
   // Attention block: x2 = x + dropout(proj(attention(rope(qkv(norm1(x))))))
   ln1_.forward(x.view({Ns, C}), a.n1);
   a.qkv = qkv_.forward(a.n1.out, B).view({B, T, G, H / G + 2, D});
-  if (llama) rope_(a.qkv, rope_options(false, T));
+  if (llama) rope_(a.qkv, rope_options(false, T, a.ctx));
   a.att = Tensor::empty({B, T, H * D}, dtype_, device_);
   a.att_lse = Tensor::empty({B, H, T}, DType::f32, device_);
   attend(a);
@@ -246,7 +248,7 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb, float dloss) {
     context_attention_backward(cp_, a.qkv, a.att, a.att_lse, datt.view(a.att.shape()), dqkv);
   else
     attention_backward(a.qkv, a.att, a.att_lse, datt.view(a.att.shape()), dqkv, attention_options(a.ctx));
-  if (llama) rope_(dqkv, rope_options(true, T));  // a rotation's gradient is the inverse rotation
+  if (llama) rope_(dqkv, rope_options(true, T, a.ctx));  // a rotation's gradient is the inverse rotation
   const Tensor dln1 = qkv_.backward(dqkv.view({N, dqkv.numel() / N}), a.n1.out, B);  // (Ns, C)
   Tensor dx = ln1_.backward(dln1, a.x.view({Ns, C}), a.n1);
   add(dx, dx2, dx);

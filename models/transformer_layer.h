@@ -41,6 +41,11 @@ struct StepContext {
   // Supervised fine-tuning (data.loss_mask): each target's weight in the step's mean loss, (B * T) f32 on the
   // model's device, 0 where the loss mask is 0. Empty: every target weighs 1 / (B * T) of its microbatch.
   Tensor loss_weights;
+  // Packed documents (data.sft_packing: pack): each input token's position within its document, (B, T) i32 on
+  // the model's device (0 at every document start). Position ids (learned and rotary) are these, and a query
+  // attends only to the keys of its own document (core/tensor/ops.h AttentionOptions::positions). Empty: positions
+  // 0..T-1, one causal sequence per sample.
+  Tensor positions;
 };
 
 // training.recompute: selective (core/config/config.h): what each layer drops after its forward and recomputes in
@@ -110,7 +115,8 @@ class TransformerLayer {
   // The attention's options, and the dropout before a residual add (masks keyed by global coordinates,
   // T the full sequence length): none outside training.
   AttentionOptions attention_options(const StepContext& ctx) const;
-  RopeOptions rope_options(bool inverse, int64_t T) const;  // Llama's rotary embeddings (inverse: their backward)
+  // Llama's rotary embeddings (inverse: their backward), at ctx.positions when it has them.
+  RopeOptions rope_options(bool inverse, int64_t T, const StepContext& ctx) const;
   // Attention over the local sequence: the whole sequence's, or with context parallelism the ring's (or all-gather's).
   void attend(Activations& a) const;
   DropoutOptions residual_dropout(const StepContext& ctx, uint64_t site, int64_t T) const;

@@ -121,6 +121,7 @@ GptDataset::Cut cut_of(const Config& cfg) {
 // description for the log.
 struct SplitSource {
   SampleFn fn;
+  SampleFn positions;  // data.sft_packing: pack: each token's position within its document
   int64_t samples = 0;
   std::string description;
 };
@@ -146,6 +147,8 @@ SplitSource concatenated(const std::vector<std::string>& prefixes, Pick&& pick, 
   }
   auto dataset = std::make_shared<GptDataset>(stream, S, static_cast<uint64_t>(cfg.training.seed), true, cut_of(cfg));
   out.fn = checked([dataset](int64_t g, std::span<int32_t> o) { dataset->sample(g, o); }, limit, key);
+  if (cfg.data.sft_packing == SftPacking::pack)
+    out.positions = [dataset](int64_t g, std::span<int32_t> o) { dataset->sample_positions(g, o); };
   out.samples = dataset->samples_per_epoch();
   out.description = fmt::format("{} samples per epoch ({} tokens)", out.samples, stream->num_tokens());
   return out;
@@ -193,6 +196,11 @@ SplitSource blended(const DataBlend& blend, Pick&& pick, int64_t target, const C
         datasets[static_cast<size_t>(d)]->sample(k, o);
       },
       limit, key);
+  if (cfg.data.sft_packing == SftPacking::pack)
+    out.positions = [index, datasets](int64_t g, std::span<int32_t> o) {
+      const auto [d, k] = index->at(g);
+      datasets[static_cast<size_t>(d)]->sample_positions(k, o);
+    };
   out.samples = size;
   out.description = fmt::format("blend of {} samples [{}]", size, fmt::join(shares, "; "));
   return out;
@@ -238,6 +246,10 @@ DataSources open_data_sources(const Config& cfg) {
   const int64_t S = cfg.model.seq_length;
   const uint64_t seed = static_cast<uint64_t>(cfg.training.seed);
   if (cfg.data.synthetic) {
+    if (cfg.data.sft_packing == SftPacking::pack)
+      throw ConfigError(
+          "data.sft_packing: pack resets positions and attention at document boundaries, and data.synthetic's "
+          "random tokens have none; set data.sft_packing: concat or name data.train");
     auto train = std::make_shared<SyntheticDataset>(cfg.model.vocab_size, S, seed);
     auto valid = std::make_shared<SyntheticDataset>(cfg.model.vocab_size, S, seed + 1);
     ds.train = [train](int64_t g, std::span<int32_t> out) { train->sample(g, out); };
@@ -274,9 +286,14 @@ DataSources open_data_sources(const Config& cfg) {
     try {
       return blended(tb, split_part(1), valid_target, cfg, "data.valid", limit);
     } catch (const DataError& e) {
-      return SplitSource{{}, 0, e.what()};
+      return SplitSource{.samples = 0, .description = e.what()};
     }
   };
+  if (cfg.data.sft_packing == SftPacking::pack && cfg.parallel.context > 1)
+    throw ConfigError(fmt::format(
+        "data.sft_packing: pack resets attention at document boundaries, which parallel.context={} does not cut "
+        "into the context ranks' chunks yet; set parallel.context: 1 or data.sft_packing: concat or pad",
+        cfg.parallel.context));
   const int64_t V = cfg.model.vocab_size;
   SplitSource train = train_split(train_blend, V);
   if (!train.fn)
@@ -297,12 +314,17 @@ DataSources open_data_sources(const Config& cfg) {
   if (valid.fn && valid_masked)
     ds.valid_mask = valid_split(with_loss_masks(train_blend), with_loss_masks(valid_blend), 2).fn;
   ds.train = train.fn;
+  ds.train_positions = train.positions;
+  ds.valid_positions = valid.positions;
   ds.train_samples = train.samples;
   ds.valid = valid.fn;
   ds.valid_samples = valid.fn ? valid.samples : 0;
-  ds.description = fmt::format("train: {}; validation: {}{}", train.description,
+  ds.description = fmt::format("train: {}; validation: {}{}{}", train.description,
                                valid.fn ? valid.description : fmt::format("none ({})", valid.description),
-                               train_masked ? "; loss only where the loss masks (PREFIX_mask) hold 1" : "");
+                               train_masked ? "; loss only where the loss masks (PREFIX_mask) hold 1" : "",
+                               cfg.data.sft_packing == SftPacking::pack
+                                   ? "; positions and attention reset at document boundaries (data.sft_packing: pack)"
+                                   : "");
   return ds;
 }
 
@@ -317,6 +339,15 @@ SampleFn file_order_source(const std::vector<std::string>& prefixes, int64_t seq
   count = dataset->samples_per_epoch();
   return checked([dataset](int64_t g, std::span<int32_t> out) { dataset->sample(g, out); }, vocab_size,
                  fmt::format("{}", fmt::join(prefixes, ",")));
+}
+
+void make_positions(const SampleFn& positions, int64_t first, int64_t batch, int64_t seq_length, Tensor& out) {
+  std::vector<int32_t> buf(static_cast<size_t>(seq_length + 1));
+  int32_t* pos = out.data<int32_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    positions(first + b, buf);
+    std::copy(buf.begin(), buf.end() - 1, pos + b * seq_length);
+  }
 }
 
 void make_batch(const SampleFn& source, int64_t first, int64_t batch, int64_t seq_length, Tensor& tokens,

@@ -21,6 +21,11 @@ struct DataSources {
   // 0 or 1, value j the mask of token j); empty when the split has no mask (every token's loss counts).
   SampleFn train_mask;
   SampleFn valid_mask;
+  // data.sft_packing: pack: the position of each token of the same global samples within its document (seq_length
+  // + 1 values, 0 at the sample's start and at every document start inside it); attention and position ids reset
+  // where they do. Empty otherwise (positions 0, 1, ..., one causal sequence per sample).
+  SampleFn train_positions;
+  SampleFn valid_positions;
   int64_t train_samples = 0;  // samples per epoch (0 for synthetic: unbounded)
   int64_t valid_samples = 0;
   std::string description;  // one line for the log
@@ -59,6 +64,10 @@ int64_t make_loss_weights(const SampleFn& mask, int64_t first, int64_t batch, in
 
 // The number of targets whose mask is 1 in samples [first, first + count) of the mask source `mask`.
 int64_t count_loss_targets(const SampleFn& mask, int64_t first, int64_t count, int64_t seq_length);
+
+// Samples [first, first + B) of the positions source `positions` as the position ids (B, S) i32 of their input
+// tokens (the first S of each sample's S + 1 values).
+void make_positions(const SampleFn& positions, int64_t first, int64_t batch, int64_t seq_length, Tensor& out);
 
 // Samples [first, first + B) of `source` as tokens (B, S) and targets (B, S), i32.
 void make_batch(const SampleFn& source, int64_t first, int64_t batch, int64_t seq_length, Tensor& tokens,

@@ -162,6 +162,9 @@ class Trainer {
 
   // A microbatch's tokens and targets (B, S), read on the host and moved to the model's device.
   void load_batch(const SampleFn& source, int64_t first, Tensor& tokens, Tensor& targets) const;
+  // The position ids (B, S) i32 of microbatch [first, first + B) of `positions` (data.sft_packing: pack) on the
+  // model's device; empty when `positions` is (no reset: every sample one causal sequence).
+  Tensor load_positions(const SampleFn& positions, int64_t first) const;
   // Loss masks (data.loss_mask): the weight of one counted target in a mean over `parts` microbatch means,
   // parts / (targets whose mask is 1 in samples [first, first + samples)), so the loss is the mean over the counted
   // targets of all those samples whatever the layout. Every rank computes it from the data (no exchange). Throws

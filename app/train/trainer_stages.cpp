@@ -16,6 +16,7 @@ Tensor EvalStage::forward(int microbatch, int chunk, const Tensor& input) {
   Tensor tokens, targets;
   t_.load_batch(t_.data_.valid, i * B, tokens, targets);
   StepContext ctx{.sample_offset = i * B, .training = false};
+  ctx.positions = t_.load_positions(t_.data_.valid_positions, i * B);
   float loss = 0;
   GptModel& model = *t_.chunks_[static_cast<size_t>(chunk)];
   if (t_.data_.valid_mask && model.stage().has_head)
@@ -42,6 +43,7 @@ Tensor IterationStage::forward(int microbatch, int chunk, const Tensor& input) {
   Tensor tokens, targets;
   t_.load_batch(t_.data_.train, first, tokens, targets);
   StepContext ctx{.sample_offset = first, .training = true, .seed = static_cast<uint64_t>(cfg.training.seed)};
+  ctx.positions = t_.load_positions(t_.data_.train_positions, first);
   GptModel& model = *t_.chunks_[static_cast<size_t>(chunk)];
   if (t_.data_.train_mask && model.stage().has_head)
     ctx.loss_weights = t_.load_loss_weights(t_.data_.train_mask, first, t_.train_target_weight_);
@@ -94,6 +96,14 @@ Tensor Trainer::load_loss_weights(const SampleFn& mask, int64_t first, double we
   // This context rank's two chunks of every sample, as its targets (load_batch).
   host = context_chunks(host, ContextParallel{.rank = dist_.cp_rank(), .size = dist_.cp_size()});
   host = host.view({host.numel()});
+  return device_ == Device::cpu ? host : host.to(device_);
+}
+
+Tensor Trainer::load_positions(const SampleFn& positions, int64_t first) const {
+  if (!positions) return {};
+  const int64_t B = cfg_.training.micro_batch_size, S = cfg_.model.seq_length;
+  Tensor host = Tensor::empty({B, S}, DType::i32);
+  make_positions(positions, first, B, S, host);
   return device_ == Device::cpu ? host : host.to(device_);
 }
 

@@ -46,7 +46,7 @@ enum class PipelineSchedule { automatic, one_f_one_b, interleaved, zb_h1, zb_v }
 // too (ZeRO-3, planned). Ordered: each stage shards what the one before does.
 enum class ShardStage { none, optimizer, gradients, parameters };
 enum class LossMaskChoice { automatic, on, off };
-enum class SftPacking { concat, pad };
+enum class SftPacking { concat, pad, pack };
 // parallel.context_comm: how context-parallel attention meets the other ranks' keys and values (ring passes them
 // around the context group; allgather gathers them all at once and reduce-scatters their gradients).
 enum class ContextComm { p2p, allgather };
@@ -93,8 +93,8 @@ struct EnumNames<LossMaskChoice> {
 };
 template <>
 struct EnumNames<SftPacking> {
-  static constexpr std::array names{"concat", "pad"};
-  static constexpr std::array<const char*, 1> planned{"pack"};
+  static constexpr std::array names{"concat", "pad", "pack"};
+  static constexpr std::array<const char*, 0> planned{};
 };
 template <>
 struct EnumNames<ContextComm> {
@@ -369,8 +369,9 @@ struct DataConfig {
   LossMaskChoice loss_mask = LossMaskChoice::automatic;
   // How samples are cut from the documents: concat (pre-training's: the documents as one stream, cut every
   // seq_length tokens, a sample may span documents) | pad (one document (conversation) per sample, cut at
-  // seq_length + 1 tokens, the rest padding whose loss mask is 0; needs loss masks). pack (documents packed with
-  // positions and attention reset at their boundaries) is planned.
+  // seq_length + 1 tokens, the rest padding whose loss mask is 0; needs loss masks) | pack (concat's samples with
+  // position ids and causal attention reset at every document boundary inside a sample, Megatron's
+  // reset_position_ids + reset_attention_mask; any data, masked or not).
   SftPacking sft_packing = SftPacking::concat;
 
   bool operator==(const DataConfig&) const = default;

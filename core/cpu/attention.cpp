@@ -16,10 +16,16 @@
 // same arithmetic as before grouping). The backward computes each head's dK and dV as above and sums them
 // over the group in fp32 in the order r = 0..R-1 (the first head's copied, not added to zeros), storing once.
 //
+// Packed documents (AttentionOptions::positions): query i of sample b sees keys [lo_i, i], lo_i = i - positions[b, i],
+// the start of its document. The blocks stay as they are; a row's softmax, dropout and gradients run over
+// [lo_i, i] and its entries before lo_i are zeros, so lo_i = 0 is the same arithmetic as without positions.
+//
 // Layouts: tensor parallelism splits groups and each head is computed whole (all T positions; sequence
 // parallelism gathers them before attention), so every value depends only on its own group's inputs.
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include <cblas.h>
@@ -91,12 +97,31 @@ void mask_row(const AttentionOptions& opt, int64_t b, int64_t h, int64_t T, int6
                       z);
 }
 
-// One query head h of sample b: its query q, its group's key k and value v (T, D each, fp32).
+// One query head h of sample b: its query q, its group's key k and value v (T, D each, fp32); first[i] the first
+// key query i sees (null: 0 for every row).
 struct Head {
   int64_t b, h, T, D;
   float scale;
   const float *q, *k, *v;
+  const int64_t* first = nullptr;
 };
+
+// Per (b, i) the first key query i of sample b sees, from packed documents' positions (B * T; empty without them).
+// Throws std::invalid_argument for a position outside [0, i].
+std::vector<int64_t> first_keys(const AttentionOptions& opt, int64_t B, int64_t T) {
+  if (!opt.positions.defined()) return {};
+  const int32_t* pos = opt.positions.data<int32_t>();
+  std::vector<int64_t> first(static_cast<size_t>(B * T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < T; ++i) {
+      const int64_t p = pos[b * T + i];
+      if (p < 0 || p > i)
+        throw std::invalid_argument("attention: positions[" + std::to_string(b) + ", " + std::to_string(i) +
+                                    "] = " + std::to_string(p) + " lies outside [0, " + std::to_string(i) + "]");
+      first[static_cast<size_t>(b * T + i)] = i - p;
+    }
+  return first;
+}
 
 // o (T, D) and lse_row (T) of one head.
 void head_forward(const Head& hd, const AttentionOptions& opt, std::vector<float>& p, std::vector<float>& z, float* o,
@@ -106,15 +131,16 @@ void head_forward(const Head& hd, const AttentionOptions& opt, std::vector<float
     const RowBlock rb = row_block(r0, T, opt.causal);
     block_scores(hd.q, hd.k, rb, T, D, hd.scale, p.data());
     for (int64_t i = r0; i < r0 + rb.rows; ++i) {
-      const int64_t len = opt.causal ? i + 1 : T;
+      const int64_t len = opt.causal ? i + 1 : T, lo = hd.first ? hd.first[i] : 0;
       float* row = p.data() + (i - r0) * T;
-      const float m = row_max(row, len);
-      const float row_lse = m + static_cast<float>(std::log(sum_exp_shifted(row, len, m)));
-      exp_shifted(row, len, row_lse, row);
+      const float m = row_max(row + lo, len - lo);
+      const float row_lse = m + static_cast<float>(std::log(sum_exp_shifted(row + lo, len - lo, m)));
+      exp_shifted(row + lo, len - lo, row_lse, row + lo);
       if (opt.dropout_p != 0.f) {
         mask_row(opt, hd.b, hd.h, T, i, len, z.data());
-        for (int64_t j = 0; j < len; ++j) row[j] *= z[j];
+        for (int64_t j = lo; j < len; ++j) row[j] *= z[j];
       }
+      std::fill(row, row + lo, 0.f);
       std::fill(row + len, row + rb.cols, 0.f);
       lse_row[i] = row_lse;
     }
@@ -140,22 +166,24 @@ void head_backward(const Head& hd, const AttentionOptions& opt, const float* dou
     // dO_i . v_j for the block's rows and keys.
     sgemm(false, true, rb.rows, rb.cols, D, 1.f, dout_h + r0 * D, D, hd.v, D, 0.f, w.dp.data(), T);
     for (int64_t i = r0; i < r0 + rb.rows; ++i) {
-      const int64_t len = opt.causal ? i + 1 : T;
+      const int64_t len = opt.causal ? i + 1 : T, lo = hd.first ? hd.first[i] : 0;
       float* prow = w.p.data() + (i - r0) * T;
       float* dprow = w.dp.data() + (i - r0) * T;
       float* pzrow = w.pz.data() + (i - r0) * T;
-      exp_shifted(prow, len, lse_row[i], prow);
+      exp_shifted(prow + lo, len - lo, lse_row[i], prow + lo);
       if (opt.dropout_p != 0.f) {
         mask_row(opt, hd.b, hd.h, T, i, len, w.z.data());
-        for (int64_t j = 0; j < len; ++j) {
+        for (int64_t j = lo; j < len; ++j) {
           dprow[j] = w.z[j] == 0.f ? 0.f : dprow[j] * w.z[j];
           pzrow[j] = prow[j] * w.z[j];
         }
       } else {
-        std::copy(prow, prow + len, pzrow);
+        std::copy(prow + lo, prow + len, pzrow + lo);
       }
-      const float row_d = static_cast<float>(dot_f64(prow, dprow, len));  // sum_j P_ij dP_ij
-      for (int64_t j = 0; j < len; ++j) dprow[j] = hd.scale * prow[j] * (dprow[j] - row_d);
+      const float row_d = static_cast<float>(dot_f64(prow + lo, dprow + lo, len - lo));  // sum_j P_ij dP_ij
+      for (int64_t j = lo; j < len; ++j) dprow[j] = hd.scale * prow[j] * (dprow[j] - row_d);
+      std::fill(dprow, dprow + lo, 0.f);
+      std::fill(pzrow, pzrow + lo, 0.f);
       std::fill(dprow + len, dprow + rb.cols, 0.f);
       std::fill(pzrow + len, pzrow + rb.cols, 0.f);
     }
@@ -176,6 +204,7 @@ void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const Attent
   std::vector<float> p(kRowBlock * T);                        // (kRowBlock, T): scores, then P o Z, of a block
   std::vector<float> z(T);                                    // (T): one row of the mask
   float* lse_out = lse.data<float>();                         // (B, H, T)
+  const std::vector<int64_t> first = first_keys(opt, d.B, T);
   for (int64_t b = 0; b < d.B; ++b) {
     for (int64_t g = 0; g < d.G; ++g) {
       load_slot(qkv, d, b, g, d.R, k.data());
@@ -183,7 +212,9 @@ void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const Attent
       for (int64_t r = 0; r < d.R; ++r) {
         const int64_t h = g * d.R + r;
         load_slot(qkv, d, b, g, r, q.data());
-        head_forward({b, h, T, D, scale, q.data(), k.data(), v.data()}, opt, p, z, o.data(), lse_out + (b * H + h) * T);
+        const int64_t* fb = first.empty() ? nullptr : first.data() + b * T;
+        head_forward({b, h, T, D, scale, q.data(), k.data(), v.data(), fb}, opt, p, z, o.data(),
+                     lse_out + (b * H + h) * T);
         for (int64_t t = 0; t < T; ++t) store_f32(o.data() + t * D, D, out, d.out_at(b, t, h));
       }
     }
@@ -200,6 +231,7 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
   std::vector<float> dk_g(T * D), dv_g(T * D);                     // (T, D) each: their sums over the group
   BackwardScratch scratch(T);
   const float* lse_in = lse.data<float>();  // (B, H, T)
+  const std::vector<int64_t> first = first_keys(opt, d.B, T);
   for (int64_t b = 0; b < d.B; ++b) {
     for (int64_t g = 0; g < d.G; ++g) {
       load_slot(qkv, d, b, g, d.R, k.data());
@@ -208,8 +240,9 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
         const int64_t h = g * d.R + r;
         load_slot(qkv, d, b, g, r, q.data());
         for (int64_t t = 0; t < T; ++t) load_f32(dout, d.out_at(b, t, h), D, dout_h.data() + t * D);
-        head_backward({b, h, T, D, scale, q.data(), k.data(), v.data()}, opt, dout_h.data(), lse_in + (b * H + h) * T,
-                      scratch, dq.data(), dk.data(), dv.data());
+        const int64_t* fb = first.empty() ? nullptr : first.data() + b * T;
+        head_backward({b, h, T, D, scale, q.data(), k.data(), v.data(), fb}, opt, dout_h.data(),
+                      lse_in + (b * H + h) * T, scratch, dq.data(), dk.data(), dv.data());
         store_slot(dq.data(), d, b, g, r, dqkv);
         if (r == 0) {  // the group's sums start as the first head's gradients (copied: no 0 + x)
           dk_g.swap(dk);

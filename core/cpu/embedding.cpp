@@ -18,6 +18,17 @@ int64_t shard_row(int32_t id, int64_t vocab_start, int64_t V, const char* op) {
   return r >= 0 && r < V ? r : -1;
 }
 
+// Packed documents: the position of token t of sample b of this call (sequence shard): positions[b,
+// position_offset + t], which must lie in [0, rows).
+int64_t document_position(const EmbeddingOptions& opt, int64_t rows, int64_t b, int64_t t) {
+  const int64_t col = opt.position_offset + t, p = opt.positions.data<int32_t>()[b * opt.positions.dim(1) + col];
+  if (p < 0 || p >= rows)
+    throw std::invalid_argument("position embedding: positions[" + std::to_string(b) + ", " + std::to_string(col) +
+                                "] = " + std::to_string(p) + " lies outside the table's " + std::to_string(rows) +
+                                " rows");
+  return p;
+}
+
 }  // namespace
 
 void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, const EmbeddingOptions& opt) {
@@ -52,6 +63,17 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, c
 void position_embedding_add(Tensor& x, const Tensor& wpe, const EmbeddingOptions& opt) {
   const int64_t B = x.dim(0), T = x.dim(1), C = x.dim(2);
   std::vector<float> pos(C), row(C);  // (C) each
+  if (opt.positions.defined()) {      // packed documents: token (b, t) at row positions[b, position_offset + t]
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        load_f32(wpe, document_position(opt, wpe.dim(0), b, t) * C, C, pos.data());
+        const int64_t at = (b * T + t) * C;
+        load_f32(x, at, C, row.data());
+        for (int64_t c = 0; c < C; ++c) row[c] += pos[c];
+        store_f32(row.data(), C, x, at);
+      }
+    return;
+  }
   for (int64_t t = 0; t < T; ++t) {
     load_f32(wpe, position_at(opt, t) * C, C, pos.data());
     for (int64_t b = 0; b < B; ++b) {
@@ -68,6 +90,15 @@ void position_embedding_backward(const Tensor& dout, Tensor& dwpe, const Embeddi
   float* dw = dwpe.data<float>();  // (P, C)
   std::vector<double> acc(C);      // (C)
   std::vector<float> row(C);       // (C)
+  if (opt.positions.defined()) {   // packed documents: each token's row added to its own position's, in token order
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) {
+        load_f32(dout, (b * T + t) * C, C, row.data());
+        float* dst = dw + document_position(opt, dwpe.dim(0), b, t) * C;
+        for (int64_t c = 0; c < C; ++c) dst[c] += row[c];
+      }
+    return;
+  }
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t c = 0; c < C; ++c) acc[c] = 0.0;
     for (int64_t b = 0; b < B; ++b) {

@@ -3,6 +3,8 @@
 // sin is computed once per call; each token's query and key vectors are rotated by it in fp32 and rounded once
 // on store. The value slots are neither read nor written.
 #include <cmath>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "core/cpu/float_io.h"
@@ -32,11 +34,20 @@ void rope_(Tensor& qkv, const RopeOptions& opt) {
     }
   }
 
+  // Packed documents: token (b, t) takes the table's row positions[b, t] (the table's row p is position p then,
+  // as position_offset and split_at are 0).
+  const int32_t* pos = opt.positions.defined() ? opt.positions.data<int32_t>() : nullptr;
+  if (pos)
+    for (int64_t i = 0; i < B * T; ++i)
+      if (pos[i] < 0 || pos[i] >= T)
+        throw std::invalid_argument("rope_: positions[" + std::to_string(i / T) + ", " + std::to_string(i % T) +
+                                    "] = " + std::to_string(pos[i]) + " lies outside [0, " + std::to_string(T) + ")");
   std::vector<float> v(rotated);  // (R + 1, D): one group's queries and key
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
-      const float* c = cos_t.data() + t * half;
-      const float* s = sin_t.data() + t * half;
+      const int64_t row = pos ? pos[b * T + t] : t;
+      const float* c = cos_t.data() + row * half;
+      const float* s = sin_t.data() + row * half;
       for (int64_t g = 0; g < G; ++g) {
         const int64_t begin = ((b * T + t) * G + g) * S * D;
         load_f32(qkv, begin, rotated, v.data());

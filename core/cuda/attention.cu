@@ -77,7 +77,9 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(const S* __
   }
 
   const int64_t kend = g.causal ? block_end : T;  // keys any row of the block sees
-  for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+  // Packed documents: key tiles start at the block's first row's document (earlier keys are no row's).
+  const int64_t kbegin = g.block_first_key(b, row0 - (threadIdx.x >> 5) * ROWS);
+  for (int64_t j0 = kbegin; j0 < kend; j0 += BK) {
     __syncthreads();  // the previous tile has been read by every warp
     load_tile<S, DMAX, BK>(ks, k_head, qstride, j0, T, D);
     load_tile<S, DMAX, BK>(vs, v_head, qstride, j0, T, D);
@@ -89,9 +91,12 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(const S* __
       const int64_t jend = g.causal ? i + 1 : T;
       const int nk = static_cast<int>(min(static_cast<int64_t>(BK), jend - j0));  // keys j0 .. j0 + nk - 1
       if (nk <= 0) continue;                                                      // warp-uniform
+      // Packed documents: keys before lo belong to earlier documents (score -inf, probability 0).
+      const int lo = static_cast<int>(max(static_cast<int64_t>(0), g.first_key(b, i) - j0));
+      if (lo >= nk) continue;  // warp-uniform: the whole tile lies before the row's document
       float my_s = -INFINITY, tile_max = -INFINITY;
 #pragma unroll 4
-      for (int jj = 0; jj < nk; ++jj) {
+      for (int jj = lo; jj < nk; ++jj) {
         const float s = g.scale * warp_sum(lane_dot<DMAX, C>(q[r], ks, jj, lane));
         if (lane == jj) my_s = s;
         tile_max = fmaxf(tile_max, s);
@@ -100,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(const S* __
       const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no -inf - -inf while every score is -inf
       const float alpha = expf(m[r] - m_use);                // 0 on the first tile (m = -inf)
       float p = 0.f, pz = 0.f;
-      if (lane < nk) {
+      if (lane >= lo && lane < nk) {
         p = expf(my_s - m_use);
         pz = drop.on ? p * keep_scale(drop, b, h, T, i, j0 + lane) : p;
       }
@@ -108,7 +113,7 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(const S* __
 #pragma unroll
       for (int c = 0; c < C; ++c) o[r][c] *= alpha;
 #pragma unroll 4
-      for (int jj = 0; jj < nk; ++jj) {
+      for (int jj = lo; jj < nk; ++jj) {
         const float pzj = __shfl_sync(kFull, pz, jj);
         if (pzj != 0.f) {  // as the CPU, a dropped or underflowed probability adds nothing
 #pragma unroll

@@ -118,15 +118,27 @@ bool cudnn_backward_deterministic() {
   throw std::runtime_error(fmt::format("MEGATRAIN_CUDNN_BACKWARD={}: expected deterministic or nondeterministic", s));
 }
 
+namespace {
+// Packed documents' positions: megatrain's cuDNN graphs are built for one causal sequence a sample (no ragged
+// offsets / per-document sequence lengths yet), so such a call runs on the kernel (refused under
+// MEGATRAIN_ATTENTION=cudnn).
+constexpr const char* kPackedRefusal =
+    "packed documents' positions (data.sft_packing: pack) are not built into the cuDNN graphs yet";
+}  // namespace
+
 bool attention_forward_on_cudnn(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionOptions& opt) {
-  return run_on_cudnn("attention_forward", qkv.dtype(), opt.dropout_p,
-                      [&] { return cudnn_attention_forward(qkv, out, lse, opt.causal); });
+  return run_on_cudnn("attention_forward", qkv.dtype(), opt.dropout_p, [&]() -> std::string {
+    if (opt.positions.defined()) return kPackedRefusal;
+    return cudnn_attention_forward(qkv, out, lse, opt.causal);
+  });
 }
 
 bool attention_backward_on_cudnn(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
                                  Tensor& dqkv, const AttentionOptions& opt) {
-  return run_on_cudnn("attention_backward", qkv.dtype(), opt.dropout_p,
-                      [&] { return cudnn_attention_backward(qkv, out, lse, dout, dqkv, opt.causal); });
+  return run_on_cudnn("attention_backward", qkv.dtype(), opt.dropout_p, [&]() -> std::string {
+    if (opt.positions.defined()) return kPackedRefusal;
+    return cudnn_attention_backward(qkv, out, lse, dout, dqkv, opt.causal);
+  });
 }
 
 }  // namespace mt::cuda

@@ -82,7 +82,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int r = 0; r < ROWS; ++r) row_d[r] = static_cast<float>(rowsum[r]);
     }
-    for (int64_t j0 = 0; j0 < kend; j0 += BK) {
+    const int64_t kbegin = g.block_first_key(b, row0 - (threadIdx.x >> 5) * ROWS);  // as the forward
+    for (int64_t j0 = kbegin; j0 < kend; j0 += BK) {
       __syncthreads();
       load_tile<S, DMAX, BK>(ks, k_head, qstride, j0, T, D);
       load_tile<S, DMAX, BK>(vs, v_head, qstride, j0, T, D);
@@ -94,10 +95,13 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t jend = g.causal ? i + 1 : T;
         const int nk = static_cast<int>(min(static_cast<int64_t>(BK), jend - j0));
         if (nk <= 0) continue;  // warp-uniform
-        float my_s, my_dv;      // lane jj: s_ij and dO_i . v_j for j = j0 + jj
-        tile_dots<DMAX, C>(q[r], ks, dO[r], vs, 0, nk, g.scale, lane, my_s, my_dv);
+        // Packed documents: keys before lo belong to earlier documents (probability 0).
+        const int lo = static_cast<int>(max(static_cast<int64_t>(0), g.first_key(b, i) - j0));
+        if (lo >= nk) continue;  // warp-uniform
+        float my_s, my_dv;       // lane jj: s_ij and dO_i . v_j for j = j0 + jj
+        tile_dots<DMAX, C>(q[r], ks, dO[r], vs, lo, nk, g.scale, lane, my_s, my_dv);
         float p = 0.f, dp = 0.f;
-        if (lane < nk) {
+        if (lane >= lo && lane < nk) {
           p = expf(my_s - row_lse[r]);
           const float z = drop.on ? keep_scale(drop, b, h, T, i, j0 + lane) : 1.f;
           dp = z == 0.f ? 0.f : my_dv * z;
@@ -105,9 +109,9 @@ __global__ void __launch_bounds__(kThreads)
         if (pass == 0) {
           rowsum[r] += warp_sum(static_cast<double>(p) * static_cast<double>(dp));
         } else {
-          const float ds = lane < nk ? g.scale * p * (dp - row_d[r]) : 0.f;
+          const float ds = lane >= lo && lane < nk ? g.scale * p * (dp - row_d[r]) : 0.f;
 #pragma unroll 4
-          for (int jj = 0; jj < nk; ++jj) {
+          for (int jj = lo; jj < nk; ++jj) {
             const float dsj = __shfl_sync(kFull, ds, jj);
 #pragma unroll
             for (int c = 0; c < C; ++c) dq[r][c] += dsj * ks[jj][lane + 32 * c];
@@ -135,6 +139,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float dos[BK][DMAX];
   __shared__ float lse_s[BK];
   __shared__ float delta_s[BK];
+  __shared__ int64_t first_s[BK];  // packed documents: the first key each query of the tile sees
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t bg = blockIdx.x % g.BG;
@@ -167,6 +172,9 @@ __global__ void __launch_bounds__(kThreads)
     const float* lse_head = lse + (b * g.H + h) * T;
     const float* delta_head = delta + (b * g.H + h) * T;
     for (int64_t i0 = g.causal ? key_first : 0; i0 < T; i0 += BK) {  // causal: queries i >= j only
+      // Packed documents: once a tile's first query starts its document after the block's last key, no later
+      // query sees any of the block's keys (first_key is nondecreasing). Block-uniform: every thread reads it.
+      if (g.positions && g.first_key(b, i0) >= key_first + RB) break;
       __syncthreads();
       load_tile<S, DMAX, BK>(qs, q_head, qstride, i0, T, D);
       load_tile<S, DMAX, BK>(dos, dout_head, ostride, i0, T, D);
@@ -174,6 +182,7 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t t = i0 + threadIdx.x;
         lse_s[threadIdx.x] = t < T ? lse_head[t] : 0.f;
         delta_s[threadIdx.x] = t < T ? delta_head[t] : 0.f;
+        first_s[threadIdx.x] = t < T ? g.first_key(b, t) : 0;
       }
       __syncthreads();
 #pragma unroll
@@ -188,7 +197,7 @@ __global__ void __launch_bounds__(kThreads)
         float my_s, my_dv;       // lane ii: s_ij and dO_i . v_j for i = i0 + ii
         tile_dots<DMAX, C>(k[r], qs, v[r], dos, lo, hi, g.scale, lane, my_s, my_dv);
         float ds = 0.f, pz = 0.f;
-        if (lane >= lo && lane < hi) {
+        if (lane >= lo && lane < hi && j >= first_s[lane]) {  // query i0 + lane sees key j (its document's)
           const float p = expf(my_s - lse_s[lane]);
           const float z = drop.on ? keep_scale(drop, b, h, T, i0 + lane, j) : 1.f;
           const float dp = z == 0.f ? 0.f : my_dv * z;

@@ -43,6 +43,17 @@ struct Geom {
   int D;          // head dimension
   bool causal;
   float scale;  // 1 / sqrt(D)
+  // Packed documents (AttentionOptions::positions, (B, T) i32; null: none): query i of sample b sees keys
+  // [i - positions[b, i], i] only (causal).
+  const int32_t* positions;
+
+  // The first key query i of sample b sees: the start of its document, or 0. Nondecreasing in i.
+  __device__ int64_t first_key(int64_t b, int64_t i) const { return positions ? i - positions[b * T + i] : 0; }
+  // The first key any query row of a block starting at row `first_row` sees (its first row's: first_key is
+  // nondecreasing), where the forward and dq kernels start their key tiles; 0 without packed documents.
+  __device__ int64_t block_first_key(int64_t b, int64_t first_row) const {
+    return positions && first_row < T ? first_key(b, first_row) : 0;
+  }
 
   // Elements between rows t and t + 1 of a qkv slot (G (R + 2) D) and of out (H D).
   __host__ __device__ int64_t qkv_stride() const { return G * (R + 2) * D; }
@@ -167,6 +178,7 @@ Geom geom_of(const Tensor& qkv, const AttentionOptions& opt) {
   g.D = static_cast<int>(qkv.dim(4));
   g.causal = opt.causal;
   g.scale = 1.f / std::sqrt(static_cast<float>(qkv.dim(4)));  // the CPU's expression
+  g.positions = opt.positions.defined() ? opt.positions.data<int32_t>() : nullptr;
   return g;
 }
 

@@ -109,21 +109,31 @@ __global__ void embedding_backward_kernel(const uint32_t* keys, const int32_t* p
 
 // ---- position embeddings -------------------------------------------------------------------------
 
-// position_at (core/tensor/ops.h) on the device: offset + t, or split_position + t - split_at from split_at on.
+// position_at (core/tensor/ops.h) on the device: offset + t, or split_position + t - split_at from split_at on; with
+// packed documents' positions (ids, (B, cols) i32), ids[b, offset + t] (not checked on the device: the CPU throws for
+// a position outside the table).
 struct Positions {
   int64_t offset, split_at, split_position;
-  __device__ int64_t at(int64_t t) const {
+  const int32_t* ids;  // null: no packed documents
+  int64_t cols;
+  __device__ int64_t at(int64_t b, int64_t t) const {
+    if (ids) return ids[b * cols + offset + t];
     return split_at > 0 && t >= split_at ? split_position + (t - split_at) : offset + t;
   }
 };
-Positions positions_of(const EmbeddingOptions& opt) { return {opt.position_offset, opt.split_at, opt.split_position}; }
+Positions positions_of(const EmbeddingOptions& opt) {
+  const bool packed = opt.positions.defined();
+  return {opt.position_offset, opt.split_at, opt.split_position, packed ? opt.positions.data<int32_t>() : nullptr,
+          packed ? opt.positions.dim(1) : 0};
+}
 
-// x (B*T rows, C) += wpe[position_offset + t], t = row % T. Rows in a grid-stride loop over blocks.
+// x (B*T rows, C) += wpe[position_offset + t], t = row % T (or the packed position of row (b, t)). Rows in a
+// grid-stride loop over blocks.
 template <class T, class W>
 __global__ void position_add_kernel(T* x, const W* wpe, int64_t N, int64_t T_len, int64_t C, Positions pos) {
   for (int64_t n = blockIdx.x; n < N; n += gridDim.x) {
     const int64_t t = n % T_len;
-    const W* p = wpe + pos.at(t) * C;
+    const W* p = wpe + pos.at(n / T_len, t) * C;
     T* row = x + n * C;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
       row[c] = from_f32<T>(__fadd_rn(to_f32<T>(row[c]), to_f32<W>(p[c])));
@@ -149,8 +159,23 @@ __global__ void position_backward_kernel(const T* dout, float* dwpe, int64_t B, 
   for (int64_t t = blockIdx.y; t < T_len; t += gridDim.y) {
     double acc = 0.0;
     for (int64_t b = 0; b < B; ++b) acc += static_cast<double>(to_f32<T>(dout[(b * T_len + t) * C + c]));
-    dwpe[pos.at(t) * C + c] += static_cast<float>(acc);
+    dwpe[pos.at(0, t) * C + c] += static_cast<float>(acc);
   }
+}
+
+// Packed documents: dwpe[position of (b, t), c] += dout[b, t, c] for every token in order b, t, in fp32 (as the
+// CPU), one thread per column c walking all tokens: many tokens share a position, so a column's adds stay in one
+// thread (deterministic, no atomics).
+template <class T>
+__global__ void packed_position_backward_kernel(const T* dout, float* dwpe, int64_t B, int64_t T_len, int64_t C,
+                                                Positions pos) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T_len; ++t) {
+      float* dst = dwpe + pos.at(b, t) * C + c;
+      *dst = __fadd_rn(*dst, to_f32<T>(dout[(b * T_len + t) * C + c]));
+    }
 }
 
 }  // namespace
@@ -208,6 +233,14 @@ void position_embedding_add(Tensor& x, const Tensor& wpe, const EmbeddingOptions
 void position_embedding_backward(const Tensor& dout, Tensor& dwpe, const EmbeddingOptions& opt) {
   const int64_t B = dout.dim(0), T_len = dout.dim(1), C = dout.dim(2);
   if (B == 0 || T_len == 0 || C == 0) return;
+  if (opt.positions.defined()) {
+    MT_DISPATCH_FLOAT(dout.dtype(), "position_embedding_backward", T,
+                      packed_position_backward_kernel<T>
+                      <<<static_cast<unsigned>(ceil_div(C, kThreads)), kThreads, 0, stream()>>>(
+                          dout.data<T>(), dwpe.data<float>(), B, T_len, C, positions_of(opt)));
+    MT_CUDA_LAUNCHED("packed_position_backward_kernel");
+    return;
+  }
   const dim3 grid(static_cast<unsigned>(ceil_div(C, kThreads)),
                   static_cast<unsigned>(std::min<int64_t>(T_len, kMaxGridYZ)));
   MT_DISPATCH_FLOAT(dout.dtype(), "position_embedding_backward", T,

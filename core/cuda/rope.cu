@@ -44,16 +44,18 @@ __global__ void rope_table_kernel(InvFreq inv_freq, float* cos_t, float* sin_t, 
 }
 
 // One thread per rotated pair: n = B * T * G * (R + 1) * half pairs, pair index ((btg * (R + 1) + slot) * half + i).
+// With packed documents' positions (B, T) i32, token (b, t) takes the table's row positions[b, t] (the table then
+// holds positions 0..T-1), else row t.
 template <class T>
 __global__ void rope_apply_kernel(T* qkv, const float* cos_t, const float* sin_t, int64_t n, int64_t T_len, int64_t G,
-                                  int64_t S, int64_t D) {
+                                  int64_t S, int64_t D, const int32_t* positions) {
   const int64_t half = D / 2, rotated = S - 1;
   for (int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; k < n;
        k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t i = k % half;
     const int64_t slot = (k / half) % rotated;
     const int64_t btg = k / (half * rotated);  // ((b * T + t) * G + g)
-    const int64_t t = (btg / G) % T_len;
+    const int64_t bt = btg / G, t = positions ? positions[bt] : bt % T_len;
     T* x = qkv + (btg * S + slot) * D;
     const float c = cos_t[t * half + i], s = sin_t[t * half + i];
     const float x0 = to_f32<T>(x[i]), x1 = to_f32<T>(x[i + half]);
@@ -86,8 +88,9 @@ void rope_(Tensor& qkv, const RopeOptions& opt) {
   MT_CUDA_LAUNCHED("rope_table_kernel");
   const unsigned grid = grid_1d(n, kThreads);
   MT_DISPATCH_FLOAT(qkv.dtype(), "rope_", T_,
-                    rope_apply_kernel<T_>
-                    <<<grid, kThreads, 0, stream()>>>(qkv.data<T_>(), cos_t, sin_t, n, T, G, S, D));
+                    rope_apply_kernel<T_><<<grid, kThreads, 0, stream()>>>(
+                        qkv.data<T_>(), cos_t, sin_t, n, T, G, S, D,
+                        opt.positions.defined() ? opt.positions.data<int32_t>() : nullptr));
   MT_CUDA_LAUNCHED("rope_apply_kernel");
 }
 

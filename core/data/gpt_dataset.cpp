@@ -46,16 +46,18 @@ TokenStream::TokenStream(std::vector<Part> parts) : parts_(std::move(parts)) {
   }
 }
 
+size_t TokenStream::run_at(int64_t pos) const {
+  auto it = std::upper_bound(runs_.begin(), runs_.end(), pos, [](int64_t p, const Run& r) { return p < r.start; });
+  return static_cast<size_t>(it - runs_.begin()) - 1;
+}
+
 void TokenStream::read(int64_t begin, std::span<int32_t> out) const {
   const int64_t count = static_cast<int64_t>(out.size());
   if (begin < 0 || count > total_ - begin)
     throw std::out_of_range(
         fmt::format("TokenStream: read of tokens [{}, {}) outside the stream's {}", begin, begin + count, total_));
   if (count == 0) return;
-  // The last run starting at or before `begin`.
-  auto it =
-      std::upper_bound(runs_.begin(), runs_.end(), begin, [](int64_t pos, const Run& r) { return pos < r.start; });
-  size_t r = static_cast<size_t>(it - runs_.begin()) - 1;
+  size_t r = run_at(begin);
   int64_t done = 0, pos = begin;
   while (done < count) {
     const Run& run = runs_[r];
@@ -65,6 +67,21 @@ void TokenStream::read(int64_t begin, std::span<int32_t> out) const {
     done += take;
     pos += take;
     ++r;
+  }
+}
+
+void TokenStream::read_positions(int64_t begin, std::span<int32_t> out) const {
+  const int64_t count = static_cast<int64_t>(out.size());
+  if (begin < 0 || count > total_ - begin)
+    throw std::out_of_range(
+        fmt::format("TokenStream: positions of tokens [{}, {}) outside the stream's {}", begin, begin + count, total_));
+  if (count == 0) return;
+  size_t r = run_at(begin);
+  int64_t start = begin;  // where the current document starts within this read
+  for (int64_t k = 0; k < count; ++k) {
+    const int64_t pos = begin + k;
+    while (r + 1 < runs_.size() && runs_[r + 1].start <= pos) start = runs_[++r].start;
+    out[static_cast<size_t>(k)] = static_cast<int32_t>(pos - start);
   }
 }
 
@@ -126,6 +143,14 @@ SyntheticDataset::SyntheticDataset(int64_t vocab_size, int64_t seq_length, uint6
   if (vocab_size_ <= 0 || seq_length_ <= 0)
     throw std::invalid_argument(
         fmt::format("SyntheticDataset: vocab_size {} and seq_length {} must be > 0", vocab_size_, seq_length_));
+}
+
+void GptDataset::sample_positions(int64_t global_index, std::span<int32_t> out) const {
+  if (static_cast<int64_t>(out.size()) != seq_length_ + 1)
+    throw std::invalid_argument(fmt::format("GptDataset: sample positions buffer holds {} values, need seq_length+1={}",
+                                            out.size(), seq_length_ + 1));
+  if (cut_ == Cut::stream) return stream_->read_positions(stream_sample(global_index) * seq_length_, out);
+  for (size_t t = 0; t < out.size(); ++t) out[t] = static_cast<int32_t>(t);
 }
 
 void SyntheticDataset::sample(int64_t global_index, std::span<int32_t> out) const {

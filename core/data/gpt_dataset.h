@@ -34,6 +34,10 @@ class TokenStream {
   }
   // Tokens [begin, begin + out.size()) of the stream.
   void read(int64_t begin, std::span<int32_t> out) const;
+  // The positions of the same tokens within their sequences (documents), counted from `begin` where a sequence
+  // started before it: out[k] = begin + k - max(start of the sequence holding token begin + k, begin). A packed
+  // sample's position ids, which restart at 0 at every document boundary (data.sft_packing: pack).
+  void read_positions(int64_t begin, std::span<int32_t> out) const;
 
  private:
   std::vector<Part> parts_;
@@ -46,6 +50,8 @@ class TokenStream {
   };
   std::vector<Run> runs_;
   int64_t total_ = 0;
+  // The index of the last run starting at or before stream position `pos` (of a checked, non-empty read).
+  size_t run_at(int64_t pos) const;
 };
 
 // Samples of a token stream. Global sample g lives in epoch g / n (n samples per epoch) and is
@@ -64,6 +70,9 @@ class GptDataset {
   int64_t seq_length() const { return seq_length_; }
   // out holds seq_length + 1 tokens.
   void sample(int64_t global_index, std::span<int32_t> out) const;
+  // The position of each of those tokens within its document (TokenStream::read_positions, from 0 at the sample's
+  // start); with cut = sequences the sample is one document: 0, 1, ..., seq_length.
+  void sample_positions(int64_t global_index, std::span<int32_t> out) const;
   // Stream sample (in file order) that global sample g reads.
   int64_t stream_sample(int64_t global_index) const;
   // The permutation of one epoch: element i is the stream sample read at position i of the epoch.

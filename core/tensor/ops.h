@@ -113,6 +113,10 @@ struct EmbeddingOptions {
   // split_position + t - split_at instead (position_at below).
   int64_t split_at = 0;
   int64_t split_position = 0;
+  // Packed documents (data.sft_packing: pack): (B, Tfull) i32 on the tensors' device, the position of token (b, t)
+  // within its document; when defined, token t of this call (sequence shard) is at positions[b, position_offset + t]
+  // instead (split_at must be 0). Position ids thus restart at 0 at every document boundary.
+  Tensor positions;
 };
 // Position of column / token t under (position_offset, split_at, split_position) of EmbeddingOptions or RopeOptions.
 template <class Opt>
@@ -171,7 +175,12 @@ struct AttentionOptions {
   uint64_t site = 0;
   int64_t sample_offset = 0;
   int64_t head_offset = 0;  // global index of local query head 0 (tensor parallelism splits groups)
+  // Packed documents (data.sft_packing: pack): (B, T) i32 on qkv's device, the position of token (b, t) within its
+  // document. When defined, query i of sample b sees keys [i - positions[b, i], i] only (its own document; needs
+  // causal), and a row's dropout coordinates stay those above. Empty: every earlier key (one sequence a sample).
+  Tensor positions;
 };
+
 void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionOptions& opt);
 // dqkv (B, T, G, R + 2, D) written from dout (B, T, H, D) and the forward's qkv, out and lse. A group's key
 // and value gradients are the sums over its R query heads, added in fp32 in the order r = 0..R-1 and rounded
@@ -237,6 +246,9 @@ struct RopeOptions {
   bool inverse = false;         // rotate by -a: the backward
   int64_t split_at = 0;         // context parallelism: as EmbeddingOptions' (t >= split_at at split_position + ...)
   int64_t split_position = 0;
+  // Packed documents: (B, T) i32 on qkv's device; when defined token (b, t) is rotated at position positions[b, t]
+  // (which must lie in [0, T); position_offset and split_at must be 0).
+  Tensor positions;
 };
 void rope_(Tensor& qkv, const RopeOptions& opt);
 

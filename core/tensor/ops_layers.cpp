@@ -113,6 +113,18 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, E
 
 namespace {
 
+// Packed documents' positions (AttentionOptions / RopeOptions / EmbeddingOptions::positions), when defined:
+// (B, T) i32 on `device` with T >= `min_columns` (== it when `exact`).
+void check_document_positions(const char* op, const Tensor& positions, int64_t B, int64_t min_columns, bool exact,
+                              Device device) {
+  if (!positions.defined()) return;
+  check_ndim(op, "positions", positions, 2, "(B, T)", DType::i32);
+  if (positions.dim(0) != B || (exact ? positions.dim(1) != min_columns : positions.dim(1) < min_columns))
+    fail(op, fmt::format("positions: expected shape [{}, {}{}] (B, T), got {}", B, exact ? "" : ">= ", min_columns,
+                         shape_str(positions.shape())));
+  if (positions.device() != device) fail(op, "positions: on another device than the tensors it positions");
+}
+
 // The rows [position_offset, position_offset + T) must lie inside a (P, C) position table.
 void check_positions(const char* op, const Tensor& x, const char* table_name, const Tensor& table,
                      const EmbeddingOptions& opt) {
@@ -121,6 +133,10 @@ void check_positions(const char* op, const Tensor& x, const char* table_name, co
   check_range(op, "position_offset", opt.position_offset >= 0 && opt.position_offset + x.dim(1) <= table.dim(0),
               fmt::format("positions [{}, {}) exceed the {} rows of {}", opt.position_offset,
                           opt.position_offset + x.dim(1), table.dim(0), table_name));
+  if (opt.positions.defined()) {
+    check_range(op, "split_at", opt.split_at == 0, "must be 0 with packed documents' positions");
+    check_document_positions(op, opt.positions, x.dim(0), opt.position_offset + x.dim(1), false, x.device());
+  }
   if (opt.split_at > 0)
     check_range(op, "split_position",
                 opt.split_position >= 0 && opt.split_position + x.dim(1) - opt.split_at <= table.dim(0),
@@ -210,6 +226,10 @@ void check_qkv(const char* op, const Tensor& qkv, const AttentionOptions& opt) {
   check_p(op, opt.dropout_p);
   check_range(op, "offsets", opt.sample_offset >= 0 && opt.head_offset >= 0,
               fmt::format("must be >= 0, got sample {}, head {}", opt.sample_offset, opt.head_offset));
+  if (opt.positions.defined()) {
+    check_range(op, "causal", opt.causal, "packed documents' positions need causal attention");
+    check_document_positions(op, opt.positions, qkv.dim(0), qkv.dim(1), true, qkv.device());
+  }
 }
 
 // The query heads H = G * R of qkv (B, T, G, R + 2, D).
@@ -296,6 +316,11 @@ void rope_(Tensor& qkv, const RopeOptions& opt) {
               fmt::format("must be >= 0, got {}", opt.position_offset));
   check_range(op, "split_position", opt.split_at >= 0 && opt.split_position >= 0,
               fmt::format("split_at and split_position must be >= 0, got {} and {}", opt.split_at, opt.split_position));
+  if (opt.positions.defined()) {
+    check_range(op, "position_offset", opt.position_offset == 0 && opt.split_at == 0,
+                "position_offset and split_at must be 0 with packed documents' positions");
+    check_document_positions(op, opt.positions, qkv.dim(0), qkv.dim(1), true, qkv.device());
+  }
   if (qkv.device() == Device::cpu) return cpu::rope_(qkv, opt);
   MT_ON_CUDA(rope_(qkv, opt));
 }

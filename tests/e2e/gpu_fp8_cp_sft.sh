@@ -4,7 +4,8 @@
 # (the fp8 GEMMs accumulate in another order, bf16 elsewhere); context parallelism 2 (two processes sharing the GPU
 # over host-staged Gloo: the CUDA attention block kernels, the log-sum-exp merge, the ring and the all-gather)
 # follows one GPU rank within 1e-5 in fp32, GPT and Llama; training on a chat loss mask (the weighted loss sum on
-# the device) follows the CPU within 1e-5 in fp32. Skips without a usable GPU.
+# the device) and on packed conversations (data.sft_packing: pack: the kernels' document mask) follow the CPU
+# within 1e-5 in fp32. Skips without a usable GPU.
 source "$(dirname "$0")/lib/common.bash"
 source "$SRC/tests/e2e/lib/sft.bash"
 require_gpu
@@ -42,4 +43,14 @@ write_sft_config
 "$MT" --config sft.yaml --set training.device=cuda --set logging.dir=gpu_sft >/dev/null 2>gpu_sft.err \
   || { tail -5 gpu_sft.err; fail "masked SFT on the GPU"; }
 same_losses cpu_sft/metrics.jsonl gpu_sft/metrics.jsonl 1 6 1e-5
+# Packed conversations (data.sft_packing: pack): the CUDA attention kernels' document mask, RoPE and the position
+# table at the documents' positions follow the CPU within 1e-5 in fp32, GPT and Llama, dropout on.
+for arch in gpt llama; do
+  extra=()
+  [ $arch = llama ] && extra=(--set model.arch=llama --set model.rotary_base=10000)
+  "$MT" --config sft.yaml --set data.sft_packing=pack "${extra[@]}" --set logging.dir=cpu_pack_$arch >/dev/null
+  "$MT" --config sft.yaml --set data.sft_packing=pack "${extra[@]}" --set training.device=cuda \
+    --set logging.dir=gpu_pack_$arch >/dev/null 2>gpu_pack_$arch.err || { tail -5 gpu_pack_$arch.err; fail "pack $arch on the GPU"; }
+  same_losses cpu_pack_$arch/metrics.jsonl gpu_pack_$arch/metrics.jsonl 1 6 1e-5
+done
 echo "gpu_fp8_cp_sft: ok"

@@ -49,7 +49,7 @@ grep -q "train: 43 samples per epoch" pad32_gpt.log || { grep "data:" pad32_gpt.
   --set logging.dir=pad_tp2pp2dp2 >/dev/null 2>pad.err || { tail -5 pad.err; fail "pad tp2pp2dp2 failed"; }
 same_losses pad32_gpt/metrics.jsonl pad_tp2pp2dp2/metrics.jsonl 1 6 1e-6
 expect_error "data.sft_packing: pad needs loss masks" "${pad[@]}" --set data.loss_mask=false
-expect_error "pack is not implemented yet" --config sft.yaml --set data.sft_packing=pack
+
 
 # init_from: a trained checkpoint, then fine-tuning runs starting from it.
 "$MT" --config sft.yaml --set training.train_iters=3 --set checkpoint.save_dir=base --set logging.dir=base_run \

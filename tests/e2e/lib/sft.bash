@@ -53,3 +53,16 @@ checkpoint: {save_dir: "", load: auto}
 logging: {dir: run, interval: 1, eval_interval: 3, eval_iters: 1}
 YAML
 }
+
+# same_valid A B: the validation losses of metrics files A and B are at the same iterations and within 1e-6.
+same_valid() {
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+def v(p): return {r["iteration"]: r["valid_loss"] for r in map(json.loads, open(p)) if "valid_loss" in r}
+a, b = v(sys.argv[1]), v(sys.argv[2])
+assert a and sorted(a) == sorted(b), (a, b)
+worst = max(abs(a[i] - b[i]) / abs(a[i]) for i in a)
+print(f"validation {sys.argv[2]} vs {sys.argv[1]}: worst relative difference {worst:.2e} (tolerance 1e-6)")
+assert worst <= 1e-6, f"validation losses differ: {a} vs {b}"
+PY
+}

@@ -592,6 +592,40 @@ TEST(GptDataset, SequenceCutGivesOneSequencePerSamplePadded) {
   EXPECT_EQ(firsts, (std::vector<int32_t>{0, 5, 8, 9, 15, 25}));  // a permutation of the sequences
 }
 
+// data.sft_packing: pack: each token's position within its sequence (document), from 0 at the sample's start
+// (a document begun in an earlier sample continues at 0) and at every sequence start inside the sample.
+TEST(GptDataset, PackedSamplePositionsRestartAtEveryDocument) {
+  TempDir dir;
+  CountingData data(dir);
+  auto stream = std::make_shared<const TokenStream>(
+      std::vector<TokenStream::Part>{{data.a, 0, 3}, {data.b, 0, 2}});  // 0..4 | 5..7 | 8 | 9..14 | 15..24 | 25..31
+  GptDataset ds(stream, 5, 1, false);
+  ASSERT_EQ(ds.samples_per_epoch(), 6);
+  const std::vector<std::vector<int32_t>> want = {{0, 1, 2, 3, 4, 0}, {0, 1, 2, 0, 0, 1}, {0, 1, 2, 3, 4, 0},
+                                                  {0, 1, 2, 3, 4, 5}, {0, 1, 2, 3, 4, 0}, {0, 1, 2, 3, 4, 5}};
+  std::vector<int32_t> pos(6), tok(6);
+  for (int64_t j = 0; j < 6; ++j) {
+    ds.sample_positions(j, pos);
+    EXPECT_EQ(pos, want[static_cast<size_t>(j)]) << "sample " << j;
+  }
+  // Shuffled, the positions follow their sample: a 0 inside a sample is a sequence start (its token value, in
+  // this counting data, one of 5, 8, 9, 15, 25).
+  GptDataset shuffled(stream, 5, 7, true);
+  for (int64_t j = 0; j < 6; ++j) {
+    shuffled.sample(j, tok);
+    shuffled.sample_positions(j, pos);
+    for (size_t t = 1; t < 6; ++t) {
+      const bool start = tok[t] == 5 || tok[t] == 8 || tok[t] == 9 || tok[t] == 15 || tok[t] == 25;
+      EXPECT_EQ(pos[t], start ? 0 : pos[t - 1] + 1) << "sample " << j << " token " << t;
+    }
+  }
+  // One document per sample (cut = sequences): 0..S.
+  GptDataset padded(stream, 5, 1, false, GptDataset::Cut::sequences);
+  padded.sample_positions(1, pos);
+  EXPECT_EQ(pos, (std::vector<int32_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_THROW(stream->read_positions(30, pos), std::out_of_range);
+}
+
 TEST(GptDataset, SeededShuffleIsAPermutationFixedBySeedAndEpoch) {
   TempDir dir;
   const std::string p = dir / "big";
