@@ -278,8 +278,9 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     // the layer after, the one being reduce-scattered, and a tied table held from the head to the embedding.
     // (Parameters summed over another group first, whose buckets stay whole for the step, are not told apart
     // here: sequence-parallel norms and tied embeddings across stages.)
+    // ZeRO-3 cuts the buckets at the units' borders: no bucket is shared with the next layer.
     b[MemKind::gradient] =
-        zero2 ? 4 * (g.shard + largest_layer + 2 * g.max_bucket + held_through_backward) : 4 * g.elements;
+        zero2 ? 4 * (g.shard + largest_layer + (zero3 ? 1 : 2) * g.max_bucket + held_through_backward) : 4 * g.elements;
     // core/optim/optimizer.cpp: fp32 master (the value itself in fp32) and two moments. ZeRO
     // (parallel/distributed_optimizer.cpp): master and moments of its blocks, plus the blocks' values in the
     // compute dtype (value_shard_) for the all-gather.

@@ -62,8 +62,8 @@ TEST(PlanZero, ShardingTheGradientsLeavesAQuarterAtFourRanksPlusTheTransients) {
 }
 
 // ZeRO-3 in bf16 at DP=4: the resident parameters are this rank's quarter (padding aside) and the gathered ones two
-// units at most (a unit and the next one, prefetched); the gradients are
-// ZeRO-2's and the optimizer state ZeRO-2's less the bf16 blocks, which are the parameters now.
+// units at most (a unit and the next one, prefetched); the gradients are ZeRO-2's but for a bucket and the
+// optimizer state ZeRO-2's less the bf16 blocks, which are the parameters now.
 TEST(PlanZero, ShardingTheParametersLeavesAQuarterPlusTwoGatheredUnits) {
   const Config none = tiny("none", 4, "bf16"), zero2 = tiny("gradients", 4, "bf16"),
                zero3 = tiny("parameters", 4, "bf16");
@@ -77,7 +77,11 @@ TEST(PlanZero, ShardingTheParametersLeavesAQuarterPlusTwoGatheredUnits) {
   // 256 x 64 table: two layers in bf16.
   const double layer = 12.0 * 64 * 64 + 13 * 64;
   EXPECT_DOUBLE_EQ(bytes(zero3, MemKind::gathered), 2 * (2 * layer));
-  EXPECT_EQ(bytes(zero3, MemKind::gradient), bytes(zero2, MemKind::gradient));
+  // ZeRO-2's gradients less one bucket (no bucket is shared with the next layer: cut at the units' borders), the
+  // largest: at least the 256 x 64 table, less than it and the bucket size of 5000 elements.
+  const double less = bytes(zero2, MemKind::gradient) - bytes(zero3, MemKind::gradient);
+  EXPECT_GE(less, 4.0 * 256 * 64);
+  EXPECT_LT(less, 4.0 * (256 * 64 + 5000));
   EXPECT_DOUBLE_EQ(bytes(zero3, MemKind::optimizer) + bytes(zero3, MemKind::parameter),
                    bytes(zero2, MemKind::optimizer));
   EXPECT_LT(predict_memory(zero3, Backend::cpu).max_total(), predict_memory(zero2, Backend::cpu).max_total());
