@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "core/tensor/finite.h"
 #include "core/tensor/trace.h"
 
 namespace mt {
@@ -93,6 +94,20 @@ void ShardedParameters::release(int u) {
   acquired_[static_cast<size_t>(u)] = false;
   for (size_t b : unit_buckets_[static_cast<size_t>(u)])
     if (--buckets_[b].holders == 0) drop(b);
+}
+
+const Parameter* ShardedParameters::first_nonfinite_shard() const {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!buckets_[b].sharded) continue;
+    const NonFinite bad = find_nonfinite(optimizer_.value_shard(b));
+    if (!bad) continue;
+    const GradBuffer::Bucket& bucket = grads_.buckets()[b];
+    const int64_t at = bucket.begin + grads_.dp_rank() * bucket.shard + bad.first;  // in the buffer's layout
+    for (const Parameter* p : bucket.params)
+      if (at >= grads_.offset(p) && at < grads_.offset(p) + shape_numel(grads_.shape(p))) return p;
+    return bucket.params.back();  // the padding after the last parameter (never written: not reached)
+  }
+  return nullptr;
 }
 
 int64_t ShardedParameters::gathered_elements() const {

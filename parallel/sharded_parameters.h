@@ -49,6 +49,9 @@ class ShardedParameters {
   int num_units() const { return static_cast<int>(unit_buckets_.size()); }
   // Elements of the gathered buckets alive now.
   int64_t gathered_elements() const;
+  // The first parameter with an inf or NaN in this rank's blocks of the released buckets (whose values are not
+  // whole between units), or nullptr: what a check of the values misses under ZeRO-3.
+  const Parameter* first_nonfinite_shard() const;
 
  private:
   struct BucketState {

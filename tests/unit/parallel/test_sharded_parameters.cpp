@@ -2,9 +2,11 @@
 // gradient buffer's units option cuts the buckets at the units' borders; once built, the parameters outside the
 // whole buckets hold no value; acquire gives a unit (prefetched or not) exactly the values of the model, a
 // parameter shared by two units stays until both release it, and after an optimizer step each unit gathers the
-// updated values, the same as the optimizer's all-gather makes under ZeRO-1.
+// updated values, the same as the optimizer's all-gather makes under ZeRO-1; a non-finite value in a rank's block is
+// found there and named.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -105,6 +107,10 @@ TEST(ShardedParameters, UnitsGatherTheModelsValuesAndDropThem) {
         }
         sharded.release(u);
       }
+      // A NaN in rank 0's block of the layer's bucket (buckets()[1], in backward order): it begins with p2.
+      EXPECT_EQ(sharded.first_nonfinite_shard(), nullptr) << what;
+      if (r == 0) optimizer.value_shard(1).data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+      EXPECT_EQ(sharded.first_nonfinite_shard(), r == 0 ? ps[2] : nullptr) << what;
     });
   }
 }
