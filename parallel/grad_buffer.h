@@ -99,6 +99,7 @@ class GradBuffer {
   // A parameter's shape as laid out (its value may be released between uses under ZeRO-3).
   const Shape& shape(const Parameter* p) const { return shape_.at(p); }
   size_t bucket_of(const Parameter* p) const { return bucket_of_.at(p); }
+  bool holds(const Parameter* p) const { return bucket_of_.contains(p); }  // one of params()
   // In backward order: buckets()[0] holds the last parameters.
   const std::vector<Bucket>& buckets() const { return buckets_; }
   bool sharded() const { return opt_.shard; }

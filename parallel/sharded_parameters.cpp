@@ -22,6 +22,7 @@ ShardedParameters::ShardedParameters(const GradBuffer& grads, DistributedOptimiz
   for (const std::vector<Parameter*>& unit : units) {
     std::vector<size_t> mine;
     for (const Parameter* p : unit) {
+      if (!grads_.holds(p)) continue;  // not trained here (no gradient): kept whole
       const size_t b = grads_.bucket_of(p);
       if (buckets_[b].sharded && std::find(mine.begin(), mine.end(), b) == mine.end()) mine.push_back(b);
     }

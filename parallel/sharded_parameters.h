@@ -31,7 +31,8 @@ namespace mt {
 class ShardedParameters {
  public:
   // units[u]: the parameters unit u computes with (one may be in two units: the tied word embeddings are the
-  // embedding's and the head's); every one is in `grads`, whose buckets never hold two units' parameters.
+  // embedding's and the head's); those in `grads` (whose buckets never hold two units' parameters) are sharded,
+  // any other stays whole.
   // `dp` gathers (the optimizer's group; used on the training thread only). Releases the values of the
   // parameters that are not kept whole: build it after the optimizer has taken its masters from them.
   ShardedParameters(const GradBuffer& grads, DistributedOptimizer& optimizer, Communicator& dp,

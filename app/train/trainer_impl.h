@@ -194,8 +194,8 @@ class Trainer {
   std::unique_ptr<ShardedParameters> sharded_;
   // Elements of a parameter as this rank stores it (under ZeRO-3 its value is whole only while its unit computes).
   int64_t stored_numel(const Parameter* p) const {
-    const GradBuffer& g = p->expert && expert_grads_ ? *expert_grads_ : *grads_;
-    return shape_numel(g.shape(p));
+    if (p->value.defined()) return p->value.numel();
+    return shape_numel(grads_->shape(p));  // released: one of the dense buffer's (ZeRO-3 refuses experts)
   }
   int64_t optimizer_steps() const { return optimizer_->steps(); }
   LossScaler scaler_;
