@@ -93,6 +93,20 @@ std::vector<TransformerLayer*> GptModel::layers() {
   return out;
 }
 
+std::vector<std::vector<Parameter*>> GptModel::units() {
+  std::vector<std::vector<Parameter*>> units;
+  if (opt_.stage.has_embedding) {
+    units.push_back({&wte_.weight()});
+    if (has_position_table()) units.back().push_back(&wpe_);
+  }
+  for (auto& layer : layers_) units.push_back(layer->parameters());
+  if (opt_.stage.has_head) {
+    units.push_back(lnf_.parameters());
+    units.back().push_back(&head_.weight());
+  }
+  return units;
+}
+
 int64_t GptModel::num_parameters() const {
   int64_t n = 0;
   for (const Parameter* p : params_) n += p->value.numel();
@@ -125,7 +139,10 @@ Tensor GptModel::forward_impl(const Tensor& input, const Tensor& tokens, const T
         fmt::format("sequence of {} tokens exceeds max_position_embeddings={}", T, cfg_.max_position_embeddings));
   const int64_t Ts = opt_.tp.shard_length(T), seq_offset = opt_.tp.shard_offset(T), Ns = B * Ts;
   Tensor x = input;
+  const int last_unit = opt_.stage.has_head ? head_unit() : head_unit() - 1;
+  auto following = [&](int unit) { return unit < last_unit ? unit + 1 : -1; };
   if (opt_.stage.has_embedding) {
+    unit_event(UnitEvent::forward_begin, 0, following(0));
     x = wte_.forward(tokens);  // (B, Ts, C)
     if (has_position_table()) position_embedding_add(x, wpe_.value, position_options(T, seq_offset, Ts, ctx));
     dropout_forward(x, x,
@@ -134,9 +151,15 @@ Tensor GptModel::forward_impl(const Tensor& input, const Tensor& tokens, const T
                      .site = site_embedding_,
                      .sample_offset = ctx.sample_offset,
                      .row_offset = seq_offset});
+    unit_event(UnitEvent::forward_end, 0, -1);
     if (ctx.training) embedded_[mb] = {ctx, tokens};
   }
-  for (auto& layer : layers_) x = layer->forward(x, mb, ctx);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const int unit = layer_unit(i);
+    unit_event(UnitEvent::forward_begin, unit, following(unit));
+    x = layers_[i]->forward(x, mb, ctx);
+    unit_event(UnitEvent::forward_end, unit, -1);
+  }
   if (!opt_.stage.has_head) return x;
 
   HeadActivations h;
@@ -144,8 +167,10 @@ Tensor GptModel::forward_impl(const Tensor& input, const Tensor& tokens, const T
   h.tokens = tokens;
   h.targets = targets;
   h.final_in = x;
+  unit_event(UnitEvent::forward_begin, head_unit(), -1);
   lnf_.forward(x.view({Ns, C}), h.lnf);
   h.logits = head_.forward(h.lnf.out, B);  // (N, V): this rank's vocabulary columns of every position
+  unit_event(UnitEvent::forward_end, head_unit(), -1);
   h.rowmax = Tensor::empty({N}, DType::f32, opt_.device);
   h.sumexp = Tensor::empty({N}, DType::f32, opt_.device);
   Tensor target_logit = Tensor::empty({N}, DType::f32, opt_.device);
@@ -201,6 +226,7 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
     } else {
       fill_(dlosses, dloss / static_cast<float>(N));
     }
+    unit_event(UnitEvent::backward_begin, head_unit(), layers_.empty() ? -1 : layer_unit(layers_.size() - 1));
     if (grads_needed_) {  // the head, the final norm, and the tied embedding the head writes into
       std::vector<Parameter*> needed = lnf_.parameters();
       needed.push_back(&head_.weight());
@@ -224,12 +250,16 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
       // After their weight gradients: deferred with them under a zero-bubble pipeline (parallel/weight_grad.h).
       weight_grad_work([this, mb, head_params] { grads_ready_(mb, head_params); });
     }
+    unit_event(UnitEvent::backward_end, head_unit(), -1);
   }
 
-  for (auto layer = layers_.rbegin(); layer != layers_.rend(); ++layer) {
-    if (grads_needed_) grads_needed_(mb, (*layer)->parameters());
-    dx = (*layer)->backward(dx, mb, dloss);
-    if (grads_ready_) weight_grad_work([this, mb, ps = (*layer)->parameters()] { grads_ready_(mb, ps); });
+  for (size_t i = layers_.size(); i-- > 0;) {
+    TransformerLayer& layer = *layers_[i];
+    unit_event(UnitEvent::backward_begin, layer_unit(i), i > 0 ? layer_unit(i - 1) : -1);
+    if (grads_needed_) grads_needed_(mb, layer.parameters());
+    dx = layer.backward(dx, mb, dloss);
+    if (grads_ready_) weight_grad_work([this, mb, ps = layer.parameters()] { grads_ready_(mb, ps); });
+    unit_event(UnitEvent::backward_end, layer_unit(i), -1);
   }
   if (!opt_.stage.has_embedding) return dx;
 

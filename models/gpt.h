@@ -70,6 +70,17 @@ class GptModel {
   // each layer's backward, the head's and the embedding's), so their storage can be made then (ZeRO-2).
   void set_grads_needed_hook(GradsReadyHook hook) { grads_needed_ = std::move(hook); }
 
+  // ZeRO-3 (parallel/sharded_parameters.h): the units whose parameters are gathered together, in forward order:
+  // the embedding (first stage), each transformer layer, the final norm with the LM head (last stage; the tied
+  // word embeddings are the head's weight there too).
+  std::vector<std::vector<Parameter*>> units();
+  // Called around each unit's computation with its parameters: begin before it reads them, end after its last
+  // read; `next` is the unit that computes after it (-1: none in this call), which may be gathered meanwhile. The
+  // embedding's backward reads no weights (it scatters into the gradients) and is not announced.
+  enum class UnitEvent { forward_begin, forward_end, backward_begin, backward_end };
+  using UnitHook = std::function<void(UnitEvent event, int unit, int next)>;
+  void set_unit_hook(UnitHook hook) { unit_hook_ = std::move(hook); }
+
   // Every parameter, in a stable order (embedding, layers, final norm, head).
   const std::vector<Parameter*>& parameters() const { return params_; }
   const ModelConfig& config() const { return cfg_; }
@@ -129,7 +140,14 @@ class GptModel {
   std::map<int, HeadActivations> saved_;
   std::map<int, std::pair<StepContext, Tensor>> embedded_;
   GradsReadyHook grads_ready_;
-  GradsReadyHook grads_needed_;  // first stage: (context, tokens) per microbatch
+  GradsReadyHook grads_needed_;
+  UnitHook unit_hook_;
+  // Unit indices (see units()): layer i of this chunk's, the head's.
+  int layer_unit(size_t i) const { return (opt_.stage.has_embedding ? 1 : 0) + static_cast<int>(i); }
+  int head_unit() const { return layer_unit(layers_.size()); }
+  void unit_event(UnitEvent e, int unit, int next) const {
+    if (unit_hook_) unit_hook_(e, unit, next);
+  }  // first stage: (context, tokens) per microbatch
 };
 
 // Megatron's model FLOPs of one training iteration over `tokens` tokens (forward + backward, no

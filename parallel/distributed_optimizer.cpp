@@ -25,7 +25,7 @@ DistributedOptimizer::DistributedOptimizer(const GradBuffer& grads, Communicator
   for (size_t i = buckets.size(); i-- > 0;) {
     const GradBuffer::Bucket& bucket = buckets[i];
     const int64_t lo = bucket.begin + r * bucket.shard, hi = lo + bucket.shard;  // in the buffer
-    buckets_.push_back({bucket.begin, bucket.end, shard_, bucket.shard, &bucket.params});
+    buckets_.push_back({bucket.begin, bucket.end, shard_, bucket.shard, &bucket.params, i});
     for (Parameter* p : bucket.params) {
       const int64_t offset = grads_.offset(p);
       const int64_t b = std::max(lo, offset), e = std::min(hi, offset + p->value.numel());
@@ -78,12 +78,27 @@ void DistributedOptimizer::update(const AdamWOptions& opt) {
   all_gather_into_values(true);
 }
 
+void DistributedOptimizer::gather_only(std::vector<bool> buckets) {
+  gather_only_ = std::move(buckets);
+  if (!value_shard_.defined() || value_shard_.kind() == MemKind::parameter) return;
+  Tensor resident = Tensor::empty({shard_}, value_shard_.dtype(), value_shard_.device(), MemKind::parameter);
+  resident.copy_from(value_shard_);
+  value_shard_ = resident;
+}
+
+Tensor DistributedOptimizer::value_shard(size_t bucket) const {
+  const BucketShard& b = buckets_.at(buckets_.size() - 1 - bucket);  // buckets_ is in buffer order
+  return (value_shard_.defined() ? value_shard_ : master_).slice(b.shard_begin, b.shard_begin + b.shard);
+}
+
 void DistributedOptimizer::for_each_gathered_bucket(const Tensor& shard,
-                                                    const std::function<void(const BucketShard&, const Tensor&)>& use) {
+                                                    const std::function<void(const BucketShard&, const Tensor&)>& use,
+                                                    const std::vector<bool>* only) {
   // One bucket at a time through a bucket-sized temporary: a whole-buffer one would cost the model slice's size
   // again in device memory (the gradient buffer's length in the gathered dtype; three f32 ones for the slots).
   Tensor staging = Tensor::empty({largest_bucket_}, shard.dtype(), shard.device(), MemKind::workspace);
   for (const BucketShard& b : buckets_) {
+    if (only && !only->empty() && !only->at(b.index)) continue;
     Tensor full = staging.slice(0, b.end - b.begin);
     dp_.all_gather(shard.slice(b.shard_begin, b.shard_begin + b.shard), full)->wait();
     use(b, full);
@@ -96,12 +111,15 @@ void DistributedOptimizer::all_gather_into_values(bool values_current) {
     if (!values_current) value_shard_.copy_from(master_);
     shard = &value_shard_;
   }
-  for_each_gathered_bucket(*shard, [&](const BucketShard& b, const Tensor& full) {
-    for (Parameter* p : *b.params) {
-      const int64_t o = grads_.offset(p) - b.begin;
-      p->value.copy_from(full.slice(o, o + p->value.numel()));
-    }
-  });
+  for_each_gathered_bucket(
+      *shard,
+      [&](const BucketShard& b, const Tensor& full) {
+        for (Parameter* p : *b.params) {
+          const int64_t o = grads_.offset(p) - b.begin;
+          p->value.copy_from(full.slice(o, o + p->value.numel()));
+        }
+      },
+      &gather_only_);
 }
 
 std::vector<OptimizerSlot> DistributedOptimizer::gather_slots(bool keep) {
@@ -112,7 +130,7 @@ std::vector<OptimizerSlot> DistributedOptimizer::gather_slots(bool keep) {
       slot_of[p] = slots.size();
       // On the host: the writer's whole state of the model slice is 12 bytes per parameter, more than a GPU
       // holds beside the run.
-      auto host = [&] { return Tensor::empty(p->value.shape(), DType::f32, Device::cpu, MemKind::workspace); };
+      auto host = [&] { return Tensor::empty(grads_.shape(p), DType::f32, Device::cpu, MemKind::workspace); };
       slots.push_back({p, host(), host(), host()});
     }
   const Tensor* shards[3] = {&master_, &exp_avg_, &exp_avg_sq_};
@@ -121,7 +139,7 @@ std::vector<OptimizerSlot> DistributedOptimizer::gather_slots(bool keep) {
       if (!keep) return;
       for (Parameter* p : *b.params) {
         Slot& slot = slots[slot_of.at(p)];
-        const int64_t o = grads_.offset(p) - b.begin, n = p->value.numel();
+        const int64_t o = grads_.offset(p) - b.begin, n = shape_numel(grads_.shape(p));
         Tensor& whole = k == 0 ? slot.master : k == 1 ? slot.exp_avg : slot.exp_avg_sq;
         whole.view({n}).copy_from(full.slice(o, o + n));
       }
@@ -131,17 +149,20 @@ std::vector<OptimizerSlot> DistributedOptimizer::gather_slots(bool keep) {
 
 void DistributedOptimizer::load_state(const std::function<void(const std::vector<Slot>&)>& fill, bool partial) {
   // Whole per-parameter states of this model-parallel slice in host memory, then this rank's shard of them. What
-  // a partial load skips keeps the initial values (the parameters' own) and zero moments.
+  // a partial load skips keeps the initial values (the masters: the parameters' own, which ZeRO-3 does not keep
+  // whole) and zero moments.
   std::vector<Slot> slots;
-  for (Parameter* p : grads_.params()) {
-    auto host = [&] { return Tensor::empty(p->value.shape(), DType::f32, Device::cpu, MemKind::workspace); };
-    Slot slot{p, host(), host(), host()};
-    if (partial) {  // else `fill` writes every element
-      slot.master.copy_from(p->value);
+  if (partial) {  // else `fill` writes every element
+    slots = gather_slots(true);
+    for (Slot& slot : slots) {
       slot.exp_avg.zero_();
       slot.exp_avg_sq.zero_();
     }
-    slots.push_back(slot);
+  } else {
+    for (Parameter* p : grads_.params()) {
+      auto host = [&] { return Tensor::empty(grads_.shape(p), DType::f32, Device::cpu, MemKind::workspace); };
+      slots.push_back({p, host(), host(), host()});
+    }
   }
   fill(slots);
   scatter_slots(slots);
@@ -153,7 +174,7 @@ void DistributedOptimizer::scatter_slots(const std::vector<Slot>& slots) {
     for (const Slot& x : slots)
       if (x.param == s.param) slot = &x;
     if (!slot) throw std::logic_error("distributed optimizer: no state for parameter " + s.param->name);
-    const int64_t n = s.end - s.begin, numel = s.param->value.numel();
+    const int64_t n = s.end - s.begin, numel = shape_numel(grads_.shape(s.param));
     master_.slice(s.begin, s.end).copy_from(slot->master.view({numel}).slice(s.param_offset, s.param_offset + n));
     exp_avg_.slice(s.begin, s.end).copy_from(slot->exp_avg.view({numel}).slice(s.param_offset, s.param_offset + n));
     exp_avg_sq_.slice(s.begin, s.end)

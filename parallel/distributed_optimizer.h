@@ -35,6 +35,15 @@ class DistributedOptimizer final : public Optimizer {
 
   int64_t shard_size() const { return shard_; }
 
+  // ZeRO-3 (parallel/sharded_parameters.h): after a step or a load only the buckets marked here (by gradient
+  // buffer index: those summed over another group first) are gathered into the parameters; the others' values
+  // are gathered by their unit from value_shard().
+  // The rounded masters become the parameters' resident copy then (MemKind::parameter in the accounting).
+  void gather_only(std::vector<bool> buckets);
+  // This rank's block of gradient-buffer bucket b in the parameters' dtype (the rounded masters; the masters
+  // themselves for f32 parameters): what an all-gather over the group makes the bucket's values of.
+  Tensor value_shard(size_t bucket) const;
+
  private:
   // One parameter's part of one bucket's block of this rank.
   struct Segment {
@@ -48,6 +57,7 @@ class DistributedOptimizer final : public Optimizer {
     int64_t begin, end;  // the bucket in the gradient buffer
     int64_t shard_begin, shard;
     const std::vector<Parameter*>* params;  // the bucket's parameters (the gradient buffer's list)
+    size_t index;                           // in the gradient buffer's buckets()
   };
   std::vector<Tensor> counted_grads() const override;
   double sum_over_state_shards(double local) override;
@@ -63,9 +73,12 @@ class DistributedOptimizer final : public Optimizer {
   // (shard) in the parameters' compute dtype when it is not f32: the update writes the rounded masters here
   // and the all-gather moves these (half the bytes of f32); undefined for f32 parameters (masters gathered).
   Tensor value_shard_;
+  std::vector<bool> gather_only_;  // ZeRO-3: the buckets all_gather_into_values gathers (empty: all)
   // Gathers every rank's blocks of `shard` (shard_), bucket by bucket, into a bucket-sized temporary and passes
   // it (the bucket's elements of the gradient buffer's layout) to `use`.
-  void for_each_gathered_bucket(const Tensor& shard, const std::function<void(const BucketShard&, const Tensor&)>& use);
+  // only: the buckets to gather (by gradient-buffer index; null or empty: all).
+  void for_each_gathered_bucket(const Tensor& shard, const std::function<void(const BucketShard&, const Tensor&)>& use,
+                                const std::vector<bool>* only = nullptr);
   // Gathers every rank's updated values into the parameters; values_current: value_shard_ already holds
   // this rank's rounded masters (after a step), else they are cast first (after loading).
   void all_gather_into_values(bool values_current);

@@ -24,10 +24,17 @@ GradBuffer::GradBuffer(std::vector<Parameter*> params, Device device, std::uniqu
     throw std::invalid_argument("gradient buffer: sharded gradients need shard (reduce-scatter)");
   // Whole parameters in reverse order (the last layers' gradients are final first). ZeRO-2: parameters summed
   // over another group first never share a bucket with the others (theirs stay whole for the step).
+  // ZeRO-3: a unit's parameters never share a bucket with another unit's.
+  for (Parameter* p : params_) shape_[p] = p->value.shape();
+  const auto unit = [&](const Parameter* p) {
+    auto it = opt_.units.find(p);
+    return it == opt_.units.end() ? -1 : it->second;
+  };
   int64_t in_bucket = 0;
   for (size_t i = params_.size(); i-- > 0;) {
     const bool whole = opt_.shard_gradients && sums_elsewhere(params_[i]);
     if (in_bucket > 0 && buckets_.back().whole != whole) in_bucket = 0;
+    if (in_bucket > 0 && unit(buckets_.back().params.front()) != unit(params_[i])) in_bucket = 0;
     if (in_bucket == 0) {
       buckets_.emplace_back();
       buckets_.back().whole = whole;
@@ -85,7 +92,8 @@ void GradBuffer::give_storage(Bucket& b) {  // mu_ held
   b.storage = Tensor::zeros({b.end - b.begin}, DType::f32, device_, MemKind::gradient);
   for (Parameter* p : b.params) {
     const int64_t o = offset_.at(p) - b.begin;
-    p->grad = b.storage.slice(o, o + p->value.numel()).view(p->value.shape());
+    const Shape& shape = shape_.at(p);
+    p->grad = b.storage.slice(o, o + shape_numel(shape)).view(shape);
   }
 }
 

@@ -46,6 +46,9 @@ struct GradBufferOptions {
   Communicator* tensor = nullptr;      // sums Parameter::grad_sums.tensor gradients (null or size 1: none)
   Communicator* embedding = nullptr;   // sums Parameter::grad_sums.embedding gradients (null or size 1: none)
   std::string name = "gradients";      // what the timeline (core/tensor/trace.h) calls its reductions
+  // ZeRO-3 (parallel/sharded_parameters.h): the gathering unit of each parameter; a bucket never holds two units'
+  // parameters, so a unit is gathered bucket by bucket. Empty: buckets are cut by size only.
+  std::unordered_map<const Parameter*, int> units;
 };
 
 class GradBuffer {
@@ -93,6 +96,10 @@ class GradBuffer {
   int64_t resident_elements() const;
   const std::vector<Parameter*>& params() const { return params_; }
   int64_t offset(const Parameter* p) const { return offset_.at(p); }  // first element in data()
+  // A parameter's shape as laid out (its value may be released between uses under ZeRO-3).
+  const Shape& shape(const Parameter* p) const { return shape_.at(p); }
+  size_t bucket_of(const Parameter* p) const { return bucket_of_.at(p); }
+  bool holds(const Parameter* p) const { return bucket_of_.contains(p); }  // one of params()
   // In backward order: buckets()[0] holds the last parameters.
   const std::vector<Bucket>& buckets() const { return buckets_; }
   bool sharded() const { return opt_.shard; }
@@ -123,6 +130,7 @@ class GradBuffer {
   Tensor flat_;
   std::vector<Bucket> buckets_;
   std::unordered_map<const Parameter*, int64_t> offset_;
+  std::unordered_map<const Parameter*, Shape> shape_;
   std::unordered_map<const Parameter*, size_t> bucket_of_;
   std::unordered_map<const Parameter*, bool> ready_;
   const bool reduces_;  // a data-parallel group of more than one rank

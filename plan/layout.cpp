@@ -26,7 +26,10 @@ Layout layout_of(const Config& c) {
 namespace {
 
 const char* zero_word(ShardStage s) {
-  return s == ShardStage::none ? "off" : s == ShardStage::optimizer ? "on" : "grads";
+  return s == ShardStage::none        ? "off"
+         : s == ShardStage::optimizer ? "on"
+         : s == ShardStage::gradients ? "grads"
+                                      : "params";
 }
 
 }  // namespace

@@ -204,6 +204,7 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
   const double d = shapes.d;
   const bool zero = c.parallel.shard >= ShardStage::optimizer;
   const bool zero2 = c.parallel.shard >= ShardStage::gradients;
+  const bool zero3 = c.parallel.shard >= ShardStage::parameters;
   std::vector<std::pair<std::string, int64_t>> kinds;
   if (p == 1) {
     kinds = {{"only", 0}};
@@ -224,6 +225,11 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     std::vector<double> experts;
     std::vector<ChunkProfile> prof;
     double largest_layer = 0, held_through_backward = 0;  // ZeRO-2's transient gradient storage (below)
+    // ZeRO-3 (parallel/sharded_parameters.h): the most elements gathered at once, a unit and the next one
+    // (prefetched), in forward order (models/gpt.cpp GptModel::units: the embedding, each layer, the final norm
+    // with the head); and the values kept whole (the tied table of a stage without the other end: its buckets
+    // are summed over the embedding group first).
+    double gathered_pair = 0, kept_whole = 0;
     for (const ChunkSpec& ch : chunks) {
       const std::vector<double> more = chunk_parameters(shapes.m, ch, shapes.m.moe.apart() ? &experts : nullptr);
       params.insert(params.end(), more.begin(), more.end());
@@ -238,6 +244,19 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
       // The tied table: the head writes its gradient first, the embedding last (held through the backward).
       if (ch.has_embedding && ch.has_head && shapes.m.tie_embeddings) held_through_backward += shapes.m.Vt * shapes.m.C;
       prof.push_back(profile_chunk(shapes, ch));
+      const bool table_apart = shapes.m.tie_embeddings && p > 1;
+      std::vector<double> units;
+      if (ch.has_embedding) units.push_back((table_apart ? 0 : shapes.m.Vt * shapes.m.C) + shapes.m.P * shapes.m.C);
+      for (int64_t l = ch.layer_begin; l < ch.layer_begin + ch.layers; ++l) {
+        double e = 0;
+        for (double x : shapes.m.layer_parameters(l, nullptr)) e += x;
+        units.push_back(e);
+      }
+      if (ch.has_head)
+        units.push_back((shapes.m.layernorm ? 2 : 1) * shapes.m.C + (table_apart ? 0 : shapes.m.Vt * shapes.m.C));
+      if (table_apart && (ch.has_embedding || ch.has_head)) kept_whole += shapes.m.Vt * shapes.m.C;
+      for (size_t u = 0; u < units.size(); ++u)
+        gathered_pair = std::max(gathered_pair, units[u] + (u + 1 < units.size() ? units[u + 1] : 0));
     }
     double n = 0;
     for (double e : params) n += e;
@@ -249,7 +268,10 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
                        .shard = dense.shard + expert.shard,
                        .max_bucket = std::max(dense.max_bucket, expert.max_bucket)};
     KindBytes& b = sm.bytes;
-    b[MemKind::parameter] = n * d;
+    // ZeRO-3: this rank's blocks in the compute dtype (the fp32 masters themselves when that is fp32) and what is
+    // kept whole; the gathered units apart.
+    b[MemKind::parameter] = zero3 ? (d != 4 ? g.shard * d : 0) + kept_whole * d : n * d;
+    b[MemKind::gathered] = zero3 ? gathered_pair * d : 0;
     // parallel/grad_buffer.cpp: one flat fp32 buffer; with ZeRO its buckets are reduce-scattered in place and
     // the distributed optimizer reads its blocks there (no gradient shard of its own).
     // ZeRO-2: no flat buffer; this rank's fp32 blocks for the step, and the transient storage backward writes into:
@@ -257,12 +279,13 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     // the layer after, the one being reduce-scattered, and a tied table held from the head to the embedding.
     // (Parameters summed over another group first, whose buckets stay whole for the step, are not told apart
     // here: sequence-parallel norms and tied embeddings across stages.)
+    // ZeRO-3 cuts the buckets at the units' borders: no bucket is shared with the next layer.
     b[MemKind::gradient] =
-        zero2 ? 4 * (g.shard + largest_layer + 2 * g.max_bucket + held_through_backward) : 4 * g.elements;
+        zero2 ? 4 * (g.shard + largest_layer + (zero3 ? 1 : 2) * g.max_bucket + held_through_backward) : 4 * g.elements;
     // core/optim/optimizer.cpp: fp32 master (the value itself in fp32) and two moments. ZeRO
     // (parallel/distributed_optimizer.cpp): master and moments of its blocks, plus the blocks' values in the
     // compute dtype (value_shard_) for the all-gather.
-    b[MemKind::optimizer] = zero ? g.shard * (12 + (d != 4 ? d : 0)) : n * (8 + (d != 4 ? 4 : 0));
+    b[MemKind::optimizer] = zero ? g.shard * (12 + (d != 4 && !zero3 ? d : 0)) : n * (8 + (d != 4 ? 4 : 0));
     // Kept for the run: the step-loss slots (f64 per step of a logging interval), cuBLASLt's workspace.
     const double persistent_ws = 8.0 * static_cast<double>(std::min<int64_t>(c.logging.interval, 1024)) +
                                  (backend == Backend::cuda ? kCublasLtWorkspace : 0) + fp8_state_bytes(c, sm.layers);
@@ -286,7 +309,8 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     sm.peak_in_flight = a.in_flight;
     b[MemKind::activation] = std::max(a.act, step_act);
     b[MemKind::workspace] = persistent_ws + std::max(a.ws, step_ws);
-    const double fixed = b[MemKind::parameter] + b[MemKind::gradient] + b[MemKind::optimizer] + persistent_ws;
+    const double fixed =
+        b[MemKind::parameter] + b[MemKind::gradient] + b[MemKind::optimizer] + b[MemKind::gathered] + persistent_ws;
     b.total = fixed + std::max(a.sum, step_act + step_ws);
     plan.stages.push_back(sm);
   }

@@ -526,6 +526,15 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
     // ZeRO-2 reduce-scatters every microbatch (parallel/grad_buffer.h): the earlier ones beside their backward.
     if (par.shard >= ShardStage::gradients && M > 1)
       t.dp_comm += (M - 1) * std::max(0.0, reduce_scatter - slow->backward);
+    // ZeRO-3 gathers the values around every microbatch's forward and backward instead of once after the step
+    // (parallel/sharded_parameters.h): 1.5x the all-reduce's bytes with one microbatch. Each gather is prefetched
+    // beside the unit before it: what outlasts the compute shows, priced on top of ZeRO-2's time (the first
+    // unit's gather is exposed as the step's gather is, and the gathers share the links), so the search takes it
+    // only where it is what fits.
+    if (par.shard >= ShardStage::parameters) {
+      const double gathers = 2 * static_cast<double>(M) * dp_link.gather(dpn, s.d * nd);
+      t.dp_comm += std::max(0.0, gathers - t.compute);
+    }
     const double shard = nd / dpn + ne / edp;
     t.optimizer = (4 * n + shard * (4 + 28 + s.d) + 2 * s.d * n) / bw_elem;
   } else {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <optional>
+#include <unordered_map>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -71,16 +72,32 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
   for (Parameter* p : params_) (p->expert && dist.experts_apart() ? experts : dense).push_back(p);
   const bool shard_optimizer = cfg.parallel.shard >= ShardStage::optimizer;
   const bool shard_gradients = cfg.parallel.shard >= ShardStage::gradients;
+  const bool shard_parameters = cfg.parallel.shard >= ShardStage::parameters;
   if (shard_gradients && dist.dp_size() == 1 && dist.is_logging_rank())
     spdlog::warn(
-        "parallel.shard=gradients with one data-parallel rank: each rank's shard is the whole, so nothing "
-        "is saved (the gradients still go through the per-microbatch buckets)");
+        "parallel.shard={} with one data-parallel rank: each rank's shard is the whole, so nothing "
+        "is saved (the gradients still go through the per-microbatch buckets)",
+        name_of(cfg.parallel.shard));
+  // ZeRO-3: the units each chunk gathers together (parallel/sharded_parameters.h), numbered over the chunks; a
+  // parameter of two units (the tied word embeddings of one stage) belongs to the first one's buckets.
+  std::vector<std::vector<Parameter*>> units;
+  std::vector<int> first_unit;  // of each chunk
+  std::unordered_map<const Parameter*, int> unit_of;
+  if (shard_parameters)
+    for (auto& chunk : chunks_) {
+      first_unit.push_back(static_cast<int>(units.size()));
+      for (std::vector<Parameter*>& unit : chunk->units()) {
+        for (const Parameter* p : unit) unit_of.emplace(p, static_cast<int>(units.size()));
+        units.push_back(std::move(unit));
+      }
+    }
   grads_ = std::make_unique<GradBuffer>(dense, device_, std::move(dist.dp_grads),
                                         GradBufferOptions{.bucket_elements = cfg.parallel.grad_bucket_size,
                                                           .shard = shard_optimizer,
                                                           .shard_gradients = shard_gradients,
                                                           .tensor = dist.tp.get(),
-                                                          .embedding = dist.emb.get()});
+                                                          .embedding = dist.emb.get(),
+                                                          .units = std::move(unit_of)});
   auto optimizer_of = [&](const GradBuffer& grads, std::vector<Parameter*> ps, Communicator* group,
                           const AdamWConfig& adam) {
     return shard_optimizer ? std::unique_ptr<Optimizer>(std::make_unique<DistributedOptimizer>(grads, *group, adam))
@@ -127,6 +144,26 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
       chunk->set_grads_needed_hook(
           [split](int, const std::vector<Parameter*>& ps) { split(ps, &GradBuffer::prepare); });
   }
+  // ZeRO-3: from here on each unit's values are whole only around its computation; the next unit's gather is
+  // issued before this one computes.
+  if (shard_parameters) {
+    sharded_ = std::make_unique<ShardedParameters>(*grads_, dynamic_cast<DistributedOptimizer&>(*optimizer_),
+                                                   dist.weight_replicas(), units);
+    for (size_t c = 0; c < chunks_.size(); ++c)
+      chunks_[c]->set_unit_hook([this, base = first_unit[c]](GptModel::UnitEvent e, int unit, int next) {
+        switch (e) {
+          case GptModel::UnitEvent::forward_begin:
+          case GptModel::UnitEvent::backward_begin:
+            sharded_->acquire(base + unit);
+            if (next >= 0) sharded_->prefetch(base + next);
+            break;
+          case GptModel::UnitEvent::forward_end:
+          case GptModel::UnitEvent::backward_end:
+            sharded_->release(base + unit);
+            break;
+        }
+      });
+  }
   // The per-parameter gradients made with the model are gone: peaks start from the real state.
   allocator_for(device_).reset_peaks();
 }
@@ -160,6 +197,10 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
   // buckets not started yet, then the wait: every gradient is final (this rank's shard of it with ZeRO).
   grads_->finalize();
   if (expert_grads_) expert_grads_->finalize();
+  // ZeRO-3: every unit released (a value gathered now would miss this step's update).
+  if (sharded_ && sharded_->gathered_elements() != 0)
+    throw std::logic_error(fmt::format("parallel.shard=parameters: {} gathered parameter elements outlive the step",
+                                       sharded_->gathered_elements()));
   lr_used = static_cast<float>(schedule_.at(optimizer_steps() + 1));
   // The step's one read of the device: the grad norm and inf/NaN verdict, inside the optimizer (with
   // training.loss_spike.action skip/stop, the step's loss too, checked before the update).

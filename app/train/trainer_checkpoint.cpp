@@ -143,7 +143,9 @@ bool Trainer::save() {
     return false;
   }
   // Never a checkpoint whose weights hold inf or NaN.
-  const std::optional<std::string> bad = first_nonfinite(params_, /*grads=*/false);
+  std::optional<std::string> bad = first_nonfinite(params_, /*grads=*/false);
+  if (sharded_ && !bad)  // ZeRO-3: the released values live in this rank's blocks
+    if (const Parameter* p = sharded_->first_nonfinite_shard()) bad = p->name;
   if (const std::vector<int> ranks = ranks_where(bad.has_value()); !ranks.empty())
     throw std::runtime_error(
         fmt::format("not saving a checkpoint at iteration {}: the weights are not finite on rank(s) [{}]{}",

@@ -28,6 +28,7 @@
 #include "parallel/distributed_optimizer.h"
 #include "parallel/grad_buffer.h"
 #include "parallel/pipeline_executor.h"
+#include "parallel/sharded_parameters.h"
 #include "parallel/weight_grad.h"
 
 namespace mt {
@@ -109,7 +110,7 @@ class Trainer {
   // The elements this rank stores (its shards, tied copies included).
   int64_t num_parameters() const {
     int64_t n = 0;
-    for (const Parameter* p : params_) n += p->value.numel();
+    for (const Parameter* p : params_) n += stored_numel(p);
     return n;
   }
   // The model's parameters, every global tensor once (padded vocabulary rows included, as stored): the sum over
@@ -192,6 +193,13 @@ class Trainer {
   std::unique_ptr<GradBuffer> expert_grads_;  // with expert parallelism, the experts' (over the expert-data group)
   // AdamW (replicated state) or the distributed optimizer (state sharded over the data-parallel group, ZeRO-1).
   std::unique_ptr<Optimizer> optimizer_;
+  // parallel.shard: parameters (ZeRO-3): gathers each unit's parameters around its forward and backward; null else.
+  std::unique_ptr<ShardedParameters> sharded_;
+  // Elements of a parameter as this rank stores it (under ZeRO-3 its value is whole only while its unit computes).
+  int64_t stored_numel(const Parameter* p) const {
+    if (p->value.defined()) return p->value.numel();
+    return shape_numel(grads_->shape(p));  // released: one of the dense buffer's (ZeRO-3 refuses experts)
+  }
   int64_t optimizer_steps() const { return optimizer_->steps(); }
   LossScaler scaler_;
   LossSpikeDetector spike_{LossSpikeOptions{.window = cfg_.training.loss_spike.window,

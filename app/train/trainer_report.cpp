@@ -168,9 +168,9 @@ int64_t Trainer::total_parameters() {
   for (const Parameter* p : params_) {
     if (p->tied_copy) continue;
     if (!p->expert) {
-      if (counts_in_grad_norm(*p, adam_config_)) own += static_cast<double>(p->value.numel());
+      if (counts_in_grad_norm(*p, adam_config_)) own += static_cast<double>(stored_numel(p));
     } else if (p->tensor_parallel || dist_.etp_rank() == 0) {  // each expert slice once, as the grad norm does
-      experts += static_cast<double>(p->value.numel());
+      experts += static_cast<double>(stored_numel(p));
     }
   }
   // The expert-parallel ranks hold different experts; of a tensor-parallel group only the first fold (tp < ETP)

@@ -43,7 +43,7 @@ enum class Fp8AmaxAlgo { max, most_recent };
 enum class PipelineSchedule { automatic, one_f_one_b, interleaved, zb_h1, zb_v };
 // parallel.shard: what the data-parallel ranks split among themselves (the ZeRO stages): nothing, the optimizer
 // state (ZeRO-1, also parallel.distributed_optimizer: true), that and the gradients (ZeRO-2), and the parameters
-// too (ZeRO-3, planned). Ordered: each stage shards what the one before does.
+// too (ZeRO-3: each layer gathered around its forward and backward). Ordered: each stage shards what the one before does.
 enum class ShardStage { none, optimizer, gradients, parameters };
 enum class LossMaskChoice { automatic, on, off };
 enum class SftPacking { concat, pad, pack };
@@ -83,8 +83,8 @@ struct EnumNames<PipelineSchedule> {
 };
 template <>
 struct EnumNames<ShardStage> {
-  static constexpr std::array names{"none", "optimizer", "gradients"};
-  static constexpr std::array<const char*, 1> planned{"parameters"};
+  static constexpr std::array names{"none", "optimizer", "gradients", "parameters"};
+  static constexpr std::array<const char*, 0> planned{};
 };
 template <>
 struct EnumNames<LossMaskChoice> {

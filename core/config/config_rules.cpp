@@ -162,6 +162,27 @@ void resolve_context(Config& c, const Rules& r) {
                        m.moe.capacity_factor, p.context));
 }
 
+// parallel.shard: parameters (ZeRO-3, parallel/sharded_parameters.h): each layer's weights are gathered around
+// its forward and its backward; what that cannot serve yet is refused by name.
+void resolve_shard_parameters(const Config& c, const Rules& r) {
+  const ParallelConfig& p = c.parallel;
+  if (p.shard != ShardStage::parameters) return;
+  const auto refuse = [&](const char* key, const std::string& why) {
+    r.fail(key, fmt::format("{} with parallel.shard: parameters is not built yet: {}", why,
+                            "use parallel.shard: gradients (ZeRO-2) there"));
+  };
+  if (c.model.moe.enabled())
+    refuse("model.moe",
+           fmt::format("num_experts={} (the expert layers' own buffer and grid)", c.model.moe.num_experts));
+  if (c.training.fp8.format != Fp8Format::none)
+    refuse("training.fp8.format", "fp8 (its casts of the weights would outlive the gathered unit)");
+  if (p.pipeline_schedule == PipelineSchedule::zb_h1 || p.pipeline_schedule == PipelineSchedule::zb_v)
+    refuse("parallel.pipeline_schedule",
+           fmt::format("{} (a deferred weight gradient needs its layer gathered again later)",
+                       name_of(p.pipeline_schedule)));
+  if (p.context > 1) refuse("parallel.context", fmt::format("{} (context parallelism)", p.context));
+}
+
 void resolve_parallel(Config& c, int64_t world_size, const Rules& r) {
   ParallelConfig& p = c.parallel;
   const ModelConfig& m = c.model;
@@ -221,6 +242,7 @@ void resolve_parallel(Config& c, int64_t world_size, const Rules& r) {
                        "parallel.shard",
                        name_of(p.shard)));
   if (p.distributed_optimizer) p.shard = ShardStage::optimizer;
+  resolve_shard_parameters(c, r);
 
   if (p.pipeline > m.num_layers)
     r.fail("parallel.pipeline", fmt::format("{} is more than model.num_layers={}", p.pipeline, m.num_layers));

@@ -26,6 +26,8 @@ std::string_view mem_kind_name(MemKind k) {
       return "activations";
     case MemKind::workspace:
       return "workspace";
+    case MemKind::gathered:
+      return "gathered";
     case MemKind::kCount:
       break;
   }

@@ -11,7 +11,9 @@ enum class Device : uint8_t { cpu, cuda };
 std::string_view device_name(Device d);
 
 // What a buffer is for; memory reports break peaks down by these.
-enum class MemKind : uint8_t { parameter, gradient, optimizer, activation, workspace, kCount };
+// gathered: ZeRO-3's whole parameters of a unit, gathered around its forward and backward
+// (parallel/sharded_parameters.h).
+enum class MemKind : uint8_t { parameter, gradient, optimizer, activation, workspace, gathered, kCount };
 std::string_view mem_kind_name(MemKind k);
 
 struct MemoryStats {

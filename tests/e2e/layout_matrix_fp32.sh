@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Layout invariance in fp32 (the project's main correctness test): every TP x PP x DP layout up to 8 ranks,
 # with and without SP, the distributed optimizer and interleaving, gives one rank's losses within 1e-4; so do a few
-# layouts with sharded gradients (parallel.shard: gradients), and context parallelism (dropout off) within 1e-6:
-# CP 2 ring and CP 4 all-gather alone, CP 2 with TP 2 + SP, with PP 2, with DP 2 + ZeRO, and all four on 8 ranks.
+# layouts with sharded gradients and sharded parameters (parallel.shard: gradients, parameters), and context
+# parallelism (dropout off) within 1e-6: CP 2 ring and CP 4 all-gather alone, CP 2 with TP 2 + SP, with PP 2, with
+# DP 2 + ZeRO, and all four on 8 ranks.
 source "$(dirname "$0")/lib/common.bash"
 source "$SRC/tests/e2e/lib/layout_matrix.bash"
 prepare_data

@@ -2,7 +2,8 @@
 # Training that goes non-finite stops with an error instead of saving and rotating NaN checkpoints and
 # exiting 0: after training.max_nonfinite_iters non-finite iterations in a row the run fails naming the first
 # non-finite gradient and its rank, no checkpoint is taken during the streak, and a checkpoint whose weights
-# hold inf/NaN is never written (fp16 values overflow while the fp32 masters stay finite).
+# hold inf/NaN is never written (fp16 values overflow while the fp32 masters stay finite; under ZeRO-3 too, where
+# they are each rank's blocks).
 source "$(dirname "$0")/lib/common.bash"
 prepare_data
 write_config
@@ -29,6 +30,11 @@ refused=$(sed -nE 's/.*not saving a checkpoint at iteration ([0-9]+).*/\1/p' fp1
 last=$(sed -E 's/iter_0*//' ckpt_fp16/latest)
 [ "$last" -lt "$refused" ] || fail "fp16: latest checkpoint $last is not before the refused iteration $refused"
 echo "fp16: $(cat fp16.err)"
+# The same under ZeRO-3 (parallel.shard: parameters), whose values live in each rank's fp16 blocks between units.
+run_expecting_failure zero3 --set optimizer.lr=1e30 --set training.precision=fp16 --nproc 2 --set parallel.shard=parameters
+grep -q "not saving a checkpoint at iteration [0-9]*: the weights are not finite on rank(s) \[" zero3.err \
+  || { cat zero3.err; fail "zero3: non-finite weights were not refused"; }
+echo "zero3: $(grep -m1 'megatrain: error' zero3.err)"
 # A run that ends inside a non-finite streak shorter than max_nonfinite_iters cannot save its last iteration: it
 # fails naming why (it used to exit 0 without its checkpoint), and the checkpoint before the streak stays latest.
 run_expecting_failure endnan --set optimizer.lr=1e30 --set training.max_nonfinite_iters=100 --set training.train_iters=8

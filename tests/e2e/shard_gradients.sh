@@ -10,15 +10,15 @@
 #  - the measured peak gradient memory at DP=4 is about a quarter of none's (the shard plus one layer's transients);
 #  - checkpoints stay layout-free: saved under gradients at DP=4 and resumed under none at DP=2 (and back) give
 #    exactly the losses of the same save and resume under none;
-#  - bad input: an unknown stage, the planned parameters stage, the alias against another stage; one rank warns.
+#  - bad input: an unknown stage, the alias against another stage; one rank warns (parameters: shard_parameters.sh).
 source "$(dirname "$0")/lib/common.bash"
+source "$SRC/tests/e2e/lib/shard.bash"
 prepare_data
 write_config
 write_llama_config
-# Bad input: an unknown stage, the planned one, the alias against another stage (both keys named); one rank warns.
+# Bad input: an unknown stage, the alias against another stage (both keys named); one rank warns.
 expect_error "parallel.shard" --config tiny.yaml --set parallel.shard=everything
-grep -q "expected one of none, optimizer, gradients" err.txt || fail "the unknown stage's error does not list the stages"
-expect_error "parameters is not implemented yet" --config tiny.yaml --set parallel.shard=parameters
+grep -q "expected one of none, optimizer, gradients, parameters" err.txt || fail "the unknown stage's error does not list the stages"
 expect_error "parallel.distributed_optimizer" --config tiny.yaml --set parallel.distributed_optimizer=true \
              --set parallel.shard=gradients
 grep -q "parallel.shard: gradients" err.txt || fail "the conflict's error does not name parallel.shard"
@@ -36,10 +36,7 @@ gradients_peak() {  # the training log's peak gradient memory (MiB) of rank 0
 # One microbatch per rank: exact.
 for cfg in tiny llama; do
   for layout in "1 1 2" "1 1 4" "2 1 2" "1 2 2"; do
-    read -r tp pp dp <<<"$layout"
-    sp=false; [ $tp -gt 1 ] && sp=true
-    args=(--config $cfg.yaml "${base[@]}" --nproc $((tp * pp * dp)) --set parallel.tensor=$tp --set parallel.pipeline=$pp
-          --set parallel.sequence_parallel=$sp --set training.global_batch_size=$((2 * dp)))
+    one_microbatch_layout $cfg "$layout"
     for shard in none optimizer gradients; do
       dir=${cfg}_tp${tp}pp${pp}dp${dp}_$shard
       "$MT" "${args[@]}" --set parallel.shard=$shard --set logging.dir=$dir >/dev/null 2>$dir.err \
@@ -92,23 +89,5 @@ ratio = sharded / none
 print(f"peak gradient memory at DP=4: none {none} MiB, gradients {sharded} MiB ({ratio:.2f} of none)")
 assert 0.25 <= ratio <= 0.4, f"expected about a quarter (plus the transients), got {ratio:.2f}"
 PY
-# Layout-free checkpoints: saved under gradients at DP=4 and resumed under none at DP=2 gives the losses of the same
-# save and resume under none throughout (exactly: with one microbatch gradients is none bit for bit, and the
-# checkpoint holds no trace of the layout); and back, none at DP=2 resumed under gradients at DP=4.
-ck=(--config tiny.yaml --set training.train_iters=8 --set optimizer.warmup_iters=2 --set parallel.timeout_s=60 --set parallel.grad_bucket_size=3000
-    --set training.micro_batch_size=2 --set training.global_batch_size=8)
-save_resume() {  # name shard-before world-before shard-after world-after
-  "$MT" "${ck[@]}" --nproc $3 --set parallel.shard=$2 --set logging.dir=$1 --set checkpoint.save_dir=ck_$1 \
-        --exit-after 4 >/dev/null
-  [ "$(cat ck_$1/latest)" = iter_0000004 ] || fail "$1: no checkpoint at iteration 4"
-  "$MT" "${ck[@]}" --nproc $5 --set parallel.shard=$4 --set logging.dir=$1 --set checkpoint.save_dir=ck_$1 >/dev/null
-  losses $1/metrics.jsonl 1 8 > $1.txt
-  [ "$(wc -l < $1.txt)" -eq 8 ] || fail "$1: expected 8 losses"
-}
-save_resume ref_down none 4 none 2
-save_resume down gradients 4 none 2
-diff ref_down.txt down.txt >/dev/null || { paste ref_down.txt down.txt; fail "gradients DP=4 -> none DP=2 differs"; }
-save_resume ref_up none 2 none 4
-save_resume up none 2 gradients 4
-diff ref_up.txt up.txt >/dev/null || { paste ref_up.txt up.txt; fail "none DP=2 -> gradients DP=4 differs"; }
-echo "gradients DP=4 -> none DP=2 and none DP=2 -> gradients DP=4: the losses of the same save and resume under none"
+# Layout-free checkpoints (tests/e2e/lib/shard.bash).
+check_layout_free_checkpoints gradients

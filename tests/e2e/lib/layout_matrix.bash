@@ -70,8 +70,9 @@ run_untied_layouts() {  # precision tolerance
 }
 
 # Sharded gradients (parallel.shard: gradients, ZeRO-2) in a few layouts: DP 4, TP 2 with SP x DP 2, PP 2
-# interleaved x DP 2, and PP 2 ZB-H1 x DP 2 (a W deferred past the next microbatch's B); each must give the
-# single-rank losses within the tolerance (the matrix's reference run, `one`, made by run_layout_matrix first).
+# interleaved x DP 2, and PP 2 ZB-H1 x DP 2 (a W deferred past the next microbatch's B); sharded parameters
+# (parameters, ZeRO-3) in the same layouts but ZB-H1 (refused); each must give the single-rank losses within the
+# tolerance (the matrix's reference run, `one`, made by run_layout_matrix first).
 run_shard_layouts() {  # precision tolerance
   local precision=$1 tol=$2
   local common=(--config "${MATRIX_CONFIG:-tiny.yaml}" --set model.num_layers=8 --set training.micro_batch_size=1
@@ -84,15 +85,18 @@ run_shard_layouts() {  # precision tolerance
   for layout in "1 1 4 1 auto" "2 1 2 1 auto" "1 2 2 2 auto" "1 2 2 1 zb-h1"; do
     read -r tp pp dp vp sched <<<"$layout"
     sp=false; [ $tp -gt 1 ] && sp=true
-    dir=shard_tp${tp}pp${pp}dp${dp}vp${vp}_$sched
-    "$MT" "${common[@]}" --nproc $((tp * pp * dp)) --set parallel.tensor=$tp --set parallel.pipeline=$pp \
-          --set parallel.virtual_pipeline=$vp --set parallel.sequence_parallel=$sp --set parallel.pipeline_schedule=$sched \
-          --set parallel.shard=gradients --set logging.dir=$dir >/dev/null 2>$dir.err \
-      || { tail -5 $dir.err; fail "$dir failed"; }
-    same_losses one/metrics.jsonl $dir/metrics.jsonl 1 6 "$tol"
-    count=$((count + 1))
+    for stage in gradients parameters; do
+      [ $stage = parameters ] && [ $sched = zb-h1 ] && continue
+      dir=shard_tp${tp}pp${pp}dp${dp}vp${vp}_${sched}_$stage
+      "$MT" "${common[@]}" --nproc $((tp * pp * dp)) --set parallel.tensor=$tp --set parallel.pipeline=$pp \
+            --set parallel.virtual_pipeline=$vp --set parallel.sequence_parallel=$sp --set parallel.pipeline_schedule=$sched \
+            --set parallel.shard=$stage --set logging.dir=$dir >/dev/null 2>$dir.err \
+        || { tail -5 $dir.err; fail "$dir failed"; }
+      same_losses one/metrics.jsonl $dir/metrics.jsonl 1 6 "$tol"
+      count=$((count + 1))
+    done
   done
-  echo "all $count sharded-gradient runs match one rank ($precision)"
+  echo "all $count sharded-gradient and sharded-parameter runs match one rank ($precision)"
 }
 
 # Context parallelism (parallel.context) in the matrix's setting, a representative subset (the full set, 9 layouts

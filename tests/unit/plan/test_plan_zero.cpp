@@ -1,7 +1,7 @@
 // test_plan_zero.cpp: the ZeRO stages in the planner. The model-state formula against the ZeRO paper's worked
 // example (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
 // figure 1: 7.5B parameters, mixed-precision Adam K = 12, 64-way data parallelism; GB = 1e9 bytes), and the
-// per-rank prediction of parallel.shard: gradients against optimizer and none.
+// per-rank prediction of parallel.shard: gradients and parameters against optimizer and none.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -32,14 +32,14 @@ TEST(PlanZero, ThePapersWorkedExampleToTheDigitItPrints) {
     EXPECT_DOUBLE_EQ(zero_model_state_bytes(psi, 1, s), zero_model_state_bytes(psi, 1, ShardStage::none));
 }
 
-Config tiny(const std::string& shard, int64_t dp) {
+Config tiny(const std::string& shard, int64_t dp, const std::string& precision = "fp32") {
   const std::string yaml = fmt::format(
       "model: {{num_layers: 16, hidden_size: 64, num_heads: 4, seq_length: 32, vocab_size: 256}}\n"
       "parallel: {{data: {}, shard: {}, grad_bucket_size: 5000}}\n"
-      "training: {{micro_batch_size: 2, global_batch_size: {}, train_iters: 1}}\n"
+      "training: {{micro_batch_size: 2, global_batch_size: {}, train_iters: 1, precision: {}}}\n"
       "optimizer: {{lr: 1.0e-3, warmup_iters: 0}}\n"
       "data: {{synthetic: true}}\n",
-      dp, shard, 4 * dp);
+      dp, shard, 4 * dp, precision);
   return parse_config(yaml, "tiny.yaml", {}, dp);
 }
 
@@ -59,6 +59,32 @@ TEST(PlanZero, ShardingTheGradientsLeavesAQuarterAtFourRanksPlusTheTransients) {
   EXPECT_GT(grads(zero2), 4.0 * static_cast<double>(n) / 4);
   EXPECT_LT(grads(zero2), grads(none) / 2);
   EXPECT_GT(optimizer(none), 2 * optimizer(zero1));
+}
+
+// ZeRO-3 in bf16 at DP=4: the resident parameters are this rank's quarter (padding aside) and the gathered ones two
+// units at most (a unit and the next one, prefetched); the gradients are ZeRO-2's but for a bucket and the
+// optimizer state ZeRO-2's less the bf16 blocks, which are the parameters now.
+TEST(PlanZero, ShardingTheParametersLeavesAQuarterPlusTwoGatheredUnits) {
+  const Config none = tiny("none", 4, "bf16"), zero2 = tiny("gradients", 4, "bf16"),
+               zero3 = tiny("parameters", 4, "bf16");
+  const auto bytes = [](const Config& c, MemKind k) { return predict_memory(c, Backend::cpu).stages.at(0).bytes[k]; };
+  const double n = static_cast<double>(predict_memory(none, Backend::cpu).stages.at(0).parameters);
+  EXPECT_DOUBLE_EQ(bytes(none, MemKind::parameter), 2 * n);
+  EXPECT_DOUBLE_EQ(bytes(none, MemKind::gathered), 0);
+  EXPECT_GE(bytes(zero3, MemKind::parameter), 2 * n / 4);
+  EXPECT_LT(bytes(zero3, MemKind::parameter), 2 * n / 4 * 1.01);
+  // 16 layers of 64 wide: a layer is 12 * 64^2 + 13 * 64 elements, more than the embedding or the head with the
+  // 256 x 64 table: two layers in bf16.
+  const double layer = 12.0 * 64 * 64 + 13 * 64;
+  EXPECT_DOUBLE_EQ(bytes(zero3, MemKind::gathered), 2 * (2 * layer));
+  // ZeRO-2's gradients less one bucket (no bucket is shared with the next layer: cut at the units' borders), the
+  // largest: at least the 256 x 64 table, less than it and the bucket size of 5000 elements.
+  const double less = bytes(zero2, MemKind::gradient) - bytes(zero3, MemKind::gradient);
+  EXPECT_GE(less, 4.0 * 256 * 64);
+  EXPECT_LT(less, 4.0 * (256 * 64 + 5000));
+  EXPECT_DOUBLE_EQ(bytes(zero3, MemKind::optimizer) + bytes(zero3, MemKind::parameter),
+                   bytes(zero2, MemKind::optimizer));
+  EXPECT_LT(predict_memory(zero3, Backend::cpu).max_total(), predict_memory(zero2, Backend::cpu).max_total());
 }
 
 }  // namespace

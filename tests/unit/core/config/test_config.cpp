@@ -575,6 +575,28 @@ TEST(ConfigRules, SequenceParallelNeedsTensorParallelism) {
   EXPECT_TRUE(base({"parallel.sequence_parallel=true", "parallel.tensor=2"}, 2).parallel.sequence_parallel);
 }
 
+TEST(ConfigRules, ShardParametersRefusesWhatItCannotServe) {
+  const Config ok = base({"parallel.shard=parameters", "parallel.data=2"}, 2);
+  EXPECT_EQ(ok.parallel.shard, ShardStage::parameters);
+  const std::string use = "with parallel.shard: parameters is not built yet";
+  EXPECT_CONTAINS(base_error({"parallel.shard=parameters", "model.moe.num_experts=2"}), "model.moe: num_experts=2");
+  EXPECT_CONTAINS(base_error({"parallel.shard=parameters", "model.moe.num_experts=2"}), use);
+  EXPECT_CONTAINS(base_error({"parallel.shard=parameters", "training.fp8.format=e4m3"}), "training.fp8.format: fp8");
+  EXPECT_CONTAINS(
+      base_error({"parallel.shard=parameters", "parallel.pipeline=2", "parallel.pipeline_schedule=zb-h1"}, 2),
+      "parallel.pipeline_schedule: zb-h1 (a deferred weight gradient");
+  EXPECT_CONTAINS(
+      base_error({"parallel.shard=parameters", "parallel.pipeline=2", "parallel.pipeline_schedule=zb-v"}, 2),
+      "parallel.pipeline_schedule: zb-v");
+  EXPECT_CONTAINS(
+      base_error({"parallel.shard=parameters", "parallel.context=2", "model.dropout=0", "model.attention_dropout=0"},
+                 2),
+      "parallel.context: 2 (context parallelism) " + use);
+  // The alias names both keys against this stage too.
+  EXPECT_CONTAINS(base_error({"parallel.shard=parameters", "parallel.distributed_optimizer=true"}),
+                  "conflicts with parallel.shard: parameters");
+}
+
 TEST(ConfigRules, ContextParallelSplitsTheSequence) {
   const std::vector<std::string> nodrop{"model.dropout=0", "model.attention_dropout=0"};
   auto with = [&](std::vector<std::string> more) {

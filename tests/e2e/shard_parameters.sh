@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# parallel.shard: parameters (ZeRO-3) trains as none does, in fp32 (dropout on), over 10 iterations:
+#  - one microbatch per rank: bit-identical losses to none at DP=2 and DP=4, GPT and Llama, alone and with TP=2 (SP)
+#    and PP=2 (each unit's values are gathered from the same rounded masters the other stages gather into the
+#    whole model; its gradients are ZeRO-2's reduce-scatters);
+#  - full recomputation (a recomputed forward reads the weights gathered for the backward), bf16 (the gathers move
+#    the rounded masters) and fp16 (with its loss scaler) bit-identical to gradients;
+#  - several microbatches: within 1e-6 of optimizer (ZeRO-2's rule: the microbatches are summed after the ranks);
+#  - the measured peak parameter memory at DP=4 (bf16, 16 layers): the quarter that is the shard plus the
+#    gathered units (the current one and the prefetched next), about 0.37 of none's;
+#  - checkpoints stay layout-free: saved under parameters at DP=4 and resumed under none at DP=2 (and back) give
+#    exactly the losses of the same save and resume under none;
+#  - bad input: what ZeRO-3 cannot serve yet (MoE, fp8, zero-bubble schedules, context parallelism) is refused
+#    naming the key; one rank warns.
+source "$(dirname "$0")/lib/common.bash"
+source "$SRC/tests/e2e/lib/shard.bash"
+prepare_data
+write_config
+write_llama_config
+expect_error "model.moe: num_experts=2" --config tiny.yaml --set parallel.shard=parameters --set model.moe.num_experts=2
+expect_error "training.fp8.format" --config tiny.yaml --set parallel.shard=parameters --set training.fp8.format=e4m3
+expect_error "parallel.pipeline_schedule: zb-h1" --config tiny.yaml --set parallel.shard=parameters --nproc 2 \
+             --set parallel.pipeline=2 --set parallel.pipeline_schedule=zb-h1
+expect_error "parallel.context: 2" --config tiny.yaml --set parallel.shard=parameters --nproc 2 --set parallel.context=2 \
+             --set model.dropout=0 --set model.attention_dropout=0
+grep -q "with parallel.shard: parameters is not built yet" err.txt || fail "the refusal does not name parallel.shard"
+"$MT" --config tiny.yaml --set training.train_iters=1 --set optimizer.warmup_iters=0 --set parallel.shard=parameters \
+      --set logging.dir=dp1 >/dev/null 2>dp1.err || { cat dp1.err; fail "shard=parameters at DP=1 failed"; }
+grep -q "parallel.shard=parameters with one data-parallel rank" dp1/megatrain.log || fail "shard=parameters at DP=1 does not warn"
+base=(--set training.train_iters=10 --set optimizer.warmup_iters=2 --set parallel.timeout_s=60
+      --set parallel.grad_bucket_size=3000 --set training.micro_batch_size=2)
+run() {  # dir, then the run's arguments
+  local dir=$1
+  shift
+  "$MT" "$@" --set logging.dir=$dir >/dev/null 2>$dir.err || { tail -5 $dir.err; fail "$dir failed"; }
+}
+exact() {  # dir-a dir-b what
+  losses $1/metrics.jsonl 1 10 > a.txt
+  losses $2/metrics.jsonl 1 10 > b.txt
+  [ "$(wc -l < a.txt)" -eq 10 ] || fail "$3: expected 10 losses"
+  diff a.txt b.txt >/dev/null || { paste a.txt b.txt; fail "$3: $2 differs from $1"; }
+}
+# One microbatch per rank: exact.
+for cfg in tiny llama; do
+  for layout in "1 1 2" "1 1 4" "2 1 2" "1 2 2"; do
+    one_microbatch_layout $cfg "$layout"
+    for shard in none parameters; do run ${cfg}_tp${tp}pp${pp}dp${dp}_$shard "${args[@]}" --set parallel.shard=$shard; done
+    exact ${cfg}_tp${tp}pp${pp}dp${dp}_none ${cfg}_tp${tp}pp${pp}dp${dp}_parameters "$cfg TP $tp PP $pp DP $dp"
+    echo "$cfg TP $tp PP $pp DP $dp, one microbatch: parameters bit-identical to none"
+  done
+done
+# Full recomputation, bf16 and fp16 at DP=2: as gradients, bit for bit.
+for extra in "training.recompute=full" "training.precision=bf16" "training.precision=fp16"; do
+  args=(--config tiny.yaml "${base[@]}" --nproc 2 --set training.global_batch_size=4 --set $extra)
+  name=${extra#training.}
+  name=${name//=/_}
+  run ${name}_gradients "${args[@]}" --set parallel.shard=gradients
+  run ${name}_parameters "${args[@]}" --set parallel.shard=parameters
+  exact ${name}_gradients ${name}_parameters "$extra"
+  echo "$extra, DP 2: parameters bit-identical to gradients"
+done
+# Four microbatches per rank at DP=2, alone and with PP=2 (1F1B: a unit's forward and backward of different
+# microbatches interleave): rounding level against optimizer.
+for pp in 1 2; do
+  args=(--config tiny.yaml "${base[@]}" --nproc $((2 * pp)) --set parallel.pipeline=$pp --set training.global_batch_size=16)
+  run mb_pp${pp}_optimizer "${args[@]}" --set parallel.shard=optimizer
+  run mb_pp${pp}_parameters "${args[@]}" --set parallel.shard=parameters
+  same_losses mb_pp${pp}_optimizer/metrics.jsonl mb_pp${pp}_parameters/metrics.jsonl 1 10 1e-6
+  python3 - mb_pp${pp}_optimizer/metrics.jsonl mb_pp${pp}_parameters/metrics.jsonl <<'PY'
+import json, sys
+runs = [[(r["loss"], r["grad_norm"]) for r in map(json.loads, open(p)) if "loss" in r] for p in sys.argv[1:3]]
+loss = max(abs(a[0] - b[0]) / a[0] for a, b in zip(*runs))
+norm = max(abs(a[1] - b[1]) / a[1] for a, b in zip(*runs))
+print(f"four microbatches: losses within {loss:.1e}, grad norms within {norm:.1e} (relative; tolerance 1e-6)")
+assert len(runs[0]) == 10 and norm <= 1e-6, "grad norms differ"
+PY
+done
+# Memory: rank 0's peak parameter memory at DP=4, bf16, 16 layers: the shard (a quarter) plus the gathered units.
+mem=(--config tiny.yaml --set optimizer.warmup_iters=0 --set model.num_layers=16 --set model.hidden_size=64
+     --set model.ffn_hidden_size=256 --set training.train_iters=1 --set training.micro_batch_size=2
+     --set training.global_batch_size=8 --set training.precision=bf16 --set parallel.grad_bucket_size=2000 --nproc 4)
+run mem_none "${mem[@]}" --set parallel.shard=none
+run mem_parameters "${mem[@]}" --set parallel.shard=parameters
+peak() {  # kind dir: the training log's peak memory (MiB) of that kind on rank 0
+  grep -m1 'peak memory (MiB):' "$2/megatrain.log" | sed -E "s/.*$1 ([0-9.]+).*/\1/"
+}
+python3 - "$(peak parameters mem_none)" "$(peak parameters mem_parameters)" "$(peak gathered mem_parameters)" <<'PY'
+import sys
+none, shard, gathered = map(float, sys.argv[1:4])
+ratio = (shard + gathered) / none
+print(f"peak parameter memory at DP=4: none {none} MiB, parameters {shard} MiB resident + {gathered} MiB gathered "
+      f"({ratio:.2f} of none)")
+assert 0.25 <= ratio <= 0.42, f"expected a quarter plus two units, got {ratio:.2f}"
+assert 0.24 <= shard / none <= 0.27, f"the resident shard is {shard / none:.2f} of none, not a quarter"
+PY
+# Layout-free checkpoints (tests/e2e/lib/shard.bash).
+check_layout_free_checkpoints parameters
