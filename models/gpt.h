@@ -35,6 +35,8 @@ struct GptOptions {
   ExpertParallel ep;             // this rank's expert-parallel group (MoE layers; size 1: every expert)
   ContextParallel cp;            // this rank's context-parallel group (size 1: whole sequences)
   StageLayout stage;             // the whole model by default
+  // finetune.lora: adapters beside the layers' linears; with rank > 0 every other parameter is frozen (no gradient).
+  LoraConfig lora;
 };
 
 class GptModel {
@@ -70,7 +72,7 @@ class GptModel {
   // each layer's backward, the head's and the embedding's), so their storage can be made then (ZeRO-2).
   void set_grads_needed_hook(GradsReadyHook hook) { grads_needed_ = std::move(hook); }
 
-  // Every parameter, in a stable order (embedding, layers, final norm, head).
+  // Every parameter, in a stable order (embedding, layers, final norm, head); with LoRA the frozen base included.
   const std::vector<Parameter*>& parameters() const { return params_; }
   const ModelConfig& config() const { return cfg_; }
   // This stage's mixture-of-experts MLPs, in layer order (none for a dense model).

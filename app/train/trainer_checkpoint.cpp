@@ -21,8 +21,12 @@ Progress Trainer::checkpoint_progress(std::string what) const {
                    .last_line_when_quick = false});
 }
 
+// With finetune.lora a checkpoint holds the adapters (and their optimizer state) only: the frozen base is always
+// training.init_from's weights (or the seeded initialization without it), loaded first, on a resume too.
 void Trainer::maybe_resume() {
-  if (!resume() && !cfg_.training.init_from.empty()) init_from();
+  const bool lora = cfg_.finetune.lora.enabled();
+  if (lora && !cfg_.training.init_from.empty()) init_from();
+  if (!resume() && !lora && !cfg_.training.init_from.empty()) init_from();
 }
 
 void Trainer::init_from() {
@@ -42,6 +46,16 @@ void Trainer::init_from() {
         "them to its model.yaml)",
         *dir, fmt::join(diff, ", ")));
   Progress loading = checkpoint_progress("init_from load");
+  if (cfg_.finetune.lora.enabled()) {  // the frozen base only; the adapters keep their initialization
+    std::vector<Parameter*> base;
+    for (Parameter* p : params_)
+      if (p->frozen) base.push_back(p);
+    load_parameters(reader, base);
+    loading.finish();
+    spdlog::info("LoRA: the frozen base model is {}'s weights (the adapters start at B = 0)", *dir);
+    metrics_.write({{"event", "init_from"}, {"checkpoint", *dir}});
+    return;
+  }
   optimizer_->load_state([&](const std::vector<Optimizer::Slot>& slots) { load_model_weights(reader, slots); }, false);
   loading.finish();
   load_expert_biases(reader, *dir);
