@@ -90,6 +90,13 @@ class TransformerLayer {
   // From now on the GEMMs of QKV, the attention projection and a dense MLP's fc1 and fc2 take fp8 inputs scaled by
   // `ctx` (parallel/fp8_linear.h), which each registers with under its name; a MoE layer's experts stay bf16.
   void enable_fp8(const std::shared_ptr<Fp8Context>& ctx);
+  // Folds the LoRA adapters into their linears' weights (W += scale B A) and drops them (generation).
+  void merge_lora() {
+    qkv_.merge_lora();
+    proj_.merge_lora();
+    fc1_.merge_lora();
+    fc2_.merge_lora();
+  }
 
  private:
   struct Activations {

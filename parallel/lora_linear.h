@@ -68,6 +68,9 @@ class LoraAdapter {
   const Parameter& a() const { return a_; }
   const Parameter& b() const { return b_; }
   float scale() const { return scale_; }
+  // w (the linear's weight slice) += scale * B A: the merged weight, for code that computes with the weights alone
+  // (generation's KV-cache decoder).
+  void merge_into(Tensor& w) const { gemm(b_.value, a_.value, w, {.alpha = scale_, .beta = 1.f}); }
 
  private:
   // dropout(x) with the adapter's keys (x itself when p is 0).

@@ -79,6 +79,11 @@ class ColumnParallelLinear {
   // (Parameter::frozen) gets no gradient: its weight-gradient GEMM is skipped.
   void add_lora(const LoraOptions& opt) { lora_ = std::make_shared<LoraAdapter>(opt, LoraSide::column, tp_); }
   const LoraAdapter* lora() const { return lora_.get(); }
+  // Folds the adapter into the weight (W += scale B A) and drops it.
+  void merge_lora() {
+    if (lora_) lora_->merge_into(weight().value);
+    lora_.reset();
+  }
 
  private:
   Tensor backward_fp8(const Tensor& dout, SequenceGather& input, Tensor& dx_partial, int64_t B, BackwardOptions opt);
@@ -122,6 +127,10 @@ class RowParallelLinear {
   void enable_fp8(Fp8Link link) { fp8_ = std::move(link); }  // as ColumnParallelLinear's
   void add_lora(const LoraOptions& opt) { lora_ = std::make_shared<LoraAdapter>(opt, LoraSide::row, tp_); }
   const LoraAdapter* lora() const { return lora_.get(); }
+  void merge_lora() {  // as ColumnParallelLinear's
+    if (lora_) lora_->merge_into(weight_.value);
+    lora_.reset();
+  }
 
  private:
   Tensor backward_fp8(const Tensor& dout_full, const Tensor& x, Tensor& dx, BackwardOptions opt);
