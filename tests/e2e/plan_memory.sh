@@ -4,7 +4,8 @@
 # llama-tiny-sized Llama: RMSNorm, SwiGLU, rotary embeddings, 8 query heads on 4 key/value heads, untied, and
 # that Llama with mixture-of-experts MLPs: 4 SwiGLU experts, top 2, a shared expert, the aux loss; and with
 # expert parallelism, EP 2 and 4 over 2 and 4 data-parallel ranks, with and without ZeRO, and parallel folding;
-# selective recomputation of each module; a ZB-H1 pipeline; sharded gradients, parallel.shard: gradients) the
+# selective recomputation of each module; a ZB-H1 pipeline; sharded gradients, parallel.shard: gradients; LoRA,
+# finetune.lora: the frozen base without gradients or optimizer state, the adapters with both) the
 # training log's "peak memory (MiB)" split of rank 0 (the first pipeline stage) is compared with plan's
 # prediction for that rank kind: every kind within 10% (or 0.011 MiB, the log's rounding; with expert parallelism and
 # ZeRO the workspace prediction is an upper bound, as two buffers' reduce-scatters may or may not overlap) and the
@@ -80,6 +81,10 @@ layouts=(
   "llama-recompute-1-layer|1|--set training.recompute=full --set training.recompute_num_layers=1"
   "llama-pp2-zb|2|--set parallel.pipeline=2 --set training.micro_batch_size=2 --set parallel.pipeline_schedule=zb-h1"
   "tiny-dp4-shard-gradients|4|--set parallel.shard=gradients --set parallel.grad_bucket_size=2000"
+  "tiny-lora-bf16|1|--set finetune.lora.rank=8 --set training.precision=bf16"
+  "llama-lora|1|--set finetune.lora.rank=8"
+  "llama-lora-tp2-sp-dp2-zero|4|--set finetune.lora.rank=8 --set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.distributed_optimizer=true"
+  "mid-lora-pp2|2|${mid[*]} --set finetune.lora.rank=16 --set parallel.pipeline=2 --set training.micro_batch_size=1"
 )
 : > results.txt
 for entry in "${layouts[@]}"; do
