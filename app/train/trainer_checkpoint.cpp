@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
+#include <yaml-cpp/yaml.h>
 
 #include "app/train/checkpointing.h"
 #include "app/train/nonfinite.h"
@@ -66,6 +67,23 @@ void Trainer::init_from() {
   metrics_.write({{"event", "init_from"}, {"checkpoint", *dir}});
 }
 
+// The adapters of a LoRA checkpoint were trained on its run's training.init_from: resuming them on another base is
+// allowed (a moved copy of the same weights), but said.
+void Trainer::warn_if_other_lora_base(const std::string& stored_yaml, const std::string& dir) const {
+  std::string saved_base;
+  try {
+    if (const YAML::Node n = YAML::Load(stored_yaml)["training"]["init_from"]; n && n.IsScalar())
+      saved_base = n.Scalar();
+  } catch (const YAML::Exception&) {
+    return;  // the state checks have named what is wrong with it
+  }
+  if (saved_base != cfg_.training.init_from)
+    spdlog::warn(
+        "{}: its LoRA adapters were trained on the base training.init_from: '{}', and now resume on '{}': the same "
+        "weights, or the adapters no longer fit their base",
+        dir, saved_base, cfg_.training.init_from);
+}
+
 bool Trainer::resume() {
   const auto& ck = cfg_.checkpoint;
   std::optional<std::string> dir;
@@ -110,6 +128,7 @@ bool Trainer::resume() {
   }
   load_expert_biases(reader, *dir);
   if (fp8_) load_fp8_tensors(*fp8_, reader, *dir);
+  if (cfg_.finetune.lora.enabled()) warn_if_other_lora_base(s.config_yaml, *dir);
   c_.iteration = rs.iteration;
   c_.consumed_samples = rs.consumed_samples;
   c_.skipped_iters = rs.skipped_iters;

@@ -144,6 +144,8 @@ class Trainer {
   void maybe_resume();
   bool resume();     // true when a checkpoint was resumed
   void init_from();  // training.init_from: the model weights of a checkpoint, nothing else
+  // Resuming LoRA adapters on another training.init_from than their checkpoint's run had: a warning.
+  void warn_if_other_lora_base(const std::string& stored_yaml, const std::string& dir) const;
   // The MoE layers' expert biases from `reader` (of checkpoint `dir`), zero where it holds none.
   void load_expert_biases(const CheckpointReader& reader, const std::string& dir);
   void train_step(float& lr_used, StepResult& result);

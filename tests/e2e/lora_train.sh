@@ -7,7 +7,9 @@
 #   with the distributed optimizer give one rank's losses within 1e-6, on GPT and on Llama; so does ZB-H1 (the
 #   adapters' weight gradients deferred) with full recomputation;
 # - resume is exact (the base rebuilt from training.init_from, the adapters and their state from the checkpoint);
-# - bad input: rank <= 0 with the block given, an unknown target, a negative alpha, dropout out of [0, 1).
+# - exports: the merged model and a PEFT adapter (names and shapes; tests/e2e/lora_interop.sh loads them), refused
+#   for a checkpoint without adapters or without a base to export against; resuming on another base is said;
+# - bad input: rank <= 0 with the block given, an unknown target, a negative alpha, dropout out of [0, 1), MoE, fp8.
 source "$(dirname "$0")/lib/common.bash"
 prepare_data
 write_config
@@ -85,6 +87,38 @@ echo "ok: the checkpoint holds only the adapters and their optimizer state"
 same_losses llama_one/metrics.jsonl res/metrics.jsonl 1 6 1e-6
 echo "ok: resumed LoRA run equals the straight one"
 
+# Resuming the adapters on another base is said.
+cp -r lbase lbase2
+"$MT" --config llama.yaml "${lora[@]}" --set training.init_from=lbase2/ckpt --set training.train_iters=7 \
+      --set logging.dir=res --set checkpoint.save_dir=res/ckpt >other.log 2>&1 || { tail -5 other.log; fail "resume on another base failed"; }
+grep -q "its LoRA adapters were trained on the base training.init_from: 'lbase/ckpt', and now resume on 'lbase2/ckpt'" other.log ||
+  fail "resuming on another base is not said"
+
+# Exports (the peft / transformers side is tests/e2e/lora_interop.sh): the merged model and a PEFT adapter of the
+# resumed run, and the refusals.
+"$MT" ckpt export res/ckpt --format hf --output merged >/dev/null 2>&1 || fail "the merged export failed"
+"$MT" ckpt export res/ckpt --format hf --lora peft --output adapter >/dev/null 2>&1 || fail "the PEFT export failed"
+python3 - <<'PY'
+import json, struct
+cfg = json.load(open("adapter/adapter_config.json"))
+assert cfg["peft_type"] == "LORA" and cfg["r"] == 4 and cfg["lora_alpha"] == 8, cfg
+assert sorted(cfg["target_modules"]) == ["mlp.down_proj", "mlp.gate_proj", "mlp.up_proj", "self_attn.k_proj",
+                                         "self_attn.o_proj", "self_attn.q_proj", "self_attn.v_proj"], cfg
+raw = open("adapter/adapter_model.safetensors", "rb").read()
+header = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+q = header["base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight"]["shape"]
+k = header["base_model.model.model.layers.1.self_attn.k_proj.lora_A.weight"]["shape"]
+# llama.yaml: 8 heads of 4 (query rows 32), 4 key/value heads (16 rows), hidden 32, rank 4.
+assert q == [32, 4] and k == [4, 32], (q, k)
+assert len([n for n in header if n != "__metadata__"]) == 2 * 2 * 7, sorted(header)
+print("ok: the PEFT adapter holds q/k/v and gate/up adapters split from the fused ones, 14 modules")
+PY
+expect_error "is not a LoRA checkpoint" ckpt export lbase/ckpt --format hf --lora peft --output x
+"$MT" --config llama.yaml "${lora[@]}" --set training.train_iters=2 --set optimizer.warmup_iters=1 \
+      --set logging.dir=seeded --set checkpoint.save_dir=seeded/ckpt >/dev/null 2>&1 || fail "seeded LoRA run failed"
+expect_error "whose frozen base was the seeded initialization (no training.init_from)" ckpt export seeded/ckpt \
+  --format hf --output x
+
 # Bad input, each naming its key.
 expect_error "finetune.lora.rank: must be >= 1 when finetune.lora is given" --config tiny.yaml \
   --set finetune.lora.rank=0 --set finetune.lora.alpha=8
@@ -95,4 +129,8 @@ expect_error "finetune.lora.alpha: must be >= 0" --config tiny.yaml --set finetu
   --set finetune.lora.alpha=-1
 expect_error "finetune.lora.dropout: must be in \[0, 1)" --config tiny.yaml --set finetune.lora.rank=4 \
   --set finetune.lora.dropout=1
+expect_error "finetune.lora.rank: LoRA on mixture-of-experts models is not supported yet" --config llama.yaml \
+  --set finetune.lora.rank=4 --set model.moe.num_experts=4
+expect_error "finetune.lora.rank: LoRA with fp8 GEMMs is not supported yet" --config llama.yaml \
+  --set finetune.lora.rank=4 --set training.precision=bf16 --set training.fp8.format=e4m3
 echo "PASS"
