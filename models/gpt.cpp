@@ -37,7 +37,7 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
     // training.recompute_num_layers (Megatron's "block" method): the chunk's first layers only.
     const bool recompute = opt.recompute && (opt.recompute_layers == 0 || i - st.layer_begin < opt.recompute_layers);
     layers_.push_back(std::make_unique<TransformerLayer>(i, cfg, opt.dtype, opt.seed, recompute, opt.tp, opt.device,
-                                                         opt.ep, opt.selective, opt.cp));
+                                                         opt.ep, opt.selective, opt.cp, opt.lora));
     for (Parameter* p : layers_.back()->parameters()) params_.push_back(p);
   }
   if (st.has_head) {
@@ -64,6 +64,12 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
     if (st.has_head) lnf_.mark_sequence_parallel();
   }
   site_embedding_ = stream_id("embedding.dropout");
+  if (opt.lora.enabled())  // only the adapters train: the base has no gradient storage and gets no gradient
+    for (Parameter* p : params_)
+      if (!is_lora_parameter(*p)) {
+        p->frozen = true;
+        p->grad = Tensor();
+      }
   for (Parameter* p : params_) move_to_device(*p, opt.device);  // initial values are drawn on the host
 }
 
@@ -281,9 +287,9 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
                     .site = site_embedding_,
                     .sample_offset = ctx.sample_offset,
                     .row_offset = seq_offset});
-  if (has_position_table())
+  if (has_position_table() && !wpe_.frozen)  // frozen (LoRA): no gradient wanted
     position_embedding_backward(dx, wpe_.grad, position_options(tokens.dim(1), seq_offset, dx.dim(1), ctx));
-  wte_.backward(tokens, dx);
+  if (!wte_.weight().frozen) wte_.backward(tokens, dx);
   if (grads_ready_) {
     std::vector<Parameter*> embedding_params{&wte_.weight()};
     if (has_position_table()) embedding_params.push_back(&wpe_);

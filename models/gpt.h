@@ -35,6 +35,8 @@ struct GptOptions {
   ExpertParallel ep;             // this rank's expert-parallel group (MoE layers; size 1: every expert)
   ContextParallel cp;            // this rank's context-parallel group (size 1: whole sequences)
   StageLayout stage;             // the whole model by default
+  // finetune.lora: adapters beside the layers' linears; with rank > 0 every other parameter is frozen (no gradient).
+  LoraConfig lora;
 };
 
 class GptModel {
@@ -81,13 +83,18 @@ class GptModel {
   using UnitHook = std::function<void(UnitEvent event, int unit, int next)>;
   void set_unit_hook(UnitHook hook) { unit_hook_ = std::move(hook); }
 
-  // Every parameter, in a stable order (embedding, layers, final norm, head).
+  // Every parameter, in a stable order (embedding, layers, final norm, head); with LoRA the frozen base included.
   const std::vector<Parameter*>& parameters() const { return params_; }
   const ModelConfig& config() const { return cfg_; }
   // This stage's mixture-of-experts MLPs, in layer order (none for a dense model).
   std::vector<MoeMlp*> moe_layers();
   // This stage's transformer layers, in order (fp8 wiring, app/train/fp8_state.cpp).
   std::vector<TransformerLayer*> layers();
+  // Folds every layer's LoRA adapters into the weights (generation computes with the weights alone); parameters()
+  // still lists the adapters, which no longer take part.
+  void merge_lora() {
+    for (auto& l : layers_) l->merge_lora();
+  }
   int64_t num_parameters() const;  // elements stored, vocabulary padding included
   // The model's parameters by role, for code that computes with them itself (generation's KV-cache decoder):
   // null where this stage does not hold the part (a pipeline stage) or the architecture has none (Llama's

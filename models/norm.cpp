@@ -25,10 +25,17 @@ const Tensor& Norm::forward(const Tensor& x, Saved& s) const {
 
 Tensor Norm::backward(const Tensor& dout, const Tensor& x, const Saved& s) {
   Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-  if (kind_ == NormKind::rmsnorm)
-    rmsnorm_backward(dout, x, weight_.value, s.rstd, dx, weight_.grad);
-  else
-    layernorm_backward(dout, x, weight_.value, s.mean, s.rstd, dx, weight_.grad, bias_.grad);
+  // A frozen norm (LoRA) has no gradient storage: its (C) sums go to a scratch that is dropped.
+  auto grad_of = [&](Parameter& p) {
+    return p.frozen ? Tensor::zeros(p.value.shape(), DType::f32, x.device(), MemKind::workspace) : p.grad;
+  };
+  Tensor dw = grad_of(weight_);
+  if (kind_ == NormKind::rmsnorm) {
+    rmsnorm_backward(dout, x, weight_.value, s.rstd, dx, dw);
+  } else {
+    Tensor db = grad_of(bias_);
+    layernorm_backward(dout, x, weight_.value, s.mean, s.rstd, dx, dw, db);
+  }
   return dx;
 }
 

@@ -21,9 +21,9 @@ SelectiveRecompute SelectiveRecompute::of(const std::vector<std::string>& module
 
 TransformerLayer::TransformerLayer(int64_t index, const ModelConfig& cfg, DType dtype, uint64_t seed, bool recompute,
                                    TensorParallel tp, Device device, ExpertParallel ep, SelectiveRecompute selective,
-                                   ContextParallel cp)
+                                   ContextParallel cp, const LoraConfig& lora)
     : index_(index), cfg_(cfg), dtype_(dtype), device_(device), recompute_(recompute), selective_(selective), tp_(tp),
-      cp_(cp) {
+      cp_(cp), lora_(lora) {
   const int64_t C = cfg.hidden_size, F = cfg.ffn_hidden_size, H = cfg.num_heads, G = cfg.kv_heads(), D = cfg.head_dim;
   const bool llama = cfg.arch == Arch::llama;
   heads_ = tp.count(H);
@@ -53,6 +53,26 @@ TransformerLayer::TransformerLayer(int64_t index, const ModelConfig& cfg, DType 
   } else {
     fc1_ = ColumnParallelLinear(linear("mlp.fc1", C, llama ? 2 * F : F, std), tp);
     fc2_ = RowParallelLinear(linear("mlp.fc2", F, C, out_std), tp);
+  }
+  if (lora.enabled()) {  // adapters beside the linears finetune.lora.targets names
+    auto adapter = [&](const char* s, int64_t in, int64_t out) {
+      return LoraOptions{.name = name(s),
+                         .in_features = in,
+                         .out_features = out,
+                         .rank = lora.rank,
+                         .alpha = static_cast<float>(lora.alpha),
+                         .dropout = static_cast<float>(lora.dropout),
+                         .dtype = dtype,
+                         .seed = seed};
+    };
+    if (lora.targets_any("qkv")) qkv_.add_lora(adapter("attn.qkv", C, (H + 2 * G) * D));
+    if (lora.targets_any("proj")) proj_.add_lora(adapter("attn.proj", H * D, C));
+    if (!moe_ && lora.targets_any("fc1")) fc1_.add_lora(adapter("mlp.fc1", C, llama ? 2 * F : F));
+    if (!moe_ && lora.targets_any("fc2")) fc2_.add_lora(adapter("mlp.fc2", F, C));
+    site_lora_qkv_ = stream_id(name("attn.qkv.lora_dropout"));
+    site_lora_proj_ = stream_id(name("attn.proj.lora_dropout"));
+    site_lora_fc1_ = stream_id(name("mlp.fc1.lora_dropout"));
+    site_lora_fc2_ = stream_id(name("mlp.fc2.lora_dropout"));
   }
   if (tp.sequence_parallel) {
     ln1_.mark_sequence_parallel();
@@ -116,6 +136,14 @@ DropoutOptions TransformerLayer::residual_dropout(const StepContext& ctx, uint64
           .row_offset = tp_.shard_offset(T)};
 }
 
+LoraCall TransformerLayer::lora_call(LoraSaved& saved, uint64_t site, const StepContext& ctx) const {
+  return {.saved = &saved,
+          .dropout = {.p = ctx.training ? static_cast<float>(lora_.dropout) : 0.f,
+                      .seed = ctx.seed,
+                      .site = site,
+                      .sample_offset = ctx.sample_offset}};
+}
+
 Tensor TransformerLayer::run(Activations& a, bool keep, bool record) {
   const Tensor& x = a.x;  // (B, T, C), or (B, T/tp, C) with sequence parallelism
   const int64_t B = x.dim(0), Ts = x.dim(1), T = tp_.sequence_sharded() ? Ts * tp_.size : Ts, C = cfg_.hidden_size,
@@ -123,13 +151,17 @@ Tensor TransformerLayer::run(Activations& a, bool keep, bool record) {
   const bool llama = cfg_.arch == Arch::llama;
 
   // Attention block: x2 = x + dropout(proj(attention(rope(qkv(norm1(x))))))
+  const LoraCall lqkv = lora_call(a.lora_qkv, site_lora_qkv_, a.ctx),
+                 lproj = lora_call(a.lora_proj, site_lora_proj_, a.ctx),
+                 lfc1 = lora_call(a.lora_fc1, site_lora_fc1_, a.ctx),
+                 lfc2 = lora_call(a.lora_fc2, site_lora_fc2_, a.ctx);
   ln1_.forward(x.view({Ns, C}), a.n1);
-  a.qkv = qkv_.forward(a.n1.out, B).view({B, T, G, H / G + 2, D});
+  a.qkv = qkv_.forward(a.n1.out, B, nullptr, &lqkv).view({B, T, G, H / G + 2, D});
   if (llama) rope_(a.qkv, rope_options(false, T, a.ctx));
   a.att = Tensor::empty({B, T, H * D}, dtype_, device_);
   a.att_lse = Tensor::empty({B, H, T}, DType::f32, device_);
   attend(a);
-  const Tensor proj = proj_.forward(a.att.view({N, H * D}), B);  // (Ns, C)
+  const Tensor proj = proj_.forward(a.att.view({N, H * D}), B, &lproj);  // (Ns, C)
   a.x2 = Tensor::empty({B, Ts, C}, dtype_, device_);
   dropout_add(proj.view({B, Ts, C}), x, a.x2, residual_dropout(a.ctx, site_attn_out_, T));
 
@@ -139,13 +171,13 @@ Tensor TransformerLayer::run(Activations& a, bool keep, bool record) {
   if (moe_) {
     mlp = moe_->forward(a.n2.out, a.moe, {.samples = B, .record = record});
   } else if (llama) {
-    a.fc1 = fc1_.forward(a.n2.out, B);  // (N, 2F/tp)
+    a.fc1 = fc1_.forward(a.n2.out, B, nullptr, &lfc1);  // (N, 2F/tp)
     a.act = Tensor::empty({N, a.fc1.dim(1) / 2}, dtype_, device_);
     swiglu_forward(a.fc1, a.act);
   } else {
-    a.act = fc1_.forward(a.n2.out, B, &a.fc1);  // (N, F/tp), the pre-activation kept in a.fc1
+    a.act = fc1_.forward(a.n2.out, B, &a.fc1, &lfc1);  // (N, F/tp), the pre-activation kept in a.fc1
   }
-  if (!moe_) mlp = fc2_.forward(a.act, B);
+  if (!moe_) mlp = fc2_.forward(a.act, B, &lfc2);
   Tensor out = Tensor::empty({B, Ts, C}, dtype_, device_);
   dropout_add(mlp.view({B, Ts, C}), a.x2, out, residual_dropout(a.ctx, site_mlp_out_, T));
   if (!keep) {
@@ -224,11 +256,18 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb, float dloss) {
   Tensor dln2;  // (Ns, C)
   if (moe_) {
     dln2 = moe_->backward(dmlp, a.moe, {.samples = B, .dloss = dloss});
-  } else if (llama) {
-    const Tensor dact = fc2_.backward(dmlp, a.act, B);  // (N, F/tp)
+  } else if (llama || lora_.enabled()) {
+    // With adapters (GPT) the GELU's backward is its own op: fc2's adapter adds to dact first, and fc1's bias is
+    // frozen.
+    const LoraCall lfc1 = lora_call(a.lora_fc1, site_lora_fc1_, a.ctx),
+                   lfc2 = lora_call(a.lora_fc2, site_lora_fc2_, a.ctx);
+    const Tensor dact = fc2_.backward(dmlp, a.act, B, {.lora = &lfc2});  // (N, F/tp)
     Tensor dfc1 = Tensor::empty(a.fc1.shape(), dtype_, device_);
-    swiglu_backward(a.fc1, dact, dfc1);
-    dln2 = fc1_.backward(dfc1, a.n2.out, B);
+    if (llama)
+      swiglu_backward(a.fc1, dact, dfc1);
+    else
+      gelu_backward(a.fc1, dact, dfc1);
+    dln2 = fc1_.backward(dfc1, a.n2.out, B, {.lora = &lfc1});
   } else {
     // dfc1 (N, F/tp) = (dmlp @ W2) * gelu'(fc1), and fc1's bias gradient (its column sums), from one epilogue.
     Tensor dfc1 = fc2_.backward(dmlp, a.act, B,
@@ -242,14 +281,16 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb, float dloss) {
   Tensor dproj = Tensor::empty({Ns, C}, dtype_, device_);
   Tensor dproj_btc = dproj.view({B, Ts, C});
   dropout_backward(dx2.view({B, Ts, C}), dproj_btc, residual_dropout(a.ctx, site_attn_out_, T));
-  const Tensor datt = proj_.backward(dproj, a.att.view({N, HD}), B);  // (N, H/tp * D)
+  const LoraCall lqkv = lora_call(a.lora_qkv, site_lora_qkv_, a.ctx),
+                 lproj = lora_call(a.lora_proj, site_lora_proj_, a.ctx);
+  const Tensor datt = proj_.backward(dproj, a.att.view({N, HD}), B, {.lora = &lproj});  // (N, H/tp * D)
   Tensor dqkv = Tensor::empty(a.qkv.shape(), dtype_, device_);
   if (cp_.enabled())
     context_attention_backward(cp_, a.qkv, a.att, a.att_lse, datt.view(a.att.shape()), dqkv);
   else
     attention_backward(a.qkv, a.att, a.att_lse, datt.view(a.att.shape()), dqkv, attention_options(a.ctx));
   if (llama) rope_(dqkv, rope_options(true, T, a.ctx));  // a rotation's gradient is the inverse rotation
-  const Tensor dln1 = qkv_.backward(dqkv.view({N, dqkv.numel() / N}), a.n1.out, B);  // (Ns, C)
+  const Tensor dln1 = qkv_.backward(dqkv.view({N, dqkv.numel() / N}), a.n1.out, B, {.lora = &lqkv});  // (Ns, C)
   Tensor dx = ln1_.backward(dln1, a.x.view({Ns, C}), a.n1);
   add(dx, dx2, dx);
   return dx.view({B, Ts, C});

@@ -66,7 +66,7 @@ class TransformerLayer {
   // `ep`: the expert-parallel group of a MoE layer.
   TransformerLayer(int64_t index, const ModelConfig& cfg, DType dtype, uint64_t seed, bool recompute,
                    TensorParallel tp = {}, Device device = Device::cpu, ExpertParallel ep = {},
-                   SelectiveRecompute selective = {}, ContextParallel cp = {});
+                   SelectiveRecompute selective = {}, ContextParallel cp = {}, const LoraConfig& lora = {});
 
   // x (B, T, C) -> (B, T, C). In training, keeps what backward needs under microbatch id `mb`
   // (only x itself when recomputing).
@@ -95,6 +95,13 @@ class TransformerLayer {
   // From now on the GEMMs of QKV, the attention projection and a dense MLP's fc1 and fc2 take fp8 inputs scaled by
   // `ctx` (parallel/fp8_linear.h), which each registers with under its name; a MoE layer's experts stay bf16.
   void enable_fp8(const std::shared_ptr<Fp8Context>& ctx);
+  // Folds the LoRA adapters into their linears' weights (W += scale B A) and drops them (generation).
+  void merge_lora() {
+    qkv_.merge_lora();
+    proj_.merge_lora();
+    fc1_.merge_lora();
+    fc2_.merge_lora();
+  }
 
  private:
   struct Activations {
@@ -108,7 +115,10 @@ class TransformerLayer {
     Tensor fc1;         // GPT: (B*T, F/tp) pre-activation (the GELU epilogue's aux); Llama: (B*T, 2F/tp) gate and up
     Tensor act;         // (B*T, F/tp) GELU or SwiGLU output, fc2's input
     MoeMlp::Saved moe;  // a MoE layer's in place of fc1 and act
+    LoraSaved lora_qkv, lora_proj, lora_fc1, lora_fc2;  // the adapters' h (finetune.lora)
   };
+  // This microbatch's use of an adapter (its saved h and dropout keys).
+  LoraCall lora_call(LoraSaved& saved, uint64_t site, const StepContext& ctx) const;
   // Runs the block on a.x, filling the activations; returns the output. `record`: a MoE layer counts its routing
   // (training's forward, not the recomputation in backward).
   Tensor run(Activations& a, bool keep, bool record);
@@ -135,6 +145,8 @@ class TransformerLayer {
   int64_t heads_;   // this rank's query heads
   int64_t groups_;  // this rank's query groups (key / value heads)
   uint64_t site_attn_probs_, site_attn_out_, site_mlp_out_;
+  uint64_t site_lora_qkv_ = 0, site_lora_proj_ = 0, site_lora_fc1_ = 0, site_lora_fc2_ = 0;
+  LoraConfig lora_;              // finetune.lora (rank 0: no adapters)
   Norm ln1_;                     // (C)
   ColumnParallelLinear qkv_;     // C -> (H + 2G) D: weight ((H + 2G) D / tp, C), rows per group [R q | k | v]
   RowParallelLinear proj_;       // H D -> C: weight (C, H D / tp), the input columns of this rank's heads

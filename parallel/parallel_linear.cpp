@@ -17,6 +17,24 @@ void check_split(const LinearOptions& opt, int64_t features, const char* what, c
                                             opt.name, what, features, tp.size));
 }
 
+// dW += dout^T x and, with `bias`, its gradient (the column sums of dout) on the same GEMM's epilogue, as
+// weight-gradient work (deferred to the schedule's W under a zero-bubble pipeline, parallel/weight_grad.h). A frozen
+// weight (LoRA's base) gets no GEMM, a frozen bias no sums.
+void queue_weight_grads(const Tensor& dout, const Tensor& x, Parameter& w, Parameter* bias) {
+  if (bias && bias->frozen) bias = nullptr;
+  if (!w.frozen) {
+    weight_grad_work([dout, x, &w, bias] {
+      gemm(dout, x, w.grad,
+           {.trans_a = true,
+            .beta = 1.f,
+            .epilogue = bias ? Epilogue::bgrad_a : Epilogue::none,
+            .dbias = bias ? &bias->grad : nullptr});
+    });
+  } else if (bias) {
+    weight_grad_work([dout, bias] { bias_backward(dout, bias->grad); });
+  }
+}
+
 }  // namespace
 
 // ---- ColumnParallelLinear ------------------------------------------------------------------------
@@ -38,14 +56,27 @@ std::vector<Parameter*> ColumnParallelLinear::parameters() {
   std::vector<Parameter*> ps;
   if (!borrowed_) ps.push_back(&weight_);
   if (has_bias_) ps.push_back(&bias_);
+  if (lora_)
+    for (Parameter* p : lora_->parameters()) ps.push_back(p);
   return ps;
 }
 
-Tensor ColumnParallelLinear::forward(const Tensor& x, int64_t B, Tensor* gelu_preact) const {
+Tensor ColumnParallelLinear::forward(const Tensor& x, int64_t B, Tensor* gelu_preact, const LoraCall* lora) const {
   const Tensor x_full = sequence_to_full(x, B, tp_);  // (N, in): f, an all-gather with SP
   const Tensor& w = weight().value;                   // (out/t, in)
   const int64_t N = x_full.dim(0);
   Tensor out = Tensor::empty({N, w.dim(0)}, x.dtype(), x.device());  // (N, out/t)
+  if (lora_) {  // the adapter's update joins the GEMM's output, before the GELU (fc1): no GELU epilogue
+    if (!lora) throw std::logic_error(fmt::format("{}: forward without its adapter's call", weight().name));
+    Tensor& pre = gelu_preact ? (*gelu_preact = Tensor::empty({N, w.dim(0)}, x.dtype(), x.device())) : out;
+    gemm(x_full, w, pre,
+         {.trans_b = true,
+          .epilogue = has_bias_ ? Epilogue::bias : Epilogue::none,
+          .bias = has_bias_ ? &bias_.value : nullptr});
+    lora_->forward(x_full, B, pre, *lora);
+    if (gelu_preact) gelu_forward(pre, out);
+    return out;
+  }
   GemmOptions g{.trans_b = true};
   if (gelu_preact) {
     if (!has_bias_) throw std::logic_error(fmt::format("{}: the GELU epilogue needs a bias", weight().name));
@@ -77,22 +108,18 @@ Tensor ColumnParallelLinear::backward(const Tensor& dout, const Tensor& x, int64
   if (fp8_) return backward_fp8(dout, input, dx_partial, B, opt);
   gemm(dout, w.value, dx_partial);     // dx = dout @ W
   const Tensor x_full = input.wait();  // (N, in)
+  if (lora_) {                         // its input gradient joins this rank's share before the reduction
+    if (!opt.lora) throw std::logic_error(fmt::format("{}: backward without its adapter's call", w.name));
+    lora_->backward(dout, x_full, B, dx_partial, *opt.lora);
+  }
   // Started here, waited for below. On NCCL the collective is enqueued on the communicator's stream behind
   // an event recorded on the compute stream at this call, so it reads dx_partial (or its rank-major copy)
   // only after the GEMM and copy that produce it; the communicator records its tensors' blocks with the
   // caching allocator (record_stream) and keeps them referenced until the op completes, so no later
   // allocation reuses them while it is in flight. On Gloo it has completed when the constructor returns.
   SequenceReduction dx(dx_partial, B, tp_);
-  const bool bias_grad = has_bias_ && !opt.bias_grad_done;
-  // dW (out/t, in) += dout^T x; the bias gradient (column sums of dout) on the same GEMM's epilogue. Deferred to
-  // the schedule's W under a zero-bubble pipeline (parallel/weight_grad.h).
-  weight_grad_work([this, dout, x_full, bias_grad] {
-    gemm(dout, x_full, weight().grad,
-         {.trans_a = true,
-          .beta = 1.f,
-          .epilogue = bias_grad ? Epilogue::bgrad_a : Epilogue::none,
-          .dbias = bias_grad ? &bias_.grad : nullptr});
-  });
+  // dW (out/t, in) += dout^T x; the bias gradient (column sums of dout) on the same GEMM's epilogue.
+  queue_weight_grads(dout, x_full, w, has_bias_ && !opt.bias_grad_done ? &bias_ : nullptr);
   return dx.wait();  // (Ns, in): f backward, a reduce-scatter with SP
 }
 
@@ -129,10 +156,12 @@ RowParallelLinear::RowParallelLinear(const LinearOptions& opt, const TensorParal
 std::vector<Parameter*> RowParallelLinear::parameters() {
   std::vector<Parameter*> ps{&weight_};
   if (has_bias_) ps.push_back(&bias_);
+  if (lora_)
+    for (Parameter* p : lora_->parameters()) ps.push_back(p);
   return ps;
 }
 
-Tensor RowParallelLinear::forward(const Tensor& x, int64_t B) const {
+Tensor RowParallelLinear::forward(const Tensor& x, int64_t B, const LoraCall* lora) const {
   Tensor partial = Tensor::empty({x.dim(0), weight_.value.dim(0)}, x.dtype(), x.device());  // (N, out)
   if (fp8_) {  // x holds this rank's columns of the logical input, the weight its columns
     const Fp8Tensor qx = fp8_.ctx->quantize(fp8_.id, Fp8Operand::input, x, tp_.size > 1, tp_);
@@ -140,6 +169,10 @@ Tensor RowParallelLinear::forward(const Tensor& x, int64_t B) const {
     gemm_fp8(qx.q, qx.scale_inv, qw.q, qw.scale_inv, partial, {.trans_b = true});
   } else {
     gemm(x, weight_.value, partial, {.trans_b = true});
+  }
+  if (lora_) {  // the adapter's partial update rides on the same reduction
+    if (!lora) throw std::logic_error(fmt::format("{}: forward without its adapter's call", weight_.name));
+    lora_->forward(x, B, partial, *lora);
   }
   Tensor y = sequence_shard_sum(partial, B, tp_);  // (Ns, out): g, a reduce-scatter with SP
   // After the reduction, so no GEMM epilogue: added once, not once per rank.
@@ -152,15 +185,13 @@ Tensor RowParallelLinear::backward(const Tensor& dout, const Tensor& x, int64_t 
   Tensor dx = Tensor::empty({x.dim(0), x.dim(1)}, x.dtype(), x.device());  // (N, in/t)
   if (fp8_) return backward_fp8(dout_full, x, dx, opt);
   gemm(dout_full, weight_.value, dx, {.epilogue = opt.dx_epilogue, .aux = opt.aux, .dbias = opt.dbias});
+  if (lora_) {
+    if (!opt.lora || opt.dx_epilogue != Epilogue::none)
+      throw std::logic_error(fmt::format("{}: an adapter's backward needs its call and no dx epilogue", weight_.name));
+    lora_->backward(dout_full, x, B, dx, *opt.lora);
+  }
   // dW (out, in/t) += dout^T x; the bias gradient (column sums of dout, every rank the whole) on its epilogue.
-  // Deferred to the schedule's W under a zero-bubble pipeline (parallel/weight_grad.h).
-  weight_grad_work([this, dout_full, x] {
-    gemm(dout_full, x, weight_.grad,
-         {.trans_a = true,
-          .beta = 1.f,
-          .epilogue = has_bias_ ? Epilogue::bgrad_a : Epilogue::none,
-          .dbias = has_bias_ ? &bias_.grad : nullptr});
-  });
+  queue_weight_grads(dout_full, x, weight_, has_bias_ ? &bias_ : nullptr);
   return dx;
 }
 

@@ -19,12 +19,14 @@
 // communicator's stream beside the GEMMs on the compute stream; on Gloo they complete when started, so the
 // same calls compute the same values in the same order of arithmetic on every backend.
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/tensor/ops.h"
 #include "core/tensor/parameter.h"
 #include "parallel/fp8_linear.h"
+#include "parallel/lora_linear.h"
 #include "parallel/sequence_parallel.h"
 #include "parallel/tensor_parallel.h"
 
@@ -51,12 +53,14 @@ class ColumnParallelLinear {
 
   // x (Ns, in) -> (N, out/t) = x_full W^T + b, the bias on the GEMM's epilogue. With `gelu_preact`:
   // GELU(x_full W^T + b), and *gelu_preact := the pre-activation (N, out/t), kept for backward (fc1).
-  Tensor forward(const Tensor& x, int64_t B, Tensor* gelu_preact = nullptr) const;
+  // With an adapter (add_lora), `lora` is this microbatch's use of it: its update joins the output (before the GELU).
+  Tensor forward(const Tensor& x, int64_t B, Tensor* gelu_preact = nullptr, const LoraCall* lora = nullptr) const;
 
   struct BackwardOptions {
     // The bias gradient was accumulated already: the next row-parallel layer's input-gradient GEMM folded
     // it into its dgelu_bgrad epilogue (fc2 -> fc1).
     bool bias_grad_done = false;
+    const LoraCall* lora = nullptr;  // the forward's, with an adapter
   };
   // dout (N, out/t) and the forward's input x (Ns, in) -> dx (Ns, in), summed over the group. Accumulates
   // the weight's gradient and the bias's.
@@ -71,10 +75,20 @@ class ColumnParallelLinear {
   std::vector<Parameter*> parameters();
   // From now on its GEMMs take fp8 inputs scaled by `link`'s context (fp8_linear.h); null: bf16 again.
   void enable_fp8(Fp8Link link) { fp8_ = std::move(link); }
+  // A low-rank adapter beside it (parallel/lora_linear.h; its parameters join parameters()). A frozen weight or bias
+  // (Parameter::frozen) gets no gradient: its weight-gradient GEMM is skipped.
+  void add_lora(const LoraOptions& opt) { lora_ = std::make_shared<LoraAdapter>(opt, LoraSide::column, tp_); }
+  const LoraAdapter* lora() const { return lora_.get(); }
+  // Folds the adapter into the weight (W += scale B A) and drops it.
+  void merge_lora() {
+    if (lora_) lora_->merge_into(weight().value);
+    lora_.reset();
+  }
 
  private:
   Tensor backward_fp8(const Tensor& dout, SequenceGather& input, Tensor& dx_partial, int64_t B, BackwardOptions opt);
   Fp8Link fp8_;
+  std::shared_ptr<LoraAdapter> lora_;
   TensorParallel tp_;
   Parameter weight_;               // (out/t, in) unless borrowed
   Parameter bias_;                 // (out/t)
@@ -89,7 +103,7 @@ class RowParallelLinear {
   RowParallelLinear(const LinearOptions& opt, const TensorParallel& tp);
 
   // x (N, in/t) -> (Ns, out) = the sum over the group of x W^T, then + b (once, after the reduction).
-  Tensor forward(const Tensor& x, int64_t B) const;
+  Tensor forward(const Tensor& x, int64_t B, const LoraCall* lora = nullptr) const;
 
   struct BackwardOptions {
     // An epilogue for the input-gradient GEMM dx = dout W (core/tensor/ops.h): dgelu_bgrad with `aux` the GELU
@@ -98,6 +112,7 @@ class RowParallelLinear {
     Epilogue dx_epilogue = Epilogue::none;
     Tensor* aux = nullptr;
     Tensor* dbias = nullptr;
+    const LoraCall* lora = nullptr;  // the forward's, with an adapter (then no dx epilogue)
   };
   // dout (Ns, out) and the forward's input x (N, in/t) -> dx (N, in/t). Accumulates the weight's gradient
   // and the bias's.
@@ -110,10 +125,17 @@ class RowParallelLinear {
   const Parameter* bias() const { return has_bias_ ? &bias_ : nullptr; }
   std::vector<Parameter*> parameters();                      // weight then bias
   void enable_fp8(Fp8Link link) { fp8_ = std::move(link); }  // as ColumnParallelLinear's
+  void add_lora(const LoraOptions& opt) { lora_ = std::make_shared<LoraAdapter>(opt, LoraSide::row, tp_); }
+  const LoraAdapter* lora() const { return lora_.get(); }
+  void merge_lora() {  // as ColumnParallelLinear's
+    if (lora_) lora_->merge_into(weight_.value);
+    lora_.reset();
+  }
 
  private:
   Tensor backward_fp8(const Tensor& dout_full, const Tensor& x, Tensor& dx, BackwardOptions opt);
   Fp8Link fp8_;
+  std::shared_ptr<LoraAdapter> lora_;
   TensorParallel tp_;
   Parameter weight_;  // (out, in/t)
   Parameter bias_;    // (out), replicated

@@ -30,6 +30,24 @@ std::vector<ChunkSpec> chunks_of(const Config& c, int64_t stage) {
   return out;
 }
 
+// finetune.lora's adapters of one layer on tensor-parallel rank 0, in the layer's parameter order (each linear's
+// lora_a then lora_b after its weight and bias): beside qkv and fc1 A (r, C) replicated and B (out/tp, r); beside
+// proj and fc2 A (r, in/tp) and B (C, r) replicated (parallel/lora_linear.h).
+std::vector<double> lora_layer_parameters(const ModelShapes& m, const LoraConfig& l) {
+  const auto r = static_cast<double>(l.rank);
+  std::vector<double> n;
+  auto add = [&](const char* target, double a, double b) {
+    if (!l.targets_any(target)) return;
+    n.push_back(a);
+    n.push_back(b);
+  };
+  add("qkv", r * m.C, m.qkv * r);
+  add("proj", r * m.Ct, m.C * r);
+  add("fc1", r * m.C, m.fc1 * r);
+  add("fc2", r * m.Ft, m.C * r);
+  return n;
+}
+
 // Element counts of one chunk's parameters on tensor-parallel rank 0, in the model's order (models/gpt.cpp
 // GptModel's params_, models/transformer_layer.cpp parameters()): the gradient buffer's buckets follow it. With
 // `experts` (expert parallelism), the experts' parameters go there, in the same order: their own buffer's.
@@ -223,6 +241,9 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     // own, reduced (ZeRO: sharded) over the expert-data-parallel group of TP x DP / (ETP x EP) ranks
     // (app/train/trainer.cpp).
     std::vector<double> experts;
+    // finetune.lora: the adapters, the only parameters with gradients and optimizer state (the rest frozen).
+    const LoraConfig& lora = c.finetune.lora;
+    std::vector<double> adapters;
     std::vector<ChunkProfile> prof;
     double largest_layer = 0, held_through_backward = 0;  // ZeRO-2's transient gradient storage (below)
     // ZeRO-3 (parallel/sharded_parameters.h): the most elements gathered at once, a unit and the next one
@@ -235,6 +256,8 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
       params.insert(params.end(), more.begin(), more.end());
       sm.layers += ch.layers;
       for (int64_t l = ch.layer_begin; l < ch.layer_begin + ch.layers; ++l) {
+        if (lora.enabled())
+          for (double x : lora_layer_parameters(shapes.m, lora)) adapters.push_back(x);
         std::vector<double> layer_experts;
         double e = 0;
         for (double x : shapes.m.layer_parameters(l, &layer_experts)) e += x;
@@ -261,6 +284,15 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     double n = 0;
     for (double e : params) n += e;
     for (double e : experts) n += e;
+    double trained = n;  // the elements with gradients and optimizer state
+    if (lora.enabled()) {
+      trained = 0;
+      for (double e : adapters) trained += e;
+      n += trained;
+      params = adapters;  // the gradient buffer's and optimizer's: app/train/trainer.cpp leaves the frozen out
+      largest_layer = 0;
+      held_through_backward = 0;
+    }
     sm.parameters = static_cast<int64_t>(n);
     const GradLayout dense = grad_layout(params, c.parallel.grad_bucket_size, dp, zero),
                      expert = grad_layout(experts, c.parallel.grad_bucket_size, edp, zero);
@@ -285,7 +317,7 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     // core/optim/optimizer.cpp: fp32 master (the value itself in fp32) and two moments. ZeRO
     // (parallel/distributed_optimizer.cpp): master and moments of its blocks, plus the blocks' values in the
     // compute dtype (value_shard_) for the all-gather.
-    b[MemKind::optimizer] = zero ? g.shard * (12 + (d != 4 && !zero3 ? d : 0)) : n * (8 + (d != 4 ? 4 : 0));
+    b[MemKind::optimizer] = zero ? g.shard * (12 + (d != 4 && !zero3 ? d : 0)) : trained * (8 + (d != 4 ? 4 : 0));
     // Kept for the run: the step-loss slots (f64 per step of a logging interval), cuBLASLt's workspace.
     const double persistent_ws = 8.0 * static_cast<double>(std::min<int64_t>(c.logging.interval, 1024)) +
                                  (backend == Backend::cuda ? kCublasLtWorkspace : 0) + fp8_state_bytes(c, sm.layers);

@@ -89,6 +89,7 @@ std::optional<TokenizerSidecar> export_tokenizer(const CheckpointReader& ckpt, c
 
 struct ExportArgs {
   std::string dir, format = "hf", output, dtype = "fp32", tokenizer_sidecar;
+  std::string lora = "merged";       // a LoRA checkpoint: merged | peft
   int64_t eos_id = -1, bos_id = -1;  // -1: not given
   ProgressMode progress = ProgressMode::automatic;
 };
@@ -121,8 +122,47 @@ std::optional<HfSpecialIds> export_ids(const CheckpointReader& ckpt, const std::
   return HfSpecialIds{static_cast<int32_t>(a.bos_id >= 0 ? a.bos_id : a.eos_id), static_cast<int32_t>(a.eos_id)};
 }
 
+// A LoRA checkpoint holds only its adapters: the merged model or a PEFT adapter, against its base (the training run's
+// training.init_from, as that run named it).
+void run_lora_export(const ExportArgs& a, const CheckpointReader& ckpt, const HfLoraShape& l) {
+  if (l.base.empty())
+    throw CheckpointError(fmt::format(
+        "{}: a LoRA checkpoint whose frozen base was the seeded initialization (no training.init_from): there is no "
+        "base checkpoint to export it against",
+        ckpt.dir()));
+  const std::optional<std::string> base_dir = resolve_resume_checkpoint(l.base);
+  if (!base_dir)
+    throw CheckpointError(
+        fmt::format("{}: its base, training.init_from: {}, holds no checkpoint (run the export from "
+                    "the directory the training ran in)",
+                    ckpt.dir(), l.base));
+  CheckpointReader base(*base_dir);
+  if (a.lora == "peft") {
+    export_peft_adapter(ckpt, base, a.output, parse_dtype(a.dtype));
+    fmt::print(
+        "exported the LoRA adapter of {} (iteration {}, rank {}, alpha {}) for the base {} to "
+        "{}/adapter_model.safetensors and {}/adapter_config.json\n",
+        ckpt.dir(), ckpt.state().iteration, l.rank, l.alpha, *base_dir, a.output, a.output);
+    std::fflush(stdout);
+    return;
+  }
+  const std::optional<TokenizerSidecar> tok = export_tokenizer(ckpt, a.tokenizer_sidecar);
+  const HfModelShape g = hf_export_shape(base);
+  Progress writing({.what = "ckpt export", .enabled = progress_wanted(a.progress)});
+  export_hf_lora_merged(ckpt, base, a.output, parse_dtype(a.dtype), export_ids(ckpt, tok, a, g.vocab),
+                        writing.hook("tensors"));
+  writing.finish();
+  fmt::print("exported {} (iteration {}) merged into its base {} (W + {} B A) to {}/model.safetensors\n", ckpt.dir(),
+             ckpt.state().iteration, *base_dir, l.alpha / static_cast<double>(l.rank), a.output);
+  if (tok) export_hf_tokenizer(*tok, a.output, g.seq_length > 0 ? g.seq_length : g.positions);
+  std::fflush(stdout);
+}
+
 void run_export(const ExportArgs& a) {
   CheckpointReader ckpt(checkpoint_at(a.dir));
+  if (const std::optional<HfLoraShape> l = hf_lora_shape(ckpt)) return run_lora_export(a, ckpt, *l);
+  if (a.lora != "merged")
+    throw std::invalid_argument(fmt::format("--lora {}: {} is not a LoRA checkpoint", a.lora, ckpt.dir()));
   const std::optional<TokenizerSidecar> tok = export_tokenizer(ckpt, a.tokenizer_sidecar);
   const HfModelShape g = hf_export_shape(ckpt);
   const std::optional<HfSpecialIds> ids = export_ids(ckpt, tok, a, g.vocab);
@@ -181,6 +221,11 @@ void add_ckpt_commands(CLI::App& root) {
                   "tokenizer: its data's end-of-document id")
       ->check(at_least(0));
   exp->add_option("--bos-id", ea->bos_id, "config.json's bos_token_id, with --eos-id")->check(at_least(0));
+  exp->add_option("--lora", ea->lora,
+                  "For a LoRA checkpoint (finetune.lora): merged (the base with W + alpha/rank B A) or peft (a PEFT "
+                  "adapter: adapter_config.json + adapter_model.safetensors)")
+      ->check(CLI::IsMember({"merged", "peft"}))
+      ->capture_default_str();
   add_progress_flags(exp, ea->progress);
   exp->callback([ea] { run_export(*ea); });
 

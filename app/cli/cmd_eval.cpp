@@ -37,8 +37,8 @@ void run_eval(const EvalArgs& a) {
   Config cfg = whole_model_config(reader, *dir, a.micro_batch_size, a.device);
   const int64_t S = cfg.model.seq_length;
   const Placement placement = place_rank(cfg, LaunchEnv{});
-  GptModel model(cfg.model, GptOptions{.dtype = parse_dtype(a.precision), .device = placement.device, .seed = 0});
-  load_parameters(reader, model.parameters());
+  const std::unique_ptr<GptModel> saved = saved_model(reader, cfg, parse_dtype(a.precision), placement.device);
+  GptModel& model = *saved;
   int64_t available = 0;
   SampleFn source = file_order_source(a.data, S, cfg.model.vocab_size, available);
   if (a.samples > available)

@@ -118,8 +118,9 @@ void run_generate(const GenerateArgs& a) {
                                             prompt.size(), name_of(tok->kind()), P));
 
   const Placement placement = place_rank(cfg, LaunchEnv{});
-  GptModel model(cfg.model, GptOptions{.dtype = parse_dtype(a.precision), .device = placement.device, .seed = 0});
-  load_parameters(reader, model.parameters());
+  const std::unique_ptr<GptModel> saved = saved_model(reader, cfg, parse_dtype(a.precision), placement.device);
+  GptModel& model = *saved;
+  model.merge_lora();  // the KV-cache decoder computes with the linears' weights: W += scale B A
   KvCacheDecoder decoder(model, {.capacity = a.max_new_tokens >= P - static_cast<int64_t>(prompt.size())
                                                  ? P
                                                  : static_cast<int64_t>(prompt.size()) + a.max_new_tokens});

@@ -79,6 +79,32 @@ void load_parameters(const CheckpointReader& reader, const std::vector<Parameter
   for (Parameter* p : params) read_checked(reader, "model." + p->name, *p, p->value);
 }
 
+std::unique_ptr<GptModel> saved_model(const CheckpointReader& reader, const Config& cfg, DType dtype, Device device) {
+  const bool lora = cfg.finetune.lora.enabled();
+  auto model =
+      std::make_unique<GptModel>(cfg.model, GptOptions{.dtype = dtype,
+                                                       .device = device,
+                                                       .seed = lora ? static_cast<uint64_t>(cfg.training.seed) : 0,
+                                                       .lora = cfg.finetune.lora});
+  if (!lora) {
+    load_parameters(reader, model->parameters());
+    return model;
+  }
+  std::vector<Parameter*> base, adapters;
+  for (Parameter* p : model->parameters()) (p->frozen ? base : adapters).push_back(p);
+  load_parameters(reader, adapters);
+  const std::string& from = cfg.training.init_from;
+  if (from.empty()) return model;  // the base was the seeded initialization
+  const std::optional<std::string> dir = resolve_resume_checkpoint(from);
+  if (!dir)
+    throw CheckpointError(
+        fmt::format("{}: a LoRA checkpoint whose frozen base is training.init_from: {}, which holds "
+                    "no checkpoint (run from the directory the training ran in)",
+                    reader.dir(), from));
+  load_parameters(CheckpointReader(*dir), base);
+  return model;
+}
+
 void load_optimizer(const CheckpointReader& reader, const std::vector<OptimizerSlot>& slots, PartialLoad* partial,
                     const ProgressHook& progress) {
   std::vector<int64_t> bytes;  // three fp32 tensors of the slot's shape each

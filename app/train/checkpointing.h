@@ -1,6 +1,7 @@
 // checkpointing.h: what a training run puts into a checkpoint and takes back out of it.
 #pragma once
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "core/config/config.h"
 #include "core/optim/optimizer.h"
 #include "core/tensor/parameter.h"
+#include "models/gpt.h"
 
 namespace mt::app {
 
@@ -38,6 +40,12 @@ std::vector<std::string> model_shape_differences(const std::string& stored_yaml,
 // Reads "model.<param>" for every parameter into its value (dtype converted). Shapes must match the
 // checkpoint's global shapes; throws CheckpointError naming the tensor otherwise.
 void load_parameters(const CheckpointReader& reader, const std::vector<Parameter*>& params);
+// The saved model for eval and generate (cfg: whole_model_config's), in `dtype` on `device`, with its weights: every
+// parameter from `reader`; a LoRA checkpoint's model has its adapters, read from it, and its frozen base is the
+// saving run's training.init_from (unset: the seeded initialization, which the model is built with). Throws
+// CheckpointError naming what is missing.
+std::unique_ptr<GptModel> saved_model(const CheckpointReader& reader, const Config& cfg, DType dtype, Device device);
+
 // Reads the master weights and both Adam moments of every slot (whole per-parameter tensors of this rank's
 // model-parallel slice). The caller casts the masters into the values.
 // With `partial`, a tensor the checkpoint lacks or holds in another shape is skipped (left as it is) and

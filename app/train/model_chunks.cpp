@@ -29,7 +29,8 @@ std::vector<std::unique_ptr<GptModel>> build_chunks(const Config& cfg, const Dis
                               .stage = StageLayout{.has_embedding = ch.has_embedding,
                                                    .has_head = ch.has_head,
                                                    .layer_begin = ch.layer_begin,
-                                                   .layer_end = ch.layer_begin + ch.layers}}));
+                                                   .layer_end = ch.layer_begin + ch.layers},
+                              .lora = cfg.finetune.lora}));
   }
   return chunks;
 }

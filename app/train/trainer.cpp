@@ -68,8 +68,10 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
   // (ExpertSplitOptimizer).
   // With parallel.shard: gradients (ZeRO-2) there is no full buffer: each bucket is reduce-scattered into this
   // rank's fp32 shard every microbatch (parallel/grad_buffer.h).
+  // Frozen parameters (finetune.lora's base) have no gradient and no optimizer state: only the rest enter them.
   std::vector<Parameter*> dense, experts;
-  for (Parameter* p : params_) (p->expert && dist.experts_apart() ? experts : dense).push_back(p);
+  for (Parameter* p : params_)
+    if (!p->frozen) (p->expert && dist.experts_apart() ? experts : dense).push_back(p);
   const bool shard_optimizer = cfg.parallel.shard >= ShardStage::optimizer;
   const bool shard_gradients = cfg.parallel.shard >= ShardStage::gradients;
   const bool shard_parameters = cfg.parallel.shard >= ShardStage::parameters;
@@ -128,7 +130,10 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
   // Marked after the last microbatch's backward (ZeRO-2: after every microbatch's); ZeRO-2 also makes a bucket's
   // storage before backward writes into it.
   const int last_mb = static_cast<int>(cfg.training.num_microbatches) - 1;
-  auto split = [this](const std::vector<Parameter*>& ps, void (GradBuffer::*act)(const std::vector<Parameter*>&)) {
+  auto split = [this](const std::vector<Parameter*>& all, void (GradBuffer::*act)(const std::vector<Parameter*>&)) {
+    std::vector<Parameter*> ps;  // the frozen ones are not the buffers'
+    for (Parameter* p : all)
+      if (!p->frozen) ps.push_back(p);
     if (!expert_grads_) return (grads_.get()->*act)(ps);
     std::vector<Parameter*> dense_ps, expert_ps;
     for (Parameter* p : ps) (p->expert ? expert_ps : dense_ps).push_back(p);

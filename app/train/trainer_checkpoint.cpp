@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
+#include <yaml-cpp/yaml.h>
 
 #include "app/train/checkpointing.h"
 #include "app/train/nonfinite.h"
@@ -21,8 +22,12 @@ Progress Trainer::checkpoint_progress(std::string what) const {
                    .last_line_when_quick = false});
 }
 
+// With finetune.lora a checkpoint holds the adapters (and their optimizer state) only: the frozen base is always
+// training.init_from's weights (or the seeded initialization without it), loaded first, on a resume too.
 void Trainer::maybe_resume() {
-  if (!resume() && !cfg_.training.init_from.empty()) init_from();
+  const bool lora = cfg_.finetune.lora.enabled();
+  if (lora && !cfg_.training.init_from.empty()) init_from();
+  if (!resume() && !lora && !cfg_.training.init_from.empty()) init_from();
 }
 
 void Trainer::init_from() {
@@ -42,6 +47,16 @@ void Trainer::init_from() {
         "them to its model.yaml)",
         *dir, fmt::join(diff, ", ")));
   Progress loading = checkpoint_progress("init_from load");
+  if (cfg_.finetune.lora.enabled()) {  // the frozen base only; the adapters keep their initialization
+    std::vector<Parameter*> base;
+    for (Parameter* p : params_)
+      if (p->frozen) base.push_back(p);
+    load_parameters(reader, base);
+    loading.finish();
+    spdlog::info("LoRA: the frozen base model is {}'s weights (the adapters start at B = 0)", *dir);
+    metrics_.write({{"event", "init_from"}, {"checkpoint", *dir}});
+    return;
+  }
   optimizer_->load_state([&](const std::vector<Optimizer::Slot>& slots) { load_model_weights(reader, slots); }, false);
   loading.finish();
   load_expert_biases(reader, *dir);
@@ -50,6 +65,23 @@ void Trainer::init_from() {
       "start)",
       *dir);
   metrics_.write({{"event", "init_from"}, {"checkpoint", *dir}});
+}
+
+// The adapters of a LoRA checkpoint were trained on its run's training.init_from: resuming them on another base is
+// allowed (a moved copy of the same weights), but said.
+void Trainer::warn_if_other_lora_base(const std::string& stored_yaml, const std::string& dir) const {
+  std::string saved_base;
+  try {
+    if (const YAML::Node n = YAML::Load(stored_yaml)["training"]["init_from"]; n && n.IsScalar())
+      saved_base = n.Scalar();
+  } catch (const YAML::Exception&) {
+    return;  // the state checks have named what is wrong with it
+  }
+  if (saved_base != cfg_.training.init_from)
+    spdlog::warn(
+        "{}: its LoRA adapters were trained on the base training.init_from: '{}', and now resume on '{}': the same "
+        "weights, or the adapters no longer fit their base",
+        dir, saved_base, cfg_.training.init_from);
 }
 
 bool Trainer::resume() {
@@ -96,6 +128,7 @@ bool Trainer::resume() {
   }
   load_expert_biases(reader, *dir);
   if (fp8_) load_fp8_tensors(*fp8_, reader, *dir);
+  if (cfg_.finetune.lora.enabled()) warn_if_other_lora_base(s.config_yaml, *dir);
   c_.iteration = rs.iteration;
   c_.consumed_samples = rs.consumed_samples;
   c_.skipped_iters = rs.skipped_iters;

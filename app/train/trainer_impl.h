@@ -116,7 +116,8 @@ class Trainer {
   // The model's parameters, every global tensor once (padded vocabulary rows included, as stored): the sum over
   // the model-parallel group of this rank's tensor-parallel slices, replicated tensors on tensor-parallel rank 0,
   // tied copies never (the grad norm's rule). A collective of the model-parallel group.
-  int64_t total_parameters();
+  // trainable_only: those not frozen (finetune.lora's adapters).
+  int64_t total_parameters(bool trainable_only = false);
   // Every rank's peak memory in bytes, by global rank (one host exchange over the world: every rank calls it at
   // the same iteration), and its log line: min, max and the pipeline stages' maxima.
   std::vector<int64_t> gather_peak_memory();
@@ -144,6 +145,8 @@ class Trainer {
   void maybe_resume();
   bool resume();     // true when a checkpoint was resumed
   void init_from();  // training.init_from: the model weights of a checkpoint, nothing else
+  // Resuming LoRA adapters on another training.init_from than their checkpoint's run had: a warning.
+  void warn_if_other_lora_base(const std::string& stored_yaml, const std::string& dir) const;
   // The MoE layers' expert biases from `reader` (of checkpoint `dir`), zero where it holds none.
   void load_expert_biases(const CheckpointReader& reader, const std::string& dir);
   void train_step(float& lr_used, StepResult& result);

@@ -43,6 +43,18 @@ void Trainer::log_run() {
   spdlog::info("model: {} {} parameters ({}{}) ({} layers, hidden {}, {}, ffn {}, vocabulary {} padded to {}), {}",
                name_of(m.arch), total, human_count(total), share, m.num_layers, m.hidden_size, heads, m.ffn_hidden_size,
                m.vocab_size, m.padded_vocab_size, name_of(cfg_.training.precision));
+  if (const LoraConfig& l = cfg_.finetune.lora; l.enabled()) {
+    const int64_t trainable = total_parameters(/*trainable_only=*/true);
+    const MemoryStats& mem = allocator_for(device_).stats();
+    auto mib = [&](MemKind k) { return static_cast<double>(mem.current[static_cast<size_t>(k)]) / (1 << 20); };
+    spdlog::info(
+        "LoRA: rank {}, alpha {}, dropout {} on {}: {} trainable parameters ({}, {:.3f}% of the model), the base "
+        "frozen; this rank holds {:.2f} MiB of optimizer state and {:.2f} MiB of gradients beside {:.2f} MiB of "
+        "weights",
+        l.rank, l.alpha, l.dropout, fmt::join(l.targets, ", "), trainable, human_count(trainable),
+        100.0 * static_cast<double>(trainable) / static_cast<double>(total), mib(MemKind::optimizer),
+        mib(MemKind::gradient), mib(MemKind::parameter));
+  }
   if (m.moe.enabled()) {
     // The experts a token does not visit: (E - top_k) experts' fc1 and fc2 in every MoE layer.
     int64_t moe_layers = 0;
@@ -163,10 +175,10 @@ void Trainer::report(const StepResult& r, float lr, double mean_ms, int64_t inte
   interval_loss_ = 0;
 }
 
-int64_t Trainer::total_parameters() {
+int64_t Trainer::total_parameters(bool trainable_only) {
   double own = 0, experts = 0;  // exact: parameter counts are far below 2^53
   for (const Parameter* p : params_) {
-    if (p->tied_copy) continue;
+    if (p->tied_copy || (trainable_only && p->frozen)) continue;
     if (!p->expert) {
       if (counts_in_grad_norm(*p, adam_config_)) own += static_cast<double>(stored_numel(p));
     } else if (p->tensor_parallel || dist_.etp_rank() == 0) {  // each expert slice once, as the grad norm does

@@ -426,6 +426,32 @@ struct LoggingConfig {
   bool operator==(const LoggingConfig&) const = default;
 };
 
+// finetune.lora: low-rank adapters (Hu et al., "LoRA", 2021) on the transformer layers' linears, y = W x +
+// (alpha / rank) * B A dropout(x); with rank > 0 every base parameter is frozen (no gradient, no optimizer state)
+// and only the adapters train (models/lora.h).
+struct LoraConfig {
+  int64_t rank = 0;      // 0: off
+  double alpha = 16.0;   // the adapters' output is scaled by alpha / rank
+  double dropout = 0.0;  // on the adapter's input, in [0, 1)
+  // Which linears get adapters: qkv (the fused query/key/value projection: HF q_proj, k_proj, v_proj), proj
+  // (attention output: o_proj / c_proj), fc1 (MLP up: Llama's fused gate_proj + up_proj, GPT's c_fc), fc2 (MLP
+  // down: down_proj / mlp.c_proj).
+  std::vector<std::string> targets = {"qkv", "proj", "fc1", "fc2"};
+
+  bool enabled() const { return rank > 0; }
+  bool targets_any(const std::string& t) const {
+    for (const auto& x : targets)
+      if (x == t) return true;
+    return false;
+  }
+  bool operator==(const LoraConfig&) const = default;
+};
+
+struct FinetuneConfig {
+  LoraConfig lora;
+  bool operator==(const FinetuneConfig&) const = default;
+};
+
 struct Config {
   ModelConfig model;
   ParallelConfig parallel;
@@ -434,6 +460,7 @@ struct Config {
   DataConfig data;
   CheckpointConfig checkpoint;
   LoggingConfig logging;
+  FinetuneConfig finetune;
   std::string source = "<config>";  // where it was read from, for messages
 
   bool operator==(const Config&) const = default;

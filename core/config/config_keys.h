@@ -168,6 +168,15 @@ void visit(V& v, C& c) {
     v.field({.name = "trace"}, l.trace);
     v.field({.name = "trace_iterations"}, l.trace_iterations);
   });
+  v.section("finetune", [&] {
+    v.section("lora", [&] {
+      auto& l = c.finetune.lora;
+      v.field({.name = "rank"}, l.rank);
+      v.field({.name = "alpha"}, l.alpha);
+      v.field({.name = "dropout"}, l.dropout);
+      v.field({.name = "targets"}, l.targets);
+    });
+  });
 }
 
 // The top-level section that to_yaml writes and readers skip.

@@ -608,6 +608,34 @@ DataBlend parse_data_blend(const std::vector<std::string>& items) {
 
 namespace {
 
+// finetune.lora: rank 0 (the default) is off. A negative rank, or rank 0 beside another key set to a value of its own
+// (a block that forgot its rank; to_yaml writes the defaults, which stay accepted), is refused.
+void resolve_finetune(const Config& c, const Rules& r) {
+  const LoraConfig& l = c.finetune.lora;
+  const LoraConfig defaults;
+  const bool others_set = l.alpha != defaults.alpha || l.dropout != defaults.dropout || l.targets != defaults.targets;
+  if (l.rank < 0 || (l.rank == 0 && others_set))
+    r.fail("finetune.lora.rank",
+           fmt::format("must be >= 1 when finetune.lora is given (the adapters' rank), got {}; leave the block "
+                       "out (or set only rank: 0) for no LoRA",
+                       l.rank));
+  r.at_most("finetune.lora.rank", l.rank, kMaxWidth, "adapter rank");
+  r.non_negative("finetune.lora.alpha", l.alpha);
+  r.finite("finetune.lora.dropout", l.dropout);
+  r.probability("finetune.lora.dropout", l.dropout);
+  if (!l.enabled()) return;
+  if (l.targets.empty()) r.fail("finetune.lora.targets", "needs at least one of qkv, proj, fc1, fc2");
+  for (size_t i = 0; i < l.targets.size(); ++i) {
+    r.one_of("finetune.lora.targets", l.targets[i], {"qkv", "proj", "fc1", "fc2"});
+    for (size_t j = 0; j < i; ++j)
+      if (l.targets[j] == l.targets[i]) r.fail("finetune.lora.targets", fmt::format("names '{}' twice", l.targets[i]));
+  }
+  if (c.model.moe.enabled())
+    r.fail("finetune.lora.rank", "LoRA on mixture-of-experts models is not supported yet (model.moe.num_experts > 0)");
+  if (c.training.fp8.enabled())
+    r.fail("finetune.lora.rank", "LoRA with fp8 GEMMs is not supported yet (training.fp8.format is set)");
+}
+
 void resolve_checkpoint_and_logging(Config& c, const Rules& r) {
   const CheckpointConfig& k = c.checkpoint;
   r.non_negative("checkpoint.save_interval", k.save_interval);
@@ -729,6 +757,7 @@ void resolve_config(Config& c, int64_t world_size, const ConfigSource& src) {
   resolve_optimizer(c, r);
   resolve_data(c, r);
   resolve_checkpoint_and_logging(c, r);
+  resolve_finetune(c, r);
 }
 
 }  // namespace mt

@@ -190,7 +190,7 @@ HfModelShape hf_export_shape(const CheckpointReader& ckpt) {
 }
 
 void export_hf(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype, std::optional<HfSpecialIds> ids,
-               const ProgressHook& progress) {
+               const ProgressHook& progress, const HfWeightReader& read) {
   if (!is_floating(dtype))
     throw CheckpointError(fmt::format("export: dtype {} is not a float type", dtype_name(dtype)));
   const HfModelShape g = hf_export_shape(ckpt);
@@ -215,7 +215,10 @@ void export_hf(const CheckpointReader& ckpt, const std::string& out_dir, DType d
                       {{"format", "pt"}, {"megatrain.iteration", std::to_string(ckpt.state().iteration)}});
   PieceCounter counter(progress, hf_tensor_bytes(maps, dtype_size(dtype)));
   for (const auto& m : maps) {
-    w.write(to_hf(m.ours.empty() ? Tensor() : read_f32(ckpt, "model." + m.ours, m.our_shape), m));
+    w.write(to_hf(m.ours.empty() ? Tensor()
+                  : read         ? read(m.ours, m.our_shape)
+                                 : read_f32(ckpt, "model." + m.ours, m.our_shape),
+                  m));
     counter.piece_done();
   }
   w.finish();

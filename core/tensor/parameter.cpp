@@ -8,10 +8,17 @@
 
 namespace mt {
 
+namespace {
+// U(-1, 1) number `index` of stream (seed, stream): 53 random bits.
+double symmetric_uniform_at(uint64_t seed, uint64_t stream, uint64_t index) {
+  return 2.0 * static_cast<double>(random_u64_at(seed, stream, index) >> 11) * 0x1p-53 - 1.0;
+}
+}  // namespace
+
 void initial_values(const Parameter& p, uint64_t seed, Tensor& out) {
   float* dst = out.data<float>();
   const Shape& local = out.shape();
-  if (p.init != Init::normal) {
+  if (p.init == Init::zeros || p.init == Init::ones) {
     float v = p.init == Init::ones ? 1.f : 0.f;
     for (int64_t i = 0; i < out.numel(); ++i) dst[i] = v;
     return;
@@ -30,7 +37,10 @@ void initial_values(const Parameter& p, uint64_t seed, Tensor& out) {
     for (int64_t i = begin; i < end; ++i) {
       int64_t g = 0;
       for (int d = 0; d < nd; ++d) g = g * p.global_shape[d] + (p.start.empty() ? 0 : p.start[d]) + idx[d];
-      dst[i] = static_cast<float>(normal_at(seed, stream, static_cast<uint64_t>(g)) * p.init_std);
+      const auto at = static_cast<uint64_t>(g);
+      dst[i] = static_cast<float>(
+          (p.init == Init::uniform ? symmetric_uniform_at(seed, stream, at) : normal_at(seed, stream, at)) *
+          p.init_std);
       for (int d = nd - 1; d >= 0; --d) {
         if (++idx[d] < local[d]) break;
         idx[d] = 0;
@@ -74,7 +84,7 @@ Parameter make_parameter(std::string name, Shape shape, DType dtype, Init init, 
 void move_to_device(Parameter& p, Device device) {
   if (device == Device::cpu || p.value.device() == device) return;  // there already (or nothing to move)
   p.value = p.value.to(device, MemKind::parameter);
-  p.grad = p.grad.to(device, MemKind::gradient);
+  if (p.grad.defined()) p.grad = p.grad.to(device, MemKind::gradient);
 }
 
 }  // namespace mt

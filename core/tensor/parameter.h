@@ -16,7 +16,8 @@ struct GradSums {
 };
 
 // How a parameter is initialised; every value is a pure function of (seed, name, global index).
-enum class Init { normal, zeros, ones };
+// uniform: U(-init_std, init_std) (init_std the bound: LoRA's A, kaiming-uniform as PEFT draws it).
+enum class Init { normal, zeros, ones, uniform };
 
 struct Parameter {
   std::string name;            // "layers.3.mlp.fc1.weight": stable across layouts, used in checkpoints
@@ -36,6 +37,8 @@ struct Parameter {
   bool expert = false;           // one of a MoE layer's experts: held by one expert-parallel rank, its gradient
                                  // summed over the expert-data-parallel group (the data-parallel ranks holding the
                                  // same experts) instead of the data-parallel group
+  bool frozen = false;           // not trained (LoRA's base weights): no gradient (grad is empty), no optimizer
+                                 // state, no weight-gradient GEMM; backward still passes gradients through it
   bool vocabulary_rows = false;  // dim 0 is the padded vocabulary (word embeddings, LM head): its length depends
                                  // on the layout (a multiple of 128 x TP), so a checkpoint of another layout
                                  // matches it on the other dims and gives the rows both hold

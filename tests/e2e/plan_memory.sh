@@ -6,7 +6,8 @@
 # expert parallelism, EP 2 and 4 over 2 and 4 data-parallel ranks, with and without ZeRO, and parallel folding;
 # selective recomputation of each module; ZB-H1 and ZB-V pipelines (B keeping W's operands); sharded gradients and
 # parameters, parallel.shard: gradients and parameters; context parallelism, CP 2 and 4 over the ring and the
-# all-gather, alone and with TP+SP, PP, DP+ZeRO and recomputation, and with MoE and expert parallelism) the
+# all-gather, alone and with TP+SP, PP, DP+ZeRO and recomputation, and with MoE and expert parallelism; LoRA,
+# finetune.lora: the frozen base without gradients or optimizer state, the adapters with both) the
 # training log's "peak memory (MiB)" split of rank 0 (the first pipeline stage) is compared with plan's
 # prediction for that rank kind: every kind within 10% (or 0.011 MiB, the log's rounding; with expert parallelism and
 # ZeRO the workspace prediction is an upper bound, as two buffers' reduce-scatters may or may not overlap) and the
@@ -103,6 +104,10 @@ layouts=(
   "moe-cp2-dp2-ep2-zero|4|--set parallel.context=2 --set parallel.data=2 --set parallel.expert=2 --set parallel.distributed_optimizer=true"
   "llama-cp2-recompute-1-layer|2|--set parallel.context=2 --set training.recompute=full --set training.recompute_num_layers=1"
   "tiny-dp4-shard-parameters-bf16|4|--set parallel.shard=parameters --set parallel.grad_bucket_size=2000 --set training.precision=bf16"
+  "tiny-lora-bf16|1|--set finetune.lora.rank=8 --set training.precision=bf16"
+  "llama-lora|1|--set finetune.lora.rank=8"
+  "llama-lora-tp2-sp-dp2-zero|4|--set finetune.lora.rank=8 --set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.distributed_optimizer=true"
+  "mid-lora-pp2|2|${mid[*]} --set finetune.lora.rank=16 --set parallel.pipeline=2 --set training.micro_batch_size=1"
 )
 : > results.txt
 for entry in "${layouts[@]}"; do
