@@ -155,6 +155,11 @@ void resolve_context(Config& c, const Rules& r) {
            fmt::format("{} needs model.dropout and model.attention_dropout 0 (got {} and {}): dropout masks are keyed "
                        "by contiguous positions, which a context rank's two chunks are not (not built yet)",
                        p.context, m.dropout, m.attention_dropout));
+  if (c.finetune.lora.rank > 0 && c.finetune.lora.dropout != 0.0)
+    r.fail("finetune.lora.dropout",
+           fmt::format("{} with parallel.context={} is not built yet: the adapters' dropout masks are keyed by "
+                       "contiguous positions, which a context rank's two chunks are not (0 works)",
+                       c.finetune.lora.dropout, p.context));
   if (m.moe.enabled() && m.moe.capacity_factor > 0)
     r.fail("model.moe.capacity_factor",
            fmt::format("{} with parallel.context={} is not built yet: which choices an expert drops depends on every "

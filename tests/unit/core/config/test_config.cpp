@@ -624,6 +624,8 @@ TEST(ConfigRules, ContextParallelSplitsTheSequence) {
   EXPECT_CONTAINS(
       base_error(with({"parallel.context=2", "model.moe.num_experts=2", "model.moe.capacity_factor=1.5"}), 2),
       "model.moe.capacity_factor: 1.5 with parallel.context=2 is not built yet");
+  EXPECT_CONTAINS(base_error(with({"parallel.context=2", "finetune.lora.rank=4", "finetune.lora.dropout=0.1"}), 2),
+                  "finetune.lora.dropout: 0.1 with parallel.context=2 is not built yet");
   EXPECT_CONTAINS(base_error(with({"parallel.context=0"})), "parallel.context: must be positive");
   EXPECT_CONTAINS(base_error(with({"parallel.context=2", "parallel.data=2"}), 2),
                   "parallel.data: parallel.tensor*context*pipeline*data = 1*2*1*2 = 4 does not match the world size 2");
