@@ -5,7 +5,8 @@
 # over host-staged Gloo: the CUDA attention block kernels, the log-sum-exp merge, the ring and the all-gather)
 # follows one GPU rank within 1e-5 in fp32, GPT and Llama; training on a chat loss mask (the weighted loss sum on
 # the device) and on packed conversations (data.sft_packing: pack: the kernels' document mask) follow the CPU
-# within 1e-5 in fp32. Skips without a usable GPU.
+# within 1e-5 in fp32; so do LoRA (the adapters on the device) and masked SFT under CP 2 (against one GPU rank).
+# Skips without a usable GPU.
 source "$(dirname "$0")/lib/common.bash"
 source "$SRC/tests/e2e/lib/sft.bash"
 require_gpu
@@ -53,4 +54,22 @@ for arch in gpt llama; do
     --set logging.dir=gpu_pack_$arch >/dev/null 2>gpu_pack_$arch.err || { tail -5 gpu_pack_$arch.err; fail "pack $arch on the GPU"; }
   same_losses cpu_pack_$arch/metrics.jsonl gpu_pack_$arch/metrics.jsonl 1 6 1e-5
 done
+# LoRA (finetune.lora): the adapters' GEMMs and dropout beside the frozen base's linears on the device follow the
+# CPU within 1e-5 in fp32, GPT and Llama, dropout (model and adapter) on.
+for arch in gpt llama; do
+  extra=()
+  [ $arch = llama ] && extra=(--set model.arch=llama --set model.rotary_base=10000)
+  lora=(--set finetune.lora.rank=4 --set finetune.lora.alpha=8 --set finetune.lora.dropout=0.1)
+  "$MT" --config sft.yaml "${lora[@]}" "${extra[@]}" --set logging.dir=cpu_lora_$arch >/dev/null
+  "$MT" --config sft.yaml "${lora[@]}" "${extra[@]}" --set training.device=cuda --set logging.dir=gpu_lora_$arch \
+    >/dev/null 2>gpu_lora_$arch.err || { tail -5 gpu_lora_$arch.err; fail "LoRA $arch on the GPU"; }
+  same_losses cpu_lora_$arch/metrics.jsonl gpu_lora_$arch/metrics.jsonl 1 6 1e-5
+done
+# Masked SFT with context parallelism 2 on the GPU (the masks cut into the chunks): one GPU rank's losses within 1e-5.
+nodrop=(--config sft.yaml --set model.dropout=0 --set model.attention_dropout=0 --set training.device=cuda
+        --set parallel.backend=gloo)
+"$MT" "${nodrop[@]}" --set logging.dir=gpu_sft_cp1 >/dev/null 2>gpu_sft_cp1.err || { tail -5 gpu_sft_cp1.err; fail "SFT cp1"; }
+"$MT" "${nodrop[@]}" --nproc 2 --set parallel.context=2 --set logging.dir=gpu_sft_cp2 >/dev/null 2>gpu_sft_cp2.err \
+  || { tail -5 gpu_sft_cp2.err; fail "masked SFT with CP 2 on the GPU"; }
+same_losses gpu_sft_cp1/metrics.jsonl gpu_sft_cp2/metrics.jsonl 1 6 1e-5
 echo "gpu_fp8_cp_sft: ok"
