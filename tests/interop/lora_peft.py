@@ -2,7 +2,7 @@
 """megatrain's LoRA against peft's, for tests/e2e/lora_interop.sh.
 
     lora_peft.py loss BASE_HF ADAPTER DATA_PREFIX SEQ_LENGTH SAMPLES
-    lora_peft.py first-step BASE_HF ADAPTER DATA_PREFIX SEQ_LENGTH SAMPLES LR
+    lora_peft.py first-step BASE_HF ADAPTER DATA_PREFIX SEQ_LENGTH SAMPLES LR [EPS]
 
 loss: the base model (a transformers export) with the PEFT adapter (megatrain's `ckpt export --lora peft`) loaded by
 peft; the mean next-token loss in float32 over SAMPLES samples read in file order (sample j is tokens
@@ -11,7 +11,8 @@ first-step: the adapter of a checkpoint taken after one training step with weigh
 initial value, B's gradient was the only one: dA = 0 while B = 0) is loaded with B set back to 0; peft's loss and
 gradients on the SAMPLES samples (one global batch) are printed as JSON: the loss, the grad norm, and the largest
 difference between megatrain's first Adam step on B (B1 = -lr g / (|g| + eps), Adam's bias-corrected first step)
-and the one peft's gradient gives, relative to lr.
+and the one peft's gradient gives, relative to lr, and the largest |g|. With a large EPS (optimizer.eps; default 1e-8)
+the step is lr g / (|g| + EPS), nearly linear in g, so the difference compares the gradients element by element.
 """
 import json
 import os
@@ -52,6 +53,7 @@ def main():
             print(repr(mean_loss(model, windows).item()))
         return
     lr = float(sys.argv[7])
+    eps = float(sys.argv[8]) if len(sys.argv) > 8 else 1e-8
     model.eval()  # no dropout (the test trains with none)
     trained = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_B" in n}
     with torch.no_grad():
@@ -62,13 +64,14 @@ def main():
     loss.backward()
     grads = {n: p.grad.double() for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
     norm = float(torch.sqrt(sum((g * g).sum() for g in grads.values())))
-    worst = 0.0
+    worst, largest = 0.0, 0.0
     for n, b1 in trained.items():
         g = grads[n]
-        predicted = -lr * g / (g.abs() + 1e-8)
+        predicted = -lr * g / (g.abs() + eps)
         worst = max(worst, float((predicted - b1.double()).abs().max()) / lr)
+        largest = max(largest, float(g.abs().max()))
     print(json.dumps({"loss": loss.item(), "grad_norm": norm, "worst_step_difference": worst,
-                      "lora_params": len(grads)}))
+                      "largest_grad": largest, "lora_params": len(grads)}))
 
 
 if __name__ == "__main__":
