@@ -128,7 +128,7 @@ std::vector<int> Topology::edp_group(int r) const {
   const int pp = coord(r).pp;
   ExpertCoord e = expert_coord(r);
   std::vector<int> g;
-  for (e.edp = 0; e.edp < tp_ * cp_ * dp_ / (etp_ * ep_); ++e.edp) g.push_back(expert_rank(pp, e));
+  for (e.edp = 0; e.edp < edp(); ++e.edp) g.push_back(expert_rank(pp, e));
   return g;
 }
 

@@ -40,6 +40,8 @@ class Topology {
   int ep() const { return ep_; }
   int etp() const { return etp_; }
   int cp() const { return cp_; }
+  // The expert-data-parallel size: each stage's T * C * D ranks refold as ETP * EP * EDP.
+  int edp() const { return tp_ * cp_ * dp_ / (etp_ * ep_); }
   // Whether the experts' grid differs from the dense one (EP > 1 or ETP < TP): their gradients then have a
   // reduction group of their own.
   bool experts_apart() const { return ep_ > 1 || etp_ != tp_; }

@@ -57,7 +57,7 @@ struct Distributed {
   int ep_rank() const { return topology.expert_coord(env.rank).ep; }
   int ep_size() const { return topology.ep(); }
   int edp_rank() const { return topology.expert_coord(env.rank).edp; }
-  int edp_size() const { return topology.tp() * topology.cp() * topology.dp() / (topology.ep() * topology.etp()); }
+  int edp_size() const { return topology.edp(); }
   int etp_rank() const { return topology.expert_coord(env.rank).etp; }
   int etp_size() const { return topology.etp(); }
   bool experts_apart() const { return topology.experts_apart(); }
