@@ -3,6 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <memory>
+#include <string>
+
 #include "models/pipeline_schedule.h"
 #include "parallel/schedule.h"
 
@@ -30,6 +33,20 @@ const char* zero_word(ShardStage s) {
          : s == ShardStage::optimizer ? "on"
          : s == ShardStage::gradients ? "grads"
                                       : "params";
+}
+
+// The base config's document, parsed once for as long as the same base comes back (a search applies thousands of
+// layouts to one base; parsing its YAML text was most of the search's time).
+const ConfigDocument& document_of(const Config& base) {
+  thread_local std::string key;
+  thread_local std::unique_ptr<ConfigDocument> document;
+  std::string text = to_yaml(base);
+  text.append(1, '\0').append(base.source);
+  if (!document || text != key) {
+    document = std::make_unique<ConfigDocument>(to_yaml(base), base.source);
+    key = std::move(text);
+  }
+  return *document;
 }
 
 }  // namespace
@@ -73,7 +90,7 @@ Config apply_layout(const Config& base, const Layout& l) {
   // An uneven split written for the base layout does not carry over to another number of stages.
   if (l.pipeline != base.parallel.pipeline || l.virtual_pipeline != base.parallel.virtual_pipeline)
     sets.push_back("parallel.layers_per_stage=[]");
-  return parse_config(to_yaml(base), base.source, sets, l.tensor * l.context * l.pipeline * l.data);
+  return document_of(base).parse(sets, l.tensor * l.context * l.pipeline * l.data);
 }
 
 std::string runtime_refusal(const Config& c) {

@@ -59,15 +59,15 @@ std::vector<Prediction> search(const Config& base, int64_t world, const Hardware
     for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
       if (rc != Recompute::none && !opt.allow_recompute) continue;
       l.recompute = rc;
-      Prediction pr;
       try {
-        pr = predict(apply_layout(base, l), hw);
+        const Config c = apply_layout(base, l);
+        if (!runtime_refusal(c).empty()) continue;
+        // The memory first: the time (the schedule simulation) only for the mode that fits.
+        if (predict_memory(c, backend_for(hw)).max_total() > hw.memory_bytes) continue;
+        out.push_back(predict(c, hw));
+        return;
       } catch (const std::exception&) {
         continue;  // a rule refuses it
-      }
-      if (pr.fits) {
-        out.push_back(std::move(pr));
-        return;
       }
     }
   };

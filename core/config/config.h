@@ -2,6 +2,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -473,6 +474,22 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // The same from YAML text; `source` names it in messages.
 Config parse_config(const std::string& yaml_text, const std::string& source, const std::vector<std::string>& overrides,
                     int64_t world_size = 1);
+// A config's YAML text parsed once, to derive many configs from (the planner's search applies a layout to one base
+// config thousands of times): parse() is parse_config less the parsing of the text, each call on its own copy.
+class ConfigDocument {
+ public:
+  // Throws ConfigError on malformed YAML, naming `source` and the line.
+  ConfigDocument(const std::string& yaml_text, std::string source);
+  ~ConfigDocument();
+  ConfigDocument(const ConfigDocument&) = delete;
+  ConfigDocument& operator=(const ConfigDocument&) = delete;
+  Config parse(const std::vector<std::string>& overrides, int64_t world_size = 1) const;
+
+ private:
+  struct Root;
+  std::unique_ptr<Root> root_;
+  std::string source_;
+};
 // The world size the layout of the config at `path` (with `overrides`) names: parallel.tensor * context * pipeline * data,
 // with data: auto counted as 1; 0 when the file or those keys cannot be read (load_config says why). For hints
 // such as "add --nproc 2", before the config can be resolved against a world size. `data_auto`, when given, is set

@@ -307,10 +307,21 @@ YAML::Node load_document(const std::string& text, const std::string& source) {
 
 }  // namespace
 
-Config parse_config(const std::string& yaml_text, const std::string& source, const std::vector<std::string>& overrides,
-                    int64_t world_size) {
+struct ConfigDocument::Root {
+  YAML::Node node;
+};
+
+ConfigDocument::ConfigDocument(const std::string& yaml_text, std::string source)
+    : root_(std::make_unique<Root>(Root{load_document(yaml_text, source)})), source_(std::move(source)) {}
+
+ConfigDocument::~ConfigDocument() = default;
+
+namespace {
+
+// parse_config's work on a loaded document, which the overrides write into.
+Config parse_root(YAML::Node root, const std::string& source, const std::vector<std::string>& overrides,
+                  int64_t world_size) {
   ConfigSource src(source);
-  YAML::Node root = load_document(yaml_text, source);
   try {
     if (root.IsNull()) root.reset(YAML::Node(YAML::NodeType::Map));
     if (!root.IsMap()) {
@@ -333,6 +344,18 @@ Config parse_config(const std::string& yaml_text, const std::string& source, con
   } catch (const YAML::Exception& e) {  // not expected: every access above is checked
     throw ConfigError(fmt::format("{}: {}", source, e.what()));
   }
+}
+
+}  // namespace
+
+// Each parse on its own copy of the document (the overrides write into it); parse_config's document is its own.
+Config ConfigDocument::parse(const std::vector<std::string>& overrides, int64_t world_size) const {
+  return parse_root(YAML::Clone(root_->node), source_, overrides, world_size);
+}
+
+Config parse_config(const std::string& yaml_text, const std::string& source, const std::vector<std::string>& overrides,
+                    int64_t world_size) {
+  return parse_root(load_document(yaml_text, source), source, overrides, world_size);
 }
 
 namespace {

@@ -1088,3 +1088,21 @@ TEST(ConfigRules, OnSinkErrorIsWarnOrSaveAndStop) {
   EXPECT_CONTAINS(base_error({"logging.on_sink_error=ignore"}),
                   "logging.on_sink_error: expected one of warn, save_and_stop, got 'ignore'");
 }
+
+// The planner's search derives thousands of configs from one parsed document: each parse is parse_config's, and
+// none leaves its overrides in the document for the next.
+TEST(ConfigDocument, EachParseIsParseConfigsAndLeavesTheDocumentAsItWas) {
+  const ConfigDocument doc(kBase, "t.yaml");
+  const std::vector<std::string> two = {"parallel.tensor=2", "parallel.sequence_parallel=true", "model.num_layers=8"};
+  EXPECT_EQ(doc.parse(two, 2), parse(kBase, two, 2));
+  EXPECT_EQ(doc.parse({}, 1), base());
+  EXPECT_EQ(doc.parse({}, 1).model.num_layers, 4);
+  EXPECT_EQ(doc.parse({"parallel.data=2"}, 2), base({"parallel.data=2"}, 2));
+  try {
+    doc.parse({"parallel.tensor=3"}, 3);
+    ADD_FAILURE() << "TP 3 was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_CONTAINS(e.what(), "parallel.tensor");
+  }
+  EXPECT_THROW(ConfigDocument("model: [1, 2", "bad.yaml"), ConfigError);
+}
