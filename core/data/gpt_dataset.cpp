@@ -51,38 +51,36 @@ size_t TokenStream::run_at(int64_t pos) const {
   return static_cast<size_t>(it - runs_.begin()) - 1;
 }
 
-void TokenStream::read(int64_t begin, std::span<int32_t> out) const {
-  const int64_t count = static_cast<int64_t>(out.size());
+template <class Piece>
+void TokenStream::for_each_piece(int64_t begin, int64_t count, const char* what, Piece&& piece) const {
   if (begin < 0 || count > total_ - begin)
     throw std::out_of_range(
-        fmt::format("TokenStream: read of tokens [{}, {}) outside the stream's {}", begin, begin + count, total_));
+        fmt::format("TokenStream: {} of tokens [{}, {}) outside the stream's {}", what, begin, begin + count, total_));
   if (count == 0) return;
-  size_t r = run_at(begin);
   int64_t done = 0, pos = begin;
-  while (done < count) {
+  for (size_t r = run_at(begin); done < count; ++r) {
     const Run& run = runs_[r];
     const int64_t offset = pos - run.start;
     const int64_t take = std::min(run.length - offset, count - done);
-    parts_[run.part].dataset->read(run.sequence, offset, out.subspan(done, take));
+    piece(run, offset, done, take);
     done += take;
     pos += take;
-    ++r;
   }
 }
 
+void TokenStream::read(int64_t begin, std::span<int32_t> out) const {
+  for_each_piece(begin, static_cast<int64_t>(out.size()), "read",
+                 [&](const Run& run, int64_t offset, int64_t done, int64_t take) {
+                   parts_[run.part].dataset->read(run.sequence, offset, out.subspan(done, take));
+                 });
+}
+
+// A document's positions count from 0 at its start, or at the read's start for the document the read begins in.
 void TokenStream::read_positions(int64_t begin, std::span<int32_t> out) const {
-  const int64_t count = static_cast<int64_t>(out.size());
-  if (begin < 0 || count > total_ - begin)
-    throw std::out_of_range(
-        fmt::format("TokenStream: positions of tokens [{}, {}) outside the stream's {}", begin, begin + count, total_));
-  if (count == 0) return;
-  size_t r = run_at(begin);
-  int64_t start = begin;  // where the current document starts within this read
-  for (int64_t k = 0; k < count; ++k) {
-    const int64_t pos = begin + k;
-    while (r + 1 < runs_.size() && runs_[r + 1].start <= pos) start = runs_[++r].start;
-    out[static_cast<size_t>(k)] = static_cast<int32_t>(pos - start);
-  }
+  for_each_piece(begin, static_cast<int64_t>(out.size()), "positions",
+                 [&](const Run&, int64_t, int64_t done, int64_t take) {
+                   for (int64_t i = 0; i < take; ++i) out[static_cast<size_t>(done + i)] = static_cast<int32_t>(i);
+                 });
 }
 
 // ---------------------------------------------------------------- GptDataset

@@ -52,6 +52,10 @@ class TokenStream {
   int64_t total_ = 0;
   // The index of the last run starting at or before stream position `pos` (of a checked, non-empty read).
   size_t run_at(int64_t pos) const;
+  // Checks the read of `count` tokens from `begin` (naming `what` if it leaves the stream) and calls
+  // piece(run, offset in its sequence, tokens done before, tokens taken) for each run it crosses, in order.
+  template <class Piece>
+  void for_each_piece(int64_t begin, int64_t count, const char* what, Piece&& piece) const;
 };
 
 // Samples of a token stream. Global sample g lives in epoch g / n (n samples per epoch) and is
