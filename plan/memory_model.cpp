@@ -335,10 +335,11 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     if (zero) {
       // With expert parallelism the expert buffer's reduce-scatter over its expert-data-parallel ranks runs on that
       // buffer's thread while the dense one's is in flight: a bucket of each at once.
-      // Hybrid sharding stages each bucket in its owners' order first (hybrid_reduce_scatter): a bucket more.
+      // Hybrid sharding stages each bucket in its owners' order first (hybrid_reduce_scatter): a bucket more, and
+      // this rank's 1/dp piece of it before the all-gather over the replicas.
       const double reduce_scatter =
           (backend != Backend::cpu ? 0 : (dp > 1 ? 4 * dense.max_bucket : 0) + (edp > 1 ? 4 * expert.max_bucket : 0)) +
-          (hybrid ? 4 * dense.max_bucket : 0);
+          (hybrid ? 4 * dense.max_bucket * (1 + 1.0 / static_cast<double>(dp)) : 0);
       step_ws += std::max(reduce_scatter, g.max_bucket * (d == 4 ? 4 : d));
     }
     const double step_act = (p == 1) ? 2 * shapes.B * shapes.T * 4 : 0;  // the plain loop's last batch
