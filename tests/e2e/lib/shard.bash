@@ -41,5 +41,5 @@ check_layout_free_checkpoints() {  # stage [arguments of the stage's runs...]
   save_resume ref_up none 2 none 4
   save_resume up none 2 $stage 4
   diff ref_up.txt up.txt >/dev/null || { paste ref_up.txt up.txt; fail "none DP=2 -> $stage DP=4 differs"; }
-  echo "$stage ${extra[*]} DP=4 -> none DP=2 and none DP=2 -> $stage DP=4: the losses of the same save and resume under none"
+  echo "$stage${extra[*]:+ ${extra[*]}} DP=4 -> none DP=2 and none DP=2 -> $stage DP=4: the losses of the same save and resume under none"
 }
