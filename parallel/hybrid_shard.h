@@ -31,7 +31,9 @@ std::vector<int> replica_group_members(const std::vector<int>& dp_members, int n
 // (bucket / n elements: block dp.rank() % n of the bucket, n = dp.size() / replicas.size()), summed over every rank of
 // dp in rank order; `replicas` is this rank's replica group. `out` may be a block of `bucket`. With one replica (n =
 // dp.size()) it is dp's reduce-scatter. The returned Work completes the all-gather (the reduce-scatter is waited on
-// inside: on NCCL that orders the compute stream, the host does not wait).
+// inside: on NCCL that orders the compute stream, the host does not wait; so on NCCL the compute stream waits for
+// each bucket's reduce-scatter before the gather over the replicas is enqueued after it, less overlap with backward
+// than one collective would keep: an event between the two communicators' streams would spare that).
 std::unique_ptr<Work> hybrid_reduce_scatter(Communicator& dp, Communicator& replicas, const Tensor& bucket,
                                             Tensor& out);
 
