@@ -13,12 +13,12 @@ namespace mt {
 
 DistributedOptimizer::DistributedOptimizer(const GradBuffer& grads, Communicator& dp, AdamWConfig cfg)
     : Optimizer(std::move(cfg)), grads_(grads), dp_(dp) {
-  if (!grads_.sharded() || grads_.dp_size() != dp_.size() || grads_.dp_rank() != dp_.rank())
+  if (!grads_.sharded() || grads_.shard_count() != dp_.size() || grads_.shard_rank() != dp_.rank())
     throw std::invalid_argument(
         fmt::format("distributed optimizer: the gradient buffer must be sharded over {} (rank {} of {}), it is {}over "
                     "rank {} of {}",
-                    dp_.name(), dp_.rank(), dp_.size(), grads_.sharded() ? "" : "not sharded, ", grads_.dp_rank(),
-                    grads_.dp_size()));
+                    dp_.name(), dp_.rank(), dp_.size(), grads_.sharded() ? "" : "not sharded, ", grads_.shard_rank(),
+                    grads_.shard_count()));
   // This rank's blocks of the buckets, laid out in buffer order (with one bucket: the block of the whole).
   const int64_t r = dp_.rank();
   const auto& buckets = grads_.buckets();

@@ -15,7 +15,7 @@ namespace mt {
 class DistributedOptimizer final : public Optimizer {
  public:
   // The state covers this rank's blocks of `grads`' buckets (a sharded buffer over the group of `dp`, which
-  // must outlive it). cfg.sum_across_ranks adds the grad-norm sums of the other model-parallel ranks; the
+  // must outlive it: the data-parallel group, or with hybrid sharding this rank's shard group). cfg.sum_across_ranks adds the grad-norm sums of the other model-parallel ranks; the
   // data-parallel sum is done here.
   DistributedOptimizer(const GradBuffer& grads, Communicator& dp, AdamWConfig cfg);
 

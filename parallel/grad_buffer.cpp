@@ -4,6 +4,7 @@
 
 #include "core/tensor/ops.h"
 #include "core/tensor/trace.h"
+#include "parallel/hybrid_shard.h"
 
 namespace mt {
 
@@ -46,7 +47,11 @@ GradBuffer::GradBuffer(std::vector<Parameter*> params, Device device, std::uniqu
     if (in_bucket >= opt_.bucket_elements) in_bucket = 0;
   }
   // The buffer holds the parameters in their order, so the first bucket in buffer order is the last built.
-  const int64_t n = dp_size();
+  if (opt_.replicas && (!opt_.shard || dp_size() % replica_count() != 0))
+    throw std::invalid_argument(
+        fmt::format("gradient buffer: {} replicas need shard and a data-parallel size ({}) they divide",
+                    replica_count(), dp_size()));
+  const int64_t n = dp_size(), owners = shard_count();  // padded to n, sharded over owners (hybrid: n / replicas)
   int64_t offset = 0;
   for (size_t b = buckets_.size(); b-- > 0;) {
     Bucket& bucket = buckets_[b];
@@ -57,7 +62,7 @@ GradBuffer::GradBuffer(std::vector<Parameter*> params, Device device, std::uniqu
     }
     if (opt_.shard) offset = bucket.begin + (offset - bucket.begin + n - 1) / n * n;
     bucket.end = offset;
-    bucket.shard = opt_.shard ? (bucket.end - bucket.begin) / n : 0;
+    bucket.shard = opt_.shard ? (bucket.end - bucket.begin) / owners : 0;
   }
   for (Parameter* p : params_) ready_[p] = false;
   if (opt_.shard_gradients) {
@@ -100,7 +105,7 @@ void GradBuffer::give_storage(Bucket& b) {  // mu_ held
 Tensor GradBuffer::shard_of(size_t bucket) const {
   const Bucket& b = buckets_.at(bucket);
   if (opt_.shard_gradients) return b.accum;
-  const int64_t lo = b.begin + dp_rank() * b.shard;
+  const int64_t lo = b.begin + shard_rank() * b.shard;
   return flat_.slice(lo, lo + b.shard);
 }
 
@@ -234,13 +239,13 @@ std::unique_ptr<Work> GradBuffer::reduce_flush(Flush& f, bool keep) {
   Bucket& b = buckets_[f.bucket];
   const trace::Span span("data-parallel", fmt::format("reduce-scatter {} bucket {}", opt_.name, f.bucket),
                          fmt::format(R"("bucket": {}, "elements": {})", f.bucket, b.end - b.begin));
-  const int64_t r = dp_rank();
+  const int64_t r = shard_rank();
   Tensor mine = f.storage.slice(r * b.shard, (r + 1) * b.shard);  // in place: block r of the bucket
   if (!reduces_) {
     add(b.accum, mine, b.accum);
     return nullptr;
   }
-  std::unique_ptr<Work> work = dp_->reduce_scatter(f.storage, mine);
+  std::unique_ptr<Work> work = scatter(f.storage, mine);
   if (keep) return work;
   work->wait();
   add(b.accum, mine, b.accum);
@@ -253,7 +258,7 @@ void GradBuffer::drain_flushes(size_t keep_last) {  // mu_ held, on the caller
     flush_works_.pop_front();
     Flush& f = flushes_.front();
     Bucket& b = buckets_[f.bucket];
-    const int64_t r = dp_rank();
+    const int64_t r = shard_rank();
     add(b.accum, f.storage.slice(r * b.shard, (r + 1) * b.shard), b.accum);
     flushes_.pop_front();  // the storage goes back to the allocator (a transient one)
     ++done_;
@@ -268,9 +273,9 @@ void GradBuffer::reduce(size_t bucket, std::vector<std::unique_ptr<Work>>* keep)
   Tensor view = flat_.slice(b.begin, b.end);
   std::unique_ptr<Work> work;
   if (opt_.shard) {
-    const int64_t r = dp_->rank();
+    const int64_t r = shard_rank();
     Tensor mine = view.slice(r * b.shard, (r + 1) * b.shard);  // in place: block r of the bucket
-    work = dp_->reduce_scatter(view, mine);
+    work = scatter(view, mine);
   } else {
     work = dp_->all_reduce(view, ReduceOp::sum);
   }
@@ -278,6 +283,11 @@ void GradBuffer::reduce(size_t bucket, std::vector<std::unique_ptr<Work>>* keep)
     keep->push_back(std::move(work));
   else
     work->wait();
+}
+
+std::unique_ptr<Work> GradBuffer::scatter(const Tensor& bucket, Tensor& mine) {
+  if (replica_count() > 1) return hybrid_reduce_scatter(*dp_, *opt_.replicas, bucket, mine);
+  return dp_->reduce_scatter(bucket, mine);
 }
 
 void GradBuffer::launch(size_t bucket) {  // mu_ held

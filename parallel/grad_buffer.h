@@ -49,6 +49,10 @@ struct GradBufferOptions {
   // ZeRO-3 (parallel/sharded_parameters.h): the gathering unit of each parameter; a bucket never holds two units'
   // parameters, so a unit is gathered bucket by bucket. Empty: buckets are cut by size only.
   std::unordered_map<const Parameter*, int> units;
+  // Hybrid sharding (parallel/hybrid_shard.h, parallel.shard_group): this rank's replica group (the ranks at its
+  // place in the other shard groups; used by the reducer only). With G replicas each bucket is padded to a multiple
+  // of the data-parallel size D and sharded over D / G ranks (shard_rank()); null or size 1: over all D.
+  Communicator* replicas = nullptr;
 };
 
 class GradBuffer {
@@ -105,6 +109,10 @@ class GradBuffer {
   bool sharded() const { return opt_.shard; }
   int dp_rank() const { return dp_ ? dp_->rank() : 0; }
   int dp_size() const { return dp_ ? dp_->size() : 1; }
+  // The ranks a bucket is sharded over (the shard group: dp_size() without hybrid sharding) and this rank's block.
+  int shard_count() const { return dp_size() / replica_count(); }
+  int shard_rank() const { return dp_rank() % shard_count(); }
+  int replica_count() const { return opt_.replicas ? opt_.replicas->size() : 1; }
 
  private:
   bool sums_elsewhere(const Parameter* p) const;
@@ -123,6 +131,8 @@ class GradBuffer {
   // instead (the caller adds once it is waited on: drain_flushes).
   std::unique_ptr<Work> reduce_flush(Flush& f, bool keep);
   void drain_flushes(size_t keep_last);  // mu_ held, on the caller: adds the completed ones into the shards
+  // This rank's reduced block `mine` of `bucket` (hybrid: over the whole group in rank order, then across replicas).
+  std::unique_ptr<Work> scatter(const Tensor& bucket, Tensor& mine);
 
   std::vector<Parameter*> params_;  // in buffer order
   GradBufferOptions opt_;

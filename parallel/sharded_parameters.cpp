@@ -103,7 +103,7 @@ const Parameter* ShardedParameters::first_nonfinite_shard() const {
     const NonFinite bad = find_nonfinite(optimizer_.value_shard(b));
     if (!bad) continue;
     const GradBuffer::Bucket& bucket = grads_.buckets()[b];
-    const int64_t at = bucket.begin + grads_.dp_rank() * bucket.shard + bad.first;  // in the buffer's layout
+    const int64_t at = bucket.begin + grads_.shard_rank() * bucket.shard + bad.first;  // in the buffer's layout
     for (const Parameter* p : bucket.params)
       if (at >= grads_.offset(p) && at < grads_.offset(p) + shape_numel(grads_.shape(p))) return p;
     return bucket.params.back();  // the padding after the last parameter (never written: not reached)

@@ -20,6 +20,7 @@ Layout layout_of(const Config& c) {
                 .sequence_parallel = c.parallel.sequence_parallel,
                 .recompute = c.training.recompute,
                 .shard = c.parallel.shard,
+                .shard_group = c.parallel.shard_group,
                 .expert = c.parallel.expert,
                 .expert_tensor = c.parallel.experts_tensor() == c.parallel.tensor ? 0 : c.parallel.expert_tensor,
                 .context = c.parallel.context,
@@ -53,8 +54,9 @@ const ConfigDocument& document_of(const Config& base) {
 
 std::string describe(const Layout& l) {
   return fmt::format(
-      "TP {} PP {} VP {} DP {} mbs {} SP {} recompute {} ZeRO {}{}{}{}", l.tensor, l.pipeline, l.virtual_pipeline,
+      "TP {} PP {} VP {} DP {} mbs {} SP {} recompute {} ZeRO {}{}{}{}{}", l.tensor, l.pipeline, l.virtual_pipeline,
       l.data, l.micro_batch_size, l.sequence_parallel ? "on" : "off", name_of(l.recompute), zero_word(l.shard),
+      l.shard_group > 0 && l.shard_group < l.data ? fmt::format(" shard group {}", l.shard_group) : "",
       l.expert > 1 ? fmt::format(" EP {}", l.expert) : "",
       l.expert_tensor > 0 && l.expert_tensor != l.tensor ? fmt::format(" ETP {}", l.expert_tensor) : "",
       l.context > 1 ? fmt::format(" CP {} {}", l.context, l.context_allgather ? "allgather" : "p2p") : "");
@@ -71,6 +73,7 @@ Config apply_layout(const Config& base, const Layout& l) {
       fmt::format("parallel.sequence_parallel={}", l.sequence_parallel ? "true" : "false"),
       "parallel.distributed_optimizer=false",
       fmt::format("parallel.shard={}", name_of(l.shard)),
+      fmt::format("parallel.shard_group={}", l.shard_group),
       fmt::format("training.micro_batch_size={}", l.micro_batch_size),
       fmt::format("training.recompute={}", name_of(l.recompute)),
   };

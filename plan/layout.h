@@ -18,6 +18,7 @@ struct Layout {
   bool sequence_parallel = false;
   Recompute recompute = Recompute::none;
   ShardStage shard = ShardStage::none;  // parallel.shard (ZeRO stage)
+  int64_t shard_group = 0;              // parallel.shard_group (hybrid sharding); 0: the whole data-parallel group
   int64_t expert = 1;  // expert-parallel size (MoE models): EP consecutive data-parallel ranks split the experts
   // The experts' tensor-parallel size (0: tensor); below tensor, Megatron's parallel folding draws the EP ranks
   // from the tensor ranks too.
@@ -32,7 +33,7 @@ struct Layout {
 Layout layout_of(const Config& c);
 // One line: "TP 4 PP 2 VP 1 DP 1 mbs 1 SP on recompute none ZeRO on" (ZeRO off | on | grads: parallel.shard none,
 // optimizer, gradients), and " EP 4" with expert parallelism,
-// " ETP 1" with parallel folding, " CP 2 p2p" with context parallelism.
+// " ETP 1" with parallel folding, " CP 2 p2p" with context parallelism, " shard group 2" with hybrid sharding.
 std::string describe(const Layout& l);
 
 // `base` with `l` applied and every config rule checked again (through core/config, so an invalid layout is

@@ -75,15 +75,18 @@ struct GradLayout {
   double max_bucket = 0;  // the largest bucket, padding included (one collective)
 };
 
-GradLayout grad_layout(const std::vector<double>& params, int64_t bucket_elements, int64_t dp, bool shard) {
+// owners: the ranks a bucket is sharded over (hybrid sharding, parallel.shard_group: a divisor of dp; 0: dp).
+GradLayout grad_layout(const std::vector<double>& params, int64_t bucket_elements, int64_t dp, bool shard,
+                       int64_t owners = 0) {
   GradLayout g;
+  if (owners == 0) owners = dp;
   if (params.empty()) return g;
   const double n = static_cast<double>(shard ? dp : 1);
   double in_bucket = 0;
   auto close = [&] {
     const double padded = std::ceil(in_bucket / n) * n;
     g.elements += padded;
-    g.shard += padded / static_cast<double>(dp);
+    g.shard += padded / static_cast<double>(owners);
     g.max_bucket = std::max(g.max_bucket, padded);
     in_bucket = 0;
   };
@@ -223,6 +226,9 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
   const bool zero = c.parallel.shard >= ShardStage::optimizer;
   const bool zero2 = c.parallel.shard >= ShardStage::gradients;
   const bool zero3 = c.parallel.shard >= ShardStage::parameters;
+  // Hybrid sharding (parallel/hybrid_shard.h): the dense buckets sharded over the shard group (padded to dp still).
+  const int64_t sg = c.parallel.shard_group;
+  const bool hybrid = zero && sg > 0 && sg < dp;
   std::vector<std::pair<std::string, int64_t>> kinds;
   if (p == 1) {
     kinds = {{"only", 0}};
@@ -294,7 +300,7 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
       held_through_backward = 0;
     }
     sm.parameters = static_cast<int64_t>(n);
-    const GradLayout dense = grad_layout(params, c.parallel.grad_bucket_size, dp, zero),
+    const GradLayout dense = grad_layout(params, c.parallel.grad_bucket_size, dp, zero, hybrid ? sg : 0),
                      expert = grad_layout(experts, c.parallel.grad_bucket_size, edp, zero);
     const GradLayout g{.elements = dense.elements + expert.elements,
                        .shard = dense.shard + expert.shard,
@@ -329,8 +335,11 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     if (zero) {
       // With expert parallelism the expert buffer's reduce-scatter over its expert-data-parallel ranks runs on that
       // buffer's thread while the dense one's is in flight: a bucket of each at once.
+      // Hybrid sharding stages each bucket in its owners' order first (hybrid_reduce_scatter): a bucket more, and
+      // this rank's 1/dp piece of it before the all-gather over the replicas.
       const double reduce_scatter =
-          backend != Backend::cpu ? 0 : (dp > 1 ? 4 * dense.max_bucket : 0) + (edp > 1 ? 4 * expert.max_bucket : 0);
+          (backend != Backend::cpu ? 0 : (dp > 1 ? 4 * dense.max_bucket : 0) + (edp > 1 ? 4 * expert.max_bucket : 0)) +
+          (hybrid ? 4 * dense.max_bucket * (1 + 1.0 / static_cast<double>(dp)) : 0);
       step_ws += std::max(reduce_scatter, g.max_bucket * (d == 4 ? 4 : d));
     }
     const double step_act = (p == 1) ? 2 * shapes.B * shapes.T * 4 : 0;  // the plain loop's last batch

@@ -29,6 +29,7 @@ nlohmann::json layout_json(const Layout& l) {
           {"recompute", std::string(name_of(l.recompute))},
           {"distributed_optimizer", l.shard >= ShardStage::optimizer},
           {"shard", std::string(name_of(l.shard))},
+          {"shard_group", l.shard_group},
           {"expert", l.expert},
           {"expert_tensor", l.expert_tensor > 0 ? l.expert_tensor : l.tensor}};
 }

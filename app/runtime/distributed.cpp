@@ -9,6 +9,8 @@
 #include <spdlog/spdlog.h>
 
 #include "app/runtime/rendezvous.h"
+#include "parallel/comm_counted.h"
+#include "parallel/hybrid_shard.h"
 
 namespace mt::app {
 
@@ -67,14 +69,24 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
                        .device = placement.ordinal,
                        .timeout = timeout};
   };
-  auto group = [&](const char* kind, std::vector<int> members) -> std::unique_ptr<Communicator> {
+  auto backend_group = [&](const char* kind, std::vector<int> members) -> std::unique_ptr<Communicator> {
     if (!nccl) return gloo_group(kind, std::move(members));
     auto split = split_nccl_communicator(*d->world, nccl_options(kind, std::move(members)));
     return split ? make_staged_communicator(std::move(split), Device::cuda) : nullptr;
   };
 #else
-  auto group = gloo_group;
+  auto backend_group = gloo_group;
 #endif
+  // Every group counts the bytes it moves (parallel/comm_counted.h) under its kind; the gradient reducers' own
+  // communicators and hybrid sharding's groups count as the data-parallel traffic they are.
+  auto group = [&](const char* kind, std::vector<int> members) -> std::unique_ptr<Communicator> {
+    std::unique_ptr<Communicator> c = backend_group(kind, std::move(members));
+    const std::string name = kind;
+    const char* counted = name == "dpgrads" || name == "dpcp" || name == "shard" || name == "replicas" ? "dp"
+                          : name == "edpgrads"                                                         ? "edp"
+                                                                                                       : kind;
+    return c ? make_counted_communicator(std::move(c), counted) : nullptr;
+  };
   std::vector<int> everyone(env.world_size);
   for (int r = 0; r < env.world_size; ++r) everyone[r] = r;
 #if defined(MEGATRAIN_WITH_NCCL)
@@ -107,6 +119,14 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
   if (context) {
     d->cp = group_of(GroupKind::cp);
     d->dpcp = group_of(GroupKind::dpcp);
+  }
+  // Hybrid sharding (every rank knows parallel.shard_group from the same config; the config refuses it with context
+  // parallelism): the shard group and the replica group of this rank, within its data-parallel group.
+  const int shard_group = static_cast<int>(p.shard_group);
+  if (shard_group > 0 && shard_group < d->topology.dp()) {
+    const std::vector<int> dp_members = d->topology.dp_group(env.rank);
+    d->shard_group = group("shard", shard_group_members(dp_members, shard_group, d->dp_rank()));
+    d->replicas_grads = group("replicas", replica_group_members(dp_members, shard_group, d->dp_rank()));
   }
   // Every rank knows EP and ETP from the same config, so all take part in both splits or in none.
   if (d->topology.experts_apart()) {

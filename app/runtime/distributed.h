@@ -31,6 +31,12 @@ struct Distributed {
   // the data x context group, whose ranks hold the same weights (the distributed optimizer's shards).
   std::unique_ptr<Communicator> cp;
   std::unique_ptr<Communicator> dpcp;
+  // Hybrid sharding (parallel.shard_group N below the data-parallel size; null otherwise, parallel/hybrid_shard.h):
+  // this rank's shard group (N consecutive data-parallel ranks: the distributed optimizer's and the sharded
+  // parameters' gathers) and its replica group (the ranks at its place in the other shard groups), the latter for
+  // the gradient reducer's thread.
+  std::unique_ptr<Communicator> shard_group;
+  std::unique_ptr<Communicator> replicas_grads;
   // Expert parallelism (parallel.expert = EP, parallel.expert_tensor = ETP; parallel/topology.h): the MoE token
   // exchange runs over `ep`, expert gradients are summed over `edp` (the ranks holding the same experts' same
   // slices). When the experts' grid is the dense one (EP == 1 and ETP == TP), `ep` is a one-rank communicator that
@@ -53,6 +59,8 @@ struct Distributed {
   int cp_size() const { return topology.cp(); }
   // The ranks that sum gradients and shard the distributed optimizer: data x context parallel.
   Communicator& weight_replicas() const { return dpcp ? *dpcp : *dp; }
+  // The ranks the ZeRO stages shard over: the shard group with hybrid sharding, else weight_replicas().
+  Communicator& shard_owners() const { return shard_group ? *shard_group : weight_replicas(); }
   int pp_size() const { return topology.pp(); }
   int ep_rank() const { return topology.expert_coord(env.rank).ep; }
   int ep_size() const { return topology.ep(); }

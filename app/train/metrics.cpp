@@ -127,10 +127,20 @@ std::string short_line(const IntervalReport& r) {
   if (r.peak_tflops > 0) s += fmt::format(", MFU {:.1f}%", 100.0 * r.tflops_per_gpu / r.peak_tflops);
   if (r.skipped_iters > 0) s += fmt::format(" | skipped {}", r.skipped_iters);
   if (r.nan_iters > 0) s += fmt::format(" | nan {}", r.nan_iters);
-  return s + moe_text(r.moe);
+  s += moe_text(r.moe);
+  if (!r.comm_bytes.empty()) s += fmt::format(" | comm {:.3g} MB/step", comm_bytes_total(r.comm_bytes) / 1e6);
+  return s;
 }
 
 }  // namespace
+
+double comm_bytes_total(const std::map<std::string, std::map<std::string, double>>& by_group) {
+  double total = 0;
+  for (const auto& [group, ops] : by_group)
+    for (const auto& [op, bytes] : ops)
+      if (op != "scalars") total += bytes;
+  return total;
+}
 
 std::string interval_line(const IntervalReport& r) { return r.verbose_line ? verbose_line(r) : short_line(r); }
 
@@ -166,6 +176,10 @@ void report_interval(const IntervalReport& r, MetricsFile& metrics) {
   j["attention_cudnn_calls"] = r.attention.cudnn;
   j["attention_kernel_calls"] = r.attention.kernel;
   j["attention_cpu_calls"] = r.attention.cpu;
+  if (!r.comm_bytes.empty()) {
+    j["comm_bytes"] = comm_bytes_total(r.comm_bytes);
+    j["comm_bytes_by_group"] = r.comm_bytes;
+  }
   if (r.moe.enabled) {
     if (r.moe.has_aux) j["moe_aux_loss"] = r.moe.aux_loss;
     if (r.moe.has_z) j["moe_z_loss"] = r.moe.z_loss;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -83,7 +84,12 @@ struct IntervalReport {
   std::vector<int64_t> peak_bytes_per_rank;  // by global rank, on the reports that gathered them; else empty
   AttentionCalls attention;                  // this rank's attention calls by implementation since the start
   MoeIntervalReport moe;
+  // Bytes this rank's collectives moved per step over the interval, by group kind ("dp", "tp", ...) and op
+  // (parallel/comm_counted.h); empty on one rank.
+  std::map<std::string, std::map<std::string, double>> comm_bytes;
 };
+// The bytes per step of a report's comm_bytes over every group and op but the scalar sums ("scalars").
+double comm_bytes_total(const std::map<std::string, std::map<std::string, double>>& by_group);
 // "cuDNN fused 96, megatrain kernel 0": the attention calls of an interval by the implementation that ran them
 // (only the kinds that ran, or "none").
 std::string attention_calls_summary(const AttentionCalls& calls);

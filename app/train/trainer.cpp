@@ -99,14 +99,15 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
                                                           .shard_gradients = shard_gradients,
                                                           .tensor = dist.tp.get(),
                                                           .embedding = dist.emb.get(),
-                                                          .units = std::move(unit_of)});
+                                                          .units = std::move(unit_of),
+                                                          .replicas = dist.replicas_grads.get()});
   auto optimizer_of = [&](const GradBuffer& grads, std::vector<Parameter*> ps, Communicator* group,
                           const AdamWConfig& adam) {
     return shard_optimizer ? std::unique_ptr<Optimizer>(std::make_unique<DistributedOptimizer>(grads, *group, adam))
                            : std::unique_ptr<Optimizer>(std::make_unique<AdamW>(std::move(ps), adam));
   };
   if (experts.empty()) {
-    optimizer_ = optimizer_of(*grads_, dense, &dist.weight_replicas(), adam_config_);
+    optimizer_ = optimizer_of(*grads_, dense, &dist.shard_owners(), adam_config_);
   } else {
     expert_grads_ = std::make_unique<GradBuffer>(experts, device_, std::move(dist.edp_grads),
                                                  GradBufferOptions{.bucket_elements = cfg.parallel.grad_bucket_size,
@@ -119,7 +120,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
     expert_adam.count_replicas = dist.etp_rank() == 0;
     const bool first_fold = dist.tp_rank() < dist.etp_size();
     optimizer_ = std::make_unique<ExpertSplitOptimizer>(
-        optimizer_of(*grads_, dense, &dist.weight_replicas(), adam_config_),
+        optimizer_of(*grads_, dense, &dist.shard_owners(), adam_config_),
         optimizer_of(*expert_grads_, experts, dist.edp.get(), expert_adam),
         [&dist, first_fold](double x) {
           const double all = sum_doubles(*dist.ep, {x})[0];
@@ -153,7 +154,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
   // issued before this one computes.
   if (shard_parameters) {
     sharded_ = std::make_unique<ShardedParameters>(*grads_, dynamic_cast<DistributedOptimizer&>(*optimizer_),
-                                                   dist.weight_replicas(), units);
+                                                   dist.shard_owners(), units);
     for (size_t c = 0; c < chunks_.size(); ++c)
       chunks_[c]->set_unit_hook([this, base = first_unit[c]](GptModel::UnitEvent e, int unit, int next) {
         switch (e) {
@@ -394,6 +395,7 @@ void Trainer::run() {
   double interval_ms = 0;
   int64_t interval_iters = 0;
   last_report_ = std::chrono::steady_clock::now();
+  comm_at_report_ = comm_bytes_moved();  // the first interval's bytes start here (not at the setup's or a resume's)
   const std::vector<int64_t> traced = traced_iterations();
   int64_t traced_unwritten = 0;  // the last traced iteration whose timeline is not written yet
   while (!stop && c_.iteration < cfg_.training.train_iters) {

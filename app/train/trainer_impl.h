@@ -28,6 +28,7 @@
 #include "parallel/distributed_optimizer.h"
 #include "parallel/grad_buffer.h"
 #include "parallel/pipeline_executor.h"
+#include "parallel/comm_counted.h"
 #include "parallel/sharded_parameters.h"
 #include "parallel/weight_grad.h"
 
@@ -230,9 +231,10 @@ class Trainer {
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   // The previous interval report (the ETA's pace: wall-clock per iteration, evaluation and saving included).
   std::chrono::steady_clock::time_point last_report_ = started_;
-  int64_t reports_ = 0;                 // interval reports so far in this run
-  AttentionCalls attention_at_report_;  // attention_calls() at the previous report
-  int attention_kinds_ = -1;            // which implementations ran in the previous interval (bits); -1 before
+  int64_t reports_ = 0;                            // interval reports so far in this run
+  CommBytes comm_at_report_ = comm_bytes_moved();  // the communicators' byte counters at the last report
+  AttentionCalls attention_at_report_;             // attention_calls() at the previous report
+  int attention_kinds_ = -1;  // which implementations ran in the previous interval (bits); -1 before
   // Logs which attention implementation ran this interval: on the first report, and whenever the mix changes
   // (a cuDNN call refused mid-run falls back to the kernel: the log says so).
   void log_attention_calls(const AttentionCalls& now);

@@ -140,6 +140,17 @@ void Trainer::report(const StepResult& r, float lr, double mean_ms, int64_t inte
   const std::vector<int64_t> peaks =
       dist_.env.world_size > 1 && reports_ % 10 == 0 ? gather_peak_memory() : std::vector<int64_t>();
   const AttentionCalls attention = attention_calls();
+  // The bytes moved per step since the last report (evaluations and checkpoints of the interval included).
+  std::map<std::string, std::map<std::string, double>> comm;
+  const CommBytes comm_now = comm_bytes_moved();
+  for (const auto& [group, bytes] : comm_now) {
+    const auto before = comm_at_report_.find(group);
+    for (int op = 0; op < kCommOps; ++op) {
+      const int64_t moved = bytes[op] - (before == comm_at_report_.end() ? 0 : before->second[op]);
+      if (moved != 0) comm[group][comm_op_name(static_cast<CommOp>(op))] = static_cast<double>(moved) / interval_iters;
+    }
+  }
+  comm_at_report_ = comm_now;
   report_interval(
       IntervalReport{
           .iteration = c_.iteration,
@@ -166,7 +177,8 @@ void Trainer::report(const StepResult& r, float lr, double mean_ms, int64_t inte
           .verbose_line = cfg_.logging.verbose_line,
           .peak_bytes_per_rank = peaks,
           .attention = attention,
-          .moe = moe_.report([this](std::vector<double> v) { return sum_over_stages_and_replicas(std::move(v)); })},
+          .moe = moe_.report([this](std::vector<double> v) { return sum_over_stages_and_replicas(std::move(v)); }),
+          .comm_bytes = std::move(comm)},
       metrics_);
   log_attention_calls(attention);
   if (reports_ == 0) spdlog::info("peak memory (MiB): {}", memory_summary(device_));

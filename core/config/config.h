@@ -211,6 +211,9 @@ struct ParallelConfig {
   // none | optimizer (ZeRO-1) | gradients (ZeRO-2; parameters: ZeRO-3, planned). distributed_optimizer: true with
   // shard none becomes optimizer; with gradients it is refused as a conflict.
   ShardStage shard = ShardStage::none;
+  // Hybrid sharding (HSDP, parallel/hybrid_shard.h): the stage shards inside groups of this many consecutive
+  // data-parallel ranks and replicates across the groups; 0 (auto): the whole data-parallel group.
+  int64_t shard_group = 0;
   std::vector<int64_t> layers_per_stage;  // empty: num_layers split evenly
   double timeout_s = 300;                 // bound on every rendezvous and collective wait (a dead rank ends the job)
   int64_t grad_bucket_size = 40000000;    // elements per data-parallel gradient bucket, reduced during backward

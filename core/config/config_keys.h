@@ -72,6 +72,7 @@ void visit(V& v, C& c) {
     v.field({.name = "sequence_parallel"}, p.sequence_parallel);
     v.field({.name = "distributed_optimizer"}, p.distributed_optimizer);
     v.field({.name = "shard"}, p.shard);
+    v.field({.name = "shard_group", .accepts_auto = true}, p.shard_group);
     v.field({.name = "layers_per_stage"}, p.layers_per_stage);
     v.field({.name = "timeout_s"}, p.timeout_s);
     v.field({.name = "grad_bucket_size"}, p.grad_bucket_size);

@@ -188,6 +188,31 @@ void resolve_shard_parameters(const Config& c, const Rules& r) {
   if (p.context > 1) refuse("parallel.context", fmt::format("{} (context parallelism)", p.context));
 }
 
+// parallel.shard_group (hybrid sharding, parallel/hybrid_shard.h): a divisor of the data-parallel size, for a stage that
+// shards; what it cannot serve yet is refused by name. Run after parallel.data and parallel.shard are resolved.
+void resolve_shard_group(const Config& c, const Rules& r) {
+  const ParallelConfig& p = c.parallel;
+  r.non_negative("parallel.shard_group", p.shard_group);
+  if (p.shard_group <= 0) return;
+  if (p.shard == ShardStage::none)
+    r.fail("parallel.shard_group",
+           fmt::format("{} needs a stage that shards (parallel.shard: optimizer, gradients or parameters), got "
+                       "parallel.shard: none",
+                       p.shard_group));
+  if (p.data % p.shard_group != 0)
+    r.fail("parallel.shard_group",
+           fmt::format("{} does not divide parallel.data={} (the shard groups split the data-parallel ranks)",
+                       p.shard_group, p.data));
+  if (p.shard_group == p.data) return;  // the whole group: plain sharding
+  const auto refuse = [&](const char* key, const std::string& why) {
+    r.fail(key, fmt::format("{} with parallel.shard_group={} (below parallel.data={}) is not built yet", why,
+                            p.shard_group, p.data));
+  };
+  if (p.context > 1) refuse("parallel.context", fmt::format("{} (context parallelism)", p.context));
+  if (c.model.moe.enabled() && (p.expert > 1 || (p.expert_tensor != 0 && p.expert_tensor != p.tensor)))
+    refuse("parallel.expert", fmt::format("{} (the experts' own gradient buffer and grid)", p.expert));
+}
+
 void resolve_parallel(Config& c, int64_t world_size, const Rules& r) {
   ParallelConfig& p = c.parallel;
   const ModelConfig& m = c.model;
@@ -248,6 +273,7 @@ void resolve_parallel(Config& c, int64_t world_size, const Rules& r) {
                        name_of(p.shard)));
   if (p.distributed_optimizer) p.shard = ShardStage::optimizer;
   resolve_shard_parameters(c, r);
+  resolve_shard_group(c, r);
 
   if (p.pipeline > m.num_layers)
     r.fail("parallel.pipeline", fmt::format("{} is more than model.num_layers={}", p.pipeline, m.num_layers));

@@ -2,7 +2,8 @@
 # On a GPU: parallel.shard: parameters (ZeRO-3) with CUDA compute, the ranks sharing the one GPU through host-staged
 # Gloo (NCCL refuses two ranks on one GPU): the gathered units are device tensors from the caching allocator, given
 # back after each forward and backward. With one microbatch per rank the fp32 losses equal none's bit for bit at
-# DP 2 and TP 2 (SP) x DP 2, GPT and Llama, and bf16 equals gradients'; the log's gathered pool is not empty and the
+# DP 2 and TP 2 (SP) x DP 2, GPT and Llama, and at DP 4 in shard groups of 2 (parallel.shard_group), and bf16 equals
+# gradients'; the log's gathered pool is not empty and the
 # resident parameters at most about half of none's at DP 2 (none in fp32: the fp32 masters are the values).
 # Skips without a usable GPU.
 source "$(dirname "$0")/lib/common.bash"
@@ -32,6 +33,12 @@ for cfg in tiny llama; do
     same ${cfg}_tp${tp}dp${dp}_none ${cfg}_tp${tp}dp${dp}_parameters "$cfg TP $tp DP $dp fp32"
   done
 done
+# Hybrid sharding (parallel.shard_group 2 of DP 4): the bucket staged on the device, the pieces gathered over the
+# replicas.
+one_microbatch_layout tiny "1 1 4"
+"$MT" "${args[@]}" --set parallel.shard=none --set logging.dir=hsdp_none >/dev/null
+"$MT" "${args[@]}" --set parallel.shard=parameters --set parallel.shard_group=2 --set logging.dir=hsdp_parameters >/dev/null
+same hsdp_none hsdp_parameters "tiny DP 4 fp32, parameters in shard groups of 2"
 one_microbatch_layout tiny "1 1 2"
 for shard in gradients parameters; do
   "$MT" "${args[@]}" --set training.precision=bf16 --set parallel.shard=$shard --set logging.dir=bf16_$shard >/dev/null

@@ -5,7 +5,8 @@
 # that Llama with mixture-of-experts MLPs: 4 SwiGLU experts, top 2, a shared expert, the aux loss; and with
 # expert parallelism, EP 2 and 4 over 2 and 4 data-parallel ranks, with and without ZeRO, and parallel folding;
 # selective recomputation of each module; ZB-H1 and ZB-V pipelines (B keeping W's operands); sharded gradients and
-# parameters, parallel.shard: gradients and parameters; context parallelism, CP 2 and 4 over the ring and the
+# parameters, parallel.shard: gradients and parameters, and each stage sharded in groups of 2 of DP 4 (parallel.shard_group,
+# hybrid sharding); context parallelism, CP 2 and 4 over the ring and the
 # all-gather, alone and with TP+SP, PP, DP+ZeRO and recomputation, and with MoE and expert parallelism; LoRA,
 # finetune.lora: the frozen base without gradients or optimizer state, the adapters with both) the
 # training log's "peak memory (MiB)" split of rank 0 (the first pipeline stage) is compared with plan's
@@ -104,6 +105,9 @@ layouts=(
   "moe-cp2-dp2-ep2-zero|4|--set parallel.context=2 --set parallel.data=2 --set parallel.expert=2 --set parallel.distributed_optimizer=true"
   "llama-cp2-recompute-1-layer|2|--set parallel.context=2 --set training.recompute=full --set training.recompute_num_layers=1"
   "tiny-dp4-shard-parameters-bf16|4|--set parallel.shard=parameters --set parallel.grad_bucket_size=2000 --set training.precision=bf16"
+  "tiny-dp4-zero-sg2|4|--set parallel.shard=optimizer --set parallel.shard_group=2"
+  "tiny-dp4-shard-gradients-sg2|4|--set parallel.shard=gradients --set parallel.shard_group=2 --set parallel.grad_bucket_size=2000"
+  "tiny-dp4-shard-parameters-sg2|4|--set parallel.shard=parameters --set parallel.shard_group=2 --set parallel.grad_bucket_size=2000"
   "tiny-lora-bf16|1|--set finetune.lora.rank=8 --set training.precision=bf16"
   "llama-lora|1|--set finetune.lora.rank=8"
   "llama-lora-tp2-sp-dp2-zero|4|--set finetune.lora.rank=8 --set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.distributed_optimizer=true"

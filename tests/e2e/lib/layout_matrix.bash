@@ -72,7 +72,8 @@ run_untied_layouts() {  # precision tolerance
 # Sharded gradients (parallel.shard: gradients, ZeRO-2) in a few layouts: DP 4, TP 2 with SP x DP 2, PP 2
 # interleaved x DP 2, and PP 2 ZB-H1 x DP 2 (a W deferred past the next microbatch's B); sharded parameters
 # (parameters, ZeRO-3) in the same layouts but ZB-H1 (refused); each must give the single-rank losses within the
-# tolerance (the matrix's reference run, `one`, made by run_layout_matrix first).
+# tolerance (the matrix's reference run, `one`, made by run_layout_matrix first); and two with hybrid sharding
+# (parallel.shard_group 2 of DP 4).
 run_shard_layouts() {  # precision tolerance
   local precision=$1 tol=$2
   local common=(--config "${MATRIX_CONFIG:-tiny.yaml}" --set model.num_layers=8 --set training.micro_batch_size=1
@@ -96,7 +97,17 @@ run_shard_layouts() {  # precision tolerance
       count=$((count + 1))
     done
   done
-  echo "all $count sharded-gradient and sharded-parameter runs match one rank ($precision)"
+  # Hybrid sharding (parallel.shard_group 2 of DP 4): ZeRO-2 alone and ZeRO-3 with PP 2.
+  for layout in "1 1 4 gradients" "1 2 4 parameters"; do
+    read -r tp pp dp stage <<<"$layout"
+    dir=shard_group2_tp${tp}pp${pp}dp${dp}_$stage
+    "$MT" "${common[@]}" --nproc $((tp * pp * dp)) --set parallel.tensor=$tp --set parallel.pipeline=$pp \
+          --set parallel.shard=$stage --set parallel.shard_group=2 --set logging.dir=$dir >/dev/null 2>$dir.err \
+      || { tail -5 $dir.err; fail "$dir failed"; }
+    same_losses one/metrics.jsonl $dir/metrics.jsonl 1 6 "$tol"
+    count=$((count + 1))
+  done
+  echo "all $count sharded-gradient and sharded-parameter runs (hybrid ones included) match one rank ($precision)"
 }
 
 # Context parallelism (parallel.context) in the matrix's setting, a representative subset (the full set, 9 layouts
