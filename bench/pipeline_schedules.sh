@@ -13,12 +13,16 @@
 # carries over. Writes the traces and a picture of each (scripts/trace_png.py) to OUT (default bench/traces).
 #
 # Usage: bench/pipeline_schedules.sh [build/megatrain]
-# Env: LAYERS (8), C (256), S (256), WARMUP (2), OUT (bench/traces).
+# Env: LAYERS (8), C (256), S (256), WARMUP (2), OUT (bench/traces), SCHEDULES ("1f1b interleaved zb-h1 zb-v"),
+# MS ("8 16": the microbatch counts).
+# Each row ends with each stage's peak memory (all kinds; MiB) and its peak activation memory alone (MiB), from the
+# training log's first report.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MT=${1:-$ROOT/build/megatrain}
 [[ -x $MT ]] || { echo "pipeline_schedules: no megatrain binary at $MT" >&2; exit 1; }
 LAYERS=${LAYERS:-8} C=${C:-256} S=${S:-256} WARMUP=${WARMUP:-2} OUT=${OUT:-$ROOT/bench/traces}
+SCHEDULES=${SCHEDULES:-1f1b interleaved zb-h1 zb-v} MS=${MS:-8 16}
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -34,9 +38,9 @@ logging: {interval: 1, trace: true, trace_iterations: [$((WARMUP + 1))]}
 parallel: {pipeline: 4, timeout_s: 120}
 YAML
 printf "%-12s %3s %10s %12s %10s %-28s %s\n" schedule m "sim idle" "window ms" "mean idle" "idle per rank" \
-  "peak MiB per stage"
-for m in 8 16; do
-  for schedule in 1f1b interleaved zb-h1 zb-v; do
+  "peak MiB per stage / activations"
+for m in $MS; do
+  for schedule in $SCHEDULES; do
     vp=1; [ $schedule = interleaved ] || [ $schedule = zb-v ] && vp=2
     name=${schedule}_m$m
     "$MT" --config "$WORK/shape.yaml" --nproc 4 --set training.global_batch_size=$m \
@@ -45,10 +49,13 @@ for m in 8 16; do
     cp "$WORK/$name/trace.json" "$OUT/$name.trace.json"
     python3 "$ROOT/scripts/trace_png.py" "$OUT/$name.trace.json" "$OUT/$name.png" $((WARMUP + 1)) 1200 >/dev/null
     # The simulator's bubble (parallel/schedule.h, unit-tested): 1F1B (p-1)/m, interleaved (p-1)/(v m), ZB-H1
-    # (p-1)/(3m), ZB-V (p-1)/(6m) of the ideal; as a fraction of the window, b / (1 + b).
-    sim=$(python3 -c "b = {'1f1b': 3 / $m, 'interleaved': 3 / (2 * $m), 'zb-h1': 1 / $m, 'zb-v': 0.5 / $m}['$schedule']; print(f'{100 * b / (1 + b):.1f}%')")
+    # p/(3m) (the paper's (p-1)/(3m) and one W for its memory bound), ZB-V (p-1)/(6m) of the ideal; as a fraction
+    # of the window, b / (1 + b).
+    sim=$(python3 -c "b = {'1f1b': 3 / $m, 'interleaved': 3 / (2 * $m), 'zb-h1': 4 / (3 * $m), 'zb-v': 0.5 / $m}['$schedule']; print(f'{100 * b / (1 + b):.1f}%')")
     mem=$(grep -o "per pipeline stage [0-9. |]*" "$WORK/$name/megatrain.log" | tail -1 | sed 's/per pipeline stage //' \
           || true)
+    act=$(grep -o "peak activation memory by stage (MiB): [0-9. |]*" "$WORK/$name/megatrain.log" | head -1 \
+          | sed 's/.*(MiB): //' || true)
     python3 "$ROOT/scripts/trace_summary.py" "$OUT/$name.trace.json" --json | python3 -c '
 import json, sys
 s = json.load(sys.stdin)
@@ -56,7 +63,7 @@ it = list(s["iterations"].values())[-1]
 idle = [r["idle_fraction"] for r in it["ranks"].values()]
 print(f"%-12s %3s %10s %12.1f %9.1f%% %-28s %s" % (sys.argv[1], sys.argv[2], sys.argv[3], it["pipeline_window_ms"],
       100 * sum(idle) / len(idle), " ".join(f"{100 * x:.1f}%" for x in idle), sys.argv[4]))' "$schedule" "$m" "$sim" \
-      "$mem"
+      "$mem / $act"
   done
 done
 echo "traces and pictures in $OUT"

@@ -7,6 +7,7 @@
 #include <limits>
 #include <optional>
 #include <stdexcept>
+#include <utility>
 
 namespace mt {
 
@@ -144,29 +145,48 @@ std::vector<PipeInstr> no_pipelining(int m) {
 }
 
 // Megatron's forward_backward_pipelining_without_interleaving; with `zero_bubble`, ZB-H1 (schedule.h): the same
-// forwards and backwards with each backward split, and stage s's W held back by s microbatches.
+// forwards and backwards with each backward split, and stage s's W held back by s - 1 microbatches.
 std::vector<PipeInstr> one_f_one_b(int p, int s, int m, bool zero_bubble) {
   std::vector<PipeInstr> out;
   StageWriter w{out, s, p, 1};
   std::vector<int> waiting;  // ZB-H1: microbatches through B, waiting for their W, oldest first
   size_t next_w = 0;
+  int held = 0;  // microbatches forwarded and not yet through their W (or whole backward)
   // The W's beyond `hold`, placed before the next compute (after its receives: in flight meanwhile).
   auto release = [&](size_t hold) {
-    while (waiting.size() - next_w > hold) w.add(PipeOp::backward_weight, waiting[next_w++], 0);
+    while (waiting.size() - next_w > hold) {
+      w.add(PipeOp::backward_weight, waiting[next_w++], 0);
+      --held;
+    }
   };
-  const auto hold = static_cast<size_t>(s);
+  // Stage s holds back s - 1 W's (the paper's s, less one for the memory bound below): each placed after the
+  // receive of a later compute's input.
+  const auto hold = static_cast<size_t>(std::max(s - 1, 0));
   auto forward = [&](int mb) {
     if (w.has_prev(0)) w.add(PipeOp::recv_forward, mb, 0);
     release(hold);
     w.add(PipeOp::forward, mb, 0);
+    ++held;
     if (w.has_next(0)) w.add(PipeOp::send_forward, mb, 0);
   };
   auto backward = [&](int mb) {
     if (w.has_next(0)) w.add(PipeOp::recv_backward, mb, 0);
     release(hold);
-    w.add(zero_bubble ? PipeOp::backward_input : PipeOp::backward, mb, 0);
+    // The memory bound (ZB-H1): a B keeps W's operands, about a microbatch's activations, and peaks above a whole
+    // backward while it gathers them, so a split B starts with at most p - 1 microbatches held (itself included),
+    // where 1F1B's first stage holds p at its whole backwards: the oldest waiting W's run first, and with none
+    // waiting (the first stage's first cooldown B) the B runs whole, as 1F1B's.
+    while (zero_bubble && held >= p && next_w < waiting.size()) {
+      w.add(PipeOp::backward_weight, waiting[next_w++], 0);
+      --held;
+    }
+    const bool split = zero_bubble && held < p;
+    w.add(split ? PipeOp::backward_input : PipeOp::backward, mb, 0);
     if (w.has_prev(0)) w.add(PipeOp::send_backward, mb, 0);
-    if (zero_bubble) waiting.push_back(mb);
+    if (split)
+      waiting.push_back(mb);
+    else
+      --held;
   };
   const int warmup = std::min(p - s - 1, m), steady = m - warmup;
   for (int i = 0; i < warmup; ++i) forward(i);
@@ -366,6 +386,25 @@ std::vector<std::vector<PipeInstr>> zb_v(int p, int m, const ScheduleCosts& cost
   return out;
 }
 
+// A split backward whose W comes right after its B (nothing between them: no transfer in flight for W to overlap,
+// no other compute) gains nothing from the split but costs memory: B keeps W's operands (each linear's input and
+// output gradient) until W, and a whole backward frees each layer's as it goes. Such a pair runs as one backward.
+void join_adjacent_backward(std::vector<PipeInstr>& list) {
+  std::vector<PipeInstr> out;
+  out.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    const PipeInstr& in = list[i];
+    if (in.op == PipeOp::backward_input && i + 1 < list.size() &&
+        list[i + 1] == PipeInstr{PipeOp::backward_weight, in.microbatch, in.chunk}) {
+      out.push_back({PipeOp::backward, in.microbatch, in.chunk});
+      ++i;
+      continue;
+    }
+    out.push_back(in);
+  }
+  list = std::move(out);
+}
+
 }  // namespace
 
 std::vector<std::vector<PipeInstr>> build_schedule(const ScheduleSpec& spec) {
@@ -394,6 +433,8 @@ std::vector<std::vector<PipeInstr>> build_schedule(const ScheduleSpec& spec) {
     }
   }
   if (spec.kind == ScheduleKind::zb_v) stages = zb_v(p, m, spec.costs);
+  if (spec.kind == ScheduleKind::zb_h1 || spec.kind == ScheduleKind::zb_v)
+    for (auto& list : stages) join_adjacent_backward(list);
   return stages;
 }
 

@@ -110,11 +110,16 @@ struct ScheduleSpec {
 //     ranks share one channel each way for activations and gradients, and this order posts them the same way
 //     at both ends (check_schedule's per-pair order check passes over the tests' whole grid).
 //   zb_h1 (v = 1): Qi et al.'s ZB-H1. 1F1B's forwards and backwards with each backward split into B and W;
-//     stage s holds back its weight gradients by s microbatches (W of microbatch j after the B of microbatch
-//     j + s), each released W placed after the next compute's receives so it runs while they are in flight, and
-//     the last s after the stage's last B, where 1F1B's stage s idles waiting on the stages before it. With equal
-//     F, B and W costs the bubble is a third of 1F1B's, (p - 1) / (3 m), and no stage holds more microbatches'
-//     activations than 1F1B's first stage (p): stage s holds p - s not yet through B and s waiting for their W.
+//     stage s > 0 holds back its weight gradients by s - 1 microbatches (W of microbatch j after the B of microbatch
+//     j + s - 1), each released W placed after the next compute's receives so it runs while they are in flight, and
+//     the last after the stage's last B, where 1F1B's stage s idles waiting on the stages before it. The memory
+//     bound: a B keeps W's operands (each linear's input and output gradient, about as many bytes as the
+//     activations it frees) and peaks above a whole backward while it gathers them, so a split B starts with at most
+//     p - 1 microbatches forwarded and not through W (itself included); 1F1B's first stage holds p at its whole
+//     backwards. The paper's hold of s would start every steady B with p held and peak a B's extra above 1F1B's
+//     first stage. A B that would start with p held runs the oldest waiting W first, or with none waiting runs whole
+//     (the first stage's first cooldown B). With equal F, B and W costs the bubble is p / (3 m): the paper's
+//     (p - 1) / (3 m), a third of 1F1B's, and one W more ((p - 1) (F + B - W) + W for m >= p).
 //   zb_v (v = 2, v_shape placement): Qi et al.'s ZB-V. A list schedule in unit slots (each chunk's F, B or W one
 //     slot): every stage runs, in order of preference, a B whose output gradient has arrived (oldest microbatch
 //     first), an F if fewer than 2p (microbatch, chunk) pairs wait for their W (chunk 1's first: it leads to the
@@ -124,6 +129,10 @@ struct ScheduleSpec {
 //     transfers run in lock step: after each slot a stage posts the sends of what it just computed and the
 //     receives of what its neighbours computed in the same slot, so both ends post every message in slot order;
 //     it runs under waits on use (above), so a stage waits only for what it consumes.
+//   In both zero-bubble lists a B whose W comes right after it (no transfer or other compute between them) runs with
+//     it as one whole backward: the split would gain no overlap, and B keeps W's operands (each linear's input and
+//     output gradient) until W where a whole backward frees each layer's as it goes. ZB-H1's first stage thus runs
+//     1F1B's steady state exactly (at 1F1B's memory) and splits only in its cooldown, after its first cooldown B.
 //   forward_only (any p, m, v): recv_forward, forward, send_forward of each (microbatch, chunk), microbatches
 //     passing chunk 0 in groups of p (the last group may be smaller), then chunk 1, ... (interleaved's forward
 //     order; with v = 1 simply microbatch order). A send_forward and the next recv_forward form one batch

@@ -568,11 +568,15 @@ ChunkProfile profile_chunk(const TapeShapes& s, const ChunkSpec& chunk) {
   tape.free(batch_kept);
   if (!chunk.has_head) tape.free(hidden);  // the executor's received gradient
   out.backward = tape.since_mark();
+  out.whole = out.backward;
   if (s.split_backward) {  // W: the queued GEMMs run and their captures go
     tape.mark();
     tape.workspace(r.w_ws);
     tape.free(r.deferred);
     out.weight = tape.since_mark();
+    TapeShapes unsplit = s;
+    unsplit.split_backward = false;
+    out.whole = profile_chunk(unsplit, chunk).backward;
   }
   return out;
 }

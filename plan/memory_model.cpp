@@ -160,9 +160,9 @@ ActivationPeaks walk_schedule(const Config& c, int64_t stage, const std::vector<
         pending = ch.output;
         out.in_flight = std::max(out.in_flight, ++in_flight);
         break;
-      case PipeOp::backward:
+      case PipeOp::backward:  // whole (in a zero-bubble schedule a B and W run as one, parallel/schedule.h)
         cur -= pending;
-        apply(cur, ch.backward);
+        apply(cur, ch.whole);
         pending = ch.input_grad;
         --in_flight;
         break;

@@ -170,6 +170,7 @@ void report_interval(const IntervalReport& r, MetricsFile& metrics) {
   j["nan_iters"] = r.nan_iters;
   j["peak_bytes"] = r.peak_bytes;
   if (!r.peak_bytes_per_rank.empty()) j["peak_bytes_per_rank"] = r.peak_bytes_per_rank;
+  if (!r.peak_activation_bytes_per_rank.empty()) j["peak_activation_bytes_per_rank"] = r.peak_activation_bytes_per_rank;
   j["device"] = std::string(device_name(r.device));
   j["elapsed_s"] = rounded(r.elapsed_s, 1e3);
   j["eta_s"] = rounded(r.eta_s, 1e3);

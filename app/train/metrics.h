@@ -82,7 +82,9 @@ struct IntervalReport {
   bool last_overflow = false;                // the interval's last step had inf/NaN gradients (grad_norm is not finite)
   bool verbose_line = false;                 // logging.verbose_line: Megatron's long line
   std::vector<int64_t> peak_bytes_per_rank;  // by global rank, on the reports that gathered them; else empty
-  AttentionCalls attention;                  // this rank's attention calls by implementation since the start
+  // The same reports' activation peaks alone (what the pipeline schedule decides).
+  std::vector<int64_t> peak_activation_bytes_per_rank;
+  AttentionCalls attention;  // this rank's attention calls by implementation since the start
   MoeIntervalReport moe;
   // Bytes this rank's collectives moved per step over the interval, by group kind ("dp", "tp", ...) and op
   // (parallel/comm_counted.h); empty on one rank.

@@ -121,8 +121,11 @@ class Trainer {
   int64_t total_parameters(bool trainable_only = false);
   // Every rank's peak memory in bytes, by global rank (one host exchange over the world: every rank calls it at
   // the same iteration), and its log line: min, max and the pipeline stages' maxima.
-  std::vector<int64_t> gather_peak_memory();
-  void log_peak_memory(const std::vector<int64_t>& peaks) const;
+  struct RankPeaks {
+    std::vector<int64_t> total, activations;  // by global rank: every kind's bytes, and the activations' alone
+  };
+  RankPeaks gather_peak_memory();
+  void log_peak_memory(const RankPeaks& peaks) const;
   // The run's opening lines: the data and the model (its parameter count is a collective of every rank).
   void log_run();
   // The interval report after iteration c_.iteration: reads the interval's losses (a collective), writes

@@ -137,8 +137,7 @@ void Trainer::report(const StepResult& r, float lr, double mean_ms, int64_t inte
   const double wall_per_iter = std::chrono::duration<double>(now - last_report_).count() / interval_iters;
   last_report_ = now;
   // Ranks differ (pipeline stages above all): the first report and every tenth gathers their peaks.
-  const std::vector<int64_t> peaks =
-      dist_.env.world_size > 1 && reports_ % 10 == 0 ? gather_peak_memory() : std::vector<int64_t>();
+  const RankPeaks peaks = dist_.env.world_size > 1 && reports_ % 10 == 0 ? gather_peak_memory() : RankPeaks{};
   const AttentionCalls attention = attention_calls();
   // The bytes moved per step since the last report (evaluations and checkpoints of the interval included).
   std::map<std::string, std::map<std::string, double>> comm;
@@ -175,14 +174,15 @@ void Trainer::report(const StepResult& r, float lr, double mean_ms, int64_t inte
           .fp16 = scaler_.dynamic(),
           .last_overflow = r.found_inf,
           .verbose_line = cfg_.logging.verbose_line,
-          .peak_bytes_per_rank = peaks,
+          .peak_bytes_per_rank = peaks.total,
+          .peak_activation_bytes_per_rank = peaks.activations,
           .attention = attention,
           .moe = moe_.report([this](std::vector<double> v) { return sum_over_stages_and_replicas(std::move(v)); }),
           .comm_bytes = std::move(comm)},
       metrics_);
   log_attention_calls(attention);
   if (reports_ == 0) spdlog::info("peak memory (MiB): {}", memory_summary(device_));
-  if (!peaks.empty() && dist_.is_logging_rank()) log_peak_memory(peaks);
+  if (!peaks.total.empty() && dist_.is_logging_rank()) log_peak_memory(peaks);
   ++reports_;
   interval_loss_ = 0;
 }
@@ -205,25 +205,35 @@ int64_t Trainer::total_parameters(bool trainable_only) {
   return static_cast<int64_t>(std::llround(sum));  // exact: parameter counts are far below 2^53
 }
 
-std::vector<int64_t> Trainer::gather_peak_memory() {
-  const int world = dist_.env.world_size;
-  std::vector<double> peaks(static_cast<size_t>(world), 0.0);
-  peaks[static_cast<size_t>(dist_.rank())] = static_cast<double>(allocator_for(device_).stats().peak_total);
+Trainer::RankPeaks Trainer::gather_peak_memory() {
+  const auto world = static_cast<size_t>(dist_.env.world_size), rank = static_cast<size_t>(dist_.rank());
+  const MemoryStats& m = allocator_for(device_).stats();
+  std::vector<double> peaks(2 * world, 0.0);  // every rank's total, then every rank's activations
+  peaks[rank] = static_cast<double>(m.peak_total);
+  peaks[world + rank] = static_cast<double>(m.peak[static_cast<size_t>(MemKind::activation)]);
   peaks = sum_doubles(*dist_.world, std::move(peaks));  // exact: byte counts are far below 2^53
-  return std::vector<int64_t>(peaks.begin(), peaks.end());
+  return {.total = std::vector<int64_t>(peaks.begin(), peaks.begin() + static_cast<std::ptrdiff_t>(world)),
+          .activations = std::vector<int64_t>(peaks.begin() + static_cast<std::ptrdiff_t>(world), peaks.end())};
 }
 
-void Trainer::log_peak_memory(const std::vector<int64_t>& peaks) const {
-  const auto [lo, hi] = std::minmax_element(peaks.begin(), peaks.end());
+void Trainer::log_peak_memory(const RankPeaks& peaks) const {
+  const std::vector<int64_t>& total = peaks.total;
+  const auto [lo, hi] = std::minmax_element(total.begin(), total.end());
   // Ranks are numbered tp fastest, then cp, then dp, then pp: stage s holds ranks [s * n, (s + 1) * n), n = tp cp dp.
   const int per_stage = dist_.tp_size() * dist_.cp_size() * dist_.dp_size();
-  std::vector<std::string> stages;
-  for (int s = 0; s < dist_.pp_size(); ++s)
-    stages.push_back(fmt::format(
-        "{:.1f}", *std::max_element(peaks.begin() + s * per_stage, peaks.begin() + (s + 1) * per_stage) / 1048576.0));
+  auto by_stage = [&](const std::vector<int64_t>& bytes, int decimals) {
+    std::vector<std::string> stages;
+    for (int s = 0; s < dist_.pp_size(); ++s)
+      stages.push_back(fmt::format(
+          "{:.{}f}", *std::max_element(bytes.begin() + s * per_stage, bytes.begin() + (s + 1) * per_stage) / 1048576.0,
+          decimals));
+    return fmt::format("{}", fmt::join(stages, " | "));
+  };
   spdlog::info("peak memory per rank (MiB): min {:.1f} (rank {}), max {:.1f} (rank {}){}", *lo / 1048576.0,
-               lo - peaks.begin(), *hi / 1048576.0, hi - peaks.begin(),
-               stages.size() > 1 ? fmt::format("; per pipeline stage {}", fmt::join(stages, " | ")) : std::string());
+               lo - total.begin(), *hi / 1048576.0, hi - total.begin(),
+               dist_.pp_size() > 1 ? fmt::format("; per pipeline stage {}", by_stage(total, 1)) : std::string());
+  // The activations alone, which the pipeline schedule decides (issue 27: a zero-bubble schedule's against 1F1B's).
+  if (dist_.pp_size() > 1) spdlog::info("peak activation memory by stage (MiB): {}", by_stage(peaks.activations, 2));
 }
 
 void Trainer::log_attention_calls(const AttentionCalls& now) {

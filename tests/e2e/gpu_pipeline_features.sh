@@ -24,9 +24,13 @@ import json, sys
 events = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X" and e["cat"] == "compute"]
 for rank in range(2):
     names = {e["name"] for e in events if e["pid"] == rank}
-    for op in "FBW":
+    for op in "FB":
         assert {f"{op} {m}.0" for m in range(8)} <= names, (rank, op, sorted(names))
-print("zb-h1 on the GPU: bit for bit as 1F1B; the timeline holds F, B and W of every microbatch")
+    # With p = 2 the first stage runs each backward whole (its W right after its B, or 2 microbatches held: the
+    # memory bound, parallel/schedule.h); the second splits every one.
+    ws = {n for n in names if n.startswith("W ")}
+    assert ws == (set() if rank == 0 else {f"W {m}.0" for m in range(8)}), (rank, sorted(names))
+print("zb-h1 on the GPU: bit for bit as 1F1B; the timeline holds F and B of every microbatch, W on the second stage")
 PY
 python3 "$SRC/scripts/trace_summary.py" pp_zb-h1/trace.json
 # ZB-V: two chunks per GPU process in a V (the turn handed over on the device), bit for bit as 1F1B with 4 layers.

@@ -85,6 +85,7 @@ layouts=(
   "moe-selective-moe-act|1|--set training.recompute=selective --set training.recompute_modules=[moe_act,layernorm]"
   "llama-recompute-1-layer|1|--set training.recompute=full --set training.recompute_num_layers=1"
   "llama-pp2-zb|2|--set parallel.pipeline=2 --set training.micro_batch_size=2 --set parallel.pipeline_schedule=zb-h1"
+  "tiny-pp4-zb|4|--set parallel.pipeline=4 --set training.micro_batch_size=2 --set parallel.pipeline_schedule=zb-h1"
   "llama-pp2-vp2-zbv|2|--set parallel.pipeline=2 --set parallel.virtual_pipeline=2 --set training.micro_batch_size=2 --set parallel.pipeline_schedule=zb-v"
   "tiny-tp2-sp-pp2-zbv-bf16|4|--set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.pipeline=2 --set parallel.virtual_pipeline=2 --set training.micro_batch_size=2 --set parallel.pipeline_schedule=zb-v --set training.precision=bf16"
   "tiny-dp4-shard-gradients|4|--set parallel.shard=gradients --set parallel.grad_bucket_size=2000"

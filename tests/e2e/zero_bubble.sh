@@ -63,8 +63,33 @@ done
 [ $count -eq 6 ] || fail "expected 6 zb-v layouts, ran $count"
 echo "all $count zb-v layouts equal one rank"
 
+# Peak activation memory, measured (metrics.jsonl's peak_activation_bytes_per_rank, gathered at the first report):
+# no stage of a ZB-H1 run holds more than 1F1B's highest stage of the same layout (its memory bound: a split B starts
+# with at most p - 1 microbatches held, parallel/schedule.h). ZB-V does not meet that yet (its B's start with 2p
+# pairs held and gather W's operands: 11% above 1F1B's here): its figures are printed, not checked. PP 2 and 4, TP 1.
+python3 - tiny_tp1pp2dp1 tiny_tp1pp4dp1 llama_tp1pp4dp2 v_tiny_tp1pp2dp1 v_tiny_tp1pp4dp1 v_llama_tp1pp4dp2 <<'PY'
+import json, sys
+def peaks(run):
+    for line in open(f"{run}/metrics.jsonl"):
+        r = json.loads(line)
+        if "peak_activation_bytes_per_rank" in r:
+            return r["peak_activation_bytes_per_rank"]
+    sys.exit(f"{run}: no peak_activation_bytes_per_rank in metrics.jsonl")
+for layout in sys.argv[1:]:
+    zb = "zb-v" if layout.startswith("v_") else "zb-h1"
+    base, ours = peaks(f"{layout}_1f1b"), peaks(f"{layout}_{zb}")
+    mib = lambda xs: " ".join(f"{x / 2**20:.3f}" for x in xs)
+    print(f"{layout}: peak activations per rank (MiB) 1f1b {mib(base)}; {zb} {mib(ours)}")
+    worst = max(range(len(ours)), key=lambda r: ours[r])
+    if zb == "zb-h1" and ours[worst] > max(base):
+        sys.exit(f"FAIL {layout}: zb-h1 rank {worst} peaks at {ours[worst]} activation bytes, above 1F1B's highest "
+                 f"stage ({max(base)})")
+print("ZB-H1's peak activations within 1F1B's highest stage's")
+PY
+
 # The timeline of a traced ZB-H1 run: each stage runs F, B and W of every microbatch; the first stage's W right
-# after its B, the last stage's held back.
+# after its B, as one whole backward ("B" alone) but in its cooldown after its first B there (W 5 and 6 while the
+# next gradient is received), the last stage's held back by p - 2.
 "$MT" --config tiny.yaml "${common[@]}" --nproc 4 --set parallel.pipeline=4 --set parallel.pipeline_schedule=zb-h1 \
       --set logging.trace=true --set "logging.trace_iterations=[3]" --set logging.dir=traced >/dev/null 2>traced.err \
   || { tail -5 traced.err; fail "traced zb-h1 run"; }
@@ -73,13 +98,15 @@ import json, sys
 events = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X" and e["cat"] == "compute"]
 for rank in range(4):
     names = [e["name"] for e in sorted((e for e in events if e["pid"] == rank), key=lambda e: e["ts"])]
-    for op in "FBW":
+    for op in "FB":
         assert sorted(n for n in names if n.startswith(op + " ")) == sorted(f"{op} {m}.0" for m in range(8)), (rank, names)
+    ws = sorted(n for n in names if n.startswith("W "))
+    assert ws == sorted(f"W {m}.0" for m in (range(5, 7) if rank == 0 else range(8))), (rank, names)
     if rank == 0:
-        i = names.index("B 0.0")
-        assert names[i + 1] == "W 0.0", names
+        i = names.index("B 5.0")
+        assert names[i + 1] == "W 5.0", names
     if rank == 3:
-        assert names.index("W 0.0") > names.index("B 3.0"), names
+        assert names.index("B 2.0") < names.index("W 0.0") < names.index("B 3.0"), names
 print("traced zb-h1: F, B and W of every microbatch on every stage")
 PY
 python3 "$SRC/scripts/trace_summary.py" traced/trace.json

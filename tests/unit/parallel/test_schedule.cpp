@@ -216,9 +216,20 @@ TEST(OneFOneB, HoldsAtMostStagesMicrobatchesWhereGPipeHoldsAll) {
   }
 }
 
+// A split backward whose W would come right after its B runs whole (schedule.h): no list keeps such a pair.
+bool no_split_pair_adjacent(const std::vector<PipeInstr>& list) {
+  for (size_t i = 0; i + 1 < list.size(); ++i)
+    if (list[i].op == PipeOp::backward_input &&
+        list[i + 1] == PipeInstr{PipeOp::backward_weight, list[i].microbatch, list[i].chunk})
+      return false;
+  return true;
+}
+
 // ZB-H1 (Qi et al. 2024): with F, B and W costing one unit each and free communication, the weight gradients
-// fill 1F1B's drain and the bubble is a third of 1F1B's, (p - 1) / (3 m), for every m >= p; no stage holds more
-// microbatches than 1F1B's first stage; each stage runs every microbatch's F, B and W once, in microbatch order.
+// fill 1F1B's drain and the bubble is p / (3 m) for every m >= p: the paper's third of 1F1B's, (p - 1) / (3 m), and
+// one W more, the price of the memory bound (a split B starts with at most p - 1 microbatches held); no stage holds
+// more microbatches than 1F1B's first stage; each stage runs every microbatch's F, B and W once, in microbatch
+// order.
 TEST(ZbH1, BubbleIsAThirdOf1F1BsAndMemoryStaysWithin1F1BsPeak) {
   for (int p : {2, 3, 4, 8}) {
     for (int m = 1; m <= 16; ++m) {
@@ -226,16 +237,22 @@ TEST(ZbH1, BubbleIsAThirdOf1F1BsAndMemoryStaysWithin1F1BsPeak) {
       const ScheduleReport r = check_schedule(zb_h1(p, m), s);
       ASSERT_TRUE(r.ok) << "p=" << p << " m=" << m << ": " << r.error;
       const ScheduleReport base = check_schedule(one_f_one_b(p, m), build_schedule(one_f_one_b(p, m)));
-      if (m >= p) EXPECT_NEAR(r.bubble_fraction, double(p - 1) / (3 * m), 1e-12) << "p=" << p << " m=" << m;
+      if (m >= p) EXPECT_NEAR(r.bubble_fraction, double(p) / (3 * m), 1e-12) << "p=" << p << " m=" << m;
       EXPECT_LE(r.bubble_fraction, base.bubble_fraction) << "p=" << p << " m=" << m;
       EXPECT_LE(r.peak_in_flight, base.peak_in_flight) << "p=" << p << " m=" << m;
       for (int st = 0; st < p; ++st) {
         const auto& list = s[static_cast<size_t>(st)];
-        EXPECT_TRUE(only(list, PipeOp::backward).empty());
-        std::vector<int> b, w;
+        EXPECT_TRUE(no_split_pair_adjacent(list)) << "p=" << p << " m=" << m << " stage " << st;
+        std::vector<int> b, w;  // a whole backward (B and W joined) is both
+        int held = 0;           // forwarded, not through W
         for (const PipeInstr& in : list) {
-          if (in.op == PipeOp::backward_input) b.push_back(in.microbatch);
-          if (in.op == PipeOp::backward_weight) w.push_back(in.microbatch);
+          if (in.op == PipeOp::forward) ++held;
+          if (in.op == PipeOp::backward_input) EXPECT_LT(held, p) << "p=" << p << " m=" << m << " stage " << st;
+          if (in.op == PipeOp::backward_input || in.op == PipeOp::backward) b.push_back(in.microbatch);
+          if (in.op == PipeOp::backward_weight || in.op == PipeOp::backward) {
+            w.push_back(in.microbatch);
+            --held;
+          }
         }
         std::vector<int> order(static_cast<size_t>(m));
         for (int i = 0; i < m; ++i) order[static_cast<size_t>(i)] = i;
@@ -246,8 +263,11 @@ TEST(ZbH1, BubbleIsAThirdOf1F1BsAndMemoryStaysWithin1F1BsPeak) {
   }
 }
 
-// Stage s holds its weight gradients back by s microbatches (1F1B's stage s idles that long at the end): the
-// first stage runs each W right after its B, the last keeps p - 1 for its end.
+// Stage s > 0 holds its weight gradients back by s - 1 microbatches (1F1B's stage s idles at the end; one less than
+// the paper's s for the memory bound): the first stage runs each W right after its B, so in its steady state B and
+// W run as one whole backward (as 1F1B's, at 1F1B's memory), and so does its first cooldown B (with p microbatches
+// held); the later cooldown B's split (each W while the next gradient is received). The last stage keeps p - 2 for
+// its end.
 TEST(ZbH1, StageSHoldsBackSWeightGradients) {
   const Schedule s = build_schedule(zb_h1(4, 8));
   for (int st = 0; st < 4; ++st) {
@@ -256,31 +276,43 @@ TEST(ZbH1, StageSHoldsBackSWeightGradients) {
       if (in.op == PipeOp::backward_input) most = std::max(most, ++pending);
       if (in.op == PipeOp::backward_weight) --pending;
     }
-    EXPECT_EQ(most, st + 1) << "stage " << st;  // s held back, and the one just through B
+    EXPECT_EQ(most, std::max(st, 1)) << "stage " << st;  // s - 1 held back, and the one just through B
   }
-  // Stage 0 after its 3 warmup forwards: F3, then 1F1B's batch, B0 and at once W0 (it has nothing to receive).
+  // Stage 0 after its 3 warmup forwards: F3, then 1F1B's batch, B0 and at once W0 (it has nothing to receive):
+  // one whole backward.
   const auto& first = s[0];
-  const std::vector<PipeInstr> steady(first.begin() + 6, first.begin() + 12);
+  const std::vector<PipeInstr> steady(first.begin() + 6, first.begin() + 11);
   EXPECT_EQ(steady, (std::vector<PipeInstr>{{PipeOp::forward, 3, 0},
                                             {PipeOp::send_forward, 3, 0},
                                             {PipeOp::recv_backward, 0, 0},
-                                            {PipeOp::backward_input, 0, 0},
-                                            {PipeOp::backward_weight, 0, 0},
+                                            {PipeOp::backward, 0, 0},
                                             {PipeOp::forward, 4, 0}}));
-  // The last stage's first W comes after its fourth B, placed after the receive of forward 4's input so that it
+  // Its cooldown: B4 whole (4 microbatches held), then B5, the receive of the next gradient with W5 while it is in
+  // flight, B6 likewise; the last B and W whole.
+  std::vector<PipeInstr> computes;
+  for (const PipeInstr& in : first)
+    if (!is_communication(in.op)) computes.push_back(in);
+  const std::vector<PipeInstr> tail(computes.end() - 6, computes.end());
+  EXPECT_EQ(tail, (std::vector<PipeInstr>{{PipeOp::backward, 4, 0},
+                                          {PipeOp::backward_input, 5, 0},
+                                          {PipeOp::backward_weight, 5, 0},
+                                          {PipeOp::backward_input, 6, 0},
+                                          {PipeOp::backward_weight, 6, 0},
+                                          {PipeOp::backward, 7, 0}}));
+  // The last stage's first W comes after its third B, placed after the receive of forward 3's input so that it
   // runs while the receive is in flight.
   const auto& last = s[3];
-  size_t b3 = 0;
-  while (last[b3] != PipeInstr{PipeOp::backward_input, 3, 0}) ++b3;
-  EXPECT_EQ(last[b3 + 1], (PipeInstr{PipeOp::send_backward, 3, 0}));
-  EXPECT_EQ(last[b3 + 2], (PipeInstr{PipeOp::recv_forward, 4, 0}));
-  EXPECT_EQ(last[b3 + 3], (PipeInstr{PipeOp::backward_weight, 0, 0}));
-  EXPECT_EQ(last[b3 + 4], (PipeInstr{PipeOp::forward, 4, 0}));
+  size_t b2 = 0;
+  while (last[b2] != PipeInstr{PipeOp::backward_input, 2, 0}) ++b2;
+  EXPECT_EQ(last[b2 + 1], (PipeInstr{PipeOp::send_backward, 2, 0}));
+  EXPECT_EQ(last[b2 + 2], (PipeInstr{PipeOp::recv_forward, 3, 0}));
+  EXPECT_EQ(last[b2 + 3], (PipeInstr{PipeOp::backward_weight, 0, 0}));
+  EXPECT_EQ(last[b2 + 4], (PipeInstr{PipeOp::forward, 3, 0}));
 }
 
 // With any costs per microbatch (free transfers) 1F1B takes (m + p - 1)(F + B + W) and ZB-H1 fills all but
-// (p - 1)(F + B - W) of its bubble (the paper's formula, for W no longer than F + B): the planner prices the
-// pipeline with these simulations.
+// (p - 1)(F + B - W) + W of its bubble (the paper's formula, for W no longer than F + B, and one W for the memory
+// bound): the planner prices the pipeline with these simulations.
 TEST(ZbH1, BubblesFollowThePapersFormulasForUnequalCosts) {
   for (const ScheduleCosts c : {ScheduleCosts{1, 1.5, 0.5}, ScheduleCosts{2, 1, 1}, ScheduleCosts{0.5, 1, 0.25}}) {
     for (int p : {2, 4, 8}) {
@@ -291,7 +323,8 @@ TEST(ZbH1, BubblesFollowThePapersFormulasForUnequalCosts) {
         EXPECT_NEAR(base.makespan, (m + p - 1) * per_mb, 1e-9) << "p=" << p << " m=" << m;
         const ScheduleReport zb = check_schedule(zb_h1(p, m), build_schedule(zb_h1(p, m)), c);
         ASSERT_TRUE(zb.ok) << zb.error;
-        EXPECT_NEAR(zb.makespan - m * per_mb, (p - 1) * (c.forward + c.backward_input - c.backward_weight), 1e-9)
+        EXPECT_NEAR(zb.makespan - m * per_mb,
+                    (p - 1) * (c.forward + c.backward_input - c.backward_weight) + c.backward_weight, 1e-9)
             << "p=" << p << " m=" << m << " costs " << c.forward << " " << c.backward_input << " " << c.backward_weight;
       }
     }
@@ -359,14 +392,14 @@ TEST(ZbV, BubbleIsASixthOf1F1BsWithin1F1BsMemory) {
       }
       for (int st = 0; st < p; ++st) {
         const auto& list = s[static_cast<size_t>(st)];
-        EXPECT_TRUE(only(list, PipeOp::backward).empty());
+        EXPECT_TRUE(no_split_pair_adjacent(list)) << "p=" << p << " m=" << m << " stage " << st;
         for (int c = 0; c < 2; ++c) {
-          std::vector<int> f, b, w;
+          std::vector<int> f, b, w;  // a whole backward (B and W joined) is both
           for (const PipeInstr& in : list) {
             if (in.chunk != c) continue;
             if (in.op == PipeOp::forward) f.push_back(in.microbatch);
-            if (in.op == PipeOp::backward_input) b.push_back(in.microbatch);
-            if (in.op == PipeOp::backward_weight) w.push_back(in.microbatch);
+            if (in.op == PipeOp::backward_input || in.op == PipeOp::backward) b.push_back(in.microbatch);
+            if (in.op == PipeOp::backward_weight || in.op == PipeOp::backward) w.push_back(in.microbatch);
           }
           std::vector<int> order(static_cast<size_t>(m));
           for (int i = 0; i < m; ++i) order[static_cast<size_t>(i)] = i;
