@@ -13,8 +13,19 @@ Prediction predict(const Config& c, const Hardware& hw) {
   Prediction p{.config = c, .layout = layout_of(c)};
   p.memory = predict_memory(c, backend_for(hw));
   p.time = predict_time(c, hw);
-  p.fits = p.memory.max_total() <= hw.memory_bytes;
+  p.fits = p.memory.max_total() <= hw.memory_bytes && host_fits(c, p.memory);
   return p;
+}
+
+double max_host_bytes(const MemoryPlan& m) {
+  double most = 0;
+  for (const StageMemory& s : m.stages) most = std::max(most, s.bytes[MemKind::host]);
+  return most;
+}
+
+bool host_fits(const Config& c, const MemoryPlan& m) {
+  const double budget = c.optimizer.offload_host_memory_gib;
+  return budget <= 0 || max_host_bytes(m) <= budget * 1073741824.0;
 }
 
 namespace {
@@ -55,20 +66,29 @@ std::vector<Prediction> search(const Config& base, int64_t world, const Hardware
   std::vector<Prediction> out;
   // Recomputation only where keeping the activations does not fit (it is never faster): selective (every module)
   // before full.
+  // Optimizer offload (optimizer.offload) after that, where the state does not fit on the device otherwise, and only
+  // with a host budget (optimizer.offload_host_memory_gib) to hold the host state against.
+  const bool try_offload = !base.optimizer.offload && base.optimizer.offload_host_memory_gib > 0;
   auto add_fastest_fitting = [&](Layout l) {
-    for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
-      if (rc != Recompute::none && !opt.allow_recompute) continue;
-      l.recompute = rc;
-      Prediction pr;
-      try {
-        pr = predict(apply_layout(base, l), hw);
-      } catch (const std::exception&) {
-        continue;  // a rule refuses it
+    for (bool offload : {base.optimizer.offload, true}) {
+      if (offload && !base.optimizer.offload && !try_offload) break;
+      for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
+        if (rc != Recompute::none && !opt.allow_recompute) continue;
+        l.recompute = rc;
+        Prediction pr;
+        try {
+          Config c = apply_layout(base, l);
+          c.optimizer.offload = offload;
+          pr = predict(c, hw);
+        } catch (const std::exception&) {
+          continue;  // a rule refuses it
+        }
+        if (pr.fits) {
+          out.push_back(std::move(pr));
+          return;
+        }
       }
-      if (pr.fits) {
-        out.push_back(std::move(pr));
-        return;
-      }
+      if (base.optimizer.offload) break;  // already offloaded: nothing more to try
     }
   };
   for (const auto& [tp, cp, cp_allgather] : tensor_context_sizes(base, world, opt.min_context_chunk)) {
