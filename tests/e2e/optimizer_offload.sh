@@ -2,7 +2,7 @@
 # optimizer.offload: true (ZeRO-Offload, core/optim/host_offload.h) trains exactly as without it, over 10 iterations:
 #  - losses and grad norms bit-identical to the same run without offload, fp32 at DP 1, at DP 2 under every
 #    parallel.shard (none, optimizer, gradients, parameters) and at DP 4 under optimizer and parameters, with TP 2
-#    (SP) and PP 2, a Llama row, bf16 and fp16
+#    (SP), PP 2 and CP 2, a Llama row, MoE with expert parallelism, LoRA, bf16 and fp16
 #    (the host step is the device's AdamW bit for bit, the values go back rounded as the device rounds them); the
 #    state cut into many chunks (small parallel.grad_bucket_size) and, at DP 1, one chunk over several threads;
 #  - checkpoints are layout-free: saved with offload and resumed without it (and back) the losses are those of the
@@ -59,6 +59,15 @@ pair pp2_dp2_gradients --config tiny.yaml "${base[@]}" --nproc 4 --set parallel.
      --set training.global_batch_size=8
 pair llama_dp2_parameters --config llama.yaml "${base[@]}" --nproc 2 --set parallel.shard=parameters \
      --set training.global_batch_size=4
+# Mixture of experts under expert parallelism (the experts' optimizer, reduced over their own group, offloads as the
+# dense one does) and LoRA (only the adapters have state).
+pair moe_ep2_dp2_optimizer --config tiny.yaml "${base[@]}" --nproc 2 --set model.moe.num_experts=4 \
+     --set model.moe.top_k=2 --set model.moe.ffn_hidden_size=64 --set parallel.expert=2 --set parallel.shard=optimizer \
+     --set training.global_batch_size=4
+# Context parallelism: the state is replicated over data x context ranks (shard over both under ZeRO).
+pair cp2_dp2_optimizer --config tiny.yaml "${base[@]}" --nproc 4 --set parallel.context=2 --set model.dropout=0 \
+     --set model.attention_dropout=0 --set parallel.shard=optimizer --set training.global_batch_size=8
+pair lora_dp2 --config tiny.yaml "${base[@]}" --nproc 2 --set finetune.lora.rank=4 --set training.global_batch_size=4
 pair bf16_dp2_none --config tiny.yaml "${base[@]}" --nproc 2 --set training.precision=bf16 --set training.global_batch_size=8
 pair bf16_dp2_optimizer --config tiny.yaml "${base[@]}" --nproc 2 --set training.precision=bf16 \
      --set parallel.shard=optimizer --set training.global_batch_size=8
