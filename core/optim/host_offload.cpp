@@ -19,7 +19,10 @@ namespace mt {
 
 namespace {
 
-int64_t chunk_of(int64_t n, const OffloadOptions& opt) { return std::max<int64_t>(1, std::min(n, opt.chunk_elements)); }
+// At most opt.chunk_elements, and a quarter of the state at most, so that every state has chunks to overlap.
+int64_t chunk_of(int64_t n, const OffloadOptions& opt) {
+  return std::max<int64_t>(1, std::min((n + 3) / 4, opt.chunk_elements));
+}
 
 // Below this many elements a chunk's update is not split over threads (a thread's hand-off costs more).
 constexpr int64_t kMinPerThread = 16384;

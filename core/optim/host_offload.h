@@ -21,7 +21,8 @@ namespace mt {
 
 struct OffloadOptions {
   bool enabled = false;
-  // Elements of the flat state per chunk of the pipelined step (the gradient and value staging hold two chunks).
+  // Elements of the flat state per chunk of the pipelined step (the gradient and value staging hold two chunks);
+  // a chunk is a quarter of the state at most (at least four chunks to overlap).
   int64_t chunk_elements = int64_t{1} << 22;
   int threads = 0;  // host threads of the AdamW step; 0: the machine's cores (at least 1)
 };
