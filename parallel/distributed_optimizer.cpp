@@ -37,19 +37,30 @@ DistributedOptimizer::DistributedOptimizer(const GradBuffer& grads, Communicator
     largest_bucket_ = std::max(largest_bucket_, bucket.end - bucket.begin);
   }
   const Device device = grads_.device();
-  master_ = Tensor::zeros({shard_}, DType::f32, device, MemKind::optimizer);
-  exp_avg_ = Tensor::zeros({shard_}, DType::f32, device, MemKind::optimizer);
-  exp_avg_sq_ = Tensor::zeros({shard_}, DType::f32, device, MemKind::optimizer);
-  for (const Segment& s : segments_) {
-    Tensor whole = s.param->value.view({s.param->value.numel()});
-    master_.slice(s.begin, s.end).copy_from(whole.slice(s.param_offset, s.param_offset + (s.end - s.begin)));
-  }
   // One compute dtype for all parameters (a model's are): gather values in it; mixed or f32: gather masters.
   const std::vector<Parameter*>& params = grads_.params();
   DType value_dtype = params.empty() ? DType::f32 : params[0]->value.dtype();
   for (const Parameter* p : params)
     if (p->value.dtype() != value_dtype) value_dtype = DType::f32;
-  if (value_dtype != DType::f32) {
+  if (cfg_.offload.enabled) {
+    // The state in host memory; the values the host update makes land in value_shard_ on the device (f32 too).
+    std::vector<HostOffload::Segment> pieces;
+    for (const Segment& s : segments_)
+      pieces.push_back({.begin = s.begin, .end = s.end, .decay = s.param->weight_decay});
+    offload_ = std::make_unique<HostOffload>(shard_, std::move(pieces), value_dtype, device, cfg_.offload);
+    master_ = offload_->master();
+    exp_avg_ = offload_->exp_avg();
+    exp_avg_sq_ = offload_->exp_avg_sq();
+  } else {
+    master_ = Tensor::zeros({shard_}, DType::f32, device, MemKind::optimizer);
+    exp_avg_ = Tensor::zeros({shard_}, DType::f32, device, MemKind::optimizer);
+    exp_avg_sq_ = Tensor::zeros({shard_}, DType::f32, device, MemKind::optimizer);
+  }
+  for (const Segment& s : segments_) {
+    Tensor whole = s.param->value.view({s.param->value.numel()});
+    master_.slice(s.begin, s.end).copy_from(whole.slice(s.param_offset, s.param_offset + (s.end - s.begin)));
+  }
+  if (value_dtype != DType::f32 || offload_) {
     value_shard_ = Tensor::zeros({shard_}, value_dtype, device, MemKind::optimizer);
     value_shard_.copy_from(master_);
   }
@@ -64,7 +75,18 @@ std::vector<Tensor> DistributedOptimizer::counted_grads() const {
 
 double DistributedOptimizer::sum_over_state_shards(double local) { return sum_doubles(dp_, {local})[0]; }
 
+DistributedOptimizer::~DistributedOptimizer() = default;
+
 void DistributedOptimizer::update(const AdamWOptions& opt) {
+  if (offload_) {
+    std::vector<Tensor> grads, values;
+    for (const Segment& s : segments_) {
+      grads.push_back(s.grad);
+      values.push_back(value_shard_.slice(s.begin, s.end));
+    }
+    offload_->step(opt, grads, values);
+    return all_gather_into_values(true);
+  }
   std::vector<AdamWTensors> ts;
   ts.reserve(segments_.size());
   for (const Segment& s : segments_)
@@ -96,11 +118,16 @@ void DistributedOptimizer::for_each_gathered_bucket(const Tensor& shard,
                                                     const std::vector<bool>* only) {
   // One bucket at a time through a bucket-sized temporary: a whole-buffer one would cost the model slice's size
   // again in device memory (the gradient buffer's length in the gathered dtype; three f32 ones for the slots).
-  Tensor staging = Tensor::empty({largest_bucket_}, shard.dtype(), shard.device(), MemKind::workspace);
+  // A host shard (optimizer.offload's state, for checkpoints) goes through the device a block at a time: the
+  // group's communicator moves device memory.
+  const Device device = grads_.device();
+  Tensor staging = Tensor::empty({largest_bucket_}, shard.dtype(), device, MemKind::workspace);
   for (const BucketShard& b : buckets_) {
     if (only && !only->empty() && !only->at(b.index)) continue;
     Tensor full = staging.slice(0, b.end - b.begin);
-    dp_.all_gather(shard.slice(b.shard_begin, b.shard_begin + b.shard), full)->wait();
+    Tensor block = shard.slice(b.shard_begin, b.shard_begin + b.shard);
+    if (block.device() != device) block = block.to(device, MemKind::workspace);
+    dp_.all_gather(block, full)->wait();
     use(b, full);
   }
 }

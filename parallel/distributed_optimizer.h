@@ -4,6 +4,7 @@
 // dtype, and those shards are all-gathered back, bucket by bucket, into every rank's parameters.
 #pragma once
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "core/optim/optimizer.h"
@@ -18,6 +19,7 @@ class DistributedOptimizer final : public Optimizer {
   // must outlive it: the data-parallel group, or with hybrid sharding this rank's shard group). cfg.sum_across_ranks adds the grad-norm sums of the other model-parallel ranks; the
   // data-parallel sum is done here.
   DistributedOptimizer(const GradBuffer& grads, Communicator& dp, AdamWConfig cfg);
+  ~DistributedOptimizer() override;
 
   // Optimizer::step updates this rank's shard from the reduced gradients (GradBuffer::finalize done), then
   // all-gathers the parameters. Every rank of the group must call it.
@@ -69,9 +71,11 @@ class DistributedOptimizer final : public Optimizer {
   int64_t largest_bucket_ = 0;  // elements of the largest bucket: the gathers' staging size
   std::vector<BucketShard> buckets_;
   std::vector<Segment> segments_;         // in buffer order
-  Tensor master_, exp_avg_, exp_avg_sq_;  // (shard) f32 each
+  Tensor master_, exp_avg_, exp_avg_sq_;  // (shard) f32 each; with cfg.offload views of offload_'s host state
+  std::unique_ptr<HostOffload> offload_;  // cfg.offload (core/optim/host_offload.h): the state and the update
   // (shard) in the parameters' compute dtype when it is not f32: the update writes the rounded masters here
   // and the all-gather moves these (half the bytes of f32); undefined for f32 parameters (masters gathered).
+  // With offload always defined, on the device (f32 too): the host update's values land here.
   Tensor value_shard_;
   std::vector<bool> gather_only_;  // ZeRO-3: the buckets all_gather_into_values gathers (empty: all)
   // Gathers every rank's blocks of `shard` (shard_), bucket by bucket, into a bucket-sized temporary and passes

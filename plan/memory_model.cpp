@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "core/base/dtype.h"
+#include "core/optim/host_offload.h"
 #include "models/pipeline_schedule.h"
 #include "parallel/schedule.h"
 #include "plan/activation_tape.h"
@@ -202,6 +203,20 @@ double fp8_transient_bytes(const Config& c, const TapeShapes& s, Backend backend
   return elements * (backend == Backend::cpu ? 3 : 1);
 }
 
+double sum_of(const std::vector<double>& xs) {
+  double s = 0;
+  for (double x : xs) s += x;
+  return s;
+}
+
+// core/optim/host_offload.cpp's offload_host_bytes for a state of n elements with values of d bytes, in chunks of
+// parallel.grad_bucket_size elements (app/train/trainer.cpp).
+double offload_host_bytes_of(double n, double d, const Config& c) {
+  const OffloadOptions opt{.enabled = true, .chunk_elements = c.parallel.grad_bucket_size};
+  const DType value = d == 4 ? DType::f32 : DType::bf16;  // only the size counts
+  return static_cast<double>(offload_host_bytes(static_cast<int64_t>(n), value, opt));
+}
+
 }  // namespace
 
 double zero_model_state_bytes(double psi, int64_t nd, ShardStage stage, double k) {
@@ -308,7 +323,10 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     KindBytes& b = sm.bytes;
     // ZeRO-3: this rank's blocks in the compute dtype (the fp32 masters themselves when that is fp32) and what is
     // kept whole; the gathered units apart.
-    b[MemKind::parameter] = zero3 ? (d != 4 ? g.shard * d : 0) + kept_whole * d : n * d;
+    // optimizer.offload (core/optim/host_offload.h): the masters live on the host, so ZeRO-3's blocks are their
+    // device copy in the compute dtype, f32 too.
+    const bool offload = c.optimizer.offload;
+    b[MemKind::parameter] = zero3 ? (d != 4 || offload ? g.shard * d : 0) + kept_whole * d : n * d;
     b[MemKind::gathered] = zero3 ? gathered_pair * d : 0;
     // parallel/grad_buffer.cpp: one flat fp32 buffer; with ZeRO its buckets are reduce-scattered in place and
     // the distributed optimizer reads its blocks there (no gradient shard of its own).
@@ -324,6 +342,15 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     // (parallel/distributed_optimizer.cpp): master and moments of its blocks, plus the blocks' values in the
     // compute dtype (value_shard_) for the all-gather.
     b[MemKind::optimizer] = zero ? g.shard * (12 + (d != 4 && !zero3 ? d : 0)) : trained * (8 + (d != 4 ? 4 : 0));
+    // Offloaded: the host pool holds masters, moments and two chunks of staging per optimizer (the dense one and the
+    // experts'); the device keeps only ZeRO's blocks of values for the all-gather (f32 too; ZeRO-3: the parameters
+    // above).
+    if (offload) {
+      const double dense_n = zero ? dense.shard : trained - (lora.enabled() ? 0 : sum_of(experts));
+      const double expert_n = zero ? expert.shard : (lora.enabled() ? 0 : sum_of(experts));
+      b[MemKind::host] = offload_host_bytes_of(dense_n, d, c) + offload_host_bytes_of(expert_n, d, c);
+      b[MemKind::optimizer] = zero && !zero3 ? g.shard * d : 0;
+    }
     // Kept for the run: the step-loss slots (f64 per step of a logging interval), cuBLASLt's workspace.
     const double persistent_ws = 8.0 * static_cast<double>(std::min<int64_t>(c.logging.interval, 1024)) +
                                  (backend == Backend::cuda ? kCublasLtWorkspace : 0) + fp8_state_bytes(c, sm.layers);

@@ -13,8 +13,23 @@ Prediction predict(const Config& c, const Hardware& hw) {
   Prediction p{.config = c, .layout = layout_of(c)};
   p.memory = predict_memory(c, backend_for(hw));
   p.time = predict_time(c, hw);
-  p.fits = p.memory.max_total() <= hw.memory_bytes;
+  p.fits = fits(c, p.memory, hw);
   return p;
+}
+
+double max_host_bytes(const MemoryPlan& m) {
+  double most = 0;
+  for (const StageMemory& s : m.stages) most = std::max(most, s.bytes[MemKind::host]);
+  return most;
+}
+
+bool host_fits(const Config& c, const MemoryPlan& m) {
+  const double budget = c.optimizer.offload_host_memory_gib;
+  return budget <= 0 || max_host_bytes(m) <= budget * 1073741824.0;
+}
+
+bool fits(const Config& c, const MemoryPlan& m, const Hardware& hw) {
+  return m.max_total() <= hw.memory_bytes && host_fits(c, m);
 }
 
 namespace {
@@ -55,20 +70,28 @@ std::vector<Prediction> search(const Config& base, int64_t world, const Hardware
   std::vector<Prediction> out;
   // Recomputation only where keeping the activations does not fit (it is never faster): selective (every module)
   // before full.
+  // Optimizer offload (optimizer.offload) after that, where the state does not fit on the device otherwise, and only
+  // with a host budget (optimizer.offload_host_memory_gib) to hold the host state against.
+  const bool try_offload = !base.optimizer.offload && base.optimizer.offload_host_memory_gib > 0;
   auto add_fastest_fitting = [&](Layout l) {
-    for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
-      if (rc != Recompute::none && !opt.allow_recompute) continue;
-      l.recompute = rc;
-      try {
-        const Config c = apply_layout(base, l);
-        if (!runtime_refusal(c).empty()) continue;
-        // The memory first: the time (the schedule simulation) only for the mode that fits.
-        if (predict_memory(c, backend_for(hw)).max_total() > hw.memory_bytes) continue;
-        out.push_back(predict(c, hw));
-        return;
-      } catch (const std::exception&) {
-        continue;  // a rule refuses it
+    for (bool offload : {base.optimizer.offload, true}) {
+      if (offload && !base.optimizer.offload && !try_offload) break;
+      for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
+        if (rc != Recompute::none && !opt.allow_recompute) continue;
+        l.recompute = rc;
+        try {
+          Config c = apply_layout(base, l);
+          c.optimizer.offload = offload;
+          if (!runtime_refusal(c).empty()) continue;
+          // The memory first: the time (the schedule simulation) only for the mode that fits.
+          if (!fits(c, predict_memory(c, backend_for(hw)), hw)) continue;
+          out.push_back(predict(c, hw));
+          return;
+        } catch (const std::exception&) {
+          continue;  // a rule refuses it
+        }
       }
+      if (base.optimizer.offload) break;  // already offloaded: nothing more to try
     }
   };
   for (const auto& [tp, cp, cp_allgather] : tensor_context_sizes(base, world, opt.min_context_chunk)) {

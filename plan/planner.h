@@ -16,8 +16,15 @@ struct Prediction {
   Layout layout;
   MemoryPlan memory;
   StepTime time;
-  bool fits = false;  // every rank kind's total within the device memory
+  bool fits = false;  // every rank kind's total within the device memory (and its host pool within the budget)
 };
+
+// The most host memory a rank kind's offloaded optimizer state takes (MemKind::host; 0 without optimizer.offload),
+// and whether it is within optimizer.offload_host_memory_gib (no budget: yes).
+double max_host_bytes(const MemoryPlan& m);
+bool host_fits(const Config& c, const MemoryPlan& m);
+// Prediction::fits: every rank kind's device total within hw's memory and the host pool within its budget.
+bool fits(const Config& c, const MemoryPlan& m, const Hardware& hw);
 
 // Which memory model a device implies: the CPU backend's for the CPU, CUDA's for GPUs.
 Backend backend_for(const Hardware& hw);

@@ -19,6 +19,11 @@ std::string count_words(double n) {
   return fmt::format("{:.0f}", n);
 }
 
+// The layout as describe() says it, with " offload" when the optimizer state is on the host.
+std::string layout_words(const Prediction& p) {
+  return describe(p.layout) + (p.config.optimizer.offload ? " offload" : "");
+}
+
 nlohmann::json layout_json(const Layout& l) {
   return {{"tensor", l.tensor},
           {"pipeline", l.pipeline},
@@ -45,6 +50,9 @@ nlohmann::json to_json(const Prediction& p, const Hardware& hw) {
   j["device"] = hw.name;
   j["memory_bytes_available"] = hw.memory_bytes;
   j["fits"] = p.fits;
+  j["offload"] = p.config.optimizer.offload;
+  j["host_bytes"] = max_host_bytes(p.memory);
+  j["host_bytes_budget"] = p.config.optimizer.offload_host_memory_gib * kMiB * 1024;
   nlohmann::json ranks = nlohmann::json::array();
   for (const StageMemory& s : p.memory.stages) {
     nlohmann::json r{{"kind", s.kind},
@@ -75,8 +83,8 @@ nlohmann::json to_json(const Prediction& p, const Hardware& hw) {
 
 std::string format_prediction(const Prediction& p, const Hardware& hw) {
   const Config& c = p.config;
-  std::string s = fmt::format("layout: {} on {} x {} ({} microbatches per iteration per pipeline)\n",
-                              describe(p.layout), c.parallel.world_size, hw.name, c.training.num_microbatches);
+  std::string s = fmt::format("layout: {} on {} x {} ({} microbatches per iteration per pipeline)\n", layout_words(p),
+                              c.parallel.world_size, hw.name, c.training.num_microbatches);
   const std::string kv = c.model.kv_heads() != c.model.num_heads
                              ? fmt::format(" ({} key/value heads)", c.model.kv_heads())
                              : std::string();
@@ -113,6 +121,14 @@ std::string format_prediction(const Prediction& p, const Hardware& hw) {
                      b[MemKind::gradient] / kMiB, b[MemKind::optimizer] / kMiB, b[MemKind::activation] / kMiB,
                      b[MemKind::workspace] / kMiB, b.total / kMiB, b.total <= hw.memory_bytes ? "yes" : "NO");
   }
+  if (c.optimizer.offload) {
+    const double budget = c.optimizer.offload_host_memory_gib;
+    s += fmt::format("  host (optimizer.offload: masters, moments, staging): {:.2f} MiB per rank, {}\n",
+                     max_host_bytes(p.memory) / kMiB,
+                     budget > 0 ? fmt::format("budget {:.0f} MiB (optimizer.offload_host_memory_gib): {}",
+                                              budget * 1024, host_fits(c, p.memory) ? "fits" : "does NOT fit")
+                                : std::string("no budget set (optimizer.offload_host_memory_gib)"));
+  }
   const StepTime& t = p.time;
   auto ms = [](double sec) { return sec * 1e3; };
   s += "\npredicted time per iteration (ms, slowest pipeline stage)\n";
@@ -140,7 +156,7 @@ std::string format_search(const std::vector<Prediction>& ranked, const Hardware&
                    "TFLOP/s", "MFU", "memory MiB");
   for (size_t i = 0; i < ranked.size() && i < top; ++i) {
     const Prediction& p = ranked[i];
-    s += fmt::format("  {:>3}  {:<60} {:>10.1f} {:>12.0f} {:>8.1f} {:>5.1f}% {:>12.0f}\n", i + 1, describe(p.layout),
+    s += fmt::format("  {:>3}  {:<60} {:>10.1f} {:>12.0f} {:>8.1f} {:>5.1f}% {:>12.0f}\n", i + 1, layout_words(p),
                      p.time.total * 1e3, p.time.tokens_per_s, p.time.model_tflops_per_gpu, 100 * p.time.mfu,
                      p.memory.max_total() / kMiB);
   }

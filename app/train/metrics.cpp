@@ -66,9 +66,15 @@ std::string memory_summary(Device device) {
   const MemoryStats& m = allocator_for(device).stats();
   std::string s;
   for (size_t k = 0; k < MemoryStats::kKinds; ++k)
-    s += fmt::format("{} {:.2f} | ", mem_kind_name(static_cast<MemKind>(k)), m.peak[k] / 1048576.0);
-  return s + fmt::format("total {:.2f}", m.peak_total / 1048576.0);
+    if (is_device_kind(static_cast<MemKind>(k)))
+      s += fmt::format("{} {:.2f} | ", mem_kind_name(static_cast<MemKind>(k)), m.peak[k] / 1048576.0);
+  s += fmt::format("total {:.2f}", m.peak_total / 1048576.0);
+  // The host pool (optimizer.offload), apart from the device's total; the CPU allocator's on every backend.
+  if (const int64_t host = host_peak_bytes(); host > 0) s += fmt::format(" | host {:.2f}", host / 1048576.0);
+  return s;
 }
+
+int64_t host_peak_bytes() { return allocator_for(Device::cpu).stats().host_peak; }
 
 double eta_seconds(int64_t iteration, int64_t train_iters, double seconds_per_iter) {
   return static_cast<double>(std::max<int64_t>(train_iters - iteration, 0)) * std::max(seconds_per_iter, 0.0);
@@ -169,6 +175,7 @@ void report_interval(const IntervalReport& r, MetricsFile& metrics) {
   j["skipped_iters"] = r.skipped_iters;
   j["nan_iters"] = r.nan_iters;
   j["peak_bytes"] = r.peak_bytes;
+  if (r.host_peak_bytes > 0) j["host_peak_bytes"] = r.host_peak_bytes;  // the host pool (optimizer.offload)
   if (!r.peak_bytes_per_rank.empty()) j["peak_bytes_per_rank"] = r.peak_bytes_per_rank;
   if (!r.peak_activation_bytes_per_rank.empty()) j["peak_activation_bytes_per_rank"] = r.peak_activation_bytes_per_rank;
   j["device"] = std::string(device_name(r.device));
@@ -211,9 +218,11 @@ void report_interval(const IntervalReport& r, MetricsFile& metrics) {
     if (r.peak_tflops > 0) tb.scalar("mfu", it, value(r.tflops_per_gpu / r.peak_tflops));
     const MemoryStats& m = allocator_for(r.device).stats();
     for (size_t k = 0; k < MemoryStats::kKinds; ++k)
-      tb.scalar(fmt::format("memory/peak-{}-MiB", mem_kind_name(static_cast<MemKind>(k))), it,
-                value(m.peak[k] / 1048576.0));
+      if (is_device_kind(static_cast<MemKind>(k)))
+        tb.scalar(fmt::format("memory/peak-{}-MiB", mem_kind_name(static_cast<MemKind>(k))), it,
+                  value(m.peak[k] / 1048576.0));
     tb.scalar("memory/peak-total-MiB", it, value(m.peak_total / 1048576.0));
+    if (r.host_peak_bytes > 0) tb.scalar("memory/peak-host-MiB", it, value(r.host_peak_bytes / 1048576.0));
     if (r.moe.enabled) {
       if (r.moe.has_aux) tb.scalar("moe/load-balancing-loss", it, value(r.moe.aux_loss));
       if (r.moe.has_z) tb.scalar("moe/z-loss", it, value(r.moe.z_loss));

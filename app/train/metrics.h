@@ -44,8 +44,11 @@ class MetricsFile {
   bool failed_ = false;  // a sink failed during the run and was closed
 };
 
-// "parameter 1.00 | gradient 1.00 | ... | total 4.00": the device's peak bytes per kind, in MiB.
+// "parameter 1.00 | gradient 1.00 | ... | total 4.00": the device's peak bytes per kind, in MiB, and " | host 9.00"
+// after the total when the host pool (MemKind::host: optimizer.offload) was used.
 std::string memory_summary(Device device);
+// The host pool's peak bytes (MemKind::host, the CPU allocator's on every backend).
+int64_t host_peak_bytes();
 
 // One MoE layer's tokens per expert over a logging interval (every microbatch of every data-parallel rank).
 struct MoeLayerLoad {
@@ -74,7 +77,8 @@ struct IntervalReport {
   float lr = 0;
   double loss = 0, loss_scale = 1, grad_norm = 0;
   int64_t skipped_iters = 0, nan_iters = 0;
-  int64_t peak_bytes = 0;
+  int64_t peak_bytes = 0;       // the device pools'
+  int64_t host_peak_bytes = 0;  // the host pool's (optimizer.offload); 0: not used
   Device device = Device::cpu;
   double elapsed_s = 0;                      // wall-clock seconds since this run started training
   double eta_s = 0;                          // the remaining iterations at the wall-clock pace of this interval

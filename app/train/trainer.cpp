@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <optional>
+#include <thread>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -35,6 +36,14 @@ PipelinePlacement placement_of(const Distributed& dist, const ScheduleSpec& spec
           .waits_on_use = waits_on_use(spec.kind)};
 }
 
+// optimizer.offload: chunks of a gradient bucket's size; the machine's cores shared by the ranks on it.
+OffloadOptions offload_options(const Config& cfg, const Distributed& dist) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return {.enabled = cfg.optimizer.offload,
+          .chunk_elements = cfg.parallel.grad_bucket_size,
+          .threads = std::max(1, cores / std::max(1, dist.env.local_world_size))};
+}
+
 }  // namespace
 
 Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
@@ -48,7 +57,8 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
           .weight_decay = cfg.optimizer.weight_decay,
           .grad_clip = cfg.optimizer.grad_clip,
           .count_replicas = dist.tp_rank() == 0,
-          .sum_across_ranks = [&dist](double x) { return dist.mp->size() > 1 ? sum_doubles(*dist.mp, {x})[0] : x; }}),
+          .sum_across_ranks = [&dist](double x) { return dist.mp->size() > 1 ? sum_doubles(*dist.mp, {x})[0] : x; },
+          .offload = offload_options(cfg, dist)}),
       scaler_(dtype_ == DType::f16, LossScalerOptions{.initial = cfg.training.loss_scale.initial,
                                                       .min = cfg.training.loss_scale.min,
                                                       .window = cfg.training.loss_scale.window,
@@ -170,6 +180,15 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
         }
       });
   }
+  // optimizer.offload_host_memory_gib: the host state this rank holds now (the host pool) within the budget.
+  const double budget = cfg.optimizer.offload_host_memory_gib;
+  if (const int64_t host = allocator_for(Device::cpu).stats().host_current; budget > 0 && host > budget * (1 << 30))
+    throw std::invalid_argument(fmt::format(
+        "optimizer.offload_host_memory_gib: rank {} needs {:.3f} GiB of host memory for its offloaded optimizer "
+        "state (fp32 masters and moments, 12 bytes per element of its shard, and the staging of two chunks of "
+        "parallel.grad_bucket_size={} elements), more than the budget of {} GiB: raise the budget, shard the "
+        "state over more data-parallel ranks (parallel.shard) or lower parallel.grad_bucket_size",
+        dist.rank(), static_cast<double>(host) / (1 << 30), cfg.parallel.grad_bucket_size, budget));
   // The per-parameter gradients made with the model are gone: peaks start from the real state.
   allocator_for(device_).reset_peaks();
 }

@@ -168,6 +168,7 @@ void Trainer::report(const StepResult& r, float lr, double mean_ms, int64_t inte
           .skipped_iters = c_.skipped_iters,
           .nan_iters = c_.nan_iters,
           .peak_bytes = allocator_for(device_).stats().peak_total,
+          .host_peak_bytes = host_peak_bytes(),
           .device = device_,
           .elapsed_s = std::chrono::duration<double>(now - started_).count(),
           .eta_s = eta_seconds(c_.iteration, cfg_.training.train_iters, wall_per_iter),

@@ -350,6 +350,13 @@ struct OptimizerConfig {
   std::vector<double> betas = {0.9, 0.999};
   double eps = 1e-8;
   double grad_clip = 1.0;  // 0 disables clipping
+  // ZeRO-Offload (core/optim/host_offload.h): this rank's fp32 masters and Adam moments (of its shard under
+  // parallel.shard) in host memory, the AdamW step on the host, gradients down and values up per chunk.
+  bool offload = false;
+  // The host memory one rank's offloaded state may take, in GiB; 0: no budget (not checked). With offload a state
+  // larger than the budget is refused at start-up and does not fit in `megatrain plan`; `plan --search` tries
+  // offload (where nothing else fits the device) only with a budget, set with offload false or true.
+  double offload_host_memory_gib = 0;
 
   bool operator==(const OptimizerConfig&) const = default;
 };

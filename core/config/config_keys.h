@@ -135,6 +135,8 @@ void visit(V& v, C& c) {
     v.field({.name = "betas", .length = 2}, o.betas);
     v.field({.name = "eps"}, o.eps);
     v.field({.name = "grad_clip"}, o.grad_clip);
+    v.field({.name = "offload"}, o.offload);
+    v.field({.name = "offload_host_memory_gib"}, o.offload_host_memory_gib);
   });
   v.section("data", [&] {
     auto& d = c.data;

@@ -580,6 +580,7 @@ void resolve_optimizer(Config& c, const Rules& r) {
   for (size_t i = 0; i < o.betas.size(); ++i) r.probability(fmt::format("optimizer.betas[{}]", i), o.betas[i]);
   r.positive("optimizer.eps", o.eps);
   r.non_negative("optimizer.grad_clip", o.grad_clip);
+  r.non_negative("optimizer.offload_host_memory_gib", o.offload_host_memory_gib);
 }
 
 // One data.train / data.valid list: no empty path, and blend weights finite and > 0 (megatron-core asserts it).

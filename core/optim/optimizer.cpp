@@ -1,6 +1,9 @@
 #include "core/optim/optimizer.h"
 
 #include <cmath>
+#include <stdexcept>
+
+#include <fmt/format.h>
 
 #include "core/tensor/ops.h"
 
@@ -13,6 +16,37 @@ double clip_coefficient(double grad_norm, double max_norm) {
 }
 
 AdamW::AdamW(std::vector<Parameter*> params, AdamWConfig cfg) : Optimizer(std::move(cfg)) {
+  if (cfg_.offload.enabled) {
+    // One flat host state, each parameter's elements in turn; the values stay on the device.
+    std::vector<HostOffload::Segment> segments;
+    int64_t n = 0;
+    for (const Parameter* p : params) {
+      segments.push_back({.begin = n, .end = n + p->value.numel(), .decay = p->weight_decay});
+      n += p->value.numel();
+    }
+    const DType dtype = params.empty() ? DType::f32 : params[0]->value.dtype();
+    for (const Parameter* p : params)
+      if (p->value.dtype() != dtype || p->value.device() != params[0]->value.device())
+        throw std::invalid_argument(fmt::format(
+            "optimizer.offload: parameter {} is {} on {}, {} is {} on {}: offload needs one dtype and device", p->name,
+            dtype_name(p->value.dtype()), device_name(p->value.device()), params[0]->name, dtype_name(dtype),
+            device_name(params[0]->value.device())));
+    offload_ = std::make_unique<HostOffload>(n, std::move(segments), dtype,
+                                             params.empty() ? Device::cpu : params[0]->value.device(), cfg_.offload);
+    int64_t at = 0;
+    for (Parameter* p : params) {
+      const int64_t e = at + p->value.numel();
+      auto view = [&](const Tensor& t) { return t.slice(at, e).view(p->value.shape()); };
+      Slot s{.param = p,
+             .master = view(offload_->master()),
+             .exp_avg = view(offload_->exp_avg()),
+             .exp_avg_sq = view(offload_->exp_avg_sq())};
+      s.master.copy_from(p->value);
+      slots_.push_back(std::move(s));
+      at = e;
+    }
+    return;
+  }
   for (Parameter* p : params) {
     Slot s{.param = p};
     if (p->value.dtype() == DType::f32) {
@@ -170,7 +204,17 @@ void AdamW::load_state(const std::function<void(const std::vector<Slot>&)>& fill
   sync_values_from_master();
 }
 
+AdamW::~AdamW() = default;
+
 void AdamW::update(const AdamWOptions& opt) {
+  if (offload_) {
+    std::vector<Tensor> grads, values;
+    for (const Slot& s : slots_) {
+      grads.push_back(s.param->grad.view({s.param->grad.numel()}));
+      values.push_back(s.param->value.view({s.param->value.numel()}));
+    }
+    return offload_->step(opt, grads, values);
+  }
   std::vector<AdamWTensors> ts;
   ts.reserve(slots_.size());
   for (Slot& s : slots_)

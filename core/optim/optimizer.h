@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/optim/host_offload.h"
 #include "core/tensor/ops.h"
 #include "core/tensor/parameter.h"
 #include "core/tensor/tensor.h"
@@ -23,6 +24,9 @@ struct AdamWConfig {
   // are added up across the model-parallel ranks by sum_across_ranks (null: one rank).
   bool count_replicas = true;
   std::function<double(double)> sum_across_ranks;
+  // optimizer.offload: the masters and moments in host memory and the update on the host (core/optim/host_offload.h),
+  // in AdamW and the distributed optimizer alike.
+  OffloadOptions offload;
 };
 
 struct StepResult {
@@ -145,8 +149,9 @@ class ExpertSplitOptimizer final : public Optimizer {
 class AdamW final : public Optimizer {
  public:
   // The parameters' values are cast from fp32 master copies after each step; when the values are
-  // themselves f32 they serve as the master copy.
+  // themselves f32 they serve as the master copy (not with cfg.offload: the masters are in host memory then).
   AdamW(std::vector<Parameter*> params, AdamWConfig cfg);
+  ~AdamW() override;
 
   void zero_grads();
   std::vector<Slot>& slots() { return slots_; }
@@ -160,6 +165,7 @@ class AdamW final : public Optimizer {
   std::vector<Tensor> counted_grads() const override;
   void update(const AdamWOptions& opt) override;
   std::vector<Slot> slots_;
+  std::unique_ptr<HostOffload> offload_;  // cfg.offload: the slots are views of its host state
 };
 
 }  // namespace mt

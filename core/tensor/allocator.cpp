@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #if defined(MEGATRAIN_WITH_CUDA)
+#include "core/cuda/host_copies.h"
 #include "core/cuda/runtime.h"
 #endif
 
@@ -28,6 +29,8 @@ std::string_view mem_kind_name(MemKind k) {
       return "workspace";
     case MemKind::gathered:
       return "gathered";
+    case MemKind::host:
+      return "host";
     case MemKind::kCount:
       break;
   }
@@ -37,36 +40,60 @@ std::string_view mem_kind_name(MemKind k) {
 void Allocator::reset_peaks() {
   stats_.peak = stats_.current;
   stats_.peak_total = stats_.current_total;
+  stats_.host_peak = stats_.host_current;
 }
 
 void Allocator::record_alloc(size_t bytes, MemKind kind) {
   auto k = static_cast<size_t>(kind);
   stats_.current[k] += static_cast<int64_t>(bytes);
   stats_.peak[k] = std::max(stats_.peak[k], stats_.current[k]);
-  stats_.current_total += static_cast<int64_t>(bytes);
-  stats_.peak_total = std::max(stats_.peak_total, stats_.current_total);
+  int64_t& current = is_device_kind(kind) ? stats_.current_total : stats_.host_current;
+  int64_t& peak = is_device_kind(kind) ? stats_.peak_total : stats_.host_peak;
+  current += static_cast<int64_t>(bytes);
+  peak = std::max(peak, current);
 }
 
 void Allocator::record_free(size_t bytes, MemKind kind) {
   stats_.current[static_cast<size_t>(kind)] -= static_cast<int64_t>(bytes);
-  stats_.current_total -= static_cast<int64_t>(bytes);
+  (is_device_kind(kind) ? stats_.current_total : stats_.host_current) -= static_cast<int64_t>(bytes);
 }
 
 namespace {
 
-// 64-byte aligned host memory. Ranks run as threads in unit tests, so accounting is locked.
+// Whether MemKind::host memory is pinned: a CUDA build on a machine with a GPU (decided once, so that every
+// buffer is freed as it was allocated).
+bool pin_host_memory() {
+#if defined(MEGATRAIN_WITH_CUDA)
+  static const bool pin = cuda::device_count() > 0;
+  return pin;
+#else
+  return false;
+#endif
+}
+
+// 64-byte aligned host memory (MemKind::host pinned where pin_host_memory()). Ranks run as threads in unit tests,
+// so accounting is locked.
 class CpuAllocator final : public Allocator {
  public:
   void* allocate(size_t bytes, MemKind kind) override {
     size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
-    void* p = std::aligned_alloc(64, rounded);
+    void* p = nullptr;
+#if defined(MEGATRAIN_WITH_CUDA)
+    if (kind == MemKind::host && pin_host_memory()) p = cuda::alloc_pinned(rounded);  // page-aligned
+#endif
+    if (!p) p = std::aligned_alloc(64, rounded);
     if (!p) throw std::bad_alloc();
     std::lock_guard lock(mu_);
     record_alloc(bytes, kind);
     return p;
   }
   void deallocate(void* ptr, size_t bytes, MemKind kind) override {
-    std::free(ptr);
+#if defined(MEGATRAIN_WITH_CUDA)
+    if (kind == MemKind::host && pin_host_memory())
+      cuda::free_pinned(ptr);
+    else
+#endif
+      std::free(ptr);
     std::lock_guard lock(mu_);
     record_free(bytes, kind);
   }

@@ -13,15 +13,22 @@ std::string_view device_name(Device d);
 // What a buffer is for; memory reports break peaks down by these.
 // gathered: ZeRO-3's whole parameters of a unit, gathered around its forward and backward
 // (parallel/sharded_parameters.h).
-enum class MemKind : uint8_t { parameter, gradient, optimizer, activation, workspace, gathered, kCount };
+// host: the host pool of a device run, apart from the device's: the optimizer offload's masters, moments and
+// staging (core/optim/host_offload.h), pinned (cudaHostAlloc) in a CUDA build with a GPU. Always Device::cpu
+// memory; it is left out of the device totals (current_total, peak_total) and counted in host_current/host_peak,
+// so a CPU run keeps its device and host pools apart in the accounting as a GPU run does.
+enum class MemKind : uint8_t { parameter, gradient, optimizer, activation, workspace, gathered, host, kCount };
 std::string_view mem_kind_name(MemKind k);
+// Whether bytes of kind k count in the device totals (every kind but host).
+constexpr bool is_device_kind(MemKind k) { return k != MemKind::host; }
 
 struct MemoryStats {
   static constexpr size_t kKinds = static_cast<size_t>(MemKind::kCount);
   std::array<int64_t, kKinds> current{};  // bytes live now, per kind
   std::array<int64_t, kKinds> peak{};     // highest bytes live at once, per kind
   int64_t current_total = 0;
-  int64_t peak_total = 0;  // highest total bytes live at once
+  int64_t peak_total = 0;                   // highest total bytes live at once (the device kinds: MemKind::host apart)
+  int64_t host_current = 0, host_peak = 0;  // MemKind::host
 };
 
 class Allocator {

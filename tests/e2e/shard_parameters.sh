@@ -29,11 +29,6 @@ grep -q "with parallel.shard: parameters is not built yet" err.txt || fail "the 
 grep -q "parallel.shard=parameters with one data-parallel rank" dp1/megatrain.log || fail "shard=parameters at DP=1 does not warn"
 base=(--set training.train_iters=10 --set optimizer.warmup_iters=2 --set parallel.timeout_s=60
       --set parallel.grad_bucket_size=3000 --set training.micro_batch_size=2)
-run() {  # dir, then the run's arguments
-  local dir=$1
-  shift
-  "$MT" "$@" --set logging.dir=$dir >/dev/null 2>$dir.err || { tail -5 $dir.err; fail "$dir failed"; }
-}
 exact() {  # dir-a dir-b what
   losses $1/metrics.jsonl 1 10 > a.txt
   losses $2/metrics.jsonl 1 10 > b.txt

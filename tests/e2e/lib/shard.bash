@@ -1,4 +1,11 @@
-# shard.bash: what the ZeRO stages' tests share (tests/e2e/shard_*.sh).
+# shard.bash: what the ZeRO stages' tests share (tests/e2e/shard_*.sh, optimizer_offload.sh).
+
+# Runs megatrain with the arguments after $1 into logging.dir $1, quietly; fails with the error's tail.
+run() {
+  local dir=$1
+  shift
+  "$MT" "$@" --set logging.dir=$dir >/dev/null 2>$dir.err || { tail -5 $dir.err; fail "$dir failed"; }
+}
 
 # The arguments of a run of config $1.yaml at layout "tp pp dp" ($2) with one microbatch per rank (global batch
 # = DP x micro batch size 2), SP with TP, after the caller's base[] arguments: sets tp, pp, dp and args[].
