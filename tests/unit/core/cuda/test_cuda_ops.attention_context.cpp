@@ -1,7 +1,8 @@
 // test_cuda_ops.attention_context.cpp: context-parallel attention's blocks on the GPU against the CPU reference
 // (core/cpu/attention_context.cpp): packing, a block's partial attention and lse under each kind of chunk pair
 // (diagonal, full, a jump inside the queries, invisible), the merge, the block backward and the qkv gradient, in
-// fp32, bf16 and f16, grouped-query and GPT's layout. Skips where no GPU can run it.
+// fp32, bf16 and f16, grouped-query and GPT's layout; and with dropout on the probabilities, keyed by the chunks'
+// global positions (the same mask as the CPU's). Skips where no GPU can run it.
 #include <gtest/gtest.h>
 
 #include "core/tensor/ops.h"
@@ -24,11 +25,25 @@ TEST_F(CudaAttentionBlocks, BlocksMergeAndBackwardMatchCpu) {
   const int64_t c = 8;  // chunk length: local sequences of 2c tokens, CP = 2
   const SequencePositions rank0{.position_offset = 0, .split_at = c, .split_position = 3 * c};
   const SequencePositions rank1{.position_offset = c, .split_at = c, .split_position = 2 * c};
+  // Attention dropout keyed as one rank's over the 4c tokens: (query, key) at their global positions.
+  auto dropped = [&](SequencePositions q, SequencePositions k) {
+    return AttentionBlockOptions{.q = q,
+                                 .k = k,
+                                 .dropout_p = 0.3f,
+                                 .seed = 77,
+                                 .site = 12,
+                                 .sample_offset = 5,
+                                 .head_offset = 2,
+                                 .seq_length = 4 * c};
+  };
   const BlockCase cases[] = {
       {2, 2 * c, 2, 2, 16, {.q = rank0, .k = rank0}},  // own block: diagonal-causal chunks
       {1, 2 * c, 3, 1, 32, {.q = rank0, .k = rank1}},  // rank 1's keys: some full, some invisible
       {1, 2 * c, 1, 4, 64, {.q = rank1, .k = rank0}},  // multi-query
       {1, 2 * c, 2, 1, 40, {.q = {.position_offset = 0}, .k = {.position_offset = 100}}},  // nothing visible
+      {2, 2 * c, 2, 2, 16, dropped(rank0, rank0)},  // the same with dropout: the CPU's mask at global positions
+      {1, 2 * c, 3, 1, 32, dropped(rank0, rank1)},
+      {1, 2 * c, 1, 4, 64, dropped(rank1, rank0)},
   };
   for (const BlockCase& k : cases)
     for (DType dt : kFloatTypes) {
