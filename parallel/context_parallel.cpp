@@ -96,6 +96,10 @@ class KvSource {
     if (s + 1 < cp_.size) {
       send_ = cp_.comm->send(current_, (cp_.rank + 1) % cp_.size, kTagKv);
       recv_ = cp_.comm->recv(next_, (cp_.rank - 1 + cp_.size) % cp_.size, kTagKv);
+      // On NCCL the pair goes out now, on the communicator's stream after what the compute stream holds so far
+      // (this block's keys and values are ready), and travels while this block's attention computes; advance()
+      // makes the compute stream wait for it (an event) before the next block is read.
+      recv_->start();
     }
     return current_;
   }

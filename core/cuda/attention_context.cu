@@ -1,6 +1,8 @@
 // attention_context.cu: context-parallel attention's blocks on the GPU (core/tensor/ops.h; the CPU reference is
-// core/cpu/attention_context.cpp). Plain warp-per-row kernels, written for clarity: a warp owns one query row (or,
-// in the backward's key pass, one key row), its lanes split the head dimension, and keys (queries) are walked one
+// core/cpu/attention_context.cpp). A block goes to cuDNN's fused attention first (attention_cudnn.h: bf16 / fp16,
+// no dropout, a chunk pair one SDPA call expresses); otherwise, and for fp32 or dropout, to the kernels below.
+// Plain warp-per-row kernels, written for clarity: a warp owns one query row (or, in the backward's key pass, one
+// key row), its lanes split the head dimension, and keys (queries) are walked one
 // at a time with an online softmax. Every sum has a fixed order (no atomics), so results are deterministic.
 //   forward:  out_i = sum_j exp(s_ij - lse_i) v_j over the keys visible to i, lse_i = log sum_j exp(s_ij)
 //   backward: Delta_i = dO_i . O_i; dq_i += sum_j dS_ij k_j; dk_j += sum_(h in group, i) dS_ij q_i;
@@ -14,6 +16,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/cuda/attention_cudnn.h"
 #include "core/cuda/kernels.cuh"
 #include "core/cuda/ops_cuda.h"
 
@@ -293,6 +296,7 @@ void attention_kv_pack(const Tensor& qkv, Tensor& kv) {
 
 void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,
                              const AttentionBlockOptions& opt) {
+  if (attention_block_forward_on_cudnn(qkv, kv, out, lse, opt)) return;
   const Dims d = dims_of(qkv, kv);
   check_head_dim("attention_block_forward", d.D);
   const int64_t rows = d.B * d.G * d.R * d.T;
@@ -315,6 +319,7 @@ void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor
 
 void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
                               const Tensor& dout, Tensor& dq, Tensor& dkv, const AttentionBlockOptions& opt) {
+  if (attention_block_backward_on_cudnn(qkv, kv, out, lse, dout, dq, dkv, opt)) return;
   const Dims d = dims_of(qkv, kv);
   check_head_dim("attention_block_backward", d.D);
   const int64_t rows = d.B * d.G * d.R * d.T, key_rows = d.B * d.G * d.Tk;
