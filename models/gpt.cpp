@@ -151,12 +151,7 @@ Tensor GptModel::forward_impl(const Tensor& input, const Tensor& tokens, const T
     unit_event(UnitEvent::forward_begin, 0, following(0));
     x = wte_.forward(tokens);  // (B, Ts, C)
     if (has_position_table()) position_embedding_add(x, wpe_.value, position_options(T, seq_offset, Ts, ctx));
-    dropout_forward(x, x,
-                    {.p = ctx.training ? cfg_.dropout : 0.f,
-                     .seed = ctx.seed,
-                     .site = site_embedding_,
-                     .sample_offset = ctx.sample_offset,
-                     .row_offset = seq_offset});
+    dropout_forward(x, x, embedding_dropout(ctx.training ? cfg_.dropout : 0.f, T, seq_offset, Ts, ctx));
     unit_event(UnitEvent::forward_end, 0, -1);
     if (ctx.training) embedded_[mb] = {ctx, tokens};
   }
@@ -281,12 +276,7 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
     grads_needed_(mb, needed);
   }
   const int64_t seq_offset = opt_.tp.shard_offset(tokens.dim(1));
-  dropout_backward(dx, dx,
-                   {.p = cfg_.dropout,
-                    .seed = ctx.seed,
-                    .site = site_embedding_,
-                    .sample_offset = ctx.sample_offset,
-                    .row_offset = seq_offset});
+  dropout_backward(dx, dx, embedding_dropout(cfg_.dropout, tokens.dim(1), seq_offset, dx.dim(1), ctx));
   if (has_position_table() && !wpe_.frozen)  // frozen (LoRA): no gradient wanted
     position_embedding_backward(dx, wpe_.grad, position_options(tokens.dim(1), seq_offset, dx.dim(1), ctx));
   if (!wte_.weight().frozen) wte_.backward(tokens, dx);

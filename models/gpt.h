@@ -139,6 +139,12 @@ class GptModel {
             .split_position = p.split_position,
             .positions = ctx.positions};
   }
+  // The embedding dropout of tokens [offset, offset + len) of a local sequence of T tokens (rows at their global
+  // positions, context chunks included).
+  DropoutOptions embedding_dropout(float p, int64_t T, int64_t offset, int64_t len, const StepContext& ctx) const {
+    return opt_.cp.with_rows({.p = p, .seed = ctx.seed, .site = site_embedding_, .sample_offset = ctx.sample_offset}, T,
+                             offset, len);
+  }
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
   Norm lnf_;                   // (C) final LayerNorm (GPT) or RMSNorm (Llama)
   ColumnParallelLinear head_;  // C -> Vpad, no bias: weight (Vpad/tp, C) lm_head, or wte's borrowed when tied

@@ -123,25 +123,26 @@ RopeOptions TransformerLayer::rope_options(bool inverse, int64_t T, const StepCo
 
 void TransformerLayer::attend(Activations& a) const {
   if (cp_.enabled())
-    context_attention_forward(cp_, a.qkv, a.att, a.att_lse);
+    context_attention_forward(cp_, a.qkv, a.att, a.att_lse, attention_options(a.ctx));
   else
     attention_forward(a.qkv, a.att, a.att_lse, attention_options(a.ctx));
 }
 
 DropoutOptions TransformerLayer::residual_dropout(const StepContext& ctx, uint64_t site, int64_t T) const {
-  return {.p = ctx.training ? cfg_.dropout : 0.f,
-          .seed = ctx.seed,
-          .site = site,
-          .sample_offset = ctx.sample_offset,
-          .row_offset = tp_.shard_offset(T)};
+  // This rank's rows: its sequence shard of the local sequence, at the context chunks' global positions.
+  return cp_.with_rows(
+      {.p = ctx.training ? cfg_.dropout : 0.f, .seed = ctx.seed, .site = site, .sample_offset = ctx.sample_offset}, T,
+      tp_.shard_offset(T), tp_.shard_length(T));
 }
 
-LoraCall TransformerLayer::lora_call(LoraSaved& saved, uint64_t site, const StepContext& ctx) const {
+LoraCall TransformerLayer::lora_call(LoraSaved& saved, uint64_t site, const StepContext& ctx, int64_t T) const {
+  // The linears' GEMM inputs hold whole local sequences of T tokens: rows at the context chunks' global positions.
   return {.saved = &saved,
-          .dropout = {.p = ctx.training ? static_cast<float>(lora_.dropout) : 0.f,
-                      .seed = ctx.seed,
-                      .site = site,
-                      .sample_offset = ctx.sample_offset}};
+          .dropout = cp_.with_rows({.p = ctx.training ? static_cast<float>(lora_.dropout) : 0.f,
+                                    .seed = ctx.seed,
+                                    .site = site,
+                                    .sample_offset = ctx.sample_offset},
+                                   T, 0, T)};
 }
 
 Tensor TransformerLayer::run(Activations& a, bool keep, bool record) {
@@ -151,10 +152,10 @@ Tensor TransformerLayer::run(Activations& a, bool keep, bool record) {
   const bool llama = cfg_.arch == Arch::llama;
 
   // Attention block: x2 = x + dropout(proj(attention(rope(qkv(norm1(x))))))
-  const LoraCall lqkv = lora_call(a.lora_qkv, site_lora_qkv_, a.ctx),
-                 lproj = lora_call(a.lora_proj, site_lora_proj_, a.ctx),
-                 lfc1 = lora_call(a.lora_fc1, site_lora_fc1_, a.ctx),
-                 lfc2 = lora_call(a.lora_fc2, site_lora_fc2_, a.ctx);
+  const LoraCall lqkv = lora_call(a.lora_qkv, site_lora_qkv_, a.ctx, T),
+                 lproj = lora_call(a.lora_proj, site_lora_proj_, a.ctx, T),
+                 lfc1 = lora_call(a.lora_fc1, site_lora_fc1_, a.ctx, T),
+                 lfc2 = lora_call(a.lora_fc2, site_lora_fc2_, a.ctx, T);
   ln1_.forward(x.view({Ns, C}), a.n1);
   a.qkv = qkv_.forward(a.n1.out, B, nullptr, &lqkv).view({B, T, G, H / G + 2, D});
   if (llama) rope_(a.qkv, rope_options(false, T, a.ctx));
@@ -259,8 +260,8 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb, float dloss) {
   } else if (llama || lora_.enabled()) {
     // With adapters (GPT) the GELU's backward is its own op: fc2's adapter adds to dact first, and fc1's bias is
     // frozen.
-    const LoraCall lfc1 = lora_call(a.lora_fc1, site_lora_fc1_, a.ctx),
-                   lfc2 = lora_call(a.lora_fc2, site_lora_fc2_, a.ctx);
+    const LoraCall lfc1 = lora_call(a.lora_fc1, site_lora_fc1_, a.ctx, T),
+                   lfc2 = lora_call(a.lora_fc2, site_lora_fc2_, a.ctx, T);
     const Tensor dact = fc2_.backward(dmlp, a.act, B, {.lora = &lfc2});  // (N, F/tp)
     Tensor dfc1 = Tensor::empty(a.fc1.shape(), dtype_, device_);
     if (llama)
@@ -281,12 +282,12 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb, float dloss) {
   Tensor dproj = Tensor::empty({Ns, C}, dtype_, device_);
   Tensor dproj_btc = dproj.view({B, Ts, C});
   dropout_backward(dx2.view({B, Ts, C}), dproj_btc, residual_dropout(a.ctx, site_attn_out_, T));
-  const LoraCall lqkv = lora_call(a.lora_qkv, site_lora_qkv_, a.ctx),
-                 lproj = lora_call(a.lora_proj, site_lora_proj_, a.ctx);
+  const LoraCall lqkv = lora_call(a.lora_qkv, site_lora_qkv_, a.ctx, T),
+                 lproj = lora_call(a.lora_proj, site_lora_proj_, a.ctx, T);
   const Tensor datt = proj_.backward(dproj, a.att.view({N, HD}), B, {.lora = &lproj});  // (N, H/tp * D)
   Tensor dqkv = Tensor::empty(a.qkv.shape(), dtype_, device_);
   if (cp_.enabled())
-    context_attention_backward(cp_, a.qkv, a.att, a.att_lse, datt.view(a.att.shape()), dqkv);
+    context_attention_backward(cp_, a.qkv, a.att, a.att_lse, datt.view(a.att.shape()), dqkv, attention_options(a.ctx));
   else
     attention_backward(a.qkv, a.att, a.att_lse, datt.view(a.att.shape()), dqkv, attention_options(a.ctx));
   if (llama) rope_(dqkv, rope_options(true, T, a.ctx));  // a rotation's gradient is the inverse rotation

@@ -118,7 +118,7 @@ class TransformerLayer {
     LoraSaved lora_qkv, lora_proj, lora_fc1, lora_fc2;  // the adapters' h (finetune.lora)
   };
   // This microbatch's use of an adapter (its saved h and dropout keys).
-  LoraCall lora_call(LoraSaved& saved, uint64_t site, const StepContext& ctx) const;
+  LoraCall lora_call(LoraSaved& saved, uint64_t site, const StepContext& ctx, int64_t T) const;
   // Runs the block on a.x, filling the activations; returns the output. `record`: a MoE layer counts its routing
   // (training's forward, not the recomputation in backward).
   Tensor run(Activations& a, bool keep, bool record);

@@ -81,6 +81,18 @@ class NcclWork final : public Work {
     }
   }
 
+  // Issues a queued send/recv (with the rest of its batch) on the comm stream now: the context-parallel ring posts
+  // the next block's transfer and starts it before computing the current block, so the two overlap.
+  void start() override {
+    NcclGroup& g = *group_;
+    std::lock_guard lock(g.mu);
+    g.throw_if_broken(rec_->op);
+    if (rec_->done) return;
+    DeviceGuard device(g.info.device);
+    g.check_cuda(device.status(), "cudaSetDevice", rec_->op);
+    g.issue_queued();
+  }
+
  private:
   // Issues the op if it is a queued send/recv, then makes the compute stream wait for it. No host wait: a
   // stall or failure is the watchdog's to find, and shows here (or at the next op) as CommError.

@@ -30,6 +30,10 @@ class Work {
  public:
   virtual ~Work() = default;
   virtual void wait() = 0;
+  // Starts the op now where the backend would otherwise defer it (NCCL queues a send/recv until a wait or the next
+  // collective, to batch both directions): its transfer then runs on the communicator's stream, ordered after the
+  // work already queued on the compute stream, while later compute proceeds. A no-op elsewhere.
+  virtual void start() {}
 };
 
 class Communicator {

@@ -55,8 +55,18 @@ namespace {
 // sees a key there, its diagonal), then the ring's order.
 int source_of(const ContextParallel& cp, int s) { return (cp.rank - s + cp.size) % cp.size; }
 
-AttentionBlockOptions block_options(const ContextParallel& cp, int64_t T, int src) {
-  return {.q = cp.positions(T, 0, T), .k = cp.positions(T, 0, T, src), .causal = true};
+// The block of this rank's queries against context rank src's keys; dropout keyed as one rank's attention_forward
+// over the whole sequence of T * C tokens (at the chunks' global positions).
+AttentionBlockOptions block_options(const ContextParallel& cp, int64_t T, int src, const AttentionOptions& att) {
+  return {.q = cp.positions(T, 0, T),
+          .k = cp.positions(T, 0, T, src),
+          .causal = true,
+          .dropout_p = att.dropout_p,
+          .seed = att.seed,
+          .site = att.site,
+          .sample_offset = att.sample_offset,
+          .head_offset = att.head_offset,
+          .seq_length = T * cp.size};
 }
 
 Shape kv_shape(const Tensor& qkv) { return {qkv.dim(0), qkv.dim(1), qkv.dim(2), 2, qkv.dim(4)}; }
@@ -86,6 +96,10 @@ class KvSource {
     if (s + 1 < cp_.size) {
       send_ = cp_.comm->send(current_, (cp_.rank + 1) % cp_.size, kTagKv);
       recv_ = cp_.comm->recv(next_, (cp_.rank - 1 + cp_.size) % cp_.size, kTagKv);
+      // On NCCL the pair goes out now, on the communicator's stream after what the compute stream holds so far
+      // (this block's keys and values are ready), and travels while this block's attention computes; advance()
+      // makes the compute stream wait for it (an event) before the next block is read.
+      recv_->start();
     }
     return current_;
   }
@@ -107,7 +121,8 @@ class KvSource {
 
 }  // namespace
 
-void context_attention_forward(const ContextParallel& cp, const Tensor& qkv, Tensor& out, Tensor& lse) {
+void context_attention_forward(const ContextParallel& cp, const Tensor& qkv, Tensor& out, Tensor& lse,
+                               const AttentionOptions& att) {
   const int64_t B = qkv.dim(0), T = qkv.dim(1), H = qkv.dim(2) * (qkv.dim(3) - 2), D = qkv.dim(4);
   KvSource kv(cp, qkv);
   Tensor acc = Tensor::empty({B, T, H, D}, DType::f32, qkv.device());    // the merged output so far
@@ -115,7 +130,7 @@ void context_attention_forward(const ContextParallel& cp, const Tensor& qkv, Ten
   Tensor part_lse = Tensor::empty({B, H, T}, DType::f32, qkv.device());  // and its log-sum-exp
   for (int s = 0; s < cp.size; ++s) {
     const Tensor block = kv.at(s);
-    const AttentionBlockOptions opt = block_options(cp, T, source_of(cp, s));
+    const AttentionBlockOptions opt = block_options(cp, T, source_of(cp, s), att);
     if (s == 0) {
       attention_block_forward(qkv, block, acc, lse, opt);
     } else {
@@ -129,7 +144,7 @@ void context_attention_forward(const ContextParallel& cp, const Tensor& qkv, Ten
 }
 
 void context_attention_backward(const ContextParallel& cp, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                                const Tensor& dout, Tensor& dqkv) {
+                                const Tensor& dout, Tensor& dqkv, const AttentionOptions& att) {
   const int64_t B = qkv.dim(0), T = qkv.dim(1), H = qkv.dim(2) * (qkv.dim(3) - 2), D = qkv.dim(4);
   const Shape s5 = kv_shape(qkv);
   KvSource kv(cp, qkv);
@@ -141,7 +156,7 @@ void context_attention_backward(const ContextParallel& cp, const Tensor& qkv, co
     for (int s = 0; s < cp.size; ++s) {
       const int src = source_of(cp, s);
       Tensor block_grad = all.slice(src * B, (src + 1) * B);
-      attention_block_backward(qkv, kv.at(s), out, lse, dout, dq, block_grad, block_options(cp, T, src));
+      attention_block_backward(qkv, kv.at(s), out, lse, dout, dq, block_grad, block_options(cp, T, src, att));
     }
     dkv = Tensor::empty(s5, DType::f32, qkv.device());
     cp.comm->reduce_scatter(all, dkv)->wait();
@@ -152,7 +167,7 @@ void context_attention_backward(const ContextParallel& cp, const Tensor& qkv, co
     Tensor arriving = Tensor::empty(s5, DType::f32, qkv.device());
     for (int s = 0; s < cp.size; ++s) {
       const Tensor block = kv.at(s);
-      attention_block_backward(qkv, block, out, lse, dout, dq, dkv, block_options(cp, T, source_of(cp, s)));
+      attention_block_backward(qkv, block, out, lse, dout, dq, dkv, block_options(cp, T, source_of(cp, s), att));
       auto send = cp.comm->send(dkv, (cp.rank + 1) % cp.size, kTagDkv);
       auto recv = cp.comm->recv(arriving, (cp.rank - 1 + cp.size) % cp.size, kTagDkv);
       kv.advance();

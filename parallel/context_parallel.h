@@ -28,6 +28,15 @@ struct ContextParallel {
   // Global positions of tokens [offset, offset + len) of a local sequence of local_len = T / C tokens held by
   // context rank `of` (this rank by default).
   SequencePositions positions(int64_t local_len, int64_t offset, int64_t len, int of = -1) const;
+  // `keys` with the rows of tokens [offset, offset + len) of this rank's local sequence of local_len tokens: their
+  // global positions (row_offset, split_at, split_position), so a dropout mask is one rank's whatever the layout.
+  DropoutOptions with_rows(DropoutOptions keys, int64_t local_len, int64_t offset, int64_t len) const {
+    const SequencePositions p = positions(local_len, offset, len);
+    keys.row_offset = p.position_offset;
+    keys.split_at = p.split_at;
+    keys.split_position = p.split_position;
+    return keys;
+  }
 };
 
 // This rank's local sequence (B, T / C) of tokens (B, T) on the host (i32 tokens, or f32 loss weights): chunks rank
@@ -36,11 +45,14 @@ Tensor context_chunks(const Tensor& tokens, const ContextParallel& cp);
 
 // Causal attention over the whole sequence for this rank's queries: qkv (B, T/C, G, R + 2, D) its local sequence
 // (after the rotary embeddings), out (B, T/C, H * D) of qkv's dtype, lse (B, H, T/C) f32 the log-sum-exp of each
-// row over all keys (what the backward takes).
-void context_attention_forward(const ContextParallel& cp, const Tensor& qkv, Tensor& out, Tensor& lse);
+// row over all keys (what the backward takes). att: the dropout on the probabilities (dropout_p, seed, site,
+// sample_offset, head_offset as attention_forward's; the mask is one rank's at the chunks' global positions); its
+// causal and positions are not read (causal always; packed documents are refused with context parallelism).
+void context_attention_forward(const ContextParallel& cp, const Tensor& qkv, Tensor& out, Tensor& lse,
+                               const AttentionOptions& att);
 // dqkv (B, T/C, G, R + 2, D) from dout and the forward's qkv, out and lse; the key and value gradients summed
 // over every rank's queries.
 void context_attention_backward(const ContextParallel& cp, const Tensor& qkv, const Tensor& out, const Tensor& lse,
-                                const Tensor& dout, Tensor& dqkv);
+                                const Tensor& dout, Tensor& dqkv, const AttentionOptions& att);
 
 }  // namespace mt

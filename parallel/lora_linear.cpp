@@ -44,8 +44,7 @@ LoraAdapter::LoraAdapter(const LoraOptions& opt, LoraSide side, const TensorPara
 
 DropoutOptions LoraAdapter::keys(const LoraCall& call) const {
   DropoutOptions d = call.dropout;
-  d.col_offset = col_offset_;
-  d.row_offset = 0;  // the linears' GEMM inputs hold whole sequences
+  d.col_offset = col_offset_;  // the rows are the call's (whole local sequences, at their global positions)
   return d;
 }
 

@@ -134,7 +134,8 @@ void resolve_model(ModelConfig& m, const Rules& r) {
 }
 
 // parallel.context: the sequence of every sample is cut into 2 * context chunks (then, with sequence parallelism,
-// each rank's part into tensor shards); what the ring cannot split yet is refused by name.
+// each rank's part into tensor shards); what the ring cannot split yet is refused by name. Dropout (hidden,
+// attention and LoRA) works: its masks are keyed by the chunks' global positions, so they are one rank's.
 void resolve_context(Config& c, const Rules& r) {
   const ParallelConfig& p = c.parallel;
   const ModelConfig& m = c.model;
@@ -150,16 +151,6 @@ void resolve_context(Config& c, const Rules& r) {
            fmt::format("needs each context rank's model.seq_length / parallel.context = {} / {} = {} tokens divisible "
                        "by parallel.tensor={}",
                        m.seq_length, p.context, m.seq_length / p.context, p.tensor));
-  if (m.dropout != 0.f || m.attention_dropout != 0.f)
-    r.fail("parallel.context",
-           fmt::format("{} needs model.dropout and model.attention_dropout 0 (got {} and {}): dropout masks are keyed "
-                       "by contiguous positions, which a context rank's two chunks are not (not built yet)",
-                       p.context, m.dropout, m.attention_dropout));
-  if (c.finetune.lora.rank > 0 && c.finetune.lora.dropout != 0.0)
-    r.fail("finetune.lora.dropout",
-           fmt::format("{} with parallel.context={} is not built yet: the adapters' dropout masks are keyed by "
-                       "contiguous positions, which a context rank's two chunks are not (0 works)",
-                       c.finetune.lora.dropout, p.context));
   if (m.moe.enabled() && m.moe.capacity_factor > 0)
     r.fail("model.moe.capacity_factor",
            fmt::format("{} with parallel.context={} is not built yet: which choices an expert drops depends on every "

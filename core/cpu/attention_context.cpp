@@ -7,6 +7,11 @@
 // Backward of one block, O and lse the whole attention's (every block merged): P = exp(S - lse) on the visible
 // keys, dP = dO V^T, dS = scale P o (dP - Delta) with Delta_i = dO_i . O_i (the row sum of P o dP over all blocks),
 // dQ += dS K, dK += dS^T Q, dV += P^T dO.
+//
+// Dropout (AttentionBlockOptions::dropout_p): probability (i, j) is kept or dropped at the coordinates attention.cpp's
+// mask_row gives it over the whole sequence, (sample, (head_offset + h) * seq_length + position(i), position(j)), so
+// the blocks together draw one rank's mask. Z the mask scaled by 1 / (1 - p): out = (P o Z) V with lse that of the
+// undropped scores; backward dV += (P o Z)^T dO and dP = (dO V^T) o Z.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -14,6 +19,7 @@
 
 #include <cblas.h>
 
+#include "core/cpu/dropout_mask.h"
 #include "core/cpu/float_io.h"
 #include "core/cpu/ops_cpu.h"
 #include "core/cpu/vec_math.h"
@@ -71,6 +77,23 @@ int64_t visible_cols(const std::vector<int64_t>& qpos, const std::vector<int64_t
   return cols;
 }
 
+// z[j], j < cols: the dropout keep scale of the query at position qp against key j (position kpos[j]) of head h of
+// sample b; each run of consecutive key positions is one segment of the one-rank mask row.
+void block_mask_row(const AttentionBlockOptions& opt, int64_t b, int64_t h, int64_t qp,
+                    const std::vector<int64_t>& kpos, int64_t cols, float* z) {
+  const DropoutRow row{.seed = opt.seed,
+                       .site = opt.site,
+                       .sample = static_cast<uint64_t>(opt.sample_offset + b),
+                       .row = static_cast<uint64_t>((opt.head_offset + h) * opt.seq_length + qp),
+                       .p = opt.dropout_p};
+  for (int64_t j0 = 0; j0 < cols;) {
+    int64_t j1 = j0 + 1;
+    while (j1 < cols && kpos[static_cast<size_t>(j1)] == kpos[static_cast<size_t>(j1 - 1)] + 1) ++j1;
+    dropout_keep_scales(row, static_cast<uint64_t>(kpos[static_cast<size_t>(j0)]), j1 - j0, z + j0);
+    j0 = j1;
+  }
+}
+
 // One head's q (T, D), its group's k and v (Tk, D), fp32.
 struct HeadIo {
   std::vector<float> q, k, v;
@@ -106,8 +129,10 @@ void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, T
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   const std::vector<int64_t> qpos = positions(opt.q, T), kpos = positions(opt.k, Tk);
   HeadIo io(T, Tk, D);
-  std::vector<float> s(kRowBlock * Tk);  // (kRowBlock, Tk) scores, then probabilities
+  std::vector<float> s(kRowBlock * Tk);           // (kRowBlock, Tk) scores, then probabilities
+  std::vector<float> z(static_cast<size_t>(Tk));  // one row of the dropout mask
   std::vector<char> vis(static_cast<size_t>(Tk));
+  const bool drop = opt.dropout_p != 0.f;
   float* o = out.data<float>();  // (B, T, H, D)
   float* l = lse.data<float>();  // (B, H, T)
   for (int64_t b = 0; b < d.B; ++b)
@@ -141,6 +166,10 @@ void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, T
               row_lse = m + static_cast<float>(std::log(sum));
             }
             for (int64_t j = 0; j < cols; ++j) row[j] = vis[j] && m != kNegInf ? std::exp(row[j] - row_lse) : 0.f;
+            if (drop) {
+              block_mask_row(opt, b, h, qpos[static_cast<size_t>(i)], kpos, cols, z.data());
+              for (int64_t j = 0; j < cols; ++j) row[j] *= z[j];
+            }
             l[(b * H + h) * T + i] = row_lse;
           }
           // out rows (stride H * D) = P V over the keys [0, cols)
@@ -184,6 +213,9 @@ void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor&
   const float* lse_in = lse.data<float>();  // (B, H, T)
   float* dq_out = dq.data<float>();         // (B, T, H, D)
   float* dkv_out = dkv.data<float>();       // (B, Tk, G, 2, D)
+  const bool drop = opt.dropout_p != 0.f;
+  // With dropout: P o Z (kRowBlock, Tk) and one mask row (Tk).
+  std::vector<float> pz(drop ? kRowBlock * Tk : 0), z(drop ? Tk : 0);
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t g = 0; g < G; ++g) {
       load_kv(kv, d, b, g, io);
@@ -208,13 +240,21 @@ void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor&
             float* dprow = dp.data() + (i - r0) * Tk;
             visible_row(kpos, qpos[static_cast<size_t>(i)], opt.causal, vis);
             const float row_lse = lse_in[(b * H + h) * T + i];
-            for (int64_t j = 0; j < cols; ++j) {
+            for (int64_t j = 0; j < cols; ++j)
               prow[j] = vis[j] && row_lse != kNegInf ? std::exp(prow[j] - row_lse) : 0.f;
-              dprow[j] = scale * prow[j] * (dprow[j] - delta[i]);
+            if (drop) {
+              block_mask_row(opt, b, h, qpos[static_cast<size_t>(i)], kpos, cols, z.data());
+              float* pzrow = pz.data() + (i - r0) * Tk;
+              for (int64_t j = 0; j < cols; ++j) {
+                dprow[j] = z[j] == 0.f ? 0.f : dprow[j] * z[j];
+                pzrow[j] = prow[j] * z[j];
+              }
             }
+            for (int64_t j = 0; j < cols; ++j) dprow[j] = scale * prow[j] * (dprow[j] - delta[i]);
           }
-          // dV[:cols] += P^T dO, dQ += dS K, dK[:cols] += dS^T Q
-          sgemm(true, false, cols, D, rows, 1.f, p.data(), Tk, dout_h.data() + r0 * D, D, 1.f, dv, G * 2 * D);
+          // dV[:cols] += (P o Z)^T dO, dQ += dS K, dK[:cols] += dS^T Q
+          sgemm(true, false, cols, D, rows, 1.f, drop ? pz.data() : p.data(), Tk, dout_h.data() + r0 * D, D, 1.f, dv,
+                G * 2 * D);
           sgemm(false, false, rows, D, cols, 1.f, dp.data(), Tk, io.k.data(), D, 1.f, dq_out + d.out_at(b, r0, h),
                 H * D);
           sgemm(true, false, cols, D, rows, 1.f, dp.data(), Tk, io.q.data() + r0 * D, D, 1.f, dk, G * 2 * D);

@@ -1,5 +1,5 @@
 // dropout.cpp: dropout keyed by global coordinates on the CPU. Element (b, t, c) is kept when
-// dropout_uniform(seed, site, sample_offset + b, row_offset + t, col_offset + c) >= p and then scaled by
+// dropout_uniform(seed, site, sample_offset + b, dropout_row(opt, t), col_offset + c) >= p and then scaled by
 // 1 / (1 - p); the backward regenerates the same mask, so forward and backward are the same map.
 #include <vector>
 
@@ -22,7 +22,7 @@ void apply_mask(const Tensor& x, Tensor& out, const DropoutOptions& opt) {
   for (int64_t b = 0; b < B; ++b) {
     const uint64_t sample = static_cast<uint64_t>(opt.sample_offset + b);
     for (int64_t t = 0; t < T; ++t) {
-      const uint64_t grow = static_cast<uint64_t>(opt.row_offset + t);
+      const uint64_t grow = static_cast<uint64_t>(dropout_row(opt, t));
       const int64_t at = (b * T + t) * C;
       load_f32(x, at, C, row.data());
       dropout_keep_scales({.seed = opt.seed, .site = opt.site, .sample = sample, .row = grow, .p = opt.p},

@@ -23,7 +23,7 @@ void dropout_add(const Tensor& x, const Tensor& residual, Tensor& out, const Dro
         dropout_keep_scales({.seed = opt.seed,
                              .site = opt.site,
                              .sample = sample,
-                             .row = static_cast<uint64_t>(opt.row_offset + t),
+                             .row = static_cast<uint64_t>(dropout_row(opt, t)),
                              .p = opt.p},
                             static_cast<uint64_t>(opt.col_offset), C, keep.data());
         // As core/cpu/dropout.cpp (a dropped inf -> 0), rounded as dropout_forward's store rounds.

@@ -35,12 +35,16 @@ void warn_once(const std::string& reason) {
     spdlog::warn("attention: cuDNN cannot run this call ({}); using the megatrain kernel", reason);
 }
 
-bool run_on_cudnn(const char* op, DType dtype, float dropout_p, const std::function<std::string()>& run) {
+// `whole`: a whole attention call (recorded as the last path and counted); false for a ring block.
+bool run_on_cudnn(const char* op, DType dtype, float dropout_p, const std::function<std::string()>& run,
+                  bool whole = true) {
   if (attention_path(dtype, dropout_p) != AttentionPath::cudnn) return false;
   const std::string refused = run();
   if (refused.empty()) {
-    g_last_path = AttentionPath::cudnn;
-    count_attention_call(AttentionImpl::cudnn);
+    if (whole) {
+      g_last_path = AttentionPath::cudnn;
+      count_attention_call(AttentionImpl::cudnn);
+    }
     return true;
   }
   if (attention_mode() == AttentionMode::cudnn)
@@ -139,6 +143,29 @@ bool attention_backward_on_cudnn(const Tensor& qkv, const Tensor& out, const Ten
     if (opt.positions.defined()) return kPackedRefusal;
     return cudnn_attention_backward(qkv, out, lse, dout, dqkv, opt.causal);
   });
+}
+
+// The first ring block that runs on cuDNN says so once (the log of a CP run then shows which path its blocks took;
+// a block cuDNN refuses is warned about once per reason, as a whole call is).
+void note_cudnn_block() {
+  static std::once_flag once;
+  std::call_once(once, [] { spdlog::info("attention: context-parallel ring blocks run on cuDNN's fused attention"); });
+}
+
+bool attention_block_forward_on_cudnn(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,
+                                      const AttentionBlockOptions& opt) {
+  const bool done = run_on_cudnn(
+      "attention_block_forward", qkv.dtype(), opt.dropout_p,
+      [&] { return cudnn_attention_block_forward(qkv, kv, out, lse, opt); }, false);
+  if (done) note_cudnn_block();
+  return done;
+}
+
+bool attention_block_backward_on_cudnn(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
+                                       const Tensor& dout, Tensor& dq, Tensor& dkv, const AttentionBlockOptions& opt) {
+  return run_on_cudnn(
+      "attention_block_backward", qkv.dtype(), opt.dropout_p,
+      [&] { return cudnn_attention_block_backward(qkv, kv, out, lse, dout, dq, dkv, opt); }, false);
 }
 
 }  // namespace mt::cuda

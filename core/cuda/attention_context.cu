@@ -1,16 +1,22 @@
 // attention_context.cu: context-parallel attention's blocks on the GPU (core/tensor/ops.h; the CPU reference is
-// core/cpu/attention_context.cpp). Plain warp-per-row kernels, written for clarity: a warp owns one query row (or,
-// in the backward's key pass, one key row), its lanes split the head dimension, and keys (queries) are walked one
+// core/cpu/attention_context.cpp). A block goes to cuDNN's fused attention first (attention_cudnn.h: bf16 / fp16,
+// no dropout, a chunk pair one SDPA call expresses); otherwise, and for fp32 or dropout, to the kernels below.
+// Plain warp-per-row kernels, written for clarity: a warp owns one query row (or, in the backward's key pass, one
+// key row), its lanes split the head dimension, and keys (queries) are walked one
 // at a time with an online softmax. Every sum has a fixed order (no atomics), so results are deterministic.
 //   forward:  out_i = sum_j exp(s_ij - lse_i) v_j over the keys visible to i, lse_i = log sum_j exp(s_ij)
 //   backward: Delta_i = dO_i . O_i; dq_i += sum_j dS_ij k_j; dk_j += sum_(h in group, i) dS_ij q_i;
 //             dv_j += sum_(h, i) P_ij dO_i, dS_ij = scale P_ij (dO_i . v_j - Delta_i), P_ij = exp(s_ij - lse_i)
 // The head dimension is at most kMaxHeadDim (each lane keeps kMaxHeadDim / 32 accumulators).
+// Dropout: probability (i, j) of head h is kept (times 1 / (1 - p)) by the CPU's rule, dropout_uniform at
+// (sample, (head_offset + h) * seq_length + position(i), position(j)): the one-rank mask at global positions.
+// forward out_i = sum_j P_ij Z_ij v_j; backward dv_j += P_ij Z_ij dO_i and dS_ij = scale P_ij (Z_ij dO_i . v_j - Delta_i).
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
 
+#include "core/cuda/attention_cudnn.h"
 #include "core/cuda/kernels.cuh"
 #include "core/cuda/ops_cuda.h"
 
@@ -31,6 +37,25 @@ struct Pos {
   }
 };
 Pos pos_of(const SequencePositions& p) { return {p.position_offset, p.split_at, p.split_position}; }
+
+// The dropout of a block's probabilities (AttentionBlockOptions' keys).
+struct Drop {
+  bool on;
+  float p, keep_scale;
+  uint64_t seed, site;
+  int64_t sample_offset, head_offset, seq_length;
+  // The keep scale (0 or 1 / (1 - p)) of (query position qp, key position kp) of head h of sample b.
+  __device__ float keep(int64_t b, int64_t h, int64_t qp, int64_t kp) const {
+    const float u =
+        dropout_uniform(seed, site, static_cast<uint64_t>(sample_offset + b),
+                        static_cast<uint64_t>((head_offset + h) * seq_length + qp), static_cast<uint64_t>(kp));
+    return u >= p ? keep_scale : 0.f;
+  }
+};
+Drop drop_of(const AttentionBlockOptions& opt) {
+  return {opt.dropout_p != 0.f, opt.dropout_p, 1.f / (1.f - opt.dropout_p), opt.seed, opt.site, opt.sample_offset,
+          opt.head_offset,      opt.seq_length};
+}
 
 // Shapes: qkv (B, T, G, R + 2, D), kv (B, Tk, G, 2, D), out / dq (B, T, H, D), lse (B, H, T).
 struct Dims {
@@ -85,7 +110,7 @@ __global__ void kv_pack_kernel(const T* qkv, T* kv, int64_t rows, int64_t S, int
 // One warp per query row (b, h, i).
 template <class T>
 __global__ void block_forward_kernel(const T* qkv, const T* kv, float* out, float* lse, Dims d, Pos qp, Pos kp,
-                                     bool causal, float scale) {
+                                     bool causal, float scale, Drop dr) {
   const int lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * static_cast<int64_t>(kWarps) + (threadIdx.x >> 5);
   if (row >= d.B * d.H() * d.T) return;
@@ -95,16 +120,18 @@ __global__ void block_forward_kernel(const T* qkv, const T* kv, float* out, floa
   const int64_t qpos = qp.at(i);
   float m = -INFINITY, sum = 0.f;
   for (int64_t j = 0; j < d.Tk; ++j) {
-    if (causal && kp.at(j) > qpos) continue;
+    const int64_t kpos = kp.at(j);
+    if (causal && kpos > qpos) continue;
     const float s = warp_dot(q, kv + d.kv_at(b, j, g, 0), d.D, lane) * scale;
     const float m_new = fmaxf(m, s);
     const float correction = expf(m - m_new), w = expf(s - m_new);  // exp(-inf) = 0 on the first key
     sum = sum * correction + w;
+    const float wz = dr.on ? w * dr.keep(b, h, qpos, kpos) : w;  // the dropped weight (the sum keeps w)
     const T* v = kv + d.kv_at(b, j, g, 1);
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
       const int64_t e = lane + 32 * k;
-      acc[k] = acc[k] * correction + (e < d.D ? w * to_f32<T>(v[e]) : 0.f);
+      acc[k] = acc[k] * correction + (e < d.D ? wz * to_f32<T>(v[e]) : 0.f);
     }
     m = m_new;
   }
@@ -150,7 +177,7 @@ __global__ void delta_kernel(const T* out, const T* dout, float* delta, Dims d) 
 // dq of one query row: one warp per (b, h, i), keys in order.
 template <class T>
 __global__ void block_dq_kernel(const T* qkv, const T* kv, const float* lse, const float* delta, const T* dout,
-                                float* dq, Dims d, Pos qp, Pos kp, bool causal, float scale) {
+                                float* dq, Dims d, Pos qp, Pos kp, bool causal, float scale, Drop dr) {
   const int lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * static_cast<int64_t>(kWarps) + (threadIdx.x >> 5);
   if (row >= d.B * d.H() * d.T) return;
@@ -163,10 +190,16 @@ __global__ void block_dq_kernel(const T* qkv, const T* kv, const float* lse, con
   load_row(dout + d.row_at(b, i, h), d.D, lane, go);
   const int64_t qpos = qp.at(i);
   for (int64_t j = 0; j < d.Tk; ++j) {
-    if (causal && kp.at(j) > qpos) continue;
+    const int64_t kpos = kp.at(j);
+    if (causal && kpos > qpos) continue;
     const T* k = kv + d.kv_at(b, j, g, 0);
     const float p = expf(warp_dot(q, k, d.D, lane) * scale - row_lse);
-    const float ds = scale * p * (warp_dot(go, kv + d.kv_at(b, j, g, 1), d.D, lane) - row_delta);
+    float dp = warp_dot(go, kv + d.kv_at(b, j, g, 1), d.D, lane);
+    if (dr.on) {
+      const float z = dr.keep(b, h, qpos, kpos);
+      dp = z == 0.f ? 0.f : dp * z;
+    }
+    const float ds = scale * p * (dp - row_delta);
 #pragma unroll
     for (int kk = 0; kk < kPer; ++kk) {
       const int64_t e = lane + 32 * kk;
@@ -184,7 +217,7 @@ __global__ void block_dq_kernel(const T* qkv, const T* kv, const float* lse, con
 // dk and dv of one key row: one warp per (b, g, j), the group's query heads and rows in order.
 template <class T>
 __global__ void block_dkv_kernel(const T* qkv, const T* kv, const float* lse, const float* delta, const T* dout,
-                                 float* dkv, Dims d, Pos qp, Pos kp, bool causal, float scale) {
+                                 float* dkv, Dims d, Pos qp, Pos kp, bool causal, float scale, Drop dr) {
   const int lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * static_cast<int64_t>(kWarps) + (threadIdx.x >> 5);
   if (row >= d.B * d.G * d.Tk) return;
@@ -196,20 +229,27 @@ __global__ void block_dkv_kernel(const T* qkv, const T* kv, const float* lse, co
   for (int64_t r = 0; r < d.R; ++r) {
     const int64_t h = g * d.R + r;
     for (int64_t i = 0; i < d.T; ++i) {
-      if (causal && kpos > qp.at(i)) continue;
+      const int64_t qpos = qp.at(i);
+      if (causal && kpos > qpos) continue;
       const int64_t li = (b * d.H() + h) * d.T + i;
       const float row_lse = lse[li];
       if (row_lse == -INFINITY) continue;
       const T* q = qkv + d.q_at(b, i, g, r);
       const T* go = dout + d.row_at(b, i, h);
       const float p = expf(warp_dot(k, q, d.D, lane) * scale - row_lse);
-      const float ds = scale * p * (warp_dot(v, go, d.D, lane) - delta[li]);
+      float dp = warp_dot(v, go, d.D, lane), pz = p;
+      if (dr.on) {
+        const float z = dr.keep(b, h, qpos, kpos);
+        dp = z == 0.f ? 0.f : dp * z;
+        pz = p * z;
+      }
+      const float ds = scale * p * (dp - delta[li]);
 #pragma unroll
       for (int kk = 0; kk < kPer; ++kk) {
         const int64_t e = lane + 32 * kk;
         if (e < d.D) {
           dk[kk] += ds * to_f32<T>(q[e]);
-          dv[kk] += p * to_f32<T>(go[e]);
+          dv[kk] += pz * to_f32<T>(go[e]);
         }
       }
     }
@@ -256,6 +296,7 @@ void attention_kv_pack(const Tensor& qkv, Tensor& kv) {
 
 void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,
                              const AttentionBlockOptions& opt) {
+  if (attention_block_forward_on_cudnn(qkv, kv, out, lse, opt)) return;
   const Dims d = dims_of(qkv, kv);
   check_head_dim("attention_block_forward", d.D);
   const int64_t rows = d.B * d.G * d.R * d.T;
@@ -264,7 +305,7 @@ void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, T
   MT_DISPATCH_FLOAT(qkv.dtype(), "attention_block_forward", T,
                     block_forward_kernel<T><<<warp_blocks(rows), kThreads, 0, stream()>>>(
                         qkv.data<T>(), kv.data<T>(), out.data<float>(), lse.data<float>(), d, pos_of(opt.q),
-                        pos_of(opt.k), opt.causal, scale));
+                        pos_of(opt.k), opt.causal, scale, drop_of(opt)));
   MT_CUDA_LAUNCHED("block_forward_kernel");
 }
 
@@ -278,6 +319,7 @@ void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor
 
 void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
                               const Tensor& dout, Tensor& dq, Tensor& dkv, const AttentionBlockOptions& opt) {
+  if (attention_block_backward_on_cudnn(qkv, kv, out, lse, dout, dq, dkv, opt)) return;
   const Dims d = dims_of(qkv, kv);
   check_head_dim("attention_block_backward", d.D);
   const int64_t rows = d.B * d.G * d.R * d.T, key_rows = d.B * d.G * d.Tk;
@@ -290,11 +332,11 @@ void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor&
     MT_CUDA_LAUNCHED("delta_kernel");
     block_dq_kernel<T><<<warp_blocks(rows), kThreads, 0, stream()>>>(
         qkv.data<T>(), kv.data<T>(), lse.data<float>(), delta.data<float>(), dout.data<T>(), dq.data<float>(), d,
-        pos_of(opt.q), pos_of(opt.k), opt.causal, scale);
+        pos_of(opt.q), pos_of(opt.k), opt.causal, scale, drop_of(opt));
     MT_CUDA_LAUNCHED("block_dq_kernel");
     block_dkv_kernel<T><<<warp_blocks(key_rows), kThreads, 0, stream()>>>(
         qkv.data<T>(), kv.data<T>(), lse.data<float>(), delta.data<float>(), dout.data<T>(), dkv.data<float>(), d,
-        pos_of(opt.q), pos_of(opt.k), opt.causal, scale);
+        pos_of(opt.q), pos_of(opt.k), opt.causal, scale, drop_of(opt));
     MT_CUDA_LAUNCHED("block_dkv_kernel");
   });
 }

@@ -21,11 +21,18 @@
 // io dtype before P V (and dS before its products), and takes delta = rowsum(dO o O) from the rounded out,
 // where the CPU sums rowsum(P o dP) from recomputed probabilities.
 //
+// Context-parallel ring blocks (cudnn_attention_block_forward / _backward at the end of the file): a block of this
+// rank's queries against one rank's packed keys and values (B, Tk, G, 2, D) is one SDPA call over a query row range
+// and a key row range (the whole own block causal; an earlier rank's first chunk, or all of a later rank's keys for
+// the second query chunk, full), Stats its log-sum-exp for the merge; backward takes the merged O and Stats, so
+// cuDNN's P and Delta are the whole softmax's, and its dQ, dK, dV (qkv's dtype) are added to the ring's f32 sums.
+//
 // Graphs (validated, support-checked, plans built) are cached per (dtype, B, T, G, R, D, causal); one that cuDNN
 // cannot run is cached too, with the reason, so the check is not repeated on every call. One cudnnHandle per
 // process (a process drives one GPU), created on first use and set to the compute stream on every call.
 #include "core/cuda/attention_cudnn.h"
 
+#include <algorithm>
 #include <cmath>
 #include <compare>
 #include <cstdint>
@@ -35,6 +42,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -44,6 +52,7 @@
 
 #include <cudnn_frontend.h>
 
+#include "core/cuda/ops_cuda.h"
 #include "core/cuda/runtime.h"
 #endif
 
@@ -63,6 +72,18 @@ std::string cudnn_attention_backward(const Tensor&, const Tensor&, const Tensor&
   return "this megatrain was built without cuDNN";
 }
 std::string cudnn_attention_validate(const CudnnSdpaGraph&, int) { return "this megatrain was built without cuDNN"; }
+CudnnBlock cudnn_block_of(int64_t, int64_t, const AttentionBlockOptions&, std::string* why) {
+  *why = "this megatrain was built without cuDNN";
+  return {};
+}
+std::string cudnn_attention_block_forward(const Tensor&, const Tensor&, Tensor&, Tensor&,
+                                          const AttentionBlockOptions&) {
+  return "this megatrain was built without cuDNN";
+}
+std::string cudnn_attention_block_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                           Tensor&, Tensor&, const AttentionBlockOptions&) {
+  return "this megatrain was built without cuDNN";
+}
 
 #else
 
@@ -79,6 +100,10 @@ struct Key {
   int64_t B, T, G, R, D;  // H = G R query heads
   bool causal;
   bool deterministic;  // the backward's algorithm (true for every forward key)
+  // A context-parallel ring block: q_rows of the T query rows against k_rows of the Tk rows of a packed kv
+  // (B, Tk, G, 2, D) (cudnn_attention_block_forward / _backward below).
+  bool block = false;
+  int64_t q_rows = 0, Tk = 0, k_rows = 0;
   auto operator<=>(const Key&) const = default;
   int64_t H() const { return G * R; }
 };
@@ -119,18 +144,31 @@ cudnnHandle_t handle_locked(State& s) {
 
 fe::DataType_t io_type(DType dt) { return dt == DType::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF; }
 
-// cuDNN's (B, heads, T, D) dimension order and the strides of the views (see the top of the file).
-std::vector<int64_t> q_dims(const Key& k) { return {k.B, k.H(), k.T, k.D}; }  // Q, O, dO, dQ
-std::vector<int64_t> kv_dims(const Key& k) { return {k.B, k.G, k.T, k.D}; }   // K, V, dK, dV
+// cuDNN's (B, heads, T, D) dimension order and the strides of the views (see the top of the file). A ring block's
+// graph takes q_rows query rows and k_rows key rows (the pointers moved to the call's first rows), its keys and
+// values (and dK, dV) from a packed kv (B, Tk, G, 2, D), and its dQ always through a (B, T, H, D) buffer (the ring
+// adds it to f32 sums).
+int64_t q_len(const Key& k) { return k.block ? k.q_rows : k.T; }
+std::vector<int64_t> q_dims(const Key& k) { return {k.B, k.H(), q_len(k), k.D}; }                 // Q, O, dO, dQ
+std::vector<int64_t> kv_dims(const Key& k) { return {k.B, k.G, k.block ? k.k_rows : k.T, k.D}; }  // K, V, dK, dV
 std::vector<int64_t> qkv_strides(const Key& k) {  // a slot of qkv (B, T, G, R + 2, D) over (B, G, T, D)
   const int64_t slots = (k.R + 2) * k.D;
   return {k.T * k.G * slots, slots, k.G * slots, 1};
 }
+std::vector<int64_t> kv_strides(const Key& k) {  // a ring block's packed kv (B, Tk, G, 2, D), else qkv's slots
+  return k.block ? std::vector<int64_t>{k.Tk * k.G * 2 * k.D, 2 * k.D, k.G * 2 * k.D, 1} : qkv_strides(k);
+}
 std::vector<int64_t> out_strides(const Key& k) { return {k.T * k.H() * k.D, k.D, k.H() * k.D, 1}; }
 // Q and dQ: in place in qkv for R = 1, else the contiguous (B, T, H, D) buffer (out's strides).
 std::vector<int64_t> q_strides(const Key& k) { return k.R == 1 ? qkv_strides(k) : out_strides(k); }
-std::vector<int64_t> stats_dims(const Key& k) { return {k.B, k.H(), k.T, 1}; }
-std::vector<int64_t> stats_strides(const Key& k) { return {k.H() * k.T, k.T, 1, 1}; }
+std::vector<int64_t> dq_strides(const Key& k) { return k.block ? out_strides(k) : q_strides(k); }
+std::vector<int64_t> stats_dims(const Key& k) { return {k.B, k.H(), q_len(k), 1}; }
+// Stats rows of lse (B, H, T); a ring block's backward reads them packed (B, H, q_rows) instead: cuDNN below 9.26
+// takes only a packed Stats input there (validate() says so).
+std::vector<int64_t> stats_strides(const Key& k) {
+  const int64_t t = k.block && k.backward ? k.q_rows : k.T;
+  return {k.H() * t, t, 1, 1};
+}
 
 float scale_of(const Key& k) { return 1.f / std::sqrt(static_cast<float>(k.D)); }  // the CPU's expression
 
@@ -154,7 +192,7 @@ void set_causal(Attributes& a, bool causal) {
 }
 
 void build_forward(fe::graph::Graph& g, const Key& k) {
-  const auto dims = q_dims(k), kvd = kv_dims(k), kvs = qkv_strides(k);
+  const auto dims = q_dims(k), kvd = kv_dims(k), kvs = kv_strides(k);
   auto q = input(g, "Q", kQ, dims, q_strides(k)), kk = input(g, "K", kK, kvd, kvs), v = input(g, "V", kV, kvd, kvs);
   auto attrs = fe::graph::SDPA_attributes()
                    .set_name("megatrain_attention_forward")
@@ -171,7 +209,7 @@ void build_forward(fe::graph::Graph& g, const Key& k) {
 }
 
 void build_backward(fe::graph::Graph& g, const Key& k) {
-  const auto dims = q_dims(k), qs = q_strides(k), os = out_strides(k), kvd = kv_dims(k), kvs = qkv_strides(k);
+  const auto dims = q_dims(k), qs = q_strides(k), os = out_strides(k), kvd = kv_dims(k), kvs = kv_strides(k);
   auto q = input(g, "Q", kQ, dims, qs), kk = input(g, "K", kK, kvd, kvs), v = input(g, "V", kV, kvd, kvs);
   auto o = input(g, "O", kO, dims, os), dout = input(g, "dO", kDO, dims, os);
   auto stats = input(g, "Stats", kStats, stats_dims(k), stats_strides(k));
@@ -182,16 +220,19 @@ void build_backward(fe::graph::Graph& g, const Key& k) {
                    .set_deterministic_algorithm(k.deterministic);  // true: the same inputs, the same bits
   set_causal(attrs, k.causal);
   auto [dq, dk, dv] = g.sdpa_backward(q, kk, v, o, dout, stats, attrs);
-  dq->set_output(true).set_uid(kDQ).set_dim(dims).set_stride(qs);
+  dq->set_output(true).set_uid(kDQ).set_dim(dims).set_stride(dq_strides(k));
   dk->set_output(true).set_uid(kDK).set_dim(kvd).set_stride(kvs);  // summed over the group's heads by cuDNN
   dv->set_output(true).set_uid(kDV).set_dim(kvd).set_stride(kvs);
 }
 
 // Builds the graph of `k` through cuDNN's support check; a graph cuDNN cannot run comes back with the reason.
 std::string describe(const Key& k) {
-  return fmt::format("cuDNN SDPA {} (B={}, T={}, H={}, G={}, D={}, {}{}{})", k.backward ? "backward" : "forward", k.B,
+  const std::string block =
+      k.block ? fmt::format(", ring block: {} of the query rows against {} of Tk={} keys", k.q_rows, k.k_rows, k.Tk)
+              : "";
+  return fmt::format("cuDNN SDPA {} (B={}, T={}, H={}, G={}, D={}, {}{}{}{})", k.backward ? "backward" : "forward", k.B,
                      k.T, k.H(), k.G, k.D, dtype_name(k.dtype), k.causal ? ", causal" : "",
-                     k.backward && !k.deterministic ? ", non-deterministic" : "");
+                     k.backward && !k.deterministic ? ", non-deterministic" : "", block);
 }
 
 // The graph of `k`, described (tensors and the SDPA node), not yet validated. `sm` > 0 names the target GPU
@@ -313,7 +354,13 @@ void execute(const Plan& plan, cudnnHandle_t h, std::unordered_map<int64_t, void
 bool cudnn_attention_built() { return true; }
 
 std::string cudnn_attention_validate(const CudnnSdpaGraph& c, int sm) {
-  const Key k{c.backward, c.dtype, c.B, c.T, c.G, c.R, c.D, c.causal, !c.backward || c.deterministic};
+  Key k{c.backward, c.dtype, c.B, c.T, c.G, c.R, c.D, c.causal, !c.backward || c.deterministic};
+  if (c.q_rows > 0) {
+    k.block = true;
+    k.q_rows = c.q_rows;
+    k.Tk = c.Tk;
+    k.k_rows = c.k_rows;
+  }
   if (k.dtype != DType::bf16 && k.dtype != DType::f16)
     return fmt::format("{}: cuDNN's fused attention takes bf16 or fp16", describe(k));
   try {
@@ -382,6 +429,199 @@ std::string cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const
                                           {kDQ, dq},       {kDK, dbase + R * D * es}, {kDV, dbase + (R + 1) * D * es}};
   execute(*plan, h, pack, "attention_backward");
   if (R > 1) scatter_query_grads(dq_buf, dqkv);
+  return "";
+}
+
+// ---- context-parallel ring blocks ------------------------------------------------------------------------------
+
+namespace {
+
+// A local sequence's rows as runs of consecutive positions: one, or two when the positions jump at split_at.
+struct PositionRun {
+  int64_t row0, rows, pos0;
+  int64_t last() const { return pos0 + rows - 1; }
+};
+std::vector<PositionRun> runs_of(const SequencePositions& p, int64_t n) {
+  if (p.split_at > 0 && p.split_at < n)
+    return {{0, p.split_at, p.position_offset}, {p.split_at, n - p.split_at, p.split_position}};
+  return {{0, n, p.position_offset}};
+}
+
+}  // namespace
+
+CudnnBlock cudnn_block_of(int64_t Tq, int64_t Tk, const AttentionBlockOptions& opt, std::string* why) {
+  why->clear();
+  if (!opt.causal) return {0, Tq, 0, Tk, false};
+  const std::vector<PositionRun> qr = runs_of(opt.q, Tq), kr = runs_of(opt.k, Tk);
+  // The same positions on both sides (a rank's own block), in increasing order: causal over local rows is causal
+  // over positions.
+  const bool same = Tq == Tk && qr.size() == kr.size() &&
+                    std::equal(qr.begin(), qr.end(), kr.begin(), [](const PositionRun& a, const PositionRun& b) {
+                      return a.row0 == b.row0 && a.rows == b.rows && a.pos0 == b.pos0;
+                    });
+  if (same) {
+    if (qr.size() == 2 && qr[1].pos0 <= qr[0].last()) {
+      *why = "a block whose second chunk lies before its first";
+      return {};
+    }
+    return {0, Tq, 0, Tk, true};
+  }
+  // Otherwise every (query run, key run) pair must be wholly visible or wholly hidden, and the query runs that see
+  // any key must see the same keys: one full (non-causal) call.
+  int64_t q0 = -1, q1 = -1, k0 = -1, k1 = -1;
+  for (const PositionRun& q : qr) {
+    int64_t lo = -1, hi = -1;  // the key rows this query run sees
+    for (const PositionRun& k : kr) {
+      if (k.pos0 > q.last()) continue;  // all later: hidden
+      if (k.last() > q.pos0) {
+        *why = fmt::format("key positions [{}, {}] are partly visible to query positions [{}, {}]", k.pos0, k.last(),
+                           q.pos0, q.last());
+        return {};
+      }
+      if (lo < 0) lo = k.row0;
+      hi = k.row0 + k.rows;
+    }
+    if (lo < 0) continue;
+    if (k0 >= 0 && (lo != k0 || hi != k1)) {
+      *why = "query chunks that see different key chunks (two cuDNN calls)";
+      return {};
+    }
+    k0 = lo;
+    k1 = hi;
+    if (q0 < 0) q0 = q.row0;
+    q1 = q.row0 + q.rows;
+  }
+  if (q0 < 0) return {};  // no query sees a key of this block
+  return {q0, q1 - q0, k0, k1 - k0, false};
+}
+
+namespace {
+
+Key block_key(const Tensor& qkv, const Tensor& kv, const CudnnBlock& blk, bool backward) {
+  Key k = key_of(qkv, backward, blk.causal);
+  k.block = true;
+  k.q_rows = blk.q_rows;
+  k.Tk = kv.dim(1);
+  k.k_rows = blk.k_rows;
+  return k;
+}
+
+// Why this block cannot go to cuDNN before any graph: the dtype and head dimension, the dropout (cuDNN's own
+// Philox stream is not megatrain's layout-invariant mask), and a chunk pair one call cannot express.
+std::string refuse_block(const Tensor& qkv, const Tensor& kv, const AttentionBlockOptions& opt, CudnnBlock& blk) {
+  if (std::string why = refuse_early(qkv); !why.empty()) return why;
+  if (opt.dropout_p != 0.f) return fmt::format("dropout {:g} needs layout-invariant masks", opt.dropout_p);
+  std::string why;
+  blk = cudnn_block_of(qkv.dim(1), kv.dim(1), opt, &why);
+  // The call's rows start inside the tensors: at multiples of D elements (16 bytes, D a multiple of 8) except the
+  // f32 Stats, at q0 floats.
+  if (why.empty() && blk.q0 % 4 != 0)
+    why = fmt::format("the block's first query row {} leaves its Stats rows not 16-byte aligned", blk.q0);
+  return why;
+}
+
+}  // namespace
+
+std::string cudnn_attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,
+                                          const AttentionBlockOptions& opt) {
+  CudnnBlock blk;
+  if (std::string why = refuse_block(qkv, kv, opt, blk); !why.empty()) return why;
+  if (std::string why = misaligned({{"qkv", qkv.raw()}, {"kv", kv.raw()}, {"out", out.raw()}, {"lse", lse.raw()}});
+      !why.empty())
+    return why;
+  if (blk.empty()) {  // no row sees a key of this block: out 0, lse -inf (what the merge leaves alone)
+    out.zero_();
+    cuda::fill_(lse, -INFINITY);
+    return "";
+  }
+  cudnnHandle_t h = nullptr;
+  const Key key = block_key(qkv, kv, blk, false);
+  const auto plan = plan_for(key, h);
+  if (!plan->graph) return plan->refused;
+  const int64_t T = qkv.dim(1), G = qkv.dim(2), R = qkv.dim(3) - 2, D = qkv.dim(4), H = G * R;
+  const size_t es = dtype_size(qkv.dtype());
+  Tensor o = query_buffer(qkv);  // cuDNN's O (B, T, H, D) in qkv's dtype, widened into out after the call
+  if (blk.q_rows < T) {
+    o.zero_();
+    cuda::fill_(lse, -INFINITY);
+  }
+  Tensor q_buf;  // R > 1: the queries gathered (B, T, H, D)
+  char* q = static_cast<char*>(qkv.raw()) + blk.q0 * G * (R + 2) * D * es;
+  if (R > 1) {
+    q_buf = query_buffer(qkv);
+    gather_queries(qkv, q_buf);
+    q = static_cast<char*>(q_buf.raw()) + blk.q0 * H * D * es;
+  }
+  char* k = static_cast<char*>(kv.raw()) + blk.k0 * G * 2 * D * es;
+  std::unordered_map<int64_t, void*> pack{{kQ, q},
+                                          {kK, k},
+                                          {kV, k + D * es},
+                                          {kO, static_cast<char*>(o.raw()) + blk.q0 * H * D * es},
+                                          {kStats, lse.data<float>() + blk.q0}};
+  execute(*plan, h, pack, "attention_block_forward");
+  out.copy_from(o);
+  return "";
+}
+
+std::string cudnn_attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
+                                           const Tensor& dout, Tensor& dq, Tensor& dkv,
+                                           const AttentionBlockOptions& opt) {
+  CudnnBlock blk;
+  if (std::string why = refuse_block(qkv, kv, opt, blk); !why.empty()) return why;
+  if (std::string why = misaligned({{"qkv", qkv.raw()},
+                                    {"kv", kv.raw()},
+                                    {"out", out.raw()},
+                                    {"lse", lse.raw()},
+                                    {"dout", dout.raw()},
+                                    {"dq", dq.raw()},
+                                    {"dkv", dkv.raw()}});
+      !why.empty())
+    return why;
+  if (blk.empty()) return "";  // nothing of this block reaches a query
+  cudnnHandle_t h = nullptr;
+  const auto plan = plan_for(block_key(qkv, kv, blk, true), h);
+  if (!plan->graph) return plan->refused;
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), G = qkv.dim(2), R = qkv.dim(3) - 2, D = qkv.dim(4), H = G * R;
+  const size_t es = dtype_size(qkv.dtype());
+  // The call's Stats rows, packed (B, H, q_rows) when they are not all of lse's (stats_strides).
+  float* stats = static_cast<float*>(lse.raw()) + blk.q0;
+  Tensor stats_buf;
+  if (blk.q_rows < T) {
+    stats_buf = Tensor::empty({B * H * blk.q_rows}, DType::f32, Device::cuda, MemKind::workspace);
+    const size_t row = static_cast<size_t>(blk.q_rows) * sizeof(float);
+    copy_2d(stats_buf.raw(), row, stats, static_cast<size_t>(T) * sizeof(float), row, static_cast<size_t>(B * H));
+    stats = stats_buf.data<float>();
+  }
+  Tensor q_buf;
+  const char* q = static_cast<const char*>(qkv.raw()) + blk.q0 * G * (R + 2) * D * es;
+  if (R > 1) {
+    q_buf = query_buffer(qkv);
+    gather_queries(qkv, q_buf);
+    q = static_cast<const char*>(q_buf.raw()) + blk.q0 * H * D * es;
+  }
+  // cuDNN writes dQ, dK, dV in qkv's dtype: into zeroed buffers, widened and added to the f32 accumulators after.
+  Tensor dq_io = query_buffer(qkv), dkv_io = Tensor::empty(kv.shape(), kv.dtype(), Device::cuda, MemKind::workspace);
+  dq_io.zero_();
+  dkv_io.zero_();
+  const char* k = static_cast<const char*>(kv.raw()) + blk.k0 * G * 2 * D * es;
+  char* dk = static_cast<char*>(dkv_io.raw()) + blk.k0 * G * 2 * D * es;
+  const int64_t row = blk.q0 * H * D * es;  // byte offset of the call's first query row in (B, T, H, D)
+  std::unordered_map<int64_t, void*> pack{{kQ, const_cast<char*>(q)},
+                                          {kK, const_cast<char*>(k)},
+                                          {kV, const_cast<char*>(k + D * es)},
+                                          {kO, static_cast<char*>(out.raw()) + row},
+                                          {kDO, static_cast<char*>(dout.raw()) + row},
+                                          {kStats, stats},
+                                          {kDQ, static_cast<char*>(dq_io.raw()) + row},
+                                          {kDK, dk},
+                                          {kDV, dk + D * es}};
+  execute(*plan, h, pack, "attention_block_backward");
+  Tensor wide = Tensor::empty(dq.shape(), DType::f32, Device::cuda, MemKind::workspace);
+  wide.copy_from(dq_io);
+  cuda::add(dq, wide, dq);
+  Tensor wide_kv = Tensor::empty(dkv.shape(), DType::f32, Device::cuda, MemKind::workspace);
+  wide_kv.copy_from(dkv_io);
+  cuda::add(dkv, wide_kv, dkv);
   return "";
 }
 

@@ -43,11 +43,38 @@ struct CudnnSdpaGraph {
   int64_t B = 1, T = 1, G = 1, R = 1, D = 64;
   bool causal = true;
   bool deterministic = true;  // backward only
+  // A context-parallel ring block when q_rows > 0: q_rows of the T query rows against k_rows of the Tk keys and
+  // values of a packed kv (B, Tk, G, 2, D), causal only for a rank's own block (q_rows = T = k_rows = Tk).
+  int64_t q_rows = 0, Tk = 0, k_rows = 0;
 };
 // Builds the graph as a call would and runs the cuDNN frontend's validate() for the SM version `sm` (90: Hopper)
 // without touching a device: "" when it validates, else why not. The later steps (operation graph, heuristics,
 // plans) need a device and run on the first call.
 std::string cudnn_attention_validate(const CudnnSdpaGraph& graph, int sm);
+
+// ---- context-parallel ring blocks (core/tensor/ops.h's attention_block_forward / _backward) ------------------------
+// A ring block's chunk pair as one cuDNN SDPA call: query rows [q0, q0 + q_rows) of the local sequence against key
+// rows [k0, k0 + k_rows) of the block, causal (top-left, only for a rank's own block, whose two chunks are in
+// position order on both sides) or full. cudnn_block_of says which call a block is, or why it is none.
+struct CudnnBlock {
+  int64_t q0 = 0, q_rows = 0, k0 = 0, k_rows = 0;
+  bool causal = false;
+  bool empty() const { return q_rows == 0 || k_rows == 0; }
+};
+// The one call of a block of Tq query rows and Tk key rows under `opt`'s positions, or "" in *why (with an empty
+// call when no query sees a key); a non-empty *why names what one call cannot express (a block needing two calls).
+CudnnBlock cudnn_block_of(int64_t Tq, int64_t Tk, const AttentionBlockOptions& opt, std::string* why);
+// out (B, Tq, H, D) f32 and lse (B, H, Tq) f32 of the block: cuDNN's O (bf16 / fp16, widened to f32) and Stats on
+// the call's rows, 0 and -inf on the others (rows that see no key of the block). Returns "" once enqueued, else
+// why cuDNN cannot run it (nothing written).
+std::string cudnn_attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,
+                                          const AttentionBlockOptions& opt);
+// The block's share of the backward through cuDNN's SDPA backward from the merged out (qkv's dtype) and lse (the
+// whole attention's, so cuDNN's P and Delta = rowsum(dO o O) are the whole softmax's): dq (f32) += its dQ,
+// dkv (f32) += its dK and dV (widened from bf16 / fp16).
+std::string cudnn_attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
+                                           const Tensor& dout, Tensor& dq, Tensor& dkv,
+                                           const AttentionBlockOptions& opt);
 
 // ---- dispatch (attention_backend.cpp) ---------------------------------------------------------------------
 
@@ -56,6 +83,13 @@ std::string cudnn_attention_validate(const CudnnSdpaGraph& graph, int sm);
 bool attention_forward_on_cudnn(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionOptions& opt);
 bool attention_backward_on_cudnn(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
                                  Tensor& dqkv, const AttentionOptions& opt);
+// A context-parallel ring block on cuDNN (cudnn_attention_block_forward / _backward) when MEGATRAIN_ATTENTION, the
+// dtype, the dropout and the chunk pair allow it: true when done, false when the caller runs megatrain's block
+// kernels (the reason logged once). Not counted in attention_calls() (neither are the kernels' blocks).
+bool attention_block_forward_on_cudnn(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,
+                                      const AttentionBlockOptions& opt);
+bool attention_block_backward_on_cudnn(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
+                                       const Tensor& dout, Tensor& dq, Tensor& dkv, const AttentionBlockOptions& opt);
 // Records that the kernel ran (last_attention_path()).
 void note_attention_kernel();
 

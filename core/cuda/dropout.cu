@@ -1,7 +1,8 @@
 // dropout.cu: dropout keyed by global coordinates on the GPU. Element (b, t, c) of a (B, T, C) tensor is kept
-// when dropout_uniform(seed, site, sample_offset + b, row_offset + t, col_offset + c) >= p and then scaled by
-// 1 / (1 - p), as core/cpu/dropout.cpp; the masks are the CPU's bit for bit, since both draw from the same
-// Philox blocks (core/base/rng.h). The backward regenerates the same mask.
+// when dropout_uniform(seed, site, sample_offset + b, dropout_row(opt, t), col_offset + c) >= p (dropout_row:
+// core/tensor/ops.h, DropoutRows here) and then scaled by 1 / (1 - p), as core/cpu/dropout.cpp; the masks are the
+// CPU's bit for bit, since both draw from the same Philox blocks (core/base/rng.h). The backward regenerates the
+// same mask.
 //
 // Launch: one thread per Philox block of a row (four neighbouring global columns, aligned to multiples of
 // four of the global column, so a shard whose col_offset is not a multiple of four starts mid-block);
@@ -25,7 +26,7 @@ namespace {
 // written by the same thread).
 template <class T>
 __global__ void dropout_kernel(const T* x, T* out, int64_t N, int64_t T_len, int64_t C, uint64_t seed, uint64_t site,
-                               uint64_t sample_offset, uint64_t row_offset, uint64_t col_offset, uint64_t first_block,
+                               uint64_t sample_offset, DropoutRows rows, uint64_t col_offset, uint64_t first_block,
                                uint64_t blocks_per_row, float p, float scale) {
   const uint64_t k = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;  // Philox block of the row
   if (k >= blocks_per_row) return;
@@ -33,8 +34,7 @@ __global__ void dropout_kernel(const T* x, T* out, int64_t N, int64_t T_len, int
   const uint64_t col_end = col_offset + static_cast<uint64_t>(C);  // one past the last global column
   for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
     const int64_t b = n / T_len, t = n - b * T_len;
-    const Philox4 r = dropout_block(seed, site, sample_offset + static_cast<uint64_t>(b),
-                                    row_offset + static_cast<uint64_t>(t), block);
+    const Philox4 r = dropout_block(seed, site, sample_offset + static_cast<uint64_t>(b), rows.at(t), block);
     const T* xr = x + n * C;
     T* yr = out + n * C;
 #pragma unroll
@@ -53,7 +53,7 @@ __global__ void dropout_kernel(const T* x, T* out, int64_t N, int64_t T_len, int
 // col_offset + kE + 4q + lane (col_offset a multiple of 4) are lane `lane` of Philox block first_block + k E/4 + q.
 template <class T>
 __global__ void dropout_vec_kernel(const T* x, T* out, int64_t N, int64_t T_len, int64_t C, uint64_t seed,
-                                   uint64_t site, uint64_t sample_offset, uint64_t row_offset, uint64_t first_block,
+                                   uint64_t site, uint64_t sample_offset, DropoutRows rows, uint64_t first_block,
                                    int64_t vecs_per_row, float p, float scale) {
   constexpr int E = kVec<T>, Q = E / 4;                                           // Q Philox blocks a vector
   const int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;  // vector of the row
@@ -63,7 +63,7 @@ __global__ void dropout_vec_kernel(const T* x, T* out, int64_t N, int64_t T_len,
     const int64_t at = n * C + k * E;
     float v[E];
     load_f32s<E>(x + at, v);
-    drop_vector(v, seed, site, sample_offset + static_cast<uint64_t>(b), row_offset + static_cast<uint64_t>(t),
+    drop_vector(v, seed, site, sample_offset + static_cast<uint64_t>(b), rows.at(t),
                 first_block + static_cast<uint64_t>(k * Q), p, scale);
     store_f32s<E>(out + at, v);
   }
@@ -78,8 +78,9 @@ void apply_mask(const char* op, const Tensor& x, Tensor& out, const DropoutOptio
   const int64_t N = B * T_len;
   if (N == 0 || C == 0) return;
   const float scale = 1.f / (1.f - opt.p);  // as dropout_row_scales (core/base/rng.h), computed on the host
-  const uint64_t sample_offset = static_cast<uint64_t>(opt.sample_offset),
-                 row_offset = static_cast<uint64_t>(opt.row_offset);
+  const uint64_t sample_offset = static_cast<uint64_t>(opt.sample_offset);
+  const DropoutRows rows{static_cast<uint64_t>(opt.row_offset), opt.split_at,
+                         static_cast<uint64_t>(opt.split_position)};
   MT_DISPATCH_FLOAT(x.dtype(), op, T, {
     const T* px = x.data<T>();
     T* po = out.data<T>();
@@ -87,13 +88,13 @@ void apply_mask(const char* op, const Tensor& x, Tensor& out, const DropoutOptio
     if (dropout_rows_take_vectors(C, opt.col_offset, V, px, po)) {
       const RowUnitsGrid g = row_units_grid(N, C / V);
       dropout_vec_kernel<T>
-          <<<grid_dims(g), g.threads, 0, stream()>>>(px, po, N, T_len, C, opt.seed, opt.site, sample_offset, row_offset,
+          <<<grid_dims(g), g.threads, 0, stream()>>>(px, po, N, T_len, C, opt.seed, opt.site, sample_offset, rows,
                                                      static_cast<uint64_t>(opt.col_offset) >> 2, C / V, opt.p, scale);
     } else {
       const DropoutGrid g = dropout_grid(N, C, opt.col_offset);
-      dropout_kernel<T><<<grid_dims(g.grid), g.grid.threads, 0, stream()>>>(
-          px, po, N, T_len, C, opt.seed, opt.site, sample_offset, row_offset, g.col0, g.first_block, g.blocks_per_row,
-          opt.p, scale);
+      dropout_kernel<T><<<grid_dims(g.grid), g.grid.threads, 0, stream()>>>(px, po, N, T_len, C, opt.seed, opt.site,
+                                                                            sample_offset, rows, g.col0, g.first_block,
+                                                                            g.blocks_per_row, opt.p, scale);
     }
   });
   MT_CUDA_LAUNCHED("dropout_kernel");

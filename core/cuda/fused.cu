@@ -20,7 +20,7 @@ namespace {
 // out may alias x or residual: each element is read and written by the same thread.
 template <class T>
 __global__ void dropout_add_kernel(const T* x, const T* residual, T* out, int64_t N, int64_t T_len, int64_t C,
-                                   uint64_t seed, uint64_t site, uint64_t sample_offset, uint64_t row_offset,
+                                   uint64_t seed, uint64_t site, uint64_t sample_offset, DropoutRows rows,
                                    uint64_t col_offset, uint64_t first_block, uint64_t blocks_per_row, float p,
                                    float scale) {
   const uint64_t k = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x;  // Philox block of the row
@@ -30,9 +30,7 @@ __global__ void dropout_add_kernel(const T* x, const T* residual, T* out, int64_
   for (int64_t n = blockIdx.y; n < N; n += gridDim.y) {
     const int64_t b = n / T_len, t = n - b * T_len;
     Philox4 r{};
-    if (p != 0.f)
-      r = dropout_block(seed, site, sample_offset + static_cast<uint64_t>(b), row_offset + static_cast<uint64_t>(t),
-                        block);
+    if (p != 0.f) r = dropout_block(seed, site, sample_offset + static_cast<uint64_t>(b), rows.at(t), block);
 #pragma unroll
     for (int lane = 0; lane < 4; ++lane) {
       const uint64_t gc = block * 4 + static_cast<uint64_t>(lane);  // global column
@@ -52,7 +50,7 @@ __global__ void dropout_add_kernel(const T* x, const T* residual, T* out, int64_
 // Each element rounds as the scalar kernel's.
 template <class T>
 __global__ void dropout_add_vec_kernel(const T* x, const T* residual, T* out, int64_t N, int64_t T_len, int64_t C,
-                                       uint64_t seed, uint64_t site, uint64_t sample_offset, uint64_t row_offset,
+                                       uint64_t seed, uint64_t site, uint64_t sample_offset, DropoutRows rows,
                                        uint64_t first_block, int64_t vecs_per_row, float p, float scale) {
   constexpr int E = kVec<T>, Q = E / 4;                                           // Q Philox blocks a vector
   const int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;  // vector of the row
@@ -64,7 +62,7 @@ __global__ void dropout_add_vec_kernel(const T* x, const T* residual, T* out, in
     load_f32s<E>(x + at, v);
     load_f32s<E>(residual + at, res);
     if (p != 0.f) {
-      drop_vector(v, seed, site, sample_offset + static_cast<uint64_t>(b), row_offset + static_cast<uint64_t>(t),
+      drop_vector(v, seed, site, sample_offset + static_cast<uint64_t>(b), rows.at(t),
                   first_block + static_cast<uint64_t>(k * Q), p, scale);
 #pragma unroll
       for (int j = 0; j < E; ++j) v[j] = to_f32<T>(from_f32<T>(v[j]));  // rounded as dropout_forward stores it
@@ -82,22 +80,23 @@ void dropout_add(const Tensor& x, const Tensor& residual, Tensor& out, const Dro
   const int64_t N = B * T_len;
   if (N == 0 || C == 0) return;
   const float scale = opt.p == 0.f ? 1.f : 1.f / (1.f - opt.p);  // as dropout_row_scales, on the host
-  const uint64_t sample_offset = static_cast<uint64_t>(opt.sample_offset),
-                 row_offset = static_cast<uint64_t>(opt.row_offset);
+  const uint64_t sample_offset = static_cast<uint64_t>(opt.sample_offset);
+  const DropoutRows rows{static_cast<uint64_t>(opt.row_offset), opt.split_at,
+                         static_cast<uint64_t>(opt.split_position)};
   MT_DISPATCH_FLOAT(x.dtype(), "dropout_add", T, {
     const T *px = x.data<T>(), *pr = residual.data<T>();
     T* po = out.data<T>();
     constexpr int V = kVec<T>;
     if (dropout_rows_take_vectors(C, opt.col_offset, V, px, pr, po)) {
       const RowUnitsGrid g = row_units_grid(N, C / V);
-      dropout_add_vec_kernel<T><<<grid_dims(g), g.threads, 0, stream()>>>(
-          px, pr, po, N, T_len, C, opt.seed, opt.site, sample_offset, row_offset,
-          static_cast<uint64_t>(opt.col_offset) >> 2, C / V, opt.p, scale);
+      dropout_add_vec_kernel<T>
+          <<<grid_dims(g), g.threads, 0, stream()>>>(px, pr, po, N, T_len, C, opt.seed, opt.site, sample_offset, rows,
+                                                     static_cast<uint64_t>(opt.col_offset) >> 2, C / V, opt.p, scale);
     } else {
       const DropoutGrid g = dropout_grid(N, C, opt.col_offset);
       dropout_add_kernel<T><<<grid_dims(g.grid), g.grid.threads, 0, stream()>>>(
-          px, pr, po, N, T_len, C, opt.seed, opt.site, sample_offset, row_offset, g.col0, g.first_block,
-          g.blocks_per_row, opt.p, scale);
+          px, pr, po, N, T_len, C, opt.seed, opt.site, sample_offset, rows, g.col0, g.first_block, g.blocks_per_row,
+          opt.p, scale);
     }
   });
   MT_CUDA_LAUNCHED("dropout_add_kernel");

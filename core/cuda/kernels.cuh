@@ -270,6 +270,18 @@ void launch_rows(int64_t C, Launch&& launch, const P*... ptrs) {
     launch(std::integral_constant<int, 1>{});
 }
 
+// The global rows of a dropout call (DropoutOptions' row_offset, split_at and split_position): core/tensor/ops.h's
+// dropout_row on the device, so a context rank's two chunks draw the one-rank mask.
+struct DropoutRows {
+  uint64_t offset;
+  int64_t split_at;
+  uint64_t split_position;
+  __device__ __forceinline__ uint64_t at(int64_t t) const {
+    return split_at > 0 && t >= split_at ? split_position + static_cast<uint64_t>(t - split_at)
+                                         : offset + static_cast<uint64_t>(t);
+  }
+};
+
 // Dropout of the E = 4Q values v of global columns [4 block0, 4 block0 + E) of one row (sample, row): value
 // 4q + lane is kept, times scale, when lane `lane` of Philox block block0 + q is >= p, else 0 (even when it is
 // inf or NaN), as the CPU's masks (core/base/rng.h).

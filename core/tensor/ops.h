@@ -136,7 +136,7 @@ void position_embedding_backward(const Tensor& dout, Tensor& dwpe, EmbeddingOpti
 
 // ---- dropout, keyed by global coordinates --------------------------------------------------------
 // Element (b, t, c) of a (B, T, C) tensor keeps or drops by
-// dropout_uniform(seed, site, sample_offset + b, row_offset + t, col_offset + c) >= p (core/base/rng.h),
+// dropout_uniform(seed, site, sample_offset + b, dropout_row(opt, t), col_offset + c) >= p (core/base/rng.h),
 // so the mask is the same whatever slice of the global tensor a rank holds.
 struct DropoutOptions {
   float p = 0.f;
@@ -145,7 +145,15 @@ struct DropoutOptions {
   int64_t sample_offset = 0;  // global sample index of b = 0
   int64_t row_offset = 0;     // global row (sequence position) of t = 0
   int64_t col_offset = 0;     // global column of c = 0
+  // Context parallelism (a rank's two chunks, parallel/context_parallel.h): when split_at > 0, row t >= split_at
+  // is at global row split_position + t - split_at instead (dropout_row below), so the mask is one rank's.
+  int64_t split_at = 0;
+  int64_t split_position = 0;
 };
+// The global row of local row t under opt (row_offset + t, or past split_at the second chunk's).
+inline int64_t dropout_row(const DropoutOptions& opt, int64_t t) {
+  return opt.split_at > 0 && t >= opt.split_at ? opt.split_position + (t - opt.split_at) : opt.row_offset + t;
+}
 // out = x * mask / (1 - p); p == 0 copies.
 void dropout_forward(const Tensor& x, Tensor& out, const DropoutOptions& opt);
 // dx = dout * mask / (1 - p), the mask regenerated from the same options.
@@ -211,12 +219,22 @@ struct SequencePositions {
 struct AttentionBlockOptions {
   SequencePositions q, k;  // the query rows of qkv, the key rows of kv
   bool causal = true;
+  // Dropout on the probabilities, keyed as attention_forward's over the whole sequence: query row i and key j of
+  // local head h at (sample_offset + b, (head_offset + h) * seq_length + position(i), position(j)), so a block's
+  // mask is the one-rank mask at those global positions. seq_length: the whole (global) sequence length.
+  float dropout_p = 0.f;
+  uint64_t seed = 0;
+  uint64_t site = 0;
+  int64_t sample_offset = 0;
+  int64_t head_offset = 0;
+  int64_t seq_length = 0;
 };
 // kv (B, Tk, G, 2, D) <- the key (slot R) and value (slot R + 1) of every group of qkv (B, Tk, G, R + 2, D).
 void attention_kv_pack(const Tensor& qkv, Tensor& kv);
 // The queries of qkv (B, Tq, G, R + 2, D) against kv (B, Tk, G, 2, D): out (B, Tq, H, D) f32 the block's softmax
 // over the visible keys times their values, lse (B, H, Tq) f32 its log-sum-exp (-inf, with out 0, for a row that
-// sees no key of the block).
+// sees no key of the block). With dropout, out is (P o Z) V, Z the block's mask scaled by 1 / (1 - p), lse that of
+// the undropped scores (so the merge is that of the whole attention).
 void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,
                              const AttentionBlockOptions& opt);
 // (out, lse) <- the merge of (out, lse) and (out_b, lse_b): lse' = log(e^lse + e^lse_b),
@@ -224,7 +242,8 @@ void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, T
 void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b);
 // One block's share of the backward, from the whole attention's out (B, Tq, H, D) (qkv's dtype) and lse (B, H, Tq)
 // and dout: dq (B, Tq, H, D) f32 += dS K, dkv (B, Tk, G, 2, D) f32 += (dS^T Q, P^T dO) summed over each group's
-// query heads. dS = P o (dP - rowsum(dO o O)) / sqrt(D), P = exp(S - lse).
+// query heads. dS = P o (dP - rowsum(dO o O)) / sqrt(D), P = exp(S - lse). With dropout: dkv's value part
+// += (P o Z)^T dO and dP = (dO V^T) o Z (rowsum(dO o O) is still the row sum of P o dP over all blocks).
 void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
                               const Tensor& dout, Tensor& dq, Tensor& dkv, const AttentionBlockOptions& opt);
 // dqkv (B, T, G, R + 2, D) <- dq (B, T, H, D) f32 in the query slots and dkv (B, T, G, 2, D) f32 in the key and

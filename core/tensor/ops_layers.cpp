@@ -179,6 +179,8 @@ void check_dropout(const char* op, const Tensor& in, const char* in_name, const 
   check_range(
       op, "offsets", opt.sample_offset >= 0 && opt.row_offset >= 0 && opt.col_offset >= 0,
       fmt::format("must be >= 0, got sample {}, row {}, col {}", opt.sample_offset, opt.row_offset, opt.col_offset));
+  check_range(op, "split", opt.split_at >= 0 && opt.split_position >= 0,
+              fmt::format("must be >= 0, got split_at {}, split_position {}", opt.split_at, opt.split_position));
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Context parallelism (parallel.context): every sample's sequence cut into 2 x CP chunks, rank r holding chunks r and
 # 2CP-1-r, attention as a ring (p2p) or over all-gathered keys and values. Each layout must give the single-rank
-# losses within 1e-6 (fp32, 10 iterations, dropout off: context parallelism refuses it), GPT and Llama with
-# grouped-query attention, alone and with TP (+SP), PP, DP (+ the distributed optimizer over data x context).
+# losses within 1e-6 (fp32, 10 iterations, dropout off), GPT and Llama with grouped-query attention, alone and with TP
+# (+SP), PP, DP (+ the distributed optimizer over data x context). With dropout on (hidden and attention, masks keyed
+# by the chunks' global positions) CP 2 and 4, p2p and allgather, and TP 2 + SP once give one rank's losses too.
 # Then checkpoints move between context degrees (save at CP=2, resume at CP=1 and CP=4: the same losses as the
 # uninterrupted run), and bad settings fail naming their keys.
 source "$(dirname "$0")/lib/common.bash"
@@ -39,6 +40,27 @@ for config in tiny.yaml llama.yaml; do
   done
 done
 echo "all $count context-parallel layouts match one rank"
+
+# Dropout on (the configs' 0.1 hidden and attention dropout): every mask is keyed by global positions (the hidden
+# dropout by the token's, the attention dropout by the (query, key) pair's in every ring block, forward and backward),
+# so a context rank's two chunks draw the one-rank mask.
+count=0
+for row in "tiny 2 p2p 1" "tiny 4 allgather 1" "tiny 2 allgather 2" "llama 2 allgather 1" "llama 4 p2p 1"; do
+  read -r name cp comm tp <<<"$row"
+  [ -f ${name}_drop_one/metrics.jsonl ] || run $name.yaml ${name}_drop_one 1 --set model.dropout=0.1 \
+    --set model.attention_dropout=0.1
+  dir=${name}_drop_cp${cp}${comm}_tp${tp}
+  run $name.yaml $dir $((cp * tp)) --set model.dropout=0.1 --set model.attention_dropout=0.1 \
+      --set parallel.context=$cp --set parallel.context_comm=$comm --set parallel.tensor=$tp \
+      --set parallel.sequence_parallel=$([ "$tp" -gt 1 ] && echo true || echo false)
+  same_losses ${name}_drop_one/metrics.jsonl $dir/metrics.jsonl 1 10 1e-6
+  count=$((count + 1))
+done
+# The dropout changes the losses (the runs above are not the dropout-free ones by accident).
+losses tiny_one/metrics.jsonl 2 2 > a.txt
+losses tiny_drop_one/metrics.jsonl 2 2 > b.txt
+! diff -q a.txt b.txt >/dev/null || fail "dropout 0.1 gave the dropout-free losses"
+echo "all $count context-parallel layouts with dropout match one rank"
 
 # Checkpoints move between context degrees: 5 iterations at CP=2 with the distributed optimizer (its state sharded
 # over the two context ranks) saved, then resumed at CP=2 (bit for bit the straight CP=2 run), CP=1 and CP=4
@@ -96,6 +118,4 @@ expect_error "parallel.context: 3 needs model.seq_length=32 divisible by 2 x par
 expect_error "parallel.sequence_parallel: needs each context rank's model.seq_length / parallel.context = 36 / 2" \
   --config tiny.yaml "${nodrop[@]}" --nproc 8 --set parallel.context=2 --set parallel.tensor=4 \
   --set parallel.sequence_parallel=true --set model.seq_length=36
-expect_error "parallel.context: 2 needs model.dropout and model.attention_dropout 0" \
-  --config tiny.yaml --nproc 2 --set parallel.context=2
 expect_error "parallel.context_comm" --config tiny.yaml "${nodrop[@]}" --set parallel.context_comm=ulysses

@@ -133,18 +133,21 @@ expect_error "finetune.lora.rank: LoRA on mixture-of-experts models is not suppo
   --set finetune.lora.rank=4 --set model.moe.num_experts=4
 expect_error "finetune.lora.rank: LoRA with fp8 GEMMs is not supported yet" --config llama.yaml \
   --set finetune.lora.rank=4 --set training.precision=bf16 --set training.fp8.format=e4m3
-expect_error "finetune.lora.dropout: 0.1 with parallel.context=2 is not built yet" --config tiny.yaml "${lora[@]}" \
-  --nproc 2 --set parallel.context=2 --set model.dropout=0 --set model.attention_dropout=0
 
-# With ZeRO-3 (the adapters sharded and gathered by unit; the frozen base, outside the gradient buffer, stays whole)
-# and with context parallelism (adapter dropout off, as CP needs): one rank's losses.
+# With ZeRO-3 (the adapters sharded and gathered by unit; the frozen base, outside the gradient buffer, stays whole,
+# dropout off) and with context parallelism (dropout on: the adapters', hidden and attention masks are keyed by the
+# chunks' global positions, so they are one rank's): one rank's losses.
 nod=(--config llama.yaml "${lora[@]}" --set finetune.lora.dropout=0 --set model.dropout=0 --set model.attention_dropout=0)
+drop=(--config llama.yaml "${lora[@]}")
 "$MT" "${nod[@]}" --set logging.dir=nod_one >/dev/null 2>&1 || fail "the no-dropout LoRA run failed"
-for extra in "2 --set parallel.shard=parameters" "2 --set parallel.context=2" "4 --set parallel.context=2 --set parallel.tensor=2 --set parallel.sequence_parallel=true"; do
-  read -r n args <<<"$extra"
+"$MT" "${drop[@]}" --set logging.dir=drop_one >/dev/null 2>&1 || fail "the dropout LoRA run failed"
+for extra in "nod 2 --set parallel.shard=parameters" "drop 2 --set parallel.context=2" \
+             "drop 4 --set parallel.context=2 --set parallel.tensor=2 --set parallel.sequence_parallel=true"; do
+  read -r ref n args <<<"$extra"
   read -r -a a <<<"$args"
-  dir=nod_$(echo "$args" | tr -dc 'a-z0-9')
-  "$MT" "${nod[@]}" --nproc "$n" "${a[@]}" --set logging.dir=$dir >/dev/null 2>$dir.err || { tail -5 $dir.err; fail "$dir"; }
-  same_losses nod_one/metrics.jsonl $dir/metrics.jsonl 1 6 1e-6
+  dir=${ref}_$(echo "$args" | tr -dc 'a-z0-9')
+  [ "$ref" = nod ] && set=("${nod[@]}") || set=("${drop[@]}")
+  "$MT" "${set[@]}" --nproc "$n" "${a[@]}" --set logging.dir=$dir >/dev/null 2>$dir.err || { tail -5 $dir.err; fail "$dir"; }
+  same_losses ${ref}_one/metrics.jsonl $dir/metrics.jsonl 1 6 1e-6
 done
 echo "PASS"

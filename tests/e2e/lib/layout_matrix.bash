@@ -113,8 +113,8 @@ run_shard_layouts() {  # precision tolerance
 # Context parallelism (parallel.context) in the matrix's setting, a representative subset (the full set, 9 layouts
 # per architecture over 10 iterations, and the checkpoints moved between CP degrees, is e2e.context_parallel):
 # each "cp comm tp pp dp" layout, with SP (TP > 1) and the distributed optimizer over data x context (DP > 1), must
-# give the single-rank losses within the tolerance. Dropout off in every run, the reference included: context
-# parallelism refuses it (its masks are keyed by contiguous positions, a rank's two chunks are not).
+# give the single-rank losses within the tolerance. Dropout off in every run, the reference included (context
+# parallelism with dropout, its masks keyed by global positions, is e2e.context_parallel's).
 run_context_layouts() {  # precision tolerance "cp comm tp pp dp"...
   local precision=$1 tol=$2; shift 2
   local common=(--config "${MATRIX_CONFIG:-tiny.yaml}" --set model.num_layers=8 --set training.micro_batch_size=1

@@ -612,9 +612,6 @@ TEST(ConfigRules, ContextParallelSplitsTheSequence) {
                              8),
                   "parallel.sequence_parallel: needs each context rank's model.seq_length / parallel.context = 36 / 2 "
                   "= 18 tokens divisible by parallel.tensor=4");
-  EXPECT_CONTAINS(base_error({"parallel.context=2"}, 2),
-                  "parallel.context: 2 needs model.dropout and "
-                  "model.attention_dropout 0");
   EXPECT_CONTAINS(base_error(with({"parallel.context=2", "model.moe.num_experts=4", "parallel.expert=4"}), 2),
                   "parallel.expert: 4 does not divide parallel.data x parallel.context = 1 x 2 = 2");
   EXPECT_CONTAINS(base_error(with({"parallel.context=2", "parallel.tensor=2", "model.moe.num_experts=8",
@@ -624,12 +621,16 @@ TEST(ConfigRules, ContextParallelSplitsTheSequence) {
   EXPECT_CONTAINS(
       base_error(with({"parallel.context=2", "model.moe.num_experts=2", "model.moe.capacity_factor=1.5"}), 2),
       "model.moe.capacity_factor: 1.5 with parallel.context=2 is not built yet");
-  EXPECT_CONTAINS(base_error(with({"parallel.context=2", "finetune.lora.rank=4", "finetune.lora.dropout=0.1"}), 2),
-                  "finetune.lora.dropout: 0.1 with parallel.context=2 is not built yet");
   EXPECT_CONTAINS(base_error(with({"parallel.context=0"})), "parallel.context: must be positive");
   EXPECT_CONTAINS(base_error(with({"parallel.context=2", "parallel.data=2"}), 2),
                   "parallel.data: parallel.tensor*context*pipeline*data = 1*2*1*2 = 4 does not match the world size 2");
   EXPECT_CONTAINS(base_error(with({"parallel.context_comm=ring"})), "parallel.context_comm");
+  // Dropout (hidden, attention, LoRA's) is keyed by the chunks' global positions: context parallelism takes it.
+  const Config dropped = base({"parallel.context=2", "model.dropout=0.1", "model.attention_dropout=0.1",
+                               "finetune.lora.rank=4", "finetune.lora.dropout=0.1"},
+                              2);
+  EXPECT_EQ(dropped.parallel.context, 2);
+  EXPECT_FLOAT_EQ(dropped.model.attention_dropout, 0.1f);
   const Config c = base(with({"parallel.context=2", "parallel.context_comm=allgather"}), 8);
   EXPECT_EQ(c.parallel.data, 4);  // auto: the world over tensor x context x pipeline
   EXPECT_EQ(c.parallel.data_context(), 8);

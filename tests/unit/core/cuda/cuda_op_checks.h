@@ -13,6 +13,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -26,6 +27,25 @@
 #include "tests/unit/op_test_util.h"
 
 namespace mt::test {
+
+// Sets MEGATRAIN_ATTENTION for one scope (ctest runs each test in its own process; this keeps gtest runs of
+// the whole binary clean too).
+class AttentionModeScope {
+ public:
+  explicit AttentionModeScope(const char* mode) {
+    if (const char* v = std::getenv("MEGATRAIN_ATTENTION")) saved_ = v;
+    ::setenv("MEGATRAIN_ATTENTION", mode, 1);
+  }
+  ~AttentionModeScope() {
+    if (saved_.empty())
+      ::unsetenv("MEGATRAIN_ATTENTION");
+    else
+      ::setenv("MEGATRAIN_ATTENTION", saved_.c_str(), 1);
+  }
+
+ private:
+  std::string saved_;
+};
 
 inline constexpr DType kFloatTypes[] = {DType::f32, DType::bf16, DType::f16};
 

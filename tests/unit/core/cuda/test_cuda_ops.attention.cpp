@@ -81,25 +81,6 @@ INSTANTIATE_TEST_SUITE_P(
 // ran with last_attention_path(), so a silent fallback to the kernel cannot pass for cuDNN.
 
 #if defined(MEGATRAIN_WITH_CUDA)
-// Sets MEGATRAIN_ATTENTION for one scope (ctest runs each test in its own process; this keeps gtest runs of
-// the whole binary clean too).
-class AttentionModeScope {
- public:
-  explicit AttentionModeScope(const char* mode) {
-    if (const char* v = std::getenv("MEGATRAIN_ATTENTION")) saved_ = v;
-    ::setenv("MEGATRAIN_ATTENTION", mode, 1);
-  }
-  ~AttentionModeScope() {
-    if (saved_.empty())
-      ::unsetenv("MEGATRAIN_ATTENTION");
-    else
-      ::setenv("MEGATRAIN_ATTENTION", saved_.c_str(), 1);
-  }
-
- private:
-  std::string saved_;
-};
-
 // The choice by dtype, dropout and mode needs no GPU: it runs wherever the CUDA backend is built.
 TEST(AttentionPath, ChosenByDtypeDropoutAndMode) {
   std::string why;

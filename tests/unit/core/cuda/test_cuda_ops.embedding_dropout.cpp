@@ -140,6 +140,31 @@ TEST_F(CudaOps, DropoutAddMatchesTheCpu) {
   }
 }
 
+// Context parallelism's two chunks in one local tensor (split_at, split_position): the CPU's rows, fp32 exactly.
+TEST_F(CudaOps, DropoutAtChunkSplitRowsMatchesTheCpu) {
+  const int64_t B = 2, T = 12, C = 64;  // rows 0..5 at positions 3.., rows 6..11 at 30..
+  const DropoutOptions opt{.p = 0.3f,
+                           .seed = 99,
+                           .site = stream_id("layers.0.mlp.out"),
+                           .sample_offset = 1,
+                           .row_offset = 3,
+                           .split_at = 6,
+                           .split_position = 30};
+  for (DType dt : kFloatTypes) {
+    const std::string what = str(" split rows ", dtype_name(dt));
+    const Both x = both(rand_vec(B * T * C, 382, 0.25, 2), {B, T, C}, dt);
+    const Both residual = both(rand_vec(B * T * C, 383, -2, 2), {B, T, C}, dt);
+    Both out = poisoned({B, T, C}, dt), added = poisoned({B, T, C}, dt);
+    for (auto d : kDevices) {
+      dropout_forward(x.*d, out.*d, opt);
+      dropout_add(x.*d, residual.*d, added.*d, opt);
+    }
+    expect_same_mask(out, "dropout_forward" + what);
+    expect_exact(added, "dropout_add" + what);
+    if (dt == DType::f32) expect_exact(out, "dropout_forward" + what);
+  }
+}
+
 // Dropout and dropout_add: the CPU's mask in both forms (vectors need col_offset a multiple of four as well),
 // fp32 dropout and every dtype of dropout_add exact, and the two GPU forms the same bits.
 TEST_F(CudaOps, DropoutOnOddRowsColumnOffsetsAndMisalignedViews) {

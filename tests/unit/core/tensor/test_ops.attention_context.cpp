@@ -2,7 +2,9 @@
 // attention: a sequence cut into 2C chunks, "rank" r holding chunks r and 2C-1-r, each rank's queries run against
 // every rank's keys and values block by block and merged by log-sum-exp must give attention_forward's output and
 // lse at those positions; the blocks' backward shares, summed over ranks, attention_backward's dqkv. Grouped-query
-// (R = 2) and GPT's layout (R = 1); plus the merge's corner (a row that sees no key) and the argument checks.
+// (R = 2) and GPT's layout (R = 1), with and without dropout on the probabilities (the blocks' masks keyed by global
+// positions, so they draw attention_forward's mask); plus the merge's corner (a row that sees no key) and the argument
+// checks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -34,6 +36,7 @@ Tensor local_of(const Tensor& t, int r, int C) {
 struct Case {
   int64_t B, T, G, R, D;
   int C;
+  float p = 0.f;  // attention dropout
 };
 
 class AttentionBlocks : public ::testing::TestWithParam<Case> {};
@@ -44,9 +47,22 @@ TEST_P(AttentionBlocks, MergedBlocksEqualWholeAttention) {
   const Tensor qkv = make(rand_vec(k.B * k.T * k.G * (k.R + 2) * k.D, 11), {k.B, k.T, k.G, k.R + 2, k.D});
   const Tensor dout = make(rand_vec(k.B * k.T * H * k.D, 12), {k.B, k.T, H, k.D});
   Tensor out = Tensor::empty({k.B, k.T, H, k.D}, DType::f32), lse = Tensor::empty({k.B, H, k.T}, DType::f32);
-  attention_forward(qkv, out, lse, {.causal = true});
+  const AttentionOptions whole{
+      .causal = true, .dropout_p = k.p, .seed = 17, .site = 5, .sample_offset = 3, .head_offset = 2};
+  attention_forward(qkv, out, lse, whole);
   Tensor dqkv = Tensor::empty(qkv.shape(), DType::f32);
-  attention_backward(qkv, out, lse, dout, dqkv, {.causal = true});
+  attention_backward(qkv, out, lse, dout, dqkv, whole);
+  // Rank r's queries against context rank src's keys, the dropout keys those of the whole attention.
+  auto block = [&](int r, int src) {
+    return AttentionBlockOptions{.q = chunk_positions(r, k.C, c),
+                                 .k = chunk_positions(src, k.C, c),
+                                 .dropout_p = k.p,
+                                 .seed = whole.seed,
+                                 .site = whole.site,
+                                 .sample_offset = whole.sample_offset,
+                                 .head_offset = whole.head_offset,
+                                 .seq_length = k.T};
+  };
 
   std::vector<Tensor> local(k.C), kv(k.C), dq(k.C), dkv(k.C), outs(k.C), lses(k.C);
   for (int r = 0; r < k.C; ++r) {
@@ -63,7 +79,7 @@ TEST_P(AttentionBlocks, MergedBlocksEqualWholeAttention) {
     Tensor part = Tensor::empty(outs[r].shape(), DType::f32), part_lse = Tensor::empty(lses[r].shape(), DType::f32);
     for (int s = 0; s < k.C; ++s) {
       const int src = (r - s + k.C) % k.C;
-      const AttentionBlockOptions opt{.q = chunk_positions(r, k.C, c), .k = chunk_positions(src, k.C, c)};
+      const AttentionBlockOptions opt = block(r, src);
       if (s == 0) {
         attention_block_forward(local[r], kv[src], outs[r], lses[r], opt);
       } else {
@@ -82,7 +98,7 @@ TEST_P(AttentionBlocks, MergedBlocksEqualWholeAttention) {
     // Backward: every block's share, the keys' and values' gradients to the block's owner.
     for (int src = 0; src < k.C; ++src)
       attention_block_backward(local[r], kv[src], outs[r], lses[r], local_of(dout, r, k.C), dq[r], dkv[src],
-                               {.q = chunk_positions(r, k.C, c), .k = chunk_positions(src, k.C, c)});
+                               block(r, src));
   }
   for (int r = 0; r < k.C; ++r) {
     Tensor got = Tensor::empty(local[r].shape(), DType::f32);
@@ -92,10 +108,12 @@ TEST_P(AttentionBlocks, MergedBlocksEqualWholeAttention) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, AttentionBlocks,
-                         ::testing::Values(Case{2, 16, 2, 2, 8, 2},     // grouped-query, CP = 2
-                                           Case{1, 32, 3, 1, 4, 4},     // GPT's layout (R = 1), CP = 4
-                                           Case{2, 24, 1, 4, 8, 3},     // multi-query, CP = 3
-                                           Case{1, 256, 2, 1, 8, 2}));  // row blocks of 64 across chunk edges
+                         ::testing::Values(Case{2, 16, 2, 2, 8, 2},        // grouped-query, CP = 2
+                                           Case{1, 32, 3, 1, 4, 4},        // GPT's layout (R = 1), CP = 4
+                                           Case{2, 24, 1, 4, 8, 3},        // multi-query, CP = 3
+                                           Case{1, 256, 2, 1, 8, 2},       // row blocks of 64 across chunk edges
+                                           Case{2, 16, 2, 2, 8, 2, 0.3f},  // the same with dropout: one mask
+                                           Case{1, 32, 3, 1, 4, 4, 0.5f}, Case{1, 256, 2, 1, 8, 2, 0.2f}));
 
 // A block that a row cannot see (a later chunk's keys) leaves it out 0 and lse -inf; merging it changes nothing.
 TEST(AttentionBlocks, InvisibleBlockMergesToNothing) {

@@ -132,5 +132,31 @@ TEST(Dropout, MaskDependsOnlyOnGlobalCoordinates) {
   }
 }
 
+// Context parallelism: a rank holding chunks [2, 6) and [10, 14) of a 16-row sequence as one local tensor of 8 rows
+// (split_at, split_position) draws the whole tensor's mask at those rows, in dropout and dropout_add alike.
+TEST(Dropout, ChunkSplitRowsDrawTheWholeSequenceMask) {
+  const int64_t B = 2, T = 16, C = 12;
+  const DropoutOptions opt{.p = 0.4f, .seed = 9, .site = stream_id("layers.1.attn.out"), .sample_offset = 4};
+  const Tensor x = make(rand_vec(B * T * C, 38), {B, T, C}), res = make(rand_vec(B * T * C, 39), {B, T, C});
+  Tensor whole = Tensor::empty({B, T, C}, DType::f32), whole_add = Tensor::empty({B, T, C}, DType::f32);
+  dropout_forward(x, whole, opt);
+  dropout_add(x, res, whole_add, opt);
+  auto local = [](const Tensor& t) {
+    return make(concat(take(t, 1, 2, 6), take(t, 1, 10, 14), 1), {t.dim(0), 8, t.dim(2)});
+  };
+  DropoutOptions split = opt;
+  split.row_offset = 2;
+  split.split_at = 4;
+  split.split_position = 10;
+  Tensor got = Tensor::empty({B, 8, C}, DType::f32), got_add = Tensor::empty({B, 8, C}, DType::f32);
+  dropout_forward(local(x), got, split);
+  dropout_add(local(x), local(res), got_add, split);
+  EXPECT_EQ(values(got), values(local(whole)));
+  EXPECT_EQ(values(got_add), values(local(whole_add)));
+  EXPECT_EQ(dropout_row(split, 3), 5);
+  EXPECT_EQ(dropout_row(split, 4), 10);
+  EXPECT_NE(values(got), values(take(whole, 1, 2, 10)));  // not the contiguous rows' mask
+}
+
 }  // namespace
 }  // namespace mt
