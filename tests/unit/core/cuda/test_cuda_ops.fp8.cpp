@@ -259,5 +259,17 @@ TEST_F(CudaOps, GemmFp8MatchesTheCpuEmulation) {
           }
 }
 
+// A scale_inv 4 bytes into an array (the delayed recipe's first layout, which cuBLASLt refused with status 15) is
+// refused by name before cuBLASLt sees it.
+TEST_F(CudaOps, GemmFp8RefusesMisalignedScalePointers) {
+  const Both a = both(rand_vec(32 * 32, 85), {32, 32}, DType::f32), scales = both({1.0, 1.0}, {2}, DType::f32);
+  Both qa = poisoned({32, 32}, DType::e4m3);
+  Both out = poisoned({32, 32}, DType::bf16);
+  fp8_quantize(a.gpu, scales.gpu.slice(0, 1), qa.gpu);
+  EXPECT_THROW(gemm_fp8(qa.gpu, scales.gpu.slice(1, 2), qa.gpu, scales.gpu.slice(0, 1), out.gpu, {.trans_b = true}),
+               std::invalid_argument);
+  EXPECT_NO_THROW(gemm_fp8(qa.gpu, scales.gpu.slice(0, 1), qa.gpu, scales.gpu.slice(0, 1), out.gpu, {.trans_b = true}));
+}
+
 }  // namespace
 }  // namespace mt
