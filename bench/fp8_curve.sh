@@ -9,7 +9,9 @@
 # Usage: bench/fp8_curve.sh [build/megatrain]
 # Env: ITERS (300), RECIPES ("current delayed"; "fp32" adds fp32 against bf16, the gap a mere change of rounding
 # makes on these runs), MODELS ("gpt-tiny llama-tiny"), FORMAT (hybrid), EXTRA (more --set arguments for every run,
-# e.g. a wider model: EXTRA="--set model.hidden_size=256 --set model.ffn_hidden_size=1024").
+# e.g. a wider model: EXTRA="--set model.hidden_size=256 --set model.ffn_hidden_size=1024"), SEED (training.seed of
+# every run; the configs' 1234 if unset: it draws the initial weights and the data order), KEEP (a folder to copy
+# each run's metrics.jsonl into, as MODEL_RUN.jsonl, for later comparison).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 MT=${1:-$ROOT/build/megatrain}
@@ -24,9 +26,12 @@ mkdir -p data/demo
 mapfile -t inputs < <(find /usr/share/common-licenses -type f | sort)
 "$MT" data prepare --input "${inputs[@]}" --output data/demo/licenses_text_document --tokenizer byte >/dev/null
 read -r -a extra <<<"${EXTRA:-}"
+[[ -n ${SEED:-} ]] && extra+=(--set training.seed=$SEED)
+[[ -n ${KEEP:-} ]] && { mkdir -p "$KEEP"; KEEP=$(readlink -f "$KEEP"); }
 common=(--set training.train_iters=$ITERS --set training.precision=bf16 --set logging.interval=1
         --set logging.eval_interval=0 --set checkpoint.save_dir= --set checkpoint.load=none "${extra[@]}")
 compare() {  # bf16 metrics, fp8 metrics, label
+  [[ -n ${KEEP:-} ]] && cp "$1" "$KEEP/${1%%/*}.jsonl" && cp "$2" "$KEEP/${2%%/*}.jsonl"
   python3 - "$1" "$2" "$3" <<'PY'
 import json, sys
 def losses(p):

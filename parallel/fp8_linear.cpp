@@ -6,6 +6,7 @@
 
 #include "core/base/dtype.h"
 #include "core/tensor/ops.h"
+#include "core/tensor/ops_fp8.h"
 
 namespace mt {
 
@@ -46,18 +47,36 @@ void Fp8Context::allocate() {
   history_ = Tensor::zeros({n, opt_.delayed ? opt_.history_len : 1}, DType::f32, device_, MemKind::workspace);
 }
 
-Fp8Tensor Fp8Context::quantize(int id, Fp8Operand which, const Tensor& t, bool sharded,
-                               const TensorParallel& tp) const {
+namespace {
+
+// out.q and / or out.qt := t cast with `scale` (amax_out as fp8_quantize's): the plain cast for rows alone, else the
+// fused cast-and-transpose.
+void cast(const Tensor& t, const Tensor& scale, Fp8Tensor& out, Tensor* amax_out) {
+  if (!out.qt.defined()) return fp8_quantize(t, scale, out.q, amax_out);
+  fp8_quantize_transpose(t, scale, out.q, out.qt, amax_out);
+}
+
+}  // namespace
+
+Fp8Tensor Fp8Context::quantize(int id, Fp8Operand which, const Tensor& t, bool sharded, const TensorParallel& tp,
+                               Fp8Layout layout) const {
   const int i = index(id, which);
-  Fp8Tensor out{.q = Tensor::empty(t.shape(), dtype_of(which), t.device()), .scale_inv = {}};
+  Fp8Tensor out;
+  if (layout != Fp8Layout::transposed) out.q = Tensor::empty(t.shape(), dtype_of(which), t.device());
+  if (layout != Fp8Layout::rows) {
+    if (t.shape().size() != 2)
+      throw std::invalid_argument(fmt::format("fp8: {}'s transposed cast needs a matrix, got {}",
+                                              names_.at(static_cast<size_t>(id)), shape_str(t.shape())));
+    out.qt = Tensor::empty({t.dim(1), t.dim(0)}, dtype_of(which), t.device());
+  }
   if (delayed_scales_ready()) {  // the scale of earlier iterations; the amax recorded on the way
     Tensor running = amax_.slice(i, i + 1);
     if (recording_) {
       Tensor a = Tensor::zeros({1}, DType::f32, t.device());
-      fp8_quantize(t, scale_.slice(i, i + 1), out.q, &a);
+      cast(t, scale_.slice(i, i + 1), out, &a);
       fp8_amax(a, running);  // a max: the group reduction waits for step()
     } else {
-      fp8_quantize(t, scale_.slice(i, i + 1), out.q);
+      cast(t, scale_.slice(i, i + 1), out, nullptr);
     }
     // Its own one-element tensor, not a slice of scale_inv_: a slice lies 4 bytes from its neighbours, and the H200
     // refused the delayed recipe's first fp8 GEMM with such scale pointers ("not supported"), where current
@@ -82,7 +101,7 @@ Fp8Tensor Fp8Context::quantize(int id, Fp8Operand which, const Tensor& t, bool s
   fp8_update_scale(amax, history, scale, out.scale_inv,
                    which == Fp8Operand::grad_output ? fp8_max_grad_ : fp8_max_e4m3_,
                    {.margin = opt_.margin, .use_max = true});
-  fp8_quantize(t, scale, out.q);
+  cast(t, scale, out, nullptr);
   return out;
 }
 
@@ -123,7 +142,7 @@ void Fp8Context::set_filled(int64_t filled) {
 
 const Fp8Tensor& Fp8Link::weight(const Tensor& w, bool sharded, const TensorParallel& tp) const {
   if (weight_generation_ != ctx->generation() || !weight_.q.defined()) {
-    weight_ = ctx->quantize(id, Fp8Operand::weight, w, sharded, tp);
+    weight_ = ctx->quantize(id, Fp8Operand::weight, w, sharded, tp, Fp8Layout::both);
     // Not kept from an evaluation: the next training cast records the weight's amax (delayed recipe).
     weight_generation_ = ctx->recording() ? ctx->generation() : -1;
   }

@@ -40,9 +40,15 @@ enum class Fp8Operand { input = 0, weight = 1, grad_output = 2 };
 
 // A tensor in fp8 and the scale_inv that dequantises it (q * scale_inv ~ the tensor).
 struct Fp8Tensor {
-  Tensor q;
+  Tensor q;          // as stored (R, C), when asked for
   Tensor scale_inv;  // (1) f32 on the device
+  Tensor qt;         // its transpose (C, R), when asked for
 };
+
+// The layouts of a cast (Fp8Context::quantize): the fp8 GEMMs take their operands only in the TN form (y = x W^T
+// reads x and W as stored, dx = dY W reads W^T, dW = dY^T x reads dY^T and x^T), so each linear asks for the layouts
+// its GEMMs read, and a matrix wanted in both is cast and transposed in one pass (fp8_quantize_transpose).
+enum class Fp8Layout { rows, transposed, both };
 
 // The fp8 state of the linears of one rank (all its model chunks): per operand a scale, its inverse, the
 // iteration's running amax and (delayed) the amax history, in one buffer each on the device.
@@ -58,7 +64,9 @@ class Fp8Context {
   // (its amax is max-reduced over the group for current scaling). An input or output gradient is also a shard of
   // the sequence over the context group, when there is one (set_context_group): its amax is reduced there too. While recording (training, not evaluation),
   // the delayed recipe's running amax takes t's.
-  Fp8Tensor quantize(int id, Fp8Operand which, const Tensor& t, bool sharded, const TensorParallel& tp) const;
+  // `layout`: q, qt or both (t a matrix for the transposed layouts).
+  Fp8Tensor quantize(int id, Fp8Operand which, const Tensor& t, bool sharded, const TensorParallel& tp,
+                     Fp8Layout layout = Fp8Layout::rows) const;
   void set_recording(bool on) { recording_ = on; }
   // Context parallelism: the group whose ranks hold the other chunks of every sequence (null or one rank: none).
   void set_context_group(Communicator* cp) { cp_ = cp && cp->size() > 1 ? cp : nullptr; }
@@ -109,7 +117,8 @@ struct Fp8Link {
   explicit operator bool() const { return ctx != nullptr; }
   // The weight in fp8, cast once per iteration (the weights change only at the step, and within an iteration
   // its scale is fixed: the delayed one by design, the current one by the unchanged weight), as Transformer
-  // Engine caches it over the microbatches. `sharded`: a tensor-parallel shard.
+  // Engine caches it over the microbatches: both layouts, in one pass (the forward reads W, the backward W^T).
+  // `sharded`: a tensor-parallel shard.
   const Fp8Tensor& weight(const Tensor& w, bool sharded, const TensorParallel& tp) const;
 
   // weight()'s cache (public only so the link stays an aggregate: {.ctx, .id}).

@@ -124,18 +124,19 @@ Tensor ColumnParallelLinear::backward(const Tensor& dout, const Tensor& x, int64
 }
 
 // The fp8 backward, in the order of the bf16 one: dY (this rank's columns of the logical dY) and W in fp8 give dx;
-// x, gathered whole again, in fp8 with dY gives dW. The bias gradient sums the unquantised dY.
+// x, gathered whole again, in fp8 with dY gives dW. Every fp8 GEMM in the TN form (fp8_linear.h's Fp8Layout): dY
+// cast with its transpose in one pass, x^T alone. The bias gradient sums the unquantised dY.
 Tensor ColumnParallelLinear::backward_fp8(const Tensor& dout, SequenceGather& input, Tensor& dx_partial, int64_t B,
                                           BackwardOptions opt) {
   const Fp8Context& f = *fp8_.ctx;
-  const Fp8Tensor qdy = f.quantize(fp8_.id, Fp8Operand::grad_output, dout, tp_.size > 1, tp_);
+  const Fp8Tensor qdy = f.quantize(fp8_.id, Fp8Operand::grad_output, dout, tp_.size > 1, tp_, Fp8Layout::both);
   const Fp8Tensor& qw = fp8_.weight(weight().value, tp_.size > 1, tp_);
-  gemm_fp8(qdy.q, qdy.scale_inv, qw.q, qw.scale_inv, dx_partial);  // dx = dout @ W
-  const Fp8Tensor qx = f.quantize(fp8_.id, Fp8Operand::input, input.wait(), false, tp_);
+  gemm_fp8(qdy.q, qdy.scale_inv, qw.qt, qw.scale_inv, dx_partial, {.trans_b = true});  // dx = dout @ (W^T)^T
+  const Fp8Tensor qx = f.quantize(fp8_.id, Fp8Operand::input, input.wait(), false, tp_, Fp8Layout::transposed);
   SequenceReduction dx(dx_partial, B, tp_);
   const bool bias_grad = has_bias_ && !opt.bias_grad_done;
   weight_grad_work([this, dout, qdy, qx, bias_grad] {
-    gemm_fp8(qdy.q, qdy.scale_inv, qx.q, qx.scale_inv, weight().grad, {.trans_a = true, .beta = 1.f});
+    gemm_fp8(qdy.qt, qdy.scale_inv, qx.qt, qx.scale_inv, weight().grad, {.trans_b = true, .beta = 1.f});
     if (bias_grad) bias_backward(dout, bias_.grad);
   });
   return dx.wait();
@@ -199,13 +200,13 @@ Tensor RowParallelLinear::backward(const Tensor& dout, const Tensor& x, int64_t 
 // (this rank's columns) in fp8 with dY gives dW. The bias gradient sums the unquantised dY.
 Tensor RowParallelLinear::backward_fp8(const Tensor& dout_full, const Tensor& x, Tensor& dx, BackwardOptions opt) {
   const Fp8Context& f = *fp8_.ctx;
-  const Fp8Tensor qdy = f.quantize(fp8_.id, Fp8Operand::grad_output, dout_full, false, tp_);
+  const Fp8Tensor qdy = f.quantize(fp8_.id, Fp8Operand::grad_output, dout_full, false, tp_, Fp8Layout::both);
   const Fp8Tensor& qw = fp8_.weight(weight_.value, tp_.size > 1, tp_);
-  gemm_fp8(qdy.q, qdy.scale_inv, qw.q, qw.scale_inv, dx,
-           {.epilogue = opt.dx_epilogue, .aux = opt.aux, .dbias = opt.dbias});
-  const Fp8Tensor qx = f.quantize(fp8_.id, Fp8Operand::input, x, tp_.size > 1, tp_);
+  gemm_fp8(qdy.q, qdy.scale_inv, qw.qt, qw.scale_inv, dx,
+           {.trans_b = true, .epilogue = opt.dx_epilogue, .aux = opt.aux, .dbias = opt.dbias});
+  const Fp8Tensor qx = f.quantize(fp8_.id, Fp8Operand::input, x, tp_.size > 1, tp_, Fp8Layout::transposed);
   weight_grad_work([this, dout_full, qdy, qx] {
-    gemm_fp8(qdy.q, qdy.scale_inv, qx.q, qx.scale_inv, weight_.grad, {.trans_a = true, .beta = 1.f});
+    gemm_fp8(qdy.qt, qdy.scale_inv, qx.qt, qx.scale_inv, weight_.grad, {.trans_b = true, .beta = 1.f});
     if (has_bias_) bias_backward(dout_full, bias_.grad);
   });
   return dx;

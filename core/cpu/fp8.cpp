@@ -9,6 +9,7 @@
 
 #include "core/cpu/float_io.h"
 #include "core/cpu/ops_cpu.h"
+#include "core/cpu/ops_cpu_fp8.h"
 
 namespace mt::cpu {
 
@@ -63,6 +64,18 @@ void fp8_quantize(const Tensor& x, const Tensor& scale, Tensor& out, Tensor* ama
     float& a = amax_out->data<float>()[0];
     a = combine_amax(a, m);
   }
+}
+
+// The reference composition: the cast (into out, or a workspace when out is not wanted), then its bytes transposed.
+void fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Tensor& out, Tensor& out_t, Tensor* amax_out) {
+  Tensor q = out.defined() ? out : Tensor::empty(x.shape(), out_t.dtype(), Device::cpu, MemKind::workspace);
+  cpu::fp8_quantize(x, scale, q, amax_out);
+  if (!out_t.defined()) return;
+  const int64_t R = x.dim(0), C = x.dim(1);
+  const auto* src = static_cast<const uint8_t*>(q.raw());
+  auto* dst = static_cast<uint8_t*>(out_t.raw());
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) dst[c * R + r] = src[r * C + c];
 }
 
 void fp8_dequantize(const Tensor& q, const Tensor& scale_inv, Tensor& out) {

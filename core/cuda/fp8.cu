@@ -1,5 +1,5 @@
-// fp8.cu: the fp8 scaling ops on the GPU: amax, the scaled saturating cast to e4m3 / e5m2 (with its amax fused)
-// and the cast back, bit for bit the CPU reference (core/cpu/fp8.cpp): products in fp32 with __fmul_rn, each
+// fp8.cu: the fp8 scaling ops on the GPU: amax, the scaled saturating cast to e4m3 / e5m2 (with its amax fused; and
+// fused with the transpose, for the layouts of the fp8 GEMMs) and the cast back, bit for bit the CPU reference (core/cpu/fp8.cpp): products in fp32 with __fmul_rn, each
 // rounded once (kernels.cuh's F32Convert: round to nearest even, __NV_SATFINITE, NaN -> 0x7f).
 //
 // The amax is deterministic and needs no atomics: a max over the bits of |x| (for non-negative floats the
@@ -9,6 +9,7 @@
 
 #include "core/cuda/kernels.cuh"
 #include "core/cuda/ops_cuda.h"
+#include "core/cuda/ops_cuda_fp8.h"
 
 namespace mt::cuda {
 
@@ -94,6 +95,68 @@ __global__ void dequantize_kernel(const Q* q, const float* scale_inv, T* out, in
   });
 }
 
+// ---- the fused cast-and-transpose ----------------------------------------------------------------------------
+// x (R, C) in kTile x kTile tiles, one tile per block at a time (a grid-stride loop over the tiles). A block reads
+// its tile row by row, V elements a thread per access (consecutive threads on consecutive vectors of a row:
+// coalesced), casts them (quantize_kernel's arithmetic), writes them to out row-major and keeps the bytes in shared
+// memory; then it writes the tile's transpose to out_t, again V bytes a thread along out_t's rows (coalesced),
+// gathered from a column of the shared tile. V = 8 where R and C are multiples of 8 and the pointers are 16-byte
+// aligned, else 1. With kAmax, block_max as amax_partials_kernel (the max over every element the block read).
+constexpr int kTile = 64;
+constexpr int kTileThreads = 256;
+constexpr int kTilePad = 8;  // bytes after each shared row: rows stay 8-byte aligned for the vector stores
+
+template <class T, class Q, int V, bool kAmax>
+__global__ void __launch_bounds__(kTileThreads)
+    quantize_transpose_kernel(const T* x, const float* scale, Q* out, Q* out_t, int64_t R, int64_t C, int64_t tiles_c,
+                              int64_t tiles, unsigned* block_max) {
+  __shared__ alignas(16) uint8_t tile[kTile][kTile + kTilePad];
+  constexpr int kVecs = kTile / V;                      // accesses per tile row
+  constexpr int kSteps = kTile * kVecs / kTileThreads;  // accesses per thread per tile and direction
+  static_assert(kSteps * kTileThreads == kTile * kVecs, "the threads cover the tile");
+  const float s = *scale;
+  unsigned m = 0;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t r0 = t / tiles_c * kTile, c0 = t % tiles_c * kTile;
+#pragma unroll
+    for (int k = 0; k < kSteps; ++k) {
+      const int idx = k * kTileThreads + static_cast<int>(threadIdx.x);
+      const int lr = idx / kVecs, lc = idx % kVecs * V;
+      const int64_t r = r0 + lr, c = c0 + lc;
+      if (r >= R || c >= C) continue;  // V divides C: a vector lies wholly inside or outside
+      float f[V];
+      load_f32s<V>(x + r * C + c, f);
+      Pack<Q, V> q;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        if constexpr (kAmax) m = max(m, abs_bits(f[j]));
+        q.v[j] = from_f32<Q>(__fmul_rn(f[j], s));
+      }
+      if (out) store_pack<Q, V>(out + r * C + c, q);
+      *reinterpret_cast<Pack<Q, V>*>(&tile[lr][lc]) = q;
+    }
+    __syncthreads();
+    if (out_t) {
+#pragma unroll
+      for (int k = 0; k < kSteps; ++k) {
+        const int idx = k * kTileThreads + static_cast<int>(threadIdx.x);
+        const int lc = idx / kVecs, lr = idx % kVecs * V;  // out_t's row lc of the tile, its bytes [lr, lr + V)
+        const int64_t r = r0 + lr, c = c0 + lc;
+        if (r >= R || c >= C) continue;  // V divides R
+        Pack<Q, V> q;
+#pragma unroll
+        for (int j = 0; j < V; ++j) q.v[j].__x = tile[lr + j][lc];
+        store_pack<Q, V>(out_t + c * R + r, q);
+      }
+    }
+    __syncthreads();  // the tile is read before the next one overwrites it
+  }
+  if constexpr (kAmax) {
+    m = block_max_bits(m);
+    if (threadIdx.x == 0) block_max[blockIdx.x] = m;
+  }
+}
+
 // A workspace for one unsigned per block of a flat launch over n elements (the scalar form's grid, the largest).
 Tensor block_max_workspace(int64_t n) {
   return Tensor::empty({static_cast<int64_t>(grid_1d(n, kThreads))}, DType::i32, Device::cuda, MemKind::workspace);
@@ -126,6 +189,35 @@ void quantize_as(const Tensor& x, const Tensor& scale, Tensor& out, Tensor* amax
       px, po);
   MT_CUDA_LAUNCHED("quantize_kernel");
   if (amax_out) finish_amax(partial, blocks, *amax_out);
+}
+
+template <class T, class Q>
+void quantize_transpose_as(const Tensor& x, const Tensor& scale, Tensor& out, Tensor& out_t, Tensor* amax_out) {
+  const int64_t R = x.dim(0), C = x.dim(1);
+  const int64_t tiles_c = ceil_div(C, kTile), tiles = ceil_div(R, kTile) * tiles_c;
+  const unsigned grid = grid_1d(tiles, 1);  // a block per tile, at most kMaxStrideBlocks (they loop)
+  const T* px = x.data<T>();
+  Q* po = out.defined() ? out.data<Q>() : nullptr;
+  Q* pt = out_t.defined() ? out_t.data<Q>() : nullptr;
+  const float* ps = scale.data<float>();
+  Tensor partial =
+      amax_out ? Tensor::empty({static_cast<int64_t>(grid)}, DType::i32, Device::cuda, MemKind::workspace) : Tensor();
+  unsigned* part = amax_out ? static_cast<unsigned*>(partial.raw()) : nullptr;
+  auto launch = [&](auto v) {
+    constexpr int V = decltype(v)::value;
+    if (amax_out)
+      quantize_transpose_kernel<T, Q, V, true>
+          <<<grid, kTileThreads, 0, stream()>>>(px, ps, po, pt, R, C, tiles_c, tiles, part);
+    else
+      quantize_transpose_kernel<T, Q, V, false>
+          <<<grid, kTileThreads, 0, stream()>>>(px, ps, po, pt, R, C, tiles_c, tiles, part);
+  };
+  if (R % 8 == 0 && C % 8 == 0 && all_aligned16(px, po, pt))
+    launch(std::integral_constant<int, 8>{});
+  else
+    launch(std::integral_constant<int, 1>{});
+  MT_CUDA_LAUNCHED("quantize_transpose_kernel");
+  if (amax_out) finish_amax(partial, grid, *amax_out);
 }
 
 template <class Q, class T>
@@ -169,6 +261,14 @@ void fp8_quantize(const Tensor& x, const Tensor& scale, Tensor& out, Tensor* ama
   if (x.numel() == 0) return;
   MT_DISPATCH_FLOAT(x.dtype(), "fp8_quantize", T,
                     MT_DISPATCH_FP8(out.dtype(), "fp8_quantize", Q, quantize_as<T, Q>(x, scale, out, amax_out)));
+}
+
+void fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Tensor& out, Tensor& out_t, Tensor* amax_out) {
+  if (x.numel() == 0) return;
+  const DType q = out.defined() ? out.dtype() : out_t.dtype();
+  MT_DISPATCH_FLOAT(
+      x.dtype(), "fp8_quantize_transpose", T,
+      MT_DISPATCH_FP8(q, "fp8_quantize_transpose", Q, quantize_transpose_as<T, Q>(x, scale, out, out_t, amax_out)));
 }
 
 void fp8_dequantize(const Tensor& q, const Tensor& scale_inv, Tensor& out) {

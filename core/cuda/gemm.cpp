@@ -40,6 +40,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -438,6 +439,15 @@ void gemm_plain(const Tensor& a, const Tensor& b, Tensor& out, const GemmOptions
 // epilogues run as the separate kernels after the GEMM (compose_epilogue), in the CPU's order.
 void gemm_fp8(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const Tensor& scale_inv_b, Tensor& out,
               const GemmOptions& opt) {
+  // The scale pointers 16-byte aligned, as every pointer cuBLASLt reads: the H200 refused the delayed recipe's first
+  // fp8 GEMM (status 15, "not supported") when a scale_inv was a slice 4 bytes into an array, where fresh tensors
+  // ran. Refused here by name rather than by cuBLASLt's status.
+  for (const auto& [name, s] : {std::pair{"scale_inv_a", &scale_inv_a}, std::pair{"scale_inv_b", &scale_inv_b}})
+    if (alignment_of(s->raw()) < 16)
+      throw std::invalid_argument(
+          fmt::format("gemm_fp8: {} lies {}-byte aligned; cuBLASLt's fp8 GEMM needs its scale pointers 16-byte aligned "
+                      "(a tensor of its own, not a slice)",
+                      name, alignment_of(s->raw())));
   auto transposed = [](const Tensor& q) {
     Tensor t = Tensor::empty({q.dim(1), q.dim(0)}, q.dtype(), Device::cuda, MemKind::workspace);
     fp8_transpose(q, t);

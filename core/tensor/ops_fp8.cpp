@@ -1,12 +1,16 @@
-// ops_fp8.cpp: the op entry points for fp8 scaling (amax, quantize, dequantize; core/tensor/ops.h).
+// ops_fp8.cpp: the op entry points for fp8 scaling (amax, quantize, dequantize; core/tensor/ops.h) and the fused
+// cast-and-transpose (core/tensor/ops_fp8.h).
 #include <fmt/format.h>
 
 #include "core/cpu/ops_cpu.h"
+#include "core/cpu/ops_cpu_fp8.h"
 #include "core/tensor/op_profile.h"
 #include "core/tensor/ops.h"
+#include "core/tensor/ops_fp8.h"
 #include "core/tensor/ops_check.h"
 #if defined(MEGATRAIN_WITH_CUDA)
 #include "core/cuda/ops_cuda.h"
+#include "core/cuda/ops_cuda_fp8.h"
 #endif
 
 namespace mt {
@@ -49,6 +53,34 @@ void fp8_quantize(const Tensor& x, const Tensor& scale, Tensor& out, Tensor* ama
   const Device d = amax_out ? device_of(op, {&x, &scale, &out, amax_out}) : device_of(op, {&x, &scale, &out});
   if (d == Device::cpu) return cpu::fp8_quantize(x, scale, out, amax_out);
   MT_ON_CUDA(fp8_quantize(x, scale, out, amax_out));
+}
+
+void fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Tensor& out, Tensor& out_t, Tensor* amax_out) {
+  const char* op = "fp8_quantize_transpose";
+  const op_profile::Scope profile(op);
+  check_floating(op, "x", x);
+  if (x.shape().size() != 2) fail(op, fmt::format("x: expected a matrix (R, C), got {}", shape_str(x.shape())));
+  check_f32_shape(op, "scale", scale, {1});
+  if (!out.defined() && !out_t.defined()) fail(op, "out and out_t: neither is defined, nothing to write");
+  if (out.defined()) {
+    check_fp8(op, "out", out);
+    check_same_shape(op, "out", out, x, "x");
+  }
+  if (out_t.defined()) {
+    check_fp8(op, "out_t", out_t);
+    if (out_t.shape() != Shape{x.dim(1), x.dim(0)})
+      fail(op, fmt::format("out_t: expected ({}, {}), x's transpose, got {}", x.dim(1), x.dim(0),
+                           shape_str(out_t.shape())));
+    if (out.defined() && out.dtype() != out_t.dtype())
+      fail(op,
+           fmt::format("out_t: dtype {} differs from out's {}", dtype_name(out_t.dtype()), dtype_name(out.dtype())));
+  }
+  if (amax_out) check_f32_shape(op, "amax_out", *amax_out, {1});
+  const Tensor& any_out = out.defined() ? out : out_t;  // the devices of the defined ones
+  const Device d =
+      device_of(op, {&x, &scale, &any_out, out_t.defined() ? &out_t : &any_out, amax_out ? amax_out : &any_out});
+  if (d == Device::cpu) return cpu::fp8_quantize_transpose(x, scale, out, out_t, amax_out);
+  MT_ON_CUDA(fp8_quantize_transpose(x, scale, out, out_t, amax_out));
 }
 
 void fp8_dequantize(const Tensor& q, const Tensor& scale_inv, Tensor& out) {

@@ -1,6 +1,7 @@
 // test_cuda_ops.fp8.cpp: the fp8 dtypes and scaling ops on the GPU, bit for bit the CPU's: conversions to and from
 // e4m3 / e5m2 (copy_from, on tails and misaligned views, and a strided sweep over every float32 bit pattern),
-// fp8_amax, fp8_quantize (with and without its fused amax), fp8_dequantize and fp8_update_scale; and gemm_fp8
+// fp8_amax, fp8_quantize (with and without its fused amax), fp8_quantize_transpose (the fused cast-and-transpose),
+// fp8_dequantize and fp8_update_scale; and gemm_fp8
 // (cuBLASLt's fp8 matmul, TN layout, scales on the device) against the CPU's exact emulation, within fp32
 // summation order and one rounding of the output.
 // One of the sources of test_cuda_ops (tests/CMakeLists.txt); each test skips where no GPU can run it.
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "core/tensor/ops.h"
+#include "core/tensor/ops_fp8.h"
 #include "core/tensor/tensor.h"
 #include "tests/unit/core/cuda/cuda_op_checks.h"
 
@@ -188,6 +190,37 @@ TEST_F(CudaOps, Fp8UpdateScaleMatchesTheHost) {
     }
 }
 
+// The fused cast-and-transpose against the CPU's cast then byte transpose: odd shapes (partial tiles, the scalar
+// form), multiples of 8 (the vector form) with and without a misaligned view (the scalar form again), more tiles
+// than one block row or column, saturating scales and the special values (fp8_inputs), either layout alone or both,
+// with and without the fused amax.
+TEST_F(CudaOps, Fp8QuantizeTransposeMatchesTheHost) {
+  const std::pair<int64_t, int64_t> shapes[] = {{1, 1},   {1, 13},  {13, 1},   {3, 5},     {63, 65},
+                                                {64, 64}, {8, 200}, {136, 72}, {257, 129}, {200, 1032}};
+  for (const auto& [R, C] : shapes)
+    for (DType dt : kFloatTypes)
+      for (DType q : kFp8Types)
+        for (float s : {0.7f, 300.f})
+          for (int64_t off : kViewOffsets)
+            for (int layout = 0; layout < 3; ++layout)  // both, rows only, transposed only
+              for (bool with_amax : {false, true}) {
+                if ((layout != 0 || dt != DType::bf16) && (with_amax || s != 300.f)) continue;  // fewer cases
+                const Both x = both_at(fp8_inputs(R * C, 4500 + static_cast<uint32_t>(R * C)), {R, C}, dt, off);
+                const Both scale = both({s}, {1}, DType::f32);
+                Both out = layout == 2 ? Both{} : poisoned_at({R, C}, q, off);
+                Both out_t = layout == 1 ? Both{} : poisoned_at({C, R}, q, off);
+                Both amax = both({0.5}, {1}, DType::f32);
+                for (auto dev : kDevices)
+                  fp8_quantize_transpose(x.*dev, scale.*dev, out.*dev, out_t.*dev, with_amax ? &(amax.*dev) : nullptr);
+                const std::string what = str(dtype_name(dt), " -> ", dtype_name(q), " ", R, "x", C, " scale ", s,
+                                             " offset ", off, " layout ", layout, with_amax ? " with amax" : "");
+                if (layout != 2) EXPECT_EQ(first_mismatch(out.gpu, out.cpu), -1) << "cast " << what;
+                if (layout != 1) EXPECT_EQ(first_mismatch(out_t.gpu, out_t.cpu), -1) << "transpose " << what;
+                EXPECT_EQ(first_mismatch(amax.gpu, amax.cpu), -1)
+                    << "amax " << what << ": host " << amax.cpu.item() << ", GPU " << amax.gpu.item();
+              }
+}
+
 // gemm_fp8 on the GPU (cuBLASLt, scale pointers on the device, operands transposed into the TN form) against the
 // CPU's emulation: every transpose combination of the linear layers' GEMMs, e4m3 x e4m3 and e5m2 x e4m3 (the
 // hybrid format's gradients), bf16 and accumulated f32 outputs, the bias epilogue.
@@ -224,6 +257,18 @@ TEST_F(CudaOps, GemmFp8MatchesTheCpuEmulation) {
                          str("gemm_fp8 ", dtype_name(qa), " x e4m3 -> ", dtype_name(out_dt), " trans_a ", ta,
                              " trans_b ", tb, bias ? " bias" : ""));
           }
+}
+
+// A scale_inv 4 bytes into an array (the delayed recipe's first layout, which cuBLASLt refused with status 15) is
+// refused by name before cuBLASLt sees it.
+TEST_F(CudaOps, GemmFp8RefusesMisalignedScalePointers) {
+  const Both a = both(rand_vec(32 * 32, 85), {32, 32}, DType::f32), scales = both({1.0, 1.0}, {2}, DType::f32);
+  Both qa = poisoned({32, 32}, DType::e4m3);
+  Both out = poisoned({32, 32}, DType::bf16);
+  fp8_quantize(a.gpu, scales.gpu.slice(0, 1), qa.gpu);
+  EXPECT_THROW(gemm_fp8(qa.gpu, scales.gpu.slice(1, 2), qa.gpu, scales.gpu.slice(0, 1), out.gpu, {.trans_b = true}),
+               std::invalid_argument);
+  EXPECT_NO_THROW(gemm_fp8(qa.gpu, scales.gpu.slice(0, 1), qa.gpu, scales.gpu.slice(0, 1), out.gpu, {.trans_b = true}));
 }
 
 }  // namespace

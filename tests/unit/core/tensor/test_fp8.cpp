@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/tensor/ops.h"
+#include "core/tensor/ops_fp8.h"
 #include "core/tensor/tensor.h"
 
 namespace mt {
@@ -353,6 +354,43 @@ TEST(Fp8Ops, QuantizeThenDequantizeIsCloseInRange) {
     for (size_t i = 0; i < x.size(); ++i)
       ASSERT_NEAR(got[i], x[i], rel * std::fabs(x[i]) * 1.0001 + 1e-3) << name(f) << " x=" << x[i];
   }
+}
+
+// The fused cast-and-transpose: out the same codes as fp8_quantize's, out_t their transpose, the amax fp8_amax's;
+// either output alone writes the same bytes.
+TEST(Fp8Ops, QuantizeTransposeIsTheCastAndItsTranspose) {
+  const std::vector<float> v = sample_values();
+  for (const auto& [R, C] : {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {13, 5}, {16, 24}})
+    for (const Format& f : kFormats) {
+      std::vector<float> x(static_cast<size_t>(R * C));
+      for (size_t i = 0; i < x.size(); ++i) x[i] = v[(i * 37) % v.size()];
+      const Tensor xt = Tensor::from_floats(x, {R, C}, DType::bf16);
+      Tensor want = Tensor::empty({R, C}, f.dtype), want_amax = Tensor::zeros({1}, DType::f32);
+      fp8_quantize(xt, scalar(300.f), want, &want_amax);
+      Tensor q = Tensor::empty({R, C}, f.dtype), qt = Tensor::empty({C, R}, f.dtype);
+      Tensor amax = Tensor::zeros({1}, DType::f32);
+      fp8_quantize_transpose(xt, scalar(300.f), q, qt, &amax);
+      EXPECT_TRUE(same_value(amax.item(), want_amax.item()));
+      Tensor none, qt_alone = Tensor::empty({C, R}, f.dtype), q_alone = Tensor::empty({R, C}, f.dtype);
+      fp8_quantize_transpose(xt, scalar(300.f), none, qt_alone);
+      fp8_quantize_transpose(xt, scalar(300.f), q_alone, none);
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t c = 0; c < C; ++c) {
+          const uint8_t w = want.data<uint8_t>()[r * C + c];
+          ASSERT_EQ(q.data<uint8_t>()[r * C + c], w) << name(f) << " " << R << "x" << C << " at " << r << "," << c;
+          ASSERT_EQ(q_alone.data<uint8_t>()[r * C + c], w);
+          ASSERT_EQ(qt.data<uint8_t>()[c * R + r], w) << name(f) << " " << R << "x" << C << " at " << r << "," << c;
+          ASSERT_EQ(qt_alone.data<uint8_t>()[c * R + r], w);
+        }
+    }
+  const Tensor x = Tensor::zeros({2, 3}, DType::f32);
+  Tensor q = Tensor::empty({2, 3}, DType::e4m3), qt = Tensor::empty({3, 2}, DType::e4m3), none;
+  Tensor wrong_t = Tensor::empty({2, 3}, DType::e4m3), e5 = Tensor::empty({3, 2}, DType::e5m2);
+  Tensor x3 = Tensor::zeros({1, 2, 3}, DType::f32), q3 = Tensor::empty({1, 2, 3}, DType::e4m3);
+  EXPECT_THROW(fp8_quantize_transpose(x, scalar(1.f), none, none), std::invalid_argument);  // nothing to write
+  EXPECT_THROW(fp8_quantize_transpose(x, scalar(1.f), q, wrong_t), std::invalid_argument);  // not the transpose
+  EXPECT_THROW(fp8_quantize_transpose(x, scalar(1.f), q, e5), std::invalid_argument);       // two formats
+  EXPECT_THROW(fp8_quantize_transpose(x3, scalar(1.f), q3, none), std::invalid_argument);   // not a matrix
 }
 
 TEST(Fp8Ops, RejectWrongDtypesAndShapes) {
