@@ -193,14 +193,33 @@ double fp8_state_bytes(const Config& c, int64_t layers) {
   return operands * 4 * (4 + (f.recipe == Fp8Recipe::delayed ? static_cast<double>(f.amax_history_len) : 1));
 }
 
-// The fp8 copies alive around one GEMM, the largest of a layer's (an upper bound: a dense layer's fc1 or fc2 in
-// backward): the output gradient and the input in fp8 (one byte an element) and the weight; on the CPU also
-// their exact bf16 widenings (gemm_fp8 on the CPU), 3 bytes an element in all.
-double fp8_transient_bytes(const Config& c, const TapeShapes& s, Backend backend) {
-  if (!c.training.fp8.enabled()) return 0;
-  const double N = s.B * s.T, C = s.m.C, F = std::max(s.m.fc1, s.m.qkv);
-  const double elements = N * F + N * C + F * C;
-  return elements * (backend == Backend::cpu ? 3 : 1);
+// What training.fp8 holds beside the bf16 model on a rank with `layers` layers (parallel/fp8_linear.cpp,
+// parallel/parallel_linear.cpp), per linear of a layer (input width Fin, output Fout on this rank; N = B T tokens, the
+// gathered input under SP):
+//   cache      each linear's weight in fp8 and its transpose (Fp8Link::weight, both layouts for the TN GEMMs), one
+//              byte an element each, cast at the first forward of an iteration and kept: 2 bytes per weight element;
+//   transient  in a linear's backward the output gradient in both layouts and the input's transpose (1 byte each):
+//              2 N Fout + N Fin, the largest of the layer's;
+//   widening   on the CPU only, gemm_fp8 widens both operands of each GEMM to bf16 (a workspace): the largest of the
+//              forward (N Fin + Fout Fin), the input gradient (N Fout + Fout Fin) and the weight gradient
+//              (N (Fin + Fout)) elements, 2 bytes each.
+// A MoE layer's experts are counted as a dense MLP of their width (an approximation, as fp8_state_bytes).
+struct Fp8Bytes {
+  double cache = 0, transient = 0, widening = 0;
+};
+Fp8Bytes fp8_bytes(const Config& c, const TapeShapes& s, int64_t layers, Backend backend) {
+  if (!c.training.fp8.enabled()) return {};
+  const ModelShapes& m = s.m;
+  const double N = s.B * s.T;
+  const double linears[4][2] = {{m.C, m.qkv}, {m.Ct, m.C}, {m.C, m.fc1}, {m.Ft, m.C}};  // {Fin, Fout}
+  Fp8Bytes b;
+  for (const auto& [in, out] : linears) {
+    b.cache += 2 * in * out * static_cast<double>(layers);
+    b.transient = std::max(b.transient, 2 * N * out + N * in);
+    if (backend == Backend::cpu)
+      b.widening = std::max({b.widening, 2 * (N * in + out * in), 2 * (N * out + out * in), 2 * N * (in + out)});
+  }
+  return b;
 }
 
 double sum_of(const std::vector<double>& xs) {
@@ -371,9 +390,12 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     }
     const double step_act = (p == 1) ? 2 * shapes.B * shapes.T * 4 : 0;  // the plain loop's last batch
     ActivationPeaks a = walk_schedule(c, stage, prof);
-    const double fp8_copies = fp8_transient_bytes(c, shapes, backend);  // with a GEMM's operands, at any peak
-    a.act += fp8_copies;
-    a.sum += fp8_copies;
+    // fp8: the weight caches all along, a linear's backward copies at any peak (an upper bound), and the CPU's
+    // widened GEMM operands in the workspace.
+    const Fp8Bytes fp8 = fp8_bytes(c, shapes, sm.layers, backend);
+    a.act += fp8.cache + fp8.transient;
+    a.sum += fp8.cache + fp8.transient;
+    a.ws += fp8.widening;
     sm.peak_in_flight = a.in_flight;
     b[MemKind::activation] = std::max(a.act, step_act);
     b[MemKind::workspace] = persistent_ws + std::max(a.ws, step_ws);

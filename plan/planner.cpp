@@ -51,7 +51,7 @@ struct TensorContext {
 };
 std::vector<TensorContext> tensor_context_sizes(const Config& c, int64_t world, int64_t min_chunk) {
   const ModelConfig& m = c.model;
-  const bool context = m.dropout == 0 && m.attention_dropout == 0 && !m.moe.enabled() && !c.training.fp8.enabled();
+  const bool context = !(m.moe.enabled() && m.moe.capacity_factor > 0);  // the rest apply_layout's rules refuse
   std::vector<TensorContext> out;
   for (int64_t tp : divisors(world))
     for (int64_t cp : divisors(world / tp)) {

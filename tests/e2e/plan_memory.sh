@@ -9,7 +9,8 @@
 # hybrid sharding); context parallelism, CP 2 and 4 over the ring and the
 # all-gather, alone and with TP+SP, PP, DP+ZeRO and recomputation, and with MoE and expert parallelism; LoRA,
 # finetune.lora: the frozen base without gradients or optimizer state, the adapters with both; optimizer offload,
-# optimizer.offload: the masters and moments in the host pool, the log's "host" after the device total) the
+# optimizer.offload: the masters and moments in the host pool, the log's "host" after the device total; fp8,
+# training.fp8: the weights' fp8 casts in both layouts, a linear's backward copies, the CPU's widened operands) the
 # training log's "peak memory (MiB)" split of rank 0 (the first pipeline stage) is compared with plan's
 # prediction for that rank kind: every kind within 10% (or 0.011 MiB, the log's rounding; with expert parallelism and
 # ZeRO the workspace prediction is an upper bound, as two buffers' reduce-scatters may or may not overlap) and the
@@ -115,6 +116,9 @@ layouts=(
   "llama-lora-tp2-sp-dp2-zero|4|--set finetune.lora.rank=8 --set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.distributed_optimizer=true"
   "mid-lora-pp2|2|${mid[*]} --set finetune.lora.rank=16 --set parallel.pipeline=2 --set training.micro_batch_size=1"
   "llama-offload|1|--set optimizer.offload=true"
+  "mid-bf16-fp8|1|${mid[*]} --set training.precision=bf16 --set training.fp8.format=hybrid"
+  "mid-tp2-sp-fp8-delayed|2|${mid[*]} --set training.precision=bf16 --set training.fp8.format=hybrid --set training.fp8.recipe=delayed --set parallel.tensor=2 --set parallel.sequence_parallel=true"
+  "llama-fp8|1|--set training.precision=bf16 --set training.fp8.format=e4m3"
   "tiny-dp2-zero-bf16-offload|2|--set parallel.distributed_optimizer=true --set training.precision=bf16 --set optimizer.offload=true"
   "tiny-dp4-shard-parameters-offload|4|--set parallel.shard=parameters --set parallel.grad_bucket_size=2000 --set optimizer.offload=true"
 )
