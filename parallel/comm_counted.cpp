@@ -85,22 +85,6 @@ class CountedCommunicator final : public Communicator {
 
 }  // namespace
 
-const char* comm_op_name(CommOp op) {
-  switch (op) {
-    case CommOp::all_reduce:
-      return "all_reduce";
-    case CommOp::reduce_scatter:
-      return "reduce_scatter";
-    case CommOp::all_gather:
-      return "all_gather";
-    case CommOp::other:
-      return "other";
-    case CommOp::scalars:
-      return "scalars";
-  }
-  return "?";
-}
-
 CommBytes comm_bytes_moved() {
   CommBytes out;
   std::lock_guard lock(g_mu);

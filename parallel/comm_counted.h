@@ -13,13 +13,18 @@
 #include <memory>
 #include <string>
 
+#include "core/base/enum_names.h"
 #include "parallel/communicator.h"
 
 namespace mt {
 
 enum class CommOp { all_reduce, reduce_scatter, all_gather, other, scalars };
-inline constexpr int kCommOps = 5;
-const char* comm_op_name(CommOp op);  // "all_reduce", "reduce_scatter", "all_gather", "other", "scalars"
+template <>
+struct EnumNames<CommOp> {  // metrics.jsonl's comm_bytes_by_group keys
+  static constexpr std::array names{"all_reduce", "reduce_scatter", "all_gather", "other", "scalars"};
+  static constexpr std::array<const char*, 0> planned{};
+};
+inline constexpr int kCommOps = static_cast<int>(EnumNames<CommOp>::names.size());
 
 // Bytes moved by this process's counted communicators since it started, per group kind (the name given to
 // make_counted_communicator) and op. Thread-safe (the gradient reducer's thread counts too).

@@ -39,13 +39,13 @@ const char* zero_word(ShardStage s) {
 // The base config's document, parsed once for as long as the same base comes back (a search applies thousands of
 // layouts to one base; parsing its YAML text was most of the search's time).
 const ConfigDocument& document_of(const Config& base) {
-  thread_local std::string key;
+  thread_local std::string text, source;
   thread_local std::unique_ptr<ConfigDocument> document;
-  std::string text = to_yaml(base);
-  text.append(1, '\0').append(base.source);
-  if (!document || text != key) {
-    document = std::make_unique<ConfigDocument>(to_yaml(base), base.source);
-    key = std::move(text);
+  std::string now = to_yaml(base);
+  if (!document || now != text || base.source != source) {
+    document = std::make_unique<ConfigDocument>(now, base.source);
+    text = std::move(now);
+    source = base.source;
   }
   return *document;
 }

@@ -146,7 +146,8 @@ void Trainer::report(const StepResult& r, float lr, double mean_ms, int64_t inte
     const auto before = comm_at_report_.find(group);
     for (int op = 0; op < kCommOps; ++op) {
       const int64_t moved = bytes[op] - (before == comm_at_report_.end() ? 0 : before->second[op]);
-      if (moved != 0) comm[group][comm_op_name(static_cast<CommOp>(op))] = static_cast<double>(moved) / interval_iters;
+      if (moved != 0)
+        comm[group][std::string(name_of(static_cast<CommOp>(op)))] = static_cast<double>(moved) / interval_iters;
     }
   }
   comm_at_report_ = comm_now;

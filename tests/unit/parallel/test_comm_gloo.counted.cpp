@@ -43,7 +43,7 @@ TEST(CountedCommunicator, CountsWhatEachRankSendsPerOp) {
   EXPECT_EQ(moved(kind, CommOp::all_gather), kRanks * 32);
   EXPECT_EQ(moved(kind, CommOp::scalars), kRanks * 32);
   EXPECT_EQ(moved(kind, CommOp::other), 0);
-  EXPECT_STREQ(comm_op_name(CommOp::reduce_scatter), "reduce_scatter");
+  EXPECT_EQ(name_of(CommOp::reduce_scatter), "reduce_scatter");
 }
 
 }  // namespace
