@@ -120,15 +120,22 @@ struct ScheduleSpec {
 //     first stage. A B that would start with p held runs the oldest waiting W first, or with none waiting runs whole
 //     (the first stage's first cooldown B). With equal F, B and W costs the bubble is p / (3 m): the paper's
 //     (p - 1) / (3 m), a third of 1F1B's, and one W more ((p - 1) (F + B - W) + W for m >= p).
-//   zb_v (v = 2, v_shape placement): Qi et al.'s ZB-V. A list schedule in unit slots (each chunk's F, B or W one
-//     slot): every stage runs, in order of preference, a B whose output gradient has arrived (oldest microbatch
-//     first), an F if fewer than 2p (microbatch, chunk) pairs wait for their W (chunk 1's first: it leads to the
-//     loss), a W (oldest first), and an F of chunk 1 beyond the limit only when nothing else can run. With equal
-//     costs it reaches the bound of a stage's (p - 1) idle slots while the first microbatch reaches it, a bubble of
-//     (p - 1) / (6 m), a sixth of 1F1B's, with 1F1B's activation memory (2p half-size pairs, p microbatches). The
-//     transfers run in lock step: after each slot a stage posts the sends of what it just computed and the
-//     receives of what its neighbours computed in the same slot, so both ends post every message in slot order;
-//     it runs under waits on use (above), so a stage waits only for what it consumes.
+//   zb_v (v = 2, v_shape placement): Qi et al.'s ZB-V. A list schedule timed with the spec's costs (each chunk's F,
+//     B or W takes its cost / 2), decided at each op's end: every free stage runs, in order of preference, a B whose
+//     output gradient has arrived (oldest microbatch first), an F (chunk 1's first: it leads to the loss), a W
+//     (oldest first). Its memory bound is 1F1B's first stage's p microbatches, 2p (microbatch, chunk) pairs of half
+//     a stage each: a stage holds at most 2p pairs forwarded and not through W; a B splits only with at most 2p - 1
+//     held (itself included: a B keeps W's operands and peaks above a whole backward), else it runs the oldest
+//     waiting W first, else whole; and a whole backward that starts with 2p held has no other tensor of the
+//     pipeline beside it (no receive posted for a later compute, no send not yet waited for, no output the turn
+//     hands on), since there it peaks at 1F1B's first stage. A deterministic search picks the list's knobs per stage
+//     (pairs kept free for chunk 1's forwards, a cap of 2p or 2p - 1, when a waiting W runs before a forward, how
+//     many W's wait, whether the 2p-th pair needs a W waiting) for the shortest makespan check_schedule gives; with
+//     equal costs it reaches the bound of a stage's (p - 1) idle slots while the first microbatch reaches it, a
+//     bubble of (p - 1) / (6 m), a sixth of 1F1B's. The transfers run in lock step: after each op a stage posts the
+//     sends of what it just computed and the receives of what its neighbours computed meanwhile, so both ends post
+//     every message in the same order; it runs under waits on use (above), so a stage waits only for what it
+//     consumes.
 //   In both zero-bubble lists a B whose W comes right after it (no transfer or other compute between them) runs with
 //     it as one whole backward: the split would gain no overlap, and B keeps W's operands (each linear's input and
 //     output gradient) until W where a whole backward frees each layer's as it goes. ZB-H1's first stage thus runs
@@ -154,6 +161,10 @@ struct ScheduleReport {
   // of a stage's activations for one microbatch.
   int peak_in_flight = 0;                 // max over stages
   std::vector<int> stage_peak_in_flight;  // per stage
+  // Most pairs one stage holds when a split backward (backward_input) starts, itself included (max over stages; 0
+  // without one). A B keeps W's operands and peaks above a whole backward while it gathers them, so the zero-bubble
+  // lists start one only below 1F1B's count: ZB-H1 with at most p - 1 microbatches, ZB-V with at most 2p - 1 pairs.
+  int split_backward_peak_in_flight = 0;
 };
 
 // Simulates the schedules under the communication model above and checks: every send has its receive, each

@@ -73,6 +73,8 @@ class Simulator {
       report.makespan = std::max(report.makespan, stages_[s].clock);
       report.stage_peak_in_flight[s] = stages_[s].peak_in_flight;
       report.peak_in_flight = std::max(report.peak_in_flight, stages_[s].peak_in_flight);
+      report.split_backward_peak_in_flight =
+          std::max(report.split_backward_peak_in_flight, stages_[s].split_peak_in_flight);
     }
     // m microbatches x (forward + backward), over v chunks of 1/v each; forward only: m forwards.
     const double ideal =
@@ -94,7 +96,7 @@ class Simulator {
     size_t batch_end = 0;    // > pc while the batch [pc, batch_end) is posted and not complete
     size_t after_batch = 0;  // past the backward_weight run after the batch, which ran while it was in flight
     std::vector<PairState> pairs;
-    int in_flight = 0, peak_in_flight = 0;
+    int in_flight = 0, peak_in_flight = 0, split_peak_in_flight = 0;
     // Waits on use: the posted batches (instruction numbers), how many have completed, and which batch each
     // receive is in (by its instruction's op, microbatch and chunk).
     std::vector<std::vector<size_t>> batches;
@@ -342,6 +344,7 @@ class Simulator {
       ps.backwarded = true;
       if (op == PipeOp::backward_input) {
         st.clock += costs_.backward_input / v_;  // what the microbatch kept stays until its W
+        st.split_peak_in_flight = std::max(st.split_peak_in_flight, st.in_flight);
       } else {
         ps.weighted = true;
         st.clock += (costs_.backward_input + costs_.backward_weight) / v_;

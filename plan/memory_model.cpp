@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <optional>
+#include <tuple>
 #include <stdexcept>
 
 #include "core/base/dtype.h"
@@ -122,8 +125,10 @@ struct ActivationPeaks {
   int in_flight = 0;
 };
 
-// Walks this stage's instruction list as parallel/pipeline_executor.cpp runs it: received buffers count from
-// their recv, sent outputs and input gradients until the flush before the next compute.
+// Walks this stage's instruction list as parallel/pipeline_executor.cpp runs it: received buffers count from their
+// recv; a sent output or input gradient stays until its batch is waited for: the flush before the next compute, or
+// under waits on use (ZB-V) the first compute that consumes a tensor received in that batch or a later one (the
+// batches complete in order), or the end.
 ActivationPeaks walk_schedule(const Config& c, int64_t stage, const std::vector<ChunkProfile>& prof) {
   const int p = static_cast<int>(c.parallel.pipeline), v = static_cast<int>(c.parallel.virtual_pipeline);
   const int M = static_cast<int>(c.training.num_microbatches);
@@ -142,39 +147,77 @@ ActivationPeaks walk_schedule(const Config& c, int64_t stage, const std::vector<
     return out;
   }
   const ScheduleSpec spec = training_schedule(c, M);
+  const bool on_use = waits_on_use(spec.kind);
   const std::vector<PipeInstr> program = build_schedule(spec)[static_cast<size_t>(stage)];
-  double pending = 0;  // sent tensors the executor keeps until its next flush
+  double made = 0;  // the last compute's output (or input gradient), until it is sent or the next compute
+  // The sent bytes of each posted batch not yet waited for (the last one open until the next compute), and which
+  // batch brings each received tensor.
+  std::vector<double> batches;
+  size_t waited = 0;
+  bool open = false;
+  std::map<std::tuple<PipeOp, int, int>, size_t> batch_of;
+  auto post = [&] {
+    if (!open) batches.push_back(0);
+    open = true;
+  };
+  auto wait_through = [&](size_t k) {
+    for (; waited <= k && waited < batches.size(); ++waited) cur -= batches[waited];
+  };
+  // Before a compute: what the last one made and did not send is handed over (counted by this op's profile); the
+  // batch model waits for everything posted, waits on use for the batch of the tensor this compute consumes.
+  auto before_compute = [&](std::optional<std::tuple<PipeOp, int, int>> consumes) {
+    cur -= made;
+    made = 0;
+    open = false;
+    if (!on_use) {
+      if (!batches.empty()) wait_through(batches.size() - 1);
+    } else if (consumes) {
+      if (const auto it = batch_of.find(*consumes); it != batch_of.end()) wait_through(it->second);
+    }
+  };
+  // The turn of a V: a chunk's output (input gradient) that the next (previous) virtual stage on this stage takes
+  // stays, as a received tensor would, until that chunk consumes it and then as what it keeps.
+  auto local = [&](int chunk, int step) {
+    const int vs = virtual_stage(spec.placement, p, {static_cast<int>(stage), chunk}) + step;
+    return vs >= 0 && vs < p * v && stage_chunk(spec.placement, p, vs).stage == static_cast<int>(stage);
+  };
   int in_flight = 0;
   for (const PipeInstr& in : program) {
     const ChunkProfile& ch = prof[static_cast<size_t>(in.chunk)];
     switch (in.op) {
       case PipeOp::recv_forward:
       case PipeOp::recv_backward:
+        post();
+        batch_of[{in.op, in.microbatch, in.chunk}] = batches.size() - 1;
         cur += ch.message;
         break;
       case PipeOp::send_forward:
       case PipeOp::send_backward:
+        post();
+        batches.back() += made;
+        made = 0;
         break;
       case PipeOp::forward:
-        cur -= pending;
+        before_compute(std::tuple(PipeOp::recv_forward, in.microbatch, in.chunk));
         apply(cur, ch.forward);
-        pending = ch.output;
+        made = local(in.chunk, 1) ? 0 : ch.output;
         out.in_flight = std::max(out.in_flight, ++in_flight);
         break;
       case PipeOp::backward:  // whole (in a zero-bubble schedule a B and W run as one, parallel/schedule.h)
-        cur -= pending;
+        before_compute(std::tuple(PipeOp::recv_backward, in.microbatch, in.chunk));
         apply(cur, ch.whole);
-        pending = ch.input_grad;
+        made = local(in.chunk, -1) ? 0 : ch.input_grad;
         --in_flight;
         break;
       // A split backward (zero-bubble schedules): B frees the activations but keeps what its deferred
       // weight-gradient GEMMs read, the linears' inputs and output gradients, until W (the tape's split_backward).
       case PipeOp::backward_input:
-        cur -= pending;
+        before_compute(std::tuple(PipeOp::recv_backward, in.microbatch, in.chunk));
         apply(cur, ch.backward);
-        pending = ch.input_grad;
+        made = local(in.chunk, -1) ? 0 : ch.input_grad;
         break;
-      case PipeOp::backward_weight:
+      case PipeOp::backward_weight:  // waits for nothing: the batch before it stays in flight
+        open = false;
         apply(cur, ch.weight);
         --in_flight;
         break;
