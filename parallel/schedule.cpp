@@ -318,7 +318,12 @@ struct ZbvPolicy {
 // runs, in order of preference, a B whose output gradient has arrived (oldest microbatch first, chunk 1 first) --
 // split when at most 2p - 1 pairs are held with it, else after the oldest waiting W, else whole --, a W (oldest
 // first) when held >= w_first, a forward of chunk 1, one of chunk 0, a W.
-std::optional<ZbvLists> zb_v_list(int p, int m, const double cost[3], const ZbvPolicy& policy) {
+// Weights per virtual stage (ScheduleMemory): wf what a pair's forward keeps, wb what its B adds.
+struct ZbvWeights {
+  std::vector<double> wf, wb;
+};
+
+std::optional<ZbvLists> zb_v_list(int p, int m, const double cost[3], const ZbvWeights& w, const ZbvPolicy& policy) {
   const int vstages = 2 * p, limit = 2 * p;
   constexpr double not_yet = std::numeric_limits<double>::infinity();
   // When each (microbatch, virtual stage)'s F and B end (a whole backward's B: when the whole op does).
@@ -326,7 +331,7 @@ std::optional<ZbvLists> zb_v_list(int p, int m, const double cost[3], const ZbvP
   auto end_of = [&](int mb, int vs) -> std::array<double, 2>& { return ends[static_cast<size_t>(mb) * vstages + vs]; };
   struct Stage {
     double free_at = 0;
-    int held = 0;                                   // pairs forwarded and not through W (or a whole backward)
+    double held = 0;  // pairs forwarded and not through W (or a whole backward), weighed (ScheduleMemory)
     std::deque<std::pair<int, int>> waiting_w;      // (microbatch, virtual stage) through B, oldest first
     std::array<int, 2> next_f{0, 0}, next_b{0, 0};  // per chunk: F and B run in microbatch order
   };
@@ -346,21 +351,22 @@ std::optional<ZbvLists> zb_v_list(int p, int m, const double cost[3], const ZbvP
       case ZbvOp::F:
         end_of(mb, vs)[0] = now + d;
         ++t.next_f[c];
-        ++t.held;
+        t.held += w.wf[static_cast<size_t>(vs)];
         break;
       case ZbvOp::B:
         end_of(mb, vs)[1] = now + d;
         ++t.next_b[c];
         t.waiting_w.emplace_back(mb, vs);
+        t.held += w.wb[static_cast<size_t>(vs)];
         break;
       case ZbvOp::W:
         t.waiting_w.pop_front();
-        --t.held;
+        t.held -= w.wf[static_cast<size_t>(vs)] + w.wb[static_cast<size_t>(vs)];
         break;
       case ZbvOp::BW:
         end_of(mb, vs)[1] = now + d;
         ++t.next_b[c];
-        --t.held;
+        t.held -= w.wf[static_cast<size_t>(vs)];
         ++placed;  // B and W
         break;
     }
@@ -383,21 +389,23 @@ std::optional<ZbvLists> zb_v_list(int p, int m, const double cost[3], const ZbvP
         const int mb = t.next_f[static_cast<size_t>(c)], vs = own[static_cast<size_t>(c)];
         return mb < m && (vs == 0 || end_of(mb, vs - 1)[0] <= now);
       };
-      // The 2p-th pair only with a W waiting: the next B then runs that W first and splits (a whole backward with 2p
-      // held peaks at 1F1B's first stage by the count, above it measured: the turn of the V keeps more).
-      const int room = t.waiting_w.empty() && policy.strict ? std::min(policy.cap[static_cast<size_t>(s)], limit - 1)
-                                                            : policy.cap[static_cast<size_t>(s)];
-      if (b && t.held <= limit - 1) {
+      // strict: the 2p-th pair only with a W waiting, which the next B then runs first (so no whole backward starts
+      // with more than 2p - 1 held).
+      const double room = t.waiting_w.empty() && policy.strict ? std::min(policy.cap[static_cast<size_t>(s)], limit - 1)
+                                                               : policy.cap[static_cast<size_t>(s)];
+      constexpr double eps = 1e-9;
+      const double wf0 = w.wf[static_cast<size_t>(own[0])], wf1 = w.wf[static_cast<size_t>(own[1])];
+      if (b && t.held + std::max(w.wb[static_cast<size_t>(b->second)], 0.0) <= limit - 1 + eps) {
         run(s, ZbvOp::B, b->first, b->second);
       } else if (b && !t.waiting_w.empty()) {
         run(s, ZbvOp::W, t.waiting_w.front().first, t.waiting_w.front().second);
       } else if (b) {
         run(s, ZbvOp::BW, b->first, b->second);
-      } else if (!t.waiting_w.empty() && t.held >= policy.w_first[static_cast<size_t>(s)]) {
+      } else if (!t.waiting_w.empty() && t.held >= policy.w_first[static_cast<size_t>(s)] - eps) {
         run(s, ZbvOp::W, t.waiting_w.front().first, t.waiting_w.front().second);
-      } else if (f_ready(1) && t.held + 1 <= room) {
+      } else if (f_ready(1) && t.held + wf1 <= room + eps) {
         run(s, ZbvOp::F, t.next_f[1], own[1]);
-      } else if (f_ready(0) && t.held + 1 + policy.reserve[static_cast<size_t>(s)] <= room) {
+      } else if (f_ready(0) && t.held + wf0 + policy.reserve[static_cast<size_t>(s)] * wf1 <= room + eps) {
         run(s, ZbvOp::F, t.next_f[0], own[0]);
       } else if (t.waiting_w.size() > static_cast<size_t>(policy.keep_w[static_cast<size_t>(s)]) ||
                  (!t.waiting_w.empty() && t.next_b[0] == m && t.next_b[1] == m)) {
@@ -480,11 +488,12 @@ void join_adjacent_backward(std::vector<PipeInstr>& list) {
   list = std::move(out);
 }
 
-// Whether no whole backward that starts with 2p pairs held (1F1B's first stage's count, its peak) has another tensor
+// Whether no whole backward that starts with more than 2p - 1 pairs held (weighed as zb_v_list does: 2p is 1F1B's
+// first stage's count, at its peak) has another tensor
 // of the pipeline beside it: a receive posted for a later compute, a sent tensor whose batch is not yet waited for
 // (waits on use), or an output the turn of the V hands to a chunk that has not yet run. Such a backward would peak
 // that tensor above 1F1B's first stage. The lists are walked as the executor runs them (pipeline_executor.cpp).
-bool brim_clear(int p, const std::vector<std::vector<PipeInstr>>& lists) {
+bool brim_clear(int p, const ZbvWeights& w, const std::vector<std::vector<PipeInstr>>& lists) {
   const int vstages = 2 * p;
   for (int s = 0; s < p; ++s) {
     auto vs_of = [&](int chunk) { return virtual_stage(ChunkPlacement::v_shape, p, {s, chunk}); };
@@ -496,7 +505,7 @@ bool brim_clear(int p, const std::vector<std::vector<PipeInstr>>& lists) {
     std::vector<int> sent;                                    // per posted batch: its sends
     size_t waited = 0;
     bool open = false;
-    int held = 0;
+    double held = 0;
     auto post = [&] {
       if (!open) sent.push_back(0);
       open = true;
@@ -513,10 +522,12 @@ bool brim_clear(int p, const std::vector<std::vector<PipeInstr>>& lists) {
           post();
           ++sent.back();
           break;
-        case PipeOp::backward_weight:
+        case PipeOp::backward_weight: {
           open = false;
-          --held;
+          const auto v = static_cast<size_t>(vs_of(in.chunk));
+          held -= w.wf[v] + w.wb[v];
           break;
+        }
         default: {  // forward, backward, backward_input
           open = false;
           const bool forward = in.op == PipeOp::forward;
@@ -527,14 +538,15 @@ bool brim_clear(int p, const std::vector<std::vector<PipeInstr>>& lists) {
             received.erase(it);
           }
           handed.erase({!forward, in.microbatch, in.chunk});
-          if (in.op == PipeOp::backward && held == vstages) {
+          if (in.op == PipeOp::backward && held > vstages - 1 + 1e-9) {
             int extra = static_cast<int>(received.size() + handed.size());
             for (size_t b = waited; b < sent.size(); ++b) extra += sent[b];
             if (extra > 0) return false;
           }
           const int vs = vs_of(in.chunk), to = forward ? vs + 1 : vs - 1;
           if (local(to)) handed[{!forward, in.microbatch, stage_chunk(ChunkPlacement::v_shape, p, to).chunk}] = 1;
-          held += forward ? 1 : in.op == PipeOp::backward ? -1 : 0;
+          const auto v = static_cast<size_t>(vs);
+          held += forward ? w.wf[v] : in.op == PipeOp::backward ? -w.wf[v] : w.wb[v];
           break;
         }
       }
@@ -549,7 +561,8 @@ bool brim_clear(int p, const std::vector<std::vector<PipeInstr>>& lists) {
 // family (a, b, ..., b), then stage by stage until nothing improves (this alone meets (p - 1) / (6 m) with equal
 // costs). Then a seeded local search over every knob by the makespan check_schedule gives the instruction lists
 // (transfers completing in order, waits on use), which is what other costs need.
-std::vector<std::vector<PipeInstr>> zb_v(int p, int m, const ScheduleCosts& costs) {
+// Nothing when no list qualifies (weights that leave no room for a stage's two chunks).
+std::optional<std::vector<std::vector<PipeInstr>>> zb_v(int p, int m, const ScheduleCosts& costs, const ZbvWeights& w) {
   const int vstages = 2 * p;
   const auto P = static_cast<size_t>(p);
   const double cost[3] = {costs.forward / 2, costs.backward_input / 2, costs.backward_weight / 2};  // a chunk's
@@ -560,11 +573,11 @@ std::vector<std::vector<PipeInstr>> zb_v(int p, int m, const ScheduleCosts& cost
     double makespan;
   };
   auto qualify = [&](const ZbvPolicy& c) -> std::optional<Found> {
-    const std::optional<ZbvLists> timed = zb_v_list(p, m, cost, c);
+    const std::optional<ZbvLists> timed = zb_v_list(p, m, cost, w, c);
     if (!timed) return std::nullopt;
     Lists lists = zb_v_instructions(p, *timed);
     for (auto& list : lists) join_adjacent_backward(list);
-    if (!brim_clear(p, lists)) return std::nullopt;
+    if (!brim_clear(p, w, lists)) return std::nullopt;
     const ScheduleReport r = check_schedule(spec, lists, costs);
     if (!r.ok) return std::nullopt;
     return Found{std::move(lists), r.makespan};
@@ -574,10 +587,10 @@ std::vector<std::vector<PipeInstr>> zb_v(int p, int m, const ScheduleCosts& cost
   auto reserves = [&](bool strict) {
     ZbvPolicy policy{std::vector<int>(P, 1), std::vector<int>(P, vstages), std::vector<int>(P, vstages + 1),
                      std::vector<int>(P, 0), strict};
-    const std::optional<ZbvLists> first = zb_v_list(p, m, cost, policy);
+    const std::optional<ZbvLists> first = zb_v_list(p, m, cost, w, policy);
     double best = first ? makespan_of(*first) : std::numeric_limits<double>::infinity();
     auto by_list = [&](const ZbvPolicy& candidate) {
-      const std::optional<ZbvLists> timed = zb_v_list(p, m, cost, candidate);
+      const std::optional<ZbvLists> timed = zb_v_list(p, m, cost, w, candidate);
       if (!timed || makespan_of(*timed) >= best * (1 - 1e-9)) return false;
       best = makespan_of(*timed);
       policy = candidate;
@@ -618,9 +631,7 @@ std::vector<std::vector<PipeInstr>> zb_v(int p, int m, const ScheduleCosts& cost
       }
     }
   }
-  if (!best)
-    throw std::logic_error("zb_v schedule: no list keeps 1F1B's memory (p " + std::to_string(p) + ", m " +
-                           std::to_string(m) + ")");
+  if (!best) return std::nullopt;
   // 300 steps, fewer for long lists (a check costs about 2 ms at p 8, m 64; the search then takes about 0.6 s).
   const int steps = static_cast<int>(std::clamp(2.0e6 / (6.0 * p * m), 50.0, 300.0));
   std::mt19937 rng(20240101u);  // fixed: the same lists on every rank
@@ -654,20 +665,32 @@ std::vector<std::vector<PipeInstr>> zb_v(int p, int m, const ScheduleCosts& cost
 }
 
 // zb_v, remembered per (p, m, costs): the executor, the planner (once per stage) and the time model ask again.
-std::vector<std::vector<PipeInstr>> zb_v_cached(int p, int m, const ScheduleCosts& costs) {
-  using Key = std::tuple<int, int, double, double, double>;
+std::vector<std::vector<PipeInstr>> zb_v_cached(int p, int m, const ScheduleCosts& costs,
+                                                const ScheduleMemory& memory) {
+  using Key = std::tuple<int, int, double, double, double, std::vector<double>, std::vector<double>>;
   static std::mutex mutex;
   static std::map<Key, std::vector<std::vector<PipeInstr>>> cache;
-  const Key key{p, m, costs.forward, costs.backward_input, costs.backward_weight};
+  const Key key{
+      p, m, costs.forward, costs.backward_input, costs.backward_weight, memory.forward, memory.backward_input};
   {
     const std::lock_guard lock(mutex);
     if (const auto it = cache.find(key); it != cache.end()) return it->second;
   }
-  std::vector<std::vector<PipeInstr>> lists = zb_v(p, m, costs);
+  const auto V = static_cast<size_t>(2 * p);
+  const ZbvWeights counted{std::vector<double>(V, 1), std::vector<double>(V, 0)};
+  ZbvWeights weights = counted;
+  if (memory.forward.size() == V && memory.backward_input.size() == V)
+    weights = {memory.forward, memory.backward_input};
+  // Weights that leave no list (a head chunk heavier than the room beside the other chunk): count pairs instead.
+  std::optional<std::vector<std::vector<PipeInstr>>> lists = zb_v(p, m, costs, weights);
+  if (!lists) lists = zb_v(p, m, costs, counted);
+  if (!lists)
+    throw std::logic_error("zb_v schedule: no list keeps 1F1B's memory (p " + std::to_string(p) + ", m " +
+                           std::to_string(m) + ")");
   const std::lock_guard lock(mutex);
   if (cache.size() >= 256) cache.clear();  // a plan --search over many shapes: keep it bounded
-  cache.emplace(key, lists);
-  return lists;
+  cache.emplace(key, *lists);
+  return *lists;
 }
 
 }  // namespace
@@ -697,7 +720,7 @@ std::vector<std::vector<PipeInstr>> build_schedule(const ScheduleSpec& spec) {
         break;  // all stages at once, below
     }
   }
-  if (spec.kind == ScheduleKind::zb_v) stages = zb_v_cached(p, m, spec.costs);
+  if (spec.kind == ScheduleKind::zb_v) stages = zb_v_cached(p, m, spec.costs, spec.memory);
   if (spec.kind == ScheduleKind::zb_h1 || spec.kind == ScheduleKind::zb_v)
     for (auto& list : stages) join_adjacent_backward(list);
   return stages;

@@ -88,6 +88,15 @@ struct ScheduleCosts {
   double backward_weight = 1;  // W: the weight gradients
 };
 
+// What a (microbatch, chunk) pair holds on its stage, per virtual stage, in units of what a chunk of layers' forward
+// keeps: forwarded, forward[vs]; through its B and waiting for its W, forward[vs] + backward_input[vs] (B frees what
+// W does not read and keeps the linears' inputs and output gradients: about nothing more on the CPU, a quarter more
+// with fused attention, whose forward keeps little; the head's chunk keeps its logits). zb_v bounds its pairs' sum by
+// 2p, 1F1B's first stage's p microbatches of two chunks. Empty: every pair 1 and 0 (pairs counted).
+struct ScheduleMemory {
+  std::vector<double> forward, backward_input;
+};
+
 struct ScheduleSpec {
   ScheduleKind kind = ScheduleKind::one_f_one_b;
   int stages = 1;        // p
@@ -97,6 +106,7 @@ struct ScheduleSpec {
   ChunkPlacement placement = ChunkPlacement::looped;
   // The costs zb_v times its list schedule with (the others do not depend on costs).
   ScheduleCosts costs;
+  ScheduleMemory memory;  // what zb_v bounds (the others do not depend on it)
 };
 
 // The instruction list of every stage. Layer chunk c of stage s is global virtual stage c * p + s (Megatron's
@@ -120,22 +130,22 @@ struct ScheduleSpec {
 //     first stage. A B that would start with p held runs the oldest waiting W first, or with none waiting runs whole
 //     (the first stage's first cooldown B). With equal F, B and W costs the bubble is p / (3 m): the paper's
 //     (p - 1) / (3 m), a third of 1F1B's, and one W more ((p - 1) (F + B - W) + W for m >= p).
-//   zb_v (v = 2, v_shape placement): Qi et al.'s ZB-V. A list schedule timed with the spec's costs (each chunk's F,
-//     B or W takes its cost / 2), decided at each op's end: every free stage runs, in order of preference, a B whose
-//     output gradient has arrived (oldest microbatch first), an F (chunk 1's first: it leads to the loss), a W
-//     (oldest first). Its memory bound is 1F1B's first stage's p microbatches, 2p (microbatch, chunk) pairs of half
-//     a stage each: a stage holds at most 2p pairs forwarded and not through W; a B splits only with at most 2p - 1
-//     held (itself included: a B keeps W's operands and peaks above a whole backward), else it runs the oldest
-//     waiting W first, else whole; and a whole backward that starts with 2p held has no other tensor of the
-//     pipeline beside it (no receive posted for a later compute, no send not yet waited for, no output the turn
-//     hands on), since there it peaks at 1F1B's first stage. A deterministic search picks the list's knobs per stage
-//     (pairs kept free for chunk 1's forwards, a cap of 2p or 2p - 1, when a waiting W runs before a forward, how
-//     many W's wait, whether the 2p-th pair needs a W waiting) for the shortest makespan check_schedule gives; with
-//     equal costs it reaches the bound of a stage's (p - 1) idle slots while the first microbatch reaches it, a
-//     bubble of (p - 1) / (6 m), a sixth of 1F1B's. The transfers run in lock step: after each op a stage posts the
-//     sends of what it just computed and the receives of what its neighbours computed meanwhile, so both ends post
-//     every message in the same order; it runs under waits on use (above), so a stage waits only for what it
-//     consumes.
+//   zb_v (v = 2, v_shape placement): Qi et al.'s ZB-V. A list schedule timed with the spec's costs (each chunk's F, B
+//     or W takes its cost / 2), decided at each op's end: every free stage runs, in order of preference, a B whose
+//     output gradient has arrived (oldest microbatch first), an F (chunk 1's first: it leads to the loss), a W (oldest
+//     first). Its memory bound is 1F1B's first stage's p microbatches, 2p (microbatch, chunk) pairs of half a stage
+//     each, weighed by the spec's ScheduleMemory (a pair forwarded holds forward[vs], through its B forward[vs] +
+//     backward_input[vs]; unweighed, 1 both): a stage holds at most 2p; a B splits only if what is held with it after
+//     it is at most 2p - 1 (a B keeps W's operands and peaks above a whole backward), else it runs the oldest waiting W
+//     first, else whole; and a whole backward that starts with more than 2p - 1 held has no other tensor of the
+//     pipeline beside it (no receive posted for a later compute, no send not yet waited for, no output the turn hands
+//     on), since there it peaks at 1F1B's first stage. A deterministic search picks the list's knobs per stage (pairs
+//     kept free for chunk 1's forwards, a cap of 2p or 2p - 1, when a waiting W runs before a forward, how many W's
+//     wait, whether the 2p-th pair needs a W waiting) for the shortest makespan check_schedule gives; with equal costs
+//     it reaches the bound of a stage's (p - 1) idle slots while the first microbatch reaches it, a bubble of (p - 1) /
+//     (6 m), a sixth of 1F1B's. The transfers run in lock step: after each op a stage posts the sends of what it just
+//     computed and the receives of what its neighbours computed meanwhile, so both ends post every message in the same
+//     order; it runs under waits on use (above), so a stage waits only for what it consumes.
 //   In both zero-bubble lists a B whose W comes right after it (no transfer or other compute between them) runs with
 //     it as one whole backward: the split would gain no overlap, and B keeps W's operands (each linear's input and
 //     output gradient) until W where a whole backward frees each layer's as it goes. ZB-H1's first stage thus runs

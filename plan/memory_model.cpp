@@ -129,7 +129,7 @@ struct ActivationPeaks {
 // recv; a sent output or input gradient stays until its batch is waited for: the flush before the next compute, or
 // under waits on use (ZB-V) the first compute that consumes a tensor received in that batch or a later one (the
 // batches complete in order), or the end.
-ActivationPeaks walk_schedule(const Config& c, int64_t stage, const std::vector<ChunkProfile>& prof) {
+ActivationPeaks walk_schedule(const Config& c, int64_t stage, const std::vector<ChunkProfile>& prof, Backend backend) {
   const int p = static_cast<int>(c.parallel.pipeline), v = static_cast<int>(c.parallel.virtual_pipeline);
   const int M = static_cast<int>(c.training.num_microbatches);
   ActivationPeaks out;
@@ -146,7 +146,7 @@ ActivationPeaks walk_schedule(const Config& c, int64_t stage, const std::vector<
     out.in_flight = 1;
     return out;
   }
-  const ScheduleSpec spec = training_schedule(c, M);
+  const ScheduleSpec spec = planned_training_schedule(c, M, backend);
   const bool on_use = waits_on_use(spec.kind);
   const std::vector<PipeInstr> program = build_schedule(spec)[static_cast<size_t>(stage)];
   double made = 0;  // the last compute's output (or input gradient), until it is sent or the next compute
@@ -295,6 +295,32 @@ double MemoryPlan::max_total() const {
   return m;
 }
 
+ScheduleMemory schedule_memory(const Config& c, Backend backend) {
+  if (training_schedule_kind(c.parallel) != ScheduleKind::zb_v) return {};
+  const int p = static_cast<int>(c.parallel.pipeline);
+  const TapeShapes shapes = tape_shapes(c, backend);
+  auto profile = [&](int vs) {
+    const StageChunk at = stage_chunk(ChunkPlacement::v_shape, p, vs);
+    return profile_chunk(shapes, chunks_of(c, at.stage).at(static_cast<size_t>(at.chunk)));
+  };
+  const double unit = profile(p - 1).forward.delta;  // stage p - 1's first chunk: layers only
+  if (unit <= 0) return {};
+  auto ratio = [&](double bytes) { return std::round(64 * bytes / unit) / 64; };
+  ScheduleMemory m;
+  for (int vs = 0; vs < 2 * p; ++vs) {
+    const ChunkProfile prof = profile(vs);
+    m.forward.push_back(ratio(prof.forward.delta));
+    m.backward_input.push_back(ratio(prof.backward.delta));
+  }
+  return m;
+}
+
+ScheduleSpec planned_training_schedule(const Config& c, int64_t microbatches, Backend backend) {
+  ScheduleSpec spec = training_schedule(c, microbatches);
+  spec.memory = schedule_memory(c, backend);
+  return spec;
+}
+
 MemoryPlan predict_memory(const Config& c, Backend backend) {
   // The weights' replicas: the gradients reduce (ZeRO: shard) over data x context ranks (Distributed::weight_replicas).
   const int64_t p = c.parallel.pipeline, dp = c.parallel.data * c.parallel.context;
@@ -432,7 +458,7 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
       step_ws += std::max(reduce_scatter, g.max_bucket * (d == 4 ? 4 : d));
     }
     const double step_act = (p == 1) ? 2 * shapes.B * shapes.T * 4 : 0;  // the plain loop's last batch
-    ActivationPeaks a = walk_schedule(c, stage, prof);
+    ActivationPeaks a = walk_schedule(c, stage, prof, backend);
     // fp8: the weight caches all along, a linear's backward copies at any peak (an upper bound), and the CPU's
     // widened GEMM operands in the workspace.
     const Fp8Bytes fp8 = fp8_bytes(c, shapes, sm.layers, backend);

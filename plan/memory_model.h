@@ -14,6 +14,7 @@
 
 #include "core/tensor/allocator.h"
 #include "core/config/config.h"
+#include "parallel/schedule.h"
 
 namespace mt::plan {
 
@@ -43,6 +44,13 @@ struct MemoryPlan {
   std::vector<StageMemory> stages;  // first, middle (when p > 2), last; or one "only"
   double max_total() const;         // the largest total over the rank kinds
 };
+
+// What a ZB-V (microbatch, chunk) pair holds through its B relative to what its forward keeps (parallel/schedule.h
+// ScheduleMemory), from the activation tape of the layers of stage p - 1's first chunk, rounded to 1/64; the default
+// for the other schedules. The trainer builds its schedule with it, so the planner walks the same lists.
+ScheduleMemory schedule_memory(const Config& c, Backend backend);
+// training_schedule (models/pipeline_schedule.h) with schedule_memory: the lists the trainer runs.
+ScheduleSpec planned_training_schedule(const Config& c, int64_t microbatches, Backend backend);
 
 // Predicts every rank kind of the resolved config `c` (tensor-parallel rank 0, data-parallel rank 0: ranks of
 // one kind differ by at most a padding element).

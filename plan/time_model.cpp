@@ -10,6 +10,7 @@
 #include "models/gpt.h"
 #include "models/pipeline_schedule.h"
 #include "parallel/schedule.h"
+#include "plan/memory_model.h"
 #include "plan/model_shapes.h"
 
 namespace mt::plan {
@@ -499,7 +500,7 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
     const double f = per_mb - slow->backward - slow->p2p / 2;
     const double w = std::min(slow->backward, slow->work.gemm / 3);
     const double b = per_mb - f - w;
-    const ScheduleSpec spec = training_schedule(c, M);
+    const ScheduleSpec spec = planned_training_schedule(c, M, hw.is_gpu ? Backend::cuda : Backend::cpu);
     t.bubble = static_cast<double>(p - 1) / static_cast<double>(v) * per_mb;  // if the schedule cannot be built
     try {
       const ScheduleReport sim =

@@ -21,6 +21,7 @@
 #include "core/tensor/trace.h"
 #include "models/pipeline_schedule.h"
 #include "parallel/schedule.h"
+#include "plan/memory_model.h"
 
 namespace mt::app {
 
@@ -215,7 +216,10 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
   // One engine for every layout: one stage runs no_pipelining (F0 B0 F1 B1 ...), several 1F1B, several with
   // more than one chunk interleaved 1F1B. Only the last stage computes losses: read_losses sums them over the
   // pipeline group.
-  const ScheduleSpec spec = training_schedule(cfg_, M);
+  // ZB-V bounds its memory by what its pairs hold through B, from the planner's activation tape (plan/memory_model.h):
+  // every rank computes the same, and `megatrain plan` walks the same lists.
+  const ScheduleSpec spec =
+      plan::planned_training_schedule(cfg_, M, device_ == Device::cpu ? plan::Backend::cpu : plan::Backend::cuda);
   IterationStage stage(*this, dloss, loss_sum);
   execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage, placement_of(dist_, spec));
   // The sums over TP (sequence-parallel replicas) and the embedding group (tied copies), then the data-parallel

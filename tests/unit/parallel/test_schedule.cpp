@@ -481,6 +481,50 @@ TEST(ZbV, KeepsItsMemoryBoundAtAnyCosts) {
   }
 }
 
+// Weighed (ScheduleMemory: a heavier head chunk, B keeping a quarter more than the forward, as fused attention does),
+// no ZB-V stage holds more than 2p units, a split B leaves at most 2p - 1 held, and the lists still run and beat
+// 1F1B while the pipeline fills. Weights with no room for a stage's two chunks fall back to counting pairs.
+TEST(ZbV, BoundsWhatItsPairsHoldWhenWeighed) {
+  for (int p : {2, 4}) {
+    for (int m : {p, 2 * p, 4 * p}) {
+      ScheduleSpec spec = zb_v(p, m);
+      spec.costs = {26, 28, 24};
+      spec.memory.forward.assign(static_cast<size_t>(2 * p), 1);
+      spec.memory.backward_input.assign(static_cast<size_t>(2 * p), 0.25);
+      spec.memory.forward.back() = 1.5;  // the head's chunk on stage 0
+      spec.memory.backward_input.back() = -0.5;
+      const Schedule s = build_schedule(spec);
+      const ScheduleReport r = check_schedule(spec, s, spec.costs);
+      ASSERT_TRUE(r.ok) << r.error;
+      const ScheduleReport base = check_schedule(one_f_one_b(p, m), build_schedule(one_f_one_b(p, m)), spec.costs);
+      if (m <= 2 * p) EXPECT_LT(r.bubble_fraction, base.bubble_fraction) << "p=" << p << " m=" << m;
+      for (int st = 0; st < p; ++st) {
+        double held = 0, peak = 0;
+        for (const PipeInstr& in : s[static_cast<size_t>(st)]) {
+          const auto vs = static_cast<size_t>(virtual_stage(ChunkPlacement::v_shape, p, {st, in.chunk}));
+          const double f = spec.memory.forward[vs], b = spec.memory.backward_input[vs];
+          if (in.op == PipeOp::forward) held += f;
+          if (in.op == PipeOp::backward_input) {
+            EXPECT_LE(held + std::max(0.0, b), 2 * p - 1 + 1e-9) << "p=" << p << " m=" << m << " stage " << st;
+            held += b;
+          }
+          if (in.op == PipeOp::backward_weight) held -= f + b;
+          if (in.op == PipeOp::backward) held -= f;
+          peak = std::max(peak, held);
+        }
+        EXPECT_LE(peak, 2 * p + 1e-9) << "p=" << p << " m=" << m << " stage " << st;
+        EXPECT_NEAR(held, 0, 1e-9);
+      }
+    }
+  }
+  ScheduleSpec heavy = zb_v(2, 4);
+  heavy.memory.forward = {1, 1, 1, 4};  // the head alone fills stage 0: pairs are counted instead
+  heavy.memory.backward_input = {0, 0, 0, 0};
+  const ScheduleReport r = check_schedule(heavy, build_schedule(heavy));
+  EXPECT_TRUE(r.ok) << r.error;
+  EXPECT_LE(r.peak_in_flight, 4);
+}
+
 // The checker knows the V: a transfer across its turn, or a forward of chunk 1 on stage p - 1 before chunk 0's, is
 // reported; so are V specs with another chunk count and looped kinds with the V placement.
 TEST(ZbV, CheckerRejectsTransfersAcrossTheTurnAndBadSpecs) {
