@@ -721,7 +721,7 @@ std::vector<std::vector<PipeInstr>> build_schedule(const ScheduleSpec& spec) {
     }
   }
   if (spec.kind == ScheduleKind::zb_v) stages = zb_v_cached(p, m, spec.costs, spec.memory);
-  if (spec.kind == ScheduleKind::zb_h1 || spec.kind == ScheduleKind::zb_v)
+  if (splits_backward(spec.kind))
     for (auto& list : stages) join_adjacent_backward(list);
   return stages;
 }

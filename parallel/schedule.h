@@ -63,6 +63,8 @@ std::string to_string(const PipeInstr& instr);  // "send_forward(mb 3, chunk 1)"
 // forward_only: evaluation, a forward of every (microbatch, chunk) on every stage and no backward.
 enum class ScheduleKind { no_pipelining, one_f_one_b, interleaved, forward_only, zb_h1, zb_v };
 std::string schedule_kind_name(ScheduleKind kind);
+// Whether the kind's lists split backwards into B and W (the zero-bubble schedules).
+inline bool splits_backward(ScheduleKind kind) { return kind == ScheduleKind::zb_h1 || kind == ScheduleKind::zb_v; }
 
 // Where a rank's model chunks sit in the model. looped (Megatron's interleaving): chunk c of stage s is virtual
 // stage c * p + s. v_shape (ZB-V, v = 2): chunk 0 of stage s is virtual stage s and chunk 1 is 2p - 1 - s, so stage

@@ -114,8 +114,7 @@ TapeShapes tape_shapes(const Config& c, Backend backend) {
                     .recompute = c.training.recompute == Recompute::full,
                     .recompute_layers = c.training.recompute_num_layers,
                     .selective = SelectiveRecompute::of(c.training.recompute_modules),
-                    .split_backward = training_schedule_kind(c.parallel) == ScheduleKind::zb_h1 ||
-                                      training_schedule_kind(c.parallel) == ScheduleKind::zb_v,
+                    .split_backward = splits_backward(training_schedule_kind(c.parallel)),
                     .cp = static_cast<double>(c.parallel.context),
                     .cp_allgather = c.parallel.context_comm == ContextComm::allgather};
 }
