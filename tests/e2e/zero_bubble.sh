@@ -44,7 +44,10 @@ for row in "tiny 1 2 1 false false 1" "tiny 1 4 1 false false 1" "tiny 2 2 2 tru
   read -r cfg tp pp dp sp zero ep <<<"$row"
   [ -d one8_$cfg ] || "$MT" --config $cfg.yaml "${vcommon[@]}" --set logging.dir=one8_$cfg >/dev/null 2>one8_$cfg.err \
     || { tail -5 one8_$cfg.err; fail "$cfg on one rank"; }
-  for schedule in 1f1b zb-v; do
+  # 1F1B in the same layout only where it is compared: bit for bit (one replica, one tensor rank) or by peak memory.
+  schedules="zb-v"
+  [ $tp -eq 1 ] && { [ $dp -eq 1 ] || [ $cfg = llama ]; } && schedules="1f1b zb-v"
+  for schedule in $schedules; do
     vp=1
     [ $schedule = zb-v ] && vp=2
     dir=v_${cfg}_tp${tp}pp${pp}dp${dp}_$schedule
