@@ -304,10 +304,16 @@ struct ZbvOp {
 };
 using ZbvLists = std::vector<std::vector<ZbvOp>>;
 
-// What steers one stage's list: a forward needs held + 1 <= cap (2p or 2p - 1), one of chunk 0 also keeps `reserve`
-// pairs free for chunk 1's forwards (held + 1 + reserve <= cap), and with no B ready a waiting W runs before a forward
-// once held >= w_first (above 2p: never).
+// Weights per virtual stage (ScheduleMemory): wf what a pair's forward keeps, wb what its B adds; `held` below is
+// their sum over the pairs a stage holds.
+struct ZbvWeights {
+  std::vector<double> wf, wb;
+};
 
+// What steers one stage's list: a forward needs held + wf <= cap (2p or 2p - 1), one of chunk 0 also keeps `reserve`
+// chunk 1 forwards' room free (held + wf0 + reserve wf1 <= cap), with no B ready a waiting W runs before a forward
+// once held >= w_first (above 2p: never), a stage keeps up to keep_w W's waiting while it has B's to run, and strict
+// lets the 2p-th pair in only with a W waiting.
 struct ZbvPolicy {
   std::vector<int> reserve, cap, w_first, keep_w;
   bool strict = false;  // the 2p-th pair only with a W waiting (no whole backward ever starts with 2p held)
@@ -316,13 +322,8 @@ struct ZbvPolicy {
 // The list schedule under `policy`, or nothing when it stalls (a stage full of chunk 0 pairs waits for a chunk 1
 // forward that has no room). Decisions are made at event times (each op's end): at every time a stage is free it
 // runs, in order of preference, a B whose output gradient has arrived (oldest microbatch first, chunk 1 first) --
-// split when at most 2p - 1 pairs are held with it, else after the oldest waiting W, else whole --, a W (oldest
+// split when at most 2p - 1 are held with it after it, else after the oldest waiting W, else whole --, a W (oldest
 // first) when held >= w_first, a forward of chunk 1, one of chunk 0, a W.
-// Weights per virtual stage (ScheduleMemory): wf what a pair's forward keeps, wb what its B adds.
-struct ZbvWeights {
-  std::vector<double> wf, wb;
-};
-
 std::optional<ZbvLists> zb_v_list(int p, int m, const double cost[3], const ZbvWeights& w, const ZbvPolicy& policy) {
   const int vstages = 2 * p, limit = 2 * p;
   constexpr double not_yet = std::numeric_limits<double>::infinity();
