@@ -152,8 +152,8 @@ void execute_pipeline(const std::vector<PipeInstr>& program, PipelineStage& stag
         Tensor input = vs == 0 ? Tensor() : take(received_act, key, "received activation");
         Tensor out = stage.forward(in.microbatch, in.chunk, input);
         // The next virtual stage on this rank (the turn of a V) takes the output as its input, with no transfer.
-        if (vs + 1 < vstages && holder(vs + 1).stage == at.stage)
-          received_act[{in.microbatch, holder(vs + 1).chunk}] = out;
+        if (const auto next = local_neighbour(at.placement, p, at.chunks, {at.stage, in.chunk}, 1))
+          received_act[{in.microbatch, *next}] = out;
         else if (vs + 1 < vstages)
           outputs[key] = out;
         break;
@@ -166,8 +166,8 @@ void execute_pipeline(const std::vector<PipeInstr>& program, PipelineStage& stag
         Tensor grad = vs + 1 == vstages ? Tensor() : take(received_grad, key, "received gradient");
         Tensor din =
             split ? stage.backward_input(in.microbatch, in.chunk, grad) : stage.backward(in.microbatch, in.chunk, grad);
-        if (vs > 0 && holder(vs - 1).stage == at.stage)
-          received_grad[{in.microbatch, holder(vs - 1).chunk}] = din;
+        if (const auto prev = local_neighbour(at.placement, p, at.chunks, {at.stage, in.chunk}, -1))
+          received_grad[{in.microbatch, *prev}] = din;
         else if (vs > 0)
           input_grads[key] = din;
         break;

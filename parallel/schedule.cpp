@@ -6,12 +6,12 @@
 #include <array>
 #include <deque>
 #include <limits>
-#include <optional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
-#include <tuple>
 #include <stdexcept>
+#include <tuple>
 #include <utility>
 
 namespace mt {
@@ -82,6 +82,14 @@ int virtual_stage(ChunkPlacement placement, int stages, StageChunk at) {
 StageChunk stage_chunk(ChunkPlacement placement, int stages, int vs) {
   if (placement == ChunkPlacement::v_shape && vs >= stages) return {2 * stages - 1 - vs, 1};
   return {vs % stages, vs / stages};
+}
+
+std::optional<int> local_neighbour(ChunkPlacement placement, int stages, int chunks, StageChunk at, int step) {
+  const int vs = virtual_stage(placement, stages, at) + step;
+  if (vs < 0 || vs >= stages * chunks) return std::nullopt;
+  const StageChunk there = stage_chunk(placement, stages, vs);
+  if (there.stage != at.stage) return std::nullopt;
+  return there.chunk;
 }
 
 namespace {
@@ -490,17 +498,14 @@ void join_adjacent_backward(std::vector<PipeInstr>& list) {
 }
 
 // Whether no whole backward that starts with more than 2p - 1 pairs held (weighed as zb_v_list does: 2p is 1F1B's
-// first stage's count, at its peak) has another tensor
-// of the pipeline beside it: a receive posted for a later compute, a sent tensor whose batch is not yet waited for
-// (waits on use), or an output the turn of the V hands to a chunk that has not yet run. Such a backward would peak
-// that tensor above 1F1B's first stage. The lists are walked as the executor runs them (pipeline_executor.cpp).
+// first stage's count, at its peak) has another tensor of the pipeline beside it: a receive posted for a later
+// compute, a sent tensor whose batch is not yet waited for (waits on use), or an output the turn of the V hands to a
+// chunk that has not yet run. Such a backward would peak that tensor above 1F1B's first stage. The lists are walked as
+// the executor runs them (pipeline_executor.cpp).
 bool brim_clear(int p, const ZbvWeights& w, const std::vector<std::vector<PipeInstr>>& lists) {
   const int vstages = 2 * p;
   for (int s = 0; s < p; ++s) {
     auto vs_of = [&](int chunk) { return virtual_stage(ChunkPlacement::v_shape, p, {s, chunk}); };
-    auto local = [&](int vs) {
-      return vs >= 0 && vs < vstages && stage_chunk(ChunkPlacement::v_shape, p, vs).stage == s;
-    };
     std::map<std::tuple<PipeOp, int, int>, size_t> received;  // live receive buffers and their batch
     std::map<std::tuple<bool, int, int>, int> handed;         // (backward, microbatch, chunk) taken by a later compute
     std::vector<int> sent;                                    // per posted batch: its sends
@@ -544,9 +549,9 @@ bool brim_clear(int p, const ZbvWeights& w, const std::vector<std::vector<PipeIn
             for (size_t b = waited; b < sent.size(); ++b) extra += sent[b];
             if (extra > 0) return false;
           }
-          const int vs = vs_of(in.chunk), to = forward ? vs + 1 : vs - 1;
-          if (local(to)) handed[{!forward, in.microbatch, stage_chunk(ChunkPlacement::v_shape, p, to).chunk}] = 1;
-          const auto v = static_cast<size_t>(vs);
+          if (const auto to = local_neighbour(ChunkPlacement::v_shape, p, 2, {s, in.chunk}, forward ? 1 : -1))
+            handed[{!forward, in.microbatch, *to}] = 1;
+          const auto v = static_cast<size_t>(vs_of(in.chunk));
           held += forward ? w.wf[v] : in.op == PipeOp::backward ? -w.wf[v] : w.wb[v];
           break;
         }
@@ -583,11 +588,16 @@ std::optional<std::vector<std::vector<PipeInstr>>> zb_v(int p, int m, const Sche
     if (!r.ok) return std::nullopt;
     return Found{std::move(lists), r.makespan};
   };
-  // The reserves by the list's makespan, from one pair reserved on every stage (which never stalls: a chunk 1 forward
-  // always has room, so every microbatch in the pipeline reaches the loss, and a B always runs, whole at worst).
-  auto reserves = [&](bool strict) {
-    ZbvPolicy policy{std::vector<int>(P, 1), std::vector<int>(P, vstages), std::vector<int>(P, vstages + 1),
+  // One pair reserved on every stage (which never stalls: a chunk 1 forward always has room, so every microbatch in
+  // the pipeline reaches the loss, and a B always runs, whole at worst), the cap at 2p, no W before a forward, none
+  // kept waiting.
+  auto baseline = [&](bool strict) {
+    return ZbvPolicy{std::vector<int>(P, 1), std::vector<int>(P, vstages), std::vector<int>(P, vstages + 1),
                      std::vector<int>(P, 0), strict};
+  };
+  // The reserves by the list's makespan, from the baseline.
+  auto reserves = [&](bool strict) {
+    ZbvPolicy policy = baseline(strict);
     const std::optional<ZbvLists> first = zb_v_list(p, m, cost, w, policy);
     double best = first ? makespan_of(*first) : std::numeric_limits<double>::infinity();
     auto by_list = [&](const ZbvPolicy& candidate) {
@@ -622,9 +632,7 @@ std::optional<std::vector<std::vector<PipeInstr>>> zb_v(int p, int m, const Sche
   std::optional<Found> best;
   ZbvPolicy policy;
   for (bool strict : {false, true}) {
-    for (const ZbvPolicy& c :
-         {reserves(strict), ZbvPolicy{std::vector<int>(P, 1), std::vector<int>(P, vstages),
-                                      std::vector<int>(P, vstages + 1), std::vector<int>(P, 0), strict}}) {
+    for (const ZbvPolicy& c : {reserves(strict), baseline(strict)}) {
       std::optional<Found> found = qualify(c);
       if (found && (!best || found->makespan < best->makespan * (1 - 1e-9))) {
         best = std::move(found);

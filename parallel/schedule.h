@@ -31,6 +31,7 @@
 // both ends after the slot that made it), so every rank posts the same messages in the same order of slots and the
 // waits follow the data only.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,10 @@ struct StageChunk {
 };
 int virtual_stage(ChunkPlacement placement, int stages, StageChunk at);
 StageChunk stage_chunk(ChunkPlacement placement, int stages, int virtual_stage);
+// The chunk of `at.stage` that holds virtual stage virtual_stage(at) + step, when that neighbour sits on the same stage
+// (the turn of a V: the output or input gradient is handed over there, with no transfer); nothing when it is on
+// another stage or past either end of the stages * chunks virtual stages.
+std::optional<int> local_neighbour(ChunkPlacement placement, int stages, int chunks, StageChunk at, int step);
 
 // What one microbatch's compute costs on a stage, for the simulator (a chunk's share is 1/v of it): a whole
 // backward costs backward_input + backward_weight. The defaults are the paper's equal F, B and W costs.

@@ -128,9 +128,10 @@ struct ActivationPeaks {
 // recv; a sent output or input gradient stays until its batch is waited for: the flush before the next compute, or
 // under waits on use (ZB-V) the first compute that consumes a tensor received in that batch or a later one (the
 // batches complete in order), or the end.
-ActivationPeaks walk_schedule(const Config& c, int64_t stage, const std::vector<ChunkProfile>& prof, Backend backend) {
+// `spec` is the schedule the trainer runs (planned_training_schedule), built once per prediction.
+ActivationPeaks walk_schedule(const Config& c, int64_t stage, const std::vector<ChunkProfile>& prof,
+                              const ScheduleSpec& spec) {
   const int p = static_cast<int>(c.parallel.pipeline), v = static_cast<int>(c.parallel.virtual_pipeline);
-  const int M = static_cast<int>(c.training.num_microbatches);
   ActivationPeaks out;
   auto apply = [&](double& cur, const OpProfile& op) {
     out.act = std::max(out.act, cur + op.peak_act);
@@ -145,7 +146,6 @@ ActivationPeaks walk_schedule(const Config& c, int64_t stage, const std::vector<
     out.in_flight = 1;
     return out;
   }
-  const ScheduleSpec spec = planned_training_schedule(c, M, backend);
   const bool on_use = waits_on_use(spec.kind);
   const std::vector<PipeInstr> program = build_schedule(spec)[static_cast<size_t>(stage)];
   double made = 0;  // the last compute's output (or input gradient), until it is sent or the next compute
@@ -177,8 +177,7 @@ ActivationPeaks walk_schedule(const Config& c, int64_t stage, const std::vector<
   // The turn of a V: a chunk's output (input gradient) that the next (previous) virtual stage on this stage takes
   // stays, as a received tensor would, until that chunk consumes it and then as what it keeps.
   auto local = [&](int chunk, int step) {
-    const int vs = virtual_stage(spec.placement, p, {static_cast<int>(stage), chunk}) + step;
-    return vs >= 0 && vs < p * v && stage_chunk(spec.placement, p, vs).stage == static_cast<int>(stage);
+    return local_neighbour(spec.placement, p, v, {static_cast<int>(stage), chunk}, step).has_value();
   };
   int in_flight = 0;
   for (const PipeInstr& in : program) {
@@ -298,16 +297,16 @@ ScheduleMemory schedule_memory(const Config& c, Backend backend) {
   if (training_schedule_kind(c.parallel) != ScheduleKind::zb_v) return {};
   const int p = static_cast<int>(c.parallel.pipeline);
   const TapeShapes shapes = tape_shapes(c, backend);
-  auto profile = [&](int vs) {
+  std::vector<ChunkProfile> profiles;  // per virtual stage
+  for (int vs = 0; vs < 2 * p; ++vs) {
     const StageChunk at = stage_chunk(ChunkPlacement::v_shape, p, vs);
-    return profile_chunk(shapes, chunks_of(c, at.stage).at(static_cast<size_t>(at.chunk)));
-  };
-  const double unit = profile(p - 1).forward.delta;  // stage p - 1's first chunk: layers only
+    profiles.push_back(profile_chunk(shapes, chunks_of(c, at.stage).at(static_cast<size_t>(at.chunk))));
+  }
+  const double unit = profiles[static_cast<size_t>(p - 1)].forward.delta;  // stage p - 1's first chunk: layers only
   if (unit <= 0) return {};
   auto ratio = [&](double bytes) { return std::round(64 * bytes / unit) / 64; };
   ScheduleMemory m;
-  for (int vs = 0; vs < 2 * p; ++vs) {
-    const ChunkProfile prof = profile(vs);
+  for (const ChunkProfile& prof : profiles) {
     m.forward.push_back(ratio(prof.forward.delta));
     m.backward_input.push_back(ratio(prof.backward.delta));
   }
@@ -331,6 +330,8 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
   // Hybrid sharding (parallel/hybrid_shard.h): the dense buckets sharded over the shard group (padded to dp still).
   const int64_t sg = c.parallel.shard_group;
   const bool hybrid = zero && sg > 0 && sg < dp;
+  // The schedule every stage kind walks (its ZB-V lists weighed once, schedule_memory).
+  const ScheduleSpec schedule = planned_training_schedule(c, c.training.num_microbatches, backend);
   std::vector<std::pair<std::string, int64_t>> kinds;
   if (p == 1) {
     kinds = {{"only", 0}};
@@ -457,7 +458,7 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
       step_ws += std::max(reduce_scatter, g.max_bucket * (d == 4 ? 4 : d));
     }
     const double step_act = (p == 1) ? 2 * shapes.B * shapes.T * 4 : 0;  // the plain loop's last batch
-    ActivationPeaks a = walk_schedule(c, stage, prof, backend);
+    ActivationPeaks a = walk_schedule(c, stage, prof, schedule);
     // fp8: the weight caches all along, a linear's backward copies at any peak (an upper bound), and the CPU's
     // widened GEMM operands in the workspace.
     const Fp8Bytes fp8 = fp8_bytes(c, shapes, sm.layers, backend);

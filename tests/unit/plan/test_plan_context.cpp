@@ -98,7 +98,9 @@ TEST(PlanContext, SearchTriesContextParallelismAndBothCommunications) {
     const int64_t cp = p.layout.context, tp = p.layout.tensor;
     EXPECT_EQ(p.config.parallel.context, cp);
     EXPECT_EQ(65536 % (2 * cp), 0);
-    if (p.layout.sequence_parallel) EXPECT_EQ((65536 / cp) % tp, 0);
+    if (p.layout.sequence_parallel) {
+      EXPECT_EQ((65536 / cp) % tp, 0);
+    }
     if (cp > 1) (p.layout.context_allgather ? gathered : ring) = true;
   }
   EXPECT_TRUE(ring);
