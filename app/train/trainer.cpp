@@ -190,6 +190,8 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
         "parallel.grad_bucket_size={} elements), more than the budget of {} GiB: raise the budget, shard the "
         "state over more data-parallel ranks (parallel.shard) or lower parallel.grad_bucket_size",
         dist.rank(), static_cast<double>(host) / (1 << 30), cfg.parallel.grad_bucket_size, budget));
+  train_schedule_ = plan::planned_training_schedule(cfg_, cfg_.training.num_microbatches,
+                                                    device_ == Device::cpu ? plan::Backend::cpu : plan::Backend::cuda);
   // The per-parameter gradients made with the model are gone: peaks start from the real state.
   allocator_for(device_).reset_peaks();
 }
@@ -216,12 +218,9 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
   // One engine for every layout: one stage runs no_pipelining (F0 B0 F1 B1 ...), several 1F1B, several with
   // more than one chunk interleaved 1F1B. Only the last stage computes losses: read_losses sums them over the
   // pipeline group.
-  // ZB-V bounds its memory by what its pairs hold through B, from the planner's activation tape (plan/memory_model.h):
-  // every rank computes the same, and `megatrain plan` walks the same lists.
-  const ScheduleSpec spec =
-      plan::planned_training_schedule(cfg_, M, device_ == Device::cpu ? plan::Backend::cpu : plan::Backend::cuda);
   IterationStage stage(*this, dloss, loss_sum);
-  execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage, placement_of(dist_, spec));
+  execute_pipeline(build_schedule(train_schedule_)[static_cast<size_t>(dist_.pp_rank())], stage,
+                   placement_of(dist_, train_schedule_));
   // The sums over TP (sequence-parallel replicas) and the embedding group (tied copies), then the data-parallel
   // buckets not started yet, then the wait: every gradient is final (this rank's shard of it with ZeRO).
   grads_->finalize();

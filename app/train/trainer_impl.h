@@ -31,6 +31,7 @@
 #include "parallel/comm_counted.h"
 #include "parallel/sharded_parameters.h"
 #include "parallel/weight_grad.h"
+#include "parallel/schedule.h"
 
 namespace mt {
 class CheckpointReader;
@@ -189,6 +190,9 @@ class Trainer {
   Distributed& dist_;
   DType dtype_;
   Device device_;  // where the model, its gradients and the optimizer state live
+  // The training schedule, built once: ZB-V weighs its pairs by the planner's activation tape
+  // (plan::planned_training_schedule), the same on every rank and in `megatrain plan`.
+  ScheduleSpec train_schedule_;
   DataSources data_;
   std::vector<std::unique_ptr<GptModel>> chunks_;  // this rank's model chunks (one without pipelining)
   std::vector<Parameter*> params_;                 // all of their parameters
