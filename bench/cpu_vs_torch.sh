@@ -15,7 +15,7 @@
 #   --ref PATH   also time another megatrain binary (e.g. the commit before a speed change) in the same rounds;
 #                repeatable
 # Env (same meaning): MEGATRAIN, MEGATRAIN_REF (one path), WARMUP (2, at least 1), ITERS (5), ROUNDS (2), TORCH (1),
-#   PYTHON (/work/.venv-torch/bin/python when present, else python3), SHAPE_SET ("key=value ..." more megatrain
+#   PYTHON (build/interop-venv/bin/python when present, else python3), SHAPE_SET ("key=value ..." more megatrain
 #   --set overrides; the torch side is not changed by them).
 # When torch cannot be imported the torch side is skipped with a message, and the ratio is given against the
 # issue's PyTorch figure (625 ms/iteration, measured on another machine: indicative only).
@@ -31,7 +31,7 @@ ROUNDS=${ROUNDS:-2}
 TORCH=${TORCH:-1}
 if [[ -z ${PYTHON:-} ]]; then
   PYTHON=python3
-  [[ -x /work/.venv-torch/bin/python ]] && PYTHON=/work/.venv-torch/bin/python
+  [[ -x $ROOT/build/interop-venv/bin/python ]] && PYTHON=$ROOT/build/interop-venv/bin/python
 fi
 ISSUE_TORCH_MS=625
 

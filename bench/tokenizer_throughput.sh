@@ -2,7 +2,8 @@
 # Tokens per second of `megatrain data prepare --tokenizer hf` against Hugging Face's tokenizers
 # (encode_batch, Rust, rayon threads) on the same cores and the same documents.
 # Usage: bench/tokenizer_throughput.sh [BUILD_DIR] [WORKERS] [MEGABYTES]
-#   Needs the tokenizers package in $TOKENIZERS_VENV or BUILD_DIR/tokenizer-venv; exits 77 without it.
+#   Needs the tokenizers package: the interop environment BUILD_DIR/interop-venv (scripts/python-env.sh makes it)
+#   or $TOKENIZERS_VENV; exits 77 without it.
 # The corpus: the paragraphs of /usr/share/doc/*/copyright (English prose, licences, names) plus the generated
 # multilingual corpus of tests/interop, as JSON lines, MEGABYTES in all. The tokenizer: GPT-2-style byte-level
 # BPE with a 16000-token vocabulary trained on that corpus here. megatrain's time is the whole command (reading
@@ -12,10 +13,10 @@ SRC=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=$(cd "${1:-$SRC/build}" && pwd)
 WORKERS=${2:-$(nproc)}
 MB=${3:-32}
-VENV=${TOKENIZERS_VENV:-$BUILD/tokenizer-venv}
+VENV=${TOKENIZERS_VENV:-$BUILD/interop-venv}
 PY=$VENV/bin/python
 if ! "$PY" -c "import tokenizers" 2>/dev/null; then
-  echo "SKIP: no Python with the tokenizers package at $VENV (set TOKENIZERS_VENV or create $BUILD/tokenizer-venv)"
+  echo "SKIP: no Python with the tokenizers package at $VENV (scripts/python-env.sh $BUILD makes it)"
   exit 77
 fi
 WORK=$(mktemp -d /tmp/megatrain-tokbench.XXXXXX)

@@ -2,7 +2,7 @@
 # Installs the Debian packages megatrain builds with, when any is missing (run as root on Debian 12+), and,
 # where a CUDA toolkit is present, the cuDNN frontend headers for the fused attention (.deps/, from PyPI).
 set -euo pipefail
-pkgs=(build-essential cmake ninja-build ccache python3 python3-pip libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev
+pkgs=(build-essential cmake ninja-build ccache python3 python3-pip python3-venv libyaml-cpp-dev libcli11-dev libspdlog-dev libfmt-dev
       libopenblas-dev libgloo-dev libgtest-dev pkg-config libpcre2-dev libicu-dev nlohmann-json3-dev libsentencepiece-dev clang-format xz-utils)
 missing=()
 for p in "${pkgs[@]}"; do

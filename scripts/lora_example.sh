@@ -3,10 +3,11 @@
 # rendered with its ChatML template, LoRA fine-tunes it, generate answers a prompt, and the adapter is exported for
 # peft (and the merged model for transformers).
 #   scripts/lora_example.sh [MEGATRAIN] [PYTHON with torch + transformers] [WORKDIR]
+# PYTHON: by default the interop environment scripts/python-env.sh makes beside the binary (build/interop-venv).
 set -euo pipefail
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 MT=$(realpath "${1:-$SRC/build/megatrain}")
-PY=${2:-/work/.venv-torch/bin/python}
+PY=${2:-$(dirname "$MT")/interop-venv/bin/python}
 WORK=${3:-$(mktemp -d /tmp/megatrain-lora.XXXXXX)}
 mkdir -p "$WORK" && cd "$WORK"
 

@@ -7,8 +7,8 @@ Four panels against tokens consumed: training and validation loss, learning rate
 Tokens come from each record's `consumed_tokens` when the run wrote it, else consumed_samples * seq_length,
 seq_length from --seq-length or the run's megatrain.log (the resolved config printed at start). Validation
 records carry only an iteration; they are placed at the tokens of the training record of the same iteration
-(or iteration * tokens per iteration). Needs matplotlib (make a venv: python3 -m venv /work/.venv-plot &&
-/work/.venv-plot/bin/pip install matplotlib).
+(or iteration * tokens per iteration). Needs matplotlib: run it with build/interop-venv/bin/python (the interop
+environment scripts/python-env.sh makes).
 """
 import argparse
 import json
@@ -95,8 +95,8 @@ def main():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        sys.exit("plot_metrics: needs matplotlib: python3 -m venv /work/.venv-plot && "
-                 "/work/.venv-plot/bin/pip install matplotlib, then run this script with /work/.venv-plot/bin/python")
+        sys.exit("plot_metrics: needs matplotlib: run it with build/interop-venv/bin/python "
+                 "(scripts/python-env.sh makes that environment)")
     # By default a run is named by its directory (a sweep's point: "optimizer.lr=1e-3_...").
     labels = (a.labels.split(",") if a.labels else
               [os.path.basename(os.path.dirname(os.path.abspath(metrics_path(r)))) for r in a.runs])

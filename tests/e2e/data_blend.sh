@@ -1,21 +1,17 @@
 #!/usr/bin/env bash
 # Weighted blends in Megatron's syntax (data.train: [0.3, a, 0.7, b]) give each dataset megatron-core's share of
 # the samples (printed on the "data:" line), blend the validation splits with the same weights, accept a blend
-# for data.valid, keep the losses of one rank at DP=2 and across a resume, and refuse a zero weight. With
-# megatron-core in a venv ($MEGATRON_VENV or build/megatron-venv: python3 -m venv build/megatron-venv &&
-#  build/megatron-venv/bin/pip install --no-deps megatron-core numpy), the split / blend golden values of
-# tests/unit are also checked against its real functions; without it that part is skipped with a message.
+# for data.valid, keep the losses of one rank at DP=2 and across a resume, and refuse a zero weight. With the interop
+# Python (numpy, megatron-core: scripts/python-env.sh), the split / blend golden values of tests/unit are also
+# checked against megatron-core's real functions; without it that part is skipped with a message.
 source "$(dirname "$0")/lib/common.bash"
 REF="$SRC/tests/interop/megatron_split_blend_reference.py"
-VENV=${MEGATRON_VENV:-$(dirname "$MT")/megatron-venv}
-if "$VENV/bin/python" -c "import numpy" 2>/dev/null; then
-  "$VENV/bin/python" "$REF" --check-numpy --check-megatron | tee ref.log
-  grep -q "megatron-core check: OK" ref.log || echo "SKIP (megatron-core part): see above"
+if have_interop_python numpy megatron.core; then
+  "$PY" "$REF" --check-numpy --check-megatron | tee ref.log
   grep -q "mismatches" ref.log && fail "the reference disagrees with megatron-core or numpy"
-  "$VENV/bin/python" "$REF" --golden | cmp - "$SRC/tests/unit/megatron_split_golden.inc" ||
+  grep -q "megatron-core check: OK" ref.log || fail "megatron-core's check did not run (see above)"
+  "$PY" "$REF" --golden | cmp - "$SRC/tests/unit/core/data/megatron_split_golden.inc" ||
     fail "tests/unit/core/data/megatron_split_golden.inc is not what the reference generates"
-else
-  echo "SKIP (megatron-core part): no Python with numpy and megatron-core at $VENV"
 fi
 
 # Two datasets of the licence texts: a (the first 7 files) and b (the next 7).

@@ -3,11 +3,9 @@
 # Hugging Face export of the same checkpoint (float32, CPU): GPT2LMHeadModel with tied and untied embeddings, and
 # LlamaForCausalLM with grouped-query attention (untied, rotary_base not the default) and multi-query attention
 # (tied).
-# Needs torch and transformers (5.x) in a venv: $TRANSFORMERS_VENV, /work/.venv-torch or build/transformers-venv:
-#   python3 -m venv build/transformers-venv && build/transformers-venv/bin/pip install torch transformers numpy
-# Exits 77 (skipped), saying so, when that Python cannot import them.
+# Needs the interop Python (torch, transformers: scripts/python-env.sh); exits 77 (skipped), saying so, without it.
 source "$(dirname "$0")/lib/common.bash"
-require_transformers_venv
+require_interop_python torch transformers
 prepare_data
 write_config
 write_llama_config

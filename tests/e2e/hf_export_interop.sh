@@ -1,13 +1,9 @@
 #!/usr/bin/env bash
 # The Hugging Face export means what transformers' GPT-2 means: an independent NumPy GPT-2 reading
 # model.safetensors + config.json gives the loss `megatrain eval` prints on the same samples.
-# Needs numpy and safetensors from PyPI (in a venv under the build tree); exits 77 (skipped) without them.
+# Needs the interop Python (numpy, safetensors: scripts/python-env.sh); exits 77 (skipped), saying so, without it.
 source "$(dirname "$0")/lib/common.bash"
-VENV=$(dirname "$MT")/interop-venv
-if ! "$VENV/bin/python" -c "import numpy, safetensors" 2>/dev/null; then
-  { python3 -m venv "$VENV" && "$VENV/bin/pip" install -q numpy safetensors; } >venv.log 2>&1 || {
-    echo "SKIP: could not set up numpy + safetensors: $(tail -1 venv.log)"; exit 77; }
-fi
+require_interop_python numpy safetensors
 prepare_data
 write_config
 for tie in true false; do
@@ -16,7 +12,7 @@ for tie in true false; do
         --set model.tie_embeddings=$tie >/dev/null
   "$MT" ckpt export ckpt --format hf --output hf >/dev/null
   ours=$("$MT" eval --checkpoint ckpt --data data/text_document --samples 6 --device cpu | sed -E 's/.*mean loss ([0-9.]+).*/\1/')
-  theirs=$("$VENV/bin/python" "$SRC/tests/interop/gpt2_numpy_loss.py" hf data/text_document 32 6)
+  theirs=$("$PY" "$SRC/tests/interop/gpt2_numpy_loss.py" hf data/text_document 32 6)
   python3 -c "import sys; a, b = float('$ours'), float('$theirs'); print(f'tie=$tie megatrain {a} numpy-gpt2 {b}'); sys.exit(abs(a - b) > 1e-4 * b)" \
     || fail "tie=$tie: losses differ"
 done

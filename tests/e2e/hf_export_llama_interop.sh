@@ -2,10 +2,9 @@
 # The Hugging Face export of a model.arch: llama checkpoint (grouped-query attention, G < H, rotary_base not the
 # default) is a LlamaForCausalLM that transformers loads strictly (no missing, unexpected or mismatched weights)
 # and whose mean loss on the same samples is `megatrain eval`'s (fp32, within 1e-5 relative), tied and untied.
-# Skips (77), saying so, without torch and transformers in
-# $TRANSFORMERS_VENV, /work/.venv-torch or build/transformers-venv.
+# Skips (77), saying so, without the interop Python (scripts/python-env.sh).
 source "$(dirname "$0")/lib/common.bash"
-require_transformers_venv
+require_interop_python torch transformers
 prepare_data
 write_config
 for tie in false true; do

@@ -5,10 +5,9 @@
 # relative); a tiny random MixtralForCausalLM made by transformers imports with transformers' loss (its experts
 # fused, as transformers 5.x can save them, are refused), and the export imports back with the same loss; what
 # Mixtral cannot compute (a sigmoid router, norm_topk_prob false) is refused, naming the key.
-# Skips (77), saying so, without torch and transformers in $TRANSFORMERS_VENV, /work/.venv-torch or
-# build/transformers-venv.
+# Skips (77), saying so, without the interop Python (scripts/python-env.sh).
 source "$(dirname "$0")/lib/common.bash"
-require_transformers_venv
+require_interop_python torch transformers
 TINY="$SRC/tests/interop/hf_tiny_model.py"
 prepare_data
 mean_loss() { sed -nE 's/.*mean loss ([0-9.]+).*/\1/p'; }

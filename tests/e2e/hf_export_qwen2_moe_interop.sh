@@ -7,10 +7,9 @@
 # by transformers (biases and gate zero) imports with transformers' loss and trains (EP1 and EP2 alike), and the
 # export imports back with ours;
 # a nonzero shared_expert_gate is refused on import, naming the tensor.
-# Skips (77), saying so, without torch and transformers in $TRANSFORMERS_VENV, /work/.venv-torch or
-# build/transformers-venv.
+# Skips (77), saying so, without the interop Python (scripts/python-env.sh).
 source "$(dirname "$0")/lib/common.bash"
-require_transformers_venv
+require_interop_python torch transformers
 TINY="$SRC/tests/interop/hf_tiny_model.py"
 prepare_data
 mean_loss() { sed -nE 's/.*mean loss ([0-9.]+).*/\1/p'; }

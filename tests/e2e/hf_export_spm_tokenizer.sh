@@ -6,19 +6,13 @@
 # compare AutoTokenizer.encode(doc, add_special_tokens=False) with sentencepiece's encode(doc) and with the
 # prepared ids, document by document, and the decoding of those ids (tests/interop/check_spm_export.py).
 # BPE must match exactly; unigram documents that differ only by a float32-vs-float64 tie are counted apart.
-# Where torch is installed too, pipeline("text-generation") on each export continues a prompt with text.
-# Needs sentencepiece, tokenizers and transformers in $TOKENIZERS_VENV or /work/.venv-tok (exits 77 without);
-# torch + transformers from $TRANSFORMERS_VENV or /work/.venv-torch for the pipeline (noted, not failed, without).
+# pipeline("text-generation") on each export continues a prompt with text.
+# Needs the interop Python (sentencepiece, tokenizers, transformers, torch: scripts/python-env.sh); exits 77 without.
 source "$(dirname "$0")/lib/common.bash"
-TOK=${TOKENIZERS_VENV:-/work/.venv-tok}
-if ! "$TOK/bin/python" -c "import sentencepiece, tokenizers, transformers" 2>/dev/null; then
-  echo "SKIP: no Python with sentencepiece, tokenizers and transformers at \$TOKENIZERS_VENV or $TOK"
-  exit 77
-fi
+require_interop_python sentencepiece tokenizers transformers torch
 "$MT" data prepare --help | grep -q "this build has no SentencePiece" && { echo "SKIP: megatrain built without SentencePiece"; exit 77; }
 T="$SRC/tests/data/tokenizer"
 DOCS=${SPM_EXPORT_DOCS:-2000}
-export HF_HUB_OFFLINE=1
 
 python3 - "$SRC/tests/interop" "$DOCS" <<'PY'
 import sys
@@ -42,14 +36,9 @@ for kind in bpe unigram; do
   cmp -s "$model" hf/tokenizer.model || fail "$kind: tokenizer.model is not the training model"
   eod=$(sed -n 's/^eod: *//p' "data/$kind.tokenizer.yaml")
   exact=(); [ $kind = bpe ] && exact=(--exact)
-  "$TOK/bin/python" "$SRC/tests/interop/check_spm_export.py" hf "$model" "data/$kind" "$eod" --docs "$DOCS" \
+  "$PY" "$SRC/tests/interop/check_spm_export.py" hf "$model" "data/$kind" "$eod" --docs "$DOCS" \
     "${exact[@]}" || fail "$kind: the exported tokenizer disagrees with sentencepiece"
 
-  TV=${TRANSFORMERS_VENV:-/work/.venv-torch}
-  if "$TV/bin/python" -c "import torch, transformers" 2>/dev/null; then
-    check_text_generation "$TV/bin/python" "spm-$kind" || fail "$kind: pipeline(\"text-generation\") on the export failed"
-  else
-    echo "spm-$kind: no torch + transformers at $TV: pipeline('text-generation') not checked"
-  fi
+  check_text_generation "$PY" "spm-$kind" || fail "$kind: pipeline(\"text-generation\") on the export failed"
 done
 echo "ok"

@@ -5,25 +5,11 @@
 # ids `data prepare` wrote and decodes them back; config.json / generation_config.json name the eod id (and the
 # post-processor's <|begin_of_text|> as bos when the data has it).
 # The hf-tokenizer checkpoint is a Llama (model.arch: llama, grouped-query attention): its LlamaForCausalLM export
-# carries the tokenizer the same way. Where torch is installed too, `pipeline("text-generation")` on each export
-# continues a prompt with text.
-# Needs `transformers` and `tokenizers` in a venv: $TOKENIZERS_VENV, /work/.venv-torch, /work/.venv-tok or
-# build/tokenizer-venv
-#   python3 -m venv build/tokenizer-venv && build/tokenizer-venv/bin/pip install tokenizers transformers
-# (torch only for the pipeline check); exits 77 (skipped) without them.
+# carries the tokenizer the same way. `pipeline("text-generation")` on each export continues a prompt with text.
+# Needs the interop Python (transformers, tokenizers, torch: scripts/python-env.sh); exits 77 (skipped) without it.
 source "$(dirname "$0")/lib/common.bash"
-VENV=${TOKENIZERS_VENV:-}
-if [ -z "$VENV" ]; then
-  for v in /work/.venv-torch /work/.venv-tok "$(dirname "$MT")/tokenizer-venv"; do
-    "$v/bin/python" -c "import tokenizers, transformers" 2>/dev/null && { VENV=$v; break; }
-  done
-  VENV=${VENV:-$(dirname "$MT")/tokenizer-venv}
-fi
+require_interop_python tokenizers transformers torch
 T="$SRC/tests/data/tokenizer"
-if ! "$VENV/bin/python" -c "import tokenizers, transformers" 2>/dev/null; then
-  echo "SKIP: no Python with the transformers and tokenizers packages at $VENV (set TOKENIZERS_VENV or create build/tokenizer-venv)"
-  exit 77
-fi
 
 # A few distinct texts first (the ones checked), then filler so that there is enough to train on.
 python3 - <<'PY'
@@ -59,7 +45,7 @@ for kind in byte gpt2 hf hfbos hfnobos; do
   [ -f ckpt/iter_0000002/tokenizer.yaml ] || fail "$kind: the checkpoint has no tokenizer.yaml"
   cmp -s ckpt/iter_0000002/tokenizer.yaml "data/$kind.tokenizer.yaml" || fail "$kind: tokenizer.yaml is not the sidecar"
   "$MT" ckpt export ckpt --format hf --output hf
-  "$VENV/bin/python" - "$kind" "data/$kind" "$SRC/tests/interop" <<'PY' || fail "$kind: the exported tokenizer disagrees"
+  "$PY" - "$kind" "data/$kind" "$SRC/tests/interop" <<'PY' || fail "$kind: the exported tokenizer disagrees"
 import json, sys
 sys.path.insert(0, sys.argv[3])
 from indexed_file import read_indexed
@@ -93,11 +79,7 @@ if kind == "hfnobos":
 assert json.load(open("hf/tokenizer_config.json"))["model_max_length"] == 32
 sys.exit(bad != 0)
 PY
-  if "$VENV/bin/python" -c "import torch" 2>/dev/null; then
-    check_text_generation "$VENV/bin/python" "$kind" || fail "$kind: pipeline(\"text-generation\") on the export failed"
-  else
-    echo "$kind: no torch at $VENV: pipeline('text-generation') not checked"
-  fi
+  check_text_generation "$PY" "$kind" || fail "$kind: pipeline(\"text-generation\") on the export failed"
   if [ "$kind" = gpt2 ]; then
     cmp "$T/gpt2-vocab.json" hf/vocab.json && cmp "$T/gpt2-merges.txt" hf/merges.txt || fail "gpt2: vocab/merges not copied"
   fi

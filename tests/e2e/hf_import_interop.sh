@@ -3,10 +3,9 @@
 # LlamaForCausalLM with grouped-query attention, G < H) made and saved by transformers is imported; `megatrain
 # eval` gives transformers' mean loss on the same samples (fp32, within 1e-5 relative); then 3 training
 # iterations from the import run at TP1, TP2 and PP2 with the same losses, and lower the eval loss.
-# Needs torch and transformers in a venv: $TRANSFORMERS_VENV, /work/.venv-torch or build/transformers-venv;
-# exits 77 (skipped), saying so, without one.
+# Needs the interop Python (torch, transformers: scripts/python-env.sh); exits 77 (skipped), saying so, without it.
 source "$(dirname "$0")/lib/common.bash"
-require_transformers_venv
+require_interop_python torch transformers
 TINY="$SRC/tests/interop/hf_tiny_model.py"
 prepare_data
 

@@ -9,11 +9,9 @@
 # - after more steps, the exported PEFT adapter loaded by peft on the base's export gives `megatrain eval`'s loss
 #   within 1e-5, and so does the merged export (W + alpha/rank B A) loaded by transformers alone; `generate` on the
 #   LoRA checkpoint (adapters folded in) writes the merged model's greedy text.
-# Needs torch, transformers and peft in a venv ($TRANSFORMERS_VENV, /work/.venv-torch or build/transformers-venv);
-# exits 77 (skipped), saying so, without them.
+# Needs the interop Python (torch, transformers, peft: scripts/python-env.sh); exits 77 (skipped), saying so, without it.
 source "$(dirname "$0")/lib/common.bash"
-require_transformers_venv
-"$PY" -c "import peft" 2>/dev/null || { echo "SKIP: no peft in $VENV"; exit 77; }
+require_interop_python torch transformers peft
 TINY="$SRC/tests/interop/hf_tiny_model.py"
 PEFT="$SRC/tests/interop/lora_peft.py"
 S=64

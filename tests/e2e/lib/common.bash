@@ -15,18 +15,39 @@ require_gpu() {
   info=$("$MT" info --require-gpu 2>&1) || { echo "SKIP: no usable GPU: $(grep -E '^(cuda backend|gpus):' <<<"$info" | tr '\n' ' ')"; exit 77; }
 }
 
-# The interop tests' Python with torch, transformers and numpy: $TRANSFORMERS_VENV, /work/.venv-torch or
-# build/transformers-venv (python3 -m venv build/transformers-venv && build/transformers-venv/bin/pip install torch
-# transformers numpy). Sets VENV and PY, and works offline; skips the test (77), saying so, without one.
-require_transformers_venv() {
-  VENV=${TRANSFORMERS_VENV:-/work/.venv-torch}
-  [ -x "$VENV/bin/python" ] || VENV=$(dirname "$MT")/transformers-venv
-  if ! "$VENV/bin/python" -c "import torch, transformers, numpy" 2>/dev/null; then
-    echo "SKIP: no Python with torch, transformers and numpy at \$TRANSFORMERS_VENV, /work/.venv-torch or $VENV"
+# The interop tests' Python: the environment scripts/python-env.sh makes beside the binary (build/interop-venv,
+# the packages tests/interop/requirements.txt pins; scripts/test.sh makes it), or $MEGATRAIN_INTEROP_PYTHON.
+# require_interop_python MODULE...: sets PY and works offline. Without the environment the test skips (77), saying
+# how to make it; an environment that cannot import a named module is broken, and the test fails naming it.
+require_interop_python() {
+  PY=${MEGATRAIN_INTEROP_PYTHON:-$(dirname "$MT")/interop-venv/bin/python}
+  if [ ! -x "$PY" ]; then
+    echo "SKIP: no interop Python at $PY (scripts/python-env.sh $(dirname "$MT") makes it; scripts/test.sh does)"
     exit 77
   fi
-  PY="$VENV/bin/python"
-  export HF_HUB_OFFLINE=1
+  local imports
+  imports=$(IFS=,; echo "$*")
+  [ -z "$imports" ] || "$PY" -c "import $imports" 2>py-import.err ||
+    fail "the interop Python $PY cannot import $imports: $(tail -1 py-import.err) (scripts/python-env.sh installs tests/interop/requirements.txt)"
+  export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+}
+
+# have_interop_python MODULE...: for a part of a test that needs the interop Python: sets PY and returns 0 when it is
+# there, else says the part is skipped (skip_part) and returns 1.
+have_interop_python() {
+  PY=${MEGATRAIN_INTEROP_PYTHON:-$(dirname "$MT")/interop-venv/bin/python}
+  if [ ! -x "$PY" ]; then
+    skip_part "no interop Python at $PY (scripts/python-env.sh $(dirname "$MT") makes it)"
+    return 1
+  fi
+  require_interop_python "$@"
+}
+
+# skip_part REASON: a part of a test that cannot run here says so. Under CI (CI=true) nothing but a GPU test may skip
+# (scripts/test.sh installs everything else), so there it fails the test instead.
+skip_part() {
+  [ "${CI:-}" != true ] || fail "a part would be skipped under CI: $1"
+  echo "SKIP (part): $1"
 }
 
 # A byte-level dataset of the licence texts every Debian system has: data/text_document.

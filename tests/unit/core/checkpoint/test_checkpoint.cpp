@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -324,13 +325,46 @@ TEST_F(CheckpointTest, SaveDirUnderARegularFileFailsEarly) {
   EXPECT_TRUE(listing(save_ + "/deeper/still").empty());  // the probe file is gone
 }
 
+// The message of check_save_dir_writable(dir) as the unprivileged user nobody (65534): permission bits do not bind
+// root, so there the check runs in a child that drops to nobody first.
+std::string save_dir_error_as_nobody(const std::string& dir) {
+  int fds[2];
+  if (::pipe(fds) != 0) return "pipe failed";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    std::string msg;
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0)
+      msg = "cannot drop to nobody";
+    else
+      msg = error_of([&] { check_save_dir_writable(dir); });
+    const ssize_t n = ::write(fds[1], msg.data(), msg.size());
+    ::_exit(n == static_cast<ssize_t>(msg.size()) ? 0 : 1);
+  }
+  ::close(fds[1]);
+  std::string msg;
+  char buf[512];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) msg.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return msg;
+}
+
 TEST_F(CheckpointTest, ReadOnlySaveDirFailsEarly) {
-  // Only meaningful where permission bits bind (not as root; the test above covers root).
   fs::create_directories(save_);
-  ::chmod(save_.c_str(), 0500);
-  if (::access(save_.c_str(), W_OK) == 0) GTEST_SKIP() << "running as root: permission bits do not bind";
-  std::string msg = error_of([&] { check_save_dir_writable(save_); });
+  ::chmod(save_.c_str(), 0555);
+  std::string msg;
+  if (::geteuid() != 0) {
+    msg = error_of([&] { check_save_dir_writable(save_); });
+  } else {
+    // nobody must reach the directory: every folder above it in the test's root lets others through.
+    for (fs::path p = save_; p != fs::path(root_).parent_path(); p = p.parent_path())
+      if (p != fs::path(save_)) ::chmod(p.c_str(), 0755);
+    msg = save_dir_error_as_nobody(save_);
+  }
   EXPECT_NE(msg.find("Permission denied"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not writable"), std::string::npos) << msg;  // the probe's write, not the path's traversal
   EXPECT_NE(msg.find(save_), std::string::npos) << msg;
 }
 

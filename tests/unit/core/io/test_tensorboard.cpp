@@ -226,14 +226,21 @@ TEST(TensorBoardWriter, AnUncreatableDirectoryIsAnErrorNamingIt) {
   }
 }
 
-// The tensorboard package's own reader. Needs a python with tensorboard: MT_TENSORBOARD_PYTHON, or python3;
-// skipped with a message otherwise (python3 -m venv /work/.venv-tb && /work/.venv-tb/bin/pip install tensorboard).
+// The tensorboard package's own reader, in the interop Python that scripts/python-env.sh makes in the build folder
+// (build/interop-venv, beside this test's build/tests/; MEGATRAIN_INTEROP_PYTHON names another); skipped with a
+// message without it.
 TEST(TensorBoardWriter, EventAccumulatorReadsTheScalars) {
-  const char* env = std::getenv("MT_TENSORBOARD_PYTHON");
-  const std::string python = env && *env ? env : "python3";
-  if (std::system((python + " -c 'import tensorboard' >/dev/null 2>&1").c_str()) != 0)
-    GTEST_SKIP() << "no python with the tensorboard package (" << python
-                 << "); set MT_TENSORBOARD_PYTHON to one, e.g. a venv with `pip install tensorboard`";
+  const char* env = std::getenv("MEGATRAIN_INTEROP_PYTHON");
+  std::error_code ec;
+  const std::string python = env && *env
+                                 ? std::string(env)
+                                 : (std::filesystem::read_symlink("/proc/self/exe", ec).parent_path().parent_path() /
+                                    "interop-venv" / "bin" / "python")
+                                       .string();
+  if (!std::filesystem::exists(python))
+    GTEST_SKIP() << "no interop Python at " << python << " (scripts/python-env.sh makes it; scripts/test.sh does)";
+  ASSERT_EQ(std::system((python + " -c 'import tensorboard'").c_str()), 0)
+      << python << " cannot import tensorboard (scripts/python-env.sh installs tests/interop/requirements.txt)";
   mt::testing_util::TempDir tmp("tensorboard");
   {
     TensorBoardWriter w(tmp / "tb");

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -20,6 +21,7 @@
 #include "core/tensor/ops.h"
 #include "core/tensor/ops_fp8.h"
 #include "core/tensor/tensor.h"
+#include "tests/unit/temp_dir.h"
 
 namespace mt {
 namespace {
@@ -447,10 +449,12 @@ std::vector<float> sweep_inputs() {
 
 // File layout (little-endian): "MTFP8v1\n", u64 n, f32[256] e4m3 code values, f32[256] e5m2 code values,
 // f32[n] inputs, u8[n] their e4m3 codes, u8[n] their e5m2 codes: all through Tensor (from_floats, copy_from,
-// to_floats), the paths the trainer uses.
+// to_floats), the paths the trainer uses. Written to MEGATRAIN_FP8_DUMP (tests/e2e/fp8_torch_interop.sh reads it
+// with torch), else to a temporary file whose size is checked.
 TEST(Fp8Dump, WritesConversionsForTheTorchCheck) {
-  const char* path = std::getenv("MEGATRAIN_FP8_DUMP");
-  if (!path) GTEST_SKIP() << "set MEGATRAIN_FP8_DUMP=FILE to write the conversions (tests/e2e/fp8_torch_interop.sh)";
+  const mt::testing_util::TempDir tmp("fp8dump");
+  const char* env = std::getenv("MEGATRAIN_FP8_DUMP");
+  const std::string path = env && *env ? std::string(env) : std::string(tmp / "fp8.bin");
   std::ofstream out(path, std::ios::binary);
   ASSERT_TRUE(out) << path;
   const std::vector<float> x = sweep_inputs();
@@ -470,7 +474,9 @@ TEST(Fp8Dump, WritesConversionsForTheTorchCheck) {
     q.copy_from(xt);
     out.write(static_cast<const char*>(q.raw()), static_cast<std::streamsize>(n));
   }
+  out.close();
   ASSERT_TRUE(out.good()) << "writing " << path;
+  EXPECT_EQ(std::filesystem::file_size(path), 16 + 2 * 256 * sizeof(float) + n * (sizeof(float) + 2)) << path;
   std::cout << "wrote " << n << " conversions to " << path << "\n";
 }
 
