@@ -27,14 +27,6 @@ void add_ckpt_import_command(CLI::App& ckpt);  // cmd_ckpt_import.cpp
 
 namespace {
 
-// DIR may be a checkpoint or a save directory with `latest`.
-std::string checkpoint_at(const std::string& dir) {
-  auto resolved = resolve_checkpoint(dir);
-  if (!resolved)
-    throw CheckpointError(fmt::format("{}: no checkpoint here (neither metadata.yaml nor a latest marker)", dir));
-  return *resolved;
-}
-
 // Throws CheckpointError naming every floating tensor that holds an inf or NaN (weights nothing can compute with,
 // e.g. from an import of a broken model or a save before the non-finite check).
 void verify_finite(const CheckpointReader& ckpt) {
@@ -52,7 +44,7 @@ void verify_finite(const CheckpointReader& ckpt) {
 }
 
 void inspect(const std::string& dir, bool verify) {
-  CheckpointReader ckpt(checkpoint_at(dir));
+  const CheckpointReader ckpt = open_checkpoint(dir);  // DIR: a checkpoint or a save directory
   const CheckpointState& s = ckpt.state();
   fmt::print("checkpoint: {}\niteration: {}\n", ckpt.dir(), s.iteration);
   fmt::print("state:{}\n", s.values.empty() ? " {}" : "");
@@ -159,7 +151,7 @@ void run_lora_export(const ExportArgs& a, const CheckpointReader& ckpt, const Hf
 }
 
 void run_export(const ExportArgs& a) {
-  CheckpointReader ckpt(checkpoint_at(a.dir));
+  const CheckpointReader ckpt = open_checkpoint(a.dir);  // held while it is read: a live run keeps it
   if (const std::optional<HfLoraShape> l = hf_lora_shape(ckpt)) return run_lora_export(a, ckpt, *l);
   if (a.lora != "merged")
     throw std::invalid_argument(fmt::format("--lora {}: {} is not a LoRA checkpoint", a.lora, ckpt.dir()));

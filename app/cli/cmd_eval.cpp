@@ -30,11 +30,9 @@ struct EvalArgs {
 };
 
 void run_eval(const EvalArgs& a) {
-  auto dir = resolve_checkpoint(a.checkpoint);
-  if (!dir) throw CheckpointError(fmt::format("{}: no checkpoint there (no metadata.yaml, no latest)", a.checkpoint));
-  CheckpointReader reader(*dir);
+  const CheckpointReader reader = open_checkpoint(a.checkpoint);  // held while it is read: a live run keeps it
   // The saving run's model, on one rank.
-  Config cfg = whole_model_config(reader, *dir, a.micro_batch_size, a.device);
+  Config cfg = whole_model_config(reader, reader.dir(), a.micro_batch_size, a.device);
   const int64_t S = cfg.model.seq_length;
   const Placement placement = place_rank(cfg, LaunchEnv{});
   const std::unique_ptr<GptModel> saved = saved_model(reader, cfg, parse_dtype(a.precision), placement.device);
@@ -60,10 +58,10 @@ void run_eval(const EvalArgs& a) {
     throw std::runtime_error(fmt::format(
         "eval: checkpoint {} (iteration {}): the mean loss over {} samples is {}, not finite: its weights hold inf "
         "or NaN (`megatrain ckpt inspect {} --verify` names them){}",
-        *dir, reader.state().iteration, a.samples, mean, *dir,
+        reader.dir(), reader.state().iteration, a.samples, mean, reader.dir(),
         a.precision == "fp32" ? "" : fmt::format(", or {} overflows (try --precision fp32)", a.precision)));
   fmt::print("checkpoint {} (iteration {}), {} samples of {} tokens, {} on {}: mean loss {:.6f}, perplexity {:.4f}\n",
-             *dir, reader.state().iteration, a.samples, S, a.precision, device_name(placement.device), mean,
+             reader.dir(), reader.state().iteration, a.samples, S, a.precision, device_name(placement.device), mean,
              std::exp(mean));
 }
 

@@ -103,12 +103,10 @@ void run_generate(const GenerateArgs& a) {
     throw std::invalid_argument(a.prompt_file.empty() ? "--prompt: empty; generation needs some text to continue"
                                                       : fmt::format("--prompt-file {}: empty", a.prompt_file));
 
-  auto dir = resolve_checkpoint(a.checkpoint);
-  if (!dir) throw CheckpointError(fmt::format("{}: no checkpoint there (no metadata.yaml, no latest)", a.checkpoint));
-  CheckpointReader reader(*dir);
+  const CheckpointReader reader = open_checkpoint(a.checkpoint);  // held while it is read: a live run keeps it
   // The saving run's model, whole, on one rank.
-  Config cfg = whole_model_config(reader, *dir, 1, a.device);
-  const std::unique_ptr<Tokenizer> tok = checkpoint_tokenizer(*dir, cfg.model);
+  Config cfg = whole_model_config(reader, reader.dir(), 1, a.device);
+  const std::unique_ptr<Tokenizer> tok = checkpoint_tokenizer(reader.dir(), cfg.model);
   std::vector<int32_t> prompt;
   tok->encode(text, prompt);
   const int64_t P = cfg.model.max_position_embeddings;

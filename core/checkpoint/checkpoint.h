@@ -21,12 +21,22 @@
 #include "core/tensor/tensor.h"
 
 namespace mt {
+namespace ckpt {
+class CheckpointLease;  // save_dir.h
+}
 
 // Every checkpoint problem: names the directory or file and what is wrong. A FileError, as the file_io helpers'
 // errors (core/io/file_io.h) that checkpoint code lets through are.
 class CheckpointError : public FileError {
  public:
   using FileError::FileError;
+};
+
+// A checkpoint directory that is gone: not there when it was to be opened, or removed while it was (by the
+// keep_last of the run that writes its save directory).
+class CheckpointRemoved : public CheckpointError {
+ public:
+  using CheckpointError::CheckpointError;
 };
 
 // One slice of a global tensor held by this rank: `data` (host, shape = extent) starts at `start`.
@@ -69,6 +79,15 @@ std::optional<std::string> resolve_checkpoint(const std::string& path);
 // starts over silently. Throws CheckpointError when checkpoints are there but none is complete.
 std::optional<std::string> resolve_resume_checkpoint(const std::string& path);
 
+class CheckpointReader;
+
+// The checkpoint at `path` (a checkpoint, or the one a save directory's `latest` names) opened for reading. For
+// the readers of a save directory that a live run may be writing (eval, generate, ckpt): the reader holds its
+// checkpoint (ckpt::CheckpointLease) so the run's keep_last leaves it whole, and when the checkpoint `latest`
+// named is removed before the hold is taken, `latest` is read again. Throws CheckpointError when there is no
+// checkpoint, and CheckpointRemoved when `path` names a checkpoint directly that is gone.
+CheckpointReader open_checkpoint(const std::string& path);
+
 class MappedFile;  // core/io/mapped_file.h
 
 struct TensorInfo {
@@ -78,7 +97,7 @@ struct TensorInfo {
 };
 
 // A committed checkpoint opened for reading; the metadata is parsed and checked on open, data is
-// verified against its checksums as it is read.
+// verified against its checksums as it is read. It holds the directory (ckpt::CheckpointLease) for its life.
 class CheckpointReader {
  public:
   explicit CheckpointReader(const std::string& dir);
@@ -110,6 +129,7 @@ class CheckpointReader {
   std::vector<TensorInfo> infos_;
   std::map<std::string, std::vector<SliceRecord>> slices_;
   mutable std::map<std::string, std::shared_ptr<const MappedFile>> files_;
+  std::shared_ptr<const ckpt::CheckpointLease> lease_;
 };
 
 }  // namespace mt

@@ -8,6 +8,7 @@
 #include "core/checkpoint/checkpoint.h"
 #include "core/io/file_io.h"
 #include "core/checkpoint/metadata.h"
+#include "core/checkpoint/save_dir.h"
 
 namespace mt {
 namespace {
@@ -138,10 +139,11 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
     case io::PathKind::directory:
       break;
     case io::PathKind::missing:
-      throw CheckpointError(fmt::format("{}: checkpoint directory does not exist", dir_));
+      throw CheckpointRemoved(fmt::format("{}: checkpoint directory does not exist", dir_));
     default:
       throw CheckpointError(fmt::format("{}: is not a checkpoint directory", dir_));
   }
+  lease_ = std::make_shared<const ckpt::CheckpointLease>(dir_);
   if (io::path_kind(meta_path) == io::PathKind::missing)
     throw CheckpointError(fmt::format("{}: missing — {} is not a checkpoint (or an incomplete one)", meta_path, dir_));
   ckpt::Metadata m = ckpt::parse_metadata(meta_path, io::read_text_file(meta_path));
@@ -166,6 +168,34 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
       records.push_back(SliceRecord{s.file, s.offset, s.bytes, std::move(s.start), std::move(s.extent), s.crc});
     }
     infos_.push_back(TensorInfo{t.name, t.dtype, std::move(t.shape)});
+  }
+}
+
+CheckpointReader open_checkpoint(const std::string& path) {
+  // A live run with keep_last 1 replaces its checkpoint at every save; each read of `latest` can lose that race
+  // only to a newer save, so a few rounds suffice.
+  constexpr int kRounds = 8;
+  std::string last_error;
+  for (int round = 1;; ++round) {
+    std::optional<std::string> dir;
+    try {
+      dir = resolve_checkpoint(path);
+      if (!dir) throw CheckpointError(fmt::format("{}: no checkpoint there (no metadata.yaml, no latest)", path));
+      return CheckpointReader(*dir);
+    } catch (const CheckpointRemoved& e) {
+      if (dir && *dir == path)
+        throw CheckpointRemoved(fmt::format(
+            "{} — removed, as the keep_last of a live run writing its save directory removes older checkpoints; "
+            "name the save directory to read its newest checkpoint",
+            e.what()));
+      if (e.what() == last_error) throw;  // the same twice: no race with a newer save, a missing checkpoint
+      last_error = e.what();
+      if (round == kRounds)
+        throw CheckpointRemoved(
+            fmt::format("{} — {} checkpoints named by {}/latest in a row were removed before "
+                        "they could be opened (by the keep_last of a live run?)",
+                        e.what(), kRounds, path));
+    }
   }
 }
 

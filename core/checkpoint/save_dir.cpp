@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -91,6 +92,33 @@ SaveDirLock::SaveDirLock(const std::string& save_dir) {
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
     spdlog::warn("checkpoint: could not record this pid in {}", path);
   locks[key_] = {fd, 1};
+}
+
+CheckpointLease::CheckpointLease(const std::string& dir) {
+  fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd_ < 0) {
+    const int err = errno;
+    if (err == ENOENT) throw CheckpointRemoved(fmt::format("{}: checkpoint directory does not exist", dir));
+    io::throw_os_error(dir, "cannot open the checkpoint directory", err);
+  }
+  if (::flock(fd_, LOCK_SH) != 0) {  // waits only while keep_last renames the directory away
+    ::close(fd_);
+    fd_ = -1;  // no flock on this filesystem: no hold
+    return;
+  }
+  // Held, but perhaps of a directory keep_last renamed away while this waited: the path must still be it.
+  struct stat held {
+  }, now{};
+  if (::fstat(fd_, &held) != 0 || ::stat(dir.c_str(), &now) != 0 || held.st_ino != now.st_ino ||
+      held.st_dev != now.st_dev) {
+    ::close(fd_);
+    fd_ = -1;
+    throw CheckpointRemoved(fmt::format("{}: removed while it was being opened", dir));
+  }
+}
+
+CheckpointLease::~CheckpointLease() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 SaveDirLock::~SaveDirLock() {
@@ -198,12 +226,25 @@ void apply_keep_last(const std::string& save_dir, int64_t keep_last, const std::
   for (int64_t i = 0; i < static_cast<int64_t>(all.size()) && excess > 0; ++i) {
     const std::string& name = all[i].second;
     if (name == keep || (latest && name == *latest)) continue;
-    std::string path = io::join_path(save_dir, name);
-    if (io::remove_tree(path))
+    const std::string path = io::join_path(save_dir, name);
+    --excess;
+    // A reader's CheckpointLease keeps it: the exclusive lock is taken without waiting, and the checkpoint is
+    // renamed aside while it is held, so a reader about to take its hold finds the path gone and reads
+    // `latest` again. A crash before the removal leaves a `.tmp.*` entry that the next run removes.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+      ::close(fd);
+      spdlog::info("checkpoint: kept {} beyond keep_last={}: a reader has it open (a later save removes it)", path,
+                   keep_last);
+      continue;
+    }
+    const std::string aside = io::join_path(save_dir, fmt::format("{}pruned.{}.{}", kTmpPrefix, name, ::getpid()));
+    const bool moved = ::rename(path.c_str(), aside.c_str()) == 0;
+    if (fd >= 0) ::close(fd);
+    if (io::remove_tree(moved ? aside : path))
       spdlog::info("checkpoint: removed {} (keep_last={})", path, keep_last);
     else
-      spdlog::warn("checkpoint: could not remove {} (keep_last={})", path, keep_last);
-    --excess;
+      spdlog::warn("checkpoint: could not remove {} (keep_last={})", moved ? aside : path, keep_last);
   }
 }
 
@@ -243,8 +284,8 @@ std::optional<std::string> resolve_checkpoint(const std::string& path) {
   auto latest = read_latest(path);
   if (!latest) return std::nullopt;
   std::string dir = (*latest)[0] == '/' ? *latest : io::join_path(path, *latest);
-  if (io::path_kind(dir) != io::PathKind::directory)
-    throw CheckpointError(fmt::format("{}/{}: names {}, which does not exist", path, kLatestFile, dir));
+  if (io::path_kind(dir) != io::PathKind::directory)  // a live run's keep_last may have removed it since
+    throw CheckpointRemoved(fmt::format("{}/{}: names {}, which does not exist", path, kLatestFile, dir));
   return dir;
 }
 

@@ -33,6 +33,22 @@ class SaveDirLock {
   std::string key_;
 };
 
+// A reader's hold on one checkpoint directory, for the object's life: a shared flock on the directory itself.
+// apply_keep_last removes a checkpoint only when it gets the exclusive lock at once, so a checkpoint being read
+// (`eval`, `generate`, `ckpt` on the save_dir of a live run with keep_last 1) stays whole until a later save
+// removes it. Throws CheckpointRemoved when `dir` does not exist or was removed while the hold was taken. Where
+// the filesystem has no flock, there is no hold (and nothing fails for it).
+class CheckpointLease {
+ public:
+  explicit CheckpointLease(const std::string& dir);
+  ~CheckpointLease();
+  CheckpointLease(const CheckpointLease&) = delete;
+  CheckpointLease& operator=(const CheckpointLease&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // Removes what crashed saves left behind: `.tmp.*` entries. Only safe while holding the SaveDirLock: the
 // `.tmp.*` entries of a live run look the same. A checkpoint that was renamed aside to be
 // replaced (`.tmp.replaced.iter_N.<pid>`) is put back when its place is empty.
@@ -53,7 +69,8 @@ std::optional<std::string> read_latest(const std::string& save_dir);
 std::vector<std::pair<int64_t, std::string>> list_checkpoints(const std::string& save_dir);
 
 // Removes checkpoints beyond the newest keep_last (0: keep all), oldest first, never `keep` nor the one
-// `latest` names. Failures to remove are logged, not thrown: the new checkpoint is already committed.
+// `latest` names, nor one a reader holds (CheckpointLease: a later call removes it). Failures to remove are
+// logged, not thrown: the new checkpoint is already committed.
 void apply_keep_last(const std::string& save_dir, int64_t keep_last, const std::string& keep);
 
 }  // namespace mt::ckpt

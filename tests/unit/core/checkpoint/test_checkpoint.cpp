@@ -443,6 +443,34 @@ TEST_F(CheckpointTest, KeepLastRemovesTheOldest) {
   EXPECT_EQ(listing(save_), (std::vector<std::string>{"iter_12345678", "latest"}));
 }
 
+TEST_F(CheckpointTest, KeepLastLeavesACheckpointAReaderHoldsUntilALaterSave) {
+  save_checkpoint(save_, state_at(10), {}, 1);
+  {
+    const CheckpointReader held = open_checkpoint(save_);  // what `eval` on a live run's save_dir does
+    EXPECT_EQ(held.dir(), save_ + "/iter_0000010");
+    save_checkpoint(save_, state_at(20), {}, 1);
+    save_checkpoint(save_, state_at(30), {}, 1);
+    EXPECT_EQ(listing(save_), (std::vector<std::string>{"iter_0000010", "iter_0000030", "latest"}));
+    EXPECT_EQ(held.state().iteration, 10);
+  }
+  save_checkpoint(save_, state_at(40), {}, 1);  // released: the next save removes it
+  EXPECT_EQ(listing(save_), (std::vector<std::string>{"iter_0000040", "latest"}));
+  EXPECT_EQ(open_checkpoint(save_).state().iteration, 40);
+}
+
+TEST_F(CheckpointTest, OpeningACheckpointThatIsGoneSaysWhy) {
+  save_checkpoint(save_, state_at(10), {}, 0);
+  // A checkpoint named directly that vanished between finding and holding it: the lease says it is gone.
+  fs::remove_all(save_ + "/iter_0000010");
+  EXPECT_THROW(ckpt::CheckpointLease(save_ + "/iter_0000010"), CheckpointRemoved);
+  // `latest` naming a missing checkpoint, the same at every look: no race with a newer save, refused at once.
+  std::string msg = error_of([&] { open_checkpoint(save_); });
+  EXPECT_NE(msg.find("latest: names"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("does not exist"), std::string::npos) << msg;
+  msg = error_of([&] { open_checkpoint(root_ + "/nothing"); });
+  EXPECT_NE(msg.find("no checkpoint there"), std::string::npos) << msg;
+}
+
 TEST_F(CheckpointTest, StaleTemporaryEntriesAreRemovedAtTheNextSave) {
   fs::create_directories(save_ + "/.tmp.iter_0000003.99999");
   spit(save_ + "/.tmp.iter_0000003.99999/rank_00000.bin", "half written");
