@@ -175,6 +175,13 @@ void report_interval(const IntervalReport& r, MetricsFile& metrics) {
   j["skipped_iters"] = r.skipped_iters;
   j["nan_iters"] = r.nan_iters;
   j["peak_bytes"] = r.peak_bytes;
+  {  // per kind, as the log's "peak memory (MiB)" line and TensorBoard's memory/peak-KIND-MiB
+    const MemoryStats& m = allocator_for(r.device).stats();
+    nlohmann::ordered_json kinds;
+    for (size_t k = 0; k < MemoryStats::kKinds; ++k)
+      if (is_device_kind(static_cast<MemKind>(k))) kinds[mem_kind_name(static_cast<MemKind>(k))] = m.peak[k];
+    j["peak_bytes_by_kind"] = kinds;
+  }
   if (r.host_peak_bytes > 0) j["host_peak_bytes"] = r.host_peak_bytes;  // the host pool (optimizer.offload)
   if (!r.peak_bytes_per_rank.empty()) j["peak_bytes_per_rank"] = r.peak_bytes_per_rank;
   if (!r.peak_activation_bytes_per_rank.empty()) j["peak_activation_bytes_per_rank"] = r.peak_activation_bytes_per_rank;

@@ -40,9 +40,17 @@ void Trainer::log_run() {
   const int64_t total = total_parameters();  // a collective: every rank logs nothing more but takes part
   // "this rank holds" only when the model is split over ranks (with one rank it would repeat the total).
   const std::string share = num_parameters() == total ? "" : fmt::format("; this rank holds {}", num_parameters());
-  spdlog::info("model: {} {} parameters ({}{}) ({} layers, hidden {}, {}, ffn {}, vocabulary {} padded to {}), {}",
+  // The precision names fp8 when it is on: its GEMMs are what decides the step's speed and numerics.
+  const Fp8Config& f8 = cfg_.training.fp8;
+  const std::string fp8 =
+      f8.enabled()
+          ? fmt::format(" with fp8 GEMMs ({}, {} scaling{}{})", name_of(f8.format), name_of(f8.recipe),
+                        f8.recipe == Fp8Recipe::delayed ? fmt::format(", amax history {}", f8.amax_history_len) : "",
+                        f8.first_last_bf16 ? ", first and last layers bf16" : "")
+          : "";
+  spdlog::info("model: {} {} parameters ({}{}) ({} layers, hidden {}, {}, ffn {}, vocabulary {} padded to {}), {}{}",
                name_of(m.arch), total, human_count(total), share, m.num_layers, m.hidden_size, heads, m.ffn_hidden_size,
-               m.vocab_size, m.padded_vocab_size, name_of(cfg_.training.precision));
+               m.vocab_size, m.padded_vocab_size, name_of(cfg_.training.precision), fp8);
   if (const LoraConfig& l = cfg_.finetune.lora; l.enabled()) {
     const int64_t trainable = total_parameters(/*trainable_only=*/true);
     const MemoryStats& mem = allocator_for(device_).stats();

@@ -32,6 +32,22 @@ for cfg in tiny llama; do
   ! diff -q a.txt b.txt >/dev/null || fail "$cfg: fp8 losses equal bf16's: the fp8 GEMMs did not run"
   same_losses ${cfg}_bf16/metrics.jsonl ${cfg}_fp8/metrics.jsonl 1 6 2e-2
 done
+# The start log names fp8 when it is on; metrics.jsonl has the peak memory per kind of the log's first report.
+grep -q "bf16 with fp8 GEMMs (hybrid, current scaling)" tiny_fp8/megatrain.log || fail "the start log does not name fp8"
+! grep -q "with fp8 GEMMs" tiny_bf16/megatrain.log || fail "the bf16 run's start log names fp8"
+python3 - tiny_fp8 <<'PY' || fail "metrics.jsonl's peak_bytes_by_kind differs from the log's peak memory line"
+import json, re, sys
+run = sys.argv[1]
+line = next(l for l in open(f"{run}/megatrain.log") if "peak memory (MiB): " in l).split("peak memory (MiB): ")[1]
+logged = {k: float(v) for k, v in (part.rsplit(" ", 1) for part in line.strip().split(" | "))}
+first = next(json.loads(l) for l in open(f"{run}/metrics.jsonl") if '"loss"' in l)
+kinds = first["peak_bytes_by_kind"]
+assert set(kinds) | {"total"} == set(logged), (sorted(kinds), sorted(logged))
+for k, v in kinds.items():
+    assert abs(v / 1048576 - logged[k]) < 0.006, (k, v / 1048576, logged[k])
+assert abs(first["peak_bytes"] / 1048576 - logged["total"]) < 0.006
+print("peak memory by kind in metrics.jsonl:", {k: round(v / 1048576, 2) for k, v in kinds.items()})
+PY
 
 # Layouts, with both recipes: one rank's fp8 losses.
 for recipe in current delayed; do
