@@ -27,6 +27,7 @@ struct EvalArgs {
   int64_t micro_batch_size = 4;
   std::string precision = "fp32";
   std::string device = "auto";
+  bool skip_checksums = false;
 };
 
 void run_eval(const EvalArgs& a) {
@@ -38,7 +39,7 @@ void run_eval(const EvalArgs& a) {
   const std::unique_ptr<GptModel> saved = saved_model(reader, cfg, parse_dtype(a.precision), placement.device);
   GptModel& model = *saved;
   int64_t available = 0;
-  SampleFn source = file_order_source(a.data, S, cfg.model.vocab_size, available);
+  SampleFn source = file_order_source(a.data, S, cfg.model.vocab_size, available, !a.skip_checksums);
   if (a.samples > available)
     throw std::invalid_argument(
         fmt::format("--samples {}: the data holds only {} samples of {} tokens", a.samples, available, S + 1));
@@ -77,6 +78,8 @@ void add_eval_command(CLI::App& root) {
   sub->add_option("--precision", args.precision, "fp32, bf16 or fp16")->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   sub->add_option("--device", args.device, "auto (a GPU when there is one), cuda or cpu")
       ->check(CLI::IsMember({"auto", "cuda", "cpu"}));
+  sub->add_flag("--skip-checksums", args.skip_checksums,
+                "read the data without checking it against its PREFIX.crc32c (checked by default, as training does)");
   sub->callback([] { run_eval(args); });
 }
 

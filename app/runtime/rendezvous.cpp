@@ -1,6 +1,9 @@
 #include "app/runtime/rendezvous.h"
 
+#include <algorithm>
 #include <chrono>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -69,6 +72,31 @@ std::string verdict(const JobIdentity& ref, const JobIdentity& me, int rank, con
   return "";
 }
 
+// Why the ranks `missing` never gave rank 0 (which waits for `world_size` ranks) their verdicts: the world sizes
+// that the ranks that did arrive were started with, when one differs; else that those ranks never came.
+std::string missing_ranks(Store& store, const std::vector<int>& missing, int world_size, Millis timeout,
+                          const std::string& address) {
+  std::vector<std::string> others;
+  for (int r = 1; r < world_size; ++r) {
+    const std::string key = fmt::format("rdv/world_size/{}", r);
+    if (!store.check(key)) continue;
+    if (const std::string w = to_string(store.get(key, timeout)); w != std::to_string(world_size))
+      others.push_back(fmt::format("rank {} with {}", r, w));
+  }
+  const std::string waited =
+      fmt::format("rank{} {} never arrived at the rendezvous store at {} within {} s", missing.size() > 1 ? "s" : "",
+                  fmt::join(missing, ", "), address, static_cast<double>(timeout.count()) / 1000.0);
+  if (others.empty())
+    return fmt::format(
+        "{}: rank 0 waits for a world of {} ranks; were they started, with this MASTER_ADDR and "
+        "MASTER_PORT?",
+        waited, world_size);
+  return fmt::format(
+      "{}: the ranks disagree on the world size: rank 0 was started with a world of {} ranks, {} "
+      "(WORLD_SIZE, SLURM_NTASKS or --nproc differ between the launches)",
+      waited, world_size, fmt::join(others, ", "));
+}
+
 }  // namespace
 
 JobIdentity job_identity(const Config& cfg, const LaunchEnv& env) {
@@ -90,30 +118,61 @@ void check_job_identity(Store& store, const JobIdentity& me, int rank, int world
         "rank {} is already registered at the rendezvous store at {}: another process joined this job as rank {} "
         "first (two jobs on one MASTER_PORT, or one rank started twice?)",
         rank, address, rank));
+  // Each rank's world size, so that a rank that never comes is explained (the launchers disagree: WORLD_SIZE,
+  // SLURM_NTASKS, --nproc) rather than reported as a timed-out get.
+  store.set(fmt::format("rdv/world_size/{}", rank), to_bytes(std::to_string(world_size)));
   if (rank == 0) {
     store.set("rdv/version", to_bytes(me.version));
     store.set("rdv/job_id", to_bytes(me.job_id));
     store.set("rdv/config", to_bytes(me.config));
+    // Every verdict within one timeout from here (the others wait for the outcome as long, and a little more).
     std::vector<std::string> refused;
-    for (int r = 1; r < world_size; ++r)
-      if (std::string v = to_string(store.get(fmt::format("rdv/verdict/{}", r), timeout)); !v.empty())
-        refused.push_back(std::move(v));
+    std::vector<int> missing;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (int r = 1; r < world_size; ++r) {
+      const std::string key = fmt::format("rdv/verdict/{}", r);
+      const auto left = std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
+      std::optional<std::string> v;
+      if (missing.empty() && left > Millis(0)) {
+        try {
+          v = to_string(store.get(key, left));
+        } catch (const StoreError&) {  // timed out: named with the others below
+        }
+      } else if (store.check(key)) {  // once one is missing, the deadline has passed: no more waiting
+        v = to_string(store.get(key, timeout));
+      }
+      if (!v)
+        missing.push_back(r);
+      else if (!v->empty())
+        refused.push_back(std::move(*v));
+    }
+    if (!missing.empty()) refused.push_back(missing_ranks(store, missing, world_size, timeout, address));
     const std::string outcome = fmt::format("{}", fmt::join(refused, "; "));
     store.set("rdv/outcome", to_bytes(outcome));
     if (outcome.empty()) return;
     // Keep serving the store until the others have read the outcome (briefly): they then fail with it rather
     // than with "lost the rendezvous store".
-    const auto deadline = std::chrono::steady_clock::now() + std::min<Millis>(timeout, Millis(5000));
-    while (store.add("rdv/outcome_read", 0) < world_size - 1 && std::chrono::steady_clock::now() < deadline)
+    const auto read_by = std::chrono::steady_clock::now() + std::min<Millis>(timeout, Millis(5000));
+    while (store.add("rdv/outcome_read", 0) < world_size - 1 && std::chrono::steady_clock::now() < read_by)
       std::this_thread::sleep_for(Millis(20));
     throw RendezvousError("rendezvous refused the job: " + outcome);
+  }
+  const std::string world0 = to_string(store.get("rdv/world_size/0", timeout));
+  if (world0 != std::to_string(world_size)) {
+    const std::string why = fmt::format(
+        "the ranks disagree on the world size: rank {} was started with a world of {} ranks, rank 0 with {} "
+        "(WORLD_SIZE, SLURM_NTASKS or --nproc differ between the launches)",
+        rank, world_size, world0);
+    store.set(fmt::format("rdv/verdict/{}", rank), to_bytes(why));
+    throw RendezvousError("rendezvous refused the job: " + why);  // rank 0 may never ask for this rank's verdict
   }
   const JobIdentity ref{.version = to_string(store.get("rdv/version", timeout)),
                         .job_id = to_string(store.get("rdv/job_id", timeout)),
                         .config = to_string(store.get("rdv/config", timeout))};
   const std::string mine = verdict(ref, me, rank, address);
   store.set(fmt::format("rdv/verdict/{}", rank), to_bytes(mine));
-  const std::string outcome = to_string(store.get("rdv/outcome", timeout));
+  // Rank 0 publishes the outcome within one timeout of its start, which was before this rank read rdv/version.
+  const std::string outcome = to_string(store.get("rdv/outcome", timeout + Millis(5000)));
   if (outcome.empty()) return;
   store.add("rdv/outcome_read", 1);
   throw RendezvousError("rendezvous refused the job: " + outcome);

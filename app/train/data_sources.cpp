@@ -1,6 +1,8 @@
 #include "app/train/data_sources.h"
 
+#include <functional>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <system_error>
 #include <utility>
@@ -21,24 +23,36 @@ namespace mt::app {
 
 namespace {
 
-// Wraps a sample source with the check that every token is a valid id for the model.
-SampleFn checked(SampleFn inner, int64_t vocab_size, std::string what) {
-  return [inner = std::move(inner), vocab_size, what = std::move(what)](int64_t g, std::span<int32_t> out) {
+// Where token i of sample g was read from ("PREFIX.bin: sequence 3, token 5"), for the message of a bad id.
+using LocateFn = std::function<std::string(int64_t g, int64_t i)>;
+
+// Wraps a sample source with the check that every token is a valid id for the model; a bad one is named with the
+// data file it came from.
+SampleFn checked(SampleFn inner, int64_t vocab_size, std::string what, LocateFn locate) {
+  return [inner = std::move(inner), vocab_size, what = std::move(what), locate = std::move(locate)](
+             int64_t g, std::span<int32_t> out) {
     inner(g, out);
     for (size_t i = 0; i < out.size(); ++i)
       if (out[i] < 0 || out[i] >= vocab_size)
-        throw DataError(
-            fmt::format("{}: sample {} holds token id {}, outside model.vocab_size={}", what, g, out[i], vocab_size));
+        throw DataError(fmt::format("{}: sample {} holds token id {} (read from {}), outside model.vocab_size={}", what,
+                                    g, out[i], locate(g, static_cast<int64_t>(i)), vocab_size));
   };
 }
 
-// The dataset against its checksum file; a mismatch names where the config names it (the message says which
-// key skips the check: a dataset known to be fine whose checksums were lost or are stale).
-void verify_checksums_at(const std::string& where, const std::string& prefix) {
+// checked() over one GptDataset.
+SampleFn checked(std::shared_ptr<const GptDataset> dataset, int64_t vocab_size, std::string what) {
+  return checked([dataset](int64_t g, std::span<int32_t> o) { dataset->sample(g, o); }, vocab_size, std::move(what),
+                 [dataset](int64_t g, int64_t i) { return dataset->where(g, i); });
+}
+
+// The dataset against its checksum file; a mismatch names where the config or command line names it, and what
+// skips the check (`skip`: for a dataset known to be fine whose checksums were lost or are stale).
+void verify_checksums_at(const std::string& where, const std::string& prefix,
+                         const char* skip = "data.verify_checksums=false") {
   try {
     verify_dataset_checksums(prefix);
   } catch (const DataError& e) {
-    throw DataError(fmt::format("{}: {} (data.verify_checksums=false skips this check)", where, e.what()));
+    throw DataError(fmt::format("{}: {} ({} skips this check)", where, e.what(), skip));
   }
 }
 
@@ -74,7 +88,9 @@ void check_data_files(const Config& cfg, bool verify_checksums) {
       if (!std::filesystem::is_regular_file(status))
         throw ConfigError(fmt::format("{}: {}: not a regular file (a directory, FIFO or device)", where, file));
     }
-    if (verify_checksums && cfg.data.verify_checksums) verify_checksums_at(where, prefix);
+    // The loss mask beside a chat dataset (PREFIX_mask) is data read for training too, with its own checksums.
+    if (verify_checksums && cfg.data.verify_checksums)
+      for (const std::string& p : {prefix, loss_mask_prefix(prefix)}) verify_checksums_at(where, p);
   });
   check_data_tokenizers(cfg);
 }
@@ -146,7 +162,7 @@ SplitSource concatenated(const std::vector<std::string>& prefixes, Pick&& pick, 
     return out;
   }
   auto dataset = std::make_shared<GptDataset>(stream, S, static_cast<uint64_t>(cfg.training.seed), true, cut_of(cfg));
-  out.fn = checked([dataset](int64_t g, std::span<int32_t> o) { dataset->sample(g, o); }, limit, key);
+  out.fn = checked(dataset, limit, key);
   if (cfg.data.sft_packing == SftPacking::pack)
     out.positions = [dataset](int64_t g, std::span<int32_t> o) { dataset->sample_positions(g, o); };
   out.samples = dataset->samples_per_epoch();
@@ -195,7 +211,11 @@ SplitSource blended(const DataBlend& blend, Pick&& pick, int64_t target, const C
         const auto [d, k] = index->at(g);
         datasets[static_cast<size_t>(d)]->sample(k, o);
       },
-      limit, key);
+      limit, key,
+      [index, datasets](int64_t g, int64_t i) {
+        const auto [d, k] = index->at(g);
+        return datasets[static_cast<size_t>(d)]->where(k, i);
+      });
   if (cfg.data.sft_packing == SftPacking::pack)
     out.positions = [index, datasets](int64_t g, std::span<int32_t> o) {
       const auto [d, k] = index->at(g);
@@ -329,16 +349,16 @@ DataSources open_data_sources(const Config& cfg) {
 }
 
 SampleFn file_order_source(const std::vector<std::string>& prefixes, int64_t seq_length, int64_t vocab_size,
-                           int64_t& count) {
+                           int64_t& count, bool verify_checksums) {
   std::vector<TokenStream::Part> parts;
   for (const std::string& prefix : prefixes) {
+    if (verify_checksums) verify_checksums_at(fmt::format("--data {}", prefix), prefix, "--skip-checksums");
     auto d = std::make_shared<const IndexedDataset>(prefix);
     parts.push_back({d, 0, d->num_documents()});
   }
   auto dataset = std::make_shared<GptDataset>(std::make_shared<const TokenStream>(parts), seq_length, 0, false);
   count = dataset->samples_per_epoch();
-  return checked([dataset](int64_t g, std::span<int32_t> out) { dataset->sample(g, out); }, vocab_size,
-                 fmt::format("{}", fmt::join(prefixes, ",")));
+  return checked(dataset, vocab_size, "--data");
 }
 
 void make_positions(const SampleFn& positions, int64_t first, int64_t batch, int64_t seq_length, Tensor& out) {

@@ -53,9 +53,11 @@ void check_same_tokenizer(const std::string& a_what, const std::string& a_path, 
 DataSources open_data_sources(const Config& cfg);
 
 // The samples of the datasets at `prefixes` (all documents) in file order: sample j is tokens
-// [j*S, j*S + S] of the documents concatenated. `count` receives the number of samples.
+// [j*S, j*S + S] of the documents concatenated. `count` receives the number of samples. With `verify_checksums`
+// every dataset that has a PREFIX.crc32c is checked against it first, as training checks its data: a DataError
+// naming the file and the chunk that differs.
 SampleFn file_order_source(const std::vector<std::string>& prefixes, int64_t seq_length, int64_t vocab_size,
-                           int64_t& count);
+                           int64_t& count, bool verify_checksums);
 
 // Samples [first, first + B) of the mask source `mask` as the loss weights of their targets (B * S), f32:
 // weight * mask[j + 1] for target j of a sample. Returns the number of targets whose mask is 1.

@@ -18,6 +18,10 @@ struct Key {
   // A number key whose default 0 is written and read as this word (model.moe.capacity_factor: none); a number 0
   // is then refused as refuses_zero says.
   const char* zero_word = nullptr;
+  // Why the key means nothing in this config, judged from the keys visited before it ("training.fp8.format is
+  // none ..."); null: it applies. The reader refuses such a key when the document sets it, naming this reason (a
+  // silently ignored key hid a mistake, issue 49 item 5), and the writer leaves it out.
+  const char* inert = nullptr;
 };
 
 // Calls v.section(name, body) for every section (nested for model.moe, training.loss_scale and training.loss_spike) and v.field(Key, member) for
@@ -49,18 +53,22 @@ void visit(V& v, C& c) {
     v.section("moe", [&] {
       auto& e = m.moe;
       v.field({.name = "num_experts"}, e.num_experts);
-      v.field({.name = "top_k"}, e.top_k);
-      v.field({.name = "layer_freq"}, e.layer_freq);
-      v.field({.name = "layer_pattern"}, e.layer_pattern);
-      v.field({.name = "ffn_hidden_size", .accepts_auto = true, .refuses_zero = "model.ffn_hidden_size"},
-              e.ffn_hidden_size);
-      v.field({.name = "shared_expert_ffn_hidden_size"}, e.shared_expert_ffn_hidden_size);
-      v.field({.name = "score_function"}, e.score_function);
-      v.field({.name = "norm_topk_prob"}, e.norm_topk_prob);
-      v.field({.name = "aux_loss_coeff"}, e.aux_loss_coeff);
-      v.field({.name = "z_loss_coeff"}, e.z_loss_coeff);
-      v.field({.name = "bias_update_rate"}, e.bias_update_rate);
-      v.field({.name = "capacity_factor", .refuses_zero = "none: dropless", .zero_word = "none"}, e.capacity_factor);
+      // A dense model takes no other MoE key, so a forgotten num_experts is not a silently dense run.
+      const char* dense = e.enabled() ? nullptr : "model.moe.num_experts is 0 (a dense model): set num_experts";
+      v.field({.name = "top_k", .inert = dense}, e.top_k);
+      v.field({.name = "layer_freq", .inert = dense}, e.layer_freq);
+      v.field({.name = "layer_pattern", .inert = dense}, e.layer_pattern);
+      v.field(
+          {.name = "ffn_hidden_size", .accepts_auto = true, .refuses_zero = "model.ffn_hidden_size", .inert = dense},
+          e.ffn_hidden_size);
+      v.field({.name = "shared_expert_ffn_hidden_size", .inert = dense}, e.shared_expert_ffn_hidden_size);
+      v.field({.name = "score_function", .inert = dense}, e.score_function);
+      v.field({.name = "norm_topk_prob", .inert = dense}, e.norm_topk_prob);
+      v.field({.name = "aux_loss_coeff", .inert = dense}, e.aux_loss_coeff);
+      v.field({.name = "z_loss_coeff", .inert = dense}, e.z_loss_coeff);
+      v.field({.name = "bias_update_rate", .inert = dense}, e.bias_update_rate);
+      v.field({.name = "capacity_factor", .refuses_zero = "none: dropless", .zero_word = "none", .inert = dense},
+              e.capacity_factor);
     });
   });
   v.section("parallel", [&] {
@@ -98,11 +106,19 @@ void visit(V& v, C& c) {
     });
     v.section("fp8", [&] {
       v.field({.name = "format"}, t.fp8.format);
-      v.field({.name = "recipe"}, t.fp8.recipe);
-      v.field({.name = "amax_history_len"}, t.fp8.amax_history_len);
-      v.field({.name = "amax_compute_algo"}, t.fp8.amax_compute_algo);
-      v.field({.name = "margin"}, t.fp8.margin);
-      v.field({.name = "first_last_bf16"}, t.fp8.first_last_bf16);
+      const char* off =
+          t.fp8.enabled() ? nullptr : "training.fp8.format is none (no fp8 GEMMs): set training.fp8.format";
+      v.field({.name = "recipe", .inert = off}, t.fp8.recipe);
+      // The amax history is the delayed recipe's; current scales each tensor by its own amax.
+      const char* no_history = off ? off
+                               : t.fp8.recipe != Fp8Recipe::delayed
+                                   ? "training.fp8.recipe is current (each tensor scaled by its own amax, no history): "
+                                     "set training.fp8.recipe: delayed"
+                                   : nullptr;
+      v.field({.name = "amax_history_len", .inert = no_history}, t.fp8.amax_history_len);
+      v.field({.name = "amax_compute_algo", .inert = no_history}, t.fp8.amax_compute_algo);
+      v.field({.name = "margin", .inert = off}, t.fp8.margin);
+      v.field({.name = "first_last_bf16", .inert = off}, t.fp8.first_last_bf16);
     });
     v.section("loss_spike", [&] {
       v.field({.name = "action"}, t.loss_spike.action);

@@ -62,7 +62,23 @@ bool parse_bool(const YAML::Node& n, bool& out) {
 
 class Reader {
  public:
-  Reader(const YAML::Node& root, ConfigSource& src) : src_(src) { stack_.push_back({root, ""}); }
+  // A document with the derived section is one to_yaml wrote; before issue 49 it wrote inert keys too, at their
+  // defaults, which such a document may therefore still hold.
+  Reader(const YAML::Node& root, ConfigSource& src)
+      : src_(src), written_(root.IsMap() && root[config_keys::kDerivedSection].IsDefined()) {
+    stack_.push_back({root, ""});
+  }
+
+  // Key k into `out` (holding its default), typed by read() below; a key the document sets although it means
+  // nothing in this config (Key::inert) is refused.
+  template <class T>
+  void field(const Key& k, T& out) {
+    const T before = out;
+    read(k, out);
+    if (!k.inert) return;
+    const std::string path = join(stack_.back().path, k.name);
+    if (src_.given(path) && !(written_ && out == before)) src_.fail(path, fmt::format("is set, but {}", k.inert));
+  }
 
   template <class F>
   void section(const char* name, F&& body) {
@@ -79,7 +95,7 @@ class Reader {
     stack_.pop_back();
   }
 
-  void field(const Key& k, int64_t& out) {
+  void read(const Key& k, int64_t& out) {
     std::string path;
     auto n = value(k, path);
     if (!n) return;
@@ -95,14 +111,14 @@ class Reader {
           n->Mark());
     }
   }
-  void field(const Key& k, double& out) { real(k, out); }
-  void field(const Key& k, float& out) { real(k, out); }
-  void field(const Key& k, bool& out) {
+  void read(const Key& k, double& out) { real(k, out); }
+  void read(const Key& k, float& out) { real(k, out); }
+  void read(const Key& k, bool& out) {
     std::string path;
     auto n = value(k, path);
     if (n && !parse_bool(*n, out)) src_.fail(path, "expected true or false, got " + describe(*n), n->Mark());
   }
-  void field(const Key& k, std::string& out) {
+  void read(const Key& k, std::string& out) {
     std::string path;
     auto n = value(k, path);
     if (!n) return;
@@ -115,7 +131,7 @@ class Reader {
   }
   // One of the enum's names (config.h EnumNames); a planned name says it is not implemented yet.
   template <NamedEnum E>
-  void field(const Key& k, E& out) {
+  void read(const Key& k, E& out) {
     std::string path;
     auto n = value(k, path);
     if (!n) return;
@@ -133,7 +149,7 @@ class Reader {
     src_.fail(path, fmt::format("expected one of {}, got '{}'", choices, n->Scalar()), n->Mark());
   }
   // A string or a list of strings.
-  void field(const Key& k, std::vector<std::string>& out) {
+  void read(const Key& k, std::vector<std::string>& out) {
     std::string path;
     auto n = value(k, path);
     if (!n) return;
@@ -150,8 +166,8 @@ class Reader {
       src_.fail(path, "expected a string or a list of strings, got " + describe(*n), n->Mark());
     }
   }
-  void field(const Key& k, std::vector<double>& out) { list(k, out, "a number", "numbers", parse_real<double>); }
-  void field(const Key& k, std::vector<int64_t>& out) { list(k, out, "an integer", "integers", parse_int); }
+  void read(const Key& k, std::vector<double>& out) { list(k, out, "a number", "numbers", parse_real<double>); }
+  void read(const Key& k, std::vector<int64_t>& out) { list(k, out, "an integer", "integers", parse_int); }
 
  private:
   struct Level {
@@ -222,6 +238,7 @@ class Reader {
   }
 
   ConfigSource& src_;
+  bool written_;
   std::vector<Level> stack_;
 };
 

@@ -14,6 +14,9 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 namespace mt {
 namespace {
@@ -28,6 +31,18 @@ constexpr int64_t kMaxCount = int64_t{1} << 40;     // iterations, batch sizes, 
 constexpr double kMaxTimeoutS = 1e7;                // about 115 days; times 1000 fits int64 milliseconds
 // Bytes one tensor may hold (kMaxTensorBytes in core/tensor/tensor.h), as a double for products of config sizes.
 constexpr double kMaxBytes = static_cast<double>(kMaxTensorBytes);
+
+// "1, 2, 4, 8": the divisors of n > 0, for a message that lists the valid values.
+std::string divisors(int64_t n) {
+  std::vector<int64_t> low, high;
+  for (int64_t d = 1; d <= n / d; ++d)
+    if (n % d == 0) {
+      low.push_back(d);
+      if (d != n / d) high.push_back(n / d);
+    }
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return fmt::format("{}", fmt::join(low, ", "));
+}
 
 // Small checks that name the key and the value.
 class Rules {
@@ -321,8 +336,8 @@ void resolve_parallel(Config& c, int64_t world_size, const Rules& r) {
   }
 }
 
-// model.moe and expert parallelism. A dense model (num_experts 0) takes no other MoE key, so a forgotten
-// num_experts is not a silently dense run.
+// model.moe and expert parallelism. A dense model (num_experts 0) takes no other MoE key (the reader refuses
+// them), nor expert parallelism.
 void resolve_moe(Config& c, const Rules& r) {
   MoeConfig& e = c.model.moe;
   ParallelConfig& p = c.parallel;
@@ -330,24 +345,7 @@ void resolve_moe(Config& c, const Rules& r) {
   r.non_negative("model.moe.num_experts", e.num_experts);
   r.at_most("model.moe.num_experts", e.num_experts, kMaxRouterExperts,
             "number of experts (the router keeps a token's scores of every expert in fast memory)");
-  if (!e.enabled()) {  // a written config carries the defaults: only a changed key is an error
-    const MoeConfig d;
-    const std::pair<const char*, bool> changed[] = {
-        {"top_k", e.top_k != d.top_k},
-        {"layer_freq", e.layer_freq != d.layer_freq},
-        {"layer_pattern", e.layer_pattern != d.layer_pattern},
-        {"ffn_hidden_size", e.ffn_hidden_size != d.ffn_hidden_size},
-        {"shared_expert_ffn_hidden_size", e.shared_expert_ffn_hidden_size != d.shared_expert_ffn_hidden_size},
-        {"score_function", e.score_function != d.score_function},
-        {"norm_topk_prob", e.norm_topk_prob != d.norm_topk_prob},
-        {"aux_loss_coeff", e.aux_loss_coeff != d.aux_loss_coeff},
-        {"z_loss_coeff", e.z_loss_coeff != d.z_loss_coeff},
-        {"bias_update_rate", e.bias_update_rate != d.bias_update_rate},
-        {"capacity_factor", e.capacity_factor != d.capacity_factor}};
-    for (const auto& [key, is_changed] : changed)
-      if (is_changed)
-        r.fail(fmt::format("model.moe.{}", key),
-               "is set, but model.moe.num_experts is 0 (a dense model): set num_experts");
+  if (!e.enabled()) {  // the other MoE keys are refused when set (config_keys.h: Key::inert)
     if (p.expert != 1)
       r.fail("parallel.expert",
              fmt::format("{} needs mixture-of-experts layers (model.moe.num_experts is 0)", p.expert));
@@ -403,9 +401,9 @@ void resolve_moe(Config& c, const Rules& r) {
   r.positive("parallel.expert", p.expert);
   r.at_most("parallel.expert", p.expert, kMaxParallel, "expert-parallel size");
   if (e.num_experts % p.expert != 0)
-    r.fail("parallel.expert",
-           fmt::format("{} does not divide model.moe.num_experts={} (each expert-parallel rank holds an equal share)",
-                       p.expert, e.num_experts));
+    r.fail("parallel.expert", fmt::format("{} does not divide model.moe.num_experts={} (each expert-parallel rank "
+                                          "holds an equal share; valid: {})",
+                                          p.expert, e.num_experts, divisors(e.num_experts)));
   if (p.expert_tensor == 0) p.expert_tensor = p.tensor;
   r.positive("parallel.expert_tensor", p.expert_tensor);
   r.at_most("parallel.expert_tensor", p.expert_tensor, kMaxParallel, "tensor-parallel size");
@@ -449,6 +447,10 @@ void resolve_training(Config& c, const Rules& r) {
         fmt::format("is set, but training.recompute is {}: set training.recompute: selective", name_of(t.recompute)));
   if (t.recompute == Recompute::selective && t.recompute_modules.empty()) t.recompute_modules = {"core_attn"};
   r.non_negative("training.recompute_num_layers", t.recompute_num_layers);
+  if (t.recompute_num_layers > c.model.num_layers)
+    r.fail("training.recompute_num_layers",
+           fmt::format("{} is more than model.num_layers={} (it counts the layers of each model chunk that recompute)",
+                       t.recompute_num_layers, c.model.num_layers));
   if (t.recompute_num_layers > 0 && t.recompute != Recompute::full)
     r.fail("training.recompute_num_layers",
            fmt::format("{} is set, but training.recompute is {}: it chooses the layers of full recomputation",
@@ -631,6 +633,43 @@ DataBlend parse_data_blend(const std::vector<std::string>& items) {
 
 namespace {
 
+// The megatrain LoRA target of a module name that Hugging Face (PEFT's target_modules), Megatron-Core or Meta's
+// Llama code gives the same linear; null for any other name.
+const char* megatrain_lora_target(std::string_view name) {
+  static constexpr std::pair<std::string_view, const char*> kNames[] = {
+      {"q_proj", "qkv (one fused query/key/value linear)"},
+      {"k_proj", "qkv (one fused query/key/value linear)"},
+      {"v_proj", "qkv (one fused query/key/value linear)"},
+      {"c_attn", "qkv"},
+      {"query_key_value", "qkv"},
+      {"linear_qkv", "qkv"},
+      {"wq", "qkv (one fused query/key/value linear)"},
+      {"wk", "qkv (one fused query/key/value linear)"},
+      {"wv", "qkv (one fused query/key/value linear)"},
+      {"o_proj", "proj"},
+      {"out_proj", "proj"},
+      {"dense", "proj"},
+      {"linear_proj", "proj"},
+      {"wo", "proj"},
+      {"c_proj", "proj (attention's c_proj) or fc2 (the MLP's c_proj)"},
+      {"gate_proj", "fc1 (gate and up are one fused linear)"},
+      {"up_proj", "fc1 (gate and up are one fused linear)"},
+      {"w1", "fc1 (gate and up are one fused linear)"},
+      {"w3", "fc1 (gate and up are one fused linear)"},
+      {"c_fc", "fc1"},
+      {"fc_in", "fc1"},
+      {"dense_h_to_4h", "fc1"},
+      {"linear_fc1", "fc1"},
+      {"down_proj", "fc2"},
+      {"w2", "fc2"},
+      {"fc_out", "fc2"},
+      {"dense_4h_to_h", "fc2"},
+      {"linear_fc2", "fc2"}};
+  for (const auto& [hf, ours] : kNames)
+    if (name == hf) return ours;
+  return nullptr;
+}
+
 // finetune.lora: rank 0 (the default) is off. A negative rank, or rank 0 beside another key set to a value of its own
 // (a block that forgot its rank; to_yaml writes the defaults, which stay accepted), is refused.
 void resolve_finetune(const Config& c, const Rules& r) {
@@ -649,6 +688,11 @@ void resolve_finetune(const Config& c, const Rules& r) {
   if (!l.enabled()) return;
   if (l.targets.empty()) r.fail("finetune.lora.targets", "needs at least one of qkv, proj, fc1, fc2");
   for (size_t i = 0; i < l.targets.size(); ++i) {
+    if (const char* ours = megatrain_lora_target(l.targets[i]))
+      r.fail("finetune.lora.targets",
+             fmt::format("'{}' names a module of another framework (Hugging Face, Megatron-Core or Meta's Llama); "
+                         "megatrain's target for it is {} (targets: qkv, proj, fc1, fc2)",
+                         l.targets[i], ours));
     r.one_of("finetune.lora.targets", l.targets[i], {"qkv", "proj", "fc1", "fc2"});
     for (size_t j = 0; j < i; ++j)
       if (l.targets[j] == l.targets[i]) r.fail("finetune.lora.targets", fmt::format("names '{}' twice", l.targets[i]));

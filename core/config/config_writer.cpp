@@ -76,12 +76,17 @@ class Writer {
     body();
     indent_ -= 2;
   }
+  // A key that means nothing in this config (Key::inert) is left out: the reader would refuse it.
   template <class T>
   void field(const Key& k, const T& v) {
-    line(k.name, scalar(v));
+    if (!k.inert) line(k.name, text(k, v));
   }
-  void field(const Key& k, const int64_t& v) { line(k.name, k.accepts_auto && v == 0 ? "auto" : scalar(v)); }
-  void field(const Key& k, const double& v) { line(k.name, k.zero_word && v == 0 ? k.zero_word : scalar(v)); }
+  template <class T>
+  static std::string text(const Key&, const T& v) {
+    return scalar(v);
+  }
+  static std::string text(const Key& k, const int64_t& v) { return k.accepts_auto && v == 0 ? "auto" : scalar(v); }
+  static std::string text(const Key& k, const double& v) { return k.zero_word && v == 0 ? k.zero_word : scalar(v); }
   void line(const char* name, const std::string& value) {
     out += fmt::format("{:{}}{}: {}\n", "", indent_, name, value);
   }

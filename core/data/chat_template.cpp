@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <string_view>
 #include <nlohmann/json.hpp>
 
 #include "core/io/file_io.h"
@@ -44,7 +46,7 @@ std::vector<ChatMessage> parse_chat_line(std::string_view line) {
   json j;
   try {
     j = json::parse(line);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // a syntax error, or a number out of range (1e400)
     throw DataError(fmt::format("invalid JSON line: {}", e.what()));
   }
   if (!j.is_object()) throw DataError(fmt::format("expected a JSON object, got {}", j.type_name()));
@@ -76,15 +78,39 @@ std::vector<ChatMessage> parse_chat_line(std::string_view line) {
   return messages;
 }
 
-ChatTemplate chat_template_from_config(const std::string& path) {
-  json j;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The template whose text `text` is (read from `path`, for the message).
+ChatTemplate recognise_chat_template(const std::string& text, const std::string& path) {
+  if (text.find("<|im_start|>") != std::string::npos) return ChatTemplate::chatml;
+  if (text.find("<|start_header_id|>") != std::string::npos) return ChatTemplate::llama3;
+  std::string start = text.substr(0, 80);
+  std::replace(start.begin(), start.end(), '\n', ' ');
+  throw DataError(
+      fmt::format("{}: the chat_template \"{}{}\" is neither ChatML nor Llama 3, the templates data "
+                  "prepare renders; name one with --chat-template chatml|llama3 if the model uses it",
+                  path, start, text.size() > 80 ? "..." : ""));
+}
+
+std::string read_template_file(const std::string& path) {
   try {
-    j = json::parse(io::read_text_file(path));
+    return io::read_text_file(path);
   } catch (const DataError&) {
     throw;
   } catch (const FileError& e) {
     throw DataError(fmt::format("--chat-template auto: {}", e.what()));
-  } catch (const json::parse_error& e) {
+  }
+}
+
+}  // namespace
+
+ChatTemplate chat_template_from_config(const std::string& path) {
+  json j;
+  try {
+    j = json::parse(read_template_file(path));
+  } catch (const json::exception& e) {
     throw DataError(fmt::format("{}: invalid JSON: {}", path, e.what()));
   }
   if (!j.is_object() || !j.contains("chat_template"))
@@ -95,15 +121,23 @@ ChatTemplate chat_template_from_config(const std::string& path) {
         fmt::format("{}: \"chat_template\" is not a string (a list of named templates?); name one with "
                     "--chat-template chatml|llama3",
                     path));
-  const std::string text = t.get<std::string>();
-  if (text.find("<|im_start|>") != std::string::npos) return ChatTemplate::chatml;
-  if (text.find("<|start_header_id|>") != std::string::npos) return ChatTemplate::llama3;
-  std::string start = text.substr(0, 80);
-  std::replace(start.begin(), start.end(), '\n', ' ');
-  throw DataError(
-      fmt::format("{}: the chat_template \"{}{}\" is neither ChatML nor Llama 3, the templates data "
-                  "prepare renders; name one with --chat-template chatml|llama3 if the model uses it",
-                  path, start, text.size() > 80 ? "..." : ""));
+  return recognise_chat_template(t.get<std::string>(), path);
+}
+
+ChatTemplate chat_template_from_dir(const std::string& dir) {
+  const fs::path d(dir);
+  std::error_code ec;
+  if (const fs::path jinja = d / "chat_template.jinja"; fs::exists(jinja, ec))
+    return recognise_chat_template(read_template_file(jinja.string()), jinja.string());
+  for (const char* name : {"chat_template.json", "tokenizer_config.json"}) {
+    const fs::path file = d / name;
+    if (!fs::exists(file, ec)) continue;
+    return chat_template_from_config(file.string());
+  }
+  throw DataError(fmt::format(
+      "--chat-template auto: {} holds none of chat_template.jinja, chat_template.json and tokenizer_config.json "
+      "(where transformers reads a tokenizer's chat template); name one with --chat-template chatml|llama3",
+      dir.empty() ? "." : dir));
 }
 
 std::string loss_mask_prefix(const std::string& prefix) { return prefix + "_mask"; }

@@ -75,6 +75,13 @@ void TokenStream::read(int64_t begin, std::span<int32_t> out) const {
                  });
 }
 
+std::string TokenStream::where(int64_t pos) const {
+  if (pos < 0 || pos >= total_) return fmt::format("stream position {} (outside the stream)", pos);
+  const Run& run = runs_[run_at(pos)];
+  return fmt::format("{}.bin: sequence {}, token {}", parts_[run.part].dataset->prefix(), run.sequence,
+                     pos - run.start);
+}
+
 // A document's positions count from 0 at its start, or at the read's start for the document the read begins in.
 void TokenStream::read_positions(int64_t begin, std::span<int32_t> out) const {
   for_each_piece(begin, static_cast<int64_t>(out.size()), "positions",
@@ -106,6 +113,12 @@ std::vector<int64_t> GptDataset::epoch_permutation(int64_t epoch) const {
     std::swap(perm[static_cast<size_t>(i)], perm[j]);
   }
   return perm;
+}
+
+std::string GptDataset::where(int64_t global_index, int64_t token) const {
+  if (cut_ == Cut::stream) return stream_->where(stream_sample(global_index) * seq_length_ + token);
+  const auto [start, length] = stream_->sequence_span(stream_sample(global_index));
+  return token < length ? stream_->where(start + token) : "padding";
 }
 
 int64_t GptDataset::stream_sample(int64_t global_index) const {

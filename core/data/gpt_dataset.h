@@ -34,6 +34,8 @@ class TokenStream {
   }
   // Tokens [begin, begin + out.size()) of the stream.
   void read(int64_t begin, std::span<int32_t> out) const;
+  // Where stream token `pos` is read from, for a message: "PREFIX.bin: sequence 3, token 5".
+  std::string where(int64_t pos) const;
   // The positions of the same tokens within their sequences (documents), counted from `begin` where a sequence
   // started before it: out[k] = begin + k - max(start of the sequence holding token begin + k, begin). A packed
   // sample's position ids, which restart at 0 at every document boundary (data.sft_packing: pack).
@@ -77,6 +79,9 @@ class GptDataset {
   // The position of each of those tokens within its document (TokenStream::read_positions, from 0 at the sample's
   // start); with cut = sequences the sample is one document: 0, 1, ..., seq_length.
   void sample_positions(int64_t global_index, std::span<int32_t> out) const;
+  // Where token `token` (< seq_length + 1) of global sample g is read from (TokenStream::where); "padding" for the
+  // zeros after a short sequence (cut = sequences).
+  std::string where(int64_t global_index, int64_t token) const;
   // Stream sample (in file order) that global sample g reads.
   int64_t stream_sample(int64_t global_index) const;
   // The permutation of one epoch: element i is the stream sample read at position i of the epoch.

@@ -206,17 +206,19 @@ void read_json_lines(const std::string& path, const std::string& key, DocumentSi
       });
 }
 
-// The template --chat-template names, or for auto the one tokenizer_config.json beside the tokenizer's file holds.
+// The template --chat-template names, or for auto the one the tokenizer's directory holds (chat_template.jinja,
+// chat_template.json or tokenizer_config.json, as transformers reads them).
 ChatTemplate resolve_chat_template(const PrepareOptions& options) {
   if (options.chat_template != ChatTemplate::automatic) return options.chat_template;
   const TokenizerOptions& t = options.tokenizer;
   for (const std::string& file : {t.tokenizer_file, t.tokenizer_model, t.vocab_file}) {
     if (file.empty()) continue;
-    return chat_template_from_config((fs::path(file).parent_path() / "tokenizer_config.json").string());
+    return chat_template_from_dir(fs::path(file).parent_path().string());
   }
   throw DataError(fmt::format(
-      "data prepare: --chat-template auto reads tokenizer_config.json beside the tokenizer's file, and the {} "
-      "tokenizer has none; name the template with --chat-template chatml|llama3",
+      "data prepare: --chat-template auto reads chat_template.jinja, chat_template.json or tokenizer_config.json "
+      "beside the tokenizer's file, and the {} tokenizer has none; name the template with --chat-template "
+      "chatml|llama3",
       name_of(t.kind)));
 }
 

@@ -69,4 +69,17 @@ expect_error "checksum" eval --checkpoint ckpt --data data/text_document --sampl
 cmp -s pristine/metadata.yaml "ckpt/$ckpt/metadata.yaml" || fail "the failed resume touched the checkpoint"
 rm "ckpt/$ckpt/metadata.yaml"
 expect_error "metadata.yaml" eval --checkpoint "ckpt/$ckpt" --data data/text_document --samples 4
+# eval reads its data as training does (issue 49, items 6 and 7b): against PREFIX.crc32c first, and a token id
+# outside the vocabulary is named with the file, sequence and token it was read from.
+expect_error "--data flipped: flipped.bin: chunk 0 (bytes 0\.\..*) has CRC-32C.*(--skip-checksums skips this check)" \
+  eval --checkpoint pristine --data flipped --samples 4
+cp data/text_document.idx high.idx
+python3 - data/text_document.bin high.bin <<'PY'
+import sys
+data = bytearray(open(sys.argv[1], "rb").read())
+data[5001] ^= 0x10  # the high byte of token 2500 (uint16): an id past the vocabulary of 257
+open(sys.argv[2], "wb").write(bytes(data))
+PY
+expect_error "--data: sample [0-9]* holds token id [0-9]* (read from high.bin: sequence [0-9]*, token [0-9]*), outside" \
+  eval --checkpoint pristine --data high --samples 100 --skip-checksums
 echo "all bad-input cases give clear errors"

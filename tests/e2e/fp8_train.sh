@@ -16,8 +16,16 @@ expect_error "training.fp8.format" --config tiny.yaml --set training.fp8.format=
 expect_error "training.fp8.format" --config tiny.yaml --set training.fp8.format=e4m3
 expect_error "training.fp8.format" --config tiny.yaml "${fp8[@]}" --set training.fp8.format=e4m4
 expect_error "training.fp8.recipe" --config tiny.yaml "${fp8[@]}" --set training.fp8.recipe=lagged
-expect_error "training.fp8.amax_history_len" --config tiny.yaml "${fp8[@]}" --set training.fp8.amax_history_len=0
-expect_error "training.fp8.amax_compute_algo" --config tiny.yaml "${fp8[@]}" --set training.fp8.amax_compute_algo=mean
+expect_error "training.fp8.amax_history_len: must be positive" --config tiny.yaml "${fp8[@]}" \
+  --set training.fp8.recipe=delayed --set training.fp8.amax_history_len=0
+expect_error "training.fp8.amax_compute_algo: expected one of" --config tiny.yaml "${fp8[@]}" \
+  --set training.fp8.recipe=delayed --set training.fp8.amax_compute_algo=mean
+# A key that means nothing is refused, even at its default (issue 49, item 5): the history is the delayed recipe's,
+# and every fp8 key is fp8's.
+expect_error "training.fp8.amax_history_len: is set, but training.fp8.recipe is current" --config tiny.yaml \
+  "${fp8[@]}" --set training.fp8.amax_history_len=1024
+expect_error "training.fp8.margin: is set, but training.fp8.format is none" --config tiny.yaml \
+  --set training.fp8.margin=0
 expect_error "training.fp8.margin" --config tiny.yaml "${fp8[@]}" --set training.fp8.margin=-1
 
 common=(--set model.num_layers=4 --set training.micro_batch_size=1 --set training.global_batch_size=8
@@ -51,8 +59,8 @@ PY
 
 # Layouts, with both recipes: one rank's fp8 losses.
 for recipe in current delayed; do
-  r=(--config tiny.yaml "${common[@]}" "${fp8[@]}" --set training.fp8.recipe=$recipe
-     --set training.fp8.amax_history_len=4)
+  r=(--config tiny.yaml "${common[@]}" "${fp8[@]}" --set training.fp8.recipe=$recipe)
+  [ "$recipe" = current ] || r+=(--set training.fp8.amax_history_len=4)
   "$MT" "${r[@]}" --set logging.dir=one_$recipe >/dev/null
   "$MT" "${r[@]}" --nproc 8 --set parallel.tensor=2 --set parallel.pipeline=2 --set parallel.virtual_pipeline=2 \
         --set parallel.sequence_parallel=true --set parallel.distributed_optimizer=true \

@@ -37,4 +37,18 @@ expect_error "data.valid\[1\]: no file nowhere.idx" --config tiny.yaml \
   --set 'data.valid=[data/text_document, nowhere]'
 expect_error "data.train\[3\]: no file gone.bin" --config tiny.yaml --nproc 2 \
   --set 'data.train=[0.5, data/text_document, 0.5, gone]'
+
+# Keys that mean nothing or cannot hold (issue 49, items 5 and 7): refused naming the key, and what to write instead.
+expect_error "model.moe.top_k: is set, but model.moe.num_experts is 0 (a dense model)" --config tiny.yaml \
+  --set model.moe.top_k=2
+for n in 3 9223372036854775807; do
+  expect_error "training.recompute_num_layers: $n is more than model.num_layers=2" --config tiny.yaml \
+    --set training.recompute=full --set training.recompute_num_layers=$n
+done
+expect_error "training.recompute_num_layers: expected an integer, got '1e12'" --config tiny.yaml \
+  --set training.recompute=full --set training.recompute_num_layers=1e12
+expect_error "parallel.expert: 3 does not divide model.moe.num_experts=8 (.*; valid: 1, 2, 4, 8)" --config tiny.yaml \
+  --set model.moe.num_experts=8 --set parallel.expert=3
+expect_error "finetune.lora.targets: 'q_proj' names a module of another framework.*target for it is qkv" \
+  --config tiny.yaml --set finetune.lora.rank=4 --set 'finetune.lora.targets=[q_proj, v_proj]'
 echo "papercuts ok"

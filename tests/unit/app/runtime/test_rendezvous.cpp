@@ -106,3 +106,47 @@ TEST(Rendezvous, ASecondProcessRegisteringTheSameRankIsRefused) {
     EXPECT_CONTAINS(e.what(), "rank 1 is already registered at the rendezvous store at test-store");
   }
 }
+
+// Ranks launched with different world sizes are told so, with the values, on both sides: rank 0 (waiting for a
+// rank that never comes) and the rank that disagrees; no bare "get(...) timed out".
+TEST(Rendezvous, RanksThatDisagreeOnTheWorldSizeAreToldSoWithTheValues) {
+  auto store = make_hash_store();
+  const JobIdentity id = job_identity(config(), LaunchEnv{});
+  constexpr Millis kShort{300};
+  std::string error0, error1;
+  std::thread rank0([&] {
+    try {
+      check_job_identity(*store, id, 0, 3, kShort, "test-store");
+    } catch (const RendezvousError& e) {
+      error0 = e.what();
+    }
+  });
+  try {
+    check_job_identity(*store, id, 1, 2, kShort, "test-store");
+  } catch (const RendezvousError& e) {
+    error1 = e.what();
+  }
+  rank0.join();
+  EXPECT_CONTAINS(error1,
+                  "the ranks disagree on the world size: rank 1 was started with a world of 2 ranks, rank 0 "
+                  "with 3");
+  EXPECT_CONTAINS(error0, "rank 2 never arrived at the rendezvous store at test-store within 0.3 s");
+  EXPECT_CONTAINS(error0,
+                  "the ranks disagree on the world size: rank 0 was started with a world of 3 ranks, rank 1 "
+                  "with 2");
+  EXPECT_EQ(error0.find("timed out"), std::string::npos) << error0;
+}
+
+// A rank that never comes, all others agreeing, is named with the world size rank 0 waits for.
+TEST(Rendezvous, ARankThatNeverComesIsNamed) {
+  auto store = make_hash_store();
+  const JobIdentity id = job_identity(config(), LaunchEnv{});
+  try {
+    check_job_identity(*store, id, 0, 2, Millis(200), "test-store");
+    ADD_FAILURE() << "rank 0 passed without rank 1";
+  } catch (const RendezvousError& e) {
+    EXPECT_CONTAINS(e.what(),
+                    "rank 1 never arrived at the rendezvous store at test-store within 0.2 s: rank 0 waits "
+                    "for a world of 2 ranks");
+  }
+}

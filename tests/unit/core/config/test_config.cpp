@@ -1,6 +1,7 @@
 // test_config.cpp: the YAML configuration: typed keys, unknown-key hints, overrides, rules, derived values and
 // the to_yaml round trip, and every file in configs/.
 #include <gtest/gtest.h>
+#include <fmt/format.h>
 
 #include "tests/unit/expect_contains.h"
 #include <yaml-cpp/yaml.h>
@@ -477,6 +478,13 @@ TEST(ConfigRules, Recompute) {
                   "training.recompute_modules[1]: core_attn is listed twice");
   EXPECT_EQ(base({"training.recompute=full", "training.recompute_num_layers=1"}).training.recompute_num_layers, 1);
   EXPECT_CONTAINS(base_error({"training.recompute_num_layers=-1"}), "training.recompute_num_layers: must be >= 0");
+  // More layers than the model has is refused, without overflow at the largest int64.
+  EXPECT_EQ(base({"training.recompute=full", "training.recompute_num_layers=4"}).training.recompute_num_layers, 4);
+  for (const char* n : {"5", "1000000000000", "9223372036854775807"})
+    EXPECT_CONTAINS(base_error({"training.recompute=full", std::string("training.recompute_num_layers=") + n}),
+                    fmt::format("training.recompute_num_layers: {} is more than model.num_layers=4", n));
+  EXPECT_CONTAINS(base_error({"training.recompute=full", "training.recompute_num_layers=1e12"}),
+                  "training.recompute_num_layers: expected an integer, got '1e12'");
   EXPECT_CONTAINS(base_error({"training.recompute=full", "training.recompute_method=every"}),
                   "training.recompute_method: expected one of block, got 'every'");
 }
@@ -1011,8 +1019,10 @@ TEST(ConfigRules, MoeKeysAreCheckedNamingTheKey) {
   const Config d = base();
   EXPECT_FALSE(d.model.moe.enabled());
   EXPECT_EQ(d.parallel.expert, 1);
-  EXPECT_EQ(parse_config(to_yaml(d), d.source, {}, 1), d);  // a dense config's moe defaults read back
-  EXPECT_NE(to_yaml(d).find("capacity_factor: none"), std::string::npos) << to_yaml(d);
+  EXPECT_EQ(parse_config(to_yaml(d), d.source, {}, 1), d);  // a dense config reads back
+  // ... without the MoE keys a dense model does not take (the reader would refuse them).
+  EXPECT_EQ(to_yaml(d).find("top_k"), std::string::npos) << to_yaml(d);
+  EXPECT_EQ(to_yaml(d).find("capacity_factor"), std::string::npos) << to_yaml(d);
   // A valid MoE config passes every rule and reads back; what the layers cannot do yet is refused naming the key.
   const std::vector<std::string> moe = {"model.moe.num_experts=8", "model.moe.top_k=2"};
   auto with = [&](std::vector<std::string> more, int64_t world = 1) {
@@ -1068,7 +1078,7 @@ TEST(ConfigRules, MoeKeysAreCheckedNamingTheKey) {
   EXPECT_CONTAINS(with({"model.moe.ffn_hidden_size=0"}), "model.moe.ffn_hidden_size: 0 is not a valid value");
   EXPECT_CONTAINS(with({"parallel.expert=3"}, 3),
                   "parallel.expert: 3 does not divide model.moe.num_experts=8 (each expert-parallel rank holds an "
-                  "equal share)");
+                  "equal share; valid: 1, 2, 4, 8)");
   EXPECT_CONTAINS(with({"parallel.expert=4"}, 2),
                   "parallel.expert: 4 does not divide parallel.data=2 (expert-parallel ranks are drawn from the "
                   "data-parallel ranks)");
@@ -1079,6 +1089,75 @@ TEST(ConfigRules, MoeKeysAreCheckedNamingTheKey) {
                   "model.moe.top_k: is set, but model.moe.num_experts is 0 (a dense model): set num_experts");
   EXPECT_CONTAINS(base_error({"parallel.expert=2"}, 2), "parallel.expert: 2 needs mixture-of-experts layers");
   EXPECT_CONTAINS(base_error({"model.moe.numexperts=4"}), "unknown key (did you mean model.moe.num_experts?)");
+}
+
+// A key that means nothing in the config (config_keys.h: Key::inert) is refused when set, even at its default
+// value, naming why; to_yaml leaves it out, and a config it wrote before it did (the inert keys at their defaults)
+// still reads back.
+TEST(ConfigRules, InertKeysAreRefusedWhenSet) {
+  EXPECT_CONTAINS(base_error({"model.moe.top_k=2"}),
+                  "model.moe.top_k: is set, but model.moe.num_experts is 0 (a dense model): set num_experts");
+  EXPECT_CONTAINS(base_error({"model.moe.capacity_factor=none"}), "model.moe.capacity_factor: is set, but");
+  EXPECT_CONTAINS(base_error({"training.fp8.recipe=current"}),
+                  "training.fp8.recipe: is set, but training.fp8.format is none (no fp8 GEMMs)");
+  EXPECT_CONTAINS(base_error({"training.fp8.amax_history_len=1024"}),
+                  "training.fp8.amax_history_len: is set, but training.fp8.format is none");
+  EXPECT_CONTAINS(base_error({"training.fp8.margin=1"}),
+                  "training.fp8.margin: is set, but training.fp8.format is none");
+  const std::vector<std::string> fp8 = {"training.precision=bf16", "training.fp8.format=e4m3"};
+  auto with_fp8 = [&](const std::string& more) {
+    std::vector<std::string> all = fp8;
+    all.push_back(more);
+    return all;
+  };
+  EXPECT_CONTAINS(base_error(with_fp8("training.fp8.amax_history_len=16")),
+                  "training.fp8.amax_history_len: is set, but training.fp8.recipe is current (each tensor scaled by "
+                  "its own amax, no history): set training.fp8.recipe: delayed");
+  EXPECT_CONTAINS(base_error(with_fp8("training.fp8.amax_compute_algo=most_recent")),
+                  "training.fp8.amax_compute_algo: is set, but training.fp8.recipe is current");
+  EXPECT_EQ(base(with_fp8("training.fp8.margin=1")).training.fp8.margin, 1);  // margin scales current too
+  std::vector<std::string> delayed = with_fp8("training.fp8.recipe=delayed");
+  delayed.push_back("training.fp8.amax_history_len=16");
+  const Config c = base(delayed);
+  EXPECT_EQ(c.training.fp8.amax_history_len, 16);
+  EXPECT_EQ(parse_config(to_yaml(c), c.source, {}, 1), c);
+  // Written: current leaves the history keys out, no fp8 leaves every fp8 key but format out.
+  const std::string current = to_yaml(base(fp8)), none = to_yaml(base());
+  EXPECT_CONTAINS(current, "recipe: current");
+  EXPECT_EQ(current.find("amax_history_len"), std::string::npos) << current;
+  EXPECT_CONTAINS(none, "  fp8:\n    format: none\n  loss_spike:");
+  // A config to_yaml wrote before it left inert keys out (it has the derived section) reads back; a value there
+  // that is not the default is still refused.
+  const std::string old_written =
+      replace(none, "    format: none\n", "    format: none\n    recipe: current\n    amax_history_len: 1024\n");
+  EXPECT_EQ(parse(old_written), base());
+  EXPECT_CONTAINS(error_of(replace(old_written, "amax_history_len: 1024", "amax_history_len: 16")),
+                  "training.fp8.amax_history_len: is set, but training.fp8.format is none");
+  const std::string old_dense = replace(none, "    num_experts: 0\n", "    num_experts: 0\n    top_k: 2\n");
+  EXPECT_EQ(parse(old_dense), base());
+  EXPECT_CONTAINS(error_of(replace(old_dense, "top_k: 2", "top_k: 4")), "model.moe.top_k: is set, but");
+}
+
+// A LoRA target written as another framework's module name says which megatrain target it is.
+TEST(ConfigRules, LoraTargetsOfOtherFrameworksNameOurs) {
+  const std::vector<std::string> lora = {"finetune.lora.rank=4"};
+  auto targets = [&](const std::string& list) {
+    std::vector<std::string> all = lora;
+    all.push_back("finetune.lora.targets=" + list);
+    return base_error(all);
+  };
+  EXPECT_CONTAINS(targets("[q_proj, v_proj]"),
+                  "finetune.lora.targets: 'q_proj' names a module of another framework (Hugging Face, Megatron-Core or "
+                  "Meta's Llama); megatrain's target for it is qkv");
+  for (const auto& [theirs, ours] :
+       {std::pair{"k_proj", "qkv"}, std::pair{"o_proj", "proj"}, std::pair{"gate_proj", "fc1"},
+        std::pair{"up_proj", "fc1"}, std::pair{"down_proj", "fc2"}, std::pair{"c_attn", "qkv"},
+        std::pair{"c_fc", "fc1"}, std::pair{"linear_fc2", "fc2"}})
+    EXPECT_CONTAINS(targets(fmt::format("[{}]", theirs)),
+                    fmt::format("'{}' names a module of another framework (Hugging Face, Megatron-Core or Meta's "
+                                "Llama); megatrain's target for it is {}",
+                                theirs, ours));
+  EXPECT_CONTAINS(targets("[qkv, attn]"), "finetune.lora.targets: expected one of qkv, proj, fc1, fc2, got 'attn'");
 }
 
 TEST(ConfigRules, OnSinkErrorIsWarnOrSaveAndStop) {

@@ -217,6 +217,31 @@ TEST(ChatTemplate, AutoRecognisesChatMLAndLlama3AndRefusesOthersQuotingThem) {
   EXPECT_CONTAINS(error_of([&] { chat_template_from_config(dir / "missing.json"); }), "missing.json");
 }
 
+// --chat-template auto reads a tokenizer directory as transformers does: chat_template.jinja (transformers 5's
+// save_pretrained), else chat_template.json, else tokenizer_config.json's chat_template.
+TEST(ChatTemplate, AutoReadsTheDirectoryInTransformersOrder) {
+  TempDir dir;
+  const std::string chatml = "{% for message in messages %}{{'<|im_start|>' + message['role'] }}{% endfor %}";
+  const std::string llama3 = "{% for message in messages %}{{ '<|start_header_id|>' }}{% endfor %}";
+  EXPECT_CONTAINS(error_of([&] { chat_template_from_dir(dir.path().string()); }),
+                  "holds none of chat_template.jinja, chat_template.json and tokenizer_config.json");
+  write(dir / "tokenizer_config.json", nlohmann::json{{"eos_token", "x"}}.dump());  // no template: save_pretrained 5
+  EXPECT_CONTAINS(error_of([&] { chat_template_from_dir(dir.path().string()); }), "no \"chat_template\"");
+  write(dir / "chat_template.json", nlohmann::json{{"chat_template", llama3}}.dump());
+  EXPECT_EQ(chat_template_from_dir(dir.path().string()), ChatTemplate::llama3);
+  write(dir / "tokenizer_config.json", nlohmann::json{{"chat_template", chatml}}.dump());
+  EXPECT_EQ(chat_template_from_dir(dir.path().string()), ChatTemplate::llama3);  // chat_template.json comes first
+  write(dir / "chat_template.jinja", chatml);
+  EXPECT_EQ(chat_template_from_dir(dir.path().string()), ChatTemplate::chatml);  // and chat_template.jinja before it
+  write(dir / "chat_template.jinja", "{{ bos_token }}[INST]");
+  const std::string other = error_of([&] { chat_template_from_dir(dir.path().string()); });
+  EXPECT_CONTAINS(other, dir / "chat_template.jinja");
+  EXPECT_CONTAINS(other, "is neither ChatML nor Llama 3");
+  std::filesystem::remove(dir / "chat_template.jinja");
+  write(dir / "chat_template.json", "{\"chat_template\": ");
+  EXPECT_CONTAINS(error_of([&] { chat_template_from_dir(dir.path().string()); }), dir / "chat_template.json");
+}
+
 PrepareOptions chat_options(const TempDir& dir, ChatTemplate t, const std::string& jsonl) {
   PrepareOptions o;
   o.tokenizer = hf_file(chat_tokenizer(dir, t));
@@ -282,6 +307,8 @@ TEST(PrepareChat, ABadLineIsRefusedWithItsFileAndLineAndNothingIsWritten) {
       {"{\"messages\": [{\"role\": \"bot\", \"content\": \"p\"}]}", "unknown role \"bot\""},
       {"{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", "is not a string"},
       {"{\"text\": \"p\"}", "neither \"messages\" nor \"prompt\""},
+      // A number beyond double's range is the JSON library's out_of_range, not a parse error: named the same way.
+      {"{\"prompt\": \"p\", \"response\": \"r\", \"score\": 1e400}", "invalid JSON line"},
   };
   for (const auto& [line, why] : cases) {
     SCOPED_TRACE(line);
@@ -303,7 +330,8 @@ TEST(PrepareChat, RefusesTextInputsATemplateItCannotRenderAndAnExistingMask) {
   EXPECT_CONTAINS(error_of([&] { prepare_dataset(text_input); }), "--format chat reads JSON lines");
   PrepareOptions bytes = o;
   bytes.tokenizer = TokenizerOptions{};
-  EXPECT_CONTAINS(error_of([&] { prepare_dataset(bytes); }), "--chat-template auto reads tokenizer_config.json");
+  EXPECT_CONTAINS(error_of([&] { prepare_dataset(bytes); }),
+                  "--chat-template auto reads chat_template.jinja, chat_template.json or tokenizer_config.json");
   bytes.chat_template = ChatTemplate::llama3;
   EXPECT_CONTAINS(error_of([&] { prepare_dataset(bytes); }), "special token <|begin_of_text|>");
   write(dir / "tokenizer_config.json", R"({"chat_template": "{{ messages }}"})");
