@@ -1,5 +1,6 @@
 // trainer_checkpoint.cpp: the training loop's resume (checkpoint.load) and save (checkpoint.save_dir).
 #include <chrono>
+#include <exception>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -82,6 +83,25 @@ void Trainer::warn_if_other_lora_base(const std::string& stored_yaml, const std:
         "{}: its LoRA adapters were trained on the base training.init_from: '{}', and now resume on '{}': the same "
         "weights, or the adapters no longer fit their base",
         dir, saved_base, cfg_.training.init_from);
+}
+
+void Trainer::hold_save_dir() {
+  const std::string& save_dir = cfg_.checkpoint.save_dir;
+  if (save_dir.empty()) return;
+  // Rank 0 holds the save_dir for the rest of the run: a second run on it is refused rather than let the two delete
+  // each other's temporary directories. Its error is rethrown after every rank has heard of it.
+  std::exception_ptr failed;
+  if (dist_.rank() == 0) {
+    try {
+      save_dir_lock_.emplace(save_dir);
+      check_save_dir_writable(save_dir);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  }
+  if (ranks_where(failed != nullptr).empty()) return;
+  if (failed) std::rethrow_exception(failed);
+  throw CheckpointError(fmt::format("{}: rank 0 cannot hold checkpoint.save_dir (its error says why)", save_dir));
 }
 
 bool Trainer::resume() {

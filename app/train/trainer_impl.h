@@ -18,6 +18,7 @@
 #include "app/train/moe_monitor.h"
 #include "app/train/train_state.h"
 #include "app/train/trainer.h"
+#include "core/checkpoint/save_dir.h"
 #include "core/io/progress.h"
 #include "core/optim/loss_scaler.h"
 #include "core/optim/loss_spike.h"
@@ -150,6 +151,11 @@ class Trainer {
   void maybe_resume();
   bool resume();     // true when a checkpoint was resumed
   void init_from();  // training.init_from: the model weights of a checkpoint, nothing else
+  // checkpoint.save_dir: rank 0 locks it (ckpt::SaveDirLock) and checks that it can write there, once the run has
+  // passed every check and loaded what it resumes: a refused run leaves the save_dir as it was (none is created,
+  // no .lock is left). A collective of the world: every rank throws when rank 0 cannot hold it.
+  void hold_save_dir();
+  std::optional<ckpt::SaveDirLock> save_dir_lock_;
   // Resuming LoRA adapters on another training.init_from than their checkpoint's run had: a warning.
   void warn_if_other_lora_base(const std::string& stored_yaml, const std::string& dir) const;
   // The MoE layers' expert biases from `reader` (of checkpoint `dir`), zero where it holds none.

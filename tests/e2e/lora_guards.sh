@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# What a refused run must leave alone, and the base LoRA adapters need (issue 49):
+# - a refused run (data.loss_mask without mask files, data.sft_packing: pad without masks, pack on synthetic data or
+#   with context parallelism, a missing training.init_from, a too small optimizer.offload_host_memory_gib) names
+#   the key and leaves no save_dir behind, and a save_dir holding a checkpoint byte-identical, without a .lock.
+source "$(dirname "$0")/lib/common.bash"
+prepare_data
+write_config
+lora=(--set finetune.lora.rank=4 --set finetune.lora.alpha=8)
+two=(--set training.train_iters=2 --set optimizer.warmup_iters=1)
+
+# A base (2 iterations of full training) and LoRA adapters trained on it for 2 iterations.
+"$MT" --config tiny.yaml "${two[@]}" --set logging.dir=base --set checkpoint.save_dir=base/ckpt >base.log 2>&1 ||
+  { tail -5 base.log; fail "the base run failed"; }
+"$MT" --config tiny.yaml "${two[@]}" "${lora[@]}" --set training.init_from=base/ckpt --set logging.dir=ad \
+      --set checkpoint.save_dir=ck >ad.log 2>&1 || { tail -5 ad.log; fail "the LoRA run failed"; }
+cp -a ck pristine
+unchanged() { diff -r pristine ck >/dev/null || fail "$1 changed the checkpoint"; }
+
+# 1. Refusals before anything is written: no save_dir made, a present one left byte-identical without a .lock.
+cp -a ck keep && rm keep/.lock && cp -a keep keep.orig
+refuse() {  # pattern, then the arguments beside the LoRA config
+  local pattern=$1; shift
+  for dir in fresh keep; do
+    expect_error "$pattern" --config tiny.yaml "${two[@]}" "${lora[@]}" --set training.init_from=base/ckpt \
+      --set logging.dir=refused "$@" --set checkpoint.save_dir=$dir
+  done
+  [ ! -e fresh ] || fail "a refused run ($*) made its save_dir"
+  diff -r keep.orig keep >/dev/null && [ ! -e keep/.lock ] || { ls -la keep; fail "a refused run ($*) wrote into its save_dir"; }
+}
+refuse "data.train: data/text_document has no loss mask" --set data.loss_mask=true
+refuse "data.sft_packing: pad needs loss masks" --set data.sft_packing=pad
+refuse "data.sft_packing: pack resets positions and attention at document boundaries, and data.synthetic" \
+  --set data.sft_packing=pack --set data.synthetic=true
+refuse "data.sft_packing: pack resets attention at document boundaries, which parallel.context=2" \
+  --nproc 2 --set data.sft_packing=pack --set parallel.context=2
+refuse "training.init_from: nowhere holds no checkpoint" --set training.init_from=nowhere
+refuse "optimizer.offload_host_memory_gib: rank 0 needs" --set optimizer.offload=true \
+  --set optimizer.offload_host_memory_gib=1e-6
+echo "ok: refused runs leave their save_dir as it was"
+
+echo "PASS"
