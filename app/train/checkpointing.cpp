@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <yaml-cpp/yaml.h>
 
 #include "core/io/file_io.h"
@@ -173,6 +174,42 @@ std::vector<std::string> model_shape_differences(const std::string& stored_yaml,
     const std::string dense = std::string_view(key) == "num_experts" ? "0" : "(dense)";
     const std::string old_v = text(stored_moe, key, dense.c_str()), new_v = text(run_moe, key, dense.c_str());
     if (old_v != new_v) out.push_back(fmt::format("model.moe.{}: {} -> {}", key, old_v, new_v));
+  }
+  return out;
+}
+
+std::vector<std::string> lora_differences(const std::string& stored_yaml, const LoraConfig& lora) {
+  LoraConfig stored;
+  stored.rank = 0;
+  try {  // model_shape_differences has named a config that is not YAML
+    if (const YAML::Node l = YAML::Load(stored_yaml)["finetune"]["lora"]; l.IsMap()) {
+      if (l["rank"].IsScalar()) stored.rank = l["rank"].as<int64_t>();
+      if (l["alpha"].IsScalar()) stored.alpha = l["alpha"].as<double>();
+      if (l["targets"].IsSequence()) stored.targets = l["targets"].as<std::vector<std::string>>();
+    }
+  } catch (const YAML::Exception&) {
+  }
+  std::vector<std::string> out;
+  if (stored.rank != lora.rank) out.push_back(fmt::format("finetune.lora.rank: {} -> {}", stored.rank, lora.rank));
+  if (!stored.enabled() || !lora.enabled()) return out;
+  if (stored.alpha != lora.alpha)
+    out.push_back(fmt::format("finetune.lora.alpha: {} -> {} (the adapters' update is scaled by alpha / rank)",
+                              stored.alpha, lora.alpha));
+  auto missing = [](const LoraConfig& from, const LoraConfig& in) {
+    std::vector<std::string> m;
+    for (const std::string& t : from.targets)
+      if (!in.targets_any(t)) m.push_back(t);
+    return m;
+  };
+  const std::vector<std::string> dropped = missing(stored, lora), added = missing(lora, stored);
+  if (!dropped.empty() || !added.empty()) {
+    std::vector<std::string> why;
+    if (!dropped.empty())
+      why.push_back(fmt::format("the checkpoint's adapters of {} and their optimizer state would be dropped",
+                                fmt::join(dropped, ", ")));
+    if (!added.empty()) why.push_back(fmt::format("it holds no adapters of {}", fmt::join(added, ", ")));
+    out.push_back(fmt::format("finetune.lora.targets: [{}] -> [{}] ({})", fmt::join(stored.targets, ", "),
+                              fmt::join(lora.targets, ", "), fmt::join(why, "; ")));
   }
   return out;
 }

@@ -37,6 +37,13 @@ struct PartialLoad {
 std::vector<std::string> model_shape_differences(const std::string& stored_yaml, const std::string& run_yaml,
                                                  const std::string& dir);
 
+// The finetune.lora keys that fix which adapters a checkpoint holds and what they compute (rank, alpha, targets)
+// whose value differs between the config a checkpoint stored (`stored_yaml`; no finetune.lora: rank 0) and this
+// run's `lora`: one "finetune.lora.KEY: OLD -> NEW" each (targets saying which adapters one side lacks), empty when
+// they agree. Dropout may change: it shapes training, not the adapters. Resuming past a difference would drop
+// adapters and their Adam state, or fail on shapes, or rescale what the adapters learned.
+std::vector<std::string> lora_differences(const std::string& stored_yaml, const LoraConfig& lora);
+
 // Reads "model.<param>" for every parameter into its value (dtype converted). Shapes must match the
 // checkpoint's global shapes; throws CheckpointError naming the tensor otherwise.
 void load_parameters(const CheckpointReader& reader, const std::vector<Parameter*>& params);

@@ -122,13 +122,14 @@ bool Trainer::resume() {
   const CheckpointState& s = reader.state();
   const TrainState rs = TrainState::load(s, *dir);  // every value checked before any is used
   check_checkpoint_tokenizer(*dir, cfg_);
-  // A checkpoint of another model shape is refused, unless a partial load is asked for.
-  const std::vector<std::string> diff = model_shape_differences(s.config_yaml, to_yaml(cfg_), *dir);
+  // A checkpoint of another model shape, or of other LoRA adapters, is refused, unless a partial load is asked for.
+  std::vector<std::string> diff = model_shape_differences(s.config_yaml, to_yaml(cfg_), *dir);
+  for (std::string& d : lora_differences(s.config_yaml, cfg_.finetune.lora)) diff.push_back(std::move(d));
   std::optional<PartialLoad> partial;
   if (!diff.empty()) {
     if (!ck.allow_partial_load)
       throw CheckpointError(
-          fmt::format("{}: was saved by another model ({}); resume it with the same model keys, or "
+          fmt::format("{}: was saved by another model ({}); resume it with the keys it was saved with, or "
                       "set checkpoint.allow_partial_load: true to load only the tensors that match",
                       *dir, fmt::join(diff, ", ")));
     spdlog::warn("partial load from {}: the model differs ({})", *dir, fmt::join(diff, ", "));

@@ -2,7 +2,9 @@
 # What a refused run must leave alone, and the base LoRA adapters need (issue 49):
 # - a refused run (data.loss_mask without mask files, data.sft_packing: pad without masks, pack on synthetic data or
 #   with context parallelism, a missing training.init_from, a too small optimizer.offload_host_memory_gib) names
-#   the key and leaves no save_dir behind, and a save_dir holding a checkpoint byte-identical, without a .lock.
+#   the key and leaves no save_dir behind, and a save_dir holding a checkpoint byte-identical, without a .lock;
+# - a LoRA resume with other adapters is refused naming the key and both values, the checkpoint left as it was:
+#   fewer finetune.lora.targets (their adapters and Adam state would be dropped), another rank, another alpha.
 source "$(dirname "$0")/lib/common.bash"
 prepare_data
 write_config
@@ -38,5 +40,16 @@ refuse "training.init_from: nowhere holds no checkpoint" --set training.init_fro
 refuse "optimizer.offload_host_memory_gib: rank 0 needs" --set optimizer.offload=true \
   --set optimizer.offload_host_memory_gib=1e-6
 echo "ok: refused runs leave their save_dir as it was"
+
+# 2. A resume with other adapters: refused naming the key and both values, nothing written.
+resume=(--config tiny.yaml --set training.train_iters=4 --set optimizer.warmup_iters=1 "${lora[@]}"
+        --set training.init_from=base/ckpt --set logging.dir=ad --set checkpoint.save_dir=ck)
+expect_error "finetune.lora.targets: \[qkv, proj, fc1, fc2\] -> \[qkv, proj\] (the checkpoint's adapters of fc1, fc2 and their optimizer state would be dropped)" \
+  "${resume[@]}" --set 'finetune.lora.targets=[qkv, proj]'
+unchanged "a resume with fewer targets"
+expect_error "finetune.lora.rank: 4 -> 8" "${resume[@]}" --set finetune.lora.rank=8
+expect_error "finetune.lora.alpha: 8 -> 16 (the adapters' update is scaled by alpha / rank)" "${resume[@]}" \
+  --set finetune.lora.alpha=16
+unchanged "a resume with another rank or alpha"
 
 echo "PASS"
