@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
-#include <yaml-cpp/yaml.h>
 
 #include "app/train/checkpointing.h"
 #include "app/train/nonfinite.h"
@@ -27,6 +26,14 @@ Progress Trainer::checkpoint_progress(std::string what) const {
 // training.init_from's weights (or the seeded initialization without it), loaded first, on a resume too.
 void Trainer::maybe_resume() {
   const bool lora = cfg_.finetune.lora.enabled();
+  if (lora && cfg_.training.init_from.empty()) {  // documented, and what the layout tests train on
+    lora_base_ = seeded_lora_base(cfg_.training.seed);
+    if (dist_.is_logging_rank())
+      spdlog::warn(
+          "finetune.lora without training.init_from: the frozen base is this model's seeded (random) "
+          "initialization, not a trained model; set training.init_from to the checkpoint to fine-tune (`megatrain "
+          "ckpt import` makes one from a Hugging Face model)");
+  }
   if (lora && !cfg_.training.init_from.empty()) init_from();
   if (!resume() && !lora && !cfg_.training.init_from.empty()) init_from();
 }
@@ -54,6 +61,7 @@ void Trainer::init_from() {
       if (p->frozen) base.push_back(p);
     load_parameters(reader, base);
     loading.finish();
+    lora_base_ = lora_base_of(reader);
     spdlog::info("LoRA: the frozen base model is {}'s weights (the adapters start at B = 0)", *dir);
     metrics_.write({{"event", "init_from"}, {"checkpoint", *dir}});
     return;
@@ -66,23 +74,6 @@ void Trainer::init_from() {
       "start)",
       *dir);
   metrics_.write({{"event", "init_from"}, {"checkpoint", *dir}});
-}
-
-// The adapters of a LoRA checkpoint were trained on its run's training.init_from: resuming them on another base is
-// allowed (a moved copy of the same weights), but said.
-void Trainer::warn_if_other_lora_base(const std::string& stored_yaml, const std::string& dir) const {
-  std::string saved_base;
-  try {
-    if (const YAML::Node n = YAML::Load(stored_yaml)["training"]["init_from"]; n && n.IsScalar())
-      saved_base = n.Scalar();
-  } catch (const YAML::Exception&) {
-    return;  // the state checks have named what is wrong with it
-  }
-  if (saved_base != cfg_.training.init_from)
-    spdlog::warn(
-        "{}: its LoRA adapters were trained on the base training.init_from: '{}', and now resume on '{}': the same "
-        "weights, or the adapters no longer fit their base",
-        dir, saved_base, cfg_.training.init_from);
 }
 
 void Trainer::hold_save_dir() {
@@ -135,6 +126,7 @@ bool Trainer::resume() {
     spdlog::warn("partial load from {}: the model differs ({})", *dir, fmt::join(diff, ", "));
     partial.emplace();
   }
+  if (cfg_.finetune.lora.enabled()) check_lora_base(s, *dir, lora_base_, cfg_.training.init_from);
   Progress loading = checkpoint_progress("checkpoint load");
   optimizer_->load_state(
       [&](const std::vector<Optimizer::Slot>& slots) {
@@ -149,7 +141,6 @@ bool Trainer::resume() {
   }
   load_expert_biases(reader, *dir);
   if (fp8_) load_fp8_tensors(*fp8_, reader, *dir);
-  if (cfg_.finetune.lora.enabled()) warn_if_other_lora_base(s.config_yaml, *dir);
   c_.iteration = rs.iteration;
   c_.consumed_samples = rs.consumed_samples;
   c_.skipped_iters = rs.skipped_iters;
@@ -263,6 +254,7 @@ bool Trainer::save() {
                .seed = cfg_.training.seed,
                .loss_spike = spike_.state()}
         .save(s);
+    if (cfg_.finetune.lora.enabled()) record_lora_base(s, lora_base_);
     try {
       write_checkpoint_tokenizer(tmp, cfg_.data.train);
       dir = commit_checkpoint(cfg_.checkpoint.save_dir, tmp, s, dist_.checkpoint_writers_per_stage() * dist_.pp_size(),

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# What a refused run must leave alone, and the base LoRA adapters need (issue 49):
+# What a refused run must leave alone, and the base LoRA adapters need (issue 49, items 2-4):
 # - a refused run (data.loss_mask without mask files, data.sft_packing: pad without masks, pack on synthetic data or
 #   with context parallelism, a missing training.init_from, a too small optimizer.offload_host_memory_gib) names
 #   the key and leaves no save_dir behind, and a save_dir holding a checkpoint byte-identical, without a .lock;
 # - a LoRA resume with other adapters is refused naming the key and both values, the checkpoint left as it was:
-#   fewer finetune.lora.targets (their adapters and Adam state would be dropped), another rank, another alpha.
+#   fewer finetune.lora.targets (their adapters and Adam state would be dropped), another rank, another alpha;
+# - a LoRA checkpoint records its base (a checksum of the base's stored weights, or the seed of a seeded one): a base
+#   replaced at the same path is refused by resume, eval, generate and ckpt export, naming training.init_from, what
+#   was recorded and what is found now; a seeded base with another training.seed too. (A copy of the base at another
+#   path is accepted: tests/e2e/lora_train.sh.)
 source "$(dirname "$0")/lib/common.bash"
 prepare_data
 write_config
@@ -52,4 +56,22 @@ expect_error "finetune.lora.alpha: 8 -> 16 (the adapters' update is scaled by al
   --set finetune.lora.alpha=16
 unchanged "a resume with another rank or alpha"
 
+# 3. The base replaced at the same path: base/ckpt trained one iteration further (its latest is iter_0000003 now).
+"$MT" --config tiny.yaml --set training.train_iters=3 --set optimizer.warmup_iters=1 --set logging.dir=base \
+      --set checkpoint.save_dir=base/ckpt >base3.log 2>&1 || { tail -5 base3.log; fail "the base's third iteration"; }
+other="ck/iter_0000002: its LoRA adapters were trained on the base base/ckpt/iter_0000002 (weights crc32 [0-9a-f]\{8\}), but training.init_from: 'base/ckpt' now gives the base base/ckpt/iter_0000003 (weights crc32 [0-9a-f]\{8\}): another base"
+expect_error "$other" "${resume[@]}"
+unchanged "a resume on another base"
+expect_error "$other" eval --checkpoint ck --data data/text_document --samples 4
+expect_error "$other" generate --load ck --prompt "Hello" --max-new-tokens 2
+expect_error "$other" ckpt export ck --format hf --output hf
+
+# A seeded base is its seed.
+"$MT" --config tiny.yaml "${two[@]}" "${lora[@]}" --set logging.dir=seeded --set checkpoint.save_dir=seeded/ckpt \
+      >seeded.log 2>&1 || { tail -5 seeded.log; fail "the seeded LoRA run failed"; }
+grep -q "finetune.lora without training.init_from: the frozen base is this model's seeded (random) initialization" \
+  seeded.log || fail "a LoRA run on the seeded initialization does not say so"
+expect_error "trained on the seeded initialization (training.seed 42), but training.init_from: '' now gives the seeded initialization (training.seed 7)" \
+  --config tiny.yaml --set training.train_iters=4 --set optimizer.warmup_iters=1 "${lora[@]}" --set training.seed=7 \
+  --set logging.dir=seeded --set checkpoint.save_dir=seeded/ckpt
 echo "PASS"

@@ -1,5 +1,6 @@
-// test_train_state.cpp: the training state a checkpoint stores (app::TrainState) and the model-shape and LoRA
-// checks of a resume (app::model_shape_differences, app::lora_differences).
+// test_train_state.cpp: the training state a checkpoint stores (app::TrainState), the model-shape and LoRA checks
+// of a resume (app::model_shape_differences, app::lora_differences) and a LoRA checkpoint's base
+// (app::check_lora_base).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -151,6 +152,35 @@ TEST(ResumeState, LoraDifferencesNameEachKeyAndBothValues) {
   EXPECT_EQ(app::lora_differences("model:\n  num_layers: 2\n", same),
             (std::vector<std::string>{"finetune.lora.rank: 0 -> 4"}));
   EXPECT_TRUE(app::lora_differences("model:\n  num_layers: 2\n", LoraConfig{}).empty());
+}
+
+// LoRA adapters fit only the base they were trained on: one replaced at the same path used to go unnoticed.
+TEST(ResumeState, LoraBaseIsRecordedAndAnotherOneRefused) {
+  const app::LoraBase base{.checkpoint = "base/ckpt/iter_0000006", .weights = "crc32 0123abcd"};
+  CheckpointState s;
+  s.config_yaml = "training:\n  init_from: base/ckpt\n";
+  app::record_lora_base(s, base);
+  app::check_lora_base(s, "ck", base, "base/ckpt");
+  app::check_lora_base(s, "ck", {.checkpoint = "copy/iter_0000006", .weights = base.weights}, "copy");  // a copy
+  const std::string msg = error_of([&] {
+    app::check_lora_base(s, "ck", {.checkpoint = "base/ckpt/iter_0000009", .weights = "crc32 89abcdef"}, "base/ckpt");
+  });
+  for (const char* part :
+       {"ck: its LoRA adapters were trained on the base base/ckpt/iter_0000006 (weights crc32 0123abcd)",
+        "training.init_from: 'base/ckpt' now gives the base base/ckpt/iter_0000009 (weights crc32 89abcdef)"})
+    EXPECT_NE(msg.find(part), std::string::npos) << msg;
+  // The seeded initialization is its seed.
+  CheckpointState seeded;
+  app::record_lora_base(seeded, app::seeded_lora_base(42));
+  app::check_lora_base(seeded, "ck", app::seeded_lora_base(42), "");
+  EXPECT_NE(error_of([&] { app::check_lora_base(seeded, "ck", app::seeded_lora_base(7), ""); })
+                .find("trained on the seeded initialization (training.seed 42), but training.init_from: '' now gives "
+                      "the seeded initialization (training.seed 7)"),
+            std::string::npos);
+  // A checkpoint saved before the record: only the path can be compared (a warning).
+  CheckpointState old;
+  old.config_yaml = s.config_yaml;
+  app::check_lora_base(old, "ck", {.checkpoint = "other/iter_0000001", .weights = "crc32 89abcdef"}, "other");
 }
 
 // Configs stored before issue 30 (item 8) wrote num_query_groups' default as 0, which a config file may no longer
