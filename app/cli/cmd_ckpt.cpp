@@ -15,6 +15,7 @@
 #include "app/cli/commands.h"
 #include "app/cli/option_checks.h"
 #include "app/cli/progress_flags.h"
+#include "app/train/checkpointing.h"
 #include "core/checkpoint/checkpoint.h"
 #include "core/io/file_io.h"
 #include "core/hf/hf_export.h"
@@ -115,7 +116,7 @@ std::optional<HfSpecialIds> export_ids(const CheckpointReader& ckpt, const std::
 }
 
 // A LoRA checkpoint holds only its adapters: the merged model or a PEFT adapter, against its base (the training run's
-// training.init_from, as that run named it).
+// training.init_from, as that run named it, holding the weights the checkpoint records).
 void run_lora_export(const ExportArgs& a, const CheckpointReader& ckpt, const HfLoraShape& l) {
   if (l.base.empty())
     throw CheckpointError(fmt::format(
@@ -129,6 +130,7 @@ void run_lora_export(const ExportArgs& a, const CheckpointReader& ckpt, const Hf
                     "the directory the training ran in)",
                     ckpt.dir(), l.base));
   CheckpointReader base(*base_dir);
+  check_lora_base(ckpt.state(), ckpt.dir(), lora_base_of(base), l.base);
   if (a.lora == "peft") {
     export_peft_adapter(ckpt, base, a.output, parse_dtype(a.dtype));
     fmt::print(

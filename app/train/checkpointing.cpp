@@ -9,6 +9,8 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 #include <yaml-cpp/yaml.h>
 
 #include "core/io/file_io.h"
@@ -94,14 +96,19 @@ std::unique_ptr<GptModel> saved_model(const CheckpointReader& reader, const Conf
   for (Parameter* p : model->parameters()) (p->frozen ? base : adapters).push_back(p);
   load_parameters(reader, adapters);
   const std::string& from = cfg.training.init_from;
-  if (from.empty()) return model;  // the base was the seeded initialization
+  if (from.empty()) {  // the base was the seeded initialization, which the model is built with
+    check_lora_base(reader.state(), reader.dir(), seeded_lora_base(cfg.training.seed), from);
+    return model;
+  }
   const std::optional<std::string> dir = resolve_resume_checkpoint(from);
   if (!dir)
     throw CheckpointError(
         fmt::format("{}: a LoRA checkpoint whose frozen base is training.init_from: {}, which holds "
                     "no checkpoint (run from the directory the training ran in)",
                     reader.dir(), from));
-  load_parameters(CheckpointReader(*dir), base);
+  const CheckpointReader base_reader(*dir);
+  check_lora_base(reader.state(), reader.dir(), lora_base_of(base_reader), from);
+  load_parameters(base_reader, base);
   return model;
 }
 
@@ -175,6 +182,95 @@ std::vector<std::string> model_shape_differences(const std::string& stored_yaml,
     if (old_v != new_v) out.push_back(fmt::format("model.moe.{}: {} -> {}", key, old_v, new_v));
   }
   return out;
+}
+
+std::vector<std::string> lora_differences(const std::string& stored_yaml, const LoraConfig& lora) {
+  LoraConfig stored;
+  stored.rank = 0;
+  try {  // model_shape_differences has named a config that is not YAML
+    if (const YAML::Node l = YAML::Load(stored_yaml)["finetune"]["lora"]; l.IsMap()) {
+      if (l["rank"].IsScalar()) stored.rank = l["rank"].as<int64_t>();
+      if (l["alpha"].IsScalar()) stored.alpha = l["alpha"].as<double>();
+      if (l["targets"].IsSequence()) stored.targets = l["targets"].as<std::vector<std::string>>();
+    }
+  } catch (const YAML::Exception&) {
+  }
+  std::vector<std::string> out;
+  if (stored.rank != lora.rank) out.push_back(fmt::format("finetune.lora.rank: {} -> {}", stored.rank, lora.rank));
+  if (!stored.enabled() || !lora.enabled()) return out;
+  if (stored.alpha != lora.alpha)
+    out.push_back(fmt::format("finetune.lora.alpha: {} -> {} (the adapters' update is scaled by alpha / rank)",
+                              stored.alpha, lora.alpha));
+  auto missing = [](const LoraConfig& from, const LoraConfig& in) {
+    std::vector<std::string> m;
+    for (const std::string& t : from.targets)
+      if (!in.targets_any(t)) m.push_back(t);
+    return m;
+  };
+  const std::vector<std::string> dropped = missing(stored, lora), added = missing(lora, stored);
+  if (!dropped.empty() || !added.empty()) {
+    std::vector<std::string> why;
+    if (!dropped.empty())
+      why.push_back(fmt::format("the checkpoint's adapters of {} and their optimizer state would be dropped",
+                                fmt::join(dropped, ", ")));
+    if (!added.empty()) why.push_back(fmt::format("it holds no adapters of {}", fmt::join(added, ", ")));
+    out.push_back(fmt::format("finetune.lora.targets: [{}] -> [{}] ({})", fmt::join(stored.targets, ", "),
+                              fmt::join(lora.targets, ", "), fmt::join(why, "; ")));
+  }
+  return out;
+}
+
+namespace {
+constexpr const char* kLoraBaseCheckpoint = "lora_base_checkpoint";
+constexpr const char* kLoraBaseWeights = "lora_base_weights";
+}  // namespace
+
+std::string LoraBase::describe() const {
+  return checkpoint.empty() ? fmt::format("the seeded initialization ({})", weights)
+                            : fmt::format("the base {} (weights {})", checkpoint, weights);
+}
+
+LoraBase lora_base_of(const CheckpointReader& base) {
+  return {.checkpoint = base.dir(), .weights = fmt::format("crc32 {:08x}", base.stored_checksum("model."))};
+}
+
+LoraBase seeded_lora_base(int64_t seed) { return {.weights = fmt::format("training.seed {}", seed)}; }
+
+void record_lora_base(CheckpointState& s, const LoraBase& base) {
+  s.values[kLoraBaseCheckpoint] = base.checkpoint;
+  s.values[kLoraBaseWeights] = base.weights;
+}
+
+void check_lora_base(const CheckpointState& adapters, const std::string& dir, const LoraBase& now,
+                     const std::string& init_from) {
+  const auto weights = adapters.values.find(kLoraBaseWeights);
+  if (weights == adapters.values.end()) {  // saved before the record: only the path can be compared
+    std::string saved_from;
+    try {
+      if (const YAML::Node n = YAML::Load(adapters.config_yaml)["training"]["init_from"]; n && n.IsScalar())
+        saved_from = n.Scalar();
+    } catch (const YAML::Exception&) {
+      return;  // the state checks have named what is wrong with it
+    }
+    if (saved_from != init_from)
+      spdlog::warn(
+          "{}: its LoRA adapters were trained on the base training.init_from: '{}', and now run on '{}': the same "
+          "weights, or the adapters no longer fit their base (the checkpoint predates the record of its base's "
+          "checksum)",
+          dir, saved_from, init_from);
+    return;
+  }
+  const auto checkpoint = adapters.values.find(kLoraBaseCheckpoint);
+  const LoraBase recorded{.checkpoint = checkpoint == adapters.values.end() ? "" : checkpoint->second,
+                          .weights = weights->second};
+  if (recorded.weights != now.weights)
+    throw CheckpointError(fmt::format(
+        "{}: its LoRA adapters were trained on {}, but training.init_from: '{}' now gives {}: another base, "
+        "which the adapters do not fit; set training.init_from to the base they were trained on",
+        dir, recorded.describe(), init_from, now.describe()));
+  if (recorded.checkpoint != now.checkpoint)
+    spdlog::info("{}: its LoRA adapters were trained on {}; training.init_from: '{}' gives {}: the same weights", dir,
+                 recorded.describe(), init_from, now.describe());
 }
 
 Config whole_model_config(const CheckpointReader& reader, const std::string& dir, int64_t micro_batch,

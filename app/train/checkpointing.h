@@ -37,13 +37,39 @@ struct PartialLoad {
 std::vector<std::string> model_shape_differences(const std::string& stored_yaml, const std::string& run_yaml,
                                                  const std::string& dir);
 
+// The finetune.lora keys that fix which adapters a checkpoint holds and what they compute (rank, alpha, targets)
+// whose value differs between the config a checkpoint stored (`stored_yaml`; no finetune.lora: rank 0) and this
+// run's `lora`: one "finetune.lora.KEY: OLD -> NEW" each (targets saying which adapters one side lacks), empty when
+// they agree. Dropout may change: it shapes training, not the adapters. Resuming past a difference would drop
+// adapters and their Adam state, or fail on shapes, or rescale what the adapters learned.
+std::vector<std::string> lora_differences(const std::string& stored_yaml, const LoraConfig& lora);
+
+// finetune.lora: the frozen base a run's adapters are trained on, as its checkpoints record it (state values
+// lora_base_checkpoint and lora_base_weights): training.init_from's checkpoint and the stored_checksum of its
+// "model." tensors, or the seeded initialization (no training.init_from) and its seed.
+struct LoraBase {
+  std::string checkpoint;  // the base's checkpoint directory as resolved then; empty: the seeded initialization
+  std::string weights;     // "crc32 0123abcd" of the base's stored weights, or "training.seed N"
+  std::string describe() const;
+};
+LoraBase lora_base_of(const CheckpointReader& base);
+LoraBase seeded_lora_base(int64_t seed);
+void record_lora_base(CheckpointState& s, const LoraBase& base);
+// Adapters fit only the base they were trained on. Refuses (CheckpointError) the checkpoint `adapters` (directory
+// `dir`) when the base it records differs from `now`, the base training.init_from: `init_from` gives this run,
+// naming that key, what was recorded and what is found now. Where only the path differs (a copy of the same
+// weights) it is said. A checkpoint saved before the record: the saving run's training.init_from against
+// `init_from`, a warning when they differ.
+void check_lora_base(const CheckpointState& adapters, const std::string& dir, const LoraBase& now,
+                     const std::string& init_from);
+
 // Reads "model.<param>" for every parameter into its value (dtype converted). Shapes must match the
 // checkpoint's global shapes; throws CheckpointError naming the tensor otherwise.
 void load_parameters(const CheckpointReader& reader, const std::vector<Parameter*>& params);
 // The saved model for eval and generate (cfg: whole_model_config's), in `dtype` on `device`, with its weights: every
 // parameter from `reader`; a LoRA checkpoint's model has its adapters, read from it, and its frozen base is the
-// saving run's training.init_from (unset: the seeded initialization, which the model is built with). Throws
-// CheckpointError naming what is missing.
+// saving run's training.init_from (unset: the seeded initialization, which the model is built with), checked
+// against the base the checkpoint records (check_lora_base). Throws CheckpointError naming what is missing.
 std::unique_ptr<GptModel> saved_model(const CheckpointReader& reader, const Config& cfg, DType dtype, Device device);
 
 // Reads the master weights and both Adam moments of every slot (whole per-parameter tensors of this rank's

@@ -1,8 +1,7 @@
-// train.cpp: `megatrain train` on one rank: logging, the save directory's lock, the device, the communicators,
-// then the Trainer (trainer.cpp) until it stops.
+// train.cpp: `megatrain train` on one rank: logging, the device, the communicators, then the Trainer (trainer.cpp)
+// until it stops (the Trainer takes the save directory's lock once its checks have passed).
 #include <filesystem>
 #include <memory>
-#include <optional>
 
 #include <fmt/format.h>
 #include <spdlog/sinks/basic_file_sink.h>
@@ -11,7 +10,6 @@
 
 #include "app/runtime/stop_signal.h"
 #include "app/train/trainer_impl.h"
-#include "core/checkpoint/save_dir.h"
 
 namespace mt::app {
 
@@ -38,13 +36,6 @@ void train(const Config& cfg, const TrainOptions& opt, const LaunchEnv& env) {
   const bool logging_rank = env.rank == 0;
   setup_logging(logging_rank ? cfg.logging.dir : "", logging_rank ? cfg.logging.level : "warn");
   spdlog::info("megatrain {} resolved config:\n{}", MEGATRAIN_VERSION, to_yaml(cfg));
-  // Rank 0 holds the save_dir for the whole run: a second run on it is refused rather than let the two delete
-  // each other's temporary directories.
-  std::optional<ckpt::SaveDirLock> save_dir_lock;
-  if (logging_rank && !cfg.checkpoint.save_dir.empty()) {
-    save_dir_lock.emplace(cfg.checkpoint.save_dir);
-    check_save_dir_writable(cfg.checkpoint.save_dir);
-  }
   const Placement placement = place_rank(cfg, env);
   spdlog::info("device: {}", placement.description);
   std::unique_ptr<Distributed> dist = init_distributed(cfg, env, placement);

@@ -412,6 +412,7 @@ void Trainer::run() {
     throw DataError(
         "logging.eval_interval is set but the validation split holds less than one sample "
         "(raise data.split's second weight or set data.valid)");
+  hold_save_dir();  // every check passed: only now is the save_dir touched
 
   const double flops_per_iter = model_flops_per_iteration(cfg_.model, G * S);
   double interval_ms = 0;

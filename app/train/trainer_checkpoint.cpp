@@ -1,10 +1,10 @@
 // trainer_checkpoint.cpp: the training loop's resume (checkpoint.load) and save (checkpoint.save_dir).
 #include <chrono>
+#include <exception>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
-#include <yaml-cpp/yaml.h>
 
 #include "app/train/checkpointing.h"
 #include "app/train/nonfinite.h"
@@ -26,6 +26,14 @@ Progress Trainer::checkpoint_progress(std::string what) const {
 // training.init_from's weights (or the seeded initialization without it), loaded first, on a resume too.
 void Trainer::maybe_resume() {
   const bool lora = cfg_.finetune.lora.enabled();
+  if (lora && cfg_.training.init_from.empty()) {  // documented, and what the layout tests train on
+    lora_base_ = seeded_lora_base(cfg_.training.seed);
+    if (dist_.is_logging_rank())
+      spdlog::warn(
+          "finetune.lora without training.init_from: the frozen base is this model's seeded (random) "
+          "initialization, not a trained model; set training.init_from to the checkpoint to fine-tune (`megatrain "
+          "ckpt import` makes one from a Hugging Face model)");
+  }
   if (lora && !cfg_.training.init_from.empty()) init_from();
   if (!resume() && !lora && !cfg_.training.init_from.empty()) init_from();
 }
@@ -53,6 +61,7 @@ void Trainer::init_from() {
       if (p->frozen) base.push_back(p);
     load_parameters(reader, base);
     loading.finish();
+    lora_base_ = lora_base_of(reader);
     spdlog::info("LoRA: the frozen base model is {}'s weights (the adapters start at B = 0)", *dir);
     metrics_.write({{"event", "init_from"}, {"checkpoint", *dir}});
     return;
@@ -67,21 +76,23 @@ void Trainer::init_from() {
   metrics_.write({{"event", "init_from"}, {"checkpoint", *dir}});
 }
 
-// The adapters of a LoRA checkpoint were trained on its run's training.init_from: resuming them on another base is
-// allowed (a moved copy of the same weights), but said.
-void Trainer::warn_if_other_lora_base(const std::string& stored_yaml, const std::string& dir) const {
-  std::string saved_base;
-  try {
-    if (const YAML::Node n = YAML::Load(stored_yaml)["training"]["init_from"]; n && n.IsScalar())
-      saved_base = n.Scalar();
-  } catch (const YAML::Exception&) {
-    return;  // the state checks have named what is wrong with it
+void Trainer::hold_save_dir() {
+  const std::string& save_dir = cfg_.checkpoint.save_dir;
+  if (save_dir.empty()) return;
+  // Rank 0 holds the save_dir for the rest of the run: a second run on it is refused rather than let the two delete
+  // each other's temporary directories. Its error is rethrown after every rank has heard of it.
+  std::exception_ptr failed;
+  if (dist_.rank() == 0) {
+    try {
+      save_dir_lock_.emplace(save_dir);
+      check_save_dir_writable(save_dir);
+    } catch (...) {
+      failed = std::current_exception();
+    }
   }
-  if (saved_base != cfg_.training.init_from)
-    spdlog::warn(
-        "{}: its LoRA adapters were trained on the base training.init_from: '{}', and now resume on '{}': the same "
-        "weights, or the adapters no longer fit their base",
-        dir, saved_base, cfg_.training.init_from);
+  if (ranks_where(failed != nullptr).empty()) return;
+  if (failed) std::rethrow_exception(failed);
+  throw CheckpointError(fmt::format("{}: rank 0 cannot hold checkpoint.save_dir (its error says why)", save_dir));
 }
 
 bool Trainer::resume() {
@@ -102,18 +113,20 @@ bool Trainer::resume() {
   const CheckpointState& s = reader.state();
   const TrainState rs = TrainState::load(s, *dir);  // every value checked before any is used
   check_checkpoint_tokenizer(*dir, cfg_);
-  // A checkpoint of another model shape is refused, unless a partial load is asked for.
-  const std::vector<std::string> diff = model_shape_differences(s.config_yaml, to_yaml(cfg_), *dir);
+  // A checkpoint of another model shape, or of other LoRA adapters, is refused, unless a partial load is asked for.
+  std::vector<std::string> diff = model_shape_differences(s.config_yaml, to_yaml(cfg_), *dir);
+  for (std::string& d : lora_differences(s.config_yaml, cfg_.finetune.lora)) diff.push_back(std::move(d));
   std::optional<PartialLoad> partial;
   if (!diff.empty()) {
     if (!ck.allow_partial_load)
       throw CheckpointError(
-          fmt::format("{}: was saved by another model ({}); resume it with the same model keys, or "
+          fmt::format("{}: was saved by another model ({}); resume it with the keys it was saved with, or "
                       "set checkpoint.allow_partial_load: true to load only the tensors that match",
                       *dir, fmt::join(diff, ", ")));
     spdlog::warn("partial load from {}: the model differs ({})", *dir, fmt::join(diff, ", "));
     partial.emplace();
   }
+  if (cfg_.finetune.lora.enabled()) check_lora_base(s, *dir, lora_base_, cfg_.training.init_from);
   Progress loading = checkpoint_progress("checkpoint load");
   optimizer_->load_state(
       [&](const std::vector<Optimizer::Slot>& slots) {
@@ -128,7 +141,6 @@ bool Trainer::resume() {
   }
   load_expert_biases(reader, *dir);
   if (fp8_) load_fp8_tensors(*fp8_, reader, *dir);
-  if (cfg_.finetune.lora.enabled()) warn_if_other_lora_base(s.config_yaml, *dir);
   c_.iteration = rs.iteration;
   c_.consumed_samples = rs.consumed_samples;
   c_.skipped_iters = rs.skipped_iters;
@@ -242,6 +254,7 @@ bool Trainer::save() {
                .seed = cfg_.training.seed,
                .loss_spike = spike_.state()}
         .save(s);
+    if (cfg_.finetune.lora.enabled()) record_lora_base(s, lora_base_);
     try {
       write_checkpoint_tokenizer(tmp, cfg_.data.train);
       dir = commit_checkpoint(cfg_.checkpoint.save_dir, tmp, s, dist_.checkpoint_writers_per_stage() * dist_.pp_size(),

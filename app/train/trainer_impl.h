@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "app/train/checkpointing.h"
 #include "app/train/data_sources.h"
 #include "app/train/fp8_state.h"
 #include "app/runtime/distributed.h"
@@ -18,6 +19,7 @@
 #include "app/train/moe_monitor.h"
 #include "app/train/train_state.h"
 #include "app/train/trainer.h"
+#include "core/checkpoint/save_dir.h"
 #include "core/io/progress.h"
 #include "core/optim/loss_scaler.h"
 #include "core/optim/loss_spike.h"
@@ -150,8 +152,13 @@ class Trainer {
   void maybe_resume();
   bool resume();     // true when a checkpoint was resumed
   void init_from();  // training.init_from: the model weights of a checkpoint, nothing else
-  // Resuming LoRA adapters on another training.init_from than their checkpoint's run had: a warning.
-  void warn_if_other_lora_base(const std::string& stored_yaml, const std::string& dir) const;
+  // finetune.lora: the frozen base this run's adapters train on (set by maybe_resume; recorded by every save).
+  LoraBase lora_base_;
+  // checkpoint.save_dir: rank 0 locks it (ckpt::SaveDirLock) and checks that it can write there, once the run has
+  // passed every check and loaded what it resumes: a refused run leaves the save_dir as it was (none is created,
+  // no .lock is left). A collective of the world: every rank throws when rank 0 cannot hold it.
+  void hold_save_dir();
+  std::optional<ckpt::SaveDirLock> save_dir_lock_;
   // The MoE layers' expert biases from `reader` (of checkpoint `dir`), zero where it holds none.
   void load_expert_biases(const CheckpointReader& reader, const std::string& dir);
   void train_step(float& lr_used, StepResult& result);

@@ -113,6 +113,11 @@ class CheckpointReader {
   void verify_all() const;
   // How many stored slices tensor `name` has (throws CheckpointError if absent).
   size_t num_slices(const std::string& name) const;
+  // The identity of what this checkpoint stores for the tensors whose names start with `prefix`: a CRC-32 over
+  // each one's name, dtype and global shape and each stored slice's start, extent and checksum, in name order.
+  // Equal for a copy of the checkpoint, different when any of those bytes differ (or are sliced otherwise).
+  // Reads only the metadata.
+  uint32_t stored_checksum(const std::string& prefix = "") const;
 
  private:
   struct SliceRecord {

@@ -212,6 +212,25 @@ size_t CheckpointReader::num_slices(const std::string& name) const {
   return slices_.at(name).size();
 }
 
+uint32_t CheckpointReader::stored_checksum(const std::string& prefix) const {
+  std::vector<const TensorInfo*> tensors;
+  for (const auto& t : infos_)
+    if (t.name.compare(0, prefix.size(), prefix) == 0) tensors.push_back(&t);
+  std::sort(tensors.begin(), tensors.end(), [](const TensorInfo* a, const TensorInfo* b) { return a->name < b->name; });
+  uint32_t crc = 0;
+  auto add = [&crc](const std::string& text) { crc = crc32(text.data(), text.size(), crc); };
+  for (const TensorInfo* t : tensors) {
+    add(fmt::format("{} {} [{}]\n", t->name, dtype_name(t->dtype), fmt::join(t->global_shape, ",")));
+    std::vector<const SliceRecord*> slices;
+    for (const auto& s : slices_.at(t->name)) slices.push_back(&s);
+    std::sort(slices.begin(), slices.end(),
+              [](const SliceRecord* a, const SliceRecord* b) { return a->start < b->start; });
+    for (const SliceRecord* s : slices)
+      add(fmt::format("[{}] [{}] {:08x}\n", fmt::join(s->start, ","), fmt::join(s->extent, ","), s->crc));
+  }
+  return crc;
+}
+
 const MappedFile& CheckpointReader::file(const std::string& name) const {
   auto it = files_.find(name);
   if (it == files_.end())

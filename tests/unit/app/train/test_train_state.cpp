@@ -1,5 +1,6 @@
-// test_train_state.cpp: the training state a checkpoint stores (app::TrainState) and the model-shape check of a
-// resume (app::model_shape_differences).
+// test_train_state.cpp: the training state a checkpoint stores (app::TrainState), the model-shape and LoRA checks
+// of a resume (app::model_shape_differences, app::lora_differences) and a LoRA checkpoint's base
+// (app::check_lora_base).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -119,6 +120,67 @@ TEST(ResumeState, ModelShapeDifferencesNameEachKey) {
   EXPECT_TRUE(
       app::model_shape_differences(old_cfg + "  num_query_groups: 0\n", old_cfg + "  num_query_groups: auto\n", "ck")
           .empty());
+}
+
+// A LoRA resume with fewer targets used to drop the other adapters and their Adam state without a word; another
+// rank failed on a tensor's shape without naming the key; another alpha rescaled what the adapters had learned.
+TEST(ResumeState, LoraDifferencesNameEachKeyAndBothValues) {
+  const std::string stored =
+      "finetune:\n  lora:\n    rank: 4\n    alpha: 8\n    dropout: 0.1\n"
+      "    targets: [qkv, proj, fc1, fc2]\n";
+  LoraConfig same;
+  same.rank = 4;
+  same.alpha = 8;
+  EXPECT_TRUE(app::lora_differences(stored, same).empty());
+  LoraConfig fewer = same;
+  fewer.targets = {"proj", "qkv"};
+  fewer.dropout = 0.3;  // dropout shapes training, not the adapters
+  EXPECT_EQ(app::lora_differences(stored, fewer),
+            (std::vector<std::string>{"finetune.lora.targets: [qkv, proj, fc1, fc2] -> [proj, qkv] (the checkpoint's "
+                                      "adapters of fc1, fc2 and their optimizer state would be dropped)"}));
+  EXPECT_EQ(app::lora_differences("finetune:\n  lora:\n    rank: 4\n    alpha: 8\n    targets: [qkv]\n", same),
+            (std::vector<std::string>{"finetune.lora.targets: [qkv] -> [qkv, proj, fc1, fc2] (it holds no adapters "
+                                      "of proj, fc1, fc2)"}));
+  LoraConfig other = same;
+  other.rank = 8;
+  other.alpha = 16;
+  EXPECT_EQ(
+      app::lora_differences(stored, other),
+      (std::vector<std::string>{"finetune.lora.rank: 4 -> 8",
+                                "finetune.lora.alpha: 8 -> 16 (the adapters' update is scaled by alpha / rank)"}));
+  // A checkpoint without LoRA (or saved before it existed) has rank 0.
+  EXPECT_EQ(app::lora_differences("model:\n  num_layers: 2\n", same),
+            (std::vector<std::string>{"finetune.lora.rank: 0 -> 4"}));
+  EXPECT_TRUE(app::lora_differences("model:\n  num_layers: 2\n", LoraConfig{}).empty());
+}
+
+// LoRA adapters fit only the base they were trained on: one replaced at the same path used to go unnoticed.
+TEST(ResumeState, LoraBaseIsRecordedAndAnotherOneRefused) {
+  const app::LoraBase base{.checkpoint = "base/ckpt/iter_0000006", .weights = "crc32 0123abcd"};
+  CheckpointState s;
+  s.config_yaml = "training:\n  init_from: base/ckpt\n";
+  app::record_lora_base(s, base);
+  app::check_lora_base(s, "ck", base, "base/ckpt");
+  app::check_lora_base(s, "ck", {.checkpoint = "copy/iter_0000006", .weights = base.weights}, "copy");  // a copy
+  const std::string msg = error_of([&] {
+    app::check_lora_base(s, "ck", {.checkpoint = "base/ckpt/iter_0000009", .weights = "crc32 89abcdef"}, "base/ckpt");
+  });
+  for (const char* part :
+       {"ck: its LoRA adapters were trained on the base base/ckpt/iter_0000006 (weights crc32 0123abcd)",
+        "training.init_from: 'base/ckpt' now gives the base base/ckpt/iter_0000009 (weights crc32 89abcdef)"})
+    EXPECT_NE(msg.find(part), std::string::npos) << msg;
+  // The seeded initialization is its seed.
+  CheckpointState seeded;
+  app::record_lora_base(seeded, app::seeded_lora_base(42));
+  app::check_lora_base(seeded, "ck", app::seeded_lora_base(42), "");
+  EXPECT_NE(error_of([&] { app::check_lora_base(seeded, "ck", app::seeded_lora_base(7), ""); })
+                .find("trained on the seeded initialization (training.seed 42), but training.init_from: '' now gives "
+                      "the seeded initialization (training.seed 7)"),
+            std::string::npos);
+  // A checkpoint saved before the record: only the path can be compared (a warning).
+  CheckpointState old;
+  old.config_yaml = s.config_yaml;
+  app::check_lora_base(old, "ck", {.checkpoint = "other/iter_0000001", .weights = "crc32 89abcdef"}, "other");
 }
 
 // Configs stored before issue 30 (item 8) wrote num_query_groups' default as 0, which a config file may no longer

@@ -222,6 +222,30 @@ TEST_F(CheckpointTest, RanksWriteTheirOwnFilesAndRankZeroMerges) {
   EXPECT_EQ(latest(), "iter_0000009\n");
 }
 
+// A LoRA run records its base checkpoint's stored_checksum to notice a base replaced at the same path: equal for a
+// copy (and for other state or other tensors than the prefix's), different for other weights, dtypes or slicing.
+TEST_F(CheckpointTest, StoredChecksumIdentifiesTheStoredTensors) {
+  auto save = [&](const std::string& dir, int64_t iteration, float base, DType dtype, bool halves) {
+    std::vector<TensorSlice> t = {{"opt.m", {4}, {}, make({4}, DType::f32, base * 2)}};
+    if (halves) {
+      t.push_back({"model.w", {4, 2}, {0, 0}, make({2, 2}, dtype, base)});
+      t.push_back({"model.w", {4, 2}, {2, 0}, make({2, 2}, dtype, base + 1)});
+    } else {
+      t.push_back({"model.w", {4, 2}, {}, make({4, 2}, dtype, base)});
+    }
+    return CheckpointReader(save_checkpoint(dir, state_at(iteration), t, 0));
+  };
+  const CheckpointReader a = save(save_, 1, 0.f, DType::f32, false);
+  fs::copy(a.dir(), root_ + "/copy", fs::copy_options::recursive);
+  const uint32_t w = a.stored_checksum("model.");
+  EXPECT_EQ(CheckpointReader(root_ + "/copy").stored_checksum("model."), w);
+  EXPECT_EQ(save(root_ + "/b", 7, 0.f, DType::f32, false).stored_checksum("model."), w);   // other state only
+  EXPECT_NE(a.stored_checksum(), w);                                                       // opt.m counts too
+  EXPECT_NE(save(root_ + "/c", 1, 0.5f, DType::f32, false).stored_checksum("model."), w);  // other weights
+  EXPECT_NE(save(root_ + "/d", 1, 0.f, DType::bf16, false).stored_checksum("model."), w);  // another dtype
+  EXPECT_NE(save(root_ + "/e", 1, 0.f, DType::f32, true).stored_checksum("model."), w);    // sliced otherwise
+}
+
 // ---- corruption and bad metadata -----------------------------------------------------------------------
 
 TEST_F(CheckpointTest, FlippedByteIsAChecksumErrorNamingTheTensor) {
