@@ -3,8 +3,10 @@
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "app/cli/commands.h"
 
@@ -20,18 +22,27 @@ int main(int argc, char** argv) {
   mt::app::add_info_command(app);
   mt::app::add_plan_command(app);
   mt::app::add_bench_commands(app);
-  // `megatrain help [COMMAND]`: what users type first; prints the same text as --help and exits 0.
-  std::string help_topic;
-  CLI::App* help = app.add_subcommand("help", "print this help, or a command's: megatrain help train");
-  help->add_option("command", help_topic, "a command, e.g. train, data, ckpt");
+  // `megatrain help [COMMAND [SUBCOMMAND]]`: what users type first; prints exactly what
+  // `megatrain [COMMAND [SUBCOMMAND]] --help` prints (the same formatter, the same usage path) and exits 0.
+  std::vector<std::string> help_topic;
+  CLI::App* help = app.add_subcommand("help", "print this help, or a command's: megatrain help data prepare");
+  help->add_option("command", help_topic, "a command and its subcommand, e.g. train, data prepare, ckpt export")
+      ->expected(0, 2);
   help->callback([&] {
     const CLI::App* topic = &app;
-    try {
-      if (!help_topic.empty()) topic = app.get_subcommand(help_topic);
-    } catch (const CLI::OptionNotFound&) {
-      throw std::runtime_error(fmt::format("help: '{}' is not a command (megatrain --help lists them)", help_topic));
+    std::string commands;  // the commands found so far, as typed
+    for (const std::string& name : help_topic) {
+      try {
+        topic = topic->get_subcommand(name);
+      } catch (const CLI::OptionNotFound&) {
+        throw std::runtime_error(fmt::format("help: '{}' is not a command (megatrain {}--help lists them)",
+                                             fmt::join(help_topic, " "), commands.empty() ? "" : commands + " "));
+      }
+      commands += (commands.empty() ? "" : " ") + topic->get_name();
     }
-    fmt::print("{}", topic->help());
+    // --help's usage line names argv[0], then each command: App::help's path.
+    const std::string path = commands.empty() ? app.get_name() : app.get_name() + " " + commands;
+    fmt::print("{}", topic->get_formatter()->make_help(topic, path, CLI::AppFormatMode::Normal));
   });
   try {
     app.parse(argc, argv);

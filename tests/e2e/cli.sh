@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The command line: version, help on every subcommand, data prepare/inspect, train, eval, ckpt inspect/export.
+# The command line: version, help on every subcommand (`help X Y` as `X Y --help`), data prepare/inspect, train, eval, ckpt inspect/export.
 source "$(dirname "$0")/lib/common.bash"
 "$MT" --version | grep -q "megatrain [0-9]" || fail "--version"
 for sub in "" train eval data "data prepare" "data inspect" ckpt "ckpt inspect" "ckpt export"; do
@@ -7,6 +7,16 @@ for sub in "" train eval data "data prepare" "data inspect" ckpt "ckpt inspect" 
   "$MT" $sub --help > help.txt || fail "megatrain $sub --help exits non-zero"
   grep -qi "usage" help.txt || fail "megatrain $sub --help prints no usage"
 done
+# `megatrain help [COMMAND [SUBCOMMAND]]` prints exactly what `megatrain [COMMAND [SUBCOMMAND]] --help` prints.
+for sub in "" train eval generate data "data prepare" ckpt "ckpt export" "ckpt import" plan bench "bench kernels" info; do
+  # shellcheck disable=SC2086
+  "$MT" $sub --help > help.txt
+  # shellcheck disable=SC2086
+  "$MT" help $sub > help_cmd.txt || fail "megatrain help $sub exits non-zero"
+  diff help.txt help_cmd.txt >/dev/null || { diff help.txt help_cmd.txt; fail "megatrain help $sub differs from --help"; }
+done
+expect_error "help: 'data bogus' is not a command (megatrain data --help lists them)" help data bogus
+expect_error "help: 'bogus' is not a command (megatrain --help lists them)" help bogus
 prepare_data
 "$MT" data inspect data/text_document > inspect.txt
 grep -qi "documents" inspect.txt || fail "data inspect prints no document count"
