@@ -22,10 +22,10 @@
 #    cmake): the caller has built it, and ctest runs the suite;
 #  - needs the CUDA toolkit or a GPU (scripts/gpu-*.sh);
 #  - downloads Python packages (pip install);
-#  - needs Python with torch and transformers (tests/interop/hf_tiny_model.py, scripts/lora_example.sh), unless
-#    $TRANSFORMERS_VENV or /work/.venv-torch has them;
+#  - needs the interop Python (tests/interop/hf_tiny_model.py, scripts/lora_example.sh, build/interop-venv: torch,
+#    transformers, matplotlib), unless scripts/python-env.sh made it beside the binary (under CI=true, where
+#    scripts/test.sh makes it, its absence fails the test instead);
 #  - starts TensorBoard's server (tensorboard --logdir), which runs until stopped;
-#  - needs matplotlib's venv (/work/.venv-plot), unless it is there;
 #  - needs Slurm (srun, sbatch).
 source "$(dirname "$0")/lib/common.bash"
 DOCS_TRAIN_ITERS=${DOCS_TRAIN_ITERS:-2}
@@ -39,10 +39,7 @@ SUBSTITUTIONS=(
 " 17 s instead of 27): the next command needs a rates file, not precise rates"
 )
 
-venv_has_transformers() {
-  local venv=${TRANSFORMERS_VENV:-/work/.venv-torch}
-  "$venv/bin/python" -c "import torch, transformers" 2>/dev/null
-}
+INTEROP_VENV=$(dirname "$MT")/interop-venv
 
 # Why block $1 is passed over, or nothing when it runs.
 skip_reason() {
@@ -53,12 +50,11 @@ skip_reason() {
     echo "needs the CUDA toolkit or a GPU"
   elif grep -Eq 'pip install' "$b"; then
     echo "downloads Python packages"
-  elif grep -Eq 'hf_tiny_model\.py|scripts/lora_example\.sh' "$b" && ! venv_has_transformers; then
-    echo "needs Python with torch and transformers (\$TRANSFORMERS_VENV or /work/.venv-torch)"
+  elif grep -Eq 'hf_tiny_model\.py|scripts/lora_example\.sh|build/interop-venv' "$b" && ! [ -x "$INTEROP_VENV/bin/python" ]; then
+    [ "${CI:-}" != true ] || fail "$b needs the interop Python, which CI has (scripts/test.sh makes $INTEROP_VENV)"
+    echo "needs the interop Python ($INTEROP_VENV: scripts/python-env.sh makes it)"
   elif grep -Eq '^[^#]*tensorboard --logdir' "$b"; then
     echo "starts TensorBoard's server (where it is installed), which runs until stopped"
-  elif grep -Eq '/work/\.venv-plot' "$b" && ! [ -x /work/.venv-plot/bin/python ]; then
-    echo "needs matplotlib (/work/.venv-plot)"
   elif grep -Eq '(^|[;&|[:space:]])(srun|sbatch)[[:space:]]' "$b"; then
     echo "needs Slurm"
   fi
@@ -76,6 +72,7 @@ esac
 exec "$MT" "\$@"
 SH
   chmod +x "$1/build/megatrain"
+  [ ! -d "$INTEROP_VENV" ] || ln -s "$INTEROP_VENV" "$1/build/interop-venv"
   ln -s "$SRC/configs" "$SRC/tests" "$SRC/bench" "$1/"
   cp -r "$SRC/scripts" "$SRC/README.md" "$1/"  # copies: scripts find build/megatrain beside them
 }
