@@ -26,13 +26,19 @@ Progress Trainer::checkpoint_progress(std::string what) const {
 // training.init_from's weights (or the seeded initialization without it), loaded first, on a resume too.
 void Trainer::maybe_resume() {
   const bool lora = cfg_.finetune.lora.enabled();
-  if (lora && cfg_.training.init_from.empty()) {  // documented, and what the layout tests train on
+  if (lora && cfg_.training.init_from.empty()) {
+    // Adapters on a random base learn nothing worth keeping: only on request (the layout tests train so).
+    if (!cfg_.finetune.lora.random_base)
+      throw ConfigError(
+          "training.init_from: empty, but finetune.lora trains adapters on a frozen base that init_from must give "
+          "(the checkpoint to fine-tune; `megatrain ckpt import` makes one from a Hugging Face model); set "
+          "finetune.lora.random_base: true to train them on this model's seeded, random initialization instead "
+          "(tests and experiments only)");
     lora_base_ = seeded_lora_base(cfg_.training.seed);
     if (dist_.is_logging_rank())
       spdlog::warn(
-          "finetune.lora without training.init_from: the frozen base is this model's seeded (random) "
-          "initialization, not a trained model; set training.init_from to the checkpoint to fine-tune (`megatrain "
-          "ckpt import` makes one from a Hugging Face model)");
+          "finetune.lora.random_base: the frozen base is this model's seeded (random) initialization, not a trained "
+          "model");
   }
   if (lora && !cfg_.training.init_from.empty()) init_from();
   if (!resume() && !lora && !cfg_.training.init_from.empty()) init_from();

@@ -448,6 +448,9 @@ struct LoraConfig {
   // (attention output: o_proj / c_proj), fc1 (MLP up: Llama's fused gate_proj + up_proj, GPT's c_fc), fc2 (MLP
   // down: down_proj / mlp.c_proj).
   std::vector<std::string> targets = {"qkv", "proj", "fc1", "fc2"};
+  // Adapters need a trained base (training.init_from); true lets them train on this model's seeded, random
+  // initialization instead: for tests and experiments, never for a real fine-tune.
+  bool random_base = false;
 
   bool enabled() const { return rank > 0; }
   bool targets_any(const std::string& t) const {

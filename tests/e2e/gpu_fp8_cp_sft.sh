@@ -93,7 +93,8 @@ done
 for arch in gpt llama; do
   extra=()
   [ $arch = llama ] && extra=(--set model.arch=llama --set model.rotary_base=10000)
-  lora=(--set finetune.lora.rank=4 --set finetune.lora.alpha=8 --set finetune.lora.dropout=0.1)
+  lora=(--set finetune.lora.rank=4 --set finetune.lora.alpha=8 --set finetune.lora.dropout=0.1
+        --set finetune.lora.random_base=true)
   "$MT" --config sft.yaml "${lora[@]}" "${extra[@]}" --set logging.dir=cpu_lora_$arch >/dev/null
   "$MT" --config sft.yaml "${lora[@]}" "${extra[@]}" --set training.device=cuda --set logging.dir=gpu_lora_$arch \
     >/dev/null 2>gpu_lora_$arch.err || { tail -5 gpu_lora_$arch.err; fail "LoRA $arch on the GPU"; }

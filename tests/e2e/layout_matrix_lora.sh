@@ -9,7 +9,8 @@ prepare_data
 write_config
 write_llama_config
 MATRIX_MAX_DEGREE=2
-MATRIX_ARGS=(--set finetune.lora.rank=4 --set finetune.lora.alpha=8 --set finetune.lora.dropout=0.1)
+MATRIX_ARGS=(--set finetune.lora.rank=4 --set finetune.lora.alpha=8 --set finetune.lora.dropout=0.1
+             --set finetune.lora.random_base=true)
 run_layout_matrix fp32 1e-6 full
 mkdir llama && cd llama && ln -s ../data data && cp ../llama.yaml .  # its own run directories
 MATRIX_CONFIG=llama.yaml run_layout_matrix fp32 1e-6 full

@@ -66,10 +66,17 @@ expect_error "$other" eval --checkpoint ck --data data/text_document --samples 4
 expect_error "$other" generate --load ck --prompt "Hello" --max-new-tokens 2
 expect_error "$other" ckpt export ck --format hf --output hf
 
-# A seeded base is its seed.
+# Without training.init_from adapters would train on a random base: refused (naming the key and the opt-in), leaving
+# no save_dir; finetune.lora.random_base: true asks for it (tests, experiments), and that base is its seed.
+expect_error "training.init_from: empty, but finetune.lora trains adapters on a frozen base that init_from must give" \
+  --config tiny.yaml "${two[@]}" "${lora[@]}" --set checkpoint.save_dir=noinit/ckpt
+[ ! -e noinit ] || fail "the refused LoRA run without init_from made its save_dir"
+expect_error "finetune.lora.random_base: .*training.init_from is set" --config tiny.yaml "${two[@]}" "${lora[@]}" \
+  --set finetune.lora.random_base=true --set training.init_from=base/ckpt
+lora+=(--set finetune.lora.random_base=true)
 "$MT" --config tiny.yaml "${two[@]}" "${lora[@]}" --set logging.dir=seeded --set checkpoint.save_dir=seeded/ckpt \
       >seeded.log 2>&1 || { tail -5 seeded.log; fail "the seeded LoRA run failed"; }
-grep -q "finetune.lora without training.init_from: the frozen base is this model's seeded (random) initialization" \
+grep -q "finetune.lora.random_base: the frozen base is this model's seeded (random) initialization" \
   seeded.log || fail "a LoRA run on the seeded initialization does not say so"
 expect_error "trained on the seeded initialization (training.seed 42), but training.init_from: '' now gives the seeded initialization (training.seed 7)" \
   --config tiny.yaml --set training.train_iters=4 --set optimizer.warmup_iters=1 "${lora[@]}" --set training.seed=7 \

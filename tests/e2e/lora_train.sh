@@ -18,7 +18,7 @@ lora=(--set finetune.lora.rank=4 --set finetune.lora.alpha=8 --set finetune.lora
       --set training.train_iters=6 --set optimizer.warmup_iters=2)
 
 # The trainable count: per layer qkv (r*C + 3C*r), proj (r*C + C*r), fc1 (r*C + F1*r), fc2 (r*F + C*r).
-"$MT" --config tiny.yaml "${lora[@]}" --set logging.dir=gpt1 >gpt1.log 2>&1 || { tail gpt1.log; fail "GPT LoRA run failed"; }
+"$MT" --config tiny.yaml "${lora[@]}" --set finetune.lora.random_base=true --set logging.dir=gpt1 >gpt1.log 2>&1 || { tail gpt1.log; fail "GPT LoRA run failed"; }
 want=$(( 2 * ((4*32 + 96*4) + (4*32 + 32*4) + (4*32 + 128*4) + (4*128 + 32*4)) ))
 grep -q "LoRA: rank 4, alpha 8, dropout 0.1 on qkv, proj, fc1, fc2: $want trainable parameters" gpt1.log ||
   { grep LoRA gpt1.log; fail "the start log does not count $want trainable parameters"; }
@@ -115,8 +115,8 @@ assert len([n for n in header if n != "__metadata__"]) == 2 * 2 * 7, sorted(head
 print("ok: the PEFT adapter holds q/k/v and gate/up adapters split from the fused ones, 14 modules")
 PY
 expect_error "is not a LoRA checkpoint" ckpt export lbase/ckpt --format hf --lora peft --output x
-"$MT" --config llama.yaml "${lora[@]}" --set training.train_iters=2 --set optimizer.warmup_iters=1 \
-      --set logging.dir=seeded --set checkpoint.save_dir=seeded/ckpt >/dev/null 2>&1 || fail "seeded LoRA run failed"
+"$MT" --config llama.yaml "${lora[@]}" --set finetune.lora.random_base=true --set training.train_iters=2 \
+      --set optimizer.warmup_iters=1 --set logging.dir=seeded --set checkpoint.save_dir=seeded/ckpt >/dev/null 2>&1 || fail "seeded LoRA run failed"
 expect_error "whose frozen base was the seeded initialization (no training.init_from)" ckpt export seeded/ckpt \
   --format hf --output x
 
@@ -124,8 +124,8 @@ expect_error "whose frozen base was the seeded initialization (no training.init_
 expect_error "finetune.lora.rank: must be >= 1 when finetune.lora is given" --config tiny.yaml \
   --set finetune.lora.rank=0 --set finetune.lora.alpha=8
 expect_error "finetune.lora.rank: must be >= 1" --config tiny.yaml --set finetune.lora.rank=-2
-expect_error "finetune.lora.targets: expected one of qkv, proj, fc1, fc2, got 'q_proj'" --config tiny.yaml \
-  --set finetune.lora.rank=4 --set 'finetune.lora.targets=[qkv, q_proj]'
+expect_error "finetune.lora.targets: expected one of qkv, proj, fc1, fc2, got 'attn'" --config tiny.yaml \
+  --set finetune.lora.rank=4 --set 'finetune.lora.targets=[qkv, attn]'
 expect_error "finetune.lora.alpha: must be >= 0" --config tiny.yaml --set finetune.lora.rank=4 \
   --set finetune.lora.alpha=-1
 expect_error "finetune.lora.dropout: must be in \[0, 1)" --config tiny.yaml --set finetune.lora.rank=4 \
@@ -138,8 +138,8 @@ expect_error "finetune.lora.rank: LoRA with fp8 GEMMs is not supported yet" --co
 # With ZeRO-3 (the adapters sharded and gathered by unit; the frozen base, outside the gradient buffer, stays whole,
 # dropout off) and with context parallelism (dropout on: the adapters', hidden and attention masks are keyed by the
 # chunks' global positions, so they are one rank's): one rank's losses.
-nod=(--config llama.yaml "${lora[@]}" --set finetune.lora.dropout=0 --set model.dropout=0 --set model.attention_dropout=0)
-drop=(--config llama.yaml "${lora[@]}")
+nod=(--config llama.yaml "${lora[@]}" --set finetune.lora.random_base=true --set finetune.lora.dropout=0 --set model.dropout=0 --set model.attention_dropout=0)
+drop=(--config llama.yaml "${lora[@]}" --set finetune.lora.random_base=true)
 "$MT" "${nod[@]}" --set logging.dir=nod_one >/dev/null 2>&1 || fail "the no-dropout LoRA run failed"
 "$MT" "${drop[@]}" --set logging.dir=drop_one >/dev/null 2>&1 || fail "the dropout LoRA run failed"
 for extra in "nod 2 --set parallel.shard=parameters" "drop 2 --set parallel.context=2" \

@@ -66,7 +66,7 @@ pair moe_ep2_dp2_optimizer --config tiny.yaml "${base[@]}" --nproc 2 --set model
 # Context parallelism: the state is replicated over data x context ranks (shard over both under ZeRO).
 pair cp2_dp2_optimizer --config tiny.yaml "${base[@]}" --nproc 4 --set parallel.context=2 --set model.dropout=0 \
      --set model.attention_dropout=0 --set parallel.shard=optimizer --set training.global_batch_size=8
-pair lora_dp2 --config tiny.yaml "${base[@]}" --nproc 2 --set finetune.lora.rank=4 --set training.global_batch_size=4
+pair lora_dp2 --config tiny.yaml "${base[@]}" --nproc 2 --set finetune.lora.rank=4 --set finetune.lora.random_base=true --set training.global_batch_size=4
 pair bf16_dp2_none --config tiny.yaml "${base[@]}" --nproc 2 --set training.precision=bf16 --set training.global_batch_size=8
 pair bf16_dp2_optimizer --config tiny.yaml "${base[@]}" --nproc 2 --set training.precision=bf16 \
      --set parallel.shard=optimizer --set training.global_batch_size=8
