@@ -195,10 +195,9 @@ void visit(V& v, C& c) {
       v.field({.name = "dropout"}, l.dropout);
       v.field({.name = "targets"}, l.targets);
       v.field({.name = "random_base",
-               .inert = !l.enabled() ? "finetune.lora.rank is 0 (no adapters)"
-                        : !c.training.init_from.empty()
-                            ? "training.init_from is set: the adapters' base is its weights"
-                            : nullptr},
+               .inert = !l.enabled()                    ? "finetune.lora.rank is 0 (no adapters)"
+                        : !c.training.init_from.empty() ? "training.init_from is set: the adapters' base is its weights"
+                                                        : nullptr},
               l.random_base);
     });
   });
