@@ -15,12 +15,14 @@ phase() {  # phase NAME: the time since the last phase ends NAME's
 
 scripts/install-deps.sh
 phase "dependencies"
+# The interop tests (transformers, peft, tokenizers, sentencepiece, megatron-core, tensorboard) run in
+# build/interop-venv; without it they skip, which skip_report fails under CI. It is made beside the builds (mostly
+# downloads), and waited for before ctest.
+mkdir -p build
+scripts/python-env.sh build >build/python-env.log 2>&1 &
+python_env=$!
 scripts/build.sh -DMEGATRAIN_TESTS=ON
 phase "build"
-# The interop tests (transformers, peft, tokenizers, sentencepiece, megatron-core, tensorboard) run in
-# build/interop-venv; without it they skip, which skip_report fails under CI.
-scripts/python-env.sh build || echo "test.sh: warning: no interop Python environment: the interop tests will skip" >&2
-phase "python environment"
 # The same unit tests built with ASan + UBSan on the CPU backend (-O1 keeps the build short); ctest's
 # sanitize.unit_tests runs them. MEGATRAIN_SANITIZE_BUILD=0 leaves it out (that test then skips).
 if [ "${MEGATRAIN_SANITIZE_BUILD:-1}" != 0 ]; then
@@ -29,6 +31,9 @@ if [ "${MEGATRAIN_SANITIZE_BUILD:-1}" != 0 ]; then
   cmake --build build-asan -j "$(nproc)"
 fi
 phase "sanitizer build"
+wait "$python_env" || echo "test.sh: warning: no interop Python environment: the interop tests will skip" >&2
+cat build/python-env.log
+phase "python environment (the rest of it, made beside the builds)"
 cd build
 rc=0
 rm -f ctest-junit.xml

@@ -130,22 +130,46 @@ TEST(CommGloo, ReduceScatterSumsEveryElementInRankOrder) {
   }
 }
 
+// Small all-reduces exchange whole buffers in one round and sum them in rank order (comm_gloo.cpp
+// direct_all_reduce): on every rank exactly ((x_0 + x_1) + x_2) + ..., whose rounding a ring's order would change.
+TEST(CommGloo, SmallAllReduceSumsInRankOrderOnEveryRank) {
+  for (int world : {2, 3, 4}) {
+    auto store = make_hash_store();
+    const int64_t n = 4096;  // 16 KiB: the one-round path
+    auto value = [](int rank, int64_t i) {
+      return static_cast<float>(std::sin(0.37 * static_cast<double>(i) + rank) * std::pow(10.0, (i + rank) % 7 - 3));
+    };
+    run_ranks(world, [&](int r) {
+      auto comm = join(store, "tp", first_ranks(world), r);
+      Tensor x = Tensor::empty({n}, DType::f32);
+      for (int64_t i = 0; i < n; ++i) x.data<float>()[i] = value(r, i);
+      comm->all_reduce(x, ReduceOp::sum)->wait();
+      for (int64_t i = 0; i < n; ++i) {
+        float ref = value(0, i);
+        for (int q = 1; q < world; ++q) ref += value(q, i);
+        ASSERT_EQ(x.data<float>()[i], ref) << "world " << world << " rank " << r << " element " << i;
+      }
+    });
+  }
+}
+
 TEST(CommGloo, AllGatherConcatenatesBlocksInRankOrder) {
   for (int world : {2, 4}) {
     auto store = make_hash_store();
-    const int64_t n = 131;
     run_ranks(world, [&](int r) {
       auto comm = join(store, "sp", first_ranks(world), r);
-      for (DType t : {DType::f32, DType::bf16}) {
-        Tensor in = Tensor::from_floats(rank_values(r, n), {n}, t);
-        Tensor out = Tensor::zeros({world, n}, t);
-        comm->all_gather(in, out)->wait();
-        std::vector<float> got = out.to_floats();
-        for (int q = 0; q < world; ++q) {
-          std::vector<float> block(got.begin() + q * n, got.begin() + (q + 1) * n);
-          ASSERT_EQ(block, stored(q, n, t)) << "block " << q << " world " << world << " rank " << r;
+      // 131: one round of whole blocks; 20000 (80 KB a block): Gloo's ring.
+      for (int64_t n : {int64_t{131}, int64_t{20000}})
+        for (DType t : {DType::f32, DType::bf16}) {
+          Tensor in = Tensor::from_floats(rank_values(r, n), {n}, t);
+          Tensor out = Tensor::zeros({world, n}, t);
+          comm->all_gather(in, out)->wait();
+          std::vector<float> got = out.to_floats();
+          for (int q = 0; q < world; ++q) {
+            std::vector<float> block(got.begin() + q * n, got.begin() + (q + 1) * n);
+            ASSERT_EQ(block, stored(q, n, t)) << "block " << q << " world " << world << " rank " << r;
+          }
         }
-      }
     });
   }
 }
