@@ -33,7 +33,7 @@ fi
 phase "sanitizer build"
 wait "$python_env" || echo "test.sh: warning: no interop Python environment: the interop tests will skip" >&2
 cat build/python-env.log
-phase "python environment (the rest of it, made beside the builds)"
+phase "python environment (made beside the builds: the wait for it)"
 cd build
 rc=0
 rm -f ctest-junit.xml
