@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
+#include <string_view>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -62,13 +63,24 @@ void MetricsFile::close_failed(const std::string& error) {
                name_of(on_error_));
 }
 
-std::string memory_summary(Device device) {
+namespace {
+
+// f(name, peak bytes) for each device memory kind of `device`'s pool, in MemKind order: the log's peak memory line,
+// metrics.jsonl's peak_bytes_by_kind and TensorBoard's memory/peak-KIND-MiB.
+template <class F>
+void for_each_device_peak(Device device, F&& f) {
   const MemoryStats& m = allocator_for(device).stats();
-  std::string s;
   for (size_t k = 0; k < MemoryStats::kKinds; ++k)
-    if (is_device_kind(static_cast<MemKind>(k)))
-      s += fmt::format("{} {:.2f} | ", mem_kind_name(static_cast<MemKind>(k)), m.peak[k] / 1048576.0);
-  s += fmt::format("total {:.2f}", m.peak_total / 1048576.0);
+    if (const auto kind = static_cast<MemKind>(k); is_device_kind(kind)) f(mem_kind_name(kind), m.peak[k]);
+}
+
+}  // namespace
+
+std::string memory_summary(Device device) {
+  std::string s;
+  for_each_device_peak(
+      device, [&](std::string_view kind, int64_t peak) { s += fmt::format("{} {:.2f} | ", kind, peak / 1048576.0); });
+  s += fmt::format("total {:.2f}", allocator_for(device).stats().peak_total / 1048576.0);
   // The host pool (optimizer.offload), apart from the device's total; the CPU allocator's on every backend.
   if (const int64_t host = host_peak_bytes(); host > 0) s += fmt::format(" | host {:.2f}", host / 1048576.0);
   return s;
@@ -175,13 +187,9 @@ void report_interval(const IntervalReport& r, MetricsFile& metrics) {
   j["skipped_iters"] = r.skipped_iters;
   j["nan_iters"] = r.nan_iters;
   j["peak_bytes"] = r.peak_bytes;
-  {  // per kind, as the log's "peak memory (MiB)" line and TensorBoard's memory/peak-KIND-MiB
-    const MemoryStats& m = allocator_for(r.device).stats();
-    nlohmann::ordered_json kinds;
-    for (size_t k = 0; k < MemoryStats::kKinds; ++k)
-      if (is_device_kind(static_cast<MemKind>(k))) kinds[mem_kind_name(static_cast<MemKind>(k))] = m.peak[k];
-    j["peak_bytes_by_kind"] = kinds;
-  }
+  nlohmann::ordered_json kinds;
+  for_each_device_peak(r.device, [&](std::string_view kind, int64_t peak) { kinds[std::string(kind)] = peak; });
+  j["peak_bytes_by_kind"] = kinds;
   if (r.host_peak_bytes > 0) j["host_peak_bytes"] = r.host_peak_bytes;  // the host pool (optimizer.offload)
   if (!r.peak_bytes_per_rank.empty()) j["peak_bytes_per_rank"] = r.peak_bytes_per_rank;
   if (!r.peak_activation_bytes_per_rank.empty()) j["peak_activation_bytes_per_rank"] = r.peak_activation_bytes_per_rank;
@@ -223,12 +231,10 @@ void report_interval(const IntervalReport& r, MetricsFile& metrics) {
     tb.scalar("iteration-time-ms", it, value(r.ms_per_iter));
     tb.scalar("tflops-per-gpu", it, value(r.tflops_per_gpu));
     if (r.peak_tflops > 0) tb.scalar("mfu", it, value(r.tflops_per_gpu / r.peak_tflops));
-    const MemoryStats& m = allocator_for(r.device).stats();
-    for (size_t k = 0; k < MemoryStats::kKinds; ++k)
-      if (is_device_kind(static_cast<MemKind>(k)))
-        tb.scalar(fmt::format("memory/peak-{}-MiB", mem_kind_name(static_cast<MemKind>(k))), it,
-                  value(m.peak[k] / 1048576.0));
-    tb.scalar("memory/peak-total-MiB", it, value(m.peak_total / 1048576.0));
+    for_each_device_peak(r.device, [&](std::string_view kind, int64_t peak) {
+      tb.scalar(fmt::format("memory/peak-{}-MiB", kind), it, value(peak / 1048576.0));
+    });
+    tb.scalar("memory/peak-total-MiB", it, value(allocator_for(r.device).stats().peak_total / 1048576.0));
     if (r.host_peak_bytes > 0) tb.scalar("memory/peak-host-MiB", it, value(r.host_peak_bytes / 1048576.0));
     if (r.moe.enabled) {
       if (r.moe.has_aux) tb.scalar("moe/load-balancing-loss", it, value(r.moe.aux_loss));
