@@ -39,7 +39,7 @@ SUBSTITUTIONS=(
 " 17 s instead of 27): the next command needs a rates file, not precise rates"
 )
 
-INTEROP_VENV=$(dirname "$MT")/interop-venv
+INTEROP_VENV=$(dirname "$(dirname "$INTEROP_PYTHON")")  # common.bash's interop Python, its environment
 
 # Why block $1 is passed over, or nothing when it runs.
 skip_reason() {
@@ -50,7 +50,7 @@ skip_reason() {
     echo "needs the CUDA toolkit or a GPU"
   elif grep -Eq 'pip install' "$b"; then
     echo "downloads Python packages"
-  elif grep -Eq 'hf_tiny_model\.py|scripts/lora_example\.sh|build/interop-venv' "$b" && ! [ -x "$INTEROP_VENV/bin/python" ]; then
+  elif grep -Eq 'hf_tiny_model\.py|scripts/lora_example\.sh|build/interop-venv' "$b" && ! [ -x "$INTEROP_PYTHON" ]; then
     [ "${CI:-}" != true ] || fail "$b needs the interop Python, which CI has (scripts/test.sh makes $INTEROP_VENV)"
     echo "needs the interop Python ($INTEROP_VENV: scripts/python-env.sh makes it)"
   elif grep -Eq '^[^#]*tensorboard --logdir' "$b"; then

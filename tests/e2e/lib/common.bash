@@ -19,8 +19,9 @@ require_gpu() {
 # the packages tests/interop/requirements.txt pins; scripts/test.sh makes it), or $MEGATRAIN_INTEROP_PYTHON.
 # require_interop_python MODULE...: sets PY and works offline. Without the environment the test skips (77), saying
 # how to make it; an environment that cannot import a named module is broken, and the test fails naming it.
+INTEROP_PYTHON=${MEGATRAIN_INTEROP_PYTHON:-$(dirname "$MT")/interop-venv/bin/python}
 require_interop_python() {
-  PY=${MEGATRAIN_INTEROP_PYTHON:-$(dirname "$MT")/interop-venv/bin/python}
+  PY=$INTEROP_PYTHON
   if [ ! -x "$PY" ]; then
     echo "SKIP: no interop Python at $PY (scripts/python-env.sh $(dirname "$MT") makes it; scripts/test.sh does)"
     exit 77
@@ -35,9 +36,8 @@ require_interop_python() {
 # have_interop_python MODULE...: for a part of a test that needs the interop Python: sets PY and returns 0 when it is
 # there, else says the part is skipped (skip_part) and returns 1.
 have_interop_python() {
-  PY=${MEGATRAIN_INTEROP_PYTHON:-$(dirname "$MT")/interop-venv/bin/python}
-  if [ ! -x "$PY" ]; then
-    skip_part "no interop Python at $PY (scripts/python-env.sh $(dirname "$MT") makes it)"
+  if [ ! -x "$INTEROP_PYTHON" ]; then
+    skip_part "no interop Python at $INTEROP_PYTHON (scripts/python-env.sh $(dirname "$MT") makes it)"
     return 1
   fi
   require_interop_python "$@"
