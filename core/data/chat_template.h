@@ -39,9 +39,10 @@ struct ChatMessage {
 // system / user / assistant, a role or content that is not a string, or no assistant turn (nothing to learn).
 std::vector<ChatMessage> parse_chat_line(std::string_view line);
 
-// The template that the `chat_template` string of a JSON file (tokenizer_config.json, chat_template.json) is: ChatML when it holds "<|im_start|>", Llama 3
-// when it holds "<|start_header_id|>". DataError naming the file for a missing file or member, a template that is
-// not a string (a list of named templates), or any other template (quoting its start).
+// The template that the `chat_template` string of a JSON file (tokenizer_config.json, chat_template.json) is: ChatML
+// when it holds "<|im_start|>", Llama 3 when it holds "<|start_header_id|>". DataError naming the file for a missing
+// file or member, a template that is not a string (a list of named templates), or any other template (quoting its
+// start).
 ChatTemplate chat_template_from_config(const std::string& tokenizer_config_path);
 // --chat-template auto: the template of a tokenizer directory, read where transformers reads it, in its order:
 // chat_template.jinja (the template's text: what transformers 5's save_pretrained writes), else chat_template.json

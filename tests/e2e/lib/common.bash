@@ -29,7 +29,8 @@ require_interop_python() {
   local imports
   imports=$(IFS=,; echo "$*")
   [ -z "$imports" ] || "$PY" -c "import $imports" 2>py-import.err ||
-    fail "the interop Python $PY cannot import $imports: $(tail -1 py-import.err) (scripts/python-env.sh installs tests/interop/requirements.txt)"
+    fail "the interop Python $PY cannot import $imports: $(tail -1 py-import.err)" \
+         "(scripts/python-env.sh installs tests/interop/requirements.txt)"
   export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 }
 
