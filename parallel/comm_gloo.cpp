@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -25,6 +26,7 @@
 #include "parallel/communicator.h"
 #include "parallel/group.h"
 #include "parallel/gloo_store_adapter.h"
+#include "parallel/shared_rounds.h"
 
 namespace mt {
 namespace {
@@ -89,7 +91,9 @@ struct GroupInfo {
 
   // Gloo closes every pair of a context once one operation fails or times out, so the first failure is
   // kept and later operations fail at once, naming it, instead of reporting a misleading pair closure.
+  // Ranks waiting for this one in a shared-memory round stop at once too.
   void record_failure(const std::string& what) const {
+    if (shm) shm->abandon();
     std::lock_guard lock(mu);
     if (first_failure.empty()) first_failure = what;
   }
@@ -100,6 +104,7 @@ struct GroupInfo {
                                   who(rank), first_failure));
   }
 
+  std::shared_ptr<SharedRounds> shm;  // the small collectives' path when every rank is on this host, else null
   mutable std::mutex mu;
   mutable std::string first_failure;  // the message of the first CommError from the transport
 };
@@ -161,7 +166,7 @@ class SendRecvWork final : public Work {
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(std::shared_ptr<const GroupInfo> group, std::shared_ptr<gloo::Context> context)
-      : group_(std::move(group)), context_(std::move(context)) {}
+      : group_(std::move(group)), context_(std::move(context)), shm_(group_->shm.get()) {}
 
   int rank() const override { return group_->rank; }
   int size() const override { return static_cast<int>(group_->members.size()); }
@@ -227,22 +232,29 @@ class GlooCommunicator final : public Communicator {
       mine = Tensor::empty({in.numel()}, DType::f32, Device::cpu, MemKind::workspace);
       mine.copy_from(in);
     }
-    Tensor blocks = Tensor::empty({n * m}, DType::f32, Device::cpu, MemKind::workspace);  // block r of each rank
-    guarded("reduce_scatter", [&] {
-      const size_t block_bytes = static_cast<size_t>(m) * sizeof(float);
-      auto send_buf = context_->createUnboundBuffer(mine.raw(), mine.nbytes());
-      auto recv_buf = context_->createUnboundBuffer(blocks.raw(), blocks.nbytes());
-      const uint64_t slot = kReduceScatterSlot | (static_cast<uint64_t>(tag) << 16);
-      for (int j = 0; j < n; ++j) {
-        if (j == r) continue;
-        recv_buf->recv(j, slot, static_cast<size_t>(j) * block_bytes, block_bytes);
-        send_buf->send(j, slot, static_cast<size_t>(j) * block_bytes, block_bytes);
-      }
-      for (int k = 0; k < n - 1; ++k)
-        if (!recv_buf->waitRecv(group_->timeout) || !send_buf->waitSend(group_->timeout))
-          throw std::runtime_error("aborted");
-    });
-    blocks.slice(r * m, (r + 1) * m).copy_from(mine.slice(r * m, (r + 1) * m));
+    // Block r of every rank, in rank order (the same workspace on both paths: the planner's memory model counts it).
+    Tensor blocks = Tensor::empty({n * m}, DType::f32, Device::cpu, MemKind::workspace);
+    const size_t block_bytes = static_cast<size_t>(m) * sizeof(float);
+    if (shm_fits(static_cast<size_t>(mine.nbytes()))) {  // every rank's whole buffer is its part
+      guarded("reduce_scatter", [&] { shm_->round(mine.raw(), static_cast<size_t>(mine.nbytes())); });
+      for (int j = 0; j < n; ++j)
+        std::memcpy(blocks.data<float>() + static_cast<int64_t>(j) * m, shm_->part(j) + r * block_bytes, block_bytes);
+    } else {
+      guarded("reduce_scatter", [&] {
+        auto send_buf = context_->createUnboundBuffer(mine.raw(), mine.nbytes());
+        auto recv_buf = context_->createUnboundBuffer(blocks.raw(), blocks.nbytes());
+        const uint64_t slot = kReduceScatterSlot | (static_cast<uint64_t>(tag) << 16);
+        for (int j = 0; j < n; ++j) {
+          if (j == r) continue;
+          recv_buf->recv(j, slot, static_cast<size_t>(j) * block_bytes, block_bytes);
+          send_buf->send(j, slot, static_cast<size_t>(j) * block_bytes, block_bytes);
+        }
+        for (int k = 0; k < n - 1; ++k)
+          if (!recv_buf->waitRecv(group_->timeout) || !send_buf->waitSend(group_->timeout))
+            throw std::runtime_error("aborted");
+      });
+      blocks.slice(r * m, (r + 1) * m).copy_from(mine.slice(r * m, (r + 1) * m));
+    }
     float* sum = blocks.data<float>();  // rank 0's block accumulates those of ranks 1 .. n-1, in rank order
     for (int j = 1; j < n; ++j) sum_f32(sum, sum, sum + static_cast<int64_t>(j) * m, static_cast<size_t>(m));
     out.copy_from(blocks.slice(0, m));
@@ -261,7 +273,8 @@ class GlooCommunicator final : public Communicator {
       return done();
     }
     if (in.numel() == 0) return done();
-    if (static_cast<size_t>(out.nbytes()) <= kDirectAllReduceBytes) {  // one round, as direct_all_reduce
+    if (shm_fits(static_cast<size_t>(in.nbytes())) ||
+        static_cast<size_t>(out.nbytes()) <= kDirectAllReduceBytes) {  // one round, as direct_all_reduce
       exchange_blocks("all_gather", in.raw(), static_cast<size_t>(in.nbytes()), out.raw(), tag);
       return done();
     }
@@ -282,6 +295,17 @@ class GlooCommunicator final : public Communicator {
       throw group_->misuse("broadcast", fmt::format("root {} is outside the group of {}", root, size()));
     uint32_t tag = next_tag_++;
     if (size() == 1 || t.numel() == 0) return done();
+    if (const size_t bytes = static_cast<size_t>(t.nbytes()); shm_fits(bytes)) {
+      const bool root_here = rank() == root;
+      guarded("broadcast", [&] {
+        shm_->round(root_here ? t.raw() : nullptr, root_here ? bytes : 0, /*same_size=*/false);
+        if (shm_->part_bytes(root) != bytes)
+          throw SharedRoundError(fmt::format("the root, {}, broadcasts {} bytes, this rank expects {}",
+                                             group_->who(root), shm_->part_bytes(root), bytes));
+      });
+      if (!root_here) std::memcpy(t.raw(), shm_->part(root), bytes);
+      return done();
+    }
     guarded("broadcast", [&] {
       gloo::BroadcastOptions o(context_);
       o.setOutput(t.data<uint8_t>(), t.nbytes());
@@ -306,8 +330,10 @@ class GlooCommunicator final : public Communicator {
     const int n = size(), r = rank();
     const std::vector<int64_t> send_at = block_offsets(send_counts), recv_at = block_offsets(recv_counts);
     copy_elements(in, send_at[r], out, recv_at[r], send_counts[r]);
-    if (n == 1 || totals.sent + totals.received == send_counts[r] + recv_counts[r]) return done();
+    if (n == 1) return done();
     const size_t element = dtype_size(in.dtype());
+    if (shm_ && shared_all_to_all(in, send_counts, out, recv_at, recv_counts, element)) return done();
+    if (totals.sent + totals.received == send_counts[r] + recv_counts[r]) return done();
     guarded("all_to_all", [&] {
       std::unique_ptr<gloo::transport::UnboundBuffer> send_buf, recv_buf;
       if (totals.sent > 0)
@@ -337,6 +363,49 @@ class GlooCommunicator final : public Communicator {
     return done();
   }
 
+  // all_to_all through the shared segment: each rank's part is its total element count (-1 when its blocks do not
+  // fit), its send counts and its blocks. Every rank sees every part's count, so all go back to Gloo (false) alike
+  // when one did not fit. A peer whose count for this rank differs from recv_counts breaks the protocol: CommError.
+  bool shared_all_to_all(const Tensor& in, const std::vector<int64_t>& send_counts, Tensor& out,
+                         const std::vector<int64_t>& recv_at, const std::vector<int64_t>& recv_counts, size_t element) {
+    const int n = size(), r = rank();
+    const size_t head = sizeof(int64_t) * static_cast<size_t>(n + 1);
+    int64_t sent = 0;
+    for (int64_t c : send_counts) sent += c;
+    const bool fits = head + static_cast<size_t>(sent) * element <= SharedRounds::kSlotBytes;
+    std::vector<std::byte> part(fits ? head + static_cast<size_t>(sent) * element : head);
+    const int64_t total = fits ? sent : -1;
+    std::memcpy(part.data(), &total, sizeof total);
+    std::memcpy(part.data() + sizeof total, send_counts.data(), sizeof(int64_t) * static_cast<size_t>(n));
+    if (fits && sent > 0) std::memcpy(part.data() + head, in.raw(), static_cast<size_t>(sent) * element);
+    guarded("all_to_all", [&] { shm_->round(part.data(), part.size(), /*same_size=*/false); });
+    auto counts_of = [&](int j) {
+      std::vector<int64_t> c(static_cast<size_t>(n + 1));
+      std::memcpy(c.data(), shm_->part(j), head);
+      return c;  // [total, send_counts...]
+    };
+    for (int j = 0; j < n; ++j)
+      if (counts_of(j)[0] < 0) return false;
+    for (int j = 0; j < n; ++j) {
+      if (j == r) continue;
+      const std::vector<int64_t> c = counts_of(j);
+      if (c[static_cast<size_t>(r) + 1] != recv_counts[j]) {
+        CommError e =
+            group_->misuse("all_to_all", fmt::format("{} sends {} elements, this rank expects {}: the counts disagree",
+                                                     group_->who(j), c[static_cast<size_t>(r) + 1], recv_counts[j]));
+        group_->record_failure(e.what());
+        throw e;
+      }
+      int64_t at = 0;  // where rank j's block for this rank starts among its blocks
+      for (int q = 0; q < r; ++q) at += c[static_cast<size_t>(q) + 1];
+      if (recv_counts[j] > 0)
+        std::memcpy(static_cast<std::byte*>(out.raw()) + static_cast<size_t>(recv_at[j]) * element,
+                    shm_->part(j) + head + static_cast<size_t>(at) * element,
+                    static_cast<size_t>(recv_counts[j]) * element);
+    }
+    return true;
+  }
+
   // A small all-reduce (tensor-parallel activations on CPU ranks, losses, norms, small gradient buckets): each rank
   // sends its whole buffer to every other in one round and combines all of them in rank order, ((x_0 + x_1) + x_2)
   // + ..., as reduce_scatter does. A ring takes 2 (n - 1) rounds, and with more ranks than cores each round waits for
@@ -353,11 +422,17 @@ class GlooCommunicator final : public Communicator {
     for (int j = 1; j < size; ++j) combine(data, data, all.data() + static_cast<size_t>(j) * n, n);
   }
 
-  // Every rank's `bytes` at `mine` into block j of `all` (size * bytes) on every rank, rank j's block j: one round
-  // of a send to and a receive from each peer (guarded: a failure is a CommError naming `op`). `mine` may be this
-  // rank's block of `all`.
+  // Every rank's `bytes` at `mine` into block j of `all` (size * bytes) on every rank, rank j's block j: one shared
+  // round, or one round of a send to and a receive from each peer (guarded: a failure is a CommError naming `op`).
+  // `mine` may be this rank's block of `all`.
   void exchange_blocks(std::string_view op, const void* mine, size_t bytes, void* all, uint32_t tag) {
     const int size = this->size(), r = rank();
+    if (shm_fits(bytes)) {
+      guarded(op, [&] { shm_->round(mine, bytes); });
+      for (int j = 0; j < size; ++j)
+        std::memcpy(static_cast<char*>(all) + static_cast<size_t>(j) * bytes, shm_->part(j), bytes);
+      return;
+    }
     std::memmove(static_cast<char*>(all) + static_cast<size_t>(r) * bytes, mine, bytes);
     guarded(op, [&] {
       auto send_buf = context_->createUnboundBuffer(const_cast<void*>(mine), bytes);
@@ -382,6 +457,10 @@ class GlooCommunicator final : public Communicator {
   void barrier() override {
     uint32_t tag = next_tag_++;
     if (size() == 1) return;
+    if (shm_) {
+      guarded("barrier", [&] { shm_->round(nullptr, 0); });
+      return;
+    }
     guarded("barrier", [&] {
       gloo::BarrierOptions o(context_);
       o.setTag(tag);
@@ -392,6 +471,9 @@ class GlooCommunicator final : public Communicator {
 
  private:
   static std::unique_ptr<Work> done() { return std::make_unique<CompletedWork>(); }
+
+  // Whether a collective whose part per rank is `bytes` (the same on every rank) goes through shared memory.
+  bool shm_fits(size_t bytes) const { return shm_ && bytes <= SharedRounds::kSlotBytes; }
 
   void check_host(const Tensor& t, std::string_view op, bool reduction) const {
     if (!t.defined()) throw group_->misuse(op, "undefined tensor");
@@ -434,6 +516,7 @@ class GlooCommunicator final : public Communicator {
 
   std::shared_ptr<const GroupInfo> group_;
   std::shared_ptr<gloo::Context> context_;
+  SharedRounds* shm_;      // group_->shm
   uint32_t next_tag_ = 0;  // collectives run in the same order on every rank, so the tags agree
 };
 
@@ -521,6 +604,15 @@ std::unique_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Store> stor
     throw CommError(fmt::format("{}: rendezvous {} on {}:{} {}", name,
                                 timed_out ? "timed out after " + seconds_str(opt.timeout) : std::string("failed"),
                                 group->who(rank), who_missing, e.what()));
+  }
+  try {
+    std::string why_not;
+    group->shm = SharedRounds::join(*store, adapter.prefix() + "shm/", rank, opt.members, opt.shared_memory,
+                                    opt.timeout, &why_not);
+    if (!group->shm && size > 1) spdlog::debug("{}: collectives over Gloo's TCP only: {}", name, why_not);
+  } catch (const std::exception& e) {
+    throw CommError(
+        fmt::format("{}: rendezvous of the shared-memory segment failed on {}: {}", name, group->who(rank), e.what()));
   }
   return std::make_unique<GlooCommunicator>(std::move(group), std::move(context));
 }

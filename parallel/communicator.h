@@ -96,6 +96,9 @@ struct GlooOptions {
   int global_rank = 0;
   std::string hostname = "127.0.0.1";  // interface the Gloo TCP device binds to
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // When every member runs on this host: collectives of at most 64 KiB per rank through a shared-memory segment
+  // (parallel/shared_rounds.h; parallel.gloo_shared_memory). Every member must agree, else all use TCP.
+  bool shared_memory = true;
 };
 
 // Creates the Gloo communicator of one group, rendezvousing through `store` (prefixed by the group name).
@@ -112,6 +115,9 @@ struct GlooOptions {
 // dtype. After any failure (Gloo closes all connections of the group) every later op throws CommError at
 // once, naming the first failure. Dropping an unwaited send/recv Work abandons the transfer without
 // blocking. One thread drives a communicator at a time; waiting on its Works from another thread is fine.
+// When every member is on this host (opt.shared_memory), collectives of at most 64 KiB per rank go through
+// shared memory (parallel/shared_rounds.h) with the same results bit for bit; a member whose process exits fails
+// the others' waits at once, and ranks that disagree on a collective's size get CommError naming both sizes.
 std::unique_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Store> store, const GlooOptions& opt);
 
 // Wraps a communicator whose backend moves memory of device `native` (Gloo: cpu, NCCL: cuda) so that it takes

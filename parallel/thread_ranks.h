@@ -34,8 +34,10 @@ inline void run_ranks(int n, const std::function<void(int)>& fn) {
 // The communicator of group `name` with `members` (global ranks, ascending) for global rank `rank`.
 inline std::unique_ptr<Communicator> join_gloo(std::shared_ptr<Store> store, const std::string& name,
                                                std::vector<int> members, int rank,
-                                               std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+                                               std::chrono::milliseconds timeout = std::chrono::seconds(20),
+                                               bool shared_memory = true) {
   GlooOptions opt;
+  opt.shared_memory = shared_memory;
   opt.name = name;
   opt.members = std::move(members);
   opt.global_rank = rank;

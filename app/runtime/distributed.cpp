@@ -54,12 +54,14 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
     return fmt::format("{}[{}]", kind, fmt::join(members, ","));
   };
   auto gloo_group = [&](const char* kind, std::vector<int> members) {
-    return make_staged_communicator(make_gloo_communicator(d->store, GlooOptions{.name = group_name(kind, members),
-                                                                                 .members = members,
-                                                                                 .global_rank = env.rank,
-                                                                                 .hostname = gloo_hostname(env),
-                                                                                 .timeout = timeout}),
-                                    Device::cpu);
+    return make_staged_communicator(
+        make_gloo_communicator(d->store, GlooOptions{.name = group_name(kind, members),
+                                                     .members = members,
+                                                     .global_rank = env.rank,
+                                                     .hostname = gloo_hostname(env),
+                                                     .timeout = timeout,
+                                                     .shared_memory = p.gloo_shared_memory}),
+        Device::cpu);
   };
 #if defined(MEGATRAIN_WITH_NCCL)
   auto nccl_options = [&](const char* kind, std::vector<int> members) {

@@ -216,7 +216,10 @@ struct ParallelConfig {
   int64_t shard_group = 0;
   std::vector<int64_t> layers_per_stage;  // empty: num_layers split evenly
   double timeout_s = 300;                 // bound on every rendezvous and collective wait (a dead rank ends the job)
-  int64_t grad_bucket_size = 40000000;    // elements per data-parallel gradient bucket, reduced during backward
+  // Gloo groups whose ranks share a host run collectives of at most 64 KiB per rank through shared memory
+  // (parallel/shared_rounds.h); false keeps every byte on Gloo's TCP transport.
+  bool gloo_shared_memory = true;
+  int64_t grad_bucket_size = 40000000;  // elements per data-parallel gradient bucket, reduced during backward
   BackendChoice backend = BackendChoice::automatic;  // auto (nccl on cuda, gloo on cpu) | nccl | gloo (host-staged)
   // auto | 1f1b | interleaved (needs virtual_pipeline > 1) | zb-h1 (zero-bubble: split backwards, needs
   // pipeline > 1 and virtual_pipeline 1); parallel/schedule.h builds each.

@@ -83,6 +83,7 @@ void visit(V& v, C& c) {
     v.field({.name = "shard_group", .accepts_auto = true}, p.shard_group);
     v.field({.name = "layers_per_stage"}, p.layers_per_stage);
     v.field({.name = "timeout_s"}, p.timeout_s);
+    v.field({.name = "gloo_shared_memory"}, p.gloo_shared_memory);
     v.field({.name = "grad_bucket_size"}, p.grad_bucket_size);
     v.field({.name = "backend"}, p.backend);
     v.field({.name = "pipeline_schedule"}, p.pipeline_schedule);

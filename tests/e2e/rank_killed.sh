@@ -48,3 +48,25 @@ grep -q "ranks whose heartbeat stopped, likely stopped or frozen: \[1\]" err2.tx
   || { cat err2.txt; fail "rank 0's timeout error does not name rank 1"; }
 [ -z "$(pgrep -P "$launcher")" ] || fail "ranks left running"
 echo "job ended ${elapsed}s after SIGSTOP of rank 1 (exit $rc):"; grep -E "megatrain( launch|: error)" err2.txt
+# Ranks started without the launcher (as srun or torchrun start them): nothing but the peers themselves sees a rank
+# die. Two tensor-parallel ranks talk through shared memory (parallel.gloo_shared_memory); when rank 1 is killed,
+# rank 0 must see its process gone and fail at once, naming it, not wait out parallel.timeout_s (60 s).
+port=$(free_port)
+for r in 0 1; do
+  RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    "$MT" --config tiny.yaml --set parallel.tensor=2 --set training.train_iters=100000 --set parallel.timeout_s=60 \
+          --set logging.dir=alone$r >alone$r.out 2>alone$r.err &
+  pids[$r]=$!
+done
+for _ in $(seq 300); do grep -q '"loss"' alone0/metrics.jsonl 2>/dev/null && break; sleep 0.1; done
+grep -q '"loss"' alone0/metrics.jsonl || { cat alone0.err; fail "the two ranks did not start training"; }
+start=$(date +%s)
+kill -KILL "${pids[1]}"
+rc=0
+wait "${pids[0]}" || rc=$?
+elapsed=$(( $(date +%s) - start ))
+[ $rc -ne 0 ] || fail "rank 0 exited 0 after rank 1 was killed"
+[ $elapsed -le 10 ] || fail "rank 0 took ${elapsed}s to see rank 1 gone (the timeout is 60 s)"
+grep -q "rank 1 (global 1) (pid ${pids[1]}) exited" alone0.err \
+  || { cat alone0.err; fail "rank 0 does not name rank 1"; }
+echo "rank 0 ended ${elapsed}s after SIGKILL of rank 1: $(grep -m1 'exited' alone0.err)"

@@ -138,3 +138,27 @@ run_context_layouts() {  # precision tolerance "cp comm tp pp dp"...
   done
   echo "all $count context-parallel runs match one rank ($precision)"
 }
+
+# Gloo's TCP path (parallel.gloo_shared_memory false) in layouts whose small collectives otherwise go through shared
+# memory: TP 2 x PP 2 x DP 2 and TP 4 x DP 2 of the variant `full` (run_layout_matrix ran them) must give their
+# losses bit for bit (both paths sum the ranks' parts in rank order).
+run_tcp_layouts() {  # precision
+  local precision=$1
+  local common=(--config "${MATRIX_CONFIG:-tiny.yaml}" --set model.num_layers=8 --set training.micro_batch_size=1
+                --set training.global_batch_size=8 --set training.train_iters=6 --set parallel.timeout_s=60
+                --set parallel.grad_bucket_size=5000 --set training.precision=$precision
+                --set parallel.gloo_shared_memory=false ${MATRIX_ARGS[@]+"${MATRIX_ARGS[@]}"})
+  local layout tp pp dp vp dir
+  for layout in "2 2 2 2" "4 1 2 1"; do
+    read -r tp pp dp vp <<<"$layout"
+    dir=tcp_tp${tp}pp${pp}dp${dp}
+    [ -f full_tp${tp}pp${pp}dp${dp}/metrics.jsonl ] || fail "run_layout_matrix full made no full_tp${tp}pp${pp}dp${dp}"
+    "$MT" "${common[@]}" --nproc $((tp * pp * dp)) --set parallel.tensor=$tp --set parallel.pipeline=$pp \
+          --set parallel.virtual_pipeline=$vp --set parallel.sequence_parallel=true \
+          --set parallel.distributed_optimizer=true --set logging.dir=$dir >/dev/null 2>$dir.err \
+      || { tail -5 $dir.err; fail "$dir failed"; }
+    [ "$(losses $dir/metrics.jsonl 1 6)" = "$(losses full_tp${tp}pp${pp}dp${dp}/metrics.jsonl 1 6)" ] \
+      || fail "$dir: the losses over TCP differ from those through shared memory"
+  done
+  echo "TCP-only runs give the shared-memory runs' losses bit for bit ($precision)"
+}

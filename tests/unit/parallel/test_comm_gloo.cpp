@@ -5,12 +5,16 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <exception>
+#include <filesystem>
 #include <functional>
 #include <future>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include "parallel/communicator.h"
 #include "parallel/thread_ranks.h"
@@ -22,9 +26,10 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
 // A Gloo communicator with this file's default timeout (10 s: the tests that wait for a timeout set their own).
+// Threads share a host, so small collectives go through shared memory unless `shared_memory` is false.
 std::unique_ptr<Communicator> join(std::shared_ptr<Store> store, const std::string& name, std::vector<int> members,
-                                   int global_rank, Millis timeout = 10s) {
-  return join_gloo(std::move(store), name, std::move(members), global_rank, timeout);
+                                   int global_rank, Millis timeout = 10s, bool shared_memory = true) {
+  return join_gloo(std::move(store), name, std::move(members), global_rank, timeout, shared_memory);
 }
 
 // Values that differ per rank and element; sums of a few of them are exact in fp32.
@@ -429,8 +434,8 @@ TEST(CommGloo, MisuseIsReportedWithGroupAndRank) {
 
 namespace mt {
 
-// Ranks that disagree on a collective's size break Gloo's protocol inside its transport thread, where nothing
-// can catch the gloo::EnforceNotMet: the process must end with an error naming the Gloo failure (exit 1), not
+// Ranks that disagree on a collective's size break Gloo's protocol (over TCP) inside its transport thread, where
+// nothing can catch the gloo::EnforceNotMet: the process must end with an error naming the Gloo failure (exit 1), not
 // abort with a core dump.
 TEST(CommGlooDeathTest, ATransportThreadFailureEndsWithAnErrorNotAnAbort) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
@@ -438,7 +443,7 @@ TEST(CommGlooDeathTest, ATransportThreadFailureEndsWithAnErrorNotAnAbort) {
       {
         auto store = make_hash_store();
         run_ranks(2, [&](int r) {
-          auto comm = join(store, "mismatch", first_ranks(2), r, 5s);
+          auto comm = join(store, "mismatch", first_ranks(2), r, 5s, /*shared_memory=*/false);
           // rank 1 sends more than rank 0 posted.
           Tensor t = Tensor::zeros({r == 0 ? int64_t(4) : int64_t(4096)}, DType::f32);
           comm->all_reduce(t, ReduceOp::sum)->wait();
@@ -667,6 +672,180 @@ TEST(CommGloo, AllToAllMisuseNamesTheGroupTheOpAndTheRank) {
               }).find("sends itself 2 elements"),
               std::string::npos);
     comm->barrier();  // misuse never reached the wire: the group still works
+  });
+}
+
+}  // namespace
+}  // namespace mt
+
+// The shared-memory rounds (parallel/shared_rounds.h) of groups on one host: the same bits as Gloo's TCP path for
+// every collective, sizes at and past the 64 KiB a part holds; failures named as Gloo's are.
+namespace mt {
+namespace {
+
+// Runs `op` on a communicator through shared memory and on one over TCP only; the tensors it returns must agree
+// bit for bit.
+void expect_same_bits(int world, const std::function<std::vector<Tensor>(Communicator&, int)>& op) {
+  auto store = make_hash_store();
+  run_ranks(world, [&](int r) {
+    auto shm = join(store, "shm", first_ranks(world), r);
+    auto tcp = join(store, "tcp", first_ranks(world), r, 10s, /*shared_memory=*/false);
+    std::vector<Tensor> a = op(*shm, r), b = op(*tcp, r);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i].nbytes(), b[i].nbytes());
+      EXPECT_EQ(std::memcmp(a[i].raw(), b[i].raw(), static_cast<size_t>(a[i].nbytes())), 0)
+          << "result " << i << " on rank " << r << " of " << world;
+    }
+  });
+}
+
+TEST(CommGlooSharedMemory, EveryCollectiveGivesTheBitsOfTheTcpPath) {
+  // 16384 f32 fill a part exactly; 16385 go over to Gloo on both.
+  const std::vector<int64_t> sizes = {1, 1001, 16384, 16385};
+  for (int world : {2, 3, 4}) {
+    expect_same_bits(world, [&](Communicator& c, int r) {
+      std::vector<Tensor> got;
+      for (int64_t n : sizes)
+        for (DType t : {DType::f32, DType::bf16, DType::f64})
+          for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+            if (t == DType::f64 && op == ReduceOp::max) continue;
+            std::vector<float> v = rank_values(r, n);
+            for (auto& x : v) x = x / 7.f + 1e-3f * static_cast<float>(r);  // sums that round
+            Tensor x = Tensor::from_floats(v, {n}, t);
+            c.all_reduce(x, op)->wait();
+            got.push_back(x);
+          }
+      for (int64_t m : {int64_t{5}, int64_t{16384 / 4}, int64_t{5000}}) {  // blocks of reduce_scatter
+        std::vector<float> v = rank_values(r, m * c.size());
+        for (auto& x : v) x = x / 3.f;
+        Tensor in = Tensor::from_floats(v, {m * c.size()}, DType::f32);
+        Tensor out = Tensor::zeros({m}, DType::f32);
+        c.reduce_scatter(in, out)->wait();
+        got.push_back(out);
+        Tensor all = Tensor::zeros({m * c.size()}, DType::f32);
+        c.all_gather(out, all)->wait();
+        got.push_back(all);
+      }
+      for (int64_t n : {int64_t{3}, int64_t{16384}, int64_t{20000}}) {
+        Tensor b = Tensor::from_floats(rank_values(r, n), {n}, DType::f32);
+        c.broadcast(b, c.size() - 1)->wait();
+        got.push_back(b);
+      }
+      for (int64_t hidden : {int64_t{3}, int64_t{3000}}) {  // 3000: some ranks' blocks do not fit a part
+        const std::vector<int64_t> send = send_counts_of(r, c.size(), hidden),
+                                   recv = recv_counts_of(r, c.size(), hidden);
+        Tensor in = dispatch_input(r, c.size(), hidden, 5, DType::bf16);
+        Tensor out = tensor_of(std::vector<float>(static_cast<size_t>(total(recv) + 7), -1.f), DType::bf16);
+        c.all_to_all(in, send, out, recv)->wait();
+        got.push_back(out);
+      }
+      c.barrier();
+      return got;
+    });
+  }
+}
+
+TEST(CommGlooSharedMemory, ARankThatDoesNotWantItMakesTheGroupUseTcp) {
+  auto store = make_hash_store();
+  run_ranks(3, [&](int r) {
+    auto comm = join(store, "mixed", first_ranks(3), r, 10s, /*shared_memory=*/r != 1);
+    Tensor x = Tensor::from_floats(rank_values(r, 100), {100}, DType::f32);
+    comm->all_reduce(x, ReduceOp::sum)->wait();
+    std::vector<float> got = x.to_floats();
+    for (int64_t i = 0; i < 100; ++i)
+      ASSERT_EQ(got[i], (rank_values(0, 100)[i] + rank_values(1, 100)[i]) + rank_values(2, 100)[i]);
+  });
+}
+
+TEST(CommGlooSharedMemory, TheSegmentIsUnlinkedOnceEveryRankHasMappedIt) {
+  auto store = make_hash_store();
+  auto segments = [] {  // this process's segments in /dev/shm
+    int count = 0;
+    const std::string mine = "megatrain-" + std::to_string(::getpid()) + "-";
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+      count += e.path().filename().string().starts_with(mine);
+    return count;
+  };
+  run_ranks(4, [&](int r) {
+    auto comm = join(store, "tp", first_ranks(4), r);
+    comm->barrier();
+    EXPECT_EQ(segments(), 0);
+    Tensor x = Tensor::from_floats(std::vector<float>(8, 1.f), {8}, DType::f32);
+    comm->all_reduce(x, ReduceOp::sum)->wait();
+    EXPECT_EQ(x.to_floats()[0], 4.f);
+  });
+}
+
+TEST(CommGlooSharedMemory, AnAbsentRankTimesOutNamedAndLaterOpsFailAtOnce) {
+  auto store = make_hash_store();
+  std::promise<void> finished;
+  std::shared_future<void> done = finished.get_future().share();
+  std::atomic<int> failed{0};
+  run_ranks(3, [&](int r) {
+    auto comm = join(store, "tp[0,1,2]", first_ranks(3), r, 500ms);
+    if (r == 2) {  // joined, never reaches the collective
+      done.wait();
+      return;
+    }
+    Tensor x = Tensor::zeros({1000}, DType::f32);
+    auto t0 = Clock::now();
+    try {
+      comm->all_reduce(x, ReduceOp::sum)->wait();
+      ADD_FAILURE() << "all_reduce without rank 2 returned";
+    } catch (const CommError& e) {
+      std::string msg = e.what();
+      // The first rank to time out names rank 2; the other may instead see that one give up first.
+      EXPECT_NE(msg.find("tp[0,1,2]: all_reduce"), std::string::npos) << msg;
+      const bool named = msg.find("timed out after 0.5 s on rank " + std::to_string(r)) != std::string::npos &&
+                         msg.find("rank 2 (global 2)") != std::string::npos;
+      EXPECT_TRUE(named || msg.find("gave up first") != std::string::npos) << msg;
+    }
+    EXPECT_LT(seconds_since(t0), 2.0);
+    auto t1 = Clock::now();
+    EXPECT_THROW(comm->barrier(), CommError);
+    EXPECT_LT(seconds_since(t1), 0.5);
+    if (++failed == 2) finished.set_value();
+  });
+}
+
+// A rank that fails (here a recv that times out on its shorter timeout) releases the ranks waiting for it in a
+// shared round at once, not after their own timeout.
+TEST(CommGlooSharedMemory, ARankThatFailsReleasesThoseWaitingForIt) {
+  auto store = make_hash_store();
+  run_ranks(3, [&](int r) {
+    auto comm = join(store, "dp[0,1,2]", first_ranks(3), r, r == 2 ? 300ms : 20s);
+    auto t0 = Clock::now();
+    if (r == 2) {
+      Tensor x = Tensor::zeros({4}, DType::f32);
+      EXPECT_THROW(comm->recv(x, 0, 7)->wait(), CommError);
+      return;
+    }
+    Tensor x = Tensor::zeros({64}, DType::f32);
+    try {
+      comm->all_reduce(x, ReduceOp::sum)->wait();
+      ADD_FAILURE() << "all_reduce returned without rank 2";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 2 (global 2) gave up first"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(seconds_since(t0), 5.0) << "the 20 s timeout must not be needed";
+  });
+}
+
+TEST(CommGlooSharedMemory, RanksThatDisagreeOnTheSizeFailNamingBoth) {
+  auto store = make_hash_store();
+  run_ranks(2, [&](int r) {
+    auto comm = join(store, "mismatch", first_ranks(2), r, 5s);
+    Tensor t = Tensor::zeros({r == 0 ? int64_t(4) : int64_t(4096)}, DType::f32);
+    try {
+      comm->all_reduce(t, ReduceOp::sum)->wait();
+      ADD_FAILURE() << "all_reduce of different sizes returned on rank " << r;
+    } catch (const CommError& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find("the ranks disagree on the collective's size"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("16 bytes"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("16384 bytes"), std::string::npos) << msg;
+    }
   });
 }
 
