@@ -4,7 +4,8 @@ set -euo pipefail
 MT=$1
 SRC=$2
 WORK=$(mktemp -d /tmp/megatrain-e2e.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
+PY_WORKER=""
+trap '[ -z "$PY_WORKER" ] || kill "$PY_WORKER" 2>/dev/null; rm -rf "$WORK"' EXIT
 cd "$WORK"
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -17,21 +18,48 @@ require_gpu() {
 
 # The interop tests' Python: the environment scripts/python-env.sh makes beside the binary (build/interop-venv,
 # the packages tests/interop/requirements.txt pins; scripts/test.sh makes it), or $MEGATRAIN_INTEROP_PYTHON.
-# require_interop_python MODULE...: sets PY and works offline. Without the environment the test skips (77), saying
-# how to make it; an environment that cannot import a named module is broken, and the test fails naming it.
+# require_interop_python MODULE...: works offline and sets PY, which runs like that Python ("$PY" SCRIPT ARGS,
+# "$PY" -c CODE, "$PY" - <<EOF) in one worker per test that imported the modules once (tests/interop/py_worker.py:
+# torch and transformers take seconds to import, more than most checks). Without the environment the test skips
+# (77), saying how to make it; an environment that cannot import a named module is broken, and the test fails
+# naming it.
 INTEROP_PYTHON=${MEGATRAIN_INTEROP_PYTHON:-$(dirname "$MT")/interop-venv/bin/python}
 require_interop_python() {
-  PY=$INTEROP_PYTHON
-  if [ ! -x "$PY" ]; then
-    echo "SKIP: no interop Python at $PY (scripts/python-env.sh $(dirname "$MT") makes it; scripts/test.sh does)"
+  if [ ! -x "$INTEROP_PYTHON" ]; then
+    echo "SKIP: no interop Python at $INTEROP_PYTHON (scripts/python-env.sh $(dirname "$MT") makes it;" \
+         "scripts/test.sh does)"
     exit 77
   fi
-  local imports
-  imports=$(IFS=,; echo "$*")
-  [ -z "$imports" ] || "$PY" -c "import $imports" 2>py-import.err ||
-    fail "the interop Python $PY cannot import $imports: $(tail -1 py-import.err)" \
-         "(scripts/python-env.sh installs tests/interop/requirements.txt)"
   export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+  [ -z "$PY_WORKER" ] || return 0
+  mkfifo "$WORK/py-requests" "$WORK/py-replies"
+  "$INTEROP_PYTHON" "$SRC/tests/interop/py_worker.py" "$WORK/py-requests" "$WORK/py-replies" "$@" &
+  PY_WORKER=$!
+  exec {PY_REPLIES}<"$WORK/py-replies"
+  local ready=""
+  read -r ready <&$PY_REPLIES || true
+  [ "$ready" = ready ] || fail "the interop Python $INTEROP_PYTHON: ${ready:-it exited}" \
+                              "(scripts/python-env.sh installs tests/interop/requirements.txt)"
+  exec {PY_REQUESTS}>"$WORK/py-requests"
+  PY=interop_py
+}
+
+# interop_py ARGS...: what "$INTEROP_PYTHON" ARGS does, run by the test's worker (require_interop_python); its
+# output comes once it has finished.
+interop_py() {
+  local request status=""
+  request=$(mktemp "$WORK/py-request.XXXXXX")
+  [ "${1:-}" != - ] || cat >"$request.code"
+  python3 -c 'import json, os, sys
+request, argv = sys.argv[1], sys.argv[2:]
+json.dump({"cwd": os.getcwd(), "argv": argv, "env": dict(os.environ), "code_file": request + ".code",
+           "out": request + ".out", "err": request + ".err"}, open(request, "w"))' "$request" "$@"
+  echo "$request" >&$PY_REQUESTS
+  read -r status <&$PY_REPLIES || { echo "the interop Python worker exited" >&2; return 1; }
+  cat "$request.out"
+  cat "$request.err" >&2
+  rm -f "$request" "$request".*
+  return "$status"
 }
 
 # have_interop_python MODULE...: for a part of a test that needs the interop Python: sets PY and returns 0 when it is
