@@ -310,6 +310,11 @@ void MoeMlp::plan_exchange(Saved& s) const {
           order.push_back(static_cast<int32_t>(start[static_cast<size_t>(l)]++));
     const auto Rr = static_cast<int64_t>(order.size());
     s.order = Tensor::from_ints(order, {Rr, 1}).to(device_);
+    double choices = 0;  // the EP group's: balanced, this rank's experts get El / E of them
+    for (double c : all) choices += c;
+    if (choices > 0)
+      peak_received_ = std::max(peak_received_,
+                                static_cast<double>(Rr) / (choices * static_cast<double>(El) / static_cast<double>(E)));
   }
 }
 

@@ -125,6 +125,9 @@ class MoeMlp {
 
   // The routing recorded since the last call (then cleared).
   MoeLoad take_load();
+  // The most rows this rank's experts received in one forward over their balanced share (expert parallelism; 0
+  // without): what `megatrain plan --moe-imbalance` takes, as metrics.jsonl's moe_peak_received reports it.
+  double peak_received() const { return peak_received_; }
   // DeepSeek-V3's aux-loss-free balancing (model.moe.bias_update_rate > 0): bias_e += rate * sign(mean - T_e)
   // with T_e the tokens routed to expert e over a whole step (every microbatch of every data-parallel rank).
   bool has_expert_bias() const { return expert_bias_.defined(); }
@@ -163,6 +166,9 @@ class MoeMlp {
   Parameter shared_fc1_, shared_fc2_;  // (Fs1/t, C), (C, Fs/t); undefined without a shared expert
   Tensor expert_bias_;                 // (E) f32 on the device; undefined without the bias update
   mutable MoeLoad load_;               // bookkeeping of forward (const: generation runs it too)
+  // Expert parallelism: the most rows this rank's experts received in one forward over their balanced share (the
+  // EP group's choices times this rank's share of the experts), since the layer was made; 0 without EP.
+  mutable double peak_received_ = 0;
 };
 
 }  // namespace mt

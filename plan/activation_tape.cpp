@@ -216,8 +216,10 @@ class Replay {
   // keeps; `out` the bytes of the (Ns, C) output left allocated.
   double moe_forward(double& out) {
     const MoeShapes& e = s.m.moe;
-    const double N = s.N(), C = s.m.C, d = s.d, E = e.E, k = e.k, R = N * k, Rd = R / e.folds, n = Rd / e.El;
     const bool ep = e.ep > 1, fold = e.folds > 1;
+    // Rr: the rows this rank's experts get, Rd each with balanced routing, up to e.imbalance times that with EP.
+    const double N = s.N(), C = s.m.C, d = s.d, E = e.E, k = e.k, R = N * k, Rd = R / e.folds,
+                 Rr = ep ? Rd * e.imbalance : Rd, n = Rr / e.El;
     double kept = 0, locals = 0;
     auto keep = [&](double bytes) {
       t.alloc(bytes);
@@ -254,27 +256,27 @@ class Replay {
         }
       }
       if (ep) {
-        if (s.cpu) t.alloc(Rd * 4);  // plan_exchange: order from_ints on the host (the CPU's allocator on CUDA),
-        keep(Rd * 4);                // then its device copy: order (Rr, 1) i32
-        if (s.cpu) t.free(Rd * 4);
-        t.alloc(Rd * C * d);  // to_experts: received (Rr, C)
-        keep(Rd * C * d);     // s.xp (Rr, C): received, expert-major
-        t.free(Rd * C * d);
+        if (s.cpu) t.alloc(Rr * 4);  // plan_exchange: order from_ints on the host (the CPU's allocator on CUDA),
+        keep(Rr * 4);                // then its device copy: order (Rr, 1) i32
+        if (s.cpu) t.free(Rr * 4);
+        t.alloc(Rr * C * d);  // to_experts: received (Rr, C)
+        keep(Rr * C * d);     // s.xp (Rr, C): received, expert-major
+        t.free(Rr * C * d);
       }
     }
-    keep(Rd * e.fc1 * d);  // h (Re, F1/ETP)
-    keep(Rd * e.Ft * d);   // act (Re, F/ETP)
+    keep(Rr * e.fc1 * d);  // h (Re, F1/ETP)
+    keep(Rr * e.Ft * d);   // act (Re, F/ETP)
     if (!ep && !fold) {
       keep(R * C * d);  // y (R, C), this rank's partial
     } else {
-      local(Rd * C * d);  // ye (Re, C): this rank's experts' outputs
+      local(Rr * C * d);  // ye (Re, C): this rank's experts' outputs
     }
     gemm(n * C, e.fc1 * C, n * e.fc1);  // an expert's fc1 (the largest of its two GEMMs' workspaces with fc2)
     gemm(n * e.Ft, C * e.Ft, n * C);    // and fc2
     if (ep) {
-      t.alloc(Rd * C * d);  // from_experts: by_rank (Re, C)
+      t.alloc(Rr * C * d);  // from_experts: by_rank (Re, C)
       t.alloc(Rd * C * d);  // its result (Rd, C): this rank's choices' outputs, back
-      t.free(Rd * C * d);
+      t.free(Rr * C * d);
       if (!fold) kept += Rd * C * d;  // s.y itself
     }
     if (fold) {
@@ -305,9 +307,10 @@ class Replay {
   // of dx (Ns, C) left allocated.
   double moe_backward() {
     const MoeShapes& e = s.m.moe;
-    const double N = s.N(), C = s.m.C, d = s.d, E = e.E, k = e.k, R = N * k, Rd = R / e.folds, n = Rd / e.El;
     const bool ep = e.ep > 1, fold = e.folds > 1;
-    double locals = to_full();  // dout (N, C), gathered with SP
+    const double N = s.N(), C = s.m.C, d = s.d, E = e.E, k = e.k, R = N * k, Rd = R / e.folds,
+                 Rr = ep ? Rd * e.imbalance : Rd, n = Rr / e.El;  // as moe_forward's
+    double locals = to_full();                                    // dout (N, C), gathered with SP
     auto local = [&](double bytes) {
       t.alloc(bytes);
       locals += bytes;
@@ -316,20 +319,20 @@ class Replay {
     local(N * k * 4);             // dprobs (N, k) f32, all-reduced over TP in place (f32: no copy)
     if (fold) local(Rd * C * d);  // take_share(dy): dyd (Rd, C)
     if (ep) {
-      t.alloc(Rd * C * d);  // to_experts(dyd): received (Rr, C)
-      local(Rd * C * d);    // dye (Rr, C), expert-major
-      t.free(Rd * C * d);
+      t.alloc(Rr * C * d);  // to_experts(dyd): received (Rr, C)
+      local(Rr * C * d);    // dye (Rr, C), expert-major
+      t.free(Rr * C * d);
     }
-    local(Rd * C * d);                      // dxe (Re, C)
-    local(Rd * e.Ft * d + Rd * e.fc1 * d);  // dact (Re, F/ETP), dh (Re, F1/ETP)
+    local(Rr * C * d);                      // dxe (Re, C)
+    local(Rr * e.Ft * d + Rr * e.fc1 * d);  // dact (Re, F/ETP), dh (Re, F1/ETP)
     gemm(n * C, C * e.Ft, n * e.Ft);        // an expert's dact = dy W2
     gemm(n * C, n * e.Ft, 0, true);         // dW2 (f32)
     gemm(n * e.fc1, e.fc1 * C, n * C);      // dx = dh W1
     gemm(n * e.fc1, n * C, 0, true);        // dW1 (f32)
     if (ep) {
-      t.alloc(Rd * C * d);  // from_experts(dxe): by_rank (Re, C)
+      t.alloc(Rr * C * d);  // from_experts(dxe): by_rank (Re, C)
       t.alloc(Rd * C * d);  // its result (Rd, C), back on this rank's choices
-      t.free(Rd * C * d);
+      t.free(Rr * C * d);
       if (!fold) locals += Rd * C * d;  // dxp itself
     }
     if (fold) {

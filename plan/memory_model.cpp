@@ -55,19 +55,34 @@ std::vector<double> lora_layer_parameters(const ModelShapes& m, const LoraConfig
 // Element counts of one chunk's parameters on tensor-parallel rank 0, in the model's order (models/gpt.cpp
 // GptModel's params_, models/transformer_layer.cpp parameters()): the gradient buffer's buckets follow it. With
 // `experts` (expert parallelism), the experts' parameters go there, in the same order: their own buffer's.
-std::vector<double> chunk_parameters(const ModelShapes& m, const ChunkSpec& ch, std::vector<double>* experts) {
+// `units` (ZeRO-3's gathering units, models/gpt.cpp GptModel::units): each element's unit, numbered from
+// `first_unit`: the embeddings, each layer, the final norm with the head (a tied copy of the table on a stage without
+// the embedding is the head's).
+std::vector<double> chunk_parameters(const ModelShapes& m, const ChunkSpec& ch, std::vector<double>* experts,
+                                     std::vector<int>* units = nullptr, int first_unit = 0) {
   std::vector<double> n;
-  if (ch.has_embedding || (ch.has_head && m.tie_embeddings)) n.push_back(m.Vt * m.C);  // word embeddings (or copy)
-  if (ch.has_embedding && m.P > 0) n.push_back(m.P * m.C);                             // position embeddings (GPT)
+  std::vector<int> u;
+  const int head_unit = first_unit + (ch.has_embedding ? 1 : 0) + static_cast<int>(ch.layers);
+  if (ch.has_embedding || (ch.has_head && m.tie_embeddings)) {  // word embeddings (or copy)
+    n.push_back(m.Vt * m.C);
+    u.push_back(ch.has_embedding ? first_unit : head_unit);
+  }
+  if (ch.has_embedding && m.P > 0) {  // position embeddings (GPT)
+    n.push_back(m.P * m.C);
+    u.push_back(first_unit);
+  }
   for (int64_t l = ch.layer_begin; l < ch.layer_begin + ch.layers; ++l) {
     const std::vector<double> layer = m.layer_parameters(l, experts);  // a MoE layer's differ
     n.insert(n.end(), layer.begin(), layer.end());
+    u.resize(n.size(), first_unit + (ch.has_embedding ? 1 : 0) + static_cast<int>(l - ch.layer_begin));
   }
   if (ch.has_head) {
     n.push_back(m.C);                                // final norm weight
     if (m.layernorm) n.push_back(m.C);               // and LayerNorm's bias
     if (!m.tie_embeddings) n.push_back(m.Vt * m.C);  // untied head
+    u.resize(n.size(), head_unit);
   }
+  if (units) units->insert(units->end(), u.begin(), u.end());
   return n;
 }
 
@@ -80,8 +95,9 @@ struct GradLayout {
 };
 
 // owners: the ranks a bucket is sharded over (hybrid sharding, parallel.shard_group: a divisor of dp; 0: dp).
+// units (ZeRO-3): each parameter's unit; a bucket never holds two units' parameters.
 GradLayout grad_layout(const std::vector<double>& params, int64_t bucket_elements, int64_t dp, bool shard,
-                       int64_t owners = 0) {
+                       int64_t owners = 0, const std::vector<int>* units = nullptr) {
   GradLayout g;
   if (owners == 0) owners = dp;
   if (params.empty()) return g;
@@ -95,6 +111,7 @@ GradLayout grad_layout(const std::vector<double>& params, int64_t bucket_element
     in_bucket = 0;
   };
   for (size_t i = params.size(); i-- > 0;) {
+    if (in_bucket > 0 && units && (*units)[i] != (*units)[i + 1]) close();
     in_bucket += params[i];
     if (in_bucket >= static_cast<double>(bucket_elements)) close();
   }
@@ -360,8 +377,12 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     // with the head); and the values kept whole (the tied table of a stage without the other end: its buckets
     // are summed over the embedding group first).
     double gathered_pair = 0, kept_whole = 0;
+    std::vector<int> param_units;  // each of params' unit (ZeRO-3 cuts the buckets at their borders)
+    int next_unit = 0;
     for (const ChunkSpec& ch : chunks) {
-      const std::vector<double> more = chunk_parameters(shapes.m, ch, shapes.m.moe.apart() ? &experts : nullptr);
+      const std::vector<double> more =
+          chunk_parameters(shapes.m, ch, shapes.m.moe.apart() ? &experts : nullptr, &param_units, next_unit);
+      next_unit += (ch.has_embedding ? 1 : 0) + static_cast<int>(ch.layers) + (ch.has_head ? 1 : 0);
       params.insert(params.end(), more.begin(), more.end());
       sm.layers += ch.layers;
       for (int64_t l = ch.layer_begin; l < ch.layer_begin + ch.layers; ++l) {
@@ -403,7 +424,8 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
       held_through_backward = 0;
     }
     sm.parameters = static_cast<int64_t>(n);
-    const GradLayout dense = grad_layout(params, c.parallel.grad_bucket_size, dp, zero, hybrid ? sg : 0),
+    const GradLayout dense = grad_layout(params, c.parallel.grad_bucket_size, dp, zero, hybrid ? sg : 0,
+                                         zero3 && !lora.enabled() ? &param_units : nullptr),
                      expert = grad_layout(experts, c.parallel.grad_bucket_size, edp, zero);
     const GradLayout g{.elements = dense.elements + expert.elements,
                        .shard = dense.shard + expert.shard,
@@ -423,9 +445,11 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     // the layer after, the one being reduce-scattered, and a tied table held from the head to the embedding.
     // (Parameters summed over another group first, whose buckets stay whole for the step, are not told apart
     // here: sequence-parallel norms and tied embeddings across stages.)
-    // ZeRO-3 cuts the buckets at the units' borders: no bucket is shared with the next layer.
-    b[MemKind::gradient] =
-        zero2 ? 4 * (g.shard + largest_layer + (zero3 ? 1 : 2) * g.max_bucket + held_through_backward) : 4 * g.elements;
+    // ZeRO-3 cuts the buckets at the units' borders: no bucket is shared with the next layer. Buckets larger than a
+    // layer (the default 40M elements) hold at most every bucket at once: the whole buffer.
+    const double transient =
+        std::min(largest_layer + (zero3 ? 1 : 2) * g.max_bucket + held_through_backward, g.elements);
+    b[MemKind::gradient] = zero2 ? 4 * (g.shard + transient) : 4 * g.elements;
     // core/optim/optimizer.cpp: fp32 master (the value itself in fp32) and two moments. ZeRO
     // (parallel/distributed_optimizer.cpp): master and moments of its blocks, plus the blocks' values in the
     // compute dtype (value_shard_) for the all-gather.

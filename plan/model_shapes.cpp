@@ -1,6 +1,10 @@
 // model_shapes.cpp: the per-arch table (see model_shapes.h).
 #include "plan/model_shapes.h"
 
+#include <algorithm>
+
+#include <fmt/format.h>
+
 namespace mt::plan {
 
 ModelShapes model_shapes(const ModelConfig& m, int64_t tp, int64_t ep, int64_t etp) {
@@ -39,11 +43,28 @@ ModelShapes model_shapes(const ModelConfig& m, int64_t tp, int64_t ep, int64_t e
                       .fc1 = llama ? 2 * et : et,
                       .Fst = st,
                       .sfc1 = llama ? 2 * st : st,
-                      .keep_logits = e.aux_loss_coeff > 0 || e.z_loss_coeff > 0};
+                      .keep_logits = e.aux_loss_coeff > 0 || e.z_loss_coeff > 0,
+                      .imbalance = moe_imbalance(e, ep).factor};
     s.moe_layers.resize(static_cast<size_t>(m.num_layers));
     for (int64_t l = 0; l < m.num_layers; ++l) s.moe_layers[static_cast<size_t>(l)] = e.is_moe_layer(l);
   }
   return s;
+}
+
+MoeImbalance moe_imbalance(const MoeConfig& moe, int64_t ep) {
+  if (!moe.enabled() || ep <= 1) return {1, "no expert parallelism"};
+  const double k = static_cast<double>(moe.top_k), local = static_cast<double>(moe.num_experts / ep);
+  const double worst = static_cast<double>(ep) * std::min(k, local) / k;
+  if (moe.plan_imbalance > 0 && (moe.capacity_factor <= 0 || moe.plan_imbalance < moe.capacity_factor))
+    return {std::min(std::max(1.0, moe.plan_imbalance), worst),
+            fmt::format("--moe-imbalance {:g} (a run's moe_peak_received)", moe.plan_imbalance)};
+  if (moe.capacity_factor > 0)
+    return {std::min(moe.capacity_factor, worst),
+            fmt::format("model.moe.capacity_factor {:g} (rows beyond it are dropped)", moe.capacity_factor)};
+  return {1, fmt::format("balanced routing, not a bound: dropless routing can reach {:.2f}x (every choice on one "
+                         "rank's experts); pass --moe-imbalance with a run's moe_peak_received, or set "
+                         "model.moe.capacity_factor",
+                         worst)};
 }
 
 int64_t ModelShapes::moe_count(int64_t begin, int64_t n) const {

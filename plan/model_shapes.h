@@ -7,6 +7,7 @@
 // holds depends on its (global, 0-based) index.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/config/config.h"
@@ -28,10 +29,22 @@ struct MoeShapes {
   double Fst = 0;            // the shared expert's width / tp (0: none)
   double sfc1 = 0;           // the shared expert's fc1 rows / tp
   bool keep_logits = false;  // the router's (N, E) f32 logits kept for the aux and z losses' gradients
+  double imbalance = 1;      // expert parallelism: rows this rank's experts receive over the balanced share (bound)
   bool shared() const { return Fst > 0; }
   // The experts' grid differs from the dense one (EP > 1 or folding): their own gradient buffer and optimizer.
   bool apart() const { return ep > 1 || folds > 1; }
 };
+
+// The expert-parallel routing the planner assumes (MoeShapes::imbalance) and where it comes from: a run's measured
+// factor (`plan --moe-imbalance`, model.moe.plan_imbalance) or the capacity factor (which drops rows beyond it),
+// whichever is lower, never above the worst dropless routing (every choice of the EP group on one rank's experts:
+// EP x min(top_k, E / EP) / top_k); else balanced routing (1), which the source then says is not a bound. Factor 1
+// without expert parallelism (a rank's experts see all its rows).
+struct MoeImbalance {
+  double factor = 1;
+  std::string source;
+};
+MoeImbalance moe_imbalance(const MoeConfig& moe, int64_t ep);
 
 struct ModelShapes {
   double C = 1;               // hidden

@@ -52,6 +52,10 @@ nlohmann::json to_json(const Prediction& p, const Hardware& hw) {
   j["fits"] = p.fits;
   j["offload"] = p.config.optimizer.offload;
   j["host_bytes"] = max_host_bytes(p.memory);
+  if (p.config.model.moe.enabled()) {
+    const MoeImbalance bound = moe_imbalance(p.config.model.moe, p.config.parallel.expert);
+    j["moe_imbalance"] = {{"factor", bound.factor}, {"source", bound.source}};
+  }
   j["host_bytes_budget"] = p.config.optimizer.offload_host_memory_gib * kMiB * 1024;
   nlohmann::json ranks = nlohmann::json::array();
   for (const StageMemory& s : p.memory.stages) {
@@ -107,6 +111,11 @@ std::string format_prediction(const Prediction& p, const Hardware& hw) {
             ? fmt::format(", expert tensor parallelism {} (folded from tensor parallelism {})",
                           c.parallel.experts_tensor(), c.parallel.tensor)
             : std::string());
+    if (c.parallel.expert > 1) {
+      const MoeImbalance bound = moe_imbalance(e, c.parallel.expert);
+      s += fmt::format("expert routing planned at {:.2f}x the balanced rows on a rank's experts: {}\n", bound.factor,
+                       bound.source);
+    }
   }
   s += fmt::format(
       "\npredicted peak memory per rank (MiB, split as the training log's \"peak memory\"), device {:.0f} MiB\n",

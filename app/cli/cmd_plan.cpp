@@ -24,6 +24,7 @@ struct PlanArgs {
   bool search = false;
   size_t top = 10;
   bool json = false;
+  double moe_imbalance = 0;  // 0: not given
 };
 
 plan::Hardware hardware(const PlanArgs& a, const Config& c) {
@@ -41,7 +42,8 @@ void run_plan(const PlanArgs& a) {
   const int64_t world = a.world > 0 ? a.world : own_world;
   // A search replaces the layout, so the config is read at its own (--world 4 searches 4 ranks for a config whose
   // layout needs 8); a prediction is of the layout on --world ranks.
-  const Config cfg = load_config(a.config, a.overrides, a.search ? own_world : world);
+  Config cfg = load_config(a.config, a.overrides, a.search ? own_world : world);
+  cfg.model.moe.plan_imbalance = a.moe_imbalance;
   const plan::Hardware hw = hardware(a, cfg);
   // Say so: data: auto plans a single data-parallel replica (no ZeRO sharding) unless --world names the ranks.
   if (data_auto && a.world == 0 && !a.search && !a.json)
@@ -87,6 +89,11 @@ void add_plan_command(CLI::App& root) {
   cmd->add_flag("--search", a->search, "enumerate the layouts that fit, fastest first");
   cmd->add_option("--top", a->top, "with --search: how many to list (default 10)");
   cmd->add_flag("--json", a->json, "print JSON");
+  cmd->add_option("--moe-imbalance", a->moe_imbalance,
+                  "expert parallelism: the most rows a rank's experts received over the balanced share, as a run's "
+                  "metrics.jsonl reports it (moe_peak_received); default: model.moe.capacity_factor, else the "
+                  "worst dropless routing")
+      ->check(CLI::Range(1.0, 1e6));
   cmd->callback([a] { run_plan(*a); });
 }
 

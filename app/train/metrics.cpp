@@ -193,6 +193,7 @@ void report_interval(const IntervalReport& r, MetricsFile& metrics) {
   if (r.host_peak_bytes > 0) j["host_peak_bytes"] = r.host_peak_bytes;  // the host pool (optimizer.offload)
   if (!r.peak_bytes_per_rank.empty()) j["peak_bytes_per_rank"] = r.peak_bytes_per_rank;
   if (!r.peak_activation_bytes_per_rank.empty()) j["peak_activation_bytes_per_rank"] = r.peak_activation_bytes_per_rank;
+  if (r.moe_peak_received > 0) j["moe_peak_received"] = r.moe_peak_received;
   j["device"] = std::string(device_name(r.device));
   j["elapsed_s"] = rounded(r.elapsed_s, 1e3);
   j["eta_s"] = rounded(r.eta_s, 1e3);

@@ -88,6 +88,9 @@ struct IntervalReport {
   std::vector<int64_t> peak_bytes_per_rank;  // by global rank, on the reports that gathered them; else empty
   // The same reports' activation peaks alone (what the pipeline schedule decides).
   std::vector<int64_t> peak_activation_bytes_per_rank;
+  // Expert parallelism, on the reports that gathered the peaks: the most rows any rank's experts received in one
+  // forward so far over their balanced share (MoeMlp::peak_received); 0: not gathered, or no EP.
+  double moe_peak_received = 0;
   AttentionCalls attention;  // this rank's attention calls by implementation since the start
   MoeIntervalReport moe;
   // Bytes this rank's collectives moved per step over the interval, by group kind ("dp", "tp", ...) and op

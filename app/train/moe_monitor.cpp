@@ -1,6 +1,8 @@
 // moe_monitor.cpp: the trainer's view of the mixture-of-experts layers (app/train/moe_monitor.h).
 #include "app/train/moe_monitor.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <stdexcept>
 
@@ -129,6 +131,12 @@ bool MoeMonitor::set_expert_bias(const std::string& prefix, const std::vector<fl
       return true;
     }
   return false;
+}
+
+double MoeMonitor::peak_received() const {
+  double peak = 0;
+  for (const MoeMlp* layer : layers_) peak = std::max(peak, layer->peak_received());
+  return peak;
 }
 
 }  // namespace mt::app

@@ -28,6 +28,9 @@ class MoeMonitor {
   // sums a vector over the pipeline and data-parallel groups (a collective: every rank calls report at once).
   MoeIntervalReport report(const std::function<std::vector<double>(std::vector<double>)>& sum_over_stages_and_replicas);
 
+  // The largest of this rank's layers' MoeMlp::peak_received (0 without expert parallelism).
+  double peak_received() const;
+
   // The expert biases of this rank's layers by layer name prefix ("layers.3.mlp"), for checkpoints.
   std::vector<std::pair<std::string, std::vector<float>>> expert_biases() const;
   // Restores one layer's bias; false when this rank holds no such layer.

@@ -126,6 +126,7 @@ class Trainer {
   // the same iteration), and its log line: min, max and the pipeline stages' maxima.
   struct RankPeaks {
     std::vector<int64_t> total, activations;  // by global rank: every kind's bytes, and the activations' alone
+    double moe_peak_received = 0;             // the largest of every rank's MoeMonitor::peak_received
   };
   RankPeaks gather_peak_memory();
   void log_peak_memory(const RankPeaks& peaks) const;

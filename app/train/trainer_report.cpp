@@ -186,6 +186,7 @@ void Trainer::report(const StepResult& r, float lr, double mean_ms, int64_t inte
           .verbose_line = cfg_.logging.verbose_line,
           .peak_bytes_per_rank = peaks.total,
           .peak_activation_bytes_per_rank = peaks.activations,
+          .moe_peak_received = peaks.moe_peak_received,
           .attention = attention,
           .moe = moe_.report([this](std::vector<double> v) { return sum_over_stages_and_replicas(std::move(v)); }),
           .comm_bytes = std::move(comm)},
@@ -218,12 +219,16 @@ int64_t Trainer::total_parameters(bool trainable_only) {
 Trainer::RankPeaks Trainer::gather_peak_memory() {
   const auto world = static_cast<size_t>(dist_.env.world_size), rank = static_cast<size_t>(dist_.rank());
   const MemoryStats& m = allocator_for(device_).stats();
-  std::vector<double> peaks(2 * world, 0.0);  // every rank's total, then every rank's activations
+  // Every rank's total, then every rank's activations, then every rank's MoE peak received share.
+  std::vector<double> peaks(3 * world, 0.0);
   peaks[rank] = static_cast<double>(m.peak_total);
   peaks[world + rank] = static_cast<double>(m.peak[static_cast<size_t>(MemKind::activation)]);
+  peaks[2 * world + rank] = moe_.peak_received();
   peaks = sum_doubles(*dist_.world, std::move(peaks));  // exact: byte counts are far below 2^53
-  return {.total = std::vector<int64_t>(peaks.begin(), peaks.begin() + static_cast<std::ptrdiff_t>(world)),
-          .activations = std::vector<int64_t>(peaks.begin() + static_cast<std::ptrdiff_t>(world), peaks.end())};
+  const auto at = [&](size_t block) { return peaks.begin() + static_cast<std::ptrdiff_t>(block * world); };
+  return {.total = std::vector<int64_t>(at(0), at(1)),
+          .activations = std::vector<int64_t>(at(1), at(2)),
+          .moe_peak_received = *std::max_element(at(2), at(3))};
 }
 
 void Trainer::log_peak_memory(const RankPeaks& peaks) const {

@@ -161,6 +161,8 @@ struct MoeConfig {
   double z_loss_coeff = 0;                      // router z-loss; 0: off
   double bias_update_rate = 0;                  // DeepSeek-V3's aux-loss-free expert bias update per step; 0: off
   double capacity_factor = 0;  // tokens per expert capped at factor * N * top_k / num_experts; 0 (none): dropless
+  // Not a YAML key: `megatrain plan --moe-imbalance F` (a run's moe_peak_received); 0: not given. Training ignores it.
+  double plan_imbalance = 0;
 
   bool enabled() const { return num_experts > 0; }
   // Whether layer `layer` (0-based, of the whole model) has a MoE MLP: layer_pattern's entry, else every

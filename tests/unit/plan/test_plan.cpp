@@ -358,6 +358,26 @@ TEST(PlanMoe, FlopsCountTheActiveExpertsNotAll) {
 namespace mt::plan {
 namespace {
 
+// The expert-parallel routing plan assumes (MoeShapes::imbalance): none without EP; balanced for dropless routing,
+// saying it is not a bound and naming the worst case, EP x min(top_k, E / EP) / top_k; the capacity factor; a
+// measured factor (plan --moe-imbalance) below it; never above the worst case.
+TEST(PlanMoe, TheRoutingIsAMeasuredFactorTheCapacityOrBalancedSayingSo) {
+  MoeConfig moe{.num_experts = 8, .top_k = 2};
+  EXPECT_EQ(moe_imbalance(moe, 1).factor, 1.0);
+  EXPECT_EQ(moe_imbalance(moe, 2).factor, 1.0);
+  EXPECT_NE(moe_imbalance(moe, 2).source.find("not a bound: dropless routing can reach 2.00x"), std::string::npos);
+  EXPECT_NE(moe_imbalance(moe, 8).source.find("can reach 4.00x"), std::string::npos);  // one expert per rank
+  moe.capacity_factor = 1.25;
+  EXPECT_EQ(moe_imbalance(moe, 2).factor, 1.25);
+  EXPECT_NE(moe_imbalance(moe, 2).source.find("capacity_factor 1.25"), std::string::npos);
+  moe.plan_imbalance = 1.1;
+  EXPECT_EQ(moe_imbalance(moe, 2).factor, 1.1);
+  EXPECT_NE(moe_imbalance(moe, 2).source.find("--moe-imbalance 1.1"), std::string::npos);
+  moe.capacity_factor = 0;
+  moe.plan_imbalance = 7;  // above the worst case: the worst case
+  EXPECT_EQ(moe_imbalance(moe, 2).factor, 2.0);
+}
+
 // What a layer holds depends on its index: with layer_pattern [1, 1, 0, 0] over two stages the first holds both
 // MoE layers, the last both dense ones. By hand (llama, C 64, 8 heads, no GQA, vocabulary 257 padded to 384,
 // untied): a dense layer QKV 192 x 64, proj 64 x 64, two RMSNorms, fc1 2 * 176 x 64, fc2 64 x 176 = 50304; a MoE
