@@ -158,7 +158,9 @@ void measure_elementwise(Device dev, DType dt, double min_seconds, plan::Hardwar
 // Gloo between two ranks of this machine (threads over loopback TCP, as the CPU ranks of one machine talk):
 // the all-reduce time of a small and a large message gives latency and bandwidth (ring of two: bytes / bw +
 // 2 latencies), the mean of three rounds (unlike a kernel's rate, the wake-up latency is not disturbance to
-// filter out: every collective of a run pays it); and the cores the ranks share.
+// filter out: every collective of a run pays it); and the cores the ranks share. Both messages over TCP
+// (parallel.gloo_shared_memory off): the planner prices every collective so, an upper bound for the small ones
+// that go through shared memory (parallel/shared_rounds.h).
 void measure_gloo(plan::Hardware& hw) {
   // n^3 * 2 FLOP at the best measured GEMM rate = 5 ms.
   const auto n = static_cast<int64_t>(std::clamp(std::cbrt(5e-3 * hw.peak_flops / 2), 128.0, 2048.0));
@@ -167,7 +169,7 @@ void measure_gloo(plan::Hardware& hw) {
   std::vector<double> seconds(bytes.size());
   auto store = make_hash_store();
   run_ranks(2, [&](int rank) {
-    auto comm = join_gloo(store, "bench", first_ranks(2), rank, std::chrono::seconds(60));
+    auto comm = join_gloo(store, "bench", first_ranks(2), rank, std::chrono::seconds(60), /*shared_memory=*/false);
     // Training calls a collective between compute steps, not back to back: a waiting rank's threads go to
     // sleep, and each collective pays their wake-up, the longer the longer they slept (on the 2-core VM this
     // was written on: 0.3 ms back to back, 0.9 ms after 1 ms of compute, 1.9 ms after 5 ms). So each
