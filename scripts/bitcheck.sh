@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Compares two megatrain binaries bit for bit on a tiny GPT over a set of layouts: every loss, grad norm,
+# Compares two megatrain binaries bit for bit on a tiny GPT (and its Llama and MoE twins) over a set of layouts
+# (every parallelism, ZeRO-1/2/3, zero-bubble, context parallel, experts, LoRA, fp8): every loss, grad norm,
 # validation loss and loss scale of metrics.jsonl must be identical. The restructuring rule ("losses
 # bit-identical to the commit before") is checked with it.
 #   scripts/bitcheck.sh OLD_BINARY NEW_BINARY [WORKDIR] [LAYOUT_NAME...]
@@ -13,6 +14,9 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$work"
 export OPENBLAS_NUM_THREADS=1
 
+# Overrides that make tiny.yaml a Llama (grouped-query attention, SwiGLU, rotary) and its MLPs mixtures of experts.
+llama="model.arch=llama model.num_query_groups=2 model.ffn_hidden_size=96"
+moe="model.moe.num_experts=4 model.moe.top_k=2 model.moe.ffn_hidden_size=32 model.moe.aux_loss_coeff=0.01"
 declare -A layouts=(
   [fp32]="1|"
   [bf16]="1|training.precision=bf16"
@@ -24,9 +28,22 @@ declare -A layouts=(
   [zero4]="4|parallel.data=4 parallel.distributed_optimizer=true"
   [tp2pp2dp2]="8|parallel.tensor=2 parallel.pipeline=2 parallel.data=2 parallel.sequence_parallel=true parallel.distributed_optimizer=true"
   [bf16tp2zero]="4|training.precision=bf16 parallel.tensor=2 parallel.data=2 parallel.distributed_optimizer=true"
+  [zero2]="4|parallel.data=4 parallel.shard=gradients parallel.grad_bucket_size=2000"
+  [zero3]="4|parallel.data=4 parallel.shard=parameters parallel.grad_bucket_size=2000"
+  [zbh1]="4|parallel.pipeline=2 parallel.data=2 parallel.pipeline_schedule=zb-h1"
+  [zbv]="2|parallel.pipeline=2 parallel.virtual_pipeline=2 parallel.pipeline_schedule=zb-v"
+  [cp2]="2|parallel.context=2 model.dropout=0 model.attention_dropout=0"
+  [llamacp2tp2]="4|$llama parallel.context=2 parallel.tensor=2 parallel.sequence_parallel=true model.dropout=0 model.attention_dropout=0"
+  [moeep2]="4|$llama $moe parallel.data=4 parallel.expert=2 parallel.distributed_optimizer=true"
+  [moefold]="4|$llama $moe parallel.tensor=2 parallel.data=2 parallel.expert=2 parallel.expert_tensor=1 parallel.sequence_parallel=true"
+  [lora]="1|finetune.lora.rank=4 finetune.lora.random_base=true"
+  [loratp2]="2|$llama finetune.lora.rank=4 finetune.lora.random_base=true parallel.tensor=2"
+  [fp8]="1|training.precision=bf16 training.fp8.format=hybrid"
+  [fp8tp2]="2|training.precision=bf16 training.fp8.format=hybrid parallel.tensor=2 parallel.sequence_parallel=true"
 )
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(fp32 bf16 fp16 recompute dp2 tp2sp pp2vp2dp2 zero4 tp2pp2dp2 bf16tp2zero)
+[ ${#names[@]} -gt 0 ] || names=(fp32 bf16 fp16 recompute dp2 tp2sp pp2vp2dp2 zero4 tp2pp2dp2 bf16tp2zero zero2 zero3 zbh1 zbv
+                                   cp2 llamacp2tp2 moeep2 moefold lora loratp2 fp8 fp8tp2)
 
 if [ ! -f "$work/data/text_document.idx" ]; then
   mkdir -p "$work/data"
