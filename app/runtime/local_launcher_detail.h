@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "app/runtime/local_launcher.h"
+#include "core/io/file_io.h"
 
 namespace mt::app::launcher_detail {
 
@@ -34,9 +35,6 @@ std::system_error os_error(const std::string& what);
 void launcher_log(const std::string& msg);
 
 std::string describe_signal(int sig);
-
-// Async-signal-safe (only write and poll): used between fork and exec too.
-void write_all(int fd, const char* p, size_t n);
 
 class UniqueFd {
  public:
@@ -190,7 +188,7 @@ class LineRelay {
       out.append(prefix_).append(buf_).push_back('\n');
       buf_.clear();
     }
-    if (!out.empty()) write_all(out_fd_, out.data(), out.size());
+    if (!out.empty()) (void)io::write_all(out_fd_, out.data(), out.size());  // the output is gone: nowhere to say so
   }
 
   UniqueFd fd_;

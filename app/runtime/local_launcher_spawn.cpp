@@ -32,21 +32,6 @@ std::string describe_signal(int sig) {
   return name ? fmt::format("{} ({})", sig, name) : std::to_string(sig);
 }
 
-void write_all(int fd, const char* p, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, n);
-    if (w > 0) {
-      p += w;
-      n -= size_t(w);
-    } else if (w < 0 && errno == EAGAIN) {
-      pollfd pfd{fd, POLLOUT, 0};
-      ::poll(&pfd, 1, 100);
-    } else if (!(w < 0 && errno == EINTR)) {
-      return;  // the output is gone; nowhere left to say so
-    }
-  }
-}
-
 std::pair<UniqueFd, UniqueFd> make_pipe() {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) throw os_error("cannot create a pipe for a rank's output");
@@ -118,7 +103,7 @@ namespace {
        {"cannot run ", static_cast<const char*>(plan.argv[0]), ": ", reason ? reason : "unknown error"})
     for (; *part && len < sizeof msg - 1; ++part) msg[len++] = *part;
   msg[len++] = '\n';
-  write_all(STDERR_FILENO, msg, len);
+  (void)io::write_all(STDERR_FILENO, msg, len);  // nowhere left to say it failed
   ::_exit(127);
 }
 

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/io/crc.h"  // crc32: the data files' and the metadata's checksums
 #include "core/io/file_error.h"
 #include "core/io/progress.h"
 #include "core/tensor/tensor.h"
@@ -52,8 +53,6 @@ struct CheckpointState {
   std::string config_yaml;                    // the resolved config of the run that saved it
   std::map<std::string, std::string> values;  // scalar state: consumed samples, scaler, RNG, ...
 };
-
-uint32_t crc32(const void* data, size_t bytes, uint32_t seed = 0);
 
 // Writes one checkpoint with the commit protocol: everything goes to a temporary directory beside the
 // final one, files are flushed (fsync) and read back to verify their checksums, then the directory is

@@ -10,7 +10,7 @@
 #include <stdexcept>
 
 #include "core/data/indexed_dataset.h"
-#include "core/io/crc32c.h"
+#include "core/io/crc.h"
 #include "core/io/file_io.h"
 
 namespace mt {

@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "core/data/indexed_dataset.h"
-#include "core/io/crc32c.h"
+#include "core/io/crc.h"
 #include "core/io/file_io.h"
 
 namespace mt {

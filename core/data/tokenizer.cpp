@@ -7,7 +7,7 @@
 #include <optional>
 #include <stdexcept>
 
-#include "core/io/crc32c.h"
+#include "core/io/crc.h"
 
 namespace mt {
 

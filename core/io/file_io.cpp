@@ -1,6 +1,7 @@
 #include "core/io/file_io.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -31,20 +32,29 @@ OutFile::~OutFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void OutFile::write(const void* data, size_t bytes) {
+int write_all(int fd, const void* data, size_t bytes) noexcept {
   const char* p = static_cast<const char*>(data);
   while (bytes > 0) {
-    size_t chunk = std::min<size_t>(bytes, size_t{1} << 30);
-    ssize_t n = ::write(fd_, p, chunk);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw_os_error(path_, fmt::format("write failed at byte {}", offset_), errno);
+    const ssize_t n = ::write(fd, p, std::min<size_t>(bytes, size_t{1} << 30));
+    if (n > 0) {
+      p += n;
+      bytes -= static_cast<size_t>(n);
+    } else if (n == 0) {
+      return EIO;
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      pollfd pfd{fd, POLLOUT, 0};
+      ::poll(&pfd, 1, 100);
+    } else if (errno != EINTR) {
+      return errno;
     }
-    if (n == 0) throw_os_error(path_, fmt::format("write failed at byte {}", offset_), EIO);
-    p += n;
-    bytes -= static_cast<size_t>(n);
-    offset_ += n;
   }
+  return 0;
+}
+
+void OutFile::write(const void* data, size_t bytes) {
+  if (int e = write_all(fd_, data, bytes); e != 0)
+    throw_os_error(path_, fmt::format("write failed at byte {}", offset_), e);
+  offset_ += static_cast<int64_t>(bytes);
 }
 
 void OutFile::pad_to(int64_t alignment) {

@@ -14,7 +14,7 @@
 
 #include <fmt/format.h>
 
-#include "core/io/crc32c.h"
+#include "core/io/crc.h"
 #include "core/io/file_error.h"
 
 namespace mt {

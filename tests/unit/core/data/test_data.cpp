@@ -25,7 +25,7 @@
 #include "core/data/prepare.h"
 #include "core/data/tokenizer.h"
 #include "core/base/rng.h"
-#include "core/io/crc32c.h"
+#include "core/io/crc.h"
 #include "core/io/file_io.h"
 #include "tests/unit/source_root.h"
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/io/crc32c.h"
+#include "core/io/crc.h"
 #include "core/io/tensorboard.h"
 #include "tests/unit/expect_contains.h"
 #include "tests/unit/source_root.h"

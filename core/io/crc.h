@@ -1,10 +1,15 @@
-// crc32c.h: CRC-32C (Castagnoli), the checksum of TFRecord framing (TensorBoard event files) and of the dataset
-// checksum sidecar (core/data/dataset_checksums.h).
+// crc.h: the two CRCs of the file formats: CRC-32 (IEEE 802.3, zlib's), the checkpoints' (their data files and
+// metadata), and CRC-32C (Castagnoli), the checksum of TFRecord framing (TensorBoard event files) and of the dataset
+// checksum sidecar (core/data/dataset_checksums.h). One table code serves both.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 
 namespace mt {
+
+// CRC-32 (reflected polynomial 0xEDB88320); crc32("123456789") = 0xCBF43926. `seed` is a previous result, so
+// crc32(b, n2, crc32(a, n1)) is the CRC of a followed by b.
+uint32_t crc32(const void* data, size_t bytes, uint32_t seed = 0);
 
 // CRC-32C of `bytes` bytes (reflected polynomial 0x82F63B78); crc32c("123456789") = 0xE3069283.
 uint32_t crc32c(const void* data, size_t bytes);
