@@ -25,27 +25,7 @@ size_t dtype_size(DType t) {
   return 0;
 }
 
-std::string_view dtype_name(DType t) {
-  switch (t) {
-    case DType::f32:
-      return "fp32";
-    case DType::bf16:
-      return "bf16";
-    case DType::f16:
-      return "fp16";
-    case DType::i32:
-      return "i32";
-    case DType::i64:
-      return "i64";
-    case DType::f64:
-      return "f64";
-    case DType::e4m3:
-      return "e4m3";
-    case DType::e5m2:
-      return "e5m2";
-  }
-  return "?";
-}
+std::string_view dtype_name(DType t) { return name_of(t); }
 
 DType parse_dtype(std::string_view s) {
   if (s == "fp32" || s == "f32" || s == "float32") return DType::f32;

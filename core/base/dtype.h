@@ -1,5 +1,6 @@
 // dtype.h: storage dtypes and exact fp32 <-> bf16 / fp16 / fp8 (e4m3, e5m2) conversion (round to nearest even).
 #pragma once
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstddef>
@@ -7,11 +8,17 @@
 #include <string>
 #include <string_view>
 
+#include "core/base/enum_names.h"
+
 namespace mt {
 
 // f32, bf16 and f16 hold values; i32 and i64 hold token ids and counts; f64 holds sums exchanged between ranks;
 // e4m3 and e5m2 (OCP FP8: PyTorch's float8_e4m3fn and float8_e5m2) hold scaled GEMM inputs (docs/fp8.md).
 enum class DType : uint8_t { f32, bf16, f16, i32, i64, f64, e4m3, e5m2 };
+template <>
+struct EnumNames<DType> {
+  static constexpr std::array<const char*, 8> names = {"fp32", "bf16", "fp16", "i32", "i64", "f64", "e4m3", "e5m2"};
+};
 
 size_t dtype_size(DType t);
 std::string_view dtype_name(DType t);

@@ -15,27 +15,7 @@ namespace mt {
 
 std::string_view device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
 
-std::string_view mem_kind_name(MemKind k) {
-  switch (k) {
-    case MemKind::parameter:
-      return "parameters";
-    case MemKind::gradient:
-      return "gradients";
-    case MemKind::optimizer:
-      return "optimizer";
-    case MemKind::activation:
-      return "activations";
-    case MemKind::workspace:
-      return "workspace";
-    case MemKind::gathered:
-      return "gathered";
-    case MemKind::host:
-      return "host";
-    case MemKind::kCount:
-      break;
-  }
-  return "?";
-}
+std::string_view mem_kind_name(MemKind k) { return k == MemKind::kCount ? "?" : name_of(k); }
 
 void Allocator::reset_peaks() {
   stats_.peak = stats_.current;

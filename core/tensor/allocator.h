@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "core/base/enum_names.h"
+
 namespace mt {
 
 enum class Device : uint8_t { cpu, cuda };
@@ -18,6 +20,11 @@ std::string_view device_name(Device d);
 // memory; it is left out of the device totals (current_total, peak_total) and counted in host_current/host_peak,
 // so a CPU run keeps its device and host pools apart in the accounting as a GPU run does.
 enum class MemKind : uint8_t { parameter, gradient, optimizer, activation, workspace, gathered, host, kCount };
+template <>
+struct EnumNames<MemKind> {  // the log's and metrics.jsonl's names (kCount has none)
+  static constexpr std::array<const char*, 7> names = {"parameters", "gradients", "optimizer", "activations",
+                                                       "workspace",  "gathered",  "host"};
+};
 std::string_view mem_kind_name(MemKind k);
 // Whether bytes of kind k count in the device totals (every kind but host).
 constexpr bool is_device_kind(MemKind k) { return k != MemKind::host; }

@@ -32,22 +32,6 @@ using namespace ops_check;  // NOLINT(google-build-using-namespace): the checks 
 // ---- GEMM epilogues: argument checks ----
 namespace {
 
-const char* epilogue_name(Epilogue e) {
-  switch (e) {
-    case Epilogue::none:
-      return "none";
-    case Epilogue::bias:
-      return "bias";
-    case Epilogue::gelu_bias:
-      return "gelu_bias";
-    case Epilogue::dgelu_bgrad:
-      return "dgelu_bgrad";
-    case Epilogue::bgrad_a:
-      return "bgrad_a";
-  }
-  return "unknown";
-}
-
 // The epilogue's vectors are given exactly when it uses them, with the shapes and dtypes ops.h names.
 void check_gemm_epilogue(const char* op, const Tensor& out, const GemmOptions& opt) {
   const Epilogue e = opt.epilogue;
@@ -55,8 +39,8 @@ void check_gemm_epilogue(const char* op, const Tensor& out, const GemmOptions& o
   const bool wants_aux = e == Epilogue::gelu_bias || e == Epilogue::dgelu_bgrad;
   const bool wants_dbias = e == Epilogue::dgelu_bgrad || e == Epilogue::bgrad_a;
   auto presence = [&](const char* name, const void* p, bool wanted) {
-    if (wanted && !p) fail(op, fmt::format("epilogue {} needs opt.{}", epilogue_name(e), name));
-    if (!wanted && p) fail(op, fmt::format("opt.{} is set but epilogue {} does not use it", name, epilogue_name(e)));
+    if (wanted && !p) fail(op, fmt::format("epilogue {} needs opt.{}", name_of(e), name));
+    if (!wanted && p) fail(op, fmt::format("opt.{} is set but epilogue {} does not use it", name, name_of(e)));
   };
   presence("bias", opt.bias, wants_bias);
   presence("aux", opt.aux, wants_aux);
@@ -70,7 +54,7 @@ void check_gemm_epilogue(const char* op, const Tensor& out, const GemmOptions& o
   }
   if (opt.dbias) check_f32_shape(op, "dbias", *opt.dbias, {e == Epilogue::bgrad_a ? M : N});
   if ((e == Epilogue::gelu_bias || e == Epilogue::dgelu_bgrad) && opt.beta != 0.f)
-    fail(op, fmt::format("epilogue {} needs beta == 0, got {}", epilogue_name(e), opt.beta));
+    fail(op, fmt::format("epilogue {} needs beta == 0, got {}", name_of(e), opt.beta));
   if (e == Epilogue::bgrad_a) {
     if (!opt.trans_a) fail(op, "epilogue bgrad_a needs trans_a (a = dout stored (K, M))");
     if (opt.alpha != 1.f) fail(op, fmt::format("epilogue bgrad_a needs alpha == 1, got {}", opt.alpha));
@@ -125,7 +109,7 @@ void gemm_grouped(const std::vector<Tensor>& a, const std::vector<Tensor>& b, st
   if (b.size() != a.size() || c.size() != a.size())
     fail(op, fmt::format("a, b and c must hold one tensor per group, got {}, {} and {}", a.size(), b.size(), c.size()));
   if (opt.epilogue != Epilogue::none)
-    fail(op, fmt::format("epilogue {} is not supported (groups take none)", epilogue_name(opt.epilogue)));
+    fail(op, fmt::format("epilogue {} is not supported (groups take none)", name_of(opt.epilogue)));
   if (opt.bias || opt.aux || opt.dbias) fail(op, "opt.bias, opt.aux and opt.dbias must be null (no epilogue)");
   if (a.empty()) return;
   std::vector<Tensor> ga, gb, gc;  // the groups with work to do

@@ -9,9 +9,11 @@
 //    so microbatches sum their gradients in place.
 //  * "N" is the number of rows (tokens) of a 2-D view; callers reshape (B, T, C) to (B*T, C) with view().
 #pragma once
+#include <array>
 #include <cstdint>
 #include <vector>
 
+#include "core/base/enum_names.h"
 #include "core/tensor/tensor.h"
 
 namespace mt {
@@ -26,6 +28,10 @@ enum class Epilogue {
   dgelu_bgrad,  // out = P * gelu'(aux), dbias (N) f32 += column sums of out      (aux read; beta must be 0)
   bgrad_a,      // out = P, dbias (M) f32 += sum over k of op(a)[m, k] (trans_a, alpha 1: the bias gradient
                 //   of a weight-gradient GEMM dW = dout^T x, with a = dout stored (K, M))
+};
+template <>
+struct EnumNames<Epilogue> {
+  static constexpr std::array<const char*, 5> names = {"none", "bias", "gelu_bias", "dgelu_bgrad", "bgrad_a"};
 };
 // ---- end GEMM epilogues ----
 struct GemmOptions {
