@@ -2,6 +2,7 @@
 #include "models/moe_mlp.h"
 
 #include <algorithm>
+#include <numeric>
 #include <cmath>
 #include <stdexcept>
 #include <utility>
@@ -284,38 +285,34 @@ Tensor MoeMlp::put_share(const Tensor& rows, const Saved& s, int64_t kept) const
 // move rows by them.
 void MoeMlp::plan_exchange(Saved& s) const {
   const int64_t E = cfg_.moe.num_experts, El = ep_.count(E), P = ep_.size;
-  {
-    std::vector<double> mine(static_cast<size_t>(P * E), 0.0);  // exact: counts far below 2^53
-    for (int64_t e = 0; e < E; ++e)
-      mine[static_cast<size_t>(ep_.rank * E + e)] = static_cast<double>(s.sent[static_cast<size_t>(e)]);
-    const std::vector<double> all = sum_doubles(*ep_.comm, std::move(mine));
-    auto count = [&](int64_t r, int64_t e) { return std::llround(all[static_cast<size_t>(r * E + e)]); };
-    s.send_rows.assign(static_cast<size_t>(P), 0);
-    s.recv_rows.assign(static_cast<size_t>(P), 0);
-    s.expert_rows.assign(static_cast<size_t>(El), 0);
-    for (int64_t r = 0; r < P; ++r)
-      for (int64_t l = 0; l < El; ++l) {
-        s.send_rows[static_cast<size_t>(r)] += s.sent[static_cast<size_t>(r * El + l)];
-        s.recv_rows[static_cast<size_t>(r)] += count(r, first_expert_ + l);
-        s.expert_rows[static_cast<size_t>(l)] += count(r, first_expert_ + l);
-      }
-    // Received row i (from rank r, expert l, the j-th) -> its expert-major row.
-    std::vector<int64_t> start(static_cast<size_t>(El), 0);  // expert l's first row, then its next free one per rank
-    for (int64_t l = 1; l < El; ++l)
-      start[static_cast<size_t>(l)] = start[static_cast<size_t>(l - 1)] + s.expert_rows[static_cast<size_t>(l - 1)];
-    std::vector<int32_t> order;
-    for (int64_t r = 0; r < P; ++r)
-      for (int64_t l = 0; l < El; ++l)
-        for (int64_t j = 0, n = count(r, first_expert_ + l); j < n; ++j)
-          order.push_back(static_cast<int32_t>(start[static_cast<size_t>(l)]++));
-    const auto Rr = static_cast<int64_t>(order.size());
-    s.order = Tensor::from_ints(order, {Rr, 1}).to(device_);
-    double choices = 0;  // the EP group's: balanced, this rank's experts get El / E of them
-    for (double c : all) choices += c;
-    if (choices > 0)
-      peak_received_ = std::max(peak_received_,
-                                static_cast<double>(Rr) / (choices * static_cast<double>(El) / static_cast<double>(E)));
-  }
+  std::vector<double> mine(static_cast<size_t>(P * E), 0.0);  // exact: counts far below 2^53
+  for (int64_t e = 0; e < E; ++e)
+    mine[static_cast<size_t>(ep_.rank * E + e)] = static_cast<double>(s.sent[static_cast<size_t>(e)]);
+  const std::vector<double> all = sum_doubles(*ep_.comm, std::move(mine));
+  auto count = [&](int64_t r, int64_t e) { return std::llround(all[static_cast<size_t>(r * E + e)]); };
+  s.send_rows.assign(static_cast<size_t>(P), 0);
+  s.recv_rows.assign(static_cast<size_t>(P), 0);
+  s.expert_rows.assign(static_cast<size_t>(El), 0);
+  for (int64_t r = 0; r < P; ++r)
+    for (int64_t l = 0; l < El; ++l) {
+      s.send_rows[static_cast<size_t>(r)] += s.sent[static_cast<size_t>(r * El + l)];
+      s.recv_rows[static_cast<size_t>(r)] += count(r, first_expert_ + l);
+      s.expert_rows[static_cast<size_t>(l)] += count(r, first_expert_ + l);
+    }
+  // Received row i (from rank r, expert l, the j-th) -> its expert-major row.
+  std::vector<int64_t> start(static_cast<size_t>(El), 0);  // expert l's first row, then its next free one per rank
+  for (int64_t l = 1; l < El; ++l)
+    start[static_cast<size_t>(l)] = start[static_cast<size_t>(l - 1)] + s.expert_rows[static_cast<size_t>(l - 1)];
+  std::vector<int32_t> order;
+  for (int64_t r = 0; r < P; ++r)
+    for (int64_t l = 0; l < El; ++l)
+      for (int64_t j = 0, n = count(r, first_expert_ + l); j < n; ++j)
+        order.push_back(static_cast<int32_t>(start[static_cast<size_t>(l)]++));
+  const auto Rr = static_cast<int64_t>(order.size());
+  s.order = Tensor::from_ints(order, {Rr, 1}).to(device_);
+  const double balanced =
+      std::accumulate(all.begin(), all.end(), 0.0) * static_cast<double>(El) / static_cast<double>(E);
+  if (balanced > 0) peak_received_ = std::max(peak_received_, static_cast<double>(Rr) / balanced);  // the EP group's
 }
 
 Tensor MoeMlp::to_experts(const Tensor& rows, const Saved& s) const {

@@ -1,6 +1,7 @@
-// comm_gloo.cpp: the Gloo communicator (CPU ranks over TCP). Collectives run on the calling thread and
-// return an already-completed Work; send and recv are posted at once and complete in Work::wait(), so a
-// pipeline stage can post both directions before waiting on either.
+// comm_gloo.cpp: the Gloo communicator (CPU ranks over TCP; small collectives through shared memory on one host).
+// Collectives run on the calling thread and return an already-completed Work; send and recv are posted at once and
+// complete in Work::wait(), so a pipeline stage can post both directions before waiting on either. The rendezvous
+// that makes it: comm_gloo_rendezvous.cpp.
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -14,22 +15,23 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <spdlog/spdlog.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include "parallel/comm_gloo_detail.h"
 #include "parallel/communicator.h"
 #include "parallel/group.h"
-#include "parallel/gloo_store_adapter.h"
 #include "parallel/shared_rounds.h"
 
 namespace mt {
 namespace {
+
+using gloo_detail::GroupInfo;
+using gloo_detail::mentions_timeout;
+using gloo_detail::seconds_str;
 
 // Slots of our own transfers. Gloo's collectives put a prefix 0x01..0x08 in the slot's top byte and the tag
 // below it; ours use prefixes of their own so a user tag never meets a collective's traffic.
@@ -40,14 +42,6 @@ constexpr uint64_t kAllReduceSlot = 0x43ull << 56;      // | collective tag << 1
 
 // All-reduces of at most this many bytes exchange whole buffers in one round (GlooCommunicator::all_reduce).
 constexpr size_t kDirectAllReduceBytes = 64 << 10;
-
-std::string seconds_str(Millis t) { return fmt::format("{:g} s", static_cast<double>(t.count()) / 1000.0); }
-
-bool mentions_timeout(std::string_view what) {
-  std::string s(what);
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s.find("timed out") != std::string::npos || s.find("timeout") != std::string::npos;
-}
 
 // Element-wise reductions for gloo::allreduce: c = a op b over n floats (F: float or double).
 template <class F>
@@ -67,47 +61,6 @@ void max_of(void* c, const void* a, const void* b, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = (x[i] != x[i] || x[i] > y[i]) ? x[i] : y[i];
 }
 void sum_f32(void* c, const void* a, const void* b, size_t n) { sum_of<float>(c, a, b, n); }
-
-// What every message names: the group, this rank, the timeout.
-struct GroupInfo {
-  std::string name;
-  std::vector<int> members;  // global ranks
-  int rank = 0;              // within the group
-  Millis timeout{0};
-
-  std::string who(int r) const { return fmt::format("rank {} (global {})", r, members.at(r)); }
-  CommError misuse(std::string_view op, const std::string& what) const {
-    return CommError(fmt::format("{}: {} on {}: {}", name, op, who(rank), what));
-  }
-  // Turns an exception from Gloo into a CommError naming the collective; the group is broken from then on.
-  CommError failure(std::string_view op, const std::exception& e) const {
-    bool timed_out = mentions_timeout(e.what());
-    CommError error(fmt::format("{}: {} {} on {}: {}", name, op,
-                                timed_out ? "timed out after " + seconds_str(timeout) : std::string("failed"),
-                                who(rank), e.what()));
-    record_failure(error.what());
-    return error;
-  }
-
-  // Gloo closes every pair of a context once one operation fails or times out, so the first failure is
-  // kept and later operations fail at once, naming it, instead of reporting a misleading pair closure.
-  // Ranks waiting for this one in a shared-memory round stop at once too.
-  void record_failure(const std::string& what) const {
-    if (shm) shm->abandon();
-    std::lock_guard lock(mu);
-    if (first_failure.empty()) first_failure = what;
-  }
-  void throw_if_broken(std::string_view op) const {
-    std::lock_guard lock(mu);
-    if (!first_failure.empty())
-      throw CommError(fmt::format("{}: {} on {}: the communicator is unusable after an earlier failure: {}", name, op,
-                                  who(rank), first_failure));
-  }
-
-  std::shared_ptr<SharedRounds> shm;  // the small collectives' path when every rank is on this host, else null
-  mutable std::mutex mu;
-  mutable std::string first_failure;  // the message of the first CommError from the transport
-};
 
 class CompletedWork final : public Work {
  public:
@@ -519,102 +472,13 @@ class GlooCommunicator final : public Communicator {
   SharedRounds* shm_;      // group_->shm
   uint32_t next_tag_ = 0;  // collectives run in the same order on every rank, so the tags agree
 };
-
-// Gloo's TCP transport runs a background thread that throws (gloo::EnforceNotMet, gloo::IoException) when a
-// peer breaks the protocol, e.g. sends a message larger than the one this rank posted: nothing of ours can
-// catch that, and the process would abort with a core dump. This terminate handler turns it into an error
-// exit naming what failed and the likely cause; other terminations go on to the previous handler.
-std::terminate_handler g_previous_terminate = nullptr;
-
-[[noreturn]] void on_terminate() {
-  if (std::exception_ptr ep = std::current_exception()) {
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      const std::string what = e.what();
-      if (what.find("gloo") != std::string::npos) {
-        std::fflush(stdout);
-        std::fprintf(stderr,
-                     "megatrain: error: the Gloo transport failed in its background thread: %s (a peer sent data "
-                     "this rank did not expect: do all ranks run the same binary and config?)\n",
-                     what.c_str());
-        std::fflush(stderr);
-        std::_Exit(1);
-      }
-    } catch (...) {
-    }
-  }
-  if (g_previous_terminate) g_previous_terminate();
-  std::abort();
-}
-
-void install_terminate_handler() {
-  static std::once_flag once;
-  std::call_once(once, [] { g_previous_terminate = std::set_terminate(on_terminate); });
-}
-
 }  // namespace
 
-std::unique_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Store> store, const GlooOptions& opt) {
-  install_terminate_handler();
-  auto group = std::make_shared<GroupInfo>();
-  group->name = opt.name.empty() ? fmt::format("gloo[{}]", fmt::join(opt.members, ",")) : opt.name;
-  group->members = opt.members;
-  group->timeout = opt.timeout;
-  const std::string& name = group->name;
-
-  group->rank = rank_in_group(name, opt.members, opt.global_rank, opt.timeout, store.get());
-  const int rank = group->rank;
-  const int size = static_cast<int>(opt.members.size());
-
-  const int64_t instance = group_instance(*store, "gloo", name, opt.global_rank);
-  GlooStoreAdapter adapter(store, fmt::format("gloo/{}/{}/", name, instance), opt.timeout);
-
-  std::shared_ptr<gloo::transport::Device> device;
-  try {
-    gloo::transport::tcp::attr attr;
-    attr.hostname = opt.hostname;
-    device = gloo::transport::tcp::CreateDevice(attr);
-  } catch (const std::exception& e) {
-    throw CommError(fmt::format("{}: cannot open a Gloo TCP device on '{}' on {}: {}", name, opt.hostname,
-                                group->who(rank), e.what()));
-  }
-
-  auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
-  context->setTimeout(opt.timeout);  // also bounds connectFullMesh's store waits and connects
-  try {
-    context->connectFullMesh(adapter, device);
-  } catch (const std::exception& e) {
-    // connectFullMesh publishes each rank's addresses under the key "<rank>": name the ranks that never did.
-    std::vector<int> missing, missing_global;
-    try {
-      for (int r = 0; r < size; ++r)
-        if (r != rank && !store->check(adapter.prefix() + std::to_string(r))) {
-          missing.push_back(r);
-          missing_global.push_back(opt.members[r]);
-        }
-    } catch (const std::exception&) {
-      missing.clear();  // the store itself is gone; its error is in e already
-    }
-    // Our store reports its waits running out as StoreError.
-    bool timed_out = dynamic_cast<const StoreError*>(&e) != nullptr || mentions_timeout(e.what());
-    std::string who_missing = missing.empty() ? ""
-                                              : fmt::format(" rank(s) [{}] (global [{}]) never joined;",
-                                                            fmt::join(missing, ", "), fmt::join(missing_global, ", "));
-    throw CommError(fmt::format("{}: rendezvous {} on {}:{} {}", name,
-                                timed_out ? "timed out after " + seconds_str(opt.timeout) : std::string("failed"),
-                                group->who(rank), who_missing, e.what()));
-  }
-  try {
-    std::string why_not;
-    group->shm = SharedRounds::join(*store, adapter.prefix() + "shm/", rank, opt.members, opt.shared_memory,
-                                    opt.timeout, &why_not);
-    if (!group->shm && size > 1) spdlog::debug("{}: collectives over Gloo's TCP only: {}", name, why_not);
-  } catch (const std::exception& e) {
-    throw CommError(
-        fmt::format("{}: rendezvous of the shared-memory segment failed on {}: {}", name, group->who(rank), e.what()));
-  }
+namespace gloo_detail {
+std::unique_ptr<Communicator> make_communicator(std::shared_ptr<const GroupInfo> group,
+                                                std::shared_ptr<gloo::Context> context) {
   return std::make_unique<GlooCommunicator>(std::move(group), std::move(context));
 }
+}  // namespace gloo_detail
 
 }  // namespace mt

@@ -61,20 +61,15 @@ std::vector<double> lora_layer_parameters(const ModelShapes& m, const LoraConfig
 std::vector<double> chunk_parameters(const ModelShapes& m, const ChunkSpec& ch, std::vector<double>* experts,
                                      std::vector<int>* units = nullptr, int first_unit = 0) {
   std::vector<double> n;
-  std::vector<int> u;
-  const int head_unit = first_unit + (ch.has_embedding ? 1 : 0) + static_cast<int>(ch.layers);
-  if (ch.has_embedding || (ch.has_head && m.tie_embeddings)) {  // word embeddings (or copy)
-    n.push_back(m.Vt * m.C);
-    u.push_back(ch.has_embedding ? first_unit : head_unit);
-  }
-  if (ch.has_embedding && m.P > 0) {  // position embeddings (GPT)
-    n.push_back(m.P * m.C);
-    u.push_back(first_unit);
-  }
+  std::vector<int> u;  // n's units
+  const int layer0 = first_unit + (ch.has_embedding ? 1 : 0), head_unit = layer0 + static_cast<int>(ch.layers);
+  if (ch.has_embedding || (ch.has_head && m.tie_embeddings)) n.push_back(m.Vt * m.C);  // word embeddings (or copy)
+  if (ch.has_embedding && m.P > 0) n.push_back(m.P * m.C);                             // position embeddings (GPT)
+  u.resize(n.size(), ch.has_embedding ? first_unit : head_unit);
   for (int64_t l = ch.layer_begin; l < ch.layer_begin + ch.layers; ++l) {
     const std::vector<double> layer = m.layer_parameters(l, experts);  // a MoE layer's differ
     n.insert(n.end(), layer.begin(), layer.end());
-    u.resize(n.size(), first_unit + (ch.has_embedding ? 1 : 0) + static_cast<int>(l - ch.layer_begin));
+    u.resize(n.size(), layer0 + static_cast<int>(l - ch.layer_begin));
   }
   if (ch.has_head) {
     n.push_back(m.C);                                // final norm weight
