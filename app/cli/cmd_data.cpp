@@ -10,7 +10,7 @@
 #include "core/data/dataset_checksums.h"
 #include "app/cli/progress_flags.h"
 #include "core/data/prepare.h"
-#include "core/data/tokenizer.h"
+#include "core/tokenizer/tokenizer.h"
 
 namespace mt::app {
 

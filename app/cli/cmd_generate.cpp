@@ -23,8 +23,8 @@
 #include "core/io/file_io.h"
 #include "core/hf/hf_tokenizer_export.h"
 #include "core/config/config.h"
-#include "core/data/tokenizer.h"
-#include "core/data/tokenizer_sidecar.h"
+#include "core/tokenizer/tokenizer.h"
+#include "core/tokenizer/tokenizer_sidecar.h"
 #include "models/generate.h"
 #include "models/gpt.h"
 

@@ -90,7 +90,7 @@ Config whole_model_config(const CheckpointReader& reader, const std::string& dir
                           const std::string& device);
 
 // Records which tokenizer made the training data: copies the sidecar of data.train's first prefix
-// (PREFIX.tokenizer.yaml, see core/data/tokenizer_sidecar.h) into the checkpoint's temporary directory
+// (PREFIX.tokenizer.yaml, see core/tokenizer/tokenizer_sidecar.h) into the checkpoint's temporary directory
 // `tmp_dir` as tokenizer.yaml, which `ckpt export --format hf` reads. Nothing when data.train is empty or that
 // prefix has no sidecar. Rank 0 calls it before committing.
 void write_checkpoint_tokenizer(const std::string& tmp_dir, const std::vector<std::string>& data_train);

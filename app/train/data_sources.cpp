@@ -12,12 +12,12 @@
 #include <spdlog/spdlog.h>
 
 #include "core/data/blend.h"
-#include "core/data/chat_template.h"
+#include "core/tokenizer/chat_template.h"
 #include "core/data/dataset_checksums.h"
 #include "core/data/gpt_dataset.h"
 #include "core/data/indexed_dataset.h"
 #include "core/data/loss_mask.h"
-#include "core/data/tokenizer_sidecar.h"
+#include "core/tokenizer/tokenizer_sidecar.h"
 
 namespace mt::app {
 

@@ -284,7 +284,7 @@ void check_derived(const YAML::Node& root, const Config& c, const ConfigSource& 
 }
 
 // model.vocab_size: auto takes the vocabulary size `data prepare` recorded in PREFIX.tokenizer.yaml beside the
-// first training prefix (of a blend too) (core/data/tokenizer_sidecar.h writes it; only its vocab_size is read here).
+// first training prefix (of a blend too) (core/tokenizer/tokenizer_sidecar.h writes it; only its vocab_size is read here).
 void resolve_auto_vocab(const YAML::Node& root, Config& c, const ConfigSource& src) {
   const YAML::Node model = root["model"];
   const YAML::Node v = model.IsMap() ? model["vocab_size"] : YAML::Node();

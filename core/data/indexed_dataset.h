@@ -23,23 +23,12 @@
 #include "core/data/dataset_checksums.h"
 #include "core/io/file_error.h"
 #include "core/io/mapped_file.h"
+#include "core/tokenizer/token_dtype.h"
 
 namespace mt {
 namespace io {
 class AtomicFile;  // core/io/file_io.h
 }
-
-// Every problem with a data file; the message names the file and what is wrong with it. A FileError, as the
-// file_io helpers' errors (core/io/file_io.h) that the writers let through are.
-class DataError : public FileError {
- public:
-  using FileError::FileError;
-};
-
-// Megatron's dtype codes in the .idx header.
-enum class TokenDType : uint8_t { u8 = 1, i8 = 2, i16 = 3, i32 = 4, i64 = 5, f64 = 6, f32 = 7, u16 = 8 };
-size_t token_dtype_size(TokenDType t);
-const char* token_dtype_name(TokenDType t);  // "u8", "i16", ..., as numpy would say it without the width words
 
 // A read-only, memory-mapped view of PREFIX.idx and PREFIX.bin. Validates the header, the sizes and
 // every offset against the .bin size on open; throws DataError naming the file.

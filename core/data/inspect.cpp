@@ -8,8 +8,8 @@
 #include <optional>
 
 #include "core/data/prepare.h"
-#include "core/data/tokenizer_sidecar.h"
-#include "core/data/utf8.h"
+#include "core/tokenizer/tokenizer_sidecar.h"
+#include "core/tokenizer/utf8.h"
 
 namespace mt {
 

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "core/data/chat_template.h"
+#include "core/tokenizer/chat_template.h"
 
 namespace mt {
 

@@ -17,8 +17,8 @@
 #include <thread>
 
 #include "core/data/json_line.h"
-#include "core/data/tokenizer.h"
-#include "core/data/tokenizer_sidecar.h"
+#include "core/tokenizer/tokenizer.h"
+#include "core/tokenizer/tokenizer_sidecar.h"
 #include "core/io/file_io.h"
 
 namespace mt {

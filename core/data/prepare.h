@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "core/data/chat_template.h"
+#include "core/tokenizer/chat_template.h"
 #include "core/data/indexed_dataset.h"
-#include "core/data/tokenizer.h"
+#include "core/tokenizer/tokenizer.h"
 
 namespace mt {
 

@@ -32,7 +32,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
-#include "core/data/spm_model_proto.h"
+#include "core/tokenizer/spm_model_proto.h"
 
 namespace mt {
 

@@ -11,8 +11,8 @@
 #include "core/io/file_io.h"
 #include "core/hf/hf_spm_tokenizer.h"
 #include "core/data/indexed_dataset.h"  // DataError
-#include "core/data/post_processor.h"
-#include "core/data/spm_model_proto.h"
+#include "core/tokenizer/post_processor.h"
+#include "core/tokenizer/spm_model_proto.h"
 
 namespace mt {
 namespace {

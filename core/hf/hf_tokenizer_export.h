@@ -1,13 +1,13 @@
 // hf_tokenizer_export.h: the tokenizer half of a Hugging Face export. A checkpoint records the tokenizer of
 // its training data as tokenizer.yaml (a copy of data prepare's PREFIX.tokenizer.yaml, see
-// core/data/tokenizer_sidecar.h); `ckpt export --format hf` turns it into the files AutoTokenizer reads, so
+// core/tokenizer/tokenizer_sidecar.h); `ckpt export --format hf` turns it into the files AutoTokenizer reads, so
 // the exported model's ids mean what they meant in training.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "core/data/tokenizer_sidecar.h"
+#include "core/tokenizer/tokenizer_sidecar.h"
 
 namespace mt {
 

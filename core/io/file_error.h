@@ -11,4 +11,11 @@ class FileError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Every problem with a data file (datasets, tokenizer files); the message names the file and what is wrong with it.
+// A FileError, as the file_io helpers' errors (core/io/file_io.h) that the writers let through are.
+class DataError : public FileError {
+ public:
+  using FileError::FileError;
+};
+
 }  // namespace mt

@@ -109,5 +109,5 @@ def write_jsonl(path, docs):
 
 
 def as_python_text(doc):
-    """What the Python tokenizers see: invalid UTF-8 replaced by U+FFFD, as megatrain does (core/data/utf8.h)."""
+    """What the Python tokenizers see: invalid UTF-8 replaced by U+FFFD, as megatrain does (core/tokenizer/utf8.h)."""
     return doc.decode("utf-8", "replace")

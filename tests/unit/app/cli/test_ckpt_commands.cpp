@@ -24,7 +24,7 @@
 
 #include "app/cli/commands.h"
 #include "app/train/checkpointing.h"
-#include "core/data/tokenizer_sidecar.h"
+#include "core/tokenizer/tokenizer_sidecar.h"
 #include "core/hf/hf_export.h"
 #include "core/hf/hf_tokenizer_export.h"
 #include "core/hf/safetensors.h"

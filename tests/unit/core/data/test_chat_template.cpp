@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "core/data/chat_template.h"
+#include "core/tokenizer/chat_template.h"
 #include "core/data/loss_mask.h"
 #include "core/data/prepare.h"
 #include "tests/unit/core/data/tokenizer_fixtures.h"

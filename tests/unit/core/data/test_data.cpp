@@ -23,7 +23,7 @@
 #include "core/data/indexed_dataset.h"
 #include "core/data/json_line.h"
 #include "core/data/prepare.h"
-#include "core/data/tokenizer.h"
+#include "core/tokenizer/tokenizer.h"
 #include "core/base/rng.h"
 #include "core/io/crc.h"
 #include "core/io/file_io.h"

@@ -12,8 +12,8 @@
 
 #include "core/data/indexed_dataset.h"
 #include "core/data/json_line.h"
-#include "core/data/normalizer.h"
-#include "core/data/tokenizer.h"
+#include "core/tokenizer/normalizer.h"
+#include "core/tokenizer/tokenizer.h"
 #include "tests/unit/source_root.h"
 #include "tests/unit/temp_dir.h"
 

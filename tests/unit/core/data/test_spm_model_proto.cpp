@@ -1,4 +1,4 @@
-// The SentencePiece .model reader (core/data/spm_model_proto.h) on the committed fixtures, against what the
+// The SentencePiece .model reader (core/tokenizer/spm_model_proto.h) on the committed fixtures, against what the
 // Python sentencepiece package (SentencePieceProcessor: get_piece_size, id_to_piece, get_score, is_control,
 // is_unknown, is_byte, unk/bos/eos/pad_id) reports for them, and its errors on damaged files.
 #include <gtest/gtest.h>
@@ -7,7 +7,7 @@
 #include <string>
 
 #include "core/data/indexed_dataset.h"  // DataError
-#include "core/data/spm_model_proto.h"
+#include "core/tokenizer/spm_model_proto.h"
 #include "tests/unit/source_root.h"
 #include "tests/unit/file_text.h"
 

@@ -16,13 +16,13 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "core/data/bpe.h"
+#include "core/tokenizer/bpe.h"
 #include "core/data/json_line.h"
 #include "core/data/prepare.h"
-#include "core/data/pretokenizer.h"
-#include "core/data/tokenizer.h"
-#include "core/data/tokenizer_sidecar.h"
-#include "core/data/utf8.h"
+#include "core/tokenizer/pretokenizer.h"
+#include "core/tokenizer/tokenizer.h"
+#include "core/tokenizer/tokenizer_sidecar.h"
+#include "core/tokenizer/utf8.h"
 
 namespace mt {
 namespace {

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "core/data/tokenizer.h"
-#include "core/data/tokenizer_sidecar.h"
+#include "core/tokenizer/tokenizer.h"
+#include "core/tokenizer/tokenizer_sidecar.h"
 #include "tests/unit/core/data/tokenizer_fixtures.h"
 #include "tests/unit/expect_contains.h"
 #include "tests/unit/file_text.h"

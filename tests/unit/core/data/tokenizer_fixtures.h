@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "core/data/tokenizer.h"
+#include "core/tokenizer/tokenizer.h"
 #include "tests/unit/file_text.h"
 #include "tests/unit/source_root.h"
 

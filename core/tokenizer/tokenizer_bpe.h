@@ -9,12 +9,12 @@
 #include <string>
 #include <vector>
 
-#include "core/data/added_tokens.h"
-#include "core/data/bpe.h"
-#include "core/data/normalizer.h"
-#include "core/data/post_processor.h"
-#include "core/data/pretokenizer.h"
-#include "core/data/tokenizer.h"
+#include "core/tokenizer/added_tokens.h"
+#include "core/tokenizer/bpe.h"
+#include "core/tokenizer/normalizer.h"
+#include "core/tokenizer/post_processor.h"
+#include "core/tokenizer/pretokenizer.h"
+#include "core/tokenizer/tokenizer.h"
 
 namespace mt {
 

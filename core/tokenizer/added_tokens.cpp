@@ -1,5 +1,5 @@
 // added_tokens.cpp: the added-token cut (Hugging Face's AddedVocabulary::find_matches).
-#include "core/data/added_tokens.h"
+#include "core/tokenizer/added_tokens.h"
 
 #include <fmt/format.h>
 

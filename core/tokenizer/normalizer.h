@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/data/pretokenizer.h"
+#include "core/tokenizer/pretokenizer.h"
 
 namespace mt {
 

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-#include "core/data/pretokenizer.h"
+#include "core/tokenizer/pretokenizer.h"
 
 namespace mt {
 

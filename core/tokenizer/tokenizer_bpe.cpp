@@ -1,9 +1,9 @@
 // tokenizer_bpe.cpp: the byte-level BPE pipeline (added tokens, pre-tokenization, per-word BPE with a cache).
-#include "core/data/tokenizer_bpe.h"
+#include "core/tokenizer/tokenizer_bpe.h"
 
 #include <unordered_map>
 
-#include "core/data/utf8.h"
+#include "core/tokenizer/utf8.h"
 
 namespace mt {
 

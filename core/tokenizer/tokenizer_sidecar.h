@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/data/tokenizer.h"
+#include "core/tokenizer/tokenizer.h"
 
 namespace mt {
 

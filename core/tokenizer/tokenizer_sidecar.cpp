@@ -1,5 +1,5 @@
 // tokenizer_sidecar.cpp: writes and reads PREFIX.tokenizer.yaml (see tokenizer_sidecar.h).
-#include "core/data/tokenizer_sidecar.h"
+#include "core/tokenizer/tokenizer_sidecar.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

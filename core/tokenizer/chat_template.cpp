@@ -1,5 +1,5 @@
 // chat_template.cpp: chat JSON lines, the ChatML and Llama 3 templates, and their tokens and loss mask.
-#include "core/data/chat_template.h"
+#include "core/tokenizer/chat_template.h"
 
 #include <fmt/format.h>
 

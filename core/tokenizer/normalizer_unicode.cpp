@@ -12,8 +12,8 @@
 #include <climits>
 #include <memory>
 
-#include "core/data/indexed_dataset.h"
-#include "core/data/normalizer.h"
+#include "core/io/file_error.h"  // DataError
+#include "core/tokenizer/normalizer.h"
 
 namespace mt {
 

@@ -1,6 +1,6 @@
 // bpe.cpp: the BPE merge loop (lowest rank first, leftmost first among equal ranks, as Hugging Face's
 // priority-queue implementation orders them) over a linked list of symbols: O(n log n) per word.
-#include "core/data/bpe.h"
+#include "core/tokenizer/bpe.h"
 
 #include <array>
 #include <cstdio>

@@ -1,5 +1,5 @@
 // normalizer.cpp: tokenizer.json normalizers (see normalizer.h).
-#include "core/data/normalizer.h"
+#include "core/tokenizer/normalizer.h"
 
 #include <fmt/format.h>
 
@@ -8,7 +8,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
-#include "core/data/indexed_dataset.h"
+#include "core/io/file_error.h"  // DataError
 
 namespace mt {
 

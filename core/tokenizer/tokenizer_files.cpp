@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "core/data/tokenizer_bpe.h"
+#include "core/tokenizer/tokenizer_bpe.h"
 
 namespace mt {
 

@@ -10,7 +10,8 @@
 #include <vector>
 
 #include "core/base/enum_names.h"
-#include "core/data/indexed_dataset.h"
+#include "core/io/file_error.h"
+#include "core/tokenizer/token_dtype.h"
 
 namespace mt {
 

@@ -1,11 +1,11 @@
 // post_processor.cpp: reads tokenizer.json's post_processor into the ids it adds (see post_processor.h).
-#include "core/data/post_processor.h"
+#include "core/tokenizer/post_processor.h"
 
 #include <fmt/format.h>
 
 #include <nlohmann/json.hpp>
 
-#include "core/data/indexed_dataset.h"
+#include "core/io/file_error.h"  // DataError
 
 namespace mt {
 

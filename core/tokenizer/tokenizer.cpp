@@ -1,5 +1,5 @@
 // tokenizer.cpp: the byte tokenizer and the tokenizer registry.
-#include "core/data/tokenizer.h"
+#include "core/tokenizer/tokenizer.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

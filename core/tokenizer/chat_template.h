@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/base/enum_names.h"
-#include "core/data/tokenizer.h"
+#include "core/tokenizer/tokenizer.h"
 
 namespace mt {
 

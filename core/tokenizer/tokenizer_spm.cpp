@@ -8,9 +8,9 @@
 #include <memory>
 #include <string>
 
-#include "core/data/spm_model_proto.h"
-#include "core/data/tokenizer.h"
-#include "core/data/utf8.h"
+#include "core/tokenizer/spm_model_proto.h"
+#include "core/tokenizer/tokenizer.h"
+#include "core/tokenizer/utf8.h"
 
 #ifdef MEGATRAIN_WITH_SENTENCEPIECE
 #include <sentencepiece_processor.h>

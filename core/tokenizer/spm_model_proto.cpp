@@ -1,7 +1,7 @@
 // spm_model_proto.cpp: a protobuf wire-format reader just big enough for sentencepiece.ModelProto (see
 // spm_model_proto.h). The wire format: each field is a varint key (field number << 3 | wire type) and a value:
 // 0 varint, 1 eight bytes, 2 length-delimited (strings, bytes, nested messages), 5 four bytes.
-#include "core/data/spm_model_proto.h"
+#include "core/tokenizer/spm_model_proto.h"
 
 #include <cstring>
 #include <fstream>
@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "core/data/indexed_dataset.h"  // DataError
+#include "core/io/file_error.h"  // DataError
 
 namespace mt {
 namespace {

@@ -1,11 +1,11 @@
 // pretokenizer.cpp: PCRE2-backed splitting for the BPE tokenizers.
-#include "core/data/pretokenizer.h"
+#include "core/tokenizer/pretokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <fmt/format.h>
 #include <pcre2.h>
 
-#include "core/data/indexed_dataset.h"
+#include "core/io/file_error.h"  // DataError
 
 namespace mt {
 

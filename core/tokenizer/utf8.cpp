@@ -1,5 +1,5 @@
 // utf8.cpp: UTF-8 validation with U+FFFD substitution of maximal subparts (Unicode 15, table 3-7).
-#include "core/data/utf8.h"
+#include "core/tokenizer/utf8.h"
 
 #include <cstdint>
 
