@@ -285,7 +285,7 @@ class GlooCommunicator final : public Communicator {
     copy_elements(in, send_at[r], out, recv_at[r], send_counts[r]);
     if (n == 1) return done();
     const size_t element = dtype_size(in.dtype());
-    if (shm_ && shared_all_to_all(in, send_counts, out, recv_at, recv_counts, element)) return done();
+    if (shm_ && shared_all_to_all(in, send_counts, totals.sent, out, recv_at, recv_counts, element)) return done();
     if (totals.sent + totals.received == send_counts[r] + recv_counts[r]) return done();
     guarded("all_to_all", [&] {
       std::unique_ptr<gloo::transport::UnboundBuffer> send_buf, recv_buf;
@@ -319,12 +319,10 @@ class GlooCommunicator final : public Communicator {
   // all_to_all through the shared segment: each rank's part is its total element count (-1 when its blocks do not
   // fit), its send counts and its blocks. Every rank sees every part's count, so all go back to Gloo (false) alike
   // when one did not fit. A peer whose count for this rank differs from recv_counts breaks the protocol: CommError.
-  bool shared_all_to_all(const Tensor& in, const std::vector<int64_t>& send_counts, Tensor& out,
+  bool shared_all_to_all(const Tensor& in, const std::vector<int64_t>& send_counts, int64_t sent, Tensor& out,
                          const std::vector<int64_t>& recv_at, const std::vector<int64_t>& recv_counts, size_t element) {
     const int n = size(), r = rank();
     const size_t head = sizeof(int64_t) * static_cast<size_t>(n + 1);
-    int64_t sent = 0;
-    for (int64_t c : send_counts) sent += c;
     const bool fits = head + static_cast<size_t>(sent) * element <= SharedRounds::kSlotBytes;
     std::vector<std::byte> part(fits ? head + static_cast<size_t>(sent) * element : head);
     const int64_t total = fits ? sent : -1;
@@ -332,28 +330,25 @@ class GlooCommunicator final : public Communicator {
     std::memcpy(part.data() + sizeof total, send_counts.data(), sizeof(int64_t) * static_cast<size_t>(n));
     if (fits && sent > 0) std::memcpy(part.data() + head, in.raw(), static_cast<size_t>(sent) * element);
     guarded("all_to_all", [&] { shm_->round(part.data(), part.size(), /*same_size=*/false); });
-    auto counts_of = [&](int j) {
-      std::vector<int64_t> c(static_cast<size_t>(n + 1));
-      std::memcpy(c.data(), shm_->part(j), head);
-      return c;  // [total, send_counts...]
-    };
-    for (int j = 0; j < n; ++j)
-      if (counts_of(j)[0] < 0) return false;
+    std::vector<std::vector<int64_t>> counts(static_cast<size_t>(n));  // rank j's send counts
+    for (int j = 0; j < n; ++j) {
+      const auto* head_j = reinterpret_cast<const int64_t*>(shm_->part(j));
+      if (head_j[0] < 0) return false;
+      counts[static_cast<size_t>(j)].assign(head_j + 1, head_j + 1 + n);
+    }
     for (int j = 0; j < n; ++j) {
       if (j == r) continue;
-      const std::vector<int64_t> c = counts_of(j);
-      if (c[static_cast<size_t>(r) + 1] != recv_counts[j]) {
+      const std::vector<int64_t>& c = counts[static_cast<size_t>(j)];
+      if (c[static_cast<size_t>(r)] != recv_counts[j]) {
         CommError e =
             group_->misuse("all_to_all", fmt::format("{} sends {} elements, this rank expects {}: the counts disagree",
-                                                     group_->who(j), c[static_cast<size_t>(r) + 1], recv_counts[j]));
+                                                     group_->who(j), c[static_cast<size_t>(r)], recv_counts[j]));
         group_->record_failure(e.what());
         throw e;
       }
-      int64_t at = 0;  // where rank j's block for this rank starts among its blocks
-      for (int q = 0; q < r; ++q) at += c[static_cast<size_t>(q) + 1];
-      if (recv_counts[j] > 0)
+      if (recv_counts[j] > 0)  // rank j's block for this rank, where block_offsets puts it among j's blocks
         std::memcpy(static_cast<std::byte*>(out.raw()) + static_cast<size_t>(recv_at[j]) * element,
-                    shm_->part(j) + head + static_cast<size_t>(at) * element,
+                    shm_->part(j) + head + static_cast<size_t>(block_offsets(c)[static_cast<size_t>(r)]) * element,
                     static_cast<size_t>(recv_counts[j]) * element);
     }
     return true;

@@ -53,14 +53,6 @@ std::string host_identity() {
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-std::string read_text(Store& store, const std::string& key, std::chrono::milliseconds timeout) {
-  Bytes b = store.get(key, timeout);
-  return std::string(b.begin(), b.end());
-}
-void write_text(Store& store, const std::string& key, const std::string& value) {
-  store.set(key, Bytes(value.begin(), value.end()));
-}
-
 }  // namespace
 
 struct SharedRounds::Segment {
@@ -112,9 +104,8 @@ std::unique_ptr<SharedRounds> SharedRounds::join(Store& store, const std::string
     return nullptr;
   };
   if (n < 2) return refuse("a group of one rank");
-  auto who = [&](int r) { return fmt::format("rank {} (global {})", r, members[r]); };
   const std::string identity = host_identity();
-  write_text(store, fmt::format("{}host/{}", prefix, rank), wanted ? identity : "-");
+  store.set(fmt::format("{}host/{}", prefix, rank), text_bytes(wanted ? identity : "-"));
 
   // Rank 0 decides, creates the segment and names it (or says why not); the others map it and report.
   auto rounds = std::unique_ptr<SharedRounds>(new SharedRounds(rank, members, timeout));
@@ -135,17 +126,16 @@ std::unique_ptr<SharedRounds> SharedRounds::join(Store& store, const std::string
     return "";
   };
   if (rank == 0) {
-    bool agreed = false;  // the verdict is the members' settings or hosts, not a failure here
     for (int r = 0; r < n && verdict.empty(); ++r) {
-      const std::string theirs = read_text(store, fmt::format("{}host/{}", prefix, r), timeout);
+      const std::string theirs = bytes_text(store.get(fmt::format("{}host/{}", prefix, r), timeout));
       if (theirs == "-")
-        verdict = fmt::format("{} has parallel.gloo_shared_memory false", who(r));
+        verdict = fmt::format("{} has parallel.gloo_shared_memory false", rounds->who(r));
       else if (!wanted)
         verdict = "rank 0 has parallel.gloo_shared_memory false";
       else if (theirs != identity)
-        verdict = fmt::format("{} runs on another host or in another container", who(r));
+        verdict = fmt::format("{} runs on another host or in another container", rounds->who(r));
     }
-    agreed = !verdict.empty();
+    const bool agreed = !verdict.empty();  // the verdict is the members' settings or hosts, not a failure here
     if (verdict.empty()) {
       std::random_device rd;
       name = fmt::format("/megatrain-{}-{:08x}{:08x}", ::getpid(), rd(), rd());
@@ -174,15 +164,16 @@ std::unique_ptr<SharedRounds> SharedRounds::join(Store& store, const std::string
     }
     if (!verdict.empty() && !agreed)  // this host could not give the segment: say so, it costs speed
       spdlog::warn("{}: small collectives stay on Gloo's TCP: {}", prefix, verdict);
-    write_text(store, prefix + "segment", verdict.empty() ? name : "!" + verdict);
+    store.set(prefix + "segment", text_bytes(verdict.empty() ? name : "!" + verdict));
     if (!verdict.empty()) return refuse(verdict);
     for (int r = 1; r < n; ++r) {
-      const std::string report = read_text(store, fmt::format("{}attached/{}", prefix, r), timeout);
-      if (report != "ok" && verdict.empty()) verdict = fmt::format("{} cannot map the segment: {}", who(r), report);
+      const std::string report = bytes_text(store.get(fmt::format("{}attached/{}", prefix, r), timeout));
+      if (report != "ok" && verdict.empty())
+        verdict = fmt::format("{} cannot map the segment: {}", rounds->who(r), report);
     }
-    write_text(store, prefix + "ready", verdict.empty() ? "ok" : verdict);
+    store.set(prefix + "ready", text_bytes(verdict.empty() ? "ok" : verdict));
   } else {
-    name = read_text(store, prefix + "segment", timeout);
+    name = bytes_text(store.get(prefix + "segment", timeout));
     if (name.starts_with("!")) return refuse(name.substr(1));
     std::string report;
     int fd = ::shm_open(name.c_str(), O_RDWR, 0);
@@ -193,8 +184,8 @@ std::unique_ptr<SharedRounds> SharedRounds::join(Store& store, const std::string
       rounds->seg_->member(rank).pid.store(::getpid());
     else
       spdlog::warn("{}: small collectives stay on Gloo's TCP: {}", prefix, report);
-    write_text(store, fmt::format("{}attached/{}", prefix, rank), report.empty() ? "ok" : report);
-    verdict = read_text(store, prefix + "ready", timeout);
+    store.set(fmt::format("{}attached/{}", prefix, rank), text_bytes(report.empty() ? "ok" : report));
+    verdict = bytes_text(store.get(prefix + "ready", timeout));
     if (verdict == "ok") verdict.clear();
   }
   if (!verdict.empty()) return refuse(verdict);

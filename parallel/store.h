@@ -6,6 +6,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace mt {
@@ -19,6 +20,10 @@ class StoreError : public std::runtime_error {
 
 using Bytes = std::vector<uint8_t>;
 using Millis = std::chrono::milliseconds;
+
+// A store holds bytes; these spell text values in and out (rendezvous keys, names, verdicts).
+inline Bytes text_bytes(std::string_view s) { return Bytes(s.begin(), s.end()); }
+inline std::string bytes_text(const Bytes& b) { return std::string(b.begin(), b.end()); }
 
 class Store {
  public:

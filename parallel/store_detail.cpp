@@ -36,10 +36,7 @@ std::optional<int64_t> parse_counter(const Bytes& value) {
   return out;
 }
 
-Bytes format_counter(int64_t value) {
-  std::string text = std::to_string(value);
-  return Bytes(text.begin(), text.end());
-}
+Bytes format_counter(int64_t value) { return text_bytes(std::to_string(value)); }
 
 FrameWriter& FrameWriter::u8(uint8_t v) {
   buf_.push_back(v);

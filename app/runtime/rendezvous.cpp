@@ -15,9 +15,6 @@ namespace mt::app {
 
 namespace {
 
-Bytes to_bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
-std::string to_string(const Bytes& b) { return std::string(b.begin(), b.end()); }
-
 std::string flat(const YAML::Node& n) {
   if (!n.IsDefined() || n.IsNull()) return "absent";
   YAML::Emitter out;
@@ -80,7 +77,7 @@ std::string missing_ranks(Store& store, const std::vector<int>& missing, int wor
   for (int r = 1; r < world_size; ++r) {
     const std::string key = fmt::format("rdv/world_size/{}", r);
     if (!store.check(key)) continue;
-    if (const std::string w = to_string(store.get(key, timeout)); w != std::to_string(world_size))
+    if (const std::string w = bytes_text(store.get(key, timeout)); w != std::to_string(world_size))
       others.push_back(fmt::format("rank {} with {}", r, w));
   }
   const std::string waited =
@@ -120,11 +117,11 @@ void check_job_identity(Store& store, const JobIdentity& me, int rank, int world
         rank, address, rank));
   // Each rank's world size, so that a rank that never comes is explained (the launchers disagree: WORLD_SIZE,
   // SLURM_NTASKS, --nproc) rather than reported as a timed-out get.
-  store.set(fmt::format("rdv/world_size/{}", rank), to_bytes(std::to_string(world_size)));
+  store.set(fmt::format("rdv/world_size/{}", rank), text_bytes(std::to_string(world_size)));
   if (rank == 0) {
-    store.set("rdv/version", to_bytes(me.version));
-    store.set("rdv/job_id", to_bytes(me.job_id));
-    store.set("rdv/config", to_bytes(me.config));
+    store.set("rdv/version", text_bytes(me.version));
+    store.set("rdv/job_id", text_bytes(me.job_id));
+    store.set("rdv/config", text_bytes(me.config));
     // Every verdict within one timeout from here (the others wait for the outcome as long, and a little more).
     std::vector<std::string> refused;
     std::vector<int> missing;
@@ -135,11 +132,11 @@ void check_job_identity(Store& store, const JobIdentity& me, int rank, int world
       std::optional<std::string> v;
       if (missing.empty() && left > Millis(0)) {
         try {
-          v = to_string(store.get(key, left));
+          v = bytes_text(store.get(key, left));
         } catch (const StoreError&) {  // timed out: named with the others below
         }
       } else if (store.check(key)) {  // once one is missing, the deadline has passed: no more waiting
-        v = to_string(store.get(key, timeout));
+        v = bytes_text(store.get(key, timeout));
       }
       if (!v)
         missing.push_back(r);
@@ -148,7 +145,7 @@ void check_job_identity(Store& store, const JobIdentity& me, int rank, int world
     }
     if (!missing.empty()) refused.push_back(missing_ranks(store, missing, world_size, timeout, address));
     const std::string outcome = fmt::format("{}", fmt::join(refused, "; "));
-    store.set("rdv/outcome", to_bytes(outcome));
+    store.set("rdv/outcome", text_bytes(outcome));
     if (outcome.empty()) return;
     // Keep serving the store until the others have read the outcome (briefly): they then fail with it rather
     // than with "lost the rendezvous store".
@@ -157,22 +154,22 @@ void check_job_identity(Store& store, const JobIdentity& me, int rank, int world
       std::this_thread::sleep_for(Millis(20));
     throw RendezvousError("rendezvous refused the job: " + outcome);
   }
-  const std::string world0 = to_string(store.get("rdv/world_size/0", timeout));
+  const std::string world0 = bytes_text(store.get("rdv/world_size/0", timeout));
   if (world0 != std::to_string(world_size)) {
     const std::string why = fmt::format(
         "the ranks disagree on the world size: rank {} was started with a world of {} ranks, rank 0 with {} "
         "(WORLD_SIZE, SLURM_NTASKS or --nproc differ between the launches)",
         rank, world_size, world0);
-    store.set(fmt::format("rdv/verdict/{}", rank), to_bytes(why));
+    store.set(fmt::format("rdv/verdict/{}", rank), text_bytes(why));
     throw RendezvousError("rendezvous refused the job: " + why);  // rank 0 may never ask for this rank's verdict
   }
-  const JobIdentity ref{.version = to_string(store.get("rdv/version", timeout)),
-                        .job_id = to_string(store.get("rdv/job_id", timeout)),
-                        .config = to_string(store.get("rdv/config", timeout))};
+  const JobIdentity ref{.version = bytes_text(store.get("rdv/version", timeout)),
+                        .job_id = bytes_text(store.get("rdv/job_id", timeout)),
+                        .config = bytes_text(store.get("rdv/config", timeout))};
   const std::string mine = verdict(ref, me, rank, address);
-  store.set(fmt::format("rdv/verdict/{}", rank), to_bytes(mine));
+  store.set(fmt::format("rdv/verdict/{}", rank), text_bytes(mine));
   // Rank 0 publishes the outcome within one timeout of its start, which was before this rank read rdv/version.
-  const std::string outcome = to_string(store.get("rdv/outcome", timeout + Millis(5000)));
+  const std::string outcome = bytes_text(store.get("rdv/outcome", timeout + Millis(5000)));
   if (outcome.empty()) return;
   store.add("rdv/outcome_read", 1);
   throw RendezvousError("rendezvous refused the job: " + outcome);

@@ -2,7 +2,6 @@
 #include "app/train/moe_monitor.h"
 
 #include <algorithm>
-
 #include <cmath>
 #include <stdexcept>
 

@@ -32,29 +32,34 @@ OutFile::~OutFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-int write_all(int fd, const void* data, size_t bytes) noexcept {
+int write_all(int fd, const void* data, size_t bytes, size_t* written) noexcept {
   const char* p = static_cast<const char*>(data);
+  const auto finish = [&](int e) {
+    if (written) *written = static_cast<size_t>(p - static_cast<const char*>(data));
+    return e;
+  };
   while (bytes > 0) {
     const ssize_t n = ::write(fd, p, std::min<size_t>(bytes, size_t{1} << 30));
     if (n > 0) {
       p += n;
       bytes -= static_cast<size_t>(n);
     } else if (n == 0) {
-      return EIO;
+      return finish(EIO);
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       pollfd pfd{fd, POLLOUT, 0};
       ::poll(&pfd, 1, 100);
     } else if (errno != EINTR) {
-      return errno;
+      return finish(errno);
     }
   }
-  return 0;
+  return finish(0);
 }
 
 void OutFile::write(const void* data, size_t bytes) {
-  if (int e = write_all(fd_, data, bytes); e != 0)
-    throw_os_error(path_, fmt::format("write failed at byte {}", offset_), e);
-  offset_ += static_cast<int64_t>(bytes);
+  size_t written = 0;
+  const int e = write_all(fd_, data, bytes, &written);
+  offset_ += static_cast<int64_t>(written);  // the error names the byte the failed write began at, as before
+  if (e != 0) throw_os_error(path_, fmt::format("write failed at byte {}", offset_), e);
 }
 
 void OutFile::pad_to(int64_t alignment) {

@@ -18,9 +18,10 @@ namespace mt::io {
 std::string join_path(const std::string& dir, const std::string& name);
 
 // Writes all `bytes` to `fd`, in pieces as the kernel takes them: retries EINTR, waits for a non-blocking fd
-// (EAGAIN) to take more. Returns 0, or the errno of the write that failed (EIO for a write of nothing).
-// Async-signal-safe (write and poll only): the launcher uses it between fork and exec too.
-int write_all(int fd, const void* data, size_t bytes) noexcept;
+// (EAGAIN) to take more. Returns 0, or the errno of the write that failed (EIO for a write of nothing);
+// `written`, when given, gets the bytes written before it. Async-signal-safe (write and poll only): the launcher
+// uses it between fork and exec too.
+int write_all(int fd, const void* data, size_t bytes, size_t* written = nullptr) noexcept;
 
 // A new file (it must not exist) written front to back; sync_and_close() makes it durable.
 // Destroying an unclosed file closes it without syncing (the caller removes it, or the tmp dir it is in).

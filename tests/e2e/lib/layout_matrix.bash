@@ -8,13 +8,25 @@
 # MATRIX_MAX_DEGREE (default 4) bounds TP, PP and DP; MATRIX_ARGS (an array) adds settings to every run,
 # the single-rank reference included (the GPU version runs on cuda with host-staged Gloo). MATRIX_CONFIG names the
 # model's config file (default tiny.yaml; llama.yaml for the Llama rows).
+
+# matrix_args ARRAY PRECISION LAYERS [ARG...]: into the array named ARRAY, the settings every run of a matrix shares:
+# MATRIX_CONFIG's model (default tiny.yaml) with LAYERS layers, micro batch 1, global batch 8, 6 iterations, small
+# gradient buckets, the precision; then ARG... and MATRIX_ARGS.
+matrix_args() {
+  local -n into=$1
+  local precision=$2 layers=$3
+  shift 3
+  into=(--config "${MATRIX_CONFIG:-tiny.yaml}" --set model.num_layers=$layers --set training.micro_batch_size=1
+        --set training.global_batch_size=8 --set training.train_iters=6 --set parallel.timeout_s=60
+        --set parallel.grad_bucket_size=5000 --set training.precision=$precision "$@"
+        ${MATRIX_ARGS[@]+"${MATRIX_ARGS[@]}"})
+}
+
 run_layout_matrix() {  # precision tolerance variant...
   local precision=$1 tol=$2; shift 2
   local max=${MATRIX_MAX_DEGREE:-4}
-  local common=(--config "${MATRIX_CONFIG:-tiny.yaml}" --set model.num_layers=8 --set training.micro_batch_size=1
-                --set training.global_batch_size=8 --set training.train_iters=6 --set parallel.timeout_s=60
-                --set parallel.grad_bucket_size=5000 --set training.precision=$precision
-                ${MATRIX_ARGS[@]+"${MATRIX_ARGS[@]}"})
+  local common
+  matrix_args common "$precision" 8
   "$MT" "${common[@]}" --set logging.dir=one >/dev/null
   local count=0 expected=0 tp pp dp variant world sp zero vp dir
   for variant in "$@"; do
@@ -47,10 +59,8 @@ run_layout_matrix() {  # precision tolerance variant...
 # Before the embedding group was limited to tied embeddings, every PP layout here deadlocked.
 run_untied_layouts() {  # precision tolerance
   local precision=$1 tol=$2
-  local common=(--config tiny.yaml --set model.num_layers=4 --set training.micro_batch_size=1
-                --set training.global_batch_size=8 --set training.train_iters=6 --set parallel.timeout_s=60
-                --set parallel.grad_bucket_size=5000 --set training.precision=$precision
-                --set model.tie_embeddings=false ${MATRIX_ARGS[@]+"${MATRIX_ARGS[@]}"})
+  local common
+  MATRIX_CONFIG=tiny.yaml matrix_args common "$precision" 4 --set model.tie_embeddings=false
   "$MT" "${common[@]}" --set logging.dir=untied_one >/dev/null
   local layout tp pp dp vp sp zero world dir count=0
   # tp pp dp vp sp zero
@@ -76,10 +86,8 @@ run_untied_layouts() {  # precision tolerance
 # (parallel.shard_group 2 of DP 4).
 run_shard_layouts() {  # precision tolerance
   local precision=$1 tol=$2
-  local common=(--config "${MATRIX_CONFIG:-tiny.yaml}" --set model.num_layers=8 --set training.micro_batch_size=1
-                --set training.global_batch_size=8 --set training.train_iters=6 --set parallel.timeout_s=60
-                --set parallel.grad_bucket_size=5000 --set training.precision=$precision
-                ${MATRIX_ARGS[@]+"${MATRIX_ARGS[@]}"})
+  local common
+  matrix_args common "$precision" 8
   [ -f one/metrics.jsonl ] || "$MT" "${common[@]}" --set logging.dir=one >/dev/null
   local layout tp pp dp vp sched sp dir count=0
   # tp pp dp vp schedule
@@ -117,10 +125,8 @@ run_shard_layouts() {  # precision tolerance
 # parallelism with dropout, its masks keyed by global positions, is e2e.context_parallel's).
 run_context_layouts() {  # precision tolerance "cp comm tp pp dp"...
   local precision=$1 tol=$2; shift 2
-  local common=(--config "${MATRIX_CONFIG:-tiny.yaml}" --set model.num_layers=8 --set training.micro_batch_size=1
-                --set training.global_batch_size=8 --set training.train_iters=6 --set parallel.timeout_s=60
-                --set parallel.grad_bucket_size=5000 --set training.precision=$precision
-                --set model.dropout=0 --set model.attention_dropout=0 ${MATRIX_ARGS[@]+"${MATRIX_ARGS[@]}"})
+  local common
+  matrix_args common "$precision" 8 --set model.dropout=0 --set model.attention_dropout=0
   "$MT" "${common[@]}" --set logging.dir=context_one >/dev/null
   local layout cp comm tp pp dp sp zero dir count=0
   for layout in "$@"; do
@@ -144,10 +150,8 @@ run_context_layouts() {  # precision tolerance "cp comm tp pp dp"...
 # losses bit for bit (both paths sum the ranks' parts in rank order).
 run_tcp_layouts() {  # precision
   local precision=$1
-  local common=(--config "${MATRIX_CONFIG:-tiny.yaml}" --set model.num_layers=8 --set training.micro_batch_size=1
-                --set training.global_batch_size=8 --set training.train_iters=6 --set parallel.timeout_s=60
-                --set parallel.grad_bucket_size=5000 --set training.precision=$precision
-                --set parallel.gloo_shared_memory=false ${MATRIX_ARGS[@]+"${MATRIX_ARGS[@]}"})
+  local common
+  matrix_args common "$precision" 8 --set parallel.gloo_shared_memory=false
   local layout tp pp dp vp dir
   for layout in "2 2 2 2" "4 1 2 1"; do
     read -r tp pp dp vp <<<"$layout"
