@@ -36,8 +36,16 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
   for (int64_t i = st.layer_begin; i < st.layer_end; ++i) {
     // training.recompute_num_layers (Megatron's "block" method): the chunk's first layers only.
     const bool recompute = opt.recompute && (opt.recompute_layers == 0 || i - st.layer_begin < opt.recompute_layers);
-    layers_.push_back(std::make_unique<TransformerLayer>(i, cfg, opt.dtype, opt.seed, recompute, opt.tp, opt.device,
-                                                         opt.ep, opt.selective, opt.cp, opt.lora));
+    const PartOptions part{.layer = i,
+                           .dtype = opt.dtype,
+                           .seed = opt.seed,
+                           .device = opt.device,
+                           .tp = opt.tp,
+                           .ep = opt.ep,
+                           .cp = opt.cp,
+                           .lora = opt.lora,
+                           .selective = opt.selective};
+    layers_.push_back(std::make_unique<TransformerLayer>(cfg, part, recompute));
     for (Parameter* p : layers_.back()->parameters()) params_.push_back(p);
   }
   if (st.has_head) {
@@ -84,6 +92,11 @@ GptModel::Roles GptModel::roles() const {
   }
   for (const auto& layer : layers_) r.layers.push_back(layer.get());
   return r;
+}
+
+void GptModel::merge_lora() {
+  std::erase_if(params_, [](const Parameter* p) { return is_lora_parameter(*p); });  // before they are dropped
+  for (auto& l : layers_) l->merge_lora();
 }
 
 std::vector<MoeMlp*> GptModel::moe_layers() {

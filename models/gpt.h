@@ -90,11 +90,9 @@ class GptModel {
   std::vector<MoeMlp*> moe_layers();
   // This stage's transformer layers, in order (fp8 wiring, app/train/fp8_state.cpp).
   std::vector<TransformerLayer*> layers();
-  // Folds every layer's LoRA adapters into the weights (generation computes with the weights alone); parameters()
-  // still lists the adapters, which no longer take part.
-  void merge_lora() {
-    for (auto& l : layers_) l->merge_lora();
-  }
+  // Folds every layer's LoRA adapters into the weights (generation computes with the weights alone) and drops them
+  // from parameters().
+  void merge_lora();
   int64_t num_parameters() const;  // elements stored, vocabulary padding included
   // The model's parameters by role, for code that computes with them itself (generation's KV-cache decoder):
   // null where this stage does not hold the part (a pipeline stage) or the architecture has none (Llama's

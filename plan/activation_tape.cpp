@@ -417,7 +417,8 @@ class Replay {
     return kept - dropped;
   }
 
-  // TransformerLayer::backward: frees the layer's activations and input x; leaves dx (Ns, C) allocated.
+  // models/transformer_layer.cpp TransformerLayer::backward: frees the layer's activations and input x; leaves dx
+  // (Ns, C) allocated.
   void layer_backward(double kept, bool moe, bool full) {
     const ModelShapes& m = s.m;
     const double N = s.N(), Ns = s.Ns(), C = m.C, d = s.d;
@@ -439,8 +440,8 @@ class Replay {
     // gradient and input (with SP its gathered input and output gradient, which column_ and row_backward keep).
     // A MoE MLP's expert and router captures are not counted.
     const double hidden = Ns * C * d, no_sp = s.sp ? 0 : 1;
-    double for_w = no_sp * hidden + N * m.Ct * d + N * m.qkv * d + no_sp * hidden;  // n1.out, att, dqkv, dproj
-    local(Ns * C * d);                                                              // dmlp
+    double for_w = no_sp * hidden + N * m.Ct * d + no_sp * hidden;  // n1.out, att, dproj
+    local(Ns * C * d);                                              // dmlp
     if (moe) {
       locals += moe_backward();  // dln2 = moe_->backward
     } else {
@@ -456,14 +457,17 @@ class Replay {
       locals += column_backward(m.fc1);  // dln2 = fc1_.backward
       t.free(block - dfc1 + unless_kept_for_w(dfc1));
     }
-    local(Ns * C * d);                 // dx2
-    local(Ns * C * d);                 // dproj
-    locals += row_backward(m.Ct);      // datt = proj_.backward
-    local(N * m.qkv * d);              // dqkv
-    context_backward();                // over the context ranks' keys and values
-    rope();                            // the inverse rotation on dq, dk in place
-    locals += column_backward(m.qkv);  // dln1 = qkv_.backward
-    t.alloc(Ns * C * d);               // dx, returned
+    local(Ns * C * d);  // dx2
+    local(Ns * C * d);  // dproj
+    // models/attention.cpp SelfAttention::backward: datt and dqkv are its locals, gone when it returns (dqkv kept
+    // for W when deferred).
+    const double datt = row_backward(m.Ct);  // datt = proj_.backward
+    t.alloc(N * m.qkv * d);                  // dqkv
+    context_backward();                      // over the context ranks' keys and values
+    rope();                                  // the inverse rotation on dq, dk in place
+    locals += column_backward(m.qkv);        // dln1 = qkv_.backward
+    t.free(datt + unless_kept_for_w(N * m.qkv * d));
+    t.alloc(Ns * C * d);  // dx, returned
     // The locals, the activations and the input x.
     t.free(locals + kept + Ns * C * d - for_w + unless_kept_for_w(for_w));
   }

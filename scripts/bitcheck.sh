@@ -17,6 +17,7 @@ export OPENBLAS_NUM_THREADS=1
 # Overrides that make tiny.yaml a Llama (grouped-query attention, SwiGLU, rotary) and its MLPs mixtures of experts.
 llama="model.arch=llama model.num_query_groups=2 model.ffn_hidden_size=96"
 moe="model.moe.num_experts=4 model.moe.top_k=2 model.moe.ffn_hidden_size=32 model.moe.aux_loss_coeff=0.01"
+moesel="training.recompute=selective training.recompute_modules=[core_attn,layernorm,moe_act]"
 declare -A layouts=(
   [fp32]="1|"
   [bf16]="1|training.precision=bf16"
@@ -39,11 +40,13 @@ declare -A layouts=(
   [lora]="1|finetune.lora.rank=4 finetune.lora.random_base=true"
   [loratp2]="2|$llama finetune.lora.rank=4 finetune.lora.random_base=true parallel.tensor=2"
   [fp8]="1|training.precision=bf16 training.fp8.format=hybrid"
+  [selective]="1|training.recompute=selective training.recompute_modules=[core_attn,layernorm,mlp_act]"
+  [moeselsp]="2|$llama $moe $moesel parallel.tensor=2 parallel.sequence_parallel=true"
   [fp8tp2]="2|training.precision=bf16 training.fp8.format=hybrid parallel.tensor=2 parallel.sequence_parallel=true"
 )
 names=("$@")
 [ ${#names[@]} -gt 0 ] || names=(fp32 bf16 fp16 recompute dp2 tp2sp pp2vp2dp2 zero4 tp2pp2dp2 bf16tp2zero zero2 zero3 zbh1 zbv
-                                   cp2 llamacp2tp2 moeep2 moefold lora loratp2 fp8 fp8tp2)
+                                   cp2 llamacp2tp2 moeep2 moefold lora loratp2 fp8 fp8tp2 selective moeselsp)
 
 if [ ! -f "$work/data/text_document.idx" ]; then
   mkdir -p "$work/data"

@@ -1,0 +1,173 @@
+#include "models/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/base/rng.h"
+#include "core/tensor/ops.h"
+
+namespace mt {
+
+struct SelfAttention::Saved : PartSaved {
+  Tensor qkv;           // (B, T, G/tp, R+2, D): this rank's query groups (after the rotary embeddings)
+  Tensor att, att_lse;  // (B, T, H/tp * D), (B, H/tp, T)
+  LinearPair::Saved lora;
+};
+
+struct SelfAttention::Cache : PartSaved {
+  std::vector<float> k, v;  // (capacity, G, D) each, f32 on the host
+};
+
+SelfAttention::SelfAttention(const LayerSpec& spec, const ModelConfig& cfg, const PartOptions& opt)
+    : cfg_(cfg), opt_(opt), rotary_(spec.position == PositionKind::rotary) {
+  const int64_t C = cfg.hidden_size, H = cfg.num_heads, G = cfg.kv_heads(), D = cfg.head_dim;
+  heads_ = opt.tp.count(H);
+  groups_ = opt.tp.count(G);
+  // Column-parallel over query groups: thanks to the per-group interleave, this rank's groups are one row block.
+  linears_ = LinearPair(opt, spec.bias, {"attn.qkv", "qkv", C, (H + 2 * G) * D, cfg.init_std},
+                        {"attn.proj", "proj", H * D, C, output_init_std(cfg)});
+  site_probs_ = stream_id(opt.name("attn.probs"));
+}
+
+AttentionOptions SelfAttention::attention_options(const StepContext& ctx) const {
+  return {.causal = true,
+          .dropout_p = ctx.training ? cfg_.attention_dropout : 0.f,
+          .seed = ctx.seed,
+          .site = site_probs_,
+          .sample_offset = ctx.sample_offset,
+          .head_offset = opt_.tp.begin(cfg_.num_heads),
+          .positions = ctx.positions};
+}
+
+RopeOptions SelfAttention::rope_options(bool inverse, int64_t T, const StepContext& ctx) const {
+  // Attention sees whole local sequences (sequence parallelism gathers them first): positions start at 0, or with
+  // context parallelism at this rank's chunks.
+  const SequencePositions p = opt_.cp.positions(T, 0, T);
+  return {.theta = static_cast<float>(cfg_.rotary_base),
+          .position_offset = p.position_offset,
+          .inverse = inverse,
+          .split_at = p.split_at,
+          .split_position = p.split_position,
+          .positions = ctx.positions};
+}
+
+void SelfAttention::attend(Saved& s, const StepContext& ctx) const {
+  if (opt_.cp.enabled())
+    context_attention_forward(opt_.cp, s.qkv, s.att, s.att_lse, attention_options(ctx));
+  else
+    attention_forward(s.qkv, s.att, s.att_lse, attention_options(ctx));
+}
+
+Tensor SelfAttention::forward(const Tensor& x, PartState& state, const PartStep& step) const {
+  Saved& s = state.as<Saved>();
+  const int64_t B = step.samples, T = step.tokens, N = B * T, H = heads_, G = groups_, D = cfg_.head_dim;
+  const LinearPair::Calls lora = linears_.lora_calls(s.lora, step);
+  s.qkv = linears_.column.forward(x, B, nullptr, &lora.column).view({B, T, G, H / G + 2, D});
+  if (rotary_) rope_(s.qkv, rope_options(false, T, *step.ctx));
+  s.att = Tensor::empty({B, T, H * D}, opt_.dtype, opt_.device);
+  s.att_lse = Tensor::empty({B, H, T}, DType::f32, opt_.device);
+  attend(s, *step.ctx);
+  return linears_.row.forward(s.att.view({N, H * D}), B, &lora.row);  // (Ns, C)
+}
+
+void SelfAttention::drop_selected(PartState& state) const {
+  if (!opt_.selective.core_attn) return;
+  Saved& s = state.as<Saved>();
+  s.att = s.att_lse = Tensor();
+}
+
+void SelfAttention::recompute_selected(PartState& state, const PartStep& step) const {
+  if (!opt_.selective.core_attn) return;
+  Saved& s = state.as<Saved>();
+  const int64_t B = step.samples, T = step.tokens;
+  s.att = Tensor::empty({B, T, heads_ * cfg_.head_dim}, opt_.dtype, opt_.device);
+  s.att_lse = Tensor::empty({B, heads_, T}, DType::f32, opt_.device);
+  attend(s, *step.ctx);  // the same dropout keys
+}
+
+Tensor SelfAttention::backward(const Tensor& dout, const Tensor& x, PartState& state, const PartStep& step) {
+  Saved& s = state.as<Saved>();
+  const StepContext& ctx = *step.ctx;
+  const int64_t B = step.samples, N = B * step.tokens, HD = heads_ * cfg_.head_dim;
+  const LinearPair::Calls lora = linears_.lora_calls(s.lora, step);
+  const Tensor datt = linears_.row.backward(dout, s.att.view({N, HD}), B, {.lora = &lora.row});  // (N, H/tp * D)
+  Tensor dqkv = Tensor::empty(s.qkv.shape(), opt_.dtype, opt_.device);
+  if (opt_.cp.enabled())
+    context_attention_backward(opt_.cp, s.qkv, s.att, s.att_lse, datt.view(s.att.shape()), dqkv,
+                               attention_options(ctx));
+  else
+    attention_backward(s.qkv, s.att, s.att_lse, datt.view(s.att.shape()), dqkv, attention_options(ctx));
+  if (rotary_) rope_(dqkv, rope_options(true, step.tokens, ctx));  // a rotation's gradient is the inverse rotation
+  return linears_.column.backward(dqkv.view({N, dqkv.numel() / N}), x, B, {.lora = &lora.column});  // (Ns, C)
+}
+
+Tensor SelfAttention::decode(const Tensor& x, PartState& cache, const DecodeStep& step) const {
+  const int64_t n = x.dim(0), H = cfg_.num_heads, G = cfg_.kv_heads(), D = cfg_.head_dim;
+  Cache& c = cache.as<Cache>();
+  if (c.k.empty()) {
+    c.k.assign(static_cast<size_t>(step.capacity * G * D), 0.f);
+    c.v.assign(static_cast<size_t>(step.capacity * G * D), 0.f);
+  }
+  Tensor qkv = linears_.column.forward(x, 1);  // (n, G, R + 2, D)
+  if (rotary_) {                               // the fed tokens' queries and keys at their absolute positions
+    Tensor q5 = qkv.view({1, n, G, H / G + 2, D});
+    rope_(q5, {.theta = static_cast<float>(cfg_.rotary_base), .position_offset = step.position});
+  }
+  const Tensor att = cached_attention(qkv, c, step);  // (n, H D)
+  return linears_.row.forward(att, 1);
+}
+
+Tensor SelfAttention::cached_attention(const Tensor& qkv, Cache& cache, const DecodeStep& step) const {
+  const int64_t n = qkv.dim(0), H = cfg_.num_heads, G = cfg_.kv_heads(), R = H / G, D = cfg_.head_dim, HD = H * D,
+                L = step.position;
+  const DType dtype = qkv.dtype();
+  const Device device = qkv.device();
+  // Cache the fed tokens' keys and values: qkv row t is (G, R + 2, D), per group [q_0 .. q_{R-1} | k | v].
+  const std::vector<float> q3 = qkv.to_floats();  // (n, G, R + 2, D)
+  auto slot = [&](int64_t t, int64_t g, int64_t s) { return q3.data() + ((t * G + g) * (R + 2) + s) * D; };
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t g = 0; g < G; ++g) {
+      std::copy_n(slot(t, g, R), D, cache.k.begin() + ((L + t) * G + g) * D);
+      std::copy_n(slot(t, g, R + 1), D, cache.v.begin() + ((L + t) * G + g) * D);
+    }
+
+  if (L == 0) {  // a prefill: the training forward's causal attention op, on the device
+    Tensor att = Tensor::empty({1, n, HD}, dtype, device);
+    Tensor lse = Tensor::empty({1, H, n}, DType::f32, device);
+    attention_forward(qkv.view({1, n, G, R + 2, D}), att, lse, {.causal = true});
+    return att.view({n, HD});
+  }
+
+  // Decode: query t (position L + t) attends to keys [0, L + t], softmax in fp32 as attention_forward's.
+  // Query head h = g*R + r reads group g's keys and values.
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  std::vector<float> out(static_cast<size_t>(n * HD), 0.f), p(static_cast<size_t>(L + n));  // (n, H, D), (L + n)
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t g = h / R;
+      const float* q = slot(t, g, h % R);
+      const int64_t len = L + t + 1;
+      float m = -INFINITY;
+      for (int64_t j = 0; j < len; ++j) {
+        const float* k = cache.k.data() + (j * G + g) * D;
+        float s = 0.f;
+        for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
+        p[j] = s * scale;
+        m = std::max(m, p[j]);
+      }
+      double sum = 0;
+      for (int64_t j = 0; j < len; ++j) sum += std::exp(static_cast<double>(p[j] - m));
+      const float inv = static_cast<float>(1.0 / sum);
+      float* o = out.data() + (t * H + h) * D;
+      for (int64_t j = 0; j < len; ++j) {
+        const float pj = std::exp(p[j] - m) * inv;
+        const float* v = cache.v.data() + (j * G + g) * D;
+        for (int64_t d = 0; d < D; ++d) o[d] += pj * v[d];
+      }
+    }
+  Tensor att = Tensor::from_floats(out, {n, HD}, dtype);  // rounded once to the compute dtype
+  return device == Device::cpu ? att : att.to(device);
+}
+
+}  // namespace mt
