@@ -358,113 +358,15 @@ NcclCommunicator& nccl_of(Communicator& comm, std::string_view op) {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<Store> store, const NcclOptions& opt) {
-  GroupInfo info;
-  info.name = opt.name.empty() ? fmt::format("nccl[{}]", fmt::join(opt.members, ",")) : opt.name;
-  info.members = opt.members;
-  info.device = opt.device;
-  info.timeout = opt.timeout;
-  const std::string& name = info.name;
+namespace nccl_detail {
 
-  info.rank = rank_in_group(name, opt.members, opt.global_rank, opt.timeout, store.get());
-  if (opt.device < 0) throw CommError(fmt::format("{}: CUDA device {} is negative", name, opt.device));
-  const int rank = info.rank;
-  const int size = static_cast<int>(opt.members.size());
-
-  const int64_t instance = group_instance(*store, "nccl", name, opt.global_rank);
-  const std::string id_key = fmt::format("nccl/{}/{}/id", name, instance);
-
-  auto group = std::make_shared<NcclGroup>(std::move(info));
-  NcclGroup& g = *group;
-  ncclUniqueId id{};
-  if (rank != 0) id = fetch_unique_id(*store, id_key, g.info);  // before touching the device
-
-  std::lock_guard lock(g.mu);  // the group's helpers expect it held
-  const char* op = "init";
-  DeviceGuard device(g.info.device);
-  g.check_cuda(device.status(), fmt::format("cudaSetDevice({})", g.info.device), op);
-  create_group_resources(g, op);
-  if (rank == 0) {
-    ncclResult_t r = ncclGetUniqueId(&id);
-    if (r != ncclSuccess) throw g.fail(op, "failed", fmt::format("ncclGetUniqueId: {}", ncclGetErrorString(r)));
-    try {
-      const auto* p = reinterpret_cast<const uint8_t*>(&id);
-      store->set(id_key, Bytes(p, p + sizeof(id)));
-    } catch (const StoreError& e) {
-      throw g.fail(op, "failed", fmt::format("publishing the NCCL id under '{}': {}", id_key, e.what()));
-    }
-  }
-
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;  // init and ops return at once, so a missing peer is a timeout, not a hang
-  config.commName = g.info.name.c_str();
-  ncclResult_t r = ncclCommInitRankConfig(&g.comm, size, id, rank, &config);
-  g.check_nccl(r, "ncclCommInitRankConfig", op, Clock::now() + g.info.timeout);
+std::unique_ptr<Communicator> communicator_of(std::shared_ptr<NcclGroup> group) {
   return std::make_unique<NcclCommunicator>(std::move(group));  // registers with the watchdog
 }
 
-std::unique_ptr<Communicator> split_nccl_communicator(Communicator& parent, const NcclOptions& opt) {
-  auto& p = nccl_of(parent, "split");
-  NcclGroup& pg = *p.group();
-  const char* op = "split";
-  std::lock_guard parent_lock(pg.mu);
-  pg.throw_if_broken(op);
-  DeviceGuard device(pg.info.device);
-  pg.check_cuda(device.status(), fmt::format("cudaSetDevice({})", pg.info.device), op);
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  const auto deadline = Clock::now() + pg.info.timeout;
+NcclGroup& group_of(Communicator& comm, std::string_view op) { return *nccl_of(comm, op).group(); }
 
-  // A non-blocking split may return before it is done: the parent (and the child, when there is one) report
-  // ncclInProgress until then, and the next split or op must not use the parent before. Poll both.
-  if (opt.members.empty()) {  // this rank joins no group of this split: it still takes part in the call
-    ncclComm_t none = nullptr;
-    ncclResult_t r = ncclCommSplit(pg.comm, NCCL_SPLIT_NOCOLOR, pg.info.rank, &none, &config);
-    if (r != ncclSuccess && r != ncclInProgress)
-      throw pg.fail(op, "failed", fmt::format("ncclCommSplit (no color): {}", ncclGetErrorString(r)));
-    pg.check_nccl(ncclInProgress, "ncclCommSplit (no color), parent", op, deadline);
-    return nullptr;
-  }
-  GroupInfo info;
-  info.name = opt.name.empty() ? fmt::format("nccl[{}]", fmt::join(opt.members, ",")) : opt.name;
-  info.members = opt.members;
-  info.device = pg.info.device;
-  info.timeout = opt.timeout;
-  // rank_in_group wants a store only to check that one exists; a split needs none.
-  static std::shared_ptr<Store> no_store = make_hash_store();
-  info.rank = rank_in_group(info.name, opt.members, opt.global_rank, opt.timeout, no_store.get());
-  auto group = std::make_shared<NcclGroup>(std::move(info));
-  NcclGroup& g = *group;
-  std::lock_guard lock(g.mu);
-  create_group_resources(g, op);
-  config.commName = g.info.name.c_str();
-  // Color: the group's first global rank (unique per group of one split); key: the rank within the group.
-  ncclResult_t r = ncclCommSplit(pg.comm, g.info.members.front(), g.info.rank, &g.comm, &config);
-  if (r != ncclSuccess && r != ncclInProgress)
-    throw g.fail(op, "failed", fmt::format("ncclCommSplit of {}: {}", pg.info.name, ncclGetErrorString(r)));
-  // A non-blocking split hands out the child's handle from NCCL's own thread when its job ends: with NCCL 2.28 on
-  // an H100 it was still null when ncclCommSplit returned ncclInProgress. Wait for the parent, then for the handle.
-  pg.check_nccl(ncclInProgress, "ncclCommSplit, parent", op, deadline);
-  Backoff backoff;
-  while (!std::atomic_ref<ncclComm_t>(g.comm).load(std::memory_order_acquire)) {
-    if (Clock::now() >= deadline)
-      throw g.fail(op, "timed out after " + seconds_str(g.info.timeout),
-                   fmt::format("ncclCommSplit of {} gave no communicator (has every member joined?)", pg.info.name));
-    backoff.pause();
-  }
-  g.check_nccl(ncclInProgress, "ncclCommSplit, child", op, deadline);
-  return std::make_unique<NcclCommunicator>(std::move(group));
-}
-
-std::string nccl_version() {
-  auto text = [](int code) {  // NCCL_VERSION_CODE since 2.9: major * 10000 + minor * 100 + patch
-    return fmt::format("{}.{}.{}", code / 10000, code / 100 % 100, code % 100);
-  };
-  int loaded = 0;
-  const std::string built = text(NCCL_VERSION_CODE);
-  if (ncclGetVersion(&loaded) != ncclSuccess) return fmt::format("unknown (built with {})", built);
-  return fmt::format("{} (built with {})", text(loaded), built);
-}
+}  // namespace nccl_detail
 
 namespace nccl_raw {
 

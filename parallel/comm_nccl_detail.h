@@ -333,4 +333,10 @@ ncclUniqueId fetch_unique_id(Store& store, const std::string& key, const GroupIn
 // The stream, event and barrier scratch every group owns, created on its device.
 void create_group_resources(NcclGroup& g, const char* op);
 
+// The communicator over a group whose NCCL communicator is ready, put under the watchdog's eye (comm_nccl.cpp).
+std::unique_ptr<Communicator> communicator_of(std::shared_ptr<NcclGroup> group);
+// The group of the NCCL communicator behind `comm`, looking through wrappers; `op` names the caller in the error
+// when there is none (comm_nccl.cpp).
+NcclGroup& group_of(Communicator& comm, std::string_view op);
+
 }  // namespace mt::nccl_detail

@@ -31,9 +31,12 @@
 // both ends after the slot that made it), so every rank posts the same messages in the same order of slots and the
 // waits follow the data only.
 #pragma once
+#include <array>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "core/base/enum_names.h"
 
 namespace mt {
 
@@ -49,6 +52,11 @@ enum class PipeOp {
   backward_input,
   backward_weight,
 };
+template <>
+struct EnumNames<PipeOp> {
+  static constexpr std::array names{"recv_forward", "forward",       "send_forward",   "recv_backward",
+                                    "backward",     "send_backward", "backward_input", "backward_weight"};
+};
 std::string pipe_op_name(PipeOp op);
 bool is_communication(PipeOp op);   // recv_* and send_*: these batch with their neighbours (see above)
 bool is_backward_input(PipeOp op);  // backward or backward_input: what send_backward sends comes from it
@@ -63,6 +71,10 @@ std::string to_string(const PipeInstr& instr);  // "send_forward(mb 3, chunk 1)"
 
 // forward_only: evaluation, a forward of every (microbatch, chunk) on every stage and no backward.
 enum class ScheduleKind { no_pipelining, one_f_one_b, interleaved, forward_only, zb_h1, zb_v };
+template <>
+struct EnumNames<ScheduleKind> {
+  static constexpr std::array names{"no_pipelining", "one_f_one_b", "interleaved", "forward_only", "zb_h1", "zb_v"};
+};
 std::string schedule_kind_name(ScheduleKind kind);
 // Whether the kind's lists split backwards into B and W (the zero-bubble schedules).
 inline bool splits_backward(ScheduleKind kind) { return kind == ScheduleKind::zb_h1 || kind == ScheduleKind::zb_v; }

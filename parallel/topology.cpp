@@ -132,29 +132,7 @@ std::vector<int> Topology::edp_group(int r) const {
   return g;
 }
 
-const char* group_kind_name(GroupKind kind) {
-  switch (kind) {
-    case GroupKind::tp:
-      return "tp";
-    case GroupKind::dp:
-      return "dp";
-    case GroupKind::pp:
-      return "pp";
-    case GroupKind::mp:
-      return "mp";
-    case GroupKind::emb:
-      return "emb";
-    case GroupKind::ep:
-      return "ep";
-    case GroupKind::edp:
-      return "edp";
-    case GroupKind::cp:
-      return "cp";
-    case GroupKind::dpcp:
-      return "dpcp";
-  }
-  throw std::invalid_argument("unknown group kind");
-}
+const char* group_kind_name(GroupKind kind) { return name_of(kind).data(); }  // the table's literals end in a NUL
 
 std::vector<int> Topology::group(GroupKind kind, int r) const {
   switch (kind) {

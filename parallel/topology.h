@@ -8,9 +8,12 @@
 // group the ranks at the same place in each. With ETP < T the expert-parallel groups draw from the tensor-parallel
 // ranks too.
 #pragma once
+#include <array>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "core/base/enum_names.h"
 
 namespace mt {
 
@@ -20,7 +23,11 @@ namespace mt {
 // cp: the context-parallel ranks (the chunks of one sequence); dpcp: data x context parallel, the ranks holding the
 // same weights, which sum their gradients (the data-parallel group when C = 1).
 enum class GroupKind { tp, dp, pp, mp, emb, ep, edp, cp, dpcp };
-const char* group_kind_name(GroupKind kind);  // "tp", "dp", "pp", "mp", "emb", "ep", "edp", "cp", "dpcp"
+template <>
+struct EnumNames<GroupKind> {
+  static constexpr std::array names{"tp", "dp", "pp", "mp", "emb", "ep", "edp", "cp", "dpcp"};
+};
+const char* group_kind_name(GroupKind kind);  // name_of(kind), NUL-terminated
 
 class Topology {
  public:

@@ -58,6 +58,9 @@ inline ConfigValue integer(int64_t HfModelShape::*field) {
 inline ConfigValue real(double HfModelShape::*field) {
   return [field](const HfModelShape& s) { return num(s.*field); };
 }
+inline ConfigValue moe_integer(int64_t HfMoeShape::*field) {
+  return [field](const HfModelShape& s) { return std::to_string(s.moe.*field); };
+}
 inline ConfigValue literal(const char* json) {
   return [json](const HfModelShape&) { return std::string(json); };
 }
@@ -68,9 +71,10 @@ struct ConfigKey {
   ConfigValue value;
 };
 
-// What an architecture's config.json says: its model class, model_type and its own keys, in the order written.
+// What a family's config.json says (hf_config_families.cpp): its model class (name_of(family)), model_type and its
+// own keys, in the order written.
 struct ConfigLayout {
-  const char* architecture;
+  HfArch family;
   const char* model_type;
   std::vector<ConfigKey> keys;
 };
@@ -80,7 +84,7 @@ struct ConfigLayout {
 inline std::string config_json(const ConfigLayout& layout, const HfModelShape& s, DType dtype,
                                std::optional<HfSpecialIds> ids) {
   Object j;
-  j.add("architectures", fmt::format("[\"{}\"]", layout.architecture));
+  j.add("architectures", fmt::format("[\"{}\"]", name_of(layout.family)));
   j.add("model_type", fmt::format("\"{}\"", layout.model_type));
   j.add("vocab_size", std::to_string(s.vocab));
   for (const ConfigKey& k : layout.keys) j.add(k.name, k.value(s));

@@ -13,7 +13,6 @@
 #include <yaml-cpp/yaml.h>
 
 #include "core/io/file_io.h"
-#include "core/hf/hf_config_json.h"
 #include "core/hf/safetensors.h"
 
 namespace mt {
@@ -97,28 +96,6 @@ void read_moe_shape(const CheckpointReader& ckpt, const ModelKeys& moe, HfModelS
 }
 
 }  // namespace
-
-std::string hf_gpt2_config_json(const HfModelShape& g, DType dtype, std::optional<HfSpecialIds> ids) {
-  using namespace hf_json;
-  using S = HfModelShape;
-  static const ConfigLayout gpt2{"GPT2LMHeadModel",
-                                 "gpt2",
-                                 {{"n_positions", integer(&S::positions)},
-                                  {"n_ctx", integer(&S::positions)},
-                                  {"n_embd", integer(&S::hidden)},
-                                  {"n_layer", integer(&S::num_layers)},
-                                  {"n_head", integer(&S::heads)},
-                                  {"n_inner", integer(&S::ffn)},
-                                  {"activation_function", literal("\"gelu_new\"")},
-                                  {"layer_norm_epsilon", real(&S::layernorm_eps)},
-                                  {"resid_pdrop", real(&S::dropout)},
-                                  {"embd_pdrop", real(&S::dropout)},
-                                  {"attn_pdrop", real(&S::attention_dropout)},
-                                  {"initializer_range", real(&S::init_std)},
-                                  {"scale_attn_weights", literal("true")},
-                                  {"use_cache", literal("true")}}};
-  return config_json(gpt2, g, dtype, ids);
-}
 
 HfModelShape hf_export_shape(const CheckpointReader& ckpt) {
   const std::string where = io::join_path(ckpt.dir(), "metadata.yaml") + ": config";
@@ -223,11 +200,7 @@ void export_hf(const CheckpointReader& ckpt, const std::string& out_dir, DType d
   }
   w.finish();
 
-  const std::string text = g.arch == HfArch::gpt       ? hf_gpt2_config_json(g, dtype, ids)
-                           : g.arch == HfArch::llama   ? hf_llama_config_json(g, dtype, ids)
-                           : g.arch == HfArch::mixtral ? hf_mixtral_config_json(g, dtype, ids)
-                                                       : hf_qwen2_moe_config_json(g, dtype, ids);
-  io::write_file_atomically(io::join_path(out_dir, "config.json"), text);
+  io::write_file_atomically(io::join_path(out_dir, "config.json"), hf_config_json(g.arch, g, dtype, ids));
 }
 
 void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype,

@@ -55,11 +55,8 @@ void export_peft_adapter(const CheckpointReader& lora, const CheckpointReader& b
 void export_hf_gpt2(const CheckpointReader& ckpt, const std::string& out_dir, DType dtype = DType::f32,
                     std::optional<HfSpecialIds> ids = std::nullopt);
 
-// config.json text for `s` (hf_export_gpt2.cpp / hf_export_llama.cpp).
-std::string hf_gpt2_config_json(const HfModelShape& s, DType dtype, std::optional<HfSpecialIds> ids);
-std::string hf_llama_config_json(const HfModelShape& s, DType dtype, std::optional<HfSpecialIds> ids);
-// hf_export_moe.cpp: MixtralForCausalLM's and Qwen2MoeForCausalLM's.
-std::string hf_mixtral_config_json(const HfModelShape& s, DType dtype, std::optional<HfSpecialIds> ids);
-std::string hf_qwen2_moe_config_json(const HfModelShape& s, DType dtype, std::optional<HfSpecialIds> ids);
+// config.json text of `family` (its model class: GPT2LMHeadModel, LlamaForCausalLM, ...) for `s`: the family's table
+// (hf_config_families.cpp) written by hf_json::config_json.
+std::string hf_config_json(HfArch family, const HfModelShape& s, DType dtype, std::optional<HfSpecialIds> ids);
 
 }  // namespace mt

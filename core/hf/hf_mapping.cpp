@@ -152,19 +152,7 @@ int64_t row_width(const Shape& s) { return s.size() == 2 ? s[1] : 1; }
 
 const char* arch_name(HfArch a) { return llama_like(a) ? "llama" : "gpt"; }
 
-const char* hf_class_name(HfArch a) {
-  switch (a) {
-    case HfArch::gpt:
-      return "GPT2LMHeadModel";
-    case HfArch::llama:
-      return "LlamaForCausalLM";
-    case HfArch::mixtral:
-      return "MixtralForCausalLM";
-    case HfArch::qwen2_moe:
-      return "Qwen2MoeForCausalLM";
-  }
-  return "?";
-}
+const char* hf_class_name(HfArch a) { return name_of(a).data(); }  // the table's literals end in a NUL
 
 std::vector<HfMapping> hf_mappings(const HfModelShape& s) {
   std::vector<HfMapping> m = llama_like(s.arch) ? llama(s) : gpt2(s);

@@ -13,15 +13,21 @@
 // tensor may be ours times a power of two (`scale`): with its gate's weight zero, Qwen2-MoE's shared expert output
 // is sigmoid(0) = 0.5 times down_proj's, so its down_proj is 2x our (ungated) shared expert's fc2, exactly.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "core/base/enum_names.h"
 #include "core/tensor/tensor.h"
 
 namespace mt {
 
 enum class HfArch { gpt, llama, mixtral, qwen2_moe };
+template <>
+struct EnumNames<HfArch> {  // the model class, as config.json's "architectures" spells it
+  static constexpr std::array names{"GPT2LMHeadModel", "LlamaForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM"};
+};
 
 // The mixture of experts of a Mixtral or Qwen2-MoE (model.moe; our config keys in comments). The router is always
 // softmax then top-k; Mixtral renormalises the top-k weights, Qwen2-MoE as norm_topk_prob says.

@@ -62,7 +62,7 @@ class NonFiniteWeights : public ::testing::Test {
     }
     std::filesystem::create_directories(path("hf"));
     write_safetensors(path("hf/model.safetensors"), weights, DType::f32);
-    testing_util::spit(path("hf/config.json"), hf_gpt2_config_json(s, DType::f32, std::nullopt));
+    testing_util::spit(path("hf/config.json"), hf_config_json(HfArch::gpt, s, DType::f32, std::nullopt));
     ASSERT_EQ(error_of(fmt::format("ckpt import {} --output {}", path("hf"), path("finite"))), "");
     poison(path("finite/iter_0000000"), path("poisoned"));
 

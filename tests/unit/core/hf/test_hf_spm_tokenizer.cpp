@@ -107,14 +107,14 @@ TEST(HfSpmTokenizer, ConfigJsonTakesBosAndEosFromTheTokenizer) {
     text << in.rdbuf();
     const auto gen = nlohmann::json::parse(text.str());
     for (const std::string& cfg_text :
-         {hf_llama_config_json(g, DType::f32, ids), hf_gpt2_config_json(g, DType::f32, ids)}) {
+         {hf_config_json(HfArch::llama, g, DType::f32, ids), hf_config_json(HfArch::gpt, g, DType::f32, ids)}) {
       const auto cfg = nlohmann::json::parse(cfg_text);
       EXPECT_EQ(cfg["bos_token_id"], gen["bos_token_id"]) << c.kind;
       EXPECT_EQ(cfg["eos_token_id"], gen["eos_token_id"]) << c.kind;
     }
   }
   // Without a tokenizer: no id is known, both null (vocab_size - 1 would mean nothing; issue 30, item 9).
-  const auto cfg = nlohmann::json::parse(hf_llama_config_json(g, DType::f32, std::nullopt));
+  const auto cfg = nlohmann::json::parse(hf_config_json(HfArch::llama, g, DType::f32, std::nullopt));
   EXPECT_TRUE(cfg["bos_token_id"].is_null());
   EXPECT_TRUE(cfg["eos_token_id"].is_null());
 }
