@@ -17,24 +17,6 @@ void check_split(const LinearOptions& opt, int64_t features, const char* what, c
                                             opt.name, what, features, tp.size));
 }
 
-// dW += dout^T x and, with `bias`, its gradient (the column sums of dout) on the same GEMM's epilogue, as
-// weight-gradient work (deferred to the schedule's W under a zero-bubble pipeline, parallel/weight_grad.h). A frozen
-// weight (LoRA's base) gets no GEMM, a frozen bias no sums.
-void queue_weight_grads(const Tensor& dout, const Tensor& x, Parameter& w, Parameter* bias) {
-  if (bias && bias->frozen) bias = nullptr;
-  if (!w.frozen) {
-    weight_grad_work([dout, x, &w, bias] {
-      gemm(dout, x, w.grad,
-           {.trans_a = true,
-            .beta = 1.f,
-            .epilogue = bias ? Epilogue::bgrad_a : Epilogue::none,
-            .dbias = bias ? &bias->grad : nullptr});
-    });
-  } else if (bias) {
-    weight_grad_work([dout, bias] { bias_backward(dout, bias->grad); });
-  }
-}
-
 }  // namespace
 
 // ---- ColumnParallelLinear ------------------------------------------------------------------------
@@ -69,10 +51,10 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, int64_t B, Tensor* gelu_pr
   if (lora_) {  // the adapter's update joins the GEMM's output, before the GELU (fc1): no GELU epilogue
     if (!lora) throw std::logic_error(fmt::format("{}: forward without its adapter's call", weight().name));
     Tensor& pre = gelu_preact ? (*gelu_preact = Tensor::empty({N, w.dim(0)}, x.dtype(), x.device())) : out;
-    gemm(x_full, w, pre,
-         {.trans_b = true,
-          .epilogue = has_bias_ ? Epilogue::bias : Epilogue::none,
-          .bias = has_bias_ ? &bias_.value : nullptr});
+    recipe_->forward(x_full, w, pre,
+                     {.trans_b = true,
+                      .epilogue = has_bias_ ? Epilogue::bias : Epilogue::none,
+                      .bias = has_bias_ ? &bias_.value : nullptr});
     lora_->forward(x_full, B, pre, *lora);
     if (gelu_preact) gelu_forward(pre, out);
     return out;
@@ -88,13 +70,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, int64_t B, Tensor* gelu_pr
     g.epilogue = Epilogue::bias;
     g.bias = &bias_.value;
   }
-  if (fp8_) {  // x_full is whole; the weight is this rank's rows of the logical one
-    const Fp8Tensor qx = fp8_.ctx->quantize(fp8_.id, Fp8Operand::input, x_full, false, tp_);
-    const Fp8Tensor& qw = fp8_.weight(w, tp_.size > 1, tp_);
-    gemm_fp8(qx.q, qx.scale_inv, qw.q, qw.scale_inv, out, g);
-    return out;
-  }
-  gemm(x_full, w, out, g);
+  recipe_->forward(x_full, w, out, g);  // x_full is whole; the weight is this rank's rows of the logical one
   return out;
 }
 
@@ -104,11 +80,10 @@ Tensor ColumnParallelLinear::backward(const Tensor& dout, const Tensor& x, int64
   // Megatron's order: with SP the forward's input is gathered again (only the shard was kept) while dx is
   // computed; dx's reduction then travels while dW is computed.
   SequenceGather input(x, B, tp_);
-  Tensor dx_partial = Tensor::empty({N, in}, dout.dtype(), dout.device());  // (N, in) this rank's share
-  if (fp8_) return backward_fp8(dout, input, dx_partial, B, opt);
-  gemm(dout, w.value, dx_partial);     // dx = dout @ W
-  const Tensor x_full = input.wait();  // (N, in)
-  if (lora_) {                         // its input gradient joins this rank's share before the reduction
+  Tensor dx_partial = Tensor::empty({N, in}, dout.dtype(), dout.device());   // (N, in) this rank's share
+  const RecipeGrad dy = recipe_->input_grad(dout, w.value, dx_partial, {});  // dx = dout @ W
+  const Tensor x_full = input.wait();                                        // (N, in)
+  if (lora_) {  // its input gradient joins this rank's share before the reduction
     if (!opt.lora) throw std::logic_error(fmt::format("{}: backward without its adapter's call", w.name));
     lora_->backward(dout, x_full, B, dx_partial, *opt.lora);
   }
@@ -118,28 +93,9 @@ Tensor ColumnParallelLinear::backward(const Tensor& dout, const Tensor& x, int64
   // caching allocator (record_stream) and keeps them referenced until the op completes, so no later
   // allocation reuses them while it is in flight. On Gloo it has completed when the constructor returns.
   SequenceReduction dx(dx_partial, B, tp_);
-  // dW (out/t, in) += dout^T x; the bias gradient (column sums of dout) on the same GEMM's epilogue.
-  queue_weight_grads(dout, x_full, w, has_bias_ && !opt.bias_grad_done ? &bias_ : nullptr);
+  // dW (out/t, in) += dout^T x and the bias gradient (column sums of dout), while the reduction travels.
+  recipe_->weight_grad(dy, x_full, w, has_bias_ && !opt.bias_grad_done ? &bias_ : nullptr);
   return dx.wait();  // (Ns, in): f backward, a reduce-scatter with SP
-}
-
-// The fp8 backward, in the order of the bf16 one: dY (this rank's columns of the logical dY) and W in fp8 give dx;
-// x, gathered whole again, in fp8 with dY gives dW. Every fp8 GEMM in the TN form (fp8_linear.h's Fp8Layout): dY
-// cast with its transpose in one pass, x^T alone. The bias gradient sums the unquantised dY.
-Tensor ColumnParallelLinear::backward_fp8(const Tensor& dout, SequenceGather& input, Tensor& dx_partial, int64_t B,
-                                          BackwardOptions opt) {
-  const Fp8Context& f = *fp8_.ctx;
-  const Fp8Tensor qdy = f.quantize(fp8_.id, Fp8Operand::grad_output, dout, tp_.size > 1, tp_, Fp8Layout::both);
-  const Fp8Tensor& qw = fp8_.weight(weight().value, tp_.size > 1, tp_);
-  gemm_fp8(qdy.q, qdy.scale_inv, qw.qt, qw.scale_inv, dx_partial, {.trans_b = true});  // dx = dout @ (W^T)^T
-  const Fp8Tensor qx = f.quantize(fp8_.id, Fp8Operand::input, input.wait(), false, tp_, Fp8Layout::transposed);
-  SequenceReduction dx(dx_partial, B, tp_);
-  const bool bias_grad = has_bias_ && !opt.bias_grad_done;
-  weight_grad_work([this, dout, qdy, qx, bias_grad] {
-    gemm_fp8(qdy.qt, qdy.scale_inv, qx.qt, qx.scale_inv, weight().grad, {.trans_b = true, .beta = 1.f});
-    if (bias_grad) bias_backward(dout, bias_.grad);
-  });
-  return dx.wait();
 }
 
 // ---- RowParallelLinear ---------------------------------------------------------------------------
@@ -164,13 +120,7 @@ std::vector<Parameter*> RowParallelLinear::parameters() {
 
 Tensor RowParallelLinear::forward(const Tensor& x, int64_t B, const LoraCall* lora) const {
   Tensor partial = Tensor::empty({x.dim(0), weight_.value.dim(0)}, x.dtype(), x.device());  // (N, out)
-  if (fp8_) {  // x holds this rank's columns of the logical input, the weight its columns
-    const Fp8Tensor qx = fp8_.ctx->quantize(fp8_.id, Fp8Operand::input, x, tp_.size > 1, tp_);
-    const Fp8Tensor& qw = fp8_.weight(weight_.value, tp_.size > 1, tp_);
-    gemm_fp8(qx.q, qx.scale_inv, qw.q, qw.scale_inv, partial, {.trans_b = true});
-  } else {
-    gemm(x, weight_.value, partial, {.trans_b = true});
-  }
+  recipe_->forward(x, weight_.value, partial, {.trans_b = true});  // x: this rank's columns of the logical input
   if (lora_) {  // the adapter's partial update rides on the same reduction
     if (!lora) throw std::logic_error(fmt::format("{}: forward without its adapter's call", weight_.name));
     lora_->forward(x, B, partial, *lora);
@@ -184,31 +134,15 @@ Tensor RowParallelLinear::forward(const Tensor& x, int64_t B, const LoraCall* lo
 Tensor RowParallelLinear::backward(const Tensor& dout, const Tensor& x, int64_t B, BackwardOptions opt) {
   const Tensor dout_full = sequence_to_full(dout, B, tp_);  // (N, out): g backward, an all-gather with SP
   Tensor dx = Tensor::empty({x.dim(0), x.dim(1)}, x.dtype(), x.device());  // (N, in/t)
-  if (fp8_) return backward_fp8(dout_full, x, dx, opt);
-  gemm(dout_full, weight_.value, dx, {.epilogue = opt.dx_epilogue, .aux = opt.aux, .dbias = opt.dbias});
+  const RecipeGrad dy = recipe_->input_grad(dout_full, weight_.value, dx,
+                                            {.epilogue = opt.dx_epilogue, .aux = opt.aux, .dbias = opt.dbias});
   if (lora_) {
     if (!opt.lora || opt.dx_epilogue != Epilogue::none)
       throw std::logic_error(fmt::format("{}: an adapter's backward needs its call and no dx epilogue", weight_.name));
     lora_->backward(dout_full, x, B, dx, *opt.lora);
   }
-  // dW (out, in/t) += dout^T x; the bias gradient (column sums of dout, every rank the whole) on its epilogue.
-  queue_weight_grads(dout_full, x, weight_, has_bias_ ? &bias_ : nullptr);
-  return dx;
-}
-
-// The fp8 backward: dY (whole, gathered with SP) and W in fp8 give dx (the epilogue on the output as in bf16); x
-// (this rank's columns) in fp8 with dY gives dW. The bias gradient sums the unquantised dY.
-Tensor RowParallelLinear::backward_fp8(const Tensor& dout_full, const Tensor& x, Tensor& dx, BackwardOptions opt) {
-  const Fp8Context& f = *fp8_.ctx;
-  const Fp8Tensor qdy = f.quantize(fp8_.id, Fp8Operand::grad_output, dout_full, false, tp_, Fp8Layout::both);
-  const Fp8Tensor& qw = fp8_.weight(weight_.value, tp_.size > 1, tp_);
-  gemm_fp8(qdy.q, qdy.scale_inv, qw.qt, qw.scale_inv, dx,
-           {.trans_b = true, .epilogue = opt.dx_epilogue, .aux = opt.aux, .dbias = opt.dbias});
-  const Fp8Tensor qx = f.quantize(fp8_.id, Fp8Operand::input, x, tp_.size > 1, tp_, Fp8Layout::transposed);
-  weight_grad_work([this, dout_full, qdy, qx] {
-    gemm_fp8(qdy.qt, qdy.scale_inv, qx.qt, qx.scale_inv, weight_.grad, {.trans_b = true, .beta = 1.f});
-    if (has_bias_) bias_backward(dout_full, bias_.grad);
-  });
+  // dW (out, in/t) += dout^T x; the bias gradient (column sums of dout, every rank the whole).
+  recipe_->weight_grad(dy, x, weight_, has_bias_ ? &bias_ : nullptr);
   return dx;
 }
 

@@ -14,6 +14,8 @@
 // (the Llama layers have none). Parameters are made on the host, as make_parameter_slice makes them: the
 // same names, global shapes, slices and initial values in every layout.
 //
+// The GEMMs themselves compute by a recipe (gemm_recipe.h): plain in the activations' dtype, or fp8 once enabled.
+//
 // Overlap: ColumnParallelLinear::backward computes dx first, starts its reduction and computes dW while it
 // travels (with SP, the all-gather of x travels while dx is computed). On NCCL the collectives run on the
 // communicator's stream beside the GEMMs on the compute stream; on Gloo they complete when started, so the
@@ -26,6 +28,7 @@
 #include "core/tensor/ops.h"
 #include "core/tensor/parameter.h"
 #include "parallel/fp8_linear.h"
+#include "parallel/gemm_recipe.h"
 #include "parallel/lora_linear.h"
 #include "parallel/sequence_parallel.h"
 #include "parallel/tensor_parallel.h"
@@ -73,8 +76,11 @@ class ColumnParallelLinear {
   const Parameter* bias() const { return has_bias_ ? &bias_ : nullptr; }
   // The parameters it owns: weight then bias (none when the weight is borrowed).
   std::vector<Parameter*> parameters();
-  // From now on its GEMMs take fp8 inputs scaled by `link`'s context (fp8_linear.h); null: bf16 again.
-  void enable_fp8(Fp8Link link) { fp8_ = std::move(link); }
+  // The recipe its GEMMs compute by (gemm_recipe.h); plain by default.
+  void set_recipe(std::shared_ptr<const GemmRecipe> recipe) { recipe_ = std::move(recipe); }
+  // From now on its GEMMs take fp8 inputs scaled by `link`'s context (fp8_linear.h): the fp8 recipe with a
+  // column-parallel linear's sharding (x whole, dY this rank's columns).
+  void enable_fp8(Fp8Link link) { set_recipe(fp8_recipe(std::move(link), tp_, {.x = false, .dy = true})); }
   // A low-rank adapter beside it (parallel/lora_linear.h; its parameters join parameters()). A frozen weight or bias
   // (Parameter::frozen) gets no gradient: its weight-gradient GEMM is skipped.
   void add_lora(const LoraOptions& opt) { lora_ = std::make_shared<LoraAdapter>(opt, LoraSide::column, tp_); }
@@ -86,8 +92,7 @@ class ColumnParallelLinear {
   }
 
  private:
-  Tensor backward_fp8(const Tensor& dout, SequenceGather& input, Tensor& dx_partial, int64_t B, BackwardOptions opt);
-  Fp8Link fp8_;
+  std::shared_ptr<const GemmRecipe> recipe_ = plain_recipe();
   std::shared_ptr<LoraAdapter> lora_;
   TensorParallel tp_;
   Parameter weight_;               // (out/t, in) unless borrowed
@@ -123,8 +128,10 @@ class RowParallelLinear {
   const Parameter& weight() const { return weight_; }
   Parameter* bias() { return has_bias_ ? &bias_ : nullptr; }
   const Parameter* bias() const { return has_bias_ ? &bias_ : nullptr; }
-  std::vector<Parameter*> parameters();                      // weight then bias
-  void enable_fp8(Fp8Link link) { fp8_ = std::move(link); }  // as ColumnParallelLinear's
+  std::vector<Parameter*> parameters();  // weight then bias
+  void set_recipe(std::shared_ptr<const GemmRecipe> recipe) { recipe_ = std::move(recipe); }
+  // As ColumnParallelLinear's, with a row-parallel linear's sharding (x this rank's columns, dY whole).
+  void enable_fp8(Fp8Link link) { set_recipe(fp8_recipe(std::move(link), tp_, {.x = true, .dy = false})); }
   void add_lora(const LoraOptions& opt) { lora_ = std::make_shared<LoraAdapter>(opt, LoraSide::row, tp_); }
   const LoraAdapter* lora() const { return lora_.get(); }
   void merge_lora() {  // as ColumnParallelLinear's
@@ -133,8 +140,7 @@ class RowParallelLinear {
   }
 
  private:
-  Tensor backward_fp8(const Tensor& dout_full, const Tensor& x, Tensor& dx, BackwardOptions opt);
-  Fp8Link fp8_;
+  std::shared_ptr<const GemmRecipe> recipe_ = plain_recipe();
   std::shared_ptr<LoraAdapter> lora_;
   TensorParallel tp_;
   Parameter weight_;  // (out, in/t)
