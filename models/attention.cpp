@@ -25,8 +25,8 @@ SelfAttention::SelfAttention(const LayerSpec& spec, const ModelConfig& cfg, cons
   heads_ = opt.tp.count(H);
   groups_ = opt.tp.count(G);
   // Column-parallel over query groups: thanks to the per-group interleave, this rank's groups are one row block.
-  linears_ = LinearPair(opt, spec.bias, {"attn.qkv", "qkv", C, (H + 2 * G) * D, cfg.init_std},
-                        {"attn.proj", "proj", H * D, C, output_init_std(cfg)});
+  linears_ = LinearPair(opt, {"attn.qkv", "qkv", C, (H + 2 * G) * D, cfg.init_std, spec.qkv_bias},
+                        {"attn.proj", "proj", H * D, C, output_init_std(cfg), spec.bias});
   site_probs_ = stream_id(opt.name("attn.probs"));
 }
 

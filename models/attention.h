@@ -28,7 +28,8 @@ namespace mt {
 class SelfAttention final : public BlockPart {
  public:
   // Parameters layers.<i>.attn.qkv.{weight,bias} ((H + 2G) D, C) and layers.<i>.attn.proj.{weight,bias} (C, H D),
-  // the biases with spec.bias; LoRA adapters beside the linears finetune.lora targets (qkv, proj).
+  // qkv's bias with spec.qkv_bias, proj's with spec.bias; LoRA adapters beside the linears finetune.lora targets
+  // (qkv, proj).
   SelfAttention(const LayerSpec& spec, const ModelConfig& cfg, const PartOptions& opt);
 
   Tensor forward(const Tensor& x, PartState& state, const PartStep& step) const override;

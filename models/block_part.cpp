@@ -31,13 +31,12 @@ Tensor BlockPart::decode(const Tensor& x, PartState&, const DecodeStep&) const {
   return forward(x, scratch, {.ctx = &ctx, .samples = 1, .tokens = x.dim(0)});
 }
 
-LinearPair::LinearPair(const PartOptions& opt, bool bias, const Linear& column_spec, const Linear& row_spec)
-    : opt_(opt) {
+LinearPair::LinearPair(const PartOptions& opt, const Linear& column_spec, const Linear& row_spec) : opt_(opt) {
   auto options = [&](const Linear& l) {
     return LinearOptions{.name = opt.name(l.name),
                          .in_features = l.in,
                          .out_features = l.out,
-                         .bias = bias,
+                         .bias = l.bias,
                          .init_std = l.init_std,
                          .dtype = opt.dtype,
                          .seed = opt.seed};

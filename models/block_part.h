@@ -136,9 +136,10 @@ class LinearPair {
     const char* target;  // its finetune.lora.targets name: "qkv"
     int64_t in, out;     // global features
     float init_std;
+    bool bias;
   };
   LinearPair() = default;
-  LinearPair(const PartOptions& opt, bool bias, const Linear& column, const Linear& row);
+  LinearPair(const PartOptions& opt, const Linear& column, const Linear& row);
 
   // This microbatch's use of the adapters (their saved h and dropout keys): the linears' GEMM inputs hold whole
   // local sequences of step.tokens tokens, rows at the context chunks' global positions.

@@ -14,8 +14,8 @@ struct DenseMlp::Saved : PartSaved {
 DenseMlp::DenseMlp(const LayerSpec& spec, const ModelConfig& cfg, const PartOptions& opt)
     : opt_(opt), swiglu_(spec.mlp == MlpKind::swiglu), separate_act_backward_(swiglu_ || opt.lora.enabled()) {
   const int64_t C = cfg.hidden_size, F = cfg.ffn_hidden_size;
-  linears_ = LinearPair(opt, spec.bias, {"mlp.fc1", "fc1", C, swiglu_ ? 2 * F : F, cfg.init_std},
-                        {"mlp.fc2", "fc2", F, C, output_init_std(cfg)});
+  linears_ = LinearPair(opt, {"mlp.fc1", "fc1", C, swiglu_ ? 2 * F : F, cfg.init_std, spec.bias},
+                        {"mlp.fc2", "fc2", F, C, output_init_std(cfg), spec.bias});
 }
 
 Tensor DenseMlp::forward(const Tensor& x, PartState& state, const PartStep& step) const {

@@ -12,6 +12,7 @@ LayerSpec LayerSpec::of(const ModelConfig& cfg, int64_t layer) {
   s.norm = norm_kind(cfg.arch);
   s.position = llama ? PositionKind::rotary : PositionKind::learned;
   s.bias = !llama;
+  s.qkv_bias = s.bias || cfg.qkv_bias;
   s.mlp = cfg.moe.is_moe_layer(layer) ? MlpKind::moe : llama ? MlpKind::swiglu : MlpKind::gelu;
   return s;
 }

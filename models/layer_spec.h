@@ -18,7 +18,8 @@ enum class MlpKind { gelu, swiglu, moe };     // GELU on fc1's epilogue, SwiGLU 
 struct LayerSpec {
   NormKind norm = NormKind::layernorm;
   PositionKind position = PositionKind::learned;
-  bool bias = true;  // the attention's and a dense MLP's linears
+  bool bias = true;      // the attention's and a dense MLP's linears
+  bool qkv_bias = true;  // the query, key and value projection (with `bias`, or alone: Qwen2's)
   MlpKind mlp = MlpKind::gelu;
   // Layer `layer` of the model `cfg`.
   static LayerSpec of(const ModelConfig& cfg, int64_t layer);

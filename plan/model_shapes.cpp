@@ -26,6 +26,7 @@ ModelShapes model_shapes(const ModelConfig& m, int64_t tp, int64_t ep, int64_t e
                 .Vt = static_cast<double>(m.padded_vocab_size / tp),
                 .P = llama ? 0 : static_cast<double>(m.max_position_embeddings),
                 .linear_bias = !llama,
+                .qkv_bias = !llama || m.qkv_bias,
                 .layernorm = !llama,
                 .gelu_epilogue = !llama,
                 .rotary = llama,
@@ -79,17 +80,17 @@ std::vector<double> ModelShapes::layer_parameters(int64_t layer, std::vector<dou
     n.push_back(C);                 // weight
     if (layernorm) n.push_back(C);  // bias
   };
-  auto linear = [&](double out, double in) {
-    n.push_back(out * in);              // weight (out, in)
-    if (linear_bias) n.push_back(out);  // bias (out); a row-parallel bias is whole on every rank
+  auto linear = [&](double out, double in, bool bias) {
+    n.push_back(out * in);       // weight (out, in)
+    if (bias) n.push_back(out);  // bias (out); a row-parallel bias is whole on every rank
   };
-  norm();          // ln1
-  linear(qkv, C);  // attn.qkv
-  linear(C, Ct);   // attn.proj
-  norm();          // ln2
+  norm();                      // ln1
+  linear(qkv, C, qkv_bias);    // attn.qkv
+  linear(C, Ct, linear_bias);  // attn.proj
+  norm();                      // ln2
   if (!is_moe(layer)) {
-    linear(fc1, C);  // mlp.fc1
-    linear(C, Ft);   // mlp.fc2
+    linear(fc1, C, linear_bias);  // mlp.fc1
+    linear(C, Ft, linear_bias);   // mlp.fc2
     return n;
   }
   n.push_back(moe.E * C);  // mlp.router.weight (E, C)

@@ -58,6 +58,7 @@ struct ModelShapes {
   double Vt = 1;              // padded vocabulary rows / tp
   double P = 0;               // position table rows (GPT: max_position_embeddings; Llama: none, rotary embeddings)
   bool linear_bias = true;    // QKV, proj, fc1, fc2 with biases (GPT) or without (Llama)
+  bool qkv_bias = true;       // QKV with a bias (GPT, or model.qkv_bias)
   bool layernorm = true;      // LayerNorm: a bias and a saved mean beside rstd (GPT); RMSNorm: weight and rstd
   bool gelu_epilogue = true;  // GPT: GELU on fc1's epilogue, the pre-activation kept; Llama: a separate SwiGLU
   bool rotary = false;        // Llama: rotary embeddings on q and k (in place), and their inverse on dq, dk

@@ -149,11 +149,11 @@ std::vector<std::string> model_shape_differences(const std::string& stored_yaml,
   std::vector<std::string> out;
   for (const char* key :
        {"arch", "num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "max_position_embeddings", "vocab_size",
-        "tie_embeddings", "num_query_groups", "rotary_base"}) {
+        "tie_embeddings", "num_query_groups", "rotary_base", "qkv_bias"}) {
     YAML::Node a = stored[key], b = run[key];
     // Keys newer than some checkpoints: one saved before they existed had a model without the feature, and
     // num_query_groups auto (0 before issue 30, or absent) means one key/value head per query head.
-    if (std::string_view(key) == "rotary_base" && !a.IsDefined()) continue;
+    if ((std::string_view(key) == "rotary_base" || std::string_view(key) == "qkv_bias") && !a.IsDefined()) continue;
     if (std::string_view(key) == "num_query_groups") {
       auto is_set = [](const YAML::Node& g) { return g.IsScalar() && g.Scalar() != "0" && g.Scalar() != "auto"; };
       if (!is_set(a) && !is_set(b)) continue;  // one key/value head per query head on both sides

@@ -30,7 +30,7 @@ struct PartialLoad {
 };
 
 // The model keys that fix tensor shapes or their meaning (arch, num_layers, hidden_size, num_heads,
-// ffn_hidden_size, max_position_embeddings, vocab_size, tie_embeddings, num_query_groups, rotary_base) whose
+// ffn_hidden_size, max_position_embeddings, vocab_size, tie_embeddings, num_query_groups, rotary_base, qkv_bias) whose
 // value differs between the config
 // a checkpoint stored (`stored_yaml`, to_yaml of the saving run) and this run's `run_yaml`: one
 // "model.KEY: OLD -> NEW" each, empty when they agree. Throws CheckpointError when stored_yaml has no model section.

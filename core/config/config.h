@@ -67,6 +67,8 @@ struct ModelConfig {
   float attention_dropout = 0.1f;  // on the attention probabilities
   float layernorm_eps = 1e-5f;     // the epsilon of LayerNorm (gpt) or RMSNorm (llama)
   double rotary_base = 10000;      // llama: the rotary embeddings' theta (HF's rope_theta)
+  bool qkv_bias = false;           // llama: biases on the query, key and value projections (Qwen2's; Megatron's
+                                   // add_qkv_bias); gpt has biases on every linear
   float init_std = 0.02f;
   MoeConfig moe;
   // derived

@@ -24,8 +24,8 @@ struct Key {
   const char* inert = nullptr;
 };
 
-// Calls v.section(name, body) for every section (nested for model.moe, training.loss_scale and training.loss_spike) and v.field(Key, member) for
-// every key, in the order to_yaml prints them. C is Config or const Config. Derived values are not keys.
+// Calls v.section(name, body) for every section (nested for model.moe, training.loss_scale and training.loss_spike)
+// and v.field(Key, member) for every key, in the order to_yaml prints them. C is Config or const Config. Derived values are not keys.
 template <class V, class C>
 void visit(V& v, C& c) {
   v.section("model", [&] {
@@ -49,6 +49,7 @@ void visit(V& v, C& c) {
     v.field({.name = "attention_dropout"}, m.attention_dropout);
     v.field({.name = "layernorm_eps"}, m.layernorm_eps);
     v.field({.name = "rotary_base"}, m.rotary_base);
+    v.field({.name = "qkv_bias"}, m.qkv_bias);
     v.field({.name = "init_std"}, m.init_std);
     v.section("moe", [&] {
       auto& e = m.moe;

@@ -59,6 +59,8 @@ void resolve_model(ModelConfig& m, const Rules& r) {
     r.fail(
         "model.num_query_groups",
         fmt::format("grouped-query attention ({} groups for {} heads) needs model.arch: llama", groups, m.num_heads));
+  if (!llama && m.qkv_bias)
+    r.fail("model.qkv_bias", "true with model.arch: gpt, whose linears all have biases: the key is for llama");
   r.positive("model.rotary_base", m.rotary_base);
   r.at_most("model.rotary_base", m.rotary_base, std::numeric_limits<float>::max(),
             "float: the rotary embeddings compute in it");

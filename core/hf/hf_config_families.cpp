@@ -72,6 +72,16 @@ ConfigLayout llama() {
                   {"use_cache", literal("true")}})};
 }
 
+// Qwen2: Llama's layers with q/k/v biases (Qwen2Config has no attention_bias key: they are always there).
+ConfigLayout qwen2() {
+  return {HfArch::qwen2, "qwen2",
+          concat(llama_attention({{"intermediate_size", integer(&S::ffn)}},
+                                 {{"use_sliding_window", literal("false")},
+                                  {"sliding_window", literal("null")},
+                                  {"max_window_layers", integer(&S::num_layers)}}),
+                 {{"initializer_range", real(&S::init_std)}, {"use_cache", literal("true")}})};
+}
+
 // The mixtures of experts (a model.arch: llama checkpoint with model.moe; hf_export.cpp picks the family):
 // LlamaConfig's attention keys, their own, then the router's. The router's auxiliary loss is off in the forward
 // (output_router_logits false: the loss is the language model's, as `megatrain eval` reports it) and its coefficient
@@ -117,7 +127,7 @@ ConfigLayout qwen2_moe() {
 }  // namespace
 
 std::string hf_config_json(HfArch family, const HfModelShape& s, DType dtype, std::optional<HfSpecialIds> ids) {
-  static const std::vector<ConfigLayout> families{gpt2(), llama(), mixtral(), qwen2_moe()};
+  static const std::vector<ConfigLayout> families{gpt2(), llama(), mixtral(), qwen2_moe(), qwen2()};
   for (const ConfigLayout& f : families)
     if (f.family == family) return hf_json::config_json(f, s, dtype, ids);
   throw std::logic_error(fmt::format("hf export: no config.json table for {}", name_of(family)));

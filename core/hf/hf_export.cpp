@@ -129,9 +129,16 @@ HfModelShape hf_export_shape(const CheckpointReader& ckpt) {
   g.attention_dropout = keys.get<double>("attention_dropout", 0.1);
   g.init_std = keys.get<double>("init_std", 0.02);
   g.rotary_base = llama ? keys.get<double>("rotary_base", 10000.0) : 10000.0;
+  g.qkv_bias = llama && keys.get<bool>("qkv_bias", false);
   if (const YAML::Node moe = model["moe"];
       moe && moe.IsMap() && ModelKeys{moe, where, "model.moe"}.get<int64_t>("num_experts", 0) > 0)
     read_moe_shape(ckpt, ModelKeys{moe, where, "model.moe"}, g);
+  if (g.qkv_bias && g.arch == HfArch::mixtral)
+    throw CheckpointError(
+        fmt::format("{}: model.qkv_bias true with experts and no shared expert: no Hugging Face "
+                    "model computes it (Mixtral's attention has no biases; Qwen2-MoE's has)",
+                    where));
+  if (g.qkv_bias && g.arch == HfArch::llama) g.arch = HfArch::qwen2;  // Llama's layers with q/k/v biases
   if (g.num_layers <= 0 || g.hidden <= 0 || g.heads <= 0 || g.vocab <= 0 || g.hidden % g.heads != 0 || g.groups <= 0 ||
       g.heads % g.groups != 0)
     throw CheckpointError(
@@ -148,7 +155,7 @@ HfModelShape hf_export_shape(const CheckpointReader& ckpt) {
   g.padded_vocab = ws[0];
   if (llama) {
     int64_t dense = 0;  // the first dense layer
-    while (dense < g.num_layers && g.arch != HfArch::llama && g.moe.is_moe_layer(dense)) ++dense;
+    while (dense < g.num_layers && has_experts(g.arch) && g.moe.is_moe_layer(dense)) ++dense;
     if (g.ffn == 0 && dense == g.num_layers) g.ffn = g.moe.ffn;  // unused; HF's config names a width
     if (g.ffn == 0) {                                            // whatever the default, the tensors say
       const Shape& fc2 = stored_shape(ckpt, fmt::format("model.layers.{}.mlp.fc2.weight", dense), "the MLP's width");

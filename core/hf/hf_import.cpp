@@ -194,12 +194,24 @@ HfModelShape mixtral_shape(const ConfigKeys& k) {
   return s;
 }
 
-// Qwen2-MoE: Llama's attention with q/k/v biases (which must be zero: hf_mapping.h), MoE layers of num_experts
+// Qwen2: Llama's layers with q/k/v biases, full causal attention (use_sliding_window false).
+HfModelShape qwen2_shape(const ConfigKeys& k) {
+  HfModelShape s = llama_shape(k);
+  s.arch = HfArch::qwen2;
+  s.qkv_bias = true;
+  k.require_flag("use_sliding_window", false, false,
+                 "megatrain's attention is full causal attention (use_sliding_window false)");
+  require_full_attention(k);
+  return s;
+}
+
+// Qwen2-MoE: Llama's attention with q/k/v biases, MoE layers of num_experts
 // experts of moe_intermediate_size plus a shared expert of shared_expert_intermediate_size behind a sigmoid gate
 // (which must be zero), dense layers of intermediate_size where mlp_only_layers or decoder_sparse_step say.
 HfModelShape qwen2_moe_shape(const ConfigKeys& k) {
   HfModelShape s = llama_shape(k);
   s.arch = HfArch::qwen2_moe;
+  s.qkv_bias = true;
   HfMoeShape& m = s.moe;
   m.experts = k.integer("num_experts", 60);
   m.top_k = k.integer("num_experts_per_tok", 4);
@@ -214,7 +226,7 @@ HfModelShape qwen2_moe_shape(const ConfigKeys& k) {
   k.require_flag("use_sliding_window", false, false,
                  "megatrain's attention is full causal attention (use_sliding_window false)");
   require_full_attention(k);
-  if (k.present("qkv_bias")) k.require_flag("qkv_bias", true, true, "megatrain reads Qwen2-MoE's (zero) q/k/v biases");
+  if (k.present("qkv_bias")) k.require_flag("qkv_bias", true, true, "megatrain reads Qwen2-MoE's q/k/v biases");
   const int64_t step = k.integer("decoder_sparse_step", 1);
   std::set<int64_t> dense;
   if (k.present("mlp_only_layers")) {
@@ -292,7 +304,8 @@ HfModelShape read_hf_config(const std::string& hf_dir, const HfImportOptions& op
   const ConfigKeys k(parse_json(file), file);
   if (!k.present("architectures") || !k.raw("architectures").is_array() || k.raw("architectures").size() != 1)
     k.fail("architectures",
-           "must name one model class: GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM or Qwen2MoeForCausalLM");
+           "must name one model class: GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM or "
+           "Qwen2MoeForCausalLM");
   const json& a = k.raw("architectures")[0];
   const std::string arch = a.is_string() ? a.get<std::string>() : a.dump();
   HfModelShape s;
@@ -303,6 +316,9 @@ HfModelShape read_hf_config(const std::string& hf_dir, const HfImportOptions& op
   } else if (arch == "LlamaForCausalLM") {
     if (k.text("model_type", "llama") != "llama") k.fail("model_type", "is not llama for LlamaForCausalLM");
     s = llama_shape(k);
+  } else if (arch == "Qwen2ForCausalLM") {
+    if (k.text("model_type", "qwen2") != "qwen2") k.fail("model_type", "is not qwen2 for Qwen2ForCausalLM");
+    s = qwen2_shape(k);
   } else if (arch == "MixtralForCausalLM") {
     if (k.text("model_type", "mixtral") != "mixtral") k.fail("model_type", "is not mixtral for MixtralForCausalLM");
     s = mixtral_shape(k);
@@ -312,7 +328,7 @@ HfModelShape read_hf_config(const std::string& hf_dir, const HfImportOptions& op
     s = qwen2_moe_shape(k);
   } else {
     k.fail("architectures", fmt::format("= [{}]: megatrain imports GPT2LMHeadModel, LlamaForCausalLM, "
-                                        "MixtralForCausalLM and Qwen2MoeForCausalLM only",
+                                        "Qwen2ForCausalLM, MixtralForCausalLM and Qwen2MoeForCausalLM only",
                                         arch));
   }
   s.seq_length = opt.seq_length.value_or(s.positions);
@@ -342,8 +358,9 @@ std::string hf_model_yaml(const HfModelShape& s) {
   add("attention_dropout", num(s.attention_dropout));
   add("layernorm_eps", num(s.layernorm_eps));
   if (llama) add("rotary_base", num(s.rotary_base));
+  if (s.qkv_bias) add("qkv_bias", "true");
   add("init_std", num(s.init_std));
-  if (s.arch == HfArch::mixtral || s.arch == HfArch::qwen2_moe) {
+  if (has_experts(s.arch)) {
     const HfMoeShape& m = s.moe;
     y += "  moe:\n";
     auto sub = [&](const char* key, const std::string& value) { y += fmt::format("    {}: {}\n", key, value); };

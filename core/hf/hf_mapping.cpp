@@ -125,15 +125,21 @@ std::vector<HfMapping> llama(const HfModelShape& s) {
   m.push_back({"model.embed_tokens.weight", {V, C}, "embedding.word_embeddings.weight", {Vp, C}});
   for (int64_t i = 0; i < s.num_layers; ++i) {
     const std::string hf = fmt::format("model.layers.{}.", i), ours = fmt::format("layers.{}.", i);
-    const std::string qkv = ours + "attn.qkv.weight";
-    m.push_back({hf + "self_attn.q_proj.weight", {H * D, C}, qkv, {QKV, C}, llama_qkv_rows(s, -1)});
-    if (s.arch == HfArch::qwen2_moe) zero(hf + "self_attn.q_proj.bias", {H * D}, "attention has no biases");
-    m.push_back({hf + "self_attn.k_proj.weight", {G * D, C}, qkv, {QKV, C}, llama_qkv_rows(s, H / G)});
-    if (s.arch == HfArch::qwen2_moe) zero(hf + "self_attn.k_proj.bias", {G * D}, "attention has no biases");
-    m.push_back({hf + "self_attn.v_proj.weight", {G * D, C}, qkv, {QKV, C}, llama_qkv_rows(s, H / G + 1)});
-    if (s.arch == HfArch::qwen2_moe) zero(hf + "self_attn.v_proj.bias", {G * D}, "attention has no biases");
+    // q, k and v: row blocks of our per-group QKV (offset -1: the queries, H / G: keys, H / G + 1: values), their
+    // biases (Qwen2's) the same rows of our bias, or zeros where the model has none.
+    const bool hf_biases = s.arch == HfArch::qwen2 || s.arch == HfArch::qwen2_moe;
+    for (const auto& [proj, rows, offset] :
+         {std::tuple{"q_proj", H * D, int64_t{-1}}, std::tuple{"k_proj", G * D, H / G},
+          std::tuple{"v_proj", G * D, H / G + 1}}) {
+      const std::string hf_proj = hf + "self_attn." + proj;
+      m.push_back({hf_proj + ".weight", {rows, C}, ours + "attn.qkv.weight", {QKV, C}, llama_qkv_rows(s, offset)});
+      if (s.qkv_bias)
+        m.push_back({hf_proj + ".bias", {rows}, ours + "attn.qkv.bias", {QKV}, llama_qkv_rows(s, offset)});
+      else if (hf_biases)
+        zero(hf_proj + ".bias", {rows}, "attention has no biases (model.qkv_bias false)");
+    }
     same(hf + "self_attn.o_proj.weight", ours + "attn.proj.weight", {C, H * D});
-    if (s.arch != HfArch::llama && s.moe.is_moe_layer(i))
+    if (has_experts(s.arch) && s.moe.is_moe_layer(i))
       moe_mlp(m, s, hf, ours + "mlp.");
     else
       swiglu_mlp(m, llama_names(hf + "mlp."), ours + "mlp", C, F);

@@ -1,6 +1,6 @@
 // hf_mapping.h: the one table between our parameter names and layouts and Hugging Face transformers' for
-// GPT2LMHeadModel, LlamaForCausalLM and the mixtures of experts MixtralForCausalLM and Qwen2MoeForCausalLM, used
-// both ways (export: ckpt -> HF, import: HF -> ckpt).
+// GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM (Llama's layers with q/k/v biases) and the mixtures of
+// experts MixtralForCausalLM and Qwen2MoeForCausalLM, used both ways (export: ckpt -> HF, import: HF -> ckpt).
 //
 // Every HF tensor is a row selection of one of our tensors, maybe transposed: HF row i (before the transpose)
 // is our row rows[i]. That one rule covers the vocabulary padding (HF holds the first vocab rows), GPT-2's
@@ -9,9 +9,10 @@
 // and each expert alike.
 //
 // Two more rules cover what Qwen2-MoE holds and we do not compute: a tensor with no counterpart of ours (the q/k/v
-// biases, the shared expert's sigmoid gate) is all zeros, written so on export and required so on import; and a
-// tensor may be ours times a power of two (`scale`): with its gate's weight zero, Qwen2-MoE's shared expert output
-// is sigmoid(0) = 0.5 times down_proj's, so its down_proj is 2x our (ungated) shared expert's fc2, exactly.
+// biases of a model without model.qkv_bias, the shared expert's sigmoid gate) is all zeros, written so on export
+// and required so on import; and a tensor may be ours times a power of two (`scale`): with its gate's weight zero,
+// Qwen2-MoE's shared expert output is sigmoid(0) = 0.5 times down_proj's, so its down_proj is 2x our (ungated) shared
+// expert's fc2, exactly.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -23,10 +24,11 @@
 
 namespace mt {
 
-enum class HfArch { gpt, llama, mixtral, qwen2_moe };
+enum class HfArch { gpt, llama, mixtral, qwen2_moe, qwen2 };
 template <>
 struct EnumNames<HfArch> {  // the model class, as config.json's "architectures" spells it
-  static constexpr std::array names{"GPT2LMHeadModel", "LlamaForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM"};
+  static constexpr std::array names{"GPT2LMHeadModel", "LlamaForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
+                                    "Qwen2ForCausalLM"};
 };
 
 // The mixture of experts of a Mixtral or Qwen2-MoE (model.moe; our config keys in comments). The router is always
@@ -53,15 +55,18 @@ struct HfModelShape {
   bool tied = true;                               // tie_embeddings
   double layernorm_eps = 1e-5, dropout = 0.1, attention_dropout = 0.1, init_std = 0.02;
   double rotary_base = 10000;  // llama: rotary_base (HF rope_theta)
+  bool qkv_bias = false;       // llama: qkv_bias (Qwen2's q/k/v biases; HF's are zeros without it)
   HfMoeShape moe;              // mixtral and qwen2_moe only
 
   int64_t head_dim() const { return hidden / heads; }
 };
 
 const char* arch_name(HfArch a);      // "gpt" | "llama", as model.arch spells it (the MoE ones are llama)
-const char* hf_class_name(HfArch a);  // GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM
+const char* hf_class_name(HfArch a);  // as config.json's "architectures" spells it: EnumNames<HfArch>
 // Whether the architecture computes Llama's attention and SwiGLU MLPs (all but gpt).
 inline bool llama_like(HfArch a) { return a != HfArch::gpt; }
+// Whether the family's MLPs are mixtures of experts (HfModelShape::moe describes them).
+inline bool has_experts(HfArch a) { return a == HfArch::mixtral || a == HfArch::qwen2_moe; }
 
 struct HfMapping {
   std::string hf_name;

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Tiny random transformers models and their losses, for the `megatrain ckpt import/export --format hf` checks.
 
-    hf_tiny_model.py make {gpt2|llama|mixtral|qwen2_moe} OUT [--tie] [--heads H] [--groups G] [--vocab V]
+    hf_tiny_model.py make {gpt2|llama|qwen2|mixtral|qwen2_moe} OUT [--tie] [--heads H] [--groups G] [--vocab V]
                      [--positions P] [--keep-gate]
     hf_tiny_model.py loss MODEL_DIR DATA_PREFIX SEQ_LENGTH SAMPLES
     hf_tiny_model.py load-strict MODEL_DIR
 
-make: a GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM or Qwen2MoeForCausalLM saved with save_pretrained
+make: a GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM or Qwen2MoeForCausalLM saved with save_pretrained
 (safetensors, float32) whose every weight is random (norm weights 1 + noise, biases noise), so a misplaced row,
 transpose or norm parameter changes the loss. loss: the mean next-token loss in float32 on the CPU over samples read in file order from a Megatron
 indexed dataset (sample j is tokens [j*S, j*S + S] of the concatenated documents, as `megatrain eval` reads
@@ -58,6 +58,12 @@ def make(args):
                                           decoder_sparse_step=1, mlp_only_layers=[0], use_sliding_window=False,
                                           router_aux_loss_coef=0.01, **common)
         model = transformers.Qwen2MoeForCausalLM(cfg)
+    elif args.arch == "qwen2":  # q/k/v biases (random like every weight), full attention
+        cfg = transformers.Qwen2Config(hidden_size=args.hidden, intermediate_size=3 * args.hidden, num_hidden_layers=2,
+                                       num_attention_heads=args.heads, num_key_value_heads=args.groups,
+                                       max_position_embeddings=args.positions, rms_norm_eps=1e-5, rope_theta=5000.0,
+                                       use_sliding_window=False, **common)
+        model = transformers.Qwen2ForCausalLM(cfg)
     else:
         cfg = transformers.LlamaConfig(hidden_size=args.hidden, intermediate_size=3 * args.hidden, num_hidden_layers=2,
                                        num_attention_heads=args.heads, num_key_value_heads=args.groups,
@@ -104,7 +110,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make")
-    m.add_argument("arch", choices=["gpt2", "llama", "mixtral", "qwen2_moe"])
+    m.add_argument("arch", choices=["gpt2", "llama", "qwen2", "mixtral", "qwen2_moe"])
     m.add_argument("out")
     m.add_argument("--tie", action="store_true")
     m.add_argument("--hidden", type=int, default=32)
