@@ -25,7 +25,8 @@ struct Key {
 };
 
 // Calls v.section(name, body) for every section (nested for model.moe, training.loss_scale and training.loss_spike)
-// and v.field(Key, member) for every key, in the order to_yaml prints them. C is Config or const Config. Derived values are not keys.
+// and v.field(Key, member) for every key, in the order to_yaml prints them. C is Config or const Config. Derived
+// values are not keys.
 template <class V, class C>
 void visit(V& v, C& c) {
   v.section("model", [&] {
