@@ -1,6 +1,6 @@
-// trainer_impl.h: the training loop's parts, shared by trainer.cpp (the loop and the step),
-// trainer_checkpoint.cpp (resume and save) and trainer_stages.cpp (what the pipeline executor runs). Not an
-// interface: app/train/trainer.h is.
+// trainer_impl.h: the training loop's parts, shared by trainer.cpp (the loop and the step), trainer_stop.cpp (when
+// it stops), trainer_checkpoint.cpp (resume and save), trainer_report.cpp (what it says) and trainer_stages.cpp (what
+// the pipeline executor runs). Not an interface: app/train/trainer.h is.
 #pragma once
 #include <chrono>
 #include <map>
