@@ -1,18 +1,15 @@
 // trainer.cpp: the training loop (Trainer::run: one stop, one save) and one iteration (Trainer::train_step), with
-// what builds them. Resume and save are in trainer_checkpoint.cpp, when it stops in trainer_stop.cpp, the pipeline
-// stages in trainer_stages.cpp, what the loop says in trainer_report.cpp (the records themselves in metrics.cpp), the
-// rank's set-up in train.cpp.
+// what builds them (the chunks made data-parallel in model_chunks.cpp, parallel/parallelize.h). Resume and save are
+// in trainer_checkpoint.cpp, when it stops in trainer_stop.cpp, the pipeline stages in trainer_stages.cpp, what the
+// loop says in trainer_report.cpp (the records themselves in metrics.cpp), the rank's set-up in train.cpp.
 #include "app/train/trainer.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <optional>
-#include <thread>
-#include <unordered_map>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include "app/train/trainer_impl.h"
 #include "core/data/indexed_dataset.h"
@@ -35,29 +32,12 @@ PipelinePlacement placement_of(const Distributed& dist, const ScheduleSpec& spec
           .waits_on_use = waits_on_use(spec.kind)};
 }
 
-// optimizer.offload: chunks of a gradient bucket's size; the machine's cores shared by the ranks on it.
-OffloadOptions offload_options(const Config& cfg, const Distributed& dist) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return {.enabled = cfg.optimizer.offload,
-          .chunk_elements = cfg.parallel.grad_bucket_size,
-          .threads = std::max(1, cores / std::max(1, dist.env.local_world_size))};
-}
-
 }  // namespace
 
 Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
     : cfg_(cfg), opt_(opt), dist_(dist), dtype_(dtype_of(cfg.training.precision)), device_(dist.placement.device),
       data_(open_data_sources(cfg)), chunks_(build_chunks(cfg, dist, dtype_)), params_(all_parameters(chunks_)),
       moe_(cfg.model, chunks_, dist), fp8_(enable_fp8(cfg, chunks_, dist.placement.device, dist.cp.get())),
-      adam_config_(AdamWConfig{
-          .beta1 = cfg.optimizer.betas.at(0),
-          .beta2 = cfg.optimizer.betas.at(1),
-          .eps = cfg.optimizer.eps,
-          .weight_decay = cfg.optimizer.weight_decay,
-          .grad_clip = cfg.optimizer.grad_clip,
-          .count_replicas = dist.tp_rank() == 0,
-          .sum_across_ranks = [&dist](double x) { return dist.mp->size() > 1 ? sum_doubles(*dist.mp, {x})[0] : x; },
-          .offload = offload_options(cfg, dist)}),
       scaler_(dtype_ == DType::f16, LossScalerOptions{.initial = cfg.training.loss_scale.initial,
                                                       .min = cfg.training.loss_scale.min,
                                                       .window = cfg.training.loss_scale.window,
@@ -70,124 +50,8 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
                 .wsd_decay_fraction = cfg.optimizer.wsd_decay_fraction,
                 .wsd_decay_style = cfg.optimizer.wsd_decay_style},
       metrics_(dist.is_logging_rank() ? cfg.logging.dir : "", cfg.logging.tensorboard, cfg.logging.on_sink_error) {
-  // One flat fp32 buffer holds every gradient; its buckets are reduced over data parallelism (reduce-scattered
-  // with the distributed optimizer) as soon as the last microbatch's backward has finished them.
-  // With expert parallelism or parallel folding (the experts' grid apart from the dense one) the experts this rank
-  // holds get a buffer of their own, reduced over the expert-data-parallel group, and their own optimizer state
-  // (ExpertSplitOptimizer).
-  // With parallel.shard: gradients (ZeRO-2) there is no full buffer: each bucket is reduce-scattered into this
-  // rank's fp32 shard every microbatch (parallel/grad_buffer.h).
-  // Frozen parameters (finetune.lora's base) have no gradient and no optimizer state: only the rest enter them.
-  std::vector<Parameter*> dense, experts;
-  for (Parameter* p : params_)
-    if (!p->frozen) (p->expert && dist.experts_apart() ? experts : dense).push_back(p);
-  const bool shard_optimizer = cfg.parallel.shard >= ShardStage::optimizer;
-  const bool shard_gradients = cfg.parallel.shard >= ShardStage::gradients;
-  const bool shard_parameters = cfg.parallel.shard >= ShardStage::parameters;
-  if (shard_gradients && dist.dp_size() == 1 && dist.is_logging_rank())
-    spdlog::warn(
-        "parallel.shard={} with one data-parallel rank: each rank's shard is the whole, so nothing "
-        "is saved (the gradients still go through the per-microbatch buckets)",
-        name_of(cfg.parallel.shard));
-  // ZeRO-3: the units each chunk gathers together (parallel/sharded_parameters.h), numbered over the chunks; a
-  // parameter of two units (the tied word embeddings of one stage) belongs to the first one's buckets.
-  std::vector<std::vector<Parameter*>> units;
-  std::vector<int> first_unit;  // of each chunk
-  std::unordered_map<const Parameter*, int> unit_of;
-  if (shard_parameters)
-    for (auto& chunk : chunks_) {
-      first_unit.push_back(static_cast<int>(units.size()));
-      for (std::vector<Parameter*>& unit : chunk->units()) {
-        for (const Parameter* p : unit) unit_of.emplace(p, static_cast<int>(units.size()));
-        units.push_back(std::move(unit));
-      }
-    }
-  grads_ = std::make_unique<GradBuffer>(dense, device_, std::move(dist.dp_grads),
-                                        GradBufferOptions{.bucket_elements = cfg.parallel.grad_bucket_size,
-                                                          .shard = shard_optimizer,
-                                                          .shard_gradients = shard_gradients,
-                                                          .tensor = dist.tp.get(),
-                                                          .embedding = dist.emb.get(),
-                                                          .units = std::move(unit_of),
-                                                          .replicas = dist.replicas_grads.get()});
-  auto optimizer_of = [&](const GradBuffer& grads, std::vector<Parameter*> ps, Communicator* group,
-                          const AdamWConfig& adam) {
-    return shard_optimizer ? std::unique_ptr<Optimizer>(std::make_unique<DistributedOptimizer>(grads, *group, adam))
-                           : std::unique_ptr<Optimizer>(std::make_unique<AdamW>(std::move(ps), adam));
-  };
-  if (experts.empty()) {
-    optimizer_ = optimizer_of(*grads_, dense, &dist.shard_owners(), adam_config_);
-  } else {
-    expert_grads_ = std::make_unique<GradBuffer>(experts, device_, std::move(dist.edp_grads),
-                                                 GradBufferOptions{.bucket_elements = cfg.parallel.grad_bucket_size,
-                                                                   .shard = shard_optimizer,
-                                                                   .shard_gradients = shard_gradients});
-    // The grad norm counts each expert slice once: a whole expert (not split by expert TP) on the first rank of
-    // its expert tensor-parallel group; summed over the expert-parallel group that gives every expert's slice
-    // once, which the tensor-parallel group's first fold (tp < ETP) brings into the model-parallel sum.
-    AdamWConfig expert_adam = adam_config_;
-    expert_adam.count_replicas = dist.etp_rank() == 0;
-    const bool first_fold = dist.tp_rank() < dist.etp_size();
-    optimizer_ = std::make_unique<ExpertSplitOptimizer>(
-        optimizer_of(*grads_, dense, &dist.shard_owners(), adam_config_),
-        optimizer_of(*expert_grads_, experts, dist.edp.get(), expert_adam),
-        [&dist, first_fold](double x) {
-          const double all = sum_doubles(*dist.ep, {x})[0];
-          return first_fold ? all : 0.0;
-        },
-        dist.edp_rank() == 0, adam_config_);
-  }
-  // Marked after the last microbatch's backward (ZeRO-2: after every microbatch's); ZeRO-2 also makes a bucket's
-  // storage before backward writes into it.
-  const int last_mb = static_cast<int>(cfg.training.num_microbatches) - 1;
-  auto split = [this](const std::vector<Parameter*>& all, void (GradBuffer::*act)(const std::vector<Parameter*>&)) {
-    std::vector<Parameter*> ps;  // the frozen ones are not the buffers'
-    for (Parameter* p : all)
-      if (!p->frozen) ps.push_back(p);
-    if (!expert_grads_) return (grads_.get()->*act)(ps);
-    std::vector<Parameter*> dense_ps, expert_ps;
-    for (Parameter* p : ps) (p->expert ? expert_ps : dense_ps).push_back(p);
-    if (!dense_ps.empty()) (grads_.get()->*act)(dense_ps);
-    if (!expert_ps.empty()) (expert_grads_.get()->*act)(expert_ps);
-  };
-  for (auto& chunk : chunks_) {
-    chunk->set_grads_ready_hook([this, last_mb, split](int mb, const std::vector<Parameter*>& ps) {
-      if (mb != last_mb && !grads_->per_microbatch()) return;
-      split(ps, &GradBuffer::mark_ready);
-    });
-    if (shard_gradients)
-      chunk->set_grads_needed_hook(
-          [split](int, const std::vector<Parameter*>& ps) { split(ps, &GradBuffer::prepare); });
-  }
-  // ZeRO-3: from here on each unit's values are whole only around its computation; the next unit's gather is
-  // issued before this one computes.
-  if (shard_parameters) {
-    sharded_ = std::make_unique<ShardedParameters>(*grads_, dynamic_cast<DistributedOptimizer&>(*optimizer_),
-                                                   dist.shard_owners(), units);
-    for (size_t c = 0; c < chunks_.size(); ++c)
-      chunks_[c]->set_unit_hook([this, base = first_unit[c]](GptModel::UnitEvent e, int unit, int next) {
-        switch (e) {
-          case GptModel::UnitEvent::forward_begin:
-          case GptModel::UnitEvent::backward_begin:
-            sharded_->acquire(base + unit);
-            if (next >= 0) sharded_->prefetch(base + next);
-            break;
-          case GptModel::UnitEvent::forward_end:
-          case GptModel::UnitEvent::backward_end:
-            sharded_->release(base + unit);
-            break;
-        }
-      });
-  }
-  // optimizer.offload_host_memory_gib: the host state this rank holds now (the host pool) within the budget.
-  const double budget = cfg.optimizer.offload_host_memory_gib;
-  if (const int64_t host = allocator_for(Device::cpu).stats().host_current; budget > 0 && host > budget * (1 << 30))
-    throw std::invalid_argument(fmt::format(
-        "optimizer.offload_host_memory_gib: rank {} needs {:.3f} GiB of host memory for its offloaded optimizer "
-        "state (fp32 masters and moments, 12 bytes per element of its shard, and the staging of two chunks of "
-        "parallel.grad_bucket_size={} elements), more than the budget of {} GiB: raise the budget, shard the "
-        "state over more data-parallel ranks (parallel.shard) or lower parallel.grad_bucket_size",
-        dist.rank(), static_cast<double>(host) / (1 << 30), cfg.parallel.grad_bucket_size, budget));
+  // Gradient buffers, optimizer and ZeRO stages over the chunks' parameters, their hooks set.
+  par_ = parallelize_chunks(cfg, dist, chunks_, params_);
   train_schedule_ = plan::planned_training_schedule(cfg_, cfg_.training.num_microbatches,
                                                     device_ == Device::cpu ? plan::Backend::cpu : plan::Backend::cuda);
   // The per-parameter gradients made with the model are gone: peaks start from the real state.
@@ -201,8 +65,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
 void Trainer::train_step(float& lr_used, StepResult& result) {
   const int64_t M = cfg_.training.num_microbatches;
   const int64_t dp = replicas();
-  grads_->begin_step();  // zeroes every gradient
-  if (expert_grads_) expert_grads_->begin_step();
+  par_->begin_step();                          // zeroes every gradient
   if (step_losses_.full()) read_losses();      // a logging interval longer than the slots
   Tensor loss_sum = step_losses_.next_slot();  // (1) f64 on the device
   // The objective is the mean loss over all M * dp microbatches (times the loss scale): a host value, so the
@@ -219,14 +82,7 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
   IterationStage stage(*this, dloss, loss_sum);
   execute_pipeline(build_schedule(train_schedule_)[static_cast<size_t>(dist_.pp_rank())], stage,
                    placement_of(dist_, train_schedule_));
-  // The sums over TP (sequence-parallel replicas) and the embedding group (tied copies), then the data-parallel
-  // buckets not started yet, then the wait: every gradient is final (this rank's shard of it with ZeRO).
-  grads_->finalize();
-  if (expert_grads_) expert_grads_->finalize();
-  // ZeRO-3: every unit released (a value gathered now would miss this step's update).
-  if (sharded_ && sharded_->gathered_elements() != 0)
-    throw std::logic_error(fmt::format("parallel.shard=parameters: {} gathered parameter elements outlive the step",
-                                       sharded_->gathered_elements()));
+  par_->finish_grads();  // every gradient final (this rank's shard of it with ZeRO)
   lr_used = static_cast<float>(schedule_.at(optimizer_steps() + 1));
   // The step's one read of the device: the grad norm and inf/NaN verdict, inside the optimizer (with
   // training.loss_spike.action skip/stop, the step's loss too, checked before the update).
@@ -237,7 +93,7 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
   const StepCheck* check_or_null = spike_per_step() ? &check : nullptr;
   {
     const trace::Span span("optimizer", "optimizer step");
-    result = optimizer_->step(lr_used, scaler_.scale(), check_or_null);
+    result = par_->step(lr_used, scaler_.scale(), check_or_null);
   }
   scaler_.update(result.found_inf);
   if (result.found_inf || result.vetoed) ++c_.skipped_iters;

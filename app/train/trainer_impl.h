@@ -27,11 +27,9 @@
 #include "core/optim/optimizer.h"
 #include "core/tensor/op_profile.h"
 #include "models/gpt.h"
-#include "parallel/distributed_optimizer.h"
-#include "parallel/grad_buffer.h"
 #include "parallel/pipeline_executor.h"
 #include "parallel/comm_counted.h"
-#include "parallel/sharded_parameters.h"
+#include "parallel/parallelize.h"
 #include "parallel/weight_grad.h"
 #include "parallel/schedule.h"
 
@@ -114,7 +112,7 @@ class Trainer {
   // The elements this rank stores (its shards, tied copies included).
   int64_t num_parameters() const {
     int64_t n = 0;
-    for (const Parameter* p : params_) n += stored_numel(p);
+    for (const Parameter* p : params_) n += par_->stored_numel(p);
     return n;
   }
   // The model's parameters, every global tensor once (padded vocabulary rows included, as stored): the sum over
@@ -204,22 +202,11 @@ class Trainer {
   DataSources data_;
   std::vector<std::unique_ptr<GptModel>> chunks_;  // this rank's model chunks (one without pipelining)
   std::vector<Parameter*> params_;                 // all of their parameters
-  MoeMonitor moe_;
-  std::shared_ptr<Fp8Context>
-      fp8_;  // training.fp8: the scales of the layers' fp8 GEMMs; null when off                                 // their mixture-of-experts layers' routing and expert biases
-  AdamWConfig adam_config_;
-  std::unique_ptr<GradBuffer> grads_;         // the storage of every Parameter::grad, reduced in buckets
-  std::unique_ptr<GradBuffer> expert_grads_;  // with expert parallelism, the experts' (over the expert-data group)
-  // AdamW (replicated state) or the distributed optimizer (state sharded over the data-parallel group, ZeRO-1).
-  std::unique_ptr<Optimizer> optimizer_;
-  // parallel.shard: parameters (ZeRO-3): gathers each unit's parameters around its forward and backward; null else.
-  std::unique_ptr<ShardedParameters> sharded_;
-  // Elements of a parameter as this rank stores it (under ZeRO-3 its value is whole only while its unit computes).
-  int64_t stored_numel(const Parameter* p) const {
-    if (p->value.defined()) return p->value.numel();
-    return shape_numel(grads_->shape(p));  // released: one of the dense buffer's (ZeRO-3 refuses experts)
-  }
-  int64_t optimizer_steps() const { return optimizer_->steps(); }
+  MoeMonitor moe_;                                 // their mixture-of-experts layers' routing and expert biases
+  std::shared_ptr<Fp8Context> fp8_;                // training.fp8: the scales of the layers' fp8 GEMMs; null when off
+  // The chunks made data-parallel (parallel/parallelize.h): gradient buffers, optimizer, ZeRO-2/3.
+  std::unique_ptr<Parallelized> par_;
+  int64_t optimizer_steps() const { return par_->optimizer().steps(); }
   LossScaler scaler_;
   LossSpikeDetector spike_{LossSpikeOptions{.window = cfg_.training.loss_spike.window,
                                             .warmup = cfg_.training.loss_spike.warmup_iters,
