@@ -1,7 +1,8 @@
-// trainer.cpp: the training loop (Trainer::run: one stop, one save) and one iteration (Trainer::train_step), with
-// what builds them (the chunks made data-parallel in model_chunks.cpp, parallel/parallelize.h). Resume and save are
-// in trainer_checkpoint.cpp, when it stops in trainer_stop.cpp, the pipeline stages in trainer_stages.cpp, what the
-// loop says in trainer_report.cpp (the records themselves in metrics.cpp), the rank's set-up in train.cpp.
+// trainer.cpp: the training loop (Trainer::run: one stop, one save), one iteration (Trainer::train_step: the
+// schedule over the model stages, then the step of the parallelized chunks) and evaluation. The chunks are made
+// data-parallel in model_chunks.cpp (parallel/parallelize.h), run as pipeline stages by models/model_stage.h on the
+// microbatches of microbatches.cpp; resume and save are in trainer_checkpoint.cpp, when it stops in trainer_stop.cpp,
+// what it says in trainer_report.cpp (the records themselves in metrics.cpp), the rank's set-up in train.cpp.
 #include "app/train/trainer.h"
 
 #include <algorithm>
@@ -73,13 +74,13 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
   const float dloss = static_cast<float>(scaler_.scale() / static_cast<double>(M * dp));
   // With loss masks, each counted target of the global batch weighs M * dp / (their count) in its microbatch's
   // sum, so the same mean holds (all-masked microbatches add zero).
-  if (data_.train_mask)
-    train_target_weight_ = masked_target_weight(data_.train_mask, c_.consumed_samples, cfg_.training.global_batch_size,
-                                                M * dp, fmt::format("iteration {}'s global batch", c_.iteration + 1));
+  if (data_.train_mask) batches_.weigh_train_targets(c_.consumed_samples, M * dp, c_.iteration + 1);
   // One engine for every layout: one stage runs no_pipelining (F0 B0 F1 B1 ...), several 1F1B, several with
   // more than one chunk interleaved 1F1B. Only the last stage computes losses: read_losses sums them over the
   // pipeline group.
-  IterationStage stage(*this, dloss, loss_sum);
+  TrainingStage stage(
+      chunks_, activation(), [this](int m, bool head) { return batches_.train(c_.consumed_samples, m, head); }, dloss,
+      loss_sum);
   execute_pipeline(build_schedule(train_schedule_)[static_cast<size_t>(dist_.pp_rank())], stage,
                    placement_of(dist_, train_schedule_));
   par_->finish_grads();  // every gradient final (this rank's shard of it with ZeRO)
@@ -128,15 +129,13 @@ double Trainer::evaluate() {
   const trace::Span span("eval", "validation");
   const int64_t dp = dist_.dp_size();
   const int64_t batches = cfg_.logging.eval_iters * cfg_.training.num_microbatches * dp;
-  if (data_.valid_mask)
-    eval_target_weight_ = masked_target_weight(data_.valid_mask, 0, batches * cfg_.training.micro_batch_size,
-                                               batches * dist_.cp_size(), "the validation batches");
+  if (data_.valid_mask) batches_.weigh_valid_targets(batches);
   const ScheduleSpec spec = evaluation_schedule(cfg_, batches / dp);
-  EvalStage stage(*this);
+  EvaluationStage stage(chunks_, activation(), [this](int j, bool head) { return batches_.valid(j, head); });
   if (fp8_) fp8_->set_recording(false);  // validation leaves the fp8 amax histories alone
   execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage, placement_of(dist_, spec));
   if (fp8_) fp8_->set_recording(true);
-  return sum_over_stages_and_replicas({stage.loss_sum})[0] / static_cast<double>(batches * dist_.cp_size());
+  return sum_over_stages_and_replicas({stage.loss_sum()})[0] / static_cast<double>(batches * dist_.cp_size());
 }
 
 // Loss sums live on the last pipeline stage of every data-parallel replica: summed over the pipeline group,
