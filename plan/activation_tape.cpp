@@ -550,7 +550,7 @@ ChunkProfile profile_chunk(const TapeShapes& s, const ChunkSpec& chunk) {
     kept[static_cast<size_t>(l)] = r.layer_forward(s.m.is_moe(chunk.layer_begin + l), s.recomputes(l));
   double head_kept = 0;
   if (chunk.has_head) head_kept = r.head_forward();
-  // IterationStage::forward's batch is freed unless the model keeps it: embedded_ holds tokens, the head
+  // TrainingStage::forward's batch is freed unless the model keeps it: embedded_ holds tokens, the head
   // tokens and targets (the plain loop's locals hold both until the next microbatch anyway).
   const double batch_kept = (chunk.has_head || !chunk.pipelined) ? 2 * tokens : chunk.has_embedding ? tokens : 0;
   tape.free(2 * tokens - batch_kept);

@@ -1,4 +1,5 @@
-// model_chunks.h: the model chunks one rank holds, and the training losses they leave on the device.
+// model_chunks.h: the model chunks one rank holds, made data-parallel (parallel/parallelize.h), and the training
+// losses they leave on the device.
 #pragma once
 #include <algorithm>
 #include <memory>
@@ -8,6 +9,7 @@
 #include "core/config/config.h"
 #include "core/tensor/ops.h"
 #include "models/gpt.h"
+#include "parallel/parallelize.h"
 
 namespace mt::app {
 
@@ -16,6 +18,12 @@ namespace mt::app {
 std::vector<std::unique_ptr<GptModel>> build_chunks(const Config& cfg, const Distributed& dist, DType dtype);
 // Every parameter of the chunks, in chunk order.
 std::vector<Parameter*> all_parameters(const std::vector<std::unique_ptr<GptModel>>& chunks);
+// The chunks made data-parallel as parallel.shard and the optimizer keys say, over `dist`'s groups (its reducers'
+// communicators are handed over): gradient buffers, optimizer, ZeRO-2/3, with the chunks' hooks calling them.
+// `params`: all_parameters(chunks). Checks optimizer.offload_host_memory_gib against the host state it made.
+std::unique_ptr<Parallelized> parallelize_chunks(const Config& cfg, Distributed& dist,
+                                                 const std::vector<std::unique_ptr<GptModel>>& chunks,
+                                                 const std::vector<Parameter*>& params);
 
 // The training losses of the steps since the host last read them, kept on the model's device: each step
 // gets an f64 slot that the last stage's microbatches add their mean losses into (GptModel::forward_stage),

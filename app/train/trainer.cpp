@@ -1,21 +1,17 @@
-// trainer.cpp: the training loop (Trainer::run: one stop, one save) and one iteration (Trainer::train_step), with
-// what builds them. Resume and save are in trainer_checkpoint.cpp, the pipeline stages in trainer_stages.cpp, what
-// the loop says in trainer_report.cpp (the records themselves in metrics.cpp), the rank's set-up in train.cpp.
+// trainer.cpp: the training loop (Trainer::run: one stop, one save), one iteration (Trainer::train_step: the
+// schedule over the model stages, then the step of the parallelized chunks) and evaluation. The chunks are made
+// data-parallel in model_chunks.cpp (parallel/parallelize.h), run as pipeline stages by models/model_stage.h on the
+// microbatches of microbatches.cpp; resume and save are in trainer_checkpoint.cpp, when it stops in trainer_stop.cpp,
+// what it says in trainer_report.cpp (the records themselves in metrics.cpp), the rank's set-up in train.cpp.
 #include "app/train/trainer.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <optional>
-#include <thread>
-#include <unordered_map>
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
-#include <spdlog/spdlog.h>
 
-#include "app/runtime/stop_signal.h"
-#include "app/train/nonfinite.h"
 #include "app/train/trainer_impl.h"
 #include "core/data/indexed_dataset.h"
 #include "core/tensor/trace.h"
@@ -37,29 +33,12 @@ PipelinePlacement placement_of(const Distributed& dist, const ScheduleSpec& spec
           .waits_on_use = waits_on_use(spec.kind)};
 }
 
-// optimizer.offload: chunks of a gradient bucket's size; the machine's cores shared by the ranks on it.
-OffloadOptions offload_options(const Config& cfg, const Distributed& dist) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return {.enabled = cfg.optimizer.offload,
-          .chunk_elements = cfg.parallel.grad_bucket_size,
-          .threads = std::max(1, cores / std::max(1, dist.env.local_world_size))};
-}
-
 }  // namespace
 
 Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
     : cfg_(cfg), opt_(opt), dist_(dist), dtype_(dtype_of(cfg.training.precision)), device_(dist.placement.device),
       data_(open_data_sources(cfg)), chunks_(build_chunks(cfg, dist, dtype_)), params_(all_parameters(chunks_)),
       moe_(cfg.model, chunks_, dist), fp8_(enable_fp8(cfg, chunks_, dist.placement.device, dist.cp.get())),
-      adam_config_(AdamWConfig{
-          .beta1 = cfg.optimizer.betas.at(0),
-          .beta2 = cfg.optimizer.betas.at(1),
-          .eps = cfg.optimizer.eps,
-          .weight_decay = cfg.optimizer.weight_decay,
-          .grad_clip = cfg.optimizer.grad_clip,
-          .count_replicas = dist.tp_rank() == 0,
-          .sum_across_ranks = [&dist](double x) { return dist.mp->size() > 1 ? sum_doubles(*dist.mp, {x})[0] : x; },
-          .offload = offload_options(cfg, dist)}),
       scaler_(dtype_ == DType::f16, LossScalerOptions{.initial = cfg.training.loss_scale.initial,
                                                       .min = cfg.training.loss_scale.min,
                                                       .window = cfg.training.loss_scale.window,
@@ -72,124 +51,8 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
                 .wsd_decay_fraction = cfg.optimizer.wsd_decay_fraction,
                 .wsd_decay_style = cfg.optimizer.wsd_decay_style},
       metrics_(dist.is_logging_rank() ? cfg.logging.dir : "", cfg.logging.tensorboard, cfg.logging.on_sink_error) {
-  // One flat fp32 buffer holds every gradient; its buckets are reduced over data parallelism (reduce-scattered
-  // with the distributed optimizer) as soon as the last microbatch's backward has finished them.
-  // With expert parallelism or parallel folding (the experts' grid apart from the dense one) the experts this rank
-  // holds get a buffer of their own, reduced over the expert-data-parallel group, and their own optimizer state
-  // (ExpertSplitOptimizer).
-  // With parallel.shard: gradients (ZeRO-2) there is no full buffer: each bucket is reduce-scattered into this
-  // rank's fp32 shard every microbatch (parallel/grad_buffer.h).
-  // Frozen parameters (finetune.lora's base) have no gradient and no optimizer state: only the rest enter them.
-  std::vector<Parameter*> dense, experts;
-  for (Parameter* p : params_)
-    if (!p->frozen) (p->expert && dist.experts_apart() ? experts : dense).push_back(p);
-  const bool shard_optimizer = cfg.parallel.shard >= ShardStage::optimizer;
-  const bool shard_gradients = cfg.parallel.shard >= ShardStage::gradients;
-  const bool shard_parameters = cfg.parallel.shard >= ShardStage::parameters;
-  if (shard_gradients && dist.dp_size() == 1 && dist.is_logging_rank())
-    spdlog::warn(
-        "parallel.shard={} with one data-parallel rank: each rank's shard is the whole, so nothing "
-        "is saved (the gradients still go through the per-microbatch buckets)",
-        name_of(cfg.parallel.shard));
-  // ZeRO-3: the units each chunk gathers together (parallel/sharded_parameters.h), numbered over the chunks; a
-  // parameter of two units (the tied word embeddings of one stage) belongs to the first one's buckets.
-  std::vector<std::vector<Parameter*>> units;
-  std::vector<int> first_unit;  // of each chunk
-  std::unordered_map<const Parameter*, int> unit_of;
-  if (shard_parameters)
-    for (auto& chunk : chunks_) {
-      first_unit.push_back(static_cast<int>(units.size()));
-      for (std::vector<Parameter*>& unit : chunk->units()) {
-        for (const Parameter* p : unit) unit_of.emplace(p, static_cast<int>(units.size()));
-        units.push_back(std::move(unit));
-      }
-    }
-  grads_ = std::make_unique<GradBuffer>(dense, device_, std::move(dist.dp_grads),
-                                        GradBufferOptions{.bucket_elements = cfg.parallel.grad_bucket_size,
-                                                          .shard = shard_optimizer,
-                                                          .shard_gradients = shard_gradients,
-                                                          .tensor = dist.tp.get(),
-                                                          .embedding = dist.emb.get(),
-                                                          .units = std::move(unit_of),
-                                                          .replicas = dist.replicas_grads.get()});
-  auto optimizer_of = [&](const GradBuffer& grads, std::vector<Parameter*> ps, Communicator* group,
-                          const AdamWConfig& adam) {
-    return shard_optimizer ? std::unique_ptr<Optimizer>(std::make_unique<DistributedOptimizer>(grads, *group, adam))
-                           : std::unique_ptr<Optimizer>(std::make_unique<AdamW>(std::move(ps), adam));
-  };
-  if (experts.empty()) {
-    optimizer_ = optimizer_of(*grads_, dense, &dist.shard_owners(), adam_config_);
-  } else {
-    expert_grads_ = std::make_unique<GradBuffer>(experts, device_, std::move(dist.edp_grads),
-                                                 GradBufferOptions{.bucket_elements = cfg.parallel.grad_bucket_size,
-                                                                   .shard = shard_optimizer,
-                                                                   .shard_gradients = shard_gradients});
-    // The grad norm counts each expert slice once: a whole expert (not split by expert TP) on the first rank of
-    // its expert tensor-parallel group; summed over the expert-parallel group that gives every expert's slice
-    // once, which the tensor-parallel group's first fold (tp < ETP) brings into the model-parallel sum.
-    AdamWConfig expert_adam = adam_config_;
-    expert_adam.count_replicas = dist.etp_rank() == 0;
-    const bool first_fold = dist.tp_rank() < dist.etp_size();
-    optimizer_ = std::make_unique<ExpertSplitOptimizer>(
-        optimizer_of(*grads_, dense, &dist.shard_owners(), adam_config_),
-        optimizer_of(*expert_grads_, experts, dist.edp.get(), expert_adam),
-        [&dist, first_fold](double x) {
-          const double all = sum_doubles(*dist.ep, {x})[0];
-          return first_fold ? all : 0.0;
-        },
-        dist.edp_rank() == 0, adam_config_);
-  }
-  // Marked after the last microbatch's backward (ZeRO-2: after every microbatch's); ZeRO-2 also makes a bucket's
-  // storage before backward writes into it.
-  const int last_mb = static_cast<int>(cfg.training.num_microbatches) - 1;
-  auto split = [this](const std::vector<Parameter*>& all, void (GradBuffer::*act)(const std::vector<Parameter*>&)) {
-    std::vector<Parameter*> ps;  // the frozen ones are not the buffers'
-    for (Parameter* p : all)
-      if (!p->frozen) ps.push_back(p);
-    if (!expert_grads_) return (grads_.get()->*act)(ps);
-    std::vector<Parameter*> dense_ps, expert_ps;
-    for (Parameter* p : ps) (p->expert ? expert_ps : dense_ps).push_back(p);
-    if (!dense_ps.empty()) (grads_.get()->*act)(dense_ps);
-    if (!expert_ps.empty()) (expert_grads_.get()->*act)(expert_ps);
-  };
-  for (auto& chunk : chunks_) {
-    chunk->set_grads_ready_hook([this, last_mb, split](int mb, const std::vector<Parameter*>& ps) {
-      if (mb != last_mb && !grads_->per_microbatch()) return;
-      split(ps, &GradBuffer::mark_ready);
-    });
-    if (shard_gradients)
-      chunk->set_grads_needed_hook(
-          [split](int, const std::vector<Parameter*>& ps) { split(ps, &GradBuffer::prepare); });
-  }
-  // ZeRO-3: from here on each unit's values are whole only around its computation; the next unit's gather is
-  // issued before this one computes.
-  if (shard_parameters) {
-    sharded_ = std::make_unique<ShardedParameters>(*grads_, dynamic_cast<DistributedOptimizer&>(*optimizer_),
-                                                   dist.shard_owners(), units);
-    for (size_t c = 0; c < chunks_.size(); ++c)
-      chunks_[c]->set_unit_hook([this, base = first_unit[c]](GptModel::UnitEvent e, int unit, int next) {
-        switch (e) {
-          case GptModel::UnitEvent::forward_begin:
-          case GptModel::UnitEvent::backward_begin:
-            sharded_->acquire(base + unit);
-            if (next >= 0) sharded_->prefetch(base + next);
-            break;
-          case GptModel::UnitEvent::forward_end:
-          case GptModel::UnitEvent::backward_end:
-            sharded_->release(base + unit);
-            break;
-        }
-      });
-  }
-  // optimizer.offload_host_memory_gib: the host state this rank holds now (the host pool) within the budget.
-  const double budget = cfg.optimizer.offload_host_memory_gib;
-  if (const int64_t host = allocator_for(Device::cpu).stats().host_current; budget > 0 && host > budget * (1 << 30))
-    throw std::invalid_argument(fmt::format(
-        "optimizer.offload_host_memory_gib: rank {} needs {:.3f} GiB of host memory for its offloaded optimizer "
-        "state (fp32 masters and moments, 12 bytes per element of its shard, and the staging of two chunks of "
-        "parallel.grad_bucket_size={} elements), more than the budget of {} GiB: raise the budget, shard the "
-        "state over more data-parallel ranks (parallel.shard) or lower parallel.grad_bucket_size",
-        dist.rank(), static_cast<double>(host) / (1 << 30), cfg.parallel.grad_bucket_size, budget));
+  // Gradient buffers, optimizer and ZeRO stages over the chunks' parameters, their hooks set.
+  par_ = parallelize_chunks(cfg, dist, chunks_, params_);
   train_schedule_ = plan::planned_training_schedule(cfg_, cfg_.training.num_microbatches,
                                                     device_ == Device::cpu ? plan::Backend::cpu : plan::Backend::cuda);
   // The per-parameter gradients made with the model are gone: peaks start from the real state.
@@ -203,8 +66,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
 void Trainer::train_step(float& lr_used, StepResult& result) {
   const int64_t M = cfg_.training.num_microbatches;
   const int64_t dp = replicas();
-  grads_->begin_step();  // zeroes every gradient
-  if (expert_grads_) expert_grads_->begin_step();
+  par_->begin_step();                          // zeroes every gradient
   if (step_losses_.full()) read_losses();      // a logging interval longer than the slots
   Tensor loss_sum = step_losses_.next_slot();  // (1) f64 on the device
   // The objective is the mean loss over all M * dp microbatches (times the loss scale): a host value, so the
@@ -212,23 +74,16 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
   const float dloss = static_cast<float>(scaler_.scale() / static_cast<double>(M * dp));
   // With loss masks, each counted target of the global batch weighs M * dp / (their count) in its microbatch's
   // sum, so the same mean holds (all-masked microbatches add zero).
-  if (data_.train_mask)
-    train_target_weight_ = masked_target_weight(data_.train_mask, c_.consumed_samples, cfg_.training.global_batch_size,
-                                                M * dp, fmt::format("iteration {}'s global batch", c_.iteration + 1));
+  if (data_.train_mask) batches_.weigh_train_targets(c_.consumed_samples, M * dp, c_.iteration + 1);
   // One engine for every layout: one stage runs no_pipelining (F0 B0 F1 B1 ...), several 1F1B, several with
   // more than one chunk interleaved 1F1B. Only the last stage computes losses: read_losses sums them over the
   // pipeline group.
-  IterationStage stage(*this, dloss, loss_sum);
+  TrainingStage stage(
+      chunks_, activation(), [this](int m, bool head) { return batches_.train(c_.consumed_samples, m, head); }, dloss,
+      loss_sum);
   execute_pipeline(build_schedule(train_schedule_)[static_cast<size_t>(dist_.pp_rank())], stage,
                    placement_of(dist_, train_schedule_));
-  // The sums over TP (sequence-parallel replicas) and the embedding group (tied copies), then the data-parallel
-  // buckets not started yet, then the wait: every gradient is final (this rank's shard of it with ZeRO).
-  grads_->finalize();
-  if (expert_grads_) expert_grads_->finalize();
-  // ZeRO-3: every unit released (a value gathered now would miss this step's update).
-  if (sharded_ && sharded_->gathered_elements() != 0)
-    throw std::logic_error(fmt::format("parallel.shard=parameters: {} gathered parameter elements outlive the step",
-                                       sharded_->gathered_elements()));
+  par_->finish_grads();  // every gradient final (this rank's shard of it with ZeRO)
   lr_used = static_cast<float>(schedule_.at(optimizer_steps() + 1));
   // The step's one read of the device: the grad norm and inf/NaN verdict, inside the optimizer (with
   // training.loss_spike.action skip/stop, the step's loss too, checked before the update).
@@ -239,40 +94,13 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
   const StepCheck* check_or_null = spike_per_step() ? &check : nullptr;
   {
     const trace::Span span("optimizer", "optimizer step");
-    result = optimizer_->step(lr_used, scaler_.scale(), check_or_null);
+    result = par_->step(lr_used, scaler_.scale(), check_or_null);
   }
   scaler_.update(result.found_inf);
   if (result.found_inf || result.vetoed) ++c_.skipped_iters;
   moe_.after_step(!result.found_inf && !result.vetoed);  // the expert biases move with an applied step only
   // The delayed fp8 recipe's amax histories take this iteration's amaxes (over every microbatch and replica).
   if (fp8_) fp8_->step(dist_.tp.get(), dist_.dp.get());
-}
-
-bool Trainer::spike_check(double local_sum, int64_t iteration) {
-  const int64_t M = cfg_.training.num_microbatches, dp = replicas();
-  const std::vector<double> sum = sum_over_stages_and_replicas({local_sum});
-  if (!observe_loss(static_cast<float>(sum[0] / static_cast<double>(M * dp)), iteration)) return false;
-  if (cfg_.training.loss_spike.action == SpikeAction::stop) spike_stop_ = true;
-  return true;
-}
-
-bool Trainer::observe_loss(float loss, int64_t iteration) {
-  if (!spike_.observe(loss)) return false;
-  const SpikeAction action = cfg_.training.loss_spike.action;
-  if (dist_.is_logging_rank())
-    spdlog::warn("loss spike at iteration {}: loss {:.4f}, running mean {:.4f}, threshold {:.4f}{}", iteration, loss,
-                 spike_.mean_before(), spike_.threshold_before(),
-                 action == SpikeAction::log    ? ""
-                 : action == SpikeAction::skip ? " (training.loss_spike.action=skip: the step is not applied)"
-                                               : " (training.loss_spike.action=stop: the step is not applied; "
-                                                 "saving and stopping)");
-  metrics_.write({{"event", "loss_spike"},
-                  {"iteration", iteration},
-                  {"spike_loss", loss},
-                  {"running_mean", spike_.mean_before()},
-                  {"threshold", spike_.threshold_before()},
-                  {"action", std::string(name_of(action))}});
-  return true;
 }
 
 // Each step's loss: the double sum of its f32 microbatch means, summed (as doubles) over the pipeline group
@@ -301,15 +129,13 @@ double Trainer::evaluate() {
   const trace::Span span("eval", "validation");
   const int64_t dp = dist_.dp_size();
   const int64_t batches = cfg_.logging.eval_iters * cfg_.training.num_microbatches * dp;
-  if (data_.valid_mask)
-    eval_target_weight_ = masked_target_weight(data_.valid_mask, 0, batches * cfg_.training.micro_batch_size,
-                                               batches * dist_.cp_size(), "the validation batches");
+  if (data_.valid_mask) batches_.weigh_valid_targets(batches);
   const ScheduleSpec spec = evaluation_schedule(cfg_, batches / dp);
-  EvalStage stage(*this);
+  EvaluationStage stage(chunks_, activation(), [this](int j, bool head) { return batches_.valid(j, head); });
   if (fp8_) fp8_->set_recording(false);  // validation leaves the fp8 amax histories alone
   execute_pipeline(build_schedule(spec)[static_cast<size_t>(dist_.pp_rank())], stage, placement_of(dist_, spec));
   if (fp8_) fp8_->set_recording(true);
-  return sum_over_stages_and_replicas({stage.loss_sum})[0] / static_cast<double>(batches * dist_.cp_size());
+  return sum_over_stages_and_replicas({stage.loss_sum()})[0] / static_cast<double>(batches * dist_.cp_size());
 }
 
 // Loss sums live on the last pipeline stage of every data-parallel replica: summed over the pipeline group,
@@ -319,88 +145,6 @@ std::vector<double> Trainer::sum_over_stages_and_replicas(std::vector<double> su
   if (dist_.cp) sums = sum_doubles(*dist_.cp, std::move(sums));  // each context rank's mean over its chunks
   if (dist_.dp_size() > 1) sums = sum_doubles(*dist_.dp, std::move(sums));
   return sums;
-}
-
-// The ranks (global) where `here` is true on that rank; every rank calls it at the same point.
-std::vector<int> Trainer::ranks_where(bool here) {
-  const int world = dist_.env.world_size;
-  std::vector<double> flags(static_cast<size_t>(world), 0.0);
-  flags[static_cast<size_t>(dist_.rank())] = here ? 1.0 : 0.0;
-  if (world > 1) flags = sum_doubles(*dist_.world, flags);
-  std::vector<int> ranks;
-  for (int r = 0; r < world; ++r)
-    if (flags[static_cast<size_t>(r)] > 0) ranks.push_back(r);
-  return ranks;
-}
-
-// Counts non-finite iterations in a row: an inf/NaN gradient norm (the global norm, the same on every rank,
-// so every rank decides alike; the step's loss is read on the host once per logging interval only, and a
-// non-finite loss gives non-finite gradients), except fp16 steps that the loss scaler skipped while its scale
-// can still back off (Megatron skips those forever; here they count once the scale sits at its minimum,
-// where backing off can no longer help). The first of a streak finds the first non-finite gradient on each
-// rank; after training.max_nonfinite_iters in a row the run stops with an error naming it.
-void Trainer::check_finite(const StepResult& r) {
-  const bool nonfinite = !std::isfinite(r.grad_norm) || r.found_inf;
-  const bool scaler_can_help = scaler_.dynamic() && scaler_.scale() > cfg_.training.loss_scale.min;
-  if (!nonfinite || scaler_can_help) {
-    nonfinite_streak_ = 0;
-    return;
-  }
-  if (nonfinite_streak_++ == 0) {
-    const std::optional<std::string> grad = first_nonfinite(params_, /*grads=*/true);
-    const std::vector<int> ranks = ranks_where(grad.has_value());
-    nonfinite_first_ = fmt::format(
-        "the first non-finite gradient, at iteration {}, was on rank(s) [{}]{}", c_.iteration, fmt::join(ranks, ", "),
-        grad ? fmt::format("; on this rank (rank {}) in {}", dist_.rank(), describe_parameter(*grad)) : std::string());
-    spdlog::warn("iteration {} is not finite (grad norm {}): {}", c_.iteration, r.grad_norm, nonfinite_first_);
-  }
-  if (nonfinite_streak_ >= cfg_.training.max_nonfinite_iters)
-    throw std::runtime_error(fmt::format(
-        "training stopped: {} non-finite iterations in a row (iterations {} to {}, training.max_nonfinite_iters={}); "
-        "{}; no checkpoint was saved since",
-        nonfinite_streak_, c_.iteration - nonfinite_streak_ + 1, c_.iteration, cfg_.training.max_nonfinite_iters,
-        nonfinite_first_));
-}
-
-// Whether training stops after this iteration, and why (logged here): a loss spike with action stop, a signal,
-// a failed logging sink with logging.on_sink_error=save_and_stop, --exit-after, training.exit_interval or training.exit_duration_mins. Every rank decides alike: the spike's loss
-// was agreed before the update, and the signal and the wall-clock budget (clocks differ) are agreed here over the
-// whole world in one exchange (a TP or PP peer that trained on would wait for this rank in its next collective).
-std::optional<Trainer::Stop> Trainer::stop_after_iteration() {
-  if (spike_stop_) return Stop{.why = Stop::Why::spike};
-  const int sig = stop_signal();
-  const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count() / 60;
-  const bool over_budget = cfg_.training.exit_duration_mins > 0 && minutes >= cfg_.training.exit_duration_mins;
-  // Only the logging rank writes the sinks: its failure reaches the others here.
-  std::vector<double> flags{sig != 0 ? 1.0 : 0.0, over_budget ? 1.0 : 0.0, metrics_.stop_asked() ? 1.0 : 0.0};
-  if (dist_.env.world_size > 1) flags = sum_doubles(*dist_.world, flags);
-  if (flags[0] > 0) {
-    spdlog::warn("received {}: saving and stopping after iteration {}",
-                 sig != 0 ? fmt::format("signal {}", sig) : "a stop signal on another rank", c_.iteration);
-    return Stop{};
-  }
-  if (flags[2] > 0) {
-    spdlog::warn("a logging sink failed (logging.on_sink_error=save_and_stop): saving and stopping after iteration {}",
-                 c_.iteration);
-    return Stop{};
-  }
-  if (opt_.exit_after > 0 && c_.iteration >= opt_.exit_after) {
-    spdlog::info("stopping after iteration {} as asked (--exit-after)", c_.iteration);
-    return Stop{};
-  }
-  if (c_.iteration >= cfg_.training.train_iters) return std::nullopt;  // the end: no early stop to report
-  if (const int64_t every = cfg_.training.exit_interval; every > 0 && c_.iteration % every == 0) {
-    spdlog::info("saving and exiting after iteration {} (training.exit_interval={})", c_.iteration, every);
-    return Stop{};
-  }
-  if (flags[1] > 0) {
-    spdlog::info(
-        "saving and exiting after iteration {}: training.exit_duration_mins={} reached ({:.2f} min "
-        "since training started{})",
-        c_.iteration, cfg_.training.exit_duration_mins, minutes, over_budget ? "" : " on another rank");
-    return Stop{};
-  }
-  return std::nullopt;
 }
 
 void Trainer::run() {
@@ -465,35 +209,6 @@ void Trainer::run() {
   // One save for every way out of the loop (a no-op when the interval save above took this iteration).
   const bool saved = stop && stop->why == Stop::Why::nothing_to_train ? true : save();
   finish(stop, saved);
-}
-
-// --exit-after N when the run resumes at or past N: stop at once; the checkpoint it resumed from already holds
-// this state, so nothing new is trained or saved.
-std::optional<Trainer::Stop> Trainer::stop_before_training() const {
-  if (opt_.exit_after <= 0 || c_.iteration < opt_.exit_after) return std::nullopt;
-  spdlog::info("resumed at iteration {}, at or past --exit-after {}: stopping without training", c_.iteration,
-               opt_.exit_after);
-  return Stop{.why = Stop::Why::nothing_to_train};
-}
-
-void Trainer::finish(const std::optional<Stop>& stop, bool saved) const {
-  if (stop && stop->why == Stop::Why::spike)
-    throw std::runtime_error(fmt::format(
-        "training stopped after iteration {}: loss spike (training.loss_spike.action=stop; see the warning above). "
-        "The spike's step was not applied; {}. Resuming continues after the spike's batch",
-        c_.iteration,
-        cfg_.checkpoint.save_dir.empty() ? "no checkpoint (checkpoint.save_dir is not set)"
-                                         : fmt::format("checkpoint saved in {}", cfg_.checkpoint.save_dir)));
-  // A run that could not save what it was asked to save fails (issue 30: it used to exit 0 without its checkpoint).
-  if (!saved)
-    throw std::runtime_error(fmt::format(
-        "training ended after iteration {} without its checkpoint: the last {} iteration(s) were not finite (see the "
-        "warnings above), so {} keeps the checkpoint from before them; resume from it with other settings (a lower "
-        "optimizer.lr, training.precision, optimizer.grad_clip)",
-        c_.iteration, nonfinite_streak_, cfg_.checkpoint.save_dir));
-  if (stop) return;
-  spdlog::info("training done: {} iterations, {} samples, {} skipped, {} nan; peak memory (MiB): {}", c_.iteration,
-               c_.consumed_samples, c_.skipped_iters, c_.nan_iters, memory_summary(device_));
 }
 
 }  // namespace mt::app

@@ -72,7 +72,8 @@ void Trainer::init_from() {
     metrics_.write({{"event", "init_from"}, {"checkpoint", *dir}});
     return;
   }
-  optimizer_->load_state([&](const std::vector<Optimizer::Slot>& slots) { load_model_weights(reader, slots); }, false);
+  par_->optimizer().load_state([&](const std::vector<Optimizer::Slot>& slots) { load_model_weights(reader, slots); },
+                               false);
   loading.finish();
   load_expert_biases(reader, *dir);
   spdlog::info(
@@ -134,7 +135,7 @@ bool Trainer::resume() {
   }
   if (cfg_.finetune.lora.enabled()) check_lora_base(s, *dir, lora_base_, cfg_.training.init_from);
   Progress loading = checkpoint_progress("checkpoint load");
-  optimizer_->load_state(
+  par_->optimizer().load_state(
       [&](const std::vector<Optimizer::Slot>& slots) {
         load_optimizer(reader, slots, partial ? &*partial : nullptr, loading.hook("tensors"));
       },
@@ -151,7 +152,7 @@ bool Trainer::resume() {
   c_.consumed_samples = rs.consumed_samples;
   c_.skipped_iters = rs.skipped_iters;
   c_.nan_iters = rs.nan_iters;
-  optimizer_->set_steps(rs.optimizer_steps);
+  par_->optimizer().set_steps(rs.optimizer_steps);
   scaler_.restore(rs.loss_scaler);
   spike_.restore(rs.loss_spike);
   if (rs.seed != cfg_.training.seed)
@@ -195,8 +196,8 @@ bool Trainer::save() {
   }
   // Never a checkpoint whose weights hold inf or NaN.
   std::optional<std::string> bad = first_nonfinite(params_, /*grads=*/false);
-  if (sharded_ && !bad)  // ZeRO-3: the released values live in this rank's blocks
-    if (const Parameter* p = sharded_->first_nonfinite_shard()) bad = p->name;
+  if (!bad)  // ZeRO-3: the released values live in this rank's blocks
+    if (const Parameter* p = par_->first_nonfinite_shard()) bad = p->name;
   if (const std::vector<int> ranks = ranks_where(bad.has_value()); !ranks.empty())
     throw std::runtime_error(
         fmt::format("not saving a checkpoint at iteration {}: the weights are not finite on rank(s) [{}]{}",
@@ -217,7 +218,7 @@ bool Trainer::save() {
   const bool expert_writer = dist_.edp_rank() == 0;
   // With the distributed optimizer every data-parallel rank takes part in gathering the state; the writer
   // keeps it (in host memory).
-  std::vector<Optimizer::Slot> slots = optimizer_->gather_state(writer);
+  std::vector<Optimizer::Slot> slots = par_->optimizer().gather_state(writer);
   if (writer || expert_writer) {
     if (dist_.rank() != 0) {
       Bytes b = dist_.store->get(key, Millis(static_cast<int64_t>(cfg_.parallel.timeout_s * 1000)));

@@ -1,18 +1,17 @@
-// trainer_impl.h: the training loop's parts, shared by trainer.cpp (the loop and the step),
-// trainer_checkpoint.cpp (resume and save) and trainer_stages.cpp (what the pipeline executor runs). Not an
-// interface: app/train/trainer.h is.
+// trainer_impl.h: the training loop's parts, shared by trainer.cpp (the loop and the step), trainer_stop.cpp (when
+// it stops), trainer_checkpoint.cpp (resume and save) and trainer_report.cpp (what it says). Not an interface:
+// app/train/trainer.h is.
 #pragma once
 #include <chrono>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "app/train/checkpointing.h"
 #include "app/train/data_sources.h"
 #include "app/train/fp8_state.h"
+#include "app/train/microbatches.h"
 #include "app/runtime/distributed.h"
 #include "app/train/metrics.h"
 #include "app/train/model_chunks.h"
@@ -27,12 +26,10 @@
 #include "core/optim/optimizer.h"
 #include "core/tensor/op_profile.h"
 #include "models/gpt.h"
-#include "parallel/distributed_optimizer.h"
-#include "parallel/grad_buffer.h"
+#include "models/model_stage.h"
 #include "parallel/pipeline_executor.h"
 #include "parallel/comm_counted.h"
-#include "parallel/sharded_parameters.h"
-#include "parallel/weight_grad.h"
+#include "parallel/parallelize.h"
 #include "parallel/schedule.h"
 
 namespace mt {
@@ -50,45 +47,6 @@ struct Counters {
   int64_t nan_iters = 0;      // iterations whose loss was inf/NaN
 };
 
-class Trainer;
-
-// The pipeline executor's view of this rank's chunks for one iteration: microbatch m's samples, the loss
-// of the last stage (added into the step's device slot), the backward seed.
-class IterationStage final : public PipelineStage {
- public:
-  IterationStage(Trainer& t, float dloss, Tensor loss_sum) : t_(t), dloss_(dloss), loss_sum_(std::move(loss_sum)) {}
-  Tensor forward(int microbatch, int chunk, const Tensor& input) override;
-  Tensor backward(int microbatch, int chunk, const Tensor& grad) override;
-  // Zero-bubble schedules: the backward with the weight gradients deferred (parallel/weight_grad.h), then those.
-  Tensor backward_input(int microbatch, int chunk, const Tensor& grad) override;
-  void backward_weight(int microbatch, int chunk) override;
-  Shape activation_shape() const override;
-  DType activation_dtype() const override;
-  Device activation_device() const override;
-
- private:
-  Trainer& t_;
-  float dloss_;
-  std::map<std::pair<int, int>, WeightGradQueue> weight_grads_;  // by (microbatch, chunk), between B and W
-  Tensor loss_sum_;  // (1) f64 on the device: the step's sum over the microbatches whose loss this rank computed
-};
-
-// The pipeline executor's view of this rank's chunks for evaluation (a forward_only schedule): local
-// microbatch j is validation batch dp_rank + j * dp, forward without dropout, the loss summed on the last stage.
-class EvalStage final : public PipelineStage {
- public:
-  explicit EvalStage(Trainer& t) : t_(t) {}
-  Tensor forward(int microbatch, int chunk, const Tensor& input) override;
-  Tensor backward(int microbatch, int chunk, const Tensor& grad) override;  // never called: forward only
-  Shape activation_shape() const override;
-  DType activation_dtype() const override;
-  Device activation_device() const override;
-  double loss_sum = 0;  // over the microbatches whose loss this rank computed, in microbatch order
-
- private:
-  Trainer& t_;
-};
-
 class Trainer {
  public:
   Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist);
@@ -96,17 +54,14 @@ class Trainer {
   void run();
 
  private:
-  friend class IterationStage;
-  friend class EvalStage;
-  // Samples of microbatch m of this data-parallel rank in the current iteration.
-  int64_t microbatch_first_sample(int64_t m) const {
-    return c_.consumed_samples + (m * dist_.dp_size() + dist_.dp_rank()) * cfg_.training.micro_batch_size;
-  }
   // What crosses between pipeline stages: one microbatch's hidden states (this context rank's chunks, sequence
   // shards of them with SP).
-  Shape activation_shape() const {
+  StageActivation activation() const {
     const int64_t sp = cfg_.parallel.sequence_parallel ? dist_.tp_size() : 1;
-    return {cfg_.training.micro_batch_size, cfg_.model.seq_length / dist_.cp_size() / sp, cfg_.model.hidden_size};
+    return {
+        .shape = {cfg_.training.micro_batch_size, cfg_.model.seq_length / dist_.cp_size() / sp, cfg_.model.hidden_size},
+        .dtype = dtype_,
+        .device = device_};
   }
   // The ranks whose microbatch losses make one step's mean: data x context parallel (every context rank's loss
   // is the mean over its equal share of each sample's tokens).
@@ -114,7 +69,7 @@ class Trainer {
   // The elements this rank stores (its shards, tied copies included).
   int64_t num_parameters() const {
     int64_t n = 0;
-    for (const Parameter* p : params_) n += stored_numel(p);
+    for (const Parameter* p : params_) n += par_->stored_numel(p);
     return n;
   }
   // The model's parameters, every global tensor once (padded vocabulary rows included, as stored): the sum over
@@ -177,22 +132,6 @@ class Trainer {
   std::vector<int> ranks_where(bool here);
   void log_interval(double ms_per_iter, double loss, double lr, double grad_norm);
 
-  // A microbatch's tokens and targets (B, S), read on the host and moved to the model's device.
-  void load_batch(const SampleFn& source, int64_t first, Tensor& tokens, Tensor& targets) const;
-  // The position ids (B, S) i32 of microbatch [first, first + B) of `positions` (data.sft_packing: pack) on the
-  // model's device; empty when `positions` is (no reset: every sample one causal sequence).
-  Tensor load_positions(const SampleFn& positions, int64_t first) const;
-  // Loss masks (data.loss_mask): the weight of one counted target in a mean over `parts` microbatch means,
-  // parts / (targets whose mask is 1 in samples [first, first + samples)), so the loss is the mean over the counted
-  // targets of all those samples whatever the layout. Every rank computes it from the data (no exchange). Throws
-  // DataError when no target counts (`what` names the batch): an all-masked batch stops the run, never a NaN.
-  double masked_target_weight(const SampleFn& mask, int64_t first, int64_t samples, int64_t parts,
-                              const std::string& what) const;
-  // A microbatch's loss weights (B * S) f32 on the model's device: `weight` where the target's mask is 1, else 0.
-  Tensor load_loss_weights(const SampleFn& mask, int64_t first, double weight) const;
-  double train_target_weight_ = 0;  // this step's masked_target_weight (training with loss masks)
-  double eval_target_weight_ = 0;   // evaluation's
-
   const Config& cfg_;
   TrainOptions opt_;
   Distributed& dist_;
@@ -202,24 +141,14 @@ class Trainer {
   // (plan::planned_training_schedule), the same on every rank and in `megatrain plan`.
   ScheduleSpec train_schedule_;
   DataSources data_;
+  Microbatches batches_{cfg_, dist_, data_};       // what the stages read of data_
   std::vector<std::unique_ptr<GptModel>> chunks_;  // this rank's model chunks (one without pipelining)
   std::vector<Parameter*> params_;                 // all of their parameters
-  MoeMonitor moe_;
-  std::shared_ptr<Fp8Context>
-      fp8_;  // training.fp8: the scales of the layers' fp8 GEMMs; null when off                                 // their mixture-of-experts layers' routing and expert biases
-  AdamWConfig adam_config_;
-  std::unique_ptr<GradBuffer> grads_;         // the storage of every Parameter::grad, reduced in buckets
-  std::unique_ptr<GradBuffer> expert_grads_;  // with expert parallelism, the experts' (over the expert-data group)
-  // AdamW (replicated state) or the distributed optimizer (state sharded over the data-parallel group, ZeRO-1).
-  std::unique_ptr<Optimizer> optimizer_;
-  // parallel.shard: parameters (ZeRO-3): gathers each unit's parameters around its forward and backward; null else.
-  std::unique_ptr<ShardedParameters> sharded_;
-  // Elements of a parameter as this rank stores it (under ZeRO-3 its value is whole only while its unit computes).
-  int64_t stored_numel(const Parameter* p) const {
-    if (p->value.defined()) return p->value.numel();
-    return shape_numel(grads_->shape(p));  // released: one of the dense buffer's (ZeRO-3 refuses experts)
-  }
-  int64_t optimizer_steps() const { return optimizer_->steps(); }
+  MoeMonitor moe_;                                 // their mixture-of-experts layers' routing and expert biases
+  std::shared_ptr<Fp8Context> fp8_;                // training.fp8: the scales of the layers' fp8 GEMMs; null when off
+  // The chunks made data-parallel (parallel/parallelize.h): gradient buffers, optimizer, ZeRO-2/3.
+  std::unique_ptr<Parallelized> par_;
+  int64_t optimizer_steps() const { return par_->optimizer().steps(); }
   LossScaler scaler_;
   LossSpikeDetector spike_{LossSpikeOptions{.window = cfg_.training.loss_spike.window,
                                             .warmup = cfg_.training.loss_spike.warmup_iters,

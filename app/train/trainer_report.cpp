@@ -203,9 +203,9 @@ int64_t Trainer::total_parameters(bool trainable_only) {
   for (const Parameter* p : params_) {
     if (p->tied_copy || (trainable_only && p->frozen)) continue;
     if (!p->expert) {
-      if (counts_in_grad_norm(*p, adam_config_)) own += static_cast<double>(stored_numel(p));
+      if (counts_in_grad_norm(*p, par_->adam_config())) own += static_cast<double>(par_->stored_numel(p));
     } else if (p->tensor_parallel || dist_.etp_rank() == 0) {  // each expert slice once, as the grad norm does
-      experts += static_cast<double>(stored_numel(p));
+      experts += static_cast<double>(par_->stored_numel(p));
     }
   }
   // The expert-parallel ranks hold different experts; of a tensor-parallel group only the first fold (tp < ETP)
