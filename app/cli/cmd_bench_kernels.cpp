@@ -18,16 +18,13 @@
 
 #include "app/cli/commands.h"
 #include "app/cli/option_checks.h"
+#include "core/tensor/backend.h"
 #include "core/tensor/ops.h"
 #include "core/tensor/tensor.h"
 #include "parallel/communicator.h"
 #include "parallel/store.h"
 #include "parallel/thread_ranks.h"
 #include "plan/hardware.h"
-
-#if defined(MEGATRAIN_WITH_CUDA)
-#include "core/cuda/runtime.h"
-#endif
 
 namespace mt::app {
 
@@ -41,11 +38,7 @@ struct BenchArgs {
 };
 
 void sync(Device d) {
-#if defined(MEGATRAIN_WITH_CUDA)
-  if (d == Device::cuda) cuda::synchronize();
-#else
-  (void)d;
-#endif
+  if (DeviceRuntime* rt = find_runtime(d)) rt->synchronize();
 }
 
 // Seconds per call of `fn`: the fastest of three rounds, each repeated until min_seconds have passed (after one
@@ -210,24 +203,22 @@ void measure_gloo(plan::Hardware& hw) {
 
 void run_bench(const BenchArgs& a) {
   const Device dev = a.device == "cuda" ? Device::cuda : Device::cpu;
+  DeviceRuntime* rt = find_runtime(dev);
   if (dev == Device::cuda) {
-#if defined(MEGATRAIN_WITH_CUDA)
-    if (cuda::device_count() == 0) {
-      fmt::print("bench kernels: skipped: no GPU ({})\n", cuda::unavailable_reason());
+    if (!rt) {
+      fmt::print("bench kernels: skipped: this megatrain was built without the CUDA backend\n");
       throw CLI::RuntimeError(77);
     }
-#else
-    fmt::print("bench kernels: skipped: this megatrain was built without the CUDA backend\n");
-    throw CLI::RuntimeError(77);
-#endif
+    if (rt->device_count() == 0) {
+      fmt::print("bench kernels: skipped: no GPU ({})\n", rt->unavailable_reason());
+      throw CLI::RuntimeError(77);
+    }
   }
   const std::string dtype_name = a.dtype.empty() ? (dev == Device::cuda ? "bf16" : "fp32") : a.dtype;
   const DType dt = parse_dtype(dtype_name);
   plan::Hardware hw = plan::builtin_hardware(dev == Device::cpu ? "cpu" : "h100-80gb");
   hw.name = dev == Device::cpu ? "cpu-measured" : "gpu-measured";
-#if defined(MEGATRAIN_WITH_CUDA)
-  if (dev == Device::cuda) hw.name = cuda::device_description();
-#endif
+  if (rt) hw.name = rt->device_description();
   hw.gemm_points.clear();
 
   // GEMMs (m, n, k) = rows x output features x input features, as the layers run them (out = a @ b^T).

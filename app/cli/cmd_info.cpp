@@ -4,10 +4,7 @@
 
 #include "app/cli/commands.h"
 
-#if defined(MEGATRAIN_WITH_CUDA)
-#include "core/cuda/attention_backend.h"
-#include "core/cuda/runtime.h"
-#endif
+#include "core/tensor/backend.h"
 
 namespace mt::app {
 
@@ -17,37 +14,32 @@ void add_info_command(CLI::App& root) {
   cmd->add_flag("--require-gpu", *require_gpu, "Exit with status 3 when no GPU can be used");
   cmd->callback([require_gpu] {
     fmt::print("megatrain {}\n", MEGATRAIN_VERSION);
-#if defined(MEGATRAIN_WITH_CUDA)
-    fmt::print("cuda backend: built\n");
-#else
-    fmt::print("cuda backend: not built (no CUDA toolkit at build time)\n");
-#endif
+    DeviceRuntime* cuda = find_runtime(Device::cuda);
+    fmt::print("cuda backend: {}\n", cuda ? "built" : "not built (no CUDA toolkit at build time)");
 #if defined(MEGATRAIN_WITH_NCCL)
     fmt::print("nccl: built\n");
 #else
     fmt::print("nccl: not built\n");
 #endif
-#if defined(MEGATRAIN_WITH_CUDA)
-    // The cuDNN loaded now (cudnnGetVersion) and the one built against: fused attention for bf16 / fp16.
-    fmt::print("cudnn: {}\n", cuda::cudnn_version());
-#else
-    fmt::print("cudnn: not built (the CUDA backend is not built)\n");
-#endif
     int gpus = 0;
     bool usable = false;  // a GPU, and the libraries to train on it
-#if defined(MEGATRAIN_WITH_CUDA)
-    // Loaded at the first GPU GEMM, so a missing library shows here rather than mid-run; without it no GPU trains.
-    bool cublaslt_ok = false;
-    fmt::print("cublaslt: {}\n", cuda::cublaslt_status(&cublaslt_ok));
-    gpus = cuda::device_count();
-    if (gpus == 0)
-      fmt::print("gpus: 0 ({})\n", cuda::unavailable_reason());
-    else
-      fmt::print("gpus: {}\ngpu 0: {}\n", gpus, cuda::device_description());
-    usable = gpus > 0 && cublaslt_ok;
-#else
-    fmt::print("gpus: 0 (the CUDA backend is not built)\n");
-#endif
+    if (cuda) {
+      // The libraries the backend loads (cuDNN: the one loaded now and the one built against; cuBLASLt: loaded at
+      // the first GPU GEMM), so a missing library shows here rather than mid-run.
+      usable = true;
+      for (const RuntimeLibrary& lib : cuda->libraries()) {
+        fmt::print("{}: {}\n", lib.name, lib.status);
+        usable = usable && lib.usable;
+      }
+      gpus = cuda->device_count();
+      if (gpus == 0)
+        fmt::print("gpus: 0 ({})\n", cuda->unavailable_reason());
+      else
+        fmt::print("gpus: {}\ngpu 0: {}\n", gpus, cuda->device_description());
+      usable = usable && gpus > 0;
+    } else {
+      fmt::print("cudnn: not built (the CUDA backend is not built)\ngpus: 0 (the CUDA backend is not built)\n");
+    }
     fmt::print("training.device auto: {}\n", gpus > 0 ? "cuda" : "cpu");
     if (*require_gpu && !usable) throw CLI::RuntimeError(3);
   });

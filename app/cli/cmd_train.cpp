@@ -15,6 +15,7 @@
 #include "app/runtime/local_launcher.h"
 #include "app/train/trainer.h"
 #include "core/config/config.h"
+#include "core/tensor/backend.h"
 #include "parallel/launch.h"
 
 namespace mt::app {
@@ -65,9 +66,7 @@ int launch(const TrainArgs& a) {
 // parameter) must fit in this machine's memory when training on the CPU: refused here, naming the keys, rather
 // than failing in the allocator after minutes of building. (A GPU's memory is checked by its allocator.)
 void check_fits_in_host_memory(const Config& cfg, int64_t local_ranks) {
-#if defined(MEGATRAIN_WITH_CUDA)
-  if (cfg.training.device != DeviceChoice::cpu) return;
-#endif
+  if (cfg.training.device != DeviceChoice::cpu && has_backend(Device::cuda)) return;
   const double pages = static_cast<double>(::sysconf(_SC_PHYS_PAGES)),
                page = static_cast<double>(::sysconf(_SC_PAGESIZE));
   if (pages <= 0 || page <= 0) return;

@@ -5,11 +5,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#if defined(MEGATRAIN_WITH_CUDA)
-#include "core/cuda/attention_backend.h"
-#include "core/cuda/runtime.h"
 #include "core/base/dtype.h"
-#endif
+#include "core/tensor/backend.h"
 
 namespace mt::app {
 
@@ -41,26 +38,22 @@ Backend choose_backend(const Config& cfg, Device device) {
 Placement place_rank(const Config& cfg, const LaunchEnv& env) {
   Placement p;
   const DeviceChoice want = cfg.training.device;
-#if defined(MEGATRAIN_WITH_CUDA)
-  const int gpus = want == DeviceChoice::cpu ? 0 : cuda::device_count();
-  if (want == DeviceChoice::cuda && gpus == 0)
-    throw std::runtime_error(
-        fmt::format("{}: training.device: cuda, but no GPU can be used: {}", cfg.source, cuda::unavailable_reason()));
-  p.device = gpus > 0 ? Device::cuda : Device::cpu;
-#else
-  if (want == DeviceChoice::cuda)
+  DeviceRuntime* cuda = find_runtime(Device::cuda);
+  if (!cuda && want == DeviceChoice::cuda)
     throw std::runtime_error(
         fmt::format("{}: training.device: cuda, but this megatrain was built without the CUDA "
                     "backend",
                     cfg.source));
-  p.device = Device::cpu;
-#endif
+  const int gpus = !cuda || want == DeviceChoice::cpu ? 0 : cuda->device_count();
+  if (want == DeviceChoice::cuda && gpus == 0)
+    throw std::runtime_error(
+        fmt::format("{}: training.device: cuda, but no GPU can be used: {}", cfg.source, cuda->unavailable_reason()));
+  p.device = gpus > 0 ? Device::cuda : Device::cpu;
   p.backend = choose_backend(cfg, p.device);
   if (p.device == Device::cpu) {
     p.description = "cpu";
     return p;
   }
-#if defined(MEGATRAIN_WITH_CUDA)
   // LOCAL_RANK picks the GPU. A rank that sees fewer GPUs than its local rank either was bound to its own
   // GPU by the launcher (srun --gpus-per-task=1 leaves one visible GPU per task) or shares one with other
   // ranks: it takes LOCAL_RANK modulo the visible count. Sharing works with host-staged Gloo; NCCL refuses
@@ -72,14 +65,13 @@ Placement place_rank(const Config& cfg, const LaunchEnv& env) {
         "own GPU (CUDA_VISIBLE_DEVICES per task); if ranks share a GPU, NCCL will refuse: start at most "
         "{} rank(s) per node, or set parallel.backend: gloo (host-staged, for testing)",
         env.local_rank, gpus, p.ordinal, gpus);
-  cuda::select_device(p.ordinal);
-  p.description = fmt::format("cuda:{} ({})", p.ordinal, cuda::device_description());
-  p.peak_tflops = cuda::peak_bf16_tflops();
+  cuda->select_device(p.ordinal);
+  p.description = fmt::format("cuda:{} ({})", p.ordinal, cuda->device_description());
+  p.peak_tflops = cuda->peak_bf16_tflops();
   // Which attention training runs (cuDNN's fused flash attention or megatrain's kernel) and why; a forced
   // MEGATRAIN_ATTENTION=cudnn that cannot run fails here, at start.
   spdlog::info("attention: {}",
-               cuda::attention_path_description(dtype_of(cfg.training.precision), cfg.model.attention_dropout));
-#endif
+               cuda->attention_description(dtype_of(cfg.training.precision), cfg.model.attention_dropout));
   return p;
 }
 

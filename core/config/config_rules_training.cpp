@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/config/config_rules_detail.h"
+#include "core/tensor/backend.h"
 
 namespace mt::config_rules {
 namespace {
@@ -108,12 +109,10 @@ void resolve_training(Config& c, const Rules& r) {
     r.fail("training.train_iters", fmt::format("{} iterations of {} samples of {} tokens count more tokens than "
                                                "int64 can address",
                                                t.train_iters, t.global_batch_size, c.model.seq_length + 1));
-#if !defined(MEGATRAIN_WITH_CUDA)
-  if (t.device == DeviceChoice::cuda)
+  if (t.device == DeviceChoice::cuda && !has_backend(Device::cuda))
     r.fail("training.device",
            "cuda: this megatrain was built without the CUDA backend (no CUDA toolkit at build "
            "time); use cpu or auto");
-#endif
   if (c.parallel.backend == BackendChoice::nccl && t.device == DeviceChoice::cpu)
     r.fail("parallel.backend", "nccl needs training.device: cuda (NCCL moves GPU memory); use gloo or auto on cpu");
   r.non_negative("training.seed", t.seed);

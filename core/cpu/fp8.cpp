@@ -9,7 +9,6 @@
 
 #include "core/cpu/float_io.h"
 #include "core/cpu/ops_cpu.h"
-#include "core/cpu/ops_cpu_fp8.h"
 
 namespace mt::cpu {
 

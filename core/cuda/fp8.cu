@@ -9,7 +9,6 @@
 
 #include "core/cuda/kernels.cuh"
 #include "core/cuda/ops_cuda.h"
-#include "core/cuda/ops_cuda_fp8.h"
 
 namespace mt::cuda {
 

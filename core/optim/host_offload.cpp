@@ -11,9 +11,7 @@
 
 #include <fmt/format.h>
 
-#if defined(MEGATRAIN_WITH_CUDA)
-#include "core/cuda/host_copies.h"
-#endif
+#include "core/tensor/backend.h"
 
 namespace mt {
 
@@ -42,58 +40,46 @@ int64_t offload_host_bytes(int64_t n, DType value_dtype, const OffloadOptions& o
 class HostOffload::Copies {
  public:
   static constexpr int kGrads = 0, kValues = 2, kMeet = 4;
-  explicit Copies(Device device) : device_(device) {
-#if defined(MEGATRAIN_WITH_CUDA)
-    if (device_ == Device::cuda) {
-      stream_ = cuda::create_copy_stream();
-      for (void*& e : events_) e = cuda::create_sync_event();
+  explicit Copies(Device device) : rt_(find_runtime(device)) {
+    if (rt_) {
+      stream_ = rt_->create_copy_stream();
+      for (void*& e : events_) e = rt_->create_sync_event();
     }
-#endif
   }
   ~Copies() {
-#if defined(MEGATRAIN_WITH_CUDA)
-    if (device_ == Device::cuda) {
-      for (void* e : events_) cuda::destroy_sync_event(e);
-      cuda::destroy_copy_stream(stream_);
+    if (rt_) {
+      for (void* e : events_) rt_->destroy_sync_event(e);
+      rt_->destroy_copy_stream(stream_);
     }
-#endif
   }
   // The copies issued from here on follow the compute stream's work so far.
   void after_compute() { order(nullptr, stream_); }
   // The compute stream's work from here on follows the copies issued so far.
   void before_compute() { order(stream_, nullptr); }
   void copy(void* dst, const void* src, size_t bytes) {
-#if defined(MEGATRAIN_WITH_CUDA)
-    if (device_ == Device::cuda) return cuda::copy_async(dst, src, bytes, stream_);
-#endif
+    if (rt_) return rt_->copy_async(dst, src, bytes, stream_);
     std::memcpy(dst, src, bytes);
   }
   // Event e marks the copies issued so far; wait(e) blocks the host until they have landed.
   void mark(int e) {
-#if defined(MEGATRAIN_WITH_CUDA)
-    if (device_ == Device::cuda) cuda::record_event(events_[e], stream_);
-#endif
+    if (rt_) rt_->record_event(events_[e], stream_);
   }
   void wait(int e) {
-#if defined(MEGATRAIN_WITH_CUDA)
-    if (device_ == Device::cuda) cuda::wait_event(events_[e]);
-#endif
+    if (rt_) rt_->wait_event(events_[e]);
   }
 
  private:
   // Work enqueued on stream `later` from here on waits for the work enqueued on `earlier` so far (null: the compute
   // stream).
-  void order([[maybe_unused]] void* earlier, [[maybe_unused]] void* later) {
-#if defined(MEGATRAIN_WITH_CUDA)
-    if (device_ == Device::cuda) {
-      cuda::record_event(events_[kMeet], earlier);
-      cuda::stream_wait_event(later, events_[kMeet]);
+  void order(void* earlier, void* later) {
+    if (rt_) {
+      rt_->record_event(events_[kMeet], earlier);
+      rt_->stream_wait_event(later, events_[kMeet]);
     }
-#endif
   }
-  Device device_;
-  [[maybe_unused]] void* stream_ = nullptr;
-  [[maybe_unused]] void* events_[5] = {};
+  DeviceRuntime* rt_;  // the device's runtime; null on the host, where copies are plain
+  void* stream_ = nullptr;
+  void* events_[5] = {};
 };
 
 // Threads that run parts of a chunk's update; part 0 runs on the caller.

@@ -6,10 +6,7 @@
 #include <new>
 #include <stdexcept>
 
-#if defined(MEGATRAIN_WITH_CUDA)
-#include "core/cuda/host_copies.h"
-#include "core/cuda/runtime.h"
-#endif
+#include "core/tensor/backend.h"
 
 namespace mt {
 
@@ -40,27 +37,24 @@ void Allocator::record_free(size_t bytes, MemKind kind) {
 
 namespace {
 
-// Whether MemKind::host memory is pinned: a CUDA build on a machine with a GPU (decided once, so that every
-// buffer is freed as it was allocated).
-bool pin_host_memory() {
-#if defined(MEGATRAIN_WITH_CUDA)
-  static const bool pin = cuda::device_count() > 0;
-  return pin;
-#else
-  return false;
-#endif
+// The runtime that pins MemKind::host memory: that of a GPU build on a machine with a GPU, else null (decided once,
+// so that every buffer is freed as it was allocated).
+DeviceRuntime* host_pinner() {
+  static DeviceRuntime* const pinner = [] {
+    DeviceRuntime* rt = find_runtime(Device::cuda);
+    return rt && rt->device_count() > 0 ? rt : nullptr;
+  }();
+  return pinner;
 }
 
-// 64-byte aligned host memory (MemKind::host pinned where pin_host_memory()). Ranks run as threads in unit tests,
+// 64-byte aligned host memory (MemKind::host pinned where host_pinner() says). Ranks run as threads in unit tests,
 // so accounting is locked.
 class CpuAllocator final : public Allocator {
  public:
   void* allocate(size_t bytes, MemKind kind) override {
     size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
     void* p = nullptr;
-#if defined(MEGATRAIN_WITH_CUDA)
-    if (kind == MemKind::host && pin_host_memory()) p = cuda::alloc_pinned(rounded);  // page-aligned
-#endif
+    if (kind == MemKind::host && host_pinner()) p = host_pinner()->alloc_pinned(rounded);  // page-aligned
     if (!p) p = std::aligned_alloc(64, rounded);
     if (!p) throw std::bad_alloc();
     std::lock_guard lock(mu_);
@@ -68,11 +62,9 @@ class CpuAllocator final : public Allocator {
     return p;
   }
   void deallocate(void* ptr, size_t bytes, MemKind kind) override {
-#if defined(MEGATRAIN_WITH_CUDA)
-    if (kind == MemKind::host && pin_host_memory())
-      cuda::free_pinned(ptr);
+    if (kind == MemKind::host && host_pinner())
+      host_pinner()->free_pinned(ptr);
     else
-#endif
       std::free(ptr);
     std::lock_guard lock(mu_);
     record_free(bytes, kind);
@@ -88,11 +80,7 @@ class CpuAllocator final : public Allocator {
 Allocator& allocator_for(Device d) {
   static CpuAllocator cpu;
   if (d == Device::cpu) return cpu;
-#if defined(MEGATRAIN_WITH_CUDA)
-  return cuda::caching_allocator();
-#else
-  throw std::runtime_error("the CUDA backend is not built into this megatrain");
-#endif
+  return device_runtime(d, "allocator_for").allocator();
 }
 
 }  // namespace mt

@@ -10,9 +10,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#if defined(MEGATRAIN_WITH_CUDA)
-#include "core/cuda/runtime.h"
-#endif
+#include "core/tensor/backend.h"
 
 namespace mt::op_profile {
 
@@ -24,7 +22,7 @@ thread_local Recorder* current = nullptr;
 
 class Recorder {
  public:
-  explicit Recorder(Device device) : device_(device), begin_(Clock::now()) {}
+  explicit Recorder(Device device) : device_(device), runtime_(find_runtime(device)), begin_(Clock::now()) {}
   ~Recorder() { release_events(); }
 
   size_t open(const char* op, std::string detail) {
@@ -32,7 +30,7 @@ class Recorder {
     auto [it, inserted] = keys_.try_emplace(std::move(key), rows_.size());
     if (inserted) rows_.push_back(Row{.op = op, .detail = std::move(detail)});
     Entry e{.row = it->second, .t0 = Clock::now()};
-    if (device_ == Device::cuda) {
+    if (runtime_) {  // a device's ops are timed by its events, the host's by the wall clock
       e.ev0 = event();
       e.ev1 = event();
       record(e.ev0);
@@ -45,7 +43,7 @@ class Recorder {
     Entry& e = entries_[i];
     e.t1 = Clock::now();
     e.closed = true;
-    if (device_ == Device::cuda) {
+    if (runtime_) {
       try {
         record(e.ev1);
       } catch (const std::exception& ex) {  // a failing op already threw; its figure is left out
@@ -58,16 +56,12 @@ class Recorder {
   Report finish() {
     Report r;
     r.device = device_;
-#if defined(MEGATRAIN_WITH_CUDA)
-    if (device_ == Device::cuda) cuda::synchronize();
-#endif
+    if (runtime_) runtime_->synchronize();
     r.step_ms = std::chrono::duration<double, std::milli>(Clock::now() - begin_).count();
     for (const Entry& e : entries_) {
       if (!e.closed) continue;
       double ms = std::chrono::duration<double, std::milli>(e.t1 - e.t0).count();
-#if defined(MEGATRAIN_WITH_CUDA)
-      if (device_ == Device::cuda) ms = cuda::elapsed_ms(e.ev0, e.ev1);
-#endif
+      if (runtime_) ms = runtime_->elapsed_ms(e.ev0, e.ev1);
       Row& row = rows_[e.row];
       ++row.calls;
       row.ms += ms;
@@ -90,26 +84,17 @@ class Recorder {
   };
 
   void* event() {
-#if defined(MEGATRAIN_WITH_CUDA)
-    events_.push_back(cuda::create_timing_event());
+    events_.push_back(runtime_->create_timing_event());
     return events_.back();
-#else
-    throw std::logic_error("op profile: CUDA events asked for in a build without the CUDA backend");
-#endif
   }
-  static void record([[maybe_unused]] void* ev) {
-#if defined(MEGATRAIN_WITH_CUDA)
-    cuda::record_on_compute_stream(ev);
-#endif
-  }
+  void record(void* ev) { runtime_->record_timing_event(ev); }
   void release_events() noexcept {
-#if defined(MEGATRAIN_WITH_CUDA)
-    for (void* e : events_) cuda::destroy_timing_event(e);
-#endif
+    for (void* e : events_) runtime_->destroy_timing_event(e);
     events_.clear();
   }
 
   Device device_;
+  DeviceRuntime* runtime_;  // null on the host
   Clock::time_point begin_;
   std::map<std::string, size_t> keys_;
   std::vector<Row> rows_;

@@ -16,12 +16,9 @@
 
 #include <fmt/format.h>
 
-#include "core/cpu/ops_cpu.h"
+#include "core/tensor/backend.h"
 #include "core/tensor/op_profile.h"
 #include "core/tensor/ops_check.h"
-#if defined(MEGATRAIN_WITH_CUDA)
-#include "core/cuda/ops_cuda.h"
-#endif
 
 namespace mt {
 
@@ -98,8 +95,7 @@ void gemm(const Tensor& a, const Tensor& b, Tensor& out, GemmOptions opt) {
   if (out.dtype() != a.dtype() && out.dtype() != DType::f32)
     fail(op, fmt::format("out: expected dtype {} or fp32, got {}", dtype_name(a.dtype()), dtype_name(out.dtype())));
   check_gemm_shapes(op, a, b, out, opt);
-  if (device_of(op, {&a, &b, &out}) == Device::cpu) return cpu::gemm(a, b, out, opt);
-  MT_ON_CUDA(gemm(a, b, out, opt));
+  backend(device_of(op, {&a, &b, &out}), op).gemm(a, b, out, opt);
 }
 
 void gemm_grouped(const std::vector<Tensor>& a, const std::vector<Tensor>& b, std::vector<Tensor>& c,
@@ -143,8 +139,7 @@ void gemm_grouped(const std::vector<Tensor>& a, const std::vector<Tensor>& b, st
     gc.push_back(c[g]);
   }
   if (gc.empty()) return;
-  if (a[0].device() == Device::cpu) return cpu::gemm_grouped(ga, gb, gc, opt);
-  MT_ON_CUDA(gemm_grouped(ga, gb, gc, opt));
+  backend(a[0].device(), op).gemm_grouped(ga, gb, gc, opt);
 }
 
 void add_bias(Tensor& x, const Tensor& bias) {
@@ -152,8 +147,7 @@ void add_bias(Tensor& x, const Tensor& bias) {
   const op_profile::Scope profile(op);
   check_ndim(op, "x", x, 2, "(N, C)");
   check_floating_shape(op, "bias", bias, {x.dim(1)});
-  if (device_of(op, {&x, &bias}) == Device::cpu) return cpu::add_bias(x, bias);
-  MT_ON_CUDA(add_bias(x, bias));
+  backend(device_of(op, {&x, &bias}), op).add_bias(x, bias);
 }
 
 void bias_backward(const Tensor& dout, Tensor& dbias) {
@@ -161,8 +155,7 @@ void bias_backward(const Tensor& dout, Tensor& dbias) {
   const op_profile::Scope profile(op);
   check_ndim(op, "dout", dout, 2, "(N, C)");
   check_f32_shape(op, "dbias", dbias, {dout.dim(1)});
-  if (device_of(op, {&dout, &dbias}) == Device::cpu) return cpu::bias_backward(dout, dbias);
-  MT_ON_CUDA(bias_backward(dout, dbias));
+  backend(device_of(op, {&dout, &dbias}), op).bias_backward(dout, dbias);
 }
 
 // ---- block transpose -----------------------------------------------------------------------------
@@ -176,8 +169,7 @@ void transpose_blocks(const Tensor& x, Tensor& out) {
   if (out.dtype() != x.dtype())
     fail(op, fmt::format("out: expected dtype {} (that of x), got {}", dtype_name(x.dtype()), dtype_name(out.dtype())));
   expect_shape(op, "out", out, {x.dim(1), x.dim(0), x.dim(2)});
-  if (device_of(op, {&x, &out}) == Device::cpu) return cpu::transpose_blocks(x, out);
-  MT_ON_CUDA(transpose_blocks(x, out));
+  backend(device_of(op, {&x, &out}), op).transpose_blocks(x, out);
 }
 
 // ---- elementwise ---------------------------------------------------------------------------------
@@ -188,16 +180,14 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
   check_floating(op, "a", a);
   check_like(op, "b", b, a, "a");
   check_like(op, "out", out, a, "a");
-  if (device_of(op, {&a, &b, &out}) == Device::cpu) return cpu::add(a, b, out);
-  MT_ON_CUDA(add(a, b, out));
+  backend(device_of(op, {&a, &b, &out}), op).add(a, b, out);
 }
 
 void scale_(Tensor& x, float s) {
   const char* op = "scale_";
   const op_profile::Scope profile(op);
   check_floating(op, "x", x);
-  if (x.device() == Device::cpu) return cpu::scale_(x, s);
-  MT_ON_CUDA(scale_(x, s));
+  backend(x.device(), op).scale_(x, s);
 }
 
 void gelu_forward(const Tensor& x, Tensor& out) {
@@ -205,8 +195,7 @@ void gelu_forward(const Tensor& x, Tensor& out) {
   const op_profile::Scope profile(op);
   check_floating(op, "x", x);
   check_like(op, "out", out, x, "x");
-  if (device_of(op, {&x, &out}) == Device::cpu) return cpu::gelu_forward(x, out);
-  MT_ON_CUDA(gelu_forward(x, out));
+  backend(device_of(op, {&x, &out}), op).gelu_forward(x, out);
 }
 
 void gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) {
@@ -215,8 +204,7 @@ void gelu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) {
   check_floating(op, "x", x);
   check_like(op, "dout", dout, x, "x");
   check_like(op, "dx", dx, x, "x");
-  if (device_of(op, {&x, &dout, &dx}) == Device::cpu) return cpu::gelu_backward(x, dout, dx);
-  MT_ON_CUDA(gelu_backward(x, dout, dx));
+  backend(device_of(op, {&x, &dout, &dx}), op).gelu_backward(x, dout, dx);
 }
 
 // ---- SwiGLU --------------------------------------------------------------------------------------
@@ -240,8 +228,7 @@ void swiglu_forward(const Tensor& x, Tensor& out) {
   const int64_t F = check_swiglu_x(op, x);
   check_dtype(op, "out", out, x.dtype());
   expect_shape(op, "out", out, {x.dim(0), F});
-  if (device_of(op, {&x, &out}) == Device::cpu) return cpu::swiglu_forward(x, out);
-  MT_ON_CUDA(swiglu_forward(x, out));
+  backend(device_of(op, {&x, &out}), op).swiglu_forward(x, out);
 }
 
 void swiglu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) {
@@ -251,8 +238,7 @@ void swiglu_backward(const Tensor& x, const Tensor& dout, Tensor& dx) {
   check_dtype(op, "dout", dout, x.dtype());
   expect_shape(op, "dout", dout, {x.dim(0), F});
   check_like(op, "dx", dx, x, "x");
-  if (device_of(op, {&x, &dout, &dx}) == Device::cpu) return cpu::swiglu_backward(x, dout, dx);
-  MT_ON_CUDA(swiglu_backward(x, dout, dx));
+  backend(device_of(op, {&x, &dout, &dx}), op).swiglu_backward(x, dout, dx);
 }
 
 }  // namespace mt

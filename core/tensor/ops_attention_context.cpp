@@ -6,13 +6,10 @@
 
 #include <fmt/format.h>
 
-#include "core/cpu/ops_cpu.h"
+#include "core/tensor/backend.h"
 #include "core/tensor/op_profile.h"
 #include "core/tensor/ops.h"
 #include "core/tensor/ops_check.h"
-#if defined(MEGATRAIN_WITH_CUDA)
-#include "core/cuda/ops_cuda.h"
-#endif
 
 namespace mt {
 
@@ -59,8 +56,7 @@ void attention_kv_pack(const Tensor& qkv, Tensor& kv) {
   check_block_qkv(op, qkv);
   check_kv(op, "kv", kv, qkv, std::nullopt);
   expect_shape(op, "kv", kv, {qkv.dim(0), qkv.dim(1), qkv.dim(2), 2, qkv.dim(4)});
-  if (device_of(op, {&qkv, &kv}) == Device::cpu) return cpu::attention_kv_pack(qkv, kv);
-  MT_ON_CUDA(attention_kv_pack(qkv, kv));
+  backend(device_of(op, {&qkv, &kv}), op).attention_kv_pack(qkv, kv);
 }
 
 void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, Tensor& lse,
@@ -73,9 +69,7 @@ void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, T
   check_f32_shape(op, "out", out, {B, T, H, D});
   check_f32_shape(op, "lse", lse, {B, H, T});
   check_positions(op, opt);
-  if (device_of(op, {&qkv, &kv, &out, &lse}) == Device::cpu)
-    return cpu::attention_block_forward(qkv, kv, out, lse, opt);
-  MT_ON_CUDA(attention_block_forward(qkv, kv, out, lse, opt));
+  backend(device_of(op, {&qkv, &kv, &out, &lse}), op).attention_block_forward(qkv, kv, out, lse, opt);
 }
 
 void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) {
@@ -86,8 +80,7 @@ void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor
   check_f32_shape(op, "lse", lse, {B, H, T});
   check_f32_shape(op, "out_b", out_b, out.shape());
   check_f32_shape(op, "lse_b", lse_b, lse.shape());
-  if (device_of(op, {&out, &lse, &out_b, &lse_b}) == Device::cpu) return cpu::attention_merge(out, lse, out_b, lse_b);
-  MT_ON_CUDA(attention_merge(out, lse, out_b, lse_b));
+  backend(device_of(op, {&out, &lse, &out_b, &lse_b}), op).attention_merge(out, lse, out_b, lse_b);
 }
 
 void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor& out, const Tensor& lse,
@@ -108,9 +101,8 @@ void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor&
   check_kv(op, "dkv", dkv, qkv, DType::f32);
   expect_shape(op, "dkv", dkv, kv.shape());
   check_positions(op, opt);
-  if (device_of(op, {&qkv, &kv, &out, &lse, &dout, &dq, &dkv}) == Device::cpu)
-    return cpu::attention_block_backward(qkv, kv, out, lse, dout, dq, dkv, opt);
-  MT_ON_CUDA(attention_block_backward(qkv, kv, out, lse, dout, dq, dkv, opt));
+  backend(device_of(op, {&qkv, &kv, &out, &lse, &dout, &dq, &dkv}), op)
+      .attention_block_backward(qkv, kv, out, lse, dout, dq, dkv, opt);
 }
 
 void attention_qkv_grad(const Tensor& dq, const Tensor& dkv, Tensor& dqkv) {
@@ -120,8 +112,7 @@ void attention_qkv_grad(const Tensor& dq, const Tensor& dkv, Tensor& dqkv) {
   const int64_t B = dqkv.dim(0), T = dqkv.dim(1), H = heads_of(dqkv), D = dqkv.dim(4);
   check_f32_shape(op, "dq", dq, {B, T, H, D});
   check_f32_shape(op, "dkv", dkv, {B, T, dqkv.dim(2), 2, D});
-  if (device_of(op, {&dq, &dkv, &dqkv}) == Device::cpu) return cpu::attention_qkv_grad(dq, dkv, dqkv);
-  MT_ON_CUDA(attention_qkv_grad(dq, dkv, dqkv));
+  backend(device_of(op, {&dq, &dkv, &dqkv}), op).attention_qkv_grad(dq, dkv, dqkv);
 }
 
 }  // namespace mt

@@ -1,6 +1,7 @@
 // ops_check.h: the argument checks shared by the op entry points (core/tensor/ops.cpp, core/tensor/ops_layers.cpp,
-// core/tensor/ops_loss_optimizer.cpp, core/tensor/ops_moe.cpp): messages naming the op and the argument, and MT_ON_CUDA, the dispatch to the
-// CUDA backend. Not an interface: core/tensor/ops.h is.
+// core/tensor/ops_loss_optimizer.cpp, core/tensor/ops_moe.cpp, core/tensor/ops_fp8.cpp,
+// core/tensor/ops_attention_context.cpp): messages naming the op and the argument. Not an interface:
+// core/tensor/ops.h is; the dispatch that follows the checks is core/tensor/backend.h's.
 #pragma once
 #include <initializer_list>
 #include <optional>
@@ -79,20 +80,6 @@ inline Device device_of(const char* op, std::initializer_list<const Tensor*> ts)
       fail(op, fmt::format("tensors on different devices ({} and {})", device_name(d), device_name(t->device())));
   return d;
 }
-
-[[noreturn, maybe_unused]] inline void no_cuda(const char* op) {
-  throw std::runtime_error(
-      fmt::format("{}: this megatrain was built without the CUDA backend (no CUDA toolkit at "
-                  "build time); use training.device: cpu",
-                  op));
-}
-
-// After the CPU branch of each op: the CUDA backend's version, or an error when it is not built.
-#if defined(MEGATRAIN_WITH_CUDA)
-#define MT_ON_CUDA(call) return cuda::call
-#else
-#define MT_ON_CUDA(call) no_cuda(op)
-#endif
 
 inline void check_p(const char* op, float p) {
   if (!(p >= 0.f && p < 1.f)) fail(op, fmt::format("dropout probability must lie in [0, 1), got {}", p));

@@ -2,16 +2,11 @@
 // cast-and-transpose (core/tensor/ops_fp8.h).
 #include <fmt/format.h>
 
-#include "core/cpu/ops_cpu.h"
-#include "core/cpu/ops_cpu_fp8.h"
+#include "core/tensor/backend.h"
 #include "core/tensor/op_profile.h"
 #include "core/tensor/ops.h"
 #include "core/tensor/ops_fp8.h"
 #include "core/tensor/ops_check.h"
-#if defined(MEGATRAIN_WITH_CUDA)
-#include "core/cuda/ops_cuda.h"
-#include "core/cuda/ops_cuda_fp8.h"
-#endif
 
 namespace mt {
 
@@ -38,8 +33,7 @@ void fp8_amax(const Tensor& x, Tensor& amax) {
   const op_profile::Scope profile(op);
   check_floating(op, "x", x);
   check_f32_shape(op, "amax", amax, {1});
-  if (device_of(op, {&x, &amax}) == Device::cpu) return cpu::fp8_amax(x, amax);
-  MT_ON_CUDA(fp8_amax(x, amax));
+  backend(device_of(op, {&x, &amax}), op).fp8_amax(x, amax);
 }
 
 void fp8_quantize(const Tensor& x, const Tensor& scale, Tensor& out, Tensor* amax_out) {
@@ -51,8 +45,7 @@ void fp8_quantize(const Tensor& x, const Tensor& scale, Tensor& out, Tensor* ama
   check_same_shape(op, "out", out, x, "x");
   if (amax_out) check_f32_shape(op, "amax_out", *amax_out, {1});
   const Device d = amax_out ? device_of(op, {&x, &scale, &out, amax_out}) : device_of(op, {&x, &scale, &out});
-  if (d == Device::cpu) return cpu::fp8_quantize(x, scale, out, amax_out);
-  MT_ON_CUDA(fp8_quantize(x, scale, out, amax_out));
+  backend(d, op).fp8_quantize(x, scale, out, amax_out);
 }
 
 void fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Tensor& out, Tensor& out_t, Tensor* amax_out) {
@@ -79,8 +72,7 @@ void fp8_quantize_transpose(const Tensor& x, const Tensor& scale, Tensor& out, T
   const Tensor& any_out = out.defined() ? out : out_t;  // the devices of the defined ones
   const Device d =
       device_of(op, {&x, &scale, &any_out, out_t.defined() ? &out_t : &any_out, amax_out ? amax_out : &any_out});
-  if (d == Device::cpu) return cpu::fp8_quantize_transpose(x, scale, out, out_t, amax_out);
-  MT_ON_CUDA(fp8_quantize_transpose(x, scale, out, out_t, amax_out));
+  backend(d, op).fp8_quantize_transpose(x, scale, out, out_t, amax_out);
 }
 
 void fp8_dequantize(const Tensor& q, const Tensor& scale_inv, Tensor& out) {
@@ -90,8 +82,7 @@ void fp8_dequantize(const Tensor& q, const Tensor& scale_inv, Tensor& out) {
   check_f32_shape(op, "scale_inv", scale_inv, {1});
   check_floating(op, "out", out);
   check_same_shape(op, "out", out, q, "q");
-  if (device_of(op, {&q, &scale_inv, &out}) == Device::cpu) return cpu::fp8_dequantize(q, scale_inv, out);
-  MT_ON_CUDA(fp8_dequantize(q, scale_inv, out));
+  backend(device_of(op, {&q, &scale_inv, &out}), op).fp8_dequantize(q, scale_inv, out);
 }
 
 void fp8_update_scale(const Tensor& amax, Tensor& history, Tensor& scale, Tensor& scale_inv, const Tensor& fp8_max,
@@ -109,9 +100,8 @@ void fp8_update_scale(const Tensor& amax, Tensor& history, Tensor& scale, Tensor
   check_f32_shape(op, "scale_inv", scale_inv, {n});
   check_f32_shape(op, "fp8_max", fp8_max, {n});
   if (opt.margin < 0 || opt.margin > 64) fail(op, fmt::format("margin must lie in [0, 64], got {}", opt.margin));
-  if (device_of(op, {&amax, &history, &scale, &scale_inv, &fp8_max}) == Device::cpu)
-    return cpu::fp8_update_scale(amax, history, scale, scale_inv, fp8_max, opt);
-  MT_ON_CUDA(fp8_update_scale(amax, history, scale, scale_inv, fp8_max, opt));
+  backend(device_of(op, {&amax, &history, &scale, &scale_inv, &fp8_max}), op)
+      .fp8_update_scale(amax, history, scale, scale_inv, fp8_max, opt);
 }
 
 void gemm_fp8(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const Tensor& scale_inv_b, Tensor& out,
@@ -127,9 +117,8 @@ void gemm_fp8(const Tensor& a, const Tensor& scale_inv_a, const Tensor& b, const
   if (opt.epilogue == Epilogue::bgrad_a)
     fail(op, "epilogue bgrad_a would sum the fp8 values of a; take the bias gradient from the unquantized tensor");
   const op_profile::Scope profile(op);
-  if (device_of(op, {&a, &scale_inv_a, &b, &scale_inv_b, &out}) == Device::cpu)
-    return cpu::gemm_fp8(a, scale_inv_a, b, scale_inv_b, out, opt);
-  MT_ON_CUDA(gemm_fp8(a, scale_inv_a, b, scale_inv_b, out, opt));
+  backend(device_of(op, {&a, &scale_inv_a, &b, &scale_inv_b, &out}), op)
+      .gemm_fp8(a, scale_inv_a, b, scale_inv_b, out, opt);
 }
 
 }  // namespace mt

@@ -8,12 +8,9 @@
 
 #include <fmt/format.h>
 
-#include "core/cpu/ops_cpu.h"
+#include "core/tensor/backend.h"
 #include "core/tensor/op_profile.h"
 #include "core/tensor/ops_check.h"
-#if defined(MEGATRAIN_WITH_CUDA)
-#include "core/cuda/ops_cuda.h"
-#endif
 
 namespace mt {
 
@@ -33,9 +30,8 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   check_f32_shape(op, "mean", mean, {N});
   check_f32_shape(op, "rstd", rstd, {N});
   check_range(op, "eps", opt.eps >= 0.f, fmt::format("must be >= 0, got {}", opt.eps));
-  if (device_of(op, {&x, &weight, &bias, &out, &mean, &rstd}) == Device::cpu)
-    return cpu::layernorm_forward(x, weight, bias, out, mean, rstd, opt);
-  MT_ON_CUDA(layernorm_forward(x, weight, bias, out, mean, rstd, opt));
+  backend(device_of(op, {&x, &weight, &bias, &out, &mean, &rstd}), op)
+      .layernorm_forward(x, weight, bias, out, mean, rstd, opt);
 }
 
 void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& mean,
@@ -51,9 +47,8 @@ void layernorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weigh
   check_like(op, "dx", dx, x, "x");
   check_f32_shape(op, "dweight", dweight, {C});
   check_f32_shape(op, "dbias", dbias, {C});
-  if (device_of(op, {&dout, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias}) == Device::cpu)
-    return cpu::layernorm_backward(dout, x, weight, mean, rstd, dx, dweight, dbias);
-  MT_ON_CUDA(layernorm_backward(dout, x, weight, mean, rstd, dx, dweight, dbias));
+  backend(device_of(op, {&dout, &x, &weight, &mean, &rstd, &dx, &dweight, &dbias}), op)
+      .layernorm_backward(dout, x, weight, mean, rstd, dx, dweight, dbias);
 }
 
 // ---- RMSNorm -------------------------------------------------------------------------------------
@@ -67,8 +62,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor&
   check_like(op, "out", out, x, "x");
   check_f32_shape(op, "rstd", rstd, {N});
   check_range(op, "eps", opt.eps >= 0.f, fmt::format("must be >= 0, got {}", opt.eps));
-  if (device_of(op, {&x, &weight, &out, &rstd}) == Device::cpu) return cpu::rmsnorm_forward(x, weight, out, rstd, opt);
-  MT_ON_CUDA(rmsnorm_forward(x, weight, out, rstd, opt));
+  backend(device_of(op, {&x, &weight, &out, &rstd}), op).rmsnorm_forward(x, weight, out, rstd, opt);
 }
 
 void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight, const Tensor& rstd, Tensor& dx,
@@ -82,9 +76,8 @@ void rmsnorm_backward(const Tensor& dout, const Tensor& x, const Tensor& weight,
   check_f32_shape(op, "rstd", rstd, {N});
   check_like(op, "dx", dx, x, "x");
   check_f32_shape(op, "dweight", dweight, {C});
-  if (device_of(op, {&dout, &x, &weight, &rstd, &dx, &dweight}) == Device::cpu)
-    return cpu::rmsnorm_backward(dout, x, weight, rstd, dx, dweight);
-  MT_ON_CUDA(rmsnorm_backward(dout, x, weight, rstd, dx, dweight));
+  backend(device_of(op, {&dout, &x, &weight, &rstd, &dx, &dweight}), op)
+      .rmsnorm_backward(dout, x, weight, rstd, dx, dweight);
 }
 
 // ---- embeddings ----------------------------------------------------------------------------------
@@ -96,8 +89,7 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, Embe
   check_ndim(op, "table", table, 2, "(V, C)");
   check_floating_shape(op, "out", out, {ids.dim(0), ids.dim(1), table.dim(1)});
   check_range(op, "vocab_start", opt.vocab_start >= 0, fmt::format("must be >= 0, got {}", opt.vocab_start));
-  if (device_of(op, {&ids, &table, &out}) == Device::cpu) return cpu::embedding_forward(ids, table, out, opt);
-  MT_ON_CUDA(embedding_forward(ids, table, out, opt));
+  backend(device_of(op, {&ids, &table, &out}), op).embedding_forward(ids, table, out, opt);
 }
 
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, EmbeddingOptions opt) {
@@ -107,8 +99,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, E
   check_ndim(op, "dtable", dtable, 2, "(V, C)", DType::f32);
   check_floating_shape(op, "dout", dout, {ids.dim(0), ids.dim(1), dtable.dim(1)});
   check_range(op, "vocab_start", opt.vocab_start >= 0, fmt::format("must be >= 0, got {}", opt.vocab_start));
-  if (device_of(op, {&ids, &dout, &dtable}) == Device::cpu) return cpu::embedding_backward(ids, dout, dtable, opt);
-  MT_ON_CUDA(embedding_backward(ids, dout, dtable, opt));
+  backend(device_of(op, {&ids, &dout, &dtable}), op).embedding_backward(ids, dout, dtable, opt);
 }
 
 namespace {
@@ -151,8 +142,7 @@ void position_embedding_add(Tensor& x, const Tensor& wpe, EmbeddingOptions opt) 
   const op_profile::Scope profile(op);
   check_ndim(op, "x", x, 3, "(B, T, C)");
   check_positions(op, x, "wpe", wpe, opt);
-  if (device_of(op, {&x, &wpe}) == Device::cpu) return cpu::position_embedding_add(x, wpe, opt);
-  MT_ON_CUDA(position_embedding_add(x, wpe, opt));
+  backend(device_of(op, {&x, &wpe}), op).position_embedding_add(x, wpe, opt);
 }
 
 void position_embedding_backward(const Tensor& dout, Tensor& dwpe, EmbeddingOptions opt) {
@@ -161,8 +151,7 @@ void position_embedding_backward(const Tensor& dout, Tensor& dwpe, EmbeddingOpti
   check_ndim(op, "dout", dout, 3, "(B, T, C)");
   check_dtype(op, "dwpe", dwpe, DType::f32);
   check_positions(op, dout, "dwpe", dwpe, opt);
-  if (device_of(op, {&dout, &dwpe}) == Device::cpu) return cpu::position_embedding_backward(dout, dwpe, opt);
-  MT_ON_CUDA(position_embedding_backward(dout, dwpe, opt));
+  backend(device_of(op, {&dout, &dwpe}), op).position_embedding_backward(dout, dwpe, opt);
 }
 
 // ---- dropout -------------------------------------------------------------------------------------
@@ -189,16 +178,14 @@ void dropout_forward(const Tensor& x, Tensor& out, const DropoutOptions& opt) {
   const char* op = "dropout_forward";
   const op_profile::Scope profile(op);
   check_dropout(op, x, "x", out, "out", opt);
-  if (device_of(op, {&x, &out}) == Device::cpu) return cpu::dropout_forward(x, out, opt);
-  MT_ON_CUDA(dropout_forward(x, out, opt));
+  backend(device_of(op, {&x, &out}), op).dropout_forward(x, out, opt);
 }
 
 void dropout_backward(const Tensor& dout, Tensor& dx, const DropoutOptions& opt) {
   const char* op = "dropout_backward";
   const op_profile::Scope profile(op);
   check_dropout(op, dout, "dout", dx, "dx", opt);
-  if (device_of(op, {&dout, &dx}) == Device::cpu) return cpu::dropout_backward(dout, dx, opt);
-  MT_ON_CUDA(dropout_backward(dout, dx, opt));
+  backend(device_of(op, {&dout, &dx}), op).dropout_backward(dout, dx, opt);
 }
 
 // ---- fused residual + dropout ----
@@ -208,8 +195,7 @@ void dropout_add(const Tensor& x, const Tensor& residual, Tensor& out, const Dro
   const op_profile::Scope profile(op);
   check_dropout(op, x, "x", out, "out", opt);
   check_like(op, "residual", residual, x, "x");
-  if (device_of(op, {&x, &residual, &out}) == Device::cpu) return cpu::dropout_add(x, residual, out, opt);
-  MT_ON_CUDA(dropout_add(x, residual, out, opt));
+  backend(device_of(op, {&x, &residual, &out}), op).dropout_add(x, residual, out, opt);
 }
 
 // ---- end fused residual + dropout ----
@@ -280,11 +266,7 @@ void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const Attent
   check_qkv(op, qkv, opt);
   check_heads_out(op, "out", out, qkv);
   check_lse(op, lse, qkv);
-  if (device_of(op, {&qkv, &out, &lse}) == Device::cpu) {
-    cpu::attention_forward(qkv, out, lse, opt);
-    return count_attention_call(AttentionImpl::cpu);
-  }
-  MT_ON_CUDA(attention_forward(qkv, out, lse, opt));
+  backend(device_of(op, {&qkv, &out, &lse}), op).attention_forward(qkv, out, lse, opt);
 }
 
 void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout, Tensor& dqkv,
@@ -296,11 +278,7 @@ void attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse,
   check_lse(op, lse, qkv);
   check_heads_out(op, "dout", dout, qkv);
   check_like(op, "dqkv", dqkv, qkv, "qkv");
-  if (device_of(op, {&qkv, &out, &lse, &dout, &dqkv}) == Device::cpu) {
-    cpu::attention_backward(qkv, out, lse, dout, dqkv, opt);
-    return count_attention_call(AttentionImpl::cpu);
-  }
-  MT_ON_CUDA(attention_backward(qkv, out, lse, dout, dqkv, opt));
+  backend(device_of(op, {&qkv, &out, &lse, &dout, &dqkv}), op).attention_backward(qkv, out, lse, dout, dqkv, opt);
 }
 
 // ---- rotary position embedding -------------------------------------------------------------------
@@ -323,8 +301,7 @@ void rope_(Tensor& qkv, const RopeOptions& opt) {
                 "position_offset and split_at must be 0 with packed documents' positions");
     check_document_positions(op, opt.positions, qkv.dim(0), qkv.dim(1), true, qkv.device());
   }
-  if (qkv.device() == Device::cpu) return cpu::rope_(qkv, opt);
-  MT_ON_CUDA(rope_(qkv, opt));
+  backend(qkv.device(), op).rope_(qkv, opt);
 }
 
 }  // namespace mt

@@ -8,12 +8,9 @@
 
 #include <fmt/format.h>
 
-#include "core/cpu/ops_cpu.h"
+#include "core/tensor/backend.h"
 #include "core/tensor/op_profile.h"
 #include "core/tensor/ops_check.h"
-#if defined(MEGATRAIN_WITH_CUDA)
-#include "core/cuda/ops_cuda.h"
-#endif
 
 namespace mt {
 
@@ -39,8 +36,7 @@ void cross_entropy_rowmax(const Tensor& logits, Tensor& rowmax, CrossEntropyOpti
   const op_profile::Scope profile(op);
   check_logits(op, logits, nullptr, 0);
   check_f32_shape(op, "rowmax", rowmax, {logits.dim(0)});
-  if (device_of(op, {&logits, &rowmax}) == Device::cpu) return cpu::cross_entropy_rowmax(logits, rowmax, opt);
-  MT_ON_CUDA(cross_entropy_rowmax(logits, rowmax, opt));
+  backend(device_of(op, {&logits, &rowmax}), op).cross_entropy_rowmax(logits, rowmax, opt);
 }
 
 void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const Tensor& rowmax, Tensor& sumexp,
@@ -52,9 +48,8 @@ void cross_entropy_partials(const Tensor& logits, const Tensor& targets, const T
   check_f32_shape(op, "rowmax", rowmax, {N});
   check_f32_shape(op, "sumexp", sumexp, {N});
   check_f32_shape(op, "target_logit", target_logit, {N});
-  if (device_of(op, {&logits, &targets, &rowmax, &sumexp, &target_logit}) == Device::cpu)
-    return cpu::cross_entropy_partials(logits, targets, rowmax, sumexp, target_logit, opt);
-  MT_ON_CUDA(cross_entropy_partials(logits, targets, rowmax, sumexp, target_logit, opt));
+  backend(device_of(op, {&logits, &targets, &rowmax, &sumexp, &target_logit}), op)
+      .cross_entropy_partials(logits, targets, rowmax, sumexp, target_logit, opt);
 }
 
 void cross_entropy_loss(const Tensor& rowmax, const Tensor& sumexp, const Tensor& target_logit, Tensor& losses) {
@@ -66,9 +61,8 @@ void cross_entropy_loss(const Tensor& rowmax, const Tensor& sumexp, const Tensor
   check_f32_shape(op, "sumexp", sumexp, {N});
   check_f32_shape(op, "target_logit", target_logit, {N});
   check_f32_shape(op, "losses", losses, {N});
-  if (device_of(op, {&rowmax, &sumexp, &target_logit, &losses}) == Device::cpu)
-    return cpu::cross_entropy_loss(rowmax, sumexp, target_logit, losses);
-  MT_ON_CUDA(cross_entropy_loss(rowmax, sumexp, target_logit, losses));
+  backend(device_of(op, {&rowmax, &sumexp, &target_logit, &losses}), op)
+      .cross_entropy_loss(rowmax, sumexp, target_logit, losses);
 }
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const Tensor& rowmax, const Tensor& sumexp,
@@ -81,9 +75,8 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& targets, const T
   check_f32_shape(op, "sumexp", sumexp, {N});
   check_f32_shape(op, "dloss", dloss, {N});
   check_like(op, "dlogits", dlogits, logits, "logits");
-  if (device_of(op, {&logits, &targets, &rowmax, &sumexp, &dloss, &dlogits}) == Device::cpu)
-    return cpu::cross_entropy_backward(logits, targets, rowmax, sumexp, dloss, dlogits, opt);
-  MT_ON_CUDA(cross_entropy_backward(logits, targets, rowmax, sumexp, dloss, dlogits, opt));
+  backend(device_of(op, {&logits, &targets, &rowmax, &sumexp, &dloss, &dlogits}), op)
+      .cross_entropy_backward(logits, targets, rowmax, sumexp, dloss, dlogits, opt);
 }
 
 // ---- optimizer and reductions --------------------------------------------------------------------
@@ -121,9 +114,8 @@ void adamw_step(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp
   check_range(op, "step", opt.step >= 1, fmt::format("must be >= 1 (1-based), got {}", opt.step));
   check_range(op, "betas", opt.beta1 >= 0.f && opt.beta1 < 1.f && opt.beta2 >= 0.f && opt.beta2 < 1.f,
               fmt::format("must lie in [0, 1), got {} and {}", opt.beta1, opt.beta2));
-  if (device_of(op, {&master, &grad, &exp_avg, &exp_avg_sq}) == Device::cpu)
-    return cpu::adamw_step(master, grad, exp_avg, exp_avg_sq, opt);
-  MT_ON_CUDA(adamw_step(master, grad, exp_avg, exp_avg_sq, opt));
+  backend(device_of(op, {&master, &grad, &exp_avg, &exp_avg_sq}), op)
+      .adamw_step(master, grad, exp_avg, exp_avg_sq, opt);
 }
 
 // ==== fused step ops ==================================================================================
@@ -159,8 +151,7 @@ void grad_stats(const std::vector<Tensor>& xs, Tensor& stats) {
     check_dtype(op, fmt::format("xs[{}]", i).c_str(), xs[i], DType::f32);
     check_same_device(op, "xs", i, xs[i], stats.device());
   }
-  if (stats.device() == Device::cpu) return cpu::grad_stats(xs, stats);
-  MT_ON_CUDA(grad_stats(xs, stats));
+  backend(stats.device(), op).grad_stats(xs, stats);
 }
 
 GradStats grad_stats(const std::vector<Tensor>& xs) {
@@ -201,8 +192,7 @@ void adamw_multi_step(const std::vector<AdamWTensors>& ts, const AdamWOptions& o
                            dtype_name(t.value.dtype()), dtype_name(*value_dtype)));
     value_dtype = t.value.dtype();
   }
-  if (d == Device::cpu) return cpu::adamw_multi_step(ts, opt);
-  MT_ON_CUDA(adamw_multi_step(ts, opt));
+  backend(d, op).adamw_multi_step(ts, opt);
 }
 
 void accumulate_mean(const Tensor& x, Tensor& sum) {
@@ -211,8 +201,7 @@ void accumulate_mean(const Tensor& x, Tensor& sum) {
   check_dtype(op, "x", x, DType::f32);
   check_f64(op, "sum", sum, 1);
   check_range(op, "x", x.numel() > 0, "the mean of no values");
-  if (device_of(op, {&x, &sum}) == Device::cpu) return cpu::accumulate_mean(x, sum);
-  MT_ON_CUDA(accumulate_mean(x, sum));
+  backend(device_of(op, {&x, &sum}), op).accumulate_mean(x, sum);
 }
 
 void accumulate_weighted_sum(const Tensor& x, const Tensor& w, Tensor& sum) {
@@ -222,16 +211,14 @@ void accumulate_weighted_sum(const Tensor& x, const Tensor& w, Tensor& sum) {
   check_dtype(op, "w", w, DType::f32);
   check_f64(op, "sum", sum, 1);
   check_range(op, "w", w.numel() == x.numel(), "one weight per value");
-  if (device_of(op, {&x, &w, &sum}) == Device::cpu) return cpu::accumulate_weighted_sum(x, w, sum);
-  MT_ON_CUDA(accumulate_weighted_sum(x, w, sum));
+  backend(device_of(op, {&x, &w, &sum}), op).accumulate_weighted_sum(x, w, sum);
 }
 
 void fill_(Tensor& x, float v) {
   const char* op = "fill_";
   const op_profile::Scope profile(op);
   check_floating(op, "x", x);
-  if (x.device() == Device::cpu) return cpu::fill_(x, v);
-  MT_ON_CUDA(fill_(x, v));
+  backend(x.device(), op).fill_(x, v);
 }
 
 }  // namespace mt

@@ -6,12 +6,9 @@
 
 #include <fmt/format.h>
 
-#include "core/cpu/ops_cpu.h"
+#include "core/tensor/backend.h"
 #include "core/tensor/op_profile.h"
 #include "core/tensor/ops_check.h"
-#if defined(MEGATRAIN_WITH_CUDA)
-#include "core/cuda/ops_cuda.h"
-#endif
 
 namespace mt {
 
@@ -56,8 +53,7 @@ void moe_router_forward(const Tensor& logits, const Tensor& bias, Tensor& scores
   check_f32_shape(op, "probs", probs, {N, K});
   const Device device = bias.defined() ? device_of(op, {&logits, &bias, &scores, &experts, &probs})
                                        : device_of(op, {&logits, &scores, &experts, &probs});
-  if (device == Device::cpu) return cpu::moe_router_forward(logits, bias, scores, experts, probs, opt);
-  MT_ON_CUDA(moe_router_forward(logits, bias, scores, experts, probs, opt));
+  backend(device, op).moe_router_forward(logits, bias, scores, experts, probs, opt);
 }
 
 void moe_router_backward(const Tensor& scores, const Tensor& experts, const Tensor& dprobs, Tensor& dlogits,
@@ -69,9 +65,8 @@ void moe_router_backward(const Tensor& scores, const Tensor& experts, const Tens
   expect_shape(op, "experts", experts, {N, K});
   check_f32_shape(op, "dprobs", dprobs, {N, K});
   check_f32_shape(op, "dlogits", dlogits, {N, E});
-  if (device_of(op, {&scores, &experts, &dprobs, &dlogits}) == Device::cpu)
-    return cpu::moe_router_backward(scores, experts, dprobs, dlogits, opt);
-  MT_ON_CUDA(moe_router_backward(scores, experts, dprobs, dlogits, opt));
+  backend(device_of(op, {&scores, &experts, &dprobs, &dlogits}), op)
+      .moe_router_backward(scores, experts, dprobs, dlogits, opt);
 }
 
 void moe_router_loss_stats(const Tensor& logits, const Tensor& scores, RouterScore score, Tensor& score_sums,
@@ -83,9 +78,8 @@ void moe_router_loss_stats(const Tensor& logits, const Tensor& scores, RouterSco
   check_f32_shape(op, "scores", scores, {N, E});
   check_f32_shape(op, "score_sums", score_sums, {E});
   check_f32_shape(op, "lse_sq_sum", lse_sq_sum, {1});
-  if (device_of(op, {&logits, &scores, &score_sums, &lse_sq_sum}) == Device::cpu)
-    return cpu::moe_router_loss_stats(logits, scores, score, score_sums, lse_sq_sum);
-  MT_ON_CUDA(moe_router_loss_stats(logits, scores, score, score_sums, lse_sq_sum));
+  backend(device_of(op, {&logits, &scores, &score_sums, &lse_sq_sum}), op)
+      .moe_router_loss_stats(logits, scores, score, score_sums, lse_sq_sum);
 }
 
 void moe_router_loss_backward(const Tensor& logits, const Tensor& scores, const Tensor& score_grad, float z_grad,
@@ -99,8 +93,7 @@ void moe_router_loss_backward(const Tensor& logits, const Tensor& scores, const 
   check_f32_shape(op, "dlogits", dlogits, {N, E});
   const Device device = score_grad.defined() ? device_of(op, {&logits, &scores, &score_grad, &dlogits})
                                              : device_of(op, {&logits, &scores, &dlogits});
-  if (device == Device::cpu) return cpu::moe_router_loss_backward(logits, scores, score_grad, z_grad, score, dlogits);
-  MT_ON_CUDA(moe_router_loss_backward(logits, scores, score_grad, z_grad, score, dlogits));
+  backend(device, op).moe_router_loss_backward(logits, scores, score_grad, z_grad, score, dlogits);
 }
 
 // ---- token dispatch ----
@@ -144,9 +137,7 @@ void moe_dispatch_index(const Tensor& experts, Tensor& row_of, Tensor& counts, c
     check_f32_shape(op, "probs", *cap.probs, experts.shape());
     (void)device_of(op, {&experts, cap.probs});  // throws when they differ
   }
-  if (device_of(op, {&experts, &row_of, &counts}) == Device::cpu)
-    return cpu::moe_dispatch_index(experts, row_of, counts, cap);
-  MT_ON_CUDA(moe_dispatch_index(experts, row_of, counts, cap));
+  backend(device_of(op, {&experts, &row_of, &counts}), op).moe_dispatch_index(experts, row_of, counts, cap);
 }
 
 void moe_permute(const Tensor& x, const Tensor& row_of, const Tensor* probs, Tensor& out) {
@@ -157,8 +148,7 @@ void moe_permute(const Tensor& x, const Tensor& row_of, const Tensor* probs, Ten
   check_ndim(op, "out", out, 2, "(R, C)");
   check_columns_like(op, "out", out, x, "x");
   if (probs) (void)device_of(op, {&x, probs});  // throws when they differ
-  if (device_of(op, {&x, &row_of, &out}) == Device::cpu) return cpu::moe_permute(x, row_of, probs, out);
-  MT_ON_CUDA(moe_permute(x, row_of, probs, out));
+  backend(device_of(op, {&x, &row_of, &out}), op).moe_permute(x, row_of, probs, out);
 }
 
 void moe_unpermute(const Tensor& y, const Tensor& row_of, const Tensor* probs, Tensor& out) {
@@ -169,8 +159,7 @@ void moe_unpermute(const Tensor& y, const Tensor& row_of, const Tensor* probs, T
   check_choices(op, row_of, out.dim(0), probs);
   check_columns_like(op, "out", out, y, "y");
   if (probs) (void)device_of(op, {&y, probs});  // throws when they differ
-  if (device_of(op, {&y, &row_of, &out}) == Device::cpu) return cpu::moe_unpermute(y, row_of, probs, out);
-  MT_ON_CUDA(moe_unpermute(y, row_of, probs, out));
+  backend(device_of(op, {&y, &row_of, &out}), op).moe_unpermute(y, row_of, probs, out);
 }
 
 void moe_unpermute_backward_probs(const Tensor& dout, const Tensor& y, const Tensor& row_of, Tensor& dprobs) {
@@ -180,9 +169,7 @@ void moe_unpermute_backward_probs(const Tensor& dout, const Tensor& y, const Ten
   check_ndim(op, "y", y, 2, "(R, C)");
   check_columns_like(op, "y", y, dout, "dout");
   check_choices(op, row_of, dout.dim(0), &dprobs);
-  if (device_of(op, {&dout, &y, &row_of, &dprobs}) == Device::cpu)
-    return cpu::moe_unpermute_backward_probs(dout, y, row_of, dprobs);
-  MT_ON_CUDA(moe_unpermute_backward_probs(dout, y, row_of, dprobs));
+  backend(device_of(op, {&dout, &y, &row_of, &dprobs}), op).moe_unpermute_backward_probs(dout, y, row_of, dprobs);
 }
 
 }  // namespace mt

@@ -6,9 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#if defined(MEGATRAIN_WITH_CUDA)
-#include "core/cuda/runtime.h"
-#endif
+#include "core/tensor/backend.h"
 
 namespace mt {
 
@@ -113,25 +111,13 @@ Tensor Tensor::slice(int64_t begin, int64_t end) const {
   return t;
 }
 
-namespace {
-
-[[noreturn, maybe_unused]] void no_cuda(const char* what) {
-  throw std::runtime_error(fmt::format("{}: this megatrain was built without the CUDA backend", what));
-}
-
-}  // namespace
-
 void Tensor::zero_() {
   if (nbytes() == 0) return;
   if (device() == Device::cpu) {
     std::memset(raw(), 0, nbytes());
     return;
   }
-#if defined(MEGATRAIN_WITH_CUDA)
-  cuda::fill_zero(raw(), nbytes());
-#else
-  no_cuda("zero_");
-#endif
+  device_runtime(device(), "zero_").fill_zero(raw(), nbytes());
 }
 
 namespace {
@@ -164,17 +150,14 @@ void Tensor::copy_from(const Tensor& src) {
   if (src.numel() != numel_)
     throw std::invalid_argument(fmt::format("copy_from: {} into {}", src.describe(), describe()));
   if (device() != Device::cpu || src.device() != Device::cpu) {
-#if defined(MEGATRAIN_WITH_CUDA)
-    if (src.dtype() == dtype_) return cuda::copy_bytes(raw(), device(), src.raw(), src.device(), nbytes());
-    if (device() == Device::cuda && src.device() == Device::cuda)
-      return cuda::convert(src.raw(), src.dtype(), raw(), dtype_, numel_);
+    // The device's runtime moves the bytes (the host's side of a copy is plain memory to it).
+    DeviceRuntime& rt = device_runtime(device() != Device::cpu ? device() : src.device(), "copy_from");
+    if (src.dtype() == dtype_) return rt.copy_bytes(raw(), device(), src.raw(), src.device(), nbytes());
+    if (device() == src.device()) return rt.convert(src.raw(), src.dtype(), raw(), dtype_, numel_);
     // Across devices and dtypes: convert where the source lives, then move the bytes.
     Tensor converted = empty(shape_, dtype_, src.device(), MemKind::workspace);
     converted.copy_from(src);
     return copy_from(converted);
-#else
-    no_cuda("copy_from");
-#endif
   }
   if (src.dtype() == dtype_) {
     std::memmove(raw(), src.raw(), nbytes());

@@ -9,9 +9,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
-#if defined(MEGATRAIN_WITH_CUDA)
-#include "core/cuda/runtime.h"
-#endif
+#include "core/tensor/backend.h"
 
 namespace mt::trace {
 
@@ -107,15 +105,13 @@ Span::Span(const char* category, std::string name, std::string args) {
 Span::~Span() {
   if (!on_) return;
   Recorder& r = recorder();
-#if defined(MEGATRAIN_WITH_CUDA)
-  if (r.device == Device::cuda) {
+  if (DeviceRuntime* rt = find_runtime(r.device)) {
     try {
-      cuda::synchronize();  // the span is its work's time
+      rt->synchronize();  // the span is its work's time
     } catch (...) {
       // a failing device surfaces at the next op; a trace must not throw from a destructor
     }
   }
-#endif
   Event e{.name = std::move(name_),
           .category = category_,
           .start_us = start_us_,
