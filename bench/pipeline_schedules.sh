@@ -48,7 +48,7 @@ for m in $MS; do
           --set logging.dir="$WORK/$name" >/dev/null 2>"$WORK/$name.err" || { tail -5 "$WORK/$name.err"; exit 1; }
     cp "$WORK/$name/trace.json" "$OUT/$name.trace.json"
     python3 "$ROOT/scripts/trace_png.py" "$OUT/$name.trace.json" "$OUT/$name.png" $((WARMUP + 1)) 1200 >/dev/null
-    # The simulator's bubble (parallel/schedule.h, unit-tested): 1F1B (p-1)/m, interleaved (p-1)/(v m), ZB-H1
+    # The simulator's bubble (parallel/pipeline/schedule.h, unit-tested): 1F1B (p-1)/m, interleaved (p-1)/(v m), ZB-H1
     # p/(3m) (the paper's (p-1)/(3m) and one W for its memory bound), ZB-V (p-1)/(6m) of the ideal; as a fraction
     # of the window, b / (1 + b).
     sim=$(python3 -c "b = {'1f1b': 3 / $m, 'interleaved': 3 / (2 * $m), 'zb-h1': 4 / (3 * $m), 'zb-v': 0.5 / $m}['$schedule']; print(f'{100 * b / (1 + b):.1f}%')")

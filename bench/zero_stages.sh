@@ -3,7 +3,7 @@
 # of hybrid sharding in groups of 2 (parallel.shard_group 2), at DP 2 and DP 4 on CPU ranks (Gloo over loopback).
 # Tokens/s from the median ms per iteration of iterations 2..ITERS (the first warms up) in metrics.jsonl, the
 # fastest beside it (on a shared machine the least disturbed); bytes per step and rank over the data-parallel groups
-# from metrics.jsonl's comm_bytes_by_group (parallel/comm_counted.h: reduce-scatter, all-gather, all-reduce; the f64
+# from metrics.jsonl's comm_bytes_by_group (parallel/comm/comm_counted.h: reduce-scatter, all-gather, all-reduce; the f64
 # loss and norm sums left out), and rank 0's peak memory. A GPT of hidden 256, 4 layers of 4 heads, sequence 256,
 # micro batch 4 per rank (one microbatch), fp32, dropout off; one BLAS thread a rank. DP ranks beyond the machine's
 # cores share them: on a 2-core machine the DP 4 rows measure the overheads more than a speed-up.

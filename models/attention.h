@@ -6,7 +6,7 @@
 // Multi-head and grouped-query attention alike: QKV holds this rank's query groups, per group
 // [R queries | key | value] of head_dim each (LLAMA.md; GPT: one query per group), so a column block of the
 // weight is whole groups. The attention runs over the whole local sequence: the one of this rank, or with context
-// parallelism the ring's (or all-gather's) over the context ranks' chunks (parallel/context_parallel.h). The
+// parallelism the ring's (or all-gather's) over the context ranks' chunks (parallel/layers/context_parallel.h). The
 // rotary embeddings (spec.position rotary) see the tokens' positions: 0..T-1, the context chunks' global ones, or
 // packed documents' (StepContext::positions).
 //

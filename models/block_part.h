@@ -15,12 +15,12 @@
 #include "core/config/config.h"
 #include "core/tensor/parameter.h"
 #include "core/tensor/tensor.h"
-#include "parallel/context_parallel.h"
-#include "parallel/expert_parallel.h"
-#include "parallel/fp8_linear.h"
-#include "parallel/lora_linear.h"
-#include "parallel/parallel_linear.h"
-#include "parallel/tensor_parallel.h"
+#include "parallel/layers/context_parallel.h"
+#include "parallel/layers/expert_parallel.h"
+#include "parallel/layers/fp8_linear.h"
+#include "parallel/layers/lora_linear.h"
+#include "parallel/layers/parallel_linear.h"
+#include "parallel/layers/tensor_parallel.h"
 
 namespace mt {
 
@@ -120,7 +120,7 @@ class BlockPart {
   virtual Tensor decode(const Tensor& x, PartState& cache, const DecodeStep& step) const;
 
   virtual std::vector<Parameter*> parameters() = 0;
-  // From now on its linears' GEMMs take fp8 inputs scaled by `ctx` (parallel/fp8_linear.h), registered under
+  // From now on its linears' GEMMs take fp8 inputs scaled by `ctx` (parallel/layers/fp8_linear.h), registered under
   // their names in order; a part without fp8 linears ignores it.
   virtual void enable_fp8(const std::shared_ptr<Fp8Context>&) {}
   // Folds its LoRA adapters into their linears' weights and drops them (generation).

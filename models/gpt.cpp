@@ -4,7 +4,7 @@
 
 #include "core/tensor/ops.h"
 #include "core/base/rng.h"
-#include "parallel/weight_grad.h"
+#include "parallel/pipeline/weight_grad.h"
 
 namespace mt {
 
@@ -261,7 +261,7 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
       std::vector<Parameter*> head_params = lnf_.parameters();
       if (!cfg_.tie_embeddings) head_params.push_back(&head_.weight());
       if (cfg_.tie_embeddings && !opt_.stage.has_embedding) head_params.push_back(&wte_.weight());  // the tied copy
-      // After their weight gradients: deferred with them under a zero-bubble pipeline (parallel/weight_grad.h).
+      // After their weight gradients: deferred with them under a zero-bubble pipeline (parallel/pipeline/weight_grad.h).
       weight_grad_work([this, mb, head_params] { grads_ready_(mb, head_params); });
     }
     unit_event(UnitEvent::backward_end, head_unit(), -1);

@@ -11,8 +11,8 @@
 #include "core/tensor/parameter.h"
 #include "core/tensor/tensor.h"
 #include "models/transformer_layer.h"
-#include "parallel/parallel_linear.h"
-#include "parallel/vocab_parallel_embedding.h"
+#include "parallel/layers/parallel_linear.h"
+#include "parallel/layers/vocab_parallel_embedding.h"
 
 namespace mt {
 
@@ -72,7 +72,7 @@ class GptModel {
   // each layer's backward, the head's and the embedding's), so their storage can be made then (ZeRO-2).
   void set_grads_needed_hook(GradsReadyHook hook) { grads_needed_ = std::move(hook); }
 
-  // ZeRO-3 (parallel/sharded_parameters.h): the units whose parameters are gathered together, in forward order:
+  // ZeRO-3 (parallel/sharding/sharded_parameters.h): the units whose parameters are gathered together, in forward order:
   // the embedding (first stage), each transformer layer, the final norm with the LM head (last stage; the tied
   // word embeddings are the head's weight there too).
   std::vector<std::vector<Parameter*>> units();

@@ -1,4 +1,4 @@
-// model_stage.h: a rank's model chunks as the pipeline executor runs them (parallel/pipeline_executor.h
+// model_stage.h: a rank's model chunks as the pipeline executor runs them (parallel/pipeline/pipeline_executor.h
 // PipelineStage): one training iteration's microbatches (TrainingStage: forward, backward, and the split backward of
 // the zero-bubble schedules) or evaluation's (EvaluationStage: forward only, the losses summed on the host). What a
 // microbatch reads (its tokens, targets and context) comes from the caller, which owns the data.
@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "models/gpt.h"
-#include "parallel/pipeline_executor.h"
-#include "parallel/weight_grad.h"
+#include "parallel/pipeline/pipeline_executor.h"
+#include "parallel/pipeline/weight_grad.h"
 
 namespace mt {
 
@@ -42,7 +42,7 @@ class TrainingStage final : public PipelineStage {
         loss_sum_(std::move(loss_sum)) {}
   Tensor forward(int microbatch, int chunk, const Tensor& input) override;
   Tensor backward(int microbatch, int chunk, const Tensor& grad) override;
-  // Zero-bubble schedules: the backward with the weight gradients deferred (parallel/weight_grad.h), then those.
+  // Zero-bubble schedules: the backward with the weight gradients deferred (parallel/pipeline/weight_grad.h), then those.
   Tensor backward_input(int microbatch, int chunk, const Tensor& grad) override;
   void backward_weight(int microbatch, int chunk) override;
   Shape activation_shape() const override { return activation_.shape; }

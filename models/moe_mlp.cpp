@@ -11,8 +11,8 @@
 #include <fmt/format.h>
 
 #include "core/tensor/ops.h"
-#include "parallel/sequence_parallel.h"
-#include "parallel/weight_grad.h"
+#include "parallel/layers/sequence_parallel.h"
+#include "parallel/pipeline/weight_grad.h"
 
 namespace mt {
 
@@ -104,7 +104,7 @@ void expert_backward(const Tensor& dy, const Tensor& x, const Tensor& h, const T
   else
     gelu_backward(h, dact, dh);
   gemm(dh, w1.value, dx);  // (n, C)
-  // The weights' gradients: the schedule's W under a zero-bubble pipeline (parallel/weight_grad.h).
+  // The weights' gradients: the schedule's W under a zero-bubble pipeline (parallel/pipeline/weight_grad.h).
   weight_grad_work([dy, act, dh, x, &w1, &w2] {
     gemm(dy, act, w2.grad, GemmOptions{.trans_a = true, .beta = 1.f});  // (C, F) +=
     gemm(dh, x, w1.grad, GemmOptions{.trans_a = true, .beta = 1.f});    // (F1, C) +=
@@ -450,7 +450,7 @@ Tensor MoeMlp::backward(const Tensor& dout_rows, const Saved& s, const MoeStep& 
       gelu_backward(s.h, dact, dh);
   }
   gemm_grouped(dhs, g.w1, dxs);  // dx (n, C) = dh W1
-  // The experts' weight gradients: the schedule's W under a zero-bubble pipeline (parallel/weight_grad.h).
+  // The experts' weight gradients: the schedule's W under a zero-bubble pipeline (parallel/pipeline/weight_grad.h).
   weight_grad_work([dys, as, dhs, xs, w1_grads, w2_grads]() mutable {
     gemm_grouped(dys, as, w2_grads, GemmOptions{.trans_a = true, .beta = 1.f});  // dW2 (C, F) += dy^T act
     gemm_grouped(dhs, xs, w1_grads, GemmOptions{.trans_a = true, .beta = 1.f});  // dW1 (F1, C) += dh^T x

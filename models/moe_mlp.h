@@ -22,7 +22,7 @@
 // (reduce-scattered to sequence shards with SP) as a row-parallel output is. The router's gradient is the same on
 // every TP rank (a replica); its input gradient joins the sum once (on TP rank 0).
 //
-// Expert parallelism (parallel/expert_parallel.h): this rank holds E / ep of the experts; each forward sends its
+// Expert parallelism (parallel/layers/expert_parallel.h): this rank holds E / ep of the experts; each forward sends its
 // tokens' choices to the EP ranks holding their experts and gets their outputs back (all-to-all, counts exchanged
 // first), each backward the same for the gradients. Every EP rank computes the same values as one rank would.
 //
@@ -44,9 +44,9 @@
 #include "core/tensor/ops.h"
 #include "core/tensor/parameter.h"
 #include "core/tensor/tensor.h"
-#include "parallel/context_parallel.h"
-#include "parallel/expert_parallel.h"
-#include "parallel/tensor_parallel.h"
+#include "parallel/layers/context_parallel.h"
+#include "parallel/layers/expert_parallel.h"
+#include "parallel/layers/tensor_parallel.h"
 
 namespace mt {
 

@@ -1,11 +1,11 @@
 // pipeline_schedule.h: the pipeline schedule a resolved config trains with (parallel.pipeline_schedule), as
-// parallel/schedule.h names it: one stage runs no pipelining; auto is 1F1B, interleaved with virtual_pipeline > 1.
+// parallel/pipeline/schedule.h names it: one stage runs no pipelining; auto is 1F1B, interleaved with virtual_pipeline > 1.
 #pragma once
 #include <cstdint>
 #include <vector>
 
 #include "core/config/config.h"
-#include "parallel/schedule.h"
+#include "parallel/pipeline/schedule.h"
 
 namespace mt {
 

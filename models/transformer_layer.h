@@ -51,7 +51,7 @@ class TransformerLayer {
   std::vector<Parameter*> parameters();
   int64_t index() const { return opt_.layer; }
   MoeMlp* moe();  // a MoE layer's MLP; null for a dense layer
-  // From now on the attention's and a dense MLP's linears take fp8 inputs scaled by `ctx` (parallel/fp8_linear.h).
+  // From now on the attention's and a dense MLP's linears take fp8 inputs scaled by `ctx` (parallel/layers/fp8_linear.h).
   void enable_fp8(const std::shared_ptr<Fp8Context>& ctx);
   // Folds the LoRA adapters into their linears' weights (W += scale B A) and drops them (generation).
   void merge_lora();

@@ -57,7 +57,7 @@ class Replay {
   }
 
   // A linear's weight-gradient GEMM (dW and the bias gradient on its epilogue, into an f32 gradient) of a and b
-  // elements: now, or with split_backward in W (parallel/weight_grad.h), where its widened operands are W's workspace.
+  // elements: now, or with split_backward in W (parallel/pipeline/weight_grad.h), where its widened operands are W's workspace.
   void weight_gemm(double a, double b) {
     if (!defer) return gemm(a, b, 0, true);
     if (s.cpu && s.d != 4) w_ws = std::max(w_ws, 4 * (a + b));
@@ -70,7 +70,7 @@ class Replay {
     return 0;
   }
 
-  // parallel/sequence_parallel.cpp SequenceGather: the constructor posts the all-gather of the (Ns, C) shard
+  // parallel/layers/sequence_parallel.cpp SequenceGather: the constructor posts the all-gather of the (Ns, C) shard
   // into a (tp, B, Ts * C) rank-major workspace (with SP; nothing without).
   void gather_begin() {
     if (s.sp) t.hold(s.N() * s.m.C * s.d);  // rank_major_
@@ -116,7 +116,7 @@ class Replay {
     return shard;
   }
 
-  // parallel/parallel_linear.cpp ColumnParallelLinear::forward of the (Ns, C) input into `cols` output
+  // parallel/layers/parallel_linear.cpp ColumnParallelLinear::forward of the (Ns, C) input into `cols` output
   // columns: the gathered input (a temporary of the call), out (N, cols) and with `gelu` the pre-activation
   // (N, cols). Returns the bytes of what it leaves allocated (out, and the pre-activation).
   double column_forward(double cols, bool gelu = false) {
@@ -180,7 +180,7 @@ class Replay {
     if (s.m.rotary && !s.cpu) t.workspace(s.T * s.m.D * 4);
   }
 
-  // parallel/context_parallel.cpp with context parallelism: the key/value blocks of this rank's (B, T, Gt, 2, D)
+  // parallel/layers/context_parallel.cpp with context parallelism: the key/value blocks of this rank's (B, T, Gt, 2, D)
   // in the compute dtype, the own one and the ring's next (p2p) or all cp gathered (allgather).
   double kv_elements() const { return s.B * s.T * s.m.Gt * 2 * s.m.D; }
   double kv_blocks_bytes() const { return kv_elements() * s.d * (s.cp_allgather ? 1 + s.cp : 2); }
@@ -506,7 +506,7 @@ class Replay {
     t.free(locals + kept + Ns * C * d);  // h (final_in too) and the locals
   }
 
-  // forward_impl, the embedding part (parallel/vocab_parallel_embedding.cpp forward): leaves x (Ns, C).
+  // forward_impl, the embedding part (parallel/layers/vocab_parallel_embedding.cpp forward): leaves x (Ns, C).
   void embedding_forward() {
     const double N = s.N(), C = s.m.C, d = s.d;
     t.alloc(N * C * d);  // partial (B, T, C)

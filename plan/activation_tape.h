@@ -56,7 +56,7 @@ struct ChunkProfile {
   double output = 0;            // bytes of the output activation sent on after forward (freed at the next flush)
   double input_grad = 0;        // bytes of the input gradient sent back after backward (likewise)
   double message = 0;           // bytes of one received activation or gradient
-  // The backward unsplit: what a zero-bubble schedule's B and W run as where they run as one (parallel/schedule.h).
+  // The backward unsplit: what a zero-bubble schedule's B and W run as where they run as one (parallel/pipeline/schedule.h).
   OpProfile whole;
 };
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "models/pipeline_schedule.h"
-#include "parallel/schedule.h"
+#include "parallel/pipeline/schedule.h"
 
 namespace mt::plan {
 

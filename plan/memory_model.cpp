@@ -12,7 +12,7 @@
 #include "core/base/dtype.h"
 #include "core/optim/host_offload.h"
 #include "models/pipeline_schedule.h"
-#include "parallel/schedule.h"
+#include "parallel/pipeline/schedule.h"
 #include "plan/activation_tape.h"
 
 namespace mt::plan {
@@ -36,7 +36,7 @@ std::vector<ChunkSpec> chunks_of(const Config& c, int64_t stage) {
 
 // finetune.lora's adapters of one layer on tensor-parallel rank 0, in the layer's parameter order (each linear's
 // lora_a then lora_b after its weight and bias): beside qkv and fc1 A (r, C) replicated and B (out/tp, r); beside
-// proj and fc2 A (r, in/tp) and B (C, r) replicated (parallel/lora_linear.h).
+// proj and fc2 A (r, in/tp) and B (C, r) replicated (parallel/layers/lora_linear.h).
 std::vector<double> lora_layer_parameters(const ModelShapes& m, const LoraConfig& l) {
   const auto r = static_cast<double>(l.rank);
   std::vector<double> n;
@@ -81,7 +81,7 @@ std::vector<double> chunk_parameters(const ModelShapes& m, const ChunkSpec& ch, 
   return n;
 }
 
-// parallel/grad_buffer.cpp GradBuffer's layout: buckets of whole parameters taken from the last, closed once
+// parallel/sharding/grad_buffer.cpp GradBuffer's layout: buckets of whole parameters taken from the last, closed once
 // they hold bucket_elements; with the distributed optimizer each bucket padded to a multiple of the DP size.
 struct GradLayout {
   double elements = 0;    // the flat fp32 buffer, padding included
@@ -136,7 +136,7 @@ struct ActivationPeaks {
   int in_flight = 0;
 };
 
-// Walks this stage's instruction list as parallel/pipeline_executor.cpp runs it: received buffers count from their
+// Walks this stage's instruction list as parallel/pipeline/pipeline_executor.cpp runs it: received buffers count from their
 // recv; a sent output or input gradient stays until its batch is waited for: the flush before the next compute, or
 // under waits on use (ZB-V) the first compute that consumes a tensor received in that batch or a later one (the
 // batches complete in order), or the end.
@@ -213,7 +213,7 @@ ActivationPeaks walk_schedule(const Config& c, int64_t stage, const std::vector<
         made = local(in.chunk, 1) ? 0 : ch.output;
         out.in_flight = std::max(out.in_flight, ++in_flight);
         break;
-      case PipeOp::backward:  // whole (in a zero-bubble schedule a B and W run as one, parallel/schedule.h)
+      case PipeOp::backward:  // whole (in a zero-bubble schedule a B and W run as one, parallel/pipeline/schedule.h)
         before_compute(std::tuple(PipeOp::recv_backward, in.microbatch, in.chunk));
         apply(cur, ch.whole);
         made = local(in.chunk, -1) ? 0 : ch.input_grad;
@@ -236,7 +236,7 @@ ActivationPeaks walk_schedule(const Config& c, int64_t stage, const std::vector<
   return out;
 }
 
-// training.fp8's state on a rank holding `layers` layers (parallel/fp8_linear.cpp): per linear (4 a layer) and
+// training.fp8's state on a rank holding `layers` layers (parallel/layers/fp8_linear.cpp): per linear (4 a layer) and
 // operand (3) a scale, its inverse, a running amax, the format's max and an amax history (H entries with the
 // delayed recipe, 1 with current), all fp32; a MoE layer's two (its attention's) only approximately.
 double fp8_state_bytes(const Config& c, int64_t layers) {
@@ -246,8 +246,8 @@ double fp8_state_bytes(const Config& c, int64_t layers) {
   return operands * 4 * (4 + (f.recipe == Fp8Recipe::delayed ? static_cast<double>(f.amax_history_len) : 1));
 }
 
-// What training.fp8 holds beside the bf16 model on a rank with `layers` layers (parallel/fp8_linear.cpp,
-// parallel/parallel_linear.cpp), per linear of a layer (input width Fin, output Fout on this rank; N = B T tokens, the
+// What training.fp8 holds beside the bf16 model on a rank with `layers` layers (parallel/layers/fp8_linear.cpp,
+// parallel/layers/parallel_linear.cpp), per linear of a layer (input width Fin, output Fout on this rank; N = B T tokens, the
 // gathered input under SP):
 //   cache      each linear's weight in fp8 and its transpose (Fp8Link::weight, both layouts for the TN GEMMs), one
 //              byte an element each, cast at the first forward of an iteration and kept: 2 bytes per weight element;
@@ -339,7 +339,7 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
   const bool zero = c.parallel.shard >= ShardStage::optimizer;
   const bool zero2 = c.parallel.shard >= ShardStage::gradients;
   const bool zero3 = c.parallel.shard >= ShardStage::parameters;
-  // Hybrid sharding (parallel/hybrid_shard.h): the dense buckets sharded over the shard group (padded to dp still).
+  // Hybrid sharding (parallel/sharding/hybrid_shard.h): the dense buckets sharded over the shard group (padded to dp still).
   const int64_t sg = c.parallel.shard_group;
   const bool hybrid = zero && sg > 0 && sg < dp;
   // The schedule every stage kind walks (its ZB-V lists weighed once, schedule_memory).
@@ -367,7 +367,7 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     std::vector<double> adapters;
     std::vector<ChunkProfile> prof;
     double largest_layer = 0, held_through_backward = 0;  // ZeRO-2's transient gradient storage (below)
-    // ZeRO-3 (parallel/sharded_parameters.h): the most elements gathered at once, a unit and the next one
+    // ZeRO-3 (parallel/sharding/sharded_parameters.h): the most elements gathered at once, a unit and the next one
     // (prefetched), in forward order (models/gpt.cpp GptModel::units: the embedding, each layer, the final norm
     // with the head); and the values kept whole (the tied table of a stage without the other end: its buckets
     // are summed over the embedding group first).
@@ -433,7 +433,7 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
     const bool offload = c.optimizer.offload;
     b[MemKind::parameter] = zero3 ? (d != 4 || offload ? g.shard * d : 0) + kept_whole * d : n * d;
     b[MemKind::gathered] = zero3 ? gathered_pair * d : 0;
-    // parallel/grad_buffer.cpp: one flat fp32 buffer; with ZeRO its buckets are reduce-scattered in place and
+    // parallel/sharding/grad_buffer.cpp: one flat fp32 buffer; with ZeRO its buckets are reduce-scattered in place and
     // the distributed optimizer reads its blocks there (no gradient shard of its own).
     // ZeRO-2: no flat buffer; this rank's fp32 blocks for the step, and the transient storage backward writes into:
     // one layer's buckets (the unit the backward hooks prepare and mark, models/gpt.cpp), a bucket it shares with
@@ -446,7 +446,7 @@ MemoryPlan predict_memory(const Config& c, Backend backend) {
         std::min(largest_layer + (zero3 ? 1 : 2) * g.max_bucket + held_through_backward, g.elements);
     b[MemKind::gradient] = zero2 ? 4 * (g.shard + transient) : 4 * g.elements;
     // core/optim/optimizer.cpp: fp32 master (the value itself in fp32) and two moments. ZeRO
-    // (parallel/distributed_optimizer.cpp): master and moments of its blocks, plus the blocks' values in the
+    // (parallel/sharding/distributed_optimizer.cpp): master and moments of its blocks, plus the blocks' values in the
     // compute dtype (value_shard_) for the all-gather.
     b[MemKind::optimizer] = zero ? g.shard * (12 + (d != 4 && !zero3 ? d : 0)) : trained * (8 + (d != 4 ? 4 : 0));
     // Offloaded: the host pool holds masters, moments and two chunks of staging per optimizer (the dense one and the

@@ -2,10 +2,10 @@
 // exactly as the training log prints it ("peak memory (MiB): parameters .. | gradients .. | ...").
 //
 // The prediction mirrors the code, not a textbook formula: parameters and their gradient buffer as the model
-// and the trainer allocate them, the optimizer state of core/optim/optimizer.cpp or parallel/distributed_optimizer.cpp,
+// and the trainer allocate them, the optimizer state of core/optim/optimizer.cpp or parallel/sharding/distributed_optimizer.cpp,
 // and activations from an allocation tape (plan/activation_tape.cpp) that replays, in the code's order, every
 // tensor a transformer layer, the head and the embedding allocate and free, walked through the real pipeline
-// schedule (parallel/schedule.h) so the microbatches in flight on each stage are the trainer's.
+// schedule (parallel/pipeline/schedule.h) so the microbatches in flight on each stage are the trainer's.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -14,7 +14,7 @@
 
 #include "core/tensor/allocator.h"
 #include "core/config/config.h"
-#include "parallel/schedule.h"
+#include "parallel/pipeline/schedule.h"
 
 namespace mt::plan {
 
@@ -45,7 +45,7 @@ struct MemoryPlan {
   double max_total() const;         // the largest total over the rank kinds
 };
 
-// What a ZB-V (microbatch, chunk) pair holds through its B relative to what its forward keeps (parallel/schedule.h
+// What a ZB-V (microbatch, chunk) pair holds through its B relative to what its forward keeps (parallel/pipeline/schedule.h
 // ScheduleMemory), from the activation tape of the layers of stage p - 1's first chunk, rounded to 1/64; the default
 // for the other schedules. The trainer builds its schedule with it, so the planner walks the same lists.
 ScheduleMemory schedule_memory(const Config& c, Backend backend);

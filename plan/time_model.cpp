@@ -9,7 +9,7 @@
 #include "core/base/dtype.h"
 #include "models/gpt.h"
 #include "models/pipeline_schedule.h"
-#include "parallel/schedule.h"
+#include "parallel/pipeline/schedule.h"
 #include "plan/memory_model.h"
 #include "plan/model_shapes.h"
 #include "plan/time_model_costs.h"
@@ -155,7 +155,7 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   t.cp_comm = M * slow->work.cp;
   t.all_to_all_bytes_per_token = all_to_all_bytes_per_token(s.m.moe, C, s.d, s.ep);
   t.pp_comm = M * slow->p2p;
-  // Fill and drain: the schedule simulator (parallel/schedule.h) runs the training schedule with the slowest
+  // Fill and drain: the schedule simulator (parallel/pipeline/schedule.h) runs the training schedule with the slowest
   // stage's costs per microbatch (its transfers split between forward and backward): F, B (the input gradient)
   // and W (the weight gradients, taken as a third of the GEMM time of a forward and backward, half the
   // backward's: what a zero-bubble schedule defers). The bubble is its makespan less the stage's work. 1F1B gives
@@ -188,11 +188,11 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   if (par.shard >= ShardStage::optimizer) {
     const double reduce_scatter = dp_link.gather(dpn, 4 * nd) + dp_link.gather(edp, 4 * ne);
     t.dp_comm = reduce_scatter + dp_link.gather(dpn, s.d * nd) + dp_link.gather(edp, s.d * ne);
-    // ZeRO-2 reduce-scatters every microbatch (parallel/grad_buffer.h): the earlier ones beside their backward.
+    // ZeRO-2 reduce-scatters every microbatch (parallel/sharding/grad_buffer.h): the earlier ones beside their backward.
     if (par.shard >= ShardStage::gradients && M > 1)
       t.dp_comm += (M - 1) * std::max(0.0, reduce_scatter - slow->backward);
     // ZeRO-3 gathers the values around every microbatch's forward and backward instead of once after the step
-    // (parallel/sharded_parameters.h): 1.5x the all-reduce's bytes with one microbatch. Each gather is prefetched
+    // (parallel/sharding/sharded_parameters.h): 1.5x the all-reduce's bytes with one microbatch. Each gather is prefetched
     // beside the unit before it: what outlasts the compute shows, priced on top of ZeRO-2's time (the first
     // unit's gather is exposed as the step's gather is, and the gathers share the links), so the search takes it
     // only where it is what fits.

@@ -33,7 +33,7 @@ Parts Costs::layer_forward(bool moe) const {
   p.gemm = linear(N, m.qkv, C) + linear(N, C, m.Ct) + (moe ? 0 : linear(N, m.fc1, C) + linear(N, C, m.Ft));
   p.attention = attention(attention_flops());  // QK^T and PV, causal: half of 4 B H T^2 D
   // fp8: the inputs of the four linears cast (their amaxes first). The weights are cast once per step
-  // (parallel/fp8_linear.h Fp8Link::weight), not counted: under 1% of a step at any size a GPU trains.
+  // (parallel/layers/fp8_linear.h Fp8Link::weight), not counted: under 1% of a step at any size a GPU trains.
   p.elementwise += fp8_cast(N, C) + fp8_cast(N, m.Ct) + (moe ? 0 : fp8_cast(N, C) + fp8_cast(N, m.Ft));
   // Two norms (read, write), two dropout-adds (two reads, a write), the biases after the reductions: 14
   // (Ns, C) passes; the epilogues of QKV and fc1 (bias, GELU) are fused on GPUs, separate passes on the
@@ -153,7 +153,7 @@ Parts Costs::layer_backward(bool moe) const {
   p.gemm =
       linear_bwd(N, m.qkv, C) + linear_bwd(N, C, m.Ct) + (moe ? 0 : linear_bwd(N, m.fc1, C) + linear_bwd(N, C, m.Ft));
   p.attention = attention(2.5 * attention_flops());  // flash backward: ~2.5x the forward
-  // fp8: the output gradients cast, and the inputs again (parallel/parallel_linear.cpp).
+  // fp8: the output gradients cast, and the inputs again (parallel/layers/parallel_linear.cpp).
   p.elementwise += fp8_cast(N, m.qkv) + fp8_cast(N, C) + fp8_cast(N, C) + fp8_cast(N, m.Ct) +
                    (moe ? 0 : fp8_cast(N, m.fc1) + fp8_cast(N, C) + fp8_cast(N, C) + fp8_cast(N, m.Ft));
   // Two norm backwards (x, dy, dx and the residual gradient's add), two dropout backwards, the rest of the

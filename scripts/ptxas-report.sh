@@ -36,7 +36,7 @@ trap 'rm -rf "$work"' EXIT
 compile() {  # file
   local f=$1 name
   name=$(basename "$f" .cu)
-  "$NVCC" -std=c++20 "-arch=sm_$ARCH" -cubin -O3 -DNDEBUG -DMEGATRAIN_WITH_CUDA=1 -I"$ROOT" -Xptxas -v \
+  "$NVCC" -std=c++20 "-arch=sm_$ARCH" -cubin -O3 -DNDEBUG -I"$ROOT" -Xptxas -v \
     -o "$work/$name.cubin" "$f" >"$work/$name.log" 2>&1 || { cat "$work/$name.log" >&2; echo "FAILED: $f" >&2; return 1; }
 }
 export -f compile

@@ -21,9 +21,9 @@
 #include "core/tensor/backend.h"
 #include "core/tensor/ops.h"
 #include "core/tensor/tensor.h"
-#include "parallel/communicator.h"
-#include "parallel/store.h"
-#include "parallel/thread_ranks.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/store/store.h"
+#include "parallel/comm/thread_ranks.h"
 #include "plan/hardware.h"
 
 namespace mt::app {
@@ -153,7 +153,7 @@ void measure_elementwise(Device dev, DType dt, double min_seconds, plan::Hardwar
 // 2 latencies), the mean of three rounds (unlike a kernel's rate, the wake-up latency is not disturbance to
 // filter out: every collective of a run pays it); and the cores the ranks share. Both messages over TCP
 // (parallel.gloo_shared_memory off): the planner prices every collective so, an upper bound for the small ones
-// that go through shared memory (parallel/shared_rounds.h).
+// that go through shared memory (parallel/comm/shared_rounds.h).
 void measure_gloo(plan::Hardware& hw) {
   // n^3 * 2 FLOP at the best measured GEMM rate = 5 ms.
   const auto n = static_cast<int64_t>(std::clamp(std::cbrt(5e-3 * hw.peak_flops / 2), 128.0, 2048.0));

@@ -16,7 +16,7 @@
 #include "app/train/trainer.h"
 #include "core/config/config.h"
 #include "core/tensor/backend.h"
-#include "parallel/launch.h"
+#include "parallel/store/launch.h"
 
 namespace mt::app {
 

@@ -5,7 +5,7 @@
 
 #include "core/tensor/allocator.h"
 #include "core/config/config.h"
-#include "parallel/launch.h"
+#include "parallel/store/launch.h"
 
 namespace mt::app {
 

@@ -9,8 +9,8 @@
 #include <spdlog/spdlog.h>
 
 #include "app/runtime/rendezvous.h"
-#include "parallel/comm_counted.h"
-#include "parallel/hybrid_shard.h"
+#include "parallel/comm/comm_counted.h"
+#include "parallel/sharding/hybrid_shard.h"
 
 namespace mt::app {
 
@@ -79,7 +79,7 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
 #else
   auto backend_group = gloo_group;
 #endif
-  // Every group counts the bytes it moves (parallel/comm_counted.h) under its kind; the gradient reducers' own
+  // Every group counts the bytes it moves (parallel/comm/comm_counted.h) under its kind; the gradient reducers' own
   // communicators and hybrid sharding's groups count as the data-parallel traffic they are.
   auto group = [&](const char* kind, std::vector<int> members) -> std::unique_ptr<Communicator> {
     std::unique_ptr<Communicator> c = backend_group(kind, std::move(members));

@@ -7,10 +7,10 @@
 #include "app/runtime/device.h"
 #include "app/runtime/heartbeat.h"
 #include "core/config/config.h"
-#include "parallel/communicator.h"
-#include "parallel/launch.h"
-#include "parallel/store.h"
-#include "parallel/topology.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/store/launch.h"
+#include "parallel/store/store.h"
+#include "parallel/comm/topology.h"
 
 namespace mt::app {
 
@@ -31,13 +31,13 @@ struct Distributed {
   // the data x context group, whose ranks hold the same weights (the distributed optimizer's shards).
   std::unique_ptr<Communicator> cp;
   std::unique_ptr<Communicator> dpcp;
-  // Hybrid sharding (parallel.shard_group N below the data-parallel size; null otherwise, parallel/hybrid_shard.h):
+  // Hybrid sharding (parallel.shard_group N below the data-parallel size; null otherwise, parallel/sharding/hybrid_shard.h):
   // this rank's shard group (N consecutive data-parallel ranks: the distributed optimizer's and the sharded
   // parameters' gathers) and its replica group (the ranks at its place in the other shard groups), the latter for
   // the gradient reducer's thread.
   std::unique_ptr<Communicator> shard_group;
   std::unique_ptr<Communicator> replicas_grads;
-  // Expert parallelism (parallel.expert = EP, parallel.expert_tensor = ETP; parallel/topology.h): the MoE token
+  // Expert parallelism (parallel.expert = EP, parallel.expert_tensor = ETP; parallel/comm/topology.h): the MoE token
   // exchange runs over `ep`, expert gradients are summed over `edp` (the ranks holding the same experts' same
   // slices). When the experts' grid is the dense one (EP == 1 and ETP == TP), `ep` is a one-rank communicator that
   // costs nothing to create and `edp` is null: the expert data-parallel group is then the data-parallel group

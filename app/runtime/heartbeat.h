@@ -9,8 +9,8 @@
 #include <string>
 #include <thread>
 
-#include "parallel/launch.h"
-#include "parallel/store.h"
+#include "parallel/store/launch.h"
+#include "parallel/store/store.h"
 
 namespace mt::app {
 

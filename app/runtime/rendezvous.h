@@ -6,8 +6,8 @@
 #include <string>
 
 #include "core/config/config.h"
-#include "parallel/launch.h"
-#include "parallel/store.h"
+#include "parallel/store/launch.h"
+#include "parallel/store/store.h"
 
 namespace mt::app {
 

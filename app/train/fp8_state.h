@@ -8,7 +8,7 @@
 #include "core/checkpoint/checkpoint.h"
 #include "core/config/config.h"
 #include "models/gpt.h"
-#include "parallel/fp8_linear.h"
+#include "parallel/layers/fp8_linear.h"
 
 namespace mt::app {
 

@@ -94,7 +94,7 @@ struct IntervalReport {
   AttentionCalls attention;  // this rank's attention calls by implementation since the start
   MoeIntervalReport moe;
   // Bytes this rank's collectives moved per step over the interval, by group kind ("dp", "tp", ...) and op
-  // (parallel/comm_counted.h); empty on one rank.
+  // (parallel/comm/comm_counted.h); empty on one rank.
   std::map<std::string, std::map<std::string, double>> comm_bytes;
 };
 // The bytes per step of a report's comm_bytes over every group and op but the scalar sums ("scalars").

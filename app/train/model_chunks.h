@@ -1,4 +1,4 @@
-// model_chunks.h: the model chunks one rank holds, made data-parallel (parallel/parallelize.h), and the training
+// model_chunks.h: the model chunks one rank holds, made data-parallel (parallel/sharding/parallelize.h), and the training
 // losses they leave on the device.
 #pragma once
 #include <algorithm>
@@ -9,7 +9,7 @@
 #include "core/config/config.h"
 #include "core/tensor/ops.h"
 #include "models/gpt.h"
-#include "parallel/parallelize.h"
+#include "parallel/sharding/parallelize.h"
 
 namespace mt::app {
 

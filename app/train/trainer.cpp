@@ -1,6 +1,6 @@
 // trainer.cpp: the training loop (Trainer::run: one stop, one save), one iteration (Trainer::train_step: the
 // schedule over the model stages, then the step of the parallelized chunks) and evaluation. The chunks are made
-// data-parallel in model_chunks.cpp (parallel/parallelize.h), run as pipeline stages by models/model_stage.h on the
+// data-parallel in model_chunks.cpp (parallel/sharding/parallelize.h), run as pipeline stages by models/model_stage.h on the
 // microbatches of microbatches.cpp; resume and save are in trainer_checkpoint.cpp, when it stops in trainer_stop.cpp,
 // what it says in trainer_report.cpp (the records themselves in metrics.cpp), the rank's set-up in train.cpp.
 #include "app/train/trainer.h"
@@ -16,7 +16,7 @@
 #include "core/data/indexed_dataset.h"
 #include "core/tensor/trace.h"
 #include "models/pipeline_schedule.h"
-#include "parallel/schedule.h"
+#include "parallel/pipeline/schedule.h"
 #include "plan/memory_model.h"
 
 namespace mt::app {

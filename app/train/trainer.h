@@ -4,7 +4,7 @@
 #include <string>
 
 #include "core/config/config.h"
-#include "parallel/launch.h"
+#include "parallel/store/launch.h"
 
 namespace mt::app {
 

@@ -27,10 +27,10 @@
 #include "core/tensor/op_profile.h"
 #include "models/gpt.h"
 #include "models/model_stage.h"
-#include "parallel/pipeline_executor.h"
-#include "parallel/comm_counted.h"
-#include "parallel/parallelize.h"
-#include "parallel/schedule.h"
+#include "parallel/pipeline/pipeline_executor.h"
+#include "parallel/comm/comm_counted.h"
+#include "parallel/sharding/parallelize.h"
+#include "parallel/pipeline/schedule.h"
 
 namespace mt {
 class CheckpointReader;
@@ -146,7 +146,7 @@ class Trainer {
   std::vector<Parameter*> params_;                 // all of their parameters
   MoeMonitor moe_;                                 // their mixture-of-experts layers' routing and expert biases
   std::shared_ptr<Fp8Context> fp8_;                // training.fp8: the scales of the layers' fp8 GEMMs; null when off
-  // The chunks made data-parallel (parallel/parallelize.h): gradient buffers, optimizer, ZeRO-2/3.
+  // The chunks made data-parallel (parallel/sharding/parallelize.h): gradient buffers, optimizer, ZeRO-2/3.
   std::unique_ptr<Parallelized> par_;
   int64_t optimizer_steps() const { return par_->optimizer().steps(); }
   LossScaler scaler_;

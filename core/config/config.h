@@ -91,18 +91,18 @@ struct ParallelConfig {
   // none | optimizer (ZeRO-1) | gradients (ZeRO-2; parameters: ZeRO-3, planned). distributed_optimizer: true with
   // shard none becomes optimizer; with gradients it is refused as a conflict.
   ShardStage shard = ShardStage::none;
-  // Hybrid sharding (HSDP, parallel/hybrid_shard.h): the stage shards inside groups of this many consecutive
+  // Hybrid sharding (HSDP, parallel/sharding/hybrid_shard.h): the stage shards inside groups of this many consecutive
   // data-parallel ranks and replicates across the groups; 0 (auto): the whole data-parallel group.
   int64_t shard_group = 0;
   std::vector<int64_t> layers_per_stage;  // empty: num_layers split evenly
   double timeout_s = 300;                 // bound on every rendezvous and collective wait (a dead rank ends the job)
   // Gloo groups whose ranks share a host run collectives of at most 64 KiB per rank through shared memory
-  // (parallel/shared_rounds.h); false keeps every byte on Gloo's TCP transport.
+  // (parallel/comm/shared_rounds.h); false keeps every byte on Gloo's TCP transport.
   bool gloo_shared_memory = true;
   int64_t grad_bucket_size = 40000000;  // elements per data-parallel gradient bucket, reduced during backward
   BackendChoice backend = BackendChoice::automatic;  // auto (nccl on cuda, gloo on cpu) | nccl | gloo (host-staged)
   // auto | 1f1b | interleaved (needs virtual_pipeline > 1) | zb-h1 (zero-bubble: split backwards, needs
-  // pipeline > 1 and virtual_pipeline 1); parallel/schedule.h builds each.
+  // pipeline > 1 and virtual_pipeline 1); parallel/pipeline/schedule.h builds each.
   PipelineSchedule pipeline_schedule = PipelineSchedule::automatic;
   // Expert parallelism (model.moe): experts split over this many ranks, drawn from the data-parallel ranks (and,
   // with expert_tensor < tensor, from the tensor ranks: Megatron's parallel folding); expert_tensor is the expert
@@ -121,7 +121,7 @@ struct ParallelConfig {
   // same experts' same slices (the expert-data-parallel group: tensor x data / (expert x that)).
   int64_t experts_tensor() const { return expert_tensor > 0 ? expert_tensor : tensor; }
   // The expert-data-parallel size: each stage's tensor x context x data ranks refold as expert_tensor x expert x
-  // expert_data (parallel/topology.h).
+  // expert_data (parallel/comm/topology.h).
   int64_t expert_data() const { return tensor * context * data / (expert * experts_tensor()); }
   // The ranks that hold the same weights and sum their gradients: data x context.
   int64_t data_context() const { return data * context; }

@@ -50,7 +50,7 @@ void resolve_context(Config& c, const Rules& r) {
                        m.moe.capacity_factor, p.context));
 }
 
-// parallel.shard: parameters (ZeRO-3, parallel/sharded_parameters.h): each layer's weights are gathered around
+// parallel.shard: parameters (ZeRO-3, parallel/sharding/sharded_parameters.h): each layer's weights are gathered around
 // its forward and its backward; what that cannot serve yet is refused by name.
 void resolve_shard_parameters(const Config& c, const Rules& r) {
   const ParallelConfig& p = c.parallel;
@@ -71,7 +71,7 @@ void resolve_shard_parameters(const Config& c, const Rules& r) {
   if (p.context > 1) refuse("parallel.context", fmt::format("{} (context parallelism)", p.context));
 }
 
-// parallel.shard_group (hybrid sharding, parallel/hybrid_shard.h): a divisor of the data-parallel size, for a stage
+// parallel.shard_group (hybrid sharding, parallel/sharding/hybrid_shard.h): a divisor of the data-parallel size, for a stage
 // that shards; what it cannot serve yet is refused by name. Run after parallel.data and parallel.shard are resolved.
 void resolve_shard_group(const Config& c, const Rules& r) {
   const ParallelConfig& p = c.parallel;
@@ -291,7 +291,7 @@ void resolve_moe(Config& c, const Rules& r) {
            fmt::format("{} does not divide parallel.tensor={} (the experts' tensor-parallel ranks are a part of each "
                        "tensor-parallel group: Megatron's parallel folding)",
                        p.expert_tensor, p.tensor));
-  // With context parallelism the experts' grid folds the context ranks in (parallel/topology.h).
+  // With context parallelism the experts' grid folds the context ranks in (parallel/comm/topology.h).
   const int64_t stage_ranks = p.tensor * p.context * p.data;
   if (p.expert_tensor == p.tensor && (p.context * p.data) % p.expert != 0)
     r.fail("parallel.expert",

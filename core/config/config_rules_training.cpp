@@ -90,7 +90,7 @@ void resolve_training(Config& c, const Rules& r) {
                        t.global_batch_size, t.micro_batch_size, dp, t.micro_batch_size * dp));
   t.num_microbatches = t.global_batch_size / (t.micro_batch_size * dp);
   // Megatron's interleaved 1F1B passes microbatches through each model chunk in groups of pipeline-size
-  // (parallel/schedule.cpp asserts the same rule); checked here so that it names the keys before ranks start.
+  // (parallel/pipeline/schedule.cpp asserts the same rule); checked here so that it names the keys before ranks start.
   const ParallelConfig& p = c.parallel;
   if (p.virtual_pipeline > 1 && t.num_microbatches % p.pipeline != 0)
     r.fail("training.global_batch_size",

@@ -4,7 +4,7 @@
 //
 // Streams: each process drives one GPU (LOCAL_RANK picks it) and enqueues every kernel, copy and GEMM on
 // one compute stream, so ops are ordered without host synchronisation. Communication runs on streams of
-// its own (parallel/comm_nccl.cpp), ordered against the compute stream by events. A host read of device
+// its own (parallel/comm/comm_nccl.cpp), ordered against the compute stream by events. A host read of device
 // memory (Tensor::to_floats, item) waits for the compute stream.
 #pragma once
 #include <cstddef>

@@ -1,6 +1,6 @@
 // optimizer.h: the optimizer interface the trainer steps and checkpoints (step, grad norm and skip, state), and
 // AdamW over fp32 master weights replicated on every rank. The distributed optimizer (ZeRO-1,
-// parallel/distributed_optimizer.h) is the other implementation; sharded gradients and parameters, host offload
+// parallel/sharding/distributed_optimizer.h) is the other implementation; sharded gradients and parameters, host offload
 // and frozen parameters plug in here too, and the trainer never asks which one runs.
 #pragma once
 #include <functional>

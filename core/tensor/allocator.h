@@ -14,7 +14,7 @@ std::string_view device_name(Device d);
 
 // What a buffer is for; memory reports break peaks down by these.
 // gathered: ZeRO-3's whole parameters of a unit, gathered around its forward and backward
-// (parallel/sharded_parameters.h).
+// (parallel/sharding/sharded_parameters.h).
 // host: the host pool of a device run, apart from the device's: the optimizer offload's masters, moments and
 // staging (core/optim/host_offload.h), pinned (cudaHostAlloc) in a CUDA build with a GPU. Always Device::cpu
 // memory; it is left out of the device totals (current_total, peak_total) and counted in host_current/host_peak,

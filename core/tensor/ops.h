@@ -151,7 +151,7 @@ struct DropoutOptions {
   int64_t sample_offset = 0;  // global sample index of b = 0
   int64_t row_offset = 0;     // global row (sequence position) of t = 0
   int64_t col_offset = 0;     // global column of c = 0
-  // Context parallelism (a rank's two chunks, parallel/context_parallel.h): when split_at > 0, row t >= split_at
+  // Context parallelism (a rank's two chunks, parallel/layers/context_parallel.h): when split_at > 0, row t >= split_at
   // is at global row split_position + t - split_at instead (dropout_row below), so the mask is one rank's.
   int64_t split_at = 0;
   int64_t split_position = 0;
@@ -212,7 +212,7 @@ AttentionCalls attention_calls();
 void count_attention_call(AttentionImpl impl);  // the backends, once per call they run
 
 // ---- context-parallel attention: a query block against one key/value block, merged by log-sum-exp ---------
-// Context parallelism (parallel/context_parallel.h) holds two chunks of each sequence per rank; its attention
+// Context parallelism (parallel/layers/context_parallel.h) holds two chunks of each sequence per rank; its attention
 // runs block by block: the rank's queries against each rank's keys and values in turn, each block's partial
 // softmax merged into the running one by its log-sum-exp (the flash-attention merge). Positions say which keys a
 // causal query sees: key j is visible to query i when position(j) <= position(i) (position_at of each side), so

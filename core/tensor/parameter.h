@@ -8,7 +8,7 @@
 namespace mt {
 
 // The groups besides data parallelism whose ranks each hold a part of a parameter's gradient, summed once
-// backward is done (parallel/grad_buffer.h, GradBuffer::finalize), set where the model creates the parameter.
+// backward is done (parallel/sharding/grad_buffer.h, GradBuffer::finalize), set where the model creates the parameter.
 struct GradSums {
   bool tensor = false;     // a replica used on sequence shards (sequence parallelism): each TP rank's gradient
                            // covers its positions only

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The bytes each rank moves per step over the data-parallel groups (parallel/comm_counted.h: comm_bytes_by_group in
+# The bytes each rank moves per step over the data-parallel groups (parallel/comm/comm_counted.h: comm_bytes_by_group in
 # metrics.jsonl), against the ZeRO paper's communication volumes (Rajbhandari et al. 2020, section 7), at DP=4 on the
 # tiny fp32 GPT with untied embeddings (every unit gathered once forward and once backward), one microbatch per
 # rank, derived from the model's parameter count Psi (the log's; its every parameter a multiple of the hidden size

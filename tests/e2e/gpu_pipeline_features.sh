@@ -27,7 +27,7 @@ for rank in range(2):
     for op in "FB":
         assert {f"{op} {m}.0" for m in range(8)} <= names, (rank, op, sorted(names))
     # With p = 2 the first stage runs each backward whole (its W right after its B, or 2 microbatches held: the
-    # memory bound, parallel/schedule.h); the second splits every one.
+    # memory bound, parallel/pipeline/schedule.h); the second splits every one.
     ws = {n for n in names if n.startswith("W ")}
     assert ws == (set() if rank == 0 else {f"W {m}.0" for m in range(8)}), (rank, sorted(names))
 print("zb-h1 on the GPU: bit for bit as 1F1B; the timeline holds F and B of every microbatch, W on the second stage")

@@ -162,7 +162,7 @@ assert [l["mean"] for l in a[-1]["moe_load"]] == [l["mean"] for l in b[-1]["moe_
 PY
   done
 done
-# Expert parallelism folds the context ranks in (parallel/topology.h): EP over context ranks, over context x data
+# Expert parallelism folds the context ranks in (parallel/comm/topology.h): EP over context ranks, over context x data
 # ranks, and with parallel folding over tensor x context ranks; one rank's losses, and a checkpoint of the folded
 # layout resumes on one rank with one rank's losses.
 for layout in "2 1 1 2 auto" "2 1 2 4 auto" "2 2 1 4 1"; do

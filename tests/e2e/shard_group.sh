@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# parallel.shard_group (hybrid sharding, parallel/hybrid_shard.h) trains as none does, in fp32 (dropout on), over 10
+# parallel.shard_group (hybrid sharding, parallel/sharding/hybrid_shard.h) trains as none does, in fp32 (dropout on), over 10
 # iterations:
 #  - one microbatch per rank at DP=4 in shard groups of 2: each stage (optimizer, gradients, parameters) bit-identical
 #    to none, GPT and Llama, and with TP=2 (SP, GPT) and PP=2 (Llama): the gradients are summed over the whole

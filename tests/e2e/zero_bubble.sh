@@ -68,7 +68,7 @@ echo "all $count zb-v layouts equal one rank"
 
 # Peak activation memory, measured (metrics.jsonl's peak_activation_bytes_per_rank, gathered at the first report):
 # no stage of a ZB-H1 or ZB-V run holds more than 1F1B's highest stage of the same layout (their memory bounds,
-# parallel/schedule.h: a split B starts with at most p - 1 microbatches held (ZB-H1) or 2p - 1 pairs (ZB-V); a ZB-V
+# parallel/pipeline/schedule.h: a split B starts with at most p - 1 microbatches held (ZB-H1) or 2p - 1 pairs (ZB-V); a ZB-V
 # stage holds at most 2p pairs, and a whole backward with 2p has no other tensor of the pipeline beside it).
 # PP 2 and 4, TP 1.
 python3 - tiny_tp1pp2dp1 tiny_tp1pp4dp1 llama_tp1pp4dp2 v_tiny_tp1pp2dp1 v_tiny_tp1pp4dp1 v_llama_tp1pp4dp2 <<'PY'

@@ -19,7 +19,12 @@ LIBRARIES = {
     "mt_data": (["core/data"], ["mt_tokenizer", "mt_io", "mt_base"]),
     "mt_checkpoint": (["core/checkpoint"], ["mt_tensor", "mt_io"]),
     "mt_hf": (["core/hf"], ["mt_checkpoint", "mt_data"]),
-    "mt_parallel": (["parallel"], ["mt_optim", "mt_tensor"]),
+    "mt_store": (["parallel/store"], ["mt_base"]),
+    "mt_comm": (["parallel/comm"], ["mt_store", "mt_tensor"]),
+    "mt_pipeline": (["parallel/pipeline"], ["mt_comm"]),
+    "mt_layers": (["parallel/layers"], ["mt_pipeline", "mt_comm"]),
+    "mt_sharding": (["parallel/sharding"], ["mt_comm", "mt_optim"]),
+    "mt_parallel": ([], ["mt_store", "mt_comm", "mt_pipeline", "mt_layers", "mt_sharding"]),  # parallel/'s rooms
     "mt_models": (["models"], ["mt_parallel", "mt_config"]),
     "mt_plan": (["plan"], ["mt_models", "mt_io"]),
     "mt_runtime": (["app/runtime"], ["mt_parallel", "mt_config", "mt_io"]),

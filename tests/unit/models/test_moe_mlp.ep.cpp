@@ -9,8 +9,8 @@
 
 #include "core/tensor/ops.h"
 #include "models/moe_mlp.h"
-#include "parallel/store.h"
-#include "parallel/thread_ranks.h"
+#include "parallel/store/store.h"
+#include "parallel/comm/thread_ranks.h"
 #include "tests/unit/tiny_models.h"
 
 namespace mt {

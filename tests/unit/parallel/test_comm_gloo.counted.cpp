@@ -1,12 +1,12 @@
-// test_comm_gloo.counted.cpp: the byte counters of parallel/comm_counted.h over Gloo, with threads as ranks (one
+// test_comm_gloo.counted.cpp: the byte counters of parallel/comm/comm_counted.h over Gloo, with threads as ranks (one
 // process: the three ranks' bytes add up in one counter): each op counts what a bandwidth-optimal algorithm sends
 // from a rank, and the wrapped communicator still computes what the inner one does.
 #include <gtest/gtest.h>
 
 #include <vector>
 
-#include "parallel/comm_counted.h"
-#include "parallel/thread_ranks.h"
+#include "parallel/comm/comm_counted.h"
+#include "parallel/comm/thread_ranks.h"
 
 namespace mt {
 namespace {

@@ -16,8 +16,8 @@
 
 #include <unistd.h>
 
-#include "parallel/communicator.h"
-#include "parallel/thread_ranks.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/comm/thread_ranks.h"
 
 namespace mt {
 namespace {
@@ -678,7 +678,7 @@ TEST(CommGloo, AllToAllMisuseNamesTheGroupTheOpAndTheRank) {
 }  // namespace
 }  // namespace mt
 
-// The shared-memory rounds (parallel/shared_rounds.h) of groups on one host: the same bits as Gloo's TCP path for
+// The shared-memory rounds (parallel/comm/shared_rounds.h) of groups on one host: the same bits as Gloo's TCP path for
 // every collective, sizes at and past the 64 KiB a part holds; failures named as Gloo's are.
 namespace mt {
 namespace {

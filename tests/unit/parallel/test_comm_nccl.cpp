@@ -21,8 +21,8 @@ TEST(CommNccl, Skipped) { GTEST_SKIP() << "built without NCCL"; }
 #include <vector>
 
 #include "core/cuda/runtime.h"
-#include "parallel/communicator.h"
-#include "parallel/thread_ranks.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/comm/thread_ranks.h"
 
 namespace mt {
 namespace {

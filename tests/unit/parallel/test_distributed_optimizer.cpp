@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "core/optim/optimizer.h"
-#include "parallel/distributed_optimizer.h"
-#include "parallel/grad_buffer.h"
-#include "parallel/thread_ranks.h"
+#include "parallel/sharding/distributed_optimizer.h"
+#include "parallel/sharding/grad_buffer.h"
+#include "parallel/comm/thread_ranks.h"
 
 namespace mt {
 namespace {

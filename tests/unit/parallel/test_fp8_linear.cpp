@@ -1,4 +1,4 @@
-// test_fp8_linear.cpp: the fp8 GEMM path of the tensor-parallel linear layers (parallel/fp8_linear.h) and the
+// test_fp8_linear.cpp: the fp8 GEMM path of the tensor-parallel linear layers (parallel/layers/fp8_linear.h) and the
 // scale update under it (fp8_update_scale):
 // - one rank against a straightforward host reference: amax, scale = fp8_max / amax, the saturating RNE cast,
 //   products of the fp8 values summed in double and scaled once; forward, dx and dW, e4m3 and hybrid (e5m2 dY);
@@ -17,9 +17,9 @@
 
 #include "core/base/dtype.h"
 #include "core/tensor/ops.h"
-#include "parallel/fp8_linear.h"
-#include "parallel/parallel_linear.h"
-#include "parallel/thread_ranks.h"
+#include "parallel/layers/fp8_linear.h"
+#include "parallel/layers/parallel_linear.h"
+#include "parallel/comm/thread_ranks.h"
 #include "tests/unit/op_test_util.h"
 #include "tests/unit/parallel/tp_test_util.h"
 

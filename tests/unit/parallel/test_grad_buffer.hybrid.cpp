@@ -1,4 +1,4 @@
-// test_grad_buffer.hybrid.cpp: hybrid sharding's groups (parallel/hybrid_shard.h) and its reduce-scatter, with
+// test_grad_buffer.hybrid.cpp: hybrid sharding's groups (parallel/sharding/hybrid_shard.h) and its reduce-scatter, with
 // threads as ranks over Gloo: four data-parallel ranks in shard groups of two; each rank's block of a bucket is the
 // sum over all four ranks in rank order, bit for bit (((x_0 + x_1) + x_2) + x_3, as the whole group's reduce-scatter
 // and all-reduce give), where summing in the group first ((x_0 + x_1) + (x_2 + x_3)) would round otherwise.
@@ -8,8 +8,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "parallel/hybrid_shard.h"
-#include "parallel/thread_ranks.h"
+#include "parallel/sharding/hybrid_shard.h"
+#include "parallel/comm/thread_ranks.h"
 
 namespace mt {
 namespace {

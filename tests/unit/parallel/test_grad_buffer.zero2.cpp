@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "parallel/grad_buffer.h"
-#include "parallel/thread_ranks.h"
+#include "parallel/sharding/grad_buffer.h"
+#include "parallel/comm/thread_ranks.h"
 
 namespace mt {
 namespace {

@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "parallel/launch.h"
+#include "parallel/store/launch.h"
 
 using namespace mt;
 

@@ -1,4 +1,4 @@
-// test_lora_linear.cpp: LoRA adapters beside the tensor-parallel linears (parallel/lora_linear.h). On one rank the
+// test_lora_linear.cpp: LoRA adapters beside the tensor-parallel linears (parallel/layers/lora_linear.h). On one rank the
 // layer computes y = x W^T + b + (alpha / r) (x A^T) B^T and its gradients as the formula says (A initialised as PEFT's
 // kaiming-uniform, B zero); over 2 ranks (threads on Gloo), with and without sequence parallelism, the sharded
 // adapter gives the unsplit one's output, input gradient and adapter gradients (the replicated factor's partial
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/tensor/ops.h"
-#include "parallel/parallel_linear.h"
+#include "parallel/layers/parallel_linear.h"
 #include "tests/unit/op_test_util.h"
 #include "tests/unit/parallel/tp_test_util.h"
 

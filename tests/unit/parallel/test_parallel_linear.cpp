@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "core/tensor/ops.h"
-#include "parallel/communicator.h"
-#include "parallel/parallel_linear.h"
-#include "parallel/sequence_parallel.h"
-#include "parallel/thread_ranks.h"
-#include "parallel/vocab_parallel_embedding.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/layers/parallel_linear.h"
+#include "parallel/layers/sequence_parallel.h"
+#include "parallel/comm/thread_ranks.h"
+#include "parallel/layers/vocab_parallel_embedding.h"
 #include "tests/unit/op_test_util.h"
 #include "tests/unit/parallel/tp_test_util.h"
 

@@ -1,4 +1,4 @@
-// test_parallelize.cpp: the one step that makes a rank's chunks data-parallel (parallel/parallelize.h), threads as
+// test_parallelize.cpp: the one step that makes a rank's chunks data-parallel (parallel/sharding/parallelize.h), threads as
 // ranks over Gloo. Without sharding every trainable parameter's gradient is a view of the buffer, summed over the
 // ranks once the last microbatch marks it ready, and the frozen ones get none; under ZeRO-3 the values are released
 // at once, unit_begin of a chunk's unit gives that unit (numbered within its chunk) its whole values until unit_end,
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "parallel/parallelize.h"
-#include "parallel/thread_ranks.h"
+#include "parallel/sharding/parallelize.h"
+#include "parallel/comm/thread_ranks.h"
 
 namespace mt {
 namespace {

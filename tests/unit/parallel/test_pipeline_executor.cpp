@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "parallel/pipeline_executor.h"
-#include "parallel/schedule.h"
-#include "parallel/thread_ranks.h"
+#include "parallel/pipeline/pipeline_executor.h"
+#include "parallel/pipeline/schedule.h"
+#include "parallel/comm/thread_ranks.h"
 
 namespace mt {
 namespace {

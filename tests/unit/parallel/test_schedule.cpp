@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "parallel/pipeline_executor.h"
-#include "parallel/schedule.h"
+#include "parallel/pipeline/pipeline_executor.h"
+#include "parallel/pipeline/schedule.h"
 
 namespace mt {
 void PrintTo(const PipeInstr& instr, std::ostream* os) { *os << to_string(instr); }

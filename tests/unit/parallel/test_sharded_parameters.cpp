@@ -1,4 +1,4 @@
-// test_sharded_parameters.cpp: ZeRO-3's gathers (parallel/sharded_parameters.h), threads as ranks over Gloo. The
+// test_sharded_parameters.cpp: ZeRO-3's gathers (parallel/sharding/sharded_parameters.h), threads as ranks over Gloo. The
 // gradient buffer's units option cuts the buckets at the units' borders; once built, the parameters outside the
 // whole buckets hold no value; acquire gives a unit (prefetched or not) exactly the values of the model, a
 // parameter shared by two units stays until both release it, and after an optimizer step each unit gathers the
@@ -11,9 +11,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "parallel/distributed_optimizer.h"
-#include "parallel/sharded_parameters.h"
-#include "parallel/thread_ranks.h"
+#include "parallel/sharding/distributed_optimizer.h"
+#include "parallel/sharding/sharded_parameters.h"
+#include "parallel/comm/thread_ranks.h"
 
 namespace mt {
 namespace {

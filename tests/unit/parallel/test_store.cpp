@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "parallel/store.h"
+#include "parallel/store/store.h"
 
 using namespace mt;
 using namespace std::chrono_literals;

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/topology.h"
+#include "parallel/comm/topology.h"
 
 using namespace mt;
 

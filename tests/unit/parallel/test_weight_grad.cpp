@@ -1,10 +1,10 @@
-// test_weight_grad.cpp: the thread's weight-gradient deferral (parallel/weight_grad.h): work queued in order while a
+// test_weight_grad.cpp: the thread's weight-gradient deferral (parallel/pipeline/weight_grad.h): work queued in order while a
 // WeightGradDeferral is open, run at once without one, and run at once inside one while a WeightGradsNow lives.
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "parallel/weight_grad.h"
+#include "parallel/pipeline/weight_grad.h"
 
 namespace mt {
 namespace {

@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "core/tensor/tensor.h"
-#include "parallel/communicator.h"
-#include "parallel/parallel_linear.h"
-#include "parallel/tensor_parallel.h"
-#include "parallel/thread_ranks.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/layers/parallel_linear.h"
+#include "parallel/layers/tensor_parallel.h"
+#include "parallel/comm/thread_ranks.h"
 
 namespace mt::tp_test {
 

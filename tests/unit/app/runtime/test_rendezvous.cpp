@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "app/runtime/rendezvous.h"
-#include "parallel/store.h"
+#include "parallel/store/store.h"
 
 using namespace mt;
 using namespace mt::app;
