@@ -31,7 +31,8 @@ Tensor BlockPart::decode(const Tensor& x, PartState&, const DecodeStep&) const {
   return forward(x, scratch, {.ctx = &ctx, .samples = 1, .tokens = x.dim(0)});
 }
 
-LinearPair::LinearPair(const PartOptions& opt, const Linear& column_spec, const Linear& row_spec) : opt_(opt) {
+LinearPair::LinearPair(const PartOptions& opt, const Linear& column_spec, const Linear& row_spec)
+    : opt_(opt), column_name_(opt.name(column_spec.name)), row_name_(opt.name(row_spec.name)) {
   auto options = [&](const Linear& l) {
     return LinearOptions{.name = opt.name(l.name),
                          .in_features = l.in,
@@ -56,8 +57,8 @@ LinearPair::LinearPair(const PartOptions& opt, const Linear& column_spec, const 
   if (opt.lora.enabled()) {
     if (opt.lora.targets_any(column_spec.target)) column.add_lora(adapter(column_spec));
     if (opt.lora.targets_any(row_spec.target)) row.add_lora(adapter(row_spec));
-    site_column_ = stream_id(opt.name(column_spec.name) + ".lora_dropout");
-    site_row_ = stream_id(opt.name(row_spec.name) + ".lora_dropout");
+    site_column_ = stream_id(column_name_ + ".lora_dropout");
+    site_row_ = stream_id(row_name_ + ".lora_dropout");
   }
 }
 
@@ -82,12 +83,8 @@ std::vector<Parameter*> LinearPair::parameters() {
 }
 
 void LinearPair::enable_fp8(const std::shared_ptr<Fp8Context>& ctx) {
-  auto link = [&](const Parameter& w) {
-    const std::string suffix = ".weight";
-    return Fp8Link{.ctx = ctx, .id = ctx->add(w.name.substr(0, w.name.size() - suffix.size()))};
-  };
-  column.enable_fp8(link(column.weight()));
-  row.enable_fp8(link(row.weight()));
+  column.enable_fp8(Fp8Link{.ctx = ctx, .id = ctx->add(column_name_)});
+  row.enable_fp8(Fp8Link{.ctx = ctx, .id = ctx->add(row_name_)});
 }
 
 }  // namespace mt

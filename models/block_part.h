@@ -164,6 +164,7 @@ class LinearPair {
 
  private:
   PartOptions opt_;
+  std::string column_name_, row_name_;       // "layers.<i>.attn.qkv": their weights' names less ".weight"
   uint64_t site_column_ = 0, site_row_ = 0;  // the adapters' dropout keys
 };
 
