@@ -66,8 +66,7 @@ Tensor TransformerLayer::run(Activations& a, bool keep, bool record) {
   a.branches.resize(branches_.size());
   const PartStep step = part_step(a, record, 1.f);
   const int64_t B = step.samples, Ts = a.branches.front().in.dim(1), C = cfg_.hidden_size, Ns = B * Ts;
-  // Each branch's output lives until the layer's forward returns, as the planner's tape counts it
-  // (plan/activation_tape.cpp).
+  // Each branch's output lives until the layer's forward returns.
   std::vector<Tensor> outputs;
   Tensor h = a.branches.front().in;
   for (size_t i = 0; i < branches_.size(); ++i) {
@@ -133,7 +132,7 @@ Tensor TransformerLayer::backward(const Tensor& dout, int mb, float dloss) {
   const int64_t B = step.samples, Ts = a.branches.front().in.dim(1), C = cfg_.hidden_size, Ns = B * Ts;
 
   // Each branch, last first: d(in) = d(out) + norm'(part'(dropout'(d(out)))). Its gradients live until the layer's
-  // backward returns, as the planner's tape counts them (plan/activation_tape.cpp).
+  // backward returns.
   std::vector<Tensor> held;
   Tensor d = dout.view({Ns, C});
   for (size_t i = branches_.size(); i-- > 0;) {

@@ -1,14 +1,13 @@
-// memory_model.h: predicted peak memory of one rank, split by the allocator's kinds (core/tensor/allocator.h MemKind)
+// memory_model.h: the peak memory of one rank, split by the allocator's kinds (core/tensor/allocator.h MemKind)
 // exactly as the training log prints it ("peak memory (MiB): parameters .. | gradients .. | ...").
 //
-// The prediction mirrors the code, not a textbook formula: parameters and their gradient buffer as the model
-// and the trainer allocate them, the optimizer state of core/optim/optimizer.cpp or parallel/sharding/distributed_optimizer.cpp,
-// and activations from an allocation tape (plan/activation_tape.cpp) that replays, in the code's order, every
-// tensor a transformer layer, the head and the embedding allocate and free, walked through the real pipeline
-// schedule (parallel/pipeline/schedule.h) so the microbatches in flight on each stage are the trainer's.
+// Measured, not modelled: the trainer's own first step runs on the meta device (app/train/meta_step.h), a rank of the
+// layout whose ops compute nothing and whose groups move nothing, and its allocator's peaks are the prediction. So a
+// new feature is planned by the code that runs it; the planner keeps no copy of what a layer allocates.
 #pragma once
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -18,8 +17,9 @@
 
 namespace mt::plan {
 
-// Which backend's allocations to mirror: the CPU reference widens bf16/fp16 GEMM operands into fp32 workspaces
-// and Gloo reduces in fp32 copies; CUDA (cuBLASLt, NCCL) works in place but keeps a cuBLASLt workspace.
+// Which backend's in-op allocations the meta device mirrors (core/meta/meta.h): the CPU reference widens bf16/fp16
+// GEMM operands into fp32 workspaces and Gloo reduces in fp32 copies; CUDA (cuBLASLt, NCCL) works in place but keeps a
+// cuBLASLt workspace.
 enum class Backend { cpu, cuda };
 
 struct KindBytes {
@@ -45,16 +45,21 @@ struct MemoryPlan {
   double max_total() const;         // the largest total over the rank kinds
 };
 
-// What a ZB-V (microbatch, chunk) pair holds through its B relative to what its forward keeps (parallel/pipeline/schedule.h
-// ScheduleMemory), from the activation tape of the layers of stage p - 1's first chunk, rounded to 1/64; the default
-// for the other schedules. The trainer builds its schedule with it, so the planner walks the same lists.
-ScheduleMemory schedule_memory(const Config& c, Backend backend);
-// training_schedule (models/pipeline_schedule.h) with schedule_memory: the lists the trainer runs.
+// training_schedule (models/pipeline_schedule.h) with the ZB-V weights measured as the trainer measures them
+// (app/train/meta_step.h measure_schedule_memory): the lists the trainer runs.
 ScheduleSpec planned_training_schedule(const Config& c, int64_t microbatches, Backend backend);
 
-// Predicts every rank kind of the resolved config `c` (tensor-parallel rank 0, data-parallel rank 0: ranks of
-// one kind differ by at most a padding element).
-MemoryPlan predict_memory(const Config& c, Backend backend);
+// Measures every rank kind of the resolved config `c` (tensor-parallel rank 0, data-parallel rank 0: ranks of
+// one kind differ by at most a padding element): the step of app::peaks_microbatches, whose peaks are the
+// config's.
+// With `give_up_above`, the kinds after the first whose total is above it are left out: the plan then only says
+// that it does not fit (max_total() above that), at a fraction of the cost (the search's question).
+MemoryPlan predict_memory(const Config& c, Backend backend,
+                          double give_up_above = std::numeric_limits<double>::infinity());
+
+// The most any rank kind of `c` holds once the trainer is set up (parameters, gradient buffers, optimizer state),
+// before its first step: a lower bound of predict_memory's max_total() at a fraction of its cost.
+double setup_memory(const Config& c, Backend backend, double give_up_above = std::numeric_limits<double>::infinity());
 
 // The ZeRO paper's model-state bytes per device (Rajbhandari et al. 2020, section 5 and figure 1): `psi` parameters
 // trained in mixed precision hold 2 bytes of values, 2 of gradients and `k` of optimizer state each, the stages

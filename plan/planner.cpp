@@ -2,19 +2,32 @@
 #include "plan/planner.h"
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
+#include <mutex>
+#include <optional>
 #include <stdexcept>
+#include <thread>
 
 namespace mt::plan {
 
 Backend backend_for(const Hardware& hw) { return hw.is_gpu ? Backend::cuda : Backend::cpu; }
 
-Prediction predict(const Config& c, const Hardware& hw) {
-  if (const std::string why = runtime_refusal(c); !why.empty()) throw std::invalid_argument(why);
-  Prediction p{.config = c, .layout = layout_of(c)};
-  p.memory = predict_memory(c, backend_for(hw));
+namespace {
+
+// The prediction of `c` whose memory is measured already.
+Prediction predict_with(const Config& c, const Hardware& hw, MemoryPlan memory) {
+  Prediction p{.config = c, .layout = layout_of(c), .memory = std::move(memory)};
   p.time = predict_time(c, hw);
   p.fits = fits(c, p.memory, hw);
   return p;
+}
+
+}  // namespace
+
+Prediction predict(const Config& c, const Hardware& hw) {
+  if (const std::string why = runtime_refusal(c); !why.empty()) throw std::invalid_argument(why);
+  return predict_with(c, hw, predict_memory(c, backend_for(hw)));
 }
 
 double max_host_bytes(const MemoryPlan& m) {
@@ -67,13 +80,12 @@ std::vector<TensorContext> tensor_context_sizes(const Config& c, int64_t world, 
 std::vector<Prediction> search(const Config& base, int64_t world, const Hardware& hw, const SearchOptions& opt) {
   const ModelConfig& m = base.model;
   const int64_t G = base.training.global_batch_size;
-  std::vector<Prediction> out;
   // Recomputation only where keeping the activations does not fit (it is never faster): selective (every module)
   // before full.
   // Optimizer offload (optimizer.offload) after that, where the state does not fit on the device otherwise, and only
   // with a host budget (optimizer.offload_host_memory_gib) to hold the host state against.
   const bool try_offload = !base.optimizer.offload && base.optimizer.offload_host_memory_gib > 0;
-  auto add_fastest_fitting = [&](Layout l) {
+  auto fastest_fitting = [&](Layout l) -> std::optional<Prediction> {
     for (bool offload : {base.optimizer.offload, true}) {
       if (offload && !base.optimizer.offload && !try_offload) break;
       for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
@@ -83,17 +95,21 @@ std::vector<Prediction> search(const Config& base, int64_t world, const Hardware
           Config c = apply_layout(base, l);
           c.optimizer.offload = offload;
           if (!runtime_refusal(c).empty()) continue;
+          // What the set-up holds before any activation (recomputation does not change it): no mode fits above it.
+          if (rc == Recompute::none && setup_memory(c, backend_for(hw), hw.memory_bytes) > hw.memory_bytes) break;
           // The memory first: the time (the schedule simulation) only for the mode that fits.
-          if (!fits(c, predict_memory(c, backend_for(hw)), hw)) continue;
-          out.push_back(predict(c, hw));
-          return;
+          MemoryPlan memory = predict_memory(c, backend_for(hw), hw.memory_bytes);
+          if (!fits(c, memory, hw)) continue;
+          return predict_with(c, hw, std::move(memory));
         } catch (const std::exception&) {
           continue;  // a rule refuses it
         }
       }
       if (base.optimizer.offload) break;  // already offloaded: nothing more to try
     }
+    return std::nullopt;
   };
+  std::vector<Layout> layouts;
   for (const auto& [tp, cp, cp_allgather] : tensor_context_sizes(base, world, opt.min_context_chunk)) {
     // Tensor parallelism inside a node, dividing heads, key/value heads and ffn (the config rules say so too;
     // checked early here to skip the rest of the loop).
@@ -128,17 +144,17 @@ std::vector<Prediction> search(const Config& base, int64_t world, const Hardware
                 for (int64_t ep = 1; ep <= (m.moe.enabled() ? tp * cp * dp / etp : 1); ep *= 2) {
                   if ((tp * cp * dp) % (ep * etp) != 0 || m.moe.num_experts % ep != 0) continue;
                   if (etp == tp && (cp * dp) % ep != 0) continue;
-                  add_fastest_fitting(Layout{.tensor = tp,
-                                             .pipeline = pp,
-                                             .virtual_pipeline = vp,
-                                             .data = dp,
-                                             .micro_batch_size = mbs,
-                                             .sequence_parallel = sp,
-                                             .shard = zero,
-                                             .expert = ep,
-                                             .expert_tensor = etp == tp ? 0 : etp,
-                                             .context = cp,
-                                             .context_allgather = cp_allgather});
+                  layouts.push_back(Layout{.tensor = tp,
+                                           .pipeline = pp,
+                                           .virtual_pipeline = vp,
+                                           .data = dp,
+                                           .micro_batch_size = mbs,
+                                           .sequence_parallel = sp,
+                                           .shard = zero,
+                                           .expert = ep,
+                                           .expert_tensor = etp == tp ? 0 : etp,
+                                           .context = cp,
+                                           .context_allgather = cp_allgather});
                 }
               }
             }
@@ -147,6 +163,31 @@ std::vector<Prediction> search(const Config& base, int64_t world, const Hardware
       }
     }
   }
+  // Each layout measured on a thread of its own (each has its own meta device), the results in the layouts' order.
+  std::vector<std::optional<Prediction>> found(layouts.size());
+  std::atomic<size_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mu;
+  auto work = [&] {
+    try {
+      for (size_t i; (i = next++) < layouts.size();) found[i] = fastest_fitting(layouts[i]);
+    } catch (...) {
+      const std::lock_guard lock(error_mu);
+      if (!error) error = std::current_exception();
+      next = layouts.size();
+    }
+  };
+  const size_t threads = std::clamp<size_t>(
+      opt.threads > 0 ? static_cast<size_t>(opt.threads) : std::max(1u, std::thread::hardware_concurrency()), 1,
+      std::max<size_t>(layouts.size(), 1));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+  std::vector<Prediction> out;
+  for (std::optional<Prediction>& p : found)
+    if (p) out.push_back(std::move(*p));
   std::stable_sort(out.begin(), out.end(),
                    [](const Prediction& a, const Prediction& b) { return a.time.total < b.time.total; });
   return out;

@@ -42,6 +42,9 @@ struct SearchOptions {
   // about a thousand a block's attention is too short to hide the ring's transfers (and it keeps the search of
   // short-sequence models, thousands of ranks included, as it was).
   int64_t min_context_chunk = 1024;
+  // Threads measuring layouts side by side (each on a meta device of its own); 0: every hardware thread. The result
+  // does not depend on it.
+  int threads = 0;
 };
 
 // Every layout of `base`'s model on `world` ranks that the config rules and the schedule accept and that fits,

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -16,6 +17,8 @@ namespace mt::app {
 
 namespace {
 
+using GroupMaker = std::function<std::unique_ptr<Communicator>(const char* kind, std::vector<int> members)>;
+
 // The address other ranks reach this one's Gloo device at: loopback for single-node jobs started with a
 // loopback master, else this host's name.
 std::string gloo_hostname(const LaunchEnv& env) {
@@ -23,6 +26,52 @@ std::string gloo_hostname(const LaunchEnv& env) {
   char name[256] = {};
   if (gethostname(name, sizeof(name) - 1) != 0) return "127.0.0.1";
   return name;
+}
+
+// The groups of this rank after the world's, made by `group` (kind, ascending members; no members: this rank is in no
+// group of that split, and takes part in it only when `all_take_part`, as NCCL's splits need; null then), in the
+// same order on every rank: tp, dp, pp, mp, emb, dp_grads, and as the config says cp, dpcp, the hybrid sharding
+// groups, ep, edp, edp_grads.
+void make_groups(Distributed& d, const Config& cfg, const GroupMaker& group, bool all_take_part) {
+  auto group_of = [&](GroupKind k) { return group(group_kind_name(k), d.topology.group(k, d.rank())); };
+  d.tp = group_of(GroupKind::tp);
+  d.dp = group_of(GroupKind::dp);
+  d.pp = group_of(GroupKind::pp);
+  d.mp = group_of(GroupKind::mp);
+  // The embedding group sums the gradient of the word embeddings that the first and last stage share: only
+  // tied embeddings have one (untied, the first stage owns the embedding and the last its own lm_head, and
+  // the last stage has nothing to add to the first's sum). Every rank decides this from the same config.
+  // zb-v holds both ends of the model on the first stage: its copies are summed there (GradBuffer), no group.
+  const bool tied = cfg.model.tie_embeddings && cfg.parallel.pipeline_schedule != PipelineSchedule::zb_v;
+  std::vector<int> emb = d.topology.embedding_group(d.rank());
+  const bool in_emb = tied && std::find(emb.begin(), emb.end(), d.rank()) != emb.end() &&
+                      (d.pp_rank() == 0 || d.pp_rank() == d.pp_size() - 1);
+  if (in_emb || (all_take_part && tied)) d.emb = group("emb", in_emb ? emb : std::vector<int>{});
+  // With context parallelism the context ranks hold the same weights as the data-parallel ones: gradients are
+  // summed (and the distributed optimizer sharded) over data x context, and the context group passes keys and
+  // values. Without it nothing more is created (the groups and their order are as before).
+  const bool context = d.topology.cp() > 1;
+  d.dp_grads = group("dpgrads", context ? d.topology.dpcp_group(d.rank()) : d.topology.dp_group(d.rank()));
+  if (context) {
+    d.cp = group_of(GroupKind::cp);
+    d.dpcp = group_of(GroupKind::dpcp);
+  }
+  // Hybrid sharding (every rank knows parallel.shard_group from the same config; the config refuses it with context
+  // parallelism): the shard group and the replica group of this rank, within its data-parallel group.
+  const int shard_group = static_cast<int>(cfg.parallel.shard_group);
+  if (shard_group > 0 && shard_group < d.topology.dp()) {
+    const std::vector<int> dp_members = d.topology.dp_group(d.rank());
+    d.shard_group = group("shard", shard_group_members(dp_members, shard_group, d.dp_rank()));
+    d.replicas_grads = group("replicas", replica_group_members(dp_members, shard_group, d.dp_rank()));
+  }
+  // Every rank knows EP and ETP from the same config, so all take part in both splits or in none.
+  if (d.topology.experts_apart()) {
+    d.ep = group_of(GroupKind::ep);
+    d.edp = group_of(GroupKind::edp);
+    d.edp_grads = group("edpgrads", d.topology.edp_group(d.rank()));  // the expert gradient buffer's own
+  } else {
+    d.ep = make_self_communicator(fmt::format("ep[{}]", d.rank()));
+  }
 }
 
 }  // namespace
@@ -81,7 +130,7 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
 #endif
   // Every group counts the bytes it moves (parallel/comm/comm_counted.h) under its kind; the gradient reducers' own
   // communicators and hybrid sharding's groups count as the data-parallel traffic they are.
-  auto group = [&](const char* kind, std::vector<int> members) -> std::unique_ptr<Communicator> {
+  GroupMaker group = [&](const char* kind, std::vector<int> members) -> std::unique_ptr<Communicator> {
     std::unique_ptr<Communicator> c = backend_group(kind, std::move(members));
     const std::string name = kind;
     const char* counted = name == "dpgrads" || name == "dpcp" || name == "shard" || name == "replicas" ? "dp"
@@ -99,52 +148,42 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
   else
 #endif
     d->world = gloo_group("world", everyone);
-  auto group_of = [&](GroupKind k) { return group(group_kind_name(k), d->topology.group(k, env.rank)); };
-  d->tp = group_of(GroupKind::tp);
-  d->dp = group_of(GroupKind::dp);
-  d->pp = group_of(GroupKind::pp);
-  d->mp = group_of(GroupKind::mp);
-  // The embedding group sums the gradient of the word embeddings that the first and last stage share: only
-  // tied embeddings have one (untied, the first stage owns the embedding and the last its own lm_head, and
-  // the last stage has nothing to add to the first's sum). Every rank decides this from the same config.
-  // zb-v holds both ends of the model on the first stage: its copies are summed there (GradBuffer), no group.
-  const bool tied = cfg.model.tie_embeddings && cfg.parallel.pipeline_schedule != PipelineSchedule::zb_v;
-  std::vector<int> emb = d->topology.embedding_group(env.rank);
-  const bool in_emb = tied && std::find(emb.begin(), emb.end(), env.rank) != emb.end() &&
-                      (d->pp_rank() == 0 || d->pp_rank() == d->pp_size() - 1);
-  if (in_emb || (nccl && tied)) d->emb = group("emb", in_emb ? emb : std::vector<int>{});
-  // With context parallelism the context ranks hold the same weights as the data-parallel ones: gradients are
-  // summed (and the distributed optimizer sharded) over data x context, and the context group passes keys and
-  // values. Without it nothing more is created (the groups and their order are as before).
-  const bool context = d->topology.cp() > 1;
-  d->dp_grads = group("dpgrads", context ? d->topology.dpcp_group(env.rank) : d->topology.dp_group(env.rank));
-  if (context) {
-    d->cp = group_of(GroupKind::cp);
-    d->dpcp = group_of(GroupKind::dpcp);
-  }
-  // Hybrid sharding (every rank knows parallel.shard_group from the same config; the config refuses it with context
-  // parallelism): the shard group and the replica group of this rank, within its data-parallel group.
-  const int shard_group = static_cast<int>(p.shard_group);
-  if (shard_group > 0 && shard_group < d->topology.dp()) {
-    const std::vector<int> dp_members = d->topology.dp_group(env.rank);
-    d->shard_group = group("shard", shard_group_members(dp_members, shard_group, d->dp_rank()));
-    d->replicas_grads = group("replicas", replica_group_members(dp_members, shard_group, d->dp_rank()));
-  }
-  // Every rank knows EP and ETP from the same config, so all take part in both splits or in none.
-  if (d->topology.experts_apart()) {
-    d->ep = group_of(GroupKind::ep);
-    d->edp = group_of(GroupKind::edp);
-    d->edp_grads = group("edpgrads", d->topology.edp_group(env.rank));  // the expert gradient buffer's own
-  } else {
-    d->ep = make_self_communicator(group_name("ep", {env.rank}));
-  }
+  make_groups(*d, cfg, group, nccl);
   if (env.world_size == 1) return d;
   spdlog::info("rank {} of {} ({}): tp {} dp {} pp {}{}{}, {}, {}, rendezvous at {}:{}", env.rank, env.world_size,
                env.launcher, d->topology.coord(env.rank).tp, d->topology.coord(env.rank).dp,
-               d->topology.coord(env.rank).pp, context ? fmt::format(" cp {}", d->cp_rank()) : std::string(),
+               d->topology.coord(env.rank).pp, d->cp ? fmt::format(" cp {}", d->cp_rank()) : std::string(),
                d->experts_apart() ? fmt::format(" etp {} ep {} edp {}", d->etp_rank(), d->ep_rank(), d->edp_rank())
                                   : std::string(),
                placement.description, nccl ? "nccl" : "gloo", env.master_addr, env.master_port);
+  return d;
+}
+
+std::unique_ptr<Distributed> meta_distributed(const Config& cfg, int world_size, int rank, const MetaGroups& opt) {
+  const auto& p = cfg.parallel;
+  auto d = std::make_unique<Distributed>();
+  d->env.world_size = world_size;
+  d->env.rank = rank;
+  d->env.launcher = "meta";
+  d->placement.device = Device::meta;
+  d->placement.description = "meta";
+  d->topology = Topology(world_size, static_cast<int>(p.tensor), static_cast<int>(p.pipeline), static_cast<int>(p.data),
+                         static_cast<int>(p.expert), static_cast<int>(p.expert_tensor), static_cast<int>(p.context));
+  d->store = make_hash_store();
+  const GroupMaker group = [&](const char* kind, std::vector<int> members) -> std::unique_ptr<Communicator> {
+    const auto at = std::find(members.begin(), members.end(), rank);
+    if (at == members.end()) return nullptr;
+    return make_meta_communicator(
+        MetaCommOptions{.name = fmt::format("{}[{}]", kind, fmt::join(members, ",")),
+                        .rank = static_cast<int>(at - members.begin()),
+                        .size = static_cast<int>(members.size()),
+                        .gloo = opt.gloo,
+                        .receive_factor = std::string_view(kind) == "ep" ? opt.moe_receive_factor : 1});
+  };
+  std::vector<int> everyone(static_cast<size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) everyone[static_cast<size_t>(r)] = r;
+  d->world = group("world", everyone);
+  make_groups(*d, cfg, group, false);
   return d;
 }
 

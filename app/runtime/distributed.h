@@ -85,4 +85,13 @@ struct Distributed {
 // tensors live on a GPU. Every communicator takes tensors on any device (small host exchanges are staged).
 std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv& env, const Placement& placement);
 
+// Rank `rank` of a job of `world_size` ranks laid out as cfg.parallel says, on the meta device (core/meta/meta.h):
+// the same groups as init_distributed makes, each a meta communicator (parallel/comm/communicator.h
+// make_meta_communicator) that moves nothing. What the planner measures a rank's step in.
+struct MetaGroups {
+  bool gloo = true;               // mirror Gloo's workspaces (a CPU job's), else NCCL's (none)
+  double moe_receive_factor = 1;  // MetaCommOptions::receive_factor
+};
+std::unique_ptr<Distributed> meta_distributed(const Config& cfg, int world_size, int rank, const MetaGroups& opt);
+
 }  // namespace mt::app

@@ -9,6 +9,7 @@
 #include "core/config/config.h"
 #include "core/tensor/ops.h"
 #include "models/gpt.h"
+#include "models/model_stage.h"
 #include "parallel/sharding/parallelize.h"
 
 namespace mt::app {
@@ -24,6 +25,15 @@ std::vector<Parameter*> all_parameters(const std::vector<std::unique_ptr<GptMode
 std::unique_ptr<Parallelized> parallelize_chunks(const Config& cfg, Distributed& dist,
                                                  const std::vector<std::unique_ptr<GptModel>>& chunks,
                                                  const std::vector<Parameter*>& params);
+
+// What crosses between this rank's pipeline stages: one microbatch's hidden states (this context rank's chunks,
+// sequence shards of them with SP), in the compute dtype on the rank's device.
+inline StageActivation stage_activation(const Config& cfg, const Distributed& dist, DType dtype) {
+  const int64_t sp = cfg.parallel.sequence_parallel ? dist.tp_size() : 1;
+  return {.shape = {cfg.training.micro_batch_size, cfg.model.seq_length / dist.cp_size() / sp, cfg.model.hidden_size},
+          .dtype = dtype,
+          .device = dist.placement.device};
+}
 
 // The training losses of the steps since the host last read them, kept on the model's device: each step
 // gets an f64 slot that the last stage's microbatches add their mean losses into (GptModel::forward_stage),

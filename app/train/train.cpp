@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "app/runtime/stop_signal.h"
+#include "app/train/meta_step.h"
 #include "app/train/trainer_impl.h"
 
 namespace mt::app {
@@ -39,7 +40,9 @@ void train(const Config& cfg, const TrainOptions& opt, const LaunchEnv& env) {
   const Placement placement = place_rank(cfg, env);
   spdlog::info("device: {}", placement.description);
   std::unique_ptr<Distributed> dist = init_distributed(cfg, env, placement);
-  Trainer trainer(cfg, opt, *dist);
+  Trainer trainer(
+      cfg, opt, *dist, open_data_sources(cfg),
+      measure_schedule_memory(cfg, placement.device == Device::cuda ? meta::Mirror::cuda : meta::Mirror::cpu));
   // Until here a signal ends the process at once (nothing to save); from now on it asks for a checkpoint.
   install_stop_signals();
   try {

@@ -17,7 +17,6 @@
 #include "core/tensor/trace.h"
 #include "models/pipeline_schedule.h"
 #include "parallel/pipeline/schedule.h"
-#include "plan/memory_model.h"
 
 namespace mt::app {
 
@@ -35,9 +34,9 @@ PipelinePlacement placement_of(const Distributed& dist, const ScheduleSpec& spec
 
 }  // namespace
 
-Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
+Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist, DataSources data, ScheduleMemory zb_v)
     : cfg_(cfg), opt_(opt), dist_(dist), dtype_(dtype_of(cfg.training.precision)), device_(dist.placement.device),
-      data_(open_data_sources(cfg)), chunks_(build_chunks(cfg, dist, dtype_)), params_(all_parameters(chunks_)),
+      data_(std::move(data)), chunks_(build_chunks(cfg, dist, dtype_)), params_(all_parameters(chunks_)),
       moe_(cfg.model, chunks_, dist), fp8_(enable_fp8(cfg, chunks_, dist.placement.device, dist.cp.get())),
       scaler_(dtype_ == DType::f16, LossScalerOptions{.initial = cfg.training.loss_scale.initial,
                                                       .min = cfg.training.loss_scale.min,
@@ -53,8 +52,8 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist)
       metrics_(dist.is_logging_rank() ? cfg.logging.dir : "", cfg.logging.tensorboard, cfg.logging.on_sink_error) {
   // Gradient buffers, optimizer and ZeRO stages over the chunks' parameters, their hooks set.
   par_ = parallelize_chunks(cfg, dist, chunks_, params_);
-  train_schedule_ = plan::planned_training_schedule(cfg_, cfg_.training.num_microbatches,
-                                                    device_ == Device::cpu ? plan::Backend::cpu : plan::Backend::cuda);
+  train_schedule_ = training_schedule(cfg_, cfg_.training.num_microbatches);
+  train_schedule_.memory = std::move(zb_v);
   // The per-parameter gradients made with the model are gone: peaks start from the real state.
   allocator_for(device_).reset_peaks();
 }
@@ -101,6 +100,12 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
   moe_.after_step(!result.found_inf && !result.vetoed);  // the expert biases move with an applied step only
   // The delayed fp8 recipe's amax histories take this iteration's amaxes (over every microbatch and replica).
   if (fp8_) fp8_->step(dist_.tp.get(), dist_.dp.get());
+}
+
+void Trainer::step_once() {
+  float lr = 0;
+  StepResult result;
+  train_step(lr, result);
 }
 
 // Each step's loss: the double sum of its f32 microbatch means, summed (as doubles) over the pipeline group

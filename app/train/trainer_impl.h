@@ -49,29 +49,26 @@ struct Counters {
 
 class Trainer {
  public:
-  Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist);
+  // `data`: the samples (open_data_sources for a run); `zb_v`: the zero-bubble V schedule's weights
+  // (app/train/meta_step.h measure_schedule_memory; nothing for the other schedules).
+  Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist, DataSources data, ScheduleMemory zb_v);
 
   void run();
-
- private:
-  // What crosses between pipeline stages: one microbatch's hidden states (this context rank's chunks, sequence
-  // shards of them with SP).
-  StageActivation activation() const {
-    const int64_t sp = cfg_.parallel.sequence_parallel ? dist_.tp_size() : 1;
-    return {
-        .shape = {cfg_.training.micro_batch_size, cfg_.model.seq_length / dist_.cp_size() / sp, cfg_.model.hidden_size},
-        .dtype = dtype_,
-        .device = device_};
-  }
-  // The ranks whose microbatch losses make one step's mean: data x context parallel (every context rank's loss
-  // is the mean over its equal share of each sample's tokens).
-  int64_t replicas() const { return dist_.dp_size() * dist_.cp_size(); }
+  // One iteration without the loop around it (no checkpoint, evaluation or report): the planner's measured step on
+  // the meta device (app/train/meta_step.h).
+  void step_once();
   // The elements this rank stores (its shards, tied copies included).
   int64_t num_parameters() const {
     int64_t n = 0;
     for (const Parameter* p : params_) n += par_->stored_numel(p);
     return n;
   }
+
+ private:
+  StageActivation activation() const { return stage_activation(cfg_, dist_, dtype_); }
+  // The ranks whose microbatch losses make one step's mean: data x context parallel (every context rank's loss
+  // is the mean over its equal share of each sample's tokens).
+  int64_t replicas() const { return dist_.dp_size() * dist_.cp_size(); }
   // The model's parameters, every global tensor once (padded vocabulary rows included, as stored): the sum over
   // the model-parallel group of this rank's tensor-parallel slices, replicated tensors on tensor-parallel rank 0,
   // tied copies never (the grad norm's rule). A collective of the model-parallel group.
@@ -137,8 +134,8 @@ class Trainer {
   Distributed& dist_;
   DType dtype_;
   Device device_;  // where the model, its gradients and the optimizer state live
-  // The training schedule, built once: ZB-V weighs its pairs by the planner's activation tape
-  // (plan::planned_training_schedule), the same on every rank and in `megatrain plan`.
+  // The training schedule, built once: ZB-V weighs its pairs by what they hold, measured on the meta device
+  // (app/train/meta_step.h), the same on every rank and in `megatrain plan`.
   ScheduleSpec train_schedule_;
   DataSources data_;
   Microbatches batches_{cfg_, dist_, data_};       // what the stages read of data_

@@ -167,13 +167,13 @@ HostOffload::HostOffload(int64_t n, std::vector<Segment> segments, DType value_d
           fmt::format("host offload: segment [{}, {}) out of order or outside the state of {}", s.begin, s.end, n_));
     at = s.end;
   }
-  master_ = Tensor::zeros({n_}, DType::f32, Device::cpu, MemKind::host);
-  exp_avg_ = Tensor::zeros({n_}, DType::f32, Device::cpu, MemKind::host);
-  exp_avg_sq_ = Tensor::zeros({n_}, DType::f32, Device::cpu, MemKind::host);
+  master_ = Tensor::zeros({n_}, DType::f32, host_of(device_), MemKind::host);
+  exp_avg_ = Tensor::zeros({n_}, DType::f32, host_of(device_), MemKind::host);
+  exp_avg_sq_ = Tensor::zeros({n_}, DType::f32, host_of(device_), MemKind::host);
   for (int i = 0; i < 2; ++i) {
-    grad_staging_[i] = Tensor::empty({chunk_}, DType::f32, Device::cpu, MemKind::host);
+    grad_staging_[i] = Tensor::empty({chunk_}, DType::f32, host_of(device_), MemKind::host);
     if (value_dtype_ != DType::f32)
-      value_staging_[i] = Tensor::empty({chunk_}, value_dtype_, Device::cpu, MemKind::host);
+      value_staging_[i] = Tensor::empty({chunk_}, value_dtype_, host_of(device_), MemKind::host);
   }
   copies_ = std::make_unique<Copies>(device_);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

@@ -10,7 +10,7 @@
 
 namespace mt {
 
-std::string_view device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
+std::string_view device_name(Device d) { return name_of(d); }
 
 std::string_view mem_kind_name(MemKind k) { return k == MemKind::kCount ? "?" : name_of(k); }
 

@@ -9,7 +9,12 @@
 
 namespace mt {
 
-enum class Device : uint8_t { cpu, cuda };
+// meta: shapes and sizes without values, ops counted and not computed (core/meta/meta.h; the planner's device).
+enum class Device : uint8_t { cpu, cuda, meta };
+template <>
+struct EnumNames<Device> {
+  static constexpr std::array<const char*, 3> names = {"cpu", "cuda", "meta"};
+};
 std::string_view device_name(Device d);
 
 // What a buffer is for; memory reports break peaks down by these.
@@ -26,6 +31,9 @@ struct EnumNames<MemKind> {  // the log's and metrics.jsonl's names (kCount has 
                                                        "workspace",  "gathered",  "host"};
 };
 std::string_view mem_kind_name(MemKind k);
+// Where the host pool of a run on device d lives: the CPU's memory, except for a meta run (core/meta/meta.h), whose
+// host pool is counted on the meta device like everything else it holds.
+constexpr Device host_of(Device d) { return d == Device::meta ? Device::meta : Device::cpu; }
 // Whether bytes of kind k count in the device totals (every kind but host).
 constexpr bool is_device_kind(MemKind k) { return k != MemKind::host; }
 

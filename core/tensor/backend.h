@@ -8,10 +8,9 @@
 //
 // The backends are peers: core/cpu/ registers the CPU table (cpu::register_backend, core/cpu/backend_cpu.cpp; the
 // CPU is the host and has no runtime), core/cuda/ the CUDA table and runtime when the toolkit was found at build
-// time (cuda::register_backend, core/cuda/backend_cuda.cpp). A third backend registers the same way: the "meta"
-// device (shapes checked, bytes and FLOPs counted, nothing computed) will add a Device value, fill a BackendOps from
-// backend_ops.inc with its counting functions, give a DeviceRuntime whose allocator only counts, and call
-// register_backend from the registry's built-ins.
+// time (cuda::register_backend, core/cuda/backend_cuda.cpp), and core/meta/ the meta device's (shapes checked by the
+// entry points, bytes and FLOPs counted, nothing computed; its runtime's allocator counts what a real one would
+// hold: meta::register_backend, core/meta/backend_meta.cpp), always.
 #pragma once
 #include <string>
 #include <vector>

@@ -1,6 +1,7 @@
 // backend_registry.cpp: the registry of core/tensor/backend.h, and the one place that knows which backends this
-// build has: the CPU always, CUDA when the toolkit was found at build time (MEGATRAIN_WITH_CUDA). The backends'
-// register functions are declared here rather than included, so that core/tensor includes no backend's header.
+// build has: the CPU and the meta device always, CUDA when the toolkit was found at build time
+// (MEGATRAIN_WITH_CUDA). The backends' register functions are declared here rather than included, so that
+// core/tensor includes no backend's header.
 #include <array>
 #include <cctype>
 #include <stdexcept>
@@ -15,6 +16,9 @@ namespace mt {
 namespace cpu {
 void register_backend();  // core/cpu/backend_cpu.cpp
 }  // namespace cpu
+namespace meta {
+void register_backend();  // core/meta/backend_meta.cpp
+}  // namespace meta
 #if defined(MEGATRAIN_WITH_CUDA)
 namespace cuda {
 void register_backend();  // core/cuda/backend_cuda.cpp
@@ -23,7 +27,7 @@ void register_backend();  // core/cuda/backend_cuda.cpp
 
 namespace {
 
-constexpr size_t kMaxDevices = 8;  // room for the Device values to come (meta)
+constexpr size_t kMaxDevices = 8;  // room for the Device values to come
 
 struct Entry {
   const BackendOps* ops = nullptr;
@@ -46,6 +50,7 @@ size_t index_of(Device d) {
 const std::array<Entry, kMaxDevices>& registered() {
   static const bool builtins = [] {
     cpu::register_backend();
+    meta::register_backend();
 #if defined(MEGATRAIN_WITH_CUDA)
     cuda::register_backend();
 #endif

@@ -38,14 +38,16 @@ int64_t heads_of(const Tensor& qkv) { return qkv.dim(2) * (qkv.dim(3) - 2); }
 
 void check_positions(const char* op, const AttentionBlockOptions& opt) {
   for (const SequencePositions* p : {&opt.q, &opt.k})
-    check_range(op, "positions", p->position_offset >= 0 && p->split_at >= 0 && p->split_position >= 0,
-                fmt::format("must be >= 0, got offset {}, split_at {}, split_position {}", p->position_offset,
-                            p->split_at, p->split_position));
+    check_range(op, "positions", p->position_offset >= 0 && p->split_at >= 0 && p->split_position >= 0, [&] {
+      return fmt::format("must be >= 0, got offset {}, split_at {}, split_position {}", p->position_offset, p->split_at,
+                         p->split_position);
+    });
   if (opt.dropout_p == 0.f) return;
   check_p(op, opt.dropout_p);
-  check_range(op, "dropout keys", opt.seq_length > 0 && opt.sample_offset >= 0 && opt.head_offset >= 0,
-              fmt::format("need seq_length > 0 and offsets >= 0, got seq_length {}, sample {}, head {}", opt.seq_length,
-                          opt.sample_offset, opt.head_offset));
+  check_range(op, "dropout keys", opt.seq_length > 0 && opt.sample_offset >= 0 && opt.head_offset >= 0, [&] {
+    return fmt::format("need seq_length > 0 and offsets >= 0, got seq_length {}, sample {}, head {}", opt.seq_length,
+                       opt.sample_offset, opt.head_offset);
+  });
 }
 
 }  // namespace

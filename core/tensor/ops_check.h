@@ -7,6 +7,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -40,7 +41,7 @@ inline void check_like(const char* op, const char* name, const Tensor& t, const 
   if (t.dtype() != ref.dtype())
     fail(op, fmt::format("{}: expected dtype {} (that of {}), got {}", name, dtype_name(ref.dtype()), ref_name,
                          dtype_name(t.dtype())));
-  check_shape(t, ref.shape(), fmt::format("{}: {}", op, name).c_str());
+  if (t.shape() != ref.shape()) check_shape(t, ref.shape(), fmt::format("{}: {}", op, name).c_str());
 }
 
 // t is a `ndim`-D tensor (`layout` names its dimensions) of dtype `want`, or of any floating dtype.
@@ -54,8 +55,9 @@ inline void check_ndim(const char* op, const char* name, const Tensor& t, int nd
     fail(op, fmt::format("{}: expected a {}-D tensor {}, got {}", name, ndim, layout, shape_str(t.shape())));
 }
 
+// (The message is made only for a tensor that fails: these checks run on every op.)
 inline void expect_shape(const char* op, const char* name, const Tensor& t, const Shape& shape) {
-  check_shape(t, shape, fmt::format("{}: {}", op, name).c_str());
+  if (!t.defined() || t.shape() != shape) check_shape(t, shape, fmt::format("{}: {}", op, name).c_str());
 }
 
 inline void check_floating_shape(const char* op, const char* name, const Tensor& t, const Shape& shape) {
@@ -70,6 +72,12 @@ inline void check_f32_shape(const char* op, const char* name, const Tensor& t, c
 
 inline void check_range(const char* op, const char* name, bool ok, const std::string& rule) {
   if (!ok) fail(op, fmt::format("{}: {}", name, rule));
+}
+// The same with the rule made only when it is broken (a message with values formatted in it).
+template <class Rule>
+requires std::is_invocable_r_v<std::string, Rule>
+inline void check_range(const char* op, const char* name, bool ok, Rule&& rule) {
+  if (!ok) fail(op, fmt::format("{}: {}", name, rule()));
 }
 
 // The device all of ts live on; throws when they differ.

@@ -29,7 +29,7 @@ void layernorm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias
   check_like(op, "out", out, x, "x");
   check_f32_shape(op, "mean", mean, {N});
   check_f32_shape(op, "rstd", rstd, {N});
-  check_range(op, "eps", opt.eps >= 0.f, fmt::format("must be >= 0, got {}", opt.eps));
+  check_range(op, "eps", opt.eps >= 0.f, [&] { return fmt::format("must be >= 0, got {}", opt.eps); });
   backend(device_of(op, {&x, &weight, &bias, &out, &mean, &rstd}), op)
       .layernorm_forward(x, weight, bias, out, mean, rstd, opt);
 }
@@ -61,7 +61,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& weight, Tensor& out, Tensor&
   check_floating_shape(op, "weight", weight, {C});
   check_like(op, "out", out, x, "x");
   check_f32_shape(op, "rstd", rstd, {N});
-  check_range(op, "eps", opt.eps >= 0.f, fmt::format("must be >= 0, got {}", opt.eps));
+  check_range(op, "eps", opt.eps >= 0.f, [&] { return fmt::format("must be >= 0, got {}", opt.eps); });
   backend(device_of(op, {&x, &weight, &out, &rstd}), op).rmsnorm_forward(x, weight, out, rstd, opt);
 }
 
@@ -88,7 +88,8 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, Embe
   check_ndim(op, "ids", ids, 2, "(B, T)", DType::i32);
   check_ndim(op, "table", table, 2, "(V, C)");
   check_floating_shape(op, "out", out, {ids.dim(0), ids.dim(1), table.dim(1)});
-  check_range(op, "vocab_start", opt.vocab_start >= 0, fmt::format("must be >= 0, got {}", opt.vocab_start));
+  check_range(op, "vocab_start", opt.vocab_start >= 0,
+              [&] { return fmt::format("must be >= 0, got {}", opt.vocab_start); });
   backend(device_of(op, {&ids, &table, &out}), op).embedding_forward(ids, table, out, opt);
 }
 
@@ -98,7 +99,8 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, E
   check_ndim(op, "ids", ids, 2, "(B, T)", DType::i32);
   check_ndim(op, "dtable", dtable, 2, "(V, C)", DType::f32);
   check_floating_shape(op, "dout", dout, {ids.dim(0), ids.dim(1), dtable.dim(1)});
-  check_range(op, "vocab_start", opt.vocab_start >= 0, fmt::format("must be >= 0, got {}", opt.vocab_start));
+  check_range(op, "vocab_start", opt.vocab_start >= 0,
+              [&] { return fmt::format("must be >= 0, got {}", opt.vocab_start); });
   backend(device_of(op, {&ids, &dout, &dtable}), op).embedding_backward(ids, dout, dtable, opt);
 }
 
@@ -165,11 +167,13 @@ void check_dropout(const char* op, const Tensor& in, const char* in_name, const 
   check_ndim(op, in_name, in, 3, "(B, T, C)");
   check_like(op, out_name, out, in, in_name);
   check_p(op, opt.p);
-  check_range(
-      op, "offsets", opt.sample_offset >= 0 && opt.row_offset >= 0 && opt.col_offset >= 0,
-      fmt::format("must be >= 0, got sample {}, row {}, col {}", opt.sample_offset, opt.row_offset, opt.col_offset));
-  check_range(op, "split", opt.split_at >= 0 && opt.split_position >= 0,
-              fmt::format("must be >= 0, got split_at {}, split_position {}", opt.split_at, opt.split_position));
+  check_range(op, "offsets", opt.sample_offset >= 0 && opt.row_offset >= 0 && opt.col_offset >= 0, [&] {
+    return fmt::format("must be >= 0, got sample {}, row {}, col {}", opt.sample_offset, opt.row_offset,
+                       opt.col_offset);
+  });
+  check_range(op, "split", opt.split_at >= 0 && opt.split_position >= 0, [&] {
+    return fmt::format("must be >= 0, got split_at {}, split_position {}", opt.split_at, opt.split_position);
+  });
 }
 
 }  // namespace
@@ -213,7 +217,7 @@ void check_qkv(const char* op, const Tensor& qkv, const AttentionOptions& opt) {
                          shape_str(qkv.shape())));
   check_p(op, opt.dropout_p);
   check_range(op, "offsets", opt.sample_offset >= 0 && opt.head_offset >= 0,
-              fmt::format("must be >= 0, got sample {}, head {}", opt.sample_offset, opt.head_offset));
+              [&] { return fmt::format("must be >= 0, got sample {}, head {}", opt.sample_offset, opt.head_offset); });
   if (opt.positions.defined()) {
     check_range(op, "causal", opt.causal, "packed documents' positions need causal attention");
     check_document_positions(op, opt.positions, qkv.dim(0), qkv.dim(1), true, qkv.device());
@@ -291,11 +295,12 @@ void rope_(Tensor& qkv, const RopeOptions& opt) {
     fail(op, fmt::format("qkv: expected shape (B, T, G, R + 2, D) with R >= 1 and an even D > 0, got {}",
                          shape_str(qkv.shape())));
   check_range(op, "theta", opt.theta > 0.f && std::isfinite(opt.theta),
-              fmt::format("must be a finite number > 0, got {}", opt.theta));
+              [&] { return fmt::format("must be a finite number > 0, got {}", opt.theta); });
   check_range(op, "position_offset", opt.position_offset >= 0,
-              fmt::format("must be >= 0, got {}", opt.position_offset));
-  check_range(op, "split_position", opt.split_at >= 0 && opt.split_position >= 0,
-              fmt::format("split_at and split_position must be >= 0, got {} and {}", opt.split_at, opt.split_position));
+              [&] { return fmt::format("must be >= 0, got {}", opt.position_offset); });
+  check_range(op, "split_position", opt.split_at >= 0 && opt.split_position >= 0, [&] {
+    return fmt::format("split_at and split_position must be >= 0, got {} and {}", opt.split_at, opt.split_position);
+  });
   if (opt.positions.defined()) {
     check_range(op, "position_offset", opt.position_offset == 0 && opt.split_at == 0,
                 "position_offset and split_at must be 0 with packed documents' positions");

@@ -26,7 +26,7 @@ void check_logits(const char* op, const Tensor& logits, const Tensor* targets, i
     check_dtype(op, "targets", *targets, DType::i32);
     expect_shape(op, "targets", *targets, {logits.dim(0)});
   }
-  check_range(op, "vocab_start", vocab_start >= 0, fmt::format("must be >= 0, got {}", vocab_start));
+  check_range(op, "vocab_start", vocab_start >= 0, [&] { return fmt::format("must be >= 0, got {}", vocab_start); });
 }
 
 }  // namespace
@@ -111,7 +111,7 @@ void adamw_step(Tensor& master, const Tensor& grad, Tensor& exp_avg, Tensor& exp
   check_like(op, "grad", grad, master, "master");
   check_like(op, "exp_avg", exp_avg, master, "master");
   check_like(op, "exp_avg_sq", exp_avg_sq, master, "master");
-  check_range(op, "step", opt.step >= 1, fmt::format("must be >= 1 (1-based), got {}", opt.step));
+  check_range(op, "step", opt.step >= 1, [&] { return fmt::format("must be >= 1 (1-based), got {}", opt.step); });
   check_range(op, "betas", opt.beta1 >= 0.f && opt.beta1 < 1.f && opt.beta2 >= 0.f && opt.beta2 < 1.f,
               fmt::format("must lie in [0, 1), got {} and {}", opt.beta1, opt.beta2));
   backend(device_of(op, {&master, &grad, &exp_avg, &exp_avg_sq}), op)
@@ -124,7 +124,7 @@ namespace {
 
 void check_f64(const char* op, const char* name, const Tensor& t, int64_t n) {
   check_dtype(op, name, t, DType::i64);  // f64 bits in i64 storage
-  check_range(op, name, t.numel() == n, fmt::format("expected {} f64 value(s), got {}", n, t.numel()));
+  check_range(op, name, t.numel() == n, [&] { return fmt::format("expected {} f64 value(s), got {}", n, t.numel()); });
 }
 
 void check_same_device(const char* op, const char* name, size_t i, const Tensor& t, Device d) {
@@ -165,7 +165,7 @@ void adamw_multi_step(const std::vector<AdamWTensors>& ts, const AdamWOptions& o
   const char* op = "adamw_multi_step";
   const op_profile::Scope profile(op);
   if (ts.empty()) return;
-  check_range(op, "step", opt.step >= 1, fmt::format("must be >= 1 (1-based), got {}", opt.step));
+  check_range(op, "step", opt.step >= 1, [&] { return fmt::format("must be >= 1 (1-based), got {}", opt.step); });
   check_range(op, "betas", opt.beta1 >= 0.f && opt.beta1 < 1.f && opt.beta2 >= 0.f && opt.beta2 < 1.f,
               fmt::format("must lie in [0, 1), got {} and {}", opt.beta1, opt.beta2));
   const Device d = ts[0].master.defined() ? ts[0].master.device() : Device::cpu;
@@ -179,13 +179,15 @@ void adamw_multi_step(const std::vector<AdamWTensors>& ts, const AdamWOptions& o
     for (auto [name, x] : f32s) {
       const std::string what = fmt::format("{}.{}", at, name);
       check_dtype(op, what.c_str(), *x, DType::f32);
-      check_range(op, what.c_str(), x->numel() == n, fmt::format("{} elements, master has {}", x->numel(), n));
+      check_range(op, what.c_str(), x->numel() == n,
+                  [&] { return fmt::format("{} elements, master has {}", x->numel(), n); });
       check_same_device(op, "ts", i, *x, d);
     }
     if (!t.value.defined()) continue;
     const std::string what = at + ".value";
     check_floating(op, what.c_str(), t.value);
-    check_range(op, what.c_str(), t.value.numel() == n, fmt::format("{} elements, master has {}", t.value.numel(), n));
+    check_range(op, what.c_str(), t.value.numel() == n,
+                [&] { return fmt::format("{} elements, master has {}", t.value.numel(), n); });
     check_same_device(op, "ts", i, t.value, d);
     if (value_dtype && *value_dtype != t.value.dtype())
       fail(op, fmt::format("{}: dtype {}, an earlier value has {} (one dtype per call)", what,

@@ -21,20 +21,20 @@ int64_t check_router_experts(const char* op, const char* name, const Tensor& t) 
   check_ndim(op, name, t, 2, "(N, E)", DType::f32);
   const int64_t E = t.dim(1);
   check_range(op, name, E >= 1 && E <= kMaxRouterExperts,
-              fmt::format("the number of experts E must lie in [1, {}], got {}", kMaxRouterExperts, E));
+              [&] { return fmt::format("the number of experts E must lie in [1, {}], got {}", kMaxRouterExperts, E); });
   return E;
 }
 
 void check_router_score(const char* op, RouterScore score) {
   check_range(op, "score", score == RouterScore::softmax || score == RouterScore::sigmoid,
-              fmt::format("unknown RouterScore {}", static_cast<int>(score)));
+              [&] { return fmt::format("unknown RouterScore {}", static_cast<int>(score)); });
 }
 
 // E from a (N, E) f32 tensor `name` (logits or scores), top_k within [1, E] and a known score function.
 int64_t check_router_rows(const char* op, const char* name, const Tensor& t, const MoeRouterOptions& opt) {
   const int64_t E = check_router_experts(op, name, t);
   check_range(op, "top_k", opt.top_k >= 1 && opt.top_k <= E,
-              fmt::format("must lie in [1, E] = [1, {}], got {}", E, opt.top_k));
+              [&] { return fmt::format("must lie in [1, E] = [1, {}], got {}", E, opt.top_k); });
   check_router_score(op, opt.score);
   return E;
 }
@@ -131,8 +131,9 @@ void moe_dispatch_index(const Tensor& experts, Tensor& row_of, Tensor& counts, c
   if (counts.dim(0) < 1) fail(op, "counts: expected at least one expert, got (0)");
   if (experts.numel() > (int64_t{1} << 31) - 1)
     fail(op, fmt::format("experts: {} choices, more than int32 row indices hold", experts.numel()));
-  check_range(op, "capacity", cap.capacity >= 0,
-              fmt::format("the most choices an expert keeps must be >= 0 (0: no limit), got {}", cap.capacity));
+  check_range(op, "capacity", cap.capacity >= 0, [&] {
+    return fmt::format("the most choices an expert keeps must be >= 0 (0: no limit), got {}", cap.capacity);
+  });
   if (cap.probs) {
     check_f32_shape(op, "probs", *cap.probs, experts.shape());
     (void)device_of(op, {&experts, cap.probs});  // throws when they differ

@@ -56,6 +56,13 @@ void initial_values(const Parameter& p, uint64_t seed, Tensor& out) {
   for (auto& th : pool) th.join();
 }
 
+namespace {
+thread_local bool parameters_on_meta = false;
+}  // namespace
+
+ParametersOnMeta::ParametersOnMeta() : outer_(parameters_on_meta) { parameters_on_meta = true; }
+ParametersOnMeta::~ParametersOnMeta() { parameters_on_meta = outer_; }
+
 Parameter make_parameter_slice(std::string name, TensorBlock block, DType dtype, Init init, float init_std,
                                uint64_t seed) {
   const Shape local = std::move(block.local);
@@ -67,6 +74,11 @@ Parameter make_parameter_slice(std::string name, TensorBlock block, DType dtype,
   p.init = init;
   p.init_std = init_std;
   p.weight_decay = local.size() > 1;
+  if (parameters_on_meta) {
+    p.value = Tensor::empty(local, dtype, Device::meta, MemKind::parameter);
+    p.grad = Tensor::zeros(local, DType::f32, Device::meta, MemKind::gradient);
+    return p;
+  }
   Tensor init_f32 = Tensor::empty(local, DType::f32, Device::cpu, MemKind::workspace);
   initial_values(p, seed, init_f32);
   p.value = Tensor::empty(local, dtype, Device::cpu, MemKind::parameter);

@@ -59,6 +59,20 @@ struct TensorBlock {
 Parameter make_parameter_slice(std::string name, TensorBlock block, DType dtype, Init init, float init_std,
                                uint64_t seed);
 
+// Where make_parameter and make_parameter_slice put what they make on this thread while one is alive: on the meta
+// device (core/meta/meta.h), with no values drawn and nothing on the host, for a model that is only measured (the
+// planner's). Without one they make parameters on the host, initialised.
+class ParametersOnMeta {
+ public:
+  ParametersOnMeta();
+  ~ParametersOnMeta();
+  ParametersOnMeta(const ParametersOnMeta&) = delete;
+  ParametersOnMeta& operator=(const ParametersOnMeta&) = delete;
+
+ private:
+  bool outer_;
+};
+
 // Moves a parameter made on the host (its value and gradient) to `device`; nothing for the CPU.
 void move_to_device(Parameter& p, Device device);
 

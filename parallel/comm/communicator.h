@@ -90,6 +90,19 @@ std::vector<int64_t> exchange_counts(Communicator& comm, const std::vector<int64
 // of a job without expert parallelism, which would otherwise cost a rendezvous or an NCCL split.
 std::unique_ptr<Communicator> make_self_communicator(std::string name);
 
+// One rank of a group in a meta run (core/meta/meta.h: the planner's measured step): ops check their arguments and
+// are done at once, moving nothing; outputs with memory get this rank's data, as if every rank held what it holds.
+struct MetaCommOptions {
+  std::string name;  // for messages ("tp[0,1]")
+  int rank = 0;
+  int size = 1;
+  bool gloo = true;  // mirror the workspaces a Gloo group allocates inside its ops (false: NCCL's, none)
+  // The MoE layer's exchange of its counts (a sum of doubles in which each rank fills its own block): this rank
+  // receives this many times its balanced share of rows (plan --moe-imbalance). Set on the expert-parallel group.
+  double receive_factor = 1;
+};
+std::unique_ptr<Communicator> make_meta_communicator(MetaCommOptions opt);
+
 struct GlooOptions {
   std::string name;          // group name, for messages and store prefixes ("" -> "gloo[0,1]")
   std::vector<int> members;  // global ranks, ascending; this rank must be one of them

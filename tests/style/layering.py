@@ -12,7 +12,7 @@ import sys
 LIBRARIES = {
     "mt_base": (["core/base"], []),
     "mt_io": (["core/io"], []),
-    "mt_tensor": (["core/tensor", "core/cpu", "core/cuda"], ["mt_base"]),
+    "mt_tensor": (["core/tensor", "core/cpu", "core/cuda", "core/meta"], ["mt_base"]),
     "mt_optim": (["core/optim"], ["mt_tensor"]),
     "mt_config": (["core/config"], ["mt_optim", "mt_base"]),
     "mt_tokenizer": (["core/tokenizer"], ["mt_io", "mt_base"]),
@@ -26,10 +26,10 @@ LIBRARIES = {
     "mt_sharding": (["parallel/sharding"], ["mt_comm", "mt_optim"]),
     "mt_parallel": ([], ["mt_store", "mt_comm", "mt_pipeline", "mt_layers", "mt_sharding"]),  # parallel/'s rooms
     "mt_models": (["models"], ["mt_parallel", "mt_config"]),
-    "mt_plan": (["plan"], ["mt_models", "mt_io"]),
+    "mt_plan": (["plan"], ["mt_train", "mt_models", "mt_io"]),
     "mt_runtime": (["app/runtime"], ["mt_parallel", "mt_config", "mt_io"]),
     "mt_train": (["app/train"],
-                 ["mt_runtime", "mt_models", "mt_plan", "mt_hf", "mt_checkpoint", "mt_data", "mt_io", "mt_optim"]),
+                 ["mt_runtime", "mt_models", "mt_hf", "mt_checkpoint", "mt_data", "mt_io", "mt_optim"]),
     "mt_cli": (["app/cli"], ["mt_train", "mt_plan"]),  # with megatrain's main.cpp
 }
 # Rooms of one library that may not see each other whole: the tensor's dispatch reaches the backends only through
@@ -39,6 +39,7 @@ ROOM_LINKS = {
     "core/tensor": [],
     "core/cpu": ["core/tensor"],
     "core/cuda": ["core/tensor"],
+    "core/meta": ["core/tensor"],
 }
 # Folders that hold C++ sources; every one of them must be a room of LIBRARIES.
 TREES = ["app", "core", "parallel", "models", "plan"]
