@@ -88,7 +88,7 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
   if (env.world_size == 1) {
     d->store = make_hash_store();
   } else {
-    if (env.rank == 0) d->server = std::make_unique<TcpStoreServer>("", env.master_port);
+    if (env.rank == 0 && !env.store_hosted) d->server = std::make_unique<TcpStoreServer>("", env.master_port);
     // Store requests wait as long as collectives do (parallel.timeout_s), not a fixed time of their own.
     d->store = connect_tcp_store(env.master_addr, env.master_port, timeout, timeout);
     check_job_identity(*d->store, job_identity(cfg, env), env.rank, env.world_size, timeout,

@@ -28,6 +28,7 @@
 #include <fmt/format.h>
 
 #include "app/runtime/local_launcher_detail.h"
+#include "parallel/store/store.h"
 
 extern char** environ;
 
@@ -44,7 +45,7 @@ constexpr std::string_view kRankVariables[] = {
     "SLURM_PROCID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS_PER_NODE",
     "SLURM_TASKS_PER_NODE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
     "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK", "PMI_RANK", "PMI_SIZE", "PMIX_RANK",
-    "MEGATRAIN_JOB_ID"};
+    "MEGATRAIN_JOB_ID", "MEGATRAIN_STORE_HOSTED"};
 // clang-format on
 
 // ---- Supervising: wait for the ranks; the first failure stops the others. ----
@@ -202,7 +203,8 @@ std::string random_job_id() {
 }  // namespace
 
 std::vector<std::string> rank_environment(const std::vector<std::string>& parent, int rank, int nproc,
-                                          const std::string& master_addr, int master_port, const std::string& job_id) {
+                                          const std::string& master_addr, int master_port, const std::string& job_id,
+                                          bool store_hosted) {
   std::vector<std::string> env;
   env.reserve(parent.size() + 6);
   for (const auto& entry : parent) {
@@ -217,39 +219,18 @@ std::vector<std::string> rank_environment(const std::vector<std::string>& parent
   env.push_back(fmt::format("MASTER_ADDR={}", master_addr));
   env.push_back(fmt::format("MASTER_PORT={}", master_port));
   if (!job_id.empty()) env.push_back(fmt::format("MEGATRAIN_JOB_ID={}", job_id));
+  if (store_hosted) env.push_back("MEGATRAIN_STORE_HOSTED=1");
   return env;
-}
-
-int pick_free_port(const std::string& addr) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  if (int rc = ::getaddrinfo(addr.c_str(), "0", &hints, &found); rc != 0)
-    throw std::runtime_error(fmt::format("cannot resolve MASTER_ADDR {}: {}", addr, ::gai_strerror(rc)));
-  int last_errno = EADDRNOTAVAIL;
-  for (addrinfo* ai = found; ai; ai = ai->ai_next) {
-    UniqueFd s(::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol));
-    sockaddr_storage bound{};
-    socklen_t len = sizeof bound;
-    if (s.get() < 0 || ::bind(s.get(), ai->ai_addr, ai->ai_addrlen) != 0 ||
-        ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&bound), &len) != 0) {
-      last_errno = errno;
-      continue;
-    }
-    ::freeaddrinfo(found);
-    return bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-                                       : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  }
-  ::freeaddrinfo(found);
-  throw std::system_error(last_errno, std::generic_category(),
-                          fmt::format("cannot pick a free port on MASTER_ADDR {}", addr));
 }
 
 int launch_local(const LaunchOptions& opt) {
   validate(opt);
-  const int port = opt.master_port != 0 ? opt.master_port : pick_free_port(opt.master_addr);
+  // Without a port given, the launcher serves the rendezvous store itself on a port the system picks and it keeps
+  // bound from then on (as torchrun's agent does): a port picked, closed and bound again by rank 0 could be taken in
+  // between by any other process's ephemeral socket, and the ranks would rendezvous with a stranger.
+  std::unique_ptr<TcpStoreServer> store;
+  if (opt.master_port == 0) store = std::make_unique<TcpStoreServer>("", 0);
+  const int port = store ? store->port() : opt.master_port;
 
   ExecPlan plan;
   plan.env.reserve(size_t(opt.nproc));  // envp points into env
@@ -261,7 +242,8 @@ int launch_local(const LaunchOptions& opt) {
   for (char** e = environ; *e; ++e) parent.emplace_back(*e);
   const std::string job_id = random_job_id();
   for (int rank = 0; rank < opt.nproc; ++rank) {
-    auto& env = plan.env.emplace_back(rank_environment(parent, rank, opt.nproc, opt.master_addr, port, job_id));
+    auto& env = plan.env.emplace_back(
+        rank_environment(parent, rank, opt.nproc, opt.master_addr, port, job_id, store != nullptr));
     auto& envp = plan.envp.emplace_back();
     for (auto& entry : env) envp.push_back(entry.data());
     envp.push_back(nullptr);

@@ -32,12 +32,10 @@ int launch_local(const LaunchOptions& opt);
 
 // The environment of one rank: `parent` ("NAME=value" entries) without the variables of any launcher that
 // parallel/launch reads, plus torchrun's for this rank of a one-node job of `nproc` ranks, plus
-// MEGATRAIN_JOB_ID=job_id when it is not empty (the same for every rank of one launch).
+// MEGATRAIN_JOB_ID=job_id when it is not empty (the same for every rank of one launch), plus
+// MEGATRAIN_STORE_HOSTED=1 when the launcher serves the rendezvous store (parallel/store/launch.h).
 std::vector<std::string> rank_environment(const std::vector<std::string>& parent, int rank, int nproc,
                                           const std::string& master_addr, int master_port,
-                                          const std::string& job_id = "");
-
-// A TCP port that is free on `addr` now (bind port 0, read it, close). Throws std::system_error.
-int pick_free_port(const std::string& addr);
+                                          const std::string& job_id = "", bool store_hosted = false);
 
 }  // namespace mt::app

@@ -7,6 +7,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace mt {
 namespace {
@@ -222,6 +223,8 @@ LaunchEnv detect_launch_env(const GetEnv& getenv) {
   else if (env.has("OMPI_COMM_WORLD_RANK"))
     e = from_openmpi(env);
   e.job_id = job_id_of(getenv);
+  const char* hosted = getenv("MEGATRAIN_STORE_HOSTED");
+  e.store_hosted = hosted && std::string_view(hosted) == "1";
   return e;
 }
 

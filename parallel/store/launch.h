@@ -17,6 +17,9 @@ struct LaunchEnv {
   // between jobs: MEGATRAIN_JOB_ID (megatrain --nproc), else TORCHELASTIC_RUN_ID (torchrun --rdzv-id), else
   // SLURM_JOB_ID.SLURM_STEP_ID; empty when none is set. Rendezvous refuses ranks whose job ids differ.
   std::string job_id;
+  // MEGATRAIN_STORE_HOSTED=1 (megatrain --nproc picking the port): the launcher serves the rendezvous store at
+  // master_addr:master_port itself, on the socket it bound, so rank 0 serves nothing. Otherwise rank 0 serves it.
+  bool store_hosted = false;
 };
 
 using GetEnv = std::function<const char*(const char*)>;

@@ -184,6 +184,32 @@ TEST(LocalLauncher, RankEnvironmentGivesEveryRankTheLaunchsJobId) {
                                            "MASTER_ADDR=127.0.0.1", "MASTER_PORT=1", "MEGATRAIN_JOB_ID=c0ffee"}));
 }
 
+TEST(LocalLauncher, RankEnvironmentSaysWhenTheLauncherServesTheStore) {
+  std::vector<std::string> env =
+      rank_environment({"MEGATRAIN_STORE_HOSTED=1", "HOME=/h"}, 1, 2, "127.0.0.1", 1, "c0ffee", true);
+  EXPECT_EQ(env, (std::vector<std::string>{"HOME=/h", "RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=2",
+                                           "MASTER_ADDR=127.0.0.1", "MASTER_PORT=1", "MEGATRAIN_JOB_ID=c0ffee",
+                                           "MEGATRAIN_STORE_HOSTED=1"}));
+  // An outer launch's flag does not reach the ranks of one that does not serve the store.
+  env = rank_environment({"MEGATRAIN_STORE_HOSTED=1"}, 0, 1, "127.0.0.1", 29500, "", false);
+  EXPECT_EQ(std::count(env.begin(), env.end(), "MEGATRAIN_STORE_HOSTED=1"), 0);
+}
+
+// Without MASTER_PORT the launcher serves the rendezvous store itself on the port it gives the ranks, bound from
+// before they start (no window in which another process could take it): each rank finds it listening there.
+TEST_F(LocalLauncherTest, WithoutAPortTheLauncherServesTheStoreOnThePortItGives) {
+  LaunchOptions opt = shell(2, R"(
+    [ "$MEGATRAIN_STORE_HOSTED" = 1 ] || exit 3
+    exec bash -c 'exec 3<>/dev/tcp/127.0.0.1/$MASTER_PORT' || exit 4
+  )");
+  ASSERT_EQ(opt.master_port, 0);
+  EXPECT_EQ(launch_local(opt), 0);
+  // With a port given, rank 0 serves the store (as under torchrun or Slurm): nothing listens there before it.
+  LaunchOptions given = shell(1, R"([ -z "$MEGATRAIN_STORE_HOSTED" ] || exit 3)");
+  given.master_port = 29518;
+  EXPECT_EQ(launch_local(given), 0);
+}
+
 TEST_F(LocalLauncherTest, AllRanksSucceedingGivesZero) { EXPECT_EQ(launch_local(shell(4, "exit 0")), 0); }
 
 // A rank writes its pid file under a temporary name and renames it: the peer that waits for the file to exist
