@@ -37,10 +37,14 @@ std::vector<std::pair<std::string, int64_t>> rank_kinds(const Config& c) {
   return kinds;
 }
 
+meta::Mirror mirror_of(Backend backend) { return backend == Backend::cpu ? meta::Mirror::cpu : meta::Mirror::cuda; }
+
+// The options of every rank kind's measurement of `c`, its ZB-V weights measured once for all of them.
 app::MetaStepOptions meta_options(const Config& c, Backend backend) {
-  return {.mirror = backend == Backend::cpu ? meta::Mirror::cpu : meta::Mirror::cuda,
+  return {.mirror = mirror_of(backend),
           .moe_receive_factor = c.model.moe.enabled() ? moe_imbalance(c.model.moe, c.parallel.expert).factor : 1,
-          .microbatches = app::peaks_microbatches(c)};
+          .microbatches = app::peaks_microbatches(c),
+          .zb_v = app::measure_schedule_memory(c, mirror_of(backend))};
 }
 
 }  // namespace
@@ -76,7 +80,7 @@ double setup_memory(const Config& c, Backend backend, double give_up_above) {
 
 ScheduleSpec planned_training_schedule(const Config& c, int64_t microbatches, Backend backend) {
   ScheduleSpec spec = training_schedule(c, microbatches);
-  spec.memory = app::measure_schedule_memory(c, backend == Backend::cpu ? meta::Mirror::cpu : meta::Mirror::cuda);
+  spec.memory = app::measure_schedule_memory(c, mirror_of(backend));
   return spec;
 }
 

@@ -76,14 +76,18 @@ void make_groups(Distributed& d, const Config& cfg, const GroupMaker& group, boo
 
 }  // namespace
 
+Topology topology_of(const Config& cfg, int world_size) {
+  const ParallelConfig& p = cfg.parallel;
+  return Topology(world_size, static_cast<int>(p.tensor), static_cast<int>(p.pipeline), static_cast<int>(p.data),
+                  static_cast<int>(p.expert), static_cast<int>(p.expert_tensor), static_cast<int>(p.context));
+}
+
 std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv& env, const Placement& placement) {
   const auto& p = cfg.parallel;
   auto d = std::make_unique<Distributed>();
   d->env = env;
   d->placement = placement;
-  d->topology =
-      Topology(env.world_size, static_cast<int>(p.tensor), static_cast<int>(p.pipeline), static_cast<int>(p.data),
-               static_cast<int>(p.expert), static_cast<int>(p.expert_tensor), static_cast<int>(p.context));
+  d->topology = topology_of(cfg, env.world_size);
   const Millis timeout{static_cast<int64_t>(cfg.parallel.timeout_s * 1000)};
   if (env.world_size == 1) {
     d->store = make_hash_store();
@@ -160,15 +164,13 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
 }
 
 std::unique_ptr<Distributed> meta_distributed(const Config& cfg, int world_size, int rank, const MetaGroups& opt) {
-  const auto& p = cfg.parallel;
   auto d = std::make_unique<Distributed>();
   d->env.world_size = world_size;
   d->env.rank = rank;
   d->env.launcher = "meta";
   d->placement.device = Device::meta;
   d->placement.description = "meta";
-  d->topology = Topology(world_size, static_cast<int>(p.tensor), static_cast<int>(p.pipeline), static_cast<int>(p.data),
-                         static_cast<int>(p.expert), static_cast<int>(p.expert_tensor), static_cast<int>(p.context));
+  d->topology = topology_of(cfg, world_size);
   d->store = make_hash_store();
   const GroupMaker group = [&](const char* kind, std::vector<int> members) -> std::unique_ptr<Communicator> {
     const auto at = std::find(members.begin(), members.end(), rank);

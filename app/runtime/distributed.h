@@ -85,6 +85,9 @@ struct Distributed {
 // tensors live on a GPU. Every communicator takes tensors on any device (small host exchanges are staged).
 std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv& env, const Placement& placement);
 
+// The rank grid of a job of `world_size` ranks laid out as cfg.parallel says.
+Topology topology_of(const Config& cfg, int world_size);
+
 // Rank `rank` of a job of `world_size` ranks laid out as cfg.parallel says, on the meta device (core/meta/meta.h):
 // the same groups as init_distributed makes, each a meta communicator (parallel/comm/communicator.h
 // make_meta_communicator) that moves nothing. What the planner measures a rank's step in.

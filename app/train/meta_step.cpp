@@ -30,15 +30,9 @@ int world_size(const Config& cfg) {
   return static_cast<int>(p.tensor * p.pipeline * p.data * p.context);
 }
 
-Topology topology_of(const Config& cfg) {
-  const ParallelConfig& p = cfg.parallel;
-  return Topology(world_size(cfg), static_cast<int>(p.tensor), static_cast<int>(p.pipeline), static_cast<int>(p.data),
-                  static_cast<int>(p.expert), static_cast<int>(p.expert_tensor), static_cast<int>(p.context));
-}
-
 // The meta rank of pipeline stage `stage` at tensor, context and data-parallel rank 0.
 std::unique_ptr<Distributed> stage_rank(const Config& cfg, int stage, meta::Mirror mirror, double receive_factor) {
-  const int rank = topology_of(cfg).rank({.tp = 0, .dp = 0, .pp = stage, .cp = 0});
+  const int rank = topology_of(cfg, world_size(cfg)).rank({.tp = 0, .dp = 0, .pp = stage, .cp = 0});
   return meta_distributed(cfg, world_size(cfg), rank,
                           {.gloo = mirror == meta::Mirror::cpu, .moe_receive_factor = receive_factor});
 }
@@ -76,7 +70,7 @@ MetaStep measure_step(const Config& cfg_in, int stage, const MetaStepOptions& op
     cfg.training.global_batch_size = cfg.training.global_batch_size / cfg.training.num_microbatches * opt.microbatches;
     cfg.training.num_microbatches = opt.microbatches;
   }
-  ScheduleMemory zb_v = measure_schedule_memory(cfg, opt.mirror);
+  ScheduleMemory zb_v = opt.zb_v ? *opt.zb_v : measure_schedule_memory(cfg, opt.mirror);
   const ScheduleSpec spec = [&] {
     ScheduleSpec s = training_schedule(cfg, cfg.training.num_microbatches);
     s.memory = zb_v;

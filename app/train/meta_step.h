@@ -5,6 +5,7 @@
 // the zero-bubble V schedule's weights (what a chunk's forward and B keep) too.
 #pragma once
 #include <cstdint>
+#include <optional>
 
 #include "core/config/config.h"
 #include "core/meta/meta.h"
@@ -21,6 +22,9 @@ struct MetaStepOptions {
   // false: the trainer's set-up only (parameters, gradient buffers, optimizer state; no step): a lower bound of the
   // step's peaks at a seventh of the cost, for the planner's search to skip what cannot fit.
   bool step = true;
+  // The zero-bubble V schedule's weights when measured already (measure_schedule_memory, the same for every stage of
+  // a config); empty: measured here.
+  std::optional<ScheduleMemory> zb_v;
 };
 
 struct MetaStep {
