@@ -63,9 +63,18 @@ void resume(Device device) {
     std::lock_guard lock(r.mu);
     r.device = device;
     if (!r.clock_set) {
-      r.steady0 = std::chrono::steady_clock::now();
-      r.epoch_us0 =
-          std::chrono::duration<double, std::micro>(std::chrono::system_clock::now().time_since_epoch()).count();
+      // The system clock read between two steady reads, the closest of a few tries: a preemption between the reads
+      // would shift this rank's whole timeline against the other ranks'.
+      auto gap = std::chrono::steady_clock::duration::max();
+      for (int i = 0; i < 8; ++i) {
+        const auto before = std::chrono::steady_clock::now();
+        const auto system = std::chrono::system_clock::now();
+        const auto after = std::chrono::steady_clock::now();
+        if (after - before >= gap) continue;
+        gap = after - before;
+        r.steady0 = before + gap / 2;
+        r.epoch_us0 = std::chrono::duration<double, std::micro>(system.time_since_epoch()).count();
+      }
       r.clock_set = true;
     }
   }
