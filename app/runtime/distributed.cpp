@@ -17,7 +17,7 @@ namespace mt::app {
 
 namespace {
 
-using GroupMaker = std::function<std::unique_ptr<Communicator>(const char* kind, std::vector<int> members)>;
+using GroupMaker = MeshGroups::Maker;
 
 // The address other ranks reach this one's Gloo device at: loopback for single-node jobs started with a
 // loopback master, else this host's name.
@@ -30,14 +30,15 @@ std::string gloo_hostname(const LaunchEnv& env) {
 
 // The groups of this rank after the world's, made by `group` (kind, ascending members; no members: this rank is in no
 // group of that split, and takes part in it only when `all_take_part`, as NCCL's splits need; null then), in the
-// same order on every rank: tp, dp, pp, mp, emb, dp_grads, and as the config says cp, dpcp, the hybrid sharding
-// groups, ep, edp, edp_grads.
+// same order on every rank: the mesh's {tp}, {dp}, {pp}, {tp, pp}, emb, the dense reducer's own, and as the config
+// says {cp}, {dp, cp}, the hybrid sharding groups, {ep}, {edp} and the expert reducer's own.
 void make_groups(Distributed& d, const Config& cfg, const GroupMaker& group, bool all_take_part) {
-  auto group_of = [&](GroupKind k) { return group(group_kind_name(k), d.topology.group(k, d.rank())); };
-  d.tp = group_of(GroupKind::tp);
-  d.dp = group_of(GroupKind::dp);
-  d.pp = group_of(GroupKind::pp);
-  d.mp = group_of(GroupKind::mp);
+  d.groups = MeshGroups(d.topology, d.rank(), group);
+  MeshGroups& mesh = d.groups;
+  mesh.make({"tp"});
+  mesh.make({"dp"});
+  mesh.make({"pp"});
+  mesh.make({"tp", "pp"});
   // The embedding group sums the gradient of the word embeddings that the first and last stage share: only
   // tied embeddings have one (untied, the first stage owns the embedding and the last its own lm_head, and
   // the last stage has nothing to add to the first's sum). Every rank decides this from the same config.
@@ -51,10 +52,10 @@ void make_groups(Distributed& d, const Config& cfg, const GroupMaker& group, boo
   // summed (and the distributed optimizer sharded) over data x context, and the context group passes keys and
   // values. Without it nothing more is created (the groups and their order are as before).
   const bool context = d.topology.cp() > 1;
-  d.dp_grads = group("dpgrads", context ? d.topology.dpcp_group(d.rank()) : d.topology.dp_group(d.rank()));
+  mesh.make(context ? MeshGroups::Dims{"dp", "cp"} : MeshGroups::Dims{"dp"}, GroupUse::grads);
   if (context) {
-    d.cp = group_of(GroupKind::cp);
-    d.dpcp = group_of(GroupKind::dpcp);
+    mesh.make({"cp"});
+    mesh.make({"dp", "cp"});
   }
   // Hybrid sharding (every rank knows parallel.shard_group from the same config; the config refuses it with context
   // parallelism): the shard group and the replica group of this rank, within its data-parallel group.
@@ -66,12 +67,13 @@ void make_groups(Distributed& d, const Config& cfg, const GroupMaker& group, boo
   }
   // Every rank knows EP and ETP from the same config, so all take part in both splits or in none.
   if (d.topology.experts_apart()) {
-    d.ep = group_of(GroupKind::ep);
-    d.edp = group_of(GroupKind::edp);
-    d.edp_grads = group("edpgrads", d.topology.edp_group(d.rank()));  // the expert gradient buffer's own
+    mesh.make({"ep"});
+    mesh.make({"edp"});
+    mesh.make({"edp"}, GroupUse::grads);  // the expert gradient buffer's own
   } else {
-    d.ep = make_self_communicator(fmt::format("ep[{}]", d.rank()));
+    mesh.add({"ep"}, make_self_communicator(fmt::format("ep[{}]", d.rank())));  // one rank: no rendezvous
   }
+  mesh.close();  // `group`'s captures end with the caller: every later request only looks up
 }
 
 }  // namespace
@@ -103,10 +105,10 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
   // with expert parallelism ep, edp.
   // (With NCCL every rank takes part in every split, passing no members for a group it is not in.)
   const bool nccl = placement.backend == Backend::nccl;
-  auto group_name = [](const char* kind, const std::vector<int>& members) {
+  auto group_name = [](const std::string& kind, const std::vector<int>& members) {
     return fmt::format("{}[{}]", kind, fmt::join(members, ","));
   };
-  auto gloo_group = [&](const char* kind, std::vector<int> members) {
+  auto gloo_group = [&](const std::string& kind, std::vector<int> members) {
     return make_staged_communicator(
         make_gloo_communicator(d->store, GlooOptions{.name = group_name(kind, members),
                                                      .members = members,
@@ -117,14 +119,14 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
         Device::cpu);
   };
 #if defined(MEGATRAIN_WITH_NCCL)
-  auto nccl_options = [&](const char* kind, std::vector<int> members) {
+  auto nccl_options = [&](const std::string& kind, std::vector<int> members) {
     return NcclOptions{.name = members.empty() ? std::string() : group_name(kind, members),
                        .members = members,
                        .global_rank = env.rank,
                        .device = placement.ordinal,
                        .timeout = timeout};
   };
-  auto backend_group = [&](const char* kind, std::vector<int> members) -> std::unique_ptr<Communicator> {
+  auto backend_group = [&](const std::string& kind, std::vector<int> members) -> std::unique_ptr<Communicator> {
     if (!nccl) return gloo_group(kind, std::move(members));
     auto split = split_nccl_communicator(*d->world, nccl_options(kind, std::move(members)));
     return split ? make_staged_communicator(std::move(split), Device::cuda) : nullptr;
@@ -134,12 +136,11 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
 #endif
   // Every group counts the bytes it moves (parallel/comm/comm_counted.h) under its kind; the gradient reducers' own
   // communicators and hybrid sharding's groups count as the data-parallel traffic they are.
-  GroupMaker group = [&](const char* kind, std::vector<int> members) -> std::unique_ptr<Communicator> {
+  GroupMaker group = [&](const std::string& kind, std::vector<int> members) -> std::unique_ptr<Communicator> {
     std::unique_ptr<Communicator> c = backend_group(kind, std::move(members));
-    const std::string name = kind;
-    const char* counted = name == "dpgrads" || name == "dpcp" || name == "shard" || name == "replicas" ? "dp"
-                          : name == "edpgrads"                                                         ? "edp"
-                                                                                                       : kind;
+    std::string counted = kind;
+    if (counted.ends_with("grads")) counted.resize(counted.size() - 5);
+    if (counted == "dpcp" || counted == "shard" || counted == "replicas") counted = "dp";
     return c ? make_counted_communicator(std::move(c), counted) : nullptr;
   };
   std::vector<int> everyone(env.world_size);
@@ -156,7 +157,8 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
   if (env.world_size == 1) return d;
   spdlog::info("rank {} of {} ({}): tp {} dp {} pp {}{}{}, {}, {}, rendezvous at {}:{}", env.rank, env.world_size,
                env.launcher, d->topology.coord(env.rank).tp, d->topology.coord(env.rank).dp,
-               d->topology.coord(env.rank).pp, d->cp ? fmt::format(" cp {}", d->cp_rank()) : std::string(),
+               d->topology.coord(env.rank).pp,
+               d->context_parallel() ? fmt::format(" cp {}", d->cp_rank()) : std::string(),
                d->experts_apart() ? fmt::format(" etp {} ep {} edp {}", d->etp_rank(), d->ep_rank(), d->edp_rank())
                                   : std::string(),
                placement.description, nccl ? "nccl" : "gloo", env.master_addr, env.master_port);
@@ -172,15 +174,14 @@ std::unique_ptr<Distributed> meta_distributed(const Config& cfg, int world_size,
   d->placement.description = "meta";
   d->topology = topology_of(cfg, world_size);
   d->store = make_hash_store();
-  const GroupMaker group = [&](const char* kind, std::vector<int> members) -> std::unique_ptr<Communicator> {
+  const GroupMaker group = [&](const std::string& kind, std::vector<int> members) -> std::unique_ptr<Communicator> {
     const auto at = std::find(members.begin(), members.end(), rank);
     if (at == members.end()) return nullptr;
-    return make_meta_communicator(
-        MetaCommOptions{.name = fmt::format("{}[{}]", kind, fmt::join(members, ",")),
-                        .rank = static_cast<int>(at - members.begin()),
-                        .size = static_cast<int>(members.size()),
-                        .gloo = opt.gloo,
-                        .receive_factor = std::string_view(kind) == "ep" ? opt.moe_receive_factor : 1});
+    return make_meta_communicator(MetaCommOptions{.name = fmt::format("{}[{}]", kind, fmt::join(members, ",")),
+                                                  .rank = static_cast<int>(at - members.begin()),
+                                                  .size = static_cast<int>(members.size()),
+                                                  .gloo = opt.gloo,
+                                                  .receive_factor = kind == "ep" ? opt.moe_receive_factor : 1});
   };
   std::vector<int> everyone(static_cast<size_t>(world_size));
   for (int r = 0; r < world_size; ++r) everyone[static_cast<size_t>(r)] = r;

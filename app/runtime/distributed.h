@@ -8,6 +8,7 @@
 #include "app/runtime/heartbeat.h"
 #include "core/config/config.h"
 #include "parallel/comm/communicator.h"
+#include "parallel/comm/mesh_groups.h"
 #include "parallel/store/launch.h"
 #include "parallel/store/store.h"
 #include "parallel/comm/topology.h"
@@ -20,33 +21,34 @@ struct Distributed {
   Topology topology{1, 1, 1, 1};
   std::unique_ptr<TcpStoreServer> server;  // rank 0 only
   std::shared_ptr<Store> store;
-  std::unique_ptr<Communicator> world;     // every rank (barriers around checkpoints)
-  std::unique_ptr<Communicator> tp;        // this rank's tensor-parallel group
-  std::unique_ptr<Communicator> dp;        // this rank's data-parallel group (size 1 when not distributed)
-  std::unique_ptr<Communicator> pp;        // this rank's pipeline (its rank r is stage r)
-  std::unique_ptr<Communicator> mp;        // model-parallel group (every tp and pp rank of this dp rank)
-  std::unique_ptr<Communicator> emb;       // first and last stage (tied embeddings); null on middle stages and untied
-  std::unique_ptr<Communicator> dp_grads;  // the gradient reducer's own: data-parallel (x context-parallel) group
-  // Context parallelism (parallel.context > 1; null otherwise): the ranks holding the chunks of the same samples, and
-  // the data x context group, whose ranks hold the same weights (the distributed optimizer's shards).
-  std::unique_ptr<Communicator> cp;
-  std::unique_ptr<Communicator> dpcp;
+  std::unique_ptr<Communicator> world;  // every rank (barriers around checkpoints)
+  // The named mesh's groups (parallel/comm/mesh_groups.h), made once at start-up by make_groups in one order on
+  // every rank: {tp}, {dp}, {pp}, {tp, pp} (model parallel), the dense gradient reducer's own {dp} or {dp, cp}
+  // (GroupUse::grads, handed to it); with context parallelism {cp} and {dp, cp} (the ranks holding the same weights,
+  // the distributed optimizer's shards); {ep}, the MoE token exchange (one rank when the experts' grid is the dense
+  // one); when the experts are apart (EP > 1 or ETP < TP) {edp}, the ranks holding the same experts' same slices, and
+  // the expert reducer's own {edp}. Without them the expert-data-parallel group is the data-parallel group.
+  MeshGroups groups;
+  std::unique_ptr<Communicator> emb;  // first and last stage (tied embeddings); null on middle stages and untied
   // Hybrid sharding (parallel.shard_group N below the data-parallel size; null otherwise, parallel/sharding/hybrid_shard.h):
   // this rank's shard group (N consecutive data-parallel ranks: the distributed optimizer's and the sharded
   // parameters' gathers) and its replica group (the ranks at its place in the other shard groups), the latter for
   // the gradient reducer's thread.
   std::unique_ptr<Communicator> shard_group;
   std::unique_ptr<Communicator> replicas_grads;
-  // Expert parallelism (parallel.expert = EP, parallel.expert_tensor = ETP; parallel/comm/topology.h): the MoE token
-  // exchange runs over `ep`, expert gradients are summed over `edp` (the ranks holding the same experts' same
-  // slices). When the experts' grid is the dense one (EP == 1 and ETP == TP), `ep` is a one-rank communicator that
-  // costs nothing to create and `edp` is null: the expert data-parallel group is then the data-parallel group
-  // (expert_data_parallel() hands out dp).
-  std::unique_ptr<Communicator> ep;
-  std::unique_ptr<Communicator> edp;
-  std::unique_ptr<Communicator> edp_grads;  // edp again, for the expert gradient buffer's thread (when apart)
-  std::unique_ptr<Heartbeat> heartbeat;     // multi-rank jobs: names the ranks that stop answering (last member:
-                                            // it stops before the store server goes)
+  std::unique_ptr<Heartbeat> heartbeat;  // multi-rank jobs: names the ranks that stop answering (last member:
+                                         // it stops before the store server goes)
+
+  // A group by the dimensions it spans: group({"tp"}), group({"dp", "cp"}). Throws naming one never made.
+  Communicator& group(MeshGroups::Dims dims) const { return groups(dims); }
+  // The context-parallel group; null without context parallelism.
+  Communicator* context_parallel() const { return groups.find({"cp"}); }
+  // The dense reducer's own communicator, handed over once (parallelize).
+  std::unique_ptr<Communicator> take_dense_grads() {
+    return groups.take(cp_size() > 1 ? MeshGroups::Dims{"dp", "cp"} : MeshGroups::Dims{"dp"});
+  }
+  // The expert reducer's own, handed over once; null when the experts reduce with the dense parameters.
+  std::unique_ptr<Communicator> take_expert_grads() { return experts_apart() ? groups.take({"edp"}) : nullptr; }
 
   int rank() const { return env.rank; }
   bool is_logging_rank() const { return env.rank == 0; }
@@ -58,7 +60,10 @@ struct Distributed {
   int cp_rank() const { return topology.coord(env.rank).cp; }
   int cp_size() const { return topology.cp(); }
   // The ranks that sum gradients and shard the distributed optimizer: data x context parallel.
-  Communicator& weight_replicas() const { return dpcp ? *dpcp : *dp; }
+  Communicator& weight_replicas() const {
+    Communicator* dpcp = groups.find({"dp", "cp"});
+    return dpcp ? *dpcp : group({"dp"});
+  }
   // The ranks the ZeRO stages shard over: the shard group with hybrid sharding, else weight_replicas().
   Communicator& shard_owners() const { return shard_group ? *shard_group : weight_replicas(); }
   int pp_size() const { return topology.pp(); }
@@ -76,7 +81,10 @@ struct Distributed {
   int checkpoint_file() const {
     return tp_rank() + tp_size() * (cp_rank() + cp_size() * dp_rank()) + checkpoint_writers_per_stage() * pp_rank();
   }
-  Communicator& expert_data_parallel() const { return edp ? *edp : *dp; }
+  Communicator& expert_data_parallel() const {
+    Communicator* edp = groups.find({"edp"});
+    return edp ? *edp : group({"dp"});
+  }
 };
 
 // Serves (rank 0) or reaches the rendezvous store and creates the communicators of this rank's groups: with

@@ -24,7 +24,7 @@ namespace {
 
 // Where this rank runs a schedule: its pipeline group, stage and chunk placement.
 PipelinePlacement placement_of(const Distributed& dist, const ScheduleSpec& spec) {
-  return {.comm = dist.pp.get(),
+  return {.comm = &dist.group({"pp"}),
           .stage = dist.pp_rank(),
           .stages = spec.stages,
           .chunks = spec.chunks,
@@ -37,7 +37,7 @@ PipelinePlacement placement_of(const Distributed& dist, const ScheduleSpec& spec
 Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist, DataSources data, ScheduleMemory zb_v)
     : cfg_(cfg), opt_(opt), dist_(dist), dtype_(dtype_of(cfg.training.precision)), device_(dist.placement.device),
       data_(std::move(data)), chunks_(build_chunks(cfg, dist, dtype_)), params_(all_parameters(chunks_)),
-      moe_(cfg.model, chunks_, dist), fp8_(enable_fp8(cfg, chunks_, dist.placement.device, dist.cp.get())),
+      moe_(cfg.model, chunks_, dist), fp8_(enable_fp8(cfg, chunks_, dist.placement.device, dist.context_parallel())),
       scaler_(dtype_ == DType::f16, LossScalerOptions{.initial = cfg.training.loss_scale.initial,
                                                       .min = cfg.training.loss_scale.min,
                                                       .window = cfg.training.loss_scale.window,
@@ -99,7 +99,7 @@ void Trainer::train_step(float& lr_used, StepResult& result) {
   if (result.found_inf || result.vetoed) ++c_.skipped_iters;
   moe_.after_step(!result.found_inf && !result.vetoed);  // the expert biases move with an applied step only
   // The delayed fp8 recipe's amax histories take this iteration's amaxes (over every microbatch and replica).
-  if (fp8_) fp8_->step(dist_.tp.get(), dist_.dp.get());
+  if (fp8_) fp8_->step(&dist_.group({"tp"}), &dist_.group({"dp"}));
 }
 
 void Trainer::step_once() {
@@ -146,9 +146,10 @@ double Trainer::evaluate() {
 // Loss sums live on the last pipeline stage of every data-parallel replica: summed over the pipeline group,
 // then the data-parallel group (as doubles, in that order on every layout), every rank gets the totals.
 std::vector<double> Trainer::sum_over_stages_and_replicas(std::vector<double> sums) {
-  if (dist_.pp_size() > 1) sums = sum_doubles(*dist_.pp, std::move(sums));
-  if (dist_.cp) sums = sum_doubles(*dist_.cp, std::move(sums));  // each context rank's mean over its chunks
-  if (dist_.dp_size() > 1) sums = sum_doubles(*dist_.dp, std::move(sums));
+  if (dist_.pp_size() > 1) sums = sum_doubles(dist_.group({"pp"}), std::move(sums));
+  if (Communicator* cp = dist_.context_parallel())
+    sums = sum_doubles(*cp, std::move(sums));  // each context rank's mean over its chunks
+  if (dist_.dp_size() > 1) sums = sum_doubles(dist_.group({"dp"}), std::move(sums));
   return sums;
 }
 

@@ -210,9 +210,10 @@ int64_t Trainer::total_parameters(bool trainable_only) {
   }
   // The expert-parallel ranks hold different experts; of a tensor-parallel group only the first fold (tp < ETP)
   // counts them (with parallel folding its other ranks hold the same experts' slices again or other EP ranks').
-  if (dist_.ep_size() > 1) experts = sum_doubles(*dist_.ep, {experts})[0];
+  if (dist_.ep_size() > 1) experts = sum_doubles(dist_.group({"ep"}), {experts})[0];
   if (dist_.tp_rank() < dist_.etp_size()) own += experts;
-  const double sum = dist_.mp->size() > 1 ? sum_doubles(*dist_.mp, {own})[0] : own;
+  Communicator& mp = dist_.group({"tp", "pp"});
+  const double sum = mp.size() > 1 ? sum_doubles(mp, {own})[0] : own;
   return static_cast<int64_t>(std::llround(sum));  // exact: parameter counts are far below 2^53
 }
 

@@ -1,7 +1,9 @@
 // topology.cpp: the rank grid rank = tp + T * (cp + C * (dp + D * pp)) and every group as one expression over it.
 #include "parallel/comm/topology.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 namespace mt {
@@ -42,11 +44,6 @@ Topology::ExpertCoord Topology::expert_coord(int r) const {
   return {i % etp_, i / etp_ % ep_, i / (etp_ * ep_)};
 }
 
-int Topology::expert_rank(int pp, ExpertCoord e) const {
-  const int i = e.etp + etp_ * (e.ep + ep_ * e.edp);
-  return rank({.tp = i % tp_, .dp = i / (tp_ * cp_), .pp = pp, .cp = i / tp_ % cp_});
-}
-
 Topology::Coord Topology::coord(int rank) const {
   if (rank < 0 || rank >= world_)
     throw std::out_of_range("rank " + std::to_string(rank) + " is outside the world of " + std::to_string(world_) +
@@ -62,74 +59,117 @@ int Topology::rank(Coord c) const {
   return c.tp + tp_ * (c.cp + cp_ * (c.dp + dp_ * c.pp));
 }
 
-// Each group fixes some coordinates of `rank` and varies the others; ranks ascend because the varied
-// coordinates are walked slowest-first (pp, then dp, then tp).
-std::vector<int> Topology::tp_group(int r) const {
-  Coord c = coord(r);
+int Topology::size(MeshDim dim) const {
+  switch (dim) {
+    case MeshDim::tp:
+      return tp_;
+    case MeshDim::cp:
+      return cp_;
+    case MeshDim::dp:
+      return dp_;
+    case MeshDim::pp:
+      return pp_;
+    case MeshDim::etp:
+      return etp_;
+    case MeshDim::ep:
+      return ep_;
+    case MeshDim::edp:
+      return edp();
+  }
+  throw std::invalid_argument("unknown mesh dimension");
+}
+
+// Dense: rank = tp + T * (cp + C * (dp + D * pp)); experts: rank = etp + ETP * (ep + EP * edp) + T * C * D * pp.
+int Topology::stride(MeshDim dim) const {
+  switch (dim) {
+    case MeshDim::tp:
+      return 1;
+    case MeshDim::cp:
+      return tp_;
+    case MeshDim::dp:
+      return tp_ * cp_;
+    case MeshDim::pp:
+      return tp_ * cp_ * dp_;
+    case MeshDim::etp:
+      return 1;
+    case MeshDim::ep:
+      return etp_;
+    case MeshDim::edp:
+      return etp_ * ep_;
+  }
+  throw std::invalid_argument("unknown mesh dimension");
+}
+
+int Topology::coord(MeshDim dim, int r) const {
+  if (r < 0 || r >= world_) coord(r);  // throws the out_of_range
+  return r / stride(dim) % size(dim);
+}
+
+std::vector<MeshDim> Topology::parse_dims(std::span<const std::string_view> names) {
+  auto listed = [&] {
+    std::string s;
+    for (std::string_view n : names) s += (s.empty() ? "" : ", ") + std::string(n);
+    return "{" + s + "}";
+  };
+  if (names.empty()) throw std::invalid_argument("a mesh group names at least one dimension (tp cp dp pp etp ep edp)");
+  std::vector<MeshDim> dims;
+  for (std::string_view n : names) {
+    const std::optional<MeshDim> d = parse_choice<MeshDim>(n);
+    if (!d)
+      throw std::invalid_argument("mesh group " + listed() + ": '" + std::string(n) +
+                                  "' is no dimension (tp cp dp pp etp ep edp)");
+    if (std::find(dims.begin(), dims.end(), *d) != dims.end())
+      throw std::invalid_argument("mesh group " + listed() + " names '" + std::string(n) + "' twice");
+    dims.push_back(*d);
+  }
+  const auto dense = [](MeshDim d) { return d == MeshDim::tp || d == MeshDim::cp || d == MeshDim::dp; };
+  const auto expert = [](MeshDim d) { return d == MeshDim::etp || d == MeshDim::ep || d == MeshDim::edp; };
+  if (std::any_of(dims.begin(), dims.end(), dense) && std::any_of(dims.begin(), dims.end(), expert))
+    throw std::invalid_argument("mesh group " + listed() +
+                                " mixes the dense grid's dimensions (tp cp dp) with the experts' fold (etp ep edp)");
+  std::sort(dims.begin(), dims.end());
+  return dims;
+}
+
+// The named dimensions vary (a mixed-radix counter, fastest first, so ranks ascend), the others keep rank's
+// coordinates: member = base + sum of c x stride.
+std::vector<int> Topology::group(std::span<const std::string_view> names, int r) const {
+  std::vector<MeshDim> dims = parse_dims(names);
+  // Fastest first: by stride (in the experts' fold pp, listed first by name, is the slowest).
+  std::stable_sort(dims.begin(), dims.end(), [&](MeshDim a, MeshDim b) { return stride(a) < stride(b); });
+  int base = r;
+  int count = 1;
+  for (MeshDim d : dims) {
+    base -= coord(d, r) * stride(d);
+    count *= size(d);
+  }
   std::vector<int> g;
-  for (int t = 0; t < tp_; ++t) g.push_back(rank({t, c.dp, c.pp, c.cp}));
+  g.reserve(static_cast<size_t>(count));
+  for (int k = 0; k < count; ++k) {
+    int member = base;
+    int rest = k;
+    for (MeshDim d : dims) {
+      member += rest % size(d) * stride(d);
+      rest /= size(d);
+    }
+    g.push_back(member);
+  }
   return g;
 }
 
-std::vector<int> Topology::dp_group(int r) const {
-  Coord c = coord(r);
-  std::vector<int> g;
-  for (int d = 0; d < dp_; ++d) g.push_back(rank({c.tp, d, c.pp, c.cp}));
-  return g;
-}
-
-std::vector<int> Topology::pp_group(int r) const {
-  Coord c = coord(r);
-  std::vector<int> g;
-  for (int p = 0; p < pp_; ++p) g.push_back(rank({c.tp, c.dp, p, c.cp}));
-  return g;
-}
-
-std::vector<int> Topology::model_parallel_group(int r) const {
-  Coord c = coord(r);
-  std::vector<int> g;
-  for (int p = 0; p < pp_; ++p)
-    for (int t = 0; t < tp_; ++t) g.push_back(rank({t, c.dp, p, c.cp}));
-  return g;
-}
+std::vector<int> Topology::tp_group(int r) const { return group({"tp"}, r); }
+std::vector<int> Topology::dp_group(int r) const { return group({"dp"}, r); }
+std::vector<int> Topology::pp_group(int r) const { return group({"pp"}, r); }
+std::vector<int> Topology::model_parallel_group(int r) const { return group({"tp", "pp"}, r); }
+std::vector<int> Topology::cp_group(int r) const { return group({"cp"}, r); }
+std::vector<int> Topology::dpcp_group(int r) const { return group({"dp", "cp"}, r); }
+std::vector<int> Topology::ep_group(int r) const { return group({"ep"}, r); }
+std::vector<int> Topology::edp_group(int r) const { return group({"edp"}, r); }
 
 std::vector<int> Topology::embedding_group(int r) const {
   Coord c = coord(r);
   if (pp_ == 1) return {r};
   return {rank({c.tp, c.dp, 0, c.cp}), rank({c.tp, c.dp, pp_ - 1, c.cp})};
-}
-
-std::vector<int> Topology::cp_group(int r) const {
-  Coord c = coord(r);
-  std::vector<int> g;
-  for (int k = 0; k < cp_; ++k) g.push_back(rank({c.tp, c.dp, c.pp, k}));
-  return g;
-}
-
-// dp outer, cp inner: ranks ascend (cp varies faster than dp in the grid).
-std::vector<int> Topology::dpcp_group(int r) const {
-  Coord c = coord(r);
-  std::vector<int> g;
-  for (int d = 0; d < dp_; ++d)
-    for (int k = 0; k < cp_; ++k) g.push_back(rank({c.tp, d, c.pp, k}));
-  return g;
-}
-
-// The varied expert coordinate walks the stage's ranks in ascending order (i grows with it, and rank with i).
-std::vector<int> Topology::ep_group(int r) const {
-  const int pp = coord(r).pp;
-  ExpertCoord e = expert_coord(r);
-  std::vector<int> g;
-  for (e.ep = 0; e.ep < ep_; ++e.ep) g.push_back(expert_rank(pp, e));
-  return g;
-}
-
-std::vector<int> Topology::edp_group(int r) const {
-  const int pp = coord(r).pp;
-  ExpertCoord e = expert_coord(r);
-  std::vector<int> g;
-  for (e.edp = 0; e.edp < edp(); ++e.edp) g.push_back(expert_rank(pp, e));
-  return g;
 }
 
 const char* group_kind_name(GroupKind kind) { return name_of(kind).data(); }  // the table's literals end in a NUL

@@ -9,8 +9,11 @@
 // ranks too.
 #pragma once
 #include <array>
+#include <initializer_list>
+#include <span>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/base/enum_names.h"
@@ -28,6 +31,14 @@ struct EnumNames<GroupKind> {
   static constexpr std::array names{"tp", "dp", "pp", "mp", "emb", "ep", "edp", "cp", "dpcp"};
 };
 const char* group_kind_name(GroupKind kind);  // name_of(kind), NUL-terminated
+
+// The mesh's named dimensions: the dense grid's tp, cp, dp, pp (tp fastest) and the experts' fold of each pipeline
+// stage, etp, ep, edp (etp fastest), which shares pp. In either fold rank = sum of coordinate x stride.
+enum class MeshDim { tp, cp, dp, pp, etp, ep, edp };
+template <>
+struct EnumNames<MeshDim> {
+  static constexpr std::array names{"tp", "cp", "dp", "pp", "etp", "ep", "edp"};
+};
 
 class Topology {
  public:
@@ -78,6 +89,20 @@ class Topology {
   // when ep == 1 and etp == tp.
   std::vector<int> edp_group(int rank) const;
 
+  // The named mesh. A dimension's size, and rank's coordinate along it.
+  int size(MeshDim dim) const;
+  int coord(MeshDim dim, int rank) const;
+  // The members (ascending) of rank's group over the named dimensions: the ranks whose other coordinates are rank's,
+  // so {"dp", "cp"} are the ranks holding the same dense weights and {"tp", "pp"} the model-parallel ones. The
+  // names are of one fold, the dense (tp cp dp pp) or the experts' (etp ep edp pp). Throws std::invalid_argument
+  // naming an unknown dimension, one named twice, none named, or a mix of the two folds.
+  std::vector<int> group(std::span<const std::string_view> dims, int rank) const;
+  std::vector<int> group(std::initializer_list<std::string_view> dims, int rank) const {
+    return group(std::span<const std::string_view>(dims.begin(), dims.size()), rank);
+  }
+  // The dimensions those names spell, checked as group() checks them, in mesh order (tp cp dp pp etp ep edp).
+  static std::vector<MeshDim> parse_dims(std::span<const std::string_view> dims);
+
   // The group of a kind.
   std::vector<int> group(GroupKind kind, int rank) const;
   // All groups of a kind, each once, for creating communicators collectively. Ordered by first member. Middle
@@ -86,7 +111,7 @@ class Topology {
 
  private:
   int world_, tp_, pp_, dp_, ep_, etp_, cp_;
-  int expert_rank(int pp, ExpertCoord e) const;
+  int stride(MeshDim dim) const;
 };
 
 }  // namespace mt

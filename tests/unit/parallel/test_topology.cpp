@@ -46,6 +46,11 @@ std::string error_of(int world, int tp, int pp, int dp) {
   return "";
 }
 
+std::string fmt_layout(int tp, int cp, int dp, int pp, int etp, int ep) {
+  return "tp " + std::to_string(tp) + " cp " + std::to_string(cp) + " dp " + std::to_string(dp) + " pp " +
+         std::to_string(pp) + " etp " + std::to_string(etp) + " ep " + std::to_string(ep);
+}
+
 }  // namespace
 
 // Megatron-LM's example (parallel_state.initialize_model_parallel): 16 GPUs, tensor 2, pipeline 4, data 2.
@@ -491,4 +496,73 @@ TEST(Topology, ExpertGroupsFoldTheContextRanksIn) {
   const Topology t(4, 1, 1, 2, 2, 0, 2);
   EXPECT_EQ(t.ep_group(0), (std::vector<int>{0, 1}));
   EXPECT_EQ(t.edp_group(0), (std::vector<int>{0, 2}));
+}
+
+// The named mesh: for every layout up to 16 ranks (TP, CP, DP, PP and each expert fold), every set of dimensions of
+// one fold gives each rank the group of the ranks that agree with it on every other dimension of that fold and on
+// pp: of the product of the named sizes, ascending, holding the rank, in whatever order the names come.
+TEST(Topology, NamedGroupsVaryTheNamedDimensionsAndKeepTheOthers) {
+  const std::vector<std::vector<MeshDim>> folds{{MeshDim::tp, MeshDim::cp, MeshDim::dp, MeshDim::pp},
+                                                {MeshDim::etp, MeshDim::ep, MeshDim::edp, MeshDim::pp}};
+  for (int cp : {1, 2})
+    for (int tp : {1, 2, 4})
+      for (int dp : {1, 2, 4})
+        for (int pp : {1, 2}) {
+          const int world = tp * cp * dp * pp;
+          if (world > 16) continue;
+          for (int etp = 1; etp <= tp; ++etp)
+            for (int ep = 1; ep <= tp * cp * dp; ++ep) {
+              if (tp % etp != 0 || (tp * cp * dp) % (ep * etp) != 0 || (etp == tp && (cp * dp) % ep != 0)) continue;
+              const Topology t(world, tp, pp, dp, ep, etp, cp);
+              for (const std::vector<MeshDim>& fold : folds)
+                for (unsigned subset = 1; subset < 16; ++subset) {
+                  std::vector<std::string_view> names;
+                  int size = 1;
+                  for (size_t k = 0; k < 4; ++k)
+                    if (subset & (1u << k)) {
+                      names.insert(names.begin(), name_of(fold[k]));  // reversed: the order does not matter
+                      size *= t.size(fold[k]);
+                    }
+                  SCOPED_TRACE(fmt_layout(tp, cp, dp, pp, etp, ep) + " dims " + std::to_string(subset));
+                  for (int r = 0; r < world; ++r) {
+                    const std::vector<int> g = t.group(names, r);
+                    ASSERT_EQ(g.size(), static_cast<size_t>(size));
+                    EXPECT_TRUE(std::is_sorted(g.begin(), g.end()));
+                    EXPECT_NE(std::find(g.begin(), g.end(), r), g.end());
+                    for (int q : g)
+                      for (size_t k = 0; k < 4; ++k)
+                        if (!(subset & (1u << k))) EXPECT_EQ(t.coord(fold[k], q), t.coord(fold[k], r));
+                  }
+                }
+            }
+        }
+  // The kinds are the named groups they always were.
+  const Topology t(16, 2, 2, 2, 2, 1, 2);
+  for (int r = 0; r < 16; ++r) {
+    EXPECT_EQ(t.group({"tp"}, r), t.group(GroupKind::tp, r));
+    EXPECT_EQ(t.group({"cp", "dp"}, r), t.group(GroupKind::dpcp, r));
+    EXPECT_EQ(t.group({"pp", "tp"}, r), t.group(GroupKind::mp, r));
+    EXPECT_EQ(t.group({"edp"}, r), t.group(GroupKind::edp, r));
+    EXPECT_EQ(t.coord(MeshDim::ep, r), t.expert_coord(r).ep);
+    EXPECT_EQ(t.coord(MeshDim::cp, r), t.coord(r).cp);
+  }
+  EXPECT_EQ(t.group({"tp", "cp", "dp", "pp"}, 5).size(), 16u);  // the world
+}
+
+TEST(Topology, NamedGroupsRefuseUnknownRepeatedMixedAndNoNames) {
+  const Topology t(8, 2, 1, 4, 2);
+  auto error = [&](std::initializer_list<std::string_view> names) -> std::string {
+    try {
+      t.group(names, 0);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_EQ(error({"dp", "xp"}), "mesh group {dp, xp}: 'xp' is no dimension (tp cp dp pp etp ep edp)");
+  EXPECT_EQ(error({"dp", "dp"}), "mesh group {dp, dp} names 'dp' twice");
+  EXPECT_EQ(error({"dp", "ep"}),
+            "mesh group {dp, ep} mixes the dense grid's dimensions (tp cp dp) with the experts' fold (etp ep edp)");
+  EXPECT_EQ(error({}), "a mesh group names at least one dimension (tp cp dp pp etp ep edp)");
+  EXPECT_EQ(t.group({"ep", "pp"}, 3), t.ep_group(3));  // pp belongs to both folds
 }

@@ -31,9 +31,10 @@ void expect_every_group_moves_tensors(Distributed& d, Device device) {
     const char* name;
     Communicator* comm;
   };
-  for (Named g : {Named{"world", d.world.get()}, Named{"tp", d.tp.get()}, Named{"dp", d.dp.get()},
-                  Named{"pp", d.pp.get()}, Named{"mp", d.mp.get()}, Named{"dp_grads", d.dp_grads.get()},
-                  Named{"ep", d.ep.get()}, Named{"edp", &d.expert_data_parallel()}}) {
+  const std::unique_ptr<Communicator> dp_grads = d.take_dense_grads();
+  for (Named g : {Named{"world", d.world.get()}, Named{"tp", &d.group({"tp"})}, Named{"dp", &d.group({"dp"})},
+                  Named{"pp", &d.group({"pp"})}, Named{"mp", &d.group({"tp", "pp"})}, Named{"dp_grads", dp_grads.get()},
+                  Named{"ep", &d.group({"ep"})}, Named{"edp", &d.expert_data_parallel()}}) {
     ASSERT_NE(g.comm, nullptr) << g.name;
     EXPECT_EQ(g.comm->size(), 1) << g.name;
     for (Device on : {device, Device::cpu}) {  // the trainer also exchanges small host tensors
@@ -54,8 +55,19 @@ TEST(InitDistributed, GlooOnTheCpuCreatesEveryGroup) {
   // group is the data-parallel group itself.
   EXPECT_EQ(d->ep_size(), 1);
   EXPECT_EQ(d->ep_rank(), 0);
-  EXPECT_EQ(d->edp, nullptr);
-  EXPECT_EQ(&d->expert_data_parallel(), d->dp.get());
+  EXPECT_EQ(d->groups.find({"edp"}), nullptr);
+  EXPECT_EQ(&d->expert_data_parallel(), &d->group({"dp"}));
+  EXPECT_EQ(d->context_parallel(), nullptr);
+  EXPECT_EQ(&d->weight_replicas(), &d->group({"dp"}));
+  // A group asked for by names in another order is the same group; one never made is named at once.
+  EXPECT_EQ(&d->group({"pp", "tp"}), &d->group({"tp", "pp"}));
+  EXPECT_EQ(d->group({"tp", "pp"}).name(), "mp[0]");
+  try {
+    d->group({"tp", "cp"});
+    ADD_FAILURE() << "no std::logic_error for a group never made";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("mesh group tpcp was not made at start-up"), std::string::npos) << e.what();
+  }
 }
 
 // Four CPU ranks (threads, a TCP store on rank 0) with data parallel 4 split into expert-parallel groups of two:
@@ -86,28 +98,30 @@ TEST(InitDistributed, GlooExpertParallelGroupsOfTwoOfFourDataParallelRanks) {
         EXPECT_EQ(d->ep_rank(), r % 2);
         EXPECT_EQ(d->edp_size(), 2);
         EXPECT_EQ(d->edp_rank(), r / 2);
-        ASSERT_NE(d->edp, nullptr);
-        EXPECT_EQ(&d->expert_data_parallel(), d->edp.get());
-        EXPECT_EQ(d->ep->name(), r < 2 ? "ep[0,1]" : "ep[2,3]");
-        EXPECT_EQ(d->edp->name(), r % 2 == 0 ? "edp[0,2]" : "edp[1,3]");
-        EXPECT_EQ(d->ep->rank(), d->ep_rank());
-        EXPECT_EQ(d->edp->rank(), d->edp_rank());
+        Communicator& ep = d->group({"ep"});
+        Communicator& edp = d->group({"edp"});
+        EXPECT_EQ(&d->expert_data_parallel(), &edp);
+        EXPECT_EQ(ep.name(), r < 2 ? "ep[0,1]" : "ep[2,3]");
+        EXPECT_EQ(edp.name(), r % 2 == 0 ? "edp[0,2]" : "edp[1,3]");
+        EXPECT_EQ(ep.rank(), d->ep_rank());
+        EXPECT_EQ(edp.rank(), d->edp_rank());
+        EXPECT_EQ(d->take_expert_grads()->name(), r % 2 == 0 ? "edpgrads[0,2]" : "edpgrads[1,3]");
         // Each rank sends r + 1 elements of value 10 r + q to ep rank q: an exchange within its ep group.
         const std::vector<int64_t> send{r + 1, r + 1};
-        const std::vector<int64_t> recv = exchange_counts(*d->ep, send);
+        const std::vector<int64_t> recv = exchange_counts(ep, send);
         const int first = r / 2 * 2;  // the global rank of ep rank 0
         EXPECT_EQ(recv, (std::vector<int64_t>{first + 1, first + 2}));
         std::vector<float> mine;
         for (int q = 0; q < 2; ++q) mine.insert(mine.end(), static_cast<size_t>(r + 1), 10.f * r + q);
         Tensor in = Tensor::from_floats(mine, {2 * (r + 1)});
         Tensor out = Tensor::zeros({recv[0] + recv[1]}, DType::f32);
-        d->ep->all_to_all(in, send, out, recv)->wait();
+        ep.all_to_all(in, send, out, recv)->wait();
         std::vector<float> expected;
         for (int q = 0; q < 2; ++q)
           expected.insert(expected.end(), static_cast<size_t>(first + q + 1), 10.f * (first + q) + d->ep_rank());
         EXPECT_EQ(out.to_floats(), expected) << "rank " << r;
         // The edp group sums over the ranks holding the same experts.
-        EXPECT_EQ(sum_doubles(*d->edp, {double(r)}), std::vector<double>{double(r % 2 + r % 2 + 2)});
+        EXPECT_EQ(sum_doubles(edp, {double(r)}), std::vector<double>{double(r % 2 + r % 2 + 2)});
         d->world->barrier();
         // Rank 0 serves the store: it goes last, after the others' heartbeats have said goodbye through it.
         if (r == 0) others_gone.wait();
