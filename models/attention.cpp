@@ -24,6 +24,7 @@ SelfAttention::SelfAttention(const LayerSpec& spec, const ModelConfig& cfg, cons
   const int64_t C = cfg.hidden_size, H = cfg.num_heads, G = cfg.kv_heads(), D = cfg.head_dim;
   heads_ = opt.tp.count(H);
   groups_ = opt.tp.count(G);
+  if (rotary_) rope_freqs_ = rope_frequencies(static_cast<float>(cfg.rotary_base), D, cfg.rope_scaling);
   // Column-parallel over query groups: thanks to the per-group interleave, this rank's groups are one row block.
   linears_ = LinearPair(opt, {"attn.qkv", "qkv", C, (H + 2 * G) * D, cfg.init_std, spec.qkv_bias},
                         {"attn.proj", "proj", H * D, C, output_init_std(cfg), spec.bias});
@@ -45,6 +46,8 @@ RopeOptions SelfAttention::rope_options(bool inverse, int64_t T, const StepConte
   // context parallelism at this rank's chunks.
   const SequencePositions p = opt_.cp.positions(T, 0, T);
   return {.theta = static_cast<float>(cfg_.rotary_base),
+          .inv_freq = rope_freqs_.inv_freq,
+          .attention_factor = rope_freqs_.attention_factor,
           .position_offset = p.position_offset,
           .inverse = inverse,
           .split_at = p.split_at,
@@ -112,7 +115,10 @@ Tensor SelfAttention::decode(const Tensor& x, PartState& cache, const DecodeStep
   Tensor qkv = linears_.column.forward(x, 1);  // (n, G, R + 2, D)
   if (rotary_) {                               // the fed tokens' queries and keys at their absolute positions
     Tensor q5 = qkv.view({1, n, G, H / G + 2, D});
-    rope_(q5, {.theta = static_cast<float>(cfg_.rotary_base), .position_offset = step.position});
+    rope_(q5, {.theta = static_cast<float>(cfg_.rotary_base),
+               .inv_freq = rope_freqs_.inv_freq,
+               .attention_factor = rope_freqs_.attention_factor,
+               .position_offset = step.position});
   }
   const Tensor att = cached_attention(qkv, c, step);  // (n, H D)
   return linears_.row.forward(att, 1);

@@ -8,7 +8,8 @@
 // weight is whole groups. The attention runs over the whole local sequence: the one of this rank, or with context
 // parallelism the ring's (or all-gather's) over the context ranks' chunks (parallel/layers/context_parallel.h). The
 // rotary embeddings (spec.position rotary) see the tokens' positions: 0..T-1, the context chunks' global ones, or
-// packed documents' (StepContext::positions).
+// packed documents' (StepContext::positions), at the frequencies of model.rotary_base and model.rope_scaling (plain,
+// linear, llama3 or yarn: core/base/rope_scaling.h), computed once here.
 //
 // Generation (decode): the fed tokens' keys and values join a cache of capacity x G x D per layer for each, in f32
 // on the host (holding the compute dtype's values exactly). A feed from position 0 runs the training forward's
@@ -19,6 +20,7 @@
 #pragma once
 #include <memory>
 
+#include "core/base/rope_scaling.h"
 #include "core/config/config.h"
 #include "models/block_part.h"
 #include "models/layer_spec.h"
@@ -57,8 +59,9 @@ class SelfAttention final : public BlockPart {
   ModelConfig cfg_;
   PartOptions opt_;
   bool rotary_;
-  int64_t heads_;   // this rank's query heads
-  int64_t groups_;  // this rank's query groups (key / value heads)
+  RopeFrequencies rope_freqs_;  // (D/2) and yarn's factor, when rotary_
+  int64_t heads_;               // this rank's query heads
+  int64_t groups_;              // this rank's query groups (key / value heads)
   uint64_t site_probs_;
   // qkv (column): C -> (H + 2G) D, weight ((H + 2G) D / tp, C), rows per group [R q | k | v]; proj (row): H D -> C,
   // weight (C, H D / tp), the input columns of this rank's heads.

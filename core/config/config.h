@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/base/dtype.h"
+#include "core/base/rope_scaling.h"
 #include "core/config/config_enums.h"
 #include "core/optim/lr_schedule.h"
 
@@ -69,6 +70,7 @@ struct ModelConfig {
   double rotary_base = 10000;      // llama: the rotary embeddings' theta (HF's rope_theta)
   bool qkv_bias = false;           // llama: biases on the query, key and value projections (Qwen2's; Megatron's
                                    // add_qkv_bias); gpt has biases on every linear
+  RopeScaling rope_scaling;        // llama: the rotary embeddings scaled for a longer context (Llama 3.1's llama3)
   float init_std = 0.02f;
   MoeConfig moe;
   // derived

@@ -51,6 +51,34 @@ void visit(V& v, C& c) {
     v.field({.name = "layernorm_eps"}, m.layernorm_eps);
     v.field({.name = "rotary_base"}, m.rotary_base);
     v.field({.name = "qkv_bias"}, m.qkv_bias);
+    v.section("rope_scaling", [&] {
+      auto& rs = m.rope_scaling;
+      v.field({.name = "type"}, rs.type);
+      const char* plain =
+          rs.enabled() ? nullptr
+                       : "model.rope_scaling.type is none (plain rotary embeddings): set model.rope_scaling.type";
+      const char* not_llama3 = plain ? plain
+                               : rs.type != RopeScalingType::llama3
+                                   ? "model.rope_scaling.type is not llama3 (the key is llama3's)"
+                                   : nullptr;
+      const char* not_yarn = plain ? plain
+                             : rs.type != RopeScalingType::yarn
+                                 ? "model.rope_scaling.type is not yarn (the key is yarn's)"
+                                 : nullptr;
+      const char* linear = plain                                ? plain
+                           : rs.type == RopeScalingType::linear ? "model.rope_scaling.type is linear (factor only)"
+                                                                : nullptr;
+      v.field({.name = "factor", .inert = plain}, rs.factor);
+      v.field({.name = "low_freq_factor", .inert = not_llama3}, rs.low_freq_factor);
+      v.field({.name = "high_freq_factor", .inert = not_llama3}, rs.high_freq_factor);
+      v.field({.name = "original_max_position_embeddings", .inert = linear}, rs.original_max_position_embeddings);
+      v.field({.name = "attention_factor", .inert = not_yarn}, rs.attention_factor);
+      v.field({.name = "beta_fast", .inert = not_yarn}, rs.beta_fast);
+      v.field({.name = "beta_slow", .inert = not_yarn}, rs.beta_slow);
+      v.field({.name = "mscale", .inert = not_yarn}, rs.mscale);
+      v.field({.name = "mscale_all_dim", .inert = not_yarn}, rs.mscale_all_dim);
+      v.field({.name = "truncate", .inert = not_yarn}, rs.truncate);
+    });
     v.field({.name = "init_std"}, m.init_std);
     v.section("moe", [&] {
       auto& e = m.moe;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <stdexcept>
 
 #include "core/config/config_rules_detail.h"
 
@@ -71,6 +72,17 @@ void resolve_model(ModelConfig& m, const Rules& r) {
                                             m.head_dim));
     // Llama unties the LM head from the embedding unless the file says otherwise.
     if (!r.given("model.tie_embeddings")) m.tie_embeddings = false;
+  }
+  if (m.rope_scaling.enabled()) {
+    if (!llama)
+      r.fail("model.rope_scaling.type", fmt::format("{} with model.arch: gpt, whose positions are learned: scaled "
+                                                    "rotary embeddings are llama's",
+                                                    name_of(m.rope_scaling.type)));
+    try {  // the one computation checks what its type needs
+      rope_frequencies(m.rotary_base, m.head_dim, m.rope_scaling);
+    } catch (const std::invalid_argument& e) {
+      r.fail("model.rope_scaling", e.what());
+    }
   }
 }
 

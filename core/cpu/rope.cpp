@@ -17,20 +17,18 @@ void rope_(Tensor& qkv, const RopeOptions& opt) {
   const int64_t half = D / 2, rotated = (S - 1) * D;  // slots 0..R of a group: R queries and the key
   if (B * T * G == 0) return;
 
-  // inv_freq_i = float(1 / theta^(2i/D)) in double, rounded; a = float(p) * inv_freq_i in fp32;
-  // cos and sin of that fp32 angle in double, rounded. inverse: sin(-a) = -sin(a).
-  std::vector<float> inv_freq(half);  // (D/2)
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq[i] = static_cast<float>(
-        1.0 / std::pow(static_cast<double>(opt.theta), static_cast<double>(2 * i) / static_cast<double>(D)));
+  // inv_freq_i (rope_frequencies, or the options'); a = float(p) * inv_freq_i in fp32; cos and sin of that fp32
+  // angle in double, rounded, times attention_factor in fp32. inverse: sin(-a) = -sin(a).
+  const std::vector<float> inv_freq = rope_inv_freq(opt, D);  // (D/2)
+  const float scale = opt.attention_factor;
   std::vector<float> cos_t(T * half), sin_t(T * half);  // (T, D/2) each
   for (int64_t t = 0; t < T; ++t) {
     const float p = static_cast<float>(position_at(opt, t));
     for (int64_t i = 0; i < half; ++i) {
       const double a = static_cast<double>(p * inv_freq[i]);
-      cos_t[t * half + i] = static_cast<float>(std::cos(a));
-      const float s = static_cast<float>(std::sin(a));
-      sin_t[t * half + i] = opt.inverse ? -s : s;
+      const float c = static_cast<float>(std::cos(a)), s = static_cast<float>(std::sin(a));
+      cos_t[t * half + i] = scale == 1.f ? c : c * scale;
+      sin_t[t * half + i] = (opt.inverse ? -s : s) * (scale == 1.f ? 1.f : scale);
     }
   }
 

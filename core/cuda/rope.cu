@@ -1,7 +1,7 @@
 // rope.cu: rotary position embedding on the GPU, in place on the query and key slots of a (B, T, G, R + 2, D)
 // qkv activation, with the numerics of core/cpu/rope.cpp (core/tensor/ops.h gives them exactly):
-//  * inv_freq_i = float(1 / theta^(2i/D)) is computed on the host with the CPU's code (bit for bit the same)
-//    and passed by value in the kernel's parameters, so D is limited to kMaxHeadDim;
+//  * inv_freq_i (plain, or a scaled model's: rope_inv_freq) is computed on the host with the CPU's code (bit for bit
+//    the same) and passed by value in the kernel's parameters, so D is limited to kMaxHeadDim;
 //  * a first kernel fills a (T, D/2) table of fp32 cos and sin of a = float(p) * inv_freq_i (an fp32 product),
 //    taken in double and rounded (CUDA's double cos and sin are within 2 ulp of double, so the fp32 table
 //    equals the CPU's but where a double result lies within an ulp of an fp32 rounding boundary);
@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "core/cuda/kernels.cuh"
 #include "core/cuda/ops_cuda.h"
@@ -27,9 +28,11 @@ struct InvFreq {
   float v[kMaxHeadDim / 2];  // (D/2)
 };
 
-// cos_t[t, i] = float(cos(a)), sin_t[t, i] = float(sin(a)) (negated for the inverse), a = float(p) * inv_freq_i.
+// cos_t[t, i] = float(cos(a)) * scale, sin_t[t, i] = float(sin(a)) * scale (negated for the inverse),
+// a = float(p) * inv_freq_i.
 __global__ void rope_table_kernel(InvFreq inv_freq, float* cos_t, float* sin_t, int64_t T, int64_t half,
-                                  int64_t position_offset, int64_t split_at, int64_t split_position, bool inverse) {
+                                  int64_t position_offset, int64_t split_at, int64_t split_position, bool inverse,
+                                  float scale) {
   const int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (k >= T * half) return;
   const int64_t t = k / half, i = k % half;
@@ -38,9 +41,9 @@ __global__ void rope_table_kernel(InvFreq inv_freq, float* cos_t, float* sin_t, 
   const double a = static_cast<double>(__fmul_rn(p, inv_freq.v[i]));
   double s, c;
   sincos(a, &s, &c);
-  cos_t[k] = static_cast<float>(c);
-  const float sf = static_cast<float>(s);
-  sin_t[k] = inverse ? -sf : sf;
+  const float cf = static_cast<float>(c), sf = static_cast<float>(s);
+  cos_t[k] = scale == 1.f ? cf : __fmul_rn(cf, scale);  // yarn's attention factor, as the CPU's fp32 product
+  sin_t[k] = scale == 1.f ? (inverse ? -sf : sf) : __fmul_rn(inverse ? -sf : sf, scale);
 }
 
 // One thread per rotated pair: n = B * T * G * (R + 1) * half pairs, pair index ((btg * (R + 1) + slot) * half + i).
@@ -75,16 +78,16 @@ void rope_(Tensor& qkv, const RopeOptions& opt) {
   const int64_t n = B * T * G * (S - 1) * half;
   if (n == 0) return;
 
-  InvFreq inv_freq{};  // as core/cpu/rope.cpp: in double, rounded
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq.v[i] = static_cast<float>(
-        1.0 / std::pow(static_cast<double>(opt.theta), static_cast<double>(2 * i) / static_cast<double>(D)));
+  InvFreq inv_freq{};  // as core/cpu/rope.cpp's: rope_inv_freq
+  const std::vector<float> freqs = rope_inv_freq(opt, D);
+  std::copy(freqs.begin(), freqs.end(), inv_freq.v);
 
   Tensor table = Tensor::empty({2 * T * half}, DType::f32, Device::cuda, MemKind::workspace);  // cos (T, D/2), sin
   float* cos_t = table.data<float>();
   float* sin_t = cos_t + T * half;
   rope_table_kernel<<<blocks_for(T * half, kThreads), kThreads, 0, stream()>>>(
-      inv_freq, cos_t, sin_t, T, half, opt.position_offset, opt.split_at, opt.split_position, opt.inverse);
+      inv_freq, cos_t, sin_t, T, half, opt.position_offset, opt.split_at, opt.split_position, opt.inverse,
+      opt.attention_factor);
   MT_CUDA_LAUNCHED("rope_table_kernel");
   const unsigned grid = grid_1d(n, kThreads);
   MT_DISPATCH_FLOAT(qkv.dtype(), "rope_", T_,

@@ -45,6 +45,31 @@ ConfigLayout gpt2() {
            {"use_cache", literal("true")}}};
 }
 
+// model.rope_scaling as transformers 4.x's rope_scaling (5.x reads it into rope_parameters): null when plain, else
+// rope_type and the keys its type reads.
+std::string rope_scaling(const S& m) {
+  const RopeScaling& r = m.rope_scaling;
+  if (!r.enabled()) return "null";
+  using hf_json::num;
+  std::vector<std::string> keys{fmt::format("\"rope_type\": \"{}\"", name_of(r.type)),
+                                fmt::format("\"factor\": {}", num(r.factor))};
+  if (r.type == RopeScalingType::llama3) {
+    keys.push_back(fmt::format("\"low_freq_factor\": {}", num(r.low_freq_factor)));
+    keys.push_back(fmt::format("\"high_freq_factor\": {}", num(r.high_freq_factor)));
+  }
+  if (r.type != RopeScalingType::linear)
+    keys.push_back(fmt::format("\"original_max_position_embeddings\": {}", r.original_max_position_embeddings));
+  if (r.type == RopeScalingType::yarn) {
+    if (r.attention_factor != 0) keys.push_back(fmt::format("\"attention_factor\": {}", num(r.attention_factor)));
+    keys.push_back(fmt::format("\"beta_fast\": {}", num(r.beta_fast)));
+    keys.push_back(fmt::format("\"beta_slow\": {}", num(r.beta_slow)));
+    if (r.mscale != 0) keys.push_back(fmt::format("\"mscale\": {}", num(r.mscale)));
+    if (r.mscale_all_dim != 0) keys.push_back(fmt::format("\"mscale_all_dim\": {}", num(r.mscale_all_dim)));
+    keys.push_back(fmt::format("\"truncate\": {}", r.truncate ? "true" : "false"));
+  }
+  return fmt::format("{{{}}}", fmt::join(keys, ", "));
+}
+
 // LlamaConfig's attention and norm keys, which the mixtures share: hidden_size, `after_hidden`, the heads, positions
 // and rotary keys, `after_rope`, attention_dropout. The keys of transformers 4.x (rope_theta, rope_scaling), which 5.x
 // also reads (into rope_parameters).
@@ -58,7 +83,7 @@ std::vector<ConfigKey> llama_attention(const std::vector<ConfigKey>& after_hidde
                                      {"max_position_embeddings", integer(&S::positions)},
                                      {"rms_norm_eps", real(&S::layernorm_eps)},
                                      {"rope_theta", real(&S::rotary_base)},
-                                     {"rope_scaling", literal("null")}};
+                                     {"rope_scaling", rope_scaling}};
   return concat(concat(concat(concat({{"hidden_size", integer(&S::hidden)}}, after_hidden), heads), after_rope),
                 {{"attention_dropout", real(&S::attention_dropout)}});
 }

@@ -130,6 +130,26 @@ HfModelShape hf_export_shape(const CheckpointReader& ckpt) {
   g.init_std = keys.get<double>("init_std", 0.02);
   g.rotary_base = llama ? keys.get<double>("rotary_base", 10000.0) : 10000.0;
   g.qkv_bias = llama && keys.get<bool>("qkv_bias", false);
+  if (const YAML::Node rope = model["rope_scaling"]; llama && rope && rope.IsMap()) {
+    const ModelKeys r{rope, where, "model.rope_scaling"};
+    const auto type = r.get<std::string>("type", std::string("none"));
+    const std::optional<RopeScalingType> t = parse_choice<RopeScalingType>(type);
+    if (!t)
+      throw CheckpointError(
+          fmt::format("{}: model.rope_scaling.type {} is none of none, linear, llama3, yarn", where, type));
+    RopeScaling& rs = g.rope_scaling;
+    rs.type = *t;
+    rs.factor = r.get<double>("factor", 1.0);
+    rs.low_freq_factor = r.get<double>("low_freq_factor", 1.0);
+    rs.high_freq_factor = r.get<double>("high_freq_factor", 4.0);
+    rs.original_max_position_embeddings = r.get<int64_t>("original_max_position_embeddings", int64_t{0});
+    rs.attention_factor = r.get<double>("attention_factor", 0.0);
+    rs.beta_fast = r.get<double>("beta_fast", 32.0);
+    rs.beta_slow = r.get<double>("beta_slow", 1.0);
+    rs.mscale = r.get<double>("mscale", 0.0);
+    rs.mscale_all_dim = r.get<double>("mscale_all_dim", 0.0);
+    rs.truncate = r.get<bool>("truncate", true);
+  }
   if (const YAML::Node moe = model["moe"];
       moe && moe.IsMap() && ModelKeys{moe, where, "model.moe"}.get<int64_t>("num_experts", 0) > 0)
     read_moe_shape(ckpt, ModelKeys{moe, where, "model.moe"}, g);

@@ -55,6 +55,7 @@ class ConfigKeys {
   const std::string& file() const { return file_; }
   bool present(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
   const json& raw(const char* key) const { return j_[key]; }
+  const json& raw_object() const { return j_; }
   [[noreturn]] void fail(const char* key, const std::string& why) const {
     throw CheckpointError(fmt::format("{}: {} {}", file_, key, why));
   }
@@ -114,6 +115,73 @@ HfModelShape gpt2_shape(const ConfigKeys& k) {
   return s;
 }
 
+// A rope_scaling (4.x) or rope_parameters (5.x) object: the rotary scaling megatrain models (default, linear, llama3,
+// yarn), each key read as transformers' rope_init_fn reads it. Any other type or key is refused by name, as is a
+// partial rotary factor.
+RopeScaling read_rope_scaling(const ConfigKeys& r, int64_t max_positions) {
+  const json& j = r.raw_object();
+  static const std::vector<std::string> known{"rope_type",
+                                              "type",
+                                              "rope_theta",
+                                              "factor",
+                                              "low_freq_factor",
+                                              "high_freq_factor",
+                                              "original_max_position_embeddings",
+                                              "attention_factor",
+                                              "beta_fast",
+                                              "beta_slow",
+                                              "mscale",
+                                              "mscale_all_dim",
+                                              "truncate",
+                                              "partial_rotary_factor"};
+  for (const auto& [key, value] : j.items())
+    if (std::find(known.begin(), known.end(), key) == known.end())
+      r.fail(key.c_str(), fmt::format("= {}: megatrain does not model this rotary key", value.dump()));
+  if (r.present("partial_rotary_factor") && r.real("partial_rotary_factor") != 1.0)
+    r.fail("partial_rotary_factor", fmt::format("= {}: megatrain rotates the whole head (partial_rotary_factor 1)",
+                                                r.raw("partial_rotary_factor").dump()));
+  const std::string type = r.text(r.present("rope_type") ? "rope_type" : "type", "default");
+  RopeScaling rs;
+  if (type == "default") return rs;
+  const std::optional<RopeScalingType> t = parse_choice<RopeScalingType>(type);
+  if (!t || *t == RopeScalingType::none)
+    r.fail("rope_type",
+           fmt::format("= \"{}\": megatrain models the rotary types default, linear, llama3 and yarn", type));
+  rs.type = *t;
+  const int64_t original =
+      r.present("original_max_position_embeddings") ? r.integer("original_max_position_embeddings") : 0;
+  switch (rs.type) {
+    case RopeScalingType::linear:
+      rs.factor = r.real("factor");
+      break;
+    case RopeScalingType::llama3:
+      rs.factor = r.real("factor");
+      rs.low_freq_factor = r.real("low_freq_factor");
+      rs.high_freq_factor = r.real("high_freq_factor");
+      rs.original_max_position_embeddings = r.integer("original_max_position_embeddings");
+      break;
+    case RopeScalingType::yarn:
+      // transformers: original_max_position_embeddings required (4.x: max_position_embeddings when absent); a null
+      // factor is the ratio of the two.
+      rs.original_max_position_embeddings = original > 0 ? original : max_positions;
+      rs.factor = r.present("factor")
+                      ? r.real("factor")
+                      : static_cast<double>(max_positions) / static_cast<double>(rs.original_max_position_embeddings);
+      rs.attention_factor = r.present("attention_factor") ? r.real("attention_factor") : 0.0;
+      rs.beta_fast = r.present("beta_fast") ? r.real("beta_fast") : 32.0;  // transformers: `or 32`
+      rs.beta_slow = r.present("beta_slow") ? r.real("beta_slow") : 1.0;
+      if (rs.beta_fast == 0) rs.beta_fast = 32;
+      if (rs.beta_slow == 0) rs.beta_slow = 1;
+      rs.mscale = r.present("mscale") ? r.real("mscale") : 0.0;
+      rs.mscale_all_dim = r.present("mscale_all_dim") ? r.real("mscale_all_dim") : 0.0;
+      rs.truncate = r.flag("truncate", true);
+      break;
+    case RopeScalingType::none:
+      break;
+  }
+  return rs;
+}
+
 HfModelShape llama_shape(const ConfigKeys& k, double default_rope_theta = 10000.0) {
   HfModelShape s;
   s.arch = HfArch::llama;
@@ -139,22 +207,17 @@ HfModelShape llama_shape(const ConfigKeys& k, double default_rope_theta = 10000.
   if (act != "silu") k.fail("hidden_act", fmt::format("= {}: megatrain's Llama computes SwiGLU (silu) only", act));
   k.require_flag("attention_bias", false, false, "megatrain's Llama has no biases");
   k.require_flag("mlp_bias", false, false, "megatrain's Llama has no biases");
-  if (k.present("rope_scaling"))
-    k.fail("rope_scaling", fmt::format("= {}: only plain rotary embeddings (rope_scaling null) are supported",
-                                       k.raw("rope_scaling").dump()));
-  // transformers 4.x: rope_theta; 5.x: rope_parameters {rope_type, rope_theta}.
+  // transformers 4.x: rope_theta and rope_scaling; 5.x: rope_parameters {rope_type, rope_theta, ...} (read first).
   s.rotary_base = k.real("rope_theta", default_rope_theta);
-  if (k.present("rope_parameters")) {
-    const json& rp = k.raw("rope_parameters");
-    if (!rp.is_object()) k.fail("rope_parameters", fmt::format("= {} is not an object", rp.dump()));
-    const json type = rp.value("rope_type", json("default"));
-    if (type != "default")
-      k.fail("rope_parameters",
-             fmt::format("has rope_type {}: only plain rotary embeddings (\"default\") are supported", type.dump()));
+  const char* rope_key = k.present("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  if (k.present(rope_key)) {
+    const json& rp = k.raw(rope_key);
+    if (!rp.is_object()) k.fail(rope_key, fmt::format("= {} is not an object", rp.dump()));
     if (rp.contains("rope_theta")) {
-      if (!rp["rope_theta"].is_number()) k.fail("rope_parameters", "has a rope_theta that is not a number");
+      if (!rp["rope_theta"].is_number()) k.fail(rope_key, "has a rope_theta that is not a number");
       s.rotary_base = rp["rope_theta"].get<double>();
     }
+    s.rope_scaling = read_rope_scaling(ConfigKeys(rp, fmt::format("{}: {}", k.file(), rope_key)), s.positions);
   }
   if (!(s.rotary_base > 0)) k.fail("rope_theta", fmt::format("= {} is not positive", s.rotary_base));
   return s;
@@ -359,6 +422,27 @@ std::string hf_model_yaml(const HfModelShape& s) {
   add("layernorm_eps", num(s.layernorm_eps));
   if (llama) add("rotary_base", num(s.rotary_base));
   if (s.qkv_bias) add("qkv_bias", "true");
+  if (s.rope_scaling.enabled()) {
+    const RopeScaling& r = s.rope_scaling;
+    y += "  rope_scaling:\n";
+    auto sub = [&](const char* key, const std::string& value) { y += fmt::format("    {}: {}\n", key, value); };
+    sub("type", std::string(name_of(r.type)));
+    sub("factor", num(r.factor));
+    if (r.type == RopeScalingType::llama3) {
+      sub("low_freq_factor", num(r.low_freq_factor));
+      sub("high_freq_factor", num(r.high_freq_factor));
+    }
+    if (r.type != RopeScalingType::linear)
+      sub("original_max_position_embeddings", std::to_string(r.original_max_position_embeddings));
+    if (r.type == RopeScalingType::yarn) {
+      sub("attention_factor", num(r.attention_factor));
+      sub("beta_fast", num(r.beta_fast));
+      sub("beta_slow", num(r.beta_slow));
+      sub("mscale", num(r.mscale));
+      sub("mscale_all_dim", num(r.mscale_all_dim));
+      sub("truncate", hf_json::boolean(r.truncate));
+    }
+  }
   add("init_std", num(s.init_std));
   if (has_experts(s.arch)) {
     const HfMoeShape& m = s.moe;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/base/enum_names.h"
+#include "core/base/rope_scaling.h"
 #include "core/tensor/tensor.h"
 
 namespace mt {
@@ -56,6 +57,7 @@ struct HfModelShape {
   double layernorm_eps = 1e-5, dropout = 0.1, attention_dropout = 0.1, init_std = 0.02;
   double rotary_base = 10000;  // llama: rotary_base (HF rope_theta)
   bool qkv_bias = false;       // llama: qkv_bias (Qwen2's q/k/v biases; HF's are zeros without it)
+  RopeScaling rope_scaling;    // llama: rope_scaling (HF rope_scaling / rope_parameters)
   HfMoeShape moe;              // mixtral and qwen2_moe only
 
   int64_t head_dim() const { return hidden / heads; }

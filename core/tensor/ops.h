@@ -11,6 +11,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/base/enum_names.h"
@@ -263,19 +264,27 @@ void attention_qkv_grad(const Tensor& dq, const Tensor& dkv, Tensor& dqkv);
 // position p = position_offset + t is rotated by angle a = float(p) * inv_freq_i (an fp32 product),
 // inv_freq_i = float(1 / theta^(2i/D)) computed in double and rounded:
 //   x_i' = x_i cos a - x_{i+D/2} sin a,   x_{i+D/2}' = x_{i+D/2} cos a + x_i sin a
-// with cos and sin of the fp32 angle taken in double and rounded to fp32. inverse rotates by -a, which is
-// the backward (the gradient of a rotation is the inverse rotation). D must be even (and at most 512 on CUDA).
+// with cos and sin of the fp32 angle taken in double and rounded to fp32, then (scaled rotary embeddings, yarn)
+// multiplied by attention_factor in fp32. inverse rotates by -a, which is the backward (the gradient of a scaled
+// rotation is the scaled inverse rotation). D must be even (and at most 512 on CUDA).
 struct RopeOptions {
-  float theta = 10000.f;        // HF's rope_theta (model.rotary_base)
-  int64_t position_offset = 0;  // global position of t = 0 (sequence-parallel shards, generation)
-  bool inverse = false;         // rotate by -a: the backward
-  int64_t split_at = 0;         // context parallelism: as EmbeddingOptions' (t >= split_at at split_position + ...)
+  float theta = 10000.f;  // HF's rope_theta (model.rotary_base), when inv_freq is empty
+  // The frequencies (D/2) a scaled model rotates by (core/base/rope_scaling.h rope_frequencies); empty: the plain
+  // inv_freq_i above, from theta.
+  std::span<const float> inv_freq;
+  float attention_factor = 1.f;  // cos and sin multiplied by it (yarn's)
+  int64_t position_offset = 0;   // global position of t = 0 (sequence-parallel shards, generation)
+  bool inverse = false;          // rotate by -a: the backward
+  int64_t split_at = 0;          // context parallelism: as EmbeddingOptions' (t >= split_at at split_position + ...)
   int64_t split_position = 0;
   // Packed documents: (B, T) i32 on qkv's device; when defined token (b, t) is rotated at position positions[b, t]
   // (which must lie in [0, T); position_offset and split_at must be 0).
   Tensor positions;
 };
 void rope_(Tensor& qkv, const RopeOptions& opt);
+// The inv_freq (D/2) rope_ rotates by: opt.inv_freq, or the plain frequencies of opt.theta. What every backend's
+// rope_ computes its table from.
+std::vector<float> rope_inv_freq(const RopeOptions& opt, int64_t D);
 
 // ---- softmax cross-entropy, split so a vocabulary-parallel version only exchanges per-row scalars ----
 // logits (N, V) hold columns [vocab_start, vocab_start + V) of the full vocabulary; targets (N) i32 hold

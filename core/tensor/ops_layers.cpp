@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "core/base/rope_scaling.h"
 #include "core/tensor/backend.h"
 #include "core/tensor/op_profile.h"
 #include "core/tensor/ops_check.h"
@@ -306,7 +307,18 @@ void rope_(Tensor& qkv, const RopeOptions& opt) {
                 "position_offset and split_at must be 0 with packed documents' positions");
     check_document_positions(op, opt.positions, qkv.dim(0), qkv.dim(1), true, qkv.device());
   }
+  check_range(op, "inv_freq", opt.inv_freq.empty() || static_cast<int64_t>(opt.inv_freq.size()) * 2 == qkv.dim(4), [&] {
+    return fmt::format("holds {} frequencies for a head dim of {} (D/2 = {} expected)", opt.inv_freq.size(), qkv.dim(4),
+                       qkv.dim(4) / 2);
+  });
+  check_range(op, "attention_factor", opt.attention_factor > 0.f && std::isfinite(opt.attention_factor),
+              [&] { return fmt::format("must be a finite number > 0, got {}", opt.attention_factor); });
   backend(qkv.device(), op).rope_(qkv, opt);
+}
+
+std::vector<float> rope_inv_freq(const RopeOptions& opt, int64_t D) {
+  if (!opt.inv_freq.empty()) return {opt.inv_freq.begin(), opt.inv_freq.end()};
+  return rope_frequencies(opt.theta, D).inv_freq;
 }
 
 }  // namespace mt

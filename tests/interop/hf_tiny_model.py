@@ -2,7 +2,7 @@
 """Tiny random transformers models and their losses, for the `megatrain ckpt import/export --format hf` checks.
 
     hf_tiny_model.py make {gpt2|llama|qwen2|mixtral|qwen2_moe} OUT [--tie] [--heads H] [--groups G] [--vocab V]
-                     [--positions P] [--keep-gate]
+                     [--positions P] [--keep-gate] [--rope default|linear|llama3|yarn]
     hf_tiny_model.py loss MODEL_DIR DATA_PREFIX SEQ_LENGTH SAMPLES
     hf_tiny_model.py load-strict MODEL_DIR
 
@@ -31,6 +31,17 @@ import indexed_file  # noqa: E402
 
 def read_tokens(prefix):
     return np.array(indexed_file.read_tokens(prefix), dtype=np.int64)
+
+
+# --rope: Llama's rotary scaling, its original context a quarter of the tiny models' 64 positions so that every
+# type changes the low frequencies the test's sequences reach.
+ROPE = {
+    "default": {"rope_type": "default"},
+    "linear": {"rope_type": "linear", "factor": 2.0},
+    "llama3": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+}
 
 
 def make(args):
@@ -65,10 +76,11 @@ def make(args):
                                        use_sliding_window=False, **common)
         model = transformers.Qwen2ForCausalLM(cfg)
     else:
+        rope = {"rope_theta": 5000.0, **ROPE[args.rope]}  # not the default theta: rotary_base must carry over
         cfg = transformers.LlamaConfig(hidden_size=args.hidden, intermediate_size=3 * args.hidden, num_hidden_layers=2,
                                        num_attention_heads=args.heads, num_key_value_heads=args.groups,
                                        max_position_embeddings=args.positions, rms_norm_eps=1e-5,
-                                       rope_theta=5000.0, **common)  # not the default: rotary_base must carry over
+                                       rope_parameters=rope, **common)
         model = transformers.LlamaForCausalLM(cfg)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -121,6 +133,7 @@ def main():
     m.add_argument("--std", type=float, default=0.2)
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--keep-gate", action="store_true")
+    m.add_argument("--rope", choices=sorted(ROPE), default="default", help="llama: rotary scaling")
     l_ = sub.add_parser("loss")
     l_.add_argument("model")
     l_.add_argument("data")

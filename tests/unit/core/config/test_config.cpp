@@ -721,6 +721,36 @@ TEST(ConfigRules, GroupedQueryAttention) {
   EXPECT_CONTAINS(base_error({"model.arch=llama", "model.hidden_size=24"}), "head dimension");
 }
 
+// model.rope_scaling: each type reads its own keys; a key of another type, a gpt model, a type's missing or bad
+// parameter and a type not implemented are refused by name.
+TEST(ConfigRules, RopeScaling) {
+  const Config l3 = base({"model.arch=llama", "model.rope_scaling.type=llama3", "model.rope_scaling.factor=8",
+                          "model.rope_scaling.original_max_position_embeddings=8192"});
+  EXPECT_EQ(l3.model.rope_scaling, (RopeScaling{.type = RopeScalingType::llama3,
+                                                .factor = 8,
+                                                .low_freq_factor = 1,
+                                                .high_freq_factor = 4,
+                                                .original_max_position_embeddings = 8192}));
+  EXPECT_FALSE(base({"model.arch=llama"}).model.rope_scaling.enabled());
+  EXPECT_CONTAINS(base_error({"model.arch=llama", "model.rope_scaling.factor=8"}),
+                  "model.rope_scaling.type is none (plain rotary embeddings)");
+  EXPECT_CONTAINS(
+      base_error({"model.arch=llama", "model.rope_scaling.type=yarn", "model.rope_scaling.factor=4",
+                  "model.rope_scaling.original_max_position_embeddings=64", "model.rope_scaling.low_freq_factor=2"}),
+      "model.rope_scaling.type is not llama3");
+  EXPECT_CONTAINS(base_error({"model.arch=llama", "model.rope_scaling.type=linear", "model.rope_scaling.beta_fast=8"}),
+                  "model.rope_scaling.type is not yarn");
+  EXPECT_CONTAINS(base_error({"model.rope_scaling.type=linear", "model.rope_scaling.factor=2"}),
+                  "model.rope_scaling.type: linear with model.arch: gpt");
+  EXPECT_CONTAINS(base_error({"model.arch=llama", "model.rope_scaling.type=linear", "model.rope_scaling.factor=-2"}),
+                  "model.rope_scaling: rope scaling linear: factor -2 must be positive");
+  EXPECT_CONTAINS(base_error({"model.arch=llama", "model.rope_scaling.type=dynamic"}),
+                  "dynamic is not implemented yet");
+  // Written out and read back, a scaled model is the same.
+  const Config again = parse_config(to_yaml(l3), "again.yaml", {}, 1);
+  EXPECT_EQ(again.model.rope_scaling, l3.model.rope_scaling);
+}
+
 // A 0 that silently meant the default hid a forgotten value (issue 30, item 8): the default is the key left out,
 // or auto, and a 0 is refused naming the key, the value and the rule.
 TEST(ConfigRules, ZeroIsNotTheDefaultOfTheWidths) {

@@ -6,6 +6,7 @@
 
 #include <stdexcept>
 
+#include "core/base/rope_scaling.h"
 #include "core/tensor/ops.h"
 #include "core/tensor/tensor.h"
 #include "tests/unit/core/cuda/cuda_op_checks.h"
@@ -119,6 +120,31 @@ TEST_F(CudaOps, SwiGluForwardAndBackward) {
       expect_match(out, tol_for(dt), str("swiglu_forward ", N, "x", F, " ", dtype_name(dt)));
       expect_match(dx, tol_for(dt), str("swiglu_backward ", N, "x", F, " ", dtype_name(dt)));
     }
+}
+
+// Scaled rotary embeddings (llama3's frequencies; yarn's with its attention factor), forward and inverse: the
+// host's table of frequencies and the factor reach the kernels as the CPU's rope_ takes them.
+TEST_F(CudaOps, RopeScaledFrequenciesAndAttentionFactor) {
+  const Shape shape{2, 40, 2, 4, 64};
+  for (RopeScalingType type : {RopeScalingType::llama3, RopeScalingType::yarn}) {
+    const RopeFrequencies f = rope_frequencies(500000.0, 64,
+                                               {.type = type,
+                                                .factor = 8,
+                                                .low_freq_factor = 1,
+                                                .high_freq_factor = 4,
+                                                .original_max_position_embeddings = 16});
+    for (DType dt : kFloatTypes)
+      for (bool inverse : {false, true}) {
+        Both qkv = both(rand_vec(shape_numel(shape), 381, -2, 2), shape, dt);
+        const RopeOptions opt{.theta = 500000.f,
+                              .inv_freq = f.inv_freq,
+                              .attention_factor = f.attention_factor,
+                              .position_offset = 3,
+                              .inverse = inverse};
+        for (auto d : kDevices) rope_(qkv.*d, opt);
+        expect_match(qkv, tol_for(dt), str("rope_ ", name_of(type), inverse ? " inverse " : " ", dtype_name(dt)));
+      }
+  }
 }
 
 // GPT-shaped (G = H, R = 1), grouped-query and multi-query qkv, forward and inverse, with a position offset

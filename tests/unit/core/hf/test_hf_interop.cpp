@@ -147,6 +147,43 @@ TEST_F(HfInterop, LlamaExportImportRoundTripsEveryTensor) {
   EXPECT_NE(y.find("tie_embeddings: false\n"), std::string::npos) << y;
 }
 
+// Rotary scaling reads from transformers 5.x's rope_parameters and 4.x's rope_scaling alike, each type's keys as
+// transformers reads them (yarn: beta_fast and beta_slow default to 32 and 1, a missing original context is
+// max_position_embeddings), into model.rope_scaling.
+TEST_F(HfInterop, RopeScalingImportsFromEitherKey) {
+  TinyModel m(true, false);
+  export_hf(CheckpointReader(m.save(path("rope_ckpt"))), path("rope"), DType::f32);
+  const std::string file = path("rope/config.json");
+  json cfg = json::parse(slurp(file));
+  cfg.erase("rope_theta");
+  cfg["rope_scaling"] = nullptr;
+  cfg["rope_parameters"] = {{"rope_type", "llama3"},   {"rope_theta", 7000.0},
+                            {"factor", 8.0},           {"low_freq_factor", 1.0},
+                            {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 4}};
+  spit(file, cfg.dump(2));
+  const HfModelShape l3 = read_hf_config(path("rope"));
+  EXPECT_EQ(l3.rotary_base, 7000);
+  EXPECT_EQ(l3.rope_scaling, (RopeScaling{.type = RopeScalingType::llama3,
+                                          .factor = 8,
+                                          .low_freq_factor = 1,
+                                          .high_freq_factor = 4,
+                                          .original_max_position_embeddings = 4}));
+  const std::string y = hf_model_yaml(l3);
+  EXPECT_NE(y.find("  rope_scaling:\n    type: llama3\n    factor: 8\n    low_freq_factor: 1\n"), std::string::npos)
+      << y;
+  cfg.erase("rope_parameters");
+  cfg["rope_theta"] = 6000.0;
+  cfg["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"beta_fast", nullptr}};  // 4.x's older "type" key
+  spit(file, cfg.dump(2));
+  const HfModelShape yarn = read_hf_config(path("rope"));
+  EXPECT_EQ(yarn.rotary_base, 6000);
+  EXPECT_EQ(yarn.rope_scaling, (RopeScaling{.type = RopeScalingType::yarn,
+                                            .factor = 4,
+                                            .original_max_position_embeddings = yarn.positions,
+                                            .beta_fast = 32,
+                                            .beta_slow = 1}));
+}
+
 // ---- refusals --------------------------------------------------------------------------------------------
 
 class HfImportRefusal : public HfInterop {
@@ -181,15 +218,20 @@ TEST_F(HfImportRefusal, ConfigKeysWeDoNotComputeAreNamed) {
                             [](json& c) {
                               c["architectures"] = {"LlamaForCausalLM"};
                               c.erase("rope_scaling");
-                              c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+                              c["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
                             }),
                "rope_scaling");
   expect_names(config_error("llama",
                             [](json& c) {
                               c["rope_scaling"] = nullptr;
-                              c["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 5000}};
+                              c["rope_parameters"] = {{"rope_type", "longrope"}, {"rope_theta", 5000}};
                             }),
                "rope_parameters");
+  expect_names(config_error("llama",
+                            [](json& c) {
+                              c["rope_parameters"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"rope_theta", 5000}};
+                            }),
+               "rope_parameters: low_freq_factor is missing");
   expect_names(config_error("llama",
                             [](json& c) {
                               c.erase("rope_parameters");

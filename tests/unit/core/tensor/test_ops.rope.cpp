@@ -5,7 +5,10 @@
 
 #include <cmath>
 #include <numbers>
+#include <stdexcept>
+#include <vector>
 
+#include "core/base/rope_scaling.h"
 #include "core/tensor/ops.h"
 #include "core/tensor/tensor.h"
 #include "tests/unit/core/tensor/op_reference.h"
@@ -21,7 +24,9 @@ using namespace mt::test;  // Vec, rand_vec, make, values, the references of op_
 // fp32 ulps of the angle, well inside kFwdTol for the small positions used here). fp32_angle: the angle as
 // ops.h defines it, float(p) * float(inv_freq) rounded to fp32 (what far positions need: an fp32 angle of
 // 1e5 rad is only good to 4e-3 rad, by definition).
-Vec rope_ref(Vec x, const QkvShape& q, double theta, int64_t offset, bool inverse, bool fp32_angle = false) {
+// inv_freqs (D/2), when given, replace the plain frequencies; every rotated value is then scaled by `scale`.
+Vec rope_ref(Vec x, const QkvShape& q, double theta, int64_t offset, bool inverse, bool fp32_angle = false,
+             const std::vector<float>& inv_freqs = {}, double scale = 1) {
   const int64_t half = q.D / 2;
   for (int64_t b = 0; b < q.B; ++b)
     for (int64_t t = 0; t < q.T; ++t)
@@ -29,13 +34,13 @@ Vec rope_ref(Vec x, const QkvShape& q, double theta, int64_t offset, bool invers
         for (int64_t slot = 0; slot <= q.R; ++slot) {
           double* v = x.data() + (((b * q.T + t) * q.G + g) * q.S() + slot) * q.D;
           for (int64_t i = 0; i < half; ++i) {
-            const double inv_freq = 1 / std::pow(theta, 2.0 * i / q.D);
+            const double inv_freq = inv_freqs.empty() ? 1 / std::pow(theta, 2.0 * i / q.D) : inv_freqs[size_t(i)];
             double a = double(offset + t) * inv_freq;
             if (fp32_angle) a = static_cast<float>(offset + t) * static_cast<float>(inv_freq);
             if (inverse) a = -a;
             const double x0 = v[i], x1 = v[i + half];
-            v[i] = x0 * std::cos(a) - x1 * std::sin(a);
-            v[i + half] = x1 * std::cos(a) + x0 * std::sin(a);
+            v[i] = scale * (x0 * std::cos(a) - x1 * std::sin(a));
+            v[i + half] = scale * (x1 * std::cos(a) + x0 * std::sin(a));
           }
         }
   return x;
@@ -99,6 +104,41 @@ TEST(Rope, PositionOffsetShiftsLikeASliceOfALongerSequence) {
   EXPECT_EQ(concat(head, Tl, 1), values(W));
   rope_(far, {.position_offset = 100000});
   EXPECT_CLOSE(values(far), rope_ref(x, whole, 10000.0, 100000, false, true), kFwdTol);
+}
+
+// A scaled model's frequencies (llama3's, yarn's with its attention factor) handed in: the forward against double
+// at those frequencies, the inverse against finite differences of the scaled rotation (its transpose: the scale
+// stays, the angle flips), rope then inverse rope gives x scaled twice; a table of the wrong length is refused.
+TEST(Rope, GivenFrequenciesAndAttentionFactorRotateAndScale) {
+  const QkvShape q{2, 6, 2, 2, 8};
+  const RopeFrequencies yarn =
+      rope_frequencies(500.0, q.D, {.type = RopeScalingType::yarn, .factor = 4, .original_max_position_embeddings = 4});
+  ASSERT_NE(yarn.attention_factor, 1.f);
+  const RopeOptions opt{
+      .theta = 500.f, .inv_freq = yarn.inv_freq, .attention_factor = yarn.attention_factor, .position_offset = 2};
+  const Vec x = rand_vec(q.numel(), 83, -2, 2), w = rand_vec(q.numel(), 84);
+  Tensor X = make(x, q.shape());
+  rope_(X, opt);
+  EXPECT_CLOSE(values(X), rope_ref(x, q, 500.0, 2, false, false, yarn.inv_freq, yarn.attention_factor), kFwdTol);
+  EXPECT_NE(values(X), rope_ref(x, q, 500.0, 2, false, false, {}, yarn.attention_factor));  // not the plain ones
+  RopeOptions back = opt;
+  back.inverse = true;
+  Tensor dX = make(w, q.shape());
+  rope_(dX, back);
+  auto f = [&](const Vec& v) { return rope_ref(v, q, 500.0, 2, false, false, yarn.inv_freq, yarn.attention_factor); };
+  EXPECT_CLOSE(values(dX), fd_grad(f, x, w), kGradTol);
+  rope_(X, back);
+  Vec twice = x;
+  const Vec slots = value_slots(x, q);
+  for (int64_t btg = 0; btg < q.B * q.T * q.G; ++btg)
+    for (int64_t k = 0; k < (q.R + 1) * q.D; ++k)
+      twice[size_t(btg * q.S() * q.D + k)] *= double(yarn.attention_factor) * yarn.attention_factor;
+  EXPECT_CLOSE(values(X), twice, 1e-5);
+  EXPECT_EQ(value_slots(values(X), q), slots);
+  const std::vector<float> three(3, 1.f);
+  Tensor Y = make(x, q.shape());
+  EXPECT_THROW(rope_(Y, {.inv_freq = three}), std::invalid_argument);
+  EXPECT_THROW(rope_(Y, {.attention_factor = 0.f}), std::invalid_argument);
 }
 
 }  // namespace
