@@ -1,0 +1,262 @@
+// hf_import_families.cpp: each Hugging Face family's config.json read into the HfModelShape megatrain builds
+// (GPT2LMHeadModel, LlamaForCausalLM with its rotary scaling, Qwen2ForCausalLM, MixtralForCausalLM,
+// Qwen2MoeForCausalLM). Strict: every key that changes what the model computes is mapped to ours or checked to hold
+// the value we compute with.
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/base/rope_scaling.h"
+#include "core/hf/hf_import_detail.h"
+
+namespace mt::hf_import {
+namespace {
+
+HfModelShape gpt2_shape(const ConfigKeys& k) {
+  HfModelShape s;
+  s.arch = HfArch::gpt;
+  s.hidden = k.integer("n_embd");
+  s.num_layers = k.integer("n_layer");
+  s.heads = k.integer("n_head");
+  s.groups = s.heads;
+  s.ffn = k.integer("n_inner", 4 * s.hidden);  // null: 4 * n_embd
+  s.positions = k.integer("n_positions");
+  s.vocab = k.integer("vocab_size");
+  s.layernorm_eps = k.real("layer_norm_epsilon", 1e-5);
+  s.init_std = k.real("initializer_range", 0.02);
+  s.tied = k.flag("tie_word_embeddings", true);
+  const std::string act = k.text("activation_function", "gelu_new");
+  if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+    k.fail("activation_function", fmt::format("= {}: megatrain's GPT computes the tanh GELU (gelu_new) only", act));
+  k.require_flag("scale_attn_weights", true, true, "megatrain scales attention scores by 1/sqrt(head_dim)");
+  k.require_flag("scale_attn_by_inverse_layer_idx", false, false, "megatrain does not scale scores per layer");
+  k.require_flag("add_cross_attention", false, false, "megatrain's GPT is decoder-only");
+  return s;
+}
+
+// A rope_scaling (4.x) or rope_parameters (5.x) object: the rotary scaling megatrain models (default, linear, llama3,
+// yarn), each key read as transformers' rope_init_fn reads it. Any other type or key is refused by name, as is a
+// partial rotary factor.
+RopeScaling read_rope_scaling(const ConfigKeys& r, int64_t max_positions) {
+  const json& j = r.raw_object();
+  static const std::vector<std::string> known{"rope_type",
+                                              "type",
+                                              "rope_theta",
+                                              "factor",
+                                              "low_freq_factor",
+                                              "high_freq_factor",
+                                              "original_max_position_embeddings",
+                                              "attention_factor",
+                                              "beta_fast",
+                                              "beta_slow",
+                                              "mscale",
+                                              "mscale_all_dim",
+                                              "truncate",
+                                              "partial_rotary_factor"};
+  for (const auto& [key, value] : j.items())
+    if (std::find(known.begin(), known.end(), key) == known.end())
+      r.fail(key.c_str(), fmt::format("= {}: megatrain does not model this rotary key", value.dump()));
+  if (r.present("partial_rotary_factor") && r.real("partial_rotary_factor") != 1.0)
+    r.fail("partial_rotary_factor", fmt::format("= {}: megatrain rotates the whole head (partial_rotary_factor 1)",
+                                                r.raw("partial_rotary_factor").dump()));
+  const std::string type = r.text(r.present("rope_type") ? "rope_type" : "type", "default");
+  RopeScaling rs;
+  if (type == "default") return rs;
+  const std::optional<RopeScalingType> t = parse_choice<RopeScalingType>(type);
+  if (!t || *t == RopeScalingType::none)
+    r.fail("rope_type",
+           fmt::format("= \"{}\": megatrain models the rotary types default, linear, llama3 and yarn", type));
+  rs.type = *t;
+  const int64_t original =
+      r.present("original_max_position_embeddings") ? r.integer("original_max_position_embeddings") : 0;
+  switch (rs.type) {
+    case RopeScalingType::linear:
+      rs.factor = r.real("factor");
+      break;
+    case RopeScalingType::llama3:
+      rs.factor = r.real("factor");
+      rs.low_freq_factor = r.real("low_freq_factor");
+      rs.high_freq_factor = r.real("high_freq_factor");
+      rs.original_max_position_embeddings = r.integer("original_max_position_embeddings");
+      break;
+    case RopeScalingType::yarn:
+      // transformers: original_max_position_embeddings required (4.x: max_position_embeddings when absent); a null
+      // factor is the ratio of the two.
+      rs.original_max_position_embeddings = original > 0 ? original : max_positions;
+      rs.factor = r.present("factor")
+                      ? r.real("factor")
+                      : static_cast<double>(max_positions) / static_cast<double>(rs.original_max_position_embeddings);
+      rs.attention_factor = r.present("attention_factor") ? r.real("attention_factor") : 0.0;
+      rs.beta_fast = r.present("beta_fast") ? r.real("beta_fast") : 32.0;  // transformers: `or 32`
+      rs.beta_slow = r.present("beta_slow") ? r.real("beta_slow") : 1.0;
+      if (rs.beta_fast == 0) rs.beta_fast = 32;
+      if (rs.beta_slow == 0) rs.beta_slow = 1;
+      rs.mscale = r.present("mscale") ? r.real("mscale") : 0.0;
+      rs.mscale_all_dim = r.present("mscale_all_dim") ? r.real("mscale_all_dim") : 0.0;
+      rs.truncate = r.flag("truncate", true);
+      break;
+    case RopeScalingType::none:
+      break;
+  }
+  return rs;
+}
+
+HfModelShape llama_shape(const ConfigKeys& k, double default_rope_theta = 10000.0) {
+  HfModelShape s;
+  s.arch = HfArch::llama;
+  s.hidden = k.integer("hidden_size");
+  s.ffn = k.integer("intermediate_size");
+  s.num_layers = k.integer("num_hidden_layers");
+  s.heads = k.integer("num_attention_heads");
+  s.groups = k.integer("num_key_value_heads", s.heads);
+  s.positions = k.integer("max_position_embeddings");
+  s.vocab = k.integer("vocab_size");
+  s.layernorm_eps = k.real("rms_norm_eps", 1e-6);
+  s.init_std = k.real("initializer_range", 0.02);
+  s.tied = k.flag("tie_word_embeddings", false);
+  if (s.hidden % s.heads != 0)
+    k.fail("num_attention_heads", fmt::format("= {} does not divide hidden_size={}", s.heads, s.hidden));
+  if (s.heads % s.groups != 0)
+    k.fail("num_key_value_heads", fmt::format("= {} does not divide num_attention_heads={}", s.groups, s.heads));
+  if (k.present("head_dim") && k.integer("head_dim") != s.hidden / s.heads)
+    k.fail("head_dim", fmt::format("= {} is not hidden_size / num_attention_heads = {}: megatrain's head_dim is "
+                                   "always that quotient",
+                                   k.integer("head_dim"), s.hidden / s.heads));
+  const std::string act = k.text("hidden_act", "silu");
+  if (act != "silu") k.fail("hidden_act", fmt::format("= {}: megatrain's Llama computes SwiGLU (silu) only", act));
+  k.require_flag("attention_bias", false, false, "megatrain's Llama has no biases");
+  k.require_flag("mlp_bias", false, false, "megatrain's Llama has no biases");
+  // transformers 4.x: rope_theta and rope_scaling; 5.x: rope_parameters {rope_type, rope_theta, ...} (read first).
+  s.rotary_base = k.real("rope_theta", default_rope_theta);
+  const char* rope_key = k.present("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  if (k.present(rope_key)) {
+    const json& rp = k.raw(rope_key);
+    if (!rp.is_object()) k.fail(rope_key, fmt::format("= {} is not an object", rp.dump()));
+    if (rp.contains("rope_theta")) {
+      if (!rp["rope_theta"].is_number()) k.fail(rope_key, "has a rope_theta that is not a number");
+      s.rotary_base = rp["rope_theta"].get<double>();
+    }
+    s.rope_scaling = read_rope_scaling(ConfigKeys(rp, fmt::format("{}: {}", k.file(), rope_key)), s.positions);
+  }
+  if (!(s.rotary_base > 0)) k.fail("rope_theta", fmt::format("= {} is not positive", s.rotary_base));
+  return s;
+}
+
+// transformers 5.x: layer_types, one per layer, must all be full attention.
+void require_full_attention(const ConfigKeys& k) {
+  if (!k.present("layer_types")) return;
+  const json& t = k.raw("layer_types");
+  if (!t.is_array()) k.fail("layer_types", fmt::format("= {} is not a list", t.dump()));
+  for (const json& x : t)
+    if (x != "full_attention")
+      k.fail("layer_types", fmt::format("holds {}: megatrain's attention is full causal attention", x.dump()));
+}
+
+// Mixtral: Llama's attention, every layer a softmax-routed MoE of num_local_experts SwiGLU experts of
+// intermediate_size, top-k weights renormalised.
+HfModelShape mixtral_shape(const ConfigKeys& k) {
+  HfModelShape s = llama_shape(k, 1e6);  // MixtralConfig's default rope_theta
+  s.arch = HfArch::mixtral;
+  HfMoeShape& m = s.moe;
+  m.experts = k.integer("num_local_experts", 8);
+  m.top_k = k.integer("num_experts_per_tok", 2);
+  m.ffn = s.ffn;
+  m.norm_topk_prob = true;
+  m.aux_loss_coeff = k.real("router_aux_loss_coef", 0.001);
+  m.layer_pattern.assign(static_cast<size_t>(s.num_layers), 1);
+  if (k.present("sliding_window")) {
+    const json& w = k.raw("sliding_window");  // 0 or at least max_position_embeddings: no window
+    if (!w.is_number_integer() || (w.get<int64_t>() != 0 && w.get<int64_t>() < s.positions))
+      k.fail("sliding_window",
+             fmt::format("= {}: megatrain's attention is full causal attention (sliding_window null)", w.dump()));
+  }
+  require_full_attention(k);
+  if (m.top_k > m.experts)
+    k.fail("num_experts_per_tok", fmt::format("= {} is more than num_local_experts={}", m.top_k, m.experts));
+  return s;
+}
+
+// Qwen2: Llama's layers with q/k/v biases, full causal attention (use_sliding_window false).
+HfModelShape qwen2_shape(const ConfigKeys& k) {
+  HfModelShape s = llama_shape(k);
+  s.arch = HfArch::qwen2;
+  s.qkv_bias = true;
+  k.require_flag("use_sliding_window", false, false,
+                 "megatrain's attention is full causal attention (use_sliding_window false)");
+  require_full_attention(k);
+  return s;
+}
+
+// Qwen2-MoE: Llama's attention with q/k/v biases, MoE layers of num_experts
+// experts of moe_intermediate_size plus a shared expert of shared_expert_intermediate_size behind a sigmoid gate
+// (which must be zero), dense layers of intermediate_size where mlp_only_layers or decoder_sparse_step say.
+HfModelShape qwen2_moe_shape(const ConfigKeys& k) {
+  HfModelShape s = llama_shape(k);
+  s.arch = HfArch::qwen2_moe;
+  s.qkv_bias = true;
+  HfMoeShape& m = s.moe;
+  m.experts = k.integer("num_experts", 60);
+  m.top_k = k.integer("num_experts_per_tok", 4);
+  m.ffn = k.integer("moe_intermediate_size", 1408);
+  if (k.present("shared_expert_intermediate_size") && k.raw("shared_expert_intermediate_size") == 0)
+    k.fail("shared_expert_intermediate_size", "= 0: megatrain's Qwen2-MoE export and import need a shared expert");
+  m.shared_ffn = k.integer("shared_expert_intermediate_size", 5632);
+  m.norm_topk_prob = k.flag("norm_topk_prob", false);
+  m.aux_loss_coeff = k.real("router_aux_loss_coef", 0.001);
+  if (m.top_k > m.experts)
+    k.fail("num_experts_per_tok", fmt::format("= {} is more than num_experts={}", m.top_k, m.experts));
+  k.require_flag("use_sliding_window", false, false,
+                 "megatrain's attention is full causal attention (use_sliding_window false)");
+  require_full_attention(k);
+  if (k.present("qkv_bias")) k.require_flag("qkv_bias", true, true, "megatrain reads Qwen2-MoE's q/k/v biases");
+  const int64_t step = k.integer("decoder_sparse_step", 1);
+  std::set<int64_t> dense;
+  if (k.present("mlp_only_layers")) {
+    const json& v = k.raw("mlp_only_layers");
+    if (!v.is_array()) k.fail("mlp_only_layers", fmt::format("= {} is not a list of layer indices", v.dump()));
+    for (const json& i : v) {
+      if (!i.is_number_integer()) k.fail("mlp_only_layers", fmt::format("holds {}, not a layer index", i.dump()));
+      dense.insert(i.get<int64_t>());
+    }
+  }
+  // transformers' rule: layer i is sparse unless listed, when (i + 1) % decoder_sparse_step == 0.
+  for (int64_t i = 0; i < s.num_layers; ++i) m.layer_pattern.push_back(!dense.count(i) && (i + 1) % step == 0);
+  if (std::find(m.layer_pattern.begin(), m.layer_pattern.end(), 1) == m.layer_pattern.end())
+    k.fail("mlp_only_layers", "and decoder_sparse_step leave no MoE layer: import it as a dense model");
+  return s;
+}
+
+}  // namespace
+
+HfModelShape hf_family_shape(const ConfigKeys& k, const std::string& arch) {
+  HfModelShape s;
+  if (arch == "GPT2LMHeadModel") {
+    if (k.text("model_type", "gpt2") != "gpt2") k.fail("model_type", "is not gpt2 for GPT2LMHeadModel");
+    s = gpt2_shape(k);
+    if (s.hidden % s.heads != 0) k.fail("n_head", fmt::format("= {} does not divide n_embd={}", s.heads, s.hidden));
+  } else if (arch == "LlamaForCausalLM") {
+    if (k.text("model_type", "llama") != "llama") k.fail("model_type", "is not llama for LlamaForCausalLM");
+    s = llama_shape(k);
+  } else if (arch == "Qwen2ForCausalLM") {
+    if (k.text("model_type", "qwen2") != "qwen2") k.fail("model_type", "is not qwen2 for Qwen2ForCausalLM");
+    s = qwen2_shape(k);
+  } else if (arch == "MixtralForCausalLM") {
+    if (k.text("model_type", "mixtral") != "mixtral") k.fail("model_type", "is not mixtral for MixtralForCausalLM");
+    s = mixtral_shape(k);
+  } else if (arch == "Qwen2MoeForCausalLM") {
+    if (k.text("model_type", "qwen2_moe") != "qwen2_moe")
+      k.fail("model_type", "is not qwen2_moe for Qwen2MoeForCausalLM");
+    s = qwen2_moe_shape(k);
+  } else {
+    k.fail("architectures", fmt::format("= [{}]: megatrain imports GPT2LMHeadModel, LlamaForCausalLM, "
+                                        "Qwen2ForCausalLM, MixtralForCausalLM and Qwen2MoeForCausalLM only",
+                                        arch));
+  }
+  return s;
+}
+
+}  // namespace mt::hf_import
