@@ -10,7 +10,8 @@
 namespace mt {
 
 struct SelfAttention::Saved : PartSaved {
-  Tensor qkv;           // (B, T, G/tp, R+2, D): this rank's query groups (after the rotary embeddings)
+  Tensor qkv;           // (B, T, G/tp, R+2, D): this rank's query groups (after the QK-norm and rotary embeddings)
+  QkNorm::Saved qk;     // with QK-norm
   Tensor att, att_lse;  // (B, T, H/tp * D), (B, H/tp, T)
   LinearPair::Saved lora;
 };
@@ -20,7 +21,7 @@ struct SelfAttention::Cache : PartSaved {
 };
 
 SelfAttention::SelfAttention(const LayerSpec& spec, const ModelConfig& cfg, const PartOptions& opt)
-    : cfg_(cfg), opt_(opt), rotary_(spec.position == PositionKind::rotary) {
+    : cfg_(cfg), opt_(opt), rotary_(spec.position == PositionKind::rotary), qk_norm_(spec.qk_norm) {
   const int64_t C = cfg.hidden_size, H = cfg.num_heads, G = cfg.kv_heads(), D = cfg.head_dim;
   heads_ = opt.tp.count(H);
   groups_ = opt.tp.count(G);
@@ -29,6 +30,14 @@ SelfAttention::SelfAttention(const LayerSpec& spec, const ModelConfig& cfg, cons
   linears_ = LinearPair(opt, {"attn.qkv", "qkv", C, (H + 2 * G) * D, cfg.init_std, spec.qkv_bias},
                         {"attn.proj", "proj", H * D, C, output_init_std(cfg), spec.bias});
   site_probs_ = stream_id(opt.name("attn.probs"));
+  if (qk_norm_) qk_ = QkNorm(opt, D, cfg.layernorm_eps);
+}
+
+std::vector<Parameter*> SelfAttention::parameters() {
+  std::vector<Parameter*> p = linears_.parameters();
+  if (qk_norm_)
+    for (Parameter* q : qk_.parameters()) p.push_back(q);
+  return p;
 }
 
 AttentionOptions SelfAttention::attention_options(const StepContext& ctx) const {
@@ -67,6 +76,7 @@ Tensor SelfAttention::forward(const Tensor& x, PartState& state, const PartStep&
   const int64_t B = step.samples, T = step.tokens, N = B * T, H = heads_, G = groups_, D = cfg_.head_dim;
   const LinearPair::Calls lora = linears_.lora_calls(s.lora, step);
   s.qkv = linears_.column.forward(x, B, nullptr, &lora.column).view({B, T, G, H / G + 2, D});
+  if (qk_norm_) s.qkv = qk_.forward(s.qkv, s.qk);
   if (rotary_) rope_(s.qkv, rope_options(false, T, *step.ctx));
   s.att = Tensor::empty({B, T, H * D}, opt_.dtype, opt_.device);
   s.att_lse = Tensor::empty({B, H, T}, DType::f32, opt_.device);
@@ -102,6 +112,7 @@ Tensor SelfAttention::backward(const Tensor& dout, const Tensor& x, PartState& s
   else
     attention_backward(s.qkv, s.att, s.att_lse, datt.view(s.att.shape()), dqkv, attention_options(ctx));
   if (rotary_) rope_(dqkv, rope_options(true, step.tokens, ctx));  // a rotation's gradient is the inverse rotation
+  if (qk_norm_) dqkv = qk_.backward(dqkv, s.qk);
   return linears_.column.backward(dqkv.view({N, dqkv.numel() / N}), x, B, {.lora = &lora.column});  // (Ns, C)
 }
 
@@ -112,8 +123,12 @@ Tensor SelfAttention::decode(const Tensor& x, PartState& cache, const DecodeStep
     c.k.assign(static_cast<size_t>(step.capacity * G * D), 0.f);
     c.v.assign(static_cast<size_t>(step.capacity * G * D), 0.f);
   }
-  Tensor qkv = linears_.column.forward(x, 1);  // (n, G, R + 2, D)
-  if (rotary_) {                               // the fed tokens' queries and keys at their absolute positions
+  Tensor qkv = linears_.column.forward(x, 1).view({n, G, H / G + 2, D});  // (n, G, R + 2, D)
+  if (qk_norm_) {
+    QkNorm::Saved unused;
+    qkv = qk_.forward(qkv, unused);
+  }
+  if (rotary_) {  // the fed tokens' queries and keys at their absolute positions
     Tensor q5 = qkv.view({1, n, G, H / G + 2, D});
     rope_(q5, {.theta = static_cast<float>(cfg_.rotary_base),
                .inv_freq = rope_freqs_.inv_freq,

@@ -1,7 +1,7 @@
 // attention.h: the self-attention part of a layer (models/block_part.h):
 //
-//   x (normalized) -> qkv (column-parallel) -> [rotary embeddings on q and k] -> causal attention -> proj
-//   (row-parallel)
+//   x (normalized) -> qkv (column-parallel) -> [QK-norm of each q and k head] -> [rotary embeddings on q and k]
+//   -> causal attention -> proj (row-parallel)
 //
 // Multi-head and grouped-query attention alike: QKV holds this rank's query groups, per group
 // [R queries | key | value] of head_dim each (LLAMA.md; GPT: one query per group), so a column block of the
@@ -24,6 +24,7 @@
 #include "core/config/config.h"
 #include "models/block_part.h"
 #include "models/layer_spec.h"
+#include "models/qk_norm.h"
 
 namespace mt {
 
@@ -40,7 +41,7 @@ class SelfAttention final : public BlockPart {
   void recompute_selected(PartState& state, const PartStep& step) const override;
   Tensor decode(const Tensor& x, PartState& cache, const DecodeStep& step) const override;
 
-  std::vector<Parameter*> parameters() override { return linears_.parameters(); }  // qkv's, then proj's
+  std::vector<Parameter*> parameters() override;  // qkv's, proj's, then the QK-norm's
   void enable_fp8(const std::shared_ptr<Fp8Context>& ctx) override { linears_.enable_fp8(ctx); }
   void merge_lora() override { linears_.merge_lora(); }
 
@@ -59,6 +60,8 @@ class SelfAttention final : public BlockPart {
   ModelConfig cfg_;
   PartOptions opt_;
   bool rotary_;
+  bool qk_norm_;
+  QkNorm qk_;                   // with qk_norm_
   RopeFrequencies rope_freqs_;  // (D/2) and yarn's factor, when rotary_
   int64_t heads_;               // this rank's query heads
   int64_t groups_;              // this rank's query groups (key / value heads)

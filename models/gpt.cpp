@@ -305,12 +305,13 @@ double model_flops_per_iteration(const ModelConfig& cfg, int64_t tokens) {
   const double C = static_cast<double>(cfg.hidden_size), F = static_cast<double>(cfg.ffn_hidden_size),
                S = static_cast<double>(cfg.seq_length), V = static_cast<double>(cfg.padded_vocab_size),
                L = static_cast<double>(cfg.num_layers),
-               KV = C * static_cast<double>(cfg.kv_heads()) / static_cast<double>(cfg.num_heads);  // K (= V) width
-  // Forward GEMM flops per token and layer, 2 per multiply-add: Q and the output projection 2C^2 each, K and V
-  // 2C*KV each (C each without grouped-query attention), the MLP 4CF (GELU: two GEMMs) or 6CF (SwiGLU: gate,
-  // up and down).
+               Q = static_cast<double>(cfg.num_heads * cfg.head_dim),  // the queries' width (C but for Qwen3's)
+      KV = static_cast<double>(cfg.kv_heads() * cfg.head_dim);         // K (= V) width
+  // Forward GEMM flops per token and layer, 2 per multiply-add: Q and the output projection 2CQ each (2C^2 when
+  // the heads split C), K and V 2C*KV each (C each without grouped-query attention), the MLP 4CF (GELU: two GEMMs)
+  // or 6CF (SwiGLU: gate, up and down).
   auto mlp = [&](double width) { return (cfg.arch == Arch::llama ? 6.0 : 4.0) * C * width; };
-  const double attention_linear = 4.0 * C * C + 4.0 * C * KV;
+  const double attention_linear = 4.0 * C * Q + 4.0 * C * KV;
   // A MoE layer's MLP counts what a token passes through (the active parameters): its top_k experts, the shared
   // expert and the router's logits (2CE); the experts a token skips cost it nothing.
   const MoeConfig& moe = cfg.moe;
@@ -321,9 +322,9 @@ double model_flops_per_iteration(const ModelConfig& cfg, int64_t tokens) {
                                             mlp(static_cast<double>(moe.shared_expert_ffn_hidden_size)) +
                                             2.0 * C * static_cast<double>(moe.num_experts)
                                       : mlp(F));
-  // Causal attention 2SC: the scores and the weighted values, 2SC each over all S keys, halved by the mask.
+  // Causal attention 2SQ: the scores and the weighted values, 2SQ each over all S keys, halved by the mask.
   // Plus 2CV for the logits. Backward costs twice the forward.
-  const double per_token = linear + L * 2.0 * S * C + 2.0 * C * V;
+  const double per_token = linear + L * 2.0 * S * Q + 2.0 * C * V;
   return 3.0 * per_token * static_cast<double>(tokens);
 }
 }  // namespace mt

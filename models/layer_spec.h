@@ -20,6 +20,7 @@ struct LayerSpec {
   PositionKind position = PositionKind::learned;
   bool bias = true;      // the attention's and a dense MLP's linears
   bool qkv_bias = true;  // the query, key and value projection (with `bias`, or alone: Qwen2's)
+  bool qk_norm = false;  // each query and key head RMS-normalized before the rotary embeddings (Qwen3's)
   MlpKind mlp = MlpKind::gelu;
   // Layer `layer` of the model `cfg`.
   static LayerSpec of(const ModelConfig& cfg, int64_t layer);

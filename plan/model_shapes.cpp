@@ -30,6 +30,7 @@ ModelShapes model_shapes(const ModelConfig& m, int64_t tp, int64_t ep, int64_t e
                 .layernorm = !llama,
                 .gelu_epilogue = !llama,
                 .rotary = llama,
+                .qk_norm = m.qk_norm,
                 .tie_embeddings = m.tie_embeddings};
   const MoeConfig& e = m.moe;
   if (e.enabled()) {

@@ -62,6 +62,7 @@ struct ModelShapes {
   bool layernorm = true;      // LayerNorm: a bias and a saved mean beside rstd (GPT); RMSNorm: weight and rstd
   bool gelu_epilogue = true;  // GPT: GELU on fc1's epilogue, the pre-activation kept; Llama: a separate SwiGLU
   bool rotary = false;        // Llama: rotary embeddings on q and k (in place), and their inverse on dq, dk
+  bool qk_norm = false;       // Qwen3: q and k heads RMS-normalized, through slot-major copies of qkv
   bool tie_embeddings = true;
   MoeShapes moe;                 // the MoE layers' MLP (moe.E == 0: a dense model)
   std::vector<bool> moe_layers;  // (num_layers) whether each layer is MoE; empty for a dense model

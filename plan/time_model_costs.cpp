@@ -49,6 +49,10 @@ Parts Costs::layer_forward(bool moe) const {
     if (!moe) t += pass(N * m.Ft, 3, e.act_forward);  // SwiGLU
     kernels += moe ? 1 : 2;
   }
+  if (m.qk_norm) {  // models/qk_norm.cpp: qkv slot-major and back, the q and k rows normalized and copied
+    t += 2 * pass(N * m.qkv, 2, 0) + pass(N * (m.qkv - m.Gt * m.D), 2, e.norm_forward) + pass(N * m.qkv, 2, 0);
+    kernels += 6;
+  }
   if (s.sp) t += pass(N * C, 4, 0);  // the rank-major permutes around the gathers and reduce-scatters
   p.elementwise += t + launches(kernels);
   if (s.tp > 1) p.tp = s.sp ? 4 * tp_gather() : 2 * tp_all_reduce();
@@ -169,6 +173,11 @@ Parts Costs::layer_backward(bool moe) const {
     t += pass(N * (m.qkv - m.Gt * m.D), 2, 0);
     if (!moe) t += pass(N * m.Ft, 5, e.act_backward);
     kernels += moe ? 1 : 2;
+  }
+  if (m.qk_norm) {  // dqkv slot-major and back, the q and k rows' norm backward and copies
+    t += 2 * pass(N * m.qkv, 2, 0) + pass(N * (m.qkv - m.Gt * m.D), 4, e.norm_backward) +
+         pass(N * (m.qkv - m.Gt * m.D), 2, 0);
+    kernels += 6;
   }
   if (s.sp) t += pass(N * C, 8, 0);
   p.elementwise += t + launches(kernels);

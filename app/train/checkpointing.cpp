@@ -149,11 +149,31 @@ std::vector<std::string> model_shape_differences(const std::string& stored_yaml,
   std::vector<std::string> out;
   for (const char* key :
        {"arch", "num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "max_position_embeddings", "vocab_size",
-        "tie_embeddings", "num_query_groups", "rotary_base", "qkv_bias"}) {
+        "tie_embeddings", "num_query_groups", "head_dim", "rotary_base", "qkv_bias", "qk_norm"}) {
     YAML::Node a = stored[key], b = run[key];
     // Keys newer than some checkpoints: one saved before they existed had a model without the feature, and
     // num_query_groups auto (0 before issue 30, or absent) means one key/value head per query head.
-    if ((std::string_view(key) == "rotary_base" || std::string_view(key) == "qkv_bias") && !a.IsDefined()) continue;
+    const std::string_view k = key;
+    if (k == "rotary_base" && !a.IsDefined()) continue;
+    if (k == "qkv_bias" || k == "qk_norm") {  // absent: off, as in a checkpoint saved before the feature
+      if (!a.IsDefined()) a = YAML::Node("false");
+      if (!b.IsDefined()) b = YAML::Node("false");
+    }
+    if (k == "head_dim") {  // auto is the quotient (whose keys are compared already); a key since Qwen3
+      auto set = [](const YAML::Node& g) { return g.IsScalar() && g.Scalar() != "auto" && g.Scalar() != "0"; };
+      if (!set(a) && !set(b)) continue;
+      auto width = [&](const YAML::Node& model, const YAML::Node& given) -> std::string {
+        if (set(given)) return given.Scalar();
+        try {
+          return std::to_string(model["hidden_size"].as<int64_t>() / model["num_heads"].as<int64_t>());
+        } catch (const YAML::Exception&) {
+          return "(missing)";
+        }
+      };
+      const std::string old_w = width(stored, a), new_w = width(run, b);
+      if (old_w != new_w) out.push_back(fmt::format("model.head_dim: {} -> {}", old_w, new_w));
+      continue;
+    }
     if (std::string_view(key) == "num_query_groups") {
       auto is_set = [](const YAML::Node& g) { return g.IsScalar() && g.Scalar() != "0" && g.Scalar() != "auto"; };
       if (!is_set(a) && !is_set(b)) continue;  // one key/value head per query head on both sides

@@ -34,9 +34,13 @@ std::string human_count(int64_t n) {
 void Trainer::log_run() {
   spdlog::info("data: {}", data_.description);
   const ModelConfig& m = cfg_.model;
-  const std::string heads = m.kv_heads() == m.num_heads
-                                ? fmt::format("{} heads", m.num_heads)
-                                : fmt::format("{} heads in {} key/value groups", m.num_heads, m.kv_heads());
+  // The heads' width when it is not the quotient (Qwen3's head_dim), and QK-norm.
+  const std::string width =
+      m.head_dim * m.num_heads != m.hidden_size ? fmt::format(" of {}", m.head_dim) : std::string();
+  const std::string heads = (m.kv_heads() == m.num_heads
+                                 ? fmt::format("{} heads{}", m.num_heads, width)
+                                 : fmt::format("{} heads{} in {} key/value groups", m.num_heads, width, m.kv_heads())) +
+                            (m.qk_norm ? ", QK-norm" : "");
   const int64_t total = total_parameters();  // a collective: every rank logs nothing more but takes part
   // "this rank holds" only when the model is split over ranks (with one rank it would repeat the total).
   const std::string share = num_parameters() == total ? "" : fmt::format("; this rank holds {}", num_parameters());

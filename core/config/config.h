@@ -53,13 +53,14 @@ struct MoeConfig {
 };
 
 struct ModelConfig {
-  Arch arch = Arch::gpt;                // gpt | llama
-  int64_t num_layers = 0;               // required
-  int64_t hidden_size = 0;              // required
-  int64_t num_heads = 0;                // required; divides hidden_size
-  int64_t num_query_groups = 0;         // key/value heads (grouped-query attention, llama only); 0: num_heads
-  int64_t ffn_hidden_size = 0;          // 0: 4 * hidden_size (gpt), Megatron's SwiGLU default (llama)
-  int64_t seq_length = 0;               // required
+  Arch arch = Arch::gpt;         // gpt | llama
+  int64_t num_layers = 0;        // required
+  int64_t hidden_size = 0;       // required
+  int64_t num_heads = 0;         // required; divides hidden_size
+  int64_t num_query_groups = 0;  // key/value heads (grouped-query attention, llama only); 0: num_heads
+  int64_t head_dim = 0;          // a head's width; auto (0) resolves to hidden_size / num_heads; llama may set another
+  int64_t ffn_hidden_size = 0;   // 0: 4 * hidden_size (gpt), Megatron's SwiGLU default (llama)
+  int64_t seq_length = 0;        // required
   int64_t max_position_embeddings = 0;  // 0: seq_length; >= seq_length
   int64_t vocab_size = 0;               // required (257 for the byte tokenizer); auto: data.train[0]'s tokenizer
   int64_t make_vocab_size_divisible_by = 128;
@@ -71,11 +72,12 @@ struct ModelConfig {
   bool qkv_bias = false;           // llama: biases on the query, key and value projections (Qwen2's; Megatron's
                                    // add_qkv_bias); gpt has biases on every linear
   RopeScaling rope_scaling;        // llama: the rotary embeddings scaled for a longer context (Llama 3.1's llama3)
+  bool qk_norm = false;            // llama: each query and key head RMS-normalized before the rotary embeddings
+                                   // (Qwen3's q_norm / k_norm, a weight (head_dim) each)
   float init_std = 0.02f;
   MoeConfig moe;
   // derived
   int64_t padded_vocab_size = 0;  // vocab_size rounded up to divisible_by * parallel.tensor
-  int64_t head_dim = 0;           // hidden_size / num_heads
 
   // Key/value heads: num_query_groups, or num_heads when it is 0.
   int64_t kv_heads() const { return num_query_groups > 0 ? num_query_groups : num_heads; }

@@ -36,6 +36,7 @@ void visit(V& v, C& c) {
     v.field({.name = "hidden_size", .required = true}, m.hidden_size);
     v.field({.name = "num_heads", .required = true}, m.num_heads);
     v.field({.name = "num_query_groups", .accepts_auto = true, .refuses_zero = "num_heads"}, m.num_query_groups);
+    v.field({.name = "head_dim", .accepts_auto = true, .refuses_zero = "hidden_size / num_heads"}, m.head_dim);
     v.field({.name = "ffn_hidden_size",
              .accepts_auto = true,
              .refuses_zero = "4 * hidden_size for gpt, Megatron's SwiGLU width 8 * hidden_size / 3 rounded down to 64 "
@@ -51,6 +52,7 @@ void visit(V& v, C& c) {
     v.field({.name = "layernorm_eps"}, m.layernorm_eps);
     v.field({.name = "rotary_base"}, m.rotary_base);
     v.field({.name = "qkv_bias"}, m.qkv_bias);
+    v.field({.name = "qk_norm"}, m.qk_norm);
     v.section("rope_scaling", [&] {
       auto& rs = m.rope_scaling;
       v.field({.name = "type"}, rs.type);

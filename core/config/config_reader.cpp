@@ -259,7 +259,7 @@ void check_derived(const YAML::Node& root, const Config& c, const ConfigSource& 
   }();
   const std::vector<std::tuple<const char*, int64_t, bool>> computed = {
       {"padded_vocab_size", c.model.padded_vocab_size, true},
-      {"head_dim", c.model.head_dim, true},
+      {"head_dim", c.model.head_dim, true},  // a key now; configs written before it list it here
       {"data_parallel_size", c.parallel.data, same_world},
       {"world_size", c.parallel.world_size, same_world},
       {"num_microbatches", c.training.num_microbatches, same_world},

@@ -29,9 +29,16 @@ void resolve_model(ModelConfig& m, const Rules& r) {
   r.at_most("model.vocab_size", m.vocab_size, kMaxVocab, "vocabulary: token ids are int32");
   r.at_most("model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by, kMaxVocabMultiple,
             "vocabulary padding multiple");
-  if (m.hidden_size % m.num_heads != 0)
-    r.fail("model.num_heads", fmt::format("{} does not divide model.hidden_size={}", m.num_heads, m.hidden_size));
   const bool llama = m.arch == Arch::llama;
+  // A head's width: hidden_size / num_heads, or (llama: Qwen3's) model.head_dim, with H * D apart from C.
+  r.non_negative("model.head_dim", m.head_dim);
+  if (m.head_dim == 0 && m.hidden_size % m.num_heads != 0)
+    r.fail("model.num_heads", fmt::format("{} does not divide model.hidden_size={}", m.num_heads, m.hidden_size));
+  if (!llama && m.head_dim != 0 && m.head_dim * m.num_heads != m.hidden_size)
+    r.fail("model.head_dim", fmt::format("{} with model.arch: gpt, whose heads split model.hidden_size={} ({} each): "
+                                         "another head width is llama's",
+                                         m.head_dim, m.hidden_size, m.hidden_size / std::max<int64_t>(1, m.num_heads)));
+  r.at_most("model.head_dim", m.head_dim, kMaxWidth, "width");
   // Megatron's SwiGLU default keeps the MLP's parameters near 8h^2: 2/3 of 4h, rounded down to 64.
   if (m.ffn_hidden_size == 0)
     m.ffn_hidden_size = llama ? std::max<int64_t>(64, (8 * m.hidden_size / 3) / 64 * 64) : 4 * m.hidden_size;
@@ -47,7 +54,7 @@ void resolve_model(ModelConfig& m, const Rules& r) {
   r.probability("model.attention_dropout", m.attention_dropout);
   r.positive("model.layernorm_eps", double{m.layernorm_eps});
   r.positive("model.init_std", double{m.init_std});
-  m.head_dim = m.hidden_size / m.num_heads;
+  if (m.head_dim == 0) m.head_dim = m.hidden_size / m.num_heads;
 
   // Grouped-query attention: num_query_groups key/value heads, each shared by num_heads / num_query_groups
   // query heads. auto stays 0 (ModelConfig::kv_heads() reads it as num_heads; to_yaml writes it as auto), so a
@@ -62,14 +69,16 @@ void resolve_model(ModelConfig& m, const Rules& r) {
         fmt::format("grouped-query attention ({} groups for {} heads) needs model.arch: llama", groups, m.num_heads));
   if (!llama && m.qkv_bias)
     r.fail("model.qkv_bias", "true with model.arch: gpt, whose linears all have biases: the key is for llama");
+  if (!llama && m.qk_norm) r.fail("model.qk_norm", "true with model.arch: gpt: QK-norm is llama's (Qwen3's)");
   r.positive("model.rotary_base", m.rotary_base);
   r.at_most("model.rotary_base", m.rotary_base, std::numeric_limits<float>::max(),
             "float: the rotary embeddings compute in it");
   if (llama) {
     if (m.head_dim % 2 != 0)
-      r.fail("model.num_heads", fmt::format("rotary embeddings rotate pairs: the head dimension hidden_size / "
-                                            "num_heads = {} must be even",
-                                            m.head_dim));
+      r.fail(r.given("model.head_dim") ? "model.head_dim" : "model.num_heads",
+             fmt::format("rotary embeddings rotate pairs: the head dimension {} must be even",
+                         r.given("model.head_dim") ? std::to_string(m.head_dim)
+                                                   : fmt::format("hidden_size / num_heads = {}", m.head_dim)));
     // Llama unties the LM head from the embedding unless the file says otherwise.
     if (!r.given("model.tie_embeddings")) m.tie_embeddings = false;
   }
@@ -101,9 +110,10 @@ void check_sizes(const Config& c, const Rules& r) {
                               kMaxTensorBytes));
   };
   const bool llama = m.arch == Arch::llama;
-  const double kv = static_cast<double>(2 * m.kv_heads() * m.head_dim);
-  tensor("model.hidden_size", "the attention weight (hidden_size + 2*num_query_groups*head_dim, hidden_size)",
-         (h + kv) * h);
+  const double kv = static_cast<double>(2 * m.kv_heads() * m.head_dim),
+               q = static_cast<double>(m.num_heads * m.head_dim);
+  tensor("model.hidden_size", "the attention weight ((num_heads + 2*num_query_groups)*head_dim, hidden_size)",
+         (q + kv) * h);
   tensor("model.ffn_hidden_size", "the feed-forward weight ((2*)ffn_hidden_size, hidden_size)",
          (llama ? 2 : 1) * f * h);
   tensor("model.vocab_size", "the embedding table (padded vocabulary, hidden_size)", v * h);
@@ -137,9 +147,11 @@ double estimated_parameters(const ModelConfig& m) {
   if (m.arch == Arch::llama) {
     // Per layer: Q, K, V and proj (2h^2 + 2h * kv), gate, up and down (3hf), two RMSNorms (2h); then the word
     // embeddings, the final norm and an untied head. No biases, no position table.
-    const double kv = static_cast<double>(m.kv_heads() * m.head_dim);
-    return static_cast<double>(m.num_layers) * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h) + h +
-           v * h * (m.tie_embeddings ? 1 : 2);
+    // With QK-norm two (head_dim) weights more.
+    const double kv = static_cast<double>(m.kv_heads() * m.head_dim), q = static_cast<double>(m.num_heads * m.head_dim);
+    return static_cast<double>(m.num_layers) *
+               (2 * h * q + 2 * h * kv + 3 * h * f + 2 * h + (m.qk_norm ? 2 * static_cast<double>(m.head_dim) : 0)) +
+           h + v * h * (m.tie_embeddings ? 1 : 2);
   }
   // Per layer: QKV and proj (4h^2 + 4h), fc1 and fc2 (2hf + f + h), two norms (4h); then the embeddings,
   // the final norm and an untied head.

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <charconv>
 #include <string>
+#include <utility>
 #include <string_view>
 #include <vector>
 
@@ -99,11 +100,15 @@ class Writer {
 
 std::string to_yaml(const Config& c) {
   Writer w;
-  config_keys::visit(w, c);
+  // model.head_dim is written as auto while it is the quotient, so a written config follows a later change of
+  // hidden_size or num_heads (eval's overrides of a checkpoint's config) as the file it came from did.
+  Config out = c;
+  ModelConfig& m = out.model;
+  if (m.num_heads > 0 && m.hidden_size % m.num_heads == 0 && m.head_dim == m.hidden_size / m.num_heads) m.head_dim = 0;
+  config_keys::visit(w, std::as_const(out));
   // Computed from the keys above on every read; written for people and tools, skipped by the reader.
   w.section(config_keys::kDerivedSection, [&] {
     w.line("padded_vocab_size", scalar(c.model.padded_vocab_size));
-    w.line("head_dim", scalar(c.model.head_dim));
     w.line("data_parallel_size", scalar(c.parallel.data));
     w.line("world_size", scalar(c.parallel.world_size));
     w.line("num_microbatches", scalar(c.training.num_microbatches));

@@ -107,6 +107,17 @@ ConfigLayout qwen2() {
                  {{"initializer_range", real(&S::init_std)}, {"use_cache", literal("true")}})};
 }
 
+// Qwen3: Llama's layers with QK-norm; head_dim always written (Qwen3Config's default, 128, is no quotient).
+ConfigLayout qwen3() {
+  return {HfArch::qwen3, "qwen3",
+          concat(llama_attention({{"intermediate_size", integer(&S::ffn)}},
+                                 {{"attention_bias", literal("false")},
+                                  {"use_sliding_window", literal("false")},
+                                  {"sliding_window", literal("null")},
+                                  {"max_window_layers", integer(&S::num_layers)}}),
+                 {{"initializer_range", real(&S::init_std)}, {"use_cache", literal("true")}})};
+}
+
 // The mixtures of experts (a model.arch: llama checkpoint with model.moe; hf_export.cpp picks the family):
 // LlamaConfig's attention keys, their own, then the router's. The router's auxiliary loss is off in the forward
 // (output_router_logits false: the loss is the language model's, as `megatrain eval` reports it) and its coefficient
@@ -152,7 +163,7 @@ ConfigLayout qwen2_moe() {
 }  // namespace
 
 std::string hf_config_json(HfArch family, const HfModelShape& s, DType dtype, std::optional<HfSpecialIds> ids) {
-  static const std::vector<ConfigLayout> families{gpt2(), llama(), mixtral(), qwen2_moe(), qwen2()};
+  static const std::vector<ConfigLayout> families{gpt2(), llama(), mixtral(), qwen2_moe(), qwen2(), qwen3()};
   for (const ConfigLayout& f : families)
     if (f.family == family) return hf_json::config_json(f, s, dtype, ids);
   throw std::logic_error(fmt::format("hf export: no config.json table for {}", name_of(family)));

@@ -130,6 +130,10 @@ HfModelShape hf_export_shape(const CheckpointReader& ckpt) {
   g.init_std = keys.get<double>("init_std", 0.02);
   g.rotary_base = llama ? keys.get<double>("rotary_base", 10000.0) : 10000.0;
   g.qkv_bias = llama && keys.get<bool>("qkv_bias", false);
+  g.qk_norm = llama && keys.get<bool>("qk_norm", false);
+  if (const auto d = keys.get<int64_t>("head_dim", int64_t{0});
+      llama && d > 0 && g.heads > 0 && d * g.heads != g.hidden)
+    g.head_width = d;
   if (const YAML::Node rope = model["rope_scaling"]; llama && rope && rope.IsMap()) {
     const ModelKeys r{rope, where, "model.rope_scaling"};
     const auto type = r.get<std::string>("type", std::string("none"));
@@ -158,9 +162,15 @@ HfModelShape hf_export_shape(const CheckpointReader& ckpt) {
         fmt::format("{}: model.qkv_bias true with experts and no shared expert: no Hugging Face "
                     "model computes it (Mixtral's attention has no biases; Qwen2-MoE's has)",
                     where));
+  if (g.qk_norm && (g.qkv_bias || g.arch != HfArch::llama))
+    throw CheckpointError(fmt::format(
+        "{}: model.qk_norm true with {}: no Hugging Face model computes it (Qwen3's attention, the one with QK-norm, "
+        "has biases on every projection or none{})",
+        where, g.qkv_bias ? "model.qkv_bias" : "experts", g.qkv_bias ? "" : "; Qwen3-MoE's export is not written yet"));
+  if (g.qk_norm) g.arch = HfArch::qwen3;                              // Llama's layers with QK-norm
   if (g.qkv_bias && g.arch == HfArch::llama) g.arch = HfArch::qwen2;  // Llama's layers with q/k/v biases
-  if (g.num_layers <= 0 || g.hidden <= 0 || g.heads <= 0 || g.vocab <= 0 || g.hidden % g.heads != 0 || g.groups <= 0 ||
-      g.heads % g.groups != 0)
+  if (g.num_layers <= 0 || g.hidden <= 0 || g.heads <= 0 || g.vocab <= 0 ||
+      (g.head_width == 0 && g.hidden % g.heads != 0) || g.groups <= 0 || g.heads % g.groups != 0)
     throw CheckpointError(
         fmt::format("{}: model.num_layers={}, hidden_size={}, num_heads={}, num_query_groups={}, vocab_size={} do "
                     "not describe a {} model",

@@ -131,6 +131,7 @@ std::string hf_model_yaml(const HfModelShape& s) {
   add("hidden_size", std::to_string(s.hidden));
   add("num_heads", std::to_string(s.heads));
   if (llama) add("num_query_groups", std::to_string(s.groups));
+  if (s.head_width > 0) add("head_dim", std::to_string(s.head_width));
   add("ffn_hidden_size", std::to_string(s.ffn));
   add("seq_length", std::to_string(s.seq_length));
   add("max_position_embeddings", std::to_string(s.positions));
@@ -141,6 +142,7 @@ std::string hf_model_yaml(const HfModelShape& s) {
   add("layernorm_eps", num(s.layernorm_eps));
   if (llama) add("rotary_base", num(s.rotary_base));
   if (s.qkv_bias) add("qkv_bias", "true");
+  if (s.qk_norm) add("qk_norm", "true");
   if (s.rope_scaling.enabled()) {
     const RopeScaling& r = s.rope_scaling;
     y += "  rope_scaling:\n";

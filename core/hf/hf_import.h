@@ -22,8 +22,8 @@ struct HfImportOptions {
 };
 
 // HF_DIR/config.json as our model (padded_vocab left 0: the config resolution fixes it). Refuses, naming the
-// file and the key: another architecture, rope_scaling other than null, biases in a llama, head_dim other than
-// hidden_size / num_attention_heads, an activation or attention variant we do not compute. Throws CheckpointError.
+// file and the key: another architecture, a rotary scaling type or key we do not model, biases in a llama (but
+// Qwen2's q/k/v), an odd head_dim, an activation or attention variant we do not compute. Throws CheckpointError.
 HfModelShape read_hf_config(const std::string& hf_dir, const HfImportOptions& opt = {});
 
 // The model section of a megatrain config for `s` ("model:\n  arch: gpt\n  ..."), every shape key spelled out.

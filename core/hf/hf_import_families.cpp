@@ -118,14 +118,17 @@ HfModelShape llama_shape(const ConfigKeys& k, double default_rope_theta = 10000.
   s.layernorm_eps = k.real("rms_norm_eps", 1e-6);
   s.init_std = k.real("initializer_range", 0.02);
   s.tied = k.flag("tie_word_embeddings", false);
-  if (s.hidden % s.heads != 0)
-    k.fail("num_attention_heads", fmt::format("= {} does not divide hidden_size={}", s.heads, s.hidden));
   if (s.heads % s.groups != 0)
     k.fail("num_key_value_heads", fmt::format("= {} does not divide num_attention_heads={}", s.groups, s.heads));
-  if (k.present("head_dim") && k.integer("head_dim") != s.hidden / s.heads)
-    k.fail("head_dim", fmt::format("= {} is not hidden_size / num_attention_heads = {}: megatrain's head_dim is "
-                                   "always that quotient",
-                                   k.integer("head_dim"), s.hidden / s.heads));
+  // head_dim: the heads' width, hidden_size / num_attention_heads unless given (Qwen3's may differ).
+  if (k.present("head_dim")) {
+    const int64_t d = k.integer("head_dim");
+    if (d % 2 != 0) k.fail("head_dim", fmt::format("= {}: rotary embeddings rotate pairs, so it must be even", d));
+    if (s.hidden % s.heads != 0 || d != s.hidden / s.heads) s.head_width = d;
+  } else if (s.hidden % s.heads != 0) {
+    k.fail("num_attention_heads",
+           fmt::format("= {} does not divide hidden_size={} (and no head_dim is given)", s.heads, s.hidden));
+  }
   const std::string act = k.text("hidden_act", "silu");
   if (act != "silu") k.fail("hidden_act", fmt::format("= {}: megatrain's Llama computes SwiGLU (silu) only", act));
   k.require_flag("attention_bias", false, false, "megatrain's Llama has no biases");
@@ -191,6 +194,20 @@ HfModelShape qwen2_shape(const ConfigKeys& k) {
   return s;
 }
 
+// Qwen3: Llama's layers with QK-norm (q_norm, k_norm over each head), head_dim given (it may differ from
+// hidden_size / num_attention_heads), no biases (attention_bias would put them on o_proj too), full causal attention.
+HfModelShape qwen3_shape(const ConfigKeys& k) {
+  HfModelShape s = llama_shape(k);
+  s.arch = HfArch::qwen3;
+  s.qk_norm = true;
+  if (!k.present("head_dim") && s.hidden / s.heads != 128)  // Qwen3Config's default is 128, not the quotient
+    s.head_width = 128;
+  k.require_flag("use_sliding_window", false, false,
+                 "megatrain's attention is full causal attention (use_sliding_window false)");
+  require_full_attention(k);
+  return s;
+}
+
 // Qwen2-MoE: Llama's attention with q/k/v biases, MoE layers of num_experts
 // experts of moe_intermediate_size plus a shared expert of shared_expert_intermediate_size behind a sigmoid gate
 // (which must be zero), dense layers of intermediate_size where mlp_only_layers or decoder_sparse_step say.
@@ -244,6 +261,9 @@ HfModelShape hf_family_shape(const ConfigKeys& k, const std::string& arch) {
   } else if (arch == "Qwen2ForCausalLM") {
     if (k.text("model_type", "qwen2") != "qwen2") k.fail("model_type", "is not qwen2 for Qwen2ForCausalLM");
     s = qwen2_shape(k);
+  } else if (arch == "Qwen3ForCausalLM") {
+    if (k.text("model_type", "qwen3") != "qwen3") k.fail("model_type", "is not qwen3 for Qwen3ForCausalLM");
+    s = qwen3_shape(k);
   } else if (arch == "MixtralForCausalLM") {
     if (k.text("model_type", "mixtral") != "mixtral") k.fail("model_type", "is not mixtral for MixtralForCausalLM");
     s = mixtral_shape(k);
@@ -253,7 +273,8 @@ HfModelShape hf_family_shape(const ConfigKeys& k, const std::string& arch) {
     s = qwen2_moe_shape(k);
   } else {
     k.fail("architectures", fmt::format("= [{}]: megatrain imports GPT2LMHeadModel, LlamaForCausalLM, "
-                                        "Qwen2ForCausalLM, MixtralForCausalLM and Qwen2MoeForCausalLM only",
+                                        "Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM and "
+                                        "Qwen2MoeForCausalLM only",
                                         arch));
   }
   return s;

@@ -139,6 +139,10 @@ std::vector<HfMapping> llama(const HfModelShape& s) {
         zero(hf_proj + ".bias", {rows}, "attention has no biases (model.qkv_bias false)");
     }
     same(hf + "self_attn.o_proj.weight", ours + "attn.proj.weight", {C, H * D});
+    if (s.qk_norm) {  // Qwen3's per-head norms
+      same(hf + "self_attn.q_norm.weight", ours + "attn.q_norm.weight", {D});
+      same(hf + "self_attn.k_norm.weight", ours + "attn.k_norm.weight", {D});
+    }
     if (has_experts(s.arch) && s.moe.is_moe_layer(i))
       moe_mlp(m, s, hf, ours + "mlp.");
     else

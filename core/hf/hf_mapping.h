@@ -25,11 +25,11 @@
 
 namespace mt {
 
-enum class HfArch { gpt, llama, mixtral, qwen2_moe, qwen2 };
+enum class HfArch { gpt, llama, mixtral, qwen2_moe, qwen2, qwen3 };
 template <>
 struct EnumNames<HfArch> {  // the model class, as config.json's "architectures" spells it
-  static constexpr std::array names{"GPT2LMHeadModel", "LlamaForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
-                                    "Qwen2ForCausalLM"};
+  static constexpr std::array names{"GPT2LMHeadModel",     "LlamaForCausalLM", "MixtralForCausalLM",
+                                    "Qwen2MoeForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
 };
 
 // The mixture of experts of a Mixtral or Qwen2-MoE (model.moe; our config keys in comments). The router is always
@@ -60,7 +60,10 @@ struct HfModelShape {
   RopeScaling rope_scaling;    // llama: rope_scaling (HF rope_scaling / rope_parameters)
   HfMoeShape moe;              // mixtral and qwen2_moe only
 
-  int64_t head_dim() const { return hidden / heads; }
+  int64_t head_width = 0;  // llama: head_dim when it is not hidden / heads (Qwen3's; 0: the quotient)
+  bool qk_norm = false;    // llama: qk_norm (Qwen3's q_norm / k_norm)
+
+  int64_t head_dim() const { return head_width > 0 ? head_width : hidden / heads; }
 };
 
 const char* arch_name(HfArch a);      // "gpt" | "llama", as model.arch spells it (the MoE ones are llama)

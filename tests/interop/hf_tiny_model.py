@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Tiny random transformers models and their losses, for the `megatrain ckpt import/export --format hf` checks.
 
-    hf_tiny_model.py make {gpt2|llama|qwen2|mixtral|qwen2_moe} OUT [--tie] [--heads H] [--groups G] [--vocab V]
-                     [--positions P] [--keep-gate] [--rope default|linear|llama3|yarn]
+    hf_tiny_model.py make {gpt2|llama|qwen2|qwen3|mixtral|qwen2_moe} OUT [--tie] [--heads H] [--groups G]
+                     [--vocab V] [--positions P] [--keep-gate] [--rope default|linear|llama3|yarn] [--head-dim D]
     hf_tiny_model.py loss MODEL_DIR DATA_PREFIX SEQ_LENGTH SAMPLES
     hf_tiny_model.py load-strict MODEL_DIR
 
@@ -69,6 +69,14 @@ def make(args):
                                           decoder_sparse_step=1, mlp_only_layers=[0], use_sliding_window=False,
                                           router_aux_loss_coef=0.01, **common)
         model = transformers.Qwen2MoeForCausalLM(cfg)
+    elif args.arch == "qwen3":  # QK-norm, a head_dim apart from hidden / heads (--head-dim), full attention
+        cfg = transformers.Qwen3Config(hidden_size=args.hidden, intermediate_size=3 * args.hidden, num_hidden_layers=2,
+                                       num_attention_heads=args.heads, num_key_value_heads=args.groups,
+                                       head_dim=args.head_dim or args.hidden // args.heads,
+                                       max_position_embeddings=args.positions, rms_norm_eps=1e-5,
+                                       rope_parameters={"rope_theta": 5000.0, **ROPE[args.rope]},
+                                       use_sliding_window=False, **common)
+        model = transformers.Qwen3ForCausalLM(cfg)
     elif args.arch == "qwen2":  # q/k/v biases (random like every weight), full attention
         cfg = transformers.Qwen2Config(hidden_size=args.hidden, intermediate_size=3 * args.hidden, num_hidden_layers=2,
                                        num_attention_heads=args.heads, num_key_value_heads=args.groups,
@@ -86,7 +94,7 @@ def make(args):
         for name, p in model.named_parameters():
             noise = torch.randn_like(p) * args.std
             p.copy_(1 + noise if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight", "norm.weight",
-                                                "layernorm.weight")) else noise)
+                                                "layernorm.weight", "q_norm.weight", "k_norm.weight")) else noise)
             if args.arch == "qwen2_moe" and (name.endswith("_proj.bias") or
                                              (name.endswith("shared_expert_gate.weight") and not args.keep_gate)):
                 p.zero_()
@@ -122,7 +130,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make")
-    m.add_argument("arch", choices=["gpt2", "llama", "qwen2", "mixtral", "qwen2_moe"])
+    m.add_argument("arch", choices=["gpt2", "llama", "qwen2", "qwen3", "mixtral", "qwen2_moe"])
     m.add_argument("out")
     m.add_argument("--tie", action="store_true")
     m.add_argument("--hidden", type=int, default=32)
@@ -133,7 +141,8 @@ def main():
     m.add_argument("--std", type=float, default=0.2)
     m.add_argument("--seed", type=int, default=0)
     m.add_argument("--keep-gate", action="store_true")
-    m.add_argument("--rope", choices=sorted(ROPE), default="default", help="llama: rotary scaling")
+    m.add_argument("--rope", choices=sorted(ROPE), default="default", help="llama, qwen3: rotary scaling")
+    m.add_argument("--head-dim", type=int, default=0, help="qwen3: head_dim (0: hidden / heads)")
     l_ = sub.add_parser("loss")
     l_.add_argument("model")
     l_.add_argument("data")

@@ -86,3 +86,12 @@ exec(sys.argv[2])
 json.dump(c, open(sys.argv[1], "w"), indent=2)
 PY
 }
+
+# expect_import_refused HF_DIR NAME PYTHON PATTERN: a copy NAME of HF_DIR whose config.json PYTHON edits (as
+# edit_config) is refused by `ckpt import` with PATTERN in its error, leaving no output directory.
+expect_import_refused() {
+  cp -r "$1" "$2"
+  edit_config "$2" "$3"
+  expect_error "$4" ckpt import "$2" --format hf --output "$2.imp"
+  [ ! -e "$2.imp" ] || fail "the refused import of $2 left its output directory"
+}

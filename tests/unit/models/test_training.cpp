@@ -125,11 +125,23 @@ TEST(LrSchedule, InverseSquareRootAfterWarmupFlooredAtMinLr) {
 TEST(ModelFlops, MatchesMegatronFormula) {
   ModelConfig m = tiny_model();
   m.num_layers = 24, m.hidden_size = 2048, m.ffn_hidden_size = 8192, m.seq_length = 2048;
-  m.padded_vocab_size = 50304;
+  m.padded_vocab_size = 50304, m.head_dim = 2048 / m.num_heads;
   const double B = 1, s = 2048, h = 2048, l = 24, V = 50304;
   // Megatron: 72 B s l h^2 (1 + s/(6h) + V/(12 h l)) with causal attention halved: s/(12h).
   double megatron = 72 * B * s * l * h * h * (1 + s / (12 * h) + V / (12 * h * l));
   EXPECT_NEAR(model_flops_per_iteration(m, 2048) / megatron, 1.0, 1e-12);
+}
+
+// Qwen3-0.6B's attention is wider than its hidden size (16 heads of 128 on 1024): Q, K, V and the output projection
+// and the attention itself count the heads' width, not the hidden size.
+TEST(ModelFlops, QwenCountsTheHeadsWidth) {
+  ModelConfig m = tiny_llama();
+  m.num_layers = 28, m.hidden_size = 1024, m.num_heads = 16, m.num_query_groups = 8, m.head_dim = 128;
+  m.ffn_hidden_size = 3072, m.padded_vocab_size = 151936, m.seq_length = 4096;
+  const double linear = 1024.0 * 2048 + 2 * 1024.0 * 1024 + 2048.0 * 1024 + 3 * 1024.0 * 3072;
+  const double attention = 2 * (4096.0 / 2) * 2048;
+  const double forward_flops = 2 * (28 * (linear + attention) + 1024.0 * 151936);
+  EXPECT_NEAR(model_flops_per_iteration(m, 4096) / (3 * forward_flops * 4096), 1.0, 1e-12);
 }
 
 TEST(ModelFlops, LlamaCountsSwiGluAndGroupedQueryAttention) {

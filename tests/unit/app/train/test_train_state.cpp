@@ -120,6 +120,15 @@ TEST(ResumeState, ModelShapeDifferencesNameEachKey) {
   EXPECT_TRUE(
       app::model_shape_differences(old_cfg + "  num_query_groups: 0\n", old_cfg + "  num_query_groups: auto\n", "ck")
           .empty());
+  // head_dim: auto (or absent, before it was a key) is hidden / heads, so an explicit quotient equals it, another
+  // width differs; QK-norm absent is off.
+  EXPECT_TRUE(app::model_shape_differences(old_cfg, old_cfg + "  head_dim: auto\n", "ck").empty());
+  EXPECT_TRUE(app::model_shape_differences(old_cfg, old_cfg + "  head_dim: 8\n", "ck").empty());
+  EXPECT_EQ(app::model_shape_differences(old_cfg + "  head_dim: auto\n", old_cfg + "  head_dim: 12\n", "ck"),
+            (std::vector<std::string>{"model.head_dim: 8 -> 12"}));
+  EXPECT_EQ(app::model_shape_differences(old_cfg, old_cfg + "  qk_norm: true\n", "ck"),
+            (std::vector<std::string>{"model.qk_norm: false -> true"}));
+  EXPECT_TRUE(app::model_shape_differences(old_cfg, old_cfg + "  qk_norm: false\n  qkv_bias: false\n", "ck").empty());
 }
 
 // A LoRA resume with fewer targets used to drop the other adapters and their Adam state without a word; another

@@ -721,6 +721,30 @@ TEST(ConfigRules, GroupedQueryAttention) {
   EXPECT_CONTAINS(base_error({"model.arch=llama", "model.hidden_size=24"}), "head dimension");
 }
 
+// model.head_dim: auto is hidden_size / num_heads; a llama may set another width (Qwen3's), which frees num_heads
+// from dividing hidden_size and counts in the parameters; gpt's heads split the hidden size. model.qk_norm is
+// llama's and adds two (head_dim) weights a layer.
+TEST(ConfigRules, HeadDimAndQkNorm) {
+  EXPECT_EQ(base({"model.arch=llama"}).model.head_dim, 8);  // 64 / 8
+  const Config q = base({"model.arch=llama", "model.head_dim=16", "model.hidden_size=72", "model.qk_norm=true"});
+  EXPECT_EQ(q.model.head_dim, 16);
+  EXPECT_TRUE(q.model.qk_norm);
+  EXPECT_EQ(parse_config(to_yaml(q), "again.yaml", {}, 1).model, q.model);
+  Config wide = q;
+  wide.model.head_dim = 9;  // the parameters grow with the heads' width: Q, K, V and proj, and the QK-norms
+  EXPECT_LT(estimated_parameters(wide.model), estimated_parameters(q.model));
+  Config plain = q;
+  plain.model.qk_norm = false;
+  EXPECT_EQ(estimated_parameters(q.model) - estimated_parameters(plain.model), double(q.model.num_layers) * 2 * 16);
+  EXPECT_CONTAINS(base_error({"model.arch=llama", "model.hidden_size=68"}), "model.num_heads: 8 does not divide");
+  EXPECT_CONTAINS(base_error({"model.arch=llama", "model.head_dim=0"}), "model.head_dim");
+  EXPECT_CONTAINS(base_error({"model.arch=llama", "model.head_dim=7"}),
+                  "model.head_dim: rotary embeddings rotate pairs: the head dimension 7 must be even");
+  EXPECT_CONTAINS(base_error({"model.head_dim=16"}), "model.head_dim: 16 with model.arch: gpt");
+  EXPECT_EQ(base({"model.head_dim=8"}).model.head_dim, 8);  // gpt's own quotient is accepted
+  EXPECT_CONTAINS(base_error({"model.qk_norm=true"}), "model.qk_norm: true with model.arch: gpt");
+}
+
 // model.rope_scaling: each type reads its own keys; a key of another type, a gpt model, a type's missing or bad
 // parameter and a type not implemented are refused by name.
 TEST(ConfigRules, RopeScaling) {
@@ -784,9 +808,9 @@ TEST(ConfigYaml, HasEverySectionAndTheDerivedValues) {
   const std::string y = to_yaml(base({"parallel.tensor=2"}, 4));
   for (const char* s :
        {"model:\n", "parallel:\n", "training:\n", "  loss_scale:\n", "optimizer:\n", "data:\n", "checkpoint:\n",
-        "logging:\n", "derived:\n", "  padded_vocab_size: 512\n", "  head_dim: 8\n", "  data_parallel_size: 2\n",
-        "  world_size: 4\n", "  num_microbatches: 1\n", "  tokens_per_iteration: 64\n", "  data: 2\n",
-        "  betas: [0.9, 0.999]\n", "  train: []\n", "  layers_per_stage: []\n"})
+        "logging:\n", "derived:\n", "  padded_vocab_size: 512\n", "  data_parallel_size: 2\n", "  world_size: 4\n",
+        "  num_microbatches: 1\n", "  tokens_per_iteration: 64\n", "  data: 2\n", "  betas: [0.9, 0.999]\n",
+        "  train: []\n", "  layers_per_stage: []\n"})
     EXPECT_CONTAINS(y, s);
   EXPECT_LT(y.find("model:"), y.find("parallel:"));  // stable section order
   EXPECT_LT(y.find("logging:"), y.find("derived:"));
@@ -953,11 +977,17 @@ TEST(ConfigDerived, EditedOrUnknownDerivedValuesAreRefused) {
   const Config c = base();
   const std::string text = to_yaml(c);
   EXPECT_EQ(parse(text), c);  // the round trip still holds
-  EXPECT_CONTAINS(error_of(replace(text, "head_dim: 8", "head_dim: 9")), "derived.head_dim: is 9 here but");
   EXPECT_CONTAINS(error_of(replace(text, "padded_vocab_size: 384", "padded_vocab_size: 1000")),
-                  "derived.padded_vocab_size");
-  EXPECT_CONTAINS(error_of(replace(text, "head_dim: 8", "head_dims: 8")), "derived.head_dims: unknown derived value");
-  EXPECT_CONTAINS(base_error({"derived.head_dim=3"}), "derived values are computed");
+                  "derived.padded_vocab_size: is 1000 here but");
+  EXPECT_CONTAINS(error_of(replace(text, "padded_vocab_size: 384", "padded_vocabs: 384")),
+                  "derived.padded_vocabs: unknown derived value");
+  EXPECT_CONTAINS(base_error({"derived.padded_vocab_size=3"}), "derived values are computed");
+  // head_dim is a model key now (written as auto while it is the quotient); a config written before lists it among
+  // the derived values, where it is still read and checked.
+  EXPECT_CONTAINS(text, "  head_dim: auto\n");
+  const std::string old = replace(text, "padded_vocab_size: 384", "padded_vocab_size: 384\n  head_dim: 8");
+  EXPECT_EQ(parse(old), c);
+  EXPECT_CONTAINS(error_of(replace(old, "head_dim: 8", "head_dim: 9")), "derived.head_dim: is 9 here but");
   // A config saved by a 2-rank run reads on 1 rank (the launch-dependent values are not compared), and
   // overrides that change what the values derive from are allowed (eval reads checkpoints this way).
   const std::string two = replace(to_yaml(base({}, 2)), "  data: 2\n", "  data: auto\n");

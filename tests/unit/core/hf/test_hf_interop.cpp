@@ -247,9 +247,9 @@ TEST_F(HfImportRefusal, ConfigKeysWeDoNotComputeAreNamed) {
   expect_names(config_error("llama",
                             [](json& c) {
                               c["mlp_bias"] = false;
-                              c["head_dim"] = 8;
+                              c["head_dim"] = 5;  // another width is Qwen3's (and Llama's) to give, an odd one no
                             }),
-               "head_dim");
+               "head_dim = 5: rotary embeddings rotate pairs");
   expect_names(config_error("llama",
                             [](json& c) {
                               c["head_dim"] = 4;
