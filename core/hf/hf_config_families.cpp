@@ -140,6 +140,14 @@ ConfigLayout mixtral() {
                      {"router_jitter_noise", literal("0.0")}});
 }
 
+// The Qwen MoE families' mlp_only_layers: the dense layers' indices (decoder_sparse_step 1, so the list alone decides).
+std::string dense_layers(const S& m) {
+  std::vector<int64_t> dense;
+  for (int64_t i = 0; i < m.num_layers; ++i)
+    if (!m.moe.is_moe_layer(i)) dense.push_back(i);
+  return fmt::format("[{}]", fmt::join(dense, ", "));
+}
+
 // Dense layers (mlp_only_layers, decoder_sparse_step 1 so the list alone decides) have intermediate_size; the
 // shared expert's gate is exported as zeros (hf_mapping.h), the q/k/v biases too.
 ConfigLayout qwen2_moe() {
@@ -152,18 +160,27 @@ ConfigLayout qwen2_moe() {
                      {"shared_expert_intermediate_size", moe_integer(&HfMoeShape::shared_ffn)},
                      {"norm_topk_prob", [](const S& m) { return hf_json::boolean(m.moe.norm_topk_prob); }},
                      {"decoder_sparse_step", literal("1")},
-                     {"mlp_only_layers", [](const S& m) {
-                        std::vector<int64_t> dense;
-                        for (int64_t i = 0; i < m.num_layers; ++i)
-                          if (!m.moe.is_moe_layer(i)) dense.push_back(i);
-                        return fmt::format("[{}]", fmt::join(dense, ", "));
-                      }}});
+                     {"mlp_only_layers", dense_layers}});
+}
+
+// Qwen3-MoE: Qwen3's attention (no biases, QK-norm), no shared expert; dense layers as Qwen2-MoE lists them.
+ConfigLayout qwen3_moe() {
+  return moe_family(HfArch::qwen3_moe, "qwen3_moe",
+                    {{"intermediate_size", integer(&S::ffn)},
+                     {"attention_bias", literal("false")},
+                     {"use_sliding_window", literal("false")},
+                     {"num_experts", moe_integer(&HfMoeShape::experts)},
+                     {"moe_intermediate_size", moe_integer(&HfMoeShape::ffn)},
+                     {"norm_topk_prob", [](const S& m) { return hf_json::boolean(m.moe.norm_topk_prob); }},
+                     {"decoder_sparse_step", literal("1")},
+                     {"mlp_only_layers", dense_layers}});
 }
 
 }  // namespace
 
 std::string hf_config_json(HfArch family, const HfModelShape& s, DType dtype, std::optional<HfSpecialIds> ids) {
-  static const std::vector<ConfigLayout> families{gpt2(), llama(), mixtral(), qwen2_moe(), qwen2(), qwen3()};
+  static const std::vector<ConfigLayout> families{gpt2(),  llama(), mixtral(),  qwen2_moe(),
+                                                  qwen2(), qwen3(), qwen3_moe()};
   for (const ConfigLayout& f : families)
     if (f.family == family) return hf_json::config_json(f, s, dtype, ids);
   throw std::logic_error(fmt::format("hf export: no config.json table for {}", name_of(family)));

@@ -56,7 +56,7 @@ void read_moe_shape(const CheckpointReader& ckpt, const ModelKeys& moe, HfModelS
   auto refuse = [&](const std::string& what) {
     throw CheckpointError(
         fmt::format("{}: model.moe: {}: no Hugging Face model computes it (export supports "
-                    "MixtralForCausalLM and Qwen2MoeForCausalLM)",
+                    "MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM)",
                     moe.where, what));
   };
   if (g.arch != HfArch::llama) refuse("a mixture of experts in a model.arch: gpt model (GELU experts)");
@@ -86,7 +86,10 @@ void read_moe_shape(const CheckpointReader& ckpt, const ModelKeys& moe, HfModelS
   const Shape& fc2 = stored_shape(ckpt, fmt::format("model.layers.{}.mlp.experts.0.fc2.weight", first), "an expert");
   m.ffn = fc2.size() == 2 ? fc2[1] : 0;
   const bool all_moe = std::find(m.layer_pattern.begin(), m.layer_pattern.end(), 0) == m.layer_pattern.end();
-  if (m.shared_ffn == 0) {
+  if (g.qk_norm) {  // Qwen3-MoE: QK-norm, no shared expert, norm_topk_prob either way, dense layers allowed
+    if (m.shared_ffn != 0) refuse("shared_expert_ffn_hidden_size with model.qk_norm (Qwen3-MoE has no shared expert)");
+    g.arch = HfArch::qwen3_moe;
+  } else if (m.shared_ffn == 0) {
     g.arch = HfArch::mixtral;
     if (!m.norm_topk_prob) refuse("norm_topk_prob false without a shared expert (Mixtral always renormalises)");
     if (!all_moe) refuse("dense layers without a shared expert (every Mixtral layer is MoE)");
@@ -162,12 +165,12 @@ HfModelShape hf_export_shape(const CheckpointReader& ckpt) {
         fmt::format("{}: model.qkv_bias true with experts and no shared expert: no Hugging Face "
                     "model computes it (Mixtral's attention has no biases; Qwen2-MoE's has)",
                     where));
-  if (g.qk_norm && (g.qkv_bias || g.arch != HfArch::llama))
+  if (g.qk_norm && g.qkv_bias)
     throw CheckpointError(fmt::format(
-        "{}: model.qk_norm true with {}: no Hugging Face model computes it (Qwen3's attention, the one with QK-norm, "
-        "has biases on every projection or none{})",
-        where, g.qkv_bias ? "model.qkv_bias" : "experts", g.qkv_bias ? "" : "; Qwen3-MoE's export is not written yet"));
-  if (g.qk_norm) g.arch = HfArch::qwen3;                              // Llama's layers with QK-norm
+        "{}: model.qk_norm true with model.qkv_bias: no Hugging Face model computes it (Qwen3's attention, the one "
+        "with QK-norm, has biases on every projection or none)",
+        where));
+  if (g.qk_norm && g.arch == HfArch::llama) g.arch = HfArch::qwen3;   // Llama's layers with QK-norm
   if (g.qkv_bias && g.arch == HfArch::llama) g.arch = HfArch::qwen2;  // Llama's layers with q/k/v biases
   if (g.num_layers <= 0 || g.hidden <= 0 || g.heads <= 0 || g.vocab <= 0 ||
       (g.head_width == 0 && g.hidden % g.heads != 0) || g.groups <= 0 || g.heads % g.groups != 0)

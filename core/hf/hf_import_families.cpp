@@ -208,28 +208,10 @@ HfModelShape qwen3_shape(const ConfigKeys& k) {
   return s;
 }
 
-// Qwen2-MoE: Llama's attention with q/k/v biases, MoE layers of num_experts
-// experts of moe_intermediate_size plus a shared expert of shared_expert_intermediate_size behind a sigmoid gate
-// (which must be zero), dense layers of intermediate_size where mlp_only_layers or decoder_sparse_step say.
-HfModelShape qwen2_moe_shape(const ConfigKeys& k) {
-  HfModelShape s = llama_shape(k);
-  s.arch = HfArch::qwen2_moe;
-  s.qkv_bias = true;
-  HfMoeShape& m = s.moe;
-  m.experts = k.integer("num_experts", 60);
-  m.top_k = k.integer("num_experts_per_tok", 4);
-  m.ffn = k.integer("moe_intermediate_size", 1408);
-  if (k.present("shared_expert_intermediate_size") && k.raw("shared_expert_intermediate_size") == 0)
-    k.fail("shared_expert_intermediate_size", "= 0: megatrain's Qwen2-MoE export and import need a shared expert");
-  m.shared_ffn = k.integer("shared_expert_intermediate_size", 5632);
-  m.norm_topk_prob = k.flag("norm_topk_prob", false);
-  m.aux_loss_coeff = k.real("router_aux_loss_coef", 0.001);
-  if (m.top_k > m.experts)
-    k.fail("num_experts_per_tok", fmt::format("= {} is more than num_experts={}", m.top_k, m.experts));
-  k.require_flag("use_sliding_window", false, false,
-                 "megatrain's attention is full causal attention (use_sliding_window false)");
-  require_full_attention(k);
-  if (k.present("qkv_bias")) k.require_flag("qkv_bias", true, true, "megatrain reads Qwen2-MoE's q/k/v biases");
+// transformers' Qwen-MoE rule for which layers are sparse: layer i unless mlp_only_layers lists it, when
+// (i + 1) % decoder_sparse_step == 0. Refused when it leaves none.
+std::vector<int64_t> sparse_layers(const ConfigKeys& k, int64_t num_layers) {
+  std::vector<int64_t> pattern;
   const int64_t step = k.integer("decoder_sparse_step", 1);
   std::set<int64_t> dense;
   if (k.present("mlp_only_layers")) {
@@ -241,9 +223,55 @@ HfModelShape qwen2_moe_shape(const ConfigKeys& k) {
     }
   }
   // transformers' rule: layer i is sparse unless listed, when (i + 1) % decoder_sparse_step == 0.
-  for (int64_t i = 0; i < s.num_layers; ++i) m.layer_pattern.push_back(!dense.count(i) && (i + 1) % step == 0);
-  if (std::find(m.layer_pattern.begin(), m.layer_pattern.end(), 1) == m.layer_pattern.end())
+  for (int64_t i = 0; i < num_layers; ++i) pattern.push_back(!dense.count(i) && (i + 1) % step == 0);
+  if (std::find(pattern.begin(), pattern.end(), 1) == pattern.end())
     k.fail("mlp_only_layers", "and decoder_sparse_step leave no MoE layer: import it as a dense model");
+  return pattern;
+}
+
+// What the Qwen mixtures share: num_experts experts (transformers 5 saves the count as num_local_experts, its
+// attribute map's name; 4.x as num_experts) of moe_intermediate_size, top num_experts_per_tok, renormalised as
+// norm_topk_prob says, full causal attention, the sparse layers as sparse_layers reads them. The defaults are the
+// family's config class's.
+struct QwenMoeDefaults {
+  int64_t experts, top_k, ffn;
+};
+void read_qwen_moe(const ConfigKeys& k, HfModelShape& s, QwenMoeDefaults d) {
+  HfMoeShape& m = s.moe;
+  m.experts = k.present("num_local_experts") ? k.integer("num_local_experts") : k.integer("num_experts", d.experts);
+  m.top_k = k.integer("num_experts_per_tok", d.top_k);
+  m.ffn = k.integer("moe_intermediate_size", d.ffn);
+  m.norm_topk_prob = k.flag("norm_topk_prob", false);
+  m.aux_loss_coeff = k.real("router_aux_loss_coef", 0.001);
+  if (m.top_k > m.experts)
+    k.fail("num_experts_per_tok", fmt::format("= {} is more than num_experts={}", m.top_k, m.experts));
+  k.require_flag("use_sliding_window", false, false,
+                 "megatrain's attention is full causal attention (use_sliding_window false)");
+  require_full_attention(k);
+  m.layer_pattern = sparse_layers(k, s.num_layers);
+}
+
+// Qwen2-MoE: Llama's attention with q/k/v biases, the Qwen mixture plus a shared expert of
+// shared_expert_intermediate_size behind a sigmoid gate (which must be zero).
+HfModelShape qwen2_moe_shape(const ConfigKeys& k) {
+  HfModelShape s = llama_shape(k);
+  s.arch = HfArch::qwen2_moe;
+  s.qkv_bias = true;
+  read_qwen_moe(k, s, {.experts = 60, .top_k = 4, .ffn = 1408});
+  if (k.present("shared_expert_intermediate_size") && k.raw("shared_expert_intermediate_size") == 0)
+    k.fail("shared_expert_intermediate_size", "= 0: megatrain's Qwen2-MoE export and import need a shared expert");
+  s.moe.shared_ffn = k.integer("shared_expert_intermediate_size", 5632);
+  if (k.present("qkv_bias")) k.require_flag("qkv_bias", true, true, "megatrain reads Qwen2-MoE's q/k/v biases");
+  return s;
+}
+
+// Qwen3-MoE: Qwen3's attention (QK-norm, head_dim as given or the quotient, no biases) with the Qwen mixture, no
+// shared expert.
+HfModelShape qwen3_moe_shape(const ConfigKeys& k) {
+  HfModelShape s = llama_shape(k);
+  s.arch = HfArch::qwen3_moe;
+  s.qk_norm = true;
+  read_qwen_moe(k, s, {.experts = 128, .top_k = 8, .ffn = 768});
   return s;
 }
 
@@ -264,6 +292,10 @@ HfModelShape hf_family_shape(const ConfigKeys& k, const std::string& arch) {
   } else if (arch == "Qwen3ForCausalLM") {
     if (k.text("model_type", "qwen3") != "qwen3") k.fail("model_type", "is not qwen3 for Qwen3ForCausalLM");
     s = qwen3_shape(k);
+  } else if (arch == "Qwen3MoeForCausalLM") {
+    if (k.text("model_type", "qwen3_moe") != "qwen3_moe")
+      k.fail("model_type", "is not qwen3_moe for Qwen3MoeForCausalLM");
+    s = qwen3_moe_shape(k);
   } else if (arch == "MixtralForCausalLM") {
     if (k.text("model_type", "mixtral") != "mixtral") k.fail("model_type", "is not mixtral for MixtralForCausalLM");
     s = mixtral_shape(k);
@@ -273,8 +305,8 @@ HfModelShape hf_family_shape(const ConfigKeys& k, const std::string& arch) {
     s = qwen2_moe_shape(k);
   } else {
     k.fail("architectures", fmt::format("= [{}]: megatrain imports GPT2LMHeadModel, LlamaForCausalLM, "
-                                        "Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM and "
-                                        "Qwen2MoeForCausalLM only",
+                                        "Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, "
+                                        "Qwen2MoeForCausalLM and Qwen3MoeForCausalLM only",
                                         arch));
   }
   return s;

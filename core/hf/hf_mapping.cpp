@@ -89,8 +89,9 @@ SwigluNames llama_names(const std::string& hf) {
   return {hf + "gate_proj.weight", hf + "up_proj.weight", hf + "down_proj.weight"};
 }
 
-// Layer i's MLP of a MixtralForCausalLM (block_sparse_moe: gate, experts.<e>.w1 gate, w3 up, w2 down) or a
-// Qwen2MoeForCausalLM (mlp: gate, experts.<e>.*_proj, shared_expert.*_proj and shared_expert_gate).
+// Layer i's MLP of a MixtralForCausalLM (block_sparse_moe: gate, experts.<e>.w1 gate, w3 up, w2 down), a
+// Qwen2MoeForCausalLM (mlp: gate, experts.<e>.*_proj, shared_expert.*_proj and shared_expert_gate) or a
+// Qwen3MoeForCausalLM (mlp: gate, experts.<e>.*_proj).
 void moe_mlp(std::vector<HfMapping>& m, const HfModelShape& s, const std::string& hf_layer, const std::string& ours) {
   const int64_t C = s.hidden, E = s.moe.experts, F = s.moe.ffn, Fs = s.moe.shared_ffn;
   const bool mixtral = s.arch == HfArch::mixtral;
@@ -101,7 +102,7 @@ void moe_mlp(std::vector<HfMapping>& m, const HfModelShape& s, const std::string
     swiglu_mlp(m, mixtral ? SwigluNames{x + "w1.weight", x + "w3.weight", x + "w2.weight"} : llama_names(x),
                fmt::format("{}experts.{}", ours, e), C, F);
   }
-  if (mixtral) return;
+  if (mixtral || s.arch == HfArch::qwen3_moe) return;  // no shared expert
   // out = experts + sigmoid(shared_expert_gate x) * shared_expert(x): a zero gate halves it, so down_proj doubles.
   swiglu_mlp(m, llama_names(hf + "shared_expert."), ours + "shared_expert", C, Fs, 2.f);
   m.push_back({hf + "shared_expert_gate.weight",

@@ -25,11 +25,11 @@
 
 namespace mt {
 
-enum class HfArch { gpt, llama, mixtral, qwen2_moe, qwen2, qwen3 };
+enum class HfArch { gpt, llama, mixtral, qwen2_moe, qwen2, qwen3, qwen3_moe };
 template <>
 struct EnumNames<HfArch> {  // the model class, as config.json's "architectures" spells it
-  static constexpr std::array names{"GPT2LMHeadModel",     "LlamaForCausalLM", "MixtralForCausalLM",
-                                    "Qwen2MoeForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+  static constexpr std::array names{"GPT2LMHeadModel",  "LlamaForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
+                                    "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"};
 };
 
 // The mixture of experts of a Mixtral or Qwen2-MoE (model.moe; our config keys in comments). The router is always
@@ -71,7 +71,7 @@ const char* hf_class_name(HfArch a);  // as config.json's "architectures" spells
 // Whether the architecture computes Llama's attention and SwiGLU MLPs (all but gpt).
 inline bool llama_like(HfArch a) { return a != HfArch::gpt; }
 // Whether the family's MLPs are mixtures of experts (HfModelShape::moe describes them).
-inline bool has_experts(HfArch a) { return a == HfArch::mixtral || a == HfArch::qwen2_moe; }
+inline bool has_experts(HfArch a) { return a == HfArch::mixtral || a == HfArch::qwen2_moe || a == HfArch::qwen3_moe; }
 
 struct HfMapping {
   std::string hf_name;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tiny random transformers models and their losses, for the `megatrain ckpt import/export --format hf` checks.
 
-    hf_tiny_model.py make {gpt2|llama|qwen2|qwen3|mixtral|qwen2_moe} OUT [--tie] [--heads H] [--groups G]
+    hf_tiny_model.py make {gpt2|llama|qwen2|qwen3|mixtral|qwen2_moe|qwen3_moe} OUT [--tie] [--heads H] [--groups G]
                      [--vocab V] [--positions P] [--keep-gate] [--rope default|linear|llama3|yarn] [--head-dim D]
     hf_tiny_model.py loss MODEL_DIR DATA_PREFIX SEQ_LENGTH SAMPLES
     hf_tiny_model.py load-strict MODEL_DIR
@@ -69,6 +69,16 @@ def make(args):
                                           decoder_sparse_step=1, mlp_only_layers=[0], use_sliding_window=False,
                                           router_aux_loss_coef=0.01, **common)
         model = transformers.Qwen2MoeForCausalLM(cfg)
+    elif args.arch == "qwen3_moe":  # Qwen3's attention (head_dim 12), layer 0 dense, layer 1 4 experts top 2
+        cfg = transformers.Qwen3MoeConfig(hidden_size=args.hidden, intermediate_size=3 * args.hidden,
+                                          num_hidden_layers=2, num_attention_heads=args.heads,
+                                          num_key_value_heads=args.groups, head_dim=args.head_dim or 12,
+                                          max_position_embeddings=args.positions, rms_norm_eps=1e-5,
+                                          rope_parameters={"rope_theta": 5000.0, **ROPE[args.rope]},
+                                          num_experts=4, num_experts_per_tok=2, moe_intermediate_size=args.hidden // 2,
+                                          norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0],
+                                          use_sliding_window=False, router_aux_loss_coef=0.01, **common)
+        model = transformers.Qwen3MoeForCausalLM(cfg)
     elif args.arch == "qwen3":  # QK-norm, a head_dim apart from hidden / heads (--head-dim), full attention
         cfg = transformers.Qwen3Config(hidden_size=args.hidden, intermediate_size=3 * args.hidden, num_hidden_layers=2,
                                        num_attention_heads=args.heads, num_key_value_heads=args.groups,
@@ -130,7 +140,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make")
-    m.add_argument("arch", choices=["gpt2", "llama", "qwen2", "qwen3", "mixtral", "qwen2_moe"])
+    m.add_argument("arch", choices=["gpt2", "llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"])
     m.add_argument("out")
     m.add_argument("--tie", action="store_true")
     m.add_argument("--hidden", type=int, default=32)
