@@ -148,5 +148,40 @@ TEST_F(CudaOps, MoeMlpMatchesTheCpu) {
   }
 }
 
+// Today's Hub attention on the GPU follows the CPU through a whole model: QK-norm (Qwen3's), a head width of its own
+// (6 on a hidden size of 16 with 4 heads), llama3 and yarn rotary scaling: the loss and every parameter's gradient
+// (the q and k norms' included).
+TEST_F(CudaOps, QwenAttentionWithScaledRotaryMatchesTheCpu) {
+#if defined(MEGATRAIN_WITH_CUDA)
+  for (RopeScalingType type : {RopeScalingType::llama3, RopeScalingType::yarn}) {
+    ModelConfig cfg = testing_util::tiny_llama(2, false, 5000);
+    cfg.qk_norm = true;
+    cfg.head_dim = 6;
+    cfg.dropout = cfg.attention_dropout = 0.f;
+    cfg.rope_scaling = {.type = type, .factor = 4, .original_max_position_embeddings = 4};
+    GptModel cpu(cfg, {.dtype = DType::f32, .device = Device::cpu, .seed = 7}),
+        gpu(cfg, {.dtype = DType::f32, .device = Device::cuda, .seed = 7});
+    const int64_t B = 2, T = cfg.seq_length;
+    const std::vector<int32_t> ids = rand_ids(B * T, 1400, 0, 40), next = rand_ids(B * T, 1401, 0, 40);
+    const Tensor tokens = Tensor::from_ints(ids, {B, T}), targets = Tensor::from_ints(next, {B, T});
+    float lc = 0, lg = 0;
+    cpu.forward_stage(Tensor(), tokens, targets, 0, {.sample_offset = 0, .training = true}, &lc);
+    gpu.forward_stage(Tensor(), tokens.to(Device::cuda), targets.to(Device::cuda), 0,
+                      {.sample_offset = 0, .training = true}, &lg);
+    EXPECT_NEAR(lg, lc, 1e-5 * std::abs(lc)) << name_of(type);
+    cpu.backward(0, 1.f);
+    gpu.backward(0, 1.f);
+    const auto pc = cpu.parameters(), pg = gpu.parameters();
+    ASSERT_EQ(pc.size(), pg.size());
+    bool saw_qk_norm = false;
+    for (size_t i = 0; i < pc.size(); ++i) {
+      saw_qk_norm |= pc[i]->name.find("q_norm") != std::string::npos;
+      EXPECT_LE(rel_err(values(pg[i]->grad), values(pc[i]->grad)), 1e-4) << pc[i]->name << ", " << name_of(type);
+    }
+    EXPECT_TRUE(saw_qk_norm);
+  }
+#endif
+}
+
 }  // namespace
 }  // namespace mt
