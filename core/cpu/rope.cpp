@@ -26,9 +26,9 @@ void rope_(Tensor& qkv, const RopeOptions& opt) {
     const float p = static_cast<float>(position_at(opt, t));
     for (int64_t i = 0; i < half; ++i) {
       const double a = static_cast<double>(p * inv_freq[i]);
-      const float c = static_cast<float>(std::cos(a)), s = static_cast<float>(std::sin(a));
-      cos_t[t * half + i] = scale == 1.f ? c : c * scale;
-      sin_t[t * half + i] = (opt.inverse ? -s : s) * (scale == 1.f ? 1.f : scale);
+      const float s = static_cast<float>(std::sin(a));
+      cos_t[t * half + i] = static_cast<float>(std::cos(a)) * scale;  // exact for the plain factor 1
+      sin_t[t * half + i] = (opt.inverse ? -s : s) * scale;
     }
   }
 

@@ -42,8 +42,8 @@ __global__ void rope_table_kernel(InvFreq inv_freq, float* cos_t, float* sin_t, 
   double s, c;
   sincos(a, &s, &c);
   const float cf = static_cast<float>(c), sf = static_cast<float>(s);
-  cos_t[k] = scale == 1.f ? cf : __fmul_rn(cf, scale);  // yarn's attention factor, as the CPU's fp32 product
-  sin_t[k] = scale == 1.f ? (inverse ? -sf : sf) : __fmul_rn(inverse ? -sf : sf, scale);
+  cos_t[k] = __fmul_rn(cf, scale);  // yarn's attention factor, as the CPU's fp32 product (exact for 1)
+  sin_t[k] = __fmul_rn(inverse ? -sf : sf, scale);
 }
 
 // One thread per rotated pair: n = B * T * G * (R + 1) * half pairs, pair index ((btg * (R + 1) + slot) * half + i).
