@@ -54,14 +54,19 @@ RopeOptions SelfAttention::rope_options(bool inverse, int64_t T, const StepConte
   // Attention sees whole local sequences (sequence parallelism gathers them first): positions start at 0, or with
   // context parallelism at this rank's chunks.
   const SequencePositions p = opt_.cp.positions(T, 0, T);
+  RopeOptions o = rope_frequency_options();
+  o.position_offset = p.position_offset;
+  o.inverse = inverse;
+  o.split_at = p.split_at;
+  o.split_position = p.split_position;
+  o.positions = ctx.positions;
+  return o;
+}
+
+RopeOptions SelfAttention::rope_frequency_options() const {
   return {.theta = static_cast<float>(cfg_.rotary_base),
           .inv_freq = rope_freqs_.inv_freq,
-          .attention_factor = rope_freqs_.attention_factor,
-          .position_offset = p.position_offset,
-          .inverse = inverse,
-          .split_at = p.split_at,
-          .split_position = p.split_position,
-          .positions = ctx.positions};
+          .attention_factor = rope_freqs_.attention_factor};
 }
 
 void SelfAttention::attend(Saved& s, const StepContext& ctx) const {
@@ -130,10 +135,9 @@ Tensor SelfAttention::decode(const Tensor& x, PartState& cache, const DecodeStep
   }
   if (rotary_) {  // the fed tokens' queries and keys at their absolute positions
     Tensor q5 = qkv.view({1, n, G, H / G + 2, D});
-    rope_(q5, {.theta = static_cast<float>(cfg_.rotary_base),
-               .inv_freq = rope_freqs_.inv_freq,
-               .attention_factor = rope_freqs_.attention_factor,
-               .position_offset = step.position});
+    RopeOptions o = rope_frequency_options();
+    o.position_offset = step.position;
+    rope_(q5, o);
   }
   const Tensor att = cached_attention(qkv, c, step);  // (n, H D)
   return linears_.row.forward(att, 1);

@@ -51,6 +51,8 @@ class SelfAttention final : public BlockPart {
   AttentionOptions attention_options(const StepContext& ctx) const;
   // The rotary embeddings' options (inverse: their backward) over a local sequence of T tokens.
   RopeOptions rope_options(bool inverse, int64_t T, const StepContext& ctx) const;
+  // What every rotation of this part shares: its frequencies (rope_freqs_), positions left to the caller.
+  RopeOptions rope_frequency_options() const;
   // s.att and s.att_lse from s.qkv: the local sequence's attention, or with context parallelism the ring's.
   void attend(Saved& s, const StepContext& ctx) const;
   // The attention output (n, H D) of the fed tokens from their (rotated) qkv (n, G, R + 2, D), caching their keys

@@ -147,6 +147,8 @@ std::vector<std::string> model_shape_differences(const std::string& stored_yaml,
   }
   if (!stored.IsMap()) throw CheckpointError(fmt::format("{}: the stored config has no model section", dir));
   std::vector<std::string> out;
+  // A key that may be auto (0 in older checkpoints, or absent) is set when it holds a number of its own.
+  auto is_set = [](const YAML::Node& g) { return g.IsScalar() && g.Scalar() != "0" && g.Scalar() != "auto"; };
   for (const char* key :
        {"arch", "num_layers", "hidden_size", "num_heads", "ffn_hidden_size", "max_position_embeddings", "vocab_size",
         "tie_embeddings", "num_query_groups", "head_dim", "rotary_base", "qkv_bias", "qk_norm"}) {
@@ -160,10 +162,9 @@ std::vector<std::string> model_shape_differences(const std::string& stored_yaml,
       if (!b.IsDefined()) b = YAML::Node("false");
     }
     if (k == "head_dim") {  // auto is the quotient (whose keys are compared already); a key since Qwen3
-      auto set = [](const YAML::Node& g) { return g.IsScalar() && g.Scalar() != "auto" && g.Scalar() != "0"; };
-      if (!set(a) && !set(b)) continue;
+      if (!is_set(a) && !is_set(b)) continue;
       auto width = [&](const YAML::Node& model, const YAML::Node& given) -> std::string {
-        if (set(given)) return given.Scalar();
+        if (is_set(given)) return given.Scalar();
         try {
           return std::to_string(model["hidden_size"].as<int64_t>() / model["num_heads"].as<int64_t>());
         } catch (const YAML::Exception&) {
@@ -174,8 +175,7 @@ std::vector<std::string> model_shape_differences(const std::string& stored_yaml,
       if (old_w != new_w) out.push_back(fmt::format("model.head_dim: {} -> {}", old_w, new_w));
       continue;
     }
-    if (std::string_view(key) == "num_query_groups") {
-      auto is_set = [](const YAML::Node& g) { return g.IsScalar() && g.Scalar() != "0" && g.Scalar() != "auto"; };
+    if (k == "num_query_groups") {
       if (!is_set(a) && !is_set(b)) continue;  // one key/value head per query head on both sides
       if (!is_set(a)) a = stored["num_heads"];
       if (!is_set(b)) b = run["num_heads"];

@@ -144,18 +144,20 @@ HfModelShape hf_export_shape(const CheckpointReader& ckpt) {
     if (!t)
       throw CheckpointError(
           fmt::format("{}: model.rope_scaling.type {} is none of none, linear, llama3, yarn", where, type));
+    const RopeScaling d;  // a key left out holds model.rope_scaling's default
     RopeScaling& rs = g.rope_scaling;
     rs.type = *t;
-    rs.factor = r.get<double>("factor", 1.0);
-    rs.low_freq_factor = r.get<double>("low_freq_factor", 1.0);
-    rs.high_freq_factor = r.get<double>("high_freq_factor", 4.0);
-    rs.original_max_position_embeddings = r.get<int64_t>("original_max_position_embeddings", int64_t{0});
-    rs.attention_factor = r.get<double>("attention_factor", 0.0);
-    rs.beta_fast = r.get<double>("beta_fast", 32.0);
-    rs.beta_slow = r.get<double>("beta_slow", 1.0);
-    rs.mscale = r.get<double>("mscale", 0.0);
-    rs.mscale_all_dim = r.get<double>("mscale_all_dim", 0.0);
-    rs.truncate = r.get<bool>("truncate", true);
+    rs.factor = r.get<double>("factor", d.factor);
+    rs.low_freq_factor = r.get<double>("low_freq_factor", d.low_freq_factor);
+    rs.high_freq_factor = r.get<double>("high_freq_factor", d.high_freq_factor);
+    rs.original_max_position_embeddings =
+        r.get<int64_t>("original_max_position_embeddings", d.original_max_position_embeddings);
+    rs.attention_factor = r.get<double>("attention_factor", d.attention_factor);
+    rs.beta_fast = r.get<double>("beta_fast", d.beta_fast);
+    rs.beta_slow = r.get<double>("beta_slow", d.beta_slow);
+    rs.mscale = r.get<double>("mscale", d.mscale);
+    rs.mscale_all_dim = r.get<double>("mscale_all_dim", d.mscale_all_dim);
+    rs.truncate = r.get<bool>("truncate", d.truncate);
   }
   if (const YAML::Node moe = model["moe"];
       moe && moe.IsMap() && ModelKeys{moe, where, "model.moe"}.get<int64_t>("num_experts", 0) > 0)

@@ -68,8 +68,8 @@ Communicator& MeshGroups::operator()(Dims dims, GroupUse use) const {
 }
 
 std::unique_ptr<Communicator> MeshGroups::take(Dims dims, GroupUse use) {
-  (*this)(dims, use);  // throws when none was made
-  auto it = groups_.find(key(dims, use));
+  const auto it = groups_.find(key(dims, use));
+  if (it == groups_.end()) (*this)(dims, use);  // throws, naming the group
   std::unique_ptr<Communicator> c = std::move(it->second);
   groups_.erase(it);
   return c;

@@ -6,6 +6,7 @@
 # Needs the interop Python (torch, transformers: scripts/python-env.sh); exits 77 (skipped), saying so, without it.
 source "$(dirname "$0")/lib/common.bash"
 require_interop_python torch transformers
+source "$SRC/tests/e2e/lib/hf_family.bash"
 prepare_data
 write_config
 write_llama_config
@@ -20,23 +21,8 @@ check() {
   "$MT" --config "$config" --set training.global_batch_size=16 --set checkpoint.save_dir=ckpt "$@" >train.log 2>&1 ||
     { tail train.log >&2; fail "$label: training failed"; }
   "$MT" ckpt export ckpt --format hf --output hf >/dev/null
-  local prompts=("Permission is hereby granted to " "The GNU General Public License " "x") all="" i
-  for prompt in "${prompts[@]}"; do  # the byte tokenizer's ids, the prompts comma-separated
-    all+="${all:+,}$(printf '%s' "$prompt" | od -An -tu1 -v | xargs)"
-  done
-  # transformers once for the three prompts (a line each): loading torch is most of its time.
-  mapfile -t theirs < <("$PY" "$SRC/tests/interop/hf_greedy_generate.py" "$PWD/hf" "$all" 20 2>py.err ||
-                        echo "FAILED")
-  [ ${#theirs[@]} -eq ${#prompts[@]} ] && [ "${theirs[-1]}" != FAILED ] ||
-    { cat py.err >&2; fail "$label: transformers failed"; }
-  for i in "${!prompts[@]}"; do
-    ours=$("$MT" generate --load ckpt --prompt "${prompts[$i]}" --greedy --max-new-tokens 20 --ids --device cpu \
-           2>gen.err) || { cat gen.err >&2; fail "$label: megatrain generate failed"; }
-    echo "$label prompt='${prompts[$i]}'"
-    echo "  megatrain:    $ours"
-    echo "  transformers: ${theirs[$i]}"
-    [ -n "$ours" ] && [ "$ours" = "${theirs[$i]}" ] || fail "$label: greedy continuations differ"
-  done
+  echo "$label:"
+  check_greedy ckpt hf "Permission is hereby granted to " "The GNU General Public License " "x"
 }
 
 # Trained enough that the greedy text is more than spaces (see generate.sh).

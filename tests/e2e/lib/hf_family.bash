@@ -59,22 +59,27 @@ check_export() {
   close "export $2 (megatrain eval vs transformers)" "$ours" "$theirs"
 }
 
-# check_greedy CKPT HF_DIR: greedy `generate` of 20 tokens from CKPT equals transformers' generate on its export
-# HF_DIR, on 5 prompts.
+# check_greedy CKPT HF_DIR [PROMPT...]: greedy `generate` of 20 tokens from CKPT equals transformers' generate on its
+# export HF_DIR, on the prompts (byte tokens; 5 of the license texts' kind by default). transformers runs once for
+# all of them (loading torch is most of its time).
 check_greedy() {
-  local prompts=("Permission is hereby granted " "The GNU General Public License " "x" "0123" "Copyright (C) ")
+  local ckpt=$1 hf=$2
+  shift 2
+  local prompts=("$@")
+  [ ${#prompts[@]} -gt 0 ] ||
+    prompts=("Permission is hereby granted " "The GNU General Public License " "x" "0123" "Copyright (C) ")
   local all="" i ours
   for prompt in "${prompts[@]}"; do all+="${all:+,}$(printf '%s' "$prompt" | od -An -tu1 -v | xargs)"; done
   local theirs
-  mapfile -t theirs < <("$PY" "$SRC/tests/interop/hf_greedy_generate.py" "$PWD/$2" "$all" 20 2>py.err || echo FAILED)
+  mapfile -t theirs < <("$PY" "$SRC/tests/interop/hf_greedy_generate.py" "$PWD/$hf" "$all" 20 2>py.err || echo FAILED)
   [ ${#theirs[@]} -eq ${#prompts[@]} ] && [ "${theirs[-1]}" != FAILED ] || { cat py.err >&2; fail "transformers failed"; }
   for i in "${!prompts[@]}"; do
-    ours=$("$MT" generate --load "$1" --prompt "${prompts[$i]}" --greedy --max-new-tokens 20 --ids --device cpu \
+    ours=$("$MT" generate --load "$ckpt" --prompt "${prompts[$i]}" --greedy --max-new-tokens 20 --ids --device cpu \
            2>gen.err) || { cat gen.err >&2; fail "megatrain generate failed"; }
     [ -n "$ours" ] && [ "$ours" = "${theirs[$i]}" ] ||
-      fail "$1, prompt '${prompts[$i]}': greedy continuations differ: megatrain '$ours', transformers '${theirs[$i]}'"
+      fail "$ckpt, prompt '${prompts[$i]}': greedy continuations differ: megatrain '$ours', transformers '${theirs[$i]}'"
   done
-  echo "greedy generate from $1: ${#prompts[@]} prompts x 20 tokens identical to transformers"
+  echo "greedy generate from $ckpt: ${#prompts[@]} prompts x 20 tokens identical to transformers"
 }
 
 # edit_config HF_DIR PYTHON: runs PYTHON with `c`, HF_DIR/config.json's object, and writes c back.
