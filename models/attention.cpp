@@ -21,7 +21,8 @@ struct SelfAttention::Cache : PartSaved {
 };
 
 SelfAttention::SelfAttention(const LayerSpec& spec, const ModelConfig& cfg, const PartOptions& opt)
-    : cfg_(cfg), opt_(opt), rotary_(spec.position == PositionKind::rotary), qk_norm_(spec.qk_norm) {
+    : cfg_(cfg), opt_(opt), rotary_(spec.position == PositionKind::rotary), qk_norm_(spec.qk_norm),
+      window_(spec.window) {
   const int64_t C = cfg.hidden_size, H = cfg.num_heads, G = cfg.kv_heads(), D = cfg.head_dim;
   heads_ = opt.tp.count(H);
   groups_ = opt.tp.count(G);
@@ -47,7 +48,8 @@ AttentionOptions SelfAttention::attention_options(const StepContext& ctx) const 
           .site = site_probs_,
           .sample_offset = ctx.sample_offset,
           .head_offset = opt_.tp.begin(cfg_.num_heads),
-          .positions = ctx.positions};
+          .positions = ctx.positions,
+          .window = window_};
 }
 
 RopeOptions SelfAttention::rope_options(bool inverse, int64_t T, const StepContext& ctx) const {
@@ -160,11 +162,12 @@ Tensor SelfAttention::cached_attention(const Tensor& qkv, Cache& cache, const De
   if (L == 0) {  // a prefill: the training forward's causal attention op, on the device
     Tensor att = Tensor::empty({1, n, HD}, dtype, device);
     Tensor lse = Tensor::empty({1, H, n}, DType::f32, device);
-    attention_forward(qkv.view({1, n, G, R + 2, D}), att, lse, {.causal = true});
+    attention_forward(qkv.view({1, n, G, R + 2, D}), att, lse, {.causal = true, .window = window_});
     return att.view({n, HD});
   }
 
-  // Decode: query t (position L + t) attends to keys [0, L + t], softmax in fp32 as attention_forward's.
+  // Decode: query t (position L + t) attends to keys [first, L + t] (first 0, or the window's start), softmax in
+  // fp32 as attention_forward's.
   // Query head h = g*R + r reads group g's keys and values.
   const float scale = 1.f / std::sqrt(static_cast<float>(D));
   std::vector<float> out(static_cast<size_t>(n * HD), 0.f), p(static_cast<size_t>(L + n));  // (n, H, D), (L + n)
@@ -172,9 +175,9 @@ Tensor SelfAttention::cached_attention(const Tensor& qkv, Cache& cache, const De
     for (int64_t h = 0; h < H; ++h) {
       const int64_t g = h / R;
       const float* q = slot(t, g, h % R);
-      const int64_t len = L + t + 1;
+      const int64_t len = L + t + 1, first = attention_first_key(L + t, L + t, window_);
       float m = -INFINITY;
-      for (int64_t j = 0; j < len; ++j) {
+      for (int64_t j = first; j < len; ++j) {
         const float* k = cache.k.data() + (j * G + g) * D;
         float s = 0.f;
         for (int64_t d = 0; d < D; ++d) s += q[d] * k[d];
@@ -182,10 +185,10 @@ Tensor SelfAttention::cached_attention(const Tensor& qkv, Cache& cache, const De
         m = std::max(m, p[j]);
       }
       double sum = 0;
-      for (int64_t j = 0; j < len; ++j) sum += std::exp(static_cast<double>(p[j] - m));
+      for (int64_t j = first; j < len; ++j) sum += std::exp(static_cast<double>(p[j] - m));
       const float inv = static_cast<float>(1.0 / sum);
       float* o = out.data() + (t * H + h) * D;
-      for (int64_t j = 0; j < len; ++j) {
+      for (int64_t j = first; j < len; ++j) {
         const float pj = std::exp(p[j] - m) * inv;
         const float* v = cache.v.data() + (j * G + g) * D;
         for (int64_t d = 0; d < D; ++d) o[d] += pj * v[d];

@@ -1,7 +1,7 @@
 // attention.h: the self-attention part of a layer (models/block_part.h):
 //
 //   x (normalized) -> qkv (column-parallel) -> [QK-norm of each q and k head] -> [rotary embeddings on q and k]
-//   -> causal attention -> proj (row-parallel)
+//   -> causal attention (within spec.window's sliding window) -> proj (row-parallel)
 //
 // Multi-head and grouped-query attention alike: QKV holds this rank's query groups, per group
 // [R queries | key | value] of head_dim each (LLAMA.md; GPT: one query per group), so a column block of the
@@ -14,7 +14,8 @@
 // Generation (decode): the fed tokens' keys and values join a cache of capacity x G x D per layer for each, in f32
 // on the host (holding the compute dtype's values exactly). A feed from position 0 runs the training forward's
 // causal attention op on the device; a feed after cached tokens runs a small attention on the host over the cache
-// (query head h = g*R + r reads group g's keys and values; softmax in fp32 as attention_forward's), its output
+// (query head h = g*R + r reads group g's keys and values, the window's last ones; softmax in fp32 as
+// attention_forward's), its output
 // rounded once to the compute dtype. On a GPU this copies the fed tokens' qkv to the host and the attention output
 // back; the GEMMs stay on the device. attention_forward cannot take a query shorter than its keys, hence this path.
 #pragma once
@@ -63,6 +64,7 @@ class SelfAttention final : public BlockPart {
   PartOptions opt_;
   bool rotary_;
   bool qk_norm_;
+  int64_t window_;              // the sliding window (0: none)
   QkNorm qk_;                   // with qk_norm_
   RopeFrequencies rope_freqs_;  // (D/2) and yarn's factor, when rotary_
   int64_t heads_;               // this rank's query heads

@@ -322,9 +322,10 @@ double model_flops_per_iteration(const ModelConfig& cfg, int64_t tokens) {
                                             mlp(static_cast<double>(moe.shared_expert_ffn_hidden_size)) +
                                             2.0 * C * static_cast<double>(moe.num_experts)
                                       : mlp(F));
-  // Causal attention 2SQ: the scores and the weighted values, 2SQ each over all S keys, halved by the mask.
-  // Plus 2CV for the logits. Backward costs twice the forward.
-  const double per_token = linear + L * 2.0 * S * Q + 2.0 * C * V;
+  // Causal attention 2SQ: the scores and the weighted values, 2SQ each over all S keys, halved by the mask (a
+  // sliding window's layers fewer: ModelConfig::attention_work_fraction). Plus 2CV for the logits. Backward costs
+  // twice the forward.
+  const double per_token = linear + L * 2.0 * S * Q * cfg.attention_work_fraction() + 2.0 * C * V;
   return 3.0 * per_token * static_cast<double>(tokens);
 }
 }  // namespace mt

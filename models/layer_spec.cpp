@@ -14,6 +14,7 @@ LayerSpec LayerSpec::of(const ModelConfig& cfg, int64_t layer) {
   s.bias = !llama;
   s.qkv_bias = s.bias || cfg.qkv_bias;
   s.qk_norm = cfg.qk_norm;
+  s.window = cfg.window_of(layer);
   s.mlp = cfg.moe.is_moe_layer(layer) ? MlpKind::moe : llama ? MlpKind::swiglu : MlpKind::gelu;
   return s;
 }

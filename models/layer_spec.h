@@ -21,6 +21,7 @@ struct LayerSpec {
   bool bias = true;      // the attention's and a dense MLP's linears
   bool qkv_bias = true;  // the query, key and value projection (with `bias`, or alone: Qwen2's)
   bool qk_norm = false;  // each query and key head RMS-normalized before the rotary embeddings (Qwen3's)
+  int64_t window = 0;    // > 0: sliding-window attention over the last this many tokens (Mistral's); 0: causal
   MlpKind mlp = MlpKind::gelu;
   // Layer `layer` of the model `cfg`.
   static LayerSpec of(const ModelConfig& cfg, int64_t layer);

@@ -31,6 +31,7 @@ ModelShapes model_shapes(const ModelConfig& m, int64_t tp, int64_t ep, int64_t e
                 .gelu_epilogue = !llama,
                 .rotary = llama,
                 .qk_norm = m.qk_norm,
+                .attention_work = m.attention_work_fraction(),
                 .tie_embeddings = m.tie_embeddings};
   const MoeConfig& e = m.moe;
   if (e.enabled()) {

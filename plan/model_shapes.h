@@ -63,6 +63,7 @@ struct ModelShapes {
   bool gelu_epilogue = true;  // GPT: GELU on fc1's epilogue, the pre-activation kept; Llama: a separate SwiGLU
   bool rotary = false;        // Llama: rotary embeddings on q and k (in place), and their inverse on dq, dk
   bool qk_norm = false;       // Qwen3: q and k heads RMS-normalized, through slot-major copies of qkv
+  double attention_work = 1;  // sliding windows: the attention's work against causal attention's, over the layers
   bool tie_embeddings = true;
   MoeShapes moe;                 // the MoE layers' MLP (moe.E == 0: a dense model)
   std::vector<bool> moe_layers;  // (num_layers) whether each layer is MoE; empty for a dense model

@@ -105,8 +105,9 @@ class Costs {
   // back; with parallel folding the share's gather and its scatter back among zeros.
   Parts moe_forward() const;
   // Causal attention of this rank's B T queries over the whole sequence, 2 B H T^2 D at cp 1: with context
-  // parallelism a rank's two chunks hold 1/cp of the causal work (parallel/layers/context_parallel.h).
-  double attention_flops() const { return 2 * s.B * s.m.Ht * s.T * (s.T * s.cp) * s.m.D; }
+  // parallelism a rank's two chunks hold 1/cp of the causal work (parallel/layers/context_parallel.h); sliding
+  // windows' layers less (ModelShapes::attention_work).
+  double attention_flops() const { return 2 * s.B * s.m.Ht * s.T * (s.T * s.cp) * s.m.D * s.m.attention_work; }
   // parallel/layers/context_parallel.cpp: the (B, T, Gt, 2, D) key/value block of a rank in the compute dtype.
   double kv_bytes() const { return s.B * s.T * s.m.Gt * 2 * s.m.D * s.d; }
   // context_attention_forward's exposed transfers: the ring's cp - 1 blocks, each sent while the block before is

@@ -198,10 +198,10 @@ void add_ckpt_commands(CLI::App& root) {
   ins->callback([ia] { inspect(ia->dir, ia->verify); });
 
   auto ea = std::make_shared<ExportArgs>();
-  CLI::App* exp = ckpt->add_subcommand(
-      "export",
-      "Export a checkpoint for Hugging Face transformers (GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM "
-      "or Qwen2MoeForCausalLM)");
+  CLI::App* exp = ckpt->add_subcommand("export",
+                                       "Export a checkpoint for Hugging Face transformers (GPT2LMHeadModel, "
+                                       "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                                       "MixtralForCausalLM, Qwen2MoeForCausalLM or Qwen3MoeForCausalLM)");
   exp->add_option("dir", ea->dir, "Checkpoint directory, or a save directory with a `latest` marker")->required();
   exp->add_option("--format", ea->format, "Export format")->check(CLI::IsMember({"hf"}))->capture_default_str();
   exp->add_option("--output,-o", ea->output, "Output directory (model.safetensors, config.json)")->required();

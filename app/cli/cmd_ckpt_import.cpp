@@ -1,5 +1,5 @@
-// cmd_ckpt_import.cpp: `megatrain ckpt import HF_DIR --format hf --output OUT_DIR`: a transformers
-// GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM or Qwen2MoeForCausalLM becomes a committed checkpoint at
+// cmd_ckpt_import.cpp: `megatrain ckpt import HF_DIR --format hf --output OUT_DIR`: a transformers model of a
+// family hf_import.h names (GPT-2, Llama, Mistral, Qwen2/3, Mixtral, Qwen2/3-MoE) becomes a committed checkpoint at
 // iteration 0 (fp32 masters, zero Adam moments, no optimizer steps) that `megatrain train` with checkpoint.load:
 // OUT_DIR continues in any layout, and that `megatrain eval` / `generate` read directly.
 #include <cstdio>
@@ -163,10 +163,11 @@ void import_into(const ImportArgs& a) {
 
 void add_ckpt_import_command(CLI::App& ckpt) {
   auto a = std::make_shared<ImportArgs>();
-  CLI::App* imp = ckpt.add_subcommand(
-      "import",
-      "Import a Hugging Face transformers model (GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM or "
-      "Qwen2MoeForCausalLM) as a checkpoint");
+  CLI::App* imp =
+      ckpt.add_subcommand("import",
+                          "Import a Hugging Face transformers model (GPT2LMHeadModel, LlamaForCausalLM, "
+                          "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                          "MixtralForCausalLM, Qwen2MoeForCausalLM or Qwen3MoeForCausalLM) as a checkpoint");
   imp->add_option("dir", a->dir, "Model directory: config.json and model.safetensors (or its sharded index)")
       ->required();
   imp->add_option("--format", a->format, "Import format")->check(CLI::IsMember({"hf"}))->capture_default_str();

@@ -29,6 +29,13 @@ std::string human_count(int64_t n) {
   return fmt::format("{}", n);
 }
 
+// ", sliding window W" (with the full-attention layers' count when there are some), or "".
+std::string sliding_window_note(const ModelConfig& m) {
+  if (m.sliding_window == 0) return "";
+  return m.full_attention_layers == 0
+             ? fmt::format(", sliding window {}", m.sliding_window)
+             : fmt::format(", sliding window {} past the first {} layers", m.sliding_window, m.full_attention_layers);
+}
 }  // namespace
 
 void Trainer::log_run() {
@@ -40,7 +47,7 @@ void Trainer::log_run() {
   const std::string heads = (m.kv_heads() == m.num_heads
                                  ? fmt::format("{} heads{}", m.num_heads, width)
                                  : fmt::format("{} heads{} in {} key/value groups", m.num_heads, width, m.kv_heads())) +
-                            (m.qk_norm ? ", QK-norm" : "");
+                            (m.qk_norm ? ", QK-norm" : "") + sliding_window_note(m);
   const int64_t total = total_parameters();  // a collective: every rank logs nothing more but takes part
   // "this rank holds" only when the model is split over ranks (with one rank it would repeat the total).
   const std::string share = num_parameters() == total ? "" : fmt::format("; this rank holds {}", num_parameters());

@@ -64,16 +64,20 @@ struct ModelConfig {
   int64_t max_position_embeddings = 0;  // 0: seq_length; >= seq_length
   int64_t vocab_size = 0;               // required (257 for the byte tokenizer); auto: data.train[0]'s tokenizer
   int64_t make_vocab_size_divisible_by = 128;
-  bool tie_embeddings = true;      // default false for llama
-  float dropout = 0.1f;            // hidden dropout (after attention proj and fc2, and on the embeddings)
-  float attention_dropout = 0.1f;  // on the attention probabilities
-  float layernorm_eps = 1e-5f;     // the epsilon of LayerNorm (gpt) or RMSNorm (llama)
-  double rotary_base = 10000;      // llama: the rotary embeddings' theta (HF's rope_theta)
-  bool qkv_bias = false;           // llama: biases on the query, key and value projections (Qwen2's; Megatron's
-                                   // add_qkv_bias); gpt has biases on every linear
-  RopeScaling rope_scaling;        // llama: the rotary embeddings scaled for a longer context (Llama 3.1's llama3)
-  bool qk_norm = false;            // llama: each query and key head RMS-normalized before the rotary embeddings
-                                   // (Qwen3's q_norm / k_norm, a weight (head_dim) each)
+  bool tie_embeddings = true;         // default false for llama
+  float dropout = 0.1f;               // hidden dropout (after attention proj and fc2, and on the embeddings)
+  float attention_dropout = 0.1f;     // on the attention probabilities
+  float layernorm_eps = 1e-5f;        // the epsilon of LayerNorm (gpt) or RMSNorm (llama)
+  double rotary_base = 10000;         // llama: the rotary embeddings' theta (HF's rope_theta)
+  bool qkv_bias = false;              // llama: biases on the query, key and value projections (Qwen2's; Megatron's
+                                      // add_qkv_bias); gpt has biases on every linear
+  RopeScaling rope_scaling;           // llama: the rotary embeddings scaled for a longer context (Llama 3.1's llama3)
+  bool qk_norm = false;               // llama: each query and key head RMS-normalized before the rotary embeddings
+                                      // (Qwen3's q_norm / k_norm, a weight (head_dim) each)
+  int64_t sliding_window = 0;         // > 0: each query sees only its last this many tokens, itself included
+                                      // (Mistral's, Qwen2's sliding layers); 0: every earlier token
+  int64_t full_attention_layers = 0;  // with sliding_window: the first this many layers see every earlier token
+                                      // (Qwen2's max_window_layers); the window is the later layers'
   float init_std = 0.02f;
   MoeConfig moe;
   // derived
@@ -81,6 +85,17 @@ struct ModelConfig {
 
   // Key/value heads: num_query_groups, or num_heads when it is 0.
   int64_t kv_heads() const { return num_query_groups > 0 ? num_query_groups : num_heads; }
+  // The sliding window of layer `layer` (global index): sliding_window past the full-attention layers, else 0.
+  int64_t window_of(int64_t layer) const { return layer >= full_attention_layers ? sliding_window : 0; }
+  // The attention's work over the layers against causal attention's (1 without a window): a query sees about
+  // seq_length / 2 keys causally, W - W^2 / (2 seq_length) in a window W < seq_length (the first W rows see fewer).
+  double attention_work_fraction() const {
+    if (sliding_window == 0 || sliding_window >= seq_length || num_layers == 0) return 1.0;
+    const double S = static_cast<double>(seq_length), W = static_cast<double>(sliding_window);
+    const double windowed = static_cast<double>(num_layers - full_attention_layers);
+    const double band = (W - W * W / (2 * S)) / (S / 2);
+    return (static_cast<double>(full_attention_layers) + windowed * band) / static_cast<double>(num_layers);
+  }
 
   bool operator==(const ModelConfig&) const = default;
 };

@@ -53,6 +53,11 @@ void visit(V& v, C& c) {
     v.field({.name = "rotary_base"}, m.rotary_base);
     v.field({.name = "qkv_bias"}, m.qkv_bias);
     v.field({.name = "qk_norm"}, m.qk_norm);
+    v.field({.name = "sliding_window"}, m.sliding_window);
+    v.field({.name = "full_attention_layers",
+             .inert = m.sliding_window == 0 ? "model.sliding_window is 0 (every layer attends to every earlier token)"
+                                            : nullptr},
+            m.full_attention_layers);
     v.section("rope_scaling", [&] {
       auto& rs = m.rope_scaling;
       v.field({.name = "type"}, rs.type);

@@ -70,6 +70,11 @@ void resolve_model(ModelConfig& m, const Rules& r) {
   if (!llama && m.qkv_bias)
     r.fail("model.qkv_bias", "true with model.arch: gpt, whose linears all have biases: the key is for llama");
   if (!llama && m.qk_norm) r.fail("model.qk_norm", "true with model.arch: gpt: QK-norm is llama's (Qwen3's)");
+  r.non_negative("model.sliding_window", m.sliding_window);
+  r.non_negative("model.full_attention_layers", m.full_attention_layers);
+  if (m.full_attention_layers > m.num_layers)
+    r.fail("model.full_attention_layers",
+           fmt::format("{} is more than model.num_layers={}", m.full_attention_layers, m.num_layers));
   r.positive("model.rotary_base", m.rotary_base);
   r.at_most("model.rotary_base", m.rotary_base, std::numeric_limits<float>::max(),
             "float: the rotary embeddings compute in it");

@@ -16,8 +16,8 @@
 // same arithmetic as before grouping). The backward computes each head's dK and dV as above and sums them
 // over the group in fp32 in the order r = 0..R-1 (the first head's copied, not added to zeros), storing once.
 //
-// Packed documents (AttentionOptions::positions): query i of sample b sees keys [lo_i, i], lo_i = i - positions[b, i],
-// the start of its document. The blocks stay as they are; a row's softmax, dropout and gradients run over
+// Packed documents (AttentionOptions::positions) and the sliding window: query i of sample b sees keys [lo_i, i], lo_i
+// the later of its document's start i - positions[b, i] and its window's i - window + 1. The blocks stay as they are; a row's softmax, dropout and gradients run over
 // [lo_i, i] and its entries before lo_i are zeros, so lo_i = 0 is the same arithmetic as without positions.
 //
 // Layouts: tensor parallelism splits groups and each head is computed whole (all T positions; sequence
@@ -106,19 +106,19 @@ struct Head {
   const int64_t* first = nullptr;
 };
 
-// Per (b, i) the first key query i of sample b sees, from packed documents' positions (B * T; empty without them).
-// Throws std::invalid_argument for a position outside [0, i].
+// Per (b, i) the first key query i of sample b sees, from packed documents' positions and the sliding window
+// (B * T; empty with neither). Throws std::invalid_argument for a position outside [0, i].
 std::vector<int64_t> first_keys(const AttentionOptions& opt, int64_t B, int64_t T) {
-  if (!opt.positions.defined()) return {};
-  const int32_t* pos = opt.positions.data<int32_t>();
+  if (!opt.positions.defined() && opt.window == 0) return {};
+  const int32_t* pos = opt.positions.defined() ? opt.positions.data<int32_t>() : nullptr;
   std::vector<int64_t> first(static_cast<size_t>(B * T));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t i = 0; i < T; ++i) {
-      const int64_t p = pos[b * T + i];
+      const int64_t p = pos ? pos[b * T + i] : i;
       if (p < 0 || p > i)
         throw std::invalid_argument("attention: positions[" + std::to_string(b) + ", " + std::to_string(i) +
                                     "] = " + std::to_string(p) + " lies outside [0, " + std::to_string(i) + "]");
-      first[static_cast<size_t>(b * T + i)] = i - p;
+      first[static_cast<size_t>(b * T + i)] = attention_first_key(i, p, opt.window);
     }
   return first;
 }

@@ -58,23 +58,23 @@ std::vector<int64_t> positions(const SequencePositions& p, int64_t n) {
 }
 
 // The keys visible to a query at position qp: a 0/1 row over the block's keys.
-void visible_row(const std::vector<int64_t>& kpos, int64_t qp, bool causal, std::vector<char>& vis) {
-  for (size_t j = 0; j < kpos.size(); ++j) vis[j] = !causal || kpos[j] <= qp;
+void visible_row(const std::vector<int64_t>& kpos, int64_t qp, const AttentionBlockOptions& opt,
+                 std::vector<char>& vis) {
+  for (size_t j = 0; j < kpos.size(); ++j) vis[j] = attention_key_visible(qp, kpos[j], opt.causal, opt.window);
 }
 
-// The keys a row block [r0, r0 + rows) can see lie in [0, cols): past the last key at or before the block's latest
-// query position nothing is visible (a block's later keys, a later chunk's block, the masked half of a diagonal one
-// cost nothing). The per-key mask still decides inside [0, cols).
+// The keys a row block [r0, r0 + rows) can see lie in [0, cols): past the last key some row of the block sees nothing
+// is visible (a block's later keys, a later chunk's block, the masked half of a diagonal one, a block wholly before
+// the window cost nothing). The per-key mask still decides inside [0, cols).
 int64_t visible_cols(const std::vector<int64_t>& qpos, const std::vector<int64_t>& kpos, int64_t r0, int64_t rows,
-                     bool causal) {
+                     const AttentionBlockOptions& opt) {
   const int64_t Tk = static_cast<int64_t>(kpos.size());
-  if (!causal) return Tk;
-  int64_t qmax = qpos[static_cast<size_t>(r0)];
-  for (int64_t i = r0; i < r0 + rows; ++i) qmax = std::max(qmax, qpos[static_cast<size_t>(i)]);
-  int64_t cols = 0;
-  for (int64_t j = 0; j < Tk; ++j)
-    if (kpos[static_cast<size_t>(j)] <= qmax) cols = j + 1;
-  return cols;
+  if (!opt.causal) return Tk;
+  for (int64_t j = Tk - 1; j >= 0; --j)
+    for (int64_t i = r0; i < r0 + rows; ++i)
+      if (attention_key_visible(qpos[static_cast<size_t>(i)], kpos[static_cast<size_t>(j)], true, opt.window))
+        return j + 1;
+  return 0;
 }
 
 // z[j], j < cols: the dropout keep scale of the query at position qp against key j (position kpos[j]) of head h of
@@ -143,7 +143,7 @@ void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, T
         load_q(qkv, d, b, g, r, io);
         for (int64_t r0 = 0; r0 < T; r0 += kRowBlock) {
           const int64_t rows = std::min(kRowBlock, T - r0);
-          const int64_t cols = visible_cols(qpos, kpos, r0, rows, opt.causal);
+          const int64_t cols = visible_cols(qpos, kpos, r0, rows, opt);
           if (cols == 0) {  // no key of this block is visible to these rows
             for (int64_t i = r0; i < r0 + rows; ++i) {
               std::fill(o + d.out_at(b, i, h), o + d.out_at(b, i, h) + D, 0.f);
@@ -154,7 +154,7 @@ void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, T
           sgemm(false, true, rows, cols, D, scale, io.q.data() + r0 * D, D, io.k.data(), D, 0.f, s.data(), Tk);
           for (int64_t i = r0; i < r0 + rows; ++i) {
             float* row = s.data() + (i - r0) * Tk;
-            visible_row(kpos, qpos[static_cast<size_t>(i)], opt.causal, vis);
+            visible_row(kpos, qpos[static_cast<size_t>(i)], opt, vis);
             float m = kNegInf;
             for (int64_t j = 0; j < cols; ++j)
               if (vis[j]) m = std::max(m, row[j]);
@@ -231,14 +231,14 @@ void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor&
         }
         for (int64_t r0 = 0; r0 < T; r0 += kRowBlock) {
           const int64_t rows = std::min(kRowBlock, T - r0);
-          const int64_t cols = visible_cols(qpos, kpos, r0, rows, opt.causal);
+          const int64_t cols = visible_cols(qpos, kpos, r0, rows, opt);
           if (cols == 0) continue;  // nothing of this block reaches these rows
           sgemm(false, true, rows, cols, D, scale, io.q.data() + r0 * D, D, io.k.data(), D, 0.f, p.data(), Tk);
           sgemm(false, true, rows, cols, D, 1.f, dout_h.data() + r0 * D, D, io.v.data(), D, 0.f, dp.data(), Tk);
           for (int64_t i = r0; i < r0 + rows; ++i) {
             float* prow = p.data() + (i - r0) * Tk;
             float* dprow = dp.data() + (i - r0) * Tk;
-            visible_row(kpos, qpos[static_cast<size_t>(i)], opt.causal, vis);
+            visible_row(kpos, qpos[static_cast<size_t>(i)], opt, vis);
             const float row_lse = lse_in[(b * H + h) * T + i];
             for (int64_t j = 0; j < cols; ++j)
               prow[j] = vis[j] && row_lse != kNegInf ? std::exp(prow[j] - row_lse) : 0.f;

@@ -26,6 +26,9 @@
 //                   (as the CPU), pass 2 accumulates dq_i; delta goes to a (B, H, T) f32 workspace.
 //   backward dk/dv: rows = keys of one (b, g), tiles = queries (Q, dO, lse, delta) of each of the group's heads
 //                   in turn; accumulates dk_j and dv_j.
+// Packed documents and the sliding window (AttentionOptions::positions, ::window) narrow query i's keys to
+// [first_key(i), i] (Geom::first_key, nondecreasing in i): tiles before a block's first key are never loaded, and
+// the dk/dv kernel stops at the first query tile that sees none of its keys, so a window W costs O(T W).
 // Every output element is written by exactly one lane, sums run in a fixed order: deterministic.
 // Speed is that of a plain tiled kernel, not FlashAttention's (no tensor cores).
 //
@@ -77,7 +80,8 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(const S* __
   }
 
   const int64_t kend = g.causal ? block_end : T;  // keys any row of the block sees
-  // Packed documents: key tiles start at the block's first row's document (earlier keys are no row's).
+  // Packed documents and the window: key tiles start at the block's first row's first key (earlier keys are no
+  // row's), so a window of W keys costs O(W + RB) keys a block, not O(T).
   const int64_t kbegin = g.block_first_key(b, row0 - (threadIdx.x >> 5) * ROWS);
   for (int64_t j0 = kbegin; j0 < kend; j0 += BK) {
     __syncthreads();  // the previous tile has been read by every warp
@@ -91,9 +95,9 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(const S* __
       const int64_t jend = g.causal ? i + 1 : T;
       const int nk = static_cast<int>(min(static_cast<int64_t>(BK), jend - j0));  // keys j0 .. j0 + nk - 1
       if (nk <= 0) continue;                                                      // warp-uniform
-      // Packed documents: keys before lo belong to earlier documents (score -inf, probability 0).
+      // Keys before lo belong to earlier documents or lie before the row's window (score -inf, probability 0).
       const int lo = static_cast<int>(max(static_cast<int64_t>(0), g.first_key(b, i) - j0));
-      if (lo >= nk) continue;  // warp-uniform: the whole tile lies before the row's document
+      if (lo >= nk) continue;  // warp-uniform: the whole tile lies before the row's first key
       float my_s = -INFINITY, tile_max = -INFINITY;
 #pragma unroll 4
       for (int jj = lo; jj < nk; ++jj) {

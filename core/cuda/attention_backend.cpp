@@ -133,7 +133,7 @@ constexpr const char* kPackedRefusal =
 bool attention_forward_on_cudnn(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionOptions& opt) {
   return run_on_cudnn("attention_forward", qkv.dtype(), opt.dropout_p, [&]() -> std::string {
     if (opt.positions.defined()) return kPackedRefusal;
-    return cudnn_attention_forward(qkv, out, lse, opt.causal);
+    return cudnn_attention_forward(qkv, out, lse, opt.causal, opt.window);
   });
 }
 
@@ -141,7 +141,7 @@ bool attention_backward_on_cudnn(const Tensor& qkv, const Tensor& out, const Ten
                                  Tensor& dqkv, const AttentionOptions& opt) {
   return run_on_cudnn("attention_backward", qkv.dtype(), opt.dropout_p, [&]() -> std::string {
     if (opt.positions.defined()) return kPackedRefusal;
-    return cudnn_attention_backward(qkv, out, lse, dout, dqkv, opt.causal);
+    return cudnn_attention_backward(qkv, out, lse, dout, dqkv, opt.causal, opt.window);
   });
 }
 

@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t jend = g.causal ? i + 1 : T;
         const int nk = static_cast<int>(min(static_cast<int64_t>(BK), jend - j0));
         if (nk <= 0) continue;  // warp-uniform
-        // Packed documents: keys before lo belong to earlier documents (probability 0).
+        // Keys before lo belong to earlier documents or lie before the row's window (probability 0).
         const int lo = static_cast<int>(max(static_cast<int64_t>(0), g.first_key(b, i) - j0));
         if (lo >= nk) continue;  // warp-uniform
         float my_s, my_dv;       // lane jj: s_ij and dO_i . v_j for j = j0 + jj
@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float dos[BK][DMAX];
   __shared__ float lse_s[BK];
   __shared__ float delta_s[BK];
-  __shared__ int64_t first_s[BK];  // packed documents: the first key each query of the tile sees
+  __shared__ int64_t first_s[BK];  // the first key each query of the tile sees (its document's, its window's)
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t bg = blockIdx.x % g.BG;
@@ -172,9 +172,10 @@ __global__ void __launch_bounds__(kThreads)
     const float* lse_head = lse + (b * g.H + h) * T;
     const float* delta_head = delta + (b * g.H + h) * T;
     for (int64_t i0 = g.causal ? key_first : 0; i0 < T; i0 += BK) {  // causal: queries i >= j only
-      // Packed documents: once a tile's first query starts its document after the block's last key, no later
-      // query sees any of the block's keys (first_key is nondecreasing). Block-uniform: every thread reads it.
-      if (g.positions && g.first_key(b, i0) >= key_first + RB) break;
+      // Once a tile's first query sees only keys after the block's last (its document or its window starts
+      // later), no later query sees any of them (first_key is nondecreasing): a window of W keys walks O(W + RB)
+      // queries a key block. Block-uniform: every thread reads it. Always 0 with neither: no break.
+      if (g.first_key(b, i0) >= key_first + RB) break;
       __syncthreads();
       load_tile<S, DMAX, BK>(qs, q_head, qstride, i0, T, D);
       load_tile<S, DMAX, BK>(dos, dout_head, ostride, i0, T, D);
@@ -197,7 +198,7 @@ __global__ void __launch_bounds__(kThreads)
         float my_s, my_dv;       // lane ii: s_ij and dO_i . v_j for i = i0 + ii
         tile_dots<DMAX, C>(k[r], qs, v[r], dos, lo, hi, g.scale, lane, my_s, my_dv);
         float ds = 0.f, pz = 0.f;
-        if (lane >= lo && lane < hi && j >= first_s[lane]) {  // query i0 + lane sees key j (its document's)
+        if (lane >= lo && lane < hi && j >= first_s[lane]) {  // query i0 + lane sees key j (document, window)
           const float p = expf(my_s - lse_s[lane]);
           const float z = drop.on ? keep_scale(drop, b, h, T, i0 + lane, j) : 1.f;
           const float dp = z == 0.f ? 0.f : my_dv * z;

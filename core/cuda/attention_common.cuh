@@ -46,13 +46,19 @@ struct Geom {
   // Packed documents (AttentionOptions::positions, (B, T) i32; null: none): query i of sample b sees keys
   // [i - positions[b, i], i] only (causal).
   const int32_t* positions;
+  int64_t window;  // sliding window (AttentionOptions::window; causal): query i sees keys > i - window; 0: none
 
-  // The first key query i of sample b sees: the start of its document, or 0. Nondecreasing in i.
-  __device__ int64_t first_key(int64_t b, int64_t i) const { return positions ? i - positions[b * T + i] : 0; }
+  // The first key query i of sample b sees: the latest of 0, its document's start and its window's start
+  // (ops.h's attention_first_key). Nondecreasing in i.
+  __device__ int64_t first_key(int64_t b, int64_t i) const {
+    const int64_t doc = positions ? i - positions[b * T + i] : 0, band = window > 0 ? i - window + 1 : 0;
+    return doc > band ? doc : band > 0 ? band : 0;
+  }
   // The first key any query row of a block starting at row `first_row` sees (its first row's: first_key is
-  // nondecreasing), where the forward and dq kernels start their key tiles; 0 without packed documents.
+  // nondecreasing), where the forward and dq kernels start their key tiles: keys before it (an earlier document,
+  // before the window) cost nothing.
   __device__ int64_t block_first_key(int64_t b, int64_t first_row) const {
-    return positions && first_row < T ? first_key(b, first_row) : 0;
+    return first_row < T ? first_key(b, first_row) : 0;
   }
 
   // Elements between rows t and t + 1 of a qkv slot (G (R + 2) D) and of out (H D).
@@ -179,6 +185,7 @@ Geom geom_of(const Tensor& qkv, const AttentionOptions& opt) {
   g.causal = opt.causal;
   g.scale = 1.f / std::sqrt(static_cast<float>(qkv.dim(4)));  // the CPU's expression
   g.positions = opt.positions.defined() ? opt.positions.data<int32_t>() : nullptr;
+  g.window = opt.window;
   return g;
 }
 

@@ -28,9 +28,10 @@
 // the second query chunk, full), Stats its log-sum-exp for the merge; backward takes the merged O and Stats, so
 // cuDNN's P and Delta are the whole softmax's, and its dQ, dK, dV (qkv's dtype) are added to the ring's f32 sums.
 //
-// Graphs (validated, support-checked, plans built) are cached per (dtype, B, T, G, R, D, causal); one that cuDNN
-// cannot run is cached too, with the reason, so the check is not repeated on every call. One cudnnHandle per
-// process (a process drives one GPU), created on first use and set to the compute stream on every call.
+// Graphs (validated, support-checked, plans built) are cached per (dtype, B, T, G, R, D, causal, window, a ring
+// block's rows); one that cuDNN cannot run is cached too, with the reason, so the check is not repeated on every
+// call. One cudnnHandle per process (a process drives one GPU), created on first use and set to the compute stream
+// on every call.
 #include "core/cuda/attention_cudnn.h"
 
 #include <cmath>
@@ -64,10 +65,11 @@ int64_t cudnn_runtime_version() { return 0; }
 int64_t cudnn_compiled_version() { return 0; }
 std::string cudnn_frontend_version() { return ""; }
 
-std::string cudnn_attention_forward(const Tensor&, Tensor&, Tensor&, bool) {
+std::string cudnn_attention_forward(const Tensor&, Tensor&, Tensor&, bool, int64_t) {
   return "this megatrain was built without cuDNN";
 }
-std::string cudnn_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&, bool) {
+std::string cudnn_attention_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&, bool,
+                                     int64_t) {
   return "this megatrain was built without cuDNN";
 }
 std::string cudnn_attention_validate(const CudnnSdpaGraph&, int) { return "this megatrain was built without cuDNN"; }
@@ -169,10 +171,15 @@ std::shared_ptr<fe::graph::Tensor_attributes> input(fe::graph::Graph& g, const c
   return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims).set_stride(strides));
 }
 
-// Top-left causal mask: query i sees keys j <= i (T_q == T_kv, so the alignment is the CPU's either way).
+// Top-left causal mask: query i sees keys j <= i (T_q == T_kv, so the alignment is the CPU's either way). A sliding
+// window adds the band's left bound: the frontend keeps (i, j) where j + left_bound > i under top-left alignment
+// (utils/attn_score_modifiers.h, sliding_window_mask: "column + window_size > row", a CMP_GT), i.e. j > i - window,
+// ops.h's rule (HF's kv_idx > q_idx - sliding_window) with left_bound = window.
 template <class Attributes>
-void set_causal(Attributes& a, bool causal) {
-  if (causal) a.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+void set_mask(Attributes& a, bool causal, int64_t window) {
+  if (!causal) return;
+  a.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
+  if (window > 0) a.set_diagonal_band_left_bound(static_cast<int>(window));
 }
 
 void build_forward(fe::graph::Graph& g, const Key& k) {
@@ -182,7 +189,7 @@ void build_forward(fe::graph::Graph& g, const Key& k) {
                    .set_name("megatrain_attention_forward")
                    .set_generate_stats(true)
                    .set_attn_scale(scale_of(k));
-  set_causal(attrs, k.causal);
+  set_mask(attrs, k.causal, k.window);
   auto [o, stats] = g.sdpa(q, kk, v, attrs);
   o->set_output(true).set_uid(kO).set_dim(dims).set_stride(out_strides(k));
   stats->set_output(true)
@@ -202,7 +209,7 @@ void build_backward(fe::graph::Graph& g, const Key& k) {
                    .set_name("megatrain_attention_backward")
                    .set_attn_scale(scale_of(k))
                    .set_deterministic_algorithm(k.deterministic);  // true: the same inputs, the same bits
-  set_causal(attrs, k.causal);
+  set_mask(attrs, k.causal, k.window);
   auto [dq, dk, dv] = g.sdpa_backward(q, kk, v, o, dout, stats, attrs);
   dq->set_output(true).set_uid(kDQ).set_dim(dims).set_stride(dq_strides(k));
   dk->set_output(true).set_uid(kDK).set_dim(kvd).set_stride(kvs);  // summed over the group's heads by cuDNN
@@ -214,8 +221,9 @@ std::string describe(const Key& k) {
   const std::string block =
       k.block ? fmt::format(", ring block: {} of the query rows against {} of Tk={} keys", k.q_rows, k.k_rows, k.Tk)
               : "";
-  return fmt::format("cuDNN SDPA {} (B={}, T={}, H={}, G={}, D={}, {}{}{}{})", k.backward ? "backward" : "forward", k.B,
-                     k.T, k.H(), k.G, k.D, dtype_name(k.dtype), k.causal ? ", causal" : "",
+  const std::string window = k.window > 0 ? fmt::format(", window {}", k.window) : "";
+  return fmt::format("cuDNN SDPA {} (B={}, T={}, H={}, G={}, D={}, {}{}{}{}{})", k.backward ? "backward" : "forward",
+                     k.B, k.T, k.H(), k.G, k.D, dtype_name(k.dtype), k.causal ? ", causal" : "", window,
                      k.backward && !k.deterministic ? ", non-deterministic" : "", block);
 }
 
@@ -299,6 +307,7 @@ std::string cudnn_attention_validate(const CudnnSdpaGraph& c, int sm) {
     k.Tk = c.Tk;
     k.k_rows = c.k_rows;
   }
+  k.window = c.window;
   if (k.dtype != DType::bf16 && k.dtype != DType::f16)
     return fmt::format("{}: cuDNN's fused attention takes bf16 or fp16", describe(k));
   try {

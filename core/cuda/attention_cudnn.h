@@ -19,17 +19,18 @@ std::string cudnn_frontend_version();  // "1.32.0"; empty when not built
 // Causal (or full) grouped-query SDPA of bf16 / fp16 qkv (B, T, G, R + 2, D): out (B, T, H = G R, D) and lse
 // (B, H, T) f32, the natural-log log-sum-exp of each row of scaled scores (cuDNN's "Stats", the CPU's lse). K and
 // V are read in place through strides; so is Q when R = 1 (GPT's (B, T, H, 3, D)), while R > 1 gathers the
-// queries into a contiguous buffer first. Returns "" once enqueued on the compute stream; otherwise why cuDNN
-// cannot run this call (nothing written). Graphs are built once per (dtype, B, T, G, R, D, causal): strides
-// follow from the shape, tensors being contiguous views.
-std::string cudnn_attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, bool causal);
+// queries into a contiguous buffer first. `window` > 0 (causal): query i sees keys j > i - window only
+// (AttentionOptions::window), cuDNN's diagonal band. Returns "" once enqueued on the compute stream; otherwise why
+// cuDNN cannot run this call (nothing written). Graphs are built once per (dtype, B, T, G, R, D, causal, window):
+// strides follow from the shape, tensors being contiguous views.
+std::string cudnn_attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, bool causal, int64_t window);
 // dqkv (B, T, G, R + 2, D) from dout (B, T, H, D) and the forward's out and lse: dk, dv (summed over each
 // group's heads by cuDNN) written in place through strides, dq too when R = 1, else through a contiguous
 // (B, T, H, D) buffer scattered into the query slots.
 // Deterministic (cuDNN's deterministic SDPA backward algorithm: the same inputs give the same bits) unless
 // cudnn_backward_deterministic() says otherwise.
 std::string cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
-                                     Tensor& dqkv, bool causal);
+                                     Tensor& dqkv, bool causal, int64_t window);
 
 // cuDNN's SDPA backward algorithm: deterministic (default: the same inputs give the same bits; on Hopper it needs
 // a B H T^2 workspace) or not (faster, less memory; for benchmarks). MEGATRAIN_CUDNN_BACKWARD=deterministic |
@@ -46,6 +47,7 @@ struct CudnnSdpaGraph {
   // A context-parallel ring block when q_rows > 0: q_rows of the T query rows against k_rows of the Tk keys and
   // values of a packed kv (B, Tk, G, 2, D), causal only for a rank's own block (q_rows = T = k_rows = Tk).
   int64_t q_rows = 0, Tk = 0, k_rows = 0;
+  int64_t window = 0;  // a sliding window (causal only): key j visible to query i iff j > i - window; 0: none
 };
 // Builds the graph as a call would and runs the cuDNN frontend's validate() for the SM version `sm` (90: Hopper)
 // without touching a device: "" when it validates, else why not. The later steps (operation graph, heuristics,
@@ -56,9 +58,13 @@ std::string cudnn_attention_validate(const CudnnSdpaGraph& graph, int sm);
 // A ring block's chunk pair as one cuDNN SDPA call: query rows [q0, q0 + q_rows) of the local sequence against key
 // rows [k0, k0 + k_rows) of the block, causal (top-left, only for a rank's own block, whose two chunks are in
 // position order on both sides) or full. cudnn_block_of says which call a block is, or why it is none.
+// A sliding window (AttentionBlockOptions::window) is a band on a causal call whose rows are consecutive positions
+// (window > 0 here); a full call is one whose every (query, key) pair the window keeps, and chunk pairs the window
+// cuts partly are refused (the kernels run them).
 struct CudnnBlock {
   int64_t q0 = 0, q_rows = 0, k0 = 0, k_rows = 0;
   bool causal = false;
+  int64_t window = 0;  // causal only: key row j visible to query row i iff j > i - window; 0: none
   bool empty() const { return q_rows == 0 || k_rows == 0; }
 };
 // The one call of a block of Tq query rows and Tk key rows under `opt`'s positions, or "" in *why (with an empty

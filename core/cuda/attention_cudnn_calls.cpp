@@ -43,10 +43,25 @@ std::string refuse_early(const Tensor& qkv) {
   return "";
 }
 
-Key key_of(const Tensor& qkv, bool backward, bool causal) {
-  return Key{backward,   qkv.dtype(), qkv.dim(0),
-             qkv.dim(1), qkv.dim(2),  qkv.dim(3) - 2,
-             qkv.dim(4), causal,      !backward || cudnn_backward_deterministic()};
+Key key_of(const Tensor& qkv, bool backward, bool causal, int64_t window) {
+  Key k{backward,   qkv.dtype(), qkv.dim(0),
+        qkv.dim(1), qkv.dim(2),  qkv.dim(3) - 2,
+        qkv.dim(4), causal,      !backward || cudnn_backward_deterministic()};
+  k.window = window;
+  return k;
+}
+
+// The sliding window of a whole sequence's call: one of T keys or more binds nothing (query i sees i + 1 <= T keys
+// anyway), so it is none and shares the windowless graph.
+int64_t binding_window(int64_t window, int64_t T) { return window > 0 && window < T ? window : 0; }
+
+// cuDNN's fused SDPA masks a sliding window (the frontend's diagonal band left bound, SDPA_attributes::
+// set_diagonal_band_left_bound) from cuDNN 9.2.0 on; the frontend's validate() refuses what a later version lacks.
+std::string refuse_window(int64_t window) {
+  const int64_t v = cudnn_runtime_version();
+  if (window > 0 && v < 90200)
+    return fmt::format("a sliding window (window {}) needs cuDNN 9.2.0 or later, this is cuDNN {}", window, v);
+  return "";
 }
 
 // R > 1: the query slots of qkv (B, T, G, R + 2, D) and a contiguous (B, T, H, D) buffer are B T G rows of R D
@@ -82,14 +97,16 @@ void scatter_query_grads(const Tensor& dq, Tensor& dqkv) {
 
 }  // namespace
 
-std::string cudnn_attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, bool causal) {
+std::string cudnn_attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, bool causal, int64_t window) {
   if (std::string why = refuse_early(qkv); !why.empty()) return why;
+  window = binding_window(window, qkv.dim(1));
+  if (std::string why = refuse_window(window); !why.empty()) return why;
   const int64_t R = qkv.dim(3) - 2, D = qkv.dim(4);
   char* base = static_cast<char*>(qkv.raw());
   const size_t es = dtype_size(qkv.dtype());
   void *k = base + R * D * es, *v = base + (R + 1) * D * es;
   if (std::string why = misaligned({{"qkv", base}, {"out", out.raw()}, {"lse", lse.raw()}}); !why.empty()) return why;
-  const PlannedGraph plan = plan_for(key_of(qkv, false, causal));
+  const PlannedGraph plan = plan_for(key_of(qkv, false, causal, window));
   if (!plan.refused.empty()) return plan.refused;
   Tensor q_buf;  // R > 1: the queries gathered (B, T, H, D); freed after the enqueue, reused in stream order
   void* q = base;
@@ -104,8 +121,10 @@ std::string cudnn_attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse,
 }
 
 std::string cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& dout,
-                                     Tensor& dqkv, bool causal) {
+                                     Tensor& dqkv, bool causal, int64_t window) {
   if (std::string why = refuse_early(qkv); !why.empty()) return why;
+  window = binding_window(window, qkv.dim(1));
+  if (std::string why = refuse_window(window); !why.empty()) return why;
   const int64_t R = qkv.dim(3) - 2, D = qkv.dim(4);
   const size_t es = dtype_size(qkv.dtype());
   char* base = static_cast<char*>(qkv.raw());
@@ -114,7 +133,7 @@ std::string cudnn_attention_backward(const Tensor& qkv, const Tensor& out, const
           misaligned({{"qkv", base}, {"out", out.raw()}, {"lse", lse.raw()}, {"dout", dout.raw()}, {"dqkv", dbase}});
       !why.empty())
     return why;
-  const PlannedGraph plan = plan_for(key_of(qkv, true, causal));
+  const PlannedGraph plan = plan_for(key_of(qkv, true, causal, window));
   if (!plan.refused.empty()) return plan.refused;
   Tensor q_buf, dq_buf;  // R > 1: the gathered queries and their gradient (B, T, H, D)
   void *q = base, *dq = dbase;
@@ -152,8 +171,14 @@ std::vector<PositionRun> runs_of(const SequencePositions& p, int64_t n) {
 
 CudnnBlock cudnn_block_of(int64_t Tq, int64_t Tk, const AttentionBlockOptions& opt, std::string* why) {
   why->clear();
-  if (!opt.causal) return {0, Tq, 0, Tk, false};
+  if (!opt.causal) return {0, Tq, 0, Tk, false};  // a window needs causal attention (the op checks it)
   const std::vector<PositionRun> qr = runs_of(opt.q, Tq), kr = runs_of(opt.k, Tk);
+  // A window binds no visible pair when the latest query lies within it of the earliest key (a visible key is at
+  // most that far behind its query): then it is none, and every call below is the windowless one.
+  int64_t q_last = qr[0].last(), k_first = kr[0].pos0;
+  for (const PositionRun& q : qr) q_last = std::max(q_last, q.last());
+  for (const PositionRun& k : kr) k_first = std::min(k_first, k.pos0);
+  const int64_t window = opt.window > 0 && q_last - k_first >= opt.window ? opt.window : 0;
   // The same positions on both sides (a rank's own block), in increasing order: causal over local rows is causal
   // over positions.
   const bool same = Tq == Tk && qr.size() == kr.size() &&
@@ -165,18 +190,26 @@ CudnnBlock cudnn_block_of(int64_t Tq, int64_t Tk, const AttentionBlockOptions& o
       *why = "a block whose second chunk lies before its first";
       return {};
     }
-    return {0, Tq, 0, Tk, true};
+    // A band over local rows is the window over positions only where rows are consecutive positions.
+    if (window > 0 && qr.size() == 2 && qr[1].pos0 != qr[0].last() + 1) {
+      *why =
+          fmt::format("a sliding window (window {}) over a block whose chunks are not consecutive positions", window);
+      return {};
+    }
+    return {0, Tq, 0, Tk, true, window};
   }
-  // Otherwise every (query run, key run) pair must be wholly visible or wholly hidden, and the query runs that see
-  // any key must see the same keys: one full (non-causal) call.
+  // Otherwise every (query run, key run) pair must be wholly visible or wholly hidden (later keys, or keys before
+  // every query's window), and the query runs that see any key must see the same keys: one full (non-causal) call.
   int64_t q0 = -1, q1 = -1, k0 = -1, k1 = -1;
   for (const PositionRun& q : qr) {
     int64_t lo = -1, hi = -1;  // the key rows this query run sees
     for (const PositionRun& k : kr) {
-      if (k.pos0 > q.last()) continue;  // all later: hidden
-      if (k.last() > q.pos0) {
-        *why = fmt::format("key positions [{}, {}] are partly visible to query positions [{}, {}]", k.pos0, k.last(),
-                           q.pos0, q.last());
+      const bool hidden = k.pos0 > q.last() || (window > 0 && k.last() <= q.pos0 - window);
+      if (hidden) continue;
+      const bool whole = k.last() <= q.pos0 && (window == 0 || k.pos0 > q.last() - window);
+      if (!whole) {
+        *why = fmt::format("key positions [{}, {}] are partly visible to query positions [{}, {}]{}", k.pos0, k.last(),
+                           q.pos0, q.last(), window > 0 ? fmt::format(" (window {})", window) : "");
         return {};
       }
       if (lo < 0) lo = k.row0;
@@ -199,7 +232,7 @@ CudnnBlock cudnn_block_of(int64_t Tq, int64_t Tk, const AttentionBlockOptions& o
 namespace {
 
 Key block_key(const Tensor& qkv, const Tensor& kv, const CudnnBlock& blk, bool backward) {
-  Key k = key_of(qkv, backward, blk.causal);
+  Key k = key_of(qkv, backward, blk.causal, blk.window);
   k.block = true;
   k.q_rows = blk.q_rows;
   k.Tk = kv.dim(1);
@@ -214,6 +247,7 @@ std::string refuse_block(const Tensor& qkv, const Tensor& kv, const AttentionBlo
   if (opt.dropout_p != 0.f) return fmt::format("dropout {:g} needs layout-invariant masks", opt.dropout_p);
   std::string why;
   blk = cudnn_block_of(qkv.dim(1), kv.dim(1), opt, &why);
+  if (why.empty()) why = refuse_window(blk.window);
   // The call's rows start inside the tensors: at multiples of D elements (16 bytes, D a multiple of 8) except the
   // f32 Stats, at q0 floats.
   if (why.empty() && blk.q0 % 4 != 0)

@@ -27,6 +27,9 @@ struct Key {
   // (B, Tk, G, 2, D) (cudnn_attention_block_forward / _backward, attention_cudnn_calls.cpp).
   bool block = false;
   int64_t q_rows = 0, Tk = 0, k_rows = 0;
+  // Sliding window (causal only): query row i sees key rows j > i - window of the call; 0: none. A window that
+  // binds nothing (window >= the call's rows) is 0, so it shares the windowless graph.
+  int64_t window = 0;
   auto operator<=>(const Key&) const = default;
   int64_t H() const { return G * R; }
 };

@@ -70,6 +70,14 @@ std::string rope_scaling(const S& m) {
   return fmt::format("{{{}}}", fmt::join(keys, ", "));
 }
 
+// The window keys: sliding_window (null without one), use_sliding_window (Qwen's switch) and max_window_layers (the
+// Qwen layers before the window: model.full_attention_layers, or all of them without a window).
+std::string window(const S& m) { return m.sliding_window > 0 ? std::to_string(m.sliding_window) : "null"; }
+std::string window_on(const S& m) { return hf_json::boolean(m.sliding_window > 0); }
+std::string window_layers(const S& m) {
+  return std::to_string(m.sliding_window > 0 ? m.full_attention_layers : m.num_layers);
+}
+
 // LlamaConfig's attention and norm keys, which the mixtures share: hidden_size, `after_hidden`, the heads, positions
 // and rotary keys, `after_rope`, attention_dropout. The keys of transformers 4.x (rope_theta, rope_scaling), which 5.x
 // also reads (into rope_parameters).
@@ -100,21 +108,26 @@ ConfigLayout llama() {
 // Qwen2: Llama's layers with q/k/v biases (Qwen2Config has no attention_bias key: they are always there).
 ConfigLayout qwen2() {
   return {HfArch::qwen2, "qwen2",
-          concat(llama_attention({{"intermediate_size", integer(&S::ffn)}},
-                                 {{"use_sliding_window", literal("false")},
-                                  {"sliding_window", literal("null")},
-                                  {"max_window_layers", integer(&S::num_layers)}}),
+          concat(llama_attention({{"intermediate_size", integer(&S::ffn)}}, {{"use_sliding_window", window_on},
+                                                                             {"sliding_window", window},
+                                                                             {"max_window_layers", window_layers}}),
+                 {{"initializer_range", real(&S::init_std)}, {"use_cache", literal("true")}})};
+}
+
+// Mistral: Llama's layers (no biases), every one in the sliding window.
+ConfigLayout mistral() {
+  return {HfArch::mistral, "mistral",
+          concat(llama_attention({{"intermediate_size", integer(&S::ffn)}}, {{"sliding_window", window}}),
                  {{"initializer_range", real(&S::init_std)}, {"use_cache", literal("true")}})};
 }
 
 // Qwen3: Llama's layers with QK-norm; head_dim always written (Qwen3Config's default, 128, is no quotient).
 ConfigLayout qwen3() {
   return {HfArch::qwen3, "qwen3",
-          concat(llama_attention({{"intermediate_size", integer(&S::ffn)}},
-                                 {{"attention_bias", literal("false")},
-                                  {"use_sliding_window", literal("false")},
-                                  {"sliding_window", literal("null")},
-                                  {"max_window_layers", integer(&S::num_layers)}}),
+          concat(llama_attention({{"intermediate_size", integer(&S::ffn)}}, {{"attention_bias", literal("false")},
+                                                                             {"use_sliding_window", window_on},
+                                                                             {"sliding_window", window},
+                                                                             {"max_window_layers", window_layers}}),
                  {{"initializer_range", real(&S::init_std)}, {"use_cache", literal("true")}})};
 }
 
@@ -129,7 +142,7 @@ ConfigLayout moe_family(HfArch family, const char* model_type, const std::vector
       {"router_aux_loss_coef", [](const S& m) { return hf_json::num(m.moe.aux_loss_coeff); }},
       {"initializer_range", real(&S::init_std)},
       {"use_cache", literal("true")}};
-  return {family, model_type, concat(concat(llama_attention({}, {{"sliding_window", literal("null")}}), own), router)};
+  return {family, model_type, concat(concat(llama_attention({}, {{"sliding_window", window}}), own), router)};
 }
 
 // Mixtral's intermediate_size is each expert's width; every layer is MoE and the top-k weights renormalised.
@@ -168,7 +181,7 @@ ConfigLayout qwen3_moe() {
   return moe_family(HfArch::qwen3_moe, "qwen3_moe",
                     {{"intermediate_size", integer(&S::ffn)},
                      {"attention_bias", literal("false")},
-                     {"use_sliding_window", literal("false")},
+                     {"use_sliding_window", window_on},
                      {"num_experts", moe_integer(&HfMoeShape::experts)},
                      {"moe_intermediate_size", moe_integer(&HfMoeShape::ffn)},
                      {"norm_topk_prob", [](const S& m) { return hf_json::boolean(m.moe.norm_topk_prob); }},
@@ -179,8 +192,8 @@ ConfigLayout qwen3_moe() {
 }  // namespace
 
 std::string hf_config_json(HfArch family, const HfModelShape& s, DType dtype, std::optional<HfSpecialIds> ids) {
-  static const std::vector<ConfigLayout> families{gpt2(),  llama(), mixtral(),  qwen2_moe(),
-                                                  qwen2(), qwen3(), qwen3_moe()};
+  static const std::vector<ConfigLayout> families{gpt2(),  llama(), mixtral(),   qwen2_moe(),
+                                                  qwen2(), qwen3(), qwen3_moe(), mistral()};
   for (const ConfigLayout& f : families)
     if (f.family == family) return hf_json::config_json(f, s, dtype, ids);
   throw std::logic_error(fmt::format("hf export: no config.json table for {}", name_of(family)));

@@ -50,6 +50,28 @@ Tensor read_f32(const CheckpointReader& ckpt, const std::string& name, const Sha
   return t;
 }
 
+// model.sliding_window (and full_attention_layers) into the family chosen so far: a plain llama's is Mistral's
+// (every layer in the window); Qwen2's and Qwen3's windows may spare the first layers (max_window_layers), Mixtral's
+// and Qwen3-MoE's cover every layer. Whatever no family computes is refused, naming the key.
+void read_window(const ModelKeys& keys, HfModelShape& g) {
+  g.sliding_window = keys.get<int64_t>("sliding_window", int64_t{0});
+  if (g.sliding_window == 0) return;
+  g.full_attention_layers = keys.get<int64_t>("full_attention_layers", int64_t{0});
+  auto refuse = [&](const std::string& why) {
+    throw CheckpointError(fmt::format("{}: model.sliding_window {}: {}", keys.where, g.sliding_window, why));
+  };
+  if (g.arch == HfArch::gpt) refuse("GPT2LMHeadModel has no sliding window");
+  if (g.arch == HfArch::qwen2_moe)
+    refuse("Qwen2MoeForCausalLM's sliding layers alternate; megatrain's window is the last layers'");
+  if (g.arch == HfArch::llama) g.arch = HfArch::mistral;
+  const bool spares_layers = g.arch == HfArch::qwen2 || g.arch == HfArch::qwen3;
+  if (g.full_attention_layers > 0 && !spares_layers)
+    refuse(
+        fmt::format("with model.full_attention_layers {}: {} slides every layer (only Qwen2 and Qwen3, with "
+                    "model.qkv_bias or model.qk_norm, keep the first layers' attention full)",
+                    g.full_attention_layers, hf_class_name(g.arch)));
+}
+
 // model.moe of a llama -> the Hugging Face family that computes it: MixtralForCausalLM without a shared expert,
 // Qwen2MoeForCausalLM with one. Whatever neither computes is refused, naming the key.
 void read_moe_shape(const CheckpointReader& ckpt, const ModelKeys& moe, HfModelShape& g) {
@@ -174,6 +196,7 @@ HfModelShape hf_export_shape(const CheckpointReader& ckpt) {
         where));
   if (g.qk_norm && g.arch == HfArch::llama) g.arch = HfArch::qwen3;   // Llama's layers with QK-norm
   if (g.qkv_bias && g.arch == HfArch::llama) g.arch = HfArch::qwen2;  // Llama's layers with q/k/v biases
+  read_window(keys, g);
   if (g.num_layers <= 0 || g.hidden <= 0 || g.heads <= 0 || g.vocab <= 0 ||
       (g.head_width == 0 && g.hidden % g.heads != 0) || g.groups <= 0 || g.heads % g.groups != 0)
     throw CheckpointError(

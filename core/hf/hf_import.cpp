@@ -143,6 +143,10 @@ std::string hf_model_yaml(const HfModelShape& s) {
   if (llama) add("rotary_base", num(s.rotary_base));
   if (s.qkv_bias) add("qkv_bias", "true");
   if (s.qk_norm) add("qk_norm", "true");
+  if (s.sliding_window > 0) {
+    add("sliding_window", std::to_string(s.sliding_window));
+    if (s.full_attention_layers > 0) add("full_attention_layers", std::to_string(s.full_attention_layers));
+  }
   if (s.rope_scaling.enabled()) {
     const RopeScaling& r = s.rope_scaling;
     y += "  rope_scaling:\n";

@@ -1,7 +1,7 @@
 // hf_import.h: reads a Hugging Face transformers model directory (config.json + model.safetensors, or a
-// sharded model.safetensors.index.json) of GPT2LMHeadModel, LlamaForCausalLM, MixtralForCausalLM or
-// Qwen2MoeForCausalLM (whose shared_expert_gate and q/k/v biases must be zeros: hf_mapping.h) into our parameters,
-// the inverse
+// sharded model.safetensors.index.json) of GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM,
+// Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM (whose shared_expert_gate must be
+// zeros: hf_mapping.h) or Qwen3MoeForCausalLM into our parameters, the inverse
 // of hf_export.h through the same table (hf_mapping.h). `megatrain ckpt import` (app/cli/cmd_ckpt_import.cpp)
 // turns the result into a checkpoint at iteration 0.
 #pragma once

@@ -149,14 +149,55 @@ HfModelShape llama_shape(const ConfigKeys& k, double default_rope_theta = 10000.
   return s;
 }
 
-// transformers 5.x: layer_types, one per layer, must all be full attention.
-void require_full_attention(const ConfigKeys& k) {
-  if (!k.present("layer_types")) return;
-  const json& t = k.raw("layer_types");
-  if (!t.is_array()) k.fail("layer_types", fmt::format("= {} is not a list", t.dump()));
-  for (const json& x : t)
-    if (x != "full_attention")
-      k.fail("layer_types", fmt::format("holds {}: megatrain's attention is full causal attention", x.dump()));
+// sliding_window, present and not null: a positive window, or 0 (none). `fallback` when absent.
+int64_t window_key(const ConfigKeys& k, int64_t fallback) {
+  if (!k.present("sliding_window")) return fallback;
+  const json& w = k.raw("sliding_window");
+  if (!w.is_number_integer() || w.get<int64_t>() < 0)
+    k.fail("sliding_window", fmt::format("= {} is not a window size (a token count >= 0, or null)", w.dump()));
+  return w.get<int64_t>();
+}
+
+// Mistral's and Mixtral's window: sliding_window over every layer (null or 0: none); `fallback` the family config
+// class's default when the key is absent (MistralConfig's 4096, MixtralConfig's none). transformers reads no
+// layer_types for these families (it warns of one), so neither does megatrain.
+void read_every_layer_window(const ConfigKeys& k, HfModelShape& s, int64_t fallback) {
+  s.sliding_window = window_key(k, fallback);
+}
+
+// The Qwen window (Qwen2, Qwen3): with use_sliding_window, sliding_window (default 4096) over the layers layer_types
+// names sliding_attention (transformers 5 writes the list), or without the list those from max_window_layers
+// (default 28) on. megatrain's full-attention layers are the first ones (model.full_attention_layers), so a
+// sliding layer before a full one is refused. Without use_sliding_window no layer slides (transformers drops the
+// window), whatever layer_types says.
+void read_qwen_window(const ConfigKeys& k, HfModelShape& s) {
+  int64_t full = s.num_layers;
+  if (k.present("layer_types")) {
+    const json& t = k.raw("layer_types");
+    if (!t.is_array() || static_cast<int64_t>(t.size()) != s.num_layers)
+      k.fail("layer_types",
+             fmt::format("= {} is not a list of num_hidden_layers={} layer kinds", t.dump(), s.num_layers));
+    full = 0;
+    while (full < s.num_layers && t[static_cast<size_t>(full)] == "full_attention") ++full;
+    for (int64_t i = full; i < s.num_layers; ++i)
+      if (t[static_cast<size_t>(i)] != "sliding_attention")
+        k.fail("layer_types",
+               fmt::format("holds {} at layer {}, after a sliding_attention layer: megatrain's full-attention layers "
+                           "are the first ones (model.full_attention_layers), the sliding ones the rest",
+                           t[static_cast<size_t>(i)].dump(), i));
+  } else if (k.present("max_window_layers")) {
+    const json& m = k.raw("max_window_layers");
+    if (!m.is_number_integer() || m.get<int64_t>() < 0)
+      k.fail("max_window_layers", fmt::format("= {} is not a layer count >= 0", m.dump()));
+    full = std::min(m.get<int64_t>(), s.num_layers);
+  } else {
+    full = std::min<int64_t>(28, s.num_layers);  // the config classes' default
+  }
+  if (!k.flag("use_sliding_window", false) || full == s.num_layers) return;
+  s.sliding_window = window_key(k, 4096);
+  if (s.sliding_window == 0)
+    k.fail("sliding_window", "= 0 with use_sliding_window true: a window of no tokens sees nothing");
+  s.full_attention_layers = full;
 }
 
 // Mixtral: Llama's attention, every layer a softmax-routed MoE of num_local_experts SwiGLU experts of
@@ -171,40 +212,38 @@ HfModelShape mixtral_shape(const ConfigKeys& k) {
   m.norm_topk_prob = true;
   m.aux_loss_coeff = k.real("router_aux_loss_coef", 0.001);
   m.layer_pattern.assign(static_cast<size_t>(s.num_layers), 1);
-  if (k.present("sliding_window")) {
-    const json& w = k.raw("sliding_window");  // 0 or at least max_position_embeddings: no window
-    if (!w.is_number_integer() || (w.get<int64_t>() != 0 && w.get<int64_t>() < s.positions))
-      k.fail("sliding_window",
-             fmt::format("= {}: megatrain's attention is full causal attention (sliding_window null)", w.dump()));
-  }
-  require_full_attention(k);
+  read_every_layer_window(k, s, 0);
   if (m.top_k > m.experts)
     k.fail("num_experts_per_tok", fmt::format("= {} is more than num_local_experts={}", m.top_k, m.experts));
   return s;
 }
 
-// Qwen2: Llama's layers with q/k/v biases, full causal attention (use_sliding_window false).
+// Qwen2: Llama's layers with q/k/v biases, the later ones in a sliding window with use_sliding_window.
 HfModelShape qwen2_shape(const ConfigKeys& k) {
   HfModelShape s = llama_shape(k);
   s.arch = HfArch::qwen2;
   s.qkv_bias = true;
-  k.require_flag("use_sliding_window", false, false,
-                 "megatrain's attention is full causal attention (use_sliding_window false)");
-  require_full_attention(k);
+  read_qwen_window(k, s);
+  return s;
+}
+
+// Mistral: Llama's layers, every one in a sliding window of sliding_window tokens (null: none; absent: 4096).
+HfModelShape mistral_shape(const ConfigKeys& k) {
+  HfModelShape s = llama_shape(k);
+  s.arch = HfArch::mistral;
+  read_every_layer_window(k, s, 4096);
   return s;
 }
 
 // Qwen3: Llama's layers with QK-norm (q_norm, k_norm over each head), head_dim given (it may differ from
-// hidden_size / num_attention_heads), no biases (attention_bias would put them on o_proj too), full causal attention.
+// hidden_size / num_attention_heads), no biases (attention_bias would put them on o_proj too), a window as Qwen2's.
 HfModelShape qwen3_shape(const ConfigKeys& k) {
   HfModelShape s = llama_shape(k);
   s.arch = HfArch::qwen3;
   s.qk_norm = true;
   if (!k.present("head_dim") && s.hidden / s.heads != 128)  // Qwen3Config's default is 128, not the quotient
     s.head_width = 128;
-  k.require_flag("use_sliding_window", false, false,
-                 "megatrain's attention is full causal attention (use_sliding_window false)");
-  require_full_attention(k);
+  read_qwen_window(k, s);
   return s;
 }
 
@@ -231,8 +270,7 @@ std::vector<int64_t> sparse_layers(const ConfigKeys& k, int64_t num_layers) {
 
 // What the Qwen mixtures share: num_experts experts (transformers 5 saves the count as num_local_experts, its
 // attribute map's name; 4.x as num_experts) of moe_intermediate_size, top num_experts_per_tok, renormalised as
-// norm_topk_prob says, full causal attention, the sparse layers as sparse_layers reads them. The defaults are the
-// family's config class's.
+// norm_topk_prob says, the sparse layers as sparse_layers reads them. The defaults are the family's config class's.
 struct QwenMoeDefaults {
   int64_t experts, top_k, ffn;
 };
@@ -245,9 +283,6 @@ void read_qwen_moe(const ConfigKeys& k, HfModelShape& s, QwenMoeDefaults d) {
   m.aux_loss_coeff = k.real("router_aux_loss_coef", 0.001);
   if (m.top_k > m.experts)
     k.fail("num_experts_per_tok", fmt::format("= {} is more than num_experts={}", m.top_k, m.experts));
-  k.require_flag("use_sliding_window", false, false,
-                 "megatrain's attention is full causal attention (use_sliding_window false)");
-  require_full_attention(k);
   m.layer_pattern = sparse_layers(k, s.num_layers);
 }
 
@@ -258,6 +293,10 @@ HfModelShape qwen2_moe_shape(const ConfigKeys& k) {
   s.arch = HfArch::qwen2_moe;
   s.qkv_bias = true;
   read_qwen_moe(k, s, {.experts = 60, .top_k = 4, .ffn = 1408});
+  // Qwen2-MoE's sliding layers alternate (odd layers below max_window_layers): megatrain's windows are the last
+  // layers', so it is refused.
+  k.require_flag("use_sliding_window", false, false,
+                 "Qwen2-MoE's sliding layers alternate, and megatrain's full-attention layers are the first ones");
   if (k.present("shared_expert_intermediate_size") && k.raw("shared_expert_intermediate_size") == 0)
     k.fail("shared_expert_intermediate_size", "= 0: megatrain's Qwen2-MoE export and import need a shared expert");
   s.moe.shared_ffn = k.integer("shared_expert_intermediate_size", 5632);
@@ -266,12 +305,17 @@ HfModelShape qwen2_moe_shape(const ConfigKeys& k) {
 }
 
 // Qwen3-MoE: Qwen3's attention (QK-norm, head_dim as given or the quotient, no biases) with the Qwen mixture, no
-// shared expert.
+// shared expert; with use_sliding_window every layer in the window (Qwen3MoeConfig reads no max_window_layers).
 HfModelShape qwen3_moe_shape(const ConfigKeys& k) {
   HfModelShape s = llama_shape(k);
   s.arch = HfArch::qwen3_moe;
   s.qk_norm = true;
   read_qwen_moe(k, s, {.experts = 128, .top_k = 8, .ffn = 768});
+  if (k.flag("use_sliding_window", false)) {
+    s.sliding_window = window_key(k, 4096);
+    if (s.sliding_window == 0)
+      k.fail("sliding_window", "= 0 with use_sliding_window true: a window of no tokens sees nothing");
+  }
   return s;
 }
 
@@ -296,6 +340,9 @@ HfModelShape hf_family_shape(const ConfigKeys& k, const std::string& arch) {
     if (k.text("model_type", "qwen3_moe") != "qwen3_moe")
       k.fail("model_type", "is not qwen3_moe for Qwen3MoeForCausalLM");
     s = qwen3_moe_shape(k);
+  } else if (arch == "MistralForCausalLM") {
+    if (k.text("model_type", "mistral") != "mistral") k.fail("model_type", "is not mistral for MistralForCausalLM");
+    s = mistral_shape(k);
   } else if (arch == "MixtralForCausalLM") {
     if (k.text("model_type", "mixtral") != "mixtral") k.fail("model_type", "is not mixtral for MixtralForCausalLM");
     s = mixtral_shape(k);
@@ -305,8 +352,8 @@ HfModelShape hf_family_shape(const ConfigKeys& k, const std::string& arch) {
     s = qwen2_moe_shape(k);
   } else {
     k.fail("architectures", fmt::format("= [{}]: megatrain imports GPT2LMHeadModel, LlamaForCausalLM, "
-                                        "Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM, "
-                                        "Qwen2MoeForCausalLM and Qwen3MoeForCausalLM only",
+                                        "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, "
+                                        "MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM only",
                                         arch));
   }
   return s;

@@ -25,11 +25,12 @@
 
 namespace mt {
 
-enum class HfArch { gpt, llama, mixtral, qwen2_moe, qwen2, qwen3, qwen3_moe };
+enum class HfArch { gpt, llama, mixtral, qwen2_moe, qwen2, qwen3, qwen3_moe, mistral };
 template <>
 struct EnumNames<HfArch> {  // the model class, as config.json's "architectures" spells it
-  static constexpr std::array names{"GPT2LMHeadModel",  "LlamaForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM",
-                                    "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"};
+  static constexpr std::array names{"GPT2LMHeadModel",     "LlamaForCausalLM",  "MixtralForCausalLM",
+                                    "Qwen2MoeForCausalLM", "Qwen2ForCausalLM",  "Qwen3ForCausalLM",
+                                    "Qwen3MoeForCausalLM", "MistralForCausalLM"};
 };
 
 // The mixture of experts of a Mixtral or Qwen2-MoE (model.moe; our config keys in comments). The router is always
@@ -60,8 +61,11 @@ struct HfModelShape {
   RopeScaling rope_scaling;    // llama: rope_scaling (HF rope_scaling / rope_parameters)
   HfMoeShape moe;              // mixtral and qwen2_moe only
 
-  int64_t head_width = 0;  // llama: head_dim when it is not hidden / heads (Qwen3's; 0: the quotient)
-  bool qk_norm = false;    // llama: qk_norm (Qwen3's q_norm / k_norm)
+  int64_t head_width = 0;             // llama: head_dim when it is not hidden / heads (Qwen3's; 0: the quotient)
+  bool qk_norm = false;               // llama: qk_norm (Qwen3's q_norm / k_norm)
+  int64_t sliding_window = 0;         // sliding_window (0: none; Mistral's sliding_window, Qwen's with
+                                      // use_sliding_window)
+  int64_t full_attention_layers = 0;  // full_attention_layers (Qwen's max_window_layers, as layer_types list them)
 
   int64_t head_dim() const { return head_width > 0 ? head_width : hidden / heads; }
 };

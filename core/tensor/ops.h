@@ -194,7 +194,16 @@ struct AttentionOptions {
   // document. When defined, query i of sample b sees keys [i - positions[b, i], i] only (its own document; needs
   // causal), and a row's dropout coordinates stay those above. Empty: every earlier key (one sequence a sample).
   Tensor positions;
+  // Sliding window (Mistral's; needs causal): when > 0 query i sees only keys [i - window + 1, i] (HF's kv_idx >
+  // q_idx - sliding_window) of its document; dropout coordinates as above. 0: no window.
+  int64_t window = 0;
 };
+// The first key query i sees: the latest of 0, its document's start (i - position; position = i without documents)
+// and its window's start. Nondecreasing in i.
+inline int64_t attention_first_key(int64_t i, int64_t position, int64_t window) {
+  const int64_t doc = i - position, band = window > 0 ? i - window + 1 : 0;
+  return doc > band ? doc : band > 0 ? band : 0;
+}
 
 void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionOptions& opt);
 // dqkv (B, T, G, R + 2, D) written from dout (B, T, H, D) and the forward's qkv, out and lse. A group's key
@@ -235,7 +244,13 @@ struct AttentionBlockOptions {
   int64_t sample_offset = 0;
   int64_t head_offset = 0;
   int64_t seq_length = 0;
+  int64_t window = 0;  // AttentionOptions::window's (0: none)
 };
+// Whether a key at position kp is visible to a query at position qp under a block's causality and window (kp > qp -
+// window).
+inline bool attention_key_visible(int64_t qp, int64_t kp, bool causal, int64_t window) {
+  return (!causal || kp <= qp) && (window <= 0 || kp > qp - window);
+}
 // kv (B, Tk, G, 2, D) <- the key (slot R) and value (slot R + 1) of every group of qkv (B, Tk, G, R + 2, D).
 void attention_kv_pack(const Tensor& qkv, Tensor& kv);
 // The queries of qkv (B, Tq, G, R + 2, D) against kv (B, Tk, G, 2, D): out (B, Tq, H, D) f32 the block's softmax

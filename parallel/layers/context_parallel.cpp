@@ -66,7 +66,8 @@ AttentionBlockOptions block_options(const ContextParallel& cp, int64_t T, int sr
           .site = att.site,
           .sample_offset = att.sample_offset,
           .head_offset = att.head_offset,
-          .seq_length = T * cp.size};
+          .seq_length = T * cp.size,
+          .window = att.window};
 }
 
 Shape kv_shape(const Tensor& qkv) { return {qkv.dim(0), qkv.dim(1), qkv.dim(2), 2, qkv.dim(4)}; }

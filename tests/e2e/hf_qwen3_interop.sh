@@ -8,7 +8,7 @@
 # - It trains from the import on one rank, in TP2 x PP2 (sequence parallel) and in CP2 with the same losses (within
 #   1e-5); the trained checkpoint exports to a Qwen3ForCausalLM that transformers loads strictly with `megatrain
 #   eval`'s loss, and greedy `generate` of 20 tokens on 5 prompts equals transformers' generate on the export.
-# - Bad input is refused by name: use_sliding_window true (not modelled yet), attention_bias true (o_proj biases),
+# - Bad input is refused by name: a sliding window that is not a token count, attention_bias true (o_proj biases),
 #   an odd head_dim; model.qk_norm with model.arch gpt; exporting QK-norm beside q/k/v biases (no HF family).
 # Skips (77), saying so, without the interop Python (scripts/python-env.sh).
 source "$(dirname "$0")/lib/common.bash"
@@ -35,7 +35,8 @@ check_export ckpt_tied hf_tied Qwen3ForCausalLM
 grep -q '"tie_word_embeddings": true' hf_tied/config.json || fail "the tied Qwen3 exported untied"
 
 # Refusals, by name.
-expect_import_refused made windowed 'c["use_sliding_window"] = True; c["sliding_window"] = 16' "use_sliding_window"
+expect_import_refused made windowed 'c["use_sliding_window"] = True; c["sliding_window"] = "wide"; c.pop("layer_types", None); c["max_window_layers"] = 0' \
+  "sliding_window = \"wide\" is not a window size"
 expect_import_refused made biased 'c["attention_bias"] = True' "attention_bias = true"
 expect_import_refused made odd 'c["head_dim"] = 7' "head_dim = 7: rotary embeddings rotate pairs"
 write_config

@@ -4,7 +4,9 @@
 # TP, rotary embeddings on gathered sequences, gives one rank's losses within 1e-4 (dropout on); with context
 # parallelism (dropout off: rotary positions of a rank's two chunks, grouped-query blocks on the ring) within 1e-6:
 # CP 4 ring and CP 2 all-gather alone, CP 2 with TP 2 + SP (the key/value heads split), with PP 2 (all-gather), with
-# DP 2 + ZeRO, and CP 2 all-gather x TP 2 x PP 2.
+# DP 2 + ZeRO, and CP 2 all-gather x TP 2 x PP 2. With a sliding window of 5 tokens past the first 2 layers
+# (model.sliding_window, model.full_attention_layers): CP 4's 4-token chunks meet blocks the window hides wholly or
+# in part, beside TP 2 x PP 2 and DP 2, each within 1e-6 of one rank with the same window.
 source "$(dirname "$0")/lib/common.bash"
 source "$SRC/tests/e2e/lib/layout_matrix.bash"
 prepare_data
@@ -13,3 +15,5 @@ MATRIX_CONFIG=llama.yaml run_layout_matrix fp32 1e-4 full
 MATRIX_CONFIG=llama.yaml run_shard_layouts fp32 1e-4
 MATRIX_CONFIG=llama.yaml run_context_layouts fp32 1e-6 "4 p2p 1 1 1" "2 allgather 1 1 1" "2 p2p 2 1 1" \
   "2 allgather 1 2 1" "2 p2p 1 1 2" "2 allgather 2 2 1"
+MATRIX_ARGS=(--set model.sliding_window=5 --set model.full_attention_layers=2)
+MATRIX_CONFIG=llama.yaml run_context_layouts fp32 1e-6 "4 p2p 1 1 1" "2 allgather 2 2 1" "2 p2p 2 1 2"

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Tiny random transformers models and their losses, for the `megatrain ckpt import/export --format hf` checks.
 
-    hf_tiny_model.py make {gpt2|llama|qwen2|qwen3|mixtral|qwen2_moe|qwen3_moe} OUT [--tie] [--heads H] [--groups G]
-                     [--vocab V] [--positions P] [--keep-gate] [--rope default|linear|llama3|yarn] [--head-dim D]
+    hf_tiny_model.py make {gpt2|llama|mistral|qwen2|qwen3|mixtral|qwen2_moe|qwen3_moe} OUT [--tie] [--heads H]
+                     [--groups G] [--vocab V] [--positions P] [--keep-gate] [--rope default|linear|llama3|yarn]
+                     [--head-dim D] [--window W] [--full-layers N]
     hf_tiny_model.py loss MODEL_DIR DATA_PREFIX SEQ_LENGTH SAMPLES
     hf_tiny_model.py load-strict MODEL_DIR
 
-make: a GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM or Qwen2MoeForCausalLM saved with save_pretrained
+make: a GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM,
+Qwen2MoeForCausalLM or Qwen3MoeForCausalLM saved with save_pretrained
 (safetensors, float32) whose every weight is random (norm weights 1 + noise, biases noise), so a misplaced row,
 transpose or norm parameter changes the loss. loss: the mean next-token loss in float32 on the CPU over samples read in file order from a Megatron
 indexed dataset (sample j is tokens [j*S, j*S + S] of the concatenated documents, as `megatrain eval` reads
@@ -14,7 +16,8 @@ them), printed with full precision. mixtral: 4 experts, top 2, every layer MoE. 
 (mlp_only_layers), layer 1 MoE with 4 experts, top 2, norm_topk_prob false, and a shared expert; its q/k/v biases
 and shared_expert_gate are zeros (what megatrain's ungated shared expert and bias-free attention map to), unless
 --keep-gate leaves the gate random. load-strict: from_pretrained with no missing, unexpected or mismatched
-weights (the architecture config.json names), else exit 1.
+weights (the architecture config.json names), else exit 1. --window: mistral's sliding_window (0: null), or with
+qwen2 / qwen3 use_sliding_window and the window over the layers from --full-layers (max_window_layers) on.
 Needs torch and transformers (tests/e2e/hf_import_interop.sh says where it looks for them).
 """
 import argparse
@@ -42,6 +45,13 @@ ROPE = {
                "original_max_position_embeddings": 16},
     "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
 }
+
+
+def qwen_window(args):
+    """Qwen2Config's / Qwen3Config's window keys: off, or --window over the layers from --full-layers on."""
+    if not args.window:
+        return dict(use_sliding_window=False)
+    return dict(use_sliding_window=True, sliding_window=args.window, max_window_layers=args.full_layers)
 
 
 def make(args):
@@ -79,19 +89,26 @@ def make(args):
                                           norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0],
                                           use_sliding_window=False, router_aux_loss_coef=0.01, **common)
         model = transformers.Qwen3MoeForCausalLM(cfg)
-    elif args.arch == "qwen3":  # QK-norm, a head_dim apart from hidden / heads (--head-dim), full attention
+    elif args.arch == "mistral":  # Llama's layers, every one in a sliding window of --window tokens
+        cfg = transformers.MistralConfig(hidden_size=args.hidden, intermediate_size=3 * args.hidden,
+                                         num_hidden_layers=2, num_attention_heads=args.heads,
+                                         num_key_value_heads=args.groups, max_position_embeddings=args.positions,
+                                         rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 5000.0},
+                                         sliding_window=args.window or None, **common)
+        model = transformers.MistralForCausalLM(cfg)
+    elif args.arch == "qwen3":  # QK-norm, a head_dim apart from hidden / heads (--head-dim), a window with --window
         cfg = transformers.Qwen3Config(hidden_size=args.hidden, intermediate_size=3 * args.hidden, num_hidden_layers=2,
                                        num_attention_heads=args.heads, num_key_value_heads=args.groups,
                                        head_dim=args.head_dim or args.hidden // args.heads,
                                        max_position_embeddings=args.positions, rms_norm_eps=1e-5,
                                        rope_parameters={"rope_theta": 5000.0, **ROPE[args.rope]},
-                                       use_sliding_window=False, **common)
+                                       **qwen_window(args), **common)
         model = transformers.Qwen3ForCausalLM(cfg)
-    elif args.arch == "qwen2":  # q/k/v biases (random like every weight), full attention
+    elif args.arch == "qwen2":  # q/k/v biases (random like every weight), a window with --window
         cfg = transformers.Qwen2Config(hidden_size=args.hidden, intermediate_size=3 * args.hidden, num_hidden_layers=2,
                                        num_attention_heads=args.heads, num_key_value_heads=args.groups,
                                        max_position_embeddings=args.positions, rms_norm_eps=1e-5, rope_theta=5000.0,
-                                       use_sliding_window=False, **common)
+                                       **qwen_window(args), **common)
         model = transformers.Qwen2ForCausalLM(cfg)
     else:
         rope = {"rope_theta": 5000.0, **ROPE[args.rope]}  # not the default theta: rotary_base must carry over
@@ -140,7 +157,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("make")
-    m.add_argument("arch", choices=["gpt2", "llama", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"])
+    m.add_argument("arch", choices=["gpt2", "llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"])
     m.add_argument("out")
     m.add_argument("--tie", action="store_true")
     m.add_argument("--hidden", type=int, default=32)
@@ -153,6 +170,8 @@ def main():
     m.add_argument("--keep-gate", action="store_true")
     m.add_argument("--rope", choices=sorted(ROPE), default="default", help="llama, qwen3: rotary scaling")
     m.add_argument("--head-dim", type=int, default=0, help="qwen3: head_dim (0: hidden / heads)")
+    m.add_argument("--window", type=int, default=0, help="mistral, qwen2, qwen3: the sliding window (0: none)")
+    m.add_argument("--full-layers", type=int, default=0, help="qwen2, qwen3: max_window_layers")
     l_ = sub.add_parser("loss")
     l_.add_argument("model")
     l_.add_argument("data")

@@ -52,12 +52,20 @@ ModelConfig with_moe(ModelConfig m, int64_t layer_freq, int64_t shared, MoeScore
   m.moe.score_function = score;
   return m;
 }
+// A Mistral-like Llama: a sliding window of `window` tokens past the first `full` layers (Qwen2's max_window_layers).
+ModelConfig with_window(ModelConfig m, int64_t window, int64_t full) {
+  m.sliding_window = window;
+  m.full_attention_layers = full;
+  return m;
+}
 const ModelCase kModels[] = {{"GptTied", tiny_model(true)},
                              {"GptUntied", tiny_model(false)},
                              {"LlamaGqaUntied", tiny_llama(2, false)},
                              {"LlamaMqaTied", tiny_llama(1, true)},
                              {"MixtralLike", with_moe(tiny_llama(2, false), 1, 0, MoeScore::softmax)},
-                             {"GptMoeSharedSigmoid", with_moe(tiny_model(true), 2, 8, MoeScore::sigmoid)}};
+                             {"GptMoeSharedSigmoid", with_moe(tiny_model(true), 2, 8, MoeScore::sigmoid)},
+                             {"LlamaSlidingWindow", with_window(tiny_llama(2, false), 3, 0)},
+                             {"LlamaWindowPastTheFirstLayer", with_window(tiny_llama(2, false), 4, 1)}};
 
 std::vector<int32_t> some_tokens(int64_t n, int64_t vocab) {
   std::vector<int32_t> t(n);

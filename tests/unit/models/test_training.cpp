@@ -144,6 +144,25 @@ TEST(ModelFlops, QwenCountsTheHeadsWidth) {
   EXPECT_NEAR(model_flops_per_iteration(m, 4096) / (3 * forward_flops * 4096), 1.0, 1e-12);
 }
 
+// A sliding window W < S: query i sees min(i + 1, W) keys, about W - W^2 / (2S) on average against causal's S / 2;
+// the full-attention layers (model.full_attention_layers) keep causal's count.
+TEST(ModelFlops, SlidingWindowLayersCountTheirBand) {
+  ModelConfig m = tiny_llama();
+  m.num_layers = 4, m.hidden_size = 1024, m.num_heads = 8, m.num_query_groups = 8, m.head_dim = 128;
+  m.ffn_hidden_size = 2048, m.padded_vocab_size = 1024, m.seq_length = 4096;
+  const double base = model_flops_per_iteration(m, 4096);
+  m.sliding_window = 1024;
+  const double windowed = model_flops_per_iteration(m, 4096);
+  m.full_attention_layers = 1;
+  const double spared = model_flops_per_iteration(m, 4096);
+  // Causal attention per token and layer, forward: 2 S Q; the band's 4 (W - W^2 / (2S)) Q. Three passes.
+  const double Q = 1024, causal = 2 * 4096.0 * Q, band = 4 * (1024 - 1024.0 * 1024 / (2 * 4096)) * Q;
+  EXPECT_NEAR((base - windowed) / (3 * 4096 * 4 * (causal - band)), 1.0, 1e-12);
+  EXPECT_NEAR((spared - windowed) / (3 * 4096 * (causal - band)), 1.0, 1e-12);
+  m.sliding_window = 4096;  // a window as long as the sequence is causal attention
+  EXPECT_EQ(model_flops_per_iteration(m, 4096), base);
+}
+
 TEST(ModelFlops, LlamaCountsSwiGluAndGroupedQueryAttention) {
   ModelConfig m = tiny_llama();
   // Llama 3 8B: 32 layers, hidden 4096, 32 heads of 128 in 8 key/value groups, SwiGLU 14336, vocabulary

@@ -745,6 +745,22 @@ TEST(ConfigRules, HeadDimAndQkNorm) {
   EXPECT_CONTAINS(base_error({"model.qk_norm=true"}), "model.qk_norm: true with model.arch: gpt");
 }
 
+// model.sliding_window: a window of W tokens (0: none), past model.full_attention_layers layers (inert without a
+// window, at most num_layers); written back as read.
+TEST(ConfigRules, SlidingWindow) {
+  const Config w = base({"model.arch=llama", "model.sliding_window=5", "model.full_attention_layers=1"});
+  EXPECT_EQ(w.model.sliding_window, 5);
+  EXPECT_EQ(w.model.window_of(0), 0);
+  EXPECT_EQ(w.model.window_of(1), 5);
+  EXPECT_EQ(parse_config(to_yaml(w), "again.yaml", {}, 1).model, w.model);
+  EXPECT_EQ(base({"model.sliding_window=3"}).model.window_of(0), 3);  // gpt's attention takes a window too
+  EXPECT_CONTAINS(base_error({"model.sliding_window=-1"}), "model.sliding_window");
+  EXPECT_CONTAINS(base_error({"model.full_attention_layers=1"}),
+                  "model.full_attention_layers: is set, but model.sliding_window is 0");
+  EXPECT_CONTAINS(base_error({"model.sliding_window=4", "model.full_attention_layers=99"}),
+                  "model.full_attention_layers: 99 is more than model.num_layers");
+}
+
 // model.rope_scaling: each type reads its own keys; a key of another type, a gpt model, a type's missing or bad
 // parameter and a type not implemented are refused by name.
 TEST(ConfigRules, RopeScaling) {

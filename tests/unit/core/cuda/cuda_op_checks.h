@@ -95,6 +95,18 @@ inline Both both_ints(const std::vector<int32_t>& ids, Shape shape) {
 }
 
 // An output the op writes: NaN everywhere on both devices.
+// Position ids (B, T) of samples cut into documents of the given lengths, the last one filling the sample.
+inline Both document_positions(const std::vector<std::vector<int64_t>>& docs, int64_t T) {
+  std::vector<int32_t> v;
+  for (const auto& sample : docs) {
+    int64_t t = 0;
+    for (int64_t len : sample)
+      for (int64_t k = 0; k < len && t < T; ++k, ++t) v.push_back(static_cast<int32_t>(k));
+    for (int64_t k = 0; t < T; ++k, ++t) v.push_back(static_cast<int32_t>(k));  // a last document to the end
+  }
+  return both_ints(v, {static_cast<int64_t>(docs.size()), T});
+}
+
 inline Both poisoned(Shape shape, DType dt) {
   return both(Vec(static_cast<size_t>(shape_numel(shape)), std::numeric_limits<double>::quiet_NaN()), shape, dt);
 }

@@ -17,18 +17,6 @@ namespace {
 
 using namespace mt::test;  // NOLINT(google-build-using-namespace)
 
-// Position ids (B, T) of samples cut into documents of the given lengths, the last one filling the sample.
-Both document_positions(const std::vector<std::vector<int64_t>>& docs, int64_t T) {
-  std::vector<int32_t> v;
-  for (const auto& sample : docs) {
-    int64_t t = 0;
-    for (int64_t len : sample)
-      for (int64_t k = 0; k < len && t < T; ++k, ++t) v.push_back(static_cast<int32_t>(k));
-    for (int64_t k = 0; t < T; ++k, ++t) v.push_back(static_cast<int32_t>(k));  // a last document to the end
-  }
-  return both_ints(v, {static_cast<int64_t>(docs.size()), T});
-}
-
 // Documents of several lengths, across the kernels' row tiles (16 rows a block) and key tiles (32), some of one
 // token; with and without dropout, GPT's layout and grouped-query attention.
 TEST_F(CudaOps, PackedAttentionMatchesCpu) {

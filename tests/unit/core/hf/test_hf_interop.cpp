@@ -213,7 +213,7 @@ class HfImportRefusal : public HfInterop {
 };
 
 TEST_F(HfImportRefusal, ConfigKeysWeDoNotComputeAreNamed) {
-  expect_names(config_error("llama", [](json& c) { c["architectures"] = {"MistralForCausalLM"}; }), "architectures");
+  expect_names(config_error("llama", [](json& c) { c["architectures"] = {"GemmaForCausalLM"}; }), "architectures");
   expect_names(config_error("llama",
                             [](json& c) {
                               c["architectures"] = {"LlamaForCausalLM"};

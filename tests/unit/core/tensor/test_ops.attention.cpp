@@ -22,7 +22,7 @@ using namespace mt::test;  // Vec, rand_vec, make, values, the references of op_
 struct AttnRef {
   Vec out, lse;
 };
-// qkv (B, T, H, 3, D) -> out (B, T, H, D), lse (B, H, T); dropout mask as documented in ops.h.
+// qkv (B, T, H, 3, D) -> out (B, T, H, D), lse (B, H, T); dropout mask and sliding window as documented in ops.h.
 AttnRef attention_ref(const Vec& qkv, int64_t B, int64_t T, int64_t H, int64_t D, const AttentionOptions& o) {
   AttnRef r{Vec(B * T * H * D, 0.0), Vec(B * H * T)};
   auto at = [&](int64_t b, int64_t t, int64_t h, int64_t w, int64_t d) {  // w: 0 query, 1 key, 2 value
@@ -31,9 +31,9 @@ AttnRef attention_ref(const Vec& qkv, int64_t B, int64_t T, int64_t H, int64_t D
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
       for (int64_t i = 0; i < T; ++i) {
-        const int64_t len = o.causal ? i + 1 : T;
-        Vec s(len);
-        for (int64_t j = 0; j < len; ++j) {
+        const int64_t len = o.causal ? i + 1 : T, lo = o.window > 0 ? std::max<int64_t>(0, i - o.window + 1) : 0;
+        Vec s(len, -std::numeric_limits<double>::infinity());
+        for (int64_t j = lo; j < len; ++j) {
           s[j] = 0;
           for (int64_t d = 0; d < D; ++d) s[j] += at(b, i, h, 0, d) * at(b, j, h, 1, d) / std::sqrt(double(D));
         }
@@ -42,7 +42,7 @@ AttnRef attention_ref(const Vec& qkv, int64_t B, int64_t T, int64_t H, int64_t D
         for (double v : s) sum += std::exp(v - m);
         const double lse = m + std::log(sum);
         r.lse[(b * H + h) * T + i] = lse;
-        for (int64_t j = 0; j < len; ++j) {
+        for (int64_t j = lo; j < len; ++j) {
           double p = std::exp(s[j] - lse);
           if (o.dropout_p > 0)
             p = dropout_uniform(o.seed, o.site, o.sample_offset + b, (o.head_offset + h) * T + i, j) >= o.dropout_p
@@ -57,6 +57,7 @@ AttnRef attention_ref(const Vec& qkv, int64_t B, int64_t T, int64_t H, int64_t D
 struct AttnCase {
   bool causal;
   float dropout_p;
+  int64_t window = 0;
 };
 class AttentionCases : public ::testing::TestWithParam<AttnCase> {};
 
@@ -67,7 +68,8 @@ TEST_P(AttentionCases, ForwardMatchesDoubleAndBackwardMatchesFiniteDifferences) 
                              .seed = 9,
                              .site = stream_id("layers.1.attn.probs"),
                              .sample_offset = 3,
-                             .head_offset = 2};
+                             .head_offset = 2,
+                             .window = GetParam().window};
   const Vec qkv = rand_vec(B * T * H * 3 * D, 38, -1.5, 1.5), w = rand_vec(B * T * H * D, 39);
   Tensor QKV = make(qkv, {B, T, H, 3, D}), out = Tensor::empty({B, T, H, D}, DType::f32);
   Tensor lse = Tensor::empty({B, H, T}, DType::f32), dqkv = Tensor::empty({B, T, H, 3, D}, DType::f32);
@@ -82,10 +84,12 @@ TEST_P(AttentionCases, ForwardMatchesDoubleAndBackwardMatchesFiniteDifferences) 
 
 INSTANTIATE_TEST_SUITE_P(Attention, AttentionCases,
                          ::testing::Values(AttnCase{true, 0.f}, AttnCase{true, 0.25f}, AttnCase{false, 0.f},
-                                           AttnCase{false, 0.25f}),
+                                           AttnCase{false, 0.25f}, AttnCase{true, 0.f, 1}, AttnCase{true, 0.f, 3},
+                                           AttnCase{true, 0.25f, 4}),
                          [](const auto& info) {
                            return std::string(info.param.causal ? "Causal" : "Full") +
-                                  (info.param.dropout_p > 0 ? "WithDropout" : "NoDropout");
+                                  (info.param.dropout_p > 0 ? "WithDropout" : "NoDropout") +
+                                  (info.param.window > 0 ? "Window" + std::to_string(info.param.window) : "");
                          });
 
 // Heads split over two "tensor-parallel ranks" with head_offset give the whole computation's out, lse and
@@ -274,6 +278,13 @@ TEST(Attention, GroupedShapeErrorsNameTheShapes) {
                  "attention_backward: dqkv: expected shape [1, 4, 2, 4, 8]");
   Tensor view = out.view({1, 4, 32});
   attention_forward(qkv, view, lse, {});  // the (B, T, H * D) view is accepted
+  expect_invalid([&] { attention_forward(qkv, out, lse, {.window = -1}); },
+                 "attention_forward: window: must be >= 0, and > 0 only with causal attention, got -1");
+  expect_invalid([&] { attention_backward(qkv, out, lse, out, dqkv, {.causal = false, .window = 4}); },
+                 "attention_backward: window: must be >= 0, and > 0 only with causal attention, got 4");
+  Tensor kv = f32({1, 4, 2, 2, 8}), bout = f32({1, 4, 4, 8});
+  expect_invalid([&] { attention_block_forward(qkv, kv, bout, lse, {.causal = false, .window = 2}); },
+                 "attention_block_forward: window: must be >= 0, and > 0 only with causal attention, got 2");
 }
 
 // Every attention call is counted by the implementation that ran it (the log and metrics.jsonl report the

@@ -36,7 +36,8 @@ Tensor local_of(const Tensor& t, int r, int C) {
 struct Case {
   int64_t B, T, G, R, D;
   int C;
-  float p = 0.f;  // attention dropout
+  float p = 0.f;       // attention dropout
+  int64_t window = 0;  // sliding window (0: none)
 };
 
 class AttentionBlocks : public ::testing::TestWithParam<Case> {};
@@ -47,8 +48,13 @@ TEST_P(AttentionBlocks, MergedBlocksEqualWholeAttention) {
   const Tensor qkv = make(rand_vec(k.B * k.T * k.G * (k.R + 2) * k.D, 11), {k.B, k.T, k.G, k.R + 2, k.D});
   const Tensor dout = make(rand_vec(k.B * k.T * H * k.D, 12), {k.B, k.T, H, k.D});
   Tensor out = Tensor::empty({k.B, k.T, H, k.D}, DType::f32), lse = Tensor::empty({k.B, H, k.T}, DType::f32);
-  const AttentionOptions whole{
-      .causal = true, .dropout_p = k.p, .seed = 17, .site = 5, .sample_offset = 3, .head_offset = 2};
+  const AttentionOptions whole{.causal = true,
+                               .dropout_p = k.p,
+                               .seed = 17,
+                               .site = 5,
+                               .sample_offset = 3,
+                               .head_offset = 2,
+                               .window = k.window};
   attention_forward(qkv, out, lse, whole);
   Tensor dqkv = Tensor::empty(qkv.shape(), DType::f32);
   attention_backward(qkv, out, lse, dout, dqkv, whole);
@@ -61,7 +67,8 @@ TEST_P(AttentionBlocks, MergedBlocksEqualWholeAttention) {
                                  .site = whole.site,
                                  .sample_offset = whole.sample_offset,
                                  .head_offset = whole.head_offset,
-                                 .seq_length = k.T};
+                                 .seq_length = k.T,
+                                 .window = k.window};
   };
 
   std::vector<Tensor> local(k.C), kv(k.C), dq(k.C), dkv(k.C), outs(k.C), lses(k.C);
@@ -113,7 +120,11 @@ INSTANTIATE_TEST_SUITE_P(Layouts, AttentionBlocks,
                                            Case{2, 24, 1, 4, 8, 3},        // multi-query, CP = 3
                                            Case{1, 256, 2, 1, 8, 2},       // row blocks of 64 across chunk edges
                                            Case{2, 16, 2, 2, 8, 2, 0.3f},  // the same with dropout: one mask
-                                           Case{1, 32, 3, 1, 4, 4, 0.5f}, Case{1, 256, 2, 1, 8, 2, 0.2f}));
+                                           Case{1, 32, 3, 1, 4, 4, 0.5f}, Case{1, 256, 2, 1, 8, 2, 0.2f},
+                                           // sliding windows: inside a chunk, across chunks, past row blocks (the
+                                           // far chunks' blocks then wholly invisible)
+                                           Case{2, 16, 2, 2, 8, 2, 0.f, 3}, Case{1, 32, 3, 1, 4, 4, 0.3f, 6},
+                                           Case{1, 256, 2, 1, 8, 2, 0.2f, 70}, Case{1, 256, 2, 1, 8, 2, 0.f, 1}));
 
 // A block that a row cannot see (a later chunk's keys) leaves it out 0 and lse -inf; merging it changes nothing.
 TEST(AttentionBlocks, InvisibleBlockMergesToNothing) {

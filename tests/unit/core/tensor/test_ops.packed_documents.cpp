@@ -50,12 +50,14 @@ void expect_near(const Vec& got, const Vec& want, double tol, const char* what) 
 const std::vector<std::vector<int64_t>> kDocs = {{5, 7}, {3, 1, 8}};  // two samples of T = 12
 
 // Grouped-query attention (G = 2 groups of R = 2 heads) over packed documents: every document's out, lse and
-// dqkv equal those of attention over that document alone (its own sample of its length).
-TEST(PackedDocuments, AttentionOfEachDocumentEqualsItAlone) {
-  const int64_t B = 2, T = 12, G = 2, R = 2, H = G * R, D = 4;
+// dqkv equal those of attention over that document alone (its own sample of its length), with a sliding window too
+// (the window of each document's own).
+class PackedWindow : public ::testing::TestWithParam<int64_t> {};
+TEST_P(PackedWindow, AttentionOfEachDocumentEqualsItAlone) {
+  const int64_t B = 2, T = 12, G = 2, R = 2, H = G * R, D = 4, window = GetParam();
   const Tensor qkv = make(rand_vec(B * T * G * (R + 2) * D, 51, -1.5, 1.5), {B, T, G, R + 2, D});
   const Tensor dout = make(rand_vec(B * T * H * D, 52), {B, T, H, D});
-  AttentionOptions opt{.positions = positions_of(kDocs, T)};
+  AttentionOptions opt{.positions = positions_of(kDocs, T), .window = window};
   Tensor out = Tensor::empty({B, T, H, D}, DType::f32), lse = Tensor::empty({B, H, T}, DType::f32);
   Tensor dqkv = Tensor::empty(qkv.shape(), DType::f32);
   attention_forward(qkv, out, lse, opt);
@@ -66,8 +68,8 @@ TEST(PackedDocuments, AttentionOfEachDocumentEqualsItAlone) {
       const Tensor q1 = rows_of(qkv, b, t0, len), d1 = rows_of(dout, b, t0, len);
       Tensor o1 = Tensor::empty({1, len, H, D}, DType::f32), l1 = Tensor::empty({1, H, len}, DType::f32);
       Tensor dq1 = Tensor::empty(q1.shape(), DType::f32);
-      attention_forward(q1, o1, l1, {});
-      attention_backward(q1, o1, l1, d1, dq1, {});
+      attention_forward(q1, o1, l1, {.window = window});
+      attention_backward(q1, o1, l1, d1, dq1, {.window = window});
       expect_near(value_rows(out, b, t0, len), values(o1), 1e-6, "out");
       expect_near(lse_rows(lse, b, t0, len), values(l1), 1e-6, "lse");
       expect_near(value_rows(dqkv, b, t0, len), values(dq1), 1e-6, "dqkv");
@@ -75,6 +77,8 @@ TEST(PackedDocuments, AttentionOfEachDocumentEqualsItAlone) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Windows, PackedWindow, ::testing::Values(0, 1, 3, 6));
 
 // Positions 0..T-1 (one document a sample) are the un-reset attention bit for bit, with dropout too.
 TEST(PackedDocuments, OneDocumentPerSampleIsTheUnresetAttentionExactly) {
