@@ -44,6 +44,14 @@ grep -q "num_experts: 4" imp/model.yaml || fail "the import's model.yaml lacks m
 ours=$("$MT" eval --checkpoint imp --data data/text_document --samples 6 --device cpu | mean_loss)
 theirs=$("$PY" "$TINY" loss made data/text_document 64 6 2>py.err) || { cat py.err >&2; fail "transformers failed"; }
 close "import (megatrain eval vs transformers)" "$ours" "$theirs"
+# Mixtral's sliding_window (every layer) imports as model.sliding_window, with transformers' loss.
+"$PY" "$TINY" make mixtral windowed --heads 4 --groups 2 --window 7 >make.log 2>&1 ||
+  { cat make.log; fail "transformers could not make a Mixtral with a sliding window"; }
+"$MT" ckpt import windowed --format hf --output windowed.imp >import.log 2>&1 || { cat import.log; fail "import failed"; }
+grep -q "sliding_window: 7" windowed.imp/model.yaml || fail "the windowed import lacks sliding_window 7"
+ours=$("$MT" eval --checkpoint windowed.imp --data data/text_document --samples 6 --device cpu | mean_loss)
+theirs=$("$PY" "$TINY" loss windowed data/text_document 64 6 2>py.err) || { cat py.err >&2; fail "transformers failed"; }
+close "windowed import (megatrain eval vs transformers)" "$ours" "$theirs"
 # transformers 5.x can also save the experts fused, as it holds them in memory: refused, saying how to save.
 if "$PY" -c "import sys, transformers; sys.exit(int(transformers.__version__.split('.')[0]) < 5)"; then
   "$PY" -c "import transformers; transformers.MixtralForCausalLM.from_pretrained('made').save_pretrained('fused', save_original_format=False)" \

@@ -8,6 +8,7 @@
 # - It trains from the import on one rank, in TP2 x PP2 (sequence parallel) and in CP2 with the same losses (within
 #   1e-5); the trained checkpoint exports to a Qwen3ForCausalLM that transformers loads strictly with `megatrain
 #   eval`'s loss, and greedy `generate` of 20 tokens on 5 prompts equals transformers' generate on the export.
+# - A Qwen3 with a sliding window of 5 past layer 0 imports with transformers' loss and exports with eval's.
 # - Bad input is refused by name: a sliding window that is not a token count, attention_bias true (o_proj biases),
 #   an odd head_dim; model.qk_norm with model.arch gpt; exporting QK-norm beside q/k/v biases (no HF family).
 # Skips (77), saying so, without the interop Python (scripts/python-env.sh).
@@ -34,8 +35,15 @@ check_training_layouts made_tied.imp ckpt_tied
 check_export ckpt_tied hf_tied Qwen3ForCausalLM
 grep -q '"tie_word_embeddings": true' hf_tied/config.json || fail "the tied Qwen3 exported untied"
 
+# A sliding window of 5 past layer 0 (use_sliding_window, max_window_layers 1) imports and exports back.
+"$PY" "$TINY" make qwen3 windowed --heads 4 --groups 2 --window 5 --full-layers 1 >make.log 2>&1 ||
+  { cat make.log; fail "transformers could not make a Qwen3 with a sliding window"; }
+check_import windowed windowed.imp 64
+grep -q "full_attention_layers: 1" windowed.imp/model.yaml || fail "the windowed import lacks full_attention_layers 1"
+check_export windowed.imp hf_windowed Qwen3ForCausalLM 64
+
 # Refusals, by name.
-expect_import_refused made windowed 'c["use_sliding_window"] = True; c["sliding_window"] = "wide"; c.pop("layer_types", None); c["max_window_layers"] = 0' \
+expect_import_refused made wide_window 'c["use_sliding_window"] = True; c["sliding_window"] = "wide"; c.pop("layer_types", None); c["max_window_layers"] = 0' \
   "sliding_window = \"wide\" is not a window size"
 expect_import_refused made biased 'c["attention_bias"] = True' "attention_bias = true"
 expect_import_refused made odd 'c["head_dim"] = 7' "head_dim = 7: rotary embeddings rotate pairs"

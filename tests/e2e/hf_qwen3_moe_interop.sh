@@ -7,6 +7,7 @@
 #   over two data-parallel ranks) with the same losses (within 1e-5); the trained checkpoint exports to a
 #   Qwen3MoeForCausalLM that transformers loads strictly with `megatrain eval`'s loss, and greedy `generate` of 20
 #   tokens on 5 prompts equals transformers' generate on the export.
+# - With use_sliding_window (a window of 5 on every layer) it imports with transformers' loss and exports with eval's.
 # - A shared expert beside QK-norm does not export (Qwen3-MoE has none), by name.
 # Skips (77), saying so, without the interop Python (scripts/python-env.sh).
 source "$(dirname "$0")/lib/common.bash"
@@ -19,6 +20,12 @@ prepare_data
 check_import made made.imp 64
 grep -q "qk_norm: true" made.imp/model.yaml || fail "the import's model.yaml lacks qk_norm"
 grep -q "layer_pattern: \[0, 1\]" made.imp/model.yaml || fail "the import's model.yaml lacks the dense layer 0"
+
+"$PY" "$TINY" make qwen3_moe windowed --heads 4 --groups 2 --window 5 >make.log 2>&1 ||
+  { cat make.log; fail "transformers could not make a Qwen3-MoE with a sliding window"; }
+check_import windowed windowed.imp 64
+grep -q "sliding_window: 5" windowed.imp/model.yaml || fail "the windowed import lacks sliding_window 5"
+check_export windowed.imp hf_windowed Qwen3MoeForCausalLM 64
 
 check_training_layouts made.imp ckpt
 "$MT" --config ft.yaml --nproc 2 --set parallel.data=2 --set parallel.expert=2 --set logging.dir=ep2 >ep2.log 2>&1 ||

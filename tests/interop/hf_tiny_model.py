@@ -16,8 +16,9 @@ them), printed with full precision. mixtral: 4 experts, top 2, every layer MoE. 
 (mlp_only_layers), layer 1 MoE with 4 experts, top 2, norm_topk_prob false, and a shared expert; its q/k/v biases
 and shared_expert_gate are zeros (what megatrain's ungated shared expert and bias-free attention map to), unless
 --keep-gate leaves the gate random. load-strict: from_pretrained with no missing, unexpected or mismatched
-weights (the architecture config.json names), else exit 1. --window: mistral's sliding_window (0: null), or with
-qwen2 / qwen3 use_sliding_window and the window over the layers from --full-layers (max_window_layers) on.
+weights (the architecture config.json names), else exit 1. --window: mistral's and mixtral's sliding_window (0:
+null), or with qwen2 / qwen3 / qwen3_moe use_sliding_window and the window (qwen2, qwen3: over the layers from
+--full-layers, max_window_layers, on).
 Needs torch and transformers (tests/e2e/hf_import_interop.sh says where it looks for them).
 """
 import argparse
@@ -67,7 +68,7 @@ def make(args):
                                          num_attention_heads=args.heads, num_key_value_heads=args.groups,
                                          max_position_embeddings=args.positions, rms_norm_eps=1e-5,
                                          rope_theta=5000.0, num_local_experts=4, num_experts_per_tok=2,
-                                         router_aux_loss_coef=0.02, sliding_window=None, **common)
+                                         router_aux_loss_coef=0.02, sliding_window=args.window or None, **common)
         model = transformers.MixtralForCausalLM(cfg)
     elif args.arch == "qwen2_moe":
         cfg = transformers.Qwen2MoeConfig(hidden_size=args.hidden, intermediate_size=3 * args.hidden,
@@ -87,7 +88,7 @@ def make(args):
                                           rope_parameters={"rope_theta": 5000.0, **ROPE[args.rope]},
                                           num_experts=4, num_experts_per_tok=2, moe_intermediate_size=args.hidden // 2,
                                           norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0],
-                                          use_sliding_window=False, router_aux_loss_coef=0.01, **common)
+                                          router_aux_loss_coef=0.01, **qwen_window(args), **common)
         model = transformers.Qwen3MoeForCausalLM(cfg)
     elif args.arch == "mistral":  # Llama's layers, every one in a sliding window of --window tokens
         cfg = transformers.MistralConfig(hidden_size=args.hidden, intermediate_size=3 * args.hidden,
@@ -170,7 +171,7 @@ def main():
     m.add_argument("--keep-gate", action="store_true")
     m.add_argument("--rope", choices=sorted(ROPE), default="default", help="llama, qwen3: rotary scaling")
     m.add_argument("--head-dim", type=int, default=0, help="qwen3: head_dim (0: hidden / heads)")
-    m.add_argument("--window", type=int, default=0, help="mistral, qwen2, qwen3: the sliding window (0: none)")
+    m.add_argument("--window", type=int, default=0, help="mistral, mixtral, qwen*: the sliding window (0: none)")
     m.add_argument("--full-layers", type=int, default=0, help="qwen2, qwen3: max_window_layers")
     l_ = sub.add_parser("loss")
     l_.add_argument("model")

@@ -47,15 +47,17 @@ YAML
   same_losses one/metrics.jsonl cp2/metrics.jsonl 1 4 1e-5 || fail "$imp: CP2 losses differ from one rank's"
 }
 
-# check_export CKPT OUT CLASS: `ckpt export` of CKPT to OUT names CLASS, loads strictly into transformers and has
-# `megatrain eval`'s loss (32-token samples, as check_training_layouts trains).
+# check_export CKPT OUT CLASS [SEQ]: `ckpt export` of CKPT to OUT names CLASS, loads strictly into transformers and
+# has `megatrain eval`'s loss (SEQ-token samples, CKPT's model.seq_length: 32 as check_training_layouts trains, 64 as
+# an import holds).
 check_export() {
   "$MT" ckpt export "$1" --format hf --output "$2" >/dev/null || fail "export of $1 failed"
   grep -q "\"$3\"" "$2/config.json" || fail "$2/config.json does not name $3"
   "$PY" "$TINY" load-strict "$2" 2>py.err || { cat py.err >&2; fail "strict load of $2 failed"; }
   local ours theirs
   ours=$("$MT" eval --checkpoint "$1" --data data/text_document --samples 6 --device cpu | mean_loss)
-  theirs=$("$PY" "$TINY" loss "$2" data/text_document 32 6 2>py.err) || { cat py.err >&2; fail "transformers failed"; }
+  theirs=$("$PY" "$TINY" loss "$2" data/text_document "${4:-32}" 6 2>py.err) ||
+    { cat py.err >&2; fail "transformers failed"; }
   close "export $2 (megatrain eval vs transformers)" "$ours" "$theirs"
 }
 
