@@ -68,7 +68,6 @@ void resolve_shard_parameters(const Config& c, const Rules& r) {
     refuse("parallel.pipeline_schedule",
            fmt::format("{} (a deferred weight gradient needs its layer gathered again later)",
                        name_of(p.pipeline_schedule)));
-  if (p.context > 1) refuse("parallel.context", fmt::format("{} (context parallelism)", p.context));
 }
 
 // parallel.shard_group (hybrid sharding, parallel/sharding/hybrid_shard.h): a divisor of the data-parallel size, for a stage

@@ -10,8 +10,10 @@
 #    gathered units (the current one and the prefetched next), about 0.37 of none's;
 #  - checkpoints stay layout-free: saved under parameters at DP=4 and resumed under none at DP=2 (and back) give
 #    exactly the losses of the same save and resume under none;
-#  - bad input: what ZeRO-3 cannot serve yet (MoE, fp8, zero-bubble schedules, context parallelism) is refused
-#    naming the key; one rank warns.
+#  - with context parallelism (Llama, dropout off): the parameters sharded over data x context, CP 2 x DP 2 alone
+#    and with TP 2 (SP), one microbatch a rank, bit-identical to none at the same layout;
+#  - bad input: what ZeRO-3 cannot serve yet (MoE, fp8, zero-bubble schedules) is refused naming the key; one rank
+#    warns.
 source "$(dirname "$0")/lib/common.bash"
 source "$SRC/tests/e2e/lib/shard.bash"
 prepare_data
@@ -21,8 +23,6 @@ expect_error "model.moe: num_experts=2" --config tiny.yaml --set parallel.shard=
 expect_error "training.fp8.format" --config tiny.yaml --set parallel.shard=parameters --set training.fp8.format=e4m3
 expect_error "parallel.pipeline_schedule: zb-h1" --config tiny.yaml --set parallel.shard=parameters --nproc 2 \
              --set parallel.pipeline=2 --set parallel.pipeline_schedule=zb-h1
-expect_error "parallel.context: 2" --config tiny.yaml --set parallel.shard=parameters --nproc 2 --set parallel.context=2 \
-             --set model.dropout=0 --set model.attention_dropout=0
 grep -q "with parallel.shard: parameters is not built yet" err.txt || fail "the refusal does not name parallel.shard"
 "$MT" --config tiny.yaml --set training.train_iters=1 --set optimizer.warmup_iters=0 --set parallel.shard=parameters \
       --set logging.dir=dp1 >/dev/null 2>dp1.err || { cat dp1.err; fail "shard=parameters at DP=1 failed"; }
@@ -43,6 +43,17 @@ for cfg in tiny llama; do
     exact ${cfg}_tp${tp}pp${pp}dp${dp}_none ${cfg}_tp${tp}pp${pp}dp${dp}_parameters "$cfg TP $tp PP $pp DP $dp"
     echo "$cfg TP $tp PP $pp DP $dp, one microbatch: parameters bit-identical to none"
   done
+done
+# Context parallelism: parameters gathered and gradients reduce-scattered over data x context.
+for tp in 1 2; do
+  sp=false
+  [ $tp -gt 1 ] && sp=true
+  args=(--config llama.yaml "${base[@]}" --nproc $((2 * 2 * tp)) --set parallel.context=2 --set parallel.data=2
+        --set parallel.tensor=$tp --set parallel.sequence_parallel=$sp --set training.global_batch_size=4
+        --set model.dropout=0 --set model.attention_dropout=0)
+  for shard in none parameters; do run cp2dp2tp${tp}_$shard "${args[@]}" --set parallel.shard=$shard; done
+  exact cp2dp2tp${tp}_none cp2dp2tp${tp}_parameters "CP 2 x DP 2 x TP $tp"
+  echo "CP 2 x DP 2 x TP $tp, one microbatch: parameters bit-identical to none"
 done
 # Full recomputation, bf16 and fp16 at DP=2: as gradients, bit for bit.
 for extra in "training.recompute=full" "training.precision=bf16" "training.precision=fp16"; do
