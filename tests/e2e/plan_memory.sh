@@ -7,7 +7,7 @@
 # selective recomputation of each module; ZB-H1 and ZB-V pipelines (B keeping W's operands); sharded gradients and
 # parameters, parallel.shard: gradients and parameters (small buckets and the default 40M), and each stage sharded
 # in groups of 2 of DP 4 (parallel.shard_group, hybrid sharding); context parallelism, CP 2 and 4 over the ring and the
-# all-gather, alone and with TP+SP, PP, DP+ZeRO and recomputation, and with MoE and expert parallelism; LoRA,
+# all-gather, alone and with TP+SP, PP, DP+ZeRO (ZeRO-3 too) and recomputation, and with MoE and expert parallelism; LoRA,
 # finetune.lora: the frozen base without gradients or optimizer state, the adapters with both; optimizer offload,
 # optimizer.offload: the masters and moments in the host pool, the log's "host" after the device total; fp8,
 # training.fp8: the weights' fp8 casts in both layouts, a linear's backward copies, the CPU's widened operands) the
@@ -113,6 +113,7 @@ layouts=(
   "llama-cp2-recompute-1-layer|2|--set parallel.context=2 --set training.recompute=full --set training.recompute_num_layers=1"
   "tiny-dp4-shard-parameters-bf16|4|--set parallel.shard=parameters --set parallel.grad_bucket_size=2000 --set training.precision=bf16"
   "tiny-dp4-shard-parameters-default-buckets|4|--set parallel.shard=parameters"
+  "tiny-cp2-dp2-shard-parameters|4|${nodrop[*]} --set parallel.context=2 --set parallel.shard=parameters --set parallel.grad_bucket_size=2000"
   "tiny-dp4-shard-gradients-default-buckets|4|--set parallel.shard=gradients"
   "tiny-dp4-zero-sg2|4|--set parallel.shard=optimizer --set parallel.shard_group=2"
   "tiny-dp4-shard-gradients-sg2|4|--set parallel.shard=gradients --set parallel.shard_group=2 --set parallel.grad_bucket_size=2000"
