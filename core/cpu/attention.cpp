@@ -17,8 +17,9 @@
 // over the group in fp32 in the order r = 0..R-1 (the first head's copied, not added to zeros), storing once.
 //
 // Packed documents (AttentionOptions::positions) and the sliding window: query i of sample b sees keys [lo_i, i], lo_i
-// the later of its document's start i - positions[b, i] and its window's i - window + 1. The blocks stay as they are; a row's softmax, dropout and gradients run over
-// [lo_i, i] and its entries before lo_i are zeros, so lo_i = 0 is the same arithmetic as without positions.
+// the later of its document's start i - positions[b, i] and its window's i - window + 1. The blocks stay as they are;
+// a row's softmax, dropout and gradients run over [lo_i, i] and its entries before lo_i are zeros, so lo_i = 0 is the
+// same arithmetic as without positions or a window.
 //
 // Layouts: tensor parallelism splits groups and each head is computed whole (all T positions; sequence
 // parallelism gathers them before attention), so every value depends only on its own group's inputs.

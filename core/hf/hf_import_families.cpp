@@ -158,11 +158,11 @@ int64_t window_key(const ConfigKeys& k, int64_t fallback) {
   return w.get<int64_t>();
 }
 
-// Mistral's and Mixtral's window: sliding_window over every layer (null or 0: none); `fallback` the family config
-// class's default when the key is absent (MistralConfig's 4096, MixtralConfig's none). transformers reads no
-// layer_types for these families (it warns of one), so neither does megatrain.
-void read_every_layer_window(const ConfigKeys& k, HfModelShape& s, int64_t fallback) {
-  s.sliding_window = window_key(k, fallback);
+// The window of a Qwen config with use_sliding_window true: sliding_window (default 4096), which must be positive.
+int64_t switched_on_window(const ConfigKeys& k) {
+  const int64_t w = window_key(k, 4096);
+  if (w == 0) k.fail("sliding_window", "= 0 with use_sliding_window true: a window of no tokens sees nothing");
+  return w;
 }
 
 // The Qwen window (Qwen2, Qwen3): with use_sliding_window, sliding_window (default 4096) over the layers layer_types
@@ -194,9 +194,7 @@ void read_qwen_window(const ConfigKeys& k, HfModelShape& s) {
     full = std::min<int64_t>(28, s.num_layers);  // the config classes' default
   }
   if (!k.flag("use_sliding_window", false) || full == s.num_layers) return;
-  s.sliding_window = window_key(k, 4096);
-  if (s.sliding_window == 0)
-    k.fail("sliding_window", "= 0 with use_sliding_window true: a window of no tokens sees nothing");
+  s.sliding_window = switched_on_window(k);
   s.full_attention_layers = full;
 }
 
@@ -212,7 +210,8 @@ HfModelShape mixtral_shape(const ConfigKeys& k) {
   m.norm_topk_prob = true;
   m.aux_loss_coeff = k.real("router_aux_loss_coef", 0.001);
   m.layer_pattern.assign(static_cast<size_t>(s.num_layers), 1);
-  read_every_layer_window(k, s, 0);
+  // sliding_window over every layer (MixtralConfig's default: none); transformers reads no layer_types for Mixtral.
+  s.sliding_window = window_key(k, 0);
   if (m.top_k > m.experts)
     k.fail("num_experts_per_tok", fmt::format("= {} is more than num_local_experts={}", m.top_k, m.experts));
   return s;
@@ -231,7 +230,9 @@ HfModelShape qwen2_shape(const ConfigKeys& k) {
 HfModelShape mistral_shape(const ConfigKeys& k) {
   HfModelShape s = llama_shape(k);
   s.arch = HfArch::mistral;
-  read_every_layer_window(k, s, 4096);
+  // sliding_window over every layer (MistralConfig's default: 4096); transformers reads no layer_types for Mistral
+  // (it warns of one), so neither does megatrain.
+  s.sliding_window = window_key(k, 4096);
   return s;
 }
 
@@ -311,11 +312,7 @@ HfModelShape qwen3_moe_shape(const ConfigKeys& k) {
   s.arch = HfArch::qwen3_moe;
   s.qk_norm = true;
   read_qwen_moe(k, s, {.experts = 128, .top_k = 8, .ffn = 768});
-  if (k.flag("use_sliding_window", false)) {
-    s.sliding_window = window_key(k, 4096);
-    if (s.sliding_window == 0)
-      k.fail("sliding_window", "= 0 with use_sliding_window true: a window of no tokens sees nothing");
-  }
+  if (k.flag("use_sliding_window", false)) s.sliding_window = switched_on_window(k);
   return s;
 }
 

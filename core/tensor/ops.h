@@ -9,6 +9,7 @@
 //    so microbatches sum their gradients in place.
 //  * "N" is the number of rows (tokens) of a 2-D view; callers reshape (B, T, C) to (B*T, C) with view().
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <span>
@@ -201,8 +202,7 @@ struct AttentionOptions {
 // The first key query i sees: the latest of 0, its document's start (i - position; position = i without documents)
 // and its window's start. Nondecreasing in i.
 inline int64_t attention_first_key(int64_t i, int64_t position, int64_t window) {
-  const int64_t doc = i - position, band = window > 0 ? i - window + 1 : 0;
-  return doc > band ? doc : band > 0 ? band : 0;
+  return std::max({int64_t{0}, i - position, window > 0 ? i - window + 1 : 0});
 }
 
 void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, const AttentionOptions& opt);

@@ -42,8 +42,7 @@ void check_positions(const char* op, const AttentionBlockOptions& opt) {
       return fmt::format("must be >= 0, got offset {}, split_at {}, split_position {}", p->position_offset, p->split_at,
                          p->split_position);
     });
-  check_range(op, "window", opt.window >= 0 && (opt.window == 0 || opt.causal),
-              [&] { return fmt::format("must be >= 0, and > 0 only with causal attention, got {}", opt.window); });
+  check_window(op, opt.window, opt.causal);
   if (opt.dropout_p == 0.f) return;
   check_p(op, opt.dropout_p);
   check_range(op, "dropout keys", opt.seq_length > 0 && opt.sample_offset >= 0 && opt.head_offset >= 0, [&] {

@@ -93,6 +93,12 @@ inline void check_p(const char* op, float p) {
   if (!(p >= 0.f && p < 1.f)) fail(op, fmt::format("dropout probability must lie in [0, 1), got {}", p));
 }
 
+// An attention's sliding window (AttentionOptions::window, AttentionBlockOptions::window): >= 0, > 0 only causal.
+inline void check_window(const char* op, int64_t window, bool causal) {
+  check_range(op, "window", window >= 0 && (window == 0 || causal),
+              [&] { return fmt::format("must be >= 0, and > 0 only with causal attention, got {}", window); });
+}
+
 // gemm's and gemm_fp8's checks of the shapes (a, b, out 2-D; op(a) (M, K) @ op(b) (K, N) = out (M, N)), the
 // epilogue and its vectors (core/tensor/ops.cpp); the dtypes each op checks itself.
 void check_gemm_shapes(const char* op, const Tensor& a, const Tensor& b, const Tensor& out, const GemmOptions& opt);

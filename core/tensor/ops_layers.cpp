@@ -219,8 +219,7 @@ void check_qkv(const char* op, const Tensor& qkv, const AttentionOptions& opt) {
   check_p(op, opt.dropout_p);
   check_range(op, "offsets", opt.sample_offset >= 0 && opt.head_offset >= 0,
               [&] { return fmt::format("must be >= 0, got sample {}, head {}", opt.sample_offset, opt.head_offset); });
-  check_range(op, "window", opt.window >= 0 && (opt.window == 0 || opt.causal),
-              [&] { return fmt::format("must be >= 0, and > 0 only with causal attention, got {}", opt.window); });
+  check_window(op, opt.window, opt.causal);
   if (opt.positions.defined()) {
     check_range(op, "causal", opt.causal, "packed documents' positions need causal attention");
     check_document_positions(op, opt.positions, qkv.dim(0), qkv.dim(1), true, qkv.device());
