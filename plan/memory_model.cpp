@@ -58,7 +58,8 @@ MemoryPlan predict_memory(const Config& c, Backend backend, double give_up_above
                    .stage = stage,
                    .parameters = step.parameters,
                    .layers = step.layers,
-                   .peak_in_flight = step.peak_in_flight};
+                   .peak_in_flight = step.peak_in_flight,
+                   .transient_grad_bytes = static_cast<double>(step.transient_grad_bytes)};
     for (size_t k = 0; k < KindBytes::kKinds; ++k) sm.bytes.peak[k] = static_cast<double>(step.memory.peak[k]);
     sm.bytes.total = static_cast<double>(step.memory.peak_total);
     plan.stages.push_back(sm);

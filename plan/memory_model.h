@@ -38,6 +38,8 @@ struct StageMemory {
   int64_t layers = 0;      // transformer layers on this rank
   int peak_in_flight = 0;  // most (microbatch, chunk) forwards held at once
   KindBytes bytes;         // predicted peaks
+  // ZeRO-2/3: the largest transient gradient bucket, one reduction in flight (app/train/meta_step.h MetaStep).
+  double transient_grad_bytes = 0;
 };
 
 struct MemoryPlan {

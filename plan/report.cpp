@@ -64,6 +64,7 @@ nlohmann::json to_json(const Prediction& p, const Hardware& hw) {
                      {"layers", s.layers},
                      {"parameters", s.parameters},
                      {"peak_in_flight", s.peak_in_flight},
+                     {"transient_grad_bytes", s.transient_grad_bytes},
                      {"total_bytes", s.bytes.total}};
     for (size_t k = 0; k < KindBytes::kKinds; ++k)
       r["peak_bytes"][std::string(mem_kind_name(static_cast<MemKind>(k)))] = s.bytes.peak[k];

@@ -90,6 +90,7 @@ MetaStep measure_step(const Config& cfg_in, int stage, const MetaStepOptions& op
     if (opt.step) trainer->step_once();
     out.memory = session.memory();
     out.parameters = trainer->num_parameters();
+    out.transient_grad_bytes = trainer->largest_transient_grad_bytes();
   }
   out.counts = session.counts();
   return out;

@@ -32,7 +32,11 @@ struct MetaStep {
   int64_t parameters = 0;  // elements this rank stores (its shards, tied copies included)
   int64_t layers = 0;      // transformer layers on this rank
   int peak_in_flight = 0;  // most (microbatch, chunk) forwards held at once by its schedule
-  meta::Counts counts;     // the step's ops
+  // ZeRO-2/3: the largest gradient bucket that lives only until its reduction. The measured step holds one such
+  // reduction in flight beside backward (NCCL's order, issued on the caller); Gloo's reducer thread may free it
+  // sooner, so a CPU run's gradient peak may lie below the measured one by up to this.
+  int64_t transient_grad_bytes = 0;
+  meta::Counts counts;  // the step's ops
 };
 
 // The first iteration of pipeline stage `stage` (tensor, context, data-parallel rank 0), as a rank of the resolved

@@ -77,7 +77,8 @@ std::vector<Parameter*> all_parameters(const std::vector<std::unique_ptr<GptMode
 
 std::unique_ptr<Parallelized> parallelize_chunks(const Config& cfg, Distributed& dist,
                                                  const std::vector<std::unique_ptr<GptModel>>& chunks,
-                                                 const std::vector<Parameter*>& params) {
+                                                 const std::vector<Parameter*>& params,
+                                                 const std::shared_ptr<Fp8Context>& fp8) {
   if (cfg.parallel.shard >= ShardStage::gradients && dist.dp_size() == 1 && dist.is_logging_rank())
     spdlog::warn(
         "parallel.shard={} with one data-parallel rank: each rank's shard is the whole, so nothing "
@@ -120,10 +121,13 @@ std::unique_ptr<Parallelized> parallelize_chunks(const Config& cfg, Distributed&
     if (p.needs_grads_needed())
       chunk.set_grads_needed_hook([&p](int mb, const std::vector<Parameter*>& ps) { p.grads_needed(mb, ps); });
     if (p.gathers_units())
-      chunk.set_unit_hook([&p, c = static_cast<int>(c)](GptModel::UnitEvent e, int unit, int next) {
-        const bool begin = e == GptModel::UnitEvent::forward_begin || e == GptModel::UnitEvent::backward_begin;
-        begin ? p.unit_begin(c, unit, next) : p.unit_end(c, unit);
-      });
+      chunk.set_unit_hook(
+          [&p, c = static_cast<int>(c), fp8, units = chunk.units()](GptModel::UnitEvent e, int unit, int next) {
+            const bool begin = e == GptModel::UnitEvent::forward_begin || e == GptModel::UnitEvent::backward_begin;
+            if (begin) return p.unit_begin(c, unit, next);
+            p.unit_end(c, unit);
+            if (fp8) fp8->drop_weights(units.at(static_cast<size_t>(unit)));  // the casts go with the weights
+          });
   }
   // optimizer.offload_host_memory_gib: the host state this rank holds now (the host pool) within the budget.
   const double budget = cfg.optimizer.offload_host_memory_gib;

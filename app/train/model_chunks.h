@@ -22,9 +22,11 @@ std::vector<Parameter*> all_parameters(const std::vector<std::unique_ptr<GptMode
 // The chunks made data-parallel as parallel.shard and the optimizer keys say, over `dist`'s groups (its reducers'
 // communicators are handed over): gradient buffers, optimizer, ZeRO-2/3, with the chunks' hooks calling them.
 // `params`: all_parameters(chunks). Checks optimizer.offload_host_memory_gib against the host state it made.
+// `fp8`: the chunks' fp8 context, or null; under ZeRO-3 a unit's fp8 weight casts are dropped with its weights.
 std::unique_ptr<Parallelized> parallelize_chunks(const Config& cfg, Distributed& dist,
                                                  const std::vector<std::unique_ptr<GptModel>>& chunks,
-                                                 const std::vector<Parameter*>& params);
+                                                 const std::vector<Parameter*>& params,
+                                                 const std::shared_ptr<Fp8Context>& fp8 = nullptr);
 
 // What crosses between this rank's pipeline stages: one microbatch's hidden states (this context rank's chunks,
 // sequence shards of them with SP), in the compute dtype on the rank's device.

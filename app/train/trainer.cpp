@@ -51,7 +51,7 @@ Trainer::Trainer(const Config& cfg, const TrainOptions& opt, Distributed& dist, 
                 .wsd_decay_style = cfg.optimizer.wsd_decay_style},
       metrics_(dist.is_logging_rank() ? cfg.logging.dir : "", cfg.logging.tensorboard, cfg.logging.on_sink_error) {
   // Gradient buffers, optimizer and ZeRO stages over the chunks' parameters, their hooks set.
-  par_ = parallelize_chunks(cfg, dist, chunks_, params_);
+  par_ = parallelize_chunks(cfg, dist, chunks_, params_, fp8_);
   train_schedule_ = training_schedule(cfg_, cfg_.training.num_microbatches);
   train_schedule_.memory = std::move(zb_v);
   // The per-parameter gradients made with the model are gone: peaks start from the real state.

@@ -58,6 +58,8 @@ class Trainer {
   // the meta device (app/train/meta_step.h).
   void step_once();
   // The elements this rank stores (its shards, tied copies included).
+  // The largest transient gradient bucket (ZeRO-2/3; 0 else): what one reduction in flight holds.
+  int64_t largest_transient_grad_bytes() const { return par_->largest_transient_grad_bytes(); }
   int64_t num_parameters() const {
     int64_t n = 0;
     for (const Parameter* p : params_) n += par_->stored_numel(p);

@@ -62,12 +62,6 @@ void resolve_shard_parameters(const Config& c, const Rules& r) {
   if (c.model.moe.enabled())
     refuse("model.moe",
            fmt::format("num_experts={} (the expert layers' own buffer and grid)", c.model.moe.num_experts));
-  if (c.training.fp8.format != Fp8Format::none)
-    refuse("training.fp8.format", "fp8 (its casts of the weights would outlive the gathered unit)");
-  if (p.pipeline_schedule == PipelineSchedule::zb_h1 || p.pipeline_schedule == PipelineSchedule::zb_v)
-    refuse("parallel.pipeline_schedule",
-           fmt::format("{} (a deferred weight gradient needs its layer gathered again later)",
-                       name_of(p.pipeline_schedule)));
 }
 
 // parallel.shard_group (hybrid sharding, parallel/sharding/hybrid_shard.h): a divisor of the data-parallel size, for a stage

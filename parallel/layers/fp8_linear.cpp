@@ -31,6 +31,7 @@ Fp8Context::Fp8Context(const Fp8Options& opt, Device device) : opt_(opt), device
 int Fp8Context::add(const std::string& name) {
   if (scale_.defined()) throw std::logic_error(fmt::format("fp8: {} added after allocate()", name));
   names_.push_back(name);
+  weight_ids_.emplace(name + ".weight", static_cast<int>(names_.size()) - 1);
   return static_cast<int>(names_.size()) - 1;
 }
 
@@ -40,6 +41,7 @@ void Fp8Context::allocate() {
   for (size_t i = 0; i < names_.size(); ++i)
     for (Fp8Operand w : {Fp8Operand::input, Fp8Operand::weight, Fp8Operand::grad_output})
       fmax.push_back(fp8_max_of(dtype_of(w)));
+  weights_.assign(names_.size(), {});
   scale_ = device_floats(ones, {n}, device_);
   scale_inv_ = device_floats(ones, {n}, device_);
   fp8_max_ = device_floats(fmax, {n}, device_);
@@ -140,13 +142,20 @@ void Fp8Context::set_filled(int64_t filled) {
   filled_ = filled;
 }
 
-const Fp8Tensor& Fp8Link::weight(const Tensor& w, bool sharded, const TensorParallel& tp) const {
-  if (weight_generation_ != ctx->generation() || !weight_.q.defined()) {
-    weight_ = ctx->quantize(id, Fp8Operand::weight, w, sharded, tp, Fp8Layout::both);
+const Fp8Tensor& Fp8Context::weight(int id, const Tensor& w, bool sharded, const TensorParallel& tp) const {
+  WeightCast& c = weights_.at(static_cast<size_t>(id));
+  if (c.generation != generation_ || !c.cast.q.defined()) {
+    c.cast = quantize(id, Fp8Operand::weight, w, sharded, tp, Fp8Layout::both);
     // Not kept from an evaluation: the next training cast records the weight's amax (delayed recipe).
-    weight_generation_ = ctx->recording() ? ctx->generation() : -1;
+    c.generation = recording_ ? generation_ : -1;
   }
-  return weight_;
+  return c.cast;
+}
+
+void Fp8Context::drop_weights(const std::vector<Parameter*>& params) {
+  for (const Parameter* p : params)
+    if (const auto it = weight_ids_.find(p->name); it != weight_ids_.end())
+      weights_.at(static_cast<size_t>(it->second)) = {};
 }
 
 }  // namespace mt

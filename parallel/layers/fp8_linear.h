@@ -19,8 +19,10 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
+#include "core/tensor/parameter.h"
 #include "core/tensor/tensor.h"
 #include "parallel/comm/communicator.h"
 #include "parallel/layers/tensor_parallel.h"
@@ -79,6 +81,15 @@ class Fp8Context {
 
   // Bumped by every step(): the weights may have changed, so the linears' cached fp8 weights are stale.
   int64_t generation() const { return generation_; }
+  // Linear `id`'s weight w in fp8, cast once per iteration (the weights change only at the step, and within an
+  // iteration its scale is fixed: the delayed one by design, the current one by the unchanged weight), as Transformer
+  // Engine caches it over the microbatches: both layouts, in one pass (the forward reads W, the backward W^T).
+  // `sharded`: a tensor-parallel shard.
+  const Fp8Tensor& weight(int id, const Tensor& w, bool sharded, const TensorParallel& tp) const;
+  // Drops the cached casts of those of `params` that are a registered linear's weight (<name>.weight): ZeRO-3
+  // releases a unit's weights after it computes, and their casts go with them (cast again, to the same values, when
+  // the unit is gathered again: the same weights under the same scale).
+  void drop_weights(const std::vector<Parameter*>& params);
   const Fp8Options& options() const { return opt_; }
   bool delayed_scales_ready() const { return opt_.delayed && filled_ > 0; }
   // Checkpoint state, layout-free: per linear its (3) scales and (3, H) histories (the same on every rank that
@@ -99,6 +110,12 @@ class Fp8Context {
   Fp8Options opt_;
   Device device_;
   std::vector<std::string> names_;
+  std::unordered_map<std::string, int> weight_ids_;  // <name>.weight -> id
+  struct WeightCast {
+    Fp8Tensor cast;
+    int64_t generation = -1;  // of the cast; -1: none kept (dropped, or made by an evaluation)
+  };
+  mutable std::vector<WeightCast> weights_;  // by id (weight())
   bool recording_ = true;
   Communicator* cp_ = nullptr;  // the context group (set_context_group)
   int64_t generation_ = 0;
@@ -115,15 +132,10 @@ struct Fp8Link {
   std::shared_ptr<Fp8Context> ctx;
   int id = -1;
   explicit operator bool() const { return ctx != nullptr; }
-  // The weight in fp8, cast once per iteration (the weights change only at the step, and within an iteration
-  // its scale is fixed: the delayed one by design, the current one by the unchanged weight), as Transformer
-  // Engine caches it over the microbatches: both layouts, in one pass (the forward reads W, the backward W^T).
-  // `sharded`: a tensor-parallel shard.
-  const Fp8Tensor& weight(const Tensor& w, bool sharded, const TensorParallel& tp) const;
-
-  // weight()'s cache (public only so the link stays an aggregate: {.ctx, .id}).
-  mutable Fp8Tensor weight_;
-  mutable int64_t weight_generation_ = -1;
+  // The weight in fp8 (Fp8Context::weight).
+  const Fp8Tensor& weight(const Tensor& w, bool sharded, const TensorParallel& tp) const {
+    return ctx->weight(id, w, sharded, tp);
+  }
 };
 
 }  // namespace mt

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/tensor/ops.h"
 #include "core/tensor/trace.h"
 #include "parallel/sharding/hybrid_shard.h"
@@ -198,6 +200,14 @@ void GradBuffer::ready(Parameter* p) {  // mu_ held
   it->second = true;
   const size_t b = bucket_of_.at(p);
   if (--buckets_[b].pending == 0 && reduces_) launch(b);
+}
+
+int64_t GradBuffer::largest_transient_bytes() const {
+  int64_t most = 0;
+  if (opt_.shard_gradients)
+    for (const Bucket& b : buckets_)
+      if (!b.whole) most = std::max(most, (b.end - b.begin) * static_cast<int64_t>(sizeof(float)));
+  return most;
 }
 
 void GradBuffer::flush_ready(size_t bucket) {  // mu_ held

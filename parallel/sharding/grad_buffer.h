@@ -102,6 +102,9 @@ class GradBuffer {
   int64_t offset(const Parameter* p) const { return offset_.at(p); }  // first element in data()
   // A parameter's shape as laid out (its value may be released between uses under ZeRO-3).
   const Shape& shape(const Parameter* p) const { return shape_.at(p); }
+  // ZeRO-2: the bytes of the largest bucket whose storage lives only from its first prepare() to its flush (0
+  // without sharded gradients): what one reduction in flight beside backward holds.
+  int64_t largest_transient_bytes() const;
   size_t bucket_of(const Parameter* p) const { return bucket_of_.at(p); }
   bool holds(const Parameter* p) const { return bucket_of_.contains(p); }  // one of params()
   // In backward order: buckets()[0] holds the last parameters.

@@ -6,6 +6,7 @@
 // Parallelized's hooks (grads_needed, grads_ready, unit_begin, unit_end) and the trainer its step (begin_step,
 // finish_grads, step).
 #pragma once
+#include <algorithm>
 #include <functional>
 #include <memory>
 #include <utility>
@@ -86,6 +87,10 @@ class Parallelized {
   const AdamWConfig& adam_config() const { return adam_; }
   // Elements of a parameter as this rank stores it (under ZeRO-3 its value is whole only while its unit computes).
   int64_t stored_numel(const Parameter* p) const;
+  // ZeRO-2/3: the largest transient gradient bucket of its buffers (GradBuffer::largest_transient_bytes).
+  int64_t largest_transient_grad_bytes() const {
+    return std::max(grads_->largest_transient_bytes(), expert_grads_ ? expert_grads_->largest_transient_bytes() : 0);
+  }
   // ZeRO-3: the first parameter with an inf or NaN in this rank's blocks of the released values; else nullptr.
   const Parameter* first_nonfinite_shard() const { return sharded_ ? sharded_->first_nonfinite_shard() : nullptr; }
 

@@ -198,6 +198,33 @@ TEST(Fp8Linear, DelayedScalesComeFromEarlierIterations) {
   EXPECT_EQ(input_scale(), 448.f / amax(x2) / 2);
 }
 
+// The weight's cast is kept over an iteration's microbatches and dropped with the weight (ZeRO-3 releases a unit's
+// weights after it computes): cast again from the gathered values it is the same fp8 tensor; a step makes it stale.
+TEST(Fp8Linear, WeightCastsAreKeptPerIterationAndDroppedWithTheirWeights) {
+  constexpr int64_t in = 8, out = 4;
+  auto ctx = std::make_shared<Fp8Context>(Fp8Options{.grad_dtype = DType::e5m2}, Device::cpu);
+  ColumnParallelLinear layer(options("col", in, out, false), TensorParallel{});
+  layer.enable_fp8({.ctx = ctx, .id = ctx->add("col")});
+  ctx->allocate();
+  const TensorParallel one{};
+  Parameter& w = *layer.parameters().at(0);
+  ASSERT_EQ(w.name, "col.weight");
+  const Fp8Tensor& first = ctx->weight(0, w.value, false, one);
+  const Tensor q = first.q;
+  EXPECT_EQ(ctx->weight(0, w.value, false, one).q.raw(), q.raw()) << "cast again within the iteration";
+  Parameter other = make_parameter("col.bias", {out}, DType::f32, Init::zeros, 0.f, 1);
+  ctx->drop_weights({&other});  // not a registered weight: nothing dropped
+  EXPECT_EQ(ctx->weight(0, w.value, false, one).q.raw(), q.raw());
+  ctx->drop_weights({&w});
+  const Fp8Tensor& again = ctx->weight(0, w.value, false, one);
+  EXPECT_NE(again.q.raw(), q.raw()) << "the dropped cast was kept";
+  EXPECT_EQ(again.q.to_floats(), q.to_floats());
+  EXPECT_EQ(again.qt.to_floats(), first.qt.to_floats());
+  const void* before_step = again.q.raw();
+  ctx->step(nullptr, nullptr);
+  EXPECT_NE(ctx->weight(0, w.value, false, one).q.raw(), before_step) << "a step leaves the cast stale";
+}
+
 TEST(Fp8UpdateScale, RollsTheHistoryAndKeepsTheScaleForZeroOrNonFiniteAmax) {
   const float inf = INFINITY;
   Tensor amax = Tensor::from_floats(std::vector<float>{2.f, 0.f, NAN, inf, 1e-40f}, {5});
