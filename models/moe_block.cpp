@@ -3,8 +3,8 @@
 namespace mt {
 
 MoeBlock::MoeBlock(const ModelConfig& cfg, const PartOptions& opt)
-    : drop_act_(opt.selective.moe_act),
-      moe_(cfg, opt.name("mlp"), opt.dtype, output_init_std(cfg), opt.seed, opt.device, opt.tp, opt.ep, opt.cp) {}
+    : drop_act_(opt.selective.moe_act), moe_(cfg, opt.name("mlp"), opt.dtype, output_init_std(cfg), opt.seed,
+                                             opt.device, opt.tp, opt.ep, opt.cp, opt.lora) {}
 
 Tensor MoeBlock::forward(const Tensor& x, PartState& state, const PartStep& step) const {
   return moe_.forward(x, state.as<Saved>().moe, {.samples = step.samples, .record = step.record});

@@ -8,7 +8,8 @@ namespace mt {
 
 class MoeBlock final : public BlockPart {
  public:
-  // Parameters under layers.<i>.mlp (MoeMlp's names); no adapters (finetune.lora leaves MoE MLPs frozen).
+  // Parameters under layers.<i>.mlp (MoeMlp's names), with adapters on the experts' and the shared expert's fc1 and
+  // fc2 when finetune.lora targets them (the router stays frozen).
   MoeBlock(const ModelConfig& cfg, const PartOptions& opt);
 
   Tensor forward(const Tensor& x, PartState& state, const PartStep& step) const override;
@@ -16,6 +17,7 @@ class MoeBlock final : public BlockPart {
   void drop_selected(PartState& state) const override;  // moe_act: the experts' and shared expert's activations
   void recompute_selected(PartState& state, const PartStep& step) const override;
   std::vector<Parameter*> parameters() override { return moe_.parameters(); }
+  void merge_lora() override { moe_.merge_lora(); }
 
   MoeMlp& mlp() { return moe_; }
 

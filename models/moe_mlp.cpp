@@ -23,7 +23,7 @@ RouterScore router_score(MoeScore s) { return s == MoeScore::sigmoid ? RouterSco
 }  // namespace
 
 MoeMlp::MoeMlp(const ModelConfig& cfg, const std::string& prefix, DType dtype, float output_init_std, uint64_t seed,
-               Device device, TensorParallel tp, ExpertParallel ep, ContextParallel cp)
+               Device device, TensorParallel tp, ExpertParallel ep, ContextParallel cp, const LoraConfig& lora)
     : cfg_(cfg), prefix_(prefix), dtype_(dtype), device_(device), tp_(tp), cp_(cp), ep_(ep) {
   const MoeConfig& m = cfg.moe;
   if (!m.enabled()) throw std::invalid_argument(prefix + ": MoeMlp needs model.moe.num_experts > 0");
@@ -70,6 +70,19 @@ MoeMlp::MoeMlp(const ModelConfig& cfg, const std::string& prefix, DType dtype, f
   for (size_t l = 0; l < fc1_.size(); ++l) fc1_[l].expert = fc2_[l].expert = true;
   if (m.shared_expert_ffn_hidden_size > 0)
     mlp(prefix + ".shared_expert", m.shared_expert_ffn_hidden_size, tp, shared_fc1_, shared_fc2_);
+  if (lora.enabled() && (lora.targets_any("fc1") || lora.targets_any("fc2"))) {
+    const int64_t Fs = m.shared_expert_ffn_hidden_size;
+    lora_ = ExpertAdapters(lora,
+                           {.prefix = prefix,
+                            .first_expert = first_expert_,
+                            .local_experts = El,
+                            .hidden = C,
+                            .fc1_rows = llama ? 2 * F : F,
+                            .width = F,
+                            .shared_width = Fs,
+                            .shared_fc1_rows = llama ? 2 * Fs : Fs},
+                           dtype, seed, expert_tp, tp);
+  }
   for (Parameter* p : parameters()) move_to_device(*p, device);  // initial values are drawn on the host
   if (m.bias_update_rate > 0) expert_bias_ = Tensor::zeros({E}, DType::f32, device, MemKind::parameter);
   load_.tokens.assign(static_cast<size_t>(E), 0);
@@ -87,23 +100,35 @@ void activation_forward(const Tensor& h, Tensor& act, bool llama) {
     gelu_forward(h, act);
 }
 
-// One expert's MLP on rows x (n, C): h = x W1^T, act = GELU(h) or SwiGLU(h), y = act W2^T.
+// The shared expert's adapters (either may be null) and their saved rows.
+struct SharedLora {
+  LoraAdapter *fc1, *fc2;
+  LoraSaved *saved1, *saved2;
+};
+
+// The shared expert's MLP on rows x (n, C): h = x W1^T, act = GELU(h) or SwiGLU(h), y = act W2^T (each GEMM with
+// its adapter's update).
 void expert_forward(const Tensor& x, const Parameter& w1, const Parameter& w2, bool llama, Tensor& h, Tensor& act,
-                    Tensor& y) {
+                    Tensor& y, const SharedLora& lora) {
   gemm(x, w1.value, h, GemmOptions{.trans_b = true});
+  if (lora.fc1) lora.fc1->forward(x, 1, h, {.saved = lora.saved1});
   activation_forward(h, act, llama);
   gemm(act, w2.value, y, GemmOptions{.trans_b = true});
+  if (lora.fc2) lora.fc2->forward(act, 1, y, {.saved = lora.saved2});
 }
 
 // Its backward: dx (n, C) written from dy; the weights' gradients accumulated. dact and dh are scratch like act, h.
 void expert_backward(const Tensor& dy, const Tensor& x, const Tensor& h, const Tensor& act, Parameter& w1,
-                     Parameter& w2, bool llama, Tensor& dact, Tensor& dh, Tensor& dx) {
+                     Parameter& w2, bool llama, Tensor& dact, Tensor& dh, Tensor& dx, const SharedLora& lora) {
   gemm(dy, w2.value, dact);  // (n, F)
+  if (lora.fc2) lora.fc2->backward(dy, act, 1, dact, {.saved = lora.saved2});
   if (llama)
     swiglu_backward(h, dact, dh);
   else
     gelu_backward(h, dact, dh);
   gemm(dh, w1.value, dx);  // (n, C)
+  if (lora.fc1) lora.fc1->backward(dh, x, 1, dx, {.saved = lora.saved1});
+  if (w1.frozen) return;  // finetune.lora's base
   // The weights' gradients: the schedule's W under a zero-bubble pipeline (parallel/pipeline/weight_grad.h).
   weight_grad_work([dy, act, dh, x, &w1, &w2] {
     gemm(dy, act, w2.grad, GemmOptions{.trans_a = true, .beta = 1.f});  // (C, F) +=
@@ -111,31 +136,17 @@ void expert_backward(const Tensor& dy, const Tensor& x, const Tensor& h, const T
   });
 }
 
-// The local experts that have rows, as the groups of gemm_grouped: expert l's rows are the slice of the expert-major
-// row tensors at its offset (experts without rows are left out: a GEMM over zero rows does nothing).
-struct ExpertGroups {
-  std::vector<size_t> experts;                    // the local experts with rows, in order
-  std::vector<std::pair<int64_t, int64_t>> rows;  // their [begin, end) rows
-  std::vector<Tensor> w1, w2;                     // their weights: (F1, C), (C, F)
+// The local experts with rows (models/moe_expert_lora.h) and their weights.
+struct ExpertGroups : ExpertRows {
+  std::vector<Tensor> w1, w2;  // their weights: (F1, C), (C, F)
 
   ExpertGroups(const std::vector<int64_t>& expert_rows, const std::vector<Parameter>& fc1,
-               const std::vector<Parameter>& fc2) {
-    int64_t row = 0;
-    for (size_t l = 0; l < fc1.size(); ++l) {
-      const int64_t n = expert_rows[l];
-      if (n == 0) continue;
-      experts.push_back(l);
-      rows.emplace_back(row, row + n);
+               const std::vector<Parameter>& fc2)
+      : ExpertRows(expert_rows) {
+    for (size_t l : experts) {
       w1.push_back(fc1[l].value);
       w2.push_back(fc2[l].value);
-      row += n;
     }
-  }
-  // Each group's rows of t (Re, ...): views, so a GEMM's output writes into t.
-  std::vector<Tensor> slices(const Tensor& t) const {
-    std::vector<Tensor> out;
-    for (const auto& [begin, end] : rows) out.push_back(t.slice(begin, end));
-    return out;
   }
   // Each group's gradient of the parameters ps (handles to the accumulated buffers).
   std::vector<Tensor> grads(const std::vector<Parameter>& ps) const {
@@ -152,12 +163,20 @@ std::vector<Parameter*> MoeMlp::parameters() {
   for (size_t e = 0; e < fc1_.size(); ++e) {
     out.push_back(&fc1_[e]);
     out.push_back(&fc2_[e]);
+    for (Parameter* p : lora_.expert_parameters(e)) out.push_back(p);
   }
   if (has_shared_expert()) {
     out.push_back(&shared_fc1_);
     out.push_back(&shared_fc2_);
+    for (Parameter* p : lora_.shared_parameters()) out.push_back(p);
   }
   return out;
+}
+
+void MoeMlp::merge_lora() {
+  for (size_t e = 0; e < fc1_.size(); ++e) lora_.merge_into(e, fc1_[e].value, fc2_[e].value);
+  if (has_shared_expert()) lora_.merge_shared_into(shared_fc1_.value, shared_fc2_.value);
+  lora_.clear();
 }
 
 MoeRouterOptions MoeMlp::router_options() const {
@@ -231,8 +250,10 @@ Tensor MoeMlp::forward(const Tensor& x_rows, Saved& s, const MoeStep& step) cons
   const ExpertGroups g(s.expert_rows, fc1_, fc2_);
   std::vector<Tensor> xs = g.slices(s.xp), hs = g.slices(s.h), as = g.slices(s.act), ys = g.slices(ye);
   gemm_grouped(xs, g.w1, hs, GemmOptions{.trans_b = true});  // h = x W1^T
+  lora_.forward_fc1(g, s.xp, s.h, s.lora);
   activation_forward(s.h, s.act, llama);
   gemm_grouped(as, g.w2, ys, GemmOptions{.trans_b = true});  // y = act W2^T
+  lora_.forward_fc2(g, s.act, ye, s.lora);
   s.y = put_share(ep_.size > 1 ? from_experts(ye, s) : ye, s, kept);
   Tensor out = Tensor::empty({N, C}, dtype_, device_);  // this rank's partial sum with tensor parallelism
   moe_unpermute(s.y, s.row_of, &s.probs, out);
@@ -240,7 +261,8 @@ Tensor MoeMlp::forward(const Tensor& x_rows, Saved& s, const MoeStep& step) cons
     s.shared_h = Tensor::empty({N, shared_fc1_.value.dim(0)}, dtype_, device_);
     s.shared_act = Tensor::empty({N, shared_fc2_.value.dim(1)}, dtype_, device_);
     Tensor ys = Tensor::empty({N, C}, dtype_, device_);
-    expert_forward(x, shared_fc1_, shared_fc2_, llama, s.shared_h, s.shared_act, ys);
+    expert_forward(x, shared_fc1_, shared_fc2_, llama, s.shared_h, s.shared_act, ys,
+                   {lora_.shared_fc1(), lora_.shared_fc2(), &s.shared_lora1, &s.shared_lora2});
     add(out, ys, out);
   }
   return sequence_shard_sum(out, step.samples, tp_);
@@ -276,74 +298,6 @@ Tensor MoeMlp::put_share(const Tensor& rows, const Saved& s, int64_t kept) const
   Tensor out = Tensor::zeros({kept, rows.dim(1)}, rows.dtype(), device_);
   moe_permute(rows, s.share, nullptr, out);  // out[share[i]] = rows[i]
   return out;
-}
-
-// Expert parallelism: this rank's choices (R, C), ordered by global expert, go to the EP ranks holding the experts;
-// the rows received (from every EP rank, for this rank's experts) are reordered expert-major (expert l's rows from
-// rank 0, then rank 1, ...), so each local expert's rows are one slice. plan_exchange (forward) exchanges every
-// rank's per-expert counts and fills the routing fields of `s`; to_experts and from_experts (forward and backward)
-// move rows by them.
-void MoeMlp::plan_exchange(Saved& s) const {
-  const int64_t E = cfg_.moe.num_experts, El = ep_.count(E), P = ep_.size;
-  std::vector<double> mine(static_cast<size_t>(P * E), 0.0);  // exact: counts far below 2^53
-  for (int64_t e = 0; e < E; ++e)
-    mine[static_cast<size_t>(ep_.rank * E + e)] = static_cast<double>(s.sent[static_cast<size_t>(e)]);
-  const std::vector<double> all = sum_doubles(*ep_.comm, std::move(mine));
-  auto count = [&](int64_t r, int64_t e) { return std::llround(all[static_cast<size_t>(r * E + e)]); };
-  s.send_rows.assign(static_cast<size_t>(P), 0);
-  s.recv_rows.assign(static_cast<size_t>(P), 0);
-  s.expert_rows.assign(static_cast<size_t>(El), 0);
-  for (int64_t r = 0; r < P; ++r)
-    for (int64_t l = 0; l < El; ++l) {
-      s.send_rows[static_cast<size_t>(r)] += s.sent[static_cast<size_t>(r * El + l)];
-      s.recv_rows[static_cast<size_t>(r)] += count(r, first_expert_ + l);
-      s.expert_rows[static_cast<size_t>(l)] += count(r, first_expert_ + l);
-    }
-  // Received row i (from rank r, expert l, the j-th) -> its expert-major row.
-  std::vector<int64_t> start(static_cast<size_t>(El), 0);  // expert l's first row, then its next free one per rank
-  for (int64_t l = 1; l < El; ++l)
-    start[static_cast<size_t>(l)] = start[static_cast<size_t>(l - 1)] + s.expert_rows[static_cast<size_t>(l - 1)];
-  std::vector<int32_t> order;
-  for (int64_t r = 0; r < P; ++r)
-    for (int64_t l = 0; l < El; ++l)
-      for (int64_t j = 0, n = count(r, first_expert_ + l); j < n; ++j)
-        order.push_back(static_cast<int32_t>(start[static_cast<size_t>(l)]++));
-  const auto Rr = static_cast<int64_t>(order.size());
-  s.order = Tensor::from_ints(order, {Rr, 1}).to(device_);
-  const double balanced =
-      std::accumulate(all.begin(), all.end(), 0.0) * static_cast<double>(El) / static_cast<double>(E);
-  if (balanced > 0) peak_received_ = std::max(peak_received_, static_cast<double>(Rr) / balanced);  // the EP group's
-}
-
-Tensor MoeMlp::to_experts(const Tensor& rows, const Saved& s) const {
-  const int64_t Rr = s.order.dim(0), C = rows.dim(1);
-  Tensor received = Tensor::empty({Rr, C}, rows.dtype(), device_);
-  all_to_all_rows(rows, s.send_rows, received, s.recv_rows);
-  Tensor out = Tensor::empty({Rr, C}, rows.dtype(), device_);
-  moe_permute(received, s.order, nullptr, out);
-  return out;
-}
-
-// The inverse: the expert-major rows (this rank's experts' outputs or input gradients) back, in the order each
-// EP rank sent them, to the ranks whose tokens they are.
-Tensor MoeMlp::from_experts(const Tensor& rows, const Saved& s) const {
-  const int64_t C = rows.dim(1);
-  Tensor by_rank = Tensor::empty(rows.shape(), rows.dtype(), device_);
-  moe_unpermute(rows, s.order, nullptr, by_rank);
-  int64_t R = 0;
-  for (int64_t n : s.send_rows) R += n;
-  Tensor out = Tensor::empty({R, C}, rows.dtype(), device_);
-  all_to_all_rows(by_rank, s.recv_rows, out, s.send_rows);
-  return out;
-}
-
-void MoeMlp::all_to_all_rows(const Tensor& in, const std::vector<int64_t>& send_rows, Tensor& out,
-                             const std::vector<int64_t>& recv_rows) const {
-  const int64_t C = in.dim(1);
-  std::vector<int64_t> send(send_rows.size()), recv(recv_rows.size());
-  for (size_t r = 0; r < send.size(); ++r) send[r] = send_rows[r] * C;
-  for (size_t r = 0; r < recv.size(); ++r) recv[r] = recv_rows[r] * C;
-  ep_.comm->all_to_all(in, send, out, recv)->wait();
 }
 
 void MoeMlp::record_load(const Tensor& logits, const Saved& s) const {
@@ -441,8 +395,8 @@ Tensor MoeMlp::backward(const Tensor& dout_rows, const Saved& s, const MoeStep& 
   const ExpertGroups g(s.expert_rows, fc1_, fc2_);
   const std::vector<Tensor> dys = g.slices(dye), xs = g.slices(s.xp), as = g.slices(s.act);
   std::vector<Tensor> dacts = g.slices(dact), dhs = g.slices(dh), dxs = g.slices(dxe);
-  std::vector<Tensor> w1_grads = g.grads(fc1_), w2_grads = g.grads(fc2_);
   gemm_grouped(dys, g.w2, dacts);  // dact (n, F) = dy W2
+  lora_.backward_fc2(g, dye, s.act, s.lora, dact);
   if (Re > 0) {
     if (llama)
       swiglu_backward(s.h, dact, dh);
@@ -450,18 +404,23 @@ Tensor MoeMlp::backward(const Tensor& dout_rows, const Saved& s, const MoeStep& 
       gelu_backward(s.h, dact, dh);
   }
   gemm_grouped(dhs, g.w1, dxs);  // dx (n, C) = dh W1
-  // The experts' weight gradients: the schedule's W under a zero-bubble pipeline (parallel/pipeline/weight_grad.h).
-  weight_grad_work([dys, as, dhs, xs, w1_grads, w2_grads]() mutable {
-    gemm_grouped(dys, as, w2_grads, GemmOptions{.trans_a = true, .beta = 1.f});  // dW2 (C, F) += dy^T act
-    gemm_grouped(dhs, xs, w1_grads, GemmOptions{.trans_a = true, .beta = 1.f});  // dW1 (F1, C) += dh^T x
-  });
+  lora_.backward_fc1(g, dh, s.xp, s.lora, dxe);
+  // The experts' weight gradients: the schedule's W under a zero-bubble pipeline (parallel/pipeline/weight_grad.h);
+  // none for finetune.lora's frozen base.
+  if (!fc1_.front().frozen)
+    weight_grad_work([dys, as, dhs, xs, w1_grads = g.grads(fc1_), w2_grads = g.grads(fc2_)]() mutable {
+      gemm_grouped(dys, as, w2_grads, GemmOptions{.trans_a = true, .beta = 1.f});  // dW2 (C, F) += dy^T act
+      gemm_grouped(dhs, xs, w1_grads, GemmOptions{.trans_a = true, .beta = 1.f});  // dW1 (F1, C) += dh^T x
+    });
   const Tensor dxp = put_share(ep_.size > 1 ? from_experts(dxe, s) : dxe, s, kept);
   Tensor dx = Tensor::empty({N, C}, dtype_, device_);
   moe_unpermute(dxp, s.row_of, nullptr, dx);
   if (has_shared_expert()) {  // dx += the shared expert's input gradient
     Tensor sdact = Tensor::empty(s.shared_act.shape(), dtype_, device_),
            sdh = Tensor::empty(s.shared_h.shape(), dtype_, device_), sdx = Tensor::empty({N, C}, dtype_, device_);
-    expert_backward(dout, s.x, s.shared_h, s.shared_act, shared_fc1_, shared_fc2_, llama, sdact, sdh, sdx);
+    expert_backward(dout, s.x, s.shared_h, s.shared_act, shared_fc1_, shared_fc2_, llama, sdact, sdh, sdx,
+                    {lora_.shared_fc1(), lora_.shared_fc2(), const_cast<LoraSaved*>(&s.shared_lora1),
+                     const_cast<LoraSaved*>(&s.shared_lora2)});  // backward only reads them
     add(dx, sdx, dx);
   }
   // Through the router: dlogits in fp32 (with the aux and z losses' gradients), then the linear's gradients in the
@@ -491,9 +450,10 @@ Tensor MoeMlp::backward(const Tensor& dout_rows, const Saved& s, const MoeStep& 
     dl.copy_from(dlogits);
   }
   if (tp_.rank == 0) gemm(dl, router_.value, dx, GemmOptions{.beta = 1.f});  // dx += dlogits Wr
-  weight_grad_work([this, dl, x = s.x] {
-    gemm(dl, x, router_.grad, GemmOptions{.trans_a = true, .beta = 1.f});  // dWr += dlogits^T x
-  });
+  if (!router_.frozen)                                                       // finetune.lora's base
+    weight_grad_work([this, dl, x = s.x] {
+      gemm(dl, x, router_.grad, GemmOptions{.trans_a = true, .beta = 1.f});  // dWr += dlogits^T x
+    });
   return sequence_shard_sum(dx, step.samples, tp_);
 }
 

@@ -44,6 +44,7 @@
 #include "core/tensor/ops.h"
 #include "core/tensor/parameter.h"
 #include "core/tensor/tensor.h"
+#include "models/moe_expert_lora.h"
 #include "parallel/layers/context_parallel.h"
 #include "parallel/layers/expert_parallel.h"
 #include "parallel/layers/tensor_parallel.h"
@@ -75,8 +76,11 @@ class MoeMlp {
   // the experts' tensor-parallel degree ep.tensor (0: tp.size) as tp.rank % ETP. `cp`: the context-parallel group,
   // whose ranks hold the other chunks of the microbatch's sequences: the aux and z losses are the microbatch's, so
   // their token counts, score sums and log-sum-exps are summed over it.
+  // `lora` (finetune.lora, when it targets fc1 or fc2): adapters on the experts' and the shared expert's linears
+  // (models/moe_expert_lora.h).
   MoeMlp(const ModelConfig& cfg, const std::string& prefix, DType dtype, float output_init_std, uint64_t seed,
-         Device device = Device::cpu, TensorParallel tp = {}, ExpertParallel ep = {}, ContextParallel cp = {});
+         Device device = Device::cpu, TensorParallel tp = {}, ExpertParallel ep = {}, ContextParallel cp = {},
+         const LoraConfig& lora = {});
 
   // What forward keeps for backward.
   struct Saved {
@@ -101,14 +105,19 @@ class MoeMlp {
     std::vector<int64_t> send_rows, recv_rows;
     Tensor order;
     Tensor shared_h, shared_act;  // the shared expert's (N, Fs1/t) and (N, Fs/t); undefined without one
+    ExpertLoraSaved lora;         // the experts' adapters' low-rank rows
+    LoraSaved shared_lora1, shared_lora2;
   };
   // x (Ns, C) -> (Ns, C): Ns = N rows, or this rank's sequence shard with sequence parallelism.
   Tensor forward(const Tensor& x, Saved& s, const MoeStep& step = {}) const;
   // dout (Ns, C) -> dx (Ns, C); accumulates every parameter's gradient (with the aux and z losses' share).
   Tensor backward(const Tensor& dout, const Saved& s, const MoeStep& step = {});
 
-  // The router's weight, fc1 and fc2 of each expert in expert order, then the shared expert's fc1 and fc2.
+  // The router's weight, fc1 and fc2 of each expert in expert order (each followed by its adapters), then the shared
+  // expert's fc1 and fc2 and their adapters.
   std::vector<Parameter*> parameters();
+  // Folds the adapters into the experts' and shared expert's weights and drops them (generation).
+  void merge_lora();
   Parameter& router() { return router_; }
   // Expert e (a global index) of this rank's.
   Parameter& fc1(int64_t e) { return fc1_.at(static_cast<size_t>(e - first_expert_)); }
@@ -164,6 +173,7 @@ class MoeMlp {
   std::vector<Parameter> fc1_;         // per local expert (F1/ETP, C): F1 = F, or 2F gate and up interleaved (llama)
   std::vector<Parameter> fc2_;         // per local expert (C, F/ETP)
   Parameter shared_fc1_, shared_fc2_;  // (Fs1/t, C), (C, Fs/t); undefined without a shared expert
+  ExpertAdapters lora_;                // finetune.lora's, beside fc1 and fc2 (none without)
   Tensor expert_bias_;                 // (E) f32 on the device; undefined without the bias update
   mutable MoeLoad load_;               // bookkeeping of forward (const: generation runs it too)
   // Expert parallelism: the most rows this rank's experts received in one forward over their balanced share (the

@@ -70,6 +70,10 @@ void make_groups(Distributed& d, const Config& cfg, const GroupMaker& group, boo
     mesh.make({"ep"});
     mesh.make({"edp"});
     mesh.make({"edp"}, GroupUse::grads);  // the expert gradient buffer's own
+    // LoRA adapters on experts split over ETP > 1 ranks sum their partial gradients there (models/moe_expert_lora.h).
+    const LoraConfig& lora = cfg.finetune.lora;
+    if (d.topology.etp() > 1 && lora.enabled() && (lora.targets_any("fc1") || lora.targets_any("fc2")))
+      mesh.make({"etp"});
   } else {
     mesh.add({"ep"}, make_self_communicator(fmt::format("ep[{}]", d.rank())));  // one rank: no rendezvous
   }

@@ -97,6 +97,7 @@ std::unique_ptr<Parallelized> parallelize_chunks(const Config& cfg, Distributed&
                          .expert_grads = dist.take_expert_grads(),
                          .expert_data = dist.groups.find({"edp"}),
                          .expert = &dist.group({"ep"}),
+                         .expert_tensor = dist.groups.find({"etp"}),
                          .counts_expert_replicas = dist.etp_rank() == 0,
                          .first_expert_fold = dist.tp_rank() < dist.etp_size(),
                          .keeps_expert_state = dist.edp_rank() == 0},

@@ -212,8 +212,14 @@ void resolve_finetune(const Config& c, const Rules& r) {
     for (size_t j = 0; j < i; ++j)
       if (l.targets[j] == l.targets[i]) r.fail("finetune.lora.targets", fmt::format("names '{}' twice", l.targets[i]));
   }
-  if (c.model.moe.enabled())
-    r.fail("finetune.lora.rank", "LoRA on mixture-of-experts models is not supported yet (model.moe.num_experts > 0)");
+  // The experts' adapters (fc1, fc2 on a MoE layer) take their rows in expert order, not at their tokens' places, so
+  // no dropout mask keyed by position exists for them; PEFT's adapters on fused experts (ParamWrapper) refuse
+  // dropout too.
+  if (c.model.moe.enabled() && l.dropout > 0 && (l.targets_any("fc1") || l.targets_any("fc2")))
+    r.fail("finetune.lora.dropout",
+           fmt::format("must be 0 with adapters on a mixture of experts' linears (model.moe.num_experts={} and "
+                       "finetune.lora.targets names fc1 or fc2), as PEFT's adapters on fused experts; got {}",
+                       c.model.moe.num_experts, l.dropout));
   if (c.training.fp8.enabled())
     r.fail("finetune.lora.rank", "LoRA with fp8 GEMMs is not supported yet (training.fp8.format is set)");
 }

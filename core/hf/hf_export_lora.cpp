@@ -1,5 +1,6 @@
 // hf_export_lora.cpp: a LoRA checkpoint (finetune.lora: adapters only, the frozen base elsewhere) -> the merged
 // Hugging Face model, or a PEFT adapter for the base's export (hf_export.h).
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -39,6 +40,32 @@ Factors read_factors(const CheckpointReader& lora, const std::string& linear) {
   const std::string a = "model." + linear + ".lora_a", b = "model." + linear + ".lora_b";
   if (!lora.has(b)) throw CheckpointError(fmt::format("{}: has {} but no {}", lora.dir(), a, b));
   return {read_f32(lora, a, lora.info(a).global_shape), read_f32(lora, b, lora.info(b).global_shape)};
+}
+
+// Layer i's experts' adapters as PEFT's ParamWrapper holds them for transformers 5's fused experts
+// (<layer>.mlp.experts.gate_up_proj (E, 2F, C) with gate rows then up rows, down_proj (E, C, F)): one lora_A
+// (r E, in) whose rows e r + j are expert e's A, one lora_B (out, r E) whose column j E + e is column j of expert e's
+// B; targeting both, gate_up_proj's wrapper is the inner one (its keys under experts.base_layer). Our fc1 interleaves
+// gate and up rows (2f, 2f + 1): B's rows are put in HF's order.
+struct FusedExperts {
+  Tensor a, b;  // f32, PEFT's shapes
+};
+FusedExperts fuse_experts(const CheckpointReader& lora, const std::string& layer, const char* linear, int64_t E,
+                          bool swiglu_rows) {
+  std::vector<Factors> f;
+  for (int64_t e = 0; e < E; ++e) f.push_back(read_factors(lora, fmt::format("{}.experts.{}.{}", layer, e, linear)));
+  const int64_t r = f[0].a.dim(0), in = f[0].a.dim(1), out = f[0].b.dim(0);
+  std::vector<float> a(static_cast<size_t>(r * E * in)), b(static_cast<size_t>(out * r * E));
+  for (int64_t e = 0; e < E; ++e) {
+    const float* ae = f[static_cast<size_t>(e)].a.data<float>();
+    const float* be = f[static_cast<size_t>(e)].b.data<float>();
+    std::copy(ae, ae + r * in, a.begin() + e * r * in);
+    for (int64_t o = 0; o < out; ++o) {
+      const int64_t ours = swiglu_rows ? (o < out / 2 ? 2 * o : 2 * (o - out / 2) + 1) : o;
+      for (int64_t j = 0; j < r; ++j) b[static_cast<size_t>(o * r * E + j * E + e)] = be[ours * r + j];
+    }
+  }
+  return {Tensor::from_floats(a, {r * E, in}), Tensor::from_floats(b, {out, r * E})};
 }
 
 std::string json_string(const std::string& s) {
@@ -95,10 +122,12 @@ void export_peft_adapter(const CheckpointReader& lora, const CheckpointReader& b
     Tensor t;  // f32, as PEFT stores it
   };
   std::vector<Piece> pieces;
-  std::set<std::string> modules;  // PEFT's target_modules: the last two parts of each adapted module's name
+  std::set<std::string> modules;        // PEFT's target_modules: the last two parts of each adapted module's name
+  std::vector<std::string> parameters;  // PEFT's target_parameters: the fused experts'
+  bool any_fc1 = false, any_fc2 = false;
   for (const HfMapping& m : hf_mappings(g)) {
     const std::string linear = m.ours.empty() ? "" : adapted_linear(lora, m.ours);
-    if (linear.empty()) continue;
+    if (linear.empty() || linear.find(".experts.") != std::string::npos) continue;  // the experts' below
     const std::string module = m.hf_name.substr(0, m.hf_name.size() - std::string(".weight").size());
     const Factors f = read_factors(lora, linear);
     const int64_t r = f.a.dim(0), hf_out = m.transpose ? m.hf_shape.at(1) : m.hf_shape.at(0);
@@ -115,6 +144,26 @@ void export_peft_adapter(const CheckpointReader& lora, const CheckpointReader& b
     const size_t dot = module.rfind('.', module.rfind('.') - 1);
     modules.insert(module.substr(dot + 1));
   }
+  for (int64_t i = 0; has_experts(g.arch) && i < g.num_layers; ++i) {
+    const std::string layer = fmt::format("layers.{}.mlp", i);
+    const bool fc1 = lora.has(fmt::format("model.{}.experts.0.fc1.lora_a", layer));
+    const bool fc2 = lora.has(fmt::format("model.{}.experts.0.fc2.lora_a", layer));
+    const std::string module = fmt::format("base_model.model.model.layers.{}.mlp.experts.", i);
+    if (fc1) {
+      const FusedExperts f = fuse_experts(lora, layer, "fc1", g.moe.experts, true);
+      pieces.push_back({module + (fc2 ? "base_layer." : "") + "lora_A.weight", f.a});
+      pieces.push_back({module + (fc2 ? "base_layer." : "") + "lora_B.weight", f.b});
+    }
+    if (fc2) {
+      const FusedExperts f = fuse_experts(lora, layer, "fc2", g.moe.experts, false);
+      pieces.push_back({module + "lora_A.weight", f.a});
+      pieces.push_back({module + "lora_B.weight", f.b});
+    }
+    any_fc1 = any_fc1 || fc1;
+    any_fc2 = any_fc2 || fc2;
+  }
+  if (any_fc1) parameters.push_back(json_string("mlp.experts.gate_up_proj"));
+  if (any_fc2) parameters.push_back(json_string("mlp.experts.down_proj"));
   if (pieces.empty()) throw CheckpointError(fmt::format("{}: holds no adapters", lora.dir()));
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
@@ -131,9 +180,11 @@ void export_peft_adapter(const CheckpointReader& lora, const CheckpointReader& b
   const std::string config = fmt::format(
       "{{\n  \"peft_type\": \"LORA\",\n  \"task_type\": \"CAUSAL_LM\",\n  \"base_model_name_or_path\": {},\n"
       "  \"r\": {},\n  \"lora_alpha\": {},\n  \"lora_dropout\": {},\n  \"target_modules\": [{}],\n"
+      "  \"target_parameters\": {},\n"
       "  \"bias\": \"none\",\n  \"fan_in_fan_out\": {},\n  \"inference_mode\": true,\n  \"init_lora_weights\": true,\n"
       "  \"modules_to_save\": null,\n  \"use_rslora\": false,\n  \"use_dora\": false\n}}\n",
       l->base.empty() ? "null" : json_string(l->base), l->rank, l->alpha, l->dropout, fmt::join(quoted, ", "),
+      parameters.empty() ? "null" : fmt::format("[{}]", fmt::join(parameters, ", ")),
       g.arch == HfArch::gpt ? "true" : "false");
   io::write_file_atomically(io::join_path(out_dir, "adapter_config.json"), config);
 }

@@ -57,10 +57,11 @@ Parallelized::Parallelized(const std::vector<Parameter*>& params,
   if (experts.empty()) {
     optimizer_ = optimizer_of(*grads_, dense, groups_.shard_owners, adam_);
   } else {
-    expert_grads_ = std::make_unique<GradBuffer>(
-        experts, opt.device, std::move(groups_.expert_grads),
-        GradBufferOptions{
-            .bucket_elements = opt.bucket_elements, .shard = shard_optimizer, .shard_gradients = shard_gradients});
+    expert_grads_ = std::make_unique<GradBuffer>(experts, opt.device, std::move(groups_.expert_grads),
+                                                 GradBufferOptions{.bucket_elements = opt.bucket_elements,
+                                                                   .shard = shard_optimizer,
+                                                                   .shard_gradients = shard_gradients,
+                                                                   .tensor = groups_.expert_tensor});
     // The grad norm counts each expert slice once: a whole expert (not split by expert TP) on the first rank of
     // its expert tensor-parallel group; summed over the expert-parallel group that gives every expert's slice
     // once, which the tensor-parallel group's first fold (tp < ETP) brings into the model-parallel sum.

@@ -38,9 +38,12 @@ struct DataParallelGroups {
   std::unique_ptr<Communicator> expert_grads;  // the experts' reducer's: expert-data parallel
   Communicator* expert_data = nullptr;         // the experts' optimizer shards (expert-data parallel)
   Communicator* expert = nullptr;              // the expert-parallel group: its ranks hold different experts
-  bool counts_expert_replicas = true;          // the grad norm counts whole experts here (expert TP rank 0)
-  bool first_expert_fold = true;               // the tensor-parallel ranks that add the experts' norm (tp < ETP)
-  bool keeps_expert_state = true;              // writes the experts' optimizer state (expert-data-parallel rank 0)
+  // Sums the experts' Parameter::grad_sums.tensor gradients (their LoRA adapters' partial sums over the experts'
+  // tensor-parallel ranks); null: one rank there, nothing to sum.
+  Communicator* expert_tensor = nullptr;
+  bool counts_expert_replicas = true;  // the grad norm counts whole experts here (expert TP rank 0)
+  bool first_expert_fold = true;       // the tensor-parallel ranks that add the experts' norm (tp < ETP)
+  bool keeps_expert_state = true;      // writes the experts' optimizer state (expert-data-parallel rank 0)
 };
 
 struct ParallelizeOptions {

@@ -130,8 +130,8 @@ expect_error "finetune.lora.alpha: must be >= 0" --config tiny.yaml --set finetu
   --set finetune.lora.alpha=-1
 expect_error "finetune.lora.dropout: must be in \[0, 1)" --config tiny.yaml --set finetune.lora.rank=4 \
   --set finetune.lora.dropout=1
-expect_error "finetune.lora.rank: LoRA on mixture-of-experts models is not supported yet" --config llama.yaml \
-  --set finetune.lora.rank=4 --set model.moe.num_experts=4
+expect_error "finetune.lora.dropout: must be 0 with adapters on a mixture of experts' linears" --config llama.yaml \
+  --set finetune.lora.rank=4 --set finetune.lora.dropout=0.1 --set model.moe.num_experts=4
 expect_error "finetune.lora.rank: LoRA with fp8 GEMMs is not supported yet" --config llama.yaml \
   --set finetune.lora.rank=4 --set training.precision=bf16 --set training.fp8.format=e4m3
 

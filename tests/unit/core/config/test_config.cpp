@@ -1240,6 +1240,24 @@ TEST(ConfigRules, LoraTargetsOfOtherFrameworksNameOurs) {
   EXPECT_CONTAINS(targets("[qkv, attn]"), "finetune.lora.targets: expected one of qkv, proj, fc1, fc2, got 'attn'");
 }
 
+// LoRA composes with mixture-of-experts layers (adapters on the experts' linears); only the adapters' dropout is
+// refused where an expert's linear has one (its rows are in expert order, as PEFT's fused-expert adapters refuse it).
+TEST(ConfigRules, LoraOnExpertsTakesNoDropout) {
+  const std::vector<std::string> moe = {"model.moe.num_experts=4", "finetune.lora.rank=4", "parallel.expert=2"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), moe.begin(), moe.end());
+    return more;
+  };
+  EXPECT_EQ(base(with({}), 2).finetune.lora.rank, 4);
+  EXPECT_EQ(base(with({"finetune.lora.targets=[qkv, proj]", "finetune.lora.dropout=0.1"}), 2).finetune.lora.dropout,
+            0.1);
+  for (const char* targets : {"[fc1]", "[fc2]", "[qkv, fc1, fc2]"})
+    EXPECT_CONTAINS(
+        base_error(with({fmt::format("finetune.lora.targets={}", targets), "finetune.lora.dropout=0.1"}), 2),
+        "finetune.lora.dropout: must be 0 with adapters on a mixture of experts' linears (model.moe.num_experts=4 "
+        "and finetune.lora.targets names fc1 or fc2), as PEFT's adapters on fused experts; got 0.1");
+}
+
 TEST(ConfigRules, OnSinkErrorIsWarnOrSaveAndStop) {
   EXPECT_EQ(base().logging.on_sink_error, SinkErrorAction::warn);
   const Config c = base({"logging.on_sink_error=save_and_stop"});
