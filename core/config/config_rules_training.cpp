@@ -220,8 +220,6 @@ void resolve_finetune(const Config& c, const Rules& r) {
            fmt::format("must be 0 with adapters on a mixture of experts' linears (model.moe.num_experts={} and "
                        "finetune.lora.targets names fc1 or fc2), as PEFT's adapters on fused experts; got {}",
                        c.model.moe.num_experts, l.dropout));
-  if (c.training.fp8.enabled())
-    r.fail("finetune.lora.rank", "LoRA with fp8 GEMMs is not supported yet (training.fp8.format is set)");
 }
 
 }  // namespace mt::config_rules

@@ -52,6 +52,11 @@ class Fp8Recipe final : public GemmRecipe {
     return {.dy = dy, .qdy = qdy};
   }
   void weight_grad(const RecipeGrad& g, const Tensor& x, Parameter& w, Parameter* bias) const override {
+    if (bias && bias->frozen) bias = nullptr;
+    if (w.frozen) {  // LoRA's base: no dW GEMM (nor x's transposed cast), a trained bias still gets its gradient
+      if (bias) weight_grad_work([dy = g.dy, bias] { bias_backward(dy, bias->grad); });
+      return;
+    }
     const Fp8Tensor qx =
         link_.ctx->quantize(link_.id, Fp8Operand::input, x, sharded(sharding_.x), tp_, Fp8Layout::transposed);
     weight_grad_work([g, qx, &w, bias] {

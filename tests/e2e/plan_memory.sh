@@ -9,7 +9,8 @@
 # and fp8 too), and each stage sharded
 # in groups of 2 of DP 4 (parallel.shard_group, hybrid sharding); context parallelism, CP 2 and 4 over the ring and the
 # all-gather, alone and with TP+SP, PP, DP+ZeRO (ZeRO-3 too) and recomputation, and with MoE and expert parallelism; LoRA,
-# finetune.lora: the frozen base without gradients or optimizer state, the adapters with both; optimizer offload,
+# finetune.lora: the frozen base without gradients or optimizer state, the adapters with both (with fp8, and on the
+# experts at EP 2); optimizer offload,
 # optimizer.offload: the masters and moments in the host pool, the log's "host" after the device total; fp8,
 # training.fp8: the weights' fp8 casts in both layouts, a linear's backward copies, the CPU's widened operands) the
 # training log's "peak memory (MiB)" split of rank 0 (the first pipeline stage) is compared with plan's
@@ -124,6 +125,8 @@ layouts=(
   "llama-lora|1|--set finetune.lora.rank=8 --set finetune.lora.random_base=true"
   "llama-lora-tp2-sp-dp2-zero|4|--set finetune.lora.rank=8 --set finetune.lora.random_base=true --set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.distributed_optimizer=true"
   "mid-lora-pp2|2|${mid[*]} --set finetune.lora.rank=16 --set finetune.lora.random_base=true --set parallel.pipeline=2 --set training.micro_batch_size=1"
+  "llama-lora-fp8|1|--set finetune.lora.rank=8 --set finetune.lora.random_base=true --set training.precision=bf16 --set training.fp8.format=hybrid"
+  "moe-lora-ep2|2|--set finetune.lora.rank=4 --set finetune.lora.random_base=true --set parallel.expert=2"
   "llama-offload|1|--set optimizer.offload=true"
   "mid-bf16-fp8|1|${mid[*]} --set training.precision=bf16 --set training.fp8.format=hybrid"
   "mid-tp2-sp-fp8-delayed|2|${mid[*]} --set training.precision=bf16 --set training.fp8.format=hybrid --set training.fp8.recipe=delayed --set parallel.tensor=2 --set parallel.sequence_parallel=true"
