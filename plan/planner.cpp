@@ -130,12 +130,11 @@ std::vector<Prediction> search(const Config& base, int64_t world, const Hardware
             if (sp && (tp == 1 || (m.seq_length / cp) % tp != 0)) continue;
             // ZeRO stages: none, optimizer (ZeRO-1), gradients (ZeRO-2), parameters (ZeRO-3); the time model prices
             // the first three alike and ZeRO-3's gathers above them, so a higher stage is chosen only where it is
-            // what fits. ZeRO-3 serves no MoE layers (refused: core/config/config_rules_parallel.cpp); with context
-            // parallelism it shards over data x context.
+            // what fits. With context parallelism ZeRO-3 shards over data x context, the experts over their own
+            // expert-data-parallel ranks.
             for (ShardStage zero :
                  {ShardStage::none, ShardStage::optimizer, ShardStage::gradients, ShardStage::parameters}) {
               if (zero != ShardStage::none && (!opt.allow_zero || dp == 1)) continue;
-              if (zero == ShardStage::parameters && m.moe.enabled()) continue;
               // Expert parallelism (MoE): 1, 2, 4, ... ranks dividing the experts, drawn from the data-parallel
               // ranks with the experts split over the tensor ranks (ETP = TP), or with parallel folding (ETP a
               // divisor of TP below it) from the tensor and data-parallel ranks.

@@ -197,7 +197,9 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
     // unit's gather is exposed as the step's gather is, and the gathers share the links), so the search takes it
     // only where it is what fits.
     if (par.shard >= ShardStage::parameters) {
-      const double gathers = 2 * static_cast<double>(M) * dp_link.gather(dpn, s.d * nd);
+      // The experts' values are gathered over the expert-data-parallel ranks that shard them.
+      const double gathers =
+          2 * static_cast<double>(M) * (dp_link.gather(dpn, s.d * nd) + dp_link.gather(edp, s.d * ne));
       t.dp_comm += std::max(0.0, gathers - t.compute);
     }
     const double shard = nd / dpn + ne / edp;

@@ -50,20 +50,6 @@ void resolve_context(Config& c, const Rules& r) {
                        m.moe.capacity_factor, p.context));
 }
 
-// parallel.shard: parameters (ZeRO-3, parallel/sharding/sharded_parameters.h): each layer's weights are gathered around
-// its forward and its backward; what that cannot serve yet is refused by name.
-void resolve_shard_parameters(const Config& c, const Rules& r) {
-  const ParallelConfig& p = c.parallel;
-  if (p.shard != ShardStage::parameters) return;
-  const auto refuse = [&](const char* key, const std::string& why) {
-    r.fail(key, fmt::format("{} with parallel.shard: parameters is not built yet: {}", why,
-                            "use parallel.shard: gradients (ZeRO-2) there"));
-  };
-  if (c.model.moe.enabled())
-    refuse("model.moe",
-           fmt::format("num_experts={} (the expert layers' own buffer and grid)", c.model.moe.num_experts));
-}
-
 // parallel.shard_group (hybrid sharding, parallel/sharding/hybrid_shard.h): a divisor of the data-parallel size, for a stage
 // that shards; what it cannot serve yet is refused by name. Run after parallel.data and parallel.shard are resolved.
 void resolve_shard_group(const Config& c, const Rules& r) {
@@ -150,7 +136,6 @@ void resolve_parallel(Config& c, int64_t world_size, const Rules& r) {
                        "parallel.shard",
                        name_of(p.shard)));
   if (p.distributed_optimizer) p.shard = ShardStage::optimizer;
-  resolve_shard_parameters(c, r);
   resolve_shard_group(c, r);
 
   if (p.pipeline > m.num_layers)

@@ -47,29 +47,37 @@ Parallelized::Parallelized(const std::vector<Parameter*>& params,
                                                           .shard_gradients = shard_gradients,
                                                           .tensor = groups_.tensor,
                                                           .embedding = groups_.embedding,
-                                                          .units = std::move(unit_of),
+                                                          .units = unit_of,
                                                           .replicas = groups_.replicas});
+  // ZeRO-3 gathers each buffer's units from its distributed optimizer's shards, over that optimizer's group.
+  DistributedOptimizer* dense_shards = nullptr;
+  DistributedOptimizer* expert_shards = nullptr;
   auto optimizer_of = [&](const GradBuffer& grads, std::vector<Parameter*> ps, Communicator* group,
-                          const AdamWConfig& adam) {
-    return shard_optimizer ? std::unique_ptr<Optimizer>(std::make_unique<DistributedOptimizer>(grads, *group, adam))
-                           : std::unique_ptr<Optimizer>(std::make_unique<AdamW>(std::move(ps), adam));
+                          const AdamWConfig& adam, DistributedOptimizer** shards) {
+    if (!shard_optimizer) return std::unique_ptr<Optimizer>(std::make_unique<AdamW>(std::move(ps), adam));
+    auto d = std::make_unique<DistributedOptimizer>(grads, *group, adam);
+    *shards = d.get();
+    return std::unique_ptr<Optimizer>(std::move(d));
   };
   if (experts.empty()) {
-    optimizer_ = optimizer_of(*grads_, dense, groups_.shard_owners, adam_);
+    optimizer_ = optimizer_of(*grads_, dense, groups_.shard_owners, adam_, &dense_shards);
   } else {
+    // Under ZeRO-3 the experts' buckets are cut at the same units' borders: a layer gathers its attention over the
+    // data-parallel group and its experts over the expert-data-parallel group.
     expert_grads_ = std::make_unique<GradBuffer>(experts, opt.device, std::move(groups_.expert_grads),
                                                  GradBufferOptions{.bucket_elements = opt.bucket_elements,
                                                                    .shard = shard_optimizer,
                                                                    .shard_gradients = shard_gradients,
-                                                                   .tensor = groups_.expert_tensor});
+                                                                   .tensor = groups_.expert_tensor,
+                                                                   .units = unit_of});
     // The grad norm counts each expert slice once: a whole expert (not split by expert TP) on the first rank of
     // its expert tensor-parallel group; summed over the expert-parallel group that gives every expert's slice
     // once, which the tensor-parallel group's first fold (tp < ETP) brings into the model-parallel sum.
     AdamWConfig expert_adam = adam_;
     expert_adam.count_replicas = groups_.counts_expert_replicas;
     optimizer_ = std::make_unique<ExpertSplitOptimizer>(
-        optimizer_of(*grads_, dense, groups_.shard_owners, adam_),
-        optimizer_of(*expert_grads_, experts, groups_.expert_data, expert_adam),
+        optimizer_of(*grads_, dense, groups_.shard_owners, adam_, &dense_shards),
+        optimizer_of(*expert_grads_, experts, groups_.expert_data, expert_adam, &expert_shards),
         [expert = groups_.expert, first_fold = groups_.first_expert_fold](double x) {
           const double all = sum_doubles(*expert, {x})[0];
           return first_fold ? all : 0.0;
@@ -77,9 +85,12 @@ Parallelized::Parallelized(const std::vector<Parameter*>& params,
         groups_.keeps_expert_state, adam_);
   }
   // ZeRO-3: from here on each unit's values are whole only around its computation.
-  if (shard_parameters)
-    sharded_ = std::make_unique<ShardedParameters>(*grads_, dynamic_cast<DistributedOptimizer&>(*optimizer_),
-                                                   *groups_.shard_owners, units);
+  if (shard_parameters) {
+    sharded_ = std::make_unique<ShardedParameters>(*grads_, *dense_shards, *groups_.shard_owners, units);
+    if (expert_grads_)
+      expert_sharded_ =
+          std::make_unique<ShardedParameters>(*expert_grads_, *expert_shards, *groups_.expert_data, units);
+  }
 }
 
 void Parallelized::for_buffers(const std::vector<Parameter*>& params,
@@ -108,12 +119,17 @@ void Parallelized::grads_ready(int microbatch, const std::vector<Parameter*>& pa
 // The next unit's gather is issued before this one computes.
 void Parallelized::unit_begin(int chunk, int unit, int next) {
   const int base = first_unit_.at(static_cast<size_t>(chunk));
-  sharded_->acquire(base + unit);
-  if (next >= 0) sharded_->prefetch(base + next);
+  for (ShardedParameters* s : {sharded_.get(), expert_sharded_.get()})
+    if (s) {
+      s->acquire(base + unit);
+      if (next >= 0) s->prefetch(base + next);
+    }
 }
 
 void Parallelized::unit_end(int chunk, int unit) {
-  sharded_->release(first_unit_.at(static_cast<size_t>(chunk)) + unit);
+  const int base = first_unit_.at(static_cast<size_t>(chunk));
+  for (ShardedParameters* s : {sharded_.get(), expert_sharded_.get()})
+    if (s) s->release(base + unit);
 }
 
 void Parallelized::begin_step() {
@@ -127,14 +143,22 @@ void Parallelized::finish_grads() {
   grads_->finalize();
   if (expert_grads_) expert_grads_->finalize();
   // ZeRO-3: every unit released (a value gathered now would miss this step's update).
-  if (sharded_ && sharded_->gathered_elements() != 0)
-    throw std::logic_error(fmt::format("parallel.shard=parameters: {} gathered parameter elements outlive the step",
-                                       sharded_->gathered_elements()));
+  for (const ShardedParameters* s : {sharded_.get(), expert_sharded_.get()})
+    if (s && s->gathered_elements() != 0)
+      throw std::logic_error(fmt::format("parallel.shard=parameters: {} gathered parameter elements outlive the step",
+                                         s->gathered_elements()));
 }
 
 int64_t Parallelized::stored_numel(const Parameter* p) const {
   if (p->value.defined()) return p->value.numel();
-  return shape_numel(grads_->shape(p));  // released: one of the dense buffer's (ZeRO-3 refuses experts)
+  const GradBuffer& holder = expert_grads_ && expert_grads_->holds(p) ? *expert_grads_ : *grads_;
+  return shape_numel(holder.shape(p));  // released: laid out in its buffer
+}
+
+const Parameter* Parallelized::first_nonfinite_shard() const {
+  for (const ShardedParameters* s : {sharded_.get(), expert_sharded_.get()})
+    if (const Parameter* p = s ? s->first_nonfinite_shard() : nullptr) return p;
+  return nullptr;
 }
 
 }  // namespace mt

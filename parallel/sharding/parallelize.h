@@ -95,7 +95,7 @@ class Parallelized {
     return std::max(grads_->largest_transient_bytes(), expert_grads_ ? expert_grads_->largest_transient_bytes() : 0);
   }
   // ZeRO-3: the first parameter with an inf or NaN in this rank's blocks of the released values; else nullptr.
-  const Parameter* first_nonfinite_shard() const { return sharded_ ? sharded_->first_nonfinite_shard() : nullptr; }
+  const Parameter* first_nonfinite_shard() const;
 
  private:
   // Applies `act` to the trainable ones of `params`, each in its buffer (dense or experts).
@@ -108,8 +108,9 @@ class Parallelized {
   std::unique_ptr<GradBuffer> grads_;         // the storage of every dense Parameter::grad, reduced in buckets
   std::unique_ptr<GradBuffer> expert_grads_;  // the experts' when apart (over the expert-data-parallel group)
   std::unique_ptr<Optimizer> optimizer_;
-  std::unique_ptr<ShardedParameters> sharded_;  // ZeRO-3: gathers each unit's parameters; null else
-  std::vector<int> first_unit_;                 // ZeRO-3: each chunk's first unit in sharded_'s numbering
+  std::unique_ptr<ShardedParameters> sharded_;         // ZeRO-3: gathers each unit's dense parameters; null else
+  std::unique_ptr<ShardedParameters> expert_sharded_;  // ZeRO-3 with the experts apart: their parameters
+  std::vector<int> first_unit_;                        // ZeRO-3: each chunk's first unit in sharded_'s numbering
 };
 
 // The one step that makes a rank's chunks data-parallel (the Parallelized above).

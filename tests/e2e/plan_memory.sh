@@ -136,6 +136,8 @@ layouts=(
   "llama-pp2-dp2-zb-shard-parameters|4|--set parallel.pipeline=2 --set training.micro_batch_size=2 --set parallel.pipeline_schedule=zb-h1 --set parallel.shard=parameters --set parallel.grad_bucket_size=2000"
   "llama-dp4-shard-gradients|4|--set parallel.shard=gradients --set parallel.grad_bucket_size=2000"
   "mid-dp2-fp8-shard-parameters|2|${mid[*]} --set training.precision=bf16 --set training.fp8.format=hybrid --set parallel.shard=parameters --set parallel.grad_bucket_size=20000"
+  "moe-dp4-ep2-shard-parameters|4|--set parallel.expert=2 --set parallel.shard=parameters --set parallel.grad_bucket_size=2000"
+  "moe-dp2-ep2-shard-parameters-bf16|2|--set parallel.expert=2 --set parallel.shard=parameters --set training.precision=bf16 --set parallel.grad_bucket_size=2000"
   "tiny-dp4-shard-parameters-offload|4|--set parallel.shard=parameters --set parallel.grad_bucket_size=2000 --set optimizer.offload=true"
 )
 : > results.txt

@@ -16,14 +16,16 @@
 #    microbatches: bit-identical to gradients, and ZB-V within 1e-6 of one rank;
 #  - fp8 (bf16, hybrid, current and delayed scaling; a unit's weight casts dropped with its weights) at DP 2, alone and
 #    with TP 2 (SP): bit-identical to gradients, and TP 2 x DP 2 within 1e-2 of one rank in fp8;
-#  - bad input: what ZeRO-3 cannot serve yet (MoE) is refused naming the key; one rank warns.
+#  - mixture of experts (the experts gathered over their expert-data-parallel ranks, the rest over data parallelism):
+#    mixtral-tiny (8 experts, top 2) at EP 4 x DP 4, EP 2 x DP 4 with the experts' gradients apart, TP 2 (SP) x EP 2
+#    x DP 2 and PP 2 x EP 2 x DP 2, one microbatch a rank: bit-identical to gradients, and EP 4 within 1e-6 of one
+#    rank;
+#  - one rank warns.
 source "$(dirname "$0")/lib/common.bash"
 source "$SRC/tests/e2e/lib/shard.bash"
 prepare_data
 write_config
 write_llama_config
-expect_error "model.moe: num_experts=2" --config tiny.yaml --set parallel.shard=parameters --set model.moe.num_experts=2
-grep -q "with parallel.shard: parameters is not built yet" err.txt || fail "the refusal does not name parallel.shard"
 "$MT" --config tiny.yaml --set training.train_iters=1 --set optimizer.warmup_iters=0 --set parallel.shard=parameters \
       --set logging.dir=dp1 >/dev/null 2>dp1.err || { cat dp1.err; fail "shard=parameters at DP=1 failed"; }
 grep -q "parallel.shard=parameters with one data-parallel rank" dp1/megatrain.log || fail "shard=parameters at DP=1 does not warn"
@@ -131,5 +133,28 @@ print(f"peak parameter memory at DP=4: none {none} MiB, parameters {shard} MiB r
 assert 0.25 <= ratio <= 0.42, f"expected a quarter plus two units, got {ratio:.2f}"
 assert 0.24 <= shard / none <= 0.27, f"the resident shard is {shard / none:.2f} of none, not a quarter"
 PY
+# Mixture of experts: a layer's unit gathers its attention and router over data parallelism and its experts over the
+# expert-data-parallel ranks (EP 4 x DP 4: one rank each, nothing to gather; EP 2 x DP 4: two).
+moe=(--config "$SRC/configs/mixtral-tiny.yaml" --set data.train=[data/text_document] --set checkpoint.save_dir=
+     --set logging.eval_interval=0 --set logging.interval=1 --set training.train_iters=6 --set optimizer.warmup_iters=2 --set parallel.timeout_s=60
+     --set parallel.grad_bucket_size=3000 --set training.micro_batch_size=2 --set training.global_batch_size=8
+     --set model.seq_length=32)
+run moe_one "${moe[@]}"
+for layout in "1 1 4 4" "1 1 4 2" "2 1 2 2" "1 2 2 2"; do
+  read -r tp pp dp ep <<<"$layout"
+  sp=false
+  [ $tp -gt 1 ] && sp=true
+  args=("${moe[@]}" --nproc $((tp * pp * dp)) --set parallel.tensor=$tp --set parallel.sequence_parallel=$sp
+        --set parallel.pipeline=$pp --set parallel.expert=$ep --set training.global_batch_size=$((2 * dp)))
+  name=moe_tp${tp}pp${pp}dp${dp}ep${ep}
+  for shard in gradients parameters; do run ${name}_$shard "${args[@]}" --set parallel.shard=$shard; done
+  losses ${name}_gradients/metrics.jsonl 1 6 > a.txt
+  losses ${name}_parameters/metrics.jsonl 1 6 > b.txt
+  [ "$(wc -l < a.txt)" -eq 6 ] || fail "$name: expected 6 losses"
+  diff a.txt b.txt >/dev/null || { paste a.txt b.txt; fail "$name: parameters differs from gradients"; }
+  echo "mixtral-tiny TP $tp PP $pp DP $dp EP $ep: parameters bit-identical to gradients"
+done
+same_losses moe_one/metrics.jsonl moe_tp1pp1dp4ep4_parameters/metrics.jsonl 1 6 1e-6
+echo "mixtral-tiny EP 4 x DP 4 with parameters: within 1e-6 of one rank"
 # Layout-free checkpoints (tests/e2e/lib/shard.bash).
 check_layout_free_checkpoints parameters

@@ -583,12 +583,13 @@ TEST(ConfigRules, SequenceParallelNeedsTensorParallelism) {
   EXPECT_TRUE(base({"parallel.sequence_parallel=true", "parallel.tensor=2"}, 2).parallel.sequence_parallel);
 }
 
-TEST(ConfigRules, ShardParametersRefusesWhatItCannotServe) {
+TEST(ConfigRules, ShardParametersComposesWithEveryFeature) {
   const Config ok = base({"parallel.shard=parameters", "parallel.data=2"}, 2);
   EXPECT_EQ(ok.parallel.shard, ShardStage::parameters);
-  const std::string use = "with parallel.shard: parameters is not built yet";
-  EXPECT_CONTAINS(base_error({"parallel.shard=parameters", "model.moe.num_experts=2"}), "model.moe: num_experts=2");
-  EXPECT_CONTAINS(base_error({"parallel.shard=parameters", "model.moe.num_experts=2"}), use);
+  // MoE composes: the experts are gathered over their own expert-data-parallel ranks.
+  EXPECT_EQ(base({"parallel.shard=parameters", "parallel.data=2", "parallel.expert=2", "model.moe.num_experts=2"}, 2)
+                .parallel.expert,
+            2);
   // fp8 composes (a unit's weight casts are dropped with its weights), and so do the zero-bubble schedules (a
   // deferred W reads activations and output gradients, never the released weights).
   EXPECT_EQ(
