@@ -57,19 +57,31 @@ void make_groups(Distributed& d, const Config& cfg, const GroupMaker& group, boo
     mesh.make({"cp"});
     mesh.make({"dp", "cp"});
   }
-  // Hybrid sharding (every rank knows parallel.shard_group from the same config; the config refuses it with context
-  // parallelism): the shard group and the replica group of this rank, within its data-parallel group.
+  // Hybrid sharding (every rank knows parallel.shard_group from the same config): the shard group and the replica
+  // group of this rank, within the ranks holding its weights. With context parallelism a shard group is N data
+  // ranks with all their context ranks (N x C consecutive ranks of the data x context group: the context rank
+  // varies fastest), as torchtitan shards over dp_shard x cp.
   const int shard_group = static_cast<int>(cfg.parallel.shard_group);
-  if (shard_group > 0 && shard_group < d.topology.dp()) {
-    const std::vector<int> dp_members = d.topology.dp_group(d.rank());
-    d.shard_group = group("shard", shard_group_members(dp_members, shard_group, d.dp_rank()));
-    d.replicas_grads = group("replicas", replica_group_members(dp_members, shard_group, d.dp_rank()));
+  const Topology& t = d.topology;
+  const bool hybrid = shard_group > 0 && shard_group < t.dp();
+  if (hybrid) {
+    const std::vector<int> members = context ? t.dpcp_group(d.rank()) : t.dp_group(d.rank());
+    const int index = d.cp_rank() + t.cp() * d.dp_rank();
+    d.shard_group = group("shard", shard_group_members(members, shard_group * t.cp(), index));
+    d.replicas_grads = group("replicas", replica_group_members(members, shard_group * t.cp(), index));
   }
   // Every rank knows EP and ETP from the same config, so all take part in both splits or in none.
-  if (d.topology.experts_apart()) {
+  if (t.experts_apart()) {
     mesh.make({"ep"});
     mesh.make({"edp"});
     mesh.make({"edp"}, GroupUse::grads);  // the expert gradient buffer's own
+    // Hybrid sharding of the experts: their shard group is the expert-data-parallel ranks inside this rank's dense
+    // shard group (expert_shard_size), their replicas the ranks at its place in the others.
+    if (const int n = static_cast<int>(cfg.parallel.expert_shard_size()); hybrid && n < t.edp()) {
+      const std::vector<int> members = t.edp_group(d.rank());
+      d.expert_shard_group = group("expert_shard", shard_group_members(members, n, d.edp_rank()));
+      d.expert_replicas_grads = group("expert_replicas", replica_group_members(members, n, d.edp_rank()));
+    }
     // LoRA adapters on experts split over ETP > 1 ranks sum their partial gradients there (models/moe_expert_lora.h).
     const LoraConfig& lora = cfg.finetune.lora;
     if (d.topology.etp() > 1 && lora.enabled() && (lora.targets_any("fc1") || lora.targets_any("fc2")))
@@ -145,6 +157,7 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
     std::string counted = kind;
     if (counted.ends_with("grads")) counted.resize(counted.size() - 5);
     if (counted == "dpcp" || counted == "shard" || counted == "replicas") counted = "dp";
+    if (counted == "expert_shard" || counted == "expert_replicas") counted = "edp";
     return c ? make_counted_communicator(std::move(c), counted) : nullptr;
   };
   std::vector<int> everyone(env.world_size);

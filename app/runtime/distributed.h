@@ -36,6 +36,10 @@ struct Distributed {
   // the gradient reducer's thread.
   std::unique_ptr<Communicator> shard_group;
   std::unique_ptr<Communicator> replicas_grads;
+  // The experts' (when apart and sharded in smaller groups than their expert-data-parallel group, ParallelConfig::
+  // expert_shard_size): the expert-data-parallel ranks inside this rank's shard group, and their replicas.
+  std::unique_ptr<Communicator> expert_shard_group;
+  std::unique_ptr<Communicator> expert_replicas_grads;
   std::unique_ptr<Heartbeat> heartbeat;  // multi-rank jobs: names the ranks that stop answering (last member:
                                          // it stops before the store server goes)
 
@@ -66,6 +70,10 @@ struct Distributed {
   }
   // The ranks the ZeRO stages shard over: the shard group with hybrid sharding, else weight_replicas().
   Communicator& shard_owners() const { return shard_group ? *shard_group : weight_replicas(); }
+  // The ranks the experts' ZeRO stages shard over (experts apart): their shard group, else the expert-data group.
+  Communicator* expert_shard_owners() const {
+    return expert_shard_group ? expert_shard_group.get() : groups.find({"edp"});
+  }
   int pp_size() const { return topology.pp(); }
   int ep_rank() const { return topology.expert_coord(env.rank).ep; }
   int ep_size() const { return topology.ep(); }

@@ -1,5 +1,6 @@
 // config.h: the typed run configuration, read from YAML with every key checked, and its derived values.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -144,6 +145,14 @@ struct ParallelConfig {
   int64_t expert_data() const { return tensor * context * data / (expert * experts_tensor()); }
   // The ranks that hold the same weights and sum their gradients: data x context.
   int64_t data_context() const { return data * context; }
+  // Hybrid sharding (shard_group below data): the experts' shard group is the expert-data-parallel ranks inside one
+  // dense shard group (tensor x shard_group x context ranks of the stage's fold), at least one: with expert x
+  // experts_tensor() above that, an expert's replicas all lie in different shard groups. The whole expert-data
+  // group without hybrid sharding. The config refuses a fold that does not divide (config_rules_parallel.cpp).
+  int64_t expert_shard_size() const {
+    if (shard_group <= 0 || shard_group >= data) return expert_data();
+    return std::max<int64_t>(1, tensor * shard_group * context / (expert * experts_tensor()));
+  }
 
   bool operator==(const ParallelConfig&) const = default;
 };

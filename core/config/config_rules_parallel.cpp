@@ -65,14 +65,19 @@ void resolve_shard_group(const Config& c, const Rules& r) {
     r.fail("parallel.shard_group",
            fmt::format("{} does not divide parallel.data={} (the shard groups split the data-parallel ranks)",
                        p.shard_group, p.data));
-  if (p.shard_group == p.data) return;  // the whole group: plain sharding
-  const auto refuse = [&](const char* key, const std::string& why) {
-    r.fail(key, fmt::format("{} with parallel.shard_group={} (below parallel.data={}) is not built yet", why,
-                            p.shard_group, p.data));
-  };
-  if (p.context > 1) refuse("parallel.context", fmt::format("{} (context parallelism)", p.context));
-  if (c.model.moe.enabled() && (p.expert > 1 || (p.expert_tensor != 0 && p.expert_tensor != p.tensor)))
-    refuse("parallel.expert", fmt::format("{} (the experts' own gradient buffer and grid)", p.expert));
+  if (p.shard_group >= p.data) return;  // the whole group: plain sharding
+  // With context parallelism a shard group is shard_group data ranks with all their context ranks. The experts (when
+  // apart) shard over the expert-data-parallel ranks inside one dense shard group: the tensor x shard_group x context
+  // ranks of a group must hold whole expert-parallel groups, or each expert group must span whole shard groups.
+  const bool experts_apart = p.expert > 1 || p.experts_tensor() != p.tensor;
+  const int64_t group_ranks = p.tensor * p.shard_group * p.context, fold = p.expert * p.experts_tensor();
+  if (c.model.moe.enabled() && experts_apart && group_ranks % fold != 0 && fold % group_ranks != 0)
+    r.fail("parallel.shard_group",
+           fmt::format("{} makes shard groups of parallel.tensor x shard_group x context = {} ranks, which neither "
+                       "hold whole expert-parallel groups of parallel.expert x expert_tensor = {} ranks nor are "
+                       "split evenly by them: the experts' shards would straddle the groups (use a shard group "
+                       "that {} divides, or one that divides it)",
+                       p.shard_group, group_ranks, fold, fold));
 }
 
 }  // namespace

@@ -69,7 +69,8 @@ Parallelized::Parallelized(const std::vector<Parameter*>& params,
                                                                    .shard = shard_optimizer,
                                                                    .shard_gradients = shard_gradients,
                                                                    .tensor = groups_.expert_tensor,
-                                                                   .units = unit_of});
+                                                                   .units = unit_of,
+                                                                   .replicas = groups_.expert_replicas});
     // The grad norm counts each expert slice once: a whole expert (not split by expert TP) on the first rank of
     // its expert tensor-parallel group; summed over the expert-parallel group that gives every expert's slice
     // once, which the tensor-parallel group's first fold (tp < ETP) brings into the model-parallel sum.

@@ -36,7 +36,9 @@ struct DataParallelGroups {
   // group in a buffer of their own, with an optimizer state of their own. False: the experts are dense parameters.
   bool experts_apart = false;
   std::unique_ptr<Communicator> expert_grads;  // the experts' reducer's: expert-data parallel
-  Communicator* expert_data = nullptr;         // the experts' optimizer shards (expert-data parallel)
+  Communicator* expert_data = nullptr;         // the experts' optimizer shards (expert-data parallel, or the
+                                               // expert ranks of the shard group with hybrid sharding)
+  Communicator* expert_replicas = nullptr;     // hybrid sharding's replica group of the experts; null: none
   Communicator* expert = nullptr;              // the expert-parallel group: its ranks hold different experts
   // Sums the experts' Parameter::grad_sums.tensor gradients (their LoRA adapters' partial sums over the experts'
   // tensor-parallel ranks); null: one rank there, nothing to sum.

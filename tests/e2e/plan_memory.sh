@@ -138,6 +138,9 @@ layouts=(
   "mid-dp2-fp8-shard-parameters|2|${mid[*]} --set training.precision=bf16 --set training.fp8.format=hybrid --set parallel.shard=parameters --set parallel.grad_bucket_size=20000"
   "moe-dp4-ep2-shard-parameters|4|--set parallel.expert=2 --set parallel.shard=parameters --set parallel.grad_bucket_size=2000"
   "moe-dp2-ep2-shard-parameters-bf16|2|--set parallel.expert=2 --set parallel.shard=parameters --set training.precision=bf16 --set parallel.grad_bucket_size=2000"
+  "tiny-cp2-dp2-shard-parameters-sg1|4|${nodrop[*]} --set parallel.context=2 --set parallel.shard=parameters --set parallel.shard_group=1 --set parallel.grad_bucket_size=2000"
+  "moe-dp4-ep2-zero-sg2|4|--set parallel.expert=2 --set parallel.distributed_optimizer=true --set parallel.shard_group=2"
+  "moe-dp4-ep2-shard-parameters-sg2|4|--set parallel.expert=2 --set parallel.shard=parameters --set parallel.shard_group=2 --set parallel.grad_bucket_size=2000"
   "tiny-dp4-shard-parameters-offload|4|--set parallel.shard=parameters --set parallel.grad_bucket_size=2000 --set optimizer.offload=true"
 )
 : > results.txt

@@ -583,6 +583,32 @@ TEST(ConfigRules, SequenceParallelNeedsTensorParallelism) {
   EXPECT_TRUE(base({"parallel.sequence_parallel=true", "parallel.tensor=2"}, 2).parallel.sequence_parallel);
 }
 
+TEST(ConfigRules, HybridShardingComposesWithContextAndExpertParallelism) {
+  // A shard group is N data ranks with all their context ranks.
+  EXPECT_EQ(base({"parallel.shard=optimizer", "parallel.shard_group=1", "parallel.context=2", "model.dropout=0",
+                  "model.attention_dropout=0"},
+                 4)
+                .parallel.shard_group,
+            1);
+  // The experts shard over the expert-data-parallel ranks inside one shard group: EP 2 x DP 8 in groups of 4 holds
+  // two expert-data ranks a group (of four); EP 4 x DP 4 in groups of 2: an expert group spans two shard groups, so
+  // each expert-data rank is its own group (of one).
+  const auto moe = [](int64_t dp, int64_t ep, int64_t group) {
+    return base({"parallel.shard=optimizer", "model.moe.num_experts=4", fmt::format("parallel.expert={}", ep),
+                 fmt::format("parallel.shard_group={}", group)},
+                dp)
+        .parallel;
+  };
+  EXPECT_EQ(moe(8, 2, 4).expert_shard_size(), 2);
+  EXPECT_EQ(moe(8, 2, 4).expert_data(), 4);
+  EXPECT_EQ(moe(4, 4, 2).expert_shard_size(), 1);
+  EXPECT_EQ(moe(4, 2, 4).expert_shard_size(), moe(4, 2, 4).expert_data());  // the whole group: plain sharding
+  EXPECT_CONTAINS(
+      base_error({"parallel.shard=optimizer", "model.moe.num_experts=4", "parallel.expert=2", "parallel.shard_group=3"},
+                 6),
+      "parallel.shard_group: 3 makes shard groups of parallel.tensor x shard_group x context = 3 ranks");
+}
+
 TEST(ConfigRules, ShardParametersComposesWithEveryFeature) {
   const Config ok = base({"parallel.shard=parameters", "parallel.data=2"}, 2);
   EXPECT_EQ(ok.parallel.shard, ShardStage::parameters);
