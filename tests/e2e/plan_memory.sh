@@ -5,14 +5,15 @@
 # that Llama with mixture-of-experts MLPs: 4 SwiGLU experts, top 2, a shared expert, the aux loss; and with
 # expert parallelism, EP 2 and 4 over 2 and 4 data-parallel ranks, with and without ZeRO, and parallel folding;
 # selective recomputation of each module; ZB-H1 and ZB-V pipelines (B keeping W's operands); sharded gradients and
-# parameters, parallel.shard: gradients and parameters (small buckets and the default 40M; ZeRO-3 with ZB-H1, ZB-V
-# and fp8 too), and each stage sharded
-# in groups of 2 of DP 4 (parallel.shard_group, hybrid sharding); context parallelism, CP 2 and 4 over the ring and the
+# parameters, parallel.shard: gradients and parameters (small buckets and the default 40M; ZeRO-3 with ZB-H1, ZB-V,
+# fp8 and MoE at EP 2 too), and each stage sharded
+# in groups of 2 of DP 4 (parallel.shard_group, hybrid sharding; with CP 2 and with MoE at EP 2 too); context parallelism, CP 2 and 4 over the ring and the
 # all-gather, alone and with TP+SP, PP, DP+ZeRO (ZeRO-3 too) and recomputation, and with MoE and expert parallelism; LoRA,
 # finetune.lora: the frozen base without gradients or optimizer state, the adapters with both (with fp8, and on the
 # experts at EP 2); optimizer offload,
 # optimizer.offload: the masters and moments in the host pool, the log's "host" after the device total; fp8,
-# training.fp8: the weights' fp8 casts in both layouts, a linear's backward copies, the CPU's widened operands) the
+# training.fp8: the weights' fp8 casts in both layouts, a linear's backward copies, the CPU's widened operands; on MoE
+# layers too, at EP 2 with delayed scaling, whose experts stay bf16) the
 # training log's "peak memory (MiB)" split of rank 0 (the first pipeline stage) is compared with plan's
 # measurement for that rank kind (the trainer's own step on the meta device, app/train/meta_step.h): every kind and
 # the total within 1% (or 0.006 MiB: the log rounds to 0.01). Two kinds of row depend on what plan assumes away, and
@@ -130,6 +131,8 @@ layouts=(
   "llama-offload|1|--set optimizer.offload=true"
   "mid-bf16-fp8|1|${mid[*]} --set training.precision=bf16 --set training.fp8.format=hybrid"
   "mid-tp2-sp-fp8-delayed|2|${mid[*]} --set training.precision=bf16 --set training.fp8.format=hybrid --set training.fp8.recipe=delayed --set parallel.tensor=2 --set parallel.sequence_parallel=true"
+  "moe-fp8-bf16|1|--set training.precision=bf16 --set training.fp8.format=hybrid"
+  "moe-dp2-ep2-fp8-delayed|2|--set parallel.expert=2 --set training.precision=bf16 --set training.fp8.format=hybrid --set training.fp8.recipe=delayed"
   "llama-fp8|1|--set training.precision=bf16 --set training.fp8.format=e4m3"
   "tiny-dp2-zero-bf16-offload|2|--set parallel.distributed_optimizer=true --set training.precision=bf16 --set optimizer.offload=true"
   "tiny-pp2-vp2-dp2-zbv-shard-parameters|4|--set parallel.pipeline=2 --set parallel.virtual_pipeline=2 --set training.micro_batch_size=2 --set parallel.pipeline_schedule=zb-v --set parallel.shard=parameters --set parallel.grad_bucket_size=2000"
