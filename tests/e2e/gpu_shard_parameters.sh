@@ -2,7 +2,8 @@
 # On a GPU: parallel.shard: parameters (ZeRO-3) with CUDA compute, the ranks sharing the one GPU through host-staged
 # Gloo (NCCL refuses two ranks on one GPU): the gathered units are device tensors from the caching allocator, given
 # back after each forward and backward. With one microbatch per rank the fp32 losses equal none's bit for bit at
-# DP 2 and TP 2 (SP) x DP 2, GPT and Llama, and at DP 4 in shard groups of 2 (parallel.shard_group), and bf16 equals
+# DP 2 and TP 2 (SP) x DP 2, GPT and Llama, at DP 4 in shard groups of 2 (parallel.shard_group), and a MoE model at
+# EP 2 x DP 4, alone and in shard groups of 2; bf16 equals
 # gradients'; the log's gathered pool is not empty and the
 # resident parameters at most about half of none's at DP 2 (none in fp32: the fp32 masters are the values).
 # Skips without a usable GPU.
@@ -39,6 +40,15 @@ one_microbatch_layout tiny "1 1 4"
 "$MT" "${args[@]}" --set parallel.shard=none --set logging.dir=hsdp_none >/dev/null
 "$MT" "${args[@]}" --set parallel.shard=parameters --set parallel.shard_group=2 --set logging.dir=hsdp_parameters >/dev/null
 same hsdp_none hsdp_parameters "tiny DP 4 fp32, parameters in shard groups of 2"
+# Mixture of experts at EP 2 x DP 4 (the experts gathered over their expert-data-parallel pair) and with hybrid
+# sharding in groups of 2 (the experts in groups of one, two replicas).
+write_moe_config
+moe=(--config moe.yaml "${base[@]}" --nproc 4 --set parallel.expert=2 --set training.global_batch_size=8)
+"$MT" "${moe[@]}" --set parallel.shard=none --set logging.dir=moe_none >/dev/null
+"$MT" "${moe[@]}" --set parallel.shard=parameters --set logging.dir=moe_parameters >/dev/null
+"$MT" "${moe[@]}" --set parallel.shard=parameters --set parallel.shard_group=2 --set logging.dir=moe_hsdp >/dev/null
+same moe_none moe_parameters "MoE EP 2 x DP 4 fp32, parameters"
+same moe_none moe_hsdp "MoE EP 2 x DP 4 fp32, parameters in shard groups of 2"
 one_microbatch_layout tiny "1 1 2"
 for shard in gradients parameters; do
   "$MT" "${args[@]}" --set training.precision=bf16 --set parallel.shard=$shard --set logging.dir=bf16_$shard >/dev/null
