@@ -123,13 +123,12 @@ std::unique_ptr<Parallelized> parallelize_chunks(const Config& cfg, Distributed&
     if (p.needs_grads_needed())
       chunk.set_grads_needed_hook([&p](int mb, const std::vector<Parameter*>& ps) { p.grads_needed(mb, ps); });
     if (p.gathers_units())
-      chunk.set_unit_hook(
-          [&p, c = static_cast<int>(c), fp8, units = chunk.units()](GptModel::UnitEvent e, int unit, int next) {
-            const bool begin = e == GptModel::UnitEvent::forward_begin || e == GptModel::UnitEvent::backward_begin;
-            if (begin) return p.unit_begin(c, unit, next);
-            p.unit_end(c, unit);
-            if (fp8) fp8->drop_weights(units.at(static_cast<size_t>(unit)));  // the casts go with the weights
-          });
+      chunk.set_unit_hook([&p, c = static_cast<int>(c), fp8](GptModel::UnitEvent e, int unit, int next) {
+        const bool begin = e == GptModel::UnitEvent::forward_begin || e == GptModel::UnitEvent::backward_begin;
+        if (begin) return p.unit_begin(c, unit, next);
+        p.unit_end(c, unit);
+        if (fp8) fp8->drop_weights(p.unit_parameters(c, unit));  // the casts go with the weights
+      });
   }
   // optimizer.offload_host_memory_gib: the host state this rank holds now (the host pool) within the budget.
   const double budget = cfg.optimizer.offload_host_memory_gib;

@@ -6,29 +6,30 @@ namespace mt {
 
 namespace {
 
+// A frozen weight (LoRA's base) gets no dW GEMM; a trained bias beside it still gets dY's column sums.
+void frozen_weight_grad(const Tensor& dy, Parameter* bias) {
+  if (bias) weight_grad_work([dy, bias] { bias_backward(dy, bias->grad); });
+}
+
 class PlainRecipe final : public GemmRecipe {
  public:
   void forward(const Tensor& x, const Tensor& w, Tensor& out, const GemmOptions& g) const override {
     gemm(x, w, out, g);
   }
-  RecipeGrad input_grad(const Tensor& dy, const Tensor& w, Tensor& dx, const GemmOptions& g) const override {
-    gemm(dy, w, dx, g);
+  RecipeGrad input_grad(const Tensor& dy, const Parameter& w, Tensor& dx, const GemmOptions& g) const override {
+    gemm(dy, w.value, dx, g);
     return {.dy = dy};
   }
   void weight_grad(const RecipeGrad& g, const Tensor& x, Parameter& w, Parameter* bias) const override {
     if (bias && bias->frozen) bias = nullptr;
-    const Tensor dout = g.dy;
-    if (!w.frozen) {
-      weight_grad_work([dout, x, &w, bias] {
-        gemm(dout, x, w.grad,
-             {.trans_a = true,
-              .beta = 1.f,
-              .epilogue = bias ? Epilogue::bgrad_a : Epilogue::none,
-              .dbias = bias ? &bias->grad : nullptr});
-      });
-    } else if (bias) {
-      weight_grad_work([dout, bias] { bias_backward(dout, bias->grad); });
-    }
+    if (w.frozen) return frozen_weight_grad(g.dy, bias);
+    weight_grad_work([dout = g.dy, x, &w, bias] {
+      gemm(dout, x, w.grad,
+           {.trans_a = true,
+            .beta = 1.f,
+            .epilogue = bias ? Epilogue::bgrad_a : Epilogue::none,
+            .dbias = bias ? &bias->grad : nullptr});
+    });
   }
 };
 
@@ -42,10 +43,12 @@ class Fp8Recipe final : public GemmRecipe {
     const Fp8Tensor& qw = link_.weight(w, sharded(true), tp_);
     gemm_fp8(qx.q, qx.scale_inv, qw.q, qw.scale_inv, out, g);
   }
-  RecipeGrad input_grad(const Tensor& dy, const Tensor& w, Tensor& dx, const GemmOptions& g) const override {
+  RecipeGrad input_grad(const Tensor& dy, const Parameter& w, Tensor& dx, const GemmOptions& g) const override {
+    // A frozen weight's dY feeds dx only: no dW GEMM reads its transpose.
+    const Fp8Layout layout = w.frozen ? Fp8Layout::rows : Fp8Layout::both;
     const Fp8Tensor qdy =
-        link_.ctx->quantize(link_.id, Fp8Operand::grad_output, dy, sharded(sharding_.dy), tp_, Fp8Layout::both);
-    const Fp8Tensor& qw = link_.weight(w, sharded(true), tp_);
+        link_.ctx->quantize(link_.id, Fp8Operand::grad_output, dy, sharded(sharding_.dy), tp_, layout);
+    const Fp8Tensor& qw = link_.weight(w.value, sharded(true), tp_);
     GemmOptions tn = g;
     tn.trans_b = true;  // dx = dY (W^T)^T
     gemm_fp8(qdy.q, qdy.scale_inv, qw.qt, qw.scale_inv, dx, tn);
@@ -53,10 +56,7 @@ class Fp8Recipe final : public GemmRecipe {
   }
   void weight_grad(const RecipeGrad& g, const Tensor& x, Parameter& w, Parameter* bias) const override {
     if (bias && bias->frozen) bias = nullptr;
-    if (w.frozen) {  // LoRA's base: no dW GEMM (nor x's transposed cast), a trained bias still gets its gradient
-      if (bias) weight_grad_work([dy = g.dy, bias] { bias_backward(dy, bias->grad); });
-      return;
-    }
+    if (w.frozen) return frozen_weight_grad(g.dy, bias);  // nor x's transposed cast
     const Fp8Tensor qx =
         link_.ctx->quantize(link_.id, Fp8Operand::input, x, sharded(sharding_.x), tp_, Fp8Layout::transposed);
     weight_grad_work([g, qx, &w, bias] {

@@ -31,8 +31,8 @@ class GemmRecipe {
   virtual ~GemmRecipe() = default;
   // out = x W^T, with `g`'s epilogue (g.trans_b set).
   virtual void forward(const Tensor& x, const Tensor& w, Tensor& out, const GemmOptions& g) const = 0;
-  // dx = dY W, with `g`'s epilogue; returns dY for weight_grad.
-  virtual RecipeGrad input_grad(const Tensor& dy, const Tensor& w, Tensor& dx, const GemmOptions& g) const = 0;
+  // dx = dY W (W: w's value), with `g`'s epilogue; returns dY for weight_grad (for a frozen w, as dx alone reads it).
+  virtual RecipeGrad input_grad(const Tensor& dy, const Parameter& w, Tensor& dx, const GemmOptions& g) const = 0;
   // Queues w.grad += dY^T x and, with `bias`, bias->grad += dY's column sums.
   virtual void weight_grad(const RecipeGrad& dy, const Tensor& x, Parameter& w, Parameter* bias) const = 0;
 };

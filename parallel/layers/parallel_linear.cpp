@@ -80,9 +80,9 @@ Tensor ColumnParallelLinear::backward(const Tensor& dout, const Tensor& x, int64
   // Megatron's order: with SP the forward's input is gathered again (only the shard was kept) while dx is
   // computed; dx's reduction then travels while dW is computed.
   SequenceGather input(x, B, tp_);
-  Tensor dx_partial = Tensor::empty({N, in}, dout.dtype(), dout.device());   // (N, in) this rank's share
-  const RecipeGrad dy = recipe_->input_grad(dout, w.value, dx_partial, {});  // dx = dout @ W
-  const Tensor x_full = input.wait();                                        // (N, in)
+  Tensor dx_partial = Tensor::empty({N, in}, dout.dtype(), dout.device());  // (N, in) this rank's share
+  const RecipeGrad dy = recipe_->input_grad(dout, w, dx_partial, {});       // dx = dout @ W
+  const Tensor x_full = input.wait();                                       // (N, in)
   if (lora_) {  // its input gradient joins this rank's share before the reduction
     if (!opt.lora) throw std::logic_error(fmt::format("{}: backward without its adapter's call", w.name));
     lora_->backward(dout, x_full, B, dx_partial, *opt.lora);
@@ -134,8 +134,8 @@ Tensor RowParallelLinear::forward(const Tensor& x, int64_t B, const LoraCall* lo
 Tensor RowParallelLinear::backward(const Tensor& dout, const Tensor& x, int64_t B, BackwardOptions opt) {
   const Tensor dout_full = sequence_to_full(dout, B, tp_);  // (N, out): g backward, an all-gather with SP
   Tensor dx = Tensor::empty({x.dim(0), x.dim(1)}, x.dtype(), x.device());  // (N, in/t)
-  const RecipeGrad dy = recipe_->input_grad(dout_full, weight_.value, dx,
-                                            {.epilogue = opt.dx_epilogue, .aux = opt.aux, .dbias = opt.dbias});
+  const RecipeGrad dy =
+      recipe_->input_grad(dout_full, weight_, dx, {.epilogue = opt.dx_epilogue, .aux = opt.aux, .dbias = opt.dbias});
   if (lora_) {
     if (!opt.lora || opt.dx_epilogue != Epilogue::none)
       throw std::logic_error(fmt::format("{}: an adapter's backward needs its call and no dx epilogue", weight_.name));

@@ -31,7 +31,7 @@ Parallelized::Parallelized(const std::vector<Parameter*>& params,
   const bool shard_parameters = zero_ >= ZeroStage::parameters;
   // ZeRO-3: the units each chunk gathers together (parallel/sharding/sharded_parameters.h), numbered over the chunks; a
   // parameter of two units (the tied word embeddings of one stage) belongs to the first one's buckets.
-  std::vector<std::vector<Parameter*>> units;
+  std::vector<std::vector<Parameter*>>& units = units_;
   std::unordered_map<const Parameter*, int> unit_of;
   if (shard_parameters)
     for (std::vector<std::vector<Parameter*>>& chunk : chunk_units) {
@@ -125,6 +125,10 @@ void Parallelized::unit_begin(int chunk, int unit, int next) {
       s->acquire(base + unit);
       if (next >= 0) s->prefetch(base + next);
     }
+}
+
+const std::vector<Parameter*>& Parallelized::unit_parameters(int chunk, int unit) const {
+  return units_.at(static_cast<size_t>(first_unit_.at(static_cast<size_t>(chunk)) + unit));
 }
 
 void Parallelized::unit_end(int chunk, int unit) {

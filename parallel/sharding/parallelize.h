@@ -77,6 +77,8 @@ class Parallelized {
   bool gathers_units() const { return sharded_ != nullptr; }
   void unit_begin(int chunk, int unit, int next);
   void unit_end(int chunk, int unit);
+  // ZeRO-3: the parameters of unit `unit` of chunk `chunk` (what is released with it).
+  const std::vector<Parameter*>& unit_parameters(int chunk, int unit) const;
 
   // The step. Starts one: every gradient zeroed, none ready.
   void begin_step();
@@ -113,6 +115,7 @@ class Parallelized {
   std::unique_ptr<ShardedParameters> sharded_;         // ZeRO-3: gathers each unit's dense parameters; null else
   std::unique_ptr<ShardedParameters> expert_sharded_;  // ZeRO-3 with the experts apart: their parameters
   std::vector<int> first_unit_;                        // ZeRO-3: each chunk's first unit in sharded_'s numbering
+  std::vector<std::vector<Parameter*>> units_;         // ZeRO-3: every chunk's units, in that numbering
 };
 
 // The one step that makes a rank's chunks data-parallel (the Parallelized above).
