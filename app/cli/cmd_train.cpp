@@ -29,6 +29,7 @@ struct TrainArgs {
   int64_t exit_after = 0;
   int nproc = 0;               // > 0: launch this many local ranks of this command
   bool prefix_output = false;  // with --nproc: "[rank N] " before every line of each rank
+  int max_restarts = 0;        // with --nproc: restarts after a restartable failure (local_launcher.h)
 };
 
 void add_train_options(CLI::App& app, TrainArgs& a) {
@@ -42,6 +43,10 @@ void add_train_options(CLI::App& app, TrainArgs& a) {
   app.add_option("--nproc", a.nproc, "start this many local ranks (like torchrun --standalone) and supervise them")
       ->check(CLI::Range(1, 4096));
   app.add_flag("--prefix-output", a.prefix_output, "with --nproc: prefix each rank's output lines with its rank");
+  app.add_option("--max-restarts", a.max_restarts,
+                 "with --nproc: start every rank again after a rank dies or times out, this many times at most "
+                 "(each resumes from the latest checkpoint; a refused input is never restarted)")
+      ->check(CLI::Range(0, 1000));
 }
 
 // The path of this executable, so the launcher starts the same binary.
@@ -54,7 +59,7 @@ std::string self_executable() {
 
 // megatrain --nproc N ...: the same train command once per rank, with torchrun-style variables set.
 int launch(const TrainArgs& a) {
-  LaunchOptions opt{.nproc = a.nproc, .prefix_output = a.prefix_output};
+  LaunchOptions opt{.nproc = a.nproc, .prefix_output = a.prefix_output, .max_restarts = a.max_restarts};
   opt.argv = {self_executable(), "train", "--config", a.config};
   for (const std::string& o : a.overrides) opt.argv.insert(opt.argv.end(), {"--set", o});
   if (!a.load.empty()) opt.argv.insert(opt.argv.end(), {"--load", a.load});
@@ -98,9 +103,19 @@ Config load_single_process_config(const std::string& path, const std::vector<std
 }
 
 void run(const TrainArgs& a) {
+  if (a.max_restarts > 0 && a.nproc == 0)
+    throw ConfigError(
+        "--max-restarts restarts the ranks --nproc starts; under torchrun or srun use their own restarts "
+        "(torchrun --max-restarts, srun --requeue), which exit code 2 (a refused input) should not trigger");
   if (a.nproc > 0) {
     // Validate the config and find its data for the whole job before starting anything.
     const Config cfg = load_config(a.config, a.overrides, a.nproc);
+    // A restart resumes from the latest checkpoint; without one to resume it would train from the start again.
+    if (a.max_restarts > 0 && (cfg.checkpoint.save_dir.empty() || cfg.checkpoint.load != "auto"))
+      throw ConfigError(fmt::format(
+          "--max-restarts {} needs checkpoint.save_dir set and checkpoint.load: auto (got save_dir '{}', load '{}'), "
+          "so that a restarted run resumes from its latest checkpoint",
+          a.max_restarts, cfg.checkpoint.save_dir, cfg.checkpoint.load));
     check_fits_in_host_memory(cfg, a.nproc);
     check_data_files(cfg, false);  // the checksums: by rank 0 of the job, once
     if (int rc = launch(a); rc != 0) throw CLI::RuntimeError(rc);

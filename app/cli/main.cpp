@@ -9,6 +9,20 @@
 #include <fmt/ranges.h>
 
 #include "app/cli/commands.h"
+#include "app/runtime/exit_codes.h"
+#include "core/config/config.h"
+#include "core/data/json_line.h"
+#include "core/io/file_error.h"
+
+namespace {
+
+// A refused configuration or input (app/runtime/exit_codes.h): the same command would fail the same way again.
+bool refused_input(const std::exception& e) {
+  return dynamic_cast<const mt::ConfigError*>(&e) || dynamic_cast<const mt::FileError*>(&e) ||
+         dynamic_cast<const mt::JsonError*>(&e) || dynamic_cast<const std::invalid_argument*>(&e);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"megatrain: train GPT models with Megatron-LM's parallelism, in one C++ binary"};
@@ -53,7 +67,7 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fflush(stdout);
     fmt::print(stderr, "megatrain: error: {}\n", e.what());
-    return 1;
+    return refused_input(e) ? mt::app::kExitRefusedInput : mt::app::kExitFailure;
   }
   return 0;
 }

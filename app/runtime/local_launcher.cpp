@@ -27,6 +27,7 @@
 
 #include <fmt/format.h>
 
+#include "app/runtime/exit_codes.h"
 #include "app/runtime/local_launcher_detail.h"
 #include "parallel/store/store.h"
 
@@ -64,6 +65,8 @@ class Supervisor {
     }
     return first_failure_.value_or(0);
   }
+  // Whether a signal reached the launcher (forwarded, or from the terminal): the job was stopped, not failed.
+  bool signaled() const { return signaled_; }
 
  private:
   // Sleeps until a signal, a child's exit (SIGCHLD), output to relay, the SIGKILL deadline or the poll interval.
@@ -87,6 +90,7 @@ class Supervisor {
   }
 
   void forward(const ReceivedSignal& s) {
+    signaled_ = true;
     if (s.from_terminal) {
       launcher_log(
           fmt::format("signal {} from the terminal reached every rank; waiting for them", describe_signal(s.sig)));
@@ -178,6 +182,7 @@ class Supervisor {
   std::optional<int> first_failure_;  // the launcher's exit code
   std::optional<Clock::time_point> stop_deadline_;
   bool killed_ = false;
+  bool signaled_ = false;
 };
 
 void validate(const LaunchOptions& opt) {
@@ -190,6 +195,8 @@ void validate(const LaunchOptions& opt) {
         fmt::format("MASTER_PORT must be between 1 and 65535 (or 0: pick a free one), got {}", opt.master_port));
   if (opt.grace.count() < 0)
     throw std::invalid_argument(fmt::format("local launcher: negative grace period {} ms", opt.grace.count()));
+  if (opt.max_restarts < 0)
+    throw std::invalid_argument(fmt::format("--max-restarts must be >= 0, got {}", opt.max_restarts));
 }
 
 // 64 random bits in hex: this launch's MEGATRAIN_JOB_ID, so that a rank of another job that reaches our
@@ -223,8 +230,10 @@ std::vector<std::string> rank_environment(const std::vector<std::string>& parent
   return env;
 }
 
-int launch_local(const LaunchOptions& opt) {
-  validate(opt);
+namespace {
+
+// One start of every rank, until they all exit; *signaled: a signal reached the launcher meanwhile.
+int launch_once(const LaunchOptions& opt, bool* signaled) {
   // Without a port given, the launcher serves the rendezvous store itself on a port the system picks and it keeps
   // bound from then on (as torchrun's agent does): a port picked, closed and bound again by rank 0 could be taken in
   // between by any other process's ephemeral socket, and the ranks would rendezvous with a stranger.
@@ -254,10 +263,44 @@ int launch_local(const LaunchOptions& opt) {
   SignalWatch signals;  // before the first fork: a signal that arrives while spawning is forwarded after
   std::vector<Rank> ranks = spawn_ranks(opt, plan, signals);
   try {
-    return Supervisor(ranks, signals, opt.grace).run();
+    Supervisor supervisor(ranks, signals, opt.grace);
+    const int rc = supervisor.run();
+    *signaled = supervisor.signaled();
+    return rc;
   } catch (...) {
     kill_and_reap(ranks);
     throw;
+  }
+}
+
+}  // namespace
+
+int launch_local(const LaunchOptions& opt) {
+  validate(opt);
+  for (int restarts = 0;; ++restarts) {
+    bool signaled = false;
+    const int rc = launch_once(opt, &signaled);
+    if (rc == 0 || opt.max_restarts == 0) return rc;
+    if (signaled) {
+      launcher_log(fmt::format("not restarting: the launcher was signaled (exit code {})", rc));
+      return rc;
+    }
+    if (!restartable_exit(rc)) {
+      launcher_log(
+          fmt::format("not restarting: exit code {} is a refused input or command, which a restart would "
+                      "repeat",
+                      rc));
+      return rc;
+    }
+    if (restarts == opt.max_restarts) {
+      launcher_log(fmt::format("giving up: the ranks failed again after {} restart(s) (--max-restarts {})", restarts,
+                               opt.max_restarts));
+      return rc;
+    }
+    launcher_log(
+        fmt::format("restart {} of {} (exit code {}): every rank starts again and resumes from the latest "
+                    "checkpoint",
+                    restarts + 1, opt.max_restarts, rc));
   }
 }
 

@@ -14,6 +14,10 @@ struct LaunchOptions {
   int master_port = 0;                    // MASTER_PORT of every rank; 0: a free port on master_addr
   bool prefix_output = false;             // relay each rank's stdout/stderr line by line as "[rank N] ..."
   std::chrono::milliseconds grace{std::chrono::seconds(10)};  // SIGTERM -> SIGKILL when stopping the ranks
+  // --max-restarts: after a restartable failure (app/runtime/exit_codes.h: a rank died or timed out, not a refused
+  // input) every rank is stopped and all start again, at most this many times; never after a signal sent to the
+  // launcher (a person or the scheduler stopping the job).
+  int max_restarts = 0;
 };
 
 // Runs opt.argv once per rank (fork + exec), each with torchrun's RANK, WORLD_SIZE, LOCAL_RANK,
@@ -26,6 +30,8 @@ struct LaunchOptions {
 // launcher's process group), so it is not sent a second time; a signal the caller ignores stays ignored, in the launcher and the ranks. Ranks get SIGKILL
 // when the launcher dies (PR_SET_PDEATHSIG: the calling thread must outlive the call, which it does), inherit
 // only descriptors 0-2, and a rank whose program cannot be run prints "cannot run <prog>: <reason>" and exits 127.
+// With max_restarts the ranks are started again after a restartable failure ("restart 1 of 3 after rank 2 was
+// killed by signal 9"), each time on a fresh rendezvous; the last attempt's code is returned.
 // Throws std::invalid_argument for bad options and std::system_error when the ranks cannot be started (then
 // none is left running). Not reentrant: it owns the SIGINT, SIGTERM, SIGHUP and SIGCHLD handlers while it runs.
 int launch_local(const LaunchOptions& opt);

@@ -24,12 +24,12 @@ grep -q "optimizer.lr  training.micro_batch_size  final_loss  valid_loss  tokens
 [ "$(awk '/ ok$/ {print $3}' table.txt | sort -u | wc -l)" -eq 2 ] || fail "both runs have the same final loss"
 [ "$(wc -l < sw/summary.tsv)" -eq 3 ] || fail "summary.tsv should hold a header and two rows"
 
-# A point that cannot run (8 is not divisible by micro batch 3): reported, the others still run, exit 1.
+# A point that cannot run (8 is not divisible by micro batch 3): reported with its exit code 2 (a refused config), the others still run, exit 1.
 rc=0
 bash "${SWEEP[@]}" --out bad --grid training.micro_batch_size=3,4 -- "${short[@]}" > bad.txt || rc=$?
 cat bad.txt
 [ "$rc" -eq 1 ] || fail "a failed point should make the sweep exit 1, got $rc"
-grep -qE '^3 +- +- +- +failed \(1\)$' bad.txt || fail "the failed point is not in the table"
+grep -qE '^3 +- +- +- +failed \(2\)$' bad.txt || fail "the failed point is not in the table"
 grep -qE '^4 +[0-9.]+ +[0-9.]+ +[0-9]+ +ok$' bad.txt || fail "the point after the failure did not run"
 grep -q "training.global_batch_size" bad.txt || fail "the failure's error is not shown"
 echo "sweep ok"
