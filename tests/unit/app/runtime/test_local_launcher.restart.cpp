@@ -1,8 +1,5 @@
 // test_local_launcher.restart.cpp: --max-restarts (local_launcher.h): a restartable failure starts every rank again,
 // up to the limit; a refused input (exit code 2, app/runtime/exit_codes.h) never.
-#include <stdlib.h>
-
-#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -10,28 +7,20 @@
 
 #include "app/runtime/exit_codes.h"
 #include "app/runtime/local_launcher.h"
+#include "tests/unit/temp_dir.h"
 
 namespace mt::app {
 namespace {
 
-namespace fs = std::filesystem;
-
 class LauncherRestarts : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = (fs::temp_directory_path() / "mt_restarts_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // nproc ranks of `script` (the temporary directory as $1), each start counted in $1/starts.$RANK first.
   LaunchOptions counted(int nproc, int max_restarts, const std::string& script) const {
     LaunchOptions opt;
     opt.nproc = nproc;
     opt.max_restarts = max_restarts;
     opt.argv = {"/bin/sh", "-c", "echo x >> \"$1/starts.$RANK\"; n=$(wc -l < \"$1/starts.$RANK\"); " + script, "sh",
-                dir_.string()};
+                dir_.path().string()};
     return opt;
   }
   int starts(int rank) const {
@@ -41,7 +30,7 @@ class LauncherRestarts : public ::testing::Test {
     return n;
   }
 
-  fs::path dir_;
+  testing_util::TempDir dir_{"mt_restarts"};
 };
 
 TEST_F(LauncherRestarts, ARestartableFailureStartsEveryRankAgainUntilTheySucceed) {
