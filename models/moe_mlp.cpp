@@ -190,7 +190,7 @@ Tensor MoeMlp::forward(const Tensor& x_rows, Saved& s, const MoeStep& step) cons
   const bool llama = cfg_.arch == Arch::llama;
   s.x = sequence_to_full(x_rows, step.samples, tp_);  // every token, on every TP rank
   const Tensor& x = s.x;
-  const int64_t N = x.dim(0), C = x.dim(1), E = m.num_experts, k = m.top_k, R = N * k;
+  const int64_t N = x.dim(0), C = x.dim(1), E = m.num_experts, k = m.top_k;
   // Router: fp32 logits, scores and top-k (the same on every TP rank).
   Tensor logits = Tensor::empty({N, E}, DType::f32, device_);
   gemm(x, router_.value, logits, GemmOptions{.trans_b = true});
@@ -200,8 +200,9 @@ Tensor MoeMlp::forward(const Tensor& x_rows, Saved& s, const MoeStep& step) cons
   moe_router_forward(logits, expert_bias_, s.scores, s.experts, s.probs, router_options());
   if (m.aux_loss_coeff > 0 || m.z_loss_coeff > 0) s.logits = logits;
   // Dispatch: each expert's choices a contiguous row slice; the counts on the host size the GEMMs. With a capacity
-  // factor each expert keeps its ceil(factor * N * k / E) heaviest choices (Megatron-Core's "probs" policy) and the
-  // others are dropped (they add nothing to their token's output); the aux loss and the load count every choice.
+  // factor each expert keeps its ceil(factor * N * k / E) heaviest choices of the microbatch (Megatron-Core's "probs"
+  // policy; capacity_dispatch) and the others are dropped (they add nothing to their token's output); the aux loss
+  // and the load count every choice.
   s.row_of = Tensor::empty({N, k}, DType::i32, device_);
   auto host = [E](const Tensor& t) {
     const Tensor h = t.to(Device::cpu);
@@ -222,9 +223,7 @@ Tensor MoeMlp::forward(const Tensor& x_rows, Saved& s, const MoeStep& step) cons
     s.tokens_all = std::llround(sums[static_cast<size_t>(E)]);
   }
   if (m.capacity_factor > 0) {
-    const auto capacity =
-        static_cast<int64_t>(std::ceil(m.capacity_factor * static_cast<double>(R) / static_cast<double>(E) - 1e-9));
-    moe_dispatch_index(s.experts, s.row_of, counts, {.capacity = std::max<int64_t>(capacity, 1), .probs = &s.probs});
+    capacity_dispatch(s, step.samples, counts);
     s.counts = host(counts);
   } else {
     s.counts = s.routed;
@@ -266,6 +265,26 @@ Tensor MoeMlp::forward(const Tensor& x_rows, Saved& s, const MoeStep& step) cons
     add(out, ys, out);
   }
   return sequence_shard_sum(out, step.samples, tp_);
+}
+
+void MoeMlp::capacity_dispatch(Saved& s, int64_t samples, Tensor& counts) const {
+  const MoeConfig& m = cfg_.moe;
+  const int64_t N = s.experts.dim(0), k = s.experts.dim(1), all = N * cp_.size;
+  const auto capacity = std::max<int64_t>(
+      1, static_cast<int64_t>(
+             std::ceil(m.capacity_factor * static_cast<double>(all * k) / static_cast<double>(m.num_experts) - 1e-9)));
+  if (!cp_.enabled()) {
+    moe_dispatch_index(s.experts, s.row_of, counts, {.capacity = capacity, .probs = &s.probs});
+    return;
+  }
+  // The context ranks hold the other chunks of the microbatch's sequences: their choices, with the tokens' one-rank
+  // order for the ties, decide which of this rank's choices stay.
+  Tensor experts = Tensor::empty({all, k}, DType::i32, device_), probs = Tensor::empty({all, k}, DType::f32, device_);
+  cp_.comm->all_gather(s.experts, experts)->wait();
+  cp_.comm->all_gather(s.probs, probs)->wait();
+  const Tensor order = context_token_order(cp_, samples, N / samples).to(device_);
+  moe_dispatch_index(experts, s.row_of, counts,
+                     {.capacity = capacity, .probs = &probs, .order = &order, .part_begin = cp_.rank * N});
 }
 
 void MoeMlp::plan_share(Saved& s) const {

@@ -34,7 +34,9 @@
 // tensor-parallel sum as the expert slices' partial sums do.
 //
 // Capacity (model.moe.capacity_factor): each expert keeps its ceil(factor * N * k / E) heaviest choices of the
-// microbatch; a dropped choice adds nothing to its token's output (the residual carries the token).
+// microbatch; a dropped choice adds nothing to its token's output (the residual carries the token). With context
+// parallelism N is the whole microbatch's: the context ranks gather each other's choices and weights and decide
+// the drops over all of them in one rank's token order (ties to the lower token), each keeping its own part.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -146,6 +148,9 @@ class MoeMlp {
 
  private:
   MoeRouterOptions router_options() const;
+  // With a capacity factor: s.row_of and this rank's kept counts, the drops decided over the whole microbatch of
+  // `samples` samples (every context rank's chunks of it, so every layout drops one rank's choices).
+  void capacity_dispatch(Saved& s, int64_t samples, Tensor& counts) const;
   // Parallel folding: which of the kept rows this fold dispatches (sets s.sent and s.share), those rows of `rows`,
   // and they back in place among `kept` rows (the others zero). Without folding, all: the rows themselves.
   void plan_share(Saved& s) const;

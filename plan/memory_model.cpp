@@ -42,7 +42,11 @@ meta::Mirror mirror_of(Backend backend) { return backend == Backend::cpu ? meta:
 // The options of every rank kind's measurement of `c`, its ZB-V weights measured once for all of them.
 app::MetaStepOptions meta_options(const Config& c, Backend backend) {
   return {.mirror = mirror_of(backend),
-          .moe_receive_factor = c.model.moe.enabled() ? moe_imbalance(c.model.moe, c.parallel.expert).factor : 1,
+          .moe_receive_factor = c.model.moe.enabled()
+                                    ? moe_imbalance(c.model.moe, c.parallel.expert, c.parallel.context,
+                                                    c.parallel.tensor / c.parallel.experts_tensor())
+                                          .factor
+                                    : 1,
           .microbatches = app::peaks_microbatches(c),
           .zb_v = app::measure_schedule_memory(c, mirror_of(backend))};
 }

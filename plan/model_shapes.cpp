@@ -54,16 +54,24 @@ ModelShapes model_shapes(const ModelConfig& m, int64_t tp, int64_t ep, int64_t e
   return s;
 }
 
-MoeImbalance moe_imbalance(const MoeConfig& moe, int64_t ep) {
+MoeImbalance moe_imbalance(const MoeConfig& moe, int64_t ep, int64_t cp, int64_t folds) {
   if (!moe.enabled() || ep <= 1) return {1, "no expert parallelism"};
   const double k = static_cast<double>(moe.top_k), local = static_cast<double>(moe.num_experts / ep);
   const double worst = static_cast<double>(ep) * std::min(k, local) / k;
-  if (moe.plan_imbalance > 0 && (moe.capacity_factor <= 0 || moe.plan_imbalance < moe.capacity_factor))
+  // The capacity holds per microbatch, over its cp context ranks: an EP group of fewer of them (ep / folds) may get
+  // all of a microbatch's kept rows, cp / (ep / folds) times its share.
+  const double capacity =
+      moe.capacity_factor * std::max(1.0, static_cast<double>(cp * folds) / static_cast<double>(ep));
+  if (moe.plan_imbalance > 0 && (moe.capacity_factor <= 0 || moe.plan_imbalance < capacity))
     return {std::min(std::max(1.0, moe.plan_imbalance), worst),
             fmt::format("--moe-imbalance {:g} (a run's moe_peak_received)", moe.plan_imbalance)};
   if (moe.capacity_factor > 0)
-    return {std::min(moe.capacity_factor, worst),
-            fmt::format("model.moe.capacity_factor {:g} (rows beyond it are dropped)", moe.capacity_factor)};
+    return {std::min(capacity, worst),
+            capacity == moe.capacity_factor
+                ? fmt::format("model.moe.capacity_factor {:g} (rows beyond it are dropped)", moe.capacity_factor)
+                : fmt::format("model.moe.capacity_factor {:g} over {} context ranks, {} of them in an expert-parallel "
+                              "group (rows beyond it are dropped)",
+                              moe.capacity_factor, cp, ep / folds)};
   return {1, fmt::format("balanced routing, not a bound: dropless routing can reach {:.2f}x (every choice on one "
                          "rank's experts); pass --moe-imbalance with a run's moe_peak_received, or set "
                          "model.moe.capacity_factor",

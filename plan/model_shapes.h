@@ -36,7 +36,8 @@ struct MoeShapes {
 };
 
 // The expert-parallel routing the planner assumes (MoeShapes::imbalance) and where it comes from: a run's measured
-// factor (`plan --moe-imbalance`, model.moe.plan_imbalance) or the capacity factor (which drops rows beyond it),
+// factor (`plan --moe-imbalance`, model.moe.plan_imbalance) or the capacity factor (which drops rows beyond it; it
+// holds per microbatch, so with CP times CP over the context ranks in an EP group where those are fewer),
 // whichever is lower, never above the worst dropless routing (every choice of the EP group on one rank's experts:
 // EP x min(top_k, E / EP) / top_k); else balanced routing (1), which the source then says is not a bound. Factor 1
 // without expert parallelism (a rank's experts see all its rows).
@@ -44,7 +45,8 @@ struct MoeImbalance {
   double factor = 1;
   std::string source;
 };
-MoeImbalance moe_imbalance(const MoeConfig& moe, int64_t ep);
+// cp: the context-parallel size; folds: tensor / expert_tensor (parallel folding), so ep / folds context x data ranks.
+MoeImbalance moe_imbalance(const MoeConfig& moe, int64_t ep, int64_t cp = 1, int64_t folds = 1);
 
 struct ModelShapes {
   double C = 1;               // hidden

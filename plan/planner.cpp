@@ -64,11 +64,10 @@ struct TensorContext {
 };
 std::vector<TensorContext> tensor_context_sizes(const Config& c, int64_t world, int64_t min_chunk) {
   const ModelConfig& m = c.model;
-  const bool context = !(m.moe.enabled() && m.moe.capacity_factor > 0);  // the rest apply_layout's rules refuse
   std::vector<TensorContext> out;
   for (int64_t tp : divisors(world))
     for (int64_t cp : divisors(world / tp)) {
-      if (cp > 1 && (!context || m.seq_length % (2 * cp) != 0 || m.seq_length / (2 * cp) < min_chunk)) continue;
+      if (cp > 1 && (m.seq_length % (2 * cp) != 0 || m.seq_length / (2 * cp) < min_chunk)) continue;
       out.push_back({tp, cp, false});
       if (cp > 1) out.push_back({tp, cp, true});
     }

@@ -53,7 +53,8 @@ nlohmann::json to_json(const Prediction& p, const Hardware& hw) {
   j["offload"] = p.config.optimizer.offload;
   j["host_bytes"] = max_host_bytes(p.memory);
   if (p.config.model.moe.enabled()) {
-    const MoeImbalance bound = moe_imbalance(p.config.model.moe, p.config.parallel.expert);
+    const MoeImbalance bound = moe_imbalance(p.config.model.moe, p.config.parallel.expert, p.config.parallel.context,
+                                             p.config.parallel.tensor / p.config.parallel.experts_tensor());
     j["moe_imbalance"] = {{"factor", bound.factor}, {"source", bound.source}};
   }
   j["host_bytes_budget"] = p.config.optimizer.offload_host_memory_gib * kMiB * 1024;
@@ -113,7 +114,8 @@ std::string format_prediction(const Prediction& p, const Hardware& hw) {
                           c.parallel.experts_tensor(), c.parallel.tensor)
             : std::string());
     if (c.parallel.expert > 1) {
-      const MoeImbalance bound = moe_imbalance(e, c.parallel.expert);
+      const MoeImbalance bound =
+          moe_imbalance(e, c.parallel.expert, c.parallel.context, c.parallel.tensor / c.parallel.experts_tensor());
       s += fmt::format("expert routing planned at {:.2f}x the balanced rows on a rank's experts: {}\n", bound.factor,
                        bound.source);
     }

@@ -27,7 +27,8 @@ std::string divisors(int64_t n) {
 
 // parallel.context: the sequence of every sample is cut into 2 * context chunks (then, with sequence parallelism,
 // each rank's part into tensor shards); what the ring cannot split yet is refused by name. Dropout (hidden,
-// attention and LoRA) works: its masks are keyed by the chunks' global positions, so they are one rank's.
+// attention and LoRA) works: its masks are keyed by the chunks' global positions, so they are one rank's; so do MoE
+// capacity drops, decided over the whole microbatch (models/moe_mlp.h).
 void resolve_context(Config& c, const Rules& r) {
   const ParallelConfig& p = c.parallel;
   const ModelConfig& m = c.model;
@@ -43,11 +44,6 @@ void resolve_context(Config& c, const Rules& r) {
            fmt::format("needs each context rank's model.seq_length / parallel.context = {} / {} = {} tokens divisible "
                        "by parallel.tensor={}",
                        m.seq_length, p.context, m.seq_length / p.context, p.tensor));
-  if (m.moe.enabled() && m.moe.capacity_factor > 0)
-    r.fail("model.moe.capacity_factor",
-           fmt::format("{} with parallel.context={} is not built yet: which choices an expert drops depends on every "
-                       "token of the microbatch, which the context ranks split (0, dropless, works)",
-                       m.moe.capacity_factor, p.context));
 }
 
 // parallel.shard_group (hybrid sharding, parallel/sharding/hybrid_shard.h): a divisor of the data-parallel size, for a stage

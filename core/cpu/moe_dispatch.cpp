@@ -1,6 +1,6 @@
 // moe_dispatch.cpp: the mixture-of-experts token dispatch on the CPU (core/tensor/ops.h): the choices grouped by
-// expert in (token, choice) order, with a capacity the first ones or those of the highest weight kept, and the row
-// gathers and scatters around the experts' MLPs.
+// expert in (token, choice) order, with a capacity the first ones or those of the highest weight kept (decided over
+// every token given, rows written for a part of them), and the row gathers and scatters around the experts' MLPs.
 // Row indices are read as given: the entry points checked the shapes; a row index outside [0, R) (or below -1)
 // is an error here.
 #include <algorithm>
@@ -40,42 +40,58 @@ uint32_t weight_rank(float w) {
 }  // namespace
 
 void moe_dispatch_index(const Tensor& experts, Tensor& row_of, Tensor& counts, const MoeCapacityOptions& cap) {
-  const int64_t n = experts.numel(), E = counts.dim(0);
+  const int64_t n = experts.numel(), k = experts.dim(1), E = counts.dim(0);
   const int32_t* e = experts.data<int32_t>();
   int32_t* rows = row_of.data<int32_t>();
   int32_t* cnt = counts.data<int32_t>();
-  std::vector<std::vector<int64_t>> of_expert(static_cast<size_t>(E));  // each expert's choices, in (n, j) order
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = 0; i < n; ++i)
     if (e[i] < 0 || e[i] >= E)
       throw std::invalid_argument("moe_dispatch_index: experts holds expert " + std::to_string(e[i]) + " at choice " +
                                   std::to_string(i) + ", outside [0, " + std::to_string(E) + ")");
-    of_expert[static_cast<size_t>(e[i])].push_back(i);
+  // Each choice's place in one rank's (n, j) order: (order[n], j) with an order, else i itself.
+  std::vector<int64_t> place(static_cast<size_t>(n));
+  if (cap.order) {
+    const int32_t* o = cap.order->data<int32_t>();
+    const int64_t N = experts.dim(0);
+    std::vector<char> seen(static_cast<size_t>(N), 0);
+    for (int64_t t = 0; t < N; ++t) {
+      if (o[t] < 0 || o[t] >= N || seen[static_cast<size_t>(o[t])])
+        throw std::invalid_argument("moe_dispatch_index: order is not a permutation of [0, " + std::to_string(N) +
+                                    "): token " + std::to_string(t) + " holds " + std::to_string(o[t]));
+      seen[static_cast<size_t>(o[t])] = 1;
+    }
+    for (int64_t i = 0; i < n; ++i) place[static_cast<size_t>(i)] = o[i / k] * k + i % k;
+  } else {
+    for (int64_t i = 0; i < n; ++i) place[static_cast<size_t>(i)] = i;
   }
   std::vector<char> kept(static_cast<size_t>(n), 1);
   if (cap.capacity > 0) {
+    std::vector<std::vector<int64_t>> of_expert(static_cast<size_t>(E));  // each expert's choices, all tokens
+    for (int64_t i = 0; i < n; ++i) of_expert[static_cast<size_t>(e[i])].push_back(i);
     const float* w = cap.probs ? cap.probs->data<float>() : nullptr;
-    for (std::vector<int64_t>& choices : of_expert) {
-      if (static_cast<int64_t>(choices.size()) <= cap.capacity) continue;
-      std::vector<int64_t> order = choices;
-      if (w) {
-        // By weight, highest first, then by (n, j): a total order, so the kept set is unique.
-        std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-          const uint32_t ka = weight_rank(w[a]), kb = weight_rank(w[b]);
-          return ka != kb ? ka > kb : a < b;
-        });
-      }
+    for (std::vector<int64_t>& order : of_expert) {
+      if (static_cast<int64_t>(order.size()) <= cap.capacity) continue;
+      // By weight, highest first, then by place: a total order, so the kept set is unique.
+      std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+        const uint32_t ka = w ? weight_rank(w[a]) : 0, kb = w ? weight_rank(w[b]) : 0;
+        return ka != kb ? ka > kb : place[static_cast<size_t>(a)] < place[static_cast<size_t>(b)];
+      });
       for (size_t r = static_cast<size_t>(cap.capacity); r < order.size(); ++r) kept[static_cast<size_t>(order[r])] = 0;
     }
   }
-  int32_t row = 0;  // expert-major, within an expert in (n, j) order
+  // The part's rows: expert-major, within an expert in (n, j) order.
+  const int64_t first = cap.part_begin * k, P = row_of.numel();
+  std::vector<std::vector<int64_t>> of_expert(static_cast<size_t>(E));
+  for (int64_t i = first; i < first + P; ++i) of_expert[static_cast<size_t>(e[i])].push_back(i);
+  int32_t row = 0;
   for (int64_t x = 0; x < E; ++x) {
     int32_t kept_here = 0;
     for (int64_t i : of_expert[static_cast<size_t>(x)]) {
       if (kept[static_cast<size_t>(i)]) {
-        rows[i] = row++;
+        rows[i - first] = row++;
         ++kept_here;
       } else {
-        rows[i] = -1;
+        rows[i - first] = -1;
       }
     }
     cnt[x] = kept_here;

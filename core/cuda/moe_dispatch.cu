@@ -7,6 +7,9 @@
 // expert is below it: its place in that sorted order (position policy), or its place in a second sort by (expert,
 // weight descending, choice) as one 64-bit key (probs policy); the kept rows are then an exclusive scan of the kept
 // flags in the first order, which is expert-major and (token, choice) ordered within an expert, as the CPU's.
+// With an order or a part (drops decided over more tokens than the part dispatched, core/tensor/ops.h) the second
+// sort runs over every choice, each placed at its (order[n], j) before the stable sort so that ties fall in that
+// order (the position policy is the same sort with every weight equal), and the first sort over the part only.
 // The gathers and scatters run one block per token, its threads over the columns, in fp32 with one rounding on
 // store; moe_unpermute adds in choice order, without fused multiply-adds, as the CPU. moe_unpermute_backward_probs
 // reduces each dot product in a fixed tree (a warp per choice): deterministic, within fp32 rounding of the CPU's
@@ -60,23 +63,29 @@ __device__ __forceinline__ uint32_t weight_rank(float w) {
   return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
-// start[e] = the first sorted position of expert e, for the experts that have choices (keys sorted ascending).
-__global__ void expert_starts_kernel(const uint32_t* keys, int64_t n, uint32_t E, int32_t* start) {
+// start[e] = the first sorted position of expert e (the key's bits from Shift up), for the experts that have
+// choices (keys sorted ascending).
+template <class Key, int Shift>
+__global__ void expert_starts_kernel(const Key* keys, int64_t n, uint32_t E, int32_t* start) {
   for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < n;
-       r += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    if (keys[r] < E && (r == 0 || keys[r - 1] != keys[r])) start[keys[r]] = static_cast<int32_t>(r);
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const auto e = static_cast<uint32_t>(keys[r] >> Shift);
+    if (e < E && (r == 0 || static_cast<uint32_t>(keys[r - 1] >> Shift) != e)) start[e] = static_cast<int32_t>(r);
+  }
 }
 
-// keys[i] = (expert, ~weight_rank(w)) in one 64-bit key (an expert outside [0, E) as E), pos[i] = i: sorted
-// stably, the choices of each expert by weight descending, ties in choice order.
-__global__ void weight_keys_kernel(const int32_t* experts, const float* probs, int64_t n, int32_t E, uint64_t* keys,
-                                   int32_t* pos) {
+// keys[d] = (expert, ~weight_rank(w)) in one 64-bit key (an expert outside [0, E) as E; every weight equal
+// without probs), pos[d] = i, at d = order[i / k] * k + i % k (i without an order): sorted stably, the choices of
+// each expert by weight descending, ties in that order.
+__global__ void weight_keys_kernel(const int32_t* experts, const float* probs, const int32_t* order, int64_t n,
+                                   int64_t k, int32_t E, uint64_t* keys, int32_t* pos) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int32_t e = experts[i];
     const uint64_t expert = e >= 0 && e < E ? static_cast<uint64_t>(e) : static_cast<uint64_t>(E);
-    keys[i] = (expert << 32) | static_cast<uint64_t>(~weight_rank(probs[i]));
-    pos[i] = static_cast<int32_t>(i);
+    const int64_t d = order ? static_cast<int64_t>(order[i / k]) * k + i % k : i;
+    keys[d] = (expert << 32) | static_cast<uint64_t>(probs ? ~weight_rank(probs[i]) : 0u);
+    pos[d] = static_cast<int32_t>(i);
   }
 }
 
@@ -109,11 +118,11 @@ __global__ void kept_rows_kernel(const int32_t* flags, const int32_t* before, co
     row_of[pos[r]] = flags[r] ? before[r] : -1;
 }
 
-// counts[e] = min(counts[e], capacity).
-__global__ void cap_counts_kernel(int32_t* counts, int64_t E, int64_t capacity) {
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < E;
-       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    if (counts[e] > capacity) counts[e] = static_cast<int32_t>(capacity);
+// counts[e] += 1 for each kept choice of expert e (sorted position r by expert, flags[r] set).
+__global__ void kept_counts_kernel(const uint32_t* keys, const int32_t* flags, int64_t n, int32_t* counts) {
+  for (int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; r < n;
+       r += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    if (flags[r]) atomicAdd(counts + keys[r], 1);
 }
 
 // before := the exclusive prefix sum of the n flags (CUB's scan, deterministic).
@@ -179,64 +188,76 @@ __global__ void unpermute_probs_backward_kernel(const T* dout, const T* y, const
 }  // namespace
 
 void moe_dispatch_index(const Tensor& experts, Tensor& row_of, Tensor& counts, const MoeCapacityOptions& cap) {
-  const int64_t n = experts.numel(), E = counts.dim(0);
+  const int64_t n = experts.numel(), k = experts.dim(1), E = counts.dim(0);
+  const int64_t first = cap.part_begin * k, P = row_of.numel();  // the part's choices [first, first + P)
   fill_zero(counts.raw(), static_cast<size_t>(E) * sizeof(int32_t));
-  if (n == 0) return;
+  if (P == 0) return;
   if (n > INT_MAX)
     throw std::invalid_argument("moe_dispatch_index: " + std::to_string(n) +
                                 " choices, more than the CUDA backend "
                                 "sorts (2^31 - 1)");
-  Tensor keys_in = Tensor::empty({n}, DType::i32, Device::cuda, MemKind::workspace);  // uint32 keys
-  Tensor keys_out = Tensor::empty({n}, DType::i32, Device::cuda, MemKind::workspace);
-  Tensor pos_in = Tensor::empty({n}, DType::i32, Device::cuda, MemKind::workspace);
-  Tensor pos_out = Tensor::empty({n}, DType::i32, Device::cuda, MemKind::workspace);
+  // The part's choices by expert.
+  Tensor keys_in = Tensor::empty({P}, DType::i32, Device::cuda, MemKind::workspace);  // uint32 keys
+  Tensor keys_out = Tensor::empty({P}, DType::i32, Device::cuda, MemKind::workspace);
+  Tensor pos_in = Tensor::empty({P}, DType::i32, Device::cuda, MemKind::workspace);
+  Tensor pos_out = Tensor::empty({P}, DType::i32, Device::cuda, MemKind::workspace);
   auto* kin = static_cast<uint32_t*>(keys_in.raw());
   auto* kout = static_cast<uint32_t*>(keys_out.raw());
-  const unsigned blocks = grid_1d(n, kThreads);
-  dispatch_keys_kernel<<<blocks, kThreads, 0, stream()>>>(experts.data<int32_t>(), n, static_cast<int32_t>(E), kin,
-                                                          pos_in.data<int32_t>(), counts.data<int32_t>());
+  const unsigned blocks = grid_1d(P, kThreads);
+  dispatch_keys_kernel<<<blocks, kThreads, 0, stream()>>>(experts.data<int32_t>() + first, P, static_cast<int32_t>(E),
+                                                          kin, pos_in.data<int32_t>(), counts.data<int32_t>());
   MT_CUDA_LAUNCHED("dispatch_keys_kernel");
-  stable_sort_pairs(kin, kout, pos_in.data<int32_t>(), pos_out.data<int32_t>(), n, static_cast<uint64_t>(E));
+  stable_sort_pairs(kin, kout, pos_in.data<int32_t>(), pos_out.data<int32_t>(), P, static_cast<uint64_t>(E));
   const int32_t* pos = pos_out.data<int32_t>();
   if (cap.capacity == 0) {  // dropless: every choice's row is its sorted position
-    dispatch_rows_kernel<<<blocks, kThreads, 0, stream()>>>(kout, pos, n, static_cast<uint32_t>(E),
+    dispatch_rows_kernel<<<blocks, kThreads, 0, stream()>>>(kout, pos, P, static_cast<uint32_t>(E),
                                                             row_of.data<int32_t>());
     MT_CUDA_LAUNCHED("dispatch_rows_kernel");
     return;
   }
-  // Token dropping. start (E) i32: each expert's first sorted position (the same in both sorts).
+  // Token dropping. start (E) i32: each expert's first sorted position (in the sort that decides).
   Tensor start = Tensor::empty({E}, DType::i32, Device::cuda, MemKind::workspace);
-  expert_starts_kernel<<<blocks, kThreads, 0, stream()>>>(kout, n, static_cast<uint32_t>(E), start.data<int32_t>());
-  MT_CUDA_LAUNCHED("expert_starts_kernel");
-  Tensor kept;  // (n) i32, by choice: kept by the probs policy
-  if (cap.probs) {
+  Tensor kept;  // (n) i32, by choice: kept by the sort over every choice
+  if (cap.probs || cap.order || P != n) {
+    const unsigned all_blocks = grid_1d(n, kThreads);
     Tensor wkeys_in = Tensor::empty({n}, DType::i64, Device::cuda, MemKind::workspace);  // uint64 keys
     Tensor wkeys_out = Tensor::empty({n}, DType::i64, Device::cuda, MemKind::workspace);
+    // A part of every choice reuses the first sort's buffers: its input keys and positions are free again.
+    const Tensor wpos_in = P == n ? pos_in : Tensor::empty({n}, DType::i32, Device::cuda, MemKind::workspace);
+    const Tensor wpos_out = P == n ? keys_in : Tensor::empty({n}, DType::i32, Device::cuda, MemKind::workspace);
     auto* win = static_cast<uint64_t*>(wkeys_in.raw());
     auto* wout = static_cast<uint64_t*>(wkeys_out.raw());
-    weight_keys_kernel<<<blocks, kThreads, 0, stream()>>>(experts.data<int32_t>(), cap.probs->data<float>(), n,
-                                                          static_cast<int32_t>(E), win, pos_in.data<int32_t>());
+    weight_keys_kernel<<<all_blocks, kThreads, 0, stream()>>>(
+        experts.data<int32_t>(), cap.probs ? cap.probs->data<float>() : nullptr,
+        cap.order ? cap.order->data<int32_t>() : nullptr, n, k, static_cast<int32_t>(E), win, wpos_in.data<int32_t>());
     MT_CUDA_LAUNCHED("weight_keys_kernel");
-    // pos_in is free again (the first sort's order lies in pos_out); keys_in holds the second sort's positions.
-    auto* wpos = static_cast<int32_t*>(keys_in.raw());
-    stable_sort_pairs(win, wout, pos_in.data<int32_t>(), wpos, n,
+    stable_sort_pairs(win, wout, wpos_in.data<int32_t>(), wpos_out.data<int32_t>(), n,
                       (static_cast<uint64_t>(E) << 32) | uint64_t{0xFFFFFFFF});
+    expert_starts_kernel<uint64_t, 32>
+        <<<all_blocks, kThreads, 0, stream()>>>(wout, n, static_cast<uint32_t>(E), start.data<int32_t>());
+    MT_CUDA_LAUNCHED("expert_starts_kernel");
     kept = Tensor::empty({n}, DType::i32, Device::cuda, MemKind::workspace);
-    keep_heaviest_kernel<<<blocks, kThreads, 0, stream()>>>(
-        wout, wpos, start.data<int32_t>(), n, static_cast<uint32_t>(E), cap.capacity, kept.data<int32_t>());
+    keep_heaviest_kernel<<<all_blocks, kThreads, 0, stream()>>>(wout, wpos_out.data<int32_t>(), start.data<int32_t>(),
+                                                                n, static_cast<uint32_t>(E), cap.capacity,
+                                                                kept.data<int32_t>());
     MT_CUDA_LAUNCHED("keep_heaviest_kernel");
+  } else {  // the position policy over the part, which is every choice
+    expert_starts_kernel<uint32_t, 0>
+        <<<blocks, kThreads, 0, stream()>>>(kout, P, static_cast<uint32_t>(E), start.data<int32_t>());
+    MT_CUDA_LAUNCHED("expert_starts_kernel");
   }
   int32_t* flags = pos_in.data<int32_t>();  // free again
   keep_flags_kernel<<<blocks, kThreads, 0, stream()>>>(kout, pos, start.data<int32_t>(),
-                                                       kept.defined() ? kept.data<int32_t>() : nullptr, n,
+                                                       kept.defined() ? kept.data<int32_t>() + first : nullptr, P,
                                                        static_cast<uint32_t>(E), cap.capacity, flags);
   MT_CUDA_LAUNCHED("keep_flags_kernel");
-  Tensor before = Tensor::empty({n}, DType::i32, Device::cuda, MemKind::workspace);
-  exclusive_sum(flags, before.data<int32_t>(), n);
-  kept_rows_kernel<<<blocks, kThreads, 0, stream()>>>(flags, before.data<int32_t>(), pos, n, row_of.data<int32_t>());
+  Tensor before = Tensor::empty({P}, DType::i32, Device::cuda, MemKind::workspace);
+  exclusive_sum(flags, before.data<int32_t>(), P);
+  kept_rows_kernel<<<blocks, kThreads, 0, stream()>>>(flags, before.data<int32_t>(), pos, P, row_of.data<int32_t>());
   MT_CUDA_LAUNCHED("kept_rows_kernel");
-  cap_counts_kernel<<<grid_1d(E, kThreads), kThreads, 0, stream()>>>(counts.data<int32_t>(), E, cap.capacity);
-  MT_CUDA_LAUNCHED("cap_counts_kernel");
+  fill_zero(counts.raw(), static_cast<size_t>(E) * sizeof(int32_t));  // the kept choices only
+  kept_counts_kernel<<<blocks, kThreads, 0, stream()>>>(kout, flags, P, counts.data<int32_t>());
+  MT_CUDA_LAUNCHED("kept_counts_kernel");
 }
 
 void moe_permute(const Tensor& x, const Tensor& row_of, const Tensor* probs, Tensor& out) {

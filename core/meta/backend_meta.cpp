@@ -191,16 +191,17 @@ void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor&
             arg_bytes(dkv));
 }
 
-// Balanced routing: of the N * k choices each expert gets an equal share (the first ones one more), at most
-// cap.capacity of them when there is a capacity.
+// Balanced routing: of the part's P * k choices each expert gets an equal share (the first ones one more), at most
+// the part's share of cap.capacity (P / N of it, rounded up: the capacity holds for all N tokens) when there is one.
 void moe_dispatch_index(const Tensor& experts, Tensor& row_of, Tensor& counts, const MoeCapacityOptions& cap) {
   tally("moe_dispatch_index", 0, arg_bytes(experts) + arg_bytes(row_of) + arg_bytes(counts));
   if (is_unbacked(counts.raw())) return;
-  const int64_t E = counts.numel(), R = experts.numel();
+  const int64_t E = counts.numel(), R = row_of.numel(), N = std::max<int64_t>(experts.dim(0), 1);
+  const int64_t capacity = (cap.capacity * row_of.dim(0) + N - 1) / N;
   auto* c = counts.data<int32_t>();
   for (int64_t e = 0; e < E; ++e) {
     int64_t n = R / E + (e < R % E ? 1 : 0);
-    if (cap.capacity > 0) n = std::min(n, cap.capacity);
+    if (cap.capacity > 0) n = std::min(n, capacity);
     c[e] = static_cast<int32_t>(n);
   }
 }

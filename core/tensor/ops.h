@@ -483,14 +483,15 @@ void moe_dispatch_index(const Tensor& experts, Tensor& row_of, Tensor& counts);
 // Token dropping (model.moe capacity factors): each expert keeps at most `capacity` of its choices.
 struct MoeCapacityOptions {
   int64_t capacity = 0;           // most choices each expert keeps (0: no limit, dropless)
-  const Tensor* probs = nullptr;  // (N, k) f32: keep each expert's `capacity` choices of the highest weight
-                                  // (Megatron-Core's "probs" drop policy); null: the first `capacity` in (n, j)
-                                  // order ("position" policy)
+  const Tensor* probs = nullptr;  // (N, k) f32: keep the heaviest (Megatron-Core's "probs" drop policy); null: the
+                                  // first in (n, j) order ("position" policy)
+  const Tensor* order = nullptr;  // (N) i32 permutation: token n's one-rank place, ties by (order[n], j); null: n
+  int64_t part_begin = 0;         // row_of (P, k) and counts: tokens [part_begin, part_begin + P) only, from row 0
 };
 // moe_dispatch_index with a capacity: row_of[n, j] = -1 for a dropped choice; counts (E) the kept choices per expert.
 // Kept rows stay expert-major and within an expert in (n, j) order (not in weight order), so capacity 0 is the op
 // above exactly. Weights compare by value (-0 as 0, a NaN below every number); ties keep the lower (n, j).
-// Deterministic on every backend.
+// Deterministic on every backend. A part's drops (context parallelism) are decided over all N tokens.
 void moe_dispatch_index(const Tensor& experts, Tensor& row_of, Tensor& counts, const MoeCapacityOptions& cap);
 void moe_permute(const Tensor& x, const Tensor& row_of, const Tensor* probs, Tensor& out);
 void moe_unpermute(const Tensor& y, const Tensor& row_of, const Tensor* probs, Tensor& out);

@@ -125,8 +125,11 @@ void moe_dispatch_index(const Tensor& experts, Tensor& row_of, Tensor& counts, c
   const char* op = "moe_dispatch_index";
   const op_profile::Scope profile(op);
   check_ndim(op, "experts", experts, 2, "(N, k)", DType::i32);
-  check_dtype(op, "row_of", row_of, DType::i32);
-  expect_shape(op, "row_of", row_of, experts.shape());
+  check_ndim(op, "row_of", row_of, 2, "(P, k)", DType::i32);
+  const int64_t N = experts.dim(0), P = row_of.dim(0);
+  if (row_of.dim(1) != experts.dim(1) || cap.part_begin < 0 || cap.part_begin + P > N)
+    fail(op, fmt::format("row_of: expected the choices of tokens [{}, {} + P) of experts {}, got {}", cap.part_begin,
+                         cap.part_begin, shape_str(experts.shape()), shape_str(row_of.shape())));
   check_ndim(op, "counts", counts, 1, "(E)", DType::i32);
   if (counts.dim(0) < 1) fail(op, "counts: expected at least one expert, got (0)");
   if (experts.numel() > (int64_t{1} << 31) - 1)
@@ -137,6 +140,11 @@ void moe_dispatch_index(const Tensor& experts, Tensor& row_of, Tensor& counts, c
   if (cap.probs) {
     check_f32_shape(op, "probs", *cap.probs, experts.shape());
     (void)device_of(op, {&experts, cap.probs});  // throws when they differ
+  }
+  if (cap.order) {
+    check_ndim(op, "order", *cap.order, 1, "(N)", DType::i32);
+    expect_shape(op, "order", *cap.order, {N});
+    (void)device_of(op, {&experts, cap.order});
   }
   backend(device_of(op, {&experts, &row_of, &counts}), op).moe_dispatch_index(experts, row_of, counts, cap);
 }

@@ -6,6 +6,7 @@
 #include <memory>
 #include <stdexcept>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -47,6 +48,17 @@ Tensor context_chunks(const Tensor& tokens, const ContextParallel& cp) {
       std::memcpy(out + (b * 2 * chunk + k * chunk) * size, in + (b * T + starts[k]) * size,
                   static_cast<size_t>(chunk * size));
   return local;
+}
+
+Tensor context_token_order(const ContextParallel& cp, int64_t samples, int64_t local_len) {
+  const int64_t T = local_len * cp.size;
+  std::vector<int32_t> order;
+  order.reserve(static_cast<size_t>(cp.size * samples * local_len));
+  for (int r = 0; r < cp.size; ++r)
+    for (int64_t b = 0; b < samples; ++b)
+      for (int64_t t = 0; t < local_len; ++t)
+        order.push_back(static_cast<int32_t>(b * T + cp.positions(local_len, t, 1, r).position_offset));
+  return Tensor::from_ints(order, {static_cast<int64_t>(order.size())});
 }
 
 namespace {

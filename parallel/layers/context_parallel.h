@@ -43,6 +43,12 @@ struct ContextParallel {
 // and 2C - 1 - rank.
 Tensor context_chunks(const Tensor& tokens, const ContextParallel& cp);
 
+// The one-rank order of the microbatch's tokens as an all-gather over the context group lays them out (context rank
+// major, then each rank's local sequences (B, local_len)): (C B local_len) i32 on the host, token g's index
+// b T + its global position in the microbatch (B, T). What per-microbatch decisions over every token need (the
+// MoE capacity's drops, models/moe_mlp.cpp) to be one rank's.
+Tensor context_token_order(const ContextParallel& cp, int64_t samples, int64_t local_len);
+
 // Causal attention over the whole sequence for this rank's queries: qkv (B, T/C, G, R + 2, D) its local sequence
 // (after the rotary embeddings), out (B, T/C, H * D) of qkv's dtype, lse (B, H, T/C) f32 the log-sum-exp of each
 // row over all keys (what the backward takes). att: the dropout on the probabilities (dropout_p, seed, site,

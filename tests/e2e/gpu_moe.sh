@@ -2,7 +2,8 @@
 # On a GPU: mixture-of-experts layers (moe.yaml: 4 SwiGLU experts, top-2, a shared expert, aux and z losses, dropout
 # on) train with the CUDA backend and follow the CPU's losses (1e-4 in fp32, 2% in bf16, 20 iterations); the
 # aux-loss-free expert bias with a sigmoid router too; expert parallelism 2 and TP 2 with SP (two processes sharing
-# the GPU over host-staged Gloo) follow one GPU rank; the one-rank job runs on NCCL. Skips without a usable GPU.
+# the GPU over host-staged Gloo) follow one GPU rank, and so does CP 2 with a capacity factor (the same drops); the
+# one-rank job runs on NCCL. Skips without a usable GPU.
 source "$(dirname "$0")/lib/common.bash"
 require_gpu
 prepare_data
@@ -28,3 +29,18 @@ same_losses gpu_one/metrics.jsonl gpu_ep2/metrics.jsonl 1 20 1e-5
       --set logging.dir=gpu_tp2 >/dev/null 2>tp2.err || { tail -5 tp2.err; fail "TP 2 on the GPU"; }
 same_losses gpu_one/metrics.jsonl gpu_tp2/metrics.jsonl 1 20 1e-5
 echo "MoE on the GPU: EP 2 and TP 2 + SP follow one rank"
+# A capacity factor with context parallelism: the CUDA dispatch decides the drops over both context ranks' chunks in
+# one rank's token order (a part of the gathered choices, core/cuda/moe_dispatch.cu), so CP 2 drops one GPU rank's
+# choices and follows its losses.
+capcp=(--config moe.yaml "${layouts[@]}" --set model.dropout=0 --set model.attention_dropout=0
+       --set model.moe.capacity_factor=1.0)
+"$MT" "${capcp[@]}" --set logging.dir=gpu_cap_one >/dev/null
+"$MT" "${capcp[@]}" --nproc 2 --set parallel.context=2 --set logging.dir=gpu_cap_cp2 >/dev/null 2>capcp2.err \
+  || { tail -5 capcp2.err; fail "CP 2 with a capacity factor on the GPU"; }
+same_losses gpu_cap_one/metrics.jsonl gpu_cap_cp2/metrics.jsonl 1 20 1e-5
+python3 - gpu_cap_one/metrics.jsonl gpu_cap_cp2/metrics.jsonl <<'PY'
+import json, sys
+one, cp = ([json.loads(l)["moe_dropped_tokens"] for l in open(p) if '"loss"' in l] for p in sys.argv[1:])
+assert all(d > 0 for d in one) and one == cp, f"dropped choices: one rank {one}, CP 2 {cp}"
+PY
+echo "MoE on the GPU: CP 2 with a capacity factor drops and follows one rank"

@@ -129,8 +129,6 @@ expect_error "parallel.expert_tensor: 2 does not divide parallel.tensor=1" --con
 expect_error "model.moe.capacity_factor: must be positive, got -1" --config moe.yaml --set model.moe.capacity_factor=-1
 expect_error "parallel.expert: 4 does not divide parallel.data x parallel.context = 1 x 2 = 2" --config moe.yaml \
   --nproc 2 --set parallel.context=2 --set parallel.expert=4 --set model.dropout=0 --set model.attention_dropout=0
-expect_error "model.moe.capacity_factor: 1.5 with parallel.context=2 is not built yet" --config moe.yaml --nproc 2 \
-  --set parallel.context=2 --set model.moe.capacity_factor=1.5 --set model.dropout=0 --set model.attention_dropout=0
 expect_error "model.moe.top_k: 5 is more than model.moe.num_experts=4" --config moe.yaml --set model.moe.top_k=5
 expect_error "score_function sigmoid (Mixtral and Qwen2-MoE route with a softmax)" ckpt export ckpt --format hf --output hf
 # Context parallelism (experts on every context rank, parallel.expert 1): the aux and z losses are the microbatch's,
@@ -182,4 +180,30 @@ echo iter_0000004 > folded/ckpt/latest
 [ "$(grep -c '"loss"' folded/metrics.jsonl)" -eq 4 ] || fail "the one-rank run did not resume at iteration 4"
 same_losses cp_one_aux/metrics.jsonl folded/metrics.jsonl 5 8 1e-6
 echo "ok: MoE with context parallelism gives one rank's losses, aux and z losses (EP and folding over CP too)"
+# A capacity factor with context parallelism: the drops are the whole microbatch's (each expert keeps its heaviest
+# choices of every context rank's chunks, ties to the lower token in one rank's order), so CP 2 (ring and
+# all-gather), CP 4, CP 2 with TP 2 + SP, with EP 2 and with PP 2 drop one rank's choices (as many, metrics.jsonl's
+# moe_dropped_tokens counting each once) and give one rank's losses.
+capcp=(--config moe.yaml --set model.dropout=0 --set model.attention_dropout=0 --set model.moe.capacity_factor=1.0
+       --set training.train_iters=8)
+"$MT" "${capcp[@]}" --set logging.dir=capcp_one >/dev/null 2>capcp_one.err \
+  || { tail -5 capcp_one.err; fail "capacity, one rank"; }
+for layout in "2 p2p 1 1 1" "2 allgather 1 1 1" "4 p2p 1 1 1" "2 p2p 2 1 1" "2 p2p 1 2 1" "2 p2p 1 1 2"; do
+  read -r cp comm tp ep pp <<<"$layout"
+  dir=capcp${cp}${comm}tp${tp}ep${ep}pp${pp}
+  "$MT" "${capcp[@]}" --nproc $((cp * tp * pp)) --set parallel.context=$cp --set parallel.context_comm=$comm \
+        --set parallel.tensor=$tp --set parallel.sequence_parallel=$([ "$tp" -gt 1 ] && echo true || echo false) \
+        --set parallel.expert=$ep --set parallel.pipeline=$pp --set logging.dir=$dir >/dev/null 2>$dir.err \
+    || { tail -5 $dir.err; fail "$dir failed"; }
+  same_losses capcp_one/metrics.jsonl $dir/metrics.jsonl 1 8 1e-6
+  python3 - capcp_one/metrics.jsonl $dir/metrics.jsonl <<'PY'
+import json, sys
+a, b = ([json.loads(l) for l in open(p) if '"loss"' in l] for p in sys.argv[1:])
+one, other = [r["moe_dropped_tokens"] for r in a], [r["moe_dropped_tokens"] for r in b]
+assert all(d > 0 for d in one), f"capacity factor 1.0 dropped nothing: {one}"
+assert one == other, f"dropped choices per iteration: one rank {one}, {sys.argv[2]} {other}"
+print(f"{sys.argv[2]}: dropped {other} choices, as one rank")
+PY
+done
+echo "ok: a capacity factor with context parallelism drops one rank's choices and gives one rank's losses"
 echo "moe_train: ok"

@@ -7,8 +7,9 @@
 # selective recomputation of each module; ZB-H1 and ZB-V pipelines (B keeping W's operands); sharded gradients and
 # parameters, parallel.shard: gradients and parameters (small buckets and the default 40M; ZeRO-3 with ZB-H1, ZB-V,
 # fp8 and MoE at EP 2 too), and each stage sharded
-# in groups of 2 of DP 4 (parallel.shard_group, hybrid sharding; with CP 2 and with MoE at EP 2 too); context parallelism, CP 2 and 4 over the ring and the
-# all-gather, alone and with TP+SP, PP, DP+ZeRO (ZeRO-3 too) and recomputation, and with MoE and expert parallelism; LoRA,
+# in groups of 2 of DP 4 (parallel.shard_group, hybrid sharding; with CP 2 and with MoE at EP 2 too); context
+# parallelism, CP 2 and 4 over the ring and the all-gather, alone and with TP+SP, PP, DP+ZeRO (ZeRO-3 too) and
+# recomputation, and with MoE and expert parallelism or a capacity factor; LoRA,
 # finetune.lora: the frozen base without gradients or optimizer state, the adapters with both (with fp8, and on the
 # experts at EP 2); optimizer offload,
 # optimizer.offload: the masters and moments in the host pool, the log's "host" after the device total; fp8,
@@ -56,6 +57,11 @@ YAML
 nodrop=(--set model.dropout=0 --set model.attention_dropout=0)
 mid=(--set model.num_layers=4 --set model.hidden_size=256 --set model.num_heads=8 --set model.ffn_hidden_size=1024
      --set model.seq_length=128 --set training.micro_batch_size=2 --set training.global_batch_size=8)
+# A capacity factor with CP (the context ranks gather each other's choices, weights and token order to drop over
+# the whole microbatch): factor 2 = E / top_k gives capacity N, which no expert can pass, so the run keeps what plan's
+# balanced routing keeps (a factor that drops would keep fewer rows than plan, which takes no drops: at 1.0 the
+# activations measure 7% below it).
+nooverflow=(--set model.moe.capacity_factor=2.0)
 # name | world | --set arguments (names starting with llama run llama.yaml, with moe moe.yaml, the others tiny.yaml)
 layouts=(
   "tiny-fp32|1|"
@@ -114,6 +120,8 @@ layouts=(
   "llama-cp2-selective-all|2|--set parallel.context=2 --set training.recompute=selective --set training.recompute_modules=[core_attn,layernorm,mlp_act]"
   "moe-cp2-ep2|2|--set parallel.context=2 --set parallel.expert=2"
   "moe-cp2-dp2-ep2-zero|4|--set parallel.context=2 --set parallel.data=2 --set parallel.expert=2 --set parallel.distributed_optimizer=true"
+  "moe-cp2-capacity|2|${nooverflow[*]} --set parallel.context=2"
+  "moe-cp2-tp2-sp-capacity|4|${nooverflow[*]} --set parallel.context=2 --set parallel.tensor=2 --set parallel.sequence_parallel=true"
   "llama-cp2-recompute-1-layer|2|--set parallel.context=2 --set training.recompute=full --set training.recompute_num_layers=1"
   "tiny-dp4-shard-parameters-bf16|4|--set parallel.shard=parameters --set parallel.grad_bucket_size=2000 --set training.precision=bf16"
   "tiny-dp4-shard-parameters-default-buckets|4|--set parallel.shard=parameters"

@@ -370,6 +370,12 @@ TEST(PlanMoe, TheRoutingIsAMeasuredFactorTheCapacityOrBalancedSayingSo) {
   moe.capacity_factor = 1.25;
   EXPECT_EQ(moe_imbalance(moe, 2).factor, 1.25);
   EXPECT_NE(moe_imbalance(moe, 2).source.find("capacity_factor 1.25"), std::string::npos);
+  // The capacity holds per microbatch: EP 2 inside CP 4 may get all of a microbatch's kept rows (twice its share);
+  // EP 4 over CP 2 (whole microbatches) keeps the factor; folding (TP 2 over ETP 1) halves the data ranks of EP 4.
+  EXPECT_EQ(moe_imbalance(moe, 2, 4).factor, 2.0);  // 1.25 x 4 / 2 = 2.5, above the worst 2
+  EXPECT_NE(moe_imbalance(moe, 2, 4).source.find("over 4 context ranks, 2 of them"), std::string::npos);
+  EXPECT_EQ(moe_imbalance(moe, 4, 2).factor, 1.25);
+  EXPECT_EQ(moe_imbalance(moe, 4, 4, 2).factor, 2.5);
   moe.plan_imbalance = 1.1;
   EXPECT_EQ(moe_imbalance(moe, 2).factor, 1.1);
   EXPECT_NE(moe_imbalance(moe, 2).source.find("--moe-imbalance 1.1"), std::string::npos);

@@ -2,7 +2,8 @@
 // the same rows and counts (a stable sort by expert), permute and unpermute exactly in every dtype (one
 // rounding, no fused multiply-adds, on both), the probs gradient within fp32 rounding, dropped choices skipped,
 // an expert id outside the range given no row, token dropping with a capacity (both policies, the same rows and
-// counts, up to 40000 choices). Outputs are poisoned first.
+// counts, up to 40000 choices; decided over every token in a given order with rows for a part, as context
+// parallelism dispatches). Outputs are poisoned first.
 // One of the sources of test_cuda_ops (tests/CMakeLists.txt); skips where no GPU can run it.
 #include <gtest/gtest.h>
 
@@ -130,6 +131,38 @@ TEST_F(CudaOps, MoeDispatchWithCapacityMatchesCpu) {
                                        weighted ? " probs" : " position", " levels=", levels);
           ASSERT_EQ(host_ints(counts.gpu), host_ints(counts.cpu)) << "counts, " << what;
           ASSERT_EQ(host_ints(row_of.gpu), host_ints(row_of.cpu)) << "rows, " << what;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaOps, MoeDispatchOfAPartInAGivenOrderMatchesCpu) {
+  for (const auto& [N, k, E, parts] :
+       {std::tuple<int64_t, int64_t, int32_t, int64_t>{4096, 8, 8, 4}, {600, 2, 16, 2}, {37, 1, 4, 1}, {8, 2, 2, 8}}) {
+    const int64_t n = N * k, P = N / parts, mean = std::max<int64_t>(1, n / E);
+    const Both experts = both_ints(skewed_choices(n, E, static_cast<uint32_t>(N + 3)), {N, k});
+    std::vector<int32_t> order(static_cast<size_t>(N));  // a permutation: 7919 is prime, coprime to these N
+    for (int64_t g = 0; g < N; ++g) order[static_cast<size_t>(g)] = static_cast<int32_t>((g * 7919 + 3) % N);
+    const Both ord = both_ints(order, {N});
+    for (const int levels : {0, 2}) {
+      const Both probs = both(weights(n, 23, levels), {N, k}, DType::f32);
+      for (const int64_t capacity : {int64_t{1}, mean / 2 + 1, mean, n}) {
+        for (const bool weighted : {false, true}) {
+          for (int64_t part = 0; part < parts; ++part) {
+            Both row_of = both_ints(std::vector<int32_t>(static_cast<size_t>(P * k), -7), {P, k});
+            Both counts = both_ints(std::vector<int32_t>(static_cast<size_t>(E), -7), {E});
+            for (auto dev : kDevices)
+              moe_dispatch_index(experts.*dev, row_of.*dev, counts.*dev,
+                                 {.capacity = capacity,
+                                  .probs = weighted ? &(probs.*dev) : nullptr,
+                                  .order = &(ord.*dev),
+                                  .part_begin = part * P});
+            const std::string what = str("N=", N, " k=", k, " E=", E, " capacity=", capacity,
+                                         weighted ? " probs" : " position", " levels=", levels, " part ", part);
+            ASSERT_EQ(host_ints(counts.gpu), host_ints(counts.cpu)) << "counts, " << what;
+            ASSERT_EQ(host_ints(row_of.gpu), host_ints(row_of.cpu)) << "rows, " << what;
+          }
         }
       }
     }

@@ -1,7 +1,8 @@
 // test_ops.moe_dispatch.cpp: the mixture-of-experts token dispatch on the CPU (core/tensor/ops.h): rows grouped by
 // expert in (token, choice) order, the permute and unpermute gathers against direct sums, the two being adjoint
 // (so each is the other's backward), the gradient of the weights against central differences, dropped choices,
-// token dropping with a capacity (the position and probs policies), and the argument errors. The GPU against these: test_cuda_ops.moe_dispatch.cpp.
+// token dropping with a capacity (the position and probs policies; decided over more tokens than a part dispatches,
+// in a given token order, as context parallelism does), and the argument errors. The GPU against these: test_cuda_ops.moe_dispatch.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -358,6 +359,86 @@ TEST(MoeDispatchCapacity, EveryChoiceOfAnOverfullExpertPastTheCapacityIsDropped)
   Tensor none_rows = Tensor::empty({0, 2}, DType::i32), none_counts = ids({5, 5}, {2});
   moe_dispatch_index(ids({}, {0, 2}), none_rows, none_counts, {.capacity = 1});
   EXPECT_EQ(ints(none_counts), (std::vector<int32_t>{0, 0}));
+}
+
+// Context parallelism: the tokens arrive in another order (each rank's chunks) and each rank dispatches its part.
+// Deciding over every token in their one-rank order, each part keeps exactly the one-rank dispatch's choices of its
+// tokens, numbered as a dispatch of the part alone; ties (few weight levels, or the position policy) go by the order.
+TEST(MoeDispatchCapacity, APartKeepsWhatTheWholeKeepsInTheGivenOrder) {
+  const int64_t N = 48, k = 2, parts = 3, P = N / parts;
+  const int32_t E = 4;
+  // order: a fixed permutation (token g sits at one-rank place order[g]).
+  std::vector<int32_t> order(static_cast<size_t>(N));
+  for (int64_t g = 0; g < N; ++g) order[static_cast<size_t>(g)] = static_cast<int32_t>((g * 7 + 5) % N);
+  const std::vector<int32_t> e = choices(N, k, E, 9);
+  const Vec w = rand_vec(N * k, 11, 0.0, 1.0);
+  for (const bool weighted : {false, true}) {
+    for (const int levels : {0, 2}) {
+      Vec wl = w;
+      if (levels > 0)
+        for (double& v : wl) v = std::floor(v * levels) / levels;
+      // The one-rank tensors: token g's choices at row order[g].
+      std::vector<int32_t> one_e(e.size());
+      Vec one_w(wl.size());
+      for (int64_t g = 0; g < N; ++g)
+        for (int64_t j = 0; j < k; ++j) {
+          one_e[static_cast<size_t>(order[static_cast<size_t>(g)] * k + j)] = e[static_cast<size_t>(g * k + j)];
+          one_w[static_cast<size_t>(order[static_cast<size_t>(g)] * k + j)] = wl[static_cast<size_t>(g * k + j)];
+        }
+      const Tensor one_probs = make(one_w, {N, k}), probs = make(wl, {N, k}), ord = ids(order, {N});
+      for (const int64_t capacity : {int64_t{3}, int64_t{12}, int64_t{40}}) {
+        const std::string what = (weighted ? "probs" : "position") + std::string(" levels ") + std::to_string(levels) +
+                                 " capacity " + std::to_string(capacity);
+        const Dispatch one =
+            dispatch(ids(one_e, {N, k}), E, {.capacity = capacity, .probs = weighted ? &one_probs : nullptr});
+        std::vector<int32_t> summed(static_cast<size_t>(E), 0);
+        for (int64_t part = 0; part < parts; ++part) {
+          Tensor row_of = Tensor::empty({P, k}, DType::i32), counts = Tensor::empty({E}, DType::i32);
+          moe_dispatch_index(
+              ids(e, {N, k}), row_of, counts,
+              {.capacity = capacity, .probs = weighted ? &probs : nullptr, .order = &ord, .part_begin = part * P});
+          // Expected: the one-rank verdict of each of the part's choices, numbered expert-major in (n, j) order.
+          std::vector<int32_t> want(static_cast<size_t>(P * k), -1), want_counts(static_cast<size_t>(E), 0);
+          int32_t row = 0;
+          for (int32_t x = 0; x < E; ++x)
+            for (int64_t i = 0; i < P * k; ++i) {
+              const int64_t g = part * P + i / k, at = order[static_cast<size_t>(g)] * k + i % k;
+              if (e[static_cast<size_t>(part * P * k + i)] != x || one.rows[static_cast<size_t>(at)] < 0) continue;
+              want[static_cast<size_t>(i)] = row++;
+              ++want_counts[static_cast<size_t>(x)];
+            }
+          EXPECT_EQ(ints(row_of), want) << what << " part " << part;
+          EXPECT_EQ(ints(counts), want_counts) << what << " part " << part;
+          for (int32_t x = 0; x < E; ++x) summed[static_cast<size_t>(x)] += ints(counts)[static_cast<size_t>(x)];
+        }
+        EXPECT_EQ(summed, one.counts) << what;
+      }
+    }
+  }
+}
+
+TEST(MoeDispatchCapacity, APartOrAnOrderOfTheWrongShapeIsAnError) {
+  const Tensor experts = ids({0, 1, 1, 0, 0, 1}, {3, 2});
+  Tensor counts = Tensor::empty({2}, DType::i32);
+  auto message = [&](Tensor row_of, const MoeCapacityOptions& cap) {
+    try {
+      moe_dispatch_index(experts, row_of, counts, cap);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(
+      message(Tensor::empty({2, 2}, DType::i32), {.capacity = 1, .part_begin = 2})
+          .find("moe_dispatch_index: row_of: expected the choices of tokens [2, 2 + P) of experts [3, 2], got [2, 2]"),
+      std::string::npos);
+  const Tensor short_order = ids({0, 1}, {2}), repeated = ids({0, 1, 1}, {3});
+  EXPECT_NE(message(Tensor::empty({1, 2}, DType::i32), {.capacity = 1, .order = &short_order})
+                .find("moe_dispatch_index: order"),
+            std::string::npos);
+  EXPECT_NE(message(Tensor::empty({1, 2}, DType::i32), {.capacity = 1, .order = &repeated})
+                .find("moe_dispatch_index: order is not a permutation of [0, 3): token 2 holds 1"),
+            std::string::npos);
 }
 
 }  // namespace
