@@ -54,14 +54,19 @@ AttentionOptions SelfAttention::attention_options(const StepContext& ctx) const 
 
 RopeOptions SelfAttention::rope_options(bool inverse, int64_t T, const StepContext& ctx) const {
   // Attention sees whole local sequences (sequence parallelism gathers them first): positions start at 0, or with
-  // context parallelism at this rank's chunks.
+  // context parallelism at this rank's chunks; packed documents' are each token's own (ctx.positions, this rank's
+  // chunks of them), up to the whole sequence's T * C - 1.
   const SequencePositions p = opt_.cp.positions(T, 0, T);
   RopeOptions o = rope_frequency_options();
-  o.position_offset = p.position_offset;
   o.inverse = inverse;
+  if (ctx.positions.defined()) {
+    o.positions = ctx.positions;
+    o.position_rows = T * opt_.cp.size;
+    return o;
+  }
+  o.position_offset = p.position_offset;
   o.split_at = p.split_at;
   o.split_position = p.split_position;
-  o.positions = ctx.positions;
   return o;
 }
 

@@ -33,9 +33,10 @@ struct StepContext {
   // model's device, 0 where the loss mask is 0. Empty: every target weighs 1 / (B * T) of its microbatch.
   Tensor loss_weights;
   // Packed documents (data.sft_packing: pack): each input token's position within its document, (B, T) i32 on
-  // the model's device (0 at every document start). Position ids (learned and rotary) are these, and a query
-  // attends only to the keys of its own document (core/tensor/ops.h AttentionOptions::positions). Empty: positions
-  // 0..T-1, one causal sequence per sample.
+  // the model's device (0 at every document start); with context parallelism this rank's chunks of them (B, T/C).
+  // Position ids (learned and rotary) are these, and a query attends only to the keys of its own document
+  // (core/tensor/ops.h AttentionOptions::positions, AttentionBlockOptions::positions). Empty: positions 0..T-1, one
+  // causal sequence per sample.
   Tensor positions;
 };
 

@@ -129,13 +129,11 @@ class GptModel {
   bool has_position_table() const { return cfg_.arch == Arch::gpt; }
   // The position rows of tokens [offset, offset + len) of a local sequence of T tokens (its sequence-parallel shard;
   // with context parallelism the local sequence is two chunks at their global positions; with packed documents,
-  // ctx.positions' columns [offset, offset + len)).
+  // ctx.positions' columns [offset, offset + len), the context chunks' own).
   EmbeddingOptions position_options(int64_t T, int64_t offset, int64_t len, const StepContext& ctx) const {
+    if (ctx.positions.defined()) return {.position_offset = offset, .positions = ctx.positions};
     const SequencePositions p = opt_.cp.positions(T, offset, len);
-    return {.position_offset = p.position_offset,
-            .split_at = p.split_at,
-            .split_position = p.split_position,
-            .positions = ctx.positions};
+    return {.position_offset = p.position_offset, .split_at = p.split_at, .split_position = p.split_position};
   }
   // The embedding dropout of tokens [offset, offset + len) of a local sequence of T tokens (rows at their global
   // positions, context chunks included).

@@ -309,11 +309,6 @@ DataSources open_data_sources(const Config& cfg) {
       return SplitSource{.samples = 0, .description = e.what()};
     }
   };
-  if (cfg.data.sft_packing == SftPacking::pack && cfg.parallel.context > 1)
-    throw ConfigError(fmt::format(
-        "data.sft_packing: pack resets attention at document boundaries, which parallel.context={} does not cut "
-        "into the context ranks' chunks yet; set parallel.context: 1 or data.sft_packing: concat or pad",
-        cfg.parallel.context));
   const int64_t V = cfg.model.vocab_size;
   SplitSource train = train_split(train_blend, V);
   if (!train.fn)

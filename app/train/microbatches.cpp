@@ -82,6 +82,8 @@ MicrobatchInput Microbatches::read(const SampleFn& source, const SampleFn& posit
   if (positions) {
     Tensor host = Tensor::empty({B, S}, DType::i32);
     make_positions(positions, first, B, S, host);
+    // Each token keeps its position within its document whichever rank holds it: this rank's two chunks of them.
+    if (cp_.size > 1) host = context_chunks(host, cp_);
     in.ctx.positions = device_ == Device::cpu ? host : host.to(device_);
   }
   return in;

@@ -1,8 +1,9 @@
 // attention_context.cpp: context-parallel attention's blocks on the CPU (core/tensor/ops.h): the queries of this
-// rank against one block of keys and values, with positions deciding what a causal query sees, the log-sum-exp
-// merge of two partial results, and the block's share of the backward. One (sample, query head) at a time, rows
-// in blocks of kRowBlock whose scores and products are OpenBLAS GEMMs over the keys up to the last one the rows can
-// see (visible_cols; a masked key inside weighs 0); softmax statistics in fp32 as attention.cpp's.
+// rank against one block of keys and values, with positions (and packed documents' starts) deciding what a causal
+// query sees, the log-sum-exp merge of two partial results, and the block's share of the backward. One (sample,
+// query head) at a time, rows in blocks of kRowBlock whose scores and products are OpenBLAS GEMMs over the keys up to
+// the last one the rows can see (visible_cols; a masked key inside weighs 0); softmax statistics in fp32 as
+// attention.cpp's.
 //
 // Backward of one block, O and lse the whole attention's (every block merged): P = exp(S - lse) on the visible
 // keys, dP = dO V^T, dS = scale P o (dP - Delta) with Delta_i = dO_i . O_i (the row sum of P o dP over all blocks),
@@ -57,23 +58,36 @@ std::vector<int64_t> positions(const SequencePositions& p, int64_t n) {
   return pos;
 }
 
-// The keys visible to a query at position qp: a 0/1 row over the block's keys.
-void visible_row(const std::vector<int64_t>& kpos, int64_t qp, const AttentionBlockOptions& opt,
-                 std::vector<char>& vis) {
-  for (size_t j = 0; j < kpos.size(); ++j) vis[j] = attention_key_visible(qp, kpos[j], opt.causal, opt.window);
+// The document start of each query row of sample b: its position less its position in the document (0 for all
+// without documents).
+void document_starts(const AttentionBlockOptions& opt, int64_t b, const std::vector<int64_t>& qpos,
+                     std::vector<int64_t>& starts) {
+  const int64_t T = static_cast<int64_t>(qpos.size());
+  const int32_t* in_doc = opt.positions.defined() ? opt.positions.data<int32_t>() + b * T : nullptr;
+  for (int64_t i = 0; i < T; ++i)
+    starts[static_cast<size_t>(i)] = in_doc ? qpos[static_cast<size_t>(i)] - in_doc[i] : 0;
+}
+
+// The keys visible to query row i (at qpos[i], its document from starts[i]): a 0/1 row over the block's keys.
+void visible_row(const std::vector<int64_t>& kpos, const std::vector<int64_t>& qpos, const std::vector<int64_t>& starts,
+                 int64_t i, const AttentionBlockOptions& opt, std::vector<char>& vis) {
+  const auto r = static_cast<size_t>(i);
+  for (size_t j = 0; j < kpos.size(); ++j)
+    vis[j] = attention_key_visible(qpos[r], kpos[j], opt.causal, opt.window, starts[r]);
 }
 
 // The keys a row block [r0, r0 + rows) can see lie in [0, cols): past the last key some row of the block sees nothing
 // is visible (a block's later keys, a later chunk's block, the masked half of a diagonal one, a block wholly before
-// the window cost nothing). The per-key mask still decides inside [0, cols).
-int64_t visible_cols(const std::vector<int64_t>& qpos, const std::vector<int64_t>& kpos, int64_t r0, int64_t rows,
-                     const AttentionBlockOptions& opt) {
+// the window or the rows' documents cost nothing). The per-key mask still decides inside [0, cols).
+int64_t visible_cols(const std::vector<int64_t>& qpos, const std::vector<int64_t>& starts,
+                     const std::vector<int64_t>& kpos, int64_t r0, int64_t rows, const AttentionBlockOptions& opt) {
   const int64_t Tk = static_cast<int64_t>(kpos.size());
   if (!opt.causal) return Tk;
   for (int64_t j = Tk - 1; j >= 0; --j)
-    for (int64_t i = r0; i < r0 + rows; ++i)
-      if (attention_key_visible(qpos[static_cast<size_t>(i)], kpos[static_cast<size_t>(j)], true, opt.window))
-        return j + 1;
+    for (int64_t i = r0; i < r0 + rows; ++i) {
+      const auto r = static_cast<size_t>(i);
+      if (attention_key_visible(qpos[r], kpos[static_cast<size_t>(j)], true, opt.window, starts[r])) return j + 1;
+    }
   return 0;
 }
 
@@ -132,10 +146,12 @@ void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, T
   std::vector<float> s(kRowBlock * Tk);           // (kRowBlock, Tk) scores, then probabilities
   std::vector<float> z(static_cast<size_t>(Tk));  // one row of the dropout mask
   std::vector<char> vis(static_cast<size_t>(Tk));
+  std::vector<int64_t> starts(static_cast<size_t>(T));  // sample b's rows' document starts
   const bool drop = opt.dropout_p != 0.f;
   float* o = out.data<float>();  // (B, T, H, D)
   float* l = lse.data<float>();  // (B, H, T)
-  for (int64_t b = 0; b < d.B; ++b)
+  for (int64_t b = 0; b < d.B; ++b) {
+    document_starts(opt, b, qpos, starts);
     for (int64_t g = 0; g < d.G; ++g) {
       load_kv(kv, d, b, g, io);
       for (int64_t r = 0; r < d.R; ++r) {
@@ -143,7 +159,7 @@ void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, T
         load_q(qkv, d, b, g, r, io);
         for (int64_t r0 = 0; r0 < T; r0 += kRowBlock) {
           const int64_t rows = std::min(kRowBlock, T - r0);
-          const int64_t cols = visible_cols(qpos, kpos, r0, rows, opt);
+          const int64_t cols = visible_cols(qpos, starts, kpos, r0, rows, opt);
           if (cols == 0) {  // no key of this block is visible to these rows
             for (int64_t i = r0; i < r0 + rows; ++i) {
               std::fill(o + d.out_at(b, i, h), o + d.out_at(b, i, h) + D, 0.f);
@@ -154,7 +170,7 @@ void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, T
           sgemm(false, true, rows, cols, D, scale, io.q.data() + r0 * D, D, io.k.data(), D, 0.f, s.data(), Tk);
           for (int64_t i = r0; i < r0 + rows; ++i) {
             float* row = s.data() + (i - r0) * Tk;
-            visible_row(kpos, qpos[static_cast<size_t>(i)], opt, vis);
+            visible_row(kpos, qpos, starts, i, opt, vis);
             float m = kNegInf;
             for (int64_t j = 0; j < cols; ++j)
               if (vis[j]) m = std::max(m, row[j]);
@@ -177,6 +193,7 @@ void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, T
         }
       }
     }
+  }
 }
 
 void attention_merge(Tensor& out, Tensor& lse, const Tensor& out_b, const Tensor& lse_b) {
@@ -216,7 +233,9 @@ void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor&
   const bool drop = opt.dropout_p != 0.f;
   // With dropout: P o Z (kRowBlock, Tk) and one mask row (Tk).
   std::vector<float> pz(drop ? kRowBlock * Tk : 0), z(drop ? Tk : 0);
-  for (int64_t b = 0; b < d.B; ++b)
+  std::vector<int64_t> starts(static_cast<size_t>(T));  // sample b's rows' document starts
+  for (int64_t b = 0; b < d.B; ++b) {
+    document_starts(opt, b, qpos, starts);
     for (int64_t g = 0; g < G; ++g) {
       load_kv(kv, d, b, g, io);
       float* dk = dkv_out + d.kv_at(b, 0, g, 0);  // rows of stride G * 2 * D
@@ -231,14 +250,14 @@ void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor&
         }
         for (int64_t r0 = 0; r0 < T; r0 += kRowBlock) {
           const int64_t rows = std::min(kRowBlock, T - r0);
-          const int64_t cols = visible_cols(qpos, kpos, r0, rows, opt);
+          const int64_t cols = visible_cols(qpos, starts, kpos, r0, rows, opt);
           if (cols == 0) continue;  // nothing of this block reaches these rows
           sgemm(false, true, rows, cols, D, scale, io.q.data() + r0 * D, D, io.k.data(), D, 0.f, p.data(), Tk);
           sgemm(false, true, rows, cols, D, 1.f, dout_h.data() + r0 * D, D, io.v.data(), D, 0.f, dp.data(), Tk);
           for (int64_t i = r0; i < r0 + rows; ++i) {
             float* prow = p.data() + (i - r0) * Tk;
             float* dprow = dp.data() + (i - r0) * Tk;
-            visible_row(kpos, qpos[static_cast<size_t>(i)], opt, vis);
+            visible_row(kpos, qpos, starts, i, opt, vis);
             const float row_lse = lse_in[(b * H + h) * T + i];
             for (int64_t j = 0; j < cols; ++j)
               prow[j] = vis[j] && row_lse != kNegInf ? std::exp(prow[j] - row_lse) : 0.f;
@@ -261,6 +280,7 @@ void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor&
         }
       }
     }
+  }
 }
 
 void attention_qkv_grad(const Tensor& dq, const Tensor& dkv, Tensor& dqkv) {

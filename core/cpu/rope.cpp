@@ -21,8 +21,10 @@ void rope_(Tensor& qkv, const RopeOptions& opt) {
   // angle in double, rounded, times attention_factor in fp32. inverse: sin(-a) = -sin(a).
   const std::vector<float> inv_freq = rope_inv_freq(opt, D);  // (D/2)
   const float scale = opt.attention_factor;
-  std::vector<float> cos_t(T * half), sin_t(T * half);  // (T, D/2) each
-  for (int64_t t = 0; t < T; ++t) {
+  // Packed documents' positions lie in [0, rows): T, or the whole sequence's length for a context rank's chunks.
+  const int64_t rows = opt.positions.defined() && opt.position_rows > 0 ? opt.position_rows : T;
+  std::vector<float> cos_t(rows * half), sin_t(rows * half);  // (rows, D/2) each
+  for (int64_t t = 0; t < rows; ++t) {
     const float p = static_cast<float>(position_at(opt, t));
     for (int64_t i = 0; i < half; ++i) {
       const double a = static_cast<double>(p * inv_freq[i]);
@@ -37,9 +39,10 @@ void rope_(Tensor& qkv, const RopeOptions& opt) {
   const int32_t* pos = opt.positions.defined() ? opt.positions.data<int32_t>() : nullptr;
   if (pos)
     for (int64_t i = 0; i < B * T; ++i)
-      if (pos[i] < 0 || pos[i] >= T)
+      if (pos[i] < 0 || pos[i] >= rows)
         throw std::invalid_argument("rope_: positions[" + std::to_string(i / T) + ", " + std::to_string(i % T) +
-                                    "] = " + std::to_string(pos[i]) + " lies outside [0, " + std::to_string(T) + ")");
+                                    "] = " + std::to_string(pos[i]) + " lies outside [0, " + std::to_string(rows) +
+                                    ")");
   std::vector<float> v(rotated);  // (R + 1, D): one group's queries and key
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {

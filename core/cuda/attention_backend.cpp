@@ -156,7 +156,11 @@ bool attention_block_forward_on_cudnn(const Tensor& qkv, const Tensor& kv, Tenso
                                       const AttentionBlockOptions& opt) {
   const bool done = run_on_cudnn(
       "attention_block_forward", qkv.dtype(), opt.dropout_p,
-      [&] { return cudnn_attention_block_forward(qkv, kv, out, lse, opt); }, false);
+      [&]() -> std::string {
+        if (opt.positions.defined()) return kPackedRefusal;
+        return cudnn_attention_block_forward(qkv, kv, out, lse, opt);
+      },
+      false);
   if (done) note_cudnn_block();
   return done;
 }
@@ -165,7 +169,11 @@ bool attention_block_backward_on_cudnn(const Tensor& qkv, const Tensor& kv, cons
                                        const Tensor& dout, Tensor& dq, Tensor& dkv, const AttentionBlockOptions& opt) {
   return run_on_cudnn(
       "attention_block_backward", qkv.dtype(), opt.dropout_p,
-      [&] { return cudnn_attention_block_backward(qkv, kv, out, lse, dout, dq, dkv, opt); }, false);
+      [&]() -> std::string {
+        if (opt.positions.defined()) return kPackedRefusal;
+        return cudnn_attention_block_backward(qkv, kv, out, lse, dout, dq, dkv, opt);
+      },
+      false);
 }
 
 }  // namespace mt::cuda

@@ -7,9 +7,11 @@
 //   forward:  out_i = sum_j exp(s_ij - lse_i) v_j over the keys visible to i, lse_i = log sum_j exp(s_ij)
 //   backward: Delta_i = dO_i . O_i; dq_i += sum_j dS_ij k_j; dk_j += sum_(h in group, i) dS_ij q_i;
 //             dv_j += sum_(h, i) P_ij dO_i, dS_ij = scale P_ij (dO_i . v_j - Delta_i), P_ij = exp(s_ij - lse_i)
-// Visibility (causality and the sliding window, AttentionBlockOptions::window) is a range of positions per row, so
-// a row walks only the rows of the other side inside it (at most two ranges: a local sequence is one or two runs of
-// consecutive positions), and a block no query sees is not launched: a window W costs O(W) keys a row.
+// Visibility (causality, the sliding window and packed documents, AttentionBlockOptions::window and ::positions) is
+// a range of positions per row, so a row walks only the rows of the other side inside it (at most two ranges: a local
+// sequence is one or two runs of consecutive positions), and a block no query sees is not launched: a window W costs
+// O(W) keys a row. The key pass tests each query's document (a key's queries in its document are not one range
+// known on the key side).
 // The head dimension is at most kMaxHeadDim (each lane keeps kMaxHeadDim / 32 accumulators).
 // Dropout: probability (i, j) of head h is kept (times 1 / (1 - p)) by the CPU's rule, dropout_uniform at
 // (sample, (head_offset + h) * seq_length + position(i), position(j)): the one-rank mask at global positions.
@@ -64,12 +66,25 @@ struct Pos {
 Pos pos_of(const SequencePositions& p) { return {p.position_offset, p.split_at, p.split_position}; }
 
 // Which keys a query sees (ops.h's attention_key_visible): position kp is visible to qp iff
-// (!causal || kp <= qp) && (window <= 0 || kp > qp - window), as the position ranges the kernels loop over.
+// (!causal || kp <= qp) && (window <= 0 || kp > qp - window) && kp >= its document's start, as the position ranges
+// the kernels loop over.
 struct Visibility {
   bool causal;
-  int64_t window;  // 0: none
-  // The key positions [key_lo(qp), key_hi(qp)] are those visible to query position qp.
-  __device__ int64_t key_lo(int64_t qp) const { return window > 0 ? qp - window + 1 : INT64_MIN; }
+  int64_t window;            // 0: none
+  const int32_t* positions;  // (B, Tq) packed documents' positions of the query rows; null: one document a sample
+  int64_t Tq;
+  // The first key position query row (b, i) at qp may see for its window and its document (the key side then
+  // needs no documents' positions: a causal query's visible keys are one range of its own document).
+  __device__ int64_t key_lo(int64_t qp, int64_t b, int64_t i) const {
+    const int64_t lo = window > 0 ? qp - window + 1 : INT64_MIN;
+    if (!positions) return lo;
+    const int64_t start = qp - positions[b * Tq + i];  // its document's start
+    return start > lo ? start : lo;
+  }
+  // Whether key position kp lies in the document of query row (b, i) at qp (the key pass's per-query test).
+  __device__ bool in_document(int64_t qp, int64_t kp, int64_t b, int64_t i) const {
+    return !positions || kp >= qp - positions[b * Tq + i];
+  }
   __device__ int64_t key_hi(int64_t qp) const { return causal ? qp : INT64_MAX; }
   // The query positions [query_lo(kp), query_hi(kp)] are those that see key position kp; both nondecreasing in kp.
   __host__ __device__ int64_t query_lo(int64_t kp) const { return causal ? kp : INT64_MIN; }
@@ -77,12 +92,15 @@ struct Visibility {
     return window > 0 && kp <= INT64_MAX - window ? kp + window - 1 : INT64_MAX;
   }
 };
-Visibility visibility_of(const AttentionBlockOptions& opt) { return {opt.causal, opt.window}; }
+// Tq: the block's query rows.
+Visibility visibility_of(const AttentionBlockOptions& opt, int64_t Tq) {
+  return {opt.causal, opt.window, opt.positions.defined() ? opt.positions.data<int32_t>() : nullptr, Tq};
+}
 
 // Whether any query of a block (Tq rows at opt.q's positions) sees any of its Tk keys (at opt.k's): a block wholly
 // invisible (later keys under causality, keys wholly before every query's window) costs no launch.
 bool block_visible(int64_t Tq, int64_t Tk, const AttentionBlockOptions& opt) {
-  const Visibility vis = visibility_of(opt);
+  const Visibility vis = visibility_of(opt, Tq);
   const Pos q = pos_of(opt.q), k = pos_of(opt.k);
   for (int a = 0; a < 2; ++a)
     for (int b = 0; b < 2; ++b) {
@@ -179,7 +197,7 @@ __global__ void block_forward_kernel(const T* qkv, const T* kv, float* out, floa
   const int64_t i = row % d.T, h = row / d.T % d.H(), b = row / (d.T * d.H()), g = h / d.R, r = h % d.R;
   float q[kPer], acc[kPer] = {};
   load_row(qkv + d.q_at(b, i, g, r), d.D, lane, q);
-  const int64_t qpos = qp.at(i), klo = vis.key_lo(qpos), khi = vis.key_hi(qpos);
+  const int64_t qpos = qp.at(i), klo = vis.key_lo(qpos, b, i), khi = vis.key_hi(qpos);
   float m = -INFINITY, sum = 0.f;
   for (int run = 0; run < 2; ++run) {  // the visible keys of each run of positions, in key order
     const Rows keys = kp.run(run, d.Tk).rows_in(klo, khi);
@@ -252,7 +270,7 @@ __global__ void block_dq_kernel(const T* qkv, const T* kv, const float* lse, con
   float q[kPer], go[kPer], acc[kPer] = {};
   load_row(qkv + d.q_at(b, i, g, r), d.D, lane, q);
   load_row(dout + d.row_at(b, i, h), d.D, lane, go);
-  const int64_t qpos = qp.at(i), klo = vis.key_lo(qpos), khi = vis.key_hi(qpos);
+  const int64_t qpos = qp.at(i), klo = vis.key_lo(qpos, b, i), khi = vis.key_hi(qpos);
   for (int run = 0; run < 2; ++run) {  // as the forward
     const Rows keys = kp.run(run, d.Tk).rows_in(klo, khi);
     for (int64_t j = keys.begin; j < keys.end; ++j) {
@@ -298,6 +316,7 @@ __global__ void block_dkv_kernel(const T* qkv, const T* kv, const float* lse, co
       const Rows queries = qp.run(run, d.T).rows_in(qlo, qhi);
       for (int64_t i = queries.begin; i < queries.end; ++i) {
         const int64_t qpos = qp.at(i);
+        if (!vis.in_document(qpos, kpos, b, i)) continue;  // key j lies before this query's document
         const int64_t li = (b * d.H() + h) * d.T + i;
         const float row_lse = lse[li];
         if (row_lse == -INFINITY) continue;
@@ -378,7 +397,7 @@ void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, T
   MT_DISPATCH_FLOAT(qkv.dtype(), "attention_block_forward", T,
                     block_forward_kernel<T><<<warp_blocks(rows), kThreads, 0, stream()>>>(
                         qkv.data<T>(), kv.data<T>(), out.data<float>(), lse.data<float>(), d, pos_of(opt.q),
-                        pos_of(opt.k), visibility_of(opt), scale, drop_of(opt)));
+                        pos_of(opt.k), visibility_of(opt, d.T), scale, drop_of(opt)));
   MT_CUDA_LAUNCHED("block_forward_kernel");
 }
 
@@ -406,11 +425,11 @@ void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor&
     MT_CUDA_LAUNCHED("delta_kernel");
     block_dq_kernel<T><<<warp_blocks(rows), kThreads, 0, stream()>>>(
         qkv.data<T>(), kv.data<T>(), lse.data<float>(), delta.data<float>(), dout.data<T>(), dq.data<float>(), d,
-        pos_of(opt.q), pos_of(opt.k), visibility_of(opt), scale, drop_of(opt));
+        pos_of(opt.q), pos_of(opt.k), visibility_of(opt, d.T), scale, drop_of(opt));
     MT_CUDA_LAUNCHED("block_dq_kernel");
     block_dkv_kernel<T><<<warp_blocks(key_rows), kThreads, 0, stream()>>>(
         qkv.data<T>(), kv.data<T>(), lse.data<float>(), delta.data<float>(), dout.data<T>(), dkv.data<float>(), d,
-        pos_of(opt.q), pos_of(opt.k), visibility_of(opt), scale, drop_of(opt));
+        pos_of(opt.q), pos_of(opt.k), visibility_of(opt, d.T), scale, drop_of(opt));
     MT_CUDA_LAUNCHED("block_dkv_kernel");
   });
 }

@@ -48,7 +48,7 @@ __global__ void rope_table_kernel(InvFreq inv_freq, float* cos_t, float* sin_t, 
 
 // One thread per rotated pair: n = B * T * G * (R + 1) * half pairs, pair index ((btg * (R + 1) + slot) * half + i).
 // With packed documents' positions (B, T) i32, token (b, t) takes the table's row positions[b, t] (the table then
-// holds positions 0..T-1), else row t.
+// holds positions 0..position_rows-1), else row t.
 template <class T>
 __global__ void rope_apply_kernel(T* qkv, const float* cos_t, const float* sin_t, int64_t n, int64_t T_len, int64_t G,
                                   int64_t S, int64_t D, const int32_t* positions) {
@@ -82,11 +82,14 @@ void rope_(Tensor& qkv, const RopeOptions& opt) {
   const std::vector<float> freqs = rope_inv_freq(opt, D);
   std::copy(freqs.begin(), freqs.end(), inv_freq.v);
 
-  Tensor table = Tensor::empty({2 * T * half}, DType::f32, Device::cuda, MemKind::workspace);  // cos (T, D/2), sin
+  // Packed documents' positions lie in [0, rows): T, or the whole sequence's length for a context rank's chunks.
+  const int64_t rows = opt.positions.defined() && opt.position_rows > 0 ? opt.position_rows : T;
+  Tensor table =
+      Tensor::empty({2 * rows * half}, DType::f32, Device::cuda, MemKind::workspace);  // cos (rows, D/2), sin
   float* cos_t = table.data<float>();
-  float* sin_t = cos_t + T * half;
-  rope_table_kernel<<<blocks_for(T * half, kThreads), kThreads, 0, stream()>>>(
-      inv_freq, cos_t, sin_t, T, half, opt.position_offset, opt.split_at, opt.split_position, opt.inverse,
+  float* sin_t = cos_t + rows * half;
+  rope_table_kernel<<<blocks_for(rows * half, kThreads), kThreads, 0, stream()>>>(
+      inv_freq, cos_t, sin_t, rows, half, opt.position_offset, opt.split_at, opt.split_position, opt.inverse,
       opt.attention_factor);
   MT_CUDA_LAUNCHED("rope_table_kernel");
   const unsigned grid = grid_1d(n, kThreads);

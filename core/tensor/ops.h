@@ -239,17 +239,17 @@ struct AttentionBlockOptions {
   // local head h at (sample_offset + b, (head_offset + h) * seq_length + position(i), position(j)), so a block's
   // mask is the one-rank mask at those global positions. seq_length: the whole (global) sequence length.
   float dropout_p = 0.f;
-  uint64_t seed = 0;
-  uint64_t site = 0;
-  int64_t sample_offset = 0;
-  int64_t head_offset = 0;
-  int64_t seq_length = 0;
+  uint64_t seed = 0, site = 0;
+  int64_t sample_offset = 0, head_offset = 0, seq_length = 0;
   int64_t window = 0;  // AttentionOptions::window's (0: none)
+  // Packed documents (needs causal): (B, Tq) i32 on qkv's device, each query row's position within its document (a
+  // context rank's chunks of AttentionOptions::positions): row i at qp sees only keys kp >= qp - positions[b, i].
+  Tensor positions;
 };
-// Whether a key at position kp is visible to a query at position qp under a block's causality and window (kp > qp -
-// window).
-inline bool attention_key_visible(int64_t qp, int64_t kp, bool causal, int64_t window) {
-  return (!causal || kp <= qp) && (window <= 0 || kp > qp - window);
+// Whether a key at position kp is visible to a query at position qp under a block's causality, window (kp > qp -
+// window) and the query's document start doc_start = qp - its position in the document (0 without documents).
+inline bool attention_key_visible(int64_t qp, int64_t kp, bool causal, int64_t window, int64_t doc_start = 0) {
+  return (!causal || kp <= qp) && (window <= 0 || kp > qp - window) && kp >= doc_start;
 }
 // kv (B, Tk, G, 2, D) <- the key (slot R) and value (slot R + 1) of every group of qkv (B, Tk, G, R + 2, D).
 void attention_kv_pack(const Tensor& qkv, Tensor& kv);
@@ -292,9 +292,10 @@ struct RopeOptions {
   bool inverse = false;          // rotate by -a: the backward
   int64_t split_at = 0;          // context parallelism: as EmbeddingOptions' (t >= split_at at split_position + ...)
   int64_t split_position = 0;
-  // Packed documents: (B, T) i32 on qkv's device; when defined token (b, t) is rotated at position positions[b, t]
-  // (which must lie in [0, T); position_offset and split_at must be 0).
+  // Packed documents: (B, T) i32 on qkv's device; when defined token (b, t) is rotated at position positions[b, t],
+  // in [0, position_rows) (0: T; a context rank's chunks reach T * C); position_offset and split_at must be 0.
   Tensor positions;
+  int64_t position_rows = 0;
 };
 void rope_(Tensor& qkv, const RopeOptions& opt);
 // The inv_freq (D/2) rope_ rotates by: opt.inv_freq, or the plain frequencies of opt.theta. What every backend's

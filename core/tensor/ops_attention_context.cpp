@@ -36,13 +36,19 @@ void check_kv(const char* op, const char* name, const Tensor& kv, const Tensor& 
 
 int64_t heads_of(const Tensor& qkv) { return qkv.dim(2) * (qkv.dim(3) - 2); }
 
-void check_positions(const char* op, const AttentionBlockOptions& opt) {
+void check_positions(const char* op, const Tensor& qkv, const AttentionBlockOptions& opt) {
   for (const SequencePositions* p : {&opt.q, &opt.k})
     check_range(op, "positions", p->position_offset >= 0 && p->split_at >= 0 && p->split_position >= 0, [&] {
       return fmt::format("must be >= 0, got offset {}, split_at {}, split_position {}", p->position_offset, p->split_at,
                          p->split_position);
     });
   check_window(op, opt.window, opt.causal);
+  if (opt.positions.defined()) {  // packed documents: each query row's position within its document
+    check_range(op, "causal", opt.causal, "packed documents' positions need causal attention");
+    check_ndim(op, "positions", opt.positions, 2, "(B, Tq)", DType::i32);
+    expect_shape(op, "positions", opt.positions, {qkv.dim(0), qkv.dim(1)});
+    if (opt.positions.device() != qkv.device()) fail(op, "positions: on another device than qkv");
+  }
   if (opt.dropout_p == 0.f) return;
   check_p(op, opt.dropout_p);
   check_range(op, "dropout keys", opt.seq_length > 0 && opt.sample_offset >= 0 && opt.head_offset >= 0, [&] {
@@ -71,7 +77,7 @@ void attention_block_forward(const Tensor& qkv, const Tensor& kv, Tensor& out, T
   const int64_t B = qkv.dim(0), T = qkv.dim(1), H = heads_of(qkv), D = qkv.dim(4);
   check_f32_shape(op, "out", out, {B, T, H, D});
   check_f32_shape(op, "lse", lse, {B, H, T});
-  check_positions(op, opt);
+  check_positions(op, qkv, opt);
   backend(device_of(op, {&qkv, &kv, &out, &lse}), op).attention_block_forward(qkv, kv, out, lse, opt);
 }
 
@@ -103,7 +109,7 @@ void attention_block_backward(const Tensor& qkv, const Tensor& kv, const Tensor&
   check_f32_shape(op, "dq", dq, {B, T, H, D});
   check_kv(op, "dkv", dkv, qkv, DType::f32);
   expect_shape(op, "dkv", dkv, kv.shape());
-  check_positions(op, opt);
+  check_positions(op, qkv, opt);
   backend(device_of(op, {&qkv, &kv, &out, &lse, &dout, &dq, &dkv}), op)
       .attention_block_backward(qkv, kv, out, lse, dout, dq, dkv, opt);
 }

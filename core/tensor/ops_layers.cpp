@@ -307,6 +307,8 @@ void rope_(Tensor& qkv, const RopeOptions& opt) {
     check_range(op, "position_offset", opt.position_offset == 0 && opt.split_at == 0,
                 "position_offset and split_at must be 0 with packed documents' positions");
     check_document_positions(op, opt.positions, qkv.dim(0), qkv.dim(1), true, qkv.device());
+    check_range(op, "position_rows", opt.position_rows >= 0,
+                [&] { return fmt::format("must be >= 0, got {}", opt.position_rows); });
   }
   check_range(op, "inv_freq", opt.inv_freq.empty() || static_cast<int64_t>(opt.inv_freq.size()) * 2 == qkv.dim(4), [&] {
     return fmt::format("holds {} frequencies for a head dim of {} (D/2 = {} expected)", opt.inv_freq.size(), qkv.dim(4),

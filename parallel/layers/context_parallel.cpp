@@ -68,7 +68,8 @@ namespace {
 int source_of(const ContextParallel& cp, int s) { return (cp.rank - s + cp.size) % cp.size; }
 
 // The block of this rank's queries against context rank src's keys; dropout keyed as one rank's attention_forward
-// over the whole sequence of T * C tokens (at the chunks' global positions).
+// over the whole sequence of T * C tokens (at the chunks' global positions); packed documents' positions are this
+// rank's query rows'.
 AttentionBlockOptions block_options(const ContextParallel& cp, int64_t T, int src, const AttentionOptions& att) {
   return {.q = cp.positions(T, 0, T),
           .k = cp.positions(T, 0, T, src),
@@ -79,7 +80,8 @@ AttentionBlockOptions block_options(const ContextParallel& cp, int64_t T, int sr
           .sample_offset = att.sample_offset,
           .head_offset = att.head_offset,
           .seq_length = T * cp.size,
-          .window = att.window};
+          .window = att.window,
+          .positions = att.positions};
 }
 
 Shape kv_shape(const Tensor& qkv) { return {qkv.dim(0), qkv.dim(1), qkv.dim(2), 2, qkv.dim(4)}; }

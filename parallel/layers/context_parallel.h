@@ -53,8 +53,9 @@ Tensor context_token_order(const ContextParallel& cp, int64_t samples, int64_t l
 // (after the rotary embeddings), out (B, T/C, H * D) of qkv's dtype, lse (B, H, T/C) f32 the log-sum-exp of each
 // row over all keys (what the backward takes). att: the dropout on the probabilities (dropout_p, seed, site,
 // sample_offset, head_offset as attention_forward's; the mask is one rank's at the chunks' global positions) and its
-// sliding window (over global positions: a block wholly before every row's window costs nothing); its causal and
-// positions are not read (causal always; packed documents are refused with context parallelism).
+// sliding window (over global positions: a block wholly before every row's window costs nothing) and packed
+// documents' positions (B, T/C) i32, this rank's chunks of the sample's (each row sees its own document's keys
+// only); its causal is not read (causal always).
 void context_attention_forward(const ContextParallel& cp, const Tensor& qkv, Tensor& out, Tensor& lse,
                                const AttentionOptions& att);
 // dqkv (B, T/C, G, R + 2, D) from dout and the forward's qkv, out and lse; the key and value gradients summed

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What a refused run must leave alone, and the base LoRA adapters need (issue 49, items 2-4):
-# - a refused run (data.loss_mask without mask files, data.sft_packing: pad without masks, pack on synthetic data or
-#   with context parallelism, a missing training.init_from, a too small optimizer.offload_host_memory_gib) names
+# - a refused run (data.loss_mask without mask files, also on two context ranks, data.sft_packing: pad without masks,
+#   pack on synthetic data, a missing training.init_from, a too small optimizer.offload_host_memory_gib) names
 #   the key and leaves no save_dir behind, and a save_dir holding a checkpoint byte-identical, without a .lock;
 # - a LoRA resume with other adapters is refused naming the key and both values, the checkpoint left as it was:
 #   fewer finetune.lora.targets (their adapters and Adam state would be dropped), another rank, another alpha;
@@ -38,8 +38,7 @@ refuse "data.train: data/text_document has no loss mask" --set data.loss_mask=tr
 refuse "data.sft_packing: pad needs loss masks" --set data.sft_packing=pad
 refuse "data.sft_packing: pack resets positions and attention at document boundaries, and data.synthetic" \
   --set data.sft_packing=pack --set data.synthetic=true
-refuse "data.sft_packing: pack resets attention at document boundaries, which parallel.context=2" \
-  --nproc 2 --set data.sft_packing=pack --set parallel.context=2
+refuse "data.train: data/text_document has no loss mask" --nproc 2 --set parallel.context=2 --set data.loss_mask=true
 refuse "training.init_from: nowhere holds no checkpoint" --set training.init_from=nowhere
 refuse "optimizer.offload_host_memory_gib: rank 0 needs" --set optimizer.offload=true \
   --set optimizer.offload_host_memory_gib=1e-6

@@ -8,8 +8,10 @@
 # - layout invariance: TP2+SP x PP2 (interleaved) x DP2 with the distributed optimizer, and DP2 x TP2 with
 #   micro-batch 2 and full recomputation, give one rank's packed training and validation losses within 1e-6
 #   (dropout on);
+# - context parallelism: CP2, CP2 x TP2 (SP) and CP2 x DP2 give one rank's packed training and validation losses
+#   within 1e-6 (dropout on), for learned (GPT) and rotary (Llama) positions, with documents cut by the chunks;
 # - pre-training data without masks packs too (positions reset after each document's end-of-document token);
-# - refused: pack with context parallelism and with synthetic data, naming the keys.
+# - refused: pack with synthetic data, naming the keys.
 source "$(dirname "$0")/lib/common.bash"
 source "$SRC/tests/e2e/lib/sft.bash"
 write_chatml_tokenizer
@@ -102,7 +104,27 @@ write_config
   || { tail -5 pre.err; fail "pack on pre-training data tp2 failed"; }
 same_losses pre_one/metrics.jsonl pre_tp2/metrics.jsonl 1 2 1e-6
 
-expect_error "data.sft_packing: pack resets attention at document boundaries, which parallel.context=2" \
-  "${lay[@]}" "${nodrop[@]}" --nproc 2 --set parallel.context=2 --set model.seq_length=64 --set model.max_position_embeddings=64
+# Context parallelism, dropout on, with validation: each rank holds chunks r and 3 - r of every packed sample, their
+# position ids and each query's document start. A seq_length of about 1.5 L (a multiple of 8, so CP2's chunks split
+# again over TP2 with SP) puts document boundaries inside chunks and starts samples inside a document.
+Scp=$(((3 * L / 2 + 7) / 8 * 8))
+cp=("${lay[@]}" --set model.seq_length=$Scp --set model.max_position_embeddings=$Scp)
+for arch in gpt llama; do
+  extra=()
+  [ $arch = llama ] && extra=(--set model.arch=llama --set model.rotary_base=10000 --set model.num_query_groups=2)
+  "$MT" "${cp[@]}" "${extra[@]}" --set logging.dir=cp_one_$arch >cp_one_$arch.log 2>&1 \
+    || { tail -5 cp_one_$arch.log; fail "one-rank pack run (seq_length $Scp) failed"; }
+  for layout in cp2 cp2tp2 cp2dp2; do
+    case $layout in
+      cp2) set_=(--nproc 2 --set parallel.context=2) ;;
+      cp2tp2) set_=(--nproc 4 --set parallel.context=2 --set parallel.tensor=2 --set parallel.sequence_parallel=true) ;;
+      cp2dp2) set_=(--nproc 4 --set parallel.context=2 --set parallel.data=2) ;;
+    esac
+    "$MT" "${cp[@]}" "${extra[@]}" "${set_[@]}" --set logging.dir=${layout}_$arch >/dev/null 2>lay.err \
+      || { tail -5 lay.err; fail "pack $layout ($arch) failed"; }
+    same_losses cp_one_$arch/metrics.jsonl ${layout}_$arch/metrics.jsonl 1 4 1e-6
+    same_valid cp_one_$arch/metrics.jsonl ${layout}_$arch/metrics.jsonl
+  done
+done
 expect_error "data.sft_packing: pack.*data.synthetic" "${lay[@]}" --set data.synthetic=true
 echo "PASS"

@@ -3,7 +3,10 @@
 // window)) on the GPU against the CPU reference: the block kernels (fp32, bf16, f16, dropout, the zigzag chunks of
 // CP 2, a block the window hides wholly), and cuDNN's fused attention where one call expresses the block (a band on
 // consecutive positions, a block the window hides or keeps whole), with auto falling back to the kernels for a
-// chunk pair the window cuts partly. Without a GPU: which one cuDNN call a windowed block is (cudnn_block_of).
+// chunk pair the window cuts partly. Packed documents (AttentionBlockOptions::positions, alone and with a window):
+// the block kernels against the CPU on every zigzag chunk pair, cuDNN refusing them (auto falls back to the kernels),
+// and the rotary embedding of a rank's packed positions. Without a GPU: which one cuDNN call a windowed block is
+// (cudnn_block_of).
 // One of the sources of test_cuda_ops (tests/CMakeLists.txt); the GPU tests skip where no GPU can run them.
 #include <gtest/gtest.h>
 
@@ -42,15 +45,21 @@ struct BlockShape {
 // One block's forward on both devices, then its backward from the block's own out and lse (a softmax the forward
 // gives), dq and dkv accumulated into random values; each compared with the CPU, the forward's f32 out and lse
 // within out_tol (fp32's on the block kernels, which widen bf16 / fp16 inputs as the CPU does; the dtype's on cuDNN).
-void expect_block_matches(const BlockShape& s, const AttentionBlockOptions& opt, DType dt, double out_tol,
-                          uint32_t seed, const std::string& what) {
+// `positions`: packed documents' positions of the query rows (B, T) on each device, or null.
+void expect_block_matches(const BlockShape& s, const AttentionBlockOptions& options, DType dt, double out_tol,
+                          uint32_t seed, const std::string& what, const Both* positions = nullptr) {
   const int64_t B = s.B, T = s.T, G = s.G, R = s.R, D = s.D, H = G * R;
   const Both qkv = both(rand_vec(B * T * G * (R + 2) * D, seed, -2, 2), {B, T, G, R + 2, D}, dt);
   Both kv = poisoned({B, T, G, 2, D}, dt);
   Both out = poisoned({B, T, H, D}, DType::f32), lse = poisoned({B, H, T}, DType::f32);
+  auto on = [&](Tensor Both::*d) {  // the options with the device's own positions
+    AttentionBlockOptions o = options;
+    if (positions) o.positions = (*positions).*d;
+    return o;
+  };
   for (auto d : kDevices) {
     attention_kv_pack(qkv.*d, kv.*d);
-    attention_block_forward(qkv.*d, kv.*d, out.*d, lse.*d, opt);
+    attention_block_forward(qkv.*d, kv.*d, out.*d, lse.*d, on(d));
   }
   expect_match(out, out_tol, "block out" + what);
   expect_match(lse, out_tol, "block lse" + what);
@@ -58,9 +67,23 @@ void expect_block_matches(const BlockShape& s, const AttentionBlockOptions& opt,
   const Both dout = both(rand_vec(B * T * H * D, seed + 1), {B, T, H, D}, dt);
   Both dq = both(rand_vec(B * T * H * D, seed + 2), {B, T, H, D}, DType::f32);
   Both dkv = both(rand_vec(B * T * G * 2 * D, seed + 3), {B, T, G, 2, D}, DType::f32);
-  for (auto d : kDevices) attention_block_backward(qkv.*d, kv.*d, o.*d, l.*d, dout.*d, dq.*d, dkv.*d, opt);
+  for (auto d : kDevices) attention_block_backward(qkv.*d, kv.*d, o.*d, l.*d, dout.*d, dq.*d, dkv.*d, on(d));
   expect_match(dq, tol_for(dt), "block dq" + what);
   expect_match(dkv, tol_for(dt), "block dkv" + what);
+}
+
+// Forced cuDNN (MEGATRAIN_ATTENTION=cudnn) throws on each of `blocks` (bf16 on the GPU), which it cannot express.
+void expect_cudnn_refuses(const BlockShape& s, const std::vector<AttentionBlockOptions>& blocks, uint32_t seed) {
+  const AttentionModeScope mode("cudnn");
+  const int64_t T = s.T;
+  const Tensor qkv =
+      make(rand_vec(s.B * T * s.G * (s.R + 2) * s.D, seed), {s.B, T, s.G, s.R + 2, s.D}, DType::bf16).to(Device::cuda);
+  Tensor kv = Tensor::empty({s.B, T, s.G, 2, s.D}, DType::bf16, Device::cuda);
+  Tensor out = Tensor::empty({s.B, T, s.G * s.R, s.D}, DType::f32, Device::cuda);
+  Tensor lse = Tensor::empty({s.B, s.G * s.R, T}, DType::f32, Device::cuda);
+  attention_kv_pack(qkv, kv);
+  for (const AttentionBlockOptions& opt : blocks)
+    EXPECT_THROW(attention_block_forward(qkv, kv, out, lse, opt), std::runtime_error);
 }
 
 class CudaWindowBlocks : public CudaOps {};
@@ -130,20 +153,80 @@ TEST_F(CudaWindowBlocks, PartlyVisibleBlocksFallBackToTheKernels) {
   const BlockShape s{1, T, 2, 2, 64};
   const AttentionBlockOptions own{.q = zigzag(0, c), .k = zigzag(0, c), .window = 5};
   const AttentionBlockOptions other{.q = zigzag(1, c), .k = zigzag(0, c), .window = 17};
-  {
-    const AttentionModeScope mode("cudnn");
-    const Tensor qkv =
-        make(rand_vec(s.B * T * s.G * (s.R + 2) * s.D, 70), {s.B, T, s.G, s.R + 2, s.D}, DType::bf16).to(Device::cuda);
-    Tensor kv = Tensor::empty({s.B, T, s.G, 2, s.D}, DType::bf16, Device::cuda);
-    Tensor out = Tensor::empty({s.B, T, s.G * s.R, s.D}, DType::f32, Device::cuda);
-    Tensor lse = Tensor::empty({s.B, s.G * s.R, T}, DType::f32, Device::cuda);
-    attention_kv_pack(qkv, kv);
-    EXPECT_THROW(attention_block_forward(qkv, kv, out, lse, own), std::runtime_error);
-    EXPECT_THROW(attention_block_forward(qkv, kv, out, lse, other), std::runtime_error);
-  }
+  expect_cudnn_refuses(s, {own, other}, 70);
   const AttentionModeScope mode("auto");
   for (const AttentionBlockOptions& opt : {own, other})
     expect_block_matches(s, opt, DType::bf16, tol_for(DType::f32), 71, str(" auto, window ", opt.window));
+}
+
+// ---- packed documents (AttentionBlockOptions::positions: a query row sees its own document's keys only) ----
+
+// Rank `rank`'s columns (zigzag chunks of c) of packed positions (B, 4c), on both devices.
+Both zigzag_columns(const Both& positions, int rank, int64_t c) {
+  const int64_t B = positions.cpu.dim(0), T = positions.cpu.dim(1);
+  const int64_t starts[2] = {rank == 0 ? 0 : c, rank == 0 ? 3 * c : 2 * c};
+  std::vector<int32_t> v;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t start : starts)
+      for (int64_t t = start; t < start + c; ++t) v.push_back(positions.cpu.data<int32_t>()[b * T + t]);
+  return both_ints(v, {B, 2 * c});
+}
+
+// The block kernels with packed documents: every chunk pair of CP 2, documents that end inside a chunk, span chunks
+// and (sample 1) start before the sample; with a window and dropout as well.
+TEST_F(CudaWindowBlocks, PackedKernelBlocksMatchCpu) {
+  const AttentionModeScope kernels("kernel");
+  const int64_t c = 8;
+  const Both docs = document_positions({{3, 20, 1}, {5, 9}}, 4 * c);
+  for (int64_t window : {0, 5})
+    for (float p : {0.f, 0.3f})
+      for (const auto& [qr, kr, s] :
+           {std::tuple{0, 0, BlockShape{2, 2 * c, 2, 2, 16}}, std::tuple{0, 1, BlockShape{2, 2 * c, 3, 1, 32}},
+            std::tuple{1, 0, BlockShape{2, 2 * c, 1, 4, 64}}, std::tuple{1, 1, BlockShape{2, 2 * c, 2, 2, 16}}})
+        for (DType dt : kFloatTypes) {
+          const AttentionBlockOptions opt{.q = zigzag(qr, c),
+                                          .k = zigzag(kr, c),
+                                          .dropout_p = p,
+                                          .seed = 79,
+                                          .site = 14,
+                                          .sample_offset = 1,
+                                          .head_offset = 2,
+                                          .seq_length = 4 * c,
+                                          .window = window};
+          const Both rows = zigzag_columns(docs, qr, c);
+          expect_block_matches(s, opt, dt, tol_for(DType::f32), 80,
+                               str(" packed, window ", window, " p ", p, " q rank ", qr, " k rank ", kr, " ",
+                                   dtype_name(dt), " G=", s.G, " R=", s.R, " D=", s.D),
+                               &rows);
+        }
+}
+
+// Packed documents are not built into the cuDNN graphs: forced cuDNN fails loudly on such a block, auto runs the
+// block kernels (bf16 without dropout would otherwise take cuDNN) and matches the CPU.
+TEST_F(CudaWindowBlocks, PackedBlocksFallBackToTheKernels) {
+  if (!cuda::cudnn_built()) GTEST_SKIP() << "built without cuDNN: " << cuda::cudnn_version();
+  const int64_t c = 32, T = 2 * c;
+  const BlockShape s{2, T, 2, 2, 64};
+  const Both rows = zigzag_columns(document_positions({{40, 3}, {70}}, 4 * c), 1, c);
+  const AttentionBlockOptions opt{.q = zigzag(1, c), .k = zigzag(0, c)};
+  AttentionBlockOptions packed = opt;
+  packed.positions = rows.gpu;
+  expect_cudnn_refuses(s, {packed}, 72);
+  const AttentionModeScope mode("auto");
+  expect_block_matches(s, opt, DType::bf16, tol_for(DType::f32), 73, " auto, packed", &rows);
+}
+
+// Rotary embeddings of a rank's packed positions, which reach past its 2c rows (position_rows = 4c), as the CPU's.
+TEST_F(CudaWindowBlocks, RopeOfPackedChunksMatchesCpu) {
+  const int64_t c = 8, B = 2, G = 2, S = 4, D = 16;
+  const Both rows = zigzag_columns(document_positions({{3, 20, 1}, {5, 9}}, 4 * c), 0, c);
+  for (DType dt : kFloatTypes)
+    for (bool inverse : {false, true}) {
+      Both qkv = both(rand_vec(B * 2 * c * G * S * D, 90), {B, 2 * c, G, S, D}, dt);
+      for (auto d : kDevices)
+        rope_(qkv.*d, {.theta = 10000.f, .inverse = inverse, .positions = rows.*d, .position_rows = 4 * c});
+      expect_match(qkv, tol_for(dt), str(" rope of packed chunks ", dtype_name(dt), inverse ? " inverse" : ""));
+    }
 }
 
 // ---- which one cuDNN call a windowed block is, without a GPU ----

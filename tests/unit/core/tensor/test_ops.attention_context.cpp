@@ -3,11 +3,14 @@
 // every rank's keys and values block by block and merged by log-sum-exp must give attention_forward's output and
 // lse at those positions; the blocks' backward shares, summed over ranks, attention_backward's dqkv. Grouped-query
 // (R = 2) and GPT's layout (R = 1), with and without dropout on the probabilities (the blocks' masks keyed by global
-// positions, so they draw attention_forward's mask); plus the merge's corner (a row that sees no key) and the argument
-// checks.
+// positions, so they draw attention_forward's mask), with sliding windows and packed documents (each block row's
+// document from its position within it); plus the merge's corner (a row that sees no key), packed positions' rotary
+// and learned embeddings on a rank's chunks, and the argument checks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -33,11 +36,45 @@ Tensor local_of(const Tensor& t, int r, int C) {
   return make(concat(take(t, 1, r * c, (r + 1) * c), take(t, 1, (2 * C - 1 - r) * c, (2 * C - r) * c), 1), s);
 }
 
+// Packed documents' positions (B, T) i32: each sample's documents of 1 to `longest` tokens (lengths drawn from a
+// small LCG), the first of sample b b + 1 tokens long (the sample's first token is at position 0, as packing gives).
+Tensor document_positions(int64_t B, int64_t T, int64_t longest) {
+  Tensor pos = Tensor::empty({B, T}, DType::i32);
+  int32_t* p = pos.data<int32_t>();
+  uint32_t state = 7;
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t at = 0, left = b + 1;  // position within the document, tokens left in it
+    for (int64_t t = 0; t < T; ++t) {
+      if (left == 0) {
+        state = state * 1103515245u + 12345u;
+        at = 0;
+        left = 1 + static_cast<int64_t>((state >> 16) % static_cast<uint32_t>(longest));
+      }
+      p[b * T + t] = static_cast<int32_t>(at++);
+      --left;
+    }
+  }
+  return pos;
+}
+
+// Rank r's columns (chunks r and 2C-1-r) of positions (B, T) i32.
+Tensor local_positions(const Tensor& pos, int r, int C) {
+  const int64_t B = pos.dim(0), T = pos.dim(1), c = T / (2 * C);
+  Tensor local = Tensor::empty({B, 2 * c}, DType::i32);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < 2 * c; ++t) {
+      const int64_t g = t < c ? r * c + t : (2 * C - 1 - r) * c + t - c;
+      local.data<int32_t>()[b * 2 * c + t] = pos.data<int32_t>()[b * T + g];
+    }
+  return local;
+}
+
 struct Case {
   int64_t B, T, G, R, D;
   int C;
   float p = 0.f;       // attention dropout
   int64_t window = 0;  // sliding window (0: none)
+  int64_t doc = 0;     // packed documents of at most doc tokens (0: one sequence a sample)
 };
 
 class AttentionBlocks : public ::testing::TestWithParam<Case> {};
@@ -54,6 +91,7 @@ TEST_P(AttentionBlocks, MergedBlocksEqualWholeAttention) {
                                .site = 5,
                                .sample_offset = 3,
                                .head_offset = 2,
+                               .positions = k.doc > 0 ? document_positions(k.B, k.T, k.doc) : Tensor(),
                                .window = k.window};
   attention_forward(qkv, out, lse, whole);
   Tensor dqkv = Tensor::empty(qkv.shape(), DType::f32);
@@ -68,7 +106,8 @@ TEST_P(AttentionBlocks, MergedBlocksEqualWholeAttention) {
                                  .sample_offset = whole.sample_offset,
                                  .head_offset = whole.head_offset,
                                  .seq_length = k.T,
-                                 .window = k.window};
+                                 .window = k.window,
+                                 .positions = k.doc > 0 ? local_positions(whole.positions, r, k.C) : Tensor()};
   };
 
   std::vector<Tensor> local(k.C), kv(k.C), dq(k.C), dkv(k.C), outs(k.C), lses(k.C);
@@ -124,7 +163,12 @@ INSTANTIATE_TEST_SUITE_P(Layouts, AttentionBlocks,
                                            // sliding windows: inside a chunk, across chunks, past row blocks (the
                                            // far chunks' blocks then wholly invisible)
                                            Case{2, 16, 2, 2, 8, 2, 0.f, 3}, Case{1, 32, 3, 1, 4, 4, 0.3f, 6},
-                                           Case{1, 256, 2, 1, 8, 2, 0.2f, 70}, Case{1, 256, 2, 1, 8, 2, 0.f, 1}));
+                                           Case{1, 256, 2, 1, 8, 2, 0.2f, 70}, Case{1, 256, 2, 1, 8, 2, 0.f, 1},
+                                           // packed documents (attention reset at each start): shorter and longer
+                                           // than a chunk, with dropout, with a window, past row blocks
+                                           Case{2, 16, 2, 2, 8, 2, 0.f, 0, 3}, Case{2, 32, 3, 1, 4, 4, 0.3f, 0, 11},
+                                           Case{2, 24, 1, 4, 8, 3, 0.f, 5, 9}, Case{1, 256, 2, 1, 8, 2, 0.2f, 0, 90},
+                                           Case{1, 256, 2, 1, 8, 2, 0.f, 40, 150}));
 
 // A block that a row cannot see (a later chunk's keys) leaves it out 0 and lse -inf; merging it changes nothing.
 TEST(AttentionBlocks, InvisibleBlockMergesToNothing) {
@@ -179,6 +223,37 @@ TEST(AttentionBlocks, RopeAndPositionRowsAtChunkPositions) {
   }
 }
 
+// Packed documents: a rank's chunks of the positions (B, T) rotate and position its tokens as the whole sequence's,
+// though they reach past its 2c rows (position_rows = T).
+TEST(AttentionBlocks, RopeAndPositionRowsOfPackedChunks) {
+  const int64_t B = 2, T = 24, G = 2, S = 4, D = 8, C = 3, c = T / (2 * C), P = 32, E = 16;
+  const Tensor pos = document_positions(B, T, 20);
+  bool reached_past = false;  // some rank holds a position past its 2c rows
+  const Tensor qkv = make(rand_vec(B * T * G * S * D, 31), {B, T, G, S, D});
+  Tensor whole = qkv.clone();
+  rope_(whole, {.theta = 10000.f, .positions = pos});
+  const Tensor wpe = make(rand_vec(P * E, 32), {P, E});
+  const Tensor x = make(rand_vec(B * T * E, 33), {B, T, E});
+  Tensor x_whole = x.clone();
+  position_embedding_add(x_whole, wpe, {.positions = pos});
+  for (int r = 0; r < C; ++r) {
+    const Tensor lp = local_positions(pos, r, C);
+    Tensor local = local_of(qkv, r, C);
+    int32_t highest = 0;
+    for (int64_t i = 0; i < lp.numel(); ++i) highest = std::max(highest, lp.data<int32_t>()[i]);
+    if (highest >= 2 * c) {  // past the local rows: the table must hold the whole sequence's positions
+      reached_past = true;
+      expect_invalid([&] { rope_(local, {.theta = 10000.f, .positions = lp}); }, "lies outside [0, 8)");
+    }
+    rope_(local, {.theta = 10000.f, .positions = lp, .position_rows = T});
+    EXPECT_EQ(values(local), values(local_of(whole, r, C))) << "rope of rank " << r;
+    Tensor xl = local_of(x, r, C);
+    position_embedding_add(xl, wpe, {.positions = lp});
+    EXPECT_EQ(values(xl), values(local_of(x_whole, r, C))) << "position rows of rank " << r;
+  }
+  EXPECT_TRUE(reached_past) << "no rank's positions reach past its rows: the case tests nothing";
+}
+
 TEST(AttentionBlocks, ArgumentErrorsNameTheTensor) {
   const Tensor qkv = Tensor::zeros({1, 4, 2, 3, 4}, DType::f32);
   Tensor kv = Tensor::zeros({1, 4, 1, 2, 4}, DType::f32);  // one group, qkv has two
@@ -188,6 +263,12 @@ TEST(AttentionBlocks, ArgumentErrorsNameTheTensor) {
   expect_invalid([&] { attention_block_forward(qkv, good_kv, out, lse, {}); }, "attention_block_forward: out");
   Tensor o = Tensor::zeros({1, 4, 2, 4}, DType::f32);
   expect_invalid([&] { attention_block_forward(qkv, good_kv, o, lse, {.q = {.position_offset = -1}}); }, "positions");
+  Tensor wrong = Tensor::zeros({1, 3}, DType::i32);  // a row short of qkv's 4
+  expect_invalid([&] { attention_block_forward(qkv, good_kv, o, lse, {.positions = wrong}); },
+                 "attention_block_forward: positions");
+  Tensor fine = Tensor::zeros({1, 4}, DType::i32);
+  expect_invalid([&] { attention_block_forward(qkv, good_kv, o, lse, {.causal = false, .positions = fine}); },
+                 "causal");
   Tensor l2 = Tensor::zeros({1, 2, 5}, DType::f32);
   expect_invalid([&] { attention_merge(o, lse, o, l2); }, "attention_merge: lse_b");
 }
