@@ -65,7 +65,6 @@ NEEDS = {
 # Pairs with no meaning, refused by the config: (a, b, the reason, a phrase of the config's error).
 REFUSED = [
     ("fp8", "fp16", "fp8's GEMM outputs and everything else run in bf16", "needs training.precision: bf16"),
-    ("CP", "SFT packing", "not built yet: the context ranks' chunks do not carry the documents' boundaries", "does not cut"),
 ]
 MAX_WORLD = 8
 
