@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "core/optim/loss_scaler.h"
@@ -275,12 +276,16 @@ TEST(LlamaModel, HasNoBiasesNoPositionTableAndGroupedProjections) {
 }
 
 // Full recomputation reruns each layer's forward in backward with the same dropout keys: the gradients are
-// those of the plain run, bit for bit.
-void check_recompute_identical(ModelConfig cfg) {
+// those of the plain run, bit for bit. `uniform` > 0: Megatron's uniform method, groups of that many layers.
+void check_recompute_identical(ModelConfig cfg, int64_t uniform = 0) {
   cfg.dropout = 0.2f;
   cfg.attention_dropout = 0.2f;
   GptModel plain(cfg, {.dtype = DType::bf16, .seed = 3});
-  GptModel recompute(cfg, {.dtype = DType::bf16, .seed = 3, .recompute = true});
+  GptModel recompute(cfg, {.dtype = DType::bf16,
+                           .seed = 3,
+                           .recompute = true,
+                           .recompute_layers = uniform,
+                           .recompute_uniform = uniform > 0});
   Tensor tokens = Tensor::empty({2, 8}, DType::i32), targets = Tensor::empty({2, 8}, DType::i32);
   fill_batch(tokens, targets, cfg.vocab_size);
   StepContext ctx{.sample_offset = 40, .training = true, .seed = 3};
@@ -294,6 +299,26 @@ void check_recompute_identical(ModelConfig cfg) {
 
 TEST(GptModel, FullRecomputationGivesIdenticalGradients) { check_recompute_identical(tiny_model()); }
 TEST(LlamaModel, FullRecomputationGivesIdenticalGradients) { check_recompute_identical(tiny_llama()); }
+
+// Uniform recomputation over 5 layers: groups of 1 (per-layer), 2 (2 + 2 + 1, the last smaller), 3 and all 5; on
+// a Llama and on a MoE Llama (its routing, dropless dispatch and auxiliary losses recomputed with the group).
+TEST(LlamaModel, UniformRecomputationGivesIdenticalGradients) {
+  ModelConfig cfg = tiny_llama();
+  cfg.num_layers = 5;
+  for (int64_t group : {1, 2, 3, 5}) {
+    SCOPED_TRACE(fmt::format("groups of {}", group));
+    check_recompute_identical(cfg, group);
+  }
+  cfg.moe = MoeConfig{.num_experts = 4, .top_k = 2, .layer_freq = 2, .ffn_hidden_size = 12, .aux_loss_coeff = 0.01};
+  for (int64_t group : {2, 3}) {
+    SCOPED_TRACE(fmt::format("MoE, groups of {}", group));
+    check_recompute_identical(cfg, group);
+  }
+}
+
+TEST(GptModel, UniformRecomputationNeedsAGroupSize) {
+  EXPECT_THROW(GptModel(tiny_model(), {.recompute = true, .recompute_uniform = true}), std::invalid_argument);
+}
 
 TEST(GptModel, InitialWeightsDependOnlyOnSeedAndName) {
   ModelConfig cfg = tiny_model();
