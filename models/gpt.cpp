@@ -254,7 +254,7 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
     } else {
       fill_(dlosses, dloss / static_cast<float>(N));
     }
-    unit_event(UnitEvent::backward_begin, head_unit(), backward_first_unit(layers_.size()));
+    unit_event(UnitEvent::backward_begin, head_unit(), unit_after_backward(layers_.size()));
     if (grads_needed_) {  // the head, the final norm, and the tied embedding the head writes into
       std::vector<Parameter*> needed = lnf_.parameters();
       needed.push_back(&head_.weight());
@@ -285,7 +285,7 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
     TransformerLayer& layer = *layers_[i];
     std::pair<StepContext, Tensor> rerun;  // uniform: the context and layer i's input, its group's others rerun
     if (group_last(i)) rerun = rerun_group(i, mb);
-    unit_event(UnitEvent::backward_begin, layer_unit(i), backward_first_unit(i));
+    unit_event(UnitEvent::backward_begin, layer_unit(i), unit_after_backward(i));
     if (grads_needed_) grads_needed_(mb, layer.parameters());
     if (group_last(i)) layer.forward_again(rerun.second, mb, rerun.first);  // within its backward's gathered weights
     rerun = {};

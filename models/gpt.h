@@ -165,11 +165,14 @@ class GptModel {
   bool group_last(size_t i) const {
     return group_layers_ > 0 && (i + 1 == layers_.size() || (i + 1) % static_cast<size_t>(group_layers_) == 0);
   }
-  // The unit that computes first in the backward of this chunk's layers [0, count) (-1: none): the last layer,
-  // or under uniform recomputation the first layer of its group, whose forward runs again first.
-  int backward_first_unit(size_t count) const {
-    if (count == 0) return -1;
-    return layer_unit(group_layers_ > 0 ? group_first(count - 1) : count - 1);
+  // The unit that computes after the backward of layer i (i = layers_.size(): after the head's), -1 for none: layer
+  // i - 1's backward, or under uniform recomputation, when i starts a group (or is the head), the first layer of
+  // the group before, whose forward runs again first.
+  int unit_after_backward(size_t i) const {
+    if (i == 0) return -1;
+    if (group_layers_ == 0) return layer_unit(i - 1);
+    const bool starts_group = i == layers_.size() || group_first(i) == i;
+    return layer_unit(starts_group ? group_first(i - 1) : i - 1);
   }
   // Uniform recomputation in backward: the group ending with layer `last` runs its layers before `last` forward again
   // from the group's saved input of microbatch `mb`, keeping their activations; returns the context and last's input.

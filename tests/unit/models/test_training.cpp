@@ -316,6 +316,48 @@ TEST(LlamaModel, UniformRecomputationGivesIdenticalGradients) {
   }
 }
 
+// ZeRO-3 gathers a unit between its begin and end events and prefetches the `next` a begin names: under uniform
+// recomputation a group's layers are begun again for their forward in backward, every begin is ended before its
+// unit begins again, and every named next is the unit that begins next.
+TEST(GptModel, UniformRecomputationAnnouncesEachUnitItComputes) {
+  ModelConfig cfg = tiny_llama();
+  cfg.num_layers = 5;
+  GptModel model(cfg, {.seed = 3, .recompute = true, .recompute_layers = 2, .recompute_uniform = true});
+  struct Event {
+    GptModel::UnitEvent e;
+    int unit, next;
+  };
+  std::vector<Event> events;
+  model.set_unit_hook([&](GptModel::UnitEvent e, int unit, int next) { events.push_back({e, unit, next}); });
+  Tensor tokens = Tensor::empty({2, 8}, DType::i32), targets = Tensor::empty({2, 8}, DType::i32);
+  fill_batch(tokens, targets, cfg.vocab_size);
+  model.forward(tokens, targets, 0, StepContext{.seed = 3});
+  model.backward(0, 1.f);
+  using E = GptModel::UnitEvent;
+  auto begins = [](const Event& ev) { return ev.e == E::forward_begin || ev.e == E::backward_begin; };
+  std::vector<int> begun;  // the units begun, in order
+  std::map<int, bool> open;
+  for (const Event& ev : events) {
+    if (begins(ev)) {
+      EXPECT_FALSE(open[ev.unit]) << "unit " << ev.unit << " begun twice";
+      open[ev.unit] = true;
+      begun.push_back(ev.unit);
+    } else {
+      EXPECT_TRUE(open[ev.unit]) << "unit " << ev.unit << " ended unbegun";
+      open[ev.unit] = false;
+    }
+  }
+  // Units: 0 the embedding, 1..5 the layers, 6 the head. Backward: the head, then group [5] (layer unit 5 alone),
+  // then group [3, 4] (3 again in forward, 4 with its backward, then 3's backward), then [1, 2].
+  EXPECT_EQ(begun, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 6, 5, 3, 4, 3, 1, 2, 1}));
+  size_t b = 0;
+  for (const Event& ev : events) {
+    if (!begins(ev)) continue;
+    ++b;
+    if (ev.next >= 0 && b < begun.size()) EXPECT_EQ(ev.next, begun[b]) << "after unit " << ev.unit;
+  }
+}
+
 TEST(GptModel, UniformRecomputationNeedsAGroupSize) {
   EXPECT_THROW(GptModel(tiny_model(), {.recompute = true, .recompute_uniform = true}), std::invalid_argument);
 }
