@@ -33,9 +33,18 @@ GptModel::GptModel(const ModelConfig& cfg, GptOptions opt) : cfg_(cfg), opt_(opt
         make_parameter("embedding.position_embeddings.weight", {P, C}, opt.dtype, Init::normal, cfg.init_std, opt.seed);
     params_.push_back(&wpe_);
   }
+  if (opt.recompute && opt.recompute_uniform) {
+    if (opt.recompute_layers < 1)
+      throw std::invalid_argument(
+          fmt::format("model: uniform recomputation needs recompute_layers >= 1 (the layers per group), got {}",
+                      opt.recompute_layers));
+    group_layers_ = opt.recompute_layers;
+  }
   for (int64_t i = st.layer_begin; i < st.layer_end; ++i) {
     // training.recompute_num_layers (Megatron's "block" method): the chunk's first layers only.
-    const bool recompute = opt.recompute && (opt.recompute_layers == 0 || i - st.layer_begin < opt.recompute_layers);
+    // Uniform's layers keep what they are told to: their group (here) decides.
+    const bool recompute = opt.recompute && !opt.recompute_uniform &&
+                           (opt.recompute_layers == 0 || i - st.layer_begin < opt.recompute_layers);
     const PartOptions part{.layer = i,
                            .dtype = opt.dtype,
                            .seed = opt.seed,
@@ -171,7 +180,12 @@ Tensor GptModel::forward_impl(const Tensor& input, const Tensor& tokens, const T
   for (size_t i = 0; i < layers_.size(); ++i) {
     const int unit = layer_unit(i);
     unit_event(UnitEvent::forward_begin, unit, following(unit));
-    x = layers_[i]->forward(x, mb, ctx);
+    if (group_layers_ > 0 && ctx.training) {  // uniform recomputation: only each group's input is kept
+      if (group_first(i) == i) group_inputs_[{i, mb}] = {ctx, x};
+      x = layers_[i]->forward_unkept(x, ctx);
+    } else {
+      x = layers_[i]->forward(x, mb, ctx);
+    }
     unit_event(UnitEvent::forward_end, unit, -1);
   }
   if (!opt_.stage.has_head) return x;
@@ -240,7 +254,7 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
     } else {
       fill_(dlosses, dloss / static_cast<float>(N));
     }
-    unit_event(UnitEvent::backward_begin, head_unit(), layers_.empty() ? -1 : layer_unit(layers_.size() - 1));
+    unit_event(UnitEvent::backward_begin, head_unit(), unit_after_backward(layers_.size()));
     if (grads_needed_) {  // the head, the final norm, and the tied embedding the head writes into
       std::vector<Parameter*> needed = lnf_.parameters();
       needed.push_back(&head_.weight());
@@ -269,8 +283,12 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
 
   for (size_t i = layers_.size(); i-- > 0;) {
     TransformerLayer& layer = *layers_[i];
-    unit_event(UnitEvent::backward_begin, layer_unit(i), i > 0 ? layer_unit(i - 1) : -1);
+    std::pair<StepContext, Tensor> rerun;  // uniform: the context and layer i's input, its group's others rerun
+    if (group_last(i)) rerun = rerun_group(i, mb);
+    unit_event(UnitEvent::backward_begin, layer_unit(i), unit_after_backward(i));
     if (grads_needed_) grads_needed_(mb, layer.parameters());
+    if (group_last(i)) layer.forward_again(rerun.second, mb, rerun.first);  // within its backward's gathered weights
+    rerun = {};
     dx = layer.backward(dx, mb, dloss);
     if (grads_ready_) weight_grad_work([this, mb, ps = layer.parameters()] { grads_ready_(mb, ps); });
     unit_event(UnitEvent::backward_end, layer_unit(i), -1);
@@ -299,6 +317,22 @@ Tensor GptModel::backward_stage(int mb, const Tensor& dout, float dloss) {
     weight_grad_work([this, mb, embedding_params] { grads_ready_(mb, embedding_params); });
   }
   return Tensor();
+}
+
+std::pair<StepContext, Tensor> GptModel::rerun_group(size_t last, int mb) {
+  const size_t first = group_first(last);
+  auto it = group_inputs_.find({first, mb});
+  if (it == group_inputs_.end())
+    throw std::logic_error(fmt::format("model: backward of microbatch {} without forward (recompute group of layer {})",
+                                       mb, layers_[first]->index()));
+  auto [ctx, x] = std::move(it->second);
+  group_inputs_.erase(it);
+  for (size_t j = first; j < last; ++j) {
+    unit_event(UnitEvent::forward_begin, layer_unit(j), layer_unit(j + 1));
+    x = layers_[j]->forward_again(x, mb, ctx);
+    unit_event(UnitEvent::forward_end, layer_unit(j), -1);
+  }
+  return {ctx, x};
 }
 
 double model_flops_per_iteration(const ModelConfig& cfg, int64_t tokens) {

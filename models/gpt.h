@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/config/config.h"
@@ -30,6 +31,10 @@ struct GptOptions {
   uint64_t seed = 1234;          // keys initial weights and dropout masks
   bool recompute = false;        // full activation recomputation in every layer
   int64_t recompute_layers = 0;  // with recompute: only the first this many of this chunk's layers (0: all)
+  // With recompute: Megatron's "uniform" method instead. This chunk's layers are cut into consecutive groups of
+  // recompute_layers (>= 1; the last group may be smaller), each checkpointed as one: its forward keeps only the
+  // group's input, and its backward runs the whole group's forward again before back-propagating its layers.
+  bool recompute_uniform = false;
   SelectiveRecompute selective;  // else these tensors of every layer (training.recompute: selective)
   TensorParallel tp;             // this rank's tensor-parallel group (size 1: the whole model)
   ExpertParallel ep;             // this rank's expert-parallel group (MoE layers; size 1: every expert)
@@ -148,6 +153,28 @@ class GptModel {
   int64_t vocab_start_ = 0, vocab_local_ = 0;  // this rank's rows of the padded vocabulary
   std::map<int, HeadActivations> saved_;
   std::map<int, std::pair<StepContext, Tensor>> embedded_;
+  // Uniform recomputation: the layers per group (0: not uniform), and each group's input under (the group's first
+  // layer index in this chunk, microbatch): the context and the (B, T, C) activation ((B, T/tp, C) with SP).
+  int64_t group_layers_ = 0;
+  std::map<std::pair<size_t, int>, std::pair<StepContext, Tensor>> group_inputs_;
+  size_t group_first(size_t i) const {
+    return i / static_cast<size_t>(group_layers_) * static_cast<size_t>(group_layers_);
+  }
+  bool group_last(size_t i) const {
+    return group_layers_ > 0 && (i + 1 == layers_.size() || (i + 1) % static_cast<size_t>(group_layers_) == 0);
+  }
+  // The unit that computes after the backward of layer i (i = layers_.size(): after the head's), -1 for none: layer
+  // i - 1's backward, or under uniform recomputation, when i starts a group (or is the head), the first layer of
+  // the group before, whose forward runs again first.
+  int unit_after_backward(size_t i) const {
+    if (i == 0) return -1;
+    if (group_layers_ == 0) return layer_unit(i - 1);
+    const bool starts_group = i == layers_.size() || group_first(i) == i;
+    return layer_unit(starts_group ? group_first(i - 1) : i - 1);
+  }
+  // Uniform recomputation in backward: the group ending with layer `last` runs its layers before `last` forward again
+  // from the group's saved input of microbatch `mb`, keeping their activations; returns the context and last's input.
+  std::pair<StepContext, Tensor> rerun_group(size_t last, int mb);
   GradsReadyHook grads_ready_;
   GradsReadyHook grads_needed_;
   UnitHook unit_hook_;

@@ -87,16 +87,35 @@ Tensor TransformerLayer::run(Activations& a, bool keep, bool record) {
   return h;
 }
 
-Tensor TransformerLayer::forward(const Tensor& x, int mb, const StepContext& ctx) {
+TransformerLayer::Activations TransformerLayer::starting(const Tensor& x, const StepContext& ctx) {
   Activations a;
   a.ctx = ctx;
   a.branches.resize(1);
   a.branches.front().in = x;
+  return a;
+}
+
+Tensor TransformerLayer::forward(const Tensor& x, int mb, const StepContext& ctx) {
+  Activations a = starting(x, ctx);
   Tensor out = run(a, ctx.training && !recompute_, ctx.training);
   if (ctx.training) {
     if (!recompute_) drop_selected(a);
     saved_[mb] = std::move(a);
   }
+  return out;
+}
+
+Tensor TransformerLayer::forward_unkept(const Tensor& x, const StepContext& ctx) {
+  Activations a = starting(x, ctx);
+  return run(a, false, ctx.training);  // a training forward: a MoE part counts its routing once, here
+}
+
+Tensor TransformerLayer::forward_again(const Tensor& x, int mb, const StepContext& ctx) {
+  if (recompute_)  // its backward would run the forward a third time
+    throw std::logic_error(fmt::format("layer {}: forward_again on a layer that recomputes itself", opt_.layer));
+  Activations a = starting(x, ctx);
+  Tensor out = run(a, true, false);
+  saved_[mb] = std::move(a);
   return out;
 }
 

@@ -39,6 +39,12 @@ class TransformerLayer {
   // dout (B, T, C) -> dx (B, T, C); accumulates parameter gradients and drops microbatch `mb`'s activations.
   // dloss: d(objective)/d(the microbatch's loss), which a MoE layer's auxiliary losses join.
   Tensor backward(const Tensor& dout, int mb, float dloss = 1.f);
+  // Uniform recomputation (models/gpt.cpp checkpoints a group of consecutive layers as one unit; the layer is built
+  // with recompute false): a training forward that keeps nothing, the group keeping only its own input; and in
+  // backward the same forward again (the same inputs and dropout keys: the same values), keeping everything
+  // backward(mb) needs.
+  Tensor forward_unkept(const Tensor& x, const StepContext& ctx);
+  Tensor forward_again(const Tensor& x, int mb, const StepContext& ctx);
 
   // Generation (tensor-parallel size 1): x (n, C), the rows of the fed tokens at positions [step.position,
   // step.position + n) of one sequence -> (n, C). `cache` (the attention's keys and values) persists over the feeds.
@@ -72,6 +78,8 @@ class TransformerLayer {
     StepContext ctx;
     std::vector<BranchSaved> branches;  // branches[0].in is the layer's input x
   };
+  // The activations of a forward of x under ctx, its input only so far.
+  static Activations starting(const Tensor& x, const StepContext& ctx);
   // Runs the branches on a.branches[0].in, filling the activations; returns the output. `record`: a training
   // forward (a MoE part counts its routing), not the recomputation in backward.
   Tensor run(Activations& a, bool keep, bool record);

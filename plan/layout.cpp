@@ -77,6 +77,12 @@ Config apply_layout(const Config& base, const Layout& l) {
       fmt::format("training.micro_batch_size={}", l.micro_batch_size),
       fmt::format("training.recompute={}", name_of(l.recompute)),
   };
+  // Full recomputation keeps the base config's method and layers (block or uniform groups); without it they mean
+  // nothing and are refused, so they go.
+  if (l.recompute != Recompute::full) {
+    sets.push_back("training.recompute_num_layers=0");
+    sets.push_back("training.recompute_method=block");
+  }
   // Selective recomputation keeps the base config's modules, or (searching) drops every module it can.
   if (l.recompute != Recompute::selective) {
     sets.push_back("training.recompute_modules=[]");

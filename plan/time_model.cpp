@@ -83,7 +83,9 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   // Expert-parallel ranks are drawn from the data-parallel (and with folding the tensor-parallel) ones
   // (ep_peers_off_node); the expert-data-parallel group spans at most what the data-parallel group spans.
   const Costs costs(s, hw, link(hw, tp <= gpn), link(hw, tp * cp <= gpn));
-  const int64_t par_recompute_layers = c.training.recompute_num_layers;
+  // Block recomputes the first recompute_num_layers layers of each chunk (all when 0); uniform recomputes every
+  // layer, in groups (models/gpt.h), so each layer's forward runs twice as under block with 0.
+  const int64_t par_recompute_layers = c.training.recompute_method == "uniform" ? 0 : c.training.recompute_num_layers;
   const Link dp_link = link(hw, tp * cp * dp <= gpn);
   const Link pp_link = link(hw, tp * cp * dp * std::min<int64_t>(p, 2) <= gpn);
 
@@ -104,7 +106,7 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
       Parts f = lf * L, b = lb * L;
       f += mf * Lm;
       b += mb * Lm;
-      if (s.recompute) {  // the chunk's first recompute_num_layers layers (all when 0), dense or MoE
+      if (s.recompute) {  // the chunk's first recompute_num_layers layers (all when 0 or uniform), dense or MoE
         const int64_t k = par_recompute_layers > 0 ? std::min(n, par_recompute_layers) : n;
         const double km = static_cast<double>(s.m.moe_count(begin, k));
         b += lf * (static_cast<double>(k) - km);
@@ -197,9 +199,17 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
     // unit's gather is exposed as the step's gather is, and the gathers share the links), so the search takes it
     // only where it is what fits.
     if (par.shard >= ShardStage::parameters) {
+      // Uniform recomputation gathers a layer a third time for its group's forward in backward, all but the
+      // group's last (whose forward runs inside its backward's gather): 1 - groups / layers of a chunk's layers.
+      double regathered = 0;
+      if (s.recompute && c.training.recompute_method == "uniform") {
+        const double per_chunk = static_cast<double>(m.num_layers) / static_cast<double>(vstages);
+        const double group = static_cast<double>(c.training.recompute_num_layers);
+        regathered = 1 - std::ceil(per_chunk / group) / per_chunk;
+      }
       // The experts' values are gathered over the expert-data-parallel ranks that shard them.
       const double gathers =
-          2 * static_cast<double>(M) * (dp_link.gather(dpn, s.d * nd) + dp_link.gather(edp, s.d * ne));
+          (2 + regathered) * static_cast<double>(M) * (dp_link.gather(dpn, s.d * nd) + dp_link.gather(edp, s.d * ne));
       t.dp_comm += std::max(0.0, gathers - t.compute);
     }
     const double shard = nd / dpn + ne / edp;
@@ -226,7 +236,7 @@ StepTime predict_time(const Config& c, const Hardware& hw) {
   const ModelShapes whole = model_shapes(m, 1);
   double layers_gemm_flops = 0;
   for (int64_t l = 0; l < m.num_layers; ++l) layers_gemm_flops += 2 * whole.layer_gemm_weights(l);
-  // With recompute_num_layers, the share of the layers recomputed (the first that many of each model chunk).
+  // With block's recompute_num_layers, the share of the layers recomputed (the first that many of each model chunk).
   const double recomputed =
       !s.recompute ? 0
       : par_recompute_layers == 0

@@ -47,6 +47,7 @@ std::vector<std::unique_ptr<GptModel>> build_chunks(const Config& cfg, const Dis
                               .seed = static_cast<uint64_t>(cfg.training.seed),
                               .recompute = cfg.training.recompute == Recompute::full,
                               .recompute_layers = cfg.training.recompute_num_layers,
+                              .recompute_uniform = cfg.training.recompute_method == "uniform",
                               .selective = SelectiveRecompute::of(cfg.training.recompute_modules),
                               .tp = TensorParallel{.comm = &dist.group({"tp"}),
                                                    .rank = dist.tp_rank(),

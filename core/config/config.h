@@ -226,10 +226,12 @@ struct TrainingConfig {
   // (the MLP activation: GELU or SwiGLU of fc1), moe_act (a MoE layer's experts' and shared expert's activations).
   // Empty with selective: [core_attn], Megatron's default.
   std::vector<std::string> recompute_modules;
-  // With full: recompute only the first this many layers of every model chunk (Megatron's recompute_method
-  // "block"; its "uniform", groups of layers recomputed as a unit, is not built); 0: every layer.
+  // With full and recompute_method block: recompute only the first this many layers of every model chunk, each on
+  // its own (0: every layer). With uniform (>= 1): every chunk's layers in consecutive groups of this many (the
+  // last group of a chunk may be smaller), each group checkpointed as one: its input kept, its forward run again
+  // in backward. Megatron's two methods.
   int64_t recompute_num_layers = 0;
-  std::string recompute_method = "block";
+  std::string recompute_method = "block";  // block | uniform
   int64_t seed = 1234;
   DeviceChoice device = DeviceChoice::automatic;  // auto (cuda when built with it and a GPU is visible) | cuda | cpu
   // Stop with an error after this many non-finite iterations in a row (inf/NaN loss or gradients; fp16 steps

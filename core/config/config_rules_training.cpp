@@ -60,16 +60,26 @@ void resolve_training(Config& c, const Rules& r) {
   r.non_negative("training.recompute_num_layers", t.recompute_num_layers);
   if (t.recompute_num_layers > c.model.num_layers)
     r.fail("training.recompute_num_layers",
-           fmt::format("{} is more than model.num_layers={} (it counts the layers of each model chunk that recompute)",
-                       t.recompute_num_layers, c.model.num_layers));
+           fmt::format("{} is more than model.num_layers={} ({})", t.recompute_num_layers, c.model.num_layers,
+                       t.recompute_method == "uniform" ? "with uniform it is the layers of each recomputed group"
+                                                       : "it counts the layers of each model chunk that recompute"));
   if (t.recompute_num_layers > 0 && t.recompute != Recompute::full)
     r.fail("training.recompute_num_layers",
            fmt::format("{} is set, but training.recompute is {}: it chooses the layers of full recomputation",
                        t.recompute_num_layers, name_of(t.recompute)));
-  if (t.recompute_method == "uniform")
+  // block: the first recompute_num_layers layers of each model chunk, each on its own; uniform: each chunk's layers
+  // in consecutive groups of recompute_num_layers, each group checkpointed as one (models/gpt.h).
+  r.one_of("training.recompute_method", t.recompute_method, {"block", "uniform"});
+  if (t.recompute_method == "uniform" && t.recompute != Recompute::full)
     r.fail("training.recompute_method",
-           "uniform is not implemented yet (use block: the first recompute_num_layers layers of each model chunk)");
-  r.one_of("training.recompute_method", t.recompute_method, {"block"});
+           fmt::format("uniform is set, but training.recompute is {}: it groups the layers of full recomputation",
+                       name_of(t.recompute)));
+  // Megatron needs the group size too; 0 (block's "every layer") has no meaning as a group.
+  if (t.recompute_method == "uniform" && t.recompute_num_layers < 1)
+    r.fail("training.recompute_num_layers",
+           fmt::format("{} with training.recompute_method: uniform: set the layers of each recomputed group (>= 1; "
+                       "1 recomputes each layer on its own)",
+                       t.recompute_num_layers));
   for (size_t i = 0; i < t.recompute_modules.size(); ++i) {
     const std::string& name = t.recompute_modules[i];
     const std::string key = fmt::format("training.recompute_modules[{}]", i);

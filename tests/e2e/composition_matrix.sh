@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The pairwise composition matrix (issue 45): every meaningful pair of {TP+SP, CP, PP 1F1B, interleaved, ZB-H1, ZB-V,
-# DP, ZeRO-1, ZeRO-2, ZeRO-3, HSDP, offload, EP, MoE, fp8, LoRA, SFT packing, full and selective recompute, bf16,
-# fp16} is on together in at least one run of a covering set that tests/e2e/lib/composition.py generates (each run
-# turns on several features; at most 8 ranks). Each run trains 4 iterations of a 4-layer Llama (dropout on) and
-# gives the losses of its reference, the one-rank run of the same model, data, recompute and precision features,
-# within 1e-6 in fp32 and 1e-2 in bf16, fp16 and fp8; `megatrain plan` predicts its rank 0's peak memory within 5%.
-# The pairs and the run covering each are printed; each pair refused as meaningless is refused by the config with
-# its reason; docs/parallelism.md's composition table is the generator's.
+# DP, ZeRO-1, ZeRO-2, ZeRO-3, HSDP, offload, EP, MoE, fp8, LoRA, SFT packing, full, uniform and selective
+# recompute, bf16, fp16} is on together in at least one run of a covering set that tests/e2e/lib/composition.py
+# generates (each run turns on several features; at most 8 ranks). Each run trains 4 iterations of a 4-layer
+# Llama (dropout on) and gives the losses of its reference, the one-rank run of the same model, data, recompute
+# and precision features, within 1e-6 in fp32 and 1e-2 in bf16, fp16 and fp8; `megatrain plan` predicts its rank
+# 0's peak memory within 5%. The pairs and the run covering each are printed; each pair refused as meaningless is
+# refused by the config with its reason; docs/parallelism.md's composition table is the generator's.
 source "$(dirname "$0")/lib/common.bash"
 source "$SRC/tests/e2e/lib/sft.bash"
 GEN="$SRC/tests/e2e/lib/composition.py"

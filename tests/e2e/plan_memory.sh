@@ -4,9 +4,10 @@
 # llama-tiny-sized Llama: RMSNorm, SwiGLU, rotary embeddings, 8 query heads on 4 key/value heads, untied, and
 # that Llama with mixture-of-experts MLPs: 4 SwiGLU experts, top 2, a shared expert, the aux loss; and with
 # expert parallelism, EP 2 and 4 over 2 and 4 data-parallel ranks, with and without ZeRO, and parallel folding;
-# selective recomputation of each module; ZB-H1 and ZB-V pipelines (B keeping W's operands); sharded gradients and
-# parameters, parallel.shard: gradients and parameters (small buckets and the default 40M; ZeRO-3 with ZB-H1, ZB-V,
-# fp8 and MoE at EP 2 too), and each stage sharded
+# selective recomputation of each module; uniform full recomputation (groups of 2, and 3 of 4 layers; PP 2 over 6
+# layers, groups of 2 + 1; with TP+SP+PP on the MoE Llama, with ZeRO-3); ZB-H1 and ZB-V pipelines (B keeping W's
+# operands); sharded gradients and parameters, parallel.shard: gradients and parameters (small buckets and the
+# default 40M; ZeRO-3 with ZB-H1, ZB-V, fp8 and MoE at EP 2 too), and each stage sharded
 # in groups of 2 of DP 4 (parallel.shard_group, hybrid sharding; with CP 2 and with MoE at EP 2 too); context
 # parallelism, CP 2 and 4 over the ring and the all-gather, alone and with TP+SP, PP, DP+ZeRO (ZeRO-3 too) and
 # recomputation, and with MoE and expert parallelism or a capacity factor; LoRA,
@@ -153,7 +154,19 @@ layouts=(
   "moe-dp4-ep2-zero-sg2|4|--set parallel.expert=2 --set parallel.distributed_optimizer=true --set parallel.shard_group=2"
   "moe-dp4-ep2-shard-parameters-sg2|4|--set parallel.expert=2 --set parallel.shard=parameters --set parallel.shard_group=2 --set parallel.grad_bucket_size=2000"
   "tiny-dp4-shard-parameters-offload|4|--set parallel.shard=parameters --set parallel.grad_bucket_size=2000 --set optimizer.offload=true"
+  "llama-recompute-uniform-2|1|--set training.recompute=full --set training.recompute_method=uniform --set training.recompute_num_layers=2"
+  "tiny-bf16-recompute-uniform-3|1|--set training.precision=bf16 --set training.recompute=full --set training.recompute_method=uniform --set training.recompute_num_layers=3"
+  "llama-pp2-6-layers-recompute-uniform-2|2|--set model.num_layers=6 --set parallel.pipeline=2 --set training.micro_batch_size=2 --set training.recompute=full --set training.recompute_method=uniform --set training.recompute_num_layers=2"
+  "moe-tp2-sp-pp2-recompute-uniform-2|4|--set parallel.tensor=2 --set parallel.sequence_parallel=true --set parallel.pipeline=2 --set training.micro_batch_size=2 --set training.recompute=full --set training.recompute_method=uniform --set training.recompute_num_layers=2"
+  "tiny-dp2-shard-parameters-recompute-uniform-4|2|--set parallel.shard=parameters --set parallel.grad_bucket_size=2000 --set training.recompute=full --set training.recompute_method=uniform --set training.recompute_num_layers=4"
 )
+# PLAN_MEMORY_ROWS=REGEX runs only the rows whose names match (and skips the uneven-routing check): for one change.
+if [ -n "${PLAN_MEMORY_ROWS:-}" ]; then
+  chosen=()
+  for entry in "${layouts[@]}"; do [[ ${entry%%|*} =~ $PLAN_MEMORY_ROWS ]] && chosen+=("$entry"); done
+  [ ${#chosen[@]} -gt 0 ] || fail "PLAN_MEMORY_ROWS=$PLAN_MEMORY_ROWS matches no row"
+  layouts=("${chosen[@]}")
+fi
 : > results.txt
 for entry in "${layouts[@]}"; do
   IFS='|' read -r name world sets <<<"$entry"
@@ -219,6 +232,7 @@ if bad:
     sys.exit("FAIL: memory predictions off:\n  " + "\n  ".join(bad))
 print("every kind and total within 1% (the log's rounding), middle and last stages too")
 PY
+[ -z "${PLAN_MEMORY_ROWS:-}" ] || { echo "plan_memory: the rows of PLAN_MEMORY_ROWS=$PLAN_MEMORY_ROWS ok"; exit 0; }
 # Uneven routing (issue 49): dropless experts over EP 2 drift from balanced as the router trains. plan says it assumed
 # balanced routing and that this is not a bound; with the run's own moe_peak_received (metrics.jsonl: the most rows a
 # rank's experts got in one forward over the balanced share, gathered with the peaks) passed as --moe-imbalance its

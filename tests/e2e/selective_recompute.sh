@@ -59,8 +59,6 @@ PY
 
 expect_error "training.recompute_num_layers: 2 is set, but training.recompute is none" --config tiny.yaml \
   --set training.recompute_num_layers=2
-expect_error "training.recompute_method: uniform is not implemented yet" --config tiny.yaml --set training.recompute=full \
-  --set training.recompute_num_layers=2 --set training.recompute_method=uniform
 expect_error "training.recompute_modules: is set, but training.recompute is none" --config tiny.yaml \
   --set "training.recompute_modules=[core_attn]"
 expect_error "training.recompute_modules\[0\]: expected one of core_attn, layernorm, mlp_act, moe_act, got 'attention'" \

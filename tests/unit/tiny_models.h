@@ -1,9 +1,10 @@
 // tiny_models.h: the tiny model configs the model tests build in code (no config file, nothing resolved):
-// a GPT of 2 layers, hidden 16, and its Llama twin. Tests adjust fields on top.
+// a GPT of 2 layers, hidden 16, and its Llama twin. Tests adjust fields on top. And a batch to feed them.
 #pragma once
 #include <cstdint>
 
 #include "core/config/config.h"
+#include "core/tensor/tensor.h"
 
 namespace mt::testing_util {
 
@@ -36,6 +37,14 @@ inline ModelConfig tiny_llama(int64_t groups, bool tie, double rotary_base) {
   m.ffn_hidden_size = 24;
   m.rotary_base = rotary_base;
   return m;
+}
+
+// tokens and targets (B, T) i32 on the host: a fixed pattern below `vocab`.
+inline void fill_batch(Tensor& tokens, Tensor& targets, int64_t vocab) {
+  for (int64_t i = 0; i < tokens.numel(); ++i) {
+    tokens.data<int32_t>()[i] = static_cast<int32_t>((i * 7 + 3) % vocab);
+    targets.data<int32_t>()[i] = static_cast<int32_t>((i * 11 + 5) % vocab);
+  }
 }
 
 }  // namespace mt::testing_util

@@ -38,6 +38,9 @@ FEATURES = {
     "LoRA": ["finetune.lora.rank=4", "finetune.lora.random_base=true"],
     "SFT packing": ["data.train=[sft]", "data.sft_packing=pack"],
     "full recompute": ["training.recompute=full"],
+    # Megatron's uniform method in groups of 3: 3 + 1 over the 4 layers of one rank, a whole chunk under PP.
+    "uniform recompute": ["training.recompute=full", "training.recompute_method=uniform",
+                          "training.recompute_num_layers=3"],
     "selective recompute": ["training.recompute=selective"],
     "bf16": ["training.precision=bf16"],
     "fp16": ["training.precision=fp16"],
@@ -52,7 +55,7 @@ LAYOUT = {"TP+SP", "CP", "PP 1F1B", "interleaved", "ZB-H1", "ZB-V", "DP", "ZeRO-
 CHOICES = [
     ("the pipeline schedule", ["PP 1F1B", "interleaved", "ZB-H1", "ZB-V"]),
     ("the ZeRO stage (parallel.shard)", ["ZeRO-1", "ZeRO-2", "ZeRO-3"]),
-    ("training.recompute", ["full recompute", "selective recompute"]),
+    ("training.recompute", ["full recompute", "uniform recompute", "selective recompute"]),
     ("training.precision", ["bf16", "fp16"]),
 ]
 # What a feature needs on beside it (added to every run that has it): the first of each list that is not on yet.

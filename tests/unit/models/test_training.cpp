@@ -1,5 +1,6 @@
 // Tests of the training pieces above the ops: loss scaler, LR schedule, model wiring (whole-model
-// gradients against finite differences), recomputation, and the optimizer's skip/clip behaviour.
+// gradients against finite differences) and the optimizer's skip/clip behaviour; recomputation in
+// test_training.recompute.cpp.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -22,12 +23,7 @@ ModelConfig tiny_model(bool tie = true) { return testing_util::tiny_gpt(tie); }
 // noticeably over the short sequences.
 ModelConfig tiny_llama(bool tie = false) { return testing_util::tiny_llama(2, tie, 100); }
 
-void fill_batch(Tensor& tokens, Tensor& targets, int64_t vocab) {
-  for (int64_t i = 0; i < tokens.numel(); ++i) {
-    tokens.data<int32_t>()[i] = static_cast<int32_t>((i * 7 + 3) % vocab);
-    targets.data<int32_t>()[i] = static_cast<int32_t>((i * 11 + 5) % vocab);
-  }
-}
+using testing_util::fill_batch;
 
 TEST(LossScaler, BacksOffAfterHysteresisThenGrowsAfterWindow) {
   LossScaler s(true, {.initial = 1024, .min = 1, .window = 3, .hysteresis = 2});
@@ -273,27 +269,6 @@ TEST(LlamaModel, HasNoBiasesNoPositionTableAndGroupedProjections) {
   const int64_t per_layer = 32 * 16 + 16 * 16 + 48 * 16 + 16 * 24 + 2 * 16;
   EXPECT_EQ(model.num_parameters(), 2 * per_layer + 2 * 128 * 16 + 16);
 }
-
-// Full recomputation reruns each layer's forward in backward with the same dropout keys: the gradients are
-// those of the plain run, bit for bit.
-void check_recompute_identical(ModelConfig cfg) {
-  cfg.dropout = 0.2f;
-  cfg.attention_dropout = 0.2f;
-  GptModel plain(cfg, {.dtype = DType::bf16, .seed = 3});
-  GptModel recompute(cfg, {.dtype = DType::bf16, .seed = 3, .recompute = true});
-  Tensor tokens = Tensor::empty({2, 8}, DType::i32), targets = Tensor::empty({2, 8}, DType::i32);
-  fill_batch(tokens, targets, cfg.vocab_size);
-  StepContext ctx{.sample_offset = 40, .training = true, .seed = 3};
-  EXPECT_EQ(plain.forward(tokens, targets, 0, ctx), recompute.forward(tokens, targets, 0, ctx));
-  plain.backward(0, 1.f);
-  recompute.backward(0, 1.f);
-  for (size_t i = 0; i < plain.parameters().size(); ++i)
-    EXPECT_EQ(plain.parameters()[i]->grad.to_floats(), recompute.parameters()[i]->grad.to_floats())
-        << plain.parameters()[i]->name;
-}
-
-TEST(GptModel, FullRecomputationGivesIdenticalGradients) { check_recompute_identical(tiny_model()); }
-TEST(LlamaModel, FullRecomputationGivesIdenticalGradients) { check_recompute_identical(tiny_llama()); }
 
 TEST(GptModel, InitialWeightsDependOnlyOnSeedAndName) {
   ModelConfig cfg = tiny_model();

@@ -109,6 +109,24 @@ TEST(PlanLayout, InvalidLayoutsAreRefusedWithTheConfigRulesMessages) {
   EXPECT_THROW(predict(c, builtin_hardware("a100-80gb")), std::invalid_argument);
 }
 
+// A base with uniform recomputation keeps its groups where the layout recomputes fully, and drops them (they would
+// be refused) where it does not.
+TEST(PlanLayout, RecomputeMethodFollowsTheLayoutsRecomputation) {
+  const Config base = load_config(
+      testing_util::source_path("configs/llama3-8b.yaml"),
+      {"training.recompute=full", "training.recompute_method=uniform", "training.recompute_num_layers=2"}, 8);
+  Layout l = layout_of(base);
+  const Config full = apply_layout(base, l);
+  EXPECT_EQ(full.training.recompute_method, "uniform");
+  EXPECT_EQ(full.training.recompute_num_layers, 2);
+  for (Recompute rc : {Recompute::none, Recompute::selective}) {
+    l.recompute = rc;
+    const Config c = apply_layout(base, l);
+    EXPECT_EQ(c.training.recompute_method, "block");
+    EXPECT_EQ(c.training.recompute_num_layers, 0);
+  }
+}
+
 // Llama 3 8B by hand: C 4096, 32 query heads and 8 key/value heads of D 128, SwiGLU F 14336, vocabulary 128256
 // (already a multiple of 128 * 2), 32 layers, untied. One layer: QKV (32 + 2 * 8) * 128 x 4096 = 25165824,
 // proj 4096 x 4096 = 16777216, fc1 (gate and up) 2 * 14336 x 4096 = 117440512, fc2 4096 x 14336 = 58720256,
@@ -150,7 +168,8 @@ TEST(PlanLlama, ModelFlopsAreTheModelsOwn) {
   for (const std::vector<std::string>& sets :
        {std::vector<std::string>{},
         {"parallel.tensor=1", "parallel.sequence_parallel=false", "parallel.pipeline=2"},
-        {"training.recompute=full"}}) {
+        {"training.recompute=full"},
+        {"training.recompute=full", "training.recompute_method=uniform", "training.recompute_num_layers=3"}}) {
     const Config c = llama3_8b(sets, 8);
     const Prediction p = predict(c, h100);
     const double tokens = static_cast<double>(c.training.global_batch_size * c.model.seq_length);
@@ -163,7 +182,7 @@ TEST(PlanLlama, ModelFlopsAreTheModelsOwn) {
     // recomputation, a fourth pass over the layers.
     const double L = static_cast<double>(c.model.num_layers), T = static_cast<double>(c.model.seq_length),
                  C = static_cast<double>(c.model.hidden_size), V = static_cast<double>(c.model.padded_vocab_size);
-    const double layer_passes = c.training.recompute == Recompute::full ? 4 : 3;
+    const double layer_passes = c.training.recompute == Recompute::full ? 4 : 3;  // uniform reruns every layer too
     const double layers_flops = (model_flops / tokens - 6 * C * V) / 3 + 2 * L * T * C;  // one pass, uncausal
     const double hw_flops = tokens * (layer_passes * layers_flops + 6 * C * V);
     EXPECT_NEAR(p.time.hardware_tflops_per_gpu * 1e12 * world * p.time.total / hw_flops, 1.0, 1e-12);

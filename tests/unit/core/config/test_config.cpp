@@ -486,7 +486,22 @@ TEST(ConfigRules, Recompute) {
   EXPECT_CONTAINS(base_error({"training.recompute=full", "training.recompute_num_layers=1e12"}),
                   "training.recompute_num_layers: expected an integer, got '1e12'");
   EXPECT_CONTAINS(base_error({"training.recompute=full", "training.recompute_method=every"}),
-                  "training.recompute_method: expected one of block, got 'every'");
+                  "training.recompute_method: expected one of block, uniform, got 'every'");
+  // Uniform: groups of recompute_num_layers layers, any size from 1 to the model's layers (a chunk's last group
+  // may be smaller); it needs full recomputation and a group size.
+  for (const char* n : {"1", "3", "4"})
+    EXPECT_EQ(base({"training.recompute=full", "training.recompute_method=uniform",
+                    std::string("training.recompute_num_layers=") + n})
+                  .training.recompute_method,
+              "uniform");
+  EXPECT_CONTAINS(base_error({"training.recompute=full", "training.recompute_method=uniform"}),
+                  "training.recompute_num_layers: 0 with training.recompute_method: uniform: set the layers of each "
+                  "recomputed group (>= 1");
+  EXPECT_CONTAINS(base_error({"training.recompute=selective", "training.recompute_method=uniform"}),
+                  "training.recompute_method: uniform is set, but training.recompute is selective");
+  EXPECT_CONTAINS(
+      base_error({"training.recompute=full", "training.recompute_method=uniform", "training.recompute_num_layers=5"}),
+      "training.recompute_num_layers: 5 is more than model.num_layers=4");
 }
 
 TEST(ConfigRules, Device) {
