@@ -7,7 +7,8 @@
 # expert's fc1 and fc2, the shared expert's and attention's, adapter dropout off as the experts' adapters need):
 # expert parallelism 2 and 4, TP 2 with the experts split (expert_tensor 2, with EP 2: their adapters' partial
 # gradients summed over the experts' tensor-parallel group) and with parallel folding (expert_tensor 1), PP 2 with
-# EP 2, and sharded gradients (ZeRO-2) with EP 2 give one rank's losses over 6 iterations within 1e-6.
+# EP 2, and sharded gradients (ZeRO-2) with EP 2 give one rank's losses over 6 iterations within 1e-6; so does the
+# shipped mixtral-tiny at EP 2, alone and with ZeRO-3.
 source "$(dirname "$0")/lib/common.bash"
 source "$SRC/tests/e2e/lib/layout_matrix.bash"
 prepare_data
@@ -38,3 +39,18 @@ for layout in "${moe_layouts[@]}"; do
   same_losses moe_one/metrics.jsonl $dir/metrics.jsonl 1 6 1e-6
 done
 echo "all ${#moe_layouts[@]} LoRA MoE layouts match one rank"
+# The shipped mixtral-tiny (8 experts, top 2, no shared expert) with LoRA on every linear at EP 2 (x DP 2), alone and
+# with ZeRO-3 (the experts' adapters gathered over their expert-data-parallel pair; the frozen base stays whole).
+mixtral=(--config "$SRC/configs/mixtral-tiny.yaml" --set data.train=[data/text_document] --set checkpoint.save_dir=
+         --set logging.eval_interval=0 --set logging.interval=1 --set training.train_iters=6
+         --set optimizer.warmup_iters=2 --set training.micro_batch_size=2 --set training.global_batch_size=8
+         --set model.seq_length=32 --set parallel.timeout_s=60 --set parallel.grad_bucket_size=5000
+         --set finetune.lora.rank=4 --set finetune.lora.alpha=8 --set finetune.lora.random_base=true)
+"$MT" "${mixtral[@]}" --set logging.dir=mixtral_one >/dev/null
+for shard in none parameters; do
+  dir=mixtral_ep2dp2_$shard
+  "$MT" "${mixtral[@]}" --nproc 2 --set parallel.expert=2 --set parallel.shard=$shard --set logging.dir=$dir \
+        >/dev/null 2>$dir.err || { tail -5 $dir.err; fail "$dir failed"; }
+  same_losses mixtral_one/metrics.jsonl $dir/metrics.jsonl 1 6 1e-6
+done
+echo "LoRA on mixtral-tiny at EP 2 (alone and with ZeRO-3) matches one rank"
