@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   mt::app::add_info_command(app);
   mt::app::add_plan_command(app);
   mt::app::add_bench_commands(app);
+  mt::app::add_debug_commands(app);
   // `megatrain help [COMMAND [SUBCOMMAND]]`: what users type first; prints exactly what
   // `megatrain [COMMAND [SUBCOMMAND]] --help` prints (the same formatter, the same usage path) and exits 0.
   std::vector<std::string> help_topic;

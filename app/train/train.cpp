@@ -11,6 +11,7 @@
 #include "app/runtime/stop_signal.h"
 #include "app/train/meta_step.h"
 #include "app/train/trainer_impl.h"
+#include "parallel/comm/flight_recorder.h"
 
 namespace mt::app {
 
@@ -32,6 +33,24 @@ void setup_logging(const std::string& run_dir, const std::string& level) {
   spdlog::set_default_logger(logger);
 }
 
+namespace {
+
+// A failed rank's last collectives (parallel/comm/flight_recorder.h), for `megatrain debug hang`: in
+// logging.dir/flight_recorder/rank_NNNNN.json, named in the log. A dump that cannot be written is only a warning.
+void dump_flight_record(const Config& cfg, const LaunchEnv& env, const std::string& reason) {
+  if (env.world_size <= 1 || cfg.logging.dir.empty()) return;
+  const fs::path dir = fs::path(cfg.logging.dir) / "flight_recorder";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const std::string path = (dir / fmt::format("rank_{:05d}.json", env.rank)).string();
+  if (flight_recorder().dump(path, env.rank, env.world_size, reason))
+    spdlog::error("rank {}: its last collectives are in {} (megatrain debug hang {})", env.rank, path, cfg.logging.dir);
+  else
+    spdlog::warn("rank {}: cannot write its flight record {}", env.rank, path);
+}
+
+}  // namespace
+
 void train(const Config& cfg, const TrainOptions& opt, const LaunchEnv& env) {
   // Rank 0 logs to the console and the run directory; the others only report problems.
   const bool logging_rank = env.rank == 0;
@@ -49,8 +68,12 @@ void train(const Config& cfg, const TrainOptions& opt, const LaunchEnv& env) {
     trainer.run();
   } catch (const CommError& e) {
     // A collective failed or timed out: say which ranks stopped answering, if any (the cause, not this rank).
-    if (!dist->heartbeat) throw;
-    throw CommError(std::string(e.what()) + dist->heartbeat->silent_ranks());
+    const std::string why = std::string(e.what()) + (dist->heartbeat ? dist->heartbeat->silent_ranks() : "");
+    dump_flight_record(cfg, env, why);
+    throw CommError(why);
+  } catch (const std::exception& e) {
+    dump_flight_record(cfg, env, e.what());
+    throw;
   }
 }
 
