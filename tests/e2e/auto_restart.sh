@@ -7,7 +7,7 @@
 source "$(dirname "$0")/lib/common.bash"
 prepare_data
 write_config
-run=(--config tiny.yaml --set training.train_iters=160 --set optimizer.warmup_iters=5 --set training.micro_batch_size=2
+run=(--config tiny.yaml --set training.train_iters=300 --set optimizer.warmup_iters=5 --set training.micro_batch_size=2
      --set training.global_batch_size=8 --set parallel.timeout_s=30 --set checkpoint.save_interval=8
      --set checkpoint.keep_last=2 --nproc 4)
 
@@ -62,11 +62,11 @@ done
 wait $launcher || { tail -20 chaos.err; fail "the chaos run failed"; }
 grep -o "restart [0-9] of 5 (exit code [0-9]*)" chaos.err
 [ "$(grep -c "restart [0-9] of 5" chaos.err)" -eq 3 ] || fail "expected 3 restarts"
-same_losses whole/metrics.jsonl chaos/metrics.jsonl 1 160 0
+same_losses whole/metrics.jsonl chaos/metrics.jsonl 1 300 0
 python3 - whole/metrics.jsonl chaos/metrics.jsonl <<'PY'
 import json, sys
 last = [[json.loads(l) for l in open(p) if '"loss"' in l][-1] for p in sys.argv[1:3]]
-assert last[0]["iteration"] == last[1]["iteration"] == 160 and last[0]["loss"] == last[1]["loss"], last
+assert last[0]["iteration"] == last[1]["iteration"] == 300 and last[0]["loss"] == last[1]["loss"], last
 print(f"final loss after 3 kills: {last[1]['loss']!r}, the uninterrupted run's exactly")
 PY
 
@@ -74,7 +74,7 @@ PY
 latest=$(cat ck_whole/latest)
 truncate -s 100 "ck_whole/$latest/rank_00000.bin"
 rc=0
-"$MT" "${run[@]}" --set training.train_iters=170 --max-restarts 5 --set checkpoint.save_dir=ck_whole \
+"$MT" "${run[@]}" --set training.train_iters=310 --max-restarts 5 --set checkpoint.save_dir=ck_whole \
       --set logging.dir=broken >/dev/null 2>broken.err || rc=$?
 [ $rc -ne 0 ] || fail "a truncated checkpoint was resumed"
 grep -q "not restarting: exit code 2" broken.err || { tail -5 broken.err; fail "a refused input was restarted"; }
