@@ -170,6 +170,7 @@ std::unique_ptr<Distributed> init_distributed(const Config& cfg, const LaunchEnv
   else
 #endif
     d->world = gloo_group("world", everyone);
+  d->world = make_counted_communicator(std::move(d->world), "world", false);  // in the flight recorder, not counted
   make_groups(*d, cfg, group, nccl);
   if (env.world_size == 1) return d;
   spdlog::info("rank {} of {} ({}): tp {} dp {} pp {}{}{}, {}, {}, rendezvous at {}:{}", env.rank, env.world_size,

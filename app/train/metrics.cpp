@@ -204,6 +204,11 @@ void report_interval(const IntervalReport& r, MetricsFile& metrics) {
     j["comm_bytes"] = comm_bytes_total(r.comm_bytes);
     j["comm_bytes_by_group"] = r.comm_bytes;
   }
+  if (r.straggler)
+    j["busy_ms"] = {{"stage_median", rounded(r.straggler->median_ms, 1e3)},
+                    {"slowest", rounded(r.straggler->busy_ms, 1e3)},
+                    {"slowest_rank", r.straggler->slowest_rank},
+                    {"straggler", r.straggler->warn}};
   if (r.moe.enabled) {
     if (r.moe.has_aux) j["moe_aux_loss"] = r.moe.aux_loss;
     if (r.moe.has_z) j["moe_z_loss"] = r.moe.z_loss;

@@ -5,11 +5,13 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "app/train/straggler.h"
 #include "core/tensor/allocator.h"
 #include "core/tensor/ops.h"
 #include "core/tensor/tensor.h"
@@ -96,6 +98,8 @@ struct IntervalReport {
   // Bytes this rank's collectives moved per step over the interval, by group kind ("dp", "tp", ...) and op
   // (parallel/comm/comm_counted.h); empty on one rank.
   std::map<std::string, std::map<std::string, double>> comm_bytes;
+  // The ranks' busy times compared within their stages (app/train/straggler.h); none on one rank.
+  std::optional<StragglerVerdict> straggler;
 };
 // The bytes per step of a report's comm_bytes over every group and op but the scalar sums ("scalars").
 double comm_bytes_total(const std::map<std::string, std::map<std::string, double>>& by_group);

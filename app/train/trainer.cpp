@@ -16,6 +16,7 @@
 #include "core/data/indexed_dataset.h"
 #include "core/tensor/trace.h"
 #include "models/pipeline_schedule.h"
+#include "parallel/comm/flight_recorder.h"
 #include "parallel/pipeline/schedule.h"
 
 namespace mt::app {
@@ -168,6 +169,7 @@ void Trainer::run() {
   double interval_ms = 0;
   int64_t interval_iters = 0;
   last_report_ = std::chrono::steady_clock::now();
+  comm_wait_at_report_ns_ = this_thread_comm_wait_ns();
   comm_at_report_ = comm_bytes_moved();  // the first interval's bytes start here (not at the setup's or a resume's)
   const std::vector<int64_t> traced = traced_iterations();
   int64_t traced_unwritten = 0;  // the last traced iteration whose timeline is not written yet

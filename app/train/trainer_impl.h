@@ -14,6 +14,7 @@
 #include "app/train/microbatches.h"
 #include "app/runtime/distributed.h"
 #include "app/train/metrics.h"
+#include "app/train/straggler.h"
 #include "app/train/model_chunks.h"
 #include "app/train/moe_monitor.h"
 #include "app/train/train_state.h"
@@ -174,7 +175,13 @@ class Trainer {
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   // The previous interval report (the ETA's pace: wall-clock per iteration, evaluation and saving included).
   std::chrono::steady_clock::time_point last_report_ = started_;
-  int64_t reports_ = 0;                            // interval reports so far in this run
+  int64_t reports_ = 0;  // interval reports so far in this run
+  // The training thread's time blocked in collectives at the last report (the interval's busy time is the rest).
+  int64_t comm_wait_at_report_ns_ = 0;
+  StragglerWatch stragglers_{cfg_.logging.straggler_margin,
+                             dist_.tp_size() * dist_.cp_size() * dist_.dp_size()};  // the ranks of one stage
+  // Every rank's busy time per iteration of this interval, compared within its stage (one world all-reduce).
+  std::optional<StragglerVerdict> watch_stragglers(double wall_ms_per_iter, int64_t interval_iters);
   CommBytes comm_at_report_ = comm_bytes_moved();  // the communicators' byte counters at the last report
   AttentionCalls attention_at_report_;             // attention_calls() at the previous report
   int attention_kinds_ = -1;  // which implementations ran in the previous interval (bits); -1 before

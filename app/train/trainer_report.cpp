@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "app/train/trainer_impl.h"
+#include "parallel/comm/flight_recorder.h"
 #include "core/io/file_io.h"
 #include "core/tensor/trace.h"
 
@@ -155,6 +156,7 @@ void Trainer::report(const StepResult& r, float lr, double mean_ms, int64_t inte
   const auto now = std::chrono::steady_clock::now();
   const double wall_per_iter = std::chrono::duration<double>(now - last_report_).count() / interval_iters;
   last_report_ = now;
+  const std::optional<StragglerVerdict> straggler = watch_stragglers(1000 * wall_per_iter, interval_iters);
   // Ranks differ (pipeline stages above all): the first report and every tenth gathers their peaks.
   const RankPeaks peaks = dist_.env.world_size > 1 && reports_ % 10 == 0 ? gather_peak_memory() : RankPeaks{};
   const AttentionCalls attention = attention_calls();
@@ -200,13 +202,33 @@ void Trainer::report(const StepResult& r, float lr, double mean_ms, int64_t inte
           .moe_peak_received = peaks.moe_peak_received,
           .attention = attention,
           .moe = moe_.report([this](std::vector<double> v) { return sum_over_stages_and_replicas(std::move(v)); }),
-          .comm_bytes = std::move(comm)},
+          .comm_bytes = std::move(comm),
+          .straggler = straggler},
       metrics_);
+  if (straggler && dist_.is_logging_rank()) {
+    spdlog::info("{}", straggler_line(*straggler));
+    if (straggler->warn)
+      spdlog::warn(
+          "rank {} is a straggler: {:.0f}% above its pipeline stage's median busy time for {} intervals in a "
+          "row (logging.straggler_margin={}); its peers wait for it in every collective",
+          straggler->slowest_rank, 100 * straggler->excess, straggler->intervals_slow, cfg_.logging.straggler_margin);
+  }
   log_attention_calls(attention);
   if (reports_ == 0) spdlog::info("peak memory (MiB): {}", memory_summary(device_));
   if (!peaks.total.empty() && dist_.is_logging_rank()) log_peak_memory(peaks);
   ++reports_;
   interval_loss_ = 0;
+}
+
+std::optional<StragglerVerdict> Trainer::watch_stragglers(double wall_ms_per_iter, int64_t interval_iters) {
+  const int64_t wait_ns = this_thread_comm_wait_ns();
+  const double waited_ms = static_cast<double>(wait_ns - comm_wait_at_report_ns_) / 1e6 / interval_iters;
+  comm_wait_at_report_ns_ = wait_ns;
+  if (dist_.env.world_size <= 1) return std::nullopt;
+  std::vector<double> busy(static_cast<size_t>(dist_.env.world_size), 0.0);
+  busy[static_cast<size_t>(dist_.rank())] = std::max(0.0, wall_ms_per_iter - waited_ms);
+  busy = sum_doubles(*dist_.world, std::move(busy));
+  return stragglers_.observe(busy);
 }
 
 int64_t Trainer::total_parameters(bool trainable_only) {

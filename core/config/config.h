@@ -346,6 +346,10 @@ struct LoggingConfig {
   // iteration numbers, ascending); empty: the second and third iterations this run trains.
   bool trace = false;
   std::vector<int64_t> trace_iterations;
+  // Straggler detection (app/train/straggler.h): a rank whose busy time per iteration (the wall time less its waits
+  // in collectives) stays this fraction above its pipeline stage's median for three intervals in a row is warned
+  // about by name; 0: no warning (the figures are still logged).
+  double straggler_margin = 0.2;
 
   bool operator==(const LoggingConfig&) const = default;
 };

@@ -220,6 +220,7 @@ void visit(V& v, C& c) {
     v.field({.name = "level"}, l.level);
     v.field({.name = "tensorboard"}, l.tensorboard);
     v.field({.name = "verbose_line"}, l.verbose_line);
+    v.field({.name = "straggler_margin"}, l.straggler_margin);
     v.field({.name = "on_sink_error"}, l.on_sink_error);
     v.field({.name = "profile_iteration"}, l.profile_iteration);
     v.field({.name = "trace"}, l.trace);

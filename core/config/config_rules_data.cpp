@@ -61,6 +61,7 @@ void resolve_checkpoint_and_logging(Config& c, const Rules& r) {
   const LoggingConfig& l = c.logging;
   if (l.dir.empty()) r.fail("logging.dir", "needs a run directory, got ''");
   r.positive("logging.interval", l.interval);
+  r.non_negative("logging.straggler_margin", l.straggler_margin);
   r.non_negative("logging.eval_interval", l.eval_interval);
   r.non_negative("logging.eval_iters", l.eval_iters);
   r.non_negative("logging.profile_iteration", l.profile_iteration);

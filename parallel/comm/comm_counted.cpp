@@ -33,7 +33,7 @@ Counters& counters_of(const std::string& kind) {
 
 class CountedCommunicator final : public Communicator {
  public:
-  CountedCommunicator(std::unique_ptr<Communicator> inner, Counters& counters)
+  CountedCommunicator(std::unique_ptr<Communicator> inner, Counters* counters)
       : inner_(std::move(inner)), counters_(counters) {}
 
   int rank() const override { return inner_->rank(); }
@@ -43,21 +43,25 @@ class CountedCommunicator final : public Communicator {
   std::unique_ptr<Work> all_reduce(Tensor& t, ReduceOp op) override {
     add(t.dtype() == DType::f64 ? CommOp::scalars : CommOp::all_reduce, 2 * share(t.nbytes()));
     const uint64_t slot = record("all_reduce", t.nbytes());
+    const CommWaitTimer blocked;  // Gloo runs the op here
     return recorded(inner_->all_reduce(t, op), slot);
   }
   std::unique_ptr<Work> reduce_scatter(const Tensor& in, Tensor& out) override {
     add(CommOp::reduce_scatter, share(in.nbytes()));
     const uint64_t slot = record("reduce_scatter", in.nbytes());
+    const CommWaitTimer blocked;  // Gloo runs the op here
     return recorded(inner_->reduce_scatter(in, out), slot);
   }
   std::unique_ptr<Work> all_gather(const Tensor& in, Tensor& out) override {
     add(CommOp::all_gather, share(out.nbytes()));
     const uint64_t slot = record("all_gather", out.nbytes());
+    const CommWaitTimer blocked;  // Gloo runs the op here
     return recorded(inner_->all_gather(in, out), slot);
   }
   std::unique_ptr<Work> broadcast(Tensor& t, int root) override {
     add(CommOp::other, share(t.nbytes()));
     const uint64_t slot = record("broadcast", t.nbytes());
+    const CommWaitTimer blocked;  // Gloo runs the op here
     return recorded(inner_->broadcast(t, root), slot);
   }
   // Point-to-point ops are not numbered in the group's order (each pair has its own), so the recorder keeps
@@ -65,10 +69,12 @@ class CountedCommunicator final : public Communicator {
   std::unique_ptr<Work> send(const Tensor& t, int peer, int tag) override {
     add(CommOp::other, static_cast<int64_t>(t.nbytes()));
     const uint64_t slot = record(fmt::format("send to {}", peer), t.nbytes(), false);
+    const CommWaitTimer blocked;  // Gloo runs the op here
     return recorded(inner_->send(t, peer, tag), slot);
   }
   std::unique_ptr<Work> recv(Tensor& t, int peer, int tag) override {
     const uint64_t slot = record(fmt::format("recv from {}", peer), t.nbytes(), false);
+    const CommWaitTimer blocked;  // Gloo runs the op here
     return recorded(inner_->recv(t, peer, tag), slot);
   }
   std::unique_ptr<Work> all_to_all(const Tensor& in, const std::vector<int64_t>& send_counts, Tensor& out,
@@ -78,11 +84,15 @@ class CountedCommunicator final : public Communicator {
       if (static_cast<int>(r) != rank()) sent += send_counts[r];
     add(CommOp::other, sent * static_cast<int64_t>(dtype_size(in.dtype())));
     const uint64_t slot = record("all_to_all", in.nbytes());
+    const CommWaitTimer blocked;  // Gloo runs the op here
     return recorded(inner_->all_to_all(in, send_counts, out, recv_counts), slot);
   }
   void barrier() override {
     const uint64_t slot = record("barrier", 0);
-    inner_->barrier();
+    {
+      const CommWaitTimer blocked;
+      inner_->barrier();
+    }
     flight_recorder().finished(slot);
   }
   bool collectives_block_caller() const override { return inner_->collectives_block_caller(); }
@@ -101,11 +111,11 @@ class CountedCommunicator final : public Communicator {
   }
   static std::unique_ptr<Work> recorded(std::unique_ptr<Work> inner, uint64_t slot);
   void add(CommOp op, int64_t bytes) {
-    if (size() > 1) counters_.bytes[static_cast<size_t>(op)].fetch_add(bytes, std::memory_order_relaxed);
+    if (counters_ && size() > 1) counters_->bytes[static_cast<size_t>(op)].fetch_add(bytes, std::memory_order_relaxed);
   }
 
   std::unique_ptr<Communicator> inner_;
-  Counters& counters_;
+  Counters* counters_;           // null: recorded, not counted
   std::atomic<int64_t> seq_{0};  // the gradient reducer's thread issues on its own communicator, but be safe
 };
 
@@ -114,7 +124,10 @@ class RecordedWork final : public Work {
  public:
   RecordedWork(std::unique_ptr<Work> inner, uint64_t slot) : inner_(std::move(inner)), slot_(slot) {}
   void wait() override {
-    inner_->wait();
+    {
+      const CommWaitTimer blocked;
+      inner_->wait();
+    }
     flight_recorder().finished(slot_);
   }
   void start() override { inner_->start(); }
@@ -140,8 +153,9 @@ CommBytes comm_bytes_moved() {
   return out;
 }
 
-std::unique_ptr<Communicator> make_counted_communicator(std::unique_ptr<Communicator> inner, std::string kind) {
-  return std::make_unique<CountedCommunicator>(std::move(inner), counters_of(kind));
+std::unique_ptr<Communicator> make_counted_communicator(std::unique_ptr<Communicator> inner, std::string kind,
+                                                        bool count_bytes) {
+  return std::make_unique<CountedCommunicator>(std::move(inner), count_bytes ? &counters_of(kind) : nullptr);
 }
 
 }  // namespace mt

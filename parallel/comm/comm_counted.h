@@ -31,7 +31,10 @@ inline constexpr int kCommOps = static_cast<int>(EnumNames<CommOp>::names.size()
 using CommBytes = std::map<std::string, std::array<int64_t, kCommOps>>;
 CommBytes comm_bytes_moved();
 
-// Wraps `inner` so that its ops add their bytes to group kind `kind`'s counters; otherwise it is `inner`.
-std::unique_ptr<Communicator> make_counted_communicator(std::unique_ptr<Communicator> inner, std::string kind);
+// Wraps `inner` so that its ops add their bytes to group kind `kind`'s counters (count_bytes) and go into the flight
+// recorder (parallel/comm/flight_recorder.h); otherwise it is `inner`. The world's communicator is recorded, not
+// counted: its few scalar sums (the logs' gathers) are no part of training's traffic.
+std::unique_ptr<Communicator> make_counted_communicator(std::unique_ptr<Communicator> inner, std::string kind,
+                                                        bool count_bytes = true);
 
 }  // namespace mt

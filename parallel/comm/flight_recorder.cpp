@@ -83,6 +83,18 @@ FlightRecorder& flight_recorder() {
   return r;
 }
 
+namespace {
+thread_local int64_t t_comm_wait_ns = 0;
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+int64_t this_thread_comm_wait_ns() { return t_comm_wait_ns; }
+CommWaitTimer::CommWaitTimer() : start_ns_(steady_ns()) {}
+CommWaitTimer::~CommWaitTimer() { t_comm_wait_ns += steady_ns() - start_ns_; }
+
 }  // namespace mt
 
 namespace mt {
@@ -165,7 +177,13 @@ HangReport analyse_flight_dumps(const std::vector<FlightDump>& dumps) {
       s.last = std::max(s.last, c.seq);
       if (c.finished_s == 0 && (!s.waiting || c.seq < s.waiting->seq)) s.waiting = &c;
     }
-  std::set<int> suspects;
+  // A rank behind on one group but itself waiting in another collective is blocked, not the cause (its gradient
+  // reducer waits for the missing rank too); the suspects are the ranks that left no record or wait in nothing.
+  std::map<int, const CollectiveRecord*> blocked_in;
+  for (const auto& [rank, d] : by_rank)
+    for (const CollectiveRecord& c : d->collectives)
+      if (c.finished_s == 0) blocked_in[rank] = &c;
+  std::set<int> suspects, blocked_behind;
   for (const auto& [group, ranks] : groups) {
     // The earliest collective of the group that some rank waited in.
     const CollectiveRecord* wait = nullptr;
@@ -189,16 +207,21 @@ HangReport analyse_flight_dumps(const std::vector<FlightDump>& dumps) {
       line += fmt::format("; rank(s) {} never issued it", join_ranks(behind));
       for (int r : behind) {
         const auto it = ranks.find(r);
-        line += it == ranks.end() ? fmt::format(" (rank {}: nothing on this group)", r)
-                                  : fmt::format(" (rank {}: its last was #{})", r, it->second.last);
+        line += it == ranks.end() ? fmt::format(" (rank {}: nothing on this group", r)
+                                  : fmt::format(" (rank {}: its last was #{}", r, it->second.last);
+        const auto b = blocked_in.find(r);
+        line += b == blocked_in.end()
+                    ? ")"
+                    : fmt::format(", blocked in {} #{} on {})", b->second->op, b->second->seq, b->second->group);
+        (b == blocked_in.end() ? suspects : blocked_behind).insert(r);
       }
     }
     if (!unknown.empty())
       line += fmt::format("; rank(s) {} left no record (stopped, killed or hung)", join_ranks(unknown));
     report.lines.push_back(line);
-    suspects.insert(behind.begin(), behind.end());
     suspects.insert(unknown.begin(), unknown.end());
   }
+  if (suspects.empty()) suspects = blocked_behind;  // every laggard is blocked: name them all the same
   report.suspects.assign(suspects.begin(), suspects.end());
   for (const auto& [rank, d] : by_rank) {
     const CollectiveRecord* last = d->collectives.empty() ? nullptr : &d->collectives.back();

@@ -40,6 +40,21 @@ class FlightRecorder {
 // This process's recorder (every counted communicator records into it).
 FlightRecorder& flight_recorder();
 
+// Nanoseconds the calling thread has spent inside counted communicators' ops and their waits (blocked in
+// collectives, as the host sees it) since it started: app/train/straggler.h's busy time is the wall time less this.
+int64_t this_thread_comm_wait_ns();
+// Adds the time from its construction to its destruction to this_thread_comm_wait_ns().
+class CommWaitTimer {
+ public:
+  CommWaitTimer();
+  ~CommWaitTimer();
+  CommWaitTimer(const CommWaitTimer&) = delete;
+  CommWaitTimer& operator=(const CommWaitTimer&) = delete;
+
+ private:
+  int64_t start_ns_;
+};
+
 // A dump read back (FlightRecorder::dump's JSON); std::runtime_error naming the file when it is not one.
 struct FlightDump {
   int rank = 0, world = 0;

@@ -1,5 +1,7 @@
 #include "parallel/sharding/grad_buffer.h"
 
+#include "parallel/comm/flight_recorder.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -167,8 +169,10 @@ void GradBuffer::mark_ready(const std::vector<Parameter*>& params) {
     if (!sums_elsewhere(p)) ready(p);
   // ZeRO-2 with a worker: at most one bucket reduce-scattering beside the one backward writes (backward waits
   // for the worker rather than piling up bucket-sized storage: the memory is the point of the stage).
-  if (opt_.shard_gradients && !on_caller_ && reduces_)
+  if (opt_.shard_gradients && !on_caller_ && reduces_) {
+    const CommWaitTimer blocked;  // the caller blocked on the reductions (straggler.h's busy time leaves it out)
     cv_.wait(lock, [&] { return flushes_.empty() || error_ != nullptr; });
+  }
 }
 
 void GradBuffer::ready(Parameter* p) {  // mu_ held
@@ -351,6 +355,7 @@ void GradBuffer::finalize() {
       flush_works_.clear();
       flushes_.clear();
     } else {
+      const CommWaitTimer blocked;
       cv_.wait(lock, [&] { return done_ == launched_; });
     }
     for (Parameter* p : params_)
@@ -370,6 +375,7 @@ void GradBuffer::finalize() {
     }
     works_.clear();
   } else {
+    const CommWaitTimer blocked;
     cv_.wait(lock, [&] { return done_ == buckets_.size(); });
   }
   if (error_) std::rethrow_exception(error_);

@@ -92,6 +92,19 @@ TEST(FlightDumps, ARankThatNeverIssuedTheCollectiveIsNamedWithItsLastOne) {
   EXPECT_NE(r.lines[1].find("rank(s) 1 never issued it (rank 1: its last was #4)"), std::string::npos) << r.lines[1];
 }
 
+TEST(FlightDumps, ARankBlockedInAnotherCollectiveIsNotTheSuspect) {
+  // Rank 1 never issued dp #3: its gradient reducer waits in dpgrads #2 for rank 2, which left nothing.
+  std::vector<FlightDump> dumps = {{.rank = 0, .world = 3, .reason = "x", .collectives = {op("dp[0,1,2]", 3, false)}},
+                                   {.rank = 1,
+                                    .world = 3,
+                                    .reason = "x",
+                                    .collectives = {op("dp[0,1,2]", 2, true), op("dpgrads[0,1,2]", 2, false)}}};
+  const HangReport r = analyse_flight_dumps(dumps);
+  EXPECT_EQ(r.suspects, std::vector<int>{2});
+  EXPECT_NE(r.lines[1].find("rank 1: its last was #2, blocked in all_reduce #2 on dpgrads[0,1,2]"), std::string::npos)
+      << r.lines[1];
+}
+
 TEST(FlightDumps, NoWaitMeansNoSuspect) {
   std::vector<FlightDump> dumps = {{.rank = 0, .world = 1, .reason = "x", .collectives = {op("w[0]", 1, true)}}};
   EXPECT_TRUE(analyse_flight_dumps(dumps).suspects.empty());
