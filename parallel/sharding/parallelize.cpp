@@ -31,14 +31,13 @@ Parallelized::Parallelized(const std::vector<Parameter*>& params,
   const bool shard_parameters = zero_ >= ZeroStage::parameters;
   // ZeRO-3: the units each chunk gathers together (parallel/sharding/sharded_parameters.h), numbered over the chunks; a
   // parameter of two units (the tied word embeddings of one stage) belongs to the first one's buckets.
-  std::vector<std::vector<Parameter*>>& units = units_;
   std::unordered_map<const Parameter*, int> unit_of;
   if (shard_parameters)
     for (std::vector<std::vector<Parameter*>>& chunk : chunk_units) {
-      first_unit_.push_back(static_cast<int>(units.size()));
+      first_unit_.push_back(static_cast<int>(units_.size()));
       for (std::vector<Parameter*>& unit : chunk) {
-        for (const Parameter* p : unit) unit_of.emplace(p, static_cast<int>(units.size()));
-        units.push_back(std::move(unit));
+        for (const Parameter* p : unit) unit_of.emplace(p, static_cast<int>(units_.size()));
+        units_.push_back(std::move(unit));
       }
     }
   grads_ = std::make_unique<GradBuffer>(dense, opt.device, std::move(groups_.dense_grads),
@@ -86,11 +85,12 @@ Parallelized::Parallelized(const std::vector<Parameter*>& params,
         groups_.keeps_expert_state, adam_);
   }
   // ZeRO-3: from here on each unit's values are whole only around its computation.
+  // With the experts apart a second set gathers theirs, over the expert-data-parallel group.
   if (shard_parameters) {
-    sharded_ = std::make_unique<ShardedParameters>(*grads_, *dense_shards, *groups_.shard_owners, units);
+    sharded_.push_back(std::make_unique<ShardedParameters>(*grads_, *dense_shards, *groups_.shard_owners, units_));
     if (expert_grads_)
-      expert_sharded_ =
-          std::make_unique<ShardedParameters>(*expert_grads_, *expert_shards, *groups_.expert_data, units);
+      sharded_.push_back(
+          std::make_unique<ShardedParameters>(*expert_grads_, *expert_shards, *groups_.expert_data, units_));
   }
 }
 
@@ -120,11 +120,10 @@ void Parallelized::grads_ready(int microbatch, const std::vector<Parameter*>& pa
 // The next unit's gather is issued before this one computes.
 void Parallelized::unit_begin(int chunk, int unit, int next) {
   const int base = first_unit_.at(static_cast<size_t>(chunk));
-  for (ShardedParameters* s : {sharded_.get(), expert_sharded_.get()})
-    if (s) {
-      s->acquire(base + unit);
-      if (next >= 0) s->prefetch(base + next);
-    }
+  for (const auto& s : sharded_) {
+    s->acquire(base + unit);
+    if (next >= 0) s->prefetch(base + next);
+  }
 }
 
 const std::vector<Parameter*>& Parallelized::unit_parameters(int chunk, int unit) const {
@@ -133,8 +132,7 @@ const std::vector<Parameter*>& Parallelized::unit_parameters(int chunk, int unit
 
 void Parallelized::unit_end(int chunk, int unit) {
   const int base = first_unit_.at(static_cast<size_t>(chunk));
-  for (ShardedParameters* s : {sharded_.get(), expert_sharded_.get()})
-    if (s) s->release(base + unit);
+  for (const auto& s : sharded_) s->release(base + unit);
 }
 
 void Parallelized::begin_step() {
@@ -148,8 +146,8 @@ void Parallelized::finish_grads() {
   grads_->finalize();
   if (expert_grads_) expert_grads_->finalize();
   // ZeRO-3: every unit released (a value gathered now would miss this step's update).
-  for (const ShardedParameters* s : {sharded_.get(), expert_sharded_.get()})
-    if (s && s->gathered_elements() != 0)
+  for (const auto& s : sharded_)
+    if (s->gathered_elements() != 0)
       throw std::logic_error(fmt::format("parallel.shard=parameters: {} gathered parameter elements outlive the step",
                                          s->gathered_elements()));
 }
@@ -161,8 +159,8 @@ int64_t Parallelized::stored_numel(const Parameter* p) const {
 }
 
 const Parameter* Parallelized::first_nonfinite_shard() const {
-  for (const ShardedParameters* s : {sharded_.get(), expert_sharded_.get()})
-    if (const Parameter* p = s ? s->first_nonfinite_shard() : nullptr) return p;
+  for (const auto& s : sharded_)
+    if (const Parameter* p = s->first_nonfinite_shard()) return p;
   return nullptr;
 }
 

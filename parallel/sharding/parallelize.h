@@ -74,7 +74,7 @@ class Parallelized {
   void grads_ready(int microbatch, const std::vector<Parameter*>& params);
   // ZeRO-3 (GptModel::set_unit_hook, needed when gathers_units()): unit `unit` of chunk `chunk` is about to compute
   // (its parameters gathered; `next` >= 0 is prefetched meanwhile), or has computed (released).
-  bool gathers_units() const { return sharded_ != nullptr; }
+  bool gathers_units() const { return !sharded_.empty(); }
   void unit_begin(int chunk, int unit, int next);
   void unit_end(int chunk, int unit);
   // ZeRO-3: the parameters of unit `unit` of chunk `chunk` (what is released with it).
@@ -112,10 +112,10 @@ class Parallelized {
   std::unique_ptr<GradBuffer> grads_;         // the storage of every dense Parameter::grad, reduced in buckets
   std::unique_ptr<GradBuffer> expert_grads_;  // the experts' when apart (over the expert-data-parallel group)
   std::unique_ptr<Optimizer> optimizer_;
-  std::unique_ptr<ShardedParameters> sharded_;         // ZeRO-3: gathers each unit's dense parameters; null else
-  std::unique_ptr<ShardedParameters> expert_sharded_;  // ZeRO-3 with the experts apart: their parameters
-  std::vector<int> first_unit_;                        // ZeRO-3: each chunk's first unit in sharded_'s numbering
-  std::vector<std::vector<Parameter*>> units_;         // ZeRO-3: every chunk's units, in that numbering
+  // ZeRO-3: gathers each unit's parameters, one per gradient buffer (the dense one's, then the experts'); empty else.
+  std::vector<std::unique_ptr<ShardedParameters>> sharded_;
+  std::vector<int> first_unit_;                 // ZeRO-3: each chunk's first unit in sharded_'s numbering
+  std::vector<std::vector<Parameter*>> units_;  // ZeRO-3: every chunk's units, in that numbering
 };
 
 // The one step that makes a rank's chunks data-parallel (the Parallelized above).
